@@ -1,0 +1,1 @@
+//! The HTTP intake: authenticates tenants, accepts payment requests idempotently, serves their status

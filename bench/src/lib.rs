@@ -1,0 +1,1 @@
+//! Benchmarks oncepay against raw PostgreSQL running the same SQL

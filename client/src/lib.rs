@@ -1,0 +1,1 @@
+//! A client library and CLI for the oncepay API

@@ -1,0 +1,244 @@
+//! A throwaway PostgreSQL cluster in a temporary directory, from the installed server binaries.
+//!
+//! `initdb` refuses to run as root, so when the current user is root the cluster is created and run
+//! as an unprivileged system user (`postgres`, else `nobody`) that owns the temporary directory. The
+//! server listens on 127.0.0.1 on a free port and on a socket inside the directory, with `trust`
+//! authentication for the `postgres` role. Dropping a [`Cluster`] stops the server and deletes
+//! everything.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use nix::unistd::{Uid, User};
+use tokio::process::Command;
+
+/// How much durability to trade for speed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// PostgreSQL's defaults (`fsync`, `synchronous_commit` on): for benchmarks and crash tests.
+    Durable,
+    /// No fsync: a crash of the machine may lose data, a crash of PostgreSQL does not. For tests.
+    Fast,
+}
+
+/// A running throwaway cluster.
+pub struct Cluster {
+    dir: tempfile::TempDir,
+    bin_dir: PathBuf,
+    owner: Option<User>,
+    port: u16,
+    durability: Durability,
+    running: bool,
+}
+
+impl Cluster {
+    /// Creates and starts a cluster.
+    pub async fn start(durability: Durability) -> anyhow::Result<Self> {
+        let bin_dir = find_bin_dir().await?;
+        let owner = unprivileged_owner()?;
+        let dir = tempfile::Builder::new()
+            .prefix("oncepay-pg-")
+            .tempdir()
+            .context("cannot create a temporary directory for PostgreSQL")?;
+        if let Some(user) = &owner {
+            std::os::unix::fs::chown(dir.path(), Some(user.uid.as_raw()), Some(user.gid.as_raw()))
+                .context("cannot hand the temporary directory to the PostgreSQL user")?;
+        }
+        let mut cluster = Self { dir, bin_dir, owner, port: free_port()?, durability, running: false };
+        cluster
+            .run_tool(
+                "initdb",
+                &[
+                    "-D",
+                    &cluster.data_dir_str(),
+                    "-U",
+                    "postgres",
+                    "--auth=trust",
+                    "--encoding=UTF8",
+                    "--locale=C",
+                    "--no-instructions",
+                ],
+            )
+            .await
+            .context("initdb failed")?;
+        cluster.resume().await?;
+        Ok(cluster)
+    }
+
+    /// The TCP port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// A URL for `database` as the `postgres` superuser.
+    pub fn url(&self, database: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)
+    }
+
+    /// The server log, for diagnosing a failed test.
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("server.log")
+    }
+
+    /// Creates a database.
+    pub async fn create_database(&self, name: &str) -> anyhow::Result<()> {
+        self.psql("postgres", &format!("CREATE DATABASE \"{name}\"")).await
+    }
+
+    /// Runs one SQL command with `psql`.
+    pub async fn psql(&self, database: &str, sql: &str) -> anyhow::Result<()> {
+        let status = Command::new(self.bin_dir.join("psql"))
+            .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(["-U", "postgres", "-d", database, "-c", sql])
+            .stdout(Stdio::null())
+            .status()
+            .await
+            .context("cannot run psql")?;
+        if !status.success() {
+            bail!("psql failed running {sql:?}");
+        }
+        Ok(())
+    }
+
+    /// Crashes the server: `pg_ctl stop -m immediate`, as a power cut would (minus the disk).
+    pub async fn crash(&mut self) -> anyhow::Result<()> {
+        self.stop_with("immediate").await
+    }
+
+    /// Stops the server cleanly.
+    pub async fn stop(&mut self) -> anyhow::Result<()> {
+        self.stop_with("fast").await
+    }
+
+    /// Starts the server again on the same port and data (after [`Cluster::crash`] or
+    /// [`Cluster::stop`]); it recovers from its WAL.
+    pub async fn resume(&mut self) -> anyhow::Result<()> {
+        let durability = match self.durability {
+            Durability::Durable => "",
+            Durability::Fast => " -c fsync=off -c synchronous_commit=off -c full_page_writes=off",
+        };
+        let options = format!(
+            "-p {port} -k {socket} -c listen_addresses=127.0.0.1 -c max_connections=300 \
+             -c shared_buffers=256MB -c log_min_messages=warning{durability}",
+            port = self.port,
+            socket = self.dir.path().display(),
+        );
+        self.run_tool(
+            "pg_ctl",
+            &["-D", &self.data_dir_str(), "-l", &self.log_path().to_string_lossy(), "-o", &options, "-w", "start"],
+        )
+        .await
+        .with_context(|| format!("PostgreSQL did not start; see {}", self.log_path().display()))?;
+        self.running = true;
+        Ok(())
+    }
+
+    async fn stop_with(&mut self, mode: &str) -> anyhow::Result<()> {
+        if self.running {
+            self.run_tool("pg_ctl", &["-D", &self.data_dir_str(), "-m", mode, "-w", "stop"]).await?;
+            self.running = false;
+        }
+        Ok(())
+    }
+
+    fn data_dir_str(&self) -> String {
+        self.dir.path().join("data").to_string_lossy().into_owned()
+    }
+
+    async fn run_tool(&self, tool: &str, args: &[&str]) -> anyhow::Result<()> {
+        let mut command = Command::new(self.bin_dir.join(tool));
+        command.args(args).stdout(Stdio::null()).stderr(Stdio::piped()).current_dir(self.dir.path());
+        if let Some(user) = &self.owner {
+            command.uid(user.uid.as_raw()).gid(user.gid.as_raw());
+        }
+        let output = command.output().await.with_context(|| format!("cannot run {tool}"))?;
+        if !output.status.success() {
+            bail!("{tool} {args:?} failed: {}", String::from_utf8_lossy(&output.stderr).trim());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if self.running {
+            // A blocking stop: Drop cannot await, and the directory must not vanish under a live server.
+            let mut command = std::process::Command::new(self.bin_dir.join("pg_ctl"));
+            command
+                .args(["-D", &self.data_dir_str(), "-m", "immediate", "-w", "stop"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+            if let Some(user) = &self.owner {
+                std::os::unix::process::CommandExt::uid(&mut command, user.uid.as_raw());
+                std::os::unix::process::CommandExt::gid(&mut command, user.gid.as_raw());
+            }
+            let _ = command.status();
+        }
+    }
+}
+
+/// Where the server binaries are: `$PG_BINDIR`, else `pg_config --bindir`, else the newest
+/// `/usr/lib/postgresql/<version>/bin`.
+async fn find_bin_dir() -> anyhow::Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("PG_BINDIR") {
+        return Ok(PathBuf::from(dir));
+    }
+    if let Ok(output) = Command::new("pg_config").arg("--bindir").output().await
+        && output.status.success()
+    {
+        let dir = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+        if dir.join("initdb").is_file() && dir.join("pg_ctl").is_file() {
+            return Ok(dir);
+        }
+    }
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let version = entry.file_name().to_string_lossy().parse().ok()?;
+            let bin = entry.path().join("bin");
+            bin.join("initdb").is_file().then_some((version, bin))
+        })
+        .collect();
+    versions.sort();
+    versions
+        .pop()
+        .map(|(_, bin)| bin)
+        .context("no PostgreSQL server binaries found: install postgresql, or set PG_BINDIR")
+}
+
+/// The user to run PostgreSQL as when we are root.
+fn unprivileged_owner() -> anyhow::Result<Option<User>> {
+    if !Uid::effective().is_root() {
+        return Ok(None);
+    }
+    for name in ["postgres", "nobody"] {
+        if let Some(user) = User::from_name(name)? {
+            return Ok(Some(user));
+        }
+    }
+    bail!("running as root and neither a `postgres` nor a `nobody` user exists to run PostgreSQL as")
+}
+
+/// A port that was free a moment ago.
+pub fn free_port() -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("cannot find a free port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// Waits until something accepts TCP connections on `port` of 127.0.0.1, up to `timeout`.
+pub async fn wait_for_port(port: u16, timeout: Duration) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!("nothing listens on port {port} after {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -1,0 +1,137 @@
+//! Configuration: the settings pieces every binary shares, and the one loader.
+//!
+//! A binary's settings are read once, in `main`, from three layers, later ones winning:
+//! 1. the defaults the binary embeds (a TOML file in its crate, which also documents every key);
+//! 2. a TOML file named by `--config` or `ONCEPAY_CONFIG`, if any;
+//! 3. environment variables `ONCEPAY_<SECTION>__<KEY>` (e.g. `ONCEPAY_DATABASE__MAX_CONNECTIONS=8`),
+//!    and `DATABASE_URL` for `database.url`.
+//!
+//! Secrets are `secrecy` types, so they never appear in `Debug` output. Nothing else in oncepay reads
+//! the environment.
+
+use std::path::Path;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Toml};
+use secrecy::SecretString;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+
+/// How to reach PostgreSQL.
+#[derive(Debug, Clone, Deserialize)]
+pub struct DatabaseSettings {
+    /// A `postgres://` URL.
+    pub url: SecretString,
+    /// Pool size. The database is CPU-bound: a few connections per core serve best.
+    pub max_connections: u32,
+    /// How long a request may wait for a pooled connection before the store counts as unavailable.
+    pub acquire_timeout_ms: u64,
+    /// PostgreSQL `statement_timeout` for every connection of the pool.
+    pub statement_timeout_ms: u64,
+}
+
+/// Where a binary listens for HTTP.
+#[derive(Debug, Clone, Deserialize)]
+pub struct HttpSettings {
+    /// Interface to bind, e.g. `127.0.0.1` or `0.0.0.0`.
+    pub host: String,
+    /// Port to bind; 0 picks a free one (tests).
+    pub port: u16,
+}
+
+/// Logs and traces.
+#[derive(Debug, Clone, Deserialize)]
+pub struct TelemetrySettings {
+    /// `json` (one object per line, for production) or `text` (readable, for a terminal).
+    pub log_format: LogFormat,
+    /// A `tracing` filter, e.g. `info` or `info,oncepay_worker=debug`.
+    pub log_filter: String,
+    /// OTLP/HTTP collector base URL, e.g. `http://127.0.0.1:4318`; none means no export.
+    #[serde(default)]
+    pub otlp_endpoint: Option<String>,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    /// One JSON object per line.
+    Json,
+    /// Human-readable lines.
+    Text,
+}
+
+/// Loads settings: embedded defaults, then the optional file, then the environment.
+pub fn load<T: DeserializeOwned>(defaults_toml: &str, file: Option<&Path>) -> Result<T, Box<figment::Error>> {
+    let mut figment = Figment::new().merge(Toml::string(defaults_toml));
+    if let Some(file) = file {
+        if !file.exists() {
+            return Err(Box::new(figment::Error::from(format!("config file {} does not exist", file.display()))));
+        }
+        figment = figment.merge(Toml::file_exact(file));
+    }
+    figment
+        .merge(Env::prefixed("ONCEPAY_").ignore(&["CONFIG"]).split("__"))
+        .merge(Env::raw().only(&["DATABASE_URL"]).map(|_| "database.url".into()))
+        .extract()
+        .map_err(Box::new)
+}
+
+#[cfg(test)]
+// figment's `Jail` fixes the closure's error type to its own, large `figment::Error`.
+#[allow(clippy::result_large_err)]
+mod tests {
+    use secrecy::ExposeSecret;
+
+    use super::*;
+
+    #[derive(Debug, Deserialize)]
+    struct Example {
+        database: DatabaseSettings,
+        http: HttpSettings,
+    }
+
+    const DEFAULTS: &str = r#"
+        [database]
+        url = "postgres://localhost/oncepay"
+        max_connections = 8
+        acquire_timeout_ms = 2000
+        statement_timeout_ms = 5000
+        [http]
+        host = "127.0.0.1"
+        port = 8080
+    "#;
+
+    #[test]
+    fn files_override_defaults_and_the_environment_overrides_files() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("oncepay.toml", "[http]\nport = 9000\n[database]\nmax_connections = 4\n")?;
+            jail.set_env("ONCEPAY_DATABASE__MAX_CONNECTIONS", "16");
+            jail.set_env("DATABASE_URL", "postgres://elsewhere/db");
+
+            let settings: Example = load(DEFAULTS, Some(Path::new("oncepay.toml"))).map_err(|e| e.to_string())?;
+
+            assert_eq!(settings.http.port, 9000);
+            assert_eq!(settings.http.host, "127.0.0.1");
+            assert_eq!(settings.database.max_connections, 16);
+            assert_eq!(settings.database.url.expose_secret(), "postgres://elsewhere/db");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn a_named_file_that_does_not_exist_is_an_error() {
+        let result: Result<Example, _> = load(DEFAULTS, Some(Path::new("/nonexistent/oncepay.toml")));
+        assert!(result.is_err());
+    }
+
+    #[test]
+    fn secrets_do_not_show_in_debug_output() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("DATABASE_URL", "postgres://user:hunter2@db/oncepay");
+            let settings: Example = load(DEFAULTS, None).map_err(|e| e.to_string())?;
+            assert!(!format!("{settings:?}").contains("hunter2"));
+            Ok(())
+        });
+    }
+}

@@ -1,0 +1,300 @@
+//! The body of `POST /v1/payments`, checked field by field.
+//!
+//! The body arrives as JSON; [`PaymentRequest::from_json`] turns it into a typed request or into
+//! the list of every field that is wrong, each with a message that names it. Unknown fields and
+//! wrong types are errors, so a typo never silently drops data. Numbers are compared by value, as
+//! the fingerprint compares them: `1000`, `1000.0` and `1e3` are the same amount.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use crate::money::{Amount, Currency};
+
+/// A validated payment request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PaymentRequest {
+    /// What to charge, in minor units.
+    pub amount: Amount,
+    /// In which currency.
+    pub currency: Currency,
+    /// The merchant's reference for the customer being charged.
+    pub customer_id: String,
+    /// Free text for the merchant.
+    pub description: Option<String>,
+    /// The merchant's own key/value pairs, returned as given.
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// One thing wrong with one field.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct FieldError {
+    /// The JSON field, e.g. `amount` or `metadata.order_id`.
+    pub field: String,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+impl FieldError {
+    fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self { field: field.into(), message: message.into() }
+    }
+}
+
+/// Limits on the request body, beyond the types.
+pub mod limits {
+    /// Longest `customer_id`, in characters.
+    pub const CUSTOMER_ID_MAX_CHARS: usize = 255;
+    /// Longest `description`, in characters.
+    pub const DESCRIPTION_MAX_CHARS: usize = 1000;
+    /// Most `metadata` pairs.
+    pub const METADATA_MAX_PAIRS: usize = 50;
+    /// Longest `metadata` key, in characters.
+    pub const METADATA_KEY_MAX_CHARS: usize = 40;
+    /// Longest `metadata` value, in characters.
+    pub const METADATA_VALUE_MAX_CHARS: usize = 500;
+}
+
+const KNOWN_FIELDS: [&str; 5] = ["amount", "currency", "customer_id", "description", "metadata"];
+
+impl PaymentRequest {
+    /// Validates a parsed JSON body, reporting every invalid field at once.
+    pub fn from_json(body: &Value) -> Result<Self, Vec<FieldError>> {
+        let Some(object) = body.as_object() else {
+            return Err(vec![FieldError::new("(body)", "must be a JSON object")]);
+        };
+        let mut errors: Vec<FieldError> = object
+            .keys()
+            .filter(|k| !KNOWN_FIELDS.contains(&k.as_str()))
+            .map(|k| FieldError::new(k.as_str(), "is not a known field"))
+            .collect();
+
+        let amount = required(object, "amount", &mut errors).and_then(|v| note(parse_amount(v), "amount", &mut errors));
+        let currency =
+            required(object, "currency", &mut errors).and_then(|v| note(parse_currency(v), "currency", &mut errors));
+        let customer_id = required(object, "customer_id", &mut errors)
+            .and_then(|v| note(parse_customer_id(v), "customer_id", &mut errors));
+        let description = optional(object, "description")
+            .map(|v| note(parse_description(v), "description", &mut errors))
+            .unwrap_or(Some(None));
+        let metadata = optional(object, "metadata")
+            .map(|v| parse_metadata(v, &mut errors))
+            .unwrap_or_else(|| Some(BTreeMap::new()));
+
+        match (amount, currency, customer_id, description, metadata) {
+            (Some(amount), Some(currency), Some(customer_id), Some(description), Some(metadata))
+                if errors.is_empty() =>
+            {
+                Ok(Self { amount, currency, customer_id, description, metadata })
+            }
+            _ => Err(errors),
+        }
+    }
+}
+
+fn required<'a>(object: &'a Map<String, Value>, field: &str, errors: &mut Vec<FieldError>) -> Option<&'a Value> {
+    match object.get(field) {
+        None | Some(Value::Null) => {
+            errors.push(FieldError::new(field, "is required"));
+            None
+        }
+        Some(value) => Some(value),
+    }
+}
+
+/// An absent field and an explicit `null` both mean "not given".
+fn optional<'a>(object: &'a Map<String, Value>, field: &str) -> Option<&'a Value> {
+    object.get(field).filter(|v| !v.is_null())
+}
+
+fn note<T>(result: Result<T, String>, field: &str, errors: &mut Vec<FieldError>) -> Option<T> {
+    result.map_err(|message| errors.push(FieldError::new(field, message))).ok()
+}
+
+fn parse_amount(value: &Value) -> Result<Amount, String> {
+    let range = || format!("must be an integer number of minor units between {} and {}", Amount::MIN, Amount::MAX);
+    let Value::Number(number) = value else {
+        return Err(format!("must be a number, got {}", type_name(value)));
+    };
+    let units = if let Some(units) = number.as_i64() {
+        units
+    } else if let Some(float) = number.as_f64() {
+        // `1e3` and `1000.0` spell the integer 1000; anything with a fraction is not minor units.
+        // The range check comes first so the cast below is exact.
+        if float.fract() != 0.0 || !(Amount::MIN as f64..=Amount::MAX as f64).contains(&float) {
+            return Err(range());
+        }
+        float as i64
+    } else {
+        return Err(range());
+    };
+    Amount::new(units).map_err(|_| range())
+}
+
+fn parse_currency(value: &Value) -> Result<Currency, String> {
+    let Value::String(code) = value else {
+        return Err(format!("must be a string, got {}", type_name(value)));
+    };
+    Currency::parse(code).map_err(|e| e.to_string())
+}
+
+fn parse_customer_id(value: &Value) -> Result<String, String> {
+    let Value::String(id) = value else {
+        return Err(format!("must be a string, got {}", type_name(value)));
+    };
+    let chars = id.chars().count();
+    if chars == 0 || chars > limits::CUSTOMER_ID_MAX_CHARS {
+        return Err(format!("must be 1 to {} characters", limits::CUSTOMER_ID_MAX_CHARS));
+    }
+    Ok(id.clone())
+}
+
+fn parse_description(value: &Value) -> Result<Option<String>, String> {
+    let Value::String(text) = value else {
+        return Err(format!("must be a string, got {}", type_name(value)));
+    };
+    if text.chars().count() > limits::DESCRIPTION_MAX_CHARS {
+        return Err(format!("must be at most {} characters", limits::DESCRIPTION_MAX_CHARS));
+    }
+    Ok(Some(text.clone()))
+}
+
+fn parse_metadata(value: &Value, errors: &mut Vec<FieldError>) -> Option<BTreeMap<String, String>> {
+    let Value::Object(pairs) = value else {
+        errors.push(FieldError::new("metadata", format!("must be an object, got {}", type_name(value))));
+        return None;
+    };
+    if pairs.len() > limits::METADATA_MAX_PAIRS {
+        errors.push(FieldError::new(
+            "metadata",
+            format!("must have at most {} pairs, got {}", limits::METADATA_MAX_PAIRS, pairs.len()),
+        ));
+        return None;
+    }
+    let before = errors.len();
+    let mut metadata = BTreeMap::new();
+    for (key, value) in pairs {
+        let field = format!("metadata.{key}");
+        let key_chars = key.chars().count();
+        if key_chars == 0 || key_chars > limits::METADATA_KEY_MAX_CHARS {
+            errors.push(FieldError::new(
+                &field,
+                format!("keys must be 1 to {} characters", limits::METADATA_KEY_MAX_CHARS),
+            ));
+            continue;
+        }
+        match value {
+            Value::String(text) if text.chars().count() <= limits::METADATA_VALUE_MAX_CHARS => {
+                metadata.insert(key.clone(), text.clone());
+            }
+            Value::String(_) => errors.push(FieldError::new(
+                &field,
+                format!("values must be at most {} characters", limits::METADATA_VALUE_MAX_CHARS),
+            )),
+            other => errors.push(FieldError::new(&field, format!("must be a string, got {}", type_name(other)))),
+        }
+    }
+    (errors.len() == before).then_some(metadata)
+}
+
+fn type_name(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn fields(body: Value) -> Vec<String> {
+        PaymentRequest::from_json(&body).err().unwrap_or_default().into_iter().map(|e| e.field).collect()
+    }
+
+    #[test]
+    fn a_complete_request_parses() {
+        let body = json!({
+            "amount": 1999, "currency": "EUR", "customer_id": "cus_42",
+            "description": "Order #42", "metadata": {"order": "42"}
+        });
+
+        let request = PaymentRequest::from_json(&body).unwrap();
+
+        assert_eq!(request.amount.minor_units(), 1999);
+        assert_eq!(request.currency.as_str(), "EUR");
+        assert_eq!(request.customer_id, "cus_42");
+        assert_eq!(request.description.as_deref(), Some("Order #42"));
+        assert_eq!(request.metadata.get("order").map(String::as_str), Some("42"));
+    }
+
+    #[test]
+    fn optional_fields_may_be_absent_or_null() {
+        let minimal = json!({"amount": 1, "currency": "JPY", "customer_id": "c"});
+        let nulls = json!({"amount": 1, "currency": "JPY", "customer_id": "c", "description": null, "metadata": null});
+
+        for body in [minimal, nulls] {
+            let request = PaymentRequest::from_json(&body).unwrap();
+            assert_eq!(request.description, None);
+            assert!(request.metadata.is_empty());
+        }
+    }
+
+    #[test]
+    fn integral_spellings_of_an_amount_are_the_same_amount() {
+        for spelling in ["1000", "1000.0", "1e3", "1.0E3", "10000e-1"] {
+            let body: Value =
+                serde_json::from_str(&format!(r#"{{"amount": {spelling}, "currency": "EUR", "customer_id": "c"}}"#))
+                    .unwrap();
+            assert_eq!(PaymentRequest::from_json(&body).unwrap().amount.minor_units(), 1000, "{spelling}");
+        }
+    }
+
+    #[test]
+    fn each_invalid_field_is_named() {
+        let cases = [
+            (json!([]), vec!["(body)"]),
+            (json!({}), vec!["amount", "currency", "customer_id"]),
+            (json!({"amount": 0, "currency": "EUR", "customer_id": "c"}), vec!["amount"]),
+            (json!({"amount": 10.5, "currency": "EUR", "customer_id": "c"}), vec!["amount"]),
+            (json!({"amount": 1e13, "currency": "EUR", "customer_id": "c"}), vec!["amount"]),
+            (json!({"amount": "10", "currency": "EUR", "customer_id": "c"}), vec!["amount"]),
+            (json!({"amount": 10, "currency": "eur", "customer_id": "c"}), vec!["currency"]),
+            (json!({"amount": 10, "currency": "EUR", "customer_id": ""}), vec!["customer_id"]),
+            (json!({"amount": 10, "currency": "EUR", "customer_id": 7}), vec!["customer_id"]),
+            (
+                json!({"amount": 10, "currency": "EUR", "customer_id": "c", "description": "x".repeat(1001)}),
+                vec!["description"],
+            ),
+            (json!({"amount": 10, "currency": "EUR", "customer_id": "c", "metadata": []}), vec!["metadata"]),
+            (json!({"amount": 10, "currency": "EUR", "customer_id": "c", "metadata": {"n": 1}}), vec!["metadata.n"]),
+            (json!({"amount": 10, "currency": "EUR", "customer_id": "c", "amout": 10}), vec!["amout"]),
+        ];
+        for (body, expected) in cases {
+            let mut got = fields(body.clone());
+            got.sort();
+            let mut expected: Vec<String> = expected.into_iter().map(String::from).collect();
+            expected.sort();
+            assert_eq!(got, expected, "{body}");
+        }
+    }
+
+    #[test]
+    fn metadata_is_limited_in_pairs_and_sizes() {
+        let many: Map<String, Value> = (0..51).map(|i| (format!("k{i}"), json!("v"))).collect();
+        let fifty: Map<String, Value> = (0..50).map(|i| (format!("k{i}"), json!("v"))).collect();
+        let base = |metadata: Value| json!({"amount": 1, "currency": "EUR", "customer_id": "c", "metadata": metadata});
+
+        assert_eq!(fields(base(Value::Object(many))), ["metadata"]);
+        assert!(PaymentRequest::from_json(&base(Value::Object(fifty))).is_ok());
+        assert_eq!(fields(base(json!({"k".repeat(41): "v"}))), [format!("metadata.{}", "k".repeat(41))]);
+        assert_eq!(fields(base(json!({"k": "v".repeat(501)}))), ["metadata.k"]);
+    }
+}

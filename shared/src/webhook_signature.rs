@@ -1,0 +1,261 @@
+//! Standard Webhooks signatures: `v1,<base64 HMAC-SHA256(secret, "{id}.{timestamp}.{body}")>`.
+//!
+//! The provider signs each delivery with the headers `webhook-id`, `webhook-timestamp` (Unix seconds)
+//! and `webhook-signature` (space-separated `version,signature` pairs, several during a secret
+//! rotation). A receiver accepts a delivery if any `v1` signature matches any of its current
+//! secrets, compared in constant time, and the timestamp is within the tolerance of its clock in
+//! either direction. Secrets are written `whsec_<base64>`; the HMAC key is the decoded bytes.
+
+use std::fmt;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use hmac::{Hmac, Mac};
+use secrecy::{ExposeSecret, SecretSlice};
+use sha2::Sha256;
+
+/// The tolerance the contract sets: five minutes either way.
+pub const DEFAULT_TOLERANCE_SECS: i64 = 5 * 60;
+
+/// A webhook signing secret.
+#[derive(Clone)]
+pub struct WebhookSecret(SecretSlice<u8>);
+
+impl fmt::Debug for WebhookSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("WebhookSecret(..)")
+    }
+}
+
+/// A secret string that is not `whsec_<base64>` of at least 16 bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("a webhook secret must be `whsec_` followed by the base64 of at least 16 bytes")]
+pub struct BadSecret;
+
+impl WebhookSecret {
+    /// Parses `whsec_<base64>`.
+    pub fn parse(text: &str) -> Result<Self, BadSecret> {
+        let encoded = text.strip_prefix("whsec_").ok_or(BadSecret)?;
+        let key = STANDARD.decode(encoded).map_err(|_| BadSecret)?;
+        if key.len() < 16 {
+            return Err(BadSecret);
+        }
+        Ok(Self(key.into()))
+    }
+
+    /// Signs a delivery: the value of one `webhook-signature` entry, `v1,<base64>`.
+    pub fn sign(&self, id: &str, timestamp: i64, body: &[u8]) -> String {
+        format!("v1,{}", STANDARD.encode(self.mac(id, timestamp, body).finalize().into_bytes()))
+    }
+
+    fn mac(&self, id: &str, timestamp: i64, body: &[u8]) -> Hmac<Sha256> {
+        // HMAC accepts keys of any length.
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(self.0.expose_secret())
+            .unwrap_or_else(|_| unreachable!("HMAC takes any key length"));
+        mac.update(id.as_bytes());
+        mac.update(b".");
+        mac.update(timestamp.to_string().as_bytes());
+        mac.update(b".");
+        mac.update(body);
+        mac
+    }
+}
+
+/// Why a delivery was rejected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum VerifyError {
+    /// A required header is absent or empty.
+    #[error("the {0} header is missing")]
+    MissingHeader(&'static str),
+    /// `webhook-timestamp` is not an integer.
+    #[error("the webhook-timestamp header is not a Unix time")]
+    BadTimestamp,
+    /// The timestamp is too far from now, in either direction.
+    #[error("the webhook-timestamp is outside the tolerance")]
+    OutsideTolerance,
+    /// No `v1` signature matches any current secret.
+    #[error("no signature matches")]
+    NoMatch,
+}
+
+/// The three signature headers of a delivery, as received.
+#[derive(Debug, Clone, Copy)]
+pub struct SignedHeaders<'a> {
+    /// `webhook-id`.
+    pub id: Option<&'a str>,
+    /// `webhook-timestamp`.
+    pub timestamp: Option<&'a str>,
+    /// `webhook-signature`.
+    pub signature: Option<&'a str>,
+}
+
+/// Verifies a delivery against every current secret; `now` is Unix seconds.
+pub fn verify(
+    secrets: &[WebhookSecret],
+    headers: SignedHeaders<'_>,
+    body: &[u8],
+    now: i64,
+    tolerance_secs: i64,
+) -> Result<(), VerifyError> {
+    fn present<'a>(value: Option<&'a str>, name: &'static str) -> Result<&'a str, VerifyError> {
+        value.filter(|v| !v.is_empty()).ok_or(VerifyError::MissingHeader(name))
+    }
+    let id = present(headers.id, "webhook-id")?;
+    let timestamp_text = present(headers.timestamp, "webhook-timestamp")?;
+    let signatures = present(headers.signature, "webhook-signature")?;
+
+    let timestamp: i64 = timestamp_text.trim().parse().map_err(|_| VerifyError::BadTimestamp)?;
+    if (now - timestamp).abs() > tolerance_secs {
+        return Err(VerifyError::OutsideTolerance);
+    }
+
+    let candidates: Vec<Vec<u8>> = signatures
+        .split(' ')
+        .filter_map(|entry| entry.split_once(','))
+        .filter(|(version, _)| *version == "v1")
+        .filter_map(|(_, signature)| STANDARD.decode(signature).ok())
+        .collect();
+    for secret in secrets {
+        for candidate in &candidates {
+            // `verify_slice` compares in constant time.
+            if secret.mac(id, timestamp, body).verify_slice(candidate).is_ok() {
+                return Ok(());
+            }
+        }
+    }
+    Err(VerifyError::NoMatch)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: i64 = 1_763_800_000;
+    const BODY: &[u8] = br#"{"type":"charge.succeeded"}"#;
+
+    fn secret(seed: u8) -> WebhookSecret {
+        WebhookSecret::parse(&format!("whsec_{}", STANDARD.encode([seed; 24]))).unwrap()
+    }
+
+    fn check(secrets: &[WebhookSecret], id: &str, ts: &str, sig: &str, body: &[u8]) -> Result<(), VerifyError> {
+        let headers = SignedHeaders { id: Some(id), timestamp: Some(ts), signature: Some(sig) };
+        verify(secrets, headers, body, NOW, DEFAULT_TOLERANCE_SECS)
+    }
+
+    struct Case {
+        name: &'static str,
+        secrets: Vec<WebhookSecret>,
+        id: &'static str,
+        timestamp: String,
+        signature: String,
+        body: &'static [u8],
+        expected: Result<(), VerifyError>,
+    }
+
+    #[test]
+    fn each_kind_of_delivery_gets_the_right_verdict() {
+        let current = secret(1);
+        let old = secret(2);
+        let good = current.sign("msg_1", NOW, BODY);
+        let now = NOW.to_string();
+        let case = |name, secrets: &[&WebhookSecret], id, timestamp: &str, signature: &str, body, expected| Case {
+            name,
+            secrets: secrets.iter().map(|s| (*s).clone()).collect(),
+            id,
+            timestamp: timestamp.to_owned(),
+            signature: signature.to_owned(),
+            body,
+            expected,
+        };
+        let cases = [
+            case("valid", &[&current], "msg_1", &now, &good, BODY, Ok(())),
+            case("tampered body", &[&current], "msg_1", &now, &good, b"{}", Err(VerifyError::NoMatch)),
+            case("other id", &[&current], "msg_2", &now, &good, BODY, Err(VerifyError::NoMatch)),
+            case("wrong secret", &[&old], "msg_1", &now, &good, BODY, Err(VerifyError::NoMatch)),
+            case(
+                "empty signature",
+                &[&current],
+                "msg_1",
+                &now,
+                "",
+                BODY,
+                Err(VerifyError::MissingHeader("webhook-signature")),
+            ),
+            case("truncated", &[&current], "msg_1", &now, &good[..good.len() - 4], BODY, Err(VerifyError::NoMatch)),
+            case(
+                "unknown scheme only",
+                &[&current],
+                "msg_1",
+                &now,
+                &good.replace("v1,", "v2,"),
+                BODY,
+                Err(VerifyError::NoMatch),
+            ),
+            case(
+                "stale",
+                &[&current],
+                "msg_1",
+                &(NOW - 301).to_string(),
+                &current.sign("msg_1", NOW - 301, BODY),
+                BODY,
+                Err(VerifyError::OutsideTolerance),
+            ),
+            case(
+                "future",
+                &[&current],
+                "msg_1",
+                &(NOW + 301).to_string(),
+                &current.sign("msg_1", NOW + 301, BODY),
+                BODY,
+                Err(VerifyError::OutsideTolerance),
+            ),
+            case(
+                "edge of tolerance",
+                &[&current],
+                "msg_1",
+                &(NOW - 300).to_string(),
+                &current.sign("msg_1", NOW - 300, BODY),
+                BODY,
+                Ok(()),
+            ),
+            case("not a number", &[&current], "msg_1", "soon", &good, BODY, Err(VerifyError::BadTimestamp)),
+            case(
+                "signed with the old secret, receiver holds both",
+                &[&current, &old],
+                "msg_1",
+                &now,
+                &old.sign("msg_1", NOW, BODY),
+                BODY,
+                Ok(()),
+            ),
+            case(
+                "sender signs with both",
+                &[&current],
+                "msg_1",
+                &now,
+                &format!("{} {}", old.sign("msg_1", NOW, BODY), good),
+                BODY,
+                Ok(()),
+            ),
+        ];
+        for c in cases {
+            assert_eq!(check(&c.secrets, c.id, &c.timestamp, &c.signature, c.body), c.expected, "{}", c.name);
+        }
+    }
+
+    #[test]
+    fn missing_headers_are_named() {
+        let none = SignedHeaders { id: None, timestamp: None, signature: None };
+        assert_eq!(verify(&[secret(1)], none, BODY, NOW, 300), Err(VerifyError::MissingHeader("webhook-id")));
+    }
+
+    #[test]
+    fn secrets_must_be_whsec_base64_of_16_bytes_or_more() {
+        assert!(WebhookSecret::parse(&format!("whsec_{}", STANDARD.encode([7u8; 16]))).is_ok());
+        for bad in
+            ["", "whsec_", "whsec_!!!", &format!("whsec_{}", STANDARD.encode([7u8; 15])), "c2VjcmV0c2VjcmV0c2VjcmV0"]
+        {
+            assert!(WebhookSecret::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

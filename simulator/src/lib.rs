@@ -1,0 +1,1 @@
+//! A payment provider simulator with fault injection: the ground truth for tests

@@ -1,0 +1,1 @@
+//! The cross-process suite: real binaries, a throwaway PostgreSQL, the simulator

@@ -1,0 +1,1 @@
+//! Drains the outbox and asks the provider to charge, at most once per payment
