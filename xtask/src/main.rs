@@ -2,8 +2,9 @@
 //!
 //! - `cargo xtask test [-- nextest args]`: the whole test suite, against a throwaway PostgreSQL
 //!   cluster (or `DATABASE_URL` when set). This is what CI runs.
-//! - `cargo xtask prepare`: refreshes the committed sqlx offline query data (`.sqlx/`) from a fresh,
-//!   migrated database.
+//! - `cargo xtask prepare [-p <package>]...`: refreshes the committed sqlx offline query data
+//!   (`.sqlx/`) from a fresh, migrated database: for the whole workspace (stale entries removed), or
+//!   additively for the named packages.
 //!
 //! Every task brings up what it needs itself; nothing must be running beforehand.
 
@@ -31,7 +32,11 @@ enum Task {
         nextest_args: Vec<String>,
     },
     /// Regenerates `.sqlx/` from a fresh database with every migration applied.
-    Prepare,
+    Prepare {
+        /// Only these packages, adding to `.sqlx/` without removing other entries.
+        #[arg(short, long = "package")]
+        packages: Vec<String>,
+    },
 }
 
 #[tokio::main]
@@ -39,7 +44,7 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Task::Test { nextest_args } => test(&nextest_args).await,
-        Task::Prepare => prepare().await,
+        Task::Prepare { packages } => prepare(&packages).await,
     };
     match result {
         Ok(code) => code,
@@ -90,7 +95,7 @@ async fn test(nextest_args: &[String]) -> anyhow::Result<ExitCode> {
     Ok(if cargo(&args, &env).await? { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
-async fn prepare() -> anyhow::Result<ExitCode> {
+async fn prepare(packages: &[String]) -> anyhow::Result<ExitCode> {
     let root = workspace_root();
     let (server_url, cluster) = database_server().await?;
     let url = match &cluster {
@@ -102,11 +107,9 @@ async fn prepare() -> anyhow::Result<ExitCode> {
     };
     apply_migrations(&url, &root.join("migrations")).await?;
 
-    let offline_dir = root.join(".sqlx");
-    if offline_dir.exists() {
-        std::fs::remove_dir_all(&offline_dir)?;
-    }
-    std::fs::create_dir_all(&offline_dir)?;
+    // Write into a scratch directory and only touch `.sqlx/` once the check has passed, so a failed
+    // run never leaves the committed data half-written.
+    let scratch = tempfile_dir(&root)?;
     // The query macros only run when their crate is recompiled; touching each crate's root forces it.
     for entry in std::fs::read_dir(&root)? {
         let dir = entry?.path();
@@ -118,14 +121,45 @@ async fn prepare() -> anyhow::Result<ExitCode> {
             }
         }
     }
-    let offline = offline_dir.to_string_lossy().into_owned();
-    let env = [("DATABASE_URL", url.as_str()), ("SQLX_OFFLINE", "false"), ("SQLX_OFFLINE_DIR", offline.as_str())];
-    if !cargo(&["check", "--workspace", "--all-targets"], &env).await? {
-        bail!("cargo check failed against the prepared database");
+    let scratch_str = scratch.to_string_lossy().into_owned();
+    let env = [("DATABASE_URL", url.as_str()), ("SQLX_OFFLINE", "false"), ("SQLX_OFFLINE_DIR", scratch_str.as_str())];
+    let mut args = vec!["check", "--all-targets"];
+    if packages.is_empty() {
+        args.push("--workspace");
     }
-    let count = std::fs::read_dir(&offline_dir)?.count();
+    for package in packages {
+        args.extend(["--package", package.as_str()]);
+    }
+    if !cargo(&args, &env).await? {
+        std::fs::remove_dir_all(&scratch)?;
+        bail!("cargo check failed against the prepared database; .sqlx/ is unchanged");
+    }
+
+    let offline_dir = root.join(".sqlx");
+    if packages.is_empty() && offline_dir.exists() {
+        std::fs::remove_dir_all(&offline_dir)?;
+    }
+    std::fs::create_dir_all(&offline_dir)?;
+    let mut count = 0;
+    for entry in std::fs::read_dir(&scratch)? {
+        let entry = entry?;
+        std::fs::rename(entry.path(), offline_dir.join(entry.file_name()))?;
+        count += 1;
+    }
+    std::fs::remove_dir_all(&scratch)?;
     eprintln!("xtask: wrote {count} queries to {}", offline_dir.display());
     Ok(ExitCode::SUCCESS)
+}
+
+/// A fresh scratch directory inside the target directory (same filesystem as `.sqlx/`, so entries can
+/// be renamed into place).
+fn tempfile_dir(root: &Path) -> anyhow::Result<PathBuf> {
+    let dir = root.join("target").join(format!("sqlx-prepare-{}", std::process::id()));
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)?;
+    }
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
 }
 
 /// Applies `migrations/*.sql` in order with psql (the query macros need the schema, not sqlx's
