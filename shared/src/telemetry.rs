@@ -44,7 +44,8 @@ pub fn init(service: &'static str, settings: &TelemetrySettings) -> anyhow::Resu
     crate::tls::install_provider();
     let resource = Resource::builder().with_service_name(service).build();
     let mut builder = SdkTracerProvider::builder().with_resource(resource);
-    if let Some(endpoint) = &settings.otlp_endpoint {
+    // An empty value (e.g. `OTLP_ENDPOINT=` in a compose file) means "no export", like an absent one.
+    if let Some(endpoint) = settings.otlp_endpoint.as_deref().filter(|e| !e.trim().is_empty()) {
         let exporter =
             opentelemetry_otlp::SpanExporter::builder().with_http().with_endpoint(traces_url(endpoint)).build()?;
         builder = builder.with_batch_exporter(exporter);
