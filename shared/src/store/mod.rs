@@ -8,6 +8,7 @@
 //! anything else is a bug.
 
 pub mod intake;
+pub mod leases;
 pub mod outbox;
 pub mod payments;
 pub mod tenants;
