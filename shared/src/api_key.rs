@@ -31,6 +31,12 @@ const RAW_LEN: usize = TENANT_LEN + KEY_ID_LEN + SECRET_LEN;
 pub struct KeyId(String);
 
 impl KeyId {
+    /// Reads a key id typed by an operator: 16 lower-case hex digits.
+    pub fn parse(text: &str) -> Option<Self> {
+        let valid = text.len() == KEY_ID_LEN * 2 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        valid.then(|| Self(text.to_owned()))
+    }
+
     /// The id as stored and shown to operators.
     pub fn as_str(&self) -> &str {
         &self.0
@@ -135,6 +141,15 @@ pub fn reveal(key: &NewKey) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_id_is_sixteen_lower_case_hex_digits() {
+        let key = generate(TenantId::generate());
+        assert_eq!(KeyId::parse(key.key_id.as_str()), Some(key.key_id));
+        for bad in ["", "0123456789abcde", "0123456789abcdef0", "0123456789ABCDEF", "0123456789abcdeg"] {
+            assert_eq!(KeyId::parse(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn a_generated_token_parses_back_to_its_tenant_id_and_secret() {

@@ -1,0 +1,182 @@
+//! The reconciler's settings: one struct, loaded once in `main` from `config/default.toml`, an
+//! optional file and the environment (`oncepay_shared::config::load`), then validated.
+//!
+//! Nothing outside `main` reads configuration; everything else receives the piece it needs. Secrets
+//! (webhook secrets, the provider key, the database URL) are `secrecy` types and never printed.
+
+use std::path::Path;
+use std::time::Duration;
+
+use oncepay_shared::backoff::Backoff;
+use oncepay_shared::config::{self, DatabaseSettings, HttpSettings, TelemetrySettings};
+use oncepay_shared::provider::http::ProviderSettings;
+use oncepay_shared::webhook_signature::{BadSecret, WebhookSecret};
+use secrecy::{ExposeSecret, SecretString};
+use serde::Deserialize;
+
+/// The embedded defaults, which also document every key.
+pub const DEFAULTS: &str = include_str!("../config/default.toml");
+
+/// Everything the reconciler can be told.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Settings {
+    /// Where the webhook and operations endpoints listen.
+    pub http: HttpSettings,
+    /// PostgreSQL.
+    pub database: DatabaseSettings,
+    /// Logs and traces.
+    pub telemetry: TelemetrySettings,
+    /// The payment provider.
+    pub provider: ProviderSettings,
+    /// Incoming provider webhooks.
+    pub webhooks: WebhookSettings,
+    /// The unknown-payment poller.
+    pub poller: PollerSettings,
+    /// The expired-lease sweeper.
+    pub sweeper: SweeperSettings,
+    /// The key and webhook-event reaper.
+    pub reaper: ReaperSettings,
+    /// The ledger reconciliation.
+    pub recon: ReconSettings,
+}
+
+/// `[webhooks]`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct WebhookSettings {
+    /// `whsec_…` secrets; a delivery signed with any of them is accepted (rotation).
+    pub secrets: Vec<SecretString>,
+    /// Largest accepted distance between `webhook-timestamp` and now, either way, in seconds.
+    pub tolerance_secs: i64,
+    /// Largest accepted body.
+    pub max_body_bytes: usize,
+}
+
+impl WebhookSettings {
+    /// The secrets, parsed.
+    pub fn parsed_secrets(&self) -> Result<Vec<WebhookSecret>, BadSecret> {
+        self.secrets.iter().map(|s| WebhookSecret::parse(s.expose_secret())).collect()
+    }
+}
+
+/// `[poller]`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct PollerSettings {
+    /// Pause between passes that found nothing due.
+    pub interval_ms: u64,
+    /// Payments claimed per pass.
+    pub batch_size: u32,
+    /// Provider lookups in flight at once.
+    pub concurrency: usize,
+    /// How long a claimed payment stays hidden from other pollers.
+    pub lease_ms: u64,
+    /// Per-payment wait between inconclusive lookups.
+    pub backoff: Backoff,
+    /// Inconclusive lookups before a payment is dead-lettered.
+    pub max_attempts: u32,
+    /// Time in `unknown` before a payment is dead-lettered.
+    pub max_age_secs: u64,
+    /// Safety margin before the end of the provider's key window, inside which no resend is queued.
+    pub resend_margin_secs: u64,
+}
+
+impl PollerSettings {
+    /// The pause between idle passes.
+    pub fn interval(&self) -> Duration {
+        Duration::from_millis(self.interval_ms)
+    }
+}
+
+/// `[sweeper]`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct SweeperSettings {
+    /// Pause between passes that found nothing.
+    pub interval_ms: u64,
+    /// Leases taken over per pass.
+    pub batch_size: u32,
+}
+
+/// `[reaper]`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ReaperSettings {
+    /// Pause between passes that found nothing.
+    pub interval_ms: u64,
+    /// Rows deleted per statement.
+    pub batch_size: u32,
+    /// How long a webhook-id is remembered.
+    pub webhook_retention_secs: u64,
+}
+
+/// `[recon]`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ReconSettings {
+    /// Six-field cron expression (UTC) for the nightly run.
+    pub schedule: String,
+    /// Charges per provider page.
+    pub page_size: u32,
+    /// A running run whose heartbeat is older than this may be taken over.
+    pub stale_after_secs: u64,
+}
+
+/// A setting that loads but cannot work.
+#[derive(Debug, thiserror::Error)]
+pub enum InvalidSettings {
+    /// The layers could not be read or merged.
+    #[error("cannot load the configuration: {0}")]
+    Load(String),
+    /// A rule below is broken.
+    #[error("invalid configuration: {0}")]
+    Rule(String),
+}
+
+impl Settings {
+    /// Loads and validates the settings.
+    pub fn load(file: Option<&Path>) -> Result<Self, InvalidSettings> {
+        let settings: Self = config::load(DEFAULTS, file).map_err(|e| InvalidSettings::Load(e.to_string()))?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    fn validate(&self) -> Result<(), InvalidSettings> {
+        let rule = |ok: bool, message: &str| if ok { Ok(()) } else { Err(InvalidSettings::Rule(message.to_owned())) };
+        rule(!self.webhooks.secrets.is_empty(), "webhooks.secrets must list at least one secret")?;
+        self.webhooks.parsed_secrets().map_err(|e| InvalidSettings::Rule(format!("webhooks.secrets: {e}")))?;
+        rule(self.webhooks.tolerance_secs > 0, "webhooks.tolerance_secs must be positive")?;
+        rule(self.poller.batch_size > 0, "poller.batch_size must be positive")?;
+        rule(self.poller.concurrency > 0, "poller.concurrency must be positive")?;
+        rule(
+            self.poller.lease_ms > self.provider.request_timeout_ms,
+            "poller.lease_ms must exceed provider.request_timeout_ms, or a lookup could outlive its lease",
+        )?;
+        rule(self.poller.max_attempts > 0, "poller.max_attempts must be positive")?;
+        rule(
+            self.poller.resend_margin_secs < self.provider.key_window_secs,
+            "poller.resend_margin_secs must be shorter than provider.key_window_secs",
+        )?;
+        rule(self.sweeper.batch_size > 0, "sweeper.batch_size must be positive")?;
+        rule(self.reaper.batch_size > 0, "reaper.batch_size must be positive")?;
+        rule(self.recon.page_size > 0, "recon.page_size must be positive")?;
+        rule(self.recon.stale_after_secs > 0, "recon.stale_after_secs must be positive")?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_embedded_defaults_load_and_validate() {
+        let settings: Settings = config::load(DEFAULTS, None).unwrap();
+        settings.validate().unwrap();
+        assert_eq!(settings.http.port, 8082);
+        assert_eq!(settings.webhooks.tolerance_secs, 300);
+        assert_eq!(settings.webhooks.parsed_secrets().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_lease_shorter_than_a_lookup_is_refused() {
+        let mut settings: Settings = config::load(DEFAULTS, None).unwrap();
+        settings.poller.lease_ms = settings.provider.request_timeout_ms;
+        assert!(matches!(settings.validate(), Err(InvalidSettings::Rule(_))));
+    }
+}

@@ -1,0 +1,168 @@
+//! Operator commands for tenants and their API keys: `tenants create|list`, `keys issue|revoke`.
+//!
+//! The store functions are `oncepay_shared::store::tenants`; this module adds the operator's view.
+//! A new key's token is printed exactly once, by the command that made it, with a line saying it
+//! will not be shown again; nothing else ever prints or logs a token, and only its hash is stored.
+
+use std::io::{self, Write};
+
+use anyhow::Context;
+use oncepay_shared::api_key::{self, KeyId};
+use oncepay_shared::store::tenants::{self, CreateTenantError, Tenant, TenantName};
+use serde::Serialize;
+use sqlx::{Acquire, PgConnection};
+use time::OffsetDateTime;
+
+use crate::cli::CliError;
+use crate::render::{self, Report, Table};
+
+/// A tenant as operators see it.
+#[derive(Debug, Clone, Serialize)]
+pub struct TenantView {
+    /// Its id.
+    pub tenant_id: String,
+    /// Its handle.
+    pub name: String,
+    /// Its own requests-per-second limit, if any.
+    pub rate_limit_per_second: Option<i32>,
+    /// When it was created.
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+}
+
+impl From<&Tenant> for TenantView {
+    fn from(tenant: &Tenant) -> Self {
+        Self {
+            tenant_id: tenant.tenant_id.to_string(),
+            name: tenant.name.clone(),
+            rate_limit_per_second: tenant.rate_limit_per_second,
+            created_at: tenant.created_at,
+        }
+    }
+}
+
+/// A new key, with the token that is shown this once.
+#[derive(Debug, Serialize)]
+pub struct IssuedKey {
+    /// The tenant it belongs to.
+    pub tenant: TenantView,
+    /// The key's public id (for `keys revoke`).
+    pub key_id: String,
+    /// The bearer token to hand to the tenant.
+    pub api_key: String,
+}
+
+const SHOWN_ONCE: &str = "This API key is shown once and cannot be shown again: store it now.";
+
+impl Report for IssuedKey {
+    fn human(&self, out: &mut dyn Write) -> io::Result<()> {
+        writeln!(out, "tenant   {} ({})", self.tenant.name, self.tenant.tenant_id)?;
+        writeln!(out, "key id   {}", self.key_id)?;
+        writeln!(out, "api key  {}", self.api_key)?;
+        writeln!(out, "{SHOWN_ONCE}")
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let mut value = render::to_json(self);
+        value["notice"] = SHOWN_ONCE.into();
+        value
+    }
+}
+
+/// `tenants create`: the tenant and its first key, in one transaction (no tenant without a key).
+pub async fn create(conn: &mut PgConnection, name: &str, rate_limit: Option<i32>) -> Result<IssuedKey, CliError> {
+    let name = TenantName::parse(name).map_err(|e| CliError::Invalid(format!("tenant name {name:?}: {e}")))?;
+    if rate_limit.is_some_and(|limit| limit <= 0) {
+        return Err(CliError::Invalid("--rate-limit must be a positive number of requests per second".into()));
+    }
+    let mut tx = conn.begin().await.context("cannot start a transaction")?;
+    let tenant = tenants::create(&mut tx, &name, rate_limit).await.map_err(|e| match e {
+        CreateTenantError::NameTaken(name) => CliError::Refused(format!("a tenant named {name} already exists")),
+        CreateTenantError::Store(e) => CliError::Failed(anyhow::Error::new(e).context("cannot create the tenant")),
+    })?;
+    let key = tenants::issue_api_key(&mut tx, tenant.tenant_id, None).await.context("cannot issue the API key")?;
+    tx.commit().await.context("cannot commit the new tenant")?;
+    Ok(IssuedKey {
+        tenant: TenantView::from(&tenant),
+        key_id: key.key_id.to_string(),
+        api_key: api_key::reveal(&key).to_owned(),
+    })
+}
+
+/// `tenants list`.
+#[derive(Debug, Serialize)]
+pub struct TenantList(pub Vec<TenantView>);
+
+impl Report for TenantList {
+    fn human(&self, out: &mut dyn Write) -> io::Result<()> {
+        let mut table = Table::new(&["NAME", "TENANT ID", "RATE LIMIT", "CREATED"]);
+        for t in &self.0 {
+            table.row(vec![
+                t.name.clone(),
+                t.tenant_id.clone(),
+                t.rate_limit_per_second.map_or_else(|| "default".to_owned(), |r| format!("{r}/s")),
+                render::timestamp(t.created_at),
+            ]);
+        }
+        table.write(out, "no tenants")
+    }
+
+    fn json(&self) -> serde_json::Value {
+        render::to_json(&self.0)
+    }
+}
+
+/// Every tenant, by name.
+pub async fn list(conn: &mut PgConnection) -> Result<TenantList, CliError> {
+    let all = tenants::list(conn).await.context("cannot list the tenants")?;
+    Ok(TenantList(all.iter().map(TenantView::from).collect()))
+}
+
+async fn find(conn: &mut PgConnection, name: &str) -> Result<Tenant, CliError> {
+    tenants::find_by_name(conn, name)
+        .await
+        .context("cannot look the tenant up")?
+        .ok_or_else(|| CliError::NotFound(format!("no tenant named {name}")))
+}
+
+/// `keys issue`: another key for an existing tenant (e.g. to rotate).
+pub async fn issue_key(conn: &mut PgConnection, tenant_name: &str) -> Result<IssuedKey, CliError> {
+    let tenant = find(conn, tenant_name).await?;
+    let key = tenants::issue_api_key(conn, tenant.tenant_id, None).await.context("cannot issue the API key")?;
+    Ok(IssuedKey {
+        tenant: TenantView::from(&tenant),
+        key_id: key.key_id.to_string(),
+        api_key: api_key::reveal(&key).to_owned(),
+    })
+}
+
+/// A revoked key.
+#[derive(Debug, Serialize)]
+pub struct RevokedKey {
+    /// Whose.
+    pub tenant: String,
+    /// Which.
+    pub key_id: String,
+}
+
+impl Report for RevokedKey {
+    fn human(&self, out: &mut dyn Write) -> io::Result<()> {
+        writeln!(out, "revoked key {} of tenant {}; requests presenting it now get 401", self.key_id, self.tenant)
+    }
+
+    fn json(&self) -> serde_json::Value {
+        render::to_json(self)
+    }
+}
+
+/// `keys revoke`: the key stops authenticating at once.
+pub async fn revoke_key(conn: &mut PgConnection, tenant_name: &str, key_id: &str) -> Result<RevokedKey, CliError> {
+    let parsed = KeyId::parse(key_id)
+        .ok_or_else(|| CliError::Invalid(format!("{key_id:?} is not a key id (16 lower-case hex digits)")))?;
+    let tenant = find(conn, tenant_name).await?;
+    let revoked = tenants::revoke_api_key(conn, tenant.tenant_id, &parsed).await.context("cannot revoke the key")?;
+    if !revoked {
+        return Err(CliError::NotFound(format!("tenant {tenant_name} has no live key {key_id}")));
+    }
+    Ok(RevokedKey { tenant: tenant.name, key_id: key_id.to_owned() })
+}

@@ -1,0 +1,139 @@
+//! What the reconciler's tests share: creating tenants and payments exactly as the api does, moving
+//! them with the shared transition functions, and reading tables back.
+
+#![allow(dead_code)] // Each test binary uses its own subset.
+
+use std::time::Duration;
+
+use oncepay_shared::fingerprint::Fingerprint;
+use oncepay_shared::idempotency_key::IdempotencyKey;
+use oncepay_shared::ids::{PaymentId, TenantId};
+use oncepay_shared::payment_request::PaymentRequest;
+use oncepay_shared::status::{PaymentStatus, Transition};
+use oncepay_shared::store::tenants::{self, TenantName};
+use oncepay_shared::store::transitions::{self, Applied, Change};
+use oncepay_shared::store::{intake, unknown_queue};
+use serde_json::json;
+use sqlx::PgPool;
+use sqlx::postgres::PgConnectOptions;
+
+/// Creates a tenant.
+pub async fn tenant(pool: &PgPool, name: &str) -> TenantId {
+    let mut conn = pool.acquire().await.unwrap();
+    tenants::create(&mut conn, &TenantName::parse(name).unwrap(), None).await.unwrap().tenant_id
+}
+
+/// Accepts a payment of `amount` EUR cents under `key`, as the api would: `pending`, with its key and
+/// outbox row.
+pub async fn accept(pool: &PgPool, tenant_id: TenantId, key: &str, amount: i64) -> PaymentId {
+    let body = json!({"amount": amount, "currency": "EUR", "customer_id": "cus_1"});
+    let key = IdempotencyKey::parse(key.as_bytes()).unwrap();
+    let request = PaymentRequest::from_json(&body).unwrap();
+    let fingerprint = Fingerprint::of("POST", "/v1/payments", &body);
+    let mut conn = pool.acquire().await.unwrap();
+    let new = intake::NewPayment {
+        tenant_id,
+        key: &key,
+        fingerprint: &fingerprint,
+        request: &request,
+        retention: Duration::from_secs(86_400),
+        trace: None,
+    };
+    intake::accept(&mut conn, &new).await.unwrap().unwrap().payment.payment_id
+}
+
+/// Claims a pending payment for sending as a worker would (first sent `sent_secs_ago` seconds ago),
+/// removing its outbox row as a worker does once the send has an outcome.
+pub async fn claim(pool: &PgPool, tenant_id: TenantId, payment_id: PaymentId, sent_secs_ago: i64) {
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query(
+        "UPDATE payments SET send_attempts = send_attempts + 1,
+                first_sent_at = COALESCE(first_sent_at, now() - make_interval(secs => $3))
+         WHERE tenant_id = $1 AND payment_id = $2",
+    )
+    .bind(tenant_id.as_uuid())
+    .bind(payment_id.as_uuid())
+    .bind(sent_secs_ago as f64)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    moved(transitions::apply(&mut tx, &change(tenant_id, payment_id, PaymentStatus::Pending, Transition::Claim)).await);
+    sqlx::query("DELETE FROM outbox WHERE tenant_id = $1 AND payment_id = $2")
+        .bind(tenant_id.as_uuid())
+        .bind(payment_id.as_uuid())
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+}
+
+/// A payment the worker sent `sent_secs_ago` seconds ago and whose outcome it could not learn:
+/// `unknown`, queued for the reconciler.
+pub async fn unknown_payment(
+    pool: &PgPool,
+    tenant_id: TenantId,
+    key: &str,
+    amount: i64,
+    sent_secs_ago: i64,
+) -> PaymentId {
+    let payment_id = accept(pool, tenant_id, key, amount).await;
+    claim(pool, tenant_id, payment_id, sent_secs_ago).await;
+    let mut tx = pool.begin().await.unwrap();
+    moved(
+        transitions::apply(&mut tx, &change(tenant_id, payment_id, PaymentStatus::Processing, Transition::Uncertain))
+            .await,
+    );
+    unknown_queue::enqueue(&mut tx, tenant_id, payment_id, "timeout", json!({"source": "worker", "reason": "timeout"}))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    payment_id
+}
+
+/// A change by the test harness.
+pub fn change(
+    tenant_id: TenantId,
+    payment_id: PaymentId,
+    from: PaymentStatus,
+    transition: Transition,
+) -> Change<'static> {
+    Change { tenant_id, payment_id, from, transition, actor: "test", reason: "test setup", detail: None }
+}
+
+fn moved<T: std::fmt::Debug, E: std::fmt::Debug>(result: Result<Applied<T>, E>) {
+    assert!(matches!(result, Ok(Applied::Moved(_))), "{result:?}");
+}
+
+/// The payment's status.
+pub async fn status(pool: &PgPool, tenant_id: TenantId, payment_id: PaymentId) -> PaymentStatus {
+    sqlx::query_scalar("SELECT status FROM payments WHERE tenant_id = $1 AND payment_id = $2")
+        .bind(tenant_id.as_uuid())
+        .bind(payment_id.as_uuid())
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Rows in `table` (one of ours, never input).
+pub async fn count(pool: &PgPool, table: &str) -> i64 {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}"))).fetch_one(pool).await.unwrap()
+}
+
+/// Rows in `table` for one payment.
+pub async fn count_for(pool: &PgPool, table: &str, payment_id: PaymentId) -> i64 {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table} WHERE payment_id = $1")))
+        .bind(payment_id.as_uuid())
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// A `postgres://` URL for the database behind a `#[sqlx::test]` pool, for a child process.
+pub fn url_of(pool: &PgPool) -> String {
+    let options: &PgConnectOptions = &pool.connect_options();
+    let user = options.get_username();
+    let host = options.get_host();
+    let port = options.get_port();
+    let database = options.get_database().unwrap_or("postgres");
+    format!("postgres://{user}@{host}:{port}/{database}")
+}
