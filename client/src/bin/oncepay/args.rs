@@ -1,0 +1,143 @@
+//! The command line of `oncepay`: what can be asked, and where each setting comes from (a flag,
+//! or for the url and API key the environment, read by clap in `main`'s parse and nowhere else).
+//! It owns no behaviour.
+
+use clap::{Args, Parser, Subcommand};
+use oncepay_client::{IdempotencyKey, PaymentId};
+
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  the payment succeeded (or, with `pay --no-wait`, was accepted)
+  1  the api's answer could not be understood
+  2  usage error (bad flags, no API key, invalid URL)
+  3  the payment failed: the customer was not charged
+  4  the payment is not final yet (pending, processing, unknown or dead_lettered); ask again later
+  5  the api rejected the request (4xx problem); sending it again will not help
+  6  no answer after retries (network, timeouts, 409/429/5xx); `pay` again with the printed --key is safe";
+
+/// Pay through oncepay and follow payments to their final state.
+#[derive(Debug, Parser)]
+#[command(name = "oncepay", version, after_help = EXIT_CODES)]
+pub struct Cli {
+    /// Base URL of the oncepay api.
+    #[arg(long, env = "ONCEPAY_URL", default_value = "http://127.0.0.1:8080", global = true)]
+    pub url: String,
+
+    /// The tenant's API key (opk_...). Prefer the environment variable: other users of this
+    /// machine can see command lines.
+    #[arg(long, env = "ONCEPAY_API_KEY", hide_env_values = true, global = true)]
+    pub api_key: Option<String>,
+
+    /// Print JSON instead of text: the payment resource (`status`), or the key, replay flag and
+    /// resource (`pay`).
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// What to do.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create a payment and follow it to its final state.
+    Pay(PayArgs),
+    /// Show a payment, optionally waiting for it to become final.
+    Status(StatusArgs),
+}
+
+/// `oncepay pay`.
+#[derive(Debug, Args)]
+pub struct PayArgs {
+    /// Amount in minor units (1999 = 19.99 EUR).
+    #[arg(long)]
+    pub amount: i64,
+
+    /// ISO 4217 currency code, e.g. EUR.
+    #[arg(long)]
+    pub currency: String,
+
+    /// Your reference for the customer.
+    #[arg(long)]
+    pub customer: String,
+
+    /// Free text shown with the payment.
+    #[arg(long)]
+    pub description: Option<String>,
+
+    /// A metadata pair; repeat for more.
+    #[arg(long = "metadata", value_name = "KEY=VALUE", value_parser = parse_pair)]
+    pub metadata: Vec<(String, String)>,
+
+    /// The idempotency key to use: pass the one an earlier run printed to retry that payment
+    /// safely. A new random key if omitted.
+    #[arg(long, value_name = "KEY")]
+    pub key: Option<IdempotencyKey>,
+
+    /// Print the accepted payment and stop, without following it.
+    #[arg(long, conflicts_with = "wait")]
+    pub no_wait: bool,
+
+    /// How long to follow the payment before giving the word back.
+    #[arg(long, value_name = "SECS", default_value_t = 120)]
+    pub wait: u64,
+}
+
+/// `oncepay status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// The payment's id, as `pay` printed it.
+    pub payment_id: PaymentId,
+
+    /// Follow the payment for up to this long if it is not final yet.
+    #[arg(long, value_name = "SECS")]
+    pub wait: Option<u64>,
+}
+
+fn parse_pair(raw: &str) -> Result<(String, String), String> {
+    match raw.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
+        _ => Err(format!("expected KEY=VALUE, got {raw:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn metadata_pairs_split_at_the_first_equals_sign() {
+        assert_eq!(parse_pair("order=A=17"), Ok(("order".into(), "A=17".into())));
+        assert_eq!(parse_pair("note="), Ok(("note".into(), String::new())));
+        assert!(parse_pair("order").is_err());
+        assert!(parse_pair("=x").is_err());
+    }
+
+    #[test]
+    fn no_wait_and_wait_cannot_both_be_given() {
+        let parsed = Cli::try_parse_from(["oncepay", "pay", "--amount", "1", "--currency", "EUR", "--customer", "c"]);
+        assert!(parsed.is_ok());
+
+        let both = Cli::try_parse_from([
+            "oncepay",
+            "pay",
+            "--amount",
+            "1",
+            "--currency",
+            "EUR",
+            "--customer",
+            "c",
+            "--no-wait",
+            "--wait",
+            "5",
+        ]);
+        assert!(both.is_err());
+    }
+}

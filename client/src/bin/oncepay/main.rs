@@ -1,0 +1,137 @@
+//! `oncepay`: pay through the oncepay api and follow payments from a terminal or a script.
+//!
+//! `main` parses the command line (the only place the environment is read: `ONCEPAY_URL`,
+//! `ONCEPAY_API_KEY`), builds a client, runs one command and exits with a code that sums up the
+//! outcome (see `--help`). `pay` prints its idempotency key before sending anything, so whatever
+//! happens next the user can retry the same payment with `--key`. Results go to stdout; errors
+//! and advice to stderr. The API key is never printed.
+
+mod args;
+mod report;
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use oncepay_client::{Client, PaymentIntent};
+
+use crate::args::{Cli, Command, PayArgs, StatusArgs};
+use crate::report::Exit;
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let Some(api_key) = cli.api_key else {
+        eprintln!("error: an API key is needed: --api-key or ONCEPAY_API_KEY");
+        return Exit::Usage.into();
+    };
+    let client = match Client::new(cli.url, api_key) {
+        Ok(client) => client,
+        Err(error) => {
+            eprintln!("error: {error}");
+            return Exit::Usage.into();
+        }
+    };
+    let exit = match cli.command {
+        Command::Pay(args) => pay(&client, args, cli.json).await,
+        Command::Status(args) => status(&client, args, cli.json).await,
+    };
+    exit.into()
+}
+
+async fn pay(client: &Client, args: PayArgs, json: bool) -> Exit {
+    let mut builder = PaymentIntent::builder(args.amount, args.currency, args.customer);
+    if let Some(description) = args.description {
+        builder = builder.description(description);
+    }
+    for (key, value) in args.metadata {
+        builder = builder.metadata(key, value);
+    }
+    let intent = match args.key {
+        Some(key) => builder.build_with_key(key),
+        None => builder.build(),
+    };
+    let key = intent.key().as_str();
+    // Before sending: if this process dies mid-request, the key is what makes a retry safe.
+    if json {
+        eprintln!("{}", report::key_line(key));
+    } else {
+        say(&report::key_line(key));
+    }
+
+    let created = match client.create(&intent).await {
+        Ok(created) => created,
+        Err(error) => {
+            eprintln!("{}", report::error_text(&error));
+            let exit = Exit::of_error(&error);
+            if exit != Exit::Rejected {
+                eprintln!("the payment may or may not have been accepted; retrying with --key {key} is safe");
+            }
+            return exit;
+        }
+    };
+    let mut shown = created.payment.status;
+    if !json {
+        say(&report::status_line(&created.payment, Some(if created.replayed { "replayed" } else { "accepted" })));
+    }
+
+    let payment = if args.no_wait || created.payment.status.is_terminal() {
+        created.payment
+    } else {
+        let followed = client
+            .watch(&created.payment.id, Duration::from_secs(args.wait), |payment| {
+                if !json && payment.status != shown {
+                    shown = payment.status;
+                    say(&report::status_line(payment, None));
+                }
+            })
+            .await;
+        match followed {
+            Ok(payment) => payment,
+            Err(error) => {
+                eprintln!("{}", report::error_text(&error));
+                eprintln!("the payment was accepted; follow it with: oncepay status {} --wait 60", created.payment.id);
+                return Exit::of_error(&error);
+            }
+        }
+    };
+
+    if json {
+        say(&report::pay_json(key, created.replayed, &payment));
+    } else {
+        say(&format!("\n{}", report::describe(&payment)));
+    }
+    if args.no_wait && !payment.status.is_terminal() {
+        return Exit::Succeeded;
+    }
+    if !payment.status.is_terminal() {
+        eprintln!("{}", report::still_open(&payment, args.wait));
+    }
+    Exit::of_status(payment.status)
+}
+
+async fn status(client: &Client, args: StatusArgs, json: bool) -> Exit {
+    let found = match args.wait {
+        Some(secs) => client.wait_for_terminal(&args.payment_id, Duration::from_secs(secs)).await,
+        None => client.get(&args.payment_id).await,
+    };
+    let payment = match found {
+        Ok(payment) => payment,
+        Err(error) => {
+            eprintln!("{}", report::error_text(&error));
+            return Exit::of_error(&error);
+        }
+    };
+    say(&if json { report::payment_json(&payment) } else { report::describe(&payment) });
+    if let (Some(secs), false) = (args.wait, payment.status.is_terminal()) {
+        eprintln!("{}", report::still_open(&payment, secs));
+    }
+    Exit::of_status(payment.status)
+}
+
+/// Prints a result line. A closed stdout must not stop a payment from being followed: the exit
+/// code still tells the outcome, so a failed write is deliberately not an error.
+fn say(text: &str) {
+    let _ = writeln!(std::io::stdout().lock(), "{text}");
+}

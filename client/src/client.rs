@@ -1,0 +1,408 @@
+//! [`Client`]: the oncepay HTTP API (`POST /v1/payments`, `GET /v1/payments/{id}`) with retries
+//! and long polling.
+//!
+//! Invariants:
+//! - Every attempt at a create sends the intent's own key and body; nothing here makes a key.
+//! - A request is retried only when it was not rejected (see `retry::is_retryable_status`) or
+//!   never got an answer; the wait before a retry is never shorter than the server's
+//!   `Retry-After`.
+//! - Every request has a deadline: the connect timeout, plus the request timeout, plus (for a long
+//!   poll) the time the server was asked to hold it.
+//! - Following a payment never spins: a re-poll goes out at once only when the status moved;
+//!   otherwise after the server held the poll, or after its `Retry-After`.
+//!
+//! The API key lives only in a sensitive header value and is never logged, printed or put into an
+//! error. Cheap to clone; clones share one connection pool, so one client serves many tasks.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue};
+use reqwest::{RequestBuilder, StatusCode};
+use tokio::time::Instant;
+
+use crate::error::{BuildError, Error};
+use crate::intent::PaymentIntent;
+use crate::problem::Problem;
+use crate::resource::{Created, Payment, PaymentId, PaymentStatus};
+use crate::retry::{self, Next, RetryPolicy};
+
+/// The longest long poll the api honours (`Prefer: wait=N`, N ≤ 30).
+const MAX_LONG_POLL: Duration = Duration::from_secs(30);
+
+/// How long to pause before re-polling a payment whose status did not move, when the server
+/// answered early and sent no `Retry-After`.
+const DEFAULT_POLL_PAUSE: Duration = Duration::from_secs(1);
+
+/// A client of one oncepay api, as one tenant.
+#[derive(Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    inner: Arc<Settings>,
+}
+
+struct Settings {
+    base_url: String,
+    authorization: HeaderValue,
+    timeout: Duration,
+    long_poll: Duration,
+    retry: RetryPolicy,
+}
+
+/// Configures a [`Client`]: timeouts, long polling and the retry policy.
+pub struct ClientBuilder {
+    base_url: String,
+    api_key: String,
+    connect_timeout: Duration,
+    timeout: Duration,
+    long_poll: Duration,
+    retry: RetryPolicy,
+}
+
+impl Client {
+    /// A client with the default timeouts and retry policy. `base_url` is where the api listens
+    /// (e.g. `http://127.0.0.1:8080`), `api_key` the tenant's key (`opk_…`).
+    pub fn new(base_url: impl Into<String>, api_key: impl Into<String>) -> Result<Self, BuildError> {
+        Self::builder(base_url, api_key).build()
+    }
+
+    /// A builder, to change timeouts, long polling or the retry policy.
+    pub fn builder(base_url: impl Into<String>, api_key: impl Into<String>) -> ClientBuilder {
+        ClientBuilder {
+            base_url: base_url.into(),
+            api_key: api_key.into(),
+            connect_timeout: Duration::from_secs(5),
+            timeout: Duration::from_secs(10),
+            long_poll: MAX_LONG_POLL,
+            retry: RetryPolicy::default(),
+        }
+    }
+
+    /// Sends the intent (`POST /v1/payments`), retrying what is safe to retry under its key.
+    ///
+    /// `Ok` for `202` (accepted) and `200` (a replay of a finished payment); `replayed` says
+    /// whether the api had seen the key before. A rejection is [`Error::Problem`] at once; a
+    /// failure that outlasts the retry policy is [`Error::GaveUp`], after which sending the same
+    /// intent again is still safe.
+    #[tracing::instrument(name = "oncepay.create", skip_all)]
+    pub async fn create(&self, intent: &PaymentIntent) -> Result<Created, Error> {
+        let url = format!("{}/v1/payments", self.inner.base_url);
+        let answer = self
+            .send(None, || {
+                // Every attempt reads the key and the body from the intent itself.
+                self.http
+                    .post(&url)
+                    .timeout(self.inner.timeout)
+                    .header("Idempotency-Key", intent.key().as_str())
+                    .header(CONTENT_TYPE, "application/json")
+                    .body(intent.body().to_owned())
+            })
+            .await?;
+        let replayed = answer.headers.get("Idempotent-Replayed").is_some_and(|value| value.as_bytes() == b"true");
+        Ok(Created { payment: answer.payment()?, replayed })
+    }
+
+    /// The payment as it stands now (`GET /v1/payments/{id}`), retrying transient failures.
+    #[tracing::instrument(name = "oncepay.get", skip_all, fields(payment.id = %id))]
+    pub async fn get(&self, id: &PaymentId) -> Result<Payment, Error> {
+        self.poll(id, Duration::ZERO, None).await?.payment()
+    }
+
+    /// Follows the payment with long polls until it is `succeeded` or `failed`, or `max_total` has
+    /// passed, and returns it as last seen. Check [`PaymentStatus::is_terminal`]: after
+    /// `max_total` it may still be `pending` or `processing`, or `unknown` / `dead_lettered`, which
+    /// can take much longer to settle — how long to keep waiting is the caller's call.
+    pub async fn wait_for_terminal(&self, id: &PaymentId, max_total: Duration) -> Result<Payment, Error> {
+        self.follow(id, None, max_total, |_| {}).await
+    }
+
+    /// Like [`wait_for_terminal`](Self::wait_for_terminal), calling `on_change` with the payment
+    /// each time its status is seen to move (the first answer included).
+    pub async fn watch(
+        &self,
+        id: &PaymentId,
+        max_total: Duration,
+        on_change: impl FnMut(&Payment),
+    ) -> Result<Payment, Error> {
+        self.follow(id, None, max_total, on_change).await
+    }
+
+    /// Sends the intent and follows the payment for up to `max_wait`: [`create`](Self::create)
+    /// then [`wait_for_terminal`](Self::wait_for_terminal). On any error, send the same intent
+    /// again: it cannot charge twice.
+    pub async fn pay(&self, intent: &PaymentIntent, max_wait: Duration) -> Result<Payment, Error> {
+        let created = self.create(intent).await?;
+        if created.payment.status.is_terminal() {
+            return Ok(created.payment);
+        }
+        self.follow(&created.payment.id, Some(created.payment.status), max_wait, |_| {}).await
+    }
+
+    #[tracing::instrument(name = "oncepay.follow", skip_all, fields(payment.id = %id))]
+    async fn follow(
+        &self,
+        id: &PaymentId,
+        mut known: Option<PaymentStatus>,
+        max_total: Duration,
+        mut on_change: impl FnMut(&Payment),
+    ) -> Result<Payment, Error> {
+        let deadline = Instant::now() + max_total;
+        loop {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            // Whole seconds: `Prefer: wait=N` takes an integer, and rounding down keeps within
+            // the caller's budget.
+            let wait = Duration::from_secs(self.inner.long_poll.min(remaining).as_secs());
+            let asked_at = Instant::now();
+            let answer = self.poll(id, wait, Some(deadline)).await?;
+            let payment = answer.payment()?;
+
+            let moved = known != Some(payment.status);
+            if moved {
+                on_change(&payment);
+            }
+            known = Some(payment.status);
+            if payment.status.is_terminal() || Instant::now() >= deadline {
+                return Ok(payment);
+            }
+            let held = !wait.is_zero() && asked_at.elapsed() >= wait;
+            if !moved && !held {
+                // Nothing moved yet the server did not hold the poll (it does not long-poll, or
+                // the status went there and back): pace by its Retry-After rather than spin.
+                let pause = answer.retry_after.unwrap_or(DEFAULT_POLL_PAUSE);
+                tokio::time::sleep(pause.min(deadline.saturating_duration_since(Instant::now()))).await;
+            }
+        }
+    }
+
+    /// One `GET /v1/payments/{id}`, held by the server for up to `wait` (`Prefer: wait=N`) unless
+    /// `wait` is zero, with retries that stop at `deadline`.
+    async fn poll(&self, id: &PaymentId, wait: Duration, deadline: Option<Instant>) -> Result<Answer, Error> {
+        let url = format!("{}/v1/payments/{id}", self.inner.base_url);
+        let prefer = (!wait.is_zero()).then(|| format!("wait={}", wait.as_secs()));
+        self.send(deadline, || {
+            let request = self.http.get(&url).timeout(wait + self.inner.timeout);
+            match &prefer {
+                Some(prefer) => request.header("Prefer", prefer),
+                None => request,
+            }
+        })
+        .await
+    }
+
+    /// Sends the request `build` makes until it succeeds, is rejected, or the retry policy (or
+    /// `deadline`) says stop.
+    async fn send(&self, deadline: Option<Instant>, build: impl Fn() -> RequestBuilder) -> Result<Answer, Error> {
+        let policy = &self.inner.retry;
+        let mut attempt = 1;
+        loop {
+            let request = build().header(AUTHORIZATION, self.inner.authorization.clone());
+            let failure = match attempt_once(request).await {
+                Ok(answer) => return Ok(answer),
+                Err(failure) => failure,
+            };
+            if !failure.retryable {
+                return Err(failure.error);
+            }
+            let delay = match policy.next(attempt, failure.retry_after, &mut rand::rng()) {
+                Next::RetryAfter(delay) if deadline.is_none_or(|deadline| Instant::now() + delay < deadline) => delay,
+                _ => return Err(Error::GaveUp { attempts: attempt, last: Box::new(failure.error) }),
+            };
+            tracing::warn!(
+                attempt,
+                delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+                http.status = failure.error.status(),
+                "oncepay request failed, will retry"
+            );
+            tokio::time::sleep(delay).await;
+            attempt += 1;
+        }
+    }
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client")
+            .field("base_url", &self.inner.base_url)
+            .field("api_key", &"<redacted>")
+            .field("timeout", &self.inner.timeout)
+            .field("long_poll", &self.inner.long_poll)
+            .field("retry", &self.inner.retry)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClientBuilder {
+    /// How long to wait for a connection (default 5 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long to wait for a whole answer (default 10 s); a long poll gets this on top of the
+    /// time the server is asked to hold it.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// How long each long poll asks the server to hold (default and maximum 30 s; whole seconds).
+    pub fn long_poll(mut self, wait: Duration) -> Self {
+        self.long_poll = wait.clamp(Duration::from_secs(1), MAX_LONG_POLL);
+        self
+    }
+
+    /// When and how to retry (default [`RetryPolicy::default`]).
+    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
+        self.retry = policy;
+        self
+    }
+
+    /// The client.
+    pub fn build(self) -> Result<Client, BuildError> {
+        let base_url = parse_base_url(&self.base_url)?;
+        if self.api_key.is_empty() {
+            return Err(BuildError::InvalidApiKey);
+        }
+        let mut authorization =
+            HeaderValue::from_str(&format!("Bearer {}", self.api_key)).map_err(|_| BuildError::InvalidApiKey)?;
+        authorization.set_sensitive(true);
+
+        install_tls_provider();
+        let http = reqwest::Client::builder()
+            .connect_timeout(self.connect_timeout)
+            // The api never redirects; following one could only send the key somewhere else.
+            .redirect(reqwest::redirect::Policy::none())
+            .user_agent(concat!("oncepay-client/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(BuildError::Http)?;
+        Ok(Client {
+            http,
+            inner: Arc::new(Settings {
+                base_url,
+                authorization,
+                timeout: self.timeout,
+                long_poll: self.long_poll,
+                retry: self.retry,
+            }),
+        })
+    }
+}
+
+impl fmt::Debug for ClientBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientBuilder")
+            .field("base_url", &self.base_url)
+            .field("api_key", &"<redacted>")
+            .field("connect_timeout", &self.connect_timeout)
+            .field("timeout", &self.timeout)
+            .field("long_poll", &self.long_poll)
+            .field("retry", &self.retry)
+            .finish()
+    }
+}
+
+/// A successful answer, read in full.
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Vec<u8>,
+    retry_after: Option<Duration>,
+}
+
+impl Answer {
+    fn payment(&self) -> Result<Payment, Error> {
+        serde_json::from_slice(&self.body).map_err(|source| Error::Decode { status: self.status.as_u16(), source })
+    }
+}
+
+/// One failed attempt, and whether another may follow.
+struct Failure {
+    error: Error,
+    retryable: bool,
+    retry_after: Option<Duration>,
+}
+
+async fn attempt_once(request: RequestBuilder) -> Result<Answer, Failure> {
+    let transport = |error: reqwest::Error| Failure {
+        // Timeouts, refused or dropped connections, a body cut off: the request may or may not
+        // have arrived, and the idempotency key makes asking again safe. Only a request that
+        // could not be built is final.
+        retryable: !error.is_builder(),
+        error: Error::Http(error),
+        retry_after: None,
+    };
+    let response = request.send().await.map_err(transport)?;
+    let status = response.status();
+    let headers = response.headers().clone();
+    let retry_after = retry::retry_after(&headers, SystemTime::now());
+    let body = response.bytes().await.map_err(transport)?.to_vec();
+    if status.is_success() {
+        return Ok(Answer { status, headers, body, retry_after });
+    }
+    Err(Failure {
+        error: Error::Problem { status: status.as_u16(), problem: Problem::from_response(status, &body) },
+        retryable: retry::is_retryable_status(status),
+        retry_after,
+    })
+}
+
+fn parse_base_url(raw: &str) -> Result<String, BuildError> {
+    let invalid = |reason: &str| BuildError::InvalidBaseUrl { reason: reason.to_owned() };
+    let url = reqwest::Url::parse(raw).map_err(|error| invalid(&error.to_string()))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(invalid("the scheme must be http or https"));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(invalid("credentials belong in the API key, not the URL"));
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(invalid("no query or fragment"));
+    }
+    Ok(url.as_str().trim_end_matches('/').to_owned())
+}
+
+/// reqwest is built without a default TLS crypto provider; install ring's unless the embedding
+/// program already chose one.
+fn install_tls_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Fails only if another thread installed one first, which is just as good.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base_urls_are_normalised_and_checked() {
+        let cases = [
+            ("http://127.0.0.1:8080", Some("http://127.0.0.1:8080")),
+            ("http://127.0.0.1:8080/", Some("http://127.0.0.1:8080")),
+            ("https://pay.example.com/oncepay/", Some("https://pay.example.com/oncepay")),
+            ("127.0.0.1:8080", None),
+            ("ftp://example.com", None),
+            ("http://user:pw@example.com", None),
+            ("http://example.com/?x=1", None),
+        ];
+        for (raw, expected) in cases {
+            assert_eq!(parse_base_url(raw).ok().as_deref(), expected, "{raw}");
+        }
+    }
+
+    #[test]
+    fn an_api_key_a_header_cannot_carry_is_refused() {
+        for key in ["", "opk_a\nb"] {
+            assert!(matches!(Client::new("http://127.0.0.1:1", key), Err(BuildError::InvalidApiKey)), "{key:?}");
+        }
+    }
+
+    #[test]
+    fn the_long_poll_stays_within_what_the_api_honours() {
+        let builder = |wait| Client::builder("http://127.0.0.1:1", "k").long_poll(wait);
+
+        assert_eq!(builder(Duration::from_secs(300)).long_poll, MAX_LONG_POLL);
+        assert_eq!(builder(Duration::ZERO).long_poll, Duration::from_secs(1));
+    }
+}

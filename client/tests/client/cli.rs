@@ -1,0 +1,146 @@
+//! The `oncepay` binary against a stand-in api: what it prints, what it sends, how it exits.
+
+use std::process::Output;
+
+use serde_json::Value;
+use wiremock::matchers::{header as has_header, method, path};
+use wiremock::{Mock, MockServer};
+
+use crate::support::{API_KEY, PAYMENT_ID, Script, accepted, found, header, payment_json, problem};
+
+async fn oncepay(server: &MockServer, args: &[&str]) -> Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_oncepay"))
+        .args(args)
+        .env("ONCEPAY_URL", server.uri())
+        .env("ONCEPAY_API_KEY", API_KEY)
+        .output()
+        .await
+        .unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+async fn api_with_payment(answers: Vec<wiremock::ResponseTemplate>) -> MockServer {
+    let server = MockServer::start().await;
+    Mock::given(method("POST")).and(path("/v1/payments")).respond_with(accepted("pending")).mount(&server).await;
+    let (script, _) = Script::new(answers);
+    Mock::given(method("GET"))
+        .and(path(format!("/v1/payments/{PAYMENT_ID}")))
+        .respond_with(script)
+        .mount(&server)
+        .await;
+    server
+}
+
+const PAY: [&str; 7] = ["pay", "--amount", "1999", "--currency", "EUR", "--customer", "cus_42"];
+
+#[tokio::test]
+async fn pay_prints_its_key_and_follows_the_payment_to_success() {
+    let server = api_with_payment(vec![found("processing", "1"), found("succeeded", "1")]).await;
+
+    let output = oncepay(&server, &[&PAY[..], &["--metadata", "order=A-17"]].concat()).await;
+
+    let stdout = text(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{stdout}{}", text(&output.stderr));
+    let requests = server.received_requests().await.unwrap();
+    let key = header(&requests[0], "idempotency-key").unwrap();
+    assert!(stdout.contains(&format!("--key {key}")), "{stdout}");
+    assert!(stdout.contains(&format!("payment {PAYMENT_ID}: pending (accepted)")), "{stdout}");
+    assert!(stdout.contains(&format!("payment {PAYMENT_ID}: processing")), "{stdout}");
+    assert!(stdout.contains("status       succeeded"), "{stdout}");
+    assert_eq!(requests[0].body_json::<Value>().unwrap()["metadata"]["order"], "A-17");
+    assert!(requests[1..].iter().all(|request| header(request, "prefer").is_some_and(|p| p.starts_with("wait="))));
+}
+
+#[tokio::test]
+async fn pay_with_a_key_sends_that_key_and_a_declined_payment_exits_3() {
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(has_header("idempotency-key", "order-A-17"))
+        .respond_with(accepted("pending"))
+        .mount(&server)
+        .await;
+    Mock::given(method("GET")).respond_with(found("failed", "1")).mount(&server).await;
+
+    let output = oncepay(&server, &[&PAY[..], &["--key", "order-A-17"]].concat()).await;
+
+    let stdout = text(&output.stdout);
+    assert_eq!(output.status.code(), Some(3), "{stdout}{}", text(&output.stderr));
+    assert!(stdout.contains("idempotency key: order-A-17"), "{stdout}");
+    assert!(stdout.contains("card_declined: The card was declined."), "{stdout}");
+}
+
+#[tokio::test]
+async fn a_rejected_payment_exits_5_with_the_problem_on_stderr() {
+    let server = MockServer::start().await;
+    Mock::given(method("POST")).respond_with(problem(422, "idempotency-key-reused", None)).mount(&server).await;
+
+    let output = oncepay(&server, &[&PAY[..], &["--key", "used-before"]].concat()).await;
+
+    assert_eq!(output.status.code(), Some(5));
+    let stderr = text(&output.stderr);
+    assert!(stderr.contains("422: title of idempotency-key-reused: detail of idempotency-key-reused"), "{stderr}");
+    assert_eq!(server.received_requests().await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn pay_no_wait_json_prints_the_key_and_the_accepted_payment_without_polling() {
+    let server = api_with_payment(vec![found("succeeded", "1")]).await;
+
+    let output = oncepay(&server, &[&PAY[..], &["--no-wait", "--json"]].concat()).await;
+
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let printed: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let requests = server.received_requests().await.unwrap();
+    assert_eq!(requests.len(), 1);
+    assert_eq!(printed["idempotency_key"], header(&requests[0], "idempotency-key").unwrap());
+    assert_eq!(printed["replayed"], false);
+    assert_eq!(printed["payment"], payment_json("pending"));
+}
+
+#[tokio::test]
+async fn status_json_prints_the_raw_resource() {
+    let server = api_with_payment(vec![found("succeeded", "1")]).await;
+
+    let output = oncepay(&server, &["status", PAYMENT_ID, "--json"]).await;
+
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    assert_eq!(serde_json::from_slice::<Value>(&output.stdout).unwrap(), payment_json("succeeded"));
+}
+
+#[tokio::test]
+async fn the_status_of_an_unsettled_payment_exits_4() {
+    let server = api_with_payment(vec![found("unknown", "60")]).await;
+
+    let output = oncepay(&server, &["status", PAYMENT_ID]).await;
+
+    assert_eq!(output.status.code(), Some(4), "{}", text(&output.stderr));
+    assert!(text(&output.stdout).contains("status       unknown (the provider's answer was lost"));
+}
+
+#[tokio::test]
+async fn usage_errors_exit_2() {
+    let server = MockServer::start().await;
+
+    let bad_id = oncepay(&server, &["status", "../../admin"]).await;
+    let bad_key = oncepay(&server, &[&PAY[..], &["--key", "has space"]].concat()).await;
+
+    assert_eq!(bad_id.status.code(), Some(2));
+    assert_eq!(bad_key.status.code(), Some(2));
+    assert!(server.received_requests().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn the_api_key_is_never_printed_not_even_by_help() {
+    let server = api_with_payment(vec![found("succeeded", "1")]).await;
+
+    let outputs =
+        [oncepay(&server, &["--help"]).await, oncepay(&server, &["pay", "--help"]).await, oncepay(&server, &PAY).await];
+
+    for output in outputs {
+        let all = format!("{}{}", text(&output.stdout), text(&output.stderr));
+        assert!(!all.contains(API_KEY), "{all}");
+    }
+}
