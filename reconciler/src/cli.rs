@@ -11,12 +11,19 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use oncepay_shared::db;
+use oncepay_shared::ids::PaymentId;
+use oncepay_shared::money::{Amount, Currency};
+use oncepay_shared::provider::http::HttpProvider;
 use sqlx::PgPool;
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
 
+use crate::dead_letters::commands::{self, BookedCharge, Decision, Filter, Operator, Retry};
 use crate::render::Report;
 use crate::settings::Settings;
 use crate::tenants;
@@ -47,6 +54,9 @@ pub enum Command {
     /// A tenant's API keys: issue another, revoke one.
     #[command(subcommand)]
     Keys(KeysCommand),
+    /// Payments automation could not settle: list, show, retry, resolve.
+    #[command(subcommand, name = "dead-letters")]
+    DeadLetters(DeadLettersCommand),
 }
 
 /// `tenants …`.
@@ -79,6 +89,77 @@ pub enum KeysCommand {
         /// The key id printed when the key was issued.
         key_id: String,
     },
+}
+
+/// `dead-letters …`.
+#[derive(Debug, Subcommand)]
+pub enum DeadLettersCommand {
+    /// Lists dead letters, oldest first (open ones unless --all).
+    List {
+        /// Only entries awaiting an operator (the default).
+        #[arg(long, conflicts_with = "all")]
+        open: bool,
+        /// Resolved entries too.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Shows a payment's dead letters: why, evidence, attempts, age, and its audit trail.
+    Show {
+        /// The payment's id.
+        payment_id: PaymentId,
+    },
+    /// Sends a dead-lettered payment again, with the same downstream key.
+    Retry {
+        /// The payment's id.
+        payment_id: PaymentId,
+        /// Why (recorded with your name).
+        #[arg(long)]
+        reason: String,
+        /// Who you are (default: $USER).
+        #[arg(long)]
+        operator: Option<String>,
+        /// Resend although the provider may have forgotten the key (a double charge is then possible).
+        #[arg(long)]
+        outside_key_window: bool,
+    },
+    /// Settles a dead-lettered payment, or acknowledges a conflict on a terminal one.
+    Resolve {
+        /// The payment's id.
+        payment_id: PaymentId,
+        /// What the payment's outcome was.
+        #[arg(long = "as", value_enum, required_unless_present = "acknowledge", conflicts_with = "acknowledge")]
+        outcome: Option<ResolveAs>,
+        /// For a conflict on a terminal payment: record that you looked at it; the state stays.
+        #[arg(long, conflicts_with_all = ["charge_id", "amount"])]
+        acknowledge: bool,
+        /// Why (recorded with your name).
+        #[arg(long)]
+        reason: String,
+        /// The provider's charge (required with --as succeeded).
+        #[arg(long)]
+        charge_id: Option<String>,
+        /// What the provider charged, in minor units, when it no longer lists the charge by key.
+        #[arg(long, requires_all = ["currency", "charged_at"])]
+        amount: Option<i64>,
+        /// The charge's currency (with --amount).
+        #[arg(long, requires = "amount")]
+        currency: Option<String>,
+        /// When the provider created the charge, RFC 3339 (with --amount).
+        #[arg(long, requires = "amount")]
+        charged_at: Option<String>,
+        /// Who you are (default: $USER).
+        #[arg(long)]
+        operator: Option<String>,
+    },
+}
+
+/// `resolve --as`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ResolveAs {
+    /// The provider charged the customer.
+    Succeeded,
+    /// No money moved.
+    Failed,
 }
 
 /// Why an operator command did not do what was asked.
@@ -124,6 +205,8 @@ pub struct Context {
     pub settings: Settings,
     /// A pool on the configured database.
     pub pool: PgPool,
+    /// The operator's name when `--operator` is not given (`$USER`, read by `main`).
+    pub default_operator: Option<String>,
 }
 
 /// Runs one operator command (anything but `serve`).
@@ -140,7 +223,84 @@ pub async fn execute(command: Command, ctx: &Context) -> Result<Box<dyn Report>,
         Command::Keys(KeysCommand::Revoke { tenant, key_id }) => {
             tenants::revoke_key(&mut *connection(ctx).await?, &tenant, &key_id).await.map(boxed)
         }
+        Command::DeadLetters(command) => dead_letter_command(command, ctx).await,
     }
+}
+
+async fn dead_letter_command(command: DeadLettersCommand, ctx: &Context) -> Result<Box<dyn Report>, CliError> {
+    match command {
+        DeadLettersCommand::List { open: _, all } => {
+            let filter = if all { Filter::All } else { Filter::Open };
+            commands::list(&mut *connection(ctx).await?, filter).await.map(boxed)
+        }
+        DeadLettersCommand::Show { payment_id } => {
+            commands::show(&mut *connection(ctx).await?, payment_id).await.map(boxed)
+        }
+        DeadLettersCommand::Retry { payment_id, reason, operator, outside_key_window } => {
+            let operator = operator_of(operator, ctx)?;
+            let retry = Retry {
+                payment_id,
+                operator: &operator,
+                reason: &reason,
+                resend_horizon: resend_horizon(&ctx.settings),
+                outside_key_window,
+            };
+            commands::retry(&mut *connection(ctx).await?, &retry).await.map(boxed)
+        }
+        DeadLettersCommand::Resolve {
+            payment_id,
+            outcome,
+            acknowledge: _,
+            reason,
+            charge_id,
+            amount,
+            currency,
+            charged_at,
+            operator,
+        } => {
+            let operator = operator_of(operator, ctx)?;
+            let decision = match (outcome, charge_id) {
+                (None, _) => Decision::Acknowledge,
+                (Some(ResolveAs::Failed), charge_id) => Decision::Failed { charge_id },
+                (Some(ResolveAs::Succeeded), None) => {
+                    return Err(CliError::Invalid("--as succeeded needs the provider's --charge-id".into()));
+                }
+                (Some(ResolveAs::Succeeded), Some(charge_id)) => match (amount, currency, charged_at) {
+                    (Some(amount), Some(currency), Some(charged_at)) => {
+                        Decision::Succeeded(booked_from_flags(charge_id, amount, &currency, &charged_at)?)
+                    }
+                    _ => {
+                        let provider =
+                            HttpProvider::new(&ctx.settings.provider).context("cannot build the provider client")?;
+                        Decision::Succeeded(commands::confirm_charge(&provider, payment_id, &charge_id).await?)
+                    }
+                },
+            };
+            commands::resolve(&mut *connection(ctx).await?, payment_id, &decision, &operator, &reason).await.map(boxed)
+        }
+    }
+}
+
+fn operator_of(given: Option<String>, ctx: &Context) -> Result<Operator, CliError> {
+    Operator::parse(given.as_deref().or(ctx.default_operator.as_deref()).unwrap_or_default())
+}
+
+/// How long after a payment's first send the provider certainly still deduplicates its key.
+pub fn resend_horizon(settings: &Settings) -> Duration {
+    Duration::from_secs(settings.provider.key_window_secs.saturating_sub(settings.poller.resend_margin_secs))
+}
+
+fn booked_from_flags(
+    charge_id: String,
+    amount: i64,
+    currency: &str,
+    charged_at: &str,
+) -> Result<BookedCharge, CliError> {
+    let amount = Amount::new(amount).map_err(|e| CliError::Invalid(format!("--amount {e}")))?;
+    let currency = Currency::parse(currency).map_err(|e| CliError::Invalid(format!("--currency {e}")))?;
+    let charged_at = OffsetDateTime::parse(charged_at, &Rfc3339)
+        .map_err(|_| CliError::Invalid(format!("--charged-at {charged_at:?} is not an RFC 3339 time")))?;
+    Ok(BookedCharge { charge_id, amount: amount.minor_units(), currency: currency.as_str().to_owned(), charged_at })
 }
 
 fn boxed<R: Report + 'static>(report: R) -> Box<dyn Report> {

@@ -9,6 +9,12 @@
 //! here.
 
 pub mod cli;
+pub mod dead_letters;
+pub mod finding;
+pub mod http;
+pub mod poller;
 pub mod render;
 pub mod settings;
 pub mod tenants;
+pub mod unknown;
+pub mod webhooks;

@@ -39,7 +39,9 @@ async fn operator_command(cli: Cli, settings: Settings) -> ExitCode {
         }
     };
     let pool = db::pool(&settings.database, options);
-    let ctx = cli::Context { settings, pool };
+    // The operator's name defaults to the login name; only `main` reads the environment.
+    let default_operator = std::env::var("USER").ok();
+    let ctx = cli::Context { settings, pool, default_operator };
     let result = cli::execute(cli.command, &ctx).await;
     ctx.pool.close().await;
     match result {

@@ -137,3 +137,31 @@ pub fn url_of(pool: &PgPool) -> String {
     let database = options.get_database().unwrap_or("postgres");
     format!("postgres://{user}@{host}:{port}/{database}")
 }
+
+/// A charge as the provider reports it, for the payment it names in its metadata and key.
+pub fn charge(
+    tenant_id: TenantId,
+    payment_id: PaymentId,
+    id: &str,
+    status: oncepay_shared::provider::ChargeStatus,
+    amount: i64,
+) -> oncepay_shared::provider::Charge {
+    use oncepay_shared::provider::{ChargeStatus, metadata_keys};
+    let declined = status == ChargeStatus::Failed;
+    oncepay_shared::provider::Charge {
+        id: id.to_owned(),
+        status,
+        amount,
+        currency: "EUR".to_owned(),
+        customer: "cus_1".to_owned(),
+        idempotency_key: payment_id.downstream_key().to_string(),
+        created: time::OffsetDateTime::now_utc().unix_timestamp(),
+        metadata: [
+            (metadata_keys::TENANT_ID.to_owned(), tenant_id.to_string()),
+            (metadata_keys::PAYMENT_ID.to_owned(), payment_id.to_string()),
+        ]
+        .into(),
+        failure_code: declined.then(|| "card_declined".to_owned()),
+        failure_message: declined.then(|| "The card was declined.".to_owned()),
+    }
+}

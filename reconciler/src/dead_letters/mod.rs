@@ -1,0 +1,93 @@
+//! The dead-letter table: payments automation could not settle, for operators.
+//!
+//! Two kinds of entry (`dead_letters.kind`): `unresolved`, written with the move `unknown →
+//! dead_lettered` when polling ran out of attempts or time; and `conflict`, written when evidence
+//! arrives that contradicts a terminal payment, whose state is kept. A payment has at most one open
+//! entry (a partial unique index): further evidence is appended to it rather than opening another.
+//! Entries are closed only by an operator ([`commands`]), who is recorded with the reason.
+//!
+//! Functions here take the caller's connection so that an entry is written in the same transaction
+//! as the change that caused it. They never move a payment themselves.
+
+pub mod commands;
+
+use oncepay_shared::ids::{PaymentId, TenantId};
+use oncepay_shared::store::StoreError;
+use serde_json::Value;
+use sqlx::PgConnection;
+
+/// Which kind of entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// The payment is `dead_lettered`: an operator must settle or retry it.
+    Unresolved,
+    /// The payment is terminal and later evidence contradicts it.
+    Conflict,
+}
+
+impl Kind {
+    /// The name stored in `dead_letters.kind`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Unresolved => "unresolved",
+            Self::Conflict => "conflict",
+        }
+    }
+}
+
+/// Opens an entry for the payment, or appends `evidence` (a JSON array) to its open one. Counts new
+/// entries in `oncepay_reconciler_dead_letters_total{kind}`.
+pub async fn record(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    payment_id: PaymentId,
+    kind: Kind,
+    reason: &str,
+    evidence: Value,
+    attempts: i32,
+) -> Result<(), StoreError> {
+    let opened = sqlx::query_scalar!(
+        r#"
+        INSERT INTO dead_letters (tenant_id, payment_id, kind, reason, evidence, attempts)
+        VALUES ($1, $2, $3, $4, $5, $6)
+        ON CONFLICT (tenant_id, payment_id) WHERE resolved_at IS NULL DO UPDATE
+        SET evidence = dead_letters.evidence || EXCLUDED.evidence,
+            attempts = GREATEST(dead_letters.attempts, EXCLUDED.attempts)
+        RETURNING xmax = 0 AS "opened!"
+        "#,
+        tenant_id.as_uuid(),
+        payment_id.as_uuid(),
+        kind.as_str(),
+        reason,
+        evidence,
+        attempts,
+    )
+    .fetch_one(conn)
+    .await?;
+    if opened {
+        metrics::counter!("oncepay_reconciler_dead_letters_total", "kind" => kind.as_str()).increment(1);
+        tracing::warn!(payment.id = %payment_id, dead_letter.kind = kind.as_str(), reason, "dead-lettered for an operator");
+    }
+    Ok(())
+}
+
+/// Appends `evidence` (a JSON array) to the payment's open entry, if it has one. Returns whether it did.
+pub async fn attach_evidence(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    payment_id: PaymentId,
+    evidence: Value,
+) -> Result<bool, StoreError> {
+    let attached = sqlx::query!(
+        r#"
+        UPDATE dead_letters SET evidence = evidence || $3
+        WHERE tenant_id = $1 AND payment_id = $2 AND resolved_at IS NULL
+        "#,
+        tenant_id.as_uuid(),
+        payment_id.as_uuid(),
+        evidence,
+    )
+    .execute(conn)
+    .await?;
+    Ok(attached.rows_affected() == 1)
+}

@@ -1,0 +1,371 @@
+//! The poller: settles `unknown` payments by asking the provider what it holds for their downstream
+//! idempotency key.
+//!
+//! Each pass claims due payments ([`unknown::claim_due`]), looks each one up outside any transaction,
+//! then records the verdict in one short transaction per payment:
+//! - a succeeded or failed charge: settled exactly as the worker would have settled it;
+//! - provably no charge while the provider still remembers the key (first send younger than the key
+//!   window minus a margin): back to `pending` and into the outbox, resent with the same key;
+//! - anything else (a failed lookup; no charge past the window, which proves nothing once the
+//!   provider may have forgotten the key): the evidence is kept and the next lookup is scheduled with
+//!   per-payment exponential backoff;
+//! - after `max_attempts` inconclusive lookups, or once the payment has been unknown for
+//!   `max_age`: dead-lettered with all the evidence, for an operator.
+//!
+//! A webhook may settle the payment while its lookup is in flight; the compare-and-set then loses,
+//! which is a normal outcome. The poller never moves a payment that is not `unknown`.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use futures::StreamExt;
+use oncepay_shared::backoff::Backoff;
+use oncepay_shared::provider::{Charge, ChargeStatus, LookupError, PaymentProvider};
+use oncepay_shared::status::Transition;
+use oncepay_shared::store::transitions::{Applied, Settlement};
+use serde_json::json;
+use sqlx::{Acquire, PgPool};
+use tokio_util::sync::CancellationToken;
+
+use crate::finding;
+use crate::render;
+use crate::unknown::{self, Claimed, Why};
+
+const ACTOR: &str = "reconciler:poller";
+
+/// The poller's limits.
+#[derive(Debug, Clone)]
+pub struct PollerConfig {
+    /// Pause after a pass that found nothing due.
+    pub interval: Duration,
+    /// Payments claimed per pass.
+    pub batch_size: u32,
+    /// Lookups in flight at once.
+    pub concurrency: usize,
+    /// How long a claimed payment stays hidden from other pollers.
+    pub lease: Duration,
+    /// Wait between inconclusive lookups of one payment.
+    pub backoff: Backoff,
+    /// Inconclusive lookups before dead-lettering.
+    pub max_attempts: u32,
+    /// Time in `unknown` before dead-lettering.
+    pub max_age: Duration,
+    /// How long after its first send a payment may still be resent with its key: the provider's key
+    /// window minus a safety margin.
+    pub resend_horizon: Duration,
+}
+
+/// What one pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Payments claimed.
+    pub claimed: u64,
+    /// Settled `succeeded` from a found charge.
+    pub charged: u64,
+    /// Settled `failed` from a found charge.
+    pub declined: u64,
+    /// Sent back to `pending` for a resend with the same key.
+    pub resent: u64,
+    /// Looked up without a conclusion; to be looked up again.
+    pub inconclusive: u64,
+    /// Given up on: dead-lettered.
+    pub dead_lettered: u64,
+    /// Moved by someone else (a webhook) while being looked up.
+    pub lost_race: u64,
+}
+
+/// What a lookup means for one payment.
+#[derive(Debug, Clone, PartialEq)]
+enum Verdict {
+    Settle { transition: Transition, settlement: Settlement, charge: Box<Charge> },
+    Resend,
+    Inconclusive { finding: String },
+    Exhaust { finding: String },
+}
+
+/// The poller loop.
+pub struct Poller<P> {
+    pool: PgPool,
+    provider: P,
+    config: PollerConfig,
+}
+
+impl<P: PaymentProvider> Poller<P> {
+    /// A poller over `pool`, asking `provider`.
+    pub fn new(pool: PgPool, provider: P, config: PollerConfig) -> Self {
+        Self { pool, provider, config }
+    }
+
+    /// Polls until `shutdown`; a pass that found work is followed at once by another.
+    pub async fn run(&self, shutdown: CancellationToken) {
+        tracing::info!("poller started");
+        while !shutdown.is_cancelled() {
+            let pause = match self.run_once().await {
+                Ok(counts) if counts.claimed > 0 => Duration::ZERO,
+                Ok(_) => self.config.interval,
+                Err(error) => {
+                    tracing::error!(error = format!("{error:#}"), "poller pass failed");
+                    self.config.interval
+                }
+            };
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                () = tokio::time::sleep(pause) => {}
+            }
+        }
+        tracing::info!("poller stopped");
+    }
+
+    /// One pass: claims due payments, looks each up, records each verdict.
+    pub async fn run_once(&self) -> anyhow::Result<Counts> {
+        let claimed = {
+            let mut conn = self.pool.acquire().await.context("cannot reach the database")?;
+            unknown::claim_due(&mut conn, self.config.batch_size, self.config.lease, self.config.resend_horizon)
+                .await
+                .context("cannot claim due unknown payments")?
+        };
+        let mut counts = Counts { claimed: claimed.len() as u64, ..Counts::default() };
+        let mut outcomes = futures::stream::iter(claimed)
+            .map(|payment| self.poll_one(payment))
+            .buffer_unordered(self.config.concurrency);
+        let (mut failures, mut last_error) = (0, None);
+        while let Some(outcome) = outcomes.next().await {
+            match outcome {
+                Ok(done) => done.count(&mut counts),
+                Err(error) => {
+                    failures += 1;
+                    last_error = Some(error);
+                }
+            }
+        }
+        // The payments whose outcome was not recorded keep their lease, and are looked up again once
+        // it expires.
+        match last_error {
+            Some(error) => Err(error.context(format!("{failures} of {} polls could not be recorded", counts.claimed))),
+            None => Ok(counts),
+        }
+    }
+
+    #[tracing::instrument(name = "poller.poll", skip_all, fields(payment.id = %payment.payment_id))]
+    async fn poll_one(&self, payment: Claimed) -> anyhow::Result<Done> {
+        let lookup = self.provider.find_by_key(&payment.payment_id.downstream_key()).await;
+        let verdict = decide(&payment, &lookup, &self.config);
+        let mut conn = self.pool.acquire().await.context("cannot reach the database")?;
+        let mut tx = conn.begin().await.context("cannot start a transaction")?;
+        let (tenant_id, payment_id) = (payment.tenant_id, payment.payment_id);
+        let attempt = payment.poll_attempts + 1;
+        let done = match verdict {
+            Verdict::Settle { transition, settlement, charge } => {
+                let reason = match transition {
+                    Transition::Charged => "the provider holds a succeeded charge for the payment's key",
+                    _ => "the provider holds a declined charge for the payment's key",
+                };
+                let evidence = unknown::evidence("poll", json!({"attempt": attempt, "charge": charge}));
+                let applied =
+                    unknown::settle(&mut tx, tenant_id, payment_id, transition, &settlement, why(reason), evidence)
+                        .await
+                        .context("cannot settle the payment")?;
+                match (applied, transition) {
+                    (Applied::LostRace, _) => Done::LostRace,
+                    (Applied::Moved(_), Transition::Charged) => Done::Charged,
+                    (Applied::Moved(_), _) => Done::Declined,
+                }
+            }
+            Verdict::Resend => {
+                let evidence =
+                    unknown::evidence("poll", json!({"attempt": attempt, "result": "no_charge_in_key_window"}));
+                let reason = "the provider holds no charge for the payment's key and still remembers the key";
+                match unknown::resend(&mut tx, tenant_id, payment_id, why(reason), evidence)
+                    .await
+                    .context("cannot queue the payment for a resend")?
+                {
+                    Applied::Moved(_) => Done::Resent,
+                    Applied::LostRace => Done::LostRace,
+                }
+            }
+            Verdict::Inconclusive { finding } => {
+                let evidence = unknown::evidence("poll", json!({"attempt": attempt, "result": finding}));
+                let wait = self.config.backoff.delay(u32::try_from(attempt).unwrap_or(u32::MAX), &mut rand::rng());
+                unknown::note_inconclusive(&mut tx, tenant_id, payment_id, evidence, wait)
+                    .await
+                    .context("cannot record the lookup")?;
+                Done::Inconclusive
+            }
+            Verdict::Exhaust { finding } => {
+                let evidence = unknown::evidence("poll", json!({"attempt": attempt, "result": finding}));
+                let reason = format!(
+                    "no conclusive answer from the provider after {attempt} lookups over {}",
+                    render::age(time::Duration::try_from(payment.age).unwrap_or(time::Duration::MAX)),
+                );
+                match unknown::exhaust(&mut tx, tenant_id, payment_id, why(&reason), evidence)
+                    .await
+                    .context("cannot dead-letter the payment")?
+                {
+                    Applied::Moved(_) => Done::DeadLettered,
+                    Applied::LostRace => Done::LostRace,
+                }
+            }
+        };
+        tx.commit().await.context("cannot commit the poll's outcome")?;
+        done.record_metric();
+        Ok(done)
+    }
+}
+
+fn why(reason: &str) -> Why<'_> {
+    Why { actor: ACTOR, reason }
+}
+
+/// What recording one poll did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Done {
+    Charged,
+    Declined,
+    Resent,
+    Inconclusive,
+    DeadLettered,
+    LostRace,
+}
+
+impl Done {
+    fn count(self, counts: &mut Counts) {
+        match self {
+            Self::Charged => counts.charged += 1,
+            Self::Declined => counts.declined += 1,
+            Self::Resent => counts.resent += 1,
+            Self::Inconclusive => counts.inconclusive += 1,
+            Self::DeadLettered => counts.dead_lettered += 1,
+            Self::LostRace => counts.lost_race += 1,
+        }
+    }
+
+    fn record_metric(self) {
+        let how = match self {
+            Self::Charged => "poll_charged",
+            Self::Declined => "poll_declined",
+            Self::Resent => "resend",
+            Self::DeadLettered => "dead_lettered",
+            Self::Inconclusive | Self::LostRace => return,
+        };
+        metrics::counter!("oncepay_reconciler_unknown_resolved_total", "how" => how).increment(1);
+    }
+}
+
+/// Decides what a lookup means. Pure.
+fn decide(payment: &Claimed, lookup: &Result<Vec<Charge>, LookupError>, config: &PollerConfig) -> Verdict {
+    let finding = match lookup {
+        Ok(charges) => {
+            // One key normally has at most one charge; a success anywhere means money moved.
+            let found = charges
+                .iter()
+                .find(|c| c.status == ChargeStatus::Succeeded)
+                .or_else(|| charges.iter().find(|c| c.status == ChargeStatus::Failed));
+            if let Some(charge) = found {
+                match finding::settlement(charge) {
+                    Ok((transition, settlement)) => {
+                        return Verdict::Settle { transition, settlement, charge: Box::new(charge.clone()) };
+                    }
+                    Err(bad) => bad.to_string(),
+                }
+            } else if payment.in_key_window {
+                return Verdict::Resend;
+            } else {
+                "no charge for the key, but the provider's key window has passed: that proves nothing".to_owned()
+            }
+        }
+        Err(error) => format!("lookup failed: {error}"),
+    };
+    let attempts = u32::try_from(payment.poll_attempts).unwrap_or(0).saturating_add(1);
+    if attempts >= config.max_attempts || payment.age >= config.max_age {
+        Verdict::Exhaust { finding }
+    } else {
+        Verdict::Inconclusive { finding }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use oncepay_shared::ids::{PaymentId, TenantId};
+
+    use super::*;
+
+    fn config() -> PollerConfig {
+        PollerConfig {
+            interval: Duration::from_secs(1),
+            batch_size: 10,
+            concurrency: 2,
+            lease: Duration::from_secs(60),
+            backoff: Backoff { base: Duration::from_secs(1), max: Duration::from_secs(60) },
+            max_attempts: 5,
+            max_age: Duration::from_secs(3600),
+            resend_horizon: Duration::from_secs(82_800),
+        }
+    }
+
+    fn claimed(poll_attempts: i32, age_secs: u64, in_key_window: bool) -> Claimed {
+        Claimed {
+            tenant_id: TenantId::generate(),
+            payment_id: PaymentId::generate(),
+            poll_attempts,
+            age: Duration::from_secs(age_secs),
+            in_key_window,
+        }
+    }
+
+    fn charge(id: &str, status: ChargeStatus) -> Charge {
+        Charge {
+            id: id.into(),
+            status,
+            amount: 100,
+            currency: "EUR".into(),
+            customer: "cus_1".into(),
+            idempotency_key: "oncepay-x".into(),
+            created: 1_763_800_000,
+            metadata: BTreeMap::new(),
+            failure_code: None,
+            failure_message: None,
+        }
+    }
+
+    fn label(verdict: &Verdict) -> &'static str {
+        match verdict {
+            Verdict::Settle { transition: Transition::Charged, .. } => "charged",
+            Verdict::Settle { .. } => "declined",
+            Verdict::Resend => "resend",
+            Verdict::Inconclusive { .. } => "inconclusive",
+            Verdict::Exhaust { .. } => "exhaust",
+        }
+    }
+
+    #[test]
+    fn each_lookup_answer_gets_the_right_verdict() {
+        let ok = |charges: Vec<Charge>| -> Result<Vec<Charge>, LookupError> { Ok(charges) };
+        let failed = || -> Result<Vec<Charge>, LookupError> { Err(LookupError::Status(503)) };
+        let cases = [
+            ("charged", claimed(0, 10, true), ok(vec![charge("ch_1", ChargeStatus::Succeeded)]), "charged"),
+            ("declined", claimed(0, 10, true), ok(vec![charge("ch_1", ChargeStatus::Failed)]), "declined"),
+            (
+                "a success beats a failure",
+                claimed(0, 10, true),
+                ok(vec![charge("ch_1", ChargeStatus::Failed), charge("ch_2", ChargeStatus::Succeeded)]),
+                "charged",
+            ),
+            (
+                "found even on the last attempt",
+                claimed(4, 10, false),
+                ok(vec![charge("ch_1", ChargeStatus::Succeeded)]),
+                "charged",
+            ),
+            ("nothing, inside the window", claimed(0, 10, true), ok(vec![]), "resend"),
+            ("nothing, past the window", claimed(0, 10, false), ok(vec![]), "inconclusive"),
+            ("lookup failed", claimed(0, 10, true), failed(), "inconclusive"),
+            ("lookup failed, attempts spent", claimed(4, 10, true), failed(), "exhaust"),
+            ("nothing past the window, too old", claimed(0, 3600, false), ok(vec![]), "exhaust"),
+        ];
+        for (name, payment, lookup, expected) in cases {
+            assert_eq!(label(&decide(&payment, &lookup, &config())), expected, "{name}");
+        }
+    }
+}

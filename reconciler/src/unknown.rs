@@ -1,0 +1,241 @@
+//! The reconciler's side of the `unknown_payments` queue: claiming due payments, and each way a
+//! payment leaves `unknown`.
+//!
+//! Invariant: a payment is `unknown` exactly while it has a row here. Whoever moves it in writes the
+//! row in the same transaction (`oncepay_shared::store::unknown_queue`); every function here that
+//! moves it out ([`settle`], [`resend`], [`exhaust`]) deletes the row in the same transaction, and
+//! only after its compare-and-set won. Claiming pushes `next_poll_at` forward as a lease instead of
+//! holding a lock, so no transaction stays open across a provider call.
+//!
+//! Lock order: the payment row, then its queue row (as the worker and the sweeper do).
+
+use std::time::Duration;
+
+use oncepay_shared::ids::{PaymentId, TenantId};
+use oncepay_shared::payment::Payment;
+use oncepay_shared::status::{PaymentStatus, Transition};
+use oncepay_shared::store::transitions::{self, Applied, Change, Settlement, TransitionError};
+use oncepay_shared::store::{StoreError, outbox};
+use serde_json::{Value, json};
+use sqlx::PgConnection;
+use time::OffsetDateTime;
+
+use crate::dead_letters::{self, Kind};
+
+/// A due payment, claimed for one lookup.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    /// Its owner.
+    pub tenant_id: TenantId,
+    /// The payment.
+    pub payment_id: PaymentId,
+    /// Lookups already made, inconclusively.
+    pub poll_attempts: i32,
+    /// How long it has been `unknown`.
+    pub age: Duration,
+    /// Whether the provider still certainly remembers its downstream key (its first send is younger
+    /// than the resend horizon), by the database's clock.
+    pub in_key_window: bool,
+}
+
+/// Claims up to `batch_size` due payments, oldest due first, hiding each from other pollers for
+/// `lease`. Rows another poller is claiming right now are skipped.
+#[tracing::instrument(name = "unknown.claim", skip_all)]
+pub async fn claim_due(
+    conn: &mut PgConnection,
+    batch_size: u32,
+    lease: Duration,
+    resend_horizon: Duration,
+) -> Result<Vec<Claimed>, StoreError> {
+    let rows = sqlx::query!(
+        r#"
+        WITH due AS (
+            SELECT tenant_id, payment_id FROM unknown_payments
+            WHERE next_poll_at <= now()
+            ORDER BY next_poll_at
+            LIMIT $1
+            FOR UPDATE SKIP LOCKED
+        )
+        UPDATE unknown_payments u
+        SET next_poll_at = now() + make_interval(secs => $2)
+        FROM due JOIN payments p USING (tenant_id, payment_id)
+        WHERE u.tenant_id = due.tenant_id AND u.payment_id = due.payment_id
+        RETURNING u.tenant_id, u.payment_id, u.poll_attempts,
+                  extract(epoch FROM now() - u.since)::float8 AS "age_secs!",
+                  -- Never sent cannot happen for an unknown payment; if it did, no resend is safe.
+                  COALESCE(now() - p.first_sent_at < make_interval(secs => $3), false) AS "in_key_window!"
+        "#,
+        i64::from(batch_size),
+        lease.as_secs_f64(),
+        resend_horizon.as_secs_f64(),
+    )
+    .fetch_all(conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| Claimed {
+            tenant_id: TenantId::from_uuid(row.tenant_id),
+            payment_id: PaymentId::from_uuid(row.payment_id),
+            poll_attempts: row.poll_attempts,
+            age: Duration::from_secs_f64(row.age_secs.max(0.0)),
+            in_key_window: row.in_key_window,
+        })
+        .collect())
+}
+
+/// Who and why, for the audit trail.
+#[derive(Debug, Clone, Copy)]
+pub struct Why<'a> {
+    /// `webhook`, `reconciler:poller`.
+    pub actor: &'a str,
+    /// In words.
+    pub reason: &'a str,
+}
+
+/// Settles an `unknown` payment from the provider's evidence: the terminal change (ledger entry,
+/// stored response, audit row) and the removal of its queue row, in the caller's transaction.
+pub async fn settle(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    payment_id: PaymentId,
+    transition: Transition,
+    settlement: &Settlement,
+    why: Why<'_>,
+    evidence: Value,
+) -> Result<Applied<Payment>, TransitionError> {
+    let change = Change {
+        tenant_id,
+        payment_id,
+        from: PaymentStatus::Unknown,
+        transition,
+        actor: why.actor,
+        reason: why.reason,
+        detail: Some(evidence),
+    };
+    let applied = transitions::settle(&mut *conn, &change, settlement).await?;
+    if matches!(applied, Applied::Moved(_)) {
+        remove(conn, tenant_id, payment_id).await?;
+    }
+    Ok(applied)
+}
+
+/// The provider provably has no charge and still remembers the key: back to `pending` and into the
+/// outbox, so a worker resends with the same downstream key.
+pub async fn resend(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    payment_id: PaymentId,
+    why: Why<'_>,
+    evidence: Value,
+) -> Result<Applied<PaymentStatus>, TransitionError> {
+    let change = Change {
+        tenant_id,
+        payment_id,
+        from: PaymentStatus::Unknown,
+        transition: Transition::ProviderHasNoCharge,
+        actor: why.actor,
+        reason: why.reason,
+        detail: Some(evidence),
+    };
+    let applied = transitions::apply(&mut *conn, &change).await?;
+    if matches!(applied, Applied::Moved(_)) {
+        remove(&mut *conn, tenant_id, payment_id).await?;
+        outbox::enqueue(conn, tenant_id, payment_id, OffsetDateTime::now_utc()).await?;
+    }
+    Ok(applied)
+}
+
+/// Gives up: `unknown → dead_lettered`, and an `unresolved` dead letter carrying every piece of
+/// evidence gathered (the queue row's and `evidence`, the last one).
+pub async fn exhaust(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    payment_id: PaymentId,
+    why: Why<'_>,
+    evidence: Value,
+) -> Result<Applied<PaymentStatus>, TransitionError> {
+    let change = Change {
+        tenant_id,
+        payment_id,
+        from: PaymentStatus::Unknown,
+        transition: Transition::Exhausted,
+        actor: why.actor,
+        reason: why.reason,
+        detail: Some(evidence.clone()),
+    };
+    let applied = transitions::apply(&mut *conn, &change).await?;
+    if matches!(applied, Applied::Moved(_)) {
+        let gathered = remove(&mut *conn, tenant_id, payment_id).await?;
+        let (mut trail, attempts) = gathered.map_or_else(|| (Vec::new(), 0), |g| (g.evidence, g.poll_attempts));
+        trail.push(evidence);
+        let attempts = attempts.saturating_add(1);
+        dead_letters::record(conn, tenant_id, payment_id, Kind::Unresolved, why.reason, Value::Array(trail), attempts)
+            .await?;
+    }
+    Ok(applied)
+}
+
+/// Records an inconclusive lookup: the evidence, one more attempt, and when to look again.
+pub async fn note_inconclusive(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    payment_id: PaymentId,
+    evidence: Value,
+    next_poll_in: Duration,
+) -> Result<(), StoreError> {
+    sqlx::query!(
+        r#"
+        UPDATE unknown_payments
+        SET evidence = evidence || jsonb_build_array($3::jsonb),
+            poll_attempts = poll_attempts + 1,
+            next_poll_at = now() + make_interval(secs => $4)
+        WHERE tenant_id = $1 AND payment_id = $2
+        "#,
+        tenant_id.as_uuid(),
+        payment_id.as_uuid(),
+        evidence,
+        next_poll_in.as_secs_f64(),
+    )
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// What the queue row had gathered when it was removed.
+struct Gathered {
+    evidence: Vec<Value>,
+    poll_attempts: i32,
+}
+
+async fn remove(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    payment_id: PaymentId,
+) -> Result<Option<Gathered>, StoreError> {
+    let row = sqlx::query!(
+        r#"
+        DELETE FROM unknown_payments WHERE tenant_id = $1 AND payment_id = $2
+        RETURNING evidence, poll_attempts
+        "#,
+        tenant_id.as_uuid(),
+        payment_id.as_uuid(),
+    )
+    .fetch_optional(conn)
+    .await?;
+    Ok(row.map(|row| Gathered {
+        evidence: match row.evidence {
+            Value::Array(items) => items,
+            other => vec![other],
+        },
+        poll_attempts: row.poll_attempts,
+    }))
+}
+
+/// A piece of evidence: what was learned, from where, when.
+pub fn evidence(source: &str, fields: Value) -> Value {
+    let mut entry = json!({ "at": crate::render::timestamp(OffsetDateTime::now_utc()), "source": source });
+    if let (Some(entry), Value::Object(fields)) = (entry.as_object_mut(), fields) {
+        entry.extend(fields);
+    }
+    entry
+}

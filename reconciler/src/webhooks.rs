@@ -1,0 +1,313 @@
+//! `POST /webhooks/provider`: signed provider events, applied at most once and monotonically.
+//!
+//! A delivery is first checked as bytes: its Standard Webhooks signature over the raw body, against
+//! every configured secret (rotation), with the timestamp within the tolerance either way; anything
+//! else is 401 and touches nothing. A verified body that is not a charge event is 400. Then, in ONE
+//! transaction, the payment row is locked, the `webhook-id` is inserted into `webhook_events` (a
+//! seen id rolls everything back and answers 200: redeliveries change nothing), and the charge is
+//! judged against the payment ([`crate::finding::judge`]):
+//! - `unknown` → settled from the charge, exactly as the worker would, and its poll queue row removed;
+//! - `pending` / `processing` → only recorded: the worker holding it will learn the same outcome from
+//!   the provider (its resend carries the same key), and if it cannot, the payment becomes `unknown`
+//!   and the poller asks the provider, which is the ground truth. The reconciler does not race a
+//!   worker that holds a lease;
+//! - `dead_lettered` → the charge is appended to the open dead letter for the operator;
+//! - terminal and agreeing → nothing; terminal and contradicting → a `conflict` dead letter, the
+//!   terminal state untouched.
+//!
+//! Every recorded delivery answers 2xx so the provider stops retrying; a database that cannot be
+//! reached answers 503 so it retries later. Bodies and secrets are never logged.
+
+use actix_web::http::header;
+use actix_web::{HttpRequest, HttpResponse, web};
+use futures::StreamExt;
+use oncepay_shared::ids::{DownstreamKey, PaymentId, TenantId};
+use oncepay_shared::problem::{Problem, ProblemType};
+use oncepay_shared::provider::ChargeStatus;
+use oncepay_shared::provider::wire::{EventType, WebhookEvent};
+use oncepay_shared::status::{PaymentStatus, Transition};
+use oncepay_shared::store::StoreError;
+use oncepay_shared::store::transitions::{Applied, TransitionError};
+use oncepay_shared::webhook_signature::{self, SignedHeaders, WebhookSecret};
+use serde_json::{Value, json};
+use sqlx::{Acquire, PgConnection, PgPool};
+use time::OffsetDateTime;
+
+use crate::dead_letters::{self, Kind};
+use crate::finding::{self, Booked, Judgement, Recorded};
+use crate::unknown::{self, Why};
+
+/// The path the provider delivers to.
+pub const PATH: &str = "/webhooks/provider";
+
+const ACTOR: &str = "webhook";
+
+/// What the endpoint needs.
+#[derive(Clone)]
+pub struct WebhookState {
+    /// The database.
+    pub pool: PgPool,
+    /// Every secret a delivery may be signed with.
+    pub secrets: Vec<WebhookSecret>,
+    /// Largest distance of `webhook-timestamp` from now, either way, in seconds.
+    pub tolerance_secs: i64,
+    /// Largest accepted body.
+    pub max_body_bytes: usize,
+}
+
+/// Mounts the endpoint; the app must hold `web::Data<WebhookState>`.
+pub fn configure(config: &mut web::ServiceConfig) {
+    config.service(web::resource(PATH).route(web::post().to(receive)).default_service(web::to(method_not_allowed)));
+}
+
+async fn method_not_allowed() -> HttpResponse {
+    let mut response = Problem::new(ProblemType::MethodNotAllowed, "webhooks are delivered with POST").to_response();
+    response.headers_mut().insert(header::ALLOW, header::HeaderValue::from_static("POST"));
+    response
+}
+
+/// What applying a verified event did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The event was recorded; the label says what it did (see [`Judgement::label`]).
+    Recorded(&'static str),
+    /// This `webhook-id` was seen before: nothing changed.
+    Duplicate,
+    /// The charge names no payment of ours.
+    NotOurs,
+}
+
+impl Outcome {
+    /// The label for the answer, logs and `oncepay_reconciler_webhooks_total{verdict}`.
+    pub const fn label(self) -> &'static str {
+        match self {
+            Self::Recorded(label) => label,
+            Self::Duplicate => "duplicate",
+            Self::NotOurs => "not_ours",
+        }
+    }
+}
+
+/// Why a verified event could not be applied.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// The event contradicts itself; the provider must not send it again as is.
+    #[error("{0}")]
+    Invalid(String),
+    /// The database failed; the provider should retry later.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A transition the state machine refused: a bug.
+    #[error(transparent)]
+    Transition(#[from] TransitionError),
+}
+
+#[tracing::instrument(name = "webhook.receive", skip_all, fields(webhook.id, webhook.verdict))]
+async fn receive(request: HttpRequest, payload: web::Payload, state: web::Data<WebhookState>) -> HttpResponse {
+    let (verdict, response) = answer(&request, payload, &state).await;
+    tracing::Span::current().record("webhook.verdict", verdict);
+    metrics::counter!("oncepay_reconciler_webhooks_total", "verdict" => verdict).increment(1);
+    response
+}
+
+async fn answer(request: &HttpRequest, payload: web::Payload, state: &WebhookState) -> (&'static str, HttpResponse) {
+    let body = match read_body(payload, state.max_body_bytes).await {
+        Ok(body) => body,
+        Err(problem) => return ("invalid_body", problem.to_response()),
+    };
+    let header = |name: &str| request.headers().get(name).and_then(|v| v.to_str().ok());
+    let headers = SignedHeaders {
+        id: header("webhook-id"),
+        timestamp: header("webhook-timestamp"),
+        signature: header("webhook-signature"),
+    };
+    let now = OffsetDateTime::now_utc().unix_timestamp();
+    if let Err(error) = webhook_signature::verify(&state.secrets, headers, &body, now, state.tolerance_secs) {
+        tracing::warn!(error = %error, "rejected a webhook delivery");
+        return ("invalid_signature", Problem::new(ProblemType::InvalidSignature, error.to_string()).to_response());
+    }
+    // `verify` succeeded, so the id is present and not empty.
+    let webhook_id = headers.id.unwrap_or_default();
+    tracing::Span::current().record("webhook.id", webhook_id);
+
+    let event: WebhookEvent = match serde_json::from_slice(&body) {
+        Ok(event) => event,
+        Err(error) => {
+            let detail = format!("the body is not a charge event: {error}");
+            return ("invalid_body", Problem::new(ProblemType::InvalidWebhook, detail).to_response());
+        }
+    };
+    match apply(&state.pool, webhook_id, &event).await {
+        Ok(outcome) => {
+            tracing::info!(charge.id = %event.data.id, outcome = outcome.label(), "webhook applied");
+            (outcome.label(), HttpResponse::Ok().json(json!({ "outcome": outcome.label() })))
+        }
+        Err(ApplyError::Invalid(detail)) => {
+            tracing::warn!(detail, "a signed webhook cannot be applied");
+            ("invalid_body", Problem::new(ProblemType::InvalidWebhook, detail).to_response())
+        }
+        Err(ApplyError::Store(error)) if error.is_unavailable() => {
+            tracing::warn!(error = %error, "webhook not applied: the database is unavailable");
+            let detail = "the event could not be recorded; deliver it again later";
+            ("unavailable", Problem::new(ProblemType::ServiceUnavailable, detail).with_retry_after(5).to_response())
+        }
+        Err(error) => {
+            tracing::error!(error = format!("{:#}", anyhow::Error::new(error)), "applying a webhook failed");
+            ("error", Problem::new(ProblemType::Internal, "the event could not be recorded").to_response())
+        }
+    }
+}
+
+async fn read_body(mut payload: web::Payload, limit: usize) -> Result<web::Bytes, Problem> {
+    let too_large = || Problem::new(ProblemType::PayloadTooLarge, format!("a webhook body is at most {limit} bytes"));
+    let mut body = web::BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|_| Problem::new(ProblemType::InvalidWebhook, "the body could not be read"))?;
+        if body.len() + chunk.len() > limit {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body.freeze())
+}
+
+/// Applies a verified event (see the module documentation), in one transaction.
+#[tracing::instrument(name = "webhook.apply", skip_all, fields(payment.id))]
+pub async fn apply(pool: &PgPool, webhook_id: &str, event: &WebhookEvent) -> Result<Outcome, ApplyError> {
+    let charge = &event.data;
+    let consistent = matches!(
+        (event.event_type, charge.status),
+        (EventType::ChargeSucceeded, ChargeStatus::Succeeded) | (EventType::ChargeFailed, ChargeStatus::Failed)
+    );
+    if !consistent {
+        return Err(ApplyError::Invalid(format!("the event type does not match the status of charge {}", charge.id)));
+    }
+    let mut conn = pool.acquire().await.map_err(StoreError::from)?;
+    let Some((tenant_id, payment_id)) = locate(&mut conn, event).await? else {
+        tracing::warn!(charge.id = %charge.id, "a webhook for a charge that names no payment of ours");
+        return Ok(Outcome::NotOurs);
+    };
+    tracing::Span::current().record("payment.id", tracing::field::display(payment_id));
+
+    let mut tx = conn.begin().await.map_err(StoreError::from)?;
+    let Some(recorded) = lock_payment(&mut tx, tenant_id, payment_id).await? else {
+        return Ok(Outcome::NotOurs);
+    };
+    let judgement = finding::judge(&recorded, charge).map_err(|e| ApplyError::Invalid(e.to_string()))?;
+    let event_type = match event.event_type {
+        EventType::ChargeSucceeded => "charge.succeeded",
+        EventType::ChargeFailed => "charge.failed",
+    };
+    let first_time = sqlx::query_scalar!(
+        r#"
+        INSERT INTO webhook_events (tenant_id, webhook_id, event_type, payment_id, provider_charge_id, outcome)
+        VALUES ($1, $2, $3, $4, $5, $6)
+        ON CONFLICT (tenant_id, webhook_id) DO NOTHING
+        RETURNING true AS "inserted!"
+        "#,
+        tenant_id.as_uuid(),
+        webhook_id,
+        event_type,
+        payment_id.as_uuid(),
+        charge.id,
+        judgement.label(),
+    )
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(StoreError::from)?
+    .is_some();
+    if !first_time {
+        return Ok(Outcome::Duplicate);
+    }
+
+    let evidence =
+        unknown::evidence("webhook", json!({ "webhook_id": webhook_id, "event": event_type, "charge": charge }));
+    match &judgement {
+        Judgement::Settle(transition, settlement) => {
+            let reason = format!("provider webhook {event_type}");
+            let why = Why { actor: ACTOR, reason: &reason };
+            let applied =
+                unknown::settle(&mut tx, tenant_id, payment_id, *transition, settlement, why, evidence).await?;
+            if matches!(applied, Applied::LostRace) {
+                // The payment row is locked above, so its status cannot have changed.
+                return Err(ApplyError::Invalid(format!("payment {payment_id} moved while locked")));
+            }
+            let how = if *transition == Transition::Charged { "webhook_charged" } else { "webhook_declined" };
+            metrics::counter!("oncepay_reconciler_unknown_resolved_total", "how" => how).increment(1);
+        }
+        Judgement::LeaveToSender | Judgement::Agrees => {}
+        Judgement::ForOperator => {
+            if !dead_letters::attach_evidence(&mut tx, tenant_id, payment_id, Value::Array(vec![evidence])).await? {
+                tracing::warn!("a dead-lettered payment has no open dead letter to attach the webhook to");
+            }
+        }
+        Judgement::Conflicts(why) => {
+            dead_letters::record(&mut tx, tenant_id, payment_id, Kind::Conflict, why, Value::Array(vec![evidence]), 0)
+                .await?;
+        }
+    }
+    tx.commit().await.map_err(StoreError::from)?;
+    Ok(Outcome::Recorded(judgement.label()))
+}
+
+/// The payment a charge was made for: from the metadata oncepay puts on every charge, or else from
+/// its downstream idempotency key (whose tenant is then looked up). The two must agree.
+async fn locate(conn: &mut PgConnection, event: &WebhookEvent) -> Result<Option<(TenantId, PaymentId)>, ApplyError> {
+    let charge = &event.data;
+    let from_key = DownstreamKey::parse_payment_id(&charge.idempotency_key);
+    match (charge.payment_ref(), from_key) {
+        (Some((_, from_metadata)), Some(from_key)) if from_metadata != from_key => Err(ApplyError::Invalid(format!(
+            "charge {} names payment {from_metadata} in its metadata but {from_key} in its idempotency key",
+            charge.id
+        ))),
+        (Some(reference), _) => Ok(Some(reference)),
+        (None, Some(payment_id)) => {
+            // A provider that drops metadata: the tenant comes from the payment. Unknown payments (the
+            // only ones a webhook settles) are found in their small queue first; the scan of
+            // `payments` by id alone only runs for the rest.
+            let tenant = sqlx::query_scalar!(
+                r#"
+                (SELECT tenant_id AS "tenant_id!" FROM unknown_payments WHERE payment_id = $1)
+                UNION ALL
+                (SELECT tenant_id FROM payments WHERE payment_id = $1)
+                LIMIT 1
+                "#,
+                payment_id.as_uuid(),
+            )
+            .fetch_optional(conn)
+            .await
+            .map_err(StoreError::from)?;
+            Ok(tenant.map(|tenant| (TenantId::from_uuid(tenant), payment_id)))
+        }
+        (None, None) => Ok(None),
+    }
+}
+
+/// Locks the payment row for the rest of the transaction and reads what a charge is judged against.
+async fn lock_payment(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    payment_id: PaymentId,
+) -> Result<Option<Recorded>, StoreError> {
+    let row = sqlx::query!(
+        r#"
+        SELECT p.status AS "status: PaymentStatus", p.provider_charge_id,
+               l.amount AS "ledger_amount?", l.currency AS "ledger_currency?"
+        FROM payments p LEFT JOIN ledger_entries l USING (tenant_id, payment_id)
+        WHERE p.tenant_id = $1 AND p.payment_id = $2
+        FOR UPDATE OF p
+        "#,
+        tenant_id.as_uuid(),
+        payment_id.as_uuid(),
+    )
+    .fetch_optional(conn)
+    .await?;
+    Ok(row.map(|row| Recorded {
+        status: row.status,
+        charge_id: row.provider_charge_id,
+        ledger: match (row.ledger_amount, row.ledger_currency) {
+            (Some(amount), Some(currency)) => Some(Booked { amount, currency }),
+            _ => None,
+        },
+    }))
+}

@@ -1,0 +1,233 @@
+//! The poller against a real PostgreSQL and a wiremock provider: it settles `unknown` payments both
+//! ways, resends only when the provider provably has nothing inside the key window, and
+//! dead-letters what a failing provider never answers.
+
+// Helpers outside `#[test]` functions fail loudly too: clippy's test exemption does not reach them.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use oncepay_reconciler::poller::{Counts, Poller, PollerConfig};
+use oncepay_reconciler::unknown;
+use oncepay_shared::backoff::Backoff;
+use oncepay_shared::ids::PaymentId;
+use oncepay_shared::provider::ChargeStatus;
+use oncepay_shared::provider::http::{HttpProvider, ProviderSettings};
+use oncepay_shared::status::PaymentStatus;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use support::{charge, count_for, status, tenant, unknown_payment};
+use wiremock::matchers::{method, path, query_param};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+const DAY: i64 = 86_400;
+
+fn config(max_attempts: u32) -> PollerConfig {
+    PollerConfig {
+        interval: Duration::from_millis(10),
+        batch_size: 10,
+        concurrency: 4,
+        lease: Duration::from_secs(60),
+        // No wait between lookups, so each pass finds the payment due again.
+        backoff: Backoff { base: Duration::ZERO, max: Duration::ZERO },
+        max_attempts,
+        max_age: Duration::from_secs(3 * DAY as u64),
+        resend_horizon: Duration::from_secs((DAY - 3600) as u64),
+    }
+}
+
+fn poller(pool: &PgPool, provider: &MockServer, max_attempts: u32) -> Poller<HttpProvider> {
+    let settings = ProviderSettings {
+        base_url: provider.uri(),
+        api_key: "sk_test".to_owned().into(),
+        connect_timeout_ms: 500,
+        request_timeout_ms: 2_000,
+        key_window_secs: DAY as u64,
+    };
+    Poller::new(pool.clone(), HttpProvider::new(&settings).unwrap(), config(max_attempts))
+}
+
+/// The provider answers a lookup of the payment's key with `status` and `body`.
+async fn answer_lookup(provider: &MockServer, payment_id: PaymentId, status: u16, body: Value) {
+    Mock::given(method("GET"))
+        .and(path("/v1/charges"))
+        .and(query_param("idempotency_key", payment_id.downstream_key().as_str()))
+        .respond_with(ResponseTemplate::new(status).set_body_json(body))
+        .mount(provider)
+        .await;
+}
+
+fn listing(charges: &[oncepay_shared::provider::Charge]) -> Value {
+    json!({ "data": charges, "has_more": false })
+}
+
+async fn actors(pool: &PgPool, payment_id: PaymentId) -> Vec<(String, PaymentStatus)> {
+    sqlx::query_as("SELECT actor, to_status FROM payment_events WHERE payment_id = $1 ORDER BY event_id")
+        .bind(payment_id.as_uuid())
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn a_charge_found_at_the_provider_settles_the_payment_as_succeeded(pool: PgPool) {
+    let provider = MockServer::start().await;
+    let tenant_id = tenant(&pool, "acme").await;
+    let payment_id = unknown_payment(&pool, tenant_id, "order-1", 1999, 60).await;
+    answer_lookup(
+        &provider,
+        payment_id,
+        200,
+        listing(&[charge(tenant_id, payment_id, "ch_1", ChargeStatus::Succeeded, 1999)]),
+    )
+    .await;
+
+    let counts = poller(&pool, &provider, 5).run_once().await.unwrap();
+
+    assert_eq!(counts, Counts { claimed: 1, charged: 1, ..Counts::default() });
+    assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Succeeded);
+    assert_eq!(count_for(&pool, "ledger_entries", payment_id).await, 1);
+    assert_eq!(count_for(&pool, "unknown_payments", payment_id).await, 0);
+    assert_eq!(
+        actors(&pool, payment_id).await.last().unwrap(),
+        &("reconciler:poller".to_owned(), PaymentStatus::Succeeded)
+    );
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn a_declined_charge_found_at_the_provider_settles_the_payment_as_failed(pool: PgPool) {
+    let provider = MockServer::start().await;
+    let tenant_id = tenant(&pool, "acme").await;
+    let payment_id = unknown_payment(&pool, tenant_id, "order-1", 1999, 60).await;
+    answer_lookup(
+        &provider,
+        payment_id,
+        200,
+        listing(&[charge(tenant_id, payment_id, "ch_1", ChargeStatus::Failed, 1999)]),
+    )
+    .await;
+
+    let counts = poller(&pool, &provider, 5).run_once().await.unwrap();
+
+    assert_eq!(counts, Counts { claimed: 1, declined: 1, ..Counts::default() });
+    assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Failed);
+    assert_eq!(count_for(&pool, "ledger_entries", payment_id).await, 0);
+    assert_eq!(count_for(&pool, "unknown_payments", payment_id).await, 0);
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn no_charge_inside_the_key_window_sends_the_payment_again_with_the_same_key(pool: PgPool) {
+    let provider = MockServer::start().await;
+    let tenant_id = tenant(&pool, "acme").await;
+    let payment_id = unknown_payment(&pool, tenant_id, "order-1", 1999, 60).await;
+    answer_lookup(&provider, payment_id, 200, listing(&[])).await;
+
+    let counts = poller(&pool, &provider, 5).run_once().await.unwrap();
+
+    assert_eq!(counts, Counts { claimed: 1, resent: 1, ..Counts::default() });
+    assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Pending);
+    assert_eq!(count_for(&pool, "outbox", payment_id).await, 1);
+    assert_eq!(count_for(&pool, "unknown_payments", payment_id).await, 0);
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn no_charge_past_the_key_window_proves_nothing_and_never_resends(pool: PgPool) {
+    let provider = MockServer::start().await;
+    let tenant_id = tenant(&pool, "acme").await;
+    // First sent 23 h 30 min ago: inside the provider's 24 h, but inside the one-hour margin too.
+    let payment_id = unknown_payment(&pool, tenant_id, "order-1", 1999, DAY - 1800).await;
+    answer_lookup(&provider, payment_id, 200, listing(&[])).await;
+
+    let counts = poller(&pool, &provider, 5).run_once().await.unwrap();
+
+    assert_eq!(counts, Counts { claimed: 1, inconclusive: 1, ..Counts::default() });
+    assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Unknown);
+    assert_eq!(count_for(&pool, "outbox", payment_id).await, 0);
+    let (attempts, evidence): (i32, Value) =
+        sqlx::query_as("SELECT poll_attempts, evidence FROM unknown_payments WHERE payment_id = $1")
+            .bind(payment_id.as_uuid())
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(attempts, 1);
+    assert_eq!(evidence.as_array().unwrap().len(), 2, "the worker's entry and the poll's: {evidence}");
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn a_provider_that_keeps_failing_ends_in_the_dead_letter_table_with_the_evidence(pool: PgPool) {
+    let provider = MockServer::start().await;
+    let tenant_id = tenant(&pool, "acme").await;
+    let payment_id = unknown_payment(&pool, tenant_id, "order-1", 1999, 60).await;
+    Mock::given(method("GET")).respond_with(ResponseTemplate::new(503)).expect(3).mount(&provider).await;
+    let poller = poller(&pool, &provider, 3);
+
+    let mut passes = Vec::new();
+    while status(&pool, tenant_id, payment_id).await == PaymentStatus::Unknown && passes.len() < 10 {
+        passes.push(poller.run_once().await.unwrap());
+    }
+
+    assert_eq!(
+        passes,
+        [
+            Counts { claimed: 1, inconclusive: 1, ..Counts::default() },
+            Counts { claimed: 1, inconclusive: 1, ..Counts::default() },
+            Counts { claimed: 1, dead_lettered: 1, ..Counts::default() },
+        ]
+    );
+    assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::DeadLettered);
+    assert_eq!(count_for(&pool, "unknown_payments", payment_id).await, 0);
+    assert_eq!(count_for(&pool, "outbox", payment_id).await, 0);
+    let (kind, attempts, evidence): (String, i32, Value) = sqlx::query_as(
+        "SELECT kind, attempts, evidence FROM dead_letters WHERE payment_id = $1 AND resolved_at IS NULL",
+    )
+    .bind(payment_id.as_uuid())
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((kind.as_str(), attempts), ("unresolved", 3));
+    let sources: Vec<&str> = evidence.as_array().unwrap().iter().map(|e| e["source"].as_str().unwrap()).collect();
+    assert_eq!(sources, ["worker", "poll", "poll", "poll"]);
+    assert!(evidence[3]["result"].as_str().unwrap().contains("503"), "{evidence}");
+    // A dead-lettered payment is no longer polled.
+    assert_eq!(poller.run_once().await.unwrap(), Counts::default());
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn a_payment_claimed_by_one_poller_is_not_looked_up_by_another_while_the_lease_holds(pool: PgPool) {
+    let provider = MockServer::start().await;
+    let tenant_id = tenant(&pool, "acme").await;
+    unknown_payment(&pool, tenant_id, "order-1", 1999, 60).await;
+    Mock::given(method("GET")).respond_with(ResponseTemplate::new(503)).expect(0).mount(&provider).await;
+    let mut conn = pool.acquire().await.unwrap();
+    let claimed = unknown::claim_due(&mut conn, 10, Duration::from_secs(60), Duration::from_secs(3600)).await.unwrap();
+
+    let counts = poller(&pool, &provider, 5).run_once().await.unwrap();
+
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(counts, Counts::default());
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn every_due_payment_in_a_batch_is_settled_in_one_pass(pool: PgPool) {
+    let provider = MockServer::start().await;
+    let tenant_id = tenant(&pool, "acme").await;
+    let mut payments = Vec::new();
+    for i in 0..6 {
+        let payment_id = unknown_payment(&pool, tenant_id, &format!("order-{i}"), 100 + i, 60).await;
+        let outcome = if i % 2 == 0 { ChargeStatus::Succeeded } else { ChargeStatus::Failed };
+        let charge = charge(tenant_id, payment_id, &format!("ch_{i}"), outcome, 100 + i);
+        answer_lookup(&provider, payment_id, 200, listing(&[charge])).await;
+        payments.push((payment_id, outcome));
+    }
+
+    let counts = poller(&pool, &provider, 5).run_once().await.unwrap();
+
+    assert_eq!(counts, Counts { claimed: 6, charged: 3, declined: 3, ..Counts::default() });
+    for (payment_id, outcome) in payments {
+        let expected =
+            if outcome == ChargeStatus::Succeeded { PaymentStatus::Succeeded } else { PaymentStatus::Failed };
+        assert_eq!(status(&pool, tenant_id, payment_id).await, expected);
+    }
+}

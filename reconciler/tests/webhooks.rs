@@ -1,0 +1,446 @@
+//! `POST /webhooks/provider` over real HTTP (the server on port 0) against a real PostgreSQL: every
+//! kind of delivery gets the right answer and changes a payment at most once.
+
+// Helpers outside `#[test]` functions fail loudly too: clippy's test exemption does not reach them.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::net::TcpListener;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use oncepay_reconciler::http;
+use oncepay_reconciler::unknown::{self, Why};
+use oncepay_reconciler::webhooks::WebhookState;
+use oncepay_shared::ids::{PaymentId, TenantId};
+use oncepay_shared::ops_http::OpsState;
+use oncepay_shared::provider::wire::{EventType, WebhookEvent};
+use oncepay_shared::provider::{Charge, ChargeStatus};
+use oncepay_shared::status::PaymentStatus;
+use oncepay_shared::webhook_signature::WebhookSecret;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use support::{charge, count, count_for, status, tenant, unknown_payment};
+use time::OffsetDateTime;
+
+fn secret(seed: u8) -> WebhookSecret {
+    WebhookSecret::parse(&format!("whsec_{}", STANDARD.encode([seed; 32]))).unwrap()
+}
+
+/// The reconciler's HTTP server, on a free port, accepting deliveries signed with `secrets`.
+fn start(pool: &PgPool, secrets: Vec<WebhookSecret>) -> String {
+    oncepay_shared::tls::install_provider();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let webhook = WebhookState { pool: pool.clone(), secrets, tolerance_secs: 300, max_body_bytes: 65_536 };
+    let ops = OpsState { pool: pool.clone(), metrics: oncepay_shared::metrics::install() };
+    tokio::spawn(http::server(listener, webhook, ops, 1).unwrap());
+    format!("http://127.0.0.1:{port}/webhooks/provider")
+}
+
+fn event(charge: &Charge) -> Vec<u8> {
+    let event_type = match charge.status {
+        ChargeStatus::Succeeded => EventType::ChargeSucceeded,
+        ChargeStatus::Failed => EventType::ChargeFailed,
+    };
+    serde_json::to_vec(&WebhookEvent { event_type, created: charge.created, data: charge.clone() }).unwrap()
+}
+
+struct Delivery {
+    id: String,
+    timestamp: String,
+    signature: String,
+    body: Vec<u8>,
+}
+
+impl Delivery {
+    fn signed(secret: &WebhookSecret, id: &str, body: Vec<u8>) -> Self {
+        let now = OffsetDateTime::now_utc().unix_timestamp();
+        Self { id: id.to_owned(), timestamp: now.to_string(), signature: secret.sign(id, now, &body), body }
+    }
+}
+
+/// Delivers; returns the status and the JSON body.
+async fn deliver(url: &str, delivery: &Delivery) -> (u16, Value, Option<String>) {
+    let response = reqwest::Client::new()
+        .post(url)
+        .header("webhook-id", &delivery.id)
+        .header("webhook-timestamp", &delivery.timestamp)
+        .header("webhook-signature", &delivery.signature)
+        .header("content-type", "application/json")
+        .body(delivery.body.clone())
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let content_type = response.headers().get("content-type").map(|v| v.to_str().unwrap().to_owned());
+    let body = response.json().await.unwrap_or(Value::Null);
+    (status, body, content_type)
+}
+
+async fn transitions_by(pool: &PgPool, payment_id: PaymentId, actor: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM payment_events WHERE payment_id = $1 AND actor = $2")
+        .bind(payment_id.as_uuid())
+        .bind(actor)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+async fn ledger_amount(pool: &PgPool, payment_id: PaymentId) -> Option<i64> {
+    sqlx::query_scalar("SELECT amount FROM ledger_entries WHERE payment_id = $1")
+        .bind(payment_id.as_uuid())
+        .fetch_optional(pool)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn a_signed_success_settles_an_unknown_payment_with_its_ledger_entry(pool: PgPool) {
+    let key = secret(1);
+    let url = start(&pool, vec![key.clone()]);
+    let tenant_id = tenant(&pool, "acme").await;
+    let payment_id = unknown_payment(&pool, tenant_id, "order-1", 1999, 60).await;
+
+    let (code, body, _) = deliver(
+        &url,
+        &Delivery::signed(&key, "msg_1", event(&charge(tenant_id, payment_id, "ch_1", ChargeStatus::Succeeded, 1999))),
+    )
+    .await;
+
+    assert_eq!((code, body), (200, json!({"outcome": "applied"})));
+    assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Succeeded);
+    assert_eq!(ledger_amount(&pool, payment_id).await, Some(1999));
+    assert_eq!(count_for(&pool, "unknown_payments", payment_id).await, 0);
+    assert_eq!(count_for(&pool, "webhook_events", payment_id).await, 1);
+    assert_eq!(transitions_by(&pool, payment_id, "webhook").await, 1);
+    let stored: Option<Value> = sqlx::query_scalar("SELECT response_body FROM idempotency_keys WHERE payment_id = $1")
+        .bind(payment_id.as_uuid())
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(stored.unwrap()["status"], "succeeded");
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn a_signed_decline_settles_an_unknown_payment_as_failed_with_the_providers_code(pool: PgPool) {
+    let key = secret(1);
+    let url = start(&pool, vec![key.clone()]);
+    let tenant_id = tenant(&pool, "acme").await;
+    let payment_id = unknown_payment(&pool, tenant_id, "order-1", 1999, 60).await;
+
+    let (code, body, _) = deliver(
+        &url,
+        &Delivery::signed(&key, "msg_1", event(&charge(tenant_id, payment_id, "ch_1", ChargeStatus::Failed, 1999))),
+    )
+    .await;
+
+    assert_eq!((code, body), (200, json!({"outcome": "applied"})));
+    assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Failed);
+    let failure: String = sqlx::query_scalar("SELECT failure_code FROM payments WHERE payment_id = $1")
+        .bind(payment_id.as_uuid())
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(failure, "card_declined");
+    assert_eq!(ledger_amount(&pool, payment_id).await, None);
+    assert_eq!(count_for(&pool, "unknown_payments", payment_id).await, 0);
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn every_delivery_that_does_not_verify_is_401_and_changes_nothing(pool: PgPool) {
+    let key = secret(1);
+    let url = start(&pool, vec![key.clone()]);
+    let tenant_id = tenant(&pool, "acme").await;
+    let payment_id = unknown_payment(&pool, tenant_id, "order-1", 1999, 60).await;
+    let body = event(&charge(tenant_id, payment_id, "ch_1", ChargeStatus::Succeeded, 1999));
+    let now = OffsetDateTime::now_utc().unix_timestamp();
+    let good = Delivery::signed(&key, "msg_1", body.clone());
+    let at = |ts: i64| Delivery {
+        id: "msg_1".into(),
+        timestamp: ts.to_string(),
+        signature: key.sign("msg_1", ts, &body),
+        body: body.clone(),
+    };
+    let mut tampered_body = body.clone();
+    tampered_body[body.len() - 2] ^= 1;
+    let cases = [
+        ("tampered body", Delivery { body: tampered_body, ..Delivery::signed(&key, "msg_1", body.clone()) }),
+        ("wrong secret", Delivery::signed(&secret(9), "msg_1", body.clone())),
+        ("empty signature", Delivery { signature: String::new(), ..Delivery::signed(&key, "msg_1", body.clone()) }),
+        (
+            "truncated signature",
+            Delivery {
+                signature: good.signature[..good.signature.len() - 6].to_owned(),
+                ..Delivery::signed(&key, "msg_1", body.clone())
+            },
+        ),
+        (
+            "unknown scheme only",
+            Delivery {
+                signature: good.signature.replacen("v1,", "v1a,", 1),
+                ..Delivery::signed(&key, "msg_1", body.clone())
+            },
+        ),
+        ("signed for another id", Delivery { id: "msg_2".into(), ..Delivery::signed(&key, "msg_1", body.clone()) }),
+        ("stale timestamp", at(now - 301)),
+        ("future timestamp", at(now + 301)),
+        (
+            "timestamp not a number",
+            Delivery { timestamp: "soon".into(), ..Delivery::signed(&key, "msg_1", body.clone()) },
+        ),
+    ];
+
+    for (name, delivery) in &cases {
+        let (code, problem, content_type) = deliver(&url, delivery).await;
+        assert_eq!(code, 401, "{name}");
+        assert_eq!(content_type.as_deref(), Some("application/problem+json"), "{name}");
+        assert_eq!(problem["type"], "https://oncepay.dev/problems/invalid-signature", "{name}");
+    }
+
+    assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Unknown);
+    assert_eq!(count(&pool, "webhook_events").await, 0);
+    let (code, _, _) = deliver(&url, &good).await;
+    assert_eq!(code, 200, "the genuine delivery still works afterwards");
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn deliveries_signed_with_the_old_or_the_new_secret_are_accepted_during_a_rotation(pool: PgPool) {
+    let (old, new) = (secret(1), secret(2));
+    let url = start(&pool, vec![new.clone(), old.clone()]);
+    let tenant_id = tenant(&pool, "acme").await;
+    let by_old = unknown_payment(&pool, tenant_id, "order-1", 100, 60).await;
+    let by_new = unknown_payment(&pool, tenant_id, "order-2", 200, 60).await;
+    let by_both = unknown_payment(&pool, tenant_id, "order-3", 300, 60).await;
+    let both_body = event(&charge(tenant_id, by_both, "ch_3", ChargeStatus::Succeeded, 300));
+    let both = Delivery::signed(&secret(7), "msg_3", both_body.clone());
+    let both = Delivery {
+        signature: format!(
+            "{} {}",
+            secret(7).sign("msg_3", both.timestamp.parse().unwrap(), &both_body),
+            old.sign("msg_3", both.timestamp.parse().unwrap(), &both_body)
+        ),
+        ..both
+    };
+
+    let (a, _, _) = deliver(
+        &url,
+        &Delivery::signed(&old, "msg_1", event(&charge(tenant_id, by_old, "ch_1", ChargeStatus::Succeeded, 100))),
+    )
+    .await;
+    let (b, _, _) = deliver(
+        &url,
+        &Delivery::signed(&new, "msg_2", event(&charge(tenant_id, by_new, "ch_2", ChargeStatus::Succeeded, 200))),
+    )
+    .await;
+    let (c, _, _) = deliver(&url, &both).await;
+
+    assert_eq!((a, b, c), (200, 200, 200));
+    for payment_id in [by_old, by_new, by_both] {
+        assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Succeeded);
+    }
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn the_same_event_delivered_ten_times_at_once_changes_the_payment_once(pool: PgPool) {
+    let key = secret(1);
+    let url = start(&pool, vec![key.clone()]);
+    let tenant_id = tenant(&pool, "acme").await;
+    let payment_id = unknown_payment(&pool, tenant_id, "order-1", 1999, 60).await;
+    let body = event(&charge(tenant_id, payment_id, "ch_1", ChargeStatus::Succeeded, 1999));
+    let deliveries: Vec<Delivery> = (0..10).map(|_| Delivery::signed(&key, "msg_1", body.clone())).collect();
+
+    let answers = futures::future::join_all(deliveries.iter().map(|d| deliver(&url, d))).await;
+
+    let mut outcomes: Vec<(u16, String)> =
+        answers.into_iter().map(|(code, body, _)| (code, body["outcome"].as_str().unwrap().to_owned())).collect();
+    outcomes.sort();
+    let mut expected = vec![(200, "applied".to_owned())];
+    expected.extend(std::iter::repeat_n((200, "duplicate".to_owned()), 9));
+    expected.sort();
+    assert_eq!(outcomes, expected);
+    assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Succeeded);
+    assert_eq!(transitions_by(&pool, payment_id, "webhook").await, 1);
+    assert_eq!(count(&pool, "ledger_entries").await, 1);
+    assert_eq!(count(&pool, "webhook_events").await, 1);
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn events_arriving_out_of_order_settle_each_payment_once_and_a_late_older_event_changes_nothing(pool: PgPool) {
+    let key = secret(1);
+    let url = start(&pool, vec![key.clone()]);
+    let tenant_id = tenant(&pool, "acme").await;
+    let first = unknown_payment(&pool, tenant_id, "order-1", 100, 60).await;
+    let second = unknown_payment(&pool, tenant_id, "order-2", 200, 60).await;
+    let mut first_charge = charge(tenant_id, first, "ch_1", ChargeStatus::Succeeded, 100);
+    first_charge.created -= 30;
+    let second_charge = charge(tenant_id, second, "ch_2", ChargeStatus::Failed, 200);
+    // The provider's first attempt at delivering the first event, signed earlier, arrives last.
+    let mut stale_first = Delivery::signed(&key, "msg_1_retry_of_older", event(&first_charge));
+    let earlier = OffsetDateTime::now_utc().unix_timestamp() - 120;
+    stale_first.timestamp = earlier.to_string();
+    stale_first.signature = key.sign(&stale_first.id, earlier, &stale_first.body);
+
+    let (_, newer, _) = deliver(&url, &Delivery::signed(&key, "msg_2", event(&second_charge))).await;
+    let (_, older, _) = deliver(&url, &Delivery::signed(&key, "msg_1", event(&first_charge))).await;
+    let (code, late, _) = deliver(&url, &stale_first).await;
+
+    assert_eq!(newer["outcome"], "applied");
+    assert_eq!(older["outcome"], "applied");
+    assert_eq!((code, late["outcome"].as_str()), (200, Some("already_terminal")));
+    assert_eq!(status(&pool, tenant_id, first).await, PaymentStatus::Succeeded);
+    assert_eq!(status(&pool, tenant_id, second).await, PaymentStatus::Failed);
+    assert_eq!(transitions_by(&pool, first, "webhook").await, 1);
+    assert_eq!(transitions_by(&pool, second, "webhook").await, 1);
+    assert_eq!(count(&pool, "dead_letters").await, 0);
+}
+
+async fn open_conflicts(pool: &PgPool, payment_id: PaymentId) -> Vec<(String, i64)> {
+    sqlx::query_as(
+        "SELECT kind, jsonb_array_length(evidence)::bigint FROM dead_letters
+         WHERE payment_id = $1 AND resolved_at IS NULL",
+    )
+    .bind(payment_id.as_uuid())
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn evidence_contradicting_a_terminal_payment_opens_one_conflict_and_keeps_the_state(pool: PgPool) {
+    let key = secret(1);
+    let url = start(&pool, vec![key.clone()]);
+    let tenant_id = tenant(&pool, "acme").await;
+    let declined = unknown_payment(&pool, tenant_id, "order-1", 100, 60).await;
+    let charged = unknown_payment(&pool, tenant_id, "order-2", 200, 60).await;
+    let signed = |id: &str, c: Charge| Delivery::signed(&key, id, event(&c));
+    deliver(&url, &signed("d_1", charge(tenant_id, declined, "ch_1", ChargeStatus::Failed, 100))).await;
+    deliver(&url, &signed("c_1", charge(tenant_id, charged, "ch_2", ChargeStatus::Succeeded, 200))).await;
+
+    // A success after a recorded decline; then the same charge again under another delivery id.
+    let (_, success_after_decline, _) =
+        deliver(&url, &signed("d_2", charge(tenant_id, declined, "ch_1", ChargeStatus::Succeeded, 100))).await;
+    let (_, again, _) =
+        deliver(&url, &signed("d_3", charge(tenant_id, declined, "ch_1", ChargeStatus::Succeeded, 100))).await;
+    // A decline after a recorded success, a second successful charge, another amount.
+    let (_, decline_after_success, _) =
+        deliver(&url, &signed("c_2", charge(tenant_id, charged, "ch_2", ChargeStatus::Failed, 200))).await;
+    let (_, second_charge, _) =
+        deliver(&url, &signed("c_3", charge(tenant_id, charged, "ch_9", ChargeStatus::Succeeded, 200))).await;
+    let (_, other_amount, _) =
+        deliver(&url, &signed("c_4", charge(tenant_id, charged, "ch_2", ChargeStatus::Succeeded, 150))).await;
+    // And one that agrees.
+    let (_, agreeing, _) =
+        deliver(&url, &signed("c_5", charge(tenant_id, charged, "ch_2", ChargeStatus::Succeeded, 200))).await;
+
+    for answer in [&success_after_decline, &again, &decline_after_success, &second_charge, &other_amount] {
+        assert_eq!(answer["outcome"], "conflict");
+    }
+    assert_eq!(agreeing["outcome"], "already_terminal");
+    assert_eq!(status(&pool, tenant_id, declined).await, PaymentStatus::Failed);
+    assert_eq!(status(&pool, tenant_id, charged).await, PaymentStatus::Succeeded);
+    assert_eq!(open_conflicts(&pool, declined).await, vec![("conflict".to_owned(), 2)]);
+    assert_eq!(open_conflicts(&pool, charged).await, vec![("conflict".to_owned(), 3)]);
+    assert_eq!(ledger_amount(&pool, charged).await, Some(200));
+    assert_eq!(ledger_amount(&pool, declined).await, None);
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn a_verified_body_that_is_not_a_consistent_charge_event_is_400(pool: PgPool) {
+    let key = secret(1);
+    let url = start(&pool, vec![key.clone()]);
+    let tenant_id = tenant(&pool, "acme").await;
+    let payment_id = unknown_payment(&pool, tenant_id, "order-1", 100, 60).await;
+    let mut mismatched: Value =
+        serde_json::from_slice(&event(&charge(tenant_id, payment_id, "ch_1", ChargeStatus::Succeeded, 100))).unwrap();
+    mismatched["type"] = json!("charge.failed");
+    let mut other_payment = charge(tenant_id, payment_id, "ch_1", ChargeStatus::Succeeded, 100);
+    other_payment.idempotency_key = PaymentId::generate().downstream_key().to_string();
+
+    for (name, body) in [
+        ("not json", b"{not json".to_vec()),
+        ("not an event", br#"{"type":"charge.refunded","created":1,"data":{}}"#.to_vec()),
+        ("type and status disagree", serde_json::to_vec(&mismatched).unwrap()),
+        ("metadata and key disagree", event(&other_payment)),
+    ] {
+        let (code, problem, _) = deliver(&url, &Delivery::signed(&key, "msg_1", body)).await;
+        assert_eq!(code, 400, "{name}");
+        assert_eq!(problem["type"], "https://oncepay.dev/problems/invalid-webhook", "{name}");
+    }
+    assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Unknown);
+    assert_eq!(count(&pool, "webhook_events").await, 0);
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn a_payment_still_being_sent_is_only_recorded_and_a_dead_lettered_one_gains_evidence(pool: PgPool) {
+    let key = secret(1);
+    let url = start(&pool, vec![key.clone()]);
+    let tenant_id = tenant(&pool, "acme").await;
+    let processing = support::accept(&pool, tenant_id, "order-1", 100).await;
+    support::claim(&pool, tenant_id, processing, 5).await;
+    let dead = unknown_payment(&pool, tenant_id, "order-2", 200, 60).await;
+    let mut tx = pool.begin().await.unwrap();
+    let why = Why { actor: "test", reason: "attempts spent" };
+    unknown::exhaust(&mut tx, tenant_id, dead, why, json!({"source": "test"})).await.unwrap();
+    tx.commit().await.unwrap();
+
+    let (_, sending, _) = deliver(
+        &url,
+        &Delivery::signed(&key, "msg_1", event(&charge(tenant_id, processing, "ch_1", ChargeStatus::Succeeded, 100))),
+    )
+    .await;
+    let (_, dead_lettered, _) = deliver(
+        &url,
+        &Delivery::signed(&key, "msg_2", event(&charge(tenant_id, dead, "ch_2", ChargeStatus::Succeeded, 200))),
+    )
+    .await;
+
+    assert_eq!(sending["outcome"], "not_unknown");
+    assert_eq!(status(&pool, tenant_id, processing).await, PaymentStatus::Processing);
+    assert_eq!(count_for(&pool, "webhook_events", processing).await, 1);
+    assert_eq!(dead_lettered["outcome"], "dead_lettered");
+    assert_eq!(status(&pool, tenant_id, dead).await, PaymentStatus::DeadLettered);
+    let evidence: Value = sqlx::query_scalar("SELECT evidence FROM dead_letters WHERE payment_id = $1")
+        .bind(dead.as_uuid())
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let last = evidence.as_array().unwrap().last().unwrap();
+    assert_eq!((last["source"].as_str(), last["charge"]["id"].as_str()), (Some("webhook"), Some("ch_2")));
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn a_charge_without_metadata_is_found_by_its_key_and_a_foreign_charge_is_acknowledged(pool: PgPool) {
+    let key = secret(1);
+    let url = start(&pool, vec![key.clone()]);
+    let tenant_id = tenant(&pool, "acme").await;
+    let payment_id = unknown_payment(&pool, tenant_id, "order-1", 100, 60).await;
+    let mut bare = charge(tenant_id, payment_id, "ch_1", ChargeStatus::Succeeded, 100);
+    bare.metadata.clear();
+    let mut foreign = charge(TenantId::generate(), PaymentId::generate(), "ch_x", ChargeStatus::Succeeded, 5);
+    foreign.metadata.clear();
+    foreign.idempotency_key = "somebody-elses-key".into();
+
+    let (_, by_key, _) = deliver(&url, &Delivery::signed(&key, "msg_1", event(&bare))).await;
+    let (code, not_ours, _) = deliver(&url, &Delivery::signed(&key, "msg_2", event(&foreign))).await;
+
+    assert_eq!(by_key["outcome"], "applied");
+    assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Succeeded);
+    assert_eq!((code, not_ours["outcome"].as_str()), (200, Some("not_ours")));
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn other_methods_and_paths_answer_problems(pool: PgPool) {
+    let url = start(&pool, vec![secret(1)]);
+
+    let get = reqwest::get(&url).await.unwrap();
+    let elsewhere = reqwest::get(url.replace("/webhooks/provider", "/nothing")).await.unwrap();
+    let health = reqwest::get(url.replace("/webhooks/provider", "/healthz")).await.unwrap();
+
+    assert_eq!(get.status().as_u16(), 405);
+    assert_eq!(get.headers()["allow"], "POST");
+    assert_eq!(elsewhere.status().as_u16(), 404);
+    assert_eq!(elsewhere.headers()["content-type"], "application/problem+json");
+    assert_eq!(health.status().as_u16(), 200);
+}
