@@ -1,0 +1,369 @@
+//! The faults the simulator injects: their settings ([`Faults`]), run-time changes
+//! ([`FaultsPatch`]), and the decisions drawn for one charge request ([`ChargePlan`]) or one webhook
+//! event ([`WebhookPlan`]).
+//!
+//! Invariants: every rate is a finite probability in `[0, 1]`, and the three "after" faults (5xx,
+//! hang, drop) are exclusive outcomes of one draw, so their rates sum to at most 1. A plan always
+//! consumes the same number of random draws whatever it decides, so a seed replays the same
+//! decisions for the same sequence of requests. This module decides; it performs nothing (no
+//! sleeping, no I/O).
+
+use std::sync::{Arc, PoisonError, RwLock};
+
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+
+/// Every fault, as configured in `[faults]` and served at `/_sim/faults`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Faults {
+    /// Added to every `/v1` answer; for a new charge, spent while its key is in flight.
+    pub latency_ms: u64,
+    /// Fraction of new charges declined (402, a failed charge exists).
+    pub decline_rate: f64,
+    /// Fraction of charge POSTs answered 500 before anything happens.
+    pub error_before_rate: f64,
+    /// Fraction of new charges answered 500 after the charge was created.
+    pub error_after_rate: f64,
+    /// Fraction of new charges answered only after `hang_ms`, the key in flight meanwhile.
+    pub hang_after_rate: f64,
+    /// How long a hang lasts.
+    pub hang_ms: u64,
+    /// Fraction of new charges after which the connection is closed with no answer.
+    pub drop_after_rate: f64,
+    /// Whether a repeated key gets the injected 500-after again instead of the charge's answer.
+    pub replay_stored_5xx: bool,
+    /// Fraction of webhook events never delivered.
+    pub webhook_drop_rate: f64,
+    /// Delay before the first attempt of each event.
+    pub webhook_delay_ms: u64,
+    /// Fraction of webhook events delivered twice.
+    pub webhook_duplicate_rate: f64,
+    /// Whether consecutive events are delivered swapped.
+    pub webhook_reorder: bool,
+    /// How long an event waits for a successor to swap with before it goes alone.
+    pub webhook_reorder_hold_ms: u64,
+}
+
+impl Default for Faults {
+    /// No fault at all; the durations are the documented defaults, inert while their rate is 0.
+    fn default() -> Self {
+        Self {
+            latency_ms: 0,
+            decline_rate: 0.0,
+            error_before_rate: 0.0,
+            error_after_rate: 0.0,
+            hang_after_rate: 0.0,
+            hang_ms: 30_000,
+            drop_after_rate: 0.0,
+            replay_stored_5xx: false,
+            webhook_drop_rate: 0.0,
+            webhook_delay_ms: 0,
+            webhook_duplicate_rate: 0.0,
+            webhook_reorder: false,
+            webhook_reorder_hold_ms: 1_000,
+        }
+    }
+}
+
+/// Faults that cannot be in force together, or a rate that is not a probability.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum InvalidFaults {
+    /// A rate outside `[0, 1]` or not a number.
+    #[error("faults.{name} must be a probability in [0, 1], not {value}")]
+    Rate {
+        /// The key.
+        name: &'static str,
+        /// What it was set to.
+        value: f64,
+    },
+    /// The exclusive "after" faults add up to more than certainty.
+    #[error("error_after_rate + hang_after_rate + drop_after_rate must be at most 1, not {0}")]
+    AfterRatesExceedOne(f64),
+}
+
+impl Faults {
+    /// Checks the bounds.
+    pub fn validate(&self) -> Result<(), InvalidFaults> {
+        let rates = [
+            ("decline_rate", self.decline_rate),
+            ("error_before_rate", self.error_before_rate),
+            ("error_after_rate", self.error_after_rate),
+            ("hang_after_rate", self.hang_after_rate),
+            ("drop_after_rate", self.drop_after_rate),
+            ("webhook_drop_rate", self.webhook_drop_rate),
+            ("webhook_duplicate_rate", self.webhook_duplicate_rate),
+        ];
+        for (name, value) in rates {
+            if !(0.0..=1.0).contains(&value) {
+                return Err(InvalidFaults::Rate { name, value });
+            }
+        }
+        let after = self.error_after_rate + self.hang_after_rate + self.drop_after_rate;
+        if after > 1.0 {
+            return Err(InvalidFaults::AfterRatesExceedOne(after));
+        }
+        Ok(())
+    }
+
+    /// These faults with `patch` applied, if the result is valid.
+    pub fn patched(&self, patch: &FaultsPatch) -> Result<Self, InvalidFaults> {
+        let mut next = self.clone();
+        let FaultsPatch {
+            latency_ms,
+            decline_rate,
+            error_before_rate,
+            error_after_rate,
+            hang_after_rate,
+            hang_ms,
+            drop_after_rate,
+            replay_stored_5xx,
+            webhook_drop_rate,
+            webhook_delay_ms,
+            webhook_duplicate_rate,
+            webhook_reorder,
+            webhook_reorder_hold_ms,
+        } = patch.clone();
+        set(&mut next.latency_ms, latency_ms);
+        set(&mut next.decline_rate, decline_rate);
+        set(&mut next.error_before_rate, error_before_rate);
+        set(&mut next.error_after_rate, error_after_rate);
+        set(&mut next.hang_after_rate, hang_after_rate);
+        set(&mut next.hang_ms, hang_ms);
+        set(&mut next.drop_after_rate, drop_after_rate);
+        set(&mut next.replay_stored_5xx, replay_stored_5xx);
+        set(&mut next.webhook_drop_rate, webhook_drop_rate);
+        set(&mut next.webhook_delay_ms, webhook_delay_ms);
+        set(&mut next.webhook_duplicate_rate, webhook_duplicate_rate);
+        set(&mut next.webhook_reorder, webhook_reorder);
+        set(&mut next.webhook_reorder_hold_ms, webhook_reorder_hold_ms);
+        next.validate()?;
+        Ok(next)
+    }
+}
+
+fn set<T>(field: &mut T, value: Option<T>) {
+    if let Some(value) = value {
+        *field = value;
+    }
+}
+
+/// A partial change of the faults (`POST /_sim/faults`): absent keys keep their value. Each field
+/// means what the same field of [`Faults`] means.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaultsPatch {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decline_rate: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_before_rate: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_after_rate: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hang_after_rate: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hang_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drop_after_rate: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_stored_5xx: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook_drop_rate: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook_delay_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook_duplicate_rate: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook_reorder: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook_reorder_hold_ms: Option<u64>,
+}
+
+/// The faults in force, shared by everything that injects them and changed at run time.
+#[derive(Debug, Clone)]
+pub struct SharedFaults(Arc<RwLock<Faults>>);
+
+impl SharedFaults {
+    /// Starts with `faults` (already validated).
+    pub fn new(faults: Faults) -> Self {
+        Self(Arc::new(RwLock::new(faults)))
+    }
+
+    /// A snapshot: one request decides everything with the faults of one instant.
+    pub fn get(&self) -> Faults {
+        self.0.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Applies `patch` if the result is valid, and returns the faults now in force.
+    pub fn update(&self, patch: &FaultsPatch) -> Result<Faults, InvalidFaults> {
+        let mut faults = self.0.write().unwrap_or_else(PoisonError::into_inner);
+        *faults = faults.patched(patch)?;
+        Ok(faults.clone())
+    }
+}
+
+/// What happens once a new charge exists, before its answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterCreate {
+    /// The answer goes out.
+    Answer,
+    /// A 500 goes out instead.
+    ServerError,
+    /// The answer goes out after the hang.
+    Hang,
+    /// The connection is closed with no answer.
+    DropConnection,
+}
+
+impl AfterCreate {
+    /// A label for metrics and logs.
+    pub const fn label(self) -> &'static str {
+        match self {
+            Self::Answer => "none",
+            Self::ServerError => "error_after",
+            Self::Hang => "hang_after",
+            Self::DropConnection => "drop_after",
+        }
+    }
+}
+
+/// The fault decisions for one `POST /v1/charges`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChargePlan {
+    /// Answer 500 before anything happens.
+    pub error_before: bool,
+    /// Decline the charge, if one is created.
+    pub decline: bool,
+    /// Which decline reason, an index into the simulator's list.
+    pub decline_reason: usize,
+    /// What follows the creation, if one happens.
+    pub after: AfterCreate,
+}
+
+impl ChargePlan {
+    /// Draws the decisions; always four draws. `reasons` is how many decline reasons exist (≥ 1).
+    pub fn draw(faults: &Faults, reasons: usize, rng: &mut impl Rng) -> Self {
+        let error_before = rng.random::<f64>() < faults.error_before_rate;
+        let decline = rng.random::<f64>() < faults.decline_rate;
+        let decline_reason = rng.random_range(0..reasons.max(1));
+        let after_draw = rng.random::<f64>();
+        let after = if after_draw < faults.error_after_rate {
+            AfterCreate::ServerError
+        } else if after_draw < faults.error_after_rate + faults.hang_after_rate {
+            AfterCreate::Hang
+        } else if after_draw < faults.error_after_rate + faults.hang_after_rate + faults.drop_after_rate {
+            AfterCreate::DropConnection
+        } else {
+            AfterCreate::Answer
+        };
+        Self { error_before, decline, decline_reason, after }
+    }
+}
+
+/// The fault decisions for one webhook event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WebhookPlan {
+    /// Never deliver it.
+    pub drop: bool,
+    /// Deliver it twice.
+    pub duplicate: bool,
+}
+
+impl WebhookPlan {
+    /// Draws the decisions; always two draws.
+    pub fn draw(faults: &Faults, rng: &mut impl Rng) -> Self {
+        let drop = rng.random::<f64>() < faults.webhook_drop_rate;
+        let duplicate = rng.random::<f64>() < faults.webhook_duplicate_rate;
+        Self { drop, duplicate }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::SeedableRng;
+    use rand::rngs::StdRng;
+
+    use super::*;
+
+    #[test]
+    fn out_of_bounds_faults_are_refused() {
+        let cases: [(FaultsPatch, bool); 6] = [
+            (FaultsPatch { decline_rate: Some(0.5), ..Default::default() }, true),
+            (FaultsPatch { decline_rate: Some(1.5), ..Default::default() }, false),
+            (FaultsPatch { webhook_drop_rate: Some(-0.1), ..Default::default() }, false),
+            (FaultsPatch { error_before_rate: Some(f64::NAN), ..Default::default() }, false),
+            (
+                FaultsPatch {
+                    error_after_rate: Some(0.5),
+                    hang_after_rate: Some(0.3),
+                    drop_after_rate: Some(0.2),
+                    ..Default::default()
+                },
+                true,
+            ),
+            (FaultsPatch { error_after_rate: Some(0.6), drop_after_rate: Some(0.6), ..Default::default() }, false),
+        ];
+        for (patch, valid) in cases {
+            assert_eq!(Faults::default().patched(&patch).is_ok(), valid, "{patch:?}");
+        }
+    }
+
+    #[test]
+    fn a_patch_changes_only_what_it_names() {
+        let patched = Faults::default()
+            .patched(&FaultsPatch { latency_ms: Some(7), webhook_reorder: Some(true), ..Default::default() })
+            .unwrap();
+
+        assert_eq!(patched, Faults { latency_ms: 7, webhook_reorder: true, ..Faults::default() });
+    }
+
+    #[test]
+    fn certain_and_impossible_rates_decide_every_time() {
+        let mut rng = StdRng::seed_from_u64(1);
+        let never = Faults::default();
+        let always = Faults { error_before_rate: 1.0, decline_rate: 1.0, drop_after_rate: 1.0, ..Faults::default() };
+        for _ in 0..1000 {
+            let plan = ChargePlan::draw(&never, 3, &mut rng);
+            assert!(!plan.error_before && !plan.decline && plan.after == AfterCreate::Answer);
+            let plan = ChargePlan::draw(&always, 3, &mut rng);
+            assert!(plan.error_before && plan.decline && plan.after == AfterCreate::DropConnection);
+            assert!(plan.decline_reason < 3);
+        }
+    }
+
+    #[test]
+    fn the_after_faults_split_one_draw_by_their_rates() {
+        let faults = Faults { error_after_rate: 0.2, hang_after_rate: 0.3, drop_after_rate: 0.1, ..Faults::default() };
+        let mut rng = StdRng::seed_from_u64(7);
+        let mut counts = [0u32; 4];
+        for _ in 0..20_000 {
+            let index = match ChargePlan::draw(&faults, 1, &mut rng).after {
+                AfterCreate::ServerError => 0,
+                AfterCreate::Hang => 1,
+                AfterCreate::DropConnection => 2,
+                AfterCreate::Answer => 3,
+            };
+            counts[index] += 1;
+        }
+        // Expected 4000 / 6000 / 2000 / 8000; ±5 % of 20,000 is far beyond sampling noise at this size.
+        for (count, expected) in counts.iter().zip([4000, 6000, 2000, 8000]) {
+            assert!(count.abs_diff(expected) < 1000, "{counts:?}");
+        }
+    }
+
+    #[test]
+    fn a_seed_replays_the_same_decisions() {
+        let faults = Faults { decline_rate: 0.5, error_after_rate: 0.5, webhook_drop_rate: 0.5, ..Faults::default() };
+        let run = |seed| {
+            let mut rng = StdRng::seed_from_u64(seed);
+            (0..100)
+                .map(|_| (ChargePlan::draw(&faults, 3, &mut rng), WebhookPlan::draw(&faults, &mut rng)))
+                .collect::<Vec<_>>()
+        };
+
+        assert_eq!(run(42), run(42));
+        assert_ne!(run(42), run(43));
+    }
+}

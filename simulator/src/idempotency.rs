@@ -1,0 +1,220 @@
+//! The provider's idempotency memory: for each key, the parameters it was first used with and,
+//! once decided, the answer to replay.
+//!
+//! Invariants: a key is either in flight (its first request is still being processed: duplicates
+//! get 409) or decided (duplicates get the stored answer, byte for byte). A decided key is forgotten
+//! `window` after its answer was decided, or at once by [`KeyStore::forget_decided`]; a key in
+//! flight is never forgotten. A key used with other parameters is refused (422) whatever its state.
+//! The store holds answers as opaque bytes; it creates no charge and knows nothing of HTTP.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use oncepay_shared::provider::wire::CreateCharge;
+use serde::Serialize;
+
+/// An HTTP answer (status and JSON body); a decided key replays its stored ones byte for byte.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredAnswer {
+    /// The status code.
+    pub status: u16,
+    /// The JSON body.
+    pub body: Bytes,
+}
+
+impl StoredAnswer {
+    /// `value` as a JSON answer with `status`.
+    pub fn json(status: u16, value: &impl Serialize) -> Self {
+        let body = serde_json::to_vec(value).unwrap_or_else(|error| {
+            // The protocol's types are plain structs with string keys; this cannot happen.
+            tracing::error!(error = %error, "cannot encode an answer");
+            b"{}".to_vec()
+        });
+        Self { status, body: body.into() }
+    }
+}
+
+/// What a decided key remembers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decided {
+    /// The charge's real answer (201 or 402).
+    pub answer: StoredAnswer,
+    /// The injected 500 that went out instead, if one did (replayed when `replay_stored_5xx`).
+    pub injected_error: Option<StoredAnswer>,
+}
+
+/// What a request with a key may do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// The key is new (or was forgotten): the caller now holds it in flight and must decide it.
+    Fresh,
+    /// The first request with this key is still being processed.
+    InFlight,
+    /// The key was used with other parameters.
+    Reused,
+    /// The key was decided: replay.
+    Decided(Decided),
+}
+
+/// The keys the provider remembers.
+#[derive(Debug)]
+pub struct KeyStore {
+    window: Duration,
+    entries: HashMap<String, Entry>,
+    /// Decided keys in the order their window ends.
+    expiries: VecDeque<Expiry>,
+    next_generation: u64,
+}
+
+#[derive(Debug)]
+struct Entry {
+    params: CreateCharge,
+    state: State,
+    /// Tells this entry from an earlier one under the same key, whose expiry may still be queued.
+    generation: u64,
+}
+
+#[derive(Debug)]
+enum State {
+    InFlight,
+    Decided(Decided),
+}
+
+#[derive(Debug)]
+struct Expiry {
+    at: Instant,
+    key: String,
+    generation: u64,
+}
+
+impl KeyStore {
+    /// An empty store that remembers decided keys for `window`.
+    pub fn new(window: Duration) -> Self {
+        Self { window, entries: HashMap::new(), expiries: VecDeque::new(), next_generation: 0 }
+    }
+
+    /// Looks `key` up for a request with `params`; a fresh key is taken in flight.
+    pub fn claim(&mut self, key: &str, params: &CreateCharge, now: Instant) -> Claim {
+        self.forget_expired(now);
+        match self.entries.get(key) {
+            Some(entry) if entry.params != *params => Claim::Reused,
+            Some(Entry { state: State::InFlight, .. }) => Claim::InFlight,
+            Some(Entry { state: State::Decided(decided), .. }) => Claim::Decided(decided.clone()),
+            None => {
+                let generation = self.next_generation;
+                self.next_generation += 1;
+                self.entries
+                    .insert(key.to_owned(), Entry { params: params.clone(), state: State::InFlight, generation });
+                Claim::Fresh
+            }
+        }
+    }
+
+    /// Records the answer of a key this caller claimed fresh; its window starts now.
+    pub fn decide(&mut self, key: &str, decided: Decided, now: Instant) {
+        if let Some(entry) = self.entries.get_mut(key)
+            && matches!(entry.state, State::InFlight)
+        {
+            entry.state = State::Decided(decided);
+            // Windows are all the same length, so pushing at the back keeps the queue sorted.
+            self.expiries.push_back(Expiry {
+                at: now + self.window,
+                key: key.to_owned(),
+                generation: entry.generation,
+            });
+        }
+    }
+
+    /// Forgets every decided key now, as if their windows had passed; returns how many.
+    pub fn forget_decided(&mut self) -> usize {
+        let before = self.entries.len();
+        self.entries.retain(|_, entry| matches!(entry.state, State::InFlight));
+        self.expiries.clear();
+        before - self.entries.len()
+    }
+
+    fn forget_expired(&mut self, now: Instant) {
+        while let Some(expiry) = self.expiries.front() {
+            if expiry.at > now {
+                break;
+            }
+            if self.entries.get(&expiry.key).is_some_and(|e| e.generation == expiry.generation) {
+                self.entries.remove(&expiry.key);
+            }
+            self.expiries.pop_front();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn params(amount: i64) -> CreateCharge {
+        CreateCharge { amount, currency: "EUR".into(), customer: "cus".into(), metadata: BTreeMap::new() }
+    }
+
+    fn decided(status: u16) -> Decided {
+        Decided { answer: StoredAnswer { status, body: Bytes::from_static(b"{}") }, injected_error: None }
+    }
+
+    const WINDOW: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn a_key_goes_from_fresh_to_in_flight_to_decided() {
+        let mut store = KeyStore::new(WINDOW);
+        let t0 = Instant::now();
+
+        assert_eq!(store.claim("k", &params(1), t0), Claim::Fresh);
+        assert_eq!(store.claim("k", &params(1), t0), Claim::InFlight);
+        assert_eq!(store.claim("k", &params(2), t0), Claim::Reused);
+        store.decide("k", decided(201), t0);
+        assert_eq!(store.claim("k", &params(1), t0), Claim::Decided(decided(201)));
+        assert_eq!(store.claim("k", &params(2), t0), Claim::Reused);
+    }
+
+    #[test]
+    fn a_decided_key_is_forgotten_when_its_window_ends() {
+        let mut store = KeyStore::new(WINDOW);
+        let t0 = Instant::now();
+        store.claim("k", &params(1), t0);
+        store.decide("k", decided(201), t0);
+
+        let before_end = store.claim("k", &params(1), t0 + WINDOW - Duration::from_millis(1));
+        let at_end = store.claim("k", &params(2), t0 + WINDOW);
+
+        assert_eq!(before_end, Claim::Decided(decided(201)));
+        assert_eq!(at_end, Claim::Fresh, "a forgotten key is new again, even with other parameters");
+    }
+
+    #[test]
+    fn an_old_expiry_does_not_forget_the_key_used_again() {
+        let mut store = KeyStore::new(WINDOW);
+        let t0 = Instant::now();
+        store.claim("k", &params(1), t0);
+        store.decide("k", decided(201), t0);
+        store.forget_decided();
+        store.claim("k", &params(1), t0);
+        store.decide("k", decided(402), t0 + Duration::from_secs(30));
+
+        let claim = store.claim("k", &params(1), t0 + WINDOW);
+
+        assert_eq!(claim, Claim::Decided(decided(402)));
+    }
+
+    #[test]
+    fn forgetting_keeps_keys_in_flight_and_a_zero_window_remembers_nothing() {
+        let mut store = KeyStore::new(Duration::ZERO);
+        let t0 = Instant::now();
+        store.claim("busy", &params(1), t0);
+        store.claim("done", &params(1), t0);
+        store.decide("done", decided(201), t0);
+
+        assert_eq!(store.claim("done", &params(1), t0), Claim::Fresh);
+        assert_eq!(store.forget_decided(), 0, "both keys are in flight now");
+        assert_eq!(store.claim("busy", &params(1), t0), Claim::InFlight);
+    }
+}

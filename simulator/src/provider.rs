@@ -1,0 +1,268 @@
+//! The simulated provider: the protocol's operations (create, look up, list charges) over the
+//! ledger and the idempotency memory, with the faults applied, plus the control operations tests use
+//! (plant a charge, forget keys, read the ground truth).
+//!
+//! Invariants: at most one charge per idempotency key while the key is remembered; a charge is
+//! written to the ledger and its webhook queued before any answer about it (or the injected
+//! absence of one) goes out; a key claimed fresh is always decided, whatever fault follows, so it
+//! never stays in flight. The books lock is held only for in-memory work, never across an `.await`.
+//! Callers must run [`Provider::create_charge`] to completion (the HTTP layer spawns it), so a
+//! client that hangs up cannot leave a key in flight. This module knows nothing of HTTP beyond the
+//! status codes of its answers.
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use oncepay_shared::provider::wire::{Charge, ChargePage, ChargeStatus, CreateCharge, ErrorBody, ErrorDetail};
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::{pause, unix_now};
+use crate::control::{GroundTruth, PlantCharge};
+use crate::dice::Dice;
+use crate::faults::{AfterCreate, ChargePlan, SharedFaults};
+use crate::idempotency::{Claim, Decided, KeyStore, StoredAnswer};
+use crate::ledger::{Ledger, ListQuery, UnknownCursor};
+use crate::webhooks::Notifier;
+
+/// Why a charge is declined: code and message, picked by the dice.
+const DECLINE_REASONS: [(&str, &str); 3] = [
+    ("card_declined", "The card was declined."),
+    ("insufficient_funds", "The card has insufficient funds."),
+    ("expired_card", "The card has expired."),
+];
+
+/// How a charge request ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChargeAnswer {
+    /// An HTTP answer.
+    Send {
+        /// Status and body.
+        answer: StoredAnswer,
+        /// Whether it is the stored answer of an earlier request.
+        replayed: bool,
+    },
+    /// No answer at all: the connection must be closed.
+    DropConnection,
+}
+
+/// The provider.
+pub struct Provider {
+    books: Mutex<Books>,
+    faults: SharedFaults,
+    dice: Dice,
+    webhooks: Notifier,
+    shutdown: CancellationToken,
+}
+
+struct Books {
+    ledger: Ledger,
+    keys: KeyStore,
+}
+
+impl Provider {
+    /// A provider with empty books.
+    pub fn new(
+        key_window: Duration,
+        faults: SharedFaults,
+        dice: Dice,
+        webhooks: Notifier,
+        shutdown: CancellationToken,
+    ) -> Self {
+        let books = Books { ledger: Ledger::default(), keys: KeyStore::new(key_window) };
+        Self { books: Mutex::new(books), faults, dice, webhooks, shutdown }
+    }
+
+    fn books(&self) -> MutexGuard<'_, Books> {
+        // Every mutation under the lock is a single insert or update, so a panic elsewhere cannot
+        // leave the books half-changed.
+        self.books.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `POST /v1/charges` with `key` and `params` (both already validated).
+    #[tracing::instrument(name = "provider.create_charge", skip_all, fields(charge.id, sim.fault))]
+    pub async fn create_charge(&self, key: String, params: CreateCharge) -> ChargeAnswer {
+        let faults = self.faults.get();
+        let latency = Duration::from_millis(faults.latency_ms);
+        let plan = self.dice.with(|rng| ChargePlan::draw(&faults, DECLINE_REASONS.len(), rng));
+        self.books().ledger.count_post(&key);
+
+        if plan.error_before {
+            self.pause(latency).await;
+            record_fault("error_before");
+            return send(false, server_error("The provider failed before doing anything."));
+        }
+        let claim = self.books().keys.claim(&key, &params, Instant::now());
+        match claim {
+            Claim::Fresh => {}
+            Claim::InFlight => {
+                self.pause(latency).await;
+                let body = error_body("idempotency_key_in_use", "A request with this key is being processed.", None);
+                return send(false, StoredAnswer::json(409, &body));
+            }
+            Claim::Reused => {
+                self.pause(latency).await;
+                let message = "This key was used with other parameters.";
+                return send(false, StoredAnswer::json(422, &error_body("idempotency_key_reused", message, None)));
+            }
+            Claim::Decided(decided) => {
+                self.pause(latency).await;
+                let answer = match decided.injected_error {
+                    Some(error) if self.faults.get().replay_stored_5xx => {
+                        record_fault("replay_stored_5xx");
+                        error
+                    }
+                    _ => decided.answer,
+                };
+                return send(true, answer);
+            }
+        }
+
+        // The key is ours and in flight: the latency is the provider's processing time.
+        self.pause(latency).await;
+        let (charge, answer) = self.make_charge(&key, &params, &plan);
+        tracing::Span::current().record("charge.id", charge.id.as_str());
+        self.webhooks.charge_settled(&charge);
+        metrics::counter!("oncepay_simulator_charges_total", "status" => status_label(charge.status)).increment(1);
+
+        if plan.after != AfterCreate::Answer {
+            record_fault(plan.after.label());
+        }
+        match plan.after {
+            AfterCreate::Answer => {
+                self.decide(&key, answer.clone(), None);
+                send(false, answer)
+            }
+            AfterCreate::ServerError => {
+                let error = server_error("The provider failed after creating the charge.");
+                self.decide(&key, answer, Some(error.clone()));
+                send(false, error)
+            }
+            AfterCreate::Hang => {
+                // Still in flight while hanging: a duplicate meanwhile gets 409.
+                self.pause(Duration::from_millis(faults.hang_ms)).await;
+                self.decide(&key, answer.clone(), None);
+                send(false, answer)
+            }
+            AfterCreate::DropConnection => {
+                self.decide(&key, answer, None);
+                ChargeAnswer::DropConnection
+            }
+        }
+    }
+
+    fn make_charge(&self, key: &str, params: &CreateCharge, plan: &ChargePlan) -> (Charge, StoredAnswer) {
+        let (status, failure) = if plan.decline {
+            let (code, message) = DECLINE_REASONS[plan.decline_reason % DECLINE_REASONS.len()];
+            (ChargeStatus::Failed, Some((code.to_owned(), message.to_owned())))
+        } else {
+            (ChargeStatus::Succeeded, None)
+        };
+        let charge = self.insert(|id| Charge {
+            id,
+            status,
+            amount: params.amount,
+            currency: params.currency.clone(),
+            customer: params.customer.clone(),
+            idempotency_key: key.to_owned(),
+            created: unix_now(),
+            metadata: params.metadata.clone(),
+            failure_code: failure.as_ref().map(|(code, _)| code.clone()),
+            failure_message: failure.as_ref().map(|(_, message)| message.clone()),
+        });
+        let answer = match &failure {
+            None => StoredAnswer::json(201, &charge),
+            Some((code, message)) => StoredAnswer::json(402, &error_body(code, message, Some(charge.id.clone()))),
+        };
+        (charge, answer)
+    }
+
+    /// Writes the charge `make` builds around a fresh id.
+    fn insert(&self, make: impl Fn(String) -> Charge) -> Charge {
+        loop {
+            let charge = make(self.dice.token("ch_"));
+            // A 24-character id repeats essentially never; when it does, draw another.
+            if self.books().ledger.insert(charge.clone()).is_ok() {
+                return charge;
+            }
+        }
+    }
+
+    fn decide(&self, key: &str, answer: StoredAnswer, injected_error: Option<StoredAnswer>) {
+        self.books().keys.decide(key, Decided { answer, injected_error }, Instant::now());
+    }
+
+    async fn pause(&self, duration: Duration) {
+        // A shutdown cuts injected delays short: the answer goes out at once.
+        pause(duration, &self.shutdown).await;
+    }
+
+    /// `GET /v1/charges/{id}`.
+    pub async fn charge(&self, id: &str) -> Option<Charge> {
+        self.pause(Duration::from_millis(self.faults.get().latency_ms)).await;
+        self.books().ledger.get(id).cloned()
+    }
+
+    /// `GET /v1/charges?…`.
+    pub async fn list(&self, query: &ListQuery) -> Result<ChargePage, UnknownCursor> {
+        self.pause(Duration::from_millis(self.faults.get().latency_ms)).await;
+        self.books().ledger.list(query)
+    }
+
+    /// Puts a charge in the ledger as if it had been made, and queues its webhook.
+    pub fn plant(&self, plant: PlantCharge) -> Charge {
+        let key = plant.idempotency_key.clone().unwrap_or_else(|| self.dice.token("planted_"));
+        let failed = plant.status == ChargeStatus::Failed;
+        let charge = self.insert(|id| Charge {
+            id,
+            status: plant.status,
+            amount: plant.amount,
+            currency: plant.currency.clone(),
+            customer: plant.customer.clone(),
+            idempotency_key: key.clone(),
+            created: plant.created.unwrap_or_else(unix_now),
+            metadata: plant.metadata.clone(),
+            failure_code: failed.then(|| plant.failure_code.clone().unwrap_or_else(|| "card_declined".to_owned())),
+            failure_message: failed
+                .then(|| plant.failure_message.clone().unwrap_or_else(|| "The card was declined.".to_owned())),
+        });
+        tracing::info!(charge.id = %charge.id, "charge planted");
+        self.webhooks.charge_settled(&charge);
+        charge
+    }
+
+    /// Forgets every decided idempotency key now; returns how many.
+    pub fn forget_keys(&self) -> usize {
+        self.books().keys.forget_decided()
+    }
+
+    /// Every charge and every key's history.
+    pub fn ground_truth(&self) -> GroundTruth {
+        self.books().ledger.ground_truth()
+    }
+}
+
+fn send(replayed: bool, answer: StoredAnswer) -> ChargeAnswer {
+    ChargeAnswer::Send { answer, replayed }
+}
+
+fn record_fault(fault: &'static str) {
+    tracing::Span::current().record("sim.fault", fault);
+    tracing::info!("fault injected");
+    metrics::counter!("oncepay_simulator_faults_total", "fault" => fault).increment(1);
+}
+
+const fn status_label(status: ChargeStatus) -> &'static str {
+    match status {
+        ChargeStatus::Succeeded => "succeeded",
+        ChargeStatus::Failed => "failed",
+    }
+}
+
+/// The protocol's error body.
+pub fn error_body(code: &str, message: &str, charge: Option<String>) -> ErrorBody {
+    ErrorBody { error: ErrorDetail { code: code.to_owned(), message: message.to_owned(), charge } }
+}
+
+fn server_error(message: &str) -> StoredAnswer {
+    StoredAnswer::json(500, &error_body("server_error", message, None))
+}

@@ -1,0 +1,256 @@
+//! Each fault does what it says, and faults change at run time.
+
+use std::time::{Duration, Instant};
+
+use oncepay_shared::provider::wire::{Charge, ChargePage, CreateCharge, ErrorBody};
+use oncepay_shared::provider::{PaymentProvider, SendOutcome, UncertainReason};
+use oncepay_simulator::faults::{Faults, FaultsPatch};
+
+use crate::support::{Sim, body, charge_request, eventually, settings};
+
+#[tokio::test]
+async fn a_5xx_before_creates_nothing_and_the_key_stays_free() {
+    let sim = Sim::with_faults(FaultsPatch { error_before_rate: Some(1.0), ..Default::default() }).await;
+
+    let failed = sim.post_charge("key-1", &body(1999)).await;
+    let truth_after_failure = sim.control.ground_truth().await.unwrap();
+    sim.control.set_faults(&FaultsPatch { error_before_rate: Some(0.0), ..Default::default() }).await.unwrap();
+    let retried = sim.post_charge("key-1", &body(1999)).await;
+
+    assert_eq!(failed.status(), 500);
+    assert!(truth_after_failure.charges.is_empty());
+    assert_eq!(truth_after_failure.posts_with_key("key-1"), 1, "the failed POST is still counted");
+    assert_eq!(retried.status(), 201);
+    assert!(retried.headers().get("idempotent-replayed").is_none(), "nothing was remembered to replay");
+    assert_eq!(sim.control.ground_truth().await.unwrap().charges.len(), 1);
+}
+
+#[tokio::test]
+async fn a_5xx_after_leaves_a_charge_and_a_retry_gets_the_charge() {
+    let sim = Sim::with_faults(FaultsPatch { error_after_rate: Some(1.0), ..Default::default() }).await;
+
+    let failed = sim.post_charge("key-1", &body(1999)).await;
+    let failed_status = failed.status();
+    let retried = sim.post_charge("key-1", &body(1999)).await;
+
+    assert_eq!(failed_status, 500);
+    let truth = sim.control.ground_truth().await.unwrap();
+    assert_eq!(truth.charges.len(), 1, "the charge was made before the 500");
+    assert_eq!(retried.status(), 201);
+    assert_eq!(retried.json::<Charge>().await.unwrap(), truth.charges[0]);
+}
+
+#[tokio::test]
+async fn with_replay_on_a_retry_gets_the_stored_5xx_while_the_charge_exists() {
+    let sim = Sim::with_faults(FaultsPatch {
+        error_after_rate: Some(1.0),
+        replay_stored_5xx: Some(true),
+        ..Default::default()
+    })
+    .await;
+
+    let first = sim.post_charge("key-1", &body(1999)).await;
+    let first_body = first.bytes().await.unwrap();
+    let replays = [sim.post_charge("key-1", &body(1999)).await, sim.post_charge("key-1", &body(1999)).await];
+
+    for replay in replays {
+        assert_eq!(replay.status(), 500);
+        assert_eq!(replay.bytes().await.unwrap(), first_body);
+    }
+    let truth = sim.control.ground_truth().await.unwrap();
+    assert_eq!(truth.charges.len(), 1);
+    assert_eq!(truth.posts_with_key("key-1"), 3);
+    let by_key: ChargePage = sim.get("/v1/charges?idempotency_key=key-1").await.json().await.unwrap();
+    assert_eq!(by_key.data, truth.charges, "only a lookup can tell the charge exists");
+}
+
+#[tokio::test]
+async fn a_hang_after_leaves_a_charge_answers_late_and_holds_the_key_in_flight() {
+    let sim =
+        Sim::with_faults(FaultsPatch { hang_after_rate: Some(1.0), hang_ms: Some(60_000), ..Default::default() }).await;
+    let request = charge_request(1999);
+    let key = request.downstream_key.as_str().to_owned();
+
+    let outcome = sim.provider(Duration::from_millis(300)).create_charge(&request).await;
+    let truth = sim.control.ground_truth().await.unwrap();
+    let duplicate = sim
+        .http
+        .post(sim.url("/v1/charges"))
+        .bearer_auth(sim.api_key())
+        .header("Idempotency-Key", &key)
+        .json(&CreateCharge {
+            amount: 1999,
+            currency: "EUR".into(),
+            customer: "cus_42".into(),
+            metadata: request.metadata.clone(),
+        })
+        .send()
+        .await
+        .unwrap();
+
+    assert_eq!(outcome, SendOutcome::Uncertain(UncertainReason::Timeout));
+    assert_eq!(truth.charges_with_key(&key).len(), 1, "the charge exists while the answer hangs");
+    assert_eq!(duplicate.status(), 409);
+}
+
+#[tokio::test]
+async fn a_hung_answer_arrives_after_the_hang_and_the_key_is_then_replayed() {
+    let sim =
+        Sim::with_faults(FaultsPatch { hang_after_rate: Some(1.0), hang_ms: Some(1_000), ..Default::default() }).await;
+
+    let started = Instant::now();
+    let answer = sim.post_charge("key-1", &body(1999)).await;
+    let waited = started.elapsed();
+    let replay = sim.post_charge("key-1", &body(1999)).await;
+
+    assert_eq!(answer.status(), 201);
+    assert!(waited >= Duration::from_millis(1_000), "answered after {waited:?}");
+    assert_eq!(replay.status(), 201);
+    assert_eq!(replay.json::<Charge>().await.unwrap(), answer.json::<Charge>().await.unwrap());
+}
+
+#[tokio::test]
+async fn a_dropped_connection_leaves_a_charge_that_a_resend_returns() {
+    let sim = Sim::with_faults(FaultsPatch { drop_after_rate: Some(1.0), ..Default::default() }).await;
+    let provider = sim.provider(Duration::from_secs(5));
+    let request = charge_request(1999);
+
+    let dropped = provider.create_charge(&request).await;
+    let truth = sim.control.ground_truth().await.unwrap();
+    sim.control.set_faults(&FaultsPatch { drop_after_rate: Some(0.0), ..Default::default() }).await.unwrap();
+    let resent = provider.create_charge(&request).await;
+
+    assert_eq!(dropped, SendOutcome::Uncertain(UncertainReason::ConnectionLost));
+    assert_eq!(truth.charges_with_key(request.downstream_key.as_str()).len(), 1);
+    assert_eq!(resent, SendOutcome::Charged(truth.charges[0].clone()));
+}
+
+#[tokio::test]
+async fn a_dropped_connection_sends_not_a_single_byte() {
+    let sim = Sim::with_faults(FaultsPatch { drop_after_rate: Some(1.0), ..Default::default() }).await;
+
+    let result = sim
+        .http
+        .post(sim.url("/v1/charges"))
+        .bearer_auth(sim.api_key())
+        .header("Idempotency-Key", "key-1")
+        .json(&body(1999))
+        .send()
+        .await;
+
+    let error = result.expect_err("no answer at all");
+    assert!(!error.is_timeout() && !error.is_connect() && error.status().is_none(), "{error:?}");
+}
+
+#[tokio::test]
+async fn latency_delays_the_answer() {
+    let sim = Sim::with_faults(FaultsPatch { latency_ms: Some(300), ..Default::default() }).await;
+
+    let started = Instant::now();
+    let answer = sim.post_charge("key-1", &body(1999)).await;
+    let post_took = started.elapsed();
+    let started = Instant::now();
+    let lookup = sim.get("/v1/charges?idempotency_key=key-1").await;
+    let get_took = started.elapsed();
+
+    assert_eq!((answer.status().as_u16(), lookup.status().as_u16()), (201, 200));
+    assert!(post_took >= Duration::from_millis(300), "{post_took:?}");
+    assert!(get_took >= Duration::from_millis(300), "{get_took:?}");
+}
+
+#[tokio::test]
+async fn fault_changes_take_effect_at_once_and_invalid_ones_change_nothing() {
+    let sim = Sim::start().await;
+    assert_eq!(sim.control.faults().await.unwrap(), Faults::default());
+
+    let declining =
+        sim.control.set_faults(&FaultsPatch { decline_rate: Some(1.0), ..Default::default() }).await.unwrap();
+    let declined = sim.post_charge("key-1", &body(1999)).await;
+    let invalid = sim.control.set_faults(&FaultsPatch { error_after_rate: Some(2.0), ..Default::default() }).await;
+    let still = sim.control.faults().await.unwrap();
+    sim.control.set_faults(&FaultsPatch { decline_rate: Some(0.0), ..Default::default() }).await.unwrap();
+    let charged = sim.post_charge("key-2", &body(1999)).await;
+
+    assert_eq!(declining, Faults { decline_rate: 1.0, ..Faults::default() });
+    assert_eq!(declined.status(), 402);
+    assert!(invalid.is_err());
+    assert_eq!(still, declining);
+    assert_eq!(charged.status(), 201);
+}
+
+#[tokio::test]
+async fn the_same_seed_makes_the_same_fault_decisions() {
+    async fn run() -> Vec<(u16, String)> {
+        let sim = Sim::with_faults(FaultsPatch { decline_rate: Some(0.5), ..Default::default() }).await;
+        let mut answers = Vec::new();
+        for n in 0..20 {
+            let answer = sim.post_charge(&format!("key-{n}"), &body(100)).await;
+            let status = answer.status().as_u16();
+            let id = match status {
+                201 => answer.json::<Charge>().await.unwrap().id,
+                _ => answer.json::<ErrorBody>().await.unwrap().error.charge.unwrap(),
+            };
+            answers.push((status, id));
+        }
+        answers
+    }
+
+    let (first, second) = (run().await, run().await);
+
+    assert_eq!(first, second);
+    let declines = first.iter().filter(|(status, _)| *status == 402).count();
+    assert!((1..20).contains(&declines), "a rate of 0.5 both charges and declines: {declines}");
+}
+
+#[tokio::test]
+async fn fault_settings_at_start_up_apply_from_the_first_request() {
+    let mut settings = settings();
+    settings.faults.decline_rate = 1.0;
+    let sim = Sim::start_with(settings).await;
+
+    let answer = sim.post_charge("key-1", &body(1999)).await;
+
+    assert_eq!(answer.status(), 402);
+}
+
+#[tokio::test]
+async fn a_hang_ends_when_the_key_is_decided_and_a_poll_sees_it() {
+    // The worker's view: after timing out it may resend; once the hang ends the resend is answered.
+    let sim =
+        Sim::with_faults(FaultsPatch { hang_after_rate: Some(1.0), hang_ms: Some(500), ..Default::default() }).await;
+    let provider = sim.provider(Duration::from_millis(100));
+    let request = charge_request(1999);
+
+    let timed_out = provider.create_charge(&request).await;
+    let resent = eventually("the hang to end", || async {
+        match provider.create_charge(&request).await {
+            SendOutcome::Charged(charge) => Some(charge),
+            SendOutcome::Uncertain(UncertainReason::KeyInFlight) => None,
+            other => panic!("unexpected {other:?}"),
+        }
+    })
+    .await;
+
+    assert_eq!(timed_out, SendOutcome::Uncertain(UncertainReason::Timeout));
+    assert_eq!(sim.control.ground_truth().await.unwrap().charges, vec![resent]);
+}
+
+#[tokio::test]
+async fn a_shutdown_cuts_a_hang_short_answers_it_and_stops() {
+    let sim =
+        Sim::with_faults(FaultsPatch { hang_after_rate: Some(1.0), hang_ms: Some(600_000), ..Default::default() })
+            .await;
+    let (http, url, api_key) = (sim.http.clone(), sim.url("/v1/charges"), sim.api_key());
+    let hung = tokio::spawn(async move {
+        http.post(url).bearer_auth(api_key).header("Idempotency-Key", "key-1").json(&body(1999)).send().await
+    });
+    eventually("the charge behind the hang", || async {
+        (!sim.control.ground_truth().await.unwrap().charges.is_empty()).then_some(())
+    })
+    .await;
+
+    sim.simulator.stop().await.unwrap();
+    let answer = hung.await.unwrap().unwrap();
+
+    assert_eq!(answer.status(), 201);
+}

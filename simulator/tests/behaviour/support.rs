@@ -1,0 +1,128 @@
+//! What every behaviour test needs: an in-process simulator on port 0 with a fixed seed, a raw
+//! HTTP client for the protocol (to see statuses and headers), oncepay's own provider client (so the
+//! simulator is checked against the client that will really use it), and the control client.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use oncepay_shared::ids::{PaymentId, TenantId};
+use oncepay_shared::money::{Amount, Currency};
+use oncepay_shared::provider::ChargeRequest;
+use oncepay_shared::provider::http::{HttpProvider, ProviderSettings};
+use oncepay_shared::provider::wire::CreateCharge;
+use oncepay_simulator::Simulator;
+use oncepay_simulator::client::SimulatorClient;
+use oncepay_simulator::config::Settings;
+use oncepay_simulator::faults::FaultsPatch;
+use secrecy::{ExposeSecret, SecretString};
+use tokio_util::sync::CancellationToken;
+
+/// A simulator under test.
+pub struct Sim {
+    pub simulator: Simulator,
+    pub control: SimulatorClient,
+    pub http: reqwest::Client,
+    pub settings: Settings,
+}
+
+/// Default settings for a test: port 0, seed 7, no webhooks, fast webhook retries.
+pub fn settings() -> Settings {
+    let mut settings = Settings::load(None).expect("the embedded defaults load");
+    settings.http.host = "127.0.0.1".into();
+    settings.http.port = 0;
+    settings.simulator.seed = Some(7);
+    settings.simulator.webhook_backoff.base = Duration::from_millis(10);
+    settings.simulator.webhook_backoff.max = Duration::from_millis(50);
+    settings
+}
+
+impl Sim {
+    pub async fn start() -> Self {
+        Self::start_with(settings()).await
+    }
+
+    pub async fn start_with(settings: Settings) -> Self {
+        let simulator =
+            Simulator::start(settings.clone(), CancellationToken::new()).await.expect("the simulator starts");
+        let control = SimulatorClient::new(&simulator.base_url());
+        Self { simulator, control, http: reqwest::Client::new(), settings }
+    }
+
+    pub async fn with_faults(patch: FaultsPatch) -> Self {
+        let sim = Self::start().await;
+        sim.control.set_faults(&patch).await.expect("valid faults");
+        sim
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.simulator.base_url())
+    }
+
+    pub fn api_key(&self) -> String {
+        self.settings.simulator.api_key.expose_secret().to_owned()
+    }
+
+    /// `POST /v1/charges`, authenticated, with `key`.
+    pub async fn post_charge(&self, key: &str, body: &CreateCharge) -> reqwest::Response {
+        self.http
+            .post(self.url("/v1/charges"))
+            .bearer_auth(self.api_key())
+            .header("Idempotency-Key", key)
+            .json(body)
+            .send()
+            .await
+            .expect("the simulator answers")
+    }
+
+    /// An authenticated `GET`.
+    pub async fn get(&self, path: &str) -> reqwest::Response {
+        self.http.get(self.url(path)).bearer_auth(self.api_key()).send().await.expect("the simulator answers")
+    }
+
+    /// oncepay's provider client pointed at this simulator, giving up after `timeout`.
+    pub fn provider(&self, timeout: Duration) -> HttpProvider {
+        HttpProvider::new(&ProviderSettings {
+            base_url: self.simulator.base_url(),
+            api_key: SecretString::from(self.api_key()),
+            connect_timeout_ms: 1_000,
+            request_timeout_ms: u64::try_from(timeout.as_millis()).unwrap(),
+            key_window_secs: self.settings.simulator.key_window_secs,
+        })
+        .unwrap()
+    }
+}
+
+/// A valid charge body.
+pub fn body(amount: i64) -> CreateCharge {
+    CreateCharge {
+        amount,
+        currency: "EUR".into(),
+        customer: "cus_42".into(),
+        metadata: BTreeMap::from([("order".to_owned(), "A-1".to_owned())]),
+    }
+}
+
+/// What the worker would send for a new payment.
+pub fn charge_request(amount: i64) -> ChargeRequest {
+    ChargeRequest::for_payment(
+        TenantId::generate(),
+        PaymentId::generate(),
+        Amount::new(amount).unwrap(),
+        Currency::parse("EUR").unwrap(),
+        "cus_42".into(),
+        &BTreeMap::new(),
+    )
+}
+
+/// Polls `check` until it returns something, for at most 10 s: for events the test cannot be
+/// notified of (a webhook reaching a receiver, a hang ending).
+pub async fn eventually<T, F: Future<Output = Option<T>>>(what: &str, mut check: impl FnMut() -> F) -> T {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
