@@ -3,10 +3,9 @@
 //! event ([`WebhookPlan`]).
 //!
 //! Invariants: every rate is a finite probability in `[0, 1]`, and the three "after" faults (5xx,
-//! hang, drop) are exclusive outcomes of one draw, so their rates sum to at most 1. A plan always
-//! consumes the same number of random draws whatever it decides, so a seed replays the same
-//! decisions for the same sequence of requests. This module decides; it performs nothing (no
-//! sleeping, no I/O).
+//! hang, drop) are exclusive outcomes of one draw, so their rates sum to at most 1. A plan makes
+//! the same draws, in the same order, whatever it decides, so a seed replays the same decisions for
+//! the same sequence of requests. This module decides; it performs nothing (no sleeping, no I/O).
 
 use std::sync::{Arc, PoisonError, RwLock};
 
@@ -243,7 +242,7 @@ pub struct ChargePlan {
 }
 
 impl ChargePlan {
-    /// Draws the decisions; always four draws. `reasons` is how many decline reasons exist (≥ 1).
+    /// Draws the decisions. `reasons` is how many decline reasons exist (≥ 1).
     pub fn draw(faults: &Faults, reasons: usize, rng: &mut impl Rng) -> Self {
         let error_before = rng.random::<f64>() < faults.error_before_rate;
         let decline = rng.random::<f64>() < faults.decline_rate;
@@ -272,7 +271,7 @@ pub struct WebhookPlan {
 }
 
 impl WebhookPlan {
-    /// Draws the decisions; always two draws.
+    /// Draws the decisions.
     pub fn draw(faults: &Faults, rng: &mut impl Rng) -> Self {
         let drop = rng.random::<f64>() < faults.webhook_drop_rate;
         let duplicate = rng.random::<f64>() < faults.webhook_duplicate_rate;
