@@ -11,7 +11,6 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -242,7 +241,7 @@ async fn dead_letter_command(command: DeadLettersCommand, ctx: &Context) -> Resu
                 payment_id,
                 operator: &operator,
                 reason: &reason,
-                resend_horizon: resend_horizon(&ctx.settings),
+                resend_horizon: ctx.settings.key_window().resend_horizon(),
                 outside_key_window,
             };
             commands::retry(&mut *connection(ctx).await?, &retry).await.map(boxed)
@@ -283,11 +282,6 @@ async fn dead_letter_command(command: DeadLettersCommand, ctx: &Context) -> Resu
 
 fn operator_of(given: Option<String>, ctx: &Context) -> Result<Operator, CliError> {
     Operator::parse(given.as_deref().or(ctx.default_operator.as_deref()).unwrap_or_default())
-}
-
-/// How long after a payment's first send the provider certainly still deduplicates its key.
-pub fn resend_horizon(settings: &Settings) -> Duration {
-    Duration::from_secs(settings.provider.key_window_secs.saturating_sub(settings.poller.resend_margin_secs))
 }
 
 fn booked_from_flags(

@@ -10,6 +10,7 @@ use std::time::Duration;
 use oncepay_shared::backoff::Backoff;
 use oncepay_shared::config::{self, DatabaseSettings, HttpSettings, TelemetrySettings};
 use oncepay_shared::provider::http::ProviderSettings;
+use oncepay_shared::store::leases::KeyWindow;
 use oncepay_shared::webhook_signature::{BadSecret, WebhookSecret};
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
@@ -134,6 +135,15 @@ impl Settings {
         let settings: Self = config::load(DEFAULTS, file).map_err(|e| InvalidSettings::Load(e.to_string()))?;
         settings.validate()?;
         Ok(settings)
+    }
+
+    /// How long the provider deduplicates a resend with a payment's key, and the margin every resend
+    /// decision (the poller's, the sweeper's, an operator's retry) keeps from its end.
+    pub fn key_window(&self) -> KeyWindow {
+        KeyWindow {
+            window: Duration::from_secs(self.provider.key_window_secs),
+            safety_margin: Duration::from_secs(self.poller.resend_margin_secs),
+        }
     }
 
     fn validate(&self) -> Result<(), InvalidSettings> {

@@ -1,0 +1,75 @@
+//! The sweeper: takes outbox leases back from workers that died or stalled.
+//!
+//! The takeover itself is `oncepay_shared::store::leases::sweep` (owned with the worker's claim and
+//! record statements, so the protocol lives in one place): inside the provider's key window the
+//! payment goes back to `pending` and is resent with the same key; past it the payment becomes
+//! `unknown` and is queued for the poller. This module only runs it: in batches, until a batch changes
+//! nothing, then every `interval`. It never touches a lease that has not expired.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use oncepay_shared::store::leases::{self, KeyWindow, SweepCounts};
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+/// Who the audit trail says moved the payment.
+const ACTOR: &str = "sweeper";
+
+/// The sweeper's limits.
+#[derive(Debug, Clone)]
+pub struct SweeperConfig {
+    /// Pause after a pass that changed nothing.
+    pub interval: Duration,
+    /// Leases looked at per pass.
+    pub batch_size: u32,
+    /// How long a resend with the same key is certain to be deduplicated by the provider.
+    pub key_window: KeyWindow,
+}
+
+/// The sweeper loop.
+pub struct Sweeper {
+    pool: PgPool,
+    config: SweeperConfig,
+}
+
+impl Sweeper {
+    /// A sweeper over `pool`.
+    pub fn new(pool: PgPool, config: SweeperConfig) -> Self {
+        Self { pool, config }
+    }
+
+    /// Sweeps until `shutdown`; a pass that changed something is followed at once by another.
+    pub async fn run(&self, shutdown: CancellationToken) {
+        tracing::info!("sweeper started");
+        while !shutdown.is_cancelled() {
+            let pause = match self.run_once().await {
+                Ok(counts) if counts.changed() > 0 => Duration::ZERO,
+                Ok(_) => self.config.interval,
+                Err(error) => {
+                    tracing::error!(error = format!("{error:#}"), "sweeper pass failed");
+                    self.config.interval
+                }
+            };
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                () = tokio::time::sleep(pause) => {}
+            }
+        }
+        tracing::info!("sweeper stopped");
+    }
+
+    /// One pass: up to `batch_size` expired leases taken back.
+    pub async fn run_once(&self) -> anyhow::Result<SweepCounts> {
+        let mut conn = self.pool.acquire().await.context("cannot reach the database")?;
+        let counts = leases::sweep(&mut conn, ACTOR, self.config.key_window, self.config.batch_size)
+            .await
+            .context("cannot sweep expired leases")?;
+        for (outcome, n) in
+            [("released", counts.released), ("uncertain", counts.uncertain), ("obsolete", counts.obsolete)]
+        {
+            metrics::counter!("oncepay_reconciler_leases_taken_over_total", "outcome" => outcome).increment(n);
+        }
+        Ok(counts)
+    }
+}

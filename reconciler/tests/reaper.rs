@@ -1,0 +1,130 @@
+//! The reaper against a real PostgreSQL: expired keys of terminal payments go, in batches; keys of
+//! payments still in flight stay however old they are; old webhook ids go, recent ones stay.
+
+// Helpers outside `#[test]` functions fail loudly too: clippy's test exemption does not reach them.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use oncepay_reconciler::reaper::{Counts, Reaper, ReaperConfig};
+use oncepay_reconciler::unknown::{self, Why};
+use oncepay_shared::ids::{PaymentId, TenantId};
+use oncepay_shared::status::{PaymentStatus, Transition};
+use oncepay_shared::store::transitions::{self, Settlement};
+use serde_json::json;
+use sqlx::PgPool;
+use support::{accept, change, claim, count_for, tenant, unknown_payment};
+use time::OffsetDateTime;
+
+fn reaper(pool: &PgPool, batch_size: u32) -> Reaper {
+    let config = ReaperConfig {
+        interval: Duration::from_secs(60),
+        batch_size,
+        webhook_retention: Duration::from_secs(7 * 86_400),
+    };
+    Reaper::new(pool.clone(), config)
+}
+
+/// Makes the payment's key two days old and expired a day ago.
+async fn expire_key(pool: &PgPool, payment_id: PaymentId) {
+    sqlx::query(
+        "UPDATE idempotency_keys SET created_at = now() - interval '2 days', expires_at = now() - interval '1 day'
+         WHERE payment_id = $1",
+    )
+    .bind(payment_id.as_uuid())
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+async fn succeeded(pool: &PgPool, tenant_id: TenantId, key: &str) -> PaymentId {
+    let payment_id = accept(pool, tenant_id, key, 100).await;
+    claim(pool, tenant_id, payment_id, 1).await;
+    let settlement = Settlement::Succeeded {
+        charge_id: format!("ch_{key}"),
+        amount: 100,
+        currency: "EUR".into(),
+        charged_at: OffsetDateTime::now_utc(),
+    };
+    let mut conn = pool.acquire().await.unwrap();
+    let change = change(tenant_id, payment_id, PaymentStatus::Processing, Transition::Charged);
+    transitions::settle(&mut conn, &change, &settlement).await.unwrap();
+    payment_id
+}
+
+async fn has_key(pool: &PgPool, payment_id: PaymentId) -> bool {
+    count_for(pool, "idempotency_keys", payment_id).await == 1
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn expired_keys_of_terminal_payments_go_and_keys_of_payments_in_flight_stay(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+    let done = succeeded(&pool, tenant_id, "done").await;
+    let done_but_retained = succeeded(&pool, tenant_id, "retained").await;
+    let pending = accept(&pool, tenant_id, "pending", 100).await;
+    let processing = accept(&pool, tenant_id, "processing", 100).await;
+    claim(&pool, tenant_id, processing, 1).await;
+    let unknown = unknown_payment(&pool, tenant_id, "unknown", 100, 60).await;
+    let dead = unknown_payment(&pool, tenant_id, "dead", 100, 60).await;
+    let mut tx = pool.begin().await.unwrap();
+    unknown::exhaust(&mut tx, tenant_id, dead, Why { actor: "test", reason: "attempts spent" }, json!({}))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    for payment_id in [done, pending, processing, unknown, dead] {
+        expire_key(&pool, payment_id).await;
+    }
+
+    let counts = reaper(&pool, 100).run_once().await.unwrap();
+
+    assert_eq!(counts, Counts { keys: 1, webhook_events: 0 });
+    assert!(!has_key(&pool, done).await);
+    for payment_id in [done_but_retained, pending, processing, unknown, dead] {
+        assert!(has_key(&pool, payment_id).await, "{payment_id}");
+    }
+    // The payment itself, its audit trail and its ledger entry are never reaped.
+    assert_eq!(count_for(&pool, "payments", done).await, 1);
+    assert_eq!(count_for(&pool, "ledger_entries", done).await, 1);
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn keys_are_reaped_in_batches_of_the_configured_size(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+    for i in 0..5 {
+        let payment_id = succeeded(&pool, tenant_id, &format!("k{i}")).await;
+        expire_key(&pool, payment_id).await;
+    }
+    let reaper = reaper(&pool, 2);
+
+    let passes = [reaper.run_once().await.unwrap(), reaper.run_once().await.unwrap(), reaper.run_once().await.unwrap()];
+
+    assert_eq!(passes.map(|c| c.keys), [2, 2, 1]);
+    assert_eq!(support::count(&pool, "idempotency_keys").await, 0);
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn webhook_ids_past_their_retention_go_and_recent_ones_stay(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+    let payment_id = accept(&pool, tenant_id, "order-1", 100).await;
+    for (id, age_days) in [("old", 8), ("recent", 6)] {
+        sqlx::query(
+            "INSERT INTO webhook_events (tenant_id, webhook_id, event_type, payment_id, outcome, received_at)
+             VALUES ($1, $2, 'charge.succeeded', $3, 'not_unknown', now() - make_interval(days => $4))",
+        )
+        .bind(tenant_id.as_uuid())
+        .bind(id)
+        .bind(payment_id.as_uuid())
+        .bind(age_days)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+
+    let counts = reaper(&pool, 100).run_once().await.unwrap();
+
+    assert_eq!(counts, Counts { keys: 0, webhook_events: 1 });
+    let left: Vec<String> = sqlx::query_scalar("SELECT webhook_id FROM webhook_events").fetch_all(&pool).await.unwrap();
+    assert_eq!(left, ["recent"]);
+}
