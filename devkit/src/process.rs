@@ -163,6 +163,8 @@ impl Child {
 
     /// Waits until `GET url` answers 200, failing early if the process exits.
     pub async fn wait_until_ready(&mut self, url: &str, timeout: Duration) -> anyhow::Result<()> {
+        // reqwest is built without a bundled crypto provider; ring is the workspace's choice.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?;
         let deadline = tokio::time::Instant::now() + timeout;
         loop {

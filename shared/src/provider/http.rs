@@ -45,6 +45,9 @@ mod defaults {
     }
 }
 
+/// The most charges a lookup by idempotency key expects to see.
+const KEY_LOOKUP_LIMIT: u32 = 100;
+
 /// A provider reached over HTTP.
 #[derive(Debug, Clone)]
 pub struct HttpProvider {
@@ -150,7 +153,19 @@ impl PaymentProvider for HttpProvider {
 
     #[instrument(name = "provider.find_by_key", skip_all)]
     async fn find_by_key(&self, key: &DownstreamKey) -> Result<Vec<Charge>, LookupError> {
-        let page: ChargePage = self.get_json("/v1/charges", &[("idempotency_key", key.as_str().to_owned())]).await?;
+        // A key normally has one charge; the page is large so that a misbehaving provider's extra
+        // charges are seen rather than cut off, and a truncated answer is an error, not an answer.
+        let page: ChargePage = self
+            .get_json(
+                "/v1/charges",
+                &[("idempotency_key", key.as_str().to_owned()), ("limit", KEY_LOOKUP_LIMIT.to_string())],
+            )
+            .await?;
+        if page.has_more {
+            return Err(LookupError::Unreadable(format!(
+                "more than {KEY_LOOKUP_LIMIT} charges for one idempotency key"
+            )));
+        }
         Ok(page.data)
     }
 
