@@ -1,1 +1,23 @@
-//! Drains the outbox and asks the provider to charge, at most once per payment
+//! The worker: drains the outbox and asks the provider to charge, at most once per payment.
+//!
+//! - [`outbox`]: the claim (lease, fencing token, `pending → processing` in one statement), the
+//!   fenced take and release that end a send, the depth sample.
+//! - [`decision`]: what a provider outcome means for the payment (pure).
+//! - [`record`]: writing that decision in one transaction guarded by the fencing token.
+//! - [`drainer`]: the loop that claims, sends with bounded concurrency, and records.
+//! - [`wake`]: `LISTEN` for queued payments.
+//! - [`settings`], [`app`], [`metrics`]: configuration, wiring, and what the worker measures.
+//!
+//! Expired leases are taken back by `oncepay_shared::store::leases::sweep`, which the reconciler
+//! runs. `main.rs` only loads the settings, starts telemetry, and runs [`app::App`] until SIGTERM.
+
+pub mod app;
+pub mod decision;
+pub mod drainer;
+pub mod metrics;
+pub mod outbox;
+pub mod record;
+pub mod settings;
+pub mod wake;
+
+pub use drainer::{Counts, Drainer, DrainerConfig};

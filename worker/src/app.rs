@@ -1,0 +1,74 @@
+//! Wiring the worker process together: the provider client, the pool, the drainer and the operations
+//! endpoints (`/healthz`, `/readyz`, `/metrics` on the `[http]` port), run until shutdown.
+//!
+//! The port is bound in [`App::build`], so a test can ask for port 0 and read the real one. The pool
+//! connects lazily: the process starts, and answers `/healthz`, while PostgreSQL is down, and `/readyz`
+//! says so. This module holds no logic of its own.
+
+use anyhow::Context;
+use oncepay_shared::db;
+use oncepay_shared::ops_http::{self, OpsState};
+use oncepay_shared::provider::http::HttpProvider;
+use tokio_util::sync::CancellationToken;
+
+use crate::drainer::{Counts, Drainer};
+use crate::settings::Settings;
+
+/// The name the worker gives its database connections and its traces.
+pub const SERVICE: &str = "oncepay-worker";
+
+/// A worker, built and bound, not yet running.
+pub struct App {
+    listener: std::net::TcpListener,
+    drainer: Drainer<HttpProvider>,
+    ops: OpsState,
+}
+
+impl App {
+    /// Builds everything from `settings` and binds the operations port.
+    pub async fn build(settings: &Settings) -> anyhow::Result<Self> {
+        let metrics = oncepay_shared::metrics::install();
+        crate::metrics::describe();
+        let options = db::connect_options(&settings.database, SERVICE).context("reading database.url")?;
+        let pool = db::pool(&settings.database, options);
+        let provider = HttpProvider::new(&settings.provider).context("building the provider client")?;
+        let drainer = Drainer::new(pool.clone(), provider, settings.drainer_config());
+        let address = (settings.http.host.as_str(), settings.http.port);
+        let listener = std::net::TcpListener::bind(address)
+            .with_context(|| format!("binding the operations port {}:{}", address.0, address.1))?;
+        Ok(Self { listener, drainer, ops: OpsState { pool, metrics } })
+    }
+
+    /// The operations port actually bound.
+    pub fn port(&self) -> anyhow::Result<u16> {
+        Ok(self.listener.local_addr()?.port())
+    }
+
+    /// The drainer this process runs.
+    pub fn drainer(&self) -> &Drainer<HttpProvider> {
+        &self.drainer
+    }
+
+    /// Serves the operations endpoints and drains the outbox until `shutdown`; returns once the
+    /// sends in flight are recorded (or the grace period is over).
+    pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<Counts> {
+        let state = actix_web::web::Data::new(self.ops.clone());
+        let server = actix_web::HttpServer::new(move || {
+            actix_web::App::new().app_data(state.clone()).configure(ops_http::configure)
+        })
+        .workers(1)
+        .disable_signals()
+        .listen(self.listener)
+        .context("serving the operations endpoints")?
+        .run();
+        let server_handle = server.handle();
+        let server = tokio::spawn(server);
+
+        let counts = self.drainer.run(shutdown).await;
+
+        server_handle.stop(true).await;
+        server.await.context("the operations server panicked")?.context("the operations server failed")?;
+        self.ops.pool.close().await;
+        Ok(counts)
+    }
+}

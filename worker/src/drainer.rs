@@ -1,0 +1,402 @@
+//! The drainer: claims due outbox rows, asks the provider to charge each one, and records what
+//! happened.
+//!
+//! One send goes: claim (its own short transaction: lease, fencing token, `pending → processing`),
+//! then the provider call with no transaction open, then the recording (one transaction guarded by
+//! the token, see `record`). The downstream idempotency key is derived from the payment id, so every
+//! resend of a payment carries the same one. Each send continues the trace of the request that
+//! created the payment, so the provider call carries its `traceparent`.
+//!
+//! [`Drainer::run_once`] claims one batch and finishes it; [`Drainer::run`] keeps up to
+//! `max_in_flight` sends going, claiming as slots free up, woken by `LISTEN` with a polling fallback,
+//! until shutdown: then it stops claiming and gives the sends in flight the grace period to finish
+//! and be recorded. A send abandoned at the end of the grace period keeps its lease, which the
+//! sweeper takes back. Any number of drainers, in any number of processes, may run at once.
+//!
+//! The drainer never decides an outcome itself (that is `decision`) and never writes SQL itself
+//! (that is `outbox` and `record`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use futures::future::join_all;
+use oncepay_shared::backoff::Backoff;
+use oncepay_shared::provider::{PaymentProvider, SendOutcome};
+use oncepay_shared::status::PaymentStatus;
+use oncepay_shared::store::StoreError;
+use oncepay_shared::store::leases::KeyWindow;
+use oncepay_shared::telemetry;
+use sqlx::PgPool;
+use time::OffsetDateTime;
+use tokio::task::JoinSet;
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::decision::{self, Decision, RetryPolicy};
+use crate::metrics;
+use crate::outbox::{self, ClaimRequest, Claimed};
+use crate::record::{self, RecordError, Recorded};
+use crate::wake::Wake;
+
+/// How many times a recording that failed for a transient reason (the database was briefly
+/// unreachable, a deadlock) is tried again before the result is given up to the lease's expiry.
+const RECORD_RETRIES: u32 = 4;
+
+/// The delays between those tries: short, far inside any lease.
+const RECORD_BACKOFF: Backoff = Backoff { base: Duration::from_millis(100), max: Duration::from_secs(2) };
+
+/// How a drainer runs.
+#[derive(Debug, Clone)]
+pub struct DrainerConfig {
+    /// Names this worker in leases; its audit actor is `worker:<id>`.
+    pub worker_id: String,
+    /// Most rows one claim takes.
+    pub batch_size: u32,
+    /// Most provider calls in flight at once.
+    pub max_in_flight: u32,
+    /// How long a claimed row stays leased.
+    pub lease: Duration,
+    /// How often to look for due rows without a notification.
+    pub poll_interval: Duration,
+    /// How many claims one queued send gets while the provider cannot be reached.
+    pub max_attempts: u32,
+    /// Delays between those claims.
+    pub backoff: Backoff,
+    /// How long the provider deduplicates resends of a key.
+    pub key_window: KeyWindow,
+    /// How long in-flight sends may take to finish after shutdown.
+    pub shutdown_grace: Duration,
+}
+
+/// What a drainer did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Rows claimed.
+    pub claimed: u64,
+    /// Payments recorded `succeeded`.
+    pub succeeded: u64,
+    /// Payments recorded `failed` (declined, or the provider never reachable).
+    pub failed: u64,
+    /// Payments back to `pending` for a retry.
+    pub retried: u64,
+    /// Payments recorded `unknown`.
+    pub unknown: u64,
+    /// Results not recorded because the lease had been taken over.
+    pub lease_lost: u64,
+    /// Payments someone else had already settled; only the row was removed.
+    pub superseded: u64,
+    /// Results not recorded because of an error (the lease expires and the sweeper takes over).
+    pub errors: u64,
+}
+
+impl Counts {
+    fn count(&mut self, result: &Result<Recorded, RecordError>) {
+        match result {
+            Ok(Recorded::Moved(PaymentStatus::Succeeded)) => self.succeeded += 1,
+            Ok(Recorded::Moved(PaymentStatus::Failed)) => self.failed += 1,
+            Ok(Recorded::Moved(PaymentStatus::Pending)) => self.retried += 1,
+            Ok(Recorded::Moved(PaymentStatus::Unknown)) => self.unknown += 1,
+            // A send never moves a payment to these; the state machine would have refused it.
+            Ok(Recorded::Moved(PaymentStatus::Processing | PaymentStatus::DeadLettered)) | Err(_) => self.errors += 1,
+            Ok(Recorded::LeaseLost) => self.lease_lost += 1,
+            Ok(Recorded::Superseded(_)) => self.superseded += 1,
+        }
+    }
+
+    fn count_task(&mut self, finished: Result<Result<Recorded, RecordError>, tokio::task::JoinError>) {
+        match finished {
+            Ok(result) => self.count(&result),
+            Err(error) => {
+                tracing::error!(error = %error, "a send task ended abnormally; its lease will expire and be swept");
+                self.errors += 1;
+            }
+        }
+    }
+
+    /// Sends that reached an outcome, recorded or not.
+    pub fn finished(&self) -> u64 {
+        self.succeeded + self.failed + self.retried + self.unknown + self.lease_lost + self.superseded + self.errors
+    }
+}
+
+impl std::ops::AddAssign for Counts {
+    fn add_assign(&mut self, other: Self) {
+        self.claimed += other.claimed;
+        self.succeeded += other.succeeded;
+        self.failed += other.failed;
+        self.retried += other.retried;
+        self.unknown += other.unknown;
+        self.lease_lost += other.lease_lost;
+        self.superseded += other.superseded;
+        self.errors += other.errors;
+    }
+}
+
+/// Drains the outbox into a provider. Cheap to clone; clones share everything.
+pub struct Drainer<P> {
+    inner: Arc<Inner<P>>,
+}
+
+impl<P> Clone for Drainer<P> {
+    fn clone(&self) -> Self {
+        Self { inner: self.inner.clone() }
+    }
+}
+
+struct Inner<P> {
+    pool: PgPool,
+    provider: P,
+    config: DrainerConfig,
+    actor: String,
+}
+
+impl<P: PaymentProvider + 'static> Drainer<P> {
+    /// A drainer on `pool` that sends to `provider`.
+    pub fn new(pool: PgPool, provider: P, config: DrainerConfig) -> Self {
+        let actor = format!("worker:{}", config.worker_id);
+        Self { inner: Arc::new(Inner { pool, provider, config, actor }) }
+    }
+
+    /// How it runs.
+    pub fn config(&self) -> &DrainerConfig {
+        &self.inner.config
+    }
+
+    /// Its name in the audit trail: `worker:<id>`.
+    pub fn actor(&self) -> &str {
+        &self.inner.actor
+    }
+
+    /// Claims one batch (at most `batch_size`, and never more than `max_in_flight`), sends every row
+    /// at once and records each outcome. Errs only if the claim fails; a recording that fails is
+    /// counted in [`Counts::errors`].
+    pub async fn run_once(&self) -> anyhow::Result<Counts> {
+        let claimed = self.claim(self.claim_limit(0)).await.context("claiming due outbox rows")?;
+        let mut counts = Counts { claimed: claimed.len() as u64, ..Counts::default() };
+        for result in join_all(claimed.into_iter().map(|claimed| self.process(claimed))).await {
+            counts.count(&result);
+        }
+        Ok(counts)
+    }
+
+    /// Drains until `shutdown` is cancelled, then finishes what is in flight within the grace
+    /// period. Returns what it did.
+    pub async fn run(&self, shutdown: CancellationToken) -> Counts {
+        let config = self.config();
+        tracing::info!(worker.id = %config.worker_id, max_in_flight = config.max_in_flight, "draining the outbox");
+        let wake = Wake::spawn(self.inner.pool.clone(), config.poll_interval);
+        let mut poll = tokio::time::interval(config.poll_interval);
+        poll.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut in_flight = JoinSet::new();
+        let mut totals = Counts::default();
+        // Whether a claim might find something: after a wake-up, a poll tick, or a full batch.
+        let mut maybe_due = true;
+
+        while !shutdown.is_cancelled() {
+            let limit = self.claim_limit(in_flight.len());
+            if maybe_due && limit > 0 {
+                match self.claim(limit).await {
+                    Ok(claimed) => {
+                        maybe_due = claimed.len() == limit as usize;
+                        totals.claimed += claimed.len() as u64;
+                        for row in claimed {
+                            let this = self.clone();
+                            in_flight.spawn(async move { this.process(row).await });
+                        }
+                    }
+                    Err(error) => {
+                        // Most likely the database is unreachable: try again at the next poll tick.
+                        tracing::warn!(error = %error, "claiming due outbox rows failed");
+                        maybe_due = false;
+                    }
+                }
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => {}
+                Some(finished) = in_flight.join_next() => {
+                    totals.count_task(finished);
+                    while let Some(finished) = in_flight.try_join_next() {
+                        totals.count_task(finished);
+                    }
+                }
+                () = wake.notified() => maybe_due = true,
+                _ = poll.tick() => {
+                    maybe_due = true;
+                    self.sample_depth().await;
+                }
+            }
+        }
+
+        drop(wake);
+        tracing::info!(in_flight = in_flight.len(), "stopped claiming; finishing the sends in flight");
+        let deadline = Instant::now() + config.shutdown_grace;
+        while !in_flight.is_empty() {
+            match tokio::time::timeout_at(deadline, in_flight.join_next()).await {
+                Ok(Some(finished)) => totals.count_task(finished),
+                Ok(None) => break,
+                Err(_) => {
+                    tracing::warn!(
+                        abandoned = in_flight.len(),
+                        "the grace period ended with sends in flight; their leases will expire and be swept"
+                    );
+                    in_flight.abort_all();
+                    break;
+                }
+            }
+        }
+        tracing::info!(?totals, "the drainer stopped");
+        totals
+    }
+
+    /// Claims up to `limit` due rows for this worker.
+    pub async fn claim(&self, limit: u32) -> Result<Vec<Claimed>, StoreError> {
+        let config = self.config();
+        let mut conn = self.inner.pool.acquire().await?;
+        let claimed = outbox::claim(
+            &mut conn,
+            &ClaimRequest {
+                limit,
+                worker_id: &config.worker_id,
+                actor: self.actor(),
+                lease: config.lease,
+                resend_horizon: config.key_window.resend_horizon(),
+            },
+        )
+        .await?;
+        metrics::claimed(claimed.len());
+        Ok(claimed)
+    }
+
+    /// Sends one claimed payment to the provider. Never fails: every way it can go is an outcome.
+    pub async fn send(&self, claimed: &Claimed) -> SendOutcome {
+        let started = Instant::now();
+        let outcome = self.inner.provider.create_charge(&claimed.charge_request()).await;
+        metrics::provider_outcome(outcome.class(), started.elapsed());
+        outcome
+    }
+
+    /// What to record for `outcome`.
+    pub fn decide(&self, claimed: &Claimed, outcome: &SendOutcome) -> Decision {
+        let policy = RetryPolicy { max_attempts: self.config().max_attempts, backoff: self.config().backoff };
+        decision::decide(claimed, outcome, &policy, &mut rand::rng())
+    }
+
+    /// Records `decision` under `claimed`'s fencing token, trying again a few times if the database
+    /// fails transiently.
+    pub async fn record(&self, claimed: &Claimed, decision: &Decision) -> Result<Recorded, RecordError> {
+        let mut retry = 0;
+        loop {
+            let result = match self.inner.pool.begin().await {
+                Ok(tx) => record::record(tx, self.actor(), claimed, decision).await,
+                Err(error) => Err(RecordError::from(error)),
+            };
+            match result {
+                Err(error) if error.is_transient() && retry < RECORD_RETRIES => {
+                    retry += 1;
+                    let delay = RECORD_BACKOFF.delay(retry, &mut rand::rng());
+                    tracing::warn!(error = %error, retry, delay_ms = delay.as_millis(), "recording failed; trying again");
+                    tokio::time::sleep(delay).await;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    /// Sends one claimed payment (unless a send could charge twice) and records the outcome, in the
+    /// trace of the request that created it.
+    pub async fn process(&self, claimed: Claimed) -> Result<Recorded, RecordError> {
+        let span = tracing::info_span!(
+            "worker.process",
+            payment.id = %claimed.payment_id,
+            tenant.id = %claimed.tenant_id,
+            attempt = claimed.attempt,
+            decision = tracing::field::Empty,
+        );
+        if let Some(trace) = &claimed.trace {
+            telemetry::continue_trace(&span, trace);
+        }
+        async {
+            let decision = if claimed.send_is_safe() {
+                let outcome = self.send(&claimed).await;
+                self.decide(&claimed, &outcome)
+            } else {
+                decision::key_window_passed(&claimed)
+            };
+            tracing::Span::current().record("decision", decision.label());
+            let result = self.record(&claimed, &decision).await;
+            self.report(&claimed, &decision, &result);
+            result
+        }
+        .instrument(span)
+        .await
+    }
+
+    fn report(&self, claimed: &Claimed, decision: &Decision, result: &Result<Recorded, RecordError>) {
+        match result {
+            Ok(Recorded::Moved(status)) => {
+                if *status != PaymentStatus::Pending {
+                    let latency = OffsetDateTime::now_utc() - claimed.accepted_at;
+                    metrics::drained(latency.try_into().unwrap_or_default());
+                }
+                match decision {
+                    Decision::Settle { reason, .. } | Decision::Retry { reason, .. } => {
+                        tracing::info!(payment.status = status.as_str(), %reason, "recorded the send's outcome");
+                    }
+                    Decision::Uncertain { code, reason } => {
+                        tracing::warn!(payment.status = status.as_str(), %code, %reason, "the send's outcome is uncertain; queued for the reconciler");
+                    }
+                }
+            }
+            Ok(Recorded::LeaseLost) => {
+                metrics::lease_lost();
+                tracing::warn!(
+                    fencing_token = claimed.fencing_token,
+                    "the lease was taken over before the outcome could be recorded; recorded nothing"
+                );
+            }
+            Ok(Recorded::Superseded(status)) => {
+                tracing::info!(
+                    payment.status = status.as_str(),
+                    "the payment had already been settled by someone else"
+                );
+            }
+            Err(error) => {
+                metrics::record_error();
+                tracing::error!(
+                    error = %error_chain(error),
+                    "could not record the send's outcome; the lease will expire and be swept"
+                );
+            }
+        }
+    }
+
+    async fn sample_depth(&self) {
+        match self.inner.pool.acquire().await {
+            Ok(mut conn) => match outbox::depth(&mut conn).await {
+                Ok(depth) => metrics::depth(depth),
+                Err(error) => tracing::debug!(error = %error, "sampling the outbox depth failed"),
+            },
+            Err(error) => tracing::debug!(error = %error, "sampling the outbox depth failed"),
+        }
+    }
+
+    /// How many rows the next claim may take with `in_flight` sends running.
+    fn claim_limit(&self, in_flight: usize) -> u32 {
+        let free = (self.config().max_in_flight as usize).saturating_sub(in_flight);
+        u32::try_from(free).unwrap_or(u32::MAX).min(self.config().batch_size)
+    }
+}
+
+/// An error and its sources, for one log field.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut chain = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        chain.push_str(": ");
+        chain.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    chain
+}

@@ -1,0 +1,199 @@
+//! The worker's statements on the outbox: the claim (lease, fencing token and the move to
+//! `processing`, in one statement, `sql/claim.sql`), the fenced take and release that end a send
+//! (`sql/take.sql`, `sql/release.sql`), and the depth sample.
+//!
+//! A claimed row belongs to this worker until `locked_until`, and a result counts only while its
+//! fencing token is still on the row: [`take`] and [`release`] change nothing once the token is
+//! gone. The claim commits before the provider is called, so no transaction is ever open across that
+//! call. This module never calls the provider and never decides an outcome.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use oncepay_shared::ids::{PaymentId, TenantId};
+use oncepay_shared::money::{Amount, Currency};
+use oncepay_shared::provider::ChargeRequest;
+use oncepay_shared::store::StoreError;
+use oncepay_shared::telemetry::TraceContext;
+use sqlx::PgConnection;
+use sqlx::types::Json;
+use time::OffsetDateTime;
+
+/// What to claim, and for whom.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest<'a> {
+    /// Most rows to take.
+    pub limit: u32,
+    /// Written to `outbox.locked_by`.
+    pub worker_id: &'a str,
+    /// Written to the audit trail: `worker:<id>`.
+    pub actor: &'a str,
+    /// How long the lease lasts.
+    pub lease: Duration,
+    /// How long after a payment's first send a resend is still deduplicated by the provider.
+    pub resend_horizon: Duration,
+}
+
+/// A payment this worker now holds the lease for, with what it needs to send and record it.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    /// The owner.
+    pub tenant_id: TenantId,
+    /// The payment, now `processing`.
+    pub payment_id: PaymentId,
+    /// Must still be on the outbox row for a result to be recorded.
+    pub fencing_token: i64,
+    /// When the lease runs out.
+    pub lease_until: OffsetDateTime,
+    /// Which claim of the current send cycle this is (1 for the first).
+    pub attempt: u32,
+    /// Which claim of the payment's whole life this is.
+    pub send_attempts: u32,
+    /// How many earlier claims of this cycle lost their lease to the sweeper: each of those workers
+    /// may have reached the provider.
+    pub lease_expirations: u32,
+    /// Whether the provider still remembers the payment's downstream key (with margin), counting
+    /// from its first send.
+    pub in_key_window: bool,
+    /// What to charge.
+    pub amount: Amount,
+    /// In which currency.
+    pub currency: Currency,
+    /// The merchant's customer reference.
+    pub customer_id: String,
+    /// The merchant's metadata.
+    pub metadata: BTreeMap<String, String>,
+    /// The trace of the request that created the payment.
+    pub trace: Option<TraceContext>,
+    /// When the api accepted the payment.
+    pub accepted_at: OffsetDateTime,
+}
+
+impl Claimed {
+    /// Whether an earlier attempt of this send may have reached the provider (its worker lost the
+    /// lease before recording anything), so the customer may already be charged.
+    pub fn may_have_reached_provider(&self) -> bool {
+        self.lease_expirations > 0
+    }
+
+    /// Whether sending now cannot charge twice: either nothing may have reached the provider yet, or
+    /// the provider still remembers the key and will answer with the first result.
+    pub fn send_is_safe(&self) -> bool {
+        !self.may_have_reached_provider() || self.in_key_window
+    }
+
+    /// The provider request: always the same downstream key for this payment.
+    pub fn charge_request(&self) -> ChargeRequest {
+        ChargeRequest::for_payment(
+            self.tenant_id,
+            self.payment_id,
+            self.amount,
+            self.currency,
+            self.customer_id.clone(),
+            &self.metadata,
+        )
+    }
+}
+
+/// Leases up to `request.limit` due rows to this worker and moves their payments to `processing`.
+#[tracing::instrument(name = "worker.claim", skip_all, fields(limit = request.limit, claimed))]
+pub async fn claim(conn: &mut PgConnection, request: &ClaimRequest<'_>) -> Result<Vec<Claimed>, StoreError> {
+    let rows = sqlx::query_file!(
+        "sql/claim.sql",
+        i64::from(request.limit),
+        request.worker_id,
+        request.lease.as_secs_f64(),
+        request.actor,
+        request.resend_horizon.as_secs_f64(),
+    )
+    .fetch_all(conn)
+    .await?;
+    tracing::Span::current().record("claimed", rows.len());
+    Ok(rows
+        .into_iter()
+        .map(|row| Claimed {
+            tenant_id: TenantId::from_uuid(row.tenant_id),
+            payment_id: PaymentId::from_uuid(row.payment_id),
+            fencing_token: row.fencing_token,
+            lease_until: row.locked_until,
+            attempt: row.attempts.unsigned_abs(),
+            send_attempts: row.send_attempts.unsigned_abs(),
+            lease_expirations: row.lease_expirations.unsigned_abs(),
+            in_key_window: row.in_key_window,
+            amount: row.amount,
+            currency: row.currency,
+            customer_id: row.customer_id,
+            metadata: row.metadata.0,
+            trace: row.traceparent.map(|traceparent| TraceContext { traceparent, tracestate: row.tracestate }),
+            accepted_at: row.accepted_at,
+        })
+        .collect())
+}
+
+/// Ends the send: deletes the row if `claimed`'s token is still on it. `false`: the lease was taken
+/// over, and nothing may be recorded.
+pub async fn take(conn: &mut PgConnection, claimed: &Claimed) -> Result<bool, StoreError> {
+    let deleted = sqlx::query_file!(
+        "sql/take.sql",
+        claimed.tenant_id.as_uuid(),
+        claimed.payment_id.as_uuid(),
+        claimed.fencing_token
+    )
+    .execute(conn)
+    .await?;
+    Ok(deleted.rows_affected() == 1)
+}
+
+/// Frees the row for a retry after `delay` if `claimed`'s token is still on it. `false`: the lease
+/// was taken over, and nothing may be recorded.
+pub async fn release(conn: &mut PgConnection, claimed: &Claimed, delay: Duration) -> Result<bool, StoreError> {
+    let released = sqlx::query_file!(
+        "sql/release.sql",
+        claimed.tenant_id.as_uuid(),
+        claimed.payment_id.as_uuid(),
+        claimed.fencing_token,
+        delay.as_secs_f64()
+    )
+    .execute(conn)
+    .await?;
+    Ok(released.rows_affected() == 1)
+}
+
+/// Deletes the row of a payment that no longer needs sending, whatever its lease. Only for a caller
+/// that already holds the row (it took or released it in the same transaction).
+pub async fn discard(conn: &mut PgConnection, claimed: &Claimed) -> Result<(), StoreError> {
+    sqlx::query!(
+        "DELETE FROM outbox WHERE tenant_id = $1 AND payment_id = $2",
+        claimed.tenant_id.as_uuid(),
+        claimed.payment_id.as_uuid()
+    )
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Rows in the outbox, by state: the depth gauge's sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Depth {
+    /// Claimable now.
+    pub due: i64,
+    /// Waiting for a retry's backoff to end.
+    pub scheduled: i64,
+    /// Held by a worker.
+    pub leased: i64,
+}
+
+/// Counts the outbox by state (one scan; the outbox holds only unfinished sends).
+pub async fn depth(conn: &mut PgConnection) -> Result<Depth, StoreError> {
+    let row = sqlx::query!(
+        r#"
+        SELECT count(*) FILTER (WHERE locked_until IS NULL AND available_at <= now()) AS "due!",
+               count(*) FILTER (WHERE locked_until IS NULL AND available_at > now()) AS "scheduled!",
+               count(*) FILTER (WHERE locked_until IS NOT NULL) AS "leased!"
+        FROM outbox
+        "#
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok(Depth { due: row.due, scheduled: row.scheduled, leased: row.leased })
+}

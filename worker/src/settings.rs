@@ -1,0 +1,172 @@
+//! The worker's settings: `config/default.toml` (embedded, and the documentation of every key), then
+//! an optional file, then the environment, loaded and checked once in `main`.
+//!
+//! [`Settings::drainer_config`] turns them into the [`DrainerConfig`] the drainer runs with, so the
+//! drainer itself never sees configuration files and tests build a [`DrainerConfig`] directly.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, ensure};
+use oncepay_shared::backoff::Backoff;
+use oncepay_shared::config::{self, DatabaseSettings, HttpSettings, TelemetrySettings};
+use oncepay_shared::provider::http::ProviderSettings;
+use oncepay_shared::store::leases::KeyWindow;
+use serde::Deserialize;
+
+use crate::drainer::DrainerConfig;
+
+/// The embedded defaults.
+pub const DEFAULTS: &str = include_str!("../config/default.toml");
+
+/// Everything the worker binary is configured with.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Settings {
+    /// The operations endpoints.
+    pub http: HttpSettings,
+    /// PostgreSQL.
+    pub database: DatabaseSettings,
+    /// Logs and traces.
+    pub telemetry: TelemetrySettings,
+    /// The payment provider.
+    pub provider: ProviderSettings,
+    /// The drainer.
+    pub worker: WorkerSettings,
+}
+
+/// The `[worker]` section.
+#[derive(Debug, Clone, Deserialize)]
+pub struct WorkerSettings {
+    /// This worker's name in leases and the audit trail; `<hostname>-<pid>` when unset.
+    #[serde(default)]
+    pub id: Option<String>,
+    /// Most rows one claim takes.
+    pub batch_size: u32,
+    /// Most provider calls in flight at once.
+    pub max_in_flight: u32,
+    /// How long a claimed row stays leased, in seconds.
+    pub lease_secs: u64,
+    /// How often to look for due rows without a notification, in milliseconds.
+    pub poll_interval_ms: u64,
+    /// How many times one queued send is tried while the provider cannot be reached.
+    pub max_attempts: u32,
+    /// Delays between those tries.
+    pub backoff: Backoff,
+    /// How long before the provider's key window closes resends stop, in seconds.
+    pub key_window_margin_secs: u64,
+    /// How long in-flight calls may take to finish after SIGTERM, in seconds.
+    pub shutdown_grace_secs: u64,
+}
+
+impl Settings {
+    /// Loads the defaults, then `file`, then the environment, and checks the result.
+    pub fn load(file: Option<&Path>) -> anyhow::Result<Self> {
+        let settings: Self =
+            config::load(DEFAULTS, file).map_err(|e| anyhow::anyhow!(e)).context("loading settings")?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Rejects combinations that would break the worker's guarantees or stall it.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let worker = &self.worker;
+        ensure!(worker.batch_size >= 1, "worker.batch_size must be at least 1");
+        ensure!(worker.max_in_flight >= 1, "worker.max_in_flight must be at least 1");
+        ensure!(worker.max_attempts >= 1, "worker.max_attempts must be at least 1");
+        ensure!(worker.poll_interval_ms >= 1, "worker.poll_interval_ms must be at least 1");
+        ensure!(worker.id.as_deref().is_none_or(|id| !id.trim().is_empty()), "worker.id must not be blank");
+        // A lease that can run out while the provider call is still allowed to run hands a live
+        // payment to another worker; the resend then meets the first call at the provider.
+        let longest_call_ms = self.provider.connect_timeout_ms.saturating_add(self.provider.request_timeout_ms);
+        ensure!(
+            worker.lease_secs.saturating_mul(1000) > longest_call_ms,
+            "worker.lease_secs ({} s) must exceed provider.connect_timeout_ms + provider.request_timeout_ms ({} ms)",
+            worker.lease_secs,
+            longest_call_ms,
+        );
+        ensure!(
+            worker.key_window_margin_secs < self.provider.key_window_secs,
+            "worker.key_window_margin_secs ({}) must be smaller than provider.key_window_secs ({})",
+            worker.key_window_margin_secs,
+            self.provider.key_window_secs,
+        );
+        // The listener holds one connection for good; claims and records need at least one more.
+        ensure!(self.database.max_connections >= 2, "database.max_connections must be at least 2");
+        Ok(())
+    }
+
+    /// The drainer's configuration, naming this worker `<hostname>-<pid>` unless `worker.id` is set.
+    pub fn drainer_config(&self) -> DrainerConfig {
+        let worker = &self.worker;
+        DrainerConfig {
+            worker_id: worker.id.clone().unwrap_or_else(default_worker_id),
+            batch_size: worker.batch_size,
+            max_in_flight: worker.max_in_flight,
+            lease: Duration::from_secs(worker.lease_secs),
+            poll_interval: Duration::from_millis(worker.poll_interval_ms),
+            max_attempts: worker.max_attempts,
+            backoff: worker.backoff,
+            key_window: KeyWindow {
+                window: Duration::from_secs(self.provider.key_window_secs),
+                safety_margin: Duration::from_secs(worker.key_window_margin_secs),
+            },
+            shutdown_grace: Duration::from_secs(worker.shutdown_grace_secs),
+        }
+    }
+}
+
+/// `<hostname>-<pid>`: unique among live processes, and readable in `outbox.locked_by`.
+fn default_worker_id() -> String {
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|name| name.into_string().ok())
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "worker".to_owned());
+    format!("{host}-{}", std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn defaults() -> Settings {
+        config::load(DEFAULTS, None).unwrap()
+    }
+
+    #[test]
+    fn the_embedded_defaults_load_and_are_valid() {
+        let settings = defaults();
+
+        settings.validate().unwrap();
+        assert_eq!(settings.http.port, 8081);
+        let drainer = settings.drainer_config();
+        assert_eq!(drainer.key_window.resend_horizon(), Duration::from_secs(86_400 - 3_600));
+        assert!(drainer.worker_id.ends_with(&format!("-{}", std::process::id())), "{}", drainer.worker_id);
+    }
+
+    #[test]
+    fn a_configured_id_is_used_as_is() {
+        let mut settings = defaults();
+        settings.worker.id = Some("worker-7".into());
+
+        assert_eq!(settings.drainer_config().worker_id, "worker-7");
+    }
+
+    #[test]
+    fn settings_that_break_a_guarantee_are_rejected() {
+        type Edit = fn(&mut Settings);
+        let cases: [(&str, Edit); 6] = [
+            ("lease shorter than a call", |s| s.worker.lease_secs = 5),
+            ("margin as wide as the window", |s| s.worker.key_window_margin_secs = s.provider.key_window_secs),
+            ("no attempts", |s| s.worker.max_attempts = 0),
+            ("no slots", |s| s.worker.max_in_flight = 0),
+            ("one connection", |s| s.database.max_connections = 1),
+            ("blank id", |s| s.worker.id = Some(" ".into())),
+        ];
+        for (name, edit) in cases {
+            let mut settings = defaults();
+            edit(&mut settings);
+            assert!(settings.validate().is_err(), "{name}");
+        }
+    }
+}

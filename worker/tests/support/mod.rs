@@ -1,0 +1,306 @@
+//! Shared arrangements for the worker's tests: payments created exactly as the api creates them, a
+//! drainer pointed at a wiremock provider, a provider that charges like the real one and counts
+//! requests per downstream key, and readers for the rows the tests assert on.
+
+// Helpers outside `#[test]` functions: a failed unwrap is a failed test here too.
+#![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use oncepay_shared::backoff::Backoff;
+use oncepay_shared::fingerprint::Fingerprint;
+use oncepay_shared::idempotency_key::IdempotencyKey;
+use oncepay_shared::ids::{PaymentId, TenantId};
+use oncepay_shared::payment::Payment;
+use oncepay_shared::payment_request::PaymentRequest;
+use oncepay_shared::provider::http::{HttpProvider, ProviderSettings};
+use oncepay_shared::provider::wire::CreateCharge;
+use oncepay_shared::status::PaymentStatus;
+use oncepay_shared::store::intake::{self, NewPayment};
+use oncepay_shared::store::leases::KeyWindow;
+use oncepay_shared::store::payments;
+use oncepay_shared::store::tenants::{self, TenantName};
+use oncepay_shared::telemetry::TraceContext;
+use oncepay_worker::{Drainer, DrainerConfig};
+use serde_json::json;
+use sqlx::PgPool;
+use time::OffsetDateTime;
+use tokio::sync::Notify;
+use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
+
+/// A payment the api accepted.
+#[derive(Debug, Clone, Copy)]
+pub struct Accepted {
+    pub tenant_id: TenantId,
+    pub payment_id: PaymentId,
+}
+
+pub async fn tenant(pool: &PgPool) -> TenantId {
+    let mut conn = pool.acquire().await.unwrap();
+    let name = format!("t{}", &uuid_suffix()[..12]);
+    tenants::create(&mut conn, &TenantName::parse(&name).unwrap(), None).await.unwrap().tenant_id
+}
+
+fn uuid_suffix() -> String {
+    PaymentId::generate().to_string().replace('-', "")[20..].to_owned()
+}
+
+/// Accepts a payment of `amount` EUR cents, as `POST /v1/payments` would.
+pub async fn accept(pool: &PgPool, tenant_id: TenantId, amount: i64) -> Accepted {
+    accept_traced(pool, tenant_id, amount, None).await
+}
+
+pub async fn accept_traced(pool: &PgPool, tenant_id: TenantId, amount: i64, trace: Option<&TraceContext>) -> Accepted {
+    let body = json!({"amount": amount, "currency": "EUR", "customer_id": "cus_1", "metadata": {"order": "42"}});
+    let key = IdempotencyKey::parse(PaymentId::generate().to_string().as_bytes()).unwrap();
+    let request = PaymentRequest::from_json(&body).unwrap();
+    let fingerprint = Fingerprint::of("POST", "/v1/payments", &body);
+    let mut conn = pool.acquire().await.unwrap();
+    let created = intake::accept(
+        &mut conn,
+        &NewPayment {
+            tenant_id,
+            key: &key,
+            fingerprint: &fingerprint,
+            request: &request,
+            retention: Duration::from_secs(86_400),
+            trace,
+        },
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    Accepted { tenant_id, payment_id: created.payment.payment_id }
+}
+
+/// A drainer configuration for tests: small batches, quick polls, three attempts with no backoff.
+pub fn config(worker_id: &str) -> DrainerConfig {
+    DrainerConfig {
+        worker_id: worker_id.to_owned(),
+        batch_size: 16,
+        max_in_flight: 16,
+        lease: Duration::from_secs(60),
+        poll_interval: Duration::from_millis(50),
+        max_attempts: 3,
+        backoff: Backoff { base: Duration::ZERO, max: Duration::ZERO },
+        key_window: KeyWindow { window: Duration::from_secs(86_400), safety_margin: Duration::from_secs(3_600) },
+        shutdown_grace: Duration::from_secs(10),
+    }
+}
+
+pub fn provider_settings(base_url: &str) -> ProviderSettings {
+    ProviderSettings {
+        base_url: base_url.to_owned(),
+        api_key: "sk_test".to_owned().into(),
+        connect_timeout_ms: 500,
+        request_timeout_ms: 1_000,
+        key_window_secs: 86_400,
+    }
+}
+
+pub fn drainer(pool: &PgPool, base_url: &str, config: DrainerConfig) -> Drainer<HttpProvider> {
+    Drainer::new(pool.clone(), HttpProvider::new(&provider_settings(base_url)).unwrap(), config)
+}
+
+/// A base URL nobody listens on: connections are refused.
+pub fn refusing_url() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    format!("http://127.0.0.1:{port}")
+}
+
+/// A provider that charges what it is asked, once per key (a repeated key gets the first charge
+/// back, as the protocol says), and counts the requests for each key.
+#[derive(Clone, Default)]
+pub struct Charges {
+    requests: Arc<Mutex<HashMap<String, u32>>>,
+    charges: Arc<Mutex<HashMap<String, serde_json::Value>>>,
+    arrived: Arc<Notify>,
+    delay: Duration,
+}
+
+impl Charges {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Answers only after `delay`.
+    pub fn with_delay(delay: Duration) -> Self {
+        Self { delay, ..Self::default() }
+    }
+
+    pub async fn mount(&self, server: &MockServer) {
+        Mock::given(wiremock::matchers::method("POST"))
+            .and(wiremock::matchers::path("/v1/charges"))
+            .respond_with(self.clone())
+            .mount(server)
+            .await;
+    }
+
+    /// Requests per downstream key.
+    pub fn requests(&self) -> HashMap<String, u32> {
+        self.requests.lock().unwrap().clone()
+    }
+
+    /// Resolves once a request has arrived (at once if one arrived since the last call).
+    pub async fn arrived(&self) {
+        self.arrived.notified().await;
+    }
+}
+
+impl Respond for Charges {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let key = request.headers.get("Idempotency-Key").unwrap().to_str().unwrap().to_owned();
+        let body: CreateCharge = request.body_json().unwrap();
+        *self.requests.lock().unwrap().entry(key.clone()).or_default() += 1;
+        let charge = self
+            .charges
+            .lock()
+            .unwrap()
+            .entry(key.clone())
+            .or_insert_with(|| {
+                json!({
+                    "id": format!("ch_{}", &key[key.len() - 12..]),
+                    "status": "succeeded",
+                    "amount": body.amount,
+                    "currency": body.currency,
+                    "customer": body.customer,
+                    "idempotency_key": key,
+                    "created": OffsetDateTime::now_utc().unix_timestamp(),
+                    "metadata": body.metadata,
+                })
+            })
+            .clone();
+        self.arrived.notify_one();
+        ResponseTemplate::new(201).set_body_json(charge).set_delay(self.delay)
+    }
+}
+
+pub async fn payment(pool: &PgPool, accepted: Accepted) -> Payment {
+    let mut conn = pool.acquire().await.unwrap();
+    payments::fetch(&mut conn, accepted.tenant_id, accepted.payment_id).await.unwrap().unwrap()
+}
+
+pub async fn status(pool: &PgPool, accepted: Accepted) -> PaymentStatus {
+    payment(pool, accepted).await.status
+}
+
+/// An outbox row as the tests look at it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct OutboxRow {
+    pub available_at: OffsetDateTime,
+    pub locked_by: Option<String>,
+    pub locked_until: Option<OffsetDateTime>,
+    pub fencing_token: Option<i64>,
+    pub attempts: i32,
+    pub lease_expirations: i32,
+}
+
+pub async fn outbox_row(pool: &PgPool, accepted: Accepted) -> Option<OutboxRow> {
+    sqlx::query_as(
+        "SELECT available_at, locked_by, locked_until, fencing_token, attempts, lease_expirations
+         FROM outbox WHERE tenant_id = $1 AND payment_id = $2",
+    )
+    .bind(accepted.tenant_id.as_uuid())
+    .bind(accepted.payment_id.as_uuid())
+    .fetch_optional(pool)
+    .await
+    .unwrap()
+}
+
+/// The payment's audit trail: (from, to, actor, reason), oldest first.
+pub async fn events(pool: &PgPool, accepted: Accepted) -> Vec<(Option<PaymentStatus>, PaymentStatus, String, String)> {
+    sqlx::query_as(
+        "SELECT from_status, to_status, actor, reason FROM payment_events
+         WHERE tenant_id = $1 AND payment_id = $2 ORDER BY event_id",
+    )
+    .bind(accepted.tenant_id.as_uuid())
+    .bind(accepted.payment_id.as_uuid())
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// The reconciler's queue entry: (reason, evidence).
+pub async fn unknown_entry(pool: &PgPool, accepted: Accepted) -> Option<(String, serde_json::Value)> {
+    sqlx::query_as("SELECT reason, evidence FROM unknown_payments WHERE tenant_id = $1 AND payment_id = $2")
+        .bind(accepted.tenant_id.as_uuid())
+        .bind(accepted.payment_id.as_uuid())
+        .fetch_optional(pool)
+        .await
+        .unwrap()
+}
+
+/// The ledger entry: (charge id, amount, currency).
+pub async fn ledger_entry(pool: &PgPool, accepted: Accepted) -> Option<(String, i64, String)> {
+    sqlx::query_as(
+        "SELECT provider_charge_id, amount, currency FROM ledger_entries WHERE tenant_id = $1 AND payment_id = $2",
+    )
+    .bind(accepted.tenant_id.as_uuid())
+    .bind(accepted.payment_id.as_uuid())
+    .fetch_optional(pool)
+    .await
+    .unwrap()
+}
+
+/// The response stored on the payment's idempotency key: (status, body).
+pub async fn stored_response(pool: &PgPool, accepted: Accepted) -> Option<(i16, serde_json::Value)> {
+    sqlx::query_as(
+        "SELECT response_status, response_body FROM idempotency_keys
+         WHERE tenant_id = $1 AND payment_id = $2 AND response_status IS NOT NULL",
+    )
+    .bind(accepted.tenant_id.as_uuid())
+    .bind(accepted.payment_id.as_uuid())
+    .fetch_optional(pool)
+    .await
+    .unwrap()
+}
+
+pub async fn count(pool: &PgPool, table: &str) -> i64 {
+    // Test-only: the table name is one of ours, never input.
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}"))).fetch_one(pool).await.unwrap()
+}
+
+/// Who holds the leased outbox rows.
+pub async fn lease_holders(pool: &PgPool) -> Vec<String> {
+    sqlx::query_scalar("SELECT locked_by FROM outbox WHERE locked_until IS NOT NULL ORDER BY locked_by")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+pub async fn db_now(pool: &PgPool) -> OffsetDateTime {
+    sqlx::query_scalar("SELECT now()").fetch_one(pool).await.unwrap()
+}
+
+/// Makes every lease look expired, as if its worker had stalled past it.
+pub async fn expire_leases(pool: &PgPool) {
+    sqlx::query("UPDATE outbox SET locked_until = now() - interval '1 second' WHERE locked_until IS NOT NULL")
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+/// Moves the payment's first send `age` into the past, as if the provider's key window had run on.
+pub async fn age_first_send(pool: &PgPool, accepted: Accepted, age: Duration) {
+    sqlx::query("UPDATE payments SET first_sent_at = now() - make_interval(secs => $3) WHERE tenant_id = $1 AND payment_id = $2")
+        .bind(accepted.tenant_id.as_uuid())
+        .bind(accepted.payment_id.as_uuid())
+        .bind(age.as_secs_f64())
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+/// The requests the provider received for one payment's downstream key.
+pub async fn requests_for(server: &MockServer, accepted: Accepted) -> Vec<Request> {
+    let key = accepted.payment_id.downstream_key();
+    server
+        .received_requests()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.headers.get("Idempotency-Key").is_some_and(|v| v.as_bytes() == key.as_str().as_bytes()))
+        .collect()
+}
