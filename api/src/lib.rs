@@ -1,1 +1,24 @@
-//! The HTTP intake: authenticates tenants, accepts payment requests idempotently, serves their status
+//! The HTTP intake: authenticates tenants, accepts payment requests idempotently (`POST
+//! /v1/payments`), serves their status with long polling (`GET /v1/payments/{id}`), and the
+//! operations endpoints (`/healthz`, `/readyz`, `/metrics`, `/openapi.json`).
+//!
+//! Everything testable lives here; `main.rs` only loads [`settings::Settings`], starts telemetry and
+//! runs an [`Application`] until SIGTERM. Tests build one on port 0 with [`Application::build_with`]
+//! on a fresh database. The api writes only through `oncepay_shared::store` and never runs
+//! migrations.
+
+pub mod answer;
+pub mod auth;
+pub mod errors;
+pub mod intake;
+pub mod long_poll;
+pub mod openapi;
+pub mod prefer;
+pub mod rate_limit;
+pub mod request_span;
+pub mod settings;
+pub mod startup;
+pub mod status;
+
+pub use settings::Settings;
+pub use startup::Application;

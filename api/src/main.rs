@@ -1,5 +1,31 @@
-//! The HTTP intake: authenticates tenants, accepts payment requests idempotently, serves their status
-//!
-//! Scaffolding: the binary is being built; see the open issues.
+//! `oncepay-api`: loads its settings, starts telemetry and metrics, and serves until SIGTERM.
 
-fn main() {}
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+use oncepay_api::{Application, Settings};
+use oncepay_shared::{metrics, shutdown, telemetry};
+
+/// The HTTP intake of oncepay.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    /// A TOML file overriding the embedded defaults (see config/default.toml).
+    #[arg(long, env = "ONCEPAY_CONFIG")]
+    config: Option<PathBuf>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let settings = Settings::load(cli.config.as_deref())?;
+    let _telemetry = telemetry::init("oncepay-api", &settings.telemetry).context("cannot start telemetry")?;
+    metrics::install();
+
+    let application = Application::build(settings)?;
+    tracing::info!(port = application.port(), "oncepay-api is listening");
+    application.run_until_stopped(shutdown::on_termination_signal()).await?;
+    tracing::info!("oncepay-api stopped");
+    Ok(())
+}

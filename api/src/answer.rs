@@ -1,0 +1,118 @@
+//! How a payment is answered: the status code, the payment resource (or the stored terminal
+//! response) as the body, and the headers the contract promises with it — `Location`,
+//! `Retry-After` while the payment is not terminal, `Idempotency-Key-Expires` once the key's
+//! retention is known, and `Idempotent-Replayed: true` on a replay.
+//!
+//! Both endpoints answer through here, so a fresh 202, a replay and a poll cannot disagree about
+//! the headers. Nothing here touches the database.
+
+use actix_web::HttpResponse;
+use actix_web::http::StatusCode;
+use actix_web::http::header::{self, HeaderName, HeaderValue};
+use oncepay_shared::payment::PaymentResource;
+use serde_json::Value;
+use time::OffsetDateTime;
+use time::macros::format_description;
+
+/// When the client's idempotency key may be forgotten (an HTTP date).
+pub const IDEMPOTENCY_KEY_EXPIRES: HeaderName = HeaderName::from_static("idempotency-key-expires");
+
+/// `true` on an answer that repeats an earlier request's outcome instead of acting anew.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// RFC 7240: which preferences the server honoured.
+pub const PREFERENCE_APPLIED: HeaderName = HeaderName::from_static("preference-applied");
+
+/// What an idempotency key says about the answer.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyInfo {
+    /// When the key may be reaped.
+    pub expires_at: OffsetDateTime,
+    /// Whether this answer repeats an earlier one.
+    pub replayed: bool,
+}
+
+/// The answer for a payment that is not terminal (202 from intake): `Location`, `Retry-After`.
+pub fn accepted(resource: &PaymentResource, retry_after_secs: u64, key: KeyInfo) -> HttpResponse {
+    let mut builder = HttpResponse::Accepted();
+    builder
+        .insert_header((header::LOCATION, format!("/v1/payments/{}", resource.id)))
+        .insert_header((header::RETRY_AFTER, retry_after_secs.to_string()));
+    with_key(&mut builder, key);
+    builder.json(resource)
+}
+
+/// A replay of a payment that is terminal: the terminal response stored on the key (`status` and
+/// `body` as stored by `store::transitions::settle`).
+pub fn stored(status: u16, body: &Value, key: KeyInfo) -> HttpResponse {
+    let mut builder = HttpResponse::build(StatusCode::from_u16(status).unwrap_or(StatusCode::OK));
+    with_key(&mut builder, key);
+    builder.json(body)
+}
+
+/// A replay of a payment that became terminal between the key read and the payment read: the same
+/// 200 and resource that `settle` stored on the key in that transaction.
+pub fn terminal(resource: &PaymentResource, key: KeyInfo) -> HttpResponse {
+    let mut builder = HttpResponse::Ok();
+    with_key(&mut builder, key);
+    builder.json(resource)
+}
+
+/// The status endpoint's answer: 200 with the resource, `Retry-After` while it is not terminal, and
+/// `Preference-Applied` when a long poll was honoured.
+pub fn current(resource: &PaymentResource, retry_after_secs: u64, waited_secs: Option<u64>) -> HttpResponse {
+    let mut builder = HttpResponse::Ok();
+    if !resource.status.is_terminal() {
+        builder.insert_header((header::RETRY_AFTER, retry_after_secs.to_string()));
+    }
+    if let Some(secs) = waited_secs {
+        builder.insert_header((PREFERENCE_APPLIED, format!("wait={secs}")));
+    }
+    builder.json(resource)
+}
+
+fn with_key(builder: &mut actix_web::HttpResponseBuilder, key: KeyInfo) {
+    if let Some(date) = http_date(key.expires_at) {
+        builder.insert_header((IDEMPOTENCY_KEY_EXPIRES, date));
+    }
+    if key.replayed {
+        builder.insert_header((IDEMPOTENT_REPLAYED, HeaderValue::from_static("true")));
+    }
+}
+
+/// `at` as an RFC 9110 HTTP date (IMF-fixdate, `Sun, 06 Nov 1994 08:49:37 GMT`), truncated to the
+/// second; `None` for a year that cannot be written with four digits.
+pub fn http_date(at: OffsetDateTime) -> Option<HeaderValue> {
+    let format = format_description!(
+        "[weekday repr:short], [day] [month repr:short] [year repr:full] [hour]:[minute]:[second] GMT"
+    );
+    let utc = at.to_offset(time::UtcOffset::UTC);
+    if !(0..=9999).contains(&utc.year()) {
+        return None;
+    }
+    utc.format(&format).ok().and_then(|text| HeaderValue::from_str(&text).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use time::macros::datetime;
+
+    use super::*;
+
+    #[test]
+    fn http_dates_are_imf_fixdates_in_gmt() {
+        let cases = [
+            (datetime!(1994-11-06 08:49:37.9 UTC), "Sun, 06 Nov 1994 08:49:37 GMT"),
+            (datetime!(2026-11-23 01:00:00 +02:00), "Sun, 22 Nov 2026 23:00:00 GMT"),
+            (datetime!(1970-01-01 00:00:00 UTC), "Thu, 01 Jan 1970 00:00:00 GMT"),
+        ];
+        for (at, expected) in cases {
+            assert_eq!(http_date(at).unwrap(), expected, "{at}");
+        }
+    }
+
+    #[test]
+    fn dates_beyond_four_digit_years_are_left_out_rather_than_mangled() {
+        assert!(http_date(OffsetDateTime::UNIX_EPOCH.replace_year(-1).unwrap()).is_none());
+    }
+}

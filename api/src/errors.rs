@@ -1,0 +1,379 @@
+//! The api's one error type, [`ApiError`], and how every error leaves the process: as an RFC 9457
+//! problem document (`oncepay_shared::problem`).
+//!
+//! Handlers return `Result<_, ApiError>`; actix renders the error through [`ResponseError`]. Errors
+//! actix produces itself (an unknown route, a wrong method, an extractor) are routed to handlers
+//! that answer with an `ApiError` too, and [`problem_guard`] rewrites any other error response that
+//! is not yet a problem document, so no client ever sees a plain-text or empty error.
+//!
+//! Invariants: a response never carries an internal cause (no SQL, no stack trace, no key); an
+//! unexpected error is logged exactly once, here, with its cause chain, and answered as an opaque
+//! 500; an unavailable store is logged as a warning and answered 503 with `Retry-After`.
+
+use actix_web::body::{BoxBody, MessageBody};
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::StatusCode;
+use actix_web::http::header::{self, HeaderValue};
+use actix_web::middleware::Next;
+use actix_web::{HttpResponse, ResponseError};
+use oncepay_shared::idempotency_key::IdempotencyKeyError;
+use oncepay_shared::payment_request::FieldError;
+use oncepay_shared::problem::{self, Problem, ProblemType};
+use oncepay_shared::store::StoreError;
+use time::OffsetDateTime;
+
+use crate::answer;
+
+/// Everything a request can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// No API key, or not a valid, live one. The reason is for the client; it never echoes the key.
+    #[error("unauthorized: {0}")]
+    Unauthorized(&'static str),
+    /// The tenant's rate limit is exhausted.
+    #[error("rate limited")]
+    RateLimited {
+        /// When a request would be admitted again, rounded up.
+        retry_after_secs: u64,
+    },
+    /// No `Idempotency-Key` header.
+    #[error("missing Idempotency-Key")]
+    MissingIdempotencyKey,
+    /// More than one `Idempotency-Key` header.
+    #[error("more than one Idempotency-Key")]
+    RepeatedIdempotencyKey,
+    /// A malformed `Idempotency-Key` header.
+    #[error("invalid Idempotency-Key: {0}")]
+    InvalidIdempotencyKey(#[from] IdempotencyKeyError),
+    /// The body is not `application/json`.
+    #[error("unsupported media type")]
+    UnsupportedMediaType,
+    /// The body is larger than allowed.
+    #[error("body larger than {max_bytes} bytes")]
+    PayloadTooLarge {
+        /// The limit.
+        max_bytes: usize,
+    },
+    /// The body could not be read to its end.
+    #[error("the body could not be read")]
+    UnreadableBody,
+    /// The body is not JSON.
+    #[error("the body is not valid JSON: {0}")]
+    MalformedJson(#[source] serde_json::Error),
+    /// The body is JSON, but fields are wrong.
+    #[error("{} invalid field(s)", .0.len())]
+    InvalidFields(Vec<FieldError>),
+    /// The key was used before with a different request.
+    #[error("idempotency key reused with a different request")]
+    KeyReused {
+        /// When the key may be forgotten.
+        key_expires_at: OffsetDateTime,
+    },
+    /// Another request is writing the same key right now.
+    #[error("idempotency key in use")]
+    KeyInUse {
+        /// When to try again.
+        retry_after_secs: u64,
+    },
+    /// No such payment for this tenant (or a malformed id), or no such route.
+    #[error("not found")]
+    NotFound,
+    /// The route exists, not with this method.
+    #[error("method not allowed")]
+    MethodNotAllowed {
+        /// The methods it does support, for the `Allow` header.
+        allow: &'static str,
+    },
+    /// The store cannot be reached or the transaction failed; nothing was written.
+    #[error("the store is unavailable")]
+    Unavailable {
+        /// When to try again.
+        retry_after_secs: u64,
+        /// What failed.
+        #[source]
+        source: StoreError,
+    },
+    /// A bug. Nothing about it is shown to the client.
+    #[error("unexpected error")]
+    Internal(#[source] anyhow::Error),
+}
+
+impl ApiError {
+    /// Maps a store failure: unavailable (503, retry) or a bug (500).
+    pub fn from_store(error: StoreError, retry_after_secs: u64) -> Self {
+        if error.is_unavailable() {
+            Self::Unavailable { retry_after_secs, source: error }
+        } else {
+            Self::Internal(anyhow::Error::new(error))
+        }
+    }
+
+    /// The problem document for this error.
+    pub fn problem(&self) -> Problem {
+        match self {
+            Self::Unauthorized(reason) => Problem::new(ProblemType::Unauthorized, *reason),
+            Self::RateLimited { retry_after_secs } => Problem::new(
+                ProblemType::RateLimited,
+                "This API key's tenant has exceeded its request rate; retry after the indicated delay.",
+            )
+            .with_retry_after(*retry_after_secs),
+            Self::MissingIdempotencyKey => Problem::new(
+                ProblemType::MissingIdempotencyKey,
+                "POST /v1/payments requires an Idempotency-Key header (1 to 255 visible ASCII characters).",
+            ),
+            Self::RepeatedIdempotencyKey => Problem::new(
+                ProblemType::InvalidIdempotencyKey,
+                "The Idempotency-Key header must be sent exactly once.",
+            ),
+            Self::InvalidIdempotencyKey(reason) => {
+                Problem::new(ProblemType::InvalidIdempotencyKey, format!("The Idempotency-Key header {reason}."))
+            }
+            Self::UnsupportedMediaType => Problem::new(
+                ProblemType::UnsupportedMediaType,
+                "The request body must be sent with Content-Type: application/json.",
+            ),
+            Self::PayloadTooLarge { max_bytes } => Problem::new(
+                ProblemType::PayloadTooLarge,
+                format!("The request body must be at most {max_bytes} bytes."),
+            ),
+            Self::UnreadableBody => {
+                Problem::new(ProblemType::InvalidRequest, "The request body could not be read to its end.")
+            }
+            Self::MalformedJson(error) => {
+                Problem::new(ProblemType::InvalidRequest, format!("The request body is not valid JSON: {error}."))
+            }
+            Self::InvalidFields(errors) => {
+                let names: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
+                Problem::new(ProblemType::InvalidRequest, format!("Invalid fields: {}.", names.join(", ")))
+                    .with_errors(errors.clone())
+            }
+            Self::KeyReused { .. } => Problem::new(
+                ProblemType::IdempotencyKeyReused,
+                "This Idempotency-Key was already used with a different request; use a new key for a new payment.",
+            ),
+            Self::KeyInUse { retry_after_secs } => Problem::new(
+                ProblemType::IdempotencyKeyInUse,
+                "Another request with this Idempotency-Key is being processed; retry after the indicated delay.",
+            )
+            .with_retry_after(*retry_after_secs),
+            Self::NotFound => Problem::new(ProblemType::NotFound, "There is nothing here."),
+            Self::MethodNotAllowed { allow } => {
+                Problem::new(ProblemType::MethodNotAllowed, format!("This resource only supports {allow}."))
+            }
+            Self::Unavailable { retry_after_secs, .. } => Problem::new(
+                ProblemType::ServiceUnavailable,
+                "The service cannot reach its store right now; nothing was recorded. Retry after the indicated delay.",
+            )
+            .with_retry_after(*retry_after_secs),
+            Self::Internal(_) => {
+                Problem::new(ProblemType::Internal, "An unexpected error occurred; nothing about it can be shown.")
+            }
+        }
+    }
+
+    fn log(&self) {
+        match self {
+            Self::Internal(error) => tracing::error!(error = format!("{error:#}"), "request failed unexpectedly"),
+            Self::Unavailable { source, .. } => {
+                tracing::warn!(error = %error_chain(source), "request failed closed: the store is unavailable");
+            }
+            _ => {}
+        }
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        self.problem().status_code()
+    }
+
+    fn error_response(&self) -> HttpResponse<BoxBody> {
+        self.log();
+        let mut response = self.problem().to_response();
+        match self {
+            Self::KeyReused { key_expires_at } => {
+                if let Some(value) = answer::http_date(*key_expires_at) {
+                    response.headers_mut().insert(answer::IDEMPOTENCY_KEY_EXPIRES, value);
+                }
+            }
+            Self::MethodNotAllowed { allow } => {
+                response.headers_mut().insert(header::ALLOW, HeaderValue::from_static(allow));
+            }
+            _ => {}
+        }
+        response
+    }
+}
+
+/// `error` and its sources, joined by `: `.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut chain = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        chain.push_str(": ");
+        chain.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    chain
+}
+
+/// The default service of the app: any route that does not exist.
+pub async fn not_found() -> Result<HttpResponse, ApiError> {
+    Err(ApiError::NotFound)
+}
+
+/// The default service of a resource that only supports `allow` (e.g. `"GET"`).
+pub fn method_not_allowed(allow: &'static str) -> actix_web::Route {
+    actix_web::web::to(move || async move { Err::<HttpResponse, _>(ApiError::MethodNotAllowed { allow }) })
+}
+
+/// Middleware: any error response that is not already a problem document (one actix wrote itself)
+/// is replaced by the problem of its status, so every error a client sees has the same shape.
+pub async fn problem_guard(
+    request: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
+    let response = next.call(request).await?.map_into_boxed_body();
+    let status = response.status();
+    let is_problem = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|value| value.as_bytes().starts_with(problem::CONTENT_TYPE.as_bytes()));
+    if !(status.is_client_error() || status.is_server_error()) || is_problem {
+        return Ok(response);
+    }
+    let retry_after = response.headers().get(header::RETRY_AFTER).cloned();
+    let mut problem = problem_for_status(status).to_response();
+    *problem.status_mut() = status;
+    if let Some(value) = retry_after {
+        problem.headers_mut().insert(header::RETRY_AFTER, value);
+    }
+    Ok(response.into_response(problem))
+}
+
+/// The problem for a status actix answered with on its own.
+fn problem_for_status(status: StatusCode) -> Problem {
+    let kind = match status {
+        StatusCode::UNAUTHORIZED => ProblemType::Unauthorized,
+        StatusCode::NOT_FOUND => ProblemType::NotFound,
+        StatusCode::METHOD_NOT_ALLOWED => ProblemType::MethodNotAllowed,
+        StatusCode::PAYLOAD_TOO_LARGE => ProblemType::PayloadTooLarge,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => ProblemType::UnsupportedMediaType,
+        StatusCode::TOO_MANY_REQUESTS => ProblemType::RateLimited,
+        StatusCode::SERVICE_UNAVAILABLE => ProblemType::ServiceUnavailable,
+        status if status.is_server_error() => ProblemType::Internal,
+        _ => ProblemType::InvalidRequest,
+    };
+    let detail = status.canonical_reason().unwrap_or("The request could not be served.");
+    let mut problem = Problem::new(kind, detail);
+    problem.status = status.as_u16();
+    problem
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_renders_a_problem_with_its_status_and_no_internals() {
+        let unavailable = ApiError::Unavailable {
+            retry_after_secs: 2,
+            source: StoreError::Unavailable(sqlx::Error::Protocol("secret internals".into())),
+        };
+        let internal = ApiError::Internal(anyhow::anyhow!("SELECT secret FROM internals"));
+        let cases: Vec<(ApiError, u16, Option<&str>)> = vec![
+            (ApiError::Unauthorized("no key"), 401, None),
+            (ApiError::RateLimited { retry_after_secs: 3 }, 429, Some("3")),
+            (ApiError::MissingIdempotencyKey, 400, None),
+            (ApiError::RepeatedIdempotencyKey, 400, None),
+            (ApiError::InvalidIdempotencyKey(IdempotencyKeyError::Empty), 400, None),
+            (ApiError::UnsupportedMediaType, 415, None),
+            (ApiError::PayloadTooLarge { max_bytes: 10 }, 413, None),
+            (ApiError::KeyReused { key_expires_at: OffsetDateTime::UNIX_EPOCH }, 422, None),
+            (ApiError::KeyInUse { retry_after_secs: 1 }, 409, Some("1")),
+            (ApiError::NotFound, 404, None),
+            (ApiError::MethodNotAllowed { allow: "GET" }, 405, None),
+            (unavailable, 503, Some("2")),
+            (internal, 500, None),
+        ];
+        for (error, status, retry_after) in cases {
+            let response = error.error_response();
+
+            assert_eq!(response.status().as_u16(), status, "{error:?}");
+            assert_eq!(response.headers().get(header::CONTENT_TYPE).unwrap(), problem::CONTENT_TYPE);
+            assert_eq!(
+                response.headers().get(header::RETRY_AFTER).map(|v| v.to_str().unwrap()),
+                retry_after,
+                "{error:?}"
+            );
+            let rendered = serde_json::to_string(&error.problem()).unwrap();
+            assert!(!rendered.contains("internals"), "{rendered}");
+        }
+    }
+
+    #[test]
+    fn a_reused_key_answer_says_when_the_key_expires() {
+        let error = ApiError::KeyReused { key_expires_at: OffsetDateTime::UNIX_EPOCH };
+
+        let response = error.error_response();
+
+        assert_eq!(response.headers().get(answer::IDEMPOTENCY_KEY_EXPIRES).unwrap(), "Thu, 01 Jan 1970 00:00:00 GMT");
+    }
+
+    #[test]
+    fn field_errors_are_listed_and_named_in_the_detail() {
+        let error = ApiError::InvalidFields(vec![
+            FieldError { field: "amount".into(), message: "is required".into() },
+            FieldError { field: "currency".into(), message: "is required".into() },
+        ]);
+
+        let problem = serde_json::to_value(error.problem()).unwrap();
+
+        assert_eq!(problem["errors"].as_array().unwrap().len(), 2);
+        assert_eq!(problem["detail"], "Invalid fields: amount, currency.");
+    }
+
+    #[actix_web::test]
+    async fn the_guard_turns_an_error_actix_rendered_itself_into_a_problem_and_leaves_the_rest_alone() {
+        use actix_web::{App, test, web};
+
+        let app = test::init_service(
+            App::new()
+                .wrap(actix_web::middleware::from_fn(problem_guard))
+                .route("/plain-error", web::get().to(|| async { HttpResponse::PayloadTooLarge().body("too big") }))
+                .route("/problem", web::get().to(|| async { Err::<HttpResponse, _>(ApiError::NotFound) }))
+                .route("/ok", web::get().to(|| async { HttpResponse::Ok().body("fine") })),
+        )
+        .await;
+
+        let plain = test::call_service(&app, test::TestRequest::get().uri("/plain-error").to_request()).await;
+        let problem = test::call_service(&app, test::TestRequest::get().uri("/problem").to_request()).await;
+        let ok = test::call_service(&app, test::TestRequest::get().uri("/ok").to_request()).await;
+
+        assert_eq!(plain.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(plain.headers().get(header::CONTENT_TYPE).unwrap(), problem::CONTENT_TYPE);
+        let body: serde_json::Value = test::read_body_json(plain).await;
+        assert_eq!(body["type"], "https://oncepay.dev/problems/payload-too-large");
+        assert_eq!(body["status"], 413);
+        let body: serde_json::Value = test::read_body_json(problem).await;
+        assert_eq!(body["type"], "https://oncepay.dev/problems/not-found");
+        assert_eq!(test::read_body(ok).await, "fine");
+    }
+
+    #[test]
+    fn statuses_actix_answers_on_its_own_become_problems_of_that_status() {
+        for (status, slug) in [
+            (StatusCode::NOT_FOUND, "not-found"),
+            (StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed"),
+            (StatusCode::PAYLOAD_TOO_LARGE, "payload-too-large"),
+            (StatusCode::BAD_REQUEST, "invalid-request"),
+            (StatusCode::URI_TOO_LONG, "invalid-request"),
+            (StatusCode::BAD_GATEWAY, "internal"),
+        ] {
+            let problem = problem_for_status(status);
+
+            assert_eq!(problem.status, status.as_u16());
+            assert!(problem.type_uri.ends_with(slug), "{status}: {}", problem.type_uri);
+        }
+    }
+}

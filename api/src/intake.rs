@@ -1,0 +1,327 @@
+//! `POST /v1/payments`: accepting a payment request exactly once per (tenant, idempotency key).
+//!
+//! The request is checked in this order, each failure answered before anything is read from or
+//! written to the store: API key (401), rate limit (429), `Idempotency-Key` (400), `Content-Type`
+//! (415), body size (413, from `Content-Length` before reading and again while reading), JSON
+//! (400), fields (400 listing every invalid field). Then, on one pooled connection:
+//!
+//! 1. the replay read (`store::intake::find_key`): a known key with the same fingerprint is replayed
+//!    (the stored terminal response, else 202 with the payment as it stands), with another
+//!    fingerprint it is refused (422) — either way nothing is written;
+//! 2. otherwise the one accept statement (`store::intake::accept`: key, payment, outbox row, audit
+//!    row and the workers' wake-up, atomically). If a concurrent request with the same key committed
+//!    first, accept writes nothing and returns `None`, and the key is read again and replayed, so
+//!    every concurrent duplicate gets the same payment id.
+//!
+//! Waiting for that concurrent writer is bounded by the pool's `lock_timeout`
+//! (`intake.key_lock_wait_ms`): past it PostgreSQL cancels the statement (SQLSTATE 55P03) and the
+//! client gets 409 + `Retry-After`. A store that cannot be reached fails closed: 503 +
+//! `Retry-After`, never cached, nothing written (accept is a single statement).
+//!
+//! Never logged: the API key, the idempotency key, the body.
+
+use actix_web::http::header::{self, HeaderMap};
+use actix_web::{HttpRequest, HttpResponse, web};
+use anyhow::anyhow;
+use futures::StreamExt;
+use oncepay_shared::fingerprint::Fingerprint;
+use oncepay_shared::idempotency_key::IdempotencyKey;
+use oncepay_shared::ids::TenantId;
+use oncepay_shared::payment::PaymentResource;
+use oncepay_shared::payment_request::PaymentRequest;
+use oncepay_shared::problem::Problem;
+use oncepay_shared::store::intake::{self, ExistingKey, NewPayment};
+use oncepay_shared::store::{StoreError, payments};
+use oncepay_shared::telemetry;
+use serde_json::Value;
+use sqlx::PgConnection;
+
+use crate::answer::{self, KeyInfo};
+use crate::errors::ApiError;
+use crate::openapi::PaymentRequestBody;
+use crate::request_span;
+use crate::startup::AppState;
+
+/// The method and path a fingerprint covers.
+const METHOD: &str = "POST";
+const PATH: &str = "/v1/payments";
+
+/// PostgreSQL's `lock_not_available`: the `lock_timeout` expired.
+const LOCK_NOT_AVAILABLE: &str = "55P03";
+
+/// The counter of intake outcomes.
+const INTAKE_TOTAL: &str = "oncepay_api_intake_total";
+
+/// Accepts a payment request, or replays the outcome of the first request with the same key.
+#[utoipa::path(
+    post,
+    path = "/v1/payments",
+    tag = "payments",
+    operation_id = "create_payment",
+    security(("api_key" = [])),
+    params(
+        ("Idempotency-Key" = String, Header,
+            description = "1 to 255 visible ASCII characters, bare (`abc-123`) or as an RFC 8941 string \
+                           (`\"abc-123\"`); both forms name the same key. Retry with the same key and body."),
+    ),
+    request_body(content = PaymentRequestBody, content_type = "application/json",
+        description = "At most 64 KiB by default. Unknown fields are rejected."),
+    responses(
+        (status = 202, description = "Accepted (or, with `Idempotent-Replayed: true`, a retry of a payment that is \
+                                      still in progress). Poll the `Location` after `Retry-After` seconds.",
+            body = PaymentResource,
+            headers(
+                ("Location" = String, description = "`/v1/payments/{id}`"),
+                ("Retry-After" = u64, description = "Seconds before polling the payment"),
+                ("Idempotency-Key-Expires" = String, description = "HTTP date after which the key may be forgotten"),
+                ("Idempotent-Replayed" = bool, description = "`true` when this repeats an earlier request's outcome"),
+            )),
+        (status = 200, description = "A retry of a payment that has reached its final state: the stored final \
+                                      response, with `Idempotent-Replayed: true`.",
+            body = PaymentResource,
+            headers(
+                ("Idempotency-Key-Expires" = String, description = "HTTP date after which the key may be forgotten"),
+                ("Idempotent-Replayed" = bool, description = "Always `true`"),
+            )),
+        (status = 400, description = "Missing or malformed `Idempotency-Key`, malformed JSON, or invalid fields \
+                                      (each one listed in `errors`).",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing, malformed, unknown or revoked API key.",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Another request with this key is being processed right now; nothing was \
+                                      written. Retry after `Retry-After`.",
+            body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds before retrying"))),
+        (status = 413, description = "The body is larger than the limit (64 KiB by default).",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "The body is not `application/json`.",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The key was already used with a different request; nothing was written.",
+            body = Problem, content_type = "application/problem+json",
+            headers(("Idempotency-Key-Expires" = String, description = "HTTP date after which the key may be forgotten"))),
+        (status = 429, description = "The tenant's rate limit is exhausted.",
+            body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds before retrying"))),
+        (status = 503, description = "The store cannot be reached; nothing was written. Retry with the same key.",
+            body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds before retrying"))),
+    ),
+)]
+pub async fn create_payment(
+    request: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let result = take(&request, payload, &state).await;
+    let outcome = match &result {
+        Ok(answered) if answered.replayed => "replayed",
+        Ok(_) => "created",
+        Err(error) => error_outcome(error),
+    };
+    metrics::counter!(INTAKE_TOTAL, "outcome" => outcome).increment(1);
+    result.map(|answered| answered.response)
+}
+
+/// An answer, and whether it repeats an earlier request's outcome.
+struct Answered {
+    response: HttpResponse,
+    replayed: bool,
+}
+
+async fn take(request: &HttpRequest, payload: web::Payload, state: &AppState) -> Result<Answered, ApiError> {
+    let span = request_span::of(request);
+    let caller = state.admit(request).await?;
+    span.record("tenant.id", tracing::field::display(caller.tenant_id));
+
+    let headers = request.headers();
+    let key = idempotency_key(headers)?;
+    require_json(headers)?;
+    let body = read_body(headers, payload, state.intake.max_body_bytes).await?;
+    let json: Value = serde_json::from_slice(&body).map_err(ApiError::MalformedJson)?;
+    let payment_request = PaymentRequest::from_json(&json).map_err(ApiError::InvalidFields)?;
+    let fingerprint = Fingerprint::of(METHOD, PATH, &json);
+
+    let retry_after_secs = state.intake.retry_after_secs;
+    let mut conn = state.pool.acquire().await.map_err(|e| ApiError::from_store(e.into(), retry_after_secs))?;
+    // Twice at most: a key that a concurrent request committed is always found on the second read.
+    for _ in 0..2 {
+        let existing = intake::find_key(&mut conn, caller.tenant_id, &key)
+            .await
+            .map_err(|e| ApiError::from_store(e, retry_after_secs))?;
+        if let Some(existing) = existing {
+            span.record("payment.id", tracing::field::display(existing.payment_id));
+            let response = replay(&mut conn, caller.tenant_id, &existing, &fingerprint, retry_after_secs).await?;
+            return Ok(Answered { response, replayed: true });
+        }
+
+        let trace = telemetry::trace_context_of(&span);
+        let new = NewPayment {
+            tenant_id: caller.tenant_id,
+            key: &key,
+            fingerprint: &fingerprint,
+            request: &payment_request,
+            retention: state.intake.key_retention(),
+            trace: trace.as_ref(),
+        };
+        match intake::accept(&mut conn, &new).await {
+            Ok(Some(created)) => {
+                span.record("payment.id", tracing::field::display(created.payment.payment_id));
+                let resource = PaymentResource::from(&created.payment);
+                let key = KeyInfo { expires_at: created.key_expires_at, replayed: false };
+                return Ok(Answered { response: answer::accepted(&resource, retry_after_secs, key), replayed: false });
+            }
+            // A concurrent request with this key committed first: read the key again and replay it.
+            Ok(None) => continue,
+            Err(error) => return Err(accept_error(error, retry_after_secs)),
+        }
+    }
+    Err(ApiError::Internal(anyhow!("accept found the idempotency key taken, but the key cannot be read")))
+}
+
+/// The answer for a key that already exists.
+async fn replay(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    existing: &ExistingKey,
+    fingerprint: &Fingerprint,
+    retry_after_secs: u64,
+) -> Result<HttpResponse, ApiError> {
+    if existing.fingerprint != *fingerprint {
+        return Err(ApiError::KeyReused { key_expires_at: existing.expires_at });
+    }
+    let key = KeyInfo { expires_at: existing.expires_at, replayed: true };
+    if let Some((status, body)) = &existing.stored_response {
+        return Ok(answer::stored(*status, body, key));
+    }
+    let payment = payments::fetch(conn, tenant_id, existing.payment_id)
+        .await
+        .map_err(|e| ApiError::from_store(e, retry_after_secs))?
+        .ok_or_else(|| ApiError::Internal(anyhow!("an idempotency key names a payment that does not exist")))?;
+    let resource = PaymentResource::from(&payment);
+    // Settled between the two reads: `settle` stored exactly this 200 and resource on the key.
+    Ok(if payment.status.is_terminal() {
+        answer::terminal(&resource, key)
+    } else {
+        answer::accepted(&resource, retry_after_secs, key)
+    })
+}
+
+/// Accept's failures: a lock wait past `lock_timeout` is the key being written right now (409).
+fn accept_error(error: StoreError, retry_after_secs: u64) -> ApiError {
+    if error.sqlstate().as_deref() == Some(LOCK_NOT_AVAILABLE) {
+        ApiError::KeyInUse { retry_after_secs }
+    } else {
+        ApiError::from_store(error, retry_after_secs)
+    }
+}
+
+/// The one `Idempotency-Key` header, parsed.
+fn idempotency_key(headers: &HeaderMap) -> Result<IdempotencyKey, ApiError> {
+    let mut values = headers.get_all("idempotency-key");
+    let value = values.next().ok_or(ApiError::MissingIdempotencyKey)?;
+    if values.next().is_some() {
+        return Err(ApiError::RepeatedIdempotencyKey);
+    }
+    Ok(IdempotencyKey::parse(value.as_bytes())?)
+}
+
+/// `Content-Type: application/json` (parameters such as `charset` allowed), else 415.
+fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
+    let is_json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split(';').next())
+        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"));
+    if is_json { Ok(()) } else { Err(ApiError::UnsupportedMediaType) }
+}
+
+/// The body, at most `max_bytes`: refused from `Content-Length` before reading, and while reading a
+/// body that did not declare its length (or lied about it).
+async fn read_body(headers: &HeaderMap, mut payload: web::Payload, max_bytes: usize) -> Result<Vec<u8>, ApiError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.trim().parse::<u64>().ok());
+    if declared.is_some_and(|length| length > max_bytes as u64) {
+        return Err(ApiError::PayloadTooLarge { max_bytes });
+    }
+    let capacity = declared.and_then(|length| usize::try_from(length).ok()).unwrap_or(0).min(max_bytes);
+    let mut body = Vec::with_capacity(capacity);
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|error| match error {
+            actix_web::error::PayloadError::Overflow => ApiError::PayloadTooLarge { max_bytes },
+            _ => ApiError::UnreadableBody,
+        })?;
+        if body.len() + chunk.len() > max_bytes {
+            return Err(ApiError::PayloadTooLarge { max_bytes });
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// The `outcome` label of a refused request.
+fn error_outcome(error: &ApiError) -> &'static str {
+    match error {
+        ApiError::Unauthorized(_) => "unauthorized",
+        ApiError::RateLimited { .. } => "rate_limited",
+        ApiError::KeyReused { .. } => "key_reused",
+        ApiError::KeyInUse { .. } => "key_in_use",
+        ApiError::Unavailable { .. } => "store_unavailable",
+        ApiError::MissingIdempotencyKey
+        | ApiError::RepeatedIdempotencyKey
+        | ApiError::InvalidIdempotencyKey(_)
+        | ApiError::UnsupportedMediaType
+        | ApiError::PayloadTooLarge { .. }
+        | ApiError::UnreadableBody
+        | ApiError::MalformedJson(_)
+        | ApiError::InvalidFields(_) => "invalid",
+        ApiError::NotFound | ApiError::MethodNotAllowed { .. } | ApiError::Internal(_) => "error",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use actix_web::http::header::{HeaderName, HeaderValue};
+
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for (name, value) in pairs {
+            headers.append(HeaderName::from_static(name), HeaderValue::from_str(value).unwrap());
+        }
+        headers
+    }
+
+    #[test]
+    fn the_idempotency_key_header_must_be_present_once_and_well_formed() {
+        assert!(matches!(idempotency_key(&headers(&[])), Err(ApiError::MissingIdempotencyKey)));
+        assert!(matches!(
+            idempotency_key(&headers(&[("idempotency-key", "a"), ("idempotency-key", "a")])),
+            Err(ApiError::RepeatedIdempotencyKey)
+        ));
+        assert!(matches!(
+            idempotency_key(&headers(&[("idempotency-key", "a b")])),
+            Err(ApiError::InvalidIdempotencyKey(_))
+        ));
+        let bare = idempotency_key(&headers(&[("idempotency-key", "order-42")])).unwrap();
+        let quoted = idempotency_key(&headers(&[("idempotency-key", "\"order-42\"")])).unwrap();
+        assert_eq!(bare, quoted);
+    }
+
+    #[test]
+    fn only_json_bodies_are_accepted() {
+        for (value, ok) in [
+            ("application/json", true),
+            ("application/json; charset=utf-8", true),
+            ("Application/JSON", true),
+            ("text/plain", false),
+            ("application/jsonx", false),
+            ("application/problem+json", false),
+        ] {
+            assert_eq!(require_json(&headers(&[("content-type", value)])).is_ok(), ok, "{value}");
+        }
+        assert!(require_json(&headers(&[])).is_err());
+    }
+}

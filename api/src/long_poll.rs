@@ -1,0 +1,239 @@
+//! Long polling: waking `GET /v1/payments/{id}` requests (`Prefer: wait=N`) when their payment
+//! changes, by PostgreSQL `LISTEN` rather than by sleeping in a loop.
+//!
+//! One [`PaymentListener`] per process holds one dedicated connection that listens on
+//! [`PAYMENT_CHANNEL`] (every status change notifies it with the payment id, in the transaction
+//! that makes the change) and fans each notification out through the in-process [`PaymentWatch`]:
+//! a map of payment id → waiters. A waiter subscribes *before* it reads the payment, so a change
+//! committed between its read and its wait still wakes it.
+//!
+//! A notification is only a hint: waiters re-read the payment and keep waiting if its status did not
+//! change. When the listener loses its connection, notifications sent meanwhile are lost, so after
+//! every (re)connection it wakes every waiter to re-read; a change is never missed, at worst noticed
+//! a reconnection later. Waiters hold no database connection while they wait.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use oncepay_shared::backoff::Backoff;
+use oncepay_shared::ids::PaymentId;
+use oncepay_shared::notify::PAYMENT_CHANNEL;
+use sqlx::PgPool;
+use sqlx::postgres::PgListener;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// The gauge of requests currently waiting for a payment to change.
+const WAITING_GAUGE: &str = "oncepay_api_long_polls_waiting";
+
+/// Waiters by payment id. Each payment with waiters has a counter that every notification bumps.
+#[derive(Default)]
+pub struct PaymentWatch {
+    payments: Mutex<HashMap<PaymentId, watch::Sender<u64>>>,
+}
+
+impl PaymentWatch {
+    /// Starts watching `payment_id`: every notification from now on marks the subscription changed.
+    pub fn subscribe(self: &Arc<Self>, payment_id: PaymentId) -> Subscription {
+        let mut payments = self.payments.lock().unwrap_or_else(PoisonError::into_inner);
+        let receiver = match payments.get(&payment_id) {
+            Some(sender) => sender.subscribe(),
+            None => {
+                let (sender, receiver) = watch::channel(0);
+                payments.insert(payment_id, sender);
+                receiver
+            }
+        };
+        metrics::gauge!(WAITING_GAUGE).increment(1);
+        Subscription { watch: Arc::clone(self), payment_id, receiver: Some(receiver) }
+    }
+
+    /// Wakes the waiters of `payment_id`, if any.
+    pub fn notify(&self, payment_id: PaymentId) {
+        let payments = self.payments.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(sender) = payments.get(&payment_id) {
+            sender.send_modify(|version| *version = version.wrapping_add(1));
+        }
+    }
+
+    /// Wakes every waiter: notifications may have been lost.
+    pub fn notify_all(&self) {
+        let payments = self.payments.lock().unwrap_or_else(PoisonError::into_inner);
+        for sender in payments.values() {
+            sender.send_modify(|version| *version = version.wrapping_add(1));
+        }
+    }
+
+    /// How many payments have waiters.
+    #[cfg(test)]
+    fn watched(&self) -> usize {
+        self.payments.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+
+    fn unsubscribe(&self, payment_id: PaymentId) {
+        let mut payments = self.payments.lock().unwrap_or_else(PoisonError::into_inner);
+        // Checked under the lock: a subscriber that arrived since our receiver was dropped keeps it.
+        if payments.get(&payment_id).is_some_and(|sender| sender.receiver_count() == 0) {
+            payments.remove(&payment_id);
+        }
+    }
+}
+
+/// One waiter's interest in one payment; dropping it unsubscribes.
+pub struct Subscription {
+    watch: Arc<PaymentWatch>,
+    payment_id: PaymentId,
+    receiver: Option<watch::Receiver<u64>>,
+}
+
+impl Subscription {
+    /// Resolves once a notification for the payment arrived since the subscription began or since
+    /// the last call. Cancel-safe.
+    pub async fn changed(&mut self) {
+        // The receiver is only taken on drop. The sender lives while any receiver does, so
+        // `changed` cannot fail; if it ever did, waking the waiter (who re-reads) is the safe answer.
+        if let Some(receiver) = self.receiver.as_mut() {
+            let _ = receiver.changed().await;
+        }
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        drop(self.receiver.take());
+        self.watch.unsubscribe(self.payment_id);
+        metrics::gauge!(WAITING_GAUGE).decrement(1);
+    }
+}
+
+/// The process's one listener connection, feeding a [`PaymentWatch`].
+pub struct PaymentListener {
+    pool: PgPool,
+    watch: Arc<PaymentWatch>,
+}
+
+/// How long to wait before reconnecting after the listener failed `n` times in a row.
+const RECONNECT: Backoff = Backoff { base: Duration::from_millis(100), max: Duration::from_secs(5) };
+
+impl PaymentListener {
+    /// A listener that takes its connection from `pool` (a pool of its own, so it never holds one
+    /// of the requests' connections).
+    pub fn new(pool: PgPool, watch: Arc<PaymentWatch>) -> Self {
+        Self { pool, watch }
+    }
+
+    /// Listens until `shutdown`, reconnecting with backoff whenever the connection fails.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let mut failures = 0u32;
+        while !shutdown.is_cancelled() {
+            match self.listen(&shutdown, &mut failures).await {
+                Ok(()) => break,
+                Err(error) => {
+                    failures = failures.saturating_add(1);
+                    // Changes may have been committed while nobody listened.
+                    self.watch.notify_all();
+                    let delay = RECONNECT.delay(failures, &mut rand::rng());
+                    tracing::warn!(
+                        error = %error,
+                        failures,
+                        delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+                        "the payment listener lost its connection; reconnecting",
+                    );
+                    tokio::select! {
+                        () = tokio::time::sleep(delay) => {}
+                        () = shutdown.cancelled() => break,
+                    }
+                }
+            }
+        }
+        tracing::debug!("the payment listener stopped");
+    }
+
+    /// One connection's life: listen, then dispatch notifications until shutdown or an error.
+    async fn listen(&self, shutdown: &CancellationToken, failures: &mut u32) -> Result<(), sqlx::Error> {
+        let mut listener = PgListener::connect_with(&self.pool).await?;
+        listener.listen(PAYMENT_CHANNEL).await?;
+        *failures = 0;
+        tracing::debug!(channel = PAYMENT_CHANNEL, "listening for payment changes");
+        self.watch.notify_all();
+        loop {
+            let notification = tokio::select! {
+                received = listener.try_recv() => received?,
+                () = shutdown.cancelled() => return Ok(()),
+            };
+            match notification {
+                Some(notification) => match notification.payload().parse::<PaymentId>() {
+                    Ok(payment_id) => self.watch.notify(payment_id),
+                    Err(_) => {
+                        tracing::warn!(channel = PAYMENT_CHANNEL, "ignoring a notification that names no payment")
+                    }
+                },
+                // The connection was lost and sqlx re-established it: anything sent in between is gone.
+                None => {
+                    tracing::warn!("the payment listener reconnected; waking every long poll to re-read");
+                    self.watch.notify_all();
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::FutureExt;
+
+    use super::*;
+
+    /// Whether a wake-up is already pending (no waiting involved).
+    fn woken(subscription: &mut Subscription) -> bool {
+        subscription.changed().now_or_never().is_some()
+    }
+
+    #[test]
+    fn a_notification_after_subscribing_wakes_the_waiter_even_if_sent_before_it_waits() {
+        let watch = Arc::new(PaymentWatch::default());
+        let payment = PaymentId::generate();
+        let mut subscription = watch.subscribe(payment);
+
+        watch.notify(payment);
+
+        assert!(woken(&mut subscription));
+        assert!(!woken(&mut subscription), "one notification wakes once");
+    }
+
+    #[test]
+    fn other_payments_notifications_do_not_wake_a_waiter() {
+        let watch = Arc::new(PaymentWatch::default());
+        let mut subscription = watch.subscribe(PaymentId::generate());
+
+        watch.notify(PaymentId::generate());
+
+        assert!(!woken(&mut subscription));
+    }
+
+    #[test]
+    fn notify_all_wakes_every_waiter() {
+        let watch = Arc::new(PaymentWatch::default());
+        let mut first = watch.subscribe(PaymentId::generate());
+        let mut second = watch.subscribe(PaymentId::generate());
+
+        watch.notify_all();
+
+        assert!(woken(&mut first));
+        assert!(woken(&mut second));
+    }
+
+    #[test]
+    fn a_payment_is_forgotten_when_its_last_waiter_leaves() {
+        let watch = Arc::new(PaymentWatch::default());
+        let payment = PaymentId::generate();
+        let first = watch.subscribe(payment);
+        let second = watch.subscribe(payment);
+
+        drop(first);
+        assert_eq!(watch.watched(), 1);
+        drop(second);
+        assert_eq!(watch.watched(), 0);
+    }
+}

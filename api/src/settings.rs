@@ -1,0 +1,121 @@
+//! The api's settings: the shared pieces (`[http]`, `[database]`, `[telemetry]`) plus its own
+//! (`[intake]`, `[auth]`, `[long_poll]`).
+//!
+//! Loaded once, in `main` (or by a test), from the embedded `config/default.toml` (which documents
+//! every key), an optional file and the environment, through [`oncepay_shared::config::load`].
+//! Values that would make the service misbehave (a zero rate, an empty body limit) are rejected at
+//! load time by their types or by [`Settings::load`], never discovered on the request path. Nothing
+//! here reads the environment itself.
+
+use std::num::NonZeroU32;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, ensure};
+use oncepay_shared::config::{self, DatabaseSettings, HttpSettings, TelemetrySettings};
+use serde::Deserialize;
+
+/// The embedded defaults.
+pub const DEFAULTS: &str = include_str!("../config/default.toml");
+
+/// Everything the api is configured with.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Settings {
+    /// `[http]`: where to listen, and how long a graceful stop may take.
+    pub http: ApiHttpSettings,
+    /// `[database]`: PostgreSQL.
+    pub database: DatabaseSettings,
+    /// `[telemetry]`: logs and traces.
+    pub telemetry: TelemetrySettings,
+    /// `[intake]`: the rules of `POST /v1/payments`.
+    pub intake: IntakeSettings,
+    /// `[auth]`: the cache of verified API keys.
+    pub auth: AuthSettings,
+    /// `[long_poll]`: `Prefer: wait=N` on `GET /v1/payments/{id}`.
+    pub long_poll: LongPollSettings,
+}
+
+/// `[http]`: the shared `host` and `port`, and the api's grace period.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ApiHttpSettings {
+    /// `host` and `port`.
+    #[serde(flatten)]
+    pub listen: HttpSettings,
+    /// HTTP worker threads; 0 means one per CPU.
+    pub workers: usize,
+    /// How long in-flight requests may take to finish after SIGTERM.
+    pub shutdown_grace_secs: u64,
+}
+
+/// `[intake]`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct IntakeSettings {
+    /// How long a key is kept after its first use.
+    pub key_retention_secs: u64,
+    /// The pool's `lock_timeout`: how long to wait for a concurrent writer of the same key (409 after).
+    pub key_lock_wait_ms: u64,
+    /// `Retry-After` on 202, 409 and 503 answers.
+    pub retry_after_secs: u64,
+    /// The largest body accepted.
+    pub max_body_bytes: usize,
+    /// A tenant's requests per second when it has no limit of its own.
+    pub default_rate_limit_per_second: NonZeroU32,
+    /// The burst allowed on top of the default rate.
+    pub default_rate_limit_burst: NonZeroU32,
+}
+
+impl IntakeSettings {
+    /// Key retention as a duration.
+    pub fn key_retention(&self) -> Duration {
+        Duration::from_secs(self.key_retention_secs)
+    }
+}
+
+/// `[auth]`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct AuthSettings {
+    /// How long a verified key is trusted without a database read; 0 disables the cache.
+    pub cache_ttl_secs: u64,
+    /// The most keys remembered at once.
+    pub cache_max_entries: usize,
+}
+
+/// `[long_poll]`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct LongPollSettings {
+    /// The longest wait honoured.
+    pub max_wait_secs: u64,
+}
+
+impl Settings {
+    /// Loads the defaults, then `file` if given, then the environment, and checks the result.
+    pub fn load(file: Option<&Path>) -> anyhow::Result<Self> {
+        let settings: Self = config::load(DEFAULTS, file).context("invalid configuration")?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        ensure!(self.intake.max_body_bytes > 0, "intake.max_body_bytes must be positive");
+        ensure!(self.intake.key_retention_secs > 0, "intake.key_retention_secs must be positive");
+        ensure!(self.intake.key_lock_wait_ms > 0, "intake.key_lock_wait_ms must be positive (0 would wait forever)");
+        ensure!(self.database.max_connections > 0, "database.max_connections must be positive");
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_embedded_defaults_load_and_match_the_documented_values() {
+        let settings: Settings = config::load(DEFAULTS, None).unwrap();
+
+        assert!(settings.validate().is_ok());
+        assert_eq!(settings.http.listen.port, 8080);
+        assert_eq!(settings.intake.key_retention_secs, 86_400);
+        assert_eq!(settings.intake.max_body_bytes, 64 * 1024);
+        assert_eq!(settings.long_poll.max_wait_secs, 30);
+    }
+}

@@ -1,0 +1,218 @@
+//! Building and running the api: the database pools, the payment listener, the routes and the HTTP
+//! server, and stopping them in order.
+//!
+//! actix runs each HTTP worker on a runtime of its own, and a PostgreSQL connection belongs to the
+//! runtime that opened it (its socket is driven by that runtime's reactor). A pool shared by the
+//! workers would hand one worker connections that die with another worker's runtime, which happens
+//! during every graceful stop. So each worker has its own pool, an equal share of
+//! `database.max_connections`, and everything without I/O (the auth cache, the rate limits, the
+//! long-poll waiters) is shared by the process. The payment listener runs on the caller's runtime
+//! with a one-connection pool of its own.
+//!
+//! [`Application::build`] binds the port (0 picks a free one, which tests use) and connects lazily,
+//! so the process starts and serves `/healthz` while PostgreSQL is down and answers 503 until it is
+//! back. [`Application::run_until_stopped`] serves until its shutdown token is cancelled, then
+//! releases long polls at once, lets in-flight requests finish within `http.shutdown_grace_secs`,
+//! stops the listener and closes its pool. The api never runs migrations.
+
+use std::net::TcpListener;
+use std::num::NonZeroUsize;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::dev::Server;
+use actix_web::{App, HttpRequest, HttpResponse, HttpServer, middleware, web};
+use anyhow::Context;
+use oncepay_shared::config::DatabaseSettings;
+use oncepay_shared::ops_http::{self, OpsState};
+use oncepay_shared::{db, metrics as shared_metrics};
+use secrecy::ExposeSecret;
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tokio_util::sync::CancellationToken;
+
+use crate::auth::{Authenticator, Caller};
+use crate::errors::{self, ApiError};
+use crate::long_poll::{PaymentListener, PaymentWatch};
+use crate::rate_limit::RateLimits;
+use crate::settings::{IntakeSettings, LongPollSettings, Settings};
+use crate::{intake, openapi, request_span, status};
+
+/// The name every connection carries (`pg_stat_activity.application_name`).
+pub const APPLICATION_NAME: &str = "oncepay-api";
+
+/// What every handler of one HTTP worker shares.
+pub struct AppState {
+    /// This worker's pool.
+    pub pool: PgPool,
+    /// API key verification (shared by the process).
+    pub auth: Arc<Authenticator>,
+    /// Per-tenant buckets (shared by the process).
+    pub limits: Arc<RateLimits>,
+    /// Long polls waiting for payments to change (shared by the process).
+    pub watch: Arc<PaymentWatch>,
+    /// `[intake]`.
+    pub intake: IntakeSettings,
+    /// `[long_poll]`.
+    pub long_poll: LongPollSettings,
+    /// Cancelled when the process begins to shut down: long polls answer at once.
+    pub draining: CancellationToken,
+}
+
+impl AppState {
+    /// Authenticates the request and takes one request from its tenant's rate limit.
+    pub async fn admit(&self, request: &HttpRequest) -> Result<Caller, ApiError> {
+        let caller = self.auth.authenticate(request.headers(), &self.pool).await?;
+        self.limits.admit(&caller)?;
+        Ok(caller)
+    }
+}
+
+/// A built, bound, not yet running api.
+pub struct Application {
+    port: u16,
+    server: Server,
+    listener: PaymentListener,
+    listener_pool: PgPool,
+    draining: CancellationToken,
+}
+
+impl Application {
+    /// Builds the api from its settings, connecting to `database.url`.
+    pub fn build(settings: Settings) -> anyhow::Result<Self> {
+        let options = PgConnectOptions::from_str(settings.database.url.expose_secret())
+            .context("database.url is not a valid PostgreSQL URL")?;
+        Self::build_with(settings, options)
+    }
+
+    /// Builds the api on the database `options` name (e.g. a `#[sqlx::test]` database), ignoring
+    /// `database.url`. The api's own connection settings (application name, `statement_timeout`,
+    /// and the `lock_timeout` that bounds a wait for a concurrent writer of the same key) are added.
+    pub fn build_with(settings: Settings, options: PgConnectOptions) -> anyhow::Result<Self> {
+        let options = options.application_name(APPLICATION_NAME).options([
+            ("statement_timeout", format!("{}ms", settings.database.statement_timeout_ms)),
+            ("lock_timeout", format!("{}ms", settings.intake.key_lock_wait_ms)),
+        ]);
+        let workers = match settings.http.workers {
+            0 => std::thread::available_parallelism().map_or(1, NonZeroUsize::get),
+            workers => workers,
+        };
+        let worker_database = DatabaseSettings {
+            max_connections: settings.database.max_connections.div_ceil(u32::try_from(workers).unwrap_or(u32::MAX)),
+            ..settings.database.clone()
+        };
+        // The listener's own connection, so it never takes one of the requests'.
+        let listener_pool = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_millis(settings.database.acquire_timeout_ms))
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .connect_lazy_with(options.clone().application_name(&format!("{APPLICATION_NAME}-listener")));
+        let watch = Arc::new(PaymentWatch::default());
+        let draining = CancellationToken::new();
+        let metrics = shared_metrics::install();
+        let openapi = web::Data::new(OpenApiJson(openapi::json().context("cannot render the OpenAPI document")?));
+        let auth = Arc::new(Authenticator::new(&settings.auth, settings.intake.retry_after_secs));
+        let limits = Arc::new(RateLimits::new(
+            settings.intake.default_rate_limit_per_second,
+            settings.intake.default_rate_limit_burst,
+        ));
+
+        let http = &settings.http;
+        let tcp = TcpListener::bind((http.listen.host.as_str(), http.listen.port))
+            .with_context(|| format!("cannot listen on {}:{}", http.listen.host, http.listen.port))?;
+        let port = tcp.local_addr().context("the listening socket has no address")?.port();
+        let (intake_settings, long_poll_settings) = (settings.intake.clone(), settings.long_poll.clone());
+        let (shared_watch, shared_draining) = (Arc::clone(&watch), draining.clone());
+        let server = HttpServer::new(move || {
+            // Runs on each worker's own runtime, so the pool's connections belong to it.
+            let pool = db::pool(&worker_database, options.clone());
+            let state = AppState {
+                pool: pool.clone(),
+                auth: Arc::clone(&auth),
+                limits: Arc::clone(&limits),
+                watch: Arc::clone(&shared_watch),
+                intake: intake_settings.clone(),
+                long_poll: long_poll_settings.clone(),
+                draining: shared_draining.clone(),
+            };
+            App::new()
+                .app_data(web::Data::new(state))
+                .app_data(web::Data::new(OpsState { pool, metrics: metrics.clone() }))
+                .app_data(openapi.clone())
+                .configure(routes)
+                // Outermost last: the span sees the final, problem-shaped response.
+                .wrap(middleware::from_fn(errors::problem_guard))
+                .wrap(middleware::from_fn(request_span::trace_request))
+        })
+        .workers(workers)
+        .listen(tcp)
+        .context("cannot serve on the bound socket")?
+        .disable_signals()
+        .shutdown_timeout(http.shutdown_grace_secs)
+        .run();
+
+        Ok(Self { port, server, listener: PaymentListener::new(listener_pool.clone(), watch), listener_pool, draining })
+    }
+
+    /// The port the api listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Serves until `shutdown` is cancelled (or the server fails), then stops gracefully.
+    pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let Self { server, listener, listener_pool, draining, .. } = self;
+        let listening = tokio::spawn(listener.run(draining.clone()));
+        let handle = server.handle();
+        let stopper = tokio::spawn({
+            let draining = draining.clone();
+            async move {
+                shutdown.cancelled().await;
+                tracing::info!("shutting down: releasing long polls and finishing in-flight requests");
+                draining.cancel();
+                handle.stop(true).await;
+            }
+        });
+
+        // The workers' pools close with their workers.
+        let served = server.await;
+        draining.cancel();
+        stopper.abort();
+        if let Err(error) = listening.await {
+            tracing::error!(error = %error, "the payment listener task failed");
+        }
+        listener_pool.close().await;
+        served.context("the HTTP server failed")
+    }
+}
+
+/// The rendered OpenAPI document.
+struct OpenApiJson(String);
+
+/// Every route; anything else is a 404 problem.
+fn routes(config: &mut web::ServiceConfig) {
+    config
+        .service(
+            web::resource("/v1/payments")
+                .route(web::post().to(intake::create_payment))
+                .default_service(errors::method_not_allowed("POST")),
+        )
+        .service(
+            web::resource("/v1/payments/{id}")
+                .route(web::get().to(status::get_payment))
+                .default_service(errors::method_not_allowed("GET")),
+        )
+        .service(
+            web::resource("/openapi.json")
+                .route(web::get().to(openapi_json))
+                .default_service(errors::method_not_allowed("GET")),
+        )
+        .configure(ops_http::configure)
+        .default_service(web::to(errors::not_found));
+}
+
+async fn openapi_json(document: web::Data<OpenApiJson>) -> HttpResponse {
+    HttpResponse::Ok().content_type("application/json").body(document.0.clone())
+}

@@ -1,0 +1,117 @@
+//! `GET /v1/payments/{id}`: the payment resource, scoped to the caller's tenant, optionally held as
+//! a long poll (`Prefer: wait=N`, RFC 7240).
+//!
+//! Another tenant's payment, and an id that is not a UUID, are answered exactly like a payment that
+//! does not exist (404). A long poll subscribes to the payment's notifications *before* its first
+//! read, then holds the answer until the status differs from that read, `N` seconds (capped at
+//! `long_poll.max_wait_secs`) pass, or the process begins to shut down — whichever is first — and
+//! answers with `Preference-Applied: wait=<N honoured>`. It holds no database connection while it
+//! waits, and a terminal payment is answered at once (it cannot change again).
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use actix_web::{HttpRequest, HttpResponse, web};
+use oncepay_shared::ids::{PaymentId, TenantId};
+use oncepay_shared::payment::{Payment, PaymentResource};
+use oncepay_shared::problem::Problem;
+use oncepay_shared::store::payments;
+use tokio::time::Instant;
+
+use crate::answer;
+use crate::errors::ApiError;
+use crate::long_poll::Subscription;
+use crate::prefer;
+use crate::request_span;
+use crate::startup::AppState;
+
+/// The payment, as it stands or once it changes.
+#[utoipa::path(
+    get,
+    path = "/v1/payments/{id}",
+    tag = "payments",
+    operation_id = "get_payment",
+    security(("api_key" = [])),
+    params(
+        ("id" = String, Path, format = Uuid, description = "The payment's id, from `Location`"),
+        ("Prefer" = Option<String>, Header,
+            description = "`wait=N` (RFC 7240): hold the answer until the status changes or N seconds pass \
+                           (N is capped at the server's maximum, 30 by default)."),
+    ),
+    responses(
+        (status = 200, description = "The payment.", body = PaymentResource,
+            headers(
+                ("Retry-After" = u64, description = "Present while the payment is not final: seconds before polling again"),
+                ("Preference-Applied" = String, description = "`wait=N` when a long poll was honoured, N as applied"),
+            )),
+        (status = 401, description = "Missing, malformed, unknown or revoked API key.",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such payment for this tenant.",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "The tenant's rate limit is exhausted.",
+            body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds before retrying"))),
+        (status = 503, description = "The store cannot be reached.",
+            body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds before retrying"))),
+    ),
+)]
+pub async fn get_payment(request: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let span = request_span::of(&request);
+    let caller = state.admit(&request).await?;
+    span.record("tenant.id", tracing::field::display(caller.tenant_id));
+
+    let payment_id =
+        request.match_info().get("id").and_then(|raw| PaymentId::from_str(raw).ok()).ok_or(ApiError::NotFound)?;
+    span.record("payment.id", tracing::field::display(payment_id));
+
+    let wait_secs = prefer::wait_secs(request.headers()).map(|secs| secs.min(state.long_poll.max_wait_secs));
+    let payment = match wait_secs {
+        Some(secs) if secs > 0 => {
+            // Subscribe first: a change committed after this point wakes us even before we wait.
+            let subscription = state.watch.subscribe(payment_id);
+            hold(&state, caller.tenant_id, payment_id, subscription, Duration::from_secs(secs)).await?
+        }
+        _ => fetch(&state, caller.tenant_id, payment_id).await?,
+    };
+    Ok(answer::current(&PaymentResource::from(&payment), state.intake.retry_after_secs, wait_secs))
+}
+
+/// The payment once its status differs from the first read, or as it stands after `wait`.
+async fn hold(
+    state: &AppState,
+    tenant_id: TenantId,
+    payment_id: PaymentId,
+    mut subscription: Subscription,
+    wait: Duration,
+) -> Result<Payment, ApiError> {
+    let first = fetch(state, tenant_id, payment_id).await?;
+    if first.status.is_terminal() {
+        return Ok(first);
+    }
+    let deadline = tokio::time::sleep_until(Instant::now() + wait);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            () = subscription.changed() => {}
+            () = &mut deadline => break,
+            () = state.draining.cancelled() => break,
+        }
+        // A notification is a hint: only a different status ends the wait.
+        let now = fetch(state, tenant_id, payment_id).await?;
+        if now.status != first.status {
+            return Ok(now);
+        }
+    }
+    // Read once more: the answer reflects the payment as it is now, even if a wake-up was lost.
+    fetch(state, tenant_id, payment_id).await
+}
+
+async fn fetch(state: &AppState, tenant_id: TenantId, payment_id: PaymentId) -> Result<Payment, ApiError> {
+    let retry_after_secs = state.intake.retry_after_secs;
+    let mut conn = state.pool.acquire().await.map_err(|e| ApiError::from_store(e.into(), retry_after_secs))?;
+    payments::fetch(&mut conn, tenant_id, payment_id)
+        .await
+        .map_err(|e| ApiError::from_store(e, retry_after_secs))?
+        .ok_or(ApiError::NotFound)
+}
