@@ -1,0 +1,254 @@
+//! Spawning the api on port 0 against a real PostgreSQL database, and talking to it over HTTP.
+
+use std::time::Duration;
+
+use oncepay_api::{Application, Settings};
+use oncepay_shared::api_key;
+use oncepay_shared::ids::{PaymentId, TenantId};
+use oncepay_shared::payment::Payment;
+use oncepay_shared::status::{PaymentStatus, Transition};
+use oncepay_shared::store::tenants::{self, TenantName};
+use oncepay_shared::store::transitions::{self, Applied, Change, Settlement};
+use reqwest::header::HeaderMap;
+use reqwest::{RequestBuilder, Response, StatusCode};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use time::OffsetDateTime;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// The settings tests run with: the defaults, on a free port.
+pub fn settings() -> Settings {
+    let mut settings = Settings::load(None).expect("the embedded defaults load");
+    settings.http.listen.host = "127.0.0.1".into();
+    settings.http.listen.port = 0;
+    settings.http.shutdown_grace_secs = 5;
+    settings
+}
+
+/// A running api, a pool of the test's own on the same database, and a tenant with an API key.
+pub struct TestApp {
+    pub address: String,
+    pub db: PgPool,
+    pub client: reqwest::Client,
+    pub tenant: Tenant,
+    shutdown: CancellationToken,
+    server: JoinHandle<anyhow::Result<()>>,
+}
+
+/// A tenant and its API key.
+#[derive(Clone)]
+pub struct Tenant {
+    pub id: TenantId,
+    pub token: String,
+}
+
+impl TestApp {
+    /// The api with default settings on the database `options` names.
+    pub async fn spawn(options: PgConnectOptions) -> Self {
+        Self::spawn_with(options, |_| {}).await
+    }
+
+    /// The api with settings adjusted by `configure`.
+    pub async fn spawn_with(options: PgConnectOptions, configure: impl FnOnce(&mut Settings)) -> Self {
+        let mut settings = settings();
+        configure(&mut settings);
+        let db = PgPoolOptions::new().max_connections(4).connect_with(options.clone()).await.expect("test pool");
+        let application = Application::build_with(settings, options).expect("the api builds");
+        Self::start(application, db).await
+    }
+
+    /// Runs a built api; `db` is the test's own pool on its database.
+    pub async fn start(application: Application, db: PgPool) -> Self {
+        oncepay_shared::tls::install_provider();
+        let address = format!("http://127.0.0.1:{}", application.port());
+        let shutdown = CancellationToken::new();
+        let server = tokio::spawn(application.run_until_stopped(shutdown.clone()));
+        let client = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().expect("http client");
+        let tenant = create_tenant(&db, "acme", None).await;
+        Self { address, db, client, tenant, shutdown, server }
+    }
+
+    /// Stops the api gracefully and closes the test's pool (so the test database can be dropped).
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        self.server.await.expect("the server task").expect("the api stops cleanly");
+        self.db.close().await;
+    }
+
+    /// `POST /v1/payments` as the default tenant with `key` and `body`.
+    pub fn post_payment(&self, key: &str, body: &Value) -> RequestBuilder {
+        self.post_payment_as(&self.tenant, key, body)
+    }
+
+    /// `POST /v1/payments` as `tenant`.
+    pub fn post_payment_as(&self, tenant: &Tenant, key: &str, body: &Value) -> RequestBuilder {
+        self.client
+            .post(format!("{}/v1/payments", self.address))
+            .bearer_auth(&tenant.token)
+            .header("Idempotency-Key", key)
+            .json(body)
+    }
+
+    /// `POST /v1/payments` as the default tenant with `key`, a raw body and an optional content type.
+    pub fn post_raw(&self, key: &str, content_type: Option<&str>, body: impl Into<reqwest::Body>) -> RequestBuilder {
+        let request = self
+            .client
+            .post(format!("{}/v1/payments", self.address))
+            .bearer_auth(&self.tenant.token)
+            .header("Idempotency-Key", key)
+            .body(body);
+        match content_type {
+            Some(content_type) => request.header("Content-Type", content_type),
+            None => request,
+        }
+    }
+
+    /// `GET /v1/payments/{id}` as the default tenant.
+    pub fn get_payment(&self, id: &str) -> RequestBuilder {
+        self.get_payment_as(&self.tenant, id)
+    }
+
+    /// `GET /v1/payments/{id}` as `tenant`.
+    pub fn get_payment_as(&self, tenant: &Tenant, id: &str) -> RequestBuilder {
+        self.client.get(format!("{}/v1/payments/{id}", self.address)).bearer_auth(&tenant.token)
+    }
+
+    /// A request to `path` with any method, without credentials.
+    pub fn request(&self, method: reqwest::Method, path: &str) -> RequestBuilder {
+        self.client.request(method, format!("{}{path}", self.address))
+    }
+
+    /// Rows of every table intake writes: payments, keys, outbox, audit events.
+    pub async fn rows(&self) -> Rows {
+        rows(&self.db).await
+    }
+
+    /// The current Prometheus text.
+    pub async fn metrics(&self) -> String {
+        self.request(reqwest::Method::GET, "/metrics").send().await.unwrap().text().await.unwrap()
+    }
+
+    /// Waits until the api reports `count` long polls waiting (its gauge on `/metrics`).
+    pub async fn until_long_polls_waiting(&self, count: usize) {
+        let line = format!("oncepay_api_long_polls_waiting {count}");
+        let waited = tokio::time::timeout(Duration::from_secs(10), async {
+            while !self.metrics().await.lines().any(|l| l == line) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        assert!(waited.is_ok(), "the api never reported {count} waiting long poll(s)");
+    }
+
+    /// The payment id in a payment answer's body.
+    pub async fn payment_id(response: Response) -> PaymentId {
+        let body: Value = response.json().await.unwrap();
+        body["id"].as_str().unwrap().parse().unwrap()
+    }
+}
+
+/// Moves a pending payment to `processing` as the worker's claim does (an attempt counted, an audit
+/// row, the wake-up), from another connection than the api's.
+pub async fn claim(db: &PgPool, tenant_id: TenantId, payment_id: PaymentId) {
+    let claimed = sqlx::query_scalar!(
+        r#"
+        WITH moved AS (
+            UPDATE payments
+            SET status = 'processing', send_attempts = send_attempts + 1,
+                first_sent_at = COALESCE(first_sent_at, now()), updated_at = now()
+            WHERE tenant_id = $1 AND payment_id = $2 AND status = 'pending'
+            RETURNING tenant_id, payment_id
+        ), audit AS (
+            INSERT INTO payment_events (tenant_id, payment_id, from_status, to_status, actor, reason)
+            SELECT tenant_id, payment_id, 'pending', 'processing', 'worker:test', 'claimed' FROM moved
+        )
+        SELECT pg_notify('oncepay_payment', payment_id::text) AS "notified!: ()" FROM moved
+        "#,
+        tenant_id.as_uuid(),
+        payment_id.as_uuid(),
+    )
+    .fetch_optional(db)
+    .await
+    .unwrap();
+    assert!(claimed.is_some(), "the payment was not pending");
+}
+
+/// Claims a payment and settles it as charged by the provider (`store::transitions::settle`).
+pub async fn settle_succeeded(db: &PgPool, tenant_id: TenantId, payment_id: PaymentId) -> Payment {
+    claim(db, tenant_id, payment_id).await;
+    let change = Change {
+        tenant_id,
+        payment_id,
+        from: PaymentStatus::Processing,
+        transition: Transition::Charged,
+        actor: "worker:test",
+        reason: "the provider charged",
+        detail: None,
+    };
+    let settlement = Settlement::Succeeded {
+        charge_id: "ch_test_1".into(),
+        amount: 1999,
+        currency: "EUR".into(),
+        charged_at: OffsetDateTime::now_utc(),
+    };
+    let mut tx = db.begin().await.unwrap();
+    let Applied::Moved(payment) = transitions::settle(&mut tx, &change, &settlement).await.unwrap() else {
+        panic!("the payment was not processing");
+    };
+    tx.commit().await.unwrap();
+    payment
+}
+
+/// A new tenant with an API key.
+pub async fn create_tenant(db: &PgPool, name: &str, rate_limit_per_second: Option<i32>) -> Tenant {
+    let mut conn = db.acquire().await.unwrap();
+    let tenant = tenants::create(&mut conn, &TenantName::parse(name).unwrap(), rate_limit_per_second).await.unwrap();
+    let key = tenants::issue_api_key(&mut conn, tenant.tenant_id, Some("tests")).await.unwrap();
+    Tenant { id: tenant.tenant_id, token: api_key::reveal(&key).to_owned() }
+}
+
+/// How many rows intake wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rows {
+    pub payments: i64,
+    pub keys: i64,
+    pub outbox: i64,
+    pub events: i64,
+}
+
+pub async fn rows(db: &PgPool) -> Rows {
+    let counts = sqlx::query!(
+        r#"SELECT (SELECT count(*) FROM payments) AS "payments!",
+                  (SELECT count(*) FROM idempotency_keys) AS "keys!",
+                  (SELECT count(*) FROM outbox) AS "outbox!",
+                  (SELECT count(*) FROM payment_events) AS "events!""#
+    )
+    .fetch_one(db)
+    .await
+    .unwrap();
+    Rows { payments: counts.payments, keys: counts.keys, outbox: counts.outbox, events: counts.events }
+}
+
+/// A valid payment request body.
+pub fn body() -> Value {
+    json!({"amount": 1999, "currency": "EUR", "customer_id": "cus_42", "description": "Order #42", "metadata": {"order": "42"}})
+}
+
+/// Asserts that `response` is a problem document of `status` and `slug`; returns the document.
+pub async fn assert_problem(response: Response, status: StatusCode, slug: &str) -> (HeaderMap, Value) {
+    assert_eq!(response.status(), status);
+    let headers = response.headers().clone();
+    assert_eq!(headers.get("content-type").unwrap(), "application/problem+json");
+    let problem: Value = response.json().await.unwrap();
+    assert_eq!(problem["type"], format!("https://oncepay.dev/problems/{slug}"), "{problem}");
+    assert_eq!(problem["status"], status.as_u16());
+    assert!(problem["title"].is_string() && problem["detail"].is_string(), "{problem}");
+    (headers, problem)
+}
+
+/// A header as text.
+pub fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).map(|value| value.to_str().unwrap())
+}
