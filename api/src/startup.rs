@@ -210,6 +210,8 @@ fn routes(config: &mut web::ServiceConfig) {
                 .default_service(errors::method_not_allowed("GET")),
         )
         .configure(ops_http::configure)
+        // ops_http mounts each route behind a method guard: without this, another method there is a 404.
+        .service(web::resource(["/healthz", "/readyz", "/metrics"]).default_service(errors::method_not_allowed("GET")))
         .default_service(web::to(errors::not_found));
 }
 

@@ -45,6 +45,8 @@ async fn a_wrong_method_is_a_method_not_allowed_problem(_: PgPoolOptions, option
         (Method::DELETE, "/v1/payments", "POST"),
         (Method::PUT, payment.as_str(), "GET"),
         (Method::POST, "/openapi.json", "GET"),
+        (Method::POST, "/healthz", "GET"),
+        (Method::DELETE, "/metrics", "GET"),
     ];
 
     for (method, path, allow) in cases {
