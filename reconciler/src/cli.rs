@@ -21,8 +21,10 @@ use oncepay_shared::provider::http::HttpProvider;
 use sqlx::PgPool;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
+use uuid::Uuid;
 
 use crate::dead_letters::commands::{self, BookedCharge, Decision, Filter, Operator, Retry};
+use crate::recon::{self, Reconciliation};
 use crate::render::Report;
 use crate::settings::Settings;
 use crate::tenants;
@@ -56,6 +58,34 @@ pub enum Command {
     /// Payments automation could not settle: list, show, retry, resolve.
     #[command(subcommand, name = "dead-letters")]
     DeadLetters(DeadLettersCommand),
+    /// Ledger reconciliation: run a window now, list runs, show a run's findings.
+    #[command(subcommand)]
+    Recon(ReconCommand),
+}
+
+/// `recon …`.
+#[derive(Debug, Subcommand)]
+pub enum ReconCommand {
+    /// Reconciles the window [from, to) now (dates are UTC midnights).
+    Run {
+        /// Start, inclusive: a date (2026-03-01) or an RFC 3339 time.
+        #[arg(long)]
+        from: String,
+        /// End, exclusive: a date (2026-03-02) or an RFC 3339 time.
+        #[arg(long)]
+        to: String,
+    },
+    /// Lists the latest runs, newest first.
+    Runs {
+        /// How many.
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+    },
+    /// Shows a run and its discrepancies by class.
+    Show {
+        /// The run's id.
+        run_id: Uuid,
+    },
 }
 
 /// `tenants …`.
@@ -223,6 +253,17 @@ pub async fn execute(command: Command, ctx: &Context) -> Result<Box<dyn Report>,
             tenants::revoke_key(&mut *connection(ctx).await?, &tenant, &key_id).await.map(boxed)
         }
         Command::DeadLetters(command) => dead_letter_command(command, ctx).await,
+        Command::Recon(ReconCommand::Run { from, to }) => {
+            let provider = HttpProvider::new(&ctx.settings.provider).context("cannot build the provider client")?;
+            let recon = Reconciliation::new(ctx.pool.clone(), provider, ctx.settings.recon_config());
+            recon::commands::run(&recon, &from, &to).await.map(boxed)
+        }
+        Command::Recon(ReconCommand::Runs { limit }) => {
+            recon::commands::list(&mut *connection(ctx).await?, limit).await.map(boxed)
+        }
+        Command::Recon(ReconCommand::Show { run_id }) => {
+            recon::commands::show(&mut *connection(ctx).await?, run_id).await.map(boxed)
+        }
     }
 }
 

@@ -14,6 +14,7 @@ pub mod finding;
 pub mod http;
 pub mod poller;
 pub mod reaper;
+pub mod recon;
 pub mod render;
 pub mod settings;
 pub mod sweeper;

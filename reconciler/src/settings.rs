@@ -15,6 +15,8 @@ use oncepay_shared::webhook_signature::{BadSecret, WebhookSecret};
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
+use crate::recon::ReconConfig;
+
 /// The embedded defaults, which also document every key.
 pub const DEFAULTS: &str = include_str!("../config/default.toml");
 
@@ -116,6 +118,8 @@ pub struct ReconSettings {
     pub page_size: u32,
     /// A running run whose heartbeat is older than this may be taken over.
     pub stale_after_secs: u64,
+    /// How many previous days the nightly job makes sure are reconciled.
+    pub catch_up_days: u32,
 }
 
 /// A setting that loads but cannot work.
@@ -146,6 +150,16 @@ impl Settings {
         }
     }
 
+    /// The reconciliation's settings.
+    pub fn recon_config(&self) -> ReconConfig {
+        ReconConfig {
+            schedule: self.recon.schedule.clone(),
+            page_size: self.recon.page_size,
+            stale_after: Duration::from_secs(self.recon.stale_after_secs),
+            catch_up_days: self.recon.catch_up_days,
+        }
+    }
+
     fn validate(&self) -> Result<(), InvalidSettings> {
         let rule = |ok: bool, message: &str| if ok { Ok(()) } else { Err(InvalidSettings::Rule(message.to_owned())) };
         rule(!self.webhooks.secrets.is_empty(), "webhooks.secrets must list at least one secret")?;
@@ -166,6 +180,15 @@ impl Settings {
         rule(self.reaper.batch_size > 0, "reaper.batch_size must be positive")?;
         rule(self.recon.page_size > 0, "recon.page_size must be positive")?;
         rule(self.recon.stale_after_secs > 0, "recon.stale_after_secs must be positive")?;
+        tokio_cron_scheduler::Job::new_async(self.recon.schedule.as_str(), |_, _| Box::pin(async {})).map_err(
+            |_| {
+                InvalidSettings::Rule(format!(
+                    "recon.schedule {:?} is not a six-field cron expression (sec min hour day month weekday)",
+                    self.recon.schedule
+                ))
+            },
+        )?;
+        rule(self.recon.catch_up_days > 0, "recon.catch_up_days must be at least 1 (yesterday)")?;
         Ok(())
     }
 }
@@ -181,6 +204,13 @@ mod tests {
         assert_eq!(settings.http.port, 8082);
         assert_eq!(settings.webhooks.tolerance_secs, 300);
         assert_eq!(settings.webhooks.parsed_secrets().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_schedule_that_is_not_cron_is_refused() {
+        let mut settings: Settings = config::load(DEFAULTS, None).unwrap();
+        settings.recon.schedule = "every night".into();
+        assert!(matches!(settings.validate(), Err(InvalidSettings::Rule(rule)) if rule.contains("recon.schedule")));
     }
 
     #[test]

@@ -1,0 +1,302 @@
+//! Reconciliation runs and their findings, stored: claiming a window, proving the run is alive,
+//! finishing it, and reading runs back for operators.
+//!
+//! One live or completed run per window (a partial unique index): among several reconcilers racing
+//! for a window one insert wins, the others see its run. A `running` run whose heartbeat is older
+//! than the staleness limit is presumed dead; the next claimant marks it `failed` and starts its own.
+//! Every later write of a run is fenced on `status = 'running'`, so a run that was taken over cannot
+//! finish or record findings.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use serde::Serialize;
+use serde_json::Value;
+use sqlx::{Acquire, PgConnection};
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use crate::recon::Window;
+use crate::recon::compare::Discrepancy;
+
+/// Who started a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    /// The nightly schedule.
+    Schedule,
+    /// An operator's `recon run`.
+    Operator,
+}
+
+impl Trigger {
+    const fn as_str(self) -> &'static str {
+        match self {
+            Self::Schedule => "schedule",
+            Self::Operator => "operator",
+        }
+    }
+}
+
+/// The result of trying to claim a window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// This process runs it, as this run.
+    Won(Uuid),
+    /// Another run already covers it (running or completed).
+    Taken {
+        /// That run.
+        run_id: Uuid,
+        /// `running` or `completed`.
+        status: String,
+    },
+}
+
+/// Claims `window`: starts a run unless a live or completed one exists; takes over a stale one.
+pub async fn claim(
+    conn: &mut PgConnection,
+    window: &Window,
+    trigger: Trigger,
+    stale_after: Duration,
+) -> anyhow::Result<Claim> {
+    let mut tx = conn.begin().await.context("cannot start a transaction")?;
+    let abandoned = sqlx::query!(
+        r#"
+        UPDATE recon_runs
+        SET status = 'failed', finished_at = now(),
+            error = 'abandoned: no heartbeat since ' || heartbeat_at::text || '; taken over'
+        WHERE window_start = $1 AND window_end = $2 AND status = 'running'
+          AND heartbeat_at < now() - make_interval(secs => $3)
+        "#,
+        window.start,
+        window.end,
+        stale_after.as_secs_f64(),
+    )
+    .execute(&mut *tx)
+    .await
+    .context("cannot take over a stale run")?;
+    if abandoned.rows_affected() > 0 {
+        tracing::warn!(window.start = %window.start, "took over a reconciliation run whose heartbeat stopped");
+    }
+    let run_id = Uuid::now_v7();
+    let won = sqlx::query_scalar!(
+        r#"
+        INSERT INTO recon_runs (run_id, window_start, window_end, trigger, status)
+        VALUES ($1, $2, $3, $4, 'running')
+        ON CONFLICT (window_start, window_end) WHERE status <> 'failed' DO NOTHING
+        RETURNING run_id
+        "#,
+        run_id,
+        window.start,
+        window.end,
+        trigger.as_str(),
+    )
+    .fetch_optional(&mut *tx)
+    .await
+    .context("cannot start the run")?;
+    let claim = match won {
+        Some(run_id) => Claim::Won(run_id),
+        None => {
+            let existing = sqlx::query!(
+                r#"
+                SELECT run_id, status FROM recon_runs
+                WHERE window_start = $1 AND window_end = $2 AND status <> 'failed'
+                "#,
+                window.start,
+                window.end,
+            )
+            .fetch_one(&mut *tx)
+            .await
+            .context("cannot read the run that holds the window")?;
+            Claim::Taken { run_id: existing.run_id, status: existing.status }
+        }
+    };
+    tx.commit().await.context("cannot commit the claim")?;
+    Ok(claim)
+}
+
+/// A run that was taken over by another reconciler while it worked.
+#[derive(Debug, thiserror::Error)]
+#[error("run {0} was taken over by another reconciler")]
+pub struct TakenOver(pub Uuid);
+
+/// Proves the run is alive; fails if it was taken over.
+pub async fn heartbeat(conn: &mut PgConnection, run_id: Uuid) -> anyhow::Result<()> {
+    let beat =
+        sqlx::query!("UPDATE recon_runs SET heartbeat_at = now() WHERE run_id = $1 AND status = 'running'", run_id)
+            .execute(conn)
+            .await
+            .context("cannot record the run's heartbeat")?;
+    if beat.rows_affected() == 0 {
+        return Err(TakenOver(run_id).into());
+    }
+    Ok(())
+}
+
+/// Records the findings and completes the run, in one transaction.
+pub async fn complete(
+    conn: &mut PgConnection,
+    run_id: Uuid,
+    provider_charges: usize,
+    ledger_entries: usize,
+    found: &[Discrepancy],
+) -> anyhow::Result<()> {
+    let mut tx = conn.begin().await.context("cannot start a transaction")?;
+    let count = |n: usize| i32::try_from(n).context("too many to count");
+    let completed = sqlx::query!(
+        r#"
+        UPDATE recon_runs
+        SET status = 'completed', finished_at = now(), heartbeat_at = now(),
+            provider_charges = $2, ledger_entries = $3, discrepancies = $4
+        WHERE run_id = $1 AND status = 'running'
+        "#,
+        run_id,
+        count(provider_charges)?,
+        count(ledger_entries)?,
+        count(found.len())?,
+    )
+    .execute(&mut *tx)
+    .await
+    .context("cannot complete the run")?;
+    if completed.rows_affected() == 0 {
+        return Err(TakenOver(run_id).into());
+    }
+    for d in found {
+        sqlx::query!(
+            r#"
+            INSERT INTO recon_discrepancies
+                (run_id, class, tenant_id, payment_id, provider_charge_id, ours, theirs, detail)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+            "#,
+            run_id,
+            d.class.as_str(),
+            d.tenant_id.map(|t| t.as_uuid()),
+            d.payment_id.map(|p| p.as_uuid()),
+            d.provider_charge_id,
+            d.ours,
+            d.theirs,
+            d.detail,
+        )
+        .execute(&mut *tx)
+        .await
+        .context("cannot record a discrepancy")?;
+    }
+    tx.commit().await.context("cannot commit the run's findings")?;
+    Ok(())
+}
+
+/// Marks the run failed with the reason, unless it was taken over meanwhile.
+pub async fn fail(conn: &mut PgConnection, run_id: Uuid, error: &str) -> anyhow::Result<()> {
+    sqlx::query!(
+        r#"
+        UPDATE recon_runs SET status = 'failed', finished_at = now(), error = $2
+        WHERE run_id = $1 AND status = 'running'
+        "#,
+        run_id,
+        error,
+    )
+    .execute(conn)
+    .await
+    .context("cannot record the run's failure")?;
+    Ok(())
+}
+
+/// A run, as operators see it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Run {
+    /// Its id.
+    pub run_id: Uuid,
+    /// Start of the window (inclusive).
+    #[serde(with = "time::serde::rfc3339")]
+    pub window_start: OffsetDateTime,
+    /// End of the window (exclusive).
+    #[serde(with = "time::serde::rfc3339")]
+    pub window_end: OffsetDateTime,
+    /// `schedule` or `operator`.
+    pub trigger: String,
+    /// `running`, `completed` or `failed`.
+    pub status: String,
+    /// When it started.
+    #[serde(with = "time::serde::rfc3339")]
+    pub started_at: OffsetDateTime,
+    /// When it last proved it was alive.
+    #[serde(with = "time::serde::rfc3339")]
+    pub heartbeat_at: OffsetDateTime,
+    /// When it ended.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub finished_at: Option<OffsetDateTime>,
+    /// Provider charges compared.
+    pub provider_charges: Option<i32>,
+    /// Ledger entries compared.
+    pub ledger_entries: Option<i32>,
+    /// Findings.
+    pub discrepancies: Option<i32>,
+    /// Why it failed.
+    pub error: Option<String>,
+}
+
+/// The latest runs, newest first.
+pub async fn list(conn: &mut PgConnection, limit: u32) -> anyhow::Result<Vec<Run>> {
+    sqlx::query_as!(
+        Run,
+        r#"
+        SELECT run_id, window_start, window_end, trigger, status, started_at, heartbeat_at, finished_at,
+               provider_charges, ledger_entries, discrepancies, error
+        FROM recon_runs ORDER BY started_at DESC, run_id DESC LIMIT $1
+        "#,
+        i64::from(limit),
+    )
+    .fetch_all(conn)
+    .await
+    .context("cannot list the runs")
+}
+
+/// One run.
+pub async fn find(conn: &mut PgConnection, run_id: Uuid) -> anyhow::Result<Option<Run>> {
+    sqlx::query_as!(
+        Run,
+        r#"
+        SELECT run_id, window_start, window_end, trigger, status, started_at, heartbeat_at, finished_at,
+               provider_charges, ledger_entries, discrepancies, error
+        FROM recon_runs WHERE run_id = $1
+        "#,
+        run_id,
+    )
+    .fetch_optional(conn)
+    .await
+    .context("cannot read the run")
+}
+
+/// A finding, as stored.
+#[derive(Debug, Clone, Serialize)]
+pub struct StoredDiscrepancy {
+    /// Its class.
+    pub class: String,
+    /// The payment's owner, when known.
+    pub tenant_id: Option<Uuid>,
+    /// The payment, when known.
+    pub payment_id: Option<Uuid>,
+    /// The charge.
+    pub provider_charge_id: Option<String>,
+    /// What our ledger says.
+    pub ours: Option<Value>,
+    /// What the provider says.
+    pub theirs: Option<Value>,
+    /// In words.
+    pub detail: String,
+}
+
+/// A run's findings, by class then in the order found.
+pub async fn discrepancies(conn: &mut PgConnection, run_id: Uuid) -> anyhow::Result<Vec<StoredDiscrepancy>> {
+    sqlx::query_as!(
+        StoredDiscrepancy,
+        r#"
+        SELECT class, tenant_id, payment_id, provider_charge_id, ours, theirs, detail
+        FROM recon_discrepancies WHERE run_id = $1
+        ORDER BY class, discrepancy_id
+        "#,
+        run_id,
+    )
+    .fetch_all(conn)
+    .await
+    .context("cannot read the run's discrepancies")
+}

@@ -1,0 +1,269 @@
+//! Ledger reconciliation against a seeded ledger in a real PostgreSQL and a wiremock provider whose
+//! paginated listing has one planted discrepancy of every class: each is found, nothing else is, and
+//! one window is reconciled by one run however many reconcilers ask.
+
+// Helpers outside `#[test]` functions fail loudly too: clippy's test exemption does not reach them.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use oncepay_reconciler::recon::compare::Class;
+use oncepay_reconciler::recon::runs::Trigger;
+use oncepay_reconciler::recon::{Outcome, ReconConfig, Reconciliation, Window, commands};
+use oncepay_reconciler::render::Report;
+use oncepay_shared::ids::{PaymentId, TenantId};
+use oncepay_shared::provider::http::{HttpProvider, ProviderSettings};
+use oncepay_shared::provider::{Charge, ChargeStatus};
+use oncepay_shared::status::{PaymentStatus, Transition};
+use oncepay_shared::store::transitions::{self, Settlement};
+use serde_json::json;
+use sqlx::PgPool;
+use support::{accept, change, charge, claim, tenant};
+use time::OffsetDateTime;
+use time::macros::date;
+use wiremock::matchers::{method, path, query_param, query_param_is_missing};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+const PAGE: usize = 3;
+
+fn window() -> Window {
+    Window::day(date!(2026 - 01 - 10))
+}
+
+fn at(offset_secs: i64) -> OffsetDateTime {
+    window().start + time::Duration::seconds(offset_secs)
+}
+
+fn reconciliation(pool: &PgPool, provider: &MockServer) -> Reconciliation<HttpProvider> {
+    let settings = ProviderSettings {
+        base_url: provider.uri(),
+        api_key: "sk_test".to_owned().into(),
+        connect_timeout_ms: 500,
+        request_timeout_ms: 2_000,
+        key_window_secs: 86_400,
+    };
+    let config = ReconConfig {
+        schedule: "0 0 2 * * *".into(),
+        page_size: PAGE as u32,
+        stale_after: Duration::from_secs(300),
+        catch_up_days: 1,
+    };
+    Reconciliation::new(pool.clone(), HttpProvider::new(&settings).unwrap(), config)
+}
+
+/// A payment settled as succeeded with `charge_id` for `amount`, charged at `charged_at`.
+async fn booked(
+    pool: &PgPool,
+    tenant_id: TenantId,
+    charge_id: &str,
+    amount: i64,
+    charged_at: OffsetDateTime,
+) -> PaymentId {
+    let payment_id = accept(pool, tenant_id, charge_id, amount).await;
+    claim(pool, tenant_id, payment_id, 1).await;
+    let settlement = Settlement::Succeeded { charge_id: charge_id.into(), amount, currency: "EUR".into(), charged_at };
+    let mut conn = pool.acquire().await.unwrap();
+    transitions::settle(
+        &mut conn,
+        &change(tenant_id, payment_id, PaymentStatus::Processing, Transition::Charged),
+        &settlement,
+    )
+    .await
+    .unwrap();
+    payment_id
+}
+
+fn listed(
+    tenant_id: TenantId,
+    payment_id: PaymentId,
+    id: &str,
+    status: ChargeStatus,
+    amount: i64,
+    created: OffsetDateTime,
+) -> Charge {
+    Charge { created: created.unix_timestamp(), ..charge(tenant_id, payment_id, id, status, amount) }
+}
+
+/// Serves `charges` (created in the window) as the provider's paginated listing, oldest first.
+async fn serve_listing(provider: &MockServer, mut charges: Vec<Charge>) {
+    charges.sort_by(|a, b| (a.created, &a.id).cmp(&(b.created, &b.id)));
+    let pages: Vec<&[Charge]> = charges.chunks(PAGE).collect();
+    for (i, page) in pages.iter().enumerate() {
+        let body = json!({ "data": page, "has_more": i + 1 < pages.len() });
+        let mock = Mock::given(method("GET"))
+            .and(path("/v1/charges"))
+            .and(query_param("created_gte", window().start.unix_timestamp().to_string()))
+            .and(query_param("created_lt", window().end.unix_timestamp().to_string()))
+            .and(query_param("limit", PAGE.to_string()));
+        let mock = match i {
+            0 => mock.and(query_param_is_missing("starting_after")),
+            _ => mock.and(query_param("starting_after", pages[i - 1].last().unwrap().id.as_str())),
+        };
+        mock.respond_with(ResponseTemplate::new(200).set_body_json(body)).expect(1).mount(provider).await;
+    }
+}
+
+/// The seeded world: one planted discrepancy of each class among charges and entries that agree.
+async fn seed(pool: &PgPool, provider: &MockServer) {
+    let t = tenant(pool, "acme").await;
+    let ok = booked(pool, t, "ch_ok", 100, at(10)).await;
+    let money = booked(pool, t, "ch_money", 100, at(20)).await;
+    let twice = booked(pool, t, "ch_twice_1", 100, at(30)).await;
+    booked(pool, t, "ch_gone", 100, at(40)).await;
+    // Booked a few seconds before the window, created by the provider inside it: matched, not reported.
+    let edge = booked(pool, t, "ch_edge", 100, at(-5)).await;
+    // Booked the day before and rightly absent from this day's listing.
+    booked(pool, t, "ch_yesterday", 100, at(-3600)).await;
+    let unbooked = support::unknown_payment(pool, t, "unbooked", 100, 60).await;
+    let declined = accept(pool, t, "declined", 100).await;
+
+    serve_listing(
+        provider,
+        vec![
+            listed(t, ok, "ch_ok", ChargeStatus::Succeeded, 100, at(10)),
+            listed(t, money, "ch_money", ChargeStatus::Succeeded, 90, at(20)),
+            listed(t, twice, "ch_twice_1", ChargeStatus::Succeeded, 100, at(30)),
+            listed(t, twice, "ch_twice_2", ChargeStatus::Succeeded, 100, at(35)),
+            listed(t, unbooked, "ch_unbooked", ChargeStatus::Succeeded, 100, at(50)),
+            listed(t, edge, "ch_edge", ChargeStatus::Succeeded, 100, at(5)),
+            listed(t, declined, "ch_declined", ChargeStatus::Failed, 100, at(60)),
+        ],
+    )
+    .await;
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn every_planted_discrepancy_is_found_once_and_nothing_else(pool: PgPool) {
+    let provider = MockServer::start().await;
+    seed(&pool, &provider).await;
+
+    let outcome = reconciliation(&pool, &provider).run_window(window(), Trigger::Operator).await.unwrap();
+
+    let Outcome::Completed(summary) = outcome else { panic!("{outcome:?}") };
+    assert_eq!((summary.provider_charges, summary.ledger_entries), (7, 4));
+    assert_eq!(summary.by_class, Class::ALL.map(|class| (class, 1)));
+    let mut found: Vec<(String, String)> =
+        sqlx::query_as("SELECT class, provider_charge_id FROM recon_discrepancies WHERE run_id = $1")
+            .bind(summary.run_id)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    found.sort();
+    assert_eq!(
+        found,
+        [
+            ("amount_or_currency_mismatch".to_owned(), "ch_money".to_owned()),
+            ("duplicate_charge".to_owned(), "ch_twice_1".to_owned()),
+            ("missing_at_provider".to_owned(), "ch_gone".to_owned()),
+            ("missing_in_ledger".to_owned(), "ch_unbooked".to_owned()),
+        ]
+    );
+    let (status, discrepancies): (String, i32) =
+        sqlx::query_as("SELECT status, discrepancies FROM recon_runs WHERE run_id = $1")
+            .bind(summary.run_id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!((status.as_str(), discrepancies), ("completed", 4));
+
+    // Operators read the same findings, by class.
+    let mut conn = pool.acquire().await.unwrap();
+    let detail = commands::show(&mut conn, summary.run_id).await.unwrap();
+    let mut text = Vec::new();
+    detail.human(&mut text).unwrap();
+    let text = String::from_utf8(text).unwrap();
+    for expected in [
+        "missing_in_ledger (1)",
+        "missing_at_provider (1)",
+        "amount_or_currency_mismatch (1)",
+        "duplicate_charge (1)",
+        "ch_twice_2",
+    ] {
+        assert!(text.contains(expected), "{expected} in\n{text}");
+    }
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn two_reconcilers_asking_for_one_window_at_once_make_one_run(pool: PgPool) {
+    let provider = MockServer::start().await;
+    seed(&pool, &provider).await;
+    let (a, b) = (reconciliation(&pool, &provider), reconciliation(&pool, &provider));
+
+    let (first, second) =
+        tokio::join!(a.run_window(window(), Trigger::Schedule), b.run_window(window(), Trigger::Schedule));
+
+    let outcomes = [first.unwrap(), second.unwrap()];
+    let completed: Vec<_> = outcomes.iter().filter(|o| matches!(o, Outcome::Completed(_))).collect();
+    let skipped: Vec<_> = outcomes.iter().filter(|o| matches!(o, Outcome::AlreadyClaimed { .. })).collect();
+    assert_eq!((completed.len(), skipped.len()), (1, 1), "{outcomes:?}");
+    assert_eq!(support::count(&pool, "recon_runs").await, 1);
+    assert_eq!(support::count(&pool, "recon_discrepancies").await, 4);
+    // Asking again later finds the completed run.
+    let again = a.run_window(window(), Trigger::Operator).await.unwrap();
+    assert!(matches!(again, Outcome::AlreadyClaimed { ref status, .. } if status == "completed"), "{again:?}");
+}
+
+async fn plant_running_run(pool: &PgPool, heartbeat_secs_ago: i64) -> uuid::Uuid {
+    let run_id = uuid::Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO recon_runs (run_id, window_start, window_end, trigger, status, heartbeat_at)
+         VALUES ($1, $2, $3, 'schedule', 'running', now() - make_interval(secs => $4))",
+    )
+    .bind(run_id)
+    .bind(window().start)
+    .bind(window().end)
+    .bind(heartbeat_secs_ago as f64)
+    .execute(pool)
+    .await
+    .unwrap();
+    run_id
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn a_running_run_is_left_alone_while_alive_and_taken_over_once_its_heartbeat_stops(pool: PgPool) {
+    let provider = MockServer::start().await;
+    seed(&pool, &provider).await;
+    let recon = reconciliation(&pool, &provider);
+    let alive = plant_running_run(&pool, 10).await;
+
+    let while_alive = recon.run_window(window(), Trigger::Operator).await.unwrap();
+    sqlx::query("UPDATE recon_runs SET heartbeat_at = now() - interval '1 hour' WHERE run_id = $1")
+        .bind(alive)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let after_it_stopped = recon.run_window(window(), Trigger::Operator).await.unwrap();
+
+    assert_eq!(while_alive, Outcome::AlreadyClaimed { run_id: alive, status: "running".into() });
+    assert!(matches!(after_it_stopped, Outcome::Completed(_)), "{after_it_stopped:?}");
+    let (status, error): (String, Option<String>) =
+        sqlx::query_as("SELECT status, error FROM recon_runs WHERE run_id = $1")
+            .bind(alive)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(status, "failed");
+    assert!(error.unwrap().contains("abandoned"));
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn a_run_the_provider_fails_is_marked_failed_and_the_window_can_be_run_again(pool: PgPool) {
+    let provider = MockServer::start().await;
+    Mock::given(method("GET")).respond_with(ResponseTemplate::new(503)).up_to_n_times(1).mount(&provider).await;
+    Mock::given(method("GET"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"data": [], "has_more": false})))
+        .mount(&provider)
+        .await;
+    let recon = reconciliation(&pool, &provider);
+
+    let failed = recon.run_window(window(), Trigger::Operator).await;
+    let retried = recon.run_window(window(), Trigger::Operator).await.unwrap();
+
+    assert!(format!("{:#}", failed.unwrap_err()).contains("503"));
+    assert!(matches!(retried, Outcome::Completed(_)), "{retried:?}");
+    let statuses: Vec<String> =
+        sqlx::query_scalar("SELECT status FROM recon_runs ORDER BY started_at").fetch_all(&pool).await.unwrap();
+    assert_eq!(statuses, ["failed", "completed"]);
+}
