@@ -19,7 +19,9 @@ use tokio::process::Command;
 pub enum Durability {
     /// PostgreSQL's defaults (`fsync`, `synchronous_commit` on): for benchmarks and crash tests.
     Durable,
-    /// No fsync: a crash of the machine may lose data, a crash of PostgreSQL does not. For tests.
+    /// No fsync and no full-page writes: a crash of the machine may lose data, a crash of
+    /// PostgreSQL (`crash()`) does not, because commits still wait for their WAL to be written to
+    /// the operating system. For tests.
     Fast,
 }
 
@@ -117,7 +119,7 @@ impl Cluster {
     pub async fn resume(&mut self) -> anyhow::Result<()> {
         let durability = match self.durability {
             Durability::Durable => "",
-            Durability::Fast => " -c fsync=off -c synchronous_commit=off -c full_page_writes=off",
+            Durability::Fast => " -c fsync=off -c full_page_writes=off",
         };
         let options = format!(
             "-p {port} -k {socket} -c listen_addresses=127.0.0.1 -c max_connections=300 \

@@ -20,7 +20,8 @@ use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing::Span;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::EnvFilter;
-use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::filter::LevelFilter;
+use tracing_subscriber::layer::{Layer, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::config::{LogFormat, TelemetrySettings};
@@ -54,14 +55,24 @@ pub fn init(service: &'static str, settings: &TelemetrySettings) -> anyhow::Resu
     global::set_text_map_propagator(TraceContextPropagator::new());
     global::set_tracer_provider(provider.clone());
 
-    let otel = tracing_opentelemetry::layer().with_tracer(provider.tracer(service));
-    let filter = EnvFilter::try_new(&settings.log_filter)?;
-    let registry = tracing_subscriber::registry().with(filter).with(otel);
+    // Spans feed traces and trace context (outbox rows, `traceparent`) whatever the log level, so
+    // the log filter applies to the log layer only; the tracer sees every `info` span.
+    let otel = tracing_opentelemetry::layer().with_tracer(provider.tracer(service)).with_filter(LevelFilter::INFO);
+    let log_filter = EnvFilter::try_new(&settings.log_filter)?;
+    let registry = tracing_subscriber::registry().with(otel);
     match settings.log_format {
         LogFormat::Json => registry
-            .with(tracing_subscriber::fmt::layer().json().flatten_event(true).with_current_span(false))
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .flatten_event(true)
+                    .with_current_span(false)
+                    .with_filter(log_filter),
+            )
             .try_init()?,
-        LogFormat::Text => registry.with(tracing_subscriber::fmt::layer().compact()).try_init()?,
+        LogFormat::Text => {
+            registry.with(tracing_subscriber::fmt::layer().compact().with_filter(log_filter)).try_init()?
+        }
     }
     Ok(TelemetryGuard { provider })
 }
