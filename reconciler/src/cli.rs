@@ -39,14 +39,16 @@ pub struct Cli {
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     pub json: bool,
-    /// What to do.
+    /// What to do; `serve` when omitted.
     #[command(subcommand)]
-    pub command: Command,
+    pub command: Option<Command>,
 }
 
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Runs the service: webhooks, poller, sweeper, reaper, nightly reconciliation (the default).
+    Serve,
     /// Applies every pending database migration, then exits.
     Migrate,
     /// Tenants: create (with a first API key) and list.
@@ -241,6 +243,7 @@ pub struct Context {
 /// Runs one operator command (anything but `serve`).
 pub async fn execute(command: Command, ctx: &Context) -> Result<Box<dyn Report>, CliError> {
     match command {
+        Command::Serve => Err(CliError::Invalid("`serve` runs the service; it is not an operator command".into())),
         Command::Migrate => migrate(&ctx.pool).await.map(boxed),
         Command::Tenants(TenantsCommand::Create { name, rate_limit }) => {
             tenants::create(&mut *connection(ctx).await?, &name, rate_limit).await.map(boxed)
@@ -379,5 +382,25 @@ mod tests {
     #[test]
     fn the_grammar_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn no_subcommand_means_serve() {
+        let cli = Cli::try_parse_from(["oncepay-reconciler"]).unwrap();
+        assert!(cli.command.is_none());
+    }
+
+    #[test]
+    fn resolving_needs_an_outcome_or_an_acknowledgement_and_a_reason() {
+        let id = "0190c1f2-aaaa-7bbb-8ccc-123456789abc";
+        let parse = |args: &[&str]| {
+            Cli::try_parse_from([&["oncepay-reconciler", "dead-letters", "resolve", id], args].concat())
+        };
+        assert!(parse(&["--as", "failed", "--reason", "card expired"]).is_ok());
+        assert!(parse(&["--acknowledge", "--reason", "refunded by hand"]).is_ok());
+        assert!(parse(&["--reason", "no outcome"]).is_err());
+        assert!(parse(&["--as", "failed"]).is_err());
+        assert!(parse(&["--as", "failed", "--acknowledge", "--reason", "both"]).is_err());
+        assert!(parse(&["--as", "succeeded", "--charge-id", "ch_1", "--amount", "5", "--reason", "x"]).is_err());
     }
 }

@@ -16,6 +16,7 @@ pub mod poller;
 pub mod reaper;
 pub mod recon;
 pub mod render;
+pub mod service;
 pub mod settings;
 pub mod sweeper;
 pub mod tenants;

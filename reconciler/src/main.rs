@@ -1,14 +1,16 @@
-//! `oncepay-reconciler`: parses the command line, loads the settings, and runs the command.
+//! `oncepay-reconciler`: parses the command line, loads the settings, and runs the service (`serve`,
+//! the default) or one operator command.
 
 use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
-use oncepay_reconciler::cli::{self, Cli};
+use oncepay_reconciler::cli::{self, Cli, Command};
 use oncepay_reconciler::render;
 use oncepay_reconciler::settings::Settings;
-use oncepay_shared::db;
+use oncepay_shared::{db, shutdown, telemetry};
 
+/// Exit code for a configuration that cannot work (sysexits' EX_CONFIG).
 const CONFIG_INVALID: u8 = 78;
 
 fn main() -> ExitCode {
@@ -27,10 +29,30 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(operator_command(cli, settings))
+    match cli.command {
+        None | Some(Command::Serve) => runtime.block_on(serve(settings)),
+        Some(command) => runtime.block_on(operator_command(command, cli.json, settings)),
+    }
 }
 
-async fn operator_command(cli: Cli, settings: Settings) -> ExitCode {
+async fn serve(settings: Settings) -> ExitCode {
+    let _telemetry = match telemetry::init("oncepay-reconciler", &settings.telemetry) {
+        Ok(guard) => guard,
+        Err(error) => {
+            eprintln!("oncepay-reconciler: cannot start telemetry: {error:#}");
+            return ExitCode::from(CONFIG_INVALID);
+        }
+    };
+    match oncepay_reconciler::service::serve(settings, shutdown::on_termination_signal()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(error = format!("{error:#}"), "the reconciler failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn operator_command(command: Command, as_json: bool, settings: Settings) -> ExitCode {
     let options = match db::connect_options(&settings.database, "oncepay-reconciler-cli") {
         Ok(options) => options,
         Err(error) => {
@@ -42,12 +64,12 @@ async fn operator_command(cli: Cli, settings: Settings) -> ExitCode {
     // The operator's name defaults to the login name; only `main` reads the environment.
     let default_operator = std::env::var("USER").ok();
     let ctx = cli::Context { settings, pool, default_operator };
-    let result = cli::execute(cli.command, &ctx).await;
+    let result = cli::execute(command, &ctx).await;
     ctx.pool.close().await;
     match result {
         Ok(report) => {
             let mut stdout = std::io::stdout().lock();
-            match render::write(report.as_ref(), cli.json, &mut stdout).and_then(|()| stdout.flush()) {
+            match render::write(report.as_ref(), as_json, &mut stdout).and_then(|()| stdout.flush()) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(error) => {
                     eprintln!("oncepay-reconciler: cannot write the output: {error}");

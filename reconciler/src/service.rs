@@ -1,0 +1,116 @@
+//! `serve`: the reconciler as a service. Wires the settings into the HTTP server (webhooks and
+//! operations endpoints) and the background loops (poller, sweeper, reaper, nightly reconciliation),
+//! runs them until the shutdown token fires, then stops the server gracefully (in-flight deliveries
+//! finish) and waits for every loop to finish its current pass.
+//!
+//! It does not migrate the schema (`oncepay-reconciler migrate` does, once per deploy); `/readyz`
+//! says whether the schema is current.
+
+use std::net::TcpListener;
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use oncepay_shared::db;
+use oncepay_shared::ops_http::OpsState;
+use oncepay_shared::provider::http::HttpProvider;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::poller::{Poller, PollerConfig};
+use crate::reaper::{Reaper, ReaperConfig};
+use crate::recon::Reconciliation;
+use crate::settings::Settings;
+use crate::sweeper::{Sweeper, SweeperConfig};
+use crate::webhooks::WebhookState;
+
+/// Runs the service until `shutdown` is cancelled.
+pub async fn serve(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let metrics = oncepay_shared::metrics::install();
+    let options = db::connect_options(&settings.database, "oncepay-reconciler").context("database.url is invalid")?;
+    let pool = db::pool(&settings.database, options);
+    let provider = HttpProvider::new(&settings.provider).context("cannot build the provider client")?;
+    let key_window = settings.key_window();
+
+    let webhook = WebhookState {
+        pool: pool.clone(),
+        secrets: settings.webhooks.parsed_secrets().context("webhooks.secrets")?,
+        tolerance_secs: settings.webhooks.tolerance_secs,
+        max_body_bytes: settings.webhooks.max_body_bytes,
+    };
+    let ops = OpsState { pool: pool.clone(), metrics };
+    let listener = TcpListener::bind((settings.http.host.as_str(), settings.http.port))
+        .with_context(|| format!("cannot listen on {}:{}", settings.http.host, settings.http.port))?;
+    let address = listener.local_addr().context("cannot read the bound address")?;
+    let workers = std::thread::available_parallelism().map_or(1, NonZeroUsize::get).min(4);
+    let server = crate::http::server(listener, webhook, ops, workers).context("cannot start the HTTP server")?;
+    let server_handle = server.handle();
+    tracing::info!(http.address = %address, "reconciler listening");
+
+    let p = &settings.poller;
+    let poller = Poller::new(
+        pool.clone(),
+        provider.clone(),
+        PollerConfig {
+            interval: p.interval(),
+            batch_size: p.batch_size,
+            concurrency: p.concurrency,
+            lease: Duration::from_millis(p.lease_ms),
+            backoff: p.backoff,
+            max_attempts: p.max_attempts,
+            max_age: Duration::from_secs(p.max_age_secs),
+            resend_horizon: key_window.resend_horizon(),
+        },
+    );
+    let sweeper = Sweeper::new(
+        pool.clone(),
+        SweeperConfig {
+            interval: Duration::from_millis(settings.sweeper.interval_ms),
+            batch_size: settings.sweeper.batch_size,
+            key_window,
+        },
+    );
+    let reaper = Reaper::new(
+        pool.clone(),
+        ReaperConfig {
+            interval: Duration::from_millis(settings.reaper.interval_ms),
+            batch_size: settings.reaper.batch_size,
+            webhook_retention: Duration::from_secs(settings.reaper.webhook_retention_secs),
+        },
+    );
+    let recon = Arc::new(Reconciliation::new(pool.clone(), provider, settings.recon_config()));
+
+    let mut loops = JoinSet::new();
+    let token = shutdown.clone();
+    loops.spawn(async move { poller.run(token).await });
+    let token = shutdown.clone();
+    loops.spawn(async move { sweeper.run(token).await });
+    let token = shutdown.clone();
+    loops.spawn(async move { reaper.run(token).await });
+    let token = shutdown.clone();
+    loops.spawn(async move {
+        if let Err(error) = recon.run(token.clone()).await {
+            tracing::error!(error = format!("{error:#}"), "the nightly reconciliation cannot run");
+            // Without it the service is not doing its job: stop everything and let the platform see.
+            token.cancel();
+        }
+    });
+    let stopper = shutdown.clone();
+    loops.spawn(async move {
+        stopper.cancelled().await;
+        server_handle.stop(true).await;
+    });
+
+    let served = server.await.context("the HTTP server failed");
+    // The server may also end on its own (an I/O failure): take the loops down with it.
+    shutdown.cancel();
+    while let Some(joined) = loops.join_next().await {
+        if let Err(error) = joined {
+            tracing::error!(error = %error, "a background loop panicked");
+        }
+    }
+    pool.close().await;
+    tracing::info!("reconciler stopped");
+    served
+}

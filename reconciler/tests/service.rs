@@ -1,0 +1,112 @@
+//! The real binary as a service: it answers the operations endpoints, settles an `unknown` payment
+//! from a signed webhook and another by polling a (wiremock) provider, and exits 0 on SIGTERM.
+
+// Helpers outside `#[test]` functions fail loudly too: clippy's test exemption does not reach them.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::net::TcpListener;
+use std::time::Duration;
+
+use oncepay_devkit::process::{Child, Spec};
+use oncepay_reconciler::settings::{DEFAULTS, Settings};
+use oncepay_shared::config;
+use oncepay_shared::ids::{PaymentId, TenantId};
+use oncepay_shared::provider::ChargeStatus;
+use oncepay_shared::provider::wire::{EventType, WebhookEvent};
+use oncepay_shared::status::PaymentStatus;
+use serde_json::json;
+use sqlx::PgPool;
+use sqlx::postgres::PgListener;
+use support::{charge, status, tenant, unknown_payment};
+use time::OffsetDateTime;
+use wiremock::matchers::{method, path, query_param};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Waits until the payment reaches `expected`, woken by the notification the store sends on every
+/// status change.
+async fn reaches(
+    listener: &mut PgListener,
+    pool: &PgPool,
+    tenant_id: TenantId,
+    payment_id: PaymentId,
+    expected: PaymentStatus,
+) {
+    let wait = async {
+        while status(pool, tenant_id, payment_id).await != expected {
+            while listener.recv().await.unwrap().payload() != payment_id.to_string() {}
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), wait).await.expect("the payment never reached the status");
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn the_service_settles_by_webhook_and_by_polling_and_stops_cleanly_on_sigterm(pool: PgPool) {
+    oncepay_shared::tls::install_provider();
+    let tenant_id = tenant(&pool, "acme").await;
+    let by_webhook = unknown_payment(&pool, tenant_id, "order-1", 100, 60).await;
+    let provider = MockServer::start().await;
+    // The webhook's payment is not at the provider yet (as far as a lookup can tell); the other one is.
+    Mock::given(method("GET"))
+        .and(path("/v1/charges"))
+        .and(query_param("idempotency_key", by_webhook.downstream_key().as_str()))
+        .respond_with(ResponseTemplate::new(503))
+        .mount(&provider)
+        .await;
+    let mut listener = PgListener::connect_with(&pool).await.unwrap();
+    listener.listen("oncepay_payment").await.unwrap();
+    let port = free_port();
+    let logs = tempfile::tempdir().unwrap();
+    let spec = Spec::new("reconciler", env!("CARGO_BIN_EXE_oncepay-reconciler"), logs.path())
+        .env("DATABASE_URL", support::url_of(&pool))
+        .env("ONCEPAY_HTTP__PORT", port.to_string())
+        .env("ONCEPAY_PROVIDER__BASE_URL", provider.uri())
+        .env("ONCEPAY_POLLER__INTERVAL_MS", "50");
+    let mut reconciler = Child::spawn(spec).await.unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    reconciler.wait_until_ready(&format!("{base}/readyz"), Duration::from_secs(20)).await.unwrap();
+
+    // A webhook signed with the configured (development) secret.
+    let settings: Settings = config::load(DEFAULTS, None).unwrap();
+    let secret = settings.webhooks.parsed_secrets().unwrap().remove(0);
+    let data = charge(tenant_id, by_webhook, "ch_1", ChargeStatus::Succeeded, 100);
+    let body =
+        serde_json::to_vec(&WebhookEvent { event_type: EventType::ChargeSucceeded, created: data.created, data })
+            .unwrap();
+    let now = OffsetDateTime::now_utc().unix_timestamp();
+    let answer = reqwest::Client::new()
+        .post(format!("{base}/webhooks/provider"))
+        .header("webhook-id", "msg_1")
+        .header("webhook-timestamp", now.to_string())
+        .header("webhook-signature", secret.sign("msg_1", now, &body))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status().as_u16(), 200);
+    reaches(&mut listener, &pool, tenant_id, by_webhook, PaymentStatus::Succeeded).await;
+
+    // A payment that becomes unknown while the service runs is found by the poller.
+    let by_polling = unknown_payment(&pool, tenant_id, "order-2", 200, 60).await;
+    Mock::given(method("GET"))
+        .and(path("/v1/charges"))
+        .and(query_param("idempotency_key", by_polling.downstream_key().as_str()))
+        .respond_with(ResponseTemplate::new(200).set_body_json(
+            json!({"data": [charge(tenant_id, by_polling, "ch_2", ChargeStatus::Failed, 200)], "has_more": false}),
+        ))
+        .mount(&provider)
+        .await;
+    reaches(&mut listener, &pool, tenant_id, by_polling, PaymentStatus::Failed).await;
+
+    let metrics = reqwest::get(format!("{base}/metrics")).await.unwrap().text().await.unwrap();
+    assert!(metrics.contains(r#"oncepay_reconciler_webhooks_total{verdict="applied"} 1"#), "{metrics}");
+    assert!(metrics.contains(r#"oncepay_reconciler_unknown_resolved_total{how="poll_declined"} 1"#), "{metrics}");
+
+    let exit = reconciler.terminate(Duration::from_secs(15)).await.unwrap();
+    assert!(exit.success(), "{exit:?}\n{}", reconciler.log().await.unwrap());
+}
