@@ -7,13 +7,30 @@
 mod support;
 
 use std::process::{Command, Output};
+use std::time::Duration;
 
 use oncepay_reconciler::cli::CliError;
+use oncepay_reconciler::dead_letters::commands::{self, BookedCharge, Decision, Filter, Operator, Retry};
+use oncepay_reconciler::dead_letters::{self, Kind};
+use oncepay_reconciler::render::Report;
 use oncepay_reconciler::tenants;
+use oncepay_reconciler::unknown::{self, Why};
 use oncepay_shared::api_key;
 use oncepay_shared::db;
+use oncepay_shared::ids::{PaymentId, TenantId};
+use oncepay_shared::provider::ChargeStatus;
+use oncepay_shared::provider::http::{HttpProvider, ProviderSettings};
+use oncepay_shared::status::PaymentStatus;
 use oncepay_shared::store::tenants::find_api_key;
+use serde_json::{Value, json};
 use sqlx::PgPool;
+use support::{count_for, status, tenant, unknown_payment};
+use time::OffsetDateTime;
+use wiremock::matchers::{method, query_param};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+const DAY: i64 = 86_400;
+const HORIZON: Duration = Duration::from_secs((DAY - 3600) as u64);
 
 /// Whether `token` authenticates as the api checks it: parse, primary-key read, hash comparison.
 async fn authenticates(pool: &PgPool, token: &str) -> bool {
@@ -24,12 +41,18 @@ async fn authenticates(pool: &PgPool, token: &str) -> bool {
 }
 
 fn reconciler(database_url: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_oncepay-reconciler"))
-        .args(args)
-        .env("DATABASE_URL", database_url)
-        .env_remove("ONCEPAY_CONFIG")
-        .output()
-        .unwrap()
+    command(database_url, args).env_remove("USER").output().unwrap()
+}
+
+/// Runs the binary as the login `user`.
+fn reconciler_as(user: &str, database_url: &str, args: &[&str]) -> Output {
+    command(database_url, args).env("USER", user).output().unwrap()
+}
+
+fn command(database_url: &str, args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_oncepay-reconciler"));
+    command.args(args).env("DATABASE_URL", database_url).env_remove("ONCEPAY_CONFIG");
+    command
 }
 
 #[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
@@ -97,4 +120,289 @@ fn an_unreachable_database_is_a_one_line_failure_with_exit_code_1() {
     let stderr = String::from_utf8(output.stderr).unwrap();
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains("cannot reach the database"), "{stderr}");
+}
+
+/// A payment the poller gave up on, first sent `sent_secs_ago`: dead-lettered with an open entry.
+async fn dead_lettered(pool: &PgPool, tenant_id: TenantId, key: &str, sent_secs_ago: i64) -> PaymentId {
+    let payment_id = unknown_payment(pool, tenant_id, key, 1999, sent_secs_ago).await;
+    let mut tx = pool.begin().await.unwrap();
+    let why = Why { actor: "reconciler:poller", reason: "no conclusive answer from the provider after 30 lookups" };
+    let evidence = json!({"source": "poll", "result": "lookup failed: the provider answered HTTP 503"});
+    unknown::exhaust(&mut tx, tenant_id, payment_id, why, evidence).await.unwrap();
+    tx.commit().await.unwrap();
+    payment_id
+}
+
+fn alice() -> Operator {
+    Operator::parse("alice").unwrap()
+}
+
+/// The dead letter's resolution columns.
+async fn resolution(pool: &PgPool, payment_id: PaymentId) -> (Option<String>, Option<String>, Option<String>) {
+    sqlx::query_as("SELECT resolution, resolved_by, resolution_note FROM dead_letters WHERE payment_id = $1")
+        .bind(payment_id.as_uuid())
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// The last row of the payment's audit trail: actor, reason, to.
+async fn last_audit(pool: &PgPool, payment_id: PaymentId) -> (String, String, PaymentStatus) {
+    sqlx::query_as(
+        "SELECT actor, reason, to_status FROM payment_events WHERE payment_id = $1 ORDER BY event_id DESC LIMIT 1",
+    )
+    .bind(payment_id.as_uuid())
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+fn human(report: &dyn Report) -> String {
+    let mut out = Vec::new();
+    report.human(&mut out).unwrap();
+    String::from_utf8(out).unwrap()
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn list_and_show_give_why_evidence_attempts_age_and_the_audit_trail(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+    let payment_id = dead_lettered(&pool, tenant_id, "order-1", 60).await;
+    let mut conn = pool.acquire().await.unwrap();
+
+    let open = commands::list(&mut conn, Filter::Open).await.unwrap();
+    let detail = commands::show(&mut conn, payment_id).await.unwrap();
+    let missing = commands::show(&mut conn, PaymentId::generate()).await;
+
+    assert_eq!(open.0.len(), 1);
+    let entry = &open.0[0];
+    assert_eq!((entry.payment_id, entry.kind.as_str(), entry.attempts), (payment_id, "unresolved", 1));
+    assert_eq!(entry.tenant.as_deref(), Some("acme"));
+    assert!(human(&open).contains(&payment_id.to_string()));
+    let evidence: Vec<&str> =
+        detail.entries[0].evidence.as_array().unwrap().iter().map(|e| e["source"].as_str().unwrap()).collect();
+    assert_eq!(evidence, ["worker", "poll"]);
+    let trail: Vec<(&str, PaymentStatus)> =
+        detail.audit_trail.iter().map(|r| (r.actor.as_str(), r.to_status)).collect();
+    assert_eq!(trail.first(), Some(&("api", PaymentStatus::Pending)));
+    assert_eq!(trail.last(), Some(&("reconciler:poller", PaymentStatus::DeadLettered)));
+    let text = human(&detail);
+    for expected in ["why         no conclusive answer", "attempts    1", "HTTP 503", "audit trail", "dead_lettered"] {
+        assert!(text.contains(expected), "{expected} in\n{text}");
+    }
+    assert!(matches!(missing, Err(CliError::NotFound(_))), "{missing:?}");
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn retry_requeues_the_payment_and_records_the_operator_and_the_reason(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+    let payment_id = dead_lettered(&pool, tenant_id, "order-1", 60).await;
+    let mut conn = pool.acquire().await.unwrap();
+    let retry = Retry {
+        payment_id,
+        operator: &alice(),
+        reason: "provider incident over, resend",
+        resend_horizon: HORIZON,
+        outside_key_window: false,
+    };
+
+    let done = commands::retry(&mut conn, &retry).await.unwrap();
+    let again = commands::retry(&mut conn, &retry).await;
+
+    assert_eq!((done.resolution, done.payment_status), ("retried", PaymentStatus::Pending));
+    assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Pending);
+    assert_eq!(count_for(&pool, "outbox", payment_id).await, 1);
+    assert_eq!(
+        resolution(&pool, payment_id).await,
+        (Some("retried".into()), Some("operator:alice".into()), Some("provider incident over, resend".into()))
+    );
+    assert_eq!(
+        last_audit(&pool, payment_id).await,
+        ("operator:alice".into(), "provider incident over, resend".into(), PaymentStatus::Pending)
+    );
+    assert!(matches!(again, Err(CliError::NotFound(_))), "nothing left to retry: {again:?}");
+    assert_eq!(commands::list(&mut conn, Filter::Open).await.unwrap().0.len(), 0);
+    assert_eq!(commands::list(&mut conn, Filter::All).await.unwrap().0.len(), 1);
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn a_retry_past_the_providers_key_window_is_refused_unless_the_operator_insists(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+    let payment_id = dead_lettered(&pool, tenant_id, "order-1", 2 * DAY).await;
+    let mut conn = pool.acquire().await.unwrap();
+    let operator = alice();
+    let retry = |outside_key_window| Retry {
+        payment_id,
+        operator: &operator,
+        reason: "customer confirmed no charge on their statement",
+        resend_horizon: HORIZON,
+        outside_key_window,
+    };
+
+    let refused = commands::retry(&mut conn, &retry(false)).await;
+    let unchanged = status(&pool, tenant_id, payment_id).await;
+    let insisted = commands::retry(&mut conn, &retry(true)).await;
+
+    assert!(matches!(&refused, Err(CliError::Refused(why)) if why.contains("--outside-key-window")), "{refused:?}");
+    assert_eq!(unchanged, PaymentStatus::DeadLettered);
+    assert!(insisted.is_ok(), "{insisted:?}");
+    assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Pending);
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn resolving_as_succeeded_books_the_providers_charge_with_an_audit_row_naming_the_operator(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+    let payment_id = dead_lettered(&pool, tenant_id, "order-1", 60).await;
+    let provider = MockServer::start().await;
+    let found = support::charge(tenant_id, payment_id, "ch_found", ChargeStatus::Succeeded, 1999);
+    Mock::given(method("GET"))
+        .and(query_param("idempotency_key", payment_id.downstream_key().as_str()))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"data": [found], "has_more": false})))
+        .mount(&provider)
+        .await;
+    oncepay_shared::tls::install_provider();
+    let settings = ProviderSettings {
+        base_url: provider.uri(),
+        api_key: "sk_test".to_owned().into(),
+        connect_timeout_ms: 500,
+        request_timeout_ms: 2_000,
+        key_window_secs: DAY as u64,
+    };
+    let provider = HttpProvider::new(&settings).unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+
+    let unknown_charge = commands::confirm_charge(&provider, payment_id, "ch_other").await;
+    let charge = commands::confirm_charge(&provider, payment_id, "ch_found").await.unwrap();
+    let reason = "found in the provider dashboard";
+    let done = commands::resolve(&mut conn, payment_id, &Decision::Succeeded(charge), &alice(), reason).await.unwrap();
+
+    assert!(matches!(unknown_charge, Err(CliError::Refused(_))), "{unknown_charge:?}");
+    assert_eq!(done.payment_status, PaymentStatus::Succeeded);
+    assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Succeeded);
+    let booked: (String, i64) =
+        sqlx::query_as("SELECT provider_charge_id, amount FROM ledger_entries WHERE payment_id = $1")
+            .bind(payment_id.as_uuid())
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(booked, ("ch_found".into(), 1999));
+    assert_eq!(last_audit(&pool, payment_id).await, ("operator:alice".into(), reason.into(), PaymentStatus::Succeeded));
+    assert_eq!(
+        resolution(&pool, payment_id).await,
+        (Some("succeeded".into()), Some("operator:alice".into()), Some(reason.into()))
+    );
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn a_conflict_on_a_terminal_payment_can_only_be_acknowledged(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+    let payment_id = dead_lettered(&pool, tenant_id, "order-1", 60).await;
+    let mut conn = pool.acquire().await.unwrap();
+    let acknowledge_unresolved =
+        commands::resolve(&mut conn, payment_id, &Decision::Acknowledge, &alice(), "seen").await;
+    commands::resolve(&mut conn, payment_id, &Decision::Failed { charge_id: None }, &alice(), "card expired")
+        .await
+        .unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    let evidence = json!([{"source": "webhook", "charge": {"id": "ch_late", "status": "succeeded"}}]);
+    dead_letters::record(
+        &mut tx,
+        tenant_id,
+        payment_id,
+        Kind::Conflict,
+        "a success after a recorded decline",
+        evidence,
+        0,
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let retry =
+        Retry { payment_id, operator: &alice(), reason: "x", resend_horizon: HORIZON, outside_key_window: true };
+    let charge = BookedCharge {
+        charge_id: "ch_late".into(),
+        amount: 1999,
+        currency: "EUR".into(),
+        charged_at: OffsetDateTime::now_utc(),
+    };
+
+    let retried = commands::retry(&mut conn, &retry).await;
+    let resettled = commands::resolve(&mut conn, payment_id, &Decision::Succeeded(charge), &alice(), "x").await;
+    let acknowledged =
+        commands::resolve(&mut conn, payment_id, &Decision::Acknowledge, &alice(), "refunded ch_late by hand")
+            .await
+            .unwrap();
+
+    assert!(matches!(acknowledge_unresolved, Err(CliError::Refused(_))), "{acknowledge_unresolved:?}");
+    assert!(matches!(retried, Err(CliError::Refused(_))), "{retried:?}");
+    assert!(matches!(resettled, Err(CliError::Refused(_))), "{resettled:?}");
+    assert_eq!((acknowledged.resolution, acknowledged.payment_status), ("acknowledged", PaymentStatus::Failed));
+    assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Failed);
+    let resolutions: Vec<(String, Option<String>, Option<String>)> = sqlx::query_as(
+        "SELECT kind, resolution, resolved_by FROM dead_letters WHERE payment_id = $1 ORDER BY dead_letter_id",
+    )
+    .bind(payment_id.as_uuid())
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        resolutions,
+        [
+            ("unresolved".into(), Some("failed".into()), Some("operator:alice".into())),
+            ("conflict".into(), Some("acknowledged".into()), Some("operator:alice".into())),
+        ]
+    );
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn the_binary_resolves_a_dead_letter_as_the_operator_named_and_lists_it_as_json(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+    let failed = dead_lettered(&pool, tenant_id, "order-1", 60).await;
+    let succeeded = dead_lettered(&pool, tenant_id, "order-2", 60).await;
+    let url = support::url_of(&pool);
+
+    let listed = reconciler(&url, &["dead-letters", "list", "--json"]);
+    let nobody = reconciler(&url, &["dead-letters", "resolve", &failed.to_string(), "--as", "failed", "--reason", "x"]);
+    let resolved_failed = reconciler_as(
+        "carol",
+        &url,
+        &["dead-letters", "resolve", &failed.to_string(), "--as", "failed", "--reason", "card expired"],
+    );
+    let resolved_succeeded = reconciler(
+        &url,
+        &[
+            "dead-letters",
+            "resolve",
+            &succeeded.to_string(),
+            "--as",
+            "succeeded",
+            "--charge-id",
+            "ch_9",
+            "--amount",
+            "1999",
+            "--currency",
+            "EUR",
+            "--charged-at",
+            "2026-01-10T12:00:00Z",
+            "--reason",
+            "per dashboard",
+            "--operator",
+            "bob",
+        ],
+    );
+    let no_reason = reconciler(&url, &["dead-letters", "retry", &failed.to_string()]);
+    let nothing_open =
+        reconciler_as("carol", &url, &["dead-letters", "retry", &failed.to_string(), "--reason", "again"]);
+
+    assert_eq!(nobody.status.code(), Some(2), "without --operator or $USER nobody is recorded");
+    assert!(listed.status.success());
+    let listed: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 2);
+    assert!(resolved_failed.status.success(), "{}", String::from_utf8_lossy(&resolved_failed.stderr));
+    assert!(resolved_succeeded.status.success(), "{}", String::from_utf8_lossy(&resolved_succeeded.stderr));
+    assert_eq!(status(&pool, tenant_id, failed).await, PaymentStatus::Failed);
+    assert_eq!(status(&pool, tenant_id, succeeded).await, PaymentStatus::Succeeded);
+    assert_eq!(last_audit(&pool, failed).await.0, "operator:carol");
+    assert_eq!(last_audit(&pool, succeeded).await.0, "operator:bob");
+    assert_eq!(no_reason.status.code(), Some(2));
+    assert_eq!(nothing_open.status.code(), Some(3));
 }
