@@ -212,6 +212,10 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
                         maybe_due = false;
                     }
                 }
+                // A full batch and slots still free: claim the next batch at once.
+                if maybe_due && self.claim_limit(in_flight.len()) > 0 {
+                    continue;
+                }
             }
             tokio::select! {
                 () = shutdown.cancelled() => {}

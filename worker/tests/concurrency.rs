@@ -22,7 +22,8 @@ async fn succeeded(pool: &PgPool) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM payments WHERE status = 'succeeded'").fetch_one(pool).await.unwrap()
 }
 
-async fn drain_with_workers(pool: PgPool, workers: usize) {
+/// Drains with `workers` drainers that claim up to `batch_size` rows at a time into 16 slots each.
+async fn drain_with_workers(pool: PgPool, workers: usize, batch_size: u32) {
     let server = MockServer::start().await;
     let charges = Charges::new();
     charges.mount(&server).await;
@@ -38,11 +39,10 @@ async fn drain_with_workers(pool: PgPool, workers: usize) {
         // Each worker has its own pool, as separate processes would.
         let own_pool =
             PgPoolOptions::new().max_connections(6).connect_with((*pool.connect_options()).clone()).await.unwrap();
-        let drainer = Drainer::new(
-            own_pool,
-            HttpProvider::new(&support::provider_settings(&server.uri())).unwrap(),
-            config(&format!("w{n}")),
-        );
+        let mut config = config(&format!("w{n}"));
+        config.batch_size = batch_size;
+        let drainer =
+            Drainer::new(own_pool, HttpProvider::new(&support::provider_settings(&server.uri())).unwrap(), config);
         let shutdown = shutdown.clone();
         running.push(tokio::spawn(async move { drainer.run(shutdown).await }));
     }
@@ -77,10 +77,11 @@ async fn drain_with_workers(pool: PgPool, workers: usize) {
 
 #[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
 async fn two_workers_drain_2000_payments_with_exactly_one_provider_request_each(pool: PgPool) {
-    drain_with_workers(pool, 2).await;
+    drain_with_workers(pool, 2, 16).await;
 }
 
 #[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
 async fn four_workers_drain_2000_payments_with_exactly_one_provider_request_each(pool: PgPool) {
-    drain_with_workers(pool, 4).await;
+    // Batches smaller than the slots: a worker claims several batches before it waits.
+    drain_with_workers(pool, 4, 5).await;
 }
