@@ -4,7 +4,7 @@
 //! 1. the defaults the binary embeds (a TOML file in its crate, which also documents every key);
 //! 2. a TOML file named by `--config` or `ONCEPAY_CONFIG`, if any;
 //! 3. environment variables `ONCEPAY_<SECTION>__<KEY>` (e.g. `ONCEPAY_DATABASE__MAX_CONNECTIONS=8`),
-//!    and `DATABASE_URL` for `database.url`.
+//!    and `DATABASE_URL` for `database.url` (only in binaries whose settings have a `[database]`).
 //!
 //! Secrets are `secrecy` types, so they never appear in `Debug` output. Nothing else in oncepay reads
 //! the environment.
@@ -70,11 +70,13 @@ pub fn load<T: DeserializeOwned>(defaults_toml: &str, file: Option<&Path>) -> Re
         }
         figment = figment.merge(Toml::file_exact(file));
     }
-    figment
-        .merge(Env::prefixed("ONCEPAY_").ignore(&["CONFIG"]).split("__"))
-        .merge(Env::raw().only(&["DATABASE_URL"]).map(|_| "database.url".into()))
-        .extract()
-        .map_err(Box::new)
+    figment = figment.merge(Env::prefixed("ONCEPAY_").ignore(&["CONFIG"]).split("__"));
+    // DATABASE_URL overrides `database.url` only for binaries that have a database: the simulator,
+    // started from a shell or test that exports it, must not grow a `database` section it rejects.
+    if figment.contains("database") {
+        figment = figment.merge(Env::raw().only(&["DATABASE_URL"]).map(|_| "database.url".into()));
+    }
+    figment.extract().map_err(Box::new)
 }
 
 #[cfg(test)]
@@ -115,6 +117,24 @@ mod tests {
             assert_eq!(settings.http.host, "127.0.0.1");
             assert_eq!(settings.database.max_connections, 16);
             assert_eq!(settings.database.url.expose_secret(), "postgres://elsewhere/db");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn database_url_is_ignored_by_settings_without_a_database() {
+        #[derive(Debug, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct NoDatabase {
+            http: HttpSettings,
+        }
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("DATABASE_URL", "postgres://elsewhere/db");
+
+            let settings: NoDatabase =
+                load("[http]\nhost = \"127.0.0.1\"\nport = 8090\n", None).map_err(|e| e.to_string())?;
+
+            assert_eq!(settings.http.port, 8090);
             Ok(())
         });
     }
