@@ -315,7 +315,8 @@ async fn dead_letter_command(command: DeadLettersCommand, ctx: &Context) -> Resu
                     _ => {
                         let provider =
                             HttpProvider::new(&ctx.settings.provider).context("cannot build the provider client")?;
-                        Decision::Succeeded(commands::confirm_charge(&provider, payment_id, &charge_id).await?)
+                        let mut conn = connection(ctx).await?;
+                        Decision::Succeeded(commands::find_charge(&mut conn, &provider, payment_id, &charge_id).await?)
                     }
                 },
             };

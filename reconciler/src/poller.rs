@@ -1,8 +1,9 @@
 //! The poller: settles `unknown` payments by asking the provider what it holds for their downstream
 //! idempotency key.
 //!
-//! Each pass claims due payments ([`unknown::claim_due`]), looks each one up outside any transaction,
-//! then records the verdict in one short transaction per payment:
+//! Each pass claims due payments ([`unknown::claim_due`]), looks each one up outside any transaction
+//! (a charge reported by a signed webhook while the payment was still being sent counts as found,
+//! without asking the provider), then records the verdict in one short transaction per payment:
 //! - a succeeded or failed charge: settled exactly as the worker would have settled it;
 //! - provably no charge while the provider still remembers the key (first send younger than the key
 //!   window minus a margin): back to `pending` and into the outbox, resent with the same key;
@@ -30,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 use crate::finding;
 use crate::render;
 use crate::unknown::{self, Claimed, Why};
+use crate::webhooks;
 
 const ACTOR: &str = "reconciler:poller";
 
@@ -148,19 +150,39 @@ impl<P: PaymentProvider> Poller<P> {
 
     #[tracing::instrument(name = "poller.poll", skip_all, fields(payment.id = %payment.payment_id))]
     async fn poll_one(&self, payment: Claimed) -> anyhow::Result<Done> {
-        let lookup = self.provider.find_by_key(&payment.payment_id.downstream_key()).await;
+        let (tenant_id, payment_id) = (payment.tenant_id, payment.payment_id);
+        let recorded = {
+            let mut conn = self.pool.acquire().await.context("cannot reach the database")?;
+            webhooks::recorded_charges(&mut conn, tenant_id, payment_id)
+                .await
+                .context("cannot read the payment's recorded webhooks")?
+        };
+        // A signed webhook that arrived while the payment was still being sent already tells; the
+        // provider is asked (without a connection held) only when none did.
+        let (source, lookup) = if recorded.is_empty() {
+            (Source::Provider, self.provider.find_by_key(&payment_id.downstream_key()).await)
+        } else {
+            (Source::RecordedWebhook, Ok(recorded))
+        };
         let verdict = decide(&payment, &lookup, &self.config);
         let mut conn = self.pool.acquire().await.context("cannot reach the database")?;
         let mut tx = conn.begin().await.context("cannot start a transaction")?;
-        let (tenant_id, payment_id) = (payment.tenant_id, payment.payment_id);
         let attempt = payment.poll_attempts + 1;
         let done = match verdict {
             Verdict::Settle { transition, settlement, charge } => {
-                let reason = match transition {
-                    Transition::Charged => "the provider holds a succeeded charge for the payment's key",
-                    _ => "the provider holds a declined charge for the payment's key",
+                let reason = match (source, transition) {
+                    (Source::Provider, Transition::Charged) => {
+                        "the provider holds a succeeded charge for the payment's key"
+                    }
+                    (Source::Provider, _) => "the provider holds a declined charge for the payment's key",
+                    (Source::RecordedWebhook, Transition::Charged) => {
+                        "a signed webhook received while it was being sent reported the charge succeeded"
+                    }
+                    (Source::RecordedWebhook, _) => {
+                        "a signed webhook received while it was being sent reported the charge declined"
+                    }
                 };
-                let evidence = unknown::evidence("poll", json!({"attempt": attempt, "charge": charge}));
+                let evidence = unknown::evidence(source.label(), json!({"attempt": attempt, "charge": charge}));
                 let applied =
                     unknown::settle(&mut tx, tenant_id, payment_id, transition, &settlement, why(reason), evidence)
                         .await
@@ -209,6 +231,24 @@ impl<P: PaymentProvider> Poller<P> {
         tx.commit().await.context("cannot commit the poll's outcome")?;
         done.record_metric();
         Ok(done)
+    }
+}
+
+/// Where a poll's answer came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// A lookup by the payment's key.
+    Provider,
+    /// Webhooks recorded while the payment was being sent.
+    RecordedWebhook,
+}
+
+impl Source {
+    const fn label(self) -> &'static str {
+        match self {
+            Self::Provider => "poll",
+            Self::RecordedWebhook => "webhook_recorded",
+        }
     }
 }
 

@@ -7,10 +7,10 @@
 //! seen id rolls everything back and answers 200: redeliveries change nothing), and the charge is
 //! judged against the payment ([`crate::finding::judge`]):
 //! - `unknown` → settled from the charge, exactly as the worker would, and its poll queue row removed;
-//! - `pending` / `processing` → only recorded: the worker holding it will learn the same outcome from
-//!   the provider (its resend carries the same key), and if it cannot, the payment becomes `unknown`
-//!   and the poller asks the provider, which is the ground truth. The reconciler does not race a
-//!   worker that holds a lease;
+//! - `pending` / `processing` → only recorded, with the charge: the worker holding it will learn the
+//!   same outcome from the provider (its resend carries the same key); if it cannot, the payment
+//!   becomes `unknown` and the poller settles it from this recorded charge. The reconciler does not
+//!   race a worker that holds a lease;
 //! - `dead_lettered` → the charge is appended to the open dead letter for the operator;
 //! - terminal and agreeing → nothing; terminal and contradicting → a `conflict` dead letter, the
 //!   terminal state untouched.
@@ -23,13 +23,14 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use futures::StreamExt;
 use oncepay_shared::ids::{DownstreamKey, PaymentId, TenantId};
 use oncepay_shared::problem::{Problem, ProblemType};
-use oncepay_shared::provider::ChargeStatus;
 use oncepay_shared::provider::wire::{EventType, WebhookEvent};
+use oncepay_shared::provider::{Charge, ChargeStatus};
 use oncepay_shared::status::{PaymentStatus, Transition};
 use oncepay_shared::store::StoreError;
 use oncepay_shared::store::transitions::{Applied, TransitionError};
 use oncepay_shared::webhook_signature::{self, SignedHeaders, WebhookSecret};
 use serde_json::{Value, json};
+use sqlx::types::Json;
 use sqlx::{Acquire, PgConnection, PgPool};
 use time::OffsetDateTime;
 
@@ -200,8 +201,8 @@ pub async fn apply(pool: &PgPool, webhook_id: &str, event: &WebhookEvent) -> Res
     };
     let first_time = sqlx::query_scalar!(
         r#"
-        INSERT INTO webhook_events (tenant_id, webhook_id, event_type, payment_id, provider_charge_id, outcome)
-        VALUES ($1, $2, $3, $4, $5, $6)
+        INSERT INTO webhook_events (tenant_id, webhook_id, event_type, payment_id, provider_charge_id, outcome, charge)
+        VALUES ($1, $2, $3, $4, $5, $6, $7)
         ON CONFLICT (tenant_id, webhook_id) DO NOTHING
         RETURNING true AS "inserted!"
         "#,
@@ -211,6 +212,7 @@ pub async fn apply(pool: &PgPool, webhook_id: &str, event: &WebhookEvent) -> Res
         payment_id.as_uuid(),
         charge.id,
         judgement.label(),
+        Json(charge) as _,
     )
     .fetch_optional(&mut *tx)
     .await
@@ -248,6 +250,27 @@ pub async fn apply(pool: &PgPool, webhook_id: &str, event: &WebhookEvent) -> Res
     }
     tx.commit().await.map_err(StoreError::from)?;
     Ok(Outcome::Recorded(judgement.label()))
+}
+
+/// The charges signed webhooks reported for a payment, oldest first: evidence that outlives the
+/// provider's memory of the payment's key.
+pub async fn recorded_charges(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    payment_id: PaymentId,
+) -> Result<Vec<Charge>, StoreError> {
+    let rows = sqlx::query_scalar!(
+        r#"
+        SELECT charge AS "charge!: Json<Charge>" FROM webhook_events
+        WHERE tenant_id = $1 AND payment_id = $2 AND charge IS NOT NULL
+        ORDER BY received_at, webhook_id
+        "#,
+        tenant_id.as_uuid(),
+        payment_id.as_uuid(),
+    )
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.into_iter().map(|Json(charge)| charge).collect())
 }
 
 /// The payment a charge was made for: from the metadata oncepay puts on every charge, or else from

@@ -15,11 +15,13 @@ use oncepay_reconciler::dead_letters::{self, Kind};
 use oncepay_reconciler::render::Report;
 use oncepay_reconciler::tenants;
 use oncepay_reconciler::unknown::{self, Why};
+use oncepay_reconciler::webhooks;
 use oncepay_shared::api_key;
 use oncepay_shared::db;
 use oncepay_shared::ids::{PaymentId, TenantId};
 use oncepay_shared::provider::ChargeStatus;
 use oncepay_shared::provider::http::{HttpProvider, ProviderSettings};
+use oncepay_shared::provider::wire::{EventType, WebhookEvent};
 use oncepay_shared::status::PaymentStatus;
 use oncepay_shared::store::tenants::find_api_key;
 use serde_json::{Value, json};
@@ -270,8 +272,8 @@ async fn resolving_as_succeeded_books_the_providers_charge_with_an_audit_row_nam
     let provider = HttpProvider::new(&settings).unwrap();
     let mut conn = pool.acquire().await.unwrap();
 
-    let unknown_charge = commands::confirm_charge(&provider, payment_id, "ch_other").await;
-    let charge = commands::confirm_charge(&provider, payment_id, "ch_found").await.unwrap();
+    let unknown_charge = commands::find_charge(&mut conn, &provider, payment_id, "ch_other").await;
+    let charge = commands::find_charge(&mut conn, &provider, payment_id, "ch_found").await.unwrap();
     let reason = "found in the provider dashboard";
     let done = commands::resolve(&mut conn, payment_id, &Decision::Succeeded(charge), &alice(), reason).await.unwrap();
 
@@ -405,4 +407,35 @@ async fn the_binary_resolves_a_dead_letter_as_the_operator_named_and_lists_it_as
     assert_eq!(last_audit(&pool, succeeded).await.0, "operator:bob");
     assert_eq!(no_reason.status.code(), Some(2));
     assert_eq!(nothing_open.status.code(), Some(3));
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn resolving_as_succeeded_can_rest_on_a_charge_a_signed_webhook_reported(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+    let payment_id = dead_lettered(&pool, tenant_id, "order-1", 2 * DAY).await;
+    let data = support::charge(tenant_id, payment_id, "ch_hooked", ChargeStatus::Succeeded, 1999);
+    let event = WebhookEvent { event_type: EventType::ChargeSucceeded, created: data.created, data };
+    webhooks::apply(&pool, "msg_1", &event).await.unwrap();
+    // Past its key window the provider no longer finds the charge by key.
+    let provider = MockServer::start().await;
+    Mock::given(method("GET"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"data": [], "has_more": false})))
+        .mount(&provider)
+        .await;
+    oncepay_shared::tls::install_provider();
+    let settings = ProviderSettings {
+        base_url: provider.uri(),
+        api_key: "sk_test".to_owned().into(),
+        connect_timeout_ms: 500,
+        request_timeout_ms: 2_000,
+        key_window_secs: DAY as u64,
+    };
+    let provider = HttpProvider::new(&settings).unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+
+    let charge = commands::find_charge(&mut conn, &provider, payment_id, "ch_hooked").await.unwrap();
+    let unheard_of = commands::find_charge(&mut conn, &provider, payment_id, "ch_other").await;
+
+    assert_eq!((charge.charge_id.as_str(), charge.amount), ("ch_hooked", 1999));
+    assert!(matches!(&unheard_of, Err(CliError::Refused(why)) if why.contains("--amount")), "{unheard_of:?}");
 }

@@ -10,11 +10,12 @@ mod support;
 use std::time::Duration;
 
 use oncepay_reconciler::poller::{Counts, Poller, PollerConfig};
-use oncepay_reconciler::unknown;
+use oncepay_reconciler::{unknown, webhooks};
 use oncepay_shared::backoff::Backoff;
 use oncepay_shared::ids::PaymentId;
 use oncepay_shared::provider::ChargeStatus;
 use oncepay_shared::provider::http::{HttpProvider, ProviderSettings};
+use oncepay_shared::provider::wire::{EventType, WebhookEvent};
 use oncepay_shared::status::PaymentStatus;
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -230,4 +231,32 @@ async fn every_due_payment_in_a_batch_is_settled_in_one_pass(pool: PgPool) {
             if outcome == ChargeStatus::Succeeded { PaymentStatus::Succeeded } else { PaymentStatus::Failed };
         assert_eq!(status(&pool, tenant_id, payment_id).await, expected);
     }
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn a_webhook_recorded_while_the_payment_was_being_sent_settles_it_once_unknown_without_asking(pool: PgPool) {
+    let provider = MockServer::start().await;
+    Mock::given(method("GET")).respond_with(ResponseTemplate::new(503)).expect(0).mount(&provider).await;
+    let tenant_id = tenant(&pool, "acme").await;
+    // Sent two days ago: the provider may well have forgotten the key by now.
+    let payment_id = support::accept(&pool, tenant_id, "order-1", 1999).await;
+    support::claim(&pool, tenant_id, payment_id, 2 * DAY).await;
+    let data = charge(tenant_id, payment_id, "ch_1", ChargeStatus::Succeeded, 1999);
+    let event = WebhookEvent { event_type: EventType::ChargeSucceeded, created: data.created, data };
+    let recorded = webhooks::apply(&pool, "msg_1", &event).await.unwrap();
+    support::uncertain(&pool, tenant_id, payment_id).await;
+
+    let counts = poller(&pool, &provider, 5).run_once().await.unwrap();
+
+    assert_eq!(recorded.label(), "not_unknown");
+    assert_eq!(counts, Counts { claimed: 1, charged: 1, ..Counts::default() });
+    assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Succeeded);
+    assert_eq!(count_for(&pool, "ledger_entries", payment_id).await, 1);
+    let detail: Value =
+        sqlx::query_scalar("SELECT detail FROM payment_events WHERE payment_id = $1 AND to_status = 'succeeded'")
+            .bind(payment_id.as_uuid())
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(detail["source"], "webhook_recorded");
 }

@@ -23,6 +23,7 @@ use time::OffsetDateTime;
 
 use crate::cli::CliError;
 use crate::render::{self, Report, Table};
+use crate::webhooks;
 
 /// `list`: which entries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -502,21 +503,41 @@ pub enum Decision {
     Acknowledge,
 }
 
-/// Finds the charge `charge_id` among the provider's charges for the payment's key, for a
-/// `resolve --as succeeded` that did not give the amount, currency and time itself.
-pub async fn confirm_charge<P: PaymentProvider>(
+/// Finds the charge `charge_id` of a dead-lettered payment, for a `resolve --as succeeded` that did
+/// not give the amount, currency and time itself: among the charges signed webhooks reported for
+/// the payment, else among the provider's charges for its key. No transaction is open meanwhile.
+pub async fn find_charge<P: PaymentProvider>(
+    conn: &mut PgConnection,
     provider: &P,
     payment_id: PaymentId,
     charge_id: &str,
 ) -> Result<BookedCharge, CliError> {
-    let charges = provider.find_by_key(&payment_id.downstream_key()).await.map_err(|error| {
-        CliError::Failed(anyhow::Error::new(error).context(format!("cannot ask the provider about charge {charge_id}")))
-    })?;
-    let Some(charge) = charges.into_iter().find(|c| c.id == charge_id) else {
-        return Err(CliError::Refused(format!(
-            "the provider lists no charge {charge_id} for payment {payment_id} (past its key window it may not); give \
-             --amount, --currency and --charged-at from the provider's records"
-        )));
+    let tenant_id = sqlx::query_scalar!(
+        "SELECT tenant_id FROM dead_letters WHERE payment_id = $1 AND resolved_at IS NULL",
+        payment_id.as_uuid(),
+    )
+    .fetch_optional(&mut *conn)
+    .await
+    .context("cannot read the dead letter")?
+    .ok_or_else(|| CliError::NotFound(format!("payment {payment_id} has no open dead letter")))?;
+    let recorded = webhooks::recorded_charges(conn, TenantId::from_uuid(tenant_id), payment_id)
+        .await
+        .context("cannot read the payment's recorded webhooks")?;
+    let charge = match recorded.into_iter().find(|c| c.id == charge_id) {
+        Some(charge) => charge,
+        None => {
+            let charges = provider.find_by_key(&payment_id.downstream_key()).await.map_err(|error| {
+                let context = format!("cannot ask the provider about charge {charge_id}");
+                CliError::Failed(anyhow::Error::new(error).context(context))
+            })?;
+            charges.into_iter().find(|c| c.id == charge_id).ok_or_else(|| {
+                CliError::Refused(format!(
+                    "neither a webhook nor the provider's lookup by key names a charge {charge_id} for payment \
+                     {payment_id} (past its key window the provider may not); give --amount, --currency and \
+                     --charged-at from the provider's records"
+                ))
+            })?
+        }
     };
     if charge.status != ChargeStatus::Succeeded {
         return Err(CliError::Refused(format!(

@@ -78,6 +78,12 @@ pub async fn unknown_payment(
 ) -> PaymentId {
     let payment_id = accept(pool, tenant_id, key, amount).await;
     claim(pool, tenant_id, payment_id, sent_secs_ago).await;
+    uncertain(pool, tenant_id, payment_id).await;
+    payment_id
+}
+
+/// Moves a `processing` payment to `unknown` as the worker does when its send ends uncertain.
+pub async fn uncertain(pool: &PgPool, tenant_id: TenantId, payment_id: PaymentId) {
     let mut tx = pool.begin().await.unwrap();
     moved(
         transitions::apply(&mut tx, &change(tenant_id, payment_id, PaymentStatus::Processing, Transition::Uncertain))
@@ -87,7 +93,6 @@ pub async fn unknown_payment(
         .await
         .unwrap();
     tx.commit().await.unwrap();
-    payment_id
 }
 
 /// A change by the test harness.
