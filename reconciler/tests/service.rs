@@ -12,37 +12,21 @@ use std::time::Duration;
 use oncepay_devkit::process::{Child, Spec};
 use oncepay_reconciler::settings::{DEFAULTS, Settings};
 use oncepay_shared::config;
-use oncepay_shared::ids::{PaymentId, TenantId};
 use oncepay_shared::provider::ChargeStatus;
 use oncepay_shared::provider::wire::{EventType, WebhookEvent};
 use oncepay_shared::status::PaymentStatus;
 use serde_json::json;
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
-use support::{charge, status, tenant, unknown_payment};
+use support::{charge, reaches, tenant, unknown_payment};
 use time::OffsetDateTime;
 use wiremock::matchers::{method, path, query_param};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
+const WAIT: Duration = Duration::from_secs(20);
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// Waits until the payment reaches `expected`, woken by the notification the store sends on every
-/// status change.
-async fn reaches(
-    listener: &mut PgListener,
-    pool: &PgPool,
-    tenant_id: TenantId,
-    payment_id: PaymentId,
-    expected: PaymentStatus,
-) {
-    let wait = async {
-        while status(pool, tenant_id, payment_id).await != expected {
-            while listener.recv().await.unwrap().payload() != payment_id.to_string() {}
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(20), wait).await.expect("the payment never reached the status");
 }
 
 #[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
@@ -89,7 +73,7 @@ async fn the_service_settles_by_webhook_and_by_polling_and_stops_cleanly_on_sigt
         .await
         .unwrap();
     assert_eq!(answer.status().as_u16(), 200);
-    reaches(&mut listener, &pool, tenant_id, by_webhook, PaymentStatus::Succeeded).await;
+    assert!(reaches(&mut listener, &pool, tenant_id, by_webhook, PaymentStatus::Succeeded, WAIT).await);
 
     // A payment that becomes unknown while the service runs is found by the poller.
     let by_polling = unknown_payment(&pool, tenant_id, "order-2", 200, 60).await;
@@ -101,7 +85,7 @@ async fn the_service_settles_by_webhook_and_by_polling_and_stops_cleanly_on_sigt
         ))
         .mount(&provider)
         .await;
-    reaches(&mut listener, &pool, tenant_id, by_polling, PaymentStatus::Failed).await;
+    assert!(reaches(&mut listener, &pool, tenant_id, by_polling, PaymentStatus::Failed, WAIT).await);
 
     let metrics = reqwest::get(format!("{base}/metrics")).await.unwrap().text().await.unwrap();
     assert!(metrics.contains(r#"oncepay_reconciler_webhooks_total{verdict="applied"} 1"#), "{metrics}");

@@ -170,3 +170,21 @@ pub fn charge(
         failure_message: declined.then(|| "The card was declined.".to_owned()),
     }
 }
+
+/// Waits until the payment reaches `expected`, woken by the notification the store sends on every
+/// status change (`listener` must already listen on `oncepay_payment`).
+pub async fn reaches(
+    listener: &mut sqlx::postgres::PgListener,
+    pool: &PgPool,
+    tenant_id: TenantId,
+    payment_id: PaymentId,
+    expected: PaymentStatus,
+    timeout: Duration,
+) -> bool {
+    let wait = async {
+        while status(pool, tenant_id, payment_id).await != expected {
+            while listener.recv().await.unwrap().payload() != payment_id.to_string() {}
+        }
+    };
+    tokio::time::timeout(timeout, wait).await.is_ok()
+}
