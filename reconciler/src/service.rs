@@ -81,36 +81,54 @@ pub async fn serve(settings: Settings, shutdown: CancellationToken) -> anyhow::R
     );
     let recon = Arc::new(Reconciliation::new(pool.clone(), provider, settings.recon_config()));
 
-    let mut loops = JoinSet::new();
-    let token = shutdown.clone();
-    loops.spawn(async move { poller.run(token).await });
-    let token = shutdown.clone();
-    loops.spawn(async move { sweeper.run(token).await });
-    let token = shutdown.clone();
-    loops.spawn(async move { reaper.run(token).await });
+    let mut loops: JoinSet<anyhow::Result<()>> = JoinSet::new();
     let token = shutdown.clone();
     loops.spawn(async move {
-        if let Err(error) = recon.run(token.clone()).await {
-            tracing::error!(error = format!("{error:#}"), "the nightly reconciliation cannot run");
-            // Without it the service is not doing its job: stop everything and let the platform see.
+        poller.run(token).await;
+        Ok(())
+    });
+    let token = shutdown.clone();
+    loops.spawn(async move {
+        sweeper.run(token).await;
+        Ok(())
+    });
+    let token = shutdown.clone();
+    loops.spawn(async move {
+        reaper.run(token).await;
+        Ok(())
+    });
+    let token = shutdown.clone();
+    loops.spawn(async move {
+        let scheduled = recon.run(token.clone()).await;
+        if scheduled.is_err() {
+            // Without it the service is not doing its job: stop everything and exit non-zero.
             token.cancel();
         }
+        scheduled.context("the nightly reconciliation cannot run")
     });
     let stopper = shutdown.clone();
     loops.spawn(async move {
         stopper.cancelled().await;
         server_handle.stop(true).await;
+        Ok(())
     });
 
-    let served = server.await.context("the HTTP server failed");
+    let mut outcome = server.await.context("the HTTP server failed");
     // The server may also end on its own (an I/O failure): take the loops down with it.
     shutdown.cancel();
     while let Some(joined) = loops.join_next().await {
-        if let Err(error) = joined {
-            tracing::error!(error = %error, "a background loop panicked");
+        let failed = match joined {
+            Ok(result) => result.err(),
+            Err(panic) => Some(anyhow::anyhow!("a background loop panicked: {panic}")),
+        };
+        if let Some(error) = failed {
+            tracing::error!(error = format!("{error:#}"), "the reconciler is stopping on an error");
+            if outcome.is_ok() {
+                outcome = Err(error);
+            }
         }
     }
     pool.close().await;
     tracing::info!("reconciler stopped");
-    served
+    outcome
 }
