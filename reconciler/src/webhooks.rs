@@ -101,6 +101,9 @@ pub enum ApplyError {
     /// A transition the state machine refused: a bug.
     #[error(transparent)]
     Transition(#[from] TransitionError),
+    /// The locked payment changed status anyway: a bug.
+    #[error("payment {0} moved while it was locked")]
+    MovedWhileLocked(PaymentId),
 }
 
 #[tracing::instrument(name = "webhook.receive", skip_all, fields(webhook.id, webhook.verdict))]
@@ -232,7 +235,7 @@ pub async fn apply(pool: &PgPool, webhook_id: &str, event: &WebhookEvent) -> Res
                 unknown::settle(&mut tx, tenant_id, payment_id, *transition, settlement, why, evidence).await?;
             if matches!(applied, Applied::LostRace) {
                 // The payment row is locked above, so its status cannot have changed.
-                return Err(ApplyError::Invalid(format!("payment {payment_id} moved while locked")));
+                return Err(ApplyError::MovedWhileLocked(payment_id));
             }
             let how = if *transition == Transition::Charged { "webhook_charged" } else { "webhook_declined" };
             metrics::counter!("oncepay_reconciler_unknown_resolved_total", "how" => how).increment(1);
