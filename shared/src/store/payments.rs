@@ -1,4 +1,5 @@
-//! Reading payments. The one place that maps a `payments` row to [`Payment`].
+//! Reading payments. The one place that maps a `payments` row to [`Payment`] (`sql/payment.sql`, a
+//! file so the benchmark can run the same read under pgbench).
 
 use std::collections::BTreeMap;
 
@@ -18,31 +19,8 @@ pub async fn fetch(
     tenant_id: TenantId,
     payment_id: PaymentId,
 ) -> Result<Option<Payment>, StoreError> {
-    let payment = sqlx::query_as!(
-        Payment,
-        r#"
-        SELECT tenant_id AS "tenant_id: TenantId",
-               payment_id AS "payment_id: PaymentId",
-               status AS "status: PaymentStatus",
-               amount AS "amount: Amount",
-               currency AS "currency: Currency",
-               customer_id,
-               description,
-               metadata AS "metadata: Json<BTreeMap<String, String>>",
-               provider_charge_id,
-               failure_code,
-               failure_message,
-               send_attempts,
-               first_sent_at,
-               created_at,
-               updated_at
-        FROM payments
-        WHERE tenant_id = $1 AND payment_id = $2
-        "#,
-        tenant_id.as_uuid(),
-        payment_id.as_uuid(),
-    )
-    .fetch_optional(conn)
-    .await?;
+    let payment = sqlx::query_file_as!(Payment, "sql/payment.sql", tenant_id.as_uuid(), payment_id.as_uuid(),)
+        .fetch_optional(conn)
+        .await?;
     Ok(payment)
 }

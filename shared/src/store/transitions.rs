@@ -7,6 +7,8 @@
 //! single read. Zero rows updated means another actor moved the payment first: that is
 //! [`Applied::LostRace`], a normal outcome. Callers own the transaction and any guard of their own
 //! (the worker's fencing token) and must not hold it across a provider call.
+//! The terminal change's statements live in `sql/settle.sql` and `sql/store_response.sql`, so the
+//! benchmark runs the very same SQL under pgbench.
 
 use serde_json::Value;
 use sqlx::PgConnection;
@@ -153,24 +155,8 @@ pub async fn settle(
         Settlement::Failed { .. } => (None, None, None),
     };
 
-    let moved = sqlx::query_scalar!(
-        r#"
-        WITH moved AS (
-            UPDATE payments
-            SET status = $3, updated_at = now(),
-                provider_charge_id = COALESCE($5, provider_charge_id),
-                failure_code = $6, failure_message = $7
-            WHERE tenant_id = $1 AND payment_id = $2 AND status = $4
-            RETURNING tenant_id, payment_id, status
-        ), audit AS (
-            INSERT INTO payment_events (tenant_id, payment_id, from_status, to_status, actor, reason, detail)
-            SELECT tenant_id, payment_id, $4, $3, $8, $9, $10 FROM moved
-        ), ledger AS (
-            INSERT INTO ledger_entries (tenant_id, payment_id, provider_charge_id, amount, currency, charged_at)
-            SELECT tenant_id, payment_id, $5, $11, $12, $13 FROM moved WHERE status = 'succeeded'
-        )
-        SELECT pg_notify('oncepay_payment', payment_id::text) AS "notified!: ()" FROM moved
-        "#,
+    let moved = sqlx::query_file_scalar!(
+        "sql/settle.sql",
         change.tenant_id.as_uuid(),
         change.payment_id.as_uuid(),
         to as PaymentStatus,
@@ -197,17 +183,9 @@ pub async fn settle(
         .ok_or(StoreError::Unexpected(sqlx::Error::RowNotFound))?;
     let body = serde_json::to_value(PaymentResource::from(&payment))
         .map_err(|e| StoreError::Unexpected(sqlx::Error::Encode(Box::new(e))))?;
-    sqlx::query!(
-        r#"
-        UPDATE idempotency_keys SET response_status = 200, response_body = $3
-        WHERE tenant_id = $1 AND payment_id = $2
-        "#,
-        change.tenant_id.as_uuid(),
-        change.payment_id.as_uuid(),
-        body,
-    )
-    .execute(&mut *conn)
-    .await
-    .map_err(StoreError::from)?;
+    sqlx::query_file!("sql/store_response.sql", change.tenant_id.as_uuid(), change.payment_id.as_uuid(), body,)
+        .execute(&mut *conn)
+        .await
+        .map_err(StoreError::from)?;
     Ok(Applied::Moved(payment))
 }

@@ -1,0 +1,21 @@
+-- One payment of one tenant, by primary key. The quoted aliases tell sqlx's query macros the Rust
+-- types of the columns.
+--
+-- $1 tenant_id, $2 payment_id.
+SELECT tenant_id AS "tenant_id: TenantId",
+       payment_id AS "payment_id: PaymentId",
+       status AS "status: PaymentStatus",
+       amount AS "amount: Amount",
+       currency AS "currency: Currency",
+       customer_id,
+       description,
+       metadata AS "metadata: Json<BTreeMap<String, String>>",
+       provider_charge_id,
+       failure_code,
+       failure_message,
+       send_attempts,
+       first_sent_at,
+       created_at,
+       updated_at
+FROM payments
+WHERE tenant_id = $1 AND payment_id = $2
