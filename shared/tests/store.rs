@@ -1,5 +1,8 @@
 //! The store against a real PostgreSQL: each test gets a fresh, migrated database.
 
+// The helpers below are test code too; clippy's test allowance only covers `#[test]` functions.
+#![allow(clippy::unwrap_used)]
+
 use std::time::Duration;
 
 use oncepay_shared::api_key;
