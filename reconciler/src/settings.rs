@@ -78,8 +78,6 @@ pub struct PollerSettings {
     pub max_attempts: u32,
     /// Time in `unknown` before a payment is dead-lettered.
     pub max_age_secs: u64,
-    /// Safety margin before the end of the provider's key window, inside which no resend is queued.
-    pub resend_margin_secs: u64,
 }
 
 impl PollerSettings {
@@ -144,10 +142,7 @@ impl Settings {
     /// How long the provider deduplicates a resend with a payment's key, and the margin every resend
     /// decision (the poller's, the sweeper's, an operator's retry) keeps from its end.
     pub fn key_window(&self) -> KeyWindow {
-        KeyWindow {
-            window: Duration::from_secs(self.provider.key_window_secs),
-            safety_margin: Duration::from_secs(self.poller.resend_margin_secs),
-        }
+        self.provider.key_window()
     }
 
     /// The reconciliation's settings.
@@ -172,10 +167,7 @@ impl Settings {
             "poller.lease_ms must exceed provider.request_timeout_ms, or a lookup could outlive its lease",
         )?;
         rule(self.poller.max_attempts > 0, "poller.max_attempts must be positive")?;
-        rule(
-            self.poller.resend_margin_secs < self.provider.key_window_secs,
-            "poller.resend_margin_secs must be shorter than provider.key_window_secs",
-        )?;
+        self.provider.validate().map_err(InvalidSettings::Rule)?;
         rule(self.sweeper.batch_size > 0, "sweeper.batch_size must be positive")?;
         rule(self.reaper.batch_size > 0, "reaper.batch_size must be positive")?;
         rule(self.recon.page_size > 0, "recon.page_size must be positive")?;

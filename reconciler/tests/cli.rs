@@ -268,6 +268,7 @@ async fn resolving_as_succeeded_books_the_providers_charge_with_an_audit_row_nam
         connect_timeout_ms: 500,
         request_timeout_ms: 2_000,
         key_window_secs: DAY as u64,
+        key_window_margin_secs: 3_600,
     };
     let provider = HttpProvider::new(&settings).unwrap();
     let mut conn = pool.acquire().await.unwrap();
@@ -429,6 +430,7 @@ async fn resolving_as_succeeded_can_rest_on_a_charge_a_signed_webhook_reported(p
         connect_timeout_ms: 500,
         request_timeout_ms: 2_000,
         key_window_secs: DAY as u64,
+        key_window_margin_secs: 3_600,
     };
     let provider = HttpProvider::new(&settings).unwrap();
     let mut conn = pool.acquire().await.unwrap();

@@ -46,6 +46,7 @@ fn poller(pool: &PgPool, provider: &MockServer, max_attempts: u32) -> Poller<Htt
         connect_timeout_ms: 500,
         request_timeout_ms: 2_000,
         key_window_secs: DAY as u64,
+        key_window_margin_secs: 3_600,
     };
     Poller::new(pool.clone(), HttpProvider::new(&settings).unwrap(), config(max_attempts))
 }

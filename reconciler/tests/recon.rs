@@ -43,6 +43,7 @@ fn reconciliation(pool: &PgPool, provider: &MockServer) -> Reconciliation<HttpPr
         connect_timeout_ms: 500,
         request_timeout_ms: 2_000,
         key_window_secs: 86_400,
+        key_window_margin_secs: 3_600,
     };
     let config = ReconConfig {
         schedule: "0 0 2 * * *".into(),

@@ -11,7 +11,6 @@ use anyhow::{Context, ensure};
 use oncepay_shared::backoff::Backoff;
 use oncepay_shared::config::{self, DatabaseSettings, HttpSettings, TelemetrySettings};
 use oncepay_shared::provider::http::ProviderSettings;
-use oncepay_shared::store::leases::KeyWindow;
 use serde::Deserialize;
 
 use crate::drainer::DrainerConfig;
@@ -52,8 +51,6 @@ pub struct WorkerSettings {
     pub max_attempts: u32,
     /// Delays between those tries.
     pub backoff: Backoff,
-    /// How long before the provider's key window closes resends stop, in seconds.
-    pub key_window_margin_secs: u64,
     /// How long in-flight calls may take to finish after SIGTERM, in seconds.
     pub shutdown_grace_secs: u64,
 }
@@ -84,12 +81,7 @@ impl Settings {
             worker.lease_secs,
             longest_call_ms,
         );
-        ensure!(
-            worker.key_window_margin_secs < self.provider.key_window_secs,
-            "worker.key_window_margin_secs ({}) must be smaller than provider.key_window_secs ({})",
-            worker.key_window_margin_secs,
-            self.provider.key_window_secs,
-        );
+        self.provider.validate().map_err(anyhow::Error::msg)?;
         // The listener holds one connection for good; claims and records need at least one more.
         ensure!(self.database.max_connections >= 2, "database.max_connections must be at least 2");
         Ok(())
@@ -106,10 +98,7 @@ impl Settings {
             poll_interval: Duration::from_millis(worker.poll_interval_ms),
             max_attempts: worker.max_attempts,
             backoff: worker.backoff,
-            key_window: KeyWindow {
-                window: Duration::from_secs(self.provider.key_window_secs),
-                safety_margin: Duration::from_secs(worker.key_window_margin_secs),
-            },
+            key_window: self.provider.key_window(),
             shutdown_grace: Duration::from_secs(worker.shutdown_grace_secs),
         }
     }
@@ -157,7 +146,7 @@ mod tests {
         type Edit = fn(&mut Settings);
         let cases: [(&str, Edit); 6] = [
             ("lease shorter than a call", |s| s.worker.lease_secs = 5),
-            ("margin as wide as the window", |s| s.worker.key_window_margin_secs = s.provider.key_window_secs),
+            ("margin as wide as the window", |s| s.provider.key_window_margin_secs = s.provider.key_window_secs),
             ("no attempts", |s| s.worker.max_attempts = 0),
             ("no slots", |s| s.worker.max_in_flight = 0),
             ("one connection", |s| s.database.max_connections = 1),

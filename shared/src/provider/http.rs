@@ -13,6 +13,7 @@ use tracing::instrument;
 use crate::ids::DownstreamKey;
 use crate::provider::wire::{Charge, ChargePage, CreateCharge};
 use crate::provider::{ChargeRequest, ListCharges, LookupError, PaymentProvider, SendOutcome, UncertainReason};
+use crate::store::leases::KeyWindow;
 use crate::telemetry;
 
 /// Where the provider is and how long to wait for it.
@@ -31,6 +32,31 @@ pub struct ProviderSettings {
     /// How long the provider remembers an idempotency key (24 h at real providers).
     #[serde(default = "defaults::key_window_secs")]
     pub key_window_secs: u64,
+    /// Resends (by the worker, the sweeper, the poller, an operator) stop this long before the key
+    /// window closes, to cover clock skew and the time a resend takes to arrive.
+    #[serde(default = "defaults::key_window_margin_secs")]
+    pub key_window_margin_secs: u64,
+}
+
+impl ProviderSettings {
+    /// The provider's key window, as every resend decision must see it.
+    pub fn key_window(&self) -> KeyWindow {
+        KeyWindow {
+            window: Duration::from_secs(self.key_window_secs),
+            safety_margin: Duration::from_secs(self.key_window_margin_secs),
+        }
+    }
+
+    /// Rejects a margin that leaves no window to resend in.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.key_window_margin_secs >= self.key_window_secs {
+            return Err(format!(
+                "provider.key_window_margin_secs ({}) must be smaller than provider.key_window_secs ({})",
+                self.key_window_margin_secs, self.key_window_secs
+            ));
+        }
+        Ok(())
+    }
 }
 
 mod defaults {
@@ -42,6 +68,9 @@ mod defaults {
     }
     pub const fn key_window_secs() -> u64 {
         24 * 60 * 60
+    }
+    pub const fn key_window_margin_secs() -> u64 {
+        60 * 60
     }
 }
 
@@ -205,6 +234,7 @@ mod tests {
             connect_timeout_ms: 500,
             request_timeout_ms: 500,
             key_window_secs: 86_400,
+            key_window_margin_secs: 3_600,
         }
     }
 

@@ -87,6 +87,7 @@ impl Sim {
             connect_timeout_ms: 1_000,
             request_timeout_ms: u64::try_from(timeout.as_millis()).unwrap(),
             key_window_secs: self.settings.simulator.key_window_secs,
+            key_window_margin_secs: 0,
         })
         .unwrap()
     }

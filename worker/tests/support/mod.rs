@@ -97,6 +97,7 @@ pub fn provider_settings(base_url: &str) -> ProviderSettings {
         connect_timeout_ms: 500,
         request_timeout_ms: 1_000,
         key_window_secs: 86_400,
+        key_window_margin_secs: 3_600,
     }
 }
 
