@@ -1,9 +1,11 @@
 //! `cargo xtask`: the project's tasks.
 //!
+//! - `cargo xtask up`: runs oncepay locally (PostgreSQL, the simulator, api, worker, reconciler), with
+//!   a demo tenant, until Ctrl-C.
 //! - `cargo xtask test [-- nextest args]`: the whole test suite, against a throwaway PostgreSQL
 //!   cluster (or `DATABASE_URL` when set). This is what CI runs.
 //! - `cargo xtask prepare [-p <package>]...`: refreshes the committed sqlx offline query data
-//!   (`.sqlx/`) from a fresh, migrated database: for the whole workspace (stale entries removed), or
+//!   (`.sqlx/`) from a throwaway, migrated cluster: for the whole workspace (stale entries removed), or
 //!   additively for the named packages.
 //!
 //! Every task brings up what it needs itself; nothing must be running beforehand.
@@ -16,6 +18,8 @@ use clap::{Parser, Subcommand};
 use oncepay_devkit::pg::{Cluster, Durability};
 use tokio::process::Command;
 
+mod up;
+
 #[derive(Parser)]
 #[command(about = "oncepay's project tasks")]
 struct Cli {
@@ -25,6 +29,15 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
+    /// Runs oncepay locally: PostgreSQL, the simulator, api, worker and reconciler, until Ctrl-C.
+    Up {
+        /// Build and run optimised binaries.
+        #[arg(long)]
+        release: bool,
+        /// The demo tenant to create (or to issue a new key for).
+        #[arg(long, default_value = "demo")]
+        tenant: String,
+    },
     /// Runs the whole test suite (builds the binaries, then cargo nextest).
     Test {
         /// Passed on to `cargo nextest run`, e.g. a test name filter.
@@ -43,6 +56,7 @@ enum Task {
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Task::Up { release, tenant } => up::up(&workspace_root(), &up::Options { release, tenant }).await,
         Task::Test { nextest_args } => test(&nextest_args).await,
         Task::Prepare { packages } => prepare(&packages).await,
     };
@@ -97,14 +111,11 @@ async fn test(nextest_args: &[String]) -> anyhow::Result<ExitCode> {
 
 async fn prepare(packages: &[String]) -> anyhow::Result<ExitCode> {
     let root = workspace_root();
-    let (server_url, cluster) = database_server().await?;
-    let url = match &cluster {
-        Some(cluster) => {
-            cluster.create_database("oncepay_prepare").await?;
-            cluster.url("oncepay_prepare")
-        }
-        None => server_url,
-    };
+    // Always a fresh cluster: a DATABASE_URL may point at a database that is already migrated, or
+    // migrated to a different revision than this checkout.
+    let cluster = Cluster::start(Durability::Fast).await.context("cannot start a throwaway PostgreSQL")?;
+    cluster.create_database("oncepay_prepare").await?;
+    let url = cluster.url("oncepay_prepare");
     apply_migrations(&url, &root.join("migrations")).await?;
 
     // Write into a scratch directory and only touch `.sqlx/` once the check has passed, so a failed

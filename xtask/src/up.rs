@@ -1,0 +1,246 @@
+//! `cargo xtask up`: oncepay running locally, the way its users run it, with nothing pre-started.
+//!
+//! Brings up PostgreSQL (a throwaway cluster, or `DATABASE_URL`), applies the migrations, starts the
+//! provider simulator, `api`, `worker` and `reconciler` as separate processes with `[name]`-prefixed
+//! logs, creates a demo tenant and prints its API key with a ready-to-paste client command. Ctrl-C
+//! stops every process (SIGTERM, then SIGKILL after a grace period) and removes the throwaway
+//! cluster. Secrets shared between processes (the provider credential, the webhook signing secret)
+//! are random per run.
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use base64::Engine;
+use oncepay_devkit::pg::{Cluster, Durability};
+use oncepay_devkit::process::{Child, Spec};
+use rand::RngCore;
+use tokio::process::Command;
+
+/// The fixed local ports, as in `docker-compose.yml`.
+const API_PORT: u16 = 8080;
+const WORKER_PORT: u16 = 8081;
+const RECONCILER_PORT: u16 = 8082;
+const SIMULATOR_PORT: u16 = 8090;
+
+/// What `up` needs to know.
+pub struct Options {
+    /// Build and run optimised binaries.
+    pub release: bool,
+    /// The demo tenant's name.
+    pub tenant: String,
+}
+
+/// What is running, so that an interruption at any moment stops exactly that.
+#[derive(Default)]
+struct Running {
+    cluster: Option<Cluster>,
+    children: Vec<Child>,
+}
+
+impl Running {
+    /// Stops the processes, entry point first so no new work arrives and the simulator last so
+    /// in-flight calls finish; the cluster goes when `self` is dropped.
+    async fn stop(&mut self) {
+        for child in self.children.iter_mut().rev() {
+            if let Err(error) = child.terminate(Duration::from_secs(35)).await {
+                eprintln!("up: {error:#}");
+            }
+        }
+    }
+}
+
+pub async fn up(root: &Path, options: &Options) -> anyhow::Result<ExitCode> {
+    // Ctrl-C is handled from the first moment: whatever has started by then is stopped cleanly.
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut running = Running::default();
+    let outcome = tokio::select! {
+        started = start(root, options, &mut running) => match started {
+            Ok(()) => supervise(&mut running.children).await,
+            Err(error) => Err(error),
+        },
+        _ = tokio::signal::ctrl_c() => Ok(ExitCode::SUCCESS),
+        _ = terminate.recv() => Ok(ExitCode::SUCCESS),
+    };
+    eprintln!("up: stopping");
+    running.stop().await;
+    outcome
+}
+
+async fn start(root: &Path, options: &Options, running: &mut Running) -> anyhow::Result<()> {
+    for (name, port) in
+        [("api", API_PORT), ("worker", WORKER_PORT), ("reconciler", RECONCILER_PORT), ("simulator", SIMULATOR_PORT)]
+    {
+        std::net::TcpListener::bind(("127.0.0.1", port))
+            .with_context(|| format!("port {port} (for the {name}) is in use; stop whatever holds it"))?;
+    }
+
+    let profile = if options.release { "release" } else { "debug" };
+    let mut build = vec!["build", "--bins", "--locked"];
+    for package in ["oncepay-api", "oncepay-worker", "oncepay-reconciler", "oncepay-simulator", "oncepay-client"] {
+        build.extend(["--package", package]);
+    }
+    if options.release {
+        build.push("--release");
+    }
+    if !crate::cargo(&build, &[("SQLX_OFFLINE", "true")]).await? {
+        bail!("building oncepay failed");
+    }
+    let bin = root.join("target").join(profile);
+
+    let database_url = match std::env::var("DATABASE_URL") {
+        Ok(url) => url,
+        Err(_) => {
+            let cluster =
+                running.cluster.insert(Cluster::start(Durability::Durable).await.context("cannot start PostgreSQL")?);
+            cluster.create_database("oncepay").await?;
+            eprintln!("up: started a throwaway PostgreSQL on port {} (deleted on exit)", cluster.port());
+            cluster.url("oncepay")
+        }
+    };
+
+    let reconciler = bin.join("oncepay-reconciler");
+    run_ok(&reconciler, &["migrate"], &database_url).await.context("migrating the database failed")?;
+    let api_key = demo_key(&reconciler, &database_url, &options.tenant).await?;
+
+    let provider_key = format!("sk_test_{}", hex_token(16));
+    let webhook_secret = format!("whsec_{}", base64::engine::general_purpose::STANDARD.encode(random_bytes(32)));
+    let log_dir = root.join(".oncepay").join("logs");
+    // Each binary rejects settings it does not have, so each gets only its own.
+    let common = |spec: Spec| spec.env("ONCEPAY_TELEMETRY__LOG_FORMAT", "text").echo(true);
+    let with_database = |spec: Spec| common(spec).env("DATABASE_URL", &database_url);
+    let with_provider = |spec: Spec| {
+        with_database(spec)
+            .env("ONCEPAY_PROVIDER__BASE_URL", format!("http://127.0.0.1:{SIMULATOR_PORT}"))
+            .env("ONCEPAY_PROVIDER__API_KEY", &provider_key)
+    };
+    let specs = [
+        (
+            common(Spec::new("simulator", bin.join("oncepay-simulator"), &log_dir))
+                .env("ONCEPAY_HTTP__PORT", SIMULATOR_PORT.to_string())
+                .env("ONCEPAY_SIMULATOR__API_KEY", &provider_key)
+                .env("ONCEPAY_SIMULATOR__WEBHOOK_URL", format!("http://127.0.0.1:{RECONCILER_PORT}/webhooks/provider"))
+                .env("ONCEPAY_SIMULATOR__WEBHOOK_SECRET", &webhook_secret),
+            SIMULATOR_PORT,
+        ),
+        (
+            with_provider(Spec::new("reconciler", &reconciler, &log_dir))
+                .env("ONCEPAY_HTTP__PORT", RECONCILER_PORT.to_string())
+                .env("ONCEPAY_WEBHOOKS__SECRETS", format!("[\"{webhook_secret}\"]")),
+            RECONCILER_PORT,
+        ),
+        (
+            with_provider(Spec::new("worker", bin.join("oncepay-worker"), &log_dir))
+                .env("ONCEPAY_HTTP__PORT", WORKER_PORT.to_string()),
+            WORKER_PORT,
+        ),
+        (
+            with_database(Spec::new("api", bin.join("oncepay-api"), &log_dir))
+                .env("ONCEPAY_HTTP__PORT", API_PORT.to_string()),
+            API_PORT,
+        ),
+    ];
+    for (spec, port) in specs {
+        let child = Child::spawn(spec).await?;
+        let child = running.children.push_mut(child);
+        child.wait_until_ready(&format!("http://127.0.0.1:{port}/readyz"), Duration::from_secs(60)).await?;
+    }
+
+    print_banner(&bin, &api_key, &log_dir);
+    Ok(())
+}
+
+/// Waits until a process dies on its own (the caller handles Ctrl-C and SIGTERM).
+async fn supervise(children: &mut [Child]) -> anyhow::Result<ExitCode> {
+    let mut every = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        every.tick().await;
+        for child in children.iter_mut() {
+            if let Some(status) = child.try_status()? {
+                eprintln!("up: {} exited with {status}; see {}", child.name(), child.log_path().display());
+                return Ok(ExitCode::FAILURE);
+            }
+        }
+    }
+}
+
+fn print_banner(bin: &Path, api_key: &str, log_dir: &Path) {
+    let client = bin.join("oncepay");
+    eprintln!(
+        "\n\
+         ================================================================================\n\
+         oncepay is running\n\
+         \x20 api         http://127.0.0.1:{API_PORT}   (OpenAPI: /openapi.json)\n\
+         \x20 worker      http://127.0.0.1:{WORKER_PORT}/metrics\n\
+         \x20 reconciler  http://127.0.0.1:{RECONCILER_PORT}/metrics   (webhooks: /webhooks/provider)\n\
+         \x20 simulator   http://127.0.0.1:{SIMULATOR_PORT}/_sim/charges\n\
+         \x20 logs        {logs}\n\
+         \n\
+         Demo tenant API key (shown once):\n\
+         \x20 {api_key}\n\
+         \n\
+         Pay with the client, in another terminal:\n\
+         \x20 export ONCEPAY_URL=http://127.0.0.1:{API_PORT} ONCEPAY_API_KEY={api_key}\n\
+         \x20 {client} pay --amount 1999 --currency EUR --customer cus_42\n\
+         \n\
+         or with curl:\n\
+         \x20 curl -si http://127.0.0.1:{API_PORT}/v1/payments -H \"Authorization: Bearer {api_key}\" \\\n\
+         \x20      -H \"Idempotency-Key: $(uuidgen)\" -H 'Content-Type: application/json' \\\n\
+         \x20      -d '{{\"amount\":1999,\"currency\":\"EUR\",\"customer_id\":\"cus_42\"}}'\n\
+         \n\
+         Ctrl-C stops everything.\n\
+         ================================================================================\n",
+        logs = log_dir.display(),
+        client = client.display(),
+    );
+}
+
+/// Creates the demo tenant (or, if it exists, a new key for it) and returns the API key.
+async fn demo_key(reconciler: &Path, database_url: &str, tenant: &str) -> anyhow::Result<String> {
+    let created = output(reconciler, &["tenants", "create", tenant, "--json"], database_url).await?;
+    let issued = match created {
+        Some(json) => json,
+        None => output(reconciler, &["keys", "issue", tenant, "--json"], database_url)
+            .await?
+            .with_context(|| format!("cannot create tenant {tenant} nor issue it a key"))?,
+    };
+    let value: serde_json::Value = serde_json::from_str(&issued).context("the reconciler printed unreadable JSON")?;
+    value["api_key"].as_str().map(str::to_owned).context("the reconciler printed no api_key")
+}
+
+/// Runs a reconciler command; its stdout if it succeeded.
+async fn output(program: &Path, args: &[&str], database_url: &str) -> anyhow::Result<Option<String>> {
+    let output = Command::new(program)
+        .args(args)
+        .env("DATABASE_URL", database_url)
+        .env("ONCEPAY_TELEMETRY__LOG_FORMAT", "text")
+        .output()
+        .await
+        .with_context(|| format!("cannot run {}", program.display()))?;
+    Ok(output.status.success().then(|| String::from_utf8_lossy(&output.stdout).into_owned()))
+}
+
+async fn run_ok(program: &Path, args: &[&str], database_url: &str) -> anyhow::Result<()> {
+    let status = Command::new(program)
+        .args(args)
+        .env("DATABASE_URL", database_url)
+        .env("ONCEPAY_TELEMETRY__LOG_FORMAT", "text")
+        .status()
+        .await
+        .with_context(|| format!("cannot run {}", program.display()))?;
+    if !status.success() {
+        bail!("{} {} failed", program.display(), args.join(" "));
+    }
+    Ok(())
+}
+
+fn random_bytes(n: usize) -> Vec<u8> {
+    let mut bytes = vec![0u8; n];
+    rand::rng().fill_bytes(&mut bytes);
+    bytes
+}
+
+fn hex_token(n: usize) -> String {
+    random_bytes(n).iter().map(|b| format!("{b:02x}")).collect()
+}
