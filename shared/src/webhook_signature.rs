@@ -105,7 +105,8 @@ pub fn verify(
     let signatures = present(headers.signature, "webhook-signature")?;
 
     let timestamp: i64 = timestamp_text.trim().parse().map_err(|_| VerifyError::BadTimestamp)?;
-    if (now - timestamp).abs() > tolerance_secs {
+    // Widened: the timestamp is the sender's, and `now - i64::MIN` overflows an i64.
+    if (i128::from(now) - i128::from(timestamp)).abs() > i128::from(tolerance_secs) {
         return Err(VerifyError::OutsideTolerance);
     }
 
@@ -220,6 +221,15 @@ mod tests {
             ),
             case("not a number", &[&current], "msg_1", "soon", &good, BODY, Err(VerifyError::BadTimestamp)),
             case(
+                "the earliest time there is",
+                &[&current],
+                "msg_1",
+                &i64::MIN.to_string(),
+                &current.sign("msg_1", i64::MIN, BODY),
+                BODY,
+                Err(VerifyError::OutsideTolerance),
+            ),
+            case(
                 "signed with the old secret, receiver holds both",
                 &[&current, &old],
                 "msg_1",
@@ -247,6 +257,145 @@ mod tests {
     fn missing_headers_are_named() {
         let none = SignedHeaders { id: None, timestamp: None, signature: None };
         assert_eq!(verify(&[secret(1)], none, BODY, NOW, 300), Err(VerifyError::MissingHeader("webhook-id")));
+    }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::super::*;
+        use super::{BODY, NOW};
+
+        const TOLERANCE: i64 = DEFAULT_TOLERANCE_SECS;
+
+        fn any_secret() -> impl Strategy<Value = WebhookSecret> {
+            proptest::collection::vec(any::<u8>(), 16..64)
+                .prop_map(|key| WebhookSecret::parse(&format!("whsec_{}", STANDARD.encode(key))).unwrap())
+        }
+
+        fn headers<'a>(id: &'a str, timestamp: &'a str, signature: &'a str) -> SignedHeaders<'a> {
+            SignedHeaders { id: Some(id), timestamp: Some(timestamp), signature: Some(signature) }
+        }
+
+        /// Entries a hostile or sloppy sender may put beside (or instead of) a real signature.
+        fn junk_entry() -> impl Strategy<Value = String> {
+            prop_oneof![
+                proptest::collection::vec(any::<u8>(), 0..40).prop_map(|mac| format!("v1,{}", STANDARD.encode(mac))),
+                "[ -~]{0,20}",
+                Just(String::new()),
+                Just("v1,".to_owned()),
+                Just("v1".to_owned()),
+                Just(",".to_owned()),
+                Just("v1,!!!!".to_owned()),
+            ]
+        }
+
+        /// A timestamp header as anyone may send it: any integer, signs, padding, or not a number.
+        fn any_timestamp() -> impl Strategy<Value = String> {
+            prop_oneof![
+                any::<i64>().prop_map(|t| t.to_string()),
+                Just(i64::MIN.to_string()),
+                Just(i64::MAX.to_string()),
+                (NOW - 2 * TOLERANCE..NOW + 2 * TOLERANCE).prop_map(|t| format!(" +{t} ")),
+                "[ -~]{0,25}",
+            ]
+        }
+
+        proptest! {
+            #[test]
+            fn every_delivery_signed_with_a_current_secret_verifies_within_the_tolerance(
+                secrets in proptest::collection::vec(any_secret(), 1..4),
+                signer in any::<proptest::sample::Index>(),
+                id in "[!-~]{1,64}",
+                skew in -TOLERANCE..=TOLERANCE,
+                body in proptest::collection::vec(any::<u8>(), 0..2048),
+            ) {
+                let timestamp = NOW + skew;
+                let signature = signer.get(&secrets).sign(&id, timestamp, &body);
+
+                prop_assert_eq!(
+                    verify(&secrets, headers(&id, &timestamp.to_string(), &signature), &body, NOW, TOLERANCE),
+                    Ok(())
+                );
+            }
+
+            #[test]
+            fn a_change_to_the_id_the_timestamp_or_the_body_breaks_the_signature(
+                secret in any_secret(),
+                id in "[!-~]{1,64}",
+                skew in -TOLERANCE..TOLERANCE,
+                body in proptest::collection::vec(any::<u8>(), 1..512),
+                flip in any::<proptest::sample::Index>(),
+                bit in 0u8..8,
+                what in 0..4,
+            ) {
+                let signature = secret.sign(&id, NOW + skew, &body);
+                let (mut id, mut timestamp, mut body) = (id, NOW + skew, body);
+                match what {
+                    0 => id.push('x'),
+                    1 => timestamp += 1,
+                    2 => { let at = flip.index(body.len()); body[at] ^= 1 << bit; }
+                    _ => body.push(b' '),
+                }
+
+                prop_assert_eq!(
+                    verify(&[secret], headers(&id, &timestamp.to_string(), &signature), &body, NOW, TOLERANCE),
+                    Err(VerifyError::NoMatch)
+                );
+            }
+
+            #[test]
+            fn a_validly_signed_delivery_outside_the_tolerance_is_refused(
+                secret in any_secret(),
+                skew in prop_oneof![TOLERANCE + 1..=365 * 86_400, -365 * 86_400..=-TOLERANCE - 1],
+            ) {
+                let timestamp = NOW + skew;
+                let signature = secret.sign("msg_1", timestamp, BODY);
+
+                prop_assert_eq!(
+                    verify(&[secret], headers("msg_1", &timestamp.to_string(), &signature), BODY, NOW, TOLERANCE),
+                    Err(VerifyError::OutsideTolerance)
+                );
+            }
+
+            #[test]
+            fn a_real_signature_is_found_among_junk_and_junk_alone_never_verifies(
+                secret in any_secret(),
+                junk in proptest::collection::vec(junk_entry(), 0..6),
+                at in any::<proptest::sample::Index>(),
+            ) {
+                let junk_only = junk.join(" ");
+                let mut entries = junk;
+                entries.insert(at.index(entries.len() + 1), secret.sign("msg_1", NOW, BODY));
+                let with_real = entries.join(" ");
+                let now = NOW.to_string();
+
+                let secrets = [secret];
+                prop_assert_eq!(verify(&secrets, headers("msg_1", &now, &with_real), BODY, NOW, TOLERANCE), Ok(()));
+                prop_assert_ne!(verify(&secrets, headers("msg_1", &now, &junk_only), BODY, NOW, TOLERANCE), Ok(()));
+            }
+
+            /// Whatever arrives in the three headers, the verdict is an answer, never a panic, and
+            /// without a signature made with the secret it is never a pass.
+            #[test]
+            fn hostile_headers_are_refused_without_panicking(
+                secret in any_secret(),
+                id in proptest::option::of("[ -~]{0,40}"),
+                timestamp in proptest::option::of(any_timestamp()),
+                signature in proptest::option::of(proptest::collection::vec(junk_entry(), 0..4).prop_map(|e| e.join(" "))),
+                body in proptest::collection::vec(any::<u8>(), 0..256),
+            ) {
+                let received = SignedHeaders { id: id.as_deref(), timestamp: timestamp.as_deref(), signature: signature.as_deref() };
+
+                prop_assert_ne!(verify(&[secret], received, &body, NOW, TOLERANCE), Ok(()));
+            }
+
+            #[test]
+            fn a_secret_is_read_only_from_whsec_and_base64_of_16_bytes_or_more(text in "(whsec_)?[A-Za-z0-9+/=_-]{0,60}") {
+                let decoded = text.strip_prefix("whsec_").and_then(|encoded| STANDARD.decode(encoded).ok());
+
+                prop_assert_eq!(WebhookSecret::parse(&text).is_ok(), decoded.is_some_and(|key| key.len() >= 16));
+            }
+        }
     }
 
     #[test]
