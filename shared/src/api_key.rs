@@ -217,6 +217,90 @@ mod tests {
         }
     }
 
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::super::*;
+
+        const URL_SAFE: &str = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+
+        proptest! {
+            /// Every 56 bytes make exactly one token, and the token gives back each part.
+            #[test]
+            fn a_token_names_its_tenant_key_id_and_secret(raw in proptest::collection::vec(any::<u8>(), RAW_LEN)) {
+                let token = format!("{PREFIX}{}", URL_SAFE_NO_PAD.encode(&raw));
+
+                let presented = parse(&token);
+
+                prop_assert!(presented.is_some());
+                let presented = presented.unwrap();
+                prop_assert_eq!(presented.tenant_id.as_uuid().as_bytes().to_vec(), raw[..TENANT_LEN].to_vec());
+                prop_assert_eq!(presented.key_id.as_str(), hex::encode(&raw[TENANT_LEN..TENANT_LEN + KEY_ID_LEN]));
+                prop_assert!(presented.secret_hash.matches(hash_secret(&raw[TENANT_LEN + KEY_ID_LEN..]).as_bytes()));
+            }
+
+            /// A token has one spelling: changing any one character, even to another base64url
+            /// character that decodes to the same bytes but for padding bits, never presents the
+            /// same key. (A second spelling would let a leaked key slip past a deny list by its text.)
+            #[test]
+            fn changing_any_character_of_a_token_never_presents_the_same_key(
+                at in any::<proptest::sample::Index>(),
+                replacement in prop_oneof![
+                    4 => proptest::sample::select(URL_SAFE.chars().collect::<Vec<_>>()),
+                    1 => any::<char>(),
+                ],
+            ) {
+                let tenant = TenantId::generate();
+                let key = generate(tenant);
+                let token: Vec<char> = reveal(&key).chars().collect();
+                let position = at.index(token.len());
+                prop_assume!(token[position] != replacement);
+                let mut tampered = token;
+                tampered[position] = replacement;
+                let tampered: String = tampered.into_iter().collect();
+
+                let same_key = parse(&tampered).is_some_and(|presented| {
+                    presented.tenant_id == tenant
+                        && presented.key_id == key.key_id
+                        && presented.secret_hash.matches(key.secret_hash.as_bytes())
+                });
+
+                prop_assert!(!same_key, "{} presents the same key", position);
+            }
+
+            /// The last character carries two padding bits: a decoder that ignored them would
+            /// accept four spellings of every token.
+            #[test]
+            fn the_last_character_has_one_spelling(replacement in proptest::sample::select(URL_SAFE.chars().collect::<Vec<_>>())) {
+                let key = generate(TenantId::generate());
+                let token = reveal(&key);
+                let last = token.chars().last().unwrap_or_default();
+                prop_assume!(last != replacement);
+
+                let respelled = format!("{}{replacement}", &token[..token.len() - 1]);
+
+                let same_secret = parse(&respelled).is_some_and(|p| p.secret_hash.matches(key.secret_hash.as_bytes()));
+                prop_assert!(!same_secret, "{} and {} present the same key", last, replacement);
+            }
+
+            /// Whatever is sent as a bearer token, only `opk_` and 75 base64url characters can be
+            /// one, and parsing it never panics.
+            #[test]
+            fn only_well_formed_tokens_parse(
+                token in prop_oneof![
+                    "(opk_)?[A-Za-z0-9_-]{70,80}",
+                    "opk_[A-Za-z0-9_+/=-]{74,76}",
+                    any::<String>(),
+                ],
+            ) {
+                if parse(&token).is_some() {
+                    let encoded = token.strip_prefix(PREFIX);
+                    prop_assert!(encoded.is_some_and(|e| e.len() == 75 && e.chars().all(|c| URL_SAFE.contains(c))), "{}", token);
+                }
+            }
+        }
+    }
+
     #[test]
     fn hashes_of_another_length_never_match() {
         let key = generate(TenantId::generate());

@@ -185,6 +185,131 @@ mod tests {
         }
     }
 
+    /// JSON with every kind of number a client can spell: the extremes of the integers, any finite
+    /// double, and strings with escapes, control characters and astral code points.
+    fn hostile_json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            any::<i64>().prop_map(|n| json!(n)),
+            any::<u64>().prop_map(|n| json!(n)),
+            any::<f64>().prop_filter("JSON numbers are finite", |f| f.is_finite()).prop_map(|f| json!(f)),
+            Just(json!(i64::MIN)),
+            Just(json!(u64::MAX)),
+            Just(json!(f64::MAX)),
+            Just(json!(f64::MIN_POSITIVE)),
+            Just(json!(-0.0)),
+            any::<String>().prop_map(Value::String),
+            any::<bool>().prop_map(Value::Bool),
+            Just(Value::Null),
+        ];
+        leaf.prop_recursive(4, 40, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                proptest::collection::btree_map(any::<String>(), inner, 0..6)
+                    .prop_map(|m| Value::Object(m.into_iter().collect::<Map<_, _>>())),
+            ]
+        })
+    }
+
+    proptest! {
+        /// The fingerprint is computed on bodies a client controls; a body that makes the
+        /// canonicaliser fail would be a panic (debug) or a hash of a truncated text (release).
+        #[test]
+        fn every_json_value_is_canonicalised_in_full(body in hostile_json()) {
+            let envelope = json!({"method": "POST", "path": "/v1/payments", "body": body});
+            let canonical = serde_json_canonicalizer::to_vec(&envelope);
+            prop_assert!(canonical.is_ok(), "{:?}", canonical);
+            let canonical = canonical.unwrap_or_default();
+
+            let mut expected = Sha256::new();
+            expected.update(&canonical);
+            let expected: [u8; 32] = expected.finalize().into();
+            prop_assert_eq!(Fingerprint::of("POST", "/v1/payments", &body), Fingerprint(expected));
+        }
+
+        /// Whichever way a client spells a number (`1000`, `1e3`, `1000.0`, `1.0E3`), it is the same
+        /// request, as the validator also reads it.
+        #[test]
+        fn every_spelling_of_a_number_has_one_fingerprint(x in any::<f64>().prop_filter("finite", |f| f.is_finite())) {
+            let of_text = |number: String| {
+                let body: Value = serde_json::from_str(&format!(r#"{{"amount":{number}}}"#)).unwrap();
+                Fingerprint::of("POST", "/v1/payments", &body)
+            };
+            let reference = of_text(format!("{x:?}"));
+
+            prop_assert_eq!(of_text(format!("{x}")), reference);
+            prop_assert_eq!(of_text(format!("{x:e}")), reference);
+            prop_assert_eq!(of_text(format!("{x:E}")), reference);
+            if x.fract() == 0.0 && x.abs() < 9.0e15 {
+                prop_assert_eq!(of_text(format!("{}", x as i64)), reference);
+            }
+        }
+
+        /// Canonical JSON writes every number as a double, so two integers above 2^53 can share a
+        /// fingerprint. Validation keeps them out: amounts stop at 10^12, every other value is a
+        /// string, unknown fields are refused. So two payment requests that validation tells apart
+        /// never share a fingerprint (else a retry of one would replay the other).
+        #[test]
+        fn requests_that_validation_tells_apart_never_share_a_fingerprint(
+            a in valid_body(),
+            b in valid_body(),
+        ) {
+            use crate::payment_request::PaymentRequest;
+            let (request_a, request_b) = (PaymentRequest::from_json(&a), PaymentRequest::from_json(&b));
+            prop_assert!(request_a.is_ok() && request_b.is_ok(), "{} / {}", a, b);
+
+            if request_a != request_b {
+                prop_assert_ne!(
+                    Fingerprint::of("POST", "/v1/payments", &a),
+                    Fingerprint::of("POST", "/v1/payments", &b)
+                );
+            }
+        }
+
+        #[test]
+        fn a_fingerprint_survives_the_database_round_trip(body in json_value()) {
+            let fingerprint = Fingerprint::of("POST", "/v1/payments", &body);
+
+            prop_assert_eq!(Fingerprint::from_slice(fingerprint.as_bytes()), Some(fingerprint));
+        }
+    }
+
+    /// Valid payment bodies from small sets of values, so that pairs often differ in one field
+    /// only, with amounts spelled as integers, decimals or exponents, near the largest amount too.
+    fn valid_body() -> impl Strategy<Value = Value> {
+        let amount = prop_oneof![
+            Just("1"),
+            Just("1.0"),
+            Just("2"),
+            Just("999999999999"),
+            Just("999999999999.0"),
+            Just("1000000000000"),
+            Just("1e12"),
+            Just("1.0E12"),
+        ];
+        (
+            amount,
+            proptest::sample::select(vec!["EUR", "USD"]),
+            proptest::sample::select(vec!["c", "C", "c ", r"\u00e9", r"e\u0301"]),
+            proptest::option::of(proptest::sample::select(vec!["", "x", r"\u0000"])),
+            proptest::option::of(proptest::sample::select(vec![
+                r#"{}"#,
+                r#"{"a":"1"}"#,
+                r#"{"a":"2"}"#,
+                r#"{"b":"1"}"#,
+            ])),
+        )
+            .prop_map(|(amount, currency, customer, description, metadata)| {
+                let mut text = format!(r#"{{"amount":{amount},"currency":"{currency}","customer_id":"{customer}""#);
+                if let Some(description) = description {
+                    text += &format!(r#","description":"{description}""#);
+                }
+                if let Some(metadata) = metadata {
+                    text += &format!(r#","metadata":{metadata}"#);
+                }
+                serde_json::from_str(&(text + "}")).unwrap()
+            })
+    }
+
     fn count_leaves(value: &Value) -> usize {
         match value {
             Value::Object(map) => map.values().map(count_leaves).sum(),

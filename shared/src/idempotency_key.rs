@@ -157,9 +157,7 @@ mod tests {
     proptest! {
         #[test]
         fn every_visible_ascii_key_round_trips_through_both_forms(key in "[!-~]{1,255}") {
-            let quoted = format!("\"{}\"", key.replace('\\', "\\\\").replace('"', "\\\""));
-
-            prop_assert_eq!(parse(&quoted), Ok(key.clone()));
+            prop_assert_eq!(parse(&quote(&key)), Ok(key.clone()));
             if !key.starts_with('"') {
                 prop_assert_eq!(parse(&key), Ok(key.clone()));
             }
@@ -169,5 +167,85 @@ mod tests {
         fn parsing_never_panics_on_arbitrary_bytes(raw in proptest::collection::vec(any::<u8>(), 0..300)) {
             let _ = IdempotencyKey::parse(&raw);
         }
+
+        #[test]
+        fn white_space_around_either_form_is_not_part_of_the_key(
+            key in "[!-~]{1,255}",
+            before in "[ \t]{0,3}",
+            after in "[ \t]{0,3}",
+        ) {
+            prop_assert_eq!(parse(&format!("{before}{}{after}", quote(&key))), Ok(key.clone()));
+            if !key.starts_with('"') {
+                prop_assert_eq!(parse(&format!("{before}{key}{after}")), Ok(key.clone()));
+            }
+        }
+
+        #[test]
+        fn a_byte_outside_visible_ascii_is_reported_where_it_is(
+            key in "[!-~&&[^\"]][!-~]{1,100}",
+            byte in prop_oneof![0u8..=0x20, 0x7fu8..=0xff],
+            at in any::<proptest::sample::Index>(),
+        ) {
+            // Inside the key, never at its ends, where white space would be trimmed instead.
+            let position = 1 + at.index(key.len() - 1);
+            let mut raw = key.into_bytes();
+            raw.insert(position, byte);
+
+            prop_assert_eq!(
+                IdempotencyKey::parse(&raw).map(|_| ()),
+                Err(IdempotencyKeyError::NotVisibleAscii { position })
+            );
+        }
+
+        #[test]
+        fn a_key_longer_than_255_is_refused_in_either_form(key in "[!-~&&[^\"]][!-~]{255,400}") {
+            let len = key.len();
+
+            prop_assert_eq!(parse(&key), Err(IdempotencyKeyError::TooLong { len }));
+            prop_assert_eq!(parse(&quote(&key)), Err(IdempotencyKeyError::TooLong { len }));
+        }
+
+        #[test]
+        fn nothing_but_white_space_may_follow_the_closing_quote(
+            key in "[!-~]{1,50}",
+            rest in "[ \t]{0,2}[!-~][ -~]{0,10}",
+        ) {
+            prop_assert_eq!(
+                parse(&format!("{}{rest}", quote(&key))),
+                Err(IdempotencyKeyError::BadQuotedString("nothing may follow the closing quote"))
+            );
+        }
+
+        /// Whatever a hostile header looks like (quotes, escapes, white space, control and non-ASCII
+        /// bytes, overlong), what is accepted is a valid key, and it names itself in both spellings:
+        /// no two distinct keys can be confused, and none escapes the limits.
+        #[test]
+        fn whatever_is_accepted_is_a_valid_key_that_spells_itself(
+            raw in proptest::collection::vec(
+                prop_oneof![
+                    4 => "[!-~]{1,80}".prop_map(String::into_bytes),
+                    2 => "[ -~]{0,80}".prop_map(|key| quote(&key).into_bytes()),
+                    1 => proptest::sample::select(vec!["\"", "\\", "\\\"", "\\\\", " ", "\t", "\r\n"])
+                        .prop_map(|s| s.as_bytes().to_vec()),
+                    1 => any::<u8>().prop_map(|b| vec![b]),
+                ],
+                1..5,
+            ).prop_map(|fragments| fragments.concat()),
+        ) {
+            if let Ok(key) = IdempotencyKey::parse(&raw) {
+                let text = key.as_str();
+                prop_assert!((1..=IdempotencyKey::MAX_LEN).contains(&text.len()), "{} bytes", text.len());
+                prop_assert!(text.bytes().all(|b| (0x21..=0x7e).contains(&b)), "{:?}", text);
+                prop_assert_eq!(parse(&quote(text)), Ok(text.to_owned()));
+                if !text.starts_with('"') {
+                    prop_assert_eq!(parse(text), Ok(text.to_owned()));
+                }
+            }
+        }
+    }
+
+    /// The RFC 8941 sf-string spelling of `key`.
+    fn quote(key: &str) -> String {
+        format!("\"{}\"", key.replace('\\', "\\\\").replace('"', "\\\""))
     }
 }

@@ -297,4 +297,229 @@ mod tests {
         assert_eq!(fields(base(json!({"k".repeat(41): "v"}))), [format!("metadata.{}", "k".repeat(41))]);
         assert_eq!(fields(base(json!({"k": "v".repeat(501)}))), ["metadata.k"]);
     }
+
+    mod properties {
+        use proptest::prelude::*;
+        use serde_json::{Map, Value, json};
+
+        use super::super::*;
+
+        /// Codes from every corner of the ISO list.
+        const CURRENCIES: [&str; 6] = ["AED", "EUR", "JPY", "USD", "XCG", "ZWG"];
+
+        /// Text of `chars` characters of any Unicode scalar value, new lines and quotes included.
+        fn text(chars: std::ops::RangeInclusive<usize>) -> impl Strategy<Value = String> {
+            proptest::collection::vec(any::<char>(), chars).prop_map(|chars| chars.into_iter().collect())
+        }
+
+        /// A request every rule allows, with its fields at any length up to their limits.
+        fn valid_request()
+        -> impl Strategy<Value = (i64, &'static str, String, Option<String>, BTreeMap<String, String>)> {
+            (
+                Amount::MIN..=Amount::MAX,
+                proptest::sample::select(&CURRENCIES[..]),
+                text(1..=limits::CUSTOMER_ID_MAX_CHARS),
+                proptest::option::of(text(0..=limits::DESCRIPTION_MAX_CHARS)),
+                proptest::collection::btree_map(
+                    text(1..=limits::METADATA_KEY_MAX_CHARS),
+                    text(0..=limits::METADATA_VALUE_MAX_CHARS),
+                    0..=limits::METADATA_MAX_PAIRS,
+                ),
+            )
+        }
+
+        fn body_of(
+            (amount, currency, customer_id, description, metadata): &(
+                i64,
+                &str,
+                String,
+                Option<String>,
+                BTreeMap<String, String>,
+            ),
+        ) -> Map<String, Value> {
+            let mut body = Map::new();
+            body.insert("amount".into(), json!(amount));
+            body.insert("currency".into(), json!(currency));
+            body.insert("customer_id".into(), json!(customer_id));
+            if let Some(description) = description {
+                body.insert("description".into(), json!(description));
+            }
+            if !metadata.is_empty() {
+                body.insert("metadata".into(), json!(metadata));
+            }
+            body
+        }
+
+        /// One way to break one field of a valid body, and the field the error must name.
+        #[derive(Debug, Clone)]
+        enum Breakage {
+            Remove(&'static str),
+            Set(&'static str, Value),
+            MetadataPair(String, Value),
+            TooManyMetadataPairs,
+            UnknownField(String),
+        }
+
+        fn breakage() -> impl Strategy<Value = Breakage> {
+            let over = |max: usize| text(max + 1..=max + 20).prop_map(Value::String);
+            prop_oneof![
+                proptest::sample::select(vec!["amount", "currency", "customer_id"]).prop_map(Breakage::Remove),
+                proptest::sample::select(vec!["amount", "currency", "customer_id"])
+                    .prop_map(|field| Breakage::Set(field, Value::Null)),
+                prop_oneof![
+                    (i64::MIN..Amount::MIN).prop_map(|n| json!(n)),
+                    (Amount::MAX + 1..=i64::MAX).prop_map(|n| json!(n)),
+                    any::<u64>().prop_filter("above i64", |n| *n > i64::MAX as u64).prop_map(|n| json!(n)),
+                    (1.0f64..1e12).prop_filter("has a fraction", |f| f.fract() != 0.0).prop_map(|f| json!(f)),
+                    (1e12f64..1e300).prop_filter("above the maximum", |f| *f > 1e12).prop_map(|f| json!(f)),
+                    Just(json!("1000")),
+                    Just(json!(true)),
+                    Just(json!([1000])),
+                ]
+                .prop_map(|v| Breakage::Set("amount", v)),
+                prop_oneof![
+                    "[a-z]{3}".prop_map(Value::String),
+                    "[A-Z]{0,2}|[A-Z]{4,6}".prop_map(Value::String),
+                    Just(json!("QQQ")),
+                    Just(json!("XAU")),
+                    Just(json!("EUR ")),
+                    Just(json!(978)),
+                ]
+                .prop_map(|v| Breakage::Set("currency", v)),
+                prop_oneof![Just(json!("")), over(limits::CUSTOMER_ID_MAX_CHARS), Just(json!(42)), Just(json!({}))]
+                    .prop_map(|v| Breakage::Set("customer_id", v)),
+                prop_oneof![over(limits::DESCRIPTION_MAX_CHARS), Just(json!(1)), Just(json!(["x"]))]
+                    .prop_map(|v| Breakage::Set("description", v)),
+                prop_oneof![Just(json!([])), Just(json!("k=v")), Just(json!(0))]
+                    .prop_map(|v| Breakage::Set("metadata", v)),
+                prop_oneof![
+                    (Just(String::new()), Just(json!("v"))),
+                    (text(limits::METADATA_KEY_MAX_CHARS + 1..=60), Just(json!("v"))),
+                    (text(1..=10), over(limits::METADATA_VALUE_MAX_CHARS)),
+                    (text(1..=10), prop_oneof![Just(json!(1)), Just(json!(null)), Just(json!({"a": "b"}))]),
+                ]
+                .prop_map(|(key, value)| Breakage::MetadataPair(key, value)),
+                Just(Breakage::TooManyMetadataPairs),
+                text(1..=20)
+                    .prop_filter("not a known field", |k| !KNOWN_FIELDS.contains(&k.as_str()))
+                    .prop_map(Breakage::UnknownField),
+            ]
+        }
+
+        impl Breakage {
+            /// Breaks `body`; returns the one field the error must name.
+            fn apply(self, body: &mut Map<String, Value>) -> String {
+                match self {
+                    Self::Remove(field) => {
+                        body.remove(field);
+                        field.to_owned()
+                    }
+                    Self::Set(field, value) => {
+                        body.insert(field.to_owned(), value);
+                        field.to_owned()
+                    }
+                    Self::MetadataPair(key, value) => {
+                        // Alone, so no other metadata pair can be named as well.
+                        body.insert("metadata".into(), json!({ key.clone(): value }));
+                        format!("metadata.{key}")
+                    }
+                    Self::TooManyMetadataPairs => {
+                        let pairs: Map<String, Value> =
+                            (0..=limits::METADATA_MAX_PAIRS).map(|i| (format!("k{i}"), json!("v"))).collect();
+                        body.insert("metadata".into(), Value::Object(pairs));
+                        "metadata".to_owned()
+                    }
+                    Self::UnknownField(name) => {
+                        body.insert(name.clone(), json!("x"));
+                        name
+                    }
+                }
+            }
+        }
+
+        /// Any JSON a client could send, with the known field names over-represented.
+        fn hostile_json() -> impl Strategy<Value = Value> {
+            let leaf = prop_oneof![
+                any::<i64>().prop_map(|n| json!(n)),
+                any::<u64>().prop_map(|n| json!(n)),
+                any::<f64>().prop_filter("JSON numbers are finite", |f| f.is_finite()).prop_map(|f| json!(f)),
+                (Amount::MIN..=Amount::MAX).prop_map(|n| json!(n)),
+                prop_oneof![text(0..=3), "[A-Z]{3}".boxed()].prop_map(Value::String),
+                any::<bool>().prop_map(Value::Bool),
+                Just(Value::Null),
+            ];
+            let name = prop_oneof![
+                4 => proptest::sample::select(&KNOWN_FIELDS[..]).prop_map(str::to_owned),
+                1 => text(0..=5),
+            ];
+            leaf.prop_recursive(3, 60, 8, move |inner| {
+                prop_oneof![
+                    proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                    proptest::collection::btree_map(name.clone(), inner, 0..7)
+                        .prop_map(|m| Value::Object(m.into_iter().collect())),
+                ]
+            })
+        }
+
+        proptest! {
+            #[test]
+            fn every_request_within_the_limits_is_accepted_exactly_as_sent(request in valid_request()) {
+                let parsed = PaymentRequest::from_json(&Value::Object(body_of(&request)));
+
+                let (amount, currency, customer_id, description, metadata) = request;
+                prop_assert_eq!(
+                    parsed.map(|p| (p.amount.minor_units(), p.currency.as_str().to_owned(), p.customer_id, p.description, p.metadata)),
+                    Ok((amount, currency.to_owned(), customer_id, description, metadata))
+                );
+            }
+
+            #[test]
+            fn one_broken_field_is_refused_and_named_alone(request in valid_request(), breakage in breakage()) {
+                let mut body = body_of(&request);
+                let field = breakage.apply(&mut body);
+
+                let named: Vec<String> = PaymentRequest::from_json(&Value::Object(body))
+                    .err()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|e| e.field)
+                    .collect();
+
+                prop_assert_eq!(named, vec![field]);
+            }
+
+            /// Hostile JSON never panics, never passes outside the limits, and never fails without
+            /// saying which field, present in the body, is wrong.
+            #[test]
+            fn any_json_is_either_a_request_within_the_limits_or_named_errors(body in hostile_json()) {
+                match PaymentRequest::from_json(&body) {
+                    Ok(request) => {
+                        prop_assert!((Amount::MIN..=Amount::MAX).contains(&request.amount.minor_units()));
+                        prop_assert!(Currency::parse(request.currency.as_str()).is_ok());
+                        prop_assert!((1..=limits::CUSTOMER_ID_MAX_CHARS).contains(&request.customer_id.chars().count()));
+                        prop_assert!(request.description.iter().all(|d| d.chars().count() <= limits::DESCRIPTION_MAX_CHARS));
+                        prop_assert!(request.metadata.len() <= limits::METADATA_MAX_PAIRS);
+                    }
+                    Err(errors) => {
+                        prop_assert!(!errors.is_empty());
+                        for error in &errors {
+                            let field = error.field.as_str();
+                            let named_a_real_place = match &body {
+                                Value::Object(object) => {
+                                    object.contains_key(field)
+                                        || ["amount", "currency", "customer_id"].contains(&field)
+                                        || field.strip_prefix("metadata.").is_some_and(|key| {
+                                            object.get("metadata").and_then(|m| m.get(key)).is_some()
+                                        })
+                                }
+                                _ => field == "(body)",
+                            };
+                            prop_assert!(named_a_real_place, "{:?} for {}", error, body);
+                            prop_assert!(!error.message.is_empty());
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

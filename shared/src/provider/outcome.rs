@@ -218,6 +218,71 @@ mod tests {
         );
     }
 
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::super::*;
+        use crate::provider::wire::strategies::{charge, error_body};
+
+        /// What a provider, a proxy or a broken connection may put in a body.
+        fn any_body() -> impl Strategy<Value = Vec<u8>> {
+            prop_oneof![
+                charge().prop_map(|c| serde_json::to_vec(&c).unwrap()),
+                error_body().prop_map(|e| serde_json::to_vec(&e).unwrap()),
+                // A success cut short: the charge exists, its answer did not arrive whole.
+                (charge(), any::<proptest::sample::Index>()).prop_map(|(c, cut)| {
+                    let text = serde_json::to_vec(&c).unwrap();
+                    text[..cut.index(text.len())].to_vec()
+                }),
+                proptest::collection::vec(any::<u8>(), 0..256),
+                Just(b"<html>502 Bad Gateway</html>".to_vec()),
+            ]
+        }
+
+        proptest! {
+            /// "Not sent" allows a resend with backoff, so only an answer that proves nothing was
+            /// done may be classified so: whatever the body says, only 401, 403 and 429.
+            #[test]
+            fn only_a_refusal_before_acting_is_not_sent(status in 100u16..=999, body in any_body()) {
+                let outcome = SendOutcome::from_response(status, None, &body);
+
+                if matches!(outcome, SendOutcome::NotSent { .. }) {
+                    prop_assert!([401, 403, 429].contains(&status), "HTTP {} was called not sent", status);
+                }
+            }
+
+            #[test]
+            fn a_server_error_is_uncertain_whatever_its_body_says(status in 500u16..=599, body in any_body()) {
+                prop_assert_eq!(
+                    SendOutcome::from_response(status, None, &body),
+                    SendOutcome::Uncertain(UncertainReason::ServerError(status))
+                );
+            }
+
+            /// A payment is recorded as charged only from a success that shows a succeeded charge,
+            /// and with exactly that charge.
+            #[test]
+            fn charged_only_from_a_success_showing_a_succeeded_charge(status in 100u16..=999, body in any_body()) {
+                if let SendOutcome::Charged(charge) = SendOutcome::from_response(status, None, &body) {
+                    prop_assert!(status == 200 || status == 201, "HTTP {} was called charged", status);
+                    prop_assert_eq!(charge.status, ChargeStatus::Succeeded);
+                    prop_assert_eq!(serde_json::from_slice::<Charge>(&body).ok(), Some(charge));
+                }
+            }
+
+            /// A success whose body cannot be read may well have charged: never a decline.
+            #[test]
+            fn an_unreadable_success_is_uncertain(status in prop_oneof![Just(200u16), Just(201)], body in any_body()) {
+                prop_assume!(serde_json::from_slice::<Charge>(&body).is_err());
+
+                prop_assert_eq!(
+                    SendOutcome::from_response(status, None, &body),
+                    SendOutcome::Uncertain(UncertainReason::UnreadableAnswer)
+                );
+            }
+        }
+    }
+
     #[test]
     fn rate_limiting_carries_the_providers_retry_after() {
         let outcome = SendOutcome::from_response(429, Some(Duration::from_secs(3)), b"");

@@ -127,3 +127,145 @@ pub struct WebhookEvent {
     /// The charge it happened to, as it is now.
     pub data: Charge,
 }
+
+/// Generators of every message of the protocol, with any content a provider could send.
+#[cfg(test)]
+pub(crate) mod strategies {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn metadata() -> impl Strategy<Value = BTreeMap<String, String>> {
+        proptest::collection::btree_map(any::<String>(), any::<String>(), 0..4)
+    }
+
+    pub(crate) fn charge() -> impl Strategy<Value = Charge> {
+        (
+            (any::<String>(), prop_oneof![Just(ChargeStatus::Succeeded), Just(ChargeStatus::Failed)], any::<i64>()),
+            (any::<String>(), any::<String>(), any::<String>(), any::<i64>()),
+            (metadata(), proptest::option::of(any::<String>()), proptest::option::of(any::<String>())),
+        )
+            .prop_map(
+                |(
+                    (id, status, amount),
+                    (currency, customer, idempotency_key, created),
+                    (metadata, failure_code, failure_message),
+                )| Charge {
+                    id,
+                    status,
+                    amount,
+                    currency,
+                    customer,
+                    idempotency_key,
+                    created,
+                    metadata,
+                    failure_code,
+                    failure_message,
+                },
+            )
+    }
+
+    pub(crate) fn error_body() -> impl Strategy<Value = ErrorBody> {
+        (any::<String>(), any::<String>(), proptest::option::of(any::<String>()))
+            .prop_map(|(code, message, charge)| ErrorBody { error: ErrorDetail { code, message, charge } })
+    }
+
+    pub(crate) fn create_charge() -> impl Strategy<Value = CreateCharge> {
+        (any::<i64>(), any::<String>(), any::<String>(), metadata())
+            .prop_map(|(amount, currency, customer, metadata)| CreateCharge { amount, currency, customer, metadata })
+    }
+
+    pub(crate) fn webhook_event() -> impl Strategy<Value = WebhookEvent> {
+        (prop_oneof![Just(EventType::ChargeSucceeded), Just(EventType::ChargeFailed)], any::<i64>(), charge())
+            .prop_map(|(event_type, created, data)| WebhookEvent { event_type, created, data })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use serde::de::DeserializeOwned;
+
+    use super::strategies::*;
+    use super::*;
+    use crate::money::{Amount, Currency};
+    use crate::provider::ChargeRequest;
+
+    fn round_trips<T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug>(message: &T) -> Result<(), String> {
+        let text = serde_json::to_vec(message).map_err(|e| e.to_string())?;
+        let back: T = serde_json::from_slice(&text).map_err(|e| e.to_string())?;
+        if &back == message { Ok(()) } else { Err(format!("{back:?} != {message:?}")) }
+    }
+
+    proptest! {
+        /// The simulator writes these and oncepay reads them (and the reverse for a charge
+        /// request): whatever the contents, what one side writes the other reads back unchanged.
+        #[test]
+        fn every_message_reads_back_as_written(
+            charge in charge(),
+            page in (proptest::collection::vec(charge(), 0..4), any::<bool>())
+                .prop_map(|(data, has_more)| ChargePage { data, has_more }),
+            error in error_body(),
+            request in create_charge(),
+            event in webhook_event(),
+        ) {
+            prop_assert_eq!(round_trips(&charge), Ok(()));
+            prop_assert_eq!(round_trips(&page), Ok(()));
+            prop_assert_eq!(round_trips(&error), Ok(()));
+            prop_assert_eq!(round_trips(&request), Ok(()));
+            prop_assert_eq!(round_trips(&event), Ok(()));
+        }
+
+        /// Whatever the merchant puts in its metadata, oncepay's own keys on the charge name the
+        /// payment it was made for: a merchant cannot make a charge settle another tenant's payment.
+        #[test]
+        fn a_charge_names_its_own_payment_whatever_the_merchant_metadata_says(
+            merchant in proptest::collection::btree_map(
+                prop_oneof![
+                    Just(crate::provider::metadata_keys::TENANT_ID.to_owned()),
+                    Just(crate::provider::metadata_keys::PAYMENT_ID.to_owned()),
+                    "[a-z_]{1,20}",
+                ],
+                prop_oneof![Just(TenantId::generate().to_string()), Just(PaymentId::generate().to_string()), any::<String>()],
+                0..4,
+            ),
+            charge in charge(),
+        ) {
+            let (tenant_id, payment_id) = (TenantId::generate(), PaymentId::generate());
+            let amount = Amount::new(100).unwrap();
+            let currency = Currency::parse("EUR").unwrap();
+            let request = ChargeRequest::for_payment(tenant_id, payment_id, amount, currency, "c".into(), &merchant);
+
+            let made = Charge { metadata: request.metadata, ..charge };
+
+            prop_assert_eq!(made.payment_ref(), Some((tenant_id, payment_id)));
+        }
+
+        /// A charge names a payment of ours only through both of oncepay's keys, each a valid id.
+        #[test]
+        fn a_charge_without_both_ids_names_no_payment(
+            mut charge in charge(),
+            tenant in proptest::option::of(prop_oneof![Just(TenantId::generate().to_string()), any::<String>()]),
+            payment in proptest::option::of(prop_oneof![Just(PaymentId::generate().to_string()), any::<String>()]),
+        ) {
+            use crate::provider::metadata_keys::{PAYMENT_ID, TENANT_ID};
+            charge.metadata.remove(TENANT_ID);
+            charge.metadata.remove(PAYMENT_ID);
+            if let Some(tenant) = &tenant { charge.metadata.insert(TENANT_ID.into(), tenant.clone()); }
+            if let Some(payment) = &payment { charge.metadata.insert(PAYMENT_ID.into(), payment.clone()); }
+
+            let expected = match (tenant.map(|t| t.parse::<TenantId>()), payment.map(|p| p.parse::<PaymentId>())) {
+                (Some(Ok(tenant)), Some(Ok(payment))) => Some((tenant, payment)),
+                _ => None,
+            };
+            prop_assert_eq!(charge.payment_ref(), expected);
+        }
+    }
+
+    #[test]
+    fn a_charge_request_with_an_unknown_field_is_refused() {
+        let body = r#"{"amount":1,"currency":"EUR","customer":"c","metadata":{},"capture":false}"#;
+
+        assert!(serde_json::from_str::<CreateCharge>(body).is_err());
+    }
+}
