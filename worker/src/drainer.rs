@@ -322,14 +322,20 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
             telemetry::continue_trace(&span, trace);
         }
         async {
+            #[cfg(feature = "failpoints")]
+            fail::fail_point!("worker::after_claim", |_| crate::failpoints::crash("worker::after_claim"));
             let decision = if claimed.send_is_safe() {
                 let outcome = self.send(&claimed).await;
+                #[cfg(feature = "failpoints")]
+                fail::fail_point!("worker::after_provider", |_| crate::failpoints::crash("worker::after_provider"));
                 self.decide(&claimed, &outcome)
             } else {
                 decision::key_window_passed(&claimed)
             };
             tracing::Span::current().record("decision", decision.label());
             let result = self.record(&claimed, &decision).await;
+            #[cfg(feature = "failpoints")]
+            fail::fail_point!("worker::after_record", |_| crate::failpoints::crash("worker::after_record"));
             self.report(&claimed, &decision, &result);
             result
         }

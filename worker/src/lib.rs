@@ -7,6 +7,7 @@
 //! - [`drainer`]: the loop that claims, sends with bounded concurrency, and records.
 //! - [`wake`]: `LISTEN` for queued payments.
 //! - [`settings`], [`app`], [`metrics`]: configuration, wiring, and what the worker measures.
+//! - `failpoints` (only with the `failpoints` feature): crash points for the chaos harness.
 //!
 //! Expired leases are taken back by `oncepay_shared::store::leases::sweep`, which the reconciler
 //! runs. `main.rs` only loads the settings, starts telemetry, and runs [`app::App`] until SIGTERM.
@@ -14,6 +15,8 @@
 pub mod app;
 pub mod decision;
 pub mod drainer;
+#[cfg(feature = "failpoints")]
+pub mod failpoints;
 pub mod metrics;
 pub mod outbox;
 pub mod record;

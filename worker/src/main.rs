@@ -24,6 +24,9 @@ struct Cli {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    // Crash points, configured from `FAILPOINTS`, exist only in the chaos harness's build.
+    #[cfg(feature = "failpoints")]
+    let _failpoints = fail::FailScenario::setup();
     let settings = Settings::load(cli.config.as_deref())?;
     let _telemetry = telemetry::init(SERVICE, &settings.telemetry).context("starting telemetry")?;
     let shutdown = shutdown::on_termination_signal();

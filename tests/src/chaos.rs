@@ -1,0 +1,359 @@
+//! The chaos run: the system under a seeded workload and a seeded fault schedule, then settled and
+//! checked. [`run`] is what the `oncepay-chaos` binary and the short-profile test call.
+//!
+//! A run: start the system (durable PostgreSQL, since it is crashed), arm fail points on the
+//! workers, send the workload from its own task while one loop injects the scheduled faults and
+//! restarts whatever a fail point crashed; at the end of the span heal everything (no simulator
+//! fault, every process back, no fail point armed), let the workload finish, send every unanswered
+//! intent again, settle within a bound, and check every invariant. Everything random comes from
+//! the one seed, so `--seed N` replays the same plan, schedule and fail-point draws (the exact
+//! interleaving of processes is the operating system's).
+//!
+//! The worker binary must carry fail points (`--features failpoints`); [`failpoint_worker`] builds
+//! one into a target directory of its own so the normal binaries never do.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use oncepay_devkit::pg::Durability;
+use tokio::time::Instant;
+
+use crate::checker::{self, Settled, Verdict};
+use crate::faults::{Action, FailPointDraw, Intensity, Schedule, calm};
+use crate::report::Report;
+use crate::system::{Binaries, Role, System, SystemConfig, Timing, Topology};
+use crate::workload::{self, Clients, Plan, WorkloadConfig};
+
+/// How big and how long a run is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Profile {
+    /// A few minutes; runs in CI.
+    Short,
+    /// Tens of minutes; on demand.
+    Long,
+}
+
+/// Everything a run needs.
+#[derive(Debug, Clone)]
+pub struct ChaosConfig {
+    /// The one seed.
+    pub seed: u64,
+    /// The profile it was built from.
+    pub profile: Profile,
+    /// How long faults are injected (and intents started).
+    pub span: Duration,
+    /// Intents in all.
+    pub intents: usize,
+    /// Intents in progress at once.
+    pub concurrency: usize,
+    /// Tenants.
+    pub tenants: usize,
+    /// Processes.
+    pub topology: Topology,
+    /// Mean time between process faults.
+    pub process_fault_every: Duration,
+    /// How long the system may take to settle after healing.
+    pub settle_bound: Duration,
+    /// Keep the logs even when the run passes.
+    pub keep_logs: bool,
+}
+
+impl ChaosConfig {
+    /// The settings of `profile` for `seed`.
+    pub fn new(profile: Profile, seed: u64) -> Self {
+        match profile {
+            Profile::Short => Self {
+                seed,
+                profile,
+                span: Duration::from_secs(75),
+                intents: 600,
+                concurrency: 24,
+                tenants: 2,
+                topology: Topology { apis: 2, workers: 3, reconcilers: 2 },
+                process_fault_every: Duration::from_secs(4),
+                settle_bound: Duration::from_secs(120),
+                keep_logs: false,
+            },
+            Profile::Long => Self {
+                seed,
+                profile,
+                span: Duration::from_secs(20 * 60),
+                intents: 12_000,
+                concurrency: 48,
+                tenants: 3,
+                topology: Topology { apis: 2, workers: 4, reconcilers: 2 },
+                process_fault_every: Duration::from_secs(5),
+                settle_bound: Duration::from_secs(300),
+                keep_logs: false,
+            },
+        }
+    }
+}
+
+/// The outcome of a run: its report, and where the logs are if they were kept.
+#[derive(Debug)]
+pub struct Outcome {
+    /// What to print.
+    pub report: Report,
+    /// The logs of every process, kept when the run failed (or when asked).
+    pub logs: Option<PathBuf>,
+}
+
+impl Outcome {
+    /// Whether every invariant held and everything settled.
+    pub fn passed(&self) -> bool {
+        self.report.passed()
+    }
+}
+
+/// Builds the worker with fail points into `<target>/chaos` and returns its path. The normal
+/// binaries stay free of fail points: cargo features are unified per target directory, so building
+/// this feature into `target/debug` would replace the normal worker.
+pub async fn failpoint_worker() -> anyhow::Result<PathBuf> {
+    let root = workspace_root();
+    let target = target_dir()?;
+    let chaos_target = target.join("chaos");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let output = tokio::process::Command::new(cargo)
+        .args(["build", "--quiet", "--locked", "-p", "oncepay-worker", "--features", "failpoints", "--target-dir"])
+        .arg(&chaos_target)
+        .current_dir(&root)
+        .output()
+        .await
+        .context("cannot run cargo to build the worker with fail points")?;
+    if !output.status.success() {
+        bail!("building the worker with fail points failed:\n{}", String::from_utf8_lossy(&output.stderr));
+    }
+    let binary = chaos_target.join("debug").join("oncepay-worker");
+    if !binary.is_file() {
+        bail!("cargo built no {}", binary.display());
+    }
+    Ok(binary)
+}
+
+fn workspace_root() -> PathBuf {
+    // tests/ is one level below the root.
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+}
+
+/// The target directory the running executable was built into (`<target>/<profile>/[deps/]exe`).
+fn target_dir() -> anyhow::Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("CARGO_TARGET_DIR") {
+        return Ok(PathBuf::from(dir));
+    }
+    let exe = std::env::current_exe()?;
+    let mut dir = exe.parent().context("the running executable has no directory")?.to_path_buf();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    dir.pop();
+    Ok(dir)
+}
+
+/// Runs the chaos harness once with `worker` as the worker binary.
+pub async fn run(config: &ChaosConfig, worker: PathBuf) -> anyhow::Result<Outcome> {
+    let seed = config.seed;
+    let mut binaries = Binaries::built()?;
+    binaries.worker = worker;
+    let timing = Timing::default();
+    let tenants = (0..config.tenants).map(|i| format!("tenant-{i}")).collect();
+    let mut system = System::start(SystemConfig {
+        binaries,
+        topology: config.topology,
+        tenants,
+        durability: Durability::Durable,
+        timing,
+        simulator_seed: seed,
+        log_dir: None,
+    })
+    .await?;
+    let result = drive(config, &mut system, timing).await;
+    let unclean = system.shutdown().await.unwrap_or_else(|error| vec![format!("{error:#}")]);
+    let mut report = result?;
+    for line in unclean {
+        report.verdict.notes.push(format!("on SIGTERM: {line}"));
+    }
+    let logs = (config.keep_logs || !report.passed()).then(|| system.keep_logs());
+    Ok(Outcome { report, logs })
+}
+
+async fn drive(config: &ChaosConfig, system: &mut System, timing: Timing) -> anyhow::Result<Report> {
+    let seed = config.seed;
+    let counts: BTreeMap<Role, usize> =
+        [Role::Api, Role::Worker, Role::Reconciler].into_iter().map(|role| (role, system.count(role))).collect();
+    let schedule = Schedule::draw(
+        seed,
+        config.span,
+        Intensity {
+            process_fault_every: config.process_fault_every,
+            simulator_phase: Duration::from_secs(6),
+            lease: Duration::from_secs(timing.lease_secs),
+        },
+        &counts,
+    );
+    let mut faults: BTreeMap<String, u64> = BTreeMap::new();
+    let mut fail_points = FailPointDraw::new(seed);
+    for index in 0..system.count(Role::Worker) {
+        start_worker(system, index, &mut fail_points, &mut faults).await?;
+    }
+
+    let workload_config = WorkloadConfig {
+        seed,
+        intents: config.intents,
+        concurrency: config.concurrency,
+        spread: config.span,
+        storm_rate: 0.08,
+        storm_size: 6,
+        shared_key_rate: 0.05,
+        misuse_rate: 0.05,
+        probe_rate: 0.05,
+        follow: Duration::from_secs(20),
+        resends: 4,
+    };
+    let plan = Arc::new(Plan::draw(&workload_config, config.tenants, system.count(Role::Api))?);
+    let clients = Clients::new(system.tenants(), &system.api_urls())?;
+    let workload = tokio::spawn({
+        let (plan, clients, workload_config) = (plan.clone(), clients.clone(), workload_config.clone());
+        async move { workload::run(&plan, &workload_config, &clients).await }
+    });
+
+    // The fault loop: every scheduled action at its time, and every process a fail point crashed
+    // started again (with a new draw) as soon as PostgreSQL is up.
+    let begin = Instant::now();
+    let mut next = 0;
+    let mut crashed: Vec<(Role, usize)> = Vec::new();
+    while next < schedule.actions.len() || !crashed.is_empty() {
+        let due = schedule.actions.get(next).map(|s| begin + s.at);
+        let tick = Instant::now() + Duration::from_millis(250);
+        tokio::time::sleep_until(due.map_or(tick, |due| due.min(tick))).await;
+        for exited in system.exited() {
+            let code = exited.status.code();
+            *faults.entry(format!("{} exited by itself (code {code:?})", exited.role.as_str())).or_default() += 1;
+            crashed.push((exited.role, exited.index));
+        }
+        if system.database_up() {
+            for (role, index) in std::mem::take(&mut crashed) {
+                restart(system, role, index, &mut fail_points, &mut faults).await?;
+            }
+        }
+        while let Some(scheduled) = schedule.actions.get(next).filter(|s| begin + s.at <= Instant::now()) {
+            next += 1;
+            if let Some(kind) = scheduled.action.kind() {
+                *faults.entry(kind).or_default() += 1;
+            }
+            apply(system, &scheduled.action, &mut fail_points, &mut faults, &mut crashed).await?;
+        }
+    }
+
+    // Heal: no provider fault, every process back without fail points.
+    system.simulator().set_faults(&calm()).await?;
+    system.heal().await?;
+    let mut observations = workload.await.context("the workload task failed")?;
+    workload::resend_unanswered(&plan, &clients, &mut observations).await;
+    let settled: Settled = checker::settle(system.pool(), config.settle_bound).await?;
+    let truth = system.simulator().ground_truth().await?;
+    let verdict: Verdict = checker::check(system.pool(), &truth.charges, system.tenants(), &observations).await?;
+    for (fault, count) in simulator_fault_counts(system.simulator_url()).await? {
+        faults.insert(format!("simulator: {fault}"), count);
+    }
+    Ok(Report {
+        title: format!("oncepay-chaos, profile {:?}", config.profile).to_lowercase(),
+        seed,
+        span: config.span,
+        topology: config.topology,
+        tenants: config.tenants,
+        faults,
+        plan_storms: plan.jobs.iter().filter(|j| j.copies > 1).count(),
+        observations,
+        settled,
+        verdict,
+    })
+}
+
+/// Starts worker `index` with the next fail-point draw.
+async fn start_worker(
+    system: &mut System,
+    index: usize,
+    fail_points: &mut FailPointDraw,
+    faults: &mut BTreeMap<String, u64>,
+) -> anyhow::Result<()> {
+    let env = match fail_points.for_next_start() {
+        Some(armed) => {
+            *faults.entry(format!("{} armed", armed.kind())).or_default() += 1;
+            vec![("FAILPOINTS".to_owned(), armed.env())]
+        }
+        None => Vec::new(),
+    };
+    system.restart(Role::Worker, index, &env).await
+}
+
+async fn restart(
+    system: &mut System,
+    role: Role,
+    index: usize,
+    fail_points: &mut FailPointDraw,
+    faults: &mut BTreeMap<String, u64>,
+) -> anyhow::Result<()> {
+    match role {
+        Role::Worker => start_worker(system, index, fail_points, faults).await,
+        Role::Api | Role::Reconciler => system.restart(role, index, &[]).await,
+    }
+}
+
+async fn apply(
+    system: &mut System,
+    action: &Action,
+    fail_points: &mut FailPointDraw,
+    faults: &mut BTreeMap<String, u64>,
+    crashed: &mut Vec<(Role, usize)>,
+) -> anyhow::Result<()> {
+    match action {
+        Action::Kill(role, index) => system.kill(*role, *index).await?,
+        Action::Restart(role, index) => {
+            crashed.retain(|c| c != &(*role, *index));
+            if system.database_up() {
+                restart(system, *role, *index, fail_points, faults).await?;
+            } else {
+                crashed.push((*role, *index));
+            }
+        }
+        Action::Pause(role, index) => {
+            if system.is_running(*role, *index) {
+                system.pause(*role, *index)?;
+            }
+        }
+        Action::Resume(role, index) => system.resume(*role, *index)?,
+        Action::CrashDatabase => system.crash_database().await?,
+        Action::ResumeDatabase => system.resume_database().await?,
+        Action::SimulatorFaults(patch) => {
+            system.simulator().set_faults(patch).await?;
+        }
+    }
+    Ok(())
+}
+
+/// `oncepay_simulator_faults_total` and the webhook fates from the simulator's `/metrics`.
+async fn simulator_fault_counts(simulator_url: &str) -> anyhow::Result<Vec<(String, u64)>> {
+    let text = reqwest::get(format!("{simulator_url}/metrics")).await?.error_for_status()?.text().await?;
+    let mut counts = Vec::new();
+    for line in text.lines() {
+        for (metric, label) in
+            [("oncepay_simulator_faults_total{", "fault=\""), ("oncepay_simulator_webhook_events_total{", "fate=\"")]
+        {
+            if let Some(rest) = line.strip_prefix(metric)
+                && let Some((labels, value)) = rest.split_once("} ")
+                && let Some(name) = labels.split(label).nth(1).and_then(|v| v.split('"').next())
+                && let Ok(value) = value.trim().parse::<f64>()
+            {
+                let name = if label.starts_with("fate") { format!("webhook {name}") } else { name.to_owned() };
+                if name != "webhook queued" && name != "none" {
+                    counts.push((name, value as u64));
+                }
+            }
+        }
+    }
+    Ok(counts)
+}

@@ -1,0 +1,613 @@
+//! The invariant checker: the contract's five invariants, judged against the database, the
+//! provider's ground truth (`GET /_sim/charges`) and what the clients saw. One implementation, used
+//! by the end-to-end tests and the chaos harness alike.
+//!
+//! First [`settle`]: wait, within a bound, until nothing is left in flight (no payment `pending`,
+//! `processing` or `unknown`, an empty outbox and unknown queue), woken by the payments' own
+//! notifications. Then [`check`] reads everything once and reports every violation with its
+//! evidence:
+//!
+//! 1. provider charges per payment ≤ 1, and exactly one (succeeded, the one recorded) for every
+//!    `succeeded` payment; no charge for a payment that does not exist (fail closed);
+//! 2. one payment per (tenant, key): every answer for a key carried the same payment, which is the
+//!    one the key row names; no payment without its key row; a key misuse was refused (422);
+//! 3. every accepted payment exists and is terminal or dead-lettered (with an open dead letter);
+//! 4. a ledger entry exactly for each `succeeded` payment, with the provider's charge, amount and
+//!    currency; no succeeded provider charge outside the ledger unless an operator holds it;
+//! 5. no client saw another tenant's payment: every id a tenant's client got belongs to that tenant
+//!    and shows what that tenant asked for, and reading another tenant's payment is 404.
+//!
+//! It only reads; it never repairs or retries anything.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::time::Duration;
+
+use anyhow::Context;
+use oncepay_shared::ids::DownstreamKey;
+use oncepay_shared::provider::wire::{Charge, ChargeStatus};
+use sqlx::PgPool;
+use sqlx::postgres::PgListener;
+use time::OffsetDateTime;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use crate::system::Tenant;
+use crate::workload::{MisuseOutcome, Observations, ProbeOutcome};
+
+/// One broken promise, with what proves it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Violation {
+    /// Which invariant (1–5, as numbered in the contract).
+    pub invariant: u8,
+    /// What is wrong.
+    pub what: String,
+    /// The rows, charges or answers that show it.
+    pub evidence: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "[invariant {}] {}: {}", self.invariant, self.what, self.evidence)
+    }
+}
+
+/// A payment still in flight when the settle bound ran out.
+#[derive(Debug, Clone)]
+pub struct Stuck {
+    /// The payment.
+    pub payment_id: Uuid,
+    /// Its status.
+    pub status: String,
+    /// Its last audit row (actor, reason), its outbox row and its unknown-queue row, if any.
+    pub detail: String,
+}
+
+/// How settling went.
+#[derive(Debug, Clone)]
+pub struct Settled {
+    /// How long it took (or the bound).
+    pub waited: Duration,
+    /// The payments still in flight at the bound (empty when it settled).
+    pub stuck: Vec<Stuck>,
+}
+
+/// Waits until nothing is in flight, at most `bound`.
+pub async fn settle(pool: &PgPool, bound: Duration) -> anyhow::Result<Settled> {
+    let started = Instant::now();
+    let deadline = started + bound;
+    let mut listener = PgListener::connect_with(pool).await.context("cannot listen for payment changes")?;
+    listener.listen("oncepay_payment").await?;
+    loop {
+        if in_flight(pool).await? == 0 {
+            return Ok(Settled { waited: started.elapsed(), stuck: Vec::new() });
+        }
+        if Instant::now() >= deadline {
+            return Ok(Settled { waited: bound, stuck: stuck(pool).await? });
+        }
+        // Woken by any status change; the timeout catches the outbox and queue rows that go away
+        // without a notification of their own (and a listener that lost its connection).
+        let _ = tokio::time::timeout(Duration::from_millis(500), listener.try_recv()).await;
+    }
+}
+
+async fn in_flight(pool: &PgPool) -> anyhow::Result<i64> {
+    let count: i64 = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM payments WHERE status IN ('pending', 'processing', 'unknown'))
+              + (SELECT count(*) FROM outbox) + (SELECT count(*) FROM unknown_payments)",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(count)
+}
+
+async fn stuck(pool: &PgPool) -> anyhow::Result<Vec<Stuck>> {
+    let rows: Vec<(Uuid, String, String)> = sqlx::query_as(
+        "SELECT p.payment_id, p.status::text,
+                concat_ws('; ',
+                  (SELECT format('last event %s→%s by %s: %s', e.from_status, e.to_status, e.actor, e.reason)
+                     FROM payment_events e WHERE e.tenant_id = p.tenant_id AND e.payment_id = p.payment_id
+                     ORDER BY e.event_id DESC LIMIT 1),
+                  (SELECT format('outbox: attempts %s, lease by %s until %s, expirations %s, due %s',
+                                 o.attempts, o.locked_by, o.locked_until, o.lease_expirations, o.available_at)
+                     FROM outbox o WHERE o.tenant_id = p.tenant_id AND o.payment_id = p.payment_id),
+                  (SELECT format('unknown since %s: %s, %s polls, next %s', u.since, u.reason, u.poll_attempts, u.next_poll_at)
+                     FROM unknown_payments u WHERE u.tenant_id = p.tenant_id AND u.payment_id = p.payment_id))
+           FROM payments p
+          WHERE p.status IN ('pending', 'processing', 'unknown')
+             OR EXISTS (SELECT 1 FROM outbox o WHERE o.tenant_id = p.tenant_id AND o.payment_id = p.payment_id)
+             OR EXISTS (SELECT 1 FROM unknown_payments u WHERE u.tenant_id = p.tenant_id AND u.payment_id = p.payment_id)
+          ORDER BY p.created_at",
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().map(|(payment_id, status, detail)| Stuck { payment_id, status, detail }).collect())
+}
+
+/// A payment as stored, with when it first became terminal or dead-lettered.
+#[derive(Debug, Clone, sqlx::FromRow)]
+struct PaymentRow {
+    payment_id: Uuid,
+    tenant_id: Uuid,
+    status: String,
+    amount: i64,
+    currency: String,
+    customer_id: String,
+    provider_charge_id: Option<String>,
+    created_at: OffsetDateTime,
+    settled_at: Option<OffsetDateTime>,
+}
+
+/// What the check found, violations and figures both.
+#[derive(Debug, Clone, Default)]
+pub struct Verdict {
+    /// Every violation (expected: none).
+    pub violations: Vec<Violation>,
+    /// Things worth knowing that break no invariant (dead letters, unanswered intents, ...).
+    pub notes: Vec<String>,
+    /// Conflict dead letters on payments that agree with the provider in every respect: false
+    /// alarms for operators (payment id, the dead letter's reason).
+    pub false_conflicts: Vec<(Uuid, String)>,
+    /// Payments in the database.
+    pub payments: usize,
+    /// Payments by status.
+    pub by_status: BTreeMap<String, usize>,
+    /// Payments with 0, 1 and 2+ provider charges.
+    pub charge_histogram: [usize; 3],
+    /// Provider charges in all (failed ones included).
+    pub provider_charges: usize,
+    /// Time from acceptance to the terminal (or dead-lettered) status, sorted.
+    pub time_to_terminal: Vec<Duration>,
+}
+
+impl Verdict {
+    /// The `q`-quantile of the time to terminal.
+    pub fn latency(&self, q: f64) -> Option<Duration> {
+        let n = self.time_to_terminal.len();
+        if n == 0 {
+            return None;
+        }
+        let rank = ((q * n as f64).ceil() as usize).clamp(1, n);
+        Some(self.time_to_terminal[rank - 1])
+    }
+
+    fn violation(&mut self, invariant: u8, what: &str, evidence: String) {
+        self.violations.push(Violation { invariant, what: what.to_owned(), evidence });
+    }
+}
+
+/// Reads the database and the simulator's ground truth and judges every invariant.
+pub async fn check(
+    pool: &PgPool,
+    charges: &[Charge],
+    tenants: &[Tenant],
+    observations: &Observations,
+) -> anyhow::Result<Verdict> {
+    let mut verdict = Verdict::default();
+
+    let rows: Vec<PaymentRow> = sqlx::query_as(
+        "SELECT p.tenant_id, p.payment_id, p.status::text AS status, p.amount, p.currency, p.customer_id,
+                p.provider_charge_id, p.created_at,
+                (SELECT min(e.created_at) FROM payment_events e
+                  WHERE e.tenant_id = p.tenant_id AND e.payment_id = p.payment_id
+                    AND e.to_status IN ('succeeded', 'failed', 'dead_lettered')) AS settled_at
+           FROM payments p",
+    )
+    .fetch_all(pool)
+    .await?;
+    let payments: BTreeMap<Uuid, PaymentRow> = rows.into_iter().map(|row| (row.payment_id, row)).collect();
+    let keys: Vec<(Uuid, String, Uuid)> =
+        sqlx::query_as("SELECT tenant_id, idempotency_key, payment_id FROM idempotency_keys").fetch_all(pool).await?;
+    let ledger: Vec<(Uuid, Uuid, String, i64, String)> =
+        sqlx::query_as("SELECT tenant_id, payment_id, provider_charge_id, amount, currency FROM ledger_entries")
+            .fetch_all(pool)
+            .await?;
+    let open_dead_letters: BTreeSet<Uuid> =
+        sqlx::query_scalar("SELECT payment_id FROM dead_letters WHERE kind = 'unresolved' AND resolved_at IS NULL")
+            .fetch_all(pool)
+            .await?
+            .into_iter()
+            .collect();
+    let conflicts: Vec<(Uuid, String)> =
+        sqlx::query_as("SELECT payment_id, reason FROM dead_letters WHERE kind = 'conflict'").fetch_all(pool).await?;
+
+    verdict.payments = payments.len();
+    verdict.provider_charges = charges.len();
+    for payment in payments.values() {
+        *verdict.by_status.entry(payment.status.clone()).or_default() += 1;
+        if let Some(settled_at) = payment.settled_at {
+            verdict.time_to_terminal.push((settled_at - payment.created_at).try_into().unwrap_or_default());
+        }
+    }
+    verdict.time_to_terminal.sort();
+    let by_payment = charges_by_payment(&mut verdict, charges, &payments);
+    note_conflicts(&mut verdict, &conflicts, &payments, &ledger, &by_payment);
+    check_charges(&mut verdict, &payments, &by_payment);
+    check_keys(&mut verdict, &payments, &keys, tenants, observations);
+    check_accounted(&mut verdict, &payments, &open_dead_letters, tenants, observations);
+    check_ledger(&mut verdict, &payments, &ledger, charges, &by_payment);
+    check_tenancy(&mut verdict, &payments, tenants, observations);
+    verdict.violations.sort();
+    Ok(verdict)
+}
+
+/// The provider's charges by the payment they were made for (its metadata, else its downstream
+/// key); a charge that names no payment of ours is a violation of failing closed.
+fn charges_by_payment<'c>(
+    verdict: &mut Verdict,
+    charges: &'c [Charge],
+    payments: &BTreeMap<Uuid, PaymentRow>,
+) -> BTreeMap<Uuid, Vec<&'c Charge>> {
+    let mut by_payment: BTreeMap<Uuid, Vec<&Charge>> = BTreeMap::new();
+    for charge in charges {
+        let by_key = DownstreamKey::parse_payment_id(&charge.idempotency_key).map(|id| id.as_uuid());
+        let by_metadata = charge.payment_ref().map(|(tenant, payment)| (tenant.as_uuid(), payment.as_uuid()));
+        if let (Some(key), Some((_, meta))) = (by_key, by_metadata)
+            && key != meta
+        {
+            verdict.violation(1, "a charge's key and metadata name different payments", describe_charge(charge));
+        }
+        match by_metadata.map(|(_, payment)| payment).or(by_key) {
+            Some(payment_id) if payments.contains_key(&payment_id) => {
+                if let Some((tenant, _)) = by_metadata
+                    && payments.get(&payment_id).is_some_and(|p| p.tenant_id != tenant)
+                {
+                    verdict.violation(5, "a charge names the wrong tenant", describe_charge(charge));
+                }
+                by_payment.entry(payment_id).or_default().push(charge);
+            }
+            _ => verdict.violation(
+                1,
+                "the provider charged for a payment that was never accepted (not failing closed)",
+                describe_charge(charge),
+            ),
+        }
+    }
+    by_payment
+}
+
+/// Invariant 1: at most one charge per payment, exactly the recorded one for a succeeded payment.
+fn check_charges(
+    verdict: &mut Verdict,
+    payments: &BTreeMap<Uuid, PaymentRow>,
+    by_payment: &BTreeMap<Uuid, Vec<&Charge>>,
+) {
+    for (payment_id, payment) in payments {
+        let charges = by_payment.get(payment_id).map_or(&[][..], Vec::as_slice);
+        verdict.charge_histogram[charges.len().min(2)] += 1;
+        if charges.len() > 1 {
+            verdict.violation(
+                1,
+                "a payment was charged more than once",
+                format!("payment {payment_id} ({}): {}", payment.status, describe_charges(charges)),
+            );
+        }
+        if payment.status == "succeeded" {
+            let succeeded: Vec<_> = charges.iter().filter(|c| c.status == ChargeStatus::Succeeded).collect();
+            let recorded = payment.provider_charge_id.as_deref();
+            if succeeded.len() != 1 || recorded != Some(succeeded[0].id.as_str()) {
+                verdict.violation(
+                    1,
+                    "a succeeded payment does not have exactly the one provider charge it records",
+                    format!("payment {payment_id} records {recorded:?}; provider: {}", describe_charges(charges)),
+                );
+            }
+        }
+    }
+}
+
+/// Invariant 2: one payment per (tenant, key), and the key row names it.
+fn check_keys(
+    verdict: &mut Verdict,
+    payments: &BTreeMap<Uuid, PaymentRow>,
+    keys: &[(Uuid, String, Uuid)],
+    tenants: &[Tenant],
+    observations: &Observations,
+) {
+    let key_rows: BTreeMap<(Uuid, &str), Uuid> =
+        keys.iter().map(|(tenant, key, payment)| ((*tenant, key.as_str()), *payment)).collect();
+    let keyed: BTreeSet<Uuid> = keys.iter().map(|(_, _, payment)| *payment).collect();
+    for (payment_id, payment) in payments {
+        if !keyed.contains(payment_id) {
+            verdict.violation(
+                2,
+                "a payment has no idempotency key row",
+                format!("payment {payment_id} of tenant {}", payment.tenant_id),
+            );
+        }
+    }
+    let sent: BTreeSet<(Uuid, &str)> = observations
+        .intents
+        .values()
+        .filter_map(|r| tenants.get(r.tenant).map(|t| (t.tenant_id, r.key.as_str())))
+        .collect();
+    for (tenant, key) in key_rows.keys() {
+        if !sent.contains(&(*tenant, *key)) {
+            verdict.violation(2, "a key row exists for a key no client sent", format!("tenant {tenant}, key {key:?}"));
+        }
+    }
+    for record in observations.intents.values() {
+        let Some(tenant) = tenants.get(record.tenant) else { continue };
+        if record.payment_ids.len() > 1 {
+            verdict.violation(
+                2,
+                "one key was answered with more than one payment",
+                format!("tenant {}, key {:?}: {:?}", tenant.name, record.key, record.payment_ids),
+            );
+        }
+        let stored = key_rows.get(&(tenant.tenant_id, record.key.as_str()));
+        match (record.payment_ids.iter().next(), stored) {
+            (Some(answered), Some(stored)) if answered != stored => verdict.violation(
+                2,
+                "a key row names another payment than the clients were answered with",
+                format!("tenant {}, key {:?}: answered {answered}, stored {stored}", tenant.name, record.key),
+            ),
+            (Some(answered), None) => verdict.violation(
+                2,
+                "an answered key has no key row",
+                format!("tenant {}, key {:?}, payment {answered}", tenant.name, record.key),
+            ),
+            _ => {}
+        }
+        if let Some(payment) = stored.and_then(|id| payments.get(id))
+            && (payment.amount != record.amount || payment.currency != record.currency)
+        {
+            verdict.violation(
+                2,
+                "the stored payment is not what its key's first request asked for",
+                format!(
+                    "tenant {}, key {:?}: asked {} {}, stored {} {}",
+                    tenant.name, record.key, record.amount, record.currency, payment.amount, payment.currency
+                ),
+            );
+        }
+        match &record.misuse {
+            Some(MisuseOutcome::Accepted(id)) => verdict.violation(
+                2,
+                "the same key with another body was accepted instead of 422",
+                format!("tenant {}, key {:?}: answered with payment {id}", tenant.name, record.key),
+            ),
+            Some(MisuseOutcome::Other(answer)) => verdict.notes.push(format!(
+                "a key misuse got {answer} instead of 422 (tenant {}, key {:?})",
+                tenant.name, record.key
+            )),
+            Some(MisuseOutcome::NoAnswer) => {
+                verdict
+                    .notes
+                    .push(format!("a key misuse got no answer (tenant {}, key {:?})", tenant.name, record.key));
+            }
+            Some(MisuseOutcome::Rejected) | None => {}
+        }
+    }
+}
+
+/// Invariant 3: every accepted payment exists and is terminal or dead-lettered.
+fn check_accounted(
+    verdict: &mut Verdict,
+    payments: &BTreeMap<Uuid, PaymentRow>,
+    open_dead_letters: &BTreeSet<Uuid>,
+    tenants: &[Tenant],
+    observations: &Observations,
+) {
+    for record in observations.intents.values() {
+        for id in &record.payment_ids {
+            if !payments.contains_key(id) {
+                verdict.violation(
+                    3,
+                    "an accepted payment vanished",
+                    format!("payment {id} (tenant #{}, key {:?})", record.tenant, record.key),
+                );
+            }
+        }
+        if !record.rejected.is_empty() {
+            verdict.violation(
+                3,
+                "a valid payment request was rejected",
+                format!("tenant #{}, key {:?}: {:?}", record.tenant, record.key, record.rejected),
+            );
+        }
+    }
+    for (payment_id, payment) in payments {
+        match payment.status.as_str() {
+            "succeeded" | "failed" => {}
+            "dead_lettered" => {
+                if !open_dead_letters.contains(payment_id) {
+                    verdict.violation(
+                        3,
+                        "a dead-lettered payment has no open dead letter",
+                        format!("payment {payment_id}"),
+                    );
+                }
+            }
+            other => verdict.violation(
+                3,
+                "a payment never reached a terminal state",
+                format!("payment {payment_id} is {other}"),
+            ),
+        }
+    }
+    let unanswered = observations.unanswered();
+    if !unanswered.is_empty() {
+        let sample: Vec<_> =
+            unanswered.iter().take(5).map(|r| format!("tenant #{} key {:?}", r.tenant, r.key)).collect();
+        verdict.notes.push(format!("{} intent(s) never got an answer, e.g. {sample:?}", unanswered.len()));
+    }
+    let tenant_names: Vec<&str> = tenants.iter().map(|t| t.name.as_str()).collect();
+    let dead: Vec<_> = payments.iter().filter(|(_, p)| p.status == "dead_lettered").map(|(id, _)| *id).collect();
+    if !dead.is_empty() {
+        verdict.notes.push(format!(
+            "{} payment(s) dead-lettered for operators (tenants {tenant_names:?}), e.g. {:?}",
+            dead.len(),
+            &dead[..dead.len().min(5)]
+        ));
+    }
+}
+
+/// Invariant 4: the ledger books exactly the succeeded payments, with the provider's money.
+fn check_ledger(
+    verdict: &mut Verdict,
+    payments: &BTreeMap<Uuid, PaymentRow>,
+    ledger: &[(Uuid, Uuid, String, i64, String)],
+    charges: &[Charge],
+    by_payment: &BTreeMap<Uuid, Vec<&Charge>>,
+) {
+    let charge_by_id: BTreeMap<&str, &Charge> = charges.iter().map(|c| (c.id.as_str(), c)).collect();
+    let mut booked = BTreeSet::new();
+    for (tenant_id, payment_id, charge_id, amount, currency) in ledger {
+        booked.insert(*payment_id);
+        let entry = format!("entry of payment {payment_id}: {charge_id} {amount} {currency}");
+        let Some(payment) = payments.get(payment_id) else {
+            verdict.violation(4, "a ledger entry books no payment", entry);
+            continue;
+        };
+        if payment.tenant_id != *tenant_id {
+            verdict.violation(5, "a ledger entry is filed under another tenant", entry.clone());
+        }
+        if payment.status != "succeeded" {
+            verdict.violation(
+                4,
+                "a ledger entry books a payment that did not succeed",
+                format!("{entry}; payment is {}", payment.status),
+            );
+        }
+        if payment.provider_charge_id.as_deref() != Some(charge_id.as_str()) {
+            verdict.violation(
+                4,
+                "a ledger entry books another charge than its payment records",
+                format!("{entry}; payment records {:?}", payment.provider_charge_id),
+            );
+        }
+        match charge_by_id.get(charge_id.as_str()) {
+            None => verdict.violation(4, "a ledger entry books a charge the provider never made", entry),
+            Some(charge) => {
+                if charge.status != ChargeStatus::Succeeded || charge.amount != *amount || charge.currency != *currency
+                {
+                    verdict.violation(
+                        4,
+                        "a ledger entry disagrees with the provider's charge",
+                        format!("{entry}; provider: {}", describe_charge(charge)),
+                    );
+                }
+            }
+        }
+    }
+    for (payment_id, payment) in payments {
+        if payment.status == "succeeded" && !booked.contains(payment_id) {
+            verdict.violation(4, "a succeeded payment has no ledger entry", format!("payment {payment_id}"));
+        }
+        let taken: Vec<_> = by_payment
+            .get(payment_id)
+            .map_or(&[][..], Vec::as_slice)
+            .iter()
+            .filter(|c| c.status == ChargeStatus::Succeeded)
+            .collect();
+        if !taken.is_empty() && !booked.contains(payment_id) {
+            if payment.status == "dead_lettered" {
+                verdict.notes.push(format!(
+                    "payment {payment_id} is dead-lettered although the provider charged it ({}): an operator resolves it",
+                    taken[0].id
+                ));
+            } else {
+                verdict.violation(
+                    4,
+                    "the provider charged a payment the ledger does not book",
+                    format!("payment {payment_id} is {}; provider: {}", payment.status, describe_charge(taken[0])),
+                );
+            }
+        }
+    }
+}
+
+/// Invariant 5: no tenant saw another tenant's payment.
+fn check_tenancy(
+    verdict: &mut Verdict,
+    payments: &BTreeMap<Uuid, PaymentRow>,
+    tenants: &[Tenant],
+    observations: &Observations,
+) {
+    for record in observations.intents.values() {
+        let Some(tenant) = tenants.get(record.tenant) else { continue };
+        for id in &record.payment_ids {
+            if let Some(payment) = payments.get(id)
+                && (payment.tenant_id != tenant.tenant_id || payment.customer_id != record.customer_id)
+            {
+                verdict.violation(
+                    5,
+                    "a tenant was answered with another tenant's payment",
+                    format!(
+                        "tenant {} key {:?} got payment {id} of tenant {}",
+                        tenant.name, record.key, payment.tenant_id
+                    ),
+                );
+            }
+        }
+        for mismatch in &record.mismatches {
+            verdict.violation(
+                5,
+                "a tenant was shown a payment that is not the one it asked for",
+                format!("tenant {} key {:?}: {mismatch}", tenant.name, record.key),
+            );
+        }
+    }
+    for probe in &observations.probes {
+        let asker = tenants.get(probe.tenant).map_or("?", |t| t.name.as_str());
+        let owner = tenants.get(probe.owner).map_or("?", |t| t.name.as_str());
+        match &probe.outcome {
+            ProbeOutcome::NotFound => {}
+            ProbeOutcome::Shown(shown) => verdict.violation(
+                5,
+                "a tenant read another tenant's payment",
+                format!("{asker} read {owner}'s payment {}: {shown}", probe.payment_id),
+            ),
+            ProbeOutcome::Inconclusive(answer) => {
+                verdict.notes.push(format!("{asker}'s read of {owner}'s payment {} got {answer}", probe.payment_id))
+            }
+        }
+    }
+}
+
+/// Conflict dead letters keep the state and break no invariant, but one whose payment agrees with
+/// the provider in every respect is a false alarm for operators: said so, with the evidence.
+fn note_conflicts(
+    verdict: &mut Verdict,
+    conflicts: &[(Uuid, String)],
+    payments: &BTreeMap<Uuid, PaymentRow>,
+    ledger: &[(Uuid, Uuid, String, i64, String)],
+    by_payment: &BTreeMap<Uuid, Vec<&Charge>>,
+) {
+    for (payment_id, reason) in conflicts {
+        let charges = by_payment.get(payment_id).map_or(&[][..], Vec::as_slice);
+        let agrees = payments.get(payment_id).is_some_and(|payment| {
+            let booked = ledger.iter().find(|(_, id, ..)| id == payment_id);
+            match (payment.status.as_str(), charges) {
+                ("succeeded", [charge]) => booked.is_some_and(|(_, _, charge_id, amount, currency)| {
+                    charge.status == ChargeStatus::Succeeded
+                        && *charge_id == charge.id
+                        && charge.amount == *amount
+                        && charge.currency == *currency
+                }),
+                ("failed", [charge]) => charge.status == ChargeStatus::Failed && booked.is_none(),
+                _ => false,
+            }
+        });
+        if agrees {
+            verdict.false_conflicts.push((*payment_id, reason.clone()));
+        } else {
+            verdict.notes.push(format!("payment {payment_id} has a conflict dead letter: {reason}"));
+        }
+    }
+}
+
+fn describe_charge(charge: &Charge) -> String {
+    format!(
+        "{} {:?} {} {} key {} metadata {:?}",
+        charge.id, charge.status, charge.amount, charge.currency, charge.idempotency_key, charge.metadata
+    )
+}
+
+fn describe_charges(charges: &[&Charge]) -> String {
+    if charges.is_empty() {
+        return "no charge".to_owned();
+    }
+    charges.iter().map(|c| describe_charge(c)).collect::<Vec<_>>().join(" | ")
+}

@@ -1,0 +1,330 @@
+//! The fault schedule: which faults the harness injects, and when, drawn from one seed.
+//!
+//! [`Schedule::draw`] lays out, over the run's span, process faults (SIGKILL then restart of a
+//! worker, a reconciler or an api; SIGSTOP of a worker past its lease then SIGCONT; PostgreSQL
+//! stopped with `-m immediate` then started) and simulator phases (a new mix of provider faults
+//! every few seconds: latency, declines, 5xx before and after charging, hangs past the worker's
+//! timeout, connections dropped after charging, replayed 5xx, webhooks dropped, delayed,
+//! duplicated, reordered). [`FailPointDraw`] picks, for each worker start, which crash point of the
+//! worker to arm (or none), with what action and after how many evaluations.
+//!
+//! Invariants of a drawn schedule: one target has at most one fault at a time; PostgreSQL is never
+//! down while a process is (a restart needs the database to become ready). Forgotten keys are not a
+//! scheduled event: the simulator and oncepay run with a short key window (see `system::Timing`),
+//! so keys really expire during a run, as at a real provider. This module draws; it never injects.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use oncepay_simulator::faults::FaultsPatch;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::system::Role;
+
+/// One thing to do to the system.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// SIGKILL.
+    Kill(Role, usize),
+    /// Start it again (with a fresh fail-point draw for a worker).
+    Restart(Role, usize),
+    /// SIGSTOP.
+    Pause(Role, usize),
+    /// SIGCONT.
+    Resume(Role, usize),
+    /// `pg_ctl stop -m immediate`.
+    CrashDatabase,
+    /// Start PostgreSQL again.
+    ResumeDatabase,
+    /// A new mix of simulator faults.
+    SimulatorFaults(Box<FaultsPatch>),
+}
+
+impl Action {
+    /// The fault this action injects, for the report; none for an action that ends one.
+    pub fn kind(&self) -> Option<String> {
+        match self {
+            Self::Kill(role, _) => Some(format!("SIGKILL {} + restart", role.as_str())),
+            Self::Pause(role, _) => Some(format!("SIGSTOP {} past its lease + SIGCONT", role.as_str())),
+            Self::CrashDatabase => Some("PostgreSQL stop -m immediate + restart".to_owned()),
+            Self::SimulatorFaults(_) => Some("simulator fault phases".to_owned()),
+            Self::Restart(..) | Self::Resume(..) | Self::ResumeDatabase => None,
+        }
+    }
+}
+
+/// An action at a moment of the run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scheduled {
+    /// From the beginning of the run.
+    pub at: Duration,
+    /// What to do.
+    pub action: Action,
+}
+
+/// How intense the faults are.
+#[derive(Debug, Clone, Copy)]
+pub struct Intensity {
+    /// Mean time between two process faults.
+    pub process_fault_every: Duration,
+    /// How long one simulator phase lasts.
+    pub simulator_phase: Duration,
+    /// The worker's lease: a pause lasts longer than this.
+    pub lease: Duration,
+}
+
+/// Every action of a run, in time order.
+#[derive(Debug, Clone)]
+pub struct Schedule {
+    /// Sorted by `at`.
+    pub actions: Vec<Scheduled>,
+}
+
+impl Schedule {
+    /// Draws the faults for a run of `span` on `apis`/`workers`/`reconcilers` processes.
+    pub fn draw(seed: u64, span: Duration, intensity: Intensity, counts: &BTreeMap<Role, usize>) -> Self {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0xFA17_5EED);
+        let mut actions = Vec::new();
+
+        // Process faults: each target busy for one fault at a time; PostgreSQL crashes never overlap
+        // a process being down.
+        let mut busy_until: BTreeMap<(Role, usize), Duration> = BTreeMap::new();
+        let mut down: Vec<(Duration, Duration)> = Vec::new();
+        let mut database_down: Vec<(Duration, Duration)> = Vec::new();
+        let overlaps = |windows: &[(Duration, Duration)], from: Duration, to: Duration| {
+            windows.iter().any(|(start, end)| from < *end && *start < to)
+        };
+        let mean = intensity.process_fault_every.as_secs_f64().max(0.5);
+        let mut at = Duration::from_secs_f64(rng.random_range(0.5..1.5) * mean);
+        // Leave the last stretch calm enough for restarts to finish inside the span.
+        let last = span.saturating_sub(Duration::from_secs(5));
+        while at < last {
+            let roll = rng.random_range(0..100);
+            let (role, kind) = match roll {
+                0..35 => (Role::Worker, "kill"),
+                35..55 => (Role::Worker, "pause"),
+                55..72 => (Role::Reconciler, "kill"),
+                72..85 => (Role::Api, "kill"),
+                _ => (Role::Worker, "database"),
+            };
+            let count = counts.get(&role).copied().unwrap_or(0);
+            if kind == "database" {
+                let length = Duration::from_millis(rng.random_range(800..4_000));
+                if !overlaps(&down, at, at + length) && !overlaps(&database_down, at, at + length) {
+                    database_down.push((at, at + length));
+                    actions.push(Scheduled { at, action: Action::CrashDatabase });
+                    actions.push(Scheduled { at: at + length, action: Action::ResumeDatabase });
+                }
+            } else if count > 0 {
+                let index = rng.random_range(0..count);
+                let free = busy_until.get(&(role, index)).is_none_or(|until| *until <= at);
+                if kind == "pause" {
+                    // Past the lease, so the sweeper hands its payments to another worker meanwhile.
+                    let length = intensity.lease + Duration::from_millis(rng.random_range(500..4_000));
+                    if free {
+                        busy_until.insert((role, index), at + length);
+                        actions.push(Scheduled { at, action: Action::Pause(role, index) });
+                        actions.push(Scheduled { at: at + length, action: Action::Resume(role, index) });
+                    }
+                } else {
+                    let length = Duration::from_millis(rng.random_range(300..3_000));
+                    if free && !overlaps(&database_down, at, at + length + Duration::from_secs(2)) {
+                        // The restart itself takes a moment: keep PostgreSQL up through it.
+                        busy_until.insert((role, index), at + length + Duration::from_secs(2));
+                        down.push((at, at + length + Duration::from_secs(2)));
+                        actions.push(Scheduled { at, action: Action::Kill(role, index) });
+                        actions.push(Scheduled { at: at + length, action: Action::Restart(role, index) });
+                    }
+                }
+            }
+            at += Duration::from_secs_f64(rng.random_range(0.3..1.7) * mean);
+        }
+
+        // Simulator phases over the whole span.
+        let mut at = Duration::ZERO;
+        while at < span {
+            actions.push(Scheduled { at, action: Action::SimulatorFaults(Box::new(simulator_phase(&mut rng))) });
+            at += intensity.simulator_phase;
+        }
+
+        actions.sort_by_key(|scheduled| scheduled.at);
+        Self { actions }
+    }
+}
+
+/// One phase's simulator faults: sometimes calm, usually a mix.
+fn simulator_phase(rng: &mut StdRng) -> FaultsPatch {
+    if rng.random_bool(0.15) {
+        return calm();
+    }
+    let (error_after, hang_after, drop_after) = (rate(rng, 0.12), rate(rng, 0.08), rate(rng, 0.1));
+    FaultsPatch {
+        latency_ms: Some(rng.random_range(0..40)),
+        decline_rate: Some(rate(rng, 0.25)),
+        error_before_rate: Some(rate(rng, 0.1)),
+        error_after_rate: Some(error_after),
+        hang_after_rate: Some(hang_after),
+        drop_after_rate: Some(drop_after),
+        replay_stored_5xx: Some(rng.random_bool(0.5)),
+        webhook_drop_rate: Some(rng.random_range(0.0..0.6)),
+        webhook_delay_ms: Some(rng.random_range(0..400)),
+        webhook_duplicate_rate: Some(rng.random_range(0.0..0.5)),
+        webhook_reorder: Some(rng.random_bool(0.4)),
+        webhook_reorder_hold_ms: Some(rng.random_range(100..1_000)),
+        ..FaultsPatch::default()
+    }
+}
+
+/// A rate in `[0, max)` more often than not, else 0.
+fn rate(rng: &mut StdRng, max: f64) -> f64 {
+    if rng.random_bool(0.6) { (rng.random_range(0.0..max) * 1000.0).round() / 1000.0 } else { 0.0 }
+}
+
+/// Every simulator fault off.
+pub fn calm() -> FaultsPatch {
+    FaultsPatch {
+        latency_ms: Some(0),
+        decline_rate: Some(0.0),
+        error_before_rate: Some(0.0),
+        error_after_rate: Some(0.0),
+        hang_after_rate: Some(0.0),
+        drop_after_rate: Some(0.0),
+        replay_stored_5xx: Some(false),
+        webhook_drop_rate: Some(0.0),
+        webhook_delay_ms: Some(0),
+        webhook_duplicate_rate: Some(0.0),
+        webhook_reorder: Some(false),
+        ..FaultsPatch::default()
+    }
+}
+
+/// The worker's crash points (`worker/src/failpoints.rs`).
+pub const WORKER_FAIL_POINTS: [&str; 3] = ["worker::after_claim", "worker::after_provider", "worker::after_record"];
+
+/// Draws, for each worker start, which fail point to arm.
+#[derive(Debug)]
+pub struct FailPointDraw {
+    rng: StdRng,
+}
+
+/// An armed fail point.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Armed {
+    /// The point.
+    pub point: &'static str,
+    /// `return` (the process exits) or `panic` (that send's task dies).
+    pub action: &'static str,
+    /// Evaluations that pass before it fires.
+    pub after: u32,
+}
+
+impl Armed {
+    /// The `FAILPOINTS` value.
+    pub fn env(&self) -> String {
+        // Fires once, after `after` quiet evaluations; then the point is off again.
+        format!("{}={}*off->1*{}", self.point, self.after, self.action)
+    }
+
+    /// For the report.
+    pub fn kind(&self) -> String {
+        let effect = if self.action == "return" { "crash" } else { "panic" };
+        format!("fail point {} ({effect})", self.point)
+    }
+}
+
+impl FailPointDraw {
+    /// A draw seeded from the run's seed.
+    pub fn new(seed: u64) -> Self {
+        Self { rng: StdRng::seed_from_u64(seed ^ 0xF41_1701) }
+    }
+
+    /// The fail point for the next worker start, if any (about two starts in three get one).
+    pub fn for_next_start(&mut self) -> Option<Armed> {
+        if self.rng.random_bool(0.35) {
+            return None;
+        }
+        let point = WORKER_FAIL_POINTS[self.rng.random_range(0..WORKER_FAIL_POINTS.len())];
+        let action = if self.rng.random_bool(0.7) { "return" } else { "panic" };
+        Some(Armed { point, action, after: self.rng.random_range(3..40) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counts() -> BTreeMap<Role, usize> {
+        [(Role::Api, 2), (Role::Worker, 3), (Role::Reconciler, 2)].into()
+    }
+
+    fn intensity() -> Intensity {
+        Intensity {
+            process_fault_every: Duration::from_secs(3),
+            simulator_phase: Duration::from_secs(5),
+            lease: Duration::from_secs(4),
+        }
+    }
+
+    #[test]
+    fn the_same_seed_draws_the_same_schedule_and_another_seed_another() {
+        let span = Duration::from_secs(60);
+        let a = Schedule::draw(7, span, intensity(), &counts());
+        let b = Schedule::draw(7, span, intensity(), &counts());
+        let c = Schedule::draw(8, span, intensity(), &counts());
+
+        assert_eq!(a.actions, b.actions);
+        assert_ne!(a.actions, c.actions);
+    }
+
+    #[test]
+    fn every_fault_is_undone_and_targets_and_the_database_are_never_double_booked() {
+        for seed in 0..50 {
+            let schedule = Schedule::draw(seed, Duration::from_secs(120), intensity(), &counts());
+            let mut down: BTreeMap<(Role, usize), bool> = BTreeMap::new();
+            let mut database_down = false;
+            for scheduled in &schedule.actions {
+                match &scheduled.action {
+                    Action::Kill(role, i) | Action::Pause(role, i) => {
+                        assert!(!down.insert((*role, *i), true).unwrap_or(false), "seed {seed}: {scheduled:?}");
+                        if matches!(scheduled.action, Action::Kill(..)) {
+                            assert!(!database_down, "seed {seed}: a kill while PostgreSQL is down");
+                        }
+                    }
+                    Action::Restart(role, i) | Action::Resume(role, i) => {
+                        assert!(down.insert((*role, *i), false).unwrap_or(false), "seed {seed}: {scheduled:?}");
+                        assert!(!database_down || matches!(scheduled.action, Action::Resume(..)), "seed {seed}");
+                    }
+                    Action::CrashDatabase => {
+                        assert!(!database_down, "seed {seed}");
+                        database_down = true;
+                    }
+                    Action::ResumeDatabase => {
+                        assert!(database_down, "seed {seed}");
+                        database_down = false;
+                    }
+                    Action::SimulatorFaults(_) => {}
+                }
+            }
+            assert!(down.values().all(|down| !down), "seed {seed}: a fault was never undone");
+            assert!(!database_down, "seed {seed}");
+        }
+    }
+
+    #[test]
+    fn simulator_phases_are_valid_fault_sets() {
+        let mut rng = StdRng::seed_from_u64(1);
+        for _ in 0..200 {
+            let phase = simulator_phase(&mut rng);
+            let defaults = oncepay_simulator::faults::Faults::default();
+            defaults.patched(&phase).unwrap();
+        }
+    }
+
+    #[test]
+    fn an_armed_fail_point_fires_once_after_its_quiet_evaluations() {
+        let armed = Armed { point: "worker::after_provider", action: "return", after: 12 };
+
+        assert_eq!(armed.env(), "worker::after_provider=12*off->1*return");
+    }
+}

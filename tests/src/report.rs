@@ -1,0 +1,145 @@
+//! The report of a run: the seed, the faults injected by kind, the requests sent and accepted, the
+//! charge histogram, the violations (expected: none), and time to terminal (p50/p99/max). It is
+//! printed by the harness and by a failing test, so everything needed to reproduce and diagnose a
+//! run is in it. It formats; it judges nothing beyond counting what the checker found.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use crate::checker::{Settled, Verdict};
+use crate::system::Topology;
+use crate::workload::{MisuseOutcome, Observations, ProbeOutcome};
+
+/// Everything a run found.
+#[derive(Debug)]
+pub struct Report {
+    /// What ran.
+    pub title: String,
+    /// The one seed.
+    pub seed: u64,
+    /// How long faults were injected.
+    pub span: Duration,
+    /// Processes.
+    pub topology: Topology,
+    /// Tenants.
+    pub tenants: usize,
+    /// Faults injected, by kind.
+    pub faults: BTreeMap<String, u64>,
+    /// Intents sent as duplicate storms.
+    pub plan_storms: usize,
+    /// What the clients saw.
+    pub observations: Observations,
+    /// How settling went.
+    pub settled: Settled,
+    /// What the checker found.
+    pub verdict: Verdict,
+}
+
+impl Report {
+    /// No violation, and nothing left in flight.
+    pub fn passed(&self) -> bool {
+        self.verdict.violations.is_empty() && self.settled.stuck.is_empty()
+    }
+}
+
+fn secs(duration: Option<Duration>) -> String {
+    duration.map_or_else(|| "-".to_owned(), |d| format!("{:.2} s", d.as_secs_f64()))
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let o = &self.observations;
+        let v = &self.verdict;
+        writeln!(f, "== {} ==", self.title)?;
+        writeln!(f, "seed             {} (reproduce with --seed {})", self.seed, self.seed)?;
+        writeln!(
+            f,
+            "system           {} api, {} worker, {} reconciler; {} tenants; faults for {} s",
+            self.topology.apis,
+            self.topology.workers,
+            self.topology.reconcilers,
+            self.tenants,
+            self.span.as_secs()
+        )?;
+        writeln!(f, "faults injected")?;
+        if self.faults.is_empty() {
+            writeln!(f, "  none")?;
+        }
+        for (kind, count) in &self.faults {
+            writeln!(f, "  {count:>6}  {kind}")?;
+        }
+        let intents = o.intents.len();
+        let replayed: u32 = o.intents.values().map(|r| r.replayed).sum();
+        let gave_up: u32 = o.intents.values().map(|r| r.gave_up).sum();
+        let misuses: Vec<_> = o.intents.values().filter_map(|r| r.misuse.as_ref()).collect();
+        let refused = misuses.iter().filter(|m| **m == &MisuseOutcome::Rejected).count();
+        let not_found = o.probes.iter().filter(|p| p.outcome == ProbeOutcome::NotFound).count();
+        writeln!(
+            f,
+            "requests         {} creates sent for {intents} intents ({} storms); {} accepted, {replayed} answers replayed, \
+             {gave_up} sends without an answer",
+            o.sends(),
+            self.plan_storms,
+            o.accepted(),
+        )?;
+        writeln!(
+            f,
+            "misuse, tenancy  {} key misuses ({refused} refused with 422); {} cross-tenant reads ({not_found} answered 404)",
+            misuses.len(),
+            o.probes.len(),
+        )?;
+        let statuses: Vec<String> = v.by_status.iter().map(|(status, n)| format!("{status} {n}")).collect();
+        writeln!(f, "payments         {} ({})", v.payments, statuses.join(", "))?;
+        writeln!(
+            f,
+            "charges          {} at the provider; payments with 0 / 1 / 2+ charges: {} / {} / {}",
+            v.provider_charges, v.charge_histogram[0], v.charge_histogram[1], v.charge_histogram[2]
+        )?;
+        writeln!(
+            f,
+            "time to terminal p50 {}, p99 {}, max {} (acceptance to succeeded/failed/dead-lettered)",
+            secs(v.latency(0.5)),
+            secs(v.latency(0.99)),
+            secs(v.time_to_terminal.last().copied())
+        )?;
+        if self.settled.stuck.is_empty() {
+            writeln!(f, "settled          in {:.1} s after healing", self.settled.waited.as_secs_f64())?;
+        } else {
+            writeln!(
+                f,
+                "settled          NO: {} payment(s) still in flight after {} s",
+                self.settled.stuck.len(),
+                self.settled.waited.as_secs()
+            )?;
+            for stuck in self.settled.stuck.iter().take(20) {
+                writeln!(f, "  {} {}: {}", stuck.payment_id, stuck.status, stuck.detail)?;
+            }
+        }
+        writeln!(f, "violations       {}", v.violations.len())?;
+        for violation in v.violations.iter().take(50) {
+            writeln!(f, "  {violation}")?;
+        }
+        if v.violations.len() > 50 {
+            writeln!(f, "  ... and {} more", v.violations.len() - 50)?;
+        }
+        if let Some((payment_id, reason)) = v.false_conflicts.first() {
+            writeln!(
+                f,
+                "false conflicts  {} conflict dead letter(s) on payments that agree with the provider and the ledger, \
+                 e.g. {payment_id}: {reason}",
+                v.false_conflicts.len()
+            )?;
+        }
+        if !v.notes.is_empty() {
+            writeln!(f, "notes")?;
+            for note in v.notes.iter().take(20) {
+                writeln!(f, "  {note}")?;
+            }
+            if v.notes.len() > 20 {
+                writeln!(f, "  ... and {} more", v.notes.len() - 20)?;
+            }
+        }
+        writeln!(f, "result           {}", if self.passed() { "PASS" } else { "FAIL" })
+    }
+}

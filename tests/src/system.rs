@@ -1,0 +1,598 @@
+//! The system under test, as real processes: a throwaway PostgreSQL cluster, the provider
+//! simulator, and any number of `api`, `worker` and `reconciler` processes, each on its own port.
+//!
+//! [`System::start`] builds it the way an operator would: a fresh cluster, `oncepay-reconciler
+//! migrate`, `oncepay-reconciler tenants create <name> --json` for every tenant, the simulator with
+//! the first reconciler's webhook URL, then every process, each waited for until `/readyz` answers.
+//! Afterwards any process can be killed (SIGKILL), restarted on the same port (with extra
+//! environment, e.g. `FAILPOINTS`), paused (SIGSTOP) and resumed, and PostgreSQL can be crashed
+//! (`pg_ctl stop -m immediate`) and started again. Every process logs to its own file in one
+//! directory, kept when a caller asks (a failed run) and deleted otherwise.
+//!
+//! Invariants: a restarted process keeps its port, so clients' URLs stay valid; nothing here moves
+//! a payment or touches a table other than through the real binaries; dropping a [`System`] kills
+//! every process and deletes the cluster. It decides no fault itself: that is the harness's job.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use anyhow::{Context, bail, ensure};
+use oncepay_devkit::pg::{Cluster, Durability, free_port};
+use oncepay_devkit::process::{Child, Spec};
+use oncepay_devkit::workspace;
+use oncepay_simulator::client::SimulatorClient;
+use serde::Deserialize;
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+use uuid::Uuid;
+
+/// The simulator's credential, as every binary's default configuration has it.
+pub const SIMULATOR_API_KEY: &str = "sk_test_oncepay_simulator";
+
+/// How long a process may take to answer `/readyz` after it was started.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long a process may take to exit after SIGTERM before it counts as hung.
+const TERMINATE_GRACE: Duration = Duration::from_secs(20);
+
+/// Where the binaries to run are.
+#[derive(Debug, Clone)]
+pub struct Binaries {
+    /// `oncepay-api`.
+    pub api: PathBuf,
+    /// `oncepay-worker` (the harness uses one built with fail points).
+    pub worker: PathBuf,
+    /// `oncepay-reconciler`, the service and the operator CLI.
+    pub reconciler: PathBuf,
+    /// `oncepay-simulator`.
+    pub simulator: PathBuf,
+}
+
+impl Binaries {
+    /// The workspace's binaries, built beside the running executable (`cargo build --workspace
+    /// --bins`, which the test command runs first).
+    pub fn built() -> anyhow::Result<Self> {
+        Ok(Self {
+            api: workspace::binary("oncepay-api")?,
+            worker: workspace::binary("oncepay-worker")?,
+            reconciler: workspace::binary("oncepay-reconciler")?,
+            simulator: workspace::binary("oncepay-simulator")?,
+        })
+    }
+}
+
+/// The kinds of oncepay process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Role {
+    /// `oncepay-api`.
+    Api,
+    /// `oncepay-worker`.
+    Worker,
+    /// `oncepay-reconciler serve`.
+    Reconciler,
+}
+
+impl Role {
+    /// `api`, `worker`, `reconciler`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Api => "api",
+            Self::Worker => "worker",
+            Self::Reconciler => "reconciler",
+        }
+    }
+}
+
+/// How many processes of each kind.
+#[derive(Debug, Clone, Copy)]
+pub struct Topology {
+    /// api processes.
+    pub apis: usize,
+    /// worker processes.
+    pub workers: usize,
+    /// reconciler processes (the first receives the webhooks).
+    pub reconcilers: usize,
+}
+
+/// The timing every process runs with: short enough that a crash, a lost lease or an uncertain
+/// answer settles within seconds, and consistent across processes (the key window especially).
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// The worker's and reconciler's provider request timeout.
+    pub provider_request_timeout_ms: u64,
+    /// How long the simulator remembers a key, and how long oncepay believes it does.
+    pub key_window_secs: u64,
+    /// oncepay stops resending this long before the key window closes.
+    pub key_window_margin_secs: u64,
+    /// The worker's lease.
+    pub lease_secs: u64,
+    /// Polling fallbacks and loop intervals of the worker and the reconciler.
+    pub loop_interval_ms: u64,
+    /// Inconclusive lookups before the poller dead-letters an `unknown` payment.
+    pub poller_max_attempts: u32,
+    /// The simulator's hang, for the hang-after-charging fault: longer than the request timeout.
+    pub hang_ms: u64,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Self {
+            provider_request_timeout_ms: 1_500,
+            key_window_secs: 20,
+            key_window_margin_secs: 5,
+            lease_secs: 4,
+            loop_interval_ms: 200,
+            poller_max_attempts: 12,
+            hang_ms: 2_500,
+        }
+    }
+}
+
+/// What to start.
+#[derive(Debug, Clone)]
+pub struct SystemConfig {
+    /// The binaries.
+    pub binaries: Binaries,
+    /// How many of each process.
+    pub topology: Topology,
+    /// Tenant names (at least one).
+    pub tenants: Vec<String>,
+    /// Durable if the run crashes PostgreSQL.
+    pub durability: Durability,
+    /// Timeouts, leases, windows.
+    pub timing: Timing,
+    /// The simulator's seed.
+    pub simulator_seed: u64,
+    /// Where logs go; a fresh temporary directory if none.
+    pub log_dir: Option<PathBuf>,
+}
+
+/// A tenant, with the API key `tenants create` printed for it.
+#[derive(Debug, Clone)]
+pub struct Tenant {
+    /// Its name.
+    pub name: String,
+    /// Its id.
+    pub tenant_id: Uuid,
+    /// Its bearer token.
+    pub api_key: String,
+}
+
+/// What `oncepay-reconciler tenants create --json` prints.
+#[derive(Deserialize)]
+struct IssuedKey {
+    tenant: IssuedTenant,
+    api_key: String,
+}
+
+#[derive(Deserialize)]
+struct IssuedTenant {
+    tenant_id: Uuid,
+    name: String,
+}
+
+/// One oncepay process slot: its spec, port, and the running child if any.
+struct Slot {
+    role: Role,
+    spec: Spec,
+    port: u16,
+    child: Option<Child>,
+    paused: bool,
+    /// The extra environment it was last started with (e.g. `FAILPOINTS`).
+    extra_env: Vec<(String, String)>,
+}
+
+impl Slot {
+    fn ready_url(&self) -> String {
+        format!("http://127.0.0.1:{}/readyz", self.port)
+    }
+}
+
+/// Where the logs are, and whether to keep them.
+enum Logs {
+    Temporary(tempfile::TempDir),
+    Kept(PathBuf),
+}
+
+impl Logs {
+    fn path(&self) -> &Path {
+        match self {
+            Self::Temporary(dir) => dir.path(),
+            Self::Kept(path) => path,
+        }
+    }
+}
+
+/// A process that exited although nobody stopped it.
+#[derive(Debug, Clone)]
+pub struct Exited {
+    /// Its kind.
+    pub role: Role,
+    /// Its index among its kind.
+    pub index: usize,
+    /// How it exited.
+    pub status: ExitStatus,
+}
+
+/// The running system.
+pub struct System {
+    // Declared first so the processes are killed before the cluster goes away.
+    slots: BTreeMap<(Role, usize), Slot>,
+    simulator: Child,
+    simulator_url: String,
+    simulator_client: SimulatorClient,
+    cluster: Cluster,
+    database_url: String,
+    pool: PgPool,
+    tenants: Vec<Tenant>,
+    logs: Logs,
+    database_up: bool,
+}
+
+impl System {
+    /// Starts everything and waits until every process is ready.
+    pub async fn start(config: SystemConfig) -> anyhow::Result<Self> {
+        ensure!(!config.tenants.is_empty(), "at least one tenant");
+        ensure!(config.topology.apis >= 1 && config.topology.workers >= 1 && config.topology.reconcilers >= 1);
+        oncepay_shared::tls::install_provider();
+        let logs = match &config.log_dir {
+            Some(dir) => {
+                std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+                Logs::Kept(dir.clone())
+            }
+            None => Logs::Temporary(tempfile::Builder::new().prefix("oncepay-system-").tempdir()?),
+        };
+        let cluster = Cluster::start(config.durability).await.context("cannot start PostgreSQL")?;
+        cluster.create_database("oncepay").await?;
+        let database_url = cluster.url("oncepay");
+        let binaries = &config.binaries;
+
+        run_cli(&binaries.reconciler, &database_url, &["migrate"]).await.context("migrate")?;
+        let mut tenants = Vec::new();
+        for name in &config.tenants {
+            let out = run_cli(&binaries.reconciler, &database_url, &["tenants", "create", name, "--json"])
+                .await
+                .with_context(|| format!("tenants create {name}"))?;
+            let issued: IssuedKey = serde_json::from_str(&out).context("reading `tenants create --json`")?;
+            tenants.push(Tenant {
+                name: issued.tenant.name,
+                tenant_id: issued.tenant.tenant_id,
+                api_key: issued.api_key,
+            });
+        }
+
+        let timing = config.timing;
+        let mut slots = BTreeMap::new();
+        for (role, count) in [
+            (Role::Reconciler, config.topology.reconcilers),
+            (Role::Api, config.topology.apis),
+            (Role::Worker, config.topology.workers),
+        ] {
+            for index in 0..count {
+                let port = free_port()?;
+                let spec = process_spec(role, index, port, binaries, &database_url, &timing, logs.path());
+                slots.insert(
+                    (role, index),
+                    Slot { role, spec, port, child: None, paused: false, extra_env: Vec::new() },
+                );
+            }
+        }
+        let simulator_port = free_port()?;
+        let simulator_url = format!("http://127.0.0.1:{simulator_port}");
+        let reconciler_port = slots.get(&(Role::Reconciler, 0)).map(|slot| slot.port).context("no reconciler")?;
+        for slot in slots.values_mut() {
+            slot.spec.env.push(("ONCEPAY_PROVIDER__BASE_URL".into(), simulator_url.clone()));
+        }
+        let simulator_spec = Spec::new("simulator", &binaries.simulator, logs.path())
+            .env("ONCEPAY_HTTP__PORT", simulator_port.to_string())
+            .env("ONCEPAY_TELEMETRY__LOG_FORMAT", "text")
+            .env("ONCEPAY_SIMULATOR__SEED", config.simulator_seed.to_string())
+            .env("ONCEPAY_SIMULATOR__KEY_WINDOW_SECS", timing.key_window_secs.to_string())
+            .env("ONCEPAY_SIMULATOR__WEBHOOK_URL", format!("http://127.0.0.1:{reconciler_port}/webhooks/provider"))
+            .env("ONCEPAY_SIMULATOR__WEBHOOK_BACKOFF__BASE_MS", "100")
+            .env("ONCEPAY_SIMULATOR__WEBHOOK_BACKOFF__MAX_MS", "1000")
+            .env("ONCEPAY_SIMULATOR__WEBHOOK_TIMEOUT_MS", "2000")
+            .env("ONCEPAY_SIMULATOR__SHUTDOWN_GRACE_MS", "500")
+            .env("ONCEPAY_FAULTS__HANG_MS", timing.hang_ms.to_string());
+        let mut simulator = Child::spawn(simulator_spec).await?;
+        simulator.wait_until_ready(&format!("{simulator_url}/readyz"), READY_TIMEOUT).await?;
+
+        let pool = PgPoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect(&database_url)
+            .await
+            .context("cannot connect to the test database")?;
+        let mut system = Self {
+            slots,
+            simulator,
+            simulator_client: SimulatorClient::new(&simulator_url),
+            simulator_url,
+            cluster,
+            database_url,
+            pool,
+            tenants,
+            logs,
+            database_up: true,
+        };
+        let all: Vec<_> = system.slots.keys().copied().collect();
+        for (role, index) in all {
+            system.restart(role, index, &[]).await?;
+        }
+        Ok(system)
+    }
+
+    /// The tenants, in the order they were named.
+    pub fn tenants(&self) -> &[Tenant] {
+        &self.tenants
+    }
+
+    /// The base URL of every api process, by index.
+    pub fn api_urls(&self) -> Vec<String> {
+        self.slots
+            .values()
+            .filter(|slot| slot.role == Role::Api)
+            .map(|slot| format!("http://127.0.0.1:{}", slot.port))
+            .collect()
+    }
+
+    /// How many processes of `role` there are.
+    pub fn count(&self, role: Role) -> usize {
+        self.slots.keys().filter(|(r, _)| *r == role).count()
+    }
+
+    /// The simulator's control client.
+    pub fn simulator(&self) -> &SimulatorClient {
+        &self.simulator_client
+    }
+
+    /// The simulator's base URL.
+    pub fn simulator_url(&self) -> &str {
+        &self.simulator_url
+    }
+
+    /// A pool on oncepay's database, for the checker.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The database URL every process uses.
+    pub fn database_url(&self) -> &str {
+        &self.database_url
+    }
+
+    /// The directory of every process's log (and PostgreSQL's, copied at [`System::keep_logs`]).
+    pub fn log_dir(&self) -> &Path {
+        self.logs.path()
+    }
+
+    /// Keeps the logs after the system is dropped (for a failed run), with PostgreSQL's server log
+    /// copied beside them; returns where they are.
+    pub fn keep_logs(&mut self) -> PathBuf {
+        let _ = std::fs::copy(self.cluster.log_path(), self.logs.path().join("postgresql.log"));
+        let logs = std::mem::replace(&mut self.logs, Logs::Kept(PathBuf::new()));
+        let path = match logs {
+            Logs::Temporary(dir) => dir.keep(),
+            Logs::Kept(path) => path,
+        };
+        self.logs = Logs::Kept(path.clone());
+        path
+    }
+
+    fn slot(&mut self, role: Role, index: usize) -> anyhow::Result<&mut Slot> {
+        self.slots.get_mut(&(role, index)).with_context(|| format!("there is no {} {index}", role.as_str()))
+    }
+
+    /// Whether the process is running (started and not known to have exited).
+    pub fn is_running(&mut self, role: Role, index: usize) -> bool {
+        self.slot(role, index)
+            .ok()
+            .and_then(|slot| slot.child.as_mut())
+            .is_some_and(|child| matches!(child.try_status(), Ok(None)))
+    }
+
+    /// Whether the process is paused.
+    pub fn is_paused(&self, role: Role, index: usize) -> bool {
+        self.slots.get(&(role, index)).is_some_and(|slot| slot.paused)
+    }
+
+    /// The extra environment the process was last started with.
+    pub fn extra_env(&self, role: Role, index: usize) -> &[(String, String)] {
+        self.slots.get(&(role, index)).map_or(&[], |slot| slot.extra_env.as_slice())
+    }
+
+    /// SIGKILL, and wait until it is gone. A paused process is killed too.
+    pub async fn kill(&mut self, role: Role, index: usize) -> anyhow::Result<()> {
+        let slot = self.slot(role, index)?;
+        if let Some(mut child) = slot.child.take() {
+            child.kill().await?;
+        }
+        slot.paused = false;
+        Ok(())
+    }
+
+    /// Starts the process again on its port (killing it first if it runs), with `extra_env` on top
+    /// of its configuration, and waits until it is ready. While PostgreSQL is down it cannot become
+    /// ready, so this waits for the database to be back first.
+    pub async fn restart(&mut self, role: Role, index: usize, extra_env: &[(String, String)]) -> anyhow::Result<()> {
+        ensure!(self.database_up, "cannot start a process while PostgreSQL is down");
+        self.kill(role, index).await?;
+        let slot = self.slot(role, index)?;
+        let mut spec = slot.spec.clone();
+        spec.env.extend(extra_env.iter().cloned());
+        slot.extra_env = extra_env.to_vec();
+        let mut child = Child::spawn(spec).await?;
+        child.wait_until_ready(&slot.ready_url(), READY_TIMEOUT).await?;
+        slot.child = Some(child);
+        Ok(())
+    }
+
+    /// SIGSTOP: frozen mid-whatever, holding its connections and leases.
+    pub fn pause(&mut self, role: Role, index: usize) -> anyhow::Result<()> {
+        let slot = self.slot(role, index)?;
+        let child = slot.child.as_ref().context("the process is not running")?;
+        child.pause()?;
+        slot.paused = true;
+        Ok(())
+    }
+
+    /// SIGCONT.
+    pub fn resume(&mut self, role: Role, index: usize) -> anyhow::Result<()> {
+        let slot = self.slot(role, index)?;
+        if slot.paused {
+            if let Some(child) = &slot.child {
+                child.resume()?;
+            }
+            slot.paused = false;
+        }
+        Ok(())
+    }
+
+    /// Processes that exited by themselves (a fail point, a crash) since they were started; each is
+    /// reported once and then counts as not running.
+    pub fn exited(&mut self) -> Vec<Exited> {
+        let mut exited = Vec::new();
+        for slot in self.slots.values_mut() {
+            let status = slot.child.as_mut().and_then(|child| child.try_status().ok().flatten());
+            if let Some(status) = status {
+                slot.child = None;
+                slot.paused = false;
+                let (role, index) = (slot.role, index_of(&slot.spec.name));
+                exited.push(Exited { role, index, status });
+            }
+        }
+        exited
+    }
+
+    /// Crashes PostgreSQL: `pg_ctl stop -m immediate`.
+    pub async fn crash_database(&mut self) -> anyhow::Result<()> {
+        self.cluster.crash().await?;
+        self.database_up = false;
+        Ok(())
+    }
+
+    /// Starts PostgreSQL again; it recovers from its WAL.
+    pub async fn resume_database(&mut self) -> anyhow::Result<()> {
+        if !self.database_up {
+            self.cluster.resume().await?;
+            self.database_up = true;
+        }
+        Ok(())
+    }
+
+    /// Whether PostgreSQL is running.
+    pub fn database_up(&self) -> bool {
+        self.database_up
+    }
+
+    /// Every process back: PostgreSQL up, paused ones resumed, dead ones started, and any started
+    /// with extra environment (fail points) started again without it.
+    pub async fn heal(&mut self) -> anyhow::Result<()> {
+        self.resume_database().await?;
+        let all: Vec<_> = self.slots.keys().copied().collect();
+        for (role, index) in all {
+            self.resume(role, index)?;
+            let armed = !self.extra_env(role, index).is_empty();
+            if armed || !self.is_running(role, index) {
+                self.restart(role, index, &[]).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops every process with SIGTERM and returns those that did not exit 0 (or hung).
+    pub async fn shutdown(&mut self) -> anyhow::Result<Vec<String>> {
+        let mut unclean = Vec::new();
+        for slot in self.slots.values_mut() {
+            if let Some(mut child) = slot.child.take() {
+                if slot.paused {
+                    child.resume()?;
+                }
+                match child.terminate(TERMINATE_GRACE).await {
+                    Ok(status) if status.success() => {}
+                    Ok(status) => unclean.push(format!("{} exited with {status}", slot.spec.name)),
+                    Err(error) => unclean.push(format!("{}: {error:#}", slot.spec.name)),
+                }
+            }
+        }
+        match self.simulator.terminate(TERMINATE_GRACE).await {
+            Ok(status) if status.success() => {}
+            Ok(status) => unclean.push(format!("simulator exited with {status}")),
+            Err(error) => unclean.push(format!("simulator: {error:#}")),
+        }
+        Ok(unclean)
+    }
+}
+
+/// The index in a process name such as `worker-2`.
+fn index_of(name: &str) -> usize {
+    name.rsplit('-').next().and_then(|n| n.parse().ok()).unwrap_or(0)
+}
+
+/// How to start process `index` of `role` on `port`.
+fn process_spec(
+    role: Role,
+    index: usize,
+    port: u16,
+    binaries: &Binaries,
+    database_url: &str,
+    timing: &Timing,
+    log_dir: &Path,
+) -> Spec {
+    let name = format!("{}-{index}", role.as_str());
+    let program = match role {
+        Role::Api => &binaries.api,
+        Role::Worker => &binaries.worker,
+        Role::Reconciler => &binaries.reconciler,
+    };
+    let interval = timing.loop_interval_ms.to_string();
+    let spec = Spec::new(&name, program, log_dir)
+        .env("DATABASE_URL", database_url)
+        .env("ONCEPAY_HTTP__PORT", port.to_string())
+        .env("ONCEPAY_TELEMETRY__LOG_FORMAT", "text")
+        .env("ONCEPAY_PROVIDER__API_KEY", SIMULATOR_API_KEY)
+        .env("ONCEPAY_PROVIDER__CONNECT_TIMEOUT_MS", "500")
+        .env("ONCEPAY_PROVIDER__REQUEST_TIMEOUT_MS", timing.provider_request_timeout_ms.to_string())
+        .env("ONCEPAY_PROVIDER__KEY_WINDOW_SECS", timing.key_window_secs.to_string())
+        .env("ONCEPAY_PROVIDER__KEY_WINDOW_MARGIN_SECS", timing.key_window_margin_secs.to_string());
+    match role {
+        Role::Api => spec.env("ONCEPAY_HTTP__WORKERS", "2").env("ONCEPAY_HTTP__SHUTDOWN_GRACE_SECS", "5"),
+        Role::Worker => spec
+            .env("ONCEPAY_WORKER__ID", &name)
+            .env("ONCEPAY_WORKER__LEASE_SECS", timing.lease_secs.to_string())
+            .env("ONCEPAY_WORKER__POLL_INTERVAL_MS", &interval)
+            .env("ONCEPAY_WORKER__BACKOFF__BASE_MS", "100")
+            .env("ONCEPAY_WORKER__BACKOFF__MAX_MS", "1000")
+            .env("ONCEPAY_WORKER__SHUTDOWN_GRACE_SECS", "5"),
+        Role::Reconciler => spec
+            .arg("serve")
+            .env("ONCEPAY_POLLER__INTERVAL_MS", &interval)
+            .env("ONCEPAY_POLLER__LEASE_MS", (timing.provider_request_timeout_ms * 2).to_string())
+            .env("ONCEPAY_POLLER__BACKOFF__BASE_MS", "200")
+            .env("ONCEPAY_POLLER__BACKOFF__MAX_MS", "1000")
+            .env("ONCEPAY_POLLER__MAX_ATTEMPTS", timing.poller_max_attempts.to_string())
+            .env("ONCEPAY_SWEEPER__INTERVAL_MS", &interval),
+    }
+}
+
+/// Runs an operator command of `oncepay-reconciler` on `database_url` and returns its stdout.
+async fn run_cli(reconciler: &Path, database_url: &str, args: &[&str]) -> anyhow::Result<String> {
+    let output = tokio::process::Command::new(reconciler)
+        .args(args)
+        .env("DATABASE_URL", database_url)
+        .env("USER", "oncepay-tests")
+        .output()
+        .await
+        .with_context(|| format!("cannot run {}", reconciler.display()))?;
+    if !output.status.success() {
+        bail!(
+            "oncepay-reconciler {} exited with {}: {}",
+            args.join(" "),
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}

@@ -1,0 +1,463 @@
+//! The workload: what many merchants would send, drawn from one seed, driven through the real
+//! client library (`oncepay_client`) from many concurrent tasks.
+//!
+//! [`Plan::draw`] turns a seed into a list of payment intents over the tenants: amounts, currencies,
+//! customers, which api process each goes to, which ones are sent as a duplicate storm (the same
+//! intent sent several times at once, through different api processes), which keys are used by two
+//! tenants at once (they must become two payments), which ones are followed by a key misuse (the
+//! same key with another body: 422 expected), and which ones are followed by a read of another
+//! tenant's payment (404 expected). [`run`] sends them, spread over a span of time, and records
+//! everything the clients saw as [`Observations`]; the checker judges those against the database and
+//! the provider's ground truth.
+//!
+//! A send that gets no answer even after the client's own retries (the api was down, PostgreSQL was
+//! crashed) is sent again by the task a few times, as a merchant would, always as the same intent;
+//! what is still unanswered then is sent again by [`resend_unanswered`] once the system is healed.
+//! Nothing here judges a result: it only records.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures::StreamExt;
+use oncepay_client::{Client, Error, IdempotencyKey, Payment, PaymentId, PaymentIntent, RetryPolicy};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use crate::system::Tenant;
+
+/// The shape of a workload.
+#[derive(Debug, Clone)]
+pub struct WorkloadConfig {
+    /// Everything random is drawn from this.
+    pub seed: u64,
+    /// Payment intents in all, over all tenants (a shared key counts once per tenant).
+    pub intents: usize,
+    /// Intents in progress at once.
+    pub concurrency: usize,
+    /// Intents start evenly over this span.
+    pub spread: Duration,
+    /// Fraction of intents sent as a storm of concurrent duplicates.
+    pub storm_rate: f64,
+    /// Copies in a storm (at least 2).
+    pub storm_size: usize,
+    /// Fraction of intents whose key another tenant uses at the same time.
+    pub shared_key_rate: f64,
+    /// Fraction of intents followed by the same key with another amount.
+    pub misuse_rate: f64,
+    /// Fraction of intents followed by a read of another tenant's payment.
+    pub probe_rate: f64,
+    /// How long each task follows its payment towards a terminal status.
+    pub follow: Duration,
+    /// How many times a task sends an unanswered intent again before leaving it for later.
+    pub resends: u32,
+}
+
+/// One intent of the plan.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// Its position in the plan.
+    pub index: usize,
+    /// Which tenant sends it.
+    pub tenant: usize,
+    /// The intent, with its key.
+    pub intent: PaymentIntent,
+    /// Copies sent at once (1: a plain send).
+    pub copies: usize,
+    /// The api process the first copy goes to (further copies go to the next ones).
+    pub api: usize,
+    /// Follow it with the same key and another amount.
+    pub misuse: bool,
+    /// Follow it with a read of another tenant's payment.
+    pub probe: bool,
+    /// When to start, from the beginning of the run.
+    pub start_at: Duration,
+}
+
+/// The whole workload, drawn from a seed.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Intents, in start order.
+    pub jobs: Vec<Job>,
+}
+
+impl Plan {
+    /// Draws the workload of `config` for `tenants` tenants and `apis` api processes.
+    pub fn draw(config: &WorkloadConfig, tenants: usize, apis: usize) -> anyhow::Result<Self> {
+        let mut rng = StdRng::seed_from_u64(config.seed);
+        let currencies = ["EUR", "USD", "GBP", "JPY"];
+        let mut jobs = Vec::with_capacity(config.intents);
+        let n = config.intents.max(1);
+        while jobs.len() < config.intents {
+            let index = jobs.len();
+            let tenant = rng.random_range(0..tenants);
+            let key = format!("k-{:016x}-{index}", config.seed);
+            let shared = tenants > 1 && rng.random_bool(config.shared_key_rate) && jobs.len() + 2 <= config.intents;
+            let owners =
+                if shared { vec![tenant, (tenant + rng.random_range(1..tenants)) % tenants] } else { vec![tenant] };
+            for owner in owners {
+                let index = jobs.len();
+                let amount = rng.random_range(100..100_000);
+                let currency = currencies[rng.random_range(0..currencies.len())];
+                let intent = PaymentIntent::builder(amount, currency, format!("cus-t{owner}-{index}"))
+                    .metadata("order", format!("o-{index}"))
+                    .build_with_key(IdempotencyKey::new(key.clone())?);
+                let storm = rng.random_bool(config.storm_rate);
+                jobs.push(Job {
+                    index,
+                    tenant: owner,
+                    intent,
+                    copies: if storm { config.storm_size.max(2) } else { 1 },
+                    api: rng.random_range(0..apis.max(1)),
+                    misuse: rng.random_bool(config.misuse_rate),
+                    probe: rng.random_bool(config.probe_rate),
+                    start_at: config.spread.mul_f64(index as f64 / n as f64),
+                });
+            }
+        }
+        Ok(Self { jobs })
+    }
+}
+
+/// What the clients saw for one intent.
+#[derive(Debug, Clone)]
+pub struct IntentRecord {
+    /// The tenant that sent it.
+    pub tenant: usize,
+    /// Its idempotency key.
+    pub key: String,
+    /// What it asked for.
+    pub amount: i64,
+    /// What it asked for.
+    pub currency: String,
+    /// What it asked for.
+    pub customer_id: String,
+    /// Every payment id any answer to it carried.
+    pub payment_ids: BTreeSet<Uuid>,
+    /// Sends (`create` calls, each with the client's own retries).
+    pub sends: u32,
+    /// Sends answered 2xx.
+    pub answered: u32,
+    /// Of those, answered as replays.
+    pub replayed: u32,
+    /// Sends that got no answer (the client gave up).
+    pub gave_up: u32,
+    /// Answers that were neither 2xx nor a retryable failure (status and problem kind).
+    pub rejected: Vec<String>,
+    /// Answers whose payment is not what the intent asked for (another tenant's data?).
+    pub mismatches: Vec<String>,
+    /// The status the client last saw while following it.
+    pub last_status: Option<String>,
+    /// The key-misuse probe, if one was sent.
+    pub misuse: Option<MisuseOutcome>,
+}
+
+/// What a key misuse (same key, another amount) got.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MisuseOutcome {
+    /// 422 `idempotency-key-reused`, as the contract says.
+    Rejected,
+    /// A 2xx with this payment: the misuse was accepted.
+    Accepted(Uuid),
+    /// Another answer (status, kind).
+    Other(String),
+    /// No answer.
+    NoAnswer,
+}
+
+/// A read of another tenant's payment.
+#[derive(Debug, Clone)]
+pub struct Probe {
+    /// The tenant that asked.
+    pub tenant: usize,
+    /// Whose payment it asked for.
+    pub owner: usize,
+    /// The payment.
+    pub payment_id: Uuid,
+    /// What came back.
+    pub outcome: ProbeOutcome,
+}
+
+/// What a read of another tenant's payment got.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProbeOutcome {
+    /// 404, as the contract says.
+    NotFound,
+    /// The payment was shown.
+    Shown(String),
+    /// Another answer or none.
+    Inconclusive(String),
+}
+
+/// Everything the clients saw.
+#[derive(Debug, Clone, Default)]
+pub struct Observations {
+    /// By (tenant, key).
+    pub intents: BTreeMap<(usize, String), IntentRecord>,
+    /// Cross-tenant reads.
+    pub probes: Vec<Probe>,
+}
+
+impl Observations {
+    /// `create` calls made.
+    pub fn sends(&self) -> u64 {
+        self.intents.values().map(|r| u64::from(r.sends)).sum::<u64>()
+            + self.intents.values().filter(|r| r.misuse.is_some()).count() as u64
+    }
+
+    /// Intents with at least one 2xx answer.
+    pub fn accepted(&self) -> usize {
+        self.intents.values().filter(|r| r.answered > 0).count()
+    }
+
+    /// Intents that never got an answer.
+    pub fn unanswered(&self) -> Vec<&IntentRecord> {
+        self.intents.values().filter(|r| r.answered == 0).collect()
+    }
+}
+
+type Shared = Arc<Mutex<Observations>>;
+
+fn lock(shared: &Shared) -> std::sync::MutexGuard<'_, Observations> {
+    shared.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The clients: one per (tenant, api process), sharing nothing but the seed's plan.
+#[derive(Debug, Clone)]
+pub struct Clients {
+    by_tenant: Vec<Vec<Client>>,
+}
+
+impl Clients {
+    /// A client for every tenant on every api URL.
+    pub fn new(tenants: &[Tenant], api_urls: &[String]) -> anyhow::Result<Self> {
+        let policy = RetryPolicy {
+            max_attempts: 8,
+            base_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(2),
+            ..RetryPolicy::default()
+        };
+        let mut by_tenant = Vec::new();
+        for tenant in tenants {
+            let mut clients = Vec::new();
+            for url in api_urls {
+                clients.push(
+                    Client::builder(url.clone(), tenant.api_key.clone())
+                        .connect_timeout(Duration::from_secs(2))
+                        .timeout(Duration::from_secs(5))
+                        .long_poll(Duration::from_secs(5))
+                        .retry_policy(policy)
+                        .build()?,
+                );
+            }
+            by_tenant.push(clients);
+        }
+        Ok(Self { by_tenant })
+    }
+
+    fn get(&self, tenant: usize, api: usize) -> &Client {
+        let clients = &self.by_tenant[tenant];
+        &clients[api % clients.len()]
+    }
+}
+
+/// Sends the plan and records what the clients saw.
+pub async fn run(plan: &Plan, config: &WorkloadConfig, clients: &Clients) -> Observations {
+    let shared: Shared = Arc::new(Mutex::new(Observations::default()));
+    {
+        let mut observations = lock(&shared);
+        for job in &plan.jobs {
+            observations.intents.insert((job.tenant, job.intent.key().as_str().to_owned()), record_for(job));
+        }
+    }
+    // Accepted payments by tenant, for the cross-tenant reads.
+    let accepted: Arc<Mutex<Vec<(usize, Uuid)>>> = Arc::default();
+    let begin = Instant::now();
+    // By index: a closure over `&Job` would make the future too general to spawn.
+    futures::stream::iter(0..plan.jobs.len())
+        .map(|index| {
+            let (shared, accepted, job) = (shared.clone(), accepted.clone(), &plan.jobs[index]);
+            async move {
+                tokio::time::sleep_until(begin + job.start_at).await;
+                run_job(job, config, clients, &shared, &accepted).await;
+            }
+        })
+        .buffer_unordered(config.concurrency.max(1))
+        .collect::<()>()
+        .await;
+    lock(&shared).clone()
+}
+
+/// Sends every intent that never got an answer once more (after the system was healed), with
+/// patience, and records the answers.
+pub async fn resend_unanswered(plan: &Plan, clients: &Clients, observations: &mut Observations) {
+    let shared: Shared = Arc::new(Mutex::new(std::mem::take(observations)));
+    let pending: Vec<&Job> = plan
+        .jobs
+        .iter()
+        .filter(|job| {
+            lock(&shared)
+                .intents
+                .get(&(job.tenant, job.intent.key().as_str().to_owned()))
+                .is_some_and(|r| r.answered == 0)
+        })
+        .collect();
+    futures::stream::iter(pending)
+        .for_each_concurrent(16, |job| {
+            let shared = shared.clone();
+            async move {
+                for _ in 0..5 {
+                    if send_once(job, clients.get(job.tenant, job.api), &shared).await.is_some() {
+                        break;
+                    }
+                }
+            }
+        })
+        .await;
+    *observations = lock(&shared).clone();
+}
+
+fn record_for(job: &Job) -> IntentRecord {
+    IntentRecord {
+        tenant: job.tenant,
+        key: job.intent.key().as_str().to_owned(),
+        amount: job.intent.amount(),
+        currency: job.intent.currency().to_owned(),
+        customer_id: job.intent.customer_id().to_owned(),
+        payment_ids: BTreeSet::new(),
+        sends: 0,
+        answered: 0,
+        replayed: 0,
+        gave_up: 0,
+        rejected: Vec::new(),
+        mismatches: Vec::new(),
+        last_status: None,
+        misuse: None,
+    }
+}
+
+async fn run_job(
+    job: &Job,
+    config: &WorkloadConfig,
+    clients: &Clients,
+    shared: &Shared,
+    accepted: &Mutex<Vec<(usize, Uuid)>>,
+) {
+    let key = (job.tenant, job.intent.key().as_str().to_owned());
+    // The first round: every copy at once, through consecutive api processes.
+    let copies = (0..job.copies).map(|copy| send_once(job, clients.get(job.tenant, job.api + copy), shared));
+    let mut payment = futures::future::join_all(copies).await.into_iter().flatten().next();
+    // No answer at all: send the same intent again a few times, as a merchant's retry would.
+    let mut resends = 0;
+    while payment.is_none() && resends < config.resends {
+        resends += 1;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        payment = send_once(job, clients.get(job.tenant, job.api + resends as usize), shared).await;
+    }
+    let Some(payment) = payment else { return };
+    accepted.lock().unwrap_or_else(PoisonError::into_inner).push((job.tenant, payment.id.as_uuid()));
+    let client = clients.get(job.tenant, job.api);
+
+    if job.misuse {
+        let misuse = PaymentIntent::builder(job.intent.amount() + 1, job.intent.currency(), job.intent.customer_id())
+            .build_with_key(job.intent.key().clone());
+        let outcome = match client.create(&misuse).await {
+            Ok(created) => MisuseOutcome::Accepted(created.payment.id.as_uuid()),
+            Err(error) if error.status() == Some(422) && is_kind(&error, "idempotency-key-reused") => {
+                MisuseOutcome::Rejected
+            }
+            Err(Error::GaveUp { .. }) => MisuseOutcome::NoAnswer,
+            Err(error) => MisuseOutcome::Other(describe(&error)),
+        };
+        if let Some(record) = lock(shared).intents.get_mut(&key) {
+            record.misuse = Some(outcome);
+        }
+    }
+
+    if job.probe {
+        let foreign = {
+            let accepted = accepted.lock().unwrap_or_else(PoisonError::into_inner);
+            let others: Vec<_> = accepted.iter().filter(|(tenant, _)| *tenant != job.tenant).copied().collect();
+            let mut rng = StdRng::seed_from_u64(config.seed ^ job.index as u64);
+            (!others.is_empty()).then(|| others[rng.random_range(0..others.len())])
+        };
+        if let Some((owner, payment_id)) = foreign {
+            let outcome = match client.get(&PaymentId::from(payment_id)).await {
+                Ok(shown) => ProbeOutcome::Shown(format!("{} {} {}", shown.id, shown.amount, shown.customer_id)),
+                Err(error) if error.status() == Some(404) => ProbeOutcome::NotFound,
+                Err(error) => ProbeOutcome::Inconclusive(describe(&error)),
+            };
+            lock(shared).probes.push(Probe { tenant: job.tenant, owner, payment_id, outcome });
+        }
+    }
+
+    if !payment.status.is_terminal() {
+        match client.wait_for_terminal(&payment.id, config.follow).await {
+            Ok(last) => {
+                let mut observations = lock(shared);
+                if let Some(record) = observations.intents.get_mut(&key) {
+                    check_shown(record, &last);
+                    record.last_status = Some(last.status.as_str().to_owned());
+                }
+            }
+            Err(error) => {
+                if let Some(record) = lock(shared).intents.get_mut(&key) {
+                    record.last_status = Some(format!("unfollowed: {}", describe(&error)));
+                }
+            }
+        }
+    } else if let Some(record) = lock(shared).intents.get_mut(&key) {
+        record.last_status = Some(payment.status.as_str().to_owned());
+    }
+}
+
+/// One `create` of the job's intent through `client`; the payment if it was answered 2xx.
+async fn send_once(job: &Job, client: &Client, shared: &Shared) -> Option<Payment> {
+    let result = client.create(&job.intent).await;
+    let mut observations = lock(shared);
+    let record = observations.intents.get_mut(&(job.tenant, job.intent.key().as_str().to_owned()))?;
+    record.sends += 1;
+    match result {
+        Ok(created) => {
+            record.answered += 1;
+            record.replayed += u32::from(created.replayed);
+            record.payment_ids.insert(created.payment.id.as_uuid());
+            check_shown(record, &created.payment);
+            Some(created.payment)
+        }
+        Err(Error::GaveUp { .. }) => {
+            record.gave_up += 1;
+            None
+        }
+        Err(error) => {
+            record.rejected.push(describe(&error));
+            None
+        }
+    }
+}
+
+/// Notes an answer whose payment is not the one this intent made.
+fn check_shown(record: &mut IntentRecord, shown: &Payment) {
+    if shown.amount != record.amount || shown.currency != record.currency || shown.customer_id != record.customer_id {
+        record
+            .mismatches
+            .push(format!("payment {} shows {} {} for {}", shown.id, shown.amount, shown.currency, shown.customer_id));
+    }
+    if !record.payment_ids.contains(&shown.id.as_uuid()) {
+        record.mismatches.push(format!("followed payment {} is not the one this key was answered with", shown.id));
+    }
+}
+
+fn is_kind(error: &Error, kind: &str) -> bool {
+    error.problem().is_some_and(|problem| problem.kind() == kind)
+}
+
+fn describe(error: &Error) -> String {
+    match (error.status(), error.problem()) {
+        (Some(status), Some(problem)) => format!("{status} {}", problem.kind()),
+        (Some(status), None) => format!("{status}"),
+        _ => error.to_string(),
+    }
+}

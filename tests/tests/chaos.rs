@@ -1,0 +1,42 @@
+//! The chaos harness's short profile, run by the test command: a few minutes of the real system
+//! under seeded faults (processes killed, paused and crashed at fail points, PostgreSQL crashed,
+//! every simulator fault), then every invariant of the contract checked.
+//!
+//! The seed is the day's (days since 1970-01-01), so CI explores a new schedule every day, or
+//! `ONCEPAY_CHAOS_SEED`. A failure prints the report, the kept logs and the command that replays
+//! the seed. The worker with fail points is built into `target/chaos` first (see
+//! `oncepay_tests::chaos::failpoint_worker`).
+
+// Helpers outside `#[test]` functions fail loudly too: clippy's test exemption does not reach them.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use oncepay_tests::chaos::{self, ChaosConfig, Profile};
+
+fn seed() -> u64 {
+    match std::env::var("ONCEPAY_CHAOS_SEED") {
+        Ok(seed) => seed.parse().unwrap(),
+        Err(_) => time::OffsetDateTime::now_utc().unix_timestamp().div_euclid(86_400).unsigned_abs(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn under_the_short_chaos_profile_every_promise_holds() {
+    let seed = seed();
+    let worker = chaos::failpoint_worker().await.unwrap();
+
+    let outcome = chaos::run(&ChaosConfig::new(Profile::Short, seed), worker).await.unwrap();
+
+    let report = &outcome.report;
+    eprintln!("{report}");
+    assert!(
+        outcome.passed(),
+        "{report}\nlogs: {:?}\nreproduce: cargo build --workspace --bins && target/debug/oncepay-chaos --profile short --seed {seed}",
+        outcome.logs
+    );
+    // The faults really happened, or a pass proves nothing.
+    let injected = |needle: &str| report.faults.iter().any(|(kind, n)| kind.contains(needle) && *n > 0);
+    for kind in ["SIGKILL worker", "SIGSTOP worker", "PostgreSQL", "fail point", "simulator: error_after"] {
+        assert!(injected(kind), "no {kind:?} fault was injected\n{report}");
+    }
+    assert!(report.observations.accepted() > 0 && report.verdict.charge_histogram[1] > 0, "{report}");
+}

@@ -1,0 +1,175 @@
+//! End to end, every process real: PostgreSQL, the provider simulator, two api processes, two
+//! workers and a reconciler, driven through the client library by many concurrent tasks of two
+//! tenants — duplicate storms across api processes, a key shared by both tenants, key misuse,
+//! reads of the other tenant's payments — then every invariant of the contract checked against the
+//! database and the simulator's ground truth.
+//!
+//! The provider declines some charges and answers some uncertainly (5xx, a dropped connection or a
+//! hang after charging, replayed 5xx), and duplicates and reorders webhooks, so the reconciler's
+//! paths run too; the process faults are the chaos harness's (`tests/chaos.rs`).
+//!
+//! Needs every binary built (`cargo build --workspace --bins`; the test command does it first).
+
+// Helpers outside `#[test]` functions fail loudly too: clippy's test exemption does not reach them.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use oncepay_devkit::pg::Durability;
+use oncepay_simulator::control::PlantCharge;
+use oncepay_simulator::faults::FaultsPatch;
+use oncepay_tests::checker::{self, Verdict};
+use oncepay_tests::report::Report;
+use oncepay_tests::system::{Binaries, System, SystemConfig, Timing, Topology};
+use oncepay_tests::workload::{self, Clients, MisuseOutcome, Observations, Plan, ProbeOutcome, WorkloadConfig};
+
+const TOPOLOGY: Topology = Topology { apis: 2, workers: 2, reconcilers: 1 };
+
+async fn start(seed: u64) -> System {
+    System::start(SystemConfig {
+        binaries: Binaries::built().unwrap(),
+        topology: TOPOLOGY,
+        tenants: vec!["acme".into(), "globex".into()],
+        durability: Durability::Fast,
+        timing: Timing::default(),
+        simulator_seed: seed,
+        log_dir: None,
+    })
+    .await
+    .unwrap()
+}
+
+fn workload(seed: u64, intents: usize) -> WorkloadConfig {
+    WorkloadConfig {
+        seed,
+        intents,
+        concurrency: 32,
+        spread: Duration::from_secs(4),
+        storm_rate: 0.1,
+        storm_size: 5,
+        shared_key_rate: 0.1,
+        misuse_rate: 0.1,
+        probe_rate: 0.15,
+        follow: Duration::from_secs(30),
+        resends: 2,
+    }
+}
+
+/// Sends the workload, settles and checks.
+async fn drive(system: &System, config: &WorkloadConfig) -> (Report, Plan) {
+    let plan = Plan::draw(config, system.tenants().len(), TOPOLOGY.apis).unwrap();
+    let clients = Clients::new(system.tenants(), &system.api_urls()).unwrap();
+    let observations = workload::run(&plan, config, &clients).await;
+    let settled = checker::settle(system.pool(), Duration::from_secs(60)).await.unwrap();
+    let verdict = check(system, &observations).await;
+    let report = Report {
+        title: "oncepay end to end".into(),
+        seed: config.seed,
+        span: config.spread,
+        topology: TOPOLOGY,
+        tenants: system.tenants().len(),
+        faults: Default::default(),
+        plan_storms: plan.jobs.iter().filter(|job| job.copies > 1).count(),
+        observations,
+        settled,
+        verdict,
+    };
+    (report, plan)
+}
+
+async fn check(system: &System, observations: &Observations) -> Verdict {
+    let truth = system.simulator().ground_truth().await.unwrap();
+    checker::check(system.pool(), &truth.charges, system.tenants(), observations).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_concurrent_clients_of_two_tenants_are_charged_at_most_once_and_every_payment_settles() {
+    let seed = 0x0E2E_5EED;
+    let mut system = start(seed).await;
+    system
+        .simulator()
+        .set_faults(&FaultsPatch {
+            decline_rate: Some(0.15),
+            error_after_rate: Some(0.04),
+            drop_after_rate: Some(0.03),
+            hang_after_rate: Some(0.03),
+            replay_stored_5xx: Some(true),
+            webhook_duplicate_rate: Some(0.3),
+            webhook_reorder: Some(true),
+            webhook_reorder_hold_ms: Some(300),
+            ..FaultsPatch::default()
+        })
+        .await
+        .unwrap();
+
+    let (report, plan) = drive(&system, &workload(seed, 240)).await;
+
+    // Shown by the test runner when asked (`--no-capture`), and with any failure.
+    eprintln!("{report}");
+    let passed = report.passed();
+    let logs = if passed { None } else { Some(system.keep_logs()) };
+    assert!(passed, "{report}\nlogs: {logs:?}");
+    // The run really did what it claims: otherwise a pass would prove nothing.
+    let o = &report.observations;
+    let v = &report.verdict;
+    assert_eq!(o.accepted(), plan.jobs.len(), "every intent was answered\n{report}");
+    assert!(o.intents.values().any(|r| r.replayed > 0), "duplicates were replayed\n{report}");
+    let misuses: Vec<_> = o.intents.values().filter_map(|r| r.misuse.as_ref()).collect();
+    assert!(!misuses.is_empty() && misuses.iter().all(|m| **m == MisuseOutcome::Rejected), "{report}");
+    assert!(!o.probes.is_empty() && o.probes.iter().all(|p| p.outcome == ProbeOutcome::NotFound), "{report}");
+    let shared_keys =
+        o.intents.keys().filter(|(tenant, key)| o.intents.contains_key(&(1 - tenant, key.clone()))).count();
+    assert!(shared_keys >= 2, "some keys were used by both tenants\n{report}");
+    assert_eq!(v.payments, plan.jobs.len(), "one payment per (tenant, key)\n{report}");
+    for status in ["succeeded", "failed"] {
+        assert!(v.by_status.get(status).is_some_and(|n| *n > 0), "some payments {status}\n{report}");
+    }
+    assert_eq!(v.charge_histogram[2], 0, "{report}");
+    assert!(system.shutdown().await.unwrap().is_empty(), "every process exits 0 on SIGTERM");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_checker_reports_a_second_charge_a_missing_ledger_entry_and_a_charge_nobody_asked_for() {
+    let seed = 0x0C4E_CCE2;
+    let system = start(seed).await;
+    let (report, _) = drive(&system, &workload(seed, 20)).await;
+    assert!(report.passed(), "{report}");
+    let succeeded: Vec<(uuid::Uuid, uuid::Uuid, i64, String)> = sqlx::query_as(
+        "SELECT tenant_id, payment_id, amount, currency FROM payments WHERE status = 'succeeded' ORDER BY payment_id LIMIT 2",
+    )
+    .fetch_all(system.pool())
+    .await
+    .unwrap();
+    let [(tenant, charged_twice, amount, currency), (_, unbooked, _, _)] = &succeeded[..] else {
+        panic!("two succeeded payments expected\n{report}")
+    };
+
+    // A second provider charge for one payment, as a double send would make it.
+    let mut second = PlantCharge::succeeded(*amount, currency);
+    second.metadata.insert("oncepay_tenant_id".into(), tenant.to_string());
+    second.metadata.insert("oncepay_payment_id".into(), charged_twice.to_string());
+    system.simulator().plant(&second).await.unwrap();
+    // A ledger entry lost.
+    sqlx::query("DELETE FROM ledger_entries WHERE payment_id = $1")
+        .bind(unbooked)
+        .execute(system.pool())
+        .await
+        .unwrap();
+    // A charge for no payment at all, as a provider call made without an accepted payment would.
+    let mut stray = PlantCharge::succeeded(500, "EUR");
+    stray.idempotency_key = Some(format!("oncepay-{}", uuid::Uuid::now_v7()));
+    system.simulator().plant(&stray).await.unwrap();
+    let verdict = check(&system, &report.observations).await;
+
+    let found: Vec<(u8, &str)> = verdict.violations.iter().map(|v| (v.invariant, v.what.as_str())).collect();
+    let mentions = |invariant: u8, id: &uuid::Uuid| {
+        verdict.violations.iter().any(|v| v.invariant == invariant && v.evidence.contains(&id.to_string()))
+    };
+    assert!(mentions(1, charged_twice), "{found:?}");
+    assert!(mentions(4, unbooked), "{found:?}");
+    assert!(
+        found.contains(&(1, "the provider charged for a payment that was never accepted (not failing closed)")),
+        "{found:?}"
+    );
+    assert_eq!(verdict.charge_histogram[2], 1, "{found:?}");
+}
