@@ -8,10 +8,11 @@
 //! 1. the replay read (`store::intake::find_key`): a known key with the same fingerprint is replayed
 //!    (the stored terminal response, else 202 with the payment as it stands), with another
 //!    fingerprint it is refused (422) — either way nothing is written;
-//! 2. otherwise the one accept statement (`store::intake::accept`: key, payment, outbox row, audit
-//!    row and the workers' wake-up, atomically). If a concurrent request with the same key committed
-//!    first, accept writes nothing and returns `None`, and the key is read again and replayed, so
-//!    every concurrent duplicate gets the same payment id.
+//! 2. otherwise the one accept statement (`store::intake::accept_deferring_wakeup`: key, payment,
+//!    outbox row and audit row, atomically), and once it has committed, a wake-up for the workers
+//!    (`wake`, one coalesced `NOTIFY` for many accepts). If a concurrent request with the same key
+//!    committed first, accept writes nothing and returns `None`, and the key is read again and
+//!    replayed, so every concurrent duplicate gets the same payment id.
 //!
 //! Waiting for that concurrent writer is bounded by the pool's `lock_timeout`
 //! (`intake.key_lock_wait_ms`): past it PostgreSQL cancels the statement (SQLSTATE 55P03) and the
@@ -163,8 +164,9 @@ async fn take(request: &HttpRequest, payload: web::Payload, state: &AppState) ->
             retention: state.intake.key_retention(),
             trace: trace.as_ref(),
         };
-        match intake::accept(&mut conn, &new).await {
+        match intake::accept_deferring_wakeup(&mut conn, &new).await {
             Ok(Some(created)) => {
+                state.wake.wake();
                 span.record("payment.id", tracing::field::display(created.payment.payment_id));
                 let resource = PaymentResource::from(&created.payment);
                 let key = KeyInfo { expires_at: created.key_expires_at, replayed: false };

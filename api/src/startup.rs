@@ -6,8 +6,13 @@
 //! workers would hand one worker connections that die with another worker's runtime, which happens
 //! during every graceful stop. So each worker has its own pool, an equal share of
 //! `database.max_connections`, and everything without I/O (the auth cache, the rate limits, the
-//! long-poll waiters) is shared by the process. The payment listener runs on the caller's runtime
-//! with a one-connection pool of its own.
+//! long-poll waiters, the wake-up requests) is shared by the process. The payment listener and the
+//! outbox waker (`wake`) run on the caller's runtime, each with a one-connection pool of its own.
+//!
+//! The request pools do not ping a connection before handing it out (sqlx's `test_before_acquire`):
+//! that is a round trip to PostgreSQL on every request, as costly as a replay's own query
+//! (BENCHMARKS.md). A connection that died is found by the request's query instead, which fails
+//! closed (503, retried by the client with the same key), and the pool replaces it.
 //!
 //! [`Application::build`] binds the port (0 picks a free one, which tests use) and connects lazily,
 //! so the process starts and serves `/healthz` while PostgreSQL is down and answers 503 until it is
@@ -25,8 +30,8 @@ use actix_web::dev::Server;
 use actix_web::{App, HttpRequest, HttpResponse, HttpServer, middleware, web};
 use anyhow::Context;
 use oncepay_shared::config::DatabaseSettings;
+use oncepay_shared::metrics as shared_metrics;
 use oncepay_shared::ops_http::{self, OpsState};
-use oncepay_shared::{db, metrics as shared_metrics};
 use secrecy::ExposeSecret;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -37,6 +42,7 @@ use crate::errors::{self, ApiError};
 use crate::long_poll::{PaymentListener, PaymentWatch};
 use crate::rate_limit::RateLimits;
 use crate::settings::{IntakeSettings, LongPollSettings, Settings};
+use crate::wake::{OutboxWake, OutboxWaker};
 use crate::{intake, openapi, request_span, status};
 
 /// The name every connection carries (`pg_stat_activity.application_name`).
@@ -58,6 +64,8 @@ pub struct AppState {
     pub long_poll: LongPollSettings,
     /// Cancelled when the process begins to shut down: long polls answer at once.
     pub draining: CancellationToken,
+    /// Asks the process's waker to notify the workers (shared by the process).
+    pub wake: OutboxWake,
 }
 
 impl AppState {
@@ -75,6 +83,8 @@ pub struct Application {
     server: Server,
     listener: PaymentListener,
     listener_pool: PgPool,
+    waker: OutboxWaker,
+    waker_pool: PgPool,
     draining: CancellationToken,
 }
 
@@ -109,6 +119,11 @@ impl Application {
             .idle_timeout(None)
             .max_lifetime(None)
             .connect_lazy_with(options.clone().application_name(&format!("{APPLICATION_NAME}-listener")));
+        let waker_pool = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_millis(settings.database.acquire_timeout_ms))
+            .connect_lazy_with(options.clone().application_name(&format!("{APPLICATION_NAME}-waker")));
+        let wake = OutboxWake::default();
         let watch = Arc::new(PaymentWatch::default());
         let draining = CancellationToken::new();
         let metrics = shared_metrics::install();
@@ -124,10 +139,14 @@ impl Application {
             .with_context(|| format!("cannot listen on {}:{}", http.listen.host, http.listen.port))?;
         let port = tcp.local_addr().context("the listening socket has no address")?.port();
         let (intake_settings, long_poll_settings) = (settings.intake.clone(), settings.long_poll.clone());
-        let (shared_watch, shared_draining) = (Arc::clone(&watch), draining.clone());
+        let (shared_watch, shared_draining, shared_wake) = (Arc::clone(&watch), draining.clone(), wake.clone());
         let server = HttpServer::new(move || {
             // Runs on each worker's own runtime, so the pool's connections belong to it.
-            let pool = db::pool(&worker_database, options.clone());
+            let pool = PgPoolOptions::new()
+                .max_connections(worker_database.max_connections)
+                .acquire_timeout(Duration::from_millis(worker_database.acquire_timeout_ms))
+                .test_before_acquire(false)
+                .connect_lazy_with(options.clone());
             let state = AppState {
                 pool: pool.clone(),
                 auth: Arc::clone(&auth),
@@ -136,6 +155,7 @@ impl Application {
                 intake: intake_settings.clone(),
                 long_poll: long_poll_settings.clone(),
                 draining: shared_draining.clone(),
+                wake: shared_wake.clone(),
             };
             App::new()
                 .app_data(web::Data::new(state))
@@ -153,7 +173,15 @@ impl Application {
         .shutdown_timeout(http.shutdown_grace_secs)
         .run();
 
-        Ok(Self { port, server, listener: PaymentListener::new(listener_pool.clone(), watch), listener_pool, draining })
+        Ok(Self {
+            port,
+            server,
+            listener: PaymentListener::new(listener_pool.clone(), watch),
+            listener_pool,
+            waker: OutboxWaker::new(waker_pool.clone(), wake),
+            waker_pool,
+            draining,
+        })
     }
 
     /// The port the api listens on.
@@ -163,8 +191,9 @@ impl Application {
 
     /// Serves until `shutdown` is cancelled (or the server fails), then stops gracefully.
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        let Self { server, listener, listener_pool, draining, .. } = self;
+        let Self { server, listener, listener_pool, waker, waker_pool, draining, .. } = self;
         let listening = tokio::spawn(listener.run(draining.clone()));
+        let waking = tokio::spawn(waker.run(draining.clone()));
         let handle = server.handle();
         let stopper = tokio::spawn({
             let draining = draining.clone();
@@ -183,7 +212,11 @@ impl Application {
         if let Err(error) = listening.await {
             tracing::error!(error = %error, "the payment listener task failed");
         }
+        if let Err(error) = waking.await {
+            tracing::error!(error = %error, "the outbox waker task failed");
+        }
         listener_pool.close().await;
+        waker_pool.close().await;
         served.context("the HTTP server failed")
     }
 }

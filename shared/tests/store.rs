@@ -86,6 +86,42 @@ async fn accepting_writes_the_key_payment_outbox_row_and_audit_row_together(pool
 }
 
 #[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn accepting_wakes_the_workers_unless_the_caller_defers_the_wakeup(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+    let mut listener = PgListener::connect_with(&pool).await.unwrap();
+    listener.listen("oncepay_outbox").await.unwrap();
+    let body = body(1999);
+    let request = PaymentRequest::from_json(&body).unwrap();
+    let fingerprint = Fingerprint::of("POST", "/v1/payments", &body);
+    let key = IdempotencyKey::parse(b"order-quiet").unwrap();
+    let new = NewPayment {
+        tenant_id,
+        key: &key,
+        fingerprint: &fingerprint,
+        request: &request,
+        retention: Duration::from_secs(86_400),
+        trace: None,
+    };
+
+    // Deferred: the rows, and no notification. A marker sent afterwards must be the first one
+    // received, since notifications arrive in commit order.
+    let mut conn = pool.acquire().await.unwrap();
+    let quiet = intake::accept_deferring_wakeup(&mut conn, &new).await.unwrap().unwrap();
+    sqlx::query("SELECT pg_notify('oncepay_outbox', 'marker')").execute(&mut *conn).await.unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(10), listener.recv()).await.unwrap().unwrap();
+    // Not deferred: the same rows and a notification.
+    accept(&pool, tenant_id, "order-loud", &body).await.unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(10), listener.recv()).await.unwrap().unwrap();
+
+    assert_eq!(first.payload(), "marker");
+    assert_eq!(second.payload(), "");
+    assert_eq!(quiet.payment.status, PaymentStatus::Pending);
+    for table in ["idempotency_keys", "payments", "outbox", "payment_events"] {
+        assert_eq!(count(&pool, table).await, 2, "{table}");
+    }
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
 async fn accepting_an_existing_key_writes_nothing_and_the_key_names_the_first_payment(pool: PgPool) {
     let tenant_id = tenant(&pool, "acme").await;
     let first = accept(&pool, tenant_id, "order-1", &body(1999)).await.unwrap();

@@ -2,8 +2,12 @@
 //!
 //! [`accept`] writes the key, the payment (`pending`), its outbox row, its first audit row and the
 //! workers' wake-up in one statement (`sql/accept.sql`), so either all of it exists or none of it
-//! does. [`find_key`] is the replay read (`sql/replay.sql`). The SQL lives in files so the benchmark
-//! can run the very same statements under pgbench.
+//! does. [`accept_deferring_wakeup`] writes the same rows without the wake-up, for a caller that
+//! wakes the workers itself once the statement has committed, coalescing many accepts into one
+//! `NOTIFY` (a `NOTIFY` in every accept serialises their commits; see `sql/accept.sql`). The
+//! notification is only a hint either way: workers also poll. [`find_key`] is the replay read
+//! (`sql/replay.sql`). The SQL lives in files so the benchmark can run the very same statements
+//! under pgbench.
 
 use std::time::Duration;
 
@@ -61,10 +65,24 @@ pub struct ExistingKey {
     pub stored_response: Option<(u16, Value)>,
 }
 
-/// Accepts a payment, or returns `None` if the key exists (possibly just committed by a concurrent
-/// request with the same key, which this waited for).
+/// Accepts a payment and wakes the workers when it commits, or returns `None` if the key exists
+/// (possibly just committed by a concurrent request with the same key, which this waited for).
 #[tracing::instrument(name = "store.accept", skip_all, fields(tenant.id = %new.tenant_id))]
 pub async fn accept(conn: &mut PgConnection, new: &NewPayment<'_>) -> Result<Option<Created>, StoreError> {
+    insert(conn, new, true).await
+}
+
+/// [`accept`] without the wake-up: the caller must wake the workers (`NOTIFY oncepay_outbox`) after
+/// the statement has committed, or leave the payment to their polling.
+#[tracing::instrument(name = "store.accept", skip_all, fields(tenant.id = %new.tenant_id))]
+pub async fn accept_deferring_wakeup(
+    conn: &mut PgConnection,
+    new: &NewPayment<'_>,
+) -> Result<Option<Created>, StoreError> {
+    insert(conn, new, false).await
+}
+
+async fn insert(conn: &mut PgConnection, new: &NewPayment<'_>, wake: bool) -> Result<Option<Created>, StoreError> {
     let payment_id = PaymentId::generate();
     let request = new.request;
     let metadata = Json(&request.metadata);
@@ -82,6 +100,7 @@ pub async fn accept(conn: &mut PgConnection, new: &NewPayment<'_>) -> Result<Opt
         metadata as _,
         new.trace.map(|t| t.traceparent.as_str()),
         new.trace.and_then(|t| t.tracestate.as_deref()),
+        wake,
     )
     .fetch_optional(conn)
     .await?;
