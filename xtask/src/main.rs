@@ -7,6 +7,9 @@
 //! - `cargo xtask prepare [-p <package>]...`: refreshes the committed sqlx offline query data
 //!   (`.sqlx/`) from a throwaway, migrated cluster: for the whole workspace (stale entries removed), or
 //!   additively for the named packages.
+//! - `cargo xtask bench [--quick|--full] [--out FILE.json] [-- <oncepay-bench args>]`: builds the
+//!   api, worker, simulator and benchmark in release and runs `oncepay-bench`, which measures oncepay
+//!   against raw PostgreSQL on a throwaway cluster of its own (see BENCHMARKS.md).
 //!
 //! Every task brings up what it needs itself; nothing must be running beforehand.
 
@@ -50,6 +53,21 @@ enum Task {
         #[arg(short, long = "package")]
         packages: Vec<String>,
     },
+    /// Benchmarks oncepay against raw PostgreSQL running the same SQL (release build).
+    Bench {
+        /// Short windows and small backlogs.
+        #[arg(long, conflicts_with = "full")]
+        quick: bool,
+        /// Also compare 10 million stored keys with 10 thousand (about 30 minutes more).
+        #[arg(long)]
+        full: bool,
+        /// The JSON report (default: target/bench/oncepay-bench-<time>.json).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Passed on to oncepay-bench, e.g. `-- --only accept,replay --api-env ONCEPAY_HTTP__WORKERS=1`.
+        #[arg(last = true)]
+        bench_args: Vec<String>,
+    },
 }
 
 #[tokio::main]
@@ -59,6 +77,7 @@ async fn main() -> ExitCode {
         Task::Up { release, tenant } => up::up(&workspace_root(), &up::Options { release, tenant }).await,
         Task::Test { nextest_args } => test(&nextest_args).await,
         Task::Prepare { packages } => prepare(&packages).await,
+        Task::Bench { quick, full, out, bench_args } => bench(quick, full, out, &bench_args).await,
     };
     match result {
         Ok(code) => code,
@@ -107,6 +126,38 @@ async fn test(nextest_args: &[String]) -> anyhow::Result<ExitCode> {
     let mut args = vec!["nextest", "run", "--workspace", "--locked", "--no-fail-fast"];
     args.extend(nextest_args.iter().map(String::as_str));
     Ok(if cargo(&args, &env).await? { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+async fn bench(quick: bool, full: bool, out: Option<PathBuf>, bench_args: &[String]) -> anyhow::Result<ExitCode> {
+    let root = workspace_root();
+    let build =
+        ["build", "--release", "--locked", "-p", "oncepay-api", "-p", "oncepay-worker", "-p", "oncepay-simulator"];
+    if !cargo(&[&build[..], &["-p", "oncepay-bench"]].concat(), &[("SQLX_OFFLINE", "true")]).await? {
+        bail!("building the release binaries failed");
+    }
+    let target_dir = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    // The report's default home; a relative --out is the caller's, not this directory's.
+    let reports = target_dir.join("bench");
+    std::fs::create_dir_all(&reports)?;
+    let mut command = Command::new(target_dir.join("release").join("oncepay-bench"));
+    command.current_dir(&reports);
+    if quick {
+        command.arg("--quick");
+    }
+    if full {
+        command.arg("--full");
+    }
+    if let Some(out) = out {
+        command.arg("--out").arg(std::env::current_dir()?.join(out));
+    }
+    let commit = Command::new("git").args(["describe", "--always", "--dirty"]).current_dir(&root).output().await;
+    if let Ok(commit) = commit
+        && commit.status.success()
+    {
+        command.env("ONCEPAY_BENCH_COMMIT", String::from_utf8_lossy(&commit.stdout).trim());
+    }
+    let status = command.args(bench_args).status().await.context("cannot run oncepay-bench")?;
+    Ok(if status.success() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
 async fn prepare(packages: &[String]) -> anyhow::Result<ExitCode> {

@@ -1,0 +1,266 @@
+//! The data a run works on: the tenant and its API key, the one request body, the key scheme both
+//! load generators (pgbench and HTTP) draw from, and the bulk loaders that write history and
+//! backlogs with `generate_series`.
+//!
+//! Keys come in two kinds. Fresh keys (accepts) are random decimal numbers in
+//! [`FRESH_KEYS`], so they land at random places in the key index as real clients' random keys do.
+//! Stored keys (replays) are `replay_key(i)` for `i` in `0..n`: a bijective scramble of `i`, below
+//! 2^32 so they never meet a fresh key, computed the same way in SQL and here, so both generators
+//! can pick a random stored key without reading the table.
+//!
+//! The loaders write rows exactly as the api and the worker would (the same columns, a payment id
+//! ordered by time like a UUIDv7, the stored terminal response a replay returns), except that a
+//! settled payment carries only its creation audit row and no ledger entry: neither is read by an
+//! accept or a replay. They are for benchmark databases only.
+
+use std::ops::RangeInclusive;
+
+use anyhow::Context;
+use oncepay_shared::api_key;
+use oncepay_shared::fingerprint::Fingerprint;
+use oncepay_shared::ids::TenantId;
+use oncepay_shared::payment_request::PaymentRequest;
+use oncepay_shared::store::tenants::{self, TenantName};
+use sqlx::PgConnection;
+use sqlx::types::Json;
+
+/// The body of every request: a small, ordinary payment.
+pub const BODY: &str = r#"{"amount":1999,"currency":"EUR","customer_id":"cus_bench","metadata":{"source":"bench"}}"#;
+
+/// The method and path every request uses, part of the fingerprint.
+pub const METHOD: &str = "POST";
+/// See [`METHOD`].
+pub const PATH: &str = "/v1/payments";
+
+/// A valid W3C trace context, written on raw outbox rows as the api writes its request's.
+pub const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+/// Where fresh (never used) keys come from: above every stored key, below `i64::MAX` (pgbench's
+/// integers are signed 64-bit).
+pub const FRESH_KEYS: RangeInclusive<u64> = (1 << 32)..=(i64::MAX as u64 - 1);
+
+/// The multiplier of the key scramble: odd, so `i ↦ i * M mod 2^32` is a bijection.
+pub const SCRAMBLE: u64 = 2_654_435_761;
+
+/// The `i`-th stored key (`i < 2^32`). SQL: `((i * 2654435761) % 4294967296)::text`.
+pub fn replay_key(i: u64) -> String {
+    (i.wrapping_mul(SCRAMBLE) % (1 << 32)).to_string()
+}
+
+/// The body, parsed as the api parses it.
+pub fn request() -> anyhow::Result<PaymentRequest> {
+    let json: serde_json::Value = serde_json::from_str(BODY)?;
+    PaymentRequest::from_json(&json).map_err(|errors| anyhow::anyhow!("the benchmark body is invalid: {errors:?}"))
+}
+
+/// The fingerprint the api computes for the body.
+pub fn fingerprint() -> anyhow::Result<Fingerprint> {
+    Ok(Fingerprint::of(METHOD, PATH, &serde_json::from_str(BODY)?))
+}
+
+/// The tenant every request comes from.
+pub struct Tenant {
+    /// Its id.
+    pub id: TenantId,
+    /// Its API key, for `Authorization: Bearer`.
+    pub token: String,
+}
+
+impl Tenant {
+    /// Creates the tenant `name` and one API key for it.
+    pub async fn create(conn: &mut PgConnection, name: &str) -> anyhow::Result<Self> {
+        let name = TenantName::parse(name)?;
+        let tenant = tenants::create(conn, &name, None).await?;
+        let key = tenants::issue_api_key(conn, tenant.tenant_id, Some("benchmark")).await?;
+        Ok(Self { id: tenant.tenant_id, token: api_key::reveal(&key).to_owned() })
+    }
+}
+
+/// Rows per loader statement: big enough to be quick, small enough for the foreign-key checks that
+/// run at the end of each statement to stay in memory.
+const BATCH: u64 = 200_000;
+
+/// The millisecond clock that loaded payment ids start from: `count` ms before now, so the ids the
+/// api generates later sort after them.
+fn base_millis(count: u64) -> i64 {
+    let now = time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000;
+    i64::try_from(now).unwrap_or(i64::MAX) - i64::try_from(count).unwrap_or(0) - 60_000
+}
+
+/// Writes settled (succeeded) payments for stored keys `replay_key(first..first + count)`, each with
+/// the stored 200 response a replay returns. `salt` keeps payment ids of different loads apart.
+pub async fn load_settled(
+    conn: &mut PgConnection,
+    tenant: TenantId,
+    first: u64,
+    count: u64,
+    salt: &str,
+) -> anyhow::Result<u64> {
+    let request = request()?;
+    let fingerprint = fingerprint()?;
+    let base = base_millis(first + count);
+    let mut loaded = 0;
+    let mut start = first;
+    while start < first + count {
+        let end = (start + BATCH).min(first + count) - 1;
+        let rows = sqlx::query_scalar!(
+            r#"
+            WITH ids AS (
+                SELECT i, (lpad(to_hex($4::bigint + i), 12, '0') || '7' || substr(h, 1, 3) || '8'
+                           || substr(h, 4, 15))::uuid AS payment_id
+                FROM generate_series($2::bigint, $3::bigint) AS i, md5($5::text || i::text) AS h
+            ), paid AS (
+                INSERT INTO payments (tenant_id, payment_id, status, amount, currency, customer_id, metadata,
+                                      provider_charge_id, send_attempts, first_sent_at)
+                SELECT $1, payment_id, 'succeeded', $7, $8, $9, $10,
+                       'ch_' || substr(md5(payment_id::text), 1, 24), 1, now()
+                FROM ids
+                RETURNING payment_id, provider_charge_id, created_at, updated_at
+            ), keyed AS (
+                INSERT INTO idempotency_keys (tenant_id, idempotency_key, fingerprint, payment_id, expires_at,
+                                              response_status, response_body)
+                SELECT $1, ((ids.i * 2654435761) % 4294967296)::text, $6, payment_id, now() + interval '1 day',
+                       200,
+                       jsonb_build_object(
+                           'id', payment_id, 'status', 'succeeded', 'amount', $7::bigint, 'currency', $8::text,
+                           'customer_id', $9::text, 'metadata', $10::jsonb,
+                           'created_at', to_char(paid.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+                           'updated_at', to_char(paid.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+                           'provider_charge_id', paid.provider_charge_id)
+                FROM ids JOIN paid USING (payment_id)
+            ), audit AS (
+                INSERT INTO payment_events (tenant_id, payment_id, from_status, to_status, actor, reason)
+                SELECT $1, payment_id, NULL, 'pending', 'api', 'accepted' FROM paid
+            )
+            SELECT count(*) AS "loaded!" FROM paid
+            "#,
+            tenant.as_uuid(),
+            i64::try_from(start)?,
+            i64::try_from(end)?,
+            base,
+            salt,
+            fingerprint.as_bytes().as_slice(),
+            request.amount.minor_units(),
+            request.currency.as_str(),
+            request.customer_id,
+            Json(&request.metadata) as _,
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .context("loading settled payments")?;
+        loaded += u64::try_from(rows)?;
+        start = end + 1;
+    }
+    Ok(loaded)
+}
+
+/// Queues `count` pending payments for the worker, as accepted requests leave them (key, payment,
+/// outbox row with a trace context, audit row). `salt` keeps their keys and ids apart from other
+/// loads'.
+pub async fn load_backlog(conn: &mut PgConnection, tenant: TenantId, count: u64, salt: &str) -> anyhow::Result<u64> {
+    let request = request()?;
+    let fingerprint = fingerprint()?;
+    let base = base_millis(count);
+    let mut loaded = 0;
+    let mut start = 0;
+    while start < count {
+        let end = (start + BATCH).min(count) - 1;
+        let rows = sqlx::query_scalar!(
+            r#"
+            WITH ids AS (
+                SELECT i, (lpad(to_hex($4::bigint + i), 12, '0') || '7' || substr(h, 1, 3) || '8'
+                           || substr(h, 4, 15))::uuid AS payment_id
+                FROM generate_series($2::bigint, $3::bigint) AS i, md5($5::text || i::text) AS h
+            ), paid AS (
+                INSERT INTO payments (tenant_id, payment_id, amount, currency, customer_id, metadata)
+                SELECT $1, payment_id, $7, $8, $9, $10 FROM ids
+                RETURNING payment_id
+            ), keyed AS (
+                INSERT INTO idempotency_keys (tenant_id, idempotency_key, fingerprint, payment_id, expires_at)
+                SELECT $1, 'backlog-' || $5::text || '-' || ids.i, $6, payment_id, now() + interval '1 day'
+                FROM ids JOIN paid USING (payment_id)
+            ), queued AS (
+                INSERT INTO outbox (tenant_id, payment_id, traceparent)
+                SELECT $1, payment_id, $11 FROM paid
+            ), audit AS (
+                INSERT INTO payment_events (tenant_id, payment_id, from_status, to_status, actor, reason)
+                SELECT $1, payment_id, NULL, 'pending', 'api', 'accepted' FROM paid
+            )
+            SELECT count(*) AS "loaded!" FROM paid
+            "#,
+            tenant.as_uuid(),
+            i64::try_from(start)?,
+            i64::try_from(end)?,
+            base,
+            salt,
+            fingerprint.as_bytes().as_slice(),
+            request.amount.minor_units(),
+            request.currency.as_str(),
+            request.customer_id,
+            Json(&request.metadata) as _,
+            TRACEPARENT,
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .context("loading a backlog of pending payments")?;
+        loaded += u64::try_from(rows)?;
+        start = end + 1;
+    }
+    Ok(loaded)
+}
+
+/// Rows in the outbox: the worker's queue.
+pub async fn outbox_depth(conn: &mut PgConnection) -> anyhow::Result<u64> {
+    let depth = sqlx::query_scalar!(r#"SELECT count(*) AS "depth!" FROM outbox"#).fetch_one(conn).await?;
+    Ok(u64::try_from(depth)?)
+}
+
+/// Makes a freshly loaded database look like one that has been running: statistics for the
+/// planner, hint bits and the visibility map set (so the first reads do not write), and a
+/// checkpoint, so no phase starts with a backlog of dirty pages to flush.
+pub async fn settle_database(conn: &mut PgConnection) -> anyhow::Result<()> {
+    sqlx::raw_sql("VACUUM (ANALYZE)").execute(&mut *conn).await.context("VACUUM ANALYZE")?;
+    checkpoint(conn).await
+}
+
+/// `CHECKPOINT`: starts a phase with no dirty pages from the one before.
+pub async fn checkpoint(conn: &mut PgConnection) -> anyhow::Result<()> {
+    sqlx::raw_sql("CHECKPOINT").execute(conn).await.context("CHECKPOINT")?;
+    Ok(())
+}
+
+/// The PostgreSQL server's main process, whose children are every other PostgreSQL process.
+pub async fn postmaster_pid(conn: &mut PgConnection) -> anyhow::Result<i32> {
+    let backend = sqlx::query_scalar!(r#"SELECT pg_backend_pid() AS "pid!""#).fetch_one(conn).await?;
+    let stat = std::fs::read_to_string(format!("/proc/{backend}/stat"))
+        .with_context(|| format!("cannot read /proc/{backend}/stat (is PostgreSQL on this machine?)"))?;
+    let stat = crate::cpu::parse_stat(&stat).context("cannot parse a PostgreSQL backend's /proc stat")?;
+    Ok(stat.ppid)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+
+    #[test]
+    fn stored_keys_are_distinct_and_below_every_fresh_key() {
+        let keys: HashSet<String> = (0..100_000).map(replay_key).collect();
+
+        assert_eq!(keys.len(), 100_000);
+        assert!(keys.iter().all(|k| k.parse::<u64>().unwrap() < *FRESH_KEYS.start()));
+        assert_eq!(replay_key(0), "0");
+        assert_eq!(replay_key(1), "2654435761");
+        assert_eq!(replay_key(2), (2 * 2_654_435_761u64 - (1 << 32)).to_string());
+    }
+
+    #[test]
+    fn the_body_is_a_valid_payment_request() {
+        let request = request().unwrap();
+
+        assert_eq!(request.amount.minor_units(), 1999);
+        assert_eq!(request.currency.as_str(), "EUR");
+        assert_eq!(fingerprint().unwrap(), fingerprint().unwrap());
+    }
+}

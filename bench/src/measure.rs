@@ -1,0 +1,322 @@
+//! One measured window each: a pgbench baseline, HTTP load on the api, a worker draining a backlog,
+//! and accepts with draining at once. Each takes CPU samples at the window's edges and returns a
+//! [`Row`].
+//!
+//! Every window starts from a checkpoint, so no phase pays for the dirty pages of the one before,
+//! and opens only after a warm-up under the same load. Rates are operations completed inside the
+//! window divided by its length. Nothing here starts or stops a binary: callers hand in what runs.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context;
+use sqlx::PgPool;
+use time::OffsetDateTime;
+use tokio::time::{Instant, sleep, sleep_until};
+
+use crate::cpu::{ClientSource, CpuSampler, CpuUsage, Role};
+use crate::dataset;
+use crate::loadgen::{Generator, Outcome, Plan, Workload};
+use crate::pgbench::{self, Job};
+use crate::raw::Baseline;
+use crate::report::{Kind, Row};
+
+/// How long to load before a window, and how long a window lasts.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// Load before the window opens.
+    pub warmup: Duration,
+    /// The window.
+    pub window: Duration,
+}
+
+/// A database to measure on.
+pub struct Target<'a> {
+    /// Its pool (a few connections for the benchmark's own queries).
+    pub pool: &'a PgPool,
+    /// The server's port.
+    pub port: u16,
+    /// The database's name.
+    pub database: &'a str,
+    /// How the report names its data.
+    pub dataset: &'a str,
+    /// The postmaster, for CPU accounting.
+    pub postmaster: i32,
+}
+
+impl Target<'_> {
+    /// `CHECKPOINT`: what follows starts with no dirty pages of what came before.
+    pub async fn checkpoint(&self) -> anyhow::Result<()> {
+        let mut conn = self.pool.acquire().await?;
+        dataset::checkpoint(&mut conn).await
+    }
+
+    async fn outbox_depth(&self) -> anyhow::Result<u64> {
+        let mut conn = self.pool.acquire().await?;
+        dataset::outbox_depth(&mut conn).await
+    }
+}
+
+/// pgbench running `baseline` with `clients` connections.
+pub async fn raw(
+    target: &Target<'_>,
+    timing: Timing,
+    pgbench_program: &Path,
+    baseline: Baseline,
+    clients: u32,
+    variables: &[(String, String)],
+) -> anyhow::Result<Row> {
+    target.checkpoint().await?;
+    let script = baseline.script()?;
+    let job = Job {
+        program: pgbench_program,
+        script: &script,
+        clients,
+        variables,
+        // A second past the window, so pgbench is still running when it closes.
+        duration: timing.warmup + timing.window + Duration::from_secs(1),
+        port: target.port,
+        database: target.database,
+    };
+    let sampler = CpuSampler::new(target.postmaster, ClientSource::Process);
+    let running = job.spawn()?;
+    let from = Instant::now() + timing.warmup;
+    sleep_until(from).await;
+    let (cpu_from, wall_from) = (sampler.sample(), SystemTime::now());
+    sleep_until(from + timing.window).await;
+    let (cpu_until, wall_until) = (sampler.sample(), SystemTime::now());
+    let transactions = running.finish().await.with_context(|| format!("pgbench {}", baseline.name()))?;
+    let (ops, latencies) = pgbench::in_window(&transactions, wall_from, wall_until);
+    let cpu = cpu_until.since(&cpu_from);
+    let seconds = wall_until.duration_since(wall_from)?.as_secs_f64();
+    Ok(Row {
+        kind: Kind::Raw,
+        name: baseline.name().into(),
+        concurrency: clients,
+        setup: baseline.setup().into(),
+        dataset: target.dataset.into(),
+        ops,
+        seconds,
+        rate: ops as f64 / seconds,
+        latency: latencies.summary(),
+        errors: 0,
+        cpu_seconds_per_op: Row::cost_per_op(&cpu, &[Role::Postgres], ops),
+        cpu,
+        comparison: None,
+        extra: BTreeMap::new(),
+    })
+}
+
+/// What HTTP load on the api measured, and the CPU it cost.
+struct HttpWindow {
+    outcome: Outcome,
+    cpu: CpuUsage,
+    /// Outbox rows at the window's edges.
+    depth: (u64, u64),
+    wall: (OffsetDateTime, OffsetDateTime),
+}
+
+async fn http_window(
+    target: &Target<'_>,
+    timing: Timing,
+    api: &[SocketAddr],
+    token: &str,
+    workload: Workload,
+    connections: usize,
+) -> anyhow::Result<HttpWindow> {
+    target.checkpoint().await?;
+    let from = Instant::now() + timing.warmup;
+    let until = from + timing.window;
+    let generator = Generator::start(Plan {
+        targets: api.to_vec(),
+        connections,
+        token: token.to_owned(),
+        workload,
+        measure_from: from,
+        measure_until: until,
+    })?;
+    let sampler = CpuSampler::new(target.postmaster, ClientSource::Thread(generator.thread_id()));
+    sleep_until(from).await;
+    let (cpu_from, wall_from) = (sampler.sample(), OffsetDateTime::now_utc());
+    let depth_from = target.outbox_depth().await?;
+    sleep_until(until).await;
+    let (cpu_until, wall_until) = (sampler.sample(), OffsetDateTime::now_utc());
+    let depth_until = target.outbox_depth().await?;
+    let outcome = generator.finish().await?;
+    if let Some(problem) = &outcome.first_problem {
+        eprintln!("bench:   {} unexpected answers, the first: {problem}", outcome.errors());
+    }
+    Ok(HttpWindow {
+        outcome,
+        cpu: cpu_until.since(&cpu_from),
+        depth: (depth_from, depth_until),
+        wall: (wall_from, wall_until),
+    })
+}
+
+/// HTTP load on the api processes at `api`.
+pub async fn service(
+    target: &Target<'_>,
+    timing: Timing,
+    api: &[SocketAddr],
+    token: &str,
+    workload: Workload,
+    connections: usize,
+) -> anyhow::Result<Row> {
+    let window = http_window(target, timing, api, token, workload, connections).await?;
+    let ops = window.outcome.completed;
+    let errors = window.outcome.errors();
+    let name = match workload {
+        Workload::Accept => "accept",
+        Workload::Replay { .. } => "replay",
+    };
+    let setup = if api.len() == 1 { "1 api process".to_owned() } else { format!("{} api processes", api.len()) };
+    Ok(Row {
+        kind: Kind::Service,
+        name: name.into(),
+        concurrency: u32::try_from(connections)?,
+        setup,
+        dataset: target.dataset.into(),
+        ops,
+        seconds: timing.window.as_secs_f64(),
+        rate: ops as f64 / timing.window.as_secs_f64(),
+        latency: window.outcome.latencies.summary(),
+        errors,
+        cpu_seconds_per_op: Row::cost_per_op(&window.cpu, &[Role::Api, Role::Postgres], ops),
+        cpu: window.cpu,
+        comparison: None,
+        extra: BTreeMap::new(),
+    })
+}
+
+/// Workers, already started, draining a backlog: payments finished per second.
+///
+/// The window opens after the warm-up and closes after `timing.window`, or earlier once nine tenths
+/// of the backlog are gone (the last rows drain slower as the queue empties, which is not the rate
+/// asked about).
+pub async fn drain(target: &Target<'_>, timing: Timing, workers: usize, started: Instant) -> anyhow::Result<Row> {
+    let sampler = CpuSampler::new(target.postmaster, ClientSource::Process);
+    sleep_until(started + timing.warmup).await;
+    let cpu_from = sampler.sample();
+    let depth_from = target.outbox_depth().await?;
+    let from = Instant::now();
+    let mut depth_until;
+    loop {
+        sleep(Duration::from_millis(500)).await;
+        depth_until = target.outbox_depth().await?;
+        if from.elapsed() >= timing.window || depth_until * 10 < depth_from {
+            break;
+        }
+    }
+    let cpu = sampler.sample().since(&cpu_from);
+    let seconds = from.elapsed().as_secs_f64();
+    let ops = depth_from.saturating_sub(depth_until);
+    let mut extra = BTreeMap::new();
+    extra.insert("backlog_at_start".into(), depth_from as f64);
+    extra.insert("backlog_at_end".into(), depth_until as f64);
+    Ok(Row {
+        kind: Kind::Service,
+        name: "drain".into(),
+        concurrency: u32::try_from(workers)?,
+        setup: format!("{workers} worker{}, simulator at 0 ms", if workers == 1 { "" } else { "s" }),
+        dataset: target.dataset.into(),
+        ops,
+        seconds,
+        rate: ops as f64 / seconds,
+        latency: None,
+        errors: 0,
+        cpu_seconds_per_op: Row::cost_per_op(&cpu, &[Role::Worker, Role::Postgres], ops),
+        cpu,
+        comparison: None,
+        extra,
+    })
+}
+
+/// Accepts over HTTP while workers (already started and idle) drain: does the outbox grow?
+///
+/// The row's rate is the drain rate (accepted minus the outbox's growth, per second); its latency is
+/// each accepted payment's time from acceptance to its recorded outcome, read from the payments
+/// once everything is drained (which this waits for); the accept rate and latency are extras.
+pub async fn accept_while_draining(
+    target: &Target<'_>,
+    timing: Timing,
+    api: &[SocketAddr],
+    token: &str,
+    connections: usize,
+    workers: usize,
+) -> anyhow::Result<Row> {
+    let window = http_window(target, timing, api, token, Workload::Accept, connections).await?;
+    let seconds = timing.window.as_secs_f64();
+    let accepted = window.outcome.completed;
+    let growth = window.depth.1 as f64 - window.depth.0 as f64;
+    let drained = (accepted as f64 - growth).max(0.0);
+    wait_for_empty_outbox(target, Duration::from_secs(600)).await?;
+    let settled = settle_latency(target.pool, window.wall).await?;
+
+    let mut extra = BTreeMap::new();
+    extra.insert("accept_rate".into(), accepted as f64 / seconds);
+    if let Some(accept) = window.outcome.latencies.clone().summary() {
+        extra.insert("accept_p50_ms".into(), accept.p50_ms);
+        extra.insert("accept_p99_ms".into(), accept.p99_ms);
+    }
+    extra.insert("outbox_growth_per_s".into(), growth / seconds);
+    extra.insert("outbox_at_start".into(), window.depth.0 as f64);
+    extra.insert("outbox_at_end".into(), window.depth.1 as f64);
+    extra.insert("settled_in_window".into(), settled.count as f64);
+    Ok(Row {
+        kind: Kind::Service,
+        name: "drain_during_accepts".into(),
+        concurrency: u32::try_from(connections)?,
+        setup: format!("1 api + {workers} worker{}", if workers == 1 { "" } else { "s" }),
+        dataset: target.dataset.into(),
+        ops: drained as u64,
+        seconds,
+        rate: drained / seconds,
+        latency: settled.summary,
+        errors: window.outcome.errors(),
+        cpu_seconds_per_op: Row::cost_per_op(&window.cpu, &[Role::Api, Role::Worker, Role::Postgres], accepted),
+        cpu: window.cpu,
+        comparison: None,
+        extra,
+    })
+}
+
+/// Waits until the outbox is empty (every queued payment sent and recorded).
+pub async fn wait_for_empty_outbox(target: &Target<'_>, timeout: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let depth = target.outbox_depth().await?;
+        if depth == 0 {
+            return Ok(());
+        }
+        anyhow::ensure!(Instant::now() < deadline, "{depth} outbox rows still queued after {timeout:?}");
+        sleep(Duration::from_millis(500)).await;
+    }
+}
+
+struct Settled {
+    count: u64,
+    summary: Option<crate::latency::LatencySummary>,
+}
+
+/// From acceptance to the recorded outcome, for payments accepted in `window`.
+async fn settle_latency(pool: &PgPool, window: (OffsetDateTime, OffsetDateTime)) -> anyhow::Result<Settled> {
+    let micros: Vec<i64> = sqlx::query_scalar!(
+        r#"
+        SELECT (extract(epoch FROM updated_at - created_at) * 1000000)::bigint AS "micros!"
+        FROM payments
+        WHERE created_at >= $1 AND created_at < $2 AND status IN ('succeeded', 'failed')
+        "#,
+        window.0,
+        window.1,
+    )
+    .fetch_all(pool)
+    .await?;
+    let mut latencies = crate::latency::Latencies::new();
+    for value in &micros {
+        latencies.record_micros(u32::try_from(*value).unwrap_or(u32::MAX));
+    }
+    Ok(Settled { count: micros.len() as u64, summary: latencies.summary() })
+}

@@ -1,0 +1,231 @@
+//! pgbench scripts made from the project's own SQL files, so the raw baselines run the very
+//! statements the binaries run.
+//!
+//! [`command`] turns one statement as the code sends it into one pgbench command: comments are
+//! dropped, white space is collapsed to one line, each `$n` becomes the given pgbench variable
+//! (`:name`, which pgbench sends as a bind parameter under `-M prepared`, as sqlx does) or a SQL
+//! expression (for what pgbench cannot hold in a variable: NULL, a generated UUID), and sqlx's type
+//! annotations on column aliases (`AS "amount: Amount"`, `AS "fencing_token!"`) are removed, since
+//! pgbench's `\gset` makes variables of the column names. Every `$n` must be given an argument and
+//! every argument must be used, so a statement that gains or loses a parameter breaks the benchmark
+//! loudly instead of silently measuring something else.
+//!
+//! Pure text manipulation: nothing here runs pgbench.
+
+use std::fmt::Write as _;
+
+use anyhow::{bail, ensure};
+
+/// What one `$n` parameter becomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arg<'a> {
+    /// A pgbench variable: `:name`.
+    Var(&'a str),
+    /// SQL text, pasted in place (e.g. `NULL`).
+    Sql(&'a str),
+}
+
+/// One pgbench command from one statement; `args[n - 1]` replaces `$n`.
+pub fn command(sql: &str, args: &[Arg<'_>]) -> anyhow::Result<String> {
+    let mut out = String::with_capacity(sql.len());
+    let mut used = vec![false; args.len()];
+    let mut chars = sql.chars().peekable();
+    let mut pending_space = false;
+    let push = |out: &mut String, text: &str, pending_space: &mut bool| {
+        if *pending_space && !out.is_empty() {
+            out.push(' ');
+        }
+        *pending_space = false;
+        out.push_str(text);
+    };
+    while let Some(c) = chars.next() {
+        match c {
+            '-' if chars.peek() == Some(&'-') => {
+                for next in chars.by_ref() {
+                    if next == '\n' {
+                        break;
+                    }
+                }
+                pending_space = true;
+            }
+            '/' if chars.peek() == Some(&'*') => {
+                chars.next();
+                let mut previous = ' ';
+                let mut closed = false;
+                for next in chars.by_ref() {
+                    if previous == '*' && next == '/' {
+                        closed = true;
+                        break;
+                    }
+                    previous = next;
+                }
+                ensure!(closed, "an unterminated block comment");
+                pending_space = true;
+            }
+            '\'' => {
+                let mut literal = String::from("'");
+                let mut closed = false;
+                while let Some(next) = chars.next() {
+                    literal.push(next);
+                    if next == '\'' {
+                        if chars.peek() == Some(&'\'') {
+                            literal.push('\'');
+                            chars.next();
+                        } else {
+                            closed = true;
+                            break;
+                        }
+                    }
+                }
+                ensure!(closed, "an unterminated string literal");
+                push(&mut out, &literal, &mut pending_space);
+            }
+            '"' => {
+                let mut identifier = String::new();
+                let mut closed = false;
+                for next in chars.by_ref() {
+                    if next == '"' {
+                        closed = true;
+                        break;
+                    }
+                    identifier.push(next);
+                }
+                ensure!(closed, "an unterminated quoted identifier");
+                push(&mut out, &format!("\"{}\"", without_sqlx_annotation(&identifier)), &mut pending_space);
+            }
+            '$' if chars.peek().is_some_and(char::is_ascii_digit) => {
+                let mut digits = String::new();
+                while let Some(&d) = chars.peek().filter(|d| d.is_ascii_digit()) {
+                    digits.push(d);
+                    chars.next();
+                }
+                let n: usize = digits.parse()?;
+                let Some(arg) = n.checked_sub(1).and_then(|i| args.get(i)) else {
+                    bail!("the statement uses ${n} but only {} arguments were given", args.len());
+                };
+                used[n - 1] = true;
+                let text = match arg {
+                    Arg::Var(name) => format!(":{name}"),
+                    Arg::Sql(sql) => format!("({sql})"),
+                };
+                push(&mut out, &text, &mut pending_space);
+            }
+            '$' => bail!("dollar quoting is not supported in benchmarked statements"),
+            c if c.is_whitespace() => pending_space = true,
+            c => push(&mut out, c.encode_utf8(&mut [0; 4]), &mut pending_space),
+        }
+    }
+    if let Some(unused) = used.iter().position(|u| !u) {
+        bail!("argument {} was given but the statement has no ${}", unused + 1, unused + 1);
+    }
+    let out = out.trim_end().trim_end_matches(';').trim_end().to_owned();
+    ensure!(!out.contains(';'), "one statement at a time");
+    Ok(out)
+}
+
+/// `name`, `name!`, `name?`, `name: Type`, `name!: Type` → `name`: the column name sqlx's
+/// annotation is attached to. Anything else is left as it is.
+fn without_sqlx_annotation(identifier: &str) -> &str {
+    let name_end = identifier.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(identifier.len());
+    let (name, rest) = identifier.split_at(name_end);
+    let rest = rest.strip_prefix(['!', '?']).unwrap_or(rest);
+    let annotated = name_end < identifier.len() && (rest.is_empty() || rest.trim_start().starts_with(':'));
+    if !name.is_empty() && annotated { name } else { identifier }
+}
+
+/// A pgbench script: meta-commands and SQL commands, one transaction of the benchmark.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Script {
+    lines: Vec<String>,
+}
+
+impl Script {
+    /// An empty script.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// `\set name expression`.
+    pub fn set(mut self, name: &str, expression: &str) -> Self {
+        self.lines.push(format!("\\set {name} {expression}"));
+        self
+    }
+
+    /// A SQL command.
+    pub fn sql(mut self, command: String) -> Self {
+        self.lines.push(format!("{command};"));
+        self
+    }
+
+    /// A SQL command whose one result row becomes variables named after its columns.
+    pub fn sql_gset(mut self, command: String) -> Self {
+        self.lines.push(format!("{command} \\gset"));
+        self
+    }
+
+    /// The script file's text.
+    pub fn text(&self) -> String {
+        let mut text = String::new();
+        for line in &self.lines {
+            let _ = writeln!(text, "{line}");
+        }
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameters_become_variables_or_sql_and_comments_and_white_space_go() {
+        let sql = "-- a comment with $9 in it\nSELECT a, 'it''s $1 -- not a comment'\n  FROM t /* $7 */\n\
+                   WHERE x = $1 AND y = $2 AND z = $3;\n";
+
+        let command = command(sql, &[Arg::Var("tenant"), Arg::Sql("NULL"), Arg::Var("key")]).unwrap();
+
+        assert_eq!(
+            command,
+            "SELECT a, 'it''s $1 -- not a comment' FROM t WHERE x = :tenant AND y = (NULL) AND z = :key"
+        );
+    }
+
+    #[test]
+    fn a_missing_or_unused_argument_is_an_error() {
+        assert!(command("SELECT $1, $2", &[Arg::Var("a")]).is_err());
+        assert!(command("SELECT $1", &[Arg::Var("a"), Arg::Var("b")]).is_err());
+        assert!(command("SELECT $0", &[]).is_err());
+        assert!(command("SELECT $$text$$", &[]).is_err());
+        assert!(command("SELECT 1; SELECT 2", &[]).is_err());
+        assert!(command("SELECT 'open", &[]).is_err());
+    }
+
+    #[test]
+    fn sqlx_annotations_on_aliases_are_removed() {
+        let sql = r#"SELECT a AS "amount: Amount", b AS "token!", c AS "maybe?", d AS "kept!: ()", e AS "Mixed Case""#;
+
+        let command = command(sql, &[]).unwrap();
+
+        assert_eq!(command, r#"SELECT a AS "amount", b AS "token", c AS "maybe", d AS "kept", e AS "Mixed Case""#);
+    }
+
+    #[test]
+    fn the_project_statements_convert_with_their_full_parameter_lists() {
+        let accept = include_str!("../../shared/sql/accept.sql");
+        let args: Vec<Arg<'_>> = (1..=13).map(|_| Arg::Var("v")).collect();
+
+        let converted = command(accept, &args).unwrap();
+
+        assert!(!converted.contains('$') && !converted.contains("--") && !converted.contains('\n'));
+        assert!(converted.starts_with("WITH new_key AS ( INSERT INTO idempotency_keys"), "{converted}");
+        assert!(command(accept, &args[..12]).is_err(), "accept.sql has 13 parameters");
+    }
+
+    #[test]
+    fn a_script_has_one_line_per_command() {
+        let script =
+            Script::new().set("key", "random(1, 10)").sql("SELECT :key".into()).sql_gset("SELECT 1 AS one".into());
+
+        assert_eq!(script.text(), "\\set key random(1, 10)\nSELECT :key;\nSELECT 1 AS one \\gset\n");
+    }
+}

@@ -1,0 +1,317 @@
+//! The raw-SQL baselines: pgbench scripts of the project's own statements, plus the reference shape
+//! of issue #8 (three plain inserts in one transaction), with the variables they need.
+//!
+//! The statements are embedded from the files the binaries are built from (`shared/sql`,
+//! `worker/sql`), so a baseline cannot drift from the code it measures. Where pgbench cannot pass a
+//! value as a bind parameter the way the binaries do, SQL stands in, and each difference is named
+//! here:
+//!
+//! - the payment id: the api makes a UUIDv7 in Rust; pgbench has no UUIDs, so the id is made in SQL
+//!   ([`TIME_ORDERED_UUID`]: random, with the current millisecond in its first 48 bits, so it sorts
+//!   by time into the primary-key index as a UUIDv7 does);
+//! - NULLs (the description, the trace state, a success's failure code and message): pgbench
+//!   variables cannot be NULL, so the statement carries `NULL` literally;
+//! - the claim+finish baseline claims one row per transaction (the worker claims up to 32 in one
+//!   statement and then finishes each in its own transaction): pgbench's `\gset` keeps one row.
+//!   The provider's charge id is the payment id's text.
+
+use anyhow::Context;
+
+use crate::dataset;
+use crate::pgbench_script::{Arg, Script, command};
+
+const ACCEPT_SQL: &str = include_str!("../../shared/sql/accept.sql");
+const REPLAY_SQL: &str = include_str!("../../shared/sql/replay.sql");
+const SETTLE_SQL: &str = include_str!("../../shared/sql/settle.sql");
+const PAYMENT_SQL: &str = include_str!("../../shared/sql/payment.sql");
+const STORE_RESPONSE_SQL: &str = include_str!("../../shared/sql/store_response.sql");
+const CLAIM_SQL: &str = include_str!("../../worker/sql/claim.sql");
+const TAKE_SQL: &str = include_str!("../../worker/sql/take.sql");
+
+/// A UUID made in SQL that sorts by creation time like a UUIDv7: the current Unix millisecond in the
+/// first 48 bits of a random UUID.
+pub const TIME_ORDERED_UUID: &str = "encode(overlay(uuid_send(gen_random_uuid()) placing \
+     substring(int8send((extract(epoch FROM clock_timestamp()) * 1000)::bigint) FROM 3) FROM 1 FOR 6), 'hex')::uuid";
+
+/// `\set key` for a fresh key.
+fn fresh_key(script: Script) -> Script {
+    let range = dataset::FRESH_KEYS;
+    script.set("key", &format!("random({}, {})", range.start(), range.end()))
+}
+
+/// Which baseline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Baseline {
+    /// Issue #8's reference: key, payment and outbox row as three plain inserts in one transaction.
+    ThreeInserts,
+    /// `shared/sql/accept.sql` as the api runs it: four inserts, the workers' wake-up left to a
+    /// coalesced NOTIFY after commit.
+    Accept,
+    /// `shared/sql/accept.sql` with its in-statement NOTIFY, as the api ran it before: shows what a
+    /// NOTIFY in every accept costs.
+    AcceptWithNotify,
+    /// `shared/sql/replay.sql`: the replay read, of a random stored key.
+    Replay,
+    /// The worker's claim (`worker/sql/claim.sql`, one row) and its finish of a success in one
+    /// transaction (`take.sql`, `settle.sql`, `payment.sql`, `store_response.sql`).
+    ClaimFinish,
+}
+
+impl Baseline {
+    /// Its name in the report.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::ThreeInserts => "three_inserts",
+            Self::Accept => "accept_sql",
+            Self::AcceptWithNotify => "accept_sql_notify",
+            Self::Replay => "replay_sql",
+            Self::ClaimFinish => "claim_finish_sql",
+        }
+    }
+
+    /// How it is run, for the report.
+    pub fn setup(self) -> &'static str {
+        match self {
+            Self::ThreeInserts => "pgbench: BEGIN; 3 INSERT; COMMIT",
+            Self::Accept => "pgbench: accept.sql",
+            Self::AcceptWithNotify => "pgbench: accept.sql + NOTIFY",
+            Self::Replay => "pgbench: replay.sql",
+            Self::ClaimFinish => "pgbench: claim.sql(1) + finish tx",
+        }
+    }
+
+    /// The pgbench script: one transaction of this baseline.
+    pub fn script(self) -> anyhow::Result<Script> {
+        match self {
+            Self::ThreeInserts => three_inserts(),
+            Self::Accept => accept("false"),
+            Self::AcceptWithNotify => accept("true"),
+            Self::Replay => Ok(Script::new()
+                .set("i", "random(0, :keys - 1)")
+                .set("key", &format!("(:i * {}) % 4294967296", dataset::SCRAMBLE))
+                .sql(command(REPLAY_SQL, &[Arg::Var("tenant"), Arg::Var("key")]).context("replay.sql")?)),
+            Self::ClaimFinish => claim_finish(),
+        }
+    }
+}
+
+/// The accept script; `notify` names the variable (`false` or `true`) bound to the wake-up flag.
+fn accept(notify: &str) -> anyhow::Result<Script> {
+    let args = [
+        Arg::Var("tenant"),
+        Arg::Var("key"),
+        Arg::Var("fingerprint"),
+        Arg::Sql(TIME_ORDERED_UUID),
+        Arg::Var("retention"),
+        Arg::Var("amount"),
+        Arg::Var("currency"),
+        Arg::Var("customer"),
+        Arg::Sql("NULL"),
+        Arg::Var("metadata"),
+        Arg::Var("traceparent"),
+        Arg::Sql("NULL"),
+        Arg::Var(notify),
+    ];
+    Ok(fresh_key(Script::new()).sql(command(ACCEPT_SQL, &args).context("accept.sql")?))
+}
+
+fn three_inserts() -> anyhow::Result<Script> {
+    let payment = command(
+        "INSERT INTO payments (tenant_id, payment_id, amount, currency, customer_id, description, metadata)
+         VALUES ($1, $2, $3, $4, $5, NULL, $6) RETURNING payment_id",
+        &[
+            Arg::Var("tenant"),
+            Arg::Sql(TIME_ORDERED_UUID),
+            Arg::Var("amount"),
+            Arg::Var("currency"),
+            Arg::Var("customer"),
+            Arg::Var("metadata"),
+        ],
+    )?;
+    let key = command(
+        "INSERT INTO idempotency_keys (tenant_id, idempotency_key, fingerprint, payment_id, expires_at)
+         VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5))",
+        &[Arg::Var("tenant"), Arg::Var("key"), Arg::Var("fingerprint"), Arg::Var("payment_id"), Arg::Var("retention")],
+    )?;
+    let outbox = command(
+        "INSERT INTO outbox (tenant_id, payment_id, traceparent, tracestate) VALUES ($1, $2, $3, NULL)",
+        &[Arg::Var("tenant"), Arg::Var("payment_id"), Arg::Var("traceparent")],
+    )?;
+    // Payment first: the key and the outbox row reference it, and plain statements check their
+    // foreign keys at once.
+    Ok(fresh_key(Script::new()).sql("BEGIN".into()).sql_gset(payment).sql(key).sql(outbox).sql("COMMIT".into()))
+}
+
+fn claim_finish() -> anyhow::Result<Script> {
+    let claim = command(
+        CLAIM_SQL,
+        &[Arg::Var("batch"), Arg::Var("worker"), Arg::Var("lease"), Arg::Var("actor"), Arg::Var("horizon")],
+    )
+    .context("claim.sql")?;
+    let take = command(TAKE_SQL, &[Arg::Var("tenant_id"), Arg::Var("payment_id"), Arg::Var("fencing_token")])
+        .context("take.sql")?;
+    let settle = command(
+        SETTLE_SQL,
+        &[
+            Arg::Var("tenant_id"),
+            Arg::Var("payment_id"),
+            Arg::Var("to_status"),
+            Arg::Var("from_status"),
+            Arg::Var("payment_id"),
+            Arg::Sql("NULL"),
+            Arg::Sql("NULL"),
+            Arg::Var("actor"),
+            Arg::Var("reason"),
+            Arg::Var("detail"),
+            Arg::Var("amount"),
+            Arg::Var("currency"),
+            Arg::Var("charged_at"),
+        ],
+    )
+    .context("settle.sql")?;
+    let payment = command(PAYMENT_SQL, &[Arg::Var("tenant_id"), Arg::Var("payment_id")]).context("payment.sql")?;
+    let store = command(STORE_RESPONSE_SQL, &[Arg::Var("tenant_id"), Arg::Var("payment_id"), Arg::Var("response")])
+        .context("store_response.sql")?;
+    Ok(Script::new()
+        .sql_gset(claim)
+        .sql("BEGIN".into())
+        .sql(take)
+        .sql(settle)
+        .sql(payment)
+        .sql(store)
+        .sql("COMMIT".into()))
+}
+
+/// The values every script's variables take (`pgbench -D name=value`).
+pub fn variables(tenant: &dataset::Tenant, stored_keys: u64) -> anyhow::Result<Vec<(String, String)>> {
+    let request = dataset::request()?;
+    let fingerprint = dataset::fingerprint()?;
+    let now = time::OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339)?;
+    let metadata = serde_json::to_string(&request.metadata)?;
+    let response = serde_json::json!({
+        "id": "0190f5d2-6f2a-7c1e-8a3b-4c5d6e7f8091", "status": "succeeded", "amount": request.amount.minor_units(),
+        "currency": request.currency.as_str(), "customer_id": request.customer_id, "metadata": request.metadata,
+        "created_at": now, "updated_at": now, "provider_charge_id": "ch_0123456789abcdefghijklmn",
+    });
+    let pairs: [(&str, String); 21] = [
+        ("tenant", tenant.id.to_string()),
+        ("fingerprint", format!("\\x{}", hex_bytes(fingerprint.as_bytes()))),
+        ("retention", "86400".into()),
+        ("amount", request.amount.minor_units().to_string()),
+        ("currency", request.currency.as_str().into()),
+        ("customer", request.customer_id.clone()),
+        ("metadata", metadata),
+        ("traceparent", dataset::TRACEPARENT.into()),
+        ("false", "false".into()),
+        ("true", "true".into()),
+        ("keys", stored_keys.max(1).to_string()),
+        ("batch", "1".into()),
+        ("worker", "bench-raw".into()),
+        ("actor", "worker:bench-raw".into()),
+        ("lease", "60".into()),
+        // The worker's default key window (24 h) minus its safety margin (1 h).
+        ("horizon", "82800".into()),
+        ("to_status", "succeeded".into()),
+        ("from_status", "processing".into()),
+        ("reason", "the provider charged the customer (ch_0123456789abcdefghijklmn)".into()),
+        ("detail", r#"{"attempt": 1, "fencing_token": 1}"#.into()),
+        ("charged_at", now.clone()),
+    ];
+    let mut variables: Vec<(String, String)> = pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+    variables.push(("response".into(), response.to_string()));
+    Ok(variables)
+}
+
+fn hex_bytes(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALL: [Baseline; 5] =
+        [Baseline::ThreeInserts, Baseline::Accept, Baseline::AcceptWithNotify, Baseline::Replay, Baseline::ClaimFinish];
+
+    #[test]
+    fn every_baseline_converts_the_current_sql_files() {
+        for baseline in ALL {
+            let text = baseline.script().unwrap().text();
+
+            assert!(!text.contains('$'), "{}: {text}", baseline.name());
+            assert!(!text.contains("--"), "{}: {text}", baseline.name());
+        }
+    }
+
+    #[test]
+    fn the_accept_baselines_differ_only_in_the_wakeup_flag() {
+        let quiet = Baseline::Accept.script().unwrap().text();
+        let notifying = Baseline::AcceptWithNotify.script().unwrap().text();
+
+        assert!(quiet.contains("CASE WHEN :false THEN pg_notify('oncepay_outbox', '') END"), "{quiet}");
+        assert_eq!(quiet.replace(":false", ":true"), notifying);
+    }
+
+    #[test]
+    fn the_claim_finish_baseline_claims_one_row_and_finishes_it_in_one_transaction() {
+        let text = Baseline::ClaimFinish.script().unwrap().text();
+        let lines: Vec<&str> = text.lines().collect();
+
+        assert_eq!(lines.len(), 7, "{text}");
+        assert!(lines[0].contains("FOR UPDATE OF o SKIP LOCKED") && lines[0].ends_with("\\gset"), "{}", lines[0]);
+        assert!(lines[0].contains(r#"l.fencing_token AS "fencing_token""#), "{}", lines[0]);
+        assert_eq!((lines[1], lines[6]), ("BEGIN;", "COMMIT;"));
+        assert!(lines[2].starts_with("DELETE FROM outbox") && lines[2].contains("fencing_token = :fencing_token"));
+        assert!(lines[3].contains("pg_notify('oncepay_payment'"));
+    }
+
+    #[test]
+    fn replays_pick_stored_keys_with_the_scramble_of_the_loader() {
+        let text = Baseline::Replay.script().unwrap().text();
+
+        assert!(text.starts_with("\\set i random(0, :keys - 1)\n\\set key (:i * 2654435761) % 4294967296\n"), "{text}");
+        assert!(text.contains("WHERE tenant_id = :tenant AND idempotency_key = :key;"), "{text}");
+    }
+
+    #[test]
+    fn every_variable_a_script_uses_is_defined_or_set_by_the_script() {
+        let tenant = dataset::Tenant { id: oncepay_shared::ids::TenantId::generate(), token: String::new() };
+        let defined: Vec<String> = variables(&tenant, 10).unwrap().into_iter().map(|(name, _)| name).collect();
+        // Set by the scripts themselves: \set, and \gset from the claim and the payment insert.
+        let set_in_script = ["key", "i", "tenant_id", "payment_id", "fencing_token"];
+        for baseline in ALL {
+            let text = baseline.script().unwrap().text();
+            for used in variables_used(&text) {
+                assert!(
+                    defined.contains(&used) || set_in_script.contains(&used.as_str()),
+                    "{}: :{used} is never set",
+                    baseline.name()
+                );
+            }
+        }
+    }
+
+    /// `:name` occurrences outside string literals (`::type` casts excluded).
+    fn variables_used(text: &str) -> Vec<String> {
+        let mut used = Vec::new();
+        let mut in_literal = false;
+        let chars: Vec<char> = text.chars().collect();
+        let mut i = 0;
+        while i < chars.len() {
+            match chars[i] {
+                '\'' => in_literal = !in_literal,
+                ':' if !in_literal && chars.get(i + 1) == Some(&':') => i += 1,
+                ':' if !in_literal => {
+                    let name: String =
+                        chars[i + 1..].iter().take_while(|c| c.is_ascii_alphanumeric() || **c == '_').collect();
+                    if !name.is_empty() {
+                        used.push(name);
+                    }
+                }
+                _ => {}
+            }
+            i += 1;
+        }
+        used
+    }
+}

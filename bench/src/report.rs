@@ -1,0 +1,319 @@
+//! What a run found: one [`Row`] per measurement, the machine it ran on, and how the rows are
+//! printed (a table) and kept (JSON, for comparisons over time).
+//!
+//! A row is either a raw-SQL baseline (pgbench running the project's statements) or a service
+//! measurement (the real binaries over loopback); a service row names the baseline it is compared
+//! with and the target the issue sets for that ratio, if any. Nothing here measures anything.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::cpu::{CpuUsage, Role};
+use crate::latency::LatencySummary;
+use crate::machine::Machine;
+
+/// The JSON document's format version; bump it when a field changes meaning.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Cores busy with other programs above which a row is marked as measured on a busy machine.
+pub const NOISY_OTHER_CORES: f64 = 0.25;
+
+/// A whole run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// [`FORMAT_VERSION`].
+    pub format_version: u32,
+    /// When the run started (RFC 3339, UTC).
+    pub started_at: String,
+    /// `quick`, `standard` or `full`.
+    pub profile: String,
+    /// A free-text note given with `--label` (e.g. which lever this run tries).
+    pub label: Option<String>,
+    /// The command line.
+    pub command: Vec<String>,
+    /// The commit the binaries were built from, when known.
+    pub git_commit: Option<String>,
+    /// Seconds of load before each window, and of each window.
+    pub warmup_seconds: f64,
+    /// See `warmup_seconds`.
+    pub window_seconds: f64,
+    /// Environment overrides given to the api and worker processes.
+    pub api_env: Vec<String>,
+    /// See `api_env`.
+    pub worker_env: Vec<String>,
+    /// Where it ran.
+    pub machine: Machine,
+    /// Every measurement, in the order taken.
+    pub rows: Vec<Row>,
+}
+
+/// Raw PostgreSQL or the service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// pgbench running the project's SQL, nothing in front of PostgreSQL.
+    Raw,
+    /// The real binaries.
+    Service,
+}
+
+/// One measurement.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// Raw or service.
+    pub kind: Kind,
+    /// What was measured: `accept`, `replay`, `three_inserts`, `drain` ...
+    pub name: String,
+    /// Concurrent connections (HTTP or PostgreSQL) generating the load; for drains, worker processes.
+    pub concurrency: u32,
+    /// How: `pgbench -M prepared`, `1 api process`, `2 workers` ...
+    pub setup: String,
+    /// Which data it ran against: `main`, `10k keys`, `10M keys`.
+    pub dataset: String,
+    /// Operations completed inside the window (transactions, answered requests, drained payments).
+    pub ops: u64,
+    /// The window's length.
+    pub seconds: f64,
+    /// `ops / seconds`.
+    pub rate: f64,
+    /// Latencies of the operations in the window, when each one is timed.
+    pub latency: Option<LatencySummary>,
+    /// Operations that did not end as expected (wrong status, transport error).
+    pub errors: u64,
+    /// What each process spent.
+    pub cpu: CpuUsage,
+    /// CPU-seconds per operation of the service processes (api or worker) and PostgreSQL; for raw
+    /// rows, PostgreSQL alone. The load generator, pgbench and the simulator are not included.
+    pub cpu_seconds_per_op: Option<f64>,
+    /// The comparison with a baseline, for service rows.
+    pub comparison: Option<Comparison>,
+    /// Further figures particular to the row (outbox growth, end-to-end latency ...).
+    pub extra: BTreeMap<String, f64>,
+}
+
+/// A service rate set against a raw one.
+#[derive(Debug, Clone, Serialize)]
+pub struct Comparison {
+    /// The baseline row, as `name×concurrency` (and its dataset unless it is the main one).
+    pub baseline: String,
+    /// Its rate.
+    pub baseline_rate: f64,
+    /// Service rate / baseline rate.
+    pub ratio: f64,
+    /// The ratio issue #8 asks for, if it sets one.
+    pub target: Option<f64>,
+}
+
+impl Comparison {
+    /// Compares `rate` with `baseline`.
+    pub fn new(rate: f64, baseline: &Row, target: Option<f64>) -> Self {
+        let ratio = if baseline.rate > 0.0 { rate / baseline.rate } else { 0.0 };
+        Self { baseline: baseline.label(), baseline_rate: baseline.rate, ratio, target }
+    }
+
+    /// Whether the target is met (`None` without a target).
+    pub fn met(&self) -> Option<bool> {
+        self.target.map(|target| self.ratio >= target)
+    }
+}
+
+impl Row {
+    /// `name×concurrency`.
+    pub fn short_name(&self) -> String {
+        format!("{}×{}", self.name, self.concurrency)
+    }
+
+    /// `name×concurrency`, with the dataset unless it is the main one.
+    pub fn label(&self) -> String {
+        if self.dataset == "main" { self.short_name() } else { format!("{} [{}]", self.short_name(), self.dataset) }
+    }
+
+    /// The CPU cost per operation of `roles`, or `None` without operations.
+    pub fn cost_per_op(cpu: &CpuUsage, roles: &[Role], ops: u64) -> Option<f64> {
+        (ops > 0).then(|| roles.iter().map(|role| cpu.of(*role)).sum::<f64>() / ops as f64)
+    }
+}
+
+/// The rows as a table for a terminal.
+pub fn table(rows: &[Row]) -> String {
+    let header = [
+        "", "what", "conns", "dataset", "rate/s", "baseline", "base/s", "ratio", "target", "p50 ms", "p99 ms",
+        "max ms", "CPU-s/op", "client", "other",
+    ];
+    let mut lines: Vec<Vec<String>> = vec![header.iter().map(|h| (*h).to_owned()).collect()];
+    for row in rows {
+        let kind = match row.kind {
+            Kind::Raw => "raw",
+            Kind::Service => "svc",
+        };
+        let kind = if row.cpu.other_cores > NOISY_OTHER_CORES { format!("{kind}*") } else { kind.to_owned() };
+        let comparison = row.comparison.as_ref();
+        let latency = |pick: fn(&LatencySummary) -> f64| row.latency.as_ref().map_or("-".to_owned(), |l| ms(pick(l)));
+        lines.push(vec![
+            kind,
+            format!("{} ({})", row.name, row.setup),
+            row.concurrency.to_string(),
+            row.dataset.clone(),
+            thousands(row.rate),
+            comparison.map_or("-".to_owned(), |c| c.baseline.clone()),
+            comparison.map_or("-".to_owned(), |c| thousands(c.baseline_rate)),
+            comparison.map_or("-".to_owned(), |c| format!("{:.2}", c.ratio)),
+            comparison.and_then(|c| c.target.map(|t| (t, c.met()))).map_or("-".to_owned(), |(t, met)| {
+                format!("≥{t:.1} {}", if met == Some(true) { "ok" } else { "MISS" })
+            }),
+            latency(|l| l.p50_ms),
+            latency(|l| l.p99_ms),
+            latency(|l| l.max_ms),
+            row.cpu_seconds_per_op.map_or("-".to_owned(), |c| format!("{c:.6}")),
+            format!("{:.2}", row.cpu.cores(Role::Client)),
+            format!("{:.2}", row.cpu.other_cores),
+        ]);
+    }
+    let widths: Vec<usize> =
+        (0..header.len()).map(|i| lines.iter().map(|line| line[i].chars().count()).max().unwrap_or(0)).collect();
+    let mut out = String::new();
+    for line in &lines {
+        let cells: Vec<String> = line
+            .iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(i, (cell, &width))| {
+                // Text columns align left, numbers right.
+                if i <= 3 || i == 5 { format!("{cell:<width$}") } else { format!("{cell:>width$}") }
+            })
+            .collect();
+        let _ = writeln!(out, "{}", cells.join("  ").trim_end());
+    }
+    if rows.iter().any(|row| row.cpu.other_cores > NOISY_OTHER_CORES) {
+        let _ = writeln!(
+            out,
+            "\n* other programs kept more than {NOISY_OTHER_CORES} cores busy during this window: rerun on a quiet machine"
+        );
+    }
+    let extras: Vec<String> = rows
+        .iter()
+        .filter(|row| !row.extra.is_empty() || row.errors > 0)
+        .map(|row| {
+            let mut parts: Vec<String> = row.extra.iter().map(|(k, v)| format!("{k}={v:.2}")).collect();
+            if row.errors > 0 {
+                parts.push(format!("errors={}", row.errors));
+            }
+            format!("  {} {} [{}]: {}", row.short_name(), row.setup, row.dataset, parts.join(", "))
+        })
+        .collect();
+    if !extras.is_empty() {
+        let _ = writeln!(out, "\nfurther figures:");
+        for line in extras {
+            let _ = writeln!(out, "{line}");
+        }
+    }
+    out
+}
+
+/// `12345.6` as `12,346`.
+fn thousands(value: f64) -> String {
+    let rounded = value.round() as i64;
+    let digits = rounded.unsigned_abs().to_string();
+    let mut out = String::new();
+    for (i, digit) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    if rounded < 0 { format!("-{out}") } else { out }
+}
+
+fn ms(value: f64) -> String {
+    if value < 10.0 { format!("{value:.2}") } else { format!("{value:.1}") }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn usage() -> CpuUsage {
+        CpuUsage {
+            wall_seconds: 10.0,
+            seconds: BTreeMap::from([(Role::Api, 6.0), (Role::Postgres, 8.0), (Role::Client, 2.0)]),
+            machine_busy_cores: 1.9,
+            other_cores: 0.1,
+        }
+    }
+
+    fn row(kind: Kind, name: &str, rate: f64) -> Row {
+        Row {
+            kind,
+            name: name.into(),
+            concurrency: 8,
+            setup: "test".into(),
+            dataset: "main".into(),
+            ops: (rate * 10.0) as u64,
+            seconds: 10.0,
+            rate,
+            latency: None,
+            errors: 0,
+            cpu: usage(),
+            cpu_seconds_per_op: None,
+            comparison: None,
+            extra: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn a_comparison_is_the_ratio_of_rates_and_meets_its_target_at_or_above_it() {
+        let baseline = row(Kind::Raw, "three_inserts", 5000.0);
+
+        let at = Comparison::new(4000.0, &baseline, Some(0.8));
+        let below = Comparison::new(3999.0, &baseline, Some(0.8));
+        let without = Comparison::new(1.0, &baseline, None);
+
+        assert_eq!((at.baseline.as_str(), at.ratio, at.met()), ("three_inserts×8", 0.8, Some(true)));
+        assert_eq!(below.met(), Some(false));
+        assert_eq!(without.met(), None);
+        assert_eq!(Comparison::new(1.0, &row(Kind::Raw, "empty", 0.0), None).ratio, 0.0);
+    }
+
+    #[test]
+    fn the_cost_per_op_sums_the_named_roles() {
+        assert_eq!(Row::cost_per_op(&usage(), &[Role::Api, Role::Postgres], 7000), Some(0.002));
+        assert_eq!(Row::cost_per_op(&usage(), &[Role::Api], 0), None);
+    }
+
+    #[test]
+    fn the_table_shows_rates_ratios_and_misses() {
+        let baseline = row(Kind::Raw, "three_inserts", 5123.4);
+        let mut service = row(Kind::Service, "accept", 3000.0);
+        service.comparison = Some(Comparison::new(3000.0, &baseline, Some(0.8)));
+        service.extra.insert("outbox_growth_per_s".into(), 12.5);
+
+        let table = table(&[baseline, service]);
+
+        assert!(table.contains("5,123"), "{table}");
+        assert!(table.contains("0.59"), "{table}");
+        assert!(table.contains("≥0.8 MISS"), "{table}");
+        assert!(table.contains("outbox_growth_per_s=12.50"), "{table}");
+        assert!(!table.contains("svc*") && !table.contains("quiet machine"), "{table}");
+    }
+
+    #[test]
+    fn rows_measured_on_a_busy_machine_are_marked() {
+        let mut noisy = row(Kind::Raw, "replay_sql", 100.0);
+        noisy.cpu.other_cores = 0.8;
+
+        let table = table(&[noisy]);
+
+        assert!(table.contains("raw*"), "{table}");
+        assert!(table.contains("rerun on a quiet machine"), "{table}");
+    }
+
+    #[test]
+    fn thousands_are_grouped() {
+        assert_eq!(thousands(0.4), "0");
+        assert_eq!(thousands(999.0), "999");
+        assert_eq!(thousands(1234567.0), "1,234,567");
+        assert_eq!(thousands(-4321.0), "-4,321");
+    }
+}

@@ -1,0 +1,436 @@
+//! A whole run, in order, on one throwaway PostgreSQL (durable: `fsync` and `synchronous_commit`
+//! on, as in issue #8's reference figures):
+//!
+//! 1. setup: a migrated database, the tenant and its key, 10 000 settled payments whose keys the
+//!    replays use, the provider simulator and one api process;
+//! 2. `accept` and `replay`, at 1 and 8 connections: each raw baseline (pgbench) next to the
+//!    service measurement it is compared with;
+//! 3. `scale`: the same with two api processes sharing the 8 connections;
+//! 4. `drain`: the worker's claim+finish under pgbench, then 1 and 2 worker processes draining a
+//!    backlog into the simulator at zero latency;
+//! 5. `mixed`: from an empty outbox, accepts at 8 connections while 1, then 2 workers drain: does
+//!    the outbox grow?
+//! 6. `history` (`--full` only): accept and replay rates with 10 thousand and with 10 million stored
+//!    keys, each in a database of its own.
+//!
+//! The run stops at the first failure: a figure measured after something went wrong is not one to
+//! keep.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use oncepay_devkit::pg::{Cluster, Durability};
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+use tokio::time::Instant;
+
+use crate::dataset::{self, Tenant};
+use crate::loadgen::Workload;
+use crate::machine::Machine;
+use crate::measure::{self, Target, Timing};
+use crate::raw::{self, Baseline};
+use crate::report::{Comparison, FORMAT_VERSION, Report, Row};
+use crate::services::{Launcher, Service};
+
+/// How long and how big.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Profile {
+    /// A smoke run: short windows, small backlogs (about 2 minutes).
+    Quick,
+    /// The figures to keep (about 8 minutes).
+    Standard,
+    /// Standard plus the 10-million-key history comparison (about 30 minutes more).
+    Full,
+}
+
+impl Profile {
+    /// Its name in the report.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Quick => "quick",
+            Self::Standard => "standard",
+            Self::Full => "full",
+        }
+    }
+
+    fn timing(self) -> Timing {
+        match self {
+            Self::Quick => Timing { warmup: Duration::from_secs(1), window: Duration::from_secs(3) },
+            Self::Standard | Self::Full => Timing { warmup: Duration::from_secs(3), window: Duration::from_secs(10) },
+        }
+    }
+
+    /// Pending payments queued before each drain measurement: more than a drain takes in a warm-up
+    /// and a window (a drain that empties nine tenths of it ends its window early).
+    fn backlog(self) -> u64 {
+        match self {
+            Self::Quick => 20_000,
+            Self::Standard | Self::Full => 100_000,
+        }
+    }
+}
+
+/// Which parts of a run to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
+pub enum Phase {
+    /// Accepts with fresh keys, raw and service, at 1 and 8 connections.
+    Accept,
+    /// Replays of stored keys, raw and service, at 1 and 8 connections.
+    Replay,
+    /// Two api processes.
+    Scale,
+    /// The worker's claim+finish raw, and 1 and 2 workers draining a backlog.
+    Drain,
+    /// Accepts while workers drain.
+    Mixed,
+    /// 10 thousand versus 10 million stored keys.
+    History,
+}
+
+/// What the run was asked to do.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// How long and how big.
+    pub profile: Profile,
+    /// The phases to run (all when empty; `history` only with the full profile or when named).
+    pub phases: Vec<Phase>,
+    /// A note kept in the report.
+    pub label: Option<String>,
+    /// Extra environment for every api process.
+    pub api_env: Vec<(String, String)>,
+    /// Extra environment for every worker process.
+    pub worker_env: Vec<(String, String)>,
+    /// Where the processes' logs go.
+    pub log_dir: PathBuf,
+    /// The command line, for the report.
+    pub command: Vec<String>,
+    /// The commit, if known.
+    pub git_commit: Option<String>,
+}
+
+impl Options {
+    fn runs(&self, phase: Phase) -> bool {
+        if self.phases.is_empty() {
+            phase != Phase::History || self.profile == Profile::Full
+        } else {
+            self.phases.contains(&phase)
+        }
+    }
+}
+
+/// Stored keys (settled payments) the replays pick from in the main database.
+const STORED_KEYS: u64 = 10_000;
+
+/// The histories compared for growth: stored keys in each database.
+const HISTORIES: [(u64, &str); 2] = [(10_000, "10k keys"), (10_000_000, "10M keys")];
+
+/// A database of the run, with its tenant.
+struct Database {
+    name: String,
+    url: String,
+    pool: PgPool,
+    tenant: Tenant,
+    stored_keys: u64,
+    variables: Vec<(String, String)>,
+    label: String,
+}
+
+impl Database {
+    /// Creates, migrates and fills a database with `stored_keys` settled payments.
+    async fn create(cluster: &Cluster, name: &str, label: &str, stored_keys: u64) -> anyhow::Result<Self> {
+        cluster.create_database(name).await?;
+        let url = cluster.url(name);
+        let pool = PgPoolOptions::new().max_connections(4).connect(&url).await?;
+        oncepay_shared::db::migrate(&pool).await.context("migrating")?;
+        let mut conn = pool.acquire().await?;
+        let tenant = Tenant::create(&mut conn, "bench").await?;
+        let started = Instant::now();
+        dataset::load_settled(&mut conn, tenant.id, 0, stored_keys, name).await?;
+        dataset::settle_database(&mut conn).await?;
+        eprintln!("bench: {name}: {stored_keys} settled payments loaded in {:.0?}", started.elapsed());
+        let variables = raw::variables(&tenant, stored_keys)?;
+        drop(conn);
+        Ok(Self { name: name.to_owned(), url, pool, tenant, stored_keys, variables, label: label.to_owned() })
+    }
+
+    fn target(&self, cluster: &Cluster, postmaster: i32) -> Target<'_> {
+        Target { pool: &self.pool, port: cluster.port(), database: &self.name, dataset: &self.label, postmaster }
+    }
+
+    /// Drops whatever is queued: the payments accepted by earlier phases stay `pending` forever
+    /// (benchmark data), and the next phase starts from a queue of known size.
+    async fn clear_outbox(&self) -> anyhow::Result<()> {
+        let mut conn = self.pool.acquire().await?;
+        sqlx::raw_sql("TRUNCATE outbox").execute(&mut *conn).await?;
+        Ok(())
+    }
+
+    /// Tops the outbox up to `backlog` pending payments.
+    async fn ensure_backlog(&self, backlog: u64, salt: &str) -> anyhow::Result<()> {
+        let mut conn = self.pool.acquire().await?;
+        let depth = dataset::outbox_depth(&mut conn).await?;
+        if depth < backlog {
+            let started = Instant::now();
+            dataset::load_backlog(&mut conn, self.tenant.id, backlog - depth, salt).await?;
+            sqlx::raw_sql("VACUUM (ANALYZE) outbox, payments").execute(&mut *conn).await?;
+            eprintln!("bench: queued {} pending payments in {:.0?}", backlog - depth, started.elapsed());
+        }
+        Ok(())
+    }
+}
+
+/// Everything a run holds while it runs.
+struct Bench<'a> {
+    options: &'a Options,
+    timing: Timing,
+    cluster: Cluster,
+    postmaster: i32,
+    pgbench: PathBuf,
+    launcher: Launcher,
+    rows: Vec<Row>,
+}
+
+/// Runs the benchmark.
+pub async fn run(options: &Options) -> anyhow::Result<Report> {
+    let started_at = time::OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339)?;
+    let timing = options.profile.timing();
+    std::fs::create_dir_all(&options.log_dir)?;
+    let cluster = Cluster::start(Durability::Durable).await.context("cannot start PostgreSQL")?;
+    eprintln!("bench: PostgreSQL on port {}, logs in {}", cluster.port(), options.log_dir.display());
+    let main = Database::create(&cluster, "oncepay", "main", STORED_KEYS).await?;
+    let machine = Machine::describe(&mut *main.pool.acquire().await?).await?;
+    let postmaster = dataset::postmaster_pid(&mut *main.pool.acquire().await?).await?;
+    let mut bench = Bench {
+        options,
+        timing,
+        cluster,
+        postmaster,
+        pgbench: crate::pgbench::locate().await,
+        launcher: Launcher::new(&options.log_dir, options.api_env.clone(), options.worker_env.clone())?,
+        rows: Vec::new(),
+    };
+
+    let result = bench.phases(&main).await;
+    let report = Report {
+        format_version: FORMAT_VERSION,
+        started_at,
+        profile: options.profile.name().into(),
+        label: options.label.clone(),
+        command: options.command.clone(),
+        git_commit: options.git_commit.clone(),
+        warmup_seconds: timing.warmup.as_secs_f64(),
+        window_seconds: timing.window.as_secs_f64(),
+        api_env: options.api_env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+        worker_env: options.worker_env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+        machine,
+        rows: bench.rows,
+    };
+    main.pool.close().await;
+    result.map(|()| report)
+}
+
+impl Bench<'_> {
+    async fn phases(&mut self, main: &Database) -> anyhow::Result<()> {
+        let simulator = self.launcher.simulator().await?;
+        let needs_api = [Phase::Accept, Phase::Replay, Phase::Mixed].iter().any(|p| self.options.runs(*p));
+        let api = if needs_api { Some(self.launcher.api("api", &main.url, &[]).await?) } else { None };
+        let addresses: Vec<SocketAddr> = api.iter().map(Service::address).collect();
+
+        for connections in [1, 8] {
+            if self.options.runs(Phase::Accept) {
+                self.accepts(main, &addresses, connections).await?;
+            }
+            if self.options.runs(Phase::Replay) {
+                self.replays(main, &addresses, connections).await?;
+            }
+        }
+        if self.options.runs(Phase::Scale) {
+            self.scale(main).await?;
+        }
+        if self.options.runs(Phase::Drain) {
+            self.drains(main, &simulator).await?;
+        }
+        if self.options.runs(Phase::Mixed) {
+            self.mixed(main, &addresses, &simulator).await?;
+        }
+        if let Some(api) = api {
+            api.stop().await?;
+        }
+        if self.options.runs(Phase::History) {
+            self.history().await?;
+        }
+        simulator.stop().await
+    }
+
+    fn target<'d>(&'d self, database: &'d Database) -> Target<'d> {
+        database.target(&self.cluster, self.postmaster)
+    }
+
+    async fn raw(&mut self, database: &Database, baseline: Baseline, clients: u32) -> anyhow::Result<usize> {
+        eprintln!("bench: raw {} ×{clients} [{}]", baseline.name(), database.label);
+        let target = self.target(database);
+        let row = measure::raw(&target, self.timing, &self.pgbench, baseline, clients, &database.variables).await?;
+        Ok(self.push(row))
+    }
+
+    fn push(&mut self, row: Row) -> usize {
+        eprintln!(
+            "bench:   {:.0}/s{}",
+            row.rate,
+            row.latency.map_or(String::new(), |l| format!(", p50 {:.2} ms, p99 {:.2} ms", l.p50_ms, l.p99_ms))
+        );
+        self.rows.push(row);
+        self.rows.len() - 1
+    }
+
+    /// Pushes a service row compared with the row at `baseline`.
+    fn push_compared(&mut self, mut row: Row, baseline: usize, target: Option<f64>) {
+        row.comparison = Some(Comparison::new(row.rate, &self.rows[baseline], target));
+        self.push(row);
+    }
+
+    async fn service(
+        &mut self,
+        database: &Database,
+        api: &[SocketAddr],
+        workload: Workload,
+        connections: u32,
+    ) -> anyhow::Result<Row> {
+        let what = if matches!(workload, Workload::Accept) { "accept" } else { "replay" };
+        eprintln!("bench: service {what} ×{connections}, {} api [{}]", api.len(), database.label);
+        let target = self.target(database);
+        measure::service(&target, self.timing, api, &database.tenant.token, workload, connections as usize).await
+    }
+
+    async fn accepts(&mut self, main: &Database, api: &[SocketAddr], connections: u32) -> anyhow::Result<()> {
+        let three_inserts = self.raw(main, Baseline::ThreeInserts, connections).await?;
+        self.raw(main, Baseline::Accept, connections).await?;
+        self.raw(main, Baseline::AcceptWithNotify, connections).await?;
+        let row = self.service(main, api, Workload::Accept, connections).await?;
+        self.push_compared(row, three_inserts, (connections == 8).then_some(0.8));
+        Ok(())
+    }
+
+    async fn replays(&mut self, main: &Database, api: &[SocketAddr], connections: u32) -> anyhow::Result<()> {
+        let select = self.raw(main, Baseline::Replay, connections).await?;
+        let workload = Workload::Replay { stored_keys: main.stored_keys };
+        let row = self.service(main, api, workload, connections).await?;
+        self.push_compared(row, select, (connections == 8).then_some(0.5));
+        Ok(())
+    }
+
+    /// Two api processes, each with half of the 8 connections' pool.
+    async fn scale(&mut self, main: &Database) -> anyhow::Result<()> {
+        let pool = [("ONCEPAY_DATABASE__MAX_CONNECTIONS", "4".to_owned())];
+        let first = self.launcher.api("api-a", &main.url, &pool).await?;
+        let second = self.launcher.api("api-b", &main.url, &pool).await?;
+        let api = [first.address(), second.address()];
+        let baseline = self.raw(main, Baseline::ThreeInserts, 8).await?;
+        let row = self.service(main, &api, Workload::Accept, 8).await?;
+        self.push_compared(row, baseline, None);
+        let baseline = self.raw(main, Baseline::Replay, 8).await?;
+        let row = self.service(main, &api, Workload::Replay { stored_keys: main.stored_keys }, 8).await?;
+        self.push_compared(row, baseline, None);
+        first.stop().await?;
+        second.stop().await
+    }
+
+    async fn drains(&mut self, main: &Database, simulator: &Service) -> anyhow::Result<()> {
+        let backlog = self.options.profile.backlog();
+        main.clear_outbox().await?;
+        let mut claim_finish = None;
+        for clients in [1, 8] {
+            main.ensure_backlog(backlog, &format!("raw-{clients}")).await?;
+            claim_finish = Some(self.raw(main, Baseline::ClaimFinish, clients).await?);
+            // pgbench stops between transactions, but a client cut short mid-script would leave its row
+            // leased forever (no sweeper runs here) and the outbox never empty.
+            let mut conn = main.pool.acquire().await?;
+            sqlx::query!("DELETE FROM outbox WHERE locked_by = 'bench-raw'").execute(&mut *conn).await?;
+        }
+        for workers in [1, 2] {
+            main.ensure_backlog(backlog, &format!("drain-{workers}")).await?;
+            self.target(main).checkpoint().await?;
+            eprintln!("bench: service drain, {workers} worker(s)");
+            let started = Instant::now();
+            let mut running = Vec::new();
+            for n in 0..workers {
+                running.push(self.launcher.worker(n, &main.url, simulator).await?);
+            }
+            let row = measure::drain(&self.target(main), self.timing, workers, started).await?;
+            for worker in running {
+                worker.stop().await?;
+            }
+            match claim_finish {
+                Some(baseline) => self.push_compared(row, baseline, None),
+                None => {
+                    self.push(row);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn mixed(&mut self, main: &Database, api: &[SocketAddr], simulator: &Service) -> anyhow::Result<()> {
+        main.clear_outbox().await?;
+        for workers in [1, 2] {
+            let mut running = Vec::new();
+            for n in 0..workers {
+                running.push(self.launcher.worker(n, &main.url, simulator).await?);
+            }
+            // The previous round's stragglers, if any.
+            measure::wait_for_empty_outbox(&self.target(main), Duration::from_secs(300)).await?;
+            eprintln!("bench: service accept ×8 while {workers} worker(s) drain");
+            let target = self.target(main);
+            let mut row =
+                measure::accept_while_draining(&target, self.timing, api, &main.tenant.token, 8, workers).await?;
+            let accept_rate = row.extra.get("accept_rate").copied().unwrap_or(0.0);
+            row.comparison = Some(Comparison {
+                baseline: "accepts in the same window".into(),
+                baseline_rate: accept_rate,
+                ratio: if accept_rate > 0.0 { row.rate / accept_rate } else { 0.0 },
+                target: Some(1.0),
+            });
+            self.push(row);
+            for worker in running {
+                worker.stop().await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn history(&mut self) -> anyhow::Result<()> {
+        let mut small: Option<(usize, usize, usize, usize)> = None;
+        for (stored_keys, label) in HISTORIES {
+            let name = format!("history_{stored_keys}");
+            let database = Database::create(&self.cluster, &name, label, stored_keys).await?;
+            let api = self.launcher.api(&format!("api-{name}"), &database.url, &[]).await?;
+            let address = [api.address()];
+            let raw_accept = self.raw(&database, Baseline::Accept, 8).await?;
+            let accept = self.service(&database, &address, Workload::Accept, 8).await?;
+            let raw_replay = self.raw(&database, Baseline::Replay, 8).await?;
+            let replay = self.service(&database, &address, Workload::Replay { stored_keys }, 8).await?;
+            api.stop().await?;
+            match small {
+                None => {
+                    let accept = self.push(accept);
+                    let replay = self.push(replay);
+                    small = Some((raw_accept, accept, raw_replay, replay));
+                }
+                Some((small_raw_accept, small_accept, small_raw_replay, small_replay)) => {
+                    // Against the same measurement with few keys: cost must not grow with history.
+                    self.rows[raw_accept].comparison =
+                        Some(Comparison::new(self.rows[raw_accept].rate, &self.rows[small_raw_accept], None));
+                    self.rows[raw_replay].comparison =
+                        Some(Comparison::new(self.rows[raw_replay].rate, &self.rows[small_raw_replay], None));
+                    self.push_compared(accept, small_accept, Some(0.9));
+                    self.push_compared(replay, small_replay, Some(0.9));
+                }
+            }
+            database.pool.close().await;
+            self.cluster.psql("postgres", &format!("DROP DATABASE {name}")).await?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,141 @@
+//! The real binaries, started for a phase and stopped after it: the api (one or more processes),
+//! the provider simulator, and workers.
+//!
+//! Each is a child process (`oncepay_devkit::process`) built in the same profile as this benchmark,
+//! configured only through the environment as an operator would, logging to the run's log
+//! directory, and considered up once its `/readyz` answers 200. The api's per-tenant rate limit is
+//! raised so that it never answers 429 to the benchmark (the limiter still runs on every request);
+//! everything else keeps its documented default unless the run was given overrides.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use oncepay_devkit::pg::free_port;
+use oncepay_devkit::process::{Child, Spec};
+use oncepay_devkit::workspace;
+
+/// How long a process may take to become ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a process may take to stop after SIGTERM.
+const STOP_GRACE: Duration = Duration::from_secs(60);
+
+/// The simulator's only accepted credential, given to the workers too.
+const SIMULATOR_API_KEY: &str = "sk_bench_simulator";
+
+/// The benchmark's requests per second per tenant: far above anything this machine can serve.
+const RATE_LIMIT: &str = "10000000";
+
+/// Where the binaries are and how to start them.
+pub struct Launcher {
+    api: PathBuf,
+    worker: PathBuf,
+    simulator: PathBuf,
+    log_dir: PathBuf,
+    api_env: Vec<(String, String)>,
+    worker_env: Vec<(String, String)>,
+}
+
+/// A started binary.
+pub struct Service {
+    child: Child,
+    /// The port it serves on (the ops port, for a worker).
+    pub port: u16,
+}
+
+impl Service {
+    /// `127.0.0.1:port`.
+    pub fn address(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// `http://127.0.0.1:port`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.address())
+    }
+
+    /// SIGTERM, and waits for a clean exit.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        let status = self.child.terminate(STOP_GRACE).await?;
+        anyhow::ensure!(
+            status.success(),
+            "{} exited with {status}; see {}",
+            self.child.name(),
+            self.child.log_path().display()
+        );
+        Ok(())
+    }
+}
+
+impl Launcher {
+    /// Finds the binaries next to this one; logs go to `log_dir`.
+    pub fn new(
+        log_dir: &Path,
+        api_env: Vec<(String, String)>,
+        worker_env: Vec<(String, String)>,
+    ) -> anyhow::Result<Self> {
+        Ok(Self {
+            api: workspace::binary("oncepay-api")?,
+            worker: workspace::binary("oncepay-worker")?,
+            simulator: workspace::binary("oncepay-simulator")?,
+            log_dir: log_dir.to_path_buf(),
+            api_env,
+            worker_env,
+        })
+    }
+
+    /// Starts an api process named `name` on `database_url`, with `extra` environment (after the
+    /// run's own overrides, so a phase can set its pool size).
+    pub async fn api(&self, name: &str, database_url: &str, extra: &[(&str, String)]) -> anyhow::Result<Service> {
+        let port = free_port()?;
+        let mut spec = Spec::new(name, &self.api, &self.log_dir)
+            .env("DATABASE_URL", database_url)
+            .env("ONCEPAY_HTTP__PORT", port.to_string())
+            .env("ONCEPAY_INTAKE__DEFAULT_RATE_LIMIT_PER_SECOND", RATE_LIMIT)
+            .env("ONCEPAY_INTAKE__DEFAULT_RATE_LIMIT_BURST", RATE_LIMIT);
+        for (key, value) in &self.api_env {
+            spec = spec.env(key, value);
+        }
+        for (key, value) in extra {
+            spec = spec.env(*key, value);
+        }
+        start(spec, port).await
+    }
+
+    /// Starts the provider simulator, answering at once with no faults.
+    pub async fn simulator(&self) -> anyhow::Result<Service> {
+        let port = free_port()?;
+        let spec = Spec::new("simulator", &self.simulator, &self.log_dir)
+            .env("ONCEPAY_HTTP__PORT", port.to_string())
+            .env("ONCEPAY_SIMULATOR__API_KEY", SIMULATOR_API_KEY)
+            .env("ONCEPAY_FAULTS__LATENCY_MS", "0");
+        start(spec, port).await
+    }
+
+    /// Starts worker `n` on `database_url`, sending to `provider`.
+    pub async fn worker(&self, n: usize, database_url: &str, provider: &Service) -> anyhow::Result<Service> {
+        let port = free_port()?;
+        let mut spec = Spec::new(format!("worker-{n}"), &self.worker, &self.log_dir)
+            .env("DATABASE_URL", database_url)
+            .env("ONCEPAY_HTTP__PORT", port.to_string())
+            .env("ONCEPAY_PROVIDER__BASE_URL", provider.base_url())
+            .env("ONCEPAY_PROVIDER__API_KEY", SIMULATOR_API_KEY)
+            .env("ONCEPAY_WORKER__ID", format!("bench-worker-{n}"));
+        for (key, value) in &self.worker_env {
+            spec = spec.env(key, value);
+        }
+        start(spec, port).await
+    }
+}
+
+async fn start(spec: Spec, port: u16) -> anyhow::Result<Service> {
+    let name = spec.name.clone();
+    let mut child = Child::spawn(spec).await.with_context(|| format!("starting {name}"))?;
+    child
+        .wait_until_ready(&format!("http://127.0.0.1:{port}/readyz"), READY_TIMEOUT)
+        .await
+        .with_context(|| format!("{name} did not become ready"))?;
+    Ok(Service { child, port })
+}
