@@ -90,6 +90,11 @@ impl Currency {
         Ok(Self(bytes))
     }
 
+    /// Every code [`Currency::parse`] accepts, sorted (e.g. for an API schema's `enum`).
+    pub fn codes() -> &'static [&'static str] {
+        ISO_4217
+    }
+
     /// The code, e.g. `"EUR"`.
     pub fn as_str(&self) -> &str {
         // The bytes were checked to be ASCII upper-case letters when the value was built.
@@ -148,6 +153,13 @@ mod tests {
         sorted.sort_unstable();
         sorted.dedup();
         assert_eq!(sorted, ISO_4217);
+    }
+
+    #[test]
+    fn every_listed_code_parses() {
+        for code in Currency::codes() {
+            assert_eq!(Currency::parse(code).map(|c| c.to_string()), Ok((*code).to_owned()));
+        }
     }
 
     #[test]
