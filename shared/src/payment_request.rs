@@ -3,7 +3,9 @@
 //! The body arrives as JSON; [`PaymentRequest::from_json`] turns it into a typed request or into
 //! the list of every field that is wrong, each with a message that names it. Unknown fields and
 //! wrong types are errors, so a typo never silently drops data. Numbers are compared by value, as
-//! the fingerprint compares them: `1000`, `1000.0` and `1e3` are the same amount.
+//! the fingerprint compares them: `1000`, `1000.0` and `1e3` are the same amount. No string may
+//! contain U+0000: PostgreSQL can store it in neither `text` nor `jsonb`, so it is refused here,
+//! as a field error, rather than failing the write.
 
 use std::collections::BTreeMap;
 
@@ -147,6 +149,7 @@ fn parse_customer_id(value: &Value) -> Result<String, String> {
     if chars == 0 || chars > limits::CUSTOMER_ID_MAX_CHARS {
         return Err(format!("must be 1 to {} characters", limits::CUSTOMER_ID_MAX_CHARS));
     }
+    storable(id)?;
     Ok(id.clone())
 }
 
@@ -157,6 +160,7 @@ fn parse_description(value: &Value) -> Result<Option<String>, String> {
     if text.chars().count() > limits::DESCRIPTION_MAX_CHARS {
         return Err(format!("must be at most {} characters", limits::DESCRIPTION_MAX_CHARS));
     }
+    storable(text)?;
     Ok(Some(text.clone()))
 }
 
@@ -184,18 +188,32 @@ fn parse_metadata(value: &Value, errors: &mut Vec<FieldError>) -> Option<BTreeMa
             ));
             continue;
         }
+        if let Err(message) = storable(key) {
+            errors.push(FieldError::new(&field, format!("keys {message}")));
+            continue;
+        }
         match value {
-            Value::String(text) if text.chars().count() <= limits::METADATA_VALUE_MAX_CHARS => {
-                metadata.insert(key.clone(), text.clone());
+            Value::String(text) if text.chars().count() > limits::METADATA_VALUE_MAX_CHARS => {
+                errors.push(FieldError::new(
+                    &field,
+                    format!("values must be at most {} characters", limits::METADATA_VALUE_MAX_CHARS),
+                ))
             }
-            Value::String(_) => errors.push(FieldError::new(
-                &field,
-                format!("values must be at most {} characters", limits::METADATA_VALUE_MAX_CHARS),
-            )),
+            Value::String(text) => match storable(text) {
+                Ok(()) => {
+                    metadata.insert(key.clone(), text.clone());
+                }
+                Err(message) => errors.push(FieldError::new(&field, format!("values {message}"))),
+            },
             other => errors.push(FieldError::new(&field, format!("must be a string, got {}", type_name(other)))),
         }
     }
     (errors.len() == before).then_some(metadata)
+}
+
+/// PostgreSQL stores neither `text` nor `jsonb` strings containing U+0000.
+fn storable(text: &str) -> Result<(), String> {
+    if text.contains('\0') { Err("must not contain the NUL character (U+0000)".to_owned()) } else { Ok(()) }
 }
 
 fn type_name(value: &Value) -> &'static str {
@@ -276,6 +294,16 @@ mod tests {
             (json!({"amount": 10, "currency": "EUR", "customer_id": "c", "metadata": []}), vec!["metadata"]),
             (json!({"amount": 10, "currency": "EUR", "customer_id": "c", "metadata": {"n": 1}}), vec!["metadata.n"]),
             (json!({"amount": 10, "currency": "EUR", "customer_id": "c", "amout": 10}), vec!["amout"]),
+            (json!({"amount": 10, "currency": "EUR", "customer_id": "c\u{0}"}), vec!["customer_id"]),
+            (json!({"amount": 10, "currency": "EUR", "customer_id": "c", "description": "\u{0}"}), vec!["description"]),
+            (
+                json!({"amount": 10, "currency": "EUR", "customer_id": "c", "metadata": {"k": "\u{0}"}}),
+                vec!["metadata.k"],
+            ),
+            (
+                json!({"amount": 10, "currency": "EUR", "customer_id": "c", "metadata": {"k\u{0}": "v"}}),
+                vec!["metadata.k\u{0}"],
+            ),
         ];
         for (body, expected) in cases {
             let mut got = fields(body.clone());
@@ -307,9 +335,20 @@ mod tests {
         /// Codes from every corner of the ISO list.
         const CURRENCIES: [&str; 6] = ["AED", "EUR", "JPY", "USD", "XCG", "ZWG"];
 
-        /// Text of `chars` characters of any Unicode scalar value, new lines and quotes included.
+        /// Text of `chars` characters of any Unicode scalar value but U+0000 (which PostgreSQL cannot
+        /// store), control characters, new lines and quotes included.
         fn text(chars: std::ops::RangeInclusive<usize>) -> impl Strategy<Value = String> {
-            proptest::collection::vec(any::<char>(), chars).prop_map(|chars| chars.into_iter().collect())
+            proptest::collection::vec(any::<char>().prop_filter("storable", |c| *c != '\0'), chars)
+                .prop_map(|chars| chars.into_iter().collect())
+        }
+
+        /// `text` with a U+0000 somewhere.
+        fn with_nul(chars: std::ops::RangeInclusive<usize>) -> impl Strategy<Value = String> {
+            (text(chars), any::<proptest::sample::Index>()).prop_map(|(text, at)| {
+                let mut chars: Vec<char> = text.chars().collect();
+                chars.insert(at.index(chars.len() + 1), '\0');
+                chars.into_iter().collect()
+            })
         }
 
         /// A request every rule allows, with its fields at any length up to their limits.
@@ -386,16 +425,29 @@ mod tests {
                     Just(json!(978)),
                 ]
                 .prop_map(|v| Breakage::Set("currency", v)),
-                prop_oneof![Just(json!("")), over(limits::CUSTOMER_ID_MAX_CHARS), Just(json!(42)), Just(json!({}))]
-                    .prop_map(|v| Breakage::Set("customer_id", v)),
-                prop_oneof![over(limits::DESCRIPTION_MAX_CHARS), Just(json!(1)), Just(json!(["x"]))]
-                    .prop_map(|v| Breakage::Set("description", v)),
+                prop_oneof![
+                    Just(json!("")),
+                    over(limits::CUSTOMER_ID_MAX_CHARS),
+                    with_nul(0..=limits::CUSTOMER_ID_MAX_CHARS - 1).prop_map(Value::String),
+                    Just(json!(42)),
+                    Just(json!({})),
+                ]
+                .prop_map(|v| Breakage::Set("customer_id", v)),
+                prop_oneof![
+                    over(limits::DESCRIPTION_MAX_CHARS),
+                    with_nul(0..=limits::DESCRIPTION_MAX_CHARS - 1).prop_map(Value::String),
+                    Just(json!(1)),
+                    Just(json!(["x"])),
+                ]
+                .prop_map(|v| Breakage::Set("description", v)),
                 prop_oneof![Just(json!([])), Just(json!("k=v")), Just(json!(0))]
                     .prop_map(|v| Breakage::Set("metadata", v)),
                 prop_oneof![
                     (Just(String::new()), Just(json!("v"))),
                     (text(limits::METADATA_KEY_MAX_CHARS + 1..=60), Just(json!("v"))),
                     (text(1..=10), over(limits::METADATA_VALUE_MAX_CHARS)),
+                    (with_nul(0..=limits::METADATA_KEY_MAX_CHARS - 1), Just(json!("v"))),
+                    (text(1..=10), with_nul(0..=limits::METADATA_VALUE_MAX_CHARS - 1).prop_map(Value::String)),
                     (text(1..=10), prop_oneof![Just(json!(1)), Just(json!(null)), Just(json!({"a": "b"}))]),
                 ]
                 .prop_map(|(key, value)| Breakage::MetadataPair(key, value)),
