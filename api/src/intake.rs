@@ -61,7 +61,10 @@ const INTAKE_TOTAL: &str = "oncepay_api_intake_total";
     operation_id = "create_payment",
     security(("api_key" = [])),
     params(
+        // The grammar `IdempotencyKey::parse` accepts: a bare key not starting with a quote, or an
+        // RFC 8941 string of 1 to 255 visible ASCII characters (an escape `\"` or `\\` counts as one).
         ("Idempotency-Key" = String, Header,
+            pattern = r#"^(?:[!#-~][!-~]{0,254}|"(?:[!#-\[\]-~]|\\["\\]){1,255}")$"#,
             description = "1 to 255 visible ASCII characters, bare (`abc-123`) or as an RFC 8941 string \
                            (`\"abc-123\"`); both forms name the same key. Retry with the same key and body."),
     ),

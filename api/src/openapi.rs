@@ -8,11 +8,12 @@
 
 use std::borrow::Cow;
 
-use oncepay_shared::money::Amount;
+use oncepay_shared::money::{Amount, Currency};
 use oncepay_shared::payment::{Failure, PaymentResource};
 use oncepay_shared::payment_request::{FieldError, limits};
 use oncepay_shared::problem::Problem;
 use oncepay_shared::status::PaymentStatus;
+use utoipa::openapi::link::LinkBuilder;
 use utoipa::openapi::schema::{AdditionalProperties, KnownFormat, ObjectBuilder, Schema, SchemaFormat, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{OpenApi as Document, RefOr};
@@ -28,14 +29,45 @@ use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
     ),
     paths(crate::intake::create_payment, crate::status::get_payment),
     components(schemas(PaymentRequestBody, PaymentResource, PaymentStatus, Failure, Problem, FieldError)),
-    modifiers(&BearerApiKey),
+    modifiers(&BearerApiKey, &FollowPayment),
     tags((name = "payments", description = "Accepting payments and following them to their final state")),
 )]
 pub struct ApiDoc;
 
 /// The document as JSON, rendered once at startup.
 pub fn json() -> Result<String, serde_json::Error> {
-    ApiDoc::openapi().to_json()
+    let mut document = serde_json::to_value(ApiDoc::openapi())?;
+    camel_case_links(&mut document);
+    serde_json::to_string(&document)
+}
+
+/// utoipa 5 writes a Link object's fields in snake case (`operation_id`; fixed in utoipa 6), which
+/// no OpenAPI tool reads: rename them to the specification's `operationId`, `operationRef` and
+/// `requestBody`.
+fn camel_case_links(document: &mut serde_json::Value) {
+    let Some(paths) = document.get_mut("paths").and_then(serde_json::Value::as_object_mut) else {
+        return;
+    };
+    let responses = paths
+        .values_mut()
+        .filter_map(serde_json::Value::as_object_mut)
+        .flat_map(|item| item.values_mut())
+        .filter_map(|operation| operation.get_mut("responses").and_then(serde_json::Value::as_object_mut))
+        .flat_map(|responses| responses.values_mut());
+    for response in responses {
+        let Some(links) = response.get_mut("links").and_then(serde_json::Value::as_object_mut) else {
+            continue;
+        };
+        for link in links.values_mut().filter_map(serde_json::Value::as_object_mut) {
+            for (snake, camel) in
+                [("operation_id", "operationId"), ("operation_ref", "operationRef"), ("request_body", "requestBody")]
+            {
+                if let Some(value) = link.remove(snake) {
+                    link.insert(camel.to_owned(), value);
+                }
+            }
+        }
+    }
 }
 
 /// The `api_key` security scheme: `Authorization: Bearer opk_...`.
@@ -52,6 +84,31 @@ impl Modify for BearerApiKey {
             .components
             .get_or_insert_with(Default::default)
             .add_security_scheme("api_key", SecurityScheme::Http(scheme));
+    }
+}
+
+/// Strings that PostgreSQL can store: no U+0000 (`PaymentRequest::from_json` refuses it).
+const NO_NUL: &str = "^[^\\u0000]*$";
+
+/// A link from each answer of `POST /v1/payments` that carries a payment (202, 200) to
+/// `GET /v1/payments/{id}`, so clients and API test tools can follow a payment from its creation.
+struct FollowPayment;
+
+impl Modify for FollowPayment {
+    fn modify(&self, openapi: &mut Document) {
+        let link = LinkBuilder::new()
+            .operation_id("get_payment")
+            .parameter("id", "$response.body#/id")
+            .description("The payment as it stands (the `Location` of a 202).")
+            .build();
+        let Some(create) = openapi.paths.paths.get_mut("/v1/payments").and_then(|item| item.post.as_mut()) else {
+            return;
+        };
+        for status in ["200", "202"] {
+            if let Some(RefOr::T(response)) = create.responses.responses.get_mut(status) {
+                response.links.insert("get_payment".to_owned(), RefOr::T(link.clone()));
+            }
+        }
     }
 }
 
@@ -76,23 +133,33 @@ impl PartialSchema for PaymentRequestBody {
             .examples([1999]);
         let currency = ObjectBuilder::new()
             .schema_type(Type::String)
-            .pattern(Some("^[A-Z]{3}$"))
-            .description(Some("ISO 4217 code, upper case."))
+            .enum_values(Some(Currency::codes().iter().copied()))
+            .description(Some("An active ISO 4217 code, upper case."))
             .examples(["EUR"]);
         let customer_id = ObjectBuilder::new()
             .schema_type(Type::String)
             .min_length(Some(1))
             .max_length(Some(limits::CUSTOMER_ID_MAX_CHARS))
+            .pattern(Some(NO_NUL))
             .description(Some("Your reference for the customer being charged."));
         let description = ObjectBuilder::new()
             .schema_type(Type::String)
             .max_length(Some(limits::DESCRIPTION_MAX_CHARS))
+            .pattern(Some(NO_NUL))
             .description(Some("Free text, returned as given."));
-        let metadata_value =
-            ObjectBuilder::new().schema_type(Type::String).max_length(Some(limits::METADATA_VALUE_MAX_CHARS));
+        let metadata_key = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .min_length(Some(1))
+            .max_length(Some(limits::METADATA_KEY_MAX_CHARS))
+            .pattern(Some(NO_NUL));
+        let metadata_value = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .max_length(Some(limits::METADATA_VALUE_MAX_CHARS))
+            .pattern(Some(NO_NUL));
         let metadata = ObjectBuilder::new()
             .schema_type(Type::Object)
             .max_properties(Some(limits::METADATA_MAX_PAIRS))
+            .property_names(Some(metadata_key))
             .additional_properties(Some(metadata_value))
             .description(Some(format!(
                 "Your own key/value pairs (keys of 1 to {} characters), returned as given.",
@@ -131,9 +198,16 @@ mod tests {
             assert!(get["responses"][status].is_object(), "GET {status}");
         }
         assert!(create["responses"]["409"]["content"]["application/problem+json"].is_object());
+        for status in ["200", "202"] {
+            let link = &create["responses"][status]["links"]["get_payment"];
+            assert_eq!(link["operationId"], get["operationId"], "POST {status}");
+            assert_eq!(link["parameters"]["id"], "$response.body#/id", "POST {status}");
+        }
         assert_eq!(document["components"]["securitySchemes"]["api_key"]["scheme"], "bearer");
         let body = &document["components"]["schemas"]["PaymentRequest"];
         assert_eq!(body["properties"]["amount"]["maximum"], Amount::MAX);
         assert_eq!(body["additionalProperties"], false);
+        let currencies = body["properties"]["currency"]["enum"].as_array().unwrap();
+        assert!(currencies.contains(&"EUR".into()) && !currencies.contains(&"XAU".into()));
     }
 }

@@ -111,6 +111,10 @@ async fn every_invalid_field_is_named(_: PgPoolOptions, options: PgConnectOption
         (json!({"amount": 10, "currency": "EUR", "customer_id": "c", "metadata": {"k": 1}}), vec!["metadata.k"]),
         (json!({"amount": -1, "currency": 7, "customer_id": ["c"]}), vec!["amount", "currency", "customer_id"]),
         (json!([1, 2]), vec!["(body)"]),
+        // PostgreSQL cannot store U+0000 in text or jsonb: refused here, never a failed write (500).
+        (json!({"amount": 10, "currency": "EUR", "customer_id": "c\u{0}"}), vec!["customer_id"]),
+        (json!({"amount": 10, "currency": "EUR", "customer_id": "c", "description": "\u{0}"}), vec!["description"]),
+        (json!({"amount": 10, "currency": "EUR", "customer_id": "c", "metadata": {"k": "v\u{0}"}}), vec!["metadata.k"]),
     ];
 
     for (request, expected) in cases {
