@@ -172,7 +172,13 @@ pub async fn run(config: &ChaosConfig, worker: PathBuf) -> anyhow::Result<Outcom
     .await?;
     let result = drive(config, &mut system, timing).await;
     let unclean = system.shutdown().await.unwrap_or_else(|error| vec![format!("{error:#}")]);
-    let mut report = result?;
+    let mut report = match result {
+        Ok(report) => report,
+        Err(error) => {
+            let logs = system.keep_logs();
+            return Err(error.context(format!("seed {}; every process's log is in {}", config.seed, logs.display())));
+        }
+    };
     for line in unclean {
         report.verdict.notes.push(format!("on SIGTERM: {line}"));
     }

@@ -99,8 +99,17 @@ impl Schedule {
         let mut at = Duration::from_secs_f64(rng.random_range(0.5..1.5) * mean);
         // Leave the last stretch calm enough for restarts to finish inside the span.
         let last = span.saturating_sub(Duration::from_secs(5));
+        // The first rounds inject one fault of every kind, in a drawn order (a kind that does not fit
+        // is tried again at the next round), so that even a short run has them all; the rest are
+        // drawn by weight.
+        let mut required = vec![0, 40, 60, 80, 95];
+        for i in (1..required.len()).rev() {
+            required.swap(i, rng.random_range(0..=i));
+        }
+        let mut required: std::collections::VecDeque<u32> = required.into();
         while at < last {
-            let roll = rng.random_range(0..100);
+            let from_required = required.pop_front();
+            let roll = from_required.unwrap_or_else(|| rng.random_range(0..100));
             let (role, kind) = match roll {
                 0..35 => (Role::Worker, "kill"),
                 35..55 => (Role::Worker, "pause"),
@@ -109,12 +118,14 @@ impl Schedule {
                 _ => (Role::Worker, "database"),
             };
             let count = counts.get(&role).copied().unwrap_or(0);
+            let mut scheduled = false;
             if kind == "database" {
                 let length = Duration::from_millis(rng.random_range(800..4_000));
                 if !overlaps(&down, at, at + length) && !overlaps(&database_down, at, at + length) {
                     database_down.push((at, at + length));
                     actions.push(Scheduled { at, action: Action::CrashDatabase });
                     actions.push(Scheduled { at: at + length, action: Action::ResumeDatabase });
+                    scheduled = true;
                 }
             } else if count > 0 {
                 let index = rng.random_range(0..count);
@@ -126,6 +137,7 @@ impl Schedule {
                         busy_until.insert((role, index), at + length);
                         actions.push(Scheduled { at, action: Action::Pause(role, index) });
                         actions.push(Scheduled { at: at + length, action: Action::Resume(role, index) });
+                        scheduled = true;
                     }
                 } else {
                     let length = Duration::from_millis(rng.random_range(300..3_000));
@@ -135,8 +147,12 @@ impl Schedule {
                         down.push((at, at + length + Duration::from_secs(2)));
                         actions.push(Scheduled { at, action: Action::Kill(role, index) });
                         actions.push(Scheduled { at: at + length, action: Action::Restart(role, index) });
+                        scheduled = true;
                     }
                 }
+            }
+            if let (Some(roll), false) = (from_required, scheduled) {
+                required.push_front(roll);
             }
             at += Duration::from_secs_f64(rng.random_range(0.3..1.7) * mean);
         }
@@ -206,6 +222,7 @@ pub const WORKER_FAIL_POINTS: [&str; 3] = ["worker::after_claim", "worker::after
 #[derive(Debug)]
 pub struct FailPointDraw {
     rng: StdRng,
+    drawn: u32,
 }
 
 /// An armed fail point.
@@ -236,12 +253,14 @@ impl Armed {
 impl FailPointDraw {
     /// A draw seeded from the run's seed.
     pub fn new(seed: u64) -> Self {
-        Self { rng: StdRng::seed_from_u64(seed ^ 0xF41_1701) }
+        Self { rng: StdRng::seed_from_u64(seed ^ 0xF41_1701), drawn: 0 }
     }
 
-    /// The fail point for the next worker start, if any (about two starts in three get one).
+    /// The fail point for the next worker start, if any: always for the first start (so every run
+    /// arms one), then for about two starts in three.
     pub fn for_next_start(&mut self) -> Option<Armed> {
-        if self.rng.random_bool(0.35) {
+        self.drawn += 1;
+        if self.rng.random_bool(0.35) && self.drawn > 1 {
             return None;
         }
         let point = WORKER_FAIL_POINTS[self.rng.random_range(0..WORKER_FAIL_POINTS.len())];
@@ -308,6 +327,24 @@ mod tests {
             }
             assert!(down.values().all(|down| !down), "seed {seed}: a fault was never undone");
             assert!(!database_down, "seed {seed}");
+        }
+    }
+
+    #[test]
+    fn even_a_short_run_injects_every_kind_of_process_fault() {
+        for seed in 0..100 {
+            let schedule = Schedule::draw(seed, Duration::from_secs(75), intensity(), &counts());
+            let kinds: std::collections::BTreeSet<String> =
+                schedule.actions.iter().filter_map(|s| s.action.kind()).collect();
+
+            assert_eq!(kinds.len(), 6, "seed {seed}: {kinds:?}"); // five process kinds and the simulator
+        }
+    }
+
+    #[test]
+    fn the_first_worker_start_always_arms_a_fail_point() {
+        for seed in 0..100 {
+            assert!(FailPointDraw::new(seed).for_next_start().is_some(), "seed {seed}");
         }
     }
 

@@ -35,7 +35,7 @@ async fn under_the_short_chaos_profile_every_promise_holds() {
     );
     // The faults really happened, or a pass proves nothing.
     let injected = |needle: &str| report.faults.iter().any(|(kind, n)| kind.contains(needle) && *n > 0);
-    for kind in ["SIGKILL worker", "SIGSTOP worker", "PostgreSQL", "fail point", "simulator: error_after"] {
+    for kind in ["SIGKILL worker", "SIGKILL reconciler", "SIGSTOP worker", "PostgreSQL", "fail point", "simulator:"] {
         assert!(injected(kind), "no {kind:?} fault was injected\n{report}");
     }
     assert!(report.observations.accepted() > 0 && report.verdict.charge_histogram[1] > 0, "{report}");
