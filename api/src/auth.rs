@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 
 use actix_web::http::header::{self, HeaderMap};
 use oncepay_shared::api_key::{self, KeyId};
+use oncepay_shared::connections::Connections;
 use oncepay_shared::ids::TenantId;
 use oncepay_shared::store::{StoreError, tenants};
-use sqlx::PgPool;
 
 use crate::errors::ApiError;
 use crate::settings::AuthSettings;
@@ -52,8 +52,8 @@ impl Authenticator {
     }
 
     /// The tenant whose live API key the request presents, or 401. Keys the cache does not hold
-    /// are read through `pool`.
-    pub async fn authenticate(&self, headers: &HeaderMap, pool: &PgPool) -> Result<Caller, ApiError> {
+    /// are read through `connections`.
+    pub async fn authenticate(&self, headers: &HeaderMap, connections: &Connections) -> Result<Caller, ApiError> {
         let token = bearer_token(headers)?;
         let presented = api_key::parse(token).ok_or(ApiError::Unauthorized("The API key is not a valid key."))?;
         let tenant_id = presented.tenant_id;
@@ -61,7 +61,7 @@ impl Authenticator {
         let verified = match self.cache.get(tenant_id, &presented.key_id, Instant::now()) {
             Some(cached) => cached,
             None => {
-                let stored = self.lookup(pool, tenant_id, &presented.key_id).await?;
+                let stored = self.lookup(connections, tenant_id, &presented.key_id).await?;
                 let stored =
                     stored.filter(|key| !key.revoked).ok_or(ApiError::Unauthorized("The API key is not valid."))?;
                 let verified = Verified {
@@ -88,13 +88,15 @@ impl Authenticator {
     #[tracing::instrument(name = "auth.lookup", skip_all, fields(tenant.id = %tenant_id))]
     async fn lookup(
         &self,
-        pool: &PgPool,
+        connections: &Connections,
         tenant_id: TenantId,
         key_id: &KeyId,
     ) -> Result<Option<tenants::StoredKey>, ApiError> {
         let to_api = |error: StoreError| ApiError::from_store(error, self.retry_after_secs);
-        let mut conn = pool.acquire().await.map_err(|e| to_api(e.into()))?;
-        tenants::find_api_key(&mut conn, tenant_id, key_id).await.map_err(to_api)
+        let mut conn = connections.acquire().await.map_err(|e| to_api(e.into()))?;
+        let stored = tenants::find_api_key(&mut conn, tenant_id, key_id).await.map_err(to_api)?;
+        conn.release();
+        Ok(stored)
     }
 }
 

@@ -38,6 +38,7 @@ use serde_json::Value;
 use sqlx::PgConnection;
 
 use crate::answer::{self, KeyInfo};
+use crate::auth::Caller;
 use crate::errors::ApiError;
 use crate::openapi::PaymentRequestBody;
 use crate::request_span;
@@ -146,28 +147,48 @@ async fn take(request: &HttpRequest, payload: web::Payload, state: &AppState) ->
     let fingerprint = Fingerprint::of(METHOD, PATH, &json);
 
     let retry_after_secs = state.intake.retry_after_secs;
-    let mut conn = state.pool.acquire().await.map_err(|e| ApiError::from_store(e.into(), retry_after_secs))?;
+    let mut conn = state.connections.acquire().await.map_err(|e| ApiError::from_store(e.into(), retry_after_secs))?;
+    let answered = store(&mut conn, state, &span, &caller, &key, &fingerprint, &payment_request).await;
+    // The connection is reused unless the store failed (its state is then unknown): a refusal
+    // PostgreSQL decided (422, a lock wait past `lock_timeout`) leaves it idle and healthy.
+    if !matches!(answered, Err(ApiError::Unavailable { .. } | ApiError::Internal(_))) {
+        conn.release();
+    }
+    answered
+}
+
+/// The store's part: the replay read, then the accept, on one connection.
+async fn store(
+    conn: &mut PgConnection,
+    state: &AppState,
+    span: &tracing::Span,
+    caller: &Caller,
+    key: &IdempotencyKey,
+    fingerprint: &Fingerprint,
+    payment_request: &PaymentRequest,
+) -> Result<Answered, ApiError> {
+    let retry_after_secs = state.intake.retry_after_secs;
     // Twice at most: a key that a concurrent request committed is always found on the second read.
     for _ in 0..2 {
-        let existing = intake::find_key(&mut conn, caller.tenant_id, &key)
+        let existing = intake::find_key(conn, caller.tenant_id, key)
             .await
             .map_err(|e| ApiError::from_store(e, retry_after_secs))?;
         if let Some(existing) = existing {
             span.record("payment.id", tracing::field::display(existing.payment_id));
-            let response = replay(&mut conn, caller.tenant_id, &existing, &fingerprint, retry_after_secs).await?;
+            let response = replay(conn, caller.tenant_id, &existing, fingerprint, retry_after_secs).await?;
             return Ok(Answered { response, replayed: true });
         }
 
-        let trace = telemetry::trace_context_of(&span);
+        let trace = telemetry::trace_context_of(span);
         let new = NewPayment {
             tenant_id: caller.tenant_id,
-            key: &key,
-            fingerprint: &fingerprint,
-            request: &payment_request,
+            key,
+            fingerprint,
+            request: payment_request,
             retention: state.intake.key_retention(),
             trace: trace.as_ref(),
         };
-        match intake::accept_deferring_wakeup(&mut conn, &new).await {
+        match intake::accept_deferring_wakeup(conn, &new).await {
             Ok(Some(created)) => {
                 state.wake.wake();
                 span.record("payment.id", tracing::field::display(created.payment.payment_id));

@@ -9,10 +9,11 @@
 //! long-poll waiters, the wake-up requests) is shared by the process. The payment listener and the
 //! outbox waker (`wake`) run on the caller's runtime, each with a one-connection pool of its own.
 //!
-//! The request pools do not ping a connection before handing it out (sqlx's `test_before_acquire`):
-//! that is a round trip to PostgreSQL on every request, as costly as a replay's own query
-//! (BENCHMARKS.md). A connection that died is found by the request's query instead, which fails
-//! closed (503, retried by the client with the same key), and the pool replaces it.
+//! Requests take their connection from `oncepay_shared::connections`, not from a sqlx pool: sqlx
+//! pings a connection on every checkout and every return, a round trip to PostgreSQL per request as
+//! costly as a replay's own query (BENCHMARKS.md). A connection that died is found by the request's
+//! query instead, which fails closed (503, retried by the client with the same key), and is replaced.
+//! `/readyz` has a one-connection sqlx pool per worker of its own, opened only when probed.
 //!
 //! [`Application::build`] binds the port (0 picks a free one, which tests use) and connects lazily,
 //! so the process starts and serves `/healthz` while PostgreSQL is down and answers 503 until it is
@@ -30,6 +31,7 @@ use actix_web::dev::Server;
 use actix_web::{App, HttpRequest, HttpResponse, HttpServer, middleware, web};
 use anyhow::Context;
 use oncepay_shared::config::DatabaseSettings;
+use oncepay_shared::connections::Connections;
 use oncepay_shared::metrics as shared_metrics;
 use oncepay_shared::ops_http::{self, OpsState};
 use secrecy::ExposeSecret;
@@ -50,8 +52,8 @@ pub const APPLICATION_NAME: &str = "oncepay-api";
 
 /// What every handler of one HTTP worker shares.
 pub struct AppState {
-    /// This worker's pool.
-    pub pool: PgPool,
+    /// This worker's connections.
+    pub connections: Connections,
     /// API key verification (shared by the process).
     pub auth: Arc<Authenticator>,
     /// Per-tenant buckets (shared by the process).
@@ -71,7 +73,7 @@ pub struct AppState {
 impl AppState {
     /// Authenticates the request and takes one request from its tenant's rate limit.
     pub async fn admit(&self, request: &HttpRequest) -> Result<Caller, ApiError> {
-        let caller = self.auth.authenticate(request.headers(), &self.pool).await?;
+        let caller = self.auth.authenticate(request.headers(), &self.connections).await?;
         self.limits.admit(&caller)?;
         Ok(caller)
     }
@@ -141,14 +143,16 @@ impl Application {
         let (intake_settings, long_poll_settings) = (settings.intake.clone(), settings.long_poll.clone());
         let (shared_watch, shared_draining, shared_wake) = (Arc::clone(&watch), draining.clone(), wake.clone());
         let server = HttpServer::new(move || {
-            // Runs on each worker's own runtime, so the pool's connections belong to it.
-            let pool = PgPoolOptions::new()
-                .max_connections(worker_database.max_connections)
-                .acquire_timeout(Duration::from_millis(worker_database.acquire_timeout_ms))
-                .test_before_acquire(false)
-                .connect_lazy_with(options.clone());
+            // Runs on each worker's own runtime, so the connections belong to it.
+            let acquire_timeout = Duration::from_millis(worker_database.acquire_timeout_ms);
+            let connections = Connections::new(options.clone(), worker_database.max_connections, acquire_timeout);
+            // `/readyz` only: one more connection per worker, opened when a probe needs it.
+            let ops_pool = PgPoolOptions::new()
+                .max_connections(1)
+                .acquire_timeout(acquire_timeout)
+                .connect_lazy_with(options.clone().application_name(&format!("{APPLICATION_NAME}-ops")));
             let state = AppState {
-                pool: pool.clone(),
+                connections,
                 auth: Arc::clone(&auth),
                 limits: Arc::clone(&limits),
                 watch: Arc::clone(&shared_watch),
@@ -159,7 +163,7 @@ impl Application {
             };
             App::new()
                 .app_data(web::Data::new(state))
-                .app_data(web::Data::new(OpsState { pool, metrics: metrics.clone() }))
+                .app_data(web::Data::new(OpsState { pool: ops_pool, metrics: metrics.clone() }))
                 .app_data(openapi.clone())
                 .configure(routes)
                 // Outermost last: the span sees the final, problem-shaped response.

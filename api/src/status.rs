@@ -109,9 +109,10 @@ async fn hold(
 
 async fn fetch(state: &AppState, tenant_id: TenantId, payment_id: PaymentId) -> Result<Payment, ApiError> {
     let retry_after_secs = state.intake.retry_after_secs;
-    let mut conn = state.pool.acquire().await.map_err(|e| ApiError::from_store(e.into(), retry_after_secs))?;
-    payments::fetch(&mut conn, tenant_id, payment_id)
+    let mut conn = state.connections.acquire().await.map_err(|e| ApiError::from_store(e.into(), retry_after_secs))?;
+    let payment = payments::fetch(&mut conn, tenant_id, payment_id)
         .await
-        .map_err(|e| ApiError::from_store(e, retry_after_secs))?
-        .ok_or(ApiError::NotFound)
+        .map_err(|e| ApiError::from_store(e, retry_after_secs))?;
+    conn.release();
+    payment.ok_or(ApiError::NotFound)
 }

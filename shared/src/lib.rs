@@ -9,6 +9,7 @@
 pub mod api_key;
 pub mod backoff;
 pub mod config;
+pub mod connections;
 pub mod db;
 pub mod fingerprint;
 pub mod idempotency_key;

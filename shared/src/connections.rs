@@ -1,0 +1,126 @@
+//! Connections for hot request paths: a bounded set of PostgreSQL connections, checked out and
+//! back without a round trip to the server.
+//!
+//! sqlx's pool pings a connection (a `Sync` message and its `ReadyForQuery`) each time one is
+//! returned, and again before handing it out unless told not to: a round trip to PostgreSQL that
+//! costs about as much as a replay's own one-row read, on both sides of the socket (BENCHMARKS.md).
+//! Here a connection goes back to the set only when the caller says its last statement completed
+//! ([`Checkout::release`]), so it is known to be idle; a checkout dropped without that (an error, a
+//! request cancelled in the middle of a query) closes its connection, and a later checkout opens a
+//! fresh one. A connection that died while idle (PostgreSQL restarted) is found out by the next
+//! statement on it, which fails — the caller fails closed — and is then not released.
+//!
+//! Invariants: at most `max` connections are open or opening at once; a checkout waits at most the
+//! acquire timeout ([`sqlx::Error::PoolTimedOut`]); a released connection is in no transaction
+//! (callers release only after a statement that ran outside one, or after a commit). A connection
+//! belongs to the runtime that opened it, so a process with several runtimes (actix's HTTP workers)
+//! keeps one set per runtime. This module runs no SQL of its own.
+
+use std::ops::{Deref, DerefMut};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgConnection};
+use sqlx::{ConnectOptions, Connection};
+use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::time::{Instant, timeout_at};
+
+/// A bounded set of connections to one database.
+pub struct Connections {
+    options: PgConnectOptions,
+    idle: Mutex<Vec<PgConnection>>,
+    slots: Semaphore,
+    acquire_timeout: Duration,
+}
+
+/// One connection, checked out. Dereferences to the connection; give it back with
+/// [`Checkout::release`], or drop it to close it.
+pub struct Checkout<'a> {
+    connection: Option<PgConnection>,
+    owner: &'a Connections,
+    _slot: SemaphorePermit<'a>,
+}
+
+impl Connections {
+    /// At most `max` connections made with `options`; a checkout waits at most `acquire_timeout`.
+    /// Connects lazily: nothing is opened until a checkout needs it.
+    pub fn new(options: PgConnectOptions, max: u32, acquire_timeout: Duration) -> Self {
+        let max = usize::try_from(max.max(1)).unwrap_or(usize::MAX);
+        Self { options, idle: Mutex::new(Vec::with_capacity(max)), slots: Semaphore::new(max), acquire_timeout }
+    }
+
+    /// An idle connection, or a new one if there is none and the limit allows, waiting for one to
+    /// be released or closed otherwise.
+    pub async fn acquire(&self) -> Result<Checkout<'_>, sqlx::Error> {
+        let deadline = Instant::now() + self.acquire_timeout;
+        let slot = timeout_at(deadline, self.slots.acquire())
+            .await
+            .map_err(|_| sqlx::Error::PoolTimedOut)?
+            .map_err(|_| sqlx::Error::PoolClosed)?;
+        let idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner).pop();
+        let connection = match idle {
+            Some(connection) => connection,
+            None => timeout_at(deadline, self.options.connect()).await.map_err(|_| sqlx::Error::PoolTimedOut)??,
+        };
+        Ok(Checkout { connection: Some(connection), owner: self, _slot: slot })
+    }
+
+    /// Refuses further checkouts and closes the idle connections (checked-out ones close when they
+    /// are released or dropped).
+    pub async fn close(&self) {
+        self.slots.close();
+        let idle = std::mem::take(&mut *self.idle.lock().unwrap_or_else(PoisonError::into_inner));
+        for connection in idle {
+            let _ = connection.close().await;
+        }
+    }
+
+    /// How many idle connections the set holds.
+    pub fn idle(&self) -> usize {
+        self.idle.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+}
+
+impl Checkout<'_> {
+    /// Gives the connection back for the next checkout. Only after its last statement completed,
+    /// outside a transaction (or after the commit); one still inside a transaction is closed.
+    pub fn release(mut self) {
+        if let Some(connection) = self.connection.take()
+            && !connection.is_in_transaction()
+            && !self.owner.slots.is_closed()
+        {
+            self.owner.idle.lock().unwrap_or_else(PoisonError::into_inner).push(connection);
+        }
+    }
+
+    fn connection(&self) -> &PgConnection {
+        // `connection` is only taken by `release`, which consumes the checkout.
+        self.connection.as_ref().unwrap_or_else(|| unreachable!("a released checkout is gone"))
+    }
+
+    fn connection_mut(&mut self) -> &mut PgConnection {
+        self.connection.as_mut().unwrap_or_else(|| unreachable!("a released checkout is gone"))
+    }
+}
+
+impl Deref for Checkout<'_> {
+    type Target = PgConnection;
+
+    fn deref(&self) -> &PgConnection {
+        self.connection()
+    }
+}
+
+impl DerefMut for Checkout<'_> {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        self.connection_mut()
+    }
+}
+
+impl Drop for Checkout<'_> {
+    fn drop(&mut self) {
+        // Not released: its state is unknown (an error, or a statement cut short), so it is closed
+        // rather than reused. Dropping the connection closes its socket; PostgreSQL ends the backend.
+        drop(self.connection.take());
+    }
+}
