@@ -6,12 +6,15 @@
 //! 3. environment variables `ONCEPAY_<SECTION>__<KEY>` (e.g. `ONCEPAY_DATABASE__MAX_CONNECTIONS=8`),
 //!    and `DATABASE_URL` for `database.url` (only in binaries whose settings have a `[database]`).
 //!
-//! Secrets are `secrecy` types, so they never appear in `Debug` output. Nothing else in oncepay reads
-//! the environment.
+//! Secrets are `secrecy` types, so they never appear in `Debug` output, and a value that does not
+//! parse is not quoted in the error (which `main` prints): the error names the key and what was
+//! expected, never what was found, since a misplaced secret is as likely as a mistyped port. Nothing
+//! else in oncepay reads the environment.
 
 use std::path::Path;
 
 use figment::Figment;
+use figment::error::{Actual, Kind};
 use figment::providers::{Env, Format, Toml};
 use secrecy::SecretString;
 use serde::Deserialize;
@@ -76,7 +79,33 @@ pub fn load<T: DeserializeOwned>(defaults_toml: &str, file: Option<&Path>) -> Re
     if figment.contains("database") {
         figment = figment.merge(Env::raw().only(&["DATABASE_URL"]).map(|_| "database.url".into()));
     }
-    figment.extract().map_err(Box::new)
+    figment.extract().map_err(|error| Box::new(without_values(error)))
+}
+
+/// The same errors, with every offending text value replaced by what kind of value it was.
+fn without_values(error: figment::Error) -> figment::Error {
+    let redact = |actual: &mut Actual| {
+        if matches!(actual, Actual::Str(_) | Actual::Char(_) | Actual::Bytes(_) | Actual::Other(_)) {
+            *actual = Actual::Other("a value (not shown)".into());
+        }
+    };
+    let errors: Vec<figment::Error> = error
+        .into_iter()
+        .map(|mut error| {
+            match &mut error.kind {
+                Kind::InvalidType(actual, _)
+                | Kind::InvalidValue(actual, _)
+                | Kind::Unsupported(actual)
+                | Kind::UnsupportedKey(actual, _) => redact(actual),
+                _ => {}
+            }
+            error
+        })
+        .collect();
+    // `chain` puts its argument in front: rebuild from the last error, so the order is kept.
+    let mut errors = errors.into_iter().rev();
+    let last = errors.next().unwrap_or_else(|| figment::Error::from("invalid configuration".to_owned()));
+    errors.fold(last, figment::Error::chain)
 }
 
 #[cfg(test)]
@@ -143,6 +172,25 @@ mod tests {
     fn a_named_file_that_does_not_exist_is_an_error() {
         let result: Result<Example, _> = load(DEFAULTS, Some(Path::new("/nonexistent/oncepay.toml")));
         assert!(result.is_err());
+    }
+
+    #[test]
+    fn a_value_that_does_not_parse_is_named_by_its_key_and_never_quoted() {
+        for (variable, key) in
+            [("ONCEPAY_HTTP__PORT", "PORT"), ("ONCEPAY_DATABASE__MAX_CONNECTIONS", "MAX_CONNECTIONS")]
+        {
+            figment::Jail::expect_with(|jail| {
+                jail.set_env(variable, "sk_live_pasted_into_the_wrong_variable");
+
+                let error = load::<Example>(DEFAULTS, None).unwrap_err();
+
+                let message = error.to_string();
+                assert!(message.contains(key) && message.contains("expected"), "{message}");
+                assert!(!message.contains("sk_live"), "{message}");
+                assert!(!format!("{error:?}").contains("sk_live"), "{error:?}");
+                Ok(())
+            });
+        }
     }
 
     #[test]
