@@ -310,18 +310,33 @@ async fn locate(conn: &mut PgConnection, event: &WebhookEvent) -> Result<Option<
 }
 
 /// Locks the payment row for the rest of the transaction and reads what a charge is judged against.
+///
+/// The lock and the read are two statements. A statement that waits for the row lock (the worker is
+/// settling the payment right now) continues with the row's new version but, for every other table,
+/// the snapshot it started with: joined in the same statement, the ledger entry committed together
+/// with that new version would be missing, and a payment that just succeeded would look like a
+/// success without a ledger entry, a false conflict. The read after the lock sees all of it.
 async fn lock_payment(
     conn: &mut PgConnection,
     tenant_id: TenantId,
     payment_id: PaymentId,
 ) -> Result<Option<Recorded>, StoreError> {
+    let locked = sqlx::query_scalar!(
+        r#"SELECT true AS "locked!" FROM payments WHERE tenant_id = $1 AND payment_id = $2 FOR UPDATE"#,
+        tenant_id.as_uuid(),
+        payment_id.as_uuid(),
+    )
+    .fetch_optional(&mut *conn)
+    .await?;
+    if locked.is_none() {
+        return Ok(None);
+    }
     let row = sqlx::query!(
         r#"
         SELECT p.status AS "status: PaymentStatus", p.provider_charge_id,
                l.amount AS "ledger_amount?", l.currency AS "ledger_currency?"
         FROM payments p LEFT JOIN ledger_entries l USING (tenant_id, payment_id)
         WHERE p.tenant_id = $1 AND p.payment_id = $2
-        FOR UPDATE OF p
         "#,
         tenant_id.as_uuid(),
         payment_id.as_uuid(),

@@ -1,0 +1,70 @@
+//! A webhook that arrives while the worker is settling the same payment: it waits for the worker's
+//! transaction and then judges the charge against everything that transaction committed (status and
+//! ledger entry), so it agrees with the settled payment instead of reporting a false conflict.
+
+// Helpers outside `#[test]` functions fail loudly too: clippy's test exemption does not reach them.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use oncepay_reconciler::finding;
+use oncepay_reconciler::webhooks::{self, Outcome};
+use oncepay_shared::provider::ChargeStatus;
+use oncepay_shared::provider::wire::{EventType, WebhookEvent};
+use oncepay_shared::status::PaymentStatus;
+use oncepay_shared::store::transitions::{self, Applied};
+use sqlx::PgPool;
+use support::{accept, change, charge, claim, count, tenant};
+
+/// Waits until some session of this database waits for a row lock.
+async fn someone_waits_for_a_lock(pool: &PgPool) {
+    let waiting = async {
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .fetch_one(pool)
+            .await
+            .unwrap();
+            if waiting > 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), waiting).await.unwrap();
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn a_webhook_racing_the_workers_settlement_agrees_with_it(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+    let payment_id = accept(&pool, tenant_id, "order-1", 4_200).await;
+    claim(&pool, tenant_id, payment_id, 1).await;
+    let charged = charge(tenant_id, payment_id, "ch_race", ChargeStatus::Succeeded, 4_200);
+    let (transition, settlement) = finding::settlement(&charged).unwrap();
+    // The worker's recording: status and ledger entry in one transaction, not yet committed.
+    let mut worker = pool.begin().await.unwrap();
+    let settled = transitions::settle(
+        &mut worker,
+        &change(tenant_id, payment_id, PaymentStatus::Processing, transition),
+        &settlement,
+    )
+    .await
+    .unwrap();
+    assert!(matches!(settled, Applied::Moved(_)));
+
+    let event = WebhookEvent { event_type: EventType::ChargeSucceeded, created: charged.created, data: charged };
+    let delivery = tokio::spawn({
+        let pool = pool.clone();
+        async move { webhooks::apply(&pool, "msg_race", &event).await.unwrap() }
+    });
+    someone_waits_for_a_lock(&pool).await;
+    worker.commit().await.unwrap();
+    let outcome = delivery.await.unwrap();
+
+    assert_eq!(outcome, Outcome::Recorded("already_terminal"));
+    assert_eq!(count(&pool, "dead_letters").await, 0);
+}
