@@ -12,6 +12,7 @@ pub mod auth;
 pub mod errors;
 pub mod intake;
 pub mod long_poll;
+pub mod metrics;
 pub mod openapi;
 pub mod prefer;
 pub mod rate_limit;

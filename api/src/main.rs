@@ -22,6 +22,7 @@ async fn main() -> anyhow::Result<()> {
     let settings = Settings::load(cli.config.as_deref())?;
     let _telemetry = telemetry::init("oncepay-api", &settings.telemetry).context("cannot start telemetry")?;
     metrics::install();
+    oncepay_api::metrics::describe();
 
     let application = Application::build(settings)?;
     tracing::info!(port = application.port(), "oncepay-api is listening");

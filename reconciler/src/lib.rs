@@ -8,10 +8,12 @@
 //! `main.rs` only parses arguments, loads settings, starts telemetry and runs; everything testable is
 //! here.
 
+pub mod backlog;
 pub mod cli;
 pub mod dead_letters;
 pub mod finding;
 pub mod http;
+pub mod metrics;
 pub mod poller;
 pub mod reaper;
 pub mod recon;

@@ -106,6 +106,7 @@ impl<P: PaymentProvider> Poller<P> {
                 Ok(counts) if counts.claimed > 0 => Duration::ZERO,
                 Ok(_) => self.config.interval,
                 Err(error) => {
+                    metrics::counter!(crate::metrics::LOOP_ERRORS, "loop" => "poller").increment(1);
                     tracing::error!(error = format!("{error:#}"), "poller pass failed");
                     self.config.interval
                 }
@@ -287,7 +288,7 @@ impl Done {
             Self::DeadLettered => "dead_lettered",
             Self::Inconclusive | Self::LostRace => return,
         };
-        metrics::counter!("oncepay_reconciler_unknown_resolved_total", "how" => how).increment(1);
+        metrics::counter!(crate::metrics::UNKNOWN_RESOLVED, "how" => how).increment(1);
     }
 }
 

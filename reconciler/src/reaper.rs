@@ -56,6 +56,7 @@ impl Reaper {
                 Ok(counts) if counts.keys >= full || counts.webhook_events >= full => Duration::ZERO,
                 Ok(_) => self.config.interval,
                 Err(error) => {
+                    metrics::counter!(crate::metrics::LOOP_ERRORS, "loop" => "reaper").increment(1);
                     tracing::error!(error = format!("{error:#}"), "reaper pass failed");
                     self.config.interval
                 }
@@ -91,7 +92,7 @@ impl Reaper {
         .await
         .context("cannot delete expired idempotency keys")?
         .rows_affected();
-        metrics::counter!("oncepay_reconciler_reaped_keys_total").increment(keys);
+        metrics::counter!(crate::metrics::REAPED_KEYS).increment(keys);
 
         let webhook_events = sqlx::query!(
             r#"

@@ -1,7 +1,7 @@
 //! `serve`: the reconciler as a service. Wires the settings into the HTTP server (webhooks and
-//! operations endpoints) and the background loops (poller, sweeper, reaper, nightly reconciliation),
-//! runs them until the shutdown token fires, then stops the server gracefully (in-flight deliveries
-//! finish) and waits for every loop to finish its current pass.
+//! operations endpoints) and the background loops (poller, sweeper, reaper, nightly reconciliation,
+//! backlog gauges), runs them until the shutdown token fires, then stops the server gracefully
+//! (in-flight deliveries finish) and waits for every loop to finish its current pass.
 //!
 //! It does not migrate the schema (`oncepay-reconciler migrate` does, once per deploy); `/readyz`
 //! says whether the schema is current.
@@ -18,6 +18,7 @@ use oncepay_shared::provider::http::HttpProvider;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::backlog::Sampler;
 use crate::poller::{Poller, PollerConfig};
 use crate::reaper::{Reaper, ReaperConfig};
 use crate::recon::Reconciliation;
@@ -28,6 +29,7 @@ use crate::webhooks::WebhookState;
 /// Runs the service until `shutdown` is cancelled.
 pub async fn serve(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
     let metrics = oncepay_shared::metrics::install();
+    crate::metrics::describe();
     let options = db::connect_options(&settings.database, "oncepay-reconciler").context("database.url is invalid")?;
     let pool = db::pool(&settings.database, options);
     let provider = HttpProvider::new(&settings.provider).context("cannot build the provider client")?;
@@ -80,6 +82,7 @@ pub async fn serve(settings: Settings, shutdown: CancellationToken) -> anyhow::R
         },
     );
     let recon = Arc::new(Reconciliation::new(pool.clone(), provider, settings.recon_config()));
+    let backlog = Sampler::new(pool.clone(), Duration::from_millis(settings.backlog.interval_ms));
 
     let mut loops: JoinSet<anyhow::Result<()>> = JoinSet::new();
     let token = shutdown.clone();
@@ -95,6 +98,11 @@ pub async fn serve(settings: Settings, shutdown: CancellationToken) -> anyhow::R
     let token = shutdown.clone();
     loops.spawn(async move {
         reaper.run(token).await;
+        Ok(())
+    });
+    let token = shutdown.clone();
+    loops.spawn(async move {
+        backlog.run(token).await;
         Ok(())
     });
     let token = shutdown.clone();

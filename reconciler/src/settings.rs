@@ -41,6 +41,8 @@ pub struct Settings {
     pub reaper: ReaperSettings,
     /// The ledger reconciliation.
     pub recon: ReconSettings,
+    /// The backlog gauges.
+    pub backlog: BacklogSettings,
 }
 
 /// `[webhooks]`.
@@ -120,6 +122,13 @@ pub struct ReconSettings {
     pub catch_up_days: u32,
 }
 
+/// `[backlog]`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct BacklogSettings {
+    /// How often the backlog gauges are sampled.
+    pub interval_ms: u64,
+}
+
 /// A setting that loads but cannot work.
 #[derive(Debug, thiserror::Error)]
 pub enum InvalidSettings {
@@ -181,6 +190,7 @@ impl Settings {
             },
         )?;
         rule(self.recon.catch_up_days > 0, "recon.catch_up_days must be at least 1 (yesterday)")?;
+        rule(self.backlog.interval_ms > 0, "backlog.interval_ms must be positive")?;
         Ok(())
     }
 }

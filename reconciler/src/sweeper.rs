@@ -47,6 +47,7 @@ impl Sweeper {
                 Ok(counts) if counts.changed() > 0 => Duration::ZERO,
                 Ok(_) => self.config.interval,
                 Err(error) => {
+                    metrics::counter!(crate::metrics::LOOP_ERRORS, "loop" => "sweeper").increment(1);
                     tracing::error!(error = format!("{error:#}"), "sweeper pass failed");
                     self.config.interval
                 }
@@ -68,7 +69,7 @@ impl Sweeper {
         for (outcome, n) in
             [("released", counts.released), ("uncertain", counts.uncertain), ("obsolete", counts.obsolete)]
         {
-            metrics::counter!("oncepay_reconciler_leases_taken_over_total", "outcome" => outcome).increment(n);
+            metrics::counter!(crate::metrics::LEASES_TAKEN_OVER, "outcome" => outcome).increment(n);
         }
         Ok(counts)
     }

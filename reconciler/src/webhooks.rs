@@ -110,7 +110,7 @@ pub enum ApplyError {
 async fn receive(request: HttpRequest, payload: web::Payload, state: web::Data<WebhookState>) -> HttpResponse {
     let (verdict, response) = answer(&request, payload, &state).await;
     tracing::Span::current().record("webhook.verdict", verdict);
-    metrics::counter!("oncepay_reconciler_webhooks_total", "verdict" => verdict).increment(1);
+    metrics::counter!(crate::metrics::WEBHOOKS, "verdict" => verdict).increment(1);
     response
 }
 
@@ -238,7 +238,7 @@ pub async fn apply(pool: &PgPool, webhook_id: &str, event: &WebhookEvent) -> Res
                 return Err(ApplyError::MovedWhileLocked(payment_id));
             }
             let how = if *transition == Transition::Charged { "webhook_charged" } else { "webhook_declined" };
-            metrics::counter!("oncepay_reconciler_unknown_resolved_total", "how" => how).increment(1);
+            metrics::counter!(crate::metrics::UNKNOWN_RESOLVED, "how" => how).increment(1);
         }
         Judgement::LeaveToSender | Judgement::Agrees => {}
         Judgement::ForOperator => {

@@ -226,10 +226,7 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
                     }
                 }
                 () = wake.notified() => maybe_due = true,
-                _ = poll.tick() => {
-                    maybe_due = true;
-                    self.sample_depth().await;
-                }
+                _ = poll.tick() => maybe_due = true,
             }
         }
 
@@ -379,16 +376,6 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
                     "could not record the send's outcome; the lease will expire and be swept"
                 );
             }
-        }
-    }
-
-    async fn sample_depth(&self) {
-        match self.inner.pool.acquire().await {
-            Ok(mut conn) => match outbox::depth(&mut conn).await {
-                Ok(depth) => metrics::depth(depth),
-                Err(error) => tracing::debug!(error = %error, "sampling the outbox depth failed"),
-            },
-            Err(error) => tracing::debug!(error = %error, "sampling the outbox depth failed"),
         }
     }
 

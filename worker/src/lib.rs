@@ -1,7 +1,7 @@
 //! The worker: drains the outbox and asks the provider to charge, at most once per payment.
 //!
 //! - [`outbox`]: the claim (lease, fencing token, `pending → processing` in one statement), the
-//!   fenced take and release that end a send, the depth sample.
+//!   fenced take and release that end a send.
 //! - [`decision`]: what a provider outcome means for the payment (pure).
 //! - [`record`]: writing that decision in one transaction guarded by the fencing token.
 //! - [`drainer`]: the loop that claims, sends with bounded concurrency, and records.

@@ -1,13 +1,14 @@
 //! The worker's metrics: names, descriptions, and the few helpers that record them.
 //!
-//! Labels are low-cardinality enumerations (an outcome class, an outbox state), never an id. The
-//! recorder itself is installed by `oncepay_shared::metrics::install` and rendered at `/metrics`.
+//! Labels are low-cardinality enumerations (an outcome class), never an id. The recorder itself is
+//! installed by `oncepay_shared::metrics::install` and rendered at `/metrics`. Counters are registered
+//! at zero when the worker starts ([`describe`]), so a Prometheus `increase()` counts their first
+//! event. The outbox's depth is not sampled here: the reconciler samples the backlog once for all
+//! workers (`oncepay_reconciler_outbox_depth`).
 
 use std::time::Duration;
 
-use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
-
-use crate::outbox::Depth;
+use metrics::{Unit, counter, describe_counter, describe_histogram, histogram};
 
 /// Outbox rows claimed.
 pub const CLAIMS: &str = "oncepay_worker_claims_total";
@@ -21,10 +22,12 @@ pub const RECORD_ERRORS: &str = "oncepay_worker_record_errors_total";
 pub const DRAIN_LATENCY: &str = "oncepay_worker_drain_latency_seconds";
 /// How long provider calls take.
 pub const PROVIDER_CALL_DURATION: &str = "oncepay_worker_provider_call_duration_seconds";
-/// Outbox rows by state (`due`, `scheduled`, `leased`), sampled.
-pub const OUTBOX_DEPTH: &str = "oncepay_worker_outbox_depth";
 
-/// Describes every metric, so `/metrics` carries help text and units.
+/// Every `class` of [`PROVIDER_OUTCOMES`] (`SendOutcome::class`).
+pub const OUTCOME_CLASSES: [&str; 4] = ["charged", "declined", "not_sent", "uncertain"];
+
+/// Describes every metric, so `/metrics` carries help text and units, and registers every counter
+/// series at zero.
 pub fn describe() {
     describe_counter!(CLAIMS, "Outbox rows claimed for sending to the provider");
     describe_counter!(PROVIDER_OUTCOMES, "Provider calls by outcome class (charged, declined, not_sent, uncertain)");
@@ -32,7 +35,12 @@ pub fn describe() {
     describe_counter!(RECORD_ERRORS, "Results that could not be recorded because of a database error");
     describe_histogram!(DRAIN_LATENCY, Unit::Seconds, "From acceptance to the recorded outcome of a payment's send");
     describe_histogram!(PROVIDER_CALL_DURATION, Unit::Seconds, "Duration of provider charge calls");
-    describe_gauge!(OUTBOX_DEPTH, "Outbox rows by state (due, scheduled, leased), sampled every poll interval");
+    counter!(CLAIMS).increment(0);
+    for class in OUTCOME_CLASSES {
+        counter!(PROVIDER_OUTCOMES, "class" => class).increment(0);
+    }
+    counter!(LEASE_LOST).increment(0);
+    counter!(RECORD_ERRORS).increment(0);
 }
 
 pub(crate) fn claimed(count: usize) {
@@ -54,11 +62,4 @@ pub(crate) fn record_error() {
 
 pub(crate) fn drained(latency: Duration) {
     histogram!(DRAIN_LATENCY).record(latency.as_secs_f64());
-}
-
-pub(crate) fn depth(depth: Depth) {
-    // Counts of a table far below 2^53 rows: exact as f64.
-    gauge!(OUTBOX_DEPTH, "state" => "due").set(depth.due as f64);
-    gauge!(OUTBOX_DEPTH, "state" => "scheduled").set(depth.scheduled as f64);
-    gauge!(OUTBOX_DEPTH, "state" => "leased").set(depth.leased as f64);
 }

@@ -1,6 +1,6 @@
 //! The worker's statements on the outbox: the claim (lease, fencing token and the move to
 //! `processing`, in one statement, `sql/claim.sql`), the fenced take and release that end a send
-//! (`sql/take.sql`, `sql/release.sql`), and the depth sample.
+//! (`sql/take.sql`, `sql/release.sql`).
 //!
 //! A claimed row belongs to this worker until `locked_until`, and a result counts only while its
 //! fencing token is still on the row: [`take`] and [`release`] change nothing once the token is
@@ -170,30 +170,4 @@ pub async fn discard(conn: &mut PgConnection, claimed: &Claimed) -> Result<(), S
     .execute(conn)
     .await?;
     Ok(())
-}
-
-/// Rows in the outbox, by state: the depth gauge's sample.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Depth {
-    /// Claimable now.
-    pub due: i64,
-    /// Waiting for a retry's backoff to end.
-    pub scheduled: i64,
-    /// Held by a worker.
-    pub leased: i64,
-}
-
-/// Counts the outbox by state (one scan; the outbox holds only unfinished sends).
-pub async fn depth(conn: &mut PgConnection) -> Result<Depth, StoreError> {
-    let row = sqlx::query!(
-        r#"
-        SELECT count(*) FILTER (WHERE locked_until IS NULL AND available_at <= now()) AS "due!",
-               count(*) FILTER (WHERE locked_until IS NULL AND available_at > now()) AS "scheduled!",
-               count(*) FILTER (WHERE locked_until IS NOT NULL) AS "leased!"
-        FROM outbox
-        "#
-    )
-    .fetch_one(conn)
-    .await?;
-    Ok(Depth { due: row.due, scheduled: row.scheduled, leased: row.leased })
 }

@@ -65,7 +65,7 @@ pub async fn record(
     .fetch_one(conn)
     .await?;
     if opened {
-        metrics::counter!("oncepay_reconciler_dead_letters_total", "kind" => kind.as_str()).increment(1);
+        metrics::counter!(crate::metrics::DEAD_LETTERS, "kind" => kind.as_str()).increment(1);
         tracing::warn!(payment.id = %payment_id, dead_letter.kind = kind.as_str(), reason, "dead-lettered for an operator");
     }
     Ok(())

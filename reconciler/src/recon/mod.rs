@@ -128,6 +128,7 @@ impl<P: PaymentProvider + 'static> Reconciliation<P> {
             let this = Arc::clone(&this);
             Box::pin(async move {
                 if let Err(error) = this.run_once().await {
+                    metrics::counter!(crate::metrics::LOOP_ERRORS, "loop" => "recon").increment(1);
                     tracing::error!(error = format!("{error:#}"), "nightly reconciliation failed");
                 }
             })
@@ -170,7 +171,7 @@ impl<P: PaymentProvider + 'static> Reconciliation<P> {
         match self.reconcile(&mut conn, run_id, &window).await {
             Ok(summary) => {
                 for (class, n) in &summary.by_class {
-                    metrics::counter!("oncepay_reconciler_recon_discrepancies_total", "class" => class.as_str())
+                    metrics::counter!(crate::metrics::RECON_DISCREPANCIES, "class" => class.as_str())
                         .increment(*n as u64);
                 }
                 tracing::info!(
@@ -179,9 +180,11 @@ impl<P: PaymentProvider + 'static> Reconciliation<P> {
                     discrepancies = summary.by_class.iter().map(|(_, n)| n).sum::<usize>(),
                     "reconciliation completed"
                 );
+                metrics::counter!(crate::metrics::RECON_RUNS, "status" => "completed").increment(1);
                 Ok(Outcome::Completed(summary))
             }
             Err(error) => {
+                metrics::counter!(crate::metrics::RECON_RUNS, "status" => "failed").increment(1);
                 let reason = format!("{error:#}");
                 if let Err(not_recorded) = runs::fail(&mut conn, run_id, &reason).await {
                     tracing::error!(error = format!("{not_recorded:#}"), "cannot mark the run failed");

@@ -1,0 +1,42 @@
+//! The api's metrics: help texts, and the intake series registered at zero on start.
+//!
+//! Recorded where they happen: `oncepay_api_intake_total{outcome}` by `intake::create_payment` (one
+//! per `POST /v1/payments`), `oncepay_api_request_duration_seconds{route, method}` by
+//! `request_span` (every request), `oncepay_api_long_polls_waiting` by `long_poll`. Registering every
+//! intake outcome at zero when the process starts makes each series exist from the first scrape, so a
+//! Prometheus `increase()` counts the first 503 or 422 instead of missing a series that just
+//! appeared. Labels are closed enumerations, never ids or keys.
+
+use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram};
+
+/// Intake outcomes, one per `POST /v1/payments`.
+pub const INTAKE: &str = "oncepay_api_intake_total";
+/// Request latency by route pattern and method.
+pub const REQUEST_DURATION: &str = "oncepay_api_request_duration_seconds";
+/// Long polls waiting for a payment to change.
+pub const LONG_POLLS_WAITING: &str = "oncepay_api_long_polls_waiting";
+
+/// Every `outcome` of [`INTAKE`], as `intake` labels them: 202 `created`, a `replayed` key, 422
+/// `key_reused` (same key, other request), 409 `key_in_use` (the key is being written right now), 503
+/// `store_unavailable`, 429 `rate_limited`, 400/413/415 `invalid`, 401 `unauthorized`, 500 `error`.
+pub const INTAKE_OUTCOMES: [&str; 9] = [
+    "created",
+    "replayed",
+    "key_reused",
+    "key_in_use",
+    "store_unavailable",
+    "rate_limited",
+    "invalid",
+    "unauthorized",
+    "error",
+];
+
+/// Describes the api's metrics and registers every intake outcome at zero.
+pub fn describe() {
+    describe_counter!(INTAKE, "POST /v1/payments requests, by outcome");
+    describe_histogram!(REQUEST_DURATION, Unit::Seconds, "Time to answer a request, by route pattern and method");
+    describe_gauge!(LONG_POLLS_WAITING, "Status requests holding their answer for a change (Prefer: wait)");
+    for outcome in INTAKE_OUTCOMES {
+        counter!(INTAKE, "outcome" => outcome).increment(0);
+    }
+}

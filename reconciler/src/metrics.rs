@@ -1,0 +1,108 @@
+//! The reconciler's metrics: their names, help texts, and the series registered at zero on start.
+//!
+//! Counters are registered at zero for every label value when the service starts ([`describe`]), so
+//! each series exists from the first scrape: a Prometheus `increase()` sees the first dead letter or
+//! the first failed webhook as an increase from 0, instead of a series that just appeared (which it
+//! cannot tell from one that was always there). Labels are closed enumerations, never ids.
+//!
+//! The gauges describe the whole system's backlog, sampled from PostgreSQL by [`crate::backlog`]
+//! (one sampler per reconciler process, not one per worker).
+
+use metrics::{Unit, counter, describe_counter, describe_gauge};
+
+use crate::dead_letters::Kind;
+use crate::recon::compare::Class;
+
+/// Webhook deliveries by `verdict`.
+pub const WEBHOOKS: &str = "oncepay_reconciler_webhooks_total";
+/// `unknown` payments that left `unknown`, by `how`.
+pub const UNKNOWN_RESOLVED: &str = "oncepay_reconciler_unknown_resolved_total";
+/// Dead letters opened, by `kind`.
+pub const DEAD_LETTERS: &str = "oncepay_reconciler_dead_letters_total";
+/// Expired idempotency keys deleted.
+pub const REAPED_KEYS: &str = "oncepay_reconciler_reaped_keys_total";
+/// Ledger reconciliation findings, by `class`.
+pub const RECON_DISCREPANCIES: &str = "oncepay_reconciler_recon_discrepancies_total";
+/// Ledger reconciliation runs that ended, by `status` (`completed`, `failed`).
+pub const RECON_RUNS: &str = "oncepay_reconciler_recon_runs_total";
+/// Expired worker leases taken back, by `outcome`.
+pub const LEASES_TAKEN_OVER: &str = "oncepay_reconciler_leases_taken_over_total";
+/// Passes of a background loop that failed, by `loop`.
+pub const LOOP_ERRORS: &str = "oncepay_reconciler_loop_errors_total";
+
+/// Outbox rows by `state` (`due`, `scheduled`, `leased`).
+pub const OUTBOX_DEPTH: &str = "oncepay_reconciler_outbox_depth";
+/// Age of the oldest payment waiting in the outbox (accepted or queued again, not yet sent to an
+/// outcome), 0 when none.
+pub const OLDEST_PENDING_AGE: &str = "oncepay_reconciler_oldest_pending_age_seconds";
+/// Payments in `unknown`.
+pub const UNKNOWN_PAYMENTS: &str = "oncepay_reconciler_unknown_payments";
+/// How long the oldest `unknown` payment has been `unknown`, 0 when none.
+pub const OLDEST_UNKNOWN_AGE: &str = "oncepay_reconciler_oldest_unknown_age_seconds";
+/// Dead letters not yet resolved by an operator, by `kind`.
+pub const OPEN_DEAD_LETTERS: &str = "oncepay_reconciler_open_dead_letters";
+/// When the backlog gauges were last sampled (Unix time): stale gauges are visible as such.
+pub const BACKLOG_SAMPLED_AT: &str = "oncepay_reconciler_backlog_sampled_timestamp_seconds";
+
+/// Every `verdict` of [`WEBHOOKS`].
+pub const WEBHOOK_VERDICTS: [&str; 11] = [
+    "applied",
+    "duplicate",
+    "not_unknown",
+    "dead_lettered",
+    "already_terminal",
+    "conflict",
+    "not_ours",
+    "invalid_signature",
+    "invalid_body",
+    "unavailable",
+    "error",
+];
+/// Every `how` of [`UNKNOWN_RESOLVED`].
+pub const RESOLUTIONS: [&str; 6] =
+    ["webhook_charged", "webhook_declined", "poll_charged", "poll_declined", "resend", "dead_lettered"];
+/// Every `outcome` of [`LEASES_TAKEN_OVER`].
+pub const TAKEOVERS: [&str; 3] = ["released", "uncertain", "obsolete"];
+/// Every `loop` of [`LOOP_ERRORS`].
+pub const LOOPS: [&str; 5] = ["poller", "sweeper", "reaper", "recon", "backlog"];
+
+/// Describes every metric and registers every counter series at zero.
+pub fn describe() {
+    describe_counter!(WEBHOOKS, "Provider webhook deliveries, by verdict");
+    describe_counter!(UNKNOWN_RESOLVED, "Payments that left `unknown`, by how");
+    describe_counter!(DEAD_LETTERS, "Dead letters opened for an operator, by kind");
+    describe_counter!(REAPED_KEYS, "Expired idempotency keys of terminal payments deleted");
+    describe_counter!(RECON_DISCREPANCIES, "Ledger reconciliation discrepancies found, by class");
+    describe_counter!(RECON_RUNS, "Ledger reconciliation runs that ended, by status");
+    describe_counter!(LEASES_TAKEN_OVER, "Expired worker leases taken back by the sweeper, by outcome");
+    describe_counter!(LOOP_ERRORS, "Background loop passes that failed, by loop");
+    describe_gauge!(OUTBOX_DEPTH, "Outbox rows by state (due, scheduled, leased)");
+    describe_gauge!(OLDEST_PENDING_AGE, Unit::Seconds, "Age of the oldest payment waiting in the outbox");
+    describe_gauge!(UNKNOWN_PAYMENTS, "Payments whose outcome is unknown, awaiting a webhook or a poll");
+    describe_gauge!(OLDEST_UNKNOWN_AGE, Unit::Seconds, "How long the oldest unknown payment has been unknown");
+    describe_gauge!(OPEN_DEAD_LETTERS, "Dead letters awaiting an operator, by kind");
+    describe_gauge!(BACKLOG_SAMPLED_AT, Unit::Seconds, "Unix time of the last successful backlog sample");
+
+    for verdict in WEBHOOK_VERDICTS {
+        counter!(WEBHOOKS, "verdict" => verdict).increment(0);
+    }
+    for how in RESOLUTIONS {
+        counter!(UNKNOWN_RESOLVED, "how" => how).increment(0);
+    }
+    for kind in [Kind::Unresolved, Kind::Conflict] {
+        counter!(DEAD_LETTERS, "kind" => kind.as_str()).increment(0);
+    }
+    counter!(REAPED_KEYS).increment(0);
+    for class in Class::ALL {
+        counter!(RECON_DISCREPANCIES, "class" => class.as_str()).increment(0);
+    }
+    for status in ["completed", "failed"] {
+        counter!(RECON_RUNS, "status" => status).increment(0);
+    }
+    for outcome in TAKEOVERS {
+        counter!(LEASES_TAKEN_OVER, "outcome" => outcome).increment(0);
+    }
+    for name in LOOPS {
+        counter!(LOOP_ERRORS, "loop" => name).increment(0);
+    }
+}

@@ -1,0 +1,81 @@
+//! The backlog sample against a real PostgreSQL: it counts the outbox by state, the unknown queue
+//! and the open dead letters exactly, and reports the age of the oldest waiting payment and of the
+//! oldest unknown one.
+
+// Helpers outside `#[test]` functions fail loudly too: clippy's test exemption does not reach them.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use oncepay_reconciler::backlog::{self, Backlog};
+use oncepay_reconciler::dead_letters::{self, Kind};
+use oncepay_shared::ids::PaymentId;
+use serde_json::json;
+use sqlx::PgPool;
+use support::{accept, tenant, unknown_payment};
+
+async fn sql(pool: &PgPool, statement: &str, payment_id: PaymentId) {
+    sqlx::query(sqlx::AssertSqlSafe(statement.to_owned())).bind(payment_id.as_uuid()).execute(pool).await.unwrap();
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn an_empty_system_has_no_backlog(pool: PgPool) {
+    assert_eq!(backlog::sample(&pool).await.unwrap(), Backlog::default());
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn the_sample_counts_every_kind_of_waiting_work_and_the_oldest_of_it(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+    // The outbox: two due (one accepted ten minutes ago), one waiting for a retry, one leased.
+    let old = accept(&pool, tenant_id, "due-old", 100).await;
+    sql(&pool, "UPDATE outbox SET created_at = now() - interval '10 minutes' WHERE payment_id = $1", old).await;
+    accept(&pool, tenant_id, "due-new", 100).await;
+    let scheduled = accept(&pool, tenant_id, "scheduled", 100).await;
+    sql(&pool, "UPDATE outbox SET available_at = now() + interval '1 minute' WHERE payment_id = $1", scheduled).await;
+    let leased = accept(&pool, tenant_id, "leased", 100).await;
+    sql(
+        &pool,
+        "UPDATE outbox SET locked_by = 'w', locked_until = now() + interval '1 minute',
+                fencing_token = nextval('outbox_fencing_token_seq'), attempts = 1
+         WHERE payment_id = $1",
+        leased,
+    )
+    .await;
+    // Three unknown payments, the oldest unknown for an hour; two of them dead-lettered or in conflict
+    // with open entries, and one entry an operator already resolved.
+    let long_unknown = unknown_payment(&pool, tenant_id, "unknown-old", 100, 60).await;
+    sql(&pool, "UPDATE unknown_payments SET since = now() - interval '1 hour' WHERE payment_id = $1", long_unknown)
+        .await;
+    unknown_payment(&pool, tenant_id, "unknown-new", 100, 60).await;
+    let resolved = unknown_payment(&pool, tenant_id, "unknown-resolved", 100, 60).await;
+    let mut conn = pool.acquire().await.unwrap();
+    for (payment_id, kind) in [(long_unknown, Kind::Unresolved), (resolved, Kind::Unresolved), (old, Kind::Conflict)] {
+        dead_letters::record(&mut conn, tenant_id, payment_id, kind, "test", json!([]), 1).await.unwrap();
+    }
+    sql(
+        &pool,
+        "UPDATE dead_letters SET resolved_at = now(), resolved_by = 'operator:test', resolution = 'acknowledged',
+                resolution_note = 'test'
+         WHERE payment_id = $1",
+        resolved,
+    )
+    .await;
+
+    let sampled = backlog::sample(&pool).await.unwrap();
+
+    let counts = (
+        sampled.outbox_due,
+        sampled.outbox_scheduled,
+        sampled.outbox_leased,
+        sampled.unknown,
+        sampled.dead_letters_unresolved,
+        sampled.dead_letters_conflict,
+    );
+    assert_eq!(counts, (2, 1, 1, 3, 1, 1), "{sampled:?}");
+    let around =
+        |age: Duration, expected: u64| age >= Duration::from_secs(expected) && age < Duration::from_secs(expected + 60);
+    assert!(around(sampled.oldest_pending, 600), "{sampled:?}");
+    assert!(around(sampled.oldest_unknown, 3600), "{sampled:?}");
+}
