@@ -15,6 +15,10 @@
 //!
 //! A webhook may settle the payment while its lookup is in flight; the compare-and-set then loses,
 //! which is a normal outcome. The poller never moves a payment that is not `unknown`.
+//!
+//! Each lookup runs in a `poller.poll` span that continues the payment's trace (the one the worker or
+//! the sweeper stored with the queue row), so the provider lookup carries that trace's `traceparent`
+//! and the resolution appears in the same trace as the request and the send.
 
 use std::time::Duration;
 
@@ -24,9 +28,11 @@ use oncepay_shared::backoff::Backoff;
 use oncepay_shared::provider::{Charge, ChargeStatus, LookupError, PaymentProvider};
 use oncepay_shared::status::Transition;
 use oncepay_shared::store::transitions::{Applied, Settlement};
+use oncepay_shared::telemetry;
 use serde_json::json;
 use sqlx::{Acquire, PgPool};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::finding;
 use crate::render;
@@ -149,8 +155,26 @@ impl<P: PaymentProvider> Poller<P> {
         }
     }
 
-    #[tracing::instrument(name = "poller.poll", skip_all, fields(payment.id = %payment.payment_id))]
+    /// Looks one payment up and records the verdict, in the payment's trace.
     async fn poll_one(&self, payment: Claimed) -> anyhow::Result<Done> {
+        let span = tracing::info_span!(
+            "poller.poll",
+            payment.id = %payment.payment_id,
+            tenant.id = %payment.tenant_id,
+            poll.attempt = payment.poll_attempts.saturating_add(1),
+            poll.outcome = tracing::field::Empty,
+        );
+        if let Some(trace) = &payment.trace {
+            telemetry::continue_trace(&span, trace);
+        }
+        let done = self.look_up_and_record(payment).instrument(span.clone()).await;
+        if let Ok(done) = &done {
+            span.record("poll.outcome", done.label());
+        }
+        done
+    }
+
+    async fn look_up_and_record(&self, payment: Claimed) -> anyhow::Result<Done> {
         let (tenant_id, payment_id) = (payment.tenant_id, payment.payment_id);
         let recorded = {
             let mut conn = self.pool.acquire().await.context("cannot reach the database")?;
@@ -280,6 +304,17 @@ impl Done {
         }
     }
 
+    const fn label(self) -> &'static str {
+        match self {
+            Self::Charged => "charged",
+            Self::Declined => "declined",
+            Self::Resent => "resent",
+            Self::Inconclusive => "inconclusive",
+            Self::DeadLettered => "dead_lettered",
+            Self::LostRace => "lost_race",
+        }
+    }
+
     fn record_metric(self) {
         let how = match self {
             Self::Charged => "poll_charged",
@@ -352,6 +387,7 @@ mod tests {
             poll_attempts,
             age: Duration::from_secs(age_secs),
             in_key_window,
+            trace: None,
         }
     }
 

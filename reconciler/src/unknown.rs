@@ -8,6 +8,10 @@
 //! holding a lock, so no transaction stays open across a provider call.
 //!
 //! Lock order: the payment row, then its queue row (as the worker and the sweeper do).
+//!
+//! Each row carries the trace context of the span that made the payment `unknown` ([`Claimed::trace`],
+//! [`trace_of`]): the poller's lookup and a webhook's settlement continue it, so a payment's request,
+//! provider call and resolution are one trace, and a resend continues it in the outbox.
 
 use std::time::Duration;
 
@@ -16,6 +20,7 @@ use oncepay_shared::payment::Payment;
 use oncepay_shared::status::{PaymentStatus, Transition};
 use oncepay_shared::store::transitions::{self, Applied, Change, Settlement, TransitionError};
 use oncepay_shared::store::{StoreError, outbox};
+use oncepay_shared::telemetry::{self, TraceContext};
 use serde_json::{Value, json};
 use sqlx::PgConnection;
 use time::OffsetDateTime;
@@ -36,6 +41,8 @@ pub struct Claimed {
     /// Whether the provider still certainly remembers its downstream key (its first send is younger
     /// than the resend horizon), by the database's clock.
     pub in_key_window: bool,
+    /// The trace its resolution continues, if the payment has one.
+    pub trace: Option<TraceContext>,
 }
 
 /// Claims up to `batch_size` due payments, oldest due first, hiding each from other pollers for
@@ -60,7 +67,7 @@ pub async fn claim_due(
         SET next_poll_at = now() + make_interval(secs => $2)
         FROM due JOIN payments p USING (tenant_id, payment_id)
         WHERE u.tenant_id = due.tenant_id AND u.payment_id = due.payment_id
-        RETURNING u.tenant_id, u.payment_id, u.poll_attempts,
+        RETURNING u.tenant_id, u.payment_id, u.poll_attempts, u.traceparent, u.tracestate,
                   extract(epoch FROM now() - u.since)::float8 AS "age_secs!",
                   -- Never sent cannot happen for an unknown payment; if it did, no resend is safe.
                   COALESCE(now() - p.first_sent_at < make_interval(secs => $3), false) AS "in_key_window!"
@@ -79,8 +86,29 @@ pub async fn claim_due(
             poll_attempts: row.poll_attempts,
             age: Duration::from_secs_f64(row.age_secs.max(0.0)),
             in_key_window: row.in_key_window,
+            trace: row.traceparent.map(|traceparent| TraceContext { traceparent, tracestate: row.tracestate }),
         })
         .collect())
+}
+
+/// The trace an `unknown` payment's resolution continues: `None` if the payment is not queued (not
+/// `unknown`) or has no trace.
+pub async fn trace_of(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    payment_id: PaymentId,
+) -> Result<Option<TraceContext>, StoreError> {
+    let row = sqlx::query!(
+        r#"
+        SELECT traceparent AS "traceparent!", tracestate FROM unknown_payments
+        WHERE tenant_id = $1 AND payment_id = $2 AND traceparent IS NOT NULL
+        "#,
+        tenant_id.as_uuid(),
+        payment_id.as_uuid(),
+    )
+    .fetch_optional(conn)
+    .await?;
+    Ok(row.map(|row| TraceContext { traceparent: row.traceparent, tracestate: row.tracestate }))
 }
 
 /// Who and why, for the audit trail.
@@ -120,7 +148,7 @@ pub async fn settle(
 }
 
 /// The provider provably has no charge and still remembers the key: back to `pending` and into the
-/// outbox, so a worker resends with the same downstream key.
+/// outbox, so a worker resends with the same downstream key, continuing the current span's trace.
 pub async fn resend(
     conn: &mut PgConnection,
     tenant_id: TenantId,
@@ -140,7 +168,8 @@ pub async fn resend(
     let applied = transitions::apply(&mut *conn, &change).await?;
     if matches!(applied, Applied::Moved(_)) {
         remove(&mut *conn, tenant_id, payment_id).await?;
-        outbox::enqueue(conn, tenant_id, payment_id, OffsetDateTime::now_utc()).await?;
+        let trace = telemetry::trace_context_of(&tracing::Span::current());
+        outbox::enqueue_in_trace(conn, tenant_id, payment_id, OffsetDateTime::now_utc(), trace.as_ref()).await?;
     }
     Ok(applied)
 }

@@ -17,6 +17,10 @@
 //!
 //! Every recorded delivery answers 2xx so the provider stops retrying; a database that cannot be
 //! reached answers 503 so it retries later. Bodies and secrets are never logged.
+//!
+//! A delivery is a trace of its own (`webhook.receive`); settling an `unknown` payment runs in a
+//! `webhook.resolve` span that continues the payment's trace (stored with its queue row) and links
+//! back to the delivery, so the resolution shows in the same trace as the request and the send.
 
 use actix_web::http::header;
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -28,11 +32,13 @@ use oncepay_shared::provider::{Charge, ChargeStatus};
 use oncepay_shared::status::{PaymentStatus, Transition};
 use oncepay_shared::store::StoreError;
 use oncepay_shared::store::transitions::{Applied, TransitionError};
+use oncepay_shared::telemetry;
 use oncepay_shared::webhook_signature::{self, SignedHeaders, WebhookSecret};
 use serde_json::{Value, json};
 use sqlx::types::Json;
 use sqlx::{Acquire, PgConnection, PgPool};
 use time::OffsetDateTime;
+use tracing::{Instrument, Span};
 
 use crate::dead_letters::{self, Kind};
 use crate::finding::{self, Booked, Judgement, Recorded};
@@ -229,15 +235,17 @@ pub async fn apply(pool: &PgPool, webhook_id: &str, event: &WebhookEvent) -> Res
         unknown::evidence("webhook", json!({ "webhook_id": webhook_id, "event": event_type, "charge": charge }));
     match &judgement {
         Judgement::Settle(transition, settlement) => {
+            let how = if *transition == Transition::Charged { "webhook_charged" } else { "webhook_declined" };
+            let resolution = resolution_span(&mut tx, tenant_id, payment_id, how).await?;
             let reason = format!("provider webhook {event_type}");
             let why = Why { actor: ACTOR, reason: &reason };
-            let applied =
-                unknown::settle(&mut tx, tenant_id, payment_id, *transition, settlement, why, evidence).await?;
+            let applied = unknown::settle(&mut tx, tenant_id, payment_id, *transition, settlement, why, evidence)
+                .instrument(resolution)
+                .await?;
             if matches!(applied, Applied::LostRace) {
                 // The payment row is locked above, so its status cannot have changed.
                 return Err(ApplyError::MovedWhileLocked(payment_id));
             }
-            let how = if *transition == Transition::Charged { "webhook_charged" } else { "webhook_declined" };
             metrics::counter!(crate::metrics::UNKNOWN_RESOLVED, "how" => how).increment(1);
         }
         Judgement::LeaveToSender | Judgement::Agrees => {}
@@ -253,6 +261,23 @@ pub async fn apply(pool: &PgPool, webhook_id: &str, event: &WebhookEvent) -> Res
     }
     tx.commit().await.map_err(StoreError::from)?;
     Ok(Outcome::Recorded(judgement.label()))
+}
+
+/// The span of settling an `unknown` payment from a webhook: a child of the payment's trace, linked to
+/// the delivery's span. Without a stored trace it stays in the delivery's trace.
+async fn resolution_span(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    payment_id: PaymentId,
+    how: &'static str,
+) -> Result<Span, StoreError> {
+    let span =
+        tracing::info_span!("webhook.resolve", payment.id = %payment_id, tenant.id = %tenant_id, resolution = how);
+    if let Some(trace) = unknown::trace_of(conn, tenant_id, payment_id).await? {
+        telemetry::continue_trace(&span, &trace);
+        telemetry::link(&span, &Span::current());
+    }
+    Ok(span)
 }
 
 /// The charges signed webhooks reported for a payment, oldest first: evidence that outlives the

@@ -5,10 +5,15 @@
 //! OpenTelemetry tracer behind its spans, so each span has a real trace id that can be written into
 //! an outbox row, sent as `traceparent` to the provider, and continued by another process. Spans are
 //! exported over OTLP/HTTP only when an endpoint is configured; otherwise nothing leaves the process.
+//! A JSON log line written inside a traced span carries that span's `trace_id` and `span_id`, so a
+//! log line leads to its trace and a trace to its log lines.
+//!
 //! Nothing here ever records an API key, a secret, an idempotency key or a request body: callers
-//! choose their span fields, and use `skip_all`.
+//! choose their span fields, and use `skip_all`. Span fields and events are exported with the trace
+//! (events as span events) and written to the logs, so the same rule covers both.
 
 use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
 
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
@@ -17,11 +22,15 @@ use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
-use tracing::Span;
+use tracing::dispatcher::WeakDispatch;
+use tracing::{Dispatch, Event, Span, Subscriber};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::filter::LevelFilter;
+use tracing_subscriber::fmt::format::{Format, Json, JsonFields, Writer};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::layer::{Layer, SubscriberExt};
+use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::config::{LogFormat, TelemetrySettings};
@@ -59,22 +68,76 @@ pub fn init(service: &'static str, settings: &TelemetrySettings) -> anyhow::Resu
     // the log filter applies to the log layer only; the tracer sees every `info` span.
     let otel = tracing_opentelemetry::layer().with_tracer(provider.tracer(service)).with_filter(LevelFilter::INFO);
     let log_filter = EnvFilter::try_new(&settings.log_filter)?;
-    let registry = tracing_subscriber::registry().with(otel);
+    let dispatch = DispatchCell::default();
+    let registry = tracing_subscriber::registry().with(otel).with(dispatch.clone());
     match settings.log_format {
-        LogFormat::Json => registry
-            .with(
-                tracing_subscriber::fmt::layer()
-                    .json()
-                    .flatten_event(true)
-                    .with_current_span(false)
-                    .with_filter(log_filter),
-            )
-            .try_init()?,
+        LogFormat::Json => {
+            let json = tracing_subscriber::fmt::format().json().flatten_event(true).with_current_span(false);
+            registry
+                .with(
+                    tracing_subscriber::fmt::layer()
+                        .fmt_fields(JsonFields::new())
+                        .event_format(JsonWithTraceIds { json, dispatch })
+                        .with_filter(log_filter),
+                )
+                .try_init()?;
+        }
         LogFormat::Text => {
             registry.with(tracing_subscriber::fmt::layer().compact().with_filter(log_filter)).try_init()?
         }
     }
     Ok(TelemetryGuard { provider })
+}
+
+/// Remembers the dispatcher the subscriber is registered with, so the log formatter can ask the
+/// OpenTelemetry layer for a span's ids (a formatter runs inside the dispatcher and cannot look it up).
+#[derive(Clone, Default)]
+struct DispatchCell(Arc<OnceLock<WeakDispatch>>);
+
+impl<S: Subscriber> Layer<S> for DispatchCell {
+    fn on_register_dispatch(&self, dispatch: &Dispatch) {
+        let _ = self.0.set(dispatch.downgrade());
+    }
+}
+
+/// JSON lines, each with the `trace_id` and `span_id` of the span it was logged in (if traced).
+struct JsonWithTraceIds {
+    json: Format<Json>,
+    dispatch: DispatchCell,
+}
+
+impl JsonWithTraceIds {
+    /// The OpenTelemetry ids of the innermost span around `ctx`'s event.
+    fn ids<S, N>(&self, ctx: &FmtContext<'_, S, N>) -> Option<(String, String)>
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+        N: for<'w> FormatFields<'w> + 'static,
+    {
+        let dispatch = self.dispatch.0.get()?.upgrade()?;
+        let id = ctx.event_scope()?.next()?.id();
+        let context = tracing_opentelemetry::get_otel_context(&id, &dispatch)?;
+        let span = context.span();
+        let span_context = span.span_context();
+        span_context.is_valid().then(|| (span_context.trace_id().to_string(), span_context.span_id().to_string()))
+    }
+}
+
+impl<S, N> FormatEvent<S, N> for JsonWithTraceIds
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'w> FormatFields<'w> + 'static,
+{
+    fn format_event(&self, ctx: &FmtContext<'_, S, N>, mut writer: Writer<'_>, event: &Event<'_>) -> std::fmt::Result {
+        let mut line = String::new();
+        self.json.format_event(ctx, Writer::new(&mut line), event)?;
+        // The line is one JSON object: the ids go in before its closing brace.
+        match (self.ids(ctx), line.trim_end().strip_suffix('}')) {
+            (Some((trace_id, span_id)), Some(object)) => {
+                writeln!(writer, r#"{object},"trace_id":"{trace_id}","span_id":"{span_id}"}}"#)
+            }
+            _ => writer.write_str(&line),
+        }
+    }
 }
 
 fn traces_url(endpoint: &str) -> String {
@@ -117,6 +180,12 @@ pub fn continue_trace(span: &Span, context: &TraceContext) {
     if parent.span().span_context().is_valid() {
         let _ = span.set_parent(parent);
     }
+}
+
+/// Links `span` to `linked`'s span, e.g. the delivery that caused work done in another trace, so a
+/// trace viewer can jump from one to the other. Nothing happens if `linked` has no valid context.
+pub fn link(span: &Span, linked: &Span) {
+    span.add_link(linked.context().span().span_context().clone());
 }
 
 /// The current span's trace id in hex, for correlating a log line or an answer with a trace.

@@ -13,6 +13,7 @@
 use oncepay_shared::status::{PaymentStatus, Transition};
 use oncepay_shared::store::transitions::{self, Applied, Change, TransitionError};
 use oncepay_shared::store::{StoreError, payments, unknown_queue};
+use oncepay_shared::telemetry;
 use serde_json::json;
 use sqlx::{Postgres, Transaction};
 use time::OffsetDateTime;
@@ -109,7 +110,11 @@ pub async fn record(
                             .format(&time::format_description::well_known::Rfc3339)
                             .ok(),
                     });
-                    unknown_queue::enqueue(&mut tx, claimed.tenant_id, claimed.payment_id, code, evidence).await?;
+                    // The outbox row, which carried the payment's trace, is gone: the reconciler's
+                    // resolution continues the trace from this recording span instead.
+                    let trace = telemetry::trace_context_of(&tracing::Span::current());
+                    let (tenant_id, payment_id) = (claimed.tenant_id, claimed.payment_id);
+                    unknown_queue::enqueue(&mut tx, tenant_id, payment_id, code, evidence, trace.as_ref()).await?;
                     Some(status)
                 }
                 Applied::LostRace => None,

@@ -89,9 +89,8 @@ pub async fn uncertain(pool: &PgPool, tenant_id: TenantId, payment_id: PaymentId
         transitions::apply(&mut tx, &change(tenant_id, payment_id, PaymentStatus::Processing, Transition::Uncertain))
             .await,
     );
-    unknown_queue::enqueue(&mut tx, tenant_id, payment_id, "timeout", json!({"source": "worker", "reason": "timeout"}))
-        .await
-        .unwrap();
+    let evidence = json!({"source": "worker", "reason": "timeout"});
+    unknown_queue::enqueue(&mut tx, tenant_id, payment_id, "timeout", evidence, None).await.unwrap();
     tx.commit().await.unwrap();
 }
 

@@ -30,6 +30,7 @@ use crate::ids::{PaymentId, TenantId};
 use crate::status::{PaymentStatus, Transition};
 use crate::store::transitions::{self, Applied, Change, TransitionError};
 use crate::store::{StoreError, unknown_queue};
+use crate::telemetry::TraceContext;
 
 /// How long the provider deduplicates resends of one downstream idempotency key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,7 +133,7 @@ async fn take_back(
     let lease = sqlx::query!(
         r#"
         SELECT o.locked_by AS "locked_by!", o.locked_until AS "locked_until!",
-               o.fencing_token AS "fencing_token!", o.attempts, o.lease_expirations,
+               o.fencing_token AS "fencing_token!", o.attempts, o.lease_expirations, o.traceparent, o.tracestate,
                p.status AS "status: PaymentStatus", p.first_sent_at,
                -- Never sent: no window has started, a resend is a first send.
                COALESCE(now() - p.first_sent_at < make_interval(secs => $3), true) AS "in_key_window!"
@@ -210,7 +211,10 @@ async fn take_back(
     let taken = if lease.in_key_window {
         TakenBack::Released
     } else {
-        unknown_queue::enqueue(&mut tx, tenant_id, payment_id, "lease_expired_past_key_window", evidence).await?;
+        // The payment's trace, from its outbox row (just deleted): the reconciler's resolution joins it.
+        let trace = lease.traceparent.map(|traceparent| TraceContext { traceparent, tracestate: lease.tracestate });
+        let reason = "lease_expired_past_key_window";
+        unknown_queue::enqueue(&mut tx, tenant_id, payment_id, reason, evidence, trace.as_ref()).await?;
         TakenBack::Uncertain
     };
     tx.commit().await.map_err(StoreError::from)?;
