@@ -1,0 +1,849 @@
+//! Observability across the real processes: one payment is one trace from the api's request through
+//! the worker's provider call to the reconciler's resolution; `/metrics` counts a scripted workload
+//! exactly and the backlog gauges reflect the database; and no log line of any process ever shows an
+//! API key, a secret, an idempotency key or a request body.
+//!
+//! Each test starts a throwaway PostgreSQL, the simulator, the api, a worker and a reconciler (the
+//! binaries `cargo build --workspace --bins` makes), all exporting their spans over OTLP/HTTP to a
+//! receiver inside the test, which decodes them with the OTLP protobuf types. The worker and the
+//! reconciler reach the simulator through a recording proxy in the test, so the `traceparent` each
+//! provider request carried can be checked against the spans exported for it. Every distinctive
+//! credential and value below is a canary: after the run, every process's log is searched for it.
+
+// Helpers outside `#[test]` functions fail loudly too: clippy's test exemption does not reach them.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use oncepay_devkit::pg::{Cluster, Durability, free_port};
+use oncepay_devkit::process::{Child, Spec};
+use oncepay_devkit::workspace;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::KeyValue;
+use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
+use prost::Message;
+use serde_json::{Value, json};
+use sqlx::{Connection, PgConnection};
+use tokio::net::TcpListener;
+
+/// The credential the worker and the reconciler present to the provider.
+const PROVIDER_API_KEY: &str = "sk_test_CANARY_provider_key_7f3a9c";
+/// What the simulator signs its webhooks with; `WEBHOOK_SECRET` is `whsec_` + its base64.
+const WEBHOOK_SECRET_BYTES: &str = "CANARY-webhook-signing-key-0042";
+/// A key no tenant has, presented to the api.
+const WRONG_API_KEY: &str = "opk_CANARYwrongApiKeyThatMustNeverBeLogged0000000000000000";
+/// The client's idempotency key for the traced payment.
+const IDEMPOTENCY_KEY: &str = "CANARY-idempotency-key-52e1";
+/// Body values of the traced payment.
+const CUSTOMER: &str = "cus_CANARY_customer_8d41";
+const DESCRIPTION: &str = "CANARY description 77b0";
+const METADATA_VALUE: &str = "CANARY-metadata-31f6";
+/// A value in a body the api refuses.
+const REFUSED_BODY_VALUE: &str = "CANARY-refused-amount-9a07";
+/// An idempotency key the api refuses (it has a space).
+const REFUSED_KEY: &str = "CANARY refused key 4c2d";
+
+/// The worker gives up on a provider answer after this long; a hanging simulator holds it longer.
+const PROVIDER_TIMEOUT_MS: &str = "1000";
+const HANG_MS: &str = "4000";
+/// How long to wait for anything that the processes do on their own.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+fn webhook_secret() -> String {
+    format!("whsec_{}", STANDARD.encode(WEBHOOK_SECRET_BYTES))
+}
+
+/// What must never appear in any log line.
+fn canaries(api_key: &str) -> Vec<String> {
+    let secret = webhook_secret();
+    let secret_base64 = secret.trim_start_matches("whsec_").to_owned();
+    [
+        api_key,
+        WRONG_API_KEY,
+        PROVIDER_API_KEY,
+        &secret,
+        &secret_base64,
+        WEBHOOK_SECRET_BYTES,
+        IDEMPOTENCY_KEY,
+        REFUSED_KEY,
+        CUSTOMER,
+        DESCRIPTION,
+        METADATA_VALUE,
+        REFUSED_BODY_VALUE,
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect()
+}
+
+// ---------------------------------------------------------------------------------------------------
+// A small HTTP server for the test's own endpoints (the OTLP receiver, the provider proxy).
+
+type Handler =
+    Arc<dyn Fn(Request<Incoming>) -> Pin<Box<dyn Future<Output = Response<Full<Bytes>>> + Send>> + Send + Sync>;
+
+/// Serves `handler` on a free port of 127.0.0.1 until the test ends; returns the base URL.
+async fn serve(handler: Handler) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { continue };
+            let handler = handler.clone();
+            tokio::spawn(async move {
+                let service = service_fn(move |request| {
+                    let answer = handler(request);
+                    async move { Ok::<_, Infallible>(answer.await) }
+                });
+                // A client that gives up (the worker's timeout) ends its connection: not an error here.
+                let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+            });
+        }
+    });
+    url
+}
+
+/// One span as exported over OTLP.
+#[derive(Debug, Clone)]
+struct ExportedSpan {
+    service: String,
+    name: String,
+    trace_id: String,
+    span_id: String,
+    parent_span_id: String,
+    attributes: HashMap<String, String>,
+    /// (trace id, span id) of each linked span.
+    links: Vec<(String, String)>,
+    /// The names and attribute values of its events (the log lines written inside it).
+    events: Vec<String>,
+}
+
+impl ExportedSpan {
+    fn attribute(&self, key: &str) -> Option<&str> {
+        self.attributes.get(key).map(String::as_str)
+    }
+}
+
+fn text(attributes: &[KeyValue]) -> HashMap<String, String> {
+    attributes
+        .iter()
+        .filter_map(|kv| {
+            let value = match kv.value.as_ref()?.value.as_ref()? {
+                AnyValue::StringValue(s) => s.clone(),
+                AnyValue::IntValue(i) => i.to_string(),
+                AnyValue::BoolValue(b) => b.to_string(),
+                AnyValue::DoubleValue(d) => d.to_string(),
+                _ => return None,
+            };
+            Some((kv.key.clone(), value))
+        })
+        .collect()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// An OTLP/HTTP trace receiver: `POST /v1/traces` with an `ExportTraceServiceRequest` in protobuf.
+#[derive(Clone, Default)]
+struct Receiver {
+    spans: Arc<Mutex<Vec<ExportedSpan>>>,
+}
+
+impl Receiver {
+    async fn start(&self) -> String {
+        let spans = self.spans.clone();
+        serve(Arc::new(move |request: Request<Incoming>| {
+            let spans = spans.clone();
+            Box::pin(async move {
+                if request.uri().path() != "/v1/traces" {
+                    return status(StatusCode::NOT_FOUND);
+                }
+                let body = request.into_body().collect().await.unwrap().to_bytes();
+                let export = ExportTraceServiceRequest::decode(body).expect("an OTLP protobuf export");
+                let mut received = spans.lock().unwrap();
+                for resource in export.resource_spans {
+                    let attributes = resource.resource.map(|r| text(&r.attributes)).unwrap_or_default();
+                    let service = attributes.get("service.name").cloned().unwrap_or_default();
+                    for span in resource.scope_spans.into_iter().flat_map(|scope| scope.spans) {
+                        received.push(ExportedSpan {
+                            service: service.clone(),
+                            name: span.name,
+                            trace_id: hex(&span.trace_id),
+                            span_id: hex(&span.span_id),
+                            parent_span_id: hex(&span.parent_span_id),
+                            attributes: text(&span.attributes),
+                            links: span.links.iter().map(|l| (hex(&l.trace_id), hex(&l.span_id))).collect(),
+                            events: span
+                                .events
+                                .iter()
+                                .flat_map(|e| std::iter::once(e.name.clone()).chain(text(&e.attributes).into_values()))
+                                .collect(),
+                        });
+                    }
+                }
+                Response::builder()
+                    .header("content-type", "application/x-protobuf")
+                    .body(Full::new(Bytes::new()))
+                    .unwrap()
+            })
+        }))
+        .await
+    }
+
+    /// Every exported span, its name, attributes and events checked for canaries.
+    fn assert_no_canary_in_spans(&self, api_key: &str) {
+        let spans = self.spans.lock().unwrap();
+        assert!(spans.len() > 10, "only {} spans were exported", spans.len());
+        for span in spans.iter() {
+            let texts = std::iter::once(&span.name).chain(span.attributes.values()).chain(&span.events);
+            for text in texts {
+                for canary in canaries(api_key) {
+                    assert!(!text.contains(&canary), "a {} span leaks {canary:?}: {span:?}", span.service);
+                }
+            }
+        }
+    }
+
+    /// The one span of `service` named `name` that satisfies `matches`, once exported.
+    fn find(&self, service: &str, name: &str, matches: impl Fn(&ExportedSpan) -> bool) -> Option<ExportedSpan> {
+        let spans = self.spans.lock().unwrap();
+        let found: Vec<_> = spans.iter().filter(|s| s.service == service && s.name == name && matches(s)).collect();
+        assert!(found.len() <= 1, "more than one {service} {name} span matches: {found:#?}");
+        found.first().map(|s| (*s).clone())
+    }
+}
+
+fn status(code: StatusCode) -> Response<Full<Bytes>> {
+    Response::builder().status(code).body(Full::new(Bytes::new())).unwrap()
+}
+
+/// A provider request as the proxy saw it.
+#[derive(Debug, Clone)]
+struct ProviderRequest {
+    method: String,
+    path_and_query: String,
+    traceparent: Option<String>,
+}
+
+/// Forwards every request to the simulator and remembers its method, path and `traceparent`.
+#[derive(Clone, Default)]
+struct Proxy {
+    seen: Arc<Mutex<Vec<ProviderRequest>>>,
+}
+
+impl Proxy {
+    async fn start(&self, upstream: String) -> String {
+        let seen = self.seen.clone();
+        let client = reqwest::Client::new();
+        serve(Arc::new(move |request: Request<Incoming>| {
+            let (seen, client, upstream) = (seen.clone(), client.clone(), upstream.clone());
+            Box::pin(async move {
+                let (parts, body) = request.into_parts();
+                let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_owned();
+                seen.lock().unwrap().push(ProviderRequest {
+                    method: parts.method.to_string(),
+                    path_and_query: path_and_query.clone(),
+                    traceparent: parts.headers.get("traceparent").map(|v| v.to_str().unwrap().to_owned()),
+                });
+                let body = body.collect().await.unwrap().to_bytes();
+                let mut forward = client.request(parts.method.clone(), format!("{upstream}{path_and_query}"));
+                for (name, value) in &parts.headers {
+                    if name != "host" {
+                        forward = forward.header(name, value);
+                    }
+                }
+                let Ok(answer) = forward.body(body).send().await else {
+                    return status(StatusCode::BAD_GATEWAY);
+                };
+                let mut response = Response::builder().status(answer.status().as_u16());
+                for (name, value) in answer.headers() {
+                    response = response.header(name, value);
+                }
+                response.body(Full::new(answer.bytes().await.unwrap_or_default())).unwrap()
+            })
+        }))
+        .await
+    }
+
+    fn requests(&self) -> Vec<ProviderRequest> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The world: PostgreSQL, the four processes, the receiver and the proxy.
+
+/// How a test wants the processes to behave.
+struct Scenario {
+    /// `ONCEPAY_FAULTS__*` for the simulator.
+    faults: &'static [(&'static str, &'static str)],
+    /// How often the reconciler's poller looks for due unknown payments.
+    poller_interval_ms: &'static str,
+}
+
+/// A tenant and its API key, as the operator CLI made them.
+struct Tenant {
+    id: String,
+    api_key: String,
+}
+
+struct World {
+    cluster: Cluster,
+    database_url: String,
+    logs: tempfile::TempDir,
+    receiver: Receiver,
+    proxy: Proxy,
+    api: String,
+    worker: String,
+    reconciler: String,
+    simulator: String,
+    http: reqwest::Client,
+    children: Vec<Child>,
+}
+
+fn binary(name: &str) -> PathBuf {
+    workspace::binary(name).expect("build every binary first: cargo build --workspace --bins")
+}
+
+impl World {
+    async fn start(scenario: &Scenario) -> Self {
+        oncepay_shared::tls::install_provider();
+        let cluster = Cluster::start(Durability::Fast).await.unwrap();
+        cluster.create_database("oncepay").await.unwrap();
+        let database_url = cluster.url("oncepay");
+        let logs = tempfile::Builder::new().prefix("oncepay-observability-").tempdir().unwrap();
+        let receiver = Receiver::default();
+        let otlp = receiver.start().await;
+        let ports = [free_port().unwrap(), free_port().unwrap(), free_port().unwrap(), free_port().unwrap()];
+        let [api, worker, reconciler, simulator] = ports.map(|port| format!("http://127.0.0.1:{port}"));
+        let proxy = Proxy::default();
+        let provider = proxy.start(simulator.clone()).await;
+        let mut world = Self {
+            cluster,
+            database_url,
+            logs,
+            receiver,
+            proxy,
+            api,
+            worker,
+            reconciler,
+            simulator,
+            http: reqwest::Client::new(),
+            children: Vec::new(),
+        };
+        world.cli(&["migrate"]).await;
+
+        // Production log format (JSON), with our own crates at `debug`, so every statement is audited.
+        let common = |spec: Spec, port: u16| {
+            spec.env("ONCEPAY_HTTP__PORT", port.to_string())
+                .env("ONCEPAY_TELEMETRY__LOG_FORMAT", "json")
+                .env(
+                    "ONCEPAY_TELEMETRY__LOG_FILTER",
+                    "info,oncepay_api=debug,oncepay_worker=debug,oncepay_reconciler=debug,oncepay_shared=debug,\
+                     oncepay_simulator=debug",
+                )
+                .env("ONCEPAY_TELEMETRY__OTLP_ENDPOINT", &otlp)
+                // Export every 100 ms rather than every 5 s (the OpenTelemetry SDK's own variable).
+                .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        };
+        let mut simulator = common(Spec::new("simulator", binary("oncepay-simulator"), world.logs.path()), ports[3])
+            .env("ONCEPAY_SIMULATOR__API_KEY", PROVIDER_API_KEY)
+            .env("ONCEPAY_SIMULATOR__WEBHOOK_SECRET", webhook_secret())
+            .env("ONCEPAY_SIMULATOR__WEBHOOK_URL", format!("{}/webhooks/provider", world.reconciler));
+        for (fault, value) in scenario.faults {
+            simulator = simulator.env(format!("ONCEPAY_FAULTS__{}", fault.to_uppercase()), *value);
+        }
+        let api = common(Spec::new("api", binary("oncepay-api"), world.logs.path()), ports[0])
+            .env("DATABASE_URL", &world.database_url);
+        let worker = common(Spec::new("worker", binary("oncepay-worker"), world.logs.path()), ports[1])
+            .env("DATABASE_URL", &world.database_url)
+            .env("ONCEPAY_PROVIDER__BASE_URL", &provider)
+            .env("ONCEPAY_PROVIDER__API_KEY", PROVIDER_API_KEY)
+            .env("ONCEPAY_PROVIDER__REQUEST_TIMEOUT_MS", PROVIDER_TIMEOUT_MS)
+            .env("ONCEPAY_WORKER__POLL_INTERVAL_MS", "100");
+        let reconciler = common(Spec::new("reconciler", binary("oncepay-reconciler"), world.logs.path()), ports[2])
+            .env("DATABASE_URL", &world.database_url)
+            .env("ONCEPAY_PROVIDER__BASE_URL", &provider)
+            .env("ONCEPAY_PROVIDER__API_KEY", PROVIDER_API_KEY)
+            .env("ONCEPAY_WEBHOOKS__SECRETS", format!("[\"{}\"]", webhook_secret()))
+            .env("ONCEPAY_POLLER__INTERVAL_MS", scenario.poller_interval_ms)
+            .env("ONCEPAY_POLLER__BACKOFF__BASE_MS", "200")
+            .env("ONCEPAY_POLLER__BACKOFF__MAX_MS", "500")
+            .env("ONCEPAY_BACKLOG__INTERVAL_MS", "100");
+        for spec in [simulator, api, worker, reconciler] {
+            let name = spec.name.clone();
+            let mut child = Child::spawn(spec).await.unwrap();
+            let ready = match name.as_str() {
+                "simulator" => &world.simulator,
+                "api" => &world.api,
+                "worker" => &world.worker,
+                _ => &world.reconciler,
+            };
+            child.wait_until_ready(&format!("{ready}/readyz"), Duration::from_secs(30)).await.unwrap();
+            world.children.push(child);
+        }
+        world
+    }
+
+    /// Runs an operator command (`oncepay-reconciler --json ...`) to completion; returns its output.
+    async fn cli(&self, args: &[&str]) -> Value {
+        let output = tokio::process::Command::new(binary("oncepay-reconciler"))
+            .arg("--json")
+            .args(args)
+            .env("DATABASE_URL", &self.database_url)
+            .output()
+            .await
+            .unwrap();
+        assert!(output.status.success(), "{args:?}: {}", String::from_utf8_lossy(&output.stderr));
+        serde_json::from_slice(&output.stdout).unwrap_or(Value::Null)
+    }
+
+    async fn tenant(&self, name: &str, rate_limit: Option<&str>) -> Tenant {
+        let mut args = vec!["tenants", "create", name];
+        if let Some(limit) = rate_limit {
+            args.extend(["--rate-limit", limit]);
+        }
+        let created = self.cli(&args).await;
+        Tenant {
+            id: created["tenant"]["tenant_id"].as_str().unwrap().to_owned(),
+            api_key: created["api_key"].as_str().unwrap().to_owned(),
+        }
+    }
+
+    /// `POST /v1/payments` with the given credential, key and raw body.
+    async fn post(&self, api_key: &str, key: Option<&str>, body: &str) -> (StatusCode, Value) {
+        let mut request = self
+            .http
+            .post(format!("{}/v1/payments", self.api))
+            .bearer_auth(api_key)
+            .header("content-type", "application/json")
+            .body(body.to_owned());
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        let response = request.send().await.unwrap();
+        let status = StatusCode::from_u16(response.status().as_u16()).unwrap();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Waits (long polls) until the payment is `succeeded`.
+    async fn until_succeeded(&self, api_key: &str, payment_id: &str) {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            let payment: Value = self
+                .http
+                .get(format!("{}/v1/payments/{payment_id}", self.api))
+                .bearer_auth(api_key)
+                .header("prefer", "wait=5")
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            if payment["status"] == "succeeded" {
+                return;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{payment}\n{}", self.all_logs());
+        }
+    }
+
+    /// Waits until `condition` holds, or fails with every process's log.
+    async fn until<T>(&self, what: &str, mut condition: impl FnMut() -> Option<T>) -> T {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            if let Some(found) = condition() {
+                return found;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{what}: not after {PATIENCE:?}\n{}", self.all_logs());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Scrapes `/metrics` of `service` until `done` holds for it; returns that scrape.
+    async fn until_scraped(&self, service: &str, what: &str, done: impl Fn(&str) -> bool) -> String {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            let text = self.metrics(service).await;
+            if done(&text) {
+                return text;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{what}: not after {PATIENCE:?}\n{text}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until `/metrics` of `service` shows `series` at `expected`.
+    async fn until_metric(&self, service: &str, series: &str, expected: f64) {
+        self.until_scraped(service, &format!("{series} = {expected}"), |text| metric(text, series) == Some(expected))
+            .await;
+    }
+
+    async fn metrics(&self, service: &str) -> String {
+        self.http.get(format!("{service}/metrics")).send().await.unwrap().text().await.unwrap()
+    }
+
+    /// Stops every process politely (each flushes its spans and logs on the way out).
+    async fn stop(&mut self) {
+        for child in self.children.iter_mut().rev() {
+            let exited = child.terminate(Duration::from_secs(20)).await.unwrap();
+            assert!(exited.success(), "{} exited with {exited}\n{}", child.name(), child.log().await.unwrap());
+        }
+    }
+
+    fn all_logs(&self) -> String {
+        let mut all = String::new();
+        for entry in std::fs::read_dir(self.logs.path()).unwrap() {
+            let path = entry.unwrap().path();
+            all.push_str(&format!("--- {}\n{}\n", path.display(), std::fs::read_to_string(&path).unwrap()));
+        }
+        all
+    }
+
+    /// The log lines of one process.
+    fn log_of(&self, name: &str) -> String {
+        std::fs::read_to_string(self.logs.path().join(format!("{name}.log"))).unwrap()
+    }
+
+    /// Every log line of every process, and every exported span, checked for canaries.
+    fn assert_no_canary_in_logs(&self, api_key: &str) {
+        self.receiver.assert_no_canary_in_spans(api_key);
+        let mut lines = 0;
+        for entry in std::fs::read_dir(self.logs.path()).unwrap() {
+            let path = entry.unwrap().path();
+            let log = std::fs::read_to_string(&path).unwrap();
+            for line in log.lines() {
+                lines += 1;
+                for canary in canaries(api_key) {
+                    assert!(!line.contains(&canary), "{} leaks {canary:?}:\n{line}", path.display());
+                }
+            }
+        }
+        assert!(lines > 20, "the processes logged only {lines} lines");
+    }
+}
+
+/// The value of one series (`name{labels}` exactly as rendered) in Prometheus text.
+fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .find_map(|line| line.rsplit_once(' ').filter(|(name, _)| *name == series).map(|(_, value)| value))
+        .map(|value| value.parse().unwrap())
+}
+
+fn payment_body() -> String {
+    json!({
+        "amount": 4200,
+        "currency": "EUR",
+        "customer_id": CUSTOMER,
+        "description": DESCRIPTION,
+        "metadata": {"order": METADATA_VALUE},
+    })
+    .to_string()
+}
+
+/// Sends the canary payment through, with refused requests carrying canaries around it; returns its
+/// id once it has succeeded.
+async fn canary_payment(world: &World, tenant: &Tenant) -> String {
+    let (status, _) = world.post(WRONG_API_KEY, Some(IDEMPOTENCY_KEY), &payment_body()).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _) = world.post(&tenant.api_key, Some(REFUSED_KEY), &payment_body()).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let refused = json!({"amount": REFUSED_BODY_VALUE, "currency": "EUR", "customer_id": CUSTOMER}).to_string();
+    let (status, _) = world.post(&tenant.api_key, Some("refused-body"), &refused).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+
+    let (status, accepted) = world.post(&tenant.api_key, Some(IDEMPOTENCY_KEY), &payment_body()).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{accepted}");
+    let payment_id = accepted["id"].as_str().unwrap().to_owned();
+    world.until_succeeded(&tenant.api_key, &payment_id).await;
+    payment_id
+}
+
+/// The spans of the payment's journey up to the moment it became `unknown`, checked for parentage:
+/// the api's `POST`, the worker's processing as its child, the provider call and the recording as the
+/// worker's children. The provider request carried the provider call's own context.
+async fn journey_to_unknown(world: &World, payment_id: &str) -> (ExportedSpan, ExportedSpan) {
+    let receiver = &world.receiver;
+    let ours = |s: &ExportedSpan| s.attribute("payment.id") == Some(payment_id);
+    let request = world
+        .until("the api's request span", || {
+            receiver.find("oncepay-api", "http.request", |s| ours(s) && s.attribute("http.method") == Some("POST"))
+        })
+        .await;
+    let process = world.until("the worker's span", || receiver.find("oncepay-worker", "worker.process", ours)).await;
+    let record =
+        world.until("the worker's record span", || receiver.find("oncepay-worker", "worker.record", ours)).await;
+    let in_process = |s: &ExportedSpan| s.parent_span_id == process.span_id;
+    let call = world
+        .until("the provider call's span", || receiver.find("oncepay-worker", "provider.create_charge", in_process))
+        .await;
+
+    assert_eq!(request.attribute("http.route"), Some("/v1/payments"), "{request:?}");
+    assert_eq!(process.trace_id, request.trace_id, "the worker continues the request's trace");
+    assert_eq!(process.parent_span_id, request.span_id, "the worker's span is a child of the request's");
+    assert_eq!(process.attribute("decision"), Some("unknown"), "{process:?}");
+    assert_eq!(call.trace_id, request.trace_id);
+    assert_eq!(call.attribute("provider.outcome"), Some("uncertain"), "{call:?}");
+    assert_eq!(
+        (record.trace_id.as_str(), record.parent_span_id.as_str()),
+        (request.trace_id.as_str(), process.span_id.as_str())
+    );
+
+    let charge_posts: Vec<_> = world
+        .proxy
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "POST" && r.path_and_query == "/v1/charges")
+        .collect();
+    assert_eq!(charge_posts.len(), 1, "{charge_posts:?}");
+    assert_eq!(
+        charge_posts[0].traceparent.as_deref(),
+        Some(format!("00-{}-{}-01", call.trace_id, call.span_id).as_str()),
+        "the provider request carries the provider call's context"
+    );
+    // The worker's log line about the outcome leads to the trace: it carries the trace and span ids.
+    let logged = world.log_of("worker");
+    let line = logged.lines().find(|l| l.contains(payment_id) && l.contains("uncertain")).expect("a log line");
+    let ids = format!(r#""trace_id":"{}","span_id":"{}""#, request.trace_id, process.span_id);
+    assert!(line.contains(&ids), "{line}");
+    (request, record)
+}
+
+#[tokio::test]
+async fn one_payment_is_one_trace_from_the_request_to_the_webhook_that_settles_it() {
+    // The simulator charges, then holds its answer past the worker's timeout (the payment becomes
+    // `unknown`), and its webhook arrives after that; the poller waits a minute, so the webhook settles.
+    let scenario = Scenario {
+        faults: &[("hang_after_rate", "1.0"), ("hang_ms", HANG_MS), ("webhook_delay_ms", "2500")],
+        poller_interval_ms: "60000",
+    };
+    let mut world = World::start(&scenario).await;
+    let tenant = world.tenant("acme", None).await;
+
+    let payment_id = canary_payment(&world, &tenant).await;
+
+    let (request, record) = journey_to_unknown(&world, &payment_id).await;
+    let resolve = world
+        .until("the webhook's resolution span", || {
+            world
+                .receiver
+                .find("oncepay-reconciler", "webhook.resolve", |s| s.attribute("payment.id") == Some(&payment_id))
+        })
+        .await;
+    assert_eq!(resolve.trace_id, request.trace_id, "the resolution is in the payment's trace");
+    assert_eq!(resolve.parent_span_id, record.span_id, "it continues from the worker's recording of `unknown`");
+    assert_eq!(resolve.attribute("resolution"), Some("webhook_charged"));
+    let delivery = world
+        .until("the webhook delivery's span", || {
+            world
+                .receiver
+                .find("oncepay-reconciler", "webhook.apply", |s| s.attribute("payment.id") == Some(&payment_id))
+        })
+        .await;
+    assert_ne!(delivery.trace_id, request.trace_id, "a delivery is a trace of its own");
+    assert_eq!(resolve.links, [(delivery.trace_id.clone(), delivery.span_id.clone())], "linked to the delivery");
+
+    world.stop().await;
+    world.assert_no_canary_in_logs(&tenant.api_key);
+}
+
+#[tokio::test]
+async fn one_payment_is_one_trace_from_the_request_to_the_poll_that_settles_it() {
+    // As above, but no webhook ever arrives: the poller finds the charge by the payment's key.
+    let scenario = Scenario {
+        faults: &[("hang_after_rate", "1.0"), ("hang_ms", HANG_MS), ("webhook_drop_rate", "1.0")],
+        poller_interval_ms: "100",
+    };
+    let mut world = World::start(&scenario).await;
+    let tenant = world.tenant("acme", None).await;
+
+    let payment_id = canary_payment(&world, &tenant).await;
+
+    let (request, record) = journey_to_unknown(&world, &payment_id).await;
+    let poll = world
+        .until("the poll's span", || {
+            world.receiver.find("oncepay-reconciler", "poller.poll", |s| {
+                s.attribute("payment.id") == Some(&payment_id) && s.attribute("poll.outcome") == Some("charged")
+            })
+        })
+        .await;
+    assert_eq!(poll.trace_id, request.trace_id, "the resolution is in the payment's trace");
+    assert_eq!(poll.parent_span_id, record.span_id, "it continues from the worker's recording of `unknown`");
+    let lookup = world
+        .until("the provider lookup's span", || {
+            world.receiver.find("oncepay-reconciler", "provider.find_by_key", |s| s.parent_span_id == poll.span_id)
+        })
+        .await;
+    let lookups: Vec<_> = world
+        .proxy
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "GET" && r.path_and_query.contains(&payment_id))
+        .collect();
+    let carried = format!("00-{}-{}-01", lookup.trace_id, lookup.span_id);
+    assert!(lookups.iter().any(|r| r.traceparent.as_deref() == Some(carried.as_str())), "{lookups:?} {carried}");
+
+    world.stop().await;
+    world.assert_no_canary_in_logs(&tenant.api_key);
+}
+
+#[tokio::test]
+async fn metrics_count_a_scripted_workload_and_the_gauges_reflect_the_database() {
+    let scenario = Scenario { faults: &[], poller_interval_ms: "100" };
+    let mut world = World::start(&scenario).await;
+    let tenant = world.tenant("acme", None).await;
+    let slow = world.tenant("slow", Some("1")).await;
+    let body = payment_body();
+
+    // Two payments created, the first replayed three times, its key reused once with another body.
+    let (status, first) = world.post(&tenant.api_key, Some(IDEMPOTENCY_KEY), &body).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let (status, _) = world.post(&tenant.api_key, Some("second-payment"), &body).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    for _ in 0..3 {
+        let (status, replayed) = world.post(&tenant.api_key, Some(IDEMPOTENCY_KEY), &body).await;
+        assert!(status.is_success(), "{status}");
+        assert_eq!(replayed["id"], first["id"]);
+    }
+    let other = json!({"amount": 1, "currency": "EUR", "customer_id": CUSTOMER}).to_string();
+    let (status, _) = world.post(&tenant.api_key, Some(IDEMPOTENCY_KEY), &other).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    // The key is being written by another transaction right now, past the api's lock wait: 409.
+    let mut writer = PgConnection::connect(&world.database_url).await.unwrap();
+    let mut in_flight = writer.begin().await.unwrap();
+    sqlx::query(
+        "WITH payment AS (
+             INSERT INTO payments (tenant_id, payment_id, amount, currency, customer_id)
+             VALUES ($1::uuid, gen_random_uuid(), 1, 'EUR', 'cus_1') RETURNING tenant_id, payment_id)
+         INSERT INTO idempotency_keys (tenant_id, idempotency_key, fingerprint, payment_id, expires_at)
+         SELECT tenant_id, 'held-key', sha256('held'), payment_id, now() + interval '1 day' FROM payment",
+    )
+    .bind(&tenant.id)
+    .execute(&mut *in_flight)
+    .await
+    .unwrap();
+    let (status, _) = world.post(&tenant.api_key, Some("held-key"), &body).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    in_flight.rollback().await.unwrap();
+    // Refused before the store: a wrong key, a missing idempotency key, the second request of a tenant
+    // limited to one per second.
+    assert_eq!(world.post(WRONG_API_KEY, Some("k"), &body).await.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(world.post(&tenant.api_key, None, &body).await.0, StatusCode::BAD_REQUEST);
+    assert_eq!(world.post(&slow.api_key, Some("slow-1"), &body).await.0, StatusCode::ACCEPTED);
+    assert_eq!(world.post(&slow.api_key, Some("slow-2"), &body).await.0, StatusCode::TOO_MANY_REQUESTS);
+
+    let api = world.metrics(&world.api).await;
+    let intake = |outcome: &str| metric(&api, &format!("oncepay_api_intake_total{{outcome=\"{outcome}\"}}"));
+    let counted: Vec<_> =
+        ["created", "replayed", "key_reused", "key_in_use", "unauthorized", "invalid", "rate_limited"]
+            .into_iter()
+            .map(|outcome| (outcome, intake(outcome)))
+            .collect();
+    assert_eq!(
+        counted,
+        [
+            ("created", Some(3.0)),
+            ("replayed", Some(3.0)),
+            ("key_reused", Some(1.0)),
+            ("key_in_use", Some(1.0)),
+            ("unauthorized", Some(1.0)),
+            ("invalid", Some(1.0)),
+            ("rate_limited", Some(1.0)),
+        ]
+    );
+    assert_eq!(intake("store_unavailable"), Some(0.0), "registered at zero before the first one");
+    let posts = metric(&api, "oncepay_api_request_duration_seconds_count{route=\"/v1/payments\",method=\"POST\"}");
+    assert_eq!(posts, Some(11.0), "every POST is timed");
+
+    // The worker sends the three payments, each charged at once.
+    world.until_metric(&world.worker, "oncepay_worker_provider_outcomes_total{class=\"charged\"}", 3.0).await;
+    world.until_metric(&world.worker, "oncepay_worker_drain_latency_seconds_count", 3.0).await;
+    let worker = world.metrics(&world.worker).await;
+    assert_eq!(metric(&worker, "oncepay_worker_claims_total"), Some(3.0));
+    assert_eq!(metric(&worker, "oncepay_worker_provider_outcomes_total{class=\"uncertain\"}"), Some(0.0));
+    // Each charge's webhook reaches the reconciler, which only records it: the worker settles (or is
+    // settling) the payment itself.
+    let webhooks = |text: &str, verdict: &str| {
+        metric(text, &format!("oncepay_reconciler_webhooks_total{{verdict=\"{verdict}\"}}")).unwrap_or(-1.0)
+    };
+    let reconciler = world
+        .until_scraped(&world.reconciler, "three webhooks", |text| {
+            webhooks(text, "not_unknown") + webhooks(text, "already_terminal") == 3.0
+        })
+        .await;
+    assert_eq!(webhooks(&reconciler, "applied"), 0.0);
+    assert_eq!(webhooks(&reconciler, "invalid_signature"), 0.0);
+
+    // Seeded backlog: two payments waiting for a retry in an hour (the older accepted ten minutes
+    // ago), one `unknown` for half an hour that the poller will not look at yet, a dead-lettered
+    // payment and a conflict on a succeeded one, each with its open dead letter.
+    let mut db = PgConnection::connect(&world.database_url).await.unwrap();
+    for statement in [
+        "WITH p AS (
+             INSERT INTO payments (tenant_id, payment_id, amount, currency, customer_id, created_at, updated_at)
+             SELECT $1::uuid, gen_random_uuid(), 1, 'EUR', 'cus_seed', now() - make_interval(mins => m), now()
+             FROM (VALUES (10), (1)) AS ages (m)
+             RETURNING tenant_id, payment_id, created_at)
+         INSERT INTO outbox (tenant_id, payment_id, available_at, created_at)
+         SELECT tenant_id, payment_id, now() + interval '1 hour', created_at FROM p",
+        "WITH p AS (
+             INSERT INTO payments (tenant_id, payment_id, status, amount, currency, customer_id, send_attempts,
+                                   first_sent_at)
+             VALUES ($1::uuid, gen_random_uuid(), 'unknown', 1, 'EUR', 'cus_seed', 1, now())
+             RETURNING tenant_id, payment_id)
+         INSERT INTO unknown_payments (tenant_id, payment_id, reason, since, next_poll_at)
+         SELECT tenant_id, payment_id, 'timeout', now() - interval '30 minutes', now() + interval '1 hour' FROM p",
+        "WITH p AS (
+             INSERT INTO payments (tenant_id, payment_id, status, amount, currency, customer_id, send_attempts,
+                                   first_sent_at)
+             VALUES ($1::uuid, gen_random_uuid(), 'dead_lettered', 1, 'EUR', 'cus_seed', 1, now())
+             RETURNING tenant_id, payment_id)
+         INSERT INTO dead_letters (tenant_id, payment_id, kind, reason)
+         SELECT tenant_id, payment_id, 'unresolved', 'seeded' FROM p",
+        "INSERT INTO dead_letters (tenant_id, payment_id, kind, reason)
+         SELECT tenant_id, payment_id, 'conflict', 'seeded' FROM payments
+         WHERE tenant_id = $1::uuid AND status = 'succeeded' LIMIT 1",
+    ] {
+        sqlx::query(statement).bind(&tenant.id).execute(&mut db).await.unwrap();
+    }
+
+    for (series, expected) in [
+        ("oncepay_reconciler_outbox_depth{state=\"scheduled\"}", 2.0),
+        ("oncepay_reconciler_outbox_depth{state=\"due\"}", 0.0),
+        ("oncepay_reconciler_outbox_depth{state=\"leased\"}", 0.0),
+        ("oncepay_reconciler_unknown_payments", 1.0),
+        ("oncepay_reconciler_open_dead_letters{kind=\"unresolved\"}", 1.0),
+        ("oncepay_reconciler_open_dead_letters{kind=\"conflict\"}", 1.0),
+    ] {
+        world.until_metric(&world.reconciler, series, expected).await;
+    }
+    let reconciler = world.metrics(&world.reconciler).await;
+    let oldest_pending = metric(&reconciler, "oncepay_reconciler_oldest_pending_age_seconds").unwrap();
+    assert!((600.0..660.0).contains(&oldest_pending), "{oldest_pending}");
+    let oldest_unknown = metric(&reconciler, "oncepay_reconciler_oldest_unknown_age_seconds").unwrap();
+    assert!((1800.0..1860.0).contains(&oldest_unknown), "{oldest_unknown}");
+
+    // The store goes away: the api fails closed, and counts it.
+    world.cluster.stop().await.unwrap();
+    assert_eq!(world.post(&tenant.api_key, Some("no-store"), &body).await.0, StatusCode::SERVICE_UNAVAILABLE);
+    world.until_metric(&world.api, "oncepay_api_intake_total{outcome=\"store_unavailable\"}", 1.0).await;
+
+    world.assert_no_canary_in_logs(&tenant.api_key);
+}
