@@ -1,0 +1,163 @@
+//! Trace continuity in the reconciler: an `unknown` payment's queue row keeps the trace it was given,
+//! the sweeper hands on the outbox row's trace when it makes a payment `unknown`, and the poller's
+//! lookup and the resend it decides continue that trace. In a binary of its own, since it installs
+//! the process-wide tracing subscriber.
+
+// Helpers outside `#[test]` functions fail loudly too: clippy's test exemption does not reach them.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use oncepay_reconciler::poller::{Poller, PollerConfig};
+use oncepay_reconciler::sweeper::{Sweeper, SweeperConfig};
+use oncepay_shared::backoff::Backoff;
+use oncepay_shared::config::{LogFormat, TelemetrySettings};
+use oncepay_shared::ids::{PaymentId, TenantId};
+use oncepay_shared::provider::http::{HttpProvider, ProviderSettings};
+use oncepay_shared::status::{PaymentStatus, Transition};
+use oncepay_shared::store::leases::KeyWindow;
+use oncepay_shared::store::{transitions, unknown_queue};
+use oncepay_shared::telemetry::{self, TelemetryGuard, TraceContext};
+use serde_json::json;
+use sqlx::PgPool;
+use support::{accept, change, claim, status, tenant};
+use wiremock::matchers::{method, path};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const WORKER_SPAN: &str = "00f067aa0ba902b7";
+
+fn traced() {
+    static TELEMETRY: OnceLock<TelemetryGuard> = OnceLock::new();
+    TELEMETRY.get_or_init(|| {
+        let settings =
+            TelemetrySettings { log_format: LogFormat::Text, log_filter: "warn".into(), otlp_endpoint: None };
+        telemetry::init("oncepay-reconciler-test", &settings).unwrap()
+    });
+}
+
+fn worker_span() -> TraceContext {
+    TraceContext { traceparent: format!("00-{TRACE_ID}-{WORKER_SPAN}-01"), tracestate: Some("vendor=1".into()) }
+}
+
+/// The trace id and span id of a `traceparent`.
+fn ids(traceparent: &str) -> (String, String) {
+    let parts: Vec<&str> = traceparent.split('-').collect();
+    (parts[1].to_owned(), parts[2].to_owned())
+}
+
+async fn stored_trace(pool: &PgPool, table: &str, payment_id: PaymentId) -> (Option<String>, Option<String>) {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT traceparent, tracestate FROM {table} WHERE payment_id = $1")))
+        .bind(payment_id.as_uuid())
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// A payment the worker sent a minute ago and recorded `unknown` inside `trace`.
+async fn unknown_in_trace(pool: &PgPool, tenant_id: TenantId, trace: &TraceContext) -> PaymentId {
+    let payment_id = accept(pool, tenant_id, "order-1", 1999).await;
+    claim(pool, tenant_id, payment_id, 60).await;
+    let mut tx = pool.begin().await.unwrap();
+    transitions::apply(&mut tx, &change(tenant_id, payment_id, PaymentStatus::Processing, Transition::Uncertain))
+        .await
+        .unwrap();
+    unknown_queue::enqueue(&mut tx, tenant_id, payment_id, "timeout", json!({}), Some(trace)).await.unwrap();
+    tx.commit().await.unwrap();
+    payment_id
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn the_poll_and_the_resend_it_decides_continue_the_payments_trace(pool: PgPool) {
+    traced();
+    let provider = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/v1/charges"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"data": [], "has_more": false})))
+        .mount(&provider)
+        .await;
+    let tenant_id = tenant(&pool, "acme").await;
+    let payment_id = unknown_in_trace(&pool, tenant_id, &worker_span()).await;
+    let settings = ProviderSettings {
+        base_url: provider.uri(),
+        api_key: "sk_test".to_owned().into(),
+        connect_timeout_ms: 500,
+        request_timeout_ms: 2_000,
+        key_window_secs: 86_400,
+        key_window_margin_secs: 3_600,
+    };
+    let poller = Poller::new(
+        pool.clone(),
+        HttpProvider::new(&settings).unwrap(),
+        PollerConfig {
+            interval: Duration::from_millis(10),
+            batch_size: 10,
+            concurrency: 1,
+            lease: Duration::from_secs(60),
+            backoff: Backoff { base: Duration::ZERO, max: Duration::ZERO },
+            max_attempts: 5,
+            max_age: Duration::from_secs(86_400),
+            resend_horizon: Duration::from_secs(82_800),
+        },
+    );
+
+    let counts = poller.run_once().await.unwrap();
+
+    assert_eq!(counts.resent, 1, "{counts:?}");
+    assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Pending);
+    let lookup = &provider.received_requests().await.unwrap()[0];
+    let (lookup_trace, lookup_span) = ids(lookup.headers.get("traceparent").expect("a traceparent").to_str().unwrap());
+    assert_eq!(lookup_trace, TRACE_ID, "the lookup is in the payment's trace");
+    assert_ne!(lookup_span, WORKER_SPAN, "from a span of the poller's own");
+    let (queued, _) = stored_trace(&pool, "outbox", payment_id).await;
+    let (queued_trace, queued_span) = ids(&queued.expect("the resend is queued in a trace"));
+    assert_eq!(queued_trace, TRACE_ID, "the resend continues the payment's trace");
+    assert_ne!(queued_span, WORKER_SPAN, "from the poll's span");
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn a_lease_swept_past_the_key_window_hands_the_outbox_rows_trace_to_the_unknown_queue(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+    let payment_id = accept(&pool, tenant_id, "order-1", 1999).await;
+    let request = worker_span();
+    // The api's row, claimed by a worker a day and a half ago, whose lease has expired.
+    sqlx::query(
+        "UPDATE outbox SET traceparent = $2, tracestate = $3, locked_by = 'w', fencing_token = 1, attempts = 1,
+                locked_until = now() - interval '1 minute'
+         WHERE payment_id = $1",
+    )
+    .bind(payment_id.as_uuid())
+    .bind(&request.traceparent)
+    .bind(&request.tracestate)
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE payments SET send_attempts = 1, first_sent_at = now() - interval '36 hours' WHERE payment_id = $1",
+    )
+    .bind(payment_id.as_uuid())
+    .execute(&pool)
+    .await
+    .unwrap();
+    transitions::apply(
+        &mut pool.acquire().await.unwrap(),
+        &change(tenant_id, payment_id, PaymentStatus::Pending, Transition::Claim),
+    )
+    .await
+    .unwrap();
+    let key_window = KeyWindow { window: Duration::from_secs(86_400), safety_margin: Duration::from_secs(3_600) };
+    let sweeper =
+        Sweeper::new(pool.clone(), SweeperConfig { interval: Duration::from_secs(1), batch_size: 10, key_window });
+
+    let counts = sweeper.run_once().await.unwrap();
+
+    assert_eq!(counts.uncertain, 1, "{counts:?}");
+    assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Unknown);
+    assert_eq!(
+        stored_trace(&pool, "unknown_payments", payment_id).await,
+        (Some(request.traceparent), request.tracestate)
+    );
+}
