@@ -45,6 +45,20 @@ struct Cli {
     commit: Option<String>,
 }
 
+/// Niceness every process of the run inherits (PostgreSQL, the binaries, pgbench), so that
+/// background work on the machine (builds, usually niced) takes less CPU from the measurement.
+const NICENESS: &str = "-10";
+
+/// Lowers this process's niceness before any child starts; says what happened, for the report.
+fn raise_priority() -> String {
+    let pid = std::process::id().to_string();
+    match std::process::Command::new("renice").args(["-n", NICENESS, "-p", &pid]).output() {
+        Ok(output) if output.status.success() => format!("niceness {NICENESS} for every process of the run"),
+        Ok(output) => format!("niceness unchanged: {}", String::from_utf8_lossy(&output.stderr).trim()),
+        Err(error) => format!("niceness unchanged: cannot run renice: {error}"),
+    }
+}
+
 fn key_value(text: &str) -> Result<(String, String), String> {
     text.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())).ok_or_else(|| format!("{text:?} is not KEY=VALUE"))
 }
@@ -73,7 +87,10 @@ async fn bench() -> anyhow::Result<()> {
         (_, true) => Profile::Full,
         _ => Profile::Standard,
     };
+    let priority = raise_priority();
+    eprintln!("bench: {priority}");
     let options = Options {
+        priority,
         profile,
         phases: cli.only,
         label: cli.label,
@@ -92,5 +109,8 @@ async fn bench() -> anyhow::Result<()> {
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "\n{}", report::table(&report.rows))?;
     writeln!(stdout, "report: {}", out.display())?;
-    Ok(())
+    match &report.error {
+        Some(error) => anyhow::bail!("the run stopped early: {error}"),
+        None => Ok(()),
+    }
 }

@@ -35,6 +35,8 @@ pub struct Report {
     pub command: Vec<String>,
     /// The commit the binaries were built from, when known.
     pub git_commit: Option<String>,
+    /// The run's scheduling priority against other work on the machine.
+    pub priority: String,
     /// Seconds of load before each window, and of each window.
     pub warmup_seconds: f64,
     /// See `warmup_seconds`.
@@ -45,6 +47,8 @@ pub struct Report {
     pub worker_env: Vec<String>,
     /// Where it ran.
     pub machine: Machine,
+    /// Why the run stopped early, if it did: the rows before it are kept.
+    pub error: Option<String>,
     /// Every measurement, in the order taken.
     pub rows: Vec<Row>,
 }

@@ -108,6 +108,8 @@ pub struct Options {
     pub command: Vec<String>,
     /// The commit, if known.
     pub git_commit: Option<String>,
+    /// What was done about other work on the machine (the run's scheduling priority).
+    pub priority: String,
 }
 
 impl Options {
@@ -192,7 +194,8 @@ struct Bench<'a> {
     rows: Vec<Row>,
 }
 
-/// Runs the benchmark.
+/// Runs the benchmark. A run that fails after the setup still returns what it measured, with the
+/// failure in [`Report::error`].
 pub async fn run(options: &Options) -> anyhow::Result<Report> {
     let started_at = time::OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339)?;
     let timing = options.profile.timing();
@@ -220,15 +223,17 @@ pub async fn run(options: &Options) -> anyhow::Result<Report> {
         label: options.label.clone(),
         command: options.command.clone(),
         git_commit: options.git_commit.clone(),
+        priority: options.priority.clone(),
         warmup_seconds: timing.warmup.as_secs_f64(),
         window_seconds: timing.window.as_secs_f64(),
         api_env: options.api_env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
         worker_env: options.worker_env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
         machine,
+        error: result.err().map(|error| format!("{error:#}")),
         rows: bench.rows,
     };
     main.pool.close().await;
-    result.map(|()| report)
+    Ok(report)
 }
 
 impl Bench<'_> {
