@@ -40,8 +40,9 @@ struct Cli {
     /// Where the processes' logs go (default: beside the report).
     #[arg(long)]
     log_dir: Option<PathBuf>,
-    /// The commit the binaries were built from, kept in the report.
-    #[arg(long, env = "ONCEPAY_BENCH_COMMIT")]
+    /// The commit the binaries were built from, kept in the report. (Not an environment variable:
+    /// the binaries it starts would read any `ONCEPAY_*` one as configuration.)
+    #[arg(long)]
     commit: Option<String>,
 }
 

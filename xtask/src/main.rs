@@ -154,7 +154,7 @@ async fn bench(quick: bool, full: bool, out: Option<PathBuf>, bench_args: &[Stri
     if let Ok(commit) = commit
         && commit.status.success()
     {
-        command.env("ONCEPAY_BENCH_COMMIT", String::from_utf8_lossy(&commit.stdout).trim());
+        command.arg("--commit").arg(String::from_utf8_lossy(&commit.stdout).trim());
     }
     let status = command.args(bench_args).status().await.context("cannot run oncepay-bench")?;
     Ok(if status.success() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
