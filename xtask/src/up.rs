@@ -55,11 +55,14 @@ pub async fn up(root: &Path, options: &Options) -> anyhow::Result<ExitCode> {
     // Ctrl-C is handled from the first moment: whatever has started by then is stopped cleanly.
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut running = Running::default();
+    // Starting and supervising are one future, so the signal branches stay armed throughout: a
+    // branch's handler runs after `select!` has stopped polling the others.
+    let run = async {
+        start(root, options, &mut running).await?;
+        supervise(&mut running.children).await
+    };
     let outcome = tokio::select! {
-        started = start(root, options, &mut running) => match started {
-            Ok(()) => supervise(&mut running.children).await,
-            Err(error) => Err(error),
-        },
+        outcome = run => outcome,
         _ = tokio::signal::ctrl_c() => Ok(ExitCode::SUCCESS),
         _ = terminate.recv() => Ok(ExitCode::SUCCESS),
     };
