@@ -272,9 +272,10 @@ mod tests {
 
             /// A success whose body cannot be read may well have charged: never a decline.
             #[test]
-            fn an_unreadable_success_is_uncertain(status in prop_oneof![Just(200u16), Just(201)], body in any_body()) {
-                prop_assume!(serde_json::from_slice::<Charge>(&body).is_err());
-
+            fn an_unreadable_success_is_uncertain(
+                status in prop_oneof![Just(200u16), Just(201)],
+                body in any_body().prop_filter("unreadable", |body| serde_json::from_slice::<Charge>(body).is_err()),
+            ) {
                 prop_assert_eq!(
                     SendOutcome::from_response(status, None, &body),
                     SendOutcome::Uncertain(UncertainReason::UnreadableAnswer)
