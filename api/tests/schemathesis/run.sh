@@ -16,6 +16,8 @@ shift
 : "${ONCEPAY_API_KEY:?set ONCEPAY_API_KEY to an API key of a tenant of that api}"
 
 work="${CARGO_TARGET_DIR:-$root/target}/schemathesis"
+mkdir -p "$work"
+work="$(cd "$work" && pwd)"
 venv="$work/venv"
 stamp="$venv/requirements.sha256"
 wanted="$(sha256sum "$here/requirements.txt" | cut -d' ' -f1)"
