@@ -20,6 +20,7 @@ use oncepay_shared::idempotency_key::IdempotencyKeyError;
 use oncepay_shared::payment_request::FieldError;
 use oncepay_shared::problem::{self, Problem, ProblemType};
 use oncepay_shared::store::StoreError;
+use oncepay_shared::telemetry;
 use time::OffsetDateTime;
 
 use crate::answer;
@@ -175,7 +176,7 @@ impl ApiError {
         match self {
             Self::Internal(error) => tracing::error!(error = format!("{error:#}"), "request failed unexpectedly"),
             Self::Unavailable { source, .. } => {
-                tracing::warn!(error = %error_chain(source), "request failed closed: the store is unavailable");
+                tracing::warn!(error = %telemetry::error_chain(source), "request failed closed: the store is unavailable");
             }
             _ => {}
         }
@@ -203,18 +204,6 @@ impl ResponseError for ApiError {
         }
         response
     }
-}
-
-/// `error` and its sources, joined by `: `.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut chain = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        chain.push_str(": ");
-        chain.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    chain
 }
 
 /// The default service of the app: any route that does not exist.

@@ -195,3 +195,16 @@ pub fn current_trace_id() -> Option<String> {
     let span_context = span.span_context();
     span_context.is_valid().then(|| span_context.trace_id().to_string())
 }
+
+/// An error and its sources joined by `: `, for one log field (`error = %error_chain(&e)`), so a log
+/// line carries the whole cause without a multi-line dump.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut chain = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        chain.push_str(": ");
+        chain.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    chain
+}

@@ -372,7 +372,7 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
             Err(error) => {
                 metrics::record_error();
                 tracing::error!(
-                    error = %error_chain(error),
+                    error = %telemetry::error_chain(error),
                     "could not record the send's outcome; the lease will expire and be swept"
                 );
             }
@@ -384,16 +384,4 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
         let free = (self.config().max_in_flight as usize).saturating_sub(in_flight);
         u32::try_from(free).unwrap_or(u32::MAX).min(self.config().batch_size)
     }
-}
-
-/// An error and its sources, for one log field.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut chain = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        chain.push_str(": ");
-        chain.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    chain
 }
