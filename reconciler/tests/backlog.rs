@@ -11,10 +11,11 @@ use std::time::Duration;
 
 use oncepay_reconciler::backlog::{self, Backlog};
 use oncepay_reconciler::dead_letters::{self, Kind};
+use oncepay_shared::fixtures::tenant;
 use oncepay_shared::ids::PaymentId;
 use serde_json::json;
 use sqlx::PgPool;
-use support::{accept, tenant, unknown_payment};
+use support::{accept, unknown_payment};
 
 async fn sql(pool: &PgPool, statement: &str, payment_id: PaymentId) {
     sqlx::query(sqlx::AssertSqlSafe(statement.to_owned())).bind(payment_id.as_uuid()).execute(pool).await.unwrap();

@@ -18,15 +18,15 @@ use oncepay_reconciler::unknown::{self, Why};
 use oncepay_reconciler::webhooks;
 use oncepay_shared::api_key;
 use oncepay_shared::db;
+use oncepay_shared::fixtures::{self, count, tenant};
 use oncepay_shared::ids::{PaymentId, TenantId};
 use oncepay_shared::provider::ChargeStatus;
-use oncepay_shared::provider::http::{HttpProvider, ProviderSettings};
 use oncepay_shared::provider::wire::{EventType, WebhookEvent};
 use oncepay_shared::status::PaymentStatus;
 use oncepay_shared::store::tenants::find_api_key;
 use serde_json::{Value, json};
 use sqlx::PgPool;
-use support::{count_for, status, tenant, unknown_payment};
+use support::{count_for, status, unknown_payment};
 use time::OffsetDateTime;
 use wiremock::matchers::{method, query_param};
 use wiremock::{Mock, MockServer, ResponseTemplate};
@@ -87,8 +87,8 @@ async fn tenant_commands_refuse_what_cannot_be_done_and_change_nothing(pool: PgP
     assert!(matches!(bad_limit, Err(CliError::Invalid(_))), "{bad_limit:?}");
     assert!(matches!(no_tenant, Err(CliError::NotFound(_))), "{no_tenant:?}");
     assert!(matches!(no_key, Err(CliError::NotFound(_))), "{no_key:?}");
-    assert_eq!(support::count(&pool, "tenants").await, 1);
-    assert_eq!(support::count(&pool, "api_keys").await, 1);
+    assert_eq!(count(&pool, "tenants").await, 1);
+    assert_eq!(count(&pool, "api_keys").await, 1);
 }
 
 #[sqlx::test(migrations = false)]
@@ -261,16 +261,7 @@ async fn resolving_as_succeeded_books_the_providers_charge_with_an_audit_row_nam
         .respond_with(ResponseTemplate::new(200).set_body_json(json!({"data": [found], "has_more": false})))
         .mount(&provider)
         .await;
-    oncepay_shared::tls::install_provider();
-    let settings = ProviderSettings {
-        base_url: provider.uri(),
-        api_key: "sk_test".to_owned().into(),
-        connect_timeout_ms: 500,
-        request_timeout_ms: 2_000,
-        key_window_secs: DAY as u64,
-        key_window_margin_secs: 3_600,
-    };
-    let provider = HttpProvider::new(&settings).unwrap();
+    let provider = fixtures::provider(&provider.uri());
     let mut conn = pool.acquire().await.unwrap();
 
     let unknown_charge = commands::find_charge(&mut conn, &provider, payment_id, "ch_other").await;
@@ -423,16 +414,7 @@ async fn resolving_as_succeeded_can_rest_on_a_charge_a_signed_webhook_reported(p
         .respond_with(ResponseTemplate::new(200).set_body_json(json!({"data": [], "has_more": false})))
         .mount(&provider)
         .await;
-    oncepay_shared::tls::install_provider();
-    let settings = ProviderSettings {
-        base_url: provider.uri(),
-        api_key: "sk_test".to_owned().into(),
-        connect_timeout_ms: 500,
-        request_timeout_ms: 2_000,
-        key_window_secs: DAY as u64,
-        key_window_margin_secs: 3_600,
-    };
-    let provider = HttpProvider::new(&settings).unwrap();
+    let provider = fixtures::provider(&provider.uri());
     let mut conn = pool.acquire().await.unwrap();
 
     let charge = commands::find_charge(&mut conn, &provider, payment_id, "ch_hooked").await.unwrap();

@@ -15,12 +15,13 @@ use std::time::Duration;
 use oncepay_devkit::pg::free_port;
 use oncepay_devkit::process::{Child, Spec};
 use oncepay_devkit::workspace;
+use oncepay_shared::fixtures::tenant;
 use oncepay_shared::ids::PaymentId;
 use oncepay_shared::status::PaymentStatus;
 use serde_json::Value;
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
-use support::{reaches, tenant};
+use support::reaches;
 
 const SIMULATOR_API_KEY: &str = "sk_test_oncepay_simulator";
 /// The worker gives up on an answer after this long; the simulator holds each answer longer.

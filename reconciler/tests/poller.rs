@@ -12,14 +12,15 @@ use std::time::Duration;
 use oncepay_reconciler::poller::{Counts, Poller, PollerConfig};
 use oncepay_reconciler::{unknown, webhooks};
 use oncepay_shared::backoff::Backoff;
+use oncepay_shared::fixtures::{self, tenant};
 use oncepay_shared::ids::PaymentId;
 use oncepay_shared::provider::ChargeStatus;
-use oncepay_shared::provider::http::{HttpProvider, ProviderSettings};
+use oncepay_shared::provider::http::HttpProvider;
 use oncepay_shared::provider::wire::{EventType, WebhookEvent};
 use oncepay_shared::status::PaymentStatus;
 use serde_json::{Value, json};
 use sqlx::PgPool;
-use support::{charge, count_for, status, tenant, unknown_payment};
+use support::{charge, count_for, status, unknown_payment};
 use wiremock::matchers::{method, path, query_param};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
@@ -40,15 +41,7 @@ fn config(max_attempts: u32) -> PollerConfig {
 }
 
 fn poller(pool: &PgPool, provider: &MockServer, max_attempts: u32) -> Poller<HttpProvider> {
-    let settings = ProviderSettings {
-        base_url: provider.uri(),
-        api_key: "sk_test".to_owned().into(),
-        connect_timeout_ms: 500,
-        request_timeout_ms: 2_000,
-        key_window_secs: DAY as u64,
-        key_window_margin_secs: 3_600,
-    };
-    Poller::new(pool.clone(), HttpProvider::new(&settings).unwrap(), config(max_attempts))
+    Poller::new(pool.clone(), fixtures::provider(&provider.uri()), config(max_attempts))
 }
 
 /// The provider answers a lookup of the payment's key with `status` and `body`.

@@ -10,12 +10,13 @@ use std::time::Duration;
 
 use oncepay_reconciler::reaper::{Counts, Reaper, ReaperConfig};
 use oncepay_reconciler::unknown::{self, Why};
+use oncepay_shared::fixtures::{count, tenant};
 use oncepay_shared::ids::{PaymentId, TenantId};
 use oncepay_shared::status::{PaymentStatus, Transition};
 use oncepay_shared::store::transitions::{self, Settlement};
 use serde_json::json;
 use sqlx::PgPool;
-use support::{accept, change, claim, count_for, tenant, unknown_payment};
+use support::{accept, change, claim, count_for, unknown_payment};
 use time::OffsetDateTime;
 
 fn reaper(pool: &PgPool, batch_size: u32) -> Reaper {
@@ -101,7 +102,7 @@ async fn keys_are_reaped_in_batches_of_the_configured_size(pool: PgPool) {
     let passes = [reaper.run_once().await.unwrap(), reaper.run_once().await.unwrap(), reaper.run_once().await.unwrap()];
 
     assert_eq!(passes.map(|c| c.keys), [2, 2, 1]);
-    assert_eq!(support::count(&pool, "idempotency_keys").await, 0);
+    assert_eq!(count(&pool, "idempotency_keys").await, 0);
 }
 
 #[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]

@@ -13,14 +13,15 @@ use oncepay_reconciler::recon::compare::Class;
 use oncepay_reconciler::recon::runs::Trigger;
 use oncepay_reconciler::recon::{Outcome, ReconConfig, Reconciliation, Window, commands};
 use oncepay_reconciler::render::Report;
+use oncepay_shared::fixtures::{self, count, tenant};
 use oncepay_shared::ids::{PaymentId, TenantId};
-use oncepay_shared::provider::http::{HttpProvider, ProviderSettings};
+use oncepay_shared::provider::http::HttpProvider;
 use oncepay_shared::provider::{Charge, ChargeStatus};
 use oncepay_shared::status::{PaymentStatus, Transition};
 use oncepay_shared::store::transitions::{self, Settlement};
 use serde_json::json;
 use sqlx::PgPool;
-use support::{accept, change, charge, claim, tenant};
+use support::{accept, change, charge, claim};
 use time::OffsetDateTime;
 use time::macros::date;
 use wiremock::matchers::{method, path, query_param, query_param_is_missing};
@@ -37,21 +38,13 @@ fn at(offset_secs: i64) -> OffsetDateTime {
 }
 
 fn reconciliation(pool: &PgPool, provider: &MockServer) -> Reconciliation<HttpProvider> {
-    let settings = ProviderSettings {
-        base_url: provider.uri(),
-        api_key: "sk_test".to_owned().into(),
-        connect_timeout_ms: 500,
-        request_timeout_ms: 2_000,
-        key_window_secs: 86_400,
-        key_window_margin_secs: 3_600,
-    };
     let config = ReconConfig {
         schedule: "0 0 2 * * *".into(),
         page_size: PAGE as u32,
         stale_after: Duration::from_secs(300),
         catch_up_days: 1,
     };
-    Reconciliation::new(pool.clone(), HttpProvider::new(&settings).unwrap(), config)
+    Reconciliation::new(pool.clone(), fixtures::provider(&provider.uri()), config)
 }
 
 /// A payment settled as succeeded with `charge_id` for `amount`, charged at `charged_at`.
@@ -199,8 +192,8 @@ async fn two_reconcilers_asking_for_one_window_at_once_make_one_run(pool: PgPool
     let completed: Vec<_> = outcomes.iter().filter(|o| matches!(o, Outcome::Completed(_))).collect();
     let skipped: Vec<_> = outcomes.iter().filter(|o| matches!(o, Outcome::AlreadyClaimed { .. })).collect();
     assert_eq!((completed.len(), skipped.len()), (1, 1), "{outcomes:?}");
-    assert_eq!(support::count(&pool, "recon_runs").await, 1);
-    assert_eq!(support::count(&pool, "recon_discrepancies").await, 4);
+    assert_eq!(count(&pool, "recon_runs").await, 1);
+    assert_eq!(count(&pool, "recon_discrepancies").await, 4);
     // Asking again later finds the completed run.
     let again = a.run_window(window(), Trigger::Operator).await.unwrap();
     assert!(matches!(again, Outcome::AlreadyClaimed { ref status, .. } if status == "completed"), "{again:?}");

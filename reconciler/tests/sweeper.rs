@@ -10,12 +10,13 @@ mod support;
 use std::time::Duration;
 
 use oncepay_reconciler::sweeper::{Sweeper, SweeperConfig};
+use oncepay_shared::fixtures::tenant;
 use oncepay_shared::ids::{PaymentId, TenantId};
 use oncepay_shared::status::{PaymentStatus, Transition};
 use oncepay_shared::store::leases::{KeyWindow, SweepCounts};
 use oncepay_shared::store::transitions;
 use sqlx::PgPool;
-use support::{accept, change, count_for, status, tenant};
+use support::{accept, change, count_for, status};
 
 /// A payment claimed by `worker-1`, first sent `sent_secs_ago`, whose lease ends `lease_left_secs`
 /// from now (negative: expired).

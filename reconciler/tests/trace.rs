@@ -15,15 +15,15 @@ use oncepay_reconciler::poller::{Poller, PollerConfig};
 use oncepay_reconciler::sweeper::{Sweeper, SweeperConfig};
 use oncepay_shared::backoff::Backoff;
 use oncepay_shared::config::{LogFormat, TelemetrySettings};
+use oncepay_shared::fixtures::{self, tenant};
 use oncepay_shared::ids::{PaymentId, TenantId};
-use oncepay_shared::provider::http::{HttpProvider, ProviderSettings};
 use oncepay_shared::status::{PaymentStatus, Transition};
 use oncepay_shared::store::leases::KeyWindow;
 use oncepay_shared::store::{transitions, unknown_queue};
 use oncepay_shared::telemetry::{self, TelemetryGuard, TraceContext};
 use serde_json::json;
 use sqlx::PgPool;
-use support::{accept, change, claim, status, tenant};
+use support::{accept, change, claim, status};
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
@@ -81,17 +81,9 @@ async fn the_poll_and_the_resend_it_decides_continue_the_payments_trace(pool: Pg
         .await;
     let tenant_id = tenant(&pool, "acme").await;
     let payment_id = unknown_in_trace(&pool, tenant_id, &worker_span()).await;
-    let settings = ProviderSettings {
-        base_url: provider.uri(),
-        api_key: "sk_test".to_owned().into(),
-        connect_timeout_ms: 500,
-        request_timeout_ms: 2_000,
-        key_window_secs: 86_400,
-        key_window_margin_secs: 3_600,
-    };
     let poller = Poller::new(
         pool.clone(),
-        HttpProvider::new(&settings).unwrap(),
+        fixtures::provider(&provider.uri()),
         PollerConfig {
             interval: Duration::from_millis(10),
             batch_size: 10,

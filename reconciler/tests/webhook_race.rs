@@ -11,12 +11,13 @@ use std::time::Duration;
 
 use oncepay_reconciler::finding;
 use oncepay_reconciler::webhooks::{self, Outcome};
+use oncepay_shared::fixtures::{count, tenant};
 use oncepay_shared::provider::ChargeStatus;
 use oncepay_shared::provider::wire::{EventType, WebhookEvent};
 use oncepay_shared::status::PaymentStatus;
 use oncepay_shared::store::transitions::{self, Applied};
 use sqlx::PgPool;
-use support::{accept, change, charge, claim, count, tenant};
+use support::{accept, change, charge, claim};
 
 /// Waits until some session of this database waits for a row lock.
 async fn someone_waits_for_a_lock(pool: &PgPool) {

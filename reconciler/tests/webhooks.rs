@@ -13,6 +13,7 @@ use base64::engine::general_purpose::STANDARD;
 use oncepay_reconciler::http;
 use oncepay_reconciler::unknown::{self, Why};
 use oncepay_reconciler::webhooks::WebhookState;
+use oncepay_shared::fixtures::{count, tenant};
 use oncepay_shared::ids::{PaymentId, TenantId};
 use oncepay_shared::ops_http::OpsState;
 use oncepay_shared::provider::wire::{EventType, WebhookEvent};
@@ -21,7 +22,7 @@ use oncepay_shared::status::PaymentStatus;
 use oncepay_shared::webhook_signature::WebhookSecret;
 use serde_json::{Value, json};
 use sqlx::PgPool;
-use support::{charge, count, count_for, status, tenant, unknown_payment};
+use support::{charge, count_for, status, unknown_payment};
 use time::OffsetDateTime;
 
 fn secret(seed: u8) -> WebhookSecret {

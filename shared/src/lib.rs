@@ -12,6 +12,8 @@ pub mod config;
 pub mod connections;
 pub mod db;
 pub mod fingerprint;
+#[cfg(feature = "fixtures")]
+pub mod fixtures;
 pub mod idempotency_key;
 pub mod ids;
 pub mod metrics;

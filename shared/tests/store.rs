@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use oncepay_shared::api_key;
 use oncepay_shared::fingerprint::Fingerprint;
+use oncepay_shared::fixtures::{Submission, accept, body, count, tenant};
 use oncepay_shared::idempotency_key::IdempotencyKey;
 use oncepay_shared::ids::{PaymentId, TenantId};
 use oncepay_shared::payment::PaymentResource;
-use oncepay_shared::payment_request::PaymentRequest;
 use oncepay_shared::status::{PaymentStatus, Transition};
-use oncepay_shared::store::intake::{self, NewPayment};
+use oncepay_shared::store::intake;
 use oncepay_shared::store::payments;
 use oncepay_shared::store::tenants::{self, CreateTenantError, TenantName};
 use oncepay_shared::store::transitions::{self, Applied, Change, Settlement, TransitionError};
@@ -20,40 +20,6 @@ use serde_json::json;
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use time::OffsetDateTime;
-
-async fn tenant(pool: &PgPool, name: &str) -> TenantId {
-    let mut conn = pool.acquire().await.unwrap();
-    tenants::create(&mut conn, &TenantName::parse(name).unwrap(), None).await.unwrap().tenant_id
-}
-
-fn body(amount: i64) -> serde_json::Value {
-    json!({"amount": amount, "currency": "EUR", "customer_id": "cus_1", "metadata": {"order": "42"}})
-}
-
-async fn accept(pool: &PgPool, tenant_id: TenantId, key: &str, body: &serde_json::Value) -> Option<intake::Created> {
-    let key = IdempotencyKey::parse(key.as_bytes()).unwrap();
-    let request = PaymentRequest::from_json(body).unwrap();
-    let fingerprint = Fingerprint::of("POST", "/v1/payments", body);
-    let mut conn = pool.acquire().await.unwrap();
-    intake::accept(
-        &mut conn,
-        &NewPayment {
-            tenant_id,
-            key: &key,
-            fingerprint: &fingerprint,
-            request: &request,
-            retention: Duration::from_secs(86_400),
-            trace: None,
-        },
-    )
-    .await
-    .unwrap()
-}
-
-async fn count(pool: &PgPool, table: &str) -> i64 {
-    // Test-only: the table name is one of ours, never input.
-    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}"))).fetch_one(pool).await.unwrap()
-}
 
 /// Puts an accepted payment into `processing`, as a worker's claim would.
 async fn claim(pool: &PgPool, tenant_id: TenantId, payment_id: PaymentId) {
@@ -73,7 +39,7 @@ async fn claim(pool: &PgPool, tenant_id: TenantId, payment_id: PaymentId) {
 async fn accepting_writes_the_key_payment_outbox_row_and_audit_row_together(pool: PgPool) {
     let tenant_id = tenant(&pool, "acme").await;
 
-    let created = accept(&pool, tenant_id, "order-1", &body(1999)).await.unwrap();
+    let created = accept(&pool, tenant_id, "order-1", &body(1999), None).await.unwrap();
 
     assert_eq!(created.payment.status, PaymentStatus::Pending);
     assert!(created.key_expires_at > created.payment.created_at + time::Duration::hours(23));
@@ -91,17 +57,8 @@ async fn accepting_wakes_the_workers_unless_the_caller_defers_the_wakeup(pool: P
     let mut listener = PgListener::connect_with(&pool).await.unwrap();
     listener.listen("oncepay_outbox").await.unwrap();
     let body = body(1999);
-    let request = PaymentRequest::from_json(&body).unwrap();
-    let fingerprint = Fingerprint::of("POST", "/v1/payments", &body);
-    let key = IdempotencyKey::parse(b"order-quiet").unwrap();
-    let new = NewPayment {
-        tenant_id,
-        key: &key,
-        fingerprint: &fingerprint,
-        request: &request,
-        retention: Duration::from_secs(86_400),
-        trace: None,
-    };
+    let submission = Submission::new("order-quiet", &body);
+    let new = submission.for_tenant(tenant_id, None);
 
     // Deferred: the rows, and no notification. A marker sent afterwards must be the first one
     // received, since notifications arrive in commit order.
@@ -110,7 +67,7 @@ async fn accepting_wakes_the_workers_unless_the_caller_defers_the_wakeup(pool: P
     sqlx::query("SELECT pg_notify('oncepay_outbox', 'marker')").execute(&mut *conn).await.unwrap();
     let first = tokio::time::timeout(Duration::from_secs(10), listener.recv()).await.unwrap().unwrap();
     // Not deferred: the same rows and a notification.
-    accept(&pool, tenant_id, "order-loud", &body).await.unwrap();
+    accept(&pool, tenant_id, "order-loud", &body, None).await.unwrap();
     let second = tokio::time::timeout(Duration::from_secs(10), listener.recv()).await.unwrap().unwrap();
 
     assert_eq!(first.payload(), "marker");
@@ -124,10 +81,10 @@ async fn accepting_wakes_the_workers_unless_the_caller_defers_the_wakeup(pool: P
 #[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
 async fn accepting_an_existing_key_writes_nothing_and_the_key_names_the_first_payment(pool: PgPool) {
     let tenant_id = tenant(&pool, "acme").await;
-    let first = accept(&pool, tenant_id, "order-1", &body(1999)).await.unwrap();
+    let first = accept(&pool, tenant_id, "order-1", &body(1999), None).await.unwrap();
 
-    let again = accept(&pool, tenant_id, "order-1", &body(1999)).await;
-    let misuse = accept(&pool, tenant_id, "order-1", &body(5)).await;
+    let again = accept(&pool, tenant_id, "order-1", &body(1999), None).await;
+    let misuse = accept(&pool, tenant_id, "order-1", &body(5), None).await;
 
     assert!(again.is_none());
     assert!(misuse.is_none());
@@ -146,8 +103,8 @@ async fn the_same_key_from_two_tenants_makes_two_payments_each_invisible_to_the_
     let acme = tenant(&pool, "acme").await;
     let globex = tenant(&pool, "globex").await;
 
-    let a = accept(&pool, acme, "order-1", &body(100)).await.unwrap();
-    let g = accept(&pool, globex, "order-1", &body(100)).await.unwrap();
+    let a = accept(&pool, acme, "order-1", &body(100), None).await.unwrap();
+    let g = accept(&pool, globex, "order-1", &body(100), None).await.unwrap();
 
     assert_ne!(a.payment.payment_id, g.payment.payment_id);
     let mut conn = pool.acquire().await.unwrap();
@@ -158,7 +115,7 @@ async fn the_same_key_from_two_tenants_makes_two_payments_each_invisible_to_the_
 #[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
 async fn a_success_writes_status_audit_ledger_stored_response_and_wakes_listeners(pool: PgPool) {
     let tenant_id = tenant(&pool, "acme").await;
-    let payment_id = accept(&pool, tenant_id, "order-1", &body(1999)).await.unwrap().payment.payment_id;
+    let payment_id = accept(&pool, tenant_id, "order-1", &body(1999), None).await.unwrap().payment.payment_id;
     claim(&pool, tenant_id, payment_id).await;
     let mut listener = PgListener::connect_with(&pool).await.unwrap();
     listener.listen("oncepay_payment").await.unwrap();
@@ -218,7 +175,7 @@ async fn a_success_writes_status_audit_ledger_stored_response_and_wakes_listener
 #[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
 async fn a_decline_records_the_failure_and_no_ledger_entry(pool: PgPool) {
     let tenant_id = tenant(&pool, "acme").await;
-    let payment_id = accept(&pool, tenant_id, "order-1", &body(1999)).await.unwrap().payment.payment_id;
+    let payment_id = accept(&pool, tenant_id, "order-1", &body(1999), None).await.unwrap().payment.payment_id;
     claim(&pool, tenant_id, payment_id).await;
 
     let mut conn = pool.acquire().await.unwrap();
@@ -251,7 +208,7 @@ async fn a_decline_records_the_failure_and_no_ledger_entry(pool: PgPool) {
 #[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
 async fn a_change_from_a_status_the_payment_has_left_loses_the_race_and_writes_nothing(pool: PgPool) {
     let tenant_id = tenant(&pool, "acme").await;
-    let payment_id = accept(&pool, tenant_id, "order-1", &body(1999)).await.unwrap().payment.payment_id;
+    let payment_id = accept(&pool, tenant_id, "order-1", &body(1999), None).await.unwrap().payment.payment_id;
     let events_before = count(&pool, "payment_events").await;
 
     let mut conn = pool.acquire().await.unwrap();
@@ -299,7 +256,7 @@ async fn a_change_from_a_status_the_payment_has_left_loses_the_race_and_writes_n
 #[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
 async fn moves_the_state_machine_forbids_are_refused_before_touching_the_database(pool: PgPool) {
     let tenant_id = tenant(&pool, "acme").await;
-    let payment_id = accept(&pool, tenant_id, "order-1", &body(1999)).await.unwrap().payment.payment_id;
+    let payment_id = accept(&pool, tenant_id, "order-1", &body(1999), None).await.unwrap().payment.payment_id;
     let mut conn = pool.acquire().await.unwrap();
     let change = |transition| Change {
         tenant_id,

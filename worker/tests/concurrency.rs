@@ -8,6 +8,7 @@ mod support;
 
 use std::time::Duration;
 
+use oncepay_shared::fixtures;
 use oncepay_shared::provider::http::HttpProvider;
 use oncepay_worker::{Counts, Drainer};
 use sqlx::PgPool;
@@ -65,8 +66,8 @@ async fn drain_with_workers(pool: PgPool, workers: usize, batch_size: u32) {
     for payment in &accepted {
         assert_eq!(requests.get(payment.payment_id.downstream_key().as_str()), Some(&1));
     }
-    assert_eq!(support::count(&pool, "outbox").await, 0, "nothing left in the outbox");
-    assert_eq!(support::count(&pool, "ledger_entries").await, PAYMENTS as i64);
+    assert_eq!(fixtures::count(&pool, "outbox").await, 0, "nothing left in the outbox");
+    assert_eq!(fixtures::count(&pool, "ledger_entries").await, PAYMENTS as i64);
     let mut total = Counts::default();
     for counts in &per_worker {
         assert!(counts.claimed > 0, "every worker took part: {per_worker:?}");

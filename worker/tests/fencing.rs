@@ -9,6 +9,7 @@ mod support;
 
 use std::time::Duration;
 
+use oncepay_shared::fixtures;
 use oncepay_shared::status::{PaymentStatus, Transition};
 use oncepay_shared::store::leases::{self, KeyWindow};
 use oncepay_shared::store::transitions::{self, Change, Settlement};
@@ -61,7 +62,7 @@ async fn a_worker_whose_lease_was_swept_cannot_record_and_the_resend_uses_the_sa
     let payment = support::payment(&pool, accepted).await;
     assert_eq!(payment.status, PaymentStatus::Succeeded);
     assert_eq!(payment.send_attempts, 2);
-    assert_eq!(support::count(&pool, "ledger_entries").await, 1);
+    assert_eq!(fixtures::count(&pool, "ledger_entries").await, 1);
 }
 
 #[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
@@ -152,7 +153,7 @@ async fn a_payment_settled_by_a_webhook_while_leased_keeps_its_state_and_loses_i
     assert!(support::outbox_row(&pool, accepted).await.is_none());
     let payment = support::payment(&pool, accepted).await;
     assert_eq!(payment.provider_charge_id.as_deref(), Some("ch_from_webhook"));
-    assert_eq!(support::count(&pool, "ledger_entries").await, 1);
+    assert_eq!(fixtures::count(&pool, "ledger_entries").await, 1);
 }
 
 #[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]

@@ -18,6 +18,7 @@ use std::time::Duration;
 use oncepay_devkit::pg::free_port;
 use oncepay_devkit::process::{Child, Spec};
 use oncepay_devkit::workspace;
+use oncepay_shared::fixtures;
 use oncepay_shared::status::PaymentStatus;
 use oncepay_shared::store::leases::{self, KeyWindow, SweepCounts};
 use serde_json::{Value, json};
@@ -218,7 +219,7 @@ async fn a_worker_killed_after_the_provider_charged_causes_no_second_charge_and_
         support::ledger_entry(&pool, accepted).await,
         Some((charges[0]["id"].as_str().unwrap().to_owned(), 4_200, "EUR".to_owned()))
     );
-    assert_eq!(support::count(&pool, "outbox").await, 0);
+    assert_eq!(fixtures::count(&pool, "outbox").await, 0);
     let actors: Vec<String> = support::events(&pool, accepted).await.into_iter().map(|e| e.2).collect();
     assert_eq!(actors, ["api", "worker:doomed", "sweeper", "worker:successor", "worker:successor"]);
 
@@ -238,7 +239,7 @@ async fn a_worker_killed_after_the_provider_charged_past_the_key_window_leaves_t
     assert_eq!(swept, SweepCounts { uncertain: 1, ..SweepCounts::default() });
     assert_eq!(support::status(&pool, accepted).await, PaymentStatus::Unknown);
     assert_eq!(support::unknown_entry(&pool, accepted).await.unwrap().0, "lease_expired_past_key_window");
-    assert_eq!(support::count(&pool, "outbox").await, 0, "no worker can resend it");
+    assert_eq!(fixtures::count(&pool, "outbox").await, 0, "no worker can resend it");
     assert_eq!(processes.charges_and_posts(accepted).await.0.len(), 1);
 }
 
@@ -259,5 +260,5 @@ async fn sigterm_lets_the_send_in_flight_finish_and_be_recorded_then_exits_0(poo
     assert!(exit.success(), "SIGTERM exits 0: {exit}");
     assert_eq!(support::status(&pool, accepted).await, PaymentStatus::Succeeded, "{}", processes.logs_so_far().await);
     assert_eq!(processes.charges_and_posts(accepted).await.0.len(), 1);
-    assert_eq!(support::count(&pool, "outbox").await, 0);
+    assert_eq!(fixtures::count(&pool, "outbox").await, 0);
 }

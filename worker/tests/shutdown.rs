@@ -8,6 +8,7 @@ mod support;
 
 use std::time::Duration;
 
+use oncepay_shared::fixtures;
 use oncepay_shared::provider::http::HttpProvider;
 use oncepay_shared::status::PaymentStatus;
 use oncepay_shared::store::leases::{self, KeyWindow, SweepCounts};
@@ -62,7 +63,7 @@ async fn shutdown_stops_claiming_and_records_the_send_in_flight(pool: PgPool) {
     assert_eq!(statuses(&pool, payments).await, [PaymentStatus::Pending, PaymentStatus::Succeeded]);
     assert_eq!(charges.requests().len(), 1, "the second payment was never sent");
     assert!(support::lease_holders(&pool).await.is_empty());
-    assert_eq!(support::count(&pool, "outbox").await, 1, "the unsent payment keeps its row");
+    assert_eq!(fixtures::count(&pool, "outbox").await, 1, "the unsent payment keeps its row");
 }
 
 #[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]

@@ -1,45 +1,23 @@
-//! What the reconciler's tests share: creating tenants and payments exactly as the api does, moving
-//! them with the shared transition functions, and reading tables back.
+//! What the reconciler's tests share on top of `oncepay_shared::fixtures`: payments accepted as the
+//! api accepts them, moved with the shared transition functions, and tables read back.
 
 #![allow(dead_code)] // Each test binary uses its own subset.
 
 use std::time::Duration;
 
-use oncepay_shared::fingerprint::Fingerprint;
-use oncepay_shared::idempotency_key::IdempotencyKey;
+use oncepay_shared::fixtures;
 use oncepay_shared::ids::{PaymentId, TenantId};
-use oncepay_shared::payment_request::PaymentRequest;
 use oncepay_shared::status::{PaymentStatus, Transition};
-use oncepay_shared::store::tenants::{self, TenantName};
 use oncepay_shared::store::transitions::{self, Applied, Change};
-use oncepay_shared::store::{intake, unknown_queue};
+use oncepay_shared::store::unknown_queue;
 use serde_json::json;
 use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;
 
-/// Creates a tenant.
-pub async fn tenant(pool: &PgPool, name: &str) -> TenantId {
-    let mut conn = pool.acquire().await.unwrap();
-    tenants::create(&mut conn, &TenantName::parse(name).unwrap(), None).await.unwrap().tenant_id
-}
-
 /// Accepts a payment of `amount` EUR cents under `key`, as the api would: `pending`, with its key and
 /// outbox row.
 pub async fn accept(pool: &PgPool, tenant_id: TenantId, key: &str, amount: i64) -> PaymentId {
-    let body = json!({"amount": amount, "currency": "EUR", "customer_id": "cus_1"});
-    let key = IdempotencyKey::parse(key.as_bytes()).unwrap();
-    let request = PaymentRequest::from_json(&body).unwrap();
-    let fingerprint = Fingerprint::of("POST", "/v1/payments", &body);
-    let mut conn = pool.acquire().await.unwrap();
-    let new = intake::NewPayment {
-        tenant_id,
-        key: &key,
-        fingerprint: &fingerprint,
-        request: &request,
-        retention: Duration::from_secs(86_400),
-        trace: None,
-    };
-    intake::accept(&mut conn, &new).await.unwrap().unwrap().payment.payment_id
+    fixtures::accept(pool, tenant_id, key, &fixtures::body(amount), None).await.unwrap().payment.payment_id
 }
 
 /// Claims a pending payment for sending as a worker would (first sent `sent_secs_ago` seconds ago),
@@ -116,11 +94,6 @@ pub async fn status(pool: &PgPool, tenant_id: TenantId, payment_id: PaymentId) -
         .fetch_one(pool)
         .await
         .unwrap()
-}
-
-/// Rows in `table` (one of ours, never input).
-pub async fn count(pool: &PgPool, table: &str) -> i64 {
-    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}"))).fetch_one(pool).await.unwrap()
 }
 
 /// Rows in `table` for one payment.

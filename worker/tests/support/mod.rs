@@ -10,18 +10,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use oncepay_shared::backoff::Backoff;
-use oncepay_shared::fingerprint::Fingerprint;
-use oncepay_shared::idempotency_key::IdempotencyKey;
+use oncepay_shared::fixtures;
 use oncepay_shared::ids::{PaymentId, TenantId};
 use oncepay_shared::payment::Payment;
-use oncepay_shared::payment_request::PaymentRequest;
 use oncepay_shared::provider::http::{HttpProvider, ProviderSettings};
 use oncepay_shared::provider::wire::CreateCharge;
 use oncepay_shared::status::PaymentStatus;
-use oncepay_shared::store::intake::{self, NewPayment};
 use oncepay_shared::store::leases::KeyWindow;
 use oncepay_shared::store::payments;
-use oncepay_shared::store::tenants::{self, TenantName};
 use oncepay_shared::telemetry::TraceContext;
 use oncepay_worker::{Drainer, DrainerConfig};
 use serde_json::json;
@@ -37,10 +33,9 @@ pub struct Accepted {
     pub payment_id: PaymentId,
 }
 
+/// Creates a tenant with a fresh name.
 pub async fn tenant(pool: &PgPool) -> TenantId {
-    let mut conn = pool.acquire().await.unwrap();
-    let name = format!("t{}", &uuid_suffix()[..12]);
-    tenants::create(&mut conn, &TenantName::parse(&name).unwrap(), None).await.unwrap().tenant_id
+    fixtures::tenant(pool, &format!("t{}", &uuid_suffix()[..12])).await
 }
 
 fn uuid_suffix() -> String {
@@ -52,26 +47,10 @@ pub async fn accept(pool: &PgPool, tenant_id: TenantId, amount: i64) -> Accepted
     accept_traced(pool, tenant_id, amount, None).await
 }
 
+/// Accepts a payment as [`accept`] does, inside the request's `trace`.
 pub async fn accept_traced(pool: &PgPool, tenant_id: TenantId, amount: i64, trace: Option<&TraceContext>) -> Accepted {
-    let body = json!({"amount": amount, "currency": "EUR", "customer_id": "cus_1", "metadata": {"order": "42"}});
-    let key = IdempotencyKey::parse(PaymentId::generate().to_string().as_bytes()).unwrap();
-    let request = PaymentRequest::from_json(&body).unwrap();
-    let fingerprint = Fingerprint::of("POST", "/v1/payments", &body);
-    let mut conn = pool.acquire().await.unwrap();
-    let created = intake::accept(
-        &mut conn,
-        &NewPayment {
-            tenant_id,
-            key: &key,
-            fingerprint: &fingerprint,
-            request: &request,
-            retention: Duration::from_secs(86_400),
-            trace,
-        },
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    let key = PaymentId::generate().to_string();
+    let created = fixtures::accept(pool, tenant_id, &key, &fixtures::body(amount), trace).await.unwrap();
     Accepted { tenant_id, payment_id: created.payment.payment_id }
 }
 
@@ -90,15 +69,9 @@ pub fn config(worker_id: &str) -> DrainerConfig {
     }
 }
 
+/// Settings for a provider at `base_url` that gives up on an answer after a second.
 pub fn provider_settings(base_url: &str) -> ProviderSettings {
-    ProviderSettings {
-        base_url: base_url.to_owned(),
-        api_key: "sk_test".to_owned().into(),
-        connect_timeout_ms: 500,
-        request_timeout_ms: 1_000,
-        key_window_secs: 86_400,
-        key_window_margin_secs: 3_600,
-    }
+    ProviderSettings { request_timeout_ms: 1_000, ..fixtures::provider_settings(base_url) }
 }
 
 pub fn drainer(pool: &PgPool, base_url: &str, config: DrainerConfig) -> Drainer<HttpProvider> {
@@ -256,11 +229,6 @@ pub async fn stored_response(pool: &PgPool, accepted: Accepted) -> Option<(i16, 
     .fetch_optional(pool)
     .await
     .unwrap()
-}
-
-pub async fn count(pool: &PgPool, table: &str) -> i64 {
-    // Test-only: the table name is one of ours, never input.
-    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}"))).fetch_one(pool).await.unwrap()
 }
 
 /// Who holds the leased outbox rows.
