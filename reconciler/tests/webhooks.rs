@@ -48,6 +48,7 @@ fn event(charge: &Charge) -> Vec<u8> {
     serde_json::to_vec(&WebhookEvent { event_type, created: charge.created, data: charge.clone() }).unwrap()
 }
 
+#[derive(Clone)]
 struct Delivery {
     id: String,
     timestamp: String,
@@ -80,6 +81,34 @@ async fn deliver(url: &str, delivery: &Delivery) -> (u16, Value, Option<String>)
     (status, body, content_type)
 }
 
+/// The server of [`start`] accepting deliveries signed with one secret, and that secret.
+struct Endpoint {
+    url: String,
+    key: WebhookSecret,
+}
+
+impl Endpoint {
+    fn start(pool: &PgPool) -> Self {
+        let key = secret(1);
+        Self { url: start(pool, vec![key.clone()]), key }
+    }
+
+    async fn deliver(&self, delivery: &Delivery) -> (u16, Value, Option<String>) {
+        deliver(&self.url, delivery).await
+    }
+
+    /// Delivers the event for `charge` under the delivery id `id`, signed with the endpoint's secret.
+    async fn deliver_event(&self, id: &str, charge: &Charge) -> (u16, Value, Option<String>) {
+        self.deliver(&Delivery::signed(&self.key, id, event(charge))).await
+    }
+}
+
+/// A tenant and one payment of `amount` that the worker sent a minute ago and left `unknown`.
+async fn one_unknown_payment(pool: &PgPool, amount: i64) -> (TenantId, PaymentId) {
+    let tenant_id = tenant(pool, "acme").await;
+    (tenant_id, unknown_payment(pool, tenant_id, "order-1", amount, 60).await)
+}
+
 async fn transitions_by(pool: &PgPool, payment_id: PaymentId, actor: &str) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM payment_events WHERE payment_id = $1 AND actor = $2")
         .bind(payment_id.as_uuid())
@@ -99,16 +128,11 @@ async fn ledger_amount(pool: &PgPool, payment_id: PaymentId) -> Option<i64> {
 
 #[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
 async fn a_signed_success_settles_an_unknown_payment_with_its_ledger_entry(pool: PgPool) {
-    let key = secret(1);
-    let url = start(&pool, vec![key.clone()]);
-    let tenant_id = tenant(&pool, "acme").await;
-    let payment_id = unknown_payment(&pool, tenant_id, "order-1", 1999, 60).await;
+    let hook = Endpoint::start(&pool);
+    let (tenant_id, payment_id) = one_unknown_payment(&pool, 1999).await;
 
-    let (code, body, _) = deliver(
-        &url,
-        &Delivery::signed(&key, "msg_1", event(&charge(tenant_id, payment_id, "ch_1", ChargeStatus::Succeeded, 1999))),
-    )
-    .await;
+    let (code, body, _) =
+        hook.deliver_event("msg_1", &charge(tenant_id, payment_id, "ch_1", ChargeStatus::Succeeded, 1999)).await;
 
     assert_eq!((code, body), (200, json!({"outcome": "applied"})));
     assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Succeeded);
@@ -126,16 +150,11 @@ async fn a_signed_success_settles_an_unknown_payment_with_its_ledger_entry(pool:
 
 #[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
 async fn a_signed_decline_settles_an_unknown_payment_as_failed_with_the_providers_code(pool: PgPool) {
-    let key = secret(1);
-    let url = start(&pool, vec![key.clone()]);
-    let tenant_id = tenant(&pool, "acme").await;
-    let payment_id = unknown_payment(&pool, tenant_id, "order-1", 1999, 60).await;
+    let hook = Endpoint::start(&pool);
+    let (tenant_id, payment_id) = one_unknown_payment(&pool, 1999).await;
 
-    let (code, body, _) = deliver(
-        &url,
-        &Delivery::signed(&key, "msg_1", event(&charge(tenant_id, payment_id, "ch_1", ChargeStatus::Failed, 1999))),
-    )
-    .await;
+    let (code, body, _) =
+        hook.deliver_event("msg_1", &charge(tenant_id, payment_id, "ch_1", ChargeStatus::Failed, 1999)).await;
 
     assert_eq!((code, body), (200, json!({"outcome": "applied"})));
     assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Failed);
@@ -151,52 +170,38 @@ async fn a_signed_decline_settles_an_unknown_payment_as_failed_with_the_provider
 
 #[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
 async fn every_delivery_that_does_not_verify_is_401_and_changes_nothing(pool: PgPool) {
-    let key = secret(1);
-    let url = start(&pool, vec![key.clone()]);
-    let tenant_id = tenant(&pool, "acme").await;
-    let payment_id = unknown_payment(&pool, tenant_id, "order-1", 1999, 60).await;
+    let hook = Endpoint::start(&pool);
+    let (tenant_id, payment_id) = one_unknown_payment(&pool, 1999).await;
     let body = event(&charge(tenant_id, payment_id, "ch_1", ChargeStatus::Succeeded, 1999));
     let now = OffsetDateTime::now_utc().unix_timestamp();
-    let good = Delivery::signed(&key, "msg_1", body.clone());
+    let good = Delivery::signed(&hook.key, "msg_1", body.clone());
     let at = |ts: i64| Delivery {
         id: "msg_1".into(),
         timestamp: ts.to_string(),
-        signature: key.sign("msg_1", ts, &body),
+        signature: hook.key.sign("msg_1", ts, &body),
         body: body.clone(),
     };
     let mut tampered_body = body.clone();
     tampered_body[body.len() - 2] ^= 1;
     let cases = [
-        ("tampered body", Delivery { body: tampered_body, ..Delivery::signed(&key, "msg_1", body.clone()) }),
+        ("tampered body", Delivery { body: tampered_body, ..good.clone() }),
         ("wrong secret", Delivery::signed(&secret(9), "msg_1", body.clone())),
-        ("empty signature", Delivery { signature: String::new(), ..Delivery::signed(&key, "msg_1", body.clone()) }),
+        ("empty signature", Delivery { signature: String::new(), ..good.clone() }),
         (
             "truncated signature",
-            Delivery {
-                signature: good.signature[..good.signature.len() - 6].to_owned(),
-                ..Delivery::signed(&key, "msg_1", body.clone())
-            },
+            Delivery { signature: good.signature[..good.signature.len() - 6].to_owned(), ..good.clone() },
         ),
-        (
-            "unknown scheme only",
-            Delivery {
-                signature: good.signature.replacen("v1,", "v1a,", 1),
-                ..Delivery::signed(&key, "msg_1", body.clone())
-            },
-        ),
-        ("signed for another id", Delivery { id: "msg_2".into(), ..Delivery::signed(&key, "msg_1", body.clone()) }),
+        ("unknown scheme only", Delivery { signature: good.signature.replacen("v1,", "v1a,", 1), ..good.clone() }),
+        ("signed for another id", Delivery { id: "msg_2".into(), ..good.clone() }),
         // Far outside the 300 s tolerance, so the seconds a loaded machine takes to run the cases
         // cannot carry them back inside it; the exact boundary is pinned by shared's unit tests.
         ("stale timestamp", at(now - 900)),
         ("future timestamp", at(now + 900)),
-        (
-            "timestamp not a number",
-            Delivery { timestamp: "soon".into(), ..Delivery::signed(&key, "msg_1", body.clone()) },
-        ),
+        ("timestamp not a number", Delivery { timestamp: "soon".into(), ..good.clone() }),
     ];
 
     for (name, delivery) in &cases {
-        let (code, problem, content_type) = deliver(&url, delivery).await;
+        let (code, problem, content_type) = hook.deliver(delivery).await;
         assert_eq!(code, 401, "{name}");
         assert_eq!(content_type.as_deref(), Some("application/problem+json"), "{name}");
         assert_eq!(problem["type"], "https://oncepay.dev/problems/invalid-signature", "{name}");
@@ -204,7 +209,7 @@ async fn every_delivery_that_does_not_verify_is_401_and_changes_nothing(pool: Pg
 
     assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Unknown);
     assert_eq!(count(&pool, "webhook_events").await, 0);
-    let (code, _, _) = deliver(&url, &good).await;
+    let (code, _, _) = hook.deliver(&good).await;
     assert_eq!(code, 200, "the genuine delivery still works afterwards");
 }
 
@@ -247,14 +252,12 @@ async fn deliveries_signed_with_the_old_or_the_new_secret_are_accepted_during_a_
 
 #[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
 async fn the_same_event_delivered_ten_times_at_once_changes_the_payment_once(pool: PgPool) {
-    let key = secret(1);
-    let url = start(&pool, vec![key.clone()]);
-    let tenant_id = tenant(&pool, "acme").await;
-    let payment_id = unknown_payment(&pool, tenant_id, "order-1", 1999, 60).await;
+    let hook = Endpoint::start(&pool);
+    let (tenant_id, payment_id) = one_unknown_payment(&pool, 1999).await;
     let body = event(&charge(tenant_id, payment_id, "ch_1", ChargeStatus::Succeeded, 1999));
-    let deliveries: Vec<Delivery> = (0..10).map(|_| Delivery::signed(&key, "msg_1", body.clone())).collect();
+    let deliveries: Vec<Delivery> = (0..10).map(|_| Delivery::signed(&hook.key, "msg_1", body.clone())).collect();
 
-    let answers = futures::future::join_all(deliveries.iter().map(|d| deliver(&url, d))).await;
+    let answers = futures::future::join_all(deliveries.iter().map(|d| hook.deliver(d))).await;
 
     let mut outcomes: Vec<(u16, String)> =
         answers.into_iter().map(|(code, body, _)| (code, body["outcome"].as_str().unwrap().to_owned())).collect();
@@ -271,8 +274,7 @@ async fn the_same_event_delivered_ten_times_at_once_changes_the_payment_once(poo
 
 #[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
 async fn events_arriving_out_of_order_settle_each_payment_once_and_a_late_older_event_changes_nothing(pool: PgPool) {
-    let key = secret(1);
-    let url = start(&pool, vec![key.clone()]);
+    let hook = Endpoint::start(&pool);
     let tenant_id = tenant(&pool, "acme").await;
     let first = unknown_payment(&pool, tenant_id, "order-1", 100, 60).await;
     let second = unknown_payment(&pool, tenant_id, "order-2", 200, 60).await;
@@ -280,14 +282,14 @@ async fn events_arriving_out_of_order_settle_each_payment_once_and_a_late_older_
     first_charge.created -= 30;
     let second_charge = charge(tenant_id, second, "ch_2", ChargeStatus::Failed, 200);
     // The provider's first attempt at delivering the first event, signed earlier, arrives last.
-    let mut stale_first = Delivery::signed(&key, "msg_1_retry_of_older", event(&first_charge));
+    let mut stale_first = Delivery::signed(&hook.key, "msg_1_retry_of_older", event(&first_charge));
     let earlier = OffsetDateTime::now_utc().unix_timestamp() - 120;
     stale_first.timestamp = earlier.to_string();
-    stale_first.signature = key.sign(&stale_first.id, earlier, &stale_first.body);
+    stale_first.signature = hook.key.sign(&stale_first.id, earlier, &stale_first.body);
 
-    let (_, newer, _) = deliver(&url, &Delivery::signed(&key, "msg_2", event(&second_charge))).await;
-    let (_, older, _) = deliver(&url, &Delivery::signed(&key, "msg_1", event(&first_charge))).await;
-    let (code, late, _) = deliver(&url, &stale_first).await;
+    let (_, newer, _) = hook.deliver_event("msg_2", &second_charge).await;
+    let (_, older, _) = hook.deliver_event("msg_1", &first_charge).await;
+    let (code, late, _) = hook.deliver(&stale_first).await;
 
     assert_eq!(newer["outcome"], "applied");
     assert_eq!(older["outcome"], "applied");
@@ -312,30 +314,28 @@ async fn open_conflicts(pool: &PgPool, payment_id: PaymentId) -> Vec<(String, i6
 
 #[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
 async fn evidence_contradicting_a_terminal_payment_opens_one_conflict_and_keeps_the_state(pool: PgPool) {
-    let key = secret(1);
-    let url = start(&pool, vec![key.clone()]);
+    let hook = Endpoint::start(&pool);
     let tenant_id = tenant(&pool, "acme").await;
     let declined = unknown_payment(&pool, tenant_id, "order-1", 100, 60).await;
     let charged = unknown_payment(&pool, tenant_id, "order-2", 200, 60).await;
-    let signed = |id: &str, c: Charge| Delivery::signed(&key, id, event(&c));
-    deliver(&url, &signed("d_1", charge(tenant_id, declined, "ch_1", ChargeStatus::Failed, 100))).await;
-    deliver(&url, &signed("c_1", charge(tenant_id, charged, "ch_2", ChargeStatus::Succeeded, 200))).await;
+    hook.deliver_event("d_1", &charge(tenant_id, declined, "ch_1", ChargeStatus::Failed, 100)).await;
+    hook.deliver_event("c_1", &charge(tenant_id, charged, "ch_2", ChargeStatus::Succeeded, 200)).await;
 
     // A success after a recorded decline; then the same charge again under another delivery id.
     let (_, success_after_decline, _) =
-        deliver(&url, &signed("d_2", charge(tenant_id, declined, "ch_1", ChargeStatus::Succeeded, 100))).await;
+        hook.deliver_event("d_2", &charge(tenant_id, declined, "ch_1", ChargeStatus::Succeeded, 100)).await;
     let (_, again, _) =
-        deliver(&url, &signed("d_3", charge(tenant_id, declined, "ch_1", ChargeStatus::Succeeded, 100))).await;
+        hook.deliver_event("d_3", &charge(tenant_id, declined, "ch_1", ChargeStatus::Succeeded, 100)).await;
     // A decline after a recorded success, a second successful charge, another amount.
     let (_, decline_after_success, _) =
-        deliver(&url, &signed("c_2", charge(tenant_id, charged, "ch_2", ChargeStatus::Failed, 200))).await;
+        hook.deliver_event("c_2", &charge(tenant_id, charged, "ch_2", ChargeStatus::Failed, 200)).await;
     let (_, second_charge, _) =
-        deliver(&url, &signed("c_3", charge(tenant_id, charged, "ch_9", ChargeStatus::Succeeded, 200))).await;
+        hook.deliver_event("c_3", &charge(tenant_id, charged, "ch_9", ChargeStatus::Succeeded, 200)).await;
     let (_, other_amount, _) =
-        deliver(&url, &signed("c_4", charge(tenant_id, charged, "ch_2", ChargeStatus::Succeeded, 150))).await;
+        hook.deliver_event("c_4", &charge(tenant_id, charged, "ch_2", ChargeStatus::Succeeded, 150)).await;
     // And one that agrees.
     let (_, agreeing, _) =
-        deliver(&url, &signed("c_5", charge(tenant_id, charged, "ch_2", ChargeStatus::Succeeded, 200))).await;
+        hook.deliver_event("c_5", &charge(tenant_id, charged, "ch_2", ChargeStatus::Succeeded, 200)).await;
 
     for answer in [&success_after_decline, &again, &decline_after_success, &second_charge, &other_amount] {
         assert_eq!(answer["outcome"], "conflict");
@@ -351,10 +351,8 @@ async fn evidence_contradicting_a_terminal_payment_opens_one_conflict_and_keeps_
 
 #[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
 async fn a_verified_body_that_is_not_a_consistent_charge_event_is_400(pool: PgPool) {
-    let key = secret(1);
-    let url = start(&pool, vec![key.clone()]);
-    let tenant_id = tenant(&pool, "acme").await;
-    let payment_id = unknown_payment(&pool, tenant_id, "order-1", 100, 60).await;
+    let hook = Endpoint::start(&pool);
+    let (tenant_id, payment_id) = one_unknown_payment(&pool, 100).await;
     let mut mismatched: Value =
         serde_json::from_slice(&event(&charge(tenant_id, payment_id, "ch_1", ChargeStatus::Succeeded, 100))).unwrap();
     mismatched["type"] = json!("charge.failed");
@@ -367,7 +365,7 @@ async fn a_verified_body_that_is_not_a_consistent_charge_event_is_400(pool: PgPo
         ("type and status disagree", serde_json::to_vec(&mismatched).unwrap()),
         ("metadata and key disagree", event(&other_payment)),
     ] {
-        let (code, problem, _) = deliver(&url, &Delivery::signed(&key, "msg_1", body)).await;
+        let (code, problem, _) = hook.deliver(&Delivery::signed(&hook.key, "msg_1", body)).await;
         assert_eq!(code, 400, "{name}");
         assert_eq!(problem["type"], "https://oncepay.dev/problems/invalid-webhook", "{name}");
     }
@@ -377,8 +375,7 @@ async fn a_verified_body_that_is_not_a_consistent_charge_event_is_400(pool: PgPo
 
 #[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
 async fn a_payment_still_being_sent_is_only_recorded_and_a_dead_lettered_one_gains_evidence(pool: PgPool) {
-    let key = secret(1);
-    let url = start(&pool, vec![key.clone()]);
+    let hook = Endpoint::start(&pool);
     let tenant_id = tenant(&pool, "acme").await;
     let processing = support::accept(&pool, tenant_id, "order-1", 100).await;
     support::claim(&pool, tenant_id, processing, 5).await;
@@ -388,16 +385,10 @@ async fn a_payment_still_being_sent_is_only_recorded_and_a_dead_lettered_one_gai
     unknown::exhaust(&mut tx, tenant_id, dead, why, json!({"source": "test"})).await.unwrap();
     tx.commit().await.unwrap();
 
-    let (_, sending, _) = deliver(
-        &url,
-        &Delivery::signed(&key, "msg_1", event(&charge(tenant_id, processing, "ch_1", ChargeStatus::Succeeded, 100))),
-    )
-    .await;
-    let (_, dead_lettered, _) = deliver(
-        &url,
-        &Delivery::signed(&key, "msg_2", event(&charge(tenant_id, dead, "ch_2", ChargeStatus::Succeeded, 200))),
-    )
-    .await;
+    let (_, sending, _) =
+        hook.deliver_event("msg_1", &charge(tenant_id, processing, "ch_1", ChargeStatus::Succeeded, 100)).await;
+    let (_, dead_lettered, _) =
+        hook.deliver_event("msg_2", &charge(tenant_id, dead, "ch_2", ChargeStatus::Succeeded, 200)).await;
 
     assert_eq!(sending["outcome"], "not_unknown");
     assert_eq!(status(&pool, tenant_id, processing).await, PaymentStatus::Processing);
@@ -415,18 +406,16 @@ async fn a_payment_still_being_sent_is_only_recorded_and_a_dead_lettered_one_gai
 
 #[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
 async fn a_charge_without_metadata_is_found_by_its_key_and_a_foreign_charge_is_acknowledged(pool: PgPool) {
-    let key = secret(1);
-    let url = start(&pool, vec![key.clone()]);
-    let tenant_id = tenant(&pool, "acme").await;
-    let payment_id = unknown_payment(&pool, tenant_id, "order-1", 100, 60).await;
+    let hook = Endpoint::start(&pool);
+    let (tenant_id, payment_id) = one_unknown_payment(&pool, 100).await;
     let mut bare = charge(tenant_id, payment_id, "ch_1", ChargeStatus::Succeeded, 100);
     bare.metadata.clear();
     let mut foreign = charge(TenantId::generate(), PaymentId::generate(), "ch_x", ChargeStatus::Succeeded, 5);
     foreign.metadata.clear();
     foreign.idempotency_key = "somebody-elses-key".into();
 
-    let (_, by_key, _) = deliver(&url, &Delivery::signed(&key, "msg_1", event(&bare))).await;
-    let (code, not_ours, _) = deliver(&url, &Delivery::signed(&key, "msg_2", event(&foreign))).await;
+    let (_, by_key, _) = hook.deliver_event("msg_1", &bare).await;
+    let (code, not_ours, _) = hook.deliver_event("msg_2", &foreign).await;
 
     assert_eq!(by_key["outcome"], "applied");
     assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Succeeded);
