@@ -10,9 +10,9 @@ mod support;
 use std::time::Duration;
 
 use oncepay_shared::fixtures;
-use oncepay_shared::status::{PaymentStatus, Transition};
+use oncepay_shared::status::PaymentStatus;
 use oncepay_shared::store::leases::{self, KeyWindow};
-use oncepay_shared::store::transitions::{self, Change, Settlement};
+use oncepay_shared::store::transitions::Settlement;
 use oncepay_worker::Counts;
 use oncepay_worker::record::Recorded;
 use sqlx::PgPool;
@@ -125,18 +125,9 @@ async fn a_payment_settled_by_a_webhook_while_leased_keeps_its_state_and_loses_i
     let claimed = worker.claim(1).await.unwrap().remove(0);
     let outcome = worker.send(&claimed).await;
     // The provider's webhook beats the worker to it.
-    let mut conn = pool.acquire().await.unwrap();
-    transitions::settle(
-        &mut conn,
-        &Change {
-            tenant_id: accepted.tenant_id,
-            payment_id: accepted.payment_id,
-            from: PaymentStatus::Processing,
-            transition: Transition::Charged,
-            actor: "webhook",
-            reason: "charge.succeeded",
-            detail: None,
-        },
+    support::settle_by_webhook(
+        &pool,
+        accepted,
         &Settlement::Succeeded {
             charge_id: "ch_from_webhook".into(),
             amount: 500,
@@ -144,8 +135,7 @@ async fn a_payment_settled_by_a_webhook_while_leased_keeps_its_state_and_loses_i
             charged_at: OffsetDateTime::now_utc(),
         },
     )
-    .await
-    .unwrap();
+    .await;
 
     let recorded = worker.record(&claimed, &worker.decide(&claimed, &outcome)).await.unwrap();
 

@@ -10,9 +10,9 @@ mod support;
 
 use std::time::Duration;
 
-use oncepay_shared::status::{PaymentStatus, Transition};
+use oncepay_shared::status::PaymentStatus;
 use oncepay_shared::store::leases::{self, KeyWindow, SweepCounts};
-use oncepay_shared::store::transitions::{self, Change, Settlement};
+use oncepay_shared::store::transitions::Settlement;
 use sqlx::PgPool;
 use support::{Accepted, accept, config, drainer, tenant};
 
@@ -123,22 +123,12 @@ async fn a_lease_its_worker_is_recording_right_now_is_skipped(pool: PgPool) {
 #[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
 async fn the_expired_lease_of_a_payment_settled_meanwhile_is_dropped(pool: PgPool) {
     let (accepted, _) = claimed_payments(&pool, 1).await[0];
-    let mut conn = pool.acquire().await.unwrap();
-    transitions::settle(
-        &mut conn,
-        &Change {
-            tenant_id: accepted.tenant_id,
-            payment_id: accepted.payment_id,
-            from: PaymentStatus::Processing,
-            transition: Transition::Declined,
-            actor: "webhook",
-            reason: "charge.failed",
-            detail: None,
-        },
+    support::settle_by_webhook(
+        &pool,
+        accepted,
         &Settlement::Failed { code: "card_declined".into(), message: "declined".into(), charge_id: None },
     )
-    .await
-    .unwrap();
+    .await;
     support::expire_leases(&pool).await;
 
     let counts = sweep(&pool, 10).await;

@@ -124,59 +124,42 @@ async fn a_402_settles_failed_with_the_providers_code_and_no_ledger_entry(pool: 
     assert!(support::outbox_row(&pool, accepted).await.is_none());
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
-async fn a_409_key_in_flight_is_unknown_and_never_resent(pool: PgPool) {
-    let server = answering(ResponseTemplate::new(409)).await;
-    let accepted = one_payment(&pool).await;
-    let drainer = drainer(&pool, &server.uri(), config("w1"));
+/// One payment sent to a provider that answers `template`: asserts it ends `unknown` with `reason`
+/// and is never resent, and returns it with the first drain's counts.
+async fn answered_into_unknown(pool: &PgPool, template: ResponseTemplate, reason: &str) -> (Accepted, Counts) {
+    let server = answering(template).await;
+    let accepted = one_payment(pool).await;
+    let drainer = drainer(pool, &server.uri(), config("w1"));
 
     let counts = drainer.run_once().await.unwrap();
 
-    assert_eq!(counts, Counts { claimed: 1, unknown: 1, ..Counts::default() });
     assert_unknown_and_never_resent(
-        &pool,
+        pool,
         accepted,
-        "key_in_flight",
+        reason,
         async || drainer.run_once().await.unwrap(),
         async || server.received_requests().await.unwrap().len(),
     )
     .await;
+    (accepted, counts)
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn a_409_key_in_flight_is_unknown_and_never_resent(pool: PgPool) {
+    let (_, counts) = answered_into_unknown(&pool, ResponseTemplate::new(409), "key_in_flight").await;
+
+    assert_eq!(counts, Counts { claimed: 1, unknown: 1, ..Counts::default() });
 }
 
 #[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
 async fn a_422_key_reused_is_unknown_and_never_resent(pool: PgPool) {
-    let server = answering(ResponseTemplate::new(422)).await;
-    let accepted = one_payment(&pool).await;
-    let drainer = drainer(&pool, &server.uri(), config("w1"));
-
-    drainer.run_once().await.unwrap();
-
-    assert_unknown_and_never_resent(
-        &pool,
-        accepted,
-        "key_reused",
-        async || drainer.run_once().await.unwrap(),
-        async || server.received_requests().await.unwrap().len(),
-    )
-    .await;
+    answered_into_unknown(&pool, ResponseTemplate::new(422), "key_reused").await;
 }
 
 #[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
 async fn a_500_is_unknown_and_never_resent(pool: PgPool) {
-    let server = answering(ResponseTemplate::new(500)).await;
-    let accepted = one_payment(&pool).await;
-    let drainer = drainer(&pool, &server.uri(), config("w1"));
+    let (accepted, _) = answered_into_unknown(&pool, ResponseTemplate::new(500), "server_error").await;
 
-    drainer.run_once().await.unwrap();
-
-    assert_unknown_and_never_resent(
-        &pool,
-        accepted,
-        "server_error",
-        async || drainer.run_once().await.unwrap(),
-        async || server.received_requests().await.unwrap().len(),
-    )
-    .await;
     let (_, evidence) = support::unknown_entry(&pool, accepted).await.unwrap();
     assert!(evidence[0]["detail"].as_str().unwrap().contains("500"), "{evidence}");
 }

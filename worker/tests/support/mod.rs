@@ -15,9 +15,10 @@ use oncepay_shared::ids::{PaymentId, TenantId};
 use oncepay_shared::payment::Payment;
 use oncepay_shared::provider::http::{HttpProvider, ProviderSettings};
 use oncepay_shared::provider::wire::CreateCharge;
-use oncepay_shared::status::PaymentStatus;
+use oncepay_shared::status::{PaymentStatus, Transition};
 use oncepay_shared::store::leases::KeyWindow;
 use oncepay_shared::store::payments;
+use oncepay_shared::store::transitions::{self, Change, Settlement};
 use oncepay_shared::telemetry::TraceContext;
 use oncepay_worker::{Drainer, DrainerConfig};
 use serde_json::json;
@@ -158,6 +159,26 @@ pub async fn payment(pool: &PgPool, accepted: Accepted) -> Payment {
 
 pub async fn status(pool: &PgPool, accepted: Accepted) -> PaymentStatus {
     payment(pool, accepted).await.status
+}
+
+/// Settles a `processing` payment the way the reconciler does when the provider's webhook reports
+/// `settlement` before the worker has recorded its answer.
+pub async fn settle_by_webhook(pool: &PgPool, accepted: Accepted, settlement: &Settlement) {
+    let (transition, reason) = match settlement {
+        Settlement::Succeeded { .. } => (Transition::Charged, "charge.succeeded"),
+        Settlement::Failed { .. } => (Transition::Declined, "charge.failed"),
+    };
+    let change = Change {
+        tenant_id: accepted.tenant_id,
+        payment_id: accepted.payment_id,
+        from: PaymentStatus::Processing,
+        transition,
+        actor: "webhook",
+        reason,
+        detail: None,
+    };
+    let mut conn = pool.acquire().await.unwrap();
+    transitions::settle(&mut conn, &change, settlement).await.unwrap();
 }
 
 /// An outbox row as the tests look at it.
