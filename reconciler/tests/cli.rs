@@ -272,13 +272,7 @@ async fn resolving_as_succeeded_books_the_providers_charge_with_an_audit_row_nam
     assert!(matches!(unknown_charge, Err(CliError::Refused(_))), "{unknown_charge:?}");
     assert_eq!(done.payment_status, PaymentStatus::Succeeded);
     assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Succeeded);
-    let booked: (String, i64) =
-        sqlx::query_as("SELECT provider_charge_id, amount FROM ledger_entries WHERE payment_id = $1")
-            .bind(payment_id.as_uuid())
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    assert_eq!(booked, ("ch_found".into(), 1999));
+    assert_eq!(support::ledger_entry(&pool, payment_id).await, ("ch_found".into(), 1999));
     assert_eq!(last_audit(&pool, payment_id).await, ("operator:alice".into(), reason.into(), PaymentStatus::Succeeded));
     assert_eq!(
         resolution(&pool, payment_id).await,

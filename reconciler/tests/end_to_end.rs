@@ -149,13 +149,7 @@ async fn a_charge_whose_answer_never_arrives_ends_succeeded_with_one_charge(
     assert_eq!(charges.len(), 1, "{charges:?}");
     assert_eq!(charges[0]["amount"], 4_200);
     assert_eq!(posts, 1, "the worker sent once and never resent");
-    let booked: (String, i64) =
-        sqlx::query_as("SELECT provider_charge_id, amount FROM ledger_entries WHERE payment_id = $1")
-            .bind(payment_id.as_uuid())
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    assert_eq!(booked, (charges[0]["id"].as_str().unwrap().to_owned(), 4_200));
+    assert_eq!(support::ledger_entry(&pool, payment_id).await, (charges[0]["id"].as_str().unwrap().to_owned(), 4_200));
     let trail = trail(&pool, payment_id).await;
     let moves: Vec<_> = trail.iter().map(|(from, to, _)| (*from, *to)).collect();
     assert_eq!(

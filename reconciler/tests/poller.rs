@@ -13,7 +13,7 @@ use oncepay_reconciler::poller::{Counts, Poller, PollerConfig};
 use oncepay_reconciler::{unknown, webhooks};
 use oncepay_shared::backoff::Backoff;
 use oncepay_shared::fixtures::{self, tenant};
-use oncepay_shared::ids::PaymentId;
+use oncepay_shared::ids::{PaymentId, TenantId};
 use oncepay_shared::provider::ChargeStatus;
 use oncepay_shared::provider::http::HttpProvider;
 use oncepay_shared::provider::wire::{EventType, WebhookEvent};
@@ -58,6 +58,16 @@ fn listing(charges: &[oncepay_shared::provider::Charge]) -> Value {
     json!({ "data": charges, "has_more": false })
 }
 
+/// A tenant's payment of 1999 cents left `unknown` a minute ago, for which the provider finds one
+/// charge in `status`.
+async fn unknown_with_one_charge(pool: &PgPool, provider: &MockServer, status: ChargeStatus) -> (TenantId, PaymentId) {
+    let tenant_id = tenant(pool, "acme").await;
+    let payment_id = unknown_payment(pool, tenant_id, "order-1", 1999, 60).await;
+    let found = charge(tenant_id, payment_id, "ch_1", status, 1999);
+    answer_lookup(provider, payment_id, 200, listing(&[found])).await;
+    (tenant_id, payment_id)
+}
+
 async fn actors(pool: &PgPool, payment_id: PaymentId) -> Vec<(String, PaymentStatus)> {
     sqlx::query_as("SELECT actor, to_status FROM payment_events WHERE payment_id = $1 ORDER BY event_id")
         .bind(payment_id.as_uuid())
@@ -69,15 +79,7 @@ async fn actors(pool: &PgPool, payment_id: PaymentId) -> Vec<(String, PaymentSta
 #[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
 async fn a_charge_found_at_the_provider_settles_the_payment_as_succeeded(pool: PgPool) {
     let provider = MockServer::start().await;
-    let tenant_id = tenant(&pool, "acme").await;
-    let payment_id = unknown_payment(&pool, tenant_id, "order-1", 1999, 60).await;
-    answer_lookup(
-        &provider,
-        payment_id,
-        200,
-        listing(&[charge(tenant_id, payment_id, "ch_1", ChargeStatus::Succeeded, 1999)]),
-    )
-    .await;
+    let (tenant_id, payment_id) = unknown_with_one_charge(&pool, &provider, ChargeStatus::Succeeded).await;
 
     let counts = poller(&pool, &provider, 5).run_once().await.unwrap();
 
@@ -94,15 +96,7 @@ async fn a_charge_found_at_the_provider_settles_the_payment_as_succeeded(pool: P
 #[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
 async fn a_declined_charge_found_at_the_provider_settles_the_payment_as_failed(pool: PgPool) {
     let provider = MockServer::start().await;
-    let tenant_id = tenant(&pool, "acme").await;
-    let payment_id = unknown_payment(&pool, tenant_id, "order-1", 1999, 60).await;
-    answer_lookup(
-        &provider,
-        payment_id,
-        200,
-        listing(&[charge(tenant_id, payment_id, "ch_1", ChargeStatus::Failed, 1999)]),
-    )
-    .await;
+    let (tenant_id, payment_id) = unknown_with_one_charge(&pool, &provider, ChargeStatus::Failed).await;
 
     let counts = poller(&pool, &provider, 5).run_once().await.unwrap();
 

@@ -105,6 +105,15 @@ pub async fn count_for(pool: &PgPool, table: &str, payment_id: PaymentId) -> i64
         .unwrap()
 }
 
+/// The payment's ledger entry: (provider charge id, amount).
+pub async fn ledger_entry(pool: &PgPool, payment_id: PaymentId) -> (String, i64) {
+    sqlx::query_as("SELECT provider_charge_id, amount FROM ledger_entries WHERE payment_id = $1")
+        .bind(payment_id.as_uuid())
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
 /// A `postgres://` URL for the database behind a `#[sqlx::test]` pool, for a child process.
 pub fn url_of(pool: &PgPool) -> String {
     let options: &PgConnectOptions = &pool.connect_options();
