@@ -120,6 +120,22 @@ pub struct Why<'a> {
     pub reason: &'a str,
 }
 
+impl<'a> Why<'a> {
+    /// The change that takes the payment out of `unknown` by `transition`, with `evidence` in its
+    /// audit row.
+    fn change(self, tenant_id: TenantId, payment_id: PaymentId, transition: Transition, evidence: Value) -> Change<'a> {
+        Change {
+            tenant_id,
+            payment_id,
+            from: PaymentStatus::Unknown,
+            transition,
+            actor: self.actor,
+            reason: self.reason,
+            detail: Some(evidence),
+        }
+    }
+}
+
 /// Settles an `unknown` payment from the provider's evidence: the terminal change (ledger entry,
 /// stored response, audit row) and the removal of its queue row, in the caller's transaction.
 pub async fn settle(
@@ -131,15 +147,7 @@ pub async fn settle(
     why: Why<'_>,
     evidence: Value,
 ) -> Result<Applied<Payment>, TransitionError> {
-    let change = Change {
-        tenant_id,
-        payment_id,
-        from: PaymentStatus::Unknown,
-        transition,
-        actor: why.actor,
-        reason: why.reason,
-        detail: Some(evidence),
-    };
+    let change = why.change(tenant_id, payment_id, transition, evidence);
     let applied = transitions::settle(&mut *conn, &change, settlement).await?;
     if matches!(applied, Applied::Moved(_)) {
         remove(conn, tenant_id, payment_id).await?;
@@ -156,15 +164,7 @@ pub async fn resend(
     why: Why<'_>,
     evidence: Value,
 ) -> Result<Applied<PaymentStatus>, TransitionError> {
-    let change = Change {
-        tenant_id,
-        payment_id,
-        from: PaymentStatus::Unknown,
-        transition: Transition::ProviderHasNoCharge,
-        actor: why.actor,
-        reason: why.reason,
-        detail: Some(evidence),
-    };
+    let change = why.change(tenant_id, payment_id, Transition::ProviderHasNoCharge, evidence);
     let applied = transitions::apply(&mut *conn, &change).await?;
     if matches!(applied, Applied::Moved(_)) {
         remove(&mut *conn, tenant_id, payment_id).await?;
@@ -183,15 +183,7 @@ pub async fn exhaust(
     why: Why<'_>,
     evidence: Value,
 ) -> Result<Applied<PaymentStatus>, TransitionError> {
-    let change = Change {
-        tenant_id,
-        payment_id,
-        from: PaymentStatus::Unknown,
-        transition: Transition::Exhausted,
-        actor: why.actor,
-        reason: why.reason,
-        detail: Some(evidence.clone()),
-    };
+    let change = why.change(tenant_id, payment_id, Transition::Exhausted, evidence.clone());
     let applied = transitions::apply(&mut *conn, &change).await?;
     if matches!(applied, Applied::Moved(_)) {
         let gathered = remove(&mut *conn, tenant_id, payment_id).await?;
