@@ -17,8 +17,9 @@ use oncepay_devkit::process::{Child, Spec};
 use oncepay_devkit::workspace;
 use oncepay_shared::fixtures::tenant;
 use oncepay_shared::ids::PaymentId;
+use oncepay_shared::provider::Charge;
 use oncepay_shared::status::PaymentStatus;
-use serde_json::Value;
+use oncepay_simulator::client::SimulatorClient;
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use support::reaches;
@@ -30,7 +31,7 @@ const HANG_MS: u64 = 4_000;
 
 struct World {
     logs: tempfile::TempDir,
-    simulator_url: String,
+    simulator: SimulatorClient,
     // Held for their lifetime: a child is killed when dropped.
     _children: Vec<Child>,
 }
@@ -80,28 +81,14 @@ impl World {
             child.wait_until_ready(&ready, Duration::from_secs(30)).await.unwrap();
             children.push(child);
         }
-        Self { logs, simulator_url, _children: children }
+        Self { logs, simulator: SimulatorClient::new(&simulator_url), _children: children }
     }
 
     /// The charges the simulator made under the payment's key, and how many POSTs carried it.
-    async fn charges_and_posts(&self, payment_id: PaymentId) -> (Vec<Value>, u64) {
-        let truth: Value =
-            reqwest::get(format!("{}/_sim/charges", self.simulator_url)).await.unwrap().json().await.unwrap();
+    async fn charges_and_posts(&self, payment_id: PaymentId) -> (Vec<Charge>, u64) {
         let key = payment_id.downstream_key();
-        let charges = truth["charges"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|c| c["idempotency_key"] == key.as_str())
-            .cloned()
-            .collect();
-        let posts = truth["keys"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|k| k["idempotency_key"] == key.as_str())
-            .map_or(0, |k| k["posts"].as_u64().unwrap());
-        (charges, posts)
+        let truth = self.simulator.ground_truth().await.unwrap();
+        (truth.charges_with_key(key.as_str()).into_iter().cloned().collect(), truth.posts_with_key(key.as_str()))
     }
 
     async fn logs(&self) -> String {
@@ -147,9 +134,9 @@ async fn a_charge_whose_answer_never_arrives_ends_succeeded_with_one_charge(
     assert!(settled, "the payment never succeeded\n{}", world.logs().await);
     let (charges, posts) = world.charges_and_posts(payment_id).await;
     assert_eq!(charges.len(), 1, "{charges:?}");
-    assert_eq!(charges[0]["amount"], 4_200);
+    assert_eq!(charges[0].amount, 4_200);
     assert_eq!(posts, 1, "the worker sent once and never resent");
-    assert_eq!(support::ledger_entry(&pool, payment_id).await, (charges[0]["id"].as_str().unwrap().to_owned(), 4_200));
+    assert_eq!(support::ledger_entry(&pool, payment_id).await, (charges[0].id.clone(), 4_200));
     let trail = trail(&pool, payment_id).await;
     let moves: Vec<_> = trail.iter().map(|(from, to, _)| (*from, *to)).collect();
     assert_eq!(

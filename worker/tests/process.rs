@@ -19,9 +19,11 @@ use oncepay_devkit::pg::free_port;
 use oncepay_devkit::process::{Child, Spec};
 use oncepay_devkit::workspace;
 use oncepay_shared::fixtures;
+use oncepay_shared::provider::Charge;
 use oncepay_shared::status::PaymentStatus;
 use oncepay_shared::store::leases::{self, KeyWindow, SweepCounts};
-use serde_json::{Value, json};
+use oncepay_simulator::client::SimulatorClient;
+use oncepay_simulator::faults::FaultsPatch;
 use sqlx::PgPool;
 use support::{Accepted, accept, tenant};
 
@@ -44,7 +46,7 @@ struct Processes {
     _simulator: Child,
     simulator_url: String,
     database_url: String,
-    http: reqwest::Client,
+    simulator_client: SimulatorClient,
 }
 
 impl Processes {
@@ -69,9 +71,9 @@ impl Processes {
         Self {
             logs,
             _simulator: simulator,
+            simulator_client: SimulatorClient::new(&simulator_url),
             simulator_url,
             database_url: database_url(pool).await,
-            http: reqwest::Client::new(),
         }
     }
 
@@ -93,34 +95,11 @@ impl Processes {
         worker
     }
 
-    /// The simulator's ground truth.
-    async fn ground_truth(&self) -> Value {
-        self.http.get(format!("{}/_sim/charges", self.simulator_url)).send().await.unwrap().json().await.unwrap()
-    }
-
     /// The charges the simulator made for a payment, and how many POSTs carried its key.
-    async fn charges_and_posts(&self, accepted: Accepted) -> (Vec<Value>, u64) {
+    async fn charges_and_posts(&self, accepted: Accepted) -> (Vec<Charge>, u64) {
         let key = accepted.payment_id.downstream_key();
-        let truth = self.ground_truth().await;
-        let charges = truth["charges"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|c| c["idempotency_key"] == key.as_str())
-            .cloned()
-            .collect();
-        let posts = truth["keys"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|k| k["idempotency_key"] == key.as_str())
-            .map_or(0, |k| k["posts"].as_u64().unwrap());
-        (charges, posts)
-    }
-
-    async fn set_faults(&self, patch: Value) {
-        let response = self.http.post(format!("{}/_sim/faults", self.simulator_url)).json(&patch).send().await.unwrap();
-        assert!(response.status().is_success(), "{}", response.text().await.unwrap());
+        let truth = self.simulator_client.ground_truth().await.unwrap();
+        (truth.charges_with_key(key.as_str()).into_iter().cloned().collect(), truth.posts_with_key(key.as_str()))
     }
 
     /// Waits for `condition`, failing with the processes' logs after `timeout`.
@@ -198,7 +177,8 @@ async fn sweep_once_expired(processes: &Processes, pool: &PgPool) -> SweepCounts
 async fn a_worker_killed_after_the_provider_charged_causes_no_second_charge_and_the_payment_succeeds(pool: PgPool) {
     let processes = Processes::start(&pool, &[("hang_after_rate", "1.0"), ("hang_ms", &HANG_MS.to_string())]).await;
     let accepted = kill_a_worker_after_the_provider_charged(&processes, &pool).await;
-    processes.set_faults(json!({"hang_after_rate": 0.0})).await;
+    let no_hang = FaultsPatch { hang_after_rate: Some(0.0), ..FaultsPatch::default() };
+    processes.simulator_client.set_faults(&no_hang).await.unwrap();
 
     let swept = sweep_once_expired(&processes, &pool).await;
     let mut successor = processes.worker("successor").await;
@@ -213,12 +193,9 @@ async fn a_worker_killed_after_the_provider_charged_causes_no_second_charge_and_
     assert_eq!(charges.len(), 1, "exactly one charge at the provider: {charges:?}");
     assert_eq!(posts, 2, "the successor resent under the same key");
     let payment = support::payment(&pool, accepted).await;
-    assert_eq!(payment.provider_charge_id.as_deref(), charges[0]["id"].as_str());
+    assert_eq!(payment.provider_charge_id.as_deref(), Some(charges[0].id.as_str()));
     assert_eq!(payment.send_attempts, 2);
-    assert_eq!(
-        support::ledger_entry(&pool, accepted).await,
-        Some((charges[0]["id"].as_str().unwrap().to_owned(), 4_200, "EUR".to_owned()))
-    );
+    assert_eq!(support::ledger_entry(&pool, accepted).await, Some((charges[0].id.clone(), 4_200, "EUR".to_owned())));
     assert_eq!(fixtures::count(&pool, "outbox").await, 0);
     let actors: Vec<String> = support::events(&pool, accepted).await.into_iter().map(|e| e.2).collect();
     assert_eq!(actors, ["api", "worker:doomed", "sweeper", "worker:successor", "worker:successor"]);
