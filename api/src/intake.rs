@@ -10,7 +10,7 @@
 //!    fingerprint it is refused (422) — either way nothing is written;
 //! 2. otherwise the one accept statement (`store::intake::accept_deferring_wakeup`: key, payment,
 //!    outbox row and audit row, atomically), and once it has committed, a wake-up for the workers
-//!    (`wake`, one coalesced `NOTIFY` for many accepts). If a concurrent request with the same key
+//!    (`oncepay_shared::notify`, one coalesced `NOTIFY` for many accepts). If a concurrent request with the same key
 //!    committed first, accept writes nothing and returns `None`, and the key is read again and
 //!    replayed, so every concurrent duplicate gets the same payment id.
 //!

@@ -20,7 +20,6 @@ pub mod request_span;
 pub mod settings;
 pub mod startup;
 pub mod status;
-pub mod wake;
 
 pub use settings::Settings;
 pub use startup::Application;

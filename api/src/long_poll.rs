@@ -2,10 +2,11 @@
 //! changes, by PostgreSQL `LISTEN` rather than by sleeping in a loop.
 //!
 //! One [`PaymentListener`] per process holds one dedicated connection that listens on
-//! [`PAYMENT_CHANNEL`] (every status change notifies it with the payment id, in the transaction
-//! that makes the change) and fans each notification out through the in-process [`PaymentWatch`]:
-//! a map of payment id → waiters. A waiter subscribes *before* it reads the payment, so a change
-//! committed between its read and its wait still wakes it.
+//! [`PAYMENT_CHANNEL`] (every status change notifies it with the payment id: in the transaction that
+//! makes the change, or, from the worker, soon after its commit together with other ids) and fans
+//! each notification out through the in-process [`PaymentWatch`]: a map of payment id → waiters. A
+//! waiter subscribes *before* it reads the payment, so a change committed between its read and its
+//! wait still wakes it.
 //!
 //! A notification is only a hint: waiters re-read the payment and keep waiting if its status did not
 //! change. When the listener loses its connection, notifications sent meanwhile are lost, so after
@@ -18,7 +19,7 @@ use std::time::Duration;
 
 use oncepay_shared::backoff::Backoff;
 use oncepay_shared::ids::PaymentId;
-use oncepay_shared::notify::PAYMENT_CHANNEL;
+use oncepay_shared::notify::{self, PAYMENT_CHANNEL};
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use tokio::sync::watch;
@@ -163,12 +164,17 @@ impl PaymentListener {
                 () = shutdown.cancelled() => return Ok(()),
             };
             match notification {
-                Some(notification) => match notification.payload().parse::<PaymentId>() {
-                    Ok(payment_id) => self.watch.notify(payment_id),
-                    Err(_) => {
-                        tracing::warn!(channel = PAYMENT_CHANNEL, "ignoring a notification that names no payment")
+                Some(notification) => {
+                    for parsed in notify::payment_ids(notification.payload()) {
+                        match parsed {
+                            Ok(payment_id) => self.watch.notify(payment_id),
+                            Err(_) => tracing::warn!(
+                                channel = PAYMENT_CHANNEL,
+                                "ignoring a part of a notification that names no payment"
+                            ),
+                        }
                     }
-                },
+                }
                 // The connection was lost and sqlx re-established it: anything sent in between is gone.
                 None => {
                     tracing::warn!("the payment listener reconnected; waking every long poll to re-read");

@@ -7,7 +7,8 @@
 //! during every graceful stop. So each worker has its own pool, an equal share of
 //! `database.max_connections`, and everything without I/O (the auth cache, the rate limits, the
 //! long-poll waiters, the wake-up requests) is shared by the process. The payment listener and the
-//! outbox waker (`wake`) run on the caller's runtime, each with a one-connection pool of its own.
+//! outbox notifier (`oncepay_shared::notify::Notifier`, one coalesced `NOTIFY` for many accepts) run
+//! on the caller's runtime, each with a one-connection pool of its own.
 //!
 //! Requests take their connection from `oncepay_shared::connections`, not from a sqlx pool: sqlx
 //! pings a connection on every checkout and every return, a round trip to PostgreSQL per request as
@@ -33,6 +34,7 @@ use anyhow::Context;
 use oncepay_shared::config::DatabaseSettings;
 use oncepay_shared::connections::Connections;
 use oncepay_shared::metrics as shared_metrics;
+use oncepay_shared::notify::{Notifier, OUTBOX_CHANNEL, Wakeups};
 use oncepay_shared::ops_http::{self, OpsState};
 use secrecy::ExposeSecret;
 use sqlx::PgPool;
@@ -44,7 +46,6 @@ use crate::errors::{self, ApiError};
 use crate::long_poll::{PaymentListener, PaymentWatch};
 use crate::rate_limit::RateLimits;
 use crate::settings::{IntakeSettings, LongPollSettings, Settings};
-use crate::wake::{OutboxWake, OutboxWaker};
 use crate::{intake, openapi, request_span, status};
 
 /// The name every connection carries (`pg_stat_activity.application_name`).
@@ -66,8 +67,8 @@ pub struct AppState {
     pub long_poll: LongPollSettings,
     /// Cancelled when the process begins to shut down: long polls answer at once.
     pub draining: CancellationToken,
-    /// Asks the process's waker to notify the workers (shared by the process).
-    pub wake: OutboxWake,
+    /// Asks the process's outbox notifier to wake the workers (shared by the process).
+    pub wake: Wakeups,
 }
 
 impl AppState {
@@ -85,7 +86,7 @@ pub struct Application {
     server: Server,
     listener: PaymentListener,
     listener_pool: PgPool,
-    waker: OutboxWaker,
+    waker: Notifier,
     waker_pool: PgPool,
     draining: CancellationToken,
 }
@@ -125,7 +126,7 @@ impl Application {
             .max_connections(1)
             .acquire_timeout(Duration::from_millis(settings.database.acquire_timeout_ms))
             .connect_lazy_with(options.clone().application_name(&format!("{APPLICATION_NAME}-waker")));
-        let wake = OutboxWake::default();
+        let wake = Wakeups::default();
         let watch = Arc::new(PaymentWatch::default());
         let draining = CancellationToken::new();
         let metrics = shared_metrics::install();
@@ -182,7 +183,7 @@ impl Application {
             server,
             listener: PaymentListener::new(listener_pool.clone(), watch),
             listener_pool,
-            waker: OutboxWaker::new(waker_pool.clone(), wake),
+            waker: Notifier::new(waker_pool.clone(), OUTBOX_CHANNEL, wake),
             waker_pool,
             draining,
         })
@@ -217,7 +218,7 @@ impl Application {
             tracing::error!(error = %error, "the payment listener task failed");
         }
         if let Err(error) = waking.await {
-            tracing::error!(error = %error, "the outbox waker task failed");
+            tracing::error!(error = %error, "the outbox notifier task failed");
         }
         listener_pool.close().await;
         waker_pool.close().await;

@@ -10,7 +10,13 @@
 //! [`Drainer::run_once`] claims one batch and finishes it; [`Drainer::run`] keeps up to
 //! `max_in_flight` sends going, claiming as slots free up, woken by `LISTEN` with a polling fallback,
 //! until shutdown: then it stops claiming and gives the sends in flight the grace period to finish
-//! and be recorded. A send abandoned at the end of the grace period keeps its lease, which the
+//! and be recorded. Recordings commit without a `NOTIFY` (one would serialise their commits); each
+//! recorded payment is announced to long polls after its commit, many per notification
+//! (`oncepay_shared::notify`).
+//!
+//! Claims and recordings take their connection from `oncepay_shared::connections`, which saves the
+//! round trips sqlx's pool spends pinging a connection at every checkout and return; the sqlx pool
+//! serves the listener, the notifier and `/readyz`. A send abandoned at the end of the grace period keeps its lease, which the
 //! sweeper takes back. Any number of drainers, in any number of processes, may run at once.
 //!
 //! The drainer never decides an outcome itself (that is `decision`) and never writes SQL itself
@@ -22,12 +28,14 @@ use std::time::Duration;
 use anyhow::Context;
 use futures::future::join_all;
 use oncepay_shared::backoff::Backoff;
+use oncepay_shared::connections::Connections;
+use oncepay_shared::notify::{Notifier, PAYMENT_CHANNEL, Wakeups};
 use oncepay_shared::provider::{PaymentProvider, SendOutcome};
 use oncepay_shared::status::PaymentStatus;
 use oncepay_shared::store::StoreError;
 use oncepay_shared::store::leases::KeyWindow;
 use oncepay_shared::telemetry;
-use sqlx::PgPool;
+use sqlx::{Connection, PgPool};
 use time::OffsetDateTime;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
@@ -147,16 +155,23 @@ impl<P> Clone for Drainer<P> {
 
 struct Inner<P> {
     pool: PgPool,
+    connections: Connections,
+    wakeups: Wakeups,
     provider: P,
     config: DrainerConfig,
     actor: String,
 }
 
 impl<P: PaymentProvider + 'static> Drainer<P> {
-    /// A drainer on `pool` that sends to `provider`.
+    /// A drainer on `pool`'s database that sends to `provider`. Claims and recordings use a set of
+    /// connections of their own, as many as `pool` may open at most.
     pub fn new(pool: PgPool, provider: P, config: DrainerConfig) -> Self {
         let actor = format!("worker:{}", config.worker_id);
-        Self { inner: Arc::new(Inner { pool, provider, config, actor }) }
+        let options = (*pool.connect_options()).clone();
+        let connections =
+            Connections::new(options, pool.options().get_max_connections(), pool.options().get_acquire_timeout());
+        let inner = Inner { pool, connections, wakeups: Wakeups::default(), provider, config, actor };
+        Self { inner: Arc::new(inner) }
     }
 
     /// How it runs.
@@ -178,6 +193,9 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
         for result in join_all(claimed.into_iter().map(|claimed| self.process(claimed))).await {
             counts.count(&result);
         }
+        if let Err(error) = self.notifier().flush().await {
+            tracing::warn!(error = %error, "cannot announce the recorded payments; long polls will find them by polling");
+        }
         Ok(counts)
     }
 
@@ -187,6 +205,8 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
         let config = self.config();
         tracing::info!(worker.id = %config.worker_id, max_in_flight = config.max_in_flight, "draining the outbox");
         let wake = Wake::spawn(self.inner.pool.clone(), config.poll_interval);
+        let announcing = CancellationToken::new();
+        let notifier = tokio::spawn(self.notifier().run(announcing.clone()));
         let mut poll = tokio::time::interval(config.poll_interval);
         poll.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut in_flight = JoinSet::new();
@@ -247,6 +267,10 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
                 }
             }
         }
+        announcing.cancel();
+        if let Err(error) = notifier.await {
+            tracing::error!(error = %error, "the payment notifier task failed");
+        }
         tracing::info!(?totals, "the drainer stopped");
         totals
     }
@@ -254,7 +278,7 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
     /// Claims up to `limit` due rows for this worker.
     pub async fn claim(&self, limit: u32) -> Result<Vec<Claimed>, StoreError> {
         let config = self.config();
-        let mut conn = self.inner.pool.acquire().await?;
+        let mut conn = self.inner.connections.acquire().await?;
         let claimed = outbox::claim(
             &mut conn,
             &ClaimRequest {
@@ -266,6 +290,7 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
             },
         )
         .await?;
+        conn.release();
         metrics::claimed(claimed.len());
         Ok(claimed)
     }
@@ -285,14 +310,14 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
     }
 
     /// Records `decision` under `claimed`'s fencing token, trying again a few times if the database
-    /// fails transiently.
+    /// fails transiently, and announces a payment that moved.
     pub async fn record(&self, claimed: &Claimed, decision: &Decision) -> Result<Recorded, RecordError> {
         let mut retry = 0;
         loop {
-            let result = match self.inner.pool.begin().await {
-                Ok(tx) => record::record(tx, self.actor(), claimed, decision).await,
-                Err(error) => Err(RecordError::from(error)),
-            };
+            let result = self.record_once(claimed, decision).await;
+            if let Ok(Recorded::Moved(_)) = result {
+                self.inner.wakeups.announce(claimed.payment_id);
+            }
             match result {
                 Err(error) if error.is_transient() && retry < RECORD_RETRIES => {
                     retry += 1;
@@ -303,6 +328,18 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
                 result => return result,
             }
         }
+    }
+
+    async fn record_once(&self, claimed: &Claimed, decision: &Decision) -> Result<Recorded, RecordError> {
+        let mut conn = self.inner.connections.acquire().await?;
+        let recorded = record::record(conn.begin().await?, self.actor(), claimed, decision).await?;
+        conn.release();
+        Ok(recorded)
+    }
+
+    /// The sender of this drainer's announcements to long polls.
+    fn notifier(&self) -> Notifier {
+        Notifier::new(self.inner.pool.clone(), PAYMENT_CHANNEL, self.inner.wakeups.clone())
     }
 
     /// Sends one claimed payment (unless a send could charge twice) and records the outcome, in the

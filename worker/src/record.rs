@@ -5,7 +5,9 @@
 //! took the lease over, and nothing at all is recorded. Then it moves the payment with
 //! `transitions::settle` (terminal: status, audit row, ledger entry, stored key response) or
 //! `transitions::apply` (retry, unknown), whose status compare-and-set is the second guard, and for
-//! `unknown` queues the payment for the reconciler. All of it commits together or not at all.
+//! `unknown` queues the payment for the reconciler. All of it commits together or not at all. The
+//! transitions' `_deferring_wakeup` forms are used: the drainer announces the payment after the
+//! commit, so that recordings commit together instead of one `NOTIFY` at a time.
 //!
 //! Locks are taken outbox row first, payment second, like the claim and the sweeper. This module
 //! never calls the provider; it records what the drainer decided.
@@ -83,21 +85,21 @@ pub async fn record(
     let moved = match decision {
         Decision::Settle { transition, settlement, reason } => {
             let change = change(claimed, actor, *transition, reason, None);
-            match transitions::settle(&mut tx, &change, settlement).await? {
+            match transitions::settle_deferring_wakeup(&mut tx, &change, settlement).await? {
                 Applied::Moved(payment) => Some(payment.status),
                 Applied::LostRace => None,
             }
         }
         Decision::Retry { reason, .. } => {
             let change = change(claimed, actor, Transition::NotSentRetry, reason, None);
-            match transitions::apply(&mut tx, &change).await? {
+            match transitions::apply_deferring_wakeup(&mut tx, &change).await? {
                 Applied::Moved(status) => Some(status),
                 Applied::LostRace => None,
             }
         }
         Decision::Uncertain { code, reason } => {
             let change = change(claimed, actor, Transition::Uncertain, reason, Some(code));
-            match transitions::apply(&mut tx, &change).await? {
+            match transitions::apply_deferring_wakeup(&mut tx, &change).await? {
                 Applied::Moved(status) => {
                     let evidence = json!({
                         "source": actor,

@@ -4,7 +4,8 @@
 //! (`UPDATE payments … WHERE status = <from>`) together with an audit row and a `NOTIFY` that wakes
 //! long polls. A terminal change ([`settle`]) also, in the same transaction, writes the ledger entry
 //! for a success and stores the terminal response on the payment's idempotency key, so a replay is a
-//! single read. Zero rows updated means another actor moved the payment first: that is
+//! single read. The worker, which records a change per payment, uses the `_deferring_wakeup` forms
+//! and announces the payment after its commit instead (`crate::notify` says why). Zero rows updated means another actor moved the payment first: that is
 //! [`Applied::LostRace`], a normal outcome. Callers own the transaction and any guard of their own
 //! (the worker's fencing token) and must not hold it across a provider call.
 //! The terminal change's statements live in `sql/settle.sql` and `sql/store_response.sql`, so the
@@ -93,9 +94,27 @@ pub enum TransitionError {
     Store(#[from] StoreError),
 }
 
-/// Persists a non-terminal change. Returns the new status.
+/// Persists a non-terminal change and wakes long polls when it commits. Returns the new status.
 #[tracing::instrument(name = "store.transition", skip_all, fields(payment.id = %change.payment_id, transition = ?change.transition))]
 pub async fn apply(conn: &mut PgConnection, change: &Change<'_>) -> Result<Applied<PaymentStatus>, TransitionError> {
+    write_change(conn, change, true).await
+}
+
+/// [`apply`] without the wake-up: the caller announces the payment on
+/// [`crate::notify::PAYMENT_CHANNEL`] after the transaction has committed.
+#[tracing::instrument(name = "store.transition", skip_all, fields(payment.id = %change.payment_id, transition = ?change.transition))]
+pub async fn apply_deferring_wakeup(
+    conn: &mut PgConnection,
+    change: &Change<'_>,
+) -> Result<Applied<PaymentStatus>, TransitionError> {
+    write_change(conn, change, false).await
+}
+
+async fn write_change(
+    conn: &mut PgConnection,
+    change: &Change<'_>,
+    wake: bool,
+) -> Result<Applied<PaymentStatus>, TransitionError> {
     let to = status::next(change.from, change.transition)?;
     if to.is_terminal() {
         return Err(TransitionError::SettlementMismatch { transition: change.transition, from: change.from, to });
@@ -110,7 +129,7 @@ pub async fn apply(conn: &mut PgConnection, change: &Change<'_>) -> Result<Appli
             INSERT INTO payment_events (tenant_id, payment_id, from_status, to_status, actor, reason, detail)
             SELECT tenant_id, payment_id, $4, $3, $5, $6, $7 FROM moved
         )
-        SELECT pg_notify('oncepay_payment', payment_id::text) AS "notified!: ()" FROM moved
+        SELECT CASE WHEN $8 THEN pg_notify('oncepay_payment', payment_id::text) END AS "notified: ()" FROM moved
         "#,
         change.tenant_id.as_uuid(),
         change.payment_id.as_uuid(),
@@ -119,6 +138,7 @@ pub async fn apply(conn: &mut PgConnection, change: &Change<'_>) -> Result<Appli
         change.actor,
         change.reason,
         change.detail,
+        wake,
     )
     .fetch_optional(conn)
     .await
@@ -133,6 +153,26 @@ pub async fn settle(
     conn: &mut PgConnection,
     change: &Change<'_>,
     settlement: &Settlement,
+) -> Result<Applied<Payment>, TransitionError> {
+    write_settlement(conn, change, settlement, true).await
+}
+
+/// [`settle`] without the wake-up: the caller announces the payment on
+/// [`crate::notify::PAYMENT_CHANNEL`] after the transaction has committed.
+#[tracing::instrument(name = "store.settle", skip_all, fields(payment.id = %change.payment_id, transition = ?change.transition))]
+pub async fn settle_deferring_wakeup(
+    conn: &mut PgConnection,
+    change: &Change<'_>,
+    settlement: &Settlement,
+) -> Result<Applied<Payment>, TransitionError> {
+    write_settlement(conn, change, settlement, false).await
+}
+
+async fn write_settlement(
+    conn: &mut PgConnection,
+    change: &Change<'_>,
+    settlement: &Settlement,
+    wake: bool,
 ) -> Result<Applied<Payment>, TransitionError> {
     let to = status::next(change.from, change.transition)?;
     let fits = matches!(
@@ -170,6 +210,7 @@ pub async fn settle(
         ledger_amount,
         ledger_currency,
         charged_at,
+        wake,
     )
     .fetch_optional(&mut *conn)
     .await
