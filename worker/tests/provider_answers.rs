@@ -296,3 +296,20 @@ async fn a_429_waits_at_least_the_providers_retry_after_before_the_next_claim(po
     assert_eq!(support::status(&pool, accepted).await, PaymentStatus::Pending);
     assert_eq!(server.received_requests().await.unwrap().len(), 1);
 }
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn a_recorded_payment_is_announced_to_long_polls_after_its_commit(pool: PgPool) {
+    let server = MockServer::start().await;
+    Charges::new().mount(&server).await;
+    let accepted = one_payment(&pool).await;
+    let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await.unwrap();
+    listener.listen(oncepay_shared::notify::PAYMENT_CHANNEL).await.unwrap();
+
+    drainer(&pool, &server.uri(), config("w1")).run_once().await.unwrap();
+
+    // The recording no longer notifies in its transaction: this notification is the announcement.
+    let notification = tokio::time::timeout(Duration::from_secs(10), listener.recv()).await.unwrap().unwrap();
+    let named: Vec<_> = oncepay_shared::notify::payment_ids(notification.payload()).map(Result::unwrap).collect();
+    assert_eq!(named, [accepted.payment_id]);
+    assert_eq!(support::status(&pool, accepted).await, PaymentStatus::Succeeded);
+}
