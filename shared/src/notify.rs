@@ -15,6 +15,7 @@
 //! most once per [`COALESCE`], folding every wake-up asked for in between into the next
 //! notification. Rare writers (the reconciler, operators) still notify inside their transaction.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -51,6 +52,7 @@ pub struct Wakeups {
 #[derive(Default)]
 struct Pending {
     payloads: Mutex<Vec<String>>,
+    requested: AtomicBool,
     signal: Notify,
 }
 
@@ -58,6 +60,7 @@ impl Wakeups {
     /// Asks for a notification without a payload (the outbox channel). Requests made while one is
     /// pending or being sent coalesce.
     pub fn wake(&self) {
+        self.inner.requested.store(true, Ordering::Release);
         self.inner.signal.notify_one();
     }
 
@@ -65,6 +68,7 @@ impl Wakeups {
     /// is pending or being sent travel together.
     pub fn announce(&self, payment_id: PaymentId) {
         self.inner.payloads.lock().unwrap_or_else(PoisonError::into_inner).push(payment_id.to_string());
+        self.inner.requested.store(true, Ordering::Release);
         self.inner.signal.notify_one();
     }
 
@@ -72,8 +76,10 @@ impl Wakeups {
         self.inner.signal.notified().await;
     }
 
-    fn take(&self) -> Vec<String> {
-        std::mem::take(&mut *self.inner.payloads.lock().unwrap_or_else(PoisonError::into_inner))
+    /// What was asked for since the last call: `None` when nothing was.
+    fn take(&self) -> Option<Vec<String>> {
+        let mut payloads = self.inner.payloads.lock().unwrap_or_else(PoisonError::into_inner);
+        self.inner.requested.swap(false, Ordering::AcqRel).then(|| std::mem::take(&mut *payloads))
     }
 }
 
@@ -125,8 +131,10 @@ impl Notifier {
 
     /// Sends, now, everything asked for since the last notification, in one statement: one
     /// notification per payload that fits, or a single empty one when nothing named a payload.
+    /// Sends nothing when nothing was asked for.
     pub async fn flush(&self) -> Result<(), sqlx::Error> {
-        let payloads = batch(self.wakeups.take());
+        let Some(parts) = self.wakeups.take() else { return Ok(()) };
+        let payloads = batch(parts);
         sqlx::query!("SELECT pg_notify($1, payload) FROM unnest($2::text[]) AS payload", self.channel, &payloads)
             .execute(&self.pool)
             .await?;
@@ -167,8 +175,8 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(1), wakeups.requested()).await.unwrap();
         let second = tokio::time::timeout(Duration::ZERO, wakeups.requested()).await;
         assert!(second.is_err());
-        assert_eq!(wakeups.take().len(), 1);
-        assert!(wakeups.take().is_empty());
+        assert_eq!(wakeups.take().map(|ids| ids.len()), Some(1));
+        assert_eq!(wakeups.take(), None, "nothing was asked for since");
     }
 
     #[test]
@@ -184,8 +192,13 @@ mod tests {
     }
 
     #[test]
-    fn a_wakeup_without_ids_is_one_empty_notification() {
-        assert_eq!(batch(Vec::new()), vec![String::new()]);
+    fn a_wakeup_without_ids_is_one_empty_notification_and_no_wakeup_is_none() {
+        let wakeups = Wakeups::default();
+        assert_eq!(wakeups.take(), None);
+
+        wakeups.wake();
+
+        assert_eq!(wakeups.take().map(batch), Some(vec![String::new()]));
     }
 
     #[test]
