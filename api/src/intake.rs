@@ -3,16 +3,17 @@
 //! The request is checked in this order, each failure answered before anything is read from or
 //! written to the store: API key (401), rate limit (429), `Idempotency-Key` (400), `Content-Type`
 //! (415), body size (413, from `Content-Length` before reading and again while reading), JSON
-//! (400), fields (400 listing every invalid field). Then, on one pooled connection:
+//! (400), fields (400 listing every invalid field). Then one round trip to the store
+//! (`store::intake::accept_deferring_wakeup`, the `intake` function):
 //!
-//! 1. the replay read (`store::intake::find_key`): a known key with the same fingerprint is replayed
-//!    (the stored terminal response, else 202 with the payment as it stands), with another
-//!    fingerprint it is refused (422) — either way nothing is written;
-//! 2. otherwise the one accept statement (`store::intake::accept_deferring_wakeup`: key, payment,
-//!    outbox row and audit row, atomically), and once it has committed, a wake-up for the workers
-//!    (`oncepay_shared::notify`, one coalesced `NOTIFY` for many accepts). If a concurrent request with the same key
-//!    committed first, accept writes nothing and returns `None`, and the key is read again and
-//!    replayed, so every concurrent duplicate gets the same payment id.
+//! 1. a known key comes back as it is stored, and nothing is written: with the same fingerprint it is
+//!    replayed (the stored terminal response, else 202 with the payment as it stands), with another
+//!    fingerprint it is refused (422);
+//! 2. a new key is accepted in one statement (key, payment, outbox row and audit row, atomically),
+//!    and once it has committed the workers get a wake-up (`oncepay_shared::notify`, one coalesced
+//!    `NOTIFY` for many accepts). If a concurrent request with the same key committed first, the
+//!    function waited for it, wrote nothing and read the key again, so every concurrent duplicate
+//!    gets the same payment id.
 //!
 //! Waiting for that concurrent writer is bounded by the pool's `lock_timeout`
 //! (`intake.key_lock_wait_ms`): past it PostgreSQL cancels the statement (SQLSTATE 55P03) and the
@@ -31,7 +32,7 @@ use oncepay_shared::ids::TenantId;
 use oncepay_shared::payment::PaymentResource;
 use oncepay_shared::payment_request::PaymentRequest;
 use oncepay_shared::problem::Problem;
-use oncepay_shared::store::intake::{self, ExistingKey, NewPayment};
+use oncepay_shared::store::intake::{self, ExistingKey, Intake, NewPayment};
 use oncepay_shared::store::{StoreError, payments};
 use oncepay_shared::telemetry;
 use serde_json::Value;
@@ -157,7 +158,8 @@ async fn take(request: &HttpRequest, payload: web::Payload, state: &AppState) ->
     answered
 }
 
-/// The store's part: the replay read, then the accept, on one connection.
+/// The store's part: one intake call, then for a known key the replay (one more read while its
+/// payment is not terminal).
 async fn store(
     conn: &mut PgConnection,
     state: &AppState,
@@ -168,40 +170,29 @@ async fn store(
     payment_request: &PaymentRequest,
 ) -> Result<Answered, ApiError> {
     let retry_after_secs = state.intake.retry_after_secs;
-    // Twice at most: a key that a concurrent request committed is always found on the second read.
-    for _ in 0..2 {
-        let existing = intake::find_key(conn, caller.tenant_id, key)
-            .await
-            .map_err(|e| ApiError::from_store(e, retry_after_secs))?;
-        if let Some(existing) = existing {
+    let trace = telemetry::trace_context_of(span);
+    let new = NewPayment {
+        tenant_id: caller.tenant_id,
+        key,
+        fingerprint,
+        request: payment_request,
+        retention: state.intake.key_retention(),
+        trace: trace.as_ref(),
+    };
+    match intake::accept_deferring_wakeup(conn, &new).await.map_err(|e| accept_error(e, retry_after_secs))? {
+        Intake::Created(created) => {
+            state.wake.wake();
+            span.record("payment.id", tracing::field::display(created.payment.payment_id));
+            let resource = PaymentResource::from(&created.payment);
+            let key = KeyInfo { expires_at: created.key_expires_at, replayed: false };
+            Ok(Answered { response: answer::accepted(&resource, retry_after_secs, key), replayed: false })
+        }
+        Intake::Existing(existing) => {
             span.record("payment.id", tracing::field::display(existing.payment_id));
             let response = replay(conn, caller.tenant_id, &existing, fingerprint, retry_after_secs).await?;
-            return Ok(Answered { response, replayed: true });
-        }
-
-        let trace = telemetry::trace_context_of(span);
-        let new = NewPayment {
-            tenant_id: caller.tenant_id,
-            key,
-            fingerprint,
-            request: payment_request,
-            retention: state.intake.key_retention(),
-            trace: trace.as_ref(),
-        };
-        match intake::accept_deferring_wakeup(conn, &new).await {
-            Ok(Some(created)) => {
-                state.wake.wake();
-                span.record("payment.id", tracing::field::display(created.payment.payment_id));
-                let resource = PaymentResource::from(&created.payment);
-                let key = KeyInfo { expires_at: created.key_expires_at, replayed: false };
-                return Ok(Answered { response: answer::accepted(&resource, retry_after_secs, key), replayed: false });
-            }
-            // A concurrent request with this key committed first: read the key again and replay it.
-            Ok(None) => continue,
-            Err(error) => return Err(accept_error(error, retry_after_secs)),
+            Ok(Answered { response, replayed: true })
         }
     }
-    Err(ApiError::Internal(anyhow!("accept found the idempotency key taken, but the key cannot be read")))
 }
 
 /// The answer for a key that already exists.

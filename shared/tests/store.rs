@@ -8,18 +8,24 @@ use std::time::Duration;
 use oncepay_shared::api_key;
 use oncepay_shared::fingerprint::Fingerprint;
 use oncepay_shared::fixtures::{Submission, accept, body, count, tenant};
-use oncepay_shared::idempotency_key::IdempotencyKey;
 use oncepay_shared::ids::{PaymentId, TenantId};
 use oncepay_shared::payment::PaymentResource;
 use oncepay_shared::status::{PaymentStatus, Transition};
-use oncepay_shared::store::intake;
+use oncepay_shared::store::intake::{self, Intake};
 use oncepay_shared::store::payments;
 use oncepay_shared::store::tenants::{self, CreateTenantError, TenantName};
 use oncepay_shared::store::transitions::{self, Applied, Change, Settlement, TransitionError};
-use serde_json::json;
+use serde_json::{Value, json};
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use time::OffsetDateTime;
+
+/// What intake makes of `body` under `key`.
+async fn intake_of(pool: &PgPool, tenant_id: TenantId, key: &str, body: &Value) -> Intake {
+    let submission = Submission::new(key, body);
+    let mut conn = pool.acquire().await.unwrap();
+    intake::accept(&mut conn, &submission.for_tenant(tenant_id, None)).await.unwrap()
+}
 
 /// Puts an accepted payment into `processing`, as a worker's claim would.
 async fn claim(pool: &PgPool, tenant_id: TenantId, payment_id: PaymentId) {
@@ -63,7 +69,7 @@ async fn accepting_wakes_the_workers_unless_the_caller_defers_the_wakeup(pool: P
     // Deferred: the rows, and no notification. A marker sent afterwards must be the first one
     // received, since notifications arrive in commit order.
     let mut conn = pool.acquire().await.unwrap();
-    let quiet = intake::accept_deferring_wakeup(&mut conn, &new).await.unwrap().unwrap();
+    let quiet = intake::accept_deferring_wakeup(&mut conn, &new).await.unwrap().created().unwrap();
     sqlx::query("SELECT pg_notify('oncepay_outbox', 'marker')").execute(&mut *conn).await.unwrap();
     let first = tokio::time::timeout(Duration::from_secs(10), listener.recv()).await.unwrap().unwrap();
     // Not deferred: the same rows and a notification.
@@ -79,23 +85,50 @@ async fn accepting_wakes_the_workers_unless_the_caller_defers_the_wakeup(pool: P
 }
 
 #[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
-async fn accepting_an_existing_key_writes_nothing_and_the_key_names_the_first_payment(pool: PgPool) {
+async fn accepting_an_existing_key_writes_nothing_and_returns_the_key_as_stored(pool: PgPool) {
     let tenant_id = tenant(&pool, "acme").await;
     let first = accept(&pool, tenant_id, "order-1", &body(1999), None).await.unwrap();
 
-    let again = accept(&pool, tenant_id, "order-1", &body(1999), None).await;
-    let misuse = accept(&pool, tenant_id, "order-1", &body(5), None).await;
+    let Intake::Existing(retry) = intake_of(&pool, tenant_id, "order-1", &body(1999)).await else {
+        panic!("a retry created a payment")
+    };
+    let Intake::Existing(misuse) = intake_of(&pool, tenant_id, "order-1", &body(5)).await else {
+        panic!("a misuse created a payment")
+    };
 
-    assert!(again.is_none());
-    assert!(misuse.is_none());
     assert_eq!(count(&pool, "payments").await, 1);
     assert_eq!(count(&pool, "outbox").await, 1);
-    let mut conn = pool.acquire().await.unwrap();
-    let key = IdempotencyKey::parse(b"order-1").unwrap();
-    let existing = intake::find_key(&mut conn, tenant_id, &key).await.unwrap().unwrap();
-    assert_eq!(existing.payment_id, first.payment.payment_id);
-    assert_eq!(existing.fingerprint, Fingerprint::of("POST", "/v1/payments", &body(1999)));
-    assert!(existing.stored_response.is_none());
+    for existing in [&retry, &misuse] {
+        assert_eq!(existing.payment_id, first.payment.payment_id);
+        assert_eq!(existing.fingerprint, Fingerprint::of("POST", "/v1/payments", &body(1999)));
+        assert_eq!(existing.expires_at, first.key_expires_at);
+        assert!(existing.stored_response.is_none());
+    }
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn a_key_committed_by_a_concurrent_request_is_waited_for_and_returned_as_stored(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+    let request = body(1999);
+    let submission = Submission::new("order-1", &request);
+    let new = submission.for_tenant(tenant_id, None);
+    // The first request has written the key and not committed yet.
+    let mut first = pool.begin().await.unwrap();
+    let created = intake::accept(&mut first, &new).await.unwrap().created().unwrap();
+
+    // The second finds no key, so its insert waits on the first's, then reads the key again.
+    let second = tokio::spawn({
+        let pool = pool.clone();
+        async move { intake_of(&pool, tenant_id, "order-1", &body(1999)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!second.is_finished(), "the second request did not wait for the first");
+    first.commit().await.unwrap();
+    let Intake::Existing(existing) = second.await.unwrap() else { panic!("the second request created a payment") };
+
+    assert_eq!(existing.payment_id, created.payment.payment_id);
+    assert_eq!(count(&pool, "payments").await, 1);
+    assert_eq!(count(&pool, "outbox").await, 1);
 }
 
 #[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]

@@ -157,7 +157,7 @@ async fn a_key_being_written_by_another_transaction_is_answered_409_after_the_lo
         retention: Duration::from_secs(86_400),
         trace: None,
     };
-    assert!(intake::accept(&mut holder, &new).await.unwrap().is_some());
+    assert!(intake::accept(&mut holder, &new).await.unwrap().created().is_some());
 
     let response = app.post_payment("order-1", &body()).send().await.unwrap();
 

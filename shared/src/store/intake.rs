@@ -1,13 +1,18 @@
-//! Intake: accepting a payment request under an idempotency key, and reading a key back for a replay.
+//! Intake: replaying a known idempotency key, or accepting a payment request under a new one, in one
+//! round trip.
 //!
-//! [`accept`] writes the key, the payment (`pending`), its outbox row, its first audit row and the
-//! workers' wake-up in one statement (`sql/accept.sql`), so either all of it exists or none of it
-//! does. [`accept_deferring_wakeup`] writes the same rows without the wake-up, for a caller that
-//! wakes the workers itself once the statement has committed, coalescing many accepts into one
-//! `NOTIFY` (a `NOTIFY` in every accept serialises their commits; see `sql/accept.sql`). The
-//! notification is only a hint either way: workers also poll. [`find_key`] is the replay read
-//! (`sql/replay.sql`). The SQL lives in files so the benchmark can run the very same statements
-//! under pgbench.
+//! [`accept`] runs `sql/accept.sql`, a call of the `intake` function
+//! (`migrations/0060_intake_function.sql`): a known key comes back as [`Intake::Existing`] with
+//! nothing written, for the caller to replay or refuse; a new key is written with its payment
+//! (`pending`), its outbox row, its first audit row and the workers' wake-up in one statement, so
+//! either all of it exists or none of it does ([`Intake::Created`]). A key that a concurrent request
+//! committed meanwhile is waited for and read again inside the function, so every concurrent
+//! duplicate names the same payment. [`accept_deferring_wakeup`] writes the same rows without the
+//! wake-up, for a caller that wakes the workers itself once the statement has committed, coalescing
+//! many accepts into one `NOTIFY` (a `NOTIFY` in every accept serialises their commits; see
+//! `sql/accept.sql`). The notification is only a hint either way: workers also poll. The SQL lives in
+//! files so the benchmark can run the very same statements under pgbench; `sql/replay.sql` is the
+//! function's replay read on its own, the benchmark's raw replay baseline.
 
 use std::time::Duration;
 
@@ -65,24 +70,40 @@ pub struct ExistingKey {
     pub stored_response: Option<(u16, Value)>,
 }
 
-/// Accepts a payment and wakes the workers when it commits, or returns `None` if the key exists
+/// What intake found or did.
+#[derive(Debug, Clone)]
+pub enum Intake {
+    /// The key was new: the payment is accepted.
+    Created(Created),
+    /// The key exists: nothing was written.
+    Existing(ExistingKey),
+}
+
+impl Intake {
+    /// The accepted payment, if this request created it.
+    pub fn created(self) -> Option<Created> {
+        match self {
+            Self::Created(created) => Some(created),
+            Self::Existing(_) => None,
+        }
+    }
+}
+
+/// Accepts a payment and wakes the workers when it commits, or returns the key as it exists
 /// (possibly just committed by a concurrent request with the same key, which this waited for).
-#[tracing::instrument(name = "store.accept", skip_all, fields(tenant.id = %new.tenant_id))]
-pub async fn accept(conn: &mut PgConnection, new: &NewPayment<'_>) -> Result<Option<Created>, StoreError> {
-    insert(conn, new, true).await
+#[tracing::instrument(name = "store.intake", skip_all, fields(tenant.id = %new.tenant_id))]
+pub async fn accept(conn: &mut PgConnection, new: &NewPayment<'_>) -> Result<Intake, StoreError> {
+    intake(conn, new, true).await
 }
 
 /// [`accept`] without the wake-up: the caller must wake the workers (`NOTIFY oncepay_outbox`) after
-/// the statement has committed, or leave the payment to their polling.
-#[tracing::instrument(name = "store.accept", skip_all, fields(tenant.id = %new.tenant_id))]
-pub async fn accept_deferring_wakeup(
-    conn: &mut PgConnection,
-    new: &NewPayment<'_>,
-) -> Result<Option<Created>, StoreError> {
-    insert(conn, new, false).await
+/// an accept has committed, or leave the payment to their polling.
+#[tracing::instrument(name = "store.intake", skip_all, fields(tenant.id = %new.tenant_id))]
+pub async fn accept_deferring_wakeup(conn: &mut PgConnection, new: &NewPayment<'_>) -> Result<Intake, StoreError> {
+    intake(conn, new, false).await
 }
 
-async fn insert(conn: &mut PgConnection, new: &NewPayment<'_>, wake: bool) -> Result<Option<Created>, StoreError> {
+async fn intake(conn: &mut PgConnection, new: &NewPayment<'_>, wake: bool) -> Result<Intake, StoreError> {
     let payment_id = PaymentId::generate();
     let request = new.request;
     let metadata = Json(&request.metadata);
@@ -103,8 +124,28 @@ async fn insert(conn: &mut PgConnection, new: &NewPayment<'_>, wake: bool) -> Re
         wake,
     )
     .fetch_optional(conn)
-    .await?;
-    Ok(row.map(|row| Created {
+    .await?
+    // The function returns one row unless the key vanished between its insert and its second read.
+    .ok_or_else(|| StoreError::Unexpected(sqlx::Error::RowNotFound))?;
+    if !row.created {
+        let fingerprint = Fingerprint::from_slice(&row.fingerprint).ok_or_else(|| {
+            StoreError::Unexpected(sqlx::Error::Decode("a stored fingerprint is not 32 bytes".into()))
+        })?;
+        let stored_response = match (row.response_status, row.response_body) {
+            (Some(status), Some(body)) => Some((u16::try_from(status).unwrap_or(200), body)),
+            _ => None,
+        };
+        return Ok(Intake::Existing(ExistingKey {
+            fingerprint,
+            payment_id: PaymentId::from_uuid(row.payment_id),
+            expires_at: row.expires_at,
+            stored_response,
+        }));
+    }
+    let (Some(created_at), Some(updated_at)) = (row.created_at, row.updated_at) else {
+        return Err(StoreError::Unexpected(sqlx::Error::Decode("an accepted payment without its timestamps".into())));
+    };
+    Ok(Intake::Created(Created {
         payment: Payment {
             tenant_id: new.tenant_id,
             payment_id,
@@ -119,35 +160,9 @@ async fn insert(conn: &mut PgConnection, new: &NewPayment<'_>, wake: bool) -> Re
             failure_message: None,
             send_attempts: 0,
             first_sent_at: None,
-            created_at: row.created_at,
-            updated_at: row.updated_at,
+            created_at,
+            updated_at,
         },
         key_expires_at: row.expires_at,
     }))
-}
-
-/// Reads a key for a replay: one primary-key lookup.
-#[tracing::instrument(name = "store.find_key", skip_all, fields(tenant.id = %tenant_id))]
-pub async fn find_key(
-    conn: &mut PgConnection,
-    tenant_id: TenantId,
-    key: &IdempotencyKey,
-) -> Result<Option<ExistingKey>, StoreError> {
-    let row = sqlx::query_file!("sql/replay.sql", tenant_id.as_uuid(), key.as_str()).fetch_optional(conn).await?;
-    row.map(|row| {
-        let fingerprint = Fingerprint::from_slice(&row.fingerprint).ok_or_else(|| {
-            StoreError::Unexpected(sqlx::Error::Decode("a stored fingerprint is not 32 bytes".into()))
-        })?;
-        let stored_response = match (row.response_status, row.response_body) {
-            (Some(status), Some(body)) => Some((u16::try_from(status).unwrap_or(200), body)),
-            _ => None,
-        };
-        Ok(ExistingKey {
-            fingerprint,
-            payment_id: PaymentId::from_uuid(row.payment_id),
-            expires_at: row.expires_at,
-            stored_response,
-        })
-    })
-    .transpose()
 }
