@@ -189,7 +189,7 @@ async fn store(
         }
         Intake::Existing(existing) => {
             span.record("payment.id", tracing::field::display(existing.payment_id));
-            let response = replay(conn, caller.tenant_id, &existing, fingerprint, retry_after_secs).await?;
+            let response = replay(conn, caller.tenant_id, existing, fingerprint, retry_after_secs).await?;
             Ok(Answered { response, replayed: true })
         }
     }
@@ -199,7 +199,7 @@ async fn store(
 async fn replay(
     conn: &mut PgConnection,
     tenant_id: TenantId,
-    existing: &ExistingKey,
+    existing: ExistingKey,
     fingerprint: &Fingerprint,
     retry_after_secs: u64,
 ) -> Result<HttpResponse, ApiError> {
@@ -207,8 +207,8 @@ async fn replay(
         return Err(ApiError::KeyReused { key_expires_at: existing.expires_at });
     }
     let key = KeyInfo { expires_at: existing.expires_at, replayed: true };
-    if let Some((status, body)) = &existing.stored_response {
-        return Ok(answer::stored(*status, body, key));
+    if let Some((status, body)) = existing.stored_response {
+        return Ok(answer::stored(status, body, key));
     }
     let payment = payments::fetch(conn, tenant_id, existing.payment_id)
         .await

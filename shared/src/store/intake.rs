@@ -16,7 +16,7 @@
 
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::value::RawValue;
 use sqlx::PgConnection;
 use sqlx::types::Json;
 use time::OffsetDateTime;
@@ -66,8 +66,9 @@ pub struct ExistingKey {
     pub payment_id: PaymentId,
     /// When it may be reaped.
     pub expires_at: OffsetDateTime,
-    /// The terminal response, once the payment is terminal: status and body.
-    pub stored_response: Option<(u16, Value)>,
+    /// The terminal response, once the payment is terminal: status and body, the JSON text as
+    /// stored (a replay sends it on without parsing it into values and writing it out again).
+    pub stored_response: Option<(u16, Box<RawValue>)>,
 }
 
 /// What intake found or did.
@@ -132,7 +133,7 @@ async fn intake(conn: &mut PgConnection, new: &NewPayment<'_>, wake: bool) -> Re
             StoreError::Unexpected(sqlx::Error::Decode("a stored fingerprint is not 32 bytes".into()))
         })?;
         let stored_response = match (row.response_status, row.response_body) {
-            (Some(status), Some(body)) => Some((u16::try_from(status).unwrap_or(200), body)),
+            (Some(status), Some(Json(body))) => Some((u16::try_from(status).unwrap_or(200), body)),
             _ => None,
         };
         return Ok(Intake::Existing(ExistingKey {
