@@ -44,13 +44,14 @@ fn fresh_key(script: Script) -> Script {
 pub enum Baseline {
     /// Issue #8's reference: key, payment and outbox row as three plain inserts in one transaction.
     ThreeInserts,
-    /// `shared/sql/accept.sql` as the api runs it: four inserts, the workers' wake-up left to a
-    /// coalesced NOTIFY after commit.
+    /// `shared/sql/accept.sql` as the api runs it, with a fresh key: the `intake` function's key read
+    /// and four inserts, the workers' wake-up left to a coalesced NOTIFY after commit.
     Accept,
     /// `shared/sql/accept.sql` with its in-statement NOTIFY, as the api ran it before: shows what a
     /// NOTIFY in every accept costs.
     AcceptWithNotify,
-    /// `shared/sql/replay.sql`: the replay read, of a random stored key.
+    /// `shared/sql/replay.sql`: the replay read on its own (the `intake` function's first statement),
+    /// of a random stored key.
     Replay,
     /// The worker's claim (`worker/sql/claim.sql`, one row) and its finish of a success in one
     /// transaction (`take.sql`, `settle.sql`, `payment.sql`, `store_response.sql`).
