@@ -217,7 +217,8 @@ mod tests {
         let converted = command(accept, &args).unwrap();
 
         assert!(!converted.contains('$') && !converted.contains("--") && !converted.contains('\n'));
-        assert!(converted.starts_with("WITH new_key AS ( INSERT INTO idempotency_keys"), "{converted}");
+        assert!(converted.starts_with(r#"SELECT created AS "created", fingerprint AS "fingerprint""#), "{converted}");
+        assert!(converted.ends_with("FROM intake(:v, :v, :v, :v, :v, :v, :v, :v, :v, :v, :v, :v, :v)"), "{converted}");
         assert!(command(accept, &args[..12]).is_err(), "accept.sql has 13 parameters");
     }
 

@@ -250,7 +250,7 @@ mod tests {
         let quiet = Baseline::Accept.script().unwrap().text();
         let notifying = Baseline::AcceptWithNotify.script().unwrap().text();
 
-        assert!(quiet.contains("CASE WHEN :false THEN pg_notify('oncepay_outbox', '') END"), "{quiet}");
+        assert!(quiet.contains("FROM intake(:tenant, :key,") && quiet.contains(", :false);"), "{quiet}");
         assert_eq!(quiet.replace(":false", ":true"), notifying);
     }
 
