@@ -121,7 +121,20 @@ async fn a_key_committed_by_a_concurrent_request_is_waited_for_and_returned_as_s
         let pool = pool.clone();
         async move { intake_of(&pool, tenant_id, "order-1", &body(1999)).await }
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let first_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut *first).await.unwrap();
+    let waiting = async {
+        while !sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid)))",
+        )
+        .bind(first_pid)
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("the second request never waited on the first");
     assert!(!second.is_finished(), "the second request did not wait for the first");
     first.commit().await.unwrap();
     let Intake::Existing(existing) = second.await.unwrap() else { panic!("the second request created a payment") };
