@@ -11,8 +11,9 @@
 //!   by time into the primary-key index as a UUIDv7 does);
 //! - NULLs (the description, the trace state, a success's failure code and message): pgbench
 //!   variables cannot be NULL, so the statement carries `NULL` literally;
-//! - the claim+finish baseline claims one row per transaction (the worker claims up to 32 in one
-//!   statement and then finishes each in its own transaction): pgbench's `\gset` keeps one row.
+//! - the claim+finish baseline claims one row per transaction and finishes it in another, passing
+//!   arrays of one to the finish statements (the worker claims up to 32 rows in one statement and
+//!   finishes whatever sends ended together in one transaction): pgbench's `\gset` keeps one row.
 //!   The provider's charge id is the payment id's text.
 
 use anyhow::Context;
@@ -23,7 +24,6 @@ use crate::pgbench_script::{Arg, Script, command};
 const ACCEPT_SQL: &str = include_str!("../../shared/sql/accept.sql");
 const REPLAY_SQL: &str = include_str!("../../shared/sql/replay.sql");
 const SETTLE_SQL: &str = include_str!("../../shared/sql/settle.sql");
-const PAYMENT_SQL: &str = include_str!("../../shared/sql/payment.sql");
 const STORE_RESPONSE_SQL: &str = include_str!("../../shared/sql/store_response.sql");
 const CLAIM_SQL: &str = include_str!("../../worker/sql/claim.sql");
 const TAKE_SQL: &str = include_str!("../../worker/sql/take.sql");
@@ -54,7 +54,7 @@ pub enum Baseline {
     /// of a random stored key.
     Replay,
     /// The worker's claim (`worker/sql/claim.sql`, one row) and its finish of a success in one
-    /// transaction (`take.sql`, `settle.sql`, `payment.sql`, `store_response.sql`).
+    /// transaction (`take.sql`, `settle.sql`, `store_response.sql`, each for one payment).
     ClaimFinish,
 }
 
@@ -149,39 +149,37 @@ fn claim_finish() -> anyhow::Result<Script> {
         &[Arg::Var("batch"), Arg::Var("worker"), Arg::Var("lease"), Arg::Var("actor"), Arg::Var("horizon")],
     )
     .context("claim.sql")?;
-    let take = command(TAKE_SQL, &[Arg::Var("tenant_id"), Arg::Var("payment_id"), Arg::Var("fencing_token")])
-        .context("take.sql")?;
+    // The finish statements take arrays (the worker finishes many sends at once); here, of one.
+    let take = command(
+        TAKE_SQL,
+        &[Arg::Sql("ARRAY[:tenant_id]"), Arg::Sql("ARRAY[:payment_id]"), Arg::Sql("ARRAY[:fencing_token]")],
+    )
+    .context("take.sql")?;
     let settle = command(
         SETTLE_SQL,
         &[
-            Arg::Var("tenant_id"),
-            Arg::Var("payment_id"),
-            Arg::Var("to_status"),
-            Arg::Var("from_status"),
-            Arg::Var("payment_id"),
-            Arg::Sql("NULL"),
-            Arg::Sql("NULL"),
-            Arg::Var("actor"),
-            Arg::Var("reason"),
-            Arg::Var("detail"),
-            Arg::Var("amount"),
-            Arg::Var("currency"),
-            Arg::Var("charged_at"),
-            Arg::Var("false"),
+            Arg::Sql("ARRAY[:tenant_id]"),
+            Arg::Sql("ARRAY[:payment_id]"),
+            Arg::Sql("ARRAY[:to_status]"),
+            Arg::Sql("ARRAY[:from_status]"),
+            Arg::Sql("ARRAY[:payment_id]"),
+            Arg::Sql("ARRAY[NULL]"),
+            Arg::Sql("ARRAY[NULL]"),
+            Arg::Sql("ARRAY[:actor]"),
+            Arg::Sql("ARRAY[:reason]"),
+            Arg::Sql("ARRAY[:detail]"),
+            Arg::Sql("ARRAY[:amount]"),
+            Arg::Sql("ARRAY[:currency]"),
+            Arg::Sql("ARRAY[:charged_at]"),
         ],
     )
     .context("settle.sql")?;
-    let payment = command(PAYMENT_SQL, &[Arg::Var("tenant_id"), Arg::Var("payment_id")]).context("payment.sql")?;
-    let store = command(STORE_RESPONSE_SQL, &[Arg::Var("tenant_id"), Arg::Var("payment_id"), Arg::Var("response")])
-        .context("store_response.sql")?;
-    Ok(Script::new()
-        .sql_gset(claim)
-        .sql("BEGIN".into())
-        .sql(take)
-        .sql(settle)
-        .sql(payment)
-        .sql(store)
-        .sql("COMMIT".into()))
+    let store = command(
+        STORE_RESPONSE_SQL,
+        &[Arg::Sql("ARRAY[:tenant_id]"), Arg::Sql("ARRAY[:payment_id]"), Arg::Sql("ARRAY[:response]")],
+    )
+    .context("store_response.sql")?;
+    Ok(Script::new().sql_gset(claim).sql("BEGIN".into()).sql(take).sql(settle).sql(store).sql("COMMIT".into()))
 }
 
 /// The values every script's variables take (`pgbench -D name=value`).
@@ -259,12 +257,14 @@ mod tests {
         let text = Baseline::ClaimFinish.script().unwrap().text();
         let lines: Vec<&str> = text.lines().collect();
 
-        assert_eq!(lines.len(), 7, "{text}");
+        assert_eq!(lines.len(), 6, "{text}");
         assert!(lines[0].contains("FOR UPDATE OF o SKIP LOCKED") && lines[0].ends_with("\\gset"), "{}", lines[0]);
         assert!(lines[0].contains(r#"l.fencing_token AS "fencing_token""#), "{}", lines[0]);
-        assert_eq!((lines[1], lines[6]), ("BEGIN;", "COMMIT;"));
-        assert!(lines[2].starts_with("DELETE FROM outbox") && lines[2].contains("fencing_token = :fencing_token"));
-        assert!(lines[3].contains("CASE WHEN :false THEN pg_notify('oncepay_payment'"), "{}", lines[3]);
+        assert_eq!((lines[1], lines[5]), ("BEGIN;", "COMMIT;"));
+        assert!(lines[2].starts_with("DELETE FROM outbox"), "{}", lines[2]);
+        assert!(lines[2].contains("unnest((ARRAY[:tenant_id])::uuid[], (ARRAY[:payment_id])::uuid[], (ARRAY[:fencing_token])::bigint[])"), "{}", lines[2]);
+        assert!(lines[3].contains("UPDATE payments p") && !lines[3].contains("pg_notify"), "{}", lines[3]);
+        assert!(lines[4].starts_with("UPDATE idempotency_keys k"), "{}", lines[4]);
     }
 
     #[test]

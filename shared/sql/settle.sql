@@ -1,25 +1,54 @@
--- A terminal status change: the compare-and-set on the payment, its audit row, the ledger entry for a
--- success, and, when $14 is true, the wake-up for long polls, in one statement. No row returned means
--- the payment was no longer in $4: another actor moved it first, and nothing was written.
+-- Terminal status changes for one or more payments, the i-th element of every array describing the
+-- i-th change: the compare-and-set on each payment, its audit row and, for a success, its ledger
+-- entry, in one statement. Returns every payment that moved, as it now is (its stored response is
+-- written from that row by `store_response.sql`). A payment that was no longer in its expected status
+-- is missing from the result: another actor moved it first, and nothing was written for it.
 --
--- The wake-up is optional for the reason given in accept.sql: a NOTIFY serialises commits. The worker
--- passes false and announces the payment after its transaction commits (`oncepay_shared::notify`).
+-- Waking long polls is the caller's business: the reconciler and operators `NOTIFY` in the same
+-- transaction, the worker announces its payments after commit (a NOTIFY serialises commits, see
+-- accept.sql).
 --
--- $1 tenant_id, $2 payment_id, $3 new status, $4 expected status, $5 provider charge id,
--- $6 failure code, $7 failure message, $8 actor, $9 reason, $10 audit detail,
--- $11 ledger amount, $12 ledger currency, $13 when the provider charged, $14 whether to notify.
-WITH moved AS (
-    UPDATE payments
-    SET status = $3, updated_at = now(),
-        provider_charge_id = COALESCE($5, provider_charge_id),
-        failure_code = $6, failure_message = $7
-    WHERE tenant_id = $1 AND payment_id = $2 AND status = $4
-    RETURNING tenant_id, payment_id, status
+-- $1 tenant ids, $2 payment ids, $3 new statuses, $4 expected statuses, $5 provider charge ids,
+-- $6 failure codes, $7 failure messages, $8 actors, $9 reasons, $10 audit details,
+-- $11 ledger amounts, $12 ledger currencies, $13 when the provider charged.
+WITH input AS (
+    SELECT *
+    FROM unnest($1::uuid[], $2::uuid[], $3::text[]::payment_status[], $4::text[]::payment_status[],
+                $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::jsonb[], $11::bigint[],
+                $12::text[], $13::timestamptz[])
+        AS i(tenant_id, payment_id, to_status, from_status, charge_id, failure_code, failure_message, actor,
+             reason, detail, ledger_amount, ledger_currency, charged_at)
+), moved AS (
+    UPDATE payments p
+    SET status = i.to_status, updated_at = now(),
+        provider_charge_id = COALESCE(i.charge_id, p.provider_charge_id),
+        failure_code = i.failure_code, failure_message = i.failure_message
+    FROM input i
+    WHERE p.tenant_id = i.tenant_id AND p.payment_id = i.payment_id AND p.status = i.from_status
+    RETURNING p.*, i.from_status, i.actor, i.reason, i.detail, i.charge_id AS ledger_charge_id, i.ledger_amount,
+              i.ledger_currency, i.charged_at
 ), audit AS (
     INSERT INTO payment_events (tenant_id, payment_id, from_status, to_status, actor, reason, detail)
-    SELECT tenant_id, payment_id, $4, $3, $8, $9, $10 FROM moved
+    SELECT tenant_id, payment_id, from_status, status, actor, reason, detail FROM moved
 ), ledger AS (
     INSERT INTO ledger_entries (tenant_id, payment_id, provider_charge_id, amount, currency, charged_at)
-    SELECT tenant_id, payment_id, $5, $11, $12, $13 FROM moved WHERE status = 'succeeded'
+    SELECT tenant_id, payment_id, ledger_charge_id, ledger_amount, ledger_currency, charged_at
+    FROM moved WHERE status = 'succeeded'
 )
-SELECT CASE WHEN $14 THEN pg_notify('oncepay_payment', payment_id::text) END AS "notified: ()" FROM moved
+-- The quoted aliases tell sqlx's query macros the Rust types, as in payment.sql.
+SELECT tenant_id AS "tenant_id!: TenantId",
+       payment_id AS "payment_id!: PaymentId",
+       status AS "status!: PaymentStatus",
+       amount AS "amount!: Amount",
+       currency AS "currency!: Currency",
+       customer_id AS "customer_id!",
+       description,
+       metadata AS "metadata!: Json<BTreeMap<String, String>>",
+       provider_charge_id,
+       failure_code,
+       failure_message,
+       send_attempts AS "send_attempts!",
+       first_sent_at,
+       created_at AS "created_at!",
+       updated_at AS "updated_at!"
+FROM moved

@@ -1,6 +1,8 @@
--- Stores a terminal payment's response on its idempotency key, in the transaction that made it
--- terminal, so that a replay is a single primary-key read.
+-- Stores terminal payments' responses on their idempotency keys, in the transaction that made them
+-- terminal, so that a replay is a single primary-key read. The i-th element of every array belongs
+-- to the i-th payment.
 --
--- $1 tenant_id, $2 payment_id, $3 the response body (the payment resource).
-UPDATE idempotency_keys SET response_status = 200, response_body = $3
-WHERE tenant_id = $1 AND payment_id = $2
+-- $1 tenant ids, $2 payment ids, $3 the response bodies (the payment resources).
+UPDATE idempotency_keys k SET response_status = 200, response_body = r.body
+FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) AS r(tenant_id, payment_id, body)
+WHERE k.tenant_id = r.tenant_id AND k.payment_id = r.payment_id

@@ -1,7 +1,11 @@
--- Ends a send: deletes the outbox row, but only while this worker's fencing token is still on it.
--- No row deleted means the lease was taken over (the sweeper released or dropped it): the caller
--- must then record nothing. Locks the row before the payment, like the claim and the sweeper.
+-- Ends sends: deletes each outbox row, but only while the worker's fencing token for it is still on
+-- it, and returns the payments whose rows it deleted. A payment missing from the result lost its
+-- lease (the sweeper released or dropped it): nothing may be recorded for it. The i-th element of
+-- every array belongs to the i-th send. Locks rows before their payments, like the claim and the
+-- sweeper.
 --
--- $1 tenant_id, $2 payment_id, $3 fencing token.
-DELETE FROM outbox
-WHERE tenant_id = $1 AND payment_id = $2 AND fencing_token = $3
+-- $1 tenant ids, $2 payment ids, $3 fencing tokens.
+DELETE FROM outbox o
+USING unnest($1::uuid[], $2::uuid[], $3::bigint[]) AS t(tenant_id, payment_id, fencing_token)
+WHERE o.tenant_id = t.tenant_id AND o.payment_id = t.payment_id AND o.fencing_token = t.fencing_token
+RETURNING o.tenant_id, o.payment_id

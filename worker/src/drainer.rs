@@ -22,6 +22,7 @@
 //! The drainer never decides an outcome itself (that is `decision`) and never writes SQL itself
 //! (that is `outbox` and `record`).
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,9 +44,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::decision::{self, Decision, RetryPolicy};
+use crate::group_commit::GroupCommit;
 use crate::metrics;
 use crate::outbox::{self, ClaimRequest, Claimed};
-use crate::record::{self, RecordError, Recorded};
+use crate::record::{self, RecordError, Recorded, Settling};
 use crate::wake::Wake;
 
 /// How many times a recording that failed for a transient reason (the database was briefly
@@ -156,6 +158,7 @@ impl<P> Clone for Drainer<P> {
 struct Inner<P> {
     pool: PgPool,
     connections: Connections,
+    settlements: GroupCommit<(Claimed, Decision), Result<Recorded, RecordError>>,
     wakeups: Wakeups,
     provider: P,
     config: DrainerConfig,
@@ -170,7 +173,15 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
         let options = (*pool.connect_options()).clone();
         let connections =
             Connections::new(options, pool.options().get_max_connections(), pool.options().get_acquire_timeout());
-        let inner = Inner { pool, connections, wakeups: Wakeups::default(), provider, config, actor };
+        let inner = Inner {
+            pool,
+            connections,
+            settlements: GroupCommit::default(),
+            wakeups: Wakeups::default(),
+            provider,
+            config,
+            actor,
+        };
         Self { inner: Arc::new(inner) }
     }
 
@@ -309,16 +320,63 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
         decision::decide(claimed, outcome, &policy, &mut rand::rng())
     }
 
-    /// Records `decision` under `claimed`'s fencing token, trying again a few times if the database
-    /// fails transiently, and announces a payment that moved.
+    /// Records `decision` under `claimed`'s fencing token and announces a payment that moved. A
+    /// terminal decision is recorded in one transaction with every other one that is waiting to be
+    /// recorded at that moment ([`GroupCommit`]); a retry or an uncertain outcome in a transaction of
+    /// its own. A recording that fails for a transient reason is tried again a few times.
+    #[tracing::instrument(name = "worker.record", skip_all, fields(payment.id = %claimed.payment_id, decision = decision.label()))]
     pub async fn record(&self, claimed: &Claimed, decision: &Decision) -> Result<Recorded, RecordError> {
+        let result = if Settling::of(claimed, decision).is_some() {
+            let queued = (claimed.clone(), decision.clone());
+            let settled = self.inner.settlements.submit(queued, |batch| self.record_together(batch)).await;
+            settled.unwrap_or(Err(RecordError::Abandoned))
+        } else {
+            self.retrying(|| self.record_alone(claimed, decision)).await
+        };
+        if let Ok(Recorded::Moved(_)) = result {
+            self.inner.wakeups.announce(claimed.payment_id);
+        }
+        result
+    }
+
+    /// Records `batch` in one transaction. If that fails for a reason other than an unavailable
+    /// database (a payment in a status it cannot be in, a row the database refuses), records each on
+    /// its own, so that one payment's problem does not keep the others from being recorded.
+    async fn record_together(&self, batch: Vec<(Claimed, Decision)>) -> Vec<Result<Recorded, RecordError>> {
+        let settlements: Option<Vec<Settling<'_>>> =
+            batch.iter().map(|(claimed, decision)| Settling::of(claimed, decision)).collect();
+        if let Some(settlements) = settlements.filter(|s| s.len() > 1) {
+            match self.retrying(|| self.record_settlements(&settlements)).await {
+                Ok(recorded) => return recorded.into_iter().map(Ok).collect(),
+                // The database is still unavailable after the retries: so it is for each of them.
+                Err(error) if error.is_transient() => {
+                    let error = Arc::new(error);
+                    return batch.iter().map(|_| Err(RecordError::Together(Arc::clone(&error)))).collect();
+                }
+                Err(error) => tracing::warn!(
+                    error = %telemetry::error_chain(&error),
+                    sends = batch.len(),
+                    "recording sends together failed; recording them one by one"
+                ),
+            }
+        }
+        let mut results = Vec::with_capacity(batch.len());
+        for (claimed, decision) in &batch {
+            results.push(self.retrying(|| self.record_alone(claimed, decision)).await);
+        }
+        results
+    }
+
+    /// Runs `attempt` until it succeeds, fails for a reason that is not transient, or has been tried
+    /// [`RECORD_RETRIES`] more times.
+    async fn retrying<T, A, F>(&self, attempt: A) -> Result<T, RecordError>
+    where
+        A: Fn() -> F,
+        F: Future<Output = Result<T, RecordError>>,
+    {
         let mut retry = 0;
         loop {
-            let result = self.record_once(claimed, decision).await;
-            if let Ok(Recorded::Moved(_)) = result {
-                self.inner.wakeups.announce(claimed.payment_id);
-            }
-            match result {
+            match attempt().await {
                 Err(error) if error.is_transient() && retry < RECORD_RETRIES => {
                     retry += 1;
                     let delay = RECORD_BACKOFF.delay(retry, &mut rand::rng());
@@ -330,9 +388,16 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
         }
     }
 
-    async fn record_once(&self, claimed: &Claimed, decision: &Decision) -> Result<Recorded, RecordError> {
+    async fn record_alone(&self, claimed: &Claimed, decision: &Decision) -> Result<Recorded, RecordError> {
         let mut conn = self.inner.connections.acquire().await?;
         let recorded = record::record(conn.begin().await?, self.actor(), claimed, decision).await?;
+        conn.release();
+        Ok(recorded)
+    }
+
+    async fn record_settlements(&self, settlements: &[Settling<'_>]) -> Result<Vec<Recorded>, RecordError> {
+        let mut conn = self.inner.connections.acquire().await?;
+        let recorded = record::record_settlements(conn.begin().await?, self.actor(), settlements).await?;
         conn.release();
         Ok(recorded)
     }

@@ -4,6 +4,7 @@
 //!   fenced take and release that end a send.
 //! - [`decision`]: what a provider outcome means for the payment (pure).
 //! - [`record`]: writing that decision in one transaction guarded by the fencing token.
+//! - [`group_commit`]: recording the decisions of sends that finish together in one transaction.
 //! - [`drainer`]: the loop that claims, sends with bounded concurrency, and records.
 //! - [`wake`]: `LISTEN` for queued payments.
 //! - [`settings`], [`app`], [`metrics`]: configuration, wiring, and what the worker measures.
@@ -17,6 +18,7 @@ pub mod decision;
 pub mod drainer;
 #[cfg(feature = "failpoints")]
 pub mod failpoints;
+pub mod group_commit;
 pub mod metrics;
 pub mod outbox;
 pub mod record;

@@ -1,13 +1,13 @@
 //! The worker's statements on the outbox: the claim (lease, fencing token and the move to
 //! `processing`, in one statement, `sql/claim.sql`), the fenced take and release that end a send
-//! (`sql/take.sql`, `sql/release.sql`).
+//! (`sql/take.sql`, for one send or many at once; `sql/release.sql`).
 //!
 //! A claimed row belongs to this worker until `locked_until`, and a result counts only while its
 //! fencing token is still on the row: [`take`] and [`release`] change nothing once the token is
 //! gone. The claim commits before the provider is called, so no transaction is ever open across that
 //! call. This module never calls the provider and never decides an outcome.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use oncepay_shared::ids::{PaymentId, TenantId};
@@ -17,6 +17,7 @@ use oncepay_shared::store::StoreError;
 use oncepay_shared::telemetry::TraceContext;
 use sqlx::PgConnection;
 use sqlx::types::Json;
+use sqlx::types::Uuid;
 use time::OffsetDateTime;
 
 /// What to claim, and for whom.
@@ -133,15 +134,18 @@ pub async fn claim(conn: &mut PgConnection, request: &ClaimRequest<'_>) -> Resul
 /// Ends the send: deletes the row if `claimed`'s token is still on it. `false`: the lease was taken
 /// over, and nothing may be recorded.
 pub async fn take(conn: &mut PgConnection, claimed: &Claimed) -> Result<bool, StoreError> {
-    let deleted = sqlx::query_file!(
-        "sql/take.sql",
-        claimed.tenant_id.as_uuid(),
-        claimed.payment_id.as_uuid(),
-        claimed.fencing_token
-    )
-    .execute(conn)
-    .await?;
-    Ok(deleted.rows_affected() == 1)
+    Ok(!take_all(conn, &[claimed]).await?.is_empty())
+}
+
+/// Ends many sends at once: deletes each row whose claim's token is still on it, and returns the
+/// payments whose rows it deleted. Any payment not returned lost its lease: nothing may be recorded
+/// for it.
+pub async fn take_all(conn: &mut PgConnection, claimed: &[&Claimed]) -> Result<HashSet<PaymentId>, StoreError> {
+    let tenant_ids: Vec<Uuid> = claimed.iter().map(|c| c.tenant_id.as_uuid()).collect();
+    let payment_ids: Vec<Uuid> = claimed.iter().map(|c| c.payment_id.as_uuid()).collect();
+    let tokens: Vec<i64> = claimed.iter().map(|c| c.fencing_token).collect();
+    let taken = sqlx::query_file!("sql/take.sql", &tenant_ids, &payment_ids, &tokens).fetch_all(conn).await?;
+    Ok(taken.into_iter().map(|row| PaymentId::from_uuid(row.payment_id)).collect())
 }
 
 /// Frees the row for a retry after `delay` if `claimed`'s token is still on it. `false`: the lease

@@ -1,19 +1,31 @@
-//! Recording a decision: one transaction, guarded by the fencing token, using the shared transitions.
+//! Recording decisions: each in one transaction guarded by the fencing token, using the shared
+//! transitions.
 //!
-//! The transaction first ends the send on the outbox row (deletes it, or for a retry releases it with
+//! A transaction first ends the send on the outbox row (deletes it, or for a retry releases it with
 //! a backoff), but only if the worker's fencing token is still on it; no such row means the sweeper
-//! took the lease over, and nothing at all is recorded. Then it moves the payment with
-//! `transitions::settle` (terminal: status, audit row, ledger entry, stored key response) or
-//! `transitions::apply` (retry, unknown), whose status compare-and-set is the second guard, and for
-//! `unknown` queues the payment for the reconciler. All of it commits together or not at all. The
-//! transitions' `_deferring_wakeup` forms are used: the drainer announces the payment after the
-//! commit, so that recordings commit together instead of one `NOTIFY` at a time.
+//! took the lease over, and nothing at all is recorded for that payment. Then it moves the payment
+//! with `transitions::settle_all_deferring_wakeup` (terminal: status, audit row, ledger entry, stored
+//! key response) or `transitions::apply_deferring_wakeup` (retry, unknown), whose status
+//! compare-and-set is the second guard, and for `unknown` queues the payment for the reconciler. All
+//! of it commits together or not at all. The drainer announces moved payments after the commit, so
+//! that recordings commit together instead of one `NOTIFY` at a time.
+//!
+//! [`record_settlements`] records many terminal decisions (charged, declined) in one transaction: one
+//! statement takes every row, one settles every payment, one stores every response, and one commit
+//! covers them all, where recording them one by one would cost a commit and six round trips each.
+//! Each payment is still guarded by its own token and its own compare-and-set, so a lost lease or a
+//! payment that a webhook settled first affects that payment only. [`record`] records one decision
+//! of any kind.
 //!
 //! Locks are taken outbox row first, payment second, like the claim and the sweeper. This module
 //! never calls the provider; it records what the drainer decided.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use oncepay_shared::ids::{PaymentId, TenantId};
 use oncepay_shared::status::{PaymentStatus, Transition};
-use oncepay_shared::store::transitions::{self, Applied, Change, TransitionError};
+use oncepay_shared::store::transitions::{self, Applied, Change, Settlement, TransitionError};
 use oncepay_shared::store::{StoreError, payments, unknown_queue};
 use oncepay_shared::telemetry;
 use serde_json::json;
@@ -44,6 +56,14 @@ pub enum RecordError {
     /// The payment is in a status no other actor can give it while this worker holds the lease.
     #[error("the payment is `{}` although this worker holds its lease", .0.as_str())]
     Inconsistent(PaymentStatus),
+    /// The task recording this payment together with others stopped before it finished (the
+    /// shutdown's grace period ran out): whether it committed is unknown. The lease expires and the
+    /// sweeper takes the payment over.
+    #[error("the recording of this payment's batch was abandoned midway")]
+    Abandoned,
+    /// The payment was recorded together with others, and that recording failed.
+    #[error("recording it together with other sends failed")]
+    Together(#[source] Arc<RecordError>),
 }
 
 impl From<StoreError> for RecordError {
@@ -61,76 +81,133 @@ impl From<sqlx::Error> for RecordError {
 impl RecordError {
     /// Whether trying again may succeed (the database was unreachable, a deadlock, a timeout).
     pub fn is_transient(&self) -> bool {
-        matches!(self, Self::Transition(TransitionError::Store(error)) if error.is_unavailable())
+        match self {
+            Self::Transition(TransitionError::Store(error)) => error.is_unavailable(),
+            Self::Together(error) => error.is_transient(),
+            Self::Transition(_) | Self::Inconsistent(_) | Self::Abandoned => false,
+        }
     }
 }
 
 /// Records `decision` for `claimed` in `tx`, and commits it unless the lease was lost.
-#[tracing::instrument(name = "worker.record", skip_all, fields(payment.id = %claimed.payment_id, decision = decision.label()))]
 pub async fn record(
     mut tx: Transaction<'_, Postgres>,
     actor: &str,
     claimed: &Claimed,
     decision: &Decision,
 ) -> Result<Recorded, RecordError> {
-    let held = match decision {
-        Decision::Retry { delay, .. } => outbox::release(&mut tx, claimed, *delay).await?,
-        Decision::Settle { .. } | Decision::Uncertain { .. } => outbox::take(&mut tx, claimed).await?,
+    let (held, transition, reason) = match decision {
+        Decision::Settle { transition, settlement, reason } => {
+            let settling = Settling { claimed, transition: *transition, settlement, reason };
+            let recorded = record_settlements(tx, actor, &[settling]).await?;
+            return Ok(recorded.into_iter().next().unwrap_or(Recorded::LeaseLost));
+        }
+        Decision::Retry { delay, reason } => {
+            (outbox::release(&mut tx, claimed, *delay).await?, Transition::NotSentRetry, reason)
+        }
+        Decision::Uncertain { reason, .. } => (outbox::take(&mut tx, claimed).await?, Transition::Uncertain, reason),
     };
     if !held {
         tx.rollback().await?;
         return Ok(Recorded::LeaseLost);
     }
 
-    let moved = match decision {
-        Decision::Settle { transition, settlement, reason } => {
-            let change = change(claimed, actor, *transition, reason, None);
-            match transitions::settle_deferring_wakeup(&mut tx, &change, settlement).await? {
-                Applied::Moved(payment) => Some(payment.status),
-                Applied::LostRace => None,
-            }
-        }
-        Decision::Retry { reason, .. } => {
-            let change = change(claimed, actor, Transition::NotSentRetry, reason, None);
-            match transitions::apply_deferring_wakeup(&mut tx, &change).await? {
-                Applied::Moved(status) => Some(status),
-                Applied::LostRace => None,
-            }
-        }
-        Decision::Uncertain { code, reason } => {
-            let change = change(claimed, actor, Transition::Uncertain, reason, Some(code));
-            match transitions::apply_deferring_wakeup(&mut tx, &change).await? {
-                Applied::Moved(status) => {
-                    let evidence = json!({
-                        "source": actor,
-                        "reason": code,
-                        "detail": reason,
-                        "attempt": claimed.attempt,
-                        "send_attempts": claimed.send_attempts,
-                        "fencing_token": claimed.fencing_token,
-                        "observed_at": OffsetDateTime::now_utc()
-                            .format(&time::format_description::well_known::Rfc3339)
-                            .ok(),
-                    });
-                    // The outbox row, which carried the payment's trace, is gone: the reconciler's
-                    // resolution continues the trace from this recording span instead.
-                    let trace = telemetry::trace_context_of(&tracing::Span::current());
-                    let (tenant_id, payment_id) = (claimed.tenant_id, claimed.payment_id);
-                    unknown_queue::enqueue(&mut tx, tenant_id, payment_id, code, evidence, trace.as_ref()).await?;
-                    Some(status)
-                }
-                Applied::LostRace => None,
-            }
-        }
+    let code = match decision {
+        Decision::Uncertain { code, .. } => Some(*code),
+        Decision::Settle { .. } | Decision::Retry { .. } => None,
     };
-
-    match moved {
-        Some(status) => {
-            tx.commit().await?;
-            Ok(Recorded::Moved(status))
-        }
-        None => superseded(tx, claimed).await,
+    let change = change(claimed, actor, transition, reason, code);
+    let status = match transitions::apply_deferring_wakeup(&mut tx, &change).await? {
+        Applied::Moved(status) => status,
+        Applied::LostRace => return superseded(tx, claimed).await,
+    };
+    if let Some(code) = code {
+        let evidence = json!({
+            "source": actor,
+            "reason": code,
+            "detail": reason,
+            "attempt": claimed.attempt,
+            "send_attempts": claimed.send_attempts,
+            "fencing_token": claimed.fencing_token,
+            "observed_at": OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339).ok(),
+        });
+        // The outbox row, which carried the payment's trace, is gone: the reconciler's resolution
+        // continues the trace from this recording span instead.
+        let trace = telemetry::trace_context_of(&tracing::Span::current());
+        let (tenant_id, payment_id) = (claimed.tenant_id, claimed.payment_id);
+        unknown_queue::enqueue(&mut tx, tenant_id, payment_id, code, evidence, trace.as_ref()).await?;
     }
+    tx.commit().await?;
+    Ok(Recorded::Moved(status))
+}
+
+/// A terminal decision for one claimed payment: what [`record_settlements`] writes.
+#[derive(Debug, Clone, Copy)]
+pub struct Settling<'a> {
+    /// The send it ends.
+    pub claimed: &'a Claimed,
+    /// `Charged`, `Declined` or `NotSentExhausted`.
+    pub transition: Transition,
+    /// What it stores.
+    pub settlement: &'a Settlement,
+    /// For the audit trail.
+    pub reason: &'a str,
+}
+
+impl<'a> Settling<'a> {
+    /// `decision` for `claimed`, if it is terminal.
+    pub fn of(claimed: &'a Claimed, decision: &'a Decision) -> Option<Self> {
+        match decision {
+            Decision::Settle { transition, settlement, reason } => {
+                Some(Self { claimed, transition: *transition, settlement, reason })
+            }
+            Decision::Retry { .. } | Decision::Uncertain { .. } => None,
+        }
+    }
+}
+
+/// Records every one of `sends` in `tx` and commits: each payment whose token is still on its row
+/// is settled (or, if a webhook or a poll settled it first, only its row is removed); the others
+/// are [`Recorded::LeaseLost`] and nothing is written for them. Returns what happened to each, in
+/// order. If any payment is in a status that no one may give it while this worker holds its lease,
+/// nothing at all is written ([`RecordError::Inconsistent`]): record the sends one by one to learn
+/// which.
+#[tracing::instrument(name = "worker.record_settlements", skip_all, fields(sends = sends.len()))]
+pub async fn record_settlements(
+    mut tx: Transaction<'_, Postgres>,
+    actor: &str,
+    sends: &[Settling<'_>],
+) -> Result<Vec<Recorded>, RecordError> {
+    let claims: Vec<&Claimed> = sends.iter().map(|send| send.claimed).collect();
+    let held = outbox::take_all(&mut tx, &claims).await?;
+    if held.is_empty() {
+        tx.rollback().await?;
+        return Ok(vec![Recorded::LeaseLost; sends.len()]);
+    }
+
+    let changes: Vec<(Change<'_>, &Settlement)> = sends
+        .iter()
+        .filter(|send| held.contains(&send.claimed.payment_id))
+        .map(|send| (change(send.claimed, actor, send.transition, send.reason, None), send.settlement))
+        .collect();
+    let applied = transitions::settle_all_deferring_wakeup(&mut tx, &changes).await?;
+    let mut recorded: HashMap<PaymentId, Recorded> = HashMap::with_capacity(changes.len());
+    for ((change, _), applied) in changes.iter().zip(applied) {
+        let outcome = match applied {
+            Applied::Moved(payment) => Recorded::Moved(payment.status),
+            // Its row is already gone: taken above.
+            Applied::LostRace => match current_status(&mut tx, change.tenant_id, change.payment_id).await? {
+                status @ (PaymentStatus::Pending | PaymentStatus::Processing) => {
+                    tx.rollback().await?;
+                    return Err(RecordError::Inconsistent(status));
+                }
+                status => Recorded::Superseded(status),
+            },
+        };
+        recorded.insert(change.payment_id, outcome);
+    }
+    tx.commit().await?;
+    Ok(sends.iter().map(|send| recorded.remove(&send.claimed.payment_id).unwrap_or(Recorded::LeaseLost)).collect())
 }
 
 /// The move from `processing`, with the attempt and token in the audit detail.
@@ -161,19 +238,26 @@ fn change<'a>(
 /// is past sending must not keep a row, so drop it; anything else is a bug elsewhere, and nothing is
 /// written.
 async fn superseded(mut tx: Transaction<'_, Postgres>, claimed: &Claimed) -> Result<Recorded, RecordError> {
-    let status = payments::fetch(&mut tx, claimed.tenant_id, claimed.payment_id)
-        .await?
-        .ok_or(StoreError::Unexpected(sqlx::Error::RowNotFound))?
-        .status;
-    match status {
-        PaymentStatus::Pending | PaymentStatus::Processing => {
+    match current_status(&mut tx, claimed.tenant_id, claimed.payment_id).await? {
+        status @ (PaymentStatus::Pending | PaymentStatus::Processing) => {
             tx.rollback().await?;
             Err(RecordError::Inconsistent(status))
         }
-        PaymentStatus::Succeeded | PaymentStatus::Failed | PaymentStatus::Unknown | PaymentStatus::DeadLettered => {
+        status => {
             outbox::discard(&mut tx, claimed).await?;
             tx.commit().await?;
             Ok(Recorded::Superseded(status))
         }
     }
+}
+
+async fn current_status(
+    conn: &mut sqlx::PgConnection,
+    tenant_id: TenantId,
+    payment_id: PaymentId,
+) -> Result<PaymentStatus, RecordError> {
+    Ok(payments::fetch(conn, tenant_id, payment_id)
+        .await?
+        .ok_or(StoreError::Unexpected(sqlx::Error::RowNotFound))?
+        .status)
 }

@@ -4,21 +4,29 @@
 //! (`UPDATE payments … WHERE status = <from>`) together with an audit row and a `NOTIFY` that wakes
 //! long polls. A terminal change ([`settle`]) also, in the same transaction, writes the ledger entry
 //! for a success and stores the terminal response on the payment's idempotency key, so a replay is a
-//! single read. The worker, which records a change per payment, uses the `_deferring_wakeup` forms
-//! and announces the payment after its commit instead (`crate::notify` says why). Zero rows updated means another actor moved the payment first: that is
+//! single read. Zero rows updated means another actor moved the payment first: that is
 //! [`Applied::LostRace`], a normal outcome. Callers own the transaction and any guard of their own
 //! (the worker's fencing token) and must not hold it across a provider call.
-//! The terminal change's statements live in `sql/settle.sql` and `sql/store_response.sql`, so the
-//! benchmark runs the very same SQL under pgbench.
+//!
+//! The worker, which records many changes a second, uses the `_deferring_wakeup` forms and announces
+//! its payments after the commit instead (`crate::notify` says why), and settles whatever sends
+//! finished together in one go ([`settle_all_deferring_wakeup`]): the terminal change's statements
+//! (`sql/settle.sql`, `sql/store_response.sql`) take arrays, so one payment or thirty cost the same
+//! two round trips, and the benchmark runs the very same SQL under pgbench.
+
+use std::collections::{BTreeMap, HashMap};
 
 use serde_json::Value;
 use sqlx::PgConnection;
+use sqlx::types::Json;
 use time::OffsetDateTime;
+use uuid::Uuid;
 
 use crate::ids::{PaymentId, TenantId};
+use crate::money::{Amount, Currency};
 use crate::payment::{Payment, PaymentResource};
 use crate::status::{self, IllegalTransition, PaymentStatus, Transition};
-use crate::store::{StoreError, payments};
+use crate::store::StoreError;
 
 /// One status change to persist.
 #[derive(Debug, Clone)]
@@ -154,7 +162,15 @@ pub async fn settle(
     change: &Change<'_>,
     settlement: &Settlement,
 ) -> Result<Applied<Payment>, TransitionError> {
-    write_settlement(conn, change, settlement, true).await
+    let applied = write_settlements(conn, &[(change.clone(), settlement)]).await?;
+    let payment_ids: Vec<Uuid> = applied.iter().filter_map(moved_id).collect();
+    if !payment_ids.is_empty() {
+        sqlx::query!("SELECT pg_notify('oncepay_payment', id::text) FROM unnest($1::uuid[]) AS id", &payment_ids)
+            .execute(&mut *conn)
+            .await
+            .map_err(StoreError::from)?;
+    }
+    Ok(single(applied))
 }
 
 /// [`settle`] without the wake-up: the caller announces the payment on
@@ -165,68 +181,119 @@ pub async fn settle_deferring_wakeup(
     change: &Change<'_>,
     settlement: &Settlement,
 ) -> Result<Applied<Payment>, TransitionError> {
-    write_settlement(conn, change, settlement, false).await
+    Ok(single(write_settlements(conn, &[(change.clone(), settlement)]).await?))
 }
 
-async fn write_settlement(
+/// Persists many terminal changes at once, as [`settle_deferring_wakeup`] persists one: one statement
+/// for every compare-and-set, audit row and ledger entry, one for every stored response. Returns
+/// what happened to each change, in order; a change whose payment had moved on is
+/// [`Applied::LostRace`] and writes nothing, whatever happens to the others. The caller announces
+/// the moved payments after the transaction has committed.
+#[tracing::instrument(name = "store.settle_all", skip_all, fields(settlements = settlements.len()))]
+pub async fn settle_all_deferring_wakeup(
     conn: &mut PgConnection,
-    change: &Change<'_>,
-    settlement: &Settlement,
-    wake: bool,
-) -> Result<Applied<Payment>, TransitionError> {
-    let to = status::next(change.from, change.transition)?;
-    let fits = matches!(
-        (to, settlement),
-        (PaymentStatus::Succeeded, Settlement::Succeeded { .. }) | (PaymentStatus::Failed, Settlement::Failed { .. })
-    );
-    if !fits {
-        return Err(TransitionError::SettlementMismatch { transition: change.transition, from: change.from, to });
-    }
-    let (charge_id, failure_code, failure_message) = match settlement {
-        Settlement::Succeeded { charge_id, .. } => (Some(charge_id.as_str()), None, None),
-        Settlement::Failed { code, message, charge_id } => {
-            (charge_id.as_deref(), Some(code.as_str()), Some(message.as_str()))
-        }
-    };
-    let (ledger_amount, ledger_currency, charged_at) = match settlement {
-        Settlement::Succeeded { amount, currency, charged_at, .. } => {
-            (Some(*amount), Some(currency.as_str()), Some(*charged_at))
-        }
-        Settlement::Failed { .. } => (None, None, None),
-    };
+    settlements: &[(Change<'_>, &Settlement)],
+) -> Result<Vec<Applied<Payment>>, TransitionError> {
+    write_settlements(conn, settlements).await
+}
 
-    let moved = sqlx::query_file_scalar!(
+fn moved_id(applied: &Applied<Payment>) -> Option<Uuid> {
+    match applied {
+        Applied::Moved(payment) => Some(payment.payment_id.as_uuid()),
+        Applied::LostRace => None,
+    }
+}
+
+fn single(applied: Vec<Applied<Payment>>) -> Applied<Payment> {
+    applied.into_iter().next().unwrap_or(Applied::LostRace)
+}
+
+/// One terminal change's columns, checked against its settlement.
+struct Row<'a> {
+    to: PaymentStatus,
+    charge_id: Option<&'a str>,
+    failure_code: Option<&'a str>,
+    failure_message: Option<&'a str>,
+    ledger_amount: Option<i64>,
+    ledger_currency: Option<&'a str>,
+    charged_at: Option<OffsetDateTime>,
+}
+
+impl<'a> Row<'a> {
+    fn of(change: &Change<'_>, settlement: &'a Settlement) -> Result<Self, TransitionError> {
+        let to = status::next(change.from, change.transition)?;
+        let mismatch = || TransitionError::SettlementMismatch { transition: change.transition, from: change.from, to };
+        Ok(match (to, settlement) {
+            (PaymentStatus::Succeeded, Settlement::Succeeded { charge_id, amount, currency, charged_at }) => Self {
+                to,
+                charge_id: Some(charge_id),
+                failure_code: None,
+                failure_message: None,
+                ledger_amount: Some(*amount),
+                ledger_currency: Some(currency),
+                charged_at: Some(*charged_at),
+            },
+            (PaymentStatus::Failed, Settlement::Failed { code, message, charge_id }) => Self {
+                to,
+                charge_id: charge_id.as_deref(),
+                failure_code: Some(code),
+                failure_message: Some(message),
+                ledger_amount: None,
+                ledger_currency: None,
+                charged_at: None,
+            },
+            _ => return Err(mismatch()),
+        })
+    }
+}
+
+async fn write_settlements(
+    conn: &mut PgConnection,
+    settlements: &[(Change<'_>, &Settlement)],
+) -> Result<Vec<Applied<Payment>>, TransitionError> {
+    let rows =
+        settlements.iter().map(|(change, settlement)| Row::of(change, settlement)).collect::<Result<Vec<_>, _>>()?;
+    let changes = settlements.iter().map(|(change, _)| change);
+    let tenant_ids: Vec<Uuid> = changes.clone().map(|c| c.tenant_id.as_uuid()).collect();
+    let payment_ids: Vec<Uuid> = changes.clone().map(|c| c.payment_id.as_uuid()).collect();
+    let moved = sqlx::query_file_as!(
+        Payment,
         "sql/settle.sql",
-        change.tenant_id.as_uuid(),
-        change.payment_id.as_uuid(),
-        to as PaymentStatus,
-        change.from as PaymentStatus,
-        charge_id,
-        failure_code,
-        failure_message,
-        change.actor,
-        change.reason,
-        change.detail,
-        ledger_amount,
-        ledger_currency,
-        charged_at,
-        wake,
+        &tenant_ids,
+        &payment_ids,
+        &rows.iter().map(|r| r.to.as_str()).collect::<Vec<_>>() as &[&str],
+        &changes.clone().map(|c| c.from.as_str()).collect::<Vec<_>>() as &[&str],
+        &rows.iter().map(|r| r.charge_id).collect::<Vec<_>>() as &[Option<&str>],
+        &rows.iter().map(|r| r.failure_code).collect::<Vec<_>>() as &[Option<&str>],
+        &rows.iter().map(|r| r.failure_message).collect::<Vec<_>>() as &[Option<&str>],
+        &changes.clone().map(|c| c.actor).collect::<Vec<_>>() as &[&str],
+        &changes.clone().map(|c| c.reason).collect::<Vec<_>>() as &[&str],
+        &changes.clone().map(|c| c.detail.clone()).collect::<Vec<_>>() as &[Option<Value>],
+        &rows.iter().map(|r| r.ledger_amount).collect::<Vec<_>>() as &[Option<i64>],
+        &rows.iter().map(|r| r.ledger_currency).collect::<Vec<_>>() as &[Option<&str>],
+        &rows.iter().map(|r| r.charged_at).collect::<Vec<_>>() as &[Option<OffsetDateTime>],
     )
-    .fetch_optional(&mut *conn)
+    .fetch_all(&mut *conn)
     .await
     .map_err(StoreError::from)?;
-    if moved.is_none() {
-        return Ok(Applied::LostRace);
+
+    if !moved.is_empty() {
+        let bodies = moved
+            .iter()
+            .map(|payment| serde_json::to_value(PaymentResource::from(payment)))
+            .collect::<Result<Vec<Value>, _>>()
+            .map_err(|e| StoreError::Unexpected(sqlx::Error::Encode(Box::new(e))))?;
+        let moved_tenants: Vec<Uuid> = moved.iter().map(|p| p.tenant_id.as_uuid()).collect();
+        let moved_payments: Vec<Uuid> = moved.iter().map(|p| p.payment_id.as_uuid()).collect();
+        sqlx::query_file!("sql/store_response.sql", &moved_tenants, &moved_payments, &bodies)
+            .execute(&mut *conn)
+            .await
+            .map_err(StoreError::from)?;
     }
 
-    let payment = payments::fetch(&mut *conn, change.tenant_id, change.payment_id)
-        .await?
-        .ok_or(StoreError::Unexpected(sqlx::Error::RowNotFound))?;
-    let body = serde_json::to_value(PaymentResource::from(&payment))
-        .map_err(|e| StoreError::Unexpected(sqlx::Error::Encode(Box::new(e))))?;
-    sqlx::query_file!("sql/store_response.sql", change.tenant_id.as_uuid(), change.payment_id.as_uuid(), body,)
-        .execute(&mut *conn)
-        .await
-        .map_err(StoreError::from)?;
-    Ok(Applied::Moved(payment))
+    let mut moved: HashMap<PaymentId, Payment> = moved.into_iter().map(|p| (p.payment_id, p)).collect();
+    Ok(settlements
+        .iter()
+        .map(|(change, _)| moved.remove(&change.payment_id).map_or(Applied::LostRace, Applied::Moved))
+        .collect())
 }

@@ -1,0 +1,217 @@
+//! Group commit: many concurrent tasks each hand over one item to write, and whichever of them finds
+//! no write under way writes every item waiting at that moment in one go, then hands each task its
+//! own result.
+//!
+//! The drainer's sends finish at different instants, each with one payment to record. Recording each
+//! in its own transaction costs a commit (a WAL flush) and several round trips per payment, which on a
+//! busy database is most of what draining a payment costs (BENCHMARKS.md). Here the first send to
+//! finish writes its payment at once; the sends that finish while that write is under way queue up,
+//! and the next of them to get the turn writes all of them together. No timer: under light load every
+//! batch is one item and nothing waits, under heavy load batches grow by themselves.
+//!
+//! Invariants: at most one write is under way at a time; every item is written at most once, by one
+//! writer, in the order it was queued; a task gets the result of its own item and no other. A task
+//! whose writer stopped before delivering (its future was dropped: the worker's shutdown grace ran
+//! out) gets `None` and must treat its item's fate as unknown. This module knows nothing about
+//! payments or databases: the writer is passed in by the caller.
+
+use std::future::Future;
+use std::sync::{Mutex, PoisonError};
+
+use tokio::sync::oneshot;
+
+/// Items waiting to be written, and the turn to write them.
+pub struct GroupCommit<T, R> {
+    waiting: Mutex<Vec<(T, oneshot::Sender<R>)>>,
+    turn: tokio::sync::Mutex<()>,
+}
+
+impl<T, R> Default for GroupCommit<T, R> {
+    fn default() -> Self {
+        Self { waiting: Mutex::new(Vec::new()), turn: tokio::sync::Mutex::new(()) }
+    }
+}
+
+impl<T, R> GroupCommit<T, R> {
+    /// Queues `item` and returns its result: written by this task, together with everything else
+    /// waiting when it gets the turn, or by another task that got the turn first. `write` gets the
+    /// items in queue order and must return exactly one result per item, in the same order. `None`:
+    /// the task writing this item stopped before it delivered the result.
+    pub async fn submit<W, F>(&self, item: T, write: W) -> Option<R>
+    where
+        W: Fn(Vec<T>) -> F,
+        F: Future<Output = Vec<R>>,
+    {
+        let (sender, mut result) = oneshot::channel();
+        self.waiting.lock().unwrap_or_else(PoisonError::into_inner).push((item, sender));
+        loop {
+            // `biased`: a result that has arrived wins over the turn, so a task whose item was
+            // written by another does not take the turn for nothing.
+            let turn = tokio::select! {
+                biased;
+                delivered = &mut result => return delivered.ok(),
+                turn = self.turn.lock() => turn,
+            };
+            // While this task waited for the turn, the previous writer may have taken its item.
+            match result.try_recv() {
+                Ok(delivered) => return Some(delivered),
+                Err(oneshot::error::TryRecvError::Closed) => return None,
+                Err(oneshot::error::TryRecvError::Empty) => {}
+            }
+            let batch = std::mem::take(&mut *self.waiting.lock().unwrap_or_else(PoisonError::into_inner));
+            if batch.is_empty() {
+                // Not reached: a writer holds the turn until it has delivered (or, stopped, has
+                // dropped its senders). Waiting for the result is right either way.
+                drop(turn);
+                return result.await.ok();
+            }
+            let (items, senders): (Vec<T>, Vec<oneshot::Sender<R>>) = batch.into_iter().unzip();
+            let results = write(items).await;
+            // A waiting task that was cancelled has dropped its receiver: its result goes nowhere.
+            for (sender, delivered) in senders.into_iter().zip(results) {
+                let _ = sender.send(delivered);
+            }
+            drop(turn);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tokio::sync::Notify;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_lone_item_is_written_at_once_by_its_own_task() {
+        let group = GroupCommit::default();
+        let batches = Mutex::new(Vec::new());
+
+        let result = group
+            .submit(7, |items: Vec<i32>| {
+                batches.lock().unwrap().push(items.clone());
+                async move { items.into_iter().map(|i| i * 10).collect() }
+            })
+            .await;
+
+        assert_eq!(result, Some(70));
+        assert_eq!(*batches.lock().unwrap(), vec![vec![7]]);
+    }
+
+    // One thread, so that a task seen to have queued its item has also queued for the turn.
+    #[tokio::test(flavor = "current_thread")]
+    async fn items_queued_during_a_write_are_written_together_in_order_and_each_task_gets_its_own_result() {
+        let group = Arc::new(GroupCommit::default());
+        let batches = Arc::new(Mutex::new(Vec::<Vec<u32>>::new()));
+        let (release, writing) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        let first = tokio::spawn({
+            let (group, write) = (group.clone(), echo_after(release.clone(), writing.clone()));
+            async move { group.submit(0, write).await }
+        });
+        writing.notified().await;
+        let rest: Vec<_> = (1..=20)
+            .map(|i| {
+                let (group, batches) = (group.clone(), batches.clone());
+                tokio::spawn(async move {
+                    let write = |items: Vec<u32>| {
+                        batches.lock().unwrap().push(items.clone());
+                        async move { items.into_iter().map(|i| i + 1000).collect() }
+                    };
+                    group.submit(i, write).await
+                })
+            })
+            .collect();
+        queued(&group, 20).await;
+
+        release.notify_one();
+
+        assert_eq!(first.await.unwrap(), Some(0));
+        for (i, task) in (1..=20).zip(rest) {
+            assert_eq!(task.await.unwrap(), Some(i + 1000), "item {i} got another's result");
+        }
+        assert_eq!(*batches.lock().unwrap(), vec![(1..=20).collect::<Vec<_>>()], "one write, in queue order");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_item_of_many_concurrent_tasks_is_written_exactly_once() {
+        let group = Arc::new(GroupCommit::default());
+        let written = Arc::new(AtomicUsize::new(0));
+        let tasks: Vec<_> = (0..500u32)
+            .map(|i| {
+                let (group, written) = (group.clone(), written.clone());
+                tokio::spawn(async move {
+                    group
+                        .submit(i, |items: Vec<u32>| {
+                            written.fetch_add(items.len(), Ordering::SeqCst);
+                            async move {
+                                tokio::task::yield_now().await;
+                                items
+                            }
+                        })
+                        .await
+                })
+            })
+            .collect();
+
+        for (i, task) in (0..500u32).zip(tasks) {
+            assert_eq!(task.await.unwrap(), Some(i));
+        }
+        assert_eq!(written.load(Ordering::SeqCst), 500);
+    }
+
+    /// A write that says it is `writing`, waits for `release`, then returns its items.
+    fn echo_after(release: Arc<Notify>, writing: Arc<Notify>) -> impl Fn(Vec<u32>) -> BoxFuture {
+        move |items: Vec<u32>| {
+            let (release, writing) = (release.clone(), writing.clone());
+            Box::pin(async move {
+                writing.notify_one();
+                release.notified().await;
+                items
+            })
+        }
+    }
+
+    type BoxFuture = std::pin::Pin<Box<dyn Future<Output = Vec<u32>> + Send>>;
+
+    async fn queued(group: &GroupCommit<u32, u32>, count: usize) {
+        while group.waiting.lock().unwrap().len() != count {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    // One thread, so that a task seen to have queued its item has also queued for the turn.
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_items_of_a_writer_that_stops_midway_get_no_result_and_later_items_are_still_written() {
+        let group = Arc::new(GroupCommit::default());
+        let (release, writing) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        let first = tokio::spawn({
+            let (group, write) = (group.clone(), echo_after(release.clone(), writing.clone()));
+            async move { group.submit(0, write).await }
+        });
+        writing.notified().await;
+        // Queued behind the first write: the writer of the next batch never finishes.
+        let stalling = tokio::spawn({
+            let group = group.clone();
+            async move { group.submit(1, |_: Vec<u32>| std::future::pending::<Vec<u32>>()).await }
+        });
+        queued(&group, 1).await;
+        let passenger = tokio::spawn({
+            let group = group.clone();
+            async move { group.submit(2, |items: Vec<u32>| async move { items }).await }
+        });
+        queued(&group, 2).await;
+        release.notify_one();
+        assert_eq!(first.await.unwrap(), Some(0));
+        queued(&group, 0).await;
+
+        stalling.abort();
+
+        assert!(stalling.await.unwrap_err().is_cancelled());
+        assert_eq!(passenger.await.unwrap(), None, "its batch was never written to the end");
+        let later = group.submit(3, |items: Vec<u32>| async move { items }).await;
+        assert_eq!(later, Some(3));
+    }
+}
