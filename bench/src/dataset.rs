@@ -44,7 +44,12 @@ pub const SCRAMBLE: u64 = 2_654_435_761;
 
 /// The `i`-th stored key (`i < 2^32`). SQL: `((i * 2654435761) % 4294967296)::text`.
 pub fn replay_key(i: u64) -> String {
-    (i.wrapping_mul(SCRAMBLE) % (1 << 32)).to_string()
+    replay_key_number(i).to_string()
+}
+
+/// [`replay_key`] as the number it spells, for a writer that formats it into its own buffer.
+pub fn replay_key_number(i: u64) -> u64 {
+    i.wrapping_mul(SCRAMBLE) % (1 << 32)
 }
 
 /// The body, parsed as the api parses it.
