@@ -9,8 +9,8 @@
 use actix_web::HttpResponse;
 use actix_web::http::StatusCode;
 use actix_web::http::header::{self, ContentType, HeaderName, HeaderValue};
+use actix_web::web::Bytes;
 use oncepay_shared::payment::PaymentResource;
-use serde_json::value::RawValue;
 use time::OffsetDateTime;
 use time::macros::format_description;
 
@@ -44,10 +44,10 @@ pub fn accepted(resource: &PaymentResource, retry_after_secs: u64, key: KeyInfo)
 
 /// A replay of a payment that is terminal: the terminal response stored on the key (`status` and
 /// `body` as stored by `store::transitions::settle`), its JSON text sent as PostgreSQL returned it.
-pub fn stored(status: u16, body: Box<RawValue>, key: KeyInfo) -> HttpResponse {
+pub fn stored(status: u16, body: Bytes, key: KeyInfo) -> HttpResponse {
     let mut builder = HttpResponse::build(StatusCode::from_u16(status).unwrap_or(StatusCode::OK));
     with_key(&mut builder, key);
-    builder.content_type(ContentType::json()).body(String::from(Box::<str>::from(body)))
+    builder.content_type(ContentType::json()).body(body)
 }
 
 /// A replay of a payment that became terminal between the key read and the payment read: the same

@@ -3,12 +3,14 @@
 //! The request is checked in this order, each failure answered before anything is read from or
 //! written to the store: API key (401), rate limit (429), `Idempotency-Key` (400), `Content-Type`
 //! (415), body size (413, from `Content-Length` before reading and again while reading), JSON
-//! (400), fields (400 listing every invalid field). Then one round trip to the store
+//! (400), fields (400 listing every invalid field). A key whose payment this process has seen
+//! final is answered from memory (`replay_cache`: the stored final answer, or 422 for another
+//! request), with no round trip. Otherwise one round trip to the store
 //! (`store::intake::accept_deferring_wakeup`, the `intake` function):
 //!
 //! 1. a known key comes back as it is stored, and nothing is written: with the same fingerprint it is
-//!    replayed (the stored terminal response, else 202 with the payment as it stands), with another
-//!    fingerprint it is refused (422);
+//!    replayed (the stored terminal response, which is then remembered, else 202 with the payment as
+//!    it stands), with another fingerprint it is refused (422);
 //! 2. a new key is accepted in one statement (key, payment, outbox row and audit row, atomically),
 //!    and once it has committed the workers get a wake-up (`oncepay_shared::notify`, one coalesced
 //!    `NOTIFY` for many accepts). If a concurrent request with the same key committed first, the
@@ -23,6 +25,7 @@
 //! Never logged: the API key, the idempotency key, the body.
 
 use actix_web::http::header::{self, HeaderMap};
+use actix_web::web::Bytes;
 use actix_web::{HttpRequest, HttpResponse, web};
 use anyhow::anyhow;
 use futures::StreamExt;
@@ -37,11 +40,13 @@ use oncepay_shared::store::{StoreError, payments};
 use oncepay_shared::telemetry;
 use serde_json::Value;
 use sqlx::PgConnection;
+use time::OffsetDateTime;
 
 use crate::answer::{self, KeyInfo};
 use crate::auth::Caller;
 use crate::errors::ApiError;
 use crate::openapi::PaymentRequestBody;
+use crate::replay_cache::Final;
 use crate::request_span;
 use crate::startup::AppState;
 
@@ -146,6 +151,10 @@ async fn take(request: &HttpRequest, payload: web::Payload, state: &AppState) ->
     let json: Value = serde_json::from_slice(&body).map_err(ApiError::MalformedJson)?;
     let payment_request = PaymentRequest::from_json(&json).map_err(ApiError::InvalidFields)?;
     let fingerprint = Fingerprint::of(METHOD, PATH, &json);
+    if let Some(remembered) = state.replays.get(caller.tenant_id, &key, OffsetDateTime::now_utc()) {
+        span.record("payment.id", tracing::field::display(remembered.payment_id));
+        return replay_remembered(remembered, &fingerprint);
+    }
 
     let retry_after_secs = state.intake.retry_after_secs;
     let mut conn = state.connections.acquire().await.map_err(|e| ApiError::from_store(e.into(), retry_after_secs))?;
@@ -189,14 +198,37 @@ async fn store(
         }
         Intake::Existing(existing) => {
             span.record("payment.id", tracing::field::display(existing.payment_id));
-            let response = replay(conn, caller.tenant_id, existing, fingerprint, retry_after_secs).await?;
+            let (tenant_id, fingerprint) = (caller.tenant_id, *fingerprint);
+            let response = match existing.stored_response {
+                Some((status, body)) => {
+                    let remembered = Final {
+                        fingerprint: existing.fingerprint,
+                        payment_id: existing.payment_id,
+                        expires_at: existing.expires_at,
+                        status,
+                        body: Bytes::from(String::from(Box::<str>::from(body))),
+                    };
+                    state.replays.remember(tenant_id, key, remembered.clone());
+                    return replay_remembered(remembered, &fingerprint);
+                }
+                None => replay_in_progress(conn, tenant_id, existing, &fingerprint, retry_after_secs).await?,
+            };
             Ok(Answered { response, replayed: true })
         }
     }
 }
 
-/// The answer for a key that already exists.
-async fn replay(
+/// The answer for a key whose payment is final: its stored answer, or 422 for another request.
+fn replay_remembered(remembered: Final, fingerprint: &Fingerprint) -> Result<Answered, ApiError> {
+    if remembered.fingerprint != *fingerprint {
+        return Err(ApiError::KeyReused { key_expires_at: remembered.expires_at });
+    }
+    let key = KeyInfo { expires_at: remembered.expires_at, replayed: true };
+    Ok(Answered { response: answer::stored(remembered.status, remembered.body, key), replayed: true })
+}
+
+/// The answer for a key whose payment was not final when the key was read.
+async fn replay_in_progress(
     conn: &mut PgConnection,
     tenant_id: TenantId,
     existing: ExistingKey,
@@ -207,9 +239,6 @@ async fn replay(
         return Err(ApiError::KeyReused { key_expires_at: existing.expires_at });
     }
     let key = KeyInfo { expires_at: existing.expires_at, replayed: true };
-    if let Some((status, body)) = existing.stored_response {
-        return Ok(answer::stored(status, body, key));
-    }
     let payment = payments::fetch(conn, tenant_id, existing.payment_id)
         .await
         .map_err(|e| ApiError::from_store(e, retry_after_secs))?

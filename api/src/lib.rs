@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod prefer;
 pub mod rate_limit;
+pub mod replay_cache;
 pub mod request_span;
 pub mod settings;
 pub mod startup;

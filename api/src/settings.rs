@@ -62,6 +62,8 @@ pub struct IntakeSettings {
     pub default_rate_limit_per_second: NonZeroU32,
     /// The burst allowed on top of the default rate.
     pub default_rate_limit_burst: NonZeroU32,
+    /// The most bytes of final answers remembered for replays; 0 remembers none.
+    pub replay_cache_bytes: u64,
 }
 
 impl IntakeSettings {

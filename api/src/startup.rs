@@ -5,10 +5,10 @@
 //! runtime that opened it (its socket is driven by that runtime's reactor). A pool shared by the
 //! workers would hand one worker connections that die with another worker's runtime, which happens
 //! during every graceful stop. So each worker has its own pool, an equal share of
-//! `database.max_connections`, and everything without I/O (the auth cache, the rate limits, the
-//! long-poll waiters, the wake-up requests) is shared by the process. The payment listener and the
-//! outbox notifier (`oncepay_shared::notify::Notifier`, one coalesced `NOTIFY` for many accepts) run
-//! on the caller's runtime, each with a one-connection pool of its own.
+//! `database.max_connections`, and everything without I/O (the auth cache, the replay cache, the rate
+//! limits, the long-poll waiters, the wake-up requests) is shared by the process. The payment
+//! listener and the outbox notifier (`oncepay_shared::notify::Notifier`, one coalesced `NOTIFY` for
+//! many accepts) run on the caller's runtime, each with a one-connection pool of its own.
 //!
 //! Requests take their connection from `oncepay_shared::connections`, not from a sqlx pool: sqlx
 //! pings a connection on every checkout and every return, a round trip to PostgreSQL per request as
@@ -45,6 +45,7 @@ use crate::auth::{Authenticator, Caller};
 use crate::errors::{self, ApiError};
 use crate::long_poll::{PaymentListener, PaymentWatch};
 use crate::rate_limit::RateLimits;
+use crate::replay_cache::ReplayCache;
 use crate::settings::{IntakeSettings, LongPollSettings, Settings};
 use crate::{intake, openapi, request_span, status};
 
@@ -69,6 +70,8 @@ pub struct AppState {
     pub draining: CancellationToken,
     /// Asks the process's outbox notifier to wake the workers (shared by the process).
     pub wake: Wakeups,
+    /// Final answers, for replays without a database read (shared by the process).
+    pub replays: Arc<ReplayCache>,
 }
 
 impl AppState {
@@ -132,6 +135,7 @@ impl Application {
         let metrics = shared_metrics::install();
         let openapi = web::Data::new(OpenApiJson(openapi::json().context("cannot render the OpenAPI document")?));
         let auth = Arc::new(Authenticator::new(&settings.auth, settings.intake.retry_after_secs));
+        let replays = Arc::new(ReplayCache::new(settings.intake.replay_cache_bytes));
         let limits = Arc::new(RateLimits::new(
             settings.intake.default_rate_limit_per_second,
             settings.intake.default_rate_limit_burst,
@@ -161,6 +165,7 @@ impl Application {
                 long_poll: long_poll_settings.clone(),
                 draining: shared_draining.clone(),
                 wake: shared_wake.clone(),
+                replays: Arc::clone(&replays),
             };
             App::new()
                 .app_data(web::Data::new(state))

@@ -12,6 +12,7 @@ mod crash;
 mod helpers;
 mod intake;
 mod ops;
+mod replays;
 mod schemathesis;
 mod status;
 mod validation;
