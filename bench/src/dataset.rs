@@ -6,7 +6,8 @@
 //! [`FRESH_KEYS`], so they land at random places in the key index as real clients' random keys do.
 //! Stored keys (replays) are `replay_key(i)` for `i` in `0..n`: a bijective scramble of `i`, below
 //! 2^32 so they never meet a fresh key, computed the same way in SQL and here, so both generators
-//! can pick a random stored key without reading the table.
+//! can pick a random stored key without reading the table. Which stored keys a run replays is a
+//! [`ReplaySet`]: every one of them, or a fixed number spread evenly over a longer history.
 //!
 //! The loaders write rows exactly as the api and the worker would (the same columns, a payment id
 //! ordered by time like a UUIDv7, the stored terminal response a replay returns), except that a
@@ -50,6 +51,36 @@ pub fn replay_key(i: u64) -> String {
 /// [`replay_key`] as the number it spells, for a writer that formats it into its own buffer.
 pub fn replay_key_number(i: u64) -> u64 {
     i.wrapping_mul(SCRAMBLE) % (1 << 32)
+}
+
+/// The stored keys replays pick from, each equally often: `replay_key(i * stride)` for
+/// `i < keys`. With a stride above 1 the keys are spread evenly over the loaded history (the `i`-th
+/// loaded key was stored `i`-th), so a long history can be replayed with the same number of
+/// distinct keys as a short one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplaySet {
+    /// How many distinct keys.
+    pub keys: u64,
+    /// The distance between them, in load order.
+    pub stride: u64,
+}
+
+impl ReplaySet {
+    /// Every one of `stored` keys.
+    pub fn all(stored: u64) -> Self {
+        Self { keys: stored.max(1), stride: 1 }
+    }
+
+    /// `keys` keys spread evenly over `stored` (every key if there are no more than `keys`).
+    pub fn spread(keys: u64, stored: u64) -> Self {
+        let keys = keys.clamp(1, stored.max(1));
+        Self { keys, stride: (stored / keys).max(1) }
+    }
+
+    /// The `n`-th of them (`n < keys`), as the number its key spells.
+    pub fn key_number(self, n: u64) -> u64 {
+        replay_key_number(n * self.stride)
+    }
 }
 
 /// The body, parsed as the api parses it.
@@ -258,6 +289,18 @@ mod tests {
         assert_eq!(replay_key(0), "0");
         assert_eq!(replay_key(1), "2654435761");
         assert_eq!(replay_key(2), (2 * 2_654_435_761u64 - (1 << 32)).to_string());
+    }
+
+    #[test]
+    fn a_spread_replay_set_covers_the_whole_history_with_as_many_keys_as_asked() {
+        let spread = ReplaySet::spread(10_000, 10_000_000);
+        let all = ReplaySet::all(10_000);
+
+        assert_eq!(spread, ReplaySet { keys: 10_000, stride: 1_000 });
+        assert_eq!(spread.key_number(9_999), replay_key_number(9_999_000), "the last is near the end");
+        assert_eq!(ReplaySet::spread(10_000, 10_000), all, "a short history is replayed whole");
+        assert_eq!(ReplaySet::spread(10_000, 500), ReplaySet { keys: 500, stride: 1 });
+        assert_eq!(all.key_number(2).to_string(), replay_key(2));
     }
 
     #[test]

@@ -45,7 +45,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::cpu;
-use crate::dataset;
+use crate::dataset::{self, ReplaySet};
 use crate::latency::Latencies;
 
 /// How long a request may stay unanswered after the window before the connection gives up on it.
@@ -72,12 +72,9 @@ const MAX_ANSWER: usize = 1024 * 1024;
 pub enum Workload {
     /// `POST /v1/payments` with a fresh key each time: expects 202.
     Accept,
-    /// `POST /v1/payments` with one of the `stored_keys` keys of settled payments (same body):
-    /// expects the stored 200 with `Idempotent-Replayed: true`.
-    Replay {
-        /// How many stored keys there are (`dataset::replay_key(0..stored_keys)`).
-        stored_keys: u64,
-    },
+    /// `POST /v1/payments` with one of the keys of settled payments in the set, picked at random
+    /// (same body): expects the stored 200 with `Idempotent-Replayed: true`.
+    Replay(ReplaySet),
 }
 
 /// One load run.
@@ -122,7 +119,7 @@ impl Outcome {
     fn answered(&mut self, workload: Workload, answer: Answer, latency: Duration, target: SocketAddr) {
         let expected = match workload {
             Workload::Accept => answer.status == 202,
-            Workload::Replay { .. } => answer.status == 200 && answer.replayed,
+            Workload::Replay(_) => answer.status == 200 && answer.replayed,
         };
         if expected {
             self.completed += 1;
@@ -236,7 +233,7 @@ async fn closed_loop(plan: &Plan, target: SocketAddr, stop: Instant, requests: &
         while Instant::now() < stop {
             let key = match plan.workload {
                 Workload::Accept => rng.random_range(dataset::FRESH_KEYS),
-                Workload::Replay { stored_keys } => dataset::replay_key_number(rng.random_range(0..stored_keys.max(1))),
+                Workload::Replay(set) => set.key_number(rng.random_range(0..set.keys.max(1))),
             };
             let sent = Instant::now();
             let answer = match exchange(&mut stream, requests.with_key(key), &mut received).await {

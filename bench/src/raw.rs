@@ -18,7 +18,7 @@
 
 use anyhow::Context;
 
-use crate::dataset;
+use crate::dataset::{self, ReplaySet};
 use crate::pgbench_script::{Arg, Script, command};
 
 const ACCEPT_SQL: &str = include_str!("../../shared/sql/accept.sql");
@@ -88,7 +88,7 @@ impl Baseline {
             Self::Accept => accept("false"),
             Self::AcceptWithNotify => accept("true"),
             Self::Replay => Ok(Script::new()
-                .set("i", "random(0, :keys - 1)")
+                .set("i", "random(0, :keys - 1) * :stride")
                 .set("key", &format!("(:i * {}) % 4294967296", dataset::SCRAMBLE))
                 .sql(command(REPLAY_SQL, &[Arg::Var("tenant"), Arg::Var("key")]).context("replay.sql")?)),
             Self::ClaimFinish => claim_finish(),
@@ -182,8 +182,8 @@ fn claim_finish() -> anyhow::Result<Script> {
     Ok(Script::new().sql_gset(claim).sql("BEGIN".into()).sql(take).sql(settle).sql(store).sql("COMMIT".into()))
 }
 
-/// The values every script's variables take (`pgbench -D name=value`).
-pub fn variables(tenant: &dataset::Tenant, stored_keys: u64) -> anyhow::Result<Vec<(String, String)>> {
+/// The values every script's variables take (`pgbench -D name=value`); replays pick from `replays`.
+pub fn variables(tenant: &dataset::Tenant, replays: ReplaySet) -> anyhow::Result<Vec<(String, String)>> {
     let request = dataset::request()?;
     let fingerprint = dataset::fingerprint()?;
     let now = time::OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339)?;
@@ -193,7 +193,7 @@ pub fn variables(tenant: &dataset::Tenant, stored_keys: u64) -> anyhow::Result<V
         "currency": request.currency.as_str(), "customer_id": request.customer_id, "metadata": request.metadata,
         "created_at": now, "updated_at": now, "provider_charge_id": "ch_0123456789abcdefghijklmn",
     });
-    let pairs: [(&str, String); 21] = [
+    let pairs: [(&str, String); 22] = [
         ("tenant", tenant.id.to_string()),
         ("fingerprint", format!("\\x{}", hex_bytes(fingerprint.as_bytes()))),
         ("retention", "86400".into()),
@@ -204,7 +204,8 @@ pub fn variables(tenant: &dataset::Tenant, stored_keys: u64) -> anyhow::Result<V
         ("traceparent", dataset::TRACEPARENT.into()),
         ("false", "false".into()),
         ("true", "true".into()),
-        ("keys", stored_keys.max(1).to_string()),
+        ("keys", replays.keys.max(1).to_string()),
+        ("stride", replays.stride.max(1).to_string()),
         ("batch", "1".into()),
         ("worker", "bench-raw".into()),
         ("actor", "worker:bench-raw".into()),
@@ -262,7 +263,13 @@ mod tests {
         assert!(lines[0].contains(r#"l.fencing_token AS "fencing_token""#), "{}", lines[0]);
         assert_eq!((lines[1], lines[5]), ("BEGIN;", "COMMIT;"));
         assert!(lines[2].starts_with("DELETE FROM outbox"), "{}", lines[2]);
-        assert!(lines[2].contains("unnest((ARRAY[:tenant_id])::uuid[], (ARRAY[:payment_id])::uuid[], (ARRAY[:fencing_token])::bigint[])"), "{}", lines[2]);
+        assert!(
+            lines[2].contains(
+                "unnest((ARRAY[:tenant_id])::uuid[], (ARRAY[:payment_id])::uuid[], (ARRAY[:fencing_token])::bigint[])"
+            ),
+            "{}",
+            lines[2]
+        );
         assert!(lines[3].contains("UPDATE payments p") && !lines[3].contains("pg_notify"), "{}", lines[3]);
         assert!(lines[4].starts_with("UPDATE idempotency_keys k"), "{}", lines[4]);
     }
@@ -271,14 +278,18 @@ mod tests {
     fn replays_pick_stored_keys_with_the_scramble_of_the_loader() {
         let text = Baseline::Replay.script().unwrap().text();
 
-        assert!(text.starts_with("\\set i random(0, :keys - 1)\n\\set key (:i * 2654435761) % 4294967296\n"), "{text}");
+        assert!(
+            text.starts_with("\\set i random(0, :keys - 1) * :stride\n\\set key (:i * 2654435761) % 4294967296\n"),
+            "{text}"
+        );
         assert!(text.contains("WHERE tenant_id = :tenant AND idempotency_key = :key;"), "{text}");
     }
 
     #[test]
     fn every_variable_a_script_uses_is_defined_or_set_by_the_script() {
         let tenant = dataset::Tenant { id: oncepay_shared::ids::TenantId::generate(), token: String::new() };
-        let defined: Vec<String> = variables(&tenant, 10).unwrap().into_iter().map(|(name, _)| name).collect();
+        let defined: Vec<String> =
+            variables(&tenant, ReplaySet::all(10)).unwrap().into_iter().map(|(name, _)| name).collect();
         // Set by the scripts themselves: \set, and \gset from the claim and the payment insert.
         let set_in_script = ["key", "i", "tenant_id", "payment_id", "fencing_token"];
         for baseline in ALL {

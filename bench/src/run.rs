@@ -4,14 +4,16 @@
 //! 1. setup: a migrated database, the tenant and its key, 10 000 settled payments whose keys the
 //!    replays use, the provider simulator and one api process;
 //! 2. `accept` and `replay`, at 1 and 8 connections: each raw baseline (pgbench) next to the
-//!    service measurement it is compared with;
+//!    service measurement it is compared with; replays also through a second api process that
+//!    remembers no final answers, so every replay reads the database;
 //! 3. `scale`: the same with two api processes sharing the 8 connections;
 //! 4. `drain`: the worker's claim+finish under pgbench, then 1 and 2 worker processes draining a
 //!    backlog into the simulator at zero latency;
-//! 5. `mixed`: from an empty outbox, accepts at 8 connections while 1, then 2 workers drain: does
-//!    the outbox grow?
+//! 5. `mixed`: accepts at 8 connections while 1, then 2 workers drain, first from a backlog (do the
+//!    workers drain faster than the api accepts?), then from an empty outbox (does it grow, and how
+//!    long does a payment wait?);
 //! 6. `history` (`--full` only): accept and replay rates with 10 thousand and with 10 million stored
-//!    keys, each in a database of its own.
+//!    keys, each in a database of its own, replaying the same number of keys in both.
 //!
 //! The run stops at the first failure: a figure measured after something went wrong is not one to
 //! keep.
@@ -26,10 +28,10 @@ use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use tokio::time::Instant;
 
-use crate::dataset::{self, Tenant};
+use crate::dataset::{self, ReplaySet, Tenant};
 use crate::loadgen::Workload;
 use crate::machine::Machine;
-use crate::measure::{self, Target, Timing};
+use crate::measure::{self, Start, Target, Timing};
 use crate::raw::{self, Baseline};
 use crate::report::{Comparison, FORMAT_VERSION, Report, Row};
 use crate::services::{Launcher, Service};
@@ -128,13 +130,21 @@ const STORED_KEYS: u64 = 10_000;
 /// The histories compared for growth: stored keys in each database.
 const HISTORIES: [(u64, &str); 2] = [(10_000, "10k keys"), (10_000_000, "10M keys")];
 
+/// How many distinct stored keys replays pick from, in every database: all of a short history, the
+/// same number spread over a long one, so that only the history differs between the two.
+const REPLAYED_KEYS: u64 = 10_000;
+
+/// The api's environment for a process that reads every replay from the database.
+const NO_REPLAY_CACHE: (&str, &str) = ("ONCEPAY_INTAKE__REPLAY_CACHE_BYTES", "0");
+
 /// A database of the run, with its tenant.
 struct Database {
     name: String,
     url: String,
     pool: PgPool,
     tenant: Tenant,
-    stored_keys: u64,
+    /// The keys replays pick from.
+    replays: ReplaySet,
     variables: Vec<(String, String)>,
     label: String,
 }
@@ -152,9 +162,10 @@ impl Database {
         dataset::load_settled(&mut conn, tenant.id, 0, stored_keys, name).await?;
         dataset::settle_database(&mut conn).await?;
         eprintln!("bench: {name}: {stored_keys} settled payments loaded in {:.0?}", started.elapsed());
-        let variables = raw::variables(&tenant, stored_keys)?;
+        let replays = ReplaySet::spread(REPLAYED_KEYS, stored_keys);
+        let variables = raw::variables(&tenant, replays)?;
         drop(conn);
-        Ok(Self { name: name.to_owned(), url, pool, tenant, stored_keys, variables, label: label.to_owned() })
+        Ok(Self { name: name.to_owned(), url, pool, tenant, replays, variables, label: label.to_owned() })
     }
 
     fn target(&self, cluster: &Cluster, postmaster: i32) -> Target<'_> {
@@ -242,14 +253,23 @@ impl Bench<'_> {
         let needs_api = [Phase::Accept, Phase::Replay, Phase::Mixed].iter().any(|p| self.options.runs(*p));
         let api = if needs_api { Some(self.launcher.api("api", &main.url, &[]).await?) } else { None };
         let addresses: Vec<SocketAddr> = api.iter().map(Service::address).collect();
+        let uncached = if self.options.runs(Phase::Replay) {
+            Some(self.launcher.api("api-uncached", &main.url, &[(NO_REPLAY_CACHE.0, NO_REPLAY_CACHE.1.into())]).await?)
+        } else {
+            None
+        };
+        let uncached_addresses: Vec<SocketAddr> = uncached.iter().map(Service::address).collect();
 
         for connections in [1, 8] {
             if self.options.runs(Phase::Accept) {
                 self.accepts(main, &addresses, connections).await?;
             }
             if self.options.runs(Phase::Replay) {
-                self.replays(main, &addresses, connections).await?;
+                self.replays(main, &addresses, &uncached_addresses, connections).await?;
             }
+        }
+        if let Some(uncached) = uncached {
+            uncached.stop().await?;
         }
         if self.options.runs(Phase::Scale) {
             self.scale(main).await?;
@@ -277,6 +297,16 @@ impl Bench<'_> {
         eprintln!("bench: raw {} ×{clients} [{}]", baseline.name(), database.label);
         let target = self.target(database);
         let row = measure::raw(&target, self.timing, &self.pgbench, baseline, clients, &database.variables).await?;
+        Ok(self.push(row))
+    }
+
+    /// Raw replays at 8 connections picking from `replays` instead of the database's usual keys;
+    /// the row's dataset is `dataset`.
+    async fn raw_replays(&mut self, database: &Database, replays: ReplaySet, dataset: &str) -> anyhow::Result<usize> {
+        eprintln!("bench: raw {} ×8 [{dataset}]", Baseline::Replay.name());
+        let variables = raw::variables(&database.tenant, replays)?;
+        let target = Target { dataset, ..self.target(database) };
+        let row = measure::raw(&target, self.timing, &self.pgbench, Baseline::Replay, 8, &variables).await?;
         Ok(self.push(row))
     }
 
@@ -318,11 +348,22 @@ impl Bench<'_> {
         Ok(())
     }
 
-    async fn replays(&mut self, main: &Database, api: &[SocketAddr], connections: u32) -> anyhow::Result<()> {
+    /// Replays through the api as configured (final answers remembered after their first replay),
+    /// and through an api that reads every replay from the database, against the raw read.
+    async fn replays(
+        &mut self,
+        main: &Database,
+        api: &[SocketAddr],
+        uncached: &[SocketAddr],
+        connections: u32,
+    ) -> anyhow::Result<()> {
         let select = self.raw(main, Baseline::Replay, connections).await?;
-        let workload = Workload::Replay { stored_keys: main.stored_keys };
+        let workload = Workload::Replay(main.replays);
         let row = self.service(main, api, workload, connections).await?;
         self.push_compared(row, select, (connections == 8).then_some(0.5));
+        let mut row = self.service(main, uncached, workload, connections).await?;
+        row.setup.push_str(", no replay cache");
+        self.push_compared(row, select, None);
         Ok(())
     }
 
@@ -336,7 +377,7 @@ impl Bench<'_> {
         let row = self.service(main, &api, Workload::Accept, 8).await?;
         self.push_compared(row, baseline, None);
         let baseline = self.raw(main, Baseline::Replay, 8).await?;
-        let row = self.service(main, &api, Workload::Replay { stored_keys: main.stored_keys }, 8).await?;
+        let row = self.service(main, &api, Workload::Replay(main.replays), 8).await?;
         self.push_compared(row, baseline, None);
         first.stop().await?;
         second.stop().await
@@ -377,62 +418,95 @@ impl Bench<'_> {
         Ok(())
     }
 
+    /// Accepts at 8 connections while 1, then 2 workers drain: first from a backlog (do the workers
+    /// drain faster than the api accepts?), then from an empty outbox (does it stay empty, and how
+    /// long does a payment wait?).
     async fn mixed(&mut self, main: &Database, api: &[SocketAddr], simulator: &Service) -> anyhow::Result<()> {
-        main.clear_outbox().await?;
+        let backlog = self.options.profile.backlog();
         for workers in [1, 2] {
-            let mut running = Vec::new();
-            for n in 0..workers {
-                running.push(self.launcher.worker(n, &main.url, simulator).await?);
-            }
-            // The previous round's stragglers, if any.
-            measure::wait_for_empty_outbox(&self.target(main), Duration::from_secs(300)).await?;
-            eprintln!("bench: service accept ×8 while {workers} worker(s) drain");
-            let target = self.target(main);
-            let mut row =
-                measure::accept_while_draining(&target, self.timing, api, &main.tenant.token, 8, workers).await?;
-            let accept_rate = row.extra.get("accept_rate").copied().unwrap_or(0.0);
-            row.comparison = Some(Comparison {
-                baseline: "accepts in the same window".into(),
-                baseline_rate: accept_rate,
-                ratio: if accept_rate > 0.0 { row.rate / accept_rate } else { 0.0 },
-                target: Some(1.0),
-            });
-            self.push(row);
-            for worker in running {
-                worker.stop().await?;
+            for start in [Start::Backlog, Start::Empty] {
+                main.clear_outbox().await?;
+                if start == Start::Backlog {
+                    main.ensure_backlog(backlog, &format!("mixed-{workers}")).await?;
+                }
+                let mut running = Vec::new();
+                for n in 0..workers {
+                    running.push(self.launcher.worker(n, &main.url, simulator).await?);
+                }
+                eprintln!("bench: service accept ×8 while {workers} worker(s) drain, {start:?}");
+                let target = self.target(main);
+                let mut row =
+                    measure::accept_while_draining(&target, self.timing, api, &main.tenant.token, 8, workers, start)
+                        .await?;
+                let accept_rate = row.extra.get("accept_rate").copied().unwrap_or(0.0);
+                row.comparison = Some(Comparison {
+                    baseline: "accepts in the same window".into(),
+                    baseline_rate: accept_rate,
+                    ratio: if accept_rate > 0.0 { row.rate / accept_rate } else { 0.0 },
+                    // From empty, keeping up shows as 1.0 and no more: the target is the backlog's.
+                    target: (start == Start::Backlog).then_some(1.0),
+                });
+                self.push(row);
+                for worker in running {
+                    worker.stop().await?;
+                }
             }
         }
         Ok(())
     }
 
+    /// Accepts and replays with 10 thousand and with 10 million stored keys, each database with
+    /// its own api processes. Replays pick from the same number of keys in both ([`REPLAYED_KEYS`],
+    /// spread over the whole history), through an api that remembers final answers and one that
+    /// reads every replay from the database; the long history is also replayed over all its keys.
     async fn history(&mut self) -> anyhow::Result<()> {
-        let mut small: Option<(usize, usize, usize, usize)> = None;
+        // Rows of the short history, for comparison: raw accept, accept, raw replay, replay, uncached.
+        let mut small: Option<[usize; 5]> = None;
         for (stored_keys, label) in HISTORIES {
             let name = format!("history_{stored_keys}");
             let database = Database::create(&self.cluster, &name, label, stored_keys).await?;
             let api = self.launcher.api(&format!("api-{name}"), &database.url, &[]).await?;
-            let address = [api.address()];
+            let no_cache = [(NO_REPLAY_CACHE.0, NO_REPLAY_CACHE.1.to_owned())];
+            let uncached = self.launcher.api(&format!("api-{name}-uncached"), &database.url, &no_cache).await?;
+            let (address, uncached_address) = ([api.address()], [uncached.address()]);
+            let workload = Workload::Replay(database.replays);
             let raw_accept = self.raw(&database, Baseline::Accept, 8).await?;
             let accept = self.service(&database, &address, Workload::Accept, 8).await?;
             let raw_replay = self.raw(&database, Baseline::Replay, 8).await?;
-            let replay = self.service(&database, &address, Workload::Replay { stored_keys }, 8).await?;
-            api.stop().await?;
+            let replay = self.service(&database, &address, workload, 8).await?;
+            let mut replay_uncached = self.service(&database, &uncached_address, workload, 8).await?;
+            replay_uncached.setup.push_str(", no replay cache");
+            let rows = [accept, replay, replay_uncached];
             match small {
                 None => {
-                    let accept = self.push(accept);
-                    let replay = self.push(replay);
-                    small = Some((raw_accept, accept, raw_replay, replay));
+                    let [accept, replay, uncached] = rows.map(|row| self.push(row));
+                    small = Some([raw_accept, accept, raw_replay, replay, uncached]);
                 }
-                Some((small_raw_accept, small_accept, small_raw_replay, small_replay)) => {
+                Some([small_raw_accept, small_accept, small_raw_replay, small_replay, small_uncached]) => {
                     // Against the same measurement with few keys: cost must not grow with history.
-                    self.rows[raw_accept].comparison =
-                        Some(Comparison::new(self.rows[raw_accept].rate, &self.rows[small_raw_accept], None));
-                    self.rows[raw_replay].comparison =
-                        Some(Comparison::new(self.rows[raw_replay].rate, &self.rows[small_raw_replay], None));
+                    for (row, small_row) in [(raw_accept, small_raw_accept), (raw_replay, small_raw_replay)] {
+                        self.rows[row].comparison =
+                            Some(Comparison::new(self.rows[row].rate, &self.rows[small_row], None));
+                    }
+                    let [accept, replay, uncached] = rows;
                     self.push_compared(accept, small_accept, Some(0.9));
                     self.push_compared(replay, small_replay, Some(0.9));
+                    self.push_compared(uncached, small_uncached, Some(0.9));
+                    // Every one of the long history's keys, each replayed about once: a different
+                    // workload (most reads miss every cache), shown against its own raw read.
+                    let every_key = format!("{label}, every key replayed");
+                    let all = ReplaySet::all(stored_keys);
+                    let raw_all = self.raw_replays(&database, all, &every_key).await?;
+                    for (process, note) in [(&address, ""), (&uncached_address, ", no replay cache")] {
+                        let mut row = self.service(&database, process, Workload::Replay(all), 8).await?;
+                        row.dataset.clone_from(&every_key);
+                        row.setup.push_str(note);
+                        self.push_compared(row, raw_all, None);
+                    }
                 }
             }
+            api.stop().await?;
+            uncached.stop().await?;
             database.pool.close().await;
             self.cluster.psql("postgres", &format!("DROP DATABASE {name}")).await?;
         }
