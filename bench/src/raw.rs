@@ -150,15 +150,13 @@ fn claim_finish() -> anyhow::Result<Script> {
     )
     .context("claim.sql")?;
     // The finish statements take arrays (the worker finishes many sends at once); here, of one.
-    let take = command(
-        TAKE_SQL,
-        &[Arg::Sql("ARRAY[:tenant_id]"), Arg::Sql("ARRAY[:payment_id]"), Arg::Sql("ARRAY[:fencing_token]")],
-    )
-    .context("take.sql")?;
+    let take =
+        command(TAKE_SQL, &[Arg::Var("tenant_id"), Arg::Sql("ARRAY[:payment_id]"), Arg::Sql("ARRAY[:fencing_token]")])
+            .context("take.sql")?;
     let settle = command(
         SETTLE_SQL,
         &[
-            Arg::Sql("ARRAY[:tenant_id]"),
+            Arg::Var("tenant_id"),
             Arg::Sql("ARRAY[:payment_id]"),
             Arg::Sql("ARRAY[:to_status]"),
             Arg::Sql("ARRAY[:from_status]"),
@@ -176,7 +174,7 @@ fn claim_finish() -> anyhow::Result<Script> {
     .context("settle.sql")?;
     let store = command(
         STORE_RESPONSE_SQL,
-        &[Arg::Sql("ARRAY[:tenant_id]"), Arg::Sql("ARRAY[:payment_id]"), Arg::Sql("ARRAY[:response]")],
+        &[Arg::Var("tenant_id"), Arg::Sql("ARRAY[:payment_id]"), Arg::Sql("ARRAY[:response]")],
     )
     .context("store_response.sql")?;
     Ok(Script::new().sql_gset(claim).sql("BEGIN".into()).sql(take).sql(settle).sql(store).sql("COMMIT".into()))
@@ -264,12 +262,11 @@ mod tests {
         assert_eq!((lines[1], lines[5]), ("BEGIN;", "COMMIT;"));
         assert!(lines[2].starts_with("DELETE FROM outbox"), "{}", lines[2]);
         assert!(
-            lines[2].contains(
-                "unnest((ARRAY[:tenant_id])::uuid[], (ARRAY[:payment_id])::uuid[], (ARRAY[:fencing_token])::bigint[])"
-            ),
+            lines[2].contains("unnest((ARRAY[:payment_id])::uuid[], (ARRAY[:fencing_token])::bigint[])"),
             "{}",
             lines[2]
         );
+        assert!(lines[2].contains("o.tenant_id = :tenant_id"), "{}", lines[2]);
         assert!(lines[3].contains("UPDATE payments p") && !lines[3].contains("pg_notify"), "{}", lines[3]);
         assert!(lines[4].starts_with("UPDATE idempotency_keys k"), "{}", lines[4]);
     }

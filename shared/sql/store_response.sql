@@ -1,8 +1,8 @@
 -- Stores terminal payments' responses on their idempotency keys, in the transaction that made them
--- terminal, so that a replay is a single primary-key read. The i-th element of every array belongs
--- to the i-th payment.
+-- terminal, so that a replay is a single primary-key read. The payments are one tenant's; the i-th
+-- element of every array belongs to the i-th payment.
 --
--- $1 tenant ids, $2 payment ids, $3 the response bodies (the payment resources).
+-- $1 tenant id, $2 payment ids, $3 the response bodies (the payment resources).
 UPDATE idempotency_keys k SET response_status = 200, response_body = r.body
-FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) AS r(tenant_id, payment_id, body)
-WHERE k.tenant_id = r.tenant_id AND k.payment_id = r.payment_id
+FROM unnest($2::uuid[], $3::jsonb[]) AS r(payment_id, body)
+WHERE k.tenant_id = $1 AND k.payment_id = r.payment_id

@@ -139,13 +139,22 @@ pub async fn take(conn: &mut PgConnection, claimed: &Claimed) -> Result<bool, St
 
 /// Ends many sends at once: deletes each row whose claim's token is still on it, and returns the
 /// payments whose rows it deleted. Any payment not returned lost its lease: nothing may be recorded
-/// for it.
+/// for it. One statement per tenant among them, so that each names its shard under Citus.
 pub async fn take_all(conn: &mut PgConnection, claimed: &[&Claimed]) -> Result<HashSet<PaymentId>, StoreError> {
-    let tenant_ids: Vec<Uuid> = claimed.iter().map(|c| c.tenant_id.as_uuid()).collect();
-    let payment_ids: Vec<Uuid> = claimed.iter().map(|c| c.payment_id.as_uuid()).collect();
-    let tokens: Vec<i64> = claimed.iter().map(|c| c.fencing_token).collect();
-    let taken = sqlx::query_file!("sql/take.sql", &tenant_ids, &payment_ids, &tokens).fetch_all(conn).await?;
-    Ok(taken.into_iter().map(|row| PaymentId::from_uuid(row.payment_id)).collect())
+    let mut tenants: Vec<TenantId> = claimed.iter().map(|c| c.tenant_id).collect();
+    tenants.sort_unstable();
+    tenants.dedup();
+    let mut taken = HashSet::with_capacity(claimed.len());
+    for tenant_id in tenants {
+        let ours = claimed.iter().filter(|c| c.tenant_id == tenant_id);
+        let payment_ids: Vec<Uuid> = ours.clone().map(|c| c.payment_id.as_uuid()).collect();
+        let tokens: Vec<i64> = ours.map(|c| c.fencing_token).collect();
+        let rows = sqlx::query_file_scalar!("sql/take.sql", tenant_id.as_uuid(), &payment_ids, &tokens)
+            .fetch_all(&mut *conn)
+            .await?;
+        taken.extend(rows.into_iter().map(PaymentId::from_uuid));
+    }
+    Ok(taken)
 }
 
 /// Frees the row for a retry after `delay` if `claimed`'s token is still on it. `false`: the lease

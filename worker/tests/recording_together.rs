@@ -217,3 +217,31 @@ async fn when_the_database_stays_unreachable_every_waiting_recording_fails_as_tr
         assert_eq!(support::status(&pool, *accepted).await, PaymentStatus::Processing, "left to the sweeper");
     }
 }
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn sends_of_several_tenants_are_recorded_together_each_tenant_by_its_own_statements(pool: PgPool) {
+    let server = MockServer::start().await;
+    Charges::new().mount(&server).await;
+    let (first, second) = (tenant(&pool).await, tenant(&pool).await);
+    let mut accepted = Vec::new();
+    for (i, tenant_id) in [first, second, first, second, second].into_iter().enumerate() {
+        accepted.push(accept(&pool, tenant_id, 100 + i as i64).await);
+    }
+    let worker = drainer(&pool, &server.uri(), config("w1"));
+    let mut claimed = worker.claim(5).await.unwrap();
+    claimed.sort_by_key(|c| accepted.iter().position(|a| a.payment_id == c.payment_id));
+    let sends: Vec<(Accepted, Claimed)> = accepted.into_iter().zip(claimed).collect();
+
+    let recorded = send_and_record_together(&worker, &sends).await;
+
+    assert!(recorded.iter().all(|r| matches!(r, Ok(Recorded::Moved(PaymentStatus::Succeeded)))), "{recorded:?}");
+    let writers = writers(&pool, &sends).await;
+    assert_eq!(writers[1..].iter().collect::<HashSet<_>>().len(), 1, "both tenants in one transaction: {writers:?}");
+    for (accepted, _) in &sends {
+        let payment = support::payment(&pool, *accepted).await;
+        assert_eq!(payment.tenant_id, accepted.tenant_id);
+        let (_, body) = support::stored_response(&pool, *accepted).await.unwrap();
+        assert_eq!(body["id"].as_str(), Some(accepted.payment_id.to_string().as_str()), "its own answer");
+        assert!(support::ledger_entry(&pool, *accepted).await.is_some());
+    }
+}

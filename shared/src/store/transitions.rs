@@ -253,25 +253,53 @@ async fn write_settlements(
 ) -> Result<Vec<Applied<Payment>>, TransitionError> {
     let rows =
         settlements.iter().map(|(change, settlement)| Row::of(change, settlement)).collect::<Result<Vec<_>, _>>()?;
-    let changes = settlements.iter().map(|(change, _)| change);
-    let tenant_ids: Vec<Uuid> = changes.clone().map(|c| c.tenant_id.as_uuid()).collect();
-    let payment_ids: Vec<Uuid> = changes.clone().map(|c| c.payment_id.as_uuid()).collect();
+    // One tenant per statement, so that each names its shard under Citus (SCALING.md); usually a
+    // batch is one tenant's.
+    let mut moved: HashMap<PaymentId, Payment> = HashMap::with_capacity(settlements.len());
+    let mut tenants: Vec<TenantId> = settlements.iter().map(|(change, _)| change.tenant_id).collect();
+    tenants.sort_unstable();
+    tenants.dedup();
+    for tenant_id in tenants {
+        let ours: Vec<(&Change<'_>, &Row<'_>)> = settlements
+            .iter()
+            .zip(&rows)
+            .filter(|((change, _), _)| change.tenant_id == tenant_id)
+            .map(|((change, _), row)| (change, row))
+            .collect();
+        for payment in write_tenant_settlements(conn, tenant_id, &ours).await? {
+            moved.insert(payment.payment_id, payment);
+        }
+    }
+    Ok(settlements
+        .iter()
+        .map(|(change, _)| moved.remove(&change.payment_id).map_or(Applied::LostRace, Applied::Moved))
+        .collect())
+}
+
+/// `sql/settle.sql` and `sql/store_response.sql` for one tenant's changes; returns the payments
+/// that moved.
+async fn write_tenant_settlements(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    changes: &[(&Change<'_>, &Row<'_>)],
+) -> Result<Vec<Payment>, TransitionError> {
+    let payment_ids: Vec<Uuid> = changes.iter().map(|(c, _)| c.payment_id.as_uuid()).collect();
     let moved = sqlx::query_file_as!(
         Payment,
         "sql/settle.sql",
-        &tenant_ids,
+        tenant_id.as_uuid(),
         &payment_ids,
-        &rows.iter().map(|r| r.to.as_str()).collect::<Vec<_>>() as &[&str],
-        &changes.clone().map(|c| c.from.as_str()).collect::<Vec<_>>() as &[&str],
-        &rows.iter().map(|r| r.charge_id).collect::<Vec<_>>() as &[Option<&str>],
-        &rows.iter().map(|r| r.failure_code).collect::<Vec<_>>() as &[Option<&str>],
-        &rows.iter().map(|r| r.failure_message).collect::<Vec<_>>() as &[Option<&str>],
-        &changes.clone().map(|c| c.actor).collect::<Vec<_>>() as &[&str],
-        &changes.clone().map(|c| c.reason).collect::<Vec<_>>() as &[&str],
-        &changes.clone().map(|c| c.detail.clone()).collect::<Vec<_>>() as &[Option<Value>],
-        &rows.iter().map(|r| r.ledger_amount).collect::<Vec<_>>() as &[Option<i64>],
-        &rows.iter().map(|r| r.ledger_currency).collect::<Vec<_>>() as &[Option<&str>],
-        &rows.iter().map(|r| r.charged_at).collect::<Vec<_>>() as &[Option<OffsetDateTime>],
+        &changes.iter().map(|(_, r)| r.to.as_str()).collect::<Vec<_>>() as &[&str],
+        &changes.iter().map(|(c, _)| c.from.as_str()).collect::<Vec<_>>() as &[&str],
+        &changes.iter().map(|(_, r)| r.charge_id).collect::<Vec<_>>() as &[Option<&str>],
+        &changes.iter().map(|(_, r)| r.failure_code).collect::<Vec<_>>() as &[Option<&str>],
+        &changes.iter().map(|(_, r)| r.failure_message).collect::<Vec<_>>() as &[Option<&str>],
+        &changes.iter().map(|(c, _)| c.actor).collect::<Vec<_>>() as &[&str],
+        &changes.iter().map(|(c, _)| c.reason).collect::<Vec<_>>() as &[&str],
+        &changes.iter().map(|(c, _)| c.detail.clone()).collect::<Vec<_>>() as &[Option<Value>],
+        &changes.iter().map(|(_, r)| r.ledger_amount).collect::<Vec<_>>() as &[Option<i64>],
+        &changes.iter().map(|(_, r)| r.ledger_currency).collect::<Vec<_>>() as &[Option<&str>],
+        &changes.iter().map(|(_, r)| r.charged_at).collect::<Vec<_>>() as &[Option<OffsetDateTime>],
     )
     .fetch_all(&mut *conn)
     .await
@@ -283,17 +311,11 @@ async fn write_settlements(
             .map(|payment| serde_json::to_value(PaymentResource::from(payment)))
             .collect::<Result<Vec<Value>, _>>()
             .map_err(|e| StoreError::Unexpected(sqlx::Error::Encode(Box::new(e))))?;
-        let moved_tenants: Vec<Uuid> = moved.iter().map(|p| p.tenant_id.as_uuid()).collect();
-        let moved_payments: Vec<Uuid> = moved.iter().map(|p| p.payment_id.as_uuid()).collect();
-        sqlx::query_file!("sql/store_response.sql", &moved_tenants, &moved_payments, &bodies)
+        let moved_ids: Vec<Uuid> = moved.iter().map(|p| p.payment_id.as_uuid()).collect();
+        sqlx::query_file!("sql/store_response.sql", tenant_id.as_uuid(), &moved_ids, &bodies)
             .execute(&mut *conn)
             .await
             .map_err(StoreError::from)?;
     }
-
-    let mut moved: HashMap<PaymentId, Payment> = moved.into_iter().map(|p| (p.payment_id, p)).collect();
-    Ok(settlements
-        .iter()
-        .map(|(change, _)| moved.remove(&change.payment_id).map_or(Applied::LostRace, Applied::Moved))
-        .collect())
+    Ok(moved)
 }
