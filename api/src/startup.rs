@@ -125,8 +125,11 @@ impl Application {
             .idle_timeout(None)
             .max_lifetime(None)
             .connect_lazy_with(options.clone().application_name(&format!("{APPLICATION_NAME}-listener")));
+        // No ping before each notification: it would double the round trips of a hint that a
+        // failed statement only delays (the connection is then replaced).
         let waker_pool = PgPoolOptions::new()
             .max_connections(1)
+            .test_before_acquire(false)
             .acquire_timeout(Duration::from_millis(settings.database.acquire_timeout_ms))
             .connect_lazy_with(options.clone().application_name(&format!("{APPLICATION_NAME}-waker")));
         let wake = Wakeups::default();
