@@ -46,8 +46,7 @@ impl PaymentWatch {
                 receiver
             }
         };
-        metrics::gauge!(WAITING_GAUGE).increment(1);
-        Subscription { watch: Arc::clone(self), payment_id, receiver: Some(receiver) }
+        Subscription { watch: Arc::clone(self), payment_id, receiver: Some(receiver), waiting: false }
     }
 
     /// Wakes the waiters of `payment_id`, if any.
@@ -86,9 +85,21 @@ pub struct Subscription {
     watch: Arc<PaymentWatch>,
     payment_id: PaymentId,
     receiver: Option<watch::Receiver<u64>>,
+    /// Counted in the waiting gauge.
+    waiting: bool,
 }
 
 impl Subscription {
+    /// Counts the waiter in `oncepay_api_long_polls_waiting` from now until it is dropped: once it
+    /// has read the payment it waits on, so that a change made after the gauge counts it is one
+    /// the waiter has not seen yet.
+    pub fn waiting(&mut self) {
+        if !self.waiting {
+            self.waiting = true;
+            metrics::gauge!(WAITING_GAUGE).increment(1);
+        }
+    }
+
     /// Resolves once a notification for the payment arrived since the subscription began or since
     /// the last call. Cancel-safe.
     pub async fn changed(&mut self) {
@@ -104,7 +115,9 @@ impl Drop for Subscription {
     fn drop(&mut self) {
         drop(self.receiver.take());
         self.watch.unsubscribe(self.payment_id);
-        metrics::gauge!(WAITING_GAUGE).decrement(1);
+        if self.waiting {
+            metrics::gauge!(WAITING_GAUGE).decrement(1);
+        }
     }
 }
 

@@ -89,6 +89,7 @@ async fn hold(
     if first.status.is_terminal() {
         return Ok(first);
     }
+    subscription.waiting();
     let deadline = tokio::time::sleep_until(Instant::now() + wait);
     tokio::pin!(deadline);
     loop {

@@ -130,7 +130,8 @@ impl TestApp {
         self.request(reqwest::Method::GET, "/metrics").send().await.unwrap().text().await.unwrap()
     }
 
-    /// Waits until the api reports `count` long polls waiting (its gauge on `/metrics`).
+    /// Waits until the api reports `count` long polls waiting (its gauge on `/metrics`): each has
+    /// read its payment, so a change made now is one it has yet to see.
     pub async fn until_long_polls_waiting(&self, count: usize) {
         let line = format!("oncepay_api_long_polls_waiting {count}");
         let waited = tokio::time::timeout(Duration::from_secs(10), async {
