@@ -20,6 +20,7 @@ use oncepay_shared::status::PaymentStatus;
 use oncepay_shared::store::leases::{self, KeyWindow};
 use oncepay_shared::store::transitions::Settlement;
 use oncepay_worker::Drainer;
+use oncepay_worker::decision::Decision;
 use oncepay_worker::outbox::Claimed;
 use oncepay_worker::record::{RecordError, Recorded};
 use sqlx::PgPool;
@@ -47,17 +48,32 @@ async fn charged(
     (worker, accepted.into_iter().zip(claimed).collect())
 }
 
-/// Sends every payment, then records every outcome at once, as sends that finish together would.
-async fn send_and_record_together(
-    worker: &Drainer<HttpProvider>,
-    sends: &[(Accepted, Claimed)],
-) -> Vec<Result<Recorded, RecordError>> {
+/// Sends every payment, one after the other, and decides what to record for each.
+async fn send_all(worker: &Drainer<HttpProvider>, sends: &[(Accepted, Claimed)]) -> Vec<Decision> {
     let mut decisions = Vec::new();
     for (_, claimed) in sends {
         let outcome = worker.send(claimed).await;
         decisions.push(worker.decide(claimed, &outcome));
     }
-    join_all(sends.iter().zip(&decisions).map(|((_, claimed), decision)| worker.record(claimed, decision))).await
+    decisions
+}
+
+/// Records every decision at once through `worker`, as sends that finish together would.
+async fn record_together(
+    worker: &Drainer<HttpProvider>,
+    sends: &[(Accepted, Claimed)],
+    decisions: &[Decision],
+) -> Vec<Result<Recorded, RecordError>> {
+    join_all(sends.iter().zip(decisions).map(|((_, claimed), decision)| worker.record(claimed, decision))).await
+}
+
+/// Sends every payment, then records every outcome at once.
+async fn send_and_record_together(
+    worker: &Drainer<HttpProvider>,
+    sends: &[(Accepted, Claimed)],
+) -> Vec<Result<Recorded, RecordError>> {
+    let decisions = send_all(worker, sends).await;
+    record_together(worker, sends, &decisions).await
 }
 
 /// The transactions that last wrote these payments.
@@ -191,10 +207,7 @@ async fn when_the_database_stays_unreachable_every_waiting_recording_fails_as_tr
     let server = MockServer::start().await;
     Charges::new().mount(&server).await;
     let (worker, sends) = charged(&pool, &server, 4).await;
-    let mut decisions = Vec::new();
-    for (_, claimed) in &sends {
-        decisions.push(worker.decide(claimed, &worker.send(claimed).await));
-    }
+    let decisions = send_all(&worker, &sends).await;
     // The same worker's sends, recorded by a drainer whose database no longer answers.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = closed.local_addr().unwrap().port();
@@ -205,8 +218,7 @@ async fn when_the_database_stays_unreachable_every_waiting_recording_fails_as_tr
     let cut_off =
         Drainer::new(unreachable, HttpProvider::new(&support::provider_settings(&server.uri())).unwrap(), config("w1"));
 
-    let recorded =
-        join_all(sends.iter().zip(&decisions).map(|((_, claimed), decision)| cut_off.record(claimed, decision))).await;
+    let recorded = record_together(&cut_off, &sends, &decisions).await;
 
     assert!(recorded.iter().all(|r| r.as_ref().is_err_and(RecordError::is_transient)), "{recorded:?}");
     assert!(

@@ -5,12 +5,25 @@
 //! Whether an answer came from memory is told by changing the stored row behind the api's back
 //! (something nothing in oncepay does): an answer from memory still shows the original.
 
+use oncepay_shared::ids::PaymentId;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use crate::helpers::{TestApp, assert_problem, body, create_tenant, header, settle_succeeded};
+
+/// Accepts a payment under `key`, settles it and replays it once, as a client retrying after the
+/// payment became final would: the api has now served its final answer. Returns the payment and that
+/// first replay.
+async fn replayed_once_final(app: &TestApp, key: &str) -> (PaymentId, reqwest::Response) {
+    let first = app.post_payment(key, &body()).send().await.unwrap();
+    let payment_id = TestApp::payment_id(first).await;
+    settle_succeeded(&app.db, app.tenant.id, payment_id).await;
+    let replayed = app.post_payment(key, &body()).send().await.unwrap();
+    assert_eq!(replayed.status(), StatusCode::OK);
+    (payment_id, replayed)
+}
 
 /// Overwrites the answer stored on every key of `db`.
 async fn tamper_with_stored_answers(db: &PgPool) {
@@ -26,10 +39,7 @@ async fn once_a_final_answer_has_been_replayed_the_next_replays_come_from_memory
     options: PgConnectOptions,
 ) {
     let app = TestApp::spawn(options).await;
-    let first = app.post_payment("order-1", &body()).send().await.unwrap();
-    let payment_id = TestApp::payment_id(first).await;
-    settle_succeeded(&app.db, app.tenant.id, payment_id).await;
-    let from_database = app.post_payment("order-1", &body()).send().await.unwrap();
+    let (_, from_database) = replayed_once_final(&app, "order-1").await;
     let database_headers = from_database.headers().clone();
     let from_database: Value = from_database.json().await.unwrap();
     tamper_with_stored_answers(&app.db).await;
@@ -53,11 +63,7 @@ async fn a_different_request_under_a_remembered_key_is_refused_from_memory(
     options: PgConnectOptions,
 ) {
     let app = TestApp::spawn(options).await;
-    let first = app.post_payment("order-1", &body()).send().await.unwrap();
-    let payment_id = TestApp::payment_id(first).await;
-    settle_succeeded(&app.db, app.tenant.id, payment_id).await;
-    let replayed = app.post_payment("order-1", &body()).send().await.unwrap();
-    assert_eq!(replayed.status(), StatusCode::OK);
+    let (_, replayed) = replayed_once_final(&app, "order-1").await;
     let expires = replayed.headers().get("idempotency-key-expires").cloned();
     let mut other = body();
     other["amount"] = json!(2000);
@@ -75,11 +81,7 @@ async fn a_different_request_under_a_remembered_key_is_refused_from_memory(
 async fn another_tenant_using_the_same_key_never_gets_a_remembered_answer(_: PgPoolOptions, options: PgConnectOptions) {
     let app = TestApp::spawn(options).await;
     let other_tenant = create_tenant(&app.db, "other", None).await;
-    let first = app.post_payment("shared-key", &body()).send().await.unwrap();
-    let payment_id = TestApp::payment_id(first).await;
-    settle_succeeded(&app.db, app.tenant.id, payment_id).await;
-    let replayed = app.post_payment("shared-key", &body()).send().await.unwrap();
-    assert_eq!(replayed.status(), StatusCode::OK);
+    let (payment_id, _) = replayed_once_final(&app, "shared-key").await;
 
     let others = app.post_payment_as(&other_tenant, "shared-key", &body()).send().await.unwrap();
 
@@ -111,11 +113,7 @@ async fn a_payment_still_in_progress_is_never_answered_from_memory(_: PgPoolOpti
 #[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
 async fn with_no_memory_for_answers_every_replay_reads_the_database(_: PgPoolOptions, options: PgConnectOptions) {
     let app = TestApp::spawn_with(options, |settings| settings.intake.replay_cache_bytes = 0).await;
-    let first = app.post_payment("order-1", &body()).send().await.unwrap();
-    let payment_id = TestApp::payment_id(first).await;
-    settle_succeeded(&app.db, app.tenant.id, payment_id).await;
-    let replayed = app.post_payment("order-1", &body()).send().await.unwrap();
-    assert_eq!(replayed.status(), StatusCode::OK);
+    replayed_once_final(&app, "order-1").await;
     tamper_with_stored_answers(&app.db).await;
 
     let again = app.post_payment("order-1", &body()).send().await.unwrap();
