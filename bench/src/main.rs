@@ -19,7 +19,7 @@ struct Cli {
     /// Short windows and small backlogs: a smoke run of every phase.
     #[arg(long, conflicts_with = "full")]
     quick: bool,
-    /// Also compare 10 million stored keys with 10 thousand (adds about 30 minutes).
+    /// Also compare 10 million stored keys with 10 thousand (adds about 12 minutes).
     #[arg(long)]
     full: bool,
     /// Where to write the JSON report (default: `oncepay-bench-<time>.json` here).

@@ -43,7 +43,7 @@ pub enum Profile {
     Quick,
     /// The figures to keep (about 8 minutes).
     Standard,
-    /// Standard plus the 10-million-key history comparison (about 30 minutes more).
+    /// Standard plus the 10-million-key history comparison (about 12 minutes more).
     Full,
 }
 

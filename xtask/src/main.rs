@@ -58,7 +58,7 @@ enum Task {
         /// Short windows and small backlogs.
         #[arg(long, conflicts_with = "full")]
         quick: bool,
-        /// Also compare 10 million stored keys with 10 thousand (about 30 minutes more).
+        /// Also compare 10 million stored keys with 10 thousand (about 12 minutes more).
         #[arg(long)]
         full: bool,
         /// The JSON report (default: target/bench/oncepay-bench-<time>.json).
