@@ -198,22 +198,19 @@ async fn store(
         }
         Intake::Existing(existing) => {
             span.record("payment.id", tracing::field::display(existing.payment_id));
-            let (tenant_id, fingerprint) = (caller.tenant_id, *fingerprint);
-            let response = match existing.stored_response {
-                Some((status, body)) => {
-                    let remembered = Final {
-                        fingerprint: existing.fingerprint,
-                        payment_id: existing.payment_id,
-                        expires_at: existing.expires_at,
-                        status,
-                        body: Bytes::from(String::from(Box::<str>::from(body))),
-                    };
-                    state.replays.remember(tenant_id, key, remembered.clone());
-                    return replay_remembered(remembered, &fingerprint);
-                }
-                None => replay_in_progress(conn, tenant_id, existing, &fingerprint, retry_after_secs).await?,
+            let Some((status, body)) = existing.stored_response else {
+                let response = replay_in_progress(conn, caller.tenant_id, existing, fingerprint, retry_after_secs);
+                return Ok(Answered { response: response.await?, replayed: true });
             };
-            Ok(Answered { response, replayed: true })
+            let remembered = Final {
+                fingerprint: existing.fingerprint,
+                payment_id: existing.payment_id,
+                expires_at: existing.expires_at,
+                status,
+                body: Bytes::from(String::from(Box::<str>::from(body))),
+            };
+            state.replays.remember(caller.tenant_id, key, remembered.clone());
+            replay_remembered(remembered, fingerprint)
         }
     }
 }

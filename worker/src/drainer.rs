@@ -3,9 +3,10 @@
 //!
 //! One send goes: claim (its own short transaction: lease, fencing token, `pending → processing`),
 //! then the provider call with no transaction open, then the recording (one transaction guarded by
-//! the token, see `record`). The downstream idempotency key is derived from the payment id, so every
-//! resend of a payment carries the same one. Each send continues the trace of the request that
-//! created the payment, so the provider call carries its `traceparent`.
+//! the token, see `record`; a terminal outcome shares its transaction with the other sends that
+//! finished meanwhile, see `group_commit`). The downstream idempotency key is derived from the
+//! payment id, so every resend of a payment carries the same one. Each send continues the trace of
+//! the request that created the payment, so the provider call carries its `traceparent`.
 //!
 //! [`Drainer::run_once`] claims one batch and finishes it; [`Drainer::run`] keeps up to
 //! `max_in_flight` sends going, claiming as slots free up, woken by `LISTEN` with a polling fallback,
@@ -16,8 +17,9 @@
 //!
 //! Claims and recordings take their connection from `oncepay_shared::connections`, which saves the
 //! round trips sqlx's pool spends pinging a connection at every checkout and return; the sqlx pool
-//! serves the listener, the notifier and `/readyz`. A send abandoned at the end of the grace period keeps its lease, which the
-//! sweeper takes back. Any number of drainers, in any number of processes, may run at once.
+//! serves the listener, the notifier and `/readyz`. A send abandoned at the end of the grace period
+//! keeps its lease, which the sweeper takes back. Any number of drainers, in any number of
+//! processes, may run at once.
 //!
 //! The drainer never decides an outcome itself (that is `decision`) and never writes SQL itself
 //! (that is `outbox` and `record`).
