@@ -10,9 +10,9 @@
 //! of it commits together or not at all. The drainer announces moved payments after the commit, so
 //! that recordings commit together instead of one `NOTIFY` at a time.
 //!
-//! [`record_settlements`] records many terminal decisions (charged, declined) in one transaction: one
-//! statement takes every row, one settles every payment, one stores every response, and one commit
-//! covers them all, where recording them one by one would cost a commit and six round trips each.
+//! [`record_settlements`] records many terminal decisions (charged, declined) in one transaction: for each
+//! tenant among them, one statement takes its rows, one settles its payments, one stores their
+//! responses, and one commit covers them all, where recording them one by one would cost a commit and six round trips each.
 //! Each payment is still guarded by its own token and its own compare-and-set, so a lost lease or a
 //! payment that a webhook settled first affects that payment only. [`record`] records one decision
 //! of any kind.

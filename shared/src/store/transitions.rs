@@ -11,8 +11,8 @@
 //! The worker, which records many changes a second, uses the `_deferring_wakeup` forms and announces
 //! its payments after the commit instead (`crate::notify` says why), and settles whatever sends
 //! finished together in one go ([`settle_all_deferring_wakeup`]): the terminal change's statements
-//! (`sql/settle.sql`, `sql/store_response.sql`) take arrays, so one payment or thirty cost the same
-//! two round trips, and the benchmark runs the very same SQL under pgbench.
+//! (`sql/settle.sql`, `sql/store_response.sql`) take arrays, so one tenant's payments, one or thirty, cost
+//! the same two round trips, and the benchmark runs the very same SQL under pgbench.
 
 use std::collections::{BTreeMap, HashMap};
 
