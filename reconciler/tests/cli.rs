@@ -159,6 +159,15 @@ async fn last_audit(pool: &PgPool, payment_id: PaymentId) -> (String, String, Pa
     .unwrap()
 }
 
+/// Whether the payment remembers that a send may have charged it.
+async fn may_be_charged(pool: &PgPool, payment_id: PaymentId) -> bool {
+    sqlx::query_scalar("SELECT may_be_charged FROM payments WHERE payment_id = $1")
+        .bind(payment_id.as_uuid())
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
 fn human(report: &dyn Report) -> String {
     let mut out = Vec::new();
     report.human(&mut out).unwrap();
@@ -213,6 +222,7 @@ async fn retry_requeues_the_payment_and_records_the_operator_and_the_reason(pool
     assert_eq!((done.resolution, done.payment_status), ("retried", PaymentStatus::Pending));
     assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Pending);
     assert_eq!(count_for(&pool, "outbox", payment_id).await, 1);
+    assert!(may_be_charged(&pool, payment_id).await, "its first send may still have charged");
     assert_eq!(
         resolution(&pool, payment_id).await,
         (Some("retried".into()), Some("operator:alice".into()), Some("provider incident over, resend".into()))
@@ -248,6 +258,7 @@ async fn a_retry_past_the_providers_key_window_is_refused_unless_the_operator_in
     assert_eq!(unchanged, PaymentStatus::DeadLettered);
     assert!(insisted.is_ok(), "{insisted:?}");
     assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Pending);
+    assert!(!may_be_charged(&pool, payment_id).await, "the operator vouched that no charge was made");
 }
 
 #[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]

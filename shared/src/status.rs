@@ -99,6 +99,15 @@ pub enum Transition {
     OperatorFailed,
 }
 
+impl Transition {
+    /// Whether this move means a send may have reached the provider: its answer was lost, or its
+    /// worker stopped before recording one. The payment keeps this for good
+    /// (`payments.may_be_charged`), across every later resend.
+    pub const fn send_may_have_reached_provider(self) -> bool {
+        matches!(self, Self::Uncertain | Self::LeaseExpiredResend | Self::LeaseExpiredUncertain)
+    }
+}
+
 /// A transition that the state machine does not allow from the payment's current status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("a payment in `{}` cannot take `{transition:?}`", from.as_str())]
@@ -175,6 +184,17 @@ mod tests {
         Transition::OperatorSucceeded,
         Transition::OperatorFailed,
     ];
+
+    #[test]
+    fn every_move_into_unknown_marks_a_send_that_may_have_reached_the_provider() {
+        for from in PaymentStatus::ALL {
+            for transition in ALL_TRANSITIONS {
+                if next(from, transition) == Ok(PaymentStatus::Unknown) {
+                    assert!(transition.send_may_have_reached_provider(), "{transition:?}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn the_legal_moves_are_exactly_the_documented_ones() {

@@ -26,7 +26,7 @@ WITH due AS (
     FROM due
     WHERE p.tenant_id = due.tenant_id AND p.payment_id = due.payment_id AND p.status = 'pending'
     RETURNING p.tenant_id, p.payment_id, p.amount, p.currency, p.customer_id, p.metadata,
-              p.send_attempts, p.first_sent_at, p.created_at
+              p.send_attempts, p.first_sent_at, p.may_be_charged, p.created_at
 ), leased AS (
     UPDATE outbox o
     SET locked_by = $2,
@@ -35,8 +35,8 @@ WITH due AS (
         attempts = o.attempts + 1
     FROM claimed c
     WHERE o.tenant_id = c.tenant_id AND o.payment_id = c.payment_id
-    RETURNING o.tenant_id, o.payment_id, o.fencing_token, o.locked_until, o.attempts, o.lease_expirations,
-              o.traceparent, o.tracestate
+    RETURNING o.tenant_id, o.payment_id, o.fencing_token, o.locked_until, o.attempts, o.traceparent,
+              o.tracestate
 ), audit AS (
     INSERT INTO payment_events (tenant_id, payment_id, from_status, to_status, actor, reason, detail)
     SELECT c.tenant_id, c.payment_id, 'pending', 'processing', $4, 'claimed for sending to the provider',
@@ -47,8 +47,8 @@ WITH due AS (
 -- The quoted aliases tell sqlx's query macros the Rust types and that nothing here is NULL.
 SELECT c.tenant_id, c.payment_id, c.amount AS "amount: Amount", c.currency AS "currency: Currency",
        c.customer_id, c.metadata AS "metadata: Json<BTreeMap<String, String>>", c.send_attempts,
-       c.created_at AS accepted_at,
+       c.created_at AS accepted_at, c.may_be_charged,
        l.fencing_token AS "fencing_token!", l.locked_until AS "locked_until!", l.attempts,
-       l.lease_expirations, l.traceparent, l.tracestate,
+       l.traceparent, l.tracestate,
        now() - c.first_sent_at < make_interval(secs => $5) AS "in_key_window!"
 FROM claimed c JOIN leased l USING (tenant_id, payment_id)

@@ -6,7 +6,7 @@
 //! | declined | settle `failed` with the provider's code, message and charge |
 //! | not sent, attempts left | retry after a jittered backoff, never sooner than `Retry-After` |
 //! | not sent, attempts spent | settle `failed` (`provider_unreachable`): provably no charge |
-//! | not sent, attempts spent, an earlier lease expired | `unknown`: that attempt may have charged |
+//! | not sent, attempts spent, an earlier send may have charged | `unknown`: only the reconciler can tell |
 //! | uncertain | `unknown`, for the reconciler |
 //!
 //! A charge that cannot be booked as it is (no id, an impossible amount, currency or time) is
@@ -27,6 +27,10 @@ use crate::outbox::Claimed;
 
 /// The failure code of a payment whose provider could never be reached.
 pub const PROVIDER_UNREACHABLE: &str = "provider_unreachable";
+
+/// The longest `Retry-After` of a provider that is honoured. A provider's clock or bug must not park
+/// a payment for days, or ask for a delay PostgreSQL cannot add to a timestamp.
+pub const LONGEST_RETRY_AFTER: Duration = Duration::from_secs(15 * 60);
 
 /// How "not sent" failures are retried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,7 +115,8 @@ pub fn decide(claimed: &Claimed, outcome: &SendOutcome, policy: &RetryPolicy, rn
         }
         SendOutcome::NotSent { reason, retry_after } => {
             if claimed.attempt < policy.max_attempts {
-                let delay = policy.backoff.delay(claimed.attempt, rng).max(retry_after.unwrap_or_default());
+                let retry_after = retry_after.unwrap_or_default().min(LONGEST_RETRY_AFTER);
+                let delay = policy.backoff.delay(claimed.attempt, rng).max(retry_after);
                 Decision::Retry {
                     delay,
                     reason: format!(
@@ -121,12 +126,11 @@ pub fn decide(claimed: &Claimed, outcome: &SendOutcome, policy: &RetryPolicy, rn
                         delay.as_millis()
                     ),
                 }
-            } else if claimed.may_have_reached_provider() {
+            } else if claimed.may_be_charged {
                 Decision::Uncertain {
-                    code: "not_sent_after_lost_lease",
+                    code: "not_sent_but_may_be_charged",
                     reason: format!(
-                        "not sent in {} attempts ({reason}), but a worker that lost its lease earlier may have \
-                         reached the provider",
+                        "not sent in {} attempts ({reason}), but an earlier send may have reached the provider",
                         claimed.attempt
                     ),
                 }
@@ -152,14 +156,12 @@ pub fn decide(claimed: &Claimed, outcome: &SendOutcome, policy: &RetryPolicy, rn
 }
 
 /// What to record instead of sending when [`Claimed::send_is_safe`] says a send could charge twice.
-pub fn key_window_passed(claimed: &Claimed) -> Decision {
+pub fn key_window_passed() -> Decision {
     Decision::Uncertain {
         code: "key_window_passed",
-        reason: format!(
-            "not sent: {} earlier attempt(s) lost their lease and may have reached the provider, whose key window \
-             has passed since the first send, so a resend could charge twice",
-            claimed.lease_expirations
-        ),
+        reason: "not sent: an earlier send may have reached the provider, and the provider may have forgotten the \
+                 key since, so a resend could charge twice"
+            .to_owned(),
     }
 }
 
@@ -213,7 +215,7 @@ mod tests {
         backoff: Backoff { base: Duration::from_millis(100), max: Duration::from_secs(10) },
     };
 
-    fn claimed(attempt: u32, lease_expirations: u32) -> Claimed {
+    fn claimed(attempt: u32, may_be_charged: bool) -> Claimed {
         Claimed {
             tenant_id: TenantId::generate(),
             payment_id: PaymentId::generate(),
@@ -221,7 +223,7 @@ mod tests {
             lease_until: datetime!(2026-01-01 0:01 UTC),
             attempt,
             send_attempts: attempt,
-            lease_expirations,
+            may_be_charged,
             in_key_window: true,
             amount: Amount::new(1999).unwrap(),
             currency: Currency::parse("EUR").unwrap(),
@@ -258,32 +260,32 @@ mod tests {
     #[test]
     fn each_outcome_leads_to_its_decision() {
         let cases: Vec<(&str, Claimed, SendOutcome, &str)> = vec![
-            ("charged", claimed(1, 0), SendOutcome::Charged(charge(1999, "EUR", 1_763_800_000)), "succeeded"),
+            ("charged", claimed(1, false), SendOutcome::Charged(charge(1999, "EUR", 1_763_800_000)), "succeeded"),
             (
                 "charge without id",
-                claimed(1, 0),
+                claimed(1, false),
                 SendOutcome::Charged(Charge { id: String::new(), ..charge(1, "EUR", 1) }),
                 "unknown",
             ),
-            ("charge of nothing", claimed(1, 0), SendOutcome::Charged(charge(0, "EUR", 1)), "unknown"),
-            ("charge in no currency", claimed(1, 0), SendOutcome::Charged(charge(5, "eur", 1)), "unknown"),
-            ("charge at no time", claimed(1, 0), SendOutcome::Charged(charge(5, "EUR", i64::MAX)), "unknown"),
+            ("charge of nothing", claimed(1, false), SendOutcome::Charged(charge(0, "EUR", 1)), "unknown"),
+            ("charge in no currency", claimed(1, false), SendOutcome::Charged(charge(5, "eur", 1)), "unknown"),
+            ("charge at no time", claimed(1, false), SendOutcome::Charged(charge(5, "EUR", i64::MAX)), "unknown"),
             (
                 "declined",
-                claimed(1, 0),
+                claimed(1, false),
                 SendOutcome::Declined { code: "card_declined".into(), message: "no".into(), charge_id: None },
                 "failed",
             ),
-            ("not sent, first attempt", claimed(1, 0), not_sent(None), "retry"),
-            ("not sent, attempts left", claimed(2, 0), not_sent(None), "retry"),
-            ("not sent, attempts spent", claimed(3, 0), not_sent(None), "failed"),
-            ("not sent after a lost lease, attempts left", claimed(2, 1), not_sent(None), "retry"),
-            ("not sent after a lost lease, attempts spent", claimed(3, 1), not_sent(None), "unknown"),
-            ("timeout", claimed(1, 0), SendOutcome::Uncertain(UncertainReason::Timeout), "unknown"),
-            ("reset", claimed(1, 0), SendOutcome::Uncertain(UncertainReason::ConnectionLost), "unknown"),
-            ("5xx", claimed(1, 0), SendOutcome::Uncertain(UncertainReason::ServerError(500)), "unknown"),
-            ("409", claimed(1, 0), SendOutcome::Uncertain(UncertainReason::KeyInFlight), "unknown"),
-            ("422", claimed(1, 0), SendOutcome::Uncertain(UncertainReason::KeyReused), "unknown"),
+            ("not sent, first attempt", claimed(1, false), not_sent(None), "retry"),
+            ("not sent, attempts left", claimed(2, false), not_sent(None), "retry"),
+            ("not sent, attempts spent", claimed(3, false), not_sent(None), "failed"),
+            ("not sent, maybe charged before, attempts left", claimed(2, true), not_sent(None), "retry"),
+            ("not sent, maybe charged before, attempts spent", claimed(3, true), not_sent(None), "unknown"),
+            ("timeout", claimed(1, false), SendOutcome::Uncertain(UncertainReason::Timeout), "unknown"),
+            ("reset", claimed(1, false), SendOutcome::Uncertain(UncertainReason::ConnectionLost), "unknown"),
+            ("5xx", claimed(1, false), SendOutcome::Uncertain(UncertainReason::ServerError(500)), "unknown"),
+            ("409", claimed(1, false), SendOutcome::Uncertain(UncertainReason::KeyInFlight), "unknown"),
+            ("422", claimed(1, false), SendOutcome::Uncertain(UncertainReason::KeyReused), "unknown"),
         ];
         for (name, claimed, outcome, expected) in cases {
             assert_eq!(decide_seeded(&claimed, &outcome).label(), expected, "{name}");
@@ -292,7 +294,7 @@ mod tests {
 
     #[test]
     fn a_success_books_what_the_provider_charged_not_what_was_asked() {
-        let decision = decide_seeded(&claimed(1, 0), &SendOutcome::Charged(charge(1500, "USD", 1_763_800_000)));
+        let decision = decide_seeded(&claimed(1, false), &SendOutcome::Charged(charge(1500, "USD", 1_763_800_000)));
 
         let Decision::Settle { transition, settlement, .. } = decision else { panic!("{decision:?}") };
         assert_eq!(transition, Transition::Charged);
@@ -312,7 +314,9 @@ mod tests {
         let outcome =
             SendOutcome::Declined { code: " ".into(), message: String::new(), charge_id: Some(String::new()) };
 
-        let Decision::Settle { transition, settlement, .. } = decide_seeded(&claimed(1, 0), &outcome) else { panic!() };
+        let Decision::Settle { transition, settlement, .. } = decide_seeded(&claimed(1, false), &outcome) else {
+            panic!()
+        };
 
         assert_eq!(transition, Transition::Declined);
         assert_eq!(
@@ -328,7 +332,7 @@ mod tests {
     #[test]
     fn spent_attempts_fail_as_unreachable_and_say_no_charge_was_made() {
         let Decision::Settle { transition, settlement: Settlement::Failed { code, message, charge_id }, .. } =
-            decide_seeded(&claimed(3, 0), &not_sent(None))
+            decide_seeded(&claimed(3, false), &not_sent(None))
         else {
             panic!()
         };
@@ -343,19 +347,28 @@ mod tests {
     fn a_retry_waits_within_the_backoff_and_at_least_the_providers_retry_after() {
         for seed in 0..200 {
             let mut rng = StdRng::seed_from_u64(seed);
-            let Decision::Retry { delay, .. } = decide(&claimed(2, 0), &not_sent(None), &POLICY, &mut rng) else {
+            let Decision::Retry { delay, .. } = decide(&claimed(2, false), &not_sent(None), &POLICY, &mut rng) else {
                 panic!()
             };
             assert!(delay <= POLICY.backoff.ceiling(2), "{delay:?}");
 
             let mut rng = StdRng::seed_from_u64(seed);
             let Decision::Retry { delay, .. } =
-                decide(&claimed(2, 0), &not_sent(Some(Duration::from_secs(30))), &POLICY, &mut rng)
+                decide(&claimed(2, false), &not_sent(Some(Duration::from_secs(30))), &POLICY, &mut rng)
             else {
                 panic!()
             };
             assert!(delay >= Duration::from_secs(30), "{delay:?}");
         }
+    }
+
+    #[test]
+    fn a_huge_retry_after_is_honoured_only_up_to_the_longest_one() {
+        let years = Duration::from_secs(u64::MAX / 4);
+
+        let Decision::Retry { delay, .. } = decide_seeded(&claimed(1, false), &not_sent(Some(years))) else { panic!() };
+
+        assert_eq!(delay, LONGEST_RETRY_AFTER);
     }
 
     #[test]

@@ -431,7 +431,7 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
                 fail::fail_point!("worker::after_provider", |_| crate::failpoints::crash("worker::after_provider"));
                 self.decide(&claimed, &outcome)
             } else {
-                decision::key_window_passed(&claimed)
+                decision::key_window_passed()
             };
             tracing::Span::current().record("decision", decision.label());
             let result = self.record(&claimed, &decision).await;

@@ -50,9 +50,9 @@ pub struct Claimed {
     pub attempt: u32,
     /// Which claim of the payment's whole life this is.
     pub send_attempts: u32,
-    /// How many earlier claims of this cycle lost their lease to the sweeper: each of those workers
-    /// may have reached the provider.
-    pub lease_expirations: u32,
+    /// Whether an earlier send may have reached the provider (its answer was lost, or its worker
+    /// stopped before recording one), in this send cycle or any before it.
+    pub may_be_charged: bool,
     /// Whether the provider still remembers the payment's downstream key (with margin), counting
     /// from its first send.
     pub in_key_window: bool,
@@ -71,16 +71,10 @@ pub struct Claimed {
 }
 
 impl Claimed {
-    /// Whether an earlier attempt of this send may have reached the provider (its worker lost the
-    /// lease before recording anything), so the customer may already be charged.
-    pub fn may_have_reached_provider(&self) -> bool {
-        self.lease_expirations > 0
-    }
-
     /// Whether sending now cannot charge twice: either nothing may have reached the provider yet, or
     /// the provider still remembers the key and will answer with the first result.
     pub fn send_is_safe(&self) -> bool {
-        !self.may_have_reached_provider() || self.in_key_window
+        !self.may_be_charged || self.in_key_window
     }
 
     /// The provider request: always the same downstream key for this payment.
@@ -119,7 +113,7 @@ pub async fn claim(conn: &mut PgConnection, request: &ClaimRequest<'_>) -> Resul
             lease_until: row.locked_until,
             attempt: row.attempts.unsigned_abs(),
             send_attempts: row.send_attempts.unsigned_abs(),
-            lease_expirations: row.lease_expirations.unsigned_abs(),
+            may_be_charged: row.may_be_charged,
             in_key_window: row.in_key_window,
             amount: row.amount,
             currency: row.currency,

@@ -184,5 +184,5 @@ async fn running_out_of_attempts_after_a_lost_lease_is_unknown_not_failed(pool: 
     let payment = support::payment(&pool, accepted).await;
     assert_eq!(payment.status, PaymentStatus::Unknown);
     assert_eq!(payment.failure_code, None);
-    assert_eq!(support::unknown_entry(&pool, accepted).await.unwrap().0, "not_sent_after_lost_lease");
+    assert_eq!(support::unknown_entry(&pool, accepted).await.unwrap().0, "not_sent_but_may_be_charged");
 }

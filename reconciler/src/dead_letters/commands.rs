@@ -461,6 +461,18 @@ pub async fn retry(conn: &mut PgConnection, retry: &Retry<'_>) -> Result<Resolut
         detail: Some(detail),
     };
     moved(transitions::apply(&mut tx, &change).await.context("cannot move the payment")?, payment_id)?;
+    if !locked.in_key_window {
+        // The operator vouches that no earlier send charged: without this the worker would refuse the
+        // resend past the key window. The audit row above records that they did.
+        sqlx::query!(
+            "UPDATE payments SET may_be_charged = false WHERE tenant_id = $1 AND payment_id = $2",
+            locked.tenant_id.as_uuid(),
+            payment_id.as_uuid(),
+        )
+        .execute(&mut *tx)
+        .await
+        .context("cannot record the operator's word")?;
+    }
     outbox::enqueue(&mut tx, locked.tenant_id, payment_id, OffsetDateTime::now_utc())
         .await
         .context("cannot queue the payment")?;

@@ -6,9 +6,9 @@
 //! - while the provider still remembers the payment's downstream key ([`KeyWindow`], measured from
 //!   the payment's first send, minus a safety margin) the row is released (due now, no lease, no
 //!   token) and the payment goes back to `pending`: the next claim resends it with the same key, and
-//!   the provider answers with the first result instead of charging again. The row's
-//!   `lease_expirations` goes up, so the worker knows from then on that an earlier attempt may have
-//!   reached the provider;
+//!   the provider answers with the first result instead of charging again. The payment is marked
+//!   `may_be_charged` for good (the transition does that), so no later send goes out past the
+//!   key window, and the row's `lease_expirations` counts the takeover;
 //! - past that, a resend could charge twice: the row is deleted, the payment becomes `unknown` and is
 //!   queued for the reconciler in the same transaction.
 //!

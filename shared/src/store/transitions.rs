@@ -130,7 +130,10 @@ async fn write_change(
     let moved = sqlx::query_scalar!(
         r#"
         WITH moved AS (
-            UPDATE payments SET status = $3, updated_at = now()
+            UPDATE payments
+            SET status = $3, updated_at = now(),
+                -- Once a send may have reached the provider, the payment remembers it for good.
+                may_be_charged = may_be_charged OR $9
             WHERE tenant_id = $1 AND payment_id = $2 AND status = $4
             RETURNING tenant_id, payment_id
         ), audit AS (
@@ -147,6 +150,7 @@ async fn write_change(
         change.reason,
         change.detail,
         wake,
+        change.transition.send_may_have_reached_provider(),
     )
     .fetch_optional(conn)
     .await

@@ -294,3 +294,29 @@ pub async fn requests_for(server: &MockServer, accepted: Accepted) -> Vec<Reques
         .filter(|r| r.headers.get("Idempotency-Key").is_some_and(|v| v.as_bytes() == key.as_str().as_bytes()))
         .collect()
 }
+
+/// Sends an `unknown` payment back to the outbox the way the reconciler does when the provider
+/// holds no charge for its key: `pending`, out of the reconciler's queue, due now.
+pub async fn requeue_unknown(pool: &PgPool, accepted: Accepted) {
+    let mut tx = pool.begin().await.unwrap();
+    let change = Change {
+        tenant_id: accepted.tenant_id,
+        payment_id: accepted.payment_id,
+        from: PaymentStatus::Unknown,
+        transition: Transition::ProviderHasNoCharge,
+        actor: "reconciler:poller",
+        reason: "the provider holds no charge for the payment's key",
+        detail: None,
+    };
+    assert!(matches!(transitions::apply(&mut tx, &change).await.unwrap(), transitions::Applied::Moved(_)));
+    sqlx::query("DELETE FROM unknown_payments WHERE tenant_id = $1 AND payment_id = $2")
+        .bind(accepted.tenant_id.as_uuid())
+        .bind(accepted.payment_id.as_uuid())
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    oncepay_shared::store::outbox::enqueue(&mut tx, accepted.tenant_id, accepted.payment_id, OffsetDateTime::now_utc())
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+}
