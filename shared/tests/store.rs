@@ -358,3 +358,37 @@ async fn tenant_names_are_unique_and_keys_are_stored_only_as_hashes(pool: PgPool
     let revoked = tenants::find_api_key(&mut conn, presented.tenant_id, &presented.key_id).await.unwrap().unwrap();
     assert!(revoked.revoked);
 }
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn one_provider_charge_is_never_booked_to_two_payments(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+    let mut payments = Vec::new();
+    for key in ["order-1", "order-2"] {
+        let payment_id = accept(&pool, tenant_id, key, &body(1999), None).await.unwrap().payment.payment_id;
+        claim(&pool, tenant_id, payment_id).await;
+        payments.push(payment_id);
+    }
+    let charged = Settlement::Succeeded {
+        charge_id: "ch_once".into(),
+        amount: 1999,
+        currency: "EUR".into(),
+        charged_at: OffsetDateTime::now_utc(),
+    };
+    let change = |payment_id| Change {
+        tenant_id,
+        payment_id,
+        from: PaymentStatus::Processing,
+        transition: Transition::Charged,
+        actor: "worker:test",
+        reason: "provider answered 201",
+        detail: None,
+    };
+    let mut conn = pool.acquire().await.unwrap();
+
+    let first = transitions::settle(&mut conn, &change(payments[0]), &charged).await;
+    let second = transitions::settle(&mut conn, &change(payments[1]), &charged).await;
+
+    assert!(matches!(first, Ok(Applied::Moved(_))), "{first:?}");
+    assert!(matches!(second, Err(TransitionError::Store(_))), "{second:?}");
+    assert_eq!(count(&pool, "ledger_entries").await, 1);
+}
