@@ -178,6 +178,10 @@ pub enum DeadLettersCommand {
         /// When the provider created the charge, RFC 3339 (with --amount).
         #[arg(long, requires = "amount")]
         charged_at: Option<String>,
+        /// With --as failed: settle as failed although a recorded charge says the payment succeeded
+        /// (you refunded it, say); --reason must say why.
+        #[arg(long, requires = "outcome")]
+        force: bool,
         /// Who you are (default: $USER).
         #[arg(long)]
         operator: Option<String>,
@@ -299,12 +303,13 @@ async fn dead_letter_command(command: DeadLettersCommand, ctx: &Context) -> Resu
             amount,
             currency,
             charged_at,
+            force,
             operator,
         } => {
             let operator = operator_of(operator, ctx)?;
             let decision = match (outcome, charge_id) {
                 (None, _) => Decision::Acknowledge,
-                (Some(ResolveAs::Failed), charge_id) => Decision::Failed { charge_id },
+                (Some(ResolveAs::Failed), charge_id) => Decision::Failed { charge_id, force },
                 (Some(ResolveAs::Succeeded), None) => {
                     return Err(CliError::Invalid("--as succeeded needs the provider's --charge-id".into()));
                 }

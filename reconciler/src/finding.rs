@@ -1,56 +1,21 @@
 //! What a charge found at the provider (in a webhook or a lookup) means for the payment it names.
 //!
-//! Pure: no I/O. [`settlement`] turns a provider charge into the terminal settlement the ledger and
-//! the payment record, exactly as the worker would from a 201 or a 402. [`judge`] compares a charge
-//! with what oncepay has recorded and decides what to do, monotonically: only an `unknown` payment is
-//! settled; a terminal payment never moves, and evidence that contradicts it is a conflict for an
-//! operator; a payment still being sent is left to its sender.
+//! Pure: no I/O. [`judge`] compares a charge with what oncepay has recorded and decides what to do,
+//! monotonically: only an `unknown` payment is settled, and only by a charge that is what it asked
+//! for (`oncepay_shared::settlement` decides that, as it does for the worker and operators); a
+//! terminal payment never moves, and evidence that contradicts it is a conflict for an operator; a
+//! payment still being sent is left to its sender.
 
 use oncepay_shared::provider::{Charge, ChargeStatus};
+use oncepay_shared::settlement::{self, Asked, Unsettled};
 use oncepay_shared::status::{PaymentStatus, Transition};
 use oncepay_shared::store::transitions::Settlement;
-use time::OffsetDateTime;
-
-/// A charge whose creation time cannot be a date.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("charge {charge_id} has an impossible creation time {created}")]
-pub struct BadCharge {
-    /// The charge.
-    pub charge_id: String,
-    /// Its `created`, Unix seconds.
-    pub created: i64,
-}
-
-/// The transition and settlement that a provider charge proves, for a payment in `unknown`.
-pub fn settlement(charge: &Charge) -> Result<(Transition, Settlement), BadCharge> {
-    Ok(match charge.status {
-        ChargeStatus::Succeeded => (
-            Transition::Charged,
-            Settlement::Succeeded {
-                charge_id: charge.id.clone(),
-                amount: charge.amount,
-                currency: charge.currency.clone(),
-                charged_at: OffsetDateTime::from_unix_timestamp(charge.created)
-                    .map_err(|_| BadCharge { charge_id: charge.id.clone(), created: charge.created })?,
-            },
-        ),
-        ChargeStatus::Failed => (
-            Transition::Declined,
-            Settlement::Failed {
-                code: charge.failure_code.clone().unwrap_or_else(|| "declined".to_owned()),
-                message: charge
-                    .failure_message
-                    .clone()
-                    .unwrap_or_else(|| "The provider declined the charge.".to_owned()),
-                charge_id: Some(charge.id.clone()),
-            },
-        ),
-    })
-}
 
 /// What oncepay has recorded about a payment, as far as a charge can agree or disagree with it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Recorded {
+    /// What the payment asked the provider to charge.
+    pub asked: Asked,
     /// Where the payment stands.
     pub status: PaymentStatus,
     /// The provider charge it was settled with, if any.
@@ -73,6 +38,11 @@ pub struct Booked {
 pub enum Judgement {
     /// The payment is `unknown` and this charge settles it.
     Settle(Transition, Settlement),
+    /// The payment is `unknown` and the charge is not what it asked for: an operator decides.
+    Mismatch(String),
+    /// The payment is `unknown` and the charge cannot be booked as reported: it proves nothing, and
+    /// counts as an inconclusive lookup.
+    Unbookable(String),
     /// The payment is still being sent (`pending`, `processing`): its sender will learn the outcome
     /// (or make it `unknown`, and the poller will); the charge is only recorded.
     LeaveToSender,
@@ -89,6 +59,8 @@ impl Judgement {
     pub const fn label(&self) -> &'static str {
         match self {
             Self::Settle(..) => "applied",
+            Self::Mismatch(_) => "conflict",
+            Self::Unbookable(_) => "unbookable",
             Self::LeaveToSender => "not_unknown",
             Self::ForOperator => "dead_lettered",
             Self::Agrees => "already_terminal",
@@ -98,16 +70,17 @@ impl Judgement {
 }
 
 /// Compares `charge` with what is recorded about its payment.
-pub fn judge(recorded: &Recorded, charge: &Charge) -> Result<Judgement, BadCharge> {
+pub fn judge(recorded: &Recorded, charge: &Charge) -> Judgement {
     use ChargeStatus as C;
     use PaymentStatus as S;
 
     let ours = recorded.charge_id.as_deref();
-    Ok(match (recorded.status, charge.status) {
-        (S::Unknown, _) => {
-            let (transition, settlement) = settlement(charge)?;
-            Judgement::Settle(transition, settlement)
-        }
+    match (recorded.status, charge.status) {
+        (S::Unknown, _) => match settlement::settlement_of(&recorded.asked, charge) {
+            Ok(settled) => Judgement::Settle(settlement::transition_of(&settled), settled),
+            Err(Unsettled::Mismatch(why)) => Judgement::Mismatch(why),
+            Err(Unsettled::Unbookable(why)) => Judgement::Unbookable(why),
+        },
         (S::Pending | S::Processing, _) => Judgement::LeaveToSender,
         (S::DeadLettered, _) => Judgement::ForOperator,
 
@@ -144,23 +117,34 @@ pub fn judge(recorded: &Recorded, charge: &Charge) -> Result<Judgement, BadCharg
             )),
             _ => Judgement::Agrees,
         },
-    })
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
 
+    use oncepay_shared::ids::PaymentId;
+    use oncepay_shared::money::{Amount, Currency};
+
     use super::*;
 
-    fn charge(id: &str, status: ChargeStatus, amount: i64) -> Charge {
+    fn asked() -> Asked {
+        Asked {
+            payment_id: PaymentId::generate(),
+            amount: Amount::new(100).unwrap(),
+            currency: Currency::parse("EUR").unwrap(),
+        }
+    }
+
+    fn charge(asked: &Asked, id: &str, status: ChargeStatus, amount: i64) -> Charge {
         Charge {
             id: id.to_owned(),
             status,
             amount,
             currency: "EUR".to_owned(),
             customer: "cus_1".to_owned(),
-            idempotency_key: "oncepay-x".to_owned(),
+            idempotency_key: asked.payment_id.downstream_key().as_str().to_owned(),
             created: 1_763_800_000,
             metadata: BTreeMap::new(),
             failure_code: (status == ChargeStatus::Failed).then(|| "card_declined".to_owned()),
@@ -168,8 +152,9 @@ mod tests {
         }
     }
 
-    fn recorded(status: PaymentStatus, charge_id: Option<&str>, booked: Option<i64>) -> Recorded {
+    fn recorded(asked: Asked, status: PaymentStatus, charge_id: Option<&str>, booked: Option<i64>) -> Recorded {
         Recorded {
+            asked,
             status,
             charge_id: charge_id.map(str::to_owned),
             ledger: booked.map(|amount| Booked { amount, currency: "EUR".to_owned() }),
@@ -180,91 +165,28 @@ mod tests {
     fn each_recorded_state_and_charge_gets_the_right_judgement() {
         use ChargeStatus::{Failed as Declined, Succeeded as Charged};
         use PaymentStatus as S;
+        let a = asked();
+        let r = |status, charge_id, booked| recorded(a, status, charge_id, booked);
+        let c = |id, status, amount| charge(&a, id, status, amount);
         let cases = [
-            ("unknown, charged", recorded(S::Unknown, None, None), charge("ch_1", Charged, 100), "applied"),
-            ("unknown, declined", recorded(S::Unknown, None, None), charge("ch_1", Declined, 100), "applied"),
-            ("pending", recorded(S::Pending, None, None), charge("ch_1", Charged, 100), "not_unknown"),
-            ("processing", recorded(S::Processing, None, None), charge("ch_1", Declined, 100), "not_unknown"),
-            ("dead lettered", recorded(S::DeadLettered, None, None), charge("ch_1", Charged, 100), "dead_lettered"),
-            (
-                "same success",
-                recorded(S::Succeeded, Some("ch_1"), Some(100)),
-                charge("ch_1", Charged, 100),
-                "already_terminal",
-            ),
-            (
-                "second charge",
-                recorded(S::Succeeded, Some("ch_1"), Some(100)),
-                charge("ch_2", Charged, 100),
-                "conflict",
-            ),
-            ("other amount", recorded(S::Succeeded, Some("ch_1"), Some(100)), charge("ch_1", Charged, 90), "conflict"),
-            (
-                "success, then declined",
-                recorded(S::Succeeded, Some("ch_1"), Some(100)),
-                charge("ch_1", Declined, 100),
-                "conflict",
-            ),
-            (
-                "declined, then charged",
-                recorded(S::Failed, Some("ch_1"), None),
-                charge("ch_1", Charged, 100),
-                "conflict",
-            ),
-            (
-                "same decline",
-                recorded(S::Failed, Some("ch_1"), None),
-                charge("ch_1", Declined, 100),
-                "already_terminal",
-            ),
-            (
-                "decline without charge id",
-                recorded(S::Failed, None, None),
-                charge("ch_1", Declined, 100),
-                "already_terminal",
-            ),
-            (
-                "another declined charge",
-                recorded(S::Failed, Some("ch_1"), None),
-                charge("ch_2", Declined, 100),
-                "conflict",
-            ),
+            ("unknown, charged", r(S::Unknown, None, None), c("ch_1", Charged, 100), "applied"),
+            ("unknown, declined", r(S::Unknown, None, None), c("ch_1", Declined, 100), "applied"),
+            ("unknown, another amount", r(S::Unknown, None, None), c("ch_1", Charged, 90), "conflict"),
+            ("unknown, nothing charged", r(S::Unknown, None, None), c("ch_1", Charged, 0), "unbookable"),
+            ("pending", r(S::Pending, None, None), c("ch_1", Charged, 100), "not_unknown"),
+            ("processing", r(S::Processing, None, None), c("ch_1", Declined, 100), "not_unknown"),
+            ("dead lettered", r(S::DeadLettered, None, None), c("ch_1", Charged, 100), "dead_lettered"),
+            ("same success", r(S::Succeeded, Some("ch_1"), Some(100)), c("ch_1", Charged, 100), "already_terminal"),
+            ("second charge", r(S::Succeeded, Some("ch_1"), Some(100)), c("ch_2", Charged, 100), "conflict"),
+            ("other amount", r(S::Succeeded, Some("ch_1"), Some(100)), c("ch_1", Charged, 90), "conflict"),
+            ("success, then declined", r(S::Succeeded, Some("ch_1"), Some(100)), c("ch_1", Declined, 100), "conflict"),
+            ("declined, then charged", r(S::Failed, Some("ch_1"), None), c("ch_1", Charged, 100), "conflict"),
+            ("same decline", r(S::Failed, Some("ch_1"), None), c("ch_1", Declined, 100), "already_terminal"),
+            ("decline without charge id", r(S::Failed, None, None), c("ch_1", Declined, 100), "already_terminal"),
+            ("another declined charge", r(S::Failed, Some("ch_1"), None), c("ch_2", Declined, 100), "conflict"),
         ];
         for (name, recorded, charge, expected) in cases {
-            assert_eq!(judge(&recorded, &charge).unwrap().label(), expected, "{name}");
+            assert_eq!(judge(&recorded, &charge).label(), expected, "{name}");
         }
-    }
-
-    #[test]
-    fn a_success_settles_with_the_providers_amount_and_time_and_a_decline_with_its_code() {
-        let (transition, settled) = settlement(&charge("ch_1", ChargeStatus::Succeeded, 1999)).unwrap();
-        assert_eq!(transition, Transition::Charged);
-        assert_eq!(
-            settled,
-            Settlement::Succeeded {
-                charge_id: "ch_1".into(),
-                amount: 1999,
-                currency: "EUR".into(),
-                charged_at: OffsetDateTime::from_unix_timestamp(1_763_800_000).unwrap(),
-            }
-        );
-
-        let (transition, settled) = settlement(&charge("ch_2", ChargeStatus::Failed, 1999)).unwrap();
-        assert_eq!(transition, Transition::Declined);
-        assert_eq!(
-            settled,
-            Settlement::Failed {
-                code: "card_declined".into(),
-                message: "Declined".into(),
-                charge_id: Some("ch_2".into())
-            }
-        );
-    }
-
-    #[test]
-    fn a_charge_created_at_an_impossible_time_is_refused() {
-        let mut bad = charge("ch_1", ChargeStatus::Succeeded, 100);
-        bad.created = i64::MAX;
-        assert!(settlement(&bad).is_err());
     }
 }

@@ -26,7 +26,9 @@ use anyhow::Context;
 use futures::StreamExt;
 use oncepay_shared::backoff::Backoff;
 use oncepay_shared::provider::{Charge, ChargeStatus, LookupError, PaymentProvider};
+use oncepay_shared::settlement::{self, Unsettled};
 use oncepay_shared::status::Transition;
+use oncepay_shared::store;
 use oncepay_shared::store::transitions::{Applied, Settlement};
 use oncepay_shared::telemetry;
 use serde_json::json;
@@ -34,7 +36,6 @@ use sqlx::{Acquire, PgPool};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::finding;
 use crate::render;
 use crate::unknown::{self, Claimed, Why};
 use crate::webhooks;
@@ -86,6 +87,7 @@ pub struct Counts {
 #[derive(Debug, Clone, PartialEq)]
 enum Verdict {
     Settle { transition: Transition, settlement: Settlement, charge: Box<Charge> },
+    Mismatch { finding: String, charge: Box<Charge> },
     Resend,
     Inconclusive { finding: String },
     Exhaust { finding: String },
@@ -175,22 +177,57 @@ impl<P: PaymentProvider> Poller<P> {
     }
 
     async fn look_up_and_record(&self, payment: Claimed) -> anyhow::Result<Done> {
-        let (tenant_id, payment_id) = (payment.tenant_id, payment.payment_id);
+        let (source, verdict) = self.look_up(&payment).await?;
+        let mut conn = self.pool.acquire().await.context("cannot reach the database")?;
+        let done = match self.record(&mut conn, &payment, source, &verdict).await {
+            Ok(done) => done,
+            // The database refused what the verdict would write (a constraint, a value it cannot
+            // hold). That is a finding about this payment, not a failure of the pass: it counts
+            // toward dead-lettering, so the payment cannot stay `unknown` for ever.
+            Err(error) if !unavailable(&error) => {
+                let finding = format!("the verdict could not be recorded: {error:#}");
+                tracing::warn!(error = %finding, "recording a poll failed; counted as inconclusive");
+                self.record(&mut conn, &payment, source, &self.inconclusive(&payment, finding)).await?
+            }
+            Err(error) => return Err(error),
+        };
+        done.record_metric();
+        Ok(done)
+    }
+
+    /// What the payment's evidence says: signed webhooks recorded while it was being sent, if they
+    /// settle it or contradict it, else a lookup of its key at the provider (no connection held).
+    async fn look_up(&self, payment: &Claimed) -> anyhow::Result<(Source, Verdict)> {
         let recorded = {
             let mut conn = self.pool.acquire().await.context("cannot reach the database")?;
-            webhooks::recorded_charges(&mut conn, tenant_id, payment_id)
+            webhooks::recorded_charges(&mut conn, payment.tenant_id, payment.payment_id)
                 .await
                 .context("cannot read the payment's recorded webhooks")?
         };
-        // A signed webhook that arrived while the payment was still being sent already tells; the
-        // provider is asked (without a connection held) only when none did.
-        let (source, lookup) = if recorded.is_empty() {
-            (Source::Provider, self.provider.find_by_key(&payment_id.downstream_key()).await)
-        } else {
-            (Source::RecordedWebhook, Ok(recorded))
-        };
-        let verdict = decide(&payment, &lookup, &self.config);
-        let mut conn = self.pool.acquire().await.context("cannot reach the database")?;
+        if !recorded.is_empty() {
+            let verdict = decide(payment, &Ok(recorded), &self.config);
+            if matches!(verdict, Verdict::Settle { .. } | Verdict::Mismatch { .. }) {
+                return Ok((Source::RecordedWebhook, verdict));
+            }
+        }
+        let lookup = self.provider.find_by_key(&payment.payment_id.downstream_key()).await;
+        Ok((Source::Provider, decide(payment, &lookup, &self.config)))
+    }
+
+    fn inconclusive(&self, payment: &Claimed, finding: String) -> Verdict {
+        let attempts = u32::try_from(payment.poll_attempts).unwrap_or(0).saturating_add(1);
+        give_up_or_wait(payment, attempts, finding, &self.config)
+    }
+
+    /// Records `verdict` in one transaction.
+    async fn record(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        payment: &Claimed,
+        source: Source,
+        verdict: &Verdict,
+    ) -> anyhow::Result<Done> {
+        let (tenant_id, payment_id) = (payment.tenant_id, payment.payment_id);
         let mut tx = conn.begin().await.context("cannot start a transaction")?;
         let attempt = payment.poll_attempts + 1;
         let done = match verdict {
@@ -209,13 +246,23 @@ impl<P: PaymentProvider> Poller<P> {
                 };
                 let evidence = unknown::evidence(source.label(), json!({"attempt": attempt, "charge": charge}));
                 let applied =
-                    unknown::settle(&mut tx, tenant_id, payment_id, transition, &settlement, why(reason), evidence)
+                    unknown::settle(&mut tx, tenant_id, payment_id, *transition, settlement, why(reason), evidence)
                         .await
                         .context("cannot settle the payment")?;
                 match (applied, transition) {
                     (Applied::LostRace, _) => Done::LostRace,
                     (Applied::Moved(_), Transition::Charged) => Done::Charged,
                     (Applied::Moved(_), _) => Done::Declined,
+                }
+            }
+            Verdict::Mismatch { finding, charge } => {
+                let evidence = unknown::evidence(source.label(), json!({"attempt": attempt, "charge": charge}));
+                match unknown::mismatch(&mut tx, tenant_id, payment_id, why(finding), evidence)
+                    .await
+                    .context("cannot dead-letter the payment")?
+                {
+                    Applied::Moved(_) => Done::DeadLettered,
+                    Applied::LostRace => Done::LostRace,
                 }
             }
             Verdict::Resend => {
@@ -233,7 +280,7 @@ impl<P: PaymentProvider> Poller<P> {
             Verdict::Inconclusive { finding } => {
                 let evidence = unknown::evidence("poll", json!({"attempt": attempt, "result": finding}));
                 let wait = self.config.backoff.delay(u32::try_from(attempt).unwrap_or(u32::MAX), &mut rand::rng());
-                unknown::note_inconclusive(&mut tx, tenant_id, payment_id, evidence, wait)
+                unknown::note_inconclusive(&mut tx, tenant_id, payment_id, evidence, Some(wait))
                     .await
                     .context("cannot record the lookup")?;
                 Done::Inconclusive
@@ -254,9 +301,14 @@ impl<P: PaymentProvider> Poller<P> {
             }
         };
         tx.commit().await.context("cannot commit the poll's outcome")?;
-        done.record_metric();
         Ok(done)
     }
+}
+
+/// Whether `error` comes from a database that could not be reached, rather than one that refused
+/// what it was asked to write.
+fn unavailable(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| cause.downcast_ref::<sqlx::Error>().is_some_and(store::is_transient))
 }
 
 /// Where a poll's answer came from.
@@ -337,11 +389,15 @@ fn decide(payment: &Claimed, lookup: &Result<Vec<Charge>, LookupError>, config: 
                 .find(|c| c.status == ChargeStatus::Succeeded)
                 .or_else(|| charges.iter().find(|c| c.status == ChargeStatus::Failed));
             if let Some(charge) = found {
-                match finding::settlement(charge) {
-                    Ok((transition, settlement)) => {
-                        return Verdict::Settle { transition, settlement, charge: Box::new(charge.clone()) };
+                match settlement::settlement_of(&payment.asked, charge) {
+                    Ok(settled) => {
+                        let transition = settlement::transition_of(&settled);
+                        return Verdict::Settle { transition, settlement: settled, charge: Box::new(charge.clone()) };
                     }
-                    Err(bad) => bad.to_string(),
+                    Err(Unsettled::Mismatch(finding)) => {
+                        return Verdict::Mismatch { finding, charge: Box::new(charge.clone()) };
+                    }
+                    Err(Unsettled::Unbookable(finding)) => finding,
                 }
             } else if payment.in_key_window {
                 return Verdict::Resend;
@@ -352,6 +408,12 @@ fn decide(payment: &Claimed, lookup: &Result<Vec<Charge>, LookupError>, config: 
         Err(error) => format!("lookup failed: {error}"),
     };
     let attempts = u32::try_from(payment.poll_attempts).unwrap_or(0).saturating_add(1);
+    give_up_or_wait(payment, attempts, finding, config)
+}
+
+/// An inconclusive `finding` on the `attempts`-th lookup: given up past the limits, else looked up
+/// again later.
+fn give_up_or_wait(payment: &Claimed, attempts: u32, finding: String, config: &PollerConfig) -> Verdict {
     if attempts >= config.max_attempts || payment.age >= config.max_age {
         Verdict::Exhaust { finding }
     } else {
@@ -364,6 +426,8 @@ mod tests {
     use std::collections::BTreeMap;
 
     use oncepay_shared::ids::{PaymentId, TenantId};
+    use oncepay_shared::money::{Amount, Currency};
+    use oncepay_shared::settlement::Asked;
 
     use super::*;
 
@@ -381,9 +445,11 @@ mod tests {
     }
 
     fn claimed(poll_attempts: i32, age_secs: u64, in_key_window: bool) -> Claimed {
+        let payment_id = PaymentId::generate();
         Claimed {
             tenant_id: TenantId::generate(),
-            payment_id: PaymentId::generate(),
+            payment_id,
+            asked: Asked { payment_id, amount: Amount::new(100).unwrap(), currency: Currency::parse("EUR").unwrap() },
             poll_attempts,
             age: Duration::from_secs(age_secs),
             in_key_window,
@@ -391,14 +457,14 @@ mod tests {
         }
     }
 
-    fn charge(id: &str, status: ChargeStatus) -> Charge {
+    fn charge(payment: &Claimed, id: &str, status: ChargeStatus) -> Charge {
         Charge {
             id: id.into(),
             status,
             amount: 100,
             currency: "EUR".into(),
             customer: "cus_1".into(),
-            idempotency_key: "oncepay-x".into(),
+            idempotency_key: payment.payment_id.downstream_key().as_str().into(),
             created: 1_763_800_000,
             metadata: BTreeMap::new(),
             failure_code: None,
@@ -410,6 +476,7 @@ mod tests {
         match verdict {
             Verdict::Settle { transition: Transition::Charged, .. } => "charged",
             Verdict::Settle { .. } => "declined",
+            Verdict::Mismatch { .. } => "mismatch",
             Verdict::Resend => "resend",
             Verdict::Inconclusive { .. } => "inconclusive",
             Verdict::Exhaust { .. } => "exhaust",
@@ -420,29 +487,45 @@ mod tests {
     fn each_lookup_answer_gets_the_right_verdict() {
         let ok = |charges: Vec<Charge>| -> Result<Vec<Charge>, LookupError> { Ok(charges) };
         let failed = || -> Result<Vec<Charge>, LookupError> { Err(LookupError::Status(503)) };
+        let fresh = claimed(0, 10, true);
+        let last_try = claimed(4, 10, false);
+        let found = |payment: &Claimed, status| ok(vec![charge(payment, "ch_1", status)]);
         let cases = [
-            ("charged", claimed(0, 10, true), ok(vec![charge("ch_1", ChargeStatus::Succeeded)]), "charged"),
-            ("declined", claimed(0, 10, true), ok(vec![charge("ch_1", ChargeStatus::Failed)]), "declined"),
+            ("charged", &fresh, found(&fresh, ChargeStatus::Succeeded), "charged"),
+            ("declined", &fresh, found(&fresh, ChargeStatus::Failed), "declined"),
             (
                 "a success beats a failure",
-                claimed(0, 10, true),
-                ok(vec![charge("ch_1", ChargeStatus::Failed), charge("ch_2", ChargeStatus::Succeeded)]),
+                &fresh,
+                ok(vec![charge(&fresh, "ch_1", ChargeStatus::Failed), charge(&fresh, "ch_2", ChargeStatus::Succeeded)]),
                 "charged",
+            ),
+            ("found even on the last attempt", &last_try, found(&last_try, ChargeStatus::Succeeded), "charged"),
+            (
+                "another amount",
+                &fresh,
+                ok(vec![Charge { amount: 90, ..charge(&fresh, "ch_1", ChargeStatus::Succeeded) }]),
+                "mismatch",
             ),
             (
-                "found even on the last attempt",
-                claimed(4, 10, false),
-                ok(vec![charge("ch_1", ChargeStatus::Succeeded)]),
-                "charged",
+                "a charge that cannot be booked",
+                &fresh,
+                ok(vec![Charge { amount: 0, ..charge(&fresh, "ch_1", ChargeStatus::Succeeded) }]),
+                "inconclusive",
             ),
-            ("nothing, inside the window", claimed(0, 10, true), ok(vec![]), "resend"),
-            ("nothing, past the window", claimed(0, 10, false), ok(vec![]), "inconclusive"),
-            ("lookup failed", claimed(0, 10, true), failed(), "inconclusive"),
-            ("lookup failed, attempts spent", claimed(4, 10, true), failed(), "exhaust"),
-            ("nothing past the window, too old", claimed(0, 3600, false), ok(vec![]), "exhaust"),
+            (
+                "a charge that cannot be booked, attempts spent",
+                &last_try,
+                ok(vec![Charge { currency: "eur".into(), ..charge(&last_try, "ch_1", ChargeStatus::Succeeded) }]),
+                "exhaust",
+            ),
+            ("nothing, inside the window", &fresh, ok(vec![]), "resend"),
+            ("nothing, past the window", &claimed(0, 10, false), ok(vec![]), "inconclusive"),
+            ("lookup failed", &fresh, failed(), "inconclusive"),
+            ("lookup failed, attempts spent", &claimed(4, 10, true), failed(), "exhaust"),
+            ("nothing past the window, too old", &claimed(0, 3600, false), ok(vec![]), "exhaust"),
         ];
         for (name, payment, lookup, expected) in cases {
-            assert_eq!(label(&decide(&payment, &lookup, &config())), expected, "{name}");
+            assert_eq!(label(&decide(payment, &lookup, &config())), expected, "{name}");
         }
     }
 }

@@ -3,8 +3,8 @@
 //!
 //! Invariant: a payment is `unknown` exactly while it has a row here. Whoever moves it in writes the
 //! row in the same transaction (`oncepay_shared::store::unknown_queue`); every function here that
-//! moves it out ([`settle`], [`resend`], [`exhaust`]) deletes the row in the same transaction, and
-//! only after its compare-and-set won. Claiming pushes `next_poll_at` forward as a lease instead of
+//! moves it out ([`settle`], [`resend`], [`exhaust`], [`mismatch`]) deletes the row in the same
+//! transaction, and only after its compare-and-set won. Claiming pushes `next_poll_at` forward as a lease instead of
 //! holding a lock, so no transaction stays open across a provider call.
 //!
 //! Lock order: the payment row, then its queue row (as the worker and the sweeper do).
@@ -16,7 +16,9 @@
 use std::time::Duration;
 
 use oncepay_shared::ids::{PaymentId, TenantId};
+use oncepay_shared::money::{Amount, Currency};
 use oncepay_shared::payment::Payment;
+use oncepay_shared::settlement::Asked;
 use oncepay_shared::status::{PaymentStatus, Transition};
 use oncepay_shared::store::transitions::{self, Applied, Change, Settlement, TransitionError};
 use oncepay_shared::store::{StoreError, outbox};
@@ -34,6 +36,8 @@ pub struct Claimed {
     pub tenant_id: TenantId,
     /// The payment.
     pub payment_id: PaymentId,
+    /// What it asked the provider to charge.
+    pub asked: Asked,
     /// Lookups already made, inconclusively.
     pub poll_attempts: i32,
     /// How long it has been `unknown`.
@@ -67,7 +71,8 @@ pub async fn claim_due(
         SET next_poll_at = now() + make_interval(secs => $2)
         FROM due JOIN payments p USING (tenant_id, payment_id)
         WHERE u.tenant_id = due.tenant_id AND u.payment_id = due.payment_id
-        RETURNING u.tenant_id, u.payment_id, u.poll_attempts, u.traceparent, u.tracestate,
+        RETURNING u.tenant_id, u.payment_id, p.amount AS "amount: Amount", p.currency AS "currency: Currency",
+                  u.poll_attempts, u.traceparent, u.tracestate,
                   extract(epoch FROM now() - u.since)::float8 AS "age_secs!",
                   -- Never sent cannot happen for an unknown payment; if it did, no resend is safe.
                   COALESCE(now() - p.first_sent_at < make_interval(secs => $3), false) AS "in_key_window!"
@@ -83,6 +88,11 @@ pub async fn claim_due(
         .map(|row| Claimed {
             tenant_id: TenantId::from_uuid(row.tenant_id),
             payment_id: PaymentId::from_uuid(row.payment_id),
+            asked: Asked {
+                payment_id: PaymentId::from_uuid(row.payment_id),
+                amount: row.amount,
+                currency: row.currency,
+            },
             poll_attempts: row.poll_attempts,
             age: Duration::from_secs_f64(row.age_secs.max(0.0)),
             in_key_window: row.in_key_window,
@@ -183,39 +193,64 @@ pub async fn exhaust(
     why: Why<'_>,
     evidence: Value,
 ) -> Result<Applied<PaymentStatus>, TransitionError> {
-    let change = why.change(tenant_id, payment_id, Transition::Exhausted, evidence.clone());
+    dead_letter(conn, tenant_id, payment_id, Transition::Exhausted, Kind::Unresolved, why, evidence).await
+}
+
+/// The provider reported a charge that is not what the payment asked for: `unknown →
+/// dead_lettered`, and a `conflict` dead letter carrying every piece of evidence gathered. Never a
+/// success: only an operator may decide what that charge means.
+pub async fn mismatch(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    payment_id: PaymentId,
+    why: Why<'_>,
+    evidence: Value,
+) -> Result<Applied<PaymentStatus>, TransitionError> {
+    dead_letter(conn, tenant_id, payment_id, Transition::ChargeMismatch, Kind::Conflict, why, evidence).await
+}
+
+async fn dead_letter(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    payment_id: PaymentId,
+    transition: Transition,
+    kind: Kind,
+    why: Why<'_>,
+    evidence: Value,
+) -> Result<Applied<PaymentStatus>, TransitionError> {
+    let change = why.change(tenant_id, payment_id, transition, evidence.clone());
     let applied = transitions::apply(&mut *conn, &change).await?;
     if matches!(applied, Applied::Moved(_)) {
         let gathered = remove(&mut *conn, tenant_id, payment_id).await?;
         let (mut trail, attempts) = gathered.map_or_else(|| (Vec::new(), 0), |g| (g.evidence, g.poll_attempts));
         trail.push(evidence);
         let attempts = attempts.saturating_add(1);
-        dead_letters::record(conn, tenant_id, payment_id, Kind::Unresolved, why.reason, Value::Array(trail), attempts)
-            .await?;
+        dead_letters::record(conn, tenant_id, payment_id, kind, why.reason, Value::Array(trail), attempts).await?;
     }
     Ok(applied)
 }
 
-/// Records an inconclusive lookup: the evidence, one more attempt, and when to look again.
+/// Records an inconclusive finding: the evidence, one more attempt toward dead-lettering, and when to
+/// look again (`None`: when already planned).
 pub async fn note_inconclusive(
     conn: &mut PgConnection,
     tenant_id: TenantId,
     payment_id: PaymentId,
     evidence: Value,
-    next_poll_in: Duration,
+    next_poll_in: Option<Duration>,
 ) -> Result<(), StoreError> {
     sqlx::query!(
         r#"
         UPDATE unknown_payments
         SET evidence = evidence || jsonb_build_array($3::jsonb),
             poll_attempts = poll_attempts + 1,
-            next_poll_at = now() + make_interval(secs => $4)
+            next_poll_at = COALESCE(now() + make_interval(secs => $4), next_poll_at)
         WHERE tenant_id = $1 AND payment_id = $2
         "#,
         tenant_id.as_uuid(),
         payment_id.as_uuid(),
         evidence,
-        next_poll_in.as_secs_f64(),
+        next_poll_in.map(|wait| wait.as_secs_f64()),
     )
     .execute(conn)
     .await?;

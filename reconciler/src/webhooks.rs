@@ -6,7 +6,10 @@
 //! transaction, the payment row is locked, the `webhook-id` is inserted into `webhook_events` (a
 //! seen id rolls everything back and answers 200: redeliveries change nothing), and the charge is
 //! judged against the payment ([`crate::finding::judge`]):
-//! - `unknown` → settled from the charge, exactly as the worker would, and its poll queue row removed;
+//! - `unknown` → settled from the charge, exactly as the worker would, and its poll queue row removed,
+//!   if the charge is what the payment asked for; a charge for another amount, currency or key
+//!   dead-letters it as a `conflict` for an operator; a charge that cannot be booked as reported is
+//!   kept as evidence and counts as an inconclusive lookup (`unbookable`);
 //! - `pending` / `processing` → only recorded, with the charge: the worker holding it will learn the
 //!   same outcome from the provider (its resend carries the same key); if it cannot, the payment
 //!   becomes `unknown` and the poller settles it from this recorded charge. The reconciler does not
@@ -26,9 +29,11 @@ use actix_web::http::header;
 use actix_web::{HttpRequest, HttpResponse, web};
 use futures::StreamExt;
 use oncepay_shared::ids::{DownstreamKey, PaymentId, TenantId};
+use oncepay_shared::money::{Amount, Currency};
 use oncepay_shared::problem::{Problem, ProblemType};
 use oncepay_shared::provider::wire::{EventType, WebhookEvent};
 use oncepay_shared::provider::{Charge, ChargeStatus};
+use oncepay_shared::settlement::Asked;
 use oncepay_shared::status::{PaymentStatus, Transition};
 use oncepay_shared::store::StoreError;
 use oncepay_shared::store::transitions::{Applied, TransitionError};
@@ -203,7 +208,7 @@ pub async fn apply(pool: &PgPool, webhook_id: &str, event: &WebhookEvent) -> Res
     let Some(recorded) = lock_payment(&mut tx, tenant_id, payment_id).await? else {
         return Ok(Outcome::NotOurs);
     };
-    let judgement = finding::judge(&recorded, charge).map_err(|e| ApplyError::Invalid(e.to_string()))?;
+    let judgement = finding::judge(&recorded, charge);
     let event_type = match event.event_type {
         EventType::ChargeSucceeded => "charge.succeeded",
         EventType::ChargeFailed => "charge.failed",
@@ -235,11 +240,12 @@ pub async fn apply(pool: &PgPool, webhook_id: &str, event: &WebhookEvent) -> Res
         unknown::evidence("webhook", json!({ "webhook_id": webhook_id, "event": event_type, "charge": charge }));
     match &judgement {
         Judgement::Settle(transition, settlement) => {
-            let how = if *transition == Transition::Charged { "webhook_charged" } else { "webhook_declined" };
+            let transition = *transition;
+            let how = if transition == Transition::Charged { "webhook_charged" } else { "webhook_declined" };
             let resolution = resolution_span(&mut tx, tenant_id, payment_id, how).await?;
             let reason = format!("provider webhook {event_type}");
             let why = Why { actor: ACTOR, reason: &reason };
-            let applied = unknown::settle(&mut tx, tenant_id, payment_id, *transition, settlement, why, evidence)
+            let applied = unknown::settle(&mut tx, tenant_id, payment_id, transition, settlement, why, evidence)
                 .instrument(resolution)
                 .await?;
             if matches!(applied, Applied::LostRace) {
@@ -247,6 +253,18 @@ pub async fn apply(pool: &PgPool, webhook_id: &str, event: &WebhookEvent) -> Res
                 return Err(ApplyError::MovedWhileLocked(payment_id));
             }
             metrics::counter!(crate::metrics::UNKNOWN_RESOLVED, "how" => how).increment(1);
+        }
+        Judgement::Mismatch(reason) => {
+            let why = Why { actor: ACTOR, reason };
+            if let Applied::LostRace = unknown::mismatch(&mut tx, tenant_id, payment_id, why, evidence).await? {
+                return Err(ApplyError::MovedWhileLocked(payment_id));
+            }
+        }
+        Judgement::Unbookable(why) => {
+            // Proves nothing either way; it counts toward dead-lettering, and the poller keeps looking.
+            let mut evidence = evidence;
+            evidence["result"] = json!(why);
+            unknown::note_inconclusive(&mut tx, tenant_id, payment_id, evidence, None).await?;
         }
         Judgement::LeaveToSender | Judgement::Agrees => {}
         Judgement::ForOperator => {
@@ -302,15 +320,12 @@ pub async fn recorded_charges(
 }
 
 /// The payment a charge was made for: from the metadata oncepay puts on every charge, or else from
-/// its downstream idempotency key (whose tenant is then looked up). The two must agree.
+/// its downstream idempotency key (whose tenant is then looked up).
 async fn locate(conn: &mut PgConnection, event: &WebhookEvent) -> Result<Option<(TenantId, PaymentId)>, ApplyError> {
     let charge = &event.data;
     let from_key = DownstreamKey::parse_payment_id(&charge.idempotency_key);
     match (charge.payment_ref(), from_key) {
-        (Some((_, from_metadata)), Some(from_key)) if from_metadata != from_key => Err(ApplyError::Invalid(format!(
-            "charge {} names payment {from_metadata} in its metadata but {from_key} in its idempotency key",
-            charge.id
-        ))),
+        // A key naming another payment is judged with the charge: evidence for an operator.
         (Some(reference), _) => Ok(Some(reference)),
         (None, Some(payment_id)) => {
             // A provider that drops metadata: the tenant comes from the payment. Unknown payments (the
@@ -358,8 +373,8 @@ async fn lock_payment(
     }
     let row = sqlx::query!(
         r#"
-        SELECT p.status AS "status: PaymentStatus", p.provider_charge_id,
-               l.amount AS "ledger_amount?", l.currency AS "ledger_currency?"
+        SELECT p.status AS "status: PaymentStatus", p.provider_charge_id, p.amount AS "amount: Amount",
+               p.currency AS "currency: Currency", l.amount AS "ledger_amount?", l.currency AS "ledger_currency?"
         FROM payments p LEFT JOIN ledger_entries l USING (tenant_id, payment_id)
         WHERE p.tenant_id = $1 AND p.payment_id = $2
         "#,
@@ -369,6 +384,7 @@ async fn lock_payment(
     .fetch_optional(conn)
     .await?;
     Ok(row.map(|row| Recorded {
+        asked: Asked { payment_id, amount: row.amount, currency: row.currency },
         status: row.status,
         charge_id: row.provider_charge_id,
         ledger: match (row.ledger_amount, row.ledger_currency) {

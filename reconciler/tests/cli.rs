@@ -292,15 +292,43 @@ async fn resolving_as_succeeded_books_the_providers_charge_with_an_audit_row_nam
 }
 
 #[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn resolving_as_succeeded_refuses_a_charge_for_another_amount_or_currency(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+    let payment_id = dead_lettered(&pool, tenant_id, "order-1", 60).await;
+    let mut conn = pool.acquire().await.unwrap();
+    let charge = |amount: i64, currency: &str| BookedCharge {
+        charge_id: "ch_found".into(),
+        amount,
+        currency: currency.into(),
+        charged_at: OffsetDateTime::now_utc(),
+    };
+
+    for (amount, currency) in [(1500, "EUR"), (1999, "USD")] {
+        let decision = Decision::Succeeded(charge(amount, currency));
+        let refused = commands::resolve(&mut conn, payment_id, &decision, &alice(), "found it").await;
+
+        assert!(matches!(&refused, Err(CliError::Refused(why)) if why.contains("1999")), "{refused:?}");
+    }
+    assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::DeadLettered);
+    assert_eq!(count(&pool, "ledger_entries").await, 0);
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
 async fn a_conflict_on_a_terminal_payment_can_only_be_acknowledged(pool: PgPool) {
     let tenant_id = tenant(&pool, "acme").await;
     let payment_id = dead_lettered(&pool, tenant_id, "order-1", 60).await;
     let mut conn = pool.acquire().await.unwrap();
     let acknowledge_unresolved =
         commands::resolve(&mut conn, payment_id, &Decision::Acknowledge, &alice(), "seen").await;
-    commands::resolve(&mut conn, payment_id, &Decision::Failed { charge_id: None }, &alice(), "card expired")
-        .await
-        .unwrap();
+    commands::resolve(
+        &mut conn,
+        payment_id,
+        &Decision::Failed { charge_id: None, force: false },
+        &alice(),
+        "card expired",
+    )
+    .await
+    .unwrap();
     let mut tx = pool.begin().await.unwrap();
     let evidence = json!([{"source": "webhook", "charge": {"id": "ch_late", "status": "succeeded"}}]);
     dead_letters::record(
@@ -427,4 +455,26 @@ async fn resolving_as_succeeded_can_rest_on_a_charge_a_signed_webhook_reported(p
 
     assert_eq!((charge.charge_id.as_str(), charge.amount), ("ch_hooked", 1999));
     assert!(matches!(&unheard_of, Err(CliError::Refused(why)) if why.contains("--amount")), "{unheard_of:?}");
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn resolving_as_failed_is_refused_while_a_recorded_charge_says_it_succeeded(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+    let payment_id = dead_lettered(&pool, tenant_id, "order-1", 60).await;
+    let data = support::charge(tenant_id, payment_id, "ch_hooked", ChargeStatus::Succeeded, 1999);
+    let event = WebhookEvent { event_type: EventType::ChargeSucceeded, created: data.created, data };
+    webhooks::apply(&pool, "msg_1", &event).await.unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+
+    let failed = |force| Decision::Failed { charge_id: None, force };
+
+    let refused = commands::resolve(&mut conn, payment_id, &failed(false), &alice(), "customer saw no charge").await;
+    let unchanged = status(&pool, tenant_id, payment_id).await;
+    let forced = commands::resolve(&mut conn, payment_id, &failed(true), &alice(), "refunded ch_hooked").await;
+
+    assert!(matches!(&refused, Err(CliError::Refused(why)) if why.contains("ch_hooked")), "{refused:?}");
+    assert_eq!(unchanged, PaymentStatus::DeadLettered);
+    assert!(forced.is_ok(), "{forced:?}");
+    assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Failed);
+    assert_eq!(last_audit(&pool, payment_id).await.1, "refunded ch_hooked");
 }

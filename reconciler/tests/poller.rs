@@ -248,3 +248,65 @@ async fn a_webhook_recorded_while_the_payment_was_being_sent_settles_it_once_unk
             .unwrap();
     assert_eq!(detail["source"], "webhook_recorded");
 }
+
+/// The open dead letter of a payment: (kind, reason).
+async fn open_dead_letter(pool: &PgPool, payment_id: PaymentId) -> Option<(String, String)> {
+    sqlx::query_as("SELECT kind, reason FROM dead_letters WHERE payment_id = $1 AND resolved_at IS NULL")
+        .bind(payment_id.as_uuid())
+        .fetch_optional(pool)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn a_charge_found_for_another_amount_is_never_booked_and_goes_to_an_operator(pool: PgPool) {
+    let provider = MockServer::start().await;
+    let tenant_id = tenant(&pool, "acme").await;
+    let payment_id = unknown_payment(&pool, tenant_id, "order-1", 1999, 60).await;
+    let found = charge(tenant_id, payment_id, "ch_1", ChargeStatus::Succeeded, 1500);
+    answer_lookup(&provider, payment_id, 200, listing(&[found])).await;
+
+    let counts = poller(&pool, &provider, 5).run_once().await.unwrap();
+
+    assert_eq!(counts, Counts { claimed: 1, dead_lettered: 1, ..Counts::default() });
+    assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::DeadLettered);
+    assert_eq!(count_for(&pool, "ledger_entries", payment_id).await, 0);
+    let (kind, reason) = open_dead_letter(&pool, payment_id).await.unwrap();
+    assert_eq!(kind, "conflict");
+    assert!(reason.contains("1500") && reason.contains("1999"), "{reason}");
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn a_charge_the_ledger_cannot_book_counts_as_an_inconclusive_lookup_until_dead_lettered(pool: PgPool) {
+    let provider = MockServer::start().await;
+    let tenant_id = tenant(&pool, "acme").await;
+    let unbookable: [fn(&mut oncepay_shared::provider::Charge); 3] =
+        [|c| c.amount = 0, |c| c.currency = "eur".into(), |c| c.id = String::new()];
+    for (i, spoil) in unbookable.into_iter().enumerate() {
+        let payment_id = unknown_payment(&pool, tenant_id, &format!("order-{i}"), 1999, 60).await;
+        let mut found = charge(tenant_id, payment_id, &format!("ch_{i}"), ChargeStatus::Succeeded, 1999);
+        spoil(&mut found);
+        answer_lookup(&provider, payment_id, 200, listing(&[found])).await;
+    }
+    let poller = poller(&pool, &provider, 3);
+
+    let mut passes = Vec::new();
+    for _ in 0..3 {
+        passes.push(poller.run_once().await.map_err(|e| format!("{e:#}")));
+    }
+
+    assert_eq!(
+        passes,
+        [
+            Ok(Counts { claimed: 3, inconclusive: 3, ..Counts::default() }),
+            Ok(Counts { claimed: 3, inconclusive: 3, ..Counts::default() }),
+            Ok(Counts { claimed: 3, dead_lettered: 3, ..Counts::default() }),
+        ]
+    );
+    let dead_lettered: i64 = sqlx::query_scalar("SELECT count(*) FROM payments WHERE status = 'dead_lettered'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(dead_lettered, 3);
+    assert_eq!(fixtures::count(&pool, "ledger_entries").await, 0);
+}

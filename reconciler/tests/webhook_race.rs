@@ -9,11 +9,12 @@ mod support;
 
 use std::time::Duration;
 
-use oncepay_reconciler::finding;
 use oncepay_reconciler::webhooks::{self, Outcome};
 use oncepay_shared::fixtures::{count, tenant};
+use oncepay_shared::money::{Amount, Currency};
 use oncepay_shared::provider::ChargeStatus;
 use oncepay_shared::provider::wire::{EventType, WebhookEvent};
+use oncepay_shared::settlement::{self, Asked};
 use oncepay_shared::status::PaymentStatus;
 use oncepay_shared::store::transitions::{self, Applied};
 use sqlx::PgPool;
@@ -45,7 +46,9 @@ async fn a_webhook_racing_the_workers_settlement_agrees_with_it(pool: PgPool) {
     let payment_id = accept(&pool, tenant_id, "order-1", 4_200).await;
     claim(&pool, tenant_id, payment_id, 1).await;
     let charged = charge(tenant_id, payment_id, "ch_race", ChargeStatus::Succeeded, 4_200);
-    let (transition, settlement) = finding::settlement(&charged).unwrap();
+    let asked = Asked { payment_id, amount: Amount::new(4_200).unwrap(), currency: Currency::parse("EUR").unwrap() };
+    let settlement = settlement::settlement_of(&asked, &charged).unwrap();
+    let transition = settlement::transition_of(&settlement);
     // The worker's recording: status and ledger entry in one transaction, not yet committed.
     let mut worker = pool.begin().await.unwrap();
     let settled = transitions::settle(

@@ -356,14 +356,11 @@ async fn a_verified_body_that_is_not_a_consistent_charge_event_is_400(pool: PgPo
     let mut mismatched: Value =
         serde_json::from_slice(&event(&charge(tenant_id, payment_id, "ch_1", ChargeStatus::Succeeded, 100))).unwrap();
     mismatched["type"] = json!("charge.failed");
-    let mut other_payment = charge(tenant_id, payment_id, "ch_1", ChargeStatus::Succeeded, 100);
-    other_payment.idempotency_key = PaymentId::generate().downstream_key().to_string();
 
     for (name, body) in [
         ("not json", b"{not json".to_vec()),
         ("not an event", br#"{"type":"charge.refunded","created":1,"data":{}}"#.to_vec()),
         ("type and status disagree", serde_json::to_vec(&mismatched).unwrap()),
-        ("metadata and key disagree", event(&other_payment)),
     ] {
         let (code, problem, _) = hook.deliver(&Delivery::signed(&hook.key, "msg_1", body)).await;
         assert_eq!(code, 400, "{name}");
@@ -435,4 +432,51 @@ async fn other_methods_and_paths_answer_problems(pool: PgPool) {
     assert_eq!(elsewhere.status().as_u16(), 404);
     assert_eq!(elsewhere.headers()["content-type"], "application/problem+json");
     assert_eq!(health.status().as_u16(), 200);
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn a_signed_charge_other_than_the_one_asked_for_dead_letters_the_payment_for_an_operator(pool: PgPool) {
+    let hook = Endpoint::start(&pool);
+    let tenant_id = tenant(&pool, "acme").await;
+    let cases: [(&str, fn(&mut Charge)); 3] = [
+        ("another amount", |c| c.amount = 1500),
+        ("another currency", |c| c.currency = "USD".into()),
+        ("another payment's key", |c| c.idempotency_key = PaymentId::generate().downstream_key().to_string()),
+    ];
+    for (i, (name, change)) in cases.into_iter().enumerate() {
+        let payment_id = unknown_payment(&pool, tenant_id, &format!("order-{i}"), 1999, 60).await;
+        let mut other = charge(tenant_id, payment_id, &format!("ch_{i}"), ChargeStatus::Succeeded, 1999);
+        change(&mut other);
+
+        let (code, body, _) = hook.deliver_event(&format!("msg_{i}"), &other).await;
+
+        assert_eq!((code, body), (200, json!({"outcome": "conflict"})), "{name}");
+        assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::DeadLettered, "{name}");
+        assert_eq!(ledger_amount(&pool, payment_id).await, None, "{name}");
+        let kinds: Vec<String> = open_conflicts(&pool, payment_id).await.into_iter().map(|(kind, _)| kind).collect();
+        assert_eq!(kinds, ["conflict"], "{name}");
+    }
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn a_signed_charge_the_ledger_cannot_book_is_kept_as_evidence_and_counts_as_a_lookup(pool: PgPool) {
+    let hook = Endpoint::start(&pool);
+    let (tenant_id, payment_id) = one_unknown_payment(&pool, 1999).await;
+    let mut spoilt = charge(tenant_id, payment_id, "ch_1", ChargeStatus::Succeeded, 1999);
+    spoilt.amount = -5;
+
+    let first = hook.deliver_event("msg_1", &spoilt).await;
+    let again = hook.deliver_event("msg_1", &spoilt).await;
+
+    assert_eq!((first.0, first.1), (200, json!({"outcome": "unbookable"})));
+    assert_eq!((again.0, again.1), (200, json!({"outcome": "duplicate"})));
+    assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Unknown);
+    let (attempts, evidence): (i32, Value) =
+        sqlx::query_as("SELECT poll_attempts, evidence FROM unknown_payments WHERE payment_id = $1")
+            .bind(payment_id.as_uuid())
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(attempts, 1, "it counts toward dead-lettering");
+    assert!(evidence.to_string().contains("cannot be booked"), "{evidence}");
 }

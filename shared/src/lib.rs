@@ -24,6 +24,7 @@ pub mod payment;
 pub mod payment_request;
 pub mod problem;
 pub mod provider;
+pub mod settlement;
 pub mod shutdown;
 pub mod status;
 pub mod store;

@@ -9,7 +9,8 @@
 //!    ▲                   │ ──lease expired in window──▶ pending
 //!    │                   │ ──lease expired past it───▶ unknown
 //!    │                                                    │ ──provider has no charge, in window──▶ pending
-//!    │                                                    └──attempts or age spent──▶ dead_lettered
+//!    │                                                    └──attempts or age spent,──▶ dead_lettered
+//!    │                                                       or a charge not as asked
 //!    └────────────────────────────────────────── operator retry ◀──┘      └──operator──▶ succeeded | failed
 //! ```
 //!
@@ -41,7 +42,8 @@ pub enum PaymentStatus {
     /// the sweeper (a dead worker's lease past the key window). Out: only the reconciler, never a
     /// client retry.
     Unknown,
-    /// Automation gave up; an operator decides. In: the reconciler. Out: an operator.
+    /// Automation gave up, or the provider reported a charge that is not what the payment asked for;
+    /// an operator decides. In: the reconciler. Out: an operator.
     DeadLettered,
 }
 
@@ -91,6 +93,9 @@ pub enum Transition {
     ProviderHasNoCharge,
     /// The reconciler spent its attempts or the payment is too old to settle automatically.
     Exhausted,
+    /// The provider reported a charge for the payment that is not what it asked for (another amount,
+    /// currency or key): only an operator may decide what it means.
+    ChargeMismatch,
     /// An operator sends a dead-lettered payment again.
     OperatorRetry,
     /// An operator settles a dead-lettered payment as succeeded.
@@ -137,7 +142,7 @@ pub const fn next(from: PaymentStatus, transition: Transition) -> Result<Payment
         (S::Unknown, T::Charged) => S::Succeeded,
         (S::Unknown, T::Declined) => S::Failed,
         (S::Unknown, T::ProviderHasNoCharge) => S::Pending,
-        (S::Unknown, T::Exhausted) => S::DeadLettered,
+        (S::Unknown, T::Exhausted | T::ChargeMismatch) => S::DeadLettered,
 
         (S::DeadLettered, T::OperatorRetry) => S::Pending,
         (S::DeadLettered, T::OperatorSucceeded) => S::Succeeded,
@@ -155,6 +160,7 @@ pub const fn next(from: PaymentStatus, transition: Transition) -> Result<Payment
             | T::LeaseExpiredUncertain
             | T::ProviderHasNoCharge
             | T::Exhausted
+            | T::ChargeMismatch
             | T::OperatorRetry
             | T::OperatorSucceeded
             | T::OperatorFailed,
@@ -169,7 +175,7 @@ mod tests {
 
     use super::*;
 
-    const ALL_TRANSITIONS: [Transition; 13] = [
+    const ALL_TRANSITIONS: [Transition; 14] = [
         Transition::Claim,
         Transition::Charged,
         Transition::Declined,
@@ -180,6 +186,7 @@ mod tests {
         Transition::LeaseExpiredUncertain,
         Transition::ProviderHasNoCharge,
         Transition::Exhausted,
+        Transition::ChargeMismatch,
         Transition::OperatorRetry,
         Transition::OperatorSucceeded,
         Transition::OperatorFailed,
@@ -213,6 +220,7 @@ mod tests {
             (S::Unknown, T::Declined, S::Failed),
             (S::Unknown, T::ProviderHasNoCharge, S::Pending),
             (S::Unknown, T::Exhausted, S::DeadLettered),
+            (S::Unknown, T::ChargeMismatch, S::DeadLettered),
             (S::DeadLettered, T::OperatorRetry, S::Pending),
             (S::DeadLettered, T::OperatorSucceeded, S::Succeeded),
             (S::DeadLettered, T::OperatorFailed, S::Failed),
@@ -239,7 +247,13 @@ mod tests {
             ALL_TRANSITIONS.into_iter().filter(|t| next(PaymentStatus::Unknown, *t).is_ok()).collect();
         assert_eq!(
             out_of_unknown,
-            [Transition::Charged, Transition::Declined, Transition::ProviderHasNoCharge, Transition::Exhausted]
+            [
+                Transition::Charged,
+                Transition::Declined,
+                Transition::ProviderHasNoCharge,
+                Transition::Exhausted,
+                Transition::ChargeMismatch
+            ]
         );
     }
 

@@ -2,26 +2,26 @@
 //!
 //! | outcome ([`SendOutcome`]) | decision |
 //! | --- | --- |
-//! | charged | settle `succeeded` with the provider's amount, currency and time |
+//! | charged, as asked | settle `succeeded` with the provider's charge id and time |
 //! | declined | settle `failed` with the provider's code, message and charge |
 //! | not sent, attempts left | retry after a jittered backoff, never sooner than `Retry-After` |
 //! | not sent, attempts spent | settle `failed` (`provider_unreachable`): provably no charge |
 //! | not sent, attempts spent, an earlier send may have charged | `unknown`: only the reconciler can tell |
 //! | uncertain | `unknown`, for the reconciler |
 //!
-//! A charge that cannot be booked as it is (no id, an impossible amount, currency or time) is
-//! `unknown` too: money may have moved, and only the reconciler or an operator may say how much.
-//! Nothing here weakens the rule that a doubtful case is uncertain, never "not sent".
+//! A charge is judged by `oncepay_shared::settlement`, as everywhere else. One that is not what the
+//! payment asked for (`charge_mismatch`), or that cannot be booked as reported (`unreadable_charge`),
+//! makes the payment `unknown`: money may have moved, and only the reconciler or an operator may say
+//! how much. Nothing here weakens the rule that a doubtful case is uncertain, never "not sent".
 
 use std::time::Duration;
 
 use oncepay_shared::backoff::Backoff;
-use oncepay_shared::money::Currency;
-use oncepay_shared::provider::{Charge, SendOutcome, UncertainReason};
+use oncepay_shared::provider::{SendOutcome, UncertainReason};
+use oncepay_shared::settlement::{self, Unsettled};
 use oncepay_shared::status::Transition;
 use oncepay_shared::store::transitions::Settlement;
 use rand::Rng;
-use time::OffsetDateTime;
 
 use crate::outbox::Claimed;
 
@@ -85,33 +85,18 @@ impl Decision {
 /// What to record after the provider answered `outcome` to `claimed`'s send.
 pub fn decide(claimed: &Claimed, outcome: &SendOutcome, policy: &RetryPolicy, rng: &mut impl Rng) -> Decision {
     match outcome {
-        SendOutcome::Charged(charge) => match booked(charge) {
+        SendOutcome::Charged(charge) => match settlement::settlement_of(&claimed.asked(), charge) {
             Ok(settlement) => Decision::Settle {
-                transition: Transition::Charged,
+                transition: settlement::transition_of(&settlement),
+                reason: settle_reason(&settlement),
                 settlement,
-                reason: format!("the provider charged the customer ({})", charge.id),
             },
-            Err(why) => Decision::Uncertain {
-                code: "unreadable_charge",
-                reason: format!("the provider reported charge {:?}, but {why}", charge.id),
-            },
+            Err(Unsettled::Unbookable(why)) => Decision::Uncertain { code: "unreadable_charge", reason: why },
+            Err(Unsettled::Mismatch(why)) => Decision::Uncertain { code: "charge_mismatch", reason: why },
         },
         SendOutcome::Declined { code, message, charge_id } => {
-            let code = if code.trim().is_empty() { "declined".to_owned() } else { code.clone() };
-            let message = if message.trim().is_empty() {
-                "The provider declined the charge.".to_owned()
-            } else {
-                message.clone()
-            };
-            Decision::Settle {
-                transition: Transition::Declined,
-                reason: format!("the provider declined the charge ({code})"),
-                settlement: Settlement::Failed {
-                    code,
-                    message,
-                    charge_id: charge_id.clone().filter(|id| !id.is_empty()),
-                },
-            }
+            let settlement = settlement::declined(Some(code), Some(message), charge_id.as_deref());
+            Decision::Settle { transition: Transition::Declined, reason: settle_reason(&settlement), settlement }
         }
         SendOutcome::NotSent { reason, retry_after } => {
             if claimed.attempt < policy.max_attempts {
@@ -165,23 +150,12 @@ pub fn key_window_passed() -> Decision {
     }
 }
 
-/// The ledger entry of a charge, if it can be booked as the provider reported it.
-fn booked(charge: &Charge) -> Result<Settlement, String> {
-    if charge.id.trim().is_empty() {
-        return Err("it has no id".to_owned());
+/// Why a payment settled, for the audit trail.
+fn settle_reason(settlement: &Settlement) -> String {
+    match settlement {
+        Settlement::Succeeded { charge_id, .. } => format!("the provider charged the customer ({charge_id})"),
+        Settlement::Failed { code, .. } => format!("the provider declined the charge ({code})"),
     }
-    if charge.amount <= 0 {
-        return Err(format!("its amount {} is not positive", charge.amount));
-    }
-    let currency = Currency::parse(&charge.currency).map_err(|e| format!("its currency {:?} {e}", charge.currency))?;
-    let charged_at = OffsetDateTime::from_unix_timestamp(charge.created)
-        .map_err(|_| format!("its creation time {} is out of range", charge.created))?;
-    Ok(Settlement::Succeeded {
-        charge_id: charge.id.clone(),
-        amount: charge.amount,
-        currency: currency.as_str().to_owned(),
-        charged_at,
-    })
 }
 
 /// A stable code per uncertain reason, for `unknown_payments.reason` and the evidence.
@@ -202,8 +176,8 @@ mod tests {
     use std::collections::BTreeMap;
 
     use oncepay_shared::ids::{PaymentId, TenantId};
-    use oncepay_shared::money::Amount;
-    use oncepay_shared::provider::{ChargeStatus, NotSentReason};
+    use oncepay_shared::money::{Amount, Currency};
+    use oncepay_shared::provider::{Charge, ChargeStatus, NotSentReason};
     use rand::SeedableRng;
     use rand::rngs::StdRng;
     use time::macros::datetime;
@@ -234,19 +208,22 @@ mod tests {
         }
     }
 
-    fn charge(amount: i64, currency: &str, created: i64) -> Charge {
-        Charge {
+    /// The provider's 201 for `claimed`, as asked, changed by `change`.
+    fn charged(claimed: &Claimed, change: impl FnOnce(&mut Charge)) -> SendOutcome {
+        let mut charge = Charge {
             id: "ch_1".into(),
             status: ChargeStatus::Succeeded,
-            amount,
-            currency: currency.into(),
+            amount: claimed.amount.minor_units(),
+            currency: claimed.currency.as_str().into(),
             customer: "cus_1".into(),
-            idempotency_key: "oncepay-x".into(),
-            created,
+            idempotency_key: claimed.payment_id.downstream_key().as_str().into(),
+            created: 1_763_800_000,
             metadata: BTreeMap::new(),
             failure_code: None,
             failure_message: None,
-        }
+        };
+        change(&mut charge);
+        SendOutcome::Charged(charge)
     }
 
     fn not_sent(retry_after: Option<Duration>) -> SendOutcome {
@@ -259,54 +236,51 @@ mod tests {
 
     #[test]
     fn each_outcome_leads_to_its_decision() {
-        let cases: Vec<(&str, Claimed, SendOutcome, &str)> = vec![
-            ("charged", claimed(1, false), SendOutcome::Charged(charge(1999, "EUR", 1_763_800_000)), "succeeded"),
-            (
-                "charge without id",
-                claimed(1, false),
-                SendOutcome::Charged(Charge { id: String::new(), ..charge(1, "EUR", 1) }),
-                "unknown",
-            ),
-            ("charge of nothing", claimed(1, false), SendOutcome::Charged(charge(0, "EUR", 1)), "unknown"),
-            ("charge in no currency", claimed(1, false), SendOutcome::Charged(charge(5, "eur", 1)), "unknown"),
-            ("charge at no time", claimed(1, false), SendOutcome::Charged(charge(5, "EUR", i64::MAX)), "unknown"),
+        let first = claimed(1, false);
+        let cases: Vec<(&str, &Claimed, SendOutcome, &str)> = vec![
+            ("charged", &first, charged(&first, |_| {}), "succeeded"),
+            ("charged, but declined", &first, charged(&first, |c| c.status = ChargeStatus::Failed), "failed"),
+            ("charge without id", &first, charged(&first, |c| c.id = String::new()), "unknown"),
+            ("charge of nothing", &first, charged(&first, |c| c.amount = 0), "unknown"),
+            ("charge of another amount", &first, charged(&first, |c| c.amount = 1500), "unknown"),
+            ("charge in no currency", &first, charged(&first, |c| c.currency = "eur".into()), "unknown"),
+            ("charge at no time", &first, charged(&first, |c| c.created = i64::MAX), "unknown"),
             (
                 "declined",
-                claimed(1, false),
+                &first,
                 SendOutcome::Declined { code: "card_declined".into(), message: "no".into(), charge_id: None },
                 "failed",
             ),
-            ("not sent, first attempt", claimed(1, false), not_sent(None), "retry"),
-            ("not sent, attempts left", claimed(2, false), not_sent(None), "retry"),
-            ("not sent, attempts spent", claimed(3, false), not_sent(None), "failed"),
-            ("not sent, maybe charged before, attempts left", claimed(2, true), not_sent(None), "retry"),
-            ("not sent, maybe charged before, attempts spent", claimed(3, true), not_sent(None), "unknown"),
-            ("timeout", claimed(1, false), SendOutcome::Uncertain(UncertainReason::Timeout), "unknown"),
-            ("reset", claimed(1, false), SendOutcome::Uncertain(UncertainReason::ConnectionLost), "unknown"),
-            ("5xx", claimed(1, false), SendOutcome::Uncertain(UncertainReason::ServerError(500)), "unknown"),
-            ("409", claimed(1, false), SendOutcome::Uncertain(UncertainReason::KeyInFlight), "unknown"),
-            ("422", claimed(1, false), SendOutcome::Uncertain(UncertainReason::KeyReused), "unknown"),
+            ("not sent, first attempt", &first, not_sent(None), "retry"),
+            ("timeout", &first, SendOutcome::Uncertain(UncertainReason::Timeout), "unknown"),
+            ("reset", &first, SendOutcome::Uncertain(UncertainReason::ConnectionLost), "unknown"),
+            ("5xx", &first, SendOutcome::Uncertain(UncertainReason::ServerError(500)), "unknown"),
+            ("409", &first, SendOutcome::Uncertain(UncertainReason::KeyInFlight), "unknown"),
+            ("422", &first, SendOutcome::Uncertain(UncertainReason::KeyReused), "unknown"),
         ];
         for (name, claimed, outcome, expected) in cases {
-            assert_eq!(decide_seeded(&claimed, &outcome).label(), expected, "{name}");
+            assert_eq!(decide_seeded(claimed, &outcome).label(), expected, "{name}");
+        }
+        let not_sent_cases = [
+            ("not sent, attempts left", claimed(2, false), "retry"),
+            ("not sent, attempts spent", claimed(3, false), "failed"),
+            ("not sent, maybe charged before, attempts left", claimed(2, true), "retry"),
+            ("not sent, maybe charged before, attempts spent", claimed(3, true), "unknown"),
+        ];
+        for (name, claimed, expected) in not_sent_cases {
+            assert_eq!(decide_seeded(&claimed, &not_sent(None)).label(), expected, "{name}");
         }
     }
 
     #[test]
-    fn a_success_books_what_the_provider_charged_not_what_was_asked() {
-        let decision = decide_seeded(&claimed(1, false), &SendOutcome::Charged(charge(1500, "USD", 1_763_800_000)));
+    fn a_charge_other_than_the_one_asked_for_is_never_a_success() {
+        let claimed = claimed(1, false);
 
-        let Decision::Settle { transition, settlement, .. } = decision else { panic!("{decision:?}") };
-        assert_eq!(transition, Transition::Charged);
-        assert_eq!(
-            settlement,
-            Settlement::Succeeded {
-                charge_id: "ch_1".into(),
-                amount: 1500,
-                currency: "USD".into(),
-                charged_at: OffsetDateTime::from_unix_timestamp(1_763_800_000).unwrap(),
-            }
-        );
+        let decision = decide_seeded(&claimed, &charged(&claimed, |c| c.amount = 1500));
+
+        let Decision::Uncertain { code, reason } = decision else { panic!("{decision:?}") };
+        assert_eq!(code, "charge_mismatch");
+        assert!(reason.contains("1500") && reason.contains("1999"), "{reason}");
     }
 
     #[test]

@@ -13,6 +13,7 @@ use std::time::Duration;
 use oncepay_shared::ids::{PaymentId, TenantId};
 use oncepay_shared::money::{Amount, Currency};
 use oncepay_shared::provider::ChargeRequest;
+use oncepay_shared::settlement::Asked;
 use oncepay_shared::store::StoreError;
 use oncepay_shared::telemetry::TraceContext;
 use sqlx::PgConnection;
@@ -75,6 +76,11 @@ impl Claimed {
     /// the provider still remembers the key and will answer with the first result.
     pub fn send_is_safe(&self) -> bool {
         !self.may_be_charged || self.in_key_window
+    }
+
+    /// What the payment asked the provider to charge: a charge settles it only if it matches.
+    pub fn asked(&self) -> Asked {
+        Asked { payment_id: self.payment_id, amount: self.amount, currency: self.currency }
     }
 
     /// The provider request: always the same downstream key for this payment.

@@ -313,3 +313,30 @@ async fn a_recorded_payment_is_announced_to_long_polls_after_its_commit(pool: Pg
     assert_eq!(named, [accepted.payment_id]);
     assert_eq!(support::status(&pool, accepted).await, PaymentStatus::Succeeded);
 }
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn a_201_for_a_charge_other_than_the_one_asked_for_is_never_booked(pool: PgPool) {
+    let cases: [(&str, fn(&mut serde_json::Value)); 3] = [
+        ("another amount", |charge| charge["amount"] = json!(1998)),
+        ("another currency", |charge| charge["currency"] = json!("USD")),
+        ("another payment's key", |charge| {
+            charge["idempotency_key"] = json!(oncepay_shared::ids::PaymentId::generate().downstream_key().as_str());
+        }),
+    ];
+    for (name, change) in cases {
+        let accepted = one_payment(&pool).await;
+        let mut charge = json!({
+            "id": format!("ch_{}", &accepted.payment_id.to_string()[..8]), "status": "succeeded", "amount": 1999,
+            "currency": "EUR", "customer": "cus_1", "created": 1_763_800_000,
+            "idempotency_key": accepted.payment_id.downstream_key().as_str(),
+        });
+        change(&mut charge);
+        let server = answering(ResponseTemplate::new(201).set_body_json(charge)).await;
+
+        drainer(&pool, &server.uri(), config("w1")).run_once().await.unwrap();
+
+        assert_eq!(support::status(&pool, accepted).await, PaymentStatus::Unknown, "{name}");
+        assert!(support::ledger_entry(&pool, accepted).await.is_none(), "{name}");
+        assert_eq!(support::unknown_entry(&pool, accepted).await.unwrap().0, "charge_mismatch", "{name}");
+    }
+}

@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use oncepay_shared::ids::{PaymentId, TenantId};
-use oncepay_shared::provider::{ChargeStatus, PaymentProvider};
+use oncepay_shared::money::{Amount, Currency};
+use oncepay_shared::provider::PaymentProvider;
+use oncepay_shared::settlement::{self, Asked, Unsettled};
 use oncepay_shared::status::{PaymentStatus, Transition};
 use oncepay_shared::store::outbox;
 use oncepay_shared::store::transitions::{self, Applied, Change, Settlement};
@@ -327,8 +329,8 @@ impl Report for Resolution {
 struct Locked {
     dead_letter_id: i64,
     tenant_id: TenantId,
-    kind: String,
     status: PaymentStatus,
+    asked: Asked,
     in_key_window: bool,
     first_sent_at: Option<OffsetDateTime>,
 }
@@ -340,7 +342,8 @@ async fn lock_open(
 ) -> Result<Locked, CliError> {
     let row = sqlx::query!(
         r#"
-        SELECT d.dead_letter_id, d.tenant_id, d.kind, p.status AS "status: PaymentStatus", p.first_sent_at,
+        SELECT d.dead_letter_id, d.tenant_id, p.status AS "status: PaymentStatus", p.first_sent_at,
+               p.amount AS "amount: Amount", p.currency AS "currency: Currency",
                COALESCE(now() - p.first_sent_at < make_interval(secs => $2), true) AS "in_key_window!"
         FROM dead_letters d JOIN payments p USING (tenant_id, payment_id)
         WHERE d.payment_id = $1 AND d.resolved_at IS NULL
@@ -356,8 +359,8 @@ async fn lock_open(
     Ok(Locked {
         dead_letter_id: row.dead_letter_id,
         tenant_id: TenantId::from_uuid(row.tenant_id),
-        kind: row.kind,
         status: row.status,
+        asked: Asked { payment_id, amount: row.amount, currency: row.currency },
         in_key_window: row.in_key_window,
         first_sent_at: row.first_sent_at,
     })
@@ -436,7 +439,7 @@ pub async fn retry(conn: &mut PgConnection, retry: &Retry<'_>) -> Result<Resolut
     let payment_id = retry.payment_id;
     let mut tx = conn.begin().await.context("cannot start a transaction")?;
     let locked = lock_open(&mut tx, payment_id, retry.resend_horizon).await?;
-    if locked.kind == "conflict" || locked.status != PaymentStatus::DeadLettered {
+    if locked.status != PaymentStatus::DeadLettered {
         return Err(refuse_conflict(payment_id, locked.status, "retried"));
     }
     if !locked.in_key_window && !retry.outside_key_window {
@@ -510,6 +513,9 @@ pub enum Decision {
     Failed {
         /// The provider's failed charge, if any.
         charge_id: Option<String>,
+        /// Settle as failed although a recorded charge says the payment succeeded (the operator
+        /// refunded it, say); the reason must say why.
+        force: bool,
     },
     /// A conflict entry was looked at; the terminal payment stays as it is.
     Acknowledge,
@@ -524,15 +530,19 @@ pub async fn find_charge<P: PaymentProvider>(
     payment_id: PaymentId,
     charge_id: &str,
 ) -> Result<BookedCharge, CliError> {
-    let tenant_id = sqlx::query_scalar!(
-        "SELECT tenant_id FROM dead_letters WHERE payment_id = $1 AND resolved_at IS NULL",
+    let payment = sqlx::query!(
+        r#"
+        SELECT d.tenant_id, p.amount AS "amount: Amount", p.currency AS "currency: Currency"
+        FROM dead_letters d JOIN payments p USING (tenant_id, payment_id)
+        WHERE d.payment_id = $1 AND d.resolved_at IS NULL
+        "#,
         payment_id.as_uuid(),
     )
     .fetch_optional(&mut *conn)
     .await
     .context("cannot read the dead letter")?
     .ok_or_else(|| CliError::NotFound(format!("payment {payment_id} has no open dead letter")))?;
-    let recorded = webhooks::recorded_charges(conn, TenantId::from_uuid(tenant_id), payment_id)
+    let recorded = webhooks::recorded_charges(conn, TenantId::from_uuid(payment.tenant_id), payment_id)
         .await
         .context("cannot read the payment's recorded webhooks")?;
     let charge = match recorded.into_iter().find(|c| c.id == charge_id) {
@@ -551,14 +561,44 @@ pub async fn find_charge<P: PaymentProvider>(
             })?
         }
     };
-    if charge.status != ChargeStatus::Succeeded {
-        return Err(CliError::Refused(format!(
-            "the provider reports charge {charge_id} as failed; no money moved with it"
-        )));
+    let asked = Asked { payment_id, amount: payment.amount, currency: payment.currency };
+    match settlement::settlement_of(&asked, &charge).map_err(|why| refuse_booking(payment_id, &why))? {
+        Settlement::Succeeded { charge_id, amount, currency, charged_at } => {
+            Ok(BookedCharge { charge_id, amount, currency, charged_at })
+        }
+        Settlement::Failed { .. } => {
+            Err(CliError::Refused(format!("the provider reports charge {charge_id} as failed; no money moved with it")))
+        }
     }
-    let charged_at = OffsetDateTime::from_unix_timestamp(charge.created)
-        .map_err(|_| CliError::Refused(format!("the provider reports an impossible time for charge {charge_id}")))?;
-    Ok(BookedCharge { charge_id: charge.id, amount: charge.amount, currency: charge.currency, charged_at })
+}
+
+/// Refuses to book a charge that does not settle the payment.
+fn refuse_booking(payment_id: PaymentId, why: &Unsettled) -> CliError {
+    CliError::Refused(format!(
+        "{why}. A charge that is not what payment {payment_id} asked for is never booked as its success: \
+         check it with the provider, refund it there if it was taken, and resolve the payment --as failed"
+    ))
+}
+
+/// A succeeded charge that a signed webhook or a lookup recorded for the locked payment, if any.
+async fn succeeded_charge_on_record(conn: &mut PgConnection, locked: &Locked) -> Result<Option<String>, CliError> {
+    let charge_id = sqlx::query_scalar!(
+        r#"
+        (SELECT charge->>'id' AS "charge_id!" FROM webhook_events
+         WHERE tenant_id = $1 AND payment_id = $2 AND charge->>'status' = 'succeeded')
+        UNION ALL
+        (SELECT item->'charge'->>'id' FROM dead_letters d, jsonb_array_elements(d.evidence) AS item
+         WHERE d.tenant_id = $1 AND d.dead_letter_id = $3 AND item->'charge'->>'status' = 'succeeded')
+        LIMIT 1
+        "#,
+        locked.tenant_id.as_uuid(),
+        locked.asked.payment_id.as_uuid(),
+        locked.dead_letter_id,
+    )
+    .fetch_optional(conn)
+    .await
+    .context("cannot read the evidence")?;
+    Ok(charge_id)
 }
 
 /// `resolve`: settles a dead-lettered payment as the operator decided, or acknowledges a conflict.
@@ -572,29 +612,40 @@ pub async fn resolve(
     let reason = require_reason(reason)?;
     let mut tx = conn.begin().await.context("cannot start a transaction")?;
     let locked = lock_open(&mut tx, payment_id, Duration::ZERO).await?;
-    let conflict = locked.kind == "conflict" || locked.status != PaymentStatus::DeadLettered;
+    // A terminal payment never moves: its entry can only be acknowledged.
+    let terminal = locked.status.is_terminal();
     let (resolution, status) = match decision {
-        Decision::Acknowledge if conflict => ("acknowledged", locked.status),
+        Decision::Acknowledge if terminal => ("acknowledged", locked.status),
         Decision::Acknowledge => {
             return Err(CliError::Refused(format!(
                 "payment {payment_id} is dead-lettered and needs a decision: `--as succeeded|failed`, or \
                  `dead-letters retry`"
             )));
         }
-        Decision::Succeeded(_) | Decision::Failed { .. } if conflict => {
+        Decision::Succeeded(_) | Decision::Failed { .. } if terminal => {
             return Err(refuse_conflict(payment_id, locked.status, "settled again"));
         }
         Decision::Succeeded(charge) => {
-            let settlement = Settlement::Succeeded {
-                charge_id: charge.charge_id.clone(),
-                amount: charge.amount,
-                currency: charge.currency.clone(),
-                charged_at: charge.charged_at,
-            };
+            let settlement = settlement::success(
+                &locked.asked,
+                &charge.charge_id,
+                charge.amount,
+                &charge.currency,
+                charge.charged_at.unix_timestamp(),
+            )
+            .map_err(|why| refuse_booking(payment_id, &why))?;
             settle(&mut tx, &locked, payment_id, Transition::OperatorSucceeded, &settlement, operator, reason).await?;
             ("succeeded", PaymentStatus::Succeeded)
         }
-        Decision::Failed { charge_id } => {
+        Decision::Failed { charge_id, force } => {
+            if !force && let Some(charged) = succeeded_charge_on_record(&mut tx, &locked).await? {
+                return Err(CliError::Refused(format!(
+                    "a signed provider report says charge {charged} of payment {payment_id} succeeded; settling it as \
+                     failed would tell the merchant no money moved. Check the evidence (`dead-letters show \
+                     {payment_id}`): resolve it `--as succeeded --charge-id {charged}`, or, if you refunded it, pass \
+                     --force and say so in --reason"
+                )));
+            }
             let settlement = Settlement::Failed {
                 code: "resolved_by_operator".to_owned(),
                 message: reason.to_owned(),

@@ -62,21 +62,26 @@ const TRANSIENT_SQLSTATES: &[&str] = &[
     "25006", // read_only_sql_transaction (a standby after failover)
 ];
 
+/// Whether `error` means the database could not be reached or the transaction failed for a reason a
+/// retry can cure, rather than that the database refused what it was asked.
+pub fn is_transient(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(_) => {
+            sqlstate(error).is_some_and(|code| TRANSIENT_SQLSTATES.iter().any(|t| code.starts_with(t)))
+        }
+        _ => false,
+    }
+}
+
 impl From<sqlx::Error> for StoreError {
     fn from(error: sqlx::Error) -> Self {
-        let transient = match &error {
-            sqlx::Error::Io(_)
-            | sqlx::Error::Tls(_)
-            | sqlx::Error::Protocol(_)
-            | sqlx::Error::PoolTimedOut
-            | sqlx::Error::PoolClosed
-            | sqlx::Error::WorkerCrashed => true,
-            sqlx::Error::Database(_) => {
-                sqlstate(&error).is_some_and(|code| TRANSIENT_SQLSTATES.iter().any(|t| code.starts_with(t)))
-            }
-            _ => false,
-        };
-        if transient { Self::Unavailable(error) } else { Self::Unexpected(error) }
+        if is_transient(&error) { Self::Unavailable(error) } else { Self::Unexpected(error) }
     }
 }
 
