@@ -129,3 +129,33 @@ async fn webhook_ids_past_their_retention_go_and_recent_ones_stay(pool: PgPool) 
     let left: Vec<String> = sqlx::query_scalar("SELECT webhook_id FROM webhook_events").fetch_all(&pool).await.unwrap();
     assert_eq!(left, ["recent"]);
 }
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn a_key_is_kept_its_retention_after_its_payment_became_final_however_old_the_key(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+    // Accepted two days ago with a day's retention, and `unknown` ever since.
+    let late = unknown_payment(&pool, tenant_id, "late", 100, 60).await;
+    expire_key(&pool, late).await;
+    let settlement = Settlement::Succeeded {
+        charge_id: "ch_late".into(),
+        amount: 100,
+        currency: "EUR".into(),
+        charged_at: OffsetDateTime::now_utc(),
+    };
+    let mut conn = pool.acquire().await.unwrap();
+    let change = change(tenant_id, late, PaymentStatus::Unknown, Transition::Charged);
+    transitions::settle(&mut conn, &change, &settlement).await.unwrap();
+
+    let counts = reaper(&pool, 100).run_once().await.unwrap();
+
+    assert_eq!(counts, Counts::default());
+    assert!(has_key(&pool, late).await, "a retry with the same key must still find the payment");
+    let kept_for: f64 = sqlx::query_scalar(
+        "SELECT extract(epoch FROM expires_at - now())::float8 FROM idempotency_keys WHERE payment_id = $1",
+    )
+    .bind(late.as_uuid())
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(kept_for > 86_400.0 - 60.0, "kept a day from now, not {kept_for} s");
+}
