@@ -438,7 +438,8 @@ async fn other_methods_and_paths_answer_problems(pool: PgPool) {
 async fn a_signed_charge_other_than_the_one_asked_for_dead_letters_the_payment_for_an_operator(pool: PgPool) {
     let hook = Endpoint::start(&pool);
     let tenant_id = tenant(&pool, "acme").await;
-    let cases: [(&str, fn(&mut Charge)); 3] = [
+    type Change = fn(&mut Charge);
+    let cases: [(&str, Change); 3] = [
         ("another amount", |c| c.amount = 1500),
         ("another currency", |c| c.currency = "USD".into()),
         ("another payment's key", |c| c.idempotency_key = PaymentId::generate().downstream_key().to_string()),

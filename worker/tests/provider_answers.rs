@@ -316,7 +316,8 @@ async fn a_recorded_payment_is_announced_to_long_polls_after_its_commit(pool: Pg
 
 #[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
 async fn a_201_for_a_charge_other_than_the_one_asked_for_is_never_booked(pool: PgPool) {
-    let cases: [(&str, fn(&mut serde_json::Value)); 3] = [
+    type Change = fn(&mut serde_json::Value);
+    let cases: [(&str, Change); 3] = [
         ("another amount", |charge| charge["amount"] = json!(1998)),
         ("another currency", |charge| charge["currency"] = json!("USD")),
         ("another payment's key", |charge| {
