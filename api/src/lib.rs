@@ -18,6 +18,7 @@ pub mod prefer;
 pub mod rate_limit;
 pub mod replay_cache;
 pub mod request_span;
+pub mod rereads;
 pub mod settings;
 pub mod startup;
 pub mod status;

@@ -11,14 +11,19 @@
 //! A notification is only a hint: waiters re-read the payment and keep waiting if its status did not
 //! change. When the listener loses its connection, notifications sent meanwhile are lost, so after
 //! every (re)connection it wakes every waiter to re-read; a change is never missed, at worst noticed
-//! a reconnection later. Waiters hold no database connection while they wait.
+//! a reconnection later. Waiters hold no database connection while they wait, and their re-reads
+//! go through [`Rereads`], which reads every payment woken together in one statement per tenant.
+//!
+//! The watch holds at most `max_waiting` waiters, and at most `max_waiting_per_tenant` of one
+//! tenant: [`PaymentWatch::subscribe`] says no beyond either, and the request is answered at once
+//! instead of waiting, so one tenant's burst cannot take the waits (or their re-reads) from others.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use oncepay_shared::backoff::Backoff;
-use oncepay_shared::ids::PaymentId;
+use oncepay_shared::ids::{PaymentId, TenantId};
 use oncepay_shared::notify::{self, PAYMENT_CHANNEL};
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
@@ -29,14 +34,42 @@ use tokio_util::sync::CancellationToken;
 const WAITING_GAUGE: &str = "oncepay_api_long_polls_waiting";
 
 /// Waiters by payment id. Each payment with waiters has a counter that every notification bumps.
-#[derive(Default)]
 pub struct PaymentWatch {
     payments: Mutex<HashMap<PaymentId, watch::Sender<u64>>>,
+    waiters: Mutex<Waiters>,
+    max_waiting: usize,
+    max_waiting_per_tenant: usize,
+}
+
+/// How many subscriptions are held, in all and by tenant.
+#[derive(Default)]
+struct Waiters {
+    total: usize,
+    by_tenant: HashMap<TenantId, usize>,
 }
 
 impl PaymentWatch {
-    /// Starts watching `payment_id`: every notification from now on marks the subscription changed.
-    pub fn subscribe(self: &Arc<Self>, payment_id: PaymentId) -> Subscription {
+    /// A watch that holds at most `max_waiting` subscriptions, `max_waiting_per_tenant` of one tenant.
+    pub fn new(max_waiting: usize, max_waiting_per_tenant: usize) -> Self {
+        Self { payments: Mutex::default(), waiters: Mutex::default(), max_waiting, max_waiting_per_tenant }
+    }
+
+    /// Starts watching `payment_id` for `tenant_id`: every notification from now on marks the
+    /// subscription changed. `None` when the process, or the tenant, already holds its most.
+    pub fn subscribe(self: &Arc<Self>, tenant_id: TenantId, payment_id: PaymentId) -> Option<Subscription> {
+        {
+            let mut waiters = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
+            let Waiters { total, by_tenant } = &mut *waiters;
+            let of_tenant = by_tenant.entry(tenant_id).or_default();
+            if *total >= self.max_waiting || *of_tenant >= self.max_waiting_per_tenant {
+                if *of_tenant == 0 {
+                    by_tenant.remove(&tenant_id);
+                }
+                return None;
+            }
+            *total += 1;
+            *of_tenant += 1;
+        }
         let mut payments = self.payments.lock().unwrap_or_else(PoisonError::into_inner);
         let receiver = match payments.get(&payment_id) {
             Some(sender) => sender.subscribe(),
@@ -46,7 +79,7 @@ impl PaymentWatch {
                 receiver
             }
         };
-        Subscription { watch: Arc::clone(self), payment_id, receiver: Some(receiver), waiting: false }
+        Some(Subscription { watch: Arc::clone(self), tenant_id, payment_id, receiver: Some(receiver), waiting: false })
     }
 
     /// Wakes the waiters of `payment_id`, if any.
@@ -71,11 +104,21 @@ impl PaymentWatch {
         self.payments.lock().unwrap_or_else(PoisonError::into_inner).len()
     }
 
-    fn unsubscribe(&self, payment_id: PaymentId) {
-        let mut payments = self.payments.lock().unwrap_or_else(PoisonError::into_inner);
-        // Checked under the lock: a subscriber that arrived since our receiver was dropped keeps it.
-        if payments.get(&payment_id).is_some_and(|sender| sender.receiver_count() == 0) {
-            payments.remove(&payment_id);
+    fn unsubscribe(&self, tenant_id: TenantId, payment_id: PaymentId) {
+        {
+            let mut payments = self.payments.lock().unwrap_or_else(PoisonError::into_inner);
+            // Checked under the lock: a subscriber that arrived since our receiver was dropped keeps it.
+            if payments.get(&payment_id).is_some_and(|sender| sender.receiver_count() == 0) {
+                payments.remove(&payment_id);
+            }
+        }
+        let mut waiters = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
+        waiters.total = waiters.total.saturating_sub(1);
+        if let Some(of_tenant) = waiters.by_tenant.get_mut(&tenant_id) {
+            *of_tenant = of_tenant.saturating_sub(1);
+            if *of_tenant == 0 {
+                waiters.by_tenant.remove(&tenant_id);
+            }
         }
     }
 }
@@ -83,6 +126,7 @@ impl PaymentWatch {
 /// One waiter's interest in one payment; dropping it unsubscribes.
 pub struct Subscription {
     watch: Arc<PaymentWatch>,
+    tenant_id: TenantId,
     payment_id: PaymentId,
     receiver: Option<watch::Receiver<u64>>,
     /// Counted in the waiting gauge.
@@ -114,7 +158,7 @@ impl Subscription {
 impl Drop for Subscription {
     fn drop(&mut self) {
         drop(self.receiver.take());
-        self.watch.unsubscribe(self.payment_id);
+        self.watch.unsubscribe(self.tenant_id, self.payment_id);
         if self.waiting {
             metrics::gauge!(WAITING_GAUGE).decrement(1);
         }
@@ -204,6 +248,14 @@ mod tests {
 
     use super::*;
 
+    fn watch() -> Arc<PaymentWatch> {
+        Arc::new(PaymentWatch::new(100, 100))
+    }
+
+    fn subscribe(watch: &Arc<PaymentWatch>, payment_id: PaymentId) -> Subscription {
+        watch.subscribe(TenantId::generate(), payment_id).expect("under the bounds")
+    }
+
     /// Whether a wake-up is already pending (no waiting involved).
     fn woken(subscription: &mut Subscription) -> bool {
         subscription.changed().now_or_never().is_some()
@@ -211,9 +263,9 @@ mod tests {
 
     #[test]
     fn a_notification_after_subscribing_wakes_the_waiter_even_if_sent_before_it_waits() {
-        let watch = Arc::new(PaymentWatch::default());
+        let watch = watch();
         let payment = PaymentId::generate();
-        let mut subscription = watch.subscribe(payment);
+        let mut subscription = subscribe(&watch, payment);
 
         watch.notify(payment);
 
@@ -223,8 +275,8 @@ mod tests {
 
     #[test]
     fn other_payments_notifications_do_not_wake_a_waiter() {
-        let watch = Arc::new(PaymentWatch::default());
-        let mut subscription = watch.subscribe(PaymentId::generate());
+        let watch = watch();
+        let mut subscription = subscribe(&watch, PaymentId::generate());
 
         watch.notify(PaymentId::generate());
 
@@ -233,9 +285,9 @@ mod tests {
 
     #[test]
     fn notify_all_wakes_every_waiter() {
-        let watch = Arc::new(PaymentWatch::default());
-        let mut first = watch.subscribe(PaymentId::generate());
-        let mut second = watch.subscribe(PaymentId::generate());
+        let watch = watch();
+        let mut first = subscribe(&watch, PaymentId::generate());
+        let mut second = subscribe(&watch, PaymentId::generate());
 
         watch.notify_all();
 
@@ -245,14 +297,30 @@ mod tests {
 
     #[test]
     fn a_payment_is_forgotten_when_its_last_waiter_leaves() {
-        let watch = Arc::new(PaymentWatch::default());
+        let watch = watch();
         let payment = PaymentId::generate();
-        let first = watch.subscribe(payment);
-        let second = watch.subscribe(payment);
+        let first = subscribe(&watch, payment);
+        let second = subscribe(&watch, payment);
 
         drop(first);
         assert_eq!(watch.watched(), 1);
         drop(second);
         assert_eq!(watch.watched(), 0);
+    }
+
+    #[test]
+    fn subscriptions_beyond_a_tenants_bound_or_the_process_bound_are_refused_until_one_leaves() {
+        let watch = Arc::new(PaymentWatch::new(3, 2));
+        let (busy, quiet) = (TenantId::generate(), TenantId::generate());
+        let held: Vec<_> = (0..2).map(|_| watch.subscribe(busy, PaymentId::generate()).unwrap()).collect();
+
+        assert!(watch.subscribe(busy, PaymentId::generate()).is_none(), "the tenant's bound");
+        let third = watch.subscribe(quiet, PaymentId::generate()).expect("another tenant still waits");
+        assert!(watch.subscribe(quiet, PaymentId::generate()).is_none(), "the process's bound");
+
+        drop(third);
+        assert!(watch.subscribe(quiet, PaymentId::generate()).is_some(), "a place was freed");
+        drop(held);
+        assert!(watch.subscribe(busy, PaymentId::generate()).is_some());
     }
 }

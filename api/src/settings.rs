@@ -87,6 +87,11 @@ pub struct AuthSettings {
 pub struct LongPollSettings {
     /// The longest wait honoured.
     pub max_wait_secs: u64,
+    /// The most long polls this process holds at once; beyond it, a status request is answered at
+    /// once, as if it had not asked to wait.
+    pub max_waiting: usize,
+    /// The most long polls one tenant holds at once in this process; beyond it, likewise.
+    pub max_waiting_per_tenant: usize,
 }
 
 impl Settings {

@@ -44,6 +44,7 @@ use tokio_util::sync::CancellationToken;
 use crate::auth::{Authenticator, Caller};
 use crate::errors::{self, ApiError};
 use crate::long_poll::{PaymentListener, PaymentWatch};
+use crate::rereads::{Rereader, Rereads};
 use crate::rate_limit::RateLimits;
 use crate::replay_cache::ReplayCache;
 use crate::settings::{IntakeSettings, LongPollSettings, Settings};
@@ -62,6 +63,8 @@ pub struct AppState {
     pub limits: Arc<RateLimits>,
     /// Long polls waiting for payments to change (shared by the process).
     pub watch: Arc<PaymentWatch>,
+    /// Their re-reads, coalesced (shared by the process).
+    pub rereads: Rereads,
     /// `[intake]`.
     pub intake: IntakeSettings,
     /// `[long_poll]`.
@@ -89,6 +92,8 @@ pub struct Application {
     server: Server,
     listener: PaymentListener,
     listener_pool: PgPool,
+    rereader: Rereader,
+    rereader_pool: PgPool,
     waker: Notifier,
     waker_pool: PgPool,
     draining: CancellationToken,
@@ -132,8 +137,16 @@ impl Application {
             .test_before_acquire(false)
             .acquire_timeout(Duration::from_millis(settings.database.acquire_timeout_ms))
             .connect_lazy_with(options.clone().application_name(&format!("{APPLICATION_NAME}-waker")));
+        // The long polls' re-reads: one connection, so a burst of wake-ups queues instead of taking
+        // the requests' connections.
+        let rereader_pool = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_millis(settings.database.acquire_timeout_ms))
+            .connect_lazy_with(options.clone().application_name(&format!("{APPLICATION_NAME}-rereads")));
+        let long_poll = &settings.long_poll;
+        let (rereads, rereader) = Rereads::new(rereader_pool.clone(), long_poll.max_waiting);
         let wake = Wakeups::default();
-        let watch = Arc::new(PaymentWatch::default());
+        let watch = Arc::new(PaymentWatch::new(long_poll.max_waiting, long_poll.max_waiting_per_tenant));
         let draining = CancellationToken::new();
         let metrics = shared_metrics::install();
         let openapi = web::Data::new(OpenApiJson(openapi::json().context("cannot render the OpenAPI document")?));
@@ -164,6 +177,7 @@ impl Application {
                 auth: Arc::clone(&auth),
                 limits: Arc::clone(&limits),
                 watch: Arc::clone(&shared_watch),
+                rereads: rereads.clone(),
                 intake: intake_settings.clone(),
                 long_poll: long_poll_settings.clone(),
                 draining: shared_draining.clone(),
@@ -191,6 +205,8 @@ impl Application {
             server,
             listener: PaymentListener::new(listener_pool.clone(), watch),
             listener_pool,
+            rereader,
+            rereader_pool,
             waker: Notifier::new(waker_pool.clone(), OUTBOX_CHANNEL, wake),
             waker_pool,
             draining,
@@ -204,8 +220,9 @@ impl Application {
 
     /// Serves until `shutdown` is cancelled (or the server fails), then stops gracefully.
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        let Self { server, listener, listener_pool, waker, waker_pool, draining, .. } = self;
+        let Self { server, listener, listener_pool, rereader, rereader_pool, waker, waker_pool, draining, .. } = self;
         let listening = tokio::spawn(listener.run(draining.clone()));
+        let rereading = tokio::spawn(rereader.run(draining.clone()));
         let waking = tokio::spawn(waker.run(draining.clone()));
         let handle = server.handle();
         let stopper = tokio::spawn({
@@ -225,10 +242,14 @@ impl Application {
         if let Err(error) = listening.await {
             tracing::error!(error = %error, "the payment listener task failed");
         }
+        if let Err(error) = rereading.await {
+            tracing::error!(error = %error, "the long polls' re-reader task failed");
+        }
         if let Err(error) = waking.await {
             tracing::error!(error = %error, "the outbox notifier task failed");
         }
         listener_pool.close().await;
+        rereader_pool.close().await;
         waker_pool.close().await;
         served.context("the HTTP server failed")
     }

@@ -6,7 +6,9 @@
 //! read, then holds the answer until the status differs from that read, `N` seconds (capped at
 //! `long_poll.max_wait_secs`) pass, or the process begins to shut down — whichever is first — and
 //! answers with `Preference-Applied: wait=<N honoured>`. It holds no database connection while it
-//! waits, and a terminal payment is answered at once (it cannot change again).
+//! waits, and a terminal payment is answered at once (it cannot change again). Beyond the long-poll
+//! bounds (`long_poll.max_waiting`, `long_poll.max_waiting_per_tenant`) the request is answered at
+//! once, without `Preference-Applied`: the wait is declined, the request is not refused.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -66,15 +68,17 @@ pub async fn get_payment(request: HttpRequest, state: web::Data<AppState>) -> Re
     span.record("payment.id", tracing::field::display(payment_id));
 
     let wait_secs = prefer::wait_secs(request.headers()).map(|secs| secs.min(state.long_poll.max_wait_secs));
-    let payment = match wait_secs {
-        Some(secs) if secs > 0 => {
-            // Subscribe first: a change committed after this point wakes us even before we wait.
-            let subscription = state.watch.subscribe(payment_id);
-            hold(&state, caller.tenant_id, payment_id, subscription, Duration::from_secs(secs)).await?
+    // Subscribe before the first read: a change committed after this point wakes us even before we
+    // wait. Beyond the long-poll bounds there is no subscription, and the wait is not honoured.
+    let subscription = wait_secs.filter(|secs| *secs > 0).and_then(|_| state.watch.subscribe(caller.tenant_id, payment_id));
+    let (payment, waited_secs) = match (subscription, wait_secs) {
+        (Some(subscription), Some(secs)) => {
+            (hold(&state, caller.tenant_id, payment_id, subscription, Duration::from_secs(secs)).await?, wait_secs)
         }
-        _ => fetch(&state, caller.tenant_id, payment_id).await?,
+        (None, Some(secs)) if secs > 0 => (fetch(&state, caller.tenant_id, payment_id).await?, None),
+        _ => (fetch(&state, caller.tenant_id, payment_id).await?, wait_secs),
     };
-    Ok(answer::current(&PaymentResource::from(&payment), state.intake.retry_after_secs, wait_secs))
+    Ok(answer::current(&PaymentResource::from(&payment), state.intake.retry_after_secs, waited_secs))
 }
 
 /// The payment once its status differs from the first read, or as it stands after `wait`.
@@ -99,8 +103,9 @@ async fn hold(
             () = state.draining.cancelled() => break,
         }
         // A notification is a hint: only a different status ends the wait.
-        let now = fetch(state, tenant_id, payment_id).await?;
-        if now.status != first.status {
+        if let Some(now) = state.rereads.read(tenant_id, payment_id).await
+            && now.status != first.status
+        {
             return Ok(now);
         }
     }

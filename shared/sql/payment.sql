@@ -1,7 +1,7 @@
--- One payment of one tenant, by primary key. The quoted aliases tell sqlx's query macros the Rust
--- types of the columns.
+-- Payments of one tenant, by primary key: one, or every payment a batch of long polls re-reads.
+-- The quoted aliases tell sqlx's query macros the Rust types of the columns.
 --
--- $1 tenant_id, $2 payment_id.
+-- $1 tenant_id, $2 payment ids.
 SELECT tenant_id AS "tenant_id: TenantId",
        payment_id AS "payment_id: PaymentId",
        status AS "status: PaymentStatus",
@@ -18,4 +18,4 @@ SELECT tenant_id AS "tenant_id: TenantId",
        created_at,
        updated_at
 FROM payments
-WHERE tenant_id = $1 AND payment_id = $2
+WHERE tenant_id = $1 AND payment_id = ANY($2)

@@ -1,0 +1,111 @@
+//! Re-reads for woken long polls, coalesced into one statement per tenant.
+//!
+//! One notification can wake many long polls at once: the waiters of a busy payment, or every waiter
+//! when the listener reconnects. Each would re-read its payment; instead they queue their payment
+//! with [`Rereads::read`], and one task reads everything queued since its last statement, one
+//! statement per tenant (so each stays on its tenant's shard), on a connection of its own, and hands
+//! each waiter its payment. A payment many waiters asked for is read once. A failed read is logged
+//! here, and its waiters just keep waiting: a re-read is only a check after a hint, and each waiter
+//! reads for itself once its wait is over.
+
+use std::collections::HashMap;
+
+use oncepay_shared::ids::{PaymentId, TenantId};
+use oncepay_shared::payment::Payment;
+use oncepay_shared::store::{StoreError, payments};
+use sqlx::PgPool;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+/// The most payments read in one batch.
+const MAX_BATCH: usize = 1000;
+
+/// One waiter's request: a payment, and where to send it.
+struct Request {
+    tenant_id: TenantId,
+    payment_id: PaymentId,
+    reply: oneshot::Sender<Payment>,
+}
+
+/// Queues re-reads for the [`Rereader`]. Cheap to clone.
+#[derive(Clone)]
+pub struct Rereads {
+    requests: mpsc::Sender<Request>,
+}
+
+impl Rereads {
+    /// The queue, and the task that answers it. `capacity` is the most waiters the process holds.
+    pub fn new(pool: PgPool, capacity: usize) -> (Self, Rereader) {
+        let (requests, queue) = mpsc::channel(capacity.max(1));
+        (Self { requests }, Rereader { pool, queue })
+    }
+
+    /// How many re-reads wait to be answered.
+    pub fn queued(&self) -> usize {
+        self.requests.max_capacity() - self.requests.capacity()
+    }
+
+    /// The payment as it stands, read together with every other payment queued meanwhile; `None`
+    /// if the read failed, the payment is gone or the process is stopping.
+    pub async fn read(&self, tenant_id: TenantId, payment_id: PaymentId) -> Option<Payment> {
+        let (reply, payment) = oneshot::channel();
+        self.requests.send(Request { tenant_id, payment_id, reply }).await.ok()?;
+        payment.await.ok()
+    }
+}
+
+/// The task that reads queued payments in batches.
+pub struct Rereader {
+    pool: PgPool,
+    queue: mpsc::Receiver<Request>,
+}
+
+impl Rereader {
+    /// Answers re-reads until `shutdown`.
+    pub async fn run(mut self, shutdown: CancellationToken) {
+        loop {
+            tokio::select! {
+                answered = self.run_once() => if answered.is_none() { break },
+                () = shutdown.cancelled() => break,
+            }
+        }
+        tracing::debug!("the long polls' re-reader stopped");
+    }
+
+    /// Waits for a re-read, then answers every one queued by then (up to a bound): one statement
+    /// per tenant. Returns how many statements it ran; `None` once no [`Rereads`] is left.
+    pub async fn run_once(&mut self) -> Option<usize> {
+        let mut batch = Vec::with_capacity(MAX_BATCH);
+        if self.queue.recv_many(&mut batch, MAX_BATCH).await == 0 {
+            return None;
+        }
+        let mut by_tenant: HashMap<TenantId, HashMap<PaymentId, Vec<oneshot::Sender<Payment>>>> = HashMap::new();
+        for Request { tenant_id, payment_id, reply } in batch {
+            by_tenant.entry(tenant_id).or_default().entry(payment_id).or_default().push(reply);
+        }
+        let statements = by_tenant.len();
+        for (tenant_id, mut waiting) in by_tenant {
+            let payment_ids: Vec<PaymentId> = waiting.keys().copied().collect();
+            match self.read(tenant_id, &payment_ids).await {
+                Ok(found) => {
+                    for payment in found {
+                        for reply in waiting.remove(&payment.payment_id).unwrap_or_default() {
+                            let _ = reply.send(payment.clone());
+                        }
+                    }
+                }
+                Err(error) => tracing::warn!(
+                    error = %error,
+                    payments = payment_ids.len(),
+                    "cannot re-read payments for long polls; they keep waiting",
+                ),
+            }
+        }
+        Some(statements)
+    }
+
+    async fn read(&self, tenant_id: TenantId, payment_ids: &[PaymentId]) -> Result<Vec<Payment>, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        payments::fetch_many(&mut conn, tenant_id, payment_ids).await
+    }
+}
