@@ -2,19 +2,39 @@
 -- under fresh fencing tokens, moves their payments pending → processing (counting the attempt and
 -- remembering the first send) and writes an audit row each, all in one statement.
 --
--- SKIP LOCKED lets any number of workers claim at once without waiting on each other or ever taking
--- the same row. Only rows whose payment is `pending` are taken (the UPDATE repeats the guard, so a
--- payment that moved after the snapshot is left out and its row stays unleased). Rows are locked
--- before their payments, as everywhere else the outbox is written.
+-- Claims are fair across tenants: each tenant's due rows are numbered oldest first, and a claim
+-- takes every tenant's first before any tenant's second, so one tenant's backlog cannot delay the
+-- others' payments; within a tenant, the oldest goes first. The candidates are read without locks
+-- (a window function cannot lock), then locked with SKIP LOCKED, which lets any number of workers
+-- claim at once without waiting on each other or ever taking the same row; a row another worker
+-- took meanwhile is skipped and the next candidate taken instead (each tenant offers four claims'
+-- worth, so workers claiming at once from one tenant's backlog do not come away empty). Only rows whose payment is
+-- `pending` are taken (the UPDATE repeats the guard, so a payment that moved after the snapshot is
+-- left out and its row stays unleased). Rows are locked before their payments, as everywhere else
+-- the outbox is written.
 --
 -- $1 batch size, $2 worker id (locked_by), $3 lease in seconds, $4 actor (`worker:<id>`),
 -- $5 resend horizon in seconds (the provider's key window minus the safety margin).
-WITH due AS (
+WITH candidates AS (
+    SELECT c.tenant_id, c.payment_id, c.turn, c.available_at
+    FROM tenants t
+    CROSS JOIN LATERAL (
+        SELECT o.tenant_id, o.payment_id, o.available_at,
+               row_number() OVER (ORDER BY o.available_at) AS turn
+        FROM outbox o
+        JOIN payments p USING (tenant_id, payment_id)
+        WHERE o.tenant_id = t.tenant_id AND o.locked_until IS NULL AND o.available_at <= now()
+          AND p.status = 'pending'
+        ORDER BY o.available_at
+        -- More than one claim needs: workers claiming at once skip each other's locked rows.
+        LIMIT $1::bigint * 4
+    ) c
+), due AS (
     SELECT o.tenant_id, o.payment_id
     FROM outbox o
-    JOIN payments p USING (tenant_id, payment_id)
-    WHERE o.locked_until IS NULL AND o.available_at <= now() AND p.status = 'pending'
-    ORDER BY o.available_at
+    JOIN candidates c USING (tenant_id, payment_id)
+    WHERE o.locked_until IS NULL AND o.available_at <= now()
+    ORDER BY c.turn, c.available_at
     LIMIT $1
     FOR UPDATE OF o SKIP LOCKED
 ), claimed AS (
