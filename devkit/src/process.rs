@@ -169,7 +169,16 @@ impl Child {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             if let Some(status) = self.child.try_wait()? {
-                bail!("{} exited with {status} before it was ready; see {}", self.spec.name, self.log_path.display());
+                // The log's directory may be gone by the time anyone reads the error: quote its start,
+                // where a failed start says why (a backtrace follows).
+                let log = std::fs::read_to_string(&self.log_path).unwrap_or_default();
+                let start: Vec<&str> = log.lines().take(6).collect();
+                bail!(
+                    "{} exited with {status} before it was ready; the start of {}:\n{}",
+                    self.spec.name,
+                    self.log_path.display(),
+                    start.join("\n")
+                );
             }
             if let Ok(response) = client.get(url).send().await
                 && response.status().is_success()

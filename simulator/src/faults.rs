@@ -42,6 +42,16 @@ pub struct Faults {
     pub webhook_reorder: bool,
     /// How long an event waits for a successor to swap with before it goes alone.
     pub webhook_reorder_hold_ms: u64,
+    /// Fraction of charge POSTs answered 429 before anything happens.
+    pub rate_limit_rate: f64,
+    /// The `Retry-After` of those 429s, in seconds.
+    pub rate_limit_retry_after_secs: u64,
+    /// Fraction of lookups (`GET /v1/charges…`) answered 503.
+    pub lookup_error_rate: f64,
+    /// Fraction of new succeeded charges that take one minor unit more than asked.
+    pub mismatch_rate: f64,
+    /// Fraction of new charges whose answer and webhook report a lower-case currency.
+    pub malformed_rate: f64,
 }
 
 impl Default for Faults {
@@ -61,6 +71,11 @@ impl Default for Faults {
             webhook_duplicate_rate: 0.0,
             webhook_reorder: false,
             webhook_reorder_hold_ms: 1_000,
+            rate_limit_rate: 0.0,
+            rate_limit_retry_after_secs: 30,
+            lookup_error_rate: 0.0,
+            mismatch_rate: 0.0,
+            malformed_rate: 0.0,
         }
     }
 }
@@ -92,6 +107,10 @@ impl Faults {
             ("drop_after_rate", self.drop_after_rate),
             ("webhook_drop_rate", self.webhook_drop_rate),
             ("webhook_duplicate_rate", self.webhook_duplicate_rate),
+            ("rate_limit_rate", self.rate_limit_rate),
+            ("lookup_error_rate", self.lookup_error_rate),
+            ("mismatch_rate", self.mismatch_rate),
+            ("malformed_rate", self.malformed_rate),
         ];
         for (name, value) in rates {
             if !(0.0..=1.0).contains(&value) {
@@ -122,6 +141,11 @@ impl Faults {
             webhook_duplicate_rate,
             webhook_reorder,
             webhook_reorder_hold_ms,
+            rate_limit_rate,
+            rate_limit_retry_after_secs,
+            lookup_error_rate,
+            mismatch_rate,
+            malformed_rate,
         } = patch.clone();
         set(&mut next.latency_ms, latency_ms);
         set(&mut next.decline_rate, decline_rate);
@@ -136,6 +160,11 @@ impl Faults {
         set(&mut next.webhook_duplicate_rate, webhook_duplicate_rate);
         set(&mut next.webhook_reorder, webhook_reorder);
         set(&mut next.webhook_reorder_hold_ms, webhook_reorder_hold_ms);
+        set(&mut next.rate_limit_rate, rate_limit_rate);
+        set(&mut next.rate_limit_retry_after_secs, rate_limit_retry_after_secs);
+        set(&mut next.lookup_error_rate, lookup_error_rate);
+        set(&mut next.mismatch_rate, mismatch_rate);
+        set(&mut next.malformed_rate, malformed_rate);
         next.validate()?;
         Ok(next)
     }
@@ -178,6 +207,16 @@ pub struct FaultsPatch {
     pub webhook_reorder: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webhook_reorder_hold_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit_rate: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit_retry_after_secs: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lookup_error_rate: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mismatch_rate: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub malformed_rate: Option<f64>,
 }
 
 /// The faults in force, shared by everything that injects them and changed at run time.
@@ -233,6 +272,12 @@ impl AfterCreate {
 pub struct ChargePlan {
     /// Answer 500 before anything happens.
     pub error_before: bool,
+    /// Answer 429 before anything happens.
+    pub rate_limited: bool,
+    /// Charge one minor unit more than asked, if the charge succeeds.
+    pub mismatch: bool,
+    /// Report the charge with a lower-case currency in its answer and webhook.
+    pub malformed: bool,
     /// Decline the charge, if one is created.
     pub decline: bool,
     /// Which decline reason, an index into the simulator's list.
@@ -245,6 +290,9 @@ impl ChargePlan {
     /// Draws the decisions. `reasons` is how many decline reasons exist (≥ 1).
     pub fn draw(faults: &Faults, reasons: usize, rng: &mut impl Rng) -> Self {
         let error_before = rng.random::<f64>() < faults.error_before_rate;
+        let rate_limited = rng.random::<f64>() < faults.rate_limit_rate;
+        let mismatch = rng.random::<f64>() < faults.mismatch_rate;
+        let malformed = rng.random::<f64>() < faults.malformed_rate;
         let decline = rng.random::<f64>() < faults.decline_rate;
         let decline_reason = rng.random_range(0..reasons.max(1));
         let after_draw = rng.random::<f64>();
@@ -257,7 +305,7 @@ impl ChargePlan {
         } else {
             AfterCreate::Answer
         };
-        Self { error_before, decline, decline_reason, after }
+        Self { error_before, rate_limited, mismatch, malformed, decline, decline_reason, after }
     }
 }
 

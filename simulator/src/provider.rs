@@ -43,6 +43,11 @@ pub enum ChargeAnswer {
     },
     /// No answer at all: the connection must be closed.
     DropConnection,
+    /// 429 with `Retry-After`, before anything happened.
+    RateLimited {
+        /// Seconds.
+        retry_after_secs: u64,
+    },
 }
 
 /// The provider.
@@ -91,6 +96,11 @@ impl Provider {
             record_fault("error_before");
             return send(false, server_error("The provider failed before doing anything."));
         }
+        if plan.rate_limited {
+            self.pause(latency).await;
+            record_fault("rate_limited");
+            return ChargeAnswer::RateLimited { retry_after_secs: faults.rate_limit_retry_after_secs };
+        }
         let claim = self.books().keys.claim(&key, &params, Instant::now());
         match claim {
             Claim::Fresh => {}
@@ -121,7 +131,7 @@ impl Provider {
         self.pause(latency).await;
         let (charge, answer) = self.make_charge(&key, &params, &plan);
         tracing::Span::current().record("charge.id", charge.id.as_str());
-        self.webhooks.charge_settled(&charge);
+        self.webhooks.charge_settled(&reported(&charge, &plan));
         metrics::counter!("oncepay_simulator_charges_total", "status" => status_label(charge.status)).increment(1);
 
         if plan.after != AfterCreate::Answer {
@@ -157,10 +167,17 @@ impl Provider {
         } else {
             (ChargeStatus::Succeeded, None)
         };
+        if plan.mismatch && status == ChargeStatus::Succeeded {
+            record_fault("mismatch");
+        }
+        if plan.malformed {
+            record_fault("malformed");
+        }
         let charge = self.insert(|id| Charge {
             id,
             status,
-            amount: params.amount,
+            // The mismatch fault really takes more money than asked: the ledger says so too.
+            amount: params.amount.saturating_add(i64::from(plan.mismatch && status == ChargeStatus::Succeeded)),
             currency: params.currency.clone(),
             customer: params.customer.clone(),
             idempotency_key: key.to_owned(),
@@ -170,7 +187,7 @@ impl Provider {
             failure_message: failure.as_ref().map(|(_, message)| message.clone()),
         });
         let answer = match &failure {
-            None => StoredAnswer::json(201, &charge),
+            None => StoredAnswer::json(201, &reported(&charge, plan)),
             Some((code, message)) => StoredAnswer::json(402, &error_body(code, message, Some(charge.id.clone()))),
         };
         (charge, answer)
@@ -197,6 +214,16 @@ impl Provider {
     }
 
     /// `GET /v1/charges/{id}`.
+    /// Whether this lookup is answered 503 (the lookup-error fault).
+    pub fn lookup_fails(&self) -> bool {
+        let faults = self.faults.get();
+        let fails = self.dice.with(|rng| rand::Rng::random::<f64>(rng) < faults.lookup_error_rate);
+        if fails {
+            record_fault("lookup_error");
+        }
+        fails
+    }
+
     pub async fn charge(&self, id: &str) -> Option<Charge> {
         self.pause(Duration::from_millis(self.faults.get().latency_ms)).await;
         self.books().ledger.get(id).cloned()
@@ -239,6 +266,12 @@ impl Provider {
     pub fn ground_truth(&self) -> GroundTruth {
         self.books().ledger.ground_truth()
     }
+}
+
+/// How the answer and the webhook report `charge`: as it is, or with a lower-case currency under the
+/// malformed fault (the ledger keeps it right).
+fn reported(charge: &Charge, plan: &ChargePlan) -> Charge {
+    if plan.malformed { Charge { currency: charge.currency.to_lowercase(), ..charge.clone() } } else { charge.clone() }
 }
 
 fn send(replayed: bool, answer: StoredAnswer) -> ChargeAnswer {

@@ -5,7 +5,8 @@
 //! workers, send the workload from its own task while one loop injects the scheduled faults and
 //! restarts whatever a fail point crashed; at the end of the span heal everything (no simulator
 //! fault, every process back, no fail point armed), let the workload finish, send every unanswered
-//! intent again, settle within a bound, and check every invariant. Everything random comes from
+//! intent again, settle within a bound, and check every invariant. Meanwhile an operator retries
+//! every open dead letter, as the runbook says, whatever the provider is doing. Everything random comes from
 //! the one seed, so `--seed N` replays the same plan, schedule and fail-point draws (the exact
 //! interleaving of processes is the operating system's).
 //!
@@ -231,6 +232,7 @@ async fn drive(config: &ChaosConfig, system: &mut System, timing: Timing) -> any
     let begin = Instant::now();
     let mut next = 0;
     let mut crashed: Vec<(Role, usize)> = Vec::new();
+    let mut operator_round = begin;
     while next < schedule.actions.len() || !crashed.is_empty() {
         let due = schedule.actions.get(next).map(|s| begin + s.at);
         let tick = Instant::now() + Duration::from_millis(250);
@@ -251,6 +253,10 @@ async fn drive(config: &ChaosConfig, system: &mut System, timing: Timing) -> any
                 *faults.entry(kind).or_default() += 1;
             }
             apply(system, &scheduled.action, &mut fail_points, &mut faults, &mut crashed).await?;
+        }
+        if Instant::now() >= operator_round {
+            operator_round = Instant::now() + OPERATOR_ROUND;
+            retry_dead_letters(system, &mut faults).await;
         }
     }
 
@@ -277,6 +283,33 @@ async fn drive(config: &ChaosConfig, system: &mut System, timing: Timing) -> any
         settled,
         verdict,
     })
+}
+
+/// How often the harness's operator looks at the dead-letter table.
+const OPERATOR_ROUND: Duration = Duration::from_secs(2);
+
+/// What an operator following the runbook does while the provider misbehaves: retries every open
+/// `unresolved` dead letter. The reconciler refuses a retry past the key window; either way the
+/// payment must still end explained, and charged at most once.
+async fn retry_dead_letters(system: &System, faults: &mut BTreeMap<String, u64>) {
+    if !system.database_up() {
+        return;
+    }
+    let open: Vec<uuid::Uuid> = match sqlx::query_scalar(
+        "SELECT payment_id FROM dead_letters WHERE kind = 'unresolved' AND resolved_at IS NULL LIMIT 10",
+    )
+    .fetch_all(system.pool())
+    .await
+    {
+        Ok(open) => open,
+        Err(_) => return,
+    };
+    for payment_id in open {
+        let id = payment_id.to_string();
+        let retry = ["dead-letters", "retry", &id, "--reason", "chaos: the provider is back", "--operator", "chaos"];
+        let done = if system.operator(&retry).await.is_ok() { "retried" } else { "refused or failed" };
+        *faults.entry(format!("operator retry of a dead letter: {done}")).or_default() += 1;
+    }
 }
 
 /// Starts worker `index` with the next fail-point draw.

@@ -15,7 +15,9 @@
 //! 4. a ledger entry exactly for each `succeeded` payment, with the provider's charge, amount and
 //!    currency; no succeeded provider charge outside the ledger unless an operator holds it;
 //! 5. no client saw another tenant's payment: every id a tenant's client got belongs to that tenant
-//!    and shows what that tenant asked for, and reading another tenant's payment is 404.
+//!    and shows what that tenant asked for, and reading another tenant's payment is 404;
+//! 6. no payment is `failed` while the provider holds a succeeded charge for it; every ledger entry
+//!    books the amount and currency its payment asked for; no provider charge is booked twice.
 //!
 //! It only reads; it never repairs or retries anything.
 
@@ -202,8 +204,9 @@ pub async fn check(
         sqlx::query_as("SELECT tenant_id, payment_id, provider_charge_id, amount, currency FROM ledger_entries")
             .fetch_all(pool)
             .await?;
+    // Of any kind: a charge for other money dead-letters its payment with an open conflict.
     let open_dead_letters: BTreeSet<Uuid> =
-        sqlx::query_scalar("SELECT payment_id FROM dead_letters WHERE kind = 'unresolved' AND resolved_at IS NULL")
+        sqlx::query_scalar("SELECT payment_id FROM dead_letters WHERE resolved_at IS NULL")
             .fetch_all(pool)
             .await?
             .into_iter()
@@ -226,6 +229,7 @@ pub async fn check(
     check_keys(&mut verdict, &payments, &keys, tenants, observations);
     check_accounted(&mut verdict, &payments, &open_dead_letters, tenants, observations);
     check_ledger(&mut verdict, &payments, &ledger, charges, &by_payment);
+    check_money(&mut verdict, &payments, &ledger, &by_payment);
     check_tenancy(&mut verdict, &payments, tenants, observations);
     verdict.violations.sort();
     Ok(verdict)
@@ -518,6 +522,54 @@ fn check_ledger(
     }
 }
 
+/// Invariant 6: money is never booked wrong. A payment the provider charged is never `failed`; the
+/// ledger books what the payment asked for (a charge of other money must go to an operator); one
+/// provider charge is booked once.
+fn check_money(
+    verdict: &mut Verdict,
+    payments: &BTreeMap<Uuid, PaymentRow>,
+    ledger: &[(Uuid, Uuid, String, i64, String)],
+    by_payment: &BTreeMap<Uuid, Vec<&Charge>>,
+) {
+    for (payment_id, payment) in payments {
+        let charges = by_payment.get(payment_id).map_or(&[][..], Vec::as_slice);
+        if payment.status == "failed"
+            && let Some(charged) = charges.iter().find(|c| c.status == ChargeStatus::Succeeded)
+        {
+            verdict.violation(
+                6,
+                "a payment is failed while the provider holds a succeeded charge for it",
+                format!("payment {payment_id}: {}", describe_charge(charged)),
+            );
+        }
+    }
+    let mut booked: BTreeMap<&str, Vec<Uuid>> = BTreeMap::new();
+    for (_, payment_id, charge_id, amount, currency) in ledger {
+        booked.entry(charge_id.as_str()).or_default().push(*payment_id);
+        if let Some(payment) = payments.get(payment_id)
+            && (payment.amount != *amount || payment.currency != *currency)
+        {
+            verdict.violation(
+                6,
+                "a ledger entry books other money than its payment asked for",
+                format!(
+                    "payment {payment_id} asked for {} {}; the ledger books {amount} {currency} ({charge_id})",
+                    payment.amount, payment.currency
+                ),
+            );
+        }
+    }
+    for (charge_id, booked_to) in booked {
+        if booked_to.len() > 1 {
+            verdict.violation(
+                6,
+                "one provider charge is booked to several payments",
+                format!("{charge_id}: {booked_to:?}"),
+            );
+        }
+    }
+}
+
 /// Invariant 5: no tenant saw another tenant's payment.
 fn check_tenancy(
     verdict: &mut Verdict,
@@ -610,4 +662,77 @@ fn describe_charges(charges: &[&Charge]) -> String {
         return "no charge".to_owned();
     }
     charges.iter().map(|c| describe_charge(c)).collect::<Vec<_>>().join(" | ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn payment(status: &str, amount: i64) -> PaymentRow {
+        PaymentRow {
+            payment_id: Uuid::now_v7(),
+            tenant_id: Uuid::now_v7(),
+            status: status.to_owned(),
+            amount,
+            currency: "EUR".to_owned(),
+            customer_id: "cus_1".to_owned(),
+            provider_charge_id: None,
+            created_at: OffsetDateTime::now_utc(),
+            settled_at: None,
+        }
+    }
+
+    fn charge(id: &str, status: ChargeStatus, amount: i64) -> Charge {
+        Charge {
+            id: id.to_owned(),
+            status,
+            amount,
+            currency: "EUR".to_owned(),
+            customer: "cus_1".to_owned(),
+            idempotency_key: String::new(),
+            created: 0,
+            metadata: BTreeMap::new(),
+            failure_code: None,
+            failure_message: None,
+        }
+    }
+
+    fn money_violations(
+        payments: &[PaymentRow],
+        ledger: &[(usize, &str, i64)],
+        charges: &[(usize, Charge)],
+    ) -> Vec<String> {
+        let by_id: BTreeMap<Uuid, PaymentRow> = payments.iter().map(|p| (p.payment_id, p.clone())).collect();
+        let ledger: Vec<_> = ledger
+            .iter()
+            .map(|(i, id, amount)| {
+                (payments[*i].tenant_id, payments[*i].payment_id, (*id).to_owned(), *amount, "EUR".to_owned())
+            })
+            .collect();
+        let mut by_payment: BTreeMap<Uuid, Vec<&Charge>> = BTreeMap::new();
+        for (i, charge) in charges {
+            by_payment.entry(payments[*i].payment_id).or_default().push(charge);
+        }
+        let mut verdict = Verdict::default();
+        check_money(&mut verdict, &by_id, &ledger, &by_payment);
+        verdict.violations.into_iter().map(|v| v.what).collect()
+    }
+
+    #[test]
+    fn wrong_money_is_a_violation_of_invariant_six() {
+        let paid = [payment("succeeded", 1999), payment("succeeded", 500)];
+        let failed = [payment("failed", 1999)];
+
+        let agreeing = money_violations(&paid, &[(0, "ch_1", 1999), (1, "ch_2", 500)], &[]);
+        let failed_but_charged = money_violations(&failed, &[], &[(0, charge("ch_1", ChargeStatus::Succeeded, 1999))]);
+        let failed_and_declined = money_violations(&failed, &[], &[(0, charge("ch_1", ChargeStatus::Failed, 1999))]);
+        let other_amount = money_violations(&paid, &[(0, "ch_1", 2000), (1, "ch_2", 500)], &[]);
+        let booked_twice = money_violations(&paid, &[(0, "ch_1", 1999), (1, "ch_1", 500)], &[]);
+
+        assert!(agreeing.is_empty(), "{agreeing:?}");
+        assert!(failed_and_declined.is_empty(), "{failed_and_declined:?}");
+        assert_eq!(failed_but_charged, ["a payment is failed while the provider holds a succeeded charge for it"]);
+        assert_eq!(other_amount, ["a ledger entry books other money than its payment asked for"]);
+        assert_eq!(booked_twice, ["one provider charge is booked to several payments"]);
+    }
 }

@@ -4,8 +4,9 @@
 //! worker, a reconciler or an api; SIGSTOP of a worker past its lease then SIGCONT; PostgreSQL
 //! stopped with `-m immediate` then started) and simulator phases (a new mix of provider faults
 //! every few seconds: latency, declines, 5xx before and after charging, hangs past the worker's
-//! timeout, connections dropped after charging, replayed 5xx, webhooks dropped, delayed,
-//! duplicated, reordered). [`FailPointDraw`] picks, for each worker start, which crash point of the
+//! timeout, connections dropped after charging, replayed 5xx, 429s with long `Retry-After`, a lookup
+//! API that fails, charges of another amount, answers and webhooks that misreport a charge, webhooks
+//! dropped, delayed, duplicated, reordered). [`FailPointDraw`] picks, for each worker start, which crash point of the
 //! worker to arm (or none), with what action and after how many evaluations.
 //!
 //! Invariants of a drawn schedule: one target has at most one fault at a time; PostgreSQL is never
@@ -188,6 +189,14 @@ fn simulator_phase(rng: &mut StdRng) -> FaultsPatch {
         webhook_duplicate_rate: Some(rng.random_range(0.0..0.5)),
         webhook_reorder: Some(rng.random_bool(0.4)),
         webhook_reorder_hold_ms: Some(rng.random_range(100..1_000)),
+        // A long Retry-After parks a payment past the resend horizon: a payment queued again after
+        // an uncertain send is then claimed when a resend could charge twice.
+        rate_limit_rate: Some(rate(rng, 0.3)),
+        rate_limit_retry_after_secs: Some(rng.random_range(5..40)),
+        // Sometimes the lookup API is down for a whole phase, longer than the poller's attempts.
+        lookup_error_rate: Some(if rng.random_bool(0.2) { 1.0 } else { rate(rng, 0.3) }),
+        mismatch_rate: Some(rate(rng, 0.03)),
+        malformed_rate: Some(rate(rng, 0.08)),
         ..FaultsPatch::default()
     }
 }
@@ -211,6 +220,10 @@ pub fn calm() -> FaultsPatch {
         webhook_delay_ms: Some(0),
         webhook_duplicate_rate: Some(0.0),
         webhook_reorder: Some(false),
+        rate_limit_rate: Some(0.0),
+        lookup_error_rate: Some(0.0),
+        mismatch_rate: Some(0.0),
+        malformed_rate: Some(0.0),
         ..FaultsPatch::default()
     }
 }

@@ -229,6 +229,7 @@ pub struct System {
     tenants: Vec<Tenant>,
     logs: Logs,
     database_up: bool,
+    reconciler: PathBuf,
 }
 
 impl System {
@@ -316,6 +317,7 @@ impl System {
             tenants,
             logs,
             database_up: true,
+            reconciler: config.binaries.reconciler.clone(),
         };
         let all: Vec<_> = system.slots.keys().copied().collect();
         for (role, index) in all {
@@ -351,6 +353,12 @@ impl System {
     /// The simulator's base URL.
     pub fn simulator_url(&self) -> &str {
         &self.simulator_url
+    }
+
+    /// Runs an operator command (`oncepay-reconciler <args>`, as operator `oncepay-tests`) and
+    /// returns its output; a refused or failed command is an error with its message.
+    pub async fn operator(&self, args: &[&str]) -> anyhow::Result<String> {
+        run_cli(&self.reconciler, &self.database_url, args).await
     }
 
     /// A pool on oncepay's database, for the checker.

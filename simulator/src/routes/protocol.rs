@@ -11,7 +11,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::header::{AUTHORIZATION, HeaderValue};
+use hyper::header::{AUTHORIZATION, HeaderValue, RETRY_AFTER};
 use hyper::{HeaderMap, Request, Response, StatusCode};
 use oncepay_shared::provider::wire::CreateCharge;
 use secrecy::ExposeSecret;
@@ -40,6 +40,12 @@ pub async fn create_charge(app: &Arc<App>, request: Request<Incoming>) -> Reply 
             response.into()
         }
         Ok(ChargeAnswer::DropConnection) => Reply::DropConnection,
+        Ok(ChargeAnswer::RateLimited { retry_after_secs }) => {
+            let mut response =
+                Refusal::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", "Too many requests.").into_response();
+            response.headers_mut().insert(RETRY_AFTER, HeaderValue::from(retry_after_secs));
+            response.into()
+        }
         Err(cause) => {
             tracing::error!(error = %cause, "a charge request failed");
             Refusal::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "The provider failed.").into()
@@ -59,6 +65,7 @@ async fn charge_request(app: &App, request: Request<Incoming>) -> Result<(String
 /// `GET /v1/charges/{id}`.
 pub async fn get_charge(app: &App, request: &Request<Incoming>, id: &str) -> Result<Response<Full<Bytes>>, Refusal> {
     authenticate(app, request.headers())?;
+    lookup_error(app)?;
     match app.provider.charge(id).await {
         Some(charge) => Ok(json(StatusCode::OK, &charge)),
         None => Err(Refusal::new(StatusCode::NOT_FOUND, "resource_missing", "No such charge.")),
@@ -79,6 +86,7 @@ struct ListParams {
 /// `GET /v1/charges?idempotency_key=&created_gte=&created_lt=&starting_after=&limit=`.
 pub async fn list_charges(app: &App, request: &Request<Incoming>) -> Result<Response<Full<Bytes>>, Refusal> {
     authenticate(app, request.headers())?;
+    lookup_error(app)?;
     let invalid = |message: String| Refusal::new(StatusCode::BAD_REQUEST, "invalid_request", message);
     let params: ListParams = serde_urlencoded::from_str(request.uri().query().unwrap_or(""))
         .map_err(|cause| invalid(format!("The query is not valid: {cause}")))?;
@@ -95,6 +103,14 @@ pub async fn list_charges(app: &App, request: &Request<Incoming>) -> Result<Resp
     };
     let page = app.provider.list(&query).await.map_err(|cause| invalid(cause.to_string()))?;
     Ok(json(StatusCode::OK, &page))
+}
+
+/// The lookup-error fault: a 503 instead of the answer.
+fn lookup_error(app: &App) -> Result<(), Refusal> {
+    if app.provider.lookup_fails() {
+        return Err(Refusal::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "The provider is unavailable."));
+    }
+    Ok(())
 }
 
 fn authenticate(app: &App, headers: &HeaderMap) -> Result<(), Refusal> {

@@ -254,3 +254,54 @@ async fn a_shutdown_cuts_a_hang_short_answers_it_and_stops() {
 
     assert_eq!(answer.status(), 201);
 }
+
+#[tokio::test]
+async fn a_rate_limited_post_is_a_429_with_retry_after_and_creates_nothing() {
+    let sim = Sim::with_faults(FaultsPatch {
+        rate_limit_rate: Some(1.0),
+        rate_limit_retry_after_secs: Some(90),
+        ..Default::default()
+    })
+    .await;
+
+    let limited = sim.post_charge("key-1", &body(1999)).await;
+
+    assert_eq!(limited.status(), 429);
+    assert_eq!(limited.headers().get("retry-after").unwrap(), "90");
+    assert!(sim.control.ground_truth().await.unwrap().charges.is_empty());
+}
+
+#[tokio::test]
+async fn a_failing_lookup_api_answers_503_while_charges_are_still_made() {
+    let sim = Sim::with_faults(FaultsPatch { lookup_error_rate: Some(1.0), ..Default::default() }).await;
+
+    let created = sim.post_charge("key-1", &body(1999)).await;
+    let by_key = sim.get("/v1/charges?idempotency_key=key-1").await;
+    let charge: Charge = created.json().await.unwrap();
+    let by_id = sim.get(&format!("/v1/charges/{}", charge.id)).await;
+
+    assert_eq!((by_key.status().as_u16(), by_id.status().as_u16()), (503, 503));
+    assert_eq!(sim.control.ground_truth().await.unwrap().charges.len(), 1);
+}
+
+#[tokio::test]
+async fn a_mismatched_charge_really_takes_another_amount_and_says_so() {
+    let sim = Sim::with_faults(FaultsPatch { mismatch_rate: Some(1.0), ..Default::default() }).await;
+
+    let answered: Charge = sim.post_charge("key-1", &body(1999)).await.json().await.unwrap();
+
+    let truth = sim.control.ground_truth().await.unwrap();
+    assert_eq!(answered.amount, 2000);
+    assert_eq!(truth.charges[0].amount, 2000, "the provider's own books agree with its answer");
+}
+
+#[tokio::test]
+async fn a_malformed_answer_misreports_the_currency_while_the_books_keep_it_right() {
+    let sim = Sim::with_faults(FaultsPatch { malformed_rate: Some(1.0), ..Default::default() }).await;
+
+    let answered: Charge = sim.post_charge("key-1", &body(1999)).await.json().await.unwrap();
+    let listed: ChargePage = sim.get("/v1/charges?idempotency_key=key-1").await.json().await.unwrap();
+
+    assert_eq!(answered.currency, "eur");
+    assert_eq!(listed.data[0].currency, "EUR");
+}
