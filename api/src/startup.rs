@@ -44,9 +44,9 @@ use tokio_util::sync::CancellationToken;
 use crate::auth::{Authenticator, Caller};
 use crate::errors::{self, ApiError};
 use crate::long_poll::{PaymentListener, PaymentWatch};
-use crate::rereads::{Rereader, Rereads};
 use crate::rate_limit::RateLimits;
 use crate::replay_cache::ReplayCache;
+use crate::rereads::{Rereader, Rereads};
 use crate::settings::{IntakeSettings, LongPollSettings, Settings};
 use crate::{intake, openapi, request_span, status};
 

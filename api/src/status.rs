@@ -70,7 +70,8 @@ pub async fn get_payment(request: HttpRequest, state: web::Data<AppState>) -> Re
     let wait_secs = prefer::wait_secs(request.headers()).map(|secs| secs.min(state.long_poll.max_wait_secs));
     // Subscribe before the first read: a change committed after this point wakes us even before we
     // wait. Beyond the long-poll bounds there is no subscription, and the wait is not honoured.
-    let subscription = wait_secs.filter(|secs| *secs > 0).and_then(|_| state.watch.subscribe(caller.tenant_id, payment_id));
+    let subscription =
+        wait_secs.filter(|secs| *secs > 0).and_then(|_| state.watch.subscribe(caller.tenant_id, payment_id));
     let (payment, waited_secs) = match (subscription, wait_secs) {
         (Some(subscription), Some(secs)) => {
             (hold(&state, caller.tenant_id, payment_id, subscription, Duration::from_secs(secs)).await?, wait_secs)

@@ -210,9 +210,11 @@ async fn re_reads_queued_together_are_read_in_one_statement_per_tenant(_: PgPool
     }
     let theirs = TestApp::payment_id(app.post_payment_as(&other, "order-1", &body()).send().await.unwrap()).await;
     let (rereads, mut rereader) = Rereads::new(app.db.clone(), 100);
-    let wanted = [(app.tenant.id, mine[0]), (app.tenant.id, mine[0]), (app.tenant.id, mine[1])]
-        .into_iter()
-        .chain([(app.tenant.id, mine[2]), (other.id, theirs), (other.id, theirs)]);
+    let wanted = [(app.tenant.id, mine[0]), (app.tenant.id, mine[0]), (app.tenant.id, mine[1])].into_iter().chain([
+        (app.tenant.id, mine[2]),
+        (other.id, theirs),
+        (other.id, theirs),
+    ]);
     let reads: Vec<_> = wanted
         .map(|(tenant_id, payment_id)| {
             let rereads = rereads.clone();

@@ -33,7 +33,11 @@ pub async fn fetch_many(
     read(conn, tenant_id, payment_ids).await
 }
 
-async fn read(conn: &mut PgConnection, tenant_id: TenantId, payment_ids: &[PaymentId]) -> Result<Vec<Payment>, StoreError> {
+async fn read(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    payment_ids: &[PaymentId],
+) -> Result<Vec<Payment>, StoreError> {
     let ids: Vec<Uuid> = payment_ids.iter().map(PaymentId::as_uuid).collect();
     let payments = sqlx::query_file_as!(Payment, "sql/payment.sql", tenant_id.as_uuid(), &ids).fetch_all(conn).await?;
     Ok(payments)
