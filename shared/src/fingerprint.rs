@@ -2,8 +2,11 @@
 //!
 //! Canonicalisation sorts object keys, drops insignificant white space and writes every number in
 //! its shortest ECMAScript form, so two bodies that mean the same thing hash the same, and any change
-//! of a value changes the hash. A key reused with a different fingerprint is misuse (422).
+//! of a value changes the hash. A field of the body sent as `null` means the field was not given
+//! (the request's own parsing says so), so such members are left out before hashing. A key reused
+//! with a different fingerprint is misuse (422).
 
+use std::borrow::Cow;
 use std::io;
 
 use serde::Serialize;
@@ -25,6 +28,7 @@ struct Envelope<'a> {
 impl Fingerprint {
     /// Fingerprints a request.
     pub fn of(method: &str, path: &str, body: &Value) -> Self {
+        let body = &*given(body);
         let mut hasher = HashWriter(Sha256::new());
         // Writing into a hasher cannot fail, and a `serde_json::Value` always serialises: its map keys
         // are strings and its numbers are finite.
@@ -41,6 +45,16 @@ impl Fingerprint {
     /// Rebuilds a fingerprint read from the database; `None` if it is not 32 bytes.
     pub fn from_slice(bytes: &[u8]) -> Option<Self> {
         bytes.try_into().ok().map(Self)
+    }
+}
+
+/// `body` without the members that are `null`: they were not given.
+fn given(body: &Value) -> Cow<'_, Value> {
+    match body {
+        Value::Object(fields) if fields.values().any(Value::is_null) => Cow::Owned(Value::Object(
+            fields.iter().filter(|(_, value)| !value.is_null()).map(|(k, v)| (k.clone(), v.clone())).collect(),
+        )),
+        other => Cow::Borrowed(other),
     }
 }
 
@@ -81,6 +95,17 @@ mod tests {
         ] {
             assert_eq!(of(same), reference, "{same}");
         }
+    }
+
+    #[test]
+    fn a_field_sent_as_null_is_the_same_request_as_the_field_left_out() {
+        let reference = of(r#"{"amount":1000,"currency":"EUR","customer_id":"c"}"#);
+
+        let nulls = of(r#"{"amount":1000,"currency":"EUR","customer_id":"c","description":null,"metadata":null}"#);
+        let nested = of(r#"{"amount":1000,"currency":"EUR","customer_id":"c","metadata":{"a":null}}"#);
+
+        assert_eq!(nulls, reference);
+        assert_ne!(nested, reference, "only a member of the body itself is a field");
     }
 
     #[test]
@@ -218,7 +243,7 @@ mod tests {
         /// canonicaliser fail would be a panic (debug) or a hash of a truncated text (release).
         #[test]
         fn every_json_value_is_canonicalised_in_full(body in hostile_json()) {
-            let envelope = json!({"method": "POST", "path": "/v1/payments", "body": body});
+            let envelope = json!({"method": "POST", "path": "/v1/payments", "body": given(&body)});
             let canonical = serde_json_canonicalizer::to_vec(&envelope);
             prop_assert!(canonical.is_ok(), "{:?}", canonical);
             let canonical = canonical.unwrap_or_default();

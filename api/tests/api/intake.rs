@@ -83,6 +83,25 @@ async fn a_retry_while_the_payment_is_pending_replays_202_and_writes_nothing(
 }
 
 #[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn a_field_sent_as_null_and_the_same_field_left_out_are_the_same_request(
+    _: PgPoolOptions,
+    options: PgConnectOptions,
+) {
+    let app = TestApp::spawn(options).await;
+    let with_nulls = json!({"amount": 1999, "currency": "EUR", "customer_id": "cus_42", "description": null, "metadata": null});
+    let left_out = json!({"amount": 1999, "currency": "EUR", "customer_id": "cus_42"});
+    let first = app.post_payment("order-1", &with_nulls).send().await.unwrap();
+    assert_eq!(first.status(), StatusCode::ACCEPTED);
+
+    let retry = app.post_payment("order-1", &left_out).send().await.unwrap();
+
+    assert_eq!(retry.status(), StatusCode::ACCEPTED);
+    assert_eq!(header(retry.headers(), "idempotent-replayed"), Some("true"));
+    assert_eq!(app.rows().await, ONE_PAYMENT);
+    app.stop().await;
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
 async fn a_retry_after_the_payment_is_final_replays_the_stored_final_response(
     _: PgPoolOptions,
     options: PgConnectOptions,
