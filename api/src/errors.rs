@@ -163,7 +163,8 @@ impl ApiError {
             }
             Self::Unavailable { retry_after_secs, .. } => Problem::new(
                 ProblemType::ServiceUnavailable,
-                "The service cannot reach its store right now; nothing was recorded. Retry after the indicated delay.",
+                "The service cannot reach its store right now. Retry with the same Idempotency-Key after the \
+                 indicated delay: if this request was recorded after all, the retry returns its payment.",
             )
             .with_retry_after(*retry_after_secs),
             Self::Internal(_) => {
@@ -262,6 +263,20 @@ fn problem_for_status(status: StatusCode) -> Problem {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_503_never_says_that_nothing_was_recorded_and_says_to_retry_with_the_same_key() {
+        // The connection may have broken after the commit was sent: then the payment exists.
+        let unavailable = ApiError::Unavailable {
+            retry_after_secs: 2,
+            source: StoreError::Unavailable(sqlx::Error::Protocol("connection closed".into())),
+        };
+
+        let detail = unavailable.problem().detail.to_lowercase();
+
+        assert!(!detail.contains("nothing"), "{detail}");
+        assert!(detail.contains("retry with the same idempotency-key"), "{detail}");
+    }
 
     #[test]
     fn every_error_renders_a_problem_with_its_status_and_no_internals() {

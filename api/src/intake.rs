@@ -20,7 +20,9 @@
 //! Waiting for that concurrent writer is bounded by the pool's `lock_timeout`
 //! (`intake.key_lock_wait_ms`): past it PostgreSQL cancels the statement (SQLSTATE 55P03) and the
 //! client gets 409 + `Retry-After`. A store that cannot be reached fails closed: 503 +
-//! `Retry-After`, never cached, nothing written (accept is a single statement).
+//! `Retry-After`, never cached. Accept is a single statement, so nothing is written, unless the
+//! connection broke after the commit was sent: the 503 therefore tells the client to retry with the
+//! same key (which then replays the payment), never that nothing was recorded.
 //!
 //! Never logged: the API key, the idempotency key, the body.
 

@@ -88,7 +88,8 @@ async fn a_field_sent_as_null_and_the_same_field_left_out_are_the_same_request(
     options: PgConnectOptions,
 ) {
     let app = TestApp::spawn(options).await;
-    let with_nulls = json!({"amount": 1999, "currency": "EUR", "customer_id": "cus_42", "description": null, "metadata": null});
+    let with_nulls =
+        json!({"amount": 1999, "currency": "EUR", "customer_id": "cus_42", "description": null, "metadata": null});
     let left_out = json!({"amount": 1999, "currency": "EUR", "customer_id": "cus_42"});
     let first = app.post_payment("order-1", &with_nulls).send().await.unwrap();
     assert_eq!(first.status(), StatusCode::ACCEPTED);
