@@ -48,6 +48,11 @@ pub struct Faults {
     pub rate_limit_retry_after_secs: u64,
     /// Fraction of lookups (`GET /v1/charges…`) answered 503.
     pub lookup_error_rate: f64,
+    /// Fraction of new charges made only after `hang_before_ms`, the key in flight meanwhile (a
+    /// lookup then finds no charge, and the charge appears later).
+    pub hang_before_rate: f64,
+    /// How long such a charge waits before it is made.
+    pub hang_before_ms: u64,
     /// Fraction of new succeeded charges that take one minor unit more than asked.
     pub mismatch_rate: f64,
     /// Fraction of new charges whose answer and webhook report a lower-case currency.
@@ -74,6 +79,8 @@ impl Default for Faults {
             rate_limit_rate: 0.0,
             rate_limit_retry_after_secs: 30,
             lookup_error_rate: 0.0,
+            hang_before_rate: 0.0,
+            hang_before_ms: 10_000,
             mismatch_rate: 0.0,
             malformed_rate: 0.0,
         }
@@ -109,6 +116,7 @@ impl Faults {
             ("webhook_duplicate_rate", self.webhook_duplicate_rate),
             ("rate_limit_rate", self.rate_limit_rate),
             ("lookup_error_rate", self.lookup_error_rate),
+            ("hang_before_rate", self.hang_before_rate),
             ("mismatch_rate", self.mismatch_rate),
             ("malformed_rate", self.malformed_rate),
         ];
@@ -144,6 +152,8 @@ impl Faults {
             rate_limit_rate,
             rate_limit_retry_after_secs,
             lookup_error_rate,
+            hang_before_rate,
+            hang_before_ms,
             mismatch_rate,
             malformed_rate,
         } = patch.clone();
@@ -163,6 +173,8 @@ impl Faults {
         set(&mut next.rate_limit_rate, rate_limit_rate);
         set(&mut next.rate_limit_retry_after_secs, rate_limit_retry_after_secs);
         set(&mut next.lookup_error_rate, lookup_error_rate);
+        set(&mut next.hang_before_rate, hang_before_rate);
+        set(&mut next.hang_before_ms, hang_before_ms);
         set(&mut next.mismatch_rate, mismatch_rate);
         set(&mut next.malformed_rate, malformed_rate);
         next.validate()?;
@@ -213,6 +225,10 @@ pub struct FaultsPatch {
     pub rate_limit_retry_after_secs: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lookup_error_rate: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hang_before_rate: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hang_before_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mismatch_rate: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -274,6 +290,8 @@ pub struct ChargePlan {
     pub error_before: bool,
     /// Answer 429 before anything happens.
     pub rate_limited: bool,
+    /// Make the charge only after `hang_before_ms`.
+    pub hang_before: bool,
     /// Charge one minor unit more than asked, if the charge succeeds.
     pub mismatch: bool,
     /// Report the charge with a lower-case currency in its answer and webhook.
@@ -291,6 +309,7 @@ impl ChargePlan {
     pub fn draw(faults: &Faults, reasons: usize, rng: &mut impl Rng) -> Self {
         let error_before = rng.random::<f64>() < faults.error_before_rate;
         let rate_limited = rng.random::<f64>() < faults.rate_limit_rate;
+        let hang_before = rng.random::<f64>() < faults.hang_before_rate;
         let mismatch = rng.random::<f64>() < faults.mismatch_rate;
         let malformed = rng.random::<f64>() < faults.malformed_rate;
         let decline = rng.random::<f64>() < faults.decline_rate;
@@ -305,7 +324,7 @@ impl ChargePlan {
         } else {
             AfterCreate::Answer
         };
-        Self { error_before, rate_limited, mismatch, malformed, decline, decline_reason, after }
+        Self { error_before, rate_limited, hang_before, mismatch, malformed, decline, decline_reason, after }
     }
 }
 

@@ -129,6 +129,11 @@ impl Provider {
 
         // The key is ours and in flight: the latency is the provider's processing time.
         self.pause(latency).await;
+        if plan.hang_before {
+            // Still in flight, and no charge yet: a lookup meanwhile finds nothing.
+            record_fault("hang_before");
+            self.pause(Duration::from_millis(faults.hang_before_ms)).await;
+        }
         let (charge, answer) = self.make_charge(&key, &params, &plan);
         tracing::Span::current().record("charge.id", charge.id.as_str());
         self.webhooks.charge_settled(&reported(&charge, &plan));

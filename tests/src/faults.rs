@@ -4,10 +4,11 @@
 //! worker, a reconciler or an api; SIGSTOP of a worker past its lease then SIGCONT; PostgreSQL
 //! stopped with `-m immediate` then started) and simulator phases (a new mix of provider faults
 //! every few seconds: latency, declines, 5xx before and after charging, hangs past the worker's
-//! timeout, connections dropped after charging, replayed 5xx, 429s with long `Retry-After`, a lookup
-//! API that fails, charges of another amount, answers and webhooks that misreport a charge, webhooks
-//! dropped, delayed, duplicated, reordered). [`FailPointDraw`] picks, for each worker start, which crash point of the
-//! worker to arm (or none), with what action and after how many evaluations.
+//! timeout, charges made seconds after their request, connections dropped after charging, replayed
+//! 5xx, 429s with long `Retry-After`, a lookup API that fails, charges of another amount, answers
+//! and webhooks that misreport a charge, webhooks dropped, delayed, duplicated, reordered).
+//! [`FailPointDraw`] picks, for each worker start, which crash point of the worker to arm (or
+//! none), with what action and after how many evaluations.
 //!
 //! Invariants of a drawn schedule: one target has at most one fault at a time; PostgreSQL is never
 //! down while a process is (a restart needs the database to become ready). Forgotten keys are not a
@@ -193,6 +194,10 @@ fn simulator_phase(rng: &mut StdRng) -> FaultsPatch {
         // an uncertain send is then claimed when a resend could charge twice.
         rate_limit_rate: Some(rate(rng, 0.3)),
         rate_limit_retry_after_secs: Some(rng.random_range(5..40)),
+        // A charge made seconds after its request: the worker gives up first, a lookup meanwhile
+        // finds nothing and the payment is queued again, although the provider is about to charge.
+        hang_before_rate: Some(rate(rng, 0.3)),
+        hang_before_ms: Some(rng.random_range(3_000..15_000)),
         // Sometimes the lookup API is down for a whole phase, longer than the poller's attempts.
         lookup_error_rate: Some(if rng.random_bool(0.2) { 1.0 } else { rate(rng, 0.3) }),
         mismatch_rate: Some(rate(rng, 0.03)),
@@ -222,6 +227,7 @@ pub fn calm() -> FaultsPatch {
         webhook_reorder: Some(false),
         rate_limit_rate: Some(0.0),
         lookup_error_rate: Some(0.0),
+        hang_before_rate: Some(0.0),
         mismatch_rate: Some(0.0),
         malformed_rate: Some(0.0),
         ..FaultsPatch::default()

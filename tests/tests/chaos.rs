@@ -45,6 +45,7 @@ async fn under_the_short_chaos_profile_every_promise_holds() {
         "simulator: rate_limited",
         "simulator: lookup_error",
         "simulator: malformed",
+        "simulator: hang_before",
     ] {
         assert!(injected(kind), "no {kind:?} fault was injected\n{report}");
     }

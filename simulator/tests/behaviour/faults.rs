@@ -285,6 +285,32 @@ async fn a_failing_lookup_api_answers_503_while_charges_are_still_made() {
 }
 
 #[tokio::test]
+async fn a_hang_before_makes_the_charge_late_so_a_lookup_meanwhile_finds_nothing() {
+    let sim = Sim::with_faults(FaultsPatch {
+        hang_before_rate: Some(1.0),
+        hang_before_ms: Some(1_000),
+        ..Default::default()
+    })
+    .await;
+    let posting = tokio::spawn({
+        let (http, url, api_key) = (sim.http.clone(), sim.url("/v1/charges"), sim.api_key().to_owned());
+        async move { http.post(url).bearer_auth(api_key).header("Idempotency-Key", "key-1").json(&body(1999)).send().await }
+    });
+    // The POST is counted and its key taken in one step: once counted, it hangs before charging.
+    while sim.control.ground_truth().await.unwrap().keys.iter().all(|k| k.posts == 0) {
+        tokio::task::yield_now().await;
+    }
+
+    let during: ChargePage = sim.get("/v1/charges?idempotency_key=key-1").await.json().await.unwrap();
+    let answer = posting.await.unwrap().unwrap();
+    let after: ChargePage = sim.get("/v1/charges?idempotency_key=key-1").await.json().await.unwrap();
+
+    assert!(during.data.is_empty(), "no charge while the request hangs: {:?}", during.data);
+    assert_eq!(answer.status(), 201);
+    assert_eq!(after.data.len(), 1);
+}
+
+#[tokio::test]
 async fn a_mismatched_charge_really_takes_another_amount_and_says_so() {
     let sim = Sim::with_faults(FaultsPatch { mismatch_rate: Some(1.0), ..Default::default() }).await;
 
