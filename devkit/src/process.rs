@@ -70,6 +70,8 @@ pub struct Child {
     spec: Spec,
     child: tokio::process::Child,
     log_path: PathBuf,
+    /// The tasks copying its stdout and stderr into the log; they end when the process exits.
+    copiers: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Child {
@@ -93,13 +95,14 @@ impl Child {
             .spawn()
             .with_context(|| format!("cannot start {}", spec.program.display()))?;
         let log = std::sync::Arc::new(tokio::sync::Mutex::new(log));
+        let mut copiers = Vec::new();
         if let Some(stdout) = child.stdout.take() {
-            tokio::spawn(copy_lines(stdout, log.clone(), spec.echo.then(|| spec.name.clone())));
+            copiers.push(tokio::spawn(copy_lines(stdout, log.clone(), spec.echo.then(|| spec.name.clone()))));
         }
         if let Some(stderr) = child.stderr.take() {
-            tokio::spawn(copy_lines(stderr, log, spec.echo.then(|| spec.name.clone())));
+            copiers.push(tokio::spawn(copy_lines(stderr, log, spec.echo.then(|| spec.name.clone()))));
         }
-        Ok(Self { spec, child, log_path })
+        Ok(Self { spec, child, log_path, copiers })
     }
 
     /// The name it was started with.
@@ -161,6 +164,19 @@ impl Child {
         Ok(self.child.try_wait()?)
     }
 
+    /// Waits up to `timeout` for the process to exit by itself; then everything it printed is in its
+    /// log. Returns how it exited.
+    pub async fn exited(&mut self, timeout: Duration) -> anyhow::Result<ExitStatus> {
+        let status = tokio::time::timeout(timeout, self.child.wait())
+            .await
+            .with_context(|| format!("{} was still running after {timeout:?}", self.spec.name))??;
+        // The pipes close with the process (unless something it started holds them: then give up).
+        for copier in self.copiers.drain(..) {
+            let _ = tokio::time::timeout(Duration::from_secs(2), copier).await;
+        }
+        Ok(status)
+    }
+
     /// Waits until `GET url` answers 200, failing early if the process exits.
     pub async fn wait_until_ready(&mut self, url: &str, timeout: Duration) -> anyhow::Result<()> {
         // reqwest is built without a bundled crypto provider; ring is the workspace's choice.
@@ -168,7 +184,8 @@ impl Child {
         let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?;
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            if let Some(status) = self.child.try_wait()? {
+            if self.child.try_wait()?.is_some() {
+                let status = self.exited(Duration::ZERO).await?;
                 // The log's directory may be gone by the time anyone reads the error: quote its start,
                 // where a failed start says why (a backtrace follows).
                 let log = std::fs::read_to_string(&self.log_path).unwrap_or_default();

@@ -36,6 +36,10 @@ fn main() -> ExitCode {
 }
 
 async fn serve(settings: Settings) -> ExitCode {
+    if let Err(error) = settings.webhooks.serving_secrets() {
+        eprintln!("oncepay-reconciler: {error}");
+        return ExitCode::from(CONFIG_INVALID);
+    }
     let _telemetry = match telemetry::init("oncepay-reconciler", &settings.telemetry) {
         Ok(guard) => guard,
         Err(error) => {

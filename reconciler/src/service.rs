@@ -37,7 +37,7 @@ pub async fn serve(settings: Settings, shutdown: CancellationToken) -> anyhow::R
 
     let webhook = WebhookState {
         pool: pool.clone(),
-        secrets: settings.webhooks.parsed_secrets().context("webhooks.secrets")?,
+        secrets: settings.webhooks.serving_secrets()?,
         tolerance_secs: settings.webhooks.tolerance_secs,
         max_body_bytes: settings.webhooks.max_body_bytes,
     };

@@ -61,6 +61,19 @@ impl WebhookSettings {
     pub fn parsed_secrets(&self) -> Result<Vec<WebhookSecret>, BadSecret> {
         self.secrets.iter().map(|s| WebhookSecret::parse(s.expose_secret())).collect()
     }
+
+    /// The secrets the service verifies deliveries with: at least one, or the service must not start
+    /// (the operator commands need none).
+    pub fn serving_secrets(&self) -> Result<Vec<WebhookSecret>, InvalidSettings> {
+        if self.secrets.is_empty() {
+            return Err(InvalidSettings::Rule(
+                "webhooks.secrets is empty: set it to the provider's webhook signing secret, e.g. \
+                 ONCEPAY_WEBHOOKS__SECRETS='[\"whsec_...\"]'"
+                    .to_owned(),
+            ));
+        }
+        self.parsed_secrets().map_err(|e| InvalidSettings::Rule(format!("webhooks.secrets: {e}")))
+    }
 }
 
 /// `[poller]`.
@@ -166,7 +179,6 @@ impl Settings {
 
     fn validate(&self) -> Result<(), InvalidSettings> {
         let rule = |ok: bool, message: &str| if ok { Ok(()) } else { Err(InvalidSettings::Rule(message.to_owned())) };
-        rule(!self.webhooks.secrets.is_empty(), "webhooks.secrets must list at least one secret")?;
         self.webhooks.parsed_secrets().map_err(|e| InvalidSettings::Rule(format!("webhooks.secrets: {e}")))?;
         rule(self.webhooks.tolerance_secs > 0, "webhooks.tolerance_secs must be positive")?;
         rule(self.poller.batch_size > 0, "poller.batch_size must be positive")?;
@@ -205,7 +217,19 @@ mod tests {
         settings.validate().unwrap();
         assert_eq!(settings.http.port, 8082);
         assert_eq!(settings.webhooks.tolerance_secs, 300);
-        assert_eq!(settings.webhooks.parsed_secrets().unwrap().len(), 1);
+        assert!(settings.webhooks.secrets.is_empty(), "a default secret would be a published one");
+    }
+
+    #[test]
+    fn serving_without_a_webhook_secret_is_refused_and_says_which_setting_to_set() {
+        let mut settings: Settings = config::load(DEFAULTS, None).unwrap();
+
+        let refused = settings.webhooks.serving_secrets();
+        settings.webhooks.secrets = vec![SecretString::from("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")];
+        let served = settings.webhooks.serving_secrets();
+
+        assert!(matches!(refused, Err(InvalidSettings::Rule(rule)) if rule.contains("ONCEPAY_WEBHOOKS__SECRETS")));
+        assert_eq!(served.unwrap().len(), 1);
     }
 
     #[test]

@@ -19,6 +19,7 @@ use oncepay_shared::fixtures::tenant;
 use oncepay_shared::ids::PaymentId;
 use oncepay_shared::provider::Charge;
 use oncepay_shared::status::PaymentStatus;
+use oncepay_shared::webhook_signature::WebhookSecret;
 use oncepay_simulator::client::SimulatorClient;
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
@@ -46,6 +47,7 @@ impl World {
             (free_port().unwrap(), free_port().unwrap(), free_port().unwrap());
         let simulator_url = format!("http://127.0.0.1:{simulator_port}");
         let reconciler_url = format!("http://127.0.0.1:{reconciler_port}");
+        let webhook_secret = WebhookSecret::generate();
 
         let simulator = Spec::new("simulator", binary("oncepay-simulator"), logs.path())
             .env("ONCEPAY_HTTP__PORT", simulator_port.to_string())
@@ -53,7 +55,8 @@ impl World {
             .env("ONCEPAY_FAULTS__HANG_AFTER_RATE", "1.0")
             .env("ONCEPAY_FAULTS__HANG_MS", HANG_MS.to_string())
             .env("ONCEPAY_FAULTS__WEBHOOK_DROP_RATE", if webhooks { "0.0" } else { "1.0" })
-            .env("ONCEPAY_SIMULATOR__WEBHOOK_URL", format!("{reconciler_url}/webhooks/provider"));
+            .env("ONCEPAY_SIMULATOR__WEBHOOK_URL", format!("{reconciler_url}/webhooks/provider"))
+            .env("ONCEPAY_SIMULATOR__WEBHOOK_SECRET", &webhook_secret);
         let worker = Spec::new("worker", binary("oncepay-worker"), logs.path())
             .env("DATABASE_URL", &database_url)
             .env("ONCEPAY_HTTP__PORT", worker_port.to_string())
@@ -69,7 +72,8 @@ impl World {
             .env("ONCEPAY_PROVIDER__API_KEY", SIMULATOR_API_KEY)
             .env("ONCEPAY_POLLER__INTERVAL_MS", "100")
             .env("ONCEPAY_POLLER__BACKOFF__BASE_MS", "200")
-            .env("ONCEPAY_POLLER__BACKOFF__MAX_MS", "500");
+            .env("ONCEPAY_POLLER__BACKOFF__MAX_MS", "500")
+            .env("ONCEPAY_WEBHOOKS__SECRETS", format!("[\"{webhook_secret}\"]"));
 
         let mut children = Vec::new();
         for (spec, ready) in [

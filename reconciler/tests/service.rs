@@ -10,12 +10,11 @@ use std::net::TcpListener;
 use std::time::Duration;
 
 use oncepay_devkit::process::{Child, Spec};
-use oncepay_reconciler::settings::{DEFAULTS, Settings};
-use oncepay_shared::config;
 use oncepay_shared::fixtures::tenant;
 use oncepay_shared::provider::ChargeStatus;
 use oncepay_shared::provider::wire::{EventType, WebhookEvent};
 use oncepay_shared::status::PaymentStatus;
+use oncepay_shared::webhook_signature::WebhookSecret;
 use serde_json::json;
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
@@ -25,6 +24,9 @@ use wiremock::matchers::{method, path, query_param};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 const WAIT: Duration = Duration::from_secs(20);
+
+/// The webhook signing secret the service is given.
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
@@ -51,14 +53,14 @@ async fn the_service_settles_by_webhook_and_by_polling_and_stops_cleanly_on_sigt
         .env("DATABASE_URL", support::url_of(&pool))
         .env("ONCEPAY_HTTP__PORT", port.to_string())
         .env("ONCEPAY_PROVIDER__BASE_URL", provider.uri())
-        .env("ONCEPAY_POLLER__INTERVAL_MS", "50");
+        .env("ONCEPAY_POLLER__INTERVAL_MS", "50")
+        .env("ONCEPAY_WEBHOOKS__SECRETS", format!("[\"{SECRET}\"]"));
     let mut reconciler = Child::spawn(spec).await.unwrap();
     let base = format!("http://127.0.0.1:{port}");
     reconciler.wait_until_ready(&format!("{base}/readyz"), Duration::from_secs(20)).await.unwrap();
 
-    // A webhook signed with the configured (development) secret.
-    let settings: Settings = config::load(DEFAULTS, None).unwrap();
-    let secret = settings.webhooks.parsed_secrets().unwrap().remove(0);
+    // A webhook signed with the configured secret.
+    let secret = WebhookSecret::parse(SECRET).unwrap();
     let data = charge(tenant_id, by_webhook, "ch_1", ChargeStatus::Succeeded, 100);
     let body =
         serde_json::to_vec(&WebhookEvent { event_type: EventType::ChargeSucceeded, created: data.created, data })
@@ -94,4 +96,19 @@ async fn the_service_settles_by_webhook_and_by_polling_and_stops_cleanly_on_sigt
 
     let exit = reconciler.terminate(Duration::from_secs(15)).await.unwrap();
     assert!(exit.success(), "{exit:?}\n{}", reconciler.log().await.unwrap());
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn the_service_refuses_to_start_without_a_configured_webhook_secret(pool: PgPool) {
+    let logs = tempfile::tempdir().unwrap();
+    let spec = Spec::new("reconciler", env!("CARGO_BIN_EXE_oncepay-reconciler"), logs.path())
+        .env("DATABASE_URL", support::url_of(&pool))
+        .env("ONCEPAY_HTTP__PORT", free_port().to_string());
+    let mut reconciler = Child::spawn(spec).await.unwrap();
+
+    let status = reconciler.exited(WAIT).await.expect("the reconciler should refuse to start, not serve");
+
+    assert_eq!(status.code(), Some(78), "EX_CONFIG");
+    let log = std::fs::read_to_string(logs.path().join("reconciler.log")).unwrap();
+    assert!(log.contains("webhooks.secrets"), "{log}");
 }

@@ -43,6 +43,14 @@ impl WebhookSecret {
         Ok(Self(key.into()))
     }
 
+    /// A new random secret, as its `whsec_` text: for local runs and tests, which must never share
+    /// a published one.
+    pub fn generate() -> String {
+        let mut key = [0u8; 32];
+        rand::RngCore::fill_bytes(&mut rand::rng(), &mut key);
+        format!("whsec_{}", STANDARD.encode(key))
+    }
+
     /// Signs a delivery: the value of one `webhook-signature` entry, `v1,<base64>`.
     pub fn sign(&self, id: &str, timestamp: i64, body: &[u8]) -> String {
         format!("v1,{}", STANDARD.encode(self.mac(id, timestamp, body).finalize().into_bytes()))

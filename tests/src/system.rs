@@ -22,6 +22,7 @@ use anyhow::{Context, bail, ensure};
 use oncepay_devkit::pg::{Cluster, Durability, free_port};
 use oncepay_devkit::process::{Child, Spec};
 use oncepay_devkit::workspace;
+use oncepay_shared::webhook_signature::WebhookSecret;
 use oncepay_simulator::client::SimulatorClient;
 use serde::Deserialize;
 use sqlx::PgPool;
@@ -283,8 +284,13 @@ impl System {
         let simulator_port = free_port()?;
         let simulator_url = format!("http://127.0.0.1:{simulator_port}");
         let reconciler_port = slots.get(&(Role::Reconciler, 0)).map(|slot| slot.port).context("no reconciler")?;
-        for slot in slots.values_mut() {
+        // This system's own webhook secret, shared by the simulator and every reconciler.
+        let webhook_secret = WebhookSecret::generate();
+        for (&(role, _), slot) in &mut slots {
             slot.spec.env.push(("ONCEPAY_PROVIDER__BASE_URL".into(), simulator_url.clone()));
+            if role == Role::Reconciler {
+                slot.spec.env.push(("ONCEPAY_WEBHOOKS__SECRETS".into(), format!("[\"{webhook_secret}\"]")));
+            }
         }
         let simulator_spec = Spec::new("simulator", &binaries.simulator, logs.path())
             .env("ONCEPAY_HTTP__PORT", simulator_port.to_string())
@@ -292,6 +298,7 @@ impl System {
             .env("ONCEPAY_SIMULATOR__SEED", config.simulator_seed.to_string())
             .env("ONCEPAY_SIMULATOR__KEY_WINDOW_SECS", timing.key_window_secs.to_string())
             .env("ONCEPAY_SIMULATOR__WEBHOOK_URL", format!("http://127.0.0.1:{reconciler_port}/webhooks/provider"))
+            .env("ONCEPAY_SIMULATOR__WEBHOOK_SECRET", &webhook_secret)
             .env("ONCEPAY_SIMULATOR__WEBHOOK_BACKOFF__BASE_MS", "100")
             .env("ONCEPAY_SIMULATOR__WEBHOOK_BACKOFF__MAX_MS", "1000")
             .env("ONCEPAY_SIMULATOR__WEBHOOK_TIMEOUT_MS", "2000")
