@@ -5,6 +5,10 @@
 //! rotation). A receiver accepts a delivery if any `v1` signature matches any of its current
 //! secrets, compared in constant time, and the timestamp is within the tolerance of its clock in
 //! either direction. Secrets are written `whsec_<base64>`; the HMAC key is the decoded bytes.
+//!
+//! Verifying must cost an attacker as much as it costs us: a header of more than
+//! [`MAX_SIGNATURES`] entries is refused before any hashing, and each secret's tag is computed once
+//! per delivery, not once per candidate.
 
 use std::fmt;
 
@@ -13,6 +17,14 @@ use base64::engine::general_purpose::STANDARD;
 use hmac::{Hmac, Mac};
 use secrecy::{ExposeSecret, SecretSlice};
 use sha2::Sha256;
+use subtle::{Choice, ConstantTimeEq};
+
+/// The most entries a `webhook-signature` header may hold: a sender signs with one secret, two
+/// during a rotation.
+pub const MAX_SIGNATURES: usize = 8;
+
+/// The length of a base64 HMAC-SHA256 tag.
+const TAG_BASE64_LEN: usize = 44;
 
 /// The tolerance the contract sets: five minutes either way.
 pub const DEFAULT_TOLERANCE_SECS: i64 = 5 * 60;
@@ -84,6 +96,9 @@ pub enum VerifyError {
     /// No `v1` signature matches any current secret.
     #[error("no signature matches")]
     NoMatch,
+    /// The `webhook-signature` header holds more entries than any sender sends.
+    #[error("the webhook-signature header holds too many signatures")]
+    TooManySignatures,
 }
 
 /// The three signature headers of a delivery, as received.
@@ -118,18 +133,28 @@ pub fn verify(
         return Err(VerifyError::OutsideTolerance);
     }
 
-    let candidates: Vec<Vec<u8>> = signatures
-        .split(' ')
+    // Bounded before any hashing: a forged header of thousands of entries costs one scan. Only
+    // entries that can be an HMAC-SHA256 tag are candidates.
+    let entries: Vec<&str> = signatures.split(' ').filter(|entry| !entry.is_empty()).take(MAX_SIGNATURES + 1).collect();
+    if entries.len() > MAX_SIGNATURES {
+        return Err(VerifyError::TooManySignatures);
+    }
+    let candidates: Vec<[u8; 32]> = entries
+        .iter()
         .filter_map(|entry| entry.split_once(','))
-        .filter(|(version, _)| *version == "v1")
-        .filter_map(|(_, signature)| STANDARD.decode(signature).ok())
+        .filter(|(version, signature)| *version == "v1" && signature.len() <= TAG_BASE64_LEN)
+        .filter_map(|(_, signature)| STANDARD.decode(signature).ok()?.try_into().ok())
         .collect();
+    if candidates.is_empty() {
+        return Err(VerifyError::NoMatch);
+    }
+    // Each secret's tag is computed once, whatever the number of candidates.
     for secret in secrets {
-        for candidate in &candidates {
-            // `verify_slice` compares in constant time.
-            if secret.mac(id, timestamp, body).verify_slice(candidate).is_ok() {
-                return Ok(());
-            }
+        let expected = secret.mac(id, timestamp, body).finalize().into_bytes();
+        // Constant-time comparisons, and every candidate is compared.
+        let matched = candidates.iter().fold(Choice::from(0), |found, candidate| found | expected.ct_eq(candidate));
+        if bool::from(matched) {
+            return Ok(());
         }
     }
     Err(VerifyError::NoMatch)
@@ -259,6 +284,25 @@ mod tests {
         for c in cases {
             assert_eq!(check(&c.secrets, c.id, &c.timestamp, &c.signature, c.body), c.expected, "{}", c.name);
         }
+    }
+
+    #[test]
+    fn a_header_with_more_signatures_than_any_sender_sends_is_refused_even_with_a_good_one() {
+        let current = secret(1);
+        let forged = vec![format!("v1,{}", STANDARD.encode([7u8; 32])); MAX_SIGNATURES].join(" ");
+        let many_with_a_good_one = format!("{forged} {}", current.sign("msg_1", NOW, BODY));
+        let as_many_as_allowed = format!(
+            "{} {}",
+            vec![format!("v1,{}", STANDARD.encode([7u8; 32])); MAX_SIGNATURES - 1].join(" "),
+            current.sign("msg_1", NOW, BODY)
+        );
+        let now = NOW.to_string();
+
+        let refused = check(&[current.clone()], "msg_1", &now, &many_with_a_good_one, BODY);
+        let accepted = check(&[current], "msg_1", &now, &as_many_as_allowed, BODY);
+
+        assert_eq!(refused, Err(VerifyError::TooManySignatures));
+        assert_eq!(accepted, Ok(()));
     }
 
     #[test]
