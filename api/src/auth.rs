@@ -6,11 +6,18 @@
 //! the last `auth.cache_ttl_secs`, so a request usually needs no database round trip to
 //! authenticate: the cached entry holds the *stored* hash, and every request still compares its own
 //! presented hash with it in constant time. Consequence, by design: a revoked key (or a changed
-//! tenant rate limit) takes effect within the TTL, not instantly. Failed verifications are not
-//! cached, so a key created a moment ago works at once.
+//! tenant rate limit) takes effect within the TTL, not instantly.
+//!
+//! Unauthenticated requests must not cost the tenants anything: a key the database refused (unknown
+//! or revoked) is remembered for the same TTL in a bounded map of its own (so a flood of made-up keys
+//! never evicts a real one), and the reads for keys not in the cache share a small budget of
+//! `auth.max_concurrent_lookups` per process. A request that cannot get a place in the budget
+//! within `auth.lookup_wait_ms` is admitted if its key was verified in the last
+//! [`STALE_TTLS`] TTLs, and answered 503 otherwise: a flood of unknown keys can take the budget,
+//! never the connections that real tenants' requests use.
 //!
 //! Invariants: a token, a secret or a hash is never logged, never echoed in a problem detail and
-//! never kept anywhere but as the stored hash in the cache; a database that cannot be reached fails
+//! never kept anywhere but as the stored hash in the cache; a key that cannot be checked fails
 //! closed (503), it never lets a request through.
 
 use std::collections::HashMap;
@@ -23,6 +30,7 @@ use oncepay_shared::api_key::{self, KeyId};
 use oncepay_shared::connections::Connections;
 use oncepay_shared::ids::TenantId;
 use oncepay_shared::store::{StoreError, tenants};
+use tokio::sync::Semaphore;
 
 use crate::errors::ApiError;
 use crate::settings::AuthSettings;
@@ -36,10 +44,24 @@ pub struct Caller {
     pub rate_limit_per_second: Option<NonZeroU32>,
 }
 
+/// How many TTLs old a verification may be and still admit its key while no read can be made.
+pub const STALE_TTLS: u32 = 12;
+
 /// Verifies API keys, through the cache when it can. One per process, shared by every worker.
 pub struct Authenticator {
     cache: KeyCache,
+    /// Places for reads of keys not in the cache.
+    lookups: Semaphore,
+    lookup_wait: Duration,
     retry_after_secs: u64,
+}
+
+/// What a key read found.
+enum Lookup {
+    /// The key as stored, if it exists.
+    Read(Option<tenants::StoredKey>),
+    /// No place among the reads came free in time.
+    Busy,
 }
 
 impl Authenticator {
@@ -47,56 +69,66 @@ impl Authenticator {
     pub fn new(settings: &AuthSettings, retry_after_secs: u64) -> Self {
         Self {
             cache: KeyCache::new(Duration::from_secs(settings.cache_ttl_secs), settings.cache_max_entries),
+            lookups: Semaphore::new(settings.max_concurrent_lookups),
+            lookup_wait: Duration::from_millis(settings.lookup_wait_ms),
             retry_after_secs,
         }
     }
 
     /// The tenant whose live API key the request presents, or 401. Keys the cache does not hold
-    /// are read through `connections`.
+    /// are read through `connections`, within the lookup budget.
     pub async fn authenticate(&self, headers: &HeaderMap, connections: &Connections) -> Result<Caller, ApiError> {
+        const NOT_VALID: ApiError = ApiError::Unauthorized("The API key is not valid.");
         let token = bearer_token(headers)?;
         let presented = api_key::parse(token).ok_or(ApiError::Unauthorized("The API key is not a valid key."))?;
         let tenant_id = presented.tenant_id;
+        let id = (tenant_id, presented.key_id.clone());
 
-        let verified = match self.cache.get(tenant_id, &presented.key_id, Instant::now()) {
+        let verified = match self.cache.verified(&id, Instant::now(), self.cache.ttl) {
             Some(cached) => cached,
-            None => {
-                let stored = self.lookup(connections, tenant_id, &presented.key_id).await?;
-                let stored =
-                    stored.filter(|key| !key.revoked).ok_or(ApiError::Unauthorized("The API key is not valid."))?;
-                let verified = Verified {
-                    secret_sha256: stored.secret_sha256,
-                    rate_limit_per_second: stored
-                        .rate_limit_per_second
-                        .and_then(|rate| u32::try_from(rate).ok())
-                        .and_then(NonZeroU32::new),
-                    verified_at: Instant::now(),
-                };
-                // Only a key whose presented secret matched is remembered.
-                if presented.secret_hash.matches(&verified.secret_sha256) {
-                    self.cache.insert(tenant_id, presented.key_id.clone(), verified.clone());
+            None if self.cache.refused(&id, Instant::now()) => return Err(NOT_VALID),
+            None => match self.lookup(connections, tenant_id, &presented.key_id).await? {
+                Lookup::Read(Some(stored)) if !stored.revoked => {
+                    let verified = Verified {
+                        secret_sha256: stored.secret_sha256,
+                        rate_limit_per_second: stored
+                            .rate_limit_per_second
+                            .and_then(|rate| u32::try_from(rate).ok())
+                            .and_then(NonZeroU32::new),
+                        verified_at: Instant::now(),
+                    };
+                    // The stored hash, whatever was presented: a wrong secret for a real key then
+                    // costs no read either.
+                    self.cache.remember_verified(id, verified.clone());
+                    verified
                 }
-                verified
-            }
+                Lookup::Read(_) => {
+                    self.cache.remember_refused(id, Instant::now());
+                    return Err(NOT_VALID);
+                }
+                Lookup::Busy => self
+                    .cache
+                    .verified(&id, Instant::now(), self.cache.ttl.saturating_mul(STALE_TTLS))
+                    .ok_or(ApiError::KeyCheckBusy { retry_after_secs: self.retry_after_secs })?,
+            },
         };
         if !presented.secret_hash.matches(&verified.secret_sha256) {
-            return Err(ApiError::Unauthorized("The API key is not valid."));
+            return Err(NOT_VALID);
         }
         Ok(Caller { tenant_id, rate_limit_per_second: verified.rate_limit_per_second })
     }
 
+    /// Reads the key, once a place among the reads is free.
     #[tracing::instrument(name = "auth.lookup", skip_all, fields(tenant.id = %tenant_id))]
-    async fn lookup(
-        &self,
-        connections: &Connections,
-        tenant_id: TenantId,
-        key_id: &KeyId,
-    ) -> Result<Option<tenants::StoredKey>, ApiError> {
+    async fn lookup(&self, connections: &Connections, tenant_id: TenantId, key_id: &KeyId) -> Result<Lookup, ApiError> {
+        let Ok(Ok(_place)) = tokio::time::timeout(self.lookup_wait, self.lookups.acquire()).await else {
+            return Ok(Lookup::Busy);
+        };
         let to_api = |error: StoreError| ApiError::from_store(error, self.retry_after_secs);
         let mut conn = connections.acquire().await.map_err(|e| to_api(e.into()))?;
         let stored = tenants::find_api_key(&mut conn, tenant_id, key_id).await.map_err(to_api)?;
         conn.release();
-        Ok(stored)
+        Ok(Lookup::Read(stored))
     }
 }
 
@@ -123,63 +155,90 @@ fn bearer_token(headers: &HeaderMap) -> Result<&str, ApiError> {
 }
 
 /// A key verified against the database a moment ago.
+/// What the cache keeps of a verified key: the stored hash, never the presented secret.
 #[derive(Clone)]
 struct Verified {
-    /// The stored hash (never the secret).
     secret_sha256: Vec<u8>,
     rate_limit_per_second: Option<NonZeroU32>,
     verified_at: Instant,
 }
 
-/// Verified keys by (tenant, key id), each trusted for `ttl`, at most `max_entries` of them.
+/// A key: its tenant and id.
+type KeyOf = (TenantId, KeyId);
+
+/// Keys verified lately, and keys the database refused lately, each map bounded on its own.
 struct KeyCache {
     ttl: Duration,
     max_entries: usize,
-    entries: Mutex<HashMap<(TenantId, KeyId), Verified>>,
+    verified: Mutex<HashMap<KeyOf, Verified>>,
+    refused: Mutex<HashMap<KeyOf, Instant>>,
 }
 
 impl KeyCache {
     fn new(ttl: Duration, max_entries: usize) -> Self {
-        Self { ttl, max_entries, entries: Mutex::new(HashMap::new()) }
+        Self { ttl, max_entries, verified: Mutex::default(), refused: Mutex::default() }
     }
 
     fn enabled(&self) -> bool {
         !self.ttl.is_zero() && self.max_entries > 0
     }
 
-    fn get(&self, tenant_id: TenantId, key_id: &KeyId, now: Instant) -> Option<Verified> {
-        if !self.enabled() {
-            return None;
-        }
-        let entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
-        entries
-            .get(&(tenant_id, key_id.clone()))
-            .filter(|entry| now.saturating_duration_since(entry.verified_at) < self.ttl)
-            .cloned()
+    /// The key's verification, if it is younger than `max_age`.
+    fn verified(&self, key: &KeyOf, now: Instant, max_age: Duration) -> Option<Verified> {
+        let entries = self.verified.lock().unwrap_or_else(PoisonError::into_inner);
+        entries.get(key).filter(|entry| now.saturating_duration_since(entry.verified_at) < max_age).cloned()
     }
 
-    fn insert(&self, tenant_id: TenantId, key_id: KeyId, verified: Verified) {
-        if !self.enabled() {
-            return;
+    /// Whether the database refused the key within the TTL.
+    fn refused(&self, key: &KeyOf, now: Instant) -> bool {
+        let entries = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
+        entries.get(key).is_some_and(|at| now.saturating_duration_since(*at) < self.ttl)
+    }
+
+    fn remember_verified(&self, key: KeyOf, verified: Verified) {
+        if self.enabled() {
+            // Kept as long as a busy budget may still admit it.
+            let keep = self.ttl.saturating_mul(STALE_TTLS);
+            let mut entries = self.verified.lock().unwrap_or_else(PoisonError::into_inner);
+            insert_bounded(&mut entries, key, verified, self.max_entries, keep, |entry| entry.verified_at);
         }
-        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
-        if entries.len() >= self.max_entries && !entries.contains_key(&(tenant_id, key_id.clone())) {
-            let now = Instant::now();
-            entries.retain(|_, entry| now.saturating_duration_since(entry.verified_at) < self.ttl);
-            if entries.len() >= self.max_entries {
-                let oldest = entries.iter().min_by_key(|(_, entry)| entry.verified_at).map(|(key, _)| key.clone());
-                if let Some(oldest) = oldest {
-                    entries.remove(&oldest);
-                }
-            }
+    }
+
+    fn remember_refused(&self, key: KeyOf, at: Instant) {
+        if self.enabled() {
+            let mut entries = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
+            insert_bounded(&mut entries, key, at, self.max_entries, self.ttl, |at| *at);
         }
-        entries.insert((tenant_id, key_id), verified);
     }
 
     #[cfg(test)]
-    fn len(&self) -> usize {
-        self.entries.lock().unwrap_or_else(PoisonError::into_inner).len()
+    fn len(&self) -> (usize, usize) {
+        let verified = self.verified.lock().unwrap_or_else(PoisonError::into_inner).len();
+        (verified, self.refused.lock().unwrap_or_else(PoisonError::into_inner).len())
     }
+}
+
+/// Inserts into a map of at most `max` entries: when it is full, entries older than `keep` go
+/// first, then the oldest.
+fn insert_bounded<V>(
+    entries: &mut HashMap<KeyOf, V>,
+    key: KeyOf,
+    value: V,
+    max: usize,
+    keep: Duration,
+    at: impl Fn(&V) -> Instant,
+) {
+    if entries.len() >= max && !entries.contains_key(&key) {
+        let now = Instant::now();
+        entries.retain(|_, entry| now.saturating_duration_since(at(entry)) < keep);
+        if entries.len() >= max {
+            let oldest = entries.iter().min_by_key(|(_, entry)| at(entry)).map(|(key, _)| key.clone());
+            if let Some(oldest) = oldest {
+                entries.remove(&oldest);
+            }
+        }
+    }
+    entries.insert(key, value);
 }
 
 #[cfg(test)]
@@ -218,46 +277,67 @@ mod tests {
         Verified { secret_sha256: vec![7; 32], rate_limit_per_second: None, verified_at: at }
     }
 
-    fn key_id() -> KeyId {
-        api_key::generate(TenantId::generate()).key_id
+    fn key() -> KeyOf {
+        let tenant = TenantId::generate();
+        (tenant, api_key::generate(tenant).key_id)
     }
 
     #[test]
-    fn a_cached_key_is_trusted_only_within_the_ttl() {
+    fn a_cached_key_is_trusted_only_within_the_age_asked_for() {
         let cache = KeyCache::new(Duration::from_secs(5), 10);
-        let tenant = TenantId::generate();
-        let key = key_id();
+        let key = key();
         let start = Instant::now();
-        cache.insert(tenant, key.clone(), verified(start));
+        cache.remember_verified(key.clone(), verified(start));
 
-        assert!(cache.get(tenant, &key, start + Duration::from_secs(4)).is_some());
-        assert!(cache.get(tenant, &key, start + Duration::from_secs(5)).is_none());
-        assert!(cache.get(TenantId::generate(), &key, start).is_none());
+        let ttl = Duration::from_secs(5);
+        assert!(cache.verified(&key, start + Duration::from_secs(4), ttl).is_some());
+        assert!(cache.verified(&key, start + Duration::from_secs(5), ttl).is_none());
+        assert!(cache.verified(&key, start + Duration::from_secs(5), ttl * STALE_TTLS).is_some(), "stale");
+        assert!(cache.verified(&self::key(), start, ttl).is_none());
+    }
+
+    #[test]
+    fn a_refused_key_is_remembered_for_the_ttl_without_touching_the_verified_keys() {
+        let cache = KeyCache::new(Duration::from_secs(5), 2);
+        let real = key();
+        let start = Instant::now();
+        cache.remember_verified(real.clone(), verified(start));
+        let made_up: Vec<KeyOf> = (0..10).map(|_| key()).collect();
+        for (i, key) in made_up.iter().enumerate() {
+            cache.remember_refused(key.clone(), start + Duration::from_millis(i as u64));
+        }
+
+        assert!(cache.refused(&made_up[9], start + Duration::from_secs(4)));
+        assert!(!cache.refused(&made_up[9], start + Duration::from_secs(6)), "past the TTL");
+        assert!(!cache.refused(&made_up[0], start), "the oldest refusal was forgotten first");
+        assert!(cache.verified(&real, start, Duration::from_secs(5)).is_some(), "a flood never evicts a real key");
+        assert_eq!(cache.len(), (1, 2));
     }
 
     #[test]
     fn the_cache_never_grows_past_its_bound_and_forgets_the_oldest_first() {
         let cache = KeyCache::new(Duration::from_secs(60), 3);
-        let tenant = TenantId::generate();
         let start = Instant::now();
-        let keys: Vec<KeyId> = (0..4).map(|_| key_id()).collect();
+        let keys: Vec<KeyOf> = (0..4).map(|_| key()).collect();
         for (i, key) in keys.iter().enumerate() {
-            cache.insert(tenant, key.clone(), verified(start + Duration::from_millis(i as u64)));
+            cache.remember_verified(key.clone(), verified(start + Duration::from_millis(i as u64)));
         }
 
-        assert_eq!(cache.len(), 3);
-        assert!(cache.get(tenant, &keys[0], start).is_none());
-        assert!(keys[1..].iter().all(|key| cache.get(tenant, key, start).is_some()));
+        let ttl = Duration::from_secs(60);
+        assert_eq!(cache.len(), (3, 0));
+        assert!(cache.verified(&keys[0], start, ttl).is_none());
+        assert!(keys[1..].iter().all(|key| cache.verified(key, start, ttl).is_some()));
     }
 
     #[test]
     fn a_zero_ttl_disables_the_cache() {
         let cache = KeyCache::new(Duration::ZERO, 10);
-        let tenant = TenantId::generate();
-        let key = key_id();
-        cache.insert(tenant, key.clone(), verified(Instant::now()));
+        let key = key();
+        cache.remember_verified(key.clone(), verified(Instant::now()));
+        cache.remember_refused(key.clone(), Instant::now());
 
-        assert!(cache.get(tenant, &key, Instant::now()).is_none());
-        assert_eq!(cache.len(), 0);
+        assert!(cache.verified(&key, Instant::now(), Duration::from_secs(60)).is_none());
+        assert!(!cache.refused(&key, Instant::now()));
+        assert_eq!(cache.len(), (0, 0));
     }
 }

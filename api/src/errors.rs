@@ -85,7 +85,14 @@ pub enum ApiError {
         /// The methods it does support, for the `Allow` header.
         allow: &'static str,
     },
-    /// The store cannot be reached or the transaction failed; nothing was written.
+    /// API keys cannot be checked right now: every place for a key read is taken.
+    #[error("the API key cannot be checked right now")]
+    KeyCheckBusy {
+        /// When to try again.
+        retry_after_secs: u64,
+    },
+    /// The store cannot be reached or the transaction failed; nothing was written, unless the
+    /// connection broke after the commit was sent.
     #[error("the store is unavailable")]
     Unavailable {
         /// When to try again.
@@ -161,6 +168,11 @@ impl ApiError {
             Self::MethodNotAllowed { allow } => {
                 Problem::new(ProblemType::MethodNotAllowed, format!("This resource only supports {allow}."))
             }
+            Self::KeyCheckBusy { retry_after_secs } => Problem::new(
+                ProblemType::ServiceUnavailable,
+                "The service cannot check API keys right now; retry after the indicated delay.",
+            )
+            .with_retry_after(*retry_after_secs),
             Self::Unavailable { retry_after_secs, .. } => Problem::new(
                 ProblemType::ServiceUnavailable,
                 "The service cannot reach its store right now. Retry with the same Idempotency-Key after the \
@@ -298,6 +310,7 @@ mod tests {
             (ApiError::NotFound, 404, None),
             (ApiError::MethodNotAllowed { allow: "GET" }, 405, None),
             (unavailable, 503, Some("2")),
+            (ApiError::KeyCheckBusy { retry_after_secs: 2 }, 503, Some("2")),
             (internal, 500, None),
         ];
         for (error, status, retry_after) in cases {

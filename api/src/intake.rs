@@ -313,6 +313,7 @@ fn error_outcome(error: &ApiError) -> &'static str {
         ApiError::KeyReused { .. } => "key_reused",
         ApiError::KeyInUse { .. } => "key_in_use",
         ApiError::Unavailable { .. } => "store_unavailable",
+        ApiError::KeyCheckBusy { .. } => "key_check_busy",
         ApiError::MissingIdempotencyKey
         | ApiError::RepeatedIdempotencyKey
         | ApiError::InvalidIdempotencyKey(_)

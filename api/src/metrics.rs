@@ -18,13 +18,15 @@ pub const LONG_POLLS_WAITING: &str = "oncepay_api_long_polls_waiting";
 
 /// Every `outcome` of [`INTAKE`], as `intake` labels them: 202 `created`, a `replayed` key, 422
 /// `key_reused` (same key, other request), 409 `key_in_use` (the key is being written right now), 503
-/// `store_unavailable`, 429 `rate_limited`, 400/413/415 `invalid`, 401 `unauthorized`, 500 `error`.
-pub const INTAKE_OUTCOMES: [&str; 9] = [
+/// `store_unavailable`, 503 `key_check_busy` (no place to read an API key), 429 `rate_limited`,
+/// 400/413/415 `invalid`, 401 `unauthorized`, 500 `error`.
+pub const INTAKE_OUTCOMES: [&str; 10] = [
     "created",
     "replayed",
     "key_reused",
     "key_in_use",
     "store_unavailable",
+    "key_check_busy",
     "rate_limited",
     "invalid",
     "unauthorized",

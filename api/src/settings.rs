@@ -78,8 +78,12 @@ impl IntakeSettings {
 pub struct AuthSettings {
     /// How long a verified key is trusted without a database read; 0 disables the cache.
     pub cache_ttl_secs: u64,
-    /// The most keys remembered at once.
+    /// The most keys remembered at once (and, separately, the most refused keys).
     pub cache_max_entries: usize,
+    /// The most key reads for keys not in the cache at once, per process.
+    pub max_concurrent_lookups: usize,
+    /// How long a request waits for a place among those reads before it is answered without one.
+    pub lookup_wait_ms: u64,
 }
 
 /// `[long_poll]`.
@@ -107,6 +111,7 @@ impl Settings {
         ensure!(self.intake.key_retention_secs > 0, "intake.key_retention_secs must be positive");
         ensure!(self.intake.key_lock_wait_ms > 0, "intake.key_lock_wait_ms must be positive (0 would wait forever)");
         ensure!(self.database.max_connections > 0, "database.max_connections must be positive");
+        ensure!(self.auth.max_concurrent_lookups > 0, "auth.max_concurrent_lookups must be positive");
         Ok(())
     }
 }

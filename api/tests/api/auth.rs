@@ -3,6 +3,7 @@
 use oncepay_shared::api_key;
 use oncepay_shared::store::tenants;
 use reqwest::StatusCode;
+use secrecy::ExposeSecret;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use crate::helpers::{TestApp, assert_problem, body, header};
@@ -113,4 +114,65 @@ async fn a_key_revoked_after_use_is_refused_once_the_cache_ttl_has_passed(_: PgP
     assert_problem(after, StatusCode::UNAUTHORIZED, "unauthorized").await;
     assert_eq!(app.rows().await.payments, 1);
     app.stop().await;
+}
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn a_flood_of_unknown_keys_cannot_take_the_connections_of_a_real_tenant(
+    _: PgPoolOptions,
+    options: PgConnectOptions,
+) {
+    let app = TestApp::spawn_with(options, |settings| {
+        settings.http.workers = 1;
+        settings.database.max_connections = 4;
+        settings.database.acquire_timeout_ms = 1_000;
+        settings.auth.max_concurrent_lookups = 1;
+        // The blocked key reads below wait for the lock rather than give up after half a second.
+        settings.intake.key_lock_wait_ms = 10_000;
+    })
+    .await;
+    // The tenant's key is verified once before the flood, as a busy tenant's always is.
+    assert_eq!(app.post_payment("order-0", &body()).send().await.unwrap().status(), StatusCode::ACCEPTED);
+    // From now on every read of a key waits: a transaction holds the keys' table.
+    let mut blocker = app.db.begin().await.unwrap();
+    sqlx::query("LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE").execute(&mut *blocker).await.unwrap();
+    let flood: Vec<_> = (0..16)
+        .map(|i| {
+            let unknown = api_key::generate(app.tenant.id).token.expose_secret().to_owned();
+            let request = app
+                .request(reqwest::Method::POST, "/v1/payments")
+                .bearer_auth(unknown)
+                .header("Idempotency-Key", format!("flood-{i}"))
+                .json(&body());
+            tokio::spawn(request.send())
+        })
+        .collect();
+    while lookups_waiting(&app).await == 0 {
+        tokio::task::yield_now().await;
+    }
+    // Not a timing assertion: time for the rest of the flood to reach the api before the tenant.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+
+    let real = app.post_payment("order-1", &body()).send().await.unwrap();
+
+    assert_eq!(real.status(), StatusCode::ACCEPTED, "the tenant lost its connections to the flood");
+    blocker.rollback().await.unwrap();
+    for answer in flood {
+        let status = answer.await.unwrap().unwrap().status();
+        assert!(
+            [StatusCode::UNAUTHORIZED, StatusCode::SERVICE_UNAVAILABLE].contains(&status),
+            "an unknown key was answered {status}"
+        );
+    }
+    assert_eq!(app.rows().await.payments, 2);
+    app.stop().await;
+}
+
+/// The api's statements waiting on a lock.
+async fn lookups_waiting(app: &TestApp) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'oncepay-api%' AND wait_event_type = 'Lock'",
+    )
+    .fetch_one(&app.db)
+    .await
+    .unwrap()
 }
