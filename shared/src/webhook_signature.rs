@@ -298,7 +298,7 @@ mod tests {
         );
         let now = NOW.to_string();
 
-        let refused = check(&[current.clone()], "msg_1", &now, &many_with_a_good_one, BODY);
+        let refused = check(std::slice::from_ref(&current), "msg_1", &now, &many_with_a_good_one, BODY);
         let accepted = check(&[current], "msg_1", &now, &as_many_as_allowed, BODY);
 
         assert_eq!(refused, Err(VerifyError::TooManySignatures));
