@@ -90,6 +90,9 @@ impl AppState {
 pub struct Application {
     port: u16,
     server: Server,
+    /// The operations endpoints' own port and server, when `http.ops_port` is set.
+    ops_port: Option<u16>,
+    ops_server: Option<Server>,
     listener: PaymentListener,
     listener_pool: PgPool,
     rereader: Rereader,
@@ -163,6 +166,23 @@ impl Application {
         let port = tcp.local_addr().context("the listening socket has no address")?.port();
         let (intake_settings, long_poll_settings) = (settings.intake.clone(), settings.long_poll.clone());
         let (shared_watch, shared_draining, shared_wake) = (Arc::clone(&watch), draining.clone(), wake.clone());
+        // With an operations port, the operations endpoints get their own listener and thread, and
+        // the public port no longer serves them.
+        let ops_server = match http.listen.ops_port {
+            Some(ops_port) => {
+                let ops_tcp = TcpListener::bind((http.listen.host.as_str(), ops_port))
+                    .with_context(|| format!("cannot listen on {}:{ops_port}", http.listen.host))?;
+                let bound = ops_tcp.local_addr().context("the listening socket has no address")?.port();
+                let ops_pool = PgPoolOptions::new()
+                    .max_connections(1)
+                    .acquire_timeout(Duration::from_millis(settings.database.acquire_timeout_ms))
+                    .connect_lazy_with(options.clone().application_name(&format!("{APPLICATION_NAME}-ops")));
+                let state = OpsState { pool: ops_pool, metrics: metrics.clone() };
+                Some((bound, ops_http::server(ops_tcp, state).context("cannot serve the operations endpoints")?))
+            }
+            None => None,
+        };
+        let public_ops = ops_server.is_none();
         let server = HttpServer::new(move || {
             // Runs on each worker's own runtime, so the connections belong to it.
             let acquire_timeout = Duration::from_millis(worker_database.acquire_timeout_ms);
@@ -188,7 +208,7 @@ impl Application {
                 .app_data(web::Data::new(state))
                 .app_data(web::Data::new(OpsState { pool: ops_pool, metrics: metrics.clone() }))
                 .app_data(openapi.clone())
-                .configure(routes)
+                .configure(|config| routes(config, public_ops))
                 // Outermost last: the span sees the final, problem-shaped response.
                 .wrap(middleware::from_fn(errors::problem_guard))
                 .wrap(middleware::from_fn(request_span::trace_request))
@@ -200,9 +220,12 @@ impl Application {
         .shutdown_timeout(http.shutdown_grace_secs)
         .run();
 
+        let (ops_port, ops_server) = ops_server.unzip();
         Ok(Self {
             port,
             server,
+            ops_port,
+            ops_server,
             listener: PaymentListener::new(listener_pool.clone(), watch),
             listener_pool,
             rereader,
@@ -218,9 +241,27 @@ impl Application {
         self.port
     }
 
+    /// The port of the operations endpoints, when they have one of their own.
+    pub fn ops_port(&self) -> Option<u16> {
+        self.ops_port
+    }
+
     /// Serves until `shutdown` is cancelled (or the server fails), then stops gracefully.
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        let Self { server, listener, listener_pool, rereader, rereader_pool, waker, waker_pool, draining, .. } = self;
+        let Self {
+            server,
+            ops_server,
+            listener,
+            listener_pool,
+            rereader,
+            rereader_pool,
+            waker,
+            waker_pool,
+            draining,
+            ..
+        } = self;
+        let ops_handle = ops_server.as_ref().map(Server::handle);
+        let ops_serving = ops_server.map(tokio::spawn);
         let listening = tokio::spawn(listener.run(draining.clone()));
         let rereading = tokio::spawn(rereader.run(draining.clone()));
         let waking = tokio::spawn(waker.run(draining.clone()));
@@ -248,6 +289,15 @@ impl Application {
         if let Err(error) = waking.await {
             tracing::error!(error = %error, "the outbox notifier task failed");
         }
+        // Probes are answered until the public server has stopped.
+        if let (Some(ops_handle), Some(ops_serving)) = (ops_handle, ops_serving) {
+            ops_handle.stop(true).await;
+            match ops_serving.await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => tracing::error!(error = %error, "the operations server failed"),
+                Err(error) => tracing::error!(error = %error, "the operations server task failed"),
+            }
+        }
         listener_pool.close().await;
         rereader_pool.close().await;
         waker_pool.close().await;
@@ -258,8 +308,8 @@ impl Application {
 /// The rendered OpenAPI document.
 struct OpenApiJson(String);
 
-/// Every route; anything else is a 404 problem.
-fn routes(config: &mut web::ServiceConfig) {
+/// Every route, the operations endpoints only if `with_ops`; anything else is a 404 problem.
+fn routes(config: &mut web::ServiceConfig, with_ops: bool) {
     config
         .service(
             web::resource("/v1/payments")
@@ -276,10 +326,15 @@ fn routes(config: &mut web::ServiceConfig) {
                 .route(web::get().to(openapi_json))
                 .default_service(errors::method_not_allowed("GET")),
         )
-        .configure(ops_http::configure)
-        // ops_http mounts each route behind a method guard: without this, another method there is a 404.
-        .service(web::resource(["/healthz", "/readyz", "/metrics"]).default_service(errors::method_not_allowed("GET")))
         .default_service(web::to(errors::not_found));
+    if with_ops {
+        config
+            .configure(ops_http::configure)
+            // ops_http mounts each route behind a method guard: without this, another method there is a 404.
+            .service(
+                web::resource(["/healthz", "/readyz", "/metrics"]).default_service(errors::method_not_allowed("GET")),
+            );
+    }
 }
 
 async fn openapi_json(document: web::Data<OpenApiJson>) -> HttpResponse {

@@ -1,5 +1,5 @@
-//! The reconciler's HTTP server: `POST /webhooks/provider` and the operations endpoints
-//! (`/healthz`, `/readyz`, `/metrics`).
+//! The reconciler's HTTP server: `POST /webhooks/provider` and, unless they have a listener of their
+//! own (`http.ops_port`), the operations endpoints (`/healthz`, `/readyz`, `/metrics`).
 //!
 //! The server installs no signal handlers of its own: the service stops it through its handle when
 //! the shutdown token fires, letting in-flight deliveries finish. Any other path answers a
@@ -18,17 +18,23 @@ use crate::webhooks::{self, WebhookState};
 /// How long in-flight requests may take to finish once shutdown starts.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
-/// Builds the server on an already bound listener (port 0 in tests).
-pub fn server(listener: TcpListener, webhook: WebhookState, ops: OpsState, workers: usize) -> std::io::Result<Server> {
+/// Builds the server on an already bound listener (port 0 in tests); with `ops`, it also serves the
+/// operations endpoints.
+pub fn server(
+    listener: TcpListener,
+    webhook: WebhookState,
+    ops: Option<OpsState>,
+    workers: usize,
+) -> std::io::Result<Server> {
     let webhook = web::Data::new(webhook);
-    let ops = web::Data::new(ops);
+    let ops = ops.map(web::Data::new);
     let server = HttpServer::new(move || {
-        App::new()
-            .app_data(webhook.clone())
-            .app_data(ops.clone())
-            .configure(webhooks::configure)
-            .configure(ops_http::configure)
-            .default_service(web::to(not_found))
+        let app = App::new().app_data(webhook.clone()).configure(webhooks::configure);
+        let app = match &ops {
+            Some(ops) => app.app_data(ops.clone()).configure(ops_http::configure),
+            None => app,
+        };
+        app.default_service(web::to(not_found))
     })
     .workers(workers)
     .disable_signals()

@@ -11,9 +11,10 @@ use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
+use actix_web::dev::Server;
 use anyhow::Context;
 use oncepay_shared::db;
-use oncepay_shared::ops_http::OpsState;
+use oncepay_shared::ops_http::{self, OpsState};
 use oncepay_shared::provider::http::HttpProvider;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -42,12 +43,27 @@ pub async fn serve(settings: Settings, shutdown: CancellationToken) -> anyhow::R
         max_body_bytes: settings.webhooks.max_body_bytes,
     };
     let ops = OpsState { pool: pool.clone(), metrics };
-    let listener = TcpListener::bind((settings.http.host.as_str(), settings.http.port))
-        .with_context(|| format!("cannot listen on {}:{}", settings.http.host, settings.http.port))?;
+    let bind = |port: u16| {
+        TcpListener::bind((settings.http.host.as_str(), port))
+            .with_context(|| format!("cannot listen on {}:{port}", settings.http.host))
+    };
+    let listener = bind(settings.http.port)?;
     let address = listener.local_addr().context("cannot read the bound address")?;
     let workers = std::thread::available_parallelism().map_or(1, NonZeroUsize::get).min(4);
-    let server = crate::http::server(listener, webhook, ops, workers).context("cannot start the HTTP server")?;
+    // With an operations port, the operations endpoints get their own listener and thread.
+    let (public_ops, ops_server) = match settings.http.ops_port {
+        Some(port) => {
+            let ops_listener = bind(port)?;
+            let ops_address = ops_listener.local_addr().context("cannot read the bound address")?;
+            tracing::info!(http.address = %ops_address, "reconciler operations endpoints listening");
+            (None, Some(ops_http::server(ops_listener, ops).context("cannot start the operations server")?))
+        }
+        None => (Some(ops), None),
+    };
+    let server = crate::http::server(listener, webhook, public_ops, workers).context("cannot start the HTTP server")?;
     let server_handle = server.handle();
+    let ops_handle = ops_server.as_ref().map(Server::handle);
+    let ops_running = ops_server.map(tokio::spawn);
     tracing::info!(http.address = %address, "reconciler listening");
 
     let p = &settings.poller;
@@ -134,6 +150,17 @@ pub async fn serve(settings: Settings, shutdown: CancellationToken) -> anyhow::R
             if outcome.is_ok() {
                 outcome = Err(error);
             }
+        }
+    }
+    // Probes are answered until the public server and the loops have stopped.
+    if let (Some(ops_handle), Some(ops_running)) = (ops_handle, ops_running) {
+        ops_handle.stop(true).await;
+        let stopped = ops_running
+            .await
+            .context("the operations server panicked")
+            .and_then(|served| served.context("the operations server failed"));
+        if let (Err(error), true) = (stopped, outcome.is_ok()) {
+            outcome = Err(error);
         }
     }
     pool.close().await;

@@ -112,3 +112,32 @@ async fn the_service_refuses_to_start_without_a_configured_webhook_secret(pool: 
     let log = std::fs::read_to_string(logs.path().join("reconciler.log")).unwrap();
     assert!(log.contains("webhooks.secrets"), "{log}");
 }
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn with_an_operations_port_the_operations_endpoints_are_served_there_and_only_there(pool: PgPool) {
+    let (port, ops_port) = (free_port(), free_port());
+    let logs = tempfile::tempdir().unwrap();
+    let spec = Spec::new("reconciler", env!("CARGO_BIN_EXE_oncepay-reconciler"), logs.path())
+        .env("DATABASE_URL", support::url_of(&pool))
+        .env("ONCEPAY_HTTP__PORT", port.to_string())
+        .env("ONCEPAY_HTTP__OPS_PORT", ops_port.to_string())
+        .env("ONCEPAY_WEBHOOKS__SECRETS", format!("[\"{SECRET}\"]"));
+    let mut reconciler = Child::spawn(spec).await.unwrap();
+    let (public, ops) = (format!("http://127.0.0.1:{port}"), format!("http://127.0.0.1:{ops_port}"));
+    reconciler.wait_until_ready(&format!("{ops}/readyz"), WAIT).await.unwrap();
+    let client = reqwest::Client::new();
+    let status = |url: String| {
+        let client = client.clone();
+        async move { client.get(url).send().await.unwrap().status().as_u16() }
+    };
+
+    let on_ops = [status(format!("{ops}/metrics")).await, status(format!("{ops}/healthz")).await];
+    let on_public = [status(format!("{public}/metrics")).await, status(format!("{public}/readyz")).await];
+    let webhooks_on_ops = status(format!("{ops}/webhooks/provider")).await;
+    let webhooks_on_public = status(format!("{public}/webhooks/provider")).await;
+
+    assert_eq!(on_ops, [200, 200]);
+    assert_eq!(on_public, [404, 404]);
+    assert_eq!((webhooks_on_ops, webhooks_on_public), (404, 405), "webhooks stay on the public port");
+    reconciler.terminate(WAIT).await.unwrap();
+}

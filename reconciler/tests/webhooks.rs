@@ -36,7 +36,7 @@ fn start(pool: &PgPool, secrets: Vec<WebhookSecret>) -> String {
     let port = listener.local_addr().unwrap().port();
     let webhook = WebhookState { pool: pool.clone(), secrets, tolerance_secs: 300, max_body_bytes: 65_536 };
     let ops = OpsState { pool: pool.clone(), metrics: oncepay_shared::metrics::install() };
-    tokio::spawn(http::server(listener, webhook, ops, 1).unwrap());
+    tokio::spawn(http::server(listener, webhook, Some(ops), 1).unwrap());
     format!("http://127.0.0.1:{port}/webhooks/provider")
 }
 

@@ -40,6 +40,11 @@ pub struct HttpSettings {
     pub host: String,
     /// Port to bind; 0 picks a free one (tests).
     pub port: u16,
+    /// The api's and the reconciler's operations endpoints (`/healthz`, `/readyz`, `/metrics`) on a
+    /// port of their own, on `host`, so they need not be exposed with the public endpoints; unset
+    /// serves them on `port`. The worker serves only these endpoints, on `port`.
+    #[serde(default)]
+    pub ops_port: Option<u16>,
 }
 
 /// Logs and traces.

@@ -52,15 +52,7 @@ impl App {
     /// Serves the operations endpoints and drains the outbox until `shutdown`; returns once the
     /// sends in flight are recorded (or the grace period is over).
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<Counts> {
-        let state = actix_web::web::Data::new(self.ops.clone());
-        let server = actix_web::HttpServer::new(move || {
-            actix_web::App::new().app_data(state.clone()).configure(ops_http::configure)
-        })
-        .workers(1)
-        .disable_signals()
-        .listen(self.listener)
-        .context("serving the operations endpoints")?
-        .run();
+        let server = ops_http::server(self.listener, self.ops.clone()).context("serving the operations endpoints")?;
         let server_handle = server.handle();
         let server = tokio::spawn(server);
 

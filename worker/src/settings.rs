@@ -66,6 +66,10 @@ impl Settings {
 
     /// Rejects combinations that would break the worker's guarantees or stall it.
     pub fn validate(&self) -> anyhow::Result<()> {
+        ensure!(
+            self.http.ops_port.is_none(),
+            "http.ops_port does not apply to the worker: it serves only the operations endpoints, on http.port"
+        );
         let worker = &self.worker;
         ensure!(worker.batch_size >= 1, "worker.batch_size must be at least 1");
         ensure!(worker.max_in_flight >= 1, "worker.max_in_flight must be at least 1");

@@ -131,3 +131,31 @@ async fn intake_outcomes_and_request_latency_are_exported_as_metrics(_: PgPoolOp
     );
     app.stop().await;
 }
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn with_an_operations_port_the_operations_endpoints_are_served_there_and_only_there(
+    pool_options: PgPoolOptions,
+    options: PgConnectOptions,
+) {
+    let mut settings = helpers::settings();
+    settings.http.listen.ops_port = Some(0);
+    let application = Application::build_with(settings, options.clone()).unwrap();
+    let ops = format!("http://127.0.0.1:{}", application.ops_port().expect("an operations port was asked for"));
+    let app = TestApp::start(application, pool_options.connect_with(options).await.unwrap()).await;
+    let client = reqwest::Client::new();
+    let status = |url: String| {
+        let client = client.clone();
+        async move { client.get(url).send().await.unwrap().status() }
+    };
+
+    let on_ops = [status(format!("{ops}/metrics")).await, status(format!("{ops}/readyz")).await];
+    let on_public =
+        [status(format!("{}/metrics", app.address)).await, status(format!("{}/healthz", app.address)).await];
+    let api_on_ops = status(format!("{ops}/openapi.json")).await;
+    let payment = app.post_payment("order-1", &body()).send().await.unwrap().status();
+
+    assert_eq!(on_ops, [StatusCode::OK, StatusCode::OK]);
+    assert_eq!(on_public, [StatusCode::NOT_FOUND, StatusCode::NOT_FOUND]);
+    assert_eq!((api_on_ops, payment), (StatusCode::NOT_FOUND, StatusCode::ACCEPTED));
+    app.stop().await;
+}
