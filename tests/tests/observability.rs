@@ -805,15 +805,15 @@ async fn metrics_count_a_scripted_workload_and_the_gauges_reflect_the_database()
          SELECT tenant_id, payment_id, now() + interval '1 hour', created_at FROM p",
         "WITH p AS (
              INSERT INTO payments (tenant_id, payment_id, status, amount, currency, customer_id, send_attempts,
-                                   first_sent_at)
-             VALUES ($1::uuid, gen_random_uuid(), 'unknown', 1, 'EUR', 'cus_seed', 1, now())
+                                   first_sent_at, may_be_charged)
+             VALUES ($1::uuid, gen_random_uuid(), 'unknown', 1, 'EUR', 'cus_seed', 1, now(), true)
              RETURNING tenant_id, payment_id)
          INSERT INTO unknown_payments (tenant_id, payment_id, reason, since, next_poll_at)
          SELECT tenant_id, payment_id, 'timeout', now() - interval '30 minutes', now() + interval '1 hour' FROM p",
         "WITH p AS (
              INSERT INTO payments (tenant_id, payment_id, status, amount, currency, customer_id, send_attempts,
-                                   first_sent_at)
-             VALUES ($1::uuid, gen_random_uuid(), 'dead_lettered', 1, 'EUR', 'cus_seed', 1, now())
+                                   first_sent_at, may_be_charged)
+             VALUES ($1::uuid, gen_random_uuid(), 'dead_lettered', 1, 'EUR', 'cus_seed', 1, now(), true)
              RETURNING tenant_id, payment_id)
          INSERT INTO dead_letters (tenant_id, payment_id, kind, reason)
          SELECT tenant_id, payment_id, 'unresolved', 'seeded' FROM p",
