@@ -27,6 +27,8 @@ pub enum Role {
     Api,
     /// The `oncepay-worker` processes.
     Worker,
+    /// The `oncepay-reconciler` processes.
+    Reconciler,
     /// The provider simulator.
     Simulator,
     /// Every PostgreSQL process.
@@ -43,6 +45,7 @@ impl Role {
         match comm {
             "oncepay-api" => Some(Self::Api),
             "oncepay-worker" => Some(Self::Worker),
+            "oncepay-reconci" => Some(Self::Reconciler),
             "oncepay-simulat" => Some(Self::Simulator),
             "pgbench" => Some(Self::Client),
             _ => None,
@@ -272,6 +275,7 @@ mod tests {
     fn children_are_told_apart_by_their_truncated_command_names() {
         assert_eq!(Role::of_child("oncepay-api"), Some(Role::Api));
         assert_eq!(Role::of_child("oncepay-worker"), Some(Role::Worker));
+        assert_eq!(Role::of_child("oncepay-reconci"), Some(Role::Reconciler));
         assert_eq!(Role::of_child("oncepay-simulat"), Some(Role::Simulator));
         assert_eq!(Role::of_child("pgbench"), Some(Role::Client));
         assert_eq!(Role::of_child("psql"), None);

@@ -22,3 +22,4 @@ pub mod raw;
 pub mod report;
 pub mod run;
 pub mod services;
+pub mod webhooks;

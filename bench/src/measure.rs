@@ -191,6 +191,44 @@ pub async fn service(
     })
 }
 
+/// [`service`] accepts by the tenant of `token` while `flood_connections` more connections send
+/// accepts with `flood_token`, an API key that does not exist, as fast as they are answered: what a
+/// flood of made-up keys costs real tenants. The flood's answers per second are in `extra`.
+#[allow(clippy::too_many_arguments)]
+pub async fn service_under_flood(
+    target: &Target<'_>,
+    timing: Timing,
+    api: &[SocketAddr],
+    token: &str,
+    flood_token: &str,
+    connections: usize,
+    flood_connections: usize,
+) -> anyhow::Result<Row> {
+    // The flood runs from before the tenant's warm-up until after its window (and checkpoint).
+    let flood_from = Instant::now();
+    let flood_until = flood_from + timing.warmup + timing.window + Duration::from_secs(5);
+    let flood = Generator::start(Plan {
+        targets: api.to_vec(),
+        connections: flood_connections,
+        token: flood_token.to_owned(),
+        workload: Workload::Accept,
+        measure_from: flood_from,
+        measure_until: flood_until,
+    })?;
+    let row = service(target, timing, api, token, Workload::Accept, connections).await;
+    let flooded = flood.finish().await?;
+    let mut row = row?;
+    let seconds = (flood_until - flood_from).as_secs_f64();
+    row.setup.push_str(&format!(", {flood_connections} connections flooding unknown API keys"));
+    row.extra.insert("flood_answers_per_s".into(), flooded.errors() as f64 / seconds);
+    // A made-up key must never be accepted.
+    row.extra.insert("flood_accepted".into(), flooded.completed as f64);
+    for (kind, count) in &flooded.unexpected {
+        row.extra.insert(format!("flood {kind}"), *count as f64);
+    }
+    Ok(row)
+}
+
 /// Workers, already started, draining a backlog: payments finished per second.
 ///
 /// The window opens after the warm-up and closes after `timing.window`, or earlier once nine tenths

@@ -24,17 +24,22 @@ use std::time::Duration;
 
 use anyhow::Context;
 use oncepay_devkit::pg::{Cluster, Durability};
+use oncepay_shared::api_key;
+use oncepay_shared::webhook_signature::WebhookSecret;
+use secrecy::ExposeSecret;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use tokio::time::Instant;
 
+use crate::cpu::{ClientSource, CpuSampler, Role};
 use crate::dataset::{self, ReplaySet, Tenant};
 use crate::loadgen::Workload;
 use crate::machine::Machine;
 use crate::measure::{self, Start, Target, Timing};
 use crate::raw::{self, Baseline};
-use crate::report::{Comparison, FORMAT_VERSION, Report, Row};
+use crate::report::{Comparison, FORMAT_VERSION, Kind, Report, Row};
 use crate::services::{Launcher, Service};
+use crate::webhooks::{self, Load as WebhookLoad};
 
 /// How long and how big.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +94,10 @@ pub enum Phase {
     Mixed,
     /// 10 thousand versus 10 million stored keys.
     History,
+    /// Accepts by a real tenant with and without a flood of unknown API keys.
+    Flood,
+    /// The reconciler's webhook endpoint: genuine deliveries and forged ones with many signatures.
+    Webhook,
 }
 
 /// What the run was asked to do.
@@ -250,7 +259,8 @@ pub async fn run(options: &Options) -> anyhow::Result<Report> {
 impl Bench<'_> {
     async fn phases(&mut self, main: &Database) -> anyhow::Result<()> {
         let simulator = self.launcher.simulator().await?;
-        let needs_api = [Phase::Accept, Phase::Replay, Phase::Mixed].iter().any(|p| self.options.runs(*p));
+        let needs_api =
+            [Phase::Accept, Phase::Replay, Phase::Mixed, Phase::Flood].iter().any(|p| self.options.runs(*p));
         let api = if needs_api { Some(self.launcher.api("api", &main.url, &[]).await?) } else { None };
         let addresses: Vec<SocketAddr> = api.iter().map(Service::address).collect();
         let uncached = if self.options.runs(Phase::Replay) {
@@ -279,6 +289,12 @@ impl Bench<'_> {
         }
         if self.options.runs(Phase::Mixed) {
             self.mixed(main, &addresses, &simulator).await?;
+        }
+        if self.options.runs(Phase::Flood) {
+            self.flood(main, &addresses).await?;
+        }
+        if self.options.runs(Phase::Webhook) {
+            self.webhooks(main).await?;
         }
         if let Some(api) = api {
             api.stop().await?;
@@ -365,6 +381,80 @@ impl Bench<'_> {
         row.setup.push_str(", no replay cache");
         self.push_compared(row, select, None);
         Ok(())
+    }
+
+    /// A real tenant's accepts at 4 connections, then the same while 16 more connections send
+    /// made-up API keys: the tenant's rate and p99 against its own without the flood.
+    async fn flood(&mut self, main: &Database, api: &[SocketAddr]) -> anyhow::Result<()> {
+        let quiet = self.service(main, api, Workload::Accept, 4).await?;
+        let quiet = self.push(quiet);
+        eprintln!("bench: service accept ×4 during a flood of unknown API keys ×16 [{}]", main.label);
+        let unknown = api_key::generate(main.tenant.id).token.expose_secret().to_owned();
+        let target = self.target(main);
+        let row = measure::service_under_flood(&target, self.timing, api, &main.tenant.token, &unknown, 4, 16).await?;
+        self.push_compared(row, quiet, None);
+        Ok(())
+    }
+
+    /// The reconciler's webhook endpoint: genuine deliveries, then forged ones with hundreds of
+    /// signatures and a large body (against the genuine rate), then `/healthz` alone and while
+    /// forged deliveries arrive (against its quiet rate).
+    async fn webhooks(&mut self, main: &Database) -> anyhow::Result<()> {
+        oncepay_shared::tls::install_provider();
+        let secret_text = WebhookSecret::generate();
+        let secret = WebhookSecret::parse(&secret_text)?;
+        let reconciler = self.launcher.reconciler(&main.url, &secret_text).await?;
+        let base = reconciler.base_url();
+        let forged =
+            format!("{} signatures, {} KiB body", webhooks::FORGED_SIGNATURES, webhooks::FORGED_BODY_BYTES / 1024);
+
+        eprintln!("bench: webhooks genuine ×4");
+        let genuine = self.webhook_window(&base, &secret, WebhookLoad::Genuine, 4, None).await?;
+        let genuine = self.push(webhook_row("webhook genuine", "signed, 1 reconciler".into(), 4, 200, genuine));
+        eprintln!("bench: webhooks forged ×4 ({forged})");
+        let window = self.webhook_window(&base, &secret, WebhookLoad::Forged, 4, None).await?;
+        self.push_compared(webhook_row("webhook forged", forged.clone(), 4, 401, window), genuine, None);
+
+        eprintln!("bench: healthz ×1, quiet");
+        let quiet = self.webhook_window(&base, &secret, WebhookLoad::Health, 1, None).await?;
+        let quiet = self.push(webhook_row("reconciler healthz", "quiet".into(), 1, 200, quiet));
+        eprintln!("bench: healthz ×1 while forged webhooks ×4 arrive");
+        let window = self.webhook_window(&base, &secret, WebhookLoad::Health, 1, Some(4)).await?;
+        let setup = format!("during forged webhooks ×4 ({forged})");
+        self.push_compared(webhook_row("reconciler healthz", setup, 1, 200, window), quiet, None);
+        reconciler.stop().await
+    }
+
+    /// One window of `load` at `connections`, with `forged` more connections of forged deliveries
+    /// alongside, and the CPU it cost.
+    async fn webhook_window(
+        &self,
+        base: &str,
+        secret: &WebhookSecret,
+        load: WebhookLoad,
+        connections: usize,
+        forged: Option<usize>,
+    ) -> anyhow::Result<(webhooks::Window, crate::cpu::CpuUsage)> {
+        let timing = self.timing;
+        let sampler = CpuSampler::new(self.postmaster, ClientSource::Process);
+        let cpu = async {
+            tokio::time::sleep(timing.warmup).await;
+            let from = sampler.sample();
+            tokio::time::sleep(timing.window).await;
+            sampler.sample().since(&from)
+        };
+        let background = async {
+            match forged {
+                Some(connections) => {
+                    webhooks::closed_loop(base, secret, WebhookLoad::Forged, connections, timing).await.map(Some)
+                }
+                None => Ok(None),
+            }
+        };
+        let (window, cpu, background) =
+            tokio::join!(webhooks::closed_loop(base, secret, load, connections, timing), cpu, background);
+        background?;
+        Ok((window?, cpu))
     }
 
     /// Two api processes, each with half of the 8 connections' pool.
@@ -511,5 +601,34 @@ impl Bench<'_> {
             self.cluster.psql("postgres", &format!("DROP DATABASE {name}")).await?;
         }
         Ok(())
+    }
+}
+
+/// A row of webhook-endpoint load: answers of `expected` status are its operations, any other an
+/// error.
+fn webhook_row(
+    name: &str,
+    setup: String,
+    connections: u32,
+    expected: u16,
+    (window, cpu): (webhooks::Window, crate::cpu::CpuUsage),
+) -> Row {
+    let ops = window.statuses.get(&expected).copied().unwrap_or(0);
+    let seconds = cpu.wall_seconds.max(f64::EPSILON);
+    Row {
+        kind: Kind::Service,
+        name: name.into(),
+        concurrency: connections,
+        setup,
+        dataset: "main".into(),
+        ops,
+        seconds,
+        rate: ops as f64 / seconds,
+        errors: window.answered() - ops,
+        latency: window.latencies.summary(),
+        cpu_seconds_per_op: Row::cost_per_op(&cpu, &[Role::Reconciler, Role::Postgres], ops),
+        cpu,
+        comparison: None,
+        extra: window.statuses.iter().map(|(status, count)| (format!("status {status}"), *count as f64)).collect(),
     }
 }

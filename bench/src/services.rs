@@ -33,6 +33,7 @@ pub struct Launcher {
     api: PathBuf,
     worker: PathBuf,
     simulator: PathBuf,
+    reconciler: PathBuf,
     log_dir: PathBuf,
     api_env: Vec<(String, String)>,
     worker_env: Vec<(String, String)>,
@@ -80,6 +81,7 @@ impl Launcher {
             api: workspace::binary("oncepay-api")?,
             worker: workspace::binary("oncepay-worker")?,
             simulator: workspace::binary("oncepay-simulator")?,
+            reconciler: workspace::binary("oncepay-reconciler")?,
             log_dir: log_dir.to_path_buf(),
             api_env,
             worker_env,
@@ -111,6 +113,18 @@ impl Launcher {
             .env("ONCEPAY_HTTP__PORT", port.to_string())
             .env("ONCEPAY_SIMULATOR__API_KEY", SIMULATOR_API_KEY)
             .env("ONCEPAY_FAULTS__LATENCY_MS", "0");
+        start(spec, port).await
+    }
+
+    /// Starts a reconciler on `database_url` that accepts webhooks signed with `webhook_secret`; its
+    /// poller looks up nothing (no payment here is `unknown`).
+    pub async fn reconciler(&self, database_url: &str, webhook_secret: &str) -> anyhow::Result<Service> {
+        let port = free_port()?;
+        let spec = Spec::new("reconciler", &self.reconciler, &self.log_dir)
+            .arg("serve")
+            .env("DATABASE_URL", database_url)
+            .env("ONCEPAY_HTTP__PORT", port.to_string())
+            .env("ONCEPAY_WEBHOOKS__SECRETS", format!("[\"{webhook_secret}\"]"));
         start(spec, port).await
     }
 

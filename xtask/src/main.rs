@@ -130,8 +130,8 @@ async fn test(nextest_args: &[String]) -> anyhow::Result<ExitCode> {
 
 async fn bench(quick: bool, full: bool, out: Option<PathBuf>, bench_args: &[String]) -> anyhow::Result<ExitCode> {
     let root = workspace_root();
-    let build =
-        ["build", "--release", "--locked", "-p", "oncepay-api", "-p", "oncepay-worker", "-p", "oncepay-simulator"];
+    let binaries = ["-p", "oncepay-api", "-p", "oncepay-worker", "-p", "oncepay-simulator", "-p", "oncepay-reconciler"];
+    let build = [&["build", "--release", "--locked"][..], &binaries[..]].concat();
     if !cargo(&[&build[..], &["-p", "oncepay-bench"]].concat(), &[("SQLX_OFFLINE", "true")]).await? {
         bail!("building the release binaries failed");
     }

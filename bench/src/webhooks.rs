@@ -1,0 +1,173 @@
+//! The reconciler's webhook endpoint against forged deliveries: what a delivery whose
+//! `webhook-signature` holds hundreds of candidates and whose body is near the size limit costs the
+//! reconciler, next to a genuine delivery, and how long `/healthz` takes while such forgeries
+//! arrive, next to the same when nothing does. Measured in the same run, reported as ratios.
+//!
+//! The load is a closed loop of `reqwest` requests from tasks of the benchmark process (the CPU it
+//! takes is the `bench` role's, not the reconciler's). A genuine delivery is signed anew per request
+//! (its own `webhook-id`) with the reconciler's secret, for a charge of no payment of ours, so it is
+//! verified, parsed and looked up, then answered 200; a forged one is answered 401.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use oncepay_shared::provider::wire::{EventType, WebhookEvent};
+use oncepay_shared::provider::{Charge, ChargeStatus};
+use oncepay_shared::webhook_signature::WebhookSecret;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::latency::Latencies;
+use crate::measure::Timing;
+
+/// Candidates in a forged `webhook-signature` header: far more than a sender ever sends (one, two
+/// during a rotation), within the 32 KiB a request's headers may take.
+pub const FORGED_SIGNATURES: usize = 300;
+
+/// A forged delivery's body: just under the reconciler's 64 KiB limit.
+pub const FORGED_BODY_BYTES: usize = 60 * 1024;
+
+/// What the requests are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Load {
+    /// Correctly signed deliveries, each with its own id.
+    Genuine,
+    /// Deliveries with [`FORGED_SIGNATURES`] made-up signatures and a [`FORGED_BODY_BYTES`] body.
+    Forged,
+    /// `GET /healthz`.
+    Health,
+}
+
+/// What a closed loop measured inside its window.
+#[derive(Debug, Default)]
+pub struct Window {
+    /// Answers inside the window, by status.
+    pub statuses: BTreeMap<u16, u64>,
+    /// Their latencies.
+    pub latencies: Latencies,
+}
+
+impl Window {
+    /// Answers inside the window.
+    pub fn answered(&self) -> u64 {
+        self.statuses.values().sum()
+    }
+}
+
+/// The requests of one load, built once.
+struct Requests {
+    load: Load,
+    base: String,
+    secret: WebhookSecret,
+    genuine_body: Vec<u8>,
+    forged_body: Vec<u8>,
+    forged_signature: String,
+    sent: AtomicU64,
+}
+
+impl Requests {
+    fn new(load: Load, base: &str, secret: WebhookSecret) -> anyhow::Result<Self> {
+        let charge = Charge {
+            id: "ch_bench".into(),
+            status: ChargeStatus::Succeeded,
+            amount: 1999,
+            currency: "EUR".into(),
+            customer: "cus_bench".into(),
+            idempotency_key: "oncepay-bench".into(),
+            created: 0,
+            metadata: BTreeMap::new(),
+            failure_code: None,
+            failure_message: None,
+        };
+        let event = WebhookEvent { event_type: EventType::ChargeSucceeded, created: 0, data: charge };
+        // Any 32 bytes make a well-formed candidate that matches nothing.
+        let candidate = "v1,AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
+        Ok(Self {
+            load,
+            base: base.to_owned(),
+            secret,
+            genuine_body: serde_json::to_vec(&event)?,
+            forged_body: vec![b' '; FORGED_BODY_BYTES],
+            forged_signature: vec![candidate; FORGED_SIGNATURES].join(" "),
+            sent: AtomicU64::new(0),
+        })
+    }
+
+    fn build(&self, client: &reqwest::Client) -> reqwest::RequestBuilder {
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        match self.load {
+            Load::Health => client.get(format!("{}/healthz", self.base)),
+            Load::Genuine => {
+                let id = format!("msg_bench_{}", self.sent.fetch_add(1, Ordering::Relaxed));
+                let signature = self.secret.sign(&id, now, &self.genuine_body);
+                self.delivery(client, &id, now, &signature, self.genuine_body.clone())
+            }
+            Load::Forged => self.delivery(client, "msg_forged", now, &self.forged_signature, self.forged_body.clone()),
+        }
+    }
+
+    fn delivery(
+        &self,
+        client: &reqwest::Client,
+        id: &str,
+        timestamp: i64,
+        signature: &str,
+        body: Vec<u8>,
+    ) -> reqwest::RequestBuilder {
+        client
+            .post(format!("{}/webhooks/provider", self.base))
+            .header("content-type", "application/json")
+            .header("webhook-id", id)
+            .header("webhook-timestamp", timestamp.to_string())
+            .header("webhook-signature", signature)
+            .body(body)
+    }
+}
+
+/// Runs `connections` closed loops of `load` against the reconciler at `base` (`http://host:port`)
+/// from now until the window that opens after the warm-up closes; returns what it measured.
+pub async fn closed_loop(
+    base: &str,
+    secret: &WebhookSecret,
+    load: Load,
+    connections: usize,
+    timing: Timing,
+) -> anyhow::Result<Window> {
+    let requests = Arc::new(Requests::new(load, base, secret.clone())?);
+    let from = Instant::now() + timing.warmup;
+    let until = from + timing.window;
+    let mut loops = JoinSet::new();
+    for _ in 0..connections {
+        let requests = Arc::clone(&requests);
+        loops.spawn(async move {
+            let client = reqwest::Client::new();
+            let mut window = Window::default();
+            while Instant::now() < until {
+                let sent = Instant::now();
+                let status = match requests.build(&client).send().await {
+                    Ok(answer) => {
+                        let status = answer.status().as_u16();
+                        let _ = answer.bytes().await;
+                        status
+                    }
+                    Err(_) => 0,
+                };
+                if sent >= from && Instant::now() <= until {
+                    *window.statuses.entry(status).or_default() += 1;
+                    window.latencies.record(sent.elapsed());
+                }
+            }
+            window
+        });
+    }
+    let mut total = Window::default();
+    while let Some(finished) = loops.join_next().await {
+        let window = finished?;
+        for (status, count) in window.statuses {
+            *total.statuses.entry(status).or_default() += count;
+        }
+        total.latencies.merge(window.latencies);
+    }
+    Ok(total)
+}
