@@ -52,6 +52,9 @@ pub enum Judgement {
     Agrees,
     /// The payment is terminal and the charge contradicts it; the state is kept.
     Conflicts(String),
+    /// The payment is terminal and the charge cannot be read as reported (a malformed report): it
+    /// contradicts nothing, and is only recorded.
+    Unreadable(String),
 }
 
 impl Judgement {
@@ -60,7 +63,7 @@ impl Judgement {
         match self {
             Self::Settle(..) => "applied",
             Self::Mismatch(_) => "conflict",
-            Self::Unbookable(_) => "unbookable",
+            Self::Unbookable(_) | Self::Unreadable(_) => "unbookable",
             Self::LeaveToSender => "not_unknown",
             Self::ForOperator => "dead_lettered",
             Self::Agrees => "already_terminal",
@@ -75,6 +78,12 @@ pub fn judge(recorded: &Recorded, charge: &Charge) -> Judgement {
     use PaymentStatus as S;
 
     let ours = recorded.charge_id.as_deref();
+    // A report that cannot be read proves nothing about a final payment either: no conflict.
+    if recorded.status.is_terminal()
+        && let Err(Unsettled::Unbookable(why)) = settlement::settlement_of(&recorded.asked, charge)
+    {
+        return Judgement::Unreadable(why);
+    }
     match (recorded.status, charge.status) {
         (S::Unknown, _) => match settlement::settlement_of(&recorded.asked, charge) {
             Ok(settled) => Judgement::Settle(settlement::transition_of(&settled), settled),

@@ -16,7 +16,7 @@
 //!   race a worker that holds a lease;
 //! - `dead_lettered` → the charge is appended to the open dead letter for the operator;
 //! - terminal and agreeing → nothing; terminal and contradicting → a `conflict` dead letter, the
-//!   terminal state untouched.
+//!   terminal state untouched; terminal and unreadable as reported → only recorded (`unbookable`).
 //!
 //! Every recorded delivery answers 2xx so the provider stops retrying; a database that cannot be
 //! reached answers 503 so it retries later. Bodies and secrets are never logged.
@@ -266,7 +266,7 @@ pub async fn apply(pool: &PgPool, webhook_id: &str, event: &WebhookEvent) -> Res
             evidence["result"] = json!(why);
             unknown::note_inconclusive(&mut tx, tenant_id, payment_id, evidence, None).await?;
         }
-        Judgement::LeaveToSender | Judgement::Agrees => {}
+        Judgement::LeaveToSender | Judgement::Agrees | Judgement::Unreadable(_) => {}
         Judgement::ForOperator => {
             if !dead_letters::attach_evidence(&mut tx, tenant_id, payment_id, Value::Array(vec![evidence])).await? {
                 tracing::warn!("a dead-lettered payment has no open dead letter to attach the webhook to");

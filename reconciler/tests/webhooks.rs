@@ -481,3 +481,20 @@ async fn a_signed_charge_the_ledger_cannot_book_is_kept_as_evidence_and_counts_a
     assert_eq!(attempts, 1, "it counts toward dead-lettering");
     assert!(evidence.to_string().contains("cannot be booked"), "{evidence}");
 }
+
+#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+async fn a_report_the_ledger_cannot_read_about_a_final_payment_is_no_conflict(pool: PgPool) {
+    let hook = Endpoint::start(&pool);
+    let tenant_id = tenant(&pool, "acme").await;
+    let payment_id = unknown_payment(&pool, tenant_id, "order-1", 1999, 60).await;
+    let settled = charge(tenant_id, payment_id, "ch_1", ChargeStatus::Succeeded, 1999);
+    let mut misreported = settled.clone();
+    misreported.currency = misreported.currency.to_lowercase();
+    assert_eq!(hook.deliver_event("msg_1", &settled).await.1, json!({"outcome": "applied"}));
+
+    let (code, body, _) = hook.deliver_event("msg_2", &misreported).await;
+
+    assert_eq!((code, body), (200, json!({"outcome": "unbookable"})));
+    assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Succeeded);
+    assert!(open_conflicts(&pool, payment_id).await.is_empty(), "an unreadable report contradicts nothing");
+}
