@@ -25,7 +25,7 @@ use crate::measure::Timing;
 /// during a rotation), within the 32 KiB a request's headers may take.
 pub const FORGED_SIGNATURES: usize = 300;
 
-/// A forged delivery's body: just under the reconciler's 64 KiB limit.
+/// A forged delivery's body: large, to make each hash of it count (the reconciler takes up to 256 KiB).
 pub const FORGED_BODY_BYTES: usize = 60 * 1024;
 
 /// What the requests are.

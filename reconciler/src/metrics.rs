@@ -45,13 +45,14 @@ pub const OPEN_DEAD_LETTERS: &str = "oncepay_reconciler_open_dead_letters";
 pub const BACKLOG_SAMPLED_AT: &str = "oncepay_reconciler_backlog_sampled_timestamp_seconds";
 
 /// Every `verdict` of [`WEBHOOKS`].
-pub const WEBHOOK_VERDICTS: [&str; 11] = [
+pub const WEBHOOK_VERDICTS: [&str; 12] = [
     "applied",
     "duplicate",
     "not_unknown",
     "dead_lettered",
     "already_terminal",
     "conflict",
+    "unbookable",
     "not_ours",
     "invalid_signature",
     "invalid_body",
