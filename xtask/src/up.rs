@@ -189,7 +189,7 @@ fn print_banner(bin: &Path, api_key: &str, log_dir: &Path) {
          \n\
          or with curl:\n\
          \x20 curl -si http://127.0.0.1:{API_PORT}/v1/payments -H \"Authorization: Bearer {api_key}\" \\\n\
-         \x20      -H \"Idempotency-Key: $(uuidgen)\" -H 'Content-Type: application/json' \\\n\
+         \x20      -H \"Idempotency-Key: $(cat /proc/sys/kernel/random/uuid)\" -H 'Content-Type: application/json' \\\n\
          \x20      -d '{{\"amount\":1999,\"currency\":\"EUR\",\"customer_id\":\"cus_42\"}}'\n\
          \n\
          Ctrl-C stops everything.\n\
