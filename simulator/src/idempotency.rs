@@ -3,11 +3,14 @@
 //!
 //! Invariants: a key is either in flight (its first request is still being processed: duplicates
 //! get 409) or decided (duplicates get the stored answer, byte for byte). A decided key is forgotten
-//! `window` after its answer was decided, or at once by [`KeyStore::forget_decided`]; a key in
-//! flight is never forgotten. A key used with other parameters is refused (422) whatever its state.
+//! `window` after its first request arrived (as Stripe prunes keys a day after they were first
+//! used, however long the charge took), or at once by [`KeyStore::forget_decided`]; a key in
+//! flight is never forgotten, and one whose window ended while it was in flight is forgotten as
+//! soon as it is decided. A key used with other parameters is refused (422) whatever its state.
 //! The store holds answers as opaque bytes; it creates no charge and knows nothing of HTTP.
 
-use std::collections::{HashMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -62,8 +65,8 @@ pub enum Claim {
 pub struct KeyStore {
     window: Duration,
     entries: HashMap<String, Entry>,
-    /// Decided keys in the order their window ends.
-    expiries: VecDeque<Expiry>,
+    /// Decided keys, the one whose window ends first on top.
+    expiries: BinaryHeap<Reverse<Expiry>>,
     next_generation: u64,
 }
 
@@ -71,6 +74,8 @@ pub struct KeyStore {
 struct Entry {
     params: CreateCharge,
     state: State,
+    /// When its first request arrived: its window starts then.
+    claimed_at: Instant,
     /// Tells this entry from an earlier one under the same key, whose expiry may still be queued.
     generation: u64,
 }
@@ -81,17 +86,17 @@ enum State {
     Decided(Decided),
 }
 
-#[derive(Debug)]
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct Expiry {
     at: Instant,
-    key: String,
     generation: u64,
+    key: String,
 }
 
 impl KeyStore {
     /// An empty store that remembers decided keys for `window`.
     pub fn new(window: Duration) -> Self {
-        Self { window, entries: HashMap::new(), expiries: VecDeque::new(), next_generation: 0 }
+        Self { window, entries: HashMap::new(), expiries: BinaryHeap::new(), next_generation: 0 }
     }
 
     /// Looks `key` up for a request with `params`; a fresh key is taken in flight.
@@ -104,26 +109,23 @@ impl KeyStore {
             None => {
                 let generation = self.next_generation;
                 self.next_generation += 1;
-                self.entries
-                    .insert(key.to_owned(), Entry { params: params.clone(), state: State::InFlight, generation });
+                let entry = Entry { params: params.clone(), state: State::InFlight, claimed_at: now, generation };
+                self.entries.insert(key.to_owned(), entry);
                 Claim::Fresh
             }
         }
     }
 
-    /// Records the answer of a key this caller claimed fresh; its window starts now.
+    /// Records the answer of a key this caller claimed fresh; its window started at its claim.
     pub fn decide(&mut self, key: &str, decided: Decided, now: Instant) {
         if let Some(entry) = self.entries.get_mut(key)
             && matches!(entry.state, State::InFlight)
         {
             entry.state = State::Decided(decided);
-            // Windows are all the same length, so pushing at the back keeps the queue sorted.
-            self.expiries.push_back(Expiry {
-                at: now + self.window,
-                key: key.to_owned(),
-                generation: entry.generation,
-            });
+            let at = entry.claimed_at + self.window;
+            self.expiries.push(Reverse(Expiry { at, generation: entry.generation, key: key.to_owned() }));
         }
+        self.forget_expired(now);
     }
 
     /// Forgets every decided key now, as if their windows had passed; returns how many.
@@ -135,14 +137,14 @@ impl KeyStore {
     }
 
     fn forget_expired(&mut self, now: Instant) {
-        while let Some(expiry) = self.expiries.front() {
+        while let Some(Reverse(expiry)) = self.expiries.peek() {
             if expiry.at > now {
                 break;
             }
             if self.entries.get(&expiry.key).is_some_and(|e| e.generation == expiry.generation) {
                 self.entries.remove(&expiry.key);
             }
-            self.expiries.pop_front();
+            self.expiries.pop();
         }
     }
 }
@@ -191,13 +193,28 @@ mod tests {
     }
 
     #[test]
+    fn a_keys_window_starts_at_its_first_request_not_at_its_answer() {
+        let mut store = KeyStore::new(WINDOW);
+        let t0 = Instant::now();
+        store.claim("k", &params(1), t0);
+        // Answered long after it arrived (a slow charge).
+        store.decide("k", decided(201), t0 + Duration::from_secs(45));
+
+        let before_end = store.claim("k", &params(1), t0 + WINDOW - Duration::from_millis(1));
+        let at_end = store.claim("k", &params(1), t0 + WINDOW);
+
+        assert_eq!(before_end, Claim::Decided(decided(201)));
+        assert_eq!(at_end, Claim::Fresh, "forgotten a window after the first request, as a real provider does");
+    }
+
+    #[test]
     fn an_old_expiry_does_not_forget_the_key_used_again() {
         let mut store = KeyStore::new(WINDOW);
         let t0 = Instant::now();
         store.claim("k", &params(1), t0);
         store.decide("k", decided(201), t0);
         store.forget_decided();
-        store.claim("k", &params(1), t0);
+        store.claim("k", &params(1), t0 + Duration::from_secs(30));
         store.decide("k", decided(402), t0 + Duration::from_secs(30));
 
         let claim = store.claim("k", &params(1), t0 + WINDOW);
