@@ -2,6 +2,8 @@
 #
 # One image with every oncepay binary; docker-compose.yml picks the binary per service.
 # The build needs no database: sqlx reads the committed offline query data (.sqlx/).
+# `cargo xtask compose-check` builds the runtime stage around binaries it has already built, by giving
+# the name `build` a context of its own (`--build-context build=DIR`, with the binaries in DIR/out/).
 
 FROM rust:1.95-bookworm AS build
 WORKDIR /src

@@ -10,6 +10,9 @@
 //! - `cargo xtask bench [--quick|--full] [--out FILE.json] [-- <oncepay-bench args>]`: builds the
 //!   api, worker, simulator and benchmark in release and runs `oncepay-bench`, which measures oncepay
 //!   against raw PostgreSQL on a throwaway cluster of its own (see BENCHMARKS.md).
+//! - `cargo xtask compose-check`: brings up the real `docker-compose.yml` (on a Docker engine, or a
+//!   podman of its own where there is none), pays through it, and takes it down. CI runs it after
+//!   the tests.
 //!
 //! Every task brings up what it needs itself; nothing must be running beforehand.
 
@@ -21,6 +24,9 @@ use clap::{Parser, Subcommand};
 use oncepay_devkit::pg::{Cluster, Durability};
 use tokio::process::Command;
 
+mod compose_check;
+mod containers;
+mod secrets;
 mod up;
 
 #[derive(Parser)]
@@ -68,6 +74,9 @@ enum Task {
         #[arg(last = true)]
         bench_args: Vec<String>,
     },
+    /// Runs docker-compose.yml for real (Docker, or podman where no Docker engine runs), pays
+    /// through it, scales and restarts the workers, and takes it all down again.
+    ComposeCheck,
 }
 
 #[tokio::main]
@@ -78,6 +87,7 @@ async fn main() -> ExitCode {
         Task::Test { nextest_args } => test(&nextest_args).await,
         Task::Prepare { packages } => prepare(&packages).await,
         Task::Bench { quick, full, out, bench_args } => bench(quick, full, out, &bench_args).await,
+        Task::ComposeCheck => compose_check::compose_check(&workspace_root()).await,
     };
     match result {
         Ok(code) => code,
@@ -91,6 +101,11 @@ async fn main() -> ExitCode {
 fn workspace_root() -> PathBuf {
     // xtask/ is one level below the root.
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+}
+
+/// Where cargo puts what it builds: `CARGO_TARGET_DIR`, or `target/` in the workspace.
+fn target_dir(root: &Path) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from)
 }
 
 /// A database server for the task: `DATABASE_URL` if given, else a throwaway cluster (kept alive by
@@ -135,7 +150,7 @@ async fn bench(quick: bool, full: bool, out: Option<PathBuf>, bench_args: &[Stri
     if !cargo(&[&build[..], &["-p", "oncepay-bench"]].concat(), &[("SQLX_OFFLINE", "true")]).await? {
         bail!("building the release binaries failed");
     }
-    let target_dir = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    let target_dir = target_dir(&root);
     // The report's default home; a relative --out is the caller's, not this directory's.
     let reports = target_dir.join("bench");
     std::fs::create_dir_all(&reports)?;

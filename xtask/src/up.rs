@@ -12,11 +12,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use base64::Engine;
 use oncepay_devkit::pg::{Cluster, Durability};
 use oncepay_devkit::process::{Child, Spec};
-use rand::RngCore;
 use tokio::process::Command;
+
+use crate::secrets;
 
 /// The fixed local ports, as in `docker-compose.yml`.
 const API_PORT: u16 = 8080;
@@ -90,7 +90,7 @@ async fn start(root: &Path, options: &Options, running: &mut Running) -> anyhow:
     if !crate::cargo(&build, &[("SQLX_OFFLINE", "true")]).await? {
         bail!("building oncepay failed");
     }
-    let bin = root.join("target").join(profile);
+    let bin = crate::target_dir(root).join(profile);
 
     let database_url = match std::env::var("DATABASE_URL") {
         Ok(url) => url,
@@ -107,8 +107,8 @@ async fn start(root: &Path, options: &Options, running: &mut Running) -> anyhow:
     run_ok(&reconciler, &["migrate"], &database_url).await.context("migrating the database failed")?;
     let api_key = demo_key(&reconciler, &database_url, &options.tenant).await?;
 
-    let provider_key = format!("sk_test_{}", hex_token(16));
-    let webhook_secret = format!("whsec_{}", base64::engine::general_purpose::STANDARD.encode(random_bytes(32)));
+    let provider_key = format!("sk_test_{}", secrets::hex_token(16));
+    let webhook_secret = secrets::webhook_secret();
     let log_dir = root.join(".oncepay").join("logs");
     // Each binary rejects settings it does not have, so each gets only its own.
     let common = |spec: Spec| spec.env("ONCEPAY_TELEMETRY__LOG_FORMAT", "text").echo(true);
@@ -236,14 +236,4 @@ async fn run_ok(program: &Path, args: &[&str], database_url: &str) -> anyhow::Re
         bail!("{} {} failed", program.display(), args.join(" "));
     }
     Ok(())
-}
-
-fn random_bytes(n: usize) -> Vec<u8> {
-    let mut bytes = vec![0u8; n];
-    rand::rng().fill_bytes(&mut bytes);
-    bytes
-}
-
-fn hex_token(n: usize) -> String {
-    random_bytes(n).iter().map(|b| format!("{b:02x}")).collect()
 }

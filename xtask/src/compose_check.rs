@@ -1,0 +1,402 @@
+//! `cargo xtask compose-check`: brings up the real `docker-compose.yml` and pays through it.
+//!
+//! The file is run as users run it; the check sets only what the file leaves to the environment:
+//! random secrets, free ports on 127.0.0.1, and the image name. The image is the Dockerfile's runtime
+//! stage around the binaries already built on this machine. The check waits for every service to be
+//! healthy, creates a tenant with the reconciler's CLI inside its container, pays with the client and
+//! sees `succeeded` and exactly one charge at the simulator, scales the workers to three and pays
+//! again, restarts the workers in the middle of a batch and sees every payment settle with one charge
+//! each, and takes everything down with its volumes. It cleans up on failure and on Ctrl-C too, and
+//! only ever touches the compose project, images and engine it made ([`crate::containers`]).
+
+use std::path::{Path, PathBuf};
+use std::process::{ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use serde_json::Value;
+use tokio::process::Command;
+
+use crate::containers::{self, Engine};
+use crate::secrets;
+
+/// The binaries the image carries (the client too: users run it from the image's shell).
+const PACKAGES: [(&str, &str); 5] = [
+    ("oncepay-api", "oncepay-api"),
+    ("oncepay-worker", "oncepay-worker"),
+    ("oncepay-reconciler", "oncepay-reconciler"),
+    ("oncepay-simulator", "oncepay-simulator"),
+    ("oncepay-client", "oncepay"),
+];
+
+/// How many workers the scaled stack runs.
+const WORKERS: usize = 3;
+/// Payments in the batch during which the workers restart, half before and half during.
+const BATCH: usize = 24;
+/// How long the whole stack may take to become healthy, and a payment to become final.
+const HEALTHY_WITHIN: Duration = Duration::from_secs(180);
+const FINAL_WITHIN_SECS: &str = "120";
+/// How long taking the stack down may take (each container gets at most 40 s to stop).
+const DOWN_WITHIN: Duration = Duration::from_secs(120);
+
+pub async fn compose_check(root: &Path) -> anyhow::Result<ExitCode> {
+    let started = Instant::now();
+    let mut build = vec!["build", "--bins", "--locked"];
+    for (package, _) in PACKAGES {
+        build.extend(["--package", package]);
+    }
+    if !crate::cargo(&build, &[("SQLX_OFFLINE", "true")]).await? {
+        bail!("building the binaries failed");
+    }
+    let bin = crate::target_dir(root).join("debug");
+
+    let run_id = secrets::hex_token(4);
+    let engine = Engine::start(&run_id).await?;
+    let stack = Stack::new(&engine, root, &bin, &run_id)?;
+    let outcome = tokio::select! {
+        outcome = check(&stack, root, &bin) => outcome,
+        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+    };
+    if outcome.is_err() {
+        // What each container was doing, then take down whatever the failed check left up.
+        stack.show_state().await;
+        stack.down().await;
+    }
+    stack.remove_images().await;
+    engine.stop().await;
+    outcome?;
+    eprintln!("compose-check: passed in {} s", started.elapsed().as_secs());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One compose project of this run: its name, its environment, and the images made for it.
+struct Stack<'a> {
+    engine: &'a Engine,
+    root: &'a Path,
+    client: PathBuf,
+    project: String,
+    image: String,
+    api_port: u16,
+    simulator_port: u16,
+    env: Vec<(&'static str, String)>,
+}
+
+impl<'a> Stack<'a> {
+    fn new(engine: &'a Engine, root: &'a Path, bin: &Path, run_id: &str) -> anyhow::Result<Self> {
+        let [api_port, reconciler_port, simulator_port] = [free_port()?, free_port()?, free_port()?];
+        let image = format!("oncepay-compose-check:{run_id}");
+        let env = vec![
+            ("WEBHOOK_SECRET", secrets::webhook_secret()),
+            ("PROVIDER_API_KEY", format!("sk_test_{}", secrets::hex_token(16))),
+            ("POSTGRES_PASSWORD", secrets::hex_token(16)),
+            ("PUBLISH_ADDRESS", "127.0.0.1".to_owned()),
+            ("API_PORT", api_port.to_string()),
+            ("RECONCILER_PORT", reconciler_port.to_string()),
+            ("SIMULATOR_PORT", simulator_port.to_string()),
+            ("APP_IMAGE", image.clone()),
+        ];
+        Ok(Stack {
+            engine,
+            root,
+            client: bin.join("oncepay"),
+            project: format!("oncepay-check-{run_id}"),
+            image,
+            api_port,
+            simulator_port,
+            env,
+        })
+    }
+
+    /// `compose` on the repository's own `docker-compose.yml`, as this run's project.
+    fn compose(&self, args: &[&str]) -> Command {
+        let mut command = self.engine.compose();
+        command
+            .arg("--project-name")
+            .arg(&self.project)
+            .arg("--file")
+            .arg(self.root.join("docker-compose.yml"))
+            .arg("--project-directory")
+            .arg(self.root)
+            .args(args)
+            .envs(self.env.iter().map(|(key, value)| (*key, value.as_str())))
+            .kill_on_drop(true);
+        command
+    }
+
+    async fn compose_ok(&self, args: &[&str], within: Duration) -> anyhow::Result<()> {
+        let what = format!("compose {}", args.join(" "));
+        tokio::time::timeout(within, containers::run(&mut self.compose(args), &what))
+            .await
+            .with_context(|| format!("{what} took more than {} s", within.as_secs()))?
+    }
+
+    /// Every container of the project, running or not, with its state. Asked of the engine, in one
+    /// call each to list and inspect (compose itself would start once per question).
+    async fn containers(&self) -> anyhow::Result<Vec<Container>> {
+        let label = format!("label=com.docker.compose.project={}", self.project);
+        let listed = self.engine.cli().args(["ps", "--all", "--quiet", "--filter", &label]).output().await?;
+        let ids: Vec<String> = String::from_utf8_lossy(&listed.stdout).split_whitespace().map(str::to_owned).collect();
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let inspected = self.engine.cli().arg("inspect").args(&ids).stderr(Stdio::null()).output().await?;
+        let inspected: Vec<Value> =
+            serde_json::from_slice(&inspected.stdout).context("the engine's inspect printed unreadable JSON")?;
+        Ok(inspected
+            .iter()
+            .map(|container| Container {
+                service: container["Config"]["Labels"]["com.docker.compose.service"].as_str().unwrap_or("").to_owned(),
+                status: container["State"]["Status"].as_str().unwrap_or("").to_owned(),
+                exit_code: container["State"]["ExitCode"].as_i64(),
+                health: container["State"]["Health"]["Status"].as_str().map(str::to_owned),
+            })
+            .collect())
+    }
+
+    /// Waits until `migrate` has exited 0 and every other service has its healthy containers: one
+    /// each, and `workers` workers.
+    async fn wait_until_healthy(&self, workers: usize) -> anyhow::Result<()> {
+        let deadline = Instant::now() + HEALTHY_WITHIN;
+        loop {
+            let mut waiting = Vec::new();
+            let all = self.containers().await?;
+            let of = |service: &str| all.iter().filter(|c| c.service == service).collect::<Vec<_>>();
+            let migrate = of("migrate");
+            if let Some(failed) = migrate.iter().find(|c| c.status == "exited" && c.exit_code != Some(0)) {
+                bail!("the migration exited with {:?}", failed.exit_code);
+            }
+            if !migrate.iter().any(|c| c.status == "exited" && c.exit_code == Some(0)) {
+                waiting.push("migrate".to_owned());
+            }
+            for (service, wanted) in
+                [("postgres", 1), ("simulator", 1), ("api", 1), ("reconciler", 1), ("worker", workers)]
+            {
+                let containers = of(service);
+                let healthy = containers.iter().filter(|c| c.health.as_deref() == Some("healthy")).count();
+                if let Some(dead) = containers.iter().find(|c| c.status == "exited") {
+                    bail!("a {service} container exited with {:?}", dead.exit_code);
+                }
+                if healthy != wanted || containers.len() != wanted {
+                    waiting.push(format!("{service} ({healthy} of {wanted} healthy)"));
+                }
+            }
+            if waiting.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("not healthy within {} s: {}", HEALTHY_WITHIN.as_secs(), waiting.join(", "));
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+
+    /// Runs the client against the stack's api; its JSON output.
+    async fn client(&self, api_key: &str, args: &[&str]) -> anyhow::Result<Value> {
+        let output = Command::new(&self.client)
+            .arg("--json")
+            .args(args)
+            .env("ONCEPAY_URL", format!("http://127.0.0.1:{}", self.api_port))
+            .env("ONCEPAY_API_KEY", api_key)
+            .stderr(Stdio::null())
+            .output()
+            .await
+            .context("cannot run the client")?;
+        ensure!(output.status.success(), "oncepay {} ended with {}", args.join(" "), output.status);
+        serde_json::from_slice(&output.stdout).context("the client printed unreadable JSON")
+    }
+
+    /// Pays `amount` cents; the payment's id. With `wait`, also checks that it succeeded.
+    async fn pay(&self, api_key: &str, amount: i64, wait: bool) -> anyhow::Result<Paid> {
+        let amount_arg = amount.to_string();
+        let mut args = vec!["pay", "--amount", &amount_arg, "--currency", "EUR", "--customer", "cus_compose_check"];
+        if wait {
+            args.extend(["--wait", FINAL_WITHIN_SECS]);
+        } else {
+            args.push("--no-wait");
+        }
+        let paid = self.client(api_key, &args).await?;
+        let id = paid["payment"]["id"].as_str().context("the client printed no payment id")?.to_owned();
+        if wait {
+            ensure!(paid["payment"]["status"] == "succeeded", "payment {id} ended {}", paid["payment"]["status"]);
+        }
+        Ok(Paid { id, amount })
+    }
+
+    /// Follows a payment until it is final; checks that it succeeded.
+    async fn settled(&self, api_key: &str, paid: &Paid) -> anyhow::Result<()> {
+        let payment = self.client(api_key, &["status", &paid.id, "--wait", FINAL_WITHIN_SECS]).await?;
+        ensure!(payment["status"] == "succeeded", "payment {} ended {}", paid.id, payment["status"]);
+        Ok(())
+    }
+
+    /// Checks the simulator's record: exactly one succeeded charge of the right amount for each
+    /// payment, and no other charge at all.
+    async fn charged_once_each(&self, payments: &[Paid]) -> anyhow::Result<()> {
+        let url = format!("http://127.0.0.1:{}/_sim/charges", self.simulator_port);
+        let output = Command::new("curl").args(["-fsS", &url]).output().await.context("cannot run curl")?;
+        ensure!(output.status.success(), "GET {url} failed: {}", String::from_utf8_lossy(&output.stderr));
+        let truth: Value = serde_json::from_slice(&output.stdout).context("the simulator sent unreadable JSON")?;
+        let charges = truth["charges"].as_array().context("the simulator sent no charges")?;
+        for paid in payments {
+            let theirs: Vec<&Value> =
+                charges.iter().filter(|charge| charge["metadata"]["oncepay_payment_id"] == paid.id.as_str()).collect();
+            ensure!(theirs.len() == 1, "payment {} has {} charges at the simulator, not 1", paid.id, theirs.len());
+            ensure!(
+                theirs[0]["status"] == "succeeded" && theirs[0]["amount"] == paid.amount,
+                "payment {} of {} was charged as {}",
+                paid.id,
+                paid.amount,
+                theirs[0]
+            );
+        }
+        ensure!(
+            charges.len() == payments.len(),
+            "the simulator holds {} charges for {} payments",
+            charges.len(),
+            payments.len()
+        );
+        Ok(())
+    }
+
+    /// On failure: what each container was doing, and the end of its log.
+    async fn show_state(&self) {
+        let _ = self.compose(&["ps"]).status().await;
+        let _ = self.compose(&["logs", "--no-color", "--tail", "40"]).status().await;
+    }
+
+    /// Takes the project down with its volumes.
+    async fn down(&self) {
+        if let Err(error) =
+            self.compose_ok(&["down", "--volumes", "--remove-orphans", "--timeout", "10"], DOWN_WITHIN).await
+        {
+            eprintln!("compose-check: {error:#}");
+        }
+    }
+
+    /// Removes the image made for the project.
+    async fn remove_images(&self) {
+        // Quietly: an image that was never made is nothing to remove.
+        let _ = self
+            .engine
+            .cli()
+            .args(["rmi", "--force", &self.image])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .await;
+    }
+}
+
+/// What the check needs to know of a container.
+struct Container {
+    service: String,
+    status: String,
+    exit_code: Option<i64>,
+    health: Option<String>,
+}
+
+/// A payment the check made.
+struct Paid {
+    id: String,
+    amount: i64,
+}
+
+async fn check(stack: &Stack<'_>, root: &Path, bin: &Path) -> anyhow::Result<()> {
+    let mut phase = Phase::start("images");
+    if stack.engine.needs_stand_ins() {
+        containers::make_stand_ins(stack.engine, root, &crate::target_dir(root).join("compose-check")).await?;
+    }
+    let binaries: Vec<PathBuf> = PACKAGES.iter().map(|(_, binary)| bin.join(binary)).collect();
+    containers::build_runtime_image(stack.engine, root, &binaries, &stack.image).await?;
+
+    phase.next("up");
+    let _health_checks = HealthChecks(stack.engine.tick_health_checks(&stack.project));
+    stack.compose_ok(&["up", "--detach", "--no-build"], HEALTHY_WITHIN).await?;
+    stack.wait_until_healthy(1).await?;
+
+    phase.next("first payment");
+    let created = stack
+        .compose(&["exec", "-T", "reconciler", "oncepay-reconciler", "tenants", "create", "compose-check", "--json"])
+        .output()
+        .await?;
+    ensure!(created.status.success(), "creating a tenant in the reconciler's container failed: {}", created.status);
+    let created: Value = serde_json::from_slice(&created.stdout).context("the reconciler printed unreadable JSON")?;
+    let api_key = created["api_key"].as_str().context("the reconciler printed no api_key")?.to_owned();
+    let mut payments = vec![stack.pay(&api_key, 1999, true).await?];
+    stack.charged_once_each(&payments).await?;
+
+    phase.next("three workers");
+    let scale = format!("worker={WORKERS}");
+    stack.compose_ok(&["up", "--detach", "--no-build", "--scale", &scale], HEALTHY_WITHIN).await?;
+    stack.wait_until_healthy(WORKERS).await?;
+    payments.push(stack.pay(&api_key, 2500, true).await?);
+    stack.charged_once_each(&payments).await?;
+
+    phase.next("workers restarted mid-batch");
+    let mut batch = Vec::new();
+    for i in 0..BATCH / 2 {
+        batch.push(stack.pay(&api_key, 100 + i64::try_from(i)?, false).await?);
+    }
+    let mut restart = stack.compose(&["restart", "--timeout", "40", "worker"]);
+    let restart = restart.status();
+    let rest = async {
+        let mut rest = Vec::new();
+        for i in BATCH / 2..BATCH {
+            rest.push(stack.pay(&api_key, 100 + i64::try_from(i)?, false).await?);
+        }
+        anyhow::Ok(rest)
+    };
+    let (restarted, rest) = tokio::join!(restart, rest);
+    ensure!(restarted?.success(), "restarting the workers failed");
+    batch.extend(rest?);
+    stack.wait_until_healthy(WORKERS).await?;
+    for paid in &batch {
+        stack.settled(&api_key, paid).await?;
+    }
+    payments.extend(batch);
+    stack.charged_once_each(&payments).await?;
+
+    phase.next("down");
+    stack.compose_ok(&["down", "--volumes", "--remove-orphans", "--timeout", "40"], DOWN_WITHIN).await?;
+    phase.end();
+    eprintln!("compose-check: {} payments, each charged once", payments.len());
+    Ok(())
+}
+
+/// Stops the health check ticks when dropped, however the check ends.
+struct HealthChecks(Option<tokio::task::JoinHandle<()>>);
+
+impl Drop for HealthChecks {
+    fn drop(&mut self) {
+        if let Some(task) = &self.0 {
+            task.abort();
+        }
+    }
+}
+
+/// Says how long each phase of the check took.
+struct Phase {
+    name: &'static str,
+    started: Instant,
+}
+
+impl Phase {
+    fn start(name: &'static str) -> Self {
+        eprintln!("compose-check: {name}");
+        Phase { name, started: Instant::now() }
+    }
+
+    fn next(&mut self, name: &'static str) {
+        self.end();
+        *self = Phase::start(name);
+    }
+
+    fn end(&self) {
+        eprintln!("compose-check: {} took {:.1} s", self.name, self.started.elapsed().as_secs_f64());
+    }
+}
+
+/// A port on 127.0.0.1 that nothing listens on now.
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
+}
