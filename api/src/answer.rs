@@ -10,7 +10,7 @@ use actix_web::HttpResponse;
 use actix_web::http::StatusCode;
 use actix_web::http::header::{self, ContentType, HeaderName, HeaderValue};
 use actix_web::web::Bytes;
-use oncepay_shared::payment::PaymentResource;
+use oncepay_domain::payment::PaymentResource;
 use time::OffsetDateTime;
 use time::macros::format_description;
 

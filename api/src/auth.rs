@@ -1,6 +1,6 @@
 //! Authentication: `Authorization: Bearer <api key>` → the tenant making the request.
 //!
-//! A token names its tenant and key id (`oncepay_shared::api_key`), so verifying it is one
+//! A token names its tenant and key id (`oncepay_domain::api_key`), so verifying it is one
 //! primary-key read (`store::tenants::find_api_key`) and a constant-time comparison of the
 //! presented secret's hash with the stored one. A small bounded cache remembers keys verified in
 //! the last `auth.cache_ttl_secs`, so a request usually needs no database round trip to
@@ -26,10 +26,10 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use actix_web::http::header::{self, HeaderMap};
-use oncepay_shared::api_key::{self, KeyId};
-use oncepay_shared::connections::Connections;
-use oncepay_shared::ids::TenantId;
-use oncepay_shared::store::{StoreError, tenants};
+use oncepay_domain::api_key::{self, KeyId};
+use oncepay_domain::ids::TenantId;
+use oncepay_store::connections::Connections;
+use oncepay_store::{StoreError, tenants};
 use tokio::sync::Semaphore;
 
 use crate::errors::ApiError;

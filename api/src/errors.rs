@@ -1,5 +1,5 @@
 //! The api's one error type, [`ApiError`], and how every error leaves the process: as an RFC 9457
-//! problem document (`oncepay_shared::problem`).
+//! problem document (`oncepay_http::problem`).
 //!
 //! Handlers return `Result<_, ApiError>`; actix renders the error through [`ResponseError`]. Errors
 //! actix produces itself (an unknown route, a wrong method, an extractor) are routed to handlers
@@ -16,11 +16,11 @@ use actix_web::http::StatusCode;
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::middleware::Next;
 use actix_web::{HttpResponse, ResponseError};
-use oncepay_shared::idempotency_key::IdempotencyKeyError;
-use oncepay_shared::payment_request::FieldError;
-use oncepay_shared::problem::{self, Problem, ProblemType};
-use oncepay_shared::store::StoreError;
-use oncepay_shared::telemetry;
+use oncepay_domain::idempotency_key::IdempotencyKeyError;
+use oncepay_domain::payment_request::FieldError;
+use oncepay_http::problem::{self, Problem, ProblemType};
+use oncepay_service::telemetry;
+use oncepay_store::StoreError;
 use time::OffsetDateTime;
 
 use crate::answer;

@@ -12,7 +12,7 @@
 //!    replayed (the stored terminal response, which is then remembered, else 202 with the payment as
 //!    it stands), with another fingerprint it is refused (422);
 //! 2. a new key is accepted in one statement (key, payment, outbox row and audit row, atomically),
-//!    and once it has committed the workers get a wake-up (`oncepay_shared::notify`, one coalesced
+//!    and once it has committed the workers get a wake-up (`oncepay_store::notify`, one coalesced
 //!    `NOTIFY` for many accepts). If a concurrent request with the same key committed first, the
 //!    function waited for it, wrote nothing and read the key again, so every concurrent duplicate
 //!    gets the same payment id.
@@ -31,15 +31,15 @@ use actix_web::web::Bytes;
 use actix_web::{HttpRequest, HttpResponse, web};
 use anyhow::anyhow;
 use futures::StreamExt;
-use oncepay_shared::fingerprint::Fingerprint;
-use oncepay_shared::idempotency_key::IdempotencyKey;
-use oncepay_shared::ids::TenantId;
-use oncepay_shared::payment::PaymentResource;
-use oncepay_shared::payment_request::PaymentRequest;
-use oncepay_shared::problem::Problem;
-use oncepay_shared::store::intake::{self, ExistingKey, Intake, NewPayment};
-use oncepay_shared::store::{StoreError, payments};
-use oncepay_shared::telemetry;
+use oncepay_domain::fingerprint::Fingerprint;
+use oncepay_domain::idempotency_key::IdempotencyKey;
+use oncepay_domain::ids::TenantId;
+use oncepay_domain::payment::PaymentResource;
+use oncepay_domain::payment_request::PaymentRequest;
+use oncepay_http::problem::Problem;
+use oncepay_service::telemetry;
+use oncepay_store::intake::{self, ExistingKey, Intake, NewPayment};
+use oncepay_store::{StoreError, payments};
 use serde_json::Value;
 use sqlx::PgConnection;
 use time::OffsetDateTime;

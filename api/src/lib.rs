@@ -4,7 +4,7 @@
 //!
 //! Everything testable lives here; `main.rs` only loads [`settings::Settings`], starts telemetry and
 //! runs an [`Application`] until SIGTERM. Tests build one on port 0 with [`Application::build_with`]
-//! on a fresh database. The api writes only through `oncepay_shared::store` and never runs
+//! on a fresh database. The api writes only through `oncepay_store` and never runs
 //! migrations.
 
 pub mod answer;

@@ -22,9 +22,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use oncepay_shared::backoff::Backoff;
-use oncepay_shared::ids::{PaymentId, TenantId};
-use oncepay_shared::notify::{self, PAYMENT_CHANNEL};
+use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_service::backoff::Backoff;
+use oncepay_store::notify::{self, PAYMENT_CHANNEL};
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use tokio::sync::watch;

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Parser;
 use oncepay_api::{Application, Settings};
-use oncepay_shared::{metrics, shutdown, telemetry};
+use oncepay_service::{metrics, shutdown, telemetry};
 
 /// Every request allocates (headers, JSON, spans); mimalloc's per-thread free lists cost less than
 /// the system allocator's (BENCHMARKS.md).

@@ -8,11 +8,11 @@
 
 use std::borrow::Cow;
 
-use oncepay_shared::money::{Amount, Currency};
-use oncepay_shared::payment::{Failure, PaymentResource};
-use oncepay_shared::payment_request::{FieldError, limits};
-use oncepay_shared::problem::Problem;
-use oncepay_shared::status::PaymentStatus;
+use oncepay_domain::money::{Amount, Currency};
+use oncepay_domain::payment::{Failure, PaymentResource};
+use oncepay_domain::payment_request::{FieldError, limits};
+use oncepay_domain::status::PaymentStatus;
+use oncepay_http::problem::Problem;
 use utoipa::openapi::link::LinkBuilder;
 use utoipa::openapi::schema::{AdditionalProperties, KnownFormat, ObjectBuilder, Schema, SchemaFormat, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};

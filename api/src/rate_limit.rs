@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultDirectRateLimiter, Quota};
-use oncepay_shared::ids::TenantId;
+use oncepay_domain::ids::TenantId;
 
 use crate::auth::Caller;
 use crate::errors::ApiError;

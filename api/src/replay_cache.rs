@@ -24,9 +24,9 @@
 use std::hash::{Hash, Hasher};
 
 use actix_web::web::Bytes;
-use oncepay_shared::fingerprint::Fingerprint;
-use oncepay_shared::idempotency_key::IdempotencyKey;
-use oncepay_shared::ids::{PaymentId, TenantId};
+use oncepay_domain::fingerprint::Fingerprint;
+use oncepay_domain::idempotency_key::IdempotencyKey;
+use oncepay_domain::ids::{PaymentId, TenantId};
 use quick_cache::sync::Cache;
 use quick_cache::{Equivalent, Weighter};
 use time::OffsetDateTime;

@@ -17,7 +17,7 @@ use actix_web::http::Method;
 use actix_web::http::header::HeaderMap;
 use actix_web::middleware::Next;
 use actix_web::{HttpMessage, HttpRequest};
-use oncepay_shared::telemetry::{self, TraceContext};
+use oncepay_service::telemetry::{self, TraceContext};
 use tracing::field::Empty;
 use tracing::{Instrument, Span};
 

@@ -10,9 +10,9 @@
 
 use std::collections::HashMap;
 
-use oncepay_shared::ids::{PaymentId, TenantId};
-use oncepay_shared::payment::Payment;
-use oncepay_shared::store::{StoreError, payments};
+use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_store::payments::Payment;
+use oncepay_store::{StoreError, payments};
 use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;

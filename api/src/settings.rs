@@ -2,7 +2,7 @@
 //! (`[intake]`, `[auth]`, `[long_poll]`).
 //!
 //! Loaded once, in `main` (or by a test), from the embedded `config/default.toml` (which documents
-//! every key), an optional file and the environment, through [`oncepay_shared::config::load`].
+//! every key), an optional file and the environment, through [`oncepay_service::config::load`].
 //! Values that would make the service misbehave (a zero rate, an empty body limit) are rejected at
 //! load time by their types or by [`Settings::load`], never discovered on the request path. Nothing
 //! here reads the environment itself.
@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
-use oncepay_shared::config::{self, DatabaseSettings, HttpSettings, TelemetrySettings};
+use oncepay_service::config::{self, DatabaseSettings, HttpSettings, TelemetrySettings};
 use serde::Deserialize;
 
 /// The embedded defaults.

@@ -7,10 +7,10 @@
 //! during every graceful stop. So each worker has its own pool, an equal share of
 //! `database.max_connections`, and everything without I/O (the auth cache, the replay cache, the rate
 //! limits, the long-poll waiters, the wake-up requests) is shared by the process. The payment
-//! listener and the outbox notifier (`oncepay_shared::notify::Notifier`, one coalesced `NOTIFY` for
+//! listener and the outbox notifier (`oncepay_store::notify::Notifier`, one coalesced `NOTIFY` for
 //! many accepts) run on the caller's runtime, each with a one-connection pool of its own.
 //!
-//! Requests take their connection from `oncepay_shared::connections`, not from a sqlx pool: sqlx
+//! Requests take their connection from `oncepay_store::connections`, not from a sqlx pool: sqlx
 //! pings a connection on every checkout and every return, a round trip to PostgreSQL per request as
 //! costly as a replay's own query (BENCHMARKS.md). A connection that died is found by the request's
 //! query instead, which fails closed (503, retried by the client with the same key), and is replaced.
@@ -31,11 +31,11 @@ use std::time::Duration;
 use actix_web::dev::Server;
 use actix_web::{App, HttpRequest, HttpResponse, HttpServer, middleware, web};
 use anyhow::Context;
-use oncepay_shared::config::DatabaseSettings;
-use oncepay_shared::connections::Connections;
-use oncepay_shared::metrics as shared_metrics;
-use oncepay_shared::notify::{Notifier, OUTBOX_CHANNEL, Wakeups};
-use oncepay_shared::ops_http::{self, OpsState};
+use oncepay_http::ops_http::{self, OpsState};
+use oncepay_service::config::DatabaseSettings;
+use oncepay_service::metrics as shared_metrics;
+use oncepay_store::connections::Connections;
+use oncepay_store::notify::{Notifier, OUTBOX_CHANNEL, Wakeups};
 use secrecy::ExposeSecret;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};

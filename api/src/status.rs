@@ -14,10 +14,11 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use actix_web::{HttpRequest, HttpResponse, web};
-use oncepay_shared::ids::{PaymentId, TenantId};
-use oncepay_shared::payment::{Payment, PaymentResource};
-use oncepay_shared::problem::Problem;
-use oncepay_shared::store::payments;
+use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::payment::PaymentResource;
+use oncepay_http::problem::Problem;
+use oncepay_store::payments;
+use oncepay_store::payments::Payment;
 use tokio::time::Instant;
 
 use crate::answer;

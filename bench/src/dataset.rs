@@ -17,11 +17,11 @@
 use std::ops::RangeInclusive;
 
 use anyhow::Context;
-use oncepay_shared::api_key;
-use oncepay_shared::fingerprint::Fingerprint;
-use oncepay_shared::ids::TenantId;
-use oncepay_shared::payment_request::PaymentRequest;
-use oncepay_shared::store::tenants::{self, TenantName};
+use oncepay_domain::api_key;
+use oncepay_domain::fingerprint::Fingerprint;
+use oncepay_domain::ids::TenantId;
+use oncepay_domain::payment_request::PaymentRequest;
+use oncepay_store::tenants::{self, TenantName};
 use sqlx::PgConnection;
 use sqlx::types::Json;
 

@@ -1,7 +1,7 @@
 //! The raw-SQL baselines: pgbench scripts of the project's own statements, plus the reference shape
 //! of issue #8 (three plain inserts in one transaction), with the variables they need.
 //!
-//! The statements are embedded from the files the binaries are built from (`shared/sql`,
+//! The statements are embedded from the files the binaries are built from (`store/sql`,
 //! `worker/sql`), so a baseline cannot drift from the code it measures. Where pgbench cannot pass a
 //! value as a bind parameter the way the binaries do, SQL stands in, and each difference is named
 //! here:
@@ -21,10 +21,10 @@ use anyhow::Context;
 use crate::dataset::{self, ReplaySet};
 use crate::pgbench_script::{Arg, Script, command};
 
-const ACCEPT_SQL: &str = include_str!("../../shared/sql/accept.sql");
-const REPLAY_SQL: &str = include_str!("../../shared/sql/replay.sql");
-const SETTLE_SQL: &str = include_str!("../../shared/sql/settle.sql");
-const STORE_RESPONSE_SQL: &str = include_str!("../../shared/sql/store_response.sql");
+const ACCEPT_SQL: &str = include_str!("../../store/sql/accept.sql");
+const REPLAY_SQL: &str = include_str!("../../store/sql/replay.sql");
+const SETTLE_SQL: &str = include_str!("../../store/sql/settle.sql");
+const STORE_RESPONSE_SQL: &str = include_str!("../../store/sql/store_response.sql");
 const CLAIM_SQL: &str = include_str!("../../worker/sql/claim.sql");
 const TAKE_SQL: &str = include_str!("../../worker/sql/take.sql");
 
@@ -44,13 +44,13 @@ fn fresh_key(script: Script) -> Script {
 pub enum Baseline {
     /// Issue #8's reference: key, payment and outbox row as three plain inserts in one transaction.
     ThreeInserts,
-    /// `shared/sql/accept.sql` as the api runs it, with a fresh key: the `intake` function's key read
+    /// `store/sql/accept.sql` as the api runs it, with a fresh key: the `intake` function's key read
     /// and four inserts, the workers' wake-up left to a coalesced NOTIFY after commit.
     Accept,
-    /// `shared/sql/accept.sql` with its in-statement NOTIFY, as the api ran it before: shows what a
+    /// `store/sql/accept.sql` with its in-statement NOTIFY, as the api ran it before: shows what a
     /// NOTIFY in every accept costs.
     AcceptWithNotify,
-    /// `shared/sql/replay.sql`: the replay read on its own (the `intake` function's first statement),
+    /// `store/sql/replay.sql`: the replay read on its own (the `intake` function's first statement),
     /// of a random stored key.
     Replay,
     /// The worker's claim (`worker/sql/claim.sql`, one row) and its finish of a success in one
@@ -284,7 +284,7 @@ mod tests {
 
     #[test]
     fn every_variable_a_script_uses_is_defined_or_set_by_the_script() {
-        let tenant = dataset::Tenant { id: oncepay_shared::ids::TenantId::generate(), token: String::new() };
+        let tenant = dataset::Tenant { id: oncepay_domain::ids::TenantId::generate(), token: String::new() };
         let defined: Vec<String> =
             variables(&tenant, ReplaySet::all(10)).unwrap().into_iter().map(|(name, _)| name).collect();
         // Set by the scripts themselves: \set, and \gset from the claim and the payment insert.

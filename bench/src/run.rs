@@ -24,8 +24,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use oncepay_devkit::pg::{Cluster, Durability};
-use oncepay_shared::api_key;
-use oncepay_shared::webhook_signature::WebhookSecret;
+use oncepay_domain::api_key;
+use oncepay_provider::webhook_signature::WebhookSecret;
 use secrecy::ExposeSecret;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
@@ -164,7 +164,7 @@ impl Database {
         cluster.create_database(name).await?;
         let url = cluster.url(name);
         let pool = PgPoolOptions::new().max_connections(4).connect(&url).await?;
-        oncepay_shared::db::migrate(&pool).await.context("migrating")?;
+        oncepay_store::db::migrate(&pool).await.context("migrating")?;
         let mut conn = pool.acquire().await?;
         let tenant = Tenant::create(&mut conn, "bench").await?;
         let started = Instant::now();
@@ -400,7 +400,7 @@ impl Bench<'_> {
     /// signatures and a large body (against the genuine rate), then `/healthz` alone and while
     /// forged deliveries arrive (against its quiet rate).
     async fn webhooks(&mut self, main: &Database) -> anyhow::Result<()> {
-        oncepay_shared::tls::install_provider();
+        oncepay_service::tls::install_provider();
         let secret_text = WebhookSecret::generate();
         let secret = WebhookSecret::parse(&secret_text)?;
         let reconciler = self.launcher.reconciler(&main.url, &secret_text).await?;

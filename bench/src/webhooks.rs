@@ -12,9 +12,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use oncepay_shared::provider::wire::{EventType, WebhookEvent};
-use oncepay_shared::provider::{Charge, ChargeStatus};
-use oncepay_shared::webhook_signature::WebhookSecret;
+use oncepay_provider::webhook_signature::WebhookSecret;
+use oncepay_provider::wire::{EventType, WebhookEvent};
+use oncepay_provider::{Charge, ChargeStatus};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 

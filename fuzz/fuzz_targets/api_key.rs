@@ -2,7 +2,7 @@
 
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use oncepay_shared::api_key;
+use oncepay_domain::api_key;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(token) = std::str::from_utf8(data) else { return };

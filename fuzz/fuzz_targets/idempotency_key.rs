@@ -3,7 +3,7 @@
 
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use oncepay_shared::idempotency_key::IdempotencyKey;
+use oncepay_domain::idempotency_key::IdempotencyKey;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(key) = IdempotencyKey::parse(data) {

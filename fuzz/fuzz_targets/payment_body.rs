@@ -4,8 +4,8 @@
 
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use oncepay_shared::fingerprint::Fingerprint;
-use oncepay_shared::payment_request::PaymentRequest;
+use oncepay_domain::fingerprint::Fingerprint;
+use oncepay_domain::payment_request::PaymentRequest;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(json) = serde_json::from_slice::<serde_json::Value>(data) else { return };

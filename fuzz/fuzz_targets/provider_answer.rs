@@ -4,7 +4,7 @@
 
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use oncepay_shared::provider::{SendOutcome, UncertainReason};
+use oncepay_provider::{SendOutcome, UncertainReason};
 
 fuzz_target!(|data: &[u8]| {
     if data.len() < 2 {
@@ -16,7 +16,7 @@ fuzz_target!(|data: &[u8]| {
         SendOutcome::NotSent { .. } => assert!([401, 403, 429].contains(&status)),
         SendOutcome::Charged(charge) => {
             assert!(status == 200 || status == 201);
-            assert_eq!(serde_json::from_slice::<oncepay_shared::provider::Charge>(body).unwrap(), charge);
+            assert_eq!(serde_json::from_slice::<oncepay_provider::Charge>(body).unwrap(), charge);
         }
         SendOutcome::Uncertain(UncertainReason::ServerError(s)) => assert_eq!(s, status),
         _ => assert!(!(500..=599).contains(&status)),

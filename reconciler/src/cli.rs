@@ -14,10 +14,10 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use oncepay_shared::db;
-use oncepay_shared::ids::PaymentId;
-use oncepay_shared::money::{Amount, Currency};
-use oncepay_shared::provider::http::HttpProvider;
+use oncepay_domain::ids::PaymentId;
+use oncepay_domain::money::{Amount, Currency};
+use oncepay_provider::http::HttpProvider;
+use oncepay_store::db;
 use sqlx::PgPool;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;

@@ -2,14 +2,14 @@
 //!
 //! Pure: no I/O. [`judge`] compares a charge with what oncepay has recorded and decides what to do,
 //! monotonically: only an `unknown` payment is settled, and only by a charge that is what it asked
-//! for (`oncepay_shared::settlement` decides that, as it does for the worker and operators); a
+//! for (`oncepay_store::settlement` decides that, as it does for the worker and operators); a
 //! terminal payment never moves, and evidence that contradicts it is a conflict for an operator; a
 //! payment still being sent is left to its sender.
 
-use oncepay_shared::provider::{Charge, ChargeStatus};
-use oncepay_shared::settlement::{self, Asked, Unsettled};
-use oncepay_shared::status::{PaymentStatus, Transition};
-use oncepay_shared::store::transitions::Settlement;
+use oncepay_domain::status::{PaymentStatus, Transition};
+use oncepay_provider::{Charge, ChargeStatus};
+use oncepay_store::settlement::{self, Asked, Unsettled};
+use oncepay_store::transitions::Settlement;
 
 /// What oncepay has recorded about a payment, as far as a charge can agree or disagree with it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,8 +133,8 @@ pub fn judge(recorded: &Recorded, charge: &Charge) -> Judgement {
 mod tests {
     use std::collections::BTreeMap;
 
-    use oncepay_shared::ids::PaymentId;
-    use oncepay_shared::money::{Amount, Currency};
+    use oncepay_domain::ids::PaymentId;
+    use oncepay_domain::money::{Amount, Currency};
 
     use super::*;
 

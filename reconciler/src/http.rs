@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use actix_web::dev::Server;
 use actix_web::{App, HttpResponse, HttpServer, web};
-use oncepay_shared::ops_http::{self, OpsState};
-use oncepay_shared::problem::{Problem, ProblemType};
+use oncepay_http::ops_http::{self, OpsState};
+use oncepay_http::problem::{Problem, ProblemType};
 
 use crate::webhooks::{self, WebhookState};
 

@@ -8,7 +8,8 @@ use clap::Parser;
 use oncepay_reconciler::cli::{self, Cli, Command};
 use oncepay_reconciler::render;
 use oncepay_reconciler::settings::Settings;
-use oncepay_shared::{db, shutdown, telemetry};
+use oncepay_service::{shutdown, telemetry};
+use oncepay_store::db;
 
 /// Exit code for a configuration that cannot work (sysexits' EX_CONFIG).
 const CONFIG_INVALID: u8 = 78;

@@ -24,13 +24,13 @@ use std::time::Duration;
 
 use anyhow::Context;
 use futures::StreamExt;
-use oncepay_shared::backoff::Backoff;
-use oncepay_shared::provider::{Charge, ChargeStatus, LookupError, PaymentProvider};
-use oncepay_shared::settlement::{self, Unsettled};
-use oncepay_shared::status::Transition;
-use oncepay_shared::store;
-use oncepay_shared::store::transitions::{Applied, Settlement};
-use oncepay_shared::telemetry;
+use oncepay_domain::status::Transition;
+use oncepay_provider::{Charge, ChargeStatus, LookupError, PaymentProvider};
+use oncepay_service::backoff::Backoff;
+use oncepay_service::telemetry;
+use oncepay_store as store;
+use oncepay_store::settlement::{self, Unsettled};
+use oncepay_store::transitions::{Applied, Settlement};
 use serde_json::json;
 use sqlx::{Acquire, PgPool};
 use tokio_util::sync::CancellationToken;
@@ -425,9 +425,9 @@ fn give_up_or_wait(payment: &Claimed, attempts: u32, finding: String, config: &P
 mod tests {
     use std::collections::BTreeMap;
 
-    use oncepay_shared::ids::{PaymentId, TenantId};
-    use oncepay_shared::money::{Amount, Currency};
-    use oncepay_shared::settlement::Asked;
+    use oncepay_domain::ids::{PaymentId, TenantId};
+    use oncepay_domain::money::{Amount, Currency};
+    use oncepay_store::settlement::Asked;
 
     use super::*;
 

@@ -3,7 +3,7 @@
 //! A key is deleted only once it has expired AND its payment is terminal: a key whose payment is
 //! still pending, processing, unknown or dead-lettered is what makes a client's retry find that
 //! payment instead of creating another, so it stays however old it is. A key's expiry restarts when
-//! its payment becomes terminal (`shared/sql/store_response.sql`), so a late settlement keeps its key
+//! its payment becomes terminal (`store/sql/store_response.sql`), so a late settlement keeps its key
 //! the full retention after that. A terminal payment never
 //! changes again, so the status read in the delete's own statement cannot go stale. Deletes run in
 //! small batches (`FOR UPDATE SKIP LOCKED`, oldest first), each its own short statement, so the

@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use actix_web::dev::Server;
 use anyhow::Context;
-use oncepay_shared::db;
-use oncepay_shared::ops_http::{self, OpsState};
-use oncepay_shared::provider::http::HttpProvider;
+use oncepay_http::ops_http::{self, OpsState};
+use oncepay_provider::http::HttpProvider;
+use oncepay_store::db;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -29,7 +29,7 @@ use crate::webhooks::WebhookState;
 
 /// Runs the service until `shutdown` is cancelled.
 pub async fn serve(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let metrics = oncepay_shared::metrics::install();
+    let metrics = oncepay_service::metrics::install();
     crate::metrics::describe();
     let options = db::connect_options(&settings.database, "oncepay-reconciler").context("database.url is invalid")?;
     let pool = db::pool(&settings.database, options);

@@ -1,5 +1,5 @@
 //! The reconciler's settings: one struct, loaded once in `main` from `config/default.toml`, an
-//! optional file and the environment (`oncepay_shared::config::load`), then validated.
+//! optional file and the environment (`oncepay_service::config::load`), then validated.
 //!
 //! Nothing outside `main` reads configuration; everything else receives the piece it needs. Secrets
 //! (webhook secrets, the provider key, the database URL) are `secrecy` types and never printed.
@@ -7,11 +7,11 @@
 use std::path::Path;
 use std::time::Duration;
 
-use oncepay_shared::backoff::Backoff;
-use oncepay_shared::config::{self, DatabaseSettings, HttpSettings, TelemetrySettings};
-use oncepay_shared::provider::http::ProviderSettings;
-use oncepay_shared::store::leases::KeyWindow;
-use oncepay_shared::webhook_signature::{BadSecret, WebhookSecret};
+use oncepay_provider::KeyWindow;
+use oncepay_provider::http::ProviderSettings;
+use oncepay_provider::webhook_signature::{BadSecret, WebhookSecret};
+use oncepay_service::backoff::Backoff;
+use oncepay_service::config::{self, DatabaseSettings, HttpSettings, TelemetrySettings};
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 

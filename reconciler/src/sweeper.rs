@@ -1,6 +1,6 @@
 //! The sweeper: takes outbox leases back from workers that died or stalled.
 //!
-//! The takeover itself is `oncepay_shared::store::leases::sweep` (owned with the worker's claim and
+//! The takeover itself is `oncepay_store::leases::sweep` (owned with the worker's claim and
 //! record statements, so the protocol lives in one place): inside the provider's key window the
 //! payment goes back to `pending` and is resent with the same key; past it the payment becomes
 //! `unknown` and is queued for the poller. This module only runs it: in batches, until a batch changes
@@ -9,7 +9,8 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use oncepay_shared::store::leases::{self, KeyWindow, SweepCounts};
+use oncepay_provider::KeyWindow;
+use oncepay_store::leases::{self, SweepCounts};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 

@@ -1,14 +1,14 @@
 //! Operator commands for tenants and their API keys: `tenants create|list`, `keys issue|revoke`.
 //!
-//! The store functions are `oncepay_shared::store::tenants`; this module adds the operator's view.
+//! The store functions are `oncepay_store::tenants`; this module adds the operator's view.
 //! A new key's token is printed exactly once, by the command that made it, with a line saying it
 //! will not be shown again; nothing else ever prints or logs a token, and only its hash is stored.
 
 use std::io::{self, Write};
 
 use anyhow::Context;
-use oncepay_shared::api_key::{self, KeyId};
-use oncepay_shared::store::tenants::{self, CreateTenantError, Tenant, TenantName};
+use oncepay_domain::api_key::{self, KeyId};
+use oncepay_store::tenants::{self, CreateTenantError, Tenant, TenantName};
 use serde::Serialize;
 use sqlx::{Acquire, PgConnection};
 use time::OffsetDateTime;

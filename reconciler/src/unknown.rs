@@ -2,7 +2,7 @@
 //! payment leaves `unknown`.
 //!
 //! Invariant: a payment is `unknown` exactly while it has a row here. Whoever moves it in writes the
-//! row in the same transaction (`oncepay_shared::store::unknown_queue`); every function here that
+//! row in the same transaction (`oncepay_store::unknown_queue`); every function here that
 //! moves it out ([`settle`], [`resend`], [`exhaust`], [`mismatch`]) deletes the row in the same
 //! transaction, and only after its compare-and-set won. Claiming pushes `next_poll_at` forward as a lease instead of
 //! holding a lock, so no transaction stays open across a provider call.
@@ -15,14 +15,14 @@
 
 use std::time::Duration;
 
-use oncepay_shared::ids::{PaymentId, TenantId};
-use oncepay_shared::money::{Amount, Currency};
-use oncepay_shared::payment::Payment;
-use oncepay_shared::settlement::Asked;
-use oncepay_shared::status::{PaymentStatus, Transition};
-use oncepay_shared::store::transitions::{self, Applied, Change, Settlement, TransitionError};
-use oncepay_shared::store::{StoreError, outbox};
-use oncepay_shared::telemetry::{self, TraceContext};
+use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::money::{Amount, Currency};
+use oncepay_domain::status::{PaymentStatus, Transition};
+use oncepay_service::telemetry::{self, TraceContext};
+use oncepay_store::payments::Payment;
+use oncepay_store::settlement::Asked;
+use oncepay_store::transitions::{self, Applied, Change, Settlement, TransitionError};
+use oncepay_store::{StoreError, outbox};
 use serde_json::{Value, json};
 use sqlx::PgConnection;
 use time::OffsetDateTime;

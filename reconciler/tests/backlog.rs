@@ -9,10 +9,10 @@ mod support;
 
 use std::time::Duration;
 
+use oncepay_domain::ids::PaymentId;
 use oncepay_reconciler::backlog::{self, Backlog};
 use oncepay_reconciler::dead_letters::{self, Kind};
-use oncepay_shared::fixtures::tenant;
-use oncepay_shared::ids::PaymentId;
+use oncepay_store::fixtures::tenant;
 use serde_json::json;
 use sqlx::PgPool;
 use support::{accept, unknown_payment};
@@ -21,12 +21,12 @@ async fn sql(pool: &PgPool, statement: &str, payment_id: PaymentId) {
     sqlx::query(sqlx::AssertSqlSafe(statement.to_owned())).bind(payment_id.as_uuid()).execute(pool).await.unwrap();
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn an_empty_system_has_no_backlog(pool: PgPool) {
     assert_eq!(backlog::sample(&pool).await.unwrap(), Backlog::default());
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn the_sample_counts_every_kind_of_waiting_work_and_the_oldest_of_it(pool: PgPool) {
     let tenant_id = tenant(&pool, "acme").await;
     // The outbox: two due (one accepted ten minutes ago), one waiting for a retry, one leased.

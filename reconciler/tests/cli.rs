@@ -9,6 +9,11 @@ mod support;
 use std::process::{Command, Output};
 use std::time::Duration;
 
+use oncepay_domain::api_key;
+use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::status::PaymentStatus;
+use oncepay_provider::ChargeStatus;
+use oncepay_provider::wire::{EventType, WebhookEvent};
 use oncepay_reconciler::cli::CliError;
 use oncepay_reconciler::dead_letters::commands::{self, BookedCharge, Decision, Filter, Operator, Retry};
 use oncepay_reconciler::dead_letters::{self, Kind};
@@ -16,14 +21,9 @@ use oncepay_reconciler::render::Report;
 use oncepay_reconciler::tenants;
 use oncepay_reconciler::unknown::{self, Why};
 use oncepay_reconciler::webhooks;
-use oncepay_shared::api_key;
-use oncepay_shared::db;
-use oncepay_shared::fixtures::{self, count, tenant};
-use oncepay_shared::ids::{PaymentId, TenantId};
-use oncepay_shared::provider::ChargeStatus;
-use oncepay_shared::provider::wire::{EventType, WebhookEvent};
-use oncepay_shared::status::PaymentStatus;
-use oncepay_shared::store::tenants::find_api_key;
+use oncepay_store::db;
+use oncepay_store::fixtures::{self, count, tenant};
+use oncepay_store::tenants::find_api_key;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use support::{count_for, status, unknown_payment};
@@ -57,7 +57,7 @@ fn command(database_url: &str, args: &[&str]) -> Command {
     command
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_new_tenants_first_key_authenticates_and_a_revoked_one_does_not(pool: PgPool) {
     let mut conn = pool.acquire().await.unwrap();
 
@@ -71,7 +71,7 @@ async fn a_new_tenants_first_key_authenticates_and_a_revoked_one_does_not(pool: 
     assert!(authenticates(&pool, &second.api_key).await);
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn tenant_commands_refuse_what_cannot_be_done_and_change_nothing(pool: PgPool) {
     let mut conn = pool.acquire().await.unwrap();
     tenants::create(&mut conn, "acme", None).await.unwrap();
@@ -174,7 +174,7 @@ fn human(report: &dyn Report) -> String {
     String::from_utf8(out).unwrap()
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn list_and_show_give_why_evidence_attempts_age_and_the_audit_trail(pool: PgPool) {
     let tenant_id = tenant(&pool, "acme").await;
     let payment_id = dead_lettered(&pool, tenant_id, "order-1", 60).await;
@@ -203,7 +203,7 @@ async fn list_and_show_give_why_evidence_attempts_age_and_the_audit_trail(pool: 
     assert!(matches!(missing, Err(CliError::NotFound(_))), "{missing:?}");
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn retry_requeues_the_payment_and_records_the_operator_and_the_reason(pool: PgPool) {
     let tenant_id = tenant(&pool, "acme").await;
     let payment_id = dead_lettered(&pool, tenant_id, "order-1", 60).await;
@@ -236,7 +236,7 @@ async fn retry_requeues_the_payment_and_records_the_operator_and_the_reason(pool
     assert_eq!(commands::list(&mut conn, Filter::All).await.unwrap().0.len(), 1);
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_retry_past_the_providers_key_window_is_refused_unless_the_operator_insists(pool: PgPool) {
     let tenant_id = tenant(&pool, "acme").await;
     let payment_id = dead_lettered(&pool, tenant_id, "order-1", 2 * DAY).await;
@@ -261,7 +261,7 @@ async fn a_retry_past_the_providers_key_window_is_refused_unless_the_operator_in
     assert!(!may_be_charged(&pool, payment_id).await, "the operator vouched that no charge was made");
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn resolving_as_succeeded_books_the_providers_charge_with_an_audit_row_naming_the_operator(pool: PgPool) {
     let tenant_id = tenant(&pool, "acme").await;
     let payment_id = dead_lettered(&pool, tenant_id, "order-1", 60).await;
@@ -291,7 +291,7 @@ async fn resolving_as_succeeded_books_the_providers_charge_with_an_audit_row_nam
     );
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn resolving_as_succeeded_refuses_a_charge_for_another_amount_or_currency(pool: PgPool) {
     let tenant_id = tenant(&pool, "acme").await;
     let payment_id = dead_lettered(&pool, tenant_id, "order-1", 60).await;
@@ -313,7 +313,7 @@ async fn resolving_as_succeeded_refuses_a_charge_for_another_amount_or_currency(
     assert_eq!(count(&pool, "ledger_entries").await, 0);
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_conflict_on_a_terminal_payment_can_only_be_acknowledged(pool: PgPool) {
     let tenant_id = tenant(&pool, "acme").await;
     let payment_id = dead_lettered(&pool, tenant_id, "order-1", 60).await;
@@ -380,7 +380,7 @@ async fn a_conflict_on_a_terminal_payment_can_only_be_acknowledged(pool: PgPool)
     );
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn the_binary_resolves_a_dead_letter_as_the_operator_named_and_lists_it_as_json(pool: PgPool) {
     let tenant_id = tenant(&pool, "acme").await;
     let failed = dead_lettered(&pool, tenant_id, "order-1", 60).await;
@@ -434,7 +434,7 @@ async fn the_binary_resolves_a_dead_letter_as_the_operator_named_and_lists_it_as
     assert_eq!(nothing_open.status.code(), Some(3));
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn resolving_as_succeeded_can_rest_on_a_charge_a_signed_webhook_reported(pool: PgPool) {
     let tenant_id = tenant(&pool, "acme").await;
     let payment_id = dead_lettered(&pool, tenant_id, "order-1", 2 * DAY).await;
@@ -457,7 +457,7 @@ async fn resolving_as_succeeded_can_rest_on_a_charge_a_signed_webhook_reported(p
     assert!(matches!(&unheard_of, Err(CliError::Refused(why)) if why.contains("--amount")), "{unheard_of:?}");
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn resolving_as_failed_is_refused_while_a_recorded_charge_says_it_succeeded(pool: PgPool) {
     let tenant_id = tenant(&pool, "acme").await;
     let payment_id = dead_lettered(&pool, tenant_id, "order-1", 60).await;

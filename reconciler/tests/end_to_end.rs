@@ -15,12 +15,12 @@ use std::time::Duration;
 use oncepay_devkit::pg::free_port;
 use oncepay_devkit::process::{Child, Spec};
 use oncepay_devkit::workspace;
-use oncepay_shared::fixtures::tenant;
-use oncepay_shared::ids::PaymentId;
-use oncepay_shared::provider::Charge;
-use oncepay_shared::status::PaymentStatus;
-use oncepay_shared::webhook_signature::WebhookSecret;
+use oncepay_domain::ids::PaymentId;
+use oncepay_domain::status::PaymentStatus;
+use oncepay_provider::Charge;
+use oncepay_provider::webhook_signature::WebhookSecret;
 use oncepay_simulator::client::SimulatorClient;
+use oncepay_store::fixtures::tenant;
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use support::reaches;
@@ -156,7 +156,7 @@ async fn a_charge_whose_answer_never_arrives_ends_succeeded_with_one_charge(
     trail.into_iter().map(|(_, _, actor)| actor).collect()
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn with_webhooks_a_charge_whose_answer_never_arrives_ends_succeeded_with_one_charge(pool: PgPool) {
     let actors = a_charge_whose_answer_never_arrives_ends_succeeded_with_one_charge(pool, true).await;
     // Settled by the webhook itself, or by the poller: from the webhook recorded while the worker
@@ -164,7 +164,7 @@ async fn with_webhooks_a_charge_whose_answer_never_arrives_ends_succeeded_with_o
     assert!(["webhook", "reconciler:poller"].contains(&actors[3].as_str()), "{actors:?}");
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn without_webhooks_the_poller_alone_settles_it(pool: PgPool) {
     let actors = a_charge_whose_answer_never_arrives_ends_succeeded_with_one_charge(pool, false).await;
     assert_eq!(actors[3], "reconciler:poller");

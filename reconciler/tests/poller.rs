@@ -9,15 +9,15 @@ mod support;
 
 use std::time::Duration;
 
+use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::status::PaymentStatus;
+use oncepay_provider::ChargeStatus;
+use oncepay_provider::http::HttpProvider;
+use oncepay_provider::wire::{EventType, WebhookEvent};
 use oncepay_reconciler::poller::{Counts, Poller, PollerConfig};
 use oncepay_reconciler::{unknown, webhooks};
-use oncepay_shared::backoff::Backoff;
-use oncepay_shared::fixtures::{self, tenant};
-use oncepay_shared::ids::{PaymentId, TenantId};
-use oncepay_shared::provider::ChargeStatus;
-use oncepay_shared::provider::http::HttpProvider;
-use oncepay_shared::provider::wire::{EventType, WebhookEvent};
-use oncepay_shared::status::PaymentStatus;
+use oncepay_service::backoff::Backoff;
+use oncepay_store::fixtures::{self, tenant};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use support::{charge, count_for, status, unknown_payment};
@@ -54,7 +54,7 @@ async fn answer_lookup(provider: &MockServer, payment_id: PaymentId, status: u16
         .await;
 }
 
-fn listing(charges: &[oncepay_shared::provider::Charge]) -> Value {
+fn listing(charges: &[oncepay_provider::Charge]) -> Value {
     json!({ "data": charges, "has_more": false })
 }
 
@@ -76,7 +76,7 @@ async fn actors(pool: &PgPool, payment_id: PaymentId) -> Vec<(String, PaymentSta
         .unwrap()
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_charge_found_at_the_provider_settles_the_payment_as_succeeded(pool: PgPool) {
     let provider = MockServer::start().await;
     let (tenant_id, payment_id) = unknown_with_one_charge(&pool, &provider, ChargeStatus::Succeeded).await;
@@ -93,7 +93,7 @@ async fn a_charge_found_at_the_provider_settles_the_payment_as_succeeded(pool: P
     );
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_declined_charge_found_at_the_provider_settles_the_payment_as_failed(pool: PgPool) {
     let provider = MockServer::start().await;
     let (tenant_id, payment_id) = unknown_with_one_charge(&pool, &provider, ChargeStatus::Failed).await;
@@ -106,7 +106,7 @@ async fn a_declined_charge_found_at_the_provider_settles_the_payment_as_failed(p
     assert_eq!(count_for(&pool, "unknown_payments", payment_id).await, 0);
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn no_charge_inside_the_key_window_sends_the_payment_again_with_the_same_key(pool: PgPool) {
     let provider = MockServer::start().await;
     let tenant_id = tenant(&pool, "acme").await;
@@ -121,7 +121,7 @@ async fn no_charge_inside_the_key_window_sends_the_payment_again_with_the_same_k
     assert_eq!(count_for(&pool, "unknown_payments", payment_id).await, 0);
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn no_charge_past_the_key_window_proves_nothing_and_never_resends(pool: PgPool) {
     let provider = MockServer::start().await;
     let tenant_id = tenant(&pool, "acme").await;
@@ -144,7 +144,7 @@ async fn no_charge_past_the_key_window_proves_nothing_and_never_resends(pool: Pg
     assert_eq!(evidence.as_array().unwrap().len(), 2, "the worker's entry and the poll's: {evidence}");
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_provider_that_keeps_failing_ends_in_the_dead_letter_table_with_the_evidence(pool: PgPool) {
     let provider = MockServer::start().await;
     let tenant_id = tenant(&pool, "acme").await;
@@ -183,7 +183,7 @@ async fn a_provider_that_keeps_failing_ends_in_the_dead_letter_table_with_the_ev
     assert_eq!(poller.run_once().await.unwrap(), Counts::default());
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_payment_claimed_by_one_poller_is_not_looked_up_by_another_while_the_lease_holds(pool: PgPool) {
     let provider = MockServer::start().await;
     let tenant_id = tenant(&pool, "acme").await;
@@ -198,7 +198,7 @@ async fn a_payment_claimed_by_one_poller_is_not_looked_up_by_another_while_the_l
     assert_eq!(counts, Counts::default());
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn every_due_payment_in_a_batch_is_settled_in_one_pass(pool: PgPool) {
     let provider = MockServer::start().await;
     let tenant_id = tenant(&pool, "acme").await;
@@ -221,7 +221,7 @@ async fn every_due_payment_in_a_batch_is_settled_in_one_pass(pool: PgPool) {
     }
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_webhook_recorded_while_the_payment_was_being_sent_settles_it_once_unknown_without_asking(pool: PgPool) {
     let provider = MockServer::start().await;
     Mock::given(method("GET")).respond_with(ResponseTemplate::new(503)).expect(0).mount(&provider).await;
@@ -258,7 +258,7 @@ async fn open_dead_letter(pool: &PgPool, payment_id: PaymentId) -> Option<(Strin
         .unwrap()
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_charge_found_for_another_amount_is_never_booked_and_goes_to_an_operator(pool: PgPool) {
     let provider = MockServer::start().await;
     let tenant_id = tenant(&pool, "acme").await;
@@ -276,11 +276,11 @@ async fn a_charge_found_for_another_amount_is_never_booked_and_goes_to_an_operat
     assert!(reason.contains("1500") && reason.contains("1999"), "{reason}");
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_charge_the_ledger_cannot_book_counts_as_an_inconclusive_lookup_until_dead_lettered(pool: PgPool) {
     let provider = MockServer::start().await;
     let tenant_id = tenant(&pool, "acme").await;
-    let unbookable: [fn(&mut oncepay_shared::provider::Charge); 3] =
+    let unbookable: [fn(&mut oncepay_provider::Charge); 3] =
         [|c| c.amount = 0, |c| c.currency = "eur".into(), |c| c.id = String::new()];
     for (i, spoil) in unbookable.into_iter().enumerate() {
         let payment_id = unknown_payment(&pool, tenant_id, &format!("order-{i}"), 1999, 60).await;

@@ -8,12 +8,12 @@ mod support;
 
 use std::time::Duration;
 
+use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_reconciler::reaper::{Counts, Reaper, ReaperConfig};
 use oncepay_reconciler::unknown::{self, Why};
-use oncepay_shared::fixtures::{count, tenant};
-use oncepay_shared::ids::{PaymentId, TenantId};
-use oncepay_shared::status::{PaymentStatus, Transition};
-use oncepay_shared::store::transitions::{self, Settlement};
+use oncepay_store::fixtures::{count, tenant};
+use oncepay_store::transitions::{self, Settlement};
 use serde_json::json;
 use sqlx::PgPool;
 use support::{accept, change, claim, count_for, unknown_payment};
@@ -59,7 +59,7 @@ async fn has_key(pool: &PgPool, payment_id: PaymentId) -> bool {
     count_for(pool, "idempotency_keys", payment_id).await == 1
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn expired_keys_of_terminal_payments_go_and_keys_of_payments_in_flight_stay(pool: PgPool) {
     let tenant_id = tenant(&pool, "acme").await;
     let done = succeeded(&pool, tenant_id, "done").await;
@@ -90,7 +90,7 @@ async fn expired_keys_of_terminal_payments_go_and_keys_of_payments_in_flight_sta
     assert_eq!(count_for(&pool, "ledger_entries", done).await, 1);
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn keys_are_reaped_in_batches_of_the_configured_size(pool: PgPool) {
     let tenant_id = tenant(&pool, "acme").await;
     for i in 0..5 {
@@ -105,7 +105,7 @@ async fn keys_are_reaped_in_batches_of_the_configured_size(pool: PgPool) {
     assert_eq!(count(&pool, "idempotency_keys").await, 0);
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn webhook_ids_past_their_retention_go_and_recent_ones_stay(pool: PgPool) {
     let tenant_id = tenant(&pool, "acme").await;
     let payment_id = accept(&pool, tenant_id, "order-1", 100).await;
@@ -130,7 +130,7 @@ async fn webhook_ids_past_their_retention_go_and_recent_ones_stay(pool: PgPool) 
     assert_eq!(left, ["recent"]);
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_key_is_kept_its_retention_after_its_payment_became_final_however_old_the_key(pool: PgPool) {
     let tenant_id = tenant(&pool, "acme").await;
     // Accepted two days ago with a day's retention, and `unknown` ever since.

@@ -9,16 +9,16 @@ mod support;
 
 use std::time::Duration;
 
+use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::status::{PaymentStatus, Transition};
+use oncepay_provider::http::HttpProvider;
+use oncepay_provider::{Charge, ChargeStatus};
 use oncepay_reconciler::recon::compare::Class;
 use oncepay_reconciler::recon::runs::Trigger;
 use oncepay_reconciler::recon::{Outcome, ReconConfig, Reconciliation, Window, commands};
 use oncepay_reconciler::render::Report;
-use oncepay_shared::fixtures::{self, count, tenant};
-use oncepay_shared::ids::{PaymentId, TenantId};
-use oncepay_shared::provider::http::HttpProvider;
-use oncepay_shared::provider::{Charge, ChargeStatus};
-use oncepay_shared::status::{PaymentStatus, Transition};
-use oncepay_shared::store::transitions::{self, Settlement};
+use oncepay_store::fixtures::{self, count, tenant};
+use oncepay_store::transitions::{self, Settlement};
 use serde_json::json;
 use sqlx::PgPool;
 use support::{accept, change, charge, claim};
@@ -128,7 +128,7 @@ async fn seed(pool: &PgPool, provider: &MockServer) {
     .await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn every_planted_discrepancy_is_found_once_and_nothing_else(pool: PgPool) {
     let provider = MockServer::start().await;
     seed(&pool, &provider).await;
@@ -179,7 +179,7 @@ async fn every_planted_discrepancy_is_found_once_and_nothing_else(pool: PgPool) 
     }
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn two_reconcilers_asking_for_one_window_at_once_make_one_run(pool: PgPool) {
     let provider = MockServer::start().await;
     seed(&pool, &provider).await;
@@ -215,7 +215,7 @@ async fn plant_running_run(pool: &PgPool, heartbeat_secs_ago: i64) -> uuid::Uuid
     run_id
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_running_run_is_left_alone_while_alive_and_taken_over_once_its_heartbeat_stops(pool: PgPool) {
     let provider = MockServer::start().await;
     seed(&pool, &provider).await;
@@ -242,7 +242,7 @@ async fn a_running_run_is_left_alone_while_alive_and_taken_over_once_its_heartbe
     assert!(error.unwrap().contains("abandoned"));
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_run_the_provider_fails_is_marked_failed_and_the_window_can_be_run_again(pool: PgPool) {
     let provider = MockServer::start().await;
     Mock::given(method("GET")).respond_with(ResponseTemplate::new(503)).up_to_n_times(1).mount(&provider).await;

@@ -10,11 +10,11 @@ use std::net::TcpListener;
 use std::time::Duration;
 
 use oncepay_devkit::process::{Child, Spec};
-use oncepay_shared::fixtures::tenant;
-use oncepay_shared::provider::ChargeStatus;
-use oncepay_shared::provider::wire::{EventType, WebhookEvent};
-use oncepay_shared::status::PaymentStatus;
-use oncepay_shared::webhook_signature::WebhookSecret;
+use oncepay_domain::status::PaymentStatus;
+use oncepay_provider::ChargeStatus;
+use oncepay_provider::webhook_signature::WebhookSecret;
+use oncepay_provider::wire::{EventType, WebhookEvent};
+use oncepay_store::fixtures::tenant;
 use serde_json::json;
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
@@ -32,9 +32,9 @@ fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn the_service_settles_by_webhook_and_by_polling_and_stops_cleanly_on_sigterm(pool: PgPool) {
-    oncepay_shared::tls::install_provider();
+    oncepay_service::tls::install_provider();
     let tenant_id = tenant(&pool, "acme").await;
     let by_webhook = unknown_payment(&pool, tenant_id, "order-1", 100, 60).await;
     let provider = MockServer::start().await;
@@ -98,7 +98,7 @@ async fn the_service_settles_by_webhook_and_by_polling_and_stops_cleanly_on_sigt
     assert!(exit.success(), "{exit:?}\n{}", reconciler.log().await.unwrap());
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn the_service_refuses_to_start_without_a_configured_webhook_secret(pool: PgPool) {
     let logs = tempfile::tempdir().unwrap();
     let spec = Spec::new("reconciler", env!("CARGO_BIN_EXE_oncepay-reconciler"), logs.path())
@@ -113,7 +113,7 @@ async fn the_service_refuses_to_start_without_a_configured_webhook_secret(pool: 
     assert!(log.contains("webhooks.secrets"), "{log}");
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn with_an_operations_port_the_operations_endpoints_are_served_there_and_only_there(pool: PgPool) {
     let (port, ops_port) = (free_port(), free_port());
     let logs = tempfile::tempdir().unwrap();

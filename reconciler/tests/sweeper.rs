@@ -9,12 +9,13 @@ mod support;
 
 use std::time::Duration;
 
+use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::status::{PaymentStatus, Transition};
+use oncepay_provider::KeyWindow;
 use oncepay_reconciler::sweeper::{Sweeper, SweeperConfig};
-use oncepay_shared::fixtures::tenant;
-use oncepay_shared::ids::{PaymentId, TenantId};
-use oncepay_shared::status::{PaymentStatus, Transition};
-use oncepay_shared::store::leases::{KeyWindow, SweepCounts};
-use oncepay_shared::store::transitions;
+use oncepay_store::fixtures::tenant;
+use oncepay_store::leases::SweepCounts;
+use oncepay_store::transitions;
 use sqlx::PgPool;
 use support::{accept, change, count_for, status};
 
@@ -49,7 +50,7 @@ async fn leased(pool: &PgPool, tenant_id: TenantId, key: &str, sent_secs_ago: i6
     payment_id
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn expired_leases_are_taken_back_by_the_key_window_and_live_ones_are_left_alone(pool: PgPool) {
     let tenant_id = tenant(&pool, "acme").await;
     let in_window = leased(&pool, tenant_id, "in-window", 60, -5).await;

@@ -11,16 +11,16 @@ mod support;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::status::{PaymentStatus, Transition};
+use oncepay_provider::KeyWindow;
 use oncepay_reconciler::poller::{Poller, PollerConfig};
 use oncepay_reconciler::sweeper::{Sweeper, SweeperConfig};
-use oncepay_shared::backoff::Backoff;
-use oncepay_shared::config::{LogFormat, TelemetrySettings};
-use oncepay_shared::fixtures::{self, tenant};
-use oncepay_shared::ids::{PaymentId, TenantId};
-use oncepay_shared::status::{PaymentStatus, Transition};
-use oncepay_shared::store::leases::KeyWindow;
-use oncepay_shared::store::{transitions, unknown_queue};
-use oncepay_shared::telemetry::{self, TelemetryGuard, TraceContext};
+use oncepay_service::backoff::Backoff;
+use oncepay_service::config::{LogFormat, TelemetrySettings};
+use oncepay_service::telemetry::{self, TelemetryGuard, TraceContext};
+use oncepay_store::fixtures::{self, tenant};
+use oncepay_store::{transitions, unknown_queue};
 use serde_json::json;
 use sqlx::PgPool;
 use support::{accept, change, claim, status};
@@ -70,7 +70,7 @@ async fn unknown_in_trace(pool: &PgPool, tenant_id: TenantId, trace: &TraceConte
     payment_id
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn the_poll_and_the_resend_it_decides_continue_the_payments_trace(pool: PgPool) {
     traced();
     let provider = MockServer::start().await;
@@ -110,7 +110,7 @@ async fn the_poll_and_the_resend_it_decides_continue_the_payments_trace(pool: Pg
     assert_ne!(queued_span, WORKER_SPAN, "from the poll's span");
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_lease_swept_past_the_key_window_hands_the_outbox_rows_trace_to_the_unknown_queue(pool: PgPool) {
     let tenant_id = tenant(&pool, "acme").await;
     let payment_id = accept(&pool, tenant_id, "order-1", 1999).await;

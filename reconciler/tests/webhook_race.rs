@@ -9,14 +9,14 @@ mod support;
 
 use std::time::Duration;
 
+use oncepay_domain::money::{Amount, Currency};
+use oncepay_domain::status::PaymentStatus;
+use oncepay_provider::ChargeStatus;
+use oncepay_provider::wire::{EventType, WebhookEvent};
 use oncepay_reconciler::webhooks::{self, Outcome};
-use oncepay_shared::fixtures::{count, tenant};
-use oncepay_shared::money::{Amount, Currency};
-use oncepay_shared::provider::ChargeStatus;
-use oncepay_shared::provider::wire::{EventType, WebhookEvent};
-use oncepay_shared::settlement::{self, Asked};
-use oncepay_shared::status::PaymentStatus;
-use oncepay_shared::store::transitions::{self, Applied};
+use oncepay_store::fixtures::{count, tenant};
+use oncepay_store::settlement::{self, Asked};
+use oncepay_store::transitions::{self, Applied};
 use sqlx::PgPool;
 use support::{accept, change, charge, claim};
 
@@ -40,7 +40,7 @@ async fn someone_waits_for_a_lock(pool: &PgPool) {
     tokio::time::timeout(Duration::from_secs(10), waiting).await.unwrap();
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_webhook_racing_the_workers_settlement_agrees_with_it(pool: PgPool) {
     let tenant_id = tenant(&pool, "acme").await;
     let payment_id = accept(&pool, tenant_id, "order-1", 4_200).await;

@@ -10,16 +10,16 @@ use std::net::TcpListener;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
+use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::status::PaymentStatus;
+use oncepay_http::ops_http::OpsState;
+use oncepay_provider::webhook_signature::WebhookSecret;
+use oncepay_provider::wire::{EventType, WebhookEvent};
+use oncepay_provider::{Charge, ChargeStatus};
 use oncepay_reconciler::http;
 use oncepay_reconciler::unknown::{self, Why};
 use oncepay_reconciler::webhooks::WebhookState;
-use oncepay_shared::fixtures::{count, tenant};
-use oncepay_shared::ids::{PaymentId, TenantId};
-use oncepay_shared::ops_http::OpsState;
-use oncepay_shared::provider::wire::{EventType, WebhookEvent};
-use oncepay_shared::provider::{Charge, ChargeStatus};
-use oncepay_shared::status::PaymentStatus;
-use oncepay_shared::webhook_signature::WebhookSecret;
+use oncepay_store::fixtures::{count, tenant};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use support::{charge, count_for, status, unknown_payment};
@@ -31,11 +31,11 @@ fn secret(seed: u8) -> WebhookSecret {
 
 /// The reconciler's HTTP server, on a free port, accepting deliveries signed with `secrets`.
 fn start(pool: &PgPool, secrets: Vec<WebhookSecret>) -> String {
-    oncepay_shared::tls::install_provider();
+    oncepay_service::tls::install_provider();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let webhook = WebhookState { pool: pool.clone(), secrets, tolerance_secs: 300, max_body_bytes: 65_536 };
-    let ops = OpsState { pool: pool.clone(), metrics: oncepay_shared::metrics::install() };
+    let ops = OpsState { pool: pool.clone(), metrics: oncepay_service::metrics::install() };
     tokio::spawn(http::server(listener, webhook, Some(ops), 1).unwrap());
     format!("http://127.0.0.1:{port}/webhooks/provider")
 }
@@ -126,7 +126,7 @@ async fn ledger_amount(pool: &PgPool, payment_id: PaymentId) -> Option<i64> {
         .unwrap()
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_signed_success_settles_an_unknown_payment_with_its_ledger_entry(pool: PgPool) {
     let hook = Endpoint::start(&pool);
     let (tenant_id, payment_id) = one_unknown_payment(&pool, 1999).await;
@@ -148,7 +148,7 @@ async fn a_signed_success_settles_an_unknown_payment_with_its_ledger_entry(pool:
     assert_eq!(stored.unwrap()["status"], "succeeded");
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_signed_decline_settles_an_unknown_payment_as_failed_with_the_providers_code(pool: PgPool) {
     let hook = Endpoint::start(&pool);
     let (tenant_id, payment_id) = one_unknown_payment(&pool, 1999).await;
@@ -168,7 +168,7 @@ async fn a_signed_decline_settles_an_unknown_payment_as_failed_with_the_provider
     assert_eq!(count_for(&pool, "unknown_payments", payment_id).await, 0);
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn every_delivery_that_does_not_verify_is_401_and_changes_nothing(pool: PgPool) {
     let hook = Endpoint::start(&pool);
     let (tenant_id, payment_id) = one_unknown_payment(&pool, 1999).await;
@@ -213,7 +213,7 @@ async fn every_delivery_that_does_not_verify_is_401_and_changes_nothing(pool: Pg
     assert_eq!(code, 200, "the genuine delivery still works afterwards");
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn deliveries_signed_with_the_old_or_the_new_secret_are_accepted_during_a_rotation(pool: PgPool) {
     let (old, new) = (secret(1), secret(2));
     let url = start(&pool, vec![new.clone(), old.clone()]);
@@ -250,7 +250,7 @@ async fn deliveries_signed_with_the_old_or_the_new_secret_are_accepted_during_a_
     }
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn the_same_event_delivered_ten_times_at_once_changes_the_payment_once(pool: PgPool) {
     let hook = Endpoint::start(&pool);
     let (tenant_id, payment_id) = one_unknown_payment(&pool, 1999).await;
@@ -272,7 +272,7 @@ async fn the_same_event_delivered_ten_times_at_once_changes_the_payment_once(poo
     assert_eq!(count(&pool, "webhook_events").await, 1);
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn events_arriving_out_of_order_settle_each_payment_once_and_a_late_older_event_changes_nothing(pool: PgPool) {
     let hook = Endpoint::start(&pool);
     let tenant_id = tenant(&pool, "acme").await;
@@ -312,7 +312,7 @@ async fn open_conflicts(pool: &PgPool, payment_id: PaymentId) -> Vec<(String, i6
     .unwrap()
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn evidence_contradicting_a_terminal_payment_opens_one_conflict_and_keeps_the_state(pool: PgPool) {
     let hook = Endpoint::start(&pool);
     let tenant_id = tenant(&pool, "acme").await;
@@ -349,7 +349,7 @@ async fn evidence_contradicting_a_terminal_payment_opens_one_conflict_and_keeps_
     assert_eq!(ledger_amount(&pool, declined).await, None);
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_verified_body_that_is_not_a_consistent_charge_event_is_400(pool: PgPool) {
     let hook = Endpoint::start(&pool);
     let (tenant_id, payment_id) = one_unknown_payment(&pool, 100).await;
@@ -370,7 +370,7 @@ async fn a_verified_body_that_is_not_a_consistent_charge_event_is_400(pool: PgPo
     assert_eq!(count(&pool, "webhook_events").await, 0);
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_payment_still_being_sent_is_only_recorded_and_a_dead_lettered_one_gains_evidence(pool: PgPool) {
     let hook = Endpoint::start(&pool);
     let tenant_id = tenant(&pool, "acme").await;
@@ -401,7 +401,7 @@ async fn a_payment_still_being_sent_is_only_recorded_and_a_dead_lettered_one_gai
     assert_eq!((last["source"].as_str(), last["charge"]["id"].as_str()), (Some("webhook"), Some("ch_2")));
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_charge_without_metadata_is_found_by_its_key_and_a_foreign_charge_is_acknowledged(pool: PgPool) {
     let hook = Endpoint::start(&pool);
     let (tenant_id, payment_id) = one_unknown_payment(&pool, 100).await;
@@ -419,7 +419,7 @@ async fn a_charge_without_metadata_is_found_by_its_key_and_a_foreign_charge_is_a
     assert_eq!((code, not_ours["outcome"].as_str()), (200, Some("not_ours")));
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn other_methods_and_paths_answer_problems(pool: PgPool) {
     let url = start(&pool, vec![secret(1)]);
 
@@ -434,7 +434,7 @@ async fn other_methods_and_paths_answer_problems(pool: PgPool) {
     assert_eq!(health.status().as_u16(), 200);
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_signed_charge_other_than_the_one_asked_for_dead_letters_the_payment_for_an_operator(pool: PgPool) {
     let hook = Endpoint::start(&pool);
     let tenant_id = tenant(&pool, "acme").await;
@@ -459,7 +459,7 @@ async fn a_signed_charge_other_than_the_one_asked_for_dead_letters_the_payment_f
     }
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_signed_charge_the_ledger_cannot_book_is_kept_as_evidence_and_counts_as_a_lookup(pool: PgPool) {
     let hook = Endpoint::start(&pool);
     let (tenant_id, payment_id) = one_unknown_payment(&pool, 1999).await;
@@ -482,7 +482,7 @@ async fn a_signed_charge_the_ledger_cannot_book_is_kept_as_evidence_and_counts_a
     assert!(evidence.to_string().contains("cannot be booked"), "{evidence}");
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_report_the_ledger_cannot_read_about_a_final_payment_is_no_conflict(pool: PgPool) {
     let hook = Endpoint::start(&pool);
     let tenant_id = tenant(&pool, "acme").await;

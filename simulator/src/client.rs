@@ -2,11 +2,11 @@
 //! simulator, in-process or as a process.
 //!
 //! It speaks only the control plane; the protocol itself is spoken by
-//! `oncepay_shared::provider::http::HttpProvider`. Every call fails on a non-2xx answer.
+//! `oncepay_provider::http::HttpProvider`. Every call fails on a non-2xx answer.
 
 use crate::control::{ExpiredKeys, GroundTruth, PlantCharge, WebhookTarget};
 use crate::faults::{Faults, FaultsPatch};
-use oncepay_shared::provider::wire::Charge;
+use oncepay_provider::wire::Charge;
 
 /// Why a control call failed.
 #[derive(Debug, thiserror::Error)]
@@ -34,7 +34,7 @@ pub struct SimulatorClient {
 impl SimulatorClient {
     /// A client for the simulator at `base_url` (e.g. `http://127.0.0.1:8090`).
     pub fn new(base_url: &str) -> Self {
-        oncepay_shared::tls::install_provider();
+        oncepay_service::tls::install_provider();
         Self { http: reqwest::Client::new(), base_url: base_url.trim_end_matches('/').to_owned() }
     }
 

@@ -3,13 +3,13 @@
 //!
 //! Invariants: after [`Settings::load`] (or [`Settings::validate`]) the faults are within their
 //! bounds and the webhook secret parsed. Secrets are `secrecy`/opaque types and never printed.
-//! Nothing here reads the environment except through `oncepay_shared::config::load`.
+//! Nothing here reads the environment except through `oncepay_service::config::load`.
 
 use std::path::Path;
 
-use oncepay_shared::backoff::Backoff;
-use oncepay_shared::config::{HttpSettings, TelemetrySettings};
-use oncepay_shared::webhook_signature::WebhookSecret;
+use oncepay_provider::webhook_signature::WebhookSecret;
+use oncepay_service::backoff::Backoff;
+use oncepay_service::config::{HttpSettings, TelemetrySettings};
 use secrecy::SecretString;
 use serde::{Deserialize, Deserializer};
 
@@ -79,7 +79,7 @@ pub enum SettingsError {
 impl Settings {
     /// Loads the defaults, then `file`, then the environment, and validates the result.
     pub fn load(file: Option<&Path>) -> Result<Self, SettingsError> {
-        let settings: Self = oncepay_shared::config::load(DEFAULTS, file)?;
+        let settings: Self = oncepay_service::config::load(DEFAULTS, file)?;
         settings.validate()
     }
 

@@ -6,11 +6,11 @@
 //! - `POST /_sim/keys/expire` → [`ExpiredKeys`].
 //! - `GET /_sim/webhook` → [`WebhookTarget`]; `POST /_sim/webhook` [`WebhookTarget`] → the same.
 //!
-//! These are types only; the protocol's own JSON lives in `oncepay_shared::provider::wire`.
+//! These are types only; the protocol's own JSON lives in `oncepay_provider::wire`.
 
 use std::collections::BTreeMap;
 
-use oncepay_shared::provider::wire::{Charge, ChargeStatus};
+use oncepay_provider::wire::{Charge, ChargeStatus};
 use serde::{Deserialize, Serialize};
 
 /// Everything the simulator ever charged, and every key it was asked with: the ground truth.

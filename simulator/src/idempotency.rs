@@ -14,7 +14,7 @@ use std::collections::{BinaryHeap, HashMap};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use oncepay_shared::provider::wire::CreateCharge;
+use oncepay_provider::wire::CreateCharge;
 use serde::Serialize;
 
 /// An HTTP answer (status and JSON body); a decided key replays its stored ones byte for byte.

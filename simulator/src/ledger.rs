@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Bound;
 
-use oncepay_shared::provider::wire::{Charge, ChargePage};
+use oncepay_provider::wire::{Charge, ChargePage};
 
 use crate::control::{GroundTruth, KeyRecord};
 
@@ -150,7 +150,7 @@ impl Ledger {
 
 #[cfg(test)]
 mod tests {
-    use oncepay_shared::provider::wire::ChargeStatus;
+    use oncepay_provider::wire::ChargeStatus;
 
     use super::*;
 

@@ -1,6 +1,6 @@
 //! A payment provider simulator with fault injection: the ground truth for tests.
 //!
-//! It speaks the provider protocol (`oncepay_shared::provider::wire`), keeps a ledger of every
+//! It speaks the provider protocol (`oncepay_provider::wire`), keeps a ledger of every
 //! charge it made, remembers idempotency keys for a configurable window, sends Standard-Webhooks
 //! signed events, and injects every fault of the contract on demand. [`Simulator::start`] runs it
 //! in-process (tests, on port 0); the `oncepay-simulator` binary runs it as a process.
@@ -77,7 +77,7 @@ impl Simulator {
             faults,
             destination,
             api_key: sim.api_key,
-            metrics: oncepay_shared::metrics::install(),
+            metrics: oncepay_service::metrics::install(),
             work: TaskTracker::new(),
             shutdown: shutdown.clone(),
         });

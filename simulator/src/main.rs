@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
-use oncepay_shared::{shutdown, telemetry};
+use oncepay_service::{shutdown, telemetry};
 use oncepay_simulator::Simulator;
 use oncepay_simulator::config::Settings;
 

@@ -13,7 +13,7 @@
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use oncepay_shared::provider::wire::{Charge, ChargePage, ChargeStatus, CreateCharge, ErrorBody, ErrorDetail};
+use oncepay_provider::wire::{Charge, ChargePage, ChargeStatus, CreateCharge, ErrorBody, ErrorDetail};
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::{pause, unix_now};

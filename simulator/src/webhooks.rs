@@ -14,9 +14,9 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use oncepay_shared::backoff::Backoff;
-use oncepay_shared::provider::wire::{Charge, ChargeStatus, EventType, WebhookEvent};
-use oncepay_shared::webhook_signature::WebhookSecret;
+use oncepay_provider::webhook_signature::WebhookSecret;
+use oncepay_provider::wire::{Charge, ChargeStatus, EventType, WebhookEvent};
+use oncepay_service::backoff::Backoff;
 use reqwest::Url;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -112,7 +112,7 @@ pub fn channel(
     dice: Dice,
     policy: DeliveryPolicy,
 ) -> Result<(Notifier, Dispatcher), reqwest::Error> {
-    oncepay_shared::tls::install_provider();
+    oncepay_service::tls::install_provider();
     let client = reqwest::Client::builder().timeout(policy.timeout).build()?;
     let (sender, queue) = mpsc::unbounded_channel();
     let courier = Arc::new(Courier { client, policy, dice: dice.clone() });

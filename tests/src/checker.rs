@@ -26,8 +26,8 @@ use std::fmt;
 use std::time::Duration;
 
 use anyhow::Context;
-use oncepay_shared::ids::DownstreamKey;
-use oncepay_shared::provider::wire::{Charge, ChargeStatus};
+use oncepay_domain::ids::DownstreamKey;
+use oncepay_provider::wire::{Charge, ChargeStatus};
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use time::OffsetDateTime;

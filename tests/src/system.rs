@@ -22,7 +22,7 @@ use anyhow::{Context, bail, ensure};
 use oncepay_devkit::pg::{Cluster, Durability, free_port};
 use oncepay_devkit::process::{Child, Spec};
 use oncepay_devkit::workspace;
-use oncepay_shared::webhook_signature::WebhookSecret;
+use oncepay_provider::webhook_signature::WebhookSecret;
 use oncepay_simulator::client::SimulatorClient;
 use serde::Deserialize;
 use sqlx::PgPool;
@@ -238,7 +238,7 @@ impl System {
     pub async fn start(config: SystemConfig) -> anyhow::Result<Self> {
         ensure!(!config.tenants.is_empty(), "at least one tenant");
         ensure!(config.topology.apis >= 1 && config.topology.workers >= 1 && config.topology.reconcilers >= 1);
-        oncepay_shared::tls::install_provider();
+        oncepay_service::tls::install_provider();
         let logs = match &config.log_dir {
             Some(dir) => {
                 std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;

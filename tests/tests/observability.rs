@@ -323,7 +323,7 @@ fn binary(name: &str) -> PathBuf {
 
 impl World {
     async fn start(scenario: &Scenario) -> Self {
-        oncepay_shared::tls::install_provider();
+        oncepay_service::tls::install_provider();
         let cluster = Cluster::start(Durability::Fast).await.unwrap();
         cluster.create_database("oncepay").await.unwrap();
         let database_url = cluster.url("oncepay");
@@ -355,8 +355,8 @@ impl World {
                 .env("ONCEPAY_TELEMETRY__LOG_FORMAT", "json")
                 .env(
                     "ONCEPAY_TELEMETRY__LOG_FILTER",
-                    "info,oncepay_api=debug,oncepay_worker=debug,oncepay_reconciler=debug,oncepay_shared=debug,\
-                     oncepay_simulator=debug",
+                    "info,oncepay_api=debug,oncepay_worker=debug,oncepay_reconciler=debug,oncepay_store=debug,\
+                     oncepay_provider=debug,oncepay_simulator=debug",
                 )
                 .env("ONCEPAY_TELEMETRY__OTLP_ENDPOINT", &otlp)
                 // Export every 100 ms rather than every 5 s (the OpenTelemetry SDK's own variable).

@@ -6,9 +6,9 @@
 //! says so. This module holds no logic of its own.
 
 use anyhow::Context;
-use oncepay_shared::db;
-use oncepay_shared::ops_http::{self, OpsState};
-use oncepay_shared::provider::http::HttpProvider;
+use oncepay_http::ops_http::{self, OpsState};
+use oncepay_provider::http::HttpProvider;
+use oncepay_store::db;
 use tokio_util::sync::CancellationToken;
 
 use crate::drainer::{Counts, Drainer};
@@ -27,7 +27,7 @@ pub struct App {
 impl App {
     /// Builds everything from `settings` and binds the operations port.
     pub async fn build(settings: &Settings) -> anyhow::Result<Self> {
-        let metrics = oncepay_shared::metrics::install();
+        let metrics = oncepay_service::metrics::install();
         crate::metrics::describe();
         let options = db::connect_options(&settings.database, SERVICE).context("reading database.url")?;
         let pool = db::pool(&settings.database, options);

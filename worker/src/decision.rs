@@ -9,18 +9,18 @@
 //! | not sent, attempts spent, an earlier send may have charged | `unknown`: only the reconciler can tell |
 //! | uncertain | `unknown`, for the reconciler |
 //!
-//! A charge is judged by `oncepay_shared::settlement`, as everywhere else. One that is not what the
+//! A charge is judged by `oncepay_store::settlement`, as everywhere else. One that is not what the
 //! payment asked for (`charge_mismatch`), or that cannot be booked as reported (`unreadable_charge`),
 //! makes the payment `unknown`: money may have moved, and only the reconciler or an operator may say
 //! how much. Nothing here weakens the rule that a doubtful case is uncertain, never "not sent".
 
 use std::time::Duration;
 
-use oncepay_shared::backoff::Backoff;
-use oncepay_shared::provider::{SendOutcome, UncertainReason};
-use oncepay_shared::settlement::{self, Unsettled};
-use oncepay_shared::status::Transition;
-use oncepay_shared::store::transitions::Settlement;
+use oncepay_domain::status::Transition;
+use oncepay_provider::{SendOutcome, UncertainReason};
+use oncepay_service::backoff::Backoff;
+use oncepay_store::settlement::{self, Unsettled};
+use oncepay_store::transitions::Settlement;
 use rand::Rng;
 
 use crate::outbox::Claimed;
@@ -175,9 +175,9 @@ fn uncertain_code(reason: &UncertainReason) -> &'static str {
 mod tests {
     use std::collections::BTreeMap;
 
-    use oncepay_shared::ids::{PaymentId, TenantId};
-    use oncepay_shared::money::{Amount, Currency};
-    use oncepay_shared::provider::{Charge, ChargeStatus, NotSentReason};
+    use oncepay_domain::ids::{PaymentId, TenantId};
+    use oncepay_domain::money::{Amount, Currency};
+    use oncepay_provider::{Charge, ChargeStatus, NotSentReason};
     use rand::SeedableRng;
     use rand::rngs::StdRng;
     use time::macros::datetime;

@@ -13,9 +13,9 @@
 //! until shutdown: then it stops claiming and gives the sends in flight the grace period to finish
 //! and be recorded. Recordings commit without a `NOTIFY` (one would serialise their commits); each
 //! recorded payment is announced to long polls after its commit, many per notification
-//! (`oncepay_shared::notify`).
+//! (`oncepay_store::notify`).
 //!
-//! Claims and recordings take their connection from `oncepay_shared::connections`, which saves the
+//! Claims and recordings take their connection from `oncepay_store::connections`, which saves the
 //! round trips sqlx's pool spends pinging a connection at every checkout and return; the sqlx pool
 //! serves the listener, the notifier and `/readyz`. A send abandoned at the end of the grace period
 //! keeps its lease, which the sweeper takes back. Any number of drainers, in any number of
@@ -30,14 +30,14 @@ use std::time::Duration;
 
 use anyhow::Context;
 use futures::future::join_all;
-use oncepay_shared::backoff::Backoff;
-use oncepay_shared::connections::Connections;
-use oncepay_shared::notify::{Notifier, PAYMENT_CHANNEL, Wakeups};
-use oncepay_shared::provider::{PaymentProvider, SendOutcome};
-use oncepay_shared::status::PaymentStatus;
-use oncepay_shared::store::StoreError;
-use oncepay_shared::store::leases::KeyWindow;
-use oncepay_shared::telemetry;
+use oncepay_domain::status::PaymentStatus;
+use oncepay_provider::KeyWindow;
+use oncepay_provider::{PaymentProvider, SendOutcome};
+use oncepay_service::backoff::Backoff;
+use oncepay_service::telemetry;
+use oncepay_store::StoreError;
+use oncepay_store::connections::Connections;
+use oncepay_store::notify::{Notifier, PAYMENT_CHANNEL, Wakeups};
 use sqlx::{Connection, PgPool};
 use time::OffsetDateTime;
 use tokio::task::JoinSet;

@@ -10,7 +10,7 @@
 //! - [`settings`], [`app`], [`metrics`]: configuration, wiring, and what the worker measures.
 //! - `failpoints` (only with the `failpoints` feature): crash points for the chaos harness.
 //!
-//! Expired leases are taken back by `oncepay_shared::store::leases::sweep`, which the reconciler
+//! Expired leases are taken back by `oncepay_store::leases::sweep`, which the reconciler
 //! runs. `main.rs` only loads the settings, starts telemetry, and runs [`app::App`] until SIGTERM.
 
 pub mod app;

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
-use oncepay_shared::{shutdown, telemetry};
+use oncepay_service::{shutdown, telemetry};
 use oncepay_worker::app::{App, SERVICE};
 use oncepay_worker::settings::Settings;
 

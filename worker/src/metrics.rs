@@ -1,7 +1,7 @@
 //! The worker's metrics: names, descriptions, and the few helpers that record them.
 //!
 //! Labels are low-cardinality enumerations (an outcome class), never an id. The recorder itself is
-//! installed by `oncepay_shared::metrics::install` and rendered at `/metrics`. Counters are registered
+//! installed by `oncepay_service::metrics::install` and rendered at `/metrics`. Counters are registered
 //! at zero when the worker starts ([`describe`]), so a Prometheus `increase()` counts their first
 //! event. The outbox's depth is not sampled here: the reconciler samples the backlog once for all
 //! workers (`oncepay_reconciler_outbox_depth`).

@@ -10,12 +10,12 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
-use oncepay_shared::ids::{PaymentId, TenantId};
-use oncepay_shared::money::{Amount, Currency};
-use oncepay_shared::provider::ChargeRequest;
-use oncepay_shared::settlement::Asked;
-use oncepay_shared::store::StoreError;
-use oncepay_shared::telemetry::TraceContext;
+use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::money::{Amount, Currency};
+use oncepay_provider::ChargeRequest;
+use oncepay_service::telemetry::TraceContext;
+use oncepay_store::StoreError;
+use oncepay_store::settlement::Asked;
 use sqlx::PgConnection;
 use sqlx::types::Json;
 use sqlx::types::Uuid;

@@ -23,11 +23,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use oncepay_shared::ids::{PaymentId, TenantId};
-use oncepay_shared::status::{PaymentStatus, Transition};
-use oncepay_shared::store::transitions::{self, Applied, Change, Settlement, TransitionError};
-use oncepay_shared::store::{StoreError, payments, unknown_queue};
-use oncepay_shared::telemetry;
+use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::status::{PaymentStatus, Transition};
+use oncepay_service::telemetry;
+use oncepay_store::transitions::{self, Applied, Change, Settlement, TransitionError};
+use oncepay_store::{StoreError, payments, unknown_queue};
 use serde_json::json;
 use sqlx::{Postgres, Transaction};
 use time::OffsetDateTime;

@@ -8,9 +8,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
-use oncepay_shared::backoff::Backoff;
-use oncepay_shared::config::{self, DatabaseSettings, HttpSettings, TelemetrySettings};
-use oncepay_shared::provider::http::ProviderSettings;
+use oncepay_provider::http::ProviderSettings;
+use oncepay_service::backoff::Backoff;
+use oncepay_service::config::{self, DatabaseSettings, HttpSettings, TelemetrySettings};
 use serde::Deserialize;
 
 use crate::drainer::DrainerConfig;

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use oncepay_shared::notify::OUTBOX_CHANNEL;
+use oncepay_store::notify::OUTBOX_CHANNEL;
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use tokio::sync::Notify;

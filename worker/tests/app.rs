@@ -8,8 +8,8 @@ mod support;
 
 use std::time::Duration;
 
-use oncepay_shared::config;
-use oncepay_shared::status::PaymentStatus;
+use oncepay_domain::status::PaymentStatus;
+use oncepay_service::config;
 use oncepay_worker::app::App;
 use oncepay_worker::settings::{DEFAULTS, Settings};
 use sqlx::PgPool;
@@ -36,7 +36,7 @@ async fn get(port: u16, path: &str) -> (u16, String) {
     (response.status().as_u16(), response.text().await.unwrap())
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn the_worker_serves_its_ops_endpoints_and_drains_until_shutdown(pool: PgPool) {
     let server = MockServer::start().await;
     Charges::new().mount(&server).await;

@@ -8,8 +8,8 @@ mod support;
 
 use std::time::Duration;
 
-use oncepay_shared::fixtures;
-use oncepay_shared::provider::http::HttpProvider;
+use oncepay_provider::http::HttpProvider;
+use oncepay_store::fixtures;
 use oncepay_worker::{Counts, Drainer};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
@@ -76,12 +76,12 @@ async fn drain_with_workers(pool: PgPool, workers: usize, batch_size: u32) {
     assert_eq!(total, Counts { claimed: PAYMENTS as u64, succeeded: PAYMENTS as u64, ..Counts::default() });
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn two_workers_drain_2000_payments_with_exactly_one_provider_request_each(pool: PgPool) {
     drain_with_workers(pool, 2, 16).await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn four_workers_drain_2000_payments_with_exactly_one_provider_request_each(pool: PgPool) {
     // Batches smaller than the slots: a worker claims several batches before it waits.
     drain_with_workers(pool, 4, 5).await;

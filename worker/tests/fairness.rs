@@ -6,11 +6,11 @@
 
 mod support;
 
-use oncepay_shared::ids::{PaymentId, TenantId};
+use oncepay_domain::ids::{PaymentId, TenantId};
 use sqlx::PgPool;
 use support::{accept, config, drainer, tenant};
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_tenants_backlog_does_not_delay_another_tenants_payments(pool: PgPool) {
     let (busy, quiet, small) = (tenant(&pool).await, tenant(&pool).await, tenant(&pool).await);
     let mut backlog = Vec::new();

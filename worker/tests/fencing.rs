@@ -9,10 +9,11 @@ mod support;
 
 use std::time::Duration;
 
-use oncepay_shared::fixtures;
-use oncepay_shared::status::PaymentStatus;
-use oncepay_shared::store::leases::{self, KeyWindow};
-use oncepay_shared::store::transitions::Settlement;
+use oncepay_domain::status::PaymentStatus;
+use oncepay_provider::KeyWindow;
+use oncepay_store::fixtures;
+use oncepay_store::leases;
+use oncepay_store::transitions::Settlement;
 use oncepay_worker::Counts;
 use oncepay_worker::record::Recorded;
 use sqlx::PgPool;
@@ -29,7 +30,7 @@ async fn sweep(pool: &PgPool) -> leases::SweepCounts {
     leases::sweep(&mut conn, "sweeper", KEY_WINDOW, 100).await.unwrap()
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_worker_whose_lease_was_swept_cannot_record_and_the_resend_uses_the_same_key(pool: PgPool) {
     let server = MockServer::start().await;
     let charges = Charges::new();
@@ -65,7 +66,7 @@ async fn a_worker_whose_lease_was_swept_cannot_record_and_the_resend_uses_the_sa
     assert_eq!(fixtures::count(&pool, "ledger_entries").await, 1);
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_worker_whose_token_was_replaced_cannot_record_even_an_uncertain_outcome(pool: PgPool) {
     let server = MockServer::start().await;
     Mock::given(method("POST")).and(path("/v1/charges")).respond_with(ResponseTemplate::new(503)).mount(&server).await;
@@ -84,7 +85,7 @@ async fn a_worker_whose_token_was_replaced_cannot_record_even_an_uncertain_outco
     assert!(support::outbox_row(&pool, accepted).await.is_some(), "the row stays with its new holder");
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn every_resend_after_a_not_sent_failure_carries_the_key_derived_from_the_payment_id(pool: PgPool) {
     let server = MockServer::start().await;
     // Rate-limited twice (provably not sent), then charged.
@@ -116,7 +117,7 @@ async fn every_resend_after_a_not_sent_failure_carries_the_key_derived_from_the_
     assert_eq!(keys, vec![format!("oncepay-{}", accepted.payment_id); 3]);
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_payment_settled_by_a_webhook_while_leased_keeps_its_state_and_loses_its_row(pool: PgPool) {
     let server = MockServer::start().await;
     Charges::new().mount(&server).await;
@@ -146,7 +147,7 @@ async fn a_payment_settled_by_a_webhook_while_leased_keeps_its_state_and_loses_i
     assert_eq!(fixtures::count(&pool, "ledger_entries").await, 1);
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_payment_that_may_have_reached_the_provider_is_not_resent_past_the_key_window(pool: PgPool) {
     let server = MockServer::start().await;
     let charges = Charges::new();
@@ -167,7 +168,7 @@ async fn a_payment_that_may_have_reached_the_provider_is_not_resent_past_the_key
     assert_eq!(support::unknown_entry(&pool, accepted).await.unwrap().0, "key_window_passed");
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn running_out_of_attempts_after_a_lost_lease_is_unknown_not_failed(pool: PgPool) {
     let accepted = accept(&pool, tenant(&pool).await, 500).await;
     // A worker claimed it and vanished, maybe after reaching the provider.

@@ -1,4 +1,4 @@
-//! `oncepay_shared::store::leases::sweep`, the takeover of expired worker leases, against a real
+//! `oncepay_store::leases::sweep`, the takeover of expired worker leases, against a real
 //! PostgreSQL: inside the provider's key window a payment goes back to `pending` and is claimable
 //! again, past it the payment becomes `unknown` and is queued, and unexpired or busy leases are left
 //! alone.
@@ -10,9 +10,10 @@ mod support;
 
 use std::time::Duration;
 
-use oncepay_shared::status::PaymentStatus;
-use oncepay_shared::store::leases::{self, KeyWindow, SweepCounts};
-use oncepay_shared::store::transitions::Settlement;
+use oncepay_domain::status::PaymentStatus;
+use oncepay_provider::KeyWindow;
+use oncepay_store::leases::{self, SweepCounts};
+use oncepay_store::transitions::Settlement;
 use sqlx::PgPool;
 use support::{Accepted, accept, config, drainer, tenant};
 
@@ -39,7 +40,7 @@ async fn claimed_payments(pool: &PgPool, n: usize) -> Vec<(Accepted, i64)> {
         .collect()
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn an_expired_lease_inside_the_key_window_goes_back_to_pending_and_is_claimable_again(pool: PgPool) {
     let (accepted, old_token) = claimed_payments(&pool, 1).await[0];
     support::expire_leases(&pool).await;
@@ -66,7 +67,7 @@ async fn an_expired_lease_inside_the_key_window_goes_back_to_pending_and_is_clai
     assert_eq!(reclaimed[0].attempt, 2);
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn an_expired_lease_past_the_key_window_makes_the_payment_unknown_and_queues_it(pool: PgPool) {
     let (accepted, token) = claimed_payments(&pool, 1).await[0];
     support::expire_leases(&pool).await;
@@ -86,7 +87,7 @@ async fn an_expired_lease_past_the_key_window_makes_the_payment_unknown_and_queu
     assert!(drainer(&pool, &support::refusing_url(), config("next")).claim(10).await.unwrap().is_empty());
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn unexpired_leases_are_left_alone(pool: PgPool) {
     let claimed = claimed_payments(&pool, 2).await;
 
@@ -100,7 +101,7 @@ async fn unexpired_leases_are_left_alone(pool: PgPool) {
     }
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_lease_its_worker_is_recording_right_now_is_skipped(pool: PgPool) {
     let (accepted, _) = claimed_payments(&pool, 1).await[0];
     support::expire_leases(&pool).await;
@@ -120,7 +121,7 @@ async fn a_lease_its_worker_is_recording_right_now_is_skipped(pool: PgPool) {
     assert_eq!(sweep(&pool, 10).await.released, 1, "taken back once the row is free");
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn the_expired_lease_of_a_payment_settled_meanwhile_is_dropped(pool: PgPool) {
     let (accepted, _) = claimed_payments(&pool, 1).await[0];
     support::settle_by_webhook(
@@ -140,7 +141,7 @@ async fn the_expired_lease_of_a_payment_settled_meanwhile_is_dropped(pool: PgPoo
     assert_eq!(last.2, "webhook", "the sweeper wrote no transition");
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_sweep_takes_at_most_one_batch_oldest_lease_first(pool: PgPool) {
     let claimed = claimed_payments(&pool, 3).await;
     // Expire them with distinct ages: the first one's lease expired most recently.

@@ -18,12 +18,13 @@ use std::time::Duration;
 use oncepay_devkit::pg::free_port;
 use oncepay_devkit::process::{Child, Spec};
 use oncepay_devkit::workspace;
-use oncepay_shared::fixtures;
-use oncepay_shared::provider::Charge;
-use oncepay_shared::status::PaymentStatus;
-use oncepay_shared::store::leases::{self, KeyWindow, SweepCounts};
+use oncepay_domain::status::PaymentStatus;
+use oncepay_provider::Charge;
+use oncepay_provider::KeyWindow;
 use oncepay_simulator::client::SimulatorClient;
 use oncepay_simulator::faults::FaultsPatch;
+use oncepay_store::fixtures;
+use oncepay_store::leases::{self, SweepCounts};
 use sqlx::PgPool;
 use support::{Accepted, accept, tenant};
 
@@ -173,7 +174,7 @@ async fn sweep_once_expired(processes: &Processes, pool: &PgPool) -> SweepCounts
     }
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_worker_killed_after_the_provider_charged_causes_no_second_charge_and_the_payment_succeeds(pool: PgPool) {
     let processes = Processes::start(&pool, &[("hang_after_rate", "1.0"), ("hang_ms", &HANG_MS.to_string())]).await;
     let accepted = kill_a_worker_after_the_provider_charged(&processes, &pool).await;
@@ -204,7 +205,7 @@ async fn a_worker_killed_after_the_provider_charged_causes_no_second_charge_and_
     assert!(exit.success(), "SIGTERM exits 0: {exit}");
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_worker_killed_after_the_provider_charged_past_the_key_window_leaves_the_payment_unknown(pool: PgPool) {
     let processes = Processes::start(&pool, &[("hang_after_rate", "1.0"), ("hang_ms", &HANG_MS.to_string())]).await;
     let accepted = kill_a_worker_after_the_provider_charged(&processes, &pool).await;
@@ -220,7 +221,7 @@ async fn a_worker_killed_after_the_provider_charged_past_the_key_window_leaves_t
     assert_eq!(processes.charges_and_posts(accepted).await.0.len(), 1);
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn sigterm_lets_the_send_in_flight_finish_and_be_recorded_then_exits_0(pool: PgPool) {
     // Every answer takes a second, so the send is surely in flight when SIGTERM arrives.
     let processes = Processes::start(&pool, &[("latency_ms", "1000")]).await;

@@ -8,8 +8,8 @@ mod support;
 
 use std::time::Duration;
 
-use oncepay_shared::backoff::Backoff;
-use oncepay_shared::status::PaymentStatus;
+use oncepay_domain::status::PaymentStatus;
+use oncepay_service::backoff::Backoff;
 use oncepay_worker::Counts;
 use serde_json::json;
 use sqlx::PgPool;
@@ -63,7 +63,7 @@ async fn assert_unknown_and_never_resent(
     assert_eq!(support::status(pool, accepted).await, PaymentStatus::Unknown);
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_201_settles_succeeded_with_the_ledger_entry_and_the_stored_response(pool: PgPool) {
     let server = MockServer::start().await;
     let charges = Charges::new();
@@ -102,7 +102,7 @@ async fn a_201_settles_succeeded_with_the_ledger_entry_and_the_stored_response(p
     assert_eq!(sent["metadata"]["order"], "42");
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_402_settles_failed_with_the_providers_code_and_no_ledger_entry(pool: PgPool) {
     let server = answering(ResponseTemplate::new(402).set_body_json(json!({
         "error": {"code": "card_declined", "message": "Your card was declined.", "charge": "ch_declined_1"}
@@ -144,19 +144,19 @@ async fn answered_into_unknown(pool: &PgPool, template: ResponseTemplate, reason
     (accepted, counts)
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_409_key_in_flight_is_unknown_and_never_resent(pool: PgPool) {
     let (_, counts) = answered_into_unknown(&pool, ResponseTemplate::new(409), "key_in_flight").await;
 
     assert_eq!(counts, Counts { claimed: 1, unknown: 1, ..Counts::default() });
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_422_key_reused_is_unknown_and_never_resent(pool: PgPool) {
     answered_into_unknown(&pool, ResponseTemplate::new(422), "key_reused").await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_500_is_unknown_and_never_resent(pool: PgPool) {
     let (accepted, _) = answered_into_unknown(&pool, ResponseTemplate::new(500), "server_error").await;
 
@@ -164,7 +164,7 @@ async fn a_500_is_unknown_and_never_resent(pool: PgPool) {
     assert!(evidence[0]["detail"].as_str().unwrap().contains("500"), "{evidence}");
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn an_answer_later_than_the_timeout_is_unknown_and_never_resent(pool: PgPool) {
     // The provider charges but answers only after the client's 1 s timeout.
     let server = MockServer::start().await;
@@ -185,7 +185,7 @@ async fn an_answer_later_than_the_timeout_is_unknown_and_never_resent(pool: PgPo
     .await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_connection_reset_after_the_request_was_read_is_unknown_and_never_resent(pool: PgPool) {
     // A provider that reads the whole request, then resets the connection without a word.
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -226,7 +226,7 @@ async fn a_connection_reset_after_the_request_was_read_is_unknown_and_never_rese
     .await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_refused_connection_puts_the_payment_back_to_pending_with_backoff_and_a_counted_attempt(pool: PgPool) {
     let accepted = one_payment(&pool).await;
     let queued_at = support::outbox_row(&pool, accepted).await.unwrap().available_at;
@@ -253,7 +253,7 @@ async fn a_refused_connection_puts_the_payment_back_to_pending_with_backoff_and_
     assert!(support::unknown_entry(&pool, accepted).await.is_none());
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_provider_unreachable_for_every_attempt_fails_the_payment_saying_no_charge_was_made(pool: PgPool) {
     let accepted = one_payment(&pool).await;
     // Three attempts, no backoff: each retry is due at once.
@@ -279,7 +279,7 @@ async fn a_provider_unreachable_for_every_attempt_fails_the_payment_saying_no_ch
     assert_eq!(body["failure"]["code"], "provider_unreachable");
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_429_waits_at_least_the_providers_retry_after_before_the_next_claim(pool: PgPool) {
     let server = answering(ResponseTemplate::new(429).insert_header("Retry-After", "120")).await;
     let accepted = one_payment(&pool).await;
@@ -297,31 +297,31 @@ async fn a_429_waits_at_least_the_providers_retry_after_before_the_next_claim(po
     assert_eq!(server.received_requests().await.unwrap().len(), 1);
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_recorded_payment_is_announced_to_long_polls_after_its_commit(pool: PgPool) {
     let server = MockServer::start().await;
     Charges::new().mount(&server).await;
     let accepted = one_payment(&pool).await;
     let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await.unwrap();
-    listener.listen(oncepay_shared::notify::PAYMENT_CHANNEL).await.unwrap();
+    listener.listen(oncepay_store::notify::PAYMENT_CHANNEL).await.unwrap();
 
     drainer(&pool, &server.uri(), config("w1")).run_once().await.unwrap();
 
     // The recording no longer notifies in its transaction: this notification is the announcement.
     let notification = tokio::time::timeout(Duration::from_secs(10), listener.recv()).await.unwrap().unwrap();
-    let named: Vec<_> = oncepay_shared::notify::payment_ids(notification.payload()).map(Result::unwrap).collect();
+    let named: Vec<_> = oncepay_store::notify::payment_ids(notification.payload()).map(Result::unwrap).collect();
     assert_eq!(named, [accepted.payment_id]);
     assert_eq!(support::status(&pool, accepted).await, PaymentStatus::Succeeded);
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_201_for_a_charge_other_than_the_one_asked_for_is_never_booked(pool: PgPool) {
     type Change = fn(&mut serde_json::Value);
     let cases: [(&str, Change); 3] = [
         ("another amount", |charge| charge["amount"] = json!(1998)),
         ("another currency", |charge| charge["currency"] = json!("USD")),
         ("another payment's key", |charge| {
-            charge["idempotency_key"] = json!(oncepay_shared::ids::PaymentId::generate().downstream_key().as_str());
+            charge["idempotency_key"] = json!(oncepay_domain::ids::PaymentId::generate().downstream_key().as_str());
         }),
     ];
     for (name, change) in cases {

@@ -14,11 +14,12 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use futures::future::join_all;
-use oncepay_shared::fixtures;
-use oncepay_shared::provider::http::HttpProvider;
-use oncepay_shared::status::PaymentStatus;
-use oncepay_shared::store::leases::{self, KeyWindow};
-use oncepay_shared::store::transitions::Settlement;
+use oncepay_domain::status::PaymentStatus;
+use oncepay_provider::KeyWindow;
+use oncepay_provider::http::HttpProvider;
+use oncepay_store::fixtures;
+use oncepay_store::leases;
+use oncepay_store::transitions::Settlement;
 use oncepay_worker::Drainer;
 use oncepay_worker::decision::Decision;
 use oncepay_worker::outbox::Claimed;
@@ -90,7 +91,7 @@ async fn writers(pool: &PgPool, sends: &[(Accepted, Claimed)]) -> Vec<String> {
     writers
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn settlements_waiting_while_one_is_written_are_written_next_in_one_transaction(pool: PgPool) {
     let server = MockServer::start().await;
     Charges::new().mount(&server).await;
@@ -126,7 +127,7 @@ async fn settlements_waiting_while_one_is_written_are_written_next_in_one_transa
     assert_eq!(fixtures::count(&pool, "ledger_entries").await, 12);
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn in_one_transaction_a_lost_lease_and_a_payment_settled_first_affect_only_themselves(pool: PgPool) {
     let server = MockServer::start().await;
     Charges::new().mount(&server).await;
@@ -175,7 +176,7 @@ async fn in_one_transaction_a_lost_lease_and_a_payment_settled_first_affect_only
     assert_eq!(fixtures::count(&pool, "ledger_entries").await, 3);
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_payment_that_cannot_be_recorded_with_others_is_left_out_and_the_others_are_recorded_one_by_one(
     pool: PgPool,
 ) {
@@ -202,7 +203,7 @@ async fn a_payment_that_cannot_be_recorded_with_others_is_left_out_and_the_other
     assert_eq!(fixtures::count(&pool, "ledger_entries").await, 2);
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn when_the_database_stays_unreachable_every_waiting_recording_fails_as_transient(pool: PgPool) {
     let server = MockServer::start().await;
     Charges::new().mount(&server).await;
@@ -230,7 +231,7 @@ async fn when_the_database_stays_unreachable_every_waiting_recording_fails_as_tr
     }
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn sends_of_several_tenants_are_recorded_together_each_tenant_by_its_own_statements(pool: PgPool) {
     let server = MockServer::start().await;
     Charges::new().mount(&server).await;

@@ -8,7 +8,7 @@ mod support;
 
 use std::time::Duration;
 
-use oncepay_shared::status::PaymentStatus;
+use oncepay_domain::status::PaymentStatus;
 use sqlx::PgPool;
 use support::{Accepted, accept, config, drainer, tenant};
 use wiremock::matchers::{method, path};
@@ -26,7 +26,7 @@ async fn requeued_after_an_uncertain_send(pool: &PgPool) -> Accepted {
     accepted
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_requeued_payment_claimed_past_the_key_window_is_not_sent_again(pool: PgPool) {
     let accepted = requeued_after_an_uncertain_send(&pool).await;
     support::age_first_send(&pool, accepted, Duration::from_secs(23 * 3_600 + 1)).await;
@@ -45,7 +45,7 @@ async fn a_requeued_payment_claimed_past_the_key_window_is_not_sent_again(pool: 
     assert_eq!(reason, "key_window_passed");
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_requeued_payment_that_never_reaches_the_provider_again_is_unknown_not_failed(pool: PgPool) {
     let accepted = requeued_after_an_uncertain_send(&pool).await;
     let refusing = drainer(&pool, &support::refusing_url(), config("w2"));

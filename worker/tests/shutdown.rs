@@ -8,10 +8,11 @@ mod support;
 
 use std::time::Duration;
 
-use oncepay_shared::fixtures;
-use oncepay_shared::provider::http::HttpProvider;
-use oncepay_shared::status::PaymentStatus;
-use oncepay_shared::store::leases::{self, KeyWindow, SweepCounts};
+use oncepay_domain::status::PaymentStatus;
+use oncepay_provider::KeyWindow;
+use oncepay_provider::http::HttpProvider;
+use oncepay_store::fixtures;
+use oncepay_store::leases::{self, SweepCounts};
 use oncepay_worker::{Counts, Drainer};
 use sqlx::PgPool;
 use support::{Charges, accept, config, tenant};
@@ -51,7 +52,7 @@ async fn statuses(pool: &PgPool, payments: [support::Accepted; 2]) -> Vec<Paymen
     statuses
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn shutdown_stops_claiming_and_records_the_send_in_flight(pool: PgPool) {
     let (_server, charges, shutdown, running, payments) =
         one_send_in_flight(&pool, Duration::from_millis(500), Duration::from_secs(10)).await;
@@ -66,7 +67,7 @@ async fn shutdown_stops_claiming_and_records_the_send_in_flight(pool: PgPool) {
     assert_eq!(fixtures::count(&pool, "outbox").await, 1, "the unsent payment keeps its row");
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_send_still_in_flight_when_the_grace_period_ends_keeps_its_lease_for_the_sweeper(pool: PgPool) {
     let (_server, _charges, shutdown, running, payments) =
         one_send_in_flight(&pool, Duration::from_secs(20), Duration::from_millis(200)).await;

@@ -7,15 +7,15 @@
 
 mod support;
 
-use oncepay_shared::config::{LogFormat, TelemetrySettings};
-use oncepay_shared::telemetry::{self, TraceContext};
+use oncepay_service::config::{LogFormat, TelemetrySettings};
+use oncepay_service::telemetry::{self, TraceContext};
 use sqlx::PgPool;
 use support::{Charges, accept_traced, config, drainer, tenant};
 use wiremock::MockServer;
 
 const TRACE_ID: &str = "0af7651916cd43dd8448eb211c80319c";
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn the_provider_call_continues_the_trace_of_the_accepting_request(pool: PgPool) {
     let _telemetry = telemetry::init(
         "oncepay-worker-test",

@@ -1,14 +1,14 @@
 //! 401: every way of not presenting a live API key of a tenant.
 
-use oncepay_shared::api_key;
-use oncepay_shared::store::tenants;
+use oncepay_domain::api_key;
+use oncepay_store::tenants;
 use reqwest::StatusCode;
 use secrecy::ExposeSecret;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use crate::helpers::{TestApp, assert_problem, body, header};
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_request_without_an_api_key_is_unauthorized(_: PgPoolOptions, options: PgConnectOptions) {
     let app = TestApp::spawn(options).await;
 
@@ -26,7 +26,7 @@ async fn a_request_without_an_api_key_is_unauthorized(_: PgPoolOptions, options:
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn malformed_authorization_headers_are_unauthorized(_: PgPoolOptions, options: PgConnectOptions) {
     let app = TestApp::spawn(options).await;
     let token = app.tenant.token.clone();
@@ -51,7 +51,7 @@ async fn malformed_authorization_headers_are_unauthorized(_: PgPoolOptions, opti
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_key_of_the_tenant_with_a_wrong_secret_is_unauthorized(_: PgPoolOptions, options: PgConnectOptions) {
     let app = TestApp::spawn(options).await;
     // Authenticate once with the right secret so the key is cached: the cache must not let the
@@ -72,7 +72,7 @@ async fn a_key_of_the_tenant_with_a_wrong_secret_is_unauthorized(_: PgPoolOption
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_key_unknown_to_its_tenant_is_unauthorized(_: PgPoolOptions, options: PgConnectOptions) {
     let app = TestApp::spawn(options).await;
     let never_stored = api_key::generate(app.tenant.id);
@@ -83,7 +83,7 @@ async fn a_key_unknown_to_its_tenant_is_unauthorized(_: PgPoolOptions, options: 
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_revoked_key_is_unauthorized(_: PgPoolOptions, options: PgConnectOptions) {
     let app = TestApp::spawn(options).await;
     let presented = api_key::parse(&app.tenant.token).unwrap();
@@ -98,7 +98,7 @@ async fn a_revoked_key_is_unauthorized(_: PgPoolOptions, options: PgConnectOptio
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_key_revoked_after_use_is_refused_once_the_cache_ttl_has_passed(_: PgPoolOptions, options: PgConnectOptions) {
     // A TTL of zero: revocation takes effect on the very next request.
     let app = TestApp::spawn_with(options, |settings| settings.auth.cache_ttl_secs = 0).await;
@@ -116,7 +116,7 @@ async fn a_key_revoked_after_use_is_refused_once_the_cache_ttl_has_passed(_: PgP
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_flood_of_unknown_keys_cannot_take_the_connections_of_a_real_tenant(
     _: PgPoolOptions,
     options: PgConnectOptions,

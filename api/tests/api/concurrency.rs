@@ -9,7 +9,7 @@ use tokio::sync::Barrier;
 
 use crate::helpers::{Rows, TestApp, body};
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn fifty_identical_requests_released_at_once_make_one_payment_and_all_get_its_id(
     _: PgPoolOptions,
     options: PgConnectOptions,

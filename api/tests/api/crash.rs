@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use oncepay_api::Application;
 use oncepay_devkit::pg::{Cluster, Durability};
-use oncepay_shared::db;
+use oncepay_store::db;
 use reqwest::StatusCode;
 use serde_json::Value;
 use sqlx::postgres::PgPoolOptions;

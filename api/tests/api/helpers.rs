@@ -3,12 +3,12 @@
 use std::time::Duration;
 
 use oncepay_api::{Application, Settings};
-use oncepay_shared::api_key;
-use oncepay_shared::ids::{PaymentId, TenantId};
-use oncepay_shared::payment::Payment;
-use oncepay_shared::status::{PaymentStatus, Transition};
-use oncepay_shared::store::tenants::{self, TenantName};
-use oncepay_shared::store::transitions::{self, Applied, Change, Settlement};
+use oncepay_domain::api_key;
+use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::status::{PaymentStatus, Transition};
+use oncepay_store::payments::Payment;
+use oncepay_store::tenants::{self, TenantName};
+use oncepay_store::transitions::{self, Applied, Change, Settlement};
 use reqwest::header::HeaderMap;
 use reqwest::{RequestBuilder, Response, StatusCode};
 use serde_json::{Value, json};
@@ -61,7 +61,7 @@ impl TestApp {
 
     /// Runs a built api; `db` is the test's own pool on its database.
     pub async fn start(application: Application, db: PgPool) -> Self {
-        oncepay_shared::tls::install_provider();
+        oncepay_service::tls::install_provider();
         let address = format!("http://127.0.0.1:{}", application.port());
         let shutdown = CancellationToken::new();
         let server = tokio::spawn(application.run_until_stopped(shutdown.clone()));

@@ -3,11 +3,11 @@
 use std::time::Duration;
 
 use oncepay_api::answer;
-use oncepay_shared::fingerprint::Fingerprint;
-use oncepay_shared::idempotency_key::IdempotencyKey;
-use oncepay_shared::payment_request::PaymentRequest;
-use oncepay_shared::store::intake::{self, NewPayment};
-use oncepay_shared::telemetry;
+use oncepay_domain::fingerprint::Fingerprint;
+use oncepay_domain::idempotency_key::IdempotencyKey;
+use oncepay_domain::payment_request::PaymentRequest;
+use oncepay_service::telemetry;
+use oncepay_store::intake::{self, NewPayment};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -16,7 +16,7 @@ use crate::helpers::{self, Rows, TestApp, assert_problem, body, create_tenant, h
 
 const ONE_PAYMENT: Rows = Rows { payments: 1, keys: 1, outbox: 1, events: 1 };
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_new_payment_is_accepted_with_its_location_retry_after_and_key_expiry(
     _: PgPoolOptions,
     options: PgConnectOptions,
@@ -55,7 +55,7 @@ async fn a_new_payment_is_accepted_with_its_location_retry_after_and_key_expiry(
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_retry_while_the_payment_is_pending_replays_202_and_writes_nothing(
     _: PgPoolOptions,
     options: PgConnectOptions,
@@ -82,7 +82,7 @@ async fn a_retry_while_the_payment_is_pending_replays_202_and_writes_nothing(
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_field_sent_as_null_and_the_same_field_left_out_are_the_same_request(
     _: PgPoolOptions,
     options: PgConnectOptions,
@@ -102,7 +102,7 @@ async fn a_field_sent_as_null_and_the_same_field_left_out_are_the_same_request(
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_retry_after_the_payment_is_final_replays_the_stored_final_response(
     _: PgPoolOptions,
     options: PgConnectOptions,
@@ -137,7 +137,7 @@ async fn a_retry_after_the_payment_is_final_replays_the_stored_final_response(
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_key_reused_with_a_different_body_is_refused_and_nothing_is_written(
     _: PgPoolOptions,
     options: PgConnectOptions,
@@ -157,7 +157,7 @@ async fn a_key_reused_with_a_different_body_is_refused_and_nothing_is_written(
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_key_being_written_by_another_transaction_is_answered_409_after_the_lock_wait(
     _: PgPoolOptions,
     options: PgConnectOptions,
@@ -191,7 +191,7 @@ async fn a_key_being_written_by_another_transaction_is_answered_409_after_the_lo
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn the_same_key_from_two_tenants_makes_two_payments_that_neither_can_see_across(
     _: PgPoolOptions,
     options: PgConnectOptions,
@@ -220,7 +220,7 @@ async fn the_same_key_from_two_tenants_makes_two_payments_that_neither_can_see_a
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn the_outbox_row_continues_the_trace_of_the_request(_: PgPoolOptions, options: PgConnectOptions) {
     // The request span is at `info`: the default filter keeps it (and so its trace context).
     let _telemetry = telemetry::init("oncepay-api-tests", &helpers::settings().telemetry).unwrap();

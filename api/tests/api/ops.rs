@@ -7,7 +7,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use crate::helpers::{self, TestApp, assert_problem, body, create_tenant, header};
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn the_openapi_document_is_generated_json_describing_both_endpoints(_: PgPoolOptions, options: PgConnectOptions) {
     let app = TestApp::spawn(options).await;
 
@@ -24,7 +24,7 @@ async fn the_openapi_document_is_generated_json_describing_both_endpoints(_: PgP
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn an_unknown_route_is_a_not_found_problem(_: PgPoolOptions, options: PgConnectOptions) {
     let app = TestApp::spawn(options).await;
 
@@ -36,7 +36,7 @@ async fn an_unknown_route_is_a_not_found_problem(_: PgPoolOptions, options: PgCo
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_wrong_method_is_a_method_not_allowed_problem(_: PgPoolOptions, options: PgConnectOptions) {
     let app = TestApp::spawn(options).await;
     let payment = format!("/v1/payments/{}", uuid::Uuid::now_v7());
@@ -58,7 +58,7 @@ async fn a_wrong_method_is_a_method_not_allowed_problem(_: PgPoolOptions, option
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn the_api_is_healthy_and_ready_when_the_schema_is_current(_: PgPoolOptions, options: PgConnectOptions) {
     let app = TestApp::spawn(options).await;
 
@@ -72,7 +72,7 @@ async fn the_api_is_healthy_and_ready_when_the_schema_is_current(_: PgPoolOption
 
 #[sqlx::test(migrations = false)]
 async fn the_api_is_not_ready_when_migrations_have_not_been_applied(_: PgPoolOptions, options: PgConnectOptions) {
-    oncepay_shared::tls::install_provider();
+    oncepay_service::tls::install_provider();
     let application = Application::build_with(helpers::settings(), options).unwrap();
     let address = format!("http://127.0.0.1:{}", application.port());
     let shutdown = tokio_util::sync::CancellationToken::new();
@@ -89,7 +89,7 @@ async fn the_api_is_not_ready_when_migrations_have_not_been_applied(_: PgPoolOpt
     server.await.unwrap().unwrap();
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_tenant_over_its_rate_limit_is_told_when_to_retry(_: PgPoolOptions, options: PgConnectOptions) {
     let app = TestApp::spawn(options).await;
     let slow = create_tenant(&app.db, "slow", Some(1)).await;
@@ -107,7 +107,7 @@ async fn a_tenant_over_its_rate_limit_is_told_when_to_retry(_: PgPoolOptions, op
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn intake_outcomes_and_request_latency_are_exported_as_metrics(_: PgPoolOptions, options: PgConnectOptions) {
     let app = TestApp::spawn(options).await;
     app.post_payment("order-1", &body()).send().await.unwrap();
@@ -132,7 +132,7 @@ async fn intake_outcomes_and_request_latency_are_exported_as_metrics(_: PgPoolOp
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn with_an_operations_port_the_operations_endpoints_are_served_there_and_only_there(
     pool_options: PgPoolOptions,
     options: PgConnectOptions,

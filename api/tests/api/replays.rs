@@ -5,7 +5,7 @@
 //! Whether an answer came from memory is told by changing the stored row behind the api's back
 //! (something nothing in oncepay does): an answer from memory still shows the original.
 
-use oncepay_shared::ids::PaymentId;
+use oncepay_domain::ids::PaymentId;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -33,7 +33,7 @@ async fn tamper_with_stored_answers(db: &PgPool) {
         .unwrap();
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn once_a_final_answer_has_been_replayed_the_next_replays_come_from_memory(
     _: PgPoolOptions,
     options: PgConnectOptions,
@@ -57,7 +57,7 @@ async fn once_a_final_answer_has_been_replayed_the_next_replays_come_from_memory
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_different_request_under_a_remembered_key_is_refused_from_memory(
     _: PgPoolOptions,
     options: PgConnectOptions,
@@ -77,7 +77,7 @@ async fn a_different_request_under_a_remembered_key_is_refused_from_memory(
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn another_tenant_using_the_same_key_never_gets_a_remembered_answer(_: PgPoolOptions, options: PgConnectOptions) {
     let app = TestApp::spawn(options).await;
     let other_tenant = create_tenant(&app.db, "other", None).await;
@@ -93,7 +93,7 @@ async fn another_tenant_using_the_same_key_never_gets_a_remembered_answer(_: PgP
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_payment_still_in_progress_is_never_answered_from_memory(_: PgPoolOptions, options: PgConnectOptions) {
     let app = TestApp::spawn(options).await;
     let first = app.post_payment("order-1", &body()).send().await.unwrap();
@@ -110,7 +110,7 @@ async fn a_payment_still_in_progress_is_never_answered_from_memory(_: PgPoolOpti
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn with_no_memory_for_answers_every_replay_reads_the_database(_: PgPoolOptions, options: PgConnectOptions) {
     let app = TestApp::spawn_with(options, |settings| settings.intake.replay_cache_bytes = 0).await;
     replayed_once_final(&app, "order-1").await;

@@ -26,7 +26,7 @@ const MAX_EXAMPLES: &str = "150";
 /// Past this, the run is stuck: kill it and fail (installing takes about ten seconds).
 const HARD_LIMIT: Duration = Duration::from_secs(300);
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn the_api_conforms_to_its_openapi_document(_: PgPoolOptions, options: PgConnectOptions) {
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned());
     if !python_is_available(&python).await {

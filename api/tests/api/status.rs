@@ -9,7 +9,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use crate::helpers::{Tenant, TestApp, assert_problem, body, claim, create_tenant, header, settle_succeeded};
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_pending_payment_is_served_with_retry_after(_: PgPoolOptions, options: PgConnectOptions) {
     let app = TestApp::spawn(options).await;
     let created = app.post_payment("order-1", &body()).send().await.unwrap();
@@ -25,7 +25,7 @@ async fn a_pending_payment_is_served_with_retry_after(_: PgPoolOptions, options:
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_final_payment_is_served_without_retry_after(_: PgPoolOptions, options: PgConnectOptions) {
     let app = TestApp::spawn(options).await;
     let payment_id = TestApp::payment_id(app.post_payment("order-1", &body()).send().await.unwrap()).await;
@@ -41,7 +41,7 @@ async fn a_final_payment_is_served_without_retry_after(_: PgPoolOptions, options
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn unknown_and_malformed_payment_ids_are_not_found(_: PgPoolOptions, options: PgConnectOptions) {
     let app = TestApp::spawn(options).await;
 
@@ -53,7 +53,7 @@ async fn unknown_and_malformed_payment_ids_are_not_found(_: PgPoolOptions, optio
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_long_poll_returns_as_soon_as_another_connection_changes_the_status(
     _: PgPoolOptions,
     options: PgConnectOptions,
@@ -76,7 +76,7 @@ async fn a_long_poll_returns_as_soon_as_another_connection_changes_the_status(
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_long_poll_returns_the_unchanged_payment_when_the_wait_is_over(_: PgPoolOptions, options: PgConnectOptions) {
     let app = TestApp::spawn(options).await;
     let payment_id = TestApp::payment_id(app.post_payment("order-1", &body()).send().await.unwrap()).await;
@@ -91,7 +91,7 @@ async fn a_long_poll_returns_the_unchanged_payment_when_the_wait_is_over(_: PgPo
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_long_poll_longer_than_the_maximum_is_capped(_: PgPoolOptions, options: PgConnectOptions) {
     let app = TestApp::spawn_with(options, |settings| settings.long_poll.max_wait_secs = 1).await;
     let payment_id = TestApp::payment_id(app.post_payment("order-1", &body()).send().await.unwrap()).await;
@@ -103,7 +103,7 @@ async fn a_long_poll_longer_than_the_maximum_is_capped(_: PgPoolOptions, options
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_long_poll_on_a_final_payment_answers_without_waiting(_: PgPoolOptions, options: PgConnectOptions) {
     let app = TestApp::spawn(options).await;
     let payment_id = TestApp::payment_id(app.post_payment("order-1", &body()).send().await.unwrap()).await;
@@ -120,7 +120,7 @@ async fn a_long_poll_on_a_final_payment_answers_without_waiting(_: PgPoolOptions
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_long_poll_is_released_when_the_api_shuts_down(_: PgPoolOptions, options: PgConnectOptions) {
     let app = TestApp::spawn(options).await;
     let payment_id = TestApp::payment_id(app.post_payment("order-1", &body()).send().await.unwrap()).await;
@@ -154,7 +154,7 @@ async fn answered_at_once(response: reqwest::Response) {
     assert_eq!(served["status"], "pending");
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn long_polls_beyond_a_tenants_bound_are_answered_at_once_while_other_tenants_still_wait(
     _: PgPoolOptions,
     options: PgConnectOptions,
@@ -182,7 +182,7 @@ async fn long_polls_beyond_a_tenants_bound_are_answered_at_once_while_other_tena
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn long_polls_beyond_the_process_bound_are_answered_at_once(_: PgPoolOptions, options: PgConnectOptions) {
     let app = TestApp::spawn_with(options, |settings| settings.long_poll.max_waiting = 1).await;
     let other = create_tenant(&app.db, "globex", None).await;
@@ -200,7 +200,7 @@ async fn long_polls_beyond_the_process_bound_are_answered_at_once(_: PgPoolOptio
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn re_reads_queued_together_are_read_in_one_statement_per_tenant(_: PgPoolOptions, options: PgConnectOptions) {
     let app = TestApp::spawn(options).await;
     let other = create_tenant(&app.db, "globex", None).await;

@@ -10,7 +10,7 @@ use crate::helpers::{Rows, TestApp, assert_problem, body};
 
 const NOTHING: Rows = Rows { payments: 0, keys: 0, outbox: 0, events: 0 };
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_payment_without_an_idempotency_key_is_refused(_: PgPoolOptions, options: PgConnectOptions) {
     let app = TestApp::spawn(options).await;
 
@@ -27,7 +27,7 @@ async fn a_payment_without_an_idempotency_key_is_refused(_: PgPoolOptions, optio
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn malformed_idempotency_keys_are_refused(_: PgPoolOptions, options: PgConnectOptions) {
     let app = TestApp::spawn(options).await;
     let too_long = "k".repeat(256);
@@ -50,7 +50,7 @@ async fn malformed_idempotency_keys_are_refused(_: PgPoolOptions, options: PgCon
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn an_idempotency_key_sent_twice_is_refused(_: PgPoolOptions, options: PgConnectOptions) {
     let app = TestApp::spawn(options).await;
 
@@ -62,7 +62,7 @@ async fn an_idempotency_key_sent_twice_is_refused(_: PgPoolOptions, options: PgC
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn the_bare_and_quoted_forms_of_a_key_name_the_same_key(_: PgPoolOptions, options: PgConnectOptions) {
     let app = TestApp::spawn(options).await;
 
@@ -79,7 +79,7 @@ async fn the_bare_and_quoted_forms_of_a_key_name_the_same_key(_: PgPoolOptions, 
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_body_that_is_not_json_is_refused(_: PgPoolOptions, options: PgConnectOptions) {
     let app = TestApp::spawn(options).await;
 
@@ -93,7 +93,7 @@ async fn a_body_that_is_not_json_is_refused(_: PgPoolOptions, options: PgConnect
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn every_invalid_field_is_named(_: PgPoolOptions, options: PgConnectOptions) {
     let app = TestApp::spawn(options).await;
     let cases = [
@@ -131,7 +131,7 @@ async fn every_invalid_field_is_named(_: PgPoolOptions, options: PgConnectOption
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn an_unknown_field_is_refused_by_name(_: PgPoolOptions, options: PgConnectOptions) {
     let app = TestApp::spawn(options).await;
     let mut request = body();
@@ -151,7 +151,7 @@ fn padded_body(size: usize) -> String {
     format!("{json}{}", " ".repeat(size - json.len()))
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_body_over_64_kib_is_refused_and_one_of_exactly_64_kib_is_accepted(
     _: PgPoolOptions,
     options: PgConnectOptions,
@@ -168,7 +168,7 @@ async fn a_body_over_64_kib_is_refused_and_one_of_exactly_64_kib_is_accepted(
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_streamed_body_without_a_length_is_cut_off_at_64_kib(_: PgPoolOptions, options: PgConnectOptions) {
     let app = TestApp::spawn(options).await;
     let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
@@ -185,7 +185,7 @@ async fn a_streamed_body_without_a_length_is_cut_off_at_64_kib(_: PgPoolOptions,
     app.stop().await;
 }
 
-#[sqlx::test(migrator = "oncepay_shared::db::MIGRATOR")]
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_body_that_is_not_declared_as_json_is_refused(_: PgPoolOptions, options: PgConnectOptions) {
     let app = TestApp::spawn(options).await;
     let text = body().to_string();

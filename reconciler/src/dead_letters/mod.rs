@@ -11,8 +11,8 @@
 
 pub mod commands;
 
-use oncepay_shared::ids::{PaymentId, TenantId};
-use oncepay_shared::store::StoreError;
+use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_store::StoreError;
 use serde_json::Value;
 use sqlx::PgConnection;
 

@@ -6,7 +6,7 @@
 
 use std::io::{self, Write};
 
-use oncepay_shared::provider::PaymentProvider;
+use oncepay_provider::PaymentProvider;
 use serde::Serialize;
 use serde_json::Value;
 use sqlx::PgConnection;

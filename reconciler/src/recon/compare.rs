@@ -16,8 +16,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use oncepay_shared::ids::{DownstreamKey, PaymentId, TenantId};
-use oncepay_shared::provider::{Charge, ChargeStatus};
+use oncepay_domain::ids::{DownstreamKey, PaymentId, TenantId};
+use oncepay_provider::{Charge, ChargeStatus};
 use serde::Serialize;
 use serde_json::{Value, json};
 use time::OffsetDateTime;
@@ -264,7 +264,7 @@ fn check_money(found: &mut Vec<Discrepancy>, entry: &LedgerEntry, charge: &Charg
 
 #[cfg(test)]
 mod tests {
-    use oncepay_shared::provider::metadata_keys;
+    use oncepay_provider::metadata_keys;
 
     use super::*;
 

@@ -20,8 +20,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use oncepay_shared::ids::{PaymentId, TenantId};
-use oncepay_shared::provider::{Charge, ListCharges, PaymentProvider};
+use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_provider::{Charge, ListCharges, PaymentProvider};
 use sqlx::{PgConnection, PgPool};
 use time::{Date, OffsetDateTime, Time};
 use tokio_cron_scheduler::{Job, JobScheduler};

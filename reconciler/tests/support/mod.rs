@@ -1,15 +1,15 @@
-//! What the reconciler's tests share on top of `oncepay_shared::fixtures`: payments accepted as the
+//! What the reconciler's tests share on top of `oncepay_store::fixtures`: payments accepted as the
 //! api accepts them, moved with the shared transition functions, and tables read back.
 
 #![allow(dead_code)] // Each test binary uses its own subset.
 
 use std::time::Duration;
 
-use oncepay_shared::fixtures;
-use oncepay_shared::ids::{PaymentId, TenantId};
-use oncepay_shared::status::{PaymentStatus, Transition};
-use oncepay_shared::store::transitions::{self, Applied, Change};
-use oncepay_shared::store::unknown_queue;
+use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::status::{PaymentStatus, Transition};
+use oncepay_store::fixtures;
+use oncepay_store::transitions::{self, Applied, Change};
+use oncepay_store::unknown_queue;
 use serde_json::json;
 use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;
@@ -129,12 +129,12 @@ pub fn charge(
     tenant_id: TenantId,
     payment_id: PaymentId,
     id: &str,
-    status: oncepay_shared::provider::ChargeStatus,
+    status: oncepay_provider::ChargeStatus,
     amount: i64,
-) -> oncepay_shared::provider::Charge {
-    use oncepay_shared::provider::{ChargeStatus, metadata_keys};
+) -> oncepay_provider::Charge {
+    use oncepay_provider::{ChargeStatus, metadata_keys};
     let declined = status == ChargeStatus::Failed;
-    oncepay_shared::provider::Charge {
+    oncepay_provider::Charge {
         id: id.to_owned(),
         status,
         amount,

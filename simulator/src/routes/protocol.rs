@@ -13,7 +13,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::header::{AUTHORIZATION, HeaderValue, RETRY_AFTER};
 use hyper::{HeaderMap, Request, Response, StatusCode};
-use oncepay_shared::provider::wire::CreateCharge;
+use oncepay_provider::wire::CreateCharge;
 use secrecy::ExposeSecret;
 use serde::Deserialize;
 use subtle::ConstantTimeEq;

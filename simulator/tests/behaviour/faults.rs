@@ -2,8 +2,8 @@
 
 use std::time::{Duration, Instant};
 
-use oncepay_shared::provider::wire::{Charge, ChargePage, CreateCharge, ErrorBody};
-use oncepay_shared::provider::{PaymentProvider, SendOutcome, UncertainReason};
+use oncepay_provider::wire::{Charge, ChargePage, CreateCharge, ErrorBody};
+use oncepay_provider::{PaymentProvider, SendOutcome, UncertainReason};
 use oncepay_simulator::faults::{Faults, FaultsPatch};
 
 use crate::support::{Sim, body, charge_request, eventually, settings};

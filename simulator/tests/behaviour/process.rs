@@ -4,12 +4,12 @@ use std::time::Duration;
 
 use oncepay_devkit::pg::free_port;
 use oncepay_devkit::process::{Child, Spec};
-use oncepay_shared::provider::wire::ErrorBody;
+use oncepay_provider::wire::ErrorBody;
 
 #[tokio::test]
 async fn the_binary_serves_the_protocol_and_exits_0_on_sigterm() {
     // reqwest is built without a default TLS provider; the devkit's readiness probe needs one.
-    oncepay_shared::tls::install_provider();
+    oncepay_service::tls::install_provider();
     let port = free_port().unwrap();
     let logs = tempfile::tempdir().unwrap();
     let spec = Spec::new("simulator", env!("CARGO_BIN_EXE_oncepay-simulator"), logs.path())

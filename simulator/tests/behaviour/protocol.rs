@@ -3,9 +3,9 @@
 use std::time::Duration;
 
 use futures::future::join_all;
-use oncepay_shared::ids::DownstreamKey;
-use oncepay_shared::provider::wire::{Charge, ChargePage, ChargeStatus, ErrorBody};
-use oncepay_shared::provider::{ListCharges, PaymentProvider, SendOutcome};
+use oncepay_domain::ids::DownstreamKey;
+use oncepay_provider::wire::{Charge, ChargePage, ChargeStatus, ErrorBody};
+use oncepay_provider::{ListCharges, PaymentProvider, SendOutcome};
 use oncepay_simulator::control::PlantCharge;
 use oncepay_simulator::faults::FaultsPatch;
 

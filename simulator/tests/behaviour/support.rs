@@ -5,11 +5,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use oncepay_shared::ids::{PaymentId, TenantId};
-use oncepay_shared::money::{Amount, Currency};
-use oncepay_shared::provider::ChargeRequest;
-use oncepay_shared::provider::http::{HttpProvider, ProviderSettings};
-use oncepay_shared::provider::wire::CreateCharge;
+use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::money::{Amount, Currency};
+use oncepay_provider::ChargeRequest;
+use oncepay_provider::http::{HttpProvider, ProviderSettings};
+use oncepay_provider::wire::CreateCharge;
 use oncepay_simulator::Simulator;
 use oncepay_simulator::client::SimulatorClient;
 use oncepay_simulator::config::Settings;

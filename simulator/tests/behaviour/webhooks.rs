@@ -2,8 +2,8 @@
 
 use std::time::{Duration, Instant};
 
-use oncepay_shared::provider::wire::{Charge, ChargeStatus, EventType, WebhookEvent};
-use oncepay_shared::webhook_signature::{DEFAULT_TOLERANCE_SECS, SignedHeaders, WebhookSecret, verify};
+use oncepay_provider::webhook_signature::{DEFAULT_TOLERANCE_SECS, SignedHeaders, WebhookSecret, verify};
+use oncepay_provider::wire::{Charge, ChargeStatus, EventType, WebhookEvent};
 use oncepay_simulator::clock::unix_now;
 use oncepay_simulator::control::PlantCharge;
 use oncepay_simulator::faults::FaultsPatch;

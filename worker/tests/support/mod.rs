@@ -9,17 +9,17 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use oncepay_shared::backoff::Backoff;
-use oncepay_shared::fixtures;
-use oncepay_shared::ids::{PaymentId, TenantId};
-use oncepay_shared::payment::Payment;
-use oncepay_shared::provider::http::{HttpProvider, ProviderSettings};
-use oncepay_shared::provider::wire::CreateCharge;
-use oncepay_shared::status::{PaymentStatus, Transition};
-use oncepay_shared::store::leases::KeyWindow;
-use oncepay_shared::store::payments;
-use oncepay_shared::store::transitions::{self, Change, Settlement};
-use oncepay_shared::telemetry::TraceContext;
+use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::status::{PaymentStatus, Transition};
+use oncepay_provider::KeyWindow;
+use oncepay_provider::http::{HttpProvider, ProviderSettings};
+use oncepay_provider::wire::CreateCharge;
+use oncepay_service::backoff::Backoff;
+use oncepay_service::telemetry::TraceContext;
+use oncepay_store::fixtures;
+use oncepay_store::payments;
+use oncepay_store::payments::Payment;
+use oncepay_store::transitions::{self, Change, Settlement};
 use oncepay_worker::{Drainer, DrainerConfig};
 use serde_json::json;
 use sqlx::PgPool;
@@ -315,7 +315,7 @@ pub async fn requeue_unknown(pool: &PgPool, accepted: Accepted) {
         .execute(&mut *tx)
         .await
         .unwrap();
-    oncepay_shared::store::outbox::enqueue(&mut tx, accepted.tenant_id, accepted.payment_id, OffsetDateTime::now_utc())
+    oncepay_store::outbox::enqueue(&mut tx, accepted.tenant_id, accepted.payment_id, OffsetDateTime::now_utc())
         .await
         .unwrap();
     tx.commit().await.unwrap();

@@ -1,0 +1,14 @@
+//! oncepay's domain: what a payment is and which states it moves through, money, ids, API keys,
+//! idempotency keys, what a payment request must look like, and how a request is fingerprinted.
+//!
+//! Pure: no I/O. With the `sqlx` feature, ids, money and the payment status can be bound to and read
+//! from PostgreSQL columns.
+
+pub mod api_key;
+pub mod fingerprint;
+pub mod idempotency_key;
+pub mod ids;
+pub mod money;
+pub mod payment;
+pub mod payment_request;
+pub mod status;

@@ -1,0 +1,207 @@
+//! Money: an amount in integer minor units and an ISO 4217 currency. Never a float.
+//!
+//! Both types can only be built through their parsers, so a value of either type is valid by
+//! construction. The database repeats the rules as CHECK constraints.
+
+use std::fmt;
+
+use serde::{Serialize, Serializer};
+
+/// A positive amount in the currency's minor units (cents for EUR, yen for JPY).
+///
+/// Read from PostgreSQL without re-checking the range: the `payments.amount` CHECK constraint
+/// already guarantees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[cfg_attr(feature = "sqlx", derive(sqlx::Type), sqlx(transparent))]
+#[serde(transparent)]
+pub struct Amount(i64);
+
+/// Why a number is not an [`Amount`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("must be an integer number of minor units between {} and {}", Amount::MIN, Amount::MAX)]
+pub struct AmountError;
+
+impl Amount {
+    /// The smallest amount oncepay will charge.
+    pub const MIN: i64 = 1;
+    /// The largest amount oncepay will charge: 10^12 minor units.
+    pub const MAX: i64 = 1_000_000_000_000;
+
+    /// Checks the range.
+    pub fn new(minor_units: i64) -> Result<Self, AmountError> {
+        if (Self::MIN..=Self::MAX).contains(&minor_units) { Ok(Self(minor_units)) } else { Err(AmountError) }
+    }
+
+    /// The amount in minor units.
+    pub const fn minor_units(self) -> i64 {
+        self.0
+    }
+}
+
+impl fmt::Display for Amount {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// An active ISO 4217 currency code, e.g. `EUR`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Currency([u8; 3]);
+
+/// Why a string is not a [`Currency`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum CurrencyError {
+    /// Not three upper-case ASCII letters.
+    #[error("must be three upper-case letters (ISO 4217), e.g. \"EUR\"")]
+    Malformed,
+    /// Three letters, but not an active ISO 4217 code.
+    #[error("is not an active ISO 4217 currency code")]
+    Unknown,
+}
+
+/// Active ISO 4217 codes (list one, 2025 amendments), sorted for binary search. Fund and precious
+/// metal codes (XAU, XDR ...) and the testing codes (XTS, XXX) are not currencies one charges in.
+const ISO_4217: &[&str] = &[
+    "AED", "AFN", "ALL", "AMD", "AOA", "ARS", "AUD", "AWG", "AZN", "BAM", "BBD", "BDT", "BGN", "BHD", "BIF", "BMD",
+    "BND", "BOB", "BOV", "BRL", "BSD", "BTN", "BWP", "BYN", "BZD", "CAD", "CDF", "CHE", "CHF", "CHW", "CLF", "CLP",
+    "CNY", "COP", "COU", "CRC", "CUP", "CVE", "CZK", "DJF", "DKK", "DOP", "DZD", "EGP", "ERN", "ETB", "EUR", "FJD",
+    "FKP", "GBP", "GEL", "GHS", "GIP", "GMD", "GNF", "GTQ", "GYD", "HKD", "HNL", "HTG", "HUF", "IDR", "ILS", "INR",
+    "IQD", "IRR", "ISK", "JMD", "JOD", "JPY", "KES", "KGS", "KHR", "KMF", "KPW", "KRW", "KWD", "KYD", "KZT", "LAK",
+    "LBP", "LKR", "LRD", "LSL", "LYD", "MAD", "MDL", "MGA", "MKD", "MMK", "MNT", "MOP", "MRU", "MUR", "MVR", "MWK",
+    "MXN", "MXV", "MYR", "MZN", "NAD", "NGN", "NIO", "NOK", "NPR", "NZD", "OMR", "PAB", "PEN", "PGK", "PHP", "PKR",
+    "PLN", "PYG", "QAR", "RON", "RSD", "RUB", "RWF", "SAR", "SBD", "SCR", "SDG", "SEK", "SGD", "SHP", "SLE", "SOS",
+    "SRD", "SSP", "STN", "SVC", "SYP", "SZL", "THB", "TJS", "TMT", "TND", "TOP", "TRY", "TTD", "TWD", "TZS", "UAH",
+    "UGX", "USD", "USN", "UYI", "UYU", "UYW", "UZS", "VED", "VES", "VND", "VUV", "WST", "XAF", "XCD", "XCG", "XOF",
+    "XPF", "YER", "ZAR", "ZMW", "ZWG",
+];
+
+impl Currency {
+    /// Parses a currency code: exactly three upper-case letters that name an active currency.
+    pub fn parse(code: &str) -> Result<Self, CurrencyError> {
+        let bytes: [u8; 3] = code.as_bytes().try_into().map_err(|_| CurrencyError::Malformed)?;
+        if !bytes.iter().all(u8::is_ascii_uppercase) {
+            return Err(CurrencyError::Malformed);
+        }
+        if ISO_4217.binary_search(&code).is_err() {
+            return Err(CurrencyError::Unknown);
+        }
+        Ok(Self(bytes))
+    }
+
+    /// Every code [`Currency::parse`] accepts, sorted (e.g. for an API schema's `enum`).
+    pub fn codes() -> &'static [&'static str] {
+        ISO_4217
+    }
+
+    /// The code, e.g. `"EUR"`.
+    pub fn as_str(&self) -> &str {
+        // The bytes were checked to be ASCII upper-case letters when the value was built.
+        std::str::from_utf8(&self.0).unwrap_or("???")
+    }
+}
+
+impl fmt::Display for Currency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Debug for Currency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Currency({})", self.as_str())
+    }
+}
+
+impl Serialize for Currency {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+/// The column is text; decoding re-checks the code, as the CHECK constraint does.
+#[cfg(feature = "sqlx")]
+mod column {
+    use sqlx::postgres::{PgArgumentBuffer, PgTypeInfo, PgValueRef};
+    use sqlx::{Decode, Encode, Postgres, Type};
+
+    use super::Currency;
+
+    impl Type<Postgres> for Currency {
+        fn type_info() -> PgTypeInfo {
+            <&str as Type<Postgres>>::type_info()
+        }
+
+        fn compatible(ty: &PgTypeInfo) -> bool {
+            <&str as Type<Postgres>>::compatible(ty)
+        }
+    }
+
+    impl Encode<'_, Postgres> for Currency {
+        fn encode_by_ref(&self, buf: &mut PgArgumentBuffer) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+            <&str as Encode<Postgres>>::encode(self.as_str(), buf)
+        }
+    }
+
+    impl<'r> Decode<'r, Postgres> for Currency {
+        fn decode(value: PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+            let code = <&str as Decode<Postgres>>::decode(value)?;
+            Ok(Self::parse(code)?)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_currency_list_is_sorted_so_binary_search_works() {
+        let mut sorted = ISO_4217.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted, ISO_4217);
+    }
+
+    #[test]
+    fn every_listed_code_parses() {
+        for code in Currency::codes() {
+            assert_eq!(Currency::parse(code).map(|c| c.to_string()), Ok((*code).to_owned()));
+        }
+    }
+
+    #[test]
+    fn currencies_parse_by_the_iso_list() {
+        let cases = [
+            ("EUR", Ok(())),
+            ("JPY", Ok(())),
+            ("XCG", Ok(())),
+            ("eur", Err(CurrencyError::Malformed)),
+            ("EURO", Err(CurrencyError::Malformed)),
+            ("EU", Err(CurrencyError::Malformed)),
+            ("", Err(CurrencyError::Malformed)),
+            ("E1R", Err(CurrencyError::Malformed)),
+            ("ÉUR", Err(CurrencyError::Malformed)),
+            ("ABC", Err(CurrencyError::Unknown)),
+            ("XAU", Err(CurrencyError::Unknown)),
+            ("HRK", Err(CurrencyError::Unknown)),
+        ];
+        for (code, expected) in cases {
+            assert_eq!(Currency::parse(code).map(|c| assert_eq!(c.as_str(), code)), expected, "{code:?}");
+        }
+    }
+
+    #[test]
+    fn amounts_are_bounded() {
+        let cases = [
+            (0, false),
+            (-1, false),
+            (1, true),
+            (1_000_000_000_000, true),
+            (1_000_000_000_001, false),
+            (i64::MAX, false),
+        ];
+        for (units, ok) in cases {
+            assert_eq!(Amount::new(units).is_ok(), ok, "{units}");
+        }
+    }
+}

@@ -1,0 +1,54 @@
+//! The payment resource clients see: the body of every 200/202 answer and of the terminal response
+//! stored on the idempotency key. Both are rendered from the stored row by one `From` impl, in
+//! `oncepay_store::payments`, so a replay and a poll can never disagree about a payment's shape.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use time::OffsetDateTime;
+
+use crate::ids::PaymentId;
+use crate::status::PaymentStatus;
+
+/// Why a payment failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct Failure {
+    /// A stable machine-readable code: the provider's decline code (e.g. `card_declined`), or one of
+    /// oncepay's own (`provider_unreachable`, `provider_rejected`, `resolved_by_operator`).
+    pub code: String,
+    /// A human-readable explanation.
+    pub message: String,
+}
+
+/// The public form of a payment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct PaymentResource {
+    /// The payment's id.
+    pub id: PaymentId,
+    /// Where it stands; `succeeded` and `failed` are final.
+    pub status: PaymentStatus,
+    /// Minor units, as requested.
+    pub amount: i64,
+    /// ISO 4217 code, as requested.
+    #[schema(example = "EUR")]
+    pub currency: String,
+    /// As requested.
+    pub customer_id: String,
+    /// As requested, if given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// As requested (empty if none were given).
+    pub metadata: BTreeMap<String, String>,
+    /// When oncepay accepted the payment (RFC 3339).
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    /// When its status last changed (RFC 3339).
+    #[serde(with = "time::serde::rfc3339")]
+    pub updated_at: OffsetDateTime,
+    /// The provider's charge id, once known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider_charge_id: Option<String>,
+    /// Why it failed, when `status` is `failed`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure: Option<Failure>,
+}

@@ -1,0 +1,71 @@
+//! The operations endpoints every binary serves: `/healthz` (the process is up), `/readyz` (the
+//! database answers and the schema is current) and `/metrics` (Prometheus text).
+//!
+//! They answer without authentication and reveal nothing beyond up/down and counters, so they can be
+//! scraped and probed by the platform. [`configure`] mounts them beside a binary's public endpoints;
+//! [`server`] serves them alone, on a listener and a worker thread of their own, so that a busy or
+//! attacked public listener never delays a probe and they need not be exposed with it.
+
+use std::net::TcpListener;
+
+use actix_web::dev::Server;
+use actix_web::{App, HttpResponse, HttpServer, web};
+use metrics_exporter_prometheus::PrometheusHandle;
+use sqlx::PgPool;
+
+use oncepay_store::db;
+
+use crate::problem::{Problem, ProblemType};
+
+/// What the endpoints need.
+#[derive(Clone)]
+pub struct OpsState {
+    /// The binary's pool, for `/readyz`.
+    pub pool: PgPool,
+    /// The process's metrics.
+    pub metrics: PrometheusHandle,
+}
+
+/// Mounts the endpoints; the app must hold `web::Data<OpsState>`.
+pub fn configure(config: &mut web::ServiceConfig) {
+    config
+        .route("/healthz", web::get().to(healthz))
+        .route("/readyz", web::get().to(readyz))
+        .route("/metrics", web::get().to(metrics));
+}
+
+/// A server of only the operations endpoints on `listener` (anything else is a 404 problem), with
+/// one worker thread of its own and no signal handlers: stop it through its handle.
+pub fn server(listener: TcpListener, state: OpsState) -> std::io::Result<Server> {
+    let state = web::Data::new(state);
+    let server = HttpServer::new(move || {
+        App::new().app_data(state.clone()).configure(configure).default_service(web::to(not_found))
+    })
+    .workers(1)
+    .disable_signals()
+    .listen(listener)?
+    .run();
+    Ok(server)
+}
+
+async fn not_found() -> HttpResponse {
+    Problem::new(ProblemType::NotFound, "There is nothing here.").to_response()
+}
+
+async fn healthz() -> HttpResponse {
+    HttpResponse::Ok().content_type("text/plain").body("ok\n")
+}
+
+async fn readyz(state: web::Data<OpsState>) -> HttpResponse {
+    match db::check_ready(&state.pool).await {
+        Ok(()) => HttpResponse::Ok().content_type("text/plain").body("ready\n"),
+        Err(reason) => {
+            tracing::warn!(error = %reason, "not ready");
+            Problem::new(ProblemType::ServiceUnavailable, reason.to_string()).with_retry_after(1).to_response()
+        }
+    }
+}
+
+async fn metrics(state: web::Data<OpsState>) -> HttpResponse {
+    HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(state.metrics.render())
+}

@@ -1,0 +1,371 @@
+//! [`HttpProvider`]: the provider protocol over HTTP with reqwest.
+//!
+//! Every call has a connect timeout and an overall timeout, so no call can hang a worker. Charge
+//! requests carry the downstream idempotency key and the current W3C trace context. The client is
+//! cheap to clone and shares one connection pool.
+
+use std::time::Duration;
+
+use reqwest::header::{HeaderMap, RETRY_AFTER};
+use secrecy::{ExposeSecret, SecretString};
+use tracing::instrument;
+
+use oncepay_domain::ids::DownstreamKey;
+use oncepay_service::telemetry;
+
+use crate::KeyWindow;
+use crate::wire::{Charge, ChargePage, CreateCharge};
+use crate::{ChargeRequest, ListCharges, LookupError, PaymentProvider, SendOutcome, UncertainReason};
+
+/// Where the provider is and how long to wait for it.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct ProviderSettings {
+    /// Base URL, e.g. `http://127.0.0.1:8090`.
+    pub base_url: String,
+    /// Bearer credential for the provider.
+    pub api_key: SecretString,
+    /// How long to wait for a connection.
+    #[serde(default = "defaults::connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// How long to wait for a whole answer.
+    #[serde(default = "defaults::request_timeout_ms")]
+    pub request_timeout_ms: u64,
+    /// How long the provider remembers an idempotency key (24 h at real providers).
+    #[serde(default = "defaults::key_window_secs")]
+    pub key_window_secs: u64,
+    /// Resends (by the worker, the sweeper, the poller, an operator) stop this long before the key
+    /// window closes, to cover clock skew and the time a resend takes to arrive.
+    #[serde(default = "defaults::key_window_margin_secs")]
+    pub key_window_margin_secs: u64,
+}
+
+impl ProviderSettings {
+    /// The provider's key window, as every resend decision must see it.
+    pub fn key_window(&self) -> KeyWindow {
+        KeyWindow {
+            window: Duration::from_secs(self.key_window_secs),
+            safety_margin: Duration::from_secs(self.key_window_margin_secs),
+        }
+    }
+
+    /// Rejects a margin that leaves no window to resend in.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.key_window_margin_secs >= self.key_window_secs {
+            return Err(format!(
+                "provider.key_window_margin_secs ({}) must be smaller than provider.key_window_secs ({})",
+                self.key_window_margin_secs, self.key_window_secs
+            ));
+        }
+        Ok(())
+    }
+}
+
+mod defaults {
+    pub const fn connect_timeout_ms() -> u64 {
+        1_000
+    }
+    pub const fn request_timeout_ms() -> u64 {
+        10_000
+    }
+    pub const fn key_window_secs() -> u64 {
+        24 * 60 * 60
+    }
+    pub const fn key_window_margin_secs() -> u64 {
+        60 * 60
+    }
+}
+
+/// The most charges a lookup by idempotency key expects to see.
+const KEY_LOOKUP_LIMIT: u32 = 100;
+
+/// A provider reached over HTTP.
+#[derive(Debug, Clone)]
+pub struct HttpProvider {
+    client: reqwest::Client,
+    base_url: String,
+    api_key: SecretString,
+}
+
+impl HttpProvider {
+    /// Builds the client.
+    pub fn new(settings: &ProviderSettings) -> Result<Self, reqwest::Error> {
+        oncepay_service::tls::install_provider();
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_millis(settings.connect_timeout_ms))
+            .timeout(Duration::from_millis(settings.request_timeout_ms))
+            .build()?;
+        Ok(Self {
+            client,
+            base_url: settings.base_url.trim_end_matches('/').to_owned(),
+            api_key: settings.api_key.clone(),
+        })
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base_url)
+    }
+
+    async fn get_json<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        query: &[(&str, String)],
+    ) -> Result<T, LookupError> {
+        let response = self
+            .client
+            .get(self.url(path))
+            .bearer_auth(self.api_key.expose_secret())
+            .headers(trace_headers())
+            .query(query)
+            .send()
+            .await
+            .map_err(LookupError::Transport)?;
+        let status = response.status().as_u16();
+        if status != 200 {
+            return Err(LookupError::Status(status));
+        }
+        let body = response.bytes().await.map_err(LookupError::Transport)?;
+        serde_json::from_slice(&body).map_err(|e| LookupError::Unreadable(e.to_string()))
+    }
+}
+
+fn trace_headers() -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    for (name, value) in telemetry::current_trace_headers() {
+        if let (Ok(name), Ok(value)) =
+            (reqwest::header::HeaderName::from_bytes(name.as_bytes()), reqwest::header::HeaderValue::from_str(&value))
+        {
+            headers.insert(name, value);
+        }
+    }
+    headers
+}
+
+impl PaymentProvider for HttpProvider {
+    #[instrument(name = "provider.create_charge", skip_all, fields(provider.outcome))]
+    async fn create_charge(&self, request: &ChargeRequest) -> SendOutcome {
+        let body = CreateCharge {
+            amount: request.amount.minor_units(),
+            currency: request.currency.as_str().to_owned(),
+            customer: request.customer.clone(),
+            metadata: request.metadata.clone(),
+        };
+        let sent = self
+            .client
+            .post(self.url("/v1/charges"))
+            .bearer_auth(self.api_key.expose_secret())
+            .header("Idempotency-Key", request.downstream_key.as_str())
+            .headers(trace_headers())
+            .json(&body)
+            .send()
+            .await;
+        let outcome = match sent {
+            Err(error) => SendOutcome::from_transport_error(&error),
+            Ok(response) => {
+                let status = response.status().as_u16();
+                let retry_after = response
+                    .headers()
+                    .get(RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .map(Duration::from_secs);
+                match response.bytes().await {
+                    Ok(body) => SendOutcome::from_response(status, retry_after, &body),
+                    // The status line arrived and the body broke off: the request was certainly sent,
+                    // and for a success the charge exists.
+                    Err(_) if status < 300 => SendOutcome::Uncertain(UncertainReason::ConnectionLost),
+                    Err(_) => SendOutcome::from_response(status, retry_after, b""),
+                }
+            }
+        };
+        tracing::Span::current().record("provider.outcome", outcome.class());
+        outcome
+    }
+
+    #[instrument(name = "provider.find_by_key", skip_all)]
+    async fn find_by_key(&self, key: &DownstreamKey) -> Result<Vec<Charge>, LookupError> {
+        // A key normally has one charge; the page is large so that a misbehaving provider's extra
+        // charges are seen rather than cut off, and a truncated answer is an error, not an answer.
+        let page: ChargePage = self
+            .get_json(
+                "/v1/charges",
+                &[("idempotency_key", key.as_str().to_owned()), ("limit", KEY_LOOKUP_LIMIT.to_string())],
+            )
+            .await?;
+        if page.has_more {
+            return Err(LookupError::Unreadable(format!(
+                "more than {KEY_LOOKUP_LIMIT} charges for one idempotency key"
+            )));
+        }
+        Ok(page.data)
+    }
+
+    #[instrument(name = "provider.list_charges", skip_all)]
+    async fn list_charges(&self, query: &ListCharges) -> Result<ChargePage, LookupError> {
+        let mut params = vec![
+            ("created_gte", query.created_gte.to_string()),
+            ("created_lt", query.created_lt.to_string()),
+            ("limit", query.limit.to_string()),
+        ];
+        if let Some(after) = &query.starting_after {
+            params.push(("starting_after", after.clone()));
+        }
+        self.get_json("/v1/charges", &params).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use serde_json::json;
+    use tokio::io::AsyncReadExt;
+    use tokio::net::TcpListener;
+    use wiremock::matchers::{header, method, path, query_param};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    use oncepay_domain::ids::{PaymentId, TenantId};
+    use oncepay_domain::money::{Amount, Currency};
+
+    use super::*;
+    use crate::NotSentReason;
+
+    fn settings(base_url: String) -> ProviderSettings {
+        ProviderSettings {
+            base_url,
+            api_key: SecretString::from("sk_test"),
+            connect_timeout_ms: 500,
+            request_timeout_ms: 500,
+            key_window_secs: 86_400,
+            key_window_margin_secs: 3_600,
+        }
+    }
+
+    fn request() -> ChargeRequest {
+        ChargeRequest::for_payment(
+            TenantId::generate(),
+            PaymentId::generate(),
+            Amount::new(1999).unwrap(),
+            Currency::parse("EUR").unwrap(),
+            "cus_1".into(),
+            &BTreeMap::new(),
+        )
+    }
+
+    fn charge_json(key: &str) -> serde_json::Value {
+        json!({"id": "ch_1", "status": "succeeded", "amount": 1999, "currency": "EUR", "customer": "cus_1",
+               "idempotency_key": key, "created": 1_763_800_000})
+    }
+
+    #[tokio::test]
+    async fn a_charge_is_sent_with_the_downstream_key_and_a_201_is_charged() {
+        let server = MockServer::start().await;
+        let request = request();
+        Mock::given(method("POST"))
+            .and(path("/v1/charges"))
+            .and(header("Idempotency-Key", request.downstream_key.as_str()))
+            .and(header("Authorization", "Bearer sk_test"))
+            .respond_with(ResponseTemplate::new(201).set_body_json(charge_json(request.downstream_key.as_str())))
+            .expect(1)
+            .mount(&server)
+            .await;
+        let provider = HttpProvider::new(&settings(server.uri())).unwrap();
+
+        let outcome = provider.create_charge(&request).await;
+
+        assert!(matches!(outcome, SendOutcome::Charged(ref c) if c.id == "ch_1"), "{outcome:?}");
+    }
+
+    #[tokio::test]
+    async fn an_answer_later_than_the_timeout_is_uncertain() {
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .respond_with(ResponseTemplate::new(201).set_delay(Duration::from_secs(2)))
+            .mount(&server)
+            .await;
+        let provider = HttpProvider::new(&settings(server.uri())).unwrap();
+
+        let outcome = provider.create_charge(&request()).await;
+
+        assert_eq!(outcome, SendOutcome::Uncertain(UncertainReason::Timeout));
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_not_sent() {
+        // Bind and drop a listener to get a port nobody listens on.
+        let port = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().port();
+        let provider = HttpProvider::new(&settings(format!("http://127.0.0.1:{port}"))).unwrap();
+
+        let outcome = provider.create_charge(&request()).await;
+
+        assert_eq!(outcome, SendOutcome::NotSent { reason: NotSentReason::ConnectFailed, retry_after: None });
+    }
+
+    #[tokio::test]
+    async fn a_connection_reset_after_the_request_was_read_is_uncertain() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut buffer = vec![0u8; 4096];
+            let _ = socket.read(&mut buffer).await;
+            // Read the request, then vanish without a word.
+            drop(socket);
+        });
+        let provider = HttpProvider::new(&settings(format!("http://127.0.0.1:{port}"))).unwrap();
+
+        let outcome = provider.create_charge(&request()).await;
+
+        assert_eq!(outcome, SendOutcome::Uncertain(UncertainReason::ConnectionLost));
+    }
+
+    #[tokio::test]
+    async fn lookups_by_key_and_by_window_read_the_listing() {
+        let server = MockServer::start().await;
+        let request = request();
+        Mock::given(method("GET"))
+            .and(path("/v1/charges"))
+            .and(query_param("idempotency_key", request.downstream_key.as_str()))
+            .respond_with(
+                ResponseTemplate::new(200)
+                    .set_body_json(json!({"data": [charge_json(request.downstream_key.as_str())], "has_more": false})),
+            )
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path("/v1/charges"))
+            .and(query_param("created_gte", "10"))
+            .and(query_param("created_lt", "20"))
+            .and(query_param("starting_after", "ch_0"))
+            .and(query_param("limit", "2"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!({"data": [], "has_more": false})))
+            .mount(&server)
+            .await;
+        let provider = HttpProvider::new(&settings(server.uri())).unwrap();
+
+        let found = provider.find_by_key(&request.downstream_key).await.unwrap();
+        let page = provider
+            .list_charges(&ListCharges {
+                created_gte: 10,
+                created_lt: 20,
+                starting_after: Some("ch_0".into()),
+                limit: 2,
+            })
+            .await
+            .unwrap();
+
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].idempotency_key, request.downstream_key.as_str());
+        assert!(page.data.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_failing_lookup_is_an_error_not_an_empty_answer() {
+        let server = MockServer::start().await;
+        Mock::given(method("GET")).respond_with(ResponseTemplate::new(503)).mount(&server).await;
+        let provider = HttpProvider::new(&settings(server.uri())).unwrap();
+
+        let result = provider.find_by_key(&PaymentId::generate().downstream_key()).await;
+
+        assert!(matches!(result, Err(LookupError::Status(503))), "{result:?}");
+    }
+}

@@ -1,0 +1,121 @@
+//! The payment provider: the protocol it speaks, the client oncepay uses, and how every answer is
+//! classified.
+//!
+//! [`PaymentProvider`] is the seam: the worker and the reconciler only see it, and a real provider
+//! is an adapter behind it. [`http::HttpProvider`] speaks the protocol in [`wire`] (the simulator
+//! serves the same types). [`outcome`] turns every answer, including the absence of one, into a
+//! typed outcome: definitive, not sent, or uncertain. [`webhook_signature`] signs and verifies the
+//! provider's webhooks.
+
+pub mod http;
+pub mod outcome;
+pub mod webhook_signature;
+pub mod wire;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+
+use oncepay_domain::ids::{DownstreamKey, PaymentId, TenantId};
+use oncepay_domain::money::{Amount, Currency};
+
+pub use outcome::{LookupError, NotSentReason, SendOutcome, UncertainReason};
+pub use wire::{Charge, ChargePage, ChargeStatus};
+
+/// How long the provider deduplicates resends of one downstream idempotency key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyWindow {
+    /// How long the provider remembers a key (24 h at real providers;
+    /// `provider.key_window_secs`).
+    pub window: Duration,
+    /// Subtracted from the window to cover clock skew and the time a resend takes to arrive.
+    pub safety_margin: Duration,
+}
+
+impl KeyWindow {
+    /// How long after a payment's first send a resend with the same key is still certain to be
+    /// deduplicated.
+    pub fn resend_horizon(&self) -> Duration {
+        self.window.saturating_sub(self.safety_margin)
+    }
+}
+
+/// Metadata keys oncepay adds to every charge, so a charge found at the provider names its payment.
+pub mod metadata_keys {
+    /// The owning tenant.
+    pub const TENANT_ID: &str = "oncepay_tenant_id";
+    /// The payment.
+    pub const PAYMENT_ID: &str = "oncepay_payment_id";
+}
+
+/// What oncepay asks the provider to charge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChargeRequest {
+    /// Sent as the provider's `Idempotency-Key`; the same on every attempt for one payment.
+    pub downstream_key: DownstreamKey,
+    /// The amount in minor units.
+    pub amount: Amount,
+    /// The currency.
+    pub currency: Currency,
+    /// The merchant's customer reference.
+    pub customer: String,
+    /// The merchant's metadata plus oncepay's own keys.
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl ChargeRequest {
+    /// The request for one payment: the merchant's metadata plus the keys that name the payment.
+    pub fn for_payment(
+        tenant_id: TenantId,
+        payment_id: PaymentId,
+        amount: Amount,
+        currency: Currency,
+        customer: String,
+        merchant_metadata: &BTreeMap<String, String>,
+    ) -> Self {
+        let mut metadata = merchant_metadata.clone();
+        metadata.insert(metadata_keys::TENANT_ID.to_owned(), tenant_id.to_string());
+        metadata.insert(metadata_keys::PAYMENT_ID.to_owned(), payment_id.to_string());
+        Self { downstream_key: payment_id.downstream_key(), amount, currency, customer, metadata }
+    }
+}
+
+/// Filters for listing charges by creation time (Unix seconds, `created_gte <= created < created_lt`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListCharges {
+    /// Inclusive lower bound.
+    pub created_gte: i64,
+    /// Exclusive upper bound.
+    pub created_lt: i64,
+    /// Continue after this charge id (the last one of the previous page).
+    pub starting_after: Option<String>,
+    /// Page size.
+    pub limit: u32,
+}
+
+/// A payment provider, as the worker and the reconciler need it.
+pub trait PaymentProvider: Send + Sync {
+    /// Asks for a charge. Never fails: every way it can go wrong is an outcome.
+    fn create_charge(&self, request: &ChargeRequest) -> impl Future<Output = SendOutcome> + Send;
+
+    /// Every charge the provider holds for an idempotency key (normally none or one).
+    fn find_by_key(&self, key: &DownstreamKey) -> impl Future<Output = Result<Vec<Charge>, LookupError>> + Send;
+
+    /// One page of charges created in a time window, oldest first.
+    fn list_charges(&self, query: &ListCharges) -> impl Future<Output = Result<ChargePage, LookupError>> + Send;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_resend_horizon_is_the_window_minus_the_margin_and_never_negative() {
+        let cases = [(86_400, 3_600, 82_800), (60, 10, 50), (10, 60, 0)];
+        for (window, margin, horizon) in cases {
+            let key_window =
+                KeyWindow { window: Duration::from_secs(window), safety_margin: Duration::from_secs(margin) };
+            assert_eq!(key_window.resend_horizon(), Duration::from_secs(horizon), "{window} - {margin}");
+        }
+    }
+}

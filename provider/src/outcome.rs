@@ -1,0 +1,296 @@
+//! Every way a provider call can end, as a type.
+//!
+//! - Definitive: the provider charged ([`SendOutcome::Charged`]) or declined
+//!   ([`SendOutcome::Declined`]); the payment becomes terminal.
+//! - Not sent: the request provably never reached the provider, or the provider provably refused it
+//!   without creating anything ([`SendOutcome::NotSent`]); it is safe to retry with backoff.
+//! - Uncertain: the provider may have charged and the answer was lost ([`SendOutcome::Uncertain`]):
+//!   a timeout, a reset after sending, any 5xx, an unreadable success, a key still in flight or
+//!   reused. Only the reconciler may settle it.
+//!
+//! When in doubt a case is uncertain: calling an unsent request "uncertain" costs a reconciliation,
+//! calling a sent one "not sent" can cost a double charge.
+
+use std::time::Duration;
+
+use crate::wire::{Charge, ChargeStatus, ErrorBody};
+
+/// How a `create_charge` call ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SendOutcome {
+    /// The customer was charged.
+    Charged(Charge),
+    /// The provider declined, or rejected the request as invalid; no money moved.
+    Declined {
+        /// A stable code (`card_declined`, or `provider_rejected` for a 400).
+        code: String,
+        /// A human-readable reason.
+        message: String,
+        /// The failed charge's id, when the provider made one.
+        charge_id: Option<String>,
+    },
+    /// No charge can have been created by this request; retry later with the same key.
+    NotSent {
+        /// Why.
+        reason: NotSentReason,
+        /// The provider's `Retry-After`, if it gave one.
+        retry_after: Option<Duration>,
+    },
+    /// The provider may have charged; reconcile.
+    Uncertain(UncertainReason),
+}
+
+/// Why a request provably created no charge.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotSentReason {
+    /// No connection was made (refused, DNS failure, connect timeout).
+    #[error("could not connect to the provider")]
+    ConnectFailed,
+    /// The request could not be built locally.
+    #[error("the request could not be built")]
+    LocalError,
+    /// 429: the provider rate-limited us before doing anything.
+    #[error("the provider rate-limited the request")]
+    RateLimited,
+    /// 401/403: the provider refused our credentials before doing anything.
+    #[error("the provider refused oncepay's credentials (HTTP {0})")]
+    Unauthorized(u16),
+}
+
+/// Why the outcome of a request is unknown.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UncertainReason {
+    /// No answer within the timeout.
+    #[error("the provider did not answer in time")]
+    Timeout,
+    /// The connection broke after the request was sent.
+    #[error("the connection broke after the request was sent")]
+    ConnectionLost,
+    /// A 5xx: the provider may have charged before failing.
+    #[error("the provider answered HTTP {0}")]
+    ServerError(u16),
+    /// 409: an earlier attempt with the same key is still in flight at the provider.
+    #[error("an earlier attempt with the same key is still in flight at the provider")]
+    KeyInFlight,
+    /// 422: the provider saw this key before with other parameters.
+    #[error("the provider saw this idempotency key before with other parameters")]
+    KeyReused,
+    /// A status the protocol does not define.
+    #[error("the provider answered an unexpected HTTP {0}")]
+    UnexpectedStatus(u16),
+    /// A success whose body could not be read: the charge probably exists.
+    #[error("the provider's answer could not be read")]
+    UnreadableAnswer,
+}
+
+/// A lookup (`GET`) that did not produce an answer. Lookups are safe to repeat.
+#[derive(Debug, thiserror::Error)]
+pub enum LookupError {
+    /// The provider could not be reached or did not answer.
+    #[error("the provider could not be reached: {0}")]
+    Transport(#[source] reqwest::Error),
+    /// The provider answered with an error status.
+    #[error("the provider answered HTTP {0}")]
+    Status(u16),
+    /// The answer could not be read.
+    #[error("the provider's answer could not be read: {0}")]
+    Unreadable(String),
+}
+
+impl SendOutcome {
+    /// Classifies an HTTP answer to `POST /v1/charges`.
+    pub fn from_response(status: u16, retry_after: Option<Duration>, body: &[u8]) -> Self {
+        match status {
+            201 | 200 => match serde_json::from_slice::<Charge>(body) {
+                Ok(charge) if charge.status == ChargeStatus::Succeeded => Self::Charged(charge),
+                Ok(charge) => Self::Declined {
+                    code: charge.failure_code.unwrap_or_else(|| "declined".to_owned()),
+                    message: charge.failure_message.unwrap_or_else(|| "The provider declined the charge.".to_owned()),
+                    charge_id: Some(charge.id),
+                },
+                Err(_) => Self::Uncertain(UncertainReason::UnreadableAnswer),
+            },
+            402 => match serde_json::from_slice::<ErrorBody>(body) {
+                Ok(ErrorBody { error }) => {
+                    Self::Declined { code: error.code, message: error.message, charge_id: error.charge }
+                }
+                Err(_) => Self::Declined {
+                    code: "declined".to_owned(),
+                    message: "The provider declined the charge.".to_owned(),
+                    charge_id: None,
+                },
+            },
+            400 => Self::Declined {
+                code: "provider_rejected".to_owned(),
+                message: serde_json::from_slice::<ErrorBody>(body)
+                    .map(|b| b.error.message)
+                    .unwrap_or_else(|_| "The provider rejected the request as invalid.".to_owned()),
+                charge_id: None,
+            },
+            401 | 403 => Self::NotSent { reason: NotSentReason::Unauthorized(status), retry_after: None },
+            429 => Self::NotSent { reason: NotSentReason::RateLimited, retry_after },
+            409 => Self::Uncertain(UncertainReason::KeyInFlight),
+            422 => Self::Uncertain(UncertainReason::KeyReused),
+            500..=599 => Self::Uncertain(UncertainReason::ServerError(status)),
+            other => Self::Uncertain(UncertainReason::UnexpectedStatus(other)),
+        }
+    }
+
+    /// Classifies a call that produced no HTTP answer.
+    pub fn from_transport_error(error: &reqwest::Error) -> Self {
+        if error.is_builder() {
+            Self::NotSent { reason: NotSentReason::LocalError, retry_after: None }
+        } else if error.is_connect() {
+            // Connect errors (refused, DNS, connect timeout) happen before a byte of the request left.
+            Self::NotSent { reason: NotSentReason::ConnectFailed, retry_after: None }
+        } else if error.is_timeout() {
+            Self::Uncertain(UncertainReason::Timeout)
+        } else {
+            Self::Uncertain(UncertainReason::ConnectionLost)
+        }
+    }
+
+    /// A short label for metrics and logs: `charged`, `declined`, `not_sent`, `uncertain`.
+    pub const fn class(&self) -> &'static str {
+        match self {
+            Self::Charged(_) => "charged",
+            Self::Declined { .. } => "declined",
+            Self::NotSent { .. } => "not_sent",
+            Self::Uncertain(_) => "uncertain",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn charge(status: &str) -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "id": "ch_1", "status": status, "amount": 100, "currency": "EUR", "customer": "c",
+            "idempotency_key": "oncepay-x", "created": 1, "failure_code": "card_declined",
+            "failure_message": "declined"
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn each_answer_is_classified() {
+        let decline = br#"{"error":{"code":"insufficient_funds","message":"No money","charge":"ch_9"}}"#;
+        let cases: Vec<(u16, Vec<u8>, &str)> = vec![
+            (201, charge("succeeded"), "charged"),
+            (201, charge("failed"), "declined"),
+            (201, b"{not json".to_vec(), "uncertain"),
+            (402, decline.to_vec(), "declined"),
+            (402, b"".to_vec(), "declined"),
+            (400, b"".to_vec(), "declined"),
+            (401, b"".to_vec(), "not_sent"),
+            (403, b"".to_vec(), "not_sent"),
+            (429, b"".to_vec(), "not_sent"),
+            (409, b"".to_vec(), "uncertain"),
+            (422, b"".to_vec(), "uncertain"),
+            (500, b"".to_vec(), "uncertain"),
+            (502, b"".to_vec(), "uncertain"),
+            (503, b"".to_vec(), "uncertain"),
+            (302, b"".to_vec(), "uncertain"),
+            (404, b"".to_vec(), "uncertain"),
+        ];
+        for (status, body, class) in cases {
+            assert_eq!(SendOutcome::from_response(status, None, &body).class(), class, "HTTP {status}");
+        }
+    }
+
+    #[test]
+    fn a_decline_keeps_the_providers_code_and_charge() {
+        let body = br#"{"error":{"code":"insufficient_funds","message":"No money","charge":"ch_9"}}"#;
+
+        let outcome = SendOutcome::from_response(402, None, body);
+
+        assert_eq!(
+            outcome,
+            SendOutcome::Declined {
+                code: "insufficient_funds".into(),
+                message: "No money".into(),
+                charge_id: Some("ch_9".into())
+            }
+        );
+    }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::super::*;
+        use crate::wire::strategies::{charge, error_body};
+
+        /// What a provider, a proxy or a broken connection may put in a body.
+        fn any_body() -> impl Strategy<Value = Vec<u8>> {
+            prop_oneof![
+                charge().prop_map(|c| serde_json::to_vec(&c).unwrap()),
+                error_body().prop_map(|e| serde_json::to_vec(&e).unwrap()),
+                // A success cut short: the charge exists, its answer did not arrive whole.
+                (charge(), any::<proptest::sample::Index>()).prop_map(|(c, cut)| {
+                    let text = serde_json::to_vec(&c).unwrap();
+                    text[..cut.index(text.len())].to_vec()
+                }),
+                proptest::collection::vec(any::<u8>(), 0..256),
+                Just(b"<html>502 Bad Gateway</html>".to_vec()),
+            ]
+        }
+
+        proptest! {
+            /// "Not sent" allows a resend with backoff, so only an answer that proves nothing was
+            /// done may be classified so: whatever the body says, only 401, 403 and 429.
+            #[test]
+            fn only_a_refusal_before_acting_is_not_sent(status in 100u16..=999, body in any_body()) {
+                let outcome = SendOutcome::from_response(status, None, &body);
+
+                if matches!(outcome, SendOutcome::NotSent { .. }) {
+                    prop_assert!([401, 403, 429].contains(&status), "HTTP {} was called not sent", status);
+                }
+            }
+
+            #[test]
+            fn a_server_error_is_uncertain_whatever_its_body_says(status in 500u16..=599, body in any_body()) {
+                prop_assert_eq!(
+                    SendOutcome::from_response(status, None, &body),
+                    SendOutcome::Uncertain(UncertainReason::ServerError(status))
+                );
+            }
+
+            /// A payment is recorded as charged only from a success that shows a succeeded charge,
+            /// and with exactly that charge.
+            #[test]
+            fn charged_only_from_a_success_showing_a_succeeded_charge(status in 100u16..=999, body in any_body()) {
+                if let SendOutcome::Charged(charge) = SendOutcome::from_response(status, None, &body) {
+                    prop_assert!(status == 200 || status == 201, "HTTP {} was called charged", status);
+                    prop_assert_eq!(charge.status, ChargeStatus::Succeeded);
+                    prop_assert_eq!(serde_json::from_slice::<Charge>(&body).ok(), Some(charge));
+                }
+            }
+
+            /// A success whose body cannot be read may well have charged: never a decline.
+            #[test]
+            fn an_unreadable_success_is_uncertain(
+                status in prop_oneof![Just(200u16), Just(201)],
+                body in any_body().prop_filter("unreadable", |body| serde_json::from_slice::<Charge>(body).is_err()),
+            ) {
+                prop_assert_eq!(
+                    SendOutcome::from_response(status, None, &body),
+                    SendOutcome::Uncertain(UncertainReason::UnreadableAnswer)
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn rate_limiting_carries_the_providers_retry_after() {
+        let outcome = SendOutcome::from_response(429, Some(Duration::from_secs(3)), b"");
+
+        assert_eq!(
+            outcome,
+            SendOutcome::NotSent { reason: NotSentReason::RateLimited, retry_after: Some(Duration::from_secs(3)) }
+        );
+    }
+}

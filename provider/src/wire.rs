@@ -1,0 +1,273 @@
+//! The provider protocol's JSON, shared by oncepay's client and the simulator so the two can never
+//! drift apart.
+//!
+//! - `POST /v1/charges` (`Idempotency-Key` header, [`CreateCharge`] body) answers 201 [`Charge`];
+//!   402 [`ErrorBody`] for a decline (with the declined charge's id); 409 while the same key is in
+//!   flight; 422 when the key was used with other parameters.
+//! - `GET /v1/charges/{id}` answers [`Charge`]; `GET /v1/charges?idempotency_key=K` and
+//!   `GET /v1/charges?created_gte=&created_lt=&starting_after=&limit=` answer [`ChargePage`].
+//! - Webhooks deliver [`WebhookEvent`]s, signed as in `crate::webhook_signature`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use oncepay_domain::ids::{PaymentId, TenantId};
+
+use crate::metadata_keys;
+
+/// The body of `POST /v1/charges`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateCharge {
+    /// Minor units.
+    pub amount: i64,
+    /// ISO 4217.
+    pub currency: String,
+    /// The customer reference.
+    pub customer: String,
+    /// Free key/value pairs, echoed on the charge.
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// Whether a charge took the money.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChargeStatus {
+    /// The customer was charged.
+    Succeeded,
+    /// The charge was declined; no money moved.
+    Failed,
+}
+
+/// A charge as the provider reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Charge {
+    /// The provider's id, e.g. `ch_…`.
+    pub id: String,
+    /// Whether it took the money.
+    pub status: ChargeStatus,
+    /// Minor units actually charged (or attempted).
+    pub amount: i64,
+    /// ISO 4217.
+    pub currency: String,
+    /// The customer reference.
+    pub customer: String,
+    /// The idempotency key it was created under.
+    pub idempotency_key: String,
+    /// Creation time, Unix seconds.
+    pub created: i64,
+    /// Echoed metadata.
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+    /// Decline code, when failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_code: Option<String>,
+    /// Decline message, when failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_message: Option<String>,
+}
+
+impl Charge {
+    /// The oncepay payment this charge was made for, read from its metadata.
+    pub fn payment_ref(&self) -> Option<(TenantId, PaymentId)> {
+        let tenant = self.metadata.get(metadata_keys::TENANT_ID)?.parse().ok()?;
+        let payment = self.metadata.get(metadata_keys::PAYMENT_ID)?.parse().ok()?;
+        Some((tenant, payment))
+    }
+}
+
+/// A list of charges.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChargePage {
+    /// The charges, oldest first (ties broken by id).
+    pub data: Vec<Charge>,
+    /// Whether another page follows.
+    pub has_more: bool,
+}
+
+/// The body of every provider error.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// What went wrong.
+    pub error: ErrorDetail,
+}
+
+/// The detail of a provider error.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    /// A stable code, e.g. `card_declined`, `idempotency_key_in_use`.
+    pub code: String,
+    /// For humans.
+    pub message: String,
+    /// For a decline: the id of the (failed) charge.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub charge: Option<String>,
+}
+
+/// Webhook event types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum EventType {
+    /// A charge took the money.
+    #[serde(rename = "charge.succeeded")]
+    ChargeSucceeded,
+    /// A charge was declined.
+    #[serde(rename = "charge.failed")]
+    ChargeFailed,
+}
+
+/// One webhook delivery's body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WebhookEvent {
+    /// What happened.
+    #[serde(rename = "type")]
+    pub event_type: EventType,
+    /// When it happened, Unix seconds.
+    pub created: i64,
+    /// The charge it happened to, as it is now.
+    pub data: Charge,
+}
+
+/// Generators of every message of the protocol, with any content a provider could send.
+#[cfg(test)]
+pub(crate) mod strategies {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn metadata() -> impl Strategy<Value = BTreeMap<String, String>> {
+        proptest::collection::btree_map(any::<String>(), any::<String>(), 0..4)
+    }
+
+    pub(crate) fn charge() -> impl Strategy<Value = Charge> {
+        (
+            (any::<String>(), prop_oneof![Just(ChargeStatus::Succeeded), Just(ChargeStatus::Failed)], any::<i64>()),
+            (any::<String>(), any::<String>(), any::<String>(), any::<i64>()),
+            (metadata(), proptest::option::of(any::<String>()), proptest::option::of(any::<String>())),
+        )
+            .prop_map(
+                |(
+                    (id, status, amount),
+                    (currency, customer, idempotency_key, created),
+                    (metadata, failure_code, failure_message),
+                )| Charge {
+                    id,
+                    status,
+                    amount,
+                    currency,
+                    customer,
+                    idempotency_key,
+                    created,
+                    metadata,
+                    failure_code,
+                    failure_message,
+                },
+            )
+    }
+
+    pub(crate) fn error_body() -> impl Strategy<Value = ErrorBody> {
+        (any::<String>(), any::<String>(), proptest::option::of(any::<String>()))
+            .prop_map(|(code, message, charge)| ErrorBody { error: ErrorDetail { code, message, charge } })
+    }
+
+    pub(crate) fn create_charge() -> impl Strategy<Value = CreateCharge> {
+        (any::<i64>(), any::<String>(), any::<String>(), metadata())
+            .prop_map(|(amount, currency, customer, metadata)| CreateCharge { amount, currency, customer, metadata })
+    }
+
+    pub(crate) fn webhook_event() -> impl Strategy<Value = WebhookEvent> {
+        (prop_oneof![Just(EventType::ChargeSucceeded), Just(EventType::ChargeFailed)], any::<i64>(), charge())
+            .prop_map(|(event_type, created, data)| WebhookEvent { event_type, created, data })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use serde::de::DeserializeOwned;
+
+    use oncepay_domain::money::{Amount, Currency};
+
+    use super::strategies::*;
+    use super::*;
+    use crate::ChargeRequest;
+
+    fn round_trips<T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug>(message: &T) -> Result<(), String> {
+        let text = serde_json::to_vec(message).map_err(|e| e.to_string())?;
+        let back: T = serde_json::from_slice(&text).map_err(|e| e.to_string())?;
+        if &back == message { Ok(()) } else { Err(format!("{back:?} != {message:?}")) }
+    }
+
+    proptest! {
+        /// The simulator writes these and oncepay reads them (and the reverse for a charge
+        /// request): whatever the contents, what one side writes the other reads back unchanged.
+        #[test]
+        fn every_message_reads_back_as_written(
+            charge in charge(),
+            page in (proptest::collection::vec(charge(), 0..4), any::<bool>())
+                .prop_map(|(data, has_more)| ChargePage { data, has_more }),
+            error in error_body(),
+            request in create_charge(),
+            event in webhook_event(),
+        ) {
+            prop_assert_eq!(round_trips(&charge), Ok(()));
+            prop_assert_eq!(round_trips(&page), Ok(()));
+            prop_assert_eq!(round_trips(&error), Ok(()));
+            prop_assert_eq!(round_trips(&request), Ok(()));
+            prop_assert_eq!(round_trips(&event), Ok(()));
+        }
+
+        /// Whatever the merchant puts in its metadata, oncepay's own keys on the charge name the
+        /// payment it was made for: a merchant cannot make a charge settle another tenant's payment.
+        #[test]
+        fn a_charge_names_its_own_payment_whatever_the_merchant_metadata_says(
+            merchant in proptest::collection::btree_map(
+                prop_oneof![
+                    Just(crate::metadata_keys::TENANT_ID.to_owned()),
+                    Just(crate::metadata_keys::PAYMENT_ID.to_owned()),
+                    "[a-z_]{1,20}",
+                ],
+                prop_oneof![Just(TenantId::generate().to_string()), Just(PaymentId::generate().to_string()), any::<String>()],
+                0..4,
+            ),
+            charge in charge(),
+        ) {
+            let (tenant_id, payment_id) = (TenantId::generate(), PaymentId::generate());
+            let amount = Amount::new(100).unwrap();
+            let currency = Currency::parse("EUR").unwrap();
+            let request = ChargeRequest::for_payment(tenant_id, payment_id, amount, currency, "c".into(), &merchant);
+
+            let made = Charge { metadata: request.metadata, ..charge };
+
+            prop_assert_eq!(made.payment_ref(), Some((tenant_id, payment_id)));
+        }
+
+        /// A charge names a payment of ours only through both of oncepay's keys, each a valid id.
+        #[test]
+        fn a_charge_without_both_ids_names_no_payment(
+            mut charge in charge(),
+            tenant in proptest::option::of(prop_oneof![Just(TenantId::generate().to_string()), any::<String>()]),
+            payment in proptest::option::of(prop_oneof![Just(PaymentId::generate().to_string()), any::<String>()]),
+        ) {
+            use crate::metadata_keys::{PAYMENT_ID, TENANT_ID};
+            charge.metadata.remove(TENANT_ID);
+            charge.metadata.remove(PAYMENT_ID);
+            if let Some(tenant) = &tenant { charge.metadata.insert(TENANT_ID.into(), tenant.clone()); }
+            if let Some(payment) = &payment { charge.metadata.insert(PAYMENT_ID.into(), payment.clone()); }
+
+            let expected = match (tenant.map(|t| t.parse::<TenantId>()), payment.map(|p| p.parse::<PaymentId>())) {
+                (Some(Ok(tenant)), Some(Ok(payment))) => Some((tenant, payment)),
+                _ => None,
+            };
+            prop_assert_eq!(charge.payment_ref(), expected);
+        }
+    }
+
+    #[test]
+    fn a_charge_request_with_an_unknown_field_is_refused() {
+        let body = r#"{"amount":1,"currency":"EUR","customer":"c","metadata":{},"capture":false}"#;
+
+        assert!(serde_json::from_str::<CreateCharge>(body).is_err());
+    }
+}

@@ -1,0 +1,9 @@
+//! What every oncepay process needs to run as a service: configuration, logs and traces, metrics,
+//! shutdown on a signal, retry backoff, and TLS set up once.
+
+pub mod backoff;
+pub mod config;
+pub mod metrics;
+pub mod shutdown;
+pub mod telemetry;
+pub mod tls;

@@ -1,0 +1,71 @@
+//! PostgreSQL: the migrations, the connection pool, and the readiness check.
+//!
+//! Pools connect lazily, so a binary starts (and answers `/healthz`) while the database is down;
+//! every request then fails closed with 503 until it is back. Every connection carries the binary's
+//! `application_name` (visible in `pg_stat_activity`) and a `statement_timeout`.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use secrecy::ExposeSecret;
+use sqlx::PgPool;
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+use oncepay_service::config::DatabaseSettings;
+
+/// The schema, embedded from `migrations/` at build time.
+pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
+
+/// Connection options for `settings`, named `application_name`.
+pub fn connect_options(settings: &DatabaseSettings, application_name: &str) -> Result<PgConnectOptions, sqlx::Error> {
+    Ok(PgConnectOptions::from_str(settings.url.expose_secret())?
+        .application_name(application_name)
+        .options([("statement_timeout", format!("{}ms", settings.statement_timeout_ms))]))
+}
+
+/// A lazily connecting pool.
+pub fn pool(settings: &DatabaseSettings, options: PgConnectOptions) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(settings.max_connections)
+        .acquire_timeout(Duration::from_millis(settings.acquire_timeout_ms))
+        .connect_lazy_with(options)
+}
+
+/// Why a binary is not ready to serve.
+#[derive(Debug, thiserror::Error)]
+pub enum NotReady {
+    /// PostgreSQL cannot be reached.
+    #[error("the database cannot be reached")]
+    Unreachable(#[source] sqlx::Error),
+    /// The schema is older than this binary expects.
+    #[error("the database schema is at version {found:?}, this binary needs {expected}")]
+    SchemaBehind {
+        /// The latest applied migration, if any.
+        found: Option<i64>,
+        /// The latest migration this binary embeds.
+        expected: i64,
+    },
+}
+
+/// Checks that the database answers and that every embedded migration has been applied.
+pub async fn check_ready(pool: &PgPool) -> Result<(), NotReady> {
+    let expected = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
+    let found: Option<i64> = sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")
+        .fetch_one(pool)
+        .await
+        .or_else(|error| match &error {
+            // No migrations table at all: nothing was applied.
+            sqlx::Error::Database(db) if db.code().as_deref() == Some("42P01") => Ok(None),
+            _ => Err(NotReady::Unreachable(error)),
+        })?;
+    match found {
+        Some(version) if version >= expected => Ok(()),
+        found => Err(NotReady::SchemaBehind { found, expected }),
+    }
+}
+
+/// Applies every pending migration.
+pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
+    MIGRATOR.run(pool).await
+}

@@ -1,0 +1,111 @@
+//! Arrangements for the tests of every crate that talks to the database: tenants and payments
+//! created exactly as the api creates them, provider settings for a test server, and row counts.
+//!
+//! Compiled only with the `fixtures` feature, which only dev-dependencies turn on (this crate's own
+//! tests, the worker's and the reconciler's), so no binary carries it. It arranges and reads; it
+//! never moves a payment, which each suite does the way the process it stands in for would. Its
+//! functions panic on failure: in a test, an arrangement that fails is a failed test.
+
+#![allow(clippy::expect_used)]
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+use oncepay_domain::fingerprint::Fingerprint;
+use oncepay_domain::idempotency_key::IdempotencyKey;
+use oncepay_domain::ids::TenantId;
+use oncepay_domain::payment_request::PaymentRequest;
+use oncepay_provider::http::{HttpProvider, ProviderSettings};
+use oncepay_service::telemetry::TraceContext;
+
+use crate::intake::{self, Created, NewPayment};
+use crate::tenants::{self, TenantName};
+
+/// How long the api keeps a key by default: a day.
+const RETENTION: Duration = Duration::from_secs(86_400);
+
+/// Creates a tenant named `name`.
+pub async fn tenant(pool: &PgPool, name: &str) -> TenantId {
+    let name = TenantName::parse(name).expect("a valid tenant name");
+    let mut conn = pool.acquire().await.expect("a connection");
+    tenants::create(&mut conn, &name, None).await.expect("the tenant is created").tenant_id
+}
+
+/// A `POST /v1/payments` body for `amount` EUR cents.
+pub fn body(amount: i64) -> Value {
+    json!({"amount": amount, "currency": "EUR", "customer_id": "cus_1", "metadata": {"order": "42"}})
+}
+
+/// What the api makes of a request before it accepts it: the key, the validated body and its
+/// fingerprint.
+#[derive(Debug)]
+pub struct Submission {
+    key: IdempotencyKey,
+    request: PaymentRequest,
+    fingerprint: Fingerprint,
+}
+
+impl Submission {
+    /// `body` posted under `key`.
+    pub fn new(key: &str, body: &Value) -> Self {
+        Self {
+            key: IdempotencyKey::parse(key.as_bytes()).expect("a valid idempotency key"),
+            request: PaymentRequest::from_json(body).expect("a valid payment request"),
+            fingerprint: Fingerprint::of("POST", "/v1/payments", body),
+        }
+    }
+
+    /// The submission as the store accepts it for `tenant_id`, keeping the key a day.
+    pub fn for_tenant<'a>(&'a self, tenant_id: TenantId, trace: Option<&'a TraceContext>) -> NewPayment<'a> {
+        NewPayment {
+            tenant_id,
+            key: &self.key,
+            fingerprint: &self.fingerprint,
+            request: &self.request,
+            retention: RETENTION,
+            trace,
+        }
+    }
+}
+
+/// Accepts `body` under `key` as `POST /v1/payments` would, in `trace` if given: `None` if the key
+/// exists already.
+pub async fn accept(
+    pool: &PgPool,
+    tenant_id: TenantId,
+    key: &str,
+    body: &Value,
+    trace: Option<&TraceContext>,
+) -> Option<Created> {
+    let submission = Submission::new(key, body);
+    let mut conn = pool.acquire().await.expect("a connection");
+    intake::accept(&mut conn, &submission.for_tenant(tenant_id, trace)).await.expect("the store answers").created()
+}
+
+/// Settings for a provider at `base_url` (a wiremock server): a day's key window with an hour's
+/// margin, short timeouts.
+pub fn provider_settings(base_url: &str) -> ProviderSettings {
+    ProviderSettings {
+        base_url: base_url.to_owned(),
+        api_key: "sk_test".to_owned().into(),
+        connect_timeout_ms: 500,
+        request_timeout_ms: 2_000,
+        key_window_secs: 86_400,
+        key_window_margin_secs: 3_600,
+    }
+}
+
+/// The provider client for [`provider_settings`].
+pub fn provider(base_url: &str) -> HttpProvider {
+    HttpProvider::new(&provider_settings(base_url)).expect("a provider client")
+}
+
+/// Rows in `table`, which is one of ours and never input.
+pub async fn count(pool: &PgPool, table: &str) -> i64 {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
+        .fetch_one(pool)
+        .await
+        .expect("the table exists")
+}

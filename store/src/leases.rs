@@ -1,0 +1,246 @@
+//! Taking outbox leases back from workers that stopped: the sweeper's half of the outbox protocol.
+//!
+//! A worker claims an outbox row by setting `locked_by`, `locked_until` and a fresh `fencing_token`
+//! and moving its payment `pending → processing`. If the worker dies or stalls past `locked_until`,
+//! [`sweep`] takes the row back:
+//! - while the provider still remembers the payment's downstream key ([`KeyWindow`], measured from
+//!   the payment's first send, minus a safety margin) the row is released (due now, no lease, no
+//!   token) and the payment goes back to `pending`: the next claim resends it with the same key, and
+//!   the provider answers with the first result instead of charging again. The payment is marked
+//!   `may_be_charged` for good (the transition does that), so no later send goes out past the
+//!   key window, and the row's `lease_expirations` counts the takeover;
+//! - past that, a resend could charge twice: the row is deleted, the payment becomes `unknown` and is
+//!   queued for the reconciler in the same transaction.
+//!
+//! Either way the fencing token is gone, so the stalled worker can no longer record anything.
+//!
+//! Invariants: each row is handled in its own short transaction, locked with `FOR UPDATE SKIP
+//! LOCKED` and its expiry re-checked under the lock, so any number of sweepers and workers can run at
+//! once, and a row a worker is recording right now is left to that worker. The outbox row is locked
+//! before its payment, the same order as the worker's claim and record, so they cannot deadlock.
+//! This module never calls the provider and never touches a lease that has not expired.
+
+use serde_json::json;
+use sqlx::{Connection, PgConnection};
+use time::OffsetDateTime;
+
+use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::status::{PaymentStatus, Transition};
+use oncepay_provider::KeyWindow;
+use oncepay_service::telemetry::TraceContext;
+
+use crate::transitions::{self, Applied, Change, TransitionError};
+use crate::{StoreError, unknown_queue};
+
+/// What one [`sweep`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SweepCounts {
+    /// Expired leases inside the key window: payments back to `pending`, rows due now.
+    pub released: u64,
+    /// Expired leases past the key window: payments `unknown` and queued for the reconciler.
+    pub uncertain: u64,
+    /// Expired leases on payments that had already moved on (e.g. a webhook settled them while the
+    /// worker was gone): the rows were dropped, or released if the payment is `pending`.
+    pub obsolete: u64,
+    /// Candidates a worker or another sweeper was handling at that moment, or that moved between
+    /// reading and locking them: left alone, to be looked at again by a later sweep if still expired.
+    pub skipped: u64,
+}
+
+impl SweepCounts {
+    /// How many rows this sweep changed.
+    pub fn changed(&self) -> u64 {
+        self.released + self.uncertain + self.obsolete
+    }
+}
+
+/// Takes back up to `batch_size` expired leases, oldest first, each in its own transaction on
+/// `conn`. `actor` is written to the audit trail (`sweeper`, or `sweeper:<id>`).
+///
+/// Returns after one batch; the caller loops while [`SweepCounts::changed`] is non-zero. An error
+/// leaves the rows handled before it committed and the rest untouched.
+#[tracing::instrument(name = "store.sweep_leases", skip_all, fields(batch_size))]
+pub async fn sweep(
+    conn: &mut PgConnection,
+    actor: &str,
+    key_window: KeyWindow,
+    batch_size: u32,
+) -> Result<SweepCounts, TransitionError> {
+    let candidates = sqlx::query!(
+        r#"
+        SELECT tenant_id, payment_id FROM outbox
+        WHERE locked_until < now()
+        ORDER BY locked_until
+        LIMIT $1
+        "#,
+        i64::from(batch_size),
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(StoreError::from)?;
+
+    let mut counts = SweepCounts::default();
+    for candidate in candidates {
+        let tenant_id = TenantId::from_uuid(candidate.tenant_id);
+        let payment_id = PaymentId::from_uuid(candidate.payment_id);
+        match take_back(conn, actor, key_window, tenant_id, payment_id).await? {
+            TakenBack::Released => counts.released += 1,
+            TakenBack::Uncertain => counts.uncertain += 1,
+            TakenBack::Obsolete => counts.obsolete += 1,
+            TakenBack::Skipped => counts.skipped += 1,
+        }
+    }
+    Ok(counts)
+}
+
+enum TakenBack {
+    Released,
+    Uncertain,
+    Obsolete,
+    Skipped,
+}
+
+#[tracing::instrument(name = "store.take_back_lease", skip_all, fields(payment.id = %payment_id))]
+async fn take_back(
+    conn: &mut PgConnection,
+    actor: &str,
+    key_window: KeyWindow,
+    tenant_id: TenantId,
+    payment_id: PaymentId,
+) -> Result<TakenBack, TransitionError> {
+    let mut tx = conn.begin().await.map_err(StoreError::from)?;
+    // The expiry is checked again under the lock: the worker may have recorded its result, or another
+    // sweeper taken the row, since the candidates were read. A row locked right now is being recorded
+    // by its worker (or handled by another sweeper), which settles it either way.
+    let lease = sqlx::query!(
+        r#"
+        SELECT o.locked_by AS "locked_by!", o.locked_until AS "locked_until!",
+               o.fencing_token AS "fencing_token!", o.attempts, o.lease_expirations, o.traceparent, o.tracestate,
+               p.status AS "status: PaymentStatus", p.first_sent_at,
+               -- Never sent: no window has started, a resend is a first send.
+               COALESCE(now() - p.first_sent_at < make_interval(secs => $3), true) AS "in_key_window!"
+        FROM outbox o JOIN payments p USING (tenant_id, payment_id)
+        WHERE o.tenant_id = $1 AND o.payment_id = $2 AND o.locked_until < now()
+        FOR UPDATE OF o SKIP LOCKED
+        "#,
+        tenant_id.as_uuid(),
+        payment_id.as_uuid(),
+        key_window.resend_horizon().as_secs_f64(),
+    )
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(StoreError::from)?;
+    let Some(lease) = lease else {
+        return Ok(TakenBack::Skipped);
+    };
+
+    let evidence = json!({
+        "source": actor,
+        "locked_by": lease.locked_by,
+        "locked_until": rfc3339(lease.locked_until),
+        "fencing_token": lease.fencing_token,
+        "attempt": lease.attempts,
+        "first_sent_at": lease.first_sent_at.map(rfc3339),
+        "key_window_secs": key_window.window.as_secs(),
+        "safety_margin_secs": key_window.safety_margin.as_secs(),
+    });
+
+    if lease.status != PaymentStatus::Processing {
+        // The payment moved on while its worker was gone (only a webhook or a poll can do that to a
+        // `processing` payment). The lease protects nothing any more; a pending payment still needs
+        // its row, anything else must not have one.
+        if lease.status == PaymentStatus::Pending {
+            release(&mut tx, tenant_id, payment_id).await?;
+        } else {
+            delete(&mut tx, tenant_id, payment_id).await?;
+        }
+        tx.commit().await.map_err(StoreError::from)?;
+        tracing::info!(payment.status = lease.status.as_str(), "dropped the expired lease of a payment that moved on");
+        return Ok(TakenBack::Obsolete);
+    }
+
+    let (transition, reason) = if lease.in_key_window {
+        release(&mut tx, tenant_id, payment_id).await?;
+        (
+            Transition::LeaseExpiredResend,
+            "the worker's lease expired inside the provider's key window; resending with the same key",
+        )
+    } else {
+        delete(&mut tx, tenant_id, payment_id).await?;
+        (
+            Transition::LeaseExpiredUncertain,
+            "the worker's lease expired past the provider's key window; a resend could charge twice",
+        )
+    };
+    let change = Change {
+        tenant_id,
+        payment_id,
+        from: PaymentStatus::Processing,
+        transition,
+        actor,
+        reason,
+        detail: Some(evidence.clone()),
+    };
+    match transitions::apply(&mut tx, &change).await? {
+        Applied::Moved(_) => {}
+        // Moved between the read above and the update: leave it to the next sweep, which will see
+        // where it went.
+        Applied::LostRace => {
+            tx.rollback().await.map_err(StoreError::from)?;
+            return Ok(TakenBack::Skipped);
+        }
+    }
+    let taken = if lease.in_key_window {
+        TakenBack::Released
+    } else {
+        // The payment's trace, from its outbox row (just deleted): the reconciler's resolution joins it.
+        let trace = lease.traceparent.map(|traceparent| TraceContext { traceparent, tracestate: lease.tracestate });
+        let reason = "lease_expired_past_key_window";
+        unknown_queue::enqueue(&mut tx, tenant_id, payment_id, reason, evidence, trace.as_ref()).await?;
+        TakenBack::Uncertain
+    };
+    tx.commit().await.map_err(StoreError::from)?;
+    tracing::info!(
+        worker.id = %lease.locked_by,
+        resend = lease.in_key_window,
+        "took back an expired lease"
+    );
+    Ok(taken)
+}
+
+/// Frees the row for the next claim, due now, and wakes the workers at commit. The token goes with
+/// the lease, so the worker that held it can no longer record anything.
+async fn release(conn: &mut PgConnection, tenant_id: TenantId, payment_id: PaymentId) -> Result<(), StoreError> {
+    sqlx::query!(
+        r#"
+        WITH released AS (
+            UPDATE outbox
+            SET locked_by = NULL, locked_until = NULL, fencing_token = NULL, available_at = now(),
+                lease_expirations = lease_expirations + 1
+            WHERE tenant_id = $1 AND payment_id = $2
+            RETURNING payment_id
+        )
+        SELECT pg_notify('oncepay_outbox', '') AS "notified!: ()" FROM released
+        "#,
+        tenant_id.as_uuid(),
+        payment_id.as_uuid(),
+    )
+    .fetch_optional(conn)
+    .await?;
+    Ok(())
+}
+
+async fn delete(conn: &mut PgConnection, tenant_id: TenantId, payment_id: PaymentId) -> Result<(), StoreError> {
+    sqlx::query!(
+        "DELETE FROM outbox WHERE tenant_id = $1 AND payment_id = $2",
+        tenant_id.as_uuid(),
+        payment_id.as_uuid()
+    )
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+fn rfc3339(at: OffsetDateTime) -> Option<String> {
+    at.format(&time::format_description::well_known::Rfc3339).ok()
+}

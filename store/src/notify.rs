@@ -1,0 +1,216 @@
+//! The PostgreSQL `LISTEN/NOTIFY` channels oncepay uses to wake processes instead of polling, and
+//! the [`Notifier`] that sends on them after a commit, many wake-ups per notification.
+//!
+//! A notification is only a hint: listeners always re-read the database, and every loop that
+//! waits on one also polls on a timer, so a lost notification (a dropped listener connection, a
+//! process that crashed between its commit and its notification) delays work but never loses it.
+//! The channel names are repeated as literals in the SQL that sends them; the tests that wait on
+//! them keep the two in step.
+//!
+//! Why after the commit: PostgreSQL holds a cluster-wide lock from just before a notifying
+//! transaction commits until its commit record is flushed, so transactions that each notify commit
+//! one at a time, each waiting for its own fsync instead of sharing one (BENCHMARKS.md). The hot
+//! paths (the api's accepts, the worker's recordings) therefore commit without notifying and hand
+//! the wake-up to their process's one [`Notifier`], which sends at once when it was idle and then at
+//! most once per [`COALESCE`], folding every wake-up asked for in between into the next
+//! notification. Rare writers (the reconciler, operators) still notify inside their transaction.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use oncepay_domain::ids::PaymentId;
+
+/// New or re-queued outbox rows: wakes the workers. Payload: empty.
+pub const OUTBOX_CHANNEL: &str = "oncepay_outbox";
+
+/// Payments changed status: wakes long polls. Payload: the payment ids, separated by commas.
+pub const PAYMENT_CHANNEL: &str = "oncepay_payment";
+
+/// The shortest time between two notifications from one [`Notifier`]. An idle notifier sends at
+/// once, so a lone commit wakes its listeners without delay; under load the listeners are busy
+/// anyway, and each notification costs PostgreSQL a transaction and a wake-up of every listening
+/// backend: at 2 ms, the api's wake-ups for its accepts took about 5 % of its accept rate
+/// (BENCHMARKS.md).
+pub const COALESCE: Duration = Duration::from_millis(10);
+
+/// The most bytes one notification's payload may hold (PostgreSQL refuses 8000 and more).
+const MAX_PAYLOAD: usize = 7_900;
+
+/// The payment ids a [`PAYMENT_CHANNEL`] payload names; `Err` for a part that is not one.
+pub fn payment_ids(payload: &str) -> impl Iterator<Item = Result<PaymentId, uuid::Error>> + '_ {
+    payload.split(',').map(str::parse)
+}
+
+/// The handle that asks a [`Notifier`] for a notification; cheap to clone.
+#[derive(Clone, Default)]
+pub struct Wakeups {
+    inner: Arc<Pending>,
+}
+
+#[derive(Default)]
+struct Pending {
+    payloads: Mutex<Vec<String>>,
+    requested: AtomicBool,
+    signal: Notify,
+}
+
+impl Wakeups {
+    /// Asks for a notification without a payload (the outbox channel). Requests made while one is
+    /// pending or being sent coalesce.
+    pub fn wake(&self) {
+        self.inner.requested.store(true, Ordering::Release);
+        self.inner.signal.notify_one();
+    }
+
+    /// Asks for a notification naming `payment_id` (the payment channel); ids asked for while one
+    /// is pending or being sent travel together.
+    pub fn announce(&self, payment_id: PaymentId) {
+        self.inner.payloads.lock().unwrap_or_else(PoisonError::into_inner).push(payment_id.to_string());
+        self.inner.requested.store(true, Ordering::Release);
+        self.inner.signal.notify_one();
+    }
+
+    async fn requested(&self) {
+        self.inner.signal.notified().await;
+    }
+
+    /// What was asked for since the last call: `None` when nothing was.
+    fn take(&self) -> Option<Vec<String>> {
+        let mut payloads = self.inner.payloads.lock().unwrap_or_else(PoisonError::into_inner);
+        self.inner.requested.swap(false, Ordering::AcqRel).then(|| std::mem::take(&mut *payloads))
+    }
+}
+
+/// A process's one sender of notifications on one channel.
+pub struct Notifier {
+    pool: PgPool,
+    channel: &'static str,
+    wakeups: Wakeups,
+}
+
+impl Notifier {
+    /// A notifier on `channel` that sends through `pool` (a pool of its own, so it never takes a
+    /// connection a request needs) whatever `wakeups` asks for.
+    pub fn new(pool: PgPool, channel: &'static str, wakeups: Wakeups) -> Self {
+        Self { pool, channel, wakeups }
+    }
+
+    /// Sends notifications as they are asked for until `shutdown`, then one last one for anything
+    /// not yet announced.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let mut failing = false;
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                () = self.wakeups.requested() => {}
+            }
+            match self.flush().await {
+                Ok(()) if failing => {
+                    failing = false;
+                    tracing::info!(channel = self.channel, "notifying works again");
+                }
+                Ok(()) => {}
+                Err(error) if !failing => {
+                    failing = true;
+                    tracing::warn!(channel = self.channel, error = %error, "cannot notify; listeners will find the changes by polling");
+                }
+                Err(_) => {}
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                () = tokio::time::sleep(COALESCE) => {}
+            }
+        }
+        // Commits made during the last pause (or the shutdown) are announced too.
+        if let Err(error) = self.flush().await {
+            tracing::debug!(channel = self.channel, error = %error, "the last notification failed");
+        }
+    }
+
+    /// Sends, now, everything asked for since the last notification, in one statement: one
+    /// notification per payload that fits, or a single empty one when nothing named a payload.
+    /// Sends nothing when nothing was asked for.
+    pub async fn flush(&self) -> Result<(), sqlx::Error> {
+        let Some(parts) = self.wakeups.take() else { return Ok(()) };
+        let payloads = batch(parts);
+        sqlx::query!("SELECT pg_notify($1, payload) FROM unnest($2::text[]) AS payload", self.channel, &payloads)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+}
+
+/// `parts` joined by commas into as few payloads as fit; one empty payload when there are none.
+fn batch(parts: Vec<String>) -> Vec<String> {
+    let mut payloads = Vec::new();
+    let mut current = String::new();
+    for part in parts {
+        if !current.is_empty() && current.len() + 1 + part.len() > MAX_PAYLOAD {
+            payloads.push(std::mem::take(&mut current));
+        }
+        if !current.is_empty() {
+            current.push(',');
+        }
+        current.push_str(&part);
+    }
+    payloads.push(current);
+    payloads
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn wakeups_asked_for_while_one_is_pending_coalesce_into_one() {
+        let wakeups = Wakeups::default();
+
+        wakeups.wake();
+        wakeups.announce(PaymentId::generate());
+        wakeups.wake();
+
+        // One stored permit: the first wait returns at once, the second has nothing to take.
+        tokio::time::timeout(Duration::from_secs(1), wakeups.requested()).await.unwrap();
+        let second = tokio::time::timeout(Duration::ZERO, wakeups.requested()).await;
+        assert!(second.is_err());
+        assert_eq!(wakeups.take().map(|ids| ids.len()), Some(1));
+        assert_eq!(wakeups.take(), None, "nothing was asked for since");
+    }
+
+    #[test]
+    fn announced_ids_travel_in_payloads_postgres_accepts_and_parse_back() {
+        let ids: Vec<PaymentId> = (0..500).map(|_| PaymentId::generate()).collect();
+
+        let payloads = batch(ids.iter().map(ToString::to_string).collect());
+
+        assert_eq!(payloads.len(), 3, "{} ids of 36 bytes and a comma in 7,900-byte payloads", ids.len());
+        assert!(payloads.iter().all(|payload| payload.len() <= MAX_PAYLOAD));
+        let parsed: Vec<PaymentId> = payloads.iter().flat_map(|p| payment_ids(p)).map(Result::unwrap).collect();
+        assert_eq!(parsed, ids);
+    }
+
+    #[test]
+    fn a_wakeup_without_ids_is_one_empty_notification_and_no_wakeup_is_none() {
+        let wakeups = Wakeups::default();
+        assert_eq!(wakeups.take(), None);
+
+        wakeups.wake();
+
+        assert_eq!(wakeups.take().map(batch), Some(vec![String::new()]));
+    }
+
+    #[test]
+    fn a_single_id_payload_is_what_in_transaction_notifications_send() {
+        let id = PaymentId::generate();
+
+        let parsed: Vec<_> = payment_ids(&id.to_string()).collect();
+
+        assert_eq!(parsed.len(), 1);
+        assert_eq!(parsed[0].as_ref().ok(), Some(&id));
+    }
+}

@@ -1,0 +1,327 @@
+//! Status changes, persisted.
+//!
+//! Each change is decided by [`oncepay_domain::status::next`] and written as a compare-and-set
+//! (`UPDATE payments … WHERE status = <from>`) together with an audit row and a `NOTIFY` that wakes
+//! long polls. A terminal change ([`settle`]) also, in the same transaction, writes the ledger entry
+//! for a success and stores the terminal response on the payment's idempotency key, so a replay is a
+//! single read. Zero rows updated means another actor moved the payment first: that is
+//! [`Applied::LostRace`], a normal outcome. Callers own the transaction and any guard of their own
+//! (the worker's fencing token) and must not hold it across a provider call.
+//!
+//! The worker, which records many changes a second, uses the `_deferring_wakeup` forms and announces
+//! its payments after the commit instead (`crate::notify` says why), and settles whatever sends
+//! finished together in one go ([`settle_all_deferring_wakeup`]): the terminal change's statements
+//! (`sql/settle.sql`, `sql/store_response.sql`) take arrays, so one tenant's payments, one or thirty, cost
+//! the same two round trips, and the benchmark runs the very same SQL under pgbench.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde_json::Value;
+use sqlx::PgConnection;
+use sqlx::types::Json;
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::money::{Amount, Currency};
+use oncepay_domain::payment::PaymentResource;
+use oncepay_domain::status::{self, IllegalTransition, PaymentStatus, Transition};
+
+use crate::StoreError;
+use crate::payments::Payment;
+
+/// One status change to persist.
+#[derive(Debug, Clone)]
+pub struct Change<'a> {
+    /// The payment's owner.
+    pub tenant_id: TenantId,
+    /// The payment.
+    pub payment_id: PaymentId,
+    /// The status the caller saw; the change only happens if it is still current.
+    pub from: PaymentStatus,
+    /// What happened.
+    pub transition: Transition,
+    /// Who did it: `worker:<id>`, `sweeper`, `reconciler:<id>`, `webhook`, `operator:<name>`.
+    pub actor: &'a str,
+    /// Why, in words.
+    pub reason: &'a str,
+    /// Supporting evidence for the audit trail.
+    pub detail: Option<Value>,
+}
+
+/// How a payment became terminal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Settlement {
+    /// The provider charged.
+    Succeeded {
+        /// The provider's charge id.
+        charge_id: String,
+        /// What the provider says it charged (the ledger records this, not our request).
+        amount: i64,
+        /// In which currency.
+        currency: String,
+        /// When the provider created the charge.
+        charged_at: OffsetDateTime,
+    },
+    /// No money moved.
+    Failed {
+        /// Stable failure code.
+        code: String,
+        /// Human-readable reason.
+        message: String,
+        /// The provider's failed charge, if it made one.
+        charge_id: Option<String>,
+    },
+}
+
+/// What persisting a change did.
+#[derive(Debug, Clone)]
+pub enum Applied<T> {
+    /// The payment moved; here is the result.
+    Moved(T),
+    /// The payment was no longer in `from`: someone else moved it first. Nothing was written.
+    LostRace,
+}
+
+/// A change that cannot be persisted.
+#[derive(Debug, thiserror::Error)]
+pub enum TransitionError {
+    /// The state machine forbids it: a bug in the caller.
+    #[error(transparent)]
+    Illegal(#[from] IllegalTransition),
+    /// A terminal change without a settlement, or a settlement that does not fit the change.
+    #[error("{transition:?} from {} leads to {}, which needs a matching settlement", from.as_str(), to.as_str())]
+    SettlementMismatch {
+        /// What was attempted.
+        transition: Transition,
+        /// From where.
+        from: PaymentStatus,
+        /// To where.
+        to: PaymentStatus,
+    },
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Persists a non-terminal change and wakes long polls when it commits. Returns the new status.
+#[tracing::instrument(name = "store.transition", skip_all, fields(payment.id = %change.payment_id, transition = ?change.transition))]
+pub async fn apply(conn: &mut PgConnection, change: &Change<'_>) -> Result<Applied<PaymentStatus>, TransitionError> {
+    write_change(conn, change, true).await
+}
+
+/// [`apply`] without the wake-up: the caller announces the payment on
+/// [`crate::notify::PAYMENT_CHANNEL`] after the transaction has committed.
+#[tracing::instrument(name = "store.transition", skip_all, fields(payment.id = %change.payment_id, transition = ?change.transition))]
+pub async fn apply_deferring_wakeup(
+    conn: &mut PgConnection,
+    change: &Change<'_>,
+) -> Result<Applied<PaymentStatus>, TransitionError> {
+    write_change(conn, change, false).await
+}
+
+async fn write_change(
+    conn: &mut PgConnection,
+    change: &Change<'_>,
+    wake: bool,
+) -> Result<Applied<PaymentStatus>, TransitionError> {
+    let to = status::next(change.from, change.transition)?;
+    if to.is_terminal() {
+        return Err(TransitionError::SettlementMismatch { transition: change.transition, from: change.from, to });
+    }
+    let moved = sqlx::query_scalar!(
+        r#"
+        WITH moved AS (
+            UPDATE payments
+            SET status = $3, updated_at = now(),
+                -- Once a send may have reached the provider, the payment remembers it for good.
+                may_be_charged = may_be_charged OR $9
+            WHERE tenant_id = $1 AND payment_id = $2 AND status = $4
+            RETURNING tenant_id, payment_id
+        ), audit AS (
+            INSERT INTO payment_events (tenant_id, payment_id, from_status, to_status, actor, reason, detail)
+            SELECT tenant_id, payment_id, $4, $3, $5, $6, $7 FROM moved
+        )
+        SELECT CASE WHEN $8 THEN pg_notify('oncepay_payment', payment_id::text) END AS "notified: ()" FROM moved
+        "#,
+        change.tenant_id.as_uuid(),
+        change.payment_id.as_uuid(),
+        to as PaymentStatus,
+        change.from as PaymentStatus,
+        change.actor,
+        change.reason,
+        change.detail,
+        wake,
+        change.transition.send_may_have_reached_provider(),
+    )
+    .fetch_optional(conn)
+    .await
+    .map_err(StoreError::from)?;
+    Ok(if moved.is_some() { Applied::Moved(to) } else { Applied::LostRace })
+}
+
+/// Persists a terminal change: status, audit row, ledger entry (success), stored response on the
+/// idempotency key, wake-up. Returns the payment as it now is.
+#[tracing::instrument(name = "store.settle", skip_all, fields(payment.id = %change.payment_id, transition = ?change.transition))]
+pub async fn settle(
+    conn: &mut PgConnection,
+    change: &Change<'_>,
+    settlement: &Settlement,
+) -> Result<Applied<Payment>, TransitionError> {
+    let applied = write_settlements(conn, &[(change.clone(), settlement)]).await?;
+    let payment_ids: Vec<Uuid> = applied.iter().filter_map(moved_id).collect();
+    if !payment_ids.is_empty() {
+        sqlx::query!("SELECT pg_notify('oncepay_payment', id::text) FROM unnest($1::uuid[]) AS id", &payment_ids)
+            .execute(&mut *conn)
+            .await
+            .map_err(StoreError::from)?;
+    }
+    Ok(single(applied))
+}
+
+/// [`settle`] without the wake-up: the caller announces the payment on
+/// [`crate::notify::PAYMENT_CHANNEL`] after the transaction has committed.
+#[tracing::instrument(name = "store.settle", skip_all, fields(payment.id = %change.payment_id, transition = ?change.transition))]
+pub async fn settle_deferring_wakeup(
+    conn: &mut PgConnection,
+    change: &Change<'_>,
+    settlement: &Settlement,
+) -> Result<Applied<Payment>, TransitionError> {
+    Ok(single(write_settlements(conn, &[(change.clone(), settlement)]).await?))
+}
+
+/// Persists many terminal changes at once, as [`settle_deferring_wakeup`] persists one: one statement
+/// for every compare-and-set, audit row and ledger entry, one for every stored response. Returns
+/// what happened to each change, in order; a change whose payment had moved on is
+/// [`Applied::LostRace`] and writes nothing, whatever happens to the others. The caller announces
+/// the moved payments after the transaction has committed.
+#[tracing::instrument(name = "store.settle_all", skip_all, fields(settlements = settlements.len()))]
+pub async fn settle_all_deferring_wakeup(
+    conn: &mut PgConnection,
+    settlements: &[(Change<'_>, &Settlement)],
+) -> Result<Vec<Applied<Payment>>, TransitionError> {
+    write_settlements(conn, settlements).await
+}
+
+fn moved_id(applied: &Applied<Payment>) -> Option<Uuid> {
+    match applied {
+        Applied::Moved(payment) => Some(payment.payment_id.as_uuid()),
+        Applied::LostRace => None,
+    }
+}
+
+fn single(applied: Vec<Applied<Payment>>) -> Applied<Payment> {
+    applied.into_iter().next().unwrap_or(Applied::LostRace)
+}
+
+/// One terminal change's columns, checked against its settlement.
+struct Row<'a> {
+    to: PaymentStatus,
+    charge_id: Option<&'a str>,
+    failure_code: Option<&'a str>,
+    failure_message: Option<&'a str>,
+    ledger_amount: Option<i64>,
+    ledger_currency: Option<&'a str>,
+    charged_at: Option<OffsetDateTime>,
+}
+
+impl<'a> Row<'a> {
+    fn of(change: &Change<'_>, settlement: &'a Settlement) -> Result<Self, TransitionError> {
+        let to = status::next(change.from, change.transition)?;
+        let mismatch = || TransitionError::SettlementMismatch { transition: change.transition, from: change.from, to };
+        Ok(match (to, settlement) {
+            (PaymentStatus::Succeeded, Settlement::Succeeded { charge_id, amount, currency, charged_at }) => Self {
+                to,
+                charge_id: Some(charge_id),
+                failure_code: None,
+                failure_message: None,
+                ledger_amount: Some(*amount),
+                ledger_currency: Some(currency),
+                charged_at: Some(*charged_at),
+            },
+            (PaymentStatus::Failed, Settlement::Failed { code, message, charge_id }) => Self {
+                to,
+                charge_id: charge_id.as_deref(),
+                failure_code: Some(code),
+                failure_message: Some(message),
+                ledger_amount: None,
+                ledger_currency: None,
+                charged_at: None,
+            },
+            _ => return Err(mismatch()),
+        })
+    }
+}
+
+async fn write_settlements(
+    conn: &mut PgConnection,
+    settlements: &[(Change<'_>, &Settlement)],
+) -> Result<Vec<Applied<Payment>>, TransitionError> {
+    let rows =
+        settlements.iter().map(|(change, settlement)| Row::of(change, settlement)).collect::<Result<Vec<_>, _>>()?;
+    // One tenant per statement, so that each names its shard under Citus (SCALING.md); usually a
+    // batch is one tenant's.
+    let mut moved: HashMap<PaymentId, Payment> = HashMap::with_capacity(settlements.len());
+    let mut tenants: Vec<TenantId> = settlements.iter().map(|(change, _)| change.tenant_id).collect();
+    tenants.sort_unstable();
+    tenants.dedup();
+    for tenant_id in tenants {
+        let ours: Vec<(&Change<'_>, &Row<'_>)> = settlements
+            .iter()
+            .zip(&rows)
+            .filter(|((change, _), _)| change.tenant_id == tenant_id)
+            .map(|((change, _), row)| (change, row))
+            .collect();
+        for payment in write_tenant_settlements(conn, tenant_id, &ours).await? {
+            moved.insert(payment.payment_id, payment);
+        }
+    }
+    Ok(settlements
+        .iter()
+        .map(|(change, _)| moved.remove(&change.payment_id).map_or(Applied::LostRace, Applied::Moved))
+        .collect())
+}
+
+/// `sql/settle.sql` and `sql/store_response.sql` for one tenant's changes; returns the payments
+/// that moved.
+async fn write_tenant_settlements(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    changes: &[(&Change<'_>, &Row<'_>)],
+) -> Result<Vec<Payment>, TransitionError> {
+    let payment_ids: Vec<Uuid> = changes.iter().map(|(c, _)| c.payment_id.as_uuid()).collect();
+    let moved = sqlx::query_file_as!(
+        Payment,
+        "sql/settle.sql",
+        tenant_id.as_uuid(),
+        &payment_ids,
+        &changes.iter().map(|(_, r)| r.to.as_str()).collect::<Vec<_>>() as &[&str],
+        &changes.iter().map(|(c, _)| c.from.as_str()).collect::<Vec<_>>() as &[&str],
+        &changes.iter().map(|(_, r)| r.charge_id).collect::<Vec<_>>() as &[Option<&str>],
+        &changes.iter().map(|(_, r)| r.failure_code).collect::<Vec<_>>() as &[Option<&str>],
+        &changes.iter().map(|(_, r)| r.failure_message).collect::<Vec<_>>() as &[Option<&str>],
+        &changes.iter().map(|(c, _)| c.actor).collect::<Vec<_>>() as &[&str],
+        &changes.iter().map(|(c, _)| c.reason).collect::<Vec<_>>() as &[&str],
+        &changes.iter().map(|(c, _)| c.detail.clone()).collect::<Vec<_>>() as &[Option<Value>],
+        &changes.iter().map(|(_, r)| r.ledger_amount).collect::<Vec<_>>() as &[Option<i64>],
+        &changes.iter().map(|(_, r)| r.ledger_currency).collect::<Vec<_>>() as &[Option<&str>],
+        &changes.iter().map(|(_, r)| r.charged_at).collect::<Vec<_>>() as &[Option<OffsetDateTime>],
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(StoreError::from)?;
+
+    if !moved.is_empty() {
+        let bodies = moved
+            .iter()
+            .map(|payment| serde_json::to_value(PaymentResource::from(payment)))
+            .collect::<Result<Vec<Value>, _>>()
+            .map_err(|e| StoreError::Unexpected(sqlx::Error::Encode(Box::new(e))))?;
+        let moved_ids: Vec<Uuid> = moved.iter().map(|p| p.payment_id.as_uuid()).collect();
+        sqlx::query_file!("sql/store_response.sql", tenant_id.as_uuid(), &moved_ids, &bodies)
+            .execute(&mut *conn)
+            .await
+            .map_err(StoreError::from)?;
+    }
+    Ok(moved)
+}

@@ -1,0 +1,82 @@
+//! The checkout set against a real PostgreSQL: reuse only after release, a bound on connections,
+//! waiting for a released one. Each test gets a fresh database.
+
+// The helpers below are test code too; clippy's test allowance only covers `#[test]` functions.
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use oncepay_store::connections::Connections;
+use sqlx::{PgConnection, PgPool};
+
+async fn backend(connection: &mut PgConnection) -> i32 {
+    sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(connection).await.unwrap()
+}
+
+fn connections(pool: &PgPool, max: u32, acquire_timeout: Duration) -> Connections {
+    Connections::new((*pool.connect_options()).clone(), max, acquire_timeout)
+}
+
+#[sqlx::test]
+async fn a_released_connection_is_reused_and_one_dropped_unreleased_is_closed(pool: PgPool) {
+    let connections = connections(&pool, 2, Duration::from_secs(10));
+
+    let mut first = connections.acquire().await.unwrap();
+    let first_backend = backend(&mut first).await;
+    first.release();
+    let mut again = connections.acquire().await.unwrap();
+    let again_backend = backend(&mut again).await;
+    drop(again);
+    let mut fresh = connections.acquire().await.unwrap();
+    let fresh_backend = backend(&mut fresh).await;
+
+    assert_eq!(again_backend, first_backend, "a released connection is the next one handed out");
+    assert_ne!(fresh_backend, first_backend, "a connection dropped without release is not reused");
+    assert_eq!(connections.idle(), 0);
+    // The dropped connection's backend ends: PostgreSQL sees its socket close.
+    loop {
+        let alive: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)")
+            .bind(first_backend)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        if !alive {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
+#[sqlx::test]
+async fn checkouts_past_the_limit_time_out(pool: PgPool) {
+    let connections = connections(&pool, 1, Duration::from_millis(100));
+    let _held = connections.acquire().await.unwrap();
+
+    let refused = connections.acquire().await;
+
+    assert!(matches!(refused, Err(sqlx::Error::PoolTimedOut)), "{:?}", refused.err());
+}
+
+#[sqlx::test]
+async fn a_waiting_checkout_gets_the_connection_released_meanwhile(pool: PgPool) {
+    let connections = connections(&pool, 1, Duration::from_secs(30));
+    let mut held = connections.acquire().await.unwrap();
+    let held_backend = backend(&mut held).await;
+
+    // `join!` polls the waiting checkout first, then releases the held one.
+    let (waiting, ()) = tokio::join!(connections.acquire(), async move { held.release() });
+    let mut waited = waiting.unwrap();
+
+    assert_eq!(backend(&mut waited).await, held_backend);
+}
+
+#[sqlx::test]
+async fn after_close_no_checkout_is_handed_out(pool: PgPool) {
+    let connections = connections(&pool, 2, Duration::from_secs(10));
+    connections.acquire().await.unwrap().release();
+
+    connections.close().await;
+
+    assert_eq!(connections.idle(), 0);
+    assert!(matches!(connections.acquire().await, Err(sqlx::Error::PoolClosed)));
+}

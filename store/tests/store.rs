@@ -1,0 +1,394 @@
+//! The store against a real PostgreSQL: each test gets a fresh, migrated database.
+
+// The helpers below are test code too; clippy's test allowance only covers `#[test]` functions.
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use oncepay_domain::api_key;
+use oncepay_domain::fingerprint::Fingerprint;
+use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::payment::PaymentResource;
+use oncepay_domain::status::{PaymentStatus, Transition};
+use oncepay_store::fixtures::{Submission, accept, body, count, tenant};
+use oncepay_store::intake::{self, Intake};
+use oncepay_store::payments;
+use oncepay_store::tenants::{self, CreateTenantError, TenantName};
+use oncepay_store::transitions::{self, Applied, Change, Settlement, TransitionError};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use sqlx::postgres::PgListener;
+use time::OffsetDateTime;
+
+/// What intake makes of `body` under `key`.
+async fn intake_of(pool: &PgPool, tenant_id: TenantId, key: &str, body: &Value) -> Intake {
+    let submission = Submission::new(key, body);
+    let mut conn = pool.acquire().await.unwrap();
+    intake::accept(&mut conn, &submission.for_tenant(tenant_id, None)).await.unwrap()
+}
+
+/// Puts an accepted payment into `processing`, as a worker's claim would.
+async fn claim(pool: &PgPool, tenant_id: TenantId, payment_id: PaymentId) {
+    sqlx::query(
+        "UPDATE payments SET status = 'processing', send_attempts = send_attempts + 1,
+                first_sent_at = COALESCE(first_sent_at, now())
+         WHERE tenant_id = $1 AND payment_id = $2 AND status = 'pending'",
+    )
+    .bind(tenant_id.as_uuid())
+    .bind(payment_id.as_uuid())
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn accepting_writes_the_key_payment_outbox_row_and_audit_row_together(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+
+    let created = accept(&pool, tenant_id, "order-1", &body(1999), None).await.unwrap();
+
+    assert_eq!(created.payment.status, PaymentStatus::Pending);
+    assert!(created.key_expires_at > created.payment.created_at + time::Duration::hours(23));
+    for table in ["idempotency_keys", "payments", "outbox", "payment_events"] {
+        assert_eq!(count(&pool, table).await, 1, "{table}");
+    }
+    let mut conn = pool.acquire().await.unwrap();
+    let stored = payments::fetch(&mut conn, tenant_id, created.payment.payment_id).await.unwrap().unwrap();
+    assert_eq!(PaymentResource::from(&stored), PaymentResource::from(&created.payment));
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn accepting_wakes_the_workers_unless_the_caller_defers_the_wakeup(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+    let mut listener = PgListener::connect_with(&pool).await.unwrap();
+    listener.listen("oncepay_outbox").await.unwrap();
+    let body = body(1999);
+    let submission = Submission::new("order-quiet", &body);
+    let new = submission.for_tenant(tenant_id, None);
+
+    // Deferred: the rows, and no notification. A marker sent afterwards must be the first one
+    // received, since notifications arrive in commit order.
+    let mut conn = pool.acquire().await.unwrap();
+    let quiet = intake::accept_deferring_wakeup(&mut conn, &new).await.unwrap().created().unwrap();
+    sqlx::query("SELECT pg_notify('oncepay_outbox', 'marker')").execute(&mut *conn).await.unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(10), listener.recv()).await.unwrap().unwrap();
+    // Not deferred: the same rows and a notification.
+    accept(&pool, tenant_id, "order-loud", &body, None).await.unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(10), listener.recv()).await.unwrap().unwrap();
+
+    assert_eq!(first.payload(), "marker");
+    assert_eq!(second.payload(), "");
+    assert_eq!(quiet.payment.status, PaymentStatus::Pending);
+    for table in ["idempotency_keys", "payments", "outbox", "payment_events"] {
+        assert_eq!(count(&pool, table).await, 2, "{table}");
+    }
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn accepting_an_existing_key_writes_nothing_and_returns_the_key_as_stored(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+    let first = accept(&pool, tenant_id, "order-1", &body(1999), None).await.unwrap();
+
+    let Intake::Existing(retry) = intake_of(&pool, tenant_id, "order-1", &body(1999)).await else {
+        panic!("a retry created a payment")
+    };
+    let Intake::Existing(misuse) = intake_of(&pool, tenant_id, "order-1", &body(5)).await else {
+        panic!("a misuse created a payment")
+    };
+
+    assert_eq!(count(&pool, "payments").await, 1);
+    assert_eq!(count(&pool, "outbox").await, 1);
+    for existing in [&retry, &misuse] {
+        assert_eq!(existing.payment_id, first.payment.payment_id);
+        assert_eq!(existing.fingerprint, Fingerprint::of("POST", "/v1/payments", &body(1999)));
+        assert_eq!(existing.expires_at, first.key_expires_at);
+        assert!(existing.stored_response.is_none());
+    }
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_key_committed_by_a_concurrent_request_is_waited_for_and_returned_as_stored(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+    let request = body(1999);
+    let submission = Submission::new("order-1", &request);
+    let new = submission.for_tenant(tenant_id, None);
+    // The first request has written the key and not committed yet.
+    let mut first = pool.begin().await.unwrap();
+    let created = intake::accept(&mut first, &new).await.unwrap().created().unwrap();
+
+    // The second finds no key, so its insert waits on the first's, then reads the key again.
+    let second = tokio::spawn({
+        let pool = pool.clone();
+        async move { intake_of(&pool, tenant_id, "order-1", &body(1999)).await }
+    });
+    let first_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut *first).await.unwrap();
+    let waiting = async {
+        while !sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid)))",
+        )
+        .bind(first_pid)
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("the second request never waited on the first");
+    assert!(!second.is_finished(), "the second request did not wait for the first");
+    first.commit().await.unwrap();
+    let Intake::Existing(existing) = second.await.unwrap() else { panic!("the second request created a payment") };
+
+    assert_eq!(existing.payment_id, created.payment.payment_id);
+    assert_eq!(count(&pool, "payments").await, 1);
+    assert_eq!(count(&pool, "outbox").await, 1);
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn the_same_key_from_two_tenants_makes_two_payments_each_invisible_to_the_other(pool: PgPool) {
+    let acme = tenant(&pool, "acme").await;
+    let globex = tenant(&pool, "globex").await;
+
+    let a = accept(&pool, acme, "order-1", &body(100), None).await.unwrap();
+    let g = accept(&pool, globex, "order-1", &body(100), None).await.unwrap();
+
+    assert_ne!(a.payment.payment_id, g.payment.payment_id);
+    let mut conn = pool.acquire().await.unwrap();
+    assert!(payments::fetch(&mut conn, acme, g.payment.payment_id).await.unwrap().is_none());
+    assert!(payments::fetch(&mut conn, globex, a.payment.payment_id).await.unwrap().is_none());
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_success_writes_status_audit_ledger_stored_response_and_wakes_listeners(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+    let payment_id = accept(&pool, tenant_id, "order-1", &body(1999), None).await.unwrap().payment.payment_id;
+    claim(&pool, tenant_id, payment_id).await;
+    let mut listener = PgListener::connect_with(&pool).await.unwrap();
+    listener.listen("oncepay_payment").await.unwrap();
+    let charged_at = OffsetDateTime::now_utc().replace_nanosecond(0).unwrap();
+
+    let mut tx = pool.begin().await.unwrap();
+    let applied = transitions::settle(
+        &mut tx,
+        &Change {
+            tenant_id,
+            payment_id,
+            from: PaymentStatus::Processing,
+            transition: Transition::Charged,
+            actor: "worker:test",
+            reason: "provider answered 201",
+            detail: Some(json!({"http_status": 201})),
+        },
+        &Settlement::Succeeded { charge_id: "ch_1".into(), amount: 1999, currency: "EUR".into(), charged_at },
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+
+    let Applied::Moved(payment) = applied else { panic!("lost a race nobody ran") };
+    assert_eq!(payment.status, PaymentStatus::Succeeded);
+    assert_eq!(payment.provider_charge_id.as_deref(), Some("ch_1"));
+    let notification = tokio::time::timeout(Duration::from_secs(5), listener.recv()).await.unwrap().unwrap();
+    assert_eq!(notification.payload(), payment_id.to_string());
+    let (amount, charge, at): (i64, String, OffsetDateTime) =
+        sqlx::query_as("SELECT amount, provider_charge_id, charged_at FROM ledger_entries WHERE payment_id = $1")
+            .bind(payment_id.as_uuid())
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!((amount, charge.as_str(), at), (1999, "ch_1", charged_at));
+    let (status, stored): (i16, serde_json::Value) =
+        sqlx::query_as("SELECT response_status, response_body FROM idempotency_keys WHERE payment_id = $1")
+            .bind(payment_id.as_uuid())
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(stored, serde_json::to_value(PaymentResource::from(&payment)).unwrap());
+    let trail: Vec<(Option<PaymentStatus>, PaymentStatus, String)> = sqlx::query_as(
+        "SELECT from_status, to_status, actor FROM payment_events WHERE payment_id = $1 ORDER BY event_id",
+    )
+    .bind(payment_id.as_uuid())
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        trail.last().unwrap(),
+        &(Some(PaymentStatus::Processing), PaymentStatus::Succeeded, "worker:test".into())
+    );
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_decline_records_the_failure_and_no_ledger_entry(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+    let payment_id = accept(&pool, tenant_id, "order-1", &body(1999), None).await.unwrap().payment.payment_id;
+    claim(&pool, tenant_id, payment_id).await;
+
+    let mut conn = pool.acquire().await.unwrap();
+    let applied = transitions::settle(
+        &mut conn,
+        &Change {
+            tenant_id,
+            payment_id,
+            from: PaymentStatus::Processing,
+            transition: Transition::Declined,
+            actor: "worker:test",
+            reason: "provider answered 402",
+            detail: None,
+        },
+        &Settlement::Failed {
+            code: "card_declined".into(),
+            message: "Declined".into(),
+            charge_id: Some("ch_2".into()),
+        },
+    )
+    .await
+    .unwrap();
+
+    let Applied::Moved(payment) = applied else { panic!("lost a race nobody ran") };
+    let resource = PaymentResource::from(&payment);
+    assert_eq!(resource.failure.unwrap().code, "card_declined");
+    assert_eq!(count(&pool, "ledger_entries").await, 0);
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_change_from_a_status_the_payment_has_left_loses_the_race_and_writes_nothing(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+    let payment_id = accept(&pool, tenant_id, "order-1", &body(1999), None).await.unwrap().payment.payment_id;
+    let events_before = count(&pool, "payment_events").await;
+
+    let mut conn = pool.acquire().await.unwrap();
+    let settled = transitions::settle(
+        &mut conn,
+        &Change {
+            tenant_id,
+            payment_id,
+            from: PaymentStatus::Processing,
+            transition: Transition::Charged,
+            actor: "worker:late",
+            reason: "a stale worker",
+            detail: None,
+        },
+        &Settlement::Succeeded {
+            charge_id: "ch_1".into(),
+            amount: 1999,
+            currency: "EUR".into(),
+            charged_at: OffsetDateTime::now_utc(),
+        },
+    )
+    .await
+    .unwrap();
+    let moved = transitions::apply(
+        &mut conn,
+        &Change {
+            tenant_id,
+            payment_id,
+            from: PaymentStatus::Processing,
+            transition: Transition::Uncertain,
+            actor: "worker:late",
+            reason: "a stale worker",
+            detail: None,
+        },
+    )
+    .await
+    .unwrap();
+
+    assert!(matches!(settled, Applied::LostRace));
+    assert!(matches!(moved, Applied::LostRace));
+    assert_eq!(count(&pool, "payment_events").await, events_before);
+    assert_eq!(count(&pool, "ledger_entries").await, 0);
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn moves_the_state_machine_forbids_are_refused_before_touching_the_database(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+    let payment_id = accept(&pool, tenant_id, "order-1", &body(1999), None).await.unwrap().payment.payment_id;
+    let mut conn = pool.acquire().await.unwrap();
+    let change = |transition| Change {
+        tenant_id,
+        payment_id,
+        from: PaymentStatus::Pending,
+        transition,
+        actor: "test",
+        reason: "test",
+        detail: None,
+    };
+
+    let illegal = transitions::apply(&mut conn, &change(Transition::Exhausted)).await;
+    let terminal_without_settlement = transitions::apply(&mut conn, &change(Transition::Claim)).await;
+    let mismatched = transitions::settle(
+        &mut conn,
+        &Change { from: PaymentStatus::Processing, ..change(Transition::Charged) },
+        &Settlement::Failed { code: "x".into(), message: "x".into(), charge_id: None },
+    )
+    .await;
+
+    assert!(matches!(illegal, Err(TransitionError::Illegal(_))));
+    // Claiming is the worker's own statement: it also counts the attempt, which the schema demands.
+    assert!(matches!(terminal_without_settlement, Err(TransitionError::Store(_))));
+    assert!(matches!(mismatched, Err(TransitionError::SettlementMismatch { .. })));
+    let status: PaymentStatus = sqlx::query_scalar("SELECT status FROM payments").fetch_one(&pool).await.unwrap();
+    assert_eq!(status, PaymentStatus::Pending);
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn tenant_names_are_unique_and_keys_are_stored_only_as_hashes(pool: PgPool) {
+    let mut conn = pool.acquire().await.unwrap();
+    let name = TenantName::parse("acme").unwrap();
+    let acme = tenants::create(&mut conn, &name, Some(50)).await.unwrap();
+
+    let duplicate = tenants::create(&mut conn, &name, None).await;
+    let key = tenants::issue_api_key(&mut conn, acme.tenant_id, Some("ci")).await.unwrap();
+    let presented = api_key::parse(api_key::reveal(&key)).unwrap();
+    let stored = tenants::find_api_key(&mut conn, presented.tenant_id, &presented.key_id).await.unwrap().unwrap();
+
+    assert!(matches!(duplicate, Err(CreateTenantError::NameTaken(_))));
+    assert!(presented.secret_hash.matches(&stored.secret_sha256));
+    assert!(!stored.revoked);
+    assert_eq!(stored.rate_limit_per_second, Some(50));
+    let secret_in_db: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM api_keys WHERE position($1 in encode(secret_sha256, 'escape')) > 0")
+            .bind(&api_key::reveal(&key)[api_key::PREFIX.len()..])
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(secret_in_db, 0);
+
+    assert!(tenants::revoke_api_key(&mut conn, acme.tenant_id, &presented.key_id).await.unwrap());
+    let revoked = tenants::find_api_key(&mut conn, presented.tenant_id, &presented.key_id).await.unwrap().unwrap();
+    assert!(revoked.revoked);
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn one_provider_charge_is_never_booked_to_two_payments(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+    let mut payments = Vec::new();
+    for key in ["order-1", "order-2"] {
+        let payment_id = accept(&pool, tenant_id, key, &body(1999), None).await.unwrap().payment.payment_id;
+        claim(&pool, tenant_id, payment_id).await;
+        payments.push(payment_id);
+    }
+    let charged = Settlement::Succeeded {
+        charge_id: "ch_once".into(),
+        amount: 1999,
+        currency: "EUR".into(),
+        charged_at: OffsetDateTime::now_utc(),
+    };
+    let change = |payment_id| Change {
+        tenant_id,
+        payment_id,
+        from: PaymentStatus::Processing,
+        transition: Transition::Charged,
+        actor: "worker:test",
+        reason: "provider answered 201",
+        detail: None,
+    };
+    let mut conn = pool.acquire().await.unwrap();
+
+    let first = transitions::settle(&mut conn, &change(payments[0]), &charged).await;
+    let second = transitions::settle(&mut conn, &change(payments[1]), &charged).await;
+
+    assert!(matches!(first, Ok(Applied::Moved(_))), "{first:?}");
+    assert!(matches!(second, Err(TransitionError::Store(_))), "{second:?}");
+    assert_eq!(count(&pool, "ledger_entries").await, 1);
+}
