@@ -16,13 +16,12 @@ use std::time::Duration;
 use anyhow::Context;
 use sqlx::PgPool;
 use time::OffsetDateTime;
-use tokio_util::sync::CancellationToken;
 
 use crate::dead_letters::Kind;
 use crate::metrics::{
-    BACKLOG_SAMPLED_AT, LOOP_ERRORS, OLDEST_PENDING_AGE, OLDEST_UNKNOWN_AGE, OPEN_DEAD_LETTERS, OUTBOX_DEPTH,
-    UNKNOWN_PAYMENTS,
+    BACKLOG_SAMPLED_AT, OLDEST_PENDING_AGE, OLDEST_UNKNOWN_AGE, OPEN_DEAD_LETTERS, OUTBOX_DEPTH, UNKNOWN_PAYMENTS,
 };
+use crate::runner::Pass;
 
 /// What one sample saw.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -112,27 +111,24 @@ pub struct Sampler {
     interval: Duration,
 }
 
+/// A sample is never followed at once by another: the gauges only need to be fresh.
+impl Pass for Sampler {
+    const NAME: &'static str = "backlog";
+
+    fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    async fn pass(&self) -> anyhow::Result<bool> {
+        self.run_once().await?;
+        Ok(false)
+    }
+}
+
 impl Sampler {
     /// A sampler over `pool`.
     pub fn new(pool: PgPool, interval: Duration) -> Self {
         Self { pool, interval }
-    }
-
-    /// Samples and publishes until `shutdown`, starting at once.
-    pub async fn run(&self, shutdown: CancellationToken) {
-        let interval_ms = u64::try_from(self.interval.as_millis()).unwrap_or(u64::MAX);
-        tracing::info!(interval_ms, "backlog sampler started");
-        while !shutdown.is_cancelled() {
-            if let Err(error) = self.run_once().await {
-                metrics::counter!(LOOP_ERRORS, "loop" => "backlog").increment(1);
-                tracing::warn!(error = format!("{error:#}"), "sampling the backlog failed");
-            }
-            tokio::select! {
-                () = shutdown.cancelled() => break,
-                () = tokio::time::sleep(self.interval) => {}
-            }
-        }
-        tracing::info!("backlog sampler stopped");
     }
 
     /// One sample, published.

@@ -18,6 +18,7 @@ pub mod poller;
 pub mod reaper;
 pub mod recon;
 pub mod render;
+pub mod runner;
 pub mod service;
 pub mod settings;
 pub mod sweeper;

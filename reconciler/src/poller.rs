@@ -33,10 +33,10 @@ use oncepay_store::settlement::{self, Unsettled};
 use oncepay_store::transitions::{Applied, Settlement};
 use serde_json::json;
 use sqlx::{Acquire, PgPool};
-use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::render;
+use crate::runner::Pass;
 use crate::unknown::{self, Claimed, Why};
 use crate::webhooks;
 
@@ -100,31 +100,23 @@ pub struct Poller<P> {
     config: PollerConfig,
 }
 
+/// A pass that claimed something may have left more due payments behind it.
+impl<P: PaymentProvider> Pass for Poller<P> {
+    const NAME: &'static str = "poller";
+
+    fn interval(&self) -> Duration {
+        self.config.interval
+    }
+
+    async fn pass(&self) -> anyhow::Result<bool> {
+        Ok(self.run_once().await?.claimed > 0)
+    }
+}
+
 impl<P: PaymentProvider> Poller<P> {
     /// A poller over `pool`, asking `provider`.
     pub fn new(pool: PgPool, provider: P, config: PollerConfig) -> Self {
         Self { pool, provider, config }
-    }
-
-    /// Polls until `shutdown`; a pass that found work is followed at once by another.
-    pub async fn run(&self, shutdown: CancellationToken) {
-        tracing::info!("poller started");
-        while !shutdown.is_cancelled() {
-            let pause = match self.run_once().await {
-                Ok(counts) if counts.claimed > 0 => Duration::ZERO,
-                Ok(_) => self.config.interval,
-                Err(error) => {
-                    metrics::counter!(crate::metrics::LOOP_ERRORS, "loop" => "poller").increment(1);
-                    tracing::error!(error = format!("{error:#}"), "poller pass failed");
-                    self.config.interval
-                }
-            };
-            tokio::select! {
-                () = shutdown.cancelled() => break,
-                () = tokio::time::sleep(pause) => {}
-            }
-        }
-        tracing::info!("poller stopped");
     }
 
     /// One pass: claims due payments, looks each up, records each verdict.

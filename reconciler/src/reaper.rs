@@ -15,7 +15,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use sqlx::PgPool;
-use tokio_util::sync::CancellationToken;
+
+use crate::runner::Pass;
 
 /// The reaper's limits.
 #[derive(Debug, Clone)]
@@ -43,32 +44,25 @@ pub struct Reaper {
     config: ReaperConfig,
 }
 
+/// A full batch of either kind may have left more behind it.
+impl Pass for Reaper {
+    const NAME: &'static str = "reaper";
+
+    fn interval(&self) -> Duration {
+        self.config.interval
+    }
+
+    async fn pass(&self) -> anyhow::Result<bool> {
+        let full = u64::from(self.config.batch_size);
+        let counts = self.run_once().await?;
+        Ok(counts.keys >= full || counts.webhook_events >= full)
+    }
+}
+
 impl Reaper {
     /// A reaper over `pool`.
     pub fn new(pool: PgPool, config: ReaperConfig) -> Self {
         Self { pool, config }
-    }
-
-    /// Reaps until `shutdown`; a full batch is followed at once by another.
-    pub async fn run(&self, shutdown: CancellationToken) {
-        tracing::info!("reaper started");
-        while !shutdown.is_cancelled() {
-            let full = u64::from(self.config.batch_size);
-            let pause = match self.run_once().await {
-                Ok(counts) if counts.keys >= full || counts.webhook_events >= full => Duration::ZERO,
-                Ok(_) => self.config.interval,
-                Err(error) => {
-                    metrics::counter!(crate::metrics::LOOP_ERRORS, "loop" => "reaper").increment(1);
-                    tracing::error!(error = format!("{error:#}"), "reaper pass failed");
-                    self.config.interval
-                }
-            };
-            tokio::select! {
-                () = shutdown.cancelled() => break,
-                () = tokio::time::sleep(pause) => {}
-            }
-        }
-        tracing::info!("reaper stopped");
     }
 
     /// One pass: at most one batch of keys and one of webhook ids.

@@ -23,6 +23,7 @@ use crate::backlog::Sampler;
 use crate::poller::{Poller, PollerConfig};
 use crate::reaper::{Reaper, ReaperConfig};
 use crate::recon::Reconciliation;
+use crate::runner::{self, Pass};
 use crate::settings::Settings;
 use crate::sweeper::{Sweeper, SweeperConfig};
 use crate::webhooks::WebhookState;
@@ -101,26 +102,10 @@ pub async fn serve(settings: Settings, shutdown: CancellationToken) -> anyhow::R
     let backlog = Sampler::new(pool.clone(), Duration::from_millis(settings.backlog.interval_ms));
 
     let mut loops: JoinSet<anyhow::Result<()>> = JoinSet::new();
-    let token = shutdown.clone();
-    loops.spawn(async move {
-        poller.run(token).await;
-        Ok(())
-    });
-    let token = shutdown.clone();
-    loops.spawn(async move {
-        sweeper.run(token).await;
-        Ok(())
-    });
-    let token = shutdown.clone();
-    loops.spawn(async move {
-        reaper.run(token).await;
-        Ok(())
-    });
-    let token = shutdown.clone();
-    loops.spawn(async move {
-        backlog.run(token).await;
-        Ok(())
-    });
+    spawn(&mut loops, poller, &shutdown);
+    spawn(&mut loops, sweeper, &shutdown);
+    spawn(&mut loops, reaper, &shutdown);
+    spawn(&mut loops, backlog, &shutdown);
     let token = shutdown.clone();
     loops.spawn(async move {
         let scheduled = recon.run(token.clone()).await;
@@ -166,4 +151,13 @@ pub async fn serve(settings: Settings, shutdown: CancellationToken) -> anyhow::R
     pool.close().await;
     tracing::info!("reconciler stopped");
     outcome
+}
+
+/// Runs a background loop in `loops` until `shutdown`.
+fn spawn<P: Pass + Send + 'static>(loops: &mut JoinSet<anyhow::Result<()>>, pass: P, shutdown: &CancellationToken) {
+    let shutdown = shutdown.clone();
+    loops.spawn(async move {
+        runner::run(&pass, shutdown).await;
+        Ok(())
+    });
 }

@@ -12,7 +12,8 @@ use anyhow::Context;
 use oncepay_provider::KeyWindow;
 use oncepay_store::leases::{self, SweepCounts};
 use sqlx::PgPool;
-use tokio_util::sync::CancellationToken;
+
+use crate::runner::Pass;
 
 /// Who the audit trail says moved the payment.
 const ACTOR: &str = "sweeper";
@@ -34,31 +35,23 @@ pub struct Sweeper {
     config: SweeperConfig,
 }
 
+/// A pass that changed something may have left more expired leases behind it.
+impl Pass for Sweeper {
+    const NAME: &'static str = "sweeper";
+
+    fn interval(&self) -> Duration {
+        self.config.interval
+    }
+
+    async fn pass(&self) -> anyhow::Result<bool> {
+        Ok(self.run_once().await?.changed() > 0)
+    }
+}
+
 impl Sweeper {
     /// A sweeper over `pool`.
     pub fn new(pool: PgPool, config: SweeperConfig) -> Self {
         Self { pool, config }
-    }
-
-    /// Sweeps until `shutdown`; a pass that changed something is followed at once by another.
-    pub async fn run(&self, shutdown: CancellationToken) {
-        tracing::info!("sweeper started");
-        while !shutdown.is_cancelled() {
-            let pause = match self.run_once().await {
-                Ok(counts) if counts.changed() > 0 => Duration::ZERO,
-                Ok(_) => self.config.interval,
-                Err(error) => {
-                    metrics::counter!(crate::metrics::LOOP_ERRORS, "loop" => "sweeper").increment(1);
-                    tracing::error!(error = format!("{error:#}"), "sweeper pass failed");
-                    self.config.interval
-                }
-            };
-            tokio::select! {
-                () = shutdown.cancelled() => break,
-                () = tokio::time::sleep(pause) => {}
-            }
-        }
-        tracing::info!("sweeper stopped");
     }
 
     /// One pass: up to `batch_size` expired leases taken back.
