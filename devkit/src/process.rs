@@ -33,8 +33,15 @@ pub struct Spec {
     pub echo: bool,
 }
 
+/// Set `TEST_LOG` (to anything) to see every child's output as it runs, e.g.
+/// `TEST_LOG=1 cargo xtask test -- --no-capture <test>`; the log files are kept either way.
+fn echo_by_default() -> bool {
+    std::env::var_os("TEST_LOG").is_some()
+}
+
 impl Spec {
-    /// A spec with no arguments or environment that logs to `log_dir`.
+    /// A spec with no arguments or environment that logs to `log_dir`, echoing to the console if
+    /// `TEST_LOG` is set.
     pub fn new(name: impl Into<String>, program: impl Into<PathBuf>, log_dir: impl Into<PathBuf>) -> Self {
         Self {
             name: name.into(),
@@ -42,7 +49,7 @@ impl Spec {
             args: Vec::new(),
             env: Vec::new(),
             log_dir: log_dir.into(),
-            echo: false,
+            echo: echo_by_default(),
         }
     }
 
