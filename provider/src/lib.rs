@@ -7,6 +7,8 @@
 //! typed outcome: definitive, not sent, or uncertain. [`webhook_signature`] signs and verifies the
 //! provider's webhooks.
 
+#[cfg(feature = "fixtures")]
+pub mod fixtures;
 pub mod http;
 pub mod outcome;
 pub mod webhook_signature;

@@ -131,10 +131,9 @@ pub fn judge(recorded: &Recorded, charge: &Charge) -> Judgement {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use oncepay_domain::ids::PaymentId;
     use oncepay_domain::money::{Amount, Currency};
+    use oncepay_provider::fixtures;
 
     use super::*;
 
@@ -147,18 +146,7 @@ mod tests {
     }
 
     fn charge(asked: &Asked, id: &str, status: ChargeStatus, amount: i64) -> Charge {
-        Charge {
-            id: id.to_owned(),
-            status,
-            amount,
-            currency: "EUR".to_owned(),
-            customer: "cus_1".to_owned(),
-            idempotency_key: asked.payment_id.downstream_key().as_str().to_owned(),
-            created: 1_763_800_000,
-            metadata: BTreeMap::new(),
-            failure_code: (status == ChargeStatus::Failed).then(|| "card_declined".to_owned()),
-            failure_message: (status == ChargeStatus::Failed).then(|| "Declined".to_owned()),
-        }
+        fixtures::charge(asked.payment_id, id, status, amount)
     }
 
     fn recorded(asked: Asked, status: PaymentStatus, charge_id: Option<&str>, booked: Option<i64>) -> Recorded {

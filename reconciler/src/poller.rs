@@ -415,10 +415,9 @@ fn give_up_or_wait(payment: &Claimed, attempts: u32, finding: String, config: &P
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use oncepay_domain::ids::{PaymentId, TenantId};
     use oncepay_domain::money::{Amount, Currency};
+    use oncepay_provider::fixtures;
     use oncepay_store::settlement::Asked;
 
     use super::*;
@@ -450,18 +449,7 @@ mod tests {
     }
 
     fn charge(payment: &Claimed, id: &str, status: ChargeStatus) -> Charge {
-        Charge {
-            id: id.into(),
-            status,
-            amount: 100,
-            currency: "EUR".into(),
-            customer: "cus_1".into(),
-            idempotency_key: payment.payment_id.downstream_key().as_str().into(),
-            created: 1_763_800_000,
-            metadata: BTreeMap::new(),
-            failure_code: None,
-            failure_message: None,
-        }
+        fixtures::charge(payment.payment_id, id, status, 100)
     }
 
     fn label(verdict: &Verdict) -> &'static str {

@@ -120,7 +120,7 @@ fn same_terms(asked: &Asked, charge_id: &str, amount: i64, currency: &str) -> Re
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
+    use oncepay_provider::fixtures;
 
     use super::*;
 
@@ -134,16 +134,8 @@ mod tests {
 
     fn charge(asked: &Asked, status: ChargeStatus) -> Charge {
         Charge {
-            id: "ch_1".into(),
-            status,
-            amount: asked.amount.minor_units(),
             currency: asked.currency.as_str().into(),
-            customer: "cus_1".into(),
-            idempotency_key: asked.payment_id.downstream_key().as_str().into(),
-            created: 1_763_800_000,
-            metadata: BTreeMap::new(),
-            failure_code: None,
-            failure_message: None,
+            ..fixtures::charge(asked.payment_id, "ch_1", status, asked.amount.minor_units())
         }
     }
 

@@ -666,6 +666,9 @@ fn describe_charges(charges: &[&Charge]) -> String {
 
 #[cfg(test)]
 mod tests {
+    use oncepay_domain::ids::PaymentId;
+    use oncepay_provider::fixtures;
+
     use super::*;
 
     fn payment(status: &str, amount: i64) -> PaymentRow {
@@ -683,18 +686,7 @@ mod tests {
     }
 
     fn charge(id: &str, status: ChargeStatus, amount: i64) -> Charge {
-        Charge {
-            id: id.to_owned(),
-            status,
-            amount,
-            currency: "EUR".to_owned(),
-            customer: "cus_1".to_owned(),
-            idempotency_key: String::new(),
-            created: 0,
-            metadata: BTreeMap::new(),
-            failure_code: None,
-            failure_message: None,
-        }
+        fixtures::charge(PaymentId::generate(), id, status, amount)
     }
 
     fn money_violations(

@@ -177,6 +177,7 @@ mod tests {
 
     use oncepay_domain::ids::{PaymentId, TenantId};
     use oncepay_domain::money::{Amount, Currency};
+    use oncepay_provider::fixtures;
     use oncepay_provider::{Charge, ChargeStatus, NotSentReason};
     use rand::SeedableRng;
     use rand::rngs::StdRng;
@@ -211,16 +212,8 @@ mod tests {
     /// The provider's 201 for `claimed`, as asked, changed by `change`.
     fn charged(claimed: &Claimed, change: impl FnOnce(&mut Charge)) -> SendOutcome {
         let mut charge = Charge {
-            id: "ch_1".into(),
-            status: ChargeStatus::Succeeded,
-            amount: claimed.amount.minor_units(),
             currency: claimed.currency.as_str().into(),
-            customer: "cus_1".into(),
-            idempotency_key: claimed.payment_id.downstream_key().as_str().into(),
-            created: 1_763_800_000,
-            metadata: BTreeMap::new(),
-            failure_code: None,
-            failure_message: None,
+            ..fixtures::charge(claimed.payment_id, "ch_1", ChargeStatus::Succeeded, claimed.amount.minor_units())
         };
         change(&mut charge);
         SendOutcome::Charged(charge)

@@ -264,33 +264,19 @@ fn check_money(found: &mut Vec<Discrepancy>, entry: &LedgerEntry, charge: &Charg
 
 #[cfg(test)]
 mod tests {
-    use oncepay_provider::metadata_keys;
+    use oncepay_provider::fixtures;
 
     use super::*;
 
     const T0: i64 = 1_763_800_000;
 
     fn charge(id: &str, payment: Option<(TenantId, PaymentId)>, status: ChargeStatus, amount: i64) -> Charge {
-        let metadata = payment
-            .map(|(t, p)| {
-                [
-                    (metadata_keys::TENANT_ID.to_owned(), t.to_string()),
-                    (metadata_keys::PAYMENT_ID.to_owned(), p.to_string()),
-                ]
-                .into()
-            })
-            .unwrap_or_default();
-        Charge {
-            id: id.to_owned(),
-            status,
-            amount,
-            currency: "EUR".to_owned(),
-            customer: "cus_1".to_owned(),
-            idempotency_key: payment.map_or_else(|| "foreign-key".to_owned(), |(_, p)| p.downstream_key().to_string()),
-            created: T0,
-            metadata,
-            failure_code: None,
-            failure_message: None,
+        match payment {
+            Some((t, p)) => Charge { metadata: fixtures::metadata(t, p), ..fixtures::charge(p, id, status, amount) },
+            None => Charge {
+                idempotency_key: "foreign-key".to_owned(),
+                ..fixtures::charge(PaymentId::generate(), id, status, amount)
+            },
         }
     }
 

@@ -132,23 +132,11 @@ pub fn charge(
     status: oncepay_provider::ChargeStatus,
     amount: i64,
 ) -> oncepay_provider::Charge {
-    use oncepay_provider::{ChargeStatus, metadata_keys};
-    let declined = status == ChargeStatus::Failed;
+    use oncepay_provider::fixtures;
     oncepay_provider::Charge {
-        id: id.to_owned(),
-        status,
-        amount,
-        currency: "EUR".to_owned(),
-        customer: "cus_1".to_owned(),
-        idempotency_key: payment_id.downstream_key().to_string(),
         created: time::OffsetDateTime::now_utc().unix_timestamp(),
-        metadata: [
-            (metadata_keys::TENANT_ID.to_owned(), tenant_id.to_string()),
-            (metadata_keys::PAYMENT_ID.to_owned(), payment_id.to_string()),
-        ]
-        .into(),
-        failure_code: declined.then(|| "card_declined".to_owned()),
-        failure_message: declined.then(|| "The card was declined.".to_owned()),
+        metadata: fixtures::metadata(tenant_id, payment_id),
+        ..fixtures::charge(payment_id, id, status, amount)
     }
 }
 
