@@ -12,78 +12,99 @@ use std::sync::{Arc, PoisonError, RwLock};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
-/// Every fault, as configured in `[faults]` and served at `/_sim/faults`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Faults {
-    /// Added to every `/v1` answer; for a new charge, spent while its key is in flight.
-    pub latency_ms: u64,
-    /// Fraction of new charges declined (402, a failed charge exists).
-    pub decline_rate: f64,
-    /// Fraction of charge POSTs answered 500 before anything happens.
-    pub error_before_rate: f64,
-    /// Fraction of new charges answered 500 after the charge was created.
-    pub error_after_rate: f64,
-    /// Fraction of new charges answered only after `hang_ms`, the key in flight meanwhile.
-    pub hang_after_rate: f64,
-    /// How long a hang lasts.
-    pub hang_ms: u64,
-    /// Fraction of new charges after which the connection is closed with no answer.
-    pub drop_after_rate: f64,
-    /// Whether a repeated key gets the injected 500-after again instead of the charge's answer.
-    pub replay_stored_5xx: bool,
-    /// Fraction of webhook events never delivered.
-    pub webhook_drop_rate: f64,
-    /// Delay before the first attempt of each event.
-    pub webhook_delay_ms: u64,
-    /// Fraction of webhook events delivered twice.
-    pub webhook_duplicate_rate: f64,
-    /// Whether consecutive events are delivered swapped.
-    pub webhook_reorder: bool,
-    /// How long an event waits for a successor to swap with before it goes alone.
-    pub webhook_reorder_hold_ms: u64,
-    /// Fraction of charge POSTs answered 429 before anything happens.
-    pub rate_limit_rate: f64,
-    /// The `Retry-After` of those 429s, in seconds.
-    pub rate_limit_retry_after_secs: u64,
-    /// Fraction of lookups (`GET /v1/charges…`) answered 503.
-    pub lookup_error_rate: f64,
-    /// Fraction of new charges made only after `hang_before_ms`, the key in flight meanwhile (a
-    /// lookup then finds no charge, and the charge appears later).
-    pub hang_before_rate: f64,
-    /// How long such a charge waits before it is made.
-    pub hang_before_ms: u64,
-    /// Fraction of new succeeded charges that take one minor unit more than asked.
-    pub mismatch_rate: f64,
-    /// Fraction of new charges whose answer and webhook report a lower-case currency.
-    pub malformed_rate: f64,
+/// Declares every fault once, and from that list makes [`Faults`] (with its `Default`: no fault at
+/// all, durations at their documented defaults), [`FaultsPatch`] (each field optional), and the
+/// code that applies a patch and lists the rates to check.
+macro_rules! faults {
+    (
+        rates { $( $(#[doc = $rate_doc:expr])* $rate:ident: f64 = $rate_default:expr, )* }
+        settings { $( $(#[doc = $doc:expr])* $name:ident: $ty:ty = $default:expr, )* }
+    ) => {
+        /// Every fault, as configured in `[faults]` and served at `/_sim/faults`.
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct Faults {
+            $( $(#[doc = $rate_doc])* pub $rate: f64, )*
+            $( $(#[doc = $doc])* pub $name: $ty, )*
+        }
+
+        impl Default for Faults {
+            fn default() -> Self {
+                Self { $( $rate: $rate_default, )* $( $name: $default, )* }
+            }
+        }
+
+        /// A partial change of the faults (`POST /_sim/faults`): absent keys keep their value. Each
+        /// field means what the same field of [`Faults`] means.
+        #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct FaultsPatch {
+            $( #[serde(default, skip_serializing_if = "Option::is_none")] pub $rate: Option<f64>, )*
+            $( #[serde(default, skip_serializing_if = "Option::is_none")] pub $name: Option<$ty>, )*
+        }
+
+        impl Faults {
+            /// Every rate, by its key.
+            fn rates(&self) -> Vec<(&'static str, f64)> {
+                vec![ $( (stringify!($rate), self.$rate), )* ]
+            }
+
+            /// Sets what `patch` names.
+            fn apply(&mut self, patch: &FaultsPatch) {
+                $( if let Some(value) = patch.$rate { self.$rate = value; } )*
+                $( if let Some(value) = patch.$name.clone() { self.$name = value; } )*
+            }
+        }
+    };
 }
 
-impl Default for Faults {
-    /// No fault at all; the durations are the documented defaults, inert while their rate is 0.
-    fn default() -> Self {
-        Self {
-            latency_ms: 0,
-            decline_rate: 0.0,
-            error_before_rate: 0.0,
-            error_after_rate: 0.0,
-            hang_after_rate: 0.0,
-            hang_ms: 30_000,
-            drop_after_rate: 0.0,
-            replay_stored_5xx: false,
-            webhook_drop_rate: 0.0,
-            webhook_delay_ms: 0,
-            webhook_duplicate_rate: 0.0,
-            webhook_reorder: false,
-            webhook_reorder_hold_ms: 1_000,
-            rate_limit_rate: 0.0,
-            rate_limit_retry_after_secs: 30,
-            lookup_error_rate: 0.0,
-            hang_before_rate: 0.0,
-            hang_before_ms: 10_000,
-            mismatch_rate: 0.0,
-            malformed_rate: 0.0,
-        }
+faults! {
+    // Probabilities in [0, 1], each checked by `Faults::validate`.
+    rates {
+        /// Fraction of new charges declined (402, a failed charge exists).
+        decline_rate: f64 = 0.0,
+        /// Fraction of charge POSTs answered 500 before anything happens.
+        error_before_rate: f64 = 0.0,
+        /// Fraction of new charges answered 500 after the charge was created.
+        error_after_rate: f64 = 0.0,
+        /// Fraction of new charges answered only after `hang_ms`, the key in flight meanwhile.
+        hang_after_rate: f64 = 0.0,
+        /// Fraction of new charges after which the connection is closed with no answer.
+        drop_after_rate: f64 = 0.0,
+        /// Fraction of webhook events never delivered.
+        webhook_drop_rate: f64 = 0.0,
+        /// Fraction of webhook events delivered twice.
+        webhook_duplicate_rate: f64 = 0.0,
+        /// Fraction of charge POSTs answered 429 before anything happens.
+        rate_limit_rate: f64 = 0.0,
+        /// Fraction of lookups (`GET /v1/charges…`) answered 503.
+        lookup_error_rate: f64 = 0.0,
+        /// Fraction of new charges made only after `hang_before_ms`, the key in flight meanwhile (a
+        /// lookup then finds no charge, and the charge appears later).
+        hang_before_rate: f64 = 0.0,
+        /// Fraction of new succeeded charges that take one minor unit more than asked.
+        mismatch_rate: f64 = 0.0,
+        /// Fraction of new charges whose answer and webhook report a lower-case currency.
+        malformed_rate: f64 = 0.0,
+    }
+    // Durations and switches.
+    settings {
+        /// Added to every `/v1` answer; for a new charge, spent while its key is in flight.
+        latency_ms: u64 = 0,
+        /// How long a hang drawn by `hang_after_rate` lasts.
+        hang_ms: u64 = 30_000,
+        /// Whether a repeated key gets the injected 500-after again instead of the charge's answer.
+        replay_stored_5xx: bool = false,
+        /// Delay before the first delivery attempt of each webhook event.
+        webhook_delay_ms: u64 = 0,
+        /// Whether consecutive events are delivered swapped.
+        webhook_reorder: bool = false,
+        /// How long an event waits for a successor to swap with before it goes alone.
+        webhook_reorder_hold_ms: u64 = 1_000,
+        /// The `Retry-After` of the 429s drawn by `rate_limit_rate`, in seconds.
+        rate_limit_retry_after_secs: u64 = 30,
+        /// How long a charge drawn by `hang_before_rate` waits before it is made.
+        hang_before_ms: u64 = 10_000,
     }
 }
 
@@ -106,21 +127,7 @@ pub enum InvalidFaults {
 impl Faults {
     /// Checks the bounds.
     pub fn validate(&self) -> Result<(), InvalidFaults> {
-        let rates = [
-            ("decline_rate", self.decline_rate),
-            ("error_before_rate", self.error_before_rate),
-            ("error_after_rate", self.error_after_rate),
-            ("hang_after_rate", self.hang_after_rate),
-            ("drop_after_rate", self.drop_after_rate),
-            ("webhook_drop_rate", self.webhook_drop_rate),
-            ("webhook_duplicate_rate", self.webhook_duplicate_rate),
-            ("rate_limit_rate", self.rate_limit_rate),
-            ("lookup_error_rate", self.lookup_error_rate),
-            ("hang_before_rate", self.hang_before_rate),
-            ("mismatch_rate", self.mismatch_rate),
-            ("malformed_rate", self.malformed_rate),
-        ];
-        for (name, value) in rates {
+        for (name, value) in self.rates() {
             if !(0.0..=1.0).contains(&value) {
                 return Err(InvalidFaults::Rate { name, value });
             }
@@ -135,104 +142,10 @@ impl Faults {
     /// These faults with `patch` applied, if the result is valid.
     pub fn patched(&self, patch: &FaultsPatch) -> Result<Self, InvalidFaults> {
         let mut next = self.clone();
-        let FaultsPatch {
-            latency_ms,
-            decline_rate,
-            error_before_rate,
-            error_after_rate,
-            hang_after_rate,
-            hang_ms,
-            drop_after_rate,
-            replay_stored_5xx,
-            webhook_drop_rate,
-            webhook_delay_ms,
-            webhook_duplicate_rate,
-            webhook_reorder,
-            webhook_reorder_hold_ms,
-            rate_limit_rate,
-            rate_limit_retry_after_secs,
-            lookup_error_rate,
-            hang_before_rate,
-            hang_before_ms,
-            mismatch_rate,
-            malformed_rate,
-        } = patch.clone();
-        set(&mut next.latency_ms, latency_ms);
-        set(&mut next.decline_rate, decline_rate);
-        set(&mut next.error_before_rate, error_before_rate);
-        set(&mut next.error_after_rate, error_after_rate);
-        set(&mut next.hang_after_rate, hang_after_rate);
-        set(&mut next.hang_ms, hang_ms);
-        set(&mut next.drop_after_rate, drop_after_rate);
-        set(&mut next.replay_stored_5xx, replay_stored_5xx);
-        set(&mut next.webhook_drop_rate, webhook_drop_rate);
-        set(&mut next.webhook_delay_ms, webhook_delay_ms);
-        set(&mut next.webhook_duplicate_rate, webhook_duplicate_rate);
-        set(&mut next.webhook_reorder, webhook_reorder);
-        set(&mut next.webhook_reorder_hold_ms, webhook_reorder_hold_ms);
-        set(&mut next.rate_limit_rate, rate_limit_rate);
-        set(&mut next.rate_limit_retry_after_secs, rate_limit_retry_after_secs);
-        set(&mut next.lookup_error_rate, lookup_error_rate);
-        set(&mut next.hang_before_rate, hang_before_rate);
-        set(&mut next.hang_before_ms, hang_before_ms);
-        set(&mut next.mismatch_rate, mismatch_rate);
-        set(&mut next.malformed_rate, malformed_rate);
+        next.apply(patch);
         next.validate()?;
         Ok(next)
     }
-}
-
-fn set<T>(field: &mut T, value: Option<T>) {
-    if let Some(value) = value {
-        *field = value;
-    }
-}
-
-/// A partial change of the faults (`POST /_sim/faults`): absent keys keep their value. Each field
-/// means what the same field of [`Faults`] means.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FaultsPatch {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub latency_ms: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub decline_rate: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error_before_rate: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error_after_rate: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hang_after_rate: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hang_ms: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub drop_after_rate: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub replay_stored_5xx: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub webhook_drop_rate: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub webhook_delay_ms: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub webhook_duplicate_rate: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub webhook_reorder: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub webhook_reorder_hold_ms: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rate_limit_rate: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rate_limit_retry_after_secs: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lookup_error_rate: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hang_before_rate: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hang_before_ms: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mismatch_rate: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub malformed_rate: Option<f64>,
 }
 
 /// The faults in force, shared by everything that injects them and changed at run time.
