@@ -71,7 +71,8 @@ pub async fn claim_due(
         SET next_poll_at = now() + make_interval(secs => $2)
         FROM due JOIN payments p USING (tenant_id, payment_id)
         WHERE u.tenant_id = due.tenant_id AND u.payment_id = due.payment_id
-        RETURNING u.tenant_id, u.payment_id, p.amount AS "amount: Amount", p.currency AS "currency: Currency",
+        RETURNING u.tenant_id AS "tenant_id: TenantId", u.payment_id AS "payment_id: PaymentId",
+                  p.amount AS "amount: Amount", p.currency AS "currency: Currency",
                   u.poll_attempts, u.traceparent, u.tracestate,
                   extract(epoch FROM now() - u.since)::float8 AS "age_secs!",
                   -- Never sent cannot happen for an unknown payment; if it did, no resend is safe.
@@ -86,13 +87,9 @@ pub async fn claim_due(
     Ok(rows
         .into_iter()
         .map(|row| Claimed {
-            tenant_id: TenantId::from_uuid(row.tenant_id),
-            payment_id: PaymentId::from_uuid(row.payment_id),
-            asked: Asked {
-                payment_id: PaymentId::from_uuid(row.payment_id),
-                amount: row.amount,
-                currency: row.currency,
-            },
+            tenant_id: row.tenant_id,
+            payment_id: row.payment_id,
+            asked: Asked { payment_id: row.payment_id, amount: row.amount, currency: row.currency },
             poll_attempts: row.poll_attempts,
             age: Duration::from_secs_f64(row.age_secs.max(0.0)),
             in_key_window: row.in_key_window,

@@ -139,7 +139,7 @@ async fn intake(conn: &mut PgConnection, new: &NewPayment<'_>, wake: bool) -> Re
         };
         return Ok(Intake::Existing(ExistingKey {
             fingerprint,
-            payment_id: PaymentId::from_uuid(row.payment_id),
+            payment_id: row.payment_id,
             expires_at: row.expires_at,
             stored_response,
         }));

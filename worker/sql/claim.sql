@@ -65,7 +65,7 @@ WITH candidates AS (
     FROM claimed c JOIN leased l USING (tenant_id, payment_id)
 )
 -- The quoted aliases tell sqlx's query macros the Rust types and that nothing here is NULL.
-SELECT c.tenant_id, c.payment_id, c.amount AS "amount: Amount", c.currency AS "currency: Currency",
+SELECT c.tenant_id AS "tenant_id: TenantId", c.payment_id AS "payment_id: PaymentId", c.amount AS "amount: Amount", c.currency AS "currency: Currency",
        c.customer_id, c.metadata AS "metadata: Json<BTreeMap<String, String>>", c.send_attempts,
        c.created_at AS accepted_at, c.may_be_charged,
        l.fencing_token AS "fencing_token!", l.locked_until AS "locked_until!", l.attempts,

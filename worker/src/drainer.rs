@@ -52,11 +52,12 @@ use crate::outbox::{self, ClaimRequest, Claimed};
 use crate::record::{self, RecordError, Recorded, Settling};
 use crate::wake::Wake;
 
-/// How many times a recording that failed for a transient reason (the database was briefly
-/// unreachable, a deadlock) is tried again before the result is given up to the lease's expiry.
+/// How many times to retry recording a result after a transient failure (the database was briefly
+/// unreachable, a deadlock). After that, the worker gives up and the sweeper takes the payment back
+/// when the lease expires.
 const RECORD_RETRIES: u32 = 4;
 
-/// The delays between those tries: short, far inside any lease.
+/// The delays between those retries: short, well inside any lease.
 const RECORD_BACKOFF: Backoff = Backoff { base: Duration::from_millis(100), max: Duration::from_secs(2) };
 
 /// How a drainer runs.

@@ -113,8 +113,8 @@ pub async fn claim(conn: &mut PgConnection, request: &ClaimRequest<'_>) -> Resul
     Ok(rows
         .into_iter()
         .map(|row| Claimed {
-            tenant_id: TenantId::from_uuid(row.tenant_id),
-            payment_id: PaymentId::from_uuid(row.payment_id),
+            tenant_id: row.tenant_id,
+            payment_id: row.payment_id,
             fencing_token: row.fencing_token,
             lease_until: row.locked_until,
             attempt: row.attempts.unsigned_abs(),
