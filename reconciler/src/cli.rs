@@ -23,7 +23,8 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 use uuid::Uuid;
 
-use crate::dead_letters::commands::{self, BookedCharge, Decision, Filter, Operator, Retry};
+use crate::dead_letters::actions::{self, BookedCharge, Decision, Operator, Retry};
+use crate::dead_letters::queries::{self, Filter};
 use crate::recon::{self, Reconciliation};
 use crate::render::Report;
 use crate::settings::Settings;
@@ -278,10 +279,10 @@ async fn dead_letter_command(command: DeadLettersCommand, ctx: &Context) -> Resu
     match command {
         DeadLettersCommand::List { open: _, all } => {
             let filter = if all { Filter::All } else { Filter::Open };
-            commands::list(&mut *connection(ctx).await?, filter).await.map(boxed)
+            queries::list(&mut *connection(ctx).await?, filter).await.map(boxed)
         }
         DeadLettersCommand::Show { payment_id } => {
-            commands::show(&mut *connection(ctx).await?, payment_id).await.map(boxed)
+            queries::show(&mut *connection(ctx).await?, payment_id).await.map(boxed)
         }
         DeadLettersCommand::Retry { payment_id, reason, operator, outside_key_window } => {
             let operator = operator_of(operator, ctx)?;
@@ -292,7 +293,7 @@ async fn dead_letter_command(command: DeadLettersCommand, ctx: &Context) -> Resu
                 resend_horizon: ctx.settings.key_window().resend_horizon(),
                 outside_key_window,
             };
-            commands::retry(&mut *connection(ctx).await?, &retry).await.map(boxed)
+            actions::retry(&mut *connection(ctx).await?, &retry).await.map(boxed)
         }
         DeadLettersCommand::Resolve {
             payment_id,
@@ -321,11 +322,11 @@ async fn dead_letter_command(command: DeadLettersCommand, ctx: &Context) -> Resu
                         let provider =
                             HttpProvider::new(&ctx.settings.provider).context("cannot build the provider client")?;
                         let mut conn = connection(ctx).await?;
-                        Decision::Succeeded(commands::find_charge(&mut conn, &provider, payment_id, &charge_id).await?)
+                        Decision::Succeeded(actions::find_charge(&mut conn, &provider, payment_id, &charge_id).await?)
                     }
                 },
             };
-            commands::resolve(&mut *connection(ctx).await?, payment_id, &decision, &operator, &reason).await.map(boxed)
+            actions::resolve(&mut *connection(ctx).await?, payment_id, &decision, &operator, &reason).await.map(boxed)
         }
     }
 }

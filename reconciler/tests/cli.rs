@@ -15,7 +15,8 @@ use oncepay_domain::status::PaymentStatus;
 use oncepay_provider::ChargeStatus;
 use oncepay_provider::wire::{EventType, WebhookEvent};
 use oncepay_reconciler::cli::CliError;
-use oncepay_reconciler::dead_letters::commands::{self, BookedCharge, Decision, Filter, Operator, Retry};
+use oncepay_reconciler::dead_letters::actions::{self, BookedCharge, Decision, Operator, Retry};
+use oncepay_reconciler::dead_letters::queries::{self, Filter};
 use oncepay_reconciler::dead_letters::{self, Kind};
 use oncepay_reconciler::render::Report;
 use oncepay_reconciler::tenants;
@@ -180,9 +181,9 @@ async fn list_and_show_give_why_evidence_attempts_age_and_the_audit_trail(pool: 
     let payment_id = dead_lettered(&pool, tenant_id, "order-1", 60).await;
     let mut conn = pool.acquire().await.unwrap();
 
-    let open = commands::list(&mut conn, Filter::Open).await.unwrap();
-    let detail = commands::show(&mut conn, payment_id).await.unwrap();
-    let missing = commands::show(&mut conn, PaymentId::generate()).await;
+    let open = queries::list(&mut conn, Filter::Open).await.unwrap();
+    let detail = queries::show(&mut conn, payment_id).await.unwrap();
+    let missing = queries::show(&mut conn, PaymentId::generate()).await;
 
     assert_eq!(open.0.len(), 1);
     let entry = &open.0[0];
@@ -216,8 +217,8 @@ async fn retry_requeues_the_payment_and_records_the_operator_and_the_reason(pool
         outside_key_window: false,
     };
 
-    let done = commands::retry(&mut conn, &retry).await.unwrap();
-    let again = commands::retry(&mut conn, &retry).await;
+    let done = actions::retry(&mut conn, &retry).await.unwrap();
+    let again = actions::retry(&mut conn, &retry).await;
 
     assert_eq!((done.resolution, done.payment_status), ("retried", PaymentStatus::Pending));
     assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Pending);
@@ -232,8 +233,8 @@ async fn retry_requeues_the_payment_and_records_the_operator_and_the_reason(pool
         ("operator:alice".into(), "provider incident over, resend".into(), PaymentStatus::Pending)
     );
     assert!(matches!(again, Err(CliError::NotFound(_))), "nothing left to retry: {again:?}");
-    assert_eq!(commands::list(&mut conn, Filter::Open).await.unwrap().0.len(), 0);
-    assert_eq!(commands::list(&mut conn, Filter::All).await.unwrap().0.len(), 1);
+    assert_eq!(queries::list(&mut conn, Filter::Open).await.unwrap().0.len(), 0);
+    assert_eq!(queries::list(&mut conn, Filter::All).await.unwrap().0.len(), 1);
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
@@ -250,9 +251,9 @@ async fn a_retry_past_the_providers_key_window_is_refused_unless_the_operator_in
         outside_key_window,
     };
 
-    let refused = commands::retry(&mut conn, &retry(false)).await;
+    let refused = actions::retry(&mut conn, &retry(false)).await;
     let unchanged = status(&pool, tenant_id, payment_id).await;
-    let insisted = commands::retry(&mut conn, &retry(true)).await;
+    let insisted = actions::retry(&mut conn, &retry(true)).await;
 
     assert!(matches!(&refused, Err(CliError::Refused(why)) if why.contains("--outside-key-window")), "{refused:?}");
     assert_eq!(unchanged, PaymentStatus::DeadLettered);
@@ -275,10 +276,10 @@ async fn resolving_as_succeeded_books_the_providers_charge_with_an_audit_row_nam
     let provider = fixtures::provider(&provider.uri());
     let mut conn = pool.acquire().await.unwrap();
 
-    let unknown_charge = commands::find_charge(&mut conn, &provider, payment_id, "ch_other").await;
-    let charge = commands::find_charge(&mut conn, &provider, payment_id, "ch_found").await.unwrap();
+    let unknown_charge = actions::find_charge(&mut conn, &provider, payment_id, "ch_other").await;
+    let charge = actions::find_charge(&mut conn, &provider, payment_id, "ch_found").await.unwrap();
     let reason = "found in the provider dashboard";
-    let done = commands::resolve(&mut conn, payment_id, &Decision::Succeeded(charge), &alice(), reason).await.unwrap();
+    let done = actions::resolve(&mut conn, payment_id, &Decision::Succeeded(charge), &alice(), reason).await.unwrap();
 
     assert!(matches!(unknown_charge, Err(CliError::Refused(_))), "{unknown_charge:?}");
     assert_eq!(done.payment_status, PaymentStatus::Succeeded);
@@ -305,7 +306,7 @@ async fn resolving_as_succeeded_refuses_a_charge_for_another_amount_or_currency(
 
     for (amount, currency) in [(1500, "EUR"), (1999, "USD")] {
         let decision = Decision::Succeeded(charge(amount, currency));
-        let refused = commands::resolve(&mut conn, payment_id, &decision, &alice(), "found it").await;
+        let refused = actions::resolve(&mut conn, payment_id, &decision, &alice(), "found it").await;
 
         assert!(matches!(&refused, Err(CliError::Refused(why)) if why.contains("1999")), "{refused:?}");
     }
@@ -319,8 +320,8 @@ async fn a_conflict_on_a_terminal_payment_can_only_be_acknowledged(pool: PgPool)
     let payment_id = dead_lettered(&pool, tenant_id, "order-1", 60).await;
     let mut conn = pool.acquire().await.unwrap();
     let acknowledge_unresolved =
-        commands::resolve(&mut conn, payment_id, &Decision::Acknowledge, &alice(), "seen").await;
-    commands::resolve(
+        actions::resolve(&mut conn, payment_id, &Decision::Acknowledge, &alice(), "seen").await;
+    actions::resolve(
         &mut conn,
         payment_id,
         &Decision::Failed { charge_id: None, force: false },
@@ -352,10 +353,10 @@ async fn a_conflict_on_a_terminal_payment_can_only_be_acknowledged(pool: PgPool)
         charged_at: OffsetDateTime::now_utc(),
     };
 
-    let retried = commands::retry(&mut conn, &retry).await;
-    let resettled = commands::resolve(&mut conn, payment_id, &Decision::Succeeded(charge), &alice(), "x").await;
+    let retried = actions::retry(&mut conn, &retry).await;
+    let resettled = actions::resolve(&mut conn, payment_id, &Decision::Succeeded(charge), &alice(), "x").await;
     let acknowledged =
-        commands::resolve(&mut conn, payment_id, &Decision::Acknowledge, &alice(), "refunded ch_late by hand")
+        actions::resolve(&mut conn, payment_id, &Decision::Acknowledge, &alice(), "refunded ch_late by hand")
             .await
             .unwrap();
 
@@ -450,8 +451,8 @@ async fn resolving_as_succeeded_can_rest_on_a_charge_a_signed_webhook_reported(p
     let provider = fixtures::provider(&provider.uri());
     let mut conn = pool.acquire().await.unwrap();
 
-    let charge = commands::find_charge(&mut conn, &provider, payment_id, "ch_hooked").await.unwrap();
-    let unheard_of = commands::find_charge(&mut conn, &provider, payment_id, "ch_other").await;
+    let charge = actions::find_charge(&mut conn, &provider, payment_id, "ch_hooked").await.unwrap();
+    let unheard_of = actions::find_charge(&mut conn, &provider, payment_id, "ch_other").await;
 
     assert_eq!((charge.charge_id.as_str(), charge.amount), ("ch_hooked", 1999));
     assert!(matches!(&unheard_of, Err(CliError::Refused(why)) if why.contains("--amount")), "{unheard_of:?}");
@@ -468,9 +469,9 @@ async fn resolving_as_failed_is_refused_while_a_recorded_charge_says_it_succeede
 
     let failed = |force| Decision::Failed { charge_id: None, force };
 
-    let refused = commands::resolve(&mut conn, payment_id, &failed(false), &alice(), "customer saw no charge").await;
+    let refused = actions::resolve(&mut conn, payment_id, &failed(false), &alice(), "customer saw no charge").await;
     let unchanged = status(&pool, tenant_id, payment_id).await;
-    let forced = commands::resolve(&mut conn, payment_id, &failed(true), &alice(), "refunded ch_hooked").await;
+    let forced = actions::resolve(&mut conn, payment_id, &failed(true), &alice(), "refunded ch_hooked").await;
 
     assert!(matches!(&refused, Err(CliError::Refused(why)) if why.contains("ch_hooked")), "{refused:?}");
     assert_eq!(unchanged, PaymentStatus::DeadLettered);

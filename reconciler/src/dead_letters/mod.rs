@@ -4,12 +4,14 @@
 //! dead_lettered` when polling ran out of attempts or time; and `conflict`, written when evidence
 //! arrives that contradicts a terminal payment, whose state is kept. A payment has at most one open
 //! entry (a partial unique index): further evidence is appended to it rather than opening another.
-//! Entries are closed only by an operator ([`commands`]), who is recorded with the reason.
+//! Entries are closed only by an operator ([`actions`]), who is recorded with the reason.
 //!
 //! Functions here take the caller's connection so that an entry is written in the same transaction
 //! as the change that caused it. They never move a payment themselves.
 
-pub mod commands;
+pub mod actions;
+pub mod queries;
+pub mod reports;
 
 use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_store::StoreError;

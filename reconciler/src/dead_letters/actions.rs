@@ -1,0 +1,304 @@
+//! The operator's actions on a dead letter: `retry`, `resolve`, and finding the charge to resolve
+//! it with. This module owns the rules and the refusals.
+//!
+//! Each action runs in one transaction: it locks the open entry and the payment, checks both, and
+//! records who did it and why on the entry and, when the payment moves, in its audit trail. A failed
+//! check changes nothing. A terminal payment never moves, so a `conflict` entry can only be
+//! acknowledged. No transaction is open while the provider is asked about a charge.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use oncepay_domain::ids::PaymentId;
+use oncepay_domain::status::{PaymentStatus, Transition};
+use oncepay_provider::PaymentProvider;
+use oncepay_store::outbox;
+use oncepay_store::settlement::{self, Unsettled};
+use oncepay_store::transitions::{self, Applied, Change, Settlement};
+use serde_json::json;
+use sqlx::{Acquire, PgConnection};
+use time::OffsetDateTime;
+
+use super::queries::{self, Locked};
+use super::reports::Resolution;
+use crate::cli::CliError;
+use crate::render;
+use crate::webhooks;
+
+/// An operator, as recorded: `operator:<name>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Operator(String);
+
+impl Operator {
+    /// Checks a name given with `--operator` (or taken from `$USER`).
+    pub fn parse(name: &str) -> Result<Self, CliError> {
+        let name = name.trim();
+        if name.is_empty() || name.chars().count() > 100 || name.chars().any(char::is_control) {
+            return Err(CliError::Invalid("name the operator with --operator (1 to 100 printable characters)".into()));
+        }
+        Ok(Self(format!("operator:{name}")))
+    }
+
+    /// `operator:<name>`.
+    pub fn actor(&self) -> &str {
+        &self.0
+    }
+}
+
+fn require_reason(reason: &str) -> Result<&str, CliError> {
+    let reason = reason.trim();
+    if reason.is_empty() {
+        return Err(CliError::Invalid("say why with --reason".into()));
+    }
+    Ok(reason)
+}
+
+fn refuse_conflict(payment_id: PaymentId, status: PaymentStatus, action: &str) -> CliError {
+    CliError::Refused(format!(
+        "payment {payment_id} is {}, and a terminal payment never changes, so it cannot be {action}; record your \
+         decision with `dead-letters resolve {payment_id} --acknowledge --reason ..`",
+        status.as_str()
+    ))
+}
+
+fn moved<T>(applied: Applied<T>, payment_id: PaymentId) -> Result<(), CliError> {
+    match applied {
+        Applied::Moved(_) => Ok(()),
+        // The payment and the entry are locked: nothing else can have moved it.
+        Applied::LostRace => Err(CliError::Refused(format!("payment {payment_id} changed underneath; try again"))),
+    }
+}
+
+/// What `retry` needs to know.
+#[derive(Debug, Clone)]
+pub struct Retry<'a> {
+    /// The dead-lettered payment.
+    pub payment_id: PaymentId,
+    /// Who.
+    pub operator: &'a Operator,
+    /// Why.
+    pub reason: &'a str,
+    /// The provider's key window minus the margin, after the payment's first send.
+    pub resend_horizon: Duration,
+    /// Resend even though the provider may have forgotten the key.
+    pub outside_key_window: bool,
+}
+
+/// `retry`: `dead_lettered → pending` and back into the outbox, resent with the same downstream key.
+///
+/// Refused past the provider's key window unless `outside_key_window`: the provider would no longer
+/// recognise the key, so if the first attempt did charge, the resend would charge again.
+pub async fn retry(conn: &mut PgConnection, retry: &Retry<'_>) -> Result<Resolution, CliError> {
+    let reason = require_reason(retry.reason)?;
+    let payment_id = retry.payment_id;
+    let mut tx = conn.begin().await.context("cannot start a transaction")?;
+    let locked = queries::lock_open(&mut tx, payment_id, retry.resend_horizon).await?;
+    if locked.status != PaymentStatus::DeadLettered {
+        return Err(refuse_conflict(payment_id, locked.status, "retried"));
+    }
+    if !locked.in_key_window && !retry.outside_key_window {
+        let sent = locked.first_sent_at.map_or_else(|| "?".to_owned(), render::timestamp);
+        return Err(CliError::Refused(format!(
+            "payment {payment_id} was first sent at {sent}, and the provider may have forgotten its key since: if that \
+             attempt charged, a resend would charge again. Check the evidence (`dead-letters show {payment_id}`), then \
+             pass --outside-key-window to resend anyway"
+        )));
+    }
+    let detail = json!({
+        "dead_letter_id": locked.dead_letter_id,
+        "outside_key_window": !locked.in_key_window,
+    });
+    let change = Change {
+        tenant_id: locked.tenant_id,
+        payment_id,
+        from: PaymentStatus::DeadLettered,
+        transition: Transition::OperatorRetry,
+        actor: retry.operator.actor(),
+        reason,
+        detail: Some(detail),
+    };
+    moved(transitions::apply(&mut tx, &change).await.context("cannot move the payment")?, payment_id)?;
+    if !locked.in_key_window {
+        // The operator vouches that no earlier send charged: without this the worker would refuse the
+        // resend past the key window. The audit row above records that they did.
+        queries::clear_may_be_charged(&mut tx, &locked).await?;
+    }
+    outbox::enqueue(&mut tx, locked.tenant_id, payment_id, OffsetDateTime::now_utc())
+        .await
+        .context("cannot queue the payment")?;
+    queries::close(&mut tx, &locked, retry.operator.actor(), "retried", reason).await?;
+    tx.commit().await.context("cannot commit the retry")?;
+    Ok(Resolution {
+        payment_id,
+        dead_letter_id: locked.dead_letter_id,
+        resolution: "retried",
+        resolved_by: retry.operator.actor().to_owned(),
+        note: reason.to_owned(),
+        payment_status: PaymentStatus::Pending,
+    })
+}
+
+/// The charge an operator says the payment succeeded with, as the ledger will book it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BookedCharge {
+    /// The provider's charge id.
+    pub charge_id: String,
+    /// Minor units the provider charged.
+    pub amount: i64,
+    /// ISO 4217.
+    pub currency: String,
+    /// When the provider created the charge.
+    pub charged_at: OffsetDateTime,
+}
+
+/// What `resolve` decides.
+#[derive(Debug, Clone)]
+pub enum Decision {
+    /// The payment succeeded with this charge.
+    Succeeded(BookedCharge),
+    /// No money moved (a failed charge id, if the provider made one).
+    Failed {
+        /// The provider's failed charge, if any.
+        charge_id: Option<String>,
+        /// Settle as failed although a recorded charge says the payment succeeded (the operator
+        /// refunded it, say); the reason must say why.
+        force: bool,
+    },
+    /// A conflict entry was looked at; the terminal payment stays as it is.
+    Acknowledge,
+}
+
+/// Finds the charge `charge_id` of a dead-lettered payment, for a `resolve --as succeeded` that did
+/// not give the amount, currency and time itself: among the charges signed webhooks reported for
+/// the payment, else among the provider's charges for its key. No transaction is open meanwhile.
+pub async fn find_charge<P: PaymentProvider>(
+    conn: &mut PgConnection,
+    provider: &P,
+    payment_id: PaymentId,
+    charge_id: &str,
+) -> Result<BookedCharge, CliError> {
+    let (tenant_id, asked) = queries::open_payment(conn, payment_id).await?;
+    let recorded = webhooks::recorded_charges(conn, tenant_id, payment_id)
+        .await
+        .context("cannot read the payment's recorded webhooks")?;
+    let charge = match recorded.into_iter().find(|c| c.id == charge_id) {
+        Some(charge) => charge,
+        None => {
+            let charges = provider.find_by_key(&payment_id.downstream_key()).await.map_err(|error| {
+                let context = format!("cannot ask the provider about charge {charge_id}");
+                CliError::Failed(anyhow::Error::new(error).context(context))
+            })?;
+            charges.into_iter().find(|c| c.id == charge_id).ok_or_else(|| {
+                CliError::Refused(format!(
+                    "neither a webhook nor the provider's lookup by key names a charge {charge_id} for payment \
+                     {payment_id} (past its key window the provider may not); give --amount, --currency and \
+                     --charged-at from the provider's records"
+                ))
+            })?
+        }
+    };
+    match settlement::settlement_of(&asked, &charge).map_err(|why| refuse_booking(payment_id, &why))? {
+        Settlement::Succeeded { charge_id, amount, currency, charged_at } => {
+            Ok(BookedCharge { charge_id, amount, currency, charged_at })
+        }
+        Settlement::Failed { .. } => {
+            Err(CliError::Refused(format!("the provider reports charge {charge_id} as failed; no money moved with it")))
+        }
+    }
+}
+
+/// Refuses to book a charge that does not settle the payment.
+fn refuse_booking(payment_id: PaymentId, why: &Unsettled) -> CliError {
+    CliError::Refused(format!(
+        "{why}. A charge that is not what payment {payment_id} asked for is never booked as its success: \
+         check it with the provider, refund it there if it was taken, and resolve the payment --as failed"
+    ))
+}
+
+/// `resolve`: settles a dead-lettered payment as the operator decided, or acknowledges a conflict.
+pub async fn resolve(
+    conn: &mut PgConnection,
+    payment_id: PaymentId,
+    decision: &Decision,
+    operator: &Operator,
+    reason: &str,
+) -> Result<Resolution, CliError> {
+    let reason = require_reason(reason)?;
+    let mut tx = conn.begin().await.context("cannot start a transaction")?;
+    let locked = queries::lock_open(&mut tx, payment_id, Duration::ZERO).await?;
+    // A terminal payment never moves: its entry can only be acknowledged.
+    let terminal = locked.status.is_terminal();
+    let (resolution, status) = match decision {
+        Decision::Acknowledge if terminal => ("acknowledged", locked.status),
+        Decision::Acknowledge => {
+            return Err(CliError::Refused(format!(
+                "payment {payment_id} is dead-lettered and needs a decision: `--as succeeded|failed`, or \
+                 `dead-letters retry`"
+            )));
+        }
+        Decision::Succeeded(_) | Decision::Failed { .. } if terminal => {
+            return Err(refuse_conflict(payment_id, locked.status, "settled again"));
+        }
+        Decision::Succeeded(charge) => {
+            let settlement = settlement::success(
+                &locked.asked,
+                &charge.charge_id,
+                charge.amount,
+                &charge.currency,
+                charge.charged_at.unix_timestamp(),
+            )
+            .map_err(|why| refuse_booking(payment_id, &why))?;
+            settle(&mut tx, &locked, payment_id, Transition::OperatorSucceeded, &settlement, operator, reason).await?;
+            ("succeeded", PaymentStatus::Succeeded)
+        }
+        Decision::Failed { charge_id, force } => {
+            if !force && let Some(charged) = queries::succeeded_charge_on_record(&mut tx, &locked).await? {
+                return Err(CliError::Refused(format!(
+                    "a signed provider report says charge {charged} of payment {payment_id} succeeded; settling it as \
+                     failed would tell the merchant no money moved. Check the evidence (`dead-letters show \
+                     {payment_id}`): resolve it `--as succeeded --charge-id {charged}`, or, if you refunded it, pass \
+                     --force and say so in --reason"
+                )));
+            }
+            let settlement = Settlement::Failed {
+                code: "resolved_by_operator".to_owned(),
+                message: reason.to_owned(),
+                charge_id: charge_id.clone(),
+            };
+            settle(&mut tx, &locked, payment_id, Transition::OperatorFailed, &settlement, operator, reason).await?;
+            ("failed", PaymentStatus::Failed)
+        }
+    };
+    queries::close(&mut tx, &locked, operator.actor(), resolution, reason).await?;
+    tx.commit().await.context("cannot commit the resolution")?;
+    Ok(Resolution {
+        payment_id,
+        dead_letter_id: locked.dead_letter_id,
+        resolution,
+        resolved_by: operator.actor().to_owned(),
+        note: reason.to_owned(),
+        payment_status: status,
+    })
+}
+
+async fn settle(
+    conn: &mut PgConnection,
+    locked: &Locked,
+    payment_id: PaymentId,
+    transition: Transition,
+    settlement: &Settlement,
+    operator: &Operator,
+    reason: &str,
+) -> Result<(), CliError> {
+    let change = Change {
+        tenant_id: locked.tenant_id,
+        payment_id,
+        from: PaymentStatus::DeadLettered,
+        transition,
+        actor: operator.actor(),
+        reason,
+        detail: Some(json!({ "dead_letter_id": locked.dead_letter_id })),
+    };
+    let applied = transitions::settle(conn, &change, settlement).await.context("cannot settle the payment")?;
+    moved(applied, payment_id)
+}

@@ -1,0 +1,240 @@
+//! The dead-letter SQL for operators: reading entries and a payment's audit trail, locking an open
+//! entry with its payment, and closing it.
+//!
+//! Operators name an entry by its payment id, which is unique across tenants, so these reads do not
+//! filter by tenant. `lock_open` locks the entry and the payment until the caller's transaction
+//! ends. Nothing here decides whether an action is allowed: that is [`super::actions`].
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::money::{Amount, Currency};
+use oncepay_domain::status::PaymentStatus;
+use oncepay_store::settlement::Asked;
+use sqlx::PgConnection;
+use time::OffsetDateTime;
+
+use super::reports::{AuditRow, Detail, Entry, EntryList};
+use crate::cli::CliError;
+
+/// `list`: which entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Filter {
+    /// Only entries awaiting an operator.
+    Open,
+    /// Every entry, resolved ones too.
+    All,
+}
+
+/// Lists entries, oldest first.
+pub async fn list(conn: &mut PgConnection, filter: Filter) -> Result<EntryList, CliError> {
+    let entries = entries(conn, None, filter == Filter::All).await?;
+    Ok(EntryList(entries))
+}
+
+/// Shows every dead letter of a payment.
+pub async fn show(conn: &mut PgConnection, payment_id: PaymentId) -> Result<Detail, CliError> {
+    let entries = entries(conn, Some(payment_id), true).await?;
+    let Some(first) = entries.first() else {
+        return Err(CliError::NotFound(format!("payment {payment_id} has no dead letter")));
+    };
+    let audit_trail = audit_trail(conn, first.tenant_id, payment_id).await?;
+    Ok(Detail { payment_id, entries, audit_trail })
+}
+
+async fn entries(conn: &mut PgConnection, payment_id: Option<PaymentId>, all: bool) -> Result<Vec<Entry>, CliError> {
+    let rows = sqlx::query!(
+        r#"
+        SELECT d.dead_letter_id, d.payment_id, d.tenant_id, t.name AS "tenant?", d.kind, d.reason, d.attempts,
+               p.status AS "payment_status: PaymentStatus", p.amount, p.currency, d.created_at,
+               extract(epoch FROM COALESCE(d.resolved_at, now()) - d.created_at)::bigint AS "age_secs!",
+               d.resolved_at, d.resolved_by, d.resolution, d.resolution_note, d.evidence
+        FROM dead_letters d
+        JOIN payments p USING (tenant_id, payment_id)
+        LEFT JOIN tenants t USING (tenant_id)
+        WHERE ($1::uuid IS NULL OR d.payment_id = $1) AND ($2 OR d.resolved_at IS NULL)
+        ORDER BY d.created_at, d.dead_letter_id
+        "#,
+        payment_id.map(|p| p.as_uuid()),
+        all,
+    )
+    .fetch_all(conn)
+    .await
+    .context("cannot read the dead letters")?;
+    Ok(rows
+        .into_iter()
+        .map(|r| Entry {
+            dead_letter_id: r.dead_letter_id,
+            payment_id: PaymentId::from_uuid(r.payment_id),
+            tenant_id: TenantId::from_uuid(r.tenant_id),
+            tenant: r.tenant,
+            kind: r.kind,
+            reason: r.reason,
+            attempts: r.attempts,
+            payment_status: r.payment_status,
+            amount: r.amount,
+            currency: r.currency,
+            created_at: r.created_at,
+            age_secs: r.age_secs,
+            resolved_at: r.resolved_at,
+            resolved_by: r.resolved_by,
+            resolution: r.resolution,
+            resolution_note: r.resolution_note,
+            evidence: r.evidence,
+        })
+        .collect())
+}
+
+async fn audit_trail(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    payment_id: PaymentId,
+) -> Result<Vec<AuditRow>, CliError> {
+    let trail = sqlx::query_as!(
+        AuditRow,
+        r#"
+        SELECT from_status AS "from_status: PaymentStatus", to_status AS "to_status: PaymentStatus",
+               actor, reason, detail, created_at
+        FROM payment_events WHERE tenant_id = $1 AND payment_id = $2
+        ORDER BY event_id
+        "#,
+        tenant_id.as_uuid(),
+        payment_id.as_uuid(),
+    )
+    .fetch_all(conn)
+    .await
+    .context("cannot read the payment's audit trail")?;
+    Ok(trail)
+}
+
+fn no_open_entry(payment_id: PaymentId) -> CliError {
+    CliError::NotFound(format!("payment {payment_id} has no open dead letter"))
+}
+
+/// The tenant of a payment with an open entry, and what the payment asked for. Locks nothing.
+pub(super) async fn open_payment(
+    conn: &mut PgConnection,
+    payment_id: PaymentId,
+) -> Result<(TenantId, Asked), CliError> {
+    let payment = sqlx::query!(
+        r#"
+        SELECT d.tenant_id, p.amount AS "amount: Amount", p.currency AS "currency: Currency"
+        FROM dead_letters d JOIN payments p USING (tenant_id, payment_id)
+        WHERE d.payment_id = $1 AND d.resolved_at IS NULL
+        "#,
+        payment_id.as_uuid(),
+    )
+    .fetch_optional(conn)
+    .await
+    .context("cannot read the dead letter")?
+    .ok_or_else(|| no_open_entry(payment_id))?;
+    let asked = Asked { payment_id, amount: payment.amount, currency: payment.currency };
+    Ok((TenantId::from_uuid(payment.tenant_id), asked))
+}
+
+/// The open entry and its payment, locked for the rest of the transaction.
+pub(super) struct Locked {
+    pub(super) dead_letter_id: i64,
+    pub(super) tenant_id: TenantId,
+    pub(super) status: PaymentStatus,
+    pub(super) asked: Asked,
+    /// Whether the payment was first sent less than the resend horizon ago (or never sent).
+    pub(super) in_key_window: bool,
+    pub(super) first_sent_at: Option<OffsetDateTime>,
+}
+
+/// Locks the payment's open entry and the payment itself.
+pub(super) async fn lock_open(
+    conn: &mut PgConnection,
+    payment_id: PaymentId,
+    resend_horizon: Duration,
+) -> Result<Locked, CliError> {
+    let row = sqlx::query!(
+        r#"
+        SELECT d.dead_letter_id, d.tenant_id, p.status AS "status: PaymentStatus", p.first_sent_at,
+               p.amount AS "amount: Amount", p.currency AS "currency: Currency",
+               COALESCE(now() - p.first_sent_at < make_interval(secs => $2), true) AS "in_key_window!"
+        FROM dead_letters d JOIN payments p USING (tenant_id, payment_id)
+        WHERE d.payment_id = $1 AND d.resolved_at IS NULL
+        FOR UPDATE OF d, p
+        "#,
+        payment_id.as_uuid(),
+        resend_horizon.as_secs_f64(),
+    )
+    .fetch_optional(conn)
+    .await
+    .context("cannot read the dead letter")?;
+    let row = row.ok_or_else(|| no_open_entry(payment_id))?;
+    Ok(Locked {
+        dead_letter_id: row.dead_letter_id,
+        tenant_id: TenantId::from_uuid(row.tenant_id),
+        status: row.status,
+        asked: Asked { payment_id, amount: row.amount, currency: row.currency },
+        in_key_window: row.in_key_window,
+        first_sent_at: row.first_sent_at,
+    })
+}
+
+/// A succeeded charge that a signed webhook or a lookup recorded for the locked payment, if any.
+pub(super) async fn succeeded_charge_on_record(
+    conn: &mut PgConnection,
+    locked: &Locked,
+) -> Result<Option<String>, CliError> {
+    let charge_id = sqlx::query_scalar!(
+        r#"
+        (SELECT charge->>'id' AS "charge_id!" FROM webhook_events
+         WHERE tenant_id = $1 AND payment_id = $2 AND charge->>'status' = 'succeeded')
+        UNION ALL
+        (SELECT item->'charge'->>'id' FROM dead_letters d, jsonb_array_elements(d.evidence) AS item
+         WHERE d.tenant_id = $1 AND d.dead_letter_id = $3 AND item->'charge'->>'status' = 'succeeded')
+        LIMIT 1
+        "#,
+        locked.tenant_id.as_uuid(),
+        locked.asked.payment_id.as_uuid(),
+        locked.dead_letter_id,
+    )
+    .fetch_optional(conn)
+    .await
+    .context("cannot read the evidence")?;
+    Ok(charge_id)
+}
+
+/// Clears the locked payment's `may_be_charged`, so that the worker sends it again.
+pub(super) async fn clear_may_be_charged(conn: &mut PgConnection, locked: &Locked) -> Result<(), CliError> {
+    sqlx::query!(
+        "UPDATE payments SET may_be_charged = false WHERE tenant_id = $1 AND payment_id = $2",
+        locked.tenant_id.as_uuid(),
+        locked.asked.payment_id.as_uuid(),
+    )
+    .execute(conn)
+    .await
+    .context("cannot record the operator's word")?;
+    Ok(())
+}
+
+/// Closes the locked entry: who closed it (`operator:<name>`), how, and why.
+pub(super) async fn close(
+    conn: &mut PgConnection,
+    locked: &Locked,
+    resolved_by: &str,
+    resolution: &str,
+    note: &str,
+) -> Result<(), CliError> {
+    sqlx::query!(
+        r#"
+        UPDATE dead_letters
+        SET resolved_at = now(), resolved_by = $3, resolution = $4, resolution_note = $5
+        WHERE tenant_id = $1 AND dead_letter_id = $2 AND resolved_at IS NULL
+        "#,
+        locked.tenant_id.as_uuid(),
+        locked.dead_letter_id,
+        resolved_by,
+        resolution,
+        note,
+    )
+    .execute(conn)
+    .await
+    .context("cannot close the dead letter")?;
+    Ok(())
+}
