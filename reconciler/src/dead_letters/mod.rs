@@ -13,13 +13,17 @@ pub mod actions;
 pub mod queries;
 pub mod reports;
 
+use std::str::FromStr;
+
 use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_store::StoreError;
+use serde::Serialize;
 use serde_json::Value;
 use sqlx::PgConnection;
 
 /// Which kind of entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Kind {
     /// The payment is `dead_lettered`: an operator must settle or retry it.
     Unresolved,
@@ -28,6 +32,9 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// Every kind.
+    pub const ALL: [Self; 2] = [Self::Unresolved, Self::Conflict];
+
     /// The name stored in `dead_letters.kind`.
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -35,6 +42,27 @@ impl Kind {
             Self::Conflict => "conflict",
         }
     }
+}
+
+impl FromStr for Kind {
+    type Err = UnknownName;
+
+    fn from_str(text: &str) -> Result<Self, UnknownName> {
+        by_name(&Self::ALL, Self::as_str, "dead-letter kind", text)
+    }
+}
+
+/// A name in a `dead_letters` column that this build does not know.
+#[derive(Debug, thiserror::Error)]
+#[error("{text:?} is not a known {what}")]
+pub struct UnknownName {
+    what: &'static str,
+    text: String,
+}
+
+/// The one of `all` whose stored name is `text`.
+fn by_name<T: Copy>(all: &[T], name: fn(T) -> &'static str, what: &'static str, text: &str) -> Result<T, UnknownName> {
+    all.iter().copied().find(|&value| name(value) == text).ok_or_else(|| UnknownName { what, text: text.to_owned() })
 }
 
 /// Opens an entry for the payment, or appends `evidence` (a JSON array) to its open one. Counts new
@@ -92,4 +120,19 @@ pub async fn attach_evidence(
     .execute(conn)
     .await?;
     Ok(attached.rows_affected() == 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kind_reads_back_from_its_stored_name_and_serialises_as_it() {
+        for kind in Kind::ALL {
+            assert_eq!(kind.as_str().parse::<Kind>().unwrap(), kind);
+            assert_eq!(serde_json::to_value(kind).unwrap(), kind.as_str());
+        }
+        let unknown = "pending".parse::<Kind>().unwrap_err();
+        assert_eq!(unknown.to_string(), r#""pending" is not a known dead-letter kind"#);
+    }
 }

@@ -62,14 +62,15 @@ async fn entries(conn: &mut PgConnection, payment_id: Option<PaymentId>, all: bo
     .fetch_all(conn)
     .await
     .context("cannot read the dead letters")?;
-    Ok(rows
-        .into_iter()
-        .map(|r| Entry {
+    let mut entries = Vec::with_capacity(rows.len());
+    for r in rows {
+        let kind = r.kind.parse().with_context(|| format!("cannot read dead letter {}", r.dead_letter_id))?;
+        entries.push(Entry {
             dead_letter_id: r.dead_letter_id,
             payment_id: PaymentId::from_uuid(r.payment_id),
             tenant_id: TenantId::from_uuid(r.tenant_id),
             tenant: r.tenant,
-            kind: r.kind,
+            kind,
             reason: r.reason,
             attempts: r.attempts,
             payment_status: r.payment_status,
@@ -82,8 +83,9 @@ async fn entries(conn: &mut PgConnection, payment_id: Option<PaymentId>, all: bo
             resolution: r.resolution,
             resolution_note: r.resolution_note,
             evidence: r.evidence,
-        })
-        .collect())
+        });
+    }
+    Ok(entries)
 }
 
 async fn audit_trail(

@@ -12,6 +12,7 @@ use serde::Serialize;
 use serde_json::Value;
 use time::OffsetDateTime;
 
+use super::Kind;
 use crate::render::{self, Report, Table};
 
 /// One entry, as listed.
@@ -25,8 +26,8 @@ pub struct Entry {
     pub tenant_id: TenantId,
     /// The tenant's name.
     pub tenant: Option<String>,
-    /// `unresolved` or `conflict`.
-    pub kind: String,
+    /// Which kind of entry.
+    pub kind: Kind,
     /// Why it was dead-lettered.
     pub reason: String,
     /// Provider lookups made before giving up.
@@ -67,7 +68,7 @@ impl Report for EntryList {
             table.row(vec![
                 e.payment_id.to_string(),
                 e.tenant.clone().unwrap_or_else(|| e.tenant_id.to_string()),
-                e.kind.clone(),
+                e.kind.as_str().to_owned(),
                 e.payment_status.as_str().to_owned(),
                 format!("{} {}", e.amount, e.currency),
                 e.attempts.to_string(),
@@ -125,7 +126,7 @@ impl Report for Detail {
                 e.payment_status.as_str()
             )?;
             writeln!(out, "tenant      {}", e.tenant.clone().unwrap_or_else(|| e.tenant_id.to_string()))?;
-            writeln!(out, "kind        {}", e.kind)?;
+            writeln!(out, "kind        {}", e.kind.as_str())?;
             writeln!(out, "why         {}", e.reason)?;
             writeln!(out, "attempts    {}", e.attempts)?;
             writeln!(out, "opened      {} ({} ago)", render::timestamp(e.created_at), render::age(age_of(e)))?;
