@@ -220,7 +220,7 @@ async fn retry_requeues_the_payment_and_records_the_operator_and_the_reason(pool
     let done = actions::retry(&mut conn, &retry).await.unwrap();
     let again = actions::retry(&mut conn, &retry).await;
 
-    assert_eq!((done.resolution, done.payment_status), ("retried", PaymentStatus::Pending));
+    assert_eq!((done.resolution.as_str(), done.payment_status), ("retried", PaymentStatus::Pending));
     assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Pending);
     assert_eq!(count_for(&pool, "outbox", payment_id).await, 1);
     assert!(may_be_charged(&pool, payment_id).await, "its first send may still have charged");
@@ -363,7 +363,10 @@ async fn a_conflict_on_a_terminal_payment_can_only_be_acknowledged(pool: PgPool)
     assert!(matches!(acknowledge_unresolved, Err(CliError::Refused(_))), "{acknowledge_unresolved:?}");
     assert!(matches!(retried, Err(CliError::Refused(_))), "{retried:?}");
     assert!(matches!(resettled, Err(CliError::Refused(_))), "{resettled:?}");
-    assert_eq!((acknowledged.resolution, acknowledged.payment_status), ("acknowledged", PaymentStatus::Failed));
+    assert_eq!(
+        (acknowledged.resolution.as_str(), acknowledged.payment_status),
+        ("acknowledged", PaymentStatus::Failed)
+    );
     assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Failed);
     let resolutions: Vec<(String, Option<String>, Option<String>)> = sqlx::query_as(
         "SELECT kind, resolution, resolved_by FROM dead_letters WHERE payment_id = $1 ORDER BY dead_letter_id",

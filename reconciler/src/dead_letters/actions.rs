@@ -19,6 +19,7 @@ use serde_json::json;
 use sqlx::{Acquire, PgConnection};
 use time::OffsetDateTime;
 
+use super::Outcome;
 use super::queries::{self, Locked};
 use super::reports::Resolution;
 use crate::cli::CliError;
@@ -126,12 +127,12 @@ pub async fn retry(conn: &mut PgConnection, retry: &Retry<'_>) -> Result<Resolut
     outbox::enqueue(&mut tx, locked.tenant_id, payment_id, OffsetDateTime::now_utc())
         .await
         .context("cannot queue the payment")?;
-    queries::close(&mut tx, &locked, retry.operator.actor(), "retried", reason).await?;
+    queries::close(&mut tx, &locked, retry.operator.actor(), Outcome::Retried, reason).await?;
     tx.commit().await.context("cannot commit the retry")?;
     Ok(Resolution {
         payment_id,
         dead_letter_id: locked.dead_letter_id,
-        resolution: "retried",
+        resolution: Outcome::Retried,
         resolved_by: retry.operator.actor().to_owned(),
         note: reason.to_owned(),
         payment_status: PaymentStatus::Pending,
@@ -229,7 +230,7 @@ pub async fn resolve(
     // A terminal payment never moves: its entry can only be acknowledged.
     let terminal = locked.status.is_terminal();
     let (resolution, status) = match decision {
-        Decision::Acknowledge if terminal => ("acknowledged", locked.status),
+        Decision::Acknowledge if terminal => (Outcome::Acknowledged, locked.status),
         Decision::Acknowledge => {
             return Err(CliError::Refused(format!(
                 "payment {payment_id} is dead-lettered and needs a decision: `--as succeeded|failed`, or \
@@ -249,7 +250,7 @@ pub async fn resolve(
             )
             .map_err(|why| refuse_booking(payment_id, &why))?;
             settle(&mut tx, &locked, payment_id, Transition::OperatorSucceeded, &settlement, operator, reason).await?;
-            ("succeeded", PaymentStatus::Succeeded)
+            (Outcome::Succeeded, PaymentStatus::Succeeded)
         }
         Decision::Failed { charge_id, force } => {
             if !force && let Some(charged) = queries::succeeded_charge_on_record(&mut tx, &locked).await? {
@@ -266,7 +267,7 @@ pub async fn resolve(
                 charge_id: charge_id.clone(),
             };
             settle(&mut tx, &locked, payment_id, Transition::OperatorFailed, &settlement, operator, reason).await?;
-            ("failed", PaymentStatus::Failed)
+            (Outcome::Failed, PaymentStatus::Failed)
         }
     };
     queries::close(&mut tx, &locked, operator.actor(), resolution, reason).await?;

@@ -6,8 +6,10 @@
 //! entry (a partial unique index): further evidence is appended to it rather than opening another.
 //! Entries are closed only by an operator ([`actions`]), who is recorded with the reason.
 //!
-//! Functions here take the caller's connection so that an entry is written in the same transaction
-//! as the change that caused it. They never move a payment themselves.
+//! [`Kind`] and [`Outcome`] are the only spellings of the names stored in `kind` and `resolution`;
+//! rows are parsed into them when read. [`record`] and [`attach_evidence`] take the caller's
+//! connection so that an entry is written in the same transaction as the change that caused it.
+//! They never move a payment themselves.
 
 pub mod actions;
 pub mod queries;
@@ -49,6 +51,43 @@ impl FromStr for Kind {
 
     fn from_str(text: &str) -> Result<Self, UnknownName> {
         by_name(&Self::ALL, Self::as_str, "dead-letter kind", text)
+    }
+}
+
+/// How an operator closed an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The payment was settled as succeeded.
+    Succeeded,
+    /// The payment was settled as failed.
+    Failed,
+    /// The payment was queued to be sent again.
+    Retried,
+    /// A conflict was seen; the terminal payment stays as it is.
+    Acknowledged,
+}
+
+impl Outcome {
+    /// Every outcome.
+    pub const ALL: [Self; 4] = [Self::Succeeded, Self::Failed, Self::Retried, Self::Acknowledged];
+
+    /// The name stored in `dead_letters.resolution`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+            Self::Retried => "retried",
+            Self::Acknowledged => "acknowledged",
+        }
+    }
+}
+
+impl FromStr for Outcome {
+    type Err = UnknownName;
+
+    fn from_str(text: &str) -> Result<Self, UnknownName> {
+        by_name(&Self::ALL, Self::as_str, "dead-letter resolution", text)
     }
 }
 
@@ -127,12 +166,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_kind_reads_back_from_its_stored_name_and_serialises_as_it() {
+    fn stored_names_read_back_and_serialise_unchanged() {
         for kind in Kind::ALL {
             assert_eq!(kind.as_str().parse::<Kind>().unwrap(), kind);
             assert_eq!(serde_json::to_value(kind).unwrap(), kind.as_str());
         }
+        for outcome in Outcome::ALL {
+            assert_eq!(outcome.as_str().parse::<Outcome>().unwrap(), outcome);
+            assert_eq!(serde_json::to_value(outcome).unwrap(), outcome.as_str());
+        }
         let unknown = "pending".parse::<Kind>().unwrap_err();
         assert_eq!(unknown.to_string(), r#""pending" is not a known dead-letter kind"#);
+        let unknown = "open".parse::<Outcome>().unwrap_err();
+        assert_eq!(unknown.to_string(), r#""open" is not a known dead-letter resolution"#);
     }
 }

@@ -15,6 +15,7 @@ use oncepay_store::settlement::Asked;
 use sqlx::PgConnection;
 use time::OffsetDateTime;
 
+use super::Outcome;
 use super::reports::{AuditRow, Detail, Entry, EntryList};
 use crate::cli::CliError;
 
@@ -64,7 +65,9 @@ async fn entries(conn: &mut PgConnection, payment_id: Option<PaymentId>, all: bo
     .context("cannot read the dead letters")?;
     let mut entries = Vec::with_capacity(rows.len());
     for r in rows {
-        let kind = r.kind.parse().with_context(|| format!("cannot read dead letter {}", r.dead_letter_id))?;
+        let unreadable = || format!("cannot read dead letter {}", r.dead_letter_id);
+        let kind = r.kind.parse().with_context(unreadable)?;
+        let resolution = r.resolution.as_deref().map(str::parse).transpose().with_context(unreadable)?;
         entries.push(Entry {
             dead_letter_id: r.dead_letter_id,
             payment_id: PaymentId::from_uuid(r.payment_id),
@@ -80,7 +83,7 @@ async fn entries(conn: &mut PgConnection, payment_id: Option<PaymentId>, all: bo
             age_secs: r.age_secs,
             resolved_at: r.resolved_at,
             resolved_by: r.resolved_by,
-            resolution: r.resolution,
+            resolution,
             resolution_note: r.resolution_note,
             evidence: r.evidence,
         });
@@ -220,7 +223,7 @@ pub(super) async fn close(
     conn: &mut PgConnection,
     locked: &Locked,
     resolved_by: &str,
-    resolution: &str,
+    resolution: Outcome,
     note: &str,
 ) -> Result<(), CliError> {
     sqlx::query!(
@@ -232,7 +235,7 @@ pub(super) async fn close(
         locked.tenant_id.as_uuid(),
         locked.dead_letter_id,
         resolved_by,
-        resolution,
+        resolution.as_str(),
         note,
     )
     .execute(conn)

@@ -12,7 +12,7 @@ use serde::Serialize;
 use serde_json::Value;
 use time::OffsetDateTime;
 
-use super::Kind;
+use super::{Kind, Outcome};
 use crate::render::{self, Report, Table};
 
 /// One entry, as listed.
@@ -48,8 +48,8 @@ pub struct Entry {
     pub resolved_at: Option<OffsetDateTime>,
     /// Who closed it (`operator:<name>`).
     pub resolved_by: Option<String>,
-    /// `succeeded`, `failed`, `retried`, `acknowledged`.
-    pub resolution: Option<String>,
+    /// How an operator closed it.
+    pub resolution: Option<Outcome>,
     /// The operator's reason.
     pub resolution_note: Option<String>,
     /// What was gathered, oldest first.
@@ -73,7 +73,7 @@ impl Report for EntryList {
                 format!("{} {}", e.amount, e.currency),
                 e.attempts.to_string(),
                 render::age(time::Duration::seconds(e.age_secs)),
-                e.resolution.clone().unwrap_or_else(|| "open".to_owned()),
+                e.resolution.map_or("open", Outcome::as_str).to_owned(),
                 e.reason.clone(),
             ]);
         }
@@ -130,10 +130,11 @@ impl Report for Detail {
             writeln!(out, "why         {}", e.reason)?;
             writeln!(out, "attempts    {}", e.attempts)?;
             writeln!(out, "opened      {} ({} ago)", render::timestamp(e.created_at), render::age(age_of(e)))?;
-            match (&e.resolution, e.resolved_at, &e.resolved_by) {
+            match (e.resolution, e.resolved_at, &e.resolved_by) {
                 (Some(resolution), Some(at), Some(by)) => writeln!(
                     out,
-                    "resolved    {resolution} by {by} at {}: {}",
+                    "resolved    {} by {by} at {}: {}",
+                    resolution.as_str(),
                     render::timestamp(at),
                     e.resolution_note.as_deref().unwrap_or_default()
                 )?,
@@ -175,8 +176,8 @@ pub struct Resolution {
     pub payment_id: PaymentId,
     /// The entry closed.
     pub dead_letter_id: i64,
-    /// `retried`, `succeeded`, `failed` or `acknowledged`.
-    pub resolution: &'static str,
+    /// How the entry was closed.
+    pub resolution: Outcome,
     /// Who.
     pub resolved_by: String,
     /// Why.
@@ -192,7 +193,7 @@ impl Report for Resolution {
             "dead letter {} of payment {}: {} by {}; the payment is now {}",
             self.dead_letter_id,
             self.payment_id,
-            self.resolution,
+            self.resolution.as_str(),
             self.resolved_by,
             self.payment_status.as_str()
         )
