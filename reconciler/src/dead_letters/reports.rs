@@ -56,6 +56,18 @@ pub struct Entry {
     pub evidence: Value,
 }
 
+impl Entry {
+    /// The tenant's name, or its id if it has none.
+    fn tenant_label(&self) -> String {
+        self.tenant.clone().unwrap_or_else(|| self.tenant_id.to_string())
+    }
+
+    /// How long it has been (or was) open, as operators read it.
+    fn age(&self) -> String {
+        render::age(time::Duration::seconds(self.age_secs))
+    }
+}
+
 /// `dead-letters list`.
 #[derive(Debug, Serialize)]
 pub struct EntryList(pub Vec<Entry>);
@@ -67,12 +79,12 @@ impl Report for EntryList {
         for e in &self.0 {
             table.row(vec![
                 e.payment_id.to_string(),
-                e.tenant.clone().unwrap_or_else(|| e.tenant_id.to_string()),
+                e.tenant_label(),
                 e.kind.as_str().to_owned(),
                 e.payment_status.as_str().to_owned(),
                 format!("{} {}", e.amount, e.currency),
                 e.attempts.to_string(),
-                render::age(time::Duration::seconds(e.age_secs)),
+                e.age(),
                 e.resolution.map_or("open", Outcome::as_str).to_owned(),
                 e.reason.clone(),
             ]);
@@ -125,11 +137,11 @@ impl Report for Detail {
                 e.currency,
                 e.payment_status.as_str()
             )?;
-            writeln!(out, "tenant      {}", e.tenant.clone().unwrap_or_else(|| e.tenant_id.to_string()))?;
+            writeln!(out, "tenant      {}", e.tenant_label())?;
             writeln!(out, "kind        {}", e.kind.as_str())?;
             writeln!(out, "why         {}", e.reason)?;
             writeln!(out, "attempts    {}", e.attempts)?;
-            writeln!(out, "opened      {} ({} ago)", render::timestamp(e.created_at), render::age(age_of(e)))?;
+            writeln!(out, "opened      {} ({} ago)", render::timestamp(e.created_at), e.age())?;
             match (e.resolution, e.resolved_at, &e.resolved_by) {
                 (Some(resolution), Some(at), Some(by)) => writeln!(
                     out,
@@ -163,10 +175,6 @@ impl Report for Detail {
     fn json(&self) -> Value {
         render::to_json(self)
     }
-}
-
-fn age_of(entry: &Entry) -> time::Duration {
-    time::Duration::seconds(entry.age_secs)
 }
 
 /// What an operator action did.
