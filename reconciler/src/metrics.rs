@@ -90,7 +90,7 @@ pub fn describe() {
     for how in RESOLUTIONS {
         counter!(UNKNOWN_RESOLVED, "how" => how).increment(0);
     }
-    for kind in [Kind::Unresolved, Kind::Conflict] {
+    for kind in Kind::ALL {
         counter!(DEAD_LETTERS, "kind" => kind.as_str()).increment(0);
     }
     counter!(REAPED_KEYS).increment(0);

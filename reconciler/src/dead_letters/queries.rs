@@ -47,7 +47,8 @@ pub async fn show(conn: &mut PgConnection, payment_id: PaymentId) -> Result<Deta
 async fn entries(conn: &mut PgConnection, payment_id: Option<PaymentId>, all: bool) -> Result<Vec<Entry>, CliError> {
     let rows = sqlx::query!(
         r#"
-        SELECT d.dead_letter_id, d.payment_id, d.tenant_id, t.name AS "tenant?", d.kind, d.reason, d.attempts,
+        SELECT d.dead_letter_id, d.payment_id AS "payment_id: PaymentId", d.tenant_id AS "tenant_id: TenantId",
+               t.name AS "tenant?", d.kind, d.reason, d.attempts,
                p.status AS "payment_status: PaymentStatus", p.amount, p.currency, d.created_at,
                extract(epoch FROM COALESCE(d.resolved_at, now()) - d.created_at)::bigint AS "age_secs!",
                d.resolved_at, d.resolved_by, d.resolution, d.resolution_note, d.evidence
@@ -70,8 +71,8 @@ async fn entries(conn: &mut PgConnection, payment_id: Option<PaymentId>, all: bo
         let resolution = r.resolution.as_deref().map(str::parse).transpose().with_context(unreadable)?;
         entries.push(Entry {
             dead_letter_id: r.dead_letter_id,
-            payment_id: PaymentId::from_uuid(r.payment_id),
-            tenant_id: TenantId::from_uuid(r.tenant_id),
+            payment_id: r.payment_id,
+            tenant_id: r.tenant_id,
             tenant: r.tenant,
             kind,
             reason: r.reason,
@@ -124,7 +125,7 @@ pub(super) async fn open_payment(
 ) -> Result<(TenantId, Asked), CliError> {
     let payment = sqlx::query!(
         r#"
-        SELECT d.tenant_id, p.amount AS "amount: Amount", p.currency AS "currency: Currency"
+        SELECT d.tenant_id AS "tenant_id: TenantId", p.amount AS "amount: Amount", p.currency AS "currency: Currency"
         FROM dead_letters d JOIN payments p USING (tenant_id, payment_id)
         WHERE d.payment_id = $1 AND d.resolved_at IS NULL
         "#,
@@ -135,7 +136,7 @@ pub(super) async fn open_payment(
     .context("cannot read the dead letter")?
     .ok_or_else(|| no_open_entry(payment_id))?;
     let asked = Asked { payment_id, amount: payment.amount, currency: payment.currency };
-    Ok((TenantId::from_uuid(payment.tenant_id), asked))
+    Ok((payment.tenant_id, asked))
 }
 
 /// The open entry and its payment, locked for the rest of the transaction.
@@ -157,7 +158,8 @@ pub(super) async fn lock_open(
 ) -> Result<Locked, CliError> {
     let row = sqlx::query!(
         r#"
-        SELECT d.dead_letter_id, d.tenant_id, p.status AS "status: PaymentStatus", p.first_sent_at,
+        SELECT d.dead_letter_id, d.tenant_id AS "tenant_id: TenantId", p.status AS "status: PaymentStatus",
+               p.first_sent_at,
                p.amount AS "amount: Amount", p.currency AS "currency: Currency",
                COALESCE(now() - p.first_sent_at < make_interval(secs => $2), true) AS "in_key_window!"
         FROM dead_letters d JOIN payments p USING (tenant_id, payment_id)
@@ -173,7 +175,7 @@ pub(super) async fn lock_open(
     let row = row.ok_or_else(|| no_open_entry(payment_id))?;
     Ok(Locked {
         dead_letter_id: row.dead_letter_id,
-        tenant_id: TenantId::from_uuid(row.tenant_id),
+        tenant_id: row.tenant_id,
         status: row.status,
         asked: Asked { payment_id, amount: row.amount, currency: row.currency },
         in_key_window: row.in_key_window,
