@@ -9,8 +9,9 @@
 
 pub mod answer;
 pub mod auth;
+pub mod create_payment;
 pub mod errors;
-pub mod intake;
+pub mod get_payment;
 pub mod long_poll;
 pub mod metrics;
 pub mod openapi;
@@ -21,7 +22,6 @@ pub mod request_span;
 pub mod rereads;
 pub mod settings;
 pub mod startup;
-pub mod status;
 
 pub use settings::Settings;
 pub use startup::Application;

@@ -1,6 +1,6 @@
 //! The api's metrics: help texts, and the intake series registered at zero on start.
 //!
-//! Recorded where they happen: `oncepay_api_intake_total{outcome}` by `intake::create_payment` (one
+//! Recorded where they happen: `oncepay_api_intake_total{outcome}` by `create_payment` (one
 //! per `POST /v1/payments`), `oncepay_api_request_duration_seconds{route, method}` by
 //! `request_span` (every request), `oncepay_api_long_polls_waiting` by `long_poll`. Registering every
 //! intake outcome at zero when the process starts makes each series exist from the first scrape, so a
@@ -16,7 +16,7 @@ pub const REQUEST_DURATION: &str = "oncepay_api_request_duration_seconds";
 /// Long polls waiting for a payment to change.
 pub const LONG_POLLS_WAITING: &str = "oncepay_api_long_polls_waiting";
 
-/// Every `outcome` of [`INTAKE`], as `intake` labels them: 202 `created`, a `replayed` key, 422
+/// Every `outcome` of [`INTAKE`], as `create_payment` labels them: 202 `created`, a `replayed` key, 422
 /// `key_reused` (same key, other request), 409 `key_in_use` (the key is being written right now), 503
 /// `store_unavailable`, 503 `key_check_busy` (no place to read an API key), 429 `rate_limited`,
 /// 400/413/415 `invalid`, 401 `unauthorized`, 500 `error`.

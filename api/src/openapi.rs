@@ -27,7 +27,7 @@ use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
         description = "Payment intake that charges each accepted request at most once and always ends in an \
                        explained state. Every error is an RFC 9457 problem document (`application/problem+json`).",
     ),
-    paths(crate::intake::create_payment, crate::status::get_payment),
+    paths(crate::create_payment::create_payment, crate::get_payment::get_payment),
     components(schemas(PaymentRequestBody, PaymentResource, PaymentStatus, Failure, Problem, FieldError)),
     modifiers(&BearerApiKey, &FollowPayment),
     tags((name = "payments", description = "Accepting payments and following them to their final state")),

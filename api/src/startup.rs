@@ -48,7 +48,7 @@ use crate::rate_limit::RateLimits;
 use crate::replay_cache::ReplayCache;
 use crate::rereads::{Rereader, Rereads};
 use crate::settings::{IntakeSettings, LongPollSettings, Settings};
-use crate::{intake, openapi, request_span, status};
+use crate::{create_payment, get_payment, openapi, request_span};
 
 /// The name every connection carries (`pg_stat_activity.application_name`).
 pub const APPLICATION_NAME: &str = "oncepay-api";
@@ -313,12 +313,12 @@ fn routes(config: &mut web::ServiceConfig, with_ops: bool) {
     config
         .service(
             web::resource("/v1/payments")
-                .route(web::post().to(intake::create_payment))
+                .route(web::post().to(create_payment::create_payment))
                 .default_service(errors::method_not_allowed("POST")),
         )
         .service(
             web::resource("/v1/payments/{id}")
-                .route(web::get().to(status::get_payment))
+                .route(web::get().to(get_payment::get_payment))
                 .default_service(errors::method_not_allowed("GET")),
         )
         .service(
