@@ -36,7 +36,6 @@ use oncepay_domain::idempotency_key::IdempotencyKey;
 use oncepay_domain::ids::TenantId;
 use oncepay_domain::payment::PaymentResource;
 use oncepay_domain::payment_request::PaymentRequest;
-use oncepay_http::problem::Problem;
 use oncepay_service::telemetry;
 use oncepay_store::intake::{self, ExistingKey, Intake, NewPayment};
 use oncepay_store::{StoreError, payments};
@@ -47,7 +46,7 @@ use time::OffsetDateTime;
 use crate::answer::{self, KeyInfo};
 use crate::auth::Caller;
 use crate::errors::ApiError;
-use crate::openapi::PaymentRequestBody;
+use crate::openapi::{Admission, CreatePaymentHeaders, CreatePaymentResponses, PaymentRequestBody};
 use crate::replay_cache::Final;
 use crate::request_span;
 use crate::startup::AppState;
@@ -69,56 +68,10 @@ const INTAKE_TOTAL: &str = "oncepay_api_intake_total";
     tag = "payments",
     operation_id = "create_payment",
     security(("api_key" = [])),
-    params(
-        // The grammar `IdempotencyKey::parse` accepts: a bare key not starting with a quote, or an
-        // RFC 8941 string of 1 to 255 visible ASCII characters (an escape `\"` or `\\` counts as one).
-        ("Idempotency-Key" = String, Header,
-            pattern = r#"^(?:[!#-~][!-~]{0,254}|"(?:[!#-\[\]-~]|\\["\\]){1,255}")$"#,
-            description = "1 to 255 visible ASCII characters, bare (`abc-123`) or as an RFC 8941 string \
-                           (`\"abc-123\"`); both forms name the same key. Retry with the same key and body."),
-    ),
+    params(CreatePaymentHeaders),
     request_body(content = PaymentRequestBody, content_type = "application/json",
         description = "At most 64 KiB by default. Unknown fields are rejected."),
-    responses(
-        (status = 202, description = "Accepted (or, with `Idempotent-Replayed: true`, a retry of a payment that is \
-                                      still in progress). Poll the `Location` after `Retry-After` seconds.",
-            body = PaymentResource,
-            headers(
-                ("Location" = String, description = "`/v1/payments/{id}`"),
-                ("Retry-After" = u64, description = "Seconds before polling the payment"),
-                ("Idempotency-Key-Expires" = String, description = "HTTP date after which the key may be forgotten"),
-                ("Idempotent-Replayed" = bool, description = "`true` when this repeats an earlier request's outcome"),
-            )),
-        (status = 200, description = "A retry of a payment that has reached its final state: the stored final \
-                                      response, with `Idempotent-Replayed: true`.",
-            body = PaymentResource,
-            headers(
-                ("Idempotency-Key-Expires" = String, description = "HTTP date after which the key may be forgotten"),
-                ("Idempotent-Replayed" = bool, description = "Always `true`"),
-            )),
-        (status = 400, description = "Missing or malformed `Idempotency-Key`, malformed JSON, or invalid fields \
-                                      (each one listed in `errors`).",
-            body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing, malformed, unknown or revoked API key.",
-            body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Another request with this key is being processed right now; nothing was \
-                                      written. Retry after `Retry-After`.",
-            body = Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = u64, description = "Seconds before retrying"))),
-        (status = 413, description = "The body is larger than the limit (64 KiB by default).",
-            body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "The body is not `application/json`.",
-            body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "The key was already used with a different request; nothing was written.",
-            body = Problem, content_type = "application/problem+json",
-            headers(("Idempotency-Key-Expires" = String, description = "HTTP date after which the key may be forgotten"))),
-        (status = 429, description = "The tenant's rate limit is exhausted.",
-            body = Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = u64, description = "Seconds before retrying"))),
-        (status = 503, description = "The store cannot be reached; nothing was written. Retry with the same key.",
-            body = Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = u64, description = "Seconds before retrying"))),
-    ),
+    responses(CreatePaymentResponses, Admission),
 )]
 pub async fn create_payment(
     request: HttpRequest,

@@ -16,7 +16,6 @@ use std::time::Duration;
 use actix_web::{HttpRequest, HttpResponse, web};
 use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_domain::payment::PaymentResource;
-use oncepay_http::problem::Problem;
 use oncepay_store::payments;
 use oncepay_store::payments::Payment;
 use tokio::time::Instant;
@@ -24,6 +23,7 @@ use tokio::time::Instant;
 use crate::answer;
 use crate::errors::ApiError;
 use crate::long_poll::Subscription;
+use crate::openapi::{Admission, GetPaymentHeaders, GetPaymentPath, GetPaymentResponses};
 use crate::prefer;
 use crate::request_span;
 use crate::startup::AppState;
@@ -35,29 +35,8 @@ use crate::startup::AppState;
     tag = "payments",
     operation_id = "get_payment",
     security(("api_key" = [])),
-    params(
-        ("id" = String, Path, format = Uuid, description = "The payment's id, from `Location`"),
-        ("Prefer" = Option<String>, Header,
-            description = "`wait=N` (RFC 7240): hold the answer until the status changes or N seconds pass \
-                           (N is capped at the server's maximum, 30 by default)."),
-    ),
-    responses(
-        (status = 200, description = "The payment.", body = PaymentResource,
-            headers(
-                ("Retry-After" = u64, description = "Present while the payment is not final: seconds before polling again"),
-                ("Preference-Applied" = String, description = "`wait=N` when a long poll was honoured, N as applied"),
-            )),
-        (status = 401, description = "Missing, malformed, unknown or revoked API key.",
-            body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such payment for this tenant.",
-            body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "The tenant's rate limit is exhausted.",
-            body = Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = u64, description = "Seconds before retrying"))),
-        (status = 503, description = "The store cannot be reached.",
-            body = Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = u64, description = "Seconds before retrying"))),
-    ),
+    params(GetPaymentPath, GetPaymentHeaders),
+    responses(GetPaymentResponses, Admission),
 )]
 pub async fn get_payment(request: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let span = request_span::of(&request);

@@ -1,10 +1,12 @@
 //! The OpenAPI 3.1 document of the public API, generated from the code with `utoipa` and served at
 //! `GET /openapi.json`.
 //!
-//! The paths come from the handlers' `#[utoipa::path]` attributes, the response schemas from the
-//! shared types' `ToSchema` derives (`PaymentResource`, `Problem`, ...), and the request body's
-//! schema from the same limits `PaymentRequest::from_json` enforces, so the document cannot drift
-//! from the behaviour. Nothing here is hand-written JSON.
+//! The paths come from the handlers' `#[utoipa::path]` attributes, which name their parameters and
+//! answers by the types at the end of this file (one set per operation, and [`Admission`] for the
+//! refusals both share; types that are never built, only derived from). The response schemas come
+//! from the shared types' `ToSchema` derives (`PaymentResource`, `Problem`, ...), and the request
+//! body's schema from the same limits `PaymentRequest::from_json` enforces, so the document cannot
+//! drift from the behaviour. Nothing here is hand-written JSON.
 
 use std::borrow::Cow;
 
@@ -17,7 +19,7 @@ use utoipa::openapi::link::LinkBuilder;
 use utoipa::openapi::schema::{AdditionalProperties, KnownFormat, ObjectBuilder, Schema, SchemaFormat, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{OpenApi as Document, RefOr};
-use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
+use utoipa::{IntoParams, IntoResponses, Modify, OpenApi, PartialSchema, ToSchema};
 
 /// The document.
 #[derive(OpenApi)]
@@ -179,6 +181,126 @@ impl PartialSchema for PaymentRequestBody {
             .description(Some("A payment request. Unknown fields are rejected (400)."))
             .into()
     }
+}
+
+/// The headers of `POST /v1/payments`.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Header)]
+pub struct CreatePaymentHeaders {
+    // The grammar `IdempotencyKey::parse` accepts: a bare key not starting with a quote, or an
+    // RFC 8941 string of 1 to 255 visible ASCII characters (an escape `\"` or `\\` counts as one).
+    #[doc = "1 to 255 visible ASCII characters, bare (`abc-123`) or as an RFC 8941 string \
+             (`\"abc-123\"`); both forms name the same key. Retry with the same key and body."]
+    #[param(rename = "Idempotency-Key", pattern = r#"^(?:[!#-~][!-~]{0,254}|"(?:[!#-\[\]-~]|\\["\\]){1,255}")$"#)]
+    pub idempotency_key: String,
+}
+
+/// The answers of `POST /v1/payments`, besides those of [`Admission`].
+#[derive(IntoResponses)]
+pub enum CreatePaymentResponses {
+    #[response(status = 202, description = "Accepted (or, with `Idempotent-Replayed: true`, a retry of a payment that is \
+                                            still in progress). Poll the `Location` after `Retry-After` seconds.",
+        headers(
+            ("Location" = String, description = "`/v1/payments/{id}`"),
+            ("Retry-After" = u64, description = "Seconds before polling the payment"),
+            ("Idempotency-Key-Expires" = String, description = "HTTP date after which the key may be forgotten"),
+            ("Idempotent-Replayed" = bool, description = "`true` when this repeats an earlier request's outcome"),
+        ))]
+    Accepted(PaymentResource),
+    #[response(status = 200, description = "A retry of a payment that has reached its final state: the stored final \
+                                            response, with `Idempotent-Replayed: true`.",
+        headers(
+            ("Idempotency-Key-Expires" = String, description = "HTTP date after which the key may be forgotten"),
+            ("Idempotent-Replayed" = bool, description = "Always `true`"),
+        ))]
+    Replayed(PaymentResource),
+    #[response(
+        status = 400,
+        description = "Missing or malformed `Idempotency-Key`, malformed JSON, or invalid fields \
+                                            (each one listed in `errors`).",
+        content_type = "application/problem+json"
+    )]
+    Invalid(Problem),
+    #[response(status = 409, description = "Another request with this key is being processed right now; nothing was \
+                                            written. Retry after `Retry-After`.",
+        content_type = "application/problem+json",
+        headers(("Retry-After" = u64, description = "Seconds before retrying")))]
+    KeyInUse(Problem),
+    #[response(
+        status = 413,
+        description = "The body is larger than the limit (64 KiB by default).",
+        content_type = "application/problem+json"
+    )]
+    TooLarge(Problem),
+    #[response(
+        status = 415,
+        description = "The body is not `application/json`.",
+        content_type = "application/problem+json"
+    )]
+    NotJson(Problem),
+    #[response(status = 422, description = "The key was already used with a different request; nothing was written.",
+        content_type = "application/problem+json",
+        headers(("Idempotency-Key-Expires" = String, description = "HTTP date after which the key may be forgotten")))]
+    KeyReused(Problem),
+    #[response(status = 503, description = "The store cannot be reached; nothing was written. Retry with the same key.",
+        content_type = "application/problem+json",
+        headers(("Retry-After" = u64, description = "Seconds before retrying")))]
+    Unavailable(Problem),
+}
+
+/// The path of `GET /v1/payments/{id}`.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct GetPaymentPath {
+    /// The payment's id, from `Location`
+    #[param(format = Uuid)]
+    pub id: String,
+}
+
+/// The headers of `GET /v1/payments/{id}`.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Header)]
+pub struct GetPaymentHeaders {
+    #[doc = "`wait=N` (RFC 7240): hold the answer until the status changes or N seconds pass \
+             (N is capped at the server's maximum, 30 by default)."]
+    #[param(rename = "Prefer")]
+    pub prefer: Option<String>,
+}
+
+/// The answers of `GET /v1/payments/{id}`, besides those of [`Admission`].
+#[derive(IntoResponses)]
+pub enum GetPaymentResponses {
+    #[response(status = 200, description = "The payment.",
+        headers(
+            ("Retry-After" = u64, description = "Present while the payment is not final: seconds before polling again"),
+            ("Preference-Applied" = String, description = "`wait=N` when a long poll was honoured, N as applied"),
+        ))]
+    Payment(PaymentResource),
+    #[response(
+        status = 404,
+        description = "No such payment for this tenant.",
+        content_type = "application/problem+json"
+    )]
+    NotFound(Problem),
+    #[response(status = 503, description = "The store cannot be reached.",
+        content_type = "application/problem+json",
+        headers(("Retry-After" = u64, description = "Seconds before retrying")))]
+    Unavailable(Problem),
+}
+
+/// The refusals of every payments endpoint before it does anything: the API key, then the rate limit.
+#[derive(IntoResponses)]
+pub enum Admission {
+    #[response(
+        status = 401,
+        description = "Missing, malformed, unknown or revoked API key.",
+        content_type = "application/problem+json"
+    )]
+    Unauthorized(Problem),
+    #[response(status = 429, description = "The tenant's rate limit is exhausted.",
+        content_type = "application/problem+json",
+        headers(("Retry-After" = u64, description = "Seconds before retrying")))]
+    RateLimited(Problem),
 }
 
 #[cfg(test)]
