@@ -29,7 +29,7 @@ use actix_web::http::header::{self, HeaderMap};
 use oncepay_domain::api_key::{self, KeyId};
 use oncepay_domain::ids::TenantId;
 use oncepay_store::connections::Connections;
-use oncepay_store::{StoreError, tenants};
+use oncepay_store::tenants;
 use tokio::sync::Semaphore;
 
 use crate::errors::ApiError;
@@ -53,7 +53,6 @@ pub struct Authenticator {
     /// Places for reads of keys not in the cache.
     lookups: Semaphore,
     lookup_wait: Duration,
-    retry_after_secs: u64,
 }
 
 /// What a key read found.
@@ -65,13 +64,12 @@ enum Lookup {
 }
 
 impl Authenticator {
-    /// An authenticator; `retry_after_secs` goes on a 503.
-    pub fn new(settings: &AuthSettings, retry_after_secs: u64) -> Self {
+    /// An authenticator with the `[auth]` settings.
+    pub fn new(settings: &AuthSettings) -> Self {
         Self {
             cache: KeyCache::new(Duration::from_secs(settings.cache_ttl_secs), settings.cache_max_entries),
             lookups: Semaphore::new(settings.max_concurrent_lookups),
             lookup_wait: Duration::from_millis(settings.lookup_wait_ms),
-            retry_after_secs,
         }
     }
 
@@ -109,7 +107,7 @@ impl Authenticator {
                 Lookup::Busy => self
                     .cache
                     .verified(&id, Instant::now(), self.cache.ttl.saturating_mul(STALE_TTLS))
-                    .ok_or(ApiError::KeyCheckBusy { retry_after_secs: self.retry_after_secs })?,
+                    .ok_or(ApiError::KeyCheckBusy)?,
             },
         };
         if !presented.secret_hash.matches(&verified.secret_sha256) {
@@ -124,9 +122,8 @@ impl Authenticator {
         let Ok(Ok(_place)) = tokio::time::timeout(self.lookup_wait, self.lookups.acquire()).await else {
             return Ok(Lookup::Busy);
         };
-        let to_api = |error: StoreError| ApiError::from_store(error, self.retry_after_secs);
-        let mut conn = connections.acquire().await.map_err(|e| to_api(e.into()))?;
-        let stored = tenants::find_api_key(&mut conn, tenant_id, key_id).await.map_err(to_api)?;
+        let mut conn = connections.acquire().await.map_err(|e| ApiError::from_store(e.into()))?;
+        let stored = tenants::find_api_key(&mut conn, tenant_id, key_id).await.map_err(ApiError::from_store)?;
         conn.release();
         Ok(Lookup::Read(stored))
     }

@@ -111,12 +111,11 @@ async fn take(request: &HttpRequest, payload: web::Payload, state: &AppState) ->
         return replay_remembered(remembered, &fingerprint);
     }
 
-    let retry_after_secs = state.intake.retry_after_secs;
-    let mut conn = state.connections.acquire().await.map_err(|e| ApiError::from_store(e.into(), retry_after_secs))?;
+    let mut conn = state.connections.acquire().await.map_err(|e| ApiError::from_store(e.into()))?;
     let answered = store(&mut conn, state, &span, &caller, &key, &fingerprint, &payment_request).await;
     // The connection is reused unless the store failed (its state is then unknown): a refusal
     // PostgreSQL decided (422, a lock wait past `lock_timeout`) leaves it idle and healthy.
-    if !matches!(answered, Err(ApiError::Unavailable { .. } | ApiError::Internal(_))) {
+    if !matches!(answered, Err(ApiError::Unavailable(_) | ApiError::Internal(_))) {
         conn.release();
     }
     answered
@@ -133,7 +132,6 @@ async fn store(
     fingerprint: &Fingerprint,
     payment_request: &PaymentRequest,
 ) -> Result<Answered, ApiError> {
-    let retry_after_secs = state.intake.retry_after_secs;
     let trace = telemetry::trace_context_of(span);
     let new = NewPayment {
         tenant_id: caller.tenant_id,
@@ -143,18 +141,19 @@ async fn store(
         retention: state.intake.key_retention(),
         trace: trace.as_ref(),
     };
-    match intake::accept_deferring_wakeup(conn, &new).await.map_err(|e| accept_error(e, retry_after_secs))? {
+    match intake::accept_deferring_wakeup(conn, &new).await.map_err(accept_error)? {
         Intake::Created(created) => {
             state.wake.wake();
             span.record("payment.id", tracing::field::display(created.payment.payment_id));
             let resource = PaymentResource::from(&created.payment);
             let key = KeyInfo { expires_at: created.key_expires_at, replayed: false };
-            Ok(Answered { response: answer::accepted(&resource, retry_after_secs, key), replayed: false })
+            Ok(Answered { response: answer::accepted(&resource, state.intake.retry_after_secs, key), replayed: false })
         }
         Intake::Existing(existing) => {
             span.record("payment.id", tracing::field::display(existing.payment_id));
             let Some((status, body)) = existing.stored_response else {
-                let response = replay_in_progress(conn, caller.tenant_id, existing, fingerprint, retry_after_secs);
+                let poll_after_secs = state.intake.retry_after_secs;
+                let response = replay_in_progress(conn, caller.tenant_id, existing, fingerprint, poll_after_secs);
                 return Ok(Answered { response: response.await?, replayed: true });
             };
             let remembered = Final {
@@ -179,13 +178,14 @@ fn replay_remembered(remembered: Final, fingerprint: &Fingerprint) -> Result<Ans
     Ok(Answered { response: answer::stored(remembered.status, remembered.body, key), replayed: true })
 }
 
-/// The answer for a key whose payment was not final when the key was read.
+/// The answer for a key whose payment was not final when the key was read (a 202 tells the client
+/// to poll after `poll_after_secs`).
 async fn replay_in_progress(
     conn: &mut PgConnection,
     tenant_id: TenantId,
     existing: ExistingKey,
     fingerprint: &Fingerprint,
-    retry_after_secs: u64,
+    poll_after_secs: u64,
 ) -> Result<HttpResponse, ApiError> {
     if existing.fingerprint != *fingerprint {
         return Err(ApiError::KeyReused { key_expires_at: existing.expires_at });
@@ -193,23 +193,23 @@ async fn replay_in_progress(
     let key = KeyInfo { expires_at: existing.expires_at, replayed: true };
     let payment = payments::fetch(conn, tenant_id, existing.payment_id)
         .await
-        .map_err(|e| ApiError::from_store(e, retry_after_secs))?
+        .map_err(ApiError::from_store)?
         .ok_or_else(|| ApiError::Internal(anyhow!("an idempotency key names a payment that does not exist")))?;
     let resource = PaymentResource::from(&payment);
     // Settled between the two reads: `settle` stored exactly this 200 and resource on the key.
     Ok(if payment.status.is_terminal() {
         answer::terminal(&resource, key)
     } else {
-        answer::accepted(&resource, retry_after_secs, key)
+        answer::accepted(&resource, poll_after_secs, key)
     })
 }
 
 /// Accept's failures: a lock wait past `lock_timeout` is the key being written right now (409).
-fn accept_error(error: StoreError, retry_after_secs: u64) -> ApiError {
+fn accept_error(error: StoreError) -> ApiError {
     if error.sqlstate().as_deref() == Some(LOCK_NOT_AVAILABLE) {
-        ApiError::KeyInUse { retry_after_secs }
+        ApiError::KeyInUse
     } else {
-        ApiError::from_store(error, retry_after_secs)
+        ApiError::from_store(error)
     }
 }
 
@@ -264,9 +264,9 @@ fn error_outcome(error: &ApiError) -> &'static str {
         ApiError::Unauthorized(_) => "unauthorized",
         ApiError::RateLimited { .. } => "rate_limited",
         ApiError::KeyReused { .. } => "key_reused",
-        ApiError::KeyInUse { .. } => "key_in_use",
-        ApiError::Unavailable { .. } => "store_unavailable",
-        ApiError::KeyCheckBusy { .. } => "key_check_busy",
+        ApiError::KeyInUse => "key_in_use",
+        ApiError::Unavailable(_) => "store_unavailable",
+        ApiError::KeyCheckBusy => "key_check_busy",
         ApiError::MissingIdempotencyKey
         | ApiError::RepeatedIdempotencyKey
         | ApiError::InvalidIdempotencyKey(_)

@@ -6,6 +6,10 @@
 //! that answer with an `ApiError` too, and [`problem_guard`] rewrites any other error response that
 //! is not yet a problem document, so no client ever sees a plain-text or empty error.
 //!
+//! `Retry-After` is decided here too, by [`problem_guard`], from the kind of error: the rate
+//! limiter's wait for a 429, the configured [`RetryAfter`] for a refusal that the same request can
+//! retry (409 for a key being written, 503 for a key check or a store that is unavailable).
+//!
 //! Invariants: a response never carries an internal cause (no SQL, no stack trace, no key); an
 //! unexpected error is logged exactly once, here, with its cause chain, and answered as an opaque
 //! 500; an unavailable store is logged as a warning and answered 503 with `Retry-After`.
@@ -15,7 +19,7 @@ use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::StatusCode;
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::middleware::Next;
-use actix_web::{HttpResponse, ResponseError};
+use actix_web::{HttpResponse, ResponseError, web};
 use oncepay_domain::idempotency_key::IdempotencyKeyError;
 use oncepay_domain::payment_request::FieldError;
 use oncepay_http::problem::{self, Problem, ProblemType};
@@ -24,6 +28,14 @@ use oncepay_store::StoreError;
 use time::OffsetDateTime;
 
 use crate::answer;
+
+/// `intake.retry_after_secs`: how long a client should wait before sending again a request that was
+/// refused only for now. App data, read by [`problem_guard`].
+#[derive(Debug, Clone, Copy)]
+pub struct RetryAfter {
+    /// The delay, in seconds.
+    pub secs: u64,
+}
 
 /// Everything a request can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -72,10 +84,7 @@ pub enum ApiError {
     },
     /// Another request is writing the same key right now.
     #[error("idempotency key in use")]
-    KeyInUse {
-        /// When to try again.
-        retry_after_secs: u64,
-    },
+    KeyInUse,
     /// No such payment for this tenant (or a malformed id), or no such route.
     #[error("not found")]
     NotFound,
@@ -87,20 +96,11 @@ pub enum ApiError {
     },
     /// API keys cannot be checked right now: every place for a key read is taken.
     #[error("the API key cannot be checked right now")]
-    KeyCheckBusy {
-        /// When to try again.
-        retry_after_secs: u64,
-    },
+    KeyCheckBusy,
     /// The store cannot be reached or the transaction failed; nothing was written, unless the
     /// connection broke after the commit was sent.
     #[error("the store is unavailable")]
-    Unavailable {
-        /// When to try again.
-        retry_after_secs: u64,
-        /// What failed.
-        #[source]
-        source: StoreError,
-    },
+    Unavailable(#[source] StoreError),
     /// A bug. Nothing about it is shown to the client.
     #[error("unexpected error")]
     Internal(#[source] anyhow::Error),
@@ -108,23 +108,18 @@ pub enum ApiError {
 
 impl ApiError {
     /// Maps a store failure: unavailable (503, retry) or a bug (500).
-    pub fn from_store(error: StoreError, retry_after_secs: u64) -> Self {
-        if error.is_unavailable() {
-            Self::Unavailable { retry_after_secs, source: error }
-        } else {
-            Self::Internal(anyhow::Error::new(error))
-        }
+    pub fn from_store(error: StoreError) -> Self {
+        if error.is_unavailable() { Self::Unavailable(error) } else { Self::Internal(anyhow::Error::new(error)) }
     }
 
     /// The problem document for this error.
     pub fn problem(&self) -> Problem {
         match self {
             Self::Unauthorized(reason) => Problem::new(ProblemType::Unauthorized, *reason),
-            Self::RateLimited { retry_after_secs } => Problem::new(
+            Self::RateLimited { .. } => Problem::new(
                 ProblemType::RateLimited,
                 "This API key's tenant has exceeded its request rate; retry after the indicated delay.",
-            )
-            .with_retry_after(*retry_after_secs),
+            ),
             Self::MissingIdempotencyKey => Problem::new(
                 ProblemType::MissingIdempotencyKey,
                 "POST /v1/payments requires an Idempotency-Key header (1 to 255 visible ASCII characters).",
@@ -159,36 +154,55 @@ impl ApiError {
                 ProblemType::IdempotencyKeyReused,
                 "This Idempotency-Key was already used with a different request; use a new key for a new payment.",
             ),
-            Self::KeyInUse { retry_after_secs } => Problem::new(
+            Self::KeyInUse => Problem::new(
                 ProblemType::IdempotencyKeyInUse,
                 "Another request with this Idempotency-Key is being processed; retry after the indicated delay.",
-            )
-            .with_retry_after(*retry_after_secs),
+            ),
             Self::NotFound => Problem::new(ProblemType::NotFound, "There is nothing here."),
             Self::MethodNotAllowed { allow } => {
                 Problem::new(ProblemType::MethodNotAllowed, format!("This resource only supports {allow}."))
             }
-            Self::KeyCheckBusy { retry_after_secs } => Problem::new(
+            Self::KeyCheckBusy => Problem::new(
                 ProblemType::ServiceUnavailable,
                 "The service cannot check API keys right now; retry after the indicated delay.",
-            )
-            .with_retry_after(*retry_after_secs),
-            Self::Unavailable { retry_after_secs, .. } => Problem::new(
+            ),
+            Self::Unavailable(_) => Problem::new(
                 ProblemType::ServiceUnavailable,
                 "The service cannot reach its store right now. Retry with the same Idempotency-Key after the \
                  indicated delay: if this request was recorded after all, the retry returns its payment.",
-            )
-            .with_retry_after(*retry_after_secs),
+            ),
             Self::Internal(_) => {
                 Problem::new(ProblemType::Internal, "An unexpected error occurred; nothing about it can be shown.")
             }
         }
     }
 
+    /// Seconds the client should wait before retrying, for the errors whose request can simply be
+    /// sent again: the rate limiter's own wait, else the configured delay.
+    fn retry_after_secs(&self, configured: RetryAfter) -> Option<u64> {
+        match self {
+            Self::RateLimited { retry_after_secs } => Some(*retry_after_secs),
+            Self::KeyInUse | Self::KeyCheckBusy | Self::Unavailable(_) => Some(configured.secs),
+            Self::Unauthorized(_)
+            | Self::MissingIdempotencyKey
+            | Self::RepeatedIdempotencyKey
+            | Self::InvalidIdempotencyKey(_)
+            | Self::UnsupportedMediaType
+            | Self::PayloadTooLarge { .. }
+            | Self::UnreadableBody
+            | Self::MalformedJson(_)
+            | Self::InvalidFields(_)
+            | Self::KeyReused { .. }
+            | Self::NotFound
+            | Self::MethodNotAllowed { .. }
+            | Self::Internal(_) => None,
+        }
+    }
+
     fn log(&self) {
         match self {
             Self::Internal(error) => tracing::error!(error = format!("{error:#}"), "request failed unexpectedly"),
-            Self::Unavailable { source, .. } => {
+            Self::Unavailable(source) => {
                 tracing::warn!(error = %telemetry::error_chain(source), "request failed closed: the store is unavailable");
             }
             _ => {}
@@ -229,13 +243,16 @@ pub fn method_not_allowed(allow: &'static str) -> actix_web::Route {
     actix_web::web::to(move || async move { Err::<HttpResponse, _>(ApiError::MethodNotAllowed { allow }) })
 }
 
-/// Middleware: any error response that is not already a problem document (one actix wrote itself)
-/// is replaced by the problem of its status, so every error a client sees has the same shape.
+/// Middleware: the answer of an [`ApiError`] gets the `Retry-After` its kind calls for, and any error
+/// response that is not already a problem document (one actix wrote itself) is replaced by the
+/// problem of its status, so every error a client sees has the same shape.
 pub async fn problem_guard(
+    configured: web::Data<RetryAfter>,
     request: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
-    let response = next.call(request).await?.map_into_boxed_body();
+    let mut response = next.call(request).await?.map_into_boxed_body();
+    add_retry_after(response.response_mut(), **configured);
     let status = response.status();
     let is_problem = response
         .headers()
@@ -251,6 +268,17 @@ pub async fn problem_guard(
         problem.headers_mut().insert(header::RETRY_AFTER, value);
     }
     Ok(response.into_response(problem))
+}
+
+/// Adds `Retry-After` to the answer of an [`ApiError`] whose request can be sent again as it is.
+fn add_retry_after(response: &mut HttpResponse, configured: RetryAfter) {
+    let secs = response
+        .error()
+        .and_then(|error| error.as_error::<ApiError>())
+        .and_then(|error| error.retry_after_secs(configured));
+    if let Some(secs) = secs {
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
 }
 
 /// The problem for a status actix answered with on its own.
@@ -279,10 +307,8 @@ mod tests {
     #[test]
     fn a_503_never_says_that_nothing_was_recorded_and_says_to_retry_with_the_same_key() {
         // The connection may have broken after the commit was sent: then the payment exists.
-        let unavailable = ApiError::Unavailable {
-            retry_after_secs: 2,
-            source: StoreError::Unavailable(sqlx::Error::Protocol("connection closed".into())),
-        };
+        let unavailable =
+            ApiError::Unavailable(StoreError::Unavailable(sqlx::Error::Protocol("connection closed".into())));
 
         let detail = unavailable.problem().detail.to_lowercase();
 
@@ -292,29 +318,31 @@ mod tests {
 
     #[test]
     fn every_error_renders_a_problem_with_its_status_and_no_internals() {
-        let unavailable = ApiError::Unavailable {
-            retry_after_secs: 2,
-            source: StoreError::Unavailable(sqlx::Error::Protocol("secret internals".into())),
-        };
+        let unavailable =
+            ApiError::Unavailable(StoreError::Unavailable(sqlx::Error::Protocol("secret internals".into())));
         let internal = ApiError::Internal(anyhow::anyhow!("SELECT secret FROM internals"));
-        let cases: Vec<(ApiError, u16, Option<&str>)> = vec![
-            (ApiError::Unauthorized("no key"), 401, None),
-            (ApiError::RateLimited { retry_after_secs: 3 }, 429, Some("3")),
-            (ApiError::MissingIdempotencyKey, 400, None),
-            (ApiError::RepeatedIdempotencyKey, 400, None),
-            (ApiError::InvalidIdempotencyKey(IdempotencyKeyError::Empty), 400, None),
-            (ApiError::UnsupportedMediaType, 415, None),
-            (ApiError::PayloadTooLarge { max_bytes: 10 }, 413, None),
-            (ApiError::KeyReused { key_expires_at: OffsetDateTime::UNIX_EPOCH }, 422, None),
-            (ApiError::KeyInUse { retry_after_secs: 1 }, 409, Some("1")),
-            (ApiError::NotFound, 404, None),
-            (ApiError::MethodNotAllowed { allow: "GET" }, 405, None),
-            (unavailable, 503, Some("2")),
-            (ApiError::KeyCheckBusy { retry_after_secs: 2 }, 503, Some("2")),
-            (internal, 500, None),
+        // The error, the configured delay, then the status and `Retry-After` it is answered with.
+        let cases: Vec<(ApiError, u64, u16, Option<&str>)> = vec![
+            (ApiError::Unauthorized("no key"), 1, 401, None),
+            (ApiError::RateLimited { retry_after_secs: 3 }, 1, 429, Some("3")),
+            (ApiError::MissingIdempotencyKey, 1, 400, None),
+            (ApiError::RepeatedIdempotencyKey, 1, 400, None),
+            (ApiError::InvalidIdempotencyKey(IdempotencyKeyError::Empty), 1, 400, None),
+            (ApiError::UnsupportedMediaType, 1, 415, None),
+            (ApiError::PayloadTooLarge { max_bytes: 10 }, 1, 413, None),
+            (ApiError::KeyReused { key_expires_at: OffsetDateTime::UNIX_EPOCH }, 1, 422, None),
+            (ApiError::KeyInUse, 1, 409, Some("1")),
+            (ApiError::NotFound, 1, 404, None),
+            (ApiError::MethodNotAllowed { allow: "GET" }, 1, 405, None),
+            (unavailable, 2, 503, Some("2")),
+            (ApiError::KeyCheckBusy, 2, 503, Some("2")),
+            (internal, 2, 500, None),
         ];
-        for (error, status, retry_after) in cases {
-            let response = error.error_response();
+        for (error, configured, status, retry_after) in cases {
+            let rendered = serde_json::to_string(&error.problem()).unwrap();
+            let mut response = HttpResponse::from_error(error);
+            add_retry_after(&mut response, RetryAfter { secs: configured });
+            let error = response.error().unwrap();
 
             assert_eq!(response.status().as_u16(), status, "{error:?}");
             assert_eq!(response.headers().get(header::CONTENT_TYPE).unwrap(), problem::CONTENT_TYPE);
@@ -323,7 +351,6 @@ mod tests {
                 retry_after,
                 "{error:?}"
             );
-            let rendered = serde_json::to_string(&error.problem()).unwrap();
             assert!(!rendered.contains("internals"), "{rendered}");
         }
     }
@@ -352,10 +379,11 @@ mod tests {
 
     #[actix_web::test]
     async fn the_guard_turns_an_error_actix_rendered_itself_into_a_problem_and_leaves_the_rest_alone() {
-        use actix_web::{App, test, web};
+        use actix_web::{App, test};
 
         let app = test::init_service(
             App::new()
+                .app_data(web::Data::new(RetryAfter { secs: 1 }))
                 .wrap(actix_web::middleware::from_fn(problem_guard))
                 .route("/plain-error", web::get().to(|| async { HttpResponse::PayloadTooLarge().body("too big") }))
                 .route("/problem", web::get().to(|| async { Err::<HttpResponse, _>(ApiError::NotFound) }))
@@ -375,6 +403,30 @@ mod tests {
         let body: serde_json::Value = test::read_body_json(problem).await;
         assert_eq!(body["type"], "https://oncepay.dev/problems/not-found");
         assert_eq!(test::read_body(ok).await, "fine");
+    }
+
+    #[actix_web::test]
+    async fn the_guard_gives_a_refusal_that_can_be_retried_the_configured_delay_or_the_limiters_own() {
+        use actix_web::{App, test};
+
+        let app = test::init_service(
+            App::new()
+                .app_data(web::Data::new(RetryAfter { secs: 7 }))
+                .wrap(actix_web::middleware::from_fn(problem_guard))
+                .route("/in-use", web::get().to(|| async { Err::<HttpResponse, _>(ApiError::KeyInUse) }))
+                .route(
+                    "/limited",
+                    web::get().to(|| async { Err::<HttpResponse, _>(ApiError::RateLimited { retry_after_secs: 3 }) }),
+                )
+                .route("/not-found", web::get().to(|| async { Err::<HttpResponse, _>(ApiError::NotFound) })),
+        )
+        .await;
+
+        for (uri, retry_after) in [("/in-use", Some("7")), ("/limited", Some("3")), ("/not-found", None)] {
+            let response = test::call_service(&app, test::TestRequest::get().uri(uri).to_request()).await;
+
+            assert_eq!(response.headers().get(header::RETRY_AFTER).map(|v| v.to_str().unwrap()), retry_after, "{uri}");
+        }
     }
 
     #[test]

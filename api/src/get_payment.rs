@@ -95,11 +95,8 @@ async fn hold(
 }
 
 async fn fetch(state: &AppState, tenant_id: TenantId, payment_id: PaymentId) -> Result<Payment, ApiError> {
-    let retry_after_secs = state.intake.retry_after_secs;
-    let mut conn = state.connections.acquire().await.map_err(|e| ApiError::from_store(e.into(), retry_after_secs))?;
-    let payment = payments::fetch(&mut conn, tenant_id, payment_id)
-        .await
-        .map_err(|e| ApiError::from_store(e, retry_after_secs))?;
+    let mut conn = state.connections.acquire().await.map_err(|e| ApiError::from_store(e.into()))?;
+    let payment = payments::fetch(&mut conn, tenant_id, payment_id).await.map_err(ApiError::from_store)?;
     conn.release();
     payment.ok_or(ApiError::NotFound)
 }

@@ -42,7 +42,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::{Authenticator, Caller};
-use crate::errors::{self, ApiError};
+use crate::errors::{self, ApiError, RetryAfter};
 use crate::long_poll::{PaymentListener, PaymentWatch};
 use crate::rate_limit::RateLimits;
 use crate::replay_cache::ReplayCache;
@@ -153,7 +153,8 @@ impl Application {
         let draining = CancellationToken::new();
         let metrics = shared_metrics::install();
         let openapi = web::Data::new(OpenApiJson(openapi::json().context("cannot render the OpenAPI document")?));
-        let auth = Arc::new(Authenticator::new(&settings.auth, settings.intake.retry_after_secs));
+        let auth = Arc::new(Authenticator::new(&settings.auth));
+        let retry_after = web::Data::new(RetryAfter { secs: settings.intake.retry_after_secs });
         let replays = Arc::new(ReplayCache::new(settings.intake.replay_cache_bytes));
         let limits = Arc::new(RateLimits::new(
             settings.intake.default_rate_limit_per_second,
@@ -208,6 +209,7 @@ impl Application {
                 .app_data(web::Data::new(state))
                 .app_data(web::Data::new(OpsState { pool: ops_pool, metrics: metrics.clone() }))
                 .app_data(openapi.clone())
+                .app_data(retry_after.clone())
                 .configure(|config| routes(config, public_ops))
                 // Outermost last: the span sees the final, problem-shaped response.
                 .wrap(middleware::from_fn(errors::problem_guard))
