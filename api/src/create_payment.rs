@@ -58,9 +58,6 @@ const PATH: &str = "/v1/payments";
 /// PostgreSQL's `lock_not_available`: the `lock_timeout` expired.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
 
-/// The counter of intake outcomes.
-const INTAKE_TOTAL: &str = "oncepay_api_intake_total";
-
 /// Accepts a payment request, or replays the outcome of the first request with the same key.
 #[utoipa::path(
     post,
@@ -84,7 +81,7 @@ pub async fn create_payment(
         Ok(_) => "created",
         Err(error) => error_outcome(error),
     };
-    metrics::counter!(INTAKE_TOTAL, "outcome" => outcome).increment(1);
+    metrics::counter!(crate::metrics::INTAKE, "outcome" => outcome).increment(1);
     result.map(|answered| answered.response)
 }
 

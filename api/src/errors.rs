@@ -88,7 +88,7 @@ pub enum ApiError {
     /// No such payment for this tenant (or a malformed id), or no such route.
     #[error("not found")]
     NotFound,
-    /// The route exists, not with this method.
+    /// The route exists, but not for this method.
     #[error("method not allowed")]
     MethodNotAllowed {
         /// The methods it does support, for the `Allow` header.
@@ -171,9 +171,7 @@ impl ApiError {
                 "The service cannot reach its store right now. Retry with the same Idempotency-Key after the \
                  indicated delay: if this request was recorded after all, the retry returns its payment.",
             ),
-            Self::Internal(_) => {
-                Problem::new(ProblemType::Internal, "An unexpected error occurred; nothing about it can be shown.")
-            }
+            Self::Internal(_) => Problem::new(ProblemType::Internal, "An unexpected error occurred."),
         }
     }
 

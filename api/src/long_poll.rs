@@ -30,9 +30,6 @@ use sqlx::postgres::PgListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-/// The gauge of requests currently waiting for a payment to change.
-const WAITING_GAUGE: &str = "oncepay_api_long_polls_waiting";
-
 /// Waiters by payment id. Each payment with waiters has a counter that every notification bumps.
 pub struct PaymentWatch {
     payments: Mutex<HashMap<PaymentId, watch::Sender<u64>>>,
@@ -140,7 +137,7 @@ impl Subscription {
     pub fn waiting(&mut self) {
         if !self.waiting {
             self.waiting = true;
-            metrics::gauge!(WAITING_GAUGE).increment(1);
+            metrics::gauge!(crate::metrics::LONG_POLLS_WAITING).increment(1);
         }
     }
 
@@ -160,7 +157,7 @@ impl Drop for Subscription {
         drop(self.receiver.take());
         self.watch.unsubscribe(self.tenant_id, self.payment_id);
         if self.waiting {
-            metrics::gauge!(WAITING_GAUGE).decrement(1);
+            metrics::gauge!(crate::metrics::LONG_POLLS_WAITING).decrement(1);
         }
     }
 }

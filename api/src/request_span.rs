@@ -63,7 +63,7 @@ pub async fn trace_request(
     span.record("http.route", route.as_str());
     span.record("http.status", status.as_u16());
     span.record("duration_ms", u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX));
-    metrics::histogram!("oncepay_api_request_duration_seconds", "route" => route, "method" => method)
+    metrics::histogram!(crate::metrics::REQUEST_DURATION, "route" => route, "method" => method)
         .record(elapsed.as_secs_f64());
     tracing::debug!(parent: &span, "request served");
     result
