@@ -1,10 +1,8 @@
 //! Tenant API keys: how they are made, what a token looks like, and how one is checked.
 //!
-//! A token is `opk_` followed by the unpadded base64url encoding of 56 bytes: the tenant id (16),
-//! a random key id (8) and a random secret (32). The tenant id and key id locate the stored record
-//! with a primary-key read; only the SHA-256 of the secret is stored, and the presented secret's hash
-//! is compared with it in constant time. A token is shown once, when it is created, and never logged:
-//! its `Debug` form is redacted.
+//! A token is `opk_` followed by the unpadded base64url of 56 bytes: the tenant id (16), a random key
+//! id (8) and a random secret (32). Only the SHA-256 of the secret is stored. A token is shown once,
+//! when it is created, and never logged: its `Debug` form is redacted.
 
 use std::fmt;
 
@@ -71,7 +69,9 @@ impl fmt::Debug for SecretHash {
     }
 }
 
-/// A token presented by a client, split into its parts.
+/// A token presented by a client, split into its parts. The tenant id and key id find the stored
+/// record with a primary-key read; the secret's hash is then compared with the stored one in
+/// constant time ([`SecretHash::matches`]).
 pub struct PresentedKey {
     /// The tenant the token claims to belong to.
     pub tenant_id: TenantId,

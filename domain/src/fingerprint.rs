@@ -1,10 +1,7 @@
 //! The request fingerprint: SHA-256 of the RFC 8785 (JCS) canonical JSON of `{method, path, body}`.
 //!
-//! Canonicalisation sorts object keys, drops insignificant white space and writes every number in
-//! its shortest ECMAScript form, so two bodies that mean the same thing hash the same, and any change
-//! of a value changes the hash. A field of the body sent as `null` means the field was not given
-//! (the request's own parsing says so), so such members are left out before hashing. A key reused
-//! with a different fingerprint is misuse (422).
+//! Two bodies that mean the same thing hash the same, and any change of a value changes the hash. A
+//! key reused with a different fingerprint is misuse (422).
 
 use std::borrow::Cow;
 use std::io;
@@ -30,6 +27,8 @@ impl Fingerprint {
     pub fn of(method: &str, path: &str, body: &Value) -> Self {
         let body = &*given(body);
         let mut hasher = HashWriter(Sha256::new());
+        // JCS sorts object keys, drops insignificant white space and writes every number in its
+        // shortest ECMAScript form, so bodies that mean the same thing hash the same.
         // Writing into a hasher cannot fail, and a `serde_json::Value` always serialises: its map keys
         // are strings and its numbers are finite.
         let written = serde_json_canonicalizer::to_writer(&Envelope { method, path, body }, &mut hasher);
@@ -48,7 +47,8 @@ impl Fingerprint {
     }
 }
 
-/// `body` without the members that are `null`: they were not given.
+/// `body` without its members that are `null`. The request's own parsing reads a field sent as
+/// `null` as a field not given, so the fingerprint must too.
 fn given(body: &Value) -> Cow<'_, Value> {
     match body {
         Value::Object(fields) if fields.values().any(Value::is_null) => Cow::Owned(Value::Object(

@@ -57,7 +57,7 @@ impl IdempotencyKey {
         String::from_utf8(key).map(Self).map_err(|_| IdempotencyKeyError::NotVisibleAscii { position: 0 })
     }
 
-    /// The key, unquoted. Treat it as a secret-ish client value: never log it.
+    /// The key, unquoted. It can carry client data: never log it.
     pub fn as_str(&self) -> &str {
         &self.0
     }

@@ -1,9 +1,5 @@
 //! Typed identifiers: tenants, payments, and the downstream idempotency key derived from a payment.
-//!
-//! Identifiers are UUIDs on the wire and in PostgreSQL. Payment ids are UUIDv7 so that new rows land
-//! at the right-hand end of the primary-key index. The downstream key sent to the provider is derived
-//! from the payment id alone, never from the client's `Idempotency-Key`, so two tenants can never
-//! collide at the provider and every resend of one payment carries the same key.
+//! They are UUIDs on the wire and in PostgreSQL.
 
 use std::fmt;
 use std::str::FromStr;
@@ -56,7 +52,8 @@ impl FromStr for TenantId {
 pub struct PaymentId(Uuid);
 
 impl PaymentId {
-    /// A fresh, time-ordered payment id.
+    /// A fresh, time-ordered payment id (UUIDv7), so new rows land at the right-hand end of the
+    /// primary-key index.
     pub fn generate() -> Self {
         Self(Uuid::now_v7())
     }
@@ -72,6 +69,9 @@ impl PaymentId {
     }
 
     /// The idempotency key under which this payment is sent to the provider, on every attempt.
+    ///
+    /// Derived from the payment id alone, never from the client's `Idempotency-Key`, so two tenants
+    /// never collide at the provider and every resend of one payment carries the same key.
     pub fn downstream_key(&self) -> DownstreamKey {
         DownstreamKey(format!("{}{}", DownstreamKey::PREFIX, self.0))
     }

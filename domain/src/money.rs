@@ -60,7 +60,7 @@ pub enum CurrencyError {
 }
 
 /// Active ISO 4217 codes (list one, 2025 amendments), sorted for binary search. Fund and precious
-/// metal codes (XAU, XDR ...) and the testing codes (XTS, XXX) are not currencies one charges in.
+/// metal codes (XAU, XDR ...) and the testing codes (XTS, XXX) are left out: nobody charges in them.
 const ISO_4217: &[&str] = &[
     "AED", "AFN", "ALL", "AMD", "AOA", "ARS", "AUD", "AWG", "AZN", "BAM", "BBD", "BDT", "BGN", "BHD", "BIF", "BMD",
     "BND", "BOB", "BOV", "BRL", "BSD", "BTN", "BWP", "BYN", "BZD", "CAD", "CDF", "CHE", "CHF", "CHW", "CLF", "CLP",

@@ -1,6 +1,6 @@
-//! The payment resource clients see: the body of every 200/202 answer and of the terminal response
-//! stored on the idempotency key. Both are rendered from the stored row by one `From` impl, in
-//! `oncepay_store::payments`, so a replay and a poll can never disagree about a payment's shape.
+//! The payment resource clients see: the body of every 200 and 202 response, and of the terminal
+//! response stored on the idempotency key. One `From` impl in `oncepay_store::payments` renders both
+//! from the stored row, so a replay and a poll always agree on a payment's shape.
 
 use std::collections::BTreeMap;
 

@@ -1,11 +1,8 @@
 //! The body of `POST /v1/payments`, checked field by field.
 //!
-//! The body arrives as JSON; [`PaymentRequest::from_json`] turns it into a typed request or into
-//! the list of every field that is wrong, each with a message that names it. Unknown fields and
-//! wrong types are errors, so a typo never silently drops data. Numbers are compared by value, as
-//! the fingerprint compares them: `1000`, `1000.0` and `1e3` are the same amount. No string may
-//! contain U+0000: PostgreSQL can store it in neither `text` nor `jsonb`, so it is refused here,
-//! as a field error, rather than failing the write.
+//! [`PaymentRequest::from_json`] returns a typed request, or every field that is wrong, each with a
+//! message that names it. Unknown fields and wrong types are errors, so a typo never silently drops
+//! data.
 
 use std::collections::BTreeMap;
 
@@ -122,8 +119,8 @@ fn parse_amount(value: &Value) -> Result<Amount, String> {
     let units = if let Some(units) = number.as_i64() {
         units
     } else if let Some(float) = number.as_f64() {
-        // `1e3` and `1000.0` spell the integer 1000; anything with a fraction is not minor units.
-        // The range check comes first so the cast below is exact.
+        // `1e3` and `1000.0` spell the integer 1000, as the fingerprint reads them too; anything with
+        // a fraction is not minor units. The range check comes first so the cast below is exact.
         if float.fract() != 0.0 || !(Amount::MIN as f64..=Amount::MAX as f64).contains(&float) {
             return Err(range());
         }
@@ -211,7 +208,8 @@ fn parse_metadata(value: &Value, errors: &mut Vec<FieldError>) -> Option<BTreeMa
     (errors.len() == before).then_some(metadata)
 }
 
-/// PostgreSQL stores neither `text` nor `jsonb` strings containing U+0000.
+/// PostgreSQL stores neither `text` nor `jsonb` strings containing U+0000, so such a string is
+/// refused here, as a field error, rather than failing the write.
 fn storable(text: &str) -> Result<(), String> {
     if text.contains('\0') { Err("must not contain the NUL character (U+0000)".to_owned()) } else { Ok(()) }
 }

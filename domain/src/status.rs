@@ -14,7 +14,7 @@
 //!    └────────────────────────────────────────── operator retry ◀──┘      └──operator──▶ succeeded | failed
 //! ```
 //!
-//! This module is pure: it does no I/O. The store persists each legal move as a compare-and-set
+//! Pure: no I/O. The store persists each legal move as a compare-and-set
 //! (`UPDATE … WHERE status = <from>`) plus an audit row; losing that race is a normal outcome. A
 //! terminal status (`succeeded`, `failed`) never changes again, whatever evidence arrives later.
 
@@ -83,7 +83,7 @@ pub enum Transition {
     NotSentRetry,
     /// The request provably never reached the provider, and the attempts are spent.
     NotSentExhausted,
-    /// The request may have reached the provider and the answer was lost.
+    /// The request may have reached the provider and the response was lost.
     Uncertain,
     /// The worker's lease expired inside the provider's key window: resend with the same key.
     LeaseExpiredResend,
@@ -105,7 +105,7 @@ pub enum Transition {
 }
 
 impl Transition {
-    /// Whether this move means a send may have reached the provider: its answer was lost, or its
+    /// Whether this move means a send may have reached the provider: its response was lost, or its
     /// worker stopped before recording one. The payment keeps this for good
     /// (`payments.may_be_charged`), across every later resend.
     pub const fn send_may_have_reached_provider(self) -> bool {
