@@ -1,8 +1,8 @@
-//! Exponential backoff with full jitter, for retries that must not stampede.
+//! Exponential backoff with full jitter, so that clients that failed together spread out instead of
+//! retrying in lock-step.
 //!
-//! The delay before attempt `n` (counting from 1 for the first retry) is a uniformly random
-//! duration in `[0, min(max, base * 2^(n-1))]` ("full jitter"), so many clients that failed
-//! together spread out instead of retrying in lock-step. Pure apart from the random source.
+//! The delay before retry `n` (1 for the first) is uniformly random in
+//! `[0, min(max, base * 2^(n-1))]`. Pure apart from the random source.
 
 use std::time::Duration;
 

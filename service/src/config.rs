@@ -4,12 +4,10 @@
 //! 1. the defaults the binary embeds (a TOML file in its crate, which also documents every key);
 //! 2. a TOML file named by `--config` or `ONCEPAY_CONFIG`, if any;
 //! 3. environment variables `ONCEPAY_<SECTION>__<KEY>` (e.g. `ONCEPAY_DATABASE__MAX_CONNECTIONS=8`),
-//!    and `DATABASE_URL` for `database.url` (only in binaries whose settings have a `[database]`).
+//!    and `DATABASE_URL` for `database.url`.
 //!
-//! Secrets are `secrecy` types, so they never appear in `Debug` output, and a value that does not
-//! parse is not quoted in the error (which `main` prints): the error names the key and what was
-//! expected, never what was found, since a misplaced secret is as likely as a mistyped port. Nothing
-//! else in oncepay reads the environment.
+//! Secrets are `secrecy` types, so they never appear in `Debug` output. Nothing else in oncepay reads
+//! the environment.
 
 use std::path::Path;
 
@@ -88,6 +86,9 @@ pub fn load<T: DeserializeOwned>(defaults_toml: &str, file: Option<&Path>) -> Re
 }
 
 /// The same errors, with every offending text value replaced by what kind of value it was.
+///
+/// `main` prints the error, and a secret pasted into the wrong variable is as likely as a mistyped
+/// port: the error names the key and what was expected, never what was found.
 fn without_values(error: figment::Error) -> figment::Error {
     let redact = |actual: &mut Actual| {
         if matches!(actual, Actual::Str(_) | Actual::Char(_) | Actual::Bytes(_) | Actual::Other(_)) {

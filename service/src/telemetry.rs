@@ -1,16 +1,12 @@
 //! Logs and traces: the `tracing` subscriber every binary installs, and W3C trace-context
-//! propagation across processes.
+//! propagation between processes.
 //!
-//! Every binary logs through `tracing` (JSON lines in production, readable text locally) and has an
-//! OpenTelemetry tracer behind its spans, so each span has a real trace id that can be written into
-//! an outbox row, sent as `traceparent` to the provider, and continued by another process. Spans are
-//! exported over OTLP/HTTP only when an endpoint is configured; otherwise nothing leaves the process.
-//! A JSON log line written inside a traced span carries that span's `trace_id` and `span_id`, so a
-//! log line leads to its trace and a trace to its log lines.
+//! Every span belongs to an OpenTelemetry trace, exported or not, so its context can go into an
+//! outbox row or a `traceparent` header and be continued by another process.
 //!
-//! Nothing here ever records an API key, a secret, an idempotency key or a request body: callers
-//! choose their span fields, and use `skip_all`. Span fields and events are exported with the trace
-//! (events as span events) and written to the logs, so the same rule covers both.
+//! Nothing here records an API key, a secret, an idempotency key or a request body: callers choose
+//! their span fields and use `skip_all`. Span fields and events go both to the exported trace (events
+//! as span events) and to the logs, so that one rule covers both.
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -56,7 +52,8 @@ pub fn init(service: &'static str, settings: &TelemetrySettings) -> anyhow::Resu
     crate::tls::install_provider();
     let resource = Resource::builder().with_service_name(service).build();
     let mut builder = SdkTracerProvider::builder().with_resource(resource);
-    // An empty value (e.g. `OTLP_ENDPOINT=` in a compose file) means "no export", like an absent one.
+    // Spans are exported over OTLP/HTTP only when an endpoint is configured; otherwise nothing leaves
+    // the process. An empty value (e.g. `OTLP_ENDPOINT=` in a compose file) counts as none.
     if let Some(endpoint) = settings.otlp_endpoint.as_deref().filter(|e| !e.trim().is_empty()) {
         let exporter =
             opentelemetry_otlp::SpanExporter::builder().with_http().with_endpoint(traces_url(endpoint)).build()?;
@@ -93,10 +90,12 @@ pub fn init(service: &'static str, settings: &TelemetrySettings) -> anyhow::Resu
 
 /// Span fields as a JSON object, as `tracing_subscriber`'s `JsonFields` writes them, except that a
 /// field recorded later is appended to the object instead of the whole object being parsed and
-/// written anew. A request's span records five fields after it is created (route, status, duration,
-/// tenant, payment), and the parse-and-rewrite was a twentieth of the api's CPU per request
-/// (BENCHMARKS.md), paid although no log line is written in the span. A field recorded twice appears
-/// twice; the log line shows the later value, as a JSON reader keeps the last of repeated keys.
+/// written again.
+///
+/// The api's request span records several fields after it is created (route, status, duration,
+/// tenant, payment), and parsing and rewriting the object for each cost noticeable CPU on every
+/// request, even when no line is logged in the span (see BENCHMARKS.md). A field recorded twice
+/// appears twice in the object; JSON readers keep the later value.
 struct AppendingJsonFields;
 
 impl<'writer> FormatFields<'writer> for AppendingJsonFields {
@@ -139,7 +138,8 @@ impl<S: Subscriber> Layer<S> for DispatchCell {
     }
 }
 
-/// JSON lines, each with the `trace_id` and `span_id` of the span it was logged in (if traced).
+/// JSON lines, each with the `trace_id` and `span_id` of the span it was logged in (if traced), so a
+/// log line leads to its trace and a trace to its log lines.
 struct JsonWithTraceIds {
     json: Format<Json>,
     dispatch: DispatchCell,
@@ -194,8 +194,8 @@ pub struct TraceContext {
 }
 
 /// The trace context of `span`, if it belongs to a valid trace: what the W3C propagator would write
-/// (version 00, only the sampled flag), formatted directly, since the api asks for it on every
-/// request that reaches the store.
+/// (version 00, only the sampled flag). Formatted here rather than by the propagator, since the api
+/// asks for it on every request that reaches the store.
 pub fn trace_context_of(span: &Span) -> Option<TraceContext> {
     let context = span.context();
     let span = context.span();
@@ -234,7 +234,7 @@ pub fn link(span: &Span, linked: &Span) {
     span.add_link(linked.context().span().span_context().clone());
 }
 
-/// The current span's trace id in hex, for correlating a log line or an answer with a trace.
+/// The current span's trace id in hex, to match a log line or a response with its trace.
 pub fn current_trace_id() -> Option<String> {
     let context = Span::current().context();
     let span = context.span();
