@@ -1,8 +1,7 @@
-//! [`HttpProvider`]: the provider protocol over HTTP with reqwest.
+//! [`HttpProvider`]: the provider protocol over HTTP, with reqwest.
 //!
-//! Every call has a connect timeout and an overall timeout, so no call can hang a worker. Charge
-//! requests carry the downstream idempotency key and the current W3C trace context. The client is
-//! cheap to clone and shares one connection pool.
+//! Every call has a connect timeout and an overall timeout, so no call can hang a worker, and carries
+//! the current W3C trace context. Charge requests carry the downstream idempotency key.
 
 use std::time::Duration;
 
@@ -27,7 +26,7 @@ pub struct ProviderSettings {
     /// How long to wait for a connection.
     #[serde(default = "defaults::connect_timeout_ms")]
     pub connect_timeout_ms: u64,
-    /// How long to wait for a whole answer.
+    /// How long to wait for the whole response.
     #[serde(default = "defaults::request_timeout_ms")]
     pub request_timeout_ms: u64,
     /// How long the provider remembers an idempotency key (24 h at real providers).
@@ -78,7 +77,7 @@ mod defaults {
 /// The most charges a lookup by idempotency key expects to see.
 const KEY_LOOKUP_LIMIT: u32 = 100;
 
-/// A provider reached over HTTP.
+/// A provider reached over HTTP. Cheap to clone: clones share one connection pool.
 #[derive(Debug, Clone)]
 pub struct HttpProvider {
     client: reqwest::Client,
@@ -184,7 +183,7 @@ impl PaymentProvider for HttpProvider {
     #[instrument(name = "provider.find_by_key", skip_all)]
     async fn find_by_key(&self, key: &DownstreamKey) -> Result<Vec<Charge>, LookupError> {
         // A key normally has one charge; the page is large so that a misbehaving provider's extra
-        // charges are seen rather than cut off, and a truncated answer is an error, not an answer.
+        // charges are seen rather than cut off, and a truncated listing is an error, not a result.
         let page: ChargePage = self
             .get_json(
                 "/v1/charges",

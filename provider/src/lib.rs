@@ -1,11 +1,10 @@
-//! The payment provider: the protocol it speaks, the client oncepay uses, and how every answer is
+//! The payment provider: the protocol it speaks, the client oncepay uses, and how every response is
 //! classified.
 //!
-//! [`PaymentProvider`] is the seam: the worker and the reconciler only see it, and a real provider
-//! is an adapter behind it. [`http::HttpProvider`] speaks the protocol in [`wire`] (the simulator
-//! serves the same types). [`outcome`] turns every answer, including the absence of one, into a
-//! typed outcome: definitive, not sent, or uncertain. [`webhook_signature`] signs and verifies the
-//! provider's webhooks.
+//! [`PaymentProvider`] is the seam: the worker and the reconciler see only it, and a real provider is
+//! an adapter behind it. [`http::HttpProvider`] speaks the protocol in [`wire`], which the simulator
+//! serves too. [`outcome`] turns every call into a typed outcome (definitive, not sent, or uncertain),
+//! even one that got no response. [`webhook_signature`] signs and verifies the provider's webhooks.
 
 #[cfg(feature = "fixtures")]
 pub mod fixtures;

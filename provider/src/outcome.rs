@@ -1,14 +1,12 @@
 //! Every way a provider call can end, as a type.
 //!
-//! - Definitive: the provider charged ([`SendOutcome::Charged`]) or declined
-//!   ([`SendOutcome::Declined`]); the payment becomes terminal.
-//! - Not sent: the request provably never reached the provider, or the provider provably refused it
-//!   without creating anything ([`SendOutcome::NotSent`]); it is safe to retry with backoff.
-//! - Uncertain: the provider may have charged and the answer was lost ([`SendOutcome::Uncertain`]):
-//!   a timeout, a reset after sending, any 5xx, an unreadable success, a key still in flight or
-//!   reused. Only the reconciler may settle it.
+//! - Definitive ([`SendOutcome::Charged`], [`SendOutcome::Declined`]): the payment becomes terminal.
+//! - Not sent ([`SendOutcome::NotSent`]): the request provably never reached the provider, or the
+//!   provider provably refused it without creating anything. Safe to retry with backoff.
+//! - Uncertain ([`SendOutcome::Uncertain`]): the provider may have charged and the response was lost.
+//!   Only the reconciler may settle it.
 //!
-//! When in doubt a case is uncertain: calling an unsent request "uncertain" costs a reconciliation,
+//! When in doubt a case is uncertain: calling an unsent request uncertain costs a reconciliation;
 //! calling a sent one "not sent" can cost a double charge.
 
 use std::time::Duration;
@@ -60,7 +58,7 @@ pub enum NotSentReason {
 /// Why the outcome of a request is unknown.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum UncertainReason {
-    /// No answer within the timeout.
+    /// No response within the timeout.
     #[error("the provider did not answer in time")]
     Timeout,
     /// The connection broke after the request was sent.
@@ -83,22 +81,22 @@ pub enum UncertainReason {
     UnreadableAnswer,
 }
 
-/// A lookup (`GET`) that did not produce an answer. Lookups are safe to repeat.
+/// A lookup (`GET`) that got no usable response. Lookups are safe to repeat.
 #[derive(Debug, thiserror::Error)]
 pub enum LookupError {
-    /// The provider could not be reached or did not answer.
+    /// The provider could not be reached, or did not respond.
     #[error("the provider could not be reached: {0}")]
     Transport(#[source] reqwest::Error),
-    /// The provider answered with an error status.
+    /// The provider responded with an error status.
     #[error("the provider answered HTTP {0}")]
     Status(u16),
-    /// The answer could not be read.
+    /// The response body could not be read.
     #[error("the provider's answer could not be read: {0}")]
     Unreadable(String),
 }
 
 impl SendOutcome {
-    /// Classifies an HTTP answer to `POST /v1/charges`.
+    /// Classifies an HTTP response to `POST /v1/charges`.
     pub fn from_response(status: u16, retry_after: Option<Duration>, body: &[u8]) -> Self {
         match status {
             201 | 200 => match serde_json::from_slice::<Charge>(body) {
@@ -136,7 +134,7 @@ impl SendOutcome {
         }
     }
 
-    /// Classifies a call that produced no HTTP answer.
+    /// Classifies a call that got no HTTP response.
     pub fn from_transport_error(error: &reqwest::Error) -> Self {
         if error.is_builder() {
             Self::NotSent { reason: NotSentReason::LocalError, retry_after: None }
@@ -229,7 +227,7 @@ mod tests {
             prop_oneof![
                 charge().prop_map(|c| serde_json::to_vec(&c).unwrap()),
                 error_body().prop_map(|e| serde_json::to_vec(&e).unwrap()),
-                // A success cut short: the charge exists, its answer did not arrive whole.
+                // A success cut short: the charge exists, its response did not arrive whole.
                 (charge(), any::<proptest::sample::Index>()).prop_map(|(c, cut)| {
                     let text = serde_json::to_vec(&c).unwrap();
                     text[..cut.index(text.len())].to_vec()
@@ -240,7 +238,7 @@ mod tests {
         }
 
         proptest! {
-            /// "Not sent" allows a resend with backoff, so only an answer that proves nothing was
+            /// "Not sent" allows a resend with backoff, so only a response that proves nothing was
             /// done may be classified so: whatever the body says, only 401, 403 and 429.
             #[test]
             fn only_a_refusal_before_acting_is_not_sent(status in 100u16..=999, body in any_body()) {

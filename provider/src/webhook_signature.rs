@@ -2,13 +2,7 @@
 //!
 //! The provider signs each delivery with the headers `webhook-id`, `webhook-timestamp` (Unix seconds)
 //! and `webhook-signature` (space-separated `version,signature` pairs, several during a secret
-//! rotation). A receiver accepts a delivery if any `v1` signature matches any of its current
-//! secrets, compared in constant time, and the timestamp is within the tolerance of its clock in
-//! either direction. Secrets are written `whsec_<base64>`; the HMAC key is the decoded bytes.
-//!
-//! Verifying must cost an attacker as much as it costs us: a header of more than
-//! [`MAX_SIGNATURES`] entries is refused before any hashing, and each secret's tag is computed once
-//! per delivery, not once per candidate.
+//! rotation). Secrets are written `whsec_<base64>`; the HMAC key is the decoded bytes.
 
 use std::fmt;
 
@@ -113,6 +107,11 @@ pub struct SignedHeaders<'a> {
 }
 
 /// Verifies a delivery against every current secret; `now` is Unix seconds.
+///
+/// A delivery passes if any `v1` signature matches any secret, compared in constant time, and its
+/// timestamp is within `tolerance_secs` of `now` in either direction. A forged delivery must cost us
+/// no more than it costs its sender: a header of more than [`MAX_SIGNATURES`] entries is refused
+/// before any hashing, and each secret's tag is computed once per delivery, not once per candidate.
 pub fn verify(
     secrets: &[WebhookSecret],
     headers: SignedHeaders<'_>,
@@ -426,7 +425,7 @@ mod tests {
                 prop_assert_ne!(verify(&secrets, headers("msg_1", &now, &junk_only), BODY, NOW, TOLERANCE), Ok(()));
             }
 
-            /// Whatever arrives in the three headers, the verdict is an answer, never a panic, and
+            /// Whatever arrives in the three headers, the verdict is a result, never a panic, and
             /// without a signature made with the secret it is never a pass.
             #[test]
             fn hostile_headers_are_refused_without_panicking(

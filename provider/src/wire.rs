@@ -1,12 +1,12 @@
-//! The provider protocol's JSON, shared by oncepay's client and the simulator so the two can never
+//! The provider protocol's JSON, shared by oncepay's client and the simulator so the two cannot
 //! drift apart.
 //!
-//! - `POST /v1/charges` (`Idempotency-Key` header, [`CreateCharge`] body) answers 201 [`Charge`];
+//! - `POST /v1/charges` (`Idempotency-Key` header, [`CreateCharge`] body) returns 201 [`Charge`];
 //!   402 [`ErrorBody`] for a decline (with the declined charge's id); 409 while the same key is in
 //!   flight; 422 when the key was used with other parameters.
-//! - `GET /v1/charges/{id}` answers [`Charge`]; `GET /v1/charges?idempotency_key=K` and
-//!   `GET /v1/charges?created_gte=&created_lt=&starting_after=&limit=` answer [`ChargePage`].
-//! - Webhooks deliver [`WebhookEvent`]s, signed as in `crate::webhook_signature`.
+//! - `GET /v1/charges/{id}` returns a [`Charge`]; `GET /v1/charges?idempotency_key=K` and
+//!   `GET /v1/charges?created_gte=&created_lt=&starting_after=&limit=` return a [`ChargePage`].
+//! - Webhooks deliver [`WebhookEvent`]s, signed as in [`webhook_signature`](crate::webhook_signature).
 
 use std::collections::BTreeMap;
 
