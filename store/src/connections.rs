@@ -1,20 +1,10 @@
 //! Connections for hot request paths: a bounded set of PostgreSQL connections, checked out and
-//! back without a round trip to the server.
-//!
-//! sqlx's pool pings a connection (a `Sync` message and its `ReadyForQuery`) each time one is
-//! returned, and again before handing it out unless told not to: a round trip to PostgreSQL that
-//! costs about as much as a replay's own one-row read, on both sides of the socket (BENCHMARKS.md).
-//! Here a connection goes back to the set only when the caller says its last statement completed
-//! ([`Checkout::release`]), so it is known to be idle; a checkout dropped without that (an error, a
-//! request cancelled in the middle of a query) closes its connection, and a later checkout opens a
-//! fresh one. A connection that died while idle (PostgreSQL restarted) is found out by the next
-//! statement on it, which fails — the caller fails closed — and is then not released.
+//! returned without a round trip to the server.
 //!
 //! Invariants: at most `max` connections are open or opening at once; a checkout waits at most the
-//! acquire timeout ([`sqlx::Error::PoolTimedOut`]); a released connection is in no transaction
-//! (callers release only after a statement that ran outside one, or after a commit). A connection
-//! belongs to the runtime that opened it, so a process with several runtimes (actix's HTTP workers)
-//! keeps one set per runtime. This module runs no SQL of its own.
+//! acquire timeout ([`sqlx::Error::PoolTimedOut`]); a released connection is in no transaction. A
+//! connection belongs to the runtime that opened it, so a process with several runtimes (actix's HTTP
+//! workers) keeps one set per runtime. This module runs no SQL of its own.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::{Mutex, PoisonError};
@@ -26,8 +16,14 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::{Instant, timeout_at};
 
 /// A bounded set of connections to one database.
+///
+/// Not sqlx's pool: that pings a connection (a `Sync` message and its `ReadyForQuery`) each time one
+/// is returned, and again before handing it out unless told not to, a round trip on every checkout
+/// of a hot path (BENCHMARKS.md has what it costs). Here a connection is returned only when the
+/// caller says its last statement completed, so it is known to be idle.
 pub struct Connections {
     options: PgConnectOptions,
+    // A std mutex: held only to push or pop, never across an `.await`.
     idle: Mutex<Vec<PgConnection>>,
     slots: Semaphore,
     acquire_timeout: Duration,
@@ -84,6 +80,9 @@ impl Connections {
 impl Checkout<'_> {
     /// Gives the connection back for the next checkout. Only after its last statement completed,
     /// outside a transaction (or after the commit); one still inside a transaction is closed.
+    ///
+    /// A connection that died while idle (PostgreSQL restarted) is not noticed here: the next
+    /// statement on it fails, its caller fails closed and drops the checkout instead of releasing it.
     pub fn release(mut self) {
         if let Some(connection) = self.connection.take()
             && !connection.is_in_transaction()

@@ -1,8 +1,4 @@
 //! PostgreSQL: the migrations, the connection pool, and the readiness check.
-//!
-//! Pools connect lazily, so a binary starts (and answers `/healthz`) while the database is down;
-//! every request then fails closed with 503 until it is back. Every connection carries the binary's
-//! `application_name` (visible in `pg_stat_activity`) and a `statement_timeout`.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -17,14 +13,16 @@ use oncepay_service::config::DatabaseSettings;
 /// The schema, embedded from `migrations/` at build time.
 pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
 
-/// Connection options for `settings`, named `application_name`.
+/// Connection options for `settings`: every connection carries the binary's `application_name`
+/// (visible in `pg_stat_activity`) and a `statement_timeout`.
 pub fn connect_options(settings: &DatabaseSettings, application_name: &str) -> Result<PgConnectOptions, sqlx::Error> {
     Ok(PgConnectOptions::from_str(settings.url.expose_secret())?
         .application_name(application_name)
         .options([("statement_timeout", format!("{}ms", settings.statement_timeout_ms))]))
 }
 
-/// A lazily connecting pool.
+/// A lazily connecting pool, so a binary starts (and serves `/healthz`) while the database is down;
+/// every request then fails closed with 503 until it is back.
 pub fn pool(settings: &DatabaseSettings, options: PgConnectOptions) -> PgPool {
     PgPoolOptions::new()
         .max_connections(settings.max_connections)
@@ -48,7 +46,7 @@ pub enum NotReady {
     },
 }
 
-/// Checks that the database answers and that every embedded migration has been applied.
+/// Checks that the database responds and that every embedded migration has been applied.
 pub async fn check_ready(pool: &PgPool) -> Result<(), NotReady> {
     let expected = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
     let found: Option<i64> = sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")

@@ -1,11 +1,10 @@
-//! Arrangements for the tests of every crate that talks to the database: tenants and payments
-//! created exactly as the api creates them, provider settings for a test server, and row counts.
+//! Test arrangements for every crate that talks to the database: tenants and payments created
+//! exactly as the api creates them, provider settings for a test server, and row counts.
 //!
-//! Compiled only with the `fixtures` feature, which only dev-dependencies turn on (this crate's own
-//! tests, the worker's and the reconciler's), so no binary carries it. It arranges and reads; it
-//! never moves a payment, which each suite does the way the process it stands in for would. Its
-//! functions panic on failure: in a test, an arrangement that fails is a failed test.
+//! Only dev-dependencies turn on the `fixtures` feature, so no binary carries this. It arranges and
+//! reads; it never moves a payment, which each suite does as the process it stands in for would.
 
+// Every function here panics on failure: in a test, an arrangement that fails is a failed test.
 #![allow(clippy::expect_used)]
 
 use std::time::Duration;

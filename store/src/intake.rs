@@ -2,17 +2,13 @@
 //! round trip.
 //!
 //! [`accept`] runs `sql/accept.sql`, a call of the `intake` function
-//! (`migrations/0060_intake_function.sql`): a known key comes back as [`Intake::Existing`] with
-//! nothing written, for the caller to replay or refuse; a new key is written with its payment
-//! (`pending`), its outbox row, its first audit row and the workers' wake-up in one statement, so
-//! either all of it exists or none of it does ([`Intake::Created`]). A key that a concurrent request
-//! committed meanwhile is waited for and read again inside the function, so every concurrent
-//! duplicate names the same payment. [`accept_deferring_wakeup`] writes the same rows without the
-//! wake-up, for a caller that wakes the workers itself once the statement has committed, coalescing
-//! many accepts into one `NOTIFY` (a `NOTIFY` in every accept serialises their commits; see
-//! `sql/accept.sql`). The notification is only a hint either way: workers also poll. The SQL lives in
-//! files so the benchmark can run the very same statements under pgbench; `sql/replay.sql` is the
-//! function's replay read on its own, the benchmark's raw replay baseline.
+//! (`migrations/0060_intake_function.sql`). A new key is written with its payment (`pending`), its
+//! outbox row and its first audit row in one statement, so either all of it exists or none of it
+//! does ([`Intake::Created`]). A known key comes back with nothing written, for the caller to replay
+//! or refuse ([`Intake::Existing`]).
+//!
+//! The SQL lives in files so the benchmark runs the same statements under pgbench; `sql/replay.sql`
+//! is the function's replay read on its own, the benchmark's raw replay baseline.
 
 use std::time::Duration;
 
@@ -91,8 +87,10 @@ impl Intake {
     }
 }
 
-/// Accepts a payment and wakes the workers when it commits, or returns the key as it exists
-/// (possibly just committed by a concurrent request with the same key, which this waited for).
+/// Accepts a payment and wakes the workers when it commits, or returns the key as it exists.
+///
+/// A key that a concurrent request committed meanwhile is waited for and read again inside the
+/// function, so every concurrent duplicate names the same payment.
 #[tracing::instrument(name = "store.intake", skip_all, fields(tenant.id = %new.tenant_id))]
 pub async fn accept(conn: &mut PgConnection, new: &NewPayment<'_>) -> Result<Intake, StoreError> {
     intake(conn, new, true).await
@@ -100,6 +98,10 @@ pub async fn accept(conn: &mut PgConnection, new: &NewPayment<'_>) -> Result<Int
 
 /// [`accept`] without the wake-up: the caller must wake the workers (`NOTIFY oncepay_outbox`) after
 /// an accept has committed, or leave the payment to their polling.
+///
+/// For a caller that folds many accepts into one `NOTIFY`: a `NOTIFY` in every accept serialises
+/// their commits (see `sql/accept.sql` and [`crate::notify::Notifier`]). The wake-up is only a hint
+/// either way: workers also poll.
 #[tracing::instrument(name = "store.intake", skip_all, fields(tenant.id = %new.tenant_id))]
 pub async fn accept_deferring_wakeup(conn: &mut PgConnection, new: &NewPayment<'_>) -> Result<Intake, StoreError> {
     intake(conn, new, false).await

@@ -1,24 +1,10 @@
 //! Taking outbox leases back from workers that stopped: the sweeper's half of the outbox protocol.
 //!
-//! A worker claims an outbox row by setting `locked_by`, `locked_until` and a fresh `fencing_token`
-//! and moving its payment `pending → processing`. If the worker dies or stalls past `locked_until`,
-//! [`sweep`] takes the row back:
-//! - while the provider still remembers the payment's downstream key ([`KeyWindow`], measured from
-//!   the payment's first send, minus a safety margin) the row is released (due now, no lease, no
-//!   token) and the payment goes back to `pending`: the next claim resends it with the same key, and
-//!   the provider answers with the first result instead of charging again. The payment is marked
-//!   `may_be_charged` for good (the transition does that), so no later send goes out past the
-//!   key window, and the row's `lease_expirations` counts the takeover;
-//! - past that, a resend could charge twice: the row is deleted, the payment becomes `unknown` and is
-//!   queued for the reconciler in the same transaction.
-//!
-//! Either way the fencing token is gone, so the stalled worker can no longer record anything.
-//!
-//! Invariants: each row is handled in its own short transaction, locked with `FOR UPDATE SKIP
-//! LOCKED` and its expiry re-checked under the lock, so any number of sweepers and workers can run at
-//! once, and a row a worker is recording right now is left to that worker. The outbox row is locked
-//! before its payment, the same order as the worker's claim and record, so they cannot deadlock.
-//! This module never calls the provider and never touches a lease that has not expired.
+//! [`sweep`] takes back a worker's lease (`locked_by`, `locked_until`, `fencing_token`) that expired
+//! while its payment was `processing`: inside the provider's key window the payment goes back to
+//! `pending` and is resent with the same key; past it the payment becomes `unknown`, for the
+//! reconciler. Either way the fencing token is gone, so the stalled worker can no longer record
+//! anything. This module never calls the provider and never touches a lease that has not expired.
 
 use serde_json::json;
 use sqlx::{Connection, PgConnection};
@@ -108,10 +94,15 @@ async fn take_back(
     tenant_id: TenantId,
     payment_id: PaymentId,
 ) -> Result<TakenBack, TransitionError> {
+    // One short transaction per row, so any number of sweepers and workers can run at once.
     let mut tx = conn.begin().await.map_err(StoreError::from)?;
     // The expiry is checked again under the lock: the worker may have recorded its result, or another
     // sweeper taken the row, since the candidates were read. A row locked right now is being recorded
-    // by its worker (or handled by another sweeper), which settles it either way.
+    // by its worker (or handled by another sweeper), which settles it either way. Only the outbox row
+    // is locked here; its payment is locked later, by the transition, the same order as the worker's
+    // claim and record, so they cannot deadlock.
+    //
+    // `in_key_window` counts from the payment's first send, against the key window minus its margin.
     let lease = sqlx::query!(
         r#"
         SELECT o.locked_by AS "locked_by!", o.locked_until AS "locked_until!",
@@ -160,12 +151,17 @@ async fn take_back(
     }
 
     let (transition, reason) = if lease.in_key_window {
+        // The next claim resends with the same key, and the provider returns the first result instead
+        // of charging again. The transition marks the payment `may_be_charged` for good, so no later
+        // send goes out past the key window.
         release(&mut tx, tenant_id, payment_id).await?;
         (
             Transition::LeaseExpiredResend,
             "the worker's lease expired inside the provider's key window; resending with the same key",
         )
     } else {
+        // A resend could charge twice: the payment becomes `unknown` and is queued for the reconciler
+        // below, in this transaction.
         delete(&mut tx, tenant_id, payment_id).await?;
         (
             Transition::LeaseExpiredUncertain,
@@ -208,8 +204,9 @@ async fn take_back(
     Ok(taken)
 }
 
-/// Frees the row for the next claim, due now, and wakes the workers at commit. The token goes with
-/// the lease, so the worker that held it can no longer record anything.
+/// Frees the row for the next claim, due now, counts the takeover in `lease_expirations`, and wakes
+/// the workers at commit. The token goes with the lease, so the worker that held it can no longer
+/// record anything.
 async fn release(conn: &mut PgConnection, tenant_id: TenantId, payment_id: PaymentId) -> Result<(), StoreError> {
     sqlx::query!(
         r#"

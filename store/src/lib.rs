@@ -1,20 +1,16 @@
-//! The store: PostgreSQL access that more than one binary needs, the pool and the migrations
-//! ([`db`]), and [`settlement`], the one place that turns a provider's charge into a payment's
-//! settlement.
+//! The store: the PostgreSQL access that more than one binary needs, the pool and the migrations
+//! ([`db`]), and [`settlement`], the one place that turns a provider's charge into a settlement.
 //!
-//! Functions take `&mut PgConnection`, so the caller decides the transaction (`&mut *tx`). Queries
-//! that one binary owns (the worker's claim and finish, the reconciler's polling and dead letters)
-//! live in that binary. Intake lives here because the worker's and reconciler's tests and the
-//! benchmark create payments exactly as the api does.
-//!
-//! Errors are classified once, here. A database that cannot be reached, or a transaction that failed
-//! for a reason a retry can cure, is [`StoreError::Unavailable`]: fail closed and retry later.
-//! Anything else is a bug.
+//! Functions take `&mut PgConnection`, so the caller owns the transaction (`&mut *tx`). Queries that
+//! one binary owns (the worker's claim and finish, the reconciler's polling and dead letters) live in
+//! that binary. Errors are classified once, here, as [`StoreError`].
 
 pub mod connections;
 pub mod db;
 #[cfg(feature = "fixtures")]
 pub mod fixtures;
+// Here rather than in the api, so that the worker's and the reconciler's tests and the benchmark
+// create payments exactly as the api does.
 pub mod intake;
 pub mod leases;
 pub mod notify;
@@ -29,10 +25,11 @@ pub mod unknown_queue;
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// PostgreSQL cannot be reached, or the transaction failed for a reason that a retry can cure
-    /// (connection lost, pool exhausted, serialization failure, deadlock, shutdown, timeout).
+    /// (connection lost, pool exhausted, serialization failure, deadlock, shutdown, timeout). Fail
+    /// closed and retry later.
     #[error("the database is unavailable")]
     Unavailable(#[source] sqlx::Error),
-    /// Anything else: a constraint or a query that should not have failed.
+    /// Anything else: a constraint or a query that should not have failed. A bug.
     #[error("unexpected database error")]
     Unexpected(#[source] sqlx::Error),
 }

@@ -1,19 +1,11 @@
-//! The PostgreSQL `LISTEN/NOTIFY` channels oncepay uses to wake processes instead of polling, and
-//! the [`Notifier`] that sends on them after a commit, many wake-ups per notification.
+//! The PostgreSQL `LISTEN/NOTIFY` channels that wake processes instead of polling, and the
+//! [`Notifier`] that sends on them after a commit, many wake-ups per notification.
 //!
-//! A notification is only a hint: listeners always re-read the database, and every loop that
-//! waits on one also polls on a timer, so a lost notification (a dropped listener connection, a
-//! process that crashed between its commit and its notification) delays work but never loses it.
-//! The channel names are repeated as literals in the SQL that sends them; the tests that wait on
-//! them keep the two in step.
-//!
-//! Why after the commit: PostgreSQL holds a cluster-wide lock from just before a notifying
-//! transaction commits until its commit record is flushed, so transactions that each notify commit
-//! one at a time, each waiting for its own fsync instead of sharing one (BENCHMARKS.md). The hot
-//! paths (the api's accepts, the worker's recordings) therefore commit without notifying and hand
-//! the wake-up to their process's one [`Notifier`], which sends at once when it was idle and then at
-//! most once per [`COALESCE`], folding every wake-up asked for in between into the next
-//! notification. Rare writers (the reconciler, operators) still notify inside their transaction.
+//! A notification is only a hint: listeners always re-read the database, and every loop that waits
+//! on one also polls on a timer, so a lost notification (a dropped listener connection, a process that
+//! crashed between its commit and its notification) delays work but never loses it. The channel
+//! names are repeated as literals in the SQL that sends them; the tests that wait on them keep the two
+//! in step.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -32,10 +24,9 @@ pub const OUTBOX_CHANNEL: &str = "oncepay_outbox";
 pub const PAYMENT_CHANNEL: &str = "oncepay_payment";
 
 /// The shortest time between two notifications from one [`Notifier`]. An idle notifier sends at
-/// once, so a lone commit wakes its listeners without delay; under load the listeners are busy
+/// once, so a lone commit wakes its listeners without delay. Under load the listeners are busy
 /// anyway, and each notification costs PostgreSQL a transaction and a wake-up of every listening
-/// backend: at 2 ms, the api's wake-ups for its accepts took about 5 % of its accept rate
-/// (BENCHMARKS.md).
+/// backend: a shorter interval cost the api a visible share of its accept rate (see BENCHMARKS.md).
 pub const COALESCE: Duration = Duration::from_millis(10);
 
 /// The most bytes one notification's payload may hold (PostgreSQL refuses 8000 and more).
@@ -87,6 +78,12 @@ impl Wakeups {
 }
 
 /// A process's one sender of notifications on one channel.
+///
+/// Hot paths (the api's accepts, the worker's recordings) commit without notifying and ask this
+/// instead. PostgreSQL holds a cluster-wide lock from just before a notifying transaction commits
+/// until its commit record is flushed, so transactions that each notify commit one at a time, each
+/// waiting for its own fsync instead of sharing one (see BENCHMARKS.md). Rare writers (the
+/// reconciler, operators) still notify inside their transaction.
 pub struct Notifier {
     pool: PgPool,
     channel: &'static str,
@@ -101,7 +98,8 @@ impl Notifier {
     }
 
     /// Sends notifications as they are asked for until `shutdown`, then one last one for anything
-    /// not yet announced.
+    /// not yet announced. Sends at once when idle, then at most once per [`COALESCE`], folding every
+    /// wake-up asked for in between into the next notification.
     pub async fn run(self, shutdown: CancellationToken) {
         let mut failing = false;
         loop {

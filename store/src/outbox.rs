@@ -1,12 +1,8 @@
-//! Writing work for the worker: (re)queueing a payment in the outbox.
+//! Queueing a payment for the worker again: the outbox row of a payment that goes back to `pending`
+//! because the reconciler found the provider has no charge, or an operator retried a dead letter.
 //!
-//! The api queues each new payment inside the accept statement (`sql/accept.sql`); this is for the
-//! other ways a payment goes back to `pending`: the reconciler found the provider has no charge, or an
-//! operator retried a dead letter. The worker's claim and finish statements, and the sweeper's lease
-//! takeover, live with them.
-//!
-//! The row carries the W3C trace context the worker's send continues: [`enqueue_in_trace`] passes the
-//! caller's, so a resend the reconciler decided stays in the payment's trace.
+//! The api queues each new payment inside its accept statement (`sql/accept.sql`). The worker's
+//! claim and finish live in the worker, the sweeper's lease takeover in [`crate::leases`].
 
 use sqlx::PgConnection;
 use time::OffsetDateTime;
@@ -27,7 +23,8 @@ pub async fn enqueue(
     enqueue_in_trace(conn, tenant_id, payment_id, available_at, None).await
 }
 
-/// [`enqueue`], with the worker's send continuing `trace`.
+/// [`enqueue`], with the worker's send continuing `trace`: a resend the reconciler decided stays in
+/// the payment's trace.
 pub async fn enqueue_in_trace(
     conn: &mut PgConnection,
     tenant_id: TenantId,

@@ -1,5 +1,5 @@
 //! Reading payments: the row ([`Payment`]), the one statement that reads it (`sql/payment.sql`, a
-//! file so the benchmark can run the same read under pgbench), and the one rendering of a row as the
+//! file so the benchmark runs the same read under pgbench), and the one rendering of a row as the
 //! resource clients see.
 
 use std::collections::BTreeMap;

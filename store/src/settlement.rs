@@ -1,12 +1,9 @@
 //! The one place that turns a provider's charge into a settlement, for the worker, the reconciler and
-//! operators alike.
+//! operators alike. Pure: no I/O.
 //!
 //! A charge settles a payment only if it is that payment's charge: made under the payment's
-//! downstream key, for the amount and currency the payment asked for. A charge that does not match is
-//! evidence for an operator ([`Unsettled::Mismatch`]), never a success. A charge that cannot be booked
-//! as reported (no id, an amount or currency the ledger refuses, an impossible time) proves nothing
-//! either way ([`Unsettled::Unbookable`]): the caller keeps looking and counts the attempt. Pure: no
-//! I/O.
+//! downstream key, for the amount and currency the payment asked for. Anything else is evidence for
+//! an operator ([`Unsettled::Mismatch`]), never a success.
 
 use time::OffsetDateTime;
 
@@ -40,7 +37,9 @@ pub enum Unsettled {
     /// The charge is not what the payment asked for: another key, amount or currency.
     #[error("{0}")]
     Mismatch(String),
-    /// The charge cannot be booked as the provider reported it.
+    /// The charge cannot be booked as the provider reported it (no id, an amount or currency the
+    /// ledger refuses, an impossible time). It proves nothing either way: the caller keeps looking and
+    /// counts the attempt.
     #[error("{0}")]
     Unbookable(String),
 }

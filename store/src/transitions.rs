@@ -1,18 +1,10 @@
 //! Status changes, persisted.
 //!
 //! Each change is decided by [`oncepay_domain::status::next`] and written as a compare-and-set
-//! (`UPDATE payments … WHERE status = <from>`) together with an audit row and a `NOTIFY` that wakes
-//! long polls. A terminal change ([`settle`]) also, in the same transaction, writes the ledger entry
-//! for a success and stores the terminal response on the payment's idempotency key, so a replay is a
-//! single read. Zero rows updated means another actor moved the payment first: that is
-//! [`Applied::LostRace`], a normal outcome. Callers own the transaction and any guard of their own
-//! (the worker's fencing token) and must not hold it across a provider call.
-//!
-//! The worker, which records many changes a second, uses the `_deferring_wakeup` forms and announces
-//! its payments after the commit instead (`crate::notify` says why), and settles whatever sends
-//! finished together in one go ([`settle_all_deferring_wakeup`]): the terminal change's statements
-//! (`sql/settle.sql`, `sql/store_response.sql`) take arrays, so one tenant's payments, one or thirty, cost
-//! the same two round trips, and the benchmark runs the very same SQL under pgbench.
+//! (`UPDATE payments … WHERE status = <from>`) together with an audit row. Zero rows updated means
+//! another actor moved the payment first: that is [`Applied::LostRace`], a normal outcome. Callers own
+//! the transaction and any guard of their own (the worker's fencing token), and must not hold it
+//! across a provider call.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -111,7 +103,8 @@ pub async fn apply(conn: &mut PgConnection, change: &Change<'_>) -> Result<Appli
 }
 
 /// [`apply`] without the wake-up: the caller announces the payment on
-/// [`crate::notify::PAYMENT_CHANNEL`] after the transaction has committed.
+/// [`crate::notify::PAYMENT_CHANNEL`] after the transaction has committed, as the worker does
+/// ([`crate::notify::Notifier`] says why).
 #[tracing::instrument(name = "store.transition", skip_all, fields(payment.id = %change.payment_id, transition = ?change.transition))]
 pub async fn apply_deferring_wakeup(
     conn: &mut PgConnection,
@@ -161,7 +154,9 @@ async fn write_change(
 }
 
 /// Persists a terminal change: status, audit row, ledger entry (success), stored response on the
-/// idempotency key, wake-up. Returns the payment as it now is.
+/// idempotency key, wake-up, all in the caller's transaction. Returns the payment as it now is.
+///
+/// The stored response makes a replay of the key a single read.
 #[tracing::instrument(name = "store.settle", skip_all, fields(payment.id = %change.payment_id, transition = ?change.transition))]
 pub async fn settle(
     conn: &mut PgConnection,
@@ -180,7 +175,8 @@ pub async fn settle(
 }
 
 /// [`settle`] without the wake-up: the caller announces the payment on
-/// [`crate::notify::PAYMENT_CHANNEL`] after the transaction has committed.
+/// [`crate::notify::PAYMENT_CHANNEL`] after the transaction has committed ([`crate::notify::Notifier`]
+/// says why).
 #[tracing::instrument(name = "store.settle", skip_all, fields(payment.id = %change.payment_id, transition = ?change.transition))]
 pub async fn settle_deferring_wakeup(
     conn: &mut PgConnection,
@@ -190,11 +186,13 @@ pub async fn settle_deferring_wakeup(
     Ok(single(write_settlements(conn, &[(change.clone(), settlement)]).await?))
 }
 
-/// Persists many terminal changes at once, as [`settle_deferring_wakeup`] persists one: one statement
-/// for every compare-and-set, audit row and ledger entry, one for every stored response. Returns
-/// what happened to each change, in order; a change whose payment had moved on is
-/// [`Applied::LostRace`] and writes nothing, whatever happens to the others. The caller announces
-/// the moved payments after the transaction has committed.
+/// Persists many terminal changes at once, as [`settle_deferring_wakeup`] persists one: for each
+/// tenant, one statement for every compare-and-set, audit row and ledger entry, and one for every
+/// stored response. Returns what happened to each change, in order; a change whose payment had moved
+/// on is [`Applied::LostRace`] and writes nothing, whatever happens to the others. The caller
+/// announces the moved payments after the transaction has committed.
+///
+/// For the worker, which settles whatever sends finished together in one transaction.
 #[tracing::instrument(name = "store.settle_all", skip_all, fields(settlements = settlements.len()))]
 pub async fn settle_all_deferring_wakeup(
     conn: &mut PgConnection,
@@ -283,7 +281,8 @@ async fn write_settlements(
 }
 
 /// `sql/settle.sql` and `sql/store_response.sql` for one tenant's changes; returns the payments
-/// that moved.
+/// that moved. Both statements take arrays, so any number of payments costs the same two round
+/// trips. They are files so the benchmark runs the same SQL under pgbench.
 async fn write_tenant_settlements(
     conn: &mut PgConnection,
     tenant_id: TenantId,

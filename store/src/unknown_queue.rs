@@ -1,13 +1,8 @@
-//! Writing work for the reconciler: a payment whose outcome is uncertain.
+//! Queueing a payment whose outcome is uncertain for the reconciler.
 //!
 //! Whoever moves a payment to `unknown` (the worker after a timeout, reset or 5xx; the sweeper after
 //! an expired lease past the provider's key window) calls [`enqueue`] in the same transaction, so an
 //! `unknown` payment always has its row in `unknown_payments` and the reconciler always finds it.
-//!
-//! The row also keeps the W3C trace context the payment's resolution should continue: the outbox row
-//! that carried the payment's trace is deleted when the payment becomes `unknown`, so the caller hands
-//! it on here (the worker its recording span, the sweeper the outbox row's context), and the
-//! reconciler's poller or webhook that settles the payment joins the same trace.
 
 use serde_json::Value;
 use sqlx::PgConnection;
@@ -19,6 +14,10 @@ use crate::StoreError;
 
 /// Queues an `unknown` payment for the reconciler, due now, with the first piece of evidence and the
 /// trace its resolution continues (`None`: none, or keep the one a queued row already has).
+///
+/// The trace goes on this row because the outbox row that carried it is deleted when the payment
+/// becomes `unknown`. The worker passes its recording span's, the sweeper the outbox row's, and the
+/// poller or webhook that settles the payment joins that trace.
 pub async fn enqueue(
     conn: &mut PgConnection,
     tenant_id: TenantId,
