@@ -1,10 +1,9 @@
 //! The operations endpoints every binary serves: `/healthz` (the process is up), `/readyz` (the
-//! database answers and the schema is current) and `/metrics` (Prometheus text).
+//! database responds and the schema is current) and `/metrics` (Prometheus text).
 //!
-//! They answer without authentication and reveal nothing beyond up/down and counters, so they can be
-//! scraped and probed by the platform. [`configure`] mounts them beside a binary's public endpoints;
-//! [`server`] serves them alone, on a listener and a worker thread of their own, so that a busy or
-//! attacked public listener never delays a probe and they need not be exposed with it.
+//! They need no authentication and reveal nothing beyond up/down and counters, so the platform can
+//! probe and scrape them. [`configure`] mounts them beside a binary's public endpoints; [`server`]
+//! serves them alone.
 
 use std::net::TcpListener;
 
@@ -36,6 +35,9 @@ pub fn configure(config: &mut web::ServiceConfig) {
 
 /// A server of only the operations endpoints on `listener` (anything else is a 404 problem), with
 /// one worker thread of its own and no signal handlers: stop it through its handle.
+///
+/// On a listener and a thread of their own, a busy or attacked public listener never delays a probe,
+/// and the endpoints need not be exposed with the public ones.
 pub fn server(listener: TcpListener, state: OpsState) -> std::io::Result<Server> {
     let state = web::Data::new(state);
     let server = HttpServer::new(move || {

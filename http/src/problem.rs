@@ -1,4 +1,4 @@
-//! RFC 9457 problem details: the one shape of every error oncepay answers with.
+//! RFC 9457 problem details: the one shape of every error response oncepay sends.
 //!
 //! Each kind of problem has a stable `type` URI and title listed in [`ProblemType`]; clients branch
 //! on the `type`, humans read `title` and `detail`. A problem never carries a stack trace, SQL text
@@ -115,7 +115,7 @@ impl ProblemType {
         }
     }
 
-    /// The HTTP status it is answered with.
+    /// The HTTP status of its response.
     pub const fn status(self) -> u16 {
         match self {
             Self::Unauthorized | Self::InvalidSignature => 401,
@@ -140,7 +140,7 @@ impl ProblemType {
     }
 }
 
-/// One problem document, ready to answer with.
+/// One problem document, ready to send.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Problem {
     /// The stable URI naming the kind of problem.
@@ -190,7 +190,7 @@ impl Problem {
         StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
     }
 
-    /// Renders the answer: status, `application/problem+json` body and `Retry-After` if set.
+    /// Renders the response: status, `application/problem+json` body and `Retry-After` if set.
     pub fn to_response(&self) -> HttpResponse {
         let mut response = HttpResponse::build(self.status_code());
         response.insert_header((header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE)));
