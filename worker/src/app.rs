@@ -1,9 +1,6 @@
 //! Wiring the worker process together: the provider client, the pool, the drainer and the operations
-//! endpoints (`/healthz`, `/readyz`, `/metrics` on the `[http]` port), run until shutdown.
-//!
-//! The port is bound in [`App::build`], so a test can ask for port 0 and read the real one. The pool
-//! connects lazily: the process starts, and answers `/healthz`, while PostgreSQL is down, and `/readyz`
-//! says so. This module holds no logic of its own.
+//! endpoints (`/healthz`, `/readyz`, `/metrics` on the `[http]` port), run until shutdown. No logic of
+//! its own.
 
 use anyhow::Context;
 use oncepay_http::ops_http::{self, OpsState};
@@ -25,7 +22,9 @@ pub struct App {
 }
 
 impl App {
-    /// Builds everything from `settings` and binds the operations port.
+    /// Builds everything from `settings` and binds the operations port, so a test can ask for port 0
+    /// and read the real one. The pool connects lazily: the process starts, and serves `/healthz`,
+    /// while PostgreSQL is down, and `/readyz` says so.
     pub async fn build(settings: &Settings) -> anyhow::Result<Self> {
         let metrics = oncepay_service::metrics::install();
         crate::metrics::describe();

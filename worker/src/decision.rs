@@ -3,16 +3,14 @@
 //! | outcome ([`SendOutcome`]) | decision |
 //! | --- | --- |
 //! | charged, as asked | settle `succeeded` with the provider's charge id and time |
+//! | charged, but not as asked or not bookable | `unknown`: only the reconciler or an operator can tell |
 //! | declined | settle `failed` with the provider's code, message and charge |
 //! | not sent, attempts left | retry after a jittered backoff, never sooner than `Retry-After` |
 //! | not sent, attempts spent | settle `failed` (`provider_unreachable`): provably no charge |
 //! | not sent, attempts spent, an earlier send may have charged | `unknown`: only the reconciler can tell |
 //! | uncertain | `unknown`, for the reconciler |
 //!
-//! A charge is judged by `oncepay_store::settlement`, as everywhere else. One that is not what the
-//! payment asked for (`charge_mismatch`), or that cannot be booked as reported (`unreadable_charge`),
-//! makes the payment `unknown`: money may have moved, and only the reconciler or an operator may say
-//! how much. Nothing here weakens the rule that a doubtful case is uncertain, never "not sent".
+//! A doubtful case is uncertain, never "not sent".
 
 use std::time::Duration;
 
@@ -28,7 +26,7 @@ use crate::outbox::Claimed;
 /// The failure code of a payment whose provider could never be reached.
 pub const PROVIDER_UNREACHABLE: &str = "provider_unreachable";
 
-/// The longest `Retry-After` of a provider that is honoured. A provider's clock or bug must not park
+/// The longest provider `Retry-After` that is honoured. A provider's clock or bug must not park
 /// a payment for days, or ask for a delay PostgreSQL cannot add to a timestamp.
 pub const LONGEST_RETRY_AFTER: Duration = Duration::from_secs(15 * 60);
 
@@ -82,15 +80,17 @@ impl Decision {
     }
 }
 
-/// What to record after the provider answered `outcome` to `claimed`'s send.
+/// What to record for `claimed` after its send ended in `outcome`.
 pub fn decide(claimed: &Claimed, outcome: &SendOutcome, policy: &RetryPolicy, rng: &mut impl Rng) -> Decision {
     match outcome {
+        // Judged by `oncepay_store::settlement`, as everywhere else.
         SendOutcome::Charged(charge) => match settlement::settlement_of(&claimed.asked(), charge) {
             Ok(settlement) => Decision::Settle {
                 transition: settlement::transition_of(&settlement),
                 reason: settle_reason(&settlement),
                 settlement,
             },
+            // Money may have moved, and only the reconciler or an operator may say how much.
             Err(Unsettled::Unbookable(why)) => Decision::Uncertain { code: "unreadable_charge", reason: why },
             Err(Unsettled::Mismatch(why)) => Decision::Uncertain { code: "charge_mismatch", reason: why },
         },

@@ -1,28 +1,14 @@
 //! The drainer: claims due outbox rows, asks the provider to charge each one, and records what
 //! happened.
 //!
-//! One send goes: claim (its own short transaction: lease, fencing token, `pending → processing`),
-//! then the provider call with no transaction open, then the recording (one transaction guarded by
-//! the token, see `record`; a terminal outcome shares its transaction with the other sends that
-//! finished meanwhile, see `group_commit`). The downstream idempotency key is derived from the
-//! payment id, so every resend of a payment carries the same one. Each send continues the trace of
-//! the request that created the payment, so the provider call carries its `traceparent`.
+//! A send is a claim (its own short transaction), then the provider call with no transaction open,
+//! then the recording, guarded by the fencing token. Any number of drainers, in any number of
+//! processes, may run at once. The drainer never decides an outcome itself ([`decision`]) and never
+//! writes SQL itself ([`outbox`], [`record`]).
 //!
-//! [`Drainer::run_once`] claims one batch and finishes it; [`Drainer::run`] keeps up to
-//! `max_in_flight` sends going, claiming as slots free up, woken by `LISTEN` with a polling fallback,
-//! until shutdown: then it stops claiming and gives the sends in flight the grace period to finish
-//! and be recorded. Recordings commit without a `NOTIFY` (one would serialise their commits); each
-//! recorded payment is announced to long polls after its commit, many per notification
-//! (`oncepay_store::notify`).
-//!
-//! Claims and recordings take their connection from `oncepay_store::connections`, which saves the
-//! round trips sqlx's pool spends pinging a connection at every checkout and return; the sqlx pool
-//! serves the listener, the notifier and `/readyz`. A send abandoned at the end of the grace period
-//! keeps its lease, which the sweeper takes back. Any number of drainers, in any number of
-//! processes, may run at once.
-//!
-//! The drainer never decides an outcome itself (that is `decision`) and never writes SQL itself
-//! (that is `outbox` and `record`).
+//! [`decision`]: crate::decision
+//! [`outbox`]: crate::outbox
+//! [`record`]: crate::record
 
 use std::future::Future;
 use std::sync::Arc;
@@ -173,6 +159,9 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
     /// connections of their own, as many as `pool` may open at most.
     pub fn new(pool: PgPool, provider: P, config: DrainerConfig) -> Self {
         let actor = format!("worker:{}", config.worker_id);
+        // Claims and recordings skip the round trip sqlx's pool spends pinging a connection at every
+        // checkout and return (`oncepay_store::connections`); the pool serves the listener, the
+        // notifier and `/readyz`.
         let options = (*pool.connect_options()).clone();
         let connections =
             Connections::new(options, pool.options().get_max_connections(), pool.options().get_acquire_timeout());
@@ -215,6 +204,11 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
 
     /// Drains until `shutdown` is cancelled, then finishes what is in flight within the grace
     /// period. Returns what it did.
+    ///
+    /// Keeps up to `max_in_flight` sends going, claiming as slots free up, woken by `LISTEN` with a
+    /// polling fallback. At shutdown it stops claiming and gives the sends in flight the grace period
+    /// to finish and be recorded; a send still running after that keeps its lease, which the sweeper
+    /// takes back.
     pub async fn run(&self, shutdown: CancellationToken) -> Counts {
         let config = self.config();
         tracing::info!(worker.id = %config.worker_id, max_in_flight = config.max_in_flight, "draining the outbox");
@@ -289,7 +283,8 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
         totals
     }
 
-    /// Claims up to `limit` due rows for this worker.
+    /// Claims up to `limit` due rows for this worker: lease, fencing token and `pending → processing`,
+    /// committed before any of them is sent.
     pub async fn claim(&self, limit: u32) -> Result<Vec<Claimed>, StoreError> {
         let config = self.config();
         let mut conn = self.inner.connections.acquire().await?;
@@ -309,7 +304,8 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
         Ok(claimed)
     }
 
-    /// Sends one claimed payment to the provider. Never fails: every way it can go is an outcome.
+    /// Sends one claimed payment to the provider. Never fails: every way it can go is an outcome. The
+    /// downstream idempotency key is derived from the payment id, so every resend carries the same one.
     pub async fn send(&self, claimed: &Claimed) -> SendOutcome {
         let started = Instant::now();
         let outcome = self.inner.provider.create_charge(&claimed.charge_request()).await;
@@ -326,7 +322,7 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
     /// Records `decision` under `claimed`'s fencing token and announces a payment that moved. A
     /// terminal decision is recorded in one transaction with every other one that is waiting to be
     /// recorded at that moment ([`GroupCommit`]); a retry or an uncertain outcome in a transaction of
-    /// its own. A recording that fails for a transient reason is tried again a few times.
+    /// its own. A recording that fails for a transient reason is retried a few times.
     #[tracing::instrument(name = "worker.record", skip_all, fields(payment.id = %claimed.payment_id, decision = decision.label()))]
     pub async fn record(&self, claimed: &Claimed, decision: &Decision) -> Result<Recorded, RecordError> {
         let result = if Settling::of(claimed, decision).is_some() {
@@ -336,6 +332,8 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
         } else {
             self.retrying(|| self.record_alone(claimed, decision)).await
         };
+        // Announced after the commit, many payments per notification: a `NOTIFY` in each recording
+        // would make their commits wait for one another (`oncepay_store::notify`).
         if let Ok(Recorded::Moved(_)) = result {
             self.inner.wakeups.announce(claimed.payment_id);
         }
@@ -370,8 +368,8 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
         results
     }
 
-    /// Runs `attempt` until it succeeds, fails for a reason that is not transient, or has been tried
-    /// [`RECORD_RETRIES`] more times.
+    /// Runs `attempt` until it succeeds, fails for a reason that is not transient, or has been retried
+    /// [`RECORD_RETRIES`] times.
     async fn retrying<T, A, F>(&self, attempt: A) -> Result<T, RecordError>
     where
         A: Fn() -> F,
@@ -411,7 +409,7 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
     }
 
     /// Sends one claimed payment (unless a send could charge twice) and records the outcome, in the
-    /// trace of the request that created it.
+    /// trace of the request that created it, so the provider call carries that trace's `traceparent`.
     pub async fn process(&self, claimed: Claimed) -> Result<Recorded, RecordError> {
         let span = tracing::info_span!(
             "worker.process",
@@ -424,10 +422,12 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
             telemetry::continue_trace(&span, trace);
         }
         async {
+            // The lease is held and the payment is `processing`; nothing sent yet.
             #[cfg(feature = "failpoints")]
             fail::fail_point!("worker::after_claim", |_| crate::failpoints::crash("worker::after_claim"));
             let decision = if claimed.send_is_safe() {
                 let outcome = self.send(&claimed).await;
+                // The provider has responded; nothing recorded yet.
                 #[cfg(feature = "failpoints")]
                 fail::fail_point!("worker::after_provider", |_| crate::failpoints::crash("worker::after_provider"));
                 self.decide(&claimed, &outcome)
@@ -436,6 +436,7 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
             };
             tracing::Span::current().record("decision", decision.label());
             let result = self.record(&claimed, &decision).await;
+            // The outcome is committed.
             #[cfg(feature = "failpoints")]
             fail::fail_point!("worker::after_record", |_| crate::failpoints::crash("worker::after_record"));
             self.report(&claimed, &decision, &result);

@@ -1,19 +1,10 @@
-//! Group commit: many concurrent tasks each hand over one item to write, and whichever of them finds
-//! no write under way writes every item waiting at that moment in one go, then hands each task its
-//! own result.
-//!
-//! The drainer's sends finish at different instants, each with one payment to record. Recording each
-//! in its own transaction costs a commit (a WAL flush) and several round trips per payment, which on a
-//! busy database is most of what draining a payment costs (BENCHMARKS.md). Here the first send to
-//! finish writes its payment at once; the sends that finish while that write is under way queue up,
-//! and the next of them to get the turn writes all of them together. No timer: under light load every
-//! batch is one item and nothing waits, under heavy load batches grow by themselves.
+//! Group commit: concurrent tasks each hand over one item to write, and whichever of them finds no
+//! write under way writes every item waiting at that moment in one go, then hands each task its own
+//! result.
 //!
 //! Invariants: at most one write is under way at a time; every item is written at most once, by one
-//! writer, in the order it was queued; a task gets the result of its own item and no other. A task
-//! whose writer stopped before delivering (its future was dropped: the worker's shutdown grace ran
-//! out) gets `None` and must treat its item's fate as unknown. This module knows nothing about
-//! payments or databases: the writer is passed in by the caller.
+//! writer, in the order it was queued; a task gets the result of its own item and no other. This
+//! module knows nothing about payments or databases: the caller passes the writer in.
 
 use std::future::Future;
 use std::sync::{Mutex, PoisonError};
@@ -21,8 +12,17 @@ use std::sync::{Mutex, PoisonError};
 use tokio::sync::oneshot;
 
 /// Items waiting to be written, and the turn to write them.
+///
+/// The drainer's sends finish at different moments, each with one payment to record. A transaction
+/// per payment costs a commit (a WAL flush) and several round trips each, which on a busy database is
+/// most of what draining a payment costs (see BENCHMARKS.md). Here the first send to finish writes
+/// its payment at once; the sends that finish during that write queue up, and the next of them to
+/// get the turn writes them all together. No timer: under light load every batch is one item and
+/// nothing waits; under heavy load batches grow by themselves.
 pub struct GroupCommit<T, R> {
+    // A std mutex: held only to push or take, never across an `.await`.
     waiting: Mutex<Vec<(T, oneshot::Sender<R>)>>,
+    // Tokio's mutex: the writer holds the turn across the write, which awaits.
     turn: tokio::sync::Mutex<()>,
 }
 
@@ -36,7 +36,8 @@ impl<T, R> GroupCommit<T, R> {
     /// Queues `item` and returns its result: written by this task, together with everything else
     /// waiting when it gets the turn, or by another task that got the turn first. `write` gets the
     /// items in queue order and must return exactly one result per item, in the same order. `None`:
-    /// the task writing this item stopped before it delivered the result.
+    /// the task writing this item stopped before it delivered the result (its future was dropped, as
+    /// when the worker's shutdown grace runs out); treat the item's fate as unknown.
     pub async fn submit<W, F>(&self, item: T, write: W) -> Option<R>
     where
         W: Fn(Vec<T>) -> F,

@@ -13,7 +13,7 @@ use oncepay_worker::app::{App, SERVICE};
 use oncepay_worker::settings::Settings;
 
 /// Every payment allocates (rows, JSON, spans); mimalloc's per-thread free lists cost less than the
-/// system allocator's (BENCHMARKS.md).
+/// system allocator's (see BENCHMARKS.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

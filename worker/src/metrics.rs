@@ -1,10 +1,8 @@
 //! The worker's metrics: names, descriptions, and the few helpers that record them.
 //!
-//! Labels are low-cardinality enumerations (an outcome class), never an id. The recorder itself is
-//! installed by `oncepay_service::metrics::install` and rendered at `/metrics`. Counters are registered
-//! at zero when the worker starts ([`describe`]), so a Prometheus `increase()` counts their first
-//! event. The outbox's depth is not sampled here: the reconciler samples the backlog once for all
-//! workers (`oncepay_reconciler_outbox_depth`).
+//! Labels are low-cardinality enumerations (an outcome class), never an id. The recorder is
+//! `oncepay_service::metrics`'s, rendered at `/metrics`. The outbox's depth is not sampled here: the
+//! reconciler samples it once for all workers (`oncepay_reconciler_outbox_depth`).
 
 use std::time::Duration;
 
@@ -27,7 +25,7 @@ pub const PROVIDER_CALL_DURATION: &str = "oncepay_worker_provider_call_duration_
 pub const OUTCOME_CLASSES: [&str; 4] = ["charged", "declined", "not_sent", "uncertain"];
 
 /// Describes every metric, so `/metrics` carries help text and units, and registers every counter
-/// series at zero.
+/// series at zero, so that a Prometheus `increase()` counts its first event.
 pub fn describe() {
     describe_counter!(CLAIMS, "Outbox rows claimed for sending to the provider");
     describe_counter!(PROVIDER_OUTCOMES, "Provider calls by outcome class (charged, declined, not_sent, uncertain)");

@@ -1,11 +1,8 @@
-//! The worker's statements on the outbox: the claim (lease, fencing token and the move to
-//! `processing`, in one statement, `sql/claim.sql`), the fenced take and release that end a send
-//! (`sql/take.sql`, for one send or many at once; `sql/release.sql`).
+//! The worker's statements on the outbox: the claim (`sql/claim.sql`), and the fenced take and
+//! release that end a send (`sql/take.sql`, for one send or many at once; `sql/release.sql`).
 //!
-//! A claimed row belongs to this worker until `locked_until`, and a result counts only while its
-//! fencing token is still on the row: [`take`] and [`release`] change nothing once the token is
-//! gone. The claim commits before the provider is called, so no transaction is ever open across that
-//! call. This module never calls the provider and never decides an outcome.
+//! A result counts only while the claim's fencing token is still on the row: [`take`] and [`release`]
+//! change nothing once it is gone. This module never calls the provider and never decides an outcome.
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
@@ -45,13 +42,13 @@ pub struct Claimed {
     pub payment_id: PaymentId,
     /// Must still be on the outbox row for a result to be recorded.
     pub fencing_token: i64,
-    /// When the lease runs out.
+    /// When the lease runs out; until then the row belongs to this worker.
     pub lease_until: OffsetDateTime,
     /// Which claim of the current send cycle this is (1 for the first).
     pub attempt: u32,
     /// Which claim of the payment's whole life this is.
     pub send_attempts: u32,
-    /// Whether an earlier send may have reached the provider (its answer was lost, or its worker
+    /// Whether an earlier send may have reached the provider (its response was lost, or its worker
     /// stopped before recording one), in this send cycle or any before it.
     pub may_be_charged: bool,
     /// Whether the provider still remembers the payment's downstream key (with margin), counting
@@ -73,7 +70,7 @@ pub struct Claimed {
 
 impl Claimed {
     /// Whether sending now cannot charge twice: either nothing may have reached the provider yet, or
-    /// the provider still remembers the key and will answer with the first result.
+    /// the provider still remembers the key and will return the first result.
     pub fn send_is_safe(&self) -> bool {
         !self.may_be_charged || self.in_key_window
     }
@@ -96,7 +93,9 @@ impl Claimed {
     }
 }
 
-/// Leases up to `request.limit` due rows to this worker and moves their payments to `processing`.
+/// Leases up to `request.limit` due rows to this worker (lease, fencing token) and moves their
+/// payments to `processing`, in one statement. The claim must commit before the provider is called
+/// (the drainer runs it outside a transaction), so no transaction is open across that call.
 #[tracing::instrument(name = "worker.claim", skip_all, fields(limit = request.limit, claimed))]
 pub async fn claim(conn: &mut PgConnection, request: &ClaimRequest<'_>) -> Result<Vec<Claimed>, StoreError> {
     let rows = sqlx::query_file!(
@@ -139,7 +138,8 @@ pub async fn take(conn: &mut PgConnection, claimed: &Claimed) -> Result<bool, St
 
 /// Ends many sends at once: deletes each row whose claim's token is still on it, and returns the
 /// payments whose rows it deleted. Any payment not returned lost its lease: nothing may be recorded
-/// for it. One statement per tenant among them, so that each names its shard under Citus.
+/// for it. One statement per tenant among them, so that each names its shard under Citus
+/// (SCALING.md).
 pub async fn take_all(conn: &mut PgConnection, claimed: &[&Claimed]) -> Result<HashSet<PaymentId>, StoreError> {
     let mut tenants: Vec<TenantId> = claimed.iter().map(|c| c.tenant_id).collect();
     tenants.sort_unstable();

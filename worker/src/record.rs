@@ -1,24 +1,10 @@
-//! Recording decisions: each in one transaction guarded by the fencing token, using the shared
-//! transitions.
+//! Recording the drainer's decisions, each payment guarded twice: by its fencing token on the outbox
+//! row, and by the status compare-and-set of the shared transitions.
 //!
-//! A transaction first ends the send on the outbox row (deletes it, or for a retry releases it with
-//! a backoff), but only if the worker's fencing token is still on it; no such row means the sweeper
-//! took the lease over, and nothing at all is recorded for that payment. Then it moves the payment
-//! with `transitions::settle_all_deferring_wakeup` (terminal: status, audit row, ledger entry, stored
-//! key response) or `transitions::apply_deferring_wakeup` (retry, unknown), whose status
-//! compare-and-set is the second guard, and for `unknown` queues the payment for the reconciler. All
-//! of it commits together or not at all. The drainer announces moved payments after the commit, so
-//! that recordings commit together instead of one `NOTIFY` at a time.
-//!
-//! [`record_settlements`] records many terminal decisions (charged, declined) in one transaction: for each
-//! tenant among them, one statement takes its rows, one settles its payments, one stores their
-//! responses, and one commit covers them all, where recording them one by one would cost a commit and six round trips each.
-//! Each payment is still guarded by its own token and its own compare-and-set, so a lost lease or a
-//! payment that a webhook settled first affects that payment only. [`record`] records one decision
-//! of any kind.
-//!
-//! Locks are taken outbox row first, payment second, like the claim and the sweeper. This module
-//! never calls the provider; it records what the drainer decided.
+//! A recording commits whole or not at all. No token on the row means the sweeper took the lease
+//! over, and nothing at all is recorded for that payment. Locks are taken outbox row first, payment
+//! second, like the claim and the sweeper. This module never calls the provider and announces
+//! nothing: the drainer announces moved payments after the commit.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -90,6 +76,10 @@ impl RecordError {
 }
 
 /// Records `decision` for `claimed` in `tx`, and commits it unless the lease was lost.
+///
+/// First ends the send on the outbox row (deletes it, or for a retry releases it with a backoff) if
+/// the token is still on it; then moves the payment (`transitions::apply_deferring_wakeup`), and for
+/// `unknown` queues it for the reconciler. A terminal decision goes through [`record_settlements`].
 pub async fn record(
     mut tx: Transaction<'_, Postgres>,
     actor: &str,
@@ -172,6 +162,10 @@ impl<'a> Settling<'a> {
 /// order. If any payment is in a status that no one may give it while this worker holds its lease,
 /// nothing at all is written ([`RecordError::Inconsistent`]): record the sends one by one to learn
 /// which.
+///
+/// For each tenant among them, one statement takes the rows, one settles the payments (status, audit
+/// row, ledger entry) and one stores their responses, and one commit covers them all: recording them
+/// one by one would cost a commit and several round trips per payment.
 #[tracing::instrument(name = "worker.record_settlements", skip_all, fields(sends = sends.len()))]
 pub async fn record_settlements(
     mut tx: Transaction<'_, Postgres>,

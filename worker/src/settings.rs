@@ -47,9 +47,9 @@ pub struct WorkerSettings {
     pub lease_secs: u64,
     /// How often to look for due rows without a notification, in milliseconds.
     pub poll_interval_ms: u64,
-    /// How many times one queued send is tried while the provider cannot be reached.
+    /// How many claims one queued send gets while the provider cannot be reached.
     pub max_attempts: u32,
-    /// Delays between those tries.
+    /// Delays between those claims.
     pub backoff: Backoff,
     /// How long in-flight calls may take to finish after SIGTERM, in seconds.
     pub shutdown_grace_secs: u64,

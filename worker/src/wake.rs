@@ -1,9 +1,9 @@
 //! Waking the drainer when rows are queued: `LISTEN` on the outbox channel, forwarded to a
 //! [`Notify`] the drainer waits on.
 //!
-//! A notification is only a hint that something may be due; the drainer always re-reads the outbox
+//! A notification is only a hint that something may be due: the drainer always re-reads the outbox
 //! and also polls on a timer, so a notification lost while the listening connection was down only
-//! delays work. Bursts coalesce into one stored wake-up. This module never reads or writes a table.
+//! delays work. This module never reads or writes a table.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,7 +29,8 @@ impl Wake {
         Self { notify, task }
     }
 
-    /// Resolves at the next notification, or at once if one arrived since the last call.
+    /// Resolves at the next notification, or at once if one arrived since the last call. A burst of
+    /// notifications leaves one stored wake-up.
     pub async fn notified(&self) {
         self.notify.notified().await;
     }
