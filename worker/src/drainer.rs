@@ -381,7 +381,7 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
                 Err(error) if error.is_transient() && retry < RECORD_RETRIES => {
                     retry += 1;
                     let delay = RECORD_BACKOFF.delay(retry, &mut rand::rng());
-                    tracing::warn!(error = %error, retry, delay_ms = delay.as_millis(), "recording failed; trying again");
+                    tracing::warn!(error = %error, retry, delay_ms = delay.as_millis(), "recording failed; retrying");
                     tokio::time::sleep(delay).await;
                 }
                 result => return result,

@@ -65,7 +65,7 @@ impl From<sqlx::Error> for RecordError {
 }
 
 impl RecordError {
-    /// Whether trying again may succeed (the database was unreachable, a deadlock, a timeout).
+    /// Whether a retry may succeed (the database was unreachable, a deadlock, a timeout).
     pub fn is_transient(&self) -> bool {
         match self {
             Self::Transition(TransitionError::Store(error)) => error.is_unavailable(),
