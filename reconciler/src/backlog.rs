@@ -1,15 +1,7 @@
 //! The backlog gauges: how much work is waiting, and for how long, sampled from PostgreSQL.
 //!
-//! One statement every `interval` reads the outbox (rows due, scheduled for a retry, leased; the
-//! oldest row's age), the `unknown` queue (size, oldest age) and the open dead letters (by kind), and
-//! sets the gauges in [`crate::metrics`]. The reconciler owns this so that the tables are read once
-//! per reconciler, not once per worker. The reads are cheap by construction: the outbox and the
-//! `unknown` queue hold only unfinished work (rows are deleted when it finishes), and open dead
-//! letters are read through their partial index (`dead_letters_open`), however many resolved ones
-//! accumulate.
-//!
-//! A failed sample leaves the gauges as they were and counts a loop error; the sample time
-//! ([`crate::metrics::BACKLOG_SAMPLED_AT`]) says how old they are. This module writes nothing.
+//! The reconciler owns this so that the tables are read once per reconciler, not once per worker.
+//! This module writes nothing.
 
 use std::time::Duration;
 
@@ -44,7 +36,12 @@ pub struct Backlog {
     pub dead_letters_conflict: i64,
 }
 
-/// Reads the backlog in one statement.
+/// Reads the backlog in one statement: the outbox (rows due, scheduled for a retry, leased; the oldest
+/// row's age), the `unknown` queue (size, oldest age) and the open dead letters (by kind).
+///
+/// Cheap by construction: the outbox and the `unknown` queue hold only unfinished work (rows are
+/// deleted when it finishes), and open dead letters are read through their partial index
+/// (`dead_letters_open`), however many resolved ones accumulate.
 pub async fn sample(pool: &PgPool) -> Result<Backlog, sqlx::Error> {
     let row = sqlx::query!(
         r#"
@@ -131,7 +128,8 @@ impl Sampler {
         Self { pool, interval }
     }
 
-    /// One sample, published.
+    /// One sample, published. A failed sample leaves the gauges as they were and counts a loop error;
+    /// [`BACKLOG_SAMPLED_AT`] says how old they are.
     pub async fn run_once(&self) -> anyhow::Result<Backlog> {
         let backlog = sample(&self.pool).await.context("cannot sample the backlog")?;
         backlog.publish();

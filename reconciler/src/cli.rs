@@ -2,12 +2,8 @@
 //! operator tool that does one thing against the database and exits.
 //!
 //! This module owns the argument grammar ([`Cli`]), the mapping of failures to exit codes
-//! ([`CliError`]) and the dispatch of operator commands to the modules that implement them. It
-//! reads no environment variable and no configuration itself: `main` passes in what it loaded.
-//!
-//! Exit codes: 0 done; 1 failed (e.g. the database is unreachable); 2 bad usage or argument; 3 the
-//! named thing does not exist; 4 refused (the action does not apply to the thing's current state);
-//! 78 the configuration is invalid.
+//! ([`CliError::exit_code`]) and the dispatch of operator commands to the modules that implement
+//! them. It reads no environment variable and no configuration itself: `main` passes in what it loaded.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -216,7 +212,10 @@ pub enum CliError {
 }
 
 impl CliError {
-    /// The process exit code for this failure.
+    /// The process exit code for this failure: 1 failed (e.g. the database is unreachable), 2 bad
+    /// usage or argument, 3 the named thing does not exist, 4 refused (the action does not apply to
+    /// the thing's current state). A command that succeeds exits 0, and `main` exits 78 when the
+    /// configuration is invalid.
     pub fn exit_code(&self) -> ExitCode {
         ExitCode::from(match self {
             Self::Failed(_) => 1,

@@ -1,9 +1,9 @@
 //! What a charge found at the provider (in a webhook or a lookup) means for the payment it names.
+//! Pure: no I/O.
 //!
-//! Pure: no I/O. [`judge`] compares a charge with what oncepay has recorded and decides what to do,
-//! monotonically: only an `unknown` payment is settled, and only by a charge that is what it asked
-//! for (`oncepay_store::settlement` decides that, as it does for the worker and operators); a
-//! terminal payment never moves, and evidence that contradicts it is a conflict for an operator; a
+//! [`judge`] is monotonic: only an `unknown` payment is settled, and only by a charge that is what it
+//! asked for (`oncepay_store::settlement` decides that, as it does for the worker and operators). A
+//! terminal payment never moves; evidence that contradicts it is a conflict for an operator. A
 //! payment still being sent is left to its sender.
 
 use oncepay_domain::status::{PaymentStatus, Transition};

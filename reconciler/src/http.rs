@@ -1,9 +1,6 @@
 //! The reconciler's HTTP server: `POST /webhooks/provider` and, unless they have a listener of their
-//! own (`http.ops_port`), the operations endpoints (`/healthz`, `/readyz`, `/metrics`).
-//!
-//! The server installs no signal handlers of its own: the service stops it through its handle when
-//! the shutdown token fires, letting in-flight deliveries finish. Any other path answers a
-//! problem+json 404, any other method on the webhook path a 405.
+//! own (`http.ops_port`), the operations endpoints (`/healthz`, `/readyz`, `/metrics`). It installs no
+//! signal handlers of its own.
 
 use std::net::TcpListener;
 use std::time::Duration;
@@ -37,6 +34,7 @@ pub fn server(
         app.default_service(web::to(not_found))
     })
     .workers(workers)
+    // The service stops the server through its handle when the shutdown token fires.
     .disable_signals()
     .shutdown_timeout(SHUTDOWN_GRACE.as_secs())
     .listen(listener)?
@@ -44,6 +42,8 @@ pub fn server(
     Ok(server)
 }
 
+/// Any other path: a problem+json 404. (Any other method on the webhook path is a 405, from
+/// [`webhooks::configure`].)
 async fn not_found() -> HttpResponse {
     Problem::new(ProblemType::NotFound, "there is nothing here").to_response()
 }

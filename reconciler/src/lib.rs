@@ -1,12 +1,11 @@
 //! The reconciler: where uncertain outcomes become certain, and where operators work.
 //!
-//! As a service (`serve`) it settles `unknown` payments from signed provider webhooks and by polling
-//! the provider, dead-letters what it cannot settle, takes over expired worker leases, reaps expired
-//! idempotency keys, and reconciles the ledger with the provider every night. As a CLI it is the
-//! operator's tool: migrations, tenants and API keys, dead letters, reconciliation runs.
-//!
-//! `main.rs` only parses arguments, loads settings, starts telemetry and runs; everything testable is
-//! here.
+//! As a service ([`service`]) it settles `unknown` payments from signed provider [`webhooks`] and by
+//! polling the provider ([`poller`]), dead-letters what it cannot settle, takes back expired worker
+//! leases ([`sweeper`]), deletes expired idempotency keys ([`reaper`]), and reconciles the ledger with
+//! the provider every night ([`recon`]). As a CLI ([`cli`]) it is the operator's tool: migrations,
+//! tenants and API keys, dead letters, reconciliation runs. `main.rs` only parses arguments, loads
+//! settings, starts telemetry and runs; everything testable is here.
 
 pub mod backlog;
 pub mod cli;

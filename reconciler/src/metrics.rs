@@ -1,12 +1,5 @@
 //! The reconciler's metrics: their names, help texts, and the series registered at zero on start.
-//!
-//! Counters are registered at zero for every label value when the service starts ([`describe`]), so
-//! each series exists from the first scrape: a Prometheus `increase()` sees the first dead letter or
-//! the first failed webhook as an increase from 0, instead of a series that just appeared (which it
-//! cannot tell from one that was always there). Labels are closed enumerations, never ids.
-//!
-//! The gauges describe the whole system's backlog, sampled from PostgreSQL by [`crate::backlog`]
-//! (one sampler per reconciler process, not one per worker).
+//! Labels are closed enumerations, never ids.
 
 use metrics::{Unit, counter, describe_counter, describe_gauge};
 
@@ -29,6 +22,9 @@ pub const RECON_RUNS: &str = "oncepay_reconciler_recon_runs_total";
 pub const LEASES_TAKEN_OVER: &str = "oncepay_reconciler_leases_taken_over_total";
 /// Passes of a background loop that failed, by `loop`.
 pub const LOOP_ERRORS: &str = "oncepay_reconciler_loop_errors_total";
+
+// The gauges describe the whole system's backlog, sampled from PostgreSQL by `crate::backlog`: one
+// sampler per reconciler process, not one per worker.
 
 /// Outbox rows by `state` (`due`, `scheduled`, `leased`).
 pub const OUTBOX_DEPTH: &str = "oncepay_reconciler_outbox_depth";
@@ -67,7 +63,11 @@ pub const TAKEOVERS: [&str; 3] = ["released", "uncertain", "obsolete"];
 /// Every `loop` of [`LOOP_ERRORS`].
 pub const LOOPS: [&str; 5] = ["poller", "sweeper", "reaper", "recon", "backlog"];
 
-/// Describes every metric and registers every counter series at zero.
+/// Describes every metric and registers every counter series at zero, for every label value.
+///
+/// Each series then exists from the first scrape, so Prometheus's `increase()` sees the first dead
+/// letter or the first failed webhook as an increase from 0, not as a new series (which it cannot
+/// tell from one that was always there).
 pub fn describe() {
     describe_counter!(WEBHOOKS, "Provider webhook deliveries, by verdict");
     describe_counter!(UNKNOWN_RESOLVED, "Payments that left `unknown`, by how");

@@ -1,24 +1,9 @@
 //! The poller: settles `unknown` payments by asking the provider what it holds for their downstream
 //! idempotency key.
 //!
-//! Each pass claims due payments ([`unknown::claim_due`]), looks each one up outside any transaction
-//! (a charge reported by a signed webhook while the payment was still being sent counts as found,
-//! without asking the provider), then records the verdict in one short transaction per payment:
-//! - a succeeded or failed charge: settled exactly as the worker would have settled it;
-//! - provably no charge while the provider still remembers the key (first send younger than the key
-//!   window minus a margin): back to `pending` and into the outbox, resent with the same key;
-//! - anything else (a failed lookup; no charge past the window, which proves nothing once the
-//!   provider may have forgotten the key): the evidence is kept and the next lookup is scheduled with
-//!   per-payment exponential backoff;
-//! - after `max_attempts` inconclusive lookups, or once the payment has been unknown for
-//!   `max_age`: dead-lettered with all the evidence, for an operator.
-//!
-//! A webhook may settle the payment while its lookup is in flight; the compare-and-set then loses,
-//! which is a normal outcome. The poller never moves a payment that is not `unknown`.
-//!
-//! Each lookup runs in a `poller.poll` span that continues the payment's trace (the one the worker or
-//! the sweeper stored with the queue row), so the provider lookup carries that trace's `traceparent`
-//! and the resolution appears in the same trace as the request and the send.
+//! A lookup runs outside any transaction; its verdict is recorded in one short transaction per
+//! payment. The poller never moves a payment that is not `unknown`. A webhook may settle a payment
+//! while its lookup is in flight: the poller's compare-and-set then loses, which is a normal outcome.
 
 use std::time::Duration;
 
@@ -86,10 +71,19 @@ pub struct Counts {
 /// What a lookup means for one payment.
 #[derive(Debug, Clone, PartialEq)]
 enum Verdict {
+    /// A succeeded or failed charge: settled exactly as the worker would have settled it.
     Settle { transition: Transition, settlement: Settlement, charge: Box<Charge> },
+    /// A charge that is not what the payment asked for: dead-lettered as a `conflict`.
     Mismatch { finding: String, charge: Box<Charge> },
+    /// Provably no charge while the provider still remembers the key (the first send is younger than
+    /// the key window minus a margin): back to `pending` and into the outbox, resent with the same key.
     Resend,
+    /// Anything else: a failed lookup, or no charge past the key window, which proves nothing once the
+    /// provider may have forgotten the key. The evidence is kept and the next lookup is scheduled with
+    /// per-payment exponential backoff.
     Inconclusive { finding: String },
+    /// After `max_attempts` inconclusive lookups, or once the payment has been `unknown` for
+    /// `max_age`: dead-lettered with all the evidence, for an operator.
     Exhaust { finding: String },
 }
 
@@ -149,7 +143,10 @@ impl<P: PaymentProvider> Poller<P> {
         }
     }
 
-    /// Looks one payment up and records the verdict, in the payment's trace.
+    /// Looks one payment up and records the verdict, in a `poller.poll` span that continues the
+    /// payment's trace (the one the worker or the sweeper stored with the queue row). The provider
+    /// lookup then carries that trace's `traceparent`, and the resolution appears in the same trace as
+    /// the request and the send.
     async fn poll_one(&self, payment: Claimed) -> anyhow::Result<Done> {
         let span = tracing::info_span!(
             "poller.poll",
@@ -188,7 +185,8 @@ impl<P: PaymentProvider> Poller<P> {
     }
 
     /// What the payment's evidence says: signed webhooks recorded while it was being sent, if they
-    /// settle it or contradict it, else a lookup of its key at the provider (no connection held).
+    /// settle it or contradict it (such a charge counts as found, without asking the provider), else a
+    /// lookup of its key at the provider (no connection held).
     async fn look_up(&self, payment: &Claimed) -> anyhow::Result<(Source, Verdict)> {
         let recorded = {
             let mut conn = self.pool.acquire().await.context("cannot reach the database")?;
@@ -303,7 +301,7 @@ fn unavailable(error: &anyhow::Error) -> bool {
     error.chain().any(|cause| cause.downcast_ref::<sqlx::Error>().is_some_and(store::is_transient))
 }
 
-/// Where a poll's answer came from.
+/// Where a poll's evidence came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Source {
     /// A lookup by the payment's key.

@@ -1,15 +1,7 @@
 //! The reaper: deletes idempotency keys past their retention, and webhook ids past theirs.
 //!
-//! A key is deleted only once it has expired AND its payment is terminal: a key whose payment is
-//! still pending, processing, unknown or dead-lettered is what makes a client's retry find that
-//! payment instead of creating another, so it stays however old it is. A key's expiry restarts when
-//! its payment becomes terminal (`store/sql/store_response.sql`), so a late settlement keeps its key
-//! the full retention after that. A terminal payment never
-//! changes again, so the status read in the delete's own statement cannot go stale. Deletes run in
-//! small batches (`FOR UPDATE SKIP LOCKED`, oldest first), each its own short statement, so the
-//! reaper never holds many locks or writes a burst of WAL, and several reapers can run at once.
-//!
-//! Payments, their audit trail and the ledger are never deleted here.
+//! A key is deleted only once it has expired and its payment is terminal. Payments, their audit trail
+//! and the ledger are never deleted here.
 
 use std::time::Duration;
 
@@ -66,9 +58,17 @@ impl Reaper {
     }
 
     /// One pass: at most one batch of keys and one of webhook ids.
+    ///
+    /// Each batch is one short statement (`FOR UPDATE SKIP LOCKED`, oldest first), so the reaper never
+    /// holds many locks or writes a burst of WAL, and several reapers can run at once.
     #[tracing::instrument(name = "reaper.pass", skip_all, fields(reaped.keys, reaped.webhook_events))]
     pub async fn run_once(&self) -> anyhow::Result<Counts> {
         let batch = i64::from(self.config.batch_size);
+        // A key whose payment is still pending, processing, unknown or dead-lettered is what makes a
+        // client's retry find that payment instead of creating another, so it stays however old it is.
+        // A key's expiry restarts when its payment becomes terminal (`store/sql/store_response.sql`),
+        // so a late settlement keeps its key for the full retention after that. A terminal payment
+        // never changes again, so the status read in this statement cannot go stale.
         let keys = sqlx::query!(
             r#"
             WITH doomed AS (

@@ -54,8 +54,8 @@ mod tests {
 
     const INTERVAL: Duration = Duration::from_secs(3600);
 
-    /// Answers each pass from a script, notes when (on the paused clock) each pass started, and
-    /// shuts the loop down once the script is spent.
+    /// Takes each pass's result from a script, notes when (on the paused clock) each pass started,
+    /// and shuts the loop down once the script is spent.
     struct Scripted {
         script: Mutex<Vec<anyhow::Result<bool>>>,
         started: Mutex<Vec<Duration>>,

@@ -1,7 +1,6 @@
 //! `serve`: the reconciler as a service. Wires the settings into the HTTP server (webhooks and
 //! operations endpoints) and the background loops (poller, sweeper, reaper, nightly reconciliation,
-//! backlog gauges), runs them until the shutdown token fires, then stops the server gracefully
-//! (in-flight deliveries finish) and waits for every loop to finish its current pass.
+//! backlog gauges), and runs them until the shutdown token fires.
 //!
 //! It does not migrate the schema (`oncepay-reconciler migrate` does, once per deploy); `/readyz`
 //! says whether the schema is current.
@@ -28,7 +27,8 @@ use crate::settings::Settings;
 use crate::sweeper::{Sweeper, SweeperConfig};
 use crate::webhooks::WebhookState;
 
-/// Runs the service until `shutdown` is cancelled.
+/// Runs the service until `shutdown` is cancelled, then stops the server gracefully (in-flight
+/// deliveries finish) and waits for every loop to finish its current pass.
 pub async fn serve(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
     let metrics = oncepay_service::metrics::install();
     crate::metrics::describe();
@@ -137,7 +137,7 @@ pub async fn serve(settings: Settings, shutdown: CancellationToken) -> anyhow::R
             }
         }
     }
-    // Probes are answered until the public server and the loops have stopped.
+    // The probes keep responding until the public server and the loops have stopped.
     if let (Some(ops_handle), Some(ops_running)) = (ops_handle, ops_running) {
         ops_handle.stop(true).await;
         let stopped = ops_running

@@ -1,10 +1,8 @@
-//! The sweeper: takes outbox leases back from workers that died or stalled.
+//! The sweeper: takes outbox leases back from workers that died or stalled. It never touches a lease
+//! that has not expired.
 //!
-//! The takeover itself is `oncepay_store::leases::sweep` (owned with the worker's claim and
-//! record statements, so the protocol lives in one place): inside the provider's key window the
-//! payment goes back to `pending` and is resent with the same key; past it the payment becomes
-//! `unknown` and is queued for the poller. This module only runs it: in batches, until a batch changes
-//! nothing, then every `interval`. It never touches a lease that has not expired.
+//! The takeover itself is `oncepay_store::leases::sweep`, kept with the worker's claim and record
+//! statements so the protocol lives in one place; this module only runs it.
 
 use std::time::Duration;
 
@@ -54,7 +52,9 @@ impl Sweeper {
         Self { pool, config }
     }
 
-    /// One pass: up to `batch_size` expired leases taken back.
+    /// One pass: up to `batch_size` expired leases taken back. Inside the provider's key window a
+    /// payment goes back to `pending` and is resent with the same key; past it, the payment becomes
+    /// `unknown` and is queued for the poller.
     pub async fn run_once(&self) -> anyhow::Result<SweepCounts> {
         let mut conn = self.pool.acquire().await.context("cannot reach the database")?;
         let counts = leases::sweep(&mut conn, ACTOR, self.config.key_window, self.config.batch_size)

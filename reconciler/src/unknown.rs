@@ -2,16 +2,9 @@
 //! payment leaves `unknown`.
 //!
 //! Invariant: a payment is `unknown` exactly while it has a row here. Whoever moves it in writes the
-//! row in the same transaction (`oncepay_store::unknown_queue`); every function here that
-//! moves it out ([`settle`], [`resend`], [`exhaust`], [`mismatch`]) deletes the row in the same
-//! transaction, and only after its compare-and-set won. Claiming pushes `next_poll_at` forward as a lease instead of
-//! holding a lock, so no transaction stays open across a provider call.
-//!
-//! Lock order: the payment row, then its queue row (as the worker and the sweeper do).
-//!
-//! Each row carries the trace context of the span that made the payment `unknown` ([`Claimed::trace`],
-//! [`trace_of`]): the poller's lookup and a webhook's settlement continue it, so a payment's request,
-//! provider call and resolution are one trace, and a resend continues it in the outbox.
+//! row in the same transaction (`oncepay_store::unknown_queue`). Every function here that moves it out
+//! ([`settle`], [`resend`], [`exhaust`], [`mismatch`]) deletes the row in the same transaction, and
+//! only after its compare-and-set won.
 
 use std::time::Duration;
 
@@ -45,12 +38,17 @@ pub struct Claimed {
     /// Whether the provider still certainly remembers its downstream key (its first send is younger
     /// than the resend horizon), by the database's clock.
     pub in_key_window: bool,
-    /// The trace its resolution continues, if the payment has one.
+    /// The trace of the span that made the payment `unknown`, if it has one. The poller's lookup and a
+    /// webhook's settlement continue it ([`trace_of`]), so a payment's request, provider call and
+    /// resolution are one trace, and a resend continues it in the outbox.
     pub trace: Option<TraceContext>,
 }
 
 /// Claims up to `batch_size` due payments, oldest due first, hiding each from other pollers for
 /// `lease`. Rows another poller is claiming right now are skipped.
+///
+/// The lease is `next_poll_at` pushed forward, not a lock held, so no transaction stays open across
+/// the provider call that follows.
 #[tracing::instrument(name = "unknown.claim", skip_all)]
 pub async fn claim_due(
     conn: &mut PgConnection,
@@ -260,6 +258,8 @@ struct Gathered {
     poll_attempts: i32,
 }
 
+/// Deletes the payment's queue row. Callers move the payment row first: the payment row, then its
+/// queue row, is the lock order the worker and the sweeper use too.
 async fn remove(
     conn: &mut PgConnection,
     tenant_id: TenantId,

@@ -1,29 +1,9 @@
 //! `POST /webhooks/provider`: signed provider events, applied at most once and monotonically.
 //!
-//! A delivery is first checked as bytes: its Standard Webhooks signature over the raw body, against
-//! every configured secret (rotation), with the timestamp within the tolerance either way; anything
-//! else is 401 and touches nothing. A verified body that is not a charge event is 400. Then, in ONE
-//! transaction, the payment row is locked, the `webhook-id` is inserted into `webhook_events` (a
-//! seen id rolls everything back and answers 200: redeliveries change nothing), and the charge is
-//! judged against the payment ([`crate::finding::judge`]):
-//! - `unknown` → settled from the charge, exactly as the worker would, and its poll queue row removed,
-//!   if the charge is what the payment asked for; a charge for another amount, currency or key
-//!   dead-letters it as a `conflict` for an operator; a charge that cannot be booked as reported is
-//!   kept as evidence and counts as an inconclusive lookup (`unbookable`);
-//! - `pending` / `processing` → only recorded, with the charge: the worker holding it will learn the
-//!   same outcome from the provider (its resend carries the same key); if it cannot, the payment
-//!   becomes `unknown` and the poller settles it from this recorded charge. The reconciler does not
-//!   race a worker that holds a lease;
-//! - `dead_lettered` → the charge is appended to the open dead letter for the operator;
-//! - terminal and agreeing → nothing; terminal and contradicting → a `conflict` dead letter, the
-//!   terminal state untouched; terminal and unreadable as reported → only recorded (`unbookable`).
-//!
-//! Every recorded delivery answers 2xx so the provider stops retrying; a database that cannot be
-//! reached answers 503 so it retries later. Bodies and secrets are never logged.
-//!
-//! A delivery is a trace of its own (`webhook.receive`); settling an `unknown` payment runs in a
-//! `webhook.resolve` span that continues the payment's trace (stored with its queue row) and links
-//! back to the delivery, so the resolution shows in the same trace as the request and the send.
+//! A delivery that is recorded gets a 2xx, so the provider stops retrying; one that cannot be
+//! recorded because the database is unavailable gets a 503, so the provider retries later. Bodies and
+//! secrets are never logged. What an event means for its payment is decided by
+//! [`crate::finding::judge`], not here.
 
 use actix_web::http::header;
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -90,7 +70,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    /// The label for the answer, logs and `oncepay_reconciler_webhooks_total{verdict}`.
+    /// The label for the response, the logs and `oncepay_reconciler_webhooks_total{verdict}`.
     pub const fn label(self) -> &'static str {
         match self {
             Self::Recorded(label) => label,
@@ -136,6 +116,9 @@ async fn answer(request: &HttpRequest, payload: web::Payload, state: &WebhookSta
         timestamp: header("webhook-timestamp"),
         signature: header("webhook-signature"),
     };
+    // Checked as bytes, before anything is parsed: the Standard Webhooks signature over the raw body,
+    // against every configured secret (so secrets can be rotated), with the timestamp within the
+    // tolerance either way. A delivery that fails is a 401 and touches nothing.
     let now = OffsetDateTime::now_utc().unix_timestamp();
     if let Err(error) = webhook_signature::verify(&state.secrets, headers, &body, now, state.tolerance_secs) {
         tracing::warn!(error = %error, "rejected a webhook delivery");
@@ -145,6 +128,7 @@ async fn answer(request: &HttpRequest, payload: web::Payload, state: &WebhookSta
     let webhook_id = headers.id.unwrap_or_default();
     tracing::Span::current().record("webhook.id", webhook_id);
 
+    // A verified body that is not a charge event is a 400.
     let event: WebhookEvent = match serde_json::from_slice(&body) {
         Ok(event) => event,
         Err(error) => {
@@ -186,7 +170,16 @@ async fn read_body(mut payload: web::Payload, limit: usize) -> Result<web::Bytes
     Ok(body.freeze())
 }
 
-/// Applies a verified event (see the module documentation), in one transaction.
+/// Applies a verified event in one transaction: locks the payment row, records the `webhook-id`, and
+/// judges the charge against the payment ([`finding::judge`]):
+/// - `unknown`: settled from the charge, exactly as the worker would, and its poll queue row removed,
+///   if the charge is what the payment asked for. A charge for another amount, currency or key
+///   dead-letters it as a `conflict` for an operator. A charge that cannot be booked as reported is
+///   kept as evidence and counts as an inconclusive lookup (`unbookable`).
+/// - `pending` or `processing`: only recorded, with the charge.
+/// - `dead_lettered`: the charge is added to the open dead letter, for the operator.
+/// - terminal and agreeing: nothing. Terminal and contradicting: a `conflict` dead letter, and the
+///   terminal state is untouched. Terminal and unreadable as reported: only recorded (`unbookable`).
 #[tracing::instrument(name = "webhook.apply", skip_all, fields(payment.id))]
 pub async fn apply(pool: &PgPool, webhook_id: &str, event: &WebhookEvent) -> Result<Outcome, ApplyError> {
     let charge = &event.data;
@@ -233,6 +226,7 @@ pub async fn apply(pool: &PgPool, webhook_id: &str, event: &WebhookEvent) -> Res
     .map_err(StoreError::from)?
     .is_some();
     if !first_time {
+        // A redelivery: dropping the transaction rolls everything back, so it changes nothing.
         return Ok(Outcome::Duplicate);
     }
 
@@ -266,6 +260,10 @@ pub async fn apply(pool: &PgPool, webhook_id: &str, event: &WebhookEvent) -> Res
             evidence["result"] = json!(why);
             unknown::note_inconclusive(&mut tx, tenant_id, payment_id, evidence, None).await?;
         }
+        // Recorded above, with the charge, and nothing more. A payment still being sent is left to
+        // its worker, which learns the same outcome from the provider (its resend carries the same
+        // key); if it cannot, the payment becomes `unknown` and the poller settles it from the charge
+        // recorded here. The reconciler never races a worker that holds a lease.
         Judgement::LeaveToSender | Judgement::Agrees | Judgement::Unreadable(_) => {}
         Judgement::ForOperator => {
             if !dead_letters::attach_evidence(&mut tx, tenant_id, payment_id, Value::Array(vec![evidence])).await? {
@@ -281,8 +279,10 @@ pub async fn apply(pool: &PgPool, webhook_id: &str, event: &WebhookEvent) -> Res
     Ok(Outcome::Recorded(judgement.label()))
 }
 
-/// The span of settling an `unknown` payment from a webhook: a child of the payment's trace, linked to
-/// the delivery's span. Without a stored trace it stays in the delivery's trace.
+/// The span of settling an `unknown` payment from a webhook (`webhook.resolve`). A delivery is a trace
+/// of its own (`webhook.receive`); this span continues the payment's trace (stored with its queue row)
+/// and links back to the delivery, so the resolution shows in the same trace as the request and the
+/// send. Without a stored trace it stays in the delivery's trace.
 async fn resolution_span(
     conn: &mut PgConnection,
     tenant_id: TenantId,
@@ -351,11 +351,11 @@ async fn locate(conn: &mut PgConnection, event: &WebhookEvent) -> Result<Option<
 
 /// Locks the payment row for the rest of the transaction and reads what a charge is judged against.
 ///
-/// The lock and the read are two statements. A statement that waits for the row lock (the worker is
-/// settling the payment right now) continues with the row's new version but, for every other table,
-/// the snapshot it started with: joined in the same statement, the ledger entry committed together
-/// with that new version would be missing, and a payment that just succeeded would look like a
-/// success without a ledger entry, a false conflict. The read after the lock sees all of it.
+/// The lock and the read are two statements. A statement that waits for the row lock (a worker is
+/// settling the payment at that moment) then sees the row's new version, but keeps the snapshot it
+/// started with for every other table. A join in the locking statement would miss the ledger entry
+/// committed with that new version, and a payment that just succeeded would look like a success
+/// without a ledger entry: a false conflict. The read after the lock sees both.
 async fn lock_payment(
     conn: &mut PgConnection,
     tenant_id: TenantId,

@@ -1,10 +1,8 @@
 //! The operator's actions on a dead letter: `retry`, `resolve`, and finding the charge to resolve
 //! it with. This module owns the rules and the refusals.
 //!
-//! Each action runs in one transaction: it locks the open entry and the payment, checks both, and
-//! records who did it and why on the entry and, when the payment moves, in its audit trail. A failed
-//! check changes nothing. A terminal payment never moves, so a `conflict` entry can only be
-//! acknowledged. No transaction is open while the provider is asked about a charge.
+//! Each action runs in one transaction that locks the open entry and the payment, and checks both; a
+//! failed check changes nothing. No transaction is open while the provider is asked about a charge.
 
 use std::time::Duration;
 
@@ -127,6 +125,7 @@ pub async fn retry(conn: &mut PgConnection, retry: &Retry<'_>) -> Result<Resolut
     outbox::enqueue(&mut tx, locked.tenant_id, payment_id, OffsetDateTime::now_utc())
         .await
         .context("cannot queue the payment")?;
+    // Who and why go on the entry here, and in the payment's audit trail with the move above.
     queries::close(&mut tx, &locked, retry.operator.actor(), Outcome::Retried, reason).await?;
     tx.commit().await.context("cannot commit the retry")?;
     Ok(Resolution {
@@ -270,6 +269,7 @@ pub async fn resolve(
             (Outcome::Failed, PaymentStatus::Failed)
         }
     };
+    // Who and why go on the entry here, and in the payment's audit trail when the payment moved.
     queries::close(&mut tx, &locked, operator.actor(), resolution, reason).await?;
     tx.commit().await.context("cannot commit the resolution")?;
     Ok(Resolution {

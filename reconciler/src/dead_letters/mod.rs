@@ -1,15 +1,7 @@
 //! The dead-letter table: payments automation could not settle, for operators.
 //!
-//! Two kinds of entry (`dead_letters.kind`): `unresolved`, written with the move `unknown →
-//! dead_lettered` when polling ran out of attempts or time; and `conflict`, written when evidence
-//! arrives that contradicts a terminal payment, whose state is kept. A payment has at most one open
-//! entry (a partial unique index): further evidence is appended to it rather than opening another.
-//! Entries are closed only by an operator ([`actions`]), who is recorded with the reason.
-//!
-//! [`Kind`] and [`Outcome`] are the only spellings of the names stored in `kind` and `resolution`;
-//! rows are parsed into them when read. [`record`] and [`attach_evidence`] take the caller's
-//! connection so that an entry is written in the same transaction as the change that caused it.
-//! They never move a payment themselves.
+//! A payment has at most one open entry; further evidence is appended to it. Only an operator closes
+//! an entry ([`actions`]), and is recorded with the reason. Nothing here moves a payment.
 
 pub mod actions;
 pub mod queries;
@@ -23,13 +15,15 @@ use serde::Serialize;
 use serde_json::Value;
 use sqlx::PgConnection;
 
-/// Which kind of entry.
+/// Which kind of entry: the only spelling of the names stored in `dead_letters.kind`. Rows are parsed
+/// into it when read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Kind {
-    /// The payment is `dead_lettered`: an operator must settle or retry it.
+    /// The payment is `dead_lettered`: an operator must settle or retry it. Written with the move
+    /// `unknown → dead_lettered` when polling ran out of attempts or time.
     Unresolved,
-    /// The payment is terminal and later evidence contradicts it.
+    /// The payment is terminal and later evidence contradicts it. The payment's state is kept.
     Conflict,
 }
 
@@ -54,7 +48,8 @@ impl FromStr for Kind {
     }
 }
 
-/// How an operator closed an entry.
+/// How an operator closed an entry: the only spelling of the names stored in
+/// `dead_letters.resolution`. Rows are parsed into it when read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
@@ -106,6 +101,9 @@ fn by_name<T: Copy>(all: &[T], name: fn(T) -> &'static str, what: &'static str, 
 
 /// Opens an entry for the payment, or appends `evidence` (a JSON array) to its open one. Counts new
 /// entries in `oncepay_reconciler_dead_letters_total{kind}`.
+///
+/// Takes the caller's connection, so the entry is written in the same transaction as the change
+/// that caused it.
 pub async fn record(
     conn: &mut PgConnection,
     tenant_id: TenantId,
@@ -115,6 +113,7 @@ pub async fn record(
     evidence: Value,
     attempts: i32,
 ) -> Result<(), StoreError> {
+    // A partial unique index allows one open entry per payment; a second one adds to the first.
     let opened = sqlx::query_scalar!(
         r#"
         INSERT INTO dead_letters (tenant_id, payment_id, kind, reason, evidence, attempts)
@@ -140,7 +139,8 @@ pub async fn record(
     Ok(())
 }
 
-/// Appends `evidence` (a JSON array) to the payment's open entry, if it has one. Returns whether it did.
+/// Appends `evidence` (a JSON array) to the payment's open entry, if it has one, in the caller's
+/// transaction. Returns whether it did.
 pub async fn attach_evidence(
     conn: &mut PgConnection,
     tenant_id: TenantId,

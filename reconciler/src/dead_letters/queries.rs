@@ -2,8 +2,7 @@
 //! entry with its payment, and closing it.
 //!
 //! Operators name an entry by its payment id, which is unique across tenants, so these reads do not
-//! filter by tenant. `lock_open` locks the entry and the payment until the caller's transaction
-//! ends. Nothing here decides whether an action is allowed: that is [`super::actions`].
+//! filter by tenant. Nothing here decides whether an action is allowed: that is [`super::actions`].
 
 use std::time::Duration;
 
@@ -150,7 +149,7 @@ pub(super) struct Locked {
     pub(super) first_sent_at: Option<OffsetDateTime>,
 }
 
-/// Locks the payment's open entry and the payment itself.
+/// Locks the payment's open entry and the payment itself, until the caller's transaction ends.
 pub(super) async fn lock_open(
     conn: &mut PgConnection,
     payment_id: PaymentId,

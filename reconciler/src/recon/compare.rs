@@ -1,18 +1,6 @@
 //! Comparing the provider's charges with the ledger over one window: pure, no I/O.
 //!
-//! Four classes of discrepancy, and nothing else is reported:
-//! - `missing_in_ledger`: the provider holds a succeeded charge that no ledger entry books (for a
-//!   payment with no entry at all, or whose entry books another charge);
-//! - `missing_at_provider`: a ledger entry charged in the window whose charge the provider does not
-//!   list in the window as succeeded;
-//! - `amount_or_currency_mismatch`: both sides have the charge, with different money;
-//! - `duplicate_charge`: more than one succeeded charge for one payment (reported once, naming every
-//!   charge; the extra charges are not reported again as missing in the ledger).
-//!
-//! Failed charges are not money: they are only used to explain a `missing_at_provider`. A charge is
-//! matched to its payment by the metadata oncepay puts on every charge, else by its downstream key.
-//! Ledger entries of those payments are passed in even when they were booked outside the window, so
-//! a charge created just inside the window and booked just outside it is not reported.
+//! Reports the four classes of discrepancy ([`Class`]) and nothing else.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -26,13 +14,16 @@ use time::OffsetDateTime;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Class {
-    /// Charged at the provider, not in our ledger.
+    /// Charged at the provider, not in our ledger: a succeeded charge that no ledger entry books (the
+    /// payment has no entry at all, or its entry books another charge).
     MissingInLedger,
-    /// In our ledger, not at the provider.
+    /// In our ledger, not at the provider: an entry charged in the window whose charge the provider
+    /// does not list in the window as succeeded.
     MissingAtProvider,
-    /// Both have it, with different money.
+    /// Both sides have the charge, with different money.
     AmountOrCurrencyMismatch,
-    /// More than one provider charge for one payment.
+    /// More than one succeeded charge for one payment. Reported once, naming every charge; the extra
+    /// charges are not reported again as missing in the ledger.
     DuplicateCharge,
 }
 
@@ -90,7 +81,8 @@ pub struct Discrepancy {
     pub detail: String,
 }
 
-/// The payment a charge was made for (its tenant, when the metadata names it).
+/// The payment a charge was made for (its tenant, when the metadata names it): from the metadata
+/// oncepay puts on every charge, else from its downstream key.
 pub fn payment_of(charge: &Charge) -> Option<(Option<TenantId>, PaymentId)> {
     match charge.payment_ref() {
         Some((tenant, payment)) => Some((Some(tenant), payment)),
@@ -119,6 +111,10 @@ fn theirs(charge: &Charge) -> Value {
 }
 
 /// Every discrepancy between the provider's charges created in the window and the ledger.
+///
+/// `ledger` also holds the entries of the payments the charges name, booked outside the window
+/// (`in_window` false), so a charge created just inside the window and booked just outside it is
+/// not reported.
 pub fn compare(charges: &[Charge], ledger: &[LedgerEntry]) -> Vec<Discrepancy> {
     let mut found = Vec::new();
     let by_id: HashMap<&str, &Charge> = charges.iter().map(|c| (c.id.as_str(), c)).collect();
@@ -127,6 +123,7 @@ pub fn compare(charges: &[Charge], ledger: &[LedgerEntry]) -> Vec<Discrepancy> {
         ledger.iter().map(|e| (e.provider_charge_id.as_str(), e)).collect();
 
     // Succeeded charges by payment (sorted for a stable report); charges naming no payment apart.
+    // Failed charges are not money: below, they only explain a `missing_at_provider`.
     let mut by_payment: BTreeMap<PaymentId, (Option<TenantId>, Vec<&Charge>)> = BTreeMap::new();
     let mut unattributed = Vec::new();
     for charge in charges.iter().filter(|c| c.status == ChargeStatus::Succeeded) {

@@ -1,13 +1,6 @@
 //! Ledger reconciliation: compares the provider's charges with our ledger over a window of time and
 //! records each discrepancy by class, nightly (tokio-cron-scheduler) and on demand (`recon run`).
 //!
-//! A run claims its window first ([`runs::claim`]): with several reconcilers, one wins and the others
-//! skip. It then pages through the provider's charges created in the window, proving it is alive
-//! after every page, reads the ledger entries booked in the window (plus those of the payments the
-//! charges name, wherever they were booked), compares them ([`compare`]) and stores the findings and
-//! the counts in one transaction. A failure marks the run `failed`, which frees the window for a
-//! later attempt; the nightly job also retries the previous days whose run failed.
-//!
 //! Runs only read payments and ledger entries: findings are for operators, and nothing here
 //! corrects anything.
 
@@ -156,6 +149,9 @@ impl<P: PaymentProvider + 'static> Reconciliation<P> {
     }
 
     /// Reconciles one window, unless another run holds it.
+    ///
+    /// The window is claimed first ([`runs::claim`]): with several reconcilers, one wins and the
+    /// others skip. A failure marks the run `failed`, which frees the window for a later attempt.
     #[tracing::instrument(name = "recon.run", skip_all, fields(window.start = %window.start, window.end = %window.end, run.id))]
     pub async fn run_window(&self, window: Window, trigger: Trigger) -> anyhow::Result<Outcome> {
         let mut conn = self.pool.acquire().await.context("cannot reach the database")?;
@@ -194,6 +190,8 @@ impl<P: PaymentProvider + 'static> Reconciliation<P> {
         }
     }
 
+    /// Pages through the provider's charges created in the window, reads the ledger entries that may
+    /// match them, compares the two sides and stores the findings and the counts in one transaction.
     async fn reconcile(&self, conn: &mut PgConnection, run_id: Uuid, window: &Window) -> anyhow::Result<Summary> {
         let charges = self.provider_charges(conn, run_id, window).await?;
         let ledger = ledger_entries(conn, window, &charges).await?;

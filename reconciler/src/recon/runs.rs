@@ -1,11 +1,8 @@
 //! Reconciliation runs and their findings, stored: claiming a window, proving the run is alive,
 //! finishing it, and reading runs back for operators.
 //!
-//! One live or completed run per window (a partial unique index): among several reconcilers racing
-//! for a window one insert wins, the others see its run. A `running` run whose heartbeat is older
-//! than the staleness limit is presumed dead; the next claimant marks it `failed` and starts its own.
-//! Every later write of a run is fenced on `status = 'running'`, so a run that was taken over cannot
-//! finish or record findings.
+//! At most one live or completed run per window. Every write after the claim is fenced on
+//! `status = 'running'`, so a run that was taken over cannot finish or record findings.
 
 use std::time::Duration;
 
@@ -59,6 +56,8 @@ pub async fn claim(
     stale_after: Duration,
 ) -> anyhow::Result<Claim> {
     let mut tx = conn.begin().await.context("cannot start a transaction")?;
+    // A `running` run whose heartbeat is older than the staleness limit is presumed dead: mark it
+    // `failed`, which frees the window for the insert below.
     let abandoned = sqlx::query!(
         r#"
         UPDATE recon_runs
@@ -78,6 +77,8 @@ pub async fn claim(
         tracing::warn!(window.start = %window.start, "took over a reconciliation run whose heartbeat stopped");
     }
     let run_id = Uuid::now_v7();
+    // A partial unique index allows one live or completed run per window: among reconcilers racing
+    // for it, one insert wins and the others read its run.
     let won = sqlx::query_scalar!(
         r#"
         INSERT INTO recon_runs (run_id, window_start, window_end, trigger, status)
