@@ -1,9 +1,9 @@
-//! How a payment is answered: the status code, the payment resource (or the stored terminal
+//! The responses about a payment: the status code, the payment resource (or the stored terminal
 //! response) as the body, and the headers the contract promises with it — `Location`,
 //! `Retry-After` while the payment is not terminal, `Idempotency-Key-Expires` once the key's
 //! retention is known, and `Idempotent-Replayed: true` on a replay.
 //!
-//! Both endpoints answer through here, so a fresh 202, a replay and a poll cannot disagree about
+//! Both endpoints respond through here, so a fresh 202, a replay and a poll cannot disagree about
 //! the headers. Nothing here touches the database.
 
 use actix_web::HttpResponse;
@@ -17,22 +17,22 @@ use time::macros::format_description;
 /// When the client's idempotency key may be forgotten (an HTTP date).
 pub const IDEMPOTENCY_KEY_EXPIRES: HeaderName = HeaderName::from_static("idempotency-key-expires");
 
-/// `true` on an answer that repeats an earlier request's outcome instead of acting anew.
+/// `true` on a response that repeats an earlier request's outcome instead of acting anew.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
 /// RFC 7240: which preferences the server honoured.
 pub const PREFERENCE_APPLIED: HeaderName = HeaderName::from_static("preference-applied");
 
-/// What an idempotency key says about the answer.
+/// What an idempotency key says about the response.
 #[derive(Debug, Clone, Copy)]
 pub struct KeyInfo {
     /// When the key may be reaped.
     pub expires_at: OffsetDateTime,
-    /// Whether this answer repeats an earlier one.
+    /// Whether this response repeats an earlier one.
     pub replayed: bool,
 }
 
-/// The answer for a payment that is not terminal (202 from intake): `Location`, `Retry-After`.
+/// The response for a payment that is not terminal (202 from intake): `Location`, `Retry-After`.
 pub fn accepted(resource: &PaymentResource, retry_after_secs: u64, key: KeyInfo) -> HttpResponse {
     let mut builder = HttpResponse::Accepted();
     builder
@@ -58,8 +58,8 @@ pub fn terminal(resource: &PaymentResource, key: KeyInfo) -> HttpResponse {
     builder.json(resource)
 }
 
-/// The status endpoint's answer: 200 with the resource, `Retry-After` while it is not terminal, and
-/// `Preference-Applied` when a long poll was honoured.
+/// The status endpoint's response: 200 with the resource, `Retry-After` while it is not terminal,
+/// and `Preference-Applied` when a long poll was honoured.
 pub fn current(resource: &PaymentResource, retry_after_secs: u64, waited_secs: Option<u64>) -> HttpResponse {
     let mut builder = HttpResponse::Ok();
     if !resource.status.is_terminal() {

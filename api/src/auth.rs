@@ -1,24 +1,9 @@
 //! Authentication: `Authorization: Bearer <api key>` → the tenant making the request.
 //!
-//! A token names its tenant and key id (`oncepay_domain::api_key`), so verifying it is one
-//! primary-key read (`store::tenants::find_api_key`) and a constant-time comparison of the
-//! presented secret's hash with the stored one. A small bounded cache remembers keys verified in
-//! the last `auth.cache_ttl_secs`, so a request usually needs no database round trip to
-//! authenticate: the cached entry holds the *stored* hash, and every request still compares its own
-//! presented hash with it in constant time. Consequence, by design: a revoked key (or a changed
-//! tenant rate limit) takes effect within the TTL, not instantly.
-//!
-//! Unauthenticated requests must not cost the tenants anything: a key the database refused (unknown
-//! or revoked) is remembered for the same TTL in a bounded map of its own (so a flood of made-up keys
-//! never evicts a real one), and the reads for keys not in the cache share a small budget of
-//! `auth.max_concurrent_lookups` per process. A request that cannot get a place in the budget
-//! within `auth.lookup_wait_ms` is admitted if its key was verified in the last
-//! [`STALE_TTLS`] TTLs, and answered 503 otherwise: a flood of unknown keys can take the budget,
-//! never the connections that real tenants' requests use.
-//!
 //! Invariants: a token, a secret or a hash is never logged, never echoed in a problem detail and
 //! never kept anywhere but as the stored hash in the cache; a key that cannot be checked fails
-//! closed (503), it never lets a request through.
+//! closed (503) and never lets a request through. Unauthenticated requests must not cost the
+//! tenants anything.
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
@@ -50,7 +35,8 @@ pub const STALE_TTLS: u32 = 12;
 /// Verifies API keys, through the cache when it can. One per process, shared by every worker.
 pub struct Authenticator {
     cache: KeyCache,
-    /// Places for reads of keys not in the cache.
+    /// Places for reads of keys not in the cache (`auth.max_concurrent_lookups`): a flood of
+    /// unknown keys can take these, never the connections that real tenants' requests use.
     lookups: Semaphore,
     lookup_wait: Duration,
 }
@@ -75,6 +61,10 @@ impl Authenticator {
 
     /// The tenant whose live API key the request presents, or 401. Keys the cache does not hold
     /// are read through `connections`, within the lookup budget.
+    ///
+    /// A token names its tenant and key id (`oncepay_domain::api_key`), so a check is one
+    /// primary-key read (`store::tenants::find_api_key`) and a constant-time comparison of the
+    /// presented secret's hash with the stored one.
     pub async fn authenticate(&self, headers: &HeaderMap, connections: &Connections) -> Result<Caller, ApiError> {
         const NOT_VALID: ApiError = ApiError::Unauthorized("The API key is not valid.");
         let token = bearer_token(headers)?;
@@ -104,6 +94,8 @@ impl Authenticator {
                     self.cache.remember_refused(id, Instant::now());
                     return Err(NOT_VALID);
                 }
+                // No place among the reads within `auth.lookup_wait_ms`: admitted if the key was
+                // verified in the last `STALE_TTLS` TTLs, else 503.
                 Lookup::Busy => self
                     .cache
                     .verified(&id, Instant::now(), self.cache.ttl.saturating_mul(STALE_TTLS))
@@ -151,8 +143,8 @@ fn bearer_token(headers: &HeaderMap) -> Result<&str, ApiError> {
     Ok(token)
 }
 
-/// A key verified against the database a moment ago.
-/// What the cache keeps of a verified key: the stored hash, never the presented secret.
+/// What the cache keeps of a key verified against the database: the stored hash, never the
+/// presented secret.
 #[derive(Clone)]
 struct Verified {
     secret_sha256: Vec<u8>,
@@ -164,10 +156,16 @@ struct Verified {
 type KeyOf = (TenantId, KeyId);
 
 /// Keys verified lately, and keys the database refused lately, each map bounded on its own.
+///
+/// A request with a cached key needs no database round trip, yet still compares its own presented
+/// hash with the stored one in constant time. By design, a revoked key (or a changed tenant rate
+/// limit) takes effect within the TTL (`auth.cache_ttl_secs`), not at once.
 struct KeyCache {
     ttl: Duration,
     max_entries: usize,
     verified: Mutex<HashMap<KeyOf, Verified>>,
+    // Unknown or revoked keys, for the same TTL. A map of its own, so a flood of made-up keys never
+    // evicts a real one.
     refused: Mutex<HashMap<KeyOf, Instant>>,
 }
 

@@ -1,30 +1,10 @@
-//! `POST /v1/payments`: accepting a payment request exactly once per (tenant, idempotency key).
+//! `POST /v1/payments`: accepts a payment request exactly once per (tenant, idempotency key).
 //!
-//! The request is checked in this order, each failure answered before anything is read from or
-//! written to the store: API key (401), rate limit (429), `Idempotency-Key` (400), `Content-Type`
-//! (415), body size (413, from `Content-Length` before reading and again while reading), JSON
-//! (400), fields (400 listing every invalid field). A key whose payment this process has seen
-//! final is answered from memory (`replay_cache`: the stored final answer, or 422 for another
-//! request), with no round trip. Otherwise one round trip to the store
-//! (`store::intake::accept_deferring_wakeup`, the `intake` function):
-//!
-//! 1. a known key comes back as it is stored, and nothing is written: with the same fingerprint it is
-//!    replayed (the stored terminal response, which is then remembered, else 202 with the payment as
-//!    it stands), with another fingerprint it is refused (422);
-//! 2. a new key is accepted in one statement (key, payment, outbox row and audit row, atomically),
-//!    and once it has committed the workers get a wake-up (`oncepay_store::notify`, one coalesced
-//!    `NOTIFY` for many accepts). If a concurrent request with the same key committed first, the
-//!    function waited for it, wrote nothing and read the key again, so every concurrent duplicate
-//!    gets the same payment id.
-//!
-//! Waiting for that concurrent writer is bounded by the pool's `lock_timeout`
-//! (`intake.key_lock_wait_ms`): past it PostgreSQL cancels the statement (SQLSTATE 55P03) and the
-//! client gets 409 + `Retry-After`. A store that cannot be reached fails closed: 503 +
-//! `Retry-After`, never cached. Accept is a single statement, so nothing is written, unless the
-//! connection broke after the commit was sent: the 503 therefore tells the client to retry with the
-//! same key (which then replays the payment), never that nothing was recorded.
-//!
-//! Never logged: the API key, the idempotency key, the body.
+//! Every check that can refuse a request runs before anything is read from or written to the
+//! store. A key whose payment is final is replayed from memory ([`crate::replay_cache`]); any other
+//! request makes one call to `oncepay_store::intake`, which replays a known key or accepts a new
+//! payment in one statement. A store that cannot be reached fails closed. Never logged: the API
+//! key, the idempotency key, the body.
 
 use actix_web::http::header::{self, HeaderMap};
 use actix_web::web::Bytes;
@@ -55,7 +35,8 @@ use crate::startup::AppState;
 const METHOD: &str = "POST";
 const PATH: &str = "/v1/payments";
 
-/// PostgreSQL's `lock_not_available`: the `lock_timeout` expired.
+/// PostgreSQL's `lock_not_available`: the `lock_timeout` (`intake.key_lock_wait_ms`) expired while
+/// waiting for a concurrent writer of the same key.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
 
 /// Accepts a payment request, or replays the outcome of the first request with the same key.
@@ -85,12 +66,15 @@ pub async fn create_payment(
     result.map(|answered| answered.response)
 }
 
-/// An answer, and whether it repeats an earlier request's outcome.
+/// A response, and whether it repeats an earlier request's outcome.
 struct Answered {
     response: HttpResponse,
     replayed: bool,
 }
 
+/// Checks the request in this order, and refuses it before the store is touched: API key (401),
+/// rate limit (429), `Idempotency-Key` (400), `Content-Type` (415), body size (413), JSON (400),
+/// fields (400, listing every invalid field). Then serves it from memory or from the store.
 async fn take(request: &HttpRequest, payload: web::Payload, state: &AppState) -> Result<Answered, ApiError> {
     let span = request_span::of(request);
     let caller = state.admit(request).await?;
@@ -103,6 +87,8 @@ async fn take(request: &HttpRequest, payload: web::Payload, state: &AppState) ->
     let json: Value = serde_json::from_slice(&body).map_err(ApiError::MalformedJson)?;
     let payment_request = PaymentRequest::from_json(&json).map_err(ApiError::InvalidFields)?;
     let fingerprint = Fingerprint::of(METHOD, PATH, &json);
+    // A key whose payment this process has seen final needs no round trip: its stored final
+    // response, or 422 for another request.
     if let Some(remembered) = state.replays.get(caller.tenant_id, &key, OffsetDateTime::now_utc()) {
         span.record("payment.id", tracing::field::display(remembered.payment_id));
         return replay_remembered(remembered, &fingerprint);
@@ -119,7 +105,8 @@ async fn take(request: &HttpRequest, payload: web::Payload, state: &AppState) ->
 }
 
 /// The store's part: one intake call, then for a known key the replay (one more read while its
-/// payment is not terminal).
+/// payment is not terminal). A known key comes back as stored and nothing is written: the same
+/// fingerprint is replayed, another one is refused (422).
 async fn store(
     conn: &mut PgConnection,
     state: &AppState,
@@ -138,8 +125,14 @@ async fn store(
         retention: state.intake.key_retention(),
         trace: trace.as_ref(),
     };
+    // A new key is written in one statement: key, payment, outbox row and audit row. If a
+    // concurrent request with the same key committed first, intake waited for it (at most
+    // `lock_timeout`), wrote nothing and read the key again, so every concurrent duplicate gets the
+    // same payment id.
     match intake::accept_deferring_wakeup(conn, &new).await.map_err(accept_error)? {
         Intake::Created(created) => {
+            // Committed: wake the workers, one coalesced `NOTIFY` for many accepts
+            // (`oncepay_store::notify`).
             state.wake.wake();
             span.record("payment.id", tracing::field::display(created.payment.payment_id));
             let resource = PaymentResource::from(&created.payment);
@@ -148,6 +141,7 @@ async fn store(
         }
         Intake::Existing(existing) => {
             span.record("payment.id", tracing::field::display(existing.payment_id));
+            // No stored response yet: the payment as it stands, read once more.
             let Some((status, body)) = existing.stored_response else {
                 let poll_after_secs = state.intake.retry_after_secs;
                 let response = replay_in_progress(conn, caller.tenant_id, existing, fingerprint, poll_after_secs);
@@ -160,13 +154,14 @@ async fn store(
                 status,
                 body: Bytes::from(String::from(Box::<str>::from(body))),
             };
+            // A stored response is final, so the next retry can be served from memory.
             state.replays.remember(caller.tenant_id, key, remembered.clone());
             replay_remembered(remembered, fingerprint)
         }
     }
 }
 
-/// The answer for a key whose payment is final: its stored answer, or 422 for another request.
+/// The response for a key whose payment is final: its stored response, or 422 for another request.
 fn replay_remembered(remembered: Final, fingerprint: &Fingerprint) -> Result<Answered, ApiError> {
     if remembered.fingerprint != *fingerprint {
         return Err(ApiError::KeyReused { key_expires_at: remembered.expires_at });
@@ -175,8 +170,8 @@ fn replay_remembered(remembered: Final, fingerprint: &Fingerprint) -> Result<Ans
     Ok(Answered { response: answer::stored(remembered.status, remembered.body, key), replayed: true })
 }
 
-/// The answer for a key whose payment was not final when the key was read (a 202 tells the client
-/// to poll after `poll_after_secs`).
+/// The response for a key whose payment was not final when the key was read (a 202 tells the
+/// client to poll after `poll_after_secs`).
 async fn replay_in_progress(
     conn: &mut PgConnection,
     tenant_id: TenantId,
@@ -201,11 +196,15 @@ async fn replay_in_progress(
     })
 }
 
-/// Accept's failures: a lock wait past `lock_timeout` is the key being written right now (409).
+/// Accept's failures: a lock wait past `lock_timeout` is the key being written right now (409 +
+/// `Retry-After`).
 fn accept_error(error: StoreError) -> ApiError {
     if error.sqlstate().as_deref() == Some(LOCK_NOT_AVAILABLE) {
         ApiError::KeyInUse
     } else {
+        // 503 + `Retry-After`, never cached. Accept is a single statement, so nothing was written,
+        // unless the connection broke after the commit was sent: the 503 tells the client to retry
+        // with the same key (which then replays the payment), never that nothing was recorded.
         ApiError::from_store(error)
     }
 }
@@ -230,8 +229,8 @@ fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
     if is_json { Ok(()) } else { Err(ApiError::UnsupportedMediaType) }
 }
 
-/// The body, at most `max_bytes`: refused from `Content-Length` before reading, and while reading a
-/// body that did not declare its length (or lied about it).
+/// The body, at most `max_bytes`: refused from `Content-Length` before reading, and again while
+/// reading a body that did not declare its length (or lied about it).
 async fn read_body(headers: &HeaderMap, mut payload: web::Payload, max_bytes: usize) -> Result<Vec<u8>, ApiError> {
     let declared = headers
         .get(header::CONTENT_LENGTH)

@@ -1,18 +1,9 @@
 //! The api's one error type, [`ApiError`], and how every error leaves the process: as an RFC 9457
-//! problem document (`oncepay_http::problem`).
-//!
-//! Handlers return `Result<_, ApiError>`; actix renders the error through [`ResponseError`]. Errors
-//! actix produces itself (an unknown route, a wrong method, an extractor) are routed to handlers
-//! that answer with an `ApiError` too, and [`problem_guard`] rewrites any other error response that
-//! is not yet a problem document, so no client ever sees a plain-text or empty error.
-//!
-//! `Retry-After` is decided here too, by [`problem_guard`], from the kind of error: the rate
-//! limiter's wait for a 429, the configured [`RetryAfter`] for a refusal that the same request can
-//! retry (409 for a key being written, 503 for a key check or a store that is unavailable).
+//! problem document (`oncepay_http::problem`), so no client ever sees a plain-text or empty error.
 //!
 //! Invariants: a response never carries an internal cause (no SQL, no stack trace, no key); an
-//! unexpected error is logged exactly once, here, with its cause chain, and answered as an opaque
-//! 500; an unavailable store is logged as a warning and answered 503 with `Retry-After`.
+//! unexpected error is logged exactly once, here, with its cause chain, and becomes an opaque 500;
+//! an unavailable store is logged as a warning and becomes a 503 with `Retry-After`.
 
 use actix_web::body::{BoxBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
@@ -37,7 +28,8 @@ pub struct RetryAfter {
     pub secs: u64,
 }
 
-/// Everything a request can fail with.
+/// Everything a request can fail with. Handlers return it; actix renders it through
+/// [`ResponseError`].
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     /// No API key, or not a valid, live one. The reason is for the client; it never echoes the key.
@@ -176,7 +168,8 @@ impl ApiError {
     }
 
     /// Seconds the client should wait before retrying, for the errors whose request can simply be
-    /// sent again: the rate limiter's own wait, else the configured delay.
+    /// sent again: the rate limiter's own wait for a 429, else the configured delay (409 for a key
+    /// being written, 503 for a key check or a store that is unavailable).
     fn retry_after_secs(&self, configured: RetryAfter) -> Option<u64> {
         match self {
             Self::RateLimited { retry_after_secs } => Some(*retry_after_secs),
@@ -231,7 +224,8 @@ impl ResponseError for ApiError {
     }
 }
 
-/// The default service of the app: any route that does not exist.
+/// The default service of the app: any route that does not exist. Like [`method_not_allowed`], it
+/// turns an error actix would produce itself into an [`ApiError`].
 pub async fn not_found() -> Result<HttpResponse, ApiError> {
     Err(ApiError::NotFound)
 }
@@ -241,9 +235,9 @@ pub fn method_not_allowed(allow: &'static str) -> actix_web::Route {
     actix_web::web::to(move || async move { Err::<HttpResponse, _>(ApiError::MethodNotAllowed { allow }) })
 }
 
-/// Middleware: the answer of an [`ApiError`] gets the `Retry-After` its kind calls for, and any error
-/// response that is not already a problem document (one actix wrote itself) is replaced by the
-/// problem of its status, so every error a client sees has the same shape.
+/// Middleware: the response to an [`ApiError`] gets the `Retry-After` its kind calls for, and any
+/// error response that is not already a problem document (one actix wrote itself) is replaced by
+/// the problem of its status, so every error a client sees has the same shape.
 pub async fn problem_guard(
     configured: web::Data<RetryAfter>,
     request: ServiceRequest,
@@ -268,7 +262,7 @@ pub async fn problem_guard(
     Ok(response.into_response(problem))
 }
 
-/// Adds `Retry-After` to the answer of an [`ApiError`] whose request can be sent again as it is.
+/// Adds `Retry-After` to the response to an [`ApiError`] whose request can be sent again as it is.
 fn add_retry_after(response: &mut HttpResponse, configured: RetryAfter) {
     let secs = response
         .error()
@@ -279,7 +273,7 @@ fn add_retry_after(response: &mut HttpResponse, configured: RetryAfter) {
     }
 }
 
-/// The problem for a status actix answered with on its own.
+/// The problem for a status actix responded with on its own.
 fn problem_for_status(status: StatusCode) -> Problem {
     let kind = match status {
         StatusCode::UNAUTHORIZED => ProblemType::Unauthorized,
@@ -319,7 +313,7 @@ mod tests {
         let unavailable =
             ApiError::Unavailable(StoreError::Unavailable(sqlx::Error::Protocol("secret internals".into())));
         let internal = ApiError::Internal(anyhow::anyhow!("SELECT secret FROM internals"));
-        // The error, the configured delay, then the status and `Retry-After` it is answered with.
+        // The error, the configured delay, then the status and `Retry-After` of its response.
         let cases: Vec<(ApiError, u64, u16, Option<&str>)> = vec![
             (ApiError::Unauthorized("no key"), 1, 401, None),
             (ApiError::RateLimited { retry_after_secs: 3 }, 1, 429, Some("3")),

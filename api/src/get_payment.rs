@@ -1,14 +1,8 @@
 //! `GET /v1/payments/{id}`: the payment resource, scoped to the caller's tenant, optionally held as
 //! a long poll (`Prefer: wait=N`, RFC 7240).
 //!
-//! Another tenant's payment, and an id that is not a UUID, are answered exactly like a payment that
-//! does not exist (404). A long poll subscribes to the payment's notifications *before* its first
-//! read, then holds the answer until the status differs from that read, `N` seconds (capped at
-//! `long_poll.max_wait_secs`) pass, or the process begins to shut down — whichever is first — and
-//! answers with `Preference-Applied: wait=<N honoured>`. It holds no database connection while it
-//! waits, and a terminal payment is answered at once (it cannot change again). Beyond the long-poll
-//! bounds (`long_poll.max_waiting`, `long_poll.max_waiting_per_tenant`) the request is answered at
-//! once, without `Preference-Applied`: the wait is declined, the request is not refused.
+//! Another tenant's payment, and an id that is not a UUID, get the same 404 as a payment that does
+//! not exist. A long poll holds no database connection while it waits.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -49,7 +43,9 @@ pub async fn get_payment(request: HttpRequest, state: web::Data<AppState>) -> Re
 
     let wait_secs = prefer::wait_secs(request.headers()).map(|secs| secs.min(state.long_poll.max_wait_secs));
     // Subscribe before the first read: a change committed after this point wakes us even before we
-    // wait. Beyond the long-poll bounds there is no subscription, and the wait is not honoured.
+    // wait. Beyond the long-poll bounds (`max_waiting`, `max_waiting_per_tenant` in `[long_poll]`)
+    // there is no subscription: the request is served at once, without `Preference-Applied`. The
+    // wait is declined; the request is not refused.
     let subscription =
         wait_secs.filter(|secs| *secs > 0).and_then(|_| state.watch.subscribe(caller.tenant_id, payment_id));
     let (payment, waited_secs) = match (subscription, wait_secs) {
@@ -62,7 +58,8 @@ pub async fn get_payment(request: HttpRequest, state: web::Data<AppState>) -> Re
     Ok(answer::current(&PaymentResource::from(&payment), state.intake.retry_after_secs, waited_secs))
 }
 
-/// The payment once its status differs from the first read, or as it stands after `wait`.
+/// The payment once its status differs from the first read, or as it stands once `wait` has passed
+/// or the process begins to shut down, whichever comes first.
 async fn hold(
     state: &AppState,
     tenant_id: TenantId,
@@ -71,6 +68,7 @@ async fn hold(
     wait: Duration,
 ) -> Result<Payment, ApiError> {
     let first = fetch(state, tenant_id, payment_id).await?;
+    // A terminal payment cannot change again: no wait.
     if first.status.is_terminal() {
         return Ok(first);
     }
@@ -90,7 +88,7 @@ async fn hold(
             return Ok(now);
         }
     }
-    // Read once more: the answer reflects the payment as it is now, even if a wake-up was lost.
+    // Read once more: the response shows the payment as it is now, even if a wake-up was lost.
     fetch(state, tenant_id, payment_id).await
 }
 

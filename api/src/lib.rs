@@ -1,11 +1,10 @@
 //! The HTTP intake: authenticates tenants, accepts payment requests idempotently (`POST
-//! /v1/payments`), serves their status with long polling (`GET /v1/payments/{id}`), and the
+//! /v1/payments`), serves their status with long polling (`GET /v1/payments/{id}`), and serves the
 //! operations endpoints (`/healthz`, `/readyz`, `/metrics`, `/openapi.json`).
 //!
-//! Everything testable lives here; `main.rs` only loads [`settings::Settings`], starts telemetry and
-//! runs an [`Application`] until SIGTERM. Tests build one on port 0 with [`Application::build_with`]
-//! on a fresh database. The api writes only through `oncepay_store` and never runs
-//! migrations.
+//! `main.rs` only loads [`settings::Settings`], starts telemetry and runs an [`Application`] until
+//! SIGTERM; tests build one on port 0 with [`Application::build_with`] on a fresh database. The api
+//! writes only through `oncepay_store` and never runs migrations.
 
 pub mod answer;
 pub mod auth;

@@ -1,22 +1,10 @@
-//! Long polling: waking `GET /v1/payments/{id}` requests (`Prefer: wait=N`) when their payment
+//! Long polling: wakes `GET /v1/payments/{id}` requests (`Prefer: wait=N`) when their payment
 //! changes, by PostgreSQL `LISTEN` rather than by sleeping in a loop.
 //!
-//! One [`PaymentListener`] per process holds one dedicated connection that listens on
-//! [`PAYMENT_CHANNEL`] (every status change notifies it with the payment id: in the transaction that
-//! makes the change, or, from the worker, soon after its commit together with other ids) and fans
-//! each notification out through the in-process [`PaymentWatch`]: a map of payment id → waiters. A
-//! waiter subscribes *before* it reads the payment, so a change committed between its read and its
-//! wait still wakes it.
-//!
-//! A notification is only a hint: waiters re-read the payment and keep waiting if its status did not
-//! change. When the listener loses its connection, notifications sent meanwhile are lost, so after
-//! every (re)connection it wakes every waiter to re-read; a change is never missed, at worst noticed
-//! a reconnection later. Waiters hold no database connection while they wait, and their re-reads
-//! go through [`Rereads`], which reads every payment woken together in one statement per tenant.
-//!
-//! The watch holds at most `max_waiting` waiters, and at most `max_waiting_per_tenant` of one
-//! tenant: [`PaymentWatch::subscribe`] says no beyond either, and the request is answered at once
-//! instead of waiting, so one tenant's burst cannot take the waits (or their re-reads) from others.
+//! A notification is only a hint: waiters re-read the payment (through
+//! [`Rereads`](crate::rereads::Rereads)) and keep waiting if its status did not change. A change is
+//! never missed, at worst noticed a reconnection later. Waiters hold no database connection while
+//! they wait.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -31,6 +19,9 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 /// Waiters by payment id. Each payment with waiters has a counter that every notification bumps.
+///
+/// Holds at most `max_waiting` waiters, and at most `max_waiting_per_tenant` of one tenant, so one
+/// tenant's burst cannot take the waits (or their re-reads) from others.
 pub struct PaymentWatch {
     payments: Mutex<HashMap<PaymentId, watch::Sender<u64>>>,
     waiters: Mutex<Waiters>,
@@ -52,7 +43,9 @@ impl PaymentWatch {
     }
 
     /// Starts watching `payment_id` for `tenant_id`: every notification from now on marks the
-    /// subscription changed. `None` when the process, or the tenant, already holds its most.
+    /// subscription changed. Subscribe *before* reading the payment, so a change committed between
+    /// the read and the wait still wakes the waiter. `None` when the process, or the tenant,
+    /// already holds its most: the request is then served at once instead of waiting.
     pub fn subscribe(self: &Arc<Self>, tenant_id: TenantId, payment_id: PaymentId) -> Option<Subscription> {
         {
             let mut waiters = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
@@ -145,7 +138,8 @@ impl Subscription {
     /// the last call. Cancel-safe.
     pub async fn changed(&mut self) {
         // The receiver is only taken on drop. The sender lives while any receiver does, so
-        // `changed` cannot fail; if it ever did, waking the waiter (who re-reads) is the safe answer.
+        // `changed` cannot fail; if it ever did, waking the waiter (who re-reads) is the safe
+        // choice.
         if let Some(receiver) = self.receiver.as_mut() {
             let _ = receiver.changed().await;
         }
@@ -163,6 +157,11 @@ impl Drop for Subscription {
 }
 
 /// The process's one listener connection, feeding a [`PaymentWatch`].
+///
+/// Listens on [`PAYMENT_CHANNEL`], where every status change notifies its payment id: in the
+/// transaction that makes the change or, from the worker, soon after its commit together with other
+/// ids. Notifications sent while the connection is lost are gone, so every (re)connection wakes
+/// every waiter to re-read.
 pub struct PaymentListener {
     pool: PgPool,
     watch: Arc<PaymentWatch>,

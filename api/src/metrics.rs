@@ -1,19 +1,13 @@
-//! The api's metrics: help texts, and the intake series registered at zero on start.
-//!
-//! Recorded where they happen: `oncepay_api_intake_total{outcome}` by `create_payment` (one
-//! per `POST /v1/payments`), `oncepay_api_request_duration_seconds{route, method}` by
-//! `request_span` (every request), `oncepay_api_long_polls_waiting` by `long_poll`. Registering every
-//! intake outcome at zero when the process starts makes each series exist from the first scrape, so a
-//! Prometheus `increase()` counts the first 503 or 422 instead of missing a series that just
-//! appeared. Labels are closed enumerations, never ids or keys.
+//! The api's metrics: their names and help texts, and the intake series registered at zero on
+//! start. Each is recorded where it happens. Labels are closed enumerations, never ids or keys.
 
 use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram};
 
-/// Intake outcomes, one per `POST /v1/payments`.
+/// Intake outcomes, one per `POST /v1/payments`, recorded by `create_payment`.
 pub const INTAKE: &str = "oncepay_api_intake_total";
-/// Request latency by route pattern and method.
+/// Request latency by route pattern and method, recorded by `request_span` for every request.
 pub const REQUEST_DURATION: &str = "oncepay_api_request_duration_seconds";
-/// Long polls waiting for a payment to change.
+/// Long polls waiting for a payment to change, recorded by `long_poll`.
 pub const LONG_POLLS_WAITING: &str = "oncepay_api_long_polls_waiting";
 
 /// Every `outcome` of [`INTAKE`], as `create_payment` labels them: 202 `created`, a `replayed` key, 422
@@ -33,7 +27,9 @@ pub const INTAKE_OUTCOMES: [&str; 10] = [
     "error",
 ];
 
-/// Describes the api's metrics and registers every intake outcome at zero.
+/// Describes the api's metrics and registers every intake outcome at zero, so each series exists
+/// from the first scrape and a Prometheus `increase()` counts the first 503 or 422 instead of
+/// missing a series that just appeared.
 pub fn describe() {
     describe_counter!(INTAKE, "POST /v1/payments requests, by outcome");
     describe_histogram!(REQUEST_DURATION, Unit::Seconds, "Time to answer a request, by route pattern and method");

@@ -1,14 +1,9 @@
-//! Per-tenant rate limiting: a GCRA token bucket (`governor`) per tenant, answering 429 with
-//! `Retry-After` when it is empty.
+//! Per-tenant rate limiting: a GCRA token bucket (`governor`) per tenant; an empty bucket means 429
+//! with `Retry-After`.
 //!
-//! A tenant's rate is its own `rate_limit_per_second` (with a burst of one second's worth), else
-//! the configured default rate and burst. The buckets live in this process: N api processes admit
-//! up to N times the rate in total, which bounds the load one tenant can put on one process (the
-//! purpose here) rather than enforcing a global contract. A changed rate replaces the tenant's
-//! bucket the next time its key is verified (within the auth cache's TTL).
-//!
-//! Only authenticated tenants get a bucket, so the map grows with the number of tenants (created by
-//! operators), never with what an anonymous client sends. Nothing here does I/O.
+//! The buckets live in this process: N api processes admit up to N times the rate in total. That
+//! bounds the load one tenant can put on one process, which is the purpose here; it is not a global
+//! contract. Nothing here does I/O.
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
@@ -25,6 +20,8 @@ use crate::errors::ApiError;
 pub struct RateLimits {
     default: Quota,
     clock: DefaultClock,
+    // Only authenticated tenants get a bucket, so the map grows with the number of tenants (created
+    // by operators), never with what an anonymous client sends.
     buckets: Mutex<HashMap<TenantId, Arc<Bucket>>>,
 }
 
@@ -44,6 +41,8 @@ impl RateLimits {
     }
 
     /// Takes one request from the caller's bucket, or says how long until one is available (429).
+    /// The tenant's own `rate_limit_per_second` comes with a burst of one second's worth; without
+    /// it, the configured default rate and burst apply.
     pub fn admit(&self, caller: &Caller) -> Result<(), ApiError> {
         let quota = caller.rate_limit_per_second.map_or(self.default, Quota::per_second);
         let bucket = self.bucket(caller.tenant_id, quota);
@@ -59,6 +58,8 @@ impl RateLimits {
         let mut buckets = self.buckets.lock().unwrap_or_else(PoisonError::into_inner);
         match buckets.get(&tenant_id) {
             Some(bucket) if bucket.quota == quota => Arc::clone(bucket),
+            // A changed rate replaces the bucket the next time the tenant's key is verified (within
+            // the auth cache's TTL).
             _ => {
                 let bucket = Arc::new(Bucket {
                     quota,

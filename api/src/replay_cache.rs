@@ -1,25 +1,8 @@
-//! Final answers, remembered: a retry of a payment that has reached its final state is answered from
-//! this process's memory, without a round trip to the database.
+//! Final responses, remembered: a retry of a payment that has reached its final state is served
+//! from this process's memory, without a round trip to the database.
 //!
-//! Why that is safe: the answer stored on an idempotency key once its payment is terminal never
-//! changes. `store::transitions::settle` writes it once, in the transaction that makes the payment
-//! `succeeded` or `failed`, and no transition leaves those states; the key's fingerprint and payment
-//! never change either. So an entry can only go stale by its key disappearing, and the reaper deletes
-//! a key only after its retention (`expires_at`), from when on the client has been told it may be
-//! forgotten (`Idempotency-Key-Expires`). An entry is served only before its key's `expires_at` by
-//! this process's clock, and dropped when found after it.
-//!
-//! What an entry holds, for one (tenant, key): the fingerprint of the request that created the key
-//! (a retry with another body is refused with 422 from memory too), the payment, the key's expiry,
-//! and the stored answer's status and body as the database returned them. Only final answers: a
-//! payment still in progress is always read from the database. The cache is bounded by the bytes it
-//! holds (`intake.replay_cache_bytes`; 0 turns it off) and keeps what is read again over what was
-//! read once (`quick_cache`'s eviction, which a run of one-off keys cannot flush).
-//!
-//! Each api process remembers what it served; entries never disagree between processes, since each
-//! is a copy of a row that does not change. Must not: hold an answer that is not final, serve one
-//! tenant another tenant's entry (the tenant, from authentication, is part of the key), or serve an
-//! entry past its key's expiry.
+//! Must not: hold a response that is not final, serve one tenant another tenant's entry (the
+//! tenant, from authentication, is part of the key), or serve an entry past its key's expiry.
 
 use std::hash::{Hash, Hasher};
 
@@ -31,7 +14,8 @@ use quick_cache::sync::Cache;
 use quick_cache::{Equivalent, Weighter};
 use time::OffsetDateTime;
 
-/// A key's final answer.
+/// A key's final response, and what a retry is checked against: a retry with another body is
+/// refused with 422 from memory too.
 #[derive(Debug, Clone)]
 pub struct Final {
     /// The fingerprint of the request that created the key.
@@ -40,28 +24,41 @@ pub struct Final {
     pub payment_id: PaymentId,
     /// When the key may be reaped.
     pub expires_at: OffsetDateTime,
-    /// The stored answer's status.
+    /// The stored response's status.
     pub status: u16,
-    /// The stored answer's body, JSON text.
+    /// The stored response's body, JSON text, as the database returned it.
     pub body: Bytes,
 }
 
-/// Final answers by (tenant, idempotency key), bounded by bytes. One per process.
+/// Final responses by (tenant, idempotency key), bounded by bytes. One per process.
+///
+/// Safe because the response stored on a key once its payment is terminal never changes:
+/// `store::transitions::settle` writes it once, in the transaction that makes the payment
+/// `succeeded` or `failed`, and no transition leaves those states; the key's fingerprint and
+/// payment never change either. So an entry goes stale only when its key is deleted, and the reaper
+/// deletes a key only after its retention (`expires_at`), from when on the client has been told it
+/// may be forgotten (`Idempotency-Key-Expires`). For the same reason entries never disagree between
+/// processes: each is a copy of a row that does not change. A payment still in progress is always
+/// read from the database.
 pub struct ReplayCache {
+    // Keeps what is read again over what was read once: `quick_cache`'s eviction, which a run of
+    // one-off keys cannot flush.
     entries: Option<Cache<Owned, Final, BytesHeld>>,
 }
 
 impl ReplayCache {
-    /// A cache holding at most about `max_bytes` of keys and answers; 0 remembers nothing.
+    /// A cache holding at most about `max_bytes` of keys and responses
+    /// (`intake.replay_cache_bytes`); 0 remembers nothing.
     pub fn new(max_bytes: u64) -> Self {
-        // quick_cache sizes its tables from an estimate of the entries; a payment's answer is
+        // quick_cache sizes its tables from an estimate of the entries; a payment's response is
         // about half a kilobyte.
         let estimated_entries = usize::try_from(max_bytes / 512).unwrap_or(usize::MAX).max(1);
         let entries = (max_bytes > 0).then(|| Cache::with_weighter(estimated_entries, max_bytes, BytesHeld));
         Self { entries }
     }
 
-    /// The final answer for `key` of `tenant`, if remembered and its key has not expired at `now`.
+    /// The final response for `key` of `tenant`, if remembered and its key has not expired at `now`
+    /// (by this process's clock). An entry found expired is dropped.
     pub fn get(&self, tenant: TenantId, key: &IdempotencyKey, now: OffsetDateTime) -> Option<Final> {
         let entries = self.entries.as_ref()?;
         let lookup = Borrowed { tenant, key: key.as_str() };
@@ -73,7 +70,7 @@ impl ReplayCache {
         None
     }
 
-    /// Remembers `answer` as the final answer for `key` of `tenant`.
+    /// Remembers `answer` as the final response for `key` of `tenant`.
     pub fn remember(&self, tenant: TenantId, key: &IdempotencyKey, answer: Final) {
         if let Some(entries) = &self.entries {
             entries.insert(Owned { tenant, key: key.as_str().into() }, answer);

@@ -1,9 +1,7 @@
 //! The span of each request, and the per-route latency histogram.
 //!
 //! Every request runs inside one `http.request` span carrying its method, route pattern, final
-//! status and duration, plus the tenant and payment ids once a handler knows them (handlers record
-//! them through [`of`]). An incoming W3C `traceparent`/`tracestate` makes the span a child of the
-//! caller's trace, so intake's outbox row, written with this span's context, joins that trace.
+//! status and duration, plus the tenant and payment ids once a handler knows them ([`of`]).
 //!
 //! Invariants: the span never records a header value other than the trace context, never an API
 //! key, an idempotency key or a body; metric labels are the route *pattern* (never a path with an
@@ -46,6 +44,8 @@ pub async fn trace_request(
         tenant.id = Empty,
         payment.id = Empty,
     );
+    // The caller's trace becomes the span's parent, so intake's outbox row, written with this
+    // span's context, joins that trace.
     if let Some(parent) = incoming_trace(request.headers()) {
         telemetry::continue_trace(&span, &parent);
     }
@@ -69,7 +69,7 @@ pub async fn trace_request(
     result
 }
 
-/// The caller's trace context, if it sent one.
+/// The caller's W3C trace context (`traceparent`, `tracestate`), if it sent one.
 fn incoming_trace(headers: &HeaderMap) -> Option<TraceContext> {
     let traceparent = headers.get("traceparent")?.to_str().ok()?.trim().to_owned();
     let tracestate = headers.get("tracestate").and_then(|v| v.to_str().ok()).map(|v| v.trim().to_owned());

@@ -1,12 +1,8 @@
 //! Re-reads for woken long polls, coalesced into one statement per tenant.
 //!
-//! One notification can wake many long polls at once: the waiters of a busy payment, or every waiter
-//! when the listener reconnects. Each would re-read its payment; instead they queue their payment
-//! with [`Rereads::read`], and one task reads everything queued since its last statement, one
-//! statement per tenant (so each stays on its tenant's shard), on a connection of its own, and hands
-//! each waiter its payment. A payment many waiters asked for is read once. A failed read is logged
-//! here, and its waiters just keep waiting: a re-read is only a check after a hint, and each waiter
-//! reads for itself once its wait is over.
+//! Waiters queue their payment with [`Rereads::read`]; one task, on a connection of its own, reads
+//! everything queued since its last statement and hands each waiter its payment. A payment many
+//! waiters asked for is read once.
 
 use std::collections::HashMap;
 
@@ -28,19 +24,23 @@ struct Request {
 }
 
 /// Queues re-reads for the [`Rereader`]. Cheap to clone.
+///
+/// One notification can wake many long polls at once: the waiters of a busy payment, or every
+/// waiter when the listener reconnects. Rather than each re-reading its own payment, they queue it
+/// here.
 #[derive(Clone)]
 pub struct Rereads {
     requests: mpsc::Sender<Request>,
 }
 
 impl Rereads {
-    /// The queue, and the task that answers it. `capacity` is the most waiters the process holds.
+    /// The queue, and the task that serves it. `capacity` is the most waiters the process holds.
     pub fn new(pool: PgPool, capacity: usize) -> (Self, Rereader) {
         let (requests, queue) = mpsc::channel(capacity.max(1));
         (Self { requests }, Rereader { pool, queue })
     }
 
-    /// How many re-reads wait to be answered.
+    /// How many re-reads are waiting to be served.
     pub fn queued(&self) -> usize {
         self.requests.max_capacity() - self.requests.capacity()
     }
@@ -61,7 +61,7 @@ pub struct Rereader {
 }
 
 impl Rereader {
-    /// Answers re-reads until `shutdown`.
+    /// Serves re-reads until `shutdown`.
     pub async fn run(mut self, shutdown: CancellationToken) {
         loop {
             tokio::select! {
@@ -72,7 +72,7 @@ impl Rereader {
         tracing::debug!("the long polls' re-reader stopped");
     }
 
-    /// Waits for a re-read, then answers every one queued by then (up to a bound): one statement
+    /// Waits for a re-read, then serves every one queued by then (up to a bound): one statement
     /// per tenant. Returns how many statements it ran; `None` once no [`Rereads`] is left.
     pub async fn run_once(&mut self) -> Option<usize> {
         let mut batch = Vec::with_capacity(MAX_BATCH);
@@ -84,6 +84,7 @@ impl Rereader {
             by_tenant.entry(tenant_id).or_default().entry(payment_id).or_default().push(reply);
         }
         let statements = by_tenant.len();
+        // One statement per tenant, so each stays on its tenant's shard.
         for (tenant_id, mut waiting) in by_tenant {
             let payment_ids: Vec<PaymentId> = waiting.keys().copied().collect();
             match self.read(tenant_id, &payment_ids).await {
@@ -94,6 +95,8 @@ impl Rereader {
                         }
                     }
                 }
+                // Its waiters keep waiting: a re-read is only a check after a hint, and each waiter
+                // reads for itself once its wait is over.
                 Err(error) => tracing::warn!(
                     error = %error,
                     payments = payment_ids.len(),

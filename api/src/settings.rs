@@ -1,11 +1,8 @@
 //! The api's settings: the shared pieces (`[http]`, `[database]`, `[telemetry]`) plus its own
-//! (`[intake]`, `[auth]`, `[long_poll]`).
+//! (`[intake]`, `[auth]`, `[long_poll]`), loaded once, in `main` (or by a test).
 //!
-//! Loaded once, in `main` (or by a test), from the embedded `config/default.toml` (which documents
-//! every key), an optional file and the environment, through [`oncepay_service::config::load`].
-//! Values that would make the service misbehave (a zero rate, an empty body limit) are rejected at
-//! load time by their types or by [`Settings::load`], never discovered on the request path. Nothing
-//! here reads the environment itself.
+//! Values that would make the service misbehave are rejected at load time, never found on the
+//! request path. Nothing here reads the environment itself.
 
 use std::num::NonZeroU32;
 use std::path::Path;
@@ -54,7 +51,7 @@ pub struct IntakeSettings {
     pub key_retention_secs: u64,
     /// The pool's `lock_timeout`: how long to wait for a concurrent writer of the same key (409 after).
     pub key_lock_wait_ms: u64,
-    /// `Retry-After` on 202, 409 and 503 answers.
+    /// `Retry-After` on 202, 409 and 503 responses.
     pub retry_after_secs: u64,
     /// The largest body accepted.
     pub max_body_bytes: usize,
@@ -62,7 +59,7 @@ pub struct IntakeSettings {
     pub default_rate_limit_per_second: NonZeroU32,
     /// The burst allowed on top of the default rate.
     pub default_rate_limit_burst: NonZeroU32,
-    /// The most bytes of final answers remembered for replays; 0 remembers none.
+    /// The most bytes of final responses remembered for replays; 0 remembers none.
     pub replay_cache_bytes: u64,
 }
 
@@ -82,7 +79,8 @@ pub struct AuthSettings {
     pub cache_max_entries: usize,
     /// The most key reads for keys not in the cache at once, per process.
     pub max_concurrent_lookups: usize,
-    /// How long a request waits for a place among those reads before it is answered without one.
+    /// How long a request waits for a place among those reads; after that, only a recently verified
+    /// key is admitted.
     pub lookup_wait_ms: u64,
 }
 
@@ -91,21 +89,25 @@ pub struct AuthSettings {
 pub struct LongPollSettings {
     /// The longest wait honoured.
     pub max_wait_secs: u64,
-    /// The most long polls this process holds at once; beyond it, a status request is answered at
-    /// once, as if it had not asked to wait.
+    /// The most long polls this process holds at once; beyond it, a status request gets its
+    /// response at once, as if it had not asked to wait.
     pub max_waiting: usize,
     /// The most long polls one tenant holds at once in this process; beyond it, likewise.
     pub max_waiting_per_tenant: usize,
 }
 
 impl Settings {
-    /// Loads the defaults, then `file` if given, then the environment, and checks the result.
+    /// Loads the embedded defaults (`config/default.toml`, which documents every key), then `file`
+    /// if given, then the environment, through [`oncepay_service::config::load`], and checks the
+    /// result.
     pub fn load(file: Option<&Path>) -> anyhow::Result<Self> {
         let settings: Self = config::load(DEFAULTS, file).context("invalid configuration")?;
         settings.validate()?;
         Ok(settings)
     }
 
+    /// Rejects what the types cannot (a zero rate already fails to parse as a `NonZeroU32`): a zero
+    /// body limit, key retention, lock wait, connection count or lookup budget.
     fn validate(&self) -> anyhow::Result<()> {
         ensure!(self.intake.max_body_bytes > 0, "intake.max_body_bytes must be positive");
         ensure!(self.intake.key_retention_secs > 0, "intake.key_retention_secs must be positive");

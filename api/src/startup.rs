@@ -1,26 +1,9 @@
-//! Building and running the api: the database pools, the payment listener, the routes and the HTTP
-//! server, and stopping them in order.
+//! Building and running the api: the database connections, the payment listener, the routes and
+//! the HTTP server, and stopping them in order.
 //!
-//! actix runs each HTTP worker on a runtime of its own, and a PostgreSQL connection belongs to the
-//! runtime that opened it (its socket is driven by that runtime's reactor). A pool shared by the
-//! workers would hand one worker connections that die with another worker's runtime, which happens
-//! during every graceful stop. So each worker has its own pool, an equal share of
-//! `database.max_connections`, and everything without I/O (the auth cache, the replay cache, the rate
-//! limits, the long-poll waiters, the wake-up requests) is shared by the process. The payment
-//! listener and the outbox notifier (`oncepay_store::notify::Notifier`, one coalesced `NOTIFY` for
-//! many accepts) run on the caller's runtime, each with a one-connection pool of its own.
-//!
-//! Requests take their connection from `oncepay_store::connections`, not from a sqlx pool: sqlx
-//! pings a connection on every checkout and every return, a round trip to PostgreSQL per request as
-//! costly as a replay's own query (BENCHMARKS.md). A connection that died is found by the request's
-//! query instead, which fails closed (503, retried by the client with the same key), and is replaced.
-//! `/readyz` has a one-connection sqlx pool per worker of its own, opened only when probed.
-//!
-//! [`Application::build`] binds the port (0 picks a free one, which tests use) and connects lazily,
-//! so the process starts and serves `/healthz` while PostgreSQL is down and answers 503 until it is
-//! back. [`Application::run_until_stopped`] serves until its shutdown token is cancelled, then
-//! releases long polls at once, lets in-flight requests finish within `http.shutdown_grace_secs`,
-//! stops the listener and closes its pool. The api never runs migrations.
+//! Each HTTP worker has connections of its own; everything without I/O (the auth cache, the replay
+//! cache, the rate limits, the long-poll waiters, the wake-up requests) is shared by the process.
+//! The api never runs migrations.
 
 use std::net::TcpListener;
 use std::num::NonZeroUsize;
@@ -69,11 +52,11 @@ pub struct AppState {
     pub intake: IntakeSettings,
     /// `[long_poll]`.
     pub long_poll: LongPollSettings,
-    /// Cancelled when the process begins to shut down: long polls answer at once.
+    /// Cancelled when the process begins to shut down: long polls respond at once.
     pub draining: CancellationToken,
     /// Asks the process's outbox notifier to wake the workers (shared by the process).
     pub wake: Wakeups,
-    /// Final answers, for replays without a database read (shared by the process).
+    /// Final responses, for replays without a database read (shared by the process).
     pub replays: Arc<ReplayCache>,
 }
 
@@ -111,8 +94,13 @@ impl Application {
     }
 
     /// Builds the api on the database `options` name (e.g. a `#[sqlx::test]` database), ignoring
-    /// `database.url`. The api's own connection settings (application name, `statement_timeout`,
-    /// and the `lock_timeout` that bounds a wait for a concurrent writer of the same key) are added.
+    /// `database.url`, and adds the api's own connection settings: the application name,
+    /// `statement_timeout`, and the `lock_timeout` that bounds a wait for a concurrent writer of the
+    /// same key.
+    ///
+    /// Binds the port here (0 picks a free one, which tests use). Connects lazily, so the process
+    /// starts and serves `/healthz` while PostgreSQL is down, and `/readyz` responds 503 until
+    /// PostgreSQL is back.
     pub fn build_with(settings: Settings, options: PgConnectOptions) -> anyhow::Result<Self> {
         let options = options.application_name(APPLICATION_NAME).options([
             ("statement_timeout", format!("{}ms", settings.database.statement_timeout_ms)),
@@ -122,6 +110,7 @@ impl Application {
             0 => std::thread::available_parallelism().map_or(1, NonZeroUsize::get),
             workers => workers,
         };
+        // Each HTTP worker gets an equal share of `database.max_connections`.
         let worker_database = DatabaseSettings {
             max_connections: settings.database.max_connections.div_ceil(u32::try_from(workers).unwrap_or(u32::MAX)),
             ..settings.database.clone()
@@ -133,8 +122,9 @@ impl Application {
             .idle_timeout(None)
             .max_lifetime(None)
             .connect_lazy_with(options.clone().application_name(&format!("{APPLICATION_NAME}-listener")));
-        // No ping before each notification: it would double the round trips of a hint that a
-        // failed statement only delays (the connection is then replaced).
+        // The outbox notifier's connection: one coalesced `NOTIFY` for many accepts. No ping before
+        // each notification: it would double the round trips of a hint that a failed statement only
+        // delays (the connection is then replaced).
         let waker_pool = PgPoolOptions::new()
             .max_connections(1)
             .test_before_acquire(false)
@@ -185,8 +175,15 @@ impl Application {
         };
         let public_ops = ops_server.is_none();
         let server = HttpServer::new(move || {
-            // Runs on each worker's own runtime, so the connections belong to it.
+            // Runs on each worker's own runtime. A PostgreSQL connection belongs to the runtime that
+            // opened it (that runtime's reactor drives its socket), so each worker opens its own: a
+            // pool shared by the workers would hand one worker connections that die with another
+            // worker's runtime, as happens in every graceful stop.
             let acquire_timeout = Duration::from_millis(worker_database.acquire_timeout_ms);
+            // Not a sqlx pool: sqlx pings a connection at every checkout and every return, a round
+            // trip per request as costly as a replay's own query (see BENCHMARKS.md). A connection
+            // that died is found by the request's query instead, which fails closed (503, retried
+            // by the client with the same key), and is replaced.
             let connections = Connections::new(options.clone(), worker_database.max_connections, acquire_timeout);
             // `/readyz` only: one more connection per worker, opened when a probe needs it.
             let ops_pool = PgPoolOptions::new()
@@ -248,7 +245,9 @@ impl Application {
         self.ops_port
     }
 
-    /// Serves until `shutdown` is cancelled (or the server fails), then stops gracefully.
+    /// Serves until `shutdown` is cancelled (or the server fails), then stops gracefully: releases
+    /// long polls at once, lets in-flight requests finish within `http.shutdown_grace_secs`, stops
+    /// the listener and closes its pool.
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let Self {
             server,
@@ -264,6 +263,8 @@ impl Application {
         } = self;
         let ops_handle = ops_server.as_ref().map(Server::handle);
         let ops_serving = ops_server.map(tokio::spawn);
+        // The listener, the re-reader and the outbox notifier run on the caller's runtime, each on a
+        // one-connection pool of its own.
         let listening = tokio::spawn(listener.run(draining.clone()));
         let rereading = tokio::spawn(rereader.run(draining.clone()));
         let waking = tokio::spawn(waker.run(draining.clone()));
@@ -291,7 +292,7 @@ impl Application {
         if let Err(error) = waking.await {
             tracing::error!(error = %error, "the outbox notifier task failed");
         }
-        // Probes are answered until the public server has stopped.
+        // The operations server keeps serving probes until the public server has stopped.
         if let (Some(ops_handle), Some(ops_serving)) = (ops_handle, ops_serving) {
             ops_handle.stop(true).await;
             match ops_serving.await {
