@@ -2,7 +2,7 @@
 //! simulator, in-process or as a process.
 //!
 //! It speaks only the control plane; the protocol itself is spoken by
-//! `oncepay_provider::http::HttpProvider`. Every call fails on a non-2xx answer.
+//! `oncepay_provider::http::HttpProvider`. Every call fails on a non-2xx response.
 
 use crate::control::{ExpiredKeys, GroundTruth, PlantCharge, WebhookTarget};
 use crate::faults::{Faults, FaultsPatch};
@@ -11,10 +11,10 @@ use oncepay_provider::wire::Charge;
 /// Why a control call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
-    /// The simulator could not be reached, or its answer not read.
+    /// The simulator could not be reached, or its response could not be read.
     #[error("the simulator could not be reached: {0}")]
     Transport(#[from] reqwest::Error),
-    /// It answered with an error.
+    /// It responded with an error status.
     #[error("the simulator answered HTTP {status}: {body}")]
     Status {
         /// The status code.

@@ -38,7 +38,7 @@ pub struct Settings {
 pub struct SimulatorSettings {
     /// The Bearer credential `/v1/*` accepts.
     pub api_key: SecretString,
-    /// How long an idempotency key is remembered after its answer was decided.
+    /// How long a decided idempotency key is remembered, counted from its first request.
     pub key_window_secs: u64,
     /// The seed of the one random source; none picks one (and logs it).
     #[serde(default)]
@@ -53,7 +53,7 @@ pub struct SimulatorSettings {
     pub webhook_secret: WebhookSecret,
     /// Attempts per delivery, the first included.
     pub webhook_max_attempts: u32,
-    /// How long one attempt waits for an answer.
+    /// How long one attempt waits for a response.
     pub webhook_timeout_ms: u64,
     /// The backoff between attempts.
     pub webhook_backoff: Backoff,

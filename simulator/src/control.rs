@@ -27,8 +27,8 @@ pub struct GroundTruth {
 pub struct KeyRecord {
     /// The key.
     pub idempotency_key: String,
-    /// Authenticated, well-formed `POST /v1/charges` requests that carried it, whatever their answer
-    /// (replays, 409, 422 and injected faults included).
+    /// Authenticated, well-formed `POST /v1/charges` requests that carried it, whatever their
+    /// response (replays, 409, 422 and injected faults included).
     pub posts: u64,
     /// The ids of the charges made under it, oldest first.
     pub charges: Vec<String>,
@@ -107,7 +107,7 @@ impl PlantCharge {
 /// How many remembered keys `POST /_sim/keys/expire` forgot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExpiredKeys {
-    /// Keys whose answer had been decided; keys still in flight are kept.
+    /// Keys that had been decided; keys still in flight are kept.
     pub forgotten: usize,
 }
 

@@ -63,37 +63,37 @@ faults! {
     rates {
         /// Fraction of new charges declined (402, a failed charge exists).
         decline_rate: f64 = 0.0,
-        /// Fraction of charge POSTs answered 500 before anything happens.
+        /// Fraction of charge POSTs that get a 500 before anything happens.
         error_before_rate: f64 = 0.0,
-        /// Fraction of new charges answered 500 after the charge was created.
+        /// Fraction of new charges that get a 500 after the charge was created.
         error_after_rate: f64 = 0.0,
-        /// Fraction of new charges answered only after `hang_ms`, the key in flight meanwhile.
+        /// Fraction of new charges whose response waits `hang_ms`, the key in flight meanwhile.
         hang_after_rate: f64 = 0.0,
-        /// Fraction of new charges after which the connection is closed with no answer.
+        /// Fraction of new charges after which the connection is closed with no response.
         drop_after_rate: f64 = 0.0,
         /// Fraction of webhook events never delivered.
         webhook_drop_rate: f64 = 0.0,
         /// Fraction of webhook events delivered twice.
         webhook_duplicate_rate: f64 = 0.0,
-        /// Fraction of charge POSTs answered 429 before anything happens.
+        /// Fraction of charge POSTs that get a 429 before anything happens.
         rate_limit_rate: f64 = 0.0,
-        /// Fraction of lookups (`GET /v1/charges…`) answered 503.
+        /// Fraction of lookups (`GET /v1/charges…`) that get a 503.
         lookup_error_rate: f64 = 0.0,
         /// Fraction of new charges made only after `hang_before_ms`, the key in flight meanwhile (a
         /// lookup then finds no charge, and the charge appears later).
         hang_before_rate: f64 = 0.0,
         /// Fraction of new succeeded charges that take one minor unit more than asked.
         mismatch_rate: f64 = 0.0,
-        /// Fraction of new charges whose answer and webhook report a lower-case currency.
+        /// Fraction of new charges whose response and webhook report a lower-case currency.
         malformed_rate: f64 = 0.0,
     }
     // Durations and switches.
     settings {
-        /// Added to every `/v1` answer; for a new charge, spent while its key is in flight.
+        /// Added to every `/v1` response; for a new charge, spent while its key is in flight.
         latency_ms: u64 = 0,
         /// How long a hang drawn by `hang_after_rate` lasts.
         hang_ms: u64 = 30_000,
-        /// Whether a repeated key gets the injected 500-after again instead of the charge's answer.
+        /// Whether a repeated key gets the injected 500-after again, not the charge's response.
         replay_stored_5xx: bool = false,
         /// Delay before the first delivery attempt of each webhook event.
         webhook_delay_ms: u64 = 0,
@@ -171,16 +171,16 @@ impl SharedFaults {
     }
 }
 
-/// What happens once a new charge exists, before its answer.
+/// What happens once a new charge exists, before its response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AfterCreate {
-    /// The answer goes out.
+    /// The response goes out.
     Answer,
     /// A 500 goes out instead.
     ServerError,
-    /// The answer goes out after the hang.
+    /// The response goes out after the hang.
     Hang,
-    /// The connection is closed with no answer.
+    /// The connection is closed with no response.
     DropConnection,
 }
 
@@ -199,15 +199,15 @@ impl AfterCreate {
 /// The fault decisions for one `POST /v1/charges`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChargePlan {
-    /// Answer 500 before anything happens.
+    /// Respond 500 before anything happens.
     pub error_before: bool,
-    /// Answer 429 before anything happens.
+    /// Respond 429 before anything happens.
     pub rate_limited: bool,
     /// Make the charge only after `hang_before_ms`.
     pub hang_before: bool,
     /// Charge one minor unit more than asked, if the charge succeeds.
     pub mismatch: bool,
-    /// Report the charge with a lower-case currency in its answer and webhook.
+    /// Report the charge with a lower-case currency in its response and webhook.
     pub malformed: bool,
     /// Decline the charge, if one is created.
     pub decline: bool,

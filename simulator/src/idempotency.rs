@@ -1,13 +1,10 @@
-//! The provider's idempotency memory: for each key, the parameters it was first used with and,
-//! once decided, the answer to replay.
+//! The provider's idempotency memory: for each key, the parameters it was first used with and, once
+//! decided, the response to replay.
 //!
 //! Invariants: a key is either in flight (its first request is still being processed: duplicates
-//! get 409) or decided (duplicates get the stored answer, byte for byte). A decided key is forgotten
-//! `window` after its first request arrived (as Stripe prunes keys a day after they were first
-//! used, however long the charge took), or at once by [`KeyStore::forget_decided`]; a key in
-//! flight is never forgotten, and one whose window ended while it was in flight is forgotten as
-//! soon as it is decided. A key used with other parameters is refused (422) whatever its state.
-//! The store holds answers as opaque bytes; it creates no charge and knows nothing of HTTP.
+//! get 409) or decided (duplicates get the stored response, byte for byte); a key in flight is
+//! never forgotten. A key used with other parameters is refused (422) whatever its state. The store
+//! holds responses as opaque bytes; it creates no charge and knows nothing of HTTP.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -17,7 +14,7 @@ use bytes::Bytes;
 use oncepay_provider::wire::CreateCharge;
 use serde::Serialize;
 
-/// An HTTP answer (status and JSON body); a decided key replays its stored ones byte for byte.
+/// An HTTP response (status and JSON body); a decided key replays its stored ones byte for byte.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredAnswer {
     /// The status code.
@@ -27,7 +24,7 @@ pub struct StoredAnswer {
 }
 
 impl StoredAnswer {
-    /// `value` as a JSON answer with `status`.
+    /// `value` as a JSON response with `status`.
     pub fn json(status: u16, value: &impl Serialize) -> Self {
         let body = serde_json::to_vec(value).unwrap_or_else(|error| {
             // The protocol's types are plain structs with string keys; this cannot happen.
@@ -41,7 +38,7 @@ impl StoredAnswer {
 /// What a decided key remembers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decided {
-    /// The charge's real answer (201 or 402).
+    /// The charge's real response (201 or 402).
     pub answer: StoredAnswer,
     /// The injected 500 that went out instead, if one did (replayed when `replay_stored_5xx`).
     pub injected_error: Option<StoredAnswer>,
@@ -60,7 +57,8 @@ pub enum Claim {
     Decided(Decided),
 }
 
-/// The keys the provider remembers.
+/// The keys the provider remembers. A decided key is forgotten `window` after its first request
+/// arrived, or at once by [`KeyStore::forget_decided`].
 #[derive(Debug)]
 pub struct KeyStore {
     window: Duration,
@@ -116,7 +114,9 @@ impl KeyStore {
         }
     }
 
-    /// Records the answer of a key this caller claimed fresh; its window started at its claim.
+    /// Records the response of a key this caller claimed fresh. Its window started at its claim, as
+    /// Stripe prunes a key a day after its first use however long the charge took; so a key whose
+    /// window ended while it was in flight is forgotten as soon as it is decided.
     pub fn decide(&mut self, key: &str, decided: Decided, now: Instant) {
         if let Some(entry) = self.entries.get_mut(key)
             && matches!(entry.state, State::InFlight)
@@ -197,7 +197,7 @@ mod tests {
         let mut store = KeyStore::new(WINDOW);
         let t0 = Instant::now();
         store.claim("k", &params(1), t0);
-        // Answered long after it arrived (a slow charge).
+        // Decided long after it arrived (a slow charge).
         store.decide("k", decided(201), t0 + Duration::from_secs(45));
 
         let before_end = store.claim("k", &params(1), t0 + WINDOW - Duration::from_millis(1));

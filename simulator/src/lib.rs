@@ -1,15 +1,11 @@
 //! A payment provider simulator with fault injection: the ground truth for tests.
 //!
-//! It speaks the provider protocol (`oncepay_provider::wire`), keeps a ledger of every
-//! charge it made, remembers idempotency keys for a configurable window, sends Standard-Webhooks
-//! signed events, and injects every fault of the contract on demand. [`Simulator::start`] runs it
-//! in-process (tests, on port 0); the `oncepay-simulator` binary runs it as a process.
-//!
-//! Modules by responsibility: [`config`] (settings), [`faults`] (what to inject and the decisions),
-//! [`dice`] (the one seeded random source), [`ledger`] (every charge: the ground truth),
-//! [`idempotency`] (the key memory), [`provider`] (the protocol's operations), [`webhooks`]
-//! (delivery), [`server`] and [`routes`] (HTTP), [`control`] and [`client`] (the `/_sim` JSON and a
-//! typed client for tests), [`clock`] (time).
+//! It speaks the provider protocol (`oncepay_provider::wire`), keeps a [`ledger`] of every charge
+//! it made, remembers [`idempotency`] keys for a configurable window, sends signed Standard
+//! Webhooks events ([`webhooks`]), and injects every fault of the contract on demand ([`faults`],
+//! drawn from the one seeded random source, [`dice`]). [`Simulator::start`] runs it in-process
+//! (tests, on port 0); the `oncepay-simulator` binary runs it as a process. Tests drive it through
+//! `/_sim` ([`control`], [`client`]).
 
 pub mod client;
 pub mod clock;

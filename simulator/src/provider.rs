@@ -1,14 +1,12 @@
 //! The simulated provider: the protocol's operations (create, look up, list charges) over the
-//! ledger and the idempotency memory, with the faults applied, plus the control operations tests use
-//! (plant a charge, forget keys, read the ground truth).
+//! ledger and the idempotency memory, with the faults applied, plus the control operations tests
+//! use (plant a charge, forget keys, read the ground truth).
 //!
 //! Invariants: at most one charge per idempotency key while the key is remembered; a charge is
-//! written to the ledger and its webhook queued before any answer about it (or the injected
+//! written to the ledger and its webhook queued before any response about it (or the injected
 //! absence of one) goes out; a key claimed fresh is always decided, whatever fault follows, so it
-//! never stays in flight. The books lock is held only for in-memory work, never across an `.await`.
-//! Callers must run [`Provider::create_charge`] to completion (the HTTP layer spawns it), so a
-//! client that hangs up cannot leave a key in flight. This module knows nothing of HTTP beyond the
-//! status codes of its answers.
+//! never stays in flight. This module knows nothing of HTTP beyond the status codes of its
+//! responses.
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -34,14 +32,14 @@ const DECLINE_REASONS: [(&str, &str); 3] = [
 /// How a charge request ends.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ChargeAnswer {
-    /// An HTTP answer.
+    /// An HTTP response.
     Send {
         /// Status and body.
         answer: StoredAnswer,
-        /// Whether it is the stored answer of an earlier request.
+        /// Whether it is the stored response of an earlier request.
         replayed: bool,
     },
-    /// No answer at all: the connection must be closed.
+    /// No response at all: the connection must be closed.
     DropConnection,
     /// 429 with `Retry-After`, before anything happened.
     RateLimited {
@@ -52,6 +50,7 @@ pub enum ChargeAnswer {
 
 /// The provider.
 pub struct Provider {
+    // Held only for in-memory work, never across an `.await`.
     books: Mutex<Books>,
     faults: SharedFaults,
     dice: Dice,
@@ -83,7 +82,9 @@ impl Provider {
         self.books.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// `POST /v1/charges` with `key` and `params` (both already validated).
+    /// `POST /v1/charges` with `key` and `params` (both already validated). Callers must run it to
+    /// completion (the HTTP layer spawns it), so a client that hangs up cannot leave a key in
+    /// flight.
     #[tracing::instrument(name = "provider.create_charge", skip_all, fields(charge.id, sim.fault))]
     pub async fn create_charge(&self, key: String, params: CreateCharge) -> ChargeAnswer {
         let faults = self.faults.get();
@@ -214,12 +215,11 @@ impl Provider {
     }
 
     async fn pause(&self, duration: Duration) {
-        // A shutdown cuts injected delays short: the answer goes out at once.
+        // A shutdown cuts injected delays short: the response goes out at once.
         pause(duration, &self.shutdown).await;
     }
 
-    /// `GET /v1/charges/{id}`.
-    /// Whether this lookup is answered 503 (the lookup-error fault).
+    /// Whether this lookup gets a 503 (the lookup-error fault).
     pub fn lookup_fails(&self) -> bool {
         let faults = self.faults.get();
         let fails = self.dice.with(|rng| rand::Rng::random::<f64>(rng) < faults.lookup_error_rate);
@@ -229,6 +229,7 @@ impl Provider {
         fails
     }
 
+    /// `GET /v1/charges/{id}`.
     pub async fn charge(&self, id: &str) -> Option<Charge> {
         self.pause(Duration::from_millis(self.faults.get().latency_ms)).await;
         self.books().ledger.get(id).cloned()
@@ -273,8 +274,8 @@ impl Provider {
     }
 }
 
-/// How the answer and the webhook report `charge`: as it is, or with a lower-case currency under the
-/// malformed fault (the ledger keeps it right).
+/// How the response and the webhook report `charge`: as it is, or with a lower-case currency under
+/// the malformed fault (the ledger keeps it right).
 fn reported(charge: &Charge, plan: &ChargePlan) -> Charge {
     if plan.malformed { Charge { currency: charge.currency.to_lowercase(), ..charge.clone() } } else { charge.clone() }
 }

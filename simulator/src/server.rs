@@ -1,16 +1,9 @@
 //! The HTTP/1 server: accepts connections, serves each with hyper, and carries out the
-//! connection-level fault (closing a connection with no answer at all).
+//! connection-level fault (closing a connection with no response at all).
 //!
-//! Why hyper and not actix-web: the drop-after fault needs a request to end with the TCP connection
-//! closed before a single byte of an answer is written. actix-web always writes a response for a
-//! handler (even an error becomes a 500), and offers no handle on the connection from inside one.
-//! With hyper the server owns each connection's future, so dropping a connection is literally
-//! dropping it: the handler asks for it ([`Reply::DropConnection`]) and the connection task stops
-//! polling and drops the socket.
-//!
-//! Invariants: on shutdown the listener closes first, every connection is told to finish its
-//! current request and close (HTTP/1 graceful shutdown), and the server waits for connections and
-//! detached charge work up to the grace period, then returns regardless.
+//! On shutdown the listener closes first, every connection is told to finish its current request
+//! and close (HTTP/1 graceful shutdown), and the server waits for connections and detached charge
+//! work up to the grace period, then returns regardless.
 
 use std::convert::Infallible;
 use std::pin::pin;
@@ -56,6 +49,12 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, grace: Duration) {
     }
 }
 
+/// Serves one connection with hyper, not actix-web: the drop-after fault needs a request to end
+/// with the TCP connection closed before a single byte of a response is written. actix-web always
+/// writes a response for a handler (even an error becomes a 500) and gives a handler no handle on
+/// its connection. Here this task owns the connection's future, so dropping the connection is
+/// dropping that future: the handler asks for it ([`Reply::DropConnection`]), and the task stops
+/// polling and drops the socket.
 async fn serve_connection(stream: TcpStream, app: Arc<App>) {
     let abort = CancellationToken::new();
     let service = {
@@ -85,7 +84,7 @@ async fn serve_connection(stream: TcpStream, app: Arc<App>) {
                 }
                 return;
             }
-            // Returning drops the connection and its socket: the client gets no answer.
+            // Returning drops the connection and its socket: the client gets no response.
             () = abort.cancelled() => return,
             () = app.shutdown.cancelled(), if !draining => {
                 connection.as_mut().graceful_shutdown();

@@ -1,14 +1,10 @@
 //! Webhook delivery: every charge outcome becomes a `charge.succeeded` / `charge.failed` event,
-//! POSTed to the configured URL with Standard Webhooks signature headers, retried with jittered
-//! backoff on a non-2xx answer or a transport error, under the webhook faults (drop, delay,
-//! duplicate, reorder).
+//! POSTed to the configured URL with Standard Webhooks signature headers and retried with jittered
+//! backoff, under the webhook faults (drop, delay, duplicate, reorder).
 //!
 //! Invariants: an event has one `webhook-id` and one body for all its attempts and copies; each
-//! attempt is signed afresh with its own `webhook-timestamp`. Notifying never blocks the caller (an
-//! unbounded queue feeds the [`Dispatcher`]). With reordering on, an event waits until the next one
-//! has been delivered, so two consecutive events reach the receiver swapped. On shutdown, deliveries
-//! still pending are abandoned: the simulator promises no delivery across its own exit. This module
-//! never touches the ledger.
+//! attempt is signed afresh with its own `webhook-timestamp`. Notifying never blocks the caller.
+//! This module never touches the ledger.
 
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
@@ -48,7 +44,8 @@ impl Destination {
     }
 }
 
-/// Hands charge outcomes to the dispatcher; cheap to clone, never blocks.
+/// Hands charge outcomes to the [`Dispatcher`] through an unbounded queue; cheap to clone, never
+/// blocks.
 #[derive(Debug, Clone)]
 pub struct Notifier {
     queue: mpsc::UnboundedSender<(Charge, Url)>,
@@ -73,7 +70,7 @@ pub struct DeliveryPolicy {
     pub secret: WebhookSecret,
     /// Attempts per delivery, the first included (≥ 1).
     pub max_attempts: u32,
-    /// How long one attempt waits for an answer.
+    /// How long one attempt waits for a response.
     pub timeout: Duration,
     /// The delay between attempts.
     pub backoff: Backoff,
@@ -121,7 +118,8 @@ pub fn channel(
 }
 
 impl Dispatcher {
-    /// Delivers events until `shutdown`, then abandons what is still pending.
+    /// Delivers events until `shutdown`, then abandons what is still pending: the simulator
+    /// promises no delivery across its own exit.
     pub async fn run(mut self, shutdown: CancellationToken) {
         let mut held: Option<(Delivery, Instant)> = None;
         loop {
@@ -137,6 +135,8 @@ impl Dispatcher {
                     let Some((charge, url)) = next else { break };
                     let Some((delivery, reorder, hold)) = self.prepare(&charge, url) else { continue };
                     match (reorder, held.take()) {
+                        // Reordering: the held event goes only after the next one has been
+                        // delivered, so the receiver gets the two swapped.
                         (true, Some((earlier, _))) => self.launch(vec![delivery, earlier], &shutdown),
                         (true, None) => held = Some((delivery, Instant::now() + hold)),
                         (false, earlier) => {
@@ -212,7 +212,8 @@ async fn sleep_until(deadline: Option<Instant>) {
 }
 
 impl Courier {
-    /// Attempts `delivery` until the receiver answers 2xx, attempts run out, or `shutdown`.
+    /// Attempts `delivery` until the receiver responds 2xx, attempts run out, or `shutdown`. A
+    /// non-2xx response and a transport error are both retried.
     #[tracing::instrument(name = "webhook.deliver", skip_all, fields(webhook.id = %delivery.id))]
     async fn deliver(&self, delivery: &Delivery, shutdown: &CancellationToken) {
         if !pause(delivery.delay, shutdown).await {

@@ -33,7 +33,7 @@ pub fn faults(app: &App) -> Response<Full<Bytes>> {
     json(StatusCode::OK, &app.faults.get())
 }
 
-/// `POST /_sim/faults`: a partial change; answers the faults now in force.
+/// `POST /_sim/faults`: a partial change; responds with the faults now in force.
 pub async fn change_faults(app: &App, request: Request<Incoming>) -> Result<Response<Full<Bytes>>, Refusal> {
     let patch: FaultsPatch = read_json(request).await?;
     let faults = app

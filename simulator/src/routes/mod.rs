@@ -1,10 +1,10 @@
 //! HTTP routing: maps each request to its handler ([`protocol`] for `/v1`, [`control`] for `/_sim`,
-//! [`ops`] for the operations endpoints) and renders JSON answers.
+//! [`ops`] for the operations endpoints) and renders JSON responses.
 //!
-//! Invariants: every answer is JSON (`ErrorBody` for errors) except the plain-text ops endpoints;
+//! Invariants: every response is JSON (`ErrorBody` for errors) except the plain-text ops endpoints;
 //! bodies are read up to [`MAX_BODY_BYTES`]; a handler may ask for the connection to be dropped
-//! without an answer ([`Reply::DropConnection`]), which only the server can carry out. Nothing here
-//! logs a credential, an idempotency key or a body.
+//! without a response ([`Reply::DropConnection`]), which only the server can carry out. Nothing
+//! here logs a credential, an idempotency key or a body.
 
 pub mod control;
 pub mod ops;
@@ -52,7 +52,7 @@ pub struct App {
 
 /// A handler's outcome.
 pub enum Reply {
-    /// Send this answer.
+    /// Send this response.
     Respond(Response<Full<Bytes>>),
     /// Close the connection without a word.
     DropConnection,
@@ -76,7 +76,7 @@ impl From<Result<Response<Full<Bytes>>, Refusal>> for Reply {
     }
 }
 
-/// A request refused with an error answer.
+/// A request refused with an error response.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
     /// The status code.
@@ -93,7 +93,7 @@ impl Refusal {
         Self { status, code, message: message.into() }
     }
 
-    /// The `ErrorBody` answer; a 401 also names the scheme it wants.
+    /// The `ErrorBody` response; a 401 also names the scheme it wants.
     pub fn into_response(self) -> Response<Full<Bytes>> {
         let mut response = error(self.status, self.code, &self.message);
         if self.status == StatusCode::UNAUTHORIZED {
@@ -152,7 +152,7 @@ pub async fn handle(app: Arc<App>, request: Request<Incoming>) -> Reply {
     .await
 }
 
-/// A JSON answer.
+/// A JSON response.
 pub fn json(status: StatusCode, value: &impl Serialize) -> Response<Full<Bytes>> {
     match serde_json::to_vec(value) {
         Ok(body) => raw_json(status, body.into()),
@@ -163,7 +163,7 @@ pub fn json(status: StatusCode, value: &impl Serialize) -> Response<Full<Bytes>>
     }
 }
 
-/// An answer whose body is already JSON.
+/// A response whose body is already JSON.
 pub fn raw_json(status: StatusCode, body: Bytes) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(body));
     *response.status_mut() = status;
@@ -171,7 +171,7 @@ pub fn raw_json(status: StatusCode, body: Bytes) -> Response<Full<Bytes>> {
     response
 }
 
-/// The protocol's error answer.
+/// The protocol's error response.
 pub fn error(status: StatusCode, code: &str, message: &str) -> Response<Full<Bytes>> {
     json(status, &error_body(code, message, None))
 }

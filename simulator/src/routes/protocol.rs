@@ -105,7 +105,7 @@ pub async fn list_charges(app: &App, request: &Request<Incoming>) -> Result<Resp
     Ok(json(StatusCode::OK, &page))
 }
 
-/// The lookup-error fault: a 503 instead of the answer.
+/// The lookup-error fault: a 503 instead of the charge.
 fn lookup_error(app: &App) -> Result<(), Refusal> {
     if app.provider.lookup_fails() {
         return Err(Refusal::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "The provider is unavailable."));
