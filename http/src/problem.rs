@@ -140,7 +140,9 @@ impl ProblemType {
     }
 }
 
-/// One problem document, ready to send.
+// This doc is the schema's description in the OpenAPI document: the document is a contract, so
+// rewording it is a change to the API.
+/// One problem document, ready to answer with.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Problem {
     /// The stable URI naming the kind of problem.
