@@ -19,7 +19,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 use uuid::Uuid;
 
-use crate::dead_letters::actions::{self, BookedCharge, Decision, Operator, Retry};
+use crate::dead_letters::actions::{self, BookedCharge, Operator, Resolution, Retry};
 use crate::dead_letters::queries::{self, Filter};
 use crate::recon::{self, Reconciliation};
 use crate::render::Report;
@@ -57,7 +57,7 @@ pub enum Command {
     /// Payments automation could not settle: list, show, retry, resolve.
     #[command(subcommand, name = "dead-letters")]
     DeadLetters(DeadLettersCommand),
-    /// Ledger reconciliation: run a window now, list runs, show a run's findings.
+    /// Ledger reconciliation: run a window now, list runs, show a run's discrepancies.
     #[command(subcommand)]
     Recon(ReconCommand),
 }
@@ -308,20 +308,20 @@ async fn dead_letter_command(command: DeadLettersCommand, ctx: &Context) -> Resu
         } => {
             let operator = operator_of(operator, ctx)?;
             let decision = match (outcome, charge_id) {
-                (None, _) => Decision::Acknowledge,
-                (Some(ResolveAs::Failed), charge_id) => Decision::Failed { charge_id, force },
+                (None, _) => Resolution::Acknowledge,
+                (Some(ResolveAs::Failed), charge_id) => Resolution::Failed { charge_id, force },
                 (Some(ResolveAs::Succeeded), None) => {
                     return Err(CliError::Invalid("--as succeeded needs the provider's --charge-id".into()));
                 }
                 (Some(ResolveAs::Succeeded), Some(charge_id)) => match (amount, currency, charged_at) {
                     (Some(amount), Some(currency), Some(charged_at)) => {
-                        Decision::Succeeded(booked_from_flags(charge_id, amount, &currency, &charged_at)?)
+                        Resolution::Succeeded(booked_from_flags(charge_id, amount, &currency, &charged_at)?)
                     }
                     _ => {
                         let provider =
                             HttpProvider::new(&ctx.settings.provider).context("cannot build the provider client")?;
                         let mut conn = connection(ctx).await?;
-                        Decision::Succeeded(actions::find_charge(&mut conn, &provider, payment_id, &charge_id).await?)
+                        Resolution::Succeeded(actions::find_charge(&mut conn, &provider, payment_id, &charge_id).await?)
                     }
                 },
             };

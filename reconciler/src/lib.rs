@@ -10,7 +10,6 @@
 pub mod backlog;
 pub mod cli;
 pub mod dead_letters;
-pub mod finding;
 pub mod http;
 pub mod metrics;
 pub mod poller;
@@ -23,4 +22,5 @@ pub mod settings;
 pub mod sweeper;
 pub mod tenants;
 pub mod unknown;
+pub mod verdict;
 pub mod webhooks;

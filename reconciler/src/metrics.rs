@@ -14,7 +14,7 @@ pub const UNKNOWN_RESOLVED: &str = "oncepay_reconciler_unknown_resolved_total";
 pub const DEAD_LETTERS: &str = "oncepay_reconciler_dead_letters_total";
 /// Expired idempotency keys deleted.
 pub const REAPED_KEYS: &str = "oncepay_reconciler_reaped_keys_total";
-/// Ledger reconciliation findings, by `class`.
+/// Ledger reconciliation discrepancies, by `class`.
 pub const RECON_DISCREPANCIES: &str = "oncepay_reconciler_recon_discrepancies_total";
 /// Ledger reconciliation runs that ended, by `status` (`completed`, `failed`).
 pub const RECON_RUNS: &str = "oncepay_reconciler_recon_runs_total";

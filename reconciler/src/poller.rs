@@ -74,17 +74,17 @@ enum Verdict {
     /// A succeeded or failed charge: settled exactly as the worker would have settled it.
     Settle { transition: Transition, settlement: Settlement, charge: Box<Charge> },
     /// A charge that is not what the payment asked for: dead-lettered as a `conflict`.
-    Mismatch { finding: String, charge: Box<Charge> },
+    Mismatch { detail: String, charge: Box<Charge> },
     /// Provably no charge while the provider still remembers the key (the first send is younger than
     /// the key window minus a margin): back to `pending` and into the outbox, resent with the same key.
     Resend,
     /// Anything else: a failed lookup, or no charge past the key window, which proves nothing once the
     /// provider may have forgotten the key. The evidence is kept and the next lookup is scheduled with
     /// per-payment exponential backoff.
-    Inconclusive { finding: String },
+    Inconclusive { detail: String },
     /// After `max_attempts` inconclusive lookups, or once the payment has been `unknown` for
     /// `max_age`: dead-lettered with all the evidence, for an operator.
-    Exhaust { finding: String },
+    Exhaust { detail: String },
 }
 
 /// The poller loop.
@@ -171,12 +171,12 @@ impl<P: PaymentProvider> Poller<P> {
         let done = match self.record(&mut conn, &payment, source, &verdict).await {
             Ok(done) => done,
             // The database refused what the verdict would write (a constraint, a value it cannot
-            // hold). That is a finding about this payment, not a failure of the pass: it counts
+            // hold). That is evidence about this payment, not a failure of the pass: it counts
             // toward dead-lettering, so the payment cannot stay `unknown` for ever.
             Err(error) if !unavailable(&error) => {
-                let finding = format!("the verdict could not be recorded: {error:#}");
-                tracing::warn!(error = %finding, "recording a poll failed; counted as inconclusive");
-                self.record(&mut conn, &payment, source, &self.inconclusive(&payment, finding)).await?
+                let detail = format!("the verdict could not be recorded: {error:#}");
+                tracing::warn!(error = %detail, "recording a poll failed; counted as inconclusive");
+                self.record(&mut conn, &payment, source, &self.inconclusive(&payment, detail)).await?
             }
             Err(error) => return Err(error),
         };
@@ -204,9 +204,9 @@ impl<P: PaymentProvider> Poller<P> {
         Ok((Source::Provider, decide(payment, &lookup, &self.config)))
     }
 
-    fn inconclusive(&self, payment: &Claimed, finding: String) -> Verdict {
+    fn inconclusive(&self, payment: &Claimed, detail: String) -> Verdict {
         let attempts = u32::try_from(payment.poll_attempts).unwrap_or(0).saturating_add(1);
-        give_up_or_wait(payment, attempts, finding, &self.config)
+        give_up_or_wait(payment, attempts, detail, &self.config)
     }
 
     /// Records `verdict` in one transaction.
@@ -245,9 +245,9 @@ impl<P: PaymentProvider> Poller<P> {
                     (Applied::Moved(_), _) => Done::Declined,
                 }
             }
-            Verdict::Mismatch { finding, charge } => {
+            Verdict::Mismatch { detail, charge } => {
                 let evidence = unknown::evidence(source.label(), json!({"attempt": attempt, "charge": charge}));
-                match unknown::mismatch(&mut tx, tenant_id, payment_id, why(finding), evidence)
+                match unknown::mismatch(&mut tx, tenant_id, payment_id, why(detail), evidence)
                     .await
                     .context("cannot dead-letter the payment")?
                 {
@@ -267,16 +267,16 @@ impl<P: PaymentProvider> Poller<P> {
                     Applied::LostRace => Done::LostRace,
                 }
             }
-            Verdict::Inconclusive { finding } => {
-                let evidence = unknown::evidence("poll", json!({"attempt": attempt, "result": finding}));
+            Verdict::Inconclusive { detail } => {
+                let evidence = unknown::evidence("poll", json!({"attempt": attempt, "result": detail}));
                 let wait = self.config.backoff.delay(u32::try_from(attempt).unwrap_or(u32::MAX), &mut rand::rng());
                 unknown::note_inconclusive(&mut tx, tenant_id, payment_id, evidence, Some(wait))
                     .await
                     .context("cannot record the lookup")?;
                 Done::Inconclusive
             }
-            Verdict::Exhaust { finding } => {
-                let evidence = unknown::evidence("poll", json!({"attempt": attempt, "result": finding}));
+            Verdict::Exhaust { detail } => {
+                let evidence = unknown::evidence("poll", json!({"attempt": attempt, "result": detail}));
                 let reason = format!(
                     "no conclusive answer from the provider after {attempt} lookups over {}",
                     render::age(time::Duration::try_from(payment.age).unwrap_or(time::Duration::MAX)),
@@ -371,7 +371,7 @@ impl Done {
 
 /// Decides what a lookup means. Pure.
 fn decide(payment: &Claimed, lookup: &Result<Vec<Charge>, LookupError>, config: &PollerConfig) -> Verdict {
-    let finding = match lookup {
+    let detail = match lookup {
         Ok(charges) => {
             // One key normally has at most one charge; a success anywhere means money moved.
             let found = charges
@@ -384,10 +384,10 @@ fn decide(payment: &Claimed, lookup: &Result<Vec<Charge>, LookupError>, config: 
                         let transition = settlement::transition_of(&settled);
                         return Verdict::Settle { transition, settlement: settled, charge: Box::new(charge.clone()) };
                     }
-                    Err(Unsettled::Mismatch(finding)) => {
-                        return Verdict::Mismatch { finding, charge: Box::new(charge.clone()) };
+                    Err(Unsettled::Mismatch(detail)) => {
+                        return Verdict::Mismatch { detail, charge: Box::new(charge.clone()) };
                     }
-                    Err(Unsettled::Unbookable(finding)) => finding,
+                    Err(Unsettled::Unbookable(detail)) => detail,
                 }
             } else if payment.in_key_window {
                 return Verdict::Resend;
@@ -398,16 +398,16 @@ fn decide(payment: &Claimed, lookup: &Result<Vec<Charge>, LookupError>, config: 
         Err(error) => format!("lookup failed: {error}"),
     };
     let attempts = u32::try_from(payment.poll_attempts).unwrap_or(0).saturating_add(1);
-    give_up_or_wait(payment, attempts, finding, config)
+    give_up_or_wait(payment, attempts, detail, config)
 }
 
-/// An inconclusive `finding` on the `attempts`-th lookup: given up past the limits, else looked up
+/// An inconclusive lookup (`detail` says why) on the `attempts`-th lookup: given up past the limits, else looked up
 /// again later.
-fn give_up_or_wait(payment: &Claimed, attempts: u32, finding: String, config: &PollerConfig) -> Verdict {
+fn give_up_or_wait(payment: &Claimed, attempts: u32, detail: String, config: &PollerConfig) -> Verdict {
     if attempts >= config.max_attempts || payment.age >= config.max_age {
-        Verdict::Exhaust { finding }
+        Verdict::Exhaust { detail }
     } else {
-        Verdict::Inconclusive { finding }
+        Verdict::Inconclusive { detail }
     }
 }
 

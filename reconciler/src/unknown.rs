@@ -225,7 +225,7 @@ async fn dead_letter(
     Ok(applied)
 }
 
-/// Records an inconclusive finding: the evidence, one more attempt toward dead-lettering, and when to
+/// Records an inconclusive lookup: the evidence, one more attempt toward dead-lettering, and when to
 /// look again (`None`: when already planned).
 pub async fn note_inconclusive(
     conn: &mut PgConnection,

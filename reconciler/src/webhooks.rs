@@ -3,7 +3,7 @@
 //! A delivery that is recorded gets a 2xx, so the provider stops retrying; one that cannot be
 //! recorded because the database is unavailable gets a 503, so the provider retries later. Bodies and
 //! secrets are never logged. What an event means for its payment is decided by
-//! [`crate::finding::judge`], not here.
+//! [`crate::verdict::judge`], not here.
 
 use actix_web::http::header;
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -26,8 +26,8 @@ use time::OffsetDateTime;
 use tracing::{Instrument, Span};
 
 use crate::dead_letters::{self, Kind};
-use crate::finding::{self, Booked, Judgement, Recorded};
 use crate::unknown::{self, Why};
+use crate::verdict::{self, Booked, Recorded, Verdict};
 
 /// The path the provider delivers to.
 pub const PATH: &str = "/webhooks/provider";
@@ -60,8 +60,8 @@ async fn method_not_allowed() -> HttpResponse {
 
 /// What applying a verified event did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// The event was recorded; the label says what it did (see [`Judgement::label`]).
+pub enum Handled {
+    /// The event was recorded; the label says what it did (see [`Verdict::label`]).
     Recorded(&'static str),
     /// This `webhook-id` was seen before: nothing changed.
     Duplicate,
@@ -69,7 +69,7 @@ pub enum Outcome {
     NotOurs,
 }
 
-impl Outcome {
+impl Handled {
     /// The label for the response, the logs and `oncepay_reconciler_webhooks_total{verdict}`.
     pub const fn label(self) -> &'static str {
         match self {
@@ -171,7 +171,7 @@ async fn read_body(mut payload: web::Payload, limit: usize) -> Result<web::Bytes
 }
 
 /// Applies a verified event in one transaction: locks the payment row, records the `webhook-id`, and
-/// judges the charge against the payment ([`finding::judge`]):
+/// judges the charge against the payment ([`verdict::judge`]):
 /// - `unknown`: settled from the charge, exactly as the worker would, and its poll queue row removed,
 ///   if the charge is what the payment asked for. A charge for another amount, currency or key
 ///   dead-letters it as a `conflict` for an operator. A charge that cannot be booked as reported is
@@ -181,7 +181,7 @@ async fn read_body(mut payload: web::Payload, limit: usize) -> Result<web::Bytes
 /// - terminal and agreeing: nothing. Terminal and contradicting: a `conflict` dead letter, and the
 ///   terminal state is untouched. Terminal and unreadable as reported: only recorded (`unbookable`).
 #[tracing::instrument(name = "webhook.apply", skip_all, fields(payment.id))]
-pub async fn apply(pool: &PgPool, webhook_id: &str, event: &WebhookEvent) -> Result<Outcome, ApplyError> {
+pub async fn apply(pool: &PgPool, webhook_id: &str, event: &WebhookEvent) -> Result<Handled, ApplyError> {
     let charge = &event.data;
     let consistent = matches!(
         (event.event_type, charge.status),
@@ -193,15 +193,15 @@ pub async fn apply(pool: &PgPool, webhook_id: &str, event: &WebhookEvent) -> Res
     let mut conn = pool.acquire().await.map_err(StoreError::from)?;
     let Some((tenant_id, payment_id)) = locate(&mut conn, event).await? else {
         tracing::warn!(charge.id = %charge.id, "a webhook for a charge that names no payment of ours");
-        return Ok(Outcome::NotOurs);
+        return Ok(Handled::NotOurs);
     };
     tracing::Span::current().record("payment.id", tracing::field::display(payment_id));
 
     let mut tx = conn.begin().await.map_err(StoreError::from)?;
     let Some(recorded) = lock_payment(&mut tx, tenant_id, payment_id).await? else {
-        return Ok(Outcome::NotOurs);
+        return Ok(Handled::NotOurs);
     };
-    let judgement = finding::judge(&recorded, charge);
+    let judgement = verdict::judge(&recorded, charge);
     let event_type = match event.event_type {
         EventType::ChargeSucceeded => "charge.succeeded",
         EventType::ChargeFailed => "charge.failed",
@@ -227,13 +227,13 @@ pub async fn apply(pool: &PgPool, webhook_id: &str, event: &WebhookEvent) -> Res
     .is_some();
     if !first_time {
         // A redelivery: dropping the transaction rolls everything back, so it changes nothing.
-        return Ok(Outcome::Duplicate);
+        return Ok(Handled::Duplicate);
     }
 
     let evidence =
         unknown::evidence("webhook", json!({ "webhook_id": webhook_id, "event": event_type, "charge": charge }));
     match &judgement {
-        Judgement::Settle(transition, settlement) => {
+        Verdict::Settle(transition, settlement) => {
             let transition = *transition;
             let how = if transition == Transition::Charged { "webhook_charged" } else { "webhook_declined" };
             let resolution = resolution_span(&mut tx, tenant_id, payment_id, how).await?;
@@ -248,13 +248,13 @@ pub async fn apply(pool: &PgPool, webhook_id: &str, event: &WebhookEvent) -> Res
             }
             metrics::counter!(crate::metrics::UNKNOWN_RESOLVED, "how" => how).increment(1);
         }
-        Judgement::Mismatch(reason) => {
+        Verdict::Mismatch(reason) => {
             let why = Why { actor: ACTOR, reason };
             if let Applied::LostRace = unknown::mismatch(&mut tx, tenant_id, payment_id, why, evidence).await? {
                 return Err(ApplyError::MovedWhileLocked(payment_id));
             }
         }
-        Judgement::Unbookable(why) => {
+        Verdict::Unbookable(why) => {
             // Proves nothing either way; it counts toward dead-lettering, and the poller keeps looking.
             let mut evidence = evidence;
             evidence["result"] = json!(why);
@@ -264,19 +264,19 @@ pub async fn apply(pool: &PgPool, webhook_id: &str, event: &WebhookEvent) -> Res
         // its worker, which learns the same outcome from the provider (its resend carries the same
         // key); if it cannot, the payment becomes `unknown` and the poller settles it from the charge
         // recorded here. The reconciler never races a worker that holds a lease.
-        Judgement::LeaveToSender | Judgement::Agrees | Judgement::Unreadable(_) => {}
-        Judgement::ForOperator => {
+        Verdict::LeaveToSender | Verdict::Agrees | Verdict::Unreadable(_) => {}
+        Verdict::ForOperator => {
             if !dead_letters::attach_evidence(&mut tx, tenant_id, payment_id, Value::Array(vec![evidence])).await? {
                 tracing::warn!("a dead-lettered payment has no open dead letter to attach the webhook to");
             }
         }
-        Judgement::Conflicts(why) => {
+        Verdict::Conflicts(why) => {
             dead_letters::record(&mut tx, tenant_id, payment_id, Kind::Conflict, why, Value::Array(vec![evidence]), 0)
                 .await?;
         }
     }
     tx.commit().await.map_err(StoreError::from)?;
-    Ok(Outcome::Recorded(judgement.label()))
+    Ok(Handled::Recorded(judgement.label()))
 }
 
 /// The span of settling an `unknown` payment from a webhook (`webhook.resolve`). A delivery is a trace

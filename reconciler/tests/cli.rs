@@ -15,7 +15,7 @@ use oncepay_domain::status::PaymentStatus;
 use oncepay_provider::ChargeStatus;
 use oncepay_provider::wire::{EventType, WebhookEvent};
 use oncepay_reconciler::cli::CliError;
-use oncepay_reconciler::dead_letters::actions::{self, BookedCharge, Decision, Operator, Retry};
+use oncepay_reconciler::dead_letters::actions::{self, BookedCharge, Operator, Resolution, Retry};
 use oncepay_reconciler::dead_letters::queries::{self, Filter};
 use oncepay_reconciler::dead_letters::{self, Kind};
 use oncepay_reconciler::render::Report;
@@ -279,7 +279,7 @@ async fn resolving_as_succeeded_books_the_providers_charge_with_an_audit_row_nam
     let unknown_charge = actions::find_charge(&mut conn, &provider, payment_id, "ch_other").await;
     let charge = actions::find_charge(&mut conn, &provider, payment_id, "ch_found").await.unwrap();
     let reason = "found in the provider dashboard";
-    let done = actions::resolve(&mut conn, payment_id, &Decision::Succeeded(charge), &alice(), reason).await.unwrap();
+    let done = actions::resolve(&mut conn, payment_id, &Resolution::Succeeded(charge), &alice(), reason).await.unwrap();
 
     assert!(matches!(unknown_charge, Err(CliError::Refused(_))), "{unknown_charge:?}");
     assert_eq!(done.payment_status, PaymentStatus::Succeeded);
@@ -305,7 +305,7 @@ async fn resolving_as_succeeded_refuses_a_charge_for_another_amount_or_currency(
     };
 
     for (amount, currency) in [(1500, "EUR"), (1999, "USD")] {
-        let decision = Decision::Succeeded(charge(amount, currency));
+        let decision = Resolution::Succeeded(charge(amount, currency));
         let refused = actions::resolve(&mut conn, payment_id, &decision, &alice(), "found it").await;
 
         assert!(matches!(&refused, Err(CliError::Refused(why)) if why.contains("1999")), "{refused:?}");
@@ -320,11 +320,11 @@ async fn a_conflict_on_a_terminal_payment_can_only_be_acknowledged(pool: PgPool)
     let payment_id = dead_lettered(&pool, tenant_id, "order-1", 60).await;
     let mut conn = pool.acquire().await.unwrap();
     let acknowledge_unresolved =
-        actions::resolve(&mut conn, payment_id, &Decision::Acknowledge, &alice(), "seen").await;
+        actions::resolve(&mut conn, payment_id, &Resolution::Acknowledge, &alice(), "seen").await;
     actions::resolve(
         &mut conn,
         payment_id,
-        &Decision::Failed { charge_id: None, force: false },
+        &Resolution::Failed { charge_id: None, force: false },
         &alice(),
         "card expired",
     )
@@ -354,9 +354,9 @@ async fn a_conflict_on_a_terminal_payment_can_only_be_acknowledged(pool: PgPool)
     };
 
     let retried = actions::retry(&mut conn, &retry).await;
-    let resettled = actions::resolve(&mut conn, payment_id, &Decision::Succeeded(charge), &alice(), "x").await;
+    let resettled = actions::resolve(&mut conn, payment_id, &Resolution::Succeeded(charge), &alice(), "x").await;
     let acknowledged =
-        actions::resolve(&mut conn, payment_id, &Decision::Acknowledge, &alice(), "refunded ch_late by hand")
+        actions::resolve(&mut conn, payment_id, &Resolution::Acknowledge, &alice(), "refunded ch_late by hand")
             .await
             .unwrap();
 
@@ -470,7 +470,7 @@ async fn resolving_as_failed_is_refused_while_a_recorded_charge_says_it_succeede
     webhooks::apply(&pool, "msg_1", &event).await.unwrap();
     let mut conn = pool.acquire().await.unwrap();
 
-    let failed = |force| Decision::Failed { charge_id: None, force };
+    let failed = |force| Resolution::Failed { charge_id: None, force };
 
     let refused = actions::resolve(&mut conn, payment_id, &failed(false), &alice(), "customer saw no charge").await;
     let unchanged = status(&pool, tenant_id, payment_id).await;

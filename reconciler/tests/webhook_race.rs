@@ -13,7 +13,7 @@ use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::status::PaymentStatus;
 use oncepay_provider::ChargeStatus;
 use oncepay_provider::wire::{EventType, WebhookEvent};
-use oncepay_reconciler::webhooks::{self, Outcome};
+use oncepay_reconciler::webhooks::{self, Handled};
 use oncepay_store::fixtures::{count, tenant};
 use oncepay_store::settlement::{self, Asked};
 use oncepay_store::transitions::{self, Applied};
@@ -69,6 +69,6 @@ async fn a_webhook_racing_the_workers_settlement_agrees_with_it(pool: PgPool) {
     worker.commit().await.unwrap();
     let outcome = delivery.await.unwrap();
 
-    assert_eq!(outcome, Outcome::Recorded("already_terminal"));
+    assert_eq!(outcome, Handled::Recorded("already_terminal"));
     assert_eq!(count(&pool, "dead_letters").await, 0);
 }

@@ -1,4 +1,4 @@
-//! The operator's actions on a dead letter: `retry`, `resolve`, and finding the charge to resolve
+//! The operator's actions on a dead letter: `retry`, `resolve`, and looking up the charge to resolve
 //! it with. This module owns the rules and the refusals.
 //!
 //! Each action runs in one transaction that locks the open entry and the payment, and checks both; a
@@ -17,9 +17,9 @@ use serde_json::json;
 use sqlx::{Acquire, PgConnection};
 use time::OffsetDateTime;
 
-use super::Outcome;
+use super::ResolutionKind;
 use super::queries::{self, Locked};
-use super::reports::Resolution;
+use super::reports::Resolved;
 use crate::cli::CliError;
 use crate::render;
 use crate::webhooks;
@@ -87,7 +87,7 @@ pub struct Retry<'a> {
 ///
 /// Refused past the provider's key window unless `outside_key_window`: the provider would no longer
 /// recognise the key, so if the first attempt did charge, the resend would charge again.
-pub async fn retry(conn: &mut PgConnection, retry: &Retry<'_>) -> Result<Resolution, CliError> {
+pub async fn retry(conn: &mut PgConnection, retry: &Retry<'_>) -> Result<Resolved, CliError> {
     let reason = require_reason(retry.reason)?;
     let payment_id = retry.payment_id;
     let mut tx = conn.begin().await.context("cannot start a transaction")?;
@@ -126,12 +126,12 @@ pub async fn retry(conn: &mut PgConnection, retry: &Retry<'_>) -> Result<Resolut
         .await
         .context("cannot queue the payment")?;
     // Who and why go on the entry here, and in the payment's audit trail with the move above.
-    queries::close(&mut tx, &locked, retry.operator.actor(), Outcome::Retried, reason).await?;
+    queries::close(&mut tx, &locked, retry.operator.actor(), ResolutionKind::Retried, reason).await?;
     tx.commit().await.context("cannot commit the retry")?;
-    Ok(Resolution {
+    Ok(Resolved {
         payment_id,
         dead_letter_id: locked.dead_letter_id,
-        resolution: Outcome::Retried,
+        resolution: ResolutionKind::Retried,
         resolved_by: retry.operator.actor().to_owned(),
         note: reason.to_owned(),
         payment_status: PaymentStatus::Pending,
@@ -153,7 +153,7 @@ pub struct BookedCharge {
 
 /// What `resolve` decides.
 #[derive(Debug, Clone)]
-pub enum Decision {
+pub enum Resolution {
     /// The payment succeeded with this charge.
     Succeeded(BookedCharge),
     /// No money moved (a failed charge id, if the provider made one).
@@ -219,27 +219,27 @@ fn refuse_booking(payment_id: PaymentId, why: &Unsettled) -> CliError {
 pub async fn resolve(
     conn: &mut PgConnection,
     payment_id: PaymentId,
-    decision: &Decision,
+    decision: &Resolution,
     operator: &Operator,
     reason: &str,
-) -> Result<Resolution, CliError> {
+) -> Result<Resolved, CliError> {
     let reason = require_reason(reason)?;
     let mut tx = conn.begin().await.context("cannot start a transaction")?;
     let locked = queries::lock_open(&mut tx, payment_id, Duration::ZERO).await?;
     // A terminal payment never moves: its entry can only be acknowledged.
     let terminal = locked.status.is_terminal();
     let (resolution, status) = match decision {
-        Decision::Acknowledge if terminal => (Outcome::Acknowledged, locked.status),
-        Decision::Acknowledge => {
+        Resolution::Acknowledge if terminal => (ResolutionKind::Acknowledged, locked.status),
+        Resolution::Acknowledge => {
             return Err(CliError::Refused(format!(
                 "payment {payment_id} is dead-lettered and needs a decision: `--as succeeded|failed`, or \
                  `dead-letters retry`"
             )));
         }
-        Decision::Succeeded(_) | Decision::Failed { .. } if terminal => {
+        Resolution::Succeeded(_) | Resolution::Failed { .. } if terminal => {
             return Err(refuse_conflict(payment_id, locked.status, "settled again"));
         }
-        Decision::Succeeded(charge) => {
+        Resolution::Succeeded(charge) => {
             let settlement = settlement::success(
                 &locked.asked,
                 &charge.charge_id,
@@ -249,9 +249,9 @@ pub async fn resolve(
             )
             .map_err(|why| refuse_booking(payment_id, &why))?;
             settle(&mut tx, &locked, payment_id, Transition::OperatorSucceeded, &settlement, operator, reason).await?;
-            (Outcome::Succeeded, PaymentStatus::Succeeded)
+            (ResolutionKind::Succeeded, PaymentStatus::Succeeded)
         }
-        Decision::Failed { charge_id, force } => {
+        Resolution::Failed { charge_id, force } => {
             if !force && let Some(charged) = queries::succeeded_charge_on_record(&mut tx, &locked).await? {
                 return Err(CliError::Refused(format!(
                     "a signed provider report says charge {charged} of payment {payment_id} succeeded; settling it as \
@@ -266,13 +266,13 @@ pub async fn resolve(
                 charge_id: charge_id.clone(),
             };
             settle(&mut tx, &locked, payment_id, Transition::OperatorFailed, &settlement, operator, reason).await?;
-            (Outcome::Failed, PaymentStatus::Failed)
+            (ResolutionKind::Failed, PaymentStatus::Failed)
         }
     };
     // Who and why go on the entry here, and in the payment's audit trail when the payment moved.
     queries::close(&mut tx, &locked, operator.actor(), resolution, reason).await?;
     tx.commit().await.context("cannot commit the resolution")?;
-    Ok(Resolution {
+    Ok(Resolved {
         payment_id,
         dead_letter_id: locked.dead_letter_id,
         resolution,

@@ -52,7 +52,7 @@ impl FromStr for Kind {
 /// `dead_letters.resolution`. Rows are parsed into it when read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Outcome {
+pub enum ResolutionKind {
     /// The payment was settled as succeeded.
     Succeeded,
     /// The payment was settled as failed.
@@ -63,7 +63,7 @@ pub enum Outcome {
     Acknowledged,
 }
 
-impl Outcome {
+impl ResolutionKind {
     /// Every outcome.
     pub const ALL: [Self; 4] = [Self::Succeeded, Self::Failed, Self::Retried, Self::Acknowledged];
 
@@ -78,7 +78,7 @@ impl Outcome {
     }
 }
 
-impl FromStr for Outcome {
+impl FromStr for ResolutionKind {
     type Err = UnknownName;
 
     fn from_str(text: &str) -> Result<Self, UnknownName> {
@@ -171,13 +171,13 @@ mod tests {
             assert_eq!(kind.as_str().parse::<Kind>().unwrap(), kind);
             assert_eq!(serde_json::to_value(kind).unwrap(), kind.as_str());
         }
-        for outcome in Outcome::ALL {
-            assert_eq!(outcome.as_str().parse::<Outcome>().unwrap(), outcome);
+        for outcome in ResolutionKind::ALL {
+            assert_eq!(outcome.as_str().parse::<ResolutionKind>().unwrap(), outcome);
             assert_eq!(serde_json::to_value(outcome).unwrap(), outcome.as_str());
         }
         let unknown = "pending".parse::<Kind>().unwrap_err();
         assert_eq!(unknown.to_string(), r#""pending" is not a known dead-letter kind"#);
-        let unknown = "open".parse::<Outcome>().unwrap_err();
+        let unknown = "open".parse::<ResolutionKind>().unwrap_err();
         assert_eq!(unknown.to_string(), r#""open" is not a known dead-letter resolution"#);
     }
 }

@@ -14,7 +14,7 @@ use oncepay_store::settlement::Asked;
 use sqlx::PgConnection;
 use time::OffsetDateTime;
 
-use super::Outcome;
+use super::ResolutionKind;
 use super::reports::{AuditRow, Detail, Entry, EntryList};
 use crate::cli::CliError;
 
@@ -224,7 +224,7 @@ pub(super) async fn close(
     conn: &mut PgConnection,
     locked: &Locked,
     resolved_by: &str,
-    resolution: Outcome,
+    resolution: ResolutionKind,
     note: &str,
 ) -> Result<(), CliError> {
     sqlx::query!(

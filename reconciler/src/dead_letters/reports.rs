@@ -12,7 +12,7 @@ use serde::Serialize;
 use serde_json::Value;
 use time::OffsetDateTime;
 
-use super::{Kind, Outcome};
+use super::{Kind, ResolutionKind};
 use crate::render::{self, Report, Table};
 
 /// One entry, as listed.
@@ -49,7 +49,7 @@ pub struct Entry {
     /// Who closed it (`operator:<name>`).
     pub resolved_by: Option<String>,
     /// How an operator closed it.
-    pub resolution: Option<Outcome>,
+    pub resolution: Option<ResolutionKind>,
     /// The operator's reason.
     pub resolution_note: Option<String>,
     /// What was gathered, oldest first.
@@ -85,7 +85,7 @@ impl Report for EntryList {
                 format!("{} {}", e.amount, e.currency),
                 e.attempts.to_string(),
                 e.age(),
-                e.resolution.map_or("open", Outcome::as_str).to_owned(),
+                e.resolution.map_or("open", ResolutionKind::as_str).to_owned(),
                 e.reason.clone(),
             ]);
         }
@@ -179,13 +179,13 @@ impl Report for Detail {
 
 /// What an operator action did.
 #[derive(Debug, Serialize)]
-pub struct Resolution {
+pub struct Resolved {
     /// The payment.
     pub payment_id: PaymentId,
     /// The entry closed.
     pub dead_letter_id: i64,
     /// How the entry was closed.
-    pub resolution: Outcome,
+    pub resolution: ResolutionKind,
     /// Who.
     pub resolved_by: String,
     /// Why.
@@ -194,7 +194,7 @@ pub struct Resolution {
     pub payment_status: PaymentStatus,
 }
 
-impl Report for Resolution {
+impl Report for Resolved {
     fn human(&self, out: &mut dyn Write) -> io::Result<()> {
         writeln!(
             out,

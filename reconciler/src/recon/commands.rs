@@ -45,7 +45,7 @@ pub struct RunReport {
     pub provider_charges: usize,
     /// Ledger entries compared.
     pub ledger_entries: usize,
-    /// Findings per class.
+    /// Discrepancies per class.
     pub discrepancies: Vec<(Class, usize)>,
 }
 
@@ -141,7 +141,7 @@ pub async fn list(conn: &mut PgConnection, limit: u32) -> Result<RunList, CliErr
 pub struct RunDetail {
     /// The run.
     pub run: Run,
-    /// Its findings, by class.
+    /// Its discrepancies, by class.
     pub discrepancies: Vec<StoredDiscrepancy>,
 }
 
@@ -181,7 +181,7 @@ impl Report for RunDetail {
     }
 }
 
-/// One run and its findings.
+/// One run and its discrepancies.
 pub async fn show(conn: &mut PgConnection, run_id: Uuid) -> Result<RunDetail, CliError> {
     let run =
         runs::find(conn, run_id).await?.ok_or_else(|| CliError::NotFound(format!("no reconciliation run {run_id}")))?;

@@ -62,7 +62,7 @@ pub struct LedgerEntry {
     pub in_window: bool,
 }
 
-/// One finding.
+/// One discrepancy.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Discrepancy {
     /// Which class.
@@ -342,9 +342,10 @@ mod tests {
                 (Class::DuplicateCharge, Some("ch_twice_1")),
             ]
         );
-        let unbooked_finding = found.iter().find(|d| d.provider_charge_id.as_deref() == Some("ch_unbooked")).unwrap();
-        assert_eq!(unbooked_finding.payment_id, Some(unbooked.1));
-        assert_eq!(unbooked_finding.tenant_id, Some(unbooked.0));
+        let unbooked_discrepancy =
+            found.iter().find(|d| d.provider_charge_id.as_deref() == Some("ch_unbooked")).unwrap();
+        assert_eq!(unbooked_discrepancy.payment_id, Some(unbooked.1));
+        assert_eq!(unbooked_discrepancy.tenant_id, Some(unbooked.0));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Ledger reconciliation: compares the provider's charges with our ledger over a window of time and
 //! records each discrepancy by class, nightly (tokio-cron-scheduler) and on demand (`recon run`).
 //!
-//! Runs only read payments and ledger entries: findings are for operators, and nothing here
+//! Runs only read payments and ledger entries: discrepancies are for operators, and nothing here
 //! corrects anything.
 
 pub mod commands;
@@ -82,7 +82,7 @@ pub struct Summary {
     pub provider_charges: usize,
     /// Ledger entries compared.
     pub ledger_entries: usize,
-    /// Findings per class (every class present).
+    /// Discrepancies per class (every class present).
     pub by_class: Vec<(Class, usize)>,
 }
 
@@ -191,7 +191,7 @@ impl<P: PaymentProvider + 'static> Reconciliation<P> {
     }
 
     /// Pages through the provider's charges created in the window, reads the ledger entries that may
-    /// match them, compares the two sides and stores the findings and the counts in one transaction.
+    /// match them, compares the two sides and stores the discrepancies and the counts in one transaction.
     async fn reconcile(&self, conn: &mut PgConnection, run_id: Uuid, window: &Window) -> anyhow::Result<Summary> {
         let charges = self.provider_charges(conn, run_id, window).await?;
         let ledger = ledger_entries(conn, window, &charges).await?;

@@ -1,8 +1,8 @@
-//! Reconciliation runs and their findings, stored: claiming a window, proving the run is alive,
+//! Reconciliation runs and their discrepancies, stored: claiming a window, proving the run is alive,
 //! finishing it, and reading runs back for operators.
 //!
 //! At most one live or completed run per window. Every write after the claim is fenced on
-//! `status = 'running'`, so a run that was taken over cannot finish or record findings.
+//! `status = 'running'`, so a run that was taken over cannot finish or record discrepancies.
 
 use std::time::Duration;
 
@@ -133,7 +133,7 @@ pub async fn heartbeat(conn: &mut PgConnection, run_id: Uuid) -> anyhow::Result<
     Ok(())
 }
 
-/// Records the findings and completes the run, in one transaction.
+/// Records the discrepancies and completes the run, in one transaction.
 pub async fn complete(
     conn: &mut PgConnection,
     run_id: Uuid,
@@ -181,7 +181,7 @@ pub async fn complete(
         .await
         .context("cannot record a discrepancy")?;
     }
-    tx.commit().await.context("cannot commit the run's findings")?;
+    tx.commit().await.context("cannot commit the run's discrepancies")?;
     Ok(())
 }
 
@@ -229,7 +229,7 @@ pub struct Run {
     pub provider_charges: Option<i32>,
     /// Ledger entries compared.
     pub ledger_entries: Option<i32>,
-    /// Findings.
+    /// Discrepancies.
     pub discrepancies: Option<i32>,
     /// Why it failed.
     pub error: Option<String>,
@@ -267,7 +267,7 @@ pub async fn find(conn: &mut PgConnection, run_id: Uuid) -> anyhow::Result<Optio
     .context("cannot read the run")
 }
 
-/// A finding, as stored.
+/// A discrepancy, as stored.
 #[derive(Debug, Clone, Serialize)]
 pub struct StoredDiscrepancy {
     /// Its class.
@@ -286,7 +286,7 @@ pub struct StoredDiscrepancy {
     pub detail: String,
 }
 
-/// A run's findings, by class then in the order found.
+/// A run's discrepancies, by class then in the order found.
 pub async fn discrepancies(conn: &mut PgConnection, run_id: Uuid) -> anyhow::Result<Vec<StoredDiscrepancy>> {
     sqlx::query_as!(
         StoredDiscrepancy,

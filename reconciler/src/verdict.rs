@@ -35,7 +35,7 @@ pub struct Booked {
 
 /// What to do with a charge.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Judgement {
+pub enum Verdict {
     /// The payment is `unknown` and this charge settles it.
     Settle(Transition, Settlement),
     /// The payment is `unknown` and the charge is not what it asked for: an operator decides.
@@ -57,7 +57,7 @@ pub enum Judgement {
     Unreadable(String),
 }
 
-impl Judgement {
+impl Verdict {
     /// A short label for logs, metrics and `webhook_events.outcome`.
     pub const fn label(&self) -> &'static str {
         match self {
@@ -73,7 +73,7 @@ impl Judgement {
 }
 
 /// Compares `charge` with what is recorded about its payment.
-pub fn judge(recorded: &Recorded, charge: &Charge) -> Judgement {
+pub fn judge(recorded: &Recorded, charge: &Charge) -> Verdict {
     use ChargeStatus as C;
     use PaymentStatus as S;
 
@@ -82,49 +82,49 @@ pub fn judge(recorded: &Recorded, charge: &Charge) -> Judgement {
     if recorded.status.is_terminal()
         && let Err(Unsettled::Unbookable(why)) = settlement::settlement_of(&recorded.asked, charge)
     {
-        return Judgement::Unreadable(why);
+        return Verdict::Unreadable(why);
     }
     match (recorded.status, charge.status) {
         (S::Unknown, _) => match settlement::settlement_of(&recorded.asked, charge) {
-            Ok(settled) => Judgement::Settle(settlement::transition_of(&settled), settled),
-            Err(Unsettled::Mismatch(why)) => Judgement::Mismatch(why),
-            Err(Unsettled::Unbookable(why)) => Judgement::Unbookable(why),
+            Ok(settled) => Verdict::Settle(settlement::transition_of(&settled), settled),
+            Err(Unsettled::Mismatch(why)) => Verdict::Mismatch(why),
+            Err(Unsettled::Unbookable(why)) => Verdict::Unbookable(why),
         },
-        (S::Pending | S::Processing, _) => Judgement::LeaveToSender,
-        (S::DeadLettered, _) => Judgement::ForOperator,
+        (S::Pending | S::Processing, _) => Verdict::LeaveToSender,
+        (S::DeadLettered, _) => Verdict::ForOperator,
 
-        (S::Succeeded, C::Succeeded) if ours != Some(charge.id.as_str()) => Judgement::Conflicts(format!(
+        (S::Succeeded, C::Succeeded) if ours != Some(charge.id.as_str()) => Verdict::Conflicts(format!(
             "the provider reports charge {} succeeded, but the payment succeeded with charge {}: a second charge",
             charge.id,
             ours.unwrap_or("(none)"),
         )),
         (S::Succeeded, C::Succeeded) => match &recorded.ledger {
             Some(booked) if booked.amount != charge.amount || booked.currency != charge.currency => {
-                Judgement::Conflicts(format!(
+                Verdict::Conflicts(format!(
                     "the provider reports charge {} for {} {}, but the ledger booked {} {}",
                     charge.id, charge.amount, charge.currency, booked.amount, booked.currency,
                 ))
             }
-            Some(_) => Judgement::Agrees,
+            Some(_) => Verdict::Agrees,
             None => {
-                Judgement::Conflicts(format!("the payment succeeded with charge {} but has no ledger entry", charge.id))
+                Verdict::Conflicts(format!("the payment succeeded with charge {} but has no ledger entry", charge.id))
             }
         },
-        (S::Succeeded, C::Failed) => Judgement::Conflicts(format!(
+        (S::Succeeded, C::Failed) => Verdict::Conflicts(format!(
             "the provider reports charge {} failed, but the payment succeeded with charge {}",
             charge.id,
             ours.unwrap_or("(none)"),
         )),
-        (S::Failed, C::Succeeded) => Judgement::Conflicts(format!(
+        (S::Failed, C::Succeeded) => Verdict::Conflicts(format!(
             "the provider reports charge {} succeeded, but the payment is recorded as failed: money moved",
             charge.id,
         )),
         (S::Failed, C::Failed) => match ours {
-            Some(ours) if ours != charge.id => Judgement::Conflicts(format!(
+            Some(ours) if ours != charge.id => Verdict::Conflicts(format!(
                 "the provider reports a failed charge {}, but the payment failed with charge {ours}",
                 charge.id,
             )),
-            _ => Judgement::Agrees,
+            _ => Verdict::Agrees,
         },
     }
 }
