@@ -159,7 +159,7 @@ mod tests {
     }
 
     #[test]
-    fn each_recorded_state_and_charge_gets_the_right_judgement() {
+    fn each_recorded_state_and_charge_gets_the_right_verdict() {
         use ChargeStatus::{Failed as Declined, Succeeded as Charged};
         use PaymentStatus as S;
         let a = asked();

@@ -201,7 +201,7 @@ pub async fn apply(pool: &PgPool, webhook_id: &str, event: &WebhookEvent) -> Res
     let Some(recorded) = lock_payment(&mut tx, tenant_id, payment_id).await? else {
         return Ok(Handled::NotOurs);
     };
-    let judgement = verdict::judge(&recorded, charge);
+    let charge_verdict = verdict::judge(&recorded, charge);
     let event_type = match event.event_type {
         EventType::ChargeSucceeded => "charge.succeeded",
         EventType::ChargeFailed => "charge.failed",
@@ -218,7 +218,7 @@ pub async fn apply(pool: &PgPool, webhook_id: &str, event: &WebhookEvent) -> Res
         event_type,
         payment_id.as_uuid(),
         charge.id,
-        judgement.label(),
+        charge_verdict.label(),
         Json(charge) as _,
     )
     .fetch_optional(&mut *tx)
@@ -232,7 +232,7 @@ pub async fn apply(pool: &PgPool, webhook_id: &str, event: &WebhookEvent) -> Res
 
     let evidence =
         unknown::evidence("webhook", json!({ "webhook_id": webhook_id, "event": event_type, "charge": charge }));
-    match &judgement {
+    match &charge_verdict {
         Verdict::Settle(transition, settlement) => {
             let transition = *transition;
             let how = if transition == Transition::Charged { "webhook_charged" } else { "webhook_declined" };
@@ -276,7 +276,7 @@ pub async fn apply(pool: &PgPool, webhook_id: &str, event: &WebhookEvent) -> Res
         }
     }
     tx.commit().await.map_err(StoreError::from)?;
-    Ok(Handled::Recorded(judgement.label()))
+    Ok(Handled::Recorded(charge_verdict.label()))
 }
 
 /// The span of settling an `unknown` payment from a webhook (`webhook.resolve`). A delivery is a trace

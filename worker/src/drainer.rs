@@ -3,10 +3,10 @@
 //!
 //! A send is a claim (its own short transaction), then the provider call with no transaction open,
 //! then the recording, guarded by the fencing token. Any number of drainers, in any number of
-//! processes, may run at once. The drainer never decides an outcome itself ([`decision`]) and never
+//! processes, may run at once. The drainer never decides an outcome itself ([`verdict`]) and never
 //! writes SQL itself ([`outbox`], [`record`]).
 //!
-//! [`decision`]: crate::decision
+//! [`verdict`]: crate::verdict
 //! [`outbox`]: crate::outbox
 //! [`record`]: crate::record
 
@@ -31,11 +31,11 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::decision::{self, Decision, RetryPolicy};
 use crate::group_commit::GroupCommit;
 use crate::metrics;
 use crate::outbox::{self, ClaimRequest, Claimed};
 use crate::record::{self, RecordError, Recorded, Settling};
+use crate::verdict::{self, RetryPolicy, Verdict};
 use crate::wake::Wake;
 
 /// How many times to retry recording a result after a transient failure (the database was briefly
@@ -147,7 +147,7 @@ impl<P> Clone for Drainer<P> {
 struct Inner<P> {
     pool: PgPool,
     connections: Connections,
-    settlements: GroupCommit<(Claimed, Decision), Result<Recorded, RecordError>>,
+    settlements: GroupCommit<(Claimed, Verdict), Result<Recorded, RecordError>>,
     wakeups: Wakeups,
     provider: P,
     config: DrainerConfig,
@@ -314,23 +314,23 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
     }
 
     /// What to record for `outcome`.
-    pub fn decide(&self, claimed: &Claimed, outcome: &SendOutcome) -> Decision {
+    pub fn decide(&self, claimed: &Claimed, outcome: &SendOutcome) -> Verdict {
         let policy = RetryPolicy { max_attempts: self.config().max_attempts, backoff: self.config().backoff };
-        decision::decide(claimed, outcome, &policy, &mut rand::rng())
+        verdict::decide(claimed, outcome, &policy, &mut rand::rng())
     }
 
-    /// Records `decision` under `claimed`'s fencing token and announces a payment that moved. A
-    /// terminal decision is recorded in one transaction with every other one that is waiting to be
+    /// Records `verdict` under `claimed`'s fencing token and announces a payment that moved. A
+    /// terminal verdict is recorded in one transaction with every other one that is waiting to be
     /// recorded at that moment ([`GroupCommit`]); a retry or an uncertain outcome in a transaction of
     /// its own. A recording that fails for a transient reason is retried a few times.
-    #[tracing::instrument(name = "worker.record", skip_all, fields(payment.id = %claimed.payment_id, decision = decision.label()))]
-    pub async fn record(&self, claimed: &Claimed, decision: &Decision) -> Result<Recorded, RecordError> {
-        let result = if Settling::of(claimed, decision).is_some() {
-            let queued = (claimed.clone(), decision.clone());
+    #[tracing::instrument(name = "worker.record", skip_all, fields(payment.id = %claimed.payment_id, decision = verdict.label()))]
+    pub async fn record(&self, claimed: &Claimed, verdict: &Verdict) -> Result<Recorded, RecordError> {
+        let result = if Settling::of(claimed, verdict).is_some() {
+            let queued = (claimed.clone(), verdict.clone());
             let settled = self.inner.settlements.submit(queued, |batch| self.record_together(batch)).await;
             settled.unwrap_or(Err(RecordError::Abandoned))
         } else {
-            self.retrying(|| self.record_alone(claimed, decision)).await
+            self.retrying(|| self.record_alone(claimed, verdict)).await
         };
         // Announced after the commit, many payments per notification: a `NOTIFY` in each recording
         // would make their commits wait for one another (`oncepay_store::notify`).
@@ -343,9 +343,9 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
     /// Records `batch` in one transaction. If that fails for a reason other than an unavailable
     /// database (a payment in a status it cannot be in, a row the database refuses), records each on
     /// its own, so that one payment's problem does not keep the others from being recorded.
-    async fn record_together(&self, batch: Vec<(Claimed, Decision)>) -> Vec<Result<Recorded, RecordError>> {
+    async fn record_together(&self, batch: Vec<(Claimed, Verdict)>) -> Vec<Result<Recorded, RecordError>> {
         let settlements: Option<Vec<Settling<'_>>> =
-            batch.iter().map(|(claimed, decision)| Settling::of(claimed, decision)).collect();
+            batch.iter().map(|(claimed, verdict)| Settling::of(claimed, verdict)).collect();
         if let Some(settlements) = settlements.filter(|s| s.len() > 1) {
             match self.retrying(|| self.record_settlements(&settlements)).await {
                 Ok(recorded) => return recorded.into_iter().map(Ok).collect(),
@@ -362,8 +362,8 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
             }
         }
         let mut results = Vec::with_capacity(batch.len());
-        for (claimed, decision) in &batch {
-            results.push(self.retrying(|| self.record_alone(claimed, decision)).await);
+        for (claimed, verdict) in &batch {
+            results.push(self.retrying(|| self.record_alone(claimed, verdict)).await);
         }
         results
     }
@@ -389,9 +389,9 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
         }
     }
 
-    async fn record_alone(&self, claimed: &Claimed, decision: &Decision) -> Result<Recorded, RecordError> {
+    async fn record_alone(&self, claimed: &Claimed, verdict: &Verdict) -> Result<Recorded, RecordError> {
         let mut conn = self.inner.connections.acquire().await?;
-        let recorded = record::record(conn.begin().await?, self.actor(), claimed, decision).await?;
+        let recorded = record::record(conn.begin().await?, self.actor(), claimed, verdict).await?;
         conn.release();
         Ok(recorded)
     }
@@ -416,6 +416,7 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
             payment.id = %claimed.payment_id,
             tenant.id = %claimed.tenant_id,
             attempt = claimed.attempt,
+            // Named `decision` in traces, as the README documents.
             decision = tracing::field::Empty,
         );
         if let Some(trace) = &claimed.trace {
@@ -425,39 +426,39 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
             // The lease is held and the payment is `processing`; nothing sent yet.
             #[cfg(feature = "failpoints")]
             fail::fail_point!("worker::after_claim", |_| crate::failpoints::crash("worker::after_claim"));
-            let decision = if claimed.send_is_safe() {
+            let verdict = if claimed.send_is_safe() {
                 let outcome = self.send(&claimed).await;
                 // The provider has responded; nothing recorded yet.
                 #[cfg(feature = "failpoints")]
                 fail::fail_point!("worker::after_provider", |_| crate::failpoints::crash("worker::after_provider"));
                 self.decide(&claimed, &outcome)
             } else {
-                decision::key_window_passed()
+                verdict::key_window_passed()
             };
-            tracing::Span::current().record("decision", decision.label());
-            let result = self.record(&claimed, &decision).await;
+            tracing::Span::current().record("decision", verdict.label());
+            let result = self.record(&claimed, &verdict).await;
             // The outcome is committed.
             #[cfg(feature = "failpoints")]
             fail::fail_point!("worker::after_record", |_| crate::failpoints::crash("worker::after_record"));
-            self.report(&claimed, &decision, &result);
+            self.report(&claimed, &verdict, &result);
             result
         }
         .instrument(span)
         .await
     }
 
-    fn report(&self, claimed: &Claimed, decision: &Decision, result: &Result<Recorded, RecordError>) {
+    fn report(&self, claimed: &Claimed, verdict: &Verdict, result: &Result<Recorded, RecordError>) {
         match result {
             Ok(Recorded::Moved(status)) => {
                 if *status != PaymentStatus::Pending {
                     let latency = OffsetDateTime::now_utc() - claimed.accepted_at;
                     metrics::drained(latency.try_into().unwrap_or_default());
                 }
-                match decision {
-                    Decision::Settle { reason, .. } | Decision::Retry { reason, .. } => {
+                match verdict {
+                    Verdict::Settle { reason, .. } | Verdict::Retry { reason, .. } => {
                         tracing::info!(payment.status = status.as_str(), %reason, "recorded the send's outcome");
                     }
-                    Decision::Uncertain { code, reason } => {
+                    Verdict::Uncertain { code, reason } => {
                         tracing::warn!(payment.status = status.as_str(), %code, %reason, "the send's outcome is uncertain; queued for the reconciler");
                     }
                 }

@@ -1,12 +1,11 @@
 //! The worker: drains the outbox and asks the provider to charge, at most once per payment.
 //!
 //! The [`drainer`] claims due rows ([`outbox`]), sends each to the provider, decides what the outcome
-//! means ([`decision`], pure) and records it under the lease's fencing token ([`record`], many at once
+//! means ([`verdict`], pure) and records it under the lease's fencing token ([`record`], many at once
 //! through [`group_commit`]). The worker never takes back an expired lease:
 //! `oncepay_store::leases::sweep` does, run by the reconciler.
 
 pub mod app;
-pub mod decision;
 pub mod drainer;
 #[cfg(feature = "failpoints")]
 pub mod failpoints;
@@ -15,6 +14,7 @@ pub mod metrics;
 pub mod outbox;
 pub mod record;
 pub mod settings;
+pub mod verdict;
 pub mod wake;
 
 pub use drainer::{Counts, Drainer, DrainerConfig};

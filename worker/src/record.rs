@@ -1,4 +1,4 @@
-//! Recording the drainer's decisions, each payment guarded twice: by its fencing token on the outbox
+//! Recording the drainer's verdicts, each payment guarded twice: by its fencing token on the outbox
 //! row, and by the status compare-and-set of the shared transitions.
 //!
 //! A recording commits whole or not at all. No token on the row means the sweeper took the lease
@@ -18,8 +18,8 @@ use serde_json::json;
 use sqlx::{Postgres, Transaction};
 use time::OffsetDateTime;
 
-use crate::decision::Decision;
 use crate::outbox::{self, Claimed};
+use crate::verdict::Verdict;
 
 /// What recording did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,36 +75,36 @@ impl RecordError {
     }
 }
 
-/// Records `decision` for `claimed` in `tx`, and commits it unless the lease was lost.
+/// Records `verdict` for `claimed` in `tx`, and commits it unless the lease was lost.
 ///
 /// First ends the send on the outbox row (deletes it, or for a retry releases it with a backoff) if
 /// the token is still on it; then moves the payment (`transitions::apply_deferring_wakeup`), and for
-/// `unknown` queues it for the reconciler. A terminal decision goes through [`record_settlements`].
+/// `unknown` queues it for the reconciler. A terminal verdict goes through [`record_settlements`].
 pub async fn record(
     mut tx: Transaction<'_, Postgres>,
     actor: &str,
     claimed: &Claimed,
-    decision: &Decision,
+    verdict: &Verdict,
 ) -> Result<Recorded, RecordError> {
-    let (held, transition, reason) = match decision {
-        Decision::Settle { transition, settlement, reason } => {
+    let (held, transition, reason) = match verdict {
+        Verdict::Settle { transition, settlement, reason } => {
             let settling = Settling { claimed, transition: *transition, settlement, reason };
             let recorded = record_settlements(tx, actor, &[settling]).await?;
             return Ok(recorded.into_iter().next().unwrap_or(Recorded::LeaseLost));
         }
-        Decision::Retry { delay, reason } => {
+        Verdict::Retry { delay, reason } => {
             (outbox::release(&mut tx, claimed, *delay).await?, Transition::NotSentRetry, reason)
         }
-        Decision::Uncertain { reason, .. } => (outbox::take(&mut tx, claimed).await?, Transition::Uncertain, reason),
+        Verdict::Uncertain { reason, .. } => (outbox::take(&mut tx, claimed).await?, Transition::Uncertain, reason),
     };
     if !held {
         tx.rollback().await?;
         return Ok(Recorded::LeaseLost);
     }
 
-    let code = match decision {
-        Decision::Uncertain { code, .. } => Some(*code),
-        Decision::Settle { .. } | Decision::Retry { .. } => None,
+    let code = match verdict {
+        Verdict::Uncertain { code, .. } => Some(*code),
+        Verdict::Settle { .. } | Verdict::Retry { .. } => None,
     };
     let change = change(claimed, actor, transition, reason, code);
     let status = match transitions::apply_deferring_wakeup(&mut tx, &change).await? {
@@ -131,7 +131,7 @@ pub async fn record(
     Ok(Recorded::Moved(status))
 }
 
-/// A terminal decision for one claimed payment: what [`record_settlements`] writes.
+/// A terminal verdict for one claimed payment: what [`record_settlements`] writes.
 #[derive(Debug, Clone, Copy)]
 pub struct Settling<'a> {
     /// The send it ends.
@@ -145,13 +145,13 @@ pub struct Settling<'a> {
 }
 
 impl<'a> Settling<'a> {
-    /// `decision` for `claimed`, if it is terminal.
-    pub fn of(claimed: &'a Claimed, decision: &'a Decision) -> Option<Self> {
-        match decision {
-            Decision::Settle { transition, settlement, reason } => {
+    /// `verdict` for `claimed`, if it is terminal.
+    pub fn of(claimed: &'a Claimed, verdict: &'a Verdict) -> Option<Self> {
+        match verdict {
+            Verdict::Settle { transition, settlement, reason } => {
                 Some(Self { claimed, transition: *transition, settlement, reason })
             }
-            Decision::Retry { .. } | Decision::Uncertain { .. } => None,
+            Verdict::Retry { .. } | Verdict::Uncertain { .. } => None,
         }
     }
 }

@@ -21,9 +21,9 @@ use oncepay_store::fixtures;
 use oncepay_store::leases;
 use oncepay_store::transitions::Settlement;
 use oncepay_worker::Drainer;
-use oncepay_worker::decision::Decision;
 use oncepay_worker::outbox::Claimed;
 use oncepay_worker::record::{RecordError, Recorded};
+use oncepay_worker::verdict::Verdict;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use support::{Accepted, Charges, accept, config, drainer, tenant};
@@ -50,22 +50,22 @@ async fn charged(
 }
 
 /// Sends every payment, one after the other, and decides what to record for each.
-async fn send_all(worker: &Drainer<HttpProvider>, sends: &[(Accepted, Claimed)]) -> Vec<Decision> {
-    let mut decisions = Vec::new();
+async fn send_all(worker: &Drainer<HttpProvider>, sends: &[(Accepted, Claimed)]) -> Vec<Verdict> {
+    let mut verdicts = Vec::new();
     for (_, claimed) in sends {
         let outcome = worker.send(claimed).await;
-        decisions.push(worker.decide(claimed, &outcome));
+        verdicts.push(worker.decide(claimed, &outcome));
     }
-    decisions
+    verdicts
 }
 
-/// Records every decision at once through `worker`, as sends that finish together would.
+/// Records every verdict at once through `worker`, as sends that finish together would.
 async fn record_together(
     worker: &Drainer<HttpProvider>,
     sends: &[(Accepted, Claimed)],
-    decisions: &[Decision],
+    verdicts: &[Verdict],
 ) -> Vec<Result<Recorded, RecordError>> {
-    join_all(sends.iter().zip(decisions).map(|((_, claimed), decision)| worker.record(claimed, decision))).await
+    join_all(sends.iter().zip(verdicts).map(|((_, claimed), verdict)| worker.record(claimed, verdict))).await
 }
 
 /// Sends every payment, then records every outcome at once.
@@ -73,8 +73,8 @@ async fn send_and_record_together(
     worker: &Drainer<HttpProvider>,
     sends: &[(Accepted, Claimed)],
 ) -> Vec<Result<Recorded, RecordError>> {
-    let decisions = send_all(worker, sends).await;
-    record_together(worker, sends, &decisions).await
+    let verdicts = send_all(worker, sends).await;
+    record_together(worker, sends, &verdicts).await
 }
 
 /// The transactions that last wrote these payments.
@@ -208,7 +208,7 @@ async fn when_the_database_stays_unreachable_every_waiting_recording_fails_as_tr
     let server = MockServer::start().await;
     Charges::new().mount(&server).await;
     let (worker, sends) = charged(&pool, &server, 4).await;
-    let decisions = send_all(&worker, &sends).await;
+    let verdicts = send_all(&worker, &sends).await;
     // The same worker's sends, recorded by a drainer whose database no longer answers.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = closed.local_addr().unwrap().port();
@@ -219,7 +219,7 @@ async fn when_the_database_stays_unreachable_every_waiting_recording_fails_as_tr
     let cut_off =
         Drainer::new(unreachable, HttpProvider::new(&support::provider_settings(&server.uri())).unwrap(), config("w1"));
 
-    let recorded = record_together(&cut_off, &sends, &decisions).await;
+    let recorded = record_together(&cut_off, &sends, &verdicts).await;
 
     assert!(recorded.iter().all(|r| r.as_ref().is_err_and(RecordError::is_transient)), "{recorded:?}");
     assert!(

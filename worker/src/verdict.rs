@@ -1,6 +1,6 @@
 //! From a provider outcome to what the worker records: pure, no I/O.
 //!
-//! | outcome ([`SendOutcome`]) | decision |
+//! | outcome ([`SendOutcome`]) | verdict |
 //! | --- | --- |
 //! | charged, as asked | settle `succeeded` with the provider's charge id and time |
 //! | charged, but not as asked or not bookable | `unknown`: only the reconciler or an operator can tell |
@@ -41,7 +41,7 @@ pub struct RetryPolicy {
 
 /// What to record for one claimed payment.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Decision {
+pub enum Verdict {
     /// A terminal status: `succeeded` ([`Transition::Charged`]) or `failed`
     /// ([`Transition::Declined`], [`Transition::NotSentExhausted`]).
     Settle {
@@ -68,7 +68,7 @@ pub enum Decision {
     },
 }
 
-impl Decision {
+impl Verdict {
     /// A short label for logs and metrics: `succeeded`, `failed`, `retry`, `unknown`.
     pub fn label(&self) -> &'static str {
         match self {
@@ -81,28 +81,28 @@ impl Decision {
 }
 
 /// What to record for `claimed` after its send ended in `outcome`.
-pub fn decide(claimed: &Claimed, outcome: &SendOutcome, policy: &RetryPolicy, rng: &mut impl Rng) -> Decision {
+pub fn decide(claimed: &Claimed, outcome: &SendOutcome, policy: &RetryPolicy, rng: &mut impl Rng) -> Verdict {
     match outcome {
         // Judged by `oncepay_store::settlement`, as everywhere else.
         SendOutcome::Charged(charge) => match settlement::settlement_of(&claimed.asked(), charge) {
-            Ok(settlement) => Decision::Settle {
+            Ok(settlement) => Verdict::Settle {
                 transition: settlement::transition_of(&settlement),
                 reason: settle_reason(&settlement),
                 settlement,
             },
             // Money may have moved, and only the reconciler or an operator may say how much.
-            Err(Unsettled::Unbookable(why)) => Decision::Uncertain { code: "unreadable_charge", reason: why },
-            Err(Unsettled::Mismatch(why)) => Decision::Uncertain { code: "charge_mismatch", reason: why },
+            Err(Unsettled::Unbookable(why)) => Verdict::Uncertain { code: "unreadable_charge", reason: why },
+            Err(Unsettled::Mismatch(why)) => Verdict::Uncertain { code: "charge_mismatch", reason: why },
         },
         SendOutcome::Declined { code, message, charge_id } => {
             let settlement = settlement::declined(Some(code), Some(message), charge_id.as_deref());
-            Decision::Settle { transition: Transition::Declined, reason: settle_reason(&settlement), settlement }
+            Verdict::Settle { transition: Transition::Declined, reason: settle_reason(&settlement), settlement }
         }
         SendOutcome::NotSent { reason, retry_after } => {
             if claimed.attempt < policy.max_attempts {
                 let retry_after = retry_after.unwrap_or_default().min(LONGEST_RETRY_AFTER);
                 let delay = policy.backoff.delay(claimed.attempt, rng).max(retry_after);
-                Decision::Retry {
+                Verdict::Retry {
                     delay,
                     reason: format!(
                         "not sent ({reason}); attempt {} of {}, next in {} ms",
@@ -112,7 +112,7 @@ pub fn decide(claimed: &Claimed, outcome: &SendOutcome, policy: &RetryPolicy, rn
                     ),
                 }
             } else if claimed.may_be_charged {
-                Decision::Uncertain {
+                Verdict::Uncertain {
                     code: "not_sent_but_may_be_charged",
                     reason: format!(
                         "not sent in {} attempts ({reason}), but an earlier send may have reached the provider",
@@ -120,7 +120,7 @@ pub fn decide(claimed: &Claimed, outcome: &SendOutcome, policy: &RetryPolicy, rn
                     ),
                 }
             } else {
-                Decision::Settle {
+                Verdict::Settle {
                     transition: Transition::NotSentExhausted,
                     reason: format!("not sent in {} attempts ({reason})", claimed.attempt),
                     settlement: Settlement::Failed {
@@ -135,14 +135,14 @@ pub fn decide(claimed: &Claimed, outcome: &SendOutcome, policy: &RetryPolicy, rn
             }
         }
         SendOutcome::Uncertain(reason) => {
-            Decision::Uncertain { code: uncertain_code(reason), reason: reason.to_string() }
+            Verdict::Uncertain { code: uncertain_code(reason), reason: reason.to_string() }
         }
     }
 }
 
 /// What to record instead of sending when [`Claimed::send_is_safe`] says a send could charge twice.
-pub fn key_window_passed() -> Decision {
-    Decision::Uncertain {
+pub fn key_window_passed() -> Verdict {
+    Verdict::Uncertain {
         code: "key_window_passed",
         reason: "not sent: an earlier send may have reached the provider, and the provider may have forgotten the \
                  key since, so a resend could charge twice"
@@ -223,12 +223,12 @@ mod tests {
         SendOutcome::NotSent { reason: NotSentReason::ConnectFailed, retry_after }
     }
 
-    fn decide_seeded(claimed: &Claimed, outcome: &SendOutcome) -> Decision {
+    fn decide_seeded(claimed: &Claimed, outcome: &SendOutcome) -> Verdict {
         decide(claimed, outcome, &POLICY, &mut StdRng::seed_from_u64(1))
     }
 
     #[test]
-    fn each_outcome_leads_to_its_decision() {
+    fn each_outcome_leads_to_its_verdict() {
         let first = claimed(1, false);
         let cases: Vec<(&str, &Claimed, SendOutcome, &str)> = vec![
             ("charged", &first, charged(&first, |_| {}), "succeeded"),
@@ -269,9 +269,9 @@ mod tests {
     fn a_charge_other_than_the_one_asked_for_is_never_a_success() {
         let claimed = claimed(1, false);
 
-        let decision = decide_seeded(&claimed, &charged(&claimed, |c| c.amount = 1500));
+        let verdict = decide_seeded(&claimed, &charged(&claimed, |c| c.amount = 1500));
 
-        let Decision::Uncertain { code, reason } = decision else { panic!("{decision:?}") };
+        let Verdict::Uncertain { code, reason } = verdict else { panic!("{verdict:?}") };
         assert_eq!(code, "charge_mismatch");
         assert!(reason.contains("1500") && reason.contains("1999"), "{reason}");
     }
@@ -281,7 +281,7 @@ mod tests {
         let outcome =
             SendOutcome::Declined { code: " ".into(), message: String::new(), charge_id: Some(String::new()) };
 
-        let Decision::Settle { transition, settlement, .. } = decide_seeded(&claimed(1, false), &outcome) else {
+        let Verdict::Settle { transition, settlement, .. } = decide_seeded(&claimed(1, false), &outcome) else {
             panic!()
         };
 
@@ -298,7 +298,7 @@ mod tests {
 
     #[test]
     fn spent_attempts_fail_as_unreachable_and_say_no_charge_was_made() {
-        let Decision::Settle { transition, settlement: Settlement::Failed { code, message, charge_id }, .. } =
+        let Verdict::Settle { transition, settlement: Settlement::Failed { code, message, charge_id }, .. } =
             decide_seeded(&claimed(3, false), &not_sent(None))
         else {
             panic!()
@@ -314,13 +314,13 @@ mod tests {
     fn a_retry_waits_within_the_backoff_and_at_least_the_providers_retry_after() {
         for seed in 0..200 {
             let mut rng = StdRng::seed_from_u64(seed);
-            let Decision::Retry { delay, .. } = decide(&claimed(2, false), &not_sent(None), &POLICY, &mut rng) else {
+            let Verdict::Retry { delay, .. } = decide(&claimed(2, false), &not_sent(None), &POLICY, &mut rng) else {
                 panic!()
             };
             assert!(delay <= POLICY.backoff.ceiling(2), "{delay:?}");
 
             let mut rng = StdRng::seed_from_u64(seed);
-            let Decision::Retry { delay, .. } =
+            let Verdict::Retry { delay, .. } =
                 decide(&claimed(2, false), &not_sent(Some(Duration::from_secs(30))), &POLICY, &mut rng)
             else {
                 panic!()
@@ -333,7 +333,7 @@ mod tests {
     fn a_huge_retry_after_is_honoured_only_up_to_the_longest_one() {
         let years = Duration::from_secs(u64::MAX / 4);
 
-        let Decision::Retry { delay, .. } = decide_seeded(&claimed(1, false), &not_sent(Some(years))) else { panic!() };
+        let Verdict::Retry { delay, .. } = decide_seeded(&claimed(1, false), &not_sent(Some(years))) else { panic!() };
 
         assert_eq!(delay, LONGEST_RETRY_AFTER);
     }
