@@ -333,7 +333,7 @@ async fn locate(conn: &mut PgConnection, event: &WebhookEvent) -> Result<Option<
             // `payments` by id alone only runs for the rest.
             let tenant = sqlx::query_scalar!(
                 r#"
-                (SELECT tenant_id AS "tenant_id!" FROM unknown_payments WHERE payment_id = $1)
+                (SELECT tenant_id AS "tenant_id!: TenantId" FROM unknown_payments WHERE payment_id = $1)
                 UNION ALL
                 (SELECT tenant_id FROM payments WHERE payment_id = $1)
                 LIMIT 1
@@ -343,7 +343,7 @@ async fn locate(conn: &mut PgConnection, event: &WebhookEvent) -> Result<Option<
             .fetch_optional(conn)
             .await
             .map_err(StoreError::from)?;
-            Ok(tenant.map(|tenant| (TenantId::from_uuid(tenant), payment_id)))
+            Ok(tenant.map(|tenant_id| (tenant_id, payment_id)))
         }
         (None, None) => Ok(None),
     }

@@ -54,7 +54,7 @@ pub async fn sweep(
 ) -> Result<SweepCounts, TransitionError> {
     let candidates = sqlx::query!(
         r#"
-        SELECT tenant_id, payment_id FROM outbox
+        SELECT tenant_id AS "tenant_id: TenantId", payment_id AS "payment_id: PaymentId" FROM outbox
         WHERE locked_until < now()
         ORDER BY locked_until
         LIMIT $1
@@ -67,9 +67,7 @@ pub async fn sweep(
 
     let mut counts = SweepCounts::default();
     for candidate in candidates {
-        let tenant_id = TenantId::from_uuid(candidate.tenant_id);
-        let payment_id = PaymentId::from_uuid(candidate.payment_id);
-        match take_back(conn, actor, key_window, tenant_id, payment_id).await? {
+        match take_back(conn, actor, key_window, candidate.tenant_id, candidate.payment_id).await? {
             TakenBack::Released => counts.released += 1,
             TakenBack::Uncertain => counts.uncertain += 1,
             TakenBack::Obsolete => counts.obsolete += 1,

@@ -197,11 +197,16 @@ impl<'a> Stack<'a> {
             .args(args)
             .env("ONCEPAY_URL", format!("http://127.0.0.1:{}", self.api_port))
             .env("ONCEPAY_API_KEY", api_key)
-            .stderr(Stdio::null())
             .output()
             .await
             .context("cannot run the client")?;
-        ensure!(output.status.success(), "oncepay {} ended with {}", args.join(" "), output.status);
+        ensure!(
+            output.status.success(),
+            "oncepay {} ended with {}: {}",
+            args.join(" "),
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
         serde_json::from_slice(&output.stdout).context("the client printed unreadable JSON")
     }
 

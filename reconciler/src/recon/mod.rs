@@ -257,7 +257,7 @@ async fn ledger_entries(
     let (tenants, payments): (Vec<_>, Vec<_>) = with_tenant.iter().map(|(t, p)| (t.as_uuid(), p.as_uuid())).unzip();
     let rows = sqlx::query!(
         r#"
-        SELECT tenant_id AS "tenant_id!", payment_id AS "payment_id!",
+        SELECT tenant_id AS "tenant_id!: TenantId", payment_id AS "payment_id!: PaymentId",
                provider_charge_id AS "provider_charge_id!", amount AS "amount!", currency AS "currency!",
                charged_at AS "charged_at!"
         FROM ledger_entries WHERE charged_at >= $1 AND charged_at < $2
@@ -275,11 +275,10 @@ async fn ledger_entries(
     .context("cannot read the ledger")?;
     let mut entries: HashMap<PaymentId, LedgerEntry> = HashMap::new();
     let mut add = |tenant_id, payment_id, provider_charge_id, amount, currency, charged_at: OffsetDateTime| {
-        let payment_id = PaymentId::from_uuid(payment_id);
         entries.insert(
             payment_id,
             LedgerEntry {
-                tenant_id: TenantId::from_uuid(tenant_id),
+                tenant_id,
                 payment_id,
                 provider_charge_id,
                 amount,
@@ -297,7 +296,8 @@ async fn ledger_entries(
         let ids: Vec<_> = without_tenant.iter().map(PaymentId::as_uuid).collect();
         let rows = sqlx::query!(
             r#"
-            SELECT tenant_id, payment_id, provider_charge_id, amount, currency, charged_at
+            SELECT tenant_id AS "tenant_id: TenantId", payment_id AS "payment_id: PaymentId",
+                   provider_charge_id, amount, currency, charged_at
             FROM ledger_entries WHERE payment_id = ANY($1)
             "#,
             &ids,
