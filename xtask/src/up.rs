@@ -80,10 +80,9 @@ async fn start(root: &Path, options: &Options, running: &mut Running) -> anyhow:
     }
 
     let profile = if options.release { "release" } else { "debug" };
-    let mut build = vec!["build", "--bins", "--locked"];
-    for package in ["oncepay-api", "oncepay-worker", "oncepay-reconciler", "oncepay-simulator", "oncepay-client"] {
-        build.extend(["--package", package]);
-    }
+    // The same selection as `cargo xtask test` builds: cargo unifies features over the packages it
+    // builds, so any other selection would compile the dependencies a second time.
+    let mut build = vec!["build", "--workspace", "--bins", "--locked"];
     if options.release {
         build.push("--release");
     }
