@@ -1,5 +1,7 @@
 //! The store: the PostgreSQL access that more than one binary needs, the pool and the migrations
 //! ([`db`]), and [`settlement`], the one place that turns a provider's charge into a settlement.
+//! [`leases`] runs only in the reconciler's sweeper, but it is the other half of the worker's
+//! fencing, so the worker's tests race the two against each other.
 //!
 //! Functions take `&mut PgConnection`, so the caller owns the transaction (`&mut *tx`). Queries that
 //! one binary owns (the worker's claim and finish, the reconciler's polling and dead letters) live in
