@@ -19,6 +19,7 @@ pub mod render;
 pub mod runner;
 pub mod service;
 pub mod settings;
+pub mod stored_name;
 pub mod sweeper;
 pub mod tenants;
 pub mod unknown;

@@ -14,8 +14,8 @@ use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_provider::http::HttpProvider;
 use oncepay_provider::{Charge, ChargeStatus};
 use oncepay_reconciler::recon::compare::Class;
-use oncepay_reconciler::recon::runs::Trigger;
-use oncepay_reconciler::recon::{Outcome, ReconConfig, Reconciliation, Window, commands};
+use oncepay_reconciler::recon::runs::{RunStatus, Trigger};
+use oncepay_reconciler::recon::{ReconConfig, Reconciled, Reconciliation, Window, commands};
 use oncepay_reconciler::render::Report;
 use oncepay_store::fixtures::{self, count, tenant};
 use oncepay_store::transitions::{self, Settlement};
@@ -133,9 +133,9 @@ async fn every_planted_discrepancy_is_found_once_and_nothing_else(pool: PgPool) 
     let provider = MockServer::start().await;
     seed(&pool, &provider).await;
 
-    let outcome = reconciliation(&pool, &provider).run_window(window(), Trigger::Operator).await.unwrap();
+    let reconciled = reconciliation(&pool, &provider).run_window(window(), Trigger::Operator).await.unwrap();
 
-    let Outcome::Completed(summary) = outcome else { panic!("{outcome:?}") };
+    let Reconciled::Completed(summary) = reconciled else { panic!("{reconciled:?}") };
     assert_eq!((summary.provider_charges, summary.ledger_entries), (7, 4));
     assert_eq!(summary.by_class, Class::ALL.map(|class| (class, 1)));
     let mut found: Vec<(String, String)> =
@@ -188,15 +188,15 @@ async fn two_reconcilers_asking_for_one_window_at_once_make_one_run(pool: PgPool
     let (first, second) =
         tokio::join!(a.run_window(window(), Trigger::Schedule), b.run_window(window(), Trigger::Schedule));
 
-    let outcomes = [first.unwrap(), second.unwrap()];
-    let completed: Vec<_> = outcomes.iter().filter(|o| matches!(o, Outcome::Completed(_))).collect();
-    let skipped: Vec<_> = outcomes.iter().filter(|o| matches!(o, Outcome::AlreadyClaimed { .. })).collect();
-    assert_eq!((completed.len(), skipped.len()), (1, 1), "{outcomes:?}");
+    let results = [first.unwrap(), second.unwrap()];
+    let completed: Vec<_> = results.iter().filter(|o| matches!(o, Reconciled::Completed(_))).collect();
+    let skipped: Vec<_> = results.iter().filter(|o| matches!(o, Reconciled::AlreadyClaimed { .. })).collect();
+    assert_eq!((completed.len(), skipped.len()), (1, 1), "{results:?}");
     assert_eq!(count(&pool, "recon_runs").await, 1);
     assert_eq!(count(&pool, "recon_discrepancies").await, 4);
     // Asking again later finds the completed run.
     let again = a.run_window(window(), Trigger::Operator).await.unwrap();
-    assert!(matches!(again, Outcome::AlreadyClaimed { ref status, .. } if status == "completed"), "{again:?}");
+    assert!(matches!(again, Reconciled::AlreadyClaimed { status: RunStatus::Completed, .. }), "{again:?}");
 }
 
 async fn plant_running_run(pool: &PgPool, heartbeat_secs_ago: i64) -> uuid::Uuid {
@@ -230,8 +230,8 @@ async fn a_running_run_is_left_alone_while_alive_and_taken_over_once_its_heartbe
         .unwrap();
     let after_it_stopped = recon.run_window(window(), Trigger::Operator).await.unwrap();
 
-    assert_eq!(while_alive, Outcome::AlreadyClaimed { run_id: alive, status: "running".into() });
-    assert!(matches!(after_it_stopped, Outcome::Completed(_)), "{after_it_stopped:?}");
+    assert_eq!(while_alive, Reconciled::AlreadyClaimed { run_id: alive, status: RunStatus::Running });
+    assert!(matches!(after_it_stopped, Reconciled::Completed(_)), "{after_it_stopped:?}");
     let (status, error): (String, Option<String>) =
         sqlx::query_as("SELECT status, error FROM recon_runs WHERE run_id = $1")
             .bind(alive)
@@ -256,7 +256,7 @@ async fn a_run_the_provider_fails_is_marked_failed_and_the_window_can_be_run_aga
     let retried = recon.run_window(window(), Trigger::Operator).await.unwrap();
 
     assert!(format!("{:#}", failed.unwrap_err()).contains("503"));
-    assert!(matches!(retried, Outcome::Completed(_)), "{retried:?}");
+    assert!(matches!(retried, Reconciled::Completed(_)), "{retried:?}");
     let statuses: Vec<String> =
         sqlx::query_scalar("SELECT status FROM recon_runs ORDER BY started_at").fetch_all(&pool).await.unwrap();
     assert_eq!(statuses, ["failed", "completed"]);

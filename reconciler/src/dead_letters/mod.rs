@@ -15,6 +15,8 @@ use serde::Serialize;
 use serde_json::Value;
 use sqlx::PgConnection;
 
+use crate::stored_name::{self, UnknownName};
+
 /// Which kind of entry: the only spelling of the names stored in `dead_letters.kind`. Rows are parsed
 /// into it when read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -44,7 +46,7 @@ impl FromStr for Kind {
     type Err = UnknownName;
 
     fn from_str(text: &str) -> Result<Self, UnknownName> {
-        by_name(&Self::ALL, Self::as_str, "dead-letter kind", text)
+        stored_name::parse(&Self::ALL, Self::as_str, "dead-letter kind", text)
     }
 }
 
@@ -82,21 +84,8 @@ impl FromStr for ResolutionKind {
     type Err = UnknownName;
 
     fn from_str(text: &str) -> Result<Self, UnknownName> {
-        by_name(&Self::ALL, Self::as_str, "dead-letter resolution", text)
+        stored_name::parse(&Self::ALL, Self::as_str, "dead-letter resolution", text)
     }
-}
-
-/// A name in a `dead_letters` column that this build does not know.
-#[derive(Debug, thiserror::Error)]
-#[error("{text:?} is not a known {what}")]
-pub struct UnknownName {
-    what: &'static str,
-    text: String,
-}
-
-/// The one of `all` whose stored name is `text`.
-fn by_name<T: Copy>(all: &[T], name: fn(T) -> &'static str, what: &'static str, text: &str) -> Result<T, UnknownName> {
-    all.iter().copied().find(|&value| name(value) == text).ok_or_else(|| UnknownName { what, text: text.to_owned() })
 }
 
 /// Opens an entry for the payment, or appends `evidence` (a JSON array) to its open one. Counts new

@@ -18,7 +18,7 @@ use uuid::Uuid;
 use crate::cli::CliError;
 use crate::recon::compare::Class;
 use crate::recon::runs::{self, Run, StoredDiscrepancy, Trigger};
-use crate::recon::{Outcome, Reconciliation, Window};
+use crate::recon::{Reconciled, Reconciliation, Window};
 use crate::render::{self, Report, Table};
 
 /// Reads a window bound: a date (`2026-03-01`, midnight UTC) or an RFC 3339 time.
@@ -88,7 +88,7 @@ pub async fn run<P: PaymentProvider + 'static>(
     let window = Window::new(parse_bound(from)?, parse_bound(to)?)
         .map_err(|e| CliError::Invalid(format!("--from {from} --to {to}: {e}")))?;
     match recon.run_window(window, Trigger::Operator).await? {
-        Outcome::Completed(summary) => Ok(RunReport {
+        Reconciled::Completed(summary) => Ok(RunReport {
             run_id: summary.run_id,
             window_start: window.start,
             window_end: window.end,
@@ -96,7 +96,7 @@ pub async fn run<P: PaymentProvider + 'static>(
             ledger_entries: summary.ledger_entries,
             discrepancies: summary.by_class,
         }),
-        Outcome::AlreadyClaimed { run_id, status } => Err(CliError::Refused(format!(
+        Reconciled::AlreadyClaimed { run_id, status } => Err(CliError::Refused(format!(
             "run {run_id} already holds this window ({status}); see `recon show {run_id}`"
         ))),
     }
@@ -116,8 +116,8 @@ impl Report for RunList {
                 run.run_id.to_string(),
                 render::timestamp(run.window_start),
                 render::timestamp(run.window_end),
-                run.trigger.clone(),
-                run.status.clone(),
+                run.trigger.as_str().to_owned(),
+                run.status.as_str().to_owned(),
                 number(run.provider_charges),
                 number(run.ledger_entries),
                 number(run.discrepancies),
@@ -150,7 +150,7 @@ impl Report for RunDetail {
         let run = &self.run;
         writeln!(out, "run         {}", run.run_id)?;
         writeln!(out, "window      [{}, {})", render::timestamp(run.window_start), render::timestamp(run.window_end))?;
-        writeln!(out, "status      {} ({})", run.status, run.trigger)?;
+        writeln!(out, "status      {} ({})", run.status.as_str(), run.trigger.as_str())?;
         if let Some(error) = &run.error {
             writeln!(out, "error       {error}")?;
         }
@@ -161,7 +161,7 @@ impl Report for RunDetail {
             run.ledger_entries.unwrap_or(0)
         )?;
         for class in Class::ALL {
-            let found: Vec<_> = self.discrepancies.iter().filter(|d| d.class == class.as_str()).collect();
+            let found: Vec<_> = self.discrepancies.iter().filter(|d| d.class == class).collect();
             writeln!(out, "\n{} ({})", class.as_str(), found.len())?;
             let mut table = Table::new(&["CHARGE", "PAYMENT", "DETAIL"]);
             for d in found {

@@ -3,12 +3,15 @@
 //! Reports the four classes of discrepancy ([`Class`]) and nothing else.
 
 use std::collections::{BTreeMap, HashMap};
+use std::str::FromStr;
 
 use oncepay_domain::ids::{DownstreamKey, PaymentId, TenantId};
 use oncepay_provider::{Charge, ChargeStatus};
 use serde::Serialize;
 use serde_json::{Value, json};
 use time::OffsetDateTime;
+
+use crate::stored_name::{self, UnknownName};
 
 /// A discrepancy class, as stored in `recon_discrepancies.class`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -40,6 +43,14 @@ impl Class {
             Self::AmountOrCurrencyMismatch => "amount_or_currency_mismatch",
             Self::DuplicateCharge => "duplicate_charge",
         }
+    }
+}
+
+impl FromStr for Class {
+    type Err = UnknownName;
+
+    fn from_str(text: &str) -> Result<Self, UnknownName> {
+        stored_name::parse(&Self::ALL, Self::as_str, "discrepancy class", text)
     }
 }
 

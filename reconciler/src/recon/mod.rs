@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::recon::compare::{Class, LedgerEntry};
-use crate::recon::runs::{Claim, Trigger};
+use crate::recon::runs::{Claim, RunStatus, Trigger};
 
 /// A half-open window of time, `[start, end)`, in whole seconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,17 +86,17 @@ pub struct Summary {
     pub by_class: Vec<(Class, usize)>,
 }
 
-/// What asking for a window did.
+/// What asking to reconcile a window did.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub enum Reconciled {
     /// This process ran it.
     Completed(Summary),
     /// Another run holds the window (running or completed).
     AlreadyClaimed {
         /// That run.
         run_id: Uuid,
-        /// Its status.
-        status: String,
+        /// Its status: running or completed.
+        status: RunStatus,
     },
 }
 
@@ -138,14 +138,14 @@ impl<P: PaymentProvider + 'static> Reconciliation<P> {
 
     /// The nightly job: reconciles each of the last `catch_up_days` UTC days that has no live or
     /// completed run, oldest first (yesterday, and any earlier day whose run failed).
-    pub async fn run_once(&self) -> anyhow::Result<Vec<Outcome>> {
+    pub async fn run_once(&self) -> anyhow::Result<Vec<Reconciled>> {
         let today = OffsetDateTime::now_utc();
-        let mut outcomes = Vec::new();
+        let mut results = Vec::new();
         for days_back in (1..=self.config.catch_up_days.max(1)).rev() {
             let window = Window::previous_day(today - time::Duration::days(i64::from(days_back) - 1));
-            outcomes.push(self.run_window(window, Trigger::Schedule).await?);
+            results.push(self.run_window(window, Trigger::Schedule).await?);
         }
-        Ok(outcomes)
+        Ok(results)
     }
 
     /// Reconciles one window, unless another run holds it.
@@ -153,13 +153,13 @@ impl<P: PaymentProvider + 'static> Reconciliation<P> {
     /// The window is claimed first ([`runs::claim`]): with several reconcilers, one wins and the
     /// others skip. A failure marks the run `failed`, which frees the window for a later attempt.
     #[tracing::instrument(name = "recon.run", skip_all, fields(window.start = %window.start, window.end = %window.end, run.id))]
-    pub async fn run_window(&self, window: Window, trigger: Trigger) -> anyhow::Result<Outcome> {
+    pub async fn run_window(&self, window: Window, trigger: Trigger) -> anyhow::Result<Reconciled> {
         let mut conn = self.pool.acquire().await.context("cannot reach the database")?;
         let run_id = match runs::claim(&mut conn, &window, trigger, self.config.stale_after).await? {
             Claim::Won(run_id) => run_id,
             Claim::Taken { run_id, status } => {
                 tracing::info!(run.id = %run_id, run.status = %status, "the window is already reconciled or in progress");
-                return Ok(Outcome::AlreadyClaimed { run_id, status });
+                return Ok(Reconciled::AlreadyClaimed { run_id, status });
             }
         };
         tracing::Span::current().record("run.id", tracing::field::display(run_id));
@@ -177,7 +177,7 @@ impl<P: PaymentProvider + 'static> Reconciliation<P> {
                     "reconciliation completed"
                 );
                 metrics::counter!(crate::metrics::RECON_RUNS, "status" => "completed").increment(1);
-                Ok(Outcome::Completed(summary))
+                Ok(Reconciled::Completed(summary))
             }
             Err(error) => {
                 metrics::counter!(crate::metrics::RECON_RUNS, "status" => "failed").increment(1);

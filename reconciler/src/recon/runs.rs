@@ -4,6 +4,8 @@
 //! At most one live or completed run per window. Every write after the claim is fenced on
 //! `status = 'running'`, so a run that was taken over cannot finish or record discrepancies.
 
+use std::fmt;
+use std::str::FromStr;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -14,10 +16,12 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::recon::Window;
-use crate::recon::compare::Discrepancy;
+use crate::recon::compare::{Class, Discrepancy};
+use crate::stored_name::{self, UnknownName};
 
-/// Who started a run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Who started a run: the only spelling of the names stored in `recon_runs.trigger`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Trigger {
     /// The nightly schedule.
     Schedule,
@@ -26,11 +30,61 @@ pub enum Trigger {
 }
 
 impl Trigger {
-    const fn as_str(self) -> &'static str {
+    const ALL: [Self; 2] = [Self::Schedule, Self::Operator];
+
+    /// The stored name.
+    pub const fn as_str(self) -> &'static str {
         match self {
             Self::Schedule => "schedule",
             Self::Operator => "operator",
         }
+    }
+}
+
+impl FromStr for Trigger {
+    type Err = UnknownName;
+
+    fn from_str(text: &str) -> Result<Self, UnknownName> {
+        stored_name::parse(&Self::ALL, Self::as_str, "reconciliation trigger", text)
+    }
+}
+
+/// Where a run stands: the only spelling of the names stored in `recon_runs.status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// Still comparing, and proving it is alive with heartbeats.
+    Running,
+    /// Finished; its discrepancies are recorded.
+    Completed,
+    /// Stopped with an error, or taken over after its heartbeat stopped.
+    Failed,
+}
+
+impl RunStatus {
+    const ALL: [Self; 3] = [Self::Running, Self::Completed, Self::Failed];
+
+    /// The stored name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Running => "running",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+impl FromStr for RunStatus {
+    type Err = UnknownName;
+
+    fn from_str(text: &str) -> Result<Self, UnknownName> {
+        stored_name::parse(&Self::ALL, Self::as_str, "reconciliation run status", text)
+    }
+}
+
+impl fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -43,8 +97,8 @@ pub enum Claim {
     Taken {
         /// That run.
         run_id: Uuid,
-        /// `running` or `completed`.
-        status: String,
+        /// `Running` or `Completed`.
+        status: RunStatus,
     },
 }
 
@@ -108,7 +162,8 @@ pub async fn claim(
             .fetch_one(&mut *tx)
             .await
             .context("cannot read the run that holds the window")?;
-            Claim::Taken { run_id: existing.run_id, status: existing.status }
+            let status = existing.status.parse().context("cannot read the run that holds the window")?;
+            Claim::Taken { run_id: existing.run_id, status }
         }
     };
     tx.commit().await.context("cannot commit the claim")?;
@@ -212,10 +267,10 @@ pub struct Run {
     /// End of the window (exclusive).
     #[serde(with = "time::serde::rfc3339")]
     pub window_end: OffsetDateTime,
-    /// `schedule` or `operator`.
-    pub trigger: String,
-    /// `running`, `completed` or `failed`.
-    pub status: String,
+    /// Who started it.
+    pub trigger: Trigger,
+    /// Where it stands.
+    pub status: RunStatus,
     /// When it started.
     #[serde(with = "time::serde::rfc3339")]
     pub started_at: OffsetDateTime,
@@ -237,8 +292,8 @@ pub struct Run {
 
 /// The latest runs, newest first.
 pub async fn list(conn: &mut PgConnection, limit: u32) -> anyhow::Result<Vec<Run>> {
-    sqlx::query_as!(
-        Run,
+    let rows = sqlx::query_as!(
+        RunRow,
         r#"
         SELECT run_id, window_start, window_end, trigger, status, started_at, heartbeat_at, finished_at,
                provider_charges, ledger_entries, discrepancies, error
@@ -248,13 +303,14 @@ pub async fn list(conn: &mut PgConnection, limit: u32) -> anyhow::Result<Vec<Run
     )
     .fetch_all(conn)
     .await
-    .context("cannot list the runs")
+    .context("cannot list the runs")?;
+    rows.into_iter().map(RunRow::parse).collect()
 }
 
 /// One run.
 pub async fn find(conn: &mut PgConnection, run_id: Uuid) -> anyhow::Result<Option<Run>> {
-    sqlx::query_as!(
-        Run,
+    let row = sqlx::query_as!(
+        RunRow,
         r#"
         SELECT run_id, window_start, window_end, trigger, status, started_at, heartbeat_at, finished_at,
                provider_charges, ledger_entries, discrepancies, error
@@ -264,14 +320,51 @@ pub async fn find(conn: &mut PgConnection, run_id: Uuid) -> anyhow::Result<Optio
     )
     .fetch_optional(conn)
     .await
-    .context("cannot read the run")
+    .context("cannot read the run")?;
+    row.map(RunRow::parse).transpose()
+}
+
+/// A `recon_runs` row before its names are parsed.
+struct RunRow {
+    run_id: Uuid,
+    window_start: OffsetDateTime,
+    window_end: OffsetDateTime,
+    trigger: String,
+    status: String,
+    started_at: OffsetDateTime,
+    heartbeat_at: OffsetDateTime,
+    finished_at: Option<OffsetDateTime>,
+    provider_charges: Option<i32>,
+    ledger_entries: Option<i32>,
+    discrepancies: Option<i32>,
+    error: Option<String>,
+}
+
+impl RunRow {
+    fn parse(self) -> anyhow::Result<Run> {
+        let unreadable = || format!("cannot read reconciliation run {}", self.run_id);
+        Ok(Run {
+            trigger: self.trigger.parse().with_context(unreadable)?,
+            status: self.status.parse().with_context(unreadable)?,
+            run_id: self.run_id,
+            window_start: self.window_start,
+            window_end: self.window_end,
+            started_at: self.started_at,
+            heartbeat_at: self.heartbeat_at,
+            finished_at: self.finished_at,
+            provider_charges: self.provider_charges,
+            ledger_entries: self.ledger_entries,
+            discrepancies: self.discrepancies,
+            error: self.error,
+        })
+    }
 }
 
 /// A discrepancy, as stored.
 #[derive(Debug, Clone, Serialize)]
 pub struct StoredDiscrepancy {
     /// Its class.
-    pub class: String,
+    pub class: Class,
     /// The payment's owner, when known.
     pub tenant_id: Option<Uuid>,
     /// The payment, when known.
@@ -288,10 +381,9 @@ pub struct StoredDiscrepancy {
 
 /// A run's discrepancies, by class then in the order found.
 pub async fn discrepancies(conn: &mut PgConnection, run_id: Uuid) -> anyhow::Result<Vec<StoredDiscrepancy>> {
-    sqlx::query_as!(
-        StoredDiscrepancy,
+    let rows = sqlx::query!(
         r#"
-        SELECT class, tenant_id, payment_id, provider_charge_id, ours, theirs, detail
+        SELECT discrepancy_id, class, tenant_id, payment_id, provider_charge_id, ours, theirs, detail
         FROM recon_discrepancies WHERE run_id = $1
         ORDER BY class, discrepancy_id
         "#,
@@ -299,5 +391,18 @@ pub async fn discrepancies(conn: &mut PgConnection, run_id: Uuid) -> anyhow::Res
     )
     .fetch_all(conn)
     .await
-    .context("cannot read the run's discrepancies")
+    .context("cannot read the run's discrepancies")?;
+    rows.into_iter()
+        .map(|r| {
+            Ok(StoredDiscrepancy {
+                class: r.class.parse().with_context(|| format!("cannot read discrepancy {}", r.discrepancy_id))?,
+                tenant_id: r.tenant_id,
+                payment_id: r.payment_id,
+                provider_charge_id: r.provider_charge_id,
+                ours: r.ours,
+                theirs: r.theirs,
+                detail: r.detail,
+            })
+        })
+        .collect()
 }
