@@ -23,10 +23,10 @@ use serde_json::Value;
 use sqlx::PgConnection;
 use time::OffsetDateTime;
 
-use crate::answer::{self, KeyInfo};
 use crate::auth::Caller;
 use crate::errors::ApiError;
 use crate::openapi::{Admission, CreatePaymentHeaders, CreatePaymentResponses, PaymentRequestBody};
+use crate::payment_response::{self, KeyInfo};
 use crate::replay_cache::Final;
 use crate::request_span;
 use crate::startup::AppState;
@@ -58,16 +58,16 @@ pub async fn create_payment(
 ) -> Result<HttpResponse, ApiError> {
     let result = take(&request, payload, &state).await;
     let outcome = match &result {
-        Ok(answered) if answered.replayed => "replayed",
+        Ok(responded) if responded.replayed => "replayed",
         Ok(_) => "created",
         Err(error) => error_outcome(error),
     };
     metrics::counter!(crate::metrics::INTAKE, "outcome" => outcome).increment(1);
-    result.map(|answered| answered.response)
+    result.map(|responded| responded.response)
 }
 
 /// A response, and whether it repeats an earlier request's outcome.
-struct Answered {
+struct Responded {
     response: HttpResponse,
     replayed: bool,
 }
@@ -75,7 +75,7 @@ struct Answered {
 /// Checks the request in this order, and refuses it before the store is touched: API key (401),
 /// rate limit (429), `Idempotency-Key` (400), `Content-Type` (415), body size (413), JSON (400),
 /// fields (400, listing every invalid field). Then serves it from memory or from the store.
-async fn take(request: &HttpRequest, payload: web::Payload, state: &AppState) -> Result<Answered, ApiError> {
+async fn take(request: &HttpRequest, payload: web::Payload, state: &AppState) -> Result<Responded, ApiError> {
     let span = request_span::of(request);
     let caller = state.admit(request).await?;
     span.record("tenant.id", tracing::field::display(caller.tenant_id));
@@ -95,13 +95,13 @@ async fn take(request: &HttpRequest, payload: web::Payload, state: &AppState) ->
     }
 
     let mut conn = state.connections.acquire().await.map_err(|e| ApiError::from_store(e.into()))?;
-    let answered = store(&mut conn, state, &span, &caller, &key, &fingerprint, &payment_request).await;
+    let responded = store(&mut conn, state, &span, &caller, &key, &fingerprint, &payment_request).await;
     // The connection is reused unless the store failed (its state is then unknown): a refusal
     // PostgreSQL decided (422, a lock wait past `lock_timeout`) leaves it idle and healthy.
-    if !matches!(answered, Err(ApiError::Unavailable(_) | ApiError::Internal(_))) {
+    if !matches!(responded, Err(ApiError::Unavailable(_) | ApiError::Internal(_))) {
         conn.release();
     }
-    answered
+    responded
 }
 
 /// The store's part: one intake call, then for a known key the replay (one more read while its
@@ -115,7 +115,7 @@ async fn store(
     key: &IdempotencyKey,
     fingerprint: &Fingerprint,
     payment_request: &PaymentRequest,
-) -> Result<Answered, ApiError> {
+) -> Result<Responded, ApiError> {
     let trace = telemetry::trace_context_of(span);
     let new = NewPayment {
         tenant_id: caller.tenant_id,
@@ -137,7 +137,10 @@ async fn store(
             span.record("payment.id", tracing::field::display(created.payment.payment_id));
             let resource = PaymentResource::from(&created.payment);
             let key = KeyInfo { expires_at: created.key_expires_at, replayed: false };
-            Ok(Answered { response: answer::accepted(&resource, state.intake.retry_after_secs, key), replayed: false })
+            Ok(Responded {
+                response: payment_response::accepted(&resource, state.intake.retry_after_secs, key),
+                replayed: false,
+            })
         }
         Intake::Existing(existing) => {
             span.record("payment.id", tracing::field::display(existing.payment_id));
@@ -145,7 +148,7 @@ async fn store(
             let Some((status, body)) = existing.stored_response else {
                 let poll_after_secs = state.intake.retry_after_secs;
                 let response = replay_in_progress(conn, caller.tenant_id, existing, fingerprint, poll_after_secs);
-                return Ok(Answered { response: response.await?, replayed: true });
+                return Ok(Responded { response: response.await?, replayed: true });
             };
             let remembered = Final {
                 fingerprint: existing.fingerprint,
@@ -162,12 +165,12 @@ async fn store(
 }
 
 /// The response for a key whose payment is final: its stored response, or 422 for another request.
-fn replay_remembered(remembered: Final, fingerprint: &Fingerprint) -> Result<Answered, ApiError> {
+fn replay_remembered(remembered: Final, fingerprint: &Fingerprint) -> Result<Responded, ApiError> {
     if remembered.fingerprint != *fingerprint {
         return Err(ApiError::KeyReused { key_expires_at: remembered.expires_at });
     }
     let key = KeyInfo { expires_at: remembered.expires_at, replayed: true };
-    Ok(Answered { response: answer::stored(remembered.status, remembered.body, key), replayed: true })
+    Ok(Responded { response: payment_response::stored(remembered.status, remembered.body, key), replayed: true })
 }
 
 /// The response for a key whose payment was not final when the key was read (a 202 tells the
@@ -190,9 +193,9 @@ async fn replay_in_progress(
     let resource = PaymentResource::from(&payment);
     // Settled between the two reads: `settle` stored exactly this 200 and resource on the key.
     Ok(if payment.status.is_terminal() {
-        answer::terminal(&resource, key)
+        payment_response::terminal(&resource, key)
     } else {
-        answer::accepted(&resource, poll_after_secs, key)
+        payment_response::accepted(&resource, poll_after_secs, key)
     })
 }
 

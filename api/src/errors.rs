@@ -18,7 +18,7 @@ use oncepay_service::telemetry;
 use oncepay_store::StoreError;
 use time::OffsetDateTime;
 
-use crate::answer;
+use crate::payment_response;
 
 /// `intake.retry_after_secs`: how long a client should wait before sending again a request that was
 /// refused only for now. App data, read by [`problem_guard`].
@@ -211,8 +211,8 @@ impl ResponseError for ApiError {
         let mut response = self.problem().to_response();
         match self {
             Self::KeyReused { key_expires_at } => {
-                if let Some(value) = answer::http_date(*key_expires_at) {
-                    response.headers_mut().insert(answer::IDEMPOTENCY_KEY_EXPIRES, value);
+                if let Some(value) = payment_response::http_date(*key_expires_at) {
+                    response.headers_mut().insert(payment_response::IDEMPOTENCY_KEY_EXPIRES, value);
                 }
             }
             Self::MethodNotAllowed { allow } => {
@@ -348,12 +348,15 @@ mod tests {
     }
 
     #[test]
-    fn a_reused_key_answer_says_when_the_key_expires() {
+    fn a_reused_key_response_says_when_the_key_expires() {
         let error = ApiError::KeyReused { key_expires_at: OffsetDateTime::UNIX_EPOCH };
 
         let response = error.error_response();
 
-        assert_eq!(response.headers().get(answer::IDEMPOTENCY_KEY_EXPIRES).unwrap(), "Thu, 01 Jan 1970 00:00:00 GMT");
+        assert_eq!(
+            response.headers().get(payment_response::IDEMPOTENCY_KEY_EXPIRES).unwrap(),
+            "Thu, 01 Jan 1970 00:00:00 GMT"
+        );
     }
 
     #[test]
@@ -422,7 +425,7 @@ mod tests {
     }
 
     #[test]
-    fn statuses_actix_answers_on_its_own_become_problems_of_that_status() {
+    fn statuses_actix_responds_with_on_its_own_become_problems_of_that_status() {
         for (status, slug) in [
             (StatusCode::NOT_FOUND, "not-found"),
             (StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed"),

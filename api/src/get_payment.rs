@@ -14,10 +14,10 @@ use oncepay_store::payments;
 use oncepay_store::payments::Payment;
 use tokio::time::Instant;
 
-use crate::answer;
 use crate::errors::ApiError;
 use crate::long_poll::Subscription;
 use crate::openapi::{Admission, GetPaymentHeaders, GetPaymentPath, GetPaymentResponses};
+use crate::payment_response;
 use crate::prefer;
 use crate::request_span;
 use crate::startup::AppState;
@@ -55,7 +55,7 @@ pub async fn get_payment(request: HttpRequest, state: web::Data<AppState>) -> Re
         (None, Some(secs)) if secs > 0 => (fetch(&state, caller.tenant_id, payment_id).await?, None),
         _ => (fetch(&state, caller.tenant_id, payment_id).await?, wait_secs),
     };
-    Ok(answer::current(&PaymentResource::from(&payment), state.intake.retry_after_secs, waited_secs))
+    Ok(payment_response::current(&PaymentResource::from(&payment), state.intake.retry_after_secs, waited_secs))
 }
 
 /// The payment once its status differs from the first read, or as it stands once `wait` has passed

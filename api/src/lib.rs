@@ -6,7 +6,6 @@
 //! SIGTERM; tests build one on port 0 with [`Application::build_with`] on a fresh database. The api
 //! writes only through `oncepay_store` and never runs migrations.
 
-pub mod answer;
 pub mod auth;
 pub mod create_payment;
 pub mod errors;
@@ -14,6 +13,7 @@ pub mod get_payment;
 pub mod long_poll;
 pub mod metrics;
 pub mod openapi;
+pub mod payment_response;
 pub mod prefer;
 pub mod rate_limit;
 pub mod replay_cache;

@@ -32,8 +32,8 @@ pub const INTAKE_OUTCOMES: [&str; 10] = [
 /// missing a series that just appeared.
 pub fn describe() {
     describe_counter!(INTAKE, "POST /v1/payments requests, by outcome");
-    describe_histogram!(REQUEST_DURATION, Unit::Seconds, "Time to answer a request, by route pattern and method");
-    describe_gauge!(LONG_POLLS_WAITING, "Status requests holding their answer for a change (Prefer: wait)");
+    describe_histogram!(REQUEST_DURATION, Unit::Seconds, "Time to respond to a request, by route pattern and method");
+    describe_gauge!(LONG_POLLS_WAITING, "Status requests holding their response for a change (Prefer: wait)");
     for outcome in INTAKE_OUTCOMES {
         counter!(INTAKE, "outcome" => outcome).increment(0);
     }

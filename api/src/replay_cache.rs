@@ -70,10 +70,10 @@ impl ReplayCache {
         None
     }
 
-    /// Remembers `answer` as the final response for `key` of `tenant`.
-    pub fn remember(&self, tenant: TenantId, key: &IdempotencyKey, answer: Final) {
+    /// Remembers `response` as the final response for `key` of `tenant`.
+    pub fn remember(&self, tenant: TenantId, key: &IdempotencyKey, response: Final) {
         if let Some(entries) = &self.entries {
-            entries.insert(Owned { tenant, key: key.as_str().into() }, answer);
+            entries.insert(Owned { tenant, key: key.as_str().into() }, response);
         }
     }
 }
@@ -116,9 +116,9 @@ impl Equivalent<Owned> for Borrowed<'_> {
 struct BytesHeld;
 
 impl Weighter<Owned, Final> for BytesHeld {
-    fn weight(&self, key: &Owned, answer: &Final) -> u64 {
+    fn weight(&self, key: &Owned, response: &Final) -> u64 {
         let fixed = std::mem::size_of::<Owned>() + std::mem::size_of::<Final>();
-        (fixed + key.key.len() + answer.body.len()) as u64
+        (fixed + key.key.len() + response.body.len()) as u64
     }
 }
 
@@ -132,7 +132,7 @@ mod tests {
         IdempotencyKey::parse(text.as_bytes()).unwrap()
     }
 
-    fn answer(expires_at: OffsetDateTime, body: &str) -> Final {
+    fn final_response(expires_at: OffsetDateTime, body: &str) -> Final {
         Final {
             fingerprint: Fingerprint::from_slice(&[7; 32]).unwrap(),
             payment_id: PaymentId::generate(),
@@ -143,11 +143,11 @@ mod tests {
     }
 
     #[test]
-    fn an_answer_is_served_to_its_own_tenant_and_key_only() {
+    fn a_response_is_served_to_its_own_tenant_and_key_only() {
         let cache = ReplayCache::new(1 << 20);
         let (tenant, other_tenant) = (TenantId::generate(), TenantId::generate());
         let now = OffsetDateTime::now_utc();
-        cache.remember(tenant, &key("order-1"), answer(now + Duration::from_secs(60), r#"{"id":1}"#));
+        cache.remember(tenant, &key("order-1"), final_response(now + Duration::from_secs(60), r#"{"id":1}"#));
 
         let found = cache.get(tenant, &key("order-1"), now).unwrap();
 
@@ -158,11 +158,11 @@ mod tests {
     }
 
     #[test]
-    fn an_answer_is_not_served_once_its_key_has_expired() {
+    fn a_response_is_not_served_once_its_key_has_expired() {
         let cache = ReplayCache::new(1 << 20);
         let tenant = TenantId::generate();
         let expires_at = OffsetDateTime::now_utc() + Duration::from_secs(60);
-        cache.remember(tenant, &key("k"), answer(expires_at, "{}"));
+        cache.remember(tenant, &key("k"), final_response(expires_at, "{}"));
 
         assert!(cache.get(tenant, &key("k"), expires_at - Duration::from_millis(1)).is_some());
         assert!(cache.get(tenant, &key("k"), expires_at).is_none());
@@ -176,12 +176,12 @@ mod tests {
         let later = OffsetDateTime::now_utc() + Duration::from_secs(60);
         let body = "x".repeat(1000);
         for i in 0..1000 {
-            cache.remember(tenant, &key(&format!("k{i}")), answer(later, &body));
+            cache.remember(tenant, &key(&format!("k{i}")), final_response(later, &body));
         }
 
         let entries = cache.entries.as_ref().unwrap();
         assert!(entries.weight() <= 64 * 1024, "{} bytes held", entries.weight());
-        assert!(entries.len() < 64, "{} answers of a kilobyte held in 64 KiB", entries.len());
+        assert!(entries.len() < 64, "{} responses of a kilobyte held in 64 KiB", entries.len());
     }
 
     #[test]
@@ -189,7 +189,7 @@ mod tests {
         let cache = ReplayCache::new(0);
         let tenant = TenantId::generate();
         let now = OffsetDateTime::now_utc();
-        cache.remember(tenant, &key("k"), answer(now + Duration::from_secs(60), "{}"));
+        cache.remember(tenant, &key("k"), final_response(now + Duration::from_secs(60), "{}"));
 
         assert!(cache.get(tenant, &key("k"), now).is_none());
     }

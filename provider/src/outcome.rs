@@ -59,13 +59,13 @@ pub enum NotSentReason {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum UncertainReason {
     /// No response within the timeout.
-    #[error("the provider did not answer in time")]
+    #[error("the provider did not respond in time")]
     Timeout,
     /// The connection broke after the request was sent.
     #[error("the connection broke after the request was sent")]
     ConnectionLost,
     /// A 5xx: the provider may have charged before failing.
-    #[error("the provider answered HTTP {0}")]
+    #[error("the provider responded with HTTP {0}")]
     ServerError(u16),
     /// 409: an earlier attempt with the same key is still in flight at the provider.
     #[error("an earlier attempt with the same key is still in flight at the provider")]
@@ -74,11 +74,11 @@ pub enum UncertainReason {
     #[error("the provider saw this idempotency key before with other parameters")]
     KeyReused,
     /// A status the protocol does not define.
-    #[error("the provider answered an unexpected HTTP {0}")]
+    #[error("the provider responded with an unexpected HTTP {0}")]
     UnexpectedStatus(u16),
     /// A success whose body could not be read: the charge probably exists.
-    #[error("the provider's answer could not be read")]
-    UnreadableAnswer,
+    #[error("the provider's response could not be read")]
+    UnreadableResponse,
 }
 
 /// A lookup (`GET`) that got no usable response. Lookups are safe to repeat.
@@ -88,10 +88,10 @@ pub enum LookupError {
     #[error("the provider could not be reached: {0}")]
     Transport(#[source] reqwest::Error),
     /// The provider responded with an error status.
-    #[error("the provider answered HTTP {0}")]
+    #[error("the provider responded with HTTP {0}")]
     Status(u16),
     /// The response body could not be read.
-    #[error("the provider's answer could not be read: {0}")]
+    #[error("the provider's response could not be read: {0}")]
     Unreadable(String),
 }
 
@@ -106,7 +106,7 @@ impl SendOutcome {
                     message: charge.failure_message.unwrap_or_else(|| "The provider declined the charge.".to_owned()),
                     charge_id: Some(charge.id),
                 },
-                Err(_) => Self::Uncertain(UncertainReason::UnreadableAnswer),
+                Err(_) => Self::Uncertain(UncertainReason::UnreadableResponse),
             },
             402 => match serde_json::from_slice::<ErrorBody>(body) {
                 Ok(ErrorBody { error }) => {
@@ -276,7 +276,7 @@ mod tests {
             ) {
                 prop_assert_eq!(
                     SendOutcome::from_response(status, None, &body),
-                    SendOutcome::Uncertain(UncertainReason::UnreadableAnswer)
+                    SendOutcome::Uncertain(UncertainReason::UnreadableResponse)
                 );
             }
         }

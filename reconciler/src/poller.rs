@@ -15,7 +15,7 @@ use oncepay_service::backoff::Backoff;
 use oncepay_service::telemetry;
 use oncepay_store as store;
 use oncepay_store::settlement::{self, Unsettled};
-use oncepay_store::transitions::{Applied, Settlement};
+use oncepay_store::transitions::{Recorded, Settlement};
 use serde_json::json;
 use sqlx::{Acquire, PgPool};
 use tracing::Instrument;
@@ -147,7 +147,7 @@ impl<P: PaymentProvider> Poller<P> {
     /// payment's trace (the one the worker or the sweeper stored with the queue row). The provider
     /// lookup then carries that trace's `traceparent`, and the resolution appears in the same trace as
     /// the request and the send.
-    async fn poll_one(&self, payment: Claimed) -> anyhow::Result<Done> {
+    async fn poll_one(&self, payment: Claimed) -> anyhow::Result<Polled> {
         let span = tracing::info_span!(
             "poller.poll",
             payment.id = %payment.payment_id,
@@ -165,7 +165,7 @@ impl<P: PaymentProvider> Poller<P> {
         done
     }
 
-    async fn look_up_and_record(&self, payment: Claimed) -> anyhow::Result<Done> {
+    async fn look_up_and_record(&self, payment: Claimed) -> anyhow::Result<Polled> {
         let (source, verdict) = self.look_up(&payment).await?;
         let mut conn = self.pool.acquire().await.context("cannot reach the database")?;
         let done = match self.record(&mut conn, &payment, source, &verdict).await {
@@ -216,7 +216,7 @@ impl<P: PaymentProvider> Poller<P> {
         payment: &Claimed,
         source: Source,
         verdict: &Verdict,
-    ) -> anyhow::Result<Done> {
+    ) -> anyhow::Result<Polled> {
         let (tenant_id, payment_id) = (payment.tenant_id, payment.payment_id);
         let mut tx = conn.begin().await.context("cannot start a transaction")?;
         let attempt = payment.poll_attempts + 1;
@@ -240,9 +240,9 @@ impl<P: PaymentProvider> Poller<P> {
                         .await
                         .context("cannot settle the payment")?;
                 match (applied, transition) {
-                    (Applied::LostRace, _) => Done::LostRace,
-                    (Applied::Moved(_), Transition::Charged) => Done::Charged,
-                    (Applied::Moved(_), _) => Done::Declined,
+                    (Recorded::LostRace, _) => Polled::LostRace,
+                    (Recorded::Moved(_), Transition::Charged) => Polled::Charged,
+                    (Recorded::Moved(_), _) => Polled::Declined,
                 }
             }
             Verdict::Mismatch { detail, charge } => {
@@ -251,8 +251,8 @@ impl<P: PaymentProvider> Poller<P> {
                     .await
                     .context("cannot dead-letter the payment")?
                 {
-                    Applied::Moved(_) => Done::DeadLettered,
-                    Applied::LostRace => Done::LostRace,
+                    Recorded::Moved(_) => Polled::DeadLettered,
+                    Recorded::LostRace => Polled::LostRace,
                 }
             }
             Verdict::Resend => {
@@ -263,8 +263,8 @@ impl<P: PaymentProvider> Poller<P> {
                     .await
                     .context("cannot queue the payment for a resend")?
                 {
-                    Applied::Moved(_) => Done::Resent,
-                    Applied::LostRace => Done::LostRace,
+                    Recorded::Moved(_) => Polled::Resent,
+                    Recorded::LostRace => Polled::LostRace,
                 }
             }
             Verdict::Inconclusive { detail } => {
@@ -273,20 +273,20 @@ impl<P: PaymentProvider> Poller<P> {
                 unknown::note_inconclusive(&mut tx, tenant_id, payment_id, evidence, Some(wait))
                     .await
                     .context("cannot record the lookup")?;
-                Done::Inconclusive
+                Polled::Inconclusive
             }
             Verdict::Exhaust { detail } => {
                 let evidence = unknown::evidence("poll", json!({"attempt": attempt, "result": detail}));
                 let reason = format!(
-                    "no conclusive answer from the provider after {attempt} lookups over {}",
+                    "no conclusive response from the provider after {attempt} lookups over {}",
                     render::age(time::Duration::try_from(payment.age).unwrap_or(time::Duration::MAX)),
                 );
                 match unknown::exhaust(&mut tx, tenant_id, payment_id, why(&reason), evidence)
                     .await
                     .context("cannot dead-letter the payment")?
                 {
-                    Applied::Moved(_) => Done::DeadLettered,
-                    Applied::LostRace => Done::LostRace,
+                    Recorded::Moved(_) => Polled::DeadLettered,
+                    Recorded::LostRace => Polled::LostRace,
                 }
             }
         };
@@ -325,7 +325,7 @@ fn why(reason: &str) -> Why<'_> {
 
 /// What recording one poll did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Done {
+enum Polled {
     Charged,
     Declined,
     Resent,
@@ -334,7 +334,7 @@ enum Done {
     LostRace,
 }
 
-impl Done {
+impl Polled {
     fn count(self, counts: &mut Counts) {
         match self {
             Self::Charged => counts.charged += 1,

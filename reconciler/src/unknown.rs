@@ -14,7 +14,7 @@ use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_service::telemetry::{self, TraceContext};
 use oncepay_store::payments::Payment;
 use oncepay_store::settlement::Asked;
-use oncepay_store::transitions::{self, Applied, Change, Settlement, TransitionError};
+use oncepay_store::transitions::{self, Change, Recorded, Settlement, TransitionError};
 use oncepay_store::{StoreError, outbox};
 use serde_json::{Value, json};
 use sqlx::PgConnection;
@@ -151,13 +151,13 @@ pub async fn settle(
     settlement: &Settlement,
     why: Why<'_>,
     evidence: Value,
-) -> Result<Applied<Payment>, TransitionError> {
+) -> Result<Recorded<Payment>, TransitionError> {
     let change = why.change(tenant_id, payment_id, transition, evidence);
-    let applied = transitions::settle(&mut *conn, &change, settlement).await?;
-    if matches!(applied, Applied::Moved(_)) {
+    let recorded = transitions::settle(&mut *conn, &change, settlement).await?;
+    if matches!(recorded, Recorded::Moved(_)) {
         remove(conn, tenant_id, payment_id).await?;
     }
-    Ok(applied)
+    Ok(recorded)
 }
 
 /// The provider provably has no charge and still remembers the key: back to `pending` and into the
@@ -168,15 +168,15 @@ pub async fn resend(
     payment_id: PaymentId,
     why: Why<'_>,
     evidence: Value,
-) -> Result<Applied<PaymentStatus>, TransitionError> {
+) -> Result<Recorded<PaymentStatus>, TransitionError> {
     let change = why.change(tenant_id, payment_id, Transition::ProviderHasNoCharge, evidence);
-    let applied = transitions::apply(&mut *conn, &change).await?;
-    if matches!(applied, Applied::Moved(_)) {
+    let recorded = transitions::apply(&mut *conn, &change).await?;
+    if matches!(recorded, Recorded::Moved(_)) {
         remove(&mut *conn, tenant_id, payment_id).await?;
         let trace = telemetry::trace_context_of(&tracing::Span::current());
         outbox::enqueue_in_trace(conn, tenant_id, payment_id, OffsetDateTime::now_utc(), trace.as_ref()).await?;
     }
-    Ok(applied)
+    Ok(recorded)
 }
 
 /// Gives up: `unknown → dead_lettered`, and an `unresolved` dead letter carrying every piece of
@@ -187,7 +187,7 @@ pub async fn exhaust(
     payment_id: PaymentId,
     why: Why<'_>,
     evidence: Value,
-) -> Result<Applied<PaymentStatus>, TransitionError> {
+) -> Result<Recorded<PaymentStatus>, TransitionError> {
     dead_letter(conn, tenant_id, payment_id, Transition::Exhausted, Kind::Unresolved, why, evidence).await
 }
 
@@ -200,7 +200,7 @@ pub async fn mismatch(
     payment_id: PaymentId,
     why: Why<'_>,
     evidence: Value,
-) -> Result<Applied<PaymentStatus>, TransitionError> {
+) -> Result<Recorded<PaymentStatus>, TransitionError> {
     dead_letter(conn, tenant_id, payment_id, Transition::ChargeMismatch, Kind::Conflict, why, evidence).await
 }
 
@@ -212,17 +212,17 @@ async fn dead_letter(
     kind: Kind,
     why: Why<'_>,
     evidence: Value,
-) -> Result<Applied<PaymentStatus>, TransitionError> {
+) -> Result<Recorded<PaymentStatus>, TransitionError> {
     let change = why.change(tenant_id, payment_id, transition, evidence.clone());
-    let applied = transitions::apply(&mut *conn, &change).await?;
-    if matches!(applied, Applied::Moved(_)) {
+    let recorded = transitions::apply(&mut *conn, &change).await?;
+    if matches!(recorded, Recorded::Moved(_)) {
         let gathered = remove(&mut *conn, tenant_id, payment_id).await?;
         let (mut trail, attempts) = gathered.map_or_else(|| (Vec::new(), 0), |g| (g.evidence, g.poll_attempts));
         trail.push(evidence);
         let attempts = attempts.saturating_add(1);
         dead_letters::record(conn, tenant_id, payment_id, kind, why.reason, Value::Array(trail), attempts).await?;
     }
-    Ok(applied)
+    Ok(recorded)
 }
 
 /// Records an inconclusive lookup: the evidence, one more attempt toward dead-lettering, and when to

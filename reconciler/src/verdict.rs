@@ -11,9 +11,9 @@ use oncepay_provider::{Charge, ChargeStatus};
 use oncepay_store::settlement::{self, Asked, Unsettled};
 use oncepay_store::transitions::Settlement;
 
-/// What oncepay has recorded about a payment, as far as a charge can agree or disagree with it.
+/// What oncepay has stored about a payment, as far as a charge can agree or disagree with it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Recorded {
+pub struct Stored {
     /// What the payment asked the provider to charge.
     pub asked: Asked,
     /// Where the payment stands.
@@ -24,7 +24,7 @@ pub struct Recorded {
     pub ledger: Option<Booked>,
 }
 
-/// What a ledger entry booked (the entry books `Recorded::charge_id`).
+/// What a ledger entry booked (the entry books `Stored::charge_id`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Booked {
     /// Minor units.
@@ -72,20 +72,20 @@ impl Verdict {
     }
 }
 
-/// Compares `charge` with what is recorded about its payment.
-pub fn judge(recorded: &Recorded, charge: &Charge) -> Verdict {
+/// Compares `charge` with what is stored about its payment.
+pub fn judge(stored: &Stored, charge: &Charge) -> Verdict {
     use ChargeStatus as C;
     use PaymentStatus as S;
 
-    let ours = recorded.charge_id.as_deref();
+    let ours = stored.charge_id.as_deref();
     // A report that cannot be read proves nothing about a final payment either: no conflict.
-    if recorded.status.is_terminal()
-        && let Err(Unsettled::Unbookable(why)) = settlement::settlement_of(&recorded.asked, charge)
+    if stored.status.is_terminal()
+        && let Err(Unsettled::Unbookable(why)) = settlement::settlement_of(&stored.asked, charge)
     {
         return Verdict::Unreadable(why);
     }
-    match (recorded.status, charge.status) {
-        (S::Unknown, _) => match settlement::settlement_of(&recorded.asked, charge) {
+    match (stored.status, charge.status) {
+        (S::Unknown, _) => match settlement::settlement_of(&stored.asked, charge) {
             Ok(settled) => Verdict::Settle(settlement::transition_of(&settled), settled),
             Err(Unsettled::Mismatch(why)) => Verdict::Mismatch(why),
             Err(Unsettled::Unbookable(why)) => Verdict::Unbookable(why),
@@ -98,7 +98,7 @@ pub fn judge(recorded: &Recorded, charge: &Charge) -> Verdict {
             charge.id,
             ours.unwrap_or("(none)"),
         )),
-        (S::Succeeded, C::Succeeded) => match &recorded.ledger {
+        (S::Succeeded, C::Succeeded) => match &stored.ledger {
             Some(booked) if booked.amount != charge.amount || booked.currency != charge.currency => {
                 Verdict::Conflicts(format!(
                     "the provider reports charge {} for {} {}, but the ledger booked {} {}",
@@ -149,8 +149,8 @@ mod tests {
         fixtures::charge(asked.payment_id, id, status, amount)
     }
 
-    fn recorded(asked: Asked, status: PaymentStatus, charge_id: Option<&str>, booked: Option<i64>) -> Recorded {
-        Recorded {
+    fn stored(asked: Asked, status: PaymentStatus, charge_id: Option<&str>, booked: Option<i64>) -> Stored {
+        Stored {
             asked,
             status,
             charge_id: charge_id.map(str::to_owned),
@@ -163,7 +163,7 @@ mod tests {
         use ChargeStatus::{Failed as Declined, Succeeded as Charged};
         use PaymentStatus as S;
         let a = asked();
-        let r = |status, charge_id, booked| recorded(a, status, charge_id, booked);
+        let r = |status, charge_id, booked| stored(a, status, charge_id, booked);
         let c = |id, status, amount| charge(&a, id, status, amount);
         let cases = [
             ("unknown, charged", r(S::Unknown, None, None), c("ch_1", Charged, 100), "applied"),
@@ -182,8 +182,8 @@ mod tests {
             ("decline without charge id", r(S::Failed, None, None), c("ch_1", Declined, 100), "already_terminal"),
             ("another declined charge", r(S::Failed, Some("ch_1"), None), c("ch_2", Declined, 100), "conflict"),
         ];
-        for (name, recorded, charge, expected) in cases {
-            assert_eq!(judge(&recorded, &charge).label(), expected, "{name}");
+        for (name, stored, charge, expected) in cases {
+            assert_eq!(judge(&stored, &charge).label(), expected, "{name}");
         }
     }
 }

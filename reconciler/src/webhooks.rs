@@ -18,7 +18,7 @@ use oncepay_provider::{Charge, ChargeStatus};
 use oncepay_service::telemetry;
 use oncepay_store::StoreError;
 use oncepay_store::settlement::Asked;
-use oncepay_store::transitions::{Applied, TransitionError};
+use oncepay_store::transitions::{Recorded, TransitionError};
 use serde_json::{Value, json};
 use sqlx::types::Json;
 use sqlx::{Acquire, PgConnection, PgPool};
@@ -27,7 +27,7 @@ use tracing::{Instrument, Span};
 
 use crate::dead_letters::{self, Kind};
 use crate::unknown::{self, Why};
-use crate::verdict::{self, Booked, Recorded, Verdict};
+use crate::verdict::{self, Booked, Stored, Verdict};
 
 /// The path the provider delivers to.
 pub const PATH: &str = "/webhooks/provider";
@@ -198,10 +198,10 @@ pub async fn apply(pool: &PgPool, webhook_id: &str, event: &WebhookEvent) -> Res
     tracing::Span::current().record("payment.id", tracing::field::display(payment_id));
 
     let mut tx = conn.begin().await.map_err(StoreError::from)?;
-    let Some(recorded) = lock_payment(&mut tx, tenant_id, payment_id).await? else {
+    let Some(stored) = lock_payment(&mut tx, tenant_id, payment_id).await? else {
         return Ok(Handled::NotOurs);
     };
-    let charge_verdict = verdict::judge(&recorded, charge);
+    let charge_verdict = verdict::judge(&stored, charge);
     let event_type = match event.event_type {
         EventType::ChargeSucceeded => "charge.succeeded",
         EventType::ChargeFailed => "charge.failed",
@@ -239,10 +239,10 @@ pub async fn apply(pool: &PgPool, webhook_id: &str, event: &WebhookEvent) -> Res
             let resolution = resolution_span(&mut tx, tenant_id, payment_id, how).await?;
             let reason = format!("provider webhook {event_type}");
             let why = Why { actor: ACTOR, reason: &reason };
-            let applied = unknown::settle(&mut tx, tenant_id, payment_id, transition, settlement, why, evidence)
+            let recorded = unknown::settle(&mut tx, tenant_id, payment_id, transition, settlement, why, evidence)
                 .instrument(resolution)
                 .await?;
-            if matches!(applied, Applied::LostRace) {
+            if matches!(recorded, Recorded::LostRace) {
                 // The payment row is locked above, so its status cannot have changed.
                 return Err(ApplyError::MovedWhileLocked(payment_id));
             }
@@ -250,7 +250,7 @@ pub async fn apply(pool: &PgPool, webhook_id: &str, event: &WebhookEvent) -> Res
         }
         Verdict::Mismatch(reason) => {
             let why = Why { actor: ACTOR, reason };
-            if let Applied::LostRace = unknown::mismatch(&mut tx, tenant_id, payment_id, why, evidence).await? {
+            if let Recorded::LostRace = unknown::mismatch(&mut tx, tenant_id, payment_id, why, evidence).await? {
                 return Err(ApplyError::MovedWhileLocked(payment_id));
             }
         }
@@ -360,7 +360,7 @@ async fn lock_payment(
     conn: &mut PgConnection,
     tenant_id: TenantId,
     payment_id: PaymentId,
-) -> Result<Option<Recorded>, StoreError> {
+) -> Result<Option<Stored>, StoreError> {
     let locked = sqlx::query_scalar!(
         r#"SELECT true AS "locked!" FROM payments WHERE tenant_id = $1 AND payment_id = $2 FOR UPDATE"#,
         tenant_id.as_uuid(),
@@ -383,7 +383,7 @@ async fn lock_payment(
     )
     .fetch_optional(conn)
     .await?;
-    Ok(row.map(|row| Recorded {
+    Ok(row.map(|row| Stored {
         asked: Asked { payment_id, amount: row.amount, currency: row.currency },
         status: row.status,
         charge_id: row.provider_charge_id,

@@ -129,8 +129,8 @@ fn an_unreachable_database_is_a_one_line_failure_with_exit_code_1() {
 async fn dead_lettered(pool: &PgPool, tenant_id: TenantId, key: &str, sent_secs_ago: i64) -> PaymentId {
     let payment_id = unknown_payment(pool, tenant_id, key, 1999, sent_secs_ago).await;
     let mut tx = pool.begin().await.unwrap();
-    let why = Why { actor: "reconciler:poller", reason: "no conclusive answer from the provider after 30 lookups" };
-    let evidence = json!({"source": "poll", "result": "lookup failed: the provider answered HTTP 503"});
+    let why = Why { actor: "reconciler:poller", reason: "no conclusive response from the provider after 30 lookups" };
+    let evidence = json!({"source": "poll", "result": "lookup failed: the provider responded with HTTP 503"});
     unknown::exhaust(&mut tx, tenant_id, payment_id, why, evidence).await.unwrap();
     tx.commit().await.unwrap();
     payment_id
@@ -198,7 +198,8 @@ async fn list_and_show_give_why_evidence_attempts_age_and_the_audit_trail(pool: 
     assert_eq!(trail.first(), Some(&("api", PaymentStatus::Pending)));
     assert_eq!(trail.last(), Some(&("reconciler:poller", PaymentStatus::DeadLettered)));
     let text = human(&detail);
-    for expected in ["why         no conclusive answer", "attempts    1", "HTTP 503", "audit trail", "dead_lettered"] {
+    for expected in ["why         no conclusive response", "attempts    1", "HTTP 503", "audit trail", "dead_lettered"]
+    {
         assert!(text.contains(expected), "{expected} in\n{text}");
     }
     assert!(matches!(missing, Err(CliError::NotFound(_))), "{missing:?}");

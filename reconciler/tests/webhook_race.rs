@@ -16,7 +16,7 @@ use oncepay_provider::wire::{EventType, WebhookEvent};
 use oncepay_reconciler::webhooks::{self, Handled};
 use oncepay_store::fixtures::{count, tenant};
 use oncepay_store::settlement::{self, Asked};
-use oncepay_store::transitions::{self, Applied};
+use oncepay_store::transitions::{self, Recorded};
 use sqlx::PgPool;
 use support::{accept, change, charge, claim};
 
@@ -58,7 +58,7 @@ async fn a_webhook_racing_the_workers_settlement_agrees_with_it(pool: PgPool) {
     )
     .await
     .unwrap();
-    assert!(matches!(settled, Applied::Moved(_)));
+    assert!(matches!(settled, Recorded::Moved(_)));
 
     let event = WebhookEvent { event_type: EventType::ChargeSucceeded, created: charged.created, data: charged };
     let delivery = tokio::spawn({

@@ -15,7 +15,7 @@ pub enum ControlError {
     #[error("the simulator could not be reached: {0}")]
     Transport(#[from] reqwest::Error),
     /// It responded with an error status.
-    #[error("the simulator answered HTTP {status}: {body}")]
+    #[error("the simulator responded with HTTP {status}: {body}")]
     Status {
         /// The status code.
         status: u16,

@@ -175,7 +175,7 @@ impl SharedFaults {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AfterCreate {
     /// The response goes out.
-    Answer,
+    Respond,
     /// A 500 goes out instead.
     ServerError,
     /// The response goes out after the hang.
@@ -188,7 +188,7 @@ impl AfterCreate {
     /// A label for metrics and logs.
     pub const fn label(self) -> &'static str {
         match self {
-            Self::Answer => "none",
+            Self::Respond => "none",
             Self::ServerError => "error_after",
             Self::Hang => "hang_after",
             Self::DropConnection => "drop_after",
@@ -235,7 +235,7 @@ impl ChargePlan {
         } else if after_draw < faults.error_after_rate + faults.hang_after_rate + faults.drop_after_rate {
             AfterCreate::DropConnection
         } else {
-            AfterCreate::Answer
+            AfterCreate::Respond
         };
         Self { error_before, rate_limited, hang_before, mismatch, malformed, decline, decline_reason, after }
     }
@@ -305,7 +305,7 @@ mod tests {
         let always = Faults { error_before_rate: 1.0, decline_rate: 1.0, drop_after_rate: 1.0, ..Faults::default() };
         for _ in 0..1000 {
             let plan = ChargePlan::draw(&never, 3, &mut rng);
-            assert!(!plan.error_before && !plan.decline && plan.after == AfterCreate::Answer);
+            assert!(!plan.error_before && !plan.decline && plan.after == AfterCreate::Respond);
             let plan = ChargePlan::draw(&always, 3, &mut rng);
             assert!(plan.error_before && plan.decline && plan.after == AfterCreate::DropConnection);
             assert!(plan.decline_reason < 3);
@@ -322,7 +322,7 @@ mod tests {
                 AfterCreate::ServerError => 0,
                 AfterCreate::Hang => 1,
                 AfterCreate::DropConnection => 2,
-                AfterCreate::Answer => 3,
+                AfterCreate::Respond => 3,
             };
             counts[index] += 1;
         }

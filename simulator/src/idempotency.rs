@@ -16,19 +16,19 @@ use serde::Serialize;
 
 /// An HTTP response (status and JSON body); a decided key replays its stored ones byte for byte.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoredAnswer {
+pub struct StoredResponse {
     /// The status code.
     pub status: u16,
     /// The JSON body.
     pub body: Bytes,
 }
 
-impl StoredAnswer {
+impl StoredResponse {
     /// `value` as a JSON response with `status`.
     pub fn json(status: u16, value: &impl Serialize) -> Self {
         let body = serde_json::to_vec(value).unwrap_or_else(|error| {
             // The protocol's types are plain structs with string keys; this cannot happen.
-            tracing::error!(error = %error, "cannot encode an answer");
+            tracing::error!(error = %error, "cannot encode a response");
             b"{}".to_vec()
         });
         Self { status, body: body.into() }
@@ -39,9 +39,9 @@ impl StoredAnswer {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decided {
     /// The charge's real response (201 or 402).
-    pub answer: StoredAnswer,
+    pub response: StoredResponse,
     /// The injected 500 that went out instead, if one did (replayed when `replay_stored_5xx`).
-    pub injected_error: Option<StoredAnswer>,
+    pub injected_error: Option<StoredResponse>,
 }
 
 /// What a request with a key may do.
@@ -160,7 +160,7 @@ mod tests {
     }
 
     fn decided(status: u16) -> Decided {
-        Decided { answer: StoredAnswer { status, body: Bytes::from_static(b"{}") }, injected_error: None }
+        Decided { response: StoredResponse { status, body: Bytes::from_static(b"{}") }, injected_error: None }
     }
 
     const WINDOW: Duration = Duration::from_secs(60);
@@ -193,7 +193,7 @@ mod tests {
     }
 
     #[test]
-    fn a_keys_window_starts_at_its_first_request_not_at_its_answer() {
+    fn a_keys_window_starts_at_its_first_request_not_at_its_response() {
         let mut store = KeyStore::new(WINDOW);
         let t0 = Instant::now();
         store.claim("k", &params(1), t0);

@@ -18,7 +18,7 @@ use crate::clock::{pause, unix_now};
 use crate::control::{GroundTruth, PlantCharge};
 use crate::dice::Dice;
 use crate::faults::{AfterCreate, ChargePlan, SharedFaults};
-use crate::idempotency::{Claim, Decided, KeyStore, StoredAnswer};
+use crate::idempotency::{Claim, Decided, KeyStore, StoredResponse};
 use crate::ledger::{Ledger, ListQuery, UnknownCursor};
 use crate::webhooks::Notifier;
 
@@ -31,11 +31,11 @@ const DECLINE_REASONS: [(&str, &str); 3] = [
 
 /// How a charge request ends.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ChargeAnswer {
+pub enum ChargeResponse {
     /// An HTTP response.
     Send {
         /// Status and body.
-        answer: StoredAnswer,
+        response: StoredResponse,
         /// Whether it is the stored response of an earlier request.
         replayed: bool,
     },
@@ -86,7 +86,7 @@ impl Provider {
     /// completion (the HTTP layer spawns it), so a client that hangs up cannot leave a key in
     /// flight.
     #[tracing::instrument(name = "provider.create_charge", skip_all, fields(charge.id, sim.fault))]
-    pub async fn create_charge(&self, key: String, params: CreateCharge) -> ChargeAnswer {
+    pub async fn create_charge(&self, key: String, params: CreateCharge) -> ChargeResponse {
         let faults = self.faults.get();
         let latency = Duration::from_millis(faults.latency_ms);
         let plan = self.dice.with(|rng| ChargePlan::draw(&faults, DECLINE_REASONS.len(), rng));
@@ -100,7 +100,7 @@ impl Provider {
         if plan.rate_limited {
             self.pause(latency).await;
             record_fault("rate_limited");
-            return ChargeAnswer::RateLimited { retry_after_secs: faults.rate_limit_retry_after_secs };
+            return ChargeResponse::RateLimited { retry_after_secs: faults.rate_limit_retry_after_secs };
         }
         let claim = self.books().keys.claim(&key, &params, Instant::now());
         match claim {
@@ -108,23 +108,23 @@ impl Provider {
             Claim::InFlight => {
                 self.pause(latency).await;
                 let body = error_body("idempotency_key_in_use", "A request with this key is being processed.", None);
-                return send(false, StoredAnswer::json(409, &body));
+                return send(false, StoredResponse::json(409, &body));
             }
             Claim::Reused => {
                 self.pause(latency).await;
                 let message = "This key was used with other parameters.";
-                return send(false, StoredAnswer::json(422, &error_body("idempotency_key_reused", message, None)));
+                return send(false, StoredResponse::json(422, &error_body("idempotency_key_reused", message, None)));
             }
             Claim::Decided(decided) => {
                 self.pause(latency).await;
-                let answer = match decided.injected_error {
+                let response = match decided.injected_error {
                     Some(error) if self.faults.get().replay_stored_5xx => {
                         record_fault("replay_stored_5xx");
                         error
                     }
-                    _ => decided.answer,
+                    _ => decided.response,
                 };
-                return send(true, answer);
+                return send(true, response);
             }
         }
 
@@ -135,38 +135,38 @@ impl Provider {
             record_fault("hang_before");
             self.pause(Duration::from_millis(faults.hang_before_ms)).await;
         }
-        let (charge, answer) = self.make_charge(&key, &params, &plan);
+        let (charge, response) = self.make_charge(&key, &params, &plan);
         tracing::Span::current().record("charge.id", charge.id.as_str());
         self.webhooks.charge_settled(&reported(&charge, &plan));
         metrics::counter!("oncepay_simulator_charges_total", "status" => status_label(charge.status)).increment(1);
 
-        if plan.after != AfterCreate::Answer {
+        if plan.after != AfterCreate::Respond {
             record_fault(plan.after.label());
         }
         match plan.after {
-            AfterCreate::Answer => {
-                self.decide(&key, answer.clone(), None);
-                send(false, answer)
+            AfterCreate::Respond => {
+                self.decide(&key, response.clone(), None);
+                send(false, response)
             }
             AfterCreate::ServerError => {
                 let error = server_error("The provider failed after creating the charge.");
-                self.decide(&key, answer, Some(error.clone()));
+                self.decide(&key, response, Some(error.clone()));
                 send(false, error)
             }
             AfterCreate::Hang => {
                 // Still in flight while hanging: a duplicate meanwhile gets 409.
                 self.pause(Duration::from_millis(faults.hang_ms)).await;
-                self.decide(&key, answer.clone(), None);
-                send(false, answer)
+                self.decide(&key, response.clone(), None);
+                send(false, response)
             }
             AfterCreate::DropConnection => {
-                self.decide(&key, answer, None);
-                ChargeAnswer::DropConnection
+                self.decide(&key, response, None);
+                ChargeResponse::DropConnection
             }
         }
     }
 
-    fn make_charge(&self, key: &str, params: &CreateCharge, plan: &ChargePlan) -> (Charge, StoredAnswer) {
+    fn make_charge(&self, key: &str, params: &CreateCharge, plan: &ChargePlan) -> (Charge, StoredResponse) {
         let (status, failure) = if plan.decline {
             let (code, message) = DECLINE_REASONS[plan.decline_reason % DECLINE_REASONS.len()];
             (ChargeStatus::Failed, Some((code.to_owned(), message.to_owned())))
@@ -192,11 +192,11 @@ impl Provider {
             failure_code: failure.as_ref().map(|(code, _)| code.clone()),
             failure_message: failure.as_ref().map(|(_, message)| message.clone()),
         });
-        let answer = match &failure {
-            None => StoredAnswer::json(201, &reported(&charge, plan)),
-            Some((code, message)) => StoredAnswer::json(402, &error_body(code, message, Some(charge.id.clone()))),
+        let response = match &failure {
+            None => StoredResponse::json(201, &reported(&charge, plan)),
+            Some((code, message)) => StoredResponse::json(402, &error_body(code, message, Some(charge.id.clone()))),
         };
-        (charge, answer)
+        (charge, response)
     }
 
     /// Writes the charge `make` builds around a fresh id.
@@ -210,8 +210,8 @@ impl Provider {
         }
     }
 
-    fn decide(&self, key: &str, answer: StoredAnswer, injected_error: Option<StoredAnswer>) {
-        self.books().keys.decide(key, Decided { answer, injected_error }, Instant::now());
+    fn decide(&self, key: &str, response: StoredResponse, injected_error: Option<StoredResponse>) {
+        self.books().keys.decide(key, Decided { response, injected_error }, Instant::now());
     }
 
     async fn pause(&self, duration: Duration) {
@@ -280,8 +280,8 @@ fn reported(charge: &Charge, plan: &ChargePlan) -> Charge {
     if plan.malformed { Charge { currency: charge.currency.to_lowercase(), ..charge.clone() } } else { charge.clone() }
 }
 
-fn send(replayed: bool, answer: StoredAnswer) -> ChargeAnswer {
-    ChargeAnswer::Send { answer, replayed }
+fn send(replayed: bool, response: StoredResponse) -> ChargeResponse {
+    ChargeResponse::Send { response, replayed }
 }
 
 fn record_fault(fault: &'static str) {
@@ -302,6 +302,6 @@ pub fn error_body(code: &str, message: &str, charge: Option<String>) -> ErrorBod
     ErrorBody { error: ErrorDetail { code: code.to_owned(), message: message.to_owned(), charge } }
 }
 
-fn server_error(message: &str) -> StoredAnswer {
-    StoredAnswer::json(500, &error_body("server_error", message, None))
+fn server_error(message: &str) -> StoredResponse {
+    StoredResponse::json(500, &error_body("server_error", message, None))
 }

@@ -15,7 +15,7 @@ use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_provider::KeyWindow;
 use oncepay_service::telemetry::TraceContext;
 
-use crate::transitions::{self, Applied, Change, TransitionError};
+use crate::transitions::{self, Change, Recorded, TransitionError};
 use crate::{StoreError, unknown_queue};
 
 /// What one [`sweep`] did.
@@ -176,10 +176,10 @@ async fn take_back(
         detail: Some(evidence.clone()),
     };
     match transitions::apply(&mut tx, &change).await? {
-        Applied::Moved(_) => {}
+        Recorded::Moved(_) => {}
         // Moved between the read above and the update: leave it to the next sweep, which will see
         // where it went.
-        Applied::LostRace => {
+        Recorded::LostRace => {
             tx.rollback().await.map_err(StoreError::from)?;
             return Ok(TakenBack::Skipped);
         }

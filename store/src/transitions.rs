@@ -2,7 +2,7 @@
 //!
 //! Each change is decided by [`oncepay_domain::status::next`] and written as a compare-and-set
 //! (`UPDATE payments … WHERE status = <from>`) together with an audit row. Zero rows updated means
-//! another actor moved the payment first: that is [`Applied::LostRace`], a normal outcome. Callers own
+//! another actor moved the payment first: that is [`Recorded::LostRace`], a normal outcome. Callers own
 //! the transaction and any guard of their own (the worker's fencing token), and must not hold it
 //! across a provider call.
 
@@ -68,7 +68,7 @@ pub enum Settlement {
 
 /// What persisting a change did.
 #[derive(Debug, Clone)]
-pub enum Applied<T> {
+pub enum Recorded<T> {
     /// The payment moved; here is the result.
     Moved(T),
     /// The payment was no longer in `from`: someone else moved it first. Nothing was written.
@@ -98,7 +98,7 @@ pub enum TransitionError {
 
 /// Persists a non-terminal change and wakes long polls when it commits. Returns the new status.
 #[tracing::instrument(name = "store.transition", skip_all, fields(payment.id = %change.payment_id, transition = ?change.transition))]
-pub async fn apply(conn: &mut PgConnection, change: &Change<'_>) -> Result<Applied<PaymentStatus>, TransitionError> {
+pub async fn apply(conn: &mut PgConnection, change: &Change<'_>) -> Result<Recorded<PaymentStatus>, TransitionError> {
     write_change(conn, change, true).await
 }
 
@@ -109,7 +109,7 @@ pub async fn apply(conn: &mut PgConnection, change: &Change<'_>) -> Result<Appli
 pub async fn apply_deferring_wakeup(
     conn: &mut PgConnection,
     change: &Change<'_>,
-) -> Result<Applied<PaymentStatus>, TransitionError> {
+) -> Result<Recorded<PaymentStatus>, TransitionError> {
     write_change(conn, change, false).await
 }
 
@@ -117,7 +117,7 @@ async fn write_change(
     conn: &mut PgConnection,
     change: &Change<'_>,
     wake: bool,
-) -> Result<Applied<PaymentStatus>, TransitionError> {
+) -> Result<Recorded<PaymentStatus>, TransitionError> {
     let to = status::next(change.from, change.transition)?;
     if to.is_terminal() {
         return Err(TransitionError::SettlementMismatch { transition: change.transition, from: change.from, to });
@@ -150,7 +150,7 @@ async fn write_change(
     .fetch_optional(conn)
     .await
     .map_err(StoreError::from)?;
-    Ok(if moved.is_some() { Applied::Moved(to) } else { Applied::LostRace })
+    Ok(if moved.is_some() { Recorded::Moved(to) } else { Recorded::LostRace })
 }
 
 /// Persists a terminal change: status, audit row, ledger entry (success), stored response on the
@@ -162,16 +162,16 @@ pub async fn settle(
     conn: &mut PgConnection,
     change: &Change<'_>,
     settlement: &Settlement,
-) -> Result<Applied<Payment>, TransitionError> {
-    let applied = write_settlements(conn, &[(change.clone(), settlement)]).await?;
-    let payment_ids: Vec<Uuid> = applied.iter().filter_map(moved_id).collect();
+) -> Result<Recorded<Payment>, TransitionError> {
+    let recorded = write_settlements(conn, &[(change.clone(), settlement)]).await?;
+    let payment_ids: Vec<Uuid> = recorded.iter().filter_map(moved_id).collect();
     if !payment_ids.is_empty() {
         sqlx::query!("SELECT pg_notify('oncepay_payment', id::text) FROM unnest($1::uuid[]) AS id", &payment_ids)
             .execute(&mut *conn)
             .await
             .map_err(StoreError::from)?;
     }
-    Ok(single(applied))
+    Ok(single(recorded))
 }
 
 /// [`settle`] without the wake-up: the caller announces the payment on
@@ -182,14 +182,14 @@ pub async fn settle_deferring_wakeup(
     conn: &mut PgConnection,
     change: &Change<'_>,
     settlement: &Settlement,
-) -> Result<Applied<Payment>, TransitionError> {
+) -> Result<Recorded<Payment>, TransitionError> {
     Ok(single(write_settlements(conn, &[(change.clone(), settlement)]).await?))
 }
 
 /// Persists many terminal changes at once, as [`settle_deferring_wakeup`] persists one: for each
 /// tenant, one statement for every compare-and-set, audit row and ledger entry, and one for every
 /// stored response. Returns what happened to each change, in order; a change whose payment had moved
-/// on is [`Applied::LostRace`] and writes nothing, whatever happens to the others. The caller
+/// on is [`Recorded::LostRace`] and writes nothing, whatever happens to the others. The caller
 /// announces the moved payments after the transaction has committed.
 ///
 /// For the worker, which settles whatever sends finished together in one transaction.
@@ -197,19 +197,19 @@ pub async fn settle_deferring_wakeup(
 pub async fn settle_all_deferring_wakeup(
     conn: &mut PgConnection,
     settlements: &[(Change<'_>, &Settlement)],
-) -> Result<Vec<Applied<Payment>>, TransitionError> {
+) -> Result<Vec<Recorded<Payment>>, TransitionError> {
     write_settlements(conn, settlements).await
 }
 
-fn moved_id(applied: &Applied<Payment>) -> Option<Uuid> {
-    match applied {
-        Applied::Moved(payment) => Some(payment.payment_id.as_uuid()),
-        Applied::LostRace => None,
+fn moved_id(recorded: &Recorded<Payment>) -> Option<Uuid> {
+    match recorded {
+        Recorded::Moved(payment) => Some(payment.payment_id.as_uuid()),
+        Recorded::LostRace => None,
     }
 }
 
-fn single(applied: Vec<Applied<Payment>>) -> Applied<Payment> {
-    applied.into_iter().next().unwrap_or(Applied::LostRace)
+fn single(recorded: Vec<Recorded<Payment>>) -> Recorded<Payment> {
+    recorded.into_iter().next().unwrap_or(Recorded::LostRace)
 }
 
 /// One terminal change's columns, checked against its settlement.
@@ -254,7 +254,7 @@ impl<'a> Row<'a> {
 async fn write_settlements(
     conn: &mut PgConnection,
     settlements: &[(Change<'_>, &Settlement)],
-) -> Result<Vec<Applied<Payment>>, TransitionError> {
+) -> Result<Vec<Recorded<Payment>>, TransitionError> {
     let rows =
         settlements.iter().map(|(change, settlement)| Row::of(change, settlement)).collect::<Result<Vec<_>, _>>()?;
     // One tenant per statement, so that each names its shard under Citus (SCALING.md); usually a
@@ -276,7 +276,7 @@ async fn write_settlements(
     }
     Ok(settlements
         .iter()
-        .map(|(change, _)| moved.remove(&change.payment_id).map_or(Applied::LostRace, Applied::Moved))
+        .map(|(change, _)| moved.remove(&change.payment_id).map_or(Recorded::LostRace, Recorded::Moved))
         .collect())
 }
 

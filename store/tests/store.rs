@@ -14,7 +14,7 @@ use oncepay_store::fixtures::{Submission, accept, body, count, tenant};
 use oncepay_store::intake::{self, Intake};
 use oncepay_store::payments;
 use oncepay_store::tenants::{self, CreateTenantError, TenantName};
-use oncepay_store::transitions::{self, Applied, Change, Settlement, TransitionError};
+use oncepay_store::transitions::{self, Change, Recorded, Settlement, TransitionError};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
@@ -185,7 +185,7 @@ async fn a_success_writes_status_audit_ledger_stored_response_and_wakes_listener
     .unwrap();
     tx.commit().await.unwrap();
 
-    let Applied::Moved(payment) = applied else { panic!("lost a race nobody ran") };
+    let Recorded::Moved(payment) = applied else { panic!("lost a race nobody ran") };
     assert_eq!(payment.status, PaymentStatus::Succeeded);
     assert_eq!(payment.provider_charge_id.as_deref(), Some("ch_1"));
     let notification = tokio::time::timeout(Duration::from_secs(5), listener.recv()).await.unwrap().unwrap();
@@ -245,7 +245,7 @@ async fn a_decline_records_the_failure_and_no_ledger_entry(pool: PgPool) {
     .await
     .unwrap();
 
-    let Applied::Moved(payment) = applied else { panic!("lost a race nobody ran") };
+    let Recorded::Moved(payment) = applied else { panic!("lost a race nobody ran") };
     let resource = PaymentResource::from(&payment);
     assert_eq!(resource.failure.unwrap().code, "card_declined");
     assert_eq!(count(&pool, "ledger_entries").await, 0);
@@ -293,8 +293,8 @@ async fn a_change_from_a_status_the_payment_has_left_loses_the_race_and_writes_n
     .await
     .unwrap();
 
-    assert!(matches!(settled, Applied::LostRace));
-    assert!(matches!(moved, Applied::LostRace));
+    assert!(matches!(settled, Recorded::LostRace));
+    assert!(matches!(moved, Recorded::LostRace));
     assert_eq!(count(&pool, "payment_events").await, events_before);
     assert_eq!(count(&pool, "ledger_entries").await, 0);
 }
@@ -388,7 +388,7 @@ async fn one_provider_charge_is_never_booked_to_two_payments(pool: PgPool) {
     let first = transitions::settle(&mut conn, &change(payments[0]), &charged).await;
     let second = transitions::settle(&mut conn, &change(payments[1]), &charged).await;
 
-    assert!(matches!(first, Ok(Applied::Moved(_))), "{first:?}");
+    assert!(matches!(first, Ok(Recorded::Moved(_))), "{first:?}");
     assert!(matches!(second, Err(TransitionError::Store(_))), "{second:?}");
     assert_eq!(count(&pool, "ledger_entries").await, 1);
 }

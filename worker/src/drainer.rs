@@ -34,7 +34,7 @@ use tracing::Instrument;
 use crate::group_commit::GroupCommit;
 use crate::metrics;
 use crate::outbox::{self, ClaimRequest, Claimed};
-use crate::record::{self, RecordError, Recorded, Settling};
+use crate::record::{self, RecordError, Recorded, SettledSend};
 use crate::verdict::{self, RetryPolicy, Verdict};
 use crate::wake::Wake;
 
@@ -325,7 +325,7 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
     /// its own. A recording that fails for a transient reason is retried a few times.
     #[tracing::instrument(name = "worker.record", skip_all, fields(payment.id = %claimed.payment_id, decision = verdict.label()))]
     pub async fn record(&self, claimed: &Claimed, verdict: &Verdict) -> Result<Recorded, RecordError> {
-        let result = if Settling::of(claimed, verdict).is_some() {
+        let result = if SettledSend::of(claimed, verdict).is_some() {
             let queued = (claimed.clone(), verdict.clone());
             let settled = self.inner.settlements.submit(queued, |batch| self.record_together(batch)).await;
             settled.unwrap_or(Err(RecordError::Abandoned))
@@ -344,8 +344,8 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
     /// database (a payment in a status it cannot be in, a row the database refuses), records each on
     /// its own, so that one payment's problem does not keep the others from being recorded.
     async fn record_together(&self, batch: Vec<(Claimed, Verdict)>) -> Vec<Result<Recorded, RecordError>> {
-        let settlements: Option<Vec<Settling<'_>>> =
-            batch.iter().map(|(claimed, verdict)| Settling::of(claimed, verdict)).collect();
+        let settlements: Option<Vec<SettledSend<'_>>> =
+            batch.iter().map(|(claimed, verdict)| SettledSend::of(claimed, verdict)).collect();
         if let Some(settlements) = settlements.filter(|s| s.len() > 1) {
             match self.retrying(|| self.record_settlements(&settlements)).await {
                 Ok(recorded) => return recorded.into_iter().map(Ok).collect(),
@@ -396,7 +396,7 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
         Ok(recorded)
     }
 
-    async fn record_settlements(&self, settlements: &[Settling<'_>]) -> Result<Vec<Recorded>, RecordError> {
+    async fn record_settlements(&self, settlements: &[SettledSend<'_>]) -> Result<Vec<Recorded>, RecordError> {
         let mut conn = self.inner.connections.acquire().await?;
         let recorded = record::record_settlements(conn.begin().await?, self.actor(), settlements).await?;
         conn.release();

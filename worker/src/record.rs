@@ -12,7 +12,7 @@ use std::sync::Arc;
 use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_service::telemetry;
-use oncepay_store::transitions::{self, Applied, Change, Settlement, TransitionError};
+use oncepay_store::transitions::{self, Change, Settlement, TransitionError};
 use oncepay_store::{StoreError, payments, unknown_queue};
 use serde_json::json;
 use sqlx::{Postgres, Transaction};
@@ -88,8 +88,8 @@ pub async fn record(
 ) -> Result<Recorded, RecordError> {
     let (held, transition, reason) = match verdict {
         Verdict::Settle { transition, settlement, reason } => {
-            let settling = Settling { claimed, transition: *transition, settlement, reason };
-            let recorded = record_settlements(tx, actor, &[settling]).await?;
+            let send = SettledSend { claimed, transition: *transition, settlement, reason };
+            let recorded = record_settlements(tx, actor, &[send]).await?;
             return Ok(recorded.into_iter().next().unwrap_or(Recorded::LeaseLost));
         }
         Verdict::Retry { delay, reason } => {
@@ -108,8 +108,8 @@ pub async fn record(
     };
     let change = change(claimed, actor, transition, reason, code);
     let status = match transitions::apply_deferring_wakeup(&mut tx, &change).await? {
-        Applied::Moved(status) => status,
-        Applied::LostRace => return superseded(tx, claimed).await,
+        transitions::Recorded::Moved(status) => status,
+        transitions::Recorded::LostRace => return superseded(tx, claimed).await,
     };
     if let Some(code) = code {
         let evidence = json!({
@@ -133,7 +133,7 @@ pub async fn record(
 
 /// A terminal verdict for one claimed payment: what [`record_settlements`] writes.
 #[derive(Debug, Clone, Copy)]
-pub struct Settling<'a> {
+pub struct SettledSend<'a> {
     /// The send it ends.
     pub claimed: &'a Claimed,
     /// `Charged`, `Declined` or `NotSentExhausted`.
@@ -144,7 +144,7 @@ pub struct Settling<'a> {
     pub reason: &'a str,
 }
 
-impl<'a> Settling<'a> {
+impl<'a> SettledSend<'a> {
     /// `verdict` for `claimed`, if it is terminal.
     pub fn of(claimed: &'a Claimed, verdict: &'a Verdict) -> Option<Self> {
         match verdict {
@@ -170,7 +170,7 @@ impl<'a> Settling<'a> {
 pub async fn record_settlements(
     mut tx: Transaction<'_, Postgres>,
     actor: &str,
-    sends: &[Settling<'_>],
+    sends: &[SettledSend<'_>],
 ) -> Result<Vec<Recorded>, RecordError> {
     let claims: Vec<&Claimed> = sends.iter().map(|send| send.claimed).collect();
     let held = outbox::take_all(&mut tx, &claims).await?;
@@ -184,21 +184,23 @@ pub async fn record_settlements(
         .filter(|send| held.contains(&send.claimed.payment_id))
         .map(|send| (change(send.claimed, actor, send.transition, send.reason, None), send.settlement))
         .collect();
-    let applied = transitions::settle_all_deferring_wakeup(&mut tx, &changes).await?;
+    let written = transitions::settle_all_deferring_wakeup(&mut tx, &changes).await?;
     let mut recorded: HashMap<PaymentId, Recorded> = HashMap::with_capacity(changes.len());
-    for ((change, _), applied) in changes.iter().zip(applied) {
-        let outcome = match applied {
-            Applied::Moved(payment) => Recorded::Moved(payment.status),
+    for ((change, _), written) in changes.iter().zip(written) {
+        let this = match written {
+            transitions::Recorded::Moved(payment) => Recorded::Moved(payment.status),
             // Its row is already gone: taken above.
-            Applied::LostRace => match current_status(&mut tx, change.tenant_id, change.payment_id).await? {
-                status @ (PaymentStatus::Pending | PaymentStatus::Processing) => {
-                    tx.rollback().await?;
-                    return Err(RecordError::Inconsistent(status));
+            transitions::Recorded::LostRace => {
+                match current_status(&mut tx, change.tenant_id, change.payment_id).await? {
+                    status @ (PaymentStatus::Pending | PaymentStatus::Processing) => {
+                        tx.rollback().await?;
+                        return Err(RecordError::Inconsistent(status));
+                    }
+                    status => Recorded::Superseded(status),
                 }
-                status => Recorded::Superseded(status),
-            },
+            }
         };
-        recorded.insert(change.payment_id, outcome);
+        recorded.insert(change.payment_id, this);
     }
     tx.commit().await?;
     Ok(sends.iter().map(|send| recorded.remove(&send.claimed.payment_id).unwrap_or(Recorded::LeaseLost)).collect())

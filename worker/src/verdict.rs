@@ -167,7 +167,7 @@ fn uncertain_code(reason: &UncertainReason) -> &'static str {
         UncertainReason::KeyInFlight => "key_in_flight",
         UncertainReason::KeyReused => "key_reused",
         UncertainReason::UnexpectedStatus(_) => "unexpected_status",
-        UncertainReason::UnreadableAnswer => "unreadable_answer",
+        UncertainReason::UnreadableResponse => "unreadable_response",
     }
 }
 
@@ -347,7 +347,7 @@ mod tests {
             UncertainReason::KeyInFlight,
             UncertainReason::KeyReused,
             UncertainReason::UnexpectedStatus(404),
-            UncertainReason::UnreadableAnswer,
+            UncertainReason::UnreadableResponse,
         ];
         let codes: std::collections::BTreeSet<_> = reasons.iter().map(uncertain_code).collect();
         assert_eq!(codes.len(), reasons.len());

@@ -8,7 +8,7 @@ use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_store::payments::Payment;
 use oncepay_store::tenants::{self, TenantName};
-use oncepay_store::transitions::{self, Applied, Change, Settlement};
+use oncepay_store::transitions::{self, Change, Recorded, Settlement};
 use reqwest::header::HeaderMap;
 use reqwest::{RequestBuilder, Response, StatusCode};
 use serde_json::{Value, json};
@@ -195,7 +195,7 @@ pub async fn settle_succeeded(db: &PgPool, tenant_id: TenantId, payment_id: Paym
         charged_at: OffsetDateTime::now_utc(),
     };
     let mut tx = db.begin().await.unwrap();
-    let Applied::Moved(payment) = transitions::settle(&mut tx, &change, &settlement).await.unwrap() else {
+    let Recorded::Moved(payment) = transitions::settle(&mut tx, &change, &settlement).await.unwrap() else {
         panic!("the payment was not processing");
     };
     tx.commit().await.unwrap();

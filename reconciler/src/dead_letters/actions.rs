@@ -12,7 +12,7 @@ use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_provider::PaymentProvider;
 use oncepay_store::outbox;
 use oncepay_store::settlement::{self, Unsettled};
-use oncepay_store::transitions::{self, Applied, Change, Settlement};
+use oncepay_store::transitions::{self, Change, Recorded, Settlement};
 use serde_json::json;
 use sqlx::{Acquire, PgConnection};
 use time::OffsetDateTime;
@@ -60,11 +60,11 @@ fn refuse_conflict(payment_id: PaymentId, status: PaymentStatus, action: &str) -
     ))
 }
 
-fn moved<T>(applied: Applied<T>, payment_id: PaymentId) -> Result<(), CliError> {
-    match applied {
-        Applied::Moved(_) => Ok(()),
+fn moved<T>(recorded: Recorded<T>, payment_id: PaymentId) -> Result<(), CliError> {
+    match recorded {
+        Recorded::Moved(_) => Ok(()),
         // The payment and the entry are locked: nothing else can have moved it.
-        Applied::LostRace => Err(CliError::Refused(format!("payment {payment_id} changed underneath; try again"))),
+        Recorded::LostRace => Err(CliError::Refused(format!("payment {payment_id} changed underneath; try again"))),
     }
 }
 
@@ -300,6 +300,6 @@ async fn settle(
         reason,
         detail: Some(json!({ "dead_letter_id": locked.dead_letter_id })),
     };
-    let applied = transitions::settle(conn, &change, settlement).await.context("cannot settle the payment")?;
-    moved(applied, payment_id)
+    let recorded = transitions::settle(conn, &change, settlement).await.context("cannot settle the payment")?;
+    moved(recorded, payment_id)
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_store::fixtures;
-use oncepay_store::transitions::{self, Applied, Change};
+use oncepay_store::transitions::{self, Change, Recorded};
 use oncepay_store::unknown_queue;
 use serde_json::json;
 use sqlx::PgPool;
@@ -82,8 +82,8 @@ pub fn change(
     Change { tenant_id, payment_id, from, transition, actor: "test", reason: "test setup", detail: None }
 }
 
-fn moved<T: std::fmt::Debug, E: std::fmt::Debug>(result: Result<Applied<T>, E>) {
-    assert!(matches!(result, Ok(Applied::Moved(_))), "{result:?}");
+fn moved<T: std::fmt::Debug, E: std::fmt::Debug>(result: Result<Recorded<T>, E>) {
+    assert!(matches!(result, Ok(Recorded::Moved(_))), "{result:?}");
 }
 
 /// The payment's status.

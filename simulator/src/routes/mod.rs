@@ -143,7 +143,7 @@ pub async fn handle(app: Arc<App>, request: Request<Incoming>) -> Reply {
             Reply::Respond(response) => {
                 tracing::Span::current().record("http.response.status_code", response.status().as_u16());
             }
-            Reply::DropConnection => tracing::debug!("dropping the connection without an answer"),
+            Reply::DropConnection => tracing::debug!("dropping the connection without a response"),
         }
         tracing::debug!("request handled");
         reply
@@ -157,7 +157,7 @@ pub fn json(status: StatusCode, value: &impl Serialize) -> Response<Full<Bytes>>
     match serde_json::to_vec(value) {
         Ok(body) => raw_json(status, body.into()),
         Err(cause) => {
-            tracing::error!(error = %cause, "cannot encode an answer");
+            tracing::error!(error = %cause, "cannot encode a response");
             raw_json(StatusCode::INTERNAL_SERVER_ERROR, Bytes::from_static(b"{}"))
         }
     }

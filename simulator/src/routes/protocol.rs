@@ -20,7 +20,7 @@ use subtle::ConstantTimeEq;
 
 use super::{App, Refusal, Reply, json, raw_json, read_json};
 use crate::ledger::{DEFAULT_PAGE, ListQuery, MAX_PAGE};
-use crate::provider::ChargeAnswer;
+use crate::provider::ChargeResponse;
 
 /// `POST /v1/charges`.
 pub async fn create_charge(app: &Arc<App>, request: Request<Incoming>) -> Reply {
@@ -31,16 +31,16 @@ pub async fn create_charge(app: &Arc<App>, request: Request<Incoming>) -> Reply 
     let provider = app.provider.clone();
     let work = app.work.spawn(async move { provider.create_charge(key, params).await });
     match work.await {
-        Ok(ChargeAnswer::Send { answer, replayed }) => {
-            let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            let mut response = raw_json(status, answer.body);
+        Ok(ChargeResponse::Send { response: stored, replayed }) => {
+            let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            let mut response = raw_json(status, stored.body);
             if replayed {
                 response.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));
             }
             response.into()
         }
-        Ok(ChargeAnswer::DropConnection) => Reply::DropConnection,
-        Ok(ChargeAnswer::RateLimited { retry_after_secs }) => {
+        Ok(ChargeResponse::DropConnection) => Reply::DropConnection,
+        Ok(ChargeResponse::RateLimited { retry_after_secs }) => {
             let mut response =
                 Refusal::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", "Too many requests.").into_response();
             response.headers_mut().insert(RETRY_AFTER, HeaderValue::from(retry_after_secs));

@@ -308,7 +308,7 @@ pub async fn requeue_unknown(pool: &PgPool, accepted: Accepted) {
         reason: "the provider holds no charge for the payment's key",
         detail: None,
     };
-    assert!(matches!(transitions::apply(&mut tx, &change).await.unwrap(), transitions::Applied::Moved(_)));
+    assert!(matches!(transitions::apply(&mut tx, &change).await.unwrap(), transitions::Recorded::Moved(_)));
     sqlx::query("DELETE FROM unknown_payments WHERE tenant_id = $1 AND payment_id = $2")
         .bind(accepted.tenant_id.as_uuid())
         .bind(accepted.payment_id.as_uuid())
