@@ -1,18 +1,9 @@
 //! [`Client`]: the oncepay HTTP API (`POST /v1/payments`, `GET /v1/payments/{id}`) with retries
 //! and long polling.
 //!
-//! Invariants:
-//! - Every attempt at a create sends the intent's own key and body; nothing here makes a key.
-//! - A request is retried only when it was not rejected (see `retry::is_retryable_status`) or
-//!   never got an answer; the wait before a retry is never shorter than the server's
-//!   `Retry-After`.
-//! - Every request has a deadline: the connect timeout, plus the request timeout, plus (for a long
-//!   poll) the time the server was asked to hold it.
-//! - Following a payment never spins: a re-poll goes out at once only when the status moved;
-//!   otherwise after the server held the poll, or after its `Retry-After`.
-//!
-//! The API key lives only in a sensitive header value and is never logged, printed or put into an
-//! error. Cheap to clone; clones share one connection pool, so one client serves many tasks.
+//! Every attempt at a create sends the intent's own key and body; nothing here makes a key. Every
+//! request has a deadline, and following a payment never spins. The API key lives only in a
+//! sensitive header value and is never logged, printed or put into an error.
 
 use std::fmt;
 use std::sync::Arc;
@@ -32,10 +23,12 @@ use crate::retry::{self, Next, RetryPolicy};
 const MAX_LONG_POLL: Duration = Duration::from_secs(30);
 
 /// How long to pause before re-polling a payment whose status did not move, when the server
-/// answered early and sent no `Retry-After`.
+/// responded early and sent no `Retry-After`.
 const DEFAULT_POLL_PAUSE: Duration = Duration::from_secs(1);
 
 /// A client of one oncepay api, as one tenant.
+///
+/// Cheap to clone: clones share one connection pool, so one client serves many tasks.
 #[derive(Clone)]
 pub struct Client {
     http: reqwest::Client,
@@ -79,12 +72,14 @@ impl Client {
         }
     }
 
-    /// Sends the intent (`POST /v1/payments`), retrying what is safe to retry under its key.
+    /// Sends the intent (`POST /v1/payments`), retrying what is safe to retry under its key:
+    /// transport failures and timeouts, `408`, `409`, `429`, `500`, `502`, `503` and `504`.
     ///
     /// `Ok` for `202` (accepted) and `200` (a replay of a finished payment); `replayed` says
-    /// whether the api had seen the key before. A rejection is [`Error::Problem`] at once; a
-    /// failure that outlasts the retry policy is [`Error::GaveUp`], after which sending the same
-    /// intent again is still safe.
+    /// whether the api had seen the key before. A rejection (`400`, `401`, `404`, `413`, `415`,
+    /// `422`, ...) is [`Error::Problem`] at once, with the RFC 9457 details; a failure that
+    /// outlasts the retry policy is [`Error::GaveUp`], after which sending the same intent again is
+    /// still safe.
     #[tracing::instrument(name = "oncepay.create", skip_all)]
     pub async fn create(&self, intent: &PaymentIntent) -> Result<Created, Error> {
         let url = format!("{}/v1/payments", self.inner.base_url);
@@ -118,7 +113,7 @@ impl Client {
     }
 
     /// Like [`wait_for_terminal`](Self::wait_for_terminal), calling `on_change` with the payment
-    /// each time its status is seen to move (the first answer included).
+    /// each time its status is seen to move (the first response included).
     pub async fn watch(
         &self,
         id: &PaymentId,
@@ -139,6 +134,8 @@ impl Client {
         self.follow(&created.payment.id, Some(created.payment.status), max_wait, |_| {}).await
     }
 
+    /// Polls until the payment is terminal or `max_total` has passed. A re-poll goes out at once
+    /// only when the status moved or the server held the poll; otherwise after its `Retry-After`.
     #[tracing::instrument(name = "oncepay.follow", skip_all, fields(payment.id = %id))]
     async fn follow(
         &self,
@@ -181,6 +178,8 @@ impl Client {
         let url = format!("{}/v1/payments/{id}", self.inner.base_url);
         let prefer = (!wait.is_zero()).then(|| format!("wait={}", wait.as_secs()));
         self.send(deadline, || {
+            // Every request has a deadline: the time the server was asked to hold it, plus the
+            // request timeout.
             let request = self.http.get(&url).timeout(wait + self.inner.timeout);
             match &prefer {
                 Some(prefer) => request.header("Prefer", prefer),
@@ -191,7 +190,8 @@ impl Client {
     }
 
     /// Sends the request `build` makes until it succeeds, is rejected, or the retry policy (or
-    /// `deadline`) says stop.
+    /// `deadline`) says stop. The wait before a retry is never shorter than the server's
+    /// `Retry-After`.
     async fn send(&self, deadline: Option<Instant>, build: impl Fn() -> RequestBuilder) -> Result<Answer, Error> {
         let policy = &self.inner.retry;
         let mut attempt = 1;
@@ -208,6 +208,7 @@ impl Client {
                 Next::RetryAfter(delay) if deadline.is_none_or(|deadline| Instant::now() + delay < deadline) => delay,
                 _ => return Err(Error::GaveUp { attempts: attempt, last: Box::new(failure.error) }),
             };
+            // The client's only log line: never the key, an idempotency key or a body.
             tracing::warn!(
                 attempt,
                 delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
@@ -239,7 +240,7 @@ impl ClientBuilder {
         self
     }
 
-    /// How long to wait for a whole answer (default 10 s); a long poll gets this on top of the
+    /// How long to wait for a whole response (default 10 s); a long poll gets this on top of the
     /// time the server is asked to hold it.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
@@ -302,7 +303,7 @@ impl fmt::Debug for ClientBuilder {
     }
 }
 
-/// A successful answer, read in full.
+/// A successful response, read in full.
 struct Answer {
     status: StatusCode,
     headers: HeaderMap,

@@ -1,8 +1,5 @@
 //! What can go wrong talking to the api, as types a caller can branch on.
 //!
-//! [`Error::GaveUp`] means "could not get an answer now": the request may or may not have been
-//! accepted, and sending the same [`PaymentIntent`](crate::PaymentIntent) again later is safe.
-//! [`Error::Problem`] means the api answered with an error that retrying will not change.
 //! No message here ever contains the API key: it is only ever in a request header.
 
 /// A failed request.
@@ -12,7 +9,7 @@ pub enum Error {
     /// as the `last` of [`Error::GaveUp`] for a timeout or a refused, reset or dropped connection.
     #[error("could not talk to the oncepay api")]
     Http(#[source] reqwest::Error),
-    /// The api answered with an error.
+    /// The api responded with an error that retrying will not change.
     #[error("the oncepay api answered {status}: {problem}")]
     Problem {
         /// The HTTP status.
@@ -20,17 +17,18 @@ pub enum Error {
         /// The RFC 9457 details.
         problem: crate::Problem,
     },
-    /// The api answered with success, but the body is not what the contract describes.
+    /// The api responded with success, but the body is not what the contract describes.
     #[error("could not read the oncepay api's answer (status {status})")]
     Decode {
-        /// The HTTP status of the answer.
+        /// The HTTP status of the response.
         status: u16,
         /// What did not parse.
         #[source]
         source: serde_json::Error,
     },
     /// Every attempt failed in a way worth retrying (transport, timeout, 409, 429, 5xx), until
-    /// the attempts or the time ran out.
+    /// the attempts or the time ran out: no response now. The request may or may not have been
+    /// accepted, and sending the same [`PaymentIntent`](crate::PaymentIntent) again later is safe.
     #[error("gave up after {attempts} attempt(s)")]
     GaveUp {
         /// Attempts made.
@@ -42,7 +40,7 @@ pub enum Error {
 }
 
 impl Error {
-    /// The HTTP status the api answered with, for this error or the last attempt behind it.
+    /// The HTTP status the api responded with, for this error or the last attempt behind it.
     pub fn status(&self) -> Option<u16> {
         match self {
             Self::Http(_) => None,

@@ -1,13 +1,9 @@
 //! A payment intent: one payment the merchant wants, bound to one idempotency key.
 //!
-//! The key is fixed when the intent is built — a fresh UUIDv4, or one the caller supplies to
-//! resume an earlier attempt — and the request body is serialised once, at the same moment. An
-//! intent has no setters, so every send of it (every retry, every clone) carries the same key and
-//! the same bytes, and the server can only ever see it as one request. Changing what is paid for
-//! means building a new intent, which gets a new key.
-//!
-//! Only the key is checked here, because it goes into a header; the body's fields are validated
-//! by the server alone, so the client can never disagree with it about what is valid.
+//! The key and the serialised body are fixed when the intent is built, and an intent has no
+//! setters, so every send of it (every retry, every clone) carries the same key and bytes: the
+//! server can only ever see it as one request. Only the key is checked here; the server alone
+//! validates the body.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -89,7 +85,8 @@ impl FromStr for IdempotencyKey {
 
 /// One payment to make, with the key that makes sending it any number of times safe.
 ///
-/// Built with [`PaymentIntent::builder`]. Cloning keeps the key: a clone is the same intent.
+/// Built with [`PaymentIntent::builder`]. Cloning keeps the key: a clone is the same intent. To
+/// pay for something else, build a new intent, which gets a new key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PaymentIntent {
     key: IdempotencyKey,
@@ -151,6 +148,9 @@ impl PaymentIntent {
 }
 
 /// Collects an intent's optional fields; [`build`](Self::build) fixes its key.
+///
+/// Nothing here checks the fields: the server does, so the client cannot disagree with it about
+/// what is valid.
 #[derive(Debug, Clone)]
 pub struct PaymentIntentBuilder {
     amount: i64,
@@ -179,8 +179,8 @@ impl PaymentIntentBuilder {
     }
 
     /// The intent, under a key the caller kept from an earlier attempt. Sending it with a
-    /// different amount, currency, customer, description or metadata than that attempt is
-    /// answered `422 idempotency-key-reused`.
+    /// different amount, currency, customer, description or metadata than that attempt gets
+    /// `422 idempotency-key-reused`.
     pub fn build_with_key(self, key: IdempotencyKey) -> PaymentIntent {
         let mut body = Map::new();
         body.insert("amount".into(), json!(self.amount));

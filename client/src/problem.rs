@@ -1,8 +1,5 @@
-//! RFC 9457 problem details, as the api answers every error, read back into a type.
-//!
-//! A body that is not a problem document (a proxy's HTML page, an empty body) still becomes a
-//! [`Problem`]: `type` `about:blank` and the status's reason phrase as its title, which is what
-//! RFC 9457 says such a response means. Reading a problem never fails.
+//! RFC 9457 problem details, as the api returns every error, read back into a type. Reading a
+//! problem never fails.
 
 use std::fmt;
 
@@ -48,6 +45,10 @@ fn about_blank() -> String {
 
 impl Problem {
     /// Reads the body of an error response with `status`.
+    ///
+    /// A body that is not a problem document (a proxy's HTML page, an empty body) becomes type
+    /// `about:blank` with the status's reason phrase as its title, which is what RFC 9457 says
+    /// such a response means.
     pub(crate) fn from_response(status: StatusCode, body: &[u8]) -> Self {
         serde_json::from_slice(body).unwrap_or_else(|_| Self {
             type_uri: about_blank(),

@@ -1,8 +1,7 @@
 //! The payment resource as the api shows it, and what a create returns.
 //!
 //! These mirror the contract's `GET /v1/payments/{id}` body and nothing more. Unknown members are
-//! ignored, so the api can add fields without breaking embedded clients; a status this client does
-//! not know is a decoding error rather than a guess.
+//! ignored, so the api can add fields without breaking embedded clients.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -49,7 +48,7 @@ impl fmt::Display for PaymentId {
     }
 }
 
-/// Where a payment stands.
+/// Where a payment stands. A status this client does not know is a decoding error, not a guess.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PaymentStatus {
@@ -61,8 +60,9 @@ pub enum PaymentStatus {
     Succeeded,
     /// The provider declined, or the charge provably never happened. Final.
     Failed,
-    /// The provider's answer was lost; oncepay is finding out whether the charge happened (webhooks,
-    /// polling). Not final, and it may take a while; a retry of the request cannot change it.
+    /// The provider's response was lost; oncepay is finding out whether the charge happened
+    /// (webhooks, polling). Not final, and it may take a while; a retry of the request cannot
+    /// change it.
     Unknown,
     /// Automatic reconciliation gave up; an operator will settle it. Not final, and it may take
     /// hours.

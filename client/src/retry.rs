@@ -1,10 +1,5 @@
-//! When to try a request again, and how long to wait first.
-//!
-//! The wait before retry `n` (1-based) is exponential backoff, `min(max_backoff, base_backoff *
-//! 2^(n-1))`, spread by [`Jitter`] so that clients that failed together do not come back together;
-//! the server's `Retry-After` is a floor under it, never shortened. A `Retry-After` longer than
-//! [`RetryPolicy::max_retry_after`] ends the retries instead: the client does not hang silently for
-//! as long as a server asks.
+//! When to try a request again, and how long to wait first: exponential backoff with jitter, and
+//! never less than the server's `Retry-After`.
 //!
 //! Pure apart from the random source and the clock passed in; the I/O loop lives in `client`.
 
@@ -14,7 +9,7 @@ use rand::Rng;
 use reqwest::StatusCode;
 use reqwest::header::{HeaderMap, RETRY_AFTER};
 
-/// How the backoff is randomised.
+/// How the backoff is randomised, so that clients that failed together do not come back together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Jitter {
     /// Exactly the backoff ceiling. Only for tests and single clients.
@@ -42,8 +37,8 @@ pub struct RetryPolicy {
 }
 
 impl Default for RetryPolicy {
-    /// Six attempts over roughly ten seconds of backoff (200 ms doubling to 5 s, full jitter), and
-    /// up to a minute for a server that asks for it.
+    /// Six attempts, the backoff from 200 ms doubling up to 5 s (full jitter), and up to a minute
+    /// for a server that asks for it.
     fn default() -> Self {
         Self {
             max_attempts: 6,
@@ -70,7 +65,8 @@ impl RetryPolicy {
         self.max_attempts.max(1)
     }
 
-    /// The backoff ceiling before retry `retry` (1-based), before jitter.
+    /// The backoff ceiling before retry `retry` (1-based), before jitter:
+    /// `min(max_backoff, base_backoff * 2^(retry-1))`.
     pub fn ceiling(&self, retry: u32) -> Duration {
         let doublings = retry.saturating_sub(1).min(31);
         self.base_backoff.saturating_mul(1u32 << doublings).min(self.max_backoff)
@@ -93,15 +89,17 @@ impl RetryPolicy {
             return Next::GiveUp;
         }
         match retry_after {
+            // Give up rather than hang silently for as long as a server asks.
             Some(asked) if asked > self.max_retry_after => Next::GiveUp,
+            // The server's `Retry-After` is a floor under the backoff, never shortened.
             asked => Next::RetryAfter(self.backoff(attempt, rng).max(asked.unwrap_or_default())),
         }
     }
 }
 
-/// Whether an answer with `status` may be retried under the same idempotency key: the request
-/// was not rejected, it just could not be served now (`408`, `409` key busy, `429`, `5xx` other
-/// than "not implemented"). The key makes the retry safe; it replays whatever was accepted.
+/// Whether a response with `status` may be retried under the same idempotency key: the request
+/// was not rejected, it just could not be served now (`408`, `409` key busy, `429`, `500`, `502`,
+/// `503`, `504`). The key makes the retry safe; it replays whatever was accepted.
 pub(crate) fn is_retryable_status(status: StatusCode) -> bool {
     matches!(status.as_u16(), 408 | 409 | 429 | 500 | 502 | 503 | 504)
 }

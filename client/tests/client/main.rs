@@ -1,6 +1,6 @@
 //! The client against a wiremock server standing in for the api (and, for the CLI, the real
 //! `oncepay` binary against the same). Backoffs are tiny; the only real waits are the
-//! `Retry-After`s and long polls whose honouring is the point of a test.
+//! `Retry-After`s and long polls a test is about.
 
 // Helpers outside `#[test]` functions panic on purpose too: a failed step fails the test.
 #![allow(clippy::unwrap_used)]

@@ -1,4 +1,4 @@
-//! What every client test needs: a scripted stand-in for the api, canned answers, a client with
+//! What every client test needs: a scripted stand-in for the api, canned responses, a client with
 //! tiny backoffs, and a front that drops connections.
 
 use std::net::SocketAddr;
@@ -14,7 +14,7 @@ use wiremock::{MockServer, Request, Respond, ResponseTemplate};
 /// A key distinctive enough that finding it anywhere is a leak.
 pub const API_KEY: &str = "opk_TestSecretPart0123456789abcdefghijklmnopqrstuvwxyzABCD";
 
-/// The payment every canned answer describes.
+/// The payment every canned response describes.
 pub const PAYMENT_ID: &str = "0192f0c4-7a3e-7c1d-9b1e-3f2a4c5d6e7f";
 
 /// Retries without waiting for real time, so tests stay fast.
@@ -102,8 +102,8 @@ impl Arrivals {
     }
 }
 
-/// Answers the n-th request with the n-th response (the last one from then on), and records when
-/// each request arrived: the server's own log of what the client did and when.
+/// Responds to the n-th request with the n-th response (the last one from then on), and records
+/// when each request arrived: the server's own log of what the client did and when.
 pub struct Script {
     responses: Vec<ResponseTemplate>,
     arrivals: Arrivals,
@@ -126,7 +126,7 @@ impl Respond for Script {
 }
 
 /// A TCP front for a mock server that reads the request head of each of the first `drops`
-/// connections and then closes them without an answer; later connections pass through.
+/// connections and then closes them without a response; later connections pass through.
 pub struct DroppingFront {
     pub uri: String,
     heads: Arc<Mutex<Vec<String>>>,

@@ -1,5 +1,5 @@
-//! Following a payment: long polls with `Prefer: wait=N`, re-polled after each answer, transient
-//! failures retried, and non-final states returned honestly when the caller's time is up.
+//! Following a payment: long polls with `Prefer: wait=N`, re-polled after each response, transient
+//! failures retried, and non-final states returned as they are when the caller's time is up.
 
 use std::time::Duration;
 
@@ -90,7 +90,7 @@ async fn a_poll_that_fails_transiently_is_retried() {
 
 #[tokio::test]
 async fn an_unknown_payment_is_returned_unsettled_when_time_is_up_without_hammering_the_api() {
-    // This api answers at once instead of holding the poll, and asks for a second between polls.
+    // This api responds at once instead of holding the poll, and asks for a second between polls.
     let (server, arrivals) = api_showing(vec![found("unknown", "1")]).await;
 
     let payment = client(&server.uri()).wait_for_terminal(&payment_id(), Duration::from_secs(2)).await.unwrap();
@@ -99,7 +99,7 @@ async fn an_unknown_payment_is_returned_unsettled_when_time_is_up_without_hammer
     assert!(!payment.status.is_terminal());
     let times = arrivals.times();
     assert!((2..=5).contains(&times.len()), "{} polls in 2 s", times.len());
-    // The second answer did not move and was not held: the next poll waits for Retry-After.
+    // The second response did not move and was not held: the next poll waits for Retry-After.
     if let [_, second, third, ..] = times[..] {
         let gap = third.duration_since(second).unwrap();
         assert!(gap >= Duration::from_secs(1), "re-polled an unchanged status after {gap:?}");

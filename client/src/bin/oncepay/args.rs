@@ -1,6 +1,5 @@
-//! The command line of `oncepay`: what can be asked, and where each setting comes from (a flag,
-//! or for the url and API key the environment, read by clap in `main`'s parse and nowhere else).
-//! It owns no behaviour.
+//! The command line of `oncepay`: its commands and flags, two of which clap may also read from the
+//! environment (`ONCEPAY_URL`, `ONCEPAY_API_KEY`). It owns no behaviour.
 
 use clap::{Args, Parser, Subcommand};
 use oncepay_client::{IdempotencyKey, PaymentId};
@@ -78,7 +77,7 @@ pub struct PayArgs {
     #[arg(long, conflicts_with = "wait")]
     pub no_wait: bool,
 
-    /// How long to follow the payment before giving the word back.
+    /// How long to follow the payment before returning.
     #[arg(long, value_name = "SECS", default_value_t = 120)]
     pub wait: u64,
 }

@@ -1,10 +1,8 @@
 //! `oncepay`: pay through the oncepay api and follow payments from a terminal or a script.
 //!
-//! `main` parses the command line (the only place the environment is read: `ONCEPAY_URL`,
-//! `ONCEPAY_API_KEY`), builds a client, runs one command and exits with a code that sums up the
-//! outcome (see `--help`). `pay` prints its idempotency key before sending anything, so whatever
-//! happens next the user can retry the same payment with `--key`. Results go to stdout; errors
-//! and advice to stderr. The API key is never printed.
+//! `main` parses the command line, builds a client, runs one command and exits with a code that
+//! sums up the result (see `--help`). Results go to stdout; errors and advice to stderr. The API
+//! key is never printed.
 
 mod args;
 mod report;
@@ -21,6 +19,7 @@ use crate::report::Exit;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
+    // The only place the environment is read (`ONCEPAY_URL`, `ONCEPAY_API_KEY`).
     let cli = Cli::parse();
     let Some(api_key) = cli.api_key else {
         eprintln!("error: an API key is needed: --api-key or ONCEPAY_API_KEY");
@@ -53,7 +52,8 @@ async fn pay(client: &Client, args: PayArgs, json: bool) -> Exit {
         None => builder.build(),
     };
     let key = intent.key().as_str();
-    // Before sending: if this process dies mid-request, the key is what makes a retry safe.
+    // Before sending: if this process dies mid-request, the key is what lets the user retry the
+    // same payment safely (`--key`).
     if json {
         eprintln!("{}", report::key_line(key));
     } else {
@@ -131,7 +131,7 @@ async fn status(client: &Client, args: StatusArgs, json: bool) -> Exit {
 }
 
 /// Prints a result line. A closed stdout must not stop a payment from being followed: the exit
-/// code still tells the outcome, so a failed write is deliberately not an error.
+/// code still tells the result, so a failed write is deliberately not an error.
 fn say(text: &str) {
     let _ = writeln!(std::io::stdout().lock(), "{text}");
 }

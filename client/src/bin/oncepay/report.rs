@@ -16,7 +16,7 @@ use time::format_description::well_known::Rfc3339;
 pub enum Exit {
     /// The payment succeeded, or `pay --no-wait` saw it accepted.
     Succeeded = 0,
-    /// The api's answer could not be understood.
+    /// The api's response could not be understood.
     Unexpected = 1,
     /// Bad flags, no API key, an invalid URL.
     Usage = 2,
@@ -26,7 +26,7 @@ pub enum Exit {
     NotFinal = 4,
     /// The api rejected the request.
     Rejected = 5,
-    /// No answer after retries.
+    /// No response after retries.
     Unavailable = 6,
 }
 
