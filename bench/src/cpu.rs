@@ -2,17 +2,8 @@
 //!
 //! A [`CpuSampler`] takes a [`CpuSample`] at each edge of a window; their difference is a
 //! [`CpuUsage`]: CPU-seconds per [`Role`] plus the whole machine's busy time, so the time no role
-//! accounts for (other programs on the machine) is visible too. Attribution:
-//!
-//! - `postgres`: the postmaster's own time and the time of its children it has reaped (`cutime`,
-//!   `cstime`: backends that exited), plus every live child's own time — backends, checkpointer,
-//!   WAL writer, autovacuum. Nothing is lost when a backend exits mid-window.
-//! - `api`, `worker`, `simulator`, and `client` when it is pgbench: this process's children, told
-//!   apart by their command name; each counts all its threads.
-//! - `client` when it is the HTTP load generator: that one thread of this process; `bench` is the
-//!   rest of this process (orchestration, copying the children's logs).
-//!
-//! Nothing here starts, stops or signals a process.
+//! accounts for (other programs on the machine) shows too. Nothing here starts, stops or signals a
+//! process.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -184,6 +175,13 @@ impl CpuSampler {
     }
 
     /// The CPU times now.
+    ///
+    /// PostgreSQL is the postmaster's own time and that of the children it has reaped (`cutime`,
+    /// `cstime`: backends that exited), plus every live child's own time (backends, checkpointer,
+    /// WAL writer, autovacuum), so nothing is lost when a backend exits mid-window. The binaries,
+    /// and pgbench as the client, are this process's children, told apart by command name; each
+    /// counts all its threads. The load generator is one thread of this process; `bench` is the
+    /// rest of it (orchestration, copying the children's logs).
     pub fn sample(&self) -> CpuSample {
         let me = i32::try_from(std::process::id()).unwrap_or(i32::MAX);
         let mut ticks: BTreeMap<Role, u64> = BTreeMap::new();

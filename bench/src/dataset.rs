@@ -1,18 +1,6 @@
 //! The data a run works on: the tenant and its API key, the one request body, the key scheme both
 //! load generators (pgbench and HTTP) draw from, and the bulk loaders that write history and
-//! backlogs with `generate_series`.
-//!
-//! Keys come in two kinds. Fresh keys (accepts) are random decimal numbers in
-//! [`FRESH_KEYS`], so they land at random places in the key index as real clients' random keys do.
-//! Stored keys (replays) are `replay_key(i)` for `i` in `0..n`: a bijective scramble of `i`, below
-//! 2^32 so they never meet a fresh key, computed the same way in SQL and here, so both generators
-//! can pick a random stored key without reading the table. Which stored keys a run replays is a
-//! [`ReplaySet`]: every one of them, or a fixed number spread evenly over a longer history.
-//!
-//! The loaders write rows exactly as the api and the worker would (the same columns, a payment id
-//! ordered by time like a UUIDv7, the stored terminal response a replay returns), except that a
-//! settled payment carries only its creation audit row and no ledger entry: neither is read by an
-//! accept or a replay. They are for benchmark databases only.
+//! backlogs with `generate_series`. The loaders are for benchmark databases only.
 
 use std::ops::RangeInclusive;
 
@@ -37,13 +25,17 @@ pub const PATH: &str = "/v1/payments";
 pub const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
 /// Where fresh (never used) keys come from: above every stored key, below `i64::MAX` (pgbench's
-/// integers are signed 64-bit).
+/// integers are signed 64-bit). An accept draws a random one, so it lands at a random place in the
+/// key index, as real clients' random keys do.
 pub const FRESH_KEYS: RangeInclusive<u64> = (1 << 32)..=(i64::MAX as u64 - 1);
 
 /// The multiplier of the key scramble: odd, so `i ↦ i * M mod 2^32` is a bijection.
 pub const SCRAMBLE: u64 = 2_654_435_761;
 
 /// The `i`-th stored key (`i < 2^32`). SQL: `((i * 2654435761) % 4294967296)::text`.
+///
+/// A bijective scramble of `i`, below 2^32 so it never meets a fresh key, and computed the same way
+/// in SQL and here, so both load generators can pick a random stored key without reading the table.
 pub fn replay_key(i: u64) -> String {
     replay_key_number(i).to_string()
 }
@@ -125,6 +117,10 @@ fn base_millis(count: u64) -> i64 {
 
 /// Writes settled (succeeded) payments for stored keys `replay_key(first..first + count)`, each with
 /// the stored 200 response a replay returns. `salt` keeps payment ids of different loads apart.
+///
+/// The rows are what the api and the worker would write (the same columns, a payment id ordered by
+/// time like a UUIDv7), except that a payment carries only its creation audit row and no ledger
+/// entry: neither is read by an accept or a replay.
 pub async fn load_settled(
     conn: &mut PgConnection,
     tenant: TenantId,

@@ -1,8 +1,7 @@
 //! Latencies of one measured window, and their summary (p50, p99, max).
 //!
-//! Every sample is kept (microseconds, `u32`: 4 bytes each, a few MB for the longest windows), so
-//! percentiles are exact nearest-rank values rather than bucket estimates. Nothing here measures
-//! time: callers record durations they measured.
+//! Every sample is kept, so percentiles are exact nearest-rank values rather than bucket estimates.
+//! Nothing here measures time: callers record durations they measured.
 
 use std::time::Duration;
 
@@ -11,6 +10,7 @@ use serde::Serialize;
 /// The latencies recorded in one window.
 #[derive(Debug, Clone, Default)]
 pub struct Latencies {
+    // Microseconds as `u32`: at 4 bytes a sample, even the longest windows stay small.
     micros: Vec<u32>,
 }
 

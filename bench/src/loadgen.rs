@@ -1,34 +1,12 @@
 //! The HTTP load generator: N keep-alive HTTP/1.1 connections to the api over loopback, each
-//! sending its next request as soon as it has read the previous answer (a closed loop), until just
-//! after the end of the measured window. Requests answered inside the window count, with their latencies;
-//! the warm-up before it only warms.
+//! sending its next request as soon as it has read the previous response (a closed loop), until
+//! just after the measured window. Responses that arrive inside the window count, with their
+//! latencies; the warm-up before it only warms.
 //!
-//! It runs on one thread of its own (a current-thread tokio runtime), so on this 2-core machine it
-//! can take at most one core from the api and PostgreSQL, and that thread's CPU time is measured on
-//! its own (`cpu::ClientSource::Thread`). Nothing here talks to PostgreSQL.
-//!
-//! The HTTP/1.1 client is hand-written, because every microsecond of CPU the generator spends is
-//! taken from the api and PostgreSQL it measures, and the service is compared with pgbench, which
-//! spends about 7 µs per query. hyper's client runs a task per connection that each request and
-//! each answer cross by channel: it cost 17–18 µs of CPU per replay request at 8 connections (17 µs
-//! at 1). This one costs about 13 µs at 8 connections (8 µs at 1), and with the CPU it frees the
-//! api served about 13% more replays at 8 connections (8–18% over three runs of `--only replay`,
-//! old and new client alternating on a quiet machine). What is left is mostly the kernel's: per
-//! request one `sendto`, one `recvfrom` and a third of an `epoll_wait`, and the loopback TCP they
-//! drive.
-//!
-//! Each connection's loop owns its `TcpStream` and two buffers it reuses: it writes one request in
-//! one `write_all` (the bytes around the idempotency key are built once per connection, only the
-//! key is formatted per request), then reads until the whole answer is in, then sends the next.
-//! Exactly one request is in flight per connection: no pipelining, so bytes that arrive after an
-//! answer and before the next request are a transport problem, not an answer.
-//!
-//! What it understands of an answer: the status line and headers (parsed by `httparse`), a body
-//! framed by `Content-Length` (what the api sends; 204 and 304 have none), `Connection: close` (and
-//! HTTP/1.0 without keep-alive), after which it reconnects, and `Idempotent-Replayed: true`. It
-//! does not decode `Transfer-Encoding` (chunked) nor read a body to the end of the connection: such
-//! an answer, an interim 1xx answer, a malformed or oversized one is a transport problem, counted
-//! and followed by a reconnect, never guessed at.
+//! It runs on a thread of its own, whose CPU time is measured apart (`cpu::ClientSource::Thread`).
+//! Each connection has exactly one request in flight (no pipelining). A response it cannot read for
+//! certain is a transport problem, counted and followed by a reconnect, never guessed at. Nothing
+//! here talks to PostgreSQL.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -48,23 +26,23 @@ use crate::cpu;
 use crate::dataset::{self, ReplaySet};
 use crate::latency::Latencies;
 
-/// How long a request may stay unanswered after the window before the connection gives up on it.
+/// How long a request may wait for its response after the window before the connection gives up.
 const STRAGGLER_GRACE: Duration = Duration::from_secs(5);
 
 /// The load goes on this long after the window closes, so the machine is still under the same load
 /// (and this thread still alive) when the window's closing CPU sample is taken.
 const TAIL: Duration = Duration::from_millis(300);
 
-/// The read buffer's first capacity: every answer of the api fits, so it never grows.
+/// The read buffer's first capacity: every response of the api fits, so it never grows.
 const READ_BUFFER: usize = 8 * 1024;
 
-/// Headers an answer may have (the api sends fewer than ten).
+/// Headers a response may have (the api sends fewer than ten).
 const MAX_HEADERS: usize = 32;
 
 /// The longest status line and headers accepted.
 const MAX_HEAD: usize = 64 * 1024;
 
-/// The longest answer accepted, head and body.
+/// The longest response accepted, head and body.
 const MAX_ANSWER: usize = 1024 * 1024;
 
 /// What the requests do.
@@ -88,7 +66,7 @@ pub struct Plan {
     pub token: String,
     /// What to send.
     pub workload: Workload,
-    /// Answers from here on count.
+    /// Responses from here on count.
     pub measure_from: Instant,
     /// The window ends here; the load a moment later.
     pub measure_until: Instant,
@@ -97,9 +75,9 @@ pub struct Plan {
 /// What a load run measured inside its window.
 #[derive(Debug, Default)]
 pub struct Outcome {
-    /// Requests answered as expected.
+    /// Requests that got the expected response.
     pub completed: u64,
-    /// Their latencies, send to last byte of the answer.
+    /// Their latencies, from the send to the last byte of the response.
     pub latencies: Latencies,
     /// Everything else, by kind (`status 503`, `transport`, `timeout`).
     pub unexpected: BTreeMap<String, u64>,
@@ -115,7 +93,7 @@ impl Outcome {
         *self.unexpected.entry(kind).or_default() += 1;
     }
 
-    /// Counts an answer that arrived inside the window.
+    /// Counts a response that arrived inside the window.
     fn answered(&mut self, workload: Workload, answer: Answer, latency: Duration, target: SocketAddr) {
         let expected = match workload {
             Workload::Accept => answer.status == 202,
@@ -163,6 +141,8 @@ impl Generator {
             .name("load-generator".into())
             .spawn(move || {
                 let _ = sender.send(cpu::current_thread_id());
+                // One thread, one current-thread runtime: the generator can take at most one core
+                // from the api and PostgreSQL it measures.
                 let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
                 runtime.block_on(run(plan))
             })
@@ -215,7 +195,10 @@ async fn connection(plan: Arc<Plan>, target: SocketAddr, mut requests: Requests)
     outcome
 }
 
-/// Sends requests on `target` until `stop`, counting their answers in `outcome`.
+/// Sends requests on `target` until `stop`, counting their responses in `outcome`.
+///
+/// The loop owns its stream and two buffers it reuses: it writes each request in one `write_all`,
+/// then reads until the whole response is in, then sends the next.
 async fn closed_loop(plan: &Plan, target: SocketAddr, stop: Instant, requests: &mut Requests, outcome: &mut Outcome) {
     let mut rng = SmallRng::from_rng(&mut rand::rng());
     let mut received = Vec::with_capacity(READ_BUFFER);
@@ -260,7 +243,13 @@ async fn connect(target: SocketAddr) -> anyhow::Result<TcpStream> {
     Ok(stream)
 }
 
-/// Sends one request and reads its whole answer (so the connection can carry the next one).
+/// Sends one request and reads its whole response (so the connection can carry the next one).
+///
+/// Hand-written rather than hyper's client, which passes each request and response through a
+/// connection task by channel: every microsecond of CPU the generator spends is taken from the api
+/// and PostgreSQL it measures, and the service is compared with pgbench (BENCHMARKS.md has what
+/// each costs). What is left is mostly the kernel's: one `sendto` and one `recvfrom` per request,
+/// some `epoll_wait`, and the loopback TCP they drive.
 ///
 /// `received` holds what was read but not yet consumed: it is empty between exchanges on a
 /// well-behaved connection, and its allocation is reused.
@@ -274,7 +263,7 @@ where
     stream.write_all(request).await.context("cannot send the request")?;
     loop {
         if let Some((answer, length)) = frame(received)? {
-            // Anything after the answer stays, for the next exchange to refuse.
+            // Anything after the response stays, for the next exchange to refuse.
             received.drain(..length);
             return Ok(answer);
         }
@@ -344,17 +333,17 @@ fn is_header_value(value: &str) -> bool {
     value.bytes().all(|byte| byte == b'\t' || (byte >= b' ' && byte != 0x7f))
 }
 
-/// What the loop needs to know of an answer.
+/// What the loop needs to know of a response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Answer {
     status: u16,
     /// `Idempotent-Replayed: true` (the first such header, its value exactly `true`).
     replayed: bool,
-    /// The server closes the connection after this answer.
+    /// The server closes the connection after this response.
     close: bool,
 }
 
-/// Why bytes from the server are not an answer the generator can read. Each is a transport
+/// Why bytes from the server are not a response the generator can read. Each is a transport
 /// problem: the loop counts it and reconnects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum AnswerError {
@@ -366,13 +355,13 @@ enum AnswerError {
     NoLength,
     /// A `Content-Length` that is not one decimal number.
     InvalidLength,
-    /// An interim (1xx) answer: nothing here asks for one.
+    /// An interim (1xx) response: nothing here asks for one.
     Interim(u16),
-    /// A head over `MAX_HEAD` or an answer over `MAX_ANSWER` bytes.
+    /// A head over `MAX_HEAD` or a response over `MAX_ANSWER` bytes.
     TooLarge,
-    /// The server closed the connection having sent `read` bytes of the answer.
+    /// The server closed the connection having sent `read` bytes of the response.
     Closed { read: usize },
-    /// `len` bytes arrived that answer no request (one request is in flight at a time).
+    /// `len` bytes arrived that belong to no request (one request is in flight at a time).
     Unsolicited(usize),
 }
 
@@ -396,8 +385,14 @@ impl fmt::Display for AnswerError {
 
 impl std::error::Error for AnswerError {}
 
-/// Finds the answer at the start of `bytes`: `None` until all of it has arrived, then the answer and
-/// how many bytes it takes (what follows is not part of it).
+/// Finds the response at the start of `bytes`: `None` until all of it has arrived, then the
+/// response and how many bytes it takes (what follows is not part of it).
+///
+/// Understands the status line and headers (parsed by `httparse`), a body framed by
+/// `Content-Length` (what the api sends; 204 and 304 have none), `Connection: close` (and HTTP/1.0
+/// without keep-alive) and `Idempotent-Replayed: true`. It does not decode `Transfer-Encoding` nor
+/// read a body to the end of the connection: such a response is an error, like an interim, a
+/// malformed or an oversized one.
 fn frame(bytes: &[u8]) -> Result<Option<(Answer, usize)>, AnswerError> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut response = httparse::Response::new(&mut headers);
@@ -790,7 +785,7 @@ mod tests {
         Some((seen, head + length))
     }
 
-    /// Answers every request with 202, closing the connection after every third answer (with
+    /// Responds to every request with 202, closing the connection after every third response (with
     /// `Connection: close`), and reports each request and each connection.
     async fn serve(listener: TcpListener, seen: mpsc::UnboundedSender<Seen>, connections: Arc<AtomicUsize>) {
         while let Ok((mut stream, _)) = listener.accept().await {

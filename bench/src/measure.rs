@@ -1,10 +1,7 @@
 //! One measured window each: a pgbench baseline, HTTP load on the api, a worker draining a backlog,
 //! and accepts with draining at once. Each takes CPU samples at the window's edges and returns a
-//! [`Row`].
-//!
-//! Every window starts from a checkpoint, so no phase pays for the dirty pages of the one before,
-//! and opens only after a warm-up under the same load. Rates are operations completed inside the
-//! window divided by its length. Nothing here starts or stops a binary: callers hand in what runs.
+//! [`Row`]. Every window opens after a warm-up under the same load. Nothing here starts or stops a
+//! binary: callers hand in what runs.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -192,8 +189,8 @@ pub async fn service(
 }
 
 /// [`service`] accepts by the tenant of `token` while `flood_connections` more connections send
-/// accepts with `flood_token`, an API key that does not exist, as fast as they are answered: what a
-/// flood of made-up keys costs real tenants. The flood's answers per second are in `extra`.
+/// accepts with `flood_token`, an API key that does not exist, as fast as the api responds: what a
+/// flood of made-up keys costs real tenants. The flood's responses per second are in `extra`.
 #[allow(clippy::too_many_arguments)]
 pub async fn service_under_flood(
     target: &Target<'_>,
@@ -288,7 +285,7 @@ pub enum Start {
 /// drains exactly what arrives, so from an empty outbox the ratio to the accept rate is 1.0 at best
 /// and says only whether the queue grew; from a backlog it is the workers' headroom over the accept
 /// rate, and above 1.0 the queue shrinks while accepts run. From an empty outbox the row's latency is
-/// each accepted payment's time from acceptance to its recorded outcome, read from the payments once
+/// each accepted payment's time from acceptance to its final status, read from the payments once
 /// everything is drained (which this waits for); from a backlog that time is mostly the wait behind
 /// the backlog, so none is given. The accept rate and latency are extras.
 pub async fn accept_while_draining(
@@ -364,7 +361,7 @@ struct Settled {
     summary: Option<crate::latency::LatencySummary>,
 }
 
-/// From acceptance to the recorded outcome, for payments accepted in `window`.
+/// From acceptance to the final status, for payments accepted in `window`.
 async fn settle_latency(pool: &PgPool, window: (OffsetDateTime, OffsetDateTime)) -> anyhow::Result<Settled> {
     let micros: Vec<i64> = sqlx::query_scalar!(
         r#"

@@ -1,11 +1,7 @@
 //! Running pgbench: a script for a fixed time at a given number of connections, with every
-//! transaction logged (`-l`), so the window of a phase is cut from the log exactly as the HTTP load
-//! generator cuts its own, and latencies are percentiles of the same kind.
-//!
-//! pgbench runs with `-M prepared` (the binaries' sqlx prepares its statements too), `-n` (no
-//! vacuum of pgbench's own tables), over TCP on loopback like the binaries, and with one thread per
-//! core at most. A run whose clients abort (an error in the script, a claim that found nothing) is
-//! an error: its figures would be wrong.
+//! transaction logged (`-l`), so a phase's window is cut from the log as the HTTP load generator
+//! cuts its own, and latencies are percentiles of the same kind. A run whose clients abort is an
+//! error: its figures would be wrong.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -89,6 +85,8 @@ impl Job<'_> {
         let threads = (self.clients as usize).clamp(1, cores);
         let seconds = self.duration.as_secs() + u64::from(self.duration.subsec_nanos() > 0);
         let mut command = Command::new(self.program);
+        // `-M prepared` as the binaries' sqlx prepares its statements; `-n`: no vacuum of pgbench's
+        // own tables; TCP on loopback like the binaries.
         command
             .args(["-n", "-M", "prepared", "-l"])
             .arg(format!("--log-prefix={}", dir.path().join("log").display()))
@@ -118,6 +116,7 @@ impl Running {
         let (stdout, stderr) = tokio::join!(read_all(self.child.stdout.take()), read_all(self.child.stderr.take()));
         let (stdout, stderr) = (stdout?, stderr?);
         let status = self.child.wait().await?;
+        // A client aborts on an error in the script or a claim that found nothing.
         if !status.success() || stderr.contains("aborted") {
             bail!("pgbench failed ({status}): {}", tail(&format!("{stderr}\n{stdout}"), 1500));
         }

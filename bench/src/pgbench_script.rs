@@ -1,16 +1,5 @@
 //! pgbench scripts made from the project's own SQL files, so the raw baselines run the very
-//! statements the binaries run.
-//!
-//! [`command`] turns one statement as the code sends it into one pgbench command: comments are
-//! dropped, white space is collapsed to one line, each `$n` becomes the given pgbench variable
-//! (`:name`, which pgbench sends as a bind parameter under `-M prepared`, as sqlx does) or a SQL
-//! expression (for what pgbench cannot hold in a variable: NULL, a generated UUID), and sqlx's type
-//! annotations on column aliases (`AS "amount: Amount"`, `AS "fencing_token!"`) are removed, since
-//! pgbench's `\gset` makes variables of the column names. Every `$n` must be given an argument and
-//! every argument must be used, so a statement that gains or loses a parameter breaks the benchmark
-//! loudly instead of silently measuring something else.
-//!
-//! Pure text manipulation: nothing here runs pgbench.
+//! statements the binaries run. Pure text manipulation: nothing here runs pgbench.
 
 use std::fmt::Write as _;
 
@@ -25,7 +14,15 @@ pub enum Arg<'a> {
     Sql(&'a str),
 }
 
-/// One pgbench command from one statement; `args[n - 1]` replaces `$n`.
+/// One pgbench command from one statement as the code sends it; `args[n - 1]` replaces `$n`.
+///
+/// Comments are dropped and white space collapsed to one line. Each `$n` becomes a pgbench variable
+/// (`:name`, sent as a bind parameter under `-M prepared`, as sqlx does) or SQL text (for what
+/// pgbench cannot hold in a variable: NULL, a generated UUID). sqlx's type annotations on column
+/// aliases (`AS "amount: Amount"`, `AS "fencing_token!"`) are removed, since `\gset` names its
+/// variables after the columns. Every `$n` must be given an argument and every argument used, so a
+/// statement that gains or loses a parameter breaks the benchmark loudly instead of silently
+/// measuring something else.
 pub fn command(sql: &str, args: &[Arg<'_>]) -> anyhow::Result<String> {
     let mut out = String::with_capacity(sql.len());
     let mut used = vec![false; args.len()];

@@ -3,18 +3,8 @@
 //!
 //! The statements are embedded from the files the binaries are built from (`store/sql`,
 //! `worker/sql`), so a baseline cannot drift from the code it measures. Where pgbench cannot pass a
-//! value as a bind parameter the way the binaries do, SQL stands in, and each difference is named
-//! here:
-//!
-//! - the payment id: the api makes a UUIDv7 in Rust; pgbench has no UUIDs, so the id is made in SQL
-//!   ([`TIME_ORDERED_UUID`]: random, with the current millisecond in its first 48 bits, so it sorts
-//!   by time into the primary-key index as a UUIDv7 does);
-//! - NULLs (the description, the trace state, a success's failure code and message): pgbench
-//!   variables cannot be NULL, so the statement carries `NULL` literally;
-//! - the claim+finish baseline claims one row per transaction and finishes it in another, passing
-//!   arrays of one to the finish statements (the worker claims up to 32 rows in one statement and
-//!   finishes whatever sends ended together in one transaction): pgbench's `\gset` keeps one row.
-//!   The provider's charge id is the payment id's text.
+//! value as a bind parameter the way the binaries do, SQL stands in, and each such difference is
+//! noted where it is made.
 
 use anyhow::Context;
 
@@ -29,7 +19,7 @@ const CLAIM_SQL: &str = include_str!("../../worker/sql/claim.sql");
 const TAKE_SQL: &str = include_str!("../../worker/sql/take.sql");
 
 /// A UUID made in SQL that sorts by creation time like a UUIDv7: the current Unix millisecond in the
-/// first 48 bits of a random UUID.
+/// first 48 bits of a random UUID. The api makes a UUIDv7 in Rust; pgbench has no UUIDs.
 pub const TIME_ORDERED_UUID: &str = "encode(overlay(uuid_send(gen_random_uuid()) placing \
      substring(int8send((extract(epoch FROM clock_timestamp()) * 1000)::bigint) FROM 3) FROM 1 FOR 6), 'hex')::uuid";
 
@@ -107,6 +97,7 @@ fn accept(notify: &str) -> anyhow::Result<Script> {
         Arg::Var("amount"),
         Arg::Var("currency"),
         Arg::Var("customer"),
+        // The description and the trace state: a pgbench variable cannot be NULL.
         Arg::Sql("NULL"),
         Arg::Var("metadata"),
         Arg::Var("traceparent"),
@@ -143,6 +134,9 @@ fn three_inserts() -> anyhow::Result<Script> {
     Ok(fresh_key(Script::new()).sql("BEGIN".into()).sql_gset(payment).sql(key).sql(outbox).sql("COMMIT".into()))
 }
 
+/// Claims one row per transaction and finishes it in another, as a success: pgbench's `\gset` keeps
+/// one row. (The worker claims a batch of rows in one statement and finishes whatever sends ended
+/// together in one transaction.)
 fn claim_finish() -> anyhow::Result<Script> {
     let claim = command(
         CLAIM_SQL,
@@ -160,6 +154,8 @@ fn claim_finish() -> anyhow::Result<Script> {
             Arg::Sql("ARRAY[:payment_id]"),
             Arg::Sql("ARRAY[:to_status]"),
             Arg::Sql("ARRAY[:from_status]"),
+            // The provider's charge id is the payment id's text; a success has no failure code or
+            // message, and a pgbench variable cannot be NULL.
             Arg::Sql("ARRAY[:payment_id]"),
             Arg::Sql("ARRAY[NULL]"),
             Arg::Sql("ARRAY[NULL]"),

@@ -76,7 +76,8 @@ pub struct Row {
     pub setup: String,
     /// Which data it ran against: `main`, `10k keys`, `10M keys`.
     pub dataset: String,
-    /// Operations completed inside the window (transactions, answered requests, drained payments).
+    /// Operations completed inside the window (transactions, requests with the expected response,
+    /// drained payments).
     pub ops: u64,
     /// The window's length.
     pub seconds: f64,

@@ -1,19 +1,6 @@
 //! A whole run, in order, on one throwaway PostgreSQL (durable: `fsync` and `synchronous_commit`
-//! on, as in issue #8's reference figures):
-//!
-//! 1. setup: a migrated database, the tenant and its key, 10 000 settled payments whose keys the
-//!    replays use, the provider simulator and one api process;
-//! 2. `accept` and `replay`, at 1 and 8 connections: each raw baseline (pgbench) next to the
-//!    service measurement it is compared with; replays also through a second api process that
-//!    remembers no final answers, so every replay reads the database;
-//! 3. `scale`: the same with two api processes sharing the 8 connections;
-//! 4. `drain`: the worker's claim+finish under pgbench, then 1 and 2 worker processes draining a
-//!    backlog into the simulator at zero latency;
-//! 5. `mixed`: accepts at 8 connections while 1, then 2 workers drain, first from a backlog (do the
-//!    workers drain faster than the api accepts?), then from an empty outbox (does it grow, and how
-//!    long does a payment wait?);
-//! 6. `history` (`--full` only): accept and replay rates with 10 thousand and with 10 million stored
-//!    keys, each in a database of its own, replaying the same number of keys in both.
+//! on, as in issue #8's reference figures): the setup, then every [`Phase`] asked for, each raw
+//! baseline next to the service measurement compared with it.
 //!
 //! The run stops at the first failure: a figure measured after something went wrong is not one to
 //! keep.
@@ -44,11 +31,11 @@ use crate::webhooks::{self, Load as WebhookLoad};
 /// How long and how big.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Profile {
-    /// A smoke run: short windows, small backlogs (about 2 minutes).
+    /// A smoke run: short windows, small backlogs.
     Quick,
-    /// The figures to keep (about 8 minutes).
+    /// The figures to keep.
     Standard,
-    /// Standard plus the 10-million-key history comparison (about 12 minutes more).
+    /// Standard plus the 10-million-key history comparison.
     Full,
 }
 
@@ -364,8 +351,8 @@ impl Bench<'_> {
         Ok(())
     }
 
-    /// Replays through the api as configured (final answers remembered after their first replay),
-    /// and through an api that reads every replay from the database, against the raw read.
+    /// Replays through the api as configured (final responses remembered after their first
+    /// replay), and through an api that reads every replay from the database, against the raw read.
     async fn replays(
         &mut self,
         main: &Database,
@@ -547,7 +534,7 @@ impl Bench<'_> {
 
     /// Accepts and replays with 10 thousand and with 10 million stored keys, each database with
     /// its own api processes. Replays pick from the same number of keys in both ([`REPLAYED_KEYS`],
-    /// spread over the whole history), through an api that remembers final answers and one that
+    /// spread over the whole history), through an api that remembers final responses and one that
     /// reads every replay from the database; the long history is also replayed over all its keys.
     async fn history(&mut self) -> anyhow::Result<()> {
         // Rows of the short history, for comparison: raw accept, accept, raw replay, replay, uncached.
@@ -604,8 +591,8 @@ impl Bench<'_> {
     }
 }
 
-/// A row of webhook-endpoint load: answers of `expected` status are its operations, any other an
-/// error.
+/// A row of webhook-endpoint load: responses with the `expected` status are its operations, any
+/// other is an error.
 fn webhook_row(
     name: &str,
     setup: String,

@@ -1,11 +1,10 @@
 //! The real binaries, started for a phase and stopped after it: the api (one or more processes),
-//! the provider simulator, and workers.
+//! the provider simulator, workers and a reconciler.
 //!
 //! Each is a child process (`oncepay_devkit::process`) built in the same profile as this benchmark,
 //! configured only through the environment as an operator would, logging to the run's log
-//! directory, and considered up once its `/readyz` answers 200. The api's per-tenant rate limit is
-//! raised so that it never answers 429 to the benchmark (the limiter still runs on every request);
-//! everything else keeps its documented default unless the run was given overrides.
+//! directory, and up once its `/readyz` responds 200. Every setting keeps its documented default
+//! unless the run was given overrides; only the api's rate limit is raised (`RATE_LIMIT`).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -25,7 +24,8 @@ const STOP_GRACE: Duration = Duration::from_secs(60);
 /// The simulator's only accepted credential, given to the workers too.
 const SIMULATOR_API_KEY: &str = "sk_bench_simulator";
 
-/// The benchmark's requests per second per tenant: far above anything this machine can serve.
+/// The benchmark's requests per second per tenant: far above anything this machine can serve, so
+/// the api never responds 429 to the benchmark. The limiter still runs on every request.
 const RATE_LIMIT: &str = "10000000";
 
 /// Where the binaries are and how to start them.
@@ -106,7 +106,7 @@ impl Launcher {
         start(spec, port).await
     }
 
-    /// Starts the provider simulator, answering at once with no faults.
+    /// Starts the provider simulator, responding at once with no faults.
     pub async fn simulator(&self) -> anyhow::Result<Service> {
         let port = free_port()?;
         let spec = Spec::new("simulator", &self.simulator, &self.log_dir)

@@ -1,12 +1,9 @@
-//! The reconciler's webhook endpoint against forged deliveries: what a delivery whose
-//! `webhook-signature` holds hundreds of candidates and whose body is near the size limit costs the
-//! reconciler, next to a genuine delivery, and how long `/healthz` takes while such forgeries
-//! arrive, next to the same when nothing does. Measured in the same run, reported as ratios.
+//! The reconciler's webhook endpoint against forged deliveries: what a forged delivery costs the
+//! reconciler next to a genuine one, and how long `/healthz` takes while forgeries arrive next to
+//! the same when nothing does. Measured in the same run, reported as ratios.
 //!
-//! The load is a closed loop of `reqwest` requests from tasks of the benchmark process (the CPU it
-//! takes is the `bench` role's, not the reconciler's). A genuine delivery is signed anew per request
-//! (its own `webhook-id`) with the reconciler's secret, for a charge of no payment of ours, so it is
-//! verified, parsed and looked up, then answered 200; a forged one is answered 401.
+//! The load is a closed loop of `reqwest` requests from tasks of the benchmark process, so its CPU
+//! time is the `bench` role's, not the reconciler's.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -31,9 +28,12 @@ pub const FORGED_BODY_BYTES: usize = 60 * 1024;
 /// What the requests are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Load {
-    /// Correctly signed deliveries, each with its own id.
+    /// Deliveries signed anew per request with the reconciler's secret, each with its own
+    /// `webhook-id`, for a charge of no payment of ours: verified, parsed and looked up, and the
+    /// reconciler responds 200.
     Genuine,
-    /// Deliveries with [`FORGED_SIGNATURES`] made-up signatures and a [`FORGED_BODY_BYTES`] body.
+    /// Deliveries with [`FORGED_SIGNATURES`] made-up signatures and a [`FORGED_BODY_BYTES`] body;
+    /// the reconciler responds 401.
     Forged,
     /// `GET /healthz`.
     Health,
@@ -42,14 +42,14 @@ pub enum Load {
 /// What a closed loop measured inside its window.
 #[derive(Debug, Default)]
 pub struct Window {
-    /// Answers inside the window, by status.
+    /// Responses inside the window, by status.
     pub statuses: BTreeMap<u16, u64>,
     /// Their latencies.
     pub latencies: Latencies,
 }
 
 impl Window {
-    /// Answers inside the window.
+    /// Responses inside the window.
     pub fn answered(&self) -> u64 {
         self.statuses.values().sum()
     }
