@@ -1,10 +1,8 @@
 //! A throwaway PostgreSQL cluster in a temporary directory, from the installed server binaries.
 //!
-//! `initdb` refuses to run as root, so when the current user is root the cluster is created and run
-//! as an unprivileged system user (`postgres`, else `nobody`) that owns the temporary directory. The
-//! server listens on 127.0.0.1 on a free port and on a socket inside the directory, with `trust`
-//! authentication for the `postgres` role. Dropping a [`Cluster`] stops the server and deletes
-//! everything.
+//! The server listens on 127.0.0.1 on a free port and on a socket inside the directory, with
+//! `trust` authentication for the `postgres` role. Dropping a [`Cluster`] stops the server and
+//! deletes everything.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -212,7 +210,9 @@ async fn find_bin_dir() -> anyhow::Result<PathBuf> {
         .context("no PostgreSQL server binaries found: install postgresql, or set PG_BINDIR")
 }
 
-/// The user to run PostgreSQL as when we are root.
+/// The user to run PostgreSQL as when we are root: `initdb` refuses to run as root, so the cluster
+/// is created and run as an unprivileged system user (`postgres`, else `nobody`) that owns the
+/// temporary directory.
 fn unprivileged_owner() -> anyhow::Result<Option<User>> {
     if !Uid::effective().is_root() {
         return Ok(None);

@@ -2,9 +2,8 @@
 //! cross-process tests and the harness.
 //!
 //! Each child's stdout and stderr are copied line by line to a log file and, optionally, to the
-//! console with a `[name]` prefix. A child can be stopped politely (SIGTERM, then SIGKILL after a
-//! grace period), killed (SIGKILL), paused (SIGSTOP) and resumed (SIGCONT). Children are killed
-//! when dropped, so a failing test leaves nothing behind.
+//! console with a `[name]` prefix. Children are killed when dropped, so a failing test leaves
+//! nothing behind.
 
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
@@ -184,7 +183,7 @@ impl Child {
         Ok(status)
     }
 
-    /// Waits until `GET url` answers 200, failing early if the process exits.
+    /// Waits until `GET url` responds 200, failing early if the process exits.
     pub async fn wait_until_ready(&mut self, url: &str, timeout: Duration) -> anyhow::Result<()> {
         // reqwest is built without a bundled crypto provider; ring is the workspace's choice.
         let _ = rustls::crypto::ring::default_provider().install_default();

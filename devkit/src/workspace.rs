@@ -1,7 +1,4 @@
-//! Where the workspace's built binaries are.
-//!
-//! A test binary runs from `<target>/<profile>/deps/`; the workspace's binaries are one directory up.
-//! The test command builds them before running the tests.
+//! Where the workspace's built binaries are. The test command builds them before running the tests.
 
 use std::path::PathBuf;
 
@@ -11,6 +8,7 @@ use anyhow::{Context, bail};
 pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe().context("cannot locate the running executable")?;
     let mut dir = exe.parent().context("the running executable has no directory")?.to_path_buf();
+    // A test binary runs from `<target>/<profile>/deps/`; the workspace's binaries are one up.
     if dir.ends_with("deps") {
         dir.pop();
     }
