@@ -1,17 +1,9 @@
-//! The chaos run: the system under a seeded workload and a seeded fault schedule, then settled and
-//! checked. [`run`] is what the `oncepay-chaos` binary and the short-profile test call.
+//! The chaos run: the system under a seeded workload and a seeded fault schedule, then healed,
+//! settled and checked. [`run`] is what the `oncepay-chaos` binary and the short-profile test call.
 //!
-//! A run: start the system (durable PostgreSQL, since it is crashed), arm fail points on the
-//! workers, send the workload from its own task while one loop injects the scheduled faults and
-//! restarts whatever a fail point crashed; at the end of the span heal everything (no simulator
-//! fault, every process back, no fail point armed), let the workload finish, send every unanswered
-//! intent again, settle within a bound, and check every invariant. Meanwhile an operator retries
-//! every open dead letter, as the runbook says, whatever the provider is doing. Everything random comes from
-//! the one seed, so `--seed N` replays the same plan, schedule and fail-point draws (the exact
-//! interleaving of processes is the operating system's).
-//!
-//! The worker binary must carry fail points (`--features failpoints`); [`failpoint_worker`] builds
-//! one into a target directory of its own so the normal binaries never do.
+//! Everything random comes from the one seed, so `--seed N` replays the same plan, schedule and
+//! fail-point draws (the exact interleaving of processes is the operating system's). The worker
+//! binary must carry fail points ([`failpoint_worker`] builds one); the normal binaries never do.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -94,7 +86,7 @@ impl ChaosConfig {
     }
 }
 
-/// The outcome of a run: its report, and where the logs are if they were kept.
+/// What a run found: its report, and where the logs are if they were kept.
 #[derive(Debug)]
 pub struct Outcome {
     /// What to print.
@@ -165,6 +157,7 @@ pub async fn run(config: &ChaosConfig, worker: PathBuf) -> anyhow::Result<Outcom
         binaries,
         topology: config.topology,
         tenants,
+        // The run crashes PostgreSQL.
         durability: Durability::Durable,
         timing,
         simulator_seed: seed,
@@ -187,6 +180,9 @@ pub async fn run(config: &ChaosConfig, worker: PathBuf) -> anyhow::Result<Outcom
     Ok(Outcome { report, logs })
 }
 
+/// Arms fail points on the workers and sends the workload from its own task while the fault loop
+/// injects the scheduled faults; then heals everything, lets the workload finish, sends every
+/// intent that got no response again, settles within a bound and checks every invariant.
 async fn drive(config: &ChaosConfig, system: &mut System, timing: Timing) -> anyhow::Result<Report> {
     let seed = config.seed;
     let counts: BTreeMap<Role, usize> =
@@ -227,8 +223,9 @@ async fn drive(config: &ChaosConfig, system: &mut System, timing: Timing) -> any
         async move { workload::run(&plan, &workload_config, &clients).await }
     });
 
-    // The fault loop: every scheduled action at its time, and every process a fail point crashed
-    // started again (with a new draw) as soon as PostgreSQL is up.
+    // The fault loop: every scheduled action at its time, every process a fail point crashed
+    // started again (with a new draw) as soon as PostgreSQL is up, and an operator's round of
+    // dead-letter retries every `OPERATOR_ROUND`.
     let begin = Instant::now();
     let mut next = 0;
     let mut crashed: Vec<(Role, usize)> = Vec::new();

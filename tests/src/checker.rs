@@ -1,25 +1,9 @@
-//! The invariant checker: the contract's five invariants, judged against the database, the
-//! provider's ground truth (`GET /_sim/charges`) and what the clients saw. One implementation, used
-//! by the end-to-end tests and the chaos harness alike.
+//! The invariant checker: the contract's invariants, judged against the database, the provider's
+//! ground truth (`GET /_sim/charges`) and what the clients saw. One implementation, used by the
+//! end-to-end tests and the chaos harness alike.
 //!
-//! First [`settle`]: wait, within a bound, until nothing is left in flight (no payment `pending`,
-//! `processing` or `unknown`, an empty outbox and unknown queue), woken by the payments' own
-//! notifications. Then [`check`] reads everything once and reports every violation with its
-//! evidence:
-//!
-//! 1. provider charges per payment ≤ 1, and exactly one (succeeded, the one recorded) for every
-//!    `succeeded` payment; no charge for a payment that does not exist (fail closed);
-//! 2. one payment per (tenant, key): every answer for a key carried the same payment, which is the
-//!    one the key row names; no payment without its key row; a key misuse was refused (422);
-//! 3. every accepted payment exists and is terminal or dead-lettered (with an open dead letter);
-//! 4. a ledger entry exactly for each `succeeded` payment, with the provider's charge, amount and
-//!    currency; no succeeded provider charge outside the ledger unless an operator holds it;
-//! 5. no client saw another tenant's payment: every id a tenant's client got belongs to that tenant
-//!    and shows what that tenant asked for, and reading another tenant's payment is 404;
-//! 6. no payment is `failed` while the provider holds a succeeded charge for it; every ledger entry
-//!    books the amount and currency its payment asked for; no provider charge is booked twice.
-//!
-//! It only reads; it never repairs or retries anything.
+//! [`settle`] waits until nothing is left in flight; [`check`] then reads everything once and
+//! reports every violation with its evidence. It only reads; it never repairs or retries anything.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -40,11 +24,11 @@ use crate::workload::{MisuseOutcome, Observations, ProbeOutcome};
 /// One broken promise, with what proves it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Violation {
-    /// Which invariant (1–5, as numbered in the contract).
+    /// Which invariant (1–6, as the `check_*` functions number them).
     pub invariant: u8,
     /// What is wrong.
     pub what: String,
-    /// The rows, charges or answers that show it.
+    /// The rows, charges or responses that show it.
     pub evidence: String,
 }
 
@@ -74,7 +58,8 @@ pub struct Settled {
     pub stuck: Vec<Stuck>,
 }
 
-/// Waits until nothing is in flight, at most `bound`.
+/// Waits, at most `bound`, until nothing is in flight: no payment `pending`, `processing` or
+/// `unknown`, an empty outbox and an empty unknown queue.
 pub async fn settle(pool: &PgPool, bound: Duration) -> anyhow::Result<Settled> {
     let started = Instant::now();
     let deadline = started + bound;
@@ -145,7 +130,8 @@ struct PaymentRow {
 pub struct Verdict {
     /// Every violation (expected: none).
     pub violations: Vec<Violation>,
-    /// Things worth knowing that break no invariant (dead letters, unanswered intents, ...).
+    /// Things worth knowing that break no invariant (dead letters, intents without a response,
+    /// ...).
     pub notes: Vec<String>,
     /// Conflict dead letters on payments that agree with the provider in every respect: false
     /// alarms for operators (payment id, the dead letter's reason).
@@ -270,7 +256,9 @@ fn charges_by_payment<'c>(
     by_payment
 }
 
-/// Invariant 1: at most one charge per payment, exactly the recorded one for a succeeded payment.
+/// Invariant 1: at most one provider charge per payment, and for a succeeded payment exactly one,
+/// succeeded, the one it records. (A charge for a payment that does not exist is found by
+/// [`charges_by_payment`].)
 fn check_charges(
     verdict: &mut Verdict,
     payments: &BTreeMap<Uuid, PaymentRow>,
@@ -300,7 +288,8 @@ fn check_charges(
     }
 }
 
-/// Invariant 2: one payment per (tenant, key), and the key row names it.
+/// Invariant 2: one payment per (tenant, key). Every response for a key carried the same payment,
+/// the one the key row names; no payment lacks its key row; a key misuse was refused (422).
 fn check_keys(
     verdict: &mut Verdict,
     payments: &BTreeMap<Uuid, PaymentRow>,
@@ -385,7 +374,8 @@ fn check_keys(
     }
 }
 
-/// Invariant 3: every accepted payment exists and is terminal or dead-lettered.
+/// Invariant 3: every accepted payment exists and is terminal, or dead-lettered with an open dead
+/// letter.
 fn check_accounted(
     verdict: &mut Verdict,
     payments: &BTreeMap<Uuid, PaymentRow>,
@@ -447,7 +437,9 @@ fn check_accounted(
     }
 }
 
-/// Invariant 4: the ledger books exactly the succeeded payments, with the provider's money.
+/// Invariant 4: the ledger books exactly the succeeded payments, with the provider's charge, amount
+/// and currency. A succeeded provider charge outside the ledger is allowed only on a dead-lettered
+/// payment, which an operator resolves.
 fn check_ledger(
     verdict: &mut Verdict,
     payments: &BTreeMap<Uuid, PaymentRow>,
@@ -570,7 +562,8 @@ fn check_money(
     }
 }
 
-/// Invariant 5: no tenant saw another tenant's payment.
+/// Invariant 5: no tenant saw another tenant's payment. Every id a tenant's client got belongs to
+/// that tenant and shows what it asked for, and reading another tenant's payment is 404.
 fn check_tenancy(
     verdict: &mut Verdict,
     payments: &BTreeMap<Uuid, PaymentRow>,

@@ -1,19 +1,9 @@
 //! The fault schedule: which faults the harness injects, and when, drawn from one seed.
 //!
-//! [`Schedule::draw`] lays out, over the run's span, process faults (SIGKILL then restart of a
-//! worker, a reconciler or an api; SIGSTOP of a worker past its lease then SIGCONT; PostgreSQL
-//! stopped with `-m immediate` then started) and simulator phases (a new mix of provider faults
-//! every few seconds: latency, declines, 5xx before and after charging, hangs past the worker's
-//! timeout, charges made seconds after their request, connections dropped after charging, replayed
-//! 5xx, 429s with long `Retry-After`, a lookup API that fails, charges of another amount, answers
-//! and webhooks that misreport a charge, webhooks dropped, delayed, duplicated, reordered).
-//! [`FailPointDraw`] picks, for each worker start, which crash point of the worker to arm (or
-//! none), with what action and after how many evaluations.
-//!
-//! Invariants of a drawn schedule: one target has at most one fault at a time; PostgreSQL is never
-//! down while a process is (a restart needs the database to become ready). Forgotten keys are not a
-//! scheduled event: the simulator and oncepay run with a short key window (see `system::Timing`),
-//! so keys really expire during a run, as at a real provider. This module draws; it never injects.
+//! [`Schedule::draw`] lays out process faults and simulator phases over the run's span;
+//! [`FailPointDraw`] picks, for each worker start, which of the worker's crash points to arm. In a
+//! drawn schedule one target has at most one fault at a time, and PostgreSQL is never down while a
+//! process is. This module draws; it never injects.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -84,13 +74,19 @@ pub struct Schedule {
 }
 
 impl Schedule {
-    /// Draws the faults for a run of `span` on `apis`/`workers`/`reconcilers` processes.
+    /// Draws the faults for a run of `span` on the processes `counts` names: SIGKILL then restart
+    /// of a worker, a reconciler or an api; SIGSTOP of a worker past its lease then SIGCONT;
+    /// PostgreSQL stopped with `-m immediate` then started; and a new mix of simulator faults every
+    /// `intensity.simulator_phase`.
+    ///
+    /// Forgotten keys are not a scheduled event: the simulator and oncepay run with a short key
+    /// window (see `system::Timing`), so keys really expire during a run, as at a real provider.
     pub fn draw(seed: u64, span: Duration, intensity: Intensity, counts: &BTreeMap<Role, usize>) -> Self {
         let mut rng = StdRng::seed_from_u64(seed ^ 0xFA17_5EED);
         let mut actions = Vec::new();
 
         // Process faults: each target busy for one fault at a time; PostgreSQL crashes never overlap
-        // a process being down.
+        // a process being down, since a restart needs the database to become ready.
         let mut busy_until: BTreeMap<(Role, usize), Duration> = BTreeMap::new();
         let mut down: Vec<(Duration, Duration)> = Vec::new();
         let mut database_down: Vec<(Duration, Duration)> = Vec::new();
@@ -171,7 +167,11 @@ impl Schedule {
     }
 }
 
-/// One phase's simulator faults: sometimes calm, usually a mix.
+/// One phase's simulator faults: sometimes calm, usually a mix of latency, declines, 5xx before and
+/// after charging, hangs past the worker's timeout, charges made seconds after their request,
+/// connections dropped after charging, replayed 5xx, 429s with a long `Retry-After`, a lookup API
+/// that fails, charges of another amount, and responses and webhooks that misreport a charge;
+/// webhooks are dropped, delayed, duplicated and reordered.
 fn simulator_phase(rng: &mut StdRng) -> FaultsPatch {
     if rng.random_bool(0.15) {
         return calm();

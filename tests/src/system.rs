@@ -1,17 +1,9 @@
 //! The system under test, as real processes: a throwaway PostgreSQL cluster, the provider
 //! simulator, and any number of `api`, `worker` and `reconciler` processes, each on its own port.
 //!
-//! [`System::start`] builds it the way an operator would: a fresh cluster, `oncepay-reconciler
-//! migrate`, `oncepay-reconciler tenants create <name> --json` for every tenant, the simulator with
-//! the first reconciler's webhook URL, then every process, each waited for until `/readyz` answers.
-//! Afterwards any process can be killed (SIGKILL), restarted on the same port (with extra
-//! environment, e.g. `FAILPOINTS`), paused (SIGSTOP) and resumed, and PostgreSQL can be crashed
-//! (`pg_ctl stop -m immediate`) and started again. Every process logs to its own file in one
-//! directory, kept when a caller asks (a failed run) and deleted otherwise.
-//!
-//! Invariants: a restarted process keeps its port, so clients' URLs stay valid; nothing here moves
-//! a payment or touches a table other than through the real binaries; dropping a [`System`] kills
-//! every process and deletes the cluster. It decides no fault itself: that is the harness's job.
+//! A restarted process keeps its port, so clients' URLs stay valid. Nothing here moves a payment or
+//! touches a table other than through the real binaries, and nothing here decides a fault: that is
+//! the harness's job. Dropping a [`System`] kills every process and deletes the cluster.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -32,7 +24,7 @@ use uuid::Uuid;
 /// The simulator's credential, as every binary's default configuration has it.
 pub const SIMULATOR_API_KEY: &str = "sk_test_oncepay_simulator";
 
-/// How long a process may take to answer `/readyz` after it was started.
+/// How long a process may take to be ready (`/readyz`) after it was started.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How long a process may take to exit after SIGTERM before it counts as hung.
@@ -98,7 +90,7 @@ pub struct Topology {
 }
 
 /// The timing every process runs with: short enough that a crash, a lost lease or an uncertain
-/// answer settles within seconds, and consistent across processes (the key window especially).
+/// response settles within seconds, and consistent across processes (the key window especially).
 #[derive(Debug, Clone, Copy)]
 pub struct Timing {
     /// The worker's and reconciler's provider request timeout.
@@ -191,7 +183,8 @@ impl Slot {
     }
 }
 
-/// Where the logs are, and whether to keep them.
+/// Where the logs are, and whether to keep them: every process logs to its own file in one
+/// directory, kept when a caller asks (a failed run) and deleted otherwise.
 enum Logs {
     Temporary(tempfile::TempDir),
     Kept(PathBuf),
@@ -234,7 +227,9 @@ pub struct System {
 }
 
 impl System {
-    /// Starts everything and waits until every process is ready.
+    /// Starts everything and waits until every process is ready, the way an operator would: a fresh
+    /// cluster, `oncepay-reconciler migrate`, `oncepay-reconciler tenants create <name> --json` for
+    /// every tenant, the simulator with the first reconciler's webhook URL, then every process.
     pub async fn start(config: SystemConfig) -> anyhow::Result<Self> {
         ensure!(!config.tenants.is_empty(), "at least one tenant");
         ensure!(config.topology.apis >= 1 && config.topology.workers >= 1 && config.topology.reconcilers >= 1);

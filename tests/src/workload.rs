@@ -1,19 +1,10 @@
 //! The workload: what many merchants would send, drawn from one seed, driven through the real
 //! client library (`oncepay_client`) from many concurrent tasks.
 //!
-//! [`Plan::draw`] turns a seed into a list of payment intents over the tenants: amounts, currencies,
-//! customers, which api process each goes to, which ones are sent as a duplicate storm (the same
-//! intent sent several times at once, through different api processes), which keys are used by two
-//! tenants at once (they must become two payments), which ones are followed by a key misuse (the
-//! same key with another body: 422 expected), and which ones are followed by a read of another
-//! tenant's payment (404 expected). [`run`] sends them, spread over a span of time, and records
-//! everything the clients saw as [`Observations`]; the checker judges those against the database and
-//! the provider's ground truth.
-//!
-//! A send that gets no answer even after the client's own retries (the api was down, PostgreSQL was
-//! crashed) is sent again by the task a few times, as a merchant would, always as the same intent;
-//! what is still unanswered then is sent again by [`resend_unanswered`] once the system is healed.
-//! Nothing here judges a result: it only records.
+//! [`Plan::draw`] turns a seed into payment intents; [`run`] sends them over a span of time and
+//! records everything the clients saw as [`Observations`], for the checker to judge. A send that
+//! gets no response is sent again, always as the same intent, as a merchant would. Nothing here
+//! judges a result: it only records.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -51,7 +42,7 @@ pub struct WorkloadConfig {
     pub probe_rate: f64,
     /// How long each task follows its payment towards a terminal status.
     pub follow: Duration,
-    /// How many times a task sends an unanswered intent again before leaving it for later.
+    /// How many times a task sends an intent without a response again before leaving it for later.
     pub resends: u32,
 }
 
@@ -84,7 +75,12 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Draws the workload of `config` for `tenants` tenants and `apis` api processes.
+    /// Draws the workload of `config` for `tenants` tenants and `apis` api processes: amounts,
+    /// currencies, customers, which api process each intent goes to, which are sent as a duplicate
+    /// storm (the same intent several times at once, through different api processes), which keys
+    /// two tenants use at once (they must become two payments), and which intents are followed by a
+    /// key misuse (the same key with another body: 422 expected) or by a read of another tenant's
+    /// payment (404 expected).
     pub fn draw(config: &WorkloadConfig, tenants: usize, apis: usize) -> anyhow::Result<Self> {
         let mut rng = StdRng::seed_from_u64(config.seed);
         let currencies = ["EUR", "USD", "GBP", "JPY"];
@@ -134,19 +130,19 @@ pub struct IntentRecord {
     pub currency: String,
     /// What it asked for.
     pub customer_id: String,
-    /// Every payment id any answer to it carried.
+    /// Every payment id any response to it carried.
     pub payment_ids: BTreeSet<Uuid>,
     /// Sends (`create` calls, each with the client's own retries).
     pub sends: u32,
-    /// Sends answered 2xx.
+    /// Sends that got a 2xx response.
     pub answered: u32,
-    /// Of those, answered as replays.
+    /// Of those, how many were replays.
     pub replayed: u32,
-    /// Sends that got no answer (the client gave up).
+    /// Sends that got no response (the client gave up).
     pub gave_up: u32,
-    /// Answers that were neither 2xx nor a retryable failure (status and problem kind).
+    /// Responses that were neither 2xx nor a retryable failure (status and problem kind).
     pub rejected: Vec<String>,
-    /// Answers whose payment is not what the intent asked for (another tenant's data?).
+    /// Responses whose payment is not what the intent asked for (another tenant's data?).
     pub mismatches: Vec<String>,
     /// The status the client last saw while following it.
     pub last_status: Option<String>,
@@ -161,9 +157,9 @@ pub enum MisuseOutcome {
     Rejected,
     /// A 2xx with this payment: the misuse was accepted.
     Accepted(Uuid),
-    /// Another answer (status, kind).
+    /// Another response (status, kind).
     Other(String),
-    /// No answer.
+    /// No response.
     NoAnswer,
 }
 
@@ -187,7 +183,7 @@ pub enum ProbeOutcome {
     NotFound,
     /// The payment was shown.
     Shown(String),
-    /// Another answer or none.
+    /// Another response, or none.
     Inconclusive(String),
 }
 
@@ -207,12 +203,12 @@ impl Observations {
             + self.intents.values().filter(|r| r.misuse.is_some()).count() as u64
     }
 
-    /// Intents with at least one 2xx answer.
+    /// Intents with at least one 2xx response.
     pub fn accepted(&self) -> usize {
         self.intents.values().filter(|r| r.answered > 0).count()
     }
 
-    /// Intents that never got an answer.
+    /// Intents that never got a response.
     pub fn unanswered(&self) -> Vec<&IntentRecord> {
         self.intents.values().filter(|r| r.answered == 0).collect()
     }
@@ -263,7 +259,7 @@ impl Clients {
     }
 }
 
-/// Sends the plan and records what the clients saw.
+/// Sends the plan, spread over the span, and records what the clients saw.
 pub async fn run(plan: &Plan, config: &WorkloadConfig, clients: &Clients) -> Observations {
     let shared: Shared = Arc::new(Mutex::new(Observations::default()));
     {
@@ -290,8 +286,8 @@ pub async fn run(plan: &Plan, config: &WorkloadConfig, clients: &Clients) -> Obs
     lock(&shared).clone()
 }
 
-/// Sends every intent that never got an answer once more (after the system was healed), with
-/// patience, and records the answers.
+/// Sends every intent that never got a response once more (after the system was healed), with
+/// patience, and records the responses.
 pub async fn resend_unanswered(plan: &Plan, clients: &Clients, observations: &mut Observations) {
     let shared: Shared = Arc::new(Mutex::new(std::mem::take(observations)));
     let pending: Vec<&Job> = plan
@@ -349,7 +345,9 @@ async fn run_job(
     // The first round: every copy at once, through consecutive api processes.
     let copies = (0..job.copies).map(|copy| send_once(job, clients.get(job.tenant, job.api + copy), shared));
     let mut payment = futures::future::join_all(copies).await.into_iter().flatten().next();
-    // No answer at all: send the same intent again a few times, as a merchant's retry would.
+    // No response even after the client's own retries (the api was down, PostgreSQL crashed): send
+    // the same intent again a few times, as a merchant would. What is still without a response is
+    // left to `resend_unanswered` once the system is healed.
     let mut resends = 0;
     while payment.is_none() && resends < config.resends {
         resends += 1;
@@ -413,7 +411,7 @@ async fn run_job(
     }
 }
 
-/// One `create` of the job's intent through `client`; the payment if it was answered 2xx.
+/// One `create` of the job's intent through `client`; the payment if the response was 2xx.
 async fn send_once(job: &Job, client: &Client, shared: &Shared) -> Option<Payment> {
     let result = client.create(&job.intent).await;
     let mut observations = lock(shared);
@@ -438,7 +436,7 @@ async fn send_once(job: &Job, client: &Client, shared: &Shared) -> Option<Paymen
     }
 }
 
-/// Notes an answer whose payment is not the one this intent made.
+/// Notes a response whose payment is not the one this intent made.
 fn check_shown(record: &mut IntentRecord, shown: &Payment) {
     if shown.amount != record.amount || shown.currency != record.currency || shown.customer_id != record.customer_id {
         record

@@ -1,18 +1,16 @@
 //! The chaos harness's short profile, run by the test command: a few minutes of the real system
 //! under seeded faults (processes killed, paused and crashed at fail points, PostgreSQL crashed,
-//! every simulator fault), then every invariant of the contract checked.
-//!
-//! The seed is the day's (days since 1970-01-01), so CI explores a new schedule every day, or
-//! `CHAOS_SEED` (not `ONCEPAY_`: that prefix configures the binaries, which refuse what they do not
-//! know). A failure prints the report, the kept logs and the command that replays
-//! the seed. The worker with fail points is built into `target/chaos` first (see
-//! `oncepay_tests::chaos::failpoint_worker`).
+//! every simulator fault), then every invariant of the contract checked. A failure prints the
+//! report, the kept logs and the command that replays the seed.
 
 // Helpers outside `#[test]` functions fail loudly too: clippy's test exemption does not reach them.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use oncepay_tests::chaos::{self, ChaosConfig, Profile};
 
+/// `CHAOS_SEED`, else the day's (days since 1970-01-01), so CI explores a new schedule every day.
+/// Not an `ONCEPAY_` variable: that prefix configures the binaries, which refuse what they do not
+/// know.
 fn seed() -> u64 {
     match std::env::var("CHAOS_SEED") {
         Ok(seed) => seed.parse().unwrap(),
@@ -23,6 +21,7 @@ fn seed() -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn under_the_short_chaos_profile_every_promise_holds() {
     let seed = seed();
+    // The worker with fail points, built into `target/chaos` first.
     let worker = chaos::failpoint_worker().await.unwrap();
 
     let outcome = chaos::run(&ChaosConfig::new(Profile::Short, seed), worker).await.unwrap();

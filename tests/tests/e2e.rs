@@ -1,12 +1,7 @@
 //! End to end, every process real: PostgreSQL, the provider simulator, two api processes, two
 //! workers and a reconciler, driven through the client library by many concurrent tasks of two
-//! tenants — duplicate storms across api processes, a key shared by both tenants, key misuse,
-//! reads of the other tenant's payments — then every invariant of the contract checked against the
-//! database and the simulator's ground truth.
-//!
-//! The provider declines some charges and answers some uncertainly (5xx, a dropped connection or a
-//! hang after charging, replayed 5xx), and duplicates and reorders webhooks, so the reconciler's
-//! paths run too; the process faults are the chaos harness's (`tests/chaos.rs`).
+//! tenants, then every invariant of the contract checked against the database and the simulator's
+//! ground truth. Process faults are the chaos harness's (`tests/chaos.rs`).
 //!
 //! Needs every binary built (`cargo build --workspace --bins`; the test command does it first).
 
@@ -39,6 +34,8 @@ async fn start(seed: u64) -> System {
     .unwrap()
 }
 
+/// A workload with duplicate storms across api processes, keys shared by both tenants, key misuse,
+/// and reads of the other tenant's payments.
 fn workload(seed: u64, intents: usize) -> WorkloadConfig {
     WorkloadConfig {
         seed,
@@ -86,6 +83,9 @@ async fn check(system: &System, observations: &Observations) -> Verdict {
 async fn many_concurrent_clients_of_two_tenants_are_charged_at_most_once_and_every_payment_settles() {
     let seed = 0x0E2E_5EED;
     let mut system = start(seed).await;
+    // The provider declines some charges and responds uncertainly to some (5xx, a dropped
+    // connection or a hang after charging, replayed 5xx), and duplicates and reorders webhooks, so
+    // the reconciler's paths run too.
     system
         .simulator()
         .set_faults(&FaultsPatch {

@@ -4,11 +4,8 @@
 //! API key, a secret, an idempotency key or a request body.
 //!
 //! Each test starts a throwaway PostgreSQL, the simulator, the api, a worker and a reconciler (the
-//! binaries `cargo build --workspace --bins` makes), all exporting their spans over OTLP/HTTP to a
-//! receiver inside the test, which decodes them with the OTLP protobuf types. The worker and the
-//! reconciler reach the simulator through a recording proxy in the test, so the `traceparent` each
-//! provider request carried can be checked against the spans exported for it. Every distinctive
-//! credential and value below is a canary: after the run, every process's log is searched for it.
+//! binaries `cargo build --workspace --bins` makes), all exporting their spans to a receiver inside
+//! the test. The worker and the reconciler reach the simulator through a recording proxy.
 
 // Helpers outside `#[test]` functions fail loudly too: clippy's test exemption does not reach them.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -58,7 +55,7 @@ const REFUSED_BODY_VALUE: &str = "CANARY-refused-amount-9a07";
 /// An idempotency key the api refuses (it has a space).
 const REFUSED_KEY: &str = "CANARY refused key 4c2d";
 
-/// The worker gives up on a provider answer after this long; a hanging simulator holds it longer.
+/// The worker gives up on a provider response after this long; a hanging simulator holds it longer.
 const PROVIDER_TIMEOUT_MS: &str = "1000";
 const HANG_MS: &str = "4000";
 /// How long to wait for anything that the processes do on their own.
@@ -68,7 +65,8 @@ fn webhook_secret() -> String {
     format!("whsec_{}", STANDARD.encode(WEBHOOK_SECRET_BYTES))
 }
 
-/// What must never appear in any log line.
+/// What must never appear in any log line: every distinctive credential and value above is a
+/// canary, searched for in every process's log after the run.
 fn canaries(api_key: &str) -> Vec<String> {
     let secret = webhook_secret();
     let secret_base64 = secret.trim_start_matches("whsec_").to_owned();
@@ -241,7 +239,8 @@ struct ProviderRequest {
     traceparent: Option<String>,
 }
 
-/// Forwards every request to the simulator and remembers its method, path and `traceparent`.
+/// Forwards every request to the simulator and remembers its method, path and `traceparent`, so
+/// the context each provider request carried can be checked against the spans exported for it.
 #[derive(Clone, Default)]
 struct Proxy {
     seen: Arc<Mutex<Vec<ProviderRequest>>>,
@@ -628,7 +627,7 @@ async fn journey_to_unknown(world: &World, payment_id: &str) -> (ExportedSpan, E
 
 #[tokio::test]
 async fn one_payment_is_one_trace_from_the_request_to_the_webhook_that_settles_it() {
-    // The simulator charges, then holds its answer past the worker's timeout (the payment becomes
+    // The simulator charges, then holds its response past the worker's timeout (the payment becomes
     // `unknown`), and its webhook arrives after that; the poller waits a minute, so the webhook settles.
     let scenario = Scenario {
         faults: &[("hang_after_rate", "1.0"), ("hang_ms", HANG_MS), ("webhook_delay_ms", "2500")],

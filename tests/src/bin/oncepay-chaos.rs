@@ -1,6 +1,5 @@
-//! `oncepay-chaos`: the fault-injection harness. Starts its own PostgreSQL, the simulator and
-//! several api, worker and reconciler processes, drives a seeded workload under a seeded fault
-//! schedule, settles, checks every invariant of the contract, prints the report, and exits 1 on any
+//! `oncepay-chaos`: the fault-injection harness. Runs the whole system under a seeded workload and
+//! fault schedule, checks every invariant of the contract, prints the report, and exits 1 on any
 //! violation (2 if the run itself could not be carried out).
 //!
 //! ```sh
