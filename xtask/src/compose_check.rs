@@ -1,13 +1,9 @@
 //! `cargo xtask compose-check`: brings up the real `docker-compose.yml` and pays through it.
 //!
 //! The file is run as users run it; the check sets only what the file leaves to the environment:
-//! random secrets, free ports on 127.0.0.1, and the image name. The image is the Dockerfile's runtime
-//! stage around the binaries already built on this machine. The check waits for every service to be
-//! healthy, creates a tenant with the reconciler's CLI inside its container, pays with the client and
-//! sees `succeeded` and exactly one charge at the simulator, scales the workers to three and pays
-//! again, restarts the workers in the middle of a batch and sees every payment settle with one charge
-//! each, and takes everything down with its volumes. It cleans up on failure and on Ctrl-C too, and
-//! only ever touches the compose project, images and engine it made ([`crate::containers`]).
+//! random secrets, free ports on 127.0.0.1, and the image name. It cleans up on failure and on
+//! Ctrl-C too, and only ever touches the compose project, images and engine it made
+//! ([`crate::containers`]).
 
 use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Stdio};
@@ -39,6 +35,8 @@ const FINAL_WITHIN_SECS: &str = "120";
 /// How long taking the stack down may take (each container gets at most 40 s to stop).
 const DOWN_WITHIN: Duration = Duration::from_secs(120);
 
+/// Builds the binaries, runs the check on a container engine and cleans up. CI runs it after the
+/// tests.
 pub async fn compose_check(root: &Path) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
     let mut build = vec!["build", "--bins", "--locked"];
@@ -306,6 +304,11 @@ struct Paid {
     amount: i64,
 }
 
+/// The image (the Dockerfile's runtime stage around the binaries built here); every service up and
+/// healthy; a tenant made with the reconciler's CLI inside its container; a payment that succeeds
+/// with exactly one charge at the simulator; the same with three workers; the workers restarted in
+/// the middle of a batch, every payment settling with one charge; and everything down with its
+/// volumes.
 async fn check(stack: &Stack<'_>, root: &Path, bin: &Path) -> anyhow::Result<()> {
     let mut phase = Phase::start("images");
     if stack.engine.needs_stand_ins() {

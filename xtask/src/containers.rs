@@ -1,17 +1,11 @@
 //! A container engine for `cargo xtask compose-check`, and the images the check runs on.
 //!
-//! Where a Docker engine answers, the check uses it and its registry. Where none does (this project's
-//! CI machines), it installs podman from Debian's packages and runs a podman of its own: its own
-//! storage, run and network directories under one scratch directory, and its own API socket, which
-//! Debian's `docker-compose` talks to through `DOCKER_HOST`. Everything that podman holds was made by
-//! this run, so the stand-in images can take the names the Dockerfile and compose file use, and
-//! cleaning up is removing the directory: nothing of the machine's own containers, images or networks
-//! is ever touched.
-//!
-//! What podman needs here (found on a trial run): `runc`, as `crun` cannot set resource limits in
-//! this VM; no default ulimits; the netavark network backend, so that containers find each other by
-//! service name; and someone to run the health checks, because podman only schedules them through
-//! systemd, which is not running. [`Engine::tick_health_checks`] is that someone.
+//! Where a Docker engine responds, the check uses it and its registry. Where none does (this
+//! project's CI machines), it installs podman from Debian's packages and runs a podman of its own,
+//! with its own storage, run state, networks and API socket under one scratch directory. Everything
+//! that podman holds was made by this run, so the stand-in images can take the names the Dockerfile
+//! and compose file use, and cleaning up is removing the directory: nothing of the machine's own
+//! containers, images or networks is ever touched.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -24,7 +18,9 @@ use tokio::process::{Child, Command};
 /// recommendations, which would pull in a Docker engine that cannot run here.
 const PODMAN_PACKAGES: [&str; 6] = ["podman", "runc", "netavark", "aardvark-dns", "docker-compose", "mmdebstrap"];
 
-/// The engine's settings: see the module documentation for why each is here.
+/// The podman engine's settings, found on a trial run: `runc`, as `crun` cannot set resource limits
+/// in this VM; no default ulimits; and the netavark network backend, so that containers find each
+/// other by service name.
 const CONTAINERS_CONF: &str = r#"[containers]
 default_ulimits = []
 
@@ -57,13 +53,14 @@ pub enum Engine {
 pub struct Podman {
     /// Everything it holds: storage, run state, networks, its configuration and its socket.
     dir: PathBuf,
-    /// `podman system service`, which answers the Docker API on `dir/podman.sock` (none for a
-    /// podman left behind by an earlier run that was killed, which is only being removed).
+    /// `podman system service`, which serves the Docker API on `dir/podman.sock` for Debian's
+    /// `docker-compose` (none for a podman left behind by an earlier run that was killed, which is
+    /// only being removed).
     service: Option<Child>,
 }
 
 impl Engine {
-    /// The Docker engine if one answers; otherwise a podman of this run's own, installed first if
+    /// The Docker engine if one responds; otherwise a podman of this run's own, installed first if
     /// it is missing.
     pub async fn start(run_id: &str) -> anyhow::Result<Engine> {
         if let Some(compose) = docker_engine().await {
@@ -139,7 +136,8 @@ impl Engine {
     }
 
     /// Runs the health check of every running container of `project`, every two seconds, for as long
-    /// as the returned task lives. Docker schedules health checks itself; podman needs this.
+    /// as the returned task lives. Docker schedules health checks itself; podman only schedules
+    /// them through systemd, which is not running here.
     pub fn tick_health_checks(&self, project: &str) -> Option<tokio::task::JoinHandle<()>> {
         let Engine::Podman(podman) = self else { return None };
         let dir = podman.dir.clone();
@@ -149,8 +147,8 @@ impl Engine {
                 let listed = podman_command(&dir).args(["ps", "--quiet", "--filter", &label]).output().await;
                 if let Ok(listed) = listed {
                     for id in String::from_utf8_lossy(&listed.stdout).split_whitespace() {
-                        // A container without a health check, or one that just stopped, answers with
-                        // an error: there is nothing to record for it.
+                        // A container without a health check, or one that just stopped, fails the
+                        // command: there is nothing to record for it.
                         let _ = podman_command(&dir)
                             .args(["healthcheck", "run", id])
                             .stdout(Stdio::null())
@@ -208,7 +206,7 @@ fn podman_command(dir: &Path) -> Command {
     command
 }
 
-/// The compose command of a Docker engine that answers, if there is one.
+/// The compose command of a Docker engine that responds, if there is one.
 async fn docker_engine() -> Option<Vec<String>> {
     let answers = |program: &str, args: &[&str]| {
         let mut command = Command::new(program);

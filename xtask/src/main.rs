@@ -1,18 +1,5 @@
-//! `cargo xtask`: the project's tasks.
-//!
-//! - `cargo xtask up`: runs oncepay locally (PostgreSQL, the simulator, api, worker, reconciler), with
-//!   a demo tenant, until Ctrl-C.
-//! - `cargo xtask test [-- nextest args]`: the whole test suite, against a throwaway PostgreSQL
-//!   cluster (or `DATABASE_URL` when set). This is what CI runs.
-//! - `cargo xtask prepare [-p <package>]...`: refreshes the committed sqlx offline query data
-//!   (`.sqlx/`) from a throwaway, migrated cluster: for the whole workspace (stale entries removed), or
-//!   additively for the named packages.
-//! - `cargo xtask bench [--quick|--full] [--out FILE.json] [-- <oncepay-bench args>]`: builds the
-//!   api, worker, simulator and benchmark in release and runs `oncepay-bench`, which measures oncepay
-//!   against raw PostgreSQL on a throwaway cluster of its own (see BENCHMARKS.md).
-//! - `cargo xtask compose-check`: brings up the real `docker-compose.yml` (on a Docker engine, or a
-//!   podman of its own where there is none), pays through it, and takes it down. CI runs it after
-//!   the tests.
+//! `cargo xtask`: the project's tasks, `up`, `test`, `prepare`, `bench` and `compose-check` (see
+//! `cargo xtask --help`).
 //!
 //! Every task brings up what it needs itself; nothing must be running beforehand.
 
@@ -131,6 +118,8 @@ async fn cargo(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<bool> {
     Ok(status.success())
 }
 
+/// The whole test suite, against a throwaway PostgreSQL cluster (or `DATABASE_URL` when set). This
+/// is what CI runs.
 async fn test(nextest_args: &[String]) -> anyhow::Result<ExitCode> {
     let (url, _cluster) = database_server().await?;
     // The tests reach PostgreSQL through DATABASE_URL; the build must not (SQLX_OFFLINE).
@@ -143,6 +132,8 @@ async fn test(nextest_args: &[String]) -> anyhow::Result<ExitCode> {
     Ok(if cargo(&args, &env).await? { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
+/// Builds the api, worker, simulator, reconciler and benchmark in release and runs `oncepay-bench`,
+/// which measures oncepay against raw PostgreSQL on a throwaway cluster of its own (BENCHMARKS.md).
 async fn bench(quick: bool, full: bool, out: Option<PathBuf>, bench_args: &[String]) -> anyhow::Result<ExitCode> {
     let root = workspace_root();
     let binaries = ["-p", "oncepay-api", "-p", "oncepay-worker", "-p", "oncepay-simulator", "-p", "oncepay-reconciler"];
@@ -175,6 +166,8 @@ async fn bench(quick: bool, full: bool, out: Option<PathBuf>, bench_args: &[Stri
     Ok(if status.success() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
+/// Refreshes the committed sqlx offline query data (`.sqlx/`) from a throwaway, migrated cluster:
+/// for the whole workspace (stale entries removed), or additively for `packages`.
 async fn prepare(packages: &[String]) -> anyhow::Result<ExitCode> {
     let root = workspace_root();
     // Always a fresh cluster: a DATABASE_URL may point at a database that is already migrated, or

@@ -1,11 +1,8 @@
 //! `cargo xtask up`: oncepay running locally, the way its users run it, with nothing pre-started.
 //!
-//! Brings up PostgreSQL (a throwaway cluster, or `DATABASE_URL`), applies the migrations, starts the
-//! provider simulator, `api`, `worker` and `reconciler` as separate processes with `[name]`-prefixed
-//! logs, creates a demo tenant and prints its API key with a ready-to-paste client command. Ctrl-C
-//! stops every process (SIGTERM, then SIGKILL after a grace period) and removes the throwaway
-//! cluster. Secrets shared between processes (the provider credential, the webhook signing secret)
-//! are random per run.
+//! Brings up PostgreSQL, the provider simulator, `api`, `worker` and `reconciler` as separate
+//! processes with `[name]`-prefixed logs, and creates a demo tenant. Ctrl-C stops every process and
+//! removes the throwaway cluster. Secrets shared between processes are random per run.
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -40,8 +37,9 @@ struct Running {
 }
 
 impl Running {
-    /// Stops the processes, entry point first so no new work arrives and the simulator last so
-    /// in-flight calls finish; the cluster goes when `self` is dropped.
+    /// Stops the processes (SIGTERM, then SIGKILL after a grace period), entry point first so no
+    /// new work arrives and the simulator last so in-flight calls finish; the cluster goes when
+    /// `self` is dropped.
     async fn stop(&mut self) {
         for child in self.children.iter_mut().rev() {
             if let Err(error) = child.terminate(Duration::from_secs(35)).await {
@@ -91,6 +89,7 @@ async fn start(root: &Path, options: &Options, running: &mut Running) -> anyhow:
     }
     let bin = crate::target_dir(root).join(profile);
 
+    // `DATABASE_URL` if given, else a throwaway cluster.
     let database_url = match std::env::var("DATABASE_URL") {
         Ok(url) => url,
         Err(_) => {
@@ -167,6 +166,7 @@ async fn supervise(children: &mut [Child]) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// Prints where everything runs, the demo tenant's API key, and ready-to-paste commands to pay.
 fn print_banner(bin: &Path, api_key: &str, log_dir: &Path) {
     let client = bin.join("oncepay");
     eprintln!(
