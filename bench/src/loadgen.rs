@@ -74,7 +74,7 @@ pub struct Plan {
 
 /// What a load run measured inside its window.
 #[derive(Debug, Default)]
-pub struct Outcome {
+pub struct Measured {
     /// Requests that got the expected response.
     pub completed: u64,
     /// Their latencies, from the send to the last byte of the response.
@@ -85,7 +85,7 @@ pub struct Outcome {
     pub first_problem: Option<String>,
 }
 
-impl Outcome {
+impl Measured {
     fn problem(&mut self, kind: String, detail: impl std::fmt::Display) {
         if self.first_problem.is_none() {
             self.first_problem = Some(format!("{kind}: {detail}"));
@@ -110,7 +110,7 @@ impl Outcome {
         }
     }
 
-    fn merge(&mut self, other: Outcome) {
+    fn merge(&mut self, other: Measured) {
         self.completed += other.completed;
         self.latencies.merge(other.latencies);
         for (kind, count) in other.unexpected {
@@ -129,7 +129,7 @@ impl Outcome {
 
 /// The generator's thread, running a plan.
 pub struct Generator {
-    thread: std::thread::JoinHandle<anyhow::Result<Outcome>>,
+    thread: std::thread::JoinHandle<anyhow::Result<Measured>>,
     thread_id: i32,
 }
 
@@ -157,7 +157,7 @@ impl Generator {
     }
 
     /// Waits for the end of the run.
-    pub async fn finish(self) -> anyhow::Result<Outcome> {
+    pub async fn finish(self) -> anyhow::Result<Measured> {
         let thread = self.thread;
         tokio::task::spawn_blocking(move || thread.join())
             .await?
@@ -165,7 +165,7 @@ impl Generator {
     }
 }
 
-async fn run(plan: Plan) -> anyhow::Result<Outcome> {
+async fn run(plan: Plan) -> anyhow::Result<Measured> {
     anyhow::ensure!(!plan.targets.is_empty() && plan.connections > 0, "nothing to load");
     let plan = Arc::new(plan);
     let mut connections = JoinSet::new();
@@ -174,39 +174,39 @@ async fn run(plan: Plan) -> anyhow::Result<Outcome> {
         let requests = Requests::new(&target.to_string(), &plan.token, dataset::BODY)?;
         connections.spawn(connection(Arc::clone(&plan), target, requests));
     }
-    let mut outcome = Outcome::default();
+    let mut measured = Measured::default();
     while let Some(finished) = connections.join_next().await {
-        outcome.merge(finished?);
+        measured.merge(finished?);
     }
-    Ok(outcome)
+    Ok(measured)
 }
 
 /// One connection's closed loop; reconnects after a transport error or a `Connection: close`.
-async fn connection(plan: Arc<Plan>, target: SocketAddr, mut requests: Requests) -> Outcome {
-    let mut outcome = Outcome::default();
+async fn connection(plan: Arc<Plan>, target: SocketAddr, mut requests: Requests) -> Measured {
+    let mut measured = Measured::default();
     let stop = plan.measure_until + TAIL;
     // Every request is sent before `stop`, so one deadline for the whole loop bounds each of them as
     // a timer per request would, without arming and clearing a timer per request.
     let ran =
-        tokio::time::timeout_at(stop + STRAGGLER_GRACE, closed_loop(&plan, target, stop, &mut requests, &mut outcome));
+        tokio::time::timeout_at(stop + STRAGGLER_GRACE, closed_loop(&plan, target, stop, &mut requests, &mut measured));
     if ran.await.is_err() {
-        outcome.problem("timeout".into(), "no answer long after the window");
+        measured.problem("timeout".into(), "no response long after the window");
     }
-    outcome
+    measured
 }
 
-/// Sends requests on `target` until `stop`, counting their responses in `outcome`.
+/// Sends requests on `target` until `stop`, counting their responses in `measured`.
 ///
 /// The loop owns its stream and two buffers it reuses: it writes each request in one `write_all`,
 /// then reads until the whole response is in, then sends the next.
-async fn closed_loop(plan: &Plan, target: SocketAddr, stop: Instant, requests: &mut Requests, outcome: &mut Outcome) {
+async fn closed_loop(plan: &Plan, target: SocketAddr, stop: Instant, requests: &mut Requests, measured: &mut Measured) {
     let mut rng = SmallRng::from_rng(&mut rand::rng());
     let mut received = Vec::with_capacity(READ_BUFFER);
     while Instant::now() < stop {
         let mut stream = match connect(target).await {
             Ok(stream) => stream,
             Err(error) => {
-                outcome.problem("connect".into(), format!("{error:#}"));
+                measured.problem("connect".into(), format!("{error:#}"));
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
@@ -222,13 +222,13 @@ async fn closed_loop(plan: &Plan, target: SocketAddr, stop: Instant, requests: &
             let answer = match exchange(&mut stream, requests.with_key(key), &mut received).await {
                 Ok(answer) => answer,
                 Err(error) => {
-                    outcome.problem("transport".into(), format!("{error:#}"));
+                    measured.problem("transport".into(), format!("{error:#}"));
                     break;
                 }
             };
             let done = Instant::now();
             if (plan.measure_from..plan.measure_until).contains(&done) {
-                outcome.answered(plan.workload, answer, done - sent, target);
+                measured.answered(plan.workload, answer, done - sent, target);
             }
             if answer.close {
                 break;
@@ -268,7 +268,7 @@ where
             return Ok(answer);
         }
         received.reserve(READ_BUFFER / 2);
-        let read = stream.read_buf(received).await.context("cannot read the answer")?;
+        let read = stream.read_buf(received).await.context("cannot read the response")?;
         if read == 0 {
             return Err(AnswerError::Closed { read: received.len() }.into());
         }
@@ -368,17 +368,17 @@ enum AnswerError {
 impl fmt::Display for AnswerError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Malformed(error) => write!(f, "a malformed answer: {error}"),
+            Self::Malformed(error) => write!(f, "a malformed response: {error}"),
             Self::TransferEncoding => {
-                f.write_str("an answer with a Transfer-Encoding (chunked), which the load generator does not decode")
+                f.write_str("a response with a Transfer-Encoding (chunked), which the load generator does not decode")
             }
-            Self::NoLength => f.write_str("an answer without Content-Length, which the load generator does not read"),
-            Self::InvalidLength => f.write_str("an answer with an invalid Content-Length"),
-            Self::Interim(status) => write!(f, "an interim answer ({status}) nobody asked for"),
-            Self::TooLarge => write!(f, "an answer over {MAX_ANSWER} bytes or a head over {MAX_HEAD}"),
-            Self::Closed { read: 0 } => f.write_str("the server closed the connection before answering"),
-            Self::Closed { read } => write!(f, "the server closed the connection after {read} bytes of the answer"),
-            Self::Unsolicited(len) => write!(f, "{len} bytes after an answer, before the next request"),
+            Self::NoLength => f.write_str("a response without Content-Length, which the load generator does not read"),
+            Self::InvalidLength => f.write_str("a response with an invalid Content-Length"),
+            Self::Interim(status) => write!(f, "an interim response ({status}) nobody asked for"),
+            Self::TooLarge => write!(f, "a response over {MAX_ANSWER} bytes or a head over {MAX_HEAD}"),
+            Self::Closed { read: 0 } => f.write_str("the server closed the connection before responding"),
+            Self::Closed { read } => write!(f, "the server closed the connection after {read} bytes of the response"),
+            Self::Unsolicited(len) => write!(f, "{len} bytes after a response, before the next request"),
         }
     }
 }
@@ -831,16 +831,16 @@ mod tests {
         });
         let requests = Requests::new(&target.to_string(), &plan.token, dataset::BODY).unwrap();
 
-        let outcome = connection(plan, target, requests).await;
+        let measured = connection(plan, target, requests).await;
         server.abort();
 
         let mut seen = Vec::new();
         while let Ok(request) = receiver.try_recv() {
             seen.push(request);
         }
-        assert_eq!(outcome.errors(), 0, "{:?}", outcome.first_problem);
-        assert!(outcome.completed >= 4, "{} answered", outcome.completed);
-        assert!(seen.len() as u64 >= outcome.completed);
+        assert_eq!(measured.errors(), 0, "{:?}", measured.first_problem);
+        assert!(measured.completed >= 4, "{} answered", measured.completed);
+        assert!(seen.len() as u64 >= measured.completed);
         assert!(connections.load(Ordering::SeqCst) >= 2, "no reconnection after Connection: close");
         let host = target.to_string();
         for request in &seen {

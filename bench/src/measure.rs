@@ -15,7 +15,7 @@ use tokio::time::{Instant, sleep, sleep_until};
 
 use crate::cpu::{ClientSource, CpuSampler, CpuUsage, Role};
 use crate::dataset;
-use crate::loadgen::{Generator, Outcome, Plan, Workload};
+use crate::loadgen::{Generator, Measured, Plan, Workload};
 use crate::pgbench::{self, Job};
 use crate::raw::Baseline;
 use crate::report::{Kind, Row};
@@ -108,7 +108,7 @@ pub async fn raw(
 
 /// What HTTP load on the api measured, and the CPU it cost.
 struct HttpWindow {
-    outcome: Outcome,
+    measured: Measured,
     cpu: CpuUsage,
     /// Outbox rows at the window's edges.
     depth: (u64, u64),
@@ -141,12 +141,12 @@ async fn http_window(
     sleep_until(until).await;
     let (cpu_until, wall_until) = (sampler.sample(), OffsetDateTime::now_utc());
     let depth_until = target.outbox_depth().await?;
-    let outcome = generator.finish().await?;
-    if let Some(problem) = &outcome.first_problem {
-        eprintln!("bench:   {} unexpected answers, the first: {problem}", outcome.errors());
+    let measured = generator.finish().await?;
+    if let Some(problem) = &measured.first_problem {
+        eprintln!("bench:   {} unexpected responses, the first: {problem}", measured.errors());
     }
     Ok(HttpWindow {
-        outcome,
+        measured,
         cpu: cpu_until.since(&cpu_from),
         depth: (depth_from, depth_until),
         wall: (wall_from, wall_until),
@@ -163,8 +163,8 @@ pub async fn service(
     connections: usize,
 ) -> anyhow::Result<Row> {
     let window = http_window(target, timing, api, token, workload, connections).await?;
-    let ops = window.outcome.completed;
-    let errors = window.outcome.errors();
+    let ops = window.measured.completed;
+    let errors = window.measured.errors();
     let name = match workload {
         Workload::Accept => "accept",
         Workload::Replay(_) => "replay",
@@ -179,7 +179,7 @@ pub async fn service(
         ops,
         seconds: timing.window.as_secs_f64(),
         rate: ops as f64 / timing.window.as_secs_f64(),
-        latency: window.outcome.latencies.summary(),
+        latency: window.measured.latencies.summary(),
         errors,
         cpu_seconds_per_op: Row::cost_per_op(&window.cpu, &[Role::Api, Role::Postgres], ops),
         cpu: window.cpu,
@@ -299,13 +299,13 @@ pub async fn accept_while_draining(
 ) -> anyhow::Result<Row> {
     let window = http_window(target, timing, api, token, Workload::Accept, connections).await?;
     let seconds = timing.window.as_secs_f64();
-    let accepted = window.outcome.completed;
+    let accepted = window.measured.completed;
     let growth = window.depth.1 as f64 - window.depth.0 as f64;
     let drained = (accepted as f64 - growth).max(0.0);
 
     let mut extra = BTreeMap::new();
     extra.insert("accept_rate".into(), accepted as f64 / seconds);
-    if let Some(accept) = window.outcome.latencies.clone().summary() {
+    if let Some(accept) = window.measured.latencies.clone().summary() {
         extra.insert("accept_p50_ms".into(), accept.p50_ms);
         extra.insert("accept_p99_ms".into(), accept.p99_ms);
     }
@@ -335,7 +335,7 @@ pub async fn accept_while_draining(
         seconds,
         rate: drained / seconds,
         latency,
-        errors: window.outcome.errors(),
+        errors: window.measured.errors(),
         cpu_seconds_per_op: Row::cost_per_op(&window.cpu, &[Role::Api, Role::Worker, Role::Postgres], accepted),
         cpu: window.cpu,
         comparison: None,

@@ -83,7 +83,7 @@ impl Client {
     #[tracing::instrument(name = "oncepay.create", skip_all)]
     pub async fn create(&self, intent: &PaymentIntent) -> Result<Created, Error> {
         let url = format!("{}/v1/payments", self.inner.base_url);
-        let answer = self
+        let response = self
             .send(None, || {
                 // Every attempt reads the key and the body from the intent itself.
                 self.http
@@ -94,8 +94,8 @@ impl Client {
                     .body(intent.body().to_owned())
             })
             .await?;
-        let replayed = answer.headers.get("Idempotent-Replayed").is_some_and(|value| value.as_bytes() == b"true");
-        Ok(Created { payment: answer.payment()?, replayed })
+        let replayed = response.headers.get("Idempotent-Replayed").is_some_and(|value| value.as_bytes() == b"true");
+        Ok(Created { payment: response.payment()?, replayed })
     }
 
     /// The payment as it stands now (`GET /v1/payments/{id}`), retrying transient failures.
@@ -151,8 +151,8 @@ impl Client {
             // the caller's budget.
             let wait = Duration::from_secs(self.inner.long_poll.min(remaining).as_secs());
             let asked_at = Instant::now();
-            let answer = self.poll(id, wait, Some(deadline)).await?;
-            let payment = answer.payment()?;
+            let response = self.poll(id, wait, Some(deadline)).await?;
+            let payment = response.payment()?;
 
             let moved = known != Some(payment.status);
             if moved {
@@ -166,7 +166,7 @@ impl Client {
             if !moved && !held {
                 // Nothing moved yet the server did not hold the poll (it does not long-poll, or
                 // the status went there and back): pace by its Retry-After rather than spin.
-                let pause = answer.retry_after.unwrap_or(DEFAULT_POLL_PAUSE);
+                let pause = response.retry_after.unwrap_or(DEFAULT_POLL_PAUSE);
                 tokio::time::sleep(pause.min(deadline.saturating_duration_since(Instant::now()))).await;
             }
         }
@@ -198,7 +198,7 @@ impl Client {
         loop {
             let request = build().header(AUTHORIZATION, self.inner.authorization.clone());
             let failure = match attempt_once(request).await {
-                Ok(answer) => return Ok(answer),
+                Ok(response) => return Ok(response),
                 Err(failure) => failure,
             };
             if !failure.retryable {

@@ -10,7 +10,7 @@ pub enum Error {
     #[error("could not talk to the oncepay api")]
     Http(#[source] reqwest::Error),
     /// The api responded with an error that retrying will not change.
-    #[error("the oncepay api answered {status}: {problem}")]
+    #[error("the oncepay api responded with {status}: {problem}")]
     Problem {
         /// The HTTP status.
         status: u16,
@@ -18,7 +18,7 @@ pub enum Error {
         problem: crate::Problem,
     },
     /// The api responded with success, but the body is not what the contract describes.
-    #[error("could not read the oncepay api's answer (status {status})")]
+    #[error("could not read the oncepay api's response (status {status})")]
     Decode {
         /// The HTTP status of the response.
         status: u16,

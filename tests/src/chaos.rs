@@ -88,14 +88,14 @@ impl ChaosConfig {
 
 /// What a run found: its report, and where the logs are if they were kept.
 #[derive(Debug)]
-pub struct Outcome {
+pub struct Finished {
     /// What to print.
     pub report: Report,
     /// The logs of every process, kept when the run failed (or when asked).
     pub logs: Option<PathBuf>,
 }
 
-impl Outcome {
+impl Finished {
     /// Whether every invariant held and everything settled.
     pub fn passed(&self) -> bool {
         self.report.passed()
@@ -147,7 +147,7 @@ fn target_dir() -> anyhow::Result<PathBuf> {
 }
 
 /// Runs the chaos harness once with `worker` as the worker binary.
-pub async fn run(config: &ChaosConfig, worker: PathBuf) -> anyhow::Result<Outcome> {
+pub async fn run(config: &ChaosConfig, worker: PathBuf) -> anyhow::Result<Finished> {
     let seed = config.seed;
     let mut binaries = Binaries::built()?;
     binaries.worker = worker;
@@ -177,7 +177,7 @@ pub async fn run(config: &ChaosConfig, worker: PathBuf) -> anyhow::Result<Outcom
         report.verdict.notes.push(format!("on SIGTERM: {line}"));
     }
     let logs = (config.keep_logs || !report.passed()).then(|| system.keep_logs());
-    Ok(Outcome { report, logs })
+    Ok(Finished { report, logs })
 }
 
 /// Arms fail points on the workers and sends the workload from its own task while the fault loop

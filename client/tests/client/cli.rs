@@ -117,7 +117,7 @@ async fn the_status_of_an_unsettled_payment_exits_4() {
     let output = oncepay(&server, &["status", PAYMENT_ID]).await;
 
     assert_eq!(output.status.code(), Some(4), "{}", text(&output.stderr));
-    assert!(text(&output.stdout).contains("status       unknown (the provider's answer was lost"));
+    assert!(text(&output.stdout).contains("status       unknown (the provider's response was lost"));
 }
 
 #[tokio::test]

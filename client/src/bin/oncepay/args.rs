@@ -7,12 +7,12 @@ use oncepay_client::{IdempotencyKey, PaymentId};
 const EXIT_CODES: &str = "\
 Exit codes:
   0  the payment succeeded (or, with `pay --no-wait`, was accepted)
-  1  the api's answer could not be understood
+  1  the api's response could not be understood
   2  usage error (bad flags, no API key, invalid URL)
   3  the payment failed: the customer was not charged
   4  the payment is not final yet (pending, processing, unknown or dead_lettered); ask again later
   5  the api rejected the request (4xx problem); sending it again will not help
-  6  no answer after retries (network, timeouts, 409/429/5xx); `pay` again with the printed --key is safe";
+  6  no response after retries (network, timeouts, 409/429/5xx); `pay` again with the printed --key is safe";
 
 /// Pay through oncepay and follow payments to their final state.
 #[derive(Debug, Parser)]

@@ -67,7 +67,7 @@ pub fn meaning(status: PaymentStatus) -> &'static str {
         PaymentStatus::Succeeded => "the customer was charged",
         PaymentStatus::Failed => "the customer was not charged",
         PaymentStatus::Unknown => {
-            "the provider's answer was lost; oncepay is finding out whether the charge happened, which can take a while"
+            "the provider's response was lost; oncepay is finding out whether the charge happened, which can take a while"
         }
         PaymentStatus::DeadLettered => "automatic reconciliation gave up; an operator will settle it",
     }
@@ -247,8 +247,11 @@ updated      2026-11-22T04:23:01Z"
         }
         let gave_up = Error::GaveUp { attempts: 2, last: Box::new(problem(503)) };
 
-        assert_eq!(error_text(&rejected), "error: the oncepay api answered 400: T: d (amount: must be at least 1)");
-        assert_eq!(error_text(&gave_up), "error: gave up after 2 attempt(s): the oncepay api answered 503: T: d");
+        assert_eq!(
+            error_text(&rejected),
+            "error: the oncepay api responded with 400: T: d (amount: must be at least 1)"
+        );
+        assert_eq!(error_text(&gave_up), "error: gave up after 2 attempt(s): the oncepay api responded with 503: T: d");
     }
 
     #[test]
