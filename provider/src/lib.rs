@@ -62,6 +62,9 @@ pub struct ChargeRequest {
     pub customer: String,
     /// The merchant's metadata plus oncepay's own keys.
     pub metadata: BTreeMap<String, String>,
+    /// The provider's reference to what pays (a Stripe `pm_…`), when the payment names one. The
+    /// simulator needs none; the Stripe adapter falls back to its configured default.
+    pub payment_method: Option<String>,
 }
 
 impl ChargeRequest {
@@ -77,7 +80,13 @@ impl ChargeRequest {
         let mut metadata = merchant_metadata.clone();
         metadata.insert(metadata_keys::TENANT_ID.to_owned(), tenant_id.to_string());
         metadata.insert(metadata_keys::PAYMENT_ID.to_owned(), payment_id.to_string());
-        Self { downstream_key: payment_id.downstream_key(), amount, currency, customer, metadata }
+        Self { downstream_key: payment_id.downstream_key(), amount, currency, customer, metadata, payment_method: None }
+    }
+
+    /// The same request, paid with `payment_method`.
+    #[must_use]
+    pub fn with_payment_method(self, payment_method: impl Into<String>) -> Self {
+        Self { payment_method: Some(payment_method.into()), ..self }
     }
 }
 
