@@ -5,11 +5,13 @@
 //! an adapter behind it. [`http::HttpProvider`] speaks the protocol in [`wire`], which the simulator
 //! serves too. [`outcome`] turns every call into a typed outcome (definitive, not sent, or uncertain),
 //! even one that got no response. [`webhook_signature`] signs and verifies the provider's webhooks.
+//! [`stripe`] is the adapter for Stripe, with its own wire format, classification and signatures.
 
 #[cfg(feature = "fixtures")]
 pub mod fixtures;
 pub mod http;
 pub mod outcome;
+pub mod stripe;
 pub mod webhook_signature;
 pub mod wire;
 

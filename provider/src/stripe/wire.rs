@@ -1,0 +1,455 @@
+//! Stripe's JSON, as far as oncepay reads it: the PaymentIntent, the error body, a list page, a
+//! search result and an event.
+//!
+//! Every type ignores fields it does not name, because Stripe adds fields without a new API version.
+//! Nothing here decides what a response means: [`classify`](super::classify) and
+//! [`lookup`](super::lookup) do.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use oncepay_domain::ids::PaymentId;
+
+use crate::{Charge, ChargeStatus, metadata_keys};
+
+/// Where a PaymentIntent is in its life. Stripe may add statuses; an unknown one is
+/// [`IntentStatus::Other`], which is never final.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IntentStatus {
+    /// The money moved.
+    Succeeded,
+    /// The payment is still being processed (some payment methods settle later).
+    Processing,
+    /// The customer must act (3-D Secure, a redirect).
+    RequiresAction,
+    /// The intent waits for a confirmation.
+    RequiresConfirmation,
+    /// Authorised, waiting for a capture.
+    RequiresCapture,
+    /// No usable payment method: never confirmed, or its confirmation failed.
+    RequiresPaymentMethod,
+    /// Cancelled: it will never take money.
+    Canceled,
+    /// A status this code does not know.
+    #[serde(other)]
+    Other,
+}
+
+/// A reference Stripe sends either as an id or, when expanded, as the object itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Expandable {
+    /// The bare id, e.g. `ch_…`.
+    Id(String),
+    /// The expanded object; only its id is read.
+    Object {
+        /// The object's id.
+        id: String,
+    },
+}
+
+impl Expandable {
+    /// The referenced object's id.
+    pub fn id(&self) -> &str {
+        match self {
+            Self::Id(id) | Self::Object { id } => id,
+        }
+    }
+}
+
+/// Why the last confirmation of an intent failed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastPaymentError {
+    /// `card_error`, `invalid_request_error`, ...
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub error_type: Option<String>,
+    /// Stripe's code, e.g. `card_declined`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
+    /// The issuer's reason, e.g. `insufficient_funds`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decline_code: Option<String>,
+    /// For humans.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+impl LastPaymentError {
+    /// The most specific code Stripe gave: the issuer's reason, else Stripe's own code.
+    pub fn best_code(&self) -> Option<&str> {
+        self.decline_code.as_deref().or(self.code.as_deref()).filter(|c| !c.trim().is_empty())
+    }
+}
+
+/// A PaymentIntent: one attempt to take one amount, the object oncepay creates for each payment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PaymentIntent {
+    /// `pi_…`.
+    pub id: String,
+    /// Where it is in its life.
+    pub status: IntentStatus,
+    /// The amount asked for, in Stripe's unit of the currency.
+    pub amount: i64,
+    /// The amount that moved; zero until it succeeds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amount_received: Option<i64>,
+    /// Lower case, e.g. `eur`.
+    pub currency: String,
+    /// Creation time, Unix seconds.
+    pub created: i64,
+    /// Key/value pairs as sent, oncepay's own keys among them.
+    #[serde(default, deserialize_with = "null_as_empty")]
+    pub metadata: BTreeMap<String, String>,
+    /// The Stripe Customer, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub customer: Option<Expandable>,
+    /// The charge of the latest attempt, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latest_charge: Option<Expandable>,
+    /// Why the last confirmation failed, if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_payment_error: Option<LastPaymentError>,
+}
+
+/// Stripe writes an absent map as `null` in places; both mean "no metadata".
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<BTreeMap<String, String>, D::Error> {
+    Ok(Option::deserialize(deserializer)?.unwrap_or_default())
+}
+
+/// Where an intent stands, as a payment's evidence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Settled {
+    /// The intent is final: a succeeded or a failed charge.
+    Final(Charge),
+    /// The intent may still take money; it proves nothing yet.
+    NotFinal(IntentStatus),
+}
+
+impl PaymentIntent {
+    /// The oncepay payment this intent was made for, read from its metadata.
+    pub fn payment_id(&self) -> Option<PaymentId> {
+        self.metadata.get(metadata_keys::PAYMENT_ID)?.parse().ok()
+    }
+
+    /// Whether this intent is final and, if so, the charge it amounts to, made under
+    /// `idempotency_key`.
+    ///
+    /// `requires_payment_method` is final only with a `last_payment_error`: without one, the intent
+    /// may be a confirmation still under way, seen half-made by a lookup.
+    pub fn settled(&self, idempotency_key: &str) -> Settled {
+        let status = match (&self.status, &self.last_payment_error) {
+            (IntentStatus::Succeeded, _) => ChargeStatus::Succeeded,
+            (IntentStatus::Canceled, _) | (IntentStatus::RequiresPaymentMethod, Some(_)) => ChargeStatus::Failed,
+            (other, _) => return Settled::NotFinal(other.clone()),
+        };
+        let failure = self.last_payment_error.as_ref().filter(|_| status == ChargeStatus::Failed);
+        Settled::Final(Charge {
+            id: self.id.clone(),
+            status,
+            // What moved, for a success; what was asked, for a failure (nothing moved).
+            amount: match status {
+                ChargeStatus::Succeeded => self.amount_received.unwrap_or(self.amount),
+                ChargeStatus::Failed => self.amount,
+            },
+            currency: self.currency.to_ascii_uppercase(),
+            customer: self.customer.as_ref().map(|c| c.id().to_owned()).unwrap_or_default(),
+            idempotency_key: idempotency_key.to_owned(),
+            created: self.created,
+            metadata: self.metadata.clone(),
+            failure_code: match failure {
+                Some(error) => error.best_code().map(str::to_owned),
+                None if self.status == IntentStatus::Canceled => Some("canceled".to_owned()),
+                None => None,
+            },
+            failure_message: failure.and_then(|e| e.message.clone()),
+        })
+    }
+
+    /// [`Self::settled`] for an intent found by a lookup, whose response carries no idempotency key:
+    /// the key is the one oncepay derives from the payment its metadata names. An intent naming no
+    /// payment gets an empty key, so settlement treats it as another payment's charge.
+    pub fn settled_by_metadata(&self) -> Settled {
+        let key = self.payment_id().map(|p| p.downstream_key().as_str().to_owned()).unwrap_or_default();
+        self.settled(&key)
+    }
+}
+
+/// The body of every Stripe error response.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// What went wrong.
+    pub error: StripeError,
+}
+
+/// The detail of a Stripe error.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StripeError {
+    /// `api_error`, `card_error`, `idempotency_error` or `invalid_request_error`.
+    #[serde(rename = "type")]
+    pub error_type: String,
+    /// Stripe's code, e.g. `card_declined`, `idempotency_key_in_use`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
+    /// The issuer's reason for a card decline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decline_code: Option<String>,
+    /// For humans.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The parameter at fault, if one is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub param: Option<String>,
+    /// The PaymentIntent the request made or touched, as it is after the error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payment_intent: Option<Box<PaymentIntent>>,
+}
+
+/// The error types Stripe documents.
+pub mod error_types {
+    /// A card was declined.
+    pub const CARD: &str = "card_error";
+    /// The idempotency key was used before with other parameters.
+    pub const IDEMPOTENCY: &str = "idempotency_error";
+    /// The request was refused as invalid.
+    pub const INVALID_REQUEST: &str = "invalid_request_error";
+}
+
+/// One page of a list call, newest first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListPage<T> {
+    /// The objects.
+    pub data: Vec<T>,
+    /// Whether another page follows (`starting_after` the last object's id).
+    pub has_more: bool,
+}
+
+/// One page of a search.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SearchPage<T> {
+    /// The objects that matched when the search index was last updated.
+    pub data: Vec<T>,
+    /// Whether another page follows.
+    pub has_more: bool,
+    /// The cursor of the next page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_page: Option<String>,
+}
+
+/// The event types oncepay acts on.
+pub mod event_types {
+    /// An intent took the money.
+    pub const PAYMENT_INTENT_SUCCEEDED: &str = "payment_intent.succeeded";
+    /// A confirmation of an intent failed.
+    pub const PAYMENT_INTENT_PAYMENT_FAILED: &str = "payment_intent.payment_failed";
+    /// An intent was cancelled.
+    pub const PAYMENT_INTENT_CANCELED: &str = "payment_intent.canceled";
+}
+
+/// One webhook delivery's body. Stripe delivers each event at least once and in any order, so
+/// receivers deduplicate by [`Event::id`] and judge the object as it is in the event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// `evt_…`: the same on every delivery of one event.
+    pub id: String,
+    /// E.g. `payment_intent.succeeded`; any other type is someone else's business.
+    #[serde(rename = "type")]
+    pub event_type: String,
+    /// When the event happened, Unix seconds.
+    pub created: i64,
+    /// The object the event is about.
+    pub data: EventData,
+    /// The API request that caused the event, when one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<EventRequest>,
+}
+
+/// The API request behind an event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventRequest {
+    /// `req_…`, or null for an event Stripe caused itself.
+    #[serde(default)]
+    pub id: Option<String>,
+    /// The `Idempotency-Key` the request carried: for oncepay's intents, the downstream key.
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
+}
+
+/// The object of an event, kept as JSON until its type says what it is.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventData {
+    /// The object as it was when the event happened.
+    pub object: serde_json::Value,
+}
+
+impl Event {
+    /// The PaymentIntent of a `payment_intent.*` event; `None` for any other event.
+    pub fn payment_intent(&self) -> Option<Result<PaymentIntent, serde_json::Error>> {
+        self.event_type
+            .starts_with("payment_intent.")
+            .then(|| serde_json::from_value::<PaymentIntent>(self.data.object.clone()))
+    }
+}
+
+/// Bodies shaped as Stripe documents them, for tests.
+#[cfg(test)]
+pub(crate) mod samples {
+    use serde_json::{Value, json};
+
+    /// A PaymentIntent in `status`, named after `payment_id` in its metadata, as the API returns it
+    /// (with a few of the fields oncepay does not read).
+    pub(crate) fn intent(id: &str, status: &str, payment_id: &str) -> Value {
+        let succeeded = status == "succeeded";
+        json!({
+            "id": id,
+            "object": "payment_intent",
+            "amount": 1999,
+            "amount_capturable": 0,
+            "amount_details": {"tip": {}},
+            "amount_received": if succeeded { 1999 } else { 0 },
+            "application": null,
+            "capture_method": "automatic",
+            "client_secret": format!("{id}_secret_abc"),
+            "confirmation_method": "automatic",
+            "created": 1_763_800_000,
+            "currency": "eur",
+            "customer": null,
+            "description": null,
+            "last_payment_error": null,
+            "latest_charge": if succeeded { json!("ch_3Mt") } else { Value::Null },
+            "livemode": false,
+            "metadata": {
+                "oncepay_payment_id": payment_id,
+                "oncepay_tenant_id": "0196a0c4-0000-7000-8000-000000000001"
+            },
+            "next_action": null,
+            "payment_method": "pm_card_visa",
+            "payment_method_types": ["card"],
+            "status": status
+        })
+    }
+
+    /// A declined confirmation: the intent back in `requires_payment_method`, with the reason.
+    pub(crate) fn declined_intent(id: &str, payment_id: &str) -> Value {
+        let mut intent = intent(id, "requires_payment_method", payment_id);
+        intent["last_payment_error"] = json!({
+            "type": "card_error",
+            "code": "card_declined",
+            "decline_code": "insufficient_funds",
+            "message": "Your card has insufficient funds.",
+            "doc_url": "https://stripe.com/docs/error-codes/card-declined"
+        });
+        intent
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::samples::*;
+    use super::*;
+
+    const PAYMENT: &str = "0196a0c4-0000-7000-8000-0000000000aa";
+
+    #[test]
+    fn a_documented_intent_is_read_whatever_else_it_carries() {
+        let mut body = intent("pi_1", "succeeded", PAYMENT);
+        body["a_field_stripe_added_later"] = json!({"nested": [1, 2]});
+
+        let intent: PaymentIntent = serde_json::from_value(body).unwrap();
+
+        assert_eq!(intent.status, IntentStatus::Succeeded);
+        assert_eq!(intent.amount_received, Some(1999));
+        assert_eq!(intent.latest_charge.as_ref().map(Expandable::id), Some("ch_3Mt"));
+        assert_eq!(intent.payment_id(), Some(PAYMENT.parse().unwrap()));
+    }
+
+    #[test]
+    fn an_unknown_status_is_read_and_is_never_final() {
+        let intent: PaymentIntent = serde_json::from_value(intent("pi_1", "requires_a_new_thing", PAYMENT)).unwrap();
+
+        assert_eq!(intent.status, IntentStatus::Other);
+        assert_eq!(intent.settled("k"), Settled::NotFinal(IntentStatus::Other));
+    }
+
+    #[test]
+    fn each_status_settles_as_stripe_documents_it() {
+        let cases = [
+            ("succeeded", false, Some(ChargeStatus::Succeeded)),
+            ("canceled", false, Some(ChargeStatus::Failed)),
+            ("requires_payment_method", true, Some(ChargeStatus::Failed)),
+            // Not confirmed yet, or a confirmation still under way: proves nothing.
+            ("requires_payment_method", false, None),
+            ("processing", false, None),
+            ("requires_action", false, None),
+            ("requires_confirmation", false, None),
+            ("requires_capture", false, None),
+        ];
+        for (status, failed_before, expected) in cases {
+            let body = if failed_before { declined_intent("pi_1", PAYMENT) } else { intent("pi_1", status, PAYMENT) };
+            let intent: PaymentIntent = serde_json::from_value(body).unwrap();
+
+            let settled = match intent.settled("oncepay-k") {
+                Settled::Final(charge) => Some(charge.status),
+                Settled::NotFinal(_) => None,
+            };
+
+            assert_eq!(settled, expected, "{status}, failed before: {failed_before}");
+        }
+    }
+
+    #[test]
+    fn a_succeeded_intent_becomes_the_charge_oncepay_books() {
+        let intent: PaymentIntent = serde_json::from_value(intent("pi_1", "succeeded", PAYMENT)).unwrap();
+
+        let Settled::Final(charge) = intent.settled_by_metadata() else { panic!("not final") };
+
+        assert_eq!(charge.id, "pi_1");
+        assert_eq!(charge.amount, 1999);
+        assert_eq!(charge.currency, "EUR");
+        assert_eq!(charge.created, 1_763_800_000);
+        let payment: PaymentId = PAYMENT.parse().unwrap();
+        assert_eq!(charge.idempotency_key, payment.downstream_key().as_str());
+        assert_eq!(charge.failure_code, None);
+    }
+
+    #[test]
+    fn a_declined_intent_keeps_the_issuers_reason() {
+        let intent: PaymentIntent = serde_json::from_value(declined_intent("pi_1", PAYMENT)).unwrap();
+
+        let Settled::Final(charge) = intent.settled("k") else { panic!("not final") };
+
+        assert_eq!(charge.status, ChargeStatus::Failed);
+        assert_eq!(charge.failure_code.as_deref(), Some("insufficient_funds"));
+        assert_eq!(charge.failure_message.as_deref(), Some("Your card has insufficient funds."));
+    }
+
+    #[test]
+    fn an_intent_naming_no_payment_gets_no_key() {
+        let mut body = intent("pi_1", "succeeded", PAYMENT);
+        body["metadata"] = serde_json::Value::Null;
+        let intent: PaymentIntent = serde_json::from_value(body).unwrap();
+
+        let Settled::Final(charge) = intent.settled_by_metadata() else { panic!("not final") };
+
+        assert_eq!(charge.idempotency_key, "");
+    }
+
+    #[test]
+    fn an_event_yields_its_payment_intent_and_other_events_yield_nothing() {
+        let event: Event = serde_json::from_value(json!({
+            "id": "evt_1", "object": "event", "api_version": "2024-06-20", "created": 1_763_800_001,
+            "type": "payment_intent.succeeded", "livemode": false, "pending_webhooks": 1,
+            "request": {"id": "req_1", "idempotency_key": "oncepay-x"},
+            "data": {"object": intent("pi_1", "succeeded", PAYMENT)}
+        }))
+        .unwrap();
+        let other = Event { event_type: "customer.created".into(), ..event.clone() };
+
+        assert_eq!(event.payment_intent().map(|r| r.map(|i| i.id)).transpose().unwrap(), Some("pi_1".to_owned()));
+        assert!(other.payment_intent().is_none());
+        assert_eq!(event.request.and_then(|r| r.idempotency_key).as_deref(), Some("oncepay-x"));
+    }
+}
