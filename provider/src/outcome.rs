@@ -70,7 +70,8 @@ pub enum UncertainReason {
     /// 409: an earlier attempt with the same key is still in flight at the provider.
     #[error("an earlier attempt with the same key is still in flight at the provider")]
     KeyInFlight,
-    /// 422: the provider saw this key before with other parameters.
+    /// The provider saw this key before with other parameters (the simulator's 422, Stripe's 400
+    /// `idempotency_error`): what the first request did is unknown.
     #[error("the provider saw this idempotency key before with other parameters")]
     KeyReused,
     /// A status the protocol does not define.

@@ -1,7 +1,13 @@
 //! The Stripe adapter: oncepay's payments as Stripe PaymentIntents, behind [`PaymentProvider`].
 //!
-//! [`wire`] reads Stripe's JSON.
+//! [`wire`] reads Stripe's JSON; [`classify`] turns the response to a create into a
+//! [`SendOutcome`](crate::SendOutcome).
+//!
+//! A 200 whose intent has not finished (`processing`, `requires_action`) is uncertain, reported as
+//! [`UncertainReason::UnexpectedStatus(200)`](crate::UncertainReason::UnexpectedStatus) until the
+//! worker's codes can name it.
 //!
 //! [`PaymentProvider`]: crate::PaymentProvider
 
+pub mod classify;
 pub mod wire;

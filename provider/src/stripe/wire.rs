@@ -342,6 +342,17 @@ pub(crate) mod samples {
         });
         intent
     }
+
+    /// A Stripe error body.
+    pub(crate) fn error(error_type: &str, code: Option<&str>, message: &str) -> Value {
+        json!({"error": {
+            "type": error_type,
+            "code": code,
+            "message": message,
+            "doc_url": code.map(|c| format!("https://stripe.com/docs/error-codes/{c}")),
+            "request_log_url": "https://dashboard.stripe.com/test/logs/req_1"
+        }})
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,432 @@
+//! What Stripe's response to creating and confirming a PaymentIntent means, as a [`SendOutcome`].
+//! Pure: no I/O.
+//!
+//! Stripe saves the first response to an idempotency key, errors included, and replays it to every
+//! resend with that key; its rate limiter and most parameter checks run before that layer and save
+//! nothing. So a response is the outcome of the first request that reached the endpoint with this key,
+//! or of a check that every resend (the same parameters, the same API version) fails alike. A response
+//! that does not prove what happened is uncertain: a wrong "declined" or "not sent" can lose or
+//! double a charge, a wrong "uncertain" costs a reconciliation.
+
+use std::time::Duration;
+
+use crate::{NotSentReason, SendOutcome, UncertainReason};
+
+use super::wire::{ErrorBody, PaymentIntent, Settled, StripeError, error_types};
+
+/// The failure code of a request Stripe refused as invalid.
+pub const PROVIDER_REJECTED: &str = "provider_rejected";
+
+/// The code Stripe gives a 429 that came from a lock on an object, not from the rate limiter.
+const LOCK_TIMEOUT: &str = "lock_timeout";
+
+/// Classifies Stripe's response to `POST /v1/payment_intents` with `confirm=true`, sent under the
+/// idempotency key `key`.
+pub fn create_outcome(status: u16, retry_after: Option<Duration>, body: &[u8], key: &str) -> SendOutcome {
+    match status {
+        200 => match serde_json::from_slice::<PaymentIntent>(body) {
+            Ok(intent) => intent_outcome(&intent, key, status),
+            // A 200 means the intent exists; a body cut short or mangled does not say how it ended.
+            Err(_) => SendOutcome::Uncertain(UncertainReason::UnreadableAnswer),
+        },
+        402 => match read_error(body) {
+            Some(error) if error.error_type == error_types::CARD => card_declined(&error, key),
+            _ => unexpected(status),
+        },
+        400 => match read_error(body) {
+            // The key was used before with other parameters: the first request's outcome is unknown.
+            Some(error) if error.error_type == error_types::IDEMPOTENCY => {
+                SendOutcome::Uncertain(UncertainReason::KeyReused)
+            }
+            Some(error) if error.error_type == error_types::INVALID_REQUEST => rejected(&error, key),
+            // Not Stripe's error shape (a proxy's page, say): nothing proves no charge was made.
+            _ => unexpected(status),
+        },
+        // Authentication runs before anything else, and saves nothing under the key.
+        401 | 403 => SendOutcome::NotSent { reason: NotSentReason::Unauthorized(status), retry_after: None },
+        429 => match read_error(body) {
+            // A lock on an object is met while the request runs, not before it: no proof of nothing.
+            Some(error) if error.code.as_deref() == Some(LOCK_TIMEOUT) => unexpected(status),
+            // The rate limiter runs before the idempotency layer and before any work.
+            _ => SendOutcome::NotSent { reason: NotSentReason::RateLimited, retry_after },
+        },
+        409 => SendOutcome::Uncertain(UncertainReason::KeyInFlight),
+        // Including a 500 replayed for a resend: the first request may have charged before failing.
+        500..=599 => SendOutcome::Uncertain(UncertainReason::ServerError(status)),
+        other => unexpected(other),
+    }
+}
+
+fn read_error(body: &[u8]) -> Option<StripeError> {
+    serde_json::from_slice::<ErrorBody>(body).ok().map(|b| b.error)
+}
+
+/// A status, or a body under a status, that does not prove how the request ended.
+const fn unexpected(status: u16) -> SendOutcome {
+    SendOutcome::Uncertain(UncertainReason::UnexpectedStatus(status))
+}
+
+/// The outcome an intent in a response shows.
+fn intent_outcome(intent: &PaymentIntent, key: &str, status: u16) -> SendOutcome {
+    match intent.settled(key) {
+        Settled::Final(charge) if charge.status == crate::ChargeStatus::Succeeded => SendOutcome::Charged(charge),
+        Settled::Final(charge) => SendOutcome::Declined {
+            code: charge.failure_code.unwrap_or_else(|| "declined".to_owned()),
+            message: charge.failure_message.unwrap_or_else(|| "Stripe declined the payment.".to_owned()),
+            charge_id: Some(charge.id),
+        },
+        // `processing`, `requires_action` and the like may still take the money: the reconciler
+        // settles them. (`UncertainReason` has no variant for this yet; see the module doc of
+        // `stripe`.)
+        Settled::NotFinal(_) => unexpected(status),
+    }
+}
+
+/// A 402 `card_error`: the card was declined, unless the intent it carries shows otherwise.
+fn card_declined(error: &StripeError, key: &str) -> SendOutcome {
+    if let Some(intent) = &error.payment_intent
+        && !failed(intent, key)
+    {
+        return unexpected(402);
+    }
+    SendOutcome::Declined {
+        code: error
+            .decline_code
+            .as_deref()
+            .or(error.code.as_deref())
+            .filter(|c| !c.trim().is_empty())
+            .unwrap_or("card_declined")
+            .to_owned(),
+        message: error.message.clone().unwrap_or_else(|| "The card was declined.".to_owned()),
+        charge_id: error.payment_intent.as_ref().map(|i| i.id.clone()),
+    }
+}
+
+/// A 400 `invalid_request_error`. It proves no charge under this key: either it is the saved
+/// outcome of the first request that ran with the key (and that request failed), or it comes from a
+/// parameter check that runs before the idempotency layer, which the same parameters failed on every
+/// earlier attempt too, so none of them ran. An intent in the body that may still take money
+/// overrules that.
+fn rejected(error: &StripeError, key: &str) -> SendOutcome {
+    if let Some(intent) = &error.payment_intent
+        && !failed(intent, key)
+    {
+        return unexpected(400);
+    }
+    let message = error.message.as_deref().unwrap_or("Stripe rejected the request as invalid.");
+    SendOutcome::Declined {
+        code: PROVIDER_REJECTED.to_owned(),
+        message: match error.code.as_deref() {
+            Some(code) => format!("{message} ({code})"),
+            None => message.to_owned(),
+        },
+        charge_id: error.payment_intent.as_ref().map(|i| i.id.clone()),
+    }
+}
+
+fn failed(intent: &PaymentIntent, key: &str) -> bool {
+    matches!(intent.settled(key), Settled::Final(charge) if charge.status == crate::ChargeStatus::Failed)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::ChargeStatus;
+    use crate::stripe::wire::samples::{declined_intent, error, intent};
+
+    const PAYMENT: &str = "0196a0c4-0000-7000-8000-0000000000aa";
+    const KEY: &str = "oncepay-0196a0c4-0000-7000-8000-0000000000aa";
+
+    fn bytes(value: &Value) -> Vec<u8> {
+        serde_json::to_vec(value).unwrap()
+    }
+
+    fn card_error(with_intent: Option<Value>) -> Value {
+        let mut body = error("card_error", Some("card_declined"), "Your card has insufficient funds.");
+        body["error"]["decline_code"] = json!("insufficient_funds");
+        if let Some(intent) = with_intent {
+            body["error"]["payment_intent"] = intent;
+        }
+        body
+    }
+
+    fn invalid_request(with_intent: Option<Value>) -> Value {
+        let mut body = error("invalid_request_error", Some("resource_missing"), "No such PaymentMethod: 'pm_x'");
+        body["error"]["param"] = json!("payment_method");
+        if let Some(intent) = with_intent {
+            body["error"]["payment_intent"] = intent;
+        }
+        body
+    }
+
+    fn label(outcome: &SendOutcome) -> String {
+        match outcome {
+            SendOutcome::Charged(_) => "charged".into(),
+            SendOutcome::Declined { code, .. } => format!("declined {code}"),
+            SendOutcome::NotSent { reason, .. } => format!("not sent: {reason}"),
+            SendOutcome::Uncertain(reason) => format!("uncertain: {reason}"),
+        }
+    }
+
+    #[test]
+    fn each_response_stripe_documents_is_classified() {
+        let idempotency = error(
+            "idempotency_error",
+            None,
+            "Keys for idempotent requests can only be used with the same parameters they were first used with.",
+        );
+        let lock = error("invalid_request_error", Some("lock_timeout"), "This object cannot be accessed right now.");
+        let rate = error("invalid_request_error", Some("rate_limit"), "Too many requests.");
+        let api = error("api_error", None, "Something went wrong on Stripe's end.");
+        let unexpected_200 = "uncertain: the provider answered an unexpected HTTP 200";
+        let cases: Vec<(&str, u16, Vec<u8>, &str)> = vec![
+            ("succeeded", 200, bytes(&intent("pi_1", "succeeded", PAYMENT)), "charged"),
+            ("processing", 200, bytes(&intent("pi_1", "processing", PAYMENT)), unexpected_200),
+            ("requires_action", 200, bytes(&intent("pi_1", "requires_action", PAYMENT)), unexpected_200),
+            ("requires_confirmation", 200, bytes(&intent("pi_1", "requires_confirmation", PAYMENT)), unexpected_200),
+            ("requires_capture", 200, bytes(&intent("pi_1", "requires_capture", PAYMENT)), unexpected_200),
+            ("never confirmed", 200, bytes(&intent("pi_1", "requires_payment_method", PAYMENT)), unexpected_200),
+            ("failed confirmation", 200, bytes(&declined_intent("pi_1", PAYMENT)), "declined insufficient_funds"),
+            ("canceled", 200, bytes(&intent("pi_1", "canceled", PAYMENT)), "declined canceled"),
+            (
+                "unreadable 200",
+                200,
+                b"{\"id\":\"pi_1\",\"sta".to_vec(),
+                "uncertain: the provider's answer could not be read",
+            ),
+            (
+                "card declined",
+                402,
+                bytes(&card_error(Some(declined_intent("pi_1", PAYMENT)))),
+                "declined insufficient_funds",
+            ),
+            ("card declined, no intent", 402, bytes(&card_error(None)), "declined insufficient_funds"),
+            (
+                "card error, intent still processing",
+                402,
+                bytes(&card_error(Some(intent("pi_1", "processing", PAYMENT)))),
+                "uncertain: the provider answered an unexpected HTTP 402",
+            ),
+            ("402 not a card error", 402, bytes(&api), "uncertain: the provider answered an unexpected HTTP 402"),
+            ("402 unreadable", 402, b"".to_vec(), "uncertain: the provider answered an unexpected HTTP 402"),
+            (
+                "idempotency error",
+                400,
+                bytes(&idempotency),
+                "uncertain: the provider saw this idempotency key before with other parameters",
+            ),
+            ("invalid request", 400, bytes(&invalid_request(None)), "declined provider_rejected"),
+            (
+                "invalid request, failed intent",
+                400,
+                bytes(&invalid_request(Some(declined_intent("pi_1", PAYMENT)))),
+                "declined provider_rejected",
+            ),
+            (
+                "invalid request, intent that may still charge",
+                400,
+                bytes(&invalid_request(Some(intent("pi_1", "requires_action", PAYMENT)))),
+                "uncertain: the provider answered an unexpected HTTP 400",
+            ),
+            (
+                "400 from a proxy",
+                400,
+                b"<html>Bad Request</html>".to_vec(),
+                "uncertain: the provider answered an unexpected HTTP 400",
+            ),
+            ("400 api_error", 400, bytes(&api), "uncertain: the provider answered an unexpected HTTP 400"),
+            (
+                "401",
+                401,
+                bytes(&error("invalid_request_error", None, "Invalid API Key provided")),
+                "not sent: the provider refused oncepay's credentials (HTTP 401)",
+            ),
+            ("403", 403, b"".to_vec(), "not sent: the provider refused oncepay's credentials (HTTP 403)"),
+            ("429 rate limited", 429, bytes(&rate), "not sent: the provider rate-limited the request"),
+            ("429 empty", 429, b"".to_vec(), "not sent: the provider rate-limited the request"),
+            ("429 lock timeout", 429, bytes(&lock), "uncertain: the provider answered an unexpected HTTP 429"),
+            (
+                "409 in flight",
+                409,
+                bytes(&error("idempotency_error", Some("idempotency_key_in_use"), "in use")),
+                "uncertain: an earlier attempt with the same key is still in flight at the provider",
+            ),
+            ("500 replayed", 500, bytes(&api), "uncertain: the provider answered HTTP 500"),
+            ("502", 502, b"".to_vec(), "uncertain: the provider answered HTTP 502"),
+            ("404", 404, b"".to_vec(), "uncertain: the provider answered an unexpected HTTP 404"),
+            ("424", 424, bytes(&api), "uncertain: the provider answered an unexpected HTTP 424"),
+            (
+                "201",
+                201,
+                bytes(&intent("pi_1", "succeeded", PAYMENT)),
+                "uncertain: the provider answered an unexpected HTTP 201",
+            ),
+        ];
+        for (name, status, body, expected) in cases {
+            let outcome = create_outcome(status, None, &body, KEY);
+
+            assert_eq!(label(&outcome), expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_success_becomes_the_charge_with_the_key_it_was_sent_under() {
+        let body = bytes(&intent("pi_1", "succeeded", PAYMENT));
+
+        let SendOutcome::Charged(charge) = create_outcome(200, None, &body, KEY) else { panic!("not charged") };
+
+        assert_eq!(charge.id, "pi_1");
+        assert_eq!(charge.status, ChargeStatus::Succeeded);
+        assert_eq!(charge.amount, 1999);
+        assert_eq!(charge.currency, "EUR");
+        assert_eq!(charge.idempotency_key, KEY);
+        assert_eq!(charge.created, 1_763_800_000);
+        assert_eq!(charge.metadata.get(crate::metadata_keys::PAYMENT_ID).map(String::as_str), Some(PAYMENT));
+    }
+
+    #[test]
+    fn the_amount_received_is_what_a_success_books() {
+        let mut body = intent("pi_1", "succeeded", PAYMENT);
+        body["amount_received"] = json!(1500);
+
+        let SendOutcome::Charged(charge) = create_outcome(200, None, &bytes(&body), KEY) else { panic!("not charged") };
+
+        assert_eq!(charge.amount, 1500);
+    }
+
+    #[test]
+    fn a_card_decline_keeps_the_issuers_reason_and_the_intent() {
+        let body = bytes(&card_error(Some(declined_intent("pi_9", PAYMENT))));
+
+        let outcome = create_outcome(402, None, &body, KEY);
+
+        assert_eq!(
+            outcome,
+            SendOutcome::Declined {
+                code: "insufficient_funds".into(),
+                message: "Your card has insufficient funds.".into(),
+                charge_id: Some("pi_9".into()),
+            }
+        );
+    }
+
+    #[test]
+    fn a_card_decline_without_an_issuer_reason_keeps_stripes_code() {
+        let body = bytes(&error("card_error", Some("expired_card"), "Your card has expired."));
+
+        let outcome = create_outcome(402, None, &body, KEY);
+
+        assert!(matches!(outcome, SendOutcome::Declined { ref code, .. } if code == "expired_card"), "{outcome:?}");
+    }
+
+    #[test]
+    fn an_invalid_request_names_stripes_code_in_the_message() {
+        let outcome = create_outcome(400, None, &bytes(&invalid_request(None)), KEY);
+
+        assert_eq!(
+            outcome,
+            SendOutcome::Declined {
+                code: PROVIDER_REJECTED.into(),
+                message: "No such PaymentMethod: 'pm_x' (resource_missing)".into(),
+                charge_id: None,
+            }
+        );
+    }
+
+    #[test]
+    fn rate_limiting_carries_stripes_retry_after() {
+        let outcome = create_outcome(429, Some(Duration::from_secs(2)), b"", KEY);
+
+        assert_eq!(
+            outcome,
+            SendOutcome::NotSent { reason: NotSentReason::RateLimited, retry_after: Some(Duration::from_secs(2)) }
+        );
+    }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::super::*;
+        use super::{KEY, PAYMENT, bytes, card_error, invalid_request};
+        use crate::ChargeStatus;
+        use crate::stripe::wire::samples::{declined_intent, error, intent};
+
+        fn status_name() -> impl Strategy<Value = &'static str> {
+            prop_oneof![
+                Just("succeeded"),
+                Just("processing"),
+                Just("requires_action"),
+                Just("requires_confirmation"),
+                Just("requires_capture"),
+                Just("requires_payment_method"),
+                Just("canceled"),
+                Just("a_status_from_the_future"),
+            ]
+        }
+
+        /// What Stripe, a proxy or a broken connection may put in a body.
+        fn any_body() -> impl Strategy<Value = Vec<u8>> {
+            prop_oneof![
+                status_name().prop_map(|s| bytes(&intent("pi_1", s, PAYMENT))),
+                Just(bytes(&declined_intent("pi_1", PAYMENT))),
+                status_name().prop_map(|s| bytes(&card_error(Some(intent("pi_1", s, PAYMENT))))),
+                status_name().prop_map(|s| bytes(&invalid_request(Some(intent("pi_1", s, PAYMENT))))),
+                Just(bytes(&invalid_request(None))),
+                Just(bytes(&error("idempotency_error", None, "reused"))),
+                Just(bytes(&error("api_error", None, "oops"))),
+                // A success cut short.
+                (status_name(), any::<proptest::sample::Index>()).prop_map(|(s, cut)| {
+                    let text = bytes(&intent("pi_1", s, PAYMENT));
+                    text[..cut.index(text.len())].to_vec()
+                }),
+                proptest::collection::vec(any::<u8>(), 0..256),
+            ]
+        }
+
+        proptest! {
+            /// Only a refusal before any work may be "not sent": 401, 403 and a rate-limit 429.
+            #[test]
+            fn only_a_refusal_before_any_work_is_not_sent(status in 100u16..=999, body in any_body()) {
+                if matches!(create_outcome(status, None, &body, KEY), SendOutcome::NotSent { .. }) {
+                    prop_assert!([401, 403, 429].contains(&status), "HTTP {} was called not sent", status);
+                }
+            }
+
+            #[test]
+            fn a_server_error_is_uncertain_whatever_its_body_says(status in 500u16..=599, body in any_body()) {
+                prop_assert_eq!(
+                    create_outcome(status, None, &body, KEY),
+                    SendOutcome::Uncertain(UncertainReason::ServerError(status))
+                );
+            }
+
+            /// Charged only from a 200 whose intent succeeded, and with that intent.
+            #[test]
+            fn charged_only_from_a_200_showing_a_succeeded_intent(status in 100u16..=999, body in any_body()) {
+                if let SendOutcome::Charged(charge) = create_outcome(status, None, &body, KEY) {
+                    prop_assert_eq!(status, 200);
+                    let intent: PaymentIntent = serde_json::from_slice(&body).unwrap();
+                    prop_assert_eq!(intent.status, crate::stripe::wire::IntentStatus::Succeeded);
+                    prop_assert_eq!(charge.id, intent.id);
+                    prop_assert_eq!(charge.status, ChargeStatus::Succeeded);
+                }
+            }
+
+            /// A decline is concluded only where no intent in the body may still take the money.
+            #[test]
+            fn never_declined_while_an_intent_may_still_charge(status in 100u16..=999, body in any_body()) {
+                if let SendOutcome::Declined { .. } = create_outcome(status, None, &body, KEY) {
+                    prop_assert!([200, 400, 402].contains(&status), "HTTP {} was called declined", status);
+                    let shown = serde_json::from_slice::<PaymentIntent>(&body).ok().or_else(|| {
+                        serde_json::from_slice::<ErrorBody>(&body).ok().and_then(|b| b.error.payment_intent.map(|i| *i))
+                    });
+                    if let Some(intent) = shown {
+                        prop_assert!(super::super::failed(&intent, KEY), "declined with intent in {:?}", intent.status);
+                    }
+                }
+            }
+        }
+    }
+}
