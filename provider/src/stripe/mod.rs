@@ -1,7 +1,8 @@
 //! The Stripe adapter: oncepay's payments as Stripe PaymentIntents, behind [`PaymentProvider`].
 //!
 //! [`wire`] reads Stripe's JSON; [`classify`] turns the response to a create into a
-//! [`SendOutcome`](crate::SendOutcome).
+//! [`SendOutcome`](crate::SendOutcome); [`lookup`] turns searches and lists into found, certainly none
+//! or can't tell.
 //!
 //! A 200 whose intent has not finished (`processing`, `requires_action`) is uncertain, reported as
 //! [`UncertainReason::UnexpectedStatus(200)`](crate::UncertainReason::UnexpectedStatus) until the
@@ -10,4 +11,7 @@
 //! [`PaymentProvider`]: crate::PaymentProvider
 
 pub mod classify;
+pub mod lookup;
 pub mod wire;
+
+pub use lookup::{CantTell, Lookup};
