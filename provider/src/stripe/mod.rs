@@ -2,7 +2,7 @@
 //!
 //! [`wire`] reads Stripe's JSON; [`classify`] turns the response to a create into a
 //! [`SendOutcome`](crate::SendOutcome); [`lookup`] turns searches and lists into found, certainly none
-//! or can't tell.
+//! or can't tell; [`signature`] verifies `Stripe-Signature`.
 //!
 //! A 200 whose intent has not finished (`processing`, `requires_action`) is uncertain, reported as
 //! [`UncertainReason::UnexpectedStatus(200)`](crate::UncertainReason::UnexpectedStatus) until the
@@ -12,6 +12,7 @@
 
 pub mod classify;
 pub mod lookup;
+pub mod signature;
 pub mod wire;
 
 pub use lookup::{CantTell, Lookup};
