@@ -2,7 +2,8 @@
 //!
 //! [`wire`] reads Stripe's JSON; [`classify`] turns the response to a create into a
 //! [`SendOutcome`](crate::SendOutcome); [`lookup`] turns searches and lists into found, certainly none
-//! or can't tell; [`signature`] verifies `Stripe-Signature`.
+//! or can't tell; [`signature`] verifies `Stripe-Signature`; [`limits`] says what Stripe would
+//! refuse, before a payment is accepted.
 //!
 //! A 200 whose intent has not finished (`processing`, `requires_action`) is uncertain, reported as
 //! [`UncertainReason::UnexpectedStatus(200)`](crate::UncertainReason::UnexpectedStatus) until the
@@ -11,6 +12,7 @@
 //! [`PaymentProvider`]: crate::PaymentProvider
 
 pub mod classify;
+pub mod limits;
 pub mod lookup;
 pub mod signature;
 pub mod wire;
