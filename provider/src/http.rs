@@ -127,7 +127,8 @@ impl HttpProvider {
     }
 }
 
-fn trace_headers() -> HeaderMap {
+/// The current W3C trace context, as request headers.
+pub(crate) fn trace_headers() -> HeaderMap {
     let mut headers = HeaderMap::new();
     for (name, value) in telemetry::current_trace_headers() {
         if let (Ok(name), Ok(value)) =
@@ -137,6 +138,15 @@ fn trace_headers() -> HeaderMap {
         }
     }
     headers
+}
+
+/// A `Retry-After` in seconds, if the response carries one.
+pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    headers
+        .get(RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_secs)
 }
 
 impl PaymentProvider for HttpProvider {
@@ -161,12 +171,7 @@ impl PaymentProvider for HttpProvider {
             Err(error) => SendOutcome::from_transport_error(&error),
             Ok(response) => {
                 let status = response.status().as_u16();
-                let retry_after = response
-                    .headers()
-                    .get(RETRY_AFTER)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.trim().parse::<u64>().ok())
-                    .map(Duration::from_secs);
+                let retry_after = retry_after(response.headers());
                 match response.bytes().await {
                     Ok(body) => SendOutcome::from_response(status, retry_after, &body),
                     // The status line arrived and the body broke off: the request was certainly sent,

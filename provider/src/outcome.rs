@@ -94,6 +94,10 @@ pub enum LookupError {
     /// The response body could not be read.
     #[error("the provider's response could not be read: {0}")]
     Unreadable(String),
+    /// The provider answered, but what it showed proves neither a charge nor its absence (an
+    /// eventually consistent search that found nothing, an intent still processing).
+    #[error("the provider's answers prove nothing yet: {0}")]
+    Inconclusive(String),
 }
 
 impl SendOutcome {

@@ -2,8 +2,8 @@
 //!
 //! [`wire`] reads Stripe's JSON; [`classify`] turns the response to a create into a
 //! [`SendOutcome`](crate::SendOutcome); [`lookup`] turns searches and lists into found, certainly none
-//! or can't tell; [`signature`] verifies `Stripe-Signature`; [`limits`] says what Stripe would
-//! refuse, before a payment is accepted.
+//! or can't tell; [`client`] does the I/O; [`signature`] verifies `Stripe-Signature`; [`limits`] says
+//! what Stripe would refuse, before a payment is accepted.
 //!
 //! A 200 whose intent has not finished (`processing`, `requires_action`) is uncertain, reported as
 //! [`UncertainReason::UnexpectedStatus(200)`](crate::UncertainReason::UnexpectedStatus) until the
@@ -12,9 +12,11 @@
 //! [`PaymentProvider`]: crate::PaymentProvider
 
 pub mod classify;
+pub mod client;
 pub mod limits;
 pub mod lookup;
 pub mod signature;
 pub mod wire;
 
+pub use client::{StripeProvider, StripeSettings};
 pub use lookup::{CantTell, Lookup};
