@@ -80,6 +80,10 @@ pub enum UncertainReason {
     /// A success whose body could not be read: the charge probably exists.
     #[error("the provider's response could not be read")]
     UnreadableResponse,
+    /// The provider took the payment but has not finished it (Stripe's `processing` or
+    /// `requires_action`): it may still take the money.
+    #[error("the provider has not finished the payment yet")]
+    NotFinal,
 }
 
 /// A lookup (`GET`) that got no usable response. Lookups are safe to repeat.

@@ -168,6 +168,7 @@ fn uncertain_code(reason: &UncertainReason) -> &'static str {
         UncertainReason::KeyReused => "key_reused",
         UncertainReason::UnexpectedStatus(_) => "unexpected_status",
         UncertainReason::UnreadableResponse => "unreadable_response",
+        UncertainReason::NotFinal => "not_final",
     }
 }
 

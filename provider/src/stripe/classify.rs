@@ -25,9 +25,9 @@ const LOCK_TIMEOUT: &str = "lock_timeout";
 pub fn create_outcome(status: u16, retry_after: Option<Duration>, body: &[u8], key: &str) -> SendOutcome {
     match status {
         200 => match serde_json::from_slice::<PaymentIntent>(body) {
-            Ok(intent) => intent_outcome(&intent, key, status),
+            Ok(intent) => intent_outcome(&intent, key),
             // A 200 means the intent exists; a body cut short or mangled does not say how it ended.
-            Err(_) => SendOutcome::Uncertain(UncertainReason::UnreadableAnswer),
+            Err(_) => SendOutcome::Uncertain(UncertainReason::UnreadableResponse),
         },
         402 => match read_error(body) {
             Some(error) if error.error_type == error_types::CARD => card_declined(&error, key),
@@ -67,7 +67,7 @@ const fn unexpected(status: u16) -> SendOutcome {
 }
 
 /// The outcome an intent in a response shows.
-fn intent_outcome(intent: &PaymentIntent, key: &str, status: u16) -> SendOutcome {
+fn intent_outcome(intent: &PaymentIntent, key: &str) -> SendOutcome {
     match intent.settled(key) {
         Settled::Final(charge) if charge.status == crate::ChargeStatus::Succeeded => SendOutcome::Charged(charge),
         Settled::Final(charge) => SendOutcome::Declined {
@@ -76,9 +76,8 @@ fn intent_outcome(intent: &PaymentIntent, key: &str, status: u16) -> SendOutcome
             charge_id: Some(charge.id),
         },
         // `processing`, `requires_action` and the like may still take the money: the reconciler
-        // settles them. (`UncertainReason` has no variant for this yet; see the module doc of
-        // `stripe`.)
-        Settled::NotFinal(_) => unexpected(status),
+        // settles them.
+        Settled::NotFinal(_) => SendOutcome::Uncertain(UncertainReason::NotFinal),
     }
 }
 
@@ -180,21 +179,21 @@ mod tests {
         let lock = error("invalid_request_error", Some("lock_timeout"), "This object cannot be accessed right now.");
         let rate = error("invalid_request_error", Some("rate_limit"), "Too many requests.");
         let api = error("api_error", None, "Something went wrong on Stripe's end.");
-        let unexpected_200 = "uncertain: the provider answered an unexpected HTTP 200";
+        let not_final = "uncertain: the provider has not finished the payment yet";
         let cases: Vec<(&str, u16, Vec<u8>, &str)> = vec![
             ("succeeded", 200, bytes(&intent("pi_1", "succeeded", PAYMENT)), "charged"),
-            ("processing", 200, bytes(&intent("pi_1", "processing", PAYMENT)), unexpected_200),
-            ("requires_action", 200, bytes(&intent("pi_1", "requires_action", PAYMENT)), unexpected_200),
-            ("requires_confirmation", 200, bytes(&intent("pi_1", "requires_confirmation", PAYMENT)), unexpected_200),
-            ("requires_capture", 200, bytes(&intent("pi_1", "requires_capture", PAYMENT)), unexpected_200),
-            ("never confirmed", 200, bytes(&intent("pi_1", "requires_payment_method", PAYMENT)), unexpected_200),
+            ("processing", 200, bytes(&intent("pi_1", "processing", PAYMENT)), not_final),
+            ("requires_action", 200, bytes(&intent("pi_1", "requires_action", PAYMENT)), not_final),
+            ("requires_confirmation", 200, bytes(&intent("pi_1", "requires_confirmation", PAYMENT)), not_final),
+            ("requires_capture", 200, bytes(&intent("pi_1", "requires_capture", PAYMENT)), not_final),
+            ("never confirmed", 200, bytes(&intent("pi_1", "requires_payment_method", PAYMENT)), not_final),
             ("failed confirmation", 200, bytes(&declined_intent("pi_1", PAYMENT)), "declined insufficient_funds"),
             ("canceled", 200, bytes(&intent("pi_1", "canceled", PAYMENT)), "declined canceled"),
             (
                 "unreadable 200",
                 200,
                 b"{\"id\":\"pi_1\",\"sta".to_vec(),
-                "uncertain: the provider's answer could not be read",
+                "uncertain: the provider's response could not be read",
             ),
             (
                 "card declined",
@@ -207,10 +206,10 @@ mod tests {
                 "card error, intent still processing",
                 402,
                 bytes(&card_error(Some(intent("pi_1", "processing", PAYMENT)))),
-                "uncertain: the provider answered an unexpected HTTP 402",
+                "uncertain: the provider responded with an unexpected HTTP 402",
             ),
-            ("402 not a card error", 402, bytes(&api), "uncertain: the provider answered an unexpected HTTP 402"),
-            ("402 unreadable", 402, b"".to_vec(), "uncertain: the provider answered an unexpected HTTP 402"),
+            ("402 not a card error", 402, bytes(&api), "uncertain: the provider responded with an unexpected HTTP 402"),
+            ("402 unreadable", 402, b"".to_vec(), "uncertain: the provider responded with an unexpected HTTP 402"),
             (
                 "idempotency error",
                 400,
@@ -228,15 +227,15 @@ mod tests {
                 "invalid request, intent that may still charge",
                 400,
                 bytes(&invalid_request(Some(intent("pi_1", "requires_action", PAYMENT)))),
-                "uncertain: the provider answered an unexpected HTTP 400",
+                "uncertain: the provider responded with an unexpected HTTP 400",
             ),
             (
                 "400 from a proxy",
                 400,
                 b"<html>Bad Request</html>".to_vec(),
-                "uncertain: the provider answered an unexpected HTTP 400",
+                "uncertain: the provider responded with an unexpected HTTP 400",
             ),
-            ("400 api_error", 400, bytes(&api), "uncertain: the provider answered an unexpected HTTP 400"),
+            ("400 api_error", 400, bytes(&api), "uncertain: the provider responded with an unexpected HTTP 400"),
             (
                 "401",
                 401,
@@ -246,22 +245,22 @@ mod tests {
             ("403", 403, b"".to_vec(), "not sent: the provider refused oncepay's credentials (HTTP 403)"),
             ("429 rate limited", 429, bytes(&rate), "not sent: the provider rate-limited the request"),
             ("429 empty", 429, b"".to_vec(), "not sent: the provider rate-limited the request"),
-            ("429 lock timeout", 429, bytes(&lock), "uncertain: the provider answered an unexpected HTTP 429"),
+            ("429 lock timeout", 429, bytes(&lock), "uncertain: the provider responded with an unexpected HTTP 429"),
             (
                 "409 in flight",
                 409,
                 bytes(&error("idempotency_error", Some("idempotency_key_in_use"), "in use")),
                 "uncertain: an earlier attempt with the same key is still in flight at the provider",
             ),
-            ("500 replayed", 500, bytes(&api), "uncertain: the provider answered HTTP 500"),
-            ("502", 502, b"".to_vec(), "uncertain: the provider answered HTTP 502"),
-            ("404", 404, b"".to_vec(), "uncertain: the provider answered an unexpected HTTP 404"),
-            ("424", 424, bytes(&api), "uncertain: the provider answered an unexpected HTTP 424"),
+            ("500 replayed", 500, bytes(&api), "uncertain: the provider responded with HTTP 500"),
+            ("502", 502, b"".to_vec(), "uncertain: the provider responded with HTTP 502"),
+            ("404", 404, b"".to_vec(), "uncertain: the provider responded with an unexpected HTTP 404"),
+            ("424", 424, bytes(&api), "uncertain: the provider responded with an unexpected HTTP 424"),
             (
                 "201",
                 201,
                 bytes(&intent("pi_1", "succeeded", PAYMENT)),
-                "uncertain: the provider answered an unexpected HTTP 201",
+                "uncertain: the provider responded with an unexpected HTTP 201",
             ),
         ];
         for (name, status, body, expected) in cases {

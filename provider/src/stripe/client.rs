@@ -475,7 +475,7 @@ mod tests {
 
         let outcome = provider.create_charge(&request(payment)).await;
 
-        assert_eq!(outcome, SendOutcome::Uncertain(UncertainReason::UnexpectedStatus(200)));
+        assert_eq!(outcome, SendOutcome::Uncertain(UncertainReason::NotFinal));
     }
 
     #[tokio::test]
@@ -488,7 +488,7 @@ mod tests {
 
         let outcome = provider.create_charge(&request(payment)).await;
 
-        assert_eq!(outcome, SendOutcome::Uncertain(UncertainReason::UnexpectedStatus(200)));
+        assert_eq!(outcome, SendOutcome::Uncertain(UncertainReason::NotFinal));
     }
 
     #[tokio::test]

@@ -5,9 +5,8 @@
 //! or can't tell; [`client`] does the I/O; [`signature`] verifies `Stripe-Signature`; [`limits`] says
 //! what Stripe would refuse, before a payment is accepted.
 //!
-//! A 200 whose intent has not finished (`processing`, `requires_action`) is uncertain, reported as
-//! [`UncertainReason::UnexpectedStatus(200)`](crate::UncertainReason::UnexpectedStatus) until the
-//! worker's codes can name it.
+//! A 200 whose intent has not finished (`processing`, `requires_action`) is uncertain
+//! ([`UncertainReason::NotFinal`](crate::UncertainReason::NotFinal)): the reconciler settles it.
 //!
 //! [`PaymentProvider`]: crate::PaymentProvider
 
