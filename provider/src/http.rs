@@ -12,67 +12,9 @@ use tracing::instrument;
 use oncepay_domain::ids::DownstreamKey;
 use oncepay_service::telemetry;
 
-use crate::KeyWindow;
+use crate::configured::ProviderSettings;
 use crate::wire::{Charge, ChargePage, CreateCharge};
 use crate::{ChargeRequest, ListCharges, LookupError, PaymentProvider, SendOutcome, UncertainReason};
-
-/// Where the provider is and how long to wait for it.
-#[derive(Debug, Clone, serde::Deserialize)]
-pub struct ProviderSettings {
-    /// Base URL, e.g. `http://127.0.0.1:8090`.
-    pub base_url: String,
-    /// Bearer credential for the provider.
-    pub api_key: SecretString,
-    /// How long to wait for a connection.
-    #[serde(default = "defaults::connect_timeout_ms")]
-    pub connect_timeout_ms: u64,
-    /// How long to wait for the whole response.
-    #[serde(default = "defaults::request_timeout_ms")]
-    pub request_timeout_ms: u64,
-    /// How long the provider remembers an idempotency key (24 h at real providers).
-    #[serde(default = "defaults::key_window_secs")]
-    pub key_window_secs: u64,
-    /// Resends (by the worker, the sweeper, the poller, an operator) stop this long before the key
-    /// window closes, to cover clock skew and the time a resend takes to arrive.
-    #[serde(default = "defaults::key_window_margin_secs")]
-    pub key_window_margin_secs: u64,
-}
-
-impl ProviderSettings {
-    /// The provider's key window, as every resend decision must see it.
-    pub fn key_window(&self) -> KeyWindow {
-        KeyWindow {
-            window: Duration::from_secs(self.key_window_secs),
-            safety_margin: Duration::from_secs(self.key_window_margin_secs),
-        }
-    }
-
-    /// Rejects a margin that leaves no window to resend in.
-    pub fn validate(&self) -> Result<(), String> {
-        if self.key_window_margin_secs >= self.key_window_secs {
-            return Err(format!(
-                "provider.key_window_margin_secs ({}) must be smaller than provider.key_window_secs ({})",
-                self.key_window_margin_secs, self.key_window_secs
-            ));
-        }
-        Ok(())
-    }
-}
-
-mod defaults {
-    pub const fn connect_timeout_ms() -> u64 {
-        1_000
-    }
-    pub const fn request_timeout_ms() -> u64 {
-        10_000
-    }
-    pub const fn key_window_secs() -> u64 {
-        24 * 60 * 60
-    }
-    pub const fn key_window_margin_secs() -> u64 {
-        60 * 60
-    }
-}
 
 /// The most charges a lookup by idempotency key expects to see.
 const KEY_LOOKUP_LIMIT: u32 = 100;
@@ -231,7 +173,7 @@ mod tests {
     use oncepay_domain::money::{Amount, Currency};
 
     use super::*;
-    use crate::NotSentReason;
+    use crate::{NotSentReason, ProviderKind};
 
     fn settings(base_url: String) -> ProviderSettings {
         ProviderSettings {
@@ -241,6 +183,8 @@ mod tests {
             request_timeout_ms: 500,
             key_window_secs: 86_400,
             key_window_margin_secs: 3_600,
+            kind: ProviderKind::Simulator,
+            stripe: None,
         }
     }
 

@@ -7,6 +7,7 @@
 //! even one that got no response. [`webhook_signature`] signs and verifies the provider's webhooks.
 //! [`stripe`] is the adapter for Stripe, with its own wire format, classification and signatures.
 
+pub mod configured;
 #[cfg(feature = "fixtures")]
 pub mod fixtures;
 pub mod http;
@@ -22,6 +23,7 @@ use std::time::Duration;
 use oncepay_domain::ids::{DownstreamKey, PaymentId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
 
+pub use configured::{ConfiguredProvider, ProviderKind, ProviderSettings};
 pub use outcome::{LookupError, NotSentReason, SendOutcome, UncertainReason};
 pub use wire::{Charge, ChargePage, ChargeStatus};
 

@@ -12,7 +12,7 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use oncepay_domain::ids::PaymentId;
 use oncepay_domain::money::{Amount, Currency};
-use oncepay_provider::http::HttpProvider;
+use oncepay_provider::ConfiguredProvider;
 use oncepay_store::db;
 use sqlx::PgPool;
 use time::OffsetDateTime;
@@ -261,7 +261,8 @@ pub async fn execute(command: Command, ctx: &Context) -> Result<Box<dyn Report>,
         }
         Command::DeadLetters(command) => dead_letter_command(command, ctx).await,
         Command::Recon(ReconCommand::Run { from, to }) => {
-            let provider = HttpProvider::new(&ctx.settings.provider).context("cannot build the provider client")?;
+            let provider =
+                ConfiguredProvider::new(&ctx.settings.provider).context("cannot build the provider client")?;
             let recon = Reconciliation::new(ctx.pool.clone(), provider, ctx.settings.recon_config());
             recon::commands::run(&recon, &from, &to).await.map(boxed)
         }
@@ -318,8 +319,8 @@ async fn dead_letter_command(command: DeadLettersCommand, ctx: &Context) -> Resu
                         Resolution::Succeeded(booked_from_flags(charge_id, amount, &currency, &charged_at)?)
                     }
                     _ => {
-                        let provider =
-                            HttpProvider::new(&ctx.settings.provider).context("cannot build the provider client")?;
+                        let provider = ConfiguredProvider::new(&ctx.settings.provider)
+                            .context("cannot build the provider client")?;
                         let mut conn = connection(ctx).await?;
                         Resolution::Succeeded(actions::find_charge(&mut conn, &provider, payment_id, &charge_id).await?)
                     }

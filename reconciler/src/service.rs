@@ -13,7 +13,7 @@ use std::time::Duration;
 use actix_web::dev::Server;
 use anyhow::Context;
 use oncepay_http::ops_http::{self, OpsState};
-use oncepay_provider::http::HttpProvider;
+use oncepay_provider::ConfiguredProvider;
 use oncepay_store::db;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -34,7 +34,7 @@ pub async fn serve(settings: Settings, shutdown: CancellationToken) -> anyhow::R
     crate::metrics::describe();
     let options = db::connect_options(&settings.database, "oncepay-reconciler").context("database.url is invalid")?;
     let pool = db::pool(&settings.database, options);
-    let provider = HttpProvider::new(&settings.provider).context("cannot build the provider client")?;
+    let provider = ConfiguredProvider::new(&settings.provider).context("cannot build the provider client")?;
     let key_window = settings.key_window();
 
     let webhook = WebhookState {

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use oncepay_provider::KeyWindow;
-use oncepay_provider::http::ProviderSettings;
+use oncepay_provider::ProviderSettings;
 use oncepay_provider::webhook_signature::{BadSecret, WebhookSecret};
 use oncepay_service::backoff::Backoff;
 use oncepay_service::config::{self, DatabaseSettings, HttpSettings, TelemetrySettings};

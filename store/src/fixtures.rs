@@ -16,7 +16,8 @@ use oncepay_domain::fingerprint::Fingerprint;
 use oncepay_domain::idempotency_key::IdempotencyKey;
 use oncepay_domain::ids::TenantId;
 use oncepay_domain::payment_request::PaymentRequest;
-use oncepay_provider::http::{HttpProvider, ProviderSettings};
+use oncepay_provider::http::HttpProvider;
+use oncepay_provider::{ProviderKind, ProviderSettings};
 use oncepay_service::telemetry::TraceContext;
 
 use crate::intake::{self, Created, NewPayment};
@@ -93,6 +94,8 @@ pub fn provider_settings(base_url: &str) -> ProviderSettings {
         request_timeout_ms: 2_000,
         key_window_secs: 86_400,
         key_window_margin_secs: 3_600,
+        kind: ProviderKind::Simulator,
+        stripe: None,
     }
 }
 

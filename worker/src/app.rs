@@ -4,7 +4,7 @@
 
 use anyhow::Context;
 use oncepay_http::ops_http::{self, OpsState};
-use oncepay_provider::http::HttpProvider;
+use oncepay_provider::ConfiguredProvider;
 use oncepay_store::db;
 use tokio_util::sync::CancellationToken;
 
@@ -17,7 +17,7 @@ pub const SERVICE: &str = "oncepay-worker";
 /// A worker, built and bound, not yet running.
 pub struct App {
     listener: std::net::TcpListener,
-    drainer: Drainer<HttpProvider>,
+    drainer: Drainer<ConfiguredProvider>,
     ops: OpsState,
 }
 
@@ -30,7 +30,7 @@ impl App {
         crate::metrics::describe();
         let options = db::connect_options(&settings.database, SERVICE).context("reading database.url")?;
         let pool = db::pool(&settings.database, options);
-        let provider = HttpProvider::new(&settings.provider).context("building the provider client")?;
+        let provider = ConfiguredProvider::new(&settings.provider).context("building the provider client")?;
         let drainer = Drainer::new(pool.clone(), provider, settings.drainer_config());
         let address = (settings.http.host.as_str(), settings.http.port);
         let listener = std::net::TcpListener::bind(address)
@@ -44,7 +44,7 @@ impl App {
     }
 
     /// The drainer this process runs.
-    pub fn drainer(&self) -> &Drainer<HttpProvider> {
+    pub fn drainer(&self) -> &Drainer<ConfiguredProvider> {
         &self.drainer
     }
 

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
-use oncepay_provider::http::ProviderSettings;
+use oncepay_provider::ProviderSettings;
 use oncepay_service::backoff::Backoff;
 use oncepay_service::config::{self, DatabaseSettings, HttpSettings, TelemetrySettings};
 use serde::Deserialize;
@@ -78,10 +78,10 @@ impl Settings {
         ensure!(worker.id.as_deref().is_none_or(|id| !id.trim().is_empty()), "worker.id must not be blank");
         // A lease that can run out while the provider call is still allowed to run hands a live
         // payment to another worker; the resend then meets the first call at the provider.
-        let longest_call_ms = self.provider.connect_timeout_ms.saturating_add(self.provider.request_timeout_ms);
+        let longest_call_ms = self.provider.longest_call().as_millis();
         ensure!(
-            worker.lease_secs.saturating_mul(1000) > longest_call_ms,
-            "worker.lease_secs ({} s) must exceed provider.connect_timeout_ms + provider.request_timeout_ms ({} ms)",
+            u128::from(worker.lease_secs) * 1000 > longest_call_ms,
+            "worker.lease_secs ({} s) must exceed the provider's connect plus request timeouts ({} ms)",
             worker.lease_secs,
             longest_call_ms,
         );

@@ -8,8 +8,9 @@ use std::time::Duration;
 use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_provider::ChargeRequest;
-use oncepay_provider::http::{HttpProvider, ProviderSettings};
+use oncepay_provider::http::HttpProvider;
 use oncepay_provider::wire::CreateCharge;
+use oncepay_provider::{ProviderKind, ProviderSettings};
 use oncepay_simulator::Simulator;
 use oncepay_simulator::client::SimulatorClient;
 use oncepay_simulator::config::Settings;
@@ -88,6 +89,8 @@ impl Sim {
             request_timeout_ms: u64::try_from(timeout.as_millis()).unwrap(),
             key_window_secs: self.settings.simulator.key_window_secs,
             key_window_margin_secs: 0,
+            kind: ProviderKind::Simulator,
+            stripe: None,
         })
         .unwrap()
     }
