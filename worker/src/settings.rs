@@ -146,6 +146,22 @@ mod tests {
     }
 
     #[test]
+    fn a_config_file_chooses_stripe_and_its_longer_timeouts_bound_the_lease() {
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        let stripe = "[provider]\nkind = \"stripe\"\n\n[provider.stripe]\nsecret_key = \"sk_test_x\"\n\
+                      api_version = \"2024-06-20\"\nrequest_timeout_ms = 57000\n";
+        std::io::Write::write_all(&mut file, stripe.as_bytes()).unwrap();
+        let mut settings: Settings = config::load(DEFAULTS, Some(file.path())).unwrap();
+
+        assert_eq!(settings.provider.kind, oncepay_provider::ProviderKind::Stripe);
+        assert_eq!(settings.provider.stripe.as_ref().unwrap().api_version, "2024-06-20");
+        settings.validate().unwrap();
+        // Stripe's connect (2 s by default) plus request timeout now exceed the 60 s lease.
+        settings.provider.stripe.as_mut().unwrap().request_timeout_ms = 59_000;
+        assert!(settings.validate().is_err(), "a lease shorter than a Stripe call is refused");
+    }
+
+    #[test]
     fn settings_that_break_a_guarantee_are_rejected() {
         type Edit = fn(&mut Settings);
         let cases: [(&str, Edit); 6] = [
