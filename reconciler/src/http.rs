@@ -1,4 +1,4 @@
-//! The reconciler's HTTP server: `POST /webhooks/provider` and, unless they have a listener of their
+//! The reconciler's HTTP server: `POST /webhooks/provider`, `POST /webhooks/stripe` and, unless they have a listener of their
 //! own (`http.ops_port`), the operations endpoints (`/healthz`, `/readyz`, `/metrics`). It installs no
 //! signal handlers of its own.
 
@@ -10,6 +10,7 @@ use actix_web::{App, HttpResponse, HttpServer, web};
 use oncepay_http::ops_http::{self, OpsState};
 use oncepay_http::problem::{Problem, ProblemType};
 
+use crate::stripe_webhooks;
 use crate::webhooks::{self, WebhookState};
 
 /// How long in-flight requests may take to finish once shutdown starts.
@@ -26,7 +27,8 @@ pub fn server(
     let webhook = web::Data::new(webhook);
     let ops = ops.map(web::Data::new);
     let server = HttpServer::new(move || {
-        let app = App::new().app_data(webhook.clone()).configure(webhooks::configure);
+        let app =
+            App::new().app_data(webhook.clone()).configure(webhooks::configure).configure(stripe_webhooks::configure);
         let app = match &ops {
             Some(ops) => app.app_data(ops.clone()).configure(ops_http::configure),
             None => app,

@@ -20,6 +20,7 @@ pub mod runner;
 pub mod service;
 pub mod settings;
 pub mod stored_name;
+pub mod stripe_webhooks;
 pub mod sweeper;
 pub mod tenants;
 pub mod unknown;

@@ -37,7 +37,7 @@ fn main() -> ExitCode {
 }
 
 async fn serve(settings: Settings) -> ExitCode {
-    if let Err(error) = settings.webhooks.serving_secrets() {
+    if let Err(error) = settings.webhooks.serving_secrets(settings.provider.kind) {
         eprintln!("oncepay-reconciler: {error}");
         return ExitCode::from(CONFIG_INVALID);
     }

@@ -37,9 +37,11 @@ pub async fn serve(settings: Settings, shutdown: CancellationToken) -> anyhow::R
     let provider = ConfiguredProvider::new(&settings.provider).context("cannot build the provider client")?;
     let key_window = settings.key_window();
 
+    let secrets = settings.webhooks.serving_secrets(settings.provider.kind)?;
     let webhook = WebhookState {
         pool: pool.clone(),
-        secrets: settings.webhooks.serving_secrets()?,
+        secrets: secrets.simulator,
+        stripe_secrets: secrets.stripe,
         tolerance_secs: settings.webhooks.tolerance_secs,
         max_body_bytes: settings.webhooks.max_body_bytes,
     };

@@ -8,8 +8,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use oncepay_provider::KeyWindow;
-use oncepay_provider::ProviderSettings;
+use oncepay_provider::stripe::signature::StripeWebhookSecret;
 use oncepay_provider::webhook_signature::{BadSecret, WebhookSecret};
+use oncepay_provider::{ProviderKind, ProviderSettings};
 use oncepay_service::backoff::Backoff;
 use oncepay_service::config::{self, DatabaseSettings, HttpSettings, TelemetrySettings};
 use secrecy::{ExposeSecret, SecretString};
@@ -50,6 +51,9 @@ pub struct Settings {
 pub struct WebhookSettings {
     /// `whsec_…` secrets; a delivery signed with any of them is accepted (rotation).
     pub secrets: Vec<SecretString>,
+    /// Stripe's endpoint secrets (`whsec_…`, used as given), for `POST /webhooks/stripe`.
+    #[serde(default)]
+    pub stripe_secrets: Vec<SecretString>,
     /// Largest accepted distance between `webhook-timestamp` and now, either way, in seconds.
     pub tolerance_secs: i64,
     /// Largest accepted body.
@@ -62,18 +66,38 @@ impl WebhookSettings {
         self.secrets.iter().map(|s| WebhookSecret::parse(s.expose_secret())).collect()
     }
 
-    /// The secrets the service verifies deliveries with: at least one, or the service must not start
-    /// (the operator commands need none).
-    pub fn serving_secrets(&self) -> Result<Vec<WebhookSecret>, InvalidSettings> {
-        if self.secrets.is_empty() {
-            return Err(InvalidSettings::Rule(
-                "webhooks.secrets is empty: set it to the provider's webhook signing secret, e.g. \
-                 ONCEPAY_WEBHOOKS__SECRETS='[\"whsec_...\"]'"
-                    .to_owned(),
-            ));
+    /// The secrets the service verifies deliveries with. The provider oncepay charges through must
+    /// have at least one, or the service must not start (the operator commands need none).
+    pub fn serving_secrets(&self, kind: ProviderKind) -> Result<ServingSecrets, InvalidSettings> {
+        let missing = match kind {
+            ProviderKind::Simulator if self.secrets.is_empty() => Some(("secrets", "SECRETS")),
+            ProviderKind::Stripe if self.stripe_secrets.is_empty() => Some(("stripe_secrets", "STRIPE_SECRETS")),
+            _ => None,
+        };
+        if let Some((key, variable)) = missing {
+            return Err(InvalidSettings::Rule(format!(
+                "webhooks.{key} is empty: set it to the provider's webhook signing secret, e.g. \
+                 ONCEPAY_WEBHOOKS__{variable}='[\"whsec_...\"]'"
+            )));
         }
-        self.parsed_secrets().map_err(|e| InvalidSettings::Rule(format!("webhooks.secrets: {e}")))
+        let simulator = self.parsed_secrets().map_err(|e| InvalidSettings::Rule(format!("webhooks.secrets: {e}")))?;
+        let stripe = self
+            .stripe_secrets
+            .iter()
+            .map(|s| StripeWebhookSecret::parse(s.expose_secret()))
+            .collect::<Result<_, _>>()
+            .map_err(|e| InvalidSettings::Rule(format!("webhooks.stripe_secrets: {e}")))?;
+        Ok(ServingSecrets { simulator, stripe })
     }
+}
+
+/// The parsed secrets of every webhook endpoint.
+#[derive(Debug)]
+pub struct ServingSecrets {
+    /// For `POST /webhooks/provider`.
+    pub simulator: Vec<WebhookSecret>,
+    /// For `POST /webhooks/stripe`.
+    pub stripe: Vec<StripeWebhookSecret>,
 }
 
 /// `[poller]`.
@@ -224,12 +248,27 @@ mod tests {
     fn serving_without_a_webhook_secret_is_refused_and_says_which_setting_to_set() {
         let mut settings: Settings = config::load(DEFAULTS, None).unwrap();
 
-        let refused = settings.webhooks.serving_secrets();
+        let refused = settings.webhooks.serving_secrets(ProviderKind::Simulator);
         settings.webhooks.secrets = vec![SecretString::from("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")];
-        let served = settings.webhooks.serving_secrets();
+        let served = settings.webhooks.serving_secrets(ProviderKind::Simulator);
 
         assert!(matches!(refused, Err(InvalidSettings::Rule(rule)) if rule.contains("ONCEPAY_WEBHOOKS__SECRETS")));
-        assert_eq!(served.unwrap().len(), 1);
+        assert_eq!(served.unwrap().simulator.len(), 1);
+    }
+
+    #[test]
+    fn serving_stripe_needs_a_stripe_secret_whatever_the_simulator_has() {
+        let mut settings: Settings = config::load(DEFAULTS, None).unwrap();
+        settings.webhooks.secrets = vec![SecretString::from("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")];
+
+        let refused = settings.webhooks.serving_secrets(ProviderKind::Stripe);
+        settings.webhooks.stripe_secrets = vec![SecretString::from("whsec_test_stripe_endpoint_secret")];
+        let served = settings.webhooks.serving_secrets(ProviderKind::Stripe);
+
+        assert!(
+            matches!(refused, Err(InvalidSettings::Rule(rule)) if rule.contains("ONCEPAY_WEBHOOKS__STRIPE_SECRETS"))
+        );
+        assert_eq!(served.unwrap().stripe.len(), 1);
     }
 
     #[test]

@@ -12,6 +12,7 @@ use oncepay_domain::ids::{DownstreamKey, PaymentId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_http::problem::{Problem, ProblemType};
+use oncepay_provider::stripe::signature::StripeWebhookSecret;
 use oncepay_provider::webhook_signature::{self, SignedHeaders, WebhookSecret};
 use oncepay_provider::wire::{EventType, WebhookEvent};
 use oncepay_provider::{Charge, ChargeStatus};
@@ -41,6 +42,8 @@ pub struct WebhookState {
     pub pool: PgPool,
     /// Every secret a delivery may be signed with.
     pub secrets: Vec<WebhookSecret>,
+    /// Every secret a Stripe delivery may be signed with ([`crate::stripe_webhooks`]).
+    pub stripe_secrets: Vec<StripeWebhookSecret>,
     /// Largest distance of `webhook-timestamp` from now, either way, in seconds.
     pub tolerance_secs: i64,
     /// Largest accepted body.
@@ -52,7 +55,7 @@ pub fn configure(config: &mut web::ServiceConfig) {
     config.service(web::resource(PATH).route(web::post().to(receive)).default_service(web::to(method_not_allowed)));
 }
 
-async fn method_not_allowed() -> HttpResponse {
+pub(crate) async fn method_not_allowed() -> HttpResponse {
     let mut response = Problem::new(ProblemType::MethodNotAllowed, "webhooks are delivered with POST").to_response();
     response.headers_mut().insert(header::ALLOW, header::HeaderValue::from_static("POST"));
     response
@@ -136,7 +139,18 @@ async fn answer(request: &HttpRequest, payload: web::Payload, state: &WebhookSta
             return ("invalid_body", Problem::new(ProblemType::InvalidWebhook, detail).to_response());
         }
     };
-    match apply(&state.pool, webhook_id, &event).await {
+    apply_and_respond(&state.pool, webhook_id, &event).await
+}
+
+/// Applies a verified event and says how it went, as a metrics label and a response: 2xx once the
+/// event is recorded (the provider stops retrying), 503 while the database is unavailable (it retries
+/// later). Shared by every provider's endpoint.
+pub(crate) async fn apply_and_respond(
+    pool: &PgPool,
+    webhook_id: &str,
+    event: &WebhookEvent,
+) -> (&'static str, HttpResponse) {
+    match apply(pool, webhook_id, event).await {
         Ok(outcome) => {
             tracing::info!(charge.id = %event.data.id, outcome = outcome.label(), "webhook applied");
             (outcome.label(), HttpResponse::Ok().json(json!({ "outcome": outcome.label() })))
@@ -157,7 +171,7 @@ async fn answer(request: &HttpRequest, payload: web::Payload, state: &WebhookSta
     }
 }
 
-async fn read_body(mut payload: web::Payload, limit: usize) -> Result<web::Bytes, Problem> {
+pub(crate) async fn read_body(mut payload: web::Payload, limit: usize) -> Result<web::Bytes, Problem> {
     let too_large = || Problem::new(ProblemType::PayloadTooLarge, format!("a webhook body is at most {limit} bytes"));
     let mut body = web::BytesMut::new();
     while let Some(chunk) = payload.next().await {

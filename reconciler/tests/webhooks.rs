@@ -34,7 +34,13 @@ fn start(pool: &PgPool, secrets: Vec<WebhookSecret>) -> String {
     oncepay_service::tls::install_provider();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
-    let webhook = WebhookState { pool: pool.clone(), secrets, tolerance_secs: 300, max_body_bytes: 65_536 };
+    let webhook = WebhookState {
+        pool: pool.clone(),
+        secrets,
+        stripe_secrets: Vec::new(),
+        tolerance_secs: 300,
+        max_body_bytes: 65_536,
+    };
     let ops = OpsState { pool: pool.clone(), metrics: oncepay_service::metrics::install() };
     tokio::spawn(http::server(listener, webhook, Some(ops), 1).unwrap());
     format!("http://127.0.0.1:{port}/webhooks/provider")

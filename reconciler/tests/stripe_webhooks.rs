@@ -1,0 +1,172 @@
+//! `POST /webhooks/stripe` over real HTTP (the server on port 0) against a real PostgreSQL: Stripe's
+//! signed PaymentIntent events settle `unknown` payments by the same rules as the simulator's webhooks,
+//! once per event, and nothing else changes a payment.
+
+// Helpers outside `#[test]` functions fail loudly too: clippy's test exemption does not reach them.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::net::TcpListener;
+
+use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::status::PaymentStatus;
+use oncepay_provider::stripe::signature::StripeWebhookSecret;
+use oncepay_reconciler::http;
+use oncepay_reconciler::webhooks::WebhookState;
+use oncepay_store::fixtures::tenant;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use support::{status, unknown_payment};
+use time::OffsetDateTime;
+
+const SECRET: &str = "whsec_test_stripe_endpoint_secret_1";
+
+/// The reconciler's HTTP server on a free port, with one Stripe endpoint secret.
+fn start(pool: &PgPool) -> String {
+    oncepay_service::tls::install_provider();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let webhook = WebhookState {
+        pool: pool.clone(),
+        secrets: Vec::new(),
+        stripe_secrets: vec![StripeWebhookSecret::parse(SECRET).unwrap()],
+        tolerance_secs: 300,
+        max_body_bytes: 65_536,
+    };
+    tokio::spawn(http::server(listener, webhook, None, 1).unwrap());
+    format!("http://127.0.0.1:{port}/webhooks/stripe")
+}
+
+/// A Stripe event of `event_type` about a PaymentIntent in `status` made for the payment.
+fn event(id: &str, event_type: &str, status: &str, tenant_id: TenantId, payment_id: PaymentId, amount: i64) -> Vec<u8> {
+    let succeeded = status == "succeeded";
+    let failed = status == "requires_payment_method";
+    serde_json::to_vec(&json!({
+        "id": id,
+        "object": "event",
+        "api_version": "2024-06-20",
+        "created": OffsetDateTime::now_utc().unix_timestamp(),
+        "type": event_type,
+        "livemode": false,
+        "pending_webhooks": 1,
+        "request": {"id": null, "idempotency_key": null},
+        "data": {"object": {
+            "id": "pi_3QwJ", "object": "payment_intent", "amount": amount,
+            "amount_received": if succeeded { amount } else { 0 },
+            "created": OffsetDateTime::now_utc().unix_timestamp(), "currency": "eur", "status": status,
+            "latest_charge": if succeeded { json!("ch_3QwJ") } else { Value::Null },
+            "last_payment_error": if failed {
+                json!({"type": "card_error", "code": "card_declined", "decline_code": "insufficient_funds",
+                       "message": "Your card has insufficient funds."})
+            } else { Value::Null },
+            "payment_method": "pm_card_visa",
+            "metadata": {"oncepay_payment_id": payment_id.to_string(), "oncepay_tenant_id": tenant_id.to_string()}
+        }}
+    }))
+    .unwrap()
+}
+
+async fn deliver(url: &str, signature: &str, body: Vec<u8>) -> (u16, Value) {
+    let response = reqwest::Client::new()
+        .post(url)
+        .header("stripe-signature", signature)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    (response.status().as_u16(), response.json().await.unwrap_or(Value::Null))
+}
+
+fn signed(body: &[u8]) -> String {
+    StripeWebhookSecret::parse(SECRET).unwrap().sign(OffsetDateTime::now_utc().unix_timestamp(), body)
+}
+
+async fn one_unknown_payment(pool: &PgPool) -> (TenantId, PaymentId) {
+    let tenant_id = tenant(pool, "acme").await;
+    (tenant_id, unknown_payment(pool, tenant_id, "order-1", 1999, 60).await)
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_succeeded_intent_settles_an_unknown_payment_once(pool: PgPool) {
+    let url = start(&pool);
+    let (tenant_id, payment_id) = one_unknown_payment(&pool).await;
+    let body = event("evt_1", "payment_intent.succeeded", "succeeded", tenant_id, payment_id, 1999);
+
+    let first = deliver(&url, &signed(&body), body.clone()).await;
+    let again = deliver(&url, &signed(&body), body).await;
+
+    assert_eq!(first, (200, json!({"outcome": "applied"})));
+    assert_eq!(again, (200, json!({"outcome": "duplicate"})));
+    assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Succeeded);
+    let (charge_id, amount): (String, i64) =
+        sqlx::query_as("SELECT provider_charge_id, amount FROM ledger_entries WHERE payment_id = $1")
+            .bind(payment_id.as_uuid())
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!((charge_id.as_str(), amount), ("pi_3QwJ", 1999));
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_failed_intent_fails_an_unknown_payment_with_the_decline_code(pool: PgPool) {
+    let url = start(&pool);
+    let (tenant_id, payment_id) = one_unknown_payment(&pool).await;
+    let body = event("evt_2", "payment_intent.payment_failed", "requires_payment_method", tenant_id, payment_id, 1999);
+
+    let (code, _) = deliver(&url, &signed(&body), body).await;
+
+    assert_eq!(code, 200);
+    assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Failed);
+    let failure: Option<String> = sqlx::query_scalar("SELECT failure_code FROM payments WHERE payment_id = $1")
+        .bind(payment_id.as_uuid())
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(failure.as_deref(), Some("insufficient_funds"));
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn an_intent_for_other_money_is_a_conflict_not_a_success(pool: PgPool) {
+    let url = start(&pool);
+    let (tenant_id, payment_id) = one_unknown_payment(&pool).await;
+    let body = event("evt_3", "payment_intent.succeeded", "succeeded", tenant_id, payment_id, 2999);
+
+    let (code, _) = deliver(&url, &signed(&body), body).await;
+
+    assert_eq!(code, 200);
+    assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::DeadLettered);
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn unfinished_intents_and_other_events_are_acknowledged_and_change_nothing(pool: PgPool) {
+    let url = start(&pool);
+    let (tenant_id, payment_id) = one_unknown_payment(&pool).await;
+    let processing = event("evt_4", "payment_intent.processing", "processing", tenant_id, payment_id, 1999);
+    let mut other: Value = serde_json::from_slice(&processing).unwrap();
+    other["id"] = json!("evt_5");
+    other["type"] = json!("customer.created");
+    other["data"]["object"] = json!({"id": "cus_1", "object": "customer"});
+    let other = serde_json::to_vec(&other).unwrap();
+
+    for body in [processing, other] {
+        assert_eq!(deliver(&url, &signed(&body), body).await, (200, json!({"outcome": "ignored"})));
+    }
+    assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Unknown);
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_delivery_with_a_bad_signature_is_refused_and_changes_nothing(pool: PgPool) {
+    let url = start(&pool);
+    let (tenant_id, payment_id) = one_unknown_payment(&pool).await;
+    let body = event("evt_6", "payment_intent.succeeded", "succeeded", tenant_id, payment_id, 1999);
+    let forged = StripeWebhookSecret::parse("whsec_someone_elses_secret_000")
+        .unwrap()
+        .sign(OffsetDateTime::now_utc().unix_timestamp(), &body);
+
+    let (code, problem) = deliver(&url, &forged, body).await;
+
+    assert_eq!(code, 401, "{problem}");
+    assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Unknown);
+}
