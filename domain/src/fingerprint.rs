@@ -101,7 +101,9 @@ mod tests {
     fn a_field_sent_as_null_is_the_same_request_as_the_field_left_out() {
         let reference = of(r#"{"amount":1000,"currency":"EUR","customer_id":"c"}"#);
 
-        let nulls = of(r#"{"amount":1000,"currency":"EUR","customer_id":"c","description":null,"metadata":null}"#);
+        let nulls = of(
+            r#"{"amount":1000,"currency":"EUR","customer_id":"c","description":null,"metadata":null,"payment_method":null}"#,
+        );
         let nested = of(r#"{"amount":1000,"currency":"EUR","customer_id":"c","metadata":{"a":null}}"#);
 
         assert_eq!(nulls, reference);
@@ -116,6 +118,7 @@ mod tests {
             r#"{"amount":1000,"currency":"USD","customer_id":"c"}"#,
             r#"{"amount":1000,"currency":"EUR","customer_id":"C"}"#,
             r#"{"amount":1000,"currency":"EUR","customer_id":"c","description":"x"}"#,
+            r#"{"amount":1000,"currency":"EUR","customer_id":"c","payment_method":"pm_card_visa"}"#,
             r#"{"amount":"1000","currency":"EUR","customer_id":"c"}"#,
         ] {
             assert_ne!(of(different), reference, "{different}");
@@ -123,6 +126,16 @@ mod tests {
         let body = json!({"amount":1000,"currency":"EUR","customer_id":"c"});
         assert_ne!(Fingerprint::of("PUT", "/v1/payments", &body), reference);
         assert_ne!(Fingerprint::of("POST", "/v1/payment", &body), reference);
+    }
+
+    #[test]
+    fn another_payment_method_is_another_request() {
+        let visa = of(r#"{"amount":1000,"currency":"EUR","customer_id":"c","payment_method":"pm_card_visa"}"#);
+
+        for other in ["pm_card_mastercard", "pm_card_Visa", "pm_card_visa_"] {
+            let body = format!(r#"{{"amount":1000,"currency":"EUR","customer_id":"c","payment_method":"{other}"}}"#);
+            assert_ne!(of(&body), visa, "{other}");
+        }
     }
 
     /// JSON values shaped like payment bodies: nested objects, strings, integers, booleans.
@@ -325,14 +338,18 @@ mod tests {
                 r#"{"a":"2"}"#,
                 r#"{"b":"1"}"#,
             ])),
+            proptest::option::of(proptest::sample::select(vec!["pm_card_visa", "pm_card_Visa", "card_1"])),
         )
-            .prop_map(|(amount, currency, customer, description, metadata)| {
+            .prop_map(|(amount, currency, customer, description, metadata, payment_method)| {
                 let mut text = format!(r#"{{"amount":{amount},"currency":"{currency}","customer_id":"{customer}""#);
                 if let Some(description) = description {
                     text += &format!(r#","description":"{description}""#);
                 }
                 if let Some(metadata) = metadata {
                     text += &format!(r#","metadata":{metadata}"#);
+                }
+                if let Some(payment_method) = payment_method {
+                    text += &format!(r#","payment_method":"{payment_method}""#);
                 }
                 serde_json::from_str(&(text + "}")).unwrap()
             })

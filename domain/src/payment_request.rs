@@ -10,6 +10,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::money::{Amount, Currency};
+use crate::payment_method::PaymentMethod;
 
 /// A validated payment request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,6 +25,8 @@ pub struct PaymentRequest {
     pub description: Option<String>,
     /// The merchant's own key/value pairs, returned as given.
     pub metadata: BTreeMap<String, String>,
+    /// What the provider is to charge, e.g. `pm_card_visa`; none leaves it to the provider.
+    pub payment_method: Option<PaymentMethod>,
 }
 
 /// One thing wrong with one field.
@@ -55,7 +58,7 @@ pub mod limits {
     pub const METADATA_VALUE_MAX_CHARS: usize = 500;
 }
 
-const KNOWN_FIELDS: [&str; 5] = ["amount", "currency", "customer_id", "description", "metadata"];
+const KNOWN_FIELDS: [&str; 6] = ["amount", "currency", "customer_id", "description", "metadata", "payment_method"];
 
 impl PaymentRequest {
     /// Validates a parsed JSON body, reporting every invalid field at once.
@@ -80,13 +83,19 @@ impl PaymentRequest {
         let metadata = optional(object, "metadata")
             .map(|v| parse_metadata(v, &mut errors))
             .unwrap_or_else(|| Some(BTreeMap::new()));
+        let payment_method = optional(object, "payment_method")
+            .map(|v| note(parse_payment_method(v), "payment_method", &mut errors))
+            .unwrap_or(Some(None));
 
-        match (amount, currency, customer_id, description, metadata) {
-            (Some(amount), Some(currency), Some(customer_id), Some(description), Some(metadata))
-                if errors.is_empty() =>
-            {
-                Ok(Self { amount, currency, customer_id, description, metadata })
-            }
+        match (amount, currency, customer_id, description, metadata, payment_method) {
+            (
+                Some(amount),
+                Some(currency),
+                Some(customer_id),
+                Some(description),
+                Some(metadata),
+                Some(payment_method),
+            ) if errors.is_empty() => Ok(Self { amount, currency, customer_id, description, metadata, payment_method }),
             _ => Err(errors),
         }
     }
@@ -159,6 +168,13 @@ fn parse_description(value: &Value) -> Result<Option<String>, String> {
     }
     storable(text)?;
     Ok(Some(text.clone()))
+}
+
+fn parse_payment_method(value: &Value) -> Result<Option<PaymentMethod>, String> {
+    let Value::String(reference) = value else {
+        return Err(format!("must be a string, got {}", type_name(value)));
+    };
+    PaymentMethod::parse(reference).map(Some).map_err(|e| e.to_string())
 }
 
 fn parse_metadata(value: &Value, errors: &mut Vec<FieldError>) -> Option<BTreeMap<String, String>> {
@@ -239,7 +255,7 @@ mod tests {
     fn a_complete_request_parses() {
         let body = json!({
             "amount": 1999, "currency": "EUR", "customer_id": "cus_42",
-            "description": "Order #42", "metadata": {"order": "42"}
+            "description": "Order #42", "metadata": {"order": "42"}, "payment_method": "pm_card_visa"
         });
 
         let request = PaymentRequest::from_json(&body).unwrap();
@@ -249,17 +265,22 @@ mod tests {
         assert_eq!(request.customer_id, "cus_42");
         assert_eq!(request.description.as_deref(), Some("Order #42"));
         assert_eq!(request.metadata.get("order").map(String::as_str), Some("42"));
+        assert_eq!(request.payment_method.as_ref().map(PaymentMethod::as_str), Some("pm_card_visa"));
     }
 
     #[test]
     fn optional_fields_may_be_absent_or_null() {
         let minimal = json!({"amount": 1, "currency": "JPY", "customer_id": "c"});
-        let nulls = json!({"amount": 1, "currency": "JPY", "customer_id": "c", "description": null, "metadata": null});
+        let nulls = json!({
+            "amount": 1, "currency": "JPY", "customer_id": "c", "description": null, "metadata": null,
+            "payment_method": null
+        });
 
         for body in [minimal, nulls] {
             let request = PaymentRequest::from_json(&body).unwrap();
             assert_eq!(request.description, None);
             assert!(request.metadata.is_empty());
+            assert_eq!(request.payment_method, None);
         }
     }
 
@@ -301,6 +322,26 @@ mod tests {
             (
                 json!({"amount": 10, "currency": "EUR", "customer_id": "c", "metadata": {"k\u{0}": "v"}}),
                 vec!["metadata.k\u{0}"],
+            ),
+            (
+                json!({"amount": 10, "currency": "EUR", "customer_id": "c", "payment_method": ""}),
+                vec!["payment_method"],
+            ),
+            (
+                json!({"amount": 10, "currency": "EUR", "customer_id": "c", "payment_method": "pm-card"}),
+                vec!["payment_method"],
+            ),
+            (
+                json!({"amount": 10, "currency": "EUR", "customer_id": "c", "payment_method": "p".repeat(256)}),
+                vec!["payment_method"],
+            ),
+            (
+                json!({"amount": 10, "currency": "EUR", "customer_id": "c", "payment_method": 42}),
+                vec!["payment_method"],
+            ),
+            (
+                json!({"amount": 0, "currency": "EUR", "customer_id": "c", "payment_method": {"id": "pm_1"}}),
+                vec!["amount", "payment_method"],
             ),
         ];
         for (body, expected) in cases {
@@ -350,9 +391,12 @@ mod tests {
             })
         }
 
+        /// The fields of a valid request: amount, currency, customer, description, metadata, payment
+        /// method.
+        type Fields = (i64, &'static str, String, Option<String>, BTreeMap<String, String>, Option<String>);
+
         /// A request every rule allows, with its fields at any length up to their limits.
-        fn valid_request()
-        -> impl Strategy<Value = (i64, &'static str, String, Option<String>, BTreeMap<String, String>)> {
+        fn valid_request() -> impl Strategy<Value = Fields> {
             (
                 Amount::MIN..=Amount::MAX,
                 proptest::sample::select(&CURRENCIES[..]),
@@ -363,17 +407,12 @@ mod tests {
                     text(0..=limits::METADATA_VALUE_MAX_CHARS),
                     0..=limits::METADATA_MAX_PAIRS,
                 ),
+                proptest::option::of("[A-Za-z0-9_]{1,255}"),
             )
         }
 
         fn body_of(
-            (amount, currency, customer_id, description, metadata): &(
-                i64,
-                &str,
-                String,
-                Option<String>,
-                BTreeMap<String, String>,
-            ),
+            (amount, currency, customer_id, description, metadata, payment_method): &Fields,
         ) -> Map<String, Value> {
             let mut body = Map::new();
             body.insert("amount".into(), json!(amount));
@@ -384,6 +423,9 @@ mod tests {
             }
             if !metadata.is_empty() {
                 body.insert("metadata".into(), json!(metadata));
+            }
+            if let Some(payment_method) = payment_method {
+                body.insert("payment_method".into(), json!(payment_method));
             }
             body
         }
@@ -443,6 +485,17 @@ mod tests {
                 prop_oneof![Just(json!([])), Just(json!("k=v")), Just(json!(0))]
                     .prop_map(|v| Breakage::Set("metadata", v)),
                 prop_oneof![
+                    Just(json!("")),
+                    "[A-Za-z0-9_]{256,300}".prop_map(Value::String),
+                    // Any character outside the rule, anywhere: `-`, white space, U+0000, non-ASCII.
+                    ("[A-Za-z0-9_]{0,20}", "[^A-Za-z0-9_]", "[A-Za-z0-9_]{0,20}")
+                        .prop_map(|(before, bad, after)| Value::String(format!("{before}{bad}{after}"))),
+                    Just(json!(7)),
+                    Just(json!(["pm_card_visa"])),
+                    Just(json!({"id": "pm_card_visa"})),
+                ]
+                .prop_map(|v| Breakage::Set("payment_method", v)),
+                prop_oneof![
                     (Just(String::new()), Just(json!("v"))),
                     (text(limits::METADATA_KEY_MAX_CHARS + 1..=60), Just(json!("v"))),
                     (text(1..=10), over(limits::METADATA_VALUE_MAX_CHARS)),
@@ -500,6 +553,7 @@ mod tests {
                 prop_oneof![
                     proptest::collection::vec(any::<char>(), 0..=3).prop_map(|c| c.into_iter().collect::<String>()),
                     "[A-Z]{3}".prop_map(String::from),
+                    "pm_[A-Za-z0-9_ -]{0,8}".prop_map(String::from),
                 ]
                 .prop_map(Value::String),
                 any::<bool>().prop_map(Value::Bool),
@@ -523,11 +577,13 @@ mod tests {
             fn every_request_within_the_limits_is_accepted_exactly_as_sent(request in valid_request()) {
                 let parsed = PaymentRequest::from_json(&Value::Object(body_of(&request)));
 
-                let (amount, currency, customer_id, description, metadata) = request;
+                let (amount, currency, customer_id, description, metadata, payment_method) = request;
                 let parsed = parsed.map(|p| {
-                    (p.amount.minor_units(), p.currency.as_str().to_owned(), p.customer_id, p.description, p.metadata)
+                    let payment_method = p.payment_method.map(|m| m.as_str().to_owned());
+                    (p.amount.minor_units(), p.currency.as_str().to_owned(), p.customer_id, p.description, p.metadata, payment_method)
                 });
-                prop_assert_eq!(parsed, Ok((amount, currency.to_owned(), customer_id, description, metadata)));
+                let expected = (amount, currency.to_owned(), customer_id, description, metadata, payment_method);
+                prop_assert_eq!(parsed, Ok(expected));
             }
 
             #[test]
@@ -557,6 +613,11 @@ mod tests {
                         prop_assert!((1..=limits::CUSTOMER_ID_MAX_CHARS).contains(&chars(&request.customer_id)));
                         prop_assert!(request.description.iter().all(|d| chars(d) <= limits::DESCRIPTION_MAX_CHARS));
                         prop_assert!(request.metadata.len() <= limits::METADATA_MAX_PAIRS);
+                        if let Some(method) = &request.payment_method {
+                            let method = method.as_str();
+                            prop_assert!((1..=PaymentMethod::MAX_LEN).contains(&method.len()), "{:?}", method);
+                            prop_assert!(method.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'), "{:?}", method);
+                        }
                         let stored = [request.customer_id.as_str()]
                             .into_iter()
                             .chain(request.description.as_deref())

@@ -25,6 +25,8 @@ fuzz_target!(|data: &[u8]| {
                 && v.chars().count() <= 500
                 && !k.contains('\0')
                 && !v.contains('\0')));
+            assert!(request.payment_method.iter().all(|m| (1..=255).contains(&m.as_str().len())
+                && m.as_str().bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')));
         }
         Err(errors) => assert!(!errors.is_empty()),
     }
