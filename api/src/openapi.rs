@@ -12,6 +12,7 @@ use std::borrow::Cow;
 
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::payment::{Failure, PaymentResource};
+use oncepay_domain::payment_method::PaymentMethod;
 use oncepay_domain::payment_request::{FieldError, limits};
 use oncepay_domain::status::PaymentStatus;
 use oncepay_http::problem::Problem;
@@ -167,6 +168,16 @@ impl PartialSchema for PaymentRequestBody {
                 "Your own key/value pairs (keys of 1 to {} characters), returned as given.",
                 limits::METADATA_KEY_MAX_CHARS
             )));
+        let payment_method = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .min_length(Some(1))
+            .max_length(Some(PaymentMethod::MAX_LEN))
+            .pattern(Some(PaymentMethod::PATTERN))
+            .description(Some(
+                "The provider's reference of the payment method to charge, e.g. `pm_card_visa` (ASCII \
+                 letters, digits and `_`), passed to the provider unchanged.",
+            ))
+            .examples(["pm_card_visa"]);
         ObjectBuilder::new()
             .schema_type(Type::Object)
             .property("amount", amount)
@@ -174,6 +185,7 @@ impl PartialSchema for PaymentRequestBody {
             .property("customer_id", customer_id)
             .property("description", description)
             .property("metadata", metadata)
+            .property("payment_method", payment_method)
             .required("amount")
             .required("currency")
             .required("customer_id")
@@ -331,5 +343,8 @@ mod tests {
         assert_eq!(body["additionalProperties"], false);
         let currencies = body["properties"]["currency"]["enum"].as_array().unwrap();
         assert!(currencies.contains(&"EUR".into()) && !currencies.contains(&"XAU".into()));
+        assert_eq!(body["properties"]["payment_method"]["pattern"], PaymentMethod::PATTERN);
+        let resource = &document["components"]["schemas"]["PaymentResource"];
+        assert!(resource["properties"]["payment_method"].is_object(), "{resource}");
     }
 }

@@ -103,6 +103,8 @@ fn accept(notify: &str) -> anyhow::Result<Script> {
         Arg::Var("traceparent"),
         Arg::Sql("NULL"),
         Arg::Var(notify),
+        // The benchmark's body (`dataset::request`) names no payment method.
+        Arg::Sql("NULL"),
     ];
     Ok(fresh_key(Script::new()).sql(command(ACCEPT_SQL, &args).context("accept.sql")?))
 }
@@ -243,7 +245,7 @@ mod tests {
         let quiet = Baseline::Accept.script().unwrap().text();
         let notifying = Baseline::AcceptWithNotify.script().unwrap().text();
 
-        assert!(quiet.contains("FROM intake(:tenant, :key,") && quiet.contains(", :false);"), "{quiet}");
+        assert!(quiet.contains("FROM intake(:tenant, :key,") && quiet.contains(", :false, (NULL));"), "{quiet}");
         assert_eq!(quiet.replace(":false", ":true"), notifying);
     }
 

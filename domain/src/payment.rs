@@ -39,6 +39,10 @@ pub struct PaymentResource {
     pub description: Option<String>,
     /// As requested (empty if none were given).
     pub metadata: BTreeMap<String, String>,
+    /// The provider's reference of the payment method to charge, as requested, if given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = "pm_card_visa")]
+    pub payment_method: Option<String>,
     /// When oncepay accepted the payment (RFC 3339).
     #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,

@@ -2,10 +2,10 @@
 //! round trip.
 //!
 //! [`accept`] runs `sql/accept.sql`, a call of the `intake` function
-//! (`migrations/0060_intake_function.sql`). A new key is written with its payment (`pending`), its
-//! outbox row and its first audit row in one statement, so either all of it exists or none of it
-//! does ([`Intake::Created`]). A known key comes back with nothing written, for the caller to replay
-//! or refuse ([`Intake::Existing`]).
+//! (`migrations/0060_intake_function.sql`, as `0110_payment_method.sql` redefines it). A new key is
+//! written with its payment (`pending`), its outbox row and its first audit row in one statement, so
+//! either all of it exists or none of it does ([`Intake::Created`]). A known key comes back with
+//! nothing written, for the caller to replay or refuse ([`Intake::Existing`]).
 //!
 //! The SQL lives in files so the benchmark runs the same statements under pgbench; `sql/replay.sql`
 //! is the function's replay read on its own, the benchmark's raw replay baseline.
@@ -20,6 +20,7 @@ use time::OffsetDateTime;
 use oncepay_domain::fingerprint::Fingerprint;
 use oncepay_domain::idempotency_key::IdempotencyKey;
 use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::payment_method::PaymentMethod;
 use oncepay_domain::payment_request::PaymentRequest;
 use oncepay_domain::status::PaymentStatus;
 use oncepay_service::telemetry::TraceContext;
@@ -126,6 +127,7 @@ async fn intake(conn: &mut PgConnection, new: &NewPayment<'_>, wake: bool) -> Re
         new.trace.map(|t| t.traceparent.as_str()),
         new.trace.and_then(|t| t.tracestate.as_deref()),
         wake,
+        request.payment_method.as_ref().map(PaymentMethod::as_str),
     )
     .fetch_optional(conn)
     .await?
@@ -159,6 +161,7 @@ async fn intake(conn: &mut PgConnection, new: &NewPayment<'_>, wake: bool) -> Re
             customer_id: request.customer_id.clone(),
             description: request.description.clone(),
             metadata: Json(request.metadata.clone()),
+            payment_method: request.payment_method.clone(),
             provider_charge_id: None,
             failure_code: None,
             failure_message: None,

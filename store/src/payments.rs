@@ -12,6 +12,7 @@ use uuid::Uuid;
 use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::payment::{Failure, PaymentResource};
+use oncepay_domain::payment_method::PaymentMethod;
 use oncepay_domain::status::PaymentStatus;
 
 use crate::StoreError;
@@ -35,6 +36,8 @@ pub struct Payment {
     pub description: Option<String>,
     /// The merchant's key/value pairs.
     pub metadata: Json<BTreeMap<String, String>>,
+    /// What the provider is to charge, if the merchant named it.
+    pub payment_method: Option<PaymentMethod>,
     /// The provider's charge, once known.
     pub provider_charge_id: Option<String>,
     /// Why it failed, when `status` is `failed`.
@@ -67,6 +70,7 @@ impl From<&Payment> for PaymentResource {
             customer_id: payment.customer_id.clone(),
             description: payment.description.clone(),
             metadata: payment.metadata.0.clone(),
+            payment_method: payment.payment_method.as_ref().map(|method| method.as_str().to_owned()),
             created_at: payment.created_at,
             updated_at: payment.updated_at,
             provider_charge_id: payment.provider_charge_id.clone(),
@@ -123,6 +127,7 @@ mod tests {
             customer_id: "cus_1".into(),
             description: None,
             metadata: Json(BTreeMap::from([("order".into(), "42".into())])),
+            payment_method: None,
             provider_charge_id: None,
             failure_code: None,
             failure_message: None,
@@ -163,5 +168,15 @@ mod tests {
 
         assert_eq!(rendered["failure"], json!({"code": "card_declined", "message": "The card was declined."}));
         assert_eq!(rendered["provider_charge_id"], "ch_1");
+    }
+
+    #[test]
+    fn a_payment_method_is_shown_as_requested() {
+        let mut with_method = payment(PaymentStatus::Pending);
+        with_method.payment_method = Some(PaymentMethod::parse("pm_card_visa").unwrap());
+
+        let rendered = serde_json::to_value(PaymentResource::from(&with_method)).unwrap();
+
+        assert_eq!(rendered["payment_method"], "pm_card_visa");
     }
 }

@@ -51,6 +51,34 @@ async fn a_new_payment_is_accepted_with_its_location_retry_after_and_key_expiry(
     assert_eq!(resource["customer_id"], "cus_42");
     assert_eq!(resource["description"], "Order #42");
     assert_eq!(resource["metadata"], json!({"order": "42"}));
+    assert_eq!(resource.get("payment_method"), None, "none was given");
+    assert_eq!(app.rows().await, ONE_PAYMENT);
+    app.stop().await;
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_payment_method_is_stored_and_shown_as_requested(_: PgPoolOptions, options: PgConnectOptions) {
+    let app = TestApp::spawn(options).await;
+    let mut request = body();
+    request["payment_method"] = json!("pm_card_visa");
+
+    let response = app.post_payment("order-1", &request).send().await.unwrap();
+
+    assert_eq!(response.status(), StatusCode::ACCEPTED);
+    let accepted: Value = response.json().await.unwrap();
+    assert_eq!(accepted["payment_method"], "pm_card_visa");
+    let id = accepted["id"].as_str().unwrap();
+    let stored = sqlx::query_scalar!(
+        "SELECT payment_method FROM payments WHERE tenant_id = $1 AND payment_id = $2",
+        app.tenant.id.as_uuid(),
+        id.parse::<uuid::Uuid>().unwrap(),
+    )
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(stored.as_deref(), Some("pm_card_visa"));
+    let shown: Value = app.get_payment(id).send().await.unwrap().json().await.unwrap();
+    assert_eq!(shown["payment_method"], "pm_card_visa");
     assert_eq!(app.rows().await, ONE_PAYMENT);
     app.stop().await;
 }
@@ -153,6 +181,30 @@ async fn a_key_reused_with_a_different_body_is_refused_and_nothing_is_written(
 
     let (headers, _) = assert_problem(reused, StatusCode::UNPROCESSABLE_ENTITY, "idempotency-key-reused").await;
     assert_eq!(headers.get("idempotency-key-expires"), expires.as_ref());
+    assert_eq!(app.rows().await, ONE_PAYMENT);
+    app.stop().await;
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_key_reused_with_another_payment_method_is_refused_and_nothing_is_written(
+    _: PgPoolOptions,
+    options: PgConnectOptions,
+) {
+    let app = TestApp::spawn(options).await;
+    let mut visa = body();
+    visa["payment_method"] = json!("pm_card_visa");
+    let first = app.post_payment("order-1", &visa).send().await.unwrap();
+    assert_eq!(first.status(), StatusCode::ACCEPTED);
+    let mut mastercard = body();
+    mastercard["payment_method"] = json!("pm_card_mastercard");
+
+    for other in [mastercard, body()] {
+        let reused = app.post_payment("order-1", &other).send().await.unwrap();
+
+        assert_problem(reused, StatusCode::UNPROCESSABLE_ENTITY, "idempotency-key-reused").await;
+    }
+    let stored = sqlx::query_scalar!("SELECT payment_method FROM payments").fetch_all(&app.db).await.unwrap();
+    assert_eq!(stored, [Some("pm_card_visa".to_owned())]);
     assert_eq!(app.rows().await, ONE_PAYMENT);
     app.stop().await;
 }

@@ -115,6 +115,16 @@ async fn every_invalid_field_is_named(_: PgPoolOptions, options: PgConnectOption
         (json!({"amount": 10, "currency": "EUR", "customer_id": "c\u{0}"}), vec!["customer_id"]),
         (json!({"amount": 10, "currency": "EUR", "customer_id": "c", "description": "\u{0}"}), vec!["description"]),
         (json!({"amount": 10, "currency": "EUR", "customer_id": "c", "metadata": {"k": "v\u{0}"}}), vec!["metadata.k"]),
+        (json!({"amount": 10, "currency": "EUR", "customer_id": "c", "payment_method": ""}), vec!["payment_method"]),
+        (
+            json!({"amount": 10, "currency": "EUR", "customer_id": "c", "payment_method": "pm-card"}),
+            vec!["payment_method"],
+        ),
+        (
+            json!({"amount": 10, "currency": "EUR", "customer_id": "c", "payment_method": "p".repeat(256)}),
+            vec!["payment_method"],
+        ),
+        (json!({"amount": 10, "currency": "EUR", "customer_id": "c", "payment_method": 4242}), vec!["payment_method"]),
     ];
 
     for (request, expected) in cases {
