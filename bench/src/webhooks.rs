@@ -79,6 +79,7 @@ impl Requests {
             metadata: BTreeMap::new(),
             failure_code: None,
             failure_message: None,
+            payment_method: None,
         };
         let event = WebhookEvent { event_type: EventType::ChargeSucceeded, created: 0, data: charge };
         // Any 32 bytes make a well-formed candidate that matches nothing.

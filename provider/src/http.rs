@@ -99,6 +99,7 @@ impl PaymentProvider for HttpProvider {
             currency: request.currency.as_str().to_owned(),
             customer: request.customer.clone(),
             metadata: request.metadata.clone(),
+            payment_method: request.payment_method.clone(),
         };
         let sent = self
             .client
@@ -166,7 +167,7 @@ mod tests {
     use serde_json::json;
     use tokio::io::AsyncReadExt;
     use tokio::net::TcpListener;
-    use wiremock::matchers::{header, method, path, query_param};
+    use wiremock::matchers::{body_partial_json, header, method, path, query_param};
     use wiremock::{Mock, MockServer, ResponseTemplate};
 
     use oncepay_domain::ids::{PaymentId, TenantId};
@@ -196,6 +197,7 @@ mod tests {
             Currency::parse("EUR").unwrap(),
             "cus_1".into(),
             &BTreeMap::new(),
+            Some("pm_card_visa".into()),
         )
     }
 
@@ -212,6 +214,7 @@ mod tests {
             .and(path("/v1/charges"))
             .and(header("Idempotency-Key", request.downstream_key.as_str()))
             .and(header("Authorization", "Bearer sk_test"))
+            .and(body_partial_json(json!({"amount": 1999, "payment_method": "pm_card_visa"})))
             .respond_with(ResponseTemplate::new(201).set_body_json(charge_json(request.downstream_key.as_str())))
             .expect(1)
             .mount(&server)

@@ -80,17 +80,12 @@ impl ChargeRequest {
         currency: Currency,
         customer: String,
         merchant_metadata: &BTreeMap<String, String>,
+        payment_method: Option<String>,
     ) -> Self {
         let mut metadata = merchant_metadata.clone();
         metadata.insert(metadata_keys::TENANT_ID.to_owned(), tenant_id.to_string());
         metadata.insert(metadata_keys::PAYMENT_ID.to_owned(), payment_id.to_string());
-        Self { downstream_key: payment_id.downstream_key(), amount, currency, customer, metadata, payment_method: None }
-    }
-
-    /// The same request, paid with `payment_method`.
-    #[must_use]
-    pub fn with_payment_method(self, payment_method: impl Into<String>) -> Self {
-        Self { payment_method: Some(payment_method.into()), ..self }
+        Self { downstream_key: payment_id.downstream_key(), amount, currency, customer, metadata, payment_method }
     }
 }
 

@@ -29,6 +29,10 @@ pub struct CreateCharge {
     /// Free key/value pairs, echoed on the charge.
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
+    /// The payment method to charge, echoed on the charge. Left out when there is none, so a
+    /// request without one reads as it did before the field existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payment_method: Option<String>,
 }
 
 /// Whether a charge took the money.
@@ -67,6 +71,9 @@ pub struct Charge {
     /// Decline message, when failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_message: Option<String>,
+    /// The payment method it charged (or tried to), as requested.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payment_method: Option<String>,
 }
 
 impl Charge {
@@ -144,13 +151,18 @@ pub(crate) mod strategies {
         (
             (any::<String>(), prop_oneof![Just(ChargeStatus::Succeeded), Just(ChargeStatus::Failed)], any::<i64>()),
             (any::<String>(), any::<String>(), any::<String>(), any::<i64>()),
-            (metadata(), proptest::option::of(any::<String>()), proptest::option::of(any::<String>())),
+            (
+                metadata(),
+                proptest::option::of(any::<String>()),
+                proptest::option::of(any::<String>()),
+                proptest::option::of(any::<String>()),
+            ),
         )
             .prop_map(
                 |(
                     (id, status, amount),
                     (currency, customer, idempotency_key, created),
-                    (metadata, failure_code, failure_message),
+                    (metadata, failure_code, failure_message, payment_method),
                 )| Charge {
                     id,
                     status,
@@ -162,6 +174,7 @@ pub(crate) mod strategies {
                     metadata,
                     failure_code,
                     failure_message,
+                    payment_method,
                 },
             )
     }
@@ -172,8 +185,15 @@ pub(crate) mod strategies {
     }
 
     pub(crate) fn create_charge() -> impl Strategy<Value = CreateCharge> {
-        (any::<i64>(), any::<String>(), any::<String>(), metadata())
-            .prop_map(|(amount, currency, customer, metadata)| CreateCharge { amount, currency, customer, metadata })
+        (any::<i64>(), any::<String>(), any::<String>(), metadata(), proptest::option::of(any::<String>())).prop_map(
+            |(amount, currency, customer, metadata, payment_method)| CreateCharge {
+                amount,
+                currency,
+                customer,
+                metadata,
+                payment_method,
+            },
+        )
     }
 
     pub(crate) fn webhook_event() -> impl Strategy<Value = WebhookEvent> {
@@ -236,7 +256,8 @@ mod tests {
             let (tenant_id, payment_id) = (TenantId::generate(), PaymentId::generate());
             let amount = Amount::new(100).unwrap();
             let currency = Currency::parse("EUR").unwrap();
-            let request = ChargeRequest::for_payment(tenant_id, payment_id, amount, currency, "c".into(), &merchant);
+            let request =
+                ChargeRequest::for_payment(tenant_id, payment_id, amount, currency, "c".into(), &merchant, None);
 
             let made = Charge { metadata: request.metadata, ..charge };
 
@@ -262,6 +283,26 @@ mod tests {
             };
             prop_assert_eq!(charge.payment_ref(), expected);
         }
+    }
+
+    #[test]
+    fn a_charge_request_names_its_payment_method_only_when_it_has_one() {
+        let without = CreateCharge {
+            amount: 1,
+            currency: "EUR".into(),
+            customer: "c".into(),
+            metadata: BTreeMap::new(),
+            payment_method: None,
+        };
+        let with = CreateCharge { payment_method: Some("pm_card_visa".into()), ..without.clone() };
+
+        assert_eq!(
+            serde_json::to_string(&without).unwrap(),
+            r#"{"amount":1,"currency":"EUR","customer":"c","metadata":{}}"#
+        );
+        assert_eq!(serde_json::to_value(&with).unwrap()["payment_method"], "pm_card_visa");
+        let read: CreateCharge = serde_json::from_str(r#"{"amount":1,"currency":"EUR","customer":"c"}"#).unwrap();
+        assert_eq!(read, without);
     }
 
     #[test]

@@ -156,7 +156,13 @@ mod tests {
     use super::*;
 
     fn params(amount: i64) -> CreateCharge {
-        CreateCharge { amount, currency: "EUR".into(), customer: "cus".into(), metadata: BTreeMap::new() }
+        CreateCharge {
+            amount,
+            currency: "EUR".into(),
+            customer: "cus".into(),
+            metadata: BTreeMap::new(),
+            payment_method: None,
+        }
     }
 
     fn decided(status: u16) -> Decided {

@@ -166,6 +166,7 @@ mod tests {
             metadata: BTreeMap::new(),
             failure_code: None,
             failure_message: None,
+            payment_method: None,
         }
     }
 

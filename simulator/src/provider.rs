@@ -191,6 +191,7 @@ impl Provider {
             metadata: params.metadata.clone(),
             failure_code: failure.as_ref().map(|(code, _)| code.clone()),
             failure_message: failure.as_ref().map(|(_, message)| message.clone()),
+            payment_method: params.payment_method.clone(),
         });
         let response = match &failure {
             None => StoredResponse::json(201, &reported(&charge, plan)),
@@ -257,6 +258,7 @@ impl Provider {
             failure_code: failed.then(|| plant.failure_code.clone().unwrap_or_else(|| "card_declined".to_owned())),
             failure_message: failed
                 .then(|| plant.failure_message.clone().unwrap_or_else(|| "The card was declined.".to_owned())),
+            payment_method: None,
         });
         tracing::info!(charge.id = %charge.id, "charge planted");
         self.webhooks.charge_settled(&charge);

@@ -46,7 +46,7 @@ WITH candidates AS (
     FROM due
     WHERE p.tenant_id = due.tenant_id AND p.payment_id = due.payment_id AND p.status = 'pending'
     RETURNING p.tenant_id, p.payment_id, p.amount, p.currency, p.customer_id, p.metadata,
-              p.send_attempts, p.first_sent_at, p.may_be_charged, p.created_at
+              p.payment_method, p.send_attempts, p.first_sent_at, p.may_be_charged, p.created_at
 ), leased AS (
     UPDATE outbox o
     SET locked_by = $2,
@@ -66,7 +66,8 @@ WITH candidates AS (
 )
 -- The quoted aliases tell sqlx's query macros the Rust types and that nothing here is NULL.
 SELECT c.tenant_id AS "tenant_id: TenantId", c.payment_id AS "payment_id: PaymentId", c.amount AS "amount: Amount", c.currency AS "currency: Currency",
-       c.customer_id, c.metadata AS "metadata: Json<BTreeMap<String, String>>", c.send_attempts,
+       c.customer_id, c.metadata AS "metadata: Json<BTreeMap<String, String>>",
+       c.payment_method AS "payment_method: PaymentMethod", c.send_attempts,
        c.created_at AS accepted_at, c.may_be_charged,
        l.fencing_token AS "fencing_token!", l.locked_until AS "locked_until!", l.attempts,
        l.traceparent, l.tracestate,

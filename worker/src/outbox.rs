@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
+use oncepay_domain::payment_method::PaymentMethod;
 use oncepay_provider::ChargeRequest;
 use oncepay_service::telemetry::TraceContext;
 use oncepay_store::StoreError;
@@ -62,6 +63,8 @@ pub struct Claimed {
     pub customer_id: String,
     /// The merchant's metadata.
     pub metadata: BTreeMap<String, String>,
+    /// What the provider is to charge, if the payment names it.
+    pub payment_method: Option<PaymentMethod>,
     /// The trace of the request that created the payment.
     pub trace: Option<TraceContext>,
     /// When the api accepted the payment.
@@ -89,6 +92,7 @@ impl Claimed {
             self.currency,
             self.customer_id.clone(),
             &self.metadata,
+            self.payment_method.as_ref().map(|method| method.as_str().to_owned()),
         )
     }
 }
@@ -124,6 +128,7 @@ pub async fn claim(conn: &mut PgConnection, request: &ClaimRequest<'_>) -> Resul
             currency: row.currency,
             customer_id: row.customer_id,
             metadata: row.metadata.0,
+            payment_method: row.payment_method,
             trace: row.traceparent.map(|traceparent| TraceContext { traceparent, tracestate: row.tracestate }),
             accepted_at: row.accepted_at,
         })

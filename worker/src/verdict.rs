@@ -205,6 +205,7 @@ mod tests {
             currency: Currency::parse("EUR").unwrap(),
             customer_id: "cus_1".into(),
             metadata: BTreeMap::new(),
+            payment_method: None,
             trace: None,
             accepted_at: datetime!(2026-01-01 0:00 UTC),
         }

@@ -417,8 +417,8 @@ mod tests {
             Currency::parse("EUR").unwrap(),
             "cus_Q1".into(),
             &merchant,
+            Some("pm_card_visa".to_owned()),
         )
-        .with_payment_method("pm_card_visa")
     }
 
     async fn respond_to_create(server: &MockServer, status: u16, body: Value) {

@@ -111,6 +111,9 @@ pub struct PaymentIntent {
     /// Why the last confirmation failed, if it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_payment_error: Option<LastPaymentError>,
+    /// The payment method it was confirmed with, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payment_method: Option<Expandable>,
 }
 
 /// Stripe writes an absent map as `null` in places; both mean "no metadata".
@@ -164,6 +167,7 @@ impl PaymentIntent {
                 None => None,
             },
             failure_message: failure.and_then(|e| e.message.clone()),
+            payment_method: self.payment_method.as_ref().map(|m| m.id().to_owned()),
         })
     }
 

@@ -187,6 +187,7 @@ mod tests {
             currency: currency.into(),
             customer: customer.into(),
             metadata: BTreeMap::new(),
+            payment_method: None,
         };
         let cases = [
             (params(1, "EUR", "c"), true),

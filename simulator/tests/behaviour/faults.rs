@@ -83,6 +83,7 @@ async fn a_hang_after_leaves_a_charge_answers_late_and_holds_the_key_in_flight()
             currency: "EUR".into(),
             customer: "cus_42".into(),
             metadata: request.metadata.clone(),
+            payment_method: None,
         })
         .send()
         .await

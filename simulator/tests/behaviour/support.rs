@@ -103,6 +103,7 @@ pub fn body(amount: i64) -> CreateCharge {
         currency: "EUR".into(),
         customer: "cus_42".into(),
         metadata: BTreeMap::from([("order".to_owned(), "A-1".to_owned())]),
+        payment_method: None,
     }
 }
 
@@ -115,6 +116,7 @@ pub fn charge_request(amount: i64) -> ChargeRequest {
         Currency::parse("EUR").unwrap(),
         "cus_42".into(),
         &BTreeMap::new(),
+        None,
     )
 }
 

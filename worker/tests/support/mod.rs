@@ -56,6 +56,15 @@ pub async fn accept_traced(pool: &PgPool, tenant_id: TenantId, amount: i64, trac
     Accepted { tenant_id, payment_id: created.payment.payment_id }
 }
 
+/// Accepts a payment as [`accept`] does, charging the provider's payment method `method`.
+pub async fn accept_paying_with(pool: &PgPool, tenant_id: TenantId, amount: i64, method: &str) -> Accepted {
+    let key = PaymentId::generate().to_string();
+    let mut body = fixtures::body(amount);
+    body["payment_method"] = json!(method);
+    let created = fixtures::accept(pool, tenant_id, &key, &body, None).await.unwrap();
+    Accepted { tenant_id, payment_id: created.payment.payment_id }
+}
+
 /// A drainer configuration for tests: small batches, quick polls, three attempts with no backoff.
 pub fn config(worker_id: &str) -> DrainerConfig {
     DrainerConfig {
