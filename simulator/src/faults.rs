@@ -3,18 +3,21 @@
 //! event ([`WebhookPlan`]).
 //!
 //! Invariants: every rate is a finite probability in `[0, 1]`, and the three "after" faults (5xx,
-//! hang, drop) are exclusive outcomes of one draw, so their rates sum to at most 1. A plan makes
-//! the same draws, in the same order, whatever it decides, so a seed replays the same decisions for
-//! the same sequence of requests. This module decides; it performs nothing (no sleeping, no I/O).
+//! hang, drop) are exclusive outcomes of one draw, so their rates sum to at most 1; every declined
+//! payment method has a decline code. A plan makes the same draws, in the same order, whatever it
+//! decides, so a seed replays the same decisions for the same sequence of requests. This module
+//! decides; it performs nothing (no sleeping, no I/O).
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, PoisonError, RwLock};
 
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
-/// Declares every fault once, and from that list makes [`Faults`] (with its `Default`: no fault at
-/// all, durations at their documented defaults), [`FaultsPatch`] (each field optional), and the
-/// code that applies a patch and lists the rates to check.
+/// Declares every fault once, and from that list makes [`Faults`] (with its `Default`: no random
+/// fault at all, durations at their documented defaults, Stripe's test methods declined),
+/// [`FaultsPatch`] (each field optional), and the code that applies a patch and lists the rates to
+/// check.
 macro_rules! faults {
     (
         rates { $( $(#[doc = $rate_doc:expr])* $rate:ident: f64 = $rate_default:expr, )* }
@@ -105,7 +108,19 @@ faults! {
         rate_limit_retry_after_secs: u64 = 30,
         /// How long a charge drawn by `hang_before_rate` waits before it is made.
         hang_before_ms: u64 = 10_000,
+        /// Payment methods whose charges are always declined, each with its decline code. A patch
+        /// replaces the whole map.
+        declined_payment_methods: BTreeMap<String, String> = stripe_test_declines(),
     }
+}
+
+/// Stripe's test payment methods that decline, with the decline code Stripe gives, so a client
+/// written against Stripe's test mode sees the same outcomes here.
+fn stripe_test_declines() -> BTreeMap<String, String> {
+    [("pm_card_chargeDeclined", "card_declined"), ("pm_card_chargeDeclinedInsufficientFunds", "insufficient_funds")]
+        .into_iter()
+        .map(|(method, code)| (method.to_owned(), code.to_owned()))
+        .collect()
 }
 
 /// Faults that cannot be in force together, or a rate that is not a probability.
@@ -122,6 +137,9 @@ pub enum InvalidFaults {
     /// The exclusive "after" faults add up to more than certainty.
     #[error("error_after_rate + hang_after_rate + drop_after_rate must be at most 1, not {0}")]
     AfterRatesExceedOne(f64),
+    /// A declined payment method without a decline code: a failed payment must say why.
+    #[error("faults.declined_payment_methods.{0} needs a decline code, e.g. \"card_declined\"")]
+    NoDeclineCode(String),
 }
 
 impl Faults {
@@ -136,7 +154,15 @@ impl Faults {
         if after > 1.0 {
             return Err(InvalidFaults::AfterRatesExceedOne(after));
         }
+        if let Some((method, _)) = self.declined_payment_methods.iter().find(|(_, code)| code.trim().is_empty()) {
+            return Err(InvalidFaults::NoDeclineCode(method.clone()));
+        }
         Ok(())
+    }
+
+    /// The decline code for a charge of `payment_method`, if that method is declined.
+    pub fn declined_code(&self, payment_method: Option<&str>) -> Option<&str> {
+        payment_method.and_then(|method| self.declined_payment_methods.get(method)).map(String::as_str)
     }
 
     /// These faults with `patch` applied, if the result is valid.
@@ -268,7 +294,7 @@ mod tests {
 
     #[test]
     fn out_of_bounds_faults_are_refused() {
-        let cases: [(FaultsPatch, bool); 6] = [
+        let cases: [(FaultsPatch, bool); 8] = [
             (FaultsPatch { decline_rate: Some(0.5), ..Default::default() }, true),
             (FaultsPatch { decline_rate: Some(1.5), ..Default::default() }, false),
             (FaultsPatch { webhook_drop_rate: Some(-0.1), ..Default::default() }, false),
@@ -283,6 +309,20 @@ mod tests {
                 true,
             ),
             (FaultsPatch { error_after_rate: Some(0.6), drop_after_rate: Some(0.6), ..Default::default() }, false),
+            (
+                FaultsPatch {
+                    declined_payment_methods: Some(BTreeMap::from([("pm_x".into(), "do_not_honor".into())])),
+                    ..Default::default()
+                },
+                true,
+            ),
+            (
+                FaultsPatch {
+                    declined_payment_methods: Some(BTreeMap::from([("pm_x".into(), " ".into())])),
+                    ..Default::default()
+                },
+                false,
+            ),
         ];
         for (patch, valid) in cases {
             assert_eq!(Faults::default().patched(&patch).is_ok(), valid, "{patch:?}");
@@ -296,6 +336,17 @@ mod tests {
             .unwrap();
 
         assert_eq!(patched, Faults { latency_ms: 7, webhook_reorder: true, ..Faults::default() });
+    }
+
+    #[test]
+    fn stripes_declining_test_methods_are_declined_by_default_and_nothing_else_is() {
+        let faults = Faults::default();
+
+        assert_eq!(faults.declined_code(Some("pm_card_chargeDeclined")), Some("card_declined"));
+        assert_eq!(faults.declined_code(Some("pm_card_chargeDeclinedInsufficientFunds")), Some("insufficient_funds"));
+        assert_eq!(faults.declined_code(Some("pm_card_visa")), None);
+        assert_eq!(faults.declined_code(Some("pm_card_chargedeclined")), None, "references are case-sensitive");
+        assert_eq!(faults.declined_code(None), None);
     }
 
     #[test]

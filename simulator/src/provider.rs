@@ -22,7 +22,8 @@ use crate::idempotency::{Claim, Decided, KeyStore, StoredResponse};
 use crate::ledger::{Ledger, ListQuery, UnknownCursor};
 use crate::webhooks::Notifier;
 
-/// Why a charge is declined: code and message, picked by the dice.
+/// Why a charge is declined: code and message, picked by the dice (and the message of a declined
+/// payment method's code).
 const DECLINE_REASONS: [(&str, &str); 3] = [
     ("card_declined", "The card was declined."),
     ("insufficient_funds", "The card has insufficient funds."),
@@ -135,7 +136,8 @@ impl Provider {
             record_fault("hang_before");
             self.pause(Duration::from_millis(faults.hang_before_ms)).await;
         }
-        let (charge, response) = self.make_charge(&key, &params, &plan);
+        let declined = faults.declined_code(params.payment_method.as_deref());
+        let (charge, response) = self.make_charge(&key, &params, &plan, declined);
         tracing::Span::current().record("charge.id", charge.id.as_str());
         self.webhooks.charge_settled(&reported(&charge, &plan));
         metrics::counter!("oncepay_simulator_charges_total", "status" => status_label(charge.status)).increment(1);
@@ -166,8 +168,19 @@ impl Provider {
         }
     }
 
-    fn make_charge(&self, key: &str, params: &CreateCharge, plan: &ChargePlan) -> (Charge, StoredResponse) {
-        let (status, failure) = if plan.decline {
+    /// Makes the charge: declined with `declined`'s code if given (a declined payment method), else
+    /// as the plan drew it.
+    fn make_charge(
+        &self,
+        key: &str,
+        params: &CreateCharge,
+        plan: &ChargePlan,
+        declined: Option<&str>,
+    ) -> (Charge, StoredResponse) {
+        let (status, failure) = if let Some(code) = declined {
+            record_fault("declined_payment_method");
+            (ChargeStatus::Failed, Some((code.to_owned(), decline_message(code).to_owned())))
+        } else if plan.decline {
             let (code, message) = DECLINE_REASONS[plan.decline_reason % DECLINE_REASONS.len()];
             (ChargeStatus::Failed, Some((code.to_owned(), message.to_owned())))
         } else {
@@ -274,6 +287,14 @@ impl Provider {
     pub fn ground_truth(&self) -> GroundTruth {
         self.books().ledger.ground_truth()
     }
+}
+
+/// The message of a decline `code`: the simulator's own for the codes it draws, else a generic one.
+fn decline_message(code: &str) -> &'static str {
+    DECLINE_REASONS
+        .iter()
+        .find(|(known, _)| *known == code)
+        .map_or("The payment method was declined.", |(_, message)| message)
 }
 
 /// How the response and the webhook report `charge`: as it is, or with a lower-case currency under

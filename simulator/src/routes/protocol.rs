@@ -153,6 +153,13 @@ fn validate(params: &CreateCharge) -> Result<(), &'static str> {
     if params.customer.is_empty() {
         return Err("customer must not be empty.");
     }
+    // The api's rule: as a real provider, refuse what cannot be one of its references.
+    let reference = |method: &str| {
+        (1..=255).contains(&method.len()) && method.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+    };
+    if params.payment_method.as_deref().is_some_and(|method| !reference(method)) {
+        return Err("payment_method must be 1 to 255 ASCII letters, digits and underscores.");
+    }
     Ok(())
 }
 
@@ -189,8 +196,13 @@ mod tests {
             metadata: BTreeMap::new(),
             payment_method: None,
         };
+        let paying_with = |method: &str| CreateCharge { payment_method: Some(method.into()), ..params(1, "EUR", "c") };
         let cases = [
             (params(1, "EUR", "c"), true),
+            (paying_with("pm_card_visa"), true),
+            (paying_with(""), false),
+            (paying_with("pm-card"), false),
+            (paying_with(&"p".repeat(256)), false),
             (params(0, "EUR", "c"), false),
             (params(-5, "EUR", "c"), false),
             (params(1, "eur", "c"), false),

@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod faults;
+mod payment_methods;
 mod process;
 mod protocol;
 mod support;

@@ -120,6 +120,16 @@ pub fn charge_request(amount: i64) -> ChargeRequest {
     )
 }
 
+/// What the worker would send for a new payment that names `method`.
+pub fn charge_request_paying_with(amount: i64, method: &str) -> ChargeRequest {
+    ChargeRequest { payment_method: Some(method.to_owned()), ..charge_request(amount) }
+}
+
+/// A valid charge body that names `method`.
+pub fn body_paying_with(amount: i64, method: &str) -> CreateCharge {
+    CreateCharge { payment_method: Some(method.to_owned()), ..body(amount) }
+}
+
 /// Polls `check` until it returns something, for at most 10 s: for events the test cannot be
 /// notified of (a webhook reaching a receiver, a hang ending).
 pub async fn eventually<T, F: Future<Output = Option<T>>>(what: &str, mut check: impl FnMut() -> F) -> T {
