@@ -95,6 +95,7 @@ pub struct PaymentIntent {
     customer_id: String,
     description: Option<String>,
     metadata: BTreeMap<String, String>,
+    payment_method: Option<String>,
     body: String,
 }
 
@@ -108,6 +109,7 @@ impl PaymentIntent {
             customer_id: customer_id.into(),
             description: None,
             metadata: BTreeMap::new(),
+            payment_method: None,
         }
     }
 
@@ -141,6 +143,11 @@ impl PaymentIntent {
         &self.metadata
     }
 
+    /// The provider's reference of the payment method to charge, if any.
+    pub fn payment_method(&self) -> Option<&str> {
+        self.payment_method.as_deref()
+    }
+
     /// The JSON body, identical on every send.
     pub(crate) fn body(&self) -> &str {
         &self.body
@@ -158,6 +165,7 @@ pub struct PaymentIntentBuilder {
     customer_id: String,
     description: Option<String>,
     metadata: BTreeMap<String, String>,
+    payment_method: Option<String>,
 }
 
 impl PaymentIntentBuilder {
@@ -173,14 +181,21 @@ impl PaymentIntentBuilder {
         self
     }
 
+    /// The payment method the provider is to charge: its reference at the provider, e.g. Stripe's
+    /// `pm_card_visa`, passed on unchanged (the api accepts ASCII letters, digits and `_`).
+    pub fn payment_method(mut self, reference: impl Into<String>) -> Self {
+        self.payment_method = Some(reference.into());
+        self
+    }
+
     /// The intent, under a new random key.
     pub fn build(self) -> PaymentIntent {
         self.build_with_key(IdempotencyKey::generate())
     }
 
     /// The intent, under a key the caller kept from an earlier attempt. Sending it with a
-    /// different amount, currency, customer, description or metadata than that attempt gets
-    /// `422 idempotency-key-reused`.
+    /// different amount, currency, customer, description, metadata or payment method than that
+    /// attempt gets `422 idempotency-key-reused`.
     pub fn build_with_key(self, key: IdempotencyKey) -> PaymentIntent {
         let mut body = Map::new();
         body.insert("amount".into(), json!(self.amount));
@@ -192,6 +207,9 @@ impl PaymentIntentBuilder {
         if !self.metadata.is_empty() {
             body.insert("metadata".into(), json!(self.metadata));
         }
+        if let Some(payment_method) = &self.payment_method {
+            body.insert("payment_method".into(), json!(payment_method));
+        }
         PaymentIntent {
             key,
             amount: self.amount,
@@ -199,6 +217,7 @@ impl PaymentIntentBuilder {
             customer_id: self.customer_id,
             description: self.description,
             metadata: self.metadata,
+            payment_method: self.payment_method,
             body: Value::Object(body).to_string(),
         }
     }
@@ -241,6 +260,7 @@ mod tests {
             .description("two coffees")
             .metadata("order", "A-17")
             .metadata("till", "3")
+            .payment_method("pm_card_visa")
             .build();
 
         let bare: Value = serde_json::from_str(bare.body()).unwrap();
@@ -251,7 +271,7 @@ mod tests {
             full,
             json!({
                 "amount": 1999, "currency": "EUR", "customer_id": "cus_42", "description": "two coffees",
-                "metadata": {"order": "A-17", "till": "3"},
+                "metadata": {"order": "A-17", "till": "3"}, "payment_method": "pm_card_visa",
             })
         );
     }

@@ -122,6 +122,9 @@ pub struct Payment {
     /// The merchant's key/value pairs.
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
+    /// The provider's reference of the payment method to charge, if given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payment_method: Option<String>,
     /// When oncepay accepted it.
     #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,
@@ -162,6 +165,7 @@ mod tests {
             "currency": "EUR",
             "customer_id": "cus_1",
             "metadata": {"order": "42"},
+            "payment_method": "pm_card_chargeDeclined",
             "created_at": "2026-11-22T04:23:00.5Z",
             "updated_at": "2026-11-22T04:23:01Z",
             "provider_charge_id": "ch_1",

@@ -55,6 +55,33 @@ async fn pay_prints_its_key_and_follows_the_payment_to_success() {
 }
 
 #[tokio::test]
+async fn pay_sends_the_payment_method_it_is_given_and_none_when_it_is_not() {
+    let server = api_with_payment(vec![found("succeeded", "1")]).await;
+
+    let with = oncepay(&server, &[&PAY[..], &["--payment-method", "pm_card_visa", "--no-wait"]].concat()).await;
+    let without = oncepay(&server, &[&PAY[..], &["--no-wait"]].concat()).await;
+
+    assert_eq!(with.status.code(), Some(0), "{}", text(&with.stderr));
+    assert_eq!(without.status.code(), Some(0), "{}", text(&without.stderr));
+    let requests = server.received_requests().await.unwrap();
+    assert_eq!(requests.len(), 2, "--no-wait: one POST each, no polls");
+    let bodies: Vec<Value> = requests.iter().map(|request| request.body_json().unwrap()).collect();
+    assert_eq!(bodies[0]["payment_method"], "pm_card_visa");
+    assert_eq!(bodies[1].get("payment_method"), None, "{}", bodies[1]);
+}
+
+#[tokio::test]
+async fn the_help_of_pay_says_what_a_payment_method_is() {
+    let server = MockServer::start().await;
+
+    let help = oncepay(&server, &["pay", "--help"]).await;
+
+    let help = text(&help.stdout);
+    assert!(help.contains("--payment-method <REFERENCE>"), "{help}");
+    assert!(help.contains("the provider's reference for it, e.g. pm_card_visa"), "{help}");
+}
+
+#[tokio::test]
 async fn pay_with_a_key_sends_that_key_and_a_declined_payment_exits_3() {
     let server = MockServer::start().await;
     Mock::given(method("POST"))

@@ -68,6 +68,12 @@ pub struct PayArgs {
     #[arg(long = "metadata", value_name = "KEY=VALUE", value_parser = parse_pair)]
     pub metadata: Vec<(String, String)>,
 
+    /// The payment method to charge: the provider's reference for it, e.g. pm_card_visa (ASCII
+    /// letters, digits and _), sent to the provider unchanged. Whether a payment without one can
+    /// be charged depends on the provider.
+    #[arg(long, value_name = "REFERENCE")]
+    pub payment_method: Option<String>,
+
     /// The idempotency key to use: pass the one an earlier run printed to retry that payment
     /// safely. A new random key if omitted.
     #[arg(long, value_name = "KEY")]

@@ -47,6 +47,9 @@ async fn pay(client: &Client, args: PayArgs, json: bool) -> Exit {
     for (key, value) in args.metadata {
         builder = builder.metadata(key, value);
     }
+    if let Some(reference) = args.payment_method {
+        builder = builder.payment_method(reference);
+    }
     let intent = match args.key {
         Some(key) => builder.build_with_key(key),
         None => builder.build(),

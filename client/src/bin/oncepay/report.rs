@@ -103,6 +103,9 @@ pub fn describe(payment: &Payment) -> String {
         let pairs: Vec<String> = payment.metadata.iter().map(|(key, value)| format!("{key}={value}")).collect();
         row("metadata", &pairs.join(", "));
     }
+    if let Some(method) = &payment.payment_method {
+        row("method", method);
+    }
     if let Some(charge) = &payment.provider_charge_id {
         row("charge", charge);
     }
@@ -168,6 +171,7 @@ mod tests {
             customer_id: "cus_42".into(),
             description: None,
             metadata: BTreeMap::new(),
+            payment_method: None,
             created_at: datetime!(2026-11-22 04:23:00.5 UTC),
             updated_at: datetime!(2026-11-22 04:23:01 UTC),
             provider_charge_id: None,
@@ -223,6 +227,7 @@ mod tests {
         let mut failed = payment(PaymentStatus::Failed);
         failed.failure = Some(Failure { code: "card_declined".into(), message: "The card was declined.".into() });
         failed.metadata.insert("order".into(), "A-17".into());
+        failed.payment_method = Some("pm_card_chargeDeclined".into());
 
         let text = describe(&failed);
 
@@ -233,6 +238,7 @@ status       failed (the customer was not charged)
 amount       1999 EUR (minor units)
 customer     cus_42
 metadata     order=A-17
+method       pm_card_chargeDeclined
 failure      card_declined: The card was declined.
 created      2026-11-22T04:23:00.5Z
 updated      2026-11-22T04:23:01Z"
