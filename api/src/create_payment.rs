@@ -74,7 +74,8 @@ struct Responded {
 
 /// Checks the request in this order, and refuses it before the store is touched: API key (401),
 /// rate limit (429), `Idempotency-Key` (400), `Content-Type` (415), body size (413), JSON (400),
-/// fields (400, listing every invalid field). Then serves it from memory or from the store.
+/// fields (400, listing every invalid field), what the configured provider could never accept (400,
+/// naming the field). Then serves it from memory or from the store.
 async fn take(request: &HttpRequest, payload: web::Payload, state: &AppState) -> Result<Responded, ApiError> {
     let span = request_span::of(request);
     let caller = state.admit(request).await?;
@@ -86,6 +87,7 @@ async fn take(request: &HttpRequest, payload: web::Payload, state: &AppState) ->
     let body = read_body(headers, payload, state.intake.max_body_bytes).await?;
     let json: Value = serde_json::from_slice(&body).map_err(ApiError::MalformedJson)?;
     let payment_request = PaymentRequest::from_json(&json).map_err(ApiError::InvalidFields)?;
+    state.provider_limits.check(&payment_request).map_err(ApiError::InvalidFields)?;
     let fingerprint = Fingerprint::of(METHOD, PATH, &json);
     // A key whose payment this process has seen final needs no round trip: its stored final
     // response, or 422 for another request.

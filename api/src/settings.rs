@@ -12,6 +12,8 @@ use anyhow::{Context, ensure};
 use oncepay_service::config::{self, DatabaseSettings, HttpSettings, TelemetrySettings};
 use serde::Deserialize;
 
+use crate::provider_limits::{ProviderLimits, ProviderLimitsSettings};
+
 /// The embedded defaults.
 pub const DEFAULTS: &str = include_str!("../config/default.toml");
 
@@ -30,6 +32,8 @@ pub struct Settings {
     pub auth: AuthSettings,
     /// `[long_poll]`: `Prefer: wait=N` on `GET /v1/payments/{id}`.
     pub long_poll: LongPollSettings,
+    /// `[provider]`: which provider the workers charge through, for what intake refuses up front.
+    pub provider: ProviderLimitsSettings,
 }
 
 /// `[http]`: the shared `host` and `port`, and the api's grace period.
@@ -114,6 +118,7 @@ impl Settings {
         ensure!(self.intake.key_lock_wait_ms > 0, "intake.key_lock_wait_ms must be positive (0 would wait forever)");
         ensure!(self.database.max_connections > 0, "database.max_connections must be positive");
         ensure!(self.auth.max_concurrent_lookups > 0, "auth.max_concurrent_lookups must be positive");
+        ProviderLimits::new(&self.provider)?;
         Ok(())
     }
 }

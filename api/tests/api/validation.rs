@@ -142,6 +142,34 @@ async fn every_invalid_field_is_named(_: PgPoolOptions, options: PgConnectOption
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn what_stripe_could_never_charge_is_refused_by_name_when_the_workers_charge_through_stripe(
+    _: PgPoolOptions,
+    options: PgConnectOptions,
+) {
+    let app = TestApp::spawn_with(options, |settings| {
+        settings.provider.kind = oncepay_provider::ProviderKind::Stripe;
+        settings.provider.stripe_settlement_currency = Some("EUR".into());
+    })
+    .await;
+    let metadata: serde_json::Map<String, Value> = (0..49).map(|i| (format!("k{i}"), json!("v"))).collect();
+    let cases = [
+        (json!({"amount": 10, "currency": "EUR", "customer_id": "c"}), "amount"),
+        (json!({"amount": 1999, "currency": "EUR", "customer_id": "c", "metadata": metadata}), "metadata"),
+    ];
+
+    for (request, field) in cases {
+        let response = app.post_payment("k-1", &request).send().await.unwrap();
+
+        let (_, problem) = assert_problem(response, StatusCode::BAD_REQUEST, "invalid-request").await;
+        assert_eq!(problem["errors"][0]["field"], field, "{request}");
+    }
+    assert_eq!(app.rows().await, NOTHING);
+    let accepted = app.post_payment("k-2", &body()).send().await.unwrap();
+    assert_eq!(accepted.status(), StatusCode::ACCEPTED, "an ordinary payment is still accepted");
+    app.stop().await;
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn an_unknown_field_is_refused_by_name(_: PgPoolOptions, options: PgConnectOptions) {
     let app = TestApp::spawn(options).await;
     let mut request = body();
