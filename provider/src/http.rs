@@ -51,22 +51,28 @@ impl HttpProvider {
         path: &str,
         query: &[(&str, String)],
     ) -> Result<T, LookupError> {
-        let response = self
+        let request = self
             .client
             .get(self.url(path))
             .bearer_auth(self.api_key.expose_secret())
             .headers(trace_headers())
-            .query(query)
-            .send()
-            .await
-            .map_err(LookupError::Transport)?;
-        let status = response.status().as_u16();
-        if status != 200 {
-            return Err(LookupError::Status(status));
-        }
-        let body = response.bytes().await.map_err(LookupError::Transport)?;
-        serde_json::from_slice(&body).map_err(|e| LookupError::Unreadable(e.to_string()))
+            .query(query);
+        read_json(request).await
     }
+}
+
+/// Sends a lookup and reads its JSON: anything but a 200 with a readable body is an error, never an
+/// empty result.
+pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
+    request: reqwest::RequestBuilder,
+) -> Result<T, LookupError> {
+    let response = request.send().await.map_err(LookupError::Transport)?;
+    let status = response.status().as_u16();
+    if status != 200 {
+        return Err(LookupError::Status(status));
+    }
+    let body = response.bytes().await.map_err(LookupError::Transport)?;
+    serde_json::from_slice(&body).map_err(|e| LookupError::Unreadable(e.to_string()))
 }
 
 /// The current W3C trace context, as request headers.

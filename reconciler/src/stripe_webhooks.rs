@@ -65,7 +65,7 @@ async fn respond(request: &HttpRequest, payload: web::Payload, state: &WebhookSt
     // The key is the one oncepay derives from the payment the intent's metadata names, so an intent
     // made for another payment can never settle this one.
     let charge = match intent.settled_by_metadata() {
-        Settled::Final(charge) => charge,
+        Settled::Final(charge) => *charge,
         // `processing`, `requires_action` and the like prove nothing yet; a later event will.
         Settled::NotFinal(_) => return ignored(),
     };

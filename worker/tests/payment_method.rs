@@ -10,7 +10,8 @@ mod support;
 
 use oncepay_domain::status::PaymentStatus;
 use oncepay_provider::ChargeStatus;
-use oncepay_provider::http::{HttpProvider, ProviderSettings};
+use oncepay_provider::ProviderSettings;
+use oncepay_provider::http::HttpProvider;
 use oncepay_simulator::Simulator;
 use oncepay_simulator::client::SimulatorClient;
 use oncepay_simulator::config::Settings;

@@ -69,7 +69,7 @@ const fn unexpected(status: u16) -> SendOutcome {
 /// The outcome an intent in a response shows.
 fn intent_outcome(intent: &PaymentIntent, key: &str) -> SendOutcome {
     match intent.settled(key) {
-        Settled::Final(charge) if charge.status == crate::ChargeStatus::Succeeded => SendOutcome::Charged(charge),
+        Settled::Final(charge) if charge.status == crate::ChargeStatus::Succeeded => SendOutcome::Charged(*charge),
         Settled::Final(charge) => SendOutcome::Declined {
             code: charge.failure_code.unwrap_or_else(|| "declined".to_owned()),
             message: charge.failure_message.unwrap_or_else(|| "Stripe declined the payment.".to_owned()),

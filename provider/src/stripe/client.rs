@@ -17,7 +17,7 @@ use tracing::instrument;
 
 use oncepay_domain::ids::{DownstreamKey, PaymentId};
 
-use crate::http::{retry_after, trace_headers};
+use crate::http::{read_json, retry_after, trace_headers};
 use crate::{
     Charge, ChargePage, ChargeRequest, ListCharges, LookupError, NotSentReason, PaymentProvider, SendOutcome,
     UncertainReason, metadata_keys,
@@ -208,22 +208,14 @@ impl StripeProvider {
     }
 
     async fn get<T: DeserializeOwned>(&self, path: &str, query: &[(&str, String)]) -> Result<T, LookupError> {
-        let response = self
+        let request = self
             .client
             .get(self.url(path))
             .bearer_auth(self.secret_key.expose_secret())
             .header("Stripe-Version", &self.api_version)
             .headers(trace_headers())
-            .query(query)
-            .send()
-            .await
-            .map_err(LookupError::Transport)?;
-        let status = response.status().as_u16();
-        if status != 200 {
-            return Err(LookupError::Status(status));
-        }
-        let body = response.bytes().await.map_err(LookupError::Transport)?;
-        serde_json::from_slice(&body).map_err(|e| LookupError::Unreadable(e.to_string()))
+            .query(query);
+        read_json(request).await
     }
 
     /// What Stripe's search shows for `payment`: a hit is found, a miss is "can't tell".
@@ -351,7 +343,7 @@ impl PaymentProvider for StripeProvider {
                 .data
                 .iter()
                 .filter_map(|intent| match intent.settled_by_metadata() {
-                    Settled::Final(charge) => Some(charge),
+                    Settled::Final(charge) => Some(*charge),
                     Settled::NotFinal(_) => None,
                 })
                 .collect();

@@ -68,7 +68,7 @@ pub fn judge<'a>(intents: impl IntoIterator<Item = &'a PaymentIntent>, payment: 
     let mut pending = None;
     for intent in mine {
         match intent.settled_by_metadata() {
-            Settled::Final(charge) => charges.push(charge),
+            Settled::Final(charge) => charges.push(*charge),
             Settled::NotFinal(status) => {
                 pending.get_or_insert(CantTell::NotFinal { intent_id: intent.id.clone(), status });
             }

@@ -124,8 +124,9 @@ fn null_as_empty<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<BT
 /// Where an intent stands, as a payment's evidence.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Settled {
-    /// The intent is final: a succeeded or a failed charge.
-    Final(Charge),
+    /// The intent is final: a succeeded or a failed charge (boxed: a charge is large, and most
+    /// intents a list reads are final).
+    Final(Box<Charge>),
     /// The intent may still take money; it proves nothing yet.
     NotFinal(IntentStatus),
 }
@@ -148,7 +149,7 @@ impl PaymentIntent {
             (other, _) => return Settled::NotFinal(other.clone()),
         };
         let failure = self.last_payment_error.as_ref().filter(|_| status == ChargeStatus::Failed);
-        Settled::Final(Charge {
+        Settled::Final(Box::new(Charge {
             id: self.id.clone(),
             status,
             // What moved, for a success; what was asked, for a failure (nothing moved).
@@ -168,7 +169,7 @@ impl PaymentIntent {
             },
             failure_message: failure.and_then(|e| e.message.clone()),
             payment_method: self.payment_method.as_ref().map(|m| m.id().to_owned()),
-        })
+        }))
     }
 
     /// [`Self::settled`] for an intent found by a lookup, whose response carries no idempotency key:
