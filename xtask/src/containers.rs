@@ -15,8 +15,11 @@ use anyhow::{Context, bail};
 use tokio::process::{Child, Command};
 
 /// The Debian packages an engine-less machine needs. `docker-compose` must come without its
-/// recommendations, which would pull in a Docker engine that cannot run here.
-const PODMAN_PACKAGES: [&str; 6] = ["podman", "runc", "netavark", "aardvark-dns", "docker-compose", "mmdebstrap"];
+/// recommendations, which would pull in a Docker engine that cannot run here. netavark sets up each
+/// network's firewall rules by running `iptables`, yet no package of these depends on it: without it
+/// every container fails to start with "netavark: No such file or directory".
+const PODMAN_PACKAGES: [&str; 7] =
+    ["podman", "runc", "netavark", "aardvark-dns", "iptables", "docker-compose", "mmdebstrap"];
 
 /// The podman engine's settings, found on a trial run: `runc`, as `crun` cannot set resource limits
 /// in this VM; no default ulimits; and the netavark network backend, so that containers find each
