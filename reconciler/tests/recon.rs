@@ -12,6 +12,7 @@ use std::time::Duration;
 use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_provider::http::HttpProvider;
+use oncepay_provider::stripe::{StripeProvider, StripeSettings};
 use oncepay_provider::{Charge, ChargeStatus};
 use oncepay_reconciler::recon::compare::Class;
 use oncepay_reconciler::recon::runs::{RunStatus, Trigger};
@@ -260,4 +261,78 @@ async fn a_run_the_provider_fails_is_marked_failed_and_the_window_can_be_run_aga
     let statuses: Vec<String> =
         sqlx::query_scalar("SELECT status FROM recon_runs ORDER BY started_at").fetch_all(&pool).await.unwrap();
     assert_eq!(statuses, ["failed", "completed"]);
+}
+
+/// A PaymentIntent as Stripe's list returns it, made for `payment_id`.
+fn intent(
+    tenant_id: TenantId,
+    payment_id: PaymentId,
+    id: &str,
+    amount: i64,
+    created: OffsetDateTime,
+) -> serde_json::Value {
+    json!({
+        "id": id, "object": "payment_intent", "amount": amount, "amount_received": amount,
+        "created": created.unix_timestamp(), "currency": "eur", "status": "succeeded",
+        "latest_charge": format!("ch_{id}"), "last_payment_error": null, "payment_method": "pm_card_visa",
+        "metadata": {"oncepay_payment_id": payment_id.to_string(), "oncepay_tenant_id": tenant_id.to_string()}
+    })
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn the_nightly_run_reads_stripes_list_newest_first_page_by_page(pool: PgPool) {
+    let stripe = MockServer::start().await;
+    let t = tenant(&pool, "acme").await;
+    let ok = booked(&pool, t, "pi_ok", 100, at(10)).await;
+    let money = booked(&pool, t, "pi_money", 100, at(20)).await;
+    booked(&pool, t, "pi_gone", 100, at(30)).await;
+    let unbooked = support::unknown_payment(&pool, t, "unbooked", 100, 60).await;
+    // Newest first, as Stripe lists: two pages of two, the second asked for after the first's last.
+    let pages = [
+        vec![intent(t, unbooked, "pi_unbooked", 100, at(50)), intent(t, money, "pi_money", 90, at(20))],
+        vec![intent(t, ok, "pi_ok", 100, at(10))],
+    ];
+    for (i, page) in pages.iter().enumerate() {
+        let mock = Mock::given(method("GET"))
+            .and(path("/v1/payment_intents"))
+            .and(query_param("created[gte]", window().start.unix_timestamp().to_string()))
+            .and(query_param("created[lt]", window().end.unix_timestamp().to_string()));
+        let mock = match i {
+            0 => mock.and(query_param_is_missing("starting_after")),
+            _ => mock.and(query_param("starting_after", "pi_money")),
+        };
+        let body = json!({"object": "list", "url": "/v1/payment_intents", "data": page, "has_more": i == 0});
+        mock.respond_with(ResponseTemplate::new(200).set_body_json(body)).expect(1).mount(&stripe).await;
+    }
+    let settings: StripeSettings = serde_json::from_value(json!({
+        "secret_key": "sk_test_oncepay", "base_url": stripe.uri(), "api_version": "2024-06-20", "list_page_size": 2
+    }))
+    .unwrap();
+    let config = ReconConfig {
+        schedule: "0 0 2 * * *".into(),
+        page_size: 2,
+        stale_after: Duration::from_secs(300),
+        catch_up_days: 1,
+    };
+    let reconciliation = Reconciliation::new(pool.clone(), StripeProvider::new(&settings).unwrap(), config);
+
+    let reconciled = reconciliation.run_window(window(), Trigger::Operator).await.unwrap();
+
+    let Reconciled::Completed(summary) = reconciled else { panic!("{reconciled:?}") };
+    assert_eq!((summary.provider_charges, summary.ledger_entries), (3, 3));
+    let mut found: Vec<(String, String)> =
+        sqlx::query_as("SELECT class, provider_charge_id FROM recon_discrepancies WHERE run_id = $1")
+            .bind(summary.run_id)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    found.sort();
+    assert_eq!(
+        found,
+        [
+            ("amount_or_currency_mismatch".to_owned(), "pi_money".to_owned()),
+            ("missing_at_provider".to_owned(), "pi_gone".to_owned()),
+            ("missing_in_ledger".to_owned(), "pi_unbooked".to_owned()),
+        ]
+    );
 }
