@@ -30,13 +30,8 @@ pub struct HttpProvider {
 impl HttpProvider {
     /// Builds the client.
     pub fn new(settings: &ProviderSettings) -> Result<Self, reqwest::Error> {
-        oncepay_service::tls::install_provider();
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_millis(settings.connect_timeout_ms))
-            .timeout(Duration::from_millis(settings.request_timeout_ms))
-            .build()?;
         Ok(Self {
-            client,
+            client: client(settings.connect_timeout_ms, settings.request_timeout_ms)?,
             base_url: settings.base_url.trim_end_matches('/').to_owned(),
             api_key: settings.api_key.clone(),
         })
@@ -59,6 +54,16 @@ impl HttpProvider {
             .query(query);
         read_json(request).await
     }
+}
+
+/// A client for a provider's API: TLS through rustls, and both timeouts on every call, so no call can
+/// hang a worker.
+pub(crate) fn client(connect_timeout_ms: u64, request_timeout_ms: u64) -> Result<reqwest::Client, reqwest::Error> {
+    oncepay_service::tls::install_provider();
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_millis(connect_timeout_ms))
+        .timeout(Duration::from_millis(request_timeout_ms))
+        .build()
 }
 
 /// Sends a lookup and reads its JSON: anything but a 200 with a readable body is an error, never an

@@ -8,8 +8,6 @@
 //! Hand-written rather than a generated SDK: the classification depends on the exact status codes
 //! and error types, which an SDK turns into its own exceptions and retries.
 
-use std::time::Duration;
-
 use reqwest::header::CONTENT_TYPE;
 use secrecy::{ExposeSecret, SecretString};
 use serde::de::DeserializeOwned;
@@ -17,7 +15,7 @@ use tracing::instrument;
 
 use oncepay_domain::ids::{DownstreamKey, PaymentId};
 
-use crate::http::{read_json, retry_after, trace_headers};
+use crate::http::{self, read_json, retry_after, trace_headers};
 use crate::{
     Charge, ChargePage, ChargeRequest, ListCharges, LookupError, NotSentReason, PaymentProvider, SendOutcome,
     UncertainReason, metadata_keys,
@@ -186,13 +184,8 @@ impl StripeProvider {
     /// Builds the client.
     pub fn new(settings: &StripeSettings) -> Result<Self, BuildError> {
         settings.validate()?;
-        oncepay_service::tls::install_provider();
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_millis(settings.connect_timeout_ms))
-            .timeout(Duration::from_millis(settings.request_timeout_ms))
-            .build()?;
         Ok(Self {
-            client,
+            client: http::client(settings.connect_timeout_ms, settings.request_timeout_ms)?,
             base_url: settings.base_url.trim_end_matches('/').to_owned(),
             secret_key: settings.secret_key.clone(),
             api_version: settings.api_version.clone(),
@@ -596,7 +589,10 @@ mod tests {
 
         assert_eq!(
             outcome,
-            SendOutcome::NotSent { reason: NotSentReason::RateLimited, retry_after: Some(Duration::from_secs(3)) }
+            SendOutcome::NotSent {
+                reason: NotSentReason::RateLimited,
+                retry_after: Some(std::time::Duration::from_secs(3))
+            }
         );
     }
 
