@@ -100,6 +100,18 @@ async fn serve_listing(provider: &MockServer, mut charges: Vec<Charge>) {
     }
 }
 
+/// The run's discrepancies as (class, charge id), sorted.
+async fn found(pool: &PgPool, run_id: uuid::Uuid) -> Vec<(String, String)> {
+    let mut found: Vec<(String, String)> =
+        sqlx::query_as("SELECT class, provider_charge_id FROM recon_discrepancies WHERE run_id = $1")
+            .bind(run_id)
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    found.sort();
+    found
+}
+
 /// The seeded world: one planted discrepancy of each class among charges and entries that agree.
 async fn seed(pool: &PgPool, provider: &MockServer) {
     let t = tenant(pool, "acme").await;
@@ -139,15 +151,8 @@ async fn every_planted_discrepancy_is_found_once_and_nothing_else(pool: PgPool) 
     let Reconciled::Completed(summary) = reconciled else { panic!("{reconciled:?}") };
     assert_eq!((summary.provider_charges, summary.ledger_entries), (7, 4));
     assert_eq!(summary.by_class, Class::ALL.map(|class| (class, 1)));
-    let mut found: Vec<(String, String)> =
-        sqlx::query_as("SELECT class, provider_charge_id FROM recon_discrepancies WHERE run_id = $1")
-            .bind(summary.run_id)
-            .fetch_all(&pool)
-            .await
-            .unwrap();
-    found.sort();
     assert_eq!(
-        found,
+        found(&pool, summary.run_id).await,
         [
             ("amount_or_currency_mismatch".to_owned(), "ch_money".to_owned()),
             ("duplicate_charge".to_owned(), "ch_twice_1".to_owned()),
@@ -320,15 +325,8 @@ async fn the_nightly_run_reads_stripes_list_newest_first_page_by_page(pool: PgPo
 
     let Reconciled::Completed(summary) = reconciled else { panic!("{reconciled:?}") };
     assert_eq!((summary.provider_charges, summary.ledger_entries), (3, 3));
-    let mut found: Vec<(String, String)> =
-        sqlx::query_as("SELECT class, provider_charge_id FROM recon_discrepancies WHERE run_id = $1")
-            .bind(summary.run_id)
-            .fetch_all(&pool)
-            .await
-            .unwrap();
-    found.sort();
     assert_eq!(
-        found,
+        found(&pool, summary.run_id).await,
         [
             ("amount_or_currency_mismatch".to_owned(), "pi_money".to_owned()),
             ("missing_at_provider".to_owned(), "pi_gone".to_owned()),
