@@ -207,9 +207,16 @@ impl Settings {
         rule(self.webhooks.tolerance_secs > 0, "webhooks.tolerance_secs must be positive")?;
         rule(self.poller.batch_size > 0, "poller.batch_size must be positive")?;
         rule(self.poller.concurrency > 0, "poller.concurrency must be positive")?;
+        // The provider in use: a Stripe reconciler's calls are bounded by `[provider.stripe]`, not by
+        // the simulator's timeouts.
+        let longest_call_ms = self.provider.longest_call().as_millis();
         rule(
-            self.poller.lease_ms > self.provider.request_timeout_ms,
-            "poller.lease_ms must exceed provider.request_timeout_ms, or a lookup could outlive its lease",
+            u128::from(self.poller.lease_ms) > longest_call_ms,
+            &format!(
+                "poller.lease_ms ({}) must exceed the provider's connect plus request timeouts ({longest_call_ms} ms), \
+                 or a lookup could outlive its lease",
+                self.poller.lease_ms
+            ),
         )?;
         rule(self.poller.max_attempts > 0, "poller.max_attempts must be positive")?;
         self.provider.validate().map_err(InvalidSettings::Rule)?;
@@ -282,6 +289,24 @@ mod tests {
     fn a_lease_shorter_than_a_lookup_is_refused() {
         let mut settings: Settings = config::load(DEFAULTS, None).unwrap();
         settings.poller.lease_ms = settings.provider.request_timeout_ms;
-        assert!(matches!(settings.validate(), Err(InvalidSettings::Rule(_))));
+        assert!(matches!(settings.validate(), Err(InvalidSettings::Rule(rule)) if rule.contains("poller.lease_ms")));
+    }
+
+    #[test]
+    fn the_lease_is_measured_against_the_timeouts_of_the_provider_in_use() {
+        let mut settings: Settings = config::load(DEFAULTS, None).unwrap();
+        settings.provider.kind = ProviderKind::Stripe;
+        let stripe =
+            serde_json::json!({ "secret_key": "sk_test_x", "api_version": "2024-06-20", "request_timeout_ms": 1000 });
+        settings.provider.stripe = Some(serde_json::from_value(stripe).unwrap());
+        settings.provider.request_timeout_ms = 120_000;
+        settings.poller.lease_ms = 5_000;
+        settings.validate().expect("Stripe's 2 s + 1 s fit in a 5 s lease; the simulator's timeout does not apply");
+
+        settings.provider.stripe.as_mut().unwrap().request_timeout_ms = 4_000;
+        assert!(
+            matches!(settings.validate(), Err(InvalidSettings::Rule(rule)) if rule.contains("poller.lease_ms")),
+            "Stripe's 2 s + 4 s outlast a 5 s lease"
+        );
     }
 }
