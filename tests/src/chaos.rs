@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use crate::checker::{self, Settled, Verdict};
 use crate::faults::{Action, FailPointDraw, Intensity, Schedule, calm};
 use crate::report::Report;
-use crate::system::{Binaries, Role, System, SystemConfig, Timing, Topology};
+use crate::system::{Binaries, Provider, Role, System, SystemConfig, Timing, Topology};
 use crate::workload::{self, Clients, Plan, WorkloadConfig};
 
 /// How big and how long a run is.
@@ -160,7 +160,7 @@ pub async fn run(config: &ChaosConfig, worker: PathBuf) -> anyhow::Result<Finish
         // The run crashes PostgreSQL.
         durability: Durability::Durable,
         timing,
-        simulator_seed: seed,
+        provider: Provider::Simulator { seed },
         log_dir: None,
     })
     .await?;
@@ -215,6 +215,7 @@ async fn drive(config: &ChaosConfig, system: &mut System, timing: Timing) -> any
         probe_rate: 0.05,
         follow: Duration::from_secs(20),
         resends: 4,
+        payment_methods: Vec::new(),
     };
     let plan = Arc::new(Plan::draw(&workload_config, config.tenants, system.count(Role::Api))?);
     let clients = Clients::new(system.tenants(), &system.api_urls())?;
@@ -258,14 +259,14 @@ async fn drive(config: &ChaosConfig, system: &mut System, timing: Timing) -> any
     }
 
     // Heal: no provider fault, every process back without fail points.
-    system.simulator().set_faults(&calm()).await?;
+    system.simulator()?.set_faults(&calm()).await?;
     system.heal().await?;
     let mut observations = workload.await.context("the workload task failed")?;
     workload::resend_unanswered(&plan, &clients, &mut observations).await;
     let settled: Settled = checker::settle(system.pool(), config.settle_bound).await?;
-    let truth = system.simulator().ground_truth().await?;
+    let truth = system.simulator()?.ground_truth().await?;
     let verdict: Verdict = checker::check(system.pool(), &truth.charges, system.tenants(), &observations).await?;
-    for (fault, count) in simulator_fault_counts(system.simulator_url()).await? {
+    for (fault, count) in simulator_fault_counts(system.simulator_url()?).await? {
         faults.insert(format!("simulator: {fault}"), count);
     }
     Ok(Report {
@@ -365,7 +366,7 @@ async fn apply(
         Action::CrashDatabase => system.crash_database().await?,
         Action::ResumeDatabase => system.resume_database().await?,
         Action::SimulatorFaults(patch) => {
-            system.simulator().set_faults(patch).await?;
+            system.simulator()?.set_faults(patch).await?;
         }
     }
     Ok(())

@@ -1,15 +1,16 @@
-//! The cross-process suite and the chaos harness: real binaries, a throwaway PostgreSQL, the
-//! provider simulator.
+//! The cross-process suite and the chaos harness: real binaries, a throwaway PostgreSQL, and the
+//! provider simulator or localstripe.
 //!
-//! One library for the end-to-end tests (`tests/e2e.rs`), the short chaos profile that runs with
-//! the test command (`tests/chaos.rs`) and the `oncepay-chaos` binary, so they can never check
-//! different things. Nothing here is part of oncepay: it drives the system only through its
-//! processes, its HTTP API, its operator CLI and the simulator's control endpoints, and only reads
-//! the database.
+//! One library for the end-to-end tests (`tests/e2e.rs`, and `tests/stripe.rs` against localstripe),
+//! the short chaos profile that runs with the test command (`tests/chaos.rs`) and the
+//! `oncepay-chaos` binary, so they can never check different things. Nothing here is part of
+//! oncepay: it drives the system only through its processes, its HTTP API, its operator CLI and the
+//! provider's own endpoints, and only reads the database.
 
 pub mod chaos;
 pub mod checker;
 pub mod faults;
+pub mod localstripe;
 pub mod report;
 pub mod system;
 pub mod workload;

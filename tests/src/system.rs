@@ -1,5 +1,6 @@
-//! The system under test, as real processes: a throwaway PostgreSQL cluster, the provider
-//! simulator, and any number of `api`, `worker` and `reconciler` processes, each on its own port.
+//! The system under test, as real processes: a throwaway PostgreSQL cluster, a payment provider
+//! (the simulator, or localstripe in Stripe's place), and any number of `api`, `worker` and
+//! `reconciler` processes, each on its own port.
 //!
 //! A restarted process keeps its port, so clients' URLs stay valid. Nothing here moves a payment or
 //! touches a table other than through the real binaries, and nothing here decides a fault: that is
@@ -20,6 +21,8 @@ use serde::Deserialize;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
+
+use crate::localstripe::{self, Localstripe};
 
 /// The simulator's credential, as every binary's default configuration has it.
 pub const SIMULATOR_API_KEY: &str = "sk_test_oncepay_simulator";
@@ -123,6 +126,27 @@ impl Default for Timing {
     }
 }
 
+/// The payment provider the processes charge through.
+#[derive(Debug, Clone)]
+pub enum Provider {
+    /// oncepay's simulator, seeded: faults on demand, and its ground truth.
+    Simulator {
+        /// The simulator's seed.
+        seed: u64,
+    },
+    /// localstripe, run by this Python, with every process configured for Stripe.
+    Localstripe {
+        /// A Python that has localstripe installed ([`Localstripe::python`]).
+        python: PathBuf,
+    },
+}
+
+/// The provider as it runs.
+enum RunningProvider {
+    Simulator { child: Child, url: String, client: SimulatorClient },
+    Localstripe(Localstripe),
+}
+
 /// What to start.
 #[derive(Debug, Clone)]
 pub struct SystemConfig {
@@ -136,8 +160,8 @@ pub struct SystemConfig {
     pub durability: Durability,
     /// Timeouts, leases, windows.
     pub timing: Timing,
-    /// The simulator's seed.
-    pub simulator_seed: u64,
+    /// The payment provider.
+    pub provider: Provider,
     /// Where logs go; a fresh temporary directory if none.
     pub log_dir: Option<PathBuf>,
 }
@@ -214,9 +238,7 @@ pub struct Exited {
 pub struct System {
     // Declared first so the processes are killed before the cluster goes away.
     slots: BTreeMap<(Role, usize), Slot>,
-    simulator: Child,
-    simulator_url: String,
-    simulator_client: SimulatorClient,
+    provider: RunningProvider,
     cluster: Cluster,
     database_url: String,
     pool: PgPool,
@@ -276,31 +298,8 @@ impl System {
                 );
             }
         }
-        let simulator_port = free_port()?;
-        let simulator_url = format!("http://127.0.0.1:{simulator_port}");
         let reconciler_port = slots.get(&(Role::Reconciler, 0)).map(|slot| slot.port).context("no reconciler")?;
-        // This system's own webhook secret, shared by the simulator and every reconciler.
-        let webhook_secret = WebhookSecret::generate();
-        for (&(role, _), slot) in &mut slots {
-            slot.spec.env.push(("ONCEPAY_PROVIDER__BASE_URL".into(), simulator_url.clone()));
-            if role == Role::Reconciler {
-                slot.spec.env.push(("ONCEPAY_WEBHOOKS__SECRETS".into(), format!("[\"{webhook_secret}\"]")));
-            }
-        }
-        let simulator_spec = Spec::new("simulator", &binaries.simulator, logs.path())
-            .env("ONCEPAY_HTTP__PORT", simulator_port.to_string())
-            .env("ONCEPAY_TELEMETRY__LOG_FORMAT", "text")
-            .env("ONCEPAY_SIMULATOR__SEED", config.simulator_seed.to_string())
-            .env("ONCEPAY_SIMULATOR__KEY_WINDOW_SECS", timing.key_window_secs.to_string())
-            .env("ONCEPAY_SIMULATOR__WEBHOOK_URL", format!("http://127.0.0.1:{reconciler_port}/webhooks/provider"))
-            .env("ONCEPAY_SIMULATOR__WEBHOOK_SECRET", &webhook_secret)
-            .env("ONCEPAY_SIMULATOR__WEBHOOK_BACKOFF__BASE_MS", "100")
-            .env("ONCEPAY_SIMULATOR__WEBHOOK_BACKOFF__MAX_MS", "1000")
-            .env("ONCEPAY_SIMULATOR__WEBHOOK_TIMEOUT_MS", "2000")
-            .env("ONCEPAY_SIMULATOR__SHUTDOWN_GRACE_MS", "500")
-            .env("ONCEPAY_FAULTS__HANG_MS", timing.hang_ms.to_string());
-        let mut simulator = Child::spawn(simulator_spec).await?;
-        simulator.wait_until_ready(&format!("{simulator_url}/readyz"), READY_TIMEOUT).await?;
+        let provider = start_provider(&config, reconciler_port, &mut slots, logs.path()).await?;
 
         let pool = PgPoolOptions::new()
             .max_connections(4)
@@ -310,9 +309,7 @@ impl System {
             .context("cannot connect to the test database")?;
         let mut system = Self {
             slots,
-            simulator,
-            simulator_client: SimulatorClient::new(&simulator_url),
-            simulator_url,
+            provider,
             cluster,
             database_url,
             pool,
@@ -347,14 +344,28 @@ impl System {
         self.slots.keys().filter(|(r, _)| *r == role).count()
     }
 
-    /// The simulator's control client.
-    pub fn simulator(&self) -> &SimulatorClient {
-        &self.simulator_client
+    /// The simulator's control client; an error when the system charges through localstripe.
+    pub fn simulator(&self) -> anyhow::Result<&SimulatorClient> {
+        match &self.provider {
+            RunningProvider::Simulator { client, .. } => Ok(client),
+            RunningProvider::Localstripe(_) => bail!("this system charges through localstripe, not the simulator"),
+        }
     }
 
-    /// The simulator's base URL.
-    pub fn simulator_url(&self) -> &str {
-        &self.simulator_url
+    /// The simulator's base URL; an error when the system charges through localstripe.
+    pub fn simulator_url(&self) -> anyhow::Result<&str> {
+        match &self.provider {
+            RunningProvider::Simulator { url, .. } => Ok(url),
+            RunningProvider::Localstripe(_) => bail!("this system charges through localstripe, not the simulator"),
+        }
+    }
+
+    /// localstripe; an error when the system charges through the simulator.
+    pub fn localstripe(&self) -> anyhow::Result<&Localstripe> {
+        match &self.provider {
+            RunningProvider::Localstripe(localstripe) => Ok(localstripe),
+            RunningProvider::Simulator { .. } => bail!("this system charges through the simulator, not localstripe"),
+        }
     }
 
     /// Runs an operator command (`oncepay-reconciler <args>`, as operator `oncepay-tests`) and
@@ -527,12 +538,82 @@ impl System {
                 }
             }
         }
-        match self.simulator.terminate(TERMINATE_GRACE).await {
+        let (name, stopped) = match &mut self.provider {
+            RunningProvider::Simulator { child, .. } => ("simulator", child.terminate(TERMINATE_GRACE).await),
+            RunningProvider::Localstripe(localstripe) => ("localstripe", localstripe.terminate(TERMINATE_GRACE).await),
+        };
+        match stopped {
             Ok(status) if status.success() => {}
-            Ok(status) => unclean.push(format!("simulator exited with {status}")),
-            Err(error) => unclean.push(format!("simulator: {error:#}")),
+            Ok(status) => unclean.push(format!("{name} exited with {status}")),
+            Err(error) => unclean.push(format!("{name}: {error:#}")),
         }
         Ok(unclean)
+    }
+}
+
+/// Starts the provider, points every process at it, and sends its webhooks to the reconciler on
+/// `reconciler_port`, signed with a secret of this system's own.
+async fn start_provider(
+    config: &SystemConfig,
+    reconciler_port: u16,
+    slots: &mut BTreeMap<(Role, usize), Slot>,
+    log_dir: &Path,
+) -> anyhow::Result<RunningProvider> {
+    let timing = &config.timing;
+    let webhook_secret = WebhookSecret::generate();
+    let reconciler = format!("http://127.0.0.1:{reconciler_port}");
+    match &config.provider {
+        Provider::Simulator { seed } => {
+            let port = free_port()?;
+            let url = format!("http://127.0.0.1:{port}");
+            for (&(role, _), slot) in slots.iter_mut() {
+                slot.spec.env.extend([
+                    ("ONCEPAY_PROVIDER__BASE_URL".into(), url.clone()),
+                    ("ONCEPAY_PROVIDER__API_KEY".into(), SIMULATOR_API_KEY.into()),
+                    ("ONCEPAY_PROVIDER__CONNECT_TIMEOUT_MS".into(), "500".into()),
+                    ("ONCEPAY_PROVIDER__REQUEST_TIMEOUT_MS".into(), timing.provider_request_timeout_ms.to_string()),
+                ]);
+                if role == Role::Reconciler {
+                    slot.spec.env.push(("ONCEPAY_WEBHOOKS__SECRETS".into(), format!("[\"{webhook_secret}\"]")));
+                }
+            }
+            let spec = Spec::new("simulator", &config.binaries.simulator, log_dir)
+                .env("ONCEPAY_HTTP__PORT", port.to_string())
+                .env("ONCEPAY_TELEMETRY__LOG_FORMAT", "text")
+                .env("ONCEPAY_SIMULATOR__SEED", seed.to_string())
+                .env("ONCEPAY_SIMULATOR__KEY_WINDOW_SECS", timing.key_window_secs.to_string())
+                .env("ONCEPAY_SIMULATOR__WEBHOOK_URL", format!("{reconciler}/webhooks/provider"))
+                .env("ONCEPAY_SIMULATOR__WEBHOOK_SECRET", &webhook_secret)
+                .env("ONCEPAY_SIMULATOR__WEBHOOK_BACKOFF__BASE_MS", "100")
+                .env("ONCEPAY_SIMULATOR__WEBHOOK_BACKOFF__MAX_MS", "1000")
+                .env("ONCEPAY_SIMULATOR__WEBHOOK_TIMEOUT_MS", "2000")
+                .env("ONCEPAY_SIMULATOR__SHUTDOWN_GRACE_MS", "500")
+                .env("ONCEPAY_FAULTS__HANG_MS", timing.hang_ms.to_string());
+            let mut child = Child::spawn(spec).await?;
+            child.wait_until_ready(&format!("{url}/readyz"), READY_TIMEOUT).await?;
+            Ok(RunningProvider::Simulator { child, client: SimulatorClient::new(&url), url })
+        }
+        Provider::Localstripe { python } => {
+            let stripe = Localstripe::start(python, log_dir).await?;
+            stripe.send_webhooks_to(&format!("{reconciler}/webhooks/stripe"), &webhook_secret).await?;
+            for (&(role, _), slot) in slots.iter_mut() {
+                slot.spec.env.extend([
+                    ("ONCEPAY_PROVIDER__KIND".into(), "stripe".into()),
+                    ("ONCEPAY_PROVIDER__STRIPE__BASE_URL".into(), stripe.url().to_owned()),
+                    ("ONCEPAY_PROVIDER__STRIPE__SECRET_KEY".into(), localstripe::SECRET_KEY.into()),
+                    ("ONCEPAY_PROVIDER__STRIPE__API_VERSION".into(), localstripe::API_VERSION.into()),
+                    ("ONCEPAY_PROVIDER__STRIPE__CONNECT_TIMEOUT_MS".into(), "500".into()),
+                    (
+                        "ONCEPAY_PROVIDER__STRIPE__REQUEST_TIMEOUT_MS".into(),
+                        timing.provider_request_timeout_ms.to_string(),
+                    ),
+                ]);
+                if role == Role::Reconciler {
+                    slot.spec.env.push(("ONCEPAY_WEBHOOKS__STRIPE_SECRETS".into(), format!("[\"{webhook_secret}\"]")));
+                }
+            }
+            Ok(RunningProvider::Localstripe(stripe))
+        }
     }
 }
 
@@ -562,9 +643,6 @@ fn process_spec(
         .env("DATABASE_URL", database_url)
         .env("ONCEPAY_HTTP__PORT", port.to_string())
         .env("ONCEPAY_TELEMETRY__LOG_FORMAT", "text")
-        .env("ONCEPAY_PROVIDER__API_KEY", SIMULATOR_API_KEY)
-        .env("ONCEPAY_PROVIDER__CONNECT_TIMEOUT_MS", "500")
-        .env("ONCEPAY_PROVIDER__REQUEST_TIMEOUT_MS", timing.provider_request_timeout_ms.to_string())
         .env("ONCEPAY_PROVIDER__KEY_WINDOW_SECS", timing.key_window_secs.to_string())
         .env("ONCEPAY_PROVIDER__KEY_WINDOW_MARGIN_SECS", timing.key_window_margin_secs.to_string());
     match role {

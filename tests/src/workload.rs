@@ -44,6 +44,8 @@ pub struct WorkloadConfig {
     pub follow: Duration,
     /// How many times a task sends an intent without a response again before leaving it for later.
     pub resends: u32,
+    /// The payment methods intents draw theirs from, e.g. test cards; none leaves the field out.
+    pub payment_methods: Vec<String>,
 }
 
 /// One intent of the plan.
@@ -76,7 +78,7 @@ pub struct Plan {
 
 impl Plan {
     /// Draws the workload of `config` for `tenants` tenants and `apis` api processes: amounts,
-    /// currencies, customers, which api process each intent goes to, which are sent as a duplicate
+    /// currencies, customers, payment methods, which api process each intent goes to, which are sent as a duplicate
     /// storm (the same intent several times at once, through different api processes), which keys
     /// two tenants use at once (they must become two payments), and which intents are followed by a
     /// key misuse (the same key with another body: 422 expected) or by a read of another tenant's
@@ -97,9 +99,14 @@ impl Plan {
                 let index = jobs.len();
                 let amount = rng.random_range(100..100_000);
                 let currency = currencies[rng.random_range(0..currencies.len())];
-                let intent = PaymentIntent::builder(amount, currency, format!("cus-t{owner}-{index}"))
-                    .metadata("order", format!("o-{index}"))
-                    .build_with_key(IdempotencyKey::new(key.clone())?);
+                let mut builder = PaymentIntent::builder(amount, currency, format!("cus-t{owner}-{index}"))
+                    .metadata("order", format!("o-{index}"));
+                // Drawn only when there is a choice, so that plans without one stay as they were.
+                if !config.payment_methods.is_empty() {
+                    let method = &config.payment_methods[rng.random_range(0..config.payment_methods.len())];
+                    builder = builder.payment_method(method.clone());
+                }
+                let intent = builder.build_with_key(IdempotencyKey::new(key.clone())?);
                 let storm = rng.random_bool(config.storm_rate);
                 jobs.push(Job {
                     index,

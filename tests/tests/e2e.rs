@@ -15,7 +15,7 @@ use oncepay_simulator::control::PlantCharge;
 use oncepay_simulator::faults::FaultsPatch;
 use oncepay_tests::checker::{self, Verdict};
 use oncepay_tests::report::Report;
-use oncepay_tests::system::{Binaries, System, SystemConfig, Timing, Topology};
+use oncepay_tests::system::{Binaries, Provider, System, SystemConfig, Timing, Topology};
 use oncepay_tests::workload::{self, Clients, MisuseOutcome, Observations, Plan, ProbeOutcome, WorkloadConfig};
 
 const TOPOLOGY: Topology = Topology { apis: 2, workers: 2, reconcilers: 1 };
@@ -27,7 +27,7 @@ async fn start(seed: u64) -> System {
         tenants: vec!["acme".into(), "globex".into()],
         durability: Durability::Fast,
         timing: Timing::default(),
-        simulator_seed: seed,
+        provider: Provider::Simulator { seed },
         log_dir: None,
     })
     .await
@@ -49,6 +49,7 @@ fn workload(seed: u64, intents: usize) -> WorkloadConfig {
         probe_rate: 0.15,
         follow: Duration::from_secs(30),
         resends: 2,
+        payment_methods: Vec::new(),
     }
 }
 
@@ -75,7 +76,7 @@ async fn drive(system: &System, config: &WorkloadConfig) -> (Report, Plan) {
 }
 
 async fn check(system: &System, observations: &Observations) -> Verdict {
-    let truth = system.simulator().ground_truth().await.unwrap();
+    let truth = system.simulator().unwrap().ground_truth().await.unwrap();
     checker::check(system.pool(), &truth.charges, system.tenants(), observations).await.unwrap()
 }
 
@@ -88,6 +89,7 @@ async fn many_concurrent_clients_of_two_tenants_are_charged_at_most_once_and_eve
     // the reconciler's paths run too.
     system
         .simulator()
+        .unwrap()
         .set_faults(&FaultsPatch {
             decline_rate: Some(0.15),
             error_after_rate: Some(0.04),
@@ -148,7 +150,7 @@ async fn the_checker_reports_a_second_charge_a_missing_ledger_entry_and_a_charge
     let mut second = PlantCharge::succeeded(*amount, currency);
     second.metadata.insert("oncepay_tenant_id".into(), tenant.to_string());
     second.metadata.insert("oncepay_payment_id".into(), charged_twice.to_string());
-    system.simulator().plant(&second).await.unwrap();
+    system.simulator().unwrap().plant(&second).await.unwrap();
     // A ledger entry lost.
     sqlx::query("DELETE FROM ledger_entries WHERE payment_id = $1")
         .bind(unbooked)
@@ -158,7 +160,7 @@ async fn the_checker_reports_a_second_charge_a_missing_ledger_entry_and_a_charge
     // A charge for no payment at all, as a provider call made without an accepted payment would.
     let mut stray = PlantCharge::succeeded(500, "EUR");
     stray.idempotency_key = Some(format!("oncepay-{}", uuid::Uuid::now_v7()));
-    system.simulator().plant(&stray).await.unwrap();
+    system.simulator().unwrap().plant(&stray).await.unwrap();
     let verdict = check(&system, &report.observations).await;
 
     let found: Vec<(u8, &str)> = verdict.violations.iter().map(|v| (v.invariant, v.what.as_str())).collect();

@@ -13,6 +13,7 @@ use tokio::process::Command;
 
 mod compose_check;
 mod containers;
+mod localstripe;
 mod secrets;
 mod up;
 
@@ -34,7 +35,7 @@ enum Task {
         #[arg(long, default_value = "demo")]
         tenant: String,
     },
-    /// Runs the whole test suite (builds the binaries, then cargo nextest).
+    /// Runs the whole test suite (installs localstripe, builds the binaries, then cargo nextest).
     Test {
         /// Passed on to `cargo nextest run`, e.g. a test name filter.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -118,12 +119,15 @@ async fn cargo(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<bool> {
     Ok(status.success())
 }
 
-/// The whole test suite, against a throwaway PostgreSQL cluster (or `DATABASE_URL` when set). This
-/// is what CI runs.
+/// The whole test suite, against a throwaway PostgreSQL cluster (or `DATABASE_URL` when set) and
+/// with localstripe installed for the Stripe end-to-end suite. This is what CI runs.
 async fn test(nextest_args: &[String]) -> anyhow::Result<ExitCode> {
+    let root = workspace_root();
+    let python = localstripe::install(&root, &target_dir(&root)).await.context("cannot install localstripe")?;
+    let python = python.to_string_lossy();
     let (url, _cluster) = database_server().await?;
     // The tests reach PostgreSQL through DATABASE_URL; the build must not (SQLX_OFFLINE).
-    let env = [("DATABASE_URL", url.as_str()), ("SQLX_OFFLINE", "true")];
+    let env = [("DATABASE_URL", url.as_str()), ("SQLX_OFFLINE", "true"), ("LOCALSTRIPE_PYTHON", &python)];
     if !cargo(&["build", "--workspace", "--bins", "--locked"], &env).await? {
         bail!("building the binaries failed");
     }
