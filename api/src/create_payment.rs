@@ -133,9 +133,9 @@ async fn store(
     // same payment id.
     match intake::accept_deferring_wakeup(conn, &new).await.map_err(accept_error)? {
         Intake::Created(created) => {
-            // Committed: wake the workers, one coalesced `NOTIFY` for many accepts
-            // (`oncepay_store::notify`).
-            state.wake.wake();
+            // Committed: wake the workers, one coalesced `NOTIFY` for many accepts, naming the
+            // tenants whose rows they queued (`oncepay_store::notify`).
+            state.wake.announce(caller.tenant_id);
             span.record("payment.id", tracing::field::display(created.payment.payment_id));
             let resource = PaymentResource::from(&created.payment);
             let key = KeyInfo { expires_at: created.key_expires_at, replayed: false };

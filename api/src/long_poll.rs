@@ -218,7 +218,7 @@ impl PaymentListener {
             };
             match notification {
                 Some(notification) => {
-                    for parsed in notify::payment_ids(notification.payload()) {
+                    for parsed in notify::named_ids::<PaymentId>(notification.payload()) {
                         match parsed {
                             Ok(payment_id) => self.watch.notify(payment_id),
                             Err(_) => tracing::warn!(

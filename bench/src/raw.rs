@@ -142,7 +142,14 @@ fn three_inserts() -> anyhow::Result<Script> {
 fn claim_finish() -> anyhow::Result<Script> {
     let claim = command(
         CLAIM_SQL,
-        &[Arg::Var("batch"), Arg::Var("worker"), Arg::Var("lease"), Arg::Var("actor"), Arg::Var("horizon")],
+        &[
+            Arg::Var("batch"),
+            Arg::Var("worker"),
+            Arg::Var("lease"),
+            Arg::Var("actor"),
+            Arg::Var("horizon"),
+            Arg::Var("tenant"),
+        ],
     )
     .context("claim.sql")?;
     // The finish statements take arrays (the worker finishes many sends at once); here, of one.

@@ -7,6 +7,9 @@
 //! names are repeated as literals in the SQL that sends them; the tests that wait on them keep the two
 //! in step.
 
+use std::collections::HashSet;
+use std::fmt;
+use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -15,9 +18,8 @@ use sqlx::PgPool;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use oncepay_domain::ids::PaymentId;
-
-/// New or re-queued outbox rows: wakes the workers. Payload: empty.
+/// New or re-queued outbox rows: wakes the workers. Payload: the tenant ids whose rows the api
+/// queued, separated by commas; empty for rows queued by others (the worker then scans the outbox).
 pub const OUTBOX_CHANNEL: &str = "oncepay_outbox";
 
 /// Payments changed status: wakes long polls. Payload: the payment ids, separated by commas.
@@ -32,8 +34,9 @@ pub const COALESCE: Duration = Duration::from_millis(10);
 /// The most bytes one notification's payload may hold (PostgreSQL refuses 8000 and more).
 const MAX_PAYLOAD: usize = 7_900;
 
-/// The payment ids a [`PAYMENT_CHANNEL`] payload names; `Err` for a part that is not one.
-pub fn payment_ids(payload: &str) -> impl Iterator<Item = Result<PaymentId, uuid::Error>> + '_ {
+/// The ids a payload names: payment ids on [`PAYMENT_CHANNEL`], tenant ids on [`OUTBOX_CHANNEL`];
+/// `Err` for a part that is not one.
+pub fn named_ids<'a, T: FromStr + 'a>(payload: &'a str) -> impl Iterator<Item = Result<T, T::Err>> + 'a {
     payload.split(',').map(str::parse)
 }
 
@@ -51,17 +54,10 @@ struct Pending {
 }
 
 impl Wakeups {
-    /// Asks for a notification without a payload (the outbox channel). Requests made while one is
-    /// pending or being sent coalesce.
-    pub fn wake(&self) {
-        self.inner.requested.store(true, Ordering::Release);
-        self.inner.signal.notify_one();
-    }
-
-    /// Asks for a notification naming `payment_id` (the payment channel); ids asked for while one
-    /// is pending or being sent travel together.
-    pub fn announce(&self, payment_id: PaymentId) {
-        self.inner.payloads.lock().unwrap_or_else(PoisonError::into_inner).push(payment_id.to_string());
+    /// Asks for a notification naming `id`: a payment on the payment channel, a tenant on the
+    /// outbox channel. Ids asked for while one is pending or being sent travel together, each once.
+    pub fn announce(&self, id: impl fmt::Display) {
+        self.inner.payloads.lock().unwrap_or_else(PoisonError::into_inner).push(id.to_string());
         self.inner.requested.store(true, Ordering::Release);
         self.inner.signal.notify_one();
     }
@@ -70,10 +66,14 @@ impl Wakeups {
         self.inner.signal.notified().await;
     }
 
-    /// What was asked for since the last call: `None` when nothing was.
+    /// What was asked for since the last call, each id once, in the order first asked for: `None`
+    /// when nothing was.
     fn take(&self) -> Option<Vec<String>> {
         let mut payloads = self.inner.payloads.lock().unwrap_or_else(PoisonError::into_inner);
-        self.inner.requested.swap(false, Ordering::AcqRel).then(|| std::mem::take(&mut *payloads))
+        let mut ids = self.inner.requested.swap(false, Ordering::AcqRel).then(|| std::mem::take(&mut *payloads))?;
+        let mut seen = HashSet::new();
+        ids.retain(|id| seen.insert(id.clone()));
+        Some(ids)
     }
 }
 
@@ -162,21 +162,22 @@ fn batch(parts: Vec<String>) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+    use oncepay_domain::ids::{PaymentId, TenantId};
+
     use super::*;
 
     #[tokio::test]
     async fn wakeups_asked_for_while_one_is_pending_coalesce_into_one() {
         let wakeups = Wakeups::default();
 
-        wakeups.wake();
         wakeups.announce(PaymentId::generate());
-        wakeups.wake();
+        wakeups.announce(PaymentId::generate());
 
         // One stored permit: the first wait returns at once, the second has nothing to take.
         tokio::time::timeout(Duration::from_secs(1), wakeups.requested()).await.unwrap();
         let second = tokio::time::timeout(Duration::ZERO, wakeups.requested()).await;
         assert!(second.is_err());
-        assert_eq!(wakeups.take().map(|ids| ids.len()), Some(1));
+        assert_eq!(wakeups.take().map(|ids| ids.len()), Some(2));
         assert_eq!(wakeups.take(), None, "nothing was asked for since");
     }
 
@@ -188,25 +189,30 @@ mod tests {
 
         assert_eq!(payloads.len(), 3, "{} ids of 36 bytes and a comma in 7,900-byte payloads", ids.len());
         assert!(payloads.iter().all(|payload| payload.len() <= MAX_PAYLOAD));
-        let parsed: Vec<PaymentId> = payloads.iter().flat_map(|p| payment_ids(p)).map(Result::unwrap).collect();
+        let parsed: Vec<PaymentId> =
+            payloads.iter().flat_map(|p| named_ids::<PaymentId>(p)).map(Result::unwrap).collect();
         assert_eq!(parsed, ids);
     }
 
     #[test]
-    fn a_wakeup_without_ids_is_one_empty_notification_and_no_wakeup_is_none() {
+    fn an_id_announced_many_times_travels_once_and_no_announcement_is_none() {
         let wakeups = Wakeups::default();
         assert_eq!(wakeups.take(), None);
+        let (busy, other) = (TenantId::generate(), TenantId::generate());
 
-        wakeups.wake();
+        for _ in 0..100 {
+            wakeups.announce(busy);
+        }
+        wakeups.announce(other);
 
-        assert_eq!(wakeups.take().map(batch), Some(vec![String::new()]));
+        assert_eq!(wakeups.take().map(batch), Some(vec![format!("{busy},{other}")]));
     }
 
     #[test]
     fn a_single_id_payload_is_what_in_transaction_notifications_send() {
         let id = PaymentId::generate();
 
-        let parsed: Vec<_> = payment_ids(&id.to_string()).collect();
+        let parsed: Vec<_> = named_ids::<PaymentId>(&id.to_string()).collect();
 
         assert_eq!(parsed.len(), 1);
         assert_eq!(parsed[0].as_ref().ok(), Some(&id));

@@ -11,7 +11,8 @@
 //! [`record`]: crate::record
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -35,6 +36,7 @@ use crate::group_commit::GroupCommit;
 use crate::metrics;
 use crate::outbox::{self, ClaimRequest, Claimed};
 use crate::record::{self, RecordError, Recorded, SettledSend};
+use crate::rotation::Rotation;
 use crate::verdict::{self, RetryPolicy, Verdict};
 use crate::wake::Wake;
 
@@ -149,6 +151,10 @@ struct Inner<P> {
     connections: Connections,
     settlements: GroupCommit<(Claimed, Verdict), Result<Recorded, RecordError>>,
     wakeups: Wakeups,
+    /// The tenants to claim from, in turns.
+    rotation: Mutex<Rotation>,
+    /// Whether the next claim should scan the outbox for tenants with due rows first.
+    rescan: AtomicBool,
     provider: P,
     config: DrainerConfig,
     actor: String,
@@ -170,6 +176,8 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
             connections,
             settlements: GroupCommit::default(),
             wakeups: Wakeups::default(),
+            rotation: Mutex::default(),
+            rescan: AtomicBool::new(true),
             provider,
             config,
             actor,
@@ -253,8 +261,22 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
                         totals.count_task(finished);
                     }
                 }
-                () = wake.notified() => maybe_due = true,
-                _ = poll.tick() => maybe_due = true,
+                () = wake.notified() => {
+                    let woken = wake.take();
+                    let mut rotation = self.rotation();
+                    for tenant in woken.tenants {
+                        rotation.add(tenant);
+                    }
+                    if woken.scan {
+                        self.inner.rescan.store(true, Ordering::Release);
+                    }
+                    maybe_due = true;
+                }
+                _ = poll.tick() => {
+                    // Tenants no wake-up named (their rows queued again, or a notification lost).
+                    self.inner.rescan.store(true, Ordering::Release);
+                    maybe_due = true;
+                }
             }
         }
 
@@ -285,23 +307,63 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
 
     /// Claims up to `limit` due rows for this worker: lease, fencing token and `pending → processing`,
     /// committed before any of them is sent.
+    ///
+    /// Each claim statement names one tenant. The tenants with due rows take turns, each getting an
+    /// equal share of `limit` ([`Rotation`]); they are the ones wake-ups named, and those a scan of
+    /// the outbox finds when the rotation is empty or a poll tick or a nameless wake-up asked for one.
+    /// Rows claimed before a statement fails are returned, not lost: they are leased to this worker.
     pub async fn claim(&self, limit: u32) -> Result<Vec<Claimed>, StoreError> {
         let config = self.config();
         let mut conn = self.inner.connections.acquire().await?;
-        let claimed = outbox::claim(
-            &mut conn,
-            &ClaimRequest {
-                limit,
+        if self.inner.rescan.swap(false, Ordering::AcqRel) || self.rotation().is_empty() {
+            match outbox::due_tenants(&mut conn).await {
+                Ok(tenants) => tenants.into_iter().for_each(|tenant| self.rotation().add(tenant)),
+                Err(error) => {
+                    self.inner.rescan.store(true, Ordering::Release);
+                    return Err(error);
+                }
+            }
+        }
+        let mut claimed = Vec::new();
+        let mut remaining = limit;
+        self.rotation().begin();
+        loop {
+            // Not in the loop's condition: the lock would be held through the body.
+            let next = self.rotation().next(remaining);
+            let Some(turn) = next else { break };
+            let request = ClaimRequest {
+                tenant_id: turn.tenant,
+                limit: turn.share,
                 worker_id: &config.worker_id,
                 actor: self.actor(),
                 lease: config.lease,
                 resend_horizon: config.key_window.resend_horizon(),
-            },
-        )
-        .await?;
+            };
+            match outbox::claim(&mut conn, &request).await {
+                Ok(rows) => {
+                    remaining = remaining.saturating_sub(u32::try_from(rows.len()).unwrap_or(u32::MAX));
+                    self.rotation().done(turn, rows.len());
+                    claimed.extend(rows);
+                }
+                Err(error) => {
+                    // Its turn comes again at the next claim.
+                    self.rotation().add(turn.tenant);
+                    if claimed.is_empty() {
+                        return Err(error);
+                    }
+                    tracing::warn!(error = %error, tenant.id = %turn.tenant, "claiming from a tenant failed; sending what was claimed");
+                    metrics::claimed(claimed.len());
+                    return Ok(claimed);
+                }
+            }
+        }
         conn.release();
         metrics::claimed(claimed.len());
         Ok(claimed)
+    }
+
+    fn rotation(&self) -> MutexGuard<'_, Rotation> {
+        self.inner.rotation.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Sends one claimed payment to the provider. Never fails: every way it can go is an outcome. The

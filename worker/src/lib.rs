@@ -1,6 +1,6 @@
 //! The worker: drains the outbox and asks the provider to charge, at most once per payment.
 //!
-//! The [`drainer`] claims due rows ([`outbox`]), sends each to the provider, decides what the outcome
+//! The [`drainer`] claims due rows ([`outbox`]), one tenant at a time in turns ([`rotation`]), sends each to the provider, decides what the outcome
 //! means ([`verdict`], pure) and records it under the lease's fencing token ([`record`], many at once
 //! through [`group_commit`]). The worker never takes back an expired lease:
 //! `oncepay_store::leases::sweep` does, run by the reconciler.
@@ -13,6 +13,7 @@ pub mod group_commit;
 pub mod metrics;
 pub mod outbox;
 pub mod record;
+pub mod rotation;
 pub mod settings;
 pub mod verdict;
 pub mod wake;

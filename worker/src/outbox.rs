@@ -1,5 +1,6 @@
-//! The worker's statements on the outbox: the claim (`sql/claim.sql`), and the fenced take and
-//! release that end a send (`sql/take.sql`, for one send or many at once; `sql/release.sql`).
+//! The worker's statements on the outbox: the claim from one tenant (`sql/claim.sql`), the scan
+//! for the tenants that have due rows (`sql/due_tenants.sql`), and the fenced take and release that
+//! end a send (`sql/take.sql`, for one send or many at once; `sql/release.sql`).
 //!
 //! A result counts only while the claim's fencing token is still on the row: [`take`] and [`release`]
 //! change nothing once it is gone. This module never calls the provider and never decides an outcome.
@@ -22,6 +23,8 @@ use time::OffsetDateTime;
 /// What to claim, and for whom.
 #[derive(Debug, Clone)]
 pub struct ClaimRequest<'a> {
+    /// Whose rows: a claim takes one tenant's rows only.
+    pub tenant_id: TenantId,
     /// Most rows to take.
     pub limit: u32,
     /// Written to `outbox.locked_by`.
@@ -97,10 +100,11 @@ impl Claimed {
     }
 }
 
-/// Leases up to `request.limit` due rows to this worker (lease, fencing token) and moves their
-/// payments to `processing`, in one statement. The claim must commit before the provider is called
-/// (the drainer runs it outside a transaction), so no transaction is open across that call.
-#[tracing::instrument(name = "worker.claim", skip_all, fields(limit = request.limit, claimed))]
+/// Leases up to `request.limit` of one tenant's due rows to this worker (lease, fencing token) and
+/// moves their payments to `processing`, in one statement. The claim must commit before the
+/// provider is called (the drainer runs it outside a transaction), so no transaction is open across
+/// that call.
+#[tracing::instrument(name = "worker.claim", skip_all, fields(tenant.id = %request.tenant_id, limit = request.limit, claimed))]
 pub async fn claim(conn: &mut PgConnection, request: &ClaimRequest<'_>) -> Result<Vec<Claimed>, StoreError> {
     let rows = sqlx::query_file!(
         "sql/claim.sql",
@@ -109,6 +113,7 @@ pub async fn claim(conn: &mut PgConnection, request: &ClaimRequest<'_>) -> Resul
         request.lease.as_secs_f64(),
         request.actor,
         request.resend_horizon.as_secs_f64(),
+        request.tenant_id.as_uuid(),
     )
     .fetch_all(conn)
     .await?;
@@ -133,6 +138,11 @@ pub async fn claim(conn: &mut PgConnection, request: &ClaimRequest<'_>) -> Resul
             accepted_at: row.accepted_at,
         })
         .collect())
+}
+
+/// The tenants with due rows that no one holds (`sql/due_tenants.sql`).
+pub async fn due_tenants(conn: &mut PgConnection) -> Result<Vec<TenantId>, StoreError> {
+    Ok(sqlx::query_file_scalar!("sql/due_tenants.sql").fetch_all(conn).await?)
 }
 
 /// Ends the send: deletes the row if `claimed`'s token is still on it. `false`: the lease was taken

@@ -66,6 +66,33 @@ async fn a_worker_whose_lease_was_swept_cannot_record_and_the_resend_uses_the_sa
     assert_eq!(fixtures::count(&pool, "ledger_entries").await, 1);
 }
 
+/// Tokens come from the payment's own claim count, not from a sequence shared by all payments (which
+/// Citus could not draw in a tenant's `UPDATE`). A worker of the version before, still running during
+/// an upgrade, holds a token from that sequence: it must never equal a token a claim gives now.
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_token_from_the_old_shared_sequence_never_matches_a_later_claim(pool: PgPool) {
+    let server = MockServer::start().await;
+    Mock::given(method("POST")).and(path("/v1/charges")).respond_with(ResponseTemplate::new(503)).mount(&server).await;
+    let accepted = accept(&pool, tenant(&pool).await, 500).await;
+    let worker = drainer(&pool, &server.uri(), config("new"));
+    // An old worker claimed the payment first, under the sequence's token 2, and stalled.
+    let mut old = worker.claim(1).await.unwrap().remove(0);
+    old.fencing_token = 2;
+    sqlx::query("UPDATE outbox SET fencing_token = 2").execute(&pool).await.unwrap();
+    support::expire_leases(&pool).await;
+    sweep(&pool).await;
+
+    // The payment's second claim: a new worker holds it now.
+    let current = worker.claim(1).await.unwrap().remove(0);
+    let outcome = worker.send(&old).await;
+    let recorded = worker.record(&old, &worker.decide(&old, &outcome)).await.unwrap();
+
+    assert_eq!(current.send_attempts, 2);
+    assert_ne!(current.fencing_token, old.fencing_token);
+    assert_eq!(recorded, Recorded::LeaseLost, "the old worker's token is not the current one");
+    assert_eq!(support::status(&pool, accepted).await, PaymentStatus::Processing);
+}
+
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_worker_whose_token_was_replaced_cannot_record_even_an_uncertain_outcome(pool: PgPool) {
     let server = MockServer::start().await;

@@ -309,7 +309,9 @@ async fn a_recorded_payment_is_announced_to_long_polls_after_its_commit(pool: Pg
 
     // The recording no longer notifies in its transaction: this notification is the announcement.
     let notification = tokio::time::timeout(Duration::from_secs(10), listener.recv()).await.unwrap().unwrap();
-    let named: Vec<_> = oncepay_store::notify::payment_ids(notification.payload()).map(Result::unwrap).collect();
+    let named: Vec<_> = oncepay_store::notify::named_ids::<oncepay_domain::ids::PaymentId>(notification.payload())
+        .map(Result::unwrap)
+        .collect();
     assert_eq!(named, [accepted.payment_id]);
     assert_eq!(support::status(&pool, accepted).await, PaymentStatus::Succeeded);
 }
