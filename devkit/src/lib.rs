@@ -1,8 +1,12 @@
 //! Development plumbing that is not part of oncepay itself: a throwaway PostgreSQL cluster
-//! ([`pg::Cluster`]) and supervised child processes ([`process::Child`]), for the tasks, the tests
-//! and the benchmarks. They need PostgreSQL's binaries installed, but no running server and no
-//! Docker engine.
+//! ([`pg::Cluster`]), a throwaway Citus cluster of three of them ([`citus::CitusCluster`]), either
+//! one as the server oncepay runs on ([`server::Server`]), and supervised child processes
+//! ([`process::Child`]), for the tasks, the tests and the benchmarks.
+//! They need PostgreSQL's binaries installed (and Citus, for a Citus cluster), but no running
+//! server and no Docker engine.
 
+pub mod citus;
 pub mod pg;
 pub mod process;
+pub mod server;
 pub mod workspace;

@@ -30,12 +30,20 @@ pub struct Cluster {
     owner: Option<User>,
     port: u16,
     durability: Durability,
+    /// Server settings on top of the defaults, as `-c name=value`.
+    settings: Vec<(String, String)>,
     running: bool,
 }
 
 impl Cluster {
     /// Creates and starts a cluster.
     pub async fn start(durability: Durability) -> anyhow::Result<Self> {
+        Self::start_with(durability, &[]).await
+    }
+
+    /// Creates and starts a cluster with server `settings` on top of the defaults, e.g.
+    /// `shared_preload_libraries`.
+    pub async fn start_with(durability: Durability, settings: &[(&str, &str)]) -> anyhow::Result<Self> {
         let bin_dir = find_bin_dir().await?;
         let owner = unprivileged_owner()?;
         let dir = tempfile::Builder::new()
@@ -46,7 +54,8 @@ impl Cluster {
             std::os::unix::fs::chown(dir.path(), Some(user.uid.as_raw()), Some(user.gid.as_raw()))
                 .context("cannot hand the temporary directory to the PostgreSQL user")?;
         }
-        let mut cluster = Self { dir, bin_dir, owner, port: free_port()?, durability, running: false };
+        let settings = settings.iter().map(|(name, value)| ((*name).to_owned(), (*value).to_owned())).collect();
+        let mut cluster = Self { dir, bin_dir, owner, port: free_port()?, durability, settings, running: false };
         cluster
             .run_tool(
                 "initdb",
@@ -119,9 +128,10 @@ impl Cluster {
             Durability::Durable => "",
             Durability::Fast => " -c fsync=off -c full_page_writes=off",
         };
+        let extra: String = self.settings.iter().map(|(name, value)| format!(" -c {name}={value}")).collect();
         let options = format!(
             "-p {port} -k {socket} -c listen_addresses=127.0.0.1 -c max_connections=300 \
-             -c shared_buffers=256MB -c log_min_messages=warning{durability}",
+             -c shared_buffers=256MB -c log_min_messages=warning{durability}{extra}",
             port = self.port,
             socket = self.dir.path().display(),
         );
@@ -177,6 +187,18 @@ impl Drop for Cluster {
             let _ = command.status();
         }
     }
+}
+
+/// The directory the installed server loads extension libraries from: its own `pg_config
+/// --pkglibdir`, else the `lib` beside its `bin`.
+pub async fn library_dir() -> anyhow::Result<PathBuf> {
+    let bin_dir = find_bin_dir().await?;
+    if let Ok(output) = Command::new(bin_dir.join("pg_config")).arg("--pkglibdir").output().await
+        && output.status.success()
+    {
+        return Ok(PathBuf::from(String::from_utf8_lossy(&output.stdout).trim()));
+    }
+    Ok(bin_dir.parent().map_or_else(|| bin_dir.clone(), |dir| dir.join("lib")))
 }
 
 /// Where the server binaries are: `$PG_BINDIR`, else `pg_config --bindir`, else the newest

@@ -361,11 +361,14 @@ async fn connection(ctx: &Context) -> Result<sqlx::pool::PoolConnection<sqlx::Po
 pub struct Migrated {
     /// The latest applied migration.
     pub schema_version: i64,
+    /// Whether the tables are distributed by tenant on Citus.
+    pub distributed: bool,
 }
 
 impl Report for Migrated {
     fn human(&self, out: &mut dyn std::io::Write) -> std::io::Result<()> {
-        writeln!(out, "migrations applied; schema version {}", self.schema_version)
+        let layout = if self.distributed { "; tables distributed by tenant on Citus" } else { "" };
+        writeln!(out, "migrations applied; schema version {}{layout}", self.schema_version)
     }
 
     fn json(&self) -> serde_json::Value {
@@ -374,10 +377,10 @@ impl Report for Migrated {
 }
 
 async fn migrate(pool: &PgPool) -> Result<Migrated, CliError> {
-    db::migrate(pool).await.context("cannot apply the migrations")?;
+    let layout = db::migrate(pool).await.context("cannot apply the migrations")?;
     db::check_ready(pool).await.context("the schema is not current after migrating")?;
     let schema_version = db::MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
-    Ok(Migrated { schema_version })
+    Ok(Migrated { schema_version, distributed: layout == db::Layout::DistributedByTenant })
 }
 
 #[cfg(test)]

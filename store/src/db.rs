@@ -63,7 +63,25 @@ pub async fn check_ready(pool: &PgPool) -> Result<(), NotReady> {
     }
 }
 
-/// Applies every pending migration.
-pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
-    MIGRATOR.run(pool).await
+/// Where the schema lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// One PostgreSQL.
+    Single,
+    /// A Citus cluster, every tenant's rows on one node (`sql/citus.sql`, SCALING.md).
+    DistributedByTenant,
+}
+
+/// Applies every pending migration and, when the database has the `citus` extension, distributes
+/// the tables by tenant (`sql/citus.sql`). Returns where the schema now lives.
+pub async fn migrate(pool: &PgPool) -> Result<Layout, sqlx::migrate::MigrateError> {
+    MIGRATOR.run(pool).await?;
+    let citus: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')")
+        .fetch_one(pool)
+        .await?;
+    if !citus {
+        return Ok(Layout::Single);
+    }
+    sqlx::raw_sql(include_str!("../sql/citus.sql")).execute(pool).await?;
+    Ok(Layout::DistributedByTenant)
 }

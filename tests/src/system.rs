@@ -1,10 +1,11 @@
-//! The system under test, as real processes: a throwaway PostgreSQL cluster, a payment provider
+//! The system under test, as real processes: a throwaway PostgreSQL (a Citus cluster when
+//! `TEST_DATABASE=citus`, see `oncepay_devkit::server`), a payment provider
 //! (the simulator, or localstripe in Stripe's place), and any number of `api`, `worker` and
 //! `reconciler` processes, each on its own port.
 //!
 //! A restarted process keeps its port, so clients' URLs stay valid. Nothing here moves a payment or
 //! touches a table other than through the real binaries, and nothing here decides a fault: that is
-//! the harness's job. Dropping a [`System`] kills every process and deletes the cluster.
+//! the harness's job. Dropping a [`System`] kills every process and deletes the database server.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -12,8 +13,9 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
-use oncepay_devkit::pg::{Cluster, Durability, free_port};
+use oncepay_devkit::pg::{Durability, free_port};
 use oncepay_devkit::process::{Child, Spec};
+use oncepay_devkit::server::{self, Server};
 use oncepay_devkit::workspace;
 use oncepay_provider::webhook_signature::WebhookSecret;
 use oncepay_simulator::client::SimulatorClient;
@@ -239,7 +241,7 @@ pub struct System {
     // Declared first so the processes are killed before the cluster goes away.
     slots: BTreeMap<(Role, usize), Slot>,
     provider: RunningProvider,
-    cluster: Cluster,
+    server: Server,
     database_url: String,
     pool: PgPool,
     tenants: Vec<Tenant>,
@@ -263,9 +265,10 @@ impl System {
             }
             None => Logs::Temporary(tempfile::Builder::new().prefix("oncepay-system-").tempdir()?),
         };
-        let cluster = Cluster::start(config.durability).await.context("cannot start PostgreSQL")?;
-        cluster.create_database("oncepay").await?;
-        let database_url = cluster.url("oncepay");
+        let server =
+            Server::start(server::Kind::from_env(), config.durability).await.context("cannot start PostgreSQL")?;
+        server.create_database("oncepay").await?;
+        let database_url = server.url("oncepay");
         let binaries = &config.binaries;
 
         run_cli(&binaries.reconciler, &database_url, &["migrate"]).await.context("migrate")?;
@@ -310,7 +313,7 @@ impl System {
         let mut system = Self {
             slots,
             provider,
-            cluster,
+            server,
             database_url,
             pool,
             tenants,
@@ -392,7 +395,7 @@ impl System {
     /// Keeps the logs after the system is dropped (for a failed run), with PostgreSQL's server log
     /// copied beside them; returns where they are.
     pub fn keep_logs(&mut self) -> PathBuf {
-        let _ = std::fs::copy(self.cluster.log_path(), self.logs.path().join("postgresql.log"));
+        let _ = std::fs::copy(self.server.log_path(), self.logs.path().join("postgresql.log"));
         let logs = std::mem::replace(&mut self.logs, Logs::Kept(PathBuf::new()));
         let path = match logs {
             Logs::Temporary(dir) => dir.keep(),
@@ -489,7 +492,7 @@ impl System {
 
     /// Crashes PostgreSQL: `pg_ctl stop -m immediate`.
     pub async fn crash_database(&mut self) -> anyhow::Result<()> {
-        self.cluster.crash().await?;
+        self.server.crash().await?;
         self.database_up = false;
         Ok(())
     }
@@ -497,7 +500,7 @@ impl System {
     /// Starts PostgreSQL again; it recovers from its WAL.
     pub async fn resume_database(&mut self) -> anyhow::Result<()> {
         if !self.database_up {
-            self.cluster.resume().await?;
+            self.server.resume().await?;
             self.database_up = true;
         }
         Ok(())

@@ -27,8 +27,9 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use oncepay_devkit::pg::{Cluster, Durability, free_port};
+use oncepay_devkit::pg::{Durability, free_port};
 use oncepay_devkit::process::{Child, Spec};
+use oncepay_devkit::server::{self, Server};
 use oncepay_devkit::workspace;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::KeyValue;
@@ -303,7 +304,7 @@ struct Tenant {
 }
 
 struct World {
-    cluster: Cluster,
+    server: Server,
     database_url: String,
     logs: tempfile::TempDir,
     receiver: Receiver,
@@ -323,9 +324,9 @@ fn binary(name: &str) -> PathBuf {
 impl World {
     async fn start(scenario: &Scenario) -> Self {
         oncepay_service::tls::install_provider();
-        let cluster = Cluster::start(Durability::Fast).await.unwrap();
-        cluster.create_database("oncepay").await.unwrap();
-        let database_url = cluster.url("oncepay");
+        let server = Server::start(server::Kind::from_env(), Durability::Fast).await.unwrap();
+        server.create_database("oncepay").await.unwrap();
+        let database_url = server.url("oncepay");
         let logs = tempfile::Builder::new().prefix("oncepay-observability-").tempdir().unwrap();
         let receiver = Receiver::default();
         let otlp = receiver.start().await;
@@ -334,7 +335,7 @@ impl World {
         let proxy = Proxy::default();
         let provider = proxy.start(simulator.clone()).await;
         let mut world = Self {
-            cluster,
+            server,
             database_url,
             logs,
             receiver,
@@ -840,7 +841,7 @@ async fn metrics_count_a_scripted_workload_and_the_gauges_reflect_the_database()
     assert!((1800.0..1860.0).contains(&oldest_unknown), "{oldest_unknown}");
 
     // The store goes away: the api fails closed, and counts it.
-    world.cluster.stop().await.unwrap();
+    world.server.stop().await.unwrap();
     assert_eq!(world.post(&tenant.api_key, Some("no-store"), &body).await.0, StatusCode::SERVICE_UNAVAILABLE);
     world.until_metric(&world.api, "oncepay_api_intake_total{outcome=\"store_unavailable\"}", 1.0).await;
 

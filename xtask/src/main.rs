@@ -34,9 +34,17 @@ enum Task {
         /// The demo tenant to create (or to issue a new key for).
         #[arg(long, default_value = "demo")]
         tenant: String,
+        /// On a throwaway Citus cluster (a coordinator and two worker nodes, from the Citus
+        /// installed for the server) instead of one PostgreSQL.
+        #[arg(long)]
+        citus: bool,
     },
     /// Runs the whole test suite (installs localstripe, builds the binaries, then cargo nextest).
     Test {
+        /// Runs the cross-process suites (end to end, observability, chaos, Stripe) on a throwaway
+        /// Citus cluster, from the Citus installed for the server, instead of the whole suite.
+        #[arg(long)]
+        citus: bool,
         /// Passed on to `cargo nextest run`, e.g. a test name filter.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         nextest_args: Vec<String>,
@@ -71,8 +79,8 @@ enum Task {
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Task::Up { release, tenant } => up::up(&workspace_root(), &up::Options { release, tenant }).await,
-        Task::Test { nextest_args } => test(&nextest_args).await,
+        Task::Up { release, tenant, citus } => up::up(&workspace_root(), &up::Options { release, tenant, citus }).await,
+        Task::Test { citus, nextest_args } => test(citus, &nextest_args).await,
         Task::Prepare { packages } => prepare(&packages).await,
         Task::Bench { quick, full, out, bench_args } => bench(quick, full, out, &bench_args).await,
         Task::ComposeCheck => compose_check::compose_check(&workspace_root()).await,
@@ -121,17 +129,33 @@ async fn cargo(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<bool> {
 
 /// The whole test suite, against a throwaway PostgreSQL cluster (or `DATABASE_URL` when set) and
 /// with localstripe installed for the Stripe end-to-end suite. This is what CI runs.
-async fn test(nextest_args: &[String]) -> anyhow::Result<ExitCode> {
+///
+/// With `citus`, only the cross-process suites, each on a throwaway Citus cluster of its own
+/// (`TEST_DATABASE=citus`); a clear error when Citus is not installed.
+async fn test(citus: bool, nextest_args: &[String]) -> anyhow::Result<ExitCode> {
     let root = workspace_root();
+    if citus {
+        oncepay_devkit::citus::installed().await?;
+    }
     let python = localstripe::install(&root, &target_dir(&root)).await.context("cannot install localstripe")?;
     let python = python.to_string_lossy();
-    let (url, _cluster) = database_server().await?;
+    let (url, _cluster) = if citus { (String::new(), None) } else { database_server().await? };
     // The tests reach PostgreSQL through DATABASE_URL; the build must not (SQLX_OFFLINE).
-    let env = [("DATABASE_URL", url.as_str()), ("SQLX_OFFLINE", "true"), ("LOCALSTRIPE_PYTHON", &python)];
+    let mut env = vec![("SQLX_OFFLINE", "true"), ("LOCALSTRIPE_PYTHON", python.as_ref())];
+    if citus {
+        env.push((oncepay_devkit::server::VARIABLE, "citus"));
+    } else {
+        env.push(("DATABASE_URL", url.as_str()));
+    }
     if !cargo(&["build", "--workspace", "--bins", "--locked"], &env).await? {
         bail!("building the binaries failed");
     }
-    let mut args = vec!["nextest", "run", "--workspace", "--locked", "--no-fail-fast"];
+    let mut args = vec!["nextest", "run", "--locked", "--no-fail-fast"];
+    if citus {
+        args.extend(["--package", "oncepay-tests"]);
+    } else {
+        args.push("--workspace");
+    }
     args.extend(nextest_args.iter().map(String::as_str));
     Ok(if cargo(&args, &env).await? { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }

@@ -9,8 +9,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use oncepay_devkit::pg::{Cluster, Durability};
+use oncepay_devkit::pg::Durability;
 use oncepay_devkit::process::{Child, Spec};
+use oncepay_devkit::server::{self, Server};
 use tokio::process::Command;
 
 use crate::secrets;
@@ -27,12 +28,14 @@ pub struct Options {
     pub release: bool,
     /// The demo tenant's name.
     pub tenant: String,
+    /// On a throwaway Citus cluster (a coordinator and two worker nodes) instead of one PostgreSQL.
+    pub citus: bool,
 }
 
 /// What is running, so that an interruption at any moment stops exactly that.
 #[derive(Default)]
 struct Running {
-    cluster: Option<Cluster>,
+    server: Option<Server>,
     children: Vec<Child>,
 }
 
@@ -89,15 +92,18 @@ async fn start(root: &Path, options: &Options, running: &mut Running) -> anyhow:
     }
     let bin = crate::target_dir(root).join(profile);
 
-    // `DATABASE_URL` if given, else a throwaway cluster.
+    // `DATABASE_URL` if given (and no Citus asked for), else a throwaway server.
     let database_url = match std::env::var("DATABASE_URL") {
-        Ok(url) => url,
-        Err(_) => {
-            let cluster =
-                running.cluster.insert(Cluster::start(Durability::Durable).await.context("cannot start PostgreSQL")?);
-            cluster.create_database("oncepay").await?;
-            eprintln!("up: started a throwaway PostgreSQL on port {} (deleted on exit)", cluster.port());
-            cluster.url("oncepay")
+        Ok(url) if !options.citus => url,
+        _ => {
+            let kind = if options.citus { server::Kind::Citus } else { server::Kind::Single };
+            let server = running
+                .server
+                .insert(Server::start(kind, Durability::Durable).await.context("cannot start PostgreSQL")?);
+            server.create_database("oncepay").await?;
+            let what = if options.citus { "Citus coordinator (and two worker nodes)" } else { "PostgreSQL" };
+            eprintln!("up: started a throwaway {what} on port {} (deleted on exit)", server.front().port());
+            server.url("oncepay")
         }
     };
 

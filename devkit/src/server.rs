@@ -1,0 +1,98 @@
+//! The database server a task or a cross-process test runs oncepay on: one throwaway PostgreSQL
+//! ([`Cluster`]), or a throwaway Citus cluster ([`CitusCluster`]) when asked for. Either way,
+//! clients get one URL, and `oncepay-reconciler migrate` lays the schema out for what it finds.
+
+use std::path::PathBuf;
+
+use crate::citus::CitusCluster;
+use crate::pg::{Cluster, Durability};
+
+/// The variable that chooses the server of the cross-process tests: `citus` for a Citus cluster
+/// (`cargo xtask test --citus` sets it), anything else or nothing for one PostgreSQL. Not
+/// `ONCEPAY_…`: oncepay's processes read those as their configuration.
+pub const VARIABLE: &str = "TEST_DATABASE";
+
+/// Which server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// One PostgreSQL.
+    Single,
+    /// A Citus coordinator and its worker nodes.
+    Citus,
+}
+
+impl Kind {
+    /// What [`VARIABLE`] asks for.
+    pub fn from_env() -> Self {
+        match std::env::var(VARIABLE) {
+            Ok(value) if value == "citus" => Self::Citus,
+            _ => Self::Single,
+        }
+    }
+}
+
+/// A running server.
+pub enum Server {
+    /// One PostgreSQL.
+    Single(Cluster),
+    /// A Citus cluster; clients connect to its coordinator.
+    Citus(CitusCluster),
+}
+
+impl Server {
+    /// Starts a server of `kind`.
+    pub async fn start(kind: Kind, durability: Durability) -> anyhow::Result<Self> {
+        Ok(match kind {
+            Kind::Single => Self::Single(Cluster::start(durability).await?),
+            Kind::Citus => Self::Citus(CitusCluster::start(durability).await?),
+        })
+    }
+
+    /// The cluster clients connect to: the only one, or the coordinator.
+    pub fn front(&self) -> &Cluster {
+        match self {
+            Self::Single(cluster) => cluster,
+            Self::Citus(citus) => citus.coordinator(),
+        }
+    }
+
+    fn front_mut(&mut self) -> &mut Cluster {
+        match self {
+            Self::Single(cluster) => cluster,
+            Self::Citus(citus) => citus.coordinator_mut(),
+        }
+    }
+
+    /// Creates `name`, ready for `migrate` (on Citus: on every node, with the extension).
+    pub async fn create_database(&self, name: &str) -> anyhow::Result<()> {
+        match self {
+            Self::Single(cluster) => cluster.create_database(name).await,
+            Self::Citus(citus) => citus.create_database(name).await,
+        }
+    }
+
+    /// A URL for `database`.
+    pub fn url(&self, database: &str) -> String {
+        self.front().url(database)
+    }
+
+    /// The log of the server clients connect to.
+    pub fn log_path(&self) -> PathBuf {
+        self.front().log_path()
+    }
+
+    /// Crashes the server clients connect to (`pg_ctl stop -m immediate`).
+    pub async fn crash(&mut self) -> anyhow::Result<()> {
+        self.front_mut().crash().await
+    }
+
+    /// Stops the server clients connect to cleanly.
+    pub async fn stop(&mut self) -> anyhow::Result<()> {
+        self.front_mut().stop().await
+    }
+
+    /// Starts it again after [`Server::crash`] or [`Server::stop`]; it recovers from its WAL.
+    pub async fn resume(&mut self) -> anyhow::Result<()> {
+        self.front_mut().resume().await
+    }
+}
