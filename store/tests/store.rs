@@ -57,6 +57,28 @@ async fn accepting_writes_the_key_payment_outbox_row_and_audit_row_together(pool
     assert_eq!(PaymentResource::from(&stored), PaymentResource::from(&created.payment));
 }
 
+/// Intake writes the key before its payment (the key decides between a new payment and a
+/// duplicate), so the key's foreign key to its payment is checked at commit. It still holds there.
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_key_whose_payment_was_never_written_is_refused_at_commit(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+    let mut tx = pool.begin().await.unwrap();
+
+    sqlx::query(
+        "INSERT INTO idempotency_keys (tenant_id, idempotency_key, fingerprint, payment_id, expires_at)
+         VALUES ($1, 'orphan', sha256(''), $2, now() + interval '1 day')",
+    )
+    .bind(tenant_id.as_uuid())
+    .bind(PaymentId::generate().as_uuid())
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    let refused = tx.commit().await.unwrap_err();
+
+    assert_eq!(refused.as_database_error().and_then(|e| e.code()).as_deref(), Some("23503"), "{refused}");
+    assert_eq!(count(&pool, "idempotency_keys").await, 0);
+}
+
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn accepting_wakes_the_workers_unless_the_caller_defers_the_wakeup(pool: PgPool) {
     let tenant_id = tenant(&pool, "acme").await;
@@ -72,12 +94,12 @@ async fn accepting_wakes_the_workers_unless_the_caller_defers_the_wakeup(pool: P
     let quiet = intake::accept_deferring_wakeup(&mut conn, &new).await.unwrap().created().unwrap();
     sqlx::query("SELECT pg_notify('oncepay_outbox', 'marker')").execute(&mut *conn).await.unwrap();
     let first = tokio::time::timeout(Duration::from_secs(10), listener.recv()).await.unwrap().unwrap();
-    // Not deferred: the same rows and a notification.
+    // Not deferred: the same rows and a notification naming the tenant, as the api's notifier does.
     accept(&pool, tenant_id, "order-loud", &body, None).await.unwrap();
     let second = tokio::time::timeout(Duration::from_secs(10), listener.recv()).await.unwrap().unwrap();
 
     assert_eq!(first.payload(), "marker");
-    assert_eq!(second.payload(), "");
+    assert_eq!(second.payload(), tenant_id.to_string());
     assert_eq!(quiet.payment.status, PaymentStatus::Pending);
     for table in ["idempotency_keys", "payments", "outbox", "payment_events"] {
         assert_eq!(count(&pool, table).await, 2, "{table}");
