@@ -33,7 +33,8 @@ pub async fn enqueue(
         ON CONFLICT (tenant_id, payment_id) DO UPDATE
         SET reason = EXCLUDED.reason,
             evidence = unknown_payments.evidence || EXCLUDED.evidence,
-            next_poll_at = now(),
+            -- The new row's default, now(): Citus takes only IMMUTABLE functions in DO UPDATE SET.
+            next_poll_at = EXCLUDED.next_poll_at,
             traceparent = COALESCE(EXCLUDED.traceparent, unknown_payments.traceparent),
             tracestate = CASE WHEN EXCLUDED.traceparent IS NULL THEN unknown_payments.tracestate
                               ELSE EXCLUDED.tracestate END
