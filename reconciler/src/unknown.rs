@@ -44,8 +44,13 @@ pub struct Claimed {
     pub trace: Option<TraceContext>,
 }
 
-/// Claims up to `batch_size` due payments, oldest due first, hiding each from other pollers for
-/// `lease`. Rows another poller is claiming right now are skipped.
+/// Claims up to `batch_size` due payments, hiding each from other pollers for `lease`. Rows another
+/// poller is claiming right now are skipped.
+///
+/// Each claim statement takes one tenant's payments, oldest due first, so that under Citus it runs
+/// on that tenant's shard (SCALING.md). The tenants with due payments are found first, by a read
+/// without locks, and each gets an equal share of what is left of the batch in turn; what a tenant
+/// leaves of its share goes to the tenants after it.
 ///
 /// The lease is `next_poll_at` pushed forward, not a lock held, so no transaction stays open across
 /// the provider call that follows.
@@ -56,29 +61,62 @@ pub async fn claim_due(
     lease: Duration,
     resend_horizon: Duration,
 ) -> Result<Vec<Claimed>, StoreError> {
+    let mut tenants: Vec<TenantId> = sqlx::query_scalar!(
+        r#"SELECT DISTINCT tenant_id AS "tenant_id: TenantId" FROM unknown_payments WHERE next_poll_at <= now()"#
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut claimed = Vec::new();
+    let mut remaining = batch_size;
+    while remaining > 0 && !tenants.is_empty() {
+        let share = remaining.div_ceil(u32::try_from(tenants.len()).unwrap_or(u32::MAX));
+        let tenant_id = tenants.remove(0);
+        let rows = claim_due_of(conn, tenant_id, share, lease, resend_horizon).await?;
+        remaining = remaining.saturating_sub(u32::try_from(rows.len()).unwrap_or(u32::MAX));
+        claimed.extend(rows);
+    }
+    Ok(claimed)
+}
+
+/// [`claim_due`] for one tenant.
+async fn claim_due_of(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    limit: u32,
+    lease: Duration,
+    resend_horizon: Duration,
+) -> Result<Vec<Claimed>, StoreError> {
     let rows = sqlx::query!(
         r#"
         WITH due AS (
             SELECT tenant_id, payment_id FROM unknown_payments
-            WHERE next_poll_at <= now()
+            WHERE tenant_id = $4 AND next_poll_at <= now()
             ORDER BY next_poll_at
             LIMIT $1
             FOR UPDATE SKIP LOCKED
+        ), claimed AS (
+            UPDATE unknown_payments u
+            SET next_poll_at = now() + make_interval(secs => $2)
+            FROM due JOIN payments p USING (tenant_id, payment_id)
+            -- Joined on the tenant too: Citus needs the join on its distribution column.
+            WHERE u.tenant_id = $4 AND u.tenant_id = due.tenant_id AND u.payment_id = due.payment_id
+            RETURNING u.tenant_id, u.payment_id, p.amount, p.currency, u.poll_attempts, u.traceparent,
+                      u.tracestate, u.since, p.first_sent_at
         )
-        UPDATE unknown_payments u
-        SET next_poll_at = now() + make_interval(secs => $2)
-        FROM due JOIN payments p USING (tenant_id, payment_id)
-        WHERE u.tenant_id = due.tenant_id AND u.payment_id = due.payment_id
-        RETURNING u.tenant_id AS "tenant_id: TenantId", u.payment_id AS "payment_id: PaymentId",
-                  p.amount AS "amount: Amount", p.currency AS "currency: Currency",
-                  u.poll_attempts, u.traceparent, u.tracestate,
-                  extract(epoch FROM now() - u.since)::float8 AS "age_secs!",
-                  -- Never sent cannot happen for an unknown payment; if it did, no resend is safe.
-                  COALESCE(now() - p.first_sent_at < make_interval(secs => $3), false) AS "in_key_window!"
+        -- The ages are read here, not in RETURNING: Citus refuses now() there.
+        SELECT tenant_id AS "tenant_id!: TenantId", payment_id AS "payment_id!: PaymentId",
+               amount AS "amount!: Amount", currency AS "currency!: Currency",
+               poll_attempts AS "poll_attempts!", traceparent, tracestate,
+               extract(epoch FROM now() - since)::float8 AS "age_secs!",
+               -- Never sent cannot happen for an unknown payment; if it did, no resend is safe.
+               -- (No COALESCE: Citus refuses one around now().)
+               (first_sent_at IS NOT NULL AND now() - first_sent_at < make_interval(secs => $3)) AS "in_key_window!"
+        FROM claimed
         "#,
-        i64::from(batch_size),
+        i64::from(limit),
         lease.as_secs_f64(),
         resend_horizon.as_secs_f64(),
+        tenant_id.as_uuid(),
     )
     .fetch_all(conn)
     .await?;

@@ -198,6 +198,25 @@ async fn a_payment_claimed_by_one_poller_is_not_looked_up_by_another_while_the_l
     assert_eq!(counts, Counts::default());
 }
 
+/// Each claim statement takes one tenant's payments (one shard under Citus); a batch is shared out
+/// between the tenants with due payments, so one tenant's pile of `unknown` payments does not hold
+/// another's back.
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_batch_is_shared_between_the_tenants_with_due_payments(pool: PgPool) {
+    let (busy, quiet) = (tenant(&pool, "busy").await, tenant(&pool, "quiet").await);
+    for order in 0..6 {
+        unknown_payment(&pool, busy, &format!("busy-{order}"), 1999, 60).await;
+    }
+    let quiet_one = unknown_payment(&pool, quiet, "quiet-0", 1999, 60).await;
+    let mut conn = pool.acquire().await.unwrap();
+
+    let claimed = unknown::claim_due(&mut conn, 4, Duration::from_secs(60), Duration::from_secs(3600)).await.unwrap();
+
+    let by_tenant = |tenant_id| claimed.iter().filter(|c| c.tenant_id == tenant_id).count();
+    assert_eq!((by_tenant(busy), by_tenant(quiet)), (3, 1), "{claimed:?}");
+    assert!(claimed.iter().any(|c| c.payment_id == quiet_one));
+}
+
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn every_due_payment_in_a_batch_is_settled_in_one_pass(pool: PgPool) {
     let provider = MockServer::start().await;
