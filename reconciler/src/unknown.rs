@@ -50,7 +50,8 @@ pub struct Claimed {
 /// Each claim statement takes one tenant's payments, oldest due first, so that under Citus it runs
 /// on that tenant's shard (SCALING.md). The tenants with due payments are found first, by a read
 /// without locks, and each gets an equal share of what is left of the batch in turn; what a tenant
-/// leaves of its share goes to the tenants after it.
+/// leaves of its share goes to the tenants after it, and to those that filled theirs in a further
+/// round, until the batch is full or no tenant has more.
 ///
 /// The lease is `next_poll_at` pushed forward, not a lock held, so no transaction stays open across
 /// the provider call that follows.
@@ -61,19 +62,32 @@ pub async fn claim_due(
     lease: Duration,
     resend_horizon: Duration,
 ) -> Result<Vec<Claimed>, StoreError> {
-    let mut tenants: Vec<TenantId> = sqlx::query_scalar!(
+    let mut waiting: Vec<TenantId> = sqlx::query_scalar!(
         r#"SELECT DISTINCT tenant_id AS "tenant_id: TenantId" FROM unknown_payments WHERE next_poll_at <= now()"#
     )
     .fetch_all(&mut *conn)
     .await?;
     let mut claimed = Vec::new();
     let mut remaining = batch_size;
-    while remaining > 0 && !tenants.is_empty() {
-        let share = remaining.div_ceil(u32::try_from(tenants.len()).unwrap_or(u32::MAX));
-        let tenant_id = tenants.remove(0);
-        let rows = claim_due_of(conn, tenant_id, share, lease, resend_horizon).await?;
-        remaining = remaining.saturating_sub(u32::try_from(rows.len()).unwrap_or(u32::MAX));
-        claimed.extend(rows);
+    // Rounds: a tenant that filled its share may have more, and gets a share of what the others
+    // left in the next round.
+    while remaining > 0 && !waiting.is_empty() {
+        let mut filled = Vec::new();
+        let count = waiting.len();
+        for (index, tenant_id) in waiting.into_iter().enumerate() {
+            if remaining == 0 {
+                break;
+            }
+            let share = remaining.div_ceil(u32::try_from(count - index).unwrap_or(u32::MAX));
+            let rows = claim_due_of(conn, tenant_id, share, lease, resend_horizon).await?;
+            let taken = u32::try_from(rows.len()).unwrap_or(u32::MAX);
+            if taken == share {
+                filled.push(tenant_id);
+            }
+            remaining = remaining.saturating_sub(taken);
+            claimed.extend(rows);
+        }
+        waiting = filled;
     }
     Ok(claimed)
 }
