@@ -273,7 +273,7 @@ mod tests {
         );
         assert!(lines[2].contains("o.tenant_id = :tenant_id"), "{}", lines[2]);
         assert!(lines[3].contains("UPDATE payments p") && !lines[3].contains("pg_notify"), "{}", lines[3]);
-        assert!(lines[4].starts_with("UPDATE idempotency_keys k"), "{}", lines[4]);
+        assert!(lines[4].contains("UPDATE idempotency_keys k") && lines[4].contains("response_body"), "{}", lines[4]);
     }
 
     #[test]
