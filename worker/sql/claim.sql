@@ -3,12 +3,13 @@
 -- pending → processing (counting the attempt and remembering the first send) and writes an audit
 -- row each, all in one statement.
 --
--- A claim's fencing token is minus the payment's claim count (`send_attempts`, which every claim
--- raises under the payment's row lock): a fence only compares a token with the current one of its
--- own payment, so a count per payment is all it needs, and it needs no sequence shared by every
--- payment (under Citus, a tenant's UPDATE cannot draw one). Negative, so that it never equals a
--- token the shared sequence gave before (all positive), which a worker of the version before may
--- still hold during an upgrade.
+-- A claim's fencing token is 2^62 plus the payment's claim count (`send_attempts`, which every
+-- claim raises under the payment's row lock), so it grows with every claim of the payment. A fence
+-- only compares a token with the current one of its own payment, so a count per payment is all it
+-- needs, and it needs no sequence shared by every payment (under Citus, a tenant's UPDATE cannot
+-- draw one). The 2^62 keeps it from ever equalling a token that shared sequence gave before, which a
+-- worker of the version before may still hold during an upgrade: the sequence would need 2^62
+-- claims to get there.
 --
 -- It names one tenant, so under Citus it runs on that tenant's shard alone (SCALING.md); the worker
 -- takes turns over the tenants with due rows (`worker/src/rotation.rs`), so one tenant's backlog
@@ -42,7 +43,7 @@ WITH due AS (
     UPDATE outbox o
     SET locked_by = $2,
         locked_until = now() + make_interval(secs => $3),
-        fencing_token = -c.send_attempts,
+        fencing_token = 4611686018427387904 + c.send_attempts,
         attempts = o.attempts + 1
     FROM claimed c
     WHERE o.tenant_id = $6 AND o.payment_id = c.payment_id

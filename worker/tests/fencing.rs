@@ -89,6 +89,7 @@ async fn a_token_from_the_old_shared_sequence_never_matches_a_later_claim(pool: 
 
     assert_eq!(current.send_attempts, 2);
     assert_ne!(current.fencing_token, old.fencing_token);
+    assert!(current.fencing_token > old.fencing_token, "tokens grow with every claim");
     assert_eq!(recorded, Recorded::LeaseLost, "the old worker's token is not the current one");
     assert_eq!(support::status(&pool, accepted).await, PaymentStatus::Processing);
 }
