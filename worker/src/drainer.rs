@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use futures::future::join_all;
+use oncepay_domain::ids::TenantId;
 use oncepay_domain::status::PaymentStatus;
 use oncepay_provider::KeyWindow;
 use oncepay_provider::{PaymentProvider, SendOutcome};
@@ -32,7 +33,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::group_commit::GroupCommit;
+use crate::group_commit::GroupCommits;
 use crate::metrics;
 use crate::outbox::{self, ClaimRequest, Claimed};
 use crate::record::{self, RecordError, Recorded, SettledSend};
@@ -149,7 +150,9 @@ impl<P> Clone for Drainer<P> {
 struct Inner<P> {
     pool: PgPool,
     connections: Connections,
-    settlements: GroupCommit<(Claimed, Verdict), Result<Recorded, RecordError>>,
+    /// One group commit per tenant, so that a recording transaction holds one tenant's payments:
+    /// under Citus, one shard's.
+    settlements: GroupCommits<TenantId, (Claimed, Verdict), Result<Recorded, RecordError>>,
     wakeups: Wakeups,
     /// The tenants to claim from, in turns.
     rotation: Mutex<Rotation>,
@@ -174,7 +177,7 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
         let inner = Inner {
             pool,
             connections,
-            settlements: GroupCommit::default(),
+            settlements: GroupCommits::default(),
             wakeups: Wakeups::default(),
             rotation: Mutex::default(),
             rescan: AtomicBool::new(true),
@@ -382,14 +385,15 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
     }
 
     /// Records `verdict` under `claimed`'s fencing token and announces a payment that moved. A
-    /// terminal verdict is recorded in one transaction with every other one that is waiting to be
-    /// recorded at that moment ([`GroupCommit`]); a retry or an uncertain outcome in a transaction of
-    /// its own. A recording that fails for a transient reason is retried a few times.
+    /// terminal verdict is recorded in one transaction with every other one of the same tenant that
+    /// is waiting to be recorded at that moment ([`GroupCommits`]); a retry or an uncertain outcome
+    /// in a transaction of its own. A recording that fails for a transient reason is retried a few times.
     #[tracing::instrument(name = "worker.record", skip_all, fields(payment.id = %claimed.payment_id, decision = verdict.label()))]
     pub async fn record(&self, claimed: &Claimed, verdict: &Verdict) -> Result<Recorded, RecordError> {
         let result = if SettledSend::of(claimed, verdict).is_some() {
             let queued = (claimed.clone(), verdict.clone());
-            let settled = self.inner.settlements.submit(queued, |batch| self.record_together(batch)).await;
+            let settlements = &self.inner.settlements;
+            let settled = settlements.submit(claimed.tenant_id, queued, |batch| self.record_together(batch)).await;
             settled.unwrap_or(Err(RecordError::Abandoned))
         } else {
             self.retrying(|| self.record_alone(claimed, verdict)).await

@@ -5,9 +5,14 @@
 //! Invariants: at most one write is under way at a time; every item is written at most once, by one
 //! writer, in the order it was queued; a task gets the result of its own item and no other. This
 //! module knows nothing about payments or databases: the caller passes the writer in.
+//!
+//! [`GroupCommits`] keeps one group per key (the worker's: per tenant), so that items of different
+//! keys are never written together and one key's write never waits for another's.
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{Mutex, PoisonError};
+use std::hash::Hash;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::oneshot;
 
@@ -73,6 +78,63 @@ impl<T, R> GroupCommit<T, R> {
                 let _ = sender.send(delivered);
             }
             drop(turn);
+        }
+    }
+}
+
+/// One [`GroupCommit`] per key. A key's group exists while some task is submitting to it, so the
+/// map holds no more groups than there are keys in use.
+pub struct GroupCommits<K, T, R> {
+    // A std mutex: held only to find, add or drop a group, never across an `.await`.
+    groups: Mutex<HashMap<K, Arc<GroupCommit<T, R>>>>,
+}
+
+impl<K, T, R> Default for GroupCommits<K, T, R> {
+    fn default() -> Self {
+        Self { groups: Mutex::new(HashMap::new()) }
+    }
+}
+
+impl<K: Eq + Hash + Clone, T, R> GroupCommits<K, T, R> {
+    /// [`GroupCommit::submit`] to `key`'s group: `item` is written together with the items of the
+    /// same key waiting at that moment, and with no other key's.
+    pub async fn submit<W, F>(&self, key: K, item: T, write: W) -> Option<R>
+    where
+        W: Fn(Vec<T>) -> F,
+        F: Future<Output = Vec<R>>,
+    {
+        let member = Member::join(self, key);
+        member.group.submit(item, write).await
+    }
+
+    #[cfg(test)]
+    fn groups(&self) -> usize {
+        self.groups.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+}
+
+/// A task's hold on its key's group. The last one to leave, finished or cancelled, drops the group.
+struct Member<'a, K: Eq + Hash + Clone, T, R> {
+    commits: &'a GroupCommits<K, T, R>,
+    key: K,
+    group: Arc<GroupCommit<T, R>>,
+}
+
+impl<'a, K: Eq + Hash + Clone, T, R> Member<'a, K, T, R> {
+    fn join(commits: &'a GroupCommits<K, T, R>, key: K) -> Self {
+        let mut groups = commits.groups.lock().unwrap_or_else(PoisonError::into_inner);
+        let group = Arc::clone(groups.entry(key.clone()).or_default());
+        Self { commits, key, group }
+    }
+}
+
+impl<K: Eq + Hash + Clone, T, R> Drop for Member<'_, K, T, R> {
+    fn drop(&mut self) {
+        let mut groups = self.commits.groups.lock().unwrap_or_else(PoisonError::into_inner);
+        // Two holders, the map and this task, means this task is the last: members are only added
+        // under this lock.
+        if groups.get(&self.key).is_some_and(|group| Arc::strong_count(group) == 2) {
+            groups.remove(&self.key);
         }
     }
 }
@@ -214,5 +276,49 @@ mod tests {
         assert_eq!(passenger.await.unwrap(), None, "its batch was never written to the end");
         let later = group.submit(3, |items: Vec<u32>| async move { items }).await;
         assert_eq!(later, Some(3));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn items_of_different_keys_are_never_written_together_and_one_keys_write_does_not_wait_for_anothers() {
+        let commits = Arc::new(GroupCommits::<&str, u32, u32>::default());
+        let (release, writing) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        let held = tokio::spawn({
+            let (commits, write) = (commits.clone(), echo_after(release.clone(), writing.clone()));
+            async move { commits.submit("a", 1, write).await }
+        });
+        writing.notified().await;
+        let batches = Mutex::new(Vec::new());
+
+        // Key "a" is still being written: key "b" is written at once, alone.
+        let other = commits
+            .submit("b", 2, |items: Vec<u32>| {
+                batches.lock().unwrap().push(items.clone());
+                async move { items }
+            })
+            .await;
+
+        assert_eq!(other, Some(2));
+        assert_eq!(*batches.lock().unwrap(), vec![vec![2]]);
+        assert_eq!(commits.groups(), 1, "b's group went when its last item was written");
+        release.notify_one();
+        assert_eq!(held.await.unwrap(), Some(1));
+        assert_eq!(commits.groups(), 0);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_cancelled_submission_leaves_no_group_behind() {
+        let commits = Arc::new(GroupCommits::<&str, u32, u32>::default());
+        let stalled = tokio::spawn({
+            let commits = commits.clone();
+            async move { commits.submit("a", 1, |_: Vec<u32>| std::future::pending::<Vec<u32>>()).await }
+        });
+        while commits.groups() == 0 {
+            tokio::task::yield_now().await;
+        }
+
+        stalled.abort();
+
+        assert!(stalled.await.unwrap_err().is_cancelled());
+        assert_eq!(commits.groups(), 0);
     }
 }
