@@ -262,8 +262,13 @@ mod tests {
         let lines: Vec<&str> = text.lines().collect();
 
         assert_eq!(lines.len(), 6, "{text}");
-        assert!(lines[0].contains("FOR UPDATE OF o SKIP LOCKED") && lines[0].ends_with("\\gset"), "{}", lines[0]);
-        assert!(lines[0].contains(r#"l.fencing_token AS "fencing_token""#), "{}", lines[0]);
+        assert!(
+            lines[0].contains("FROM claim_sends(:tenant, :batch, :worker, :lease, :actor)")
+                && lines[0].ends_with("\\gset"),
+            "{}",
+            lines[0]
+        );
+        assert!(lines[0].contains(r#"fencing_token AS "fencing_token""#), "{}", lines[0]);
         assert_eq!((lines[1], lines[5]), ("BEGIN;", "COMMIT;"));
         assert!(lines[2].starts_with("DELETE FROM outbox"), "{}", lines[2]);
         assert!(
@@ -272,7 +277,11 @@ mod tests {
             lines[2]
         );
         assert!(lines[2].contains("o.tenant_id = :tenant_id"), "{}", lines[2]);
-        assert!(lines[3].contains("UPDATE payments p") && !lines[3].contains("pg_notify"), "{}", lines[3]);
+        assert!(
+            lines[3].contains("FROM settle_payments(:tenant_id,") && !lines[3].contains("pg_notify"),
+            "{}",
+            lines[3]
+        );
         assert!(lines[4].contains("UPDATE idempotency_keys k") && lines[4].contains("response_body"), "{}", lines[4]);
     }
 

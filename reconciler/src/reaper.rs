@@ -3,9 +3,11 @@
 //! A key is deleted only once it has expired and its payment is terminal. Payments, their audit trail
 //! and the ledger are never deleted here.
 
+use std::future::Future;
 use std::time::Duration;
 
 use anyhow::Context;
+use oncepay_domain::ids::TenantId;
 use sqlx::PgPool;
 
 use crate::runner::Pass;
@@ -59,60 +61,125 @@ impl Reaper {
 
     /// One pass: at most one batch of keys and one of webhook ids.
     ///
-    /// Each batch is one short statement (`FOR UPDATE SKIP LOCKED`, oldest first), so the reaper never
-    /// holds many locks or writes a burst of WAL, and several reapers can run at once.
+    /// Each batch is read without locks across tenants (the tenants of its oldest rows), then deleted
+    /// one tenant at a time, each by one short statement (`FOR UPDATE SKIP LOCKED`, oldest first): the
+    /// reaper never holds many locks or writes a burst of WAL, several reapers can run at once, and
+    /// under Citus each delete stays on its tenant's shard (SCALING.md).
     #[tracing::instrument(name = "reaper.pass", skip_all, fields(reaped.keys, reaped.webhook_events))]
     pub async fn run_once(&self) -> anyhow::Result<Counts> {
         let batch = i64::from(self.config.batch_size);
-        // A key whose payment is still pending, processing, unknown or dead-lettered is what makes a
-        // client's retry find that payment instead of creating another, so it stays however old it is.
-        // A key's expiry restarts when its payment becomes terminal (`store/sql/store_response.sql`),
-        // so a late settlement keeps its key for the full retention after that. A terminal payment
-        // never changes again, so the status read in this statement cannot go stale.
-        let keys = sqlx::query!(
-            r#"
-            WITH doomed AS (
-                SELECT k.tenant_id, k.idempotency_key
-                FROM idempotency_keys k JOIN payments p USING (tenant_id, payment_id)
-                WHERE k.expires_at < now() AND p.status IN ('succeeded', 'failed')
-                ORDER BY k.expires_at
-                LIMIT $1
-                FOR UPDATE OF k SKIP LOCKED
-            )
-            DELETE FROM idempotency_keys k USING doomed
-            WHERE k.tenant_id = doomed.tenant_id AND k.idempotency_key = doomed.idempotency_key
-            "#,
-            batch,
-        )
-        .execute(&self.pool)
-        .await
-        .context("cannot delete expired idempotency keys")?
-        .rows_affected();
+        let keys = self.reap_keys(batch).await.context("cannot delete expired idempotency keys")?;
         metrics::counter!(crate::metrics::REAPED_KEYS).increment(keys);
-
-        let webhook_events = sqlx::query!(
-            r#"
-            WITH doomed AS (
-                SELECT tenant_id, webhook_id FROM webhook_events
-                WHERE received_at < now() - make_interval(secs => $2)
-                ORDER BY received_at
-                LIMIT $1
-                FOR UPDATE SKIP LOCKED
-            )
-            DELETE FROM webhook_events w USING doomed
-            WHERE w.tenant_id = doomed.tenant_id AND w.webhook_id = doomed.webhook_id
-            "#,
-            batch,
-            self.config.webhook_retention.as_secs_f64(),
-        )
-        .execute(&self.pool)
-        .await
-        .context("cannot delete old webhook ids")?
-        .rows_affected();
+        let webhook_events = self.reap_webhook_ids(batch).await.context("cannot delete old webhook ids")?;
 
         let span = tracing::Span::current();
         span.record("reaped.keys", keys);
         span.record("reaped.webhook_events", webhook_events);
         Ok(Counts { keys, webhook_events })
     }
+
+    /// Deletes up to `batch` expired keys of terminal payments.
+    ///
+    /// A key whose payment is still pending, processing, unknown or dead-lettered is what makes a
+    /// client's retry find that payment instead of creating another, so it stays however old it is.
+    /// A key's expiry restarts when its payment becomes terminal (`store/sql/store_response.sql`), so
+    /// a late settlement keeps its key for the full retention after that. A terminal payment never
+    /// changes again, so the status read here cannot go stale.
+    async fn reap_keys(&self, batch: i64) -> Result<u64, sqlx::Error> {
+        let tenants = sqlx::query_scalar!(
+            r#"
+            SELECT DISTINCT tenant_id AS "tenant_id!: TenantId" FROM (
+                SELECT k.tenant_id
+                FROM idempotency_keys k JOIN payments p USING (tenant_id, payment_id)
+                WHERE k.expires_at < now() AND p.status IN ('succeeded', 'failed')
+                ORDER BY k.expires_at
+                LIMIT $1
+            ) oldest
+            "#,
+            batch,
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        by_tenant(tenants, batch, |tenant_id, limit| async move {
+            let deleted = sqlx::query!(
+                r#"
+                WITH doomed AS (
+                    SELECT k.tenant_id, k.idempotency_key
+                    FROM idempotency_keys k JOIN payments p USING (tenant_id, payment_id)
+                    WHERE k.tenant_id = $2 AND k.expires_at < now() AND p.status IN ('succeeded', 'failed')
+                    ORDER BY k.expires_at
+                    LIMIT $1
+                    FOR UPDATE OF k SKIP LOCKED
+                )
+                DELETE FROM idempotency_keys k USING doomed
+                WHERE k.tenant_id = $2 AND k.idempotency_key = doomed.idempotency_key
+                "#,
+                limit,
+                tenant_id.as_uuid(),
+            )
+            .execute(&self.pool)
+            .await?;
+            Ok(deleted.rows_affected())
+        })
+        .await
+    }
+
+    /// Deletes up to `batch` webhook ids past their retention.
+    async fn reap_webhook_ids(&self, batch: i64) -> Result<u64, sqlx::Error> {
+        let retention = self.config.webhook_retention.as_secs_f64();
+        let tenants = sqlx::query_scalar!(
+            r#"
+            SELECT DISTINCT tenant_id AS "tenant_id!: TenantId" FROM (
+                SELECT tenant_id FROM webhook_events
+                WHERE received_at < now() - make_interval(secs => $2)
+                ORDER BY received_at
+                LIMIT $1
+            ) oldest
+            "#,
+            batch,
+            retention,
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        by_tenant(tenants, batch, |tenant_id, limit| async move {
+            let deleted = sqlx::query!(
+                r#"
+                WITH doomed AS (
+                    SELECT tenant_id, webhook_id FROM webhook_events
+                    WHERE tenant_id = $3 AND received_at < now() - make_interval(secs => $2)
+                    ORDER BY received_at
+                    LIMIT $1
+                    FOR UPDATE SKIP LOCKED
+                )
+                DELETE FROM webhook_events w USING doomed
+                WHERE w.tenant_id = $3 AND w.webhook_id = doomed.webhook_id
+                "#,
+                limit,
+                retention,
+                tenant_id.as_uuid(),
+            )
+            .execute(&self.pool)
+            .await?;
+            Ok(deleted.rows_affected())
+        })
+        .await
+    }
+}
+
+/// Runs `delete(tenant, limit)` for each of `tenants` in turn, each with what is left of `batch`,
+/// until the batch is spent; returns how many rows were deleted in all.
+async fn by_tenant<D, F>(tenants: Vec<TenantId>, batch: i64, delete: D) -> Result<u64, sqlx::Error>
+where
+    D: Fn(TenantId, i64) -> F,
+    F: Future<Output = Result<u64, sqlx::Error>>,
+{
+    let mut deleted = 0;
+    for tenant_id in tenants {
+        let left = batch.saturating_sub(i64::try_from(deleted).unwrap_or(i64::MAX));
+        if left <= 0 {
+            break;
+        }
+        deleted += delete(tenant_id, left).await?;
+    }
+    Ok(deleted)
 }

@@ -288,11 +288,13 @@ pub async fn note_inconclusive(
 ) -> Result<(), StoreError> {
     sqlx::query!(
         r#"
-        UPDATE unknown_payments
-        SET evidence = evidence || jsonb_build_array($3::jsonb),
-            poll_attempts = poll_attempts + 1,
-            next_poll_at = COALESCE(now() + make_interval(secs => $4), next_poll_at)
-        WHERE tenant_id = $1 AND payment_id = $2
+        UPDATE unknown_payments u
+        SET evidence = u.evidence || jsonb_build_array($3::jsonb),
+            poll_attempts = u.poll_attempts + 1,
+            next_poll_at = COALESCE(planned.at, u.next_poll_at)
+        -- The time is computed apart: Citus refuses now() inside a COALESCE in an UPDATE.
+        FROM (SELECT now() + make_interval(secs => $4) AS at) planned
+        WHERE u.tenant_id = $1 AND u.payment_id = $2
         "#,
         tenant_id.as_uuid(),
         payment_id.as_uuid(),

@@ -152,7 +152,7 @@ async fn resolution(pool: &PgPool, payment_id: PaymentId) -> (Option<String>, Op
 /// The last row of the payment's audit trail: actor, reason, to.
 async fn last_audit(pool: &PgPool, payment_id: PaymentId) -> (String, String, PaymentStatus) {
     sqlx::query_as(
-        "SELECT actor, reason, to_status FROM payment_events WHERE payment_id = $1 ORDER BY event_id DESC LIMIT 1",
+        "SELECT actor, reason, to_status FROM payment_events WHERE payment_id = $1 ORDER BY seq DESC LIMIT 1",
     )
     .bind(payment_id.as_uuid())
     .fetch_one(pool)

@@ -115,7 +115,7 @@ fn binary(name: &str) -> std::path::PathBuf {
 
 /// The payment's audit trail: (from, to, actor).
 async fn trail(pool: &PgPool, payment_id: PaymentId) -> Vec<(Option<PaymentStatus>, PaymentStatus, String)> {
-    sqlx::query_as("SELECT from_status, to_status, actor FROM payment_events WHERE payment_id = $1 ORDER BY event_id")
+    sqlx::query_as("SELECT from_status, to_status, actor FROM payment_events WHERE payment_id = $1 ORDER BY seq")
         .bind(payment_id.as_uuid())
         .fetch_all(pool)
         .await

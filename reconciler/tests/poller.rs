@@ -69,7 +69,7 @@ async fn unknown_with_one_charge(pool: &PgPool, provider: &MockServer, status: C
 }
 
 async fn actors(pool: &PgPool, payment_id: PaymentId) -> Vec<(String, PaymentStatus)> {
-    sqlx::query_as("SELECT actor, to_status FROM payment_events WHERE payment_id = $1 ORDER BY event_id")
+    sqlx::query_as("SELECT actor, to_status FROM payment_events WHERE payment_id = $1 ORDER BY seq")
         .bind(payment_id.as_uuid())
         .fetch_all(pool)
         .await

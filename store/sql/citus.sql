@@ -8,6 +8,10 @@
 -- anchors the colocation group, and every table with a foreign key to it lives beside it, so one
 -- tenant's rows are on one node. `recon_runs` and `recon_discrepancies` describe the whole provider
 -- account: they stay local tables of the coordinator.
+--
+-- `citus.propagate_set_commands = local` makes Citus send a transaction's `SET LOCAL` on to the
+-- nodes it uses: `intake` repeats the api's `lock_timeout` that way, so that a worker node waiting
+-- for a key's writer gives up in time (migrations/0140).
 DO $citus$
 DECLARE
     name text;
@@ -26,5 +30,6 @@ BEGIN
             PERFORM create_distributed_table(name, 'tenant_id', colocate_with => 'payments');
         END IF;
     END LOOP;
+    EXECUTE format('ALTER DATABASE %I SET citus.propagate_set_commands = %L', current_database(), 'local');
 END
 $citus$;

@@ -138,12 +138,16 @@ async fn take_back(
         // The payment moved on while its worker was gone (only a webhook or a poll can do that to a
         // `processing` payment). The lease protects nothing any more; a pending payment still needs
         // its row, anything else must not have one.
-        if lease.status == PaymentStatus::Pending {
+        let pending = lease.status == PaymentStatus::Pending;
+        if pending {
             release(&mut tx, tenant_id, payment_id).await?;
         } else {
             delete(&mut tx, tenant_id, payment_id).await?;
         }
         tx.commit().await.map_err(StoreError::from)?;
+        if pending {
+            wake_workers(conn, tenant_id).await;
+        }
         tracing::info!(payment.status = lease.status.as_str(), "dropped the expired lease of a payment that moved on");
         return Ok(TakenBack::Obsolete);
     }
@@ -194,6 +198,9 @@ async fn take_back(
         TakenBack::Uncertain
     };
     tx.commit().await.map_err(StoreError::from)?;
+    if lease.in_key_window {
+        wake_workers(conn, tenant_id).await;
+    }
     tracing::info!(
         worker.id = %lease.locked_by,
         resend = lease.in_key_window,
@@ -202,27 +209,34 @@ async fn take_back(
     Ok(taken)
 }
 
-/// Frees the row for the next claim, due now, counts the takeover in `lease_expirations`, and wakes
-/// the workers at commit. The token goes with the lease, so the worker that held it can no longer
-/// record anything.
+/// Frees the row for the next claim, due now, and counts the takeover in `lease_expirations`. The
+/// token goes with the lease, so the worker that held it can no longer record anything.
 async fn release(conn: &mut PgConnection, tenant_id: TenantId, payment_id: PaymentId) -> Result<(), StoreError> {
     sqlx::query!(
         r#"
-        WITH released AS (
-            UPDATE outbox
-            SET locked_by = NULL, locked_until = NULL, fencing_token = NULL, available_at = now(),
-                lease_expirations = lease_expirations + 1
-            WHERE tenant_id = $1 AND payment_id = $2
-            RETURNING payment_id
-        )
-        SELECT pg_notify('oncepay_outbox', '') AS "notified!: ()" FROM released
+        UPDATE outbox
+        SET locked_by = NULL, locked_until = NULL, fencing_token = NULL, available_at = now(),
+            lease_expirations = lease_expirations + 1
+        WHERE tenant_id = $1 AND payment_id = $2
         "#,
         tenant_id.as_uuid(),
         payment_id.as_uuid(),
     )
-    .fetch_optional(conn)
+    .execute(conn)
     .await?;
     Ok(())
+}
+
+/// Wakes the workers for a row [`release`] freed, once its transaction has committed: a statement of
+/// its own, outside the transaction. Inside it, under Citus, the `NOTIFY` would keep a transaction
+/// that spans nodes from committing (Citus cannot prepare one that has notified), and would run on
+/// the worker node that holds the row, where no worker listens. A wake-up that fails is only logged:
+/// the row is already free, and the workers find it at their next poll.
+async fn wake_workers(conn: &mut PgConnection, tenant_id: TenantId) {
+    let woken = sqlx::query!("SELECT pg_notify('oncepay_outbox', $1)", tenant_id.to_string()).execute(conn).await;
+    if let Err(error) = woken {
+        tracing::warn!(error = %error, "could not wake the workers; they will find the freed row at their next poll");
+    }
 }
 
 async fn delete(conn: &mut PgConnection, tenant_id: TenantId, payment_id: PaymentId) -> Result<(), StoreError> {

@@ -123,35 +123,59 @@ async fn write_change(
     if to.is_terminal() {
         return Err(TransitionError::SettlementMismatch { transition: change.transition, from: change.from, to });
     }
-    let moved = sqlx::query_scalar!(
+    // Three plain statements, each of which Citus plans on the payment's shard or, for the wake-up,
+    // on the coordinator where the listeners are (a statement with an INSERT CTE would cross nodes).
+    let place = sqlx::query_scalar!(
         r#"
-        WITH moved AS (
-            UPDATE payments
-            SET status = $3, updated_at = now(),
-                -- Once a send may have reached the provider, the payment remembers it for good.
-                may_be_charged = may_be_charged OR $9
-            WHERE tenant_id = $1 AND payment_id = $2 AND status = $4
-            RETURNING tenant_id, payment_id
-        ), audit AS (
-            INSERT INTO payment_events (tenant_id, payment_id, from_status, to_status, actor, reason, detail)
-            SELECT tenant_id, payment_id, $4, $3, $5, $6, $7 FROM moved
-        )
-        SELECT CASE WHEN $8 THEN pg_notify('oncepay_payment', payment_id::text) END AS "notified: ()" FROM moved
+        UPDATE payments
+        SET status = $3, updated_at = now(), event_count = event_count + 1,
+            -- Once a send may have reached the provider, the payment remembers it for good.
+            may_be_charged = may_be_charged OR $5
+        WHERE tenant_id = $1 AND payment_id = $2 AND status = $4
+        RETURNING event_count
         "#,
         change.tenant_id.as_uuid(),
         change.payment_id.as_uuid(),
         to as PaymentStatus,
         change.from as PaymentStatus,
+        change.transition.send_may_have_reached_provider(),
+    )
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(StoreError::from)?;
+    let Some(place) = place else {
+        return Ok(Recorded::LostRace);
+    };
+    sqlx::query!(
+        r#"
+        INSERT INTO payment_events (tenant_id, payment_id, seq, from_status, to_status, actor, reason, detail)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+        "#,
+        change.tenant_id.as_uuid(),
+        change.payment_id.as_uuid(),
+        place,
+        change.from as PaymentStatus,
+        to as PaymentStatus,
         change.actor,
         change.reason,
         change.detail,
-        wake,
-        change.transition.send_may_have_reached_provider(),
     )
-    .fetch_optional(conn)
+    .execute(&mut *conn)
     .await
     .map_err(StoreError::from)?;
-    Ok(if moved.is_some() { Recorded::Moved(to) } else { Recorded::LostRace })
+    if wake {
+        wake_long_polls(conn, &[change.payment_id.as_uuid()]).await?;
+    }
+    Ok(Recorded::Moved(to))
+}
+
+/// Wakes the long polls waiting on `payment_ids` when the transaction commits. A statement of its
+/// own, on no table: under Citus it runs on the coordinator, where the api listens.
+async fn wake_long_polls(conn: &mut PgConnection, payment_ids: &[Uuid]) -> Result<(), StoreError> {
+    sqlx::query!("SELECT pg_notify('oncepay_payment', id::text) FROM unnest($1::uuid[]) AS id", payment_ids)
+        .execute(conn)
+        .await?;
+    Ok(())
 }
 
 /// Persists a terminal change: status, audit row, ledger entry (success), stored response on the
@@ -167,10 +191,7 @@ pub async fn settle(
     let recorded = write_settlements(conn, &[(change.clone(), settlement)]).await?;
     let payment_ids: Vec<Uuid> = recorded.iter().filter_map(moved_id).collect();
     if !payment_ids.is_empty() {
-        sqlx::query!("SELECT pg_notify('oncepay_payment', id::text) FROM unnest($1::uuid[]) AS id", &payment_ids)
-            .execute(&mut *conn)
-            .await
-            .map_err(StoreError::from)?;
+        wake_long_polls(conn, &payment_ids).await?;
     }
     Ok(single(recorded))
 }

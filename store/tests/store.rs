@@ -227,13 +227,12 @@ async fn a_success_writes_status_audit_ledger_stored_response_and_wakes_listener
             .unwrap();
     assert_eq!(status, 200);
     assert_eq!(stored, serde_json::to_value(PaymentResource::from(&payment)).unwrap());
-    let trail: Vec<(Option<PaymentStatus>, PaymentStatus, String)> = sqlx::query_as(
-        "SELECT from_status, to_status, actor FROM payment_events WHERE payment_id = $1 ORDER BY event_id",
-    )
-    .bind(payment_id.as_uuid())
-    .fetch_all(&pool)
-    .await
-    .unwrap();
+    let trail: Vec<(Option<PaymentStatus>, PaymentStatus, String)> =
+        sqlx::query_as("SELECT from_status, to_status, actor FROM payment_events WHERE payment_id = $1 ORDER BY seq")
+            .bind(payment_id.as_uuid())
+            .fetch_all(&pool)
+            .await
+            .unwrap();
     assert_eq!(
         trail.last().unwrap(),
         &(Some(PaymentStatus::Processing), PaymentStatus::Succeeded, "worker:test".into())

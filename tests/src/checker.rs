@@ -94,7 +94,7 @@ async fn stuck(pool: &PgPool) -> anyhow::Result<Vec<Stuck>> {
                 concat_ws('; ',
                   (SELECT format('last event %s→%s by %s: %s', e.from_status, e.to_status, e.actor, e.reason)
                      FROM payment_events e WHERE e.tenant_id = p.tenant_id AND e.payment_id = p.payment_id
-                     ORDER BY e.event_id DESC LIMIT 1),
+                     ORDER BY e.seq DESC LIMIT 1),
                   (SELECT format('outbox: attempts %s, lease by %s until %s, expirations %s, due %s',
                                  o.attempts, o.locked_by, o.locked_until, o.lease_expirations, o.available_at)
                      FROM outbox o WHERE o.tenant_id = p.tenant_id AND o.payment_id = p.payment_id),

@@ -158,12 +158,12 @@ pub async fn claim(db: &PgPool, tenant_id: TenantId, payment_id: PaymentId) {
         WITH moved AS (
             UPDATE payments
             SET status = 'processing', send_attempts = send_attempts + 1,
-                first_sent_at = COALESCE(first_sent_at, now()), updated_at = now()
+                first_sent_at = COALESCE(first_sent_at, now()), updated_at = now(), event_count = event_count + 1
             WHERE tenant_id = $1 AND payment_id = $2 AND status = 'pending'
-            RETURNING tenant_id, payment_id
+            RETURNING tenant_id, payment_id, event_count
         ), audit AS (
-            INSERT INTO payment_events (tenant_id, payment_id, from_status, to_status, actor, reason)
-            SELECT tenant_id, payment_id, 'pending', 'processing', 'worker:test', 'claimed' FROM moved
+            INSERT INTO payment_events (tenant_id, payment_id, seq, from_status, to_status, actor, reason)
+            SELECT tenant_id, payment_id, event_count, 'pending', 'processing', 'worker:test', 'claimed' FROM moved
         )
         SELECT pg_notify('oncepay_payment', payment_id::text) AS "notified!: ()" FROM moved
         "#,

@@ -102,7 +102,7 @@ async fn audit_trail(
         SELECT from_status AS "from_status: PaymentStatus", to_status AS "to_status: PaymentStatus",
                actor, reason, detail, created_at
         FROM payment_events WHERE tenant_id = $1 AND payment_id = $2
-        ORDER BY event_id
+        ORDER BY seq
         "#,
         tenant_id.as_uuid(),
         payment_id.as_uuid(),

@@ -218,7 +218,7 @@ pub async fn outbox_row(pool: &PgPool, accepted: Accepted) -> Option<OutboxRow> 
 pub async fn events(pool: &PgPool, accepted: Accepted) -> Vec<(Option<PaymentStatus>, PaymentStatus, String, String)> {
     sqlx::query_as(
         "SELECT from_status, to_status, actor, reason FROM payment_events
-         WHERE tenant_id = $1 AND payment_id = $2 ORDER BY event_id",
+         WHERE tenant_id = $1 AND payment_id = $2 ORDER BY seq",
     )
     .bind(accepted.tenant_id.as_uuid())
     .bind(accepted.payment_id.as_uuid())
