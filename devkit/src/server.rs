@@ -4,6 +4,8 @@
 
 use std::path::PathBuf;
 
+use anyhow::Context;
+
 use crate::citus::CitusCluster;
 use crate::pg::{Cluster, Durability};
 
@@ -48,6 +50,19 @@ impl Server {
         })
     }
 
+    /// Under Citus, makes the coordinator keep its record of every transaction it commits with
+    /// two-phase commit (`pg_dist_transaction`), which it otherwise clears every minute, so that a
+    /// test can count them. For tests only: a cluster that keeps them also never recovers a prepared
+    /// transaction left by a crash. Does nothing on one PostgreSQL.
+    pub async fn keep_two_phase_records(&self) -> anyhow::Result<()> {
+        if let Self::Citus(citus) = self {
+            let coordinator = citus.coordinator();
+            coordinator.psql("postgres", "ALTER SYSTEM SET citus.recover_2pc_interval = -1").await?;
+            coordinator.psql("postgres", "SELECT pg_reload_conf()").await?;
+        }
+        Ok(())
+    }
+
     /// The cluster clients connect to: the only one, or the coordinator.
     pub fn front(&self) -> &Cluster {
         match self {
@@ -89,6 +104,31 @@ impl Server {
     /// Stops the server clients connect to cleanly.
     pub async fn stop(&mut self) -> anyhow::Result<()> {
         self.front_mut().stop().await
+    }
+
+    /// How many worker nodes hold the data: none on one PostgreSQL.
+    pub fn worker_nodes(&self) -> usize {
+        match self {
+            Self::Single(_) => 0,
+            Self::Citus(citus) => citus.workers().len(),
+        }
+    }
+
+    /// Crashes worker node `index` (`pg_ctl stop -m immediate`); the coordinator stays up.
+    pub async fn crash_worker_node(&mut self, index: usize) -> anyhow::Result<()> {
+        self.worker_node(index)?.crash().await
+    }
+
+    /// Starts worker node `index` again after [`Server::crash_worker_node`].
+    pub async fn resume_worker_node(&mut self, index: usize) -> anyhow::Result<()> {
+        self.worker_node(index)?.resume().await
+    }
+
+    fn worker_node(&mut self, index: usize) -> anyhow::Result<&mut Cluster> {
+        match self {
+            Self::Single(_) => anyhow::bail!("one PostgreSQL has no worker nodes"),
+            Self::Citus(citus) => citus.worker_mut(index).with_context(|| format!("there is no worker node {index}")),
+        }
     }
 
     /// Starts it again after [`Server::crash`] or [`Server::stop`]; it recovers from its WAL.

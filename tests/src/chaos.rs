@@ -196,6 +196,7 @@ async fn drive(config: &ChaosConfig, system: &mut System, timing: Timing) -> any
             lease: Duration::from_secs(timing.lease_secs),
         },
         &counts,
+        system.database_nodes(),
     );
     let mut faults: BTreeMap<String, u64> = BTreeMap::new();
     let mut fail_points = FailPointDraw::new(seed);
@@ -280,6 +281,7 @@ async fn drive(config: &ChaosConfig, system: &mut System, timing: Timing) -> any
         observations,
         settled,
         verdict,
+        two_phase_commits: system.two_phase_commits_since_start().await?,
     })
 }
 
@@ -365,6 +367,8 @@ async fn apply(
         Action::Resume(role, index) => system.resume(*role, *index)?,
         Action::CrashDatabase => system.crash_database().await?,
         Action::ResumeDatabase => system.resume_database().await?,
+        Action::StopDatabaseNode(index) => system.crash_database_node(*index).await?,
+        Action::StartDatabaseNode(index) => system.resume_database_node(*index).await?,
         Action::SimulatorFaults(patch) => {
             system.simulator()?.set_faults(patch).await?;
         }

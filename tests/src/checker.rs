@@ -199,6 +199,12 @@ pub async fn check(
             .collect();
     let conflicts: Vec<(Uuid, String)> =
         sqlx::query_as("SELECT payment_id, reason FROM dead_letters WHERE kind = 'conflict'").fetch_all(pool).await?;
+    let history: Vec<HistoryRow> = sqlx::query_as(
+        "SELECT payment_id, seq, from_status::text AS from_status, to_status::text AS to_status
+           FROM payment_events ORDER BY tenant_id, payment_id, seq",
+    )
+    .fetch_all(pool)
+    .await?;
 
     verdict.payments = payments.len();
     verdict.provider_charges = charges.len();
@@ -214,6 +220,7 @@ pub async fn check(
     check_charges(&mut verdict, &payments, &by_payment);
     check_keys(&mut verdict, &payments, &keys, tenants, observations);
     check_accounted(&mut verdict, &payments, &open_dead_letters, tenants, observations);
+    check_history(&mut verdict, &payments, &history);
     check_ledger(&mut verdict, &payments, &ledger, charges, &by_payment);
     check_money(&mut verdict, &payments, &ledger, &by_payment);
     check_tenancy(&mut verdict, &payments, tenants, observations);
@@ -370,6 +377,42 @@ fn check_keys(
                     .push(format!("a key misuse got no answer (tenant {}, key {:?})", tenant.name, record.key));
             }
             Some(MisuseOutcome::Rejected) | None => {}
+        }
+    }
+}
+
+/// One row of a payment's audit trail.
+#[derive(sqlx::FromRow)]
+struct HistoryRow {
+    payment_id: Uuid,
+    seq: i32,
+    from_status: Option<String>,
+    to_status: String,
+}
+
+/// Invariant 3, explained: every payment's audit trail, in the order of its places (`seq`), is
+/// numbered 1, 2, 3…, starts with its creation as `pending`, moves each time from where the row
+/// before left it, and ends where the payment is. `rows` come ordered by payment and place.
+fn check_history(verdict: &mut Verdict, payments: &BTreeMap<Uuid, PaymentRow>, rows: &[HistoryRow]) {
+    let mut trails: BTreeMap<Uuid, Vec<&HistoryRow>> = BTreeMap::new();
+    for row in rows {
+        trails.entry(row.payment_id).or_default().push(row);
+    }
+    for payment in payments.values() {
+        let trail = trails.get(&payment.payment_id).map(Vec::as_slice).unwrap_or_default();
+        let describe = || {
+            let steps: Vec<String> = trail
+                .iter()
+                .map(|r| format!("{}: {}→{}", r.seq, r.from_status.as_deref().unwrap_or("·"), r.to_status))
+                .collect();
+            format!("payment {} ({}): {}", payment.payment_id, payment.status, steps.join(", "))
+        };
+        let numbered = trail.iter().zip(1..).all(|(row, place)| row.seq == place);
+        let created = trail.first().is_some_and(|r| r.from_status.is_none() && r.to_status == "pending");
+        let chained = trail.windows(2).all(|w| w[1].from_status.as_deref() == Some(w[0].to_status.as_str()));
+        let current = trail.last().is_some_and(|r| r.to_status == payment.status);
+        if !(numbered && created && chained && current) {
+            verdict.violation(3, "a payment's audit trail does not explain how it got where it is", describe());
         }
     }
 }
@@ -719,5 +762,35 @@ mod tests {
         assert_eq!(failed_but_charged, ["a payment is failed while the provider holds a succeeded charge for it"]);
         assert_eq!(other_amount, ["a ledger entry books other money than its payment asked for"]);
         assert_eq!(booked_twice, ["one provider charge is booked to several payments"]);
+    }
+
+    fn history_violations(status: &str, trail: &[(i32, Option<&str>, &str)]) -> usize {
+        let payment = payment(status, 1999);
+        let rows: Vec<HistoryRow> = trail
+            .iter()
+            .map(|(seq, from, to)| HistoryRow {
+                payment_id: payment.payment_id,
+                seq: *seq,
+                from_status: from.map(str::to_owned),
+                to_status: (*to).to_owned(),
+            })
+            .collect();
+        let mut verdict = Verdict::default();
+        check_history(&mut verdict, &BTreeMap::from([(payment.payment_id, payment)]), &rows);
+        verdict.violations.len()
+    }
+
+    #[test]
+    fn an_audit_trail_out_of_order_with_a_gap_or_ending_elsewhere_is_a_violation_of_invariant_three() {
+        let sent = [(1, None, "pending"), (2, Some("pending"), "processing"), (3, Some("processing"), "succeeded")];
+        // The order a history had under Citus when it followed identity values drawn on two nodes.
+        let shuffled = [sent[0], sent[2], sent[1]];
+        let gap = [sent[0], sent[1], (4, Some("processing"), "succeeded")];
+
+        assert_eq!(history_violations("succeeded", &sent), 0);
+        assert_eq!(history_violations("succeeded", &shuffled), 1);
+        assert_eq!(history_violations("succeeded", &gap), 1);
+        assert_eq!(history_violations("failed", &sent), 1);
+        assert_eq!(history_violations("pending", &[]), 1);
     }
 }

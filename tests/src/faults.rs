@@ -29,6 +29,10 @@ pub enum Action {
     CrashDatabase,
     /// Start PostgreSQL again.
     ResumeDatabase,
+    /// Under Citus, `pg_ctl stop -m immediate` of one worker node (the coordinator stays up).
+    StopDatabaseNode(usize),
+    /// Start that worker node again.
+    StartDatabaseNode(usize),
     /// A new mix of simulator faults.
     SimulatorFaults(Box<FaultsPatch>),
 }
@@ -40,8 +44,9 @@ impl Action {
             Self::Kill(role, _) => Some(format!("SIGKILL {} + restart", role.as_str())),
             Self::Pause(role, _) => Some(format!("SIGSTOP {} past its lease + SIGCONT", role.as_str())),
             Self::CrashDatabase => Some("PostgreSQL stop -m immediate + restart".to_owned()),
+            Self::StopDatabaseNode(_) => Some("Citus worker node stop -m immediate + restart".to_owned()),
             Self::SimulatorFaults(_) => Some("simulator fault phases".to_owned()),
-            Self::Restart(..) | Self::Resume(..) | Self::ResumeDatabase => None,
+            Self::Restart(..) | Self::Resume(..) | Self::ResumeDatabase | Self::StartDatabaseNode(_) => None,
         }
     }
 }
@@ -77,11 +82,19 @@ impl Schedule {
     /// Draws the faults for a run of `span` on the processes `counts` names: SIGKILL then restart
     /// of a worker, a reconciler or an api; SIGSTOP of a worker past its lease then SIGCONT;
     /// PostgreSQL stopped with `-m immediate` then started; and a new mix of simulator faults every
-    /// `intensity.simulator_phase`.
+    /// `intensity.simulator_phase`. Under Citus (`database_nodes` worker nodes, 0 on one PostgreSQL)
+    /// the database faults take turns between the coordinator and each worker node, and a run has
+    /// at least one of each kind.
     ///
     /// Forgotten keys are not a scheduled event: the simulator and oncepay run with a short key
     /// window (see `system::Timing`), so keys really expire during a run, as at a real provider.
-    pub fn draw(seed: u64, span: Duration, intensity: Intensity, counts: &BTreeMap<Role, usize>) -> Self {
+    pub fn draw(
+        seed: u64,
+        span: Duration,
+        intensity: Intensity,
+        counts: &BTreeMap<Role, usize>,
+        database_nodes: usize,
+    ) -> Self {
         let mut rng = StdRng::seed_from_u64(seed ^ 0xFA17_5EED);
         let mut actions = Vec::new();
 
@@ -105,6 +118,11 @@ impl Schedule {
             required.swap(i, rng.random_range(0..=i));
         }
         let mut required: std::collections::VecDeque<u32> = required.into();
+        if database_nodes > 0 {
+            // The second database fault is the first one of a worker node.
+            required.push_back(95);
+        }
+        let mut database_faults = 0;
         while at < last {
             let from_required = required.pop_front();
             let roll = from_required.unwrap_or_else(|| rng.random_range(0..100));
@@ -121,8 +139,13 @@ impl Schedule {
                 let length = Duration::from_millis(rng.random_range(800..4_000));
                 if !overlaps(&down, at, at + length) && !overlaps(&database_down, at, at + length) {
                     database_down.push((at, at + length));
-                    actions.push(Scheduled { at, action: Action::CrashDatabase });
-                    actions.push(Scheduled { at: at + length, action: Action::ResumeDatabase });
+                    let (stop, start) = match database_faults % (database_nodes + 1) {
+                        0 => (Action::CrashDatabase, Action::ResumeDatabase),
+                        node => (Action::StopDatabaseNode(node - 1), Action::StartDatabaseNode(node - 1)),
+                    };
+                    database_faults += 1;
+                    actions.push(Scheduled { at, action: stop });
+                    actions.push(Scheduled { at: at + length, action: start });
                     scheduled = true;
                 }
             } else if count > 0 {
@@ -307,9 +330,9 @@ mod tests {
     #[test]
     fn the_same_seed_draws_the_same_schedule_and_another_seed_another() {
         let span = Duration::from_secs(60);
-        let a = Schedule::draw(7, span, intensity(), &counts());
-        let b = Schedule::draw(7, span, intensity(), &counts());
-        let c = Schedule::draw(8, span, intensity(), &counts());
+        let a = Schedule::draw(7, span, intensity(), &counts(), 0);
+        let b = Schedule::draw(7, span, intensity(), &counts(), 0);
+        let c = Schedule::draw(8, span, intensity(), &counts(), 0);
 
         assert_eq!(a.actions, b.actions);
         assert_ne!(a.actions, c.actions);
@@ -317,8 +340,8 @@ mod tests {
 
     #[test]
     fn every_fault_is_undone_and_targets_and_the_database_are_never_double_booked() {
-        for seed in 0..50 {
-            let schedule = Schedule::draw(seed, Duration::from_secs(120), intensity(), &counts());
+        for (seed, nodes) in (0..50).flat_map(|seed| [(seed, 0), (seed, 2)]) {
+            let schedule = Schedule::draw(seed, Duration::from_secs(120), intensity(), &counts(), nodes);
             let mut down: BTreeMap<(Role, usize), bool> = BTreeMap::new();
             let mut database_down = false;
             for scheduled in &schedule.actions {
@@ -333,11 +356,12 @@ mod tests {
                         assert!(down.insert((*role, *i), false).unwrap_or(false), "seed {seed}: {scheduled:?}");
                         assert!(!database_down || matches!(scheduled.action, Action::Resume(..)), "seed {seed}");
                     }
-                    Action::CrashDatabase => {
+                    Action::CrashDatabase | Action::StopDatabaseNode(_) => {
                         assert!(!database_down, "seed {seed}");
+                        assert!(matches!(scheduled.action, Action::CrashDatabase) || nodes > 0, "seed {seed}");
                         database_down = true;
                     }
-                    Action::ResumeDatabase => {
+                    Action::ResumeDatabase | Action::StartDatabaseNode(_) => {
                         assert!(database_down, "seed {seed}");
                         database_down = false;
                     }
@@ -352,11 +376,13 @@ mod tests {
     #[test]
     fn even_a_short_run_injects_every_kind_of_process_fault() {
         for seed in 0..100 {
-            let schedule = Schedule::draw(seed, Duration::from_secs(75), intensity(), &counts());
-            let kinds: std::collections::BTreeSet<String> =
-                schedule.actions.iter().filter_map(|s| s.action.kind()).collect();
+            let kinds = |nodes| -> std::collections::BTreeSet<String> {
+                let schedule = Schedule::draw(seed, Duration::from_secs(75), intensity(), &counts(), nodes);
+                schedule.actions.iter().filter_map(|s| s.action.kind()).collect()
+            };
 
-            assert_eq!(kinds.len(), 6, "seed {seed}: {kinds:?}"); // five process kinds and the simulator
+            assert_eq!(kinds(0).len(), 6, "seed {seed}: {:?}", kinds(0)); // five process kinds and the simulator
+            assert_eq!(kinds(2).len(), 7, "seed {seed}: {:?}", kinds(2)); // and a Citus worker node
         }
     }
 

@@ -34,12 +34,15 @@ pub struct Report {
     pub settled: Settled,
     /// What the checker found.
     pub verdict: Verdict,
+    /// Under Citus, the transactions that committed with two-phase commit during the run: each one
+    /// spanned nodes, which no statement of oncepay should make. `None` on one PostgreSQL.
+    pub two_phase_commits: Option<i64>,
 }
 
 impl Report {
-    /// No violation, and nothing left in flight.
+    /// No violation, nothing left in flight, and under Citus no transaction that spanned nodes.
     pub fn passed(&self) -> bool {
-        self.verdict.violations.is_empty() && self.settled.stuck.is_empty()
+        self.verdict.violations.is_empty() && self.settled.stuck.is_empty() && self.two_phase_commits.unwrap_or(0) == 0
     }
 }
 
@@ -115,6 +118,9 @@ impl fmt::Display for Report {
             for stuck in self.settled.stuck.iter().take(20) {
                 writeln!(f, "  {} {}: {}", stuck.payment_id, stuck.status, stuck.detail)?;
             }
+        }
+        if let Some(spanning) = self.two_phase_commits {
+            writeln!(f, "Citus            {spanning} transaction(s) committed with two-phase commit (must be 0)")?;
         }
         writeln!(f, "violations       {}", v.violations.len())?;
         for violation in v.violations.iter().take(50) {

@@ -7,7 +7,7 @@
 //! touches a table other than through the real binaries, and nothing here decides a fault: that is
 //! the harness's job. Dropping a [`System`] kills every process and deletes the database server.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::time::Duration;
@@ -247,7 +247,12 @@ pub struct System {
     tenants: Vec<Tenant>,
     logs: Logs,
     database_up: bool,
+    /// Citus worker nodes crashed and not started again.
+    nodes_down: BTreeSet<usize>,
     reconciler: PathBuf,
+    /// Under Citus, the two-phase commits that setting up made (creating the database, distributing
+    /// the tables); `None` on one PostgreSQL.
+    two_phase_at_start: Option<i64>,
 }
 
 impl System {
@@ -267,6 +272,7 @@ impl System {
         };
         let server =
             Server::start(server::Kind::from_env(), config.durability).await.context("cannot start PostgreSQL")?;
+        server.keep_two_phase_records().await?;
         server.create_database("oncepay").await?;
         let database_url = server.url("oncepay");
         let binaries = &config.binaries;
@@ -310,6 +316,7 @@ impl System {
             .connect(&database_url)
             .await
             .context("cannot connect to the test database")?;
+        let two_phase_at_start = two_phase_commits(&pool, &server).await?;
         let mut system = Self {
             slots,
             provider,
@@ -319,7 +326,9 @@ impl System {
             tenants,
             logs,
             database_up: true,
+            nodes_down: BTreeSet::new(),
             reconciler: config.binaries.reconciler.clone(),
+            two_phase_at_start,
         };
         let all: Vec<_> = system.slots.keys().copied().collect();
         for (role, index) in all {
@@ -375,6 +384,14 @@ impl System {
     /// returns its output; a refused or failed command is an error with its message.
     pub async fn operator(&self, args: &[&str]) -> anyhow::Result<String> {
         run_cli(&self.reconciler, &self.database_url, args).await
+    }
+
+    /// Under Citus, how many transactions committed with two-phase commit since the system started:
+    /// each one spanned nodes, which no statement of oncepay's hot paths should make. `None` on one
+    /// PostgreSQL, where there is no such thing.
+    pub async fn two_phase_commits_since_start(&self) -> anyhow::Result<Option<i64>> {
+        let now = two_phase_commits(&self.pool, &self.server).await?;
+        Ok(now.zip(self.two_phase_at_start).map(|(now, start)| now - start))
     }
 
     /// A pool on oncepay's database, for the checker.
@@ -511,10 +528,33 @@ impl System {
         self.database_up
     }
 
+    /// How many Citus worker nodes hold the data: none on one PostgreSQL.
+    pub fn database_nodes(&self) -> usize {
+        self.server.worker_nodes()
+    }
+
+    /// Under Citus, crashes worker node `index`: the payments of the tenants it holds wait.
+    pub async fn crash_database_node(&mut self, index: usize) -> anyhow::Result<()> {
+        self.server.crash_worker_node(index).await?;
+        self.nodes_down.insert(index);
+        Ok(())
+    }
+
+    /// Starts worker node `index` again; it recovers from its WAL.
+    pub async fn resume_database_node(&mut self, index: usize) -> anyhow::Result<()> {
+        if self.nodes_down.remove(&index) {
+            self.server.resume_worker_node(index).await?;
+        }
+        Ok(())
+    }
+
     /// Every process back: PostgreSQL up, paused ones resumed, dead ones started, and any started
     /// with extra environment (fail points) started again without it.
     pub async fn heal(&mut self) -> anyhow::Result<()> {
         self.resume_database().await?;
+        for index in std::mem::take(&mut self.nodes_down) {
+            self.server.resume_worker_node(index).await?;
+        }
         let all: Vec<_> = self.slots.keys().copied().collect();
         for (role, index) in all {
             self.resume(role, index)?;
@@ -666,6 +706,19 @@ fn process_spec(
             .env("ONCEPAY_POLLER__MAX_ATTEMPTS", timing.poller_max_attempts.to_string())
             .env("ONCEPAY_SWEEPER__INTERVAL_MS", &interval),
     }
+}
+
+/// Under Citus, the transactions the coordinator has committed with two-phase commit (it keeps their
+/// records, [`Server::keep_two_phase_records`]).
+async fn two_phase_commits(pool: &PgPool, server: &Server) -> anyhow::Result<Option<i64>> {
+    if !matches!(server, Server::Citus(_)) {
+        return Ok(None);
+    }
+    let count = sqlx::query_scalar("SELECT count(*) FROM pg_dist_transaction")
+        .fetch_one(pool)
+        .await
+        .context("cannot count two-phase commits")?;
+    Ok(Some(count))
 }
 
 /// Runs an operator command of `oncepay-reconciler` on `database_url` and returns its stdout.

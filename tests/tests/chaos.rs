@@ -1,7 +1,8 @@
 //! The chaos harness's short profile, run by the test command: a few minutes of the real system
 //! under seeded faults (processes killed, paused and crashed at fail points, PostgreSQL crashed,
-//! every simulator fault), then every invariant of the contract checked. A failure prints the
-//! report, the kept logs and the command that replays the seed.
+//! every simulator fault; under Citus, worker nodes crashed too), then every invariant of the
+//! contract checked. A failure prints the report, the kept logs and the command that replays the
+//! seed.
 
 // Helpers outside `#[test]` functions fail loudly too: clippy's test exemption does not reach them.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -47,6 +48,9 @@ async fn under_the_short_chaos_profile_every_promise_holds() {
         "simulator: hang_before",
     ] {
         assert!(injected(kind), "no {kind:?} fault was injected\n{report}");
+    }
+    if report.two_phase_commits.is_some() {
+        assert!(injected("Citus worker node"), "no worker node was stopped\n{report}");
     }
     assert!(report.observations.accepted() > 0 && report.verdict.charge_histogram[1] > 0, "{report}");
 }

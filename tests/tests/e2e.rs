@@ -71,6 +71,7 @@ async fn drive(system: &System, config: &WorkloadConfig) -> (Report, Plan) {
         observations,
         settled,
         verdict,
+        two_phase_commits: system.two_phase_commits_since_start().await.unwrap(),
     };
     (report, plan)
 }
