@@ -30,5 +30,7 @@ SELECT tenant_id AS "tenant_id!: TenantId",
        first_sent_at,
        created_at AS "created_at!",
        updated_at AS "updated_at!"
-FROM settle_payments($1, $2, $3::text[]::payment_status[], $4::text[]::payment_status[], $5, $6, $7, $8,
-                     $9, $10, $11, $12, $13)
+-- Every argument is cast: the benchmark's pgbench script passes text arrays.
+FROM settle_payments($1::uuid, $2::uuid[], $3::text[]::payment_status[], $4::text[]::payment_status[],
+                     $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::jsonb[], $11::bigint[],
+                     $12::text[], $13::timestamptz[])
