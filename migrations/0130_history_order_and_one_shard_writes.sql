@@ -23,13 +23,14 @@
 --    ships the results between nodes, and the transaction then commits with two-phase commit. The
 --    claim (`worker/sql/claim.sql`) wrote its audit rows in an INSERT CTE, the settlement
 --    (`store/sql/settle.sql`) its audit rows and ledger entries. Here each is a function: one
---    statement of SELECT and UPDATE CTEs moves the rows and collects them in an array, then one
---    INSERT … SELECT per table writes the new rows from the moved payments (read back by the tenant
---    and the moved ids, joined with the caller's arrays). Every statement names `p_tenant_id`, and an
---    INSERT … SELECT from a table of the same colocation group, filtered on the tenant, runs whole on
---    the tenant's shard; an INSERT from the arrays alone would be built on the coordinator and copied
---    over, with two-phase commit (tried on Citus 13.2). So the transaction stays on one node. On plain
---    PostgreSQL a call is still one round trip.
+--    statement of SELECT and UPDATE CTEs moves the rows and collects them in an array, then a
+--    function of its own writes the new rows (`write_claim_rows`, `write_settlement_rows`). On plain
+--    PostgreSQL those write from the arrays. Under Citus an INSERT from arrays alone is built on the
+--    coordinator and copied to the shard, with two-phase commit, so `store/sql/citus.sql` replaces
+--    them with versions that read the moved payments back, which Citus runs whole on the tenant's
+--    shard (tried on Citus 13.2). Reading back costs about 0.1 ms a call on one PostgreSQL
+--    (BENCHMARKS.md), which is why plain PostgreSQL keeps the arrays. On plain PostgreSQL a call is
+--    still one round trip.
 
 ALTER TABLE payments ADD COLUMN event_count integer NOT NULL DEFAULT 1;
 ALTER TABLE payment_events ADD COLUMN seq integer NOT NULL DEFAULT 1;
@@ -72,6 +73,22 @@ CREATE TYPE claimed_send AS (
     tracestate     text,
     event_seq      integer
 );
+
+-- The audit rows of a claim: one per claimed send, from `claimed`. `ids` are the claimed payments'
+-- ids, for the Citus version in `store/sql/citus.sql`, which reads the payments back instead.
+CREATE FUNCTION write_claim_rows(p_tenant_id uuid, p_actor text, claimed claimed_send[], ids uuid[])
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    INSERT INTO payment_events (tenant_id, payment_id, seq, from_status, to_status, actor, reason, detail)
+    SELECT p_tenant_id, c.payment_id, c.event_seq, 'pending', 'processing', p_actor,
+           'claimed for sending to the provider',
+           jsonb_build_object('attempt', c.attempts, 'send_attempts', c.send_attempts,
+                              'fencing_token', c.fencing_token)
+    FROM unnest(claimed) c;
+END
+$$;
 
 -- The worker's claim from one tenant: takes up to `p_batch` of the tenant's due outbox rows that no
 -- one holds, oldest first, leases them to `p_worker` under fresh fencing tokens, moves their payments
@@ -129,16 +146,44 @@ BEGIN
     INTO claimed, ids
     FROM moved m JOIN leased l USING (payment_id);
 
-    INSERT INTO payment_events (tenant_id, payment_id, seq, from_status, to_status, actor, reason, detail)
-    SELECT p.tenant_id, p.payment_id, p.event_count, 'pending', 'processing', p_actor,
-           'claimed for sending to the provider',
-           jsonb_build_object('attempt', o.attempts, 'send_attempts', p.send_attempts,
-                              'fencing_token', o.fencing_token)
-    FROM payments p
-    JOIN outbox o ON o.tenant_id = p.tenant_id AND o.payment_id = p.payment_id
-    WHERE p.tenant_id = p_tenant_id AND o.tenant_id = p_tenant_id AND p.payment_id = ANY(ids);
+    PERFORM write_claim_rows(p_tenant_id, p_actor, claimed, ids);
 
     RETURN QUERY SELECT * FROM unnest(claimed);
+END
+$$;
+
+-- The audit rows and ledger entries of a settlement: one audit row per moved payment and one ledger
+-- entry per succeeded one, from `moved` and the caller's arrays. `ids` are the moved payments' ids,
+-- for the Citus version in `store/sql/citus.sql`, which reads the payments back instead.
+CREATE FUNCTION write_settlement_rows(
+    p_tenant_id uuid,
+    moved payments[],
+    ids uuid[],
+    p_payment_ids uuid[],
+    p_from_statuses payment_status[],
+    p_actors text[],
+    p_reasons text[],
+    p_details jsonb[],
+    p_charge_ids text[],
+    p_ledger_amounts bigint[],
+    p_ledger_currencies text[],
+    p_charged_at timestamptz[]
+) RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    INSERT INTO payment_events (tenant_id, payment_id, seq, from_status, to_status, actor, reason, detail)
+    SELECT p_tenant_id, m.payment_id, m.event_count, c.from_status, m.status, c.actor, c.reason, c.detail
+    FROM unnest(moved) m
+    JOIN unnest(p_payment_ids, p_from_statuses, p_actors, p_reasons, p_details)
+        AS c(payment_id, from_status, actor, reason, detail) ON c.payment_id = m.payment_id;
+
+    INSERT INTO ledger_entries (tenant_id, payment_id, provider_charge_id, amount, currency, charged_at)
+    SELECT p_tenant_id, m.payment_id, c.charge_id, c.amount, c.currency, c.charged_at
+    FROM unnest(moved) m
+    JOIN unnest(p_payment_ids, p_charge_ids, p_ledger_amounts, p_ledger_currencies, p_charged_at)
+        AS c(payment_id, charge_id, amount, currency, charged_at) ON c.payment_id = m.payment_id
+    WHERE m.status = 'succeeded';
 END
 $$;
 
@@ -180,19 +225,8 @@ BEGIN
     )
     SELECT array_agg(ROW(changed.*)::payments), array_agg(changed.payment_id) INTO moved, ids FROM changed;
 
-    INSERT INTO payment_events (tenant_id, payment_id, seq, from_status, to_status, actor, reason, detail)
-    SELECT p.tenant_id, p.payment_id, p.event_count, c.from_status, p.status, c.actor, c.reason, c.detail
-    FROM payments p
-    JOIN unnest(p_payment_ids, p_from_statuses, p_actors, p_reasons, p_details)
-        AS c(payment_id, from_status, actor, reason, detail) ON c.payment_id = p.payment_id
-    WHERE p.tenant_id = p_tenant_id AND p.payment_id = ANY(ids);
-
-    INSERT INTO ledger_entries (tenant_id, payment_id, provider_charge_id, amount, currency, charged_at)
-    SELECT p.tenant_id, p.payment_id, c.charge_id, c.amount, c.currency, c.charged_at
-    FROM payments p
-    JOIN unnest(p_payment_ids, p_charge_ids, p_ledger_amounts, p_ledger_currencies, p_charged_at)
-        AS c(payment_id, charge_id, amount, currency, charged_at) ON c.payment_id = p.payment_id
-    WHERE p.tenant_id = p_tenant_id AND p.payment_id = ANY(ids) AND p.status = 'succeeded';
+    PERFORM write_settlement_rows(p_tenant_id, moved, ids, p_payment_ids, p_from_statuses, p_actors, p_reasons,
+                                  p_details, p_charge_ids, p_ledger_amounts, p_ledger_currencies, p_charged_at);
 
     RETURN QUERY SELECT * FROM unnest(moved);
 END
