@@ -278,7 +278,7 @@ mod tests {
         );
         assert!(lines[2].contains("o.tenant_id = :tenant_id"), "{}", lines[2]);
         assert!(
-            lines[3].contains("FROM settle_payments(:tenant_id,") && !lines[3].contains("pg_notify"),
+            lines[3].contains("FROM settle_payments(:tenant_id::uuid,") && !lines[3].contains("pg_notify"),
             "{}",
             lines[3]
         );
