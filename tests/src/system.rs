@@ -342,6 +342,12 @@ impl System {
         &self.tenants
     }
 
+    /// The base URL of process `index` of `role` (its `/metrics`, `/readyz`, the api's routes).
+    pub fn url(&self, role: Role, index: usize) -> anyhow::Result<String> {
+        let slot = self.slots.get(&(role, index)).with_context(|| format!("no {} {index}", role.as_str()))?;
+        Ok(format!("http://127.0.0.1:{}", slot.port))
+    }
+
     /// The base URL of every api process, by index.
     pub fn api_urls(&self) -> Vec<String> {
         self.slots

@@ -56,8 +56,18 @@ async fn the_reaper_deletes_expired_keys_and_old_webhook_ids_of_every_tenant_and
     let webhooks_left =
         wait_for(system.pool(), "SELECT count(*) FROM webhook_events", |count| count == 0).await.unwrap();
 
+    // The reaper did it, without a failed pass, and there were webhook ids to reap.
+    let reconciler = system.url(Role::Reconciler, 0).unwrap();
+    let metrics = http.get(format!("{reconciler}/metrics")).send().await.unwrap().text().await.unwrap();
+    let reaped_keys = sum(&metrics, "oncepay_reconciler_reaped_keys_total");
+    let webhooks_received = sum(&metrics, "oncepay_reconciler_webhooks_total");
+    let reaper_errors = sum(&metrics, "oncepay_reconciler_loop_errors_total{loop=\"reaper\"");
+
     assert_eq!(settled, payments as i64);
     assert_eq!((keys_left, webhooks_left), (0, 0), "{webhooks} webhook ids were seen");
+    assert_eq!(reaped_keys, payments as f64, "every key was deleted by the reaper\n{metrics}");
+    assert!(webhooks_received > 0.0, "the provider's webhooks arrived, so there were webhook ids to reap");
+    assert_eq!(reaper_errors, 0.0, "no reaper pass failed\n{metrics}");
     let kept: i64 = sqlx::query_scalar("SELECT count(*) FROM payments").fetch_one(system.pool()).await.unwrap();
     assert_eq!(kept, payments as i64, "payments are never reaped");
     let ledger: i64 = sqlx::query_scalar("SELECT count(*) FROM ledger_entries").fetch_one(system.pool()).await.unwrap();
@@ -70,6 +80,15 @@ async fn the_reaper_deletes_expired_keys_and_old_webhook_ids_of_every_tenant_and
         assert_eq!(spanning, 0, "transactions that spanned nodes");
     }
     assert!(system.shutdown().await.unwrap().is_empty(), "every process exits 0 on SIGTERM");
+}
+
+/// The sum of every sample in a Prometheus `text` whose line starts with `series` (a name, or a
+/// name and the start of its labels).
+fn sum(text: &str, series: &str) -> f64 {
+    text.lines()
+        .filter(|line| line.starts_with(series))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 /// Runs the count `query` until `done` says so, for at most 30 s; returns the last count read.
