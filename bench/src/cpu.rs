@@ -131,7 +131,7 @@ pub enum ClientSource {
 /// Takes samples for one window's accounting.
 #[derive(Debug, Clone)]
 pub struct CpuSampler {
-    postmaster: i32,
+    postmasters: Vec<i32>,
     client: ClientSource,
 }
 
@@ -169,14 +169,15 @@ impl CpuUsage {
 }
 
 impl CpuSampler {
-    /// Accounts PostgreSQL under `postmaster` and the load to `client`.
-    pub fn new(postmaster: i32, client: ClientSource) -> Self {
-        Self { postmaster, client }
+    /// Accounts PostgreSQL under `postmasters` (one per node of a Citus cluster) and the load to
+    /// `client`.
+    pub fn new(postmasters: &[i32], client: ClientSource) -> Self {
+        Self { postmasters: postmasters.to_vec(), client }
     }
 
     /// The CPU times now.
     ///
-    /// PostgreSQL is the postmaster's own time and that of the children it has reaped (`cutime`,
+    /// PostgreSQL is each postmaster's own time and that of the children it has reaped (`cutime`,
     /// `cstime`: backends that exited), plus every live child's own time (backends, checkpointer,
     /// WAL writer, autovacuum), so nothing is lost when a backend exits mid-window. The binaries,
     /// and pgbench as the client, are this process's children, told apart by command name; each
@@ -187,9 +188,9 @@ impl CpuSampler {
         let mut ticks: BTreeMap<Role, u64> = BTreeMap::new();
         let mut add = |role: Role, value: u64| *ticks.entry(role).or_default() += value;
         for process in processes() {
-            if process.pid == self.postmaster {
+            if self.postmasters.contains(&process.pid) {
                 add(Role::Postgres, process.own_ticks + process.children_ticks);
-            } else if process.ppid == self.postmaster {
+            } else if self.postmasters.contains(&process.ppid) {
                 add(Role::Postgres, process.own_ticks);
             } else if process.ppid == me
                 && let Some(role) = Role::of_child(&process.comm)

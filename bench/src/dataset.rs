@@ -255,9 +255,23 @@ pub async fn settle_database(conn: &mut PgConnection) -> anyhow::Result<()> {
     checkpoint(conn).await
 }
 
-/// `CHECKPOINT`: starts a phase with no dirty pages from the one before.
+/// `CHECKPOINT`: starts a phase with no dirty pages from the one before. Under Citus, on every
+/// worker node too (a `CHECKPOINT` on the coordinator is the coordinator's alone).
 pub async fn checkpoint(conn: &mut PgConnection) -> anyhow::Result<()> {
-    sqlx::raw_sql("CHECKPOINT").execute(conn).await.context("CHECKPOINT")?;
+    sqlx::raw_sql("CHECKPOINT").execute(&mut *conn).await.context("CHECKPOINT")?;
+    sqlx::raw_sql(
+        "DO $$ BEGIN
+             -- Nested: PL/pgSQL plans the inner test only where Citus's function exists.
+             IF EXISTS (SELECT FROM pg_extension WHERE extname = 'citus') THEN
+                 IF EXISTS (SELECT FROM run_command_on_workers('CHECKPOINT') WHERE NOT success) THEN
+                     RAISE EXCEPTION 'CHECKPOINT failed on a worker node';
+                 END IF;
+             END IF;
+         END $$",
+    )
+    .execute(conn)
+    .await
+    .context("CHECKPOINT on the worker nodes")?;
     Ok(())
 }
 

@@ -40,6 +40,10 @@ struct Cli {
     /// Where the processes' logs go (default: beside the report).
     #[arg(long)]
     log_dir: Option<PathBuf>,
+    /// Run on a throwaway Citus cluster, a coordinator and two worker nodes, instead of one
+    /// PostgreSQL (Citus must be installed for the server; nothing here installs it).
+    #[arg(long)]
+    citus: bool,
     /// The commit the binaries were built from, kept in the report. (Not an environment variable:
     /// the binaries it starts would read any `ONCEPAY_*` one as configuration.)
     #[arg(long)]
@@ -100,6 +104,7 @@ async fn bench() -> anyhow::Result<()> {
         log_dir,
         command: std::env::args().collect(),
         git_commit: cli.commit,
+        citus: cli.citus,
     };
     let report = run::run(&options).await?;
     if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -108,7 +113,7 @@ async fn bench() -> anyhow::Result<()> {
     std::fs::write(&out, serde_json::to_string_pretty(&report)?)
         .with_context(|| format!("writing {}", out.display()))?;
     let mut stdout = std::io::stdout().lock();
-    writeln!(stdout, "\n{}", report::table(&report.rows))?;
+    writeln!(stdout, "\non {}\n{}", report.server, report::table(&report.rows))?;
     writeln!(stdout, "report: {}", out.display())?;
     match &report.error {
         Some(error) => anyhow::bail!("the run stopped early: {error}"),

@@ -39,8 +39,8 @@ pub struct Target<'a> {
     pub database: &'a str,
     /// How the report names its data.
     pub dataset: &'a str,
-    /// The postmaster, for CPU accounting.
-    pub postmaster: i32,
+    /// The postmaster of every node, for CPU accounting.
+    pub postmasters: &'a [i32],
 }
 
 impl Target<'_> {
@@ -77,7 +77,7 @@ pub async fn raw(
         port: target.port,
         database: target.database,
     };
-    let sampler = CpuSampler::new(target.postmaster, ClientSource::Process);
+    let sampler = CpuSampler::new(target.postmasters, ClientSource::Process);
     let running = job.spawn()?;
     let from = Instant::now() + timing.warmup;
     sleep_until(from).await;
@@ -134,7 +134,7 @@ async fn http_window(
         measure_from: from,
         measure_until: until,
     })?;
-    let sampler = CpuSampler::new(target.postmaster, ClientSource::Thread(generator.thread_id()));
+    let sampler = CpuSampler::new(target.postmasters, ClientSource::Thread(generator.thread_id()));
     sleep_until(from).await;
     let (cpu_from, wall_from) = (sampler.sample(), OffsetDateTime::now_utc());
     let depth_from = target.outbox_depth().await?;
@@ -232,7 +232,7 @@ pub async fn service_under_flood(
 /// of the backlog are gone (the last rows drain slower as the queue empties, which is not the rate
 /// asked about).
 pub async fn drain(target: &Target<'_>, timing: Timing, workers: usize, started: Instant) -> anyhow::Result<Row> {
-    let sampler = CpuSampler::new(target.postmaster, ClientSource::Process);
+    let sampler = CpuSampler::new(target.postmasters, ClientSource::Process);
     sleep_until(started + timing.warmup).await;
     let cpu_from = sampler.sample();
     let depth_from = target.outbox_depth().await?;

@@ -31,6 +31,8 @@ pub struct Report {
     pub profile: String,
     /// A free-text note given with `--label` (e.g. which lever this run tries).
     pub label: Option<String>,
+    /// The database server: one PostgreSQL, or a Citus cluster.
+    pub server: String,
     /// The command line.
     pub command: Vec<String>,
     /// The commit the binaries were built from, when known.

@@ -1,6 +1,8 @@
-//! A whole run, in order, on one throwaway PostgreSQL (durable: `fsync` and `synchronous_commit`
-//! on, as in issue #8's reference figures): the setup, then every [`Phase`] asked for, each raw
-//! baseline next to the service measurement compared with it.
+//! A whole run, in order, on one throwaway PostgreSQL, or with `--citus` on a throwaway Citus
+//! cluster (a coordinator and two worker nodes on this machine), durable either way (`fsync` and
+//! `synchronous_commit` on, as in issue #8's reference figures): the setup, then every [`Phase`]
+//! asked for, each raw baseline next to the service measurement compared with it. Raw baselines and
+//! services alike connect to the coordinator, and PostgreSQL's CPU time is that of every node.
 //!
 //! The run stops at the first failure: a figure measured after something went wrong is not one to
 //! keep.
@@ -10,12 +12,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use oncepay_devkit::pg::{Cluster, Durability};
+use oncepay_devkit::pg::Durability;
+use oncepay_devkit::server::{self, Server};
 use oncepay_domain::api_key;
 use oncepay_provider::webhook_signature::WebhookSecret;
 use secrecy::ExposeSecret;
-use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
+use sqlx::{Connection as _, PgPool};
 use tokio::time::Instant;
 
 use crate::cpu::{ClientSource, CpuSampler, Role};
@@ -108,6 +111,8 @@ pub struct Options {
     pub git_commit: Option<String>,
     /// What was done about other work on the machine (the run's scheduling priority).
     pub priority: String,
+    /// Run on a Citus cluster instead of one PostgreSQL.
+    pub citus: bool,
 }
 
 impl Options {
@@ -147,9 +152,9 @@ struct Database {
 
 impl Database {
     /// Creates, migrates and fills a database with `stored_keys` settled payments.
-    async fn create(cluster: &Cluster, name: &str, label: &str, stored_keys: u64) -> anyhow::Result<Self> {
-        cluster.create_database(name).await?;
-        let url = cluster.url(name);
+    async fn create(server: &Server, name: &str, label: &str, stored_keys: u64) -> anyhow::Result<Self> {
+        server.create_database(name).await?;
+        let url = server.url(name);
         let pool = PgPoolOptions::new().max_connections(4).connect(&url).await?;
         oncepay_store::db::migrate(&pool).await.context("migrating")?;
         let mut conn = pool.acquire().await?;
@@ -164,8 +169,14 @@ impl Database {
         Ok(Self { name: name.to_owned(), url, pool, tenant, replays, variables, label: label.to_owned() })
     }
 
-    fn target(&self, cluster: &Cluster, postmaster: i32) -> Target<'_> {
-        Target { pool: &self.pool, port: cluster.port(), database: &self.name, dataset: &self.label, postmaster }
+    fn target<'a>(&'a self, server: &Server, postmasters: &'a [i32]) -> Target<'a> {
+        Target {
+            pool: &self.pool,
+            port: server.front().port(),
+            database: &self.name,
+            dataset: &self.label,
+            postmasters,
+        }
     }
 
     /// Drops whatever is queued: the payments accepted by earlier phases stay `pending` forever
@@ -194,8 +205,9 @@ impl Database {
 struct Bench<'a> {
     options: &'a Options,
     timing: Timing,
-    cluster: Cluster,
-    postmaster: i32,
+    server: Server,
+    /// The postmaster of every node.
+    postmasters: Vec<i32>,
     pgbench: PathBuf,
     launcher: Launcher,
     rows: Vec<Row>,
@@ -207,16 +219,17 @@ pub async fn run(options: &Options) -> anyhow::Result<Report> {
     let started_at = time::OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339)?;
     let timing = options.profile.timing();
     std::fs::create_dir_all(&options.log_dir)?;
-    let cluster = Cluster::start(Durability::Durable).await.context("cannot start PostgreSQL")?;
-    eprintln!("bench: PostgreSQL on port {}, logs in {}", cluster.port(), options.log_dir.display());
-    let main = Database::create(&cluster, "oncepay", "main", STORED_KEYS).await?;
+    let kind = if options.citus { server::Kind::Citus } else { server::Kind::Single };
+    let server = Server::start(kind, Durability::Durable).await.context("cannot start PostgreSQL")?;
+    eprintln!("bench: {} on port {}, logs in {}", server.describe(), server.front().port(), options.log_dir.display());
+    let main = Database::create(&server, "oncepay", "main", STORED_KEYS).await?;
     let machine = Machine::describe(&mut *main.pool.acquire().await?).await?;
-    let postmaster = dataset::postmaster_pid(&mut *main.pool.acquire().await?).await?;
+    let postmasters = postmasters(&server).await?;
     let mut bench = Bench {
         options,
         timing,
-        cluster,
-        postmaster,
+        server,
+        postmasters,
         pgbench: crate::pgbench::locate().await,
         launcher: Launcher::new(&options.log_dir, options.api_env.clone(), options.worker_env.clone())?,
         rows: Vec::new(),
@@ -228,6 +241,7 @@ pub async fn run(options: &Options) -> anyhow::Result<Report> {
         started_at,
         profile: options.profile.name().into(),
         label: options.label.clone(),
+        server: bench.server.describe(),
         command: options.command.clone(),
         git_commit: options.git_commit.clone(),
         priority: options.priority.clone(),
@@ -293,7 +307,7 @@ impl Bench<'_> {
     }
 
     fn target<'d>(&'d self, database: &'d Database) -> Target<'d> {
-        database.target(&self.cluster, self.postmaster)
+        database.target(&self.server, &self.postmasters)
     }
 
     async fn raw(&mut self, database: &Database, baseline: Baseline, clients: u32) -> anyhow::Result<usize> {
@@ -423,7 +437,7 @@ impl Bench<'_> {
         forged: Option<usize>,
     ) -> anyhow::Result<(webhooks::Window, crate::cpu::CpuUsage)> {
         let timing = self.timing;
-        let sampler = CpuSampler::new(self.postmaster, ClientSource::Process);
+        let sampler = CpuSampler::new(&self.postmasters, ClientSource::Process);
         let cpu = async {
             tokio::time::sleep(timing.warmup).await;
             let from = sampler.sample();
@@ -541,7 +555,7 @@ impl Bench<'_> {
         let mut small: Option<[usize; 5]> = None;
         for (stored_keys, label) in HISTORIES {
             let name = format!("history_{stored_keys}");
-            let database = Database::create(&self.cluster, &name, label, stored_keys).await?;
+            let database = Database::create(&self.server, &name, label, stored_keys).await?;
             let api = self.launcher.api(&format!("api-{name}"), &database.url, &[]).await?;
             let no_cache = [(NO_REPLAY_CACHE.0, NO_REPLAY_CACHE.1.to_owned())];
             let uncached = self.launcher.api(&format!("api-{name}-uncached"), &database.url, &no_cache).await?;
@@ -585,10 +599,20 @@ impl Bench<'_> {
             api.stop().await?;
             uncached.stop().await?;
             database.pool.close().await;
-            self.cluster.psql("postgres", &format!("DROP DATABASE {name}")).await?;
+            self.server.front().psql("postgres", &format!("DROP DATABASE {name}")).await?;
         }
         Ok(())
     }
+}
+
+/// The postmaster of each of `server`'s nodes, read from a backend's parent.
+async fn postmasters(server: &Server) -> anyhow::Result<Vec<i32>> {
+    let mut postmasters = Vec::new();
+    for node in server.nodes() {
+        let mut conn = sqlx::PgConnection::connect(&node.url("postgres")).await?;
+        postmasters.push(dataset::postmaster_pid(&mut conn).await?);
+    }
+    Ok(postmasters)
 }
 
 /// A row of webhook-endpoint load: responses with the `expected` status are its operations, any

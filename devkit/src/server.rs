@@ -71,6 +71,22 @@ impl Server {
         }
     }
 
+    /// Every node: the one PostgreSQL, or the coordinator followed by the worker nodes.
+    pub fn nodes(&self) -> Vec<&Cluster> {
+        match self {
+            Self::Single(cluster) => vec![cluster],
+            Self::Citus(citus) => std::iter::once(citus.coordinator()).chain(citus.workers()).collect(),
+        }
+    }
+
+    /// What it is, for a report: `one PostgreSQL` or `Citus: a coordinator and 2 worker nodes`.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Single(_) => "one PostgreSQL".to_owned(),
+            Self::Citus(citus) => format!("Citus: a coordinator and {} worker nodes", citus.workers().len()),
+        }
+    }
+
     fn front_mut(&mut self) -> &mut Cluster {
         match self {
             Self::Single(cluster) => cluster,
