@@ -1,0 +1,63 @@
+//! Every raw baseline, run by pgbench for a moment against a freshly migrated database: the scripts
+//! are built from the project's own SQL files, so a change to one of those that pgbench cannot run
+//! (a missing cast, a renamed column) fails here and not only in a benchmark run.
+
+// The helpers below are test code too; clippy's test allowance only covers `#[test]` functions.
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use oncepay_bench::dataset::{self, ReplaySet, Tenant};
+use oncepay_bench::measure::{self, Target, Timing};
+use oncepay_bench::raw::{self, Baseline};
+use sqlx::PgPool;
+
+/// Settled payments the replays pick from.
+const STORED: u64 = 100;
+
+/// Pending payments: more than a claim+finish run of two seconds takes.
+const BACKLOG: u64 = 20_000;
+
+async fn count(pool: &PgPool, sql: &'static str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn every_baseline_completes_transactions_and_writes_what_its_statements_write(pool: PgPool) {
+    let mut conn = pool.acquire().await.unwrap();
+    let tenant = Tenant::create(&mut conn, "bench").await.unwrap();
+    dataset::load_settled(&mut conn, tenant.id, 0, STORED, "stored").await.unwrap();
+    dataset::load_backlog(&mut conn, tenant.id, BACKLOG, "backlog").await.unwrap();
+    drop(conn);
+    let options = pool.connect_options();
+    let database = options.get_database().unwrap().to_owned();
+    let target =
+        Target { pool: &pool, port: options.get_port(), database: &database, dataset: "test", postmasters: &[] };
+    let timing = Timing { warmup: Duration::ZERO, window: Duration::from_secs(1) };
+    let variables = raw::variables(&tenant, ReplaySet::all(STORED)).unwrap();
+    let pgbench = oncepay_bench::pgbench::locate().await;
+    let keys_before = count(&pool, "SELECT count(*) FROM idempotency_keys").await;
+
+    for baseline in
+        [Baseline::ThreeInserts, Baseline::Accept, Baseline::AcceptWithNotify, Baseline::Replay, Baseline::ClaimFinish]
+    {
+        let row = measure::raw(&target, timing, &pgbench, baseline, 1, &variables).await.unwrap();
+
+        assert!(row.ops > 0, "{} completed no transaction in its window", baseline.name());
+    }
+
+    // The three accept baselines each wrote keys; the claim+finish settled backlog payments, each with
+    // its claim and settlement in its history and one ledger entry.
+    assert!(count(&pool, "SELECT count(*) FROM idempotency_keys").await > keys_before);
+    let settled = count(&pool, "SELECT count(*) FROM payments WHERE status = 'succeeded' AND event_count = 3").await;
+    assert!(settled > 0, "the claim+finish settled nothing");
+    let ledger = count(&pool, "SELECT count(*) FROM ledger_entries").await;
+    assert_eq!(ledger, settled, "one ledger entry per settled payment");
+    let audited = count(
+        &pool,
+        "SELECT count(DISTINCT payment_id) FROM payment_events
+         WHERE seq = 3 AND from_status = 'processing' AND to_status = 'succeeded'",
+    )
+    .await;
+    assert_eq!(audited, settled, "one audit row per settlement, third in its payment's history");
+}
