@@ -35,10 +35,10 @@ BEGIN
 END
 $citus$;
 
--- The rows a claim and a settlement add, written on the tenant's shard. The versions of
--- migrations/0130 write from arrays, which Citus builds on the coordinator and copies to the shard
--- with two-phase commit. These read the moved payments back instead (filtered on the tenant, from
--- tables of one colocation group), which Citus runs whole on the shard. Same arguments, same rows.
+-- The audit rows a claim adds, written on the tenant's shard. The version of migrations/0130 writes
+-- from an array, which Citus builds on the coordinator and copies to the shard with two-phase
+-- commit. This one reads the claimed payments back instead (filtered on the tenant, from tables of
+-- one colocation group), which Citus runs whole on the shard. Same arguments, same rows.
 CREATE OR REPLACE FUNCTION write_claim_rows(p_tenant_id uuid, p_actor text, claimed claimed_send[], ids uuid[])
 RETURNS void
 LANGUAGE plpgsql
@@ -55,23 +55,45 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION write_settlement_rows(
+-- The settlement on Citus: the settlement of migrations/0150 writes its audit rows and ledger entries
+-- in INSERT CTEs, which Citus never runs on the shard alone. Here the UPDATE comes first, and the
+-- rows are then written reading the moved payments back, as the claim's are above. It has no
+-- `plan_cache_mode` of its own. Same arguments, same rows, same result.
+CREATE OR REPLACE FUNCTION settle_payments(
     p_tenant_id uuid,
-    moved payments[],
-    ids uuid[],
     p_payment_ids uuid[],
+    p_to_statuses payment_status[],
     p_from_statuses payment_status[],
+    p_charge_ids text[],
+    p_failure_codes text[],
+    p_failure_messages text[],
     p_actors text[],
     p_reasons text[],
     p_details jsonb[],
-    p_charge_ids text[],
     p_ledger_amounts bigint[],
     p_ledger_currencies text[],
     p_charged_at timestamptz[]
-) RETURNS void
+) RETURNS SETOF payments
 LANGUAGE plpgsql
 AS $$
+DECLARE
+    moved payments[];
+    ids uuid[];
 BEGIN
+    WITH changed AS (
+        UPDATE payments p
+        SET status = c.to_status, updated_at = now(),
+            provider_charge_id = COALESCE(c.charge_id, p.provider_charge_id),
+            failure_code = c.failure_code, failure_message = c.failure_message,
+            event_count = p.event_count + 1
+        FROM unnest(p_payment_ids, p_to_statuses, p_from_statuses, p_charge_ids, p_failure_codes,
+                    p_failure_messages) AS c(payment_id, to_status, from_status, charge_id, failure_code,
+                                             failure_message)
+        WHERE p.tenant_id = p_tenant_id AND p.payment_id = c.payment_id AND p.status = c.from_status
+        RETURNING p.*
+    )
+    SELECT array_agg(ROW(changed.*)::payments), array_agg(changed.payment_id) INTO moved, ids FROM changed;
+
     INSERT INTO payment_events (tenant_id, payment_id, seq, from_status, to_status, actor, reason, detail)
     SELECT p.tenant_id, p.payment_id, p.event_count, c.from_status, p.status, c.actor, c.reason, c.detail
     FROM payments p
@@ -85,5 +107,7 @@ BEGIN
     JOIN unnest(p_payment_ids, p_charge_ids, p_ledger_amounts, p_ledger_currencies, p_charged_at)
         AS c(payment_id, charge_id, amount, currency, charged_at) ON c.payment_id = p.payment_id
     WHERE p.tenant_id = p_tenant_id AND p.payment_id = ANY(ids) AND p.status = 'succeeded';
+
+    RETURN QUERY SELECT * FROM unnest(moved);
 END
 $$;

@@ -1,6 +1,6 @@
 -- Terminal status changes for one or more payments of one tenant, the i-th element of every array
 -- describing the i-th change: the compare-and-set on each payment, its audit row and, for a success,
--- its ledger entry, in one call (`settle_payments`, migrations/0130). Returns every payment that
+-- its ledger entry, in one call (`settle_payments`, migrations/0150). Returns every payment that
 -- moved, as it now is (its stored response is written from that row by `store_response.sql`). A
 -- payment that was no longer in its expected status is missing from the result: another actor moved
 -- it first, and nothing was written for it. Every statement of the function names the tenant, so
