@@ -834,11 +834,14 @@ async fn metrics_count_a_scripted_workload_and_the_gauges_reflect_the_database()
     ] {
         world.until_metric(&world.reconciler, series, expected).await;
     }
+    // A second short of the seeded ages is allowed: under Citus the coordinator fixes `now()` when
+    // the gauges' statement starts, while a worker node reads the rows when its part runs, so a row
+    // committed in between counts from a moment before it was written (seen: 1799.99 s).
     let reconciler = world.metrics(&world.reconciler).await;
     let oldest_pending = metric(&reconciler, "oncepay_reconciler_oldest_pending_age_seconds").unwrap();
-    assert!((600.0..660.0).contains(&oldest_pending), "{oldest_pending}");
+    assert!((599.0..660.0).contains(&oldest_pending), "{oldest_pending}");
     let oldest_unknown = metric(&reconciler, "oncepay_reconciler_oldest_unknown_age_seconds").unwrap();
-    assert!((1800.0..1860.0).contains(&oldest_unknown), "{oldest_unknown}");
+    assert!((1799.0..1860.0).contains(&oldest_unknown), "{oldest_unknown}");
 
     // The store goes away: the api fails closed, and counts it.
     world.server.stop().await.unwrap();
