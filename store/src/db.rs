@@ -4,14 +4,17 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use secrecy::ExposeSecret;
-use sqlx::PgPool;
-use sqlx::migrate::Migrator;
+use sqlx::migrate::{Migrate, MigrateError, Migrator};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{AssertSqlSafe, Connection, PgPool};
 
 use oncepay_service::config::DatabaseSettings;
 
 /// The schema, embedded from `migrations/` at build time.
 pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
+
+/// Where sqlx records the applied migrations.
+const MIGRATIONS_TABLE: &str = "_sqlx_migrations";
 
 /// Connection options for `settings`: every connection carries the binary's `application_name`
 /// (visible in `pg_stat_activity`) and a `statement_timeout`.
@@ -74,14 +77,57 @@ pub enum Layout {
 
 /// Applies every pending migration and, when the database has the `citus` extension, distributes
 /// the tables by tenant (`sql/citus.sql`). Returns where the schema now lives.
-pub async fn migrate(pool: &PgPool) -> Result<Layout, sqlx::migrate::MigrateError> {
-    MIGRATOR.run(pool).await?;
+pub async fn migrate(pool: &PgPool) -> Result<Layout, MigrateError> {
     let citus: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')")
         .fetch_one(pool)
         .await?;
+    if citus {
+        migrate_one_statement_at_a_time(pool).await?;
+    }
+    // On Citus this finds nothing left to apply, and still checks that every applied migration is
+    // the one embedded here.
+    MIGRATOR.run(pool).await?;
     if !citus {
         return Ok(Layout::Single);
     }
     sqlx::raw_sql(include_str!("../sql/citus.sql")).execute(pool).await?;
     Ok(Layout::DistributedByTenant)
+}
+
+/// Applies every pending migration one statement at a time, each migration in one transaction,
+/// and records it as sqlx does.
+///
+/// sqlx sends a migration as one query of many statements. Once the tables are distributed, Citus
+/// passes some DDL on to the other nodes as the text of the whole query, which they refuse
+/// ("cannot insert multiple commands into a prepared statement"; seen upgrading a database
+/// distributed at migration 120). Statement by statement, each carries its own text. The
+/// transaction runs in Citus's sequential mode, since Citus refuses a command on a type after a
+/// parallel command on a distributed table in the same transaction. On plain PostgreSQL the setting
+/// means nothing, and this gives the same schema as `MIGRATOR.run` (tested).
+pub async fn migrate_one_statement_at_a_time(pool: &PgPool) -> Result<(), MigrateError> {
+    // A connection of its own, not the pool's: if a migration fails, it closes, and the migration
+    // lock it holds goes with it.
+    let mut conn = sqlx::PgConnection::connect_with(&pool.connect_options()).await?;
+    conn.ensure_migrations_table(MIGRATIONS_TABLE).await?;
+    conn.lock().await?;
+    let applied: Vec<i64> =
+        conn.list_applied_migrations(MIGRATIONS_TABLE).await?.iter().map(|migration| migration.version).collect();
+    let pending = MIGRATOR
+        .iter()
+        .filter(|migration| migration.migration_type.is_up_migration() && !applied.contains(&migration.version));
+    for migration in pending {
+        let mut tx = conn.begin().await?;
+        sqlx::raw_sql("SET LOCAL citus.multi_shard_modify_mode TO 'sequential'").execute(&mut *tx).await?;
+        for statement in crate::statements::split(migration.sql.as_str()) {
+            sqlx::raw_sql(AssertSqlSafe(statement))
+                .execute(&mut *tx)
+                .await
+                .map_err(|error| MigrateError::ExecuteMigration(error, migration.version))?;
+        }
+        tx.skip(MIGRATIONS_TABLE, migration).await?;
+        tx.commit().await?;
+    }
+    conn.unlock().await?;
+    conn.close().await?;
+    Ok(())
 }

@@ -19,6 +19,7 @@ pub mod notify;
 pub mod outbox;
 pub mod payments;
 pub mod settlement;
+pub mod statements;
 pub mod tenants;
 pub mod transitions;
 pub mod unknown_queue;
