@@ -2,8 +2,9 @@
 -- after the migrations when the database has the `citus` extension, and again after every later
 -- migration; on plain PostgreSQL it never runs. It only adds: a table already distributed is left
 -- as it is, so a new table needs one more name below, and a new migration on a distributed table
--- is propagated to the nodes by Citus itself. It also replaces the two functions whose best form
--- differs on Citus (at the end): a migration that changes them must change them here too.
+-- is propagated to the nodes by Citus itself (`migrate` sends it one statement at a time, which
+-- Citus needs: `db::migrate_one_statement_at_a_time`). It also replaces the two functions whose
+-- best form differs on Citus (at the end): a migration that changes them must change them here too.
 --
 -- `tenants` and `api_keys` are small and read on every request: copied to every node. `payments`
 -- anchors the colocation group, and every table with a foreign key to it lives beside it, so one
