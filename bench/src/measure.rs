@@ -85,14 +85,15 @@ pub async fn raw(
     sleep_until(from + timing.window).await;
     let (cpu_until, wall_until) = (sampler.sample(), SystemTime::now());
     let transactions = running.finish().await.with_context(|| format!("pgbench {}", baseline.name()))?;
-    let (ops, latencies) = pgbench::in_window(&transactions, wall_from, wall_until);
+    let (transactions, latencies) = pgbench::in_window(&transactions, wall_from, wall_until);
+    let ops = transactions * baseline.operations_per_transaction();
     let cpu = cpu_until.since(&cpu_from);
     let seconds = wall_until.duration_since(wall_from)?.as_secs_f64();
     Ok(Row {
         kind: Kind::Raw,
         name: baseline.name().into(),
         concurrency: clients,
-        setup: baseline.setup().into(),
+        setup: baseline.setup(),
         dataset: target.dataset.into(),
         ops,
         seconds,

@@ -40,6 +40,9 @@ pub enum Baseline {
     /// `store/sql/accept.sql` with its in-statement NOTIFY, as the api ran it before: shows what a
     /// NOTIFY in every accept costs.
     AcceptWithNotify,
+    /// [`Baseline::Accept`]'s statement this many times (each with a fresh key) in one transaction:
+    /// what accepting a group of payments with one commit could reach (issue 20).
+    AcceptGroup(u32),
     /// `store/sql/replay.sql`: the replay read on its own (the `intake` function's first statement),
     /// of a random stored key.
     Replay,
@@ -55,19 +58,29 @@ impl Baseline {
             Self::ThreeInserts => "three_inserts",
             Self::Accept => "accept_sql",
             Self::AcceptWithNotify => "accept_sql_notify",
+            Self::AcceptGroup(_) => "accept_sql_group",
             Self::Replay => "replay_sql",
             Self::ClaimFinish => "claim_finish_sql",
         }
     }
 
     /// How it is run, for the report.
-    pub fn setup(self) -> &'static str {
+    pub fn setup(self) -> String {
         match self {
-            Self::ThreeInserts => "pgbench: BEGIN; 3 INSERT; COMMIT",
-            Self::Accept => "pgbench: accept.sql",
-            Self::AcceptWithNotify => "pgbench: accept.sql + NOTIFY",
-            Self::Replay => "pgbench: replay.sql",
-            Self::ClaimFinish => "pgbench: claim.sql(1) + finish tx",
+            Self::ThreeInserts => "pgbench: BEGIN; 3 INSERT; COMMIT".into(),
+            Self::Accept => "pgbench: accept.sql".into(),
+            Self::AcceptWithNotify => "pgbench: accept.sql + NOTIFY".into(),
+            Self::AcceptGroup(size) => format!("pgbench: {size} accept.sql per transaction"),
+            Self::Replay => "pgbench: replay.sql".into(),
+            Self::ClaimFinish => "pgbench: claim.sql(1) + finish tx".into(),
+        }
+    }
+
+    /// The operations one pgbench transaction of it counts for: the payments of a group, else one.
+    pub fn operations_per_transaction(self) -> u64 {
+        match self {
+            Self::AcceptGroup(size) => u64::from(size),
+            _ => 1,
         }
     }
 
@@ -75,8 +88,14 @@ impl Baseline {
     pub fn script(self) -> anyhow::Result<Script> {
         match self {
             Self::ThreeInserts => three_inserts(),
-            Self::Accept => accept("false"),
-            Self::AcceptWithNotify => accept("true"),
+            Self::Accept => Ok(fresh_key(Script::new()).sql(accept("false")?)),
+            Self::AcceptWithNotify => Ok(fresh_key(Script::new()).sql(accept("true")?)),
+            Self::AcceptGroup(size) => {
+                let statement = accept("false")?;
+                let group = (0..size)
+                    .fold(Script::new().sql("BEGIN".into()), |script, _| fresh_key(script).sql(statement.clone()));
+                Ok(group.sql("COMMIT".into()))
+            }
             Self::Replay => Ok(Script::new()
                 .set("i", "random(0, :keys - 1) * :stride")
                 .set("key", &format!("(:i * {}) % 4294967296", dataset::SCRAMBLE))
@@ -86,8 +105,9 @@ impl Baseline {
     }
 }
 
-/// The accept script; `notify` names the variable (`false` or `true`) bound to the wake-up flag.
-fn accept(notify: &str) -> anyhow::Result<Script> {
+/// The accept statement, of the key in `:key`; `notify` names the variable (`false` or `true`)
+/// bound to the wake-up flag.
+fn accept(notify: &str) -> anyhow::Result<String> {
     let args = [
         Arg::Var("tenant"),
         Arg::Var("key"),
@@ -106,7 +126,7 @@ fn accept(notify: &str) -> anyhow::Result<Script> {
         // The benchmark's body (`dataset::request`) names no payment method.
         Arg::Sql("NULL"),
     ];
-    Ok(fresh_key(Script::new()).sql(command(ACCEPT_SQL, &args).context("accept.sql")?))
+    command(ACCEPT_SQL, &args).context("accept.sql")
 }
 
 fn three_inserts() -> anyhow::Result<Script> {
@@ -234,8 +254,14 @@ fn hex_bytes(bytes: &[u8]) -> String {
 mod tests {
     use super::*;
 
-    const ALL: [Baseline; 5] =
-        [Baseline::ThreeInserts, Baseline::Accept, Baseline::AcceptWithNotify, Baseline::Replay, Baseline::ClaimFinish];
+    const ALL: [Baseline; 6] = [
+        Baseline::ThreeInserts,
+        Baseline::Accept,
+        Baseline::AcceptWithNotify,
+        Baseline::AcceptGroup(3),
+        Baseline::Replay,
+        Baseline::ClaimFinish,
+    ];
 
     #[test]
     fn every_baseline_converts_the_current_sql_files() {
@@ -254,6 +280,15 @@ mod tests {
 
         assert!(quiet.contains("FROM intake(:tenant, :key,") && quiet.contains(", :false, (NULL));"), "{quiet}");
         assert_eq!(quiet.replace(":false", ":true"), notifying);
+    }
+
+    #[test]
+    fn a_group_is_the_accept_statement_with_a_fresh_key_each_time_in_one_transaction() {
+        let single = Baseline::Accept.script().unwrap().text();
+        let group = Baseline::AcceptGroup(3).script().unwrap().text();
+
+        assert_eq!(group, format!("BEGIN;\n{}COMMIT;\n", single.repeat(3)));
+        assert_eq!(Baseline::AcceptGroup(3).operations_per_transaction(), 3);
     }
 
     #[test]

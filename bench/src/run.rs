@@ -125,6 +125,10 @@ impl Options {
     }
 }
 
+/// Payments per transaction of the grouped accept baselines, run at 8 connections: the sizes of
+/// issue 20's pgbench figures, until the api groups accepts itself.
+const ACCEPT_GROUPS: [u32; 2] = [16, 64];
+
 /// Stored keys (settled payments) the replays pick from in the main database.
 const STORED_KEYS: u64 = 10_000;
 
@@ -360,6 +364,11 @@ impl Bench<'_> {
         let three_inserts = self.raw(main, Baseline::ThreeInserts, connections).await?;
         self.raw(main, Baseline::Accept, connections).await?;
         self.raw(main, Baseline::AcceptWithNotify, connections).await?;
+        if connections == 8 {
+            for size in ACCEPT_GROUPS {
+                self.raw(main, Baseline::AcceptGroup(size), connections).await?;
+            }
+        }
         let row = self.service(main, api, Workload::Accept, connections).await?;
         self.push_compared(row, three_inserts, (connections == 8).then_some(0.8));
         Ok(())

@@ -38,15 +38,28 @@ async fn every_baseline_completes_transactions_and_writes_what_its_statements_wr
     let pgbench = oncepay_bench::pgbench::locate().await;
     let keys_before = count(&pool, "SELECT count(*) FROM idempotency_keys").await;
 
-    for baseline in
-        [Baseline::ThreeInserts, Baseline::Accept, Baseline::AcceptWithNotify, Baseline::Replay, Baseline::ClaimFinish]
-    {
+    for baseline in [
+        Baseline::ThreeInserts,
+        Baseline::Accept,
+        Baseline::AcceptWithNotify,
+        Baseline::AcceptGroup(4),
+        Baseline::Replay,
+        Baseline::ClaimFinish,
+    ] {
+        let keys = count(&pool, "SELECT count(*) FROM idempotency_keys").await;
+
         let row = measure::raw(&target, timing, &pgbench, baseline, 1, &variables).await.unwrap();
 
         assert!(row.ops > 0, "{} completed no transaction in its window", baseline.name());
+        if let Baseline::AcceptGroup(size) = baseline {
+            // Each transaction accepted a whole group, and the row counts payments.
+            let added = u64::try_from(count(&pool, "SELECT count(*) FROM idempotency_keys").await - keys).unwrap();
+            assert_eq!(added % u64::from(size), 0, "{added} keys");
+            assert!(added >= row.ops && row.ops % u64::from(size) == 0, "{added} keys, {} payments", row.ops);
+        }
     }
 
-    // The three accept baselines each wrote keys; the claim+finish settled backlog payments, each with
+    // The accept baselines each wrote keys; the claim+finish settled backlog payments, each with
     // its claim and settlement in its history and one ledger entry.
     assert!(count(&pool, "SELECT count(*) FROM idempotency_keys").await > keys_before);
     let settled = count(&pool, "SELECT count(*) FROM payments WHERE status = 'succeeded' AND event_count = 3").await;
