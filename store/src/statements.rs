@@ -21,7 +21,7 @@ pub fn split(sql: &str) -> Vec<&str> {
                 let first = *start.get_or_insert(i);
                 i = match c {
                     b'\'' => string_end(bytes, i, escapes_backslashes(bytes, i)) + 1,
-                    b'"' => quoted_end(bytes, i, b'"') + 1,
+                    b'"' => name_end(bytes, i) + 1,
                     b'$' => match dollar_tag(bytes, i) {
                         Some(tag) => find(bytes, i + tag.len(), tag).map_or(bytes.len(), |end| end + tag.len()),
                         None => i + 1,
@@ -47,7 +47,7 @@ fn find(bytes: &[u8], from: usize, needle: &[u8]) -> Option<usize> {
     bytes.get(from..)?.windows(needle.len()).position(|window| window == needle).map(|at| from + at)
 }
 
-/// The index of the last `/` of the block comment opening at `open` (they nest), or past the end.
+/// The index just past the block comment opening at `open` (they nest), or the end of the text.
 fn block_comment_end(bytes: &[u8], open: usize) -> usize {
     let mut depth = 0;
     let mut i = open;
@@ -92,13 +92,13 @@ fn string_end(bytes: &[u8], open: usize, backslashes: bool) -> usize {
     bytes.len() - 1
 }
 
-/// The index of the `quote` that closes the quoted name opening at `open` (a doubled one is part
-/// of the name), or the last index.
-fn quoted_end(bytes: &[u8], open: usize, quote: u8) -> usize {
+/// The index of the `"` that closes the quoted name opening at `open` (a doubled one is part of
+/// the name), or the last index.
+fn name_end(bytes: &[u8], open: usize) -> usize {
     let mut i = open + 1;
     while i < bytes.len() {
-        if bytes[i] == quote {
-            if bytes.get(i + 1) == Some(&quote) {
+        if bytes[i] == b'"' {
+            if bytes.get(i + 1) == Some(&b'"') {
                 i += 2;
                 continue;
             }
