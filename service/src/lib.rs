@@ -1,8 +1,9 @@
 //! What every oncepay process needs to run as a service: configuration, logs and traces, metrics,
-//! shutdown on a signal, retry backoff, and TLS set up once.
+//! shutdown on a signal, retry backoff, group commit, and TLS set up once.
 
 pub mod backoff;
 pub mod config;
+pub mod group_commit;
 pub mod metrics;
 pub mod shutdown;
 pub mod telemetry;

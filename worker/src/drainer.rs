@@ -22,6 +22,7 @@ use oncepay_domain::status::PaymentStatus;
 use oncepay_provider::KeyWindow;
 use oncepay_provider::{PaymentProvider, SendOutcome};
 use oncepay_service::backoff::Backoff;
+use oncepay_service::group_commit::GroupCommits;
 use oncepay_service::telemetry;
 use oncepay_store::StoreError;
 use oncepay_store::connections::Connections;
@@ -33,7 +34,6 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::group_commit::GroupCommits;
 use crate::metrics;
 use crate::outbox::{self, ClaimRequest, Claimed};
 use crate::record::{self, RecordError, Recorded, SettledSend};

@@ -2,14 +2,13 @@
 //!
 //! The [`drainer`] claims due rows ([`outbox`]), one tenant at a time in turns ([`rotation`]), sends each to the provider, decides what the outcome
 //! means ([`verdict`], pure) and records it under the lease's fencing token ([`record`], many at once
-//! through [`group_commit`]). The worker never takes back an expired lease:
+//! through `oncepay_service::group_commit`). The worker never takes back an expired lease:
 //! `oncepay_store::leases::sweep` does, run by the reconciler.
 
 pub mod app;
 pub mod drainer;
 #[cfg(feature = "failpoints")]
 pub mod failpoints;
-pub mod group_commit;
 pub mod metrics;
 pub mod outbox;
 pub mod record;
