@@ -2,9 +2,11 @@
 //!
 //! Every check that can refuse a request runs before anything is read from or written to the
 //! store. A key whose payment is final is replayed from memory ([`crate::replay_cache`]); any other
-//! request makes one call to `oncepay_store::intake`, which replays a known key or accepts a new
-//! payment in one statement. A store that cannot be reached fails closed. Never logged: the API
-//! key, the idempotency key, the body.
+//! request goes to the store with the requests of its tenant that arrive meanwhile
+//! ([`crate::accept_groups`]), where a known key is replayed and a new payment accepted. A store that
+//! cannot be reached fails closed. Never logged: the API key, the idempotency key, the body.
+
+use std::sync::Arc;
 
 use actix_web::http::header::{self, HeaderMap};
 use actix_web::web::Bytes;
@@ -17,12 +19,13 @@ use oncepay_domain::ids::TenantId;
 use oncepay_domain::payment::PaymentResource;
 use oncepay_domain::payment_request::PaymentRequest;
 use oncepay_service::telemetry;
-use oncepay_store::intake::{self, ExistingKey, Intake, NewPayment};
+use oncepay_store::intake::{ExistingKey, Intake, NewPayment};
 use oncepay_store::{StoreError, payments};
 use serde_json::Value;
 use sqlx::PgConnection;
 use time::OffsetDateTime;
 
+use crate::accept_groups::LOCK_NOT_AVAILABLE;
 use crate::auth::Caller;
 use crate::errors::ApiError;
 use crate::openapi::{Admission, CreatePaymentHeaders, CreatePaymentResponses, PaymentRequestBody};
@@ -34,10 +37,6 @@ use crate::startup::AppState;
 /// The method and path a fingerprint covers.
 const METHOD: &str = "POST";
 const PATH: &str = "/v1/payments";
-
-/// PostgreSQL's `lock_not_available`: the `lock_timeout` (`intake.key_lock_wait_ms`) expired while
-/// waiting for a concurrent writer of the same key.
-const LOCK_NOT_AVAILABLE: &str = "55P03";
 
 /// Accepts a payment request, or replays the outcome of the first request with the same key.
 #[utoipa::path(
@@ -96,42 +95,34 @@ async fn take(request: &HttpRequest, payload: web::Payload, state: &AppState) ->
         return replay_remembered(remembered, &fingerprint);
     }
 
-    let mut conn = state.connections.acquire().await.map_err(|e| ApiError::from_store(e.into()))?;
-    let responded = store(&mut conn, state, &span, &caller, &key, &fingerprint, &payment_request).await;
-    // The connection is reused unless the store failed (its state is then unknown): a refusal
-    // PostgreSQL decided (422, a lock wait past `lock_timeout`) leaves it idle and healthy.
-    if !matches!(responded, Err(ApiError::Unavailable(_) | ApiError::Internal(_))) {
-        conn.release();
-    }
-    responded
+    store(state, &span, &caller, key, fingerprint, payment_request).await
 }
 
-/// The store's part: one intake call, then for a known key the replay (one more read while its
-/// payment is not terminal). A known key comes back as stored and nothing is written: the same
-/// fingerprint is replayed, another one is refused (422).
+/// The store's part: intake, together with the tenant's requests that arrive meanwhile, then for a
+/// known key the replay (one more read while its payment is not terminal). A known key comes back as
+/// stored and nothing is written: the same fingerprint is replayed, another one is refused (422).
 async fn store(
-    conn: &mut PgConnection,
     state: &AppState,
     span: &tracing::Span,
     caller: &Caller,
-    key: &IdempotencyKey,
-    fingerprint: &Fingerprint,
-    payment_request: &PaymentRequest,
+    key: IdempotencyKey,
+    fingerprint: Fingerprint,
+    payment_request: PaymentRequest,
 ) -> Result<Responded, ApiError> {
-    let trace = telemetry::trace_context_of(span);
     let new = NewPayment {
         tenant_id: caller.tenant_id,
-        key,
+        key: key.clone(),
         fingerprint,
         request: payment_request,
         retention: state.intake.key_retention(),
-        trace: trace.as_ref(),
+        trace: telemetry::trace_context_of(span),
     };
-    // A new key is written in one statement: key, payment, outbox row and audit row. If a
-    // concurrent request with the same key committed first, intake waited for it (at most
-    // `lock_timeout`), wrote nothing and read the key again, so every concurrent duplicate gets the
-    // same payment id.
-    match intake::accept_deferring_wakeup(conn, &new).await.map_err(accept_error)? {
+    // A new key is written in one statement with the other new keys of its group: key, payment,
+    // outbox row and audit row each. If a concurrent request with the same key committed first,
+    // intake waited for it (at most `lock_timeout`), wrote nothing and read the key again, so every
+    // concurrent duplicate gets the same payment id.
+    let accepted = Arc::clone(&state.accepts).accept(Arc::clone(&state.connections), new).await;
+    match accepted.map_err(accept_error)? {
         Intake::Created(created) => {
             // Committed: wake the workers, one coalesced `NOTIFY` for many accepts, naming the
             // tenants whose rows they queued (`oncepay_store::notify`).
@@ -149,8 +140,14 @@ async fn store(
             // No stored response yet: the payment as it stands, read once more.
             let Some((status, body)) = existing.stored_response else {
                 let poll_after_secs = state.intake.retry_after_secs;
-                let response = replay_in_progress(conn, caller.tenant_id, existing, fingerprint, poll_after_secs);
-                return Ok(Responded { response: response.await?, replayed: true });
+                let mut conn = state.connections.acquire().await.map_err(|e| ApiError::from_store(e.into()))?;
+                let response =
+                    replay_in_progress(&mut conn, caller.tenant_id, existing, &fingerprint, poll_after_secs).await;
+                // Reused unless the read failed (its state is then unknown).
+                if !matches!(response, Err(ApiError::Unavailable(_) | ApiError::Internal(_))) {
+                    conn.release();
+                }
+                return Ok(Responded { response: response?, replayed: true });
             };
             let remembered = Final {
                 fingerprint: existing.fingerprint,
@@ -160,8 +157,8 @@ async fn store(
                 body: Bytes::from(String::from(Box::<str>::from(body))),
             };
             // A stored response is final, so the next retry can be served from memory.
-            state.replays.remember(caller.tenant_id, key, remembered.clone());
-            replay_remembered(remembered, fingerprint)
+            state.replays.remember(caller.tenant_id, &key, remembered.clone());
+            replay_remembered(remembered, &fingerprint)
         }
     }
 }

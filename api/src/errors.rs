@@ -300,7 +300,7 @@ mod tests {
     fn a_503_never_says_that_nothing_was_recorded_and_says_to_retry_with_the_same_key() {
         // The connection may have broken after the commit was sent: then the payment exists.
         let unavailable =
-            ApiError::Unavailable(StoreError::Unavailable(sqlx::Error::Protocol("connection closed".into())));
+            ApiError::Unavailable(StoreError::Unavailable(sqlx::Error::Protocol("connection closed".into()).into()));
 
         let detail = unavailable.problem().detail.to_lowercase();
 
@@ -311,7 +311,7 @@ mod tests {
     #[test]
     fn every_error_renders_a_problem_with_its_status_and_no_internals() {
         let unavailable =
-            ApiError::Unavailable(StoreError::Unavailable(sqlx::Error::Protocol("secret internals".into())));
+            ApiError::Unavailable(StoreError::Unavailable(sqlx::Error::Protocol("secret internals".into()).into()));
         let internal = ApiError::Internal(anyhow::anyhow!("SELECT secret FROM internals"));
         // The error, the configured delay, then the status and `Retry-After` of its response.
         let cases: Vec<(ApiError, u64, u16, Option<&str>)> = vec![

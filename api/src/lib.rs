@@ -6,6 +6,7 @@
 //! SIGTERM; tests build one on port 0 with [`Application::build_with`] on a fresh database. The api
 //! writes only through `oncepay_store` and never runs migrations.
 
+pub mod accept_groups;
 pub mod auth;
 pub mod create_payment;
 pub mod errors;

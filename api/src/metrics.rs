@@ -7,6 +7,10 @@ use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogra
 pub const INTAKE: &str = "oncepay_api_intake_total";
 /// Request latency by route pattern and method, recorded by `request_span` for every request.
 pub const REQUEST_DURATION: &str = "oncepay_api_request_duration_seconds";
+/// Requests written together, one sample per group written, recorded by `accept_groups`.
+pub const INTAKE_GROUP_SIZE: &str = "oncepay_api_intake_group_size";
+/// Requests waiting for their group's write or being written, recorded by `accept_groups`.
+pub const INTAKE_WRITING: &str = "oncepay_api_intake_writing";
 /// Long polls waiting for a payment to change, recorded by `long_poll`.
 pub const LONG_POLLS_WAITING: &str = "oncepay_api_long_polls_waiting";
 
@@ -33,6 +37,8 @@ pub const INTAKE_OUTCOMES: [&str; 10] = [
 pub fn describe() {
     describe_counter!(INTAKE, "POST /v1/payments requests, by outcome");
     describe_histogram!(REQUEST_DURATION, Unit::Seconds, "Time to respond to a request, by route pattern and method");
+    describe_histogram!(INTAKE_GROUP_SIZE, Unit::Count, "Requests of one tenant written in one statement and commit");
+    describe_gauge!(INTAKE_WRITING, "POST /v1/payments requests waiting for their group's write or being written");
     describe_gauge!(LONG_POLLS_WAITING, "Status requests holding their response for a change (Prefer: wait)");
     for outcome in INTAKE_OUTCOMES {
         counter!(INTAKE, "outcome" => outcome).increment(0);

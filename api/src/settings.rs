@@ -10,9 +10,13 @@ use std::time::Duration;
 
 use anyhow::{Context, ensure};
 use oncepay_service::config::{self, DatabaseSettings, HttpSettings, TelemetrySettings};
+use oncepay_service::group_commit::Limits;
 use serde::Deserialize;
 
 use crate::provider_limits::{ProviderLimits, ProviderLimitsSettings};
+
+/// The largest `intake.group_max_requests`: a group is one statement, its arrays sent whole.
+const MAX_GROUP_REQUESTS: usize = 1000;
 
 /// The embedded defaults.
 pub const DEFAULTS: &str = include_str!("../config/default.toml");
@@ -65,12 +69,22 @@ pub struct IntakeSettings {
     pub default_rate_limit_burst: NonZeroU32,
     /// The most bytes of final responses remembered for replays; 0 remembers none.
     pub replay_cache_bytes: u64,
+    /// The most requests of one tenant written in one statement and commit; 1 writes each alone.
+    pub group_max_requests: usize,
+    /// How long (µs) a request waits for its tenant's write under way before a write of its own
+    /// starts beside it.
+    pub group_max_wait_us: u64,
 }
 
 impl IntakeSettings {
     /// Key retention as a duration.
     pub fn key_retention(&self) -> Duration {
         Duration::from_secs(self.key_retention_secs)
+    }
+
+    /// How requests are grouped.
+    pub fn group_limits(&self) -> Limits {
+        Limits { max_items: self.group_max_requests, max_wait: Some(Duration::from_micros(self.group_max_wait_us)) }
     }
 }
 
@@ -111,13 +125,18 @@ impl Settings {
     }
 
     /// Rejects what the types cannot (a zero rate already fails to parse as a `NonZeroU32`): a zero
-    /// body limit, key retention, lock wait, connection count or lookup budget.
+    /// body limit, key retention, lock wait, connection count or lookup budget, and a group size out
+    /// of range.
     fn validate(&self) -> anyhow::Result<()> {
         ensure!(self.intake.max_body_bytes > 0, "intake.max_body_bytes must be positive");
         ensure!(self.intake.key_retention_secs > 0, "intake.key_retention_secs must be positive");
         ensure!(self.intake.key_lock_wait_ms > 0, "intake.key_lock_wait_ms must be positive (0 would wait forever)");
         ensure!(self.database.max_connections > 0, "database.max_connections must be positive");
         ensure!(self.auth.max_concurrent_lookups > 0, "auth.max_concurrent_lookups must be positive");
+        ensure!(
+            (1..=MAX_GROUP_REQUESTS).contains(&self.intake.group_max_requests),
+            "intake.group_max_requests must be between 1 (no grouping) and {MAX_GROUP_REQUESTS}"
+        );
         ProviderLimits::new(&self.provider)?;
         Ok(())
     }
@@ -136,5 +155,15 @@ mod tests {
         assert_eq!(settings.intake.key_retention_secs, 86_400);
         assert_eq!(settings.intake.max_body_bytes, 64 * 1024);
         assert_eq!(settings.long_poll.max_wait_secs, 30);
+        assert_eq!(settings.intake.group_max_requests, 64);
+    }
+
+    #[test]
+    fn a_group_size_of_zero_or_past_the_largest_is_refused() {
+        let mut settings: Settings = config::load(DEFAULTS, None).unwrap();
+        for (size, valid) in [(0, false), (1, true), (MAX_GROUP_REQUESTS, true), (MAX_GROUP_REQUESTS + 1, false)] {
+            settings.intake.group_max_requests = size;
+            assert_eq!(settings.validate().is_ok(), valid, "{size}");
+        }
     }
 }

@@ -24,6 +24,7 @@ use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio_util::sync::CancellationToken;
 
+use crate::accept_groups::AcceptGroups;
 use crate::auth::{Authenticator, Caller};
 use crate::errors::{self, ApiError, RetryAfter};
 use crate::long_poll::{PaymentListener, PaymentWatch};
@@ -40,7 +41,9 @@ pub const APPLICATION_NAME: &str = "oncepay-api";
 /// What every handler of one HTTP worker shares.
 pub struct AppState {
     /// This worker's connections.
-    pub connections: Connections,
+    pub connections: Arc<Connections>,
+    /// Requests of one tenant being written together (shared by the process).
+    pub accepts: Arc<AcceptGroups>,
     /// API key verification (shared by the process).
     pub auth: Arc<Authenticator>,
     /// Per-tenant buckets (shared by the process).
@@ -149,6 +152,7 @@ impl Application {
         let auth = Arc::new(Authenticator::new(&settings.auth));
         let retry_after = web::Data::new(RetryAfter { secs: settings.intake.retry_after_secs });
         let replays = Arc::new(ReplayCache::new(settings.intake.replay_cache_bytes));
+        let accepts = Arc::new(AcceptGroups::new(settings.intake.group_limits()));
         let limits = Arc::new(RateLimits::new(
             settings.intake.default_rate_limit_per_second,
             settings.intake.default_rate_limit_burst,
@@ -188,7 +192,8 @@ impl Application {
             // trip per request as costly as a replay's own query (see BENCHMARKS.md). A connection
             // that died is found by the request's query instead, which fails closed (503, retried
             // by the client with the same key), and is replaced.
-            let connections = Connections::new(options.clone(), worker_database.max_connections, acquire_timeout);
+            let connections =
+                Arc::new(Connections::new(options.clone(), worker_database.max_connections, acquire_timeout));
             // `/readyz` only: one more connection per worker, opened when a probe needs it.
             let ops_pool = PgPoolOptions::new()
                 .max_connections(1)
@@ -196,6 +201,7 @@ impl Application {
                 .connect_lazy_with(options.clone().application_name(&format!("{APPLICATION_NAME}-ops")));
             let state = AppState {
                 connections,
+                accepts: Arc::clone(&accepts),
                 auth: Arc::clone(&auth),
                 limits: Arc::clone(&limits),
                 watch: Arc::clone(&shared_watch),

@@ -3,7 +3,7 @@
 -- migration; on plain PostgreSQL it never runs. It only adds: a table already distributed is left
 -- as it is, so a new table needs one more name below, and a new migration on a distributed table
 -- is propagated to the nodes by Citus itself (`migrate` sends it one statement at a time, which
--- Citus needs: `db::migrate_one_statement_at_a_time`). It also replaces the two functions whose
+-- Citus needs: `db::migrate_one_statement_at_a_time`). It also replaces the three functions whose
 -- best form differs on Citus (at the end): a migration that changes them must change them here too.
 --
 -- `tenants` and `api_keys` are small and read on every request: copied to every node. `payments`
@@ -112,3 +112,86 @@ BEGIN
     RETURN QUERY SELECT * FROM unnest(moved);
 END
 $$;
+
+-- Intake of a group on Citus: the version of migrations/0160 writes the group from its arrays in
+-- INSERT CTEs, which Citus never runs on the shard alone. Here each new key is written with plain
+-- INSERTs, as `intake` writes one, all in the caller's transaction on the tenant's node: the group
+-- still commits once. Same arguments, same rows.
+CREATE OR REPLACE FUNCTION intake_group(
+    p_tenant_id uuid,
+    p_keys text[],
+    p_fingerprints bytea[],
+    p_payment_ids uuid[],
+    p_retention_secs double precision,
+    p_amounts bigint[],
+    p_currencies text[],
+    p_customer_ids text[],
+    p_descriptions text[],
+    p_metadata jsonb[],
+    p_payment_methods text[],
+    p_traceparents text[],
+    p_tracestates text[]
+) RETURNS TABLE (
+    item integer,
+    created boolean,
+    fingerprint bytea,
+    payment_id uuid,
+    created_at timestamptz,
+    updated_at timestamptz,
+    expires_at timestamptz,
+    response_status smallint,
+    response_body jsonb
+) LANGUAGE plpgsql VOLATILE
+AS $intake_group$
+#variable_conflict use_column
+DECLARE
+    v_expires_at timestamptz;
+    v_created_at timestamptz;
+    v_updated_at timestamptz;
+    v_created integer := 0;
+    i integer;
+BEGIN
+    -- The key's INSERT waits at most this long for another transaction writing the same key.
+    IF current_setting('citus.propagate_set_commands', true) = 'local' THEN
+        PERFORM lock_wait_to_nodes();
+    END IF;
+    -- In key order, so that two groups that share keys take their locks in the same order.
+    FOR i IN SELECT k.i FROM unnest(p_keys) WITH ORDINALITY AS k(key, i) ORDER BY k.key LOOP
+        INSERT INTO idempotency_keys (tenant_id, idempotency_key, fingerprint, payment_id, expires_at)
+        VALUES (p_tenant_id, p_keys[i], p_fingerprints[i], p_payment_ids[i],
+                now() + make_interval(secs => p_retention_secs))
+        ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
+        RETURNING expires_at INTO v_expires_at;
+        CONTINUE WHEN NOT FOUND;
+        INSERT INTO payments (tenant_id, payment_id, amount, currency, customer_id, description, metadata,
+                              payment_method)
+        VALUES (p_tenant_id, p_payment_ids[i], p_amounts[i], p_currencies[i], p_customer_ids[i], p_descriptions[i],
+                p_metadata[i], p_payment_methods[i])
+        RETURNING created_at, updated_at INTO v_created_at, v_updated_at;
+        INSERT INTO outbox (tenant_id, payment_id, traceparent, tracestate)
+        VALUES (p_tenant_id, p_payment_ids[i], p_traceparents[i], p_tracestates[i]);
+        INSERT INTO payment_events (tenant_id, payment_id, from_status, to_status, actor, reason)
+        VALUES (p_tenant_id, p_payment_ids[i], NULL, 'pending', 'api', 'accepted');
+        item := i;
+        created := true;
+        fingerprint := p_fingerprints[i];
+        payment_id := p_payment_ids[i];
+        created_at := v_created_at;
+        updated_at := v_updated_at;
+        expires_at := v_expires_at;
+        response_status := NULL;
+        response_body := NULL;
+        RETURN NEXT;
+        v_created := v_created + 1;
+    END LOOP;
+    IF v_created = cardinality(p_keys) THEN
+        RETURN;
+    END IF;
+
+    RETURN QUERY
+        SELECT array_position(p_keys, k.idempotency_key), false, k.fingerprint, k.payment_id, NULL::timestamptz,
+               NULL::timestamptz, k.expires_at, k.response_status, k.response_body
+        FROM idempotency_keys k
+        WHERE k.tenant_id = p_tenant_id AND k.idempotency_key = ANY (p_keys) AND k.payment_id <> ALL (p_payment_ids);
+END
+$intake_group$;

@@ -58,14 +58,14 @@ impl Submission {
     }
 
     /// The submission as the store accepts it for `tenant_id`, keeping the key a day.
-    pub fn for_tenant<'a>(&'a self, tenant_id: TenantId, trace: Option<&'a TraceContext>) -> NewPayment<'a> {
+    pub fn for_tenant(&self, tenant_id: TenantId, trace: Option<&TraceContext>) -> NewPayment {
         NewPayment {
             tenant_id,
-            key: &self.key,
-            fingerprint: &self.fingerprint,
-            request: &self.request,
+            key: self.key.clone(),
+            fingerprint: self.fingerprint,
+            request: self.request.clone(),
             retention: RETENTION,
-            trace,
+            trace: trace.cloned(),
         }
     }
 }

@@ -10,12 +10,14 @@
 //! The SQL lives in files so the benchmark runs the same statements under pgbench; `sql/replay.sql`
 //! is the function's replay read on its own, the benchmark's raw replay baseline.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use serde_json::value::RawValue;
 use sqlx::PgConnection;
 use sqlx::types::Json;
 use time::OffsetDateTime;
+use uuid::Uuid;
 
 use oncepay_domain::fingerprint::Fingerprint;
 use oncepay_domain::idempotency_key::IdempotencyKey;
@@ -29,21 +31,21 @@ use crate::StoreError;
 use crate::payments::Payment;
 
 /// A request to accept.
-#[derive(Debug)]
-pub struct NewPayment<'a> {
+#[derive(Debug, Clone)]
+pub struct NewPayment {
     /// The authenticated tenant.
     pub tenant_id: TenantId,
     /// The client's key.
-    pub key: &'a IdempotencyKey,
+    pub key: IdempotencyKey,
     /// The request's fingerprint.
-    pub fingerprint: &'a Fingerprint,
+    pub fingerprint: Fingerprint,
     /// The validated body.
-    pub request: &'a PaymentRequest,
+    pub request: PaymentRequest,
     /// How long the key is kept after creation (at least; the reaper never removes a key whose
     /// payment is not terminal).
     pub retention: Duration,
     /// The trace the request belongs to, for the worker to continue.
-    pub trace: Option<&'a TraceContext>,
+    pub trace: Option<TraceContext>,
 }
 
 /// A freshly accepted payment.
@@ -93,7 +95,7 @@ impl Intake {
 /// A key that a concurrent request committed meanwhile is waited for and read again inside the
 /// function, so every concurrent duplicate names the same payment.
 #[tracing::instrument(name = "store.intake", skip_all, fields(tenant.id = %new.tenant_id))]
-pub async fn accept(conn: &mut PgConnection, new: &NewPayment<'_>) -> Result<Intake, StoreError> {
+pub async fn accept(conn: &mut PgConnection, new: &NewPayment) -> Result<Intake, StoreError> {
     intake(conn, new, true).await
 }
 
@@ -104,15 +106,116 @@ pub async fn accept(conn: &mut PgConnection, new: &NewPayment<'_>) -> Result<Int
 /// their commits (see `sql/accept.sql` and [`crate::notify::Notifier`]). The wake-up is only a hint
 /// either way: workers also poll.
 #[tracing::instrument(name = "store.intake", skip_all, fields(tenant.id = %new.tenant_id))]
-pub async fn accept_deferring_wakeup(conn: &mut PgConnection, new: &NewPayment<'_>) -> Result<Intake, StoreError> {
+pub async fn accept_deferring_wakeup(conn: &mut PgConnection, new: &NewPayment) -> Result<Intake, StoreError> {
     intake(conn, new, false).await
 }
 
-async fn intake(conn: &mut PgConnection, new: &NewPayment<'_>, wake: bool) -> Result<Intake, StoreError> {
+/// Accepts many requests, each getting the result it would get if they came one after the other, in
+/// this order; like [`accept_deferring_wakeup`], it leaves the wake-up to the caller.
+///
+/// The requests of one tenant with distinct keys are written together: one statement and one commit
+/// (`sql/accept_group.sql`). A second request with a key already in the group is written after the
+/// group has committed, and so finds the first one's key. If PostgreSQL refuses the group's statement
+/// for what may be one request's fault (a row or a value it refuses, a key another transaction holds
+/// past the lock wait, keys crossed with another group), nothing of the group was written, and each
+/// request is then accepted on its own, so that only the request at fault fails. Any other failure
+/// (the database is unreachable) is every unwritten request's result.
+#[tracing::instrument(name = "store.intake_group", skip_all, fields(requests = group.len()))]
+pub async fn accept_group(conn: &mut PgConnection, group: &[NewPayment]) -> Vec<Result<Intake, StoreError>> {
+    let mut results: Vec<Option<Result<Intake, StoreError>>> = vec![None; group.len()];
+    let mut unwritten: Vec<usize> = (0..group.len()).collect();
+    while let Some(&first) = unwritten.first() {
+        let tenant_id = group[first].tenant_id;
+        let mut keys = HashSet::new();
+        let (round, later): (Vec<usize>, Vec<usize>) =
+            unwritten.iter().partition(|&&i| group[i].tenant_id == tenant_id && keys.insert(&group[i].key));
+        let requests: Vec<&NewPayment> = round.iter().map(|&i| &group[i]).collect();
+        match accept_round(conn, &requests).await {
+            Ok(written) => {
+                for (i, result) in round.into_iter().zip(written) {
+                    results[i] = Some(result);
+                }
+            }
+            Err(error) => {
+                for i in round.into_iter().chain(later) {
+                    results[i] = Some(Err(error.clone()));
+                }
+                break;
+            }
+        }
+        unwritten = later;
+    }
+    results.into_iter().map(|result| result.unwrap_or_else(|| Err(vanished()))).collect()
+}
+
+/// One tenant's requests with distinct keys: their results in order, or the failure that left every
+/// one of them unwritten.
+async fn accept_round(
+    conn: &mut PgConnection,
+    requests: &[&NewPayment],
+) -> Result<Vec<Result<Intake, StoreError>>, StoreError> {
+    if requests.len() > 1 {
+        match intake_together(conn, requests).await {
+            Err(error) if one_request_may_be_at_fault(&error) => {
+                tracing::debug!(error = %error, requests = requests.len(), "accepting together failed; accepting one by one");
+            }
+            written => return written,
+        }
+    }
+    let mut results = Vec::with_capacity(requests.len());
+    for new in requests {
+        let result = intake(conn, new, false).await;
+        if let Err(error) = &result
+            && error.is_unavailable()
+            && !one_request_may_be_at_fault(error)
+        {
+            // The database is gone: so it is for the requests not yet written.
+            if results.is_empty() {
+                return Err(error.clone());
+            }
+            let failed = results.len()..requests.len();
+            results.extend(failed.map(|_| Err(error.clone())));
+            return Ok(results);
+        }
+        results.push(result);
+    }
+    Ok(results)
+}
+
+/// Whether PostgreSQL refused a statement for something one request of a group may have brought: a
+/// value or a row it refuses (SQLSTATE classes 22 and 23), a key another transaction held past the
+/// lock wait (55P03), or a deadlock with another group writing the same keys (40P01). Anything else
+/// (the connection, the server, a timeout) would fail each request alone just the same.
+fn one_request_may_be_at_fault(error: &StoreError) -> bool {
+    error
+        .sqlstate()
+        .is_some_and(|code| code.starts_with("22") || code.starts_with("23") || code == "55P03" || code == "40P01")
+}
+
+/// A request with no row: its key was deleted between the function's write and its read.
+fn vanished() -> StoreError {
+    StoreError::Unexpected(sqlx::Error::RowNotFound.into())
+}
+
+/// What `sql/accept.sql` and `sql/accept_group.sql` return for one request.
+struct IntakeRow {
+    created: bool,
+    fingerprint: Vec<u8>,
+    payment_id: PaymentId,
+    created_at: Option<OffsetDateTime>,
+    updated_at: Option<OffsetDateTime>,
+    expires_at: OffsetDateTime,
+    response_status: Option<i16>,
+    response_body: Option<Json<Box<RawValue>>>,
+}
+
+async fn intake(conn: &mut PgConnection, new: &NewPayment, wake: bool) -> Result<Intake, StoreError> {
     let payment_id = PaymentId::generate();
-    let request = new.request;
+    let request = &new.request;
     let metadata = Json(&request.metadata);
-    let row = sqlx::query_file!(
+    let trace = new.trace.as_ref();
+    let row = sqlx::query_file_as!(
+        IntakeRow,
         "sql/accept.sql",
         new.tenant_id.as_uuid(),
         new.key.as_str(),
@@ -124,18 +227,73 @@ async fn intake(conn: &mut PgConnection, new: &NewPayment<'_>, wake: bool) -> Re
         request.customer_id,
         request.description,
         metadata as _,
-        new.trace.map(|t| t.traceparent.as_str()),
-        new.trace.and_then(|t| t.tracestate.as_deref()),
+        trace.map(|t| t.traceparent.as_str()),
+        trace.and_then(|t| t.tracestate.as_deref()),
         wake,
         request.payment_method.as_ref().map(PaymentMethod::as_str),
     )
     .fetch_optional(conn)
     .await?
     // The function returns one row unless the key vanished between its insert and its second read.
-    .ok_or_else(|| StoreError::Unexpected(sqlx::Error::RowNotFound))?;
+    .ok_or_else(vanished)?;
+    intake_of(row, new)
+}
+
+/// Writes `requests` (one tenant's, with distinct keys) in one statement: their results in order.
+async fn intake_together(
+    conn: &mut PgConnection,
+    requests: &[&NewPayment],
+) -> Result<Vec<Result<Intake, StoreError>>, StoreError> {
+    let Some(first) = requests.first() else { return Ok(Vec::new()) };
+    let payment_ids: Vec<Uuid> = requests.iter().map(|_| PaymentId::generate().as_uuid()).collect();
+    let traces = || requests.iter().map(|new| new.trace.as_ref());
+    let rows = sqlx::query_file!(
+        "sql/accept_group.sql",
+        first.tenant_id.as_uuid(),
+        &requests.iter().map(|new| new.key.as_str()).collect::<Vec<_>>() as &[&str],
+        &requests.iter().map(|new| new.fingerprint.as_bytes().as_slice()).collect::<Vec<_>>() as &[&[u8]],
+        &payment_ids,
+        first.retention.as_secs_f64(),
+        &requests.iter().map(|new| new.request.amount.minor_units()).collect::<Vec<_>>(),
+        &requests.iter().map(|new| new.request.currency.as_str()).collect::<Vec<_>>() as &[&str],
+        &requests.iter().map(|new| new.request.customer_id.as_str()).collect::<Vec<_>>() as &[&str],
+        &requests.iter().map(|new| new.request.description.as_deref()).collect::<Vec<_>>() as &[Option<&str>],
+        &requests.iter().map(|new| Json(&new.request.metadata)).collect::<Vec<_>>() as _,
+        &requests.iter().map(|new| new.request.payment_method.as_ref().map(PaymentMethod::as_str)).collect::<Vec<_>>()
+            as &[Option<&str>],
+        &traces().map(|t| t.map(|t| t.traceparent.as_str())).collect::<Vec<_>>() as &[Option<&str>],
+        &traces().map(|t| t.and_then(|t| t.tracestate.as_deref())).collect::<Vec<_>>() as &[Option<&str>],
+    )
+    .fetch_all(conn)
+    .await?;
+    let mut results: Vec<Result<Intake, StoreError>> = requests.iter().map(|_| Err(vanished())).collect();
+    for row in rows {
+        let item = usize::try_from(row.item).ok().and_then(|item| item.checked_sub(1));
+        let Some((result, new)) = item.and_then(|item| results.get_mut(item).zip(requests.get(item))) else {
+            return Err(StoreError::Unexpected(
+                sqlx::Error::Decode("a group's row names no request of it".into()).into(),
+            ));
+        };
+        let row = IntakeRow {
+            created: row.created,
+            fingerprint: row.fingerprint,
+            payment_id: row.payment_id,
+            created_at: row.created_at,
+            updated_at: row.updated_at,
+            expires_at: row.expires_at,
+            response_status: row.response_status,
+            response_body: row.response_body,
+        };
+        *result = intake_of(row, new);
+    }
+    Ok(results)
+}
+
+/// What one request's row means: the key as it exists, or the payment it accepted.
+fn intake_of(row: IntakeRow, new: &NewPayment) -> Result<Intake, StoreError> {
     if !row.created {
         let fingerprint = Fingerprint::from_slice(&row.fingerprint).ok_or_else(|| {
-            StoreError::Unexpected(sqlx::Error::Decode("a stored fingerprint is not 32 bytes".into()))
+            StoreError::Unexpected(sqlx::Error::Decode("a stored fingerprint is not 32 bytes".into()).into())
         })?;
         let stored_response = match (row.response_status, row.response_body) {
             (Some(status), Some(Json(body))) => Some((u16::try_from(status).unwrap_or(200), body)),
@@ -149,12 +307,15 @@ async fn intake(conn: &mut PgConnection, new: &NewPayment<'_>, wake: bool) -> Re
         }));
     }
     let (Some(created_at), Some(updated_at)) = (row.created_at, row.updated_at) else {
-        return Err(StoreError::Unexpected(sqlx::Error::Decode("an accepted payment without its timestamps".into())));
+        return Err(StoreError::Unexpected(
+            sqlx::Error::Decode("an accepted payment without its timestamps".into()).into(),
+        ));
     };
+    let request = &new.request;
     Ok(Intake::Created(Created {
         payment: Payment {
             tenant_id: new.tenant_id,
-            payment_id,
+            payment_id: row.payment_id,
             status: PaymentStatus::Pending,
             amount: request.amount,
             currency: request.currency,

@@ -24,17 +24,20 @@ pub mod tenants;
 pub mod transitions;
 pub mod unknown_queue;
 
-/// A store operation that did not complete.
-#[derive(Debug, thiserror::Error)]
+use std::sync::Arc;
+
+/// A store operation that did not complete. Cloned when one failure ends many requests' writes (a
+/// group of accepts).
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// PostgreSQL cannot be reached, or the transaction failed for a reason that a retry can cure
     /// (connection lost, pool exhausted, serialization failure, deadlock, shutdown, timeout). Fail
     /// closed and retry later.
     #[error("the database is unavailable")]
-    Unavailable(#[source] sqlx::Error),
+    Unavailable(#[source] Arc<sqlx::Error>),
     /// Anything else: a constraint or a query that should not have failed. A bug.
     #[error("unexpected database error")]
-    Unexpected(#[source] sqlx::Error),
+    Unexpected(#[source] Arc<sqlx::Error>),
 }
 
 impl StoreError {
@@ -91,7 +94,7 @@ pub fn is_transient(error: &sqlx::Error) -> bool {
 
 impl From<sqlx::Error> for StoreError {
     fn from(error: sqlx::Error) -> Self {
-        if is_transient(&error) { Self::Unavailable(error) } else { Self::Unexpected(error) }
+        if is_transient(&error) { Self::Unavailable(error.into()) } else { Self::Unexpected(error.into()) }
     }
 }
 

@@ -337,7 +337,7 @@ async fn write_tenant_settlements(
             .iter()
             .map(|payment| serde_json::to_value(PaymentResource::from(payment)))
             .collect::<Result<Vec<Value>, _>>()
-            .map_err(|e| StoreError::Unexpected(sqlx::Error::Encode(Box::new(e))))?;
+            .map_err(|e| StoreError::Unexpected(sqlx::Error::Encode(Box::new(e)).into()))?;
         let moved_ids: Vec<Uuid> = moved.iter().map(|p| p.payment_id.as_uuid()).collect();
         sqlx::query_file!("sql/store_response.sql", tenant_id.as_uuid(), &moved_ids, &bodies)
             .execute(&mut *conn)

@@ -254,6 +254,6 @@ async fn current_status(
 ) -> Result<PaymentStatus, RecordError> {
     Ok(payments::fetch(conn, tenant_id, payment_id)
         .await?
-        .ok_or(StoreError::Unexpected(sqlx::Error::RowNotFound))?
+        .ok_or(StoreError::Unexpected(sqlx::Error::RowNotFound.into()))?
         .status)
 }

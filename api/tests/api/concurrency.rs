@@ -1,13 +1,16 @@
-//! Identical requests racing each other.
+//! Requests racing each other: identical ones, and one tenant's requests written together.
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use oncepay_store::fixtures::Submission;
+use oncepay_store::intake;
 use reqwest::StatusCode;
-use serde_json::Value;
+use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::sync::Barrier;
 
-use crate::helpers::{Rows, TestApp, body};
+use crate::helpers::{Rows, TestApp, assert_problem, body, header};
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn fifty_identical_requests_released_at_once_make_one_payment_and_all_get_its_id(
@@ -44,5 +47,77 @@ async fn fifty_identical_requests_released_at_once_make_one_payment_and_all_get_
     assert!(ids.iter().all(|id| *id == ids[0]), "{ids:?}");
     assert_eq!(answers.iter().filter(|(_, replayed, _)| !replayed).count(), 1, "exactly one request created it");
     assert_eq!(app.rows().await, Rows { payments: 1, keys: 1, outbox: 1, events: 1 });
+    app.stop().await;
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn requests_arriving_while_their_tenants_write_is_under_way_are_written_together_each_with_its_own_response(
+    _: PgPoolOptions,
+    options: PgConnectOptions,
+) {
+    let app = TestApp::spawn_with(options, |settings| {
+        // Nothing but the end of the write under way starts the next one.
+        settings.intake.group_max_wait_us = 60_000_000;
+        settings.intake.key_lock_wait_ms = 60_000;
+    })
+    .await;
+    let other = json!({"amount": 5, "currency": "EUR", "customer_id": "cus_42"});
+    // Another process is writing `order-0`: the api's write of it waits for that transaction.
+    let mut holder = app.db.begin().await.unwrap();
+    let held = Submission::new("order-0", &body()).for_tenant(app.tenant.id, None);
+    intake::accept(&mut holder, &held).await.unwrap();
+    let first = tokio::spawn(app.post_payment("order-0", &body()).send());
+    let holder_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut *holder).await.unwrap();
+    while !sqlx::query_scalar::<_, bool>(
+        "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid)))",
+    )
+    .bind(holder_pid)
+    .fetch_one(&app.db)
+    .await
+    .unwrap()
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Eight new keys, then a retry of one of them and a misuse of another, queued after them.
+    let mut waiting: Vec<_> =
+        (1..=8).map(|i| tokio::spawn(app.post_payment(&format!("order-{i}"), &body()).send())).collect();
+    app.until_gauge("oncepay_api_intake_writing", 1 + 8).await;
+    waiting.push(tokio::spawn(app.post_payment("order-1", &body()).send()));
+    waiting.push(tokio::spawn(app.post_payment("order-2", &other).send()));
+    app.until_gauge("oncepay_api_intake_writing", 1 + 10).await;
+
+    holder.rollback().await.unwrap();
+
+    assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::ACCEPTED);
+    let mut responses = Vec::new();
+    for response in waiting {
+        responses.push(response.await.unwrap().unwrap());
+    }
+    let misuse = responses.pop().unwrap();
+    let retry = responses.pop().unwrap();
+    assert_problem(misuse, StatusCode::UNPROCESSABLE_ENTITY, "idempotency-key-reused").await;
+    assert_eq!(retry.status(), StatusCode::ACCEPTED);
+    assert_eq!(header(retry.headers(), "idempotent-replayed"), Some("true"));
+    let retried = TestApp::payment_id(retry).await;
+    let mut ids = Vec::new();
+    for response in responses {
+        assert_eq!(response.status(), StatusCode::ACCEPTED);
+        assert_eq!(header(response.headers(), "idempotent-replayed"), None);
+        ids.push(TestApp::payment_id(response).await);
+    }
+    assert_eq!(retried, ids[0], "the retry names the payment of the first request with its key");
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 8, "one payment per new key");
+    // now() is the transaction's start: the eight were written in one transaction.
+    let starts: i64 = sqlx::query_scalar(
+        "SELECT count(DISTINCT p.created_at) FROM payments p JOIN idempotency_keys k USING (tenant_id, payment_id)
+         WHERE k.idempotency_key <> 'order-0'",
+    )
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(starts, 1);
+    assert_eq!(app.rows().await, Rows { payments: 9, keys: 9, outbox: 9, events: 9 });
     app.stop().await;
 }

@@ -133,14 +133,19 @@ impl TestApp {
     /// Waits until the api reports `count` long polls waiting (its gauge on `/metrics`): each has
     /// read its payment, so a change made now is one it has yet to see.
     pub async fn until_long_polls_waiting(&self, count: usize) {
-        let line = format!("oncepay_api_long_polls_waiting {count}");
+        self.until_gauge("oncepay_api_long_polls_waiting", count).await;
+    }
+
+    /// Waits until the api reports the gauge `name` at `value` on `/metrics`.
+    pub async fn until_gauge(&self, name: &str, value: usize) {
+        let line = format!("{name} {value}");
         let waited = tokio::time::timeout(Duration::from_secs(10), async {
             while !self.metrics().await.lines().any(|l| l == line) {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         })
         .await;
-        assert!(waited.is_ok(), "the api never reported {count} waiting long poll(s)");
+        assert!(waited.is_ok(), "the api never reported {line}");
     }
 
     /// The payment id in a payment answer's body.

@@ -223,9 +223,9 @@ async fn a_key_being_written_by_another_transaction_gets_409_after_the_lock_wait
     let mut holder = app.db.begin().await.unwrap();
     let new = NewPayment {
         tenant_id: app.tenant.id,
-        key: &key,
-        fingerprint: &fingerprint,
-        request: &request,
+        key,
+        fingerprint,
+        request,
         retention: Duration::from_secs(86_400),
         trace: None,
     };

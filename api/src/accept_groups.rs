@@ -1,0 +1,96 @@
+//! Accepting one tenant's concurrent requests together: the requests that reach the store while a
+//! write of their tenant is under way in this process wait for it, and are then written in one
+//! statement and one commit (`oncepay_store::intake::accept_group`).
+//!
+//! Invariants: each request gets the result it would get alone; a request's result is handed over only
+//! after its group has committed (or failed); a group holds one tenant's requests, so under Citus it
+//! stays on that tenant's shard. A lone request, with nothing under way, is written at once. How many
+//! requests a group takes and how long the first of them waits are `intake.group_max_requests` and
+//! `intake.group_max_wait_us` (`oncepay_service::group_commit::Limits`).
+//!
+//! A group's write runs in a task of its own, so a client that goes away while its request is being
+//! written cannot cut short the write that other requests wait for.
+
+use std::sync::Arc;
+
+use oncepay_domain::ids::TenantId;
+use oncepay_service::group_commit::{GroupCommits, Limits};
+use oncepay_store::StoreError;
+use oncepay_store::connections::Connections;
+use oncepay_store::intake::{self, Intake, NewPayment};
+
+use crate::metrics::{INTAKE_GROUP_SIZE, INTAKE_WRITING};
+
+/// PostgreSQL's `lock_not_available`: the `lock_timeout` (`intake.key_lock_wait_ms`) expired while
+/// waiting for a concurrent writer of the same key.
+pub const LOCK_NOT_AVAILABLE: &str = "55P03";
+
+/// The groups being formed, one per tenant. Shared by the process's HTTP workers.
+pub struct AcceptGroups {
+    groups: GroupCommits<TenantId, NewPayment, Result<Intake, StoreError>>,
+}
+
+impl AcceptGroups {
+    /// No groups yet; each will have `limits`.
+    pub fn new(limits: Limits) -> Self {
+        Self { groups: GroupCommits::new(limits) }
+    }
+
+    /// Accepts `new` together with the requests of its tenant waiting at that moment. The write uses
+    /// `connections`, the calling HTTP worker's own.
+    ///
+    /// Runs to its end in a task of its own even if the caller stops waiting for it.
+    pub async fn accept(self: Arc<Self>, connections: Arc<Connections>, new: NewPayment) -> Result<Intake, StoreError> {
+        let tenant_id = new.tenant_id;
+        let accepting = actix_web::rt::spawn(async move {
+            let _writing = Writing::start();
+            let write = |group: Vec<NewPayment>| write(&connections, group);
+            self.groups.submit(tenant_id, new, write).await
+        });
+        match accepting.await {
+            Ok(Some(result)) => result,
+            // The task or its writer was stopped midway (the runtime is shutting down): whether the
+            // request was written is unknown, so it fails closed and a retry with its key replays it.
+            Ok(None) | Err(_) => Err(StoreError::Unavailable(sqlx::Error::WorkerCrashed.into())),
+        }
+    }
+}
+
+/// A request counted in [`INTAKE_WRITING`] until it has its result.
+struct Writing;
+
+impl Writing {
+    fn start() -> Self {
+        metrics::gauge!(INTAKE_WRITING).increment(1.0);
+        Self
+    }
+}
+
+impl Drop for Writing {
+    fn drop(&mut self) {
+        metrics::gauge!(INTAKE_WRITING).decrement(1.0);
+    }
+}
+
+/// Writes one group on a connection of its own. The connection is reused unless a request failed in
+/// a way that leaves it in doubt: a refusal PostgreSQL decided (a lock wait past `lock_timeout`)
+/// leaves it idle and healthy.
+async fn write(connections: &Connections, group: Vec<NewPayment>) -> Vec<Result<Intake, StoreError>> {
+    metrics::histogram!(INTAKE_GROUP_SIZE).record(group.len() as f64);
+    let mut conn = match connections.acquire().await {
+        Ok(conn) => conn,
+        Err(error) => {
+            let error = StoreError::from(error);
+            return group.iter().map(|_| Err(error.clone())).collect();
+        }
+    };
+    let results = intake::accept_group(&mut conn, &group).await;
+    let healthy = results.iter().all(|result| match result {
+        Ok(_) => true,
+        Err(error) => error.sqlstate().as_deref() == Some(LOCK_NOT_AVAILABLE),
+    });
+    if healthy {
+        conn.release();
+    }
+    results
+}
