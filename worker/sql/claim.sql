@@ -1,7 +1,7 @@
--- The worker's claim from one tenant (`claim_sends`, migrations/0130): takes up to $1 of the
--- tenant's due outbox rows that no one holds, oldest first, leases them to this worker under fresh
--- fencing tokens, moves their payments pending → processing (counting the attempt and remembering
--- the first send) and writes an audit row each, in one call.
+-- The worker's claim from one tenant (`claim_sends`, migrations/0130 as 0170 redefines it): takes up
+-- to $1 of the tenant's due outbox rows that no one holds, oldest first, leases them to this worker
+-- under fresh fencing tokens, moves their payments pending → processing (counting the attempt and
+-- remembering the first send) and writes an audit row each, in one call.
 --
 -- A claim's fencing token is 2^62 plus the payment's claim count (`send_attempts`, which every
 -- claim raises under the payment's row lock), so it grows with every claim of the payment. A fence
