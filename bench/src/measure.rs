@@ -163,7 +163,9 @@ pub async fn service(
     workload: Workload,
     connections: usize,
 ) -> anyhow::Result<Row> {
+    let groups_before = intake_groups(api).await?;
     let window = http_window(target, timing, api, token, workload, connections).await?;
+    let groups = intake_groups(api).await? - groups_before;
     let ops = window.measured.completed;
     let errors = window.measured.errors();
     let name = match workload {
@@ -171,6 +173,10 @@ pub async fn service(
         Workload::Replay(_) => "replay",
     };
     let setup = if api.len() == 1 { "1 api process".to_owned() } else { format!("{} api processes", api.len()) };
+    let mut extra = BTreeMap::new();
+    if groups.count > 0.0 {
+        extra.insert("mean_group_size".into(), groups.requests / groups.count);
+    }
     Ok(Row {
         kind: Kind::Service,
         name: name.into(),
@@ -185,8 +191,41 @@ pub async fn service(
         cpu_seconds_per_op: Row::cost_per_op(&window.cpu, &[Role::Api, Role::Postgres], ops),
         cpu: window.cpu,
         comparison: None,
-        extra: BTreeMap::new(),
+        extra,
     })
+}
+
+/// The requests the api processes wrote to the store, and in how many groups, so far (their
+/// `oncepay_api_intake_group_size` histograms), over the warm-up and the window together.
+#[derive(Debug, Clone, Copy, Default)]
+struct IntakeGroups {
+    requests: f64,
+    count: f64,
+}
+
+impl std::ops::Sub for IntakeGroups {
+    type Output = Self;
+
+    fn sub(self, earlier: Self) -> Self {
+        Self { requests: self.requests - earlier.requests, count: self.count - earlier.count }
+    }
+}
+
+async fn intake_groups(api: &[SocketAddr]) -> anyhow::Result<IntakeGroups> {
+    let client = reqwest::Client::new();
+    let mut groups = IntakeGroups::default();
+    for address in api {
+        let text = client.get(format!("http://{address}/metrics")).send().await?.error_for_status()?.text().await?;
+        for line in text.lines() {
+            let value = |prefix: &str| line.strip_prefix(prefix).and_then(|v| v.trim().parse::<f64>().ok());
+            if let Some(sum) = value("oncepay_api_intake_group_size_sum ") {
+                groups.requests += sum;
+            } else if let Some(count) = value("oncepay_api_intake_group_size_count ") {
+                groups.count += count;
+            }
+        }
+    }
+    Ok(groups)
 }
 
 /// [`service`] accepts by the tenant of `token` while `flood_connections` more connections send
