@@ -72,7 +72,7 @@ impl Profile {
 /// Which parts of a run to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
 pub enum Phase {
-    /// Accepts with fresh keys, raw and service, at 1 and 8 connections.
+    /// Accepts with fresh keys, raw and service, at 1 and 8 connections, then at 32 and 64.
     Accept,
     /// Replays of stored keys, raw and service, at 1 and 8 connections.
     Replay,
@@ -128,6 +128,9 @@ impl Options {
 /// Requests per statement of the grouped accept baselines, run at 8 connections: the most the api's
 /// groups hold at 8 connections (one request per connection), and its default largest group.
 const ACCEPT_GROUPS: [u32; 2] = [8, 64];
+
+/// Connections of the accepts beyond the standard 1 and 8, where more requests wait for each write.
+const MANY_CONNECTIONS: [u32; 2] = [32, 64];
 
 /// Stored keys (settled payments) the replays pick from in the main database.
 const STORED_KEYS: u64 = 10_000;
@@ -283,6 +286,11 @@ impl Bench<'_> {
                 self.replays(main, &addresses, &uncached_addresses, connections).await?;
             }
         }
+        if self.options.runs(Phase::Accept) {
+            for connections in MANY_CONNECTIONS {
+                self.accepts_from_many(main, &addresses, connections).await?;
+            }
+        }
         if let Some(uncached) = uncached {
             uncached.stop().await?;
         }
@@ -380,6 +388,15 @@ impl Bench<'_> {
             row.extra.insert(format!("ratio to {}", baseline.setup), ratio);
         }
         self.push_compared(row, one_per_transaction, (connections == 8).then_some(2.0));
+        Ok(())
+    }
+
+    /// Accepts from more connections than the database has for them: what the api's groups hold
+    /// then, against one payment per transaction from as many connections.
+    async fn accepts_from_many(&mut self, main: &Database, api: &[SocketAddr], connections: u32) -> anyhow::Result<()> {
+        let one_per_transaction = self.raw(main, Baseline::Accept, connections).await?;
+        let row = self.service(main, api, Workload::Accept, connections).await?;
+        self.push_compared(row, one_per_transaction, None);
         Ok(())
     }
 
