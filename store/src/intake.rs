@@ -10,7 +10,7 @@
 //! The SQL lives in files so the benchmark runs the same statements under pgbench; `sql/replay.sql`
 //! is the function's replay read on its own, the benchmark's raw replay baseline.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use serde_json::value::RawValue;
@@ -114,12 +114,13 @@ pub async fn accept_deferring_wakeup(conn: &mut PgConnection, new: &NewPayment) 
 /// this order; like [`accept_deferring_wakeup`], it leaves the wake-up to the caller.
 ///
 /// The requests of one tenant with distinct keys are written together: one statement and one commit
-/// (`sql/accept_group.sql`). A second request with a key already in the group is written after the
-/// group has committed, and so finds the first one's key. If PostgreSQL refuses the group's statement
-/// for what may be one request's fault (a row or a value it refuses, a key another transaction holds
-/// past the lock wait, keys crossed with another group), nothing of the group was written, and each
-/// request is then accepted on its own, so that only the request at fault fails. Any other failure
-/// (the database is unreachable) is every unwritten request's result.
+/// (`sql/accept_group.sql`). A second request with a key already in the group finds that key as the
+/// first one left it: stored by it, or found stored. Only if the first one failed is the second
+/// written, after the group has committed. If PostgreSQL refuses the group's statement for what may
+/// be one request's fault (a row or a value it refuses, a key another transaction holds past the
+/// lock wait, keys crossed with another group), nothing of the group was written, and each request is
+/// then accepted on its own, so that only the request at fault fails. Any other failure (the database
+/// is unreachable) is every unwritten request's result.
 #[tracing::instrument(name = "store.intake_group", skip_all, fields(requests = group.len()))]
 pub async fn accept_group(conn: &mut PgConnection, group: &[NewPayment]) -> Vec<Result<Intake, StoreError>> {
     let mut results: Vec<Option<Result<Intake, StoreError>>> = vec![None; group.len()];
@@ -130,22 +131,47 @@ pub async fn accept_group(conn: &mut PgConnection, group: &[NewPayment]) -> Vec<
         let (round, later): (Vec<usize>, Vec<usize>) =
             unwritten.iter().partition(|&&i| group[i].tenant_id == tenant_id && keys.insert(&group[i].key));
         let requests: Vec<&NewPayment> = round.iter().map(|&i| &group[i]).collect();
-        match accept_round(conn, &requests).await {
-            Ok(written) => {
-                for (i, result) in round.into_iter().zip(written) {
-                    results[i] = Some(result);
-                }
-            }
+        let written = match accept_round(conn, &requests).await {
+            Ok(written) => written,
             Err(error) => {
                 for i in round.into_iter().chain(later) {
                     results[i] = Some(Err(error.clone()));
                 }
                 break;
             }
+        };
+        let mut stored = HashMap::new();
+        for (i, result) in round.into_iter().zip(written) {
+            if let Ok(intake) = &result {
+                stored.insert((tenant_id, &group[i].key), stored_key(intake, &group[i]));
+            }
+            results[i] = Some(result);
         }
-        unwritten = later;
+        unwritten = later
+            .into_iter()
+            .filter(|&i| match stored.get(&(group[i].tenant_id, &group[i].key)) {
+                Some(key) => {
+                    results[i] = Some(Ok(Intake::Existing(key.clone())));
+                    false
+                }
+                None => true,
+            })
+            .collect();
     }
     results.into_iter().map(|result| result.unwrap_or_else(|| Err(vanished()))).collect()
+}
+
+/// The key as `new`'s result leaves it stored.
+fn stored_key(intake: &Intake, new: &NewPayment) -> ExistingKey {
+    match intake {
+        Intake::Created(created) => ExistingKey {
+            fingerprint: new.fingerprint,
+            payment_id: created.payment.payment_id,
+            expires_at: created.key_expires_at,
+            stored_response: None,
+        },
+        Intake::Existing(existing) => existing.clone(),
+    }
 }
 
 /// One tenant's requests with distinct keys: their results in order, or the failure that left every
