@@ -13,6 +13,7 @@
 
 use std::sync::Arc;
 
+use metrics::{Gauge, Histogram};
 use oncepay_domain::ids::TenantId;
 use oncepay_service::group_commit::{GroupCommits, Limits};
 use oncepay_store::StoreError;
@@ -28,12 +29,19 @@ pub const LOCK_NOT_AVAILABLE: &str = "55P03";
 /// The groups being formed, one per tenant. Shared by the process's HTTP workers.
 pub struct AcceptGroups {
     groups: GroupCommits<TenantId, NewPayment, Result<Intake, StoreError>>,
+    // Handles taken once: a lookup in the metrics registry per request costs more than the update.
+    writing: Gauge,
+    group_size: Histogram,
 }
 
 impl AcceptGroups {
     /// No groups yet; each will have `limits`.
     pub fn new(limits: Limits) -> Self {
-        Self { groups: GroupCommits::new(limits) }
+        Self {
+            groups: GroupCommits::new(limits),
+            writing: metrics::gauge!(INTAKE_WRITING),
+            group_size: metrics::histogram!(INTAKE_GROUP_SIZE),
+        }
     }
 
     /// Accepts `new` together with the requests of its tenant waiting at that moment. The write uses
@@ -43,8 +51,12 @@ impl AcceptGroups {
     pub async fn accept(self: Arc<Self>, connections: Arc<Connections>, new: NewPayment) -> Result<Intake, StoreError> {
         let tenant_id = new.tenant_id;
         let accepting = actix_web::rt::spawn(async move {
-            let _writing = Writing::start();
-            let write = |group: Vec<NewPayment>| write(&connections, group);
+            let _counted = Counted::start(&self.writing);
+            // Boxed: the write is large, and only the task that writes a group needs room for it.
+            let write = |group: Vec<NewPayment>| {
+                self.group_size.record(group.len() as f64);
+                Box::pin(write(&connections, group))
+            };
             self.groups.submit(tenant_id, new, write).await
         });
         match accepting.await {
@@ -57,18 +69,18 @@ impl AcceptGroups {
 }
 
 /// A request counted in [`INTAKE_WRITING`] until it has its result.
-struct Writing;
+struct Counted<'a>(&'a Gauge);
 
-impl Writing {
-    fn start() -> Self {
-        metrics::gauge!(INTAKE_WRITING).increment(1.0);
-        Self
+impl<'a> Counted<'a> {
+    fn start(gauge: &'a Gauge) -> Self {
+        gauge.increment(1.0);
+        Self(gauge)
     }
 }
 
-impl Drop for Writing {
+impl Drop for Counted<'_> {
     fn drop(&mut self) {
-        metrics::gauge!(INTAKE_WRITING).decrement(1.0);
+        self.0.decrement(1.0);
     }
 }
 
@@ -76,7 +88,6 @@ impl Drop for Writing {
 /// a way that leaves it in doubt: a refusal PostgreSQL decided (a lock wait past `lock_timeout`)
 /// leaves it idle and healthy.
 async fn write(connections: &Connections, group: Vec<NewPayment>) -> Vec<Result<Intake, StoreError>> {
-    metrics::histogram!(INTAKE_GROUP_SIZE).record(group.len() as f64);
     let mut conn = match connections.acquire().await {
         Ok(conn) => conn,
         Err(error) => {
