@@ -146,6 +146,11 @@ pub struct Verdict {
     pub provider_charges: usize,
     /// Time from acceptance to the terminal (or dead-lettered) status, sorted.
     pub time_to_terminal: Vec<Duration>,
+    /// Payments accepted in a transaction together with others (the api's groups), and the most in
+    /// one. Read from the payments' creation times, which are their transactions' start.
+    pub accepted_together: usize,
+    /// The most payments accepted in one transaction.
+    pub largest_group: usize,
 }
 
 impl Verdict {
@@ -215,6 +220,12 @@ pub async fn check(
         }
     }
     verdict.time_to_terminal.sort();
+    let mut groups: BTreeMap<(Uuid, OffsetDateTime), usize> = BTreeMap::new();
+    for payment in payments.values() {
+        *groups.entry((payment.tenant_id, payment.created_at)).or_default() += 1;
+    }
+    verdict.accepted_together = groups.values().filter(|n| **n > 1).sum();
+    verdict.largest_group = groups.values().copied().max().unwrap_or(0);
     let by_payment = charges_by_payment(&mut verdict, charges, &payments);
     note_conflicts(&mut verdict, &conflicts, &payments, &ledger, &by_payment);
     check_charges(&mut verdict, &payments, &by_payment);

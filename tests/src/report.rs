@@ -96,6 +96,11 @@ impl fmt::Display for Report {
         writeln!(f, "payments         {} ({})", v.payments, statuses.join(", "))?;
         writeln!(
             f,
+            "intake groups    {} payments accepted in a transaction shared with others; at most {} in one",
+            v.accepted_together, v.largest_group
+        )?;
+        writeln!(
+            f,
             "charges          {} at the provider; payments with 0 / 1 / 2+ charges: {} / {} / {}",
             v.provider_charges, v.charge_histogram[0], v.charge_histogram[1], v.charge_histogram[2]
         )?;
