@@ -4,7 +4,8 @@
 -- as it is, so a new table needs one more name below, and a new migration on a distributed table
 -- is propagated to the nodes by Citus itself (`migrate` sends it one statement at a time, which
 -- Citus needs: `db::migrate_one_statement_at_a_time`). It also replaces the three functions whose
--- best form differs on Citus (at the end): a migration that changes them must change them here too.
+-- best form differs on Citus, and plans the claim for each call (at the end): a migration that
+-- changes them must change them here too.
 --
 -- `tenants` and `api_keys` are small and read on every request: copied to every node. `payments`
 -- anchors the colocation group, and every table with a foreign key to it lives beside it, so one
@@ -195,3 +196,10 @@ BEGIN
         WHERE k.tenant_id = p_tenant_id AND k.idempotency_key = ANY (p_keys) AND k.payment_id <> ALL (p_payment_ids);
 END
 $intake_group$;
+
+-- The claim on Citus is planned for each call. Migration 0170 keeps one reusable plan per connection
+-- for its statements (`plan_cache_mode = force_generic_plan`); in such a plan the tenant is still a
+-- parameter, and Citus cannot send a `FOR UPDATE` with an unknown tenant to one shard ("could not
+-- create distributed plan"). Planned with the tenant known, each statement goes to the tenant's
+-- shard, as before 0170.
+ALTER FUNCTION claim_sends(uuid, bigint, text, double precision, text) SET plan_cache_mode = force_custom_plan;
