@@ -2,25 +2,23 @@
 -- which `store/sql/accept_group.sql` calls for the requests that reach the api together.
 --
 -- It does for many requests what `intake` does for one, the i-th element of every array describing
--- the i-th request. The keys must be distinct (`oncepay_store::intake::accept_group` answers a
--- second request with the same key from the first one's result, as if it came after it). A new key
--- is written with its payment (`pending`), its outbox row and its first audit row; a key that exists
--- comes back as stored, with nothing written. Each result row names its request by its place in the
--- arrays, from 1.
+-- the i-th request. The keys must be distinct (the api writes a second request with the same key
+-- after the first, as it would if they came one after the other). A new key is written with its
+-- payment (`pending`), its outbox row and its first audit row; a key that exists comes back as
+-- stored, with nothing written. Each result row names its request by its place in the arrays, from 1.
 --
 -- The new keys are inserted in key order, so two groups that share keys take their locks in the
 -- same order. A key that another transaction is writing makes the statement wait for it, at most
 -- `lock_timeout`, and then fail whole; so does a row the database refuses. The api then accepts each
 -- request on its own with `intake`, so that only that request fails.
 --
--- On plain PostgreSQL it is one statement of INSERT CTEs over the arrays, planned once per
--- connection: it reads the keys that are stored, and writes the others. Under Citus, where INSERT CTEs
--- leave the shard, `store/sql/citus.sql` replaces this function with one that writes each request
--- with plain INSERTs, in the same transaction.
+-- On plain PostgreSQL the rows are written in one statement of INSERT CTEs from the arrays, planned
+-- once per connection. Under Citus, where INSERT CTEs leave the shard, `store/sql/citus.sql` replaces
+-- this function with one that writes each request with plain INSERTs, in the same transaction.
 --
--- A second statement reads the keys that another transaction committed while this one waited (its
--- snapshot is newer than the first statement's): the first found them neither stored nor free. A key
--- this call wrote names the payment this call proposed, so it is not read again.
+-- The second statement reads the keys that were not written: those stored before, and those another
+-- transaction committed while this one waited (its snapshot is newer than the first statement's).
+-- A key this call wrote names the payment this call proposed, so it is not read again.
 CREATE FUNCTION intake_group(
     p_tenant_id uuid,
     p_keys text[],
@@ -50,7 +48,7 @@ SET plan_cache_mode = force_generic_plan
 AS $intake_group$
 #variable_conflict use_column
 DECLARE
-    v_answered bigint;
+    v_created bigint;
 BEGIN
     RETURN QUERY
         WITH request AS (
@@ -60,15 +58,10 @@ BEGIN
                 WITH ORDINALITY
                 AS r(key, fingerprint, payment_id, amount, currency, customer_id, description, metadata,
                      payment_method, traceparent, tracestate, item)
-        ), stored AS (
-            SELECT r.item, k.fingerprint, k.payment_id, k.expires_at, k.response_status, k.response_body
-            FROM request r
-            JOIN idempotency_keys k ON k.tenant_id = p_tenant_id AND k.idempotency_key = r.key
         ), new_key AS (
             INSERT INTO idempotency_keys (tenant_id, idempotency_key, fingerprint, payment_id, expires_at)
             SELECT p_tenant_id, r.key, r.fingerprint, r.payment_id, now() + make_interval(secs => p_retention_secs)
             FROM request r
-            WHERE r.item NOT IN (SELECT s.item FROM stored s)
             ORDER BY r.key
             ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
             RETURNING payment_id, expires_at
@@ -90,13 +83,9 @@ BEGIN
         )
         SELECT r.item::integer, true, r.fingerprint, p.payment_id, p.created_at, p.updated_at, k.expires_at,
                NULL::smallint, NULL::jsonb
-        FROM payment p JOIN new_key k USING (payment_id) JOIN request r USING (payment_id)
-        UNION ALL
-        SELECT s.item::integer, false, s.fingerprint, s.payment_id, NULL::timestamptz, NULL::timestamptz,
-               s.expires_at, s.response_status, s.response_body
-        FROM stored s;
-    GET DIAGNOSTICS v_answered = ROW_COUNT;
-    IF v_answered = cardinality(p_keys) THEN
+        FROM payment p JOIN new_key k USING (payment_id) JOIN request r USING (payment_id);
+    GET DIAGNOSTICS v_created = ROW_COUNT;
+    IF v_created = cardinality(p_keys) THEN
         RETURN;
     END IF;
 

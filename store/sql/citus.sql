@@ -114,7 +114,7 @@ BEGIN
 END
 $$;
 
--- Intake of a group on Citus: the version of migrations/0160 writes the group from its arrays in
+-- Intake of a group on Citus: the version of migrations/0190 writes the group from its arrays in
 -- INSERT CTEs, which Citus never runs on the shard alone. Here each new key is written with plain
 -- INSERTs, as `intake` writes one, all in the caller's transaction on the tenant's node: the group
 -- still commits once. Same arguments, same rows.

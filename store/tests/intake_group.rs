@@ -185,6 +185,10 @@ async fn a_key_another_transaction_holds_past_the_lock_wait_fails_alone(pool: Pg
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_key_committed_by_another_transaction_while_the_group_waits_is_returned_as_stored(pool: PgPool) {
     let tenant_id = tenant(&pool, "acme").await;
+    // Stored before: the function answers it in its first statement, and reads it again in its
+    // second, which reads the keys committed while it waited.
+    let before = intake::accept(&mut pool.acquire().await.unwrap(), &new(tenant_id, "order-0", &body(5))).await;
+    let before = before.unwrap().created().unwrap().payment.payment_id;
     let mut holder = pool.begin().await.unwrap();
     let theirs = intake::accept(&mut holder, &new(tenant_id, "order-2", &body(100))).await.unwrap();
     let theirs = theirs.created().unwrap().payment.payment_id;
@@ -192,6 +196,7 @@ async fn a_key_committed_by_another_transaction_while_the_group_waits_is_returne
         new(tenant_id, "order-1", &body(100)),
         new(tenant_id, "order-2", &body(100)),
         new(tenant_id, "order-3", &body(100)),
+        new(tenant_id, "order-0", &body(100)),
     ];
     let writing = tokio::spawn({
         let pool = pool.clone();
@@ -205,7 +210,8 @@ async fn a_key_committed_by_another_transaction_while_the_group_waits_is_returne
     created(&results[0]);
     assert_eq!(existing(&results[1]).0, theirs);
     created(&results[2]);
-    assert_eq!(count(&pool, "payments").await, 3);
+    assert_eq!(existing(&results[3]), (before, Fingerprint::of("POST", "/v1/payments", &body(5))));
+    assert_eq!(count(&pool, "payments").await, 4);
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
