@@ -140,28 +140,28 @@ pub async fn accept_group(conn: &mut PgConnection, group: &[NewPayment]) -> Vec<
                 break;
             }
         };
-        let mut stored = HashMap::new();
-        for (i, result) in round.into_iter().zip(written) {
-            if let Ok(intake) = &result {
-                stored.insert((tenant_id, &group[i].key), stored_key(intake, &group[i]));
-            }
+        for (&i, result) in round.iter().zip(written) {
             results[i] = Some(result);
         }
+        // A later request of this tenant whose key this round answered finds the key as the round
+        // left it; one whose first request failed is written in a later round.
+        let answered: HashMap<&IdempotencyKey, usize> =
+            round.iter().filter(|&&i| matches!(results[i], Some(Ok(_)))).map(|&i| (&group[i].key, i)).collect();
         unwritten = later
             .into_iter()
-            .filter(|&i| match stored.get(&(group[i].tenant_id, &group[i].key)) {
-                Some(key) => {
-                    results[i] = Some(Ok(Intake::Existing(key.clone())));
-                    false
-                }
-                None => true,
+            .filter(|&i| {
+                let first = answered.get(&group[i].key).filter(|_| group[i].tenant_id == tenant_id);
+                let Some(&first) = first else { return true };
+                let Some(Ok(intake)) = &results[first] else { return true };
+                results[i] = Some(Ok(Intake::Existing(stored_key(intake, &group[first]))));
+                false
             })
             .collect();
     }
     results.into_iter().map(|result| result.unwrap_or_else(|| Err(vanished()))).collect()
 }
 
-/// The key as `new`'s result leaves it stored.
+/// The key as `intake`, the result of `new`, leaves it stored.
 fn stored_key(intake: &Intake, new: &NewPayment) -> ExistingKey {
     match intake {
         Intake::Created(created) => ExistingKey {
@@ -293,6 +293,7 @@ async fn intake_together(
     .fetch_all(conn)
     .await?;
     let mut results: Vec<Result<Intake, StoreError>> = requests.iter().map(|_| Err(vanished())).collect();
+    // A request may have two rows, the second from the function's later read: the last one counts.
     for row in rows {
         let item = usize::try_from(row.item).ok().and_then(|item| item.checked_sub(1));
         let Some((result, new)) = item.and_then(|item| results.get_mut(item).zip(requests.get(item))) else {
