@@ -391,8 +391,8 @@ impl Bench<'_> {
         Ok(())
     }
 
-    /// Accepts from more connections than the database has for them: what the api's groups hold
-    /// then, against one payment per transaction from as many connections.
+    /// Accepts from more connections than the api has to its database, where more requests wait for
+    /// each write: against one payment per transaction from as many pgbench connections.
     async fn accepts_from_many(&mut self, main: &Database, api: &[SocketAddr], connections: u32) -> anyhow::Result<()> {
         let one_per_transaction = self.raw(main, Baseline::Accept, connections).await?;
         let row = self.service(main, api, Workload::Accept, connections).await?;

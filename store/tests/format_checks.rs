@@ -17,6 +17,10 @@ struct Format {
     writes: &'static [&'static str],
 }
 
+/// The payment the rows of the other tables below belong to (`$2` the tenant; `$1` is not used).
+const A_PAYMENT: &str = "INSERT INTO payments (tenant_id, payment_id, amount, currency, customer_id)
+                         VALUES ($2, '00000000-0000-0000-0000-000000000001', 100, 'EUR', 'cus_1')";
+
 const KEY: Format = Format {
     regex: "^[!-~]{1,255}$",
     constraint: "idempotency_keys_idempotency_key_check",
@@ -35,8 +39,7 @@ const LEDGER_CURRENCY: Format = Format {
     regex: "^[A-Z]{3}$",
     constraint: "ledger_entries_currency_check",
     writes: &[
-        "INSERT INTO payments (tenant_id, payment_id, amount, currency, customer_id)
-         VALUES ($2, '00000000-0000-0000-0000-000000000001', 100, 'EUR', 'cus_1')",
+        A_PAYMENT,
         "INSERT INTO ledger_entries (tenant_id, payment_id, provider_charge_id, amount, currency, charged_at)
          VALUES ($2, '00000000-0000-0000-0000-000000000001', 'ch_1', 100, $1, now())",
     ],
@@ -53,8 +56,7 @@ const TRACEPARENT: Format = Format {
     regex: "^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$",
     constraint: "outbox_traceparent_check",
     writes: &[
-        "INSERT INTO payments (tenant_id, payment_id, amount, currency, customer_id)
-         VALUES ($2, '00000000-0000-0000-0000-000000000001', 100, 'EUR', 'cus_1')",
+        A_PAYMENT,
         "INSERT INTO outbox (tenant_id, payment_id, traceparent) VALUES ($2, '00000000-0000-0000-0000-000000000001', $1)",
     ],
 };
@@ -63,8 +65,7 @@ const UNKNOWN_TRACEPARENT: Format = Format {
     regex: TRACEPARENT.regex,
     constraint: "unknown_payments_traceparent_check",
     writes: &[
-        "INSERT INTO payments (tenant_id, payment_id, amount, currency, customer_id)
-         VALUES ($2, '00000000-0000-0000-0000-000000000001', 100, 'EUR', 'cus_1')",
+        A_PAYMENT,
         "INSERT INTO unknown_payments (tenant_id, payment_id, reason, traceparent)
          VALUES ($2, '00000000-0000-0000-0000-000000000001', 'a test', $1)",
     ],

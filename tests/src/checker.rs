@@ -146,8 +146,8 @@ pub struct Verdict {
     pub provider_charges: usize,
     /// Time from acceptance to the terminal (or dead-lettered) status, sorted.
     pub time_to_terminal: Vec<Duration>,
-    /// Payments accepted in a transaction together with others (the api's groups), and the most in
-    /// one. Read from the payments' creation times, which are their transactions' start.
+    /// Payments accepted in a transaction together with others (the api's groups). Read from the
+    /// payments' creation times, which are their transactions' start.
     pub accepted_together: usize,
     /// The most payments accepted in one transaction.
     pub largest_group: usize,
