@@ -8,6 +8,13 @@
 //! requests a group takes and how long the first of them waits are `intake.group_max_requests` and
 //! `intake.group_max_wait_us` (`oncepay_service::group_commit::Limits`).
 //!
+//! A request that would be the first to wait for its tenant's write under way looks up its key
+//! meanwhile (`oncepay_store::intake::stored`): a key already stored is answered from its row, as the
+//! group's statement would answer it, and a key not found waits for the next write. So a tenant's
+//! retries are read side by side instead of one group at a time. Once a request waits, the next write
+//! is certain, and the requests that come after it wait with it without a read of their own: a burst
+//! of new keys pays for about one read a group, not one a request.
+//!
 //! A group's write runs in a task of its own, so a client that goes away while its request is being
 //! written cannot cut short the write that other requests wait for.
 
@@ -18,7 +25,7 @@ use oncepay_domain::ids::TenantId;
 use oncepay_service::group_commit::{GroupCommits, Limits};
 use oncepay_store::StoreError;
 use oncepay_store::connections::Connections;
-use oncepay_store::intake::{self, Intake, NewPayment};
+use oncepay_store::intake::{self, ExistingKey, Intake, NewPayment};
 
 use crate::metrics::{INTAKE_GROUP_SIZE, INTAKE_WRITING};
 
@@ -44,12 +51,18 @@ impl AcceptGroups {
         }
     }
 
-    /// Accepts `new` together with the requests of its tenant waiting at that moment. The write uses
+    /// Accepts `new` together with the requests of its tenant waiting at that moment, or answers it
+    /// from its stored key if it would be the first to wait for a write under way. The read and the write use
     /// `connections`, the calling HTTP worker's own.
     ///
-    /// Runs to its end in a task of its own even if the caller stops waiting for it.
+    /// The write runs to its end in a task of its own even if the caller stops waiting for it.
     pub async fn accept(self: Arc<Self>, connections: Arc<Connections>, new: NewPayment) -> Result<Intake, StoreError> {
         let tenant_id = new.tenant_id;
+        if self.groups.first_to_wait(&tenant_id)
+            && let Some(existing) = stored(&connections, &new).await?
+        {
+            return Ok(Intake::Existing(existing));
+        }
         let accepting = actix_web::rt::spawn(async move {
             let _counted = Counted::start(&self.writing);
             // Boxed: the write is large, and only the task that writes a group needs room for it.
@@ -82,6 +95,14 @@ impl Drop for Counted<'_> {
     fn drop(&mut self) {
         self.0.decrement(1.0);
     }
+}
+
+/// `new`'s key as stored, if it is, read on a connection of its own.
+async fn stored(connections: &Connections, new: &NewPayment) -> Result<Option<ExistingKey>, StoreError> {
+    let mut conn = connections.acquire().await?;
+    let stored = intake::stored(&mut conn, new.tenant_id, &new.key).await?;
+    conn.release();
+    Ok(stored)
 }
 
 /// Writes one group on a connection of its own. The connection is reused unless a request failed in

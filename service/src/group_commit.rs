@@ -216,6 +216,16 @@ impl<K: Eq + Hash + Clone, T, R> GroupCommits<K, T, R> {
         member.group.submit(item, write).await
     }
 
+    /// Whether an item submitted to `key`'s group now would be the first to wait for the write under
+    /// way: a write is under way and no item waits yet. Only a hint: the write may end a moment later.
+    pub fn first_to_wait(&self, key: &K) -> bool {
+        let groups = self.groups.lock().unwrap_or_else(PoisonError::into_inner);
+        groups.get(key).is_some_and(|group| {
+            let state = group.state();
+            state.writes > 0 && state.waiting.is_empty()
+        })
+    }
+
     #[cfg(test)]
     fn groups(&self) -> usize {
         self.groups.lock().unwrap_or_else(PoisonError::into_inner).len()
@@ -488,6 +498,34 @@ mod tests {
         release.notify_one();
         assert_eq!(held.await.unwrap(), Some(1));
         assert_eq!(commits.groups(), 0);
+    }
+
+    // One thread, so that a task seen to have queued its item has also looked for a write to start.
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_item_is_first_to_wait_only_while_a_write_is_under_way_and_none_waits() {
+        let commits = Arc::new(GroupCommits::<&str, u32, u32>::default());
+        let (release, writing) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        assert!(!commits.first_to_wait(&"a"), "nothing under way: written at once");
+        let held = tokio::spawn({
+            let (commits, write) = (commits.clone(), echo_after(release.clone(), writing.clone()));
+            async move { commits.submit("a", 1, write).await }
+        });
+        writing.notified().await;
+        assert!(commits.first_to_wait(&"a"));
+        assert!(!commits.first_to_wait(&"b"));
+
+        let queued = tokio::spawn({
+            let commits = commits.clone();
+            async move { commits.submit("a", 2, |items: Vec<u32>| async move { items }).await }
+        });
+        while commits.first_to_wait(&"a") {
+            tokio::task::yield_now().await;
+        }
+
+        release.notify_one();
+        assert_eq!(held.await.unwrap(), Some(1));
+        assert_eq!(queued.await.unwrap(), Some(2));
+        assert!(!commits.first_to_wait(&"a"));
     }
 
     #[tokio::test(flavor = "current_thread")]

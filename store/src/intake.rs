@@ -7,8 +7,11 @@
 //! either all of it exists or none of it does ([`Intake::Created`]). A known key comes back with
 //! nothing written, for the caller to replay or refuse ([`Intake::Existing`]).
 //!
+//! [`stored`] runs `sql/replay.sql`, the function's replay read on its own: what intake would answer
+//! for a known key, without taking part in a write.
+//!
 //! The SQL lives in files so the benchmark runs the same statements under pgbench; `sql/replay.sql`
-//! is the function's replay read on its own, the benchmark's raw replay baseline.
+//! is also the benchmark's raw replay baseline.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -159,6 +162,22 @@ pub async fn accept_group(conn: &mut PgConnection, group: &[NewPayment]) -> Vec<
             .collect();
     }
     results.into_iter().map(|result| result.unwrap_or_else(|| Err(vanished()))).collect()
+}
+
+/// The key as stored, if it is: what [`accept`] would answer for a request with it, read without
+/// writing or waiting for anything. A key that another transaction is writing is not seen until that
+/// transaction commits, so `None` means "not stored yet", never "free to take": only intake decides
+/// that.
+#[tracing::instrument(name = "store.stored_key", skip_all, fields(tenant.id = %tenant_id))]
+pub async fn stored(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    key: &IdempotencyKey,
+) -> Result<Option<ExistingKey>, StoreError> {
+    let row = sqlx::query_file_as!(StoredKeyRow, "sql/replay.sql", tenant_id.as_uuid(), key.as_str())
+        .fetch_optional(conn)
+        .await?;
+    row.map(existing_of).transpose()
 }
 
 /// The key as `intake`, the result of `new`, leaves it stored.
@@ -316,22 +335,38 @@ async fn intake_together(
     Ok(results)
 }
 
+/// What `sql/replay.sql` returns: a stored key.
+struct StoredKeyRow {
+    fingerprint: Vec<u8>,
+    payment_id: PaymentId,
+    expires_at: OffsetDateTime,
+    response_status: Option<i16>,
+    response_body: Option<Json<Box<RawValue>>>,
+}
+
+/// A stored key's row, decoded.
+fn existing_of(row: StoredKeyRow) -> Result<ExistingKey, StoreError> {
+    let fingerprint = Fingerprint::from_slice(&row.fingerprint).ok_or_else(|| {
+        StoreError::Unexpected(sqlx::Error::Decode("a stored fingerprint is not 32 bytes".into()).into())
+    })?;
+    let stored_response = match (row.response_status, row.response_body) {
+        (Some(status), Some(Json(body))) => Some((u16::try_from(status).unwrap_or(200), body)),
+        _ => None,
+    };
+    Ok(ExistingKey { fingerprint, payment_id: row.payment_id, expires_at: row.expires_at, stored_response })
+}
+
 /// What one request's row means: the key as it exists, or the payment it accepted.
 fn intake_of(row: IntakeRow, new: &NewPayment) -> Result<Intake, StoreError> {
     if !row.created {
-        let fingerprint = Fingerprint::from_slice(&row.fingerprint).ok_or_else(|| {
-            StoreError::Unexpected(sqlx::Error::Decode("a stored fingerprint is not 32 bytes".into()).into())
-        })?;
-        let stored_response = match (row.response_status, row.response_body) {
-            (Some(status), Some(Json(body))) => Some((u16::try_from(status).unwrap_or(200), body)),
-            _ => None,
-        };
-        return Ok(Intake::Existing(ExistingKey {
-            fingerprint,
+        return existing_of(StoredKeyRow {
+            fingerprint: row.fingerprint,
             payment_id: row.payment_id,
             expires_at: row.expires_at,
-            stored_response,
-        }));
+            response_status: row.response_status,
+            response_body: row.response_body,
+        })
+        .map(Intake::Existing);
     }
     let (Some(created_at), Some(updated_at)) = (row.created_at, row.updated_at) else {
         return Err(StoreError::Unexpected(

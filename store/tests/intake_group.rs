@@ -1,5 +1,6 @@
 //! Accepting a group of requests together (`intake::accept_group`) against a real PostgreSQL: each
-//! request gets the result it would get alone, whatever else is in its group.
+//! request gets the result it would get alone, whatever else is in its group. Also the read of a
+//! stored key (`intake::stored`) that the api makes instead of waiting for a group.
 
 // The helpers below are test code too; clippy's test allowance only covers `#[test]` functions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -98,6 +99,31 @@ async fn a_stored_key_in_a_group_is_returned_as_stored_and_nothing_is_written_fo
     assert_eq!(existing(&results[1]), (stored, Fingerprint::of("POST", "/v1/payments", &body(100))));
     created(&results[2]);
     assert_eq!(count(&pool, "payments").await, 3);
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn the_stored_read_finds_a_key_as_a_group_answers_it_and_not_a_key_still_being_written(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+    let (first, written) = (new(tenant_id, "order-1", &body(100)), new(tenant_id, "order-2", &body(100)));
+    created(&accept_group(&pool, std::slice::from_ref(&first)).await[0]);
+    let mut holder = pool.begin().await.unwrap();
+    created(&Ok(intake::accept(&mut holder, &written).await.unwrap()));
+    let mut conn = pool.acquire().await.unwrap();
+
+    let read = intake::stored(&mut conn, tenant_id, &first.key).await.unwrap().expect("a stored key");
+    let uncommitted = intake::stored(&mut conn, tenant_id, &written.key).await.unwrap();
+    let unknown = intake::stored(&mut conn, tenant_id, &new(tenant_id, "order-3", &body(100)).key).await.unwrap();
+
+    let Ok(Intake::Existing(answered)) = accept_group(&pool, &[first]).await.remove(0) else {
+        panic!("the group did not find the stored key");
+    };
+    assert_eq!(
+        (read.payment_id, read.fingerprint, read.expires_at, read.stored_response.is_none()),
+        (answered.payment_id, answered.fingerprint, answered.expires_at, answered.stored_response.is_none())
+    );
+    assert!(uncommitted.is_none(), "another transaction's key is not seen before it commits");
+    assert!(unknown.is_none());
+    holder.rollback().await.unwrap();
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]

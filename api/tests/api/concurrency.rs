@@ -5,10 +5,12 @@ use std::time::Duration;
 
 use oncepay_store::fixtures::Submission;
 use oncepay_store::intake;
-use reqwest::StatusCode;
+use reqwest::{Response, StatusCode};
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Postgres, Transaction};
 use tokio::sync::Barrier;
+use tokio::task::JoinHandle;
 
 use crate::helpers::{Rows, TestApp, assert_problem, body, header};
 
@@ -62,22 +64,7 @@ async fn requests_arriving_while_their_tenants_write_is_under_way_are_written_to
     })
     .await;
     let other = json!({"amount": 5, "currency": "EUR", "customer_id": "cus_42"});
-    // Another process is writing `order-0`: the api's write of it waits for that transaction.
-    let mut holder = app.db.begin().await.unwrap();
-    let held = Submission::new("order-0", &body()).for_tenant(app.tenant.id, None);
-    intake::accept(&mut holder, &held).await.unwrap();
-    let first = tokio::spawn(app.post_payment("order-0", &body()).send());
-    let holder_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut *holder).await.unwrap();
-    while !sqlx::query_scalar::<_, bool>(
-        "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid)))",
-    )
-    .bind(holder_pid)
-    .fetch_one(&app.db)
-    .await
-    .unwrap()
-    {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let (holder, first) = write_held_by_another_transaction(&app, "order-0").await;
     // Eight new keys, then a retry of one of them and a misuse of another, queued after them.
     let mut waiting: Vec<_> =
         (1..=8).map(|i| tokio::spawn(app.post_payment(&format!("order-{i}"), &body()).send())).collect();
@@ -120,4 +107,64 @@ async fn requests_arriving_while_their_tenants_write_is_under_way_are_written_to
     assert_eq!(starts, 1);
     assert_eq!(app.rows().await, Rows { payments: 9, keys: 9, outbox: 9, events: 9 });
     app.stop().await;
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_stored_key_is_answered_while_its_tenants_write_is_under_way(_: PgPoolOptions, options: PgConnectOptions) {
+    let app = TestApp::spawn_with(options, |settings| {
+        settings.intake.group_max_wait_us = 60_000_000;
+        settings.intake.key_lock_wait_ms = 60_000;
+        settings.database.statement_timeout_ms = 60_000;
+    })
+    .await;
+    let stored = app.post_payment("order-1", &body()).send().await.unwrap();
+    assert_eq!(stored.status(), StatusCode::ACCEPTED);
+    let stored_id = TestApp::payment_id(stored).await;
+    let (holder, first) = write_held_by_another_transaction(&app, "order-0").await;
+
+    // Neither waits for the write under way: each is answered from the stored key. (The timeout only
+    // turns a request stuck behind the held write into a failure instead of a hang.)
+    let answered = tokio::time::timeout(Duration::from_secs(30), async {
+        let retry = app.post_payment("order-1", &body()).send().await.unwrap();
+        let other = json!({"amount": 5, "currency": "EUR", "customer_id": "cus_42"});
+        let misuse = app.post_payment("order-1", &other).send().await.unwrap();
+        (retry, misuse)
+    })
+    .await;
+
+    let (retry, misuse) = answered.expect("a stored key waited for another key's write");
+    assert!(!first.is_finished(), "the write it would have waited for is still under way");
+    assert_eq!(retry.status(), StatusCode::ACCEPTED);
+    assert_eq!(header(retry.headers(), "idempotent-replayed"), Some("true"));
+    assert_eq!(TestApp::payment_id(retry).await, stored_id);
+    assert_problem(misuse, StatusCode::UNPROCESSABLE_ENTITY, "idempotency-key-reused").await;
+    holder.rollback().await.unwrap();
+    assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::ACCEPTED);
+    assert_eq!(app.rows().await, Rows { payments: 2, keys: 2, outbox: 2, events: 2 });
+    app.stop().await;
+}
+
+/// Another process's transaction, still open, that has written `key`; and the api's request with that
+/// key, sent and seen waiting for the transaction's lock: a write of the tenant under way that ends
+/// only when the transaction does.
+async fn write_held_by_another_transaction(
+    app: &TestApp,
+    key: &str,
+) -> (Transaction<'static, Postgres>, JoinHandle<reqwest::Result<Response>>) {
+    let mut holder = app.db.begin().await.unwrap();
+    let held = Submission::new(key, &body()).for_tenant(app.tenant.id, None);
+    intake::accept(&mut holder, &held).await.unwrap();
+    let request = tokio::spawn(app.post_payment(key, &body()).send());
+    let holder_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut *holder).await.unwrap();
+    while !sqlx::query_scalar::<_, bool>(
+        "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid)))",
+    )
+    .bind(holder_pid)
+    .fetch_one(&app.db)
+    .await
+    .unwrap()
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    (holder, request)
 }
