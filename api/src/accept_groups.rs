@@ -8,12 +8,14 @@
 //! requests a group takes and how long the first of them waits are `intake.group_max_requests` and
 //! `intake.group_max_wait_us` (`oncepay_service::group_commit::Limits`).
 //!
-//! A request that would be the first to wait for its tenant's write under way looks up its key
-//! meanwhile (`oncepay_store::intake::stored`): a key already stored is answered from its row, as the
-//! group's statement would answer it, and a key not found waits for the next write. So a tenant's
-//! retries are read side by side instead of one group at a time. Once a request waits, the next write
-//! is certain, and the requests that come after it wait with it without a read of their own: a burst
-//! of new keys pays for about one read a group, not one a request.
+//! A request that would wait for its tenant's write under way looks up its key meanwhile
+//! (`oncepay_store::intake::stored`), if a connection is free at that moment: a key already
+//! stored is answered from its row, as the group's statement would answer it, and a key not found
+//! waits for the next write. So a tenant's retries are read side by side instead of one group at a
+//! time. Once a request whose key was found new waits, the next write is certain, and the requests
+//! that come after it wait with it without a read of their own: a burst of new keys pays for about
+//! one read a group, not one a request. With every connection in use, a request waits without a
+//! read, so the reads never hold up a write.
 //!
 //! A group's write runs in a task of its own, so a client that goes away while its request is being
 //! written cannot cut short the write that other requests wait for.
@@ -25,7 +27,7 @@ use oncepay_domain::ids::TenantId;
 use oncepay_service::group_commit::{GroupCommits, Limits};
 use oncepay_store::StoreError;
 use oncepay_store::connections::Connections;
-use oncepay_store::intake::{self, ExistingKey, Intake, NewPayment};
+use oncepay_store::intake::{self, Intake, NewPayment};
 
 use crate::metrics::{INTAKE_GROUP_SIZE, INTAKE_WRITING};
 
@@ -35,7 +37,7 @@ pub const LOCK_NOT_AVAILABLE: &str = "55P03";
 
 /// The groups being formed, one per tenant. Shared by the process's HTTP workers.
 pub struct AcceptGroups {
-    groups: GroupCommits<TenantId, NewPayment, Result<Intake, StoreError>>,
+    groups: GroupCommits<TenantId, Request, Result<Intake, StoreError>>,
     // Handles taken once: a lookup in the metrics registry per request costs more than the update.
     writing: Gauge,
     group_size: Histogram,
@@ -52,25 +54,32 @@ impl AcceptGroups {
     }
 
     /// Accepts `new` together with the requests of its tenant waiting at that moment, or answers it
-    /// from its stored key if it would be the first to wait for a write under way. The read and the write use
-    /// `connections`, the calling HTTP worker's own.
+    /// from its stored key, read while a write under way would keep it waiting. The read and the
+    /// write use `connections`, the calling HTTP worker's own.
     ///
     /// The write runs to its end in a task of its own even if the caller stops waiting for it.
     pub async fn accept(self: Arc<Self>, connections: Arc<Connections>, new: NewPayment) -> Result<Intake, StoreError> {
         let tenant_id = new.tenant_id;
-        if self.groups.first_to_wait(&tenant_id)
-            && let Some(existing) = stored(&connections, &new).await?
+        let mut found_new = false;
+        if self.groups.writing_with_none_waiting(&tenant_id, |waiting| waiting.found_new)
+            && let Some(conn) = connections.try_acquire().await
         {
-            return Ok(Intake::Existing(existing));
+            let mut conn = conn?;
+            let stored = intake::stored(&mut conn, tenant_id, &new.key).await?;
+            conn.release();
+            match stored {
+                Some(existing) => return Ok(Intake::Existing(existing)),
+                None => found_new = true,
+            }
         }
         let accepting = actix_web::rt::spawn(async move {
             let _counted = Counted::start(&self.writing);
             // Boxed: the write is large, and only the task that writes a group needs room for it.
-            let write = |group: Vec<NewPayment>| {
+            let write = |group: Vec<Request>| {
                 self.group_size.record(group.len() as f64);
-                Box::pin(write(&connections, group))
+                Box::pin(write(&connections, group.into_iter().map(|request| request.new).collect()))
             };
-            self.groups.submit(tenant_id, new, write).await
+            self.groups.submit(tenant_id, Request { new, found_new }, write).await
         });
         match accepting.await {
             Ok(Some(result)) => result,
@@ -97,12 +106,11 @@ impl Drop for Counted<'_> {
     }
 }
 
-/// `new`'s key as stored, if it is, read on a connection of its own.
-async fn stored(connections: &Connections, new: &NewPayment) -> Result<Option<ExistingKey>, StoreError> {
-    let mut conn = connections.acquire().await?;
-    let stored = intake::stored(&mut conn, new.tenant_id, &new.key).await?;
-    conn.release();
-    Ok(stored)
+/// A request waiting for its group's write.
+struct Request {
+    new: NewPayment,
+    /// Its key was read while it would have waited, and was not stored: the next write is certain.
+    found_new: bool,
 }
 
 /// Writes one group on a connection of its own. The connection is reused unless a request failed in

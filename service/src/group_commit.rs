@@ -216,13 +216,13 @@ impl<K: Eq + Hash + Clone, T, R> GroupCommits<K, T, R> {
         member.group.submit(item, write).await
     }
 
-    /// Whether an item submitted to `key`'s group now would be the first to wait for the write under
-    /// way: a write is under way and no item waits yet. Only a hint: the write may end a moment later.
-    pub fn first_to_wait(&self, key: &K) -> bool {
+    /// Whether an item submitted to `key`'s group now would wait for a write under way, with no item
+    /// waiting yet that `matches`. Only a hint: the write may end a moment later.
+    pub fn writing_with_none_waiting(&self, key: &K, matches: impl Fn(&T) -> bool) -> bool {
         let groups = self.groups.lock().unwrap_or_else(PoisonError::into_inner);
         groups.get(key).is_some_and(|group| {
             let state = group.state();
-            state.writes > 0 && state.waiting.is_empty()
+            state.writes > 0 && !state.waiting.iter().any(|waiting| matches(&waiting.item))
         })
     }
 
@@ -502,30 +502,37 @@ mod tests {
 
     // One thread, so that a task seen to have queued its item has also looked for a write to start.
     #[tokio::test(flavor = "current_thread")]
-    async fn an_item_is_first_to_wait_only_while_a_write_is_under_way_and_none_waits() {
+    async fn a_key_is_writing_with_none_waiting_only_while_a_write_is_under_way_and_no_matching_item_waits() {
         let commits = Arc::new(GroupCommits::<&str, u32, u32>::default());
         let (release, writing) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-        assert!(!commits.first_to_wait(&"a"), "nothing under way: written at once");
+        let even = |item: &u32| item.is_multiple_of(2);
+        assert!(!commits.writing_with_none_waiting(&"a", even), "nothing under way: written at once");
         let held = tokio::spawn({
             let (commits, write) = (commits.clone(), echo_after(release.clone(), writing.clone()));
             async move { commits.submit("a", 1, write).await }
         });
         writing.notified().await;
-        assert!(commits.first_to_wait(&"a"));
-        assert!(!commits.first_to_wait(&"b"));
+        assert!(commits.writing_with_none_waiting(&"a", even));
+        assert!(!commits.writing_with_none_waiting(&"b", even));
 
-        let queued = tokio::spawn({
+        let submit = |item: u32| {
             let commits = commits.clone();
-            async move { commits.submit("a", 2, |items: Vec<u32>| async move { items }).await }
-        });
-        while commits.first_to_wait(&"a") {
+            tokio::spawn(async move { commits.submit("a", item, |items: Vec<u32>| async move { items }).await })
+        };
+        let odd = submit(3);
+        while commits.groups.lock().unwrap()["a"].state().waiting.is_empty() {
+            tokio::task::yield_now().await;
+        }
+        assert!(commits.writing_with_none_waiting(&"a", even), "the item waiting does not match");
+        let matching = submit(4);
+        while commits.writing_with_none_waiting(&"a", even) {
             tokio::task::yield_now().await;
         }
 
         release.notify_one();
         assert_eq!(held.await.unwrap(), Some(1));
-        assert_eq!(queued.await.unwrap(), Some(2));
-        assert!(!commits.first_to_wait(&"a"));
+        assert_eq!((odd.await.unwrap(), matching.await.unwrap()), (Some(3), Some(4)));
+        assert!(!commits.writing_with_none_waiting(&"a", even));
     }
 
     #[tokio::test(flavor = "current_thread")]

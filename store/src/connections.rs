@@ -53,12 +53,25 @@ impl Connections {
             .await
             .map_err(|_| sqlx::Error::PoolTimedOut)?
             .map_err(|_| sqlx::Error::PoolClosed)?;
+        self.checkout(slot, deadline).await
+    }
+
+    /// An idle connection for `slot`, or a new one made by `deadline`.
+    async fn checkout<'a>(&'a self, slot: SemaphorePermit<'a>, deadline: Instant) -> Result<Checkout<'a>, sqlx::Error> {
         let idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner).pop();
         let connection = match idle {
             Some(connection) => connection,
             None => timeout_at(deadline, self.options.connect()).await.map_err(|_| sqlx::Error::PoolTimedOut)??,
         };
         Ok(Checkout { connection: Some(connection), owner: self, _slot: slot })
+    }
+
+    /// A connection if the limit allows one now, idle or new; `None` at once if every connection is
+    /// checked out. For work that may be skipped, so that it never waits for, nor holds up, the
+    /// callers of [`Connections::acquire`]. A failure to connect is an error, as there.
+    pub async fn try_acquire(&self) -> Option<Result<Checkout<'_>, sqlx::Error>> {
+        let slot = self.slots.try_acquire().ok()?;
+        Some(self.checkout(slot, Instant::now() + self.acquire_timeout).await)
     }
 
     /// Refuses further checkouts and closes the idle connections (checked-out ones close when they

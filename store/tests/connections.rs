@@ -1,5 +1,5 @@
 //! The checkout set against a real PostgreSQL: reuse only after release, a bound on connections,
-//! waiting for a released one. Each test gets a fresh database.
+//! waiting for a released one, taking an idle one without waiting. Each test gets a fresh database.
 
 // The helpers below are test code too; clippy's test allowance only covers `#[test]` functions.
 #![allow(clippy::unwrap_used)]
@@ -45,6 +45,25 @@ async fn a_released_connection_is_reused_and_one_dropped_unreleased_is_closed(po
         }
         tokio::task::yield_now().await;
     }
+}
+
+#[sqlx::test]
+async fn a_checkout_without_waiting_is_refused_at_once_when_every_connection_is_out(pool: PgPool) {
+    let connections = connections(&pool, 2, Duration::from_secs(10));
+    let mut first = connections.acquire().await.unwrap();
+    let first_backend = backend(&mut first).await;
+    first.release();
+
+    let mut idle = connections.try_acquire().await.expect("one is idle").unwrap();
+    let mut new = connections.try_acquire().await.expect("the limit allows a second").unwrap();
+    let refused = connections.try_acquire().await;
+
+    assert!(refused.is_none(), "both are checked out");
+    assert_eq!(backend(&mut idle).await, first_backend, "the idle one first");
+    assert_ne!(backend(&mut new).await, first_backend);
+    idle.release();
+    new.release();
+    assert_eq!(connections.idle(), 2);
 }
 
 #[sqlx::test]

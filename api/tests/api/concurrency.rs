@@ -144,6 +144,37 @@ async fn a_stored_key_is_answered_while_its_tenants_write_is_under_way(_: PgPool
     app.stop().await;
 }
 
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn with_every_connection_in_use_a_retry_waits_for_the_write_under_way_instead_of_failing(
+    _: PgPoolOptions,
+    options: PgConnectOptions,
+) {
+    let app = TestApp::spawn_with(options, |settings| {
+        settings.http.workers = 1;
+        settings.database.max_connections = 1;
+        settings.database.acquire_timeout_ms = 200;
+        settings.database.statement_timeout_ms = 60_000;
+        settings.intake.group_max_wait_us = 60_000_000;
+        settings.intake.key_lock_wait_ms = 60_000;
+    })
+    .await;
+    let stored = app.post_payment("order-1", &body()).send().await.unwrap();
+    let stored_id = TestApp::payment_id(stored).await;
+    // The write of `order-0` holds the one connection until the other transaction ends.
+    let (holder, first) = write_held_by_another_transaction(&app, "order-0").await;
+
+    let retry = tokio::spawn(app.post_payment("order-1", &body()).send());
+
+    app.until_gauge("oncepay_api_intake_writing", 2).await;
+    holder.rollback().await.unwrap();
+    assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::ACCEPTED);
+    let retry = retry.await.unwrap().unwrap();
+    assert_eq!(retry.status(), StatusCode::ACCEPTED);
+    assert_eq!(header(retry.headers(), "idempotent-replayed"), Some("true"));
+    assert_eq!(TestApp::payment_id(retry).await, stored_id);
+    app.stop().await;
+}
+
 /// Another process's transaction, still open, that has written `key`; and the api's request with that
 /// key, sent and seen waiting for the transaction's lock: a write of the tenant under way that ends
 /// only when the transaction does.
