@@ -107,7 +107,7 @@ async fn the_stored_read_finds_a_key_as_a_group_answers_it_and_not_a_key_still_b
     let (first, written) = (new(tenant_id, "order-1", &body(100)), new(tenant_id, "order-2", &body(100)));
     created(&accept_group(&pool, std::slice::from_ref(&first)).await[0]);
     let mut holder = pool.begin().await.unwrap();
-    created(&Ok(intake::accept(&mut holder, &written).await.unwrap()));
+    intake::accept(&mut holder, &written).await.unwrap().created().expect("written by the holder");
     let mut conn = pool.acquire().await.unwrap();
 
     let read = intake::stored(&mut conn, tenant_id, &first.key).await.unwrap().expect("a stored key");

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use oncepay_api::Settings;
 use oncepay_store::fixtures::Submission;
 use oncepay_store::intake;
 use reqwest::{Response, StatusCode};
@@ -57,12 +58,7 @@ async fn requests_arriving_while_their_tenants_write_is_under_way_are_written_to
     _: PgPoolOptions,
     options: PgConnectOptions,
 ) {
-    let app = TestApp::spawn_with(options, |settings| {
-        // Nothing but the end of the write under way starts the next one.
-        settings.intake.group_max_wait_us = 60_000_000;
-        settings.intake.key_lock_wait_ms = 60_000;
-    })
-    .await;
+    let app = TestApp::spawn_with(options, a_held_write_lasts).await;
     let other = json!({"amount": 5, "currency": "EUR", "customer_id": "cus_42"});
     let (holder, first) = write_held_by_another_transaction(&app, "order-0").await;
     // Eight new keys, then a retry of one of them and a misuse of another, queued after them.
@@ -111,12 +107,7 @@ async fn requests_arriving_while_their_tenants_write_is_under_way_are_written_to
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_stored_key_is_answered_while_its_tenants_write_is_under_way(_: PgPoolOptions, options: PgConnectOptions) {
-    let app = TestApp::spawn_with(options, |settings| {
-        settings.intake.group_max_wait_us = 60_000_000;
-        settings.intake.key_lock_wait_ms = 60_000;
-        settings.database.statement_timeout_ms = 60_000;
-    })
-    .await;
+    let app = TestApp::spawn_with(options, a_held_write_lasts).await;
     let stored = app.post_payment("order-1", &body()).send().await.unwrap();
     assert_eq!(stored.status(), StatusCode::ACCEPTED);
     let stored_id = TestApp::payment_id(stored).await;
@@ -150,12 +141,10 @@ async fn with_every_connection_in_use_a_retry_waits_for_the_write_under_way_inst
     options: PgConnectOptions,
 ) {
     let app = TestApp::spawn_with(options, |settings| {
+        a_held_write_lasts(settings);
         settings.http.workers = 1;
         settings.database.max_connections = 1;
         settings.database.acquire_timeout_ms = 200;
-        settings.database.statement_timeout_ms = 60_000;
-        settings.intake.group_max_wait_us = 60_000_000;
-        settings.intake.key_lock_wait_ms = 60_000;
     })
     .await;
     let stored = app.post_payment("order-1", &body()).send().await.unwrap();
@@ -173,6 +162,14 @@ async fn with_every_connection_in_use_a_retry_waits_for_the_write_under_way_inst
     assert_eq!(header(retry.headers(), "idempotent-replayed"), Some("true"));
     assert_eq!(TestApp::payment_id(retry).await, stored_id);
     app.stop().await;
+}
+
+/// Settings under which a write held by another transaction lasts until that transaction ends (well
+/// past any test), and nothing but the end of the write under way starts the next one.
+fn a_held_write_lasts(settings: &mut Settings) {
+    settings.intake.group_max_wait_us = 60_000_000;
+    settings.intake.key_lock_wait_ms = 60_000;
+    settings.database.statement_timeout_ms = 60_000;
 }
 
 /// Another process's transaction, still open, that has written `key`; and the api's request with that
