@@ -128,7 +128,8 @@ async fn many_concurrent_clients_of_two_tenants_are_charged_at_most_once_and_eve
         assert!(v.by_status.get(status).is_some_and(|n| *n > 0), "some payments {status}\n{report}");
     }
     assert_eq!(v.charge_histogram[2], 0, "{report}");
-    assert!(system.shutdown().await.unwrap().is_empty(), "every process exits 0 on SIGTERM");
+    let unclean = system.shutdown().await.unwrap();
+    assert!(unclean.is_empty(), "every process exits 0 on SIGTERM: {unclean:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

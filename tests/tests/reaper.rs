@@ -79,7 +79,8 @@ async fn the_reaper_deletes_expired_keys_and_old_webhook_ids_of_every_tenant_and
     if let Some(spanning) = system.two_phase_commits_since_start().await.unwrap() {
         assert_eq!(spanning, 0, "transactions that spanned nodes");
     }
-    assert!(system.shutdown().await.unwrap().is_empty(), "every process exits 0 on SIGTERM");
+    let unclean = system.shutdown().await.unwrap();
+    assert!(unclean.is_empty(), "every process exits 0 on SIGTERM: {unclean:?}");
 }
 
 /// The sum of every sample in a Prometheus `text` whose line starts with `series` (a name, or a

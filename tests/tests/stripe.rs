@@ -137,7 +137,8 @@ async fn payments_through_localstripe_end_as_their_test_cards_say_and_its_webhoo
         assert!(end.settled_by_webhook_from_unknown, "{end:?}");
     }
     assert_eq!(completed, challenged.len(), "one 3-D Secure challenge per challenged payment");
-    assert!(system.shutdown().await.unwrap().is_empty(), "every process exits 0 on SIGTERM");
+    let unclean = system.shutdown().await.unwrap();
+    assert!(unclean.is_empty(), "every process exits 0 on SIGTERM: {unclean:?}");
 }
 
 /// How one payment ended, and with which payment method.
