@@ -8,14 +8,15 @@
 //! requests a group takes and how long the first of them waits are `intake.group_max_requests` and
 //! `intake.group_max_wait_us` (`oncepay_service::group_commit::Limits`).
 //!
-//! A request that would wait for its tenant's write under way looks up its key meanwhile
-//! (`oncepay_store::intake::stored`), if a connection is free at that moment: a key already
-//! stored is answered from its row, as the group's statement would answer it, and a key not found
-//! waits for the next write. So a tenant's retries are read side by side instead of one group at a
-//! time. Once a request whose key was found new waits, the next write is certain, and the requests
-//! that come after it wait with it without a read of their own: a burst of new keys pays for about
-//! one read a group, not one a request. With every connection in use, a request waits without a
-//! read, so the reads never hold up a write.
+//! A request that would wait for its tenant's write under way is handed back instead of queued,
+//! and looks up its key meanwhile (`oncepay_store::intake::stored`), if a connection is free at that
+//! moment: a key already stored is answered from its row, as the group's statement would answer it,
+//! and a key not found waits for the next write. So a tenant's retries are read side by side instead
+//! of one group at a time. The group checks for a write and queues the request in one step, so a
+//! request never waits for a write that started after it looked. Once a request whose key was found
+//! new waits, the next write is certain, and the requests that come after it wait with it without a
+//! read of their own: a burst of new keys pays for about one read a group, not one a request. With
+//! every connection in use, a request waits without a read, so the reads never hold up a write.
 //!
 //! A group's write runs in a task of its own, so a client that goes away while its request is being
 //! written cannot cut short the write that other requests wait for.
@@ -56,38 +57,76 @@ impl AcceptGroups {
     /// Accepts `new` together with the requests of its tenant waiting at that moment, or answers it
     /// from its stored key, read while a write under way would keep it waiting. The read and the
     /// write use `connections`, the calling HTTP worker's own.
-    ///
-    /// The write runs to its end in a task of its own even if the caller stops waiting for it.
     pub async fn accept(self: Arc<Self>, connections: Arc<Connections>, new: NewPayment) -> Result<Intake, StoreError> {
-        let tenant_id = new.tenant_id;
+        // Written at once if nothing of its tenant is being written, or queued with a request whose
+        // key was found new; otherwise handed back, to be read while that write goes on.
+        let request = Request { new, found_new: false };
+        let new = match Arc::clone(&self).submit(Arc::clone(&connections), request, Queue::UnlessWriting).await {
+            Submitted::Answered(result) => return result,
+            Submitted::HandedBack(request) => request.new,
+        };
         let mut found_new = false;
-        if self.groups.writing_with_none_waiting(&tenant_id, |waiting| waiting.found_new)
-            && let Some(conn) = connections.try_acquire().await
-        {
+        if let Some(conn) = connections.try_acquire().await {
             let mut conn = conn?;
-            let stored = intake::stored(&mut conn, tenant_id, &new.key).await?;
+            let stored = intake::stored(&mut conn, new.tenant_id, &new.key).await?;
             conn.release();
             match stored {
                 Some(existing) => return Ok(Intake::Existing(existing)),
                 None => found_new = true,
             }
         }
-        let accepting = actix_web::rt::spawn(async move {
+        match self.submit(connections, Request { new, found_new }, Queue::Always).await {
+            Submitted::Answered(result) => result,
+            Submitted::HandedBack(_) => unreachable!("a request queued always is never handed back"),
+        }
+    }
+
+    /// Submits `request` to its tenant's group, as `queue` says, in a task of its own: the write runs
+    /// to its end even if the caller stops waiting for it.
+    async fn submit(self: Arc<Self>, connections: Arc<Connections>, request: Request, queue: Queue) -> Submitted {
+        let tenant_id = request.new.tenant_id;
+        let submitting = actix_web::rt::spawn(async move {
             let _counted = Counted::start(&self.writing);
             // Boxed: the write is large, and only the task that writes a group needs room for it.
             let write = |group: Vec<Request>| {
                 self.group_size.record(group.len() as f64);
                 Box::pin(write(&connections, group.into_iter().map(|request| request.new).collect()))
             };
-            self.groups.submit(tenant_id, Request { new, found_new }, write).await
+            match queue {
+                Queue::Always => Ok(self.groups.submit(tenant_id, request, write).await),
+                Queue::UnlessWriting => {
+                    let found_new = |waiting: &Request| waiting.found_new;
+                    self.groups.submit_unless_writing(tenant_id, request, found_new, write).await
+                }
+            }
         });
-        match accepting.await {
-            Ok(Some(result)) => result,
+        match submitting.await {
+            Ok(Ok(Some(result))) => Submitted::Answered(result),
+            Ok(Err(request)) => Submitted::HandedBack(request),
             // The task or its writer was stopped midway (the runtime is shutting down): whether the
             // request was written is unknown, so it fails closed and a retry with its key replays it.
-            Ok(None) | Err(_) => Err(StoreError::Unavailable(sqlx::Error::WorkerCrashed.into())),
+            Ok(Ok(None)) | Err(_) => {
+                Submitted::Answered(Err(StoreError::Unavailable(sqlx::Error::WorkerCrashed.into())))
+            }
         }
     }
+}
+
+/// When a request joins its tenant's group.
+enum Queue {
+    /// Whatever is under way.
+    Always,
+    /// Only if nothing is being written, or a request whose key was found new waits for the write
+    /// under way (then a write after it is certain); otherwise it is handed back.
+    UnlessWriting,
+}
+
+/// What became of a submitted request.
+enum Submitted {
+    /// Its result.
+    Answered(Result<Intake, StoreError>),
+    /// Not queued ([`Queue::UnlessWriting`]).
+    HandedBack(Request),
 }
 
 /// A request counted in [`INTAKE_WRITING`] until it has its result.

@@ -4,8 +4,9 @@
 //! Invariants: every item is written at most once, by one writer, in the order it was queued, at most
 //! [`Limits::max_items`] in one write; a task gets the result of its own item and no other. While a
 //! write is under way, the items that arrive wait for it to end, unless [`Limits`] says they have
-//! waited long enough or are enough to fill a write: then another write starts beside it. This module
-//! knows nothing about payments or databases: the caller passes the writer in.
+//! waited long enough or are enough to fill a write: then another write starts beside it. A caller
+//! may have its item handed back instead of waiting ([`GroupCommits::submit_unless_writing`]). This
+//! module knows nothing about payments or databases: the caller passes the writer in.
 //!
 //! [`GroupCommits`] keeps one group per key (the worker's and the api's: per tenant), so that items of
 //! different keys are never written together and one key's write never waits for another's.
@@ -94,8 +95,47 @@ impl<T, R> GroupCommit<T, R> {
         W: Fn(Vec<T>) -> F,
         F: Future<Output = Vec<R>>,
     {
-        let (sender, mut result) = oneshot::channel();
-        self.state().waiting.push_back(Waiting { item, result: sender, since: Instant::now() });
+        let result = Self::queue(&mut self.state(), item);
+        self.written(result, &write).await
+    }
+
+    /// [`GroupCommit::submit`], unless a write is under way and no item waiting for it `matches`:
+    /// then `item` is handed back unqueued. The check and the queueing are one step, so an item
+    /// never waits for a write that started after it was checked.
+    pub async fn submit_unless_writing<W, F>(
+        &self,
+        item: T,
+        matches: impl Fn(&T) -> bool,
+        write: W,
+    ) -> Result<Option<R>, T>
+    where
+        W: Fn(Vec<T>) -> F,
+        F: Future<Output = Vec<R>>,
+    {
+        let result = {
+            let mut state = self.state();
+            if state.writes > 0 && !state.waiting.iter().any(|waiting| matches(&waiting.item)) {
+                return Err(item);
+            }
+            Self::queue(&mut state, item)
+        };
+        Ok(self.written(result, &write).await)
+    }
+
+    /// Queues `item`; its result will come on the receiver.
+    fn queue(state: &mut State<T, R>, item: T) -> oneshot::Receiver<R> {
+        let (sender, result) = oneshot::channel();
+        state.waiting.push_back(Waiting { item, result: sender, since: Instant::now() });
+        result
+    }
+
+    /// Waits for the result of a queued item, writing the items waiting whenever it is this task's
+    /// turn.
+    async fn written<W, F>(&self, mut result: oneshot::Receiver<R>, write: &W) -> Option<R>
+    where
+        W: Fn(Vec<T>) -> F,
+        F: Future<Output = Vec<R>>,
+    {
         loop {
             // Registered before the state is read, so that a write ending in between is not missed.
             let write_ended = self.write_ended.notified();
@@ -112,7 +152,7 @@ impl<T, R> GroupCommit<T, R> {
                 state.turn(&self.limits, Instant::now())
             };
             match turn {
-                Turn::Write(batch) => self.write(batch, &write).await,
+                Turn::Write(batch) => self.write(batch, write).await,
                 Turn::Wait(until) => {
                     let deadline = async {
                         match until {
@@ -216,14 +256,21 @@ impl<K: Eq + Hash + Clone, T, R> GroupCommits<K, T, R> {
         member.group.submit(item, write).await
     }
 
-    /// Whether an item submitted to `key`'s group now would wait for a write under way, with no item
-    /// waiting yet that `matches`. Only a hint: the write may end a moment later.
-    pub fn writing_with_none_waiting(&self, key: &K, matches: impl Fn(&T) -> bool) -> bool {
-        let groups = self.groups.lock().unwrap_or_else(PoisonError::into_inner);
-        groups.get(key).is_some_and(|group| {
-            let state = group.state();
-            state.writes > 0 && !state.waiting.iter().any(|waiting| matches(&waiting.item))
-        })
+    /// [`GroupCommit::submit_unless_writing`] to `key`'s group: `item` is handed back instead of
+    /// waiting for a write of `key` under way, unless an item of `key` that `matches` waits for it.
+    pub async fn submit_unless_writing<W, F>(
+        &self,
+        key: K,
+        item: T,
+        matches: impl Fn(&T) -> bool,
+        write: W,
+    ) -> Result<Option<R>, T>
+    where
+        W: Fn(Vec<T>) -> F,
+        F: Future<Output = Vec<R>>,
+    {
+        let member = Member::join(self, key);
+        member.group.submit_unless_writing(item, matches, write).await
     }
 
     #[cfg(test)]
@@ -502,37 +549,57 @@ mod tests {
 
     // One thread, so that a task seen to have queued its item has also looked for a write to start.
     #[tokio::test(flavor = "current_thread")]
-    async fn a_key_is_writing_with_none_waiting_only_while_a_write_is_under_way_and_no_matching_item_waits() {
+    async fn an_item_comes_back_instead_of_waiting_for_a_write_under_way_unless_a_waiting_item_matches() {
         let commits = Arc::new(GroupCommits::<&str, u32, u32>::default());
         let (release, writing) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
         let even = |item: &u32| item.is_multiple_of(2);
-        assert!(!commits.writing_with_none_waiting(&"a", even), "nothing under way: written at once");
+        let batches = Arc::new(Mutex::new(Vec::new()));
+        let echo = {
+            let batches = batches.clone();
+            move |items: Vec<u32>| {
+                batches.lock().unwrap().push(items.clone());
+                std::future::ready(items)
+            }
+        };
+        assert_eq!(commits.submit_unless_writing("a", 1, even, echo.clone()).await, Ok(Some(1)), "nothing under way");
         let held = tokio::spawn({
             let (commits, write) = (commits.clone(), echo_after(release.clone(), writing.clone()));
-            async move { commits.submit("a", 1, write).await }
+            async move { commits.submit("a", 2, write).await }
         });
         writing.notified().await;
-        assert!(commits.writing_with_none_waiting(&"a", even));
-        assert!(!commits.writing_with_none_waiting(&"b", even));
+        assert_eq!(commits.submit_unless_writing("a", 3, even, echo.clone()).await, Err(3), "a write is under way");
+        assert_eq!(commits.submit_unless_writing("b", 5, even, echo.clone()).await, Ok(Some(5)), "another key's");
 
         let submit = |item: u32| {
-            let commits = commits.clone();
-            tokio::spawn(async move { commits.submit("a", item, |items: Vec<u32>| async move { items }).await })
+            let (commits, echo) = (commits.clone(), echo.clone());
+            tokio::spawn(async move { commits.submit_unless_writing("a", item, even, echo).await })
         };
-        let odd = submit(3);
+        let odd = tokio::spawn({
+            let (commits, echo) = (commits.clone(), echo.clone());
+            async move { commits.submit("a", 7, echo).await }
+        });
         while commits.groups.lock().unwrap()["a"].state().waiting.is_empty() {
             tokio::task::yield_now().await;
         }
-        assert!(commits.writing_with_none_waiting(&"a", even), "the item waiting does not match");
-        let matching = submit(4);
-        while commits.writing_with_none_waiting(&"a", even) {
+        assert_eq!(submit(9).await.unwrap(), Err(9), "the item waiting does not match");
+        let matching = tokio::spawn({
+            let (commits, echo) = (commits.clone(), echo.clone());
+            async move { commits.submit("a", 4, echo).await }
+        });
+        while commits.groups.lock().unwrap()["a"].state().waiting.len() < 2 {
+            tokio::task::yield_now().await;
+        }
+        let joined = submit(11);
+        while commits.groups.lock().unwrap()["a"].state().waiting.len() < 3 {
             tokio::task::yield_now().await;
         }
 
         release.notify_one();
-        assert_eq!(held.await.unwrap(), Some(1));
-        assert_eq!((odd.await.unwrap(), matching.await.unwrap()), (Some(3), Some(4)));
-        assert!(!commits.writing_with_none_waiting(&"a", even));
+        assert_eq!(held.await.unwrap(), Some(2));
+        assert_eq!((odd.await.unwrap(), matching.await.unwrap()), (Some(7), Some(4)));
+        assert_eq!(joined.await.unwrap(), Ok(Some(11)), "queued with the matching item");
+        assert_eq!(*batches.lock().unwrap(), vec![vec![1], vec![5], vec![7, 4, 11]], "nothing handed back was written");
+        assert_eq!(commits.groups(), 0);
     }
 
     #[tokio::test(flavor = "current_thread")]
