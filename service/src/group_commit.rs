@@ -411,6 +411,11 @@ mod tests {
         }
     }
 
+    async fn queued_for(commits: &GroupCommits<&str, u32, u32>, key: &str, count: usize) {
+        let group = Arc::clone(&commits.groups.lock().unwrap()[key]);
+        queued(&group, count).await;
+    }
+
     // One thread, so that a task seen to have queued its item has also queued for the turn.
     #[tokio::test(flavor = "current_thread")]
     async fn the_items_of_a_writer_that_stops_midway_get_no_result_and_later_items_are_still_written() {
@@ -578,21 +583,15 @@ mod tests {
             let (commits, echo) = (commits.clone(), echo.clone());
             async move { commits.submit("a", 7, echo).await }
         });
-        while commits.groups.lock().unwrap()["a"].state().waiting.is_empty() {
-            tokio::task::yield_now().await;
-        }
+        queued_for(&commits, "a", 1).await;
         assert_eq!(submit(9).await.unwrap(), Err(9), "the item waiting does not match");
         let matching = tokio::spawn({
             let (commits, echo) = (commits.clone(), echo.clone());
             async move { commits.submit("a", 4, echo).await }
         });
-        while commits.groups.lock().unwrap()["a"].state().waiting.len() < 2 {
-            tokio::task::yield_now().await;
-        }
+        queued_for(&commits, "a", 2).await;
         let joined = submit(11);
-        while commits.groups.lock().unwrap()["a"].state().waiting.len() < 3 {
-            tokio::task::yield_now().await;
-        }
+        queued_for(&commits, "a", 3).await;
 
         release.notify_one();
         assert_eq!(held.await.unwrap(), Some(2));
