@@ -86,19 +86,21 @@ impl AcceptGroups {
     async fn submit(self: Arc<Self>, connections: Arc<Connections>, request: Request, queue: Queue) -> Submitted {
         let tenant_id = request.new.tenant_id;
         let submitting = actix_web::rt::spawn(async move {
+            let queued = match queue {
+                Queue::Always => self.groups.queue(tenant_id, request),
+                Queue::UnlessWriting => {
+                    let found_new = |waiting: &Request| waiting.found_new;
+                    self.groups.queue_unless_writing(tenant_id, request, found_new)?
+                }
+            };
+            // Counted once queued, so that a request handed back is never counted.
             let _counted = Counted::start(&self.writing);
             // Boxed: the write is large, and only the task that writes a group needs room for it.
             let write = |group: Vec<Request>| {
                 self.group_size.record(group.len() as f64);
                 Box::pin(write(&connections, group.into_iter().map(|request| request.new).collect()))
             };
-            match queue {
-                Queue::Always => Ok(self.groups.submit(tenant_id, request, write).await),
-                Queue::UnlessWriting => {
-                    let found_new = |waiting: &Request| waiting.found_new;
-                    self.groups.submit_unless_writing(tenant_id, request, found_new, write).await
-                }
-            }
+            Ok(queued.written(write).await)
         });
         match submitting.await {
             Ok(Ok(Some(result))) => Submitted::Answered(result),

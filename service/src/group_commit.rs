@@ -5,7 +5,7 @@
 //! [`Limits::max_items`] in one write; a task gets the result of its own item and no other. While a
 //! write is under way, the items that arrive wait for it to end, unless [`Limits`] says they have
 //! waited long enough or are enough to fill a write: then another write starts beside it. A caller
-//! may have its item handed back instead of waiting ([`GroupCommits::submit_unless_writing`]). This
+//! may have its item handed back instead of waiting ([`GroupCommits::queue_unless_writing`]). This
 //! module knows nothing about payments or databases: the caller passes the writer in.
 //!
 //! [`GroupCommits`] keeps one group per key (the worker's and the api's: per tenant), so that items of
@@ -99,27 +99,15 @@ impl<T, R> GroupCommit<T, R> {
         self.written(result, &write).await
     }
 
-    /// [`GroupCommit::submit`], unless a write is under way and no item waiting for it `matches`:
-    /// then `item` is handed back unqueued. The check and the queueing are one step, so an item
-    /// never waits for a write that started after it was checked.
-    pub async fn submit_unless_writing<W, F>(
-        &self,
-        item: T,
-        matches: impl Fn(&T) -> bool,
-        write: W,
-    ) -> Result<Option<R>, T>
-    where
-        W: Fn(Vec<T>) -> F,
-        F: Future<Output = Vec<R>>,
-    {
-        let result = {
-            let mut state = self.state();
-            if state.writes > 0 && !state.waiting.iter().any(|waiting| matches(&waiting.item)) {
-                return Err(item);
-            }
-            Self::queue(&mut state, item)
-        };
-        Ok(self.written(result, &write).await)
+    /// Queues `item` as [`GroupCommit::submit`] does, unless a write is under way and no item
+    /// waiting for it `matches`: then `item` is handed back unqueued. The check and the queueing are
+    /// one step, so an item never waits for a write that started after it was checked.
+    fn queue_unless_writing(&self, item: T, matches: impl Fn(&T) -> bool) -> Result<oneshot::Receiver<R>, T> {
+        let mut state = self.state();
+        if state.writes > 0 && !state.waiting.iter().any(|waiting| matches(&waiting.item)) {
+            return Err(item);
+        }
+        Ok(Self::queue(&mut state, item))
     }
 
     /// Queues `item`; its result will come on the receiver.
@@ -252,25 +240,29 @@ impl<K: Eq + Hash + Clone, T, R> GroupCommits<K, T, R> {
         W: Fn(Vec<T>) -> F,
         F: Future<Output = Vec<R>>,
     {
-        let member = Member::join(self, key);
-        member.group.submit(item, write).await
+        self.queue(key, item).written(write).await
     }
 
-    /// [`GroupCommit::submit_unless_writing`] to `key`'s group: `item` is handed back instead of
-    /// waiting for a write of `key` under way, unless an item of `key` that `matches` waits for it.
-    pub async fn submit_unless_writing<W, F>(
+    /// [`GroupCommits::submit`] in two steps: `item` is queued in `key`'s group now, and
+    /// [`Queued::written`] waits for its result.
+    pub fn queue(&self, key: K, item: T) -> Queued<'_, K, T, R> {
+        let member = Member::join(self, key);
+        let result = GroupCommit::queue(&mut member.group.state(), item);
+        Queued { member, result }
+    }
+
+    /// [`GroupCommits::queue`], unless a write of `key` is under way and no item of `key` that
+    /// `matches` waits for it: then `item` is handed back unqueued, and the caller can do something
+    /// else meanwhile. The check and the queueing are one step.
+    pub fn queue_unless_writing(
         &self,
         key: K,
         item: T,
         matches: impl Fn(&T) -> bool,
-        write: W,
-    ) -> Result<Option<R>, T>
-    where
-        W: Fn(Vec<T>) -> F,
-        F: Future<Output = Vec<R>>,
-    {
+    ) -> Result<Queued<'_, K, T, R>, T> {
         let member = Member::join(self, key);
-        member.group.submit_unless_writing(item, matches, write).await
+        let result = member.group.queue_unless_writing(item, matches)?;
+        Ok(Queued { member, result })
     }
 
     #[cfg(test)]
@@ -302,6 +294,24 @@ impl<K: Eq + Hash + Clone, T, R> Drop for Member<'_, K, T, R> {
         if groups.get(&self.key).is_some_and(|group| Arc::strong_count(group) == 2) {
             groups.remove(&self.key);
         }
+    }
+}
+
+/// An item queued in its key's group, until its result is taken.
+pub struct Queued<'a, K: Eq + Hash + Clone, T, R> {
+    member: Member<'a, K, T, R>,
+    result: oneshot::Receiver<R>,
+}
+
+impl<K: Eq + Hash + Clone, T, R> Queued<'_, K, T, R> {
+    /// The item's result, as [`GroupCommit::submit`] returns it: this task writes the items waiting
+    /// when it is its turn. Dropped unawaited, the item is still written, by another task.
+    pub async fn written<W, F>(self, write: W) -> Option<R>
+    where
+        W: Fn(Vec<T>) -> F,
+        F: Future<Output = Vec<R>>,
+    {
+        self.member.group.written(self.result, &write).await
     }
 }
 
@@ -566,37 +576,34 @@ mod tests {
                 std::future::ready(items)
             }
         };
-        assert_eq!(commits.submit_unless_writing("a", 1, even, echo.clone()).await, Ok(Some(1)), "nothing under way");
+        let queued = commits.queue_unless_writing("a", 1, even).expect("nothing under way");
+        assert_eq!(queued.written(echo.clone()).await, Some(1));
         let held = tokio::spawn({
             let (commits, write) = (commits.clone(), echo_after(release.clone(), writing.clone()));
             async move { commits.submit("a", 2, write).await }
         });
         writing.notified().await;
-        assert_eq!(commits.submit_unless_writing("a", 3, even, echo.clone()).await, Err(3), "a write is under way");
-        assert_eq!(commits.submit_unless_writing("b", 5, even, echo.clone()).await, Ok(Some(5)), "another key's");
+        assert_eq!(commits.queue_unless_writing("a", 3, even).err(), Some(3), "a write is under way");
+        let other_key = commits.queue_unless_writing("b", 5, even).expect("another key's");
+        assert_eq!(other_key.written(echo.clone()).await, Some(5));
 
-        let submit = |item: u32| {
-            let (commits, echo) = (commits.clone(), echo.clone());
-            tokio::spawn(async move { commits.submit_unless_writing("a", item, even, echo).await })
-        };
         let odd = tokio::spawn({
             let (commits, echo) = (commits.clone(), echo.clone());
             async move { commits.submit("a", 7, echo).await }
         });
         queued_for(&commits, "a", 1).await;
-        assert_eq!(submit(9).await.unwrap(), Err(9), "the item waiting does not match");
+        assert_eq!(commits.queue_unless_writing("a", 9, even).err(), Some(9), "the item waiting does not match");
         let matching = tokio::spawn({
             let (commits, echo) = (commits.clone(), echo.clone());
             async move { commits.submit("a", 4, echo).await }
         });
         queued_for(&commits, "a", 2).await;
-        let joined = submit(11);
-        queued_for(&commits, "a", 3).await;
+        let joined = commits.queue_unless_writing("a", 11, even).expect("queued with the matching item");
 
         release.notify_one();
         assert_eq!(held.await.unwrap(), Some(2));
         assert_eq!((odd.await.unwrap(), matching.await.unwrap()), (Some(7), Some(4)));
-        assert_eq!(joined.await.unwrap(), Ok(Some(11)), "queued with the matching item");
+        assert_eq!(joined.written(echo).await, Some(11), "written by the task that wrote the others");
         assert_eq!(*batches.lock().unwrap(), vec![vec![1], vec![5], vec![7, 4, 11]], "nothing handed back was written");
         assert_eq!(commits.groups(), 0);
     }
