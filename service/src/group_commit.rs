@@ -305,7 +305,8 @@ pub struct Queued<'a, K: Eq + Hash + Clone, T, R> {
 
 impl<K: Eq + Hash + Clone, T, R> Queued<'_, K, T, R> {
     /// The item's result, as [`GroupCommit::submit`] returns it: this task writes the items waiting
-    /// when it is its turn. Dropped unawaited, the item is still written, by another task.
+    /// when it is its turn. Dropped unawaited, the item stays queued: it is written only if another
+    /// task of its key writes while it is there, and its result goes nowhere.
     pub async fn written<W, F>(self, write: W) -> Option<R>
     where
         W: Fn(Vec<T>) -> F,
