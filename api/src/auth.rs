@@ -2,10 +2,12 @@
 //!
 //! Invariants: a token, a secret or a hash is never logged, never echoed in a problem detail and
 //! never kept anywhere but as the stored hash in the cache; a key that cannot be checked fails
-//! closed (503) and never lets a request through. Unauthenticated requests must not cost the
-//! tenants anything.
+//! closed (503) and never lets a request through. A key is admitted only on a database read made
+//! less than `auth.cache_ttl_secs` ago, flood or not, so a revocation takes effect within that
+//! time. Unauthenticated requests must not cost the tenants anything.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::num::NonZeroU32;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -14,7 +16,7 @@ use actix_web::http::header::{self, HeaderMap};
 use oncepay_domain::api_key::{self, KeyId};
 use oncepay_domain::ids::TenantId;
 use oncepay_store::connections::Connections;
-use oncepay_store::tenants;
+use oncepay_store::tenants::{self, StoredKey};
 use tokio::sync::Semaphore;
 
 use crate::errors::ApiError;
@@ -29,24 +31,18 @@ pub struct Caller {
     pub rate_limit_per_second: Option<NonZeroU32>,
 }
 
-/// How many TTLs old a verification may be and still admit its key while no read can be made.
-pub const STALE_TTLS: u32 = 12;
-
 /// Verifies API keys, through the cache when it can. One per process, shared by every worker.
 pub struct Authenticator {
     cache: KeyCache,
-    /// Places for reads of keys not in the cache (`auth.max_concurrent_lookups`): a flood of
-    /// unknown keys can take these, never the connections that real tenants' requests use.
+    /// Places for reads of keys this process has not verified (`auth.max_concurrent_lookups`): a
+    /// flood of made-up keys can take these, never the connections that real tenants' requests use.
     lookups: Semaphore,
+    /// As many places again, for reading a key this process verified before once its TTL has
+    /// passed. Only a key the database holds, live, is ever verified, and then read about once a
+    /// TTL, so a flood of made-up keys cannot take these: a real key is read again under a flood
+    /// rather than admitted on an old read.
+    rereads: Semaphore,
     lookup_wait: Duration,
-}
-
-/// What a key read found.
-enum Lookup {
-    /// The key as stored, if it exists.
-    Read(Option<tenants::StoredKey>),
-    /// No place among the reads came free in time.
-    Busy,
 }
 
 impl Authenticator {
@@ -55,12 +51,13 @@ impl Authenticator {
         Self {
             cache: KeyCache::new(Duration::from_secs(settings.cache_ttl_secs), settings.cache_max_entries),
             lookups: Semaphore::new(settings.max_concurrent_lookups),
+            rereads: Semaphore::new(settings.max_concurrent_lookups),
             lookup_wait: Duration::from_millis(settings.lookup_wait_ms),
         }
     }
 
     /// The tenant whose live API key the request presents, or 401. Keys the cache does not hold
-    /// are read through `connections`, within the lookup budget.
+    /// fresh are read through `connections`, within the places for their kind.
     ///
     /// A token names its tenant and key id (`oncepay_domain::api_key`), so a check is one
     /// primary-key read (`store::tenants::find_api_key`) and a constant-time comparison of the
@@ -69,56 +66,70 @@ impl Authenticator {
         const NOT_VALID: ApiError = ApiError::Unauthorized("The API key is not valid.");
         let token = bearer_token(headers)?;
         let presented = api_key::parse(token).ok_or(ApiError::Unauthorized("The API key is not a valid key."))?;
-        let tenant_id = presented.tenant_id;
-        let id = (tenant_id, presented.key_id.clone());
+        let key = (presented.tenant_id, presented.key_id.clone());
 
-        let verified = match self.cache.verified(&id, Instant::now(), self.cache.ttl) {
-            Some(cached) => cached,
-            None if self.cache.refused(&id, Instant::now()) => return Err(NOT_VALID),
-            None => match self.lookup(connections, tenant_id, &presented.key_id).await? {
-                Lookup::Read(Some(stored)) if !stored.revoked => {
-                    let verified = Verified {
-                        secret_sha256: stored.secret_sha256,
-                        rate_limit_per_second: stored
-                            .rate_limit_per_second
-                            .and_then(|rate| u32::try_from(rate).ok())
-                            .and_then(NonZeroU32::new),
-                        verified_at: Instant::now(),
-                    };
-                    // The stored hash, whatever was presented: a wrong secret for a real key then
-                    // costs no read either.
-                    self.cache.remember_verified(id, verified.clone());
-                    verified
-                }
-                Lookup::Read(_) => {
-                    self.cache.remember_refused(id, Instant::now());
-                    return Err(NOT_VALID);
-                }
-                // No place among the reads within `auth.lookup_wait_ms`: admitted if the key was
-                // verified in the last `STALE_TTLS` TTLs, else 503.
-                Lookup::Busy => self
-                    .cache
-                    .verified(&id, Instant::now(), self.cache.ttl.saturating_mul(STALE_TTLS))
-                    .ok_or(ApiError::KeyCheckBusy)?,
-            },
-        };
+        let verified = self.verify(&key, find(connections, &key)).await?.ok_or(NOT_VALID)?;
         if !presented.secret_hash.matches(&verified.secret_sha256) {
             return Err(NOT_VALID);
         }
-        Ok(Caller { tenant_id, rate_limit_per_second: verified.rate_limit_per_second })
+        Ok(Caller { tenant_id: key.0, rate_limit_per_second: verified.rate_limit_per_second })
     }
 
-    /// Reads the key, once a place among the reads is free.
-    #[tracing::instrument(name = "auth.lookup", skip_all, fields(tenant.id = %tenant_id))]
-    async fn lookup(&self, connections: &Connections, tenant_id: TenantId, key_id: &KeyId) -> Result<Lookup, ApiError> {
-        let Ok(Ok(_place)) = tokio::time::timeout(self.lookup_wait, self.lookups.acquire()).await else {
-            return Ok(Lookup::Busy);
+    /// The key as verified less than a TTL ago: from the cache, else from `read` (the key's row)
+    /// once a place among the reads is free. `None` if the database refused the key; 503 if no
+    /// place came free within `auth.lookup_wait_ms`.
+    async fn verify(
+        &self,
+        key: &KeyOf,
+        read: impl Future<Output = Result<Option<StoredKey>, ApiError>>,
+    ) -> Result<Option<Verified>, ApiError> {
+        let budget = match self.cache.check(key, Instant::now()) {
+            Cached::Fresh(verified) => return Ok(Some(verified)),
+            Cached::Refused => return Ok(None),
+            Cached::Expired => &self.rereads,
+            Cached::Unknown => &self.lookups,
         };
-        let mut conn = connections.acquire().await.map_err(|e| ApiError::from_store(e.into()))?;
-        let stored = tenants::find_api_key(&mut conn, tenant_id, key_id).await.map_err(ApiError::from_store)?;
-        conn.release();
-        Ok(Lookup::Read(stored))
+        let Ok(Ok(_place)) = tokio::time::timeout(self.lookup_wait, budget.acquire()).await else {
+            return Err(ApiError::KeyCheckBusy);
+        };
+        // Checked again: the requests of a key that waited here together share the first one's read.
+        match self.cache.check(key, Instant::now()) {
+            Cached::Fresh(verified) => return Ok(Some(verified)),
+            Cached::Refused => return Ok(None),
+            Cached::Expired | Cached::Unknown => {}
+        }
+        // Taken before the read, so the TTL runs from a moment before the database was asked.
+        let read_at = Instant::now();
+        match read.await? {
+            Some(stored) if !stored.revoked => {
+                let verified = Verified {
+                    secret_sha256: stored.secret_sha256,
+                    rate_limit_per_second: stored
+                        .rate_limit_per_second
+                        .and_then(|rate| u32::try_from(rate).ok())
+                        .and_then(NonZeroU32::new),
+                    verified_at: read_at,
+                };
+                // The stored hash, whatever was presented: a wrong secret for a real key then costs
+                // no read either.
+                self.cache.remember_verified(key.clone(), verified.clone());
+                Ok(Some(verified))
+            }
+            _ => {
+                self.cache.remember_refused(key.clone(), read_at);
+                Ok(None)
+            }
+        }
     }
+}
+
+/// Reads the key's row.
+#[tracing::instrument(name = "auth.lookup", skip_all, fields(tenant.id = %key.0))]
+async fn find(connections: &Connections, key: &KeyOf) -> Result<Option<StoredKey>, ApiError> {
+    let mut conn = connections.acquire().await.map_err(|e| ApiError::from_store(e.into()))?;
+    let stored = tenants::find_api_key(&mut conn, key.0, &key.1).await.map_err(ApiError::from_store)?;
+    conn.release();
+    Ok(stored)
 }
 
 /// The token of the one `Authorization: Bearer` header.
@@ -155,14 +166,28 @@ struct Verified {
 /// A key: its tenant and id.
 type KeyOf = (TenantId, KeyId);
 
+/// What the cache holds for a key at a moment.
+enum Cached {
+    /// Verified by a read less than the TTL ago: admitted without another.
+    Fresh(Verified),
+    /// Refused by a read less than the TTL ago: 401 without another.
+    Refused,
+    /// Verified by this process longer ago than the TTL: a real key, read again before it is
+    /// admitted.
+    Expired,
+    /// Not verified by this process, or forgotten.
+    Unknown,
+}
+
 /// Keys verified lately, and keys the database refused lately, each map bounded on its own.
 ///
-/// A request with a cached key needs no database round trip, yet still compares its own presented
+/// A request with a fresh key needs no database round trip, yet still compares its own presented
 /// hash with the stored one in constant time. By design, a revoked key (or a changed tenant rate
-/// limit) takes effect within the TTL (`auth.cache_ttl_secs`), not at once.
+/// limit) takes effect within the TTL (`auth.cache_ttl_secs`), not at once, and never later.
 struct KeyCache {
     ttl: Duration,
     max_entries: usize,
+    // Past its TTL an entry admits nothing; it only marks its key as real, until room is needed.
     verified: Mutex<HashMap<KeyOf, Verified>>,
     // Unknown or revoked keys, for the same TTL. A map of its own, so a flood of made-up keys never
     // evicts a real one.
@@ -178,28 +203,35 @@ impl KeyCache {
         !self.ttl.is_zero() && self.max_entries > 0
     }
 
-    /// The key's verification, if it is younger than `max_age`.
-    fn verified(&self, key: &KeyOf, now: Instant, max_age: Duration) -> Option<Verified> {
-        let entries = self.verified.lock().unwrap_or_else(PoisonError::into_inner);
-        entries.get(key).filter(|entry| now.saturating_duration_since(entry.verified_at) < max_age).cloned()
-    }
-
-    /// Whether the database refused the key within the TTL.
-    fn refused(&self, key: &KeyOf, now: Instant) -> bool {
-        let entries = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
-        entries.get(key).is_some_and(|at| now.saturating_duration_since(*at) < self.ttl)
+    /// What the cache holds for the key at `now`.
+    fn check(&self, key: &KeyOf, now: Instant) -> Cached {
+        let within_ttl = |at: Instant| now.saturating_duration_since(at) < self.ttl;
+        let verified = {
+            let entries = self.verified.lock().unwrap_or_else(PoisonError::into_inner);
+            entries.get(key).map(|entry| within_ttl(entry.verified_at).then(|| entry.clone()))
+        };
+        if let Some(Some(fresh)) = verified {
+            return Cached::Fresh(fresh);
+        }
+        let refused =
+            self.refused.lock().unwrap_or_else(PoisonError::into_inner).get(key).is_some_and(|at| within_ttl(*at));
+        match (refused, verified) {
+            (true, _) => Cached::Refused,
+            (false, Some(_)) => Cached::Expired,
+            (false, None) => Cached::Unknown,
+        }
     }
 
     fn remember_verified(&self, key: KeyOf, verified: Verified) {
         if self.enabled() {
-            // Kept as long as a busy budget may still admit it.
-            let keep = self.ttl.saturating_mul(STALE_TTLS);
             let mut entries = self.verified.lock().unwrap_or_else(PoisonError::into_inner);
-            insert_bounded(&mut entries, key, verified, self.max_entries, keep, |entry| entry.verified_at);
+            insert_bounded(&mut entries, key, verified, self.max_entries, self.ttl, |entry| entry.verified_at);
         }
     }
 
     fn remember_refused(&self, key: KeyOf, at: Instant) {
+        // A revoked key is no longer taken for a real one: its reads wait among the made-up keys'.
+        self.verified.lock().unwrap_or_else(PoisonError::into_inner).remove(&key);
         if self.enabled() {
             let mut entries = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
             insert_bounded(&mut entries, key, at, self.max_entries, self.ttl, |at| *at);
@@ -238,6 +270,8 @@ fn insert_bounded<V>(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
     use actix_web::http::header::HeaderValue;
 
     use super::*;
@@ -277,18 +311,40 @@ mod tests {
         (tenant, api_key::generate(tenant).key_id)
     }
 
+    /// What the cache holds for `key` at `now`, by name.
+    fn state(cache: &KeyCache, key: &KeyOf, now: Instant) -> &'static str {
+        match cache.check(key, now) {
+            Cached::Fresh(_) => "fresh",
+            Cached::Refused => "refused",
+            Cached::Expired => "expired",
+            Cached::Unknown => "unknown",
+        }
+    }
+
     #[test]
-    fn a_cached_key_is_trusted_only_within_the_age_asked_for() {
+    fn a_verified_key_is_fresh_within_the_ttl_and_never_after() {
         let cache = KeyCache::new(Duration::from_secs(5), 10);
         let key = key();
         let start = Instant::now();
         cache.remember_verified(key.clone(), verified(start));
 
-        let ttl = Duration::from_secs(5);
-        assert!(cache.verified(&key, start + Duration::from_secs(4), ttl).is_some());
-        assert!(cache.verified(&key, start + Duration::from_secs(5), ttl).is_none());
-        assert!(cache.verified(&key, start + Duration::from_secs(5), ttl * STALE_TTLS).is_some(), "stale");
-        assert!(cache.verified(&self::key(), start, ttl).is_none());
+        let cases = [(0, "fresh"), (4_999, "fresh"), (5_000, "expired"), (60_000, "expired"), (3_600_000, "expired")];
+        for (after_ms, expected) in cases {
+            assert_eq!(state(&cache, &key, start + Duration::from_millis(after_ms)), expected, "{after_ms} ms");
+        }
+        assert_eq!(state(&cache, &self::key(), start), "unknown");
+    }
+
+    #[test]
+    fn a_key_the_database_refuses_is_no_longer_taken_for_a_real_one() {
+        let cache = KeyCache::new(Duration::from_secs(5), 10);
+        let key = key();
+        let start = Instant::now();
+        cache.remember_verified(key.clone(), verified(start));
+        cache.remember_refused(key.clone(), start + Duration::from_secs(6));
+
+        assert_eq!(state(&cache, &key, start + Duration::from_secs(10)), "refused");
+        assert_eq!(state(&cache, &key, start + Duration::from_secs(11)), "unknown");
     }
 
     #[test]
@@ -302,10 +358,10 @@ mod tests {
             cache.remember_refused(key.clone(), start + Duration::from_millis(i as u64));
         }
 
-        assert!(cache.refused(&made_up[9], start + Duration::from_secs(4)));
-        assert!(!cache.refused(&made_up[9], start + Duration::from_secs(6)), "past the TTL");
-        assert!(!cache.refused(&made_up[0], start), "the oldest refusal was forgotten first");
-        assert!(cache.verified(&real, start, Duration::from_secs(5)).is_some(), "a flood never evicts a real key");
+        assert_eq!(state(&cache, &made_up[9], start + Duration::from_secs(4)), "refused");
+        assert_eq!(state(&cache, &made_up[9], start + Duration::from_secs(6)), "unknown", "past the TTL");
+        assert_eq!(state(&cache, &made_up[0], start), "unknown", "the oldest refusal was forgotten first");
+        assert_eq!(state(&cache, &real, start), "fresh", "a flood never evicts a real key");
         assert_eq!(cache.len(), (1, 2));
     }
 
@@ -318,10 +374,26 @@ mod tests {
             cache.remember_verified(key.clone(), verified(start + Duration::from_millis(i as u64)));
         }
 
-        let ttl = Duration::from_secs(60);
         assert_eq!(cache.len(), (3, 0));
-        assert!(cache.verified(&keys[0], start, ttl).is_none());
-        assert!(keys[1..].iter().all(|key| cache.verified(key, start, ttl).is_some()));
+        assert_eq!(state(&cache, &keys[0], start), "unknown");
+        assert!(keys[1..].iter().all(|key| state(&cache, key, start) == "fresh"));
+    }
+
+    #[test]
+    fn a_full_cache_forgets_every_verification_past_the_ttl_first() {
+        let cache = KeyCache::new(Duration::from_secs(5), 3);
+        let now = Instant::now();
+        let (fresh, expired, older, new) = (key(), key(), key(), key());
+        cache.remember_verified(fresh.clone(), verified(now - Duration::from_secs(1)));
+        cache.remember_verified(expired.clone(), verified(now - Duration::from_secs(6)));
+        cache.remember_verified(older.clone(), verified(now - Duration::from_secs(7)));
+
+        cache.remember_verified(new.clone(), verified(now));
+
+        assert_eq!(cache.len(), (2, 0));
+        assert_eq!(state(&cache, &expired, now), "unknown");
+        assert_eq!(state(&cache, &older, now), "unknown");
+        assert_eq!(state(&cache, &fresh, now), "fresh");
     }
 
     #[test]
@@ -331,8 +403,108 @@ mod tests {
         cache.remember_verified(key.clone(), verified(Instant::now()));
         cache.remember_refused(key.clone(), Instant::now());
 
-        assert!(cache.verified(&key, Instant::now(), Duration::from_secs(60)).is_none());
-        assert!(!cache.refused(&key, Instant::now()));
+        assert_eq!(state(&cache, &key, Instant::now()), "unknown");
         assert_eq!(cache.len(), (0, 0));
+    }
+
+    /// An authenticator with a 5 s TTL and `places` places for each kind of read.
+    fn authenticator(places: usize) -> Authenticator {
+        Authenticator::new(&AuthSettings {
+            cache_ttl_secs: 5,
+            cache_max_entries: 10,
+            max_concurrent_lookups: places,
+            lookup_wait_ms: 50,
+        })
+    }
+
+    /// A key `auth` verified longer ago than its TTL.
+    fn expired_key(auth: &Authenticator) -> KeyOf {
+        let key = key();
+        auth.cache.remember_verified(key.clone(), verified(Instant::now() - Duration::from_secs(6)));
+        key
+    }
+
+    /// A read of a key's row that finds `row` and counts itself in `reads`; other requests run while
+    /// it is under way.
+    async fn read(reads: &AtomicUsize, row: Option<StoredKey>) -> Result<Option<StoredKey>, ApiError> {
+        reads.fetch_add(1, Ordering::SeqCst);
+        tokio::task::yield_now().await;
+        Ok(row)
+    }
+
+    fn row(revoked: bool) -> Option<StoredKey> {
+        Some(StoredKey { secret_sha256: vec![7; 32], revoked, rate_limit_per_second: None })
+    }
+
+    #[tokio::test]
+    async fn a_fresh_key_and_a_fresh_refusal_cost_no_read() {
+        let auth = authenticator(1);
+        let (live, made_up) = (key(), key());
+        let reads = AtomicUsize::new(0);
+        assert!(auth.verify(&live, read(&reads, row(false))).await.unwrap().is_some());
+        assert!(auth.verify(&made_up, read(&reads, None)).await.unwrap().is_none());
+
+        let again =
+            (auth.verify(&live, read(&reads, None)).await, auth.verify(&made_up, read(&reads, row(false))).await);
+
+        assert!(matches!(again, (Ok(Some(_)), Ok(None))));
+        assert_eq!(reads.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_key_past_its_ttl_is_read_again_and_refused_once_revoked() {
+        let auth = authenticator(1);
+        let key = expired_key(&auth);
+        let reads = AtomicUsize::new(0);
+
+        let verified = auth.verify(&key, read(&reads, row(true))).await;
+
+        assert!(matches!(verified, Ok(None)));
+        assert_eq!(reads.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn concurrent_requests_of_a_key_past_its_ttl_share_one_read() {
+        let auth = authenticator(1);
+        let key = expired_key(&auth);
+        let reads = AtomicUsize::new(0);
+
+        let requests = (0..8).map(|_| auth.verify(&key, read(&reads, row(false))));
+        let verified = futures::future::join_all(requests).await;
+
+        assert!(verified.iter().all(|verified| matches!(verified, Ok(Some(_)))));
+        assert_eq!(reads.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn made_up_keys_holding_every_lookup_place_hold_up_no_real_key_past_its_ttl() {
+        let auth = authenticator(1);
+        let real = expired_key(&auth);
+        let _flood = auth.lookups.acquire().await.unwrap();
+        let reads = AtomicUsize::new(0);
+
+        let made_up = auth.verify(&key(), read(&reads, None)).await;
+        let real = auth.verify(&real, read(&reads, row(true))).await;
+
+        assert!(matches!(made_up, Err(ApiError::KeyCheckBusy)));
+        assert!(matches!(real, Ok(None)), "the revoked key was not read again");
+        assert_eq!(reads.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_key_past_its_ttl_that_cannot_be_read_fails_closed() {
+        let auth = authenticator(1);
+        let key = expired_key(&auth);
+        let reads = AtomicUsize::new(0);
+        let rereads = auth.rereads.acquire().await.unwrap();
+
+        let busy = auth.verify(&key, read(&reads, row(false))).await;
+        drop(rereads);
+        let down = auth.verify(&key, async { Err(ApiError::from_store(sqlx::Error::PoolTimedOut.into())) }).await;
+
+        assert!(matches!(busy, Err(ApiError::KeyCheckBusy)), "no place to read it");
+        assert!(matches!(down, Err(ApiError::Unavailable(_))), "the database is down");
+        assert_eq!(reads.load(Ordering::SeqCst), 0);
+        assert_eq!(state(&auth.cache, &key, Instant::now()), "expired");
     }
 }

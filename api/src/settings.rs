@@ -91,14 +91,15 @@ impl IntakeSettings {
 /// `[auth]`.
 #[derive(Debug, Clone, Deserialize)]
 pub struct AuthSettings {
-    /// How long a verified key is trusted without a database read; 0 disables the cache.
+    /// How long a verified key is admitted without a database read; past it, the key is read again
+    /// or the request fails closed. 0 disables the cache.
     pub cache_ttl_secs: u64,
     /// The most keys remembered at once (and, separately, the most refused keys).
     pub cache_max_entries: usize,
-    /// The most key reads for keys not in the cache at once, per process.
+    /// The most reads at once, per process, of keys this process has not verified; as many again
+    /// for reading the keys it has verified once their TTL has passed.
     pub max_concurrent_lookups: usize,
-    /// How long a request waits for a place among those reads; after that, only a recently verified
-    /// key is admitted.
+    /// How long a request waits for a place among those reads before it is answered 503.
     pub lookup_wait_ms: u64,
 }
 

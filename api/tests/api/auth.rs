@@ -1,12 +1,16 @@
 //! 401: every way of not presenting a live API key of a tenant.
 
+use std::time::{Duration, Instant};
+
 use oncepay_domain::api_key;
 use oncepay_store::tenants;
-use reqwest::StatusCode;
+use reqwest::{RequestBuilder, Response, StatusCode};
 use secrecy::ExposeSecret;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
-use crate::helpers::{TestApp, assert_problem, body, header};
+use crate::helpers::{Tenant, TestApp, assert_problem, body, header};
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_request_without_an_api_key_is_unauthorized(_: PgPoolOptions, options: PgConnectOptions) {
@@ -165,6 +169,116 @@ async fn a_flood_of_unknown_keys_cannot_take_the_connections_of_a_real_tenant(
     }
     assert_eq!(app.rows().await.payments, 2);
     app.stop().await;
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn under_a_flood_of_made_up_keys_a_revoked_key_is_refused_once_the_cache_ttl_has_passed(
+    _: PgPoolOptions,
+    options: PgConnectOptions,
+) {
+    const TTL: Duration = Duration::from_secs(1);
+    let app = TestApp::spawn_with(options, |settings| {
+        settings.auth.cache_ttl_secs = TTL.as_secs();
+        settings.auth.max_concurrent_lookups = 1;
+        settings.auth.lookup_wait_ms = 20;
+        // A key read held up by the lock below waits for it rather than give up after half a second.
+        settings.intake.key_lock_wait_ms = 10_000;
+    })
+    .await;
+    let mut conn = app.db.acquire().await.unwrap();
+    let rotated = tenants::issue_api_key(&mut conn, app.tenant.id, Some("rotated out")).await.unwrap();
+    let revoked = Tenant { id: app.tenant.id, token: api_key::reveal(&rotated).to_owned() };
+    // Both keys of the tenant are in use, so both are verified and cached.
+    for (key, tenant) in [("live-0", &app.tenant), ("revoked-0", &revoked)] {
+        let response = app.post_payment_as(tenant, key, &body()).send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::ACCEPTED);
+    }
+    let last_verified = Instant::now();
+    assert!(tenants::revoke_api_key(&mut conn, app.tenant.id, &rotated.key_id).await.unwrap());
+    drop(conn);
+    let flood = Flood::start(&app, 16);
+    // The bound under test: the TTL since the keys were last verified.
+    tokio::time::sleep_until((last_verified + TTL).into()).await;
+
+    let after_revocation =
+        sent_while_the_flood_holds_the_lookups(&app, app.post_payment_as(&revoked, "revoked-1", &body())).await;
+    let live = sent_while_the_flood_holds_the_lookups(&app, app.post_payment("live-1", &body())).await;
+
+    assert_problem(after_revocation, StatusCode::UNAUTHORIZED, "unauthorized").await;
+    assert_eq!(live.status(), StatusCode::ACCEPTED, "a live key past its TTL was refused under the flood");
+    let flooded = flood.stop().await;
+    assert!(!flooded.is_empty());
+    for status in flooded {
+        assert!(
+            [StatusCode::UNAUTHORIZED, StatusCode::SERVICE_UNAVAILABLE].contains(&status),
+            "a made-up key was answered {status}"
+        );
+    }
+    assert_eq!(app.rows().await.payments, 3);
+    app.stop().await;
+}
+
+/// Requests with a made-up key of the tenant, a new one each time (a refused key is remembered),
+/// from many tasks at once, until stopped.
+struct Flood {
+    stop: CancellationToken,
+    tasks: Vec<JoinHandle<Vec<StatusCode>>>,
+}
+
+impl Flood {
+    fn start(app: &TestApp, tasks: usize) -> Self {
+        let stop = CancellationToken::new();
+        let tasks = (0..tasks)
+            .map(|task| {
+                let (client, url, tenant_id, stop) =
+                    (app.client.clone(), format!("{}/v1/payments", app.address), app.tenant.id, stop.clone());
+                tokio::spawn(async move {
+                    let mut statuses = Vec::new();
+                    for n in 0.. {
+                        if stop.is_cancelled() {
+                            break;
+                        }
+                        let made_up = api_key::generate(tenant_id).token.expose_secret().to_owned();
+                        let request = client
+                            .post(&url)
+                            .bearer_auth(made_up)
+                            .header("Idempotency-Key", format!("flood-{task}-{n}"))
+                            .json(&body());
+                        statuses.push(request.send().await.unwrap().status());
+                    }
+                    statuses
+                })
+            })
+            .collect();
+        Self { stop, tasks }
+    }
+
+    /// Stops the flood; the status of every response it got.
+    async fn stop(self) -> Vec<StatusCode> {
+        self.stop.cancel();
+        let mut statuses = Vec::new();
+        for task in self.tasks {
+            statuses.extend(task.await.unwrap());
+        }
+        statuses
+    }
+}
+
+/// Sends `request` while a made-up key's read holds the only place for key reads: a transaction
+/// locks the keys' table, so that read waits, and the rest of the flood finds no place free. The
+/// lock is released once `request` has its response or waits for a read of its own.
+async fn sent_while_the_flood_holds_the_lookups(app: &TestApp, request: RequestBuilder) -> Response {
+    let mut blocker = app.db.begin().await.unwrap();
+    sqlx::query("LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE").execute(&mut *blocker).await.unwrap();
+    while lookups_waiting(app).await == 0 {
+        tokio::task::yield_now().await;
+    }
+    let response = tokio::spawn(request.send());
+    while !response.is_finished() && lookups_waiting(app).await < 2 {
+        tokio::task::yield_now().await;
+    }
+    blocker.rollback().await.unwrap();
+    response.await.unwrap().unwrap()
 }
 
 /// The api's statements waiting on a lock.
