@@ -110,7 +110,7 @@ pub enum KeysCommand {
         /// The tenant's name.
         tenant: String,
     },
-    /// Revokes one of a tenant's keys; it stops authenticating at once.
+    /// Revokes one of a tenant's keys; the api refuses it within its `auth.cache_ttl_secs`.
     Revoke {
         /// The tenant's name.
         tenant: String,

@@ -147,7 +147,11 @@ pub struct RevokedKey {
 
 impl Report for RevokedKey {
     fn human(&self, out: &mut dyn Write) -> io::Result<()> {
-        writeln!(out, "revoked key {} of tenant {}; requests presenting it now get 401", self.key_id, self.tenant)
+        writeln!(
+            out,
+            "revoked key {} of tenant {}; requests presenting it get 401 within the api's auth.cache_ttl_secs",
+            self.key_id, self.tenant
+        )
     }
 
     fn json(&self) -> serde_json::Value {
@@ -155,7 +159,7 @@ impl Report for RevokedKey {
     }
 }
 
-/// `keys revoke`: the key stops authenticating at once.
+/// `keys revoke`: the key stops authenticating within the api's cache TTL (`auth.cache_ttl_secs`).
 pub async fn revoke_key(conn: &mut PgConnection, tenant_name: &str, key_id: &str) -> Result<RevokedKey, CliError> {
     let parsed = KeyId::parse(key_id)
         .ok_or_else(|| CliError::Invalid(format!("{key_id:?} is not a key id (16 lower-case hex digits)")))?;
