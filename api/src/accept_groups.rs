@@ -104,7 +104,7 @@ impl AcceptGroups {
         });
         match submitting.await {
             Ok(Ok(Some(result))) => Submitted::Answered(result),
-            Ok(Err(request)) => Submitted::HandedBack(request),
+            Ok(Err(request)) => Submitted::HandedBack(Box::new(request)),
             // The task or its writer was stopped midway (the runtime is shutting down): whether the
             // request was written is unknown, so it fails closed and a retry with its key replays it.
             Ok(Ok(None)) | Err(_) => {
@@ -127,8 +127,8 @@ enum Queue {
 enum Submitted {
     /// Its result.
     Answered(Result<Intake, StoreError>),
-    /// Not queued ([`Queue::UnlessWriting`]).
-    HandedBack(Request),
+    /// Not queued ([`Queue::UnlessWriting`]); boxed, since it carries the whole request.
+    HandedBack(Box<Request>),
 }
 
 /// A request counted in [`INTAKE_WRITING`] until it has its result.

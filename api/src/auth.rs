@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use actix_web::http::header::{self, HeaderMap};
 use oncepay_domain::api_key::{self, KeyId};
 use oncepay_domain::ids::TenantId;
+use oncepay_domain::provider_ref::ProviderAccount;
 use oncepay_store::connections::Connections;
 use oncepay_store::tenants::{self, StoredKey};
 use tokio::sync::Semaphore;
@@ -23,12 +24,15 @@ use crate::errors::ApiError;
 use crate::settings::AuthSettings;
 
 /// The authenticated tenant of a request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Caller {
     /// Who is calling.
     pub tenant_id: TenantId,
     /// The tenant's own rate limit, if it has one.
     pub rate_limit_per_second: Option<NonZeroU32>,
+    /// The provider account the tenant's payments are charged to in connect mode, if an operator
+    /// has set one.
+    pub provider_account: Option<ProviderAccount>,
 }
 
 /// Verifies API keys, through the cache when it can. One per process, shared by every worker.
@@ -72,7 +76,11 @@ impl Authenticator {
         if !presented.secret_hash.matches(&verified.secret_sha256) {
             return Err(NOT_VALID);
         }
-        Ok(Caller { tenant_id: key.0, rate_limit_per_second: verified.rate_limit_per_second })
+        Ok(Caller {
+            tenant_id: key.0,
+            rate_limit_per_second: verified.rate_limit_per_second,
+            provider_account: verified.provider_account,
+        })
     }
 
     /// The key as verified less than a TTL ago: from the cache, else from `read` (the key's row)
@@ -108,6 +116,7 @@ impl Authenticator {
                         .rate_limit_per_second
                         .and_then(|rate| u32::try_from(rate).ok())
                         .and_then(NonZeroU32::new),
+                    provider_account: stored.provider_account,
                     verified_at: read_at,
                 };
                 // The stored hash, whatever was presented: a wrong secret for a real key then costs
@@ -160,6 +169,7 @@ fn bearer_token(headers: &HeaderMap) -> Result<&str, ApiError> {
 struct Verified {
     secret_sha256: Vec<u8>,
     rate_limit_per_second: Option<NonZeroU32>,
+    provider_account: Option<ProviderAccount>,
     verified_at: Instant,
 }
 
@@ -303,7 +313,7 @@ mod tests {
     }
 
     fn verified(at: Instant) -> Verified {
-        Verified { secret_sha256: vec![7; 32], rate_limit_per_second: None, verified_at: at }
+        Verified { secret_sha256: vec![7; 32], rate_limit_per_second: None, provider_account: None, verified_at: at }
     }
 
     fn key() -> KeyOf {
@@ -433,7 +443,7 @@ mod tests {
     }
 
     fn row(revoked: bool) -> Option<StoredKey> {
-        Some(StoredKey { secret_sha256: vec![7; 32], revoked, rate_limit_per_second: None })
+        Some(StoredKey { secret_sha256: vec![7; 32], revoked, rate_limit_per_second: None, provider_account: None })
     }
 
     #[tokio::test]

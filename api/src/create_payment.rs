@@ -1,10 +1,12 @@
 //! `POST /v1/payments`: accepts a payment request exactly once per (tenant, idempotency key).
 //!
-//! Every check that can refuse a request runs before anything is read from or written to the
-//! store. A key whose payment is final is replayed from memory ([`crate::replay_cache`]); any other
-//! request goes to the store with the requests of its tenant that arrive meanwhile
-//! ([`crate::accept_groups`]), where a known key is replayed and a new payment accepted. A store that
-//! cannot be reached fails closed. Never logged: the API key, the idempotency key, the body.
+//! Every check of the request itself runs before anything is read from or written to the store. A
+//! key whose payment is final is replayed from memory ([`crate::replay_cache`]); any other request
+//! goes to the store with the requests of its tenant that arrive meanwhile
+//! ([`crate::accept_groups`]), where a known key is replayed and a new payment accepted. What the
+//! provider could never charge is refused only for a new key: a stored key replays, whatever the
+//! provider's rules or the tenant's account say now. A store that cannot be reached fails closed.
+//! Never logged: the API key, the idempotency key, the body.
 
 use std::sync::Arc;
 
@@ -18,8 +20,9 @@ use oncepay_domain::idempotency_key::IdempotencyKey;
 use oncepay_domain::ids::TenantId;
 use oncepay_domain::payment::PaymentResource;
 use oncepay_domain::payment_request::PaymentRequest;
+use oncepay_domain::provider_ref::ProviderAccount;
 use oncepay_service::telemetry;
-use oncepay_store::intake::{ExistingKey, Intake, NewPayment};
+use oncepay_store::intake::{self, ExistingKey, Intake, NewPayment};
 use oncepay_store::{StoreError, payments};
 use serde_json::Value;
 use sqlx::PgConnection;
@@ -73,8 +76,9 @@ struct Responded {
 
 /// Checks the request in this order, and refuses it before the store is touched: API key (401),
 /// rate limit (429), `Idempotency-Key` (400), `Content-Type` (415), body size (413), JSON (400),
-/// fields (400, listing every invalid field), what the configured provider could never accept (400,
-/// naming the field). Then serves it from memory or from the store.
+/// fields (400, listing every invalid field). Then serves it from memory or from the store; what the
+/// configured provider could never charge (400, naming the field) or a tenant without the provider
+/// account it needs (400) is refused only once the key is known to be new.
 async fn take(request: &HttpRequest, payload: web::Payload, state: &AppState) -> Result<Responded, ApiError> {
     let span = request_span::of(request);
     let caller = state.admit(request).await?;
@@ -86,7 +90,6 @@ async fn take(request: &HttpRequest, payload: web::Payload, state: &AppState) ->
     let body = read_body(headers, payload, state.intake.max_body_bytes).await?;
     let json: Value = serde_json::from_slice(&body).map_err(ApiError::MalformedJson)?;
     let payment_request = PaymentRequest::from_json(&json).map_err(ApiError::InvalidFields)?;
-    state.provider_limits.check(&payment_request).map_err(ApiError::InvalidFields)?;
     let fingerprint = Fingerprint::of(METHOD, PATH, &json);
     // A key whose payment this process has seen final needs no round trip: its stored final
     // response, or 422 for another request.
@@ -94,13 +97,36 @@ async fn take(request: &HttpRequest, payload: web::Payload, state: &AppState) ->
         span.record("payment.id", tracing::field::display(remembered.payment_id));
         return replay_remembered(remembered, &fingerprint);
     }
+    match state.provider_intake.admit(&payment_request, caller.provider_account.as_ref()) {
+        Ok(account) => store(state, &span, &caller, key, fingerprint, payment_request, account).await,
+        Err(refusal) => replay_or_refuse(state, &span, &caller, &key, &fingerprint, refusal).await,
+    }
+}
 
-    store(state, &span, &caller, key, fingerprint, payment_request).await
+/// A request the provider's rules refuse now: if its key is stored, the payment it names is
+/// replayed (or 422 for another request), as for any retry; only a new key gets `refusal`, and
+/// nothing is written.
+async fn replay_or_refuse(
+    state: &AppState,
+    span: &tracing::Span,
+    caller: &Caller,
+    key: &IdempotencyKey,
+    fingerprint: &Fingerprint,
+    refusal: ApiError,
+) -> Result<Responded, ApiError> {
+    let mut conn = state.connections.acquire().await.map_err(|e| ApiError::from_store(e.into()))?;
+    let stored = intake::stored(&mut conn, caller.tenant_id, key).await.map_err(ApiError::from_store)?;
+    conn.release();
+    match stored {
+        Some(existing) => replay_existing(state, span, caller, key, existing, fingerprint).await,
+        None => Err(refusal),
+    }
 }
 
 /// The store's part: intake, together with the tenant's requests that arrive meanwhile, then for a
 /// known key the replay (one more read while its payment is not terminal). A known key comes back as
-/// stored and nothing is written: the same fingerprint is replayed, another one is refused (422).
+/// stored and nothing is written: the same fingerprint is replayed, another one is refused (422). A
+/// new key's payment is charged to `account`.
 async fn store(
     state: &AppState,
     span: &tracing::Span,
@@ -108,12 +134,14 @@ async fn store(
     key: IdempotencyKey,
     fingerprint: Fingerprint,
     payment_request: PaymentRequest,
+    account: Option<ProviderAccount>,
 ) -> Result<Responded, ApiError> {
     let new = NewPayment {
         tenant_id: caller.tenant_id,
         key: key.clone(),
         fingerprint,
         request: payment_request,
+        provider_account: account,
         retention: state.intake.key_retention(),
         trace: telemetry::trace_context_of(span),
     };
@@ -135,32 +163,42 @@ async fn store(
                 replayed: false,
             })
         }
-        Intake::Existing(existing) => {
-            span.record("payment.id", tracing::field::display(existing.payment_id));
-            // No stored response yet: the payment as it stands, read once more.
-            let Some((status, body)) = existing.stored_response else {
-                let poll_after_secs = state.intake.retry_after_secs;
-                let mut conn = state.connections.acquire().await.map_err(|e| ApiError::from_store(e.into()))?;
-                let response =
-                    replay_in_progress(&mut conn, caller.tenant_id, existing, &fingerprint, poll_after_secs).await;
-                // Reused unless the read failed (its state is then unknown).
-                if !matches!(response, Err(ApiError::Unavailable(_) | ApiError::Internal(_))) {
-                    conn.release();
-                }
-                return Ok(Responded { response: response?, replayed: true });
-            };
-            let remembered = Final {
-                fingerprint: existing.fingerprint,
-                payment_id: existing.payment_id,
-                expires_at: existing.expires_at,
-                status,
-                body: Bytes::from(String::from(Box::<str>::from(body))),
-            };
-            // A stored response is final, so the next retry can be served from memory.
-            state.replays.remember(caller.tenant_id, &key, remembered.clone());
-            replay_remembered(remembered, &fingerprint)
-        }
+        Intake::Existing(existing) => replay_existing(state, span, caller, &key, existing, &fingerprint).await,
     }
+}
+
+/// The response for a known key: its stored final response, or the payment as it stands, read once
+/// more (422 for another request either way).
+async fn replay_existing(
+    state: &AppState,
+    span: &tracing::Span,
+    caller: &Caller,
+    key: &IdempotencyKey,
+    existing: ExistingKey,
+    fingerprint: &Fingerprint,
+) -> Result<Responded, ApiError> {
+    span.record("payment.id", tracing::field::display(existing.payment_id));
+    // No stored response yet: the payment as it stands, read once more.
+    let Some((status, body)) = existing.stored_response else {
+        let poll_after_secs = state.intake.retry_after_secs;
+        let mut conn = state.connections.acquire().await.map_err(|e| ApiError::from_store(e.into()))?;
+        let response = replay_in_progress(&mut conn, caller.tenant_id, existing, fingerprint, poll_after_secs).await;
+        // Reused unless the read failed (its state is then unknown).
+        if !matches!(response, Err(ApiError::Unavailable(_) | ApiError::Internal(_))) {
+            conn.release();
+        }
+        return Ok(Responded { response: response?, replayed: true });
+    };
+    let remembered = Final {
+        fingerprint: existing.fingerprint,
+        payment_id: existing.payment_id,
+        expires_at: existing.expires_at,
+        status,
+        body: Bytes::from(String::from(Box::<str>::from(body))),
+    };
+    // A stored response is final, so the next retry can be served from memory.
+    state.replays.remember(caller.tenant_id, key, remembered.clone());
+    replay_remembered(remembered, fingerprint)
 }
 
 /// The response for a key whose payment is final: its stored response, or 422 for another request.
@@ -272,7 +310,8 @@ fn error_outcome(error: &ApiError) -> &'static str {
         | ApiError::PayloadTooLarge { .. }
         | ApiError::UnreadableBody
         | ApiError::MalformedJson(_)
-        | ApiError::InvalidFields(_) => "invalid",
+        | ApiError::InvalidFields(_)
+        | ApiError::NoProviderAccount => "invalid",
         ApiError::NotFound | ApiError::MethodNotAllowed { .. } | ApiError::Internal(_) => "error",
     }
 }

@@ -68,6 +68,9 @@ pub enum ApiError {
     /// The body is JSON, but fields are wrong.
     #[error("{} invalid field(s)", .0.len())]
     InvalidFields(Vec<FieldError>),
+    /// Payments are charged in each tenant's connected account, and this tenant has none.
+    #[error("the tenant has no provider account")]
+    NoProviderAccount,
     /// The key was used before with a different request.
     #[error("idempotency key reused with a different request")]
     KeyReused {
@@ -142,6 +145,11 @@ impl ApiError {
                 Problem::new(ProblemType::InvalidRequest, format!("Invalid fields: {}.", names.join(", ")))
                     .with_errors(errors.clone())
             }
+            Self::NoProviderAccount => Problem::new(
+                ProblemType::NoProviderAccount,
+                "This tenant has no Stripe account connected, so its payments cannot be charged yet. Ask the \
+                 operators of this service to connect your Stripe account; nothing was recorded.",
+            ),
             Self::KeyReused { .. } => Problem::new(
                 ProblemType::IdempotencyKeyReused,
                 "This Idempotency-Key was already used with a different request; use a new key for a new payment.",
@@ -183,6 +191,7 @@ impl ApiError {
             | Self::UnreadableBody
             | Self::MalformedJson(_)
             | Self::InvalidFields(_)
+            | Self::NoProviderAccount
             | Self::KeyReused { .. }
             | Self::NotFound
             | Self::MethodNotAllowed { .. }

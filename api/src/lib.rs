@@ -16,7 +16,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod payment_response;
 pub mod prefer;
-pub mod provider_limits;
+pub mod provider_intake;
 pub mod rate_limit;
 pub mod replay_cache;
 pub mod request_span;

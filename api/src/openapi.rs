@@ -12,8 +12,8 @@ use std::borrow::Cow;
 
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::payment::{Failure, PaymentResource};
-use oncepay_domain::payment_method::PaymentMethod;
 use oncepay_domain::payment_request::{FieldError, limits};
+use oncepay_domain::provider_ref;
 use oncepay_domain::status::PaymentStatus;
 use oncepay_http::problem::Problem;
 use utoipa::openapi::link::LinkBuilder;
@@ -168,16 +168,25 @@ impl PartialSchema for PaymentRequestBody {
                 "Your own key/value pairs (keys of 1 to {} characters), returned as given.",
                 limits::METADATA_KEY_MAX_CHARS
             )));
-        let payment_method = ObjectBuilder::new()
-            .schema_type(Type::String)
-            .min_length(Some(1))
-            .max_length(Some(PaymentMethod::MAX_LEN))
-            .pattern(Some(PaymentMethod::PATTERN))
-            .description(Some(
-                "The provider's reference of the payment method to charge, e.g. `pm_card_visa` (ASCII \
-                 letters, digits and `_`), passed to the provider unchanged.",
-            ))
-            .examples(["pm_card_visa"]);
+        let reference = |description: &str, example: &str| {
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .min_length(Some(1))
+                .max_length(Some(provider_ref::MAX_LEN))
+                .pattern(Some(provider_ref::PATTERN))
+                .description(Some(description))
+                .examples([example])
+        };
+        let payment_method = reference(
+            "The provider's reference of the payment method to charge, e.g. `pm_card_visa` (ASCII letters, \
+             digits and `_`), passed to the provider unchanged.",
+            "pm_card_visa",
+        );
+        let provider_customer = reference(
+            "The provider's customer that `payment_method` belongs to, e.g. Stripe's `cus_…`, for a payment \
+             method saved to a customer. `customer_id` is never sent to the provider as its customer.",
+            "cus_NffrFeUfNV2Hib",
+        );
         ObjectBuilder::new()
             .schema_type(Type::Object)
             .property("amount", amount)
@@ -186,6 +195,7 @@ impl PartialSchema for PaymentRequestBody {
             .property("description", description)
             .property("metadata", metadata)
             .property("payment_method", payment_method)
+            .property("provider_customer", provider_customer)
             .required("amount")
             .required("currency")
             .required("customer_id")
@@ -343,8 +353,10 @@ mod tests {
         assert_eq!(body["additionalProperties"], false);
         let currencies = body["properties"]["currency"]["enum"].as_array().unwrap();
         assert!(currencies.contains(&"EUR".into()) && !currencies.contains(&"XAU".into()));
-        assert_eq!(body["properties"]["payment_method"]["pattern"], PaymentMethod::PATTERN);
+        assert_eq!(body["properties"]["payment_method"]["pattern"], provider_ref::PATTERN);
+        assert_eq!(body["properties"]["provider_customer"]["pattern"], provider_ref::PATTERN);
         let resource = &document["components"]["schemas"]["PaymentResource"];
         assert!(resource["properties"]["payment_method"].is_object(), "{resource}");
+        assert!(resource["properties"]["provider_customer"].is_object(), "{resource}");
     }
 }

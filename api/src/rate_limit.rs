@@ -77,7 +77,11 @@ mod tests {
     use super::*;
 
     fn caller(rate: Option<u32>) -> Caller {
-        Caller { tenant_id: TenantId::generate(), rate_limit_per_second: rate.and_then(NonZeroU32::new) }
+        Caller {
+            tenant_id: TenantId::generate(),
+            rate_limit_per_second: rate.and_then(NonZeroU32::new),
+            provider_account: None,
+        }
     }
 
     fn nz(n: u32) -> NonZeroU32 {

@@ -13,7 +13,7 @@ use oncepay_service::config::{self, DatabaseSettings, HttpSettings, TelemetrySet
 use oncepay_service::group_commit::Limits;
 use serde::Deserialize;
 
-use crate::provider_limits::{ProviderLimits, ProviderLimitsSettings};
+use crate::provider_intake::{ProviderIntake, ProviderIntakeSettings};
 
 /// The largest `intake.group_max_requests`: a group is one statement, its arrays sent whole.
 const MAX_GROUP_REQUESTS: usize = 1000;
@@ -37,7 +37,7 @@ pub struct Settings {
     /// `[long_poll]`: `Prefer: wait=N` on `GET /v1/payments/{id}`.
     pub long_poll: LongPollSettings,
     /// `[provider]`: which provider the workers charge through, for what intake refuses up front.
-    pub provider: ProviderLimitsSettings,
+    pub provider: ProviderIntakeSettings,
 }
 
 /// `[http]`: the shared `host` and `port`, and the api's grace period.
@@ -138,7 +138,7 @@ impl Settings {
             (1..=MAX_GROUP_REQUESTS).contains(&self.intake.group_max_requests),
             "intake.group_max_requests must be between 1 (no grouping) and {MAX_GROUP_REQUESTS}"
         );
-        ProviderLimits::new(&self.provider)?;
+        ProviderIntake::new(&self.provider)?;
         Ok(())
     }
 }

@@ -28,7 +28,7 @@ use crate::accept_groups::AcceptGroups;
 use crate::auth::{Authenticator, Caller};
 use crate::errors::{self, ApiError, RetryAfter};
 use crate::long_poll::{PaymentListener, PaymentWatch};
-use crate::provider_limits::ProviderLimits;
+use crate::provider_intake::ProviderIntake;
 use crate::rate_limit::RateLimits;
 use crate::replay_cache::ReplayCache;
 use crate::rereads::{Rereader, Rereads};
@@ -62,8 +62,8 @@ pub struct AppState {
     pub wake: Wakeups,
     /// Final responses, for replays without a database read (shared by the process).
     pub replays: Arc<ReplayCache>,
-    /// What the configured provider could never accept.
-    pub provider_limits: ProviderLimits,
+    /// What the configured provider could never charge, and which account a payment is charged to.
+    pub provider_intake: ProviderIntake,
 }
 
 impl AppState {
@@ -163,7 +163,7 @@ impl Application {
             .with_context(|| format!("cannot listen on {}:{}", http.listen.host, http.listen.port))?;
         let port = tcp.local_addr().context("the listening socket has no address")?.port();
         let (intake_settings, long_poll_settings) = (settings.intake.clone(), settings.long_poll.clone());
-        let provider_limits = ProviderLimits::new(&settings.provider)?;
+        let provider_intake = ProviderIntake::new(&settings.provider)?;
         let (shared_watch, shared_draining, shared_wake) = (Arc::clone(&watch), draining.clone(), wake.clone());
         // With an operations port, the operations endpoints get their own listener and thread, and
         // the public port no longer serves them.
@@ -211,7 +211,7 @@ impl Application {
                 draining: shared_draining.clone(),
                 wake: shared_wake.clone(),
                 replays: Arc::clone(&replays),
-                provider_limits,
+                provider_intake,
             };
             App::new()
                 .app_data(web::Data::new(state))

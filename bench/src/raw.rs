@@ -119,7 +119,10 @@ fn accept(notify: &str) -> anyhow::Result<String> {
         Arg::Var("traceparent"),
         Arg::Sql("NULL"),
         Arg::Var(notify),
-        // The benchmark's body (`dataset::request`) names no payment method.
+        // The benchmark's body (`dataset::request`) names no payment method and no provider customer,
+        // and its tenant charges through oncepay's own account.
+        Arg::Sql("NULL"),
+        Arg::Sql("NULL"),
         Arg::Sql("NULL"),
     ];
     command(ACCEPT_SQL, &args).context("accept.sql")
@@ -134,7 +137,8 @@ fn accept_group(size: u32) -> anyhow::Result<String> {
     let (fingerprints, amounts) = (repeat(":fingerprint", "bytea"), repeat(":amount", "bigint"));
     let (currencies, customers) = (repeat(":currency", "text"), repeat(":customer", "text"));
     let (metadata, traceparents) = (repeat(":metadata", "jsonb"), repeat(":traceparent", "text"));
-    // The descriptions, payment methods and trace states: none, as in the single accept.
+    // The descriptions, payment methods, trace states, provider customers and accounts: none, as in
+    // the single accept.
     let none = repeat("NULL", "text");
     let args = [
         Arg::Var("tenant"),
@@ -149,6 +153,8 @@ fn accept_group(size: u32) -> anyhow::Result<String> {
         Arg::Sql(&metadata),
         Arg::Sql(&none),
         Arg::Sql(&traceparents),
+        Arg::Sql(&none),
+        Arg::Sql(&none),
         Arg::Sql(&none),
     ];
     command(ACCEPT_GROUP_SQL, &args).context("accept_group.sql")
@@ -303,7 +309,10 @@ mod tests {
         let quiet = Baseline::Accept.script().unwrap().text();
         let notifying = Baseline::AcceptWithNotify.script().unwrap().text();
 
-        assert!(quiet.contains("FROM intake(:tenant, :key,") && quiet.contains(", :false, (NULL));"), "{quiet}");
+        assert!(
+            quiet.contains("FROM intake(:tenant, :key,") && quiet.contains(", :false, (NULL), (NULL), (NULL));"),
+            "{quiet}"
+        );
         assert_eq!(quiet.replace(":false", ":true"), notifying);
     }
 

@@ -80,6 +80,7 @@ impl Requests {
             failure_code: None,
             failure_message: None,
             payment_method: None,
+            account: None,
         };
         let event = WebhookEvent { event_type: EventType::ChargeSucceeded, created: 0, data: charge };
         // Any 32 bytes make a well-formed candidate that matches nothing.

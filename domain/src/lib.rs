@@ -1,8 +1,8 @@
 //! oncepay's domain: what a payment is and which states it moves through, money, ids, API keys,
-//! idempotency keys, payment-method references, what a payment request must look like, and how a
+//! idempotency keys, references to things at the provider, what a payment request must look like, and how a
 //! request is fingerprinted.
 //!
-//! Pure: no I/O. With the `sqlx` feature, ids, money, payment methods and the payment status can be
+//! Pure: no I/O. With the `sqlx` feature, ids, money, provider references and the payment status can be
 //! bound to and read from PostgreSQL columns.
 
 pub mod api_key;
@@ -11,6 +11,6 @@ pub mod idempotency_key;
 pub mod ids;
 pub mod money;
 pub mod payment;
-pub mod payment_method;
 pub mod payment_request;
+pub mod provider_ref;
 pub mod status;

@@ -43,6 +43,10 @@ pub struct PaymentResource {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(example = "pm_card_visa")]
     pub payment_method: Option<String>,
+    /// The provider's customer the payment method belongs to, as requested, if given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = "cus_NffrFeUfNV2Hib")]
+    pub provider_customer: Option<String>,
     /// When oncepay accepted the payment (RFC 3339).
     #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,

@@ -10,7 +10,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::money::{Amount, Currency};
-use crate::payment_method::PaymentMethod;
+use crate::provider_ref::{PaymentMethod, ProviderCustomer, ReferenceError};
 
 /// A validated payment request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,6 +27,9 @@ pub struct PaymentRequest {
     pub metadata: BTreeMap<String, String>,
     /// What the provider is to charge, e.g. `pm_card_visa`; none leaves it to the provider.
     pub payment_method: Option<PaymentMethod>,
+    /// The provider's customer that `payment_method` belongs to, e.g. Stripe's `cus_…`, when the
+    /// method is one saved to a customer.
+    pub provider_customer: Option<ProviderCustomer>,
 }
 
 /// One thing wrong with one field.
@@ -58,7 +61,8 @@ pub mod limits {
     pub const METADATA_VALUE_MAX_CHARS: usize = 500;
 }
 
-const KNOWN_FIELDS: [&str; 6] = ["amount", "currency", "customer_id", "description", "metadata", "payment_method"];
+const KNOWN_FIELDS: [&str; 7] =
+    ["amount", "currency", "customer_id", "description", "metadata", "payment_method", "provider_customer"];
 
 impl PaymentRequest {
     /// Validates a parsed JSON body, reporting every invalid field at once.
@@ -84,10 +88,13 @@ impl PaymentRequest {
             .map(|v| parse_metadata(v, &mut errors))
             .unwrap_or_else(|| Some(BTreeMap::new()));
         let payment_method = optional(object, "payment_method")
-            .map(|v| note(parse_payment_method(v), "payment_method", &mut errors))
+            .map(|v| note(parse_reference(v, PaymentMethod::parse), "payment_method", &mut errors))
+            .unwrap_or(Some(None));
+        let provider_customer = optional(object, "provider_customer")
+            .map(|v| note(parse_reference(v, ProviderCustomer::parse), "provider_customer", &mut errors))
             .unwrap_or(Some(None));
 
-        match (amount, currency, customer_id, description, metadata, payment_method) {
+        match (amount, currency, customer_id, description, metadata, payment_method, provider_customer) {
             (
                 Some(amount),
                 Some(currency),
@@ -95,7 +102,10 @@ impl PaymentRequest {
                 Some(description),
                 Some(metadata),
                 Some(payment_method),
-            ) if errors.is_empty() => Ok(Self { amount, currency, customer_id, description, metadata, payment_method }),
+                Some(provider_customer),
+            ) if errors.is_empty() => {
+                Ok(Self { amount, currency, customer_id, description, metadata, payment_method, provider_customer })
+            }
             _ => Err(errors),
         }
     }
@@ -170,11 +180,12 @@ fn parse_description(value: &Value) -> Result<Option<String>, String> {
     Ok(Some(text.clone()))
 }
 
-fn parse_payment_method(value: &Value) -> Result<Option<PaymentMethod>, String> {
+/// A reference to something at the provider, checked by `parse`.
+fn parse_reference<T>(value: &Value, parse: fn(&str) -> Result<T, ReferenceError>) -> Result<Option<T>, String> {
     let Value::String(reference) = value else {
         return Err(format!("must be a string, got {}", type_name(value)));
     };
-    PaymentMethod::parse(reference).map(Some).map_err(|e| e.to_string())
+    parse(reference).map(Some).map_err(|e| e.to_string())
 }
 
 fn parse_metadata(value: &Value, errors: &mut Vec<FieldError>) -> Option<BTreeMap<String, String>> {
@@ -255,7 +266,8 @@ mod tests {
     fn a_complete_request_parses() {
         let body = json!({
             "amount": 1999, "currency": "EUR", "customer_id": "cus_42",
-            "description": "Order #42", "metadata": {"order": "42"}, "payment_method": "pm_card_visa"
+            "description": "Order #42", "metadata": {"order": "42"}, "payment_method": "pm_card_visa",
+            "provider_customer": "cus_Q1"
         });
 
         let request = PaymentRequest::from_json(&body).unwrap();
@@ -266,6 +278,7 @@ mod tests {
         assert_eq!(request.description.as_deref(), Some("Order #42"));
         assert_eq!(request.metadata.get("order").map(String::as_str), Some("42"));
         assert_eq!(request.payment_method.as_ref().map(PaymentMethod::as_str), Some("pm_card_visa"));
+        assert_eq!(request.provider_customer.as_ref().map(ProviderCustomer::as_str), Some("cus_Q1"));
     }
 
     #[test]
@@ -273,7 +286,7 @@ mod tests {
         let minimal = json!({"amount": 1, "currency": "JPY", "customer_id": "c"});
         let nulls = json!({
             "amount": 1, "currency": "JPY", "customer_id": "c", "description": null, "metadata": null,
-            "payment_method": null
+            "payment_method": null, "provider_customer": null
         });
 
         for body in [minimal, nulls] {
@@ -281,6 +294,7 @@ mod tests {
             assert_eq!(request.description, None);
             assert!(request.metadata.is_empty());
             assert_eq!(request.payment_method, None);
+            assert_eq!(request.provider_customer, None);
         }
     }
 
@@ -342,6 +356,10 @@ mod tests {
             (
                 json!({"amount": 0, "currency": "EUR", "customer_id": "c", "payment_method": {"id": "pm_1"}}),
                 vec!["amount", "payment_method"],
+            ),
+            (
+                json!({"amount": 10, "currency": "EUR", "customer_id": "c", "provider_customer": "cus-1"}),
+                vec!["provider_customer"],
             ),
         ];
         for (body, expected) in cases {
@@ -496,6 +514,13 @@ mod tests {
                 ]
                 .prop_map(|v| Breakage::Set("payment_method", v)),
                 prop_oneof![
+                    Just(json!("")),
+                    ("[A-Za-z0-9_]{0,20}", "[^A-Za-z0-9_]", "[A-Za-z0-9_]{0,20}")
+                        .prop_map(|(before, bad, after)| Value::String(format!("{before}{bad}{after}"))),
+                    Just(json!(["cus_1"])),
+                ]
+                .prop_map(|v| Breakage::Set("provider_customer", v)),
+                prop_oneof![
                     (Just(String::new()), Just(json!("v"))),
                     (text(limits::METADATA_KEY_MAX_CHARS + 1..=60), Just(json!("v"))),
                     (text(1..=10), over(limits::METADATA_VALUE_MAX_CHARS)),
@@ -615,7 +640,7 @@ mod tests {
                         prop_assert!(request.metadata.len() <= limits::METADATA_MAX_PAIRS);
                         if let Some(method) = &request.payment_method {
                             let method = method.as_str();
-                            prop_assert!((1..=PaymentMethod::MAX_LEN).contains(&method.len()), "{:?}", method);
+                            prop_assert!((1..=crate::provider_ref::MAX_LEN).contains(&method.len()), "{:?}", method);
                             prop_assert!(method.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'), "{:?}", method);
                         }
                         let stored = [request.customer_id.as_str()]

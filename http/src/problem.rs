@@ -29,6 +29,9 @@ pub enum ProblemType {
     InvalidIdempotencyKey,
     /// 400: the body is not JSON, or a field is wrong.
     InvalidRequest,
+    /// 400: payments are charged in each tenant's own provider account (Stripe Connect), and this
+    /// tenant has none.
+    NoProviderAccount,
     /// 413: the body is larger than allowed.
     PayloadTooLarge,
     /// 415: the body is not `application/json`.
@@ -55,11 +58,12 @@ pub enum ProblemType {
 
 impl ProblemType {
     /// Every problem type, for documentation and tests.
-    pub const ALL: [Self; 15] = [
+    pub const ALL: [Self; 16] = [
         Self::Unauthorized,
         Self::MissingIdempotencyKey,
         Self::InvalidIdempotencyKey,
         Self::InvalidRequest,
+        Self::NoProviderAccount,
         Self::PayloadTooLarge,
         Self::UnsupportedMediaType,
         Self::IdempotencyKeyReused,
@@ -80,6 +84,7 @@ impl ProblemType {
             Self::MissingIdempotencyKey => "missing-idempotency-key",
             Self::InvalidIdempotencyKey => "invalid-idempotency-key",
             Self::InvalidRequest => "invalid-request",
+            Self::NoProviderAccount => "no-provider-account",
             Self::PayloadTooLarge => "payload-too-large",
             Self::UnsupportedMediaType => "unsupported-media-type",
             Self::IdempotencyKeyReused => "idempotency-key-reused",
@@ -101,6 +106,7 @@ impl ProblemType {
             Self::MissingIdempotencyKey => "Idempotency-Key header required",
             Self::InvalidIdempotencyKey => "Invalid Idempotency-Key header",
             Self::InvalidRequest => "Invalid request",
+            Self::NoProviderAccount => "No provider account connected",
             Self::PayloadTooLarge => "Request body too large",
             Self::UnsupportedMediaType => "Unsupported media type",
             Self::IdempotencyKeyReused => "Idempotency-Key reused with a different request",
@@ -119,9 +125,11 @@ impl ProblemType {
     pub const fn status(self) -> u16 {
         match self {
             Self::Unauthorized | Self::InvalidSignature => 401,
-            Self::MissingIdempotencyKey | Self::InvalidIdempotencyKey | Self::InvalidRequest | Self::InvalidWebhook => {
-                400
-            }
+            Self::MissingIdempotencyKey
+            | Self::InvalidIdempotencyKey
+            | Self::InvalidRequest
+            | Self::NoProviderAccount
+            | Self::InvalidWebhook => 400,
             Self::PayloadTooLarge => 413,
             Self::UnsupportedMediaType => 415,
             Self::IdempotencyKeyReused => 422,

@@ -10,9 +10,10 @@ use secrecy::SecretString;
 use serde::Deserialize;
 
 use oncepay_domain::ids::DownstreamKey;
+use oncepay_domain::provider_ref::ProviderAccount;
 
 use crate::http::HttpProvider;
-use crate::stripe::{self, StripeProvider, StripeSettings};
+use crate::stripe::{self, StripeMode, StripeProvider, StripeSettings};
 use crate::{Charge, ChargePage, ChargeRequest, KeyWindow, ListCharges, LookupError, PaymentProvider, SendOutcome};
 
 /// Which provider charges the payments.
@@ -61,6 +62,12 @@ impl ProviderSettings {
             window: Duration::from_secs(self.key_window_secs),
             safety_margin: Duration::from_secs(self.key_window_margin_secs),
         }
+    }
+
+    /// Whether payments are charged in their tenants' connected accounts (Stripe in connect mode),
+    /// rather than in the account of oncepay's own credentials.
+    pub fn charges_in_connected_accounts(&self) -> bool {
+        matches!((self.kind, &self.stripe), (ProviderKind::Stripe, Some(stripe)) if stripe.mode == StripeMode::Connect)
     }
 
     /// The longest one call to the configured provider may take: its connect plus request timeouts.
@@ -148,10 +155,14 @@ impl PaymentProvider for ConfiguredProvider {
         }
     }
 
-    async fn find_by_key(&self, key: &DownstreamKey) -> Result<Vec<Charge>, LookupError> {
+    async fn find_by_key(
+        &self,
+        key: &DownstreamKey,
+        account: Option<&ProviderAccount>,
+    ) -> Result<Vec<Charge>, LookupError> {
         match self {
-            Self::Simulator(provider) => provider.find_by_key(key).await,
-            Self::Stripe(provider) => provider.find_by_key(key).await,
+            Self::Simulator(provider) => provider.find_by_key(key, account).await,
+            Self::Stripe(provider) => provider.find_by_key(key, account).await,
         }
     }
 
@@ -181,8 +192,10 @@ mod tests {
     }
 
     fn stripe_settings(api_version: &str) -> StripeSettings {
-        serde_json::from_value(serde_json::json!({"secret_key": "sk_test_x", "api_version": api_version}))
-            .expect("valid Stripe settings")
+        serde_json::from_value(
+            serde_json::json!({"mode": "direct", "secret_key": "sk_test_x", "api_version": api_version}),
+        )
+        .expect("valid Stripe settings")
     }
 
     #[test]

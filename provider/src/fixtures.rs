@@ -27,6 +27,7 @@ pub fn charge(payment_id: PaymentId, id: &str, status: ChargeStatus, amount: i64
         failure_code: declined.then(|| "card_declined".to_owned()),
         failure_message: declined.then(|| "The card was declined.".to_owned()),
         payment_method: None,
+        account: None,
     }
 }
 

@@ -1,7 +1,8 @@
 //! [`HttpProvider`]: the provider protocol over HTTP, with reqwest.
 //!
 //! Every call has a connect timeout and an overall timeout, so no call can hang a worker, and carries
-//! the current W3C trace context. Charge requests carry the downstream idempotency key.
+//! the current W3C trace context. Charge requests carry the downstream idempotency key. The protocol
+//! has no provider accounts: a payment charged to one is never sent here, and never looked up.
 
 use std::time::Duration;
 
@@ -10,11 +11,12 @@ use secrecy::{ExposeSecret, SecretString};
 use tracing::instrument;
 
 use oncepay_domain::ids::DownstreamKey;
+use oncepay_domain::provider_ref::ProviderAccount;
 use oncepay_service::telemetry;
 
 use crate::configured::ProviderSettings;
 use crate::wire::{Charge, ChargePage, CreateCharge};
-use crate::{ChargeRequest, ListCharges, LookupError, PaymentProvider, SendOutcome, UncertainReason};
+use crate::{ChargeRequest, ListCharges, LookupError, NotSentReason, PaymentProvider, SendOutcome, UncertainReason};
 
 /// The most charges a lookup by idempotency key expects to see.
 const KEY_LOOKUP_LIMIT: u32 = 100;
@@ -93,6 +95,11 @@ pub(crate) fn trace_headers() -> HeaderMap {
     headers
 }
 
+/// The refusal of a call in a provider account, which this protocol does not have.
+fn no_accounts(account: &ProviderAccount) -> String {
+    format!("the simulator's protocol has no provider accounts, so nothing can be asked of account {account}")
+}
+
 /// A `Retry-After` in seconds, if the response carries one.
 pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     headers
@@ -105,6 +112,10 @@ pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
 impl PaymentProvider for HttpProvider {
     #[instrument(name = "provider.create_charge", skip_all, fields(provider.outcome))]
     async fn create_charge(&self, request: &ChargeRequest) -> SendOutcome {
+        if let Some(account) = &request.account {
+            tracing::error!(error = no_accounts(account), "a payment charged to a provider account was not sent");
+            return SendOutcome::NotSent { reason: NotSentReason::LocalError, retry_after: None };
+        }
         let body = CreateCharge {
             amount: request.amount.minor_units(),
             currency: request.currency.as_str().to_owned(),
@@ -140,7 +151,14 @@ impl PaymentProvider for HttpProvider {
     }
 
     #[instrument(name = "provider.find_by_key", skip_all)]
-    async fn find_by_key(&self, key: &DownstreamKey) -> Result<Vec<Charge>, LookupError> {
+    async fn find_by_key(
+        &self,
+        key: &DownstreamKey,
+        account: Option<&ProviderAccount>,
+    ) -> Result<Vec<Charge>, LookupError> {
+        if let Some(account) = account {
+            return Err(LookupError::Inconclusive(no_accounts(account)));
+        }
         // A key normally has one charge; the page is large so that a misbehaving provider's extra
         // charges are seen rather than cut off, and a truncated listing is an error, not a result.
         let page: ChargePage = self
@@ -159,6 +177,9 @@ impl PaymentProvider for HttpProvider {
 
     #[instrument(name = "provider.list_charges", skip_all)]
     async fn list_charges(&self, query: &ListCharges) -> Result<ChargePage, LookupError> {
+        if let Some(account) = &query.account {
+            return Err(LookupError::Inconclusive(no_accounts(account)));
+        }
         let mut params = vec![
             ("created_gte", query.created_gte.to_string()),
             ("created_lt", query.created_lt.to_string()),
@@ -185,7 +206,7 @@ mod tests {
     use oncepay_domain::money::{Amount, Currency};
 
     use super::*;
-    use crate::{NotSentReason, ProviderKind};
+    use crate::ProviderKind;
 
     fn settings(base_url: String) -> ProviderSettings {
         ProviderSettings {
@@ -201,15 +222,15 @@ mod tests {
     }
 
     fn request() -> ChargeRequest {
-        ChargeRequest::for_payment(
+        let request = ChargeRequest::for_payment(
             TenantId::generate(),
             PaymentId::generate(),
             Amount::new(1999).unwrap(),
             Currency::parse("EUR").unwrap(),
             "cus_1".into(),
             &BTreeMap::new(),
-            Some("pm_card_visa".into()),
-        )
+        );
+        ChargeRequest { payment_method: Some("pm_card_visa".into()), ..request }
     }
 
     fn charge_json(key: &str) -> serde_json::Value {
@@ -304,9 +325,10 @@ mod tests {
             .await;
         let provider = HttpProvider::new(&settings(server.uri())).unwrap();
 
-        let found = provider.find_by_key(&request.downstream_key).await.unwrap();
+        let found = provider.find_by_key(&request.downstream_key, None).await.unwrap();
         let page = provider
             .list_charges(&ListCharges {
+                account: None,
                 created_gte: 10,
                 created_lt: 20,
                 starting_after: Some("ch_0".into()),
@@ -321,12 +343,36 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn nothing_is_asked_in_a_provider_account_the_protocol_does_not_have() {
+        let server = MockServer::start().await;
+        let provider = HttpProvider::new(&settings(server.uri())).unwrap();
+        let account = ProviderAccount::parse("acct_1").unwrap();
+        let request = ChargeRequest { account: Some(account.clone()), ..request() };
+        let list = ListCharges {
+            account: Some(account.clone()),
+            created_gte: 10,
+            created_lt: 20,
+            starting_after: None,
+            limit: 2,
+        };
+
+        let outcome = provider.create_charge(&request).await;
+        let found = provider.find_by_key(&request.downstream_key, Some(&account)).await;
+        let page = provider.list_charges(&list).await;
+
+        assert_eq!(outcome, SendOutcome::NotSent { reason: NotSentReason::LocalError, retry_after: None });
+        assert!(matches!(found, Err(LookupError::Inconclusive(_))), "{found:?}");
+        assert!(matches!(page, Err(LookupError::Inconclusive(_))), "{page:?}");
+        assert!(server.received_requests().await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
     async fn a_failing_lookup_is_an_error_not_an_empty_answer() {
         let server = MockServer::start().await;
         Mock::given(method("GET")).respond_with(ResponseTemplate::new(503)).mount(&server).await;
         let provider = HttpProvider::new(&settings(server.uri())).unwrap();
 
-        let result = provider.find_by_key(&PaymentId::generate().downstream_key()).await;
+        let result = provider.find_by_key(&PaymentId::generate().downstream_key(), None).await;
 
         assert!(matches!(result, Err(LookupError::Status(503))), "{result:?}");
     }

@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use oncepay_domain::ids::{DownstreamKey, PaymentId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
+use oncepay_domain::provider_ref::{ProviderAccount, ProviderCustomer};
 
 pub use configured::{ConfiguredProvider, ProviderKind, ProviderSettings};
 pub use outcome::{LookupError, NotSentReason, SendOutcome, UncertainReason};
@@ -62,17 +63,26 @@ pub struct ChargeRequest {
     pub amount: Amount,
     /// The currency.
     pub currency: Currency,
-    /// The merchant's customer reference.
+    /// The merchant's customer reference. The simulator's protocol carries it; Stripe is never told
+    /// it, since it is the merchant's reference and not a Stripe Customer.
     pub customer: String,
     /// The merchant's metadata plus oncepay's own keys.
     pub metadata: BTreeMap<String, String>,
     /// The provider's reference to what pays (a Stripe `pm_…`), when the payment names one. The
     /// simulator needs none; the Stripe adapter falls back to its configured default.
     pub payment_method: Option<String>,
+    /// The provider's customer the payment method belongs to (a Stripe `cus_…`), when the payment
+    /// names one.
+    pub provider_customer: Option<ProviderCustomer>,
+    /// The provider account to charge in (a Stripe connected account, sent as `Stripe-Account`);
+    /// `None` charges in the account of oncepay's own credentials.
+    pub account: Option<ProviderAccount>,
 }
 
 impl ChargeRequest {
-    /// The request for one payment: the merchant's metadata plus the keys that name the payment.
+    /// The request for one payment, in oncepay's own account, with no payment method or provider
+    /// customer: the merchant's metadata plus the keys that name the payment. A payment that names
+    /// more sets those fields on the result.
     pub fn for_payment(
         tenant_id: TenantId,
         payment_id: PaymentId,
@@ -80,18 +90,29 @@ impl ChargeRequest {
         currency: Currency,
         customer: String,
         merchant_metadata: &BTreeMap<String, String>,
-        payment_method: Option<String>,
     ) -> Self {
         let mut metadata = merchant_metadata.clone();
         metadata.insert(metadata_keys::TENANT_ID.to_owned(), tenant_id.to_string());
         metadata.insert(metadata_keys::PAYMENT_ID.to_owned(), payment_id.to_string());
-        Self { downstream_key: payment_id.downstream_key(), amount, currency, customer, metadata, payment_method }
+        Self {
+            downstream_key: payment_id.downstream_key(),
+            amount,
+            currency,
+            customer,
+            metadata,
+            payment_method: None,
+            provider_customer: None,
+            account: None,
+        }
     }
 }
 
-/// Filters for listing charges by creation time (Unix seconds, `created_gte <= created < created_lt`).
+/// Filters for listing charges by creation time (Unix seconds, `created_gte <= created < created_lt`),
+/// in one provider account.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListCharges {
+    /// Whose charges: a Stripe connected account, or `None` for oncepay's own account.
+    pub account: Option<ProviderAccount>,
     /// Inclusive lower bound.
     pub created_gte: i64,
     /// Exclusive upper bound.
@@ -107,8 +128,13 @@ pub trait PaymentProvider: Send + Sync {
     /// Asks for a charge. Never fails: every way it can go wrong is an outcome.
     fn create_charge(&self, request: &ChargeRequest) -> impl Future<Output = SendOutcome> + Send;
 
-    /// Every charge the provider holds for an idempotency key (normally none or one).
-    fn find_by_key(&self, key: &DownstreamKey) -> impl Future<Output = Result<Vec<Charge>, LookupError>> + Send;
+    /// Every charge the provider holds for an idempotency key (normally none or one) in `account`
+    /// (`None`: oncepay's own account).
+    fn find_by_key(
+        &self,
+        key: &DownstreamKey,
+        account: Option<&ProviderAccount>,
+    ) -> impl Future<Output = Result<Vec<Charge>, LookupError>> + Send;
 
     /// One page of charges created in a time window, oldest first.
     fn list_charges(&self, query: &ListCharges) -> impl Future<Output = Result<ChargePage, LookupError>> + Send;

@@ -74,6 +74,11 @@ pub struct Charge {
     /// The payment method it charged (or tried to), as requested.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub payment_method: Option<String>,
+    /// The provider account that holds it (a Stripe connected account); `None` for the account of
+    /// oncepay's own credentials. The simulator's protocol has no accounts and never sends one. A
+    /// charge settles only a payment charged to the same account.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
 }
 
 impl Charge {
@@ -156,13 +161,14 @@ pub(crate) mod strategies {
                 proptest::option::of(any::<String>()),
                 proptest::option::of(any::<String>()),
                 proptest::option::of(any::<String>()),
+                proptest::option::of(any::<String>()),
             ),
         )
             .prop_map(
                 |(
                     (id, status, amount),
                     (currency, customer, idempotency_key, created),
-                    (metadata, failure_code, failure_message, payment_method),
+                    (metadata, failure_code, failure_message, payment_method, account),
                 )| Charge {
                     id,
                     status,
@@ -175,6 +181,7 @@ pub(crate) mod strategies {
                     failure_code,
                     failure_message,
                     payment_method,
+                    account,
                 },
             )
     }
@@ -256,8 +263,7 @@ mod tests {
             let (tenant_id, payment_id) = (TenantId::generate(), PaymentId::generate());
             let amount = Amount::new(100).unwrap();
             let currency = Currency::parse("EUR").unwrap();
-            let request =
-                ChargeRequest::for_payment(tenant_id, payment_id, amount, currency, "c".into(), &merchant, None);
+            let request = ChargeRequest::for_payment(tenant_id, payment_id, amount, currency, "c".into(), &merchant);
 
             let made = Charge { metadata: request.metadata, ..charge };
 

@@ -48,7 +48,7 @@ pub enum Command {
     Serve,
     /// Applies every pending database migration, then exits.
     Migrate,
-    /// Tenants: create (with a first API key) and list.
+    /// Tenants: create (with a first API key), list, connect to a provider account.
     #[command(subcommand)]
     Tenants(TenantsCommand),
     /// A tenant's API keys: issue another, revoke one.
@@ -97,9 +97,28 @@ pub enum TenantsCommand {
         /// Requests per second this tenant may make to one api process (default: the api's).
         #[arg(long)]
         rate_limit: Option<i32>,
+        /// The provider account its payments are charged to in connect mode (a Stripe connected
+        /// account, `acct_…`); `tenants connect` sets it later.
+        #[arg(long)]
+        provider_account: Option<String>,
     },
     /// Lists every tenant.
     List,
+    /// Sets the provider account a tenant's payments are charged to from now on (Stripe Connect:
+    /// its connected account, `acct_…`). Payments accepted before keep the account they were
+    /// accepted with.
+    Connect {
+        /// The tenant's name.
+        tenant: String,
+        /// The account, e.g. `acct_1032D82eZvKYlo2C`.
+        account: String,
+    },
+    /// Removes a tenant's provider account: in connect mode it can take no payments until one is set
+    /// again. Payments accepted before keep theirs.
+    Disconnect {
+        /// The tenant's name.
+        tenant: String,
+    },
 }
 
 /// `keys …`.
@@ -249,10 +268,17 @@ pub async fn execute(command: Command, ctx: &Context) -> Result<Box<dyn Report>,
     match command {
         Command::Serve => Err(CliError::Invalid("`serve` runs the service; it is not an operator command".into())),
         Command::Migrate => migrate(&ctx.pool).await.map(boxed),
-        Command::Tenants(TenantsCommand::Create { name, rate_limit }) => {
-            tenants::create(&mut *connection(ctx).await?, &name, rate_limit).await.map(boxed)
+        Command::Tenants(TenantsCommand::Create { name, rate_limit, provider_account }) => {
+            let conn = &mut *connection(ctx).await?;
+            tenants::create(conn, &name, rate_limit, provider_account.as_deref()).await.map(boxed)
         }
         Command::Tenants(TenantsCommand::List) => tenants::list(&mut *connection(ctx).await?).await.map(boxed),
+        Command::Tenants(TenantsCommand::Connect { tenant, account }) => {
+            tenants::connect(&mut *connection(ctx).await?, &tenant, Some(&account)).await.map(boxed)
+        }
+        Command::Tenants(TenantsCommand::Disconnect { tenant }) => {
+            tenants::connect(&mut *connection(ctx).await?, &tenant, None).await.map(boxed)
+        }
         Command::Keys(KeysCommand::Issue { tenant }) => {
             tenants::issue_key(&mut *connection(ctx).await?, &tenant).await.map(boxed)
         }

@@ -200,7 +200,8 @@ impl<P: PaymentProvider> Poller<P> {
                 return Ok((Source::RecordedWebhook, verdict));
             }
         }
-        let lookup = self.provider.find_by_key(&payment.payment_id.downstream_key()).await;
+        let lookup =
+            self.provider.find_by_key(&payment.payment_id.downstream_key(), payment.asked.account.as_ref()).await;
         Ok((Source::Provider, decide(payment, &lookup, &self.config)))
     }
 
@@ -438,7 +439,12 @@ mod tests {
         Claimed {
             tenant_id: TenantId::generate(),
             payment_id,
-            asked: Asked { payment_id, amount: Amount::new(100).unwrap(), currency: Currency::parse("EUR").unwrap() },
+            asked: Asked {
+                payment_id,
+                account: None,
+                amount: Amount::new(100).unwrap(),
+                currency: Currency::parse("EUR").unwrap(),
+            },
             poll_attempts,
             age: Duration::from_secs(age_secs),
             in_key_window,

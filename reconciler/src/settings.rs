@@ -198,6 +198,7 @@ impl Settings {
             page_size: self.recon.page_size,
             stale_after: Duration::from_secs(self.recon.stale_after_secs),
             catch_up_days: self.recon.catch_up_days,
+            connected_accounts: self.provider.charges_in_connected_accounts(),
         }
     }
 
@@ -296,8 +297,7 @@ mod tests {
     fn the_lease_is_measured_against_the_timeouts_of_the_provider_in_use() {
         let mut settings: Settings = config::load(DEFAULTS, None).unwrap();
         settings.provider.kind = ProviderKind::Stripe;
-        let stripe =
-            serde_json::json!({ "secret_key": "sk_test_x", "api_version": "2024-06-20", "request_timeout_ms": 1000 });
+        let stripe = serde_json::json!({ "mode": "direct", "secret_key": "sk_test_x", "api_version": "2024-06-20", "request_timeout_ms": 1000 });
         settings.provider.stripe = Some(serde_json::from_value(stripe).unwrap());
         settings.provider.request_timeout_ms = 120_000;
         settings.poller.lease_ms = 5_000;

@@ -5,13 +5,17 @@
 //! body is parsed, and deduplicated by the event's `evt_…` id. Stripe sends many event types; only a
 //! PaymentIntent that has finished (succeeded, or failed for good) is evidence about a payment, and
 //! every other event is acknowledged and left alone, so Stripe stops resending it.
+//!
+//! A Connect event names the connected account it happened in; its charge is that account's, and
+//! settles only a payment charged to the same account (`oncepay_store::settlement`). An event from
+//! any other account is recorded as evidence for an operator, never booked.
 
 use actix_web::{HttpRequest, HttpResponse, web};
 use oncepay_http::problem::{Problem, ProblemType};
-use oncepay_provider::ChargeStatus;
 use oncepay_provider::stripe::signature;
 use oncepay_provider::stripe::wire::{Event, Settled};
 use oncepay_provider::wire::{EventType, WebhookEvent};
+use oncepay_provider::{Charge, ChargeStatus};
 use serde_json::json;
 use time::OffsetDateTime;
 
@@ -65,7 +69,7 @@ async fn respond(request: &HttpRequest, payload: web::Payload, state: &WebhookSt
     // The key is the one oncepay derives from the payment the intent's metadata names, so an intent
     // made for another payment can never settle this one.
     let charge = match intent.settled_by_metadata() {
-        Settled::Final(charge) => *charge,
+        Settled::Final(charge) => Charge { account: event.account.clone(), ..*charge },
         // `processing`, `requires_action` and the like prove nothing yet; a later event will.
         Settled::NotFinal(_) => return ignored(),
     };

@@ -1,4 +1,5 @@
-//! Operator commands for tenants and their API keys: `tenants create|list`, `keys issue|revoke`.
+//! Operator commands for tenants, their API keys and provider accounts: `tenants
+//! create|list|connect|disconnect`, `keys issue|revoke`.
 //!
 //! The store functions are `oncepay_store::tenants`; this module adds the operator's view.
 //! A new key's token is printed exactly once, by the command that made it, with a line saying it
@@ -8,6 +9,7 @@ use std::io::{self, Write};
 
 use anyhow::Context;
 use oncepay_domain::api_key::{self, KeyId};
+use oncepay_domain::provider_ref::ProviderAccount;
 use oncepay_store::tenants::{self, CreateTenantError, Tenant, TenantName};
 use serde::Serialize;
 use sqlx::{Acquire, PgConnection};
@@ -25,6 +27,8 @@ pub struct TenantView {
     pub name: String,
     /// Its own requests-per-second limit, if any.
     pub rate_limit_per_second: Option<i32>,
+    /// The provider account its payments are charged to in connect mode, if set.
+    pub provider_account: Option<String>,
     /// When it was created.
     #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,
@@ -36,6 +40,7 @@ impl From<&Tenant> for TenantView {
             tenant_id: tenant.tenant_id.to_string(),
             name: tenant.name.clone(),
             rate_limit_per_second: tenant.rate_limit_per_second,
+            provider_account: tenant.provider_account.as_ref().map(|a| a.as_str().to_owned()),
             created_at: tenant.created_at,
         }
     }
@@ -70,13 +75,19 @@ impl Report for IssuedKey {
 }
 
 /// `tenants create`: the tenant and its first key, in one transaction (no tenant without a key).
-pub async fn create(conn: &mut PgConnection, name: &str, rate_limit: Option<i32>) -> Result<IssuedKey, CliError> {
+pub async fn create(
+    conn: &mut PgConnection,
+    name: &str,
+    rate_limit: Option<i32>,
+    provider_account: Option<&str>,
+) -> Result<IssuedKey, CliError> {
     let name = TenantName::parse(name).map_err(|e| CliError::Invalid(format!("tenant name {name:?}: {e}")))?;
     if rate_limit.is_some_and(|limit| limit <= 0) {
         return Err(CliError::Invalid("--rate-limit must be a positive number of requests per second".into()));
     }
+    let account = provider_account.map(account).transpose()?;
     let mut tx = conn.begin().await.context("cannot start a transaction")?;
-    let tenant = tenants::create(&mut tx, &name, rate_limit).await.map_err(|e| match e {
+    let tenant = tenants::create(&mut tx, &name, rate_limit, account.as_ref()).await.map_err(|e| match e {
         CreateTenantError::NameTaken(name) => CliError::Refused(format!("a tenant named {name} already exists")),
         CreateTenantError::Store(e) => CliError::Failed(anyhow::Error::new(e).context("cannot create the tenant")),
     })?;
@@ -95,12 +106,13 @@ pub struct TenantList(pub Vec<TenantView>);
 
 impl Report for TenantList {
     fn human(&self, out: &mut dyn Write) -> io::Result<()> {
-        let mut table = Table::new(&["NAME", "TENANT ID", "RATE LIMIT", "CREATED"]);
+        let mut table = Table::new(&["NAME", "TENANT ID", "RATE LIMIT", "PROVIDER ACCOUNT", "CREATED"]);
         for t in &self.0 {
             table.row(vec![
                 t.name.clone(),
                 t.tenant_id.clone(),
                 t.rate_limit_per_second.map_or_else(|| "default".to_owned(), |r| format!("{r}/s")),
+                t.provider_account.clone().unwrap_or_else(|| "none".to_owned()),
                 render::timestamp(t.created_at),
             ]);
         }
@@ -116,6 +128,59 @@ impl Report for TenantList {
 pub async fn list(conn: &mut PgConnection) -> Result<TenantList, CliError> {
     let all = tenants::list(conn).await.context("cannot list the tenants")?;
     Ok(TenantList(all.iter().map(TenantView::from).collect()))
+}
+
+/// A provider account as an operator typed it.
+fn account(text: &str) -> Result<ProviderAccount, CliError> {
+    ProviderAccount::parse(text).map_err(|e| CliError::Invalid(format!("provider account {text:?} {e}")))
+}
+
+/// A tenant's provider account, changed.
+#[derive(Debug, Serialize)]
+pub struct Connected {
+    /// The tenant, as it is now.
+    pub tenant: TenantView,
+}
+
+impl Report for Connected {
+    fn human(&self, out: &mut dyn Write) -> io::Result<()> {
+        match &self.tenant.provider_account {
+            Some(account) => writeln!(
+                out,
+                "tenant {}'s new payments are charged to provider account {account} (in connect mode), once the \
+                 api's auth.cache_ttl_secs has passed; payments accepted before keep their account",
+                self.tenant.name
+            ),
+            None => writeln!(
+                out,
+                "tenant {} has no provider account: in connect mode it takes no payments until one is set; \
+                 payments accepted before keep their account",
+                self.tenant.name
+            ),
+        }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        render::to_json(&self.tenant)
+    }
+}
+
+/// `tenants connect` (`Some` account) and `tenants disconnect` (`None`).
+pub async fn connect(
+    conn: &mut PgConnection,
+    tenant_name: &str,
+    provider_account: Option<&str>,
+) -> Result<Connected, CliError> {
+    let account = provider_account.map(account).transpose()?;
+    let tenant = find(conn, tenant_name).await?;
+    if !tenants::set_provider_account(conn, tenant.tenant_id, account.as_ref())
+        .await
+        .context("cannot set the account")?
+    {
+        return Err(CliError::NotFound(format!("no tenant named {tenant_name}")));
+    }
+    let tenant = Tenant { provider_account: account, ..tenant };
+    Ok(Connected { tenant: TenantView::from(&tenant) })
 }
 
 async fn find(conn: &mut PgConnection, name: &str) -> Result<Tenant, CliError> {

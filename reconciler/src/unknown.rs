@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
+use oncepay_domain::provider_ref::ProviderAccount;
 use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_service::telemetry::{self, TraceContext};
 use oncepay_store::payments::Payment;
@@ -114,12 +115,13 @@ async fn claim_due_of(
             FROM due JOIN payments p USING (tenant_id, payment_id)
             -- Joined on the tenant too: Citus needs the join on its distribution column.
             WHERE u.tenant_id = $4 AND u.tenant_id = due.tenant_id AND u.payment_id = due.payment_id
-            RETURNING u.tenant_id, u.payment_id, p.amount, p.currency, u.poll_attempts, u.traceparent,
-                      u.tracestate, u.since, p.first_sent_at
+            RETURNING u.tenant_id, u.payment_id, p.amount, p.currency, p.provider_account, u.poll_attempts,
+                      u.traceparent, u.tracestate, u.since, p.first_sent_at
         )
         -- The ages are read here, not in RETURNING: Citus refuses now() there.
         SELECT tenant_id AS "tenant_id!: TenantId", payment_id AS "payment_id!: PaymentId",
                amount AS "amount!: Amount", currency AS "currency!: Currency",
+               provider_account AS "provider_account: ProviderAccount",
                poll_attempts AS "poll_attempts!", traceparent, tracestate,
                extract(epoch FROM now() - since)::float8 AS "age_secs!",
                -- Never sent cannot happen for an unknown payment; if it did, no resend is safe.
@@ -139,7 +141,12 @@ async fn claim_due_of(
         .map(|row| Claimed {
             tenant_id: row.tenant_id,
             payment_id: row.payment_id,
-            asked: Asked { payment_id: row.payment_id, amount: row.amount, currency: row.currency },
+            asked: Asked {
+                payment_id: row.payment_id,
+                account: row.provider_account,
+                amount: row.amount,
+                currency: row.currency,
+            },
             poll_attempts: row.poll_attempts,
             age: Duration::from_secs_f64(row.age_secs.max(0.0)),
             in_key_window: row.in_key_window,

@@ -2,9 +2,10 @@
 //! Pure: no I/O.
 //!
 //! [`judge`] is monotonic: only an `unknown` payment is settled, and only by a charge that is what it
-//! asked for (`oncepay_store::settlement` decides that, as it does for the worker and operators). A
-//! terminal payment never moves; evidence that contradicts it is a conflict for an operator. A
-//! payment still being sent is left to its sender.
+//! asked for, in the provider account it was charged to (`oncepay_store::settlement` decides that, as
+//! it does for the worker and operators). A terminal payment never moves; evidence that contradicts
+//! it, or comes from another account, is a conflict for an operator. A payment still being sent is
+//! left to its sender.
 
 use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_provider::{Charge, ChargeStatus};
@@ -84,6 +85,17 @@ pub fn judge(stored: &Stored, charge: &Charge) -> Verdict {
     {
         return Verdict::Unreadable(why);
     }
+    // A report from an account the payment was never charged in contradicts a final payment, whatever
+    // it says; for an `unknown` one, the settlement below refuses it the same way.
+    let account = stored.asked.account.as_ref().map(|a| a.as_str());
+    if stored.status.is_terminal() && charge.account.as_deref() != account {
+        return Verdict::Conflicts(format!(
+            "the provider reports charge {} from account {}, but the payment was charged in account {}",
+            charge.id,
+            charge.account.as_deref().unwrap_or("(oncepay's own)"),
+            account.unwrap_or("(oncepay's own)"),
+        ));
+    }
     match (stored.status, charge.status) {
         (S::Unknown, _) => match settlement::settlement_of(&stored.asked, charge) {
             Ok(settled) => Verdict::Settle(settlement::transition_of(&settled), settled),
@@ -140,6 +152,7 @@ mod tests {
     fn asked() -> Asked {
         Asked {
             payment_id: PaymentId::generate(),
+            account: None,
             amount: Amount::new(100).unwrap(),
             currency: Currency::parse("EUR").unwrap(),
         }
@@ -163,8 +176,9 @@ mod tests {
         use ChargeStatus::{Failed as Declined, Succeeded as Charged};
         use PaymentStatus as S;
         let a = asked();
-        let r = |status, charge_id, booked| stored(a, status, charge_id, booked);
+        let r = |status, charge_id, booked| stored(a.clone(), status, charge_id, booked);
         let c = |id, status, amount| charge(&a, id, status, amount);
+        let elsewhere = |charge: Charge| Charge { account: Some("acct_other".into()), ..charge };
         let cases = [
             ("unknown, charged", r(S::Unknown, None, None), c("ch_1", Charged, 100), "applied"),
             ("unknown, declined", r(S::Unknown, None, None), c("ch_1", Declined, 100), "applied"),
@@ -181,6 +195,30 @@ mod tests {
             ("same decline", r(S::Failed, Some("ch_1"), None), c("ch_1", Declined, 100), "already_terminal"),
             ("decline without charge id", r(S::Failed, None, None), c("ch_1", Declined, 100), "already_terminal"),
             ("another declined charge", r(S::Failed, Some("ch_1"), None), c("ch_2", Declined, 100), "conflict"),
+            (
+                "unknown, charged in another account",
+                r(S::Unknown, None, None),
+                elsewhere(c("ch_1", Charged, 100)),
+                "conflict",
+            ),
+            (
+                "succeeded, its charge reported by another account",
+                r(S::Succeeded, Some("ch_1"), Some(100)),
+                elsewhere(c("ch_1", Charged, 100)),
+                "conflict",
+            ),
+            (
+                "failed, its decline reported by another account",
+                r(S::Failed, Some("ch_1"), None),
+                elsewhere(c("ch_1", Declined, 100)),
+                "conflict",
+            ),
+            (
+                "processing, from another account",
+                r(S::Processing, None, None),
+                elsewhere(c("ch_1", Charged, 100)),
+                "not_unknown",
+            ),
         ];
         for (name, stored, charge, expected) in cases {
             assert_eq!(judge(&stored, &charge).label(), expected, "{name}");

@@ -10,6 +10,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use futures::StreamExt;
 use oncepay_domain::ids::{DownstreamKey, PaymentId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
+use oncepay_domain::provider_ref::ProviderAccount;
 use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_http::problem::{Problem, ProblemType};
 use oncepay_provider::stripe::signature::StripeWebhookSecret;
@@ -388,7 +389,8 @@ async fn lock_payment(
     let row = sqlx::query!(
         r#"
         SELECT p.status AS "status: PaymentStatus", p.provider_charge_id, p.amount AS "amount: Amount",
-               p.currency AS "currency: Currency", l.amount AS "ledger_amount?", l.currency AS "ledger_currency?"
+               p.currency AS "currency: Currency", p.provider_account AS "provider_account: ProviderAccount",
+               l.amount AS "ledger_amount?", l.currency AS "ledger_currency?"
         FROM payments p LEFT JOIN ledger_entries l USING (tenant_id, payment_id)
         WHERE p.tenant_id = $1 AND p.payment_id = $2
         "#,
@@ -398,7 +400,7 @@ async fn lock_payment(
     .fetch_optional(conn)
     .await?;
     Ok(row.map(|row| Stored {
-        asked: Asked { payment_id, amount: row.amount, currency: row.currency },
+        asked: Asked { payment_id, account: row.provider_account, amount: row.amount, currency: row.currency },
         status: row.status,
         charge_id: row.provider_charge_id,
         ledger: match (row.ledger_amount, row.ledger_currency) {

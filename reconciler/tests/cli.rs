@@ -62,7 +62,7 @@ fn command(database_url: &str, args: &[&str]) -> Command {
 async fn a_new_tenants_first_key_authenticates_and_a_revoked_one_does_not(pool: PgPool) {
     let mut conn = pool.acquire().await.unwrap();
 
-    let created = tenants::create(&mut conn, "acme", Some(50)).await.unwrap();
+    let created = tenants::create(&mut conn, "acme", Some(50), None).await.unwrap();
     let second = tenants::issue_key(&mut conn, "acme").await.unwrap();
     tenants::revoke_key(&mut conn, "acme", &created.key_id).await.unwrap();
 
@@ -75,11 +75,11 @@ async fn a_new_tenants_first_key_authenticates_and_a_revoked_one_does_not(pool: 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn tenant_commands_refuse_what_cannot_be_done_and_change_nothing(pool: PgPool) {
     let mut conn = pool.acquire().await.unwrap();
-    tenants::create(&mut conn, "acme", None).await.unwrap();
+    tenants::create(&mut conn, "acme", None, None).await.unwrap();
 
-    let taken = tenants::create(&mut conn, "acme", None).await;
-    let bad_name = tenants::create(&mut conn, "Acme Corp", None).await;
-    let bad_limit = tenants::create(&mut conn, "globex", Some(0)).await;
+    let taken = tenants::create(&mut conn, "acme", None, None).await;
+    let bad_name = tenants::create(&mut conn, "Acme Corp", None, None).await;
+    let bad_limit = tenants::create(&mut conn, "globex", Some(0), None).await;
     let no_tenant = tenants::issue_key(&mut conn, "nobody").await;
     let no_key = tenants::revoke_key(&mut conn, "acme", "0123456789abcdef").await;
 
@@ -90,6 +90,28 @@ async fn tenant_commands_refuse_what_cannot_be_done_and_change_nothing(pool: PgP
     assert!(matches!(no_key, Err(CliError::NotFound(_))), "{no_key:?}");
     assert_eq!(count(&pool, "tenants").await, 1);
     assert_eq!(count(&pool, "api_keys").await, 1);
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn an_operator_connects_a_tenant_to_its_provider_account_and_disconnects_it(pool: PgPool) {
+    let mut conn = pool.acquire().await.unwrap();
+    let created = tenants::create(&mut conn, "acme", None, Some("acct_1")).await.unwrap();
+
+    let moved = tenants::connect(&mut conn, "acme", Some("acct_2")).await.unwrap();
+    let listed = tenants::list(&mut conn).await.unwrap();
+    let removed = tenants::connect(&mut conn, "acme", None).await.unwrap();
+    let malformed = tenants::connect(&mut conn, "acme", Some("acct-2")).await;
+    let nobody = tenants::connect(&mut conn, "nobody", Some("acct_3")).await;
+
+    assert_eq!(created.tenant.provider_account.as_deref(), Some("acct_1"));
+    assert_eq!(moved.tenant.provider_account.as_deref(), Some("acct_2"));
+    assert_eq!(listed.0[0].provider_account.as_deref(), Some("acct_2"));
+    assert_eq!(removed.tenant.provider_account, None);
+    assert!(matches!(malformed, Err(CliError::Invalid(_))), "{malformed:?}");
+    assert!(matches!(nobody, Err(CliError::NotFound(_))), "{nobody:?}");
+    let stored: Option<String> =
+        sqlx::query_scalar("SELECT provider_account FROM tenants").fetch_one(&pool).await.unwrap();
+    assert_eq!(stored, None, "a refused change changes nothing");
 }
 
 #[sqlx::test(migrations = false)]

@@ -44,6 +44,7 @@ fn reconciliation(pool: &PgPool, provider: &MockServer) -> Reconciliation<HttpPr
         page_size: PAGE as u32,
         stale_after: Duration::from_secs(300),
         catch_up_days: 1,
+        connected_accounts: false,
     };
     Reconciliation::new(pool.clone(), fixtures::provider(&provider.uri()), config)
 }
@@ -310,7 +311,8 @@ async fn the_nightly_run_reads_stripes_list_newest_first_page_by_page(pool: PgPo
         mock.respond_with(ResponseTemplate::new(200).set_body_json(body)).expect(1).mount(&stripe).await;
     }
     let settings: StripeSettings = serde_json::from_value(json!({
-        "secret_key": "sk_test_oncepay", "base_url": stripe.uri(), "api_version": "2024-06-20", "list_page_size": 2
+        "mode": "direct", "secret_key": "sk_test_oncepay", "base_url": stripe.uri(), "api_version": "2024-06-20",
+        "list_page_size": 2
     }))
     .unwrap();
     let config = ReconConfig {
@@ -318,6 +320,7 @@ async fn the_nightly_run_reads_stripes_list_newest_first_page_by_page(pool: PgPo
         page_size: 2,
         stale_after: Duration::from_secs(300),
         catch_up_days: 1,
+        connected_accounts: false,
     };
     let reconciliation = Reconciliation::new(pool.clone(), StripeProvider::new(&settings).unwrap(), config);
 
@@ -333,4 +336,70 @@ async fn the_nightly_run_reads_stripes_list_newest_first_page_by_page(pool: PgPo
             ("missing_in_ledger".to_owned(), "pi_unbooked".to_owned()),
         ]
     );
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn in_connect_mode_the_nightly_run_reads_every_account_charged_in_the_window(pool: PgPool) {
+    let stripe = MockServer::start().await;
+    let (acme, globex) = (tenant(&pool, "acme").await, tenant(&pool, "globex").await);
+    let in_account = |payment_id: PaymentId, account: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query("UPDATE payments SET provider_account = $2 WHERE payment_id = $1")
+                .bind(payment_id.as_uuid())
+                .bind(account)
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+    };
+    let a = booked(&pool, acme, "pi_a", 100, at(10)).await;
+    in_account(a, "acct_A").await;
+    let b = booked(&pool, globex, "pi_b", 100, at(20)).await;
+    in_account(b, "acct_B").await;
+    // Charged in an account globex had before an operator connected it to acct_B.
+    let old = booked(&pool, globex, "pi_old", 100, at(30)).await;
+    in_account(old, "acct_old").await;
+    for (tenant, account) in [(acme, "acct_A"), (globex, "acct_B")] {
+        sqlx::query("UPDATE tenants SET provider_account = $2 WHERE tenant_id = $1")
+            .bind(tenant.as_uuid())
+            .bind(account)
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    for (account, listed) in [
+        ("acct_A", intent(acme, a, "pi_a", 100, at(10))),
+        ("acct_B", intent(globex, b, "pi_b", 100, at(20))),
+        ("acct_old", intent(globex, old, "pi_old", 100, at(30))),
+    ] {
+        let body = json!({"object": "list", "url": "/v1/payment_intents", "data": [listed], "has_more": false});
+        Mock::given(method("GET"))
+            .and(path("/v1/payment_intents"))
+            .and(wiremock::matchers::header("Stripe-Account", account))
+            .respond_with(ResponseTemplate::new(200).set_body_json(body))
+            .expect(1)
+            .mount(&stripe)
+            .await;
+    }
+    let settings: StripeSettings = serde_json::from_value(json!({
+        "mode": "connect", "secret_key": "sk_test_platform", "base_url": stripe.uri(), "api_version": "2024-06-20"
+    }))
+    .unwrap();
+    let config = ReconConfig {
+        schedule: "0 0 2 * * *".into(),
+        page_size: 10,
+        stale_after: Duration::from_secs(300),
+        catch_up_days: 1,
+        connected_accounts: true,
+    };
+    let reconciliation = Reconciliation::new(pool.clone(), StripeProvider::new(&settings).unwrap(), config);
+
+    let reconciled = reconciliation.run_window(window(), Trigger::Operator).await.unwrap();
+
+    let Reconciled::Completed(summary) = reconciled else { panic!("{reconciled:?}") };
+    assert_eq!((summary.provider_charges, summary.ledger_entries), (3, 3));
+    assert_eq!(found(&pool, summary.run_id).await, [], "each account's charges match its ledger entries");
+    let requests = stripe.received_requests().await.unwrap();
+    assert_eq!(requests.len(), 3, "one list per account, and none of the platform's own account");
 }

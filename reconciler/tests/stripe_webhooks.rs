@@ -170,3 +170,53 @@ async fn a_delivery_with_a_bad_signature_is_refused_and_changes_nothing(pool: Pg
     assert_eq!(code, 401, "{problem}");
     assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Unknown);
 }
+
+/// `event` as a Connect endpoint delivers it: from `account`, or from the platform's own account,
+/// about an intent of its own.
+fn from_account(event: Vec<u8>, account: Option<&str>) -> Vec<u8> {
+    let mut event: Value = serde_json::from_slice(&event).unwrap();
+    event["data"]["object"]["id"] = json!(format!("pi_of_{}", event["id"].as_str().unwrap()));
+    if let Some(account) = account {
+        event["account"] = json!(account);
+    }
+    serde_json::to_vec(&event).unwrap()
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_connect_event_settles_only_a_payment_charged_in_its_account(pool: PgPool) {
+    let url = start(&pool);
+    let tenant_id = tenant(&pool, "acme").await;
+    let mut payments = Vec::new();
+    for key in ["order-1", "order-2", "order-3"] {
+        let payment_id = unknown_payment(&pool, tenant_id, key, 1999, 60).await;
+        sqlx::query("UPDATE payments SET provider_account = 'acct_A' WHERE payment_id = $1")
+            .bind(payment_id.as_uuid())
+            .execute(&pool)
+            .await
+            .unwrap();
+        payments.push(payment_id);
+    }
+    let succeeded = |id: &str, payment_id, account| {
+        from_account(event(id, "payment_intent.succeeded", "succeeded", tenant_id, payment_id, 1999), account)
+    };
+
+    let its_own = succeeded("evt_7", payments[0], Some("acct_A"));
+    let another_merchants = succeeded("evt_8", payments[1], Some("acct_B"));
+    let the_platforms = succeeded("evt_9", payments[2], None);
+    let outcomes = [
+        deliver(&url, &signed(&its_own), its_own).await,
+        deliver(&url, &signed(&another_merchants), another_merchants).await,
+        deliver(&url, &signed(&the_platforms), the_platforms).await,
+    ];
+
+    assert_eq!(
+        outcomes.map(|(code, body)| (code, body["outcome"].clone())),
+        [(200, json!("applied")), (200, json!("conflict")), (200, json!("conflict")),]
+    );
+    assert_eq!(status(&pool, tenant_id, payments[0]).await, PaymentStatus::Succeeded);
+    for payment_id in &payments[1..] {
+        assert_eq!(status(&pool, tenant_id, *payment_id).await, PaymentStatus::DeadLettered, "never booked");
+    }
+    let booked: i64 = sqlx::query_scalar("SELECT count(*) FROM ledger_entries").fetch_one(&pool).await.unwrap();
+    assert_eq!(booked, 1);
+}

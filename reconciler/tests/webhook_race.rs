@@ -46,7 +46,12 @@ async fn a_webhook_racing_the_workers_settlement_agrees_with_it(pool: PgPool) {
     let payment_id = accept(&pool, tenant_id, "order-1", 4_200).await;
     claim(&pool, tenant_id, payment_id, 1).await;
     let charged = charge(tenant_id, payment_id, "ch_race", ChargeStatus::Succeeded, 4_200);
-    let asked = Asked { payment_id, amount: Amount::new(4_200).unwrap(), currency: Currency::parse("EUR").unwrap() };
+    let asked = Asked {
+        payment_id,
+        account: None,
+        amount: Amount::new(4_200).unwrap(),
+        currency: Currency::parse("EUR").unwrap(),
+    };
     let settlement = settlement::settlement_of(&asked, &charged).unwrap();
     let transition = settlement::transition_of(&settlement);
     // The worker's recording: status and ledger entry in one transaction, not yet committed.

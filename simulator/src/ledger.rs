@@ -167,6 +167,7 @@ mod tests {
             failure_code: None,
             failure_message: None,
             payment_method: None,
+            account: None,
         }
     }
 

@@ -205,6 +205,8 @@ impl Provider {
             failure_code: failure.as_ref().map(|(code, _)| code.clone()),
             failure_message: failure.as_ref().map(|(_, message)| message.clone()),
             payment_method: params.payment_method.clone(),
+            // The protocol has no provider accounts.
+            account: None,
         });
         let response = match &failure {
             None => StoredResponse::json(201, &reported(&charge, plan)),
@@ -272,6 +274,7 @@ impl Provider {
             failure_message: failed
                 .then(|| plant.failure_message.clone().unwrap_or_else(|| "The card was declined.".to_owned())),
             payment_method: None,
+            account: None,
         });
         tracing::info!(charge.id = %charge.id, "charge planted");
         self.webhooks.charge_settled(&charge);

@@ -114,7 +114,7 @@ BEGIN
 END
 $$;
 
--- Intake of a group on Citus: the version of migrations/0190 writes the group from its arrays in
+-- Intake of a group on Citus: the version of migrations/0200 writes the group from its arrays in
 -- INSERT CTEs, which Citus never runs on the shard alone. Here each new key is written with plain
 -- INSERTs, as `intake` writes one, all in the caller's transaction on the tenant's node: the group
 -- still commits once. Same arguments, same rows.
@@ -131,7 +131,9 @@ CREATE OR REPLACE FUNCTION intake_group(
     p_metadata jsonb[],
     p_payment_methods text[],
     p_traceparents text[],
-    p_tracestates text[]
+    p_tracestates text[],
+    p_provider_customers text[] DEFAULT NULL,
+    p_provider_accounts text[] DEFAULT NULL
 ) RETURNS TABLE (
     item integer,
     created boolean,
@@ -165,9 +167,9 @@ BEGIN
         RETURNING expires_at INTO v_expires_at;
         CONTINUE WHEN NOT FOUND;
         INSERT INTO payments (tenant_id, payment_id, amount, currency, customer_id, description, metadata,
-                              payment_method)
+                              payment_method, provider_customer, provider_account)
         VALUES (p_tenant_id, p_payment_ids[i], p_amounts[i], p_currencies[i], p_customer_ids[i], p_descriptions[i],
-                p_metadata[i], p_payment_methods[i])
+                p_metadata[i], p_payment_methods[i], p_provider_customers[i], p_provider_accounts[i])
         RETURNING created_at, updated_at INTO v_created_at, v_updated_at;
         INSERT INTO outbox (tenant_id, payment_id, traceparent, tracestate)
         VALUES (p_tenant_id, p_payment_ids[i], p_traceparents[i], p_tracestates[i]);

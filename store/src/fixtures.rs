@@ -30,7 +30,7 @@ const RETENTION: Duration = Duration::from_secs(86_400);
 pub async fn tenant(pool: &PgPool, name: &str) -> TenantId {
     let name = TenantName::parse(name).expect("a valid tenant name");
     let mut conn = pool.acquire().await.expect("a connection");
-    tenants::create(&mut conn, &name, None).await.expect("the tenant is created").tenant_id
+    tenants::create(&mut conn, &name, None, None).await.expect("the tenant is created").tenant_id
 }
 
 /// A `POST /v1/payments` body for `amount` EUR cents.
@@ -64,6 +64,7 @@ impl Submission {
             key: self.key.clone(),
             fingerprint: self.fingerprint,
             request: self.request.clone(),
+            provider_account: None,
             retention: RETENTION,
             trace: trace.cloned(),
         }

@@ -2,7 +2,7 @@
 //! round trip.
 //!
 //! [`accept`] runs `sql/accept.sql`, a call of the `intake` function
-//! (`migrations/0060_intake_function.sql`, as `0110_payment_method.sql` redefines it). A new key is
+//! (`migrations/0060_intake_function.sql`, as `0200_provider_accounts.sql` redefines it). A new key is
 //! written with its payment (`pending`), its outbox row and its first audit row in one statement, so
 //! either all of it exists or none of it does ([`Intake::Created`]). A known key comes back with
 //! nothing written, for the caller to replay or refuse ([`Intake::Existing`]).
@@ -25,8 +25,8 @@ use uuid::Uuid;
 use oncepay_domain::fingerprint::Fingerprint;
 use oncepay_domain::idempotency_key::IdempotencyKey;
 use oncepay_domain::ids::{PaymentId, TenantId};
-use oncepay_domain::payment_method::PaymentMethod;
 use oncepay_domain::payment_request::PaymentRequest;
+use oncepay_domain::provider_ref::{PaymentMethod, ProviderAccount, ProviderCustomer};
 use oncepay_domain::status::PaymentStatus;
 use oncepay_service::telemetry::TraceContext;
 
@@ -44,6 +44,9 @@ pub struct NewPayment {
     pub fingerprint: Fingerprint,
     /// The validated body.
     pub request: PaymentRequest,
+    /// The provider account the payment is to be charged to: the tenant's connected account in
+    /// connect mode, `None` (oncepay's own account) otherwise.
+    pub provider_account: Option<ProviderAccount>,
     /// How long the key is kept after creation (at least; the reaper never removes a key whose
     /// payment is not terminal).
     pub retention: Duration,
@@ -77,8 +80,8 @@ pub struct ExistingKey {
 /// What intake found or did.
 #[derive(Debug, Clone)]
 pub enum Intake {
-    /// The key was new: the payment is accepted.
-    Created(Created),
+    /// The key was new: the payment is accepted (boxed: a whole payment row, much larger than a key).
+    Created(Box<Created>),
     /// The key exists: nothing was written.
     Existing(ExistingKey),
 }
@@ -87,7 +90,7 @@ impl Intake {
     /// The accepted payment, if this request created it.
     pub fn created(self) -> Option<Created> {
         match self {
-            Self::Created(created) => Some(created),
+            Self::Created(created) => Some(*created),
             Self::Existing(_) => None,
         }
     }
@@ -276,6 +279,8 @@ async fn intake(conn: &mut PgConnection, new: &NewPayment, wake: bool) -> Result
         trace.and_then(|t| t.tracestate.as_deref()),
         wake,
         request.payment_method.as_ref().map(PaymentMethod::as_str),
+        request.provider_customer.as_ref().map(ProviderCustomer::as_str),
+        new.provider_account.as_ref().map(ProviderAccount::as_str),
     )
     .fetch_optional(conn)
     .await?
@@ -308,6 +313,12 @@ async fn intake_together(
             as &[Option<&str>],
         &traces().map(|t| t.map(|t| t.traceparent.as_str())).collect::<Vec<_>>() as &[Option<&str>],
         &traces().map(|t| t.and_then(|t| t.tracestate.as_deref())).collect::<Vec<_>>() as &[Option<&str>],
+        &requests
+            .iter()
+            .map(|new| new.request.provider_customer.as_ref().map(ProviderCustomer::as_str))
+            .collect::<Vec<_>>() as &[Option<&str>],
+        &requests.iter().map(|new| new.provider_account.as_ref().map(ProviderAccount::as_str)).collect::<Vec<_>>()
+            as &[Option<&str>],
     )
     .fetch_all(conn)
     .await?;
@@ -374,7 +385,7 @@ fn intake_of(row: IntakeRow, new: &NewPayment) -> Result<Intake, StoreError> {
         ));
     };
     let request = &new.request;
-    Ok(Intake::Created(Created {
+    Ok(Intake::Created(Box::new(Created {
         payment: Payment {
             tenant_id: new.tenant_id,
             payment_id: row.payment_id,
@@ -385,6 +396,8 @@ fn intake_of(row: IntakeRow, new: &NewPayment) -> Result<Intake, StoreError> {
             description: request.description.clone(),
             metadata: Json(request.metadata.clone()),
             payment_method: request.payment_method.clone(),
+            provider_customer: request.provider_customer.clone(),
+            provider_account: new.provider_account.clone(),
             provider_charge_id: None,
             failure_code: None,
             failure_message: None,
@@ -394,5 +407,5 @@ fn intake_of(row: IntakeRow, new: &NewPayment) -> Result<Intake, StoreError> {
             updated_at,
         },
         key_expires_at: row.expires_at,
-    }))
+    })))
 }

@@ -12,7 +12,7 @@ use uuid::Uuid;
 use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::payment::{Failure, PaymentResource};
-use oncepay_domain::payment_method::PaymentMethod;
+use oncepay_domain::provider_ref::{PaymentMethod, ProviderAccount, ProviderCustomer};
 use oncepay_domain::status::PaymentStatus;
 
 use crate::StoreError;
@@ -38,6 +38,11 @@ pub struct Payment {
     pub metadata: Json<BTreeMap<String, String>>,
     /// What the provider is to charge, if the merchant named it.
     pub payment_method: Option<PaymentMethod>,
+    /// The provider's customer that method belongs to, if the merchant named one.
+    pub provider_customer: Option<ProviderCustomer>,
+    /// The provider account it is charged to (a Stripe connected account), fixed when it was
+    /// accepted; `None` is the account of oncepay's own credentials.
+    pub provider_account: Option<ProviderAccount>,
     /// The provider's charge, once known.
     pub provider_charge_id: Option<String>,
     /// Why it failed, when `status` is `failed`.
@@ -71,6 +76,7 @@ impl From<&Payment> for PaymentResource {
             description: payment.description.clone(),
             metadata: payment.metadata.0.clone(),
             payment_method: payment.payment_method.as_ref().map(|method| method.as_str().to_owned()),
+            provider_customer: payment.provider_customer.as_ref().map(|customer| customer.as_str().to_owned()),
             created_at: payment.created_at,
             updated_at: payment.updated_at,
             provider_charge_id: payment.provider_charge_id.clone(),
@@ -128,6 +134,8 @@ mod tests {
             description: None,
             metadata: Json(BTreeMap::from([("order".into(), "42".into())])),
             payment_method: None,
+            provider_customer: None,
+            provider_account: None,
             provider_charge_id: None,
             failure_code: None,
             failure_message: None,

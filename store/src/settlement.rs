@@ -1,14 +1,15 @@
 //! The one place that turns a provider's charge into a settlement, for the worker, the reconciler and
 //! operators alike. Pure: no I/O.
 //!
-//! A charge settles a payment only if it is that payment's charge: made under the payment's
-//! downstream key, for the amount and currency the payment asked for. Anything else is evidence for
-//! an operator ([`Unsettled::Mismatch`]), never a success.
+//! A charge settles a payment only if it is that payment's charge: made in the provider account the
+//! payment is charged to, under its downstream key, for the amount and currency it asked for.
+//! Anything else is evidence for an operator ([`Unsettled::Mismatch`]), never a success.
 
 use time::OffsetDateTime;
 
 use oncepay_domain::ids::PaymentId;
 use oncepay_domain::money::{Amount, Currency};
+use oncepay_domain::provider_ref::ProviderAccount;
 use oncepay_domain::status::Transition;
 use oncepay_provider::{Charge, ChargeStatus};
 
@@ -21,10 +22,12 @@ const DECLINED: &str = "declined";
 const DECLINED_MESSAGE: &str = "The provider declined the charge.";
 
 /// What a payment asked the provider to charge.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Asked {
     /// The payment; its downstream key is the one its charge must carry.
     pub payment_id: PaymentId,
+    /// The provider account it is charged to (`None`: oncepay's own); its charge must be there.
+    pub account: Option<ProviderAccount>,
     /// The amount it asked for.
     pub amount: Amount,
     /// In this currency.
@@ -46,6 +49,17 @@ pub enum Unsettled {
 
 /// The settlement `charge` proves for the payment that `asked`.
 pub fn settlement_of(asked: &Asked, charge: &Charge) -> Result<Settlement, Unsettled> {
+    let account = asked.account.as_ref().map(ProviderAccount::as_str);
+    if charge.account.as_deref() != account {
+        let name =
+            |account: Option<&str>| account.map_or("oncepay's own account".to_owned(), |a| format!("account {a}"));
+        return Err(Unsettled::Mismatch(format!(
+            "charge {:?} is in the provider's {}, but the payment is charged to the provider's {}",
+            charge.id,
+            name(charge.account.as_deref()),
+            name(account),
+        )));
+    }
     let key = asked.payment_id.downstream_key();
     if charge.idempotency_key != key.as_str() {
         return Err(Unsettled::Mismatch(format!(
@@ -126,6 +140,7 @@ mod tests {
     fn asked() -> Asked {
         Asked {
             payment_id: PaymentId::generate(),
+            account: None,
             amount: Amount::new(1999).unwrap(),
             currency: Currency::parse("EUR").unwrap(),
         }
@@ -162,6 +177,8 @@ mod tests {
             ("no key", Charge { idempotency_key: String::new(), ..succeeded() }, "mismatch"),
             ("a decline under another key", Charge { idempotency_key: other_key, ..failed() }, "mismatch"),
             ("a decline of another amount", Charge { amount: 5, ..failed() }, "mismatch"),
+            ("a charge in a connected account", Charge { account: Some("acct_B".into()), ..succeeded() }, "mismatch"),
+            ("a decline in a connected account", Charge { account: Some("acct_B".into()), ..failed() }, "mismatch"),
             ("no id", Charge { id: " ".into(), ..succeeded() }, "unbookable"),
             ("nothing charged", Charge { amount: 0, ..succeeded() }, "unbookable"),
             ("less than nothing", Charge { amount: -1999, ..succeeded() }, "unbookable"),
@@ -170,6 +187,16 @@ mod tests {
         ];
         for (name, charge, expected) in cases {
             assert_eq!(outcome(&settlement_of(&asked, &charge)), expected, "{name}");
+        }
+        let connected = Asked { account: Some(ProviderAccount::parse("acct_A").unwrap()), ..asked.clone() };
+        let in_account = |account: Option<&str>| Charge { account: account.map(str::to_owned), ..succeeded() };
+        let cases = [
+            ("its account", in_account(Some("acct_A")), "succeeded"),
+            ("another connected account", in_account(Some("acct_B")), "mismatch"),
+            ("oncepay's own account", in_account(None), "mismatch"),
+        ];
+        for (name, charge, expected) in cases {
+            assert_eq!(outcome(&settlement_of(&connected, &charge)), expected, "{name}");
         }
     }
 

@@ -1,4 +1,5 @@
-//! Tenants and their API keys: creating them (operators), and looking a key up (the api).
+//! Tenants, their API keys and their provider accounts: creating and changing them (operators), and
+//! looking a key up (the api).
 //!
 //! Only the hash of a key's secret is stored; the token is returned once, by [`issue_api_key`].
 
@@ -9,6 +10,7 @@ use time::OffsetDateTime;
 
 use oncepay_domain::api_key::{self, KeyId, NewKey};
 use oncepay_domain::ids::TenantId;
+use oncepay_domain::provider_ref::ProviderAccount;
 
 use crate::StoreError;
 
@@ -54,6 +56,9 @@ pub struct Tenant {
     pub name: String,
     /// Its own rate limit, if it has one.
     pub rate_limit_per_second: Option<i32>,
+    /// The provider account its payments are charged to in connect mode (a Stripe connected
+    /// account), if an operator has set one.
+    pub provider_account: Option<ProviderAccount>,
     /// When it was created.
     pub created_at: OffsetDateTime,
 }
@@ -74,19 +79,22 @@ pub async fn create(
     conn: &mut PgConnection,
     name: &TenantName,
     rate_limit_per_second: Option<i32>,
+    provider_account: Option<&ProviderAccount>,
 ) -> Result<Tenant, CreateTenantError> {
     let tenant_id = TenantId::generate();
     let created = sqlx::query_as!(
         Tenant,
         r#"
-        INSERT INTO tenants (tenant_id, name, rate_limit_per_second)
-        VALUES ($1, $2, $3)
+        INSERT INTO tenants (tenant_id, name, rate_limit_per_second, provider_account)
+        VALUES ($1, $2, $3, $4)
         ON CONFLICT (name) DO NOTHING
-        RETURNING tenant_id AS "tenant_id: TenantId", name, rate_limit_per_second, created_at
+        RETURNING tenant_id AS "tenant_id: TenantId", name, rate_limit_per_second,
+                  provider_account AS "provider_account: ProviderAccount", created_at
         "#,
         tenant_id.as_uuid(),
         name.as_str(),
         rate_limit_per_second,
+        provider_account.map(ProviderAccount::as_str),
     )
     .fetch_optional(conn)
     .await
@@ -98,7 +106,8 @@ pub async fn create(
 pub async fn find_by_name(conn: &mut PgConnection, name: &str) -> Result<Option<Tenant>, StoreError> {
     Ok(sqlx::query_as!(
         Tenant,
-        r#"SELECT tenant_id AS "tenant_id: TenantId", name, rate_limit_per_second, created_at
+        r#"SELECT tenant_id AS "tenant_id: TenantId", name, rate_limit_per_second,
+                  provider_account AS "provider_account: ProviderAccount", created_at
            FROM tenants WHERE name = $1"#,
         name,
     )
@@ -110,11 +119,30 @@ pub async fn find_by_name(conn: &mut PgConnection, name: &str) -> Result<Option<
 pub async fn list(conn: &mut PgConnection) -> Result<Vec<Tenant>, StoreError> {
     Ok(sqlx::query_as!(
         Tenant,
-        r#"SELECT tenant_id AS "tenant_id: TenantId", name, rate_limit_per_second, created_at
+        r#"SELECT tenant_id AS "tenant_id: TenantId", name, rate_limit_per_second,
+                  provider_account AS "provider_account: ProviderAccount", created_at
            FROM tenants ORDER BY name"#,
     )
     .fetch_all(conn)
     .await?)
+}
+
+/// Sets the provider account a tenant's payments are charged to from now on (`None` removes it);
+/// `false` if there is no such tenant. Payments accepted before keep the account they were accepted
+/// with.
+pub async fn set_provider_account(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    account: Option<&ProviderAccount>,
+) -> Result<bool, StoreError> {
+    let updated = sqlx::query!(
+        "UPDATE tenants SET provider_account = $2 WHERE tenant_id = $1",
+        tenant_id.as_uuid(),
+        account.map(ProviderAccount::as_str),
+    )
+    .execute(conn)
+    .await?;
+    Ok(updated.rows_affected() == 1)
 }
 
 /// Makes a new API key for a tenant and stores its hash. The returned token is shown once.
@@ -157,6 +185,8 @@ pub struct StoredKey {
     pub revoked: bool,
     /// The tenant's own rate limit, if any.
     pub rate_limit_per_second: Option<i32>,
+    /// The tenant's provider account, if an operator has set one.
+    pub provider_account: Option<ProviderAccount>,
 }
 
 /// Looks up a key by its tenant and id (a primary-key read).
@@ -168,7 +198,8 @@ pub async fn find_api_key(
     Ok(sqlx::query_as!(
         StoredKey,
         r#"
-        SELECT k.secret_sha256, k.revoked_at IS NOT NULL AS "revoked!", t.rate_limit_per_second
+        SELECT k.secret_sha256, k.revoked_at IS NOT NULL AS "revoked!", t.rate_limit_per_second,
+               t.provider_account AS "provider_account: ProviderAccount"
         FROM api_keys k JOIN tenants t USING (tenant_id)
         WHERE k.tenant_id = $1 AND k.key_id = $2
         "#,

@@ -17,7 +17,7 @@ use uuid::Uuid;
 use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::payment::PaymentResource;
-use oncepay_domain::payment_method::PaymentMethod;
+use oncepay_domain::provider_ref::{PaymentMethod, ProviderAccount, ProviderCustomer};
 use oncepay_domain::status::{self, IllegalTransition, PaymentStatus, Transition};
 
 use crate::StoreError;

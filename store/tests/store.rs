@@ -356,9 +356,9 @@ async fn moves_the_state_machine_forbids_are_refused_before_touching_the_databas
 async fn tenant_names_are_unique_and_keys_are_stored_only_as_hashes(pool: PgPool) {
     let mut conn = pool.acquire().await.unwrap();
     let name = TenantName::parse("acme").unwrap();
-    let acme = tenants::create(&mut conn, &name, Some(50)).await.unwrap();
+    let acme = tenants::create(&mut conn, &name, Some(50), None).await.unwrap();
 
-    let duplicate = tenants::create(&mut conn, &name, None).await;
+    let duplicate = tenants::create(&mut conn, &name, None, None).await;
     let key = tenants::issue_api_key(&mut conn, acme.tenant_id, Some("ci")).await.unwrap();
     let presented = api_key::parse(api_key::reveal(&key)).unwrap();
     let stored = tenants::find_api_key(&mut conn, presented.tenant_id, &presented.key_id).await.unwrap().unwrap();

@@ -648,6 +648,9 @@ async fn start_provider(
             for (&(role, _), slot) in slots.iter_mut() {
                 slot.spec.env.extend([
                     ("ONCEPAY_PROVIDER__KIND".into(), "stripe".into()),
+                    // localstripe has no Connect: it ignores `Stripe-Account`, and its events name no
+                    // account.
+                    ("ONCEPAY_PROVIDER__STRIPE__MODE".into(), "direct".into()),
                     ("ONCEPAY_PROVIDER__STRIPE__BASE_URL".into(), stripe.url().to_owned()),
                     ("ONCEPAY_PROVIDER__STRIPE__SECRET_KEY".into(), localstripe::SECRET_KEY.into()),
                     ("ONCEPAY_PROVIDER__STRIPE__API_VERSION".into(), localstripe::API_VERSION.into()),

@@ -1,4 +1,4 @@
--- The worker's claim from one tenant (`claim_sends`, migrations/0130 as 0170 redefines it): takes up
+-- The worker's claim from one tenant (`claim_sends`, migrations/0130 as 0200 redefines it): takes up
 -- to $1 of the tenant's due outbox rows that no one holds, oldest first, leases them to this worker
 -- under fresh fencing tokens, moves their payments pending → processing (counting the attempt and
 -- remembering the first send) and writes an audit row each, in one call.
@@ -26,7 +26,9 @@
 SELECT tenant_id AS "tenant_id!: TenantId", payment_id AS "payment_id!: PaymentId",
        amount AS "amount!: Amount", currency AS "currency!: Currency", customer_id AS "customer_id!",
        metadata AS "metadata!: Json<BTreeMap<String, String>>",
-       payment_method AS "payment_method: PaymentMethod", send_attempts AS "send_attempts!",
+       payment_method AS "payment_method: PaymentMethod",
+       provider_customer AS "provider_customer: ProviderCustomer",
+       provider_account AS "provider_account: ProviderAccount", send_attempts AS "send_attempts!",
        accepted_at AS "accepted_at!", may_be_charged AS "may_be_charged!",
        fencing_token AS "fencing_token!", locked_until AS "locked_until!", attempts AS "attempts!",
        traceparent, tracestate,

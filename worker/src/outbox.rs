@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
-use oncepay_domain::payment_method::PaymentMethod;
+use oncepay_domain::provider_ref::{PaymentMethod, ProviderAccount, ProviderCustomer};
 use oncepay_provider::ChargeRequest;
 use oncepay_service::telemetry::TraceContext;
 use oncepay_store::StoreError;
@@ -68,6 +68,10 @@ pub struct Claimed {
     pub metadata: BTreeMap<String, String>,
     /// What the provider is to charge, if the payment names it.
     pub payment_method: Option<PaymentMethod>,
+    /// The provider's customer that method belongs to, if the payment names one.
+    pub provider_customer: Option<ProviderCustomer>,
+    /// The provider account it is charged to, fixed when it was accepted.
+    pub provider_account: Option<ProviderAccount>,
     /// The trace of the request that created the payment.
     pub trace: Option<TraceContext>,
     /// When the api accepted the payment.
@@ -83,20 +87,30 @@ impl Claimed {
 
     /// What the payment asked the provider to charge: a charge settles it only if it matches.
     pub fn asked(&self) -> Asked {
-        Asked { payment_id: self.payment_id, amount: self.amount, currency: self.currency }
+        Asked {
+            payment_id: self.payment_id,
+            account: self.provider_account.clone(),
+            amount: self.amount,
+            currency: self.currency,
+        }
     }
 
-    /// The provider request: always the same downstream key for this payment.
+    /// The provider request: always the same downstream key for this payment, in its account.
     pub fn charge_request(&self) -> ChargeRequest {
-        ChargeRequest::for_payment(
+        let request = ChargeRequest::for_payment(
             self.tenant_id,
             self.payment_id,
             self.amount,
             self.currency,
             self.customer_id.clone(),
             &self.metadata,
-            self.payment_method.as_ref().map(|method| method.as_str().to_owned()),
-        )
+        );
+        ChargeRequest {
+            payment_method: self.payment_method.as_ref().map(|method| method.as_str().to_owned()),
+            provider_customer: self.provider_customer.clone(),
+            account: self.provider_account.clone(),
+            ..request
+        }
     }
 }
 
@@ -134,6 +148,8 @@ pub async fn claim(conn: &mut PgConnection, request: &ClaimRequest<'_>) -> Resul
             customer_id: row.customer_id,
             metadata: row.metadata.0,
             payment_method: row.payment_method,
+            provider_customer: row.provider_customer,
+            provider_account: row.provider_account,
             trace: row.traceparent.map(|traceparent| TraceContext { traceparent, tracestate: row.tracestate }),
             accepted_at: row.accepted_at,
         })

@@ -206,6 +206,8 @@ mod tests {
             customer_id: "cus_1".into(),
             metadata: BTreeMap::new(),
             payment_method: None,
+            provider_customer: None,
+            provider_account: None,
             trace: None,
             accepted_at: datetime!(2026-01-01 0:00 UTC),
         }

@@ -24,6 +24,7 @@ fn stripe_settings(base_url: &str) -> ProviderSettings {
         "base_url": "http://127.0.0.1:1",
         "api_key": "unused",
         "stripe": {
+            "mode": "direct",
             "secret_key": "sk_test_oncepay",
             "base_url": base_url,
             "api_version": "2024-06-20",
@@ -122,4 +123,25 @@ async fn a_card_declined_by_stripe_fails_the_payment_with_the_decline_code(pool:
     assert_eq!(payment.status, PaymentStatus::Failed);
     assert_eq!(payment.failure_code.as_deref(), Some("insufficient_funds"));
     assert!(support::ledger_entry(&pool, accepted).await.is_none());
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_payment_charged_in_a_connected_account_is_sent_there_and_settled_from_there(pool: PgPool) {
+    let server = stripe_responding(200, |payment_id| intent(payment_id, "succeeded")).await;
+    let accepted = accept(&pool, tenant(&pool).await, 1999).await;
+    sqlx::query(
+        "UPDATE payments SET provider_account = 'acct_merchant', payment_method = 'pm_card_visa' WHERE payment_id = $1",
+    )
+    .bind(accepted.payment_id.as_uuid())
+    .execute(&pool)
+    .await
+    .unwrap();
+    let provider = ConfiguredProvider::new(&stripe_settings(&server.uri())).unwrap();
+
+    let counts = Drainer::new(pool.clone(), provider, config("w1")).run_once().await.unwrap();
+
+    assert_eq!(counts, Counts { claimed: 1, succeeded: 1, ..Counts::default() });
+    let requests = server.received_requests().await.unwrap();
+    assert_eq!(requests[0].headers.get("stripe-account").unwrap(), "acct_merchant");
+    assert_eq!(support::ledger_entry(&pool, accepted).await, Some(("pi_3QwJ".to_owned(), 1999, "EUR".to_owned())));
 }

@@ -61,12 +61,25 @@ impl TestApp {
 
     /// Runs a built api; `db` is the test's own pool on its database.
     pub async fn start(application: Application, db: PgPool) -> Self {
+        let tenant = create_tenant(&db, "acme", None).await;
+        Self::run(application, db, tenant)
+    }
+
+    /// A second api on the same database, with settings adjusted by `configure`, for the same tenant:
+    /// as after a configuration change, or beside an api configured otherwise.
+    pub async fn spawn_beside(&self, options: PgConnectOptions, configure: impl FnOnce(&mut Settings)) -> Self {
+        let mut settings = settings();
+        configure(&mut settings);
+        let application = Application::build_with(settings, options).expect("the api builds");
+        Self::run(application, self.db.clone(), self.tenant.clone())
+    }
+
+    fn run(application: Application, db: PgPool, tenant: Tenant) -> Self {
         oncepay_service::tls::install_provider();
         let address = format!("http://127.0.0.1:{}", application.port());
         let shutdown = CancellationToken::new();
         let server = tokio::spawn(application.run_until_stopped(shutdown.clone()));
         let client = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().expect("http client");
-        let tenant = create_tenant(&db, "acme", None).await;
         Self { address, db, client, tenant, shutdown, server }
     }
 
@@ -210,7 +223,8 @@ pub async fn settle_succeeded(db: &PgPool, tenant_id: TenantId, payment_id: Paym
 /// A new tenant with an API key.
 pub async fn create_tenant(db: &PgPool, name: &str, rate_limit_per_second: Option<i32>) -> Tenant {
     let mut conn = db.acquire().await.unwrap();
-    let tenant = tenants::create(&mut conn, &TenantName::parse(name).unwrap(), rate_limit_per_second).await.unwrap();
+    let tenant =
+        tenants::create(&mut conn, &TenantName::parse(name).unwrap(), rate_limit_per_second, None).await.unwrap();
     let key = tenants::issue_api_key(&mut conn, tenant.tenant_id, Some("tests")).await.unwrap();
     Tenant { id: tenant.tenant_id, token: api_key::reveal(&key).to_owned() }
 }

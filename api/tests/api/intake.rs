@@ -226,6 +226,7 @@ async fn a_key_being_written_by_another_transaction_gets_409_after_the_lock_wait
         key,
         fingerprint,
         request,
+        provider_account: None,
         retention: Duration::from_secs(86_400),
         trace: None,
     };

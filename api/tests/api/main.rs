@@ -8,6 +8,7 @@
 
 mod auth;
 mod concurrency;
+mod connect;
 mod crash;
 mod helpers;
 mod intake;

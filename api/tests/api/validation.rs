@@ -6,6 +6,9 @@ use reqwest::header::HeaderValue;
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
+use oncepay_api::provider_intake::StripeIntakeSettings;
+use oncepay_provider::stripe::StripeMode;
+
 use crate::helpers::{Rows, TestApp, assert_problem, body};
 
 const NOTHING: Rows = Rows { payments: 0, keys: 0, outbox: 0, events: 0 };
@@ -148,6 +151,7 @@ async fn what_stripe_could_never_charge_is_refused_by_name_when_the_workers_char
 ) {
     let app = TestApp::spawn_with(options, |settings| {
         settings.provider.kind = oncepay_provider::ProviderKind::Stripe;
+        settings.provider.stripe = Some(StripeIntakeSettings { mode: StripeMode::Direct });
         settings.provider.stripe_settlement_currency = Some("EUR".into());
     })
     .await;

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use crate::{NotSentReason, SendOutcome, UncertainReason};
 
-use super::wire::{ErrorBody, PaymentIntent, Settled, StripeError, error_types};
+use super::wire::{DECLINED, ErrorBody, PaymentIntent, Settled, StripeError, error_types, in_our_words};
 
 /// The failure code of a request Stripe refused as invalid.
 pub const PROVIDER_REJECTED: &str = "provider_rejected";
@@ -72,7 +72,7 @@ fn intent_outcome(intent: &PaymentIntent, key: &str) -> SendOutcome {
         Settled::Final(charge) if charge.status == crate::ChargeStatus::Succeeded => SendOutcome::Charged(*charge),
         Settled::Final(charge) => SendOutcome::Declined {
             code: charge.failure_code.unwrap_or_else(|| "declined".to_owned()),
-            message: charge.failure_message.unwrap_or_else(|| "Stripe declined the payment.".to_owned()),
+            message: charge.failure_message.unwrap_or_else(|| in_our_words(DECLINED, None, None)),
             charge_id: Some(charge.id),
         },
         // `processing`, `requires_action` and the like may still take the money: the reconciler
@@ -96,7 +96,7 @@ fn card_declined(error: &StripeError, key: &str) -> SendOutcome {
             .filter(|c| !c.trim().is_empty())
             .unwrap_or("card_declined")
             .to_owned(),
-        message: error.message.clone().unwrap_or_else(|| "The card was declined.".to_owned()),
+        message: in_our_words(DECLINED, error.code.as_deref(), error.decline_code.as_deref()),
         charge_id: error.payment_intent.as_ref().map(|i| i.id.clone()),
     }
 }
@@ -112,13 +112,9 @@ fn rejected(error: &StripeError, key: &str) -> SendOutcome {
     {
         return unexpected(400);
     }
-    let message = error.message.as_deref().unwrap_or("Stripe rejected the request as invalid.");
     SendOutcome::Declined {
         code: PROVIDER_REJECTED.to_owned(),
-        message: match error.code.as_deref() {
-            Some(code) => format!("{message} ({code})"),
-            None => message.to_owned(),
-        },
+        message: in_our_words("Stripe refused the request as invalid", error.code.as_deref(), None),
         charge_id: error.payment_intent.as_ref().map(|i| i.id.clone()),
     }
 }
@@ -305,7 +301,7 @@ mod tests {
             outcome,
             SendOutcome::Declined {
                 code: "insufficient_funds".into(),
-                message: "Your card has insufficient funds.".into(),
+                message: "Stripe declined the payment (code card_declined, decline code insufficient_funds).".into(),
                 charge_id: Some("pi_9".into()),
             }
         );
@@ -321,14 +317,14 @@ mod tests {
     }
 
     #[test]
-    fn an_invalid_request_names_stripes_code_in_the_message() {
+    fn an_invalid_request_names_stripes_code_but_never_repeats_its_words() {
         let outcome = create_outcome(400, None, &bytes(&invalid_request(None)), KEY);
 
         assert_eq!(
             outcome,
             SendOutcome::Declined {
                 code: PROVIDER_REJECTED.into(),
-                message: "No such PaymentMethod: 'pm_x' (resource_missing)".into(),
+                message: "Stripe refused the request as invalid (code resource_missing).".into(),
                 charge_id: None,
             }
         );

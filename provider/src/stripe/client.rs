@@ -5,6 +5,11 @@
 //! downstream key as Stripe's `Idempotency-Key`. Every resend sends the same form, byte for byte,
 //! with the same pinned `Stripe-Version`, so Stripe replays the first response instead of seeing a
 //! reused key. Lookups never say "none" without a consistent source ([`super::lookup`]).
+//!
+//! Every call made for a payment charged to a connected account carries that account as
+//! `Stripe-Account` (Stripe Connect), so Stripe itself limits the payment methods, customers and
+//! intents it can touch to that merchant's. Stripe's objects do not name the account they live in,
+//! so the client stamps each charge it returns with the account it asked in.
 //! Hand-written rather than a generated SDK: the classification depends on the exact status codes
 //! and error types, which an SDK turns into its own exceptions and retries.
 
@@ -14,6 +19,7 @@ use serde::de::DeserializeOwned;
 use tracing::instrument;
 
 use oncepay_domain::ids::{DownstreamKey, PaymentId};
+use oncepay_domain::provider_ref::ProviderAccount;
 
 use crate::http::{self, read_json, retry_after, trace_headers};
 use crate::{
@@ -25,11 +31,27 @@ use super::classify;
 use super::lookup::{self, CantTell, Lookup, Step, WindowScan};
 use super::wire::{ListPage, PaymentIntent, SearchPage, Settled};
 
+/// Whose Stripe account a tenant's payments are charged in: a choice every deployment makes
+/// explicitly, since in direct mode tenants share one account.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StripeMode {
+    /// Stripe Connect: oncepay runs with the platform's key, each tenant is a connected account that
+    /// an operator sets on it, and each payment is charged in its tenant's account. A tenant without
+    /// one cannot take payments.
+    Connect,
+    /// Every tenant is charged in the one account of `secret_key`, so tenants must be one
+    /// organisation: any of them can name any payment method or customer of that account.
+    Direct,
+}
+
 /// How to reach Stripe, as whom, and how long to wait.
 #[derive(Debug, Clone, serde::Deserialize)]
 pub struct StripeSettings {
+    /// Connect or direct: the same for every process.
+    pub mode: StripeMode,
     /// The secret API key, `sk_live_…` or `sk_test_…` (a restricted `rk_…` key works if it may
-    /// write PaymentIntents).
+    /// write PaymentIntents). In connect mode, the platform's.
     pub secret_key: SecretString,
     /// Stripe's API, or a stand-in for tests.
     #[serde(default = "defaults::base_url")]
@@ -37,7 +59,8 @@ pub struct StripeSettings {
     /// The pinned API version, sent as `Stripe-Version` on every call, so the account's default
     /// version cannot change the shapes oncepay reads, or the parameters a resend is compared with.
     pub api_version: String,
-    /// The payment method (`pm_…`) used when a payment names none.
+    /// The payment method (`pm_…`) used when a payment names none. Only for a deployment in direct
+    /// mode: a connected account does not know the platform's payment methods.
     #[serde(default)]
     pub default_payment_method: Option<String>,
     /// How long to wait for a connection.
@@ -140,6 +163,9 @@ pub struct StripeProvider {
     clock_skew_secs: i64,
 }
 
+/// The header that names the connected account a call is made in.
+const STRIPE_ACCOUNT: &str = "Stripe-Account";
+
 /// The form of `POST /v1/payment_intents` for `request`, paid with `payment_method`.
 ///
 /// A function of its inputs alone, in a fixed order, so every resend of a payment sends the same
@@ -157,9 +183,10 @@ pub fn create_form(request: &ChargeRequest, payment_method: &str) -> Vec<(String
         // Cards only, so no payment method can ask for a redirect.
         ("payment_method_types[]".into(), "card".into()),
     ];
-    // Only a Stripe Customer id is a `customer`; any other reference stays in oncepay.
-    if request.customer.starts_with("cus_") {
-        form.push(("customer".into(), request.customer.clone()));
+    // The merchant's `customer_id` is its own reference and stays in oncepay; a Stripe Customer is
+    // only ever the one the payment names as such.
+    if let Some(customer) = &request.provider_customer {
+        form.push(("customer".into(), customer.as_str().to_owned()));
     }
     form.extend(request.metadata.iter().map(|(key, value)| (format!("metadata[{key}]"), value.clone())));
     form
@@ -200,31 +227,44 @@ impl StripeProvider {
         format!("{}{path}", self.base_url)
     }
 
-    async fn get<T: DeserializeOwned>(&self, path: &str, query: &[(&str, String)]) -> Result<T, LookupError> {
-        let request = self
+    /// A call to Stripe: authenticated, with the pinned version, the trace context and, for a
+    /// connected account, `Stripe-Account`.
+    fn call(&self, method: reqwest::Method, path: &str, account: Option<&ProviderAccount>) -> reqwest::RequestBuilder {
+        let mut call = self
             .client
-            .get(self.url(path))
+            .request(method, self.url(path))
             .bearer_auth(self.secret_key.expose_secret())
             .header("Stripe-Version", &self.api_version)
-            .headers(trace_headers())
-            .query(query);
-        read_json(request).await
+            .headers(trace_headers());
+        if let Some(account) = account {
+            call = call.header(STRIPE_ACCOUNT, account.as_str());
+        }
+        call
     }
 
-    /// What Stripe's search shows for `payment`: a hit is found, a miss is "can't tell".
+    async fn get<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        query: &[(&str, String)],
+        account: Option<&ProviderAccount>,
+    ) -> Result<T, LookupError> {
+        read_json(self.call(reqwest::Method::GET, path, account).query(query)).await
+    }
+
+    /// What Stripe's search in `account` shows for `payment`: a hit is found, a miss is "can't tell".
     #[instrument(name = "stripe.search", skip_all, fields(payment.id = %payment))]
-    pub async fn search(&self, payment: PaymentId) -> Lookup {
+    pub async fn search(&self, payment: PaymentId, account: Option<&ProviderAccount>) -> Lookup {
         let query = [("query", search_query(payment)), ("limit", "100".to_owned())];
-        match self.get::<SearchPage<PaymentIntent>>("/v1/payment_intents/search", &query).await {
+        match self.get::<SearchPage<PaymentIntent>>("/v1/payment_intents/search", &query, account).await {
             Ok(page) => lookup::from_search(&page, payment),
             Err(error) => Lookup::CantTell(CantTell::SearchFailed(error)),
         }
     }
 
-    /// What the consistent list shows for `payment`, reading every intent created since
+    /// What the consistent list of `account` shows for `payment`, reading every intent created since
     /// `created_gte` (Unix seconds). Only a list read to its end says "certainly none".
     #[instrument(name = "stripe.list_window", skip_all, fields(payment.id = %payment))]
-    pub async fn list_window(&self, payment: PaymentId, created_gte: i64) -> Lookup {
+    pub async fn list_window(&self, payment: PaymentId, account: Option<&ProviderAccount>, created_gte: i64) -> Lookup {
         let mut scan = WindowScan::new(payment, self.max_lookup_pages);
         let mut starting_after: Option<String> = None;
         loop {
@@ -232,7 +272,7 @@ impl StripeProvider {
             if let Some(after) = &starting_after {
                 query.push(("starting_after", after.clone()));
             }
-            match self.get::<ListPage<PaymentIntent>>("/v1/payment_intents", &query).await {
+            match self.get::<ListPage<PaymentIntent>>("/v1/payment_intents", &query, account).await {
                 Err(error) => return scan.failed(error),
                 Ok(page) => match scan.page(page) {
                     Step::Next(after) => starting_after = Some(after),
@@ -242,20 +282,25 @@ impl StripeProvider {
         }
     }
 
-    /// Every intent Stripe holds for `payment`, from search first, else from the list of the window
-    /// since the payment was created.
-    pub async fn lookup(&self, payment: PaymentId) -> Lookup {
-        match self.search(payment).await {
+    /// Every intent `account` holds for `payment`, from search first, else from the list of the
+    /// window since the payment was created. Each charge found is stamped with `account`.
+    pub async fn lookup(&self, payment: PaymentId, account: Option<&ProviderAccount>) -> Lookup {
+        let lookup = match self.search(payment, account).await {
             found @ Lookup::Found(_) => found,
             // A miss, an error or an intent seen mid-way: search may be behind, the list is not.
             _ => match created_at(payment) {
-                Some(created) => self.list_window(payment, created.saturating_sub(self.clock_skew_secs)).await,
+                Some(created) => self.list_window(payment, account, created.saturating_sub(self.clock_skew_secs)).await,
                 None => Lookup::CantTell(CantTell::NoWindow),
             },
+        };
+        match lookup {
+            Lookup::Found(charges) => Lookup::Found(charges.into_iter().map(|c| in_account(c, account)).collect()),
+            other => other,
         }
     }
 
-    /// One page of the intents created in a window, newest first, as Stripe lists them.
+    /// One page of the intents created in a window in `query.account`, newest first, as Stripe
+    /// lists them.
     #[instrument(name = "stripe.list_payment_intents", skip_all)]
     pub async fn list_payment_intents(&self, query: &ListCharges) -> Result<ListPage<PaymentIntent>, LookupError> {
         let mut params = vec![
@@ -266,28 +311,35 @@ impl StripeProvider {
         if let Some(after) = &query.starting_after {
             params.push(("starting_after", after.clone()));
         }
-        self.get("/v1/payment_intents", &params).await
+        self.get("/v1/payment_intents", &params, query.account.as_ref()).await
     }
+}
+
+/// `charge`, as held by `account`: Stripe's objects do not say which account they live in.
+fn in_account(charge: Charge, account: Option<&ProviderAccount>) -> Charge {
+    Charge { account: account.map(|a| a.as_str().to_owned()), ..charge }
 }
 
 impl PaymentProvider for StripeProvider {
     #[instrument(name = "provider.create_charge", skip_all, fields(provider.outcome))]
     async fn create_charge(&self, request: &ChargeRequest) -> SendOutcome {
-        let Some(payment_method) = request.payment_method.as_deref().or(self.default_payment_method.as_deref()) else {
-            tracing::error!("The payment names no payment method and stripe.default_payment_method is not set.");
+        // The platform's default payment method means nothing in a connected account.
+        let default = self.default_payment_method.as_deref().filter(|_| request.account.is_none());
+        let Some(payment_method) = request.payment_method.as_deref().or(default) else {
+            tracing::error!(
+                "The payment names no payment method, and none stands in for it (stripe.default_payment_method \
+                 is unset, or the payment is charged to a connected account)."
+            );
             return SendOutcome::NotSent { reason: NotSentReason::LocalError, retry_after: None };
         };
         let Ok(form) = serde_urlencoded::to_string(create_form(request, payment_method)) else {
             return SendOutcome::NotSent { reason: NotSentReason::LocalError, retry_after: None };
         };
+        let account = request.account.as_ref();
         let sent = self
-            .client
-            .post(self.url("/v1/payment_intents"))
-            .bearer_auth(self.secret_key.expose_secret())
+            .call(reqwest::Method::POST, "/v1/payment_intents", account)
             .header("Idempotency-Key", request.downstream_key.as_str())
-            .header("Stripe-Version", &self.api_version)
             .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
-            .headers(trace_headers())
             .body(form)
             .send()
             .await;
@@ -306,16 +358,23 @@ impl PaymentProvider for StripeProvider {
             }
         };
         tracing::Span::current().record("provider.outcome", outcome.class());
-        outcome
+        match outcome {
+            SendOutcome::Charged(charge) => SendOutcome::Charged(in_account(charge, account)),
+            other => other,
+        }
     }
 
     /// Never `Ok` with no charges unless the consistent list proved there are none.
     #[instrument(name = "provider.find_by_key", skip_all)]
-    async fn find_by_key(&self, key: &DownstreamKey) -> Result<Vec<Charge>, LookupError> {
+    async fn find_by_key(
+        &self,
+        key: &DownstreamKey,
+        account: Option<&ProviderAccount>,
+    ) -> Result<Vec<Charge>, LookupError> {
         let Some(payment) = key.payment_id() else {
             return Err(LookupError::Inconclusive("the key is not one oncepay derives from a payment".to_owned()));
         };
-        match self.lookup(payment).await {
+        match self.lookup(payment, account).await {
             Lookup::Found(charges) => Ok(charges),
             Lookup::CertainlyNone => Ok(Vec::new()),
             Lookup::CantTell(why) => Err(LookupError::Inconclusive(why.to_string())),
@@ -336,7 +395,7 @@ impl PaymentProvider for StripeProvider {
                 .data
                 .iter()
                 .filter_map(|intent| match intent.settled_by_metadata() {
-                    Settled::Final(charge) => Some(*charge),
+                    Settled::Final(charge) => Some(in_account(*charge, query.account.as_ref())),
                     Settled::NotFinal(_) => None,
                 })
                 .collect();
@@ -366,6 +425,7 @@ mod tests {
 
     use oncepay_domain::ids::TenantId;
     use oncepay_domain::money::{Amount, Currency};
+    use oncepay_domain::provider_ref::{ProviderAccount, ProviderCustomer};
 
     use super::*;
     use crate::ChargeStatus;
@@ -375,6 +435,7 @@ mod tests {
 
     fn settings(base_url: String) -> StripeSettings {
         StripeSettings {
+            mode: StripeMode::Direct,
             secret_key: SecretString::from("sk_test_oncepay"),
             base_url,
             api_version: VERSION.to_owned(),
@@ -395,15 +456,19 @@ mod tests {
 
     fn request(payment: PaymentId) -> ChargeRequest {
         let merchant: BTreeMap<String, String> = [("order".to_owned(), "A-17".to_owned())].into();
-        ChargeRequest::for_payment(
+        let request = ChargeRequest::for_payment(
             TenantId::generate(),
             payment,
             Amount::new(1999).unwrap(),
             Currency::parse("EUR").unwrap(),
-            "cus_Q1".into(),
+            "merchant-ref-9".into(),
             &merchant,
-            Some("pm_card_visa".to_owned()),
-        )
+        );
+        ChargeRequest {
+            payment_method: Some("pm_card_visa".to_owned()),
+            provider_customer: Some(ProviderCustomer::parse("cus_Q1").unwrap()),
+            ..request
+        }
     }
 
     async fn respond_to_create(server: &MockServer, status: u16, body: Value) {
@@ -492,7 +557,7 @@ mod tests {
             outcome,
             SendOutcome::Declined {
                 code: "insufficient_funds".into(),
-                message: "Your card has insufficient funds.".into(),
+                message: "Stripe declined the payment (code card_declined, decline code insufficient_funds).".into(),
                 charge_id: Some("pi_7".into()),
             }
         );
@@ -527,7 +592,7 @@ mod tests {
             outcome,
             SendOutcome::Declined {
                 code: "provider_rejected".into(),
-                message: "No such PaymentMethod: 'pm_gone' (resource_missing)".into(),
+                message: "Stripe refused the request as invalid (code resource_missing).".into(),
                 charge_id: None,
             }
         );
@@ -628,16 +693,120 @@ mod tests {
         .unwrap();
         let payment = PaymentId::generate();
         respond_to_create(&server, 200, intent("pi_1", "succeeded", &payment.to_string())).await;
-        let without = ChargeRequest { payment_method: None, customer: "merchant-ref-9".into(), ..request(payment) };
+        let without = ChargeRequest { payment_method: None, ..request(payment) };
+        let connected = ChargeRequest { account: Some(ProviderAccount::parse("acct_A").unwrap()), ..without.clone() };
 
         provider.create_charge(&without).await;
         provider.create_charge(&request(payment)).await;
+        let in_connected_account = provider.create_charge(&connected).await;
 
         let received = server.received_requests().await.unwrap();
         let (first, second) = (form_of(&received[0]), form_of(&received[1]));
         assert_eq!(first.get("payment_method").map(String::as_str), Some("pm_default"));
-        assert_eq!(first.get("customer"), None, "only a Stripe Customer id is sent as `customer`");
         assert_eq!(second.get("payment_method").map(String::as_str), Some("pm_card_visa"));
+        assert_eq!(received.len(), 2, "the platform's default means nothing in a connected account");
+        assert_eq!(in_connected_account, SendOutcome::NotSent { reason: NotSentReason::LocalError, retry_after: None });
+    }
+
+    #[tokio::test]
+    async fn a_merchants_customer_reference_is_never_sent_as_a_stripe_customer() {
+        let (server, provider) = stripe().await;
+        let payment = PaymentId::generate();
+        respond_to_create(&server, 200, intent("pi_1", "succeeded", &payment.to_string())).await;
+        // The README's own example: `--customer cus_42` is the merchant's reference, not Stripe's.
+        let merchants_reference =
+            ChargeRequest { customer: "cus_42".into(), provider_customer: None, ..request(payment) };
+
+        provider.create_charge(&merchants_reference).await;
+        provider.create_charge(&request(payment)).await;
+
+        let received = server.received_requests().await.unwrap();
+        assert_eq!(form_of(&received[0]).get("customer"), None);
+        assert_eq!(form_of(&received[1]).get("customer").map(String::as_str), Some("cus_Q1"));
+        assert!(!received.iter().any(|r| String::from_utf8_lossy(&r.body).contains("cus_42")));
+    }
+
+    // Connect.
+
+    /// Answers every call that names `account` as its `Stripe-Account`; any other call gets the 403
+    /// Stripe gives a key without access to the account it names.
+    async fn connected_account(server: &MockServer, account: &str, payment: PaymentId) {
+        let named = || Mock::given(header(STRIPE_ACCOUNT, account));
+        named()
+            .and(method("POST"))
+            .and(path("/v1/payment_intents"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(intent("pi_1", "succeeded", &payment.to_string())))
+            .mount(server)
+            .await;
+        named()
+            .and(method("GET"))
+            .and(path("/v1/payment_intents/search"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+                "object": "search_result", "url": "/v1/payment_intents/search", "has_more": false, "data": []
+            })))
+            .mount(server)
+            .await;
+        named()
+            .and(method("GET"))
+            .and(path("/v1/payment_intents"))
+            .respond_with(list(vec![intent("pi_1", "succeeded", &payment.to_string())], false))
+            .mount(server)
+            .await;
+        Mock::given(wiremock::matchers::any())
+            .respond_with(ResponseTemplate::new(403).set_body_json(error(
+                "invalid_request_error",
+                None,
+                "The provided key does not have access to account 'acct_…' (or that account does not exist).",
+            )))
+            .mount(server)
+            .await;
+    }
+
+    #[tokio::test]
+    async fn every_call_for_a_connected_payment_names_its_account() {
+        let (server, provider) = stripe().await;
+        let payment = PaymentId::generate();
+        connected_account(&server, "acct_A", payment).await;
+        let account = ProviderAccount::parse("acct_A").unwrap();
+        let window = ListCharges {
+            account: Some(account.clone()),
+            created_gte: 0,
+            created_lt: i64::MAX,
+            starting_after: None,
+            limit: 10,
+        };
+
+        let outcome =
+            provider.create_charge(&ChargeRequest { account: Some(account.clone()), ..request(payment) }).await;
+        let found = provider.find_by_key(&payment.downstream_key(), Some(&account)).await.unwrap();
+        let listed = provider.list_charges(&window).await.unwrap();
+
+        let received = server.received_requests().await.unwrap();
+        assert_eq!(received.len(), 4, "create, search, the lookup's list, the nightly list");
+        for call in &received {
+            let named = call.headers.get(STRIPE_ACCOUNT).and_then(|v| v.to_str().ok());
+            assert_eq!(named, Some("acct_A"), "{} {}", call.method, call.url);
+        }
+        let SendOutcome::Charged(charge) = outcome else { panic!("{outcome:?}") };
+        let accounts: Vec<Option<&str>> =
+            [&charge].into_iter().chain(&found).chain(&listed.data).map(|c| c.account.as_deref()).collect();
+        assert_eq!(accounts, [Some("acct_A"); 3], "each charge says which account holds it");
+    }
+
+    #[tokio::test]
+    async fn a_payment_in_oncepays_own_account_names_none() {
+        let (server, provider) = stripe().await;
+        let payment = PaymentId::generate();
+        respond_to_create(&server, 200, intent("pi_1", "succeeded", &payment.to_string())).await;
+        search_returns(&server, payment, vec![intent("pi_1", "succeeded", &payment.to_string())]).await;
+
+        let outcome = provider.create_charge(&request(payment)).await;
+        let found = provider.find_by_key(&payment.downstream_key(), None).await.unwrap();
+
+        let received = server.received_requests().await.unwrap();
+        assert!(received.iter().all(|call| call.headers.get(STRIPE_ACCOUNT).is_none()), "{received:?}");
+        assert!(matches!(outcome, SendOutcome::Charged(ref c) if c.account.is_none()), "{outcome:?}");
+        assert_eq!(found[0].account, None);
     }
 
     // Lookups.
@@ -670,7 +839,7 @@ mod tests {
         let payment = PaymentId::generate();
         search_returns(&server, payment, vec![intent("pi_1", "succeeded", &payment.to_string())]).await;
 
-        let charges = provider.find_by_key(&payment.downstream_key()).await.unwrap();
+        let charges = provider.find_by_key(&payment.downstream_key(), None).await.unwrap();
 
         assert_eq!(charges.len(), 1);
         assert_eq!((charges[0].id.as_str(), charges[0].status), ("pi_1", ChargeStatus::Succeeded));
@@ -683,7 +852,7 @@ mod tests {
         let payment = PaymentId::generate();
         search_returns(&server, payment, vec![]).await;
 
-        let lookup = provider.search(payment).await;
+        let lookup = provider.search(payment, None).await;
 
         assert!(matches!(lookup, Lookup::CantTell(CantTell::SearchMissed)), "{lookup:?}");
     }
@@ -708,7 +877,7 @@ mod tests {
             .mount(&server)
             .await;
 
-        let charges = provider.find_by_key(&payment.downstream_key()).await.unwrap();
+        let charges = provider.find_by_key(&payment.downstream_key(), None).await.unwrap();
 
         assert_eq!(charges.iter().map(|c| c.id.as_str()).collect::<Vec<_>>(), ["pi_1"]);
     }
@@ -736,8 +905,8 @@ mod tests {
             .await;
 
         // Asked twice: as the three-way lookup, and through the trait.
-        let lookup = provider.lookup(payment).await;
-        let by_key = provider.find_by_key(&payment.downstream_key()).await;
+        let lookup = provider.lookup(payment, None).await;
+        let by_key = provider.find_by_key(&payment.downstream_key(), None).await;
 
         assert!(matches!(lookup, Lookup::CertainlyNone), "{lookup:?}");
         assert!(matches!(by_key, Ok(ref charges) if charges.is_empty()), "{by_key:?}");
@@ -762,8 +931,8 @@ mod tests {
             .mount(&server)
             .await;
 
-        let lookup = provider.lookup(payment).await;
-        let by_key = provider.find_by_key(&payment.downstream_key()).await;
+        let lookup = provider.lookup(payment, None).await;
+        let by_key = provider.find_by_key(&payment.downstream_key(), None).await;
 
         assert!(matches!(lookup, Lookup::CantTell(CantTell::ListFailed(LookupError::Status(500)))), "{lookup:?}");
         assert!(matches!(by_key, Err(LookupError::Inconclusive(_))), "{by_key:?}");
@@ -780,7 +949,7 @@ mod tests {
             .mount(&server)
             .await;
 
-        let by_key = provider.find_by_key(&payment.downstream_key()).await;
+        let by_key = provider.find_by_key(&payment.downstream_key(), None).await;
 
         assert!(matches!(by_key, Err(LookupError::Inconclusive(ref why)) if why.contains("pi_1")), "{by_key:?}");
     }
@@ -810,7 +979,7 @@ mod tests {
             ))
             .mount(&server)
             .await;
-        let query = ListCharges { created_gte: 100, created_lt: 200, starting_after: None, limit: 2 };
+        let query = ListCharges { account: None, created_gte: 100, created_lt: 200, starting_after: None, limit: 2 };
 
         let page = provider.list_charges(&query).await.unwrap();
 

@@ -154,7 +154,6 @@ pub fn check_payment(
         currency,
         String::new(),
         merchant_metadata,
-        None,
     );
     check_request(&request, settlement)
 }
@@ -364,7 +363,6 @@ mod tests {
             currency,
             "cus_1".into(),
             &merchant(MAX_METADATA_KEYS - 1),
-            None,
         );
 
         assert!(matches!(check_request(&request, None), Err(LimitError::TooManyMetadataKeys { count: 51, ours: 2 })));

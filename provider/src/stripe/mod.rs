@@ -17,5 +17,5 @@ pub mod lookup;
 pub mod signature;
 pub mod wire;
 
-pub use client::{StripeProvider, StripeSettings};
+pub use client::{StripeMode, StripeProvider, StripeSettings};
 pub use lookup::{CantTell, Lookup};

@@ -83,6 +83,23 @@ impl LastPaymentError {
     }
 }
 
+/// oncepay's own words for a payment Stripe did not take: `what` happened, with Stripe's `code` and
+/// `decline_code` when it gave them. Stripe's own message is never passed on, to the merchant or
+/// its customer: it can say whether an object id exists in the account.
+pub fn in_our_words(what: &str, code: Option<&str>, decline_code: Option<&str>) -> String {
+    fn given(text: Option<&str>) -> Option<&str> {
+        text.map(str::trim).filter(|text| !text.is_empty())
+    }
+    let codes: Vec<String> = [("code", given(code)), ("decline code", given(decline_code))]
+        .into_iter()
+        .filter_map(|(name, value)| value.map(|value| format!("{name} {value}")))
+        .collect();
+    if codes.is_empty() { format!("{what}.") } else { format!("{what} ({}).", codes.join(", ")) }
+}
+
+/// What Stripe did with a payment it declined, before its codes.
+pub const DECLINED: &str = "Stripe declined the payment";
+
 /// A PaymentIntent: one attempt to take one amount, the object oncepay creates for each payment.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PaymentIntent {
@@ -167,8 +184,9 @@ impl PaymentIntent {
                 None if self.status == IntentStatus::Canceled => Some("canceled".to_owned()),
                 None => None,
             },
-            failure_message: failure.and_then(|e| e.message.clone()),
+            failure_message: failure.map(|e| in_our_words(DECLINED, e.code.as_deref(), e.decline_code.as_deref())),
             payment_method: self.payment_method.as_ref().map(|m| m.id().to_owned()),
+            account: None,
         }))
     }
 
@@ -268,6 +286,10 @@ pub struct Event {
     /// The API request that caused the event, when one did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request: Option<EventRequest>,
+    /// The connected account the event happened in (`acct_…`): set on every event a Connect
+    /// endpoint receives, absent for the platform's own account.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
 }
 
 /// The API request behind an event.
@@ -439,7 +461,11 @@ mod tests {
 
         assert_eq!(charge.status, ChargeStatus::Failed);
         assert_eq!(charge.failure_code.as_deref(), Some("insufficient_funds"));
-        assert_eq!(charge.failure_message.as_deref(), Some("Your card has insufficient funds."));
+        assert_eq!(
+            charge.failure_message.as_deref(),
+            Some("Stripe declined the payment (code card_declined, decline code insufficient_funds)."),
+            "Stripe's codes in oncepay's words"
+        );
     }
 
     #[test]

@@ -184,10 +184,11 @@ pub async fn find_charge<P: PaymentProvider>(
     let charge = match recorded.into_iter().find(|c| c.id == charge_id) {
         Some(charge) => charge,
         None => {
-            let charges = provider.find_by_key(&payment_id.downstream_key()).await.map_err(|error| {
-                let context = format!("cannot ask the provider about charge {charge_id}");
-                CliError::Failed(anyhow::Error::new(error).context(context))
-            })?;
+            let charges =
+                provider.find_by_key(&payment_id.downstream_key(), asked.account.as_ref()).await.map_err(|error| {
+                    let context = format!("cannot ask the provider about charge {charge_id}");
+                    CliError::Failed(anyhow::Error::new(error).context(context))
+                })?;
             charges.into_iter().find(|c| c.id == charge_id).ok_or_else(|| {
                 CliError::Refused(format!(
                     "neither a webhook nor the provider's lookup by key names a charge {charge_id} for payment \

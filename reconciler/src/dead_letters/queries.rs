@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
+use oncepay_domain::provider_ref::ProviderAccount;
 use oncepay_domain::status::PaymentStatus;
 use oncepay_store::settlement::Asked;
 use sqlx::PgConnection;
@@ -124,7 +125,8 @@ pub(super) async fn open_payment(
 ) -> Result<(TenantId, Asked), CliError> {
     let payment = sqlx::query!(
         r#"
-        SELECT d.tenant_id AS "tenant_id: TenantId", p.amount AS "amount: Amount", p.currency AS "currency: Currency"
+        SELECT d.tenant_id AS "tenant_id: TenantId", p.amount AS "amount: Amount", p.currency AS "currency: Currency",
+               p.provider_account AS "provider_account: ProviderAccount"
         FROM dead_letters d JOIN payments p USING (tenant_id, payment_id)
         WHERE d.payment_id = $1 AND d.resolved_at IS NULL
         "#,
@@ -134,7 +136,8 @@ pub(super) async fn open_payment(
     .await
     .context("cannot read the dead letter")?
     .ok_or_else(|| no_open_entry(payment_id))?;
-    let asked = Asked { payment_id, amount: payment.amount, currency: payment.currency };
+    let asked =
+        Asked { payment_id, account: payment.provider_account, amount: payment.amount, currency: payment.currency };
     Ok((payment.tenant_id, asked))
 }
 
@@ -160,6 +163,7 @@ pub(super) async fn lock_open(
         SELECT d.dead_letter_id, d.tenant_id AS "tenant_id: TenantId", p.status AS "status: PaymentStatus",
                p.first_sent_at,
                p.amount AS "amount: Amount", p.currency AS "currency: Currency",
+               p.provider_account AS "provider_account: ProviderAccount",
                COALESCE(now() - p.first_sent_at < make_interval(secs => $2), true) AS "in_key_window!"
         FROM dead_letters d JOIN payments p USING (tenant_id, payment_id)
         WHERE d.payment_id = $1 AND d.resolved_at IS NULL
@@ -176,7 +180,7 @@ pub(super) async fn lock_open(
         dead_letter_id: row.dead_letter_id,
         tenant_id: row.tenant_id,
         status: row.status,
-        asked: Asked { payment_id, amount: row.amount, currency: row.currency },
+        asked: Asked { payment_id, account: row.provider_account, amount: row.amount, currency: row.currency },
         in_key_window: row.in_key_window,
         first_sent_at: row.first_sent_at,
     })

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::provider_ref::ProviderAccount;
 use oncepay_provider::{Charge, ListCharges, PaymentProvider};
 use sqlx::{PgConnection, PgPool};
 use time::{Date, OffsetDateTime, Time};
@@ -71,6 +72,9 @@ pub struct ReconConfig {
     pub stale_after: Duration,
     /// How many previous days the nightly job makes sure are reconciled (1: yesterday only).
     pub catch_up_days: u32,
+    /// Whether payments are charged in tenants' connected accounts (Stripe Connect): each of those
+    /// is listed, rather than only oncepay's own account.
+    pub connected_accounts: bool,
 }
 
 /// What one run found.
@@ -204,8 +208,9 @@ impl<P: PaymentProvider + 'static> Reconciliation<P> {
         Ok(Summary { run_id, provider_charges: charges.len(), ledger_entries: in_window, by_class })
     }
 
-    /// Every charge the provider created in the window, page by page, proving the run alive after
-    /// each page. No transaction is open during a provider call.
+    /// Every charge the provider created in the window, in every account a charge of oncepay's may
+    /// be in, page by page, proving the run alive after each page. No transaction is open during a
+    /// provider call.
     async fn provider_charges(
         &self,
         conn: &mut PgConnection,
@@ -213,24 +218,54 @@ impl<P: PaymentProvider + 'static> Reconciliation<P> {
         window: &Window,
     ) -> anyhow::Result<Vec<Charge>> {
         let mut charges: Vec<Charge> = Vec::new();
-        let mut query = ListCharges {
-            created_gte: window.start.unix_timestamp(),
-            created_lt: window.end.unix_timestamp(),
-            starting_after: None,
-            limit: self.config.page_size,
-        };
-        loop {
-            let page = self.provider.list_charges(&query).await.context("cannot list the provider's charges")?;
-            runs::heartbeat(conn, run_id).await?;
-            let Some(last) = page.data.last() else { break };
-            query.starting_after = Some(last.id.clone());
-            let more = page.has_more;
-            charges.extend(page.data);
-            if !more {
-                break;
+        for account in self.accounts(conn, window).await? {
+            let mut query = ListCharges {
+                account,
+                created_gte: window.start.unix_timestamp(),
+                created_lt: window.end.unix_timestamp(),
+                starting_after: None,
+                limit: self.config.page_size,
+            };
+            loop {
+                let page = self.provider.list_charges(&query).await.with_context(|| match &query.account {
+                    Some(account) => format!("cannot list the provider's charges in account {account}"),
+                    None => "cannot list the provider's charges".to_owned(),
+                })?;
+                runs::heartbeat(conn, run_id).await?;
+                let Some(last) = page.data.last() else { break };
+                query.starting_after = Some(last.id.clone());
+                let more = page.has_more;
+                charges.extend(page.data);
+                if !more {
+                    break;
+                }
             }
         }
         Ok(charges)
+    }
+
+    /// The provider accounts to list for `window`: oncepay's own, unless payments are charged in
+    /// connected accounts; then every account connected to a tenant now, and every account (oncepay's
+    /// own among them) that a ledger entry of the window was booked in, so an account an operator
+    /// has since replaced is still read for the days it was charged in.
+    async fn accounts(&self, conn: &mut PgConnection, window: &Window) -> anyhow::Result<Vec<Option<ProviderAccount>>> {
+        if !self.config.connected_accounts {
+            return Ok(vec![None]);
+        }
+        let accounts = sqlx::query_scalar!(
+            r#"
+            SELECT provider_account AS "account: ProviderAccount" FROM tenants WHERE provider_account IS NOT NULL
+            UNION
+            SELECT p.provider_account FROM ledger_entries l JOIN payments p USING (tenant_id, payment_id)
+            WHERE l.charged_at >= $1 AND l.charged_at < $2
+            "#,
+            window.start,
+            window.end,
+        )
+        .fetch_all(conn)
+        .await
+        .context("cannot read the provider accounts to reconcile")?;
+        Ok(accounts)
     }
 }
 

@@ -140,8 +140,8 @@ async fn charges_are_found_by_id_and_by_key() {
     let never_used = charge_request(1).downstream_key;
 
     let SendOutcome::Charged(charge) = provider.create_charge(&request).await else { panic!("not charged") };
-    let by_key = provider.find_by_key(&request.downstream_key).await.unwrap();
-    let none = provider.find_by_key(&never_used).await.unwrap();
+    let by_key = provider.find_by_key(&request.downstream_key, None).await.unwrap();
+    let none = provider.find_by_key(&never_used, None).await.unwrap();
     let by_id = sim.get(&format!("/v1/charges/{}", charge.id)).await;
     let missing = sim.get("/v1/charges/ch_nothing").await;
 
@@ -178,6 +178,7 @@ async fn listing_pages_through_a_window_oldest_first_with_ties_broken_by_id() {
     loop {
         let page = provider
             .list_charges(&ListCharges {
+                account: None,
                 created_gte: t,
                 created_lt: t + 2,
                 starting_after: starting_after.clone(),

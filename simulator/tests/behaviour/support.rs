@@ -116,7 +116,6 @@ pub fn charge_request(amount: i64) -> ChargeRequest {
         Currency::parse("EUR").unwrap(),
         "cus_42".into(),
         &BTreeMap::new(),
-        None,
     )
 }
 
