@@ -17,7 +17,8 @@ use oncepay_domain::fingerprint::Fingerprint;
 use oncepay_domain::idempotency_key::IdempotencyKey;
 use oncepay_domain::ids::TenantId;
 use oncepay_domain::payment::PaymentResource;
-use oncepay_domain::payment_request::PaymentRequest;
+use oncepay_domain::payment_request::{FieldError, PaymentRequest};
+use oncepay_domain::strict_json::{self, StrictJsonError};
 use oncepay_service::telemetry;
 use oncepay_store::intake::{ExistingKey, Intake, NewPayment};
 use oncepay_store::{StoreError, payments};
@@ -47,7 +48,8 @@ const PATH: &str = "/v1/payments";
     security(("api_key" = [])),
     params(CreatePaymentHeaders),
     request_body(content = PaymentRequestBody, content_type = "application/json",
-        description = "At most 64 KiB by default. Unknown fields are rejected."),
+        description = "At most 64 KiB by default. Unknown fields, and a member named twice at any depth, are \
+                       rejected."),
     responses(CreatePaymentResponses, Admission),
 )]
 pub async fn create_payment(
@@ -72,9 +74,10 @@ struct Responded {
 }
 
 /// Checks the request in this order, and refuses it before the store is touched: API key (401),
-/// rate limit (429), `Idempotency-Key` (400), `Content-Type` (415), body size (413), JSON (400),
-/// fields (400, listing every invalid field), what the configured provider could never accept (400,
-/// naming the field). Then serves it from memory or from the store.
+/// rate limit (429), `Idempotency-Key` (400), `Content-Type` (415), body size (413), JSON (400; a
+/// member named twice is named like a wrong field), fields (400, listing every invalid field), what
+/// the configured provider could never accept (400, naming the field). Then serves it from memory
+/// or from the store.
 async fn take(request: &HttpRequest, payload: web::Payload, state: &AppState) -> Result<Responded, ApiError> {
     let span = request_span::of(request);
     let caller = state.admit(request).await?;
@@ -84,7 +87,7 @@ async fn take(request: &HttpRequest, payload: web::Payload, state: &AppState) ->
     let key = idempotency_key(headers)?;
     require_json(headers)?;
     let body = read_body(headers, payload, state.intake.max_body_bytes).await?;
-    let json: Value = serde_json::from_slice(&body).map_err(ApiError::MalformedJson)?;
+    let json = json_body(&body)?;
     let payment_request = PaymentRequest::from_json(&json).map_err(ApiError::InvalidFields)?;
     state.provider_limits.check(&payment_request).map_err(ApiError::InvalidFields)?;
     let fingerprint = Fingerprint::of(METHOD, PATH, &json);
@@ -256,6 +259,17 @@ async fn read_body(headers: &HeaderMap, mut payload: web::Payload, max_bytes: us
     Ok(body)
 }
 
+/// The body as JSON, in one pass. A member named twice, at any depth, is refused by its name: a proxy
+/// or a log that keeps the first of them would see another payment than the one charged.
+fn json_body(body: &[u8]) -> Result<Value, ApiError> {
+    strict_json::parse(body).map_err(|error| match error {
+        StrictJsonError::RepeatedMember { path } => {
+            ApiError::InvalidFields(vec![FieldError { field: path, message: "appears more than once".to_owned() }])
+        }
+        StrictJsonError::Json(error) => ApiError::MalformedJson(error),
+    })
+}
+
 /// The `outcome` label of a refused request.
 fn error_outcome(error: &ApiError) -> &'static str {
     match error {
@@ -305,6 +319,25 @@ mod tests {
         let bare = idempotency_key(&headers(&[("idempotency-key", "order-42")])).unwrap();
         let quoted = idempotency_key(&headers(&[("idempotency-key", "\"order-42\"")])).unwrap();
         assert_eq!(bare, quoted);
+    }
+
+    #[test]
+    fn a_body_is_json_without_a_member_named_twice() {
+        let cases = [
+            (r#"{"amount":100,"amount":5000}"#, Some("amount")),
+            (r#"{"metadata":{"order":"1","order":"1"}}"#, Some("metadata.order")),
+            (r#"{"amount":100,"metadata":{"order":"1"},"order":"1"}"#, None),
+        ];
+        for (text, repeated) in cases {
+            match (json_body(text.as_bytes()), repeated) {
+                (Err(ApiError::InvalidFields(errors)), Some(field)) => {
+                    assert_eq!(errors, [FieldError { field: field.into(), message: "appears more than once".into() }]);
+                }
+                (Ok(json), None) => assert_eq!(json, serde_json::from_str::<Value>(text).unwrap()),
+                (other, _) => panic!("{text}: {other:?}"),
+            }
+        }
+        assert!(matches!(json_body(b"{"), Err(ApiError::MalformedJson(_))));
     }
 
     #[test]
