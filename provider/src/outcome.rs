@@ -112,12 +112,9 @@ pub enum LookupError {
 impl SendOutcome {
     /// Classifies an HTTP response to `POST /v1/charges`.
     pub fn from_response(status: u16, retry_after: Option<Duration>, body: &[u8]) -> Self {
-        // The body is read once, strictly. One that names a member twice means different things to
-        // different readers, so it proves nothing, whatever the status says.
-        let json = match strict_json::parse(body) {
-            Ok(json) => Some(json),
-            Err(StrictJsonError::RepeatedMember { .. }) => return Self::Uncertain(UncertainReason::UnreadableResponse),
-            Err(StrictJsonError::Json(_)) => None,
+        let json = match response_json(body) {
+            Ok(json) => json,
+            Err(reason) => return Self::Uncertain(reason),
         };
         match status {
             201 | 200 => match read::<Charge>(json.as_ref()) {
@@ -180,8 +177,19 @@ impl SendOutcome {
     }
 }
 
+/// A create's response body, read once and strictly, for every adapter's classification: its JSON,
+/// or `None` when it is not JSON. A body that names a member twice is an error: it means different
+/// things to different readers, so it proves nothing, whatever the status says.
+pub(crate) fn response_json(body: &[u8]) -> Result<Option<Value>, UncertainReason> {
+    match strict_json::parse(body) {
+        Ok(json) => Ok(Some(json)),
+        Err(StrictJsonError::RepeatedMember { .. }) => Err(UncertainReason::UnreadableResponse),
+        Err(StrictJsonError::Json(_)) => Ok(None),
+    }
+}
+
 /// `json` as a `T`, if it is one.
-fn read<T: DeserializeOwned>(json: Option<&Value>) -> Option<T> {
+pub(crate) fn read<T: DeserializeOwned>(json: Option<&Value>) -> Option<T> {
     json.and_then(|json| T::deserialize(json).ok())
 }
 
