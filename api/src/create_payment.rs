@@ -260,12 +260,14 @@ async fn read_body(headers: &HeaderMap, mut payload: web::Payload, max_bytes: us
 }
 
 /// The body as JSON, in one pass. A member named twice, at any depth, is refused by its name: a proxy
-/// or a log that keeps the first of them would see another payment than the one charged.
+/// or a log that keeps the first of them would see another payment than the one charged. So is a
+/// member named as serde_json's private markers, which serde_json would read as something else.
 fn json_body(body: &[u8]) -> Result<Value, ApiError> {
+    let refused =
+        |field, message: &str| ApiError::InvalidFields(vec![FieldError { field, message: message.to_owned() }]);
     strict_json::parse(body).map_err(|error| match error {
-        StrictJsonError::RepeatedMember { path } => {
-            ApiError::InvalidFields(vec![FieldError { field: path, message: "appears more than once".to_owned() }])
-        }
+        StrictJsonError::RepeatedMember { path } => refused(path, "appears more than once"),
+        StrictJsonError::ReservedMember { path } => refused(path, "is a name reserved by the JSON parser"),
         StrictJsonError::Json(error) => ApiError::MalformedJson(error),
     })
 }
@@ -323,17 +325,22 @@ mod tests {
 
     #[test]
     fn a_body_is_json_without_a_member_named_twice() {
+        let reserved = "$serde_json::private::RawValue";
         let cases = [
-            (r#"{"amount":100,"amount":5000}"#, Some("amount")),
-            (r#"{"metadata":{"order":"1","order":"1"}}"#, Some("metadata.order")),
-            (r#"{"amount":100,"metadata":{"order":"1"},"order":"1"}"#, None),
+            (r#"{"amount":100,"amount":5000}"#.to_owned(), Some(("amount", "appears more than once"))),
+            (
+                r#"{"metadata":{"order":"1","order":"1"}}"#.to_owned(),
+                Some(("metadata.order", "appears more than once")),
+            ),
+            (r#"{"amount":100,"metadata":{"order":"1"},"order":"1"}"#.to_owned(), None),
+            (format!(r#"{{"{reserved}":"{{}}"}}"#), Some((reserved, "is a name reserved by the JSON parser"))),
         ];
-        for (text, repeated) in cases {
-            match (json_body(text.as_bytes()), repeated) {
-                (Err(ApiError::InvalidFields(errors)), Some(field)) => {
-                    assert_eq!(errors, [FieldError { field: field.into(), message: "appears more than once".into() }]);
+        for (text, refused) in cases {
+            match (json_body(text.as_bytes()), refused) {
+                (Err(ApiError::InvalidFields(errors)), Some((field, message))) => {
+                    assert_eq!(errors, [FieldError { field: field.into(), message: message.into() }]);
                 }
-                (Ok(json), None) => assert_eq!(json, serde_json::from_str::<Value>(text).unwrap()),
+                (Ok(json), None) => assert_eq!(json, serde_json::from_str::<Value>(&text).unwrap()),
                 (other, _) => panic!("{text}: {other:?}"),
             }
         }

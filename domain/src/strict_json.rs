@@ -1,9 +1,11 @@
-//! JSON read strictly: an object that names a member twice, at any depth, is an error.
+//! JSON read strictly: a member named twice in one object, at any depth, is an error, and so is a
+//! member named `$serde_json::private::…`.
 //!
-//! serde_json keeps the last of repeated members, and other readers (a proxy, a log, a client
-//! library) may keep the first, so one body would mean two things. Everything oncepay reads from
-//! outside (a payment request, a provider's response, a webhook) is read here. Apart from that, a
-//! body reads exactly as `serde_json::from_slice` reads it, in one pass over the bytes.
+//! serde_json keeps the last of repeated members where another reader (a proxy, a log, a client
+//! library) may keep the first, so one body would mean two things; and it reads an object whose
+//! first member is named `$serde_json::private::RawValue` as the text that member holds, leniently,
+//! even into a typed field. Payment requests, provider responses and webhooks are read here.
+//! Otherwise a body reads exactly as `serde_json::from_slice` reads it, in one pass over the bytes.
 
 use std::cell::RefCell;
 use std::fmt;
@@ -21,6 +23,12 @@ pub enum StrictJsonError {
         /// Where, as the api names fields: `amount`, `metadata.order`, `items[0].id`.
         path: String,
     },
+    /// A member is named as one of serde_json's private markers.
+    #[error("the member `{path}` has a name serde_json reserves for itself")]
+    ReservedMember {
+        /// Where, as for a repeated member.
+        path: String,
+    },
     /// Not JSON, or not the JSON that was expected.
     #[error(transparent)]
     Json(#[from] serde_json::Error),
@@ -28,15 +36,20 @@ pub enum StrictJsonError {
 
 /// Reads a JSON document.
 pub fn parse(bytes: &[u8]) -> Result<Value, StrictJsonError> {
-    let repeat = RefCell::new(None);
+    let refused = RefCell::new(None);
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-    let read = Strict { repeat: &repeat }.deserialize(&mut deserializer).and_then(|value| {
+    let read = Strict { refused: &refused }.deserialize(&mut deserializer).and_then(|value| {
         // Nothing but white space may follow the document, as `serde_json::from_slice` requires.
         deserializer.end()?;
         Ok(value)
     });
-    match (read, repeat.into_inner()) {
-        (_, Some(steps)) => Err(StrictJsonError::RepeatedMember { path: render(steps) }),
+    match (read, refused.into_inner()) {
+        (_, Some(Refused { why: Why::Repeated, steps })) => {
+            Err(StrictJsonError::RepeatedMember { path: render(steps) })
+        }
+        (_, Some(Refused { why: Why::Reserved, steps })) => {
+            Err(StrictJsonError::ReservedMember { path: render(steps) })
+        }
         (Ok(value), None) => Ok(value),
         (Err(error), None) => Err(StrictJsonError::Json(error)),
     }
@@ -49,7 +62,21 @@ pub fn from_slice<T: de::DeserializeOwned>(bytes: &[u8]) -> Result<T, StrictJson
     Ok(T::deserialize(&value)?)
 }
 
-/// One step of the path to a repeated member.
+/// How serde_json names its private markers, e.g. `$serde_json::private::RawValue`.
+const RESERVED_PREFIX: &str = "$serde_json::private::";
+
+/// A member refused, why, and the path to it, innermost step first.
+struct Refused {
+    why: Why,
+    steps: Vec<Step>,
+}
+
+enum Why {
+    Repeated,
+    Reserved,
+}
+
+/// One step of the path to a refused member.
 enum Step {
     Member(String),
     Index(usize),
@@ -77,20 +104,26 @@ fn render(mut steps: Vec<Step>) -> String {
     path
 }
 
-/// Builds a [`Value`] as serde_json's own does, but refuses a member name already in its object.
-/// serde_json's errors carry no data of ours, so the path to a repeat is kept aside in `repeat`:
-/// the object that meets it records its name, and every enclosing value adds its own step as the
-/// error passes through it.
+/// Builds a [`Value`] as serde_json's own does, but refuses a member name already in its object or
+/// reserved by serde_json. serde_json's errors carry no data of ours, so the refused member is kept
+/// aside in `refused`: the object that meets it records its name, and every enclosing value adds
+/// its own step as the error passes through it.
 #[derive(Clone, Copy)]
 struct Strict<'a> {
-    repeat: &'a RefCell<Option<Vec<Step>>>,
+    refused: &'a RefCell<Option<Refused>>,
 }
 
 impl Strict<'_> {
-    /// Adds `step` to the path of a repeat found below it; any other error passes unchanged.
+    /// Refuses the member `name` of the object being read.
+    fn refuse<E: de::Error>(self, why: Why, name: String) -> E {
+        *self.refused.borrow_mut() = Some(Refused { why, steps: vec![Step::Member(name)] });
+        E::custom("a refused member name")
+    }
+
+    /// Adds `step` to the path of a member refused below it; any other error passes unchanged.
     fn within<E>(self, step: impl FnOnce() -> Step, error: E) -> E {
-        if let Some(steps) = self.repeat.borrow_mut().as_mut() {
-            steps.push(step());
+        if let Some(refused) = self.refused.borrow_mut().as_mut() {
+            refused.steps.push(step());
         }
         error
     }
@@ -161,6 +194,9 @@ impl<'de> Visitor<'de> for Strict<'_> {
     fn visit_map<A: MapAccess<'de>>(self, mut members: A) -> Result<Value, A::Error> {
         let mut object = Map::new();
         while let Some(name) = members.next_key::<String>()? {
+            if name.starts_with(RESERVED_PREFIX) {
+                return Err(self.refuse(Why::Reserved, name));
+            }
             let value = match members.next_value_seed(self) {
                 Ok(value) => value,
                 Err(error) => return Err(self.within(|| Step::Member(name), error)),
@@ -170,10 +206,7 @@ impl<'de> Visitor<'de> for Strict<'_> {
                 Entry::Vacant(slot) => {
                     slot.insert(value);
                 }
-                Entry::Occupied(slot) => {
-                    *self.repeat.borrow_mut() = Some(vec![Step::Member(slot.key().clone())]);
-                    return Err(de::Error::custom(format_args!("a repeated member name")));
-                }
+                Entry::Occupied(slot) => return Err(self.refuse(Why::Repeated, slot.key().clone())),
             }
         }
         Ok(Value::Object(object))
@@ -248,6 +281,40 @@ mod tests {
         let strict = parse(deep.as_bytes()).unwrap_err();
 
         assert!(strict.to_string().contains("recursion limit exceeded"), "{strict}");
+    }
+
+    #[test]
+    fn a_name_serde_json_reserves_for_itself_is_refused_wherever_it_is() {
+        // serde_json reads an object whose first member has this name as the JSON text it holds.
+        let cases = [
+            (r#"{"$serde_json::private::RawValue":"{\"amount\":1,\"amount\":2}"}"#, "$serde_json::private::RawValue"),
+            (
+                r#"{"data":{"object":{"$serde_json::private::RawValue":"[]"}}}"#,
+                "data.object.$serde_json::private::RawValue",
+            ),
+            (r#"[{"a":1,"$serde_json::private::Number":"1"}]"#, "[0].$serde_json::private::Number"),
+        ];
+        for (text, path) in cases {
+            match parse(text.as_bytes()) {
+                Err(StrictJsonError::ReservedMember { path: found }) => assert_eq!(found, path, "{text}"),
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+        assert!(parse(br#"{"$serde_json":1,"serde_json::private::RawValue":2}"#).is_ok());
+    }
+
+    #[derive(Debug, PartialEq, Deserialize)]
+    struct Event {
+        object: Value,
+    }
+
+    #[test]
+    fn a_typed_read_never_reads_json_text_as_an_object() {
+        let text = br#"{"object":{"$serde_json::private::RawValue":"{\"a\":1,\"a\":2}"}}"#;
+
+        let read = from_slice::<Event>(text);
+
+        assert!(matches!(read, Err(StrictJsonError::ReservedMember { .. })), "{read:?}");
     }
 
     #[derive(Debug, PartialEq, Deserialize)]
@@ -420,6 +487,8 @@ mod tests {
                         prop_assert_eq!(strict.to_string(), lenient.to_string());
                     }
                     (Err(StrictJsonError::RepeatedMember { .. }), Ok(_)) => {}
+                    // serde_json reads the text such a member holds, which may or may not be JSON.
+                    (Err(StrictJsonError::ReservedMember { .. }), _) => {}
                     (strict, lenient) => prop_assert!(false, "{:?} against {:?}", strict, lenient),
                 }
             }

@@ -178,13 +178,16 @@ impl SendOutcome {
 }
 
 /// A create's response body, read once and strictly, for every adapter's classification: its JSON,
-/// or `None` when it is not JSON. A body that names a member twice is an error: it means different
-/// things to different readers, so it proves nothing, whatever the status says.
+/// or `None` when it is not JSON. A body that names a member twice (or as serde_json's private
+/// markers) is an error: it means different things to different readers, so it proves nothing,
+/// whatever the status says.
 pub(crate) fn response_json(body: &[u8]) -> Result<Option<Value>, UncertainReason> {
     match strict_json::parse(body) {
         Ok(json) => Ok(Some(json)),
-        Err(StrictJsonError::RepeatedMember { .. }) => Err(UncertainReason::UnreadableResponse),
         Err(StrictJsonError::Json(_)) => Ok(None),
+        Err(StrictJsonError::RepeatedMember { .. } | StrictJsonError::ReservedMember { .. }) => {
+            Err(UncertainReason::UnreadableResponse)
+        }
     }
 }
 
@@ -255,6 +258,8 @@ mod tests {
             (429, r#"{"retry":1,"retry":2}"#.to_owned()),
             (409, r#"{"a":1,"a":1}"#.to_owned()),
             (503, r#"{"a":1,"a":1}"#.to_owned()),
+            // serde_json would read the text this member holds as the body.
+            (402, r#"{"$serde_json::private::RawValue":"{\"error\":{\"code\":\"x\",\"message\":\"y\"}}"}"#.to_owned()),
         ];
         for (status, body) in cases {
             assert_eq!(
