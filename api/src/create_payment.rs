@@ -19,8 +19,9 @@ use oncepay_domain::fingerprint::Fingerprint;
 use oncepay_domain::idempotency_key::IdempotencyKey;
 use oncepay_domain::ids::TenantId;
 use oncepay_domain::payment::PaymentResource;
-use oncepay_domain::payment_request::PaymentRequest;
+use oncepay_domain::payment_request::{FieldError, PaymentRequest};
 use oncepay_domain::provider_ref::ProviderAccount;
+use oncepay_domain::strict_json::{self, StrictJsonError};
 use oncepay_service::telemetry;
 use oncepay_store::intake::{self, ExistingKey, Intake, NewPayment};
 use oncepay_store::{StoreError, payments};
@@ -50,7 +51,8 @@ const PATH: &str = "/v1/payments";
     security(("api_key" = [])),
     params(CreatePaymentHeaders),
     request_body(content = PaymentRequestBody, content_type = "application/json",
-        description = "At most 64 KiB by default. Unknown fields are rejected."),
+        description = "At most 64 KiB by default. Unknown fields, and a member named twice at any depth, are \
+                       rejected."),
     responses(CreatePaymentResponses, Admission),
 )]
 pub async fn create_payment(
@@ -75,10 +77,11 @@ struct Responded {
 }
 
 /// Checks the request in this order, and refuses it before the store is touched: API key (401),
-/// rate limit (429), `Idempotency-Key` (400), `Content-Type` (415), body size (413), JSON (400),
-/// fields (400, listing every invalid field). Then serves it from memory or from the store; what the
-/// configured provider could never charge (400, naming the field) or a tenant without the provider
-/// account it needs (400) is refused only once the key is known to be new.
+/// rate limit (429), `Idempotency-Key` (400), `Content-Type` (415), body size (413), JSON (400; a
+/// member named twice is named like a wrong field), fields (400, listing every invalid field). Then
+/// serves it from memory or from the store; what the configured provider could never charge (400,
+/// naming the field) or a tenant without the provider account it needs (400) is refused only once
+/// the key is known to be new.
 async fn take(request: &HttpRequest, payload: web::Payload, state: &AppState) -> Result<Responded, ApiError> {
     let span = request_span::of(request);
     let caller = state.admit(request).await?;
@@ -88,7 +91,7 @@ async fn take(request: &HttpRequest, payload: web::Payload, state: &AppState) ->
     let key = idempotency_key(headers)?;
     require_json(headers)?;
     let body = read_body(headers, payload, state.intake.max_body_bytes).await?;
-    let json: Value = serde_json::from_slice(&body).map_err(ApiError::MalformedJson)?;
+    let json = json_body(&body)?;
     let payment_request = PaymentRequest::from_json(&json).map_err(ApiError::InvalidFields)?;
     let fingerprint = Fingerprint::of(METHOD, PATH, &json);
     // A key whose payment this process has seen final needs no round trip: its stored final
@@ -294,6 +297,19 @@ async fn read_body(headers: &HeaderMap, mut payload: web::Payload, max_bytes: us
     Ok(body)
 }
 
+/// The body as JSON, in one pass. A member named twice, at any depth, is refused by its name: a proxy
+/// or a log that keeps the first of them would see another payment than the one charged. So is a
+/// member named as serde_json's private markers, which serde_json would read as something else.
+fn json_body(body: &[u8]) -> Result<Value, ApiError> {
+    let refused =
+        |field, message: &str| ApiError::InvalidFields(vec![FieldError { field, message: message.to_owned() }]);
+    strict_json::parse(body).map_err(|error| match error {
+        StrictJsonError::RepeatedMember { path } => refused(path, "appears more than once"),
+        StrictJsonError::ReservedMember { path } => refused(path, "is a name reserved by the JSON parser"),
+        StrictJsonError::Json(error) => ApiError::MalformedJson(error),
+    })
+}
+
 /// The `outcome` label of a refused request.
 fn error_outcome(error: &ApiError) -> &'static str {
     match error {
@@ -344,6 +360,30 @@ mod tests {
         let bare = idempotency_key(&headers(&[("idempotency-key", "order-42")])).unwrap();
         let quoted = idempotency_key(&headers(&[("idempotency-key", "\"order-42\"")])).unwrap();
         assert_eq!(bare, quoted);
+    }
+
+    #[test]
+    fn a_body_is_json_without_a_member_named_twice() {
+        let reserved = "$serde_json::private::RawValue";
+        let cases = [
+            (r#"{"amount":100,"amount":5000}"#.to_owned(), Some(("amount", "appears more than once"))),
+            (
+                r#"{"metadata":{"order":"1","order":"1"}}"#.to_owned(),
+                Some(("metadata.order", "appears more than once")),
+            ),
+            (r#"{"amount":100,"metadata":{"order":"1"},"order":"1"}"#.to_owned(), None),
+            (format!(r#"{{"{reserved}":"{{}}"}}"#), Some((reserved, "is a name reserved by the JSON parser"))),
+        ];
+        for (text, refused) in cases {
+            match (json_body(text.as_bytes()), refused) {
+                (Err(ApiError::InvalidFields(errors)), Some((field, message))) => {
+                    assert_eq!(errors, [FieldError { field: field.into(), message: message.into() }]);
+                }
+                (Ok(json), None) => assert_eq!(json, serde_json::from_str::<Value>(&text).unwrap()),
+                (other, _) => panic!("{text}: {other:?}"),
+            }
+        }
+        assert!(matches!(json_body(b"{"), Err(ApiError::MalformedJson(_))));
     }
 
     #[test]

@@ -200,7 +200,9 @@ impl PartialSchema for PaymentRequestBody {
             .required("currency")
             .required("customer_id")
             .additional_properties(Some(AdditionalProperties::<Schema>::FreeForm(false)))
-            .description(Some("A payment request. Unknown fields are rejected (400)."))
+            .description(Some(
+                "A payment request. Unknown fields, and a member named twice at any depth, are rejected (400).",
+            ))
             .into()
     }
 }
@@ -238,7 +240,7 @@ pub enum CreatePaymentResponses {
     Replayed(PaymentResource),
     #[response(
         status = 400,
-        description = "Missing or malformed `Idempotency-Key`, malformed JSON, or invalid fields \
+        description = "Missing or malformed `Idempotency-Key`, malformed JSON, a member named twice, or invalid fields \
                                             (each one listed in `errors`).",
         content_type = "application/problem+json"
     )]

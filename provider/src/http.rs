@@ -12,6 +12,7 @@ use tracing::instrument;
 
 use oncepay_domain::ids::DownstreamKey;
 use oncepay_domain::provider_ref::ProviderAccount;
+use oncepay_domain::strict_json;
 use oncepay_service::telemetry;
 
 use crate::configured::ProviderSettings;
@@ -69,7 +70,7 @@ pub(crate) fn client(connect_timeout_ms: u64, request_timeout_ms: u64) -> Result
 }
 
 /// Sends a lookup and reads its JSON: anything but a 200 with a readable body is an error, never an
-/// empty result.
+/// empty result. Read strictly: a body that names a member twice is unreadable, never last-wins.
 pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
     request: reqwest::RequestBuilder,
 ) -> Result<T, LookupError> {
@@ -79,7 +80,7 @@ pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
         return Err(LookupError::Status(status));
     }
     let body = response.bytes().await.map_err(LookupError::Transport)?;
-    serde_json::from_slice(&body).map_err(|e| LookupError::Unreadable(e.to_string()))
+    strict_json::from_slice(&body).map_err(|e| LookupError::Unreadable(e.to_string()))
 }
 
 /// The current W3C trace context, as request headers.
@@ -364,6 +365,43 @@ mod tests {
         assert!(matches!(found, Err(LookupError::Inconclusive(_))), "{found:?}");
         assert!(matches!(page, Err(LookupError::Inconclusive(_))), "{page:?}");
         assert!(server.received_requests().await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_lookup_whose_body_names_a_member_twice_is_unreadable() {
+        let key = PaymentId::generate().downstream_key();
+        let charge = charge_json(key.as_str()).to_string();
+        let cases = [
+            // Which of two charges, which payment, whether more follow: each reader may say another.
+            charge
+                .replace(r#""created""#, r#""metadata":{"oncepay_payment_id":"a","oncepay_payment_id":"b"},"created""#),
+            charge.replace(r#""id":"ch_1""#, r#""id":"ch_1","note":1,"note":2"#),
+        ]
+        .map(|charge| format!(r#"{{"data":[{charge}],"has_more":false}}"#))
+        .into_iter()
+        .chain([r#"{"data":[],"has_more":false,"has_more":true}"#.to_owned()]);
+        for body in cases {
+            let server = MockServer::start().await;
+            Mock::given(method("GET"))
+                .respond_with(ResponseTemplate::new(200).set_body_raw(body.clone(), "application/json"))
+                .mount(&server)
+                .await;
+            let provider = HttpProvider::new(&settings(server.uri())).unwrap();
+
+            let found = provider.find_by_key(&key, None).await;
+            let page = provider
+                .list_charges(&ListCharges {
+                    account: None,
+                    created_gte: 0,
+                    created_lt: 1,
+                    starting_after: None,
+                    limit: 10,
+                })
+                .await;
+
+            assert!(matches!(found, Err(LookupError::Unreadable(_))), "{body}: {found:?}");
+            assert!(matches!(page, Err(LookupError::Unreadable(_))), "{body}: {page:?}");
+        }
     }
 
     #[tokio::test]

@@ -3,13 +3,18 @@
 //! - Definitive ([`SendOutcome::Charged`], [`SendOutcome::Declined`]): the payment becomes terminal.
 //! - Not sent ([`SendOutcome::NotSent`]): the request provably never reached the provider, or the
 //!   provider provably refused it without creating anything. Safe to retry with backoff.
-//! - Uncertain ([`SendOutcome::Uncertain`]): the provider may have charged and the response was lost.
-//!   Only the reconciler may settle it.
+//! - Uncertain ([`SendOutcome::Uncertain`]): the provider may have charged and the response was lost,
+//!   or says nothing readable (a body that names a member twice is that, whatever its status). Only
+//!   the reconciler may settle it.
 //!
 //! When in doubt a case is uncertain: calling an unsent request uncertain costs a reconciliation;
 //! calling a sent one "not sent" can cost a double charge.
 
 use std::time::Duration;
+
+use oncepay_domain::strict_json::{self, StrictJsonError};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
 
 use crate::wire::{Charge, ChargeStatus, ErrorBody};
 
@@ -107,21 +112,25 @@ pub enum LookupError {
 impl SendOutcome {
     /// Classifies an HTTP response to `POST /v1/charges`.
     pub fn from_response(status: u16, retry_after: Option<Duration>, body: &[u8]) -> Self {
+        let json = match response_json(body) {
+            Ok(json) => json,
+            Err(reason) => return Self::Uncertain(reason),
+        };
         match status {
-            201 | 200 => match serde_json::from_slice::<Charge>(body) {
-                Ok(charge) if charge.status == ChargeStatus::Succeeded => Self::Charged(charge),
-                Ok(charge) => Self::Declined {
+            201 | 200 => match read::<Charge>(json.as_ref()) {
+                Some(charge) if charge.status == ChargeStatus::Succeeded => Self::Charged(charge),
+                Some(charge) => Self::Declined {
                     code: charge.failure_code.unwrap_or_else(|| "declined".to_owned()),
                     message: charge.failure_message.unwrap_or_else(|| "The provider declined the charge.".to_owned()),
                     charge_id: Some(charge.id),
                 },
-                Err(_) => Self::Uncertain(UncertainReason::UnreadableResponse),
+                None => Self::Uncertain(UncertainReason::UnreadableResponse),
             },
-            402 => match serde_json::from_slice::<ErrorBody>(body) {
-                Ok(ErrorBody { error }) => {
+            402 => match read::<ErrorBody>(json.as_ref()) {
+                Some(ErrorBody { error }) => {
                     Self::Declined { code: error.code, message: error.message, charge_id: error.charge }
                 }
-                Err(_) => Self::Declined {
+                None => Self::Declined {
                     code: "declined".to_owned(),
                     message: "The provider declined the charge.".to_owned(),
                     charge_id: None,
@@ -129,9 +138,9 @@ impl SendOutcome {
             },
             400 => Self::Declined {
                 code: "provider_rejected".to_owned(),
-                message: serde_json::from_slice::<ErrorBody>(body)
+                message: read::<ErrorBody>(json.as_ref())
                     .map(|b| b.error.message)
-                    .unwrap_or_else(|_| "The provider rejected the request as invalid.".to_owned()),
+                    .unwrap_or_else(|| "The provider rejected the request as invalid.".to_owned()),
                 charge_id: None,
             },
             401 | 403 => Self::NotSent { reason: NotSentReason::Unauthorized(status), retry_after: None },
@@ -166,6 +175,25 @@ impl SendOutcome {
             Self::Uncertain(_) => "uncertain",
         }
     }
+}
+
+/// A create's response body, read once and strictly, for every adapter's classification: its JSON,
+/// or `None` when it is not JSON. A body that names a member twice (or as serde_json's private
+/// markers) is an error: it means different things to different readers, so it proves nothing,
+/// whatever the status says.
+pub(crate) fn response_json(body: &[u8]) -> Result<Option<Value>, UncertainReason> {
+    match strict_json::parse(body) {
+        Ok(json) => Ok(Some(json)),
+        Err(StrictJsonError::Json(_)) => Ok(None),
+        Err(StrictJsonError::RepeatedMember { .. } | StrictJsonError::ReservedMember { .. }) => {
+            Err(UncertainReason::UnreadableResponse)
+        }
+    }
+}
+
+/// `json` as a `T`, if it is one.
+pub(crate) fn read<T: DeserializeOwned>(json: Option<&Value>) -> Option<T> {
+    json.and_then(|json| T::deserialize(json).ok())
 }
 
 #[cfg(test)]
@@ -209,6 +237,39 @@ mod tests {
         }
     }
 
+    /// Readers disagree on which of two members counts, so such a body proves nothing: not a charge,
+    /// not a decline, not a refusal before acting.
+    #[test]
+    fn a_body_that_names_a_member_twice_is_uncertain_whatever_the_status() {
+        let charge = |status: &str, metadata: &str| {
+            format!(
+                r#"{{"id":"ch_1","status":"{status}","amount":100,"currency":"EUR","customer":"c",
+                    "idempotency_key":"oncepay-x","created":1,"metadata":{metadata}}}"#
+            )
+        };
+        let cases = [
+            (201, charge("succeeded", r#"{"oncepay_payment_id":"a","oncepay_payment_id":"b"}"#)),
+            (201, charge("succeeded", "{}").replace(r#""created":1"#, r#""created":1,"note":1,"note":2"#)),
+            (200, charge("failed", r#"{"order":"1","order":"2"}"#)),
+            (402, r#"{"error":{"code":"card_declined","message":"No","charge":"ch_1","charge":"ch_2"}}"#.to_owned()),
+            (402, r#"{"error":{"code":"card_declined","message":"No"},"error":{"code":"x","message":"y"}}"#.to_owned()),
+            (400, r#"{"error":{"code":"invalid","message":"No","message":"Yes"}}"#.to_owned()),
+            (401, r#"{"error":{"code":"auth","code":"auth","message":"No"}}"#.to_owned()),
+            (429, r#"{"retry":1,"retry":2}"#.to_owned()),
+            (409, r#"{"a":1,"a":1}"#.to_owned()),
+            (503, r#"{"a":1,"a":1}"#.to_owned()),
+            // serde_json would read the text this member holds as the body.
+            (402, r#"{"$serde_json::private::RawValue":"{\"error\":{\"code\":\"x\",\"message\":\"y\"}}"}"#.to_owned()),
+        ];
+        for (status, body) in cases {
+            assert_eq!(
+                SendOutcome::from_response(status, None, body.as_bytes()),
+                SendOutcome::Uncertain(UncertainReason::UnreadableResponse),
+                "HTTP {status}: {body}"
+            );
+        }
+    }
+
     #[test]
     fn a_decline_keeps_the_providers_code_and_charge() {
         let body = br#"{"error":{"code":"insufficient_funds","message":"No money","charge":"ch_9"}}"#;
@@ -229,7 +290,7 @@ mod tests {
         use proptest::prelude::*;
 
         use super::super::*;
-        use crate::wire::strategies::{charge, error_body};
+        use crate::wire::strategies::{charge, error_body, with_a_repeated_member};
 
         /// What a provider, a proxy or a broken connection may put in a body.
         fn any_body() -> impl Strategy<Value = Vec<u8>> {
@@ -275,6 +336,22 @@ mod tests {
                     prop_assert_eq!(charge.status, ChargeStatus::Succeeded);
                     prop_assert_eq!(serde_json::from_slice::<Charge>(&body).ok(), Some(charge));
                 }
+            }
+
+            /// A body that names a member twice reads differently to different readers: whatever
+            /// the status, it proves nothing.
+            #[test]
+            fn a_body_naming_a_member_twice_is_uncertain_whatever_the_status(
+                status in 100u16..=999,
+                body in with_a_repeated_member(prop_oneof![
+                    charge().prop_map(|c| serde_json::to_value(c).unwrap()),
+                    error_body().prop_map(|e| serde_json::to_value(e).unwrap()),
+                ]),
+            ) {
+                prop_assert_eq!(
+                    SendOutcome::from_response(status, None, &body),
+                    SendOutcome::Uncertain(UncertainReason::UnreadableResponse)
+                );
             }
 
             /// A success whose body cannot be read may well have charged: never a decline.

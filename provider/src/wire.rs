@@ -207,6 +207,55 @@ pub(crate) mod strategies {
         (prop_oneof![Just(EventType::ChargeSucceeded), Just(EventType::ChargeFailed)], any::<i64>(), charge())
             .prop_map(|(event_type, created, data)| WebhookEvent { event_type, created, data })
     }
+
+    /// `body` written as JSON text with one member, of any object in it, written a second time (with
+    /// any string as its second value): a body that readers disagree on.
+    pub(crate) fn with_a_repeated_member(
+        body: impl Strategy<Value = serde_json::Value>,
+    ) -> impl Strategy<Value = Vec<u8>> {
+        use proptest::sample::Index;
+
+        (body, any::<Index>(), any::<Index>(), any::<String>()).prop_filter_map(
+            "a body with an object that has a member",
+            |(mut body, object, member, again)| {
+                let mut objects = Vec::new();
+                pointers_to_objects(&body, String::new(), &mut objects);
+                if objects.is_empty() {
+                    return None;
+                }
+                let serde_json::Value::Object(members) = body.pointer_mut(object.get(&objects).as_str())? else {
+                    return None;
+                };
+                let name = member.get(&members.keys().cloned().collect::<Vec<_>>()).clone();
+                // A stand-in, replaced by the name in the text.
+                let stand_in = "\u{10ffff}\u{10ffff}repeated";
+                members.insert(stand_in.to_owned(), serde_json::Value::String(again));
+                let text = serde_json::to_string(&body).ok()?;
+                let quoted = serde_json::to_string(stand_in).ok()?;
+                let name = serde_json::to_string(&name).ok()?;
+                (text.matches(&quoted).count() == 1).then(|| text.replacen(&quoted, &name, 1).into_bytes())
+            },
+        )
+    }
+
+    /// The JSON Pointers of every object in `value` that has a member.
+    fn pointers_to_objects(value: &serde_json::Value, at: String, found: &mut Vec<String>) {
+        match value {
+            serde_json::Value::Object(members) if !members.is_empty() => {
+                for (name, member) in members {
+                    let name = name.replace('~', "~0").replace('/', "~1");
+                    pointers_to_objects(member, format!("{at}/{name}"), found);
+                }
+                found.push(at);
+            }
+            serde_json::Value::Array(items) => {
+                for (index, item) in items.iter().enumerate() {
+                    pointers_to_objects(item, format!("{at}/{index}"), found);
+                }
+            }
+            _ => {}
+        }
+    }
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@
 //! any other account is recorded as evidence for an operator, never booked.
 
 use actix_web::{HttpRequest, HttpResponse, web};
+use oncepay_domain::strict_json;
 use oncepay_http::problem::{Problem, ProblemType};
 use oncepay_provider::stripe::signature;
 use oncepay_provider::stripe::wire::{Event, Settled};
@@ -50,7 +51,8 @@ async fn respond(request: &HttpRequest, payload: web::Payload, state: &WebhookSt
         tracing::warn!(error = %error, "rejected a Stripe webhook delivery");
         return ("invalid_signature", Problem::new(ProblemType::InvalidSignature, error.to_string()).to_response());
     }
-    let event: Event = match serde_json::from_slice(&body) {
+    // Read strictly: an event that names a member twice is a 400, whichever of the two would count.
+    let event: Event = match strict_json::from_slice(&body) {
         Ok(event) => event,
         Err(error) => {
             let detail = format!("the body is not a Stripe event: {error}");

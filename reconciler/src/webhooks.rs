@@ -12,6 +12,7 @@ use oncepay_domain::ids::{DownstreamKey, PaymentId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::provider_ref::ProviderAccount;
 use oncepay_domain::status::{PaymentStatus, Transition};
+use oncepay_domain::strict_json;
 use oncepay_http::problem::{Problem, ProblemType};
 use oncepay_provider::stripe::signature::StripeWebhookSecret;
 use oncepay_provider::webhook_signature::{self, SignedHeaders, WebhookSecret};
@@ -132,8 +133,9 @@ async fn answer(request: &HttpRequest, payload: web::Payload, state: &WebhookSta
     let webhook_id = headers.id.unwrap_or_default();
     tracing::Span::current().record("webhook.id", webhook_id);
 
-    // A verified body that is not a charge event is a 400.
-    let event: WebhookEvent = match serde_json::from_slice(&body) {
+    // A verified body that is not a charge event is a 400, and so is one that names a member twice:
+    // readers disagree on which of the two counts.
+    let event: WebhookEvent = match strict_json::from_slice(&body) {
         Ok(event) => event,
         Err(error) => {
             let detail = format!("the body is not a charge event: {error}");

@@ -157,6 +157,64 @@ async fn unfinished_intents_and_other_events_are_acknowledged_and_change_nothing
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_signed_event_that_names_a_member_twice_is_400_after_its_signature_and_changes_nothing(pool: PgPool) {
+    let url = start(&pool);
+    let (tenant_id, payment_id) = one_unknown_payment(&pool).await;
+    let genuine = event("evt_7", "payment_intent.succeeded", "succeeded", tenant_id, payment_id, 1999);
+    let text = String::from_utf8(genuine.clone()).unwrap();
+    let ours = format!(r#""oncepay_payment_id":"{payment_id}""#);
+    let other = format!(r#""oncepay_payment_id":"{}""#, PaymentId::generate());
+    let cases = [
+        // A reader that keeps the first sees an intent for another payment.
+        ("two payments", text.replace(&ours, &format!("{other},{ours}"))),
+        (
+            "two amounts received",
+            text.replace(r#""amount_received":1999"#, r#""amount_received":1,"amount_received":1999"#),
+        ),
+        ("two event types", text.replace(r#""type":"#, r#""type":"customer.created","type":"#)),
+    ];
+
+    for (name, body) in cases {
+        assert_ne!(body, text, "{name}");
+        let forged = StripeWebhookSecret::parse("whsec_someone_elses_secret_000")
+            .unwrap()
+            .sign(OffsetDateTime::now_utc().unix_timestamp(), body.as_bytes());
+        let (forged_code, _) = deliver(&url, &forged, body.clone().into_bytes()).await;
+        let (code, problem) = deliver(&url, &signed(body.as_bytes()), body.into_bytes()).await;
+
+        assert_eq!(forged_code, 401, "{name}: the signature is checked first");
+        assert_eq!(code, 400, "{name}: {problem}");
+        assert_eq!(problem["type"], "https://oncepay.dev/problems/invalid-webhook", "{name}");
+        assert!(problem["detail"].as_str().unwrap().contains("more than once"), "{name}: {problem}");
+    }
+    assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Unknown);
+    // The refused deliveries left no trace: the genuine event under the same id is applied.
+    let (code, body) = deliver(&url, &signed(&genuine), genuine).await;
+    assert_eq!((code, body), (200, json!({"outcome": "applied"})));
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn an_event_whose_object_is_json_text_under_serde_jsons_private_name_is_400_and_changes_nothing(pool: PgPool) {
+    let url = start(&pool);
+    let (tenant_id, payment_id) = one_unknown_payment(&pool).await;
+    let genuine = event("evt_8", "payment_intent.succeeded", "succeeded", tenant_id, payment_id, 1999);
+    let mut disguised: Value = serde_json::from_slice(&genuine).unwrap();
+    // serde_json reads an object whose member is named `$serde_json::private::RawValue` as the JSON
+    // text it holds, leniently: a repeated member inside that text would be read last-wins.
+    let ours = format!(r#""oncepay_payment_id":"{payment_id}""#);
+    let other = format!(r#""oncepay_payment_id":"{}""#, PaymentId::generate());
+    let inner = disguised["data"]["object"].to_string().replace(&ours, &format!("{other},{ours}"));
+    disguised["data"]["object"] = json!({"$serde_json::private::RawValue": inner});
+    let body = serde_json::to_vec(&disguised).unwrap();
+
+    let (code, problem) = deliver(&url, &signed(&body), body).await;
+
+    assert_eq!(code, 400, "{problem}");
+    assert_eq!(problem["type"], "https://oncepay.dev/problems/invalid-webhook");
+    assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Unknown);
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_delivery_with_a_bad_signature_is_refused_and_changes_nothing(pool: PgPool) {
     let url = start(&pool);
     let (tenant_id, payment_id) = one_unknown_payment(&pool).await;

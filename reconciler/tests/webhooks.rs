@@ -377,6 +377,38 @@ async fn a_verified_body_that_is_not_a_consistent_charge_event_is_400(pool: PgPo
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_signed_body_that_names_a_member_twice_is_400_after_its_signature_and_changes_nothing(pool: PgPool) {
+    let hook = Endpoint::start(&pool);
+    let (tenant_id, payment_id) = one_unknown_payment(&pool, 100).await;
+    let genuine = event(&charge(tenant_id, payment_id, "ch_1", ChargeStatus::Succeeded, 100));
+    let text = String::from_utf8(genuine.clone()).unwrap();
+    let ours = format!(r#""{}":"{payment_id}""#, oncepay_provider::metadata_keys::PAYMENT_ID);
+    let other = format!(r#""{}":"{}""#, oncepay_provider::metadata_keys::PAYMENT_ID, PaymentId::generate());
+    let cases = [
+        // A reader that keeps the first sees a charge for another payment.
+        ("two payments", text.replace(&ours, &format!("{other},{ours}"))),
+        ("a member nobody reads, twice", text.replacen('{', r#"{"livemode":false,"livemode":true,"#, 1)),
+    ];
+
+    for (name, body) in cases {
+        assert_ne!(body, text, "{name}");
+        let forged = Delivery::signed(&secret(9), "msg_1", body.clone().into_bytes());
+        let (forged_code, _, _) = hook.deliver(&forged).await;
+        let (code, problem, _) = hook.deliver(&Delivery::signed(&hook.key, "msg_1", body.into_bytes())).await;
+
+        assert_eq!(forged_code, 401, "{name}: the signature is checked first");
+        assert_eq!(code, 400, "{name}: {problem}");
+        assert_eq!(problem["type"], "https://oncepay.dev/problems/invalid-webhook", "{name}");
+        assert!(problem["detail"].as_str().unwrap().contains("more than once"), "{name}: {problem}");
+    }
+    assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Unknown);
+    assert_eq!(count(&pool, "webhook_events").await, 0);
+    // The refused deliveries left no trace: the genuine event under the same id is applied.
+    let (code, body, _) = hook.deliver(&Delivery::signed(&hook.key, "msg_1", genuine)).await;
+    assert_eq!((code, body), (200, json!({"outcome": "applied"})));
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_payment_still_being_sent_is_only_recorded_and_a_dead_lettered_one_gains_evidence(pool: PgPool) {
     let hook = Endpoint::start(&pool);
     let tenant_id = tenant(&pool, "acme").await;

@@ -187,6 +187,43 @@ async fn an_unknown_field_is_refused_by_name(_: PgPoolOptions, options: PgConnec
     app.stop().await;
 }
 
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_member_named_twice_at_any_depth_is_refused_by_name_and_nothing_is_written(
+    _: PgPoolOptions,
+    options: PgConnectOptions,
+) {
+    let app = TestApp::spawn(options).await;
+    // A proxy or a log that keeps the first of repeated members would see another payment than
+    // the one charged, whichever oncepay kept.
+    let cases = [
+        (r#"{"amount":100,"amount":5000,"currency":"EUR","customer_id":"cus_42"}"#, "amount"),
+        (r#"{"amount":100,"currency":"EUR","customer_id":"cus_42","amount":100}"#, "amount"),
+        (
+            r#"{"amount":100,"currency":"EUR","customer_id":"cus_42","metadata":{"order":"1","order":"2"}}"#,
+            "metadata.order",
+        ),
+        (r#"{"amount":100,"currency":"EUR","customer_id":"cus_42","extra":[{"a":1,"a":1}]}"#, "extra[0].a"),
+    ];
+
+    for (text, field) in cases {
+        let response = app.post_raw("k-1", Some("application/json"), text).send().await.unwrap();
+
+        let (_, problem) = assert_problem(response, StatusCode::BAD_REQUEST, "invalid-request").await;
+        assert_eq!(problem["errors"].as_array().map(Vec::len), Some(1), "{text}: {problem}");
+        assert_eq!(problem["errors"][0]["field"], field, "{text}: {problem}");
+        assert!(problem["errors"][0]["message"].as_str().unwrap().contains("more than once"), "{problem}");
+    }
+    assert_eq!(app.rows().await, NOTHING);
+    // The key was not taken: a valid body with it is a new payment, not a replay or a 422.
+    let accepted = app.post_payment("k-1", &body()).send().await.unwrap();
+    assert_eq!(accepted.status(), StatusCode::ACCEPTED);
+    assert!(accepted.headers().get("idempotent-replayed").is_none());
+    let payment: Value = accepted.json().await.unwrap();
+    assert_eq!(payment["amount"], body()["amount"]);
+    assert_eq!(app.rows().await.payments, 1);
+    app.stop().await;
+}
+
 /// A valid request whose body is `size` bytes, padded with white space.
 fn padded_body(size: usize) -> String {
     let json = body().to_string();

@@ -10,6 +10,9 @@
 
 use std::time::Duration;
 
+use serde_json::Value;
+
+use crate::outcome::{read, response_json};
 use crate::{NotSentReason, SendOutcome, UncertainReason};
 
 use super::wire::{DECLINED, ErrorBody, PaymentIntent, Settled, StripeError, error_types, in_our_words};
@@ -23,11 +26,17 @@ const LOCK_TIMEOUT: &str = "lock_timeout";
 /// Classifies Stripe's response to `POST /v1/payment_intents` with `confirm=true`, sent under the
 /// idempotency key `key`.
 pub fn create_outcome(status: u16, retry_after: Option<Duration>, body: &[u8], key: &str) -> SendOutcome {
+    // Read once, strictly: a body that names a member twice is uncertain whatever the status.
+    let json = match response_json(body) {
+        Ok(json) => json,
+        Err(reason) => return SendOutcome::Uncertain(reason),
+    };
+    let body = json.as_ref();
     match status {
-        200 => match serde_json::from_slice::<PaymentIntent>(body) {
-            Ok(intent) => intent_outcome(&intent, key),
+        200 => match read::<PaymentIntent>(body) {
+            Some(intent) => intent_outcome(&intent, key),
             // A 200 means the intent exists; a body cut short or mangled does not say how it ended.
-            Err(_) => SendOutcome::Uncertain(UncertainReason::UnreadableResponse),
+            None => SendOutcome::Uncertain(UncertainReason::UnreadableResponse),
         },
         402 => match read_error(body) {
             Some(error) if error.error_type == error_types::CARD => card_declined(&error, key),
@@ -57,8 +66,8 @@ pub fn create_outcome(status: u16, retry_after: Option<Duration>, body: &[u8], k
     }
 }
 
-fn read_error(body: &[u8]) -> Option<StripeError> {
-    serde_json::from_slice::<ErrorBody>(body).ok().map(|b| b.error)
+fn read_error(body: Option<&Value>) -> Option<StripeError> {
+    read::<ErrorBody>(body).map(|b| b.error)
 }
 
 /// A status, or a body under a status, that does not prove how the request ended.
@@ -266,6 +275,65 @@ mod tests {
         }
     }
 
+    /// Readers disagree on which of two members counts, so such a body proves nothing, whatever the
+    /// status: not a charge, not a decline, not a refusal before any work.
+    #[test]
+    fn a_body_that_names_a_member_twice_is_uncertain_whatever_the_status() {
+        let text = |value: &Value| serde_json::to_string(value).unwrap();
+        let ours = format!(r#""oncepay_payment_id":"{PAYMENT}""#);
+        let other = r#""oncepay_payment_id":"0196a0c4-0000-7000-8000-0000000000bb""#;
+        let succeeded = text(&intent("pi_1", "succeeded", PAYMENT));
+        let declined = text(&card_error(Some(declined_intent("pi_1", PAYMENT))));
+        let cases: Vec<(&str, u16, String)> = vec![
+            ("an intent naming two payments", 200, succeeded.replace(&ours, &format!("{ours},{other}"))),
+            ("an intent naming two payments, ours last", 200, succeeded.replace(&ours, &format!("{other},{ours}"))),
+            (
+                "an intent with two statuses",
+                200,
+                succeeded.replace(r#""status":"#, r#""status":"processing","status":"#),
+            ),
+            (
+                "a field oncepay does not read, twice",
+                200,
+                succeeded.replace(r#""id":"#, r#""livemode":false,"livemode":true,"id":"#),
+            ),
+            ("a decline naming two payments", 402, declined.replace(&ours, &format!("{ours},{other}"))),
+            (
+                "a decline with two decline codes",
+                402,
+                declined.replace(r#""decline_code":"#, r#""decline_code":"x","decline_code":"#),
+            ),
+            (
+                "two errors",
+                400,
+                format!(
+                    r#"{{"error":{},"error":{}}}"#,
+                    text(&invalid_request(None)["error"]),
+                    text(&error("idempotency_error", None, "reused")["error"])
+                ),
+            ),
+            (
+                "an invalid request with two params",
+                400,
+                text(&invalid_request(None)).replace(r#""param":"#, r#""param":"amount","param":"#),
+            ),
+            (
+                "a rate limit that is a lock timeout",
+                429,
+                r#"{"error":{"type":"invalid_request_error","code":"rate_limit","code":"lock_timeout"}}"#.to_owned(),
+            ),
+            ("401", 401, r#"{"error":{"type":"invalid_request_error","message":"a","message":"b"}}"#.to_owned()),
+            ("500", 500, r#"{"error":{"type":"api_error","type":"api_error"}}"#.to_owned()),
+        ];
+        for (name, status, body) in cases {
+            // JSON that serde_json reads, keeping the last of each repeated member.
+            assert!(serde_json::from_str::<Value>(&body).is_ok(), "{name}: {body}");
+            let outcome = create_outcome(status, None, body.as_bytes(), KEY);
+
+            assert_eq!(label(&outcome), "uncertain: the provider's response could not be read", "{name}: {body}");
+        }
+    }
+
     #[test]
     fn a_success_becomes_the_charge_with_the_key_it_was_sent_under() {
         let body = bytes(&intent("pi_1", "succeeded", PAYMENT));
@@ -381,6 +449,24 @@ mod tests {
         }
 
         proptest! {
+            /// A body that names a member twice, anywhere, proves nothing, whatever the status.
+            #[test]
+            fn a_body_naming_a_member_twice_is_uncertain_whatever_the_status(
+                status in 100u16..=999,
+                body in crate::wire::strategies::with_a_repeated_member(prop_oneof![
+                    status_name().prop_map(|s| intent("pi_1", s, PAYMENT)),
+                    Just(declined_intent("pi_1", PAYMENT)),
+                    status_name().prop_map(|s| card_error(Some(intent("pi_1", s, PAYMENT)))),
+                    status_name().prop_map(|s| invalid_request(Some(intent("pi_1", s, PAYMENT)))),
+                    Just(error("invalid_request_error", Some("rate_limit"), "Too many requests.")),
+                ]),
+            ) {
+                prop_assert_eq!(
+                    create_outcome(status, None, &body, KEY),
+                    SendOutcome::Uncertain(UncertainReason::UnreadableResponse)
+                );
+            }
+
             /// Only a refusal before any work may be "not sent": 401, 403 and a rate-limit 429.
             #[test]
             fn only_a_refusal_before_any_work_is_not_sent(status in 100u16..=999, body in any_body()) {

@@ -624,6 +624,32 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_response_that_names_a_member_twice_is_uncertain_whatever_its_status() {
+        let payment = PaymentId::generate();
+        let ours = format!(r#""oncepay_payment_id":"{payment}""#);
+        let two_payments = format!(r#"{ours},"oncepay_payment_id":"{}""#, PaymentId::generate());
+        let mut declined = error("card_error", Some("card_declined"), "Your card was declined.");
+        declined["error"]["payment_intent"] = declined_intent("pi_7", &payment.to_string());
+        let cases = [
+            (200, intent("pi_1", "succeeded", &payment.to_string()).to_string().replace(&ours, &two_payments)),
+            (402, declined.to_string().replace(&ours, &two_payments)),
+            (429, r#"{"error":{"type":"invalid_request_error","code":"rate_limit","code":"lock_timeout"}}"#.to_owned()),
+        ];
+        for (status, body) in cases {
+            let (server, provider) = stripe().await;
+            Mock::given(method("POST"))
+                .and(path("/v1/payment_intents"))
+                .respond_with(ResponseTemplate::new(status).set_body_raw(body.clone(), "application/json"))
+                .mount(&server)
+                .await;
+
+            let outcome = provider.create_charge(&request(payment)).await;
+
+            assert_eq!(outcome, SendOutcome::Uncertain(UncertainReason::UnreadableResponse), "HTTP {status}: {body}");
+        }
+    }
+
+    #[tokio::test]
     async fn a_key_still_in_flight_is_uncertain() {
         let (server, provider) = stripe().await;
         let body = error(
@@ -936,6 +962,59 @@ mod tests {
 
         assert!(matches!(lookup, Lookup::CantTell(CantTell::ListFailed(LookupError::Status(500)))), "{lookup:?}");
         assert!(matches!(by_key, Err(LookupError::Inconclusive(_))), "{by_key:?}");
+    }
+
+    #[tokio::test]
+    async fn a_lookup_whose_body_names_a_member_twice_proves_nothing() {
+        let payment = PaymentId::generate();
+        let ours = format!(r#""oncepay_payment_id":"{payment}""#);
+        let other = format!(r#""oncepay_payment_id":"{}""#, PaymentId::generate());
+        // An intent whose metadata names this payment and another one.
+        let naming_both = |first: &str, last: &str| {
+            intent("pi_1", "succeeded", &payment.to_string()).to_string().replace(&ours, &format!("{first},{last}"))
+        };
+        let page =
+            |data: &str| format!(r#"{{"object":"list","url":"/v1/payment_intents","data":[{data}],"has_more":false}}"#);
+        let search = |data: &str| format!(r#"{{"object":"search_result","has_more":false,"data":[{data}]}}"#);
+        let cases = [
+            // Last-wins found this payment's charge in an intent that names another payment first.
+            (search(&naming_both(&other, &ours)), page(&naming_both(&other, &ours))),
+            // Last-wins saw a window without this payment's intent, so concluded that there is none:
+            // the answer that allows a resend.
+            (search(""), page(&naming_both(&ours, &other))),
+        ];
+        for (search, list) in cases {
+            let (server, provider) = stripe().await;
+            Mock::given(method("GET"))
+                .and(path("/v1/payment_intents/search"))
+                .respond_with(ResponseTemplate::new(200).set_body_raw(search.clone(), "application/json"))
+                .mount(&server)
+                .await;
+            Mock::given(method("GET"))
+                .and(path("/v1/payment_intents"))
+                .respond_with(ResponseTemplate::new(200).set_body_raw(list.clone(), "application/json"))
+                .mount(&server)
+                .await;
+
+            let lookup = provider.lookup(payment, None).await;
+            let by_key = provider.find_by_key(&payment.downstream_key(), None).await;
+            let nightly = provider
+                .list_charges(&ListCharges {
+                    account: None,
+                    created_gte: 0,
+                    created_lt: 1,
+                    starting_after: None,
+                    limit: 10,
+                })
+                .await;
+
+            assert!(
+                matches!(lookup, Lookup::CantTell(CantTell::ListFailed(LookupError::Unreadable(_)))),
+                "{search} / {list}: {lookup:?}"
+            );
+            assert!(matches!(by_key, Err(LookupError::Inconclusive(_))), "{search} / {list}: {by_key:?}");
+            assert!(matches!(nightly, Err(LookupError::Unreadable(_))), "{list}: {nightly:?}");
+        }
     }
 
     #[tokio::test]

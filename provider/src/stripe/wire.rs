@@ -1,9 +1,10 @@
 //! Stripe's JSON, as far as oncepay reads it: the PaymentIntent, the error body, a list page, a
 //! search result and an event.
 //!
-//! Every type ignores fields it does not name, because Stripe adds fields without a new API version.
-//! Nothing here decides what a response means: [`classify`](super::classify) and
-//! [`lookup`](super::lookup) do.
+//! Every type ignores fields it does not name, because Stripe adds fields without a new API version,
+//! but a body is read strictly before it becomes one of them (`oncepay_domain::strict_json`): a
+//! member named twice, even one ignored here, makes it unreadable. Nothing here decides what a
+//! response means: [`classify`](super::classify) and [`lookup`](super::lookup) do.
 
 use std::collections::BTreeMap;
 
