@@ -29,7 +29,9 @@ pub enum SendOutcome {
         code: String,
         /// A human-readable reason.
         message: String,
-        /// The failed charge's id, when the provider made one.
+        /// The payment's own failed charge, when the provider showed one: what proves that the
+        /// payment charged nothing under its key. Without it, a decline or refusal proves only that
+        /// this request charged nothing, not an earlier one with the same key.
         charge_id: Option<String>,
     },
     /// No charge can have been created by this request; retry later with the same key.

@@ -16,6 +16,7 @@ use oncepay_service::telemetry;
 use oncepay_store as store;
 use oncepay_store::settlement::{self, Unsettled};
 use oncepay_store::transitions::{Recorded, Settlement};
+use oncepay_store::unknown_queue::Refusal;
 use serde_json::json;
 use sqlx::{Acquire, PgPool};
 use tracing::Instrument;
@@ -78,6 +79,9 @@ enum Verdict {
     /// Provably no charge while the provider still remembers the key (the first send is younger than
     /// the key window minus a margin): back to `pending` and into the outbox, resent with the same key.
     Resend,
+    /// Provably no charge, and the provider refused the last resend: `failed` with that refusal,
+    /// rather than resent to be refused again.
+    Refused(Refusal),
     /// Anything else: a failed lookup, or no charge past the key window, which proves nothing once the
     /// provider may have forgotten the key. The evidence is kept and the next lookup is scheduled with
     /// per-payment exponential backoff.
@@ -256,6 +260,31 @@ impl<P: PaymentProvider> Poller<P> {
                     Recorded::LostRace => Polled::LostRace,
                 }
             }
+            Verdict::Refused(refusal) => {
+                let evidence =
+                    unknown::evidence("poll", json!({"attempt": attempt, "result": "no_charge_in_key_window"}));
+                let reason = "the provider holds no charge for the payment's key, and refused its last resend";
+                let settlement = Settlement::Failed {
+                    code: refusal.code.clone(),
+                    message: refusal.message.clone(),
+                    charge_id: None,
+                };
+                let settled = unknown::settle(
+                    &mut tx,
+                    tenant_id,
+                    payment_id,
+                    Transition::Declined,
+                    &settlement,
+                    why(reason),
+                    evidence,
+                )
+                .await
+                .context("cannot settle the payment")?;
+                match settled {
+                    Recorded::Moved(_) => Polled::Declined,
+                    Recorded::LostRace => Polled::LostRace,
+                }
+            }
             Verdict::Resend => {
                 let evidence =
                     unknown::evidence("poll", json!({"attempt": attempt, "result": "no_charge_in_key_window"}));
@@ -391,7 +420,12 @@ fn decide(payment: &Claimed, lookup: &Result<Vec<Charge>, LookupError>, config: 
                     Err(Unsettled::Unbookable(detail)) => detail,
                 }
             } else if payment.in_key_window {
-                return Verdict::Resend;
+                // Proof that the earlier send charged nothing: a refused resend ends here, since a resend
+                // would only be refused again.
+                return match &payment.refusal {
+                    Some(refusal) => Verdict::Refused(refusal.clone()),
+                    None => Verdict::Resend,
+                };
             } else {
                 "no charge for the key, but the provider's key window has passed: that proves nothing".to_owned()
             }
@@ -418,6 +452,7 @@ mod tests {
     use oncepay_domain::money::{Amount, Currency};
     use oncepay_provider::fixtures;
     use oncepay_store::settlement::Asked;
+    use oncepay_store::unknown_queue::Refusal;
 
     use super::*;
 
@@ -449,7 +484,14 @@ mod tests {
             age: Duration::from_secs(age_secs),
             in_key_window,
             trace: None,
+            refusal: None,
         }
+    }
+
+    /// A payment whose resend the provider refused, when an earlier send may have charged.
+    fn refused(in_key_window: bool) -> Claimed {
+        let refusal = Refusal { code: "provider_rejected".into(), message: "refused".into() };
+        Claimed { refusal: Some(refusal), ..claimed(0, 10, in_key_window) }
     }
 
     fn charge(payment: &Claimed, id: &str, status: ChargeStatus) -> Charge {
@@ -462,6 +504,7 @@ mod tests {
             Verdict::Settle { .. } => "declined",
             Verdict::Mismatch { .. } => "mismatch",
             Verdict::Resend => "resend",
+            Verdict::Refused(_) => "refused",
             Verdict::Inconclusive { .. } => "inconclusive",
             Verdict::Exhaust { .. } => "exhaust",
         }
@@ -473,6 +516,7 @@ mod tests {
         let failed = || -> Result<Vec<Charge>, LookupError> { Err(LookupError::Status(503)) };
         let fresh = claimed(0, 10, true);
         let last_try = claimed(4, 10, false);
+        let (refused_fresh, refused_old) = (refused(true), refused(false));
         let found = |payment: &Claimed, status| ok(vec![charge(payment, "ch_1", status)]);
         let cases = [
             ("charged", &fresh, found(&fresh, ChargeStatus::Succeeded), "charged"),
@@ -507,6 +551,15 @@ mod tests {
             ("lookup failed", &fresh, failed(), "inconclusive"),
             ("lookup failed, attempts spent", &claimed(4, 10, true), failed(), "exhaust"),
             ("nothing past the window, too old", &claimed(0, 3600, false), ok(vec![]), "exhaust"),
+            ("refused resend, nothing inside the window", &refused_fresh, ok(vec![]), "refused"),
+            (
+                "refused resend, charged after all",
+                &refused_fresh,
+                found(&refused_fresh, ChargeStatus::Succeeded),
+                "charged",
+            ),
+            ("refused resend, nothing past the window", &refused_old, ok(vec![]), "inconclusive"),
+            ("refused resend, lookup failed", &refused_fresh, failed(), "inconclusive"),
         ];
         for (name, payment, lookup, expected) in cases {
             assert_eq!(label(&decide(payment, &lookup, &config())), expected, "{name}");

@@ -16,6 +16,7 @@ use oncepay_service::telemetry::{self, TraceContext};
 use oncepay_store::payments::Payment;
 use oncepay_store::settlement::Asked;
 use oncepay_store::transitions::{self, Change, Recorded, Settlement, TransitionError};
+use oncepay_store::unknown_queue::Refusal;
 use oncepay_store::{StoreError, outbox};
 use serde_json::{Value, json};
 use sqlx::PgConnection;
@@ -36,6 +37,9 @@ pub struct Claimed {
     pub poll_attempts: i32,
     /// How long it has been `unknown`.
     pub age: Duration,
+    /// The provider's refusal of its last resend, when an earlier send may have charged: what it
+    /// fails with once a lookup proves no charge was made.
+    pub refusal: Option<Refusal>,
     /// Whether the provider still certainly remembers its downstream key (its first send is younger
     /// than the resend horizon), by the database's clock.
     pub in_key_window: bool,
@@ -116,13 +120,13 @@ async fn claim_due_of(
             -- Joined on the tenant too: Citus needs the join on its distribution column.
             WHERE u.tenant_id = $4 AND u.tenant_id = due.tenant_id AND u.payment_id = due.payment_id
             RETURNING u.tenant_id, u.payment_id, p.amount, p.currency, p.provider_account, u.poll_attempts,
-                      u.traceparent, u.tracestate, u.since, p.first_sent_at
+                      u.traceparent, u.tracestate, u.since, p.first_sent_at, u.refused_code, u.refused_message
         )
         -- The ages are read here, not in RETURNING: Citus refuses now() there.
         SELECT tenant_id AS "tenant_id!: TenantId", payment_id AS "payment_id!: PaymentId",
                amount AS "amount!: Amount", currency AS "currency!: Currency",
                provider_account AS "provider_account: ProviderAccount",
-               poll_attempts AS "poll_attempts!", traceparent, tracestate,
+               poll_attempts AS "poll_attempts!", traceparent, tracestate, refused_code, refused_message,
                extract(epoch FROM now() - since)::float8 AS "age_secs!",
                -- Never sent cannot happen for an unknown payment; if it did, no resend is safe.
                -- (No COALESCE: Citus refuses one around now().)
@@ -151,6 +155,7 @@ async fn claim_due_of(
             age: Duration::from_secs_f64(row.age_secs.max(0.0)),
             in_key_window: row.in_key_window,
             trace: row.traceparent.map(|traceparent| TraceContext { traceparent, tracestate: row.tracestate }),
+            refusal: row.refused_code.zip(row.refused_message).map(|(code, message)| Refusal { code, message }),
         })
         .collect())
 }

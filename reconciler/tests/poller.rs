@@ -121,6 +121,45 @@ async fn no_charge_inside_the_key_window_sends_the_payment_again_with_the_same_k
     assert_eq!(count_for(&pool, "unknown_payments", payment_id).await, 0);
 }
 
+/// A payment whose resend the provider refused, the worker having found it may already be charged.
+async fn refused_resend(pool: &PgPool, tenant_id: TenantId, key: &str) -> PaymentId {
+    let payment_id = unknown_payment(pool, tenant_id, key, 1999, 60).await;
+    sqlx::query(
+        "UPDATE unknown_payments SET reason = 'refused_after_possible_charge', refused_code = 'provider_rejected', \
+         refused_message = 'The provider refused the request as invalid.' WHERE payment_id = $1",
+    )
+    .bind(payment_id.as_uuid())
+    .execute(pool)
+    .await
+    .unwrap();
+    payment_id
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_refused_resend_fails_once_the_provider_shows_no_charge_and_succeeds_if_it_shows_one(pool: PgPool) {
+    let provider = MockServer::start().await;
+    let tenant_id = tenant(&pool, "acme").await;
+    let nothing = refused_resend(&pool, tenant_id, "order-1").await;
+    answer_lookup(&provider, nothing, 200, listing(&[])).await;
+    let charged = refused_resend(&pool, tenant_id, "order-2").await;
+    let found = charge(tenant_id, charged, "ch_1", ChargeStatus::Succeeded, 1999);
+    answer_lookup(&provider, charged, 200, listing(&[found])).await;
+
+    let counts = poller(&pool, &provider, 5).run_once().await.unwrap();
+
+    assert_eq!(counts, Counts { claimed: 2, charged: 1, declined: 1, ..Counts::default() });
+    assert_eq!(status(&pool, tenant_id, charged).await, PaymentStatus::Succeeded, "the first send did charge");
+    assert_eq!(status(&pool, tenant_id, nothing).await, PaymentStatus::Failed, "not resent to be refused again");
+    let failure: (Option<String>, Option<String>) =
+        sqlx::query_as("SELECT failure_code, failure_message FROM payments WHERE payment_id = $1")
+            .bind(nothing.as_uuid())
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(failure.0.as_deref(), Some("provider_rejected"));
+    assert_eq!(count_for(&pool, "outbox", nothing).await, 0);
+}
+
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn no_charge_past_the_key_window_proves_nothing_and_never_resends(pool: PgPool) {
     let provider = MockServer::start().await;

@@ -65,7 +65,7 @@ async fn unknown_in_trace(pool: &PgPool, tenant_id: TenantId, trace: &TraceConte
     transitions::apply(&mut tx, &change(tenant_id, payment_id, PaymentStatus::Processing, Transition::Uncertain))
         .await
         .unwrap();
-    unknown_queue::enqueue(&mut tx, tenant_id, payment_id, "timeout", json!({}), Some(trace)).await.unwrap();
+    unknown_queue::enqueue(&mut tx, tenant_id, payment_id, "timeout", json!({}), Some(trace), None).await.unwrap();
     tx.commit().await.unwrap();
     payment_id
 }

@@ -89,6 +89,9 @@ faults! {
         mismatch_rate: f64 = 0.0,
         /// Fraction of new charges whose response and webhook report a lower-case currency.
         malformed_rate: f64 = 0.0,
+        /// Fraction of repeated requests with the key of a succeeded charge that get a 400 instead of
+        /// the charge's response, as when the payment method was detached since: the charge stands.
+        refuse_resend_rate: f64 = 0.0,
     }
     // Durations and switches.
     settings {
@@ -241,6 +244,8 @@ pub struct ChargePlan {
     pub decline_reason: usize,
     /// What follows the creation, if one happens.
     pub after: AfterCreate,
+    /// Refuse a repeated request with a 400 if its key's charge succeeded.
+    pub refuse_resend: bool,
 }
 
 impl ChargePlan {
@@ -263,7 +268,18 @@ impl ChargePlan {
         } else {
             AfterCreate::Respond
         };
-        Self { error_before, rate_limited, hang_before, mismatch, malformed, decline, decline_reason, after }
+        let refuse_resend = rng.random::<f64>() < faults.refuse_resend_rate;
+        Self {
+            error_before,
+            rate_limited,
+            hang_before,
+            mismatch,
+            malformed,
+            decline,
+            decline_reason,
+            after,
+            refuse_resend,
+        }
     }
 }
 

@@ -118,6 +118,13 @@ impl Provider {
             }
             Claim::Decided(decided) => {
                 self.pause(latency).await;
+                if plan.refuse_resend && decided.response.status == 201 {
+                    // Refused before the key's stored response is looked at: the charge stands, and
+                    // this response says nothing of it.
+                    record_fault("refuse_resend");
+                    let message = "No such payment method: it was detached from its customer.";
+                    return send(false, StoredResponse::json(400, &error_body("resource_missing", message, None)));
+                }
                 let response = match decided.injected_error {
                     Some(error) if self.faults.get().replay_stored_5xx => {
                         record_fault("replay_stored_5xx");

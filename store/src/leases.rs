@@ -194,7 +194,7 @@ async fn take_back(
         // The payment's trace, from its outbox row (just deleted): the reconciler's resolution joins it.
         let trace = lease.traceparent.map(|traceparent| TraceContext { traceparent, tracestate: lease.tracestate });
         let reason = "lease_expired_past_key_window";
-        unknown_queue::enqueue(&mut tx, tenant_id, payment_id, reason, evidence, trace.as_ref()).await?;
+        unknown_queue::enqueue(&mut tx, tenant_id, payment_id, reason, evidence, trace.as_ref(), None).await?;
         TakenBack::Uncertain
     };
     tx.commit().await.map_err(StoreError::from)?;

@@ -193,8 +193,8 @@ impl Schedule {
 /// One phase's simulator faults: sometimes calm, usually a mix of latency, declines, 5xx before and
 /// after charging, hangs past the worker's timeout, charges made seconds after their request,
 /// connections dropped after charging, replayed 5xx, 429s with a long `Retry-After`, a lookup API
-/// that fails, charges of another amount, and responses and webhooks that misreport a charge;
-/// webhooks are dropped, delayed, duplicated and reordered.
+/// that fails, charges of another amount, responses and webhooks that misreport a charge, and
+/// resends of a charged key refused; webhooks are dropped, delayed, duplicated and reordered.
 fn simulator_phase(rng: &mut StdRng) -> FaultsPatch {
     if rng.random_bool(0.15) {
         return calm();
@@ -225,6 +225,9 @@ fn simulator_phase(rng: &mut StdRng) -> FaultsPatch {
         lookup_error_rate: Some(if rng.random_bool(0.2) { 1.0 } else { rate(rng, 0.3) }),
         mismatch_rate: Some(rate(rng, 0.03)),
         malformed_rate: Some(rate(rng, 0.08)),
+        // A resend of a charged key refused with a 400 (a payment method detached since): only a
+        // lookup can show that the first send charged.
+        refuse_resend_rate: Some(rate(rng, 0.5)),
         ..FaultsPatch::default()
     }
 }
@@ -253,6 +256,7 @@ pub fn calm() -> FaultsPatch {
         hang_before_rate: Some(0.0),
         mismatch_rate: Some(0.0),
         malformed_rate: Some(0.0),
+        refuse_resend_rate: Some(0.0),
         ..FaultsPatch::default()
     }
 }

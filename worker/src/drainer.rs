@@ -524,7 +524,7 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
                     Verdict::Settle { reason, .. } | Verdict::Retry { reason, .. } => {
                         tracing::info!(payment.status = status.as_str(), %reason, "recorded the send's outcome");
                     }
-                    Verdict::Uncertain { code, reason } => {
+                    Verdict::Uncertain { code, reason, .. } => {
                         tracing::warn!(payment.status = status.as_str(), %code, %reason, "the send's outcome is uncertain; queued for the reconciler");
                     }
                 }

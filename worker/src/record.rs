@@ -102,9 +102,9 @@ pub async fn record(
         return Ok(Recorded::LeaseLost);
     }
 
-    let code = match verdict {
-        Verdict::Uncertain { code, .. } => Some(*code),
-        Verdict::Settle { .. } | Verdict::Retry { .. } => None,
+    let (code, refusal) = match verdict {
+        Verdict::Uncertain { code, refusal, .. } => (Some(*code), refusal.as_ref()),
+        Verdict::Settle { .. } | Verdict::Retry { .. } => (None, None),
     };
     let change = change(claimed, actor, transition, reason, code);
     let status = match transitions::apply_deferring_wakeup(&mut tx, &change).await? {
@@ -125,7 +125,7 @@ pub async fn record(
         // continues the trace from this recording span instead.
         let trace = telemetry::trace_context_of(&tracing::Span::current());
         let (tenant_id, payment_id) = (claimed.tenant_id, claimed.payment_id);
-        unknown_queue::enqueue(&mut tx, tenant_id, payment_id, code, evidence, trace.as_ref()).await?;
+        unknown_queue::enqueue(&mut tx, tenant_id, payment_id, code, evidence, trace.as_ref(), refusal).await?;
     }
     tx.commit().await?;
     Ok(Recorded::Moved(status))

@@ -4,7 +4,9 @@
 //! | --- | --- |
 //! | charged, as asked | settle `succeeded` with the provider's charge id and time |
 //! | charged, but not as asked or not bookable | `unknown`: only the reconciler or an operator can tell |
-//! | declined | settle `failed` with the provider's code, message and charge |
+//! | declined, with the payment's own failed charge | settle `failed` with the provider's code, message and charge |
+//! | declined or refused without one, nothing sent before | settle `failed`: this was the first send |
+//! | declined or refused without one, an earlier send may have charged | `unknown`, with the refusal: only a lookup can tell |
 //! | not sent, attempts left | retry after a jittered backoff, never sooner than `Retry-After` |
 //! | not sent, attempts spent | settle `failed` (`provider_unreachable`): provably no charge |
 //! | not sent, attempts spent, an earlier send may have charged | `unknown`: only the reconciler can tell |
@@ -19,12 +21,17 @@ use oncepay_provider::{SendOutcome, UncertainReason};
 use oncepay_service::backoff::Backoff;
 use oncepay_store::settlement::{self, Unsettled};
 use oncepay_store::transitions::Settlement;
+use oncepay_store::unknown_queue::Refusal;
 use rand::Rng;
 
 use crate::outbox::Claimed;
 
 /// The failure code of a payment whose provider could never be reached.
 pub const PROVIDER_UNREACHABLE: &str = "provider_unreachable";
+
+/// The `unknown_payments.reason` of a payment that may already have been charged, whose resend the
+/// provider refused without showing the payment's own failed charge.
+pub const REFUSED_AFTER_POSSIBLE_CHARGE: &str = "refused_after_possible_charge";
 
 /// The longest provider `Retry-After` that is honoured. A provider's clock or bug must not park
 /// a payment for days, or ask for a delay PostgreSQL cannot add to a timestamp.
@@ -65,10 +72,18 @@ pub enum Verdict {
         code: &'static str,
         /// For the audit trail and the evidence.
         reason: String,
+        /// The provider's refusal of a resend, which ends the payment `failed` once a lookup proves
+        /// no charge was made.
+        refusal: Option<Refusal>,
     },
 }
 
 impl Verdict {
+    /// `unknown` for the reason `code`, with no refusal to keep.
+    fn uncertain(code: &'static str, reason: String) -> Self {
+        Self::Uncertain { code, reason, refusal: None }
+    }
+
     /// A short label for logs and metrics: `succeeded`, `failed`, `retry`, `unknown`.
     pub fn label(&self) -> &'static str {
         match self {
@@ -91,8 +106,19 @@ pub fn decide(claimed: &Claimed, outcome: &SendOutcome, policy: &RetryPolicy, rn
                 settlement,
             },
             // Money may have moved, and only the reconciler or an operator may say how much.
-            Err(Unsettled::Unbookable(why)) => Verdict::Uncertain { code: "unreadable_charge", reason: why },
-            Err(Unsettled::Mismatch(why)) => Verdict::Uncertain { code: "charge_mismatch", reason: why },
+            Err(Unsettled::Unbookable(why)) => Verdict::uncertain("unreadable_charge", why),
+            Err(Unsettled::Mismatch(why)) => Verdict::uncertain("charge_mismatch", why),
+        },
+        // A refusal of this request says nothing of an earlier send that may have charged under the
+        // same key (a payment method detached since, a limit changed): only the payment's own failed
+        // charge, or a lookup that finds none, proves that no money moved.
+        SendOutcome::Declined { code, message, charge_id: None } if claimed.may_be_charged => Verdict::Uncertain {
+            code: REFUSED_AFTER_POSSIBLE_CHARGE,
+            reason: format!(
+                "the provider refused a resend ({code}) without showing this payment's failed charge, and an \
+                 earlier send may have charged"
+            ),
+            refusal: Some(Refusal { code: code.clone(), message: message.clone() }),
         },
         SendOutcome::Declined { code, message, charge_id } => {
             let settlement = settlement::declined(Some(code), Some(message), charge_id.as_deref());
@@ -112,13 +138,13 @@ pub fn decide(claimed: &Claimed, outcome: &SendOutcome, policy: &RetryPolicy, rn
                     ),
                 }
             } else if claimed.may_be_charged {
-                Verdict::Uncertain {
-                    code: "not_sent_but_may_be_charged",
-                    reason: format!(
+                Verdict::uncertain(
+                    "not_sent_but_may_be_charged",
+                    format!(
                         "not sent in {} attempts ({reason}), but an earlier send may have reached the provider",
                         claimed.attempt
                     ),
-                }
+                )
             } else {
                 Verdict::Settle {
                     transition: Transition::NotSentExhausted,
@@ -134,20 +160,18 @@ pub fn decide(claimed: &Claimed, outcome: &SendOutcome, policy: &RetryPolicy, rn
                 }
             }
         }
-        SendOutcome::Uncertain(reason) => {
-            Verdict::Uncertain { code: uncertain_code(reason), reason: reason.to_string() }
-        }
+        SendOutcome::Uncertain(reason) => Verdict::uncertain(uncertain_code(reason), reason.to_string()),
     }
 }
 
 /// What to record instead of sending when [`Claimed::send_is_safe`] says a send could charge twice.
 pub fn key_window_passed() -> Verdict {
-    Verdict::Uncertain {
-        code: "key_window_passed",
-        reason: "not sent: an earlier send may have reached the provider, and the provider may have forgotten the \
-                 key since, so a resend could charge twice"
+    Verdict::uncertain(
+        "key_window_passed",
+        "not sent: an earlier send may have reached the provider, and the provider may have forgotten the key \
+         since, so a resend could charge twice"
             .to_owned(),
-    }
+    )
 }
 
 /// Why a payment settled, for the audit trail.
@@ -270,12 +294,46 @@ mod tests {
     }
 
     #[test]
+    fn a_refusal_proves_no_charge_only_for_a_payment_that_may_not_have_been_charged_before() {
+        let refused = |charge_id: Option<&str>| SendOutcome::Declined {
+            code: "provider_rejected".into(),
+            message: "Stripe refused the request as invalid (code resource_missing).".into(),
+            charge_id: charge_id.map(str::to_owned),
+        };
+        let cases = [
+            ("first send, refused", claimed(1, false), refused(None), "failed"),
+            ("resend after a lost response, refused", claimed(1, true), refused(None), "unknown"),
+            (
+                "resend, declined with the payment's own failed charge",
+                claimed(1, true),
+                refused(Some("pi_1")),
+                "failed",
+            ),
+        ];
+        for (name, claimed, outcome, expected) in cases {
+            assert_eq!(decide_seeded(&claimed, &outcome).label(), expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_refused_resend_keeps_the_refusal_for_the_reconciler() {
+        let outcome =
+            SendOutcome::Declined { code: "provider_rejected".into(), message: "refused".into(), charge_id: None };
+
+        let verdict = decide_seeded(&claimed(2, true), &outcome);
+
+        let Verdict::Uncertain { code, refusal, .. } = verdict else { panic!("{verdict:?}") };
+        assert_eq!(code, REFUSED_AFTER_POSSIBLE_CHARGE);
+        assert_eq!(refusal, Some(Refusal { code: "provider_rejected".into(), message: "refused".into() }));
+    }
+
+    #[test]
     fn a_charge_other_than_the_one_asked_for_is_never_a_success() {
         let claimed = claimed(1, false);
 
         let verdict = decide_seeded(&claimed, &charged(&claimed, |c| c.amount = 1500));
 
-        let Verdict::Uncertain { code, reason } = verdict else { panic!("{verdict:?}") };
+        let Verdict::Uncertain { code, reason, .. } = verdict else { panic!("{verdict:?}") };
         assert_eq!(code, "charge_mismatch");
         assert!(reason.contains("1500") && reason.contains("1999"), "{reason}");
     }

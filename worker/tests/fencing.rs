@@ -215,3 +215,38 @@ async fn running_out_of_attempts_after_a_lost_lease_is_unknown_not_failed(pool: 
     assert_eq!(payment.failure_code, None);
     assert_eq!(support::unknown_entry(&pool, accepted).await.unwrap().0, "not_sent_but_may_be_charged");
 }
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_resend_after_a_lost_lease_that_the_provider_refuses_is_unknown_not_failed(pool: PgPool) {
+    let server = MockServer::start().await;
+    // Refused as a detached payment method would be: nothing about what the first send did.
+    Mock::given(method("POST"))
+        .and(path("/v1/charges"))
+        .respond_with(ResponseTemplate::new(400).set_body_json(serde_json::json!({
+            "error": {"code": "resource_missing", "message": "No such payment method."}
+        })))
+        .mount(&server)
+        .await;
+    let accepted = accept(&pool, tenant(&pool).await, 500).await;
+    // A worker claimed it and vanished, maybe after the provider charged it.
+    drainer(&pool, &server.uri(), config("gone")).claim(1).await.unwrap();
+    support::expire_leases(&pool).await;
+    assert_eq!(sweep(&pool).await.released, 1);
+
+    let counts = drainer(&pool, &server.uri(), config("w1")).run_once().await.unwrap();
+
+    assert_eq!(counts, Counts { claimed: 1, unknown: 1, ..Counts::default() });
+    let payment = support::payment(&pool, accepted).await;
+    assert_eq!((payment.status, payment.failure_code), (PaymentStatus::Unknown, None));
+    assert_eq!(support::unknown_entry(&pool, accepted).await.unwrap().0, "refused_after_possible_charge");
+    let refusal: (Option<String>, Option<String>) = sqlx::query_as(
+        "SELECT refused_code, refused_message FROM unknown_payments WHERE tenant_id = $1 AND payment_id = $2",
+    )
+    .bind(accepted.tenant_id.as_uuid())
+    .bind(accepted.payment_id.as_uuid())
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(refusal.0.as_deref(), Some("provider_rejected"), "kept to fail it with once a lookup finds nothing");
+    assert!(refusal.1.is_some());
+}

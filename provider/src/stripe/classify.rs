@@ -13,6 +13,8 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::outcome::{read, response_json};
+use oncepay_domain::ids::DownstreamKey;
+
 use crate::{NotSentReason, SendOutcome, UncertainReason};
 
 use super::wire::{DECLINED, ErrorBody, PaymentIntent, Settled, StripeError, error_types, in_our_words};
@@ -90,10 +92,11 @@ fn intent_outcome(intent: &PaymentIntent, key: &str) -> SendOutcome {
     }
 }
 
-/// A 402 `card_error`: the card was declined, unless the intent it carries shows otherwise.
+/// A 402 `card_error`: the card was declined, unless the intent it carries shows otherwise. Only the
+/// payment's own failed intent is named (`charge_id`) as proof that the payment charged nothing.
 fn card_declined(error: &StripeError, key: &str) -> SendOutcome {
     if let Some(intent) = &error.payment_intent
-        && !failed(intent, key)
+        && !own_failed(intent, key)
     {
         return unexpected(402);
     }
@@ -110,14 +113,16 @@ fn card_declined(error: &StripeError, key: &str) -> SendOutcome {
     }
 }
 
-/// A 400 `invalid_request_error`. It proves no charge under this key: either it is the saved
-/// outcome of the first request that ran with the key (and that request failed), or it comes from a
-/// parameter check that runs before the idempotency layer, which the same parameters failed on every
-/// earlier attempt too, so none of them ran. An intent in the body that may still take money
-/// overrules that.
+/// A 400 `invalid_request_error`: this request charged nothing. Either it is the saved outcome of
+/// the first request that ran with the key, or it comes from a check that runs before the
+/// idempotency layer, and then it says nothing of an earlier request with the key, which may have
+/// charged before something changed (a payment method detached, a limit lowered). So it names the
+/// payment's own failed intent as proof when the body carries one, and otherwise leaves the worker
+/// to judge whether an earlier send may have charged. An intent that may still take money, or that
+/// is another payment's, overrules it.
 fn rejected(error: &StripeError, key: &str) -> SendOutcome {
     if let Some(intent) = &error.payment_intent
-        && !failed(intent, key)
+        && !own_failed(intent, key)
     {
         return unexpected(400);
     }
@@ -128,8 +133,10 @@ fn rejected(error: &StripeError, key: &str) -> SendOutcome {
     }
 }
 
-fn failed(intent: &PaymentIntent, key: &str) -> bool {
-    matches!(intent.settled(key), Settled::Final(charge) if charge.status == crate::ChargeStatus::Failed)
+/// Whether `intent` is the failed intent of the payment whose downstream key is `key`.
+fn own_failed(intent: &PaymentIntent, key: &str) -> bool {
+    let own = intent.payment_id().is_some_and(|payment| DownstreamKey::parse_payment_id(key) == Some(payment));
+    own && matches!(intent.settled(key), Settled::Final(charge) if charge.status == crate::ChargeStatus::Failed)
 }
 
 #[cfg(test)]
@@ -360,6 +367,48 @@ mod tests {
     }
 
     #[test]
+    fn only_the_payments_own_failed_intent_is_named_as_proof_that_it_charged_nothing() {
+        const OTHER: &str = "0196a0c4-0000-7000-8000-0000000000bb";
+        let charge_id = |status: u16, body: Value| match create_outcome(status, None, &bytes(&body), KEY) {
+            SendOutcome::Declined { charge_id, .. } => Ok(charge_id),
+            other => Err(label(&other)),
+        };
+        let uncertain =
+            |status: u16| Err(format!("uncertain: the provider responded with an unexpected HTTP {status}"));
+        let cases = [
+            (
+                "decline with its own intent",
+                402,
+                card_error(Some(declined_intent("pi_1", PAYMENT))),
+                Ok(Some("pi_1".into())),
+            ),
+            ("decline without an intent", 402, card_error(None), Ok(None)),
+            (
+                "decline with another payment's intent",
+                402,
+                card_error(Some(declined_intent("pi_2", OTHER))),
+                uncertain(402),
+            ),
+            (
+                "refusal with its own intent",
+                400,
+                invalid_request(Some(declined_intent("pi_1", PAYMENT))),
+                Ok(Some("pi_1".into())),
+            ),
+            ("refusal without an intent", 400, invalid_request(None), Ok(None)),
+            (
+                "refusal with another payment's intent",
+                400,
+                invalid_request(Some(declined_intent("pi_2", OTHER))),
+                uncertain(400),
+            ),
+        ];
+        for (name, status, body, expected) in cases {
+            assert_eq!(charge_id(status, body), expected, "{name}");
+        }
+    }
+
+    #[test]
     fn a_card_decline_keeps_the_issuers_reason_and_the_intent() {
         let body = bytes(&card_error(Some(declined_intent("pi_9", PAYMENT))));
 
@@ -504,7 +553,7 @@ mod tests {
                         serde_json::from_slice::<ErrorBody>(&body).ok().and_then(|b| b.error.payment_intent.map(|i| *i))
                     });
                     if let Some(intent) = shown {
-                        prop_assert!(super::super::failed(&intent, KEY), "declined with intent in {:?}", intent.status);
+                        prop_assert!(super::super::own_failed(&intent, KEY), "declined with intent in {:?}", intent.status);
                     }
                 }
             }

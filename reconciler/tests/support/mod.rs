@@ -68,7 +68,7 @@ pub async fn uncertain(pool: &PgPool, tenant_id: TenantId, payment_id: PaymentId
             .await,
     );
     let evidence = json!({"source": "worker", "reason": "timeout"});
-    unknown_queue::enqueue(&mut tx, tenant_id, payment_id, "timeout", evidence, None).await.unwrap();
+    unknown_queue::enqueue(&mut tx, tenant_id, payment_id, "timeout", evidence, None, None).await.unwrap();
     tx.commit().await.unwrap();
 }
 

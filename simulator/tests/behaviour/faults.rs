@@ -6,7 +6,7 @@ use oncepay_provider::wire::{Charge, ChargePage, CreateCharge, ErrorBody};
 use oncepay_provider::{PaymentProvider, SendOutcome, UncertainReason};
 use oncepay_simulator::faults::{Faults, FaultsPatch};
 
-use crate::support::{Sim, body, charge_request, eventually, settings};
+use crate::support::{Sim, body, body_paying_with, charge_request, eventually, settings};
 
 #[tokio::test]
 async fn a_5xx_before_creates_nothing_and_the_key_stays_free() {
@@ -331,4 +331,27 @@ async fn a_malformed_answer_misreports_the_currency_while_the_books_keep_it_righ
 
     assert_eq!(answered.currency, "eur");
     assert_eq!(listed.data[0].currency, "EUR");
+}
+
+#[tokio::test]
+async fn a_resend_of_a_charged_key_can_be_refused_while_the_charge_stands() {
+    let sim = Sim::with_faults(FaultsPatch { refuse_resend_rate: Some(1.0), ..Default::default() }).await;
+
+    let first = sim.post_charge("key-1", &body(1999)).await;
+    let resend = sim.post_charge("key-1", &body(1999)).await;
+    let declined = sim.post_charge("key-2", &body_paying_with(1999, "pm_card_chargeDeclined")).await;
+    let declined_again = sim.post_charge("key-2", &body_paying_with(1999, "pm_card_chargeDeclined")).await;
+
+    assert_eq!(first.status(), 201, "a new charge is made and answered as usual");
+    assert_eq!(resend.status(), 400);
+    let refusal: serde_json::Value = resend.json().await.unwrap();
+    assert_eq!(refusal["error"]["code"], "resource_missing");
+    assert_eq!(refusal["error"].get("charge"), None, "the refusal names no charge");
+    assert_eq!(
+        (declined.status().as_u16(), declined_again.status().as_u16()),
+        (402, 402),
+        "only a succeeded charge's key is refused"
+    );
+    let truth = sim.control.ground_truth().await.unwrap();
+    assert_eq!(truth.charges.len(), 2, "the refused resend made no charge and undid none");
 }
