@@ -79,6 +79,15 @@ impl ProviderSettings {
         Duration::from_millis(connect.saturating_add(request))
     }
 
+    /// The longest one lookup of a payment may take: Stripe's lookup deadline (a search and many
+    /// list pages), else one call.
+    pub fn longest_lookup(&self) -> Duration {
+        match (&self.kind, &self.stripe) {
+            (ProviderKind::Stripe, Some(stripe)) => Duration::from_millis(stripe.lookup_deadline_ms),
+            _ => self.longest_call(),
+        }
+    }
+
     /// Rejects settings that cannot work: a margin that leaves no window to resend in, or Stripe
     /// chosen without usable Stripe settings.
     pub fn validate(&self) -> Result<(), String> {

@@ -208,14 +208,15 @@ impl Settings {
         rule(self.webhooks.tolerance_secs > 0, "webhooks.tolerance_secs must be positive")?;
         rule(self.poller.batch_size > 0, "poller.batch_size must be positive")?;
         rule(self.poller.concurrency > 0, "poller.concurrency must be positive")?;
-        // The provider in use: a Stripe reconciler's calls are bounded by `[provider.stripe]`, not by
-        // the simulator's timeouts.
-        let longest_call_ms = self.provider.longest_call().as_millis();
+        // The provider in use: a Stripe lookup is bounded by its deadline across all its calls, the
+        // simulator's by one call's timeouts.
+        let longest_lookup_ms = self.provider.longest_lookup().as_millis();
         rule(
-            u128::from(self.poller.lease_ms) > longest_call_ms,
+            u128::from(self.poller.lease_ms) > longest_lookup_ms,
             &format!(
-                "poller.lease_ms ({}) must exceed the provider's connect plus request timeouts ({longest_call_ms} ms), \
-                 or a lookup could outlive its lease",
+                "poller.lease_ms ({}) must exceed the longest lookup of the provider in use ({longest_lookup_ms} ms: \
+                 the simulator's connect plus request timeouts, or stripe.lookup_deadline_ms), or a lookup could \
+                 outlive its lease",
                 self.poller.lease_ms
             ),
         )?;
@@ -294,19 +295,44 @@ mod tests {
     }
 
     #[test]
+    fn a_lease_that_covers_one_stripe_call_but_not_a_whole_lookup_is_refused() {
+        let mut settings: Settings = config::load(DEFAULTS, None).unwrap();
+        settings.provider.kind = ProviderKind::Stripe;
+        // One call takes at most 2 s + 1 s; a lookup is a search and up to 20 list pages.
+        let stripe = serde_json::json!({
+            "mode": "direct", "secret_key": "sk_test_x", "api_version": "2024-06-20", "request_timeout_ms": 1000
+        });
+        settings.provider.stripe = Some(serde_json::from_value(stripe).unwrap());
+        settings.poller.lease_ms = 5_000;
+
+        assert!(
+            matches!(settings.validate(), Err(InvalidSettings::Rule(rule)) if rule.contains("poller.lease_ms")),
+            "a lookup of 21 calls could outlive a 5 s lease"
+        );
+    }
+
+    #[test]
     fn the_lease_is_measured_against_the_timeouts_of_the_provider_in_use() {
         let mut settings: Settings = config::load(DEFAULTS, None).unwrap();
         settings.provider.kind = ProviderKind::Stripe;
-        let stripe = serde_json::json!({ "mode": "direct", "secret_key": "sk_test_x", "api_version": "2024-06-20", "request_timeout_ms": 1000 });
+        let stripe = serde_json::json!({
+            "mode": "direct", "secret_key": "sk_test_x", "api_version": "2024-06-20", "request_timeout_ms": 1000,
+            "lookup_deadline_ms": 4000
+        });
         settings.provider.stripe = Some(serde_json::from_value(stripe).unwrap());
         settings.provider.request_timeout_ms = 120_000;
         settings.poller.lease_ms = 5_000;
-        settings.validate().expect("Stripe's 2 s + 1 s fit in a 5 s lease; the simulator's timeout does not apply");
+        settings.validate().expect("a 4 s Stripe lookup fits in a 5 s lease; the simulator's timeout does not apply");
 
-        settings.provider.stripe.as_mut().unwrap().request_timeout_ms = 4_000;
+        settings.provider.stripe.as_mut().unwrap().lookup_deadline_ms = 6_000;
         assert!(
             matches!(settings.validate(), Err(InvalidSettings::Rule(rule)) if rule.contains("poller.lease_ms")),
-            "Stripe's 2 s + 4 s outlast a 5 s lease"
+            "a 6 s lookup outlasts a 5 s lease"
+        );
+        settings.provider.stripe.as_mut().unwrap().lookup_deadline_ms = 2_500;
+        assert!(
+            matches!(settings.validate(), Err(InvalidSettings::Rule(rule)) if rule.contains("lookup_deadline_ms")),
+            "a deadline shorter than one call (2 s + 1 s) leaves no lookup a chance"
         );
     }
 }

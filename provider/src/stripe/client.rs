@@ -13,6 +13,8 @@
 //! Hand-written rather than a generated SDK: the classification depends on the exact status codes
 //! and error types, which an SDK turns into its own exceptions and retries.
 
+use std::time::Duration;
+
 use reqwest::header::CONTENT_TYPE;
 use secrecy::{ExposeSecret, SecretString};
 use serde::de::DeserializeOwned;
@@ -80,6 +82,10 @@ pub struct StripeSettings {
     /// payment was created.
     #[serde(default = "defaults::clock_skew_secs")]
     pub clock_skew_secs: i64,
+    /// The longest one lookup may take, across its search and every list page it reads: past it,
+    /// the lookup stops and proves nothing. The poller's lease must be longer.
+    #[serde(default = "defaults::lookup_deadline_ms")]
+    pub lookup_deadline_ms: u64,
 }
 
 mod defaults {
@@ -101,6 +107,9 @@ mod defaults {
     pub const fn clock_skew_secs() -> i64 {
         10 * 60
     }
+    pub const fn lookup_deadline_ms() -> u64 {
+        50_000
+    }
 }
 
 /// Settings that cannot work.
@@ -118,6 +127,17 @@ pub enum SettingsError {
     /// A negative clock skew.
     #[error("stripe.clock_skew_secs must not be negative")]
     NegativeSkew,
+    /// A lookup deadline that leaves no room for one whole call.
+    #[error(
+        "stripe.lookup_deadline_ms ({deadline_ms}) must allow at least one whole call: the connect plus request \
+         timeouts ({call_ms} ms)"
+    )]
+    DeadlineBelowOneCall {
+        /// The deadline.
+        deadline_ms: u64,
+        /// One call's longest time.
+        call_ms: u64,
+    },
 }
 
 impl StripeSettings {
@@ -134,6 +154,10 @@ impl StripeSettings {
         }
         if self.clock_skew_secs < 0 {
             return Err(SettingsError::NegativeSkew);
+        }
+        let call_ms = self.connect_timeout_ms.saturating_add(self.request_timeout_ms);
+        if self.lookup_deadline_ms < call_ms {
+            return Err(SettingsError::DeadlineBelowOneCall { deadline_ms: self.lookup_deadline_ms, call_ms });
         }
         Ok(())
     }
@@ -161,6 +185,7 @@ pub struct StripeProvider {
     list_page_size: u32,
     max_lookup_pages: u32,
     clock_skew_secs: i64,
+    lookup_deadline: Duration,
 }
 
 /// The header that names the connected account a call is made in.
@@ -220,6 +245,7 @@ impl StripeProvider {
             list_page_size: settings.list_page_size,
             max_lookup_pages: settings.max_lookup_pages,
             clock_skew_secs: settings.clock_skew_secs,
+            lookup_deadline: Duration::from_millis(settings.lookup_deadline_ms),
         })
     }
 
@@ -283,17 +309,23 @@ impl StripeProvider {
     }
 
     /// Every intent `account` holds for `payment`, from search first, else from the list of the
-    /// window since the payment was created. Each charge found is stamped with `account`.
+    /// window since the payment was created, all within `stripe.lookup_deadline_ms` (past it, the
+    /// lookup stops and can't tell). Each charge found is stamped with `account`.
     pub async fn lookup(&self, payment: PaymentId, account: Option<&ProviderAccount>) -> Lookup {
-        let lookup = match self.search(payment, account).await {
-            found @ Lookup::Found(_) => found,
-            // A miss, an error or an intent seen mid-way: search may be behind, the list is not.
-            _ => match created_at(payment) {
-                Some(created) => self.list_window(payment, account, created.saturating_sub(self.clock_skew_secs)).await,
-                None => Lookup::CantTell(CantTell::NoWindow),
-            },
+        let looked_up = async {
+            match self.search(payment, account).await {
+                found @ Lookup::Found(_) => found,
+                // A miss, an error or an intent seen mid-way: search may be behind, the list is not.
+                _ => match created_at(payment) {
+                    Some(created) => {
+                        self.list_window(payment, account, created.saturating_sub(self.clock_skew_secs)).await
+                    }
+                    None => Lookup::CantTell(CantTell::NoWindow),
+                },
+            }
         };
-        match lookup {
+        let deadline_passed = || Lookup::CantTell(CantTell::DeadlinePassed { ms: self.lookup_deadline.as_millis() });
+        match tokio::time::timeout(self.lookup_deadline, looked_up).await.unwrap_or_else(|_| deadline_passed()) {
             Lookup::Found(charges) => Lookup::Found(charges.into_iter().map(|c| in_account(c, account)).collect()),
             other => other,
         }
@@ -445,6 +477,7 @@ mod tests {
             list_page_size: 2,
             max_lookup_pages: 5,
             clock_skew_secs: 600,
+            lookup_deadline_ms: 30_000,
         }
     }
 
@@ -1015,6 +1048,36 @@ mod tests {
             assert!(matches!(by_key, Err(LookupError::Inconclusive(_))), "{search} / {list}: {by_key:?}");
             assert!(matches!(nightly, Err(LookupError::Unreadable(_))), "{list}: {nightly:?}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_lookup_that_runs_past_its_deadline_stops_and_proves_nothing() {
+        let server = MockServer::start().await;
+        let provider = StripeProvider::new(&StripeSettings {
+            connect_timeout_ms: 500,
+            request_timeout_ms: 500,
+            lookup_deadline_ms: 1_000,
+            ..settings(server.uri())
+        })
+        .unwrap();
+        let payment = PaymentId::generate();
+        search_returns(&server, payment, vec![]).await;
+        // Every page of the window is slow and says more follow: five pages take twice the deadline.
+        let other = PaymentId::generate().to_string();
+        Mock::given(method("GET"))
+            .and(path("/v1/payment_intents"))
+            .respond_with(
+                list(vec![intent("pi_9", "succeeded", &other), intent("pi_8", "succeeded", &other)], true)
+                    .set_delay(std::time::Duration::from_millis(400)),
+            )
+            .mount(&server)
+            .await;
+
+        let lookup = provider.lookup(payment, None).await;
+
+        assert!(matches!(lookup, Lookup::CantTell(CantTell::DeadlinePassed { ms: 1_000 })), "{lookup:?}");
+        let pages = server.received_requests().await.unwrap().len() - 1;
+        assert!(pages < 5, "the lookup stopped at its deadline, after {pages} of its 5 pages");
     }
 
     #[tokio::test]

@@ -53,6 +53,12 @@ pub enum CantTell {
     /// The payment id carries no creation time, so there is no window to list.
     #[error("the payment id carries no creation time to start the list from")]
     NoWindow,
+    /// The lookup did not finish within its deadline (`stripe.lookup_deadline_ms`).
+    #[error("the lookup did not finish within {ms} ms")]
+    DeadlinePassed {
+        /// The deadline.
+        ms: u128,
+    },
 }
 
 /// The verdict of the intents seen for `payment`; `None` when none names it.
