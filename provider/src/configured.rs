@@ -14,7 +14,9 @@ use oncepay_domain::provider_ref::ProviderAccount;
 
 use crate::http::HttpProvider;
 use crate::stripe::{self, StripeMode, StripeProvider, StripeSettings};
-use crate::{Charge, ChargePage, ChargeRequest, KeyWindow, ListCharges, LookupError, PaymentProvider, SendOutcome};
+use crate::{
+    Charge, ChargePage, ChargeRequest, KeyWindow, ListCharges, LookupError, PaymentProvider, Retrieved, SendOutcome,
+};
 
 /// Which provider charges the payments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
@@ -179,6 +181,13 @@ impl PaymentProvider for ConfiguredProvider {
         match self {
             Self::Simulator(provider) => provider.list_charges(query).await,
             Self::Stripe(provider) => provider.list_charges(query).await,
+        }
+    }
+
+    async fn retrieve(&self, id: &str, account: Option<&ProviderAccount>) -> Result<Retrieved, LookupError> {
+        match self {
+            Self::Simulator(provider) => provider.retrieve(id, account).await,
+            Self::Stripe(provider) => provider.retrieve(id, account).await,
         }
     }
 }

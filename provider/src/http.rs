@@ -17,7 +17,9 @@ use oncepay_service::telemetry;
 
 use crate::configured::ProviderSettings;
 use crate::wire::{Charge, ChargePage, CreateCharge};
-use crate::{ChargeRequest, ListCharges, LookupError, NotSentReason, PaymentProvider, SendOutcome, UncertainReason};
+use crate::{
+    ChargeRequest, ListCharges, LookupError, NotSentReason, PaymentProvider, Retrieved, SendOutcome, UncertainReason,
+};
 
 /// The most charges a lookup by idempotency key expects to see.
 const KEY_LOOKUP_LIMIT: u32 = 100;
@@ -174,6 +176,26 @@ impl PaymentProvider for HttpProvider {
             )));
         }
         Ok(page.data)
+    }
+
+    #[instrument(name = "provider.retrieve", skip_all)]
+    async fn retrieve(&self, id: &str, account: Option<&ProviderAccount>) -> Result<Retrieved, LookupError> {
+        if let Some(account) = account {
+            return Err(LookupError::Inconclusive(no_accounts(account)));
+        }
+        // Sent as one path segment, whatever it holds.
+        let mut url = reqwest::Url::parse(&self.url("/v1/charges/"))
+            .map_err(|e| LookupError::Unreadable(format!("the provider's base URL: {e}")))?;
+        url.path_segments_mut()
+            .map_err(|()| LookupError::Unreadable("the provider's base URL cannot take a path".to_owned()))?
+            .pop_if_empty()
+            .push(id);
+        let request = self.client.get(url).bearer_auth(self.api_key.expose_secret()).headers(trace_headers());
+        match read_json::<Charge>(request).await {
+            Ok(charge) => Ok(Retrieved::Final(charge)),
+            Err(LookupError::Status(404)) => Ok(Retrieved::Missing),
+            Err(error) => Err(error),
+        }
     }
 
     #[instrument(name = "provider.list_charges", skip_all)]
@@ -402,6 +424,32 @@ mod tests {
             assert!(matches!(found, Err(LookupError::Unreadable(_))), "{body}: {found:?}");
             assert!(matches!(page, Err(LookupError::Unreadable(_))), "{body}: {page:?}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_charge_is_retrieved_by_id_and_a_missing_one_is_missing() {
+        let server = MockServer::start().await;
+        let key = PaymentId::generate().downstream_key();
+        Mock::given(method("GET"))
+            .and(path("/v1/charges/ch_1"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(charge_json(key.as_str())))
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path("/v1/charges/ch_gone"))
+            .respond_with(
+                ResponseTemplate::new(404)
+                    .set_body_json(json!({"error": {"code": "resource_missing", "message": "No such charge."}})),
+            )
+            .mount(&server)
+            .await;
+        let provider = HttpProvider::new(&settings(server.uri())).unwrap();
+
+        let found = provider.retrieve("ch_1", None).await.unwrap();
+        let gone = provider.retrieve("ch_gone", None).await.unwrap();
+
+        assert!(matches!(found, Retrieved::Final(ref charge) if charge.id == "ch_1"), "{found:?}");
+        assert_eq!(gone, Retrieved::Missing);
     }
 
     #[tokio::test]

@@ -26,7 +26,7 @@ use oncepay_domain::provider_ref::{ProviderAccount, ProviderCustomer};
 
 pub use configured::{ConfiguredProvider, ProviderKind, ProviderSettings};
 pub use outcome::{LookupError, NotSentReason, SendOutcome, UncertainReason};
-pub use wire::{Charge, ChargePage, ChargeStatus};
+pub use wire::{Charge, ChargePage, ChargeStatus, Retrieved, UnfinishedCharge};
 
 /// How long the provider deduplicates resends of one downstream idempotency key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +52,16 @@ pub mod metadata_keys {
     pub const TENANT_ID: &str = "oncepay_tenant_id";
     /// The payment.
     pub const PAYMENT_ID: &str = "oncepay_payment_id";
+
+    /// The metadata that names a payment and its tenant, as far as they are known.
+    pub fn naming(
+        tenant_id: Option<super::TenantId>,
+        payment_id: Option<super::PaymentId>,
+    ) -> std::collections::BTreeMap<String, String> {
+        let tenant = tenant_id.map(|t| (TENANT_ID.to_owned(), t.to_string()));
+        let payment = payment_id.map(|p| (PAYMENT_ID.to_owned(), p.to_string()));
+        tenant.into_iter().chain(payment).collect()
+    }
 }
 
 /// What oncepay asks the provider to charge.
@@ -138,6 +148,13 @@ pub trait PaymentProvider: Send + Sync {
 
     /// One page of charges created in a time window, oldest first.
     fn list_charges(&self, query: &ListCharges) -> impl Future<Output = Result<ChargePage, LookupError>> + Send;
+
+    /// The charge `id` in `account` (`None`: oncepay's own account), as it stands now.
+    fn retrieve(
+        &self,
+        id: &str,
+        account: Option<&ProviderAccount>,
+    ) -> impl Future<Output = Result<Retrieved, LookupError>> + Send;
 }
 
 #[cfg(test)]

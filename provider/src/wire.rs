@@ -97,6 +97,51 @@ pub struct ChargePage {
     pub data: Vec<Charge>,
     /// Whether another page follows.
     pub has_more: bool,
+    /// Charges the provider has not finished (Stripe's intents still `processing` or waiting for
+    /// the customer): no money yet, but they may still take some. The simulator's protocol has none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unfinished: Vec<UnfinishedCharge>,
+}
+
+/// A charge the provider has not finished: it may still take money, or never will.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnfinishedCharge {
+    /// The provider's id, e.g. `pi_…`.
+    pub id: String,
+    /// Where it stands, in the provider's words (`processing`, `requires_action`).
+    pub status: String,
+    /// Minor units asked for.
+    pub amount: i64,
+    /// ISO 4217, as the provider reports it.
+    pub currency: String,
+    /// Creation time, Unix seconds.
+    pub created: i64,
+    /// Metadata, oncepay's own keys among them.
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+    /// The provider account that holds it; `None` for oncepay's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
+}
+
+impl UnfinishedCharge {
+    /// The oncepay payment it was made for, read from its metadata.
+    pub fn payment_ref(&self) -> (Option<TenantId>, Option<PaymentId>) {
+        let tenant = self.metadata.get(metadata_keys::TENANT_ID).and_then(|value| value.parse().ok());
+        let payment = self.metadata.get(metadata_keys::PAYMENT_ID).and_then(|value| value.parse().ok());
+        (tenant, payment)
+    }
+}
+
+/// What the provider holds under one charge id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Retrieved {
+    /// A finished charge: succeeded or failed.
+    Final(Charge),
+    /// A charge the provider has not finished.
+    Unfinished(UnfinishedCharge),
+    /// Nothing under that id.
+    Missing,
 }
 
 /// The body of every provider error.
@@ -282,7 +327,7 @@ mod tests {
         fn every_message_reads_back_as_written(
             charge in charge(),
             page in (proptest::collection::vec(charge(), 0..4), any::<bool>())
-                .prop_map(|(data, has_more)| ChargePage { data, has_more }),
+                .prop_map(|(data, has_more)| ChargePage { data, has_more, unfinished: Vec::new() }),
             error in error_body(),
             request in create_charge(),
             event in webhook_event(),

@@ -151,7 +151,8 @@ async fn every_planted_discrepancy_is_found_once_and_nothing_else(pool: PgPool) 
 
     let Reconciled::Completed(summary) = reconciled else { panic!("{reconciled:?}") };
     assert_eq!((summary.provider_charges, summary.ledger_entries), (7, 4));
-    assert_eq!(summary.by_class, Class::ALL.map(|class| (class, 1)));
+    // The simulator's protocol has no unfinished charges: one of every other class.
+    assert_eq!(summary.by_class, Class::ALL.map(|class| (class, usize::from(class != Class::Unfinished))));
     assert_eq!(
         found(&pool, summary.run_id).await,
         [
@@ -402,4 +403,68 @@ async fn in_connect_mode_the_nightly_run_reads_every_account_charged_in_the_wind
     assert_eq!(found(&pool, summary.run_id).await, [], "each account's charges match its ledger entries");
     let requests = stripe.received_requests().await.unwrap();
     assert_eq!(requests.len(), 3, "one list per account, and none of the platform's own account");
+}
+
+/// Stripe's list of the intents created on `day`, one page, newest first.
+async fn stripe_lists(stripe: &MockServer, day: Window, intents: Vec<serde_json::Value>) {
+    let body = json!({"object": "list", "url": "/v1/payment_intents", "data": intents, "has_more": false});
+    Mock::given(method("GET"))
+        .and(path("/v1/payment_intents"))
+        .and(query_param("created[gte]", day.start.unix_timestamp().to_string()))
+        .respond_with(ResponseTemplate::new(200).set_body_json(body))
+        .expect(1)
+        .mount(stripe)
+        .await;
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn an_intent_unfinished_when_its_day_is_reconciled_is_read_again_until_it_is_final(pool: PgPool) {
+    let stripe = MockServer::start().await;
+    let t = tenant(&pool, "acme").await;
+    let ok = booked(&pool, t, "pi_ok", 100, at(10)).await;
+    // Sent, never recorded: the intent finishes after its day was reconciled, and takes the money.
+    let late = support::unknown_payment(&pool, t, "late", 100, 60).await;
+    let processing = json!({"status": "processing", "amount_received": 0, "latest_charge": null});
+    let mut unfinished = intent(t, late, "pi_late", 100, at(20));
+    unfinished.as_object_mut().unwrap().extend(processing.as_object().unwrap().clone());
+    let (first, second, third) = (window(), Window::day(date!(2026 - 01 - 11)), Window::day(date!(2026 - 01 - 12)));
+    stripe_lists(&stripe, first, vec![unfinished, intent(t, ok, "pi_ok", 100, at(10))]).await;
+    stripe_lists(&stripe, second, vec![]).await;
+    stripe_lists(&stripe, third, vec![]).await;
+    Mock::given(method("GET"))
+        .and(path("/v1/payment_intents/pi_late"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(intent(t, late, "pi_late", 100, at(20))))
+        .expect(1)
+        .mount(&stripe)
+        .await;
+    let settings: StripeSettings = serde_json::from_value(json!({
+        "mode": "direct", "secret_key": "sk_test_oncepay", "base_url": stripe.uri(), "api_version": "2024-06-20"
+    }))
+    .unwrap();
+    let config = ReconConfig {
+        schedule: "0 0 2 * * *".into(),
+        page_size: 10,
+        stale_after: Duration::from_secs(300),
+        catch_up_days: 1,
+        connected_accounts: false,
+    };
+    let reconciliation = Reconciliation::new(pool.clone(), StripeProvider::new(&settings).unwrap(), config);
+
+    let mut runs = Vec::new();
+    for day in [first, second, third] {
+        let Reconciled::Completed(summary) = reconciliation.run_window(day, Trigger::Schedule).await.unwrap() else {
+            panic!("the window was free");
+        };
+        runs.push(found(&pool, summary.run_id).await);
+    }
+
+    let pair = |class: &str, id: &str| (class.to_owned(), id.to_owned());
+    assert_eq!(runs[0], [pair("unfinished", "pi_late")], "reported, not left out");
+    assert_eq!(runs[1], [pair("missing_in_ledger", "pi_late")], "read again the next night, now final: money moved");
+    assert_eq!(runs[2], [], "settled: never read again");
+    let open: i64 = sqlx::query_scalar("SELECT count(*) FROM recon_unfinished_charges WHERE settled_run_id IS NULL")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(open, 0);
 }

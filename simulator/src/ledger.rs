@@ -127,7 +127,7 @@ impl Ledger {
         let has_more = matching.len() > limit;
         matching.truncate(limit);
         let data = matching.iter().filter_map(|(_, id)| self.get(id).cloned()).collect();
-        Ok(ChargePage { data, has_more })
+        Ok(ChargePage { data, has_more, unfinished: Vec::new() })
     }
 
     /// Every charge and every key's history.
@@ -220,7 +220,7 @@ mod tests {
         let none = ledger.list(&ListQuery { idempotency_key: Some("nope".into()), limit: 10, ..Default::default() });
         let bad = ledger.list(&ListQuery { starting_after: Some("ch_zz".into()), limit: 10, ..Default::default() });
 
-        assert_eq!(none, Ok(ChargePage { data: vec![], has_more: false }));
+        assert_eq!(none, Ok(ChargePage { data: vec![], has_more: false, unfinished: vec![] }));
         assert_eq!(bad, Err(UnknownCursor));
     }
 

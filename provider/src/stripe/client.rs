@@ -25,8 +25,8 @@ use oncepay_domain::provider_ref::ProviderAccount;
 
 use crate::http::{self, read_json, retry_after, trace_headers};
 use crate::{
-    Charge, ChargePage, ChargeRequest, ListCharges, LookupError, NotSentReason, PaymentProvider, SendOutcome,
-    UncertainReason, metadata_keys,
+    Charge, ChargePage, ChargeRequest, ListCharges, LookupError, NotSentReason, PaymentProvider, Retrieved,
+    SendOutcome, UncertainReason, metadata_keys,
 };
 
 use super::classify;
@@ -413,36 +413,55 @@ impl PaymentProvider for StripeProvider {
         }
     }
 
-    /// The final intents of a window as charges. An intent that has not finished is no charge yet and
-    /// is left out; pages that hold nothing else are read past, so an empty page always means the
-    /// window is done. Newest first, as Stripe lists them: `starting_after` the last charge of a page
-    /// still gives the next one.
+    /// The intents of a window: the final ones as charges, the unfinished ones apart (no charge yet,
+    /// but they may still take money). Pages that hold only unfinished intents are read past, their
+    /// intents kept, so an empty `data` always means the window is done. Newest first, as Stripe
+    /// lists them: `starting_after` the last charge of a page still gives the next one, and an
+    /// unfinished intent after it may be returned again with the next page.
     #[instrument(name = "provider.list_charges", skip_all)]
     async fn list_charges(&self, query: &ListCharges) -> Result<ChargePage, LookupError> {
+        let account = query.account.as_ref();
         let mut query = query.clone();
+        let mut unfinished = Vec::new();
         for _ in 0..MAX_SKIPPED_PAGES {
             let page = self.list_payment_intents(&query).await?;
             let last = page.data.last().map(|i| i.id.clone());
-            let data: Vec<Charge> = page
-                .data
-                .iter()
-                .filter_map(|intent| match intent.settled_by_metadata() {
-                    Settled::Final(charge) => Some(in_account(*charge, query.account.as_ref())),
-                    Settled::NotFinal(_) => None,
-                })
-                .collect();
+            let mut data = Vec::with_capacity(page.data.len());
+            for intent in &page.data {
+                match intent.settled_by_metadata() {
+                    Settled::Final(charge) => data.push(in_account(*charge, account)),
+                    Settled::NotFinal(_) => unfinished.push(intent.unfinished(account.map(ProviderAccount::as_str))),
+                }
+            }
             match last {
                 Some(after) if data.is_empty() && page.has_more => query.starting_after = Some(after),
                 // No cursor to go on from, yet more to come: returning it would end the window early.
                 None if page.has_more => {
                     return Err(LookupError::Unreadable("an empty page of intents said more would follow".to_owned()));
                 }
-                _ => return Ok(ChargePage { data, has_more: page.has_more }),
+                _ => return Ok(ChargePage { data, has_more: page.has_more, unfinished }),
             }
         }
         Err(LookupError::Inconclusive(format!(
             "more than {MAX_SKIPPED_PAGES} pages in a row hold only unfinished intents"
         )))
+    }
+
+    /// The intent `id` in `account`, as it stands now.
+    #[instrument(name = "provider.retrieve", skip_all)]
+    async fn retrieve(&self, id: &str, account: Option<&ProviderAccount>) -> Result<Retrieved, LookupError> {
+        // An id is Stripe's `pi_…`: nothing in it to escape, but never a path of its own.
+        if id.is_empty() || !id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return Err(LookupError::Inconclusive(format!("{id:?} is not a PaymentIntent id")));
+        }
+        match self.get::<PaymentIntent>(&format!("/v1/payment_intents/{id}"), &[], account).await {
+            Ok(intent) => Ok(match intent.settled_by_metadata() {
+                Settled::Final(charge) => Retrieved::Final(in_account(*charge, account)),
+                Settled::NotFinal(_) => Retrieved::Unfinished(intent.unfinished(account.map(ProviderAccount::as_str))),
+            }),
+            Err(LookupError::Status(404)) => Ok(Retrieved::Missing),
+            Err(error) => Err(error),
+        }
     }
 }
 
@@ -1097,7 +1116,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_nightly_list_reads_past_pages_of_unfinished_intents_only() {
+    async fn the_nightly_list_reads_past_pages_of_unfinished_intents_and_keeps_them_apart() {
         let (server, provider) = stripe().await;
         let payment = PaymentId::generate().to_string();
         Mock::given(method("GET"))
@@ -1127,5 +1146,41 @@ mod tests {
 
         assert_eq!(page.data.iter().map(|c| c.id.as_str()).collect::<Vec<_>>(), ["pi_4"]);
         assert!(page.has_more);
+        let unfinished: Vec<(&str, &str)> =
+            page.unfinished.iter().map(|u| (u.id.as_str(), u.status.as_str())).collect();
+        assert_eq!(unfinished, [("pi_6", "processing"), ("pi_5", "requires_action"), ("pi_3", "processing")]);
+    }
+
+    #[tokio::test]
+    async fn a_charge_is_retrieved_by_id_in_its_account_as_it_stands_now() {
+        let (server, provider) = stripe().await;
+        let payment = PaymentId::generate().to_string();
+        let account = ProviderAccount::parse("acct_A").unwrap();
+        for (id, status) in [("pi_done", "succeeded"), ("pi_busy", "processing")] {
+            Mock::given(method("GET"))
+                .and(path(format!("/v1/payment_intents/{id}")))
+                .and(header(STRIPE_ACCOUNT, "acct_A"))
+                .respond_with(ResponseTemplate::new(200).set_body_json(intent(id, status, &payment)))
+                .mount(&server)
+                .await;
+        }
+        Mock::given(method("GET"))
+            .and(path("/v1/payment_intents/pi_gone"))
+            .respond_with(ResponseTemplate::new(404).set_body_json(error(
+                "invalid_request_error",
+                Some("resource_missing"),
+                "No such payment_intent: 'pi_gone'",
+            )))
+            .mount(&server)
+            .await;
+
+        let done = provider.retrieve("pi_done", Some(&account)).await.unwrap();
+        let busy = provider.retrieve("pi_busy", Some(&account)).await.unwrap();
+        let gone = provider.retrieve("pi_gone", Some(&account)).await.unwrap();
+
+        let Retrieved::Final(charge) = done else { panic!("{done:?}") };
+        assert_eq!((charge.status, charge.account.as_deref()), (ChargeStatus::Succeeded, Some("acct_A")));
+        assert!(matches!(busy, Retrieved::Unfinished(ref u) if u.status == "processing"), "{busy:?}");
+        assert_eq!(gone, Retrieved::Missing);
     }
 }

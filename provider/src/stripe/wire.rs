@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use oncepay_domain::ids::PaymentId;
 
-use crate::{Charge, ChargeStatus, metadata_keys};
+use crate::{Charge, ChargeStatus, UnfinishedCharge, metadata_keys};
 
 /// Where a PaymentIntent is in its life. Stripe may add statuses; an unknown one is
 /// [`IntentStatus::Other`], which is never final.
@@ -189,6 +189,20 @@ impl PaymentIntent {
             payment_method: self.payment_method.as_ref().map(|m| m.id().to_owned()),
             account: None,
         }))
+    }
+
+    /// The intent as an unfinished charge, held by `account` (`None`: oncepay's own).
+    pub fn unfinished(&self, account: Option<&str>) -> UnfinishedCharge {
+        let status = serde_json::to_value(&self.status).ok().and_then(|v| v.as_str().map(str::to_owned));
+        UnfinishedCharge {
+            id: self.id.clone(),
+            status: status.unwrap_or_else(|| "unknown".to_owned()),
+            amount: self.amount,
+            currency: self.currency.to_ascii_uppercase(),
+            created: self.created,
+            metadata: self.metadata.clone(),
+            account: account.map(str::to_owned),
+        }
     }
 
     /// [`Self::settled`] for an intent found by a lookup, whose response carries no idempotency key:

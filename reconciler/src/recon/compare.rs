@@ -1,12 +1,13 @@
 //! Comparing the provider's charges with the ledger over one window: pure, no I/O.
 //!
-//! Reports the four classes of discrepancy ([`Class`]) and nothing else.
+//! Reports the four classes of discrepancy between finished charges and the ledger ([`Class`]), and
+//! the charges the provider has not finished ([`unfinished`]), and nothing else.
 
 use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
 
 use oncepay_domain::ids::{DownstreamKey, PaymentId, TenantId};
-use oncepay_provider::{Charge, ChargeStatus};
+use oncepay_provider::{Charge, ChargeStatus, UnfinishedCharge};
 use serde::Serialize;
 use serde_json::{Value, json};
 use time::OffsetDateTime;
@@ -28,12 +29,20 @@ pub enum Class {
     /// More than one succeeded charge for one payment. Reported once, naming every charge; the extra
     /// charges are not reported again as missing in the ledger.
     DuplicateCharge,
+    /// A charge the provider has not finished: no money yet, but it may still take some. It is read
+    /// again on every later run, and compared like any other charge once it is final.
+    Unfinished,
 }
 
 impl Class {
     /// Every class.
-    pub const ALL: [Self; 4] =
-        [Self::MissingInLedger, Self::MissingAtProvider, Self::AmountOrCurrencyMismatch, Self::DuplicateCharge];
+    pub const ALL: [Self; 5] = [
+        Self::MissingInLedger,
+        Self::MissingAtProvider,
+        Self::AmountOrCurrencyMismatch,
+        Self::DuplicateCharge,
+        Self::Unfinished,
+    ];
 
     /// The stored name.
     pub const fn as_str(self) -> &'static str {
@@ -42,6 +51,7 @@ impl Class {
             Self::MissingAtProvider => "missing_at_provider",
             Self::AmountOrCurrencyMismatch => "amount_or_currency_mismatch",
             Self::DuplicateCharge => "duplicate_charge",
+            Self::Unfinished => "unfinished",
         }
     }
 }
@@ -233,6 +243,31 @@ pub fn compare(charges: &[Charge], ledger: &[LedgerEntry]) -> Vec<Discrepancy> {
         });
     }
     found
+}
+
+/// The discrepancy of a charge the provider has not finished.
+pub fn unfinished(charge: &UnfinishedCharge) -> Discrepancy {
+    let (tenant_id, payment_id) = charge.payment_ref();
+    Discrepancy {
+        class: Class::Unfinished,
+        tenant_id,
+        payment_id,
+        provider_charge_id: Some(charge.id.clone()),
+        ours: None,
+        theirs: Some(json!({
+            "id": charge.id,
+            "status": charge.status,
+            "amount": charge.amount,
+            "currency": charge.currency,
+            "created": charge.created,
+            "account": charge.account,
+        })),
+        detail: format!(
+            "the provider has not finished charge {} ({}); it may still take money, and is read again on every \
+             run until it is final",
+            charge.id, charge.status
+        ),
+    }
 }
 
 fn missing_in_ledger(

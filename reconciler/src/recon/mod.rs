@@ -1,5 +1,7 @@
 //! Ledger reconciliation: compares the provider's charges with our ledger over a window of time and
 //! records each discrepancy by class, nightly (tokio-cron-scheduler) and on demand (`recon run`).
+//! A charge the provider has not finished is kept ([`unfinished`]) and read again by every later run
+//! until it is final, then compared like the charges of that run's window.
 //!
 //! Runs only read payments and ledger entries: discrepancies are for operators, and nothing here
 //! corrects anything.
@@ -7,6 +9,7 @@
 pub mod commands;
 pub mod compare;
 pub mod runs;
+pub mod unfinished;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -15,7 +18,7 @@ use std::time::Duration;
 use anyhow::Context;
 use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_domain::provider_ref::ProviderAccount;
-use oncepay_provider::{Charge, ListCharges, PaymentProvider};
+use oncepay_provider::{Charge, ListCharges, PaymentProvider, Retrieved, UnfinishedCharge};
 use sqlx::{PgConnection, PgPool};
 use time::{Date, OffsetDateTime, Time};
 use tokio_cron_scheduler::{Job, JobScheduler};
@@ -194,15 +197,29 @@ impl<P: PaymentProvider + 'static> Reconciliation<P> {
         }
     }
 
-    /// Pages through the provider's charges created in the window, reads the ledger entries that may
-    /// match them, compares the two sides and stores the discrepancies and the counts in one transaction.
+    /// Pages through the provider's charges created in the window, reads again the charges earlier
+    /// runs left unfinished, reads the ledger entries that may match them all, compares the two sides
+    /// and stores the discrepancies, the counts and the unfinished charges in one transaction.
     async fn reconcile(&self, conn: &mut PgConnection, run_id: Uuid, window: &Window) -> anyhow::Result<Summary> {
-        let charges = self.provider_charges(conn, run_id, window).await?;
+        let listed = self.provider_charges(conn, run_id, window).await?;
+        let reread = self.read_unfinished_again(conn, run_id).await?;
+        let mut charges: HashMap<String, Charge> = HashMap::new();
+        charges.extend(listed.charges.into_iter().chain(reread.finished).map(|c| (c.id.clone(), c)));
+        let mut charges: Vec<Charge> = charges.into_values().collect();
+        charges.sort_by(|a, b| (a.created, &a.id).cmp(&(b.created, &b.id)));
+        // A charge listed unfinished and also read final (an overlapping window) is final.
+        let mut still: HashMap<String, UnfinishedCharge> = HashMap::new();
+        still.extend(listed.unfinished.into_iter().chain(reread.still).map(|u| (u.id.clone(), u)));
+        still.retain(|id, _| !charges.iter().any(|c| &c.id == id));
+        let mut still: Vec<UnfinishedCharge> = still.into_values().collect();
+        still.sort_by(|a, b| (a.created, &a.id).cmp(&(b.created, &b.id)));
         let ledger = ledger_entries(conn, window, &charges).await?;
         runs::heartbeat(conn, run_id).await?;
-        let found = compare::compare(&charges, &ledger);
+        let mut found = compare::compare(&charges, &ledger);
+        found.extend(still.iter().map(compare::unfinished));
         let in_window = ledger.iter().filter(|e| e.in_window).count();
-        runs::complete(conn, run_id, charges.len(), in_window, &found).await?;
+        let kept = runs::Unfinished { still: &still, settled: &reread.settled };
+        runs::complete(conn, run_id, charges.len(), in_window, &found, &kept).await?;
         let by_class =
             Class::ALL.iter().map(|class| (*class, found.iter().filter(|d| d.class == *class).count())).collect();
         Ok(Summary { run_id, provider_charges: charges.len(), ledger_entries: in_window, by_class })
@@ -211,13 +228,9 @@ impl<P: PaymentProvider + 'static> Reconciliation<P> {
     /// Every charge the provider created in the window, in every account a charge of oncepay's may
     /// be in, page by page, proving the run alive after each page. No transaction is open during a
     /// provider call.
-    async fn provider_charges(
-        &self,
-        conn: &mut PgConnection,
-        run_id: Uuid,
-        window: &Window,
-    ) -> anyhow::Result<Vec<Charge>> {
+    async fn provider_charges(&self, conn: &mut PgConnection, run_id: Uuid, window: &Window) -> anyhow::Result<Listed> {
         let mut charges: Vec<Charge> = Vec::new();
+        let mut unfinished: Vec<UnfinishedCharge> = Vec::new();
         for account in self.accounts(conn, window).await? {
             let mut query = ListCharges {
                 account,
@@ -232,6 +245,7 @@ impl<P: PaymentProvider + 'static> Reconciliation<P> {
                     None => "cannot list the provider's charges".to_owned(),
                 })?;
                 runs::heartbeat(conn, run_id).await?;
+                unfinished.extend(page.unfinished);
                 let Some(last) = page.data.last() else { break };
                 query.starting_after = Some(last.id.clone());
                 let more = page.has_more;
@@ -241,7 +255,34 @@ impl<P: PaymentProvider + 'static> Reconciliation<P> {
                 }
             }
         }
-        Ok(charges)
+        Ok(Listed { charges, unfinished })
+    }
+
+    /// Reads again, by id, every charge earlier runs left unfinished, proving the run alive after
+    /// each. A charge that cannot be read now stays open, as unfinished.
+    async fn read_unfinished_again(&self, conn: &mut PgConnection, run_id: Uuid) -> anyhow::Result<Reread> {
+        let mut reread = Reread::default();
+        for open in unfinished::open(conn).await? {
+            let id = open.last_seen.id.clone();
+            match self.provider.retrieve(&id, open.account.as_ref()).await {
+                Ok(Retrieved::Final(charge)) => {
+                    reread.settled.push(id);
+                    reread.finished.push(charge);
+                }
+                Ok(Retrieved::Unfinished(charge)) => reread.still.push(charge),
+                // Reported again as it was last seen, and read again next time.
+                Ok(Retrieved::Missing) => {
+                    tracing::warn!(charge.id = %id, "the provider no longer finds a charge it had not finished");
+                    reread.still.push(open.last_seen);
+                }
+                Err(error) => {
+                    tracing::warn!(charge.id = %id, error = %error, "cannot read an unfinished charge again; it stays open");
+                    reread.still.push(open.last_seen);
+                }
+            }
+            runs::heartbeat(conn, run_id).await?;
+        }
+        Ok(reread)
     }
 
     /// The provider accounts to list for `window`: oncepay's own, unless payments are charged in
@@ -267,6 +308,25 @@ impl<P: PaymentProvider + 'static> Reconciliation<P> {
         .context("cannot read the provider accounts to reconcile")?;
         Ok(accounts)
     }
+}
+
+/// What the listing of a window found.
+struct Listed {
+    /// Final charges.
+    charges: Vec<Charge>,
+    /// Charges the provider has not finished.
+    unfinished: Vec<UnfinishedCharge>,
+}
+
+/// What reading earlier runs' unfinished charges again found.
+#[derive(Default)]
+struct Reread {
+    /// Those now final.
+    finished: Vec<Charge>,
+    /// Their ids: their rows close with this run.
+    settled: Vec<String>,
+    /// Those still unfinished.
+    still: Vec<UnfinishedCharge>,
 }
 
 /// The ledger entries booked in the window, plus those of every payment the charges name (so a

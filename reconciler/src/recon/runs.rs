@@ -18,6 +18,7 @@ use uuid::Uuid;
 use crate::recon::Window;
 use crate::recon::compare::{Class, Discrepancy};
 use crate::stored_name::{self, UnknownName};
+use oncepay_provider::UnfinishedCharge;
 
 /// Who started a run: the only spelling of the names stored in `recon_runs.trigger`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -188,13 +189,23 @@ pub async fn heartbeat(conn: &mut PgConnection, run_id: Uuid) -> anyhow::Result<
     Ok(())
 }
 
-/// Records the discrepancies and completes the run, in one transaction.
+/// What a run saw of the charges the provider had not finished.
+#[derive(Debug, Clone, Copy)]
+pub struct Unfinished<'a> {
+    /// Still unfinished: kept open.
+    pub still: &'a [UnfinishedCharge],
+    /// Open from an earlier run and now final: closed.
+    pub settled: &'a [String],
+}
+
+/// Records the discrepancies and the unfinished charges and completes the run, in one transaction.
 pub async fn complete(
     conn: &mut PgConnection,
     run_id: Uuid,
     provider_charges: usize,
     ledger_entries: usize,
     found: &[Discrepancy],
+    unfinished: &Unfinished<'_>,
 ) -> anyhow::Result<()> {
     let mut tx = conn.begin().await.context("cannot start a transaction")?;
     let count = |n: usize| i32::try_from(n).context("too many to count");
@@ -236,6 +247,7 @@ pub async fn complete(
         .await
         .context("cannot record a discrepancy")?;
     }
+    super::unfinished::record(&mut tx, run_id, unfinished.still, unfinished.settled).await?;
     tx.commit().await.context("cannot commit the run's discrepancies")?;
     Ok(())
 }
