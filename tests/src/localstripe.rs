@@ -1,10 +1,10 @@
 //! localstripe, a third-party fake of Stripe's API (from PyPI), as a system's payment provider.
 //!
 //! `cargo xtask test` installs it into a virtual environment and names that environment's Python in
-//! `LOCALSTRIPE_PYTHON`. [`Localstripe::start`] runs it on loopback with
-//! `tests/localstripe/serve.py`. The methods here are what a test does to Stripe directly: make a
-//! card, act as the customer who completes 3-D Secure, point its webhooks at the reconciler, and
-//! read every PaymentIntent it holds as the ground truth.
+//! `LOCALSTRIPE_PYTHON`. [`Localstripe::start`] runs it on loopback (`oncepay_devkit::localstripe`).
+//! The methods here are what a test does to Stripe directly: make a card, act as the customer who
+//! completes 3-D Secure, point its webhooks at the reconciler, and read every PaymentIntent it holds
+//! as the ground truth.
 //!
 //! localstripe has no idempotency keys, no search and no list filters. What depends on those is
 //! tested against a wiremock Stripe in the provider crate.
@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use oncepay_devkit::localstripe;
+pub use oncepay_devkit::localstripe::{API_VERSION, SECRET_KEY};
 use oncepay_devkit::pg::free_port;
 use oncepay_devkit::process::{Child, Spec};
 use oncepay_provider::stripe::wire::{IntentStatus, ListPage, PaymentIntent, Settled};
@@ -22,15 +24,6 @@ use serde::Deserialize;
 /// The variable that names the Python localstripe is installed for. Not `ONCEPAY_…`: every process
 /// reads those as its configuration, and the simulator refuses a setting it does not know.
 pub const PYTHON_VARIABLE: &str = "LOCALSTRIPE_PYTHON";
-
-/// The secret key oncepay's processes use. localstripe takes any `sk_…` key.
-pub const SECRET_KEY: &str = "sk_test_oncepay_localstripe";
-
-/// The API version oncepay's processes pin. localstripe ignores it; Stripe would not.
-pub const API_VERSION: &str = "2024-06-20";
-
-/// How long localstripe may take to start.
-const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Test cards, by what Stripe (and localstripe) do with them.
 pub mod cards {
@@ -45,6 +38,7 @@ pub mod cards {
 /// A running localstripe.
 pub struct Localstripe {
     child: Child,
+    port: u16,
     url: String,
     http: reqwest::Client,
 }
@@ -78,12 +72,8 @@ impl Localstripe {
     pub async fn start(python: &Path, log_dir: &Path) -> anyhow::Result<Self> {
         let port = free_port()?;
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("localstripe").join("serve.py");
-        let spec = Spec::new("localstripe", python, log_dir).arg(script.to_string_lossy()).arg(port.to_string());
-        let mut child = Child::spawn(spec).await.context("cannot start localstripe")?;
-        let url = format!("http://127.0.0.1:{port}");
-        // The one page it serves without a key.
-        child.wait_until_ready(&format!("{url}/js.stripe.com/v3/"), READY_TIMEOUT).await?;
-        Ok(Self { child, url, http: reqwest::Client::new() })
+        let child = localstripe::start(python, &script, port, Spec::new("localstripe", python, log_dir)).await?;
+        Ok(Self { child, port, url: localstripe::url(port), http: reqwest::Client::new() })
     }
 
     /// Its base URL, in place of `https://api.stripe.com`.
@@ -94,14 +84,7 @@ impl Localstripe {
     /// Sends the events oncepay needs to `url`, signed with `secret`, as a Stripe webhook endpoint
     /// would be set up in the dashboard.
     pub async fn send_webhooks_to(&self, url: &str, secret: &str) -> anyhow::Result<()> {
-        let form = [
-            ("url", url),
-            ("secret", secret),
-            ("events[]", "payment_intent.succeeded"),
-            ("events[]", "payment_intent.payment_failed"),
-        ];
-        self.post("/_config/webhooks/oncepay", &form)?.send().await?.error_for_status()?;
-        Ok(())
+        localstripe::send_webhooks_to(self.port, url, secret).await
     }
 
     /// A new card PaymentMethod with this test card number; returns its `pm_…` id.

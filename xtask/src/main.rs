@@ -38,6 +38,10 @@ enum Task {
         /// installed for the server) instead of one PostgreSQL.
         #[arg(long)]
         citus: bool,
+        /// The payment provider: the simulator, or localstripe (a fake of Stripe's API, installed
+        /// from PyPI as the test command does) through oncepay's Stripe adapter.
+        #[arg(long, value_enum, default_value = "simulator")]
+        provider: up::Provider,
     },
     /// Runs the whole test suite (installs localstripe, builds the binaries, then cargo nextest).
     Test {
@@ -79,7 +83,9 @@ enum Task {
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Task::Up { release, tenant, citus } => up::up(&workspace_root(), &up::Options { release, tenant, citus }).await,
+        Task::Up { release, tenant, citus, provider } => {
+            up::up(&workspace_root(), &up::Options { release, tenant, citus, provider }).await
+        }
         Task::Test { citus, nextest_args } => test(citus, &nextest_args).await,
         Task::Prepare { packages } => prepare(&packages).await,
         Task::Bench { quick, full, out, bench_args } => bench(quick, full, out, &bench_args).await,

@@ -1,14 +1,16 @@
 //! `cargo xtask up`: oncepay running locally, the way its users run it, with nothing pre-started.
 //!
-//! Brings up PostgreSQL, the provider simulator, `api`, `worker` and `reconciler` as separate
-//! processes with `[name]`-prefixed logs, and creates a demo tenant. Ctrl-C stops every process and
-//! removes the throwaway cluster. Secrets shared between processes are random per run.
+//! Brings up PostgreSQL, the payment provider (the simulator, or localstripe behind oncepay's Stripe
+//! adapter), `api`, `worker` and `reconciler` as separate processes with `[name]`-prefixed logs, and
+//! creates a demo tenant. Ctrl-C stops every process and removes the throwaway cluster. Secrets
+//! shared between processes are random per run.
 
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use oncepay_devkit::localstripe;
 use oncepay_devkit::pg::Durability;
 use oncepay_devkit::process::{Child, Spec};
 use oncepay_devkit::server::{self, Server};
@@ -21,6 +23,27 @@ const API_PORT: u16 = 8080;
 const WORKER_PORT: u16 = 8081;
 const RECONCILER_PORT: u16 = 8082;
 const SIMULATOR_PORT: u16 = 8090;
+/// localstripe's own default port.
+const LOCALSTRIPE_PORT: u16 = 8420;
+
+/// Which payment provider the workers charge through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Provider {
+    /// The provider simulator.
+    Simulator,
+    /// localstripe, through oncepay's Stripe adapter.
+    Localstripe,
+}
+
+impl Provider {
+    /// The provider's name in the logs and the banner, and its fixed port.
+    const fn process(self) -> (&'static str, u16) {
+        match self {
+            Self::Simulator => ("simulator", SIMULATOR_PORT),
+            Self::Localstripe => ("localstripe", LOCALSTRIPE_PORT),
+        }
+    }
+}
 
 /// What `up` needs to know.
 pub struct Options {
@@ -30,6 +53,8 @@ pub struct Options {
     pub tenant: String,
     /// On a throwaway Citus cluster (a coordinator and two worker nodes) instead of one PostgreSQL.
     pub citus: bool,
+    /// The payment provider.
+    pub provider: Provider,
 }
 
 /// What is running, so that an interruption at any moment stops exactly that.
@@ -74,7 +99,7 @@ pub async fn up(root: &Path, options: &Options) -> anyhow::Result<ExitCode> {
 
 async fn start(root: &Path, options: &Options, running: &mut Running) -> anyhow::Result<()> {
     for (name, port) in
-        [("api", API_PORT), ("worker", WORKER_PORT), ("reconciler", RECONCILER_PORT), ("simulator", SIMULATOR_PORT)]
+        [("api", API_PORT), ("worker", WORKER_PORT), ("reconciler", RECONCILER_PORT), options.provider.process()]
     {
         std::net::TcpListener::bind(("127.0.0.1", port))
             .with_context(|| format!("port {port} (for the {name}) is in use; stop whatever holds it"))?;
@@ -91,6 +116,12 @@ async fn start(root: &Path, options: &Options, running: &mut Running) -> anyhow:
         bail!("building oncepay failed");
     }
     let bin = crate::target_dir(root).join(profile);
+    let python = match options.provider {
+        Provider::Localstripe => Some(
+            crate::localstripe::install(root, &crate::target_dir(root)).await.context("cannot install localstripe")?,
+        ),
+        Provider::Simulator => None,
+    };
 
     // `DATABASE_URL` if given (and no Citus asked for), else a throwaway server.
     let database_url = match std::env::var("DATABASE_URL") {
@@ -117,36 +148,70 @@ async fn start(root: &Path, options: &Options, running: &mut Running) -> anyhow:
     // Each binary rejects settings it does not have, so each gets only its own.
     let common = |spec: Spec| spec.env("ONCEPAY_TELEMETRY__LOG_FORMAT", "text").echo(true);
     let with_database = |spec: Spec| common(spec).env("DATABASE_URL", &database_url);
-    let with_provider = |spec: Spec| {
-        with_database(spec)
-            .env("ONCEPAY_PROVIDER__BASE_URL", format!("http://127.0.0.1:{SIMULATOR_PORT}"))
-            .env("ONCEPAY_PROVIDER__API_KEY", &provider_key)
+    // localstripe has no Stripe Connect (it ignores `Stripe-Account`, its events name no account):
+    // every tenant charges the one account of the key, with Stripe's test card unless a payment
+    // names its own.
+    let through_stripe = |spec: Spec| {
+        spec.env("ONCEPAY_PROVIDER__KIND", "stripe")
+            .env("ONCEPAY_PROVIDER__STRIPE__MODE", "direct")
+            .env("ONCEPAY_PROVIDER__STRIPE__BASE_URL", localstripe::url(LOCALSTRIPE_PORT))
+            .env("ONCEPAY_PROVIDER__STRIPE__SECRET_KEY", localstripe::SECRET_KEY)
+            .env("ONCEPAY_PROVIDER__STRIPE__API_VERSION", localstripe::API_VERSION)
+            .env("ONCEPAY_PROVIDER__STRIPE__DEFAULT_PAYMENT_METHOD", "pm_card_visa")
     };
-    let specs = [
-        (
-            common(Spec::new("simulator", bin.join("oncepay-simulator"), &log_dir))
+    let with_provider = |spec: Spec| match options.provider {
+        Provider::Simulator => with_database(spec)
+            .env("ONCEPAY_PROVIDER__BASE_URL", format!("http://127.0.0.1:{SIMULATOR_PORT}"))
+            .env("ONCEPAY_PROVIDER__API_KEY", &provider_key),
+        Provider::Localstripe => through_stripe(with_database(spec)),
+    };
+    let reconciler_spec = with_provider(Spec::new("reconciler", &reconciler, &log_dir))
+        .env("ONCEPAY_HTTP__PORT", RECONCILER_PORT.to_string());
+    let reconciler_spec = match options.provider {
+        Provider::Simulator => reconciler_spec.env("ONCEPAY_WEBHOOKS__SECRETS", format!("[\"{webhook_secret}\"]")),
+        Provider::Localstripe => {
+            reconciler_spec.env("ONCEPAY_WEBHOOKS__STRIPE_SECRETS", format!("[\"{webhook_secret}\"]"))
+        }
+    };
+    let api_spec = with_database(Spec::new("api", bin.join("oncepay-api"), &log_dir))
+        .env("ONCEPAY_HTTP__PORT", API_PORT.to_string());
+    let api_spec = match options.provider {
+        Provider::Simulator => api_spec,
+        // Intake refuses what Stripe could never charge.
+        Provider::Localstripe => {
+            api_spec.env("ONCEPAY_PROVIDER__KIND", "stripe").env("ONCEPAY_PROVIDER__STRIPE__MODE", "direct")
+        }
+    };
+
+    match &python {
+        Some(python) => {
+            let script = root.join("tests").join("localstripe").join("serve.py");
+            let spec = common(Spec::new("localstripe", python, &log_dir));
+            let child = localstripe::start(python, &script, LOCALSTRIPE_PORT, spec).await?;
+            running.children.push(child);
+            let to = format!("http://127.0.0.1:{RECONCILER_PORT}/webhooks/stripe");
+            localstripe::send_webhooks_to(LOCALSTRIPE_PORT, &to, &webhook_secret).await?;
+        }
+        None => {
+            let spec = common(Spec::new("simulator", bin.join("oncepay-simulator"), &log_dir))
                 .env("ONCEPAY_HTTP__PORT", SIMULATOR_PORT.to_string())
                 .env("ONCEPAY_SIMULATOR__API_KEY", &provider_key)
                 .env("ONCEPAY_SIMULATOR__WEBHOOK_URL", format!("http://127.0.0.1:{RECONCILER_PORT}/webhooks/provider"))
-                .env("ONCEPAY_SIMULATOR__WEBHOOK_SECRET", &webhook_secret),
-            SIMULATOR_PORT,
-        ),
-        (
-            with_provider(Spec::new("reconciler", &reconciler, &log_dir))
-                .env("ONCEPAY_HTTP__PORT", RECONCILER_PORT.to_string())
-                .env("ONCEPAY_WEBHOOKS__SECRETS", format!("[\"{webhook_secret}\"]")),
-            RECONCILER_PORT,
-        ),
+                .env("ONCEPAY_SIMULATOR__WEBHOOK_SECRET", &webhook_secret);
+            let child = running.children.push_mut(Child::spawn(spec).await?);
+            child
+                .wait_until_ready(&format!("http://127.0.0.1:{SIMULATOR_PORT}/readyz"), Duration::from_secs(60))
+                .await?;
+        }
+    }
+    let specs = [
+        (reconciler_spec, RECONCILER_PORT),
         (
             with_provider(Spec::new("worker", bin.join("oncepay-worker"), &log_dir))
                 .env("ONCEPAY_HTTP__PORT", WORKER_PORT.to_string()),
             WORKER_PORT,
         ),
-        (
-            with_database(Spec::new("api", bin.join("oncepay-api"), &log_dir))
-                .env("ONCEPAY_HTTP__PORT", API_PORT.to_string()),
-            API_PORT,
-        ),
+        (api_spec, API_PORT),
     ];
     for (spec, port) in specs {
         let child = Child::spawn(spec).await?;
@@ -154,7 +219,7 @@ async fn start(root: &Path, options: &Options, running: &mut Running) -> anyhow:
         child.wait_until_ready(&format!("http://127.0.0.1:{port}/readyz"), Duration::from_secs(60)).await?;
     }
 
-    print_banner(&bin, &api_key, &log_dir);
+    print_banner(&bin, &api_key, &log_dir, options.provider);
     Ok(())
 }
 
@@ -173,16 +238,32 @@ async fn supervise(children: &mut [Child]) -> anyhow::Result<ExitCode> {
 }
 
 /// Prints where everything runs, the demo tenant's API key, and ready-to-paste commands to pay.
-fn print_banner(bin: &Path, api_key: &str, log_dir: &Path) {
+fn print_banner(bin: &Path, api_key: &str, log_dir: &Path, provider: Provider) {
     let client = bin.join("oncepay");
+    let (webhooks, provider_line, declined) = match provider {
+        Provider::Simulator => (
+            "/webhooks/provider",
+            format!("simulator   http://127.0.0.1:{SIMULATOR_PORT}/_sim/charges"),
+            "pm_card_chargeDeclined",
+        ),
+        Provider::Localstripe => (
+            "/webhooks/stripe",
+            format!(
+                "localstripe http://127.0.0.1:{LOCALSTRIPE_PORT}/v1/payment_intents   (key {key}; a fake of \
+                 Stripe's API, charged through oncepay's Stripe adapter in direct mode: it has no Connect)",
+                key = localstripe::SECRET_KEY
+            ),
+            "pm_card_chargeCustomerFail",
+        ),
+    };
     eprintln!(
         "\n\
          ================================================================================\n\
          oncepay is running\n\
          \x20 api         http://127.0.0.1:{API_PORT}   (OpenAPI: /openapi.json)\n\
          \x20 worker      http://127.0.0.1:{WORKER_PORT}/metrics\n\
-         \x20 reconciler  http://127.0.0.1:{RECONCILER_PORT}/metrics   (webhooks: /webhooks/provider)\n\
-         \x20 simulator   http://127.0.0.1:{SIMULATOR_PORT}/_sim/charges\n\
+         \x20 reconciler  http://127.0.0.1:{RECONCILER_PORT}/metrics   (webhooks: {webhooks})\n\
+         \x20 {provider_line}\n\
          \x20 logs        {logs}\n\
          \n\
          Demo tenant API key (shown once):\n\
@@ -190,12 +271,13 @@ fn print_banner(bin: &Path, api_key: &str, log_dir: &Path) {
          \n\
          Pay with the client, in another terminal:\n\
          \x20 export ONCEPAY_URL=http://127.0.0.1:{API_PORT} ONCEPAY_API_KEY={api_key}\n\
-         \x20 {client} pay --amount 1999 --currency EUR --customer cus_42\n\
+         \x20 {client} pay --amount 1999 --currency EUR --customer customer-42\n\
+         \x20 (--payment-method {declined} is declined)\n\
          \n\
          or with curl:\n\
          \x20 curl -si http://127.0.0.1:{API_PORT}/v1/payments -H \"Authorization: Bearer {api_key}\" \\\n\
          \x20      -H \"Idempotency-Key: $(cat /proc/sys/kernel/random/uuid)\" -H 'Content-Type: application/json' \\\n\
-         \x20      -d '{{\"amount\":1999,\"currency\":\"EUR\",\"customer_id\":\"cus_42\"}}'\n\
+         \x20      -d '{{\"amount\":1999,\"currency\":\"EUR\",\"customer_id\":\"customer-42\"}}'\n\
          \n\
          Ctrl-C stops everything.\n\
          ================================================================================\n",
