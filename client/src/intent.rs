@@ -96,6 +96,7 @@ pub struct PaymentIntent {
     description: Option<String>,
     metadata: BTreeMap<String, String>,
     payment_method: Option<String>,
+    provider_customer: Option<String>,
     body: String,
 }
 
@@ -110,6 +111,7 @@ impl PaymentIntent {
             description: None,
             metadata: BTreeMap::new(),
             payment_method: None,
+            provider_customer: None,
         }
     }
 
@@ -148,6 +150,11 @@ impl PaymentIntent {
         self.payment_method.as_deref()
     }
 
+    /// The provider's customer the payment method belongs to, if any.
+    pub fn provider_customer(&self) -> Option<&str> {
+        self.provider_customer.as_deref()
+    }
+
     /// The JSON body, identical on every send.
     pub(crate) fn body(&self) -> &str {
         &self.body
@@ -166,6 +173,7 @@ pub struct PaymentIntentBuilder {
     description: Option<String>,
     metadata: BTreeMap<String, String>,
     payment_method: Option<String>,
+    provider_customer: Option<String>,
 }
 
 impl PaymentIntentBuilder {
@@ -188,14 +196,21 @@ impl PaymentIntentBuilder {
         self
     }
 
+    /// The provider's customer that the payment method belongs to, e.g. Stripe's `cus_…`, for a
+    /// payment method saved to a customer. Never the merchant's `customer_id`.
+    pub fn provider_customer(mut self, reference: impl Into<String>) -> Self {
+        self.provider_customer = Some(reference.into());
+        self
+    }
+
     /// The intent, under a new random key.
     pub fn build(self) -> PaymentIntent {
         self.build_with_key(IdempotencyKey::generate())
     }
 
     /// The intent, under a key the caller kept from an earlier attempt. Sending it with a
-    /// different amount, currency, customer, description, metadata or payment method than that
-    /// attempt gets `422 idempotency-key-reused`.
+    /// different amount, currency, customer, description, metadata, payment method or provider
+    /// customer than that attempt gets `422 idempotency-key-reused`.
     pub fn build_with_key(self, key: IdempotencyKey) -> PaymentIntent {
         let mut body = Map::new();
         body.insert("amount".into(), json!(self.amount));
@@ -210,6 +225,9 @@ impl PaymentIntentBuilder {
         if let Some(payment_method) = &self.payment_method {
             body.insert("payment_method".into(), json!(payment_method));
         }
+        if let Some(provider_customer) = &self.provider_customer {
+            body.insert("provider_customer".into(), json!(provider_customer));
+        }
         PaymentIntent {
             key,
             amount: self.amount,
@@ -218,6 +236,7 @@ impl PaymentIntentBuilder {
             description: self.description,
             metadata: self.metadata,
             payment_method: self.payment_method,
+            provider_customer: self.provider_customer,
             body: Value::Object(body).to_string(),
         }
     }
@@ -261,6 +280,7 @@ mod tests {
             .metadata("order", "A-17")
             .metadata("till", "3")
             .payment_method("pm_card_visa")
+            .provider_customer("cus_Q1")
             .build();
 
         let bare: Value = serde_json::from_str(bare.body()).unwrap();
@@ -272,6 +292,7 @@ mod tests {
             json!({
                 "amount": 1999, "currency": "EUR", "customer_id": "cus_42", "description": "two coffees",
                 "metadata": {"order": "A-17", "till": "3"}, "payment_method": "pm_card_visa",
+                "provider_customer": "cus_Q1",
             })
         );
     }

@@ -125,6 +125,9 @@ pub struct Payment {
     /// The provider's reference of the payment method to charge, if given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub payment_method: Option<String>,
+    /// The provider's customer the payment method belongs to, if given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_customer: Option<String>,
     /// When oncepay accepted it.
     #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,

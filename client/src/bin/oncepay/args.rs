@@ -74,6 +74,11 @@ pub struct PayArgs {
     #[arg(long, value_name = "REFERENCE")]
     pub payment_method: Option<String>,
 
+    /// The provider's customer the payment method belongs to, e.g. Stripe's cus_..., for a payment
+    /// method saved to a customer. --customer is always your own reference, never the provider's.
+    #[arg(long, value_name = "REFERENCE")]
+    pub provider_customer: Option<String>,
+
     /// The idempotency key to use: pass the one an earlier run printed to retry that payment
     /// safely. A new random key if omitted.
     #[arg(long, value_name = "KEY")]

@@ -50,6 +50,9 @@ async fn pay(client: &Client, args: PayArgs, json: bool) -> Exit {
     if let Some(reference) = args.payment_method {
         builder = builder.payment_method(reference);
     }
+    if let Some(reference) = args.provider_customer {
+        builder = builder.provider_customer(reference);
+    }
     let intent = match args.key {
         Some(key) => builder.build_with_key(key),
         None => builder.build(),

@@ -106,6 +106,9 @@ pub fn describe(payment: &Payment) -> String {
     if let Some(method) = &payment.payment_method {
         row("method", method);
     }
+    if let Some(customer) = &payment.provider_customer {
+        row("method owner", customer);
+    }
     if let Some(charge) = &payment.provider_charge_id {
         row("charge", charge);
     }
@@ -172,6 +175,7 @@ mod tests {
             description: None,
             metadata: BTreeMap::new(),
             payment_method: None,
+            provider_customer: None,
             created_at: datetime!(2026-11-22 04:23:00.5 UTC),
             updated_at: datetime!(2026-11-22 04:23:01 UTC),
             provider_charge_id: None,
