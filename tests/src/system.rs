@@ -659,6 +659,12 @@ async fn start_provider(
                         "ONCEPAY_PROVIDER__STRIPE__REQUEST_TIMEOUT_MS".into(),
                         timing.provider_request_timeout_ms.to_string(),
                     ),
+                    // One call's timeouts and a little more, below the poller's lease (twice the
+                    // request timeout).
+                    (
+                        "ONCEPAY_PROVIDER__STRIPE__LOOKUP_DEADLINE_MS".into(),
+                        (timing.provider_request_timeout_ms + 1_000).to_string(),
+                    ),
                 ]);
                 if role == Role::Reconciler {
                     slot.spec.env.push(("ONCEPAY_WEBHOOKS__STRIPE_SECRETS".into(), format!("[\"{webhook_secret}\"]")));

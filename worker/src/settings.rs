@@ -149,7 +149,7 @@ mod tests {
     fn a_config_file_chooses_stripe_and_its_longer_timeouts_bound_the_lease() {
         let mut file = tempfile::NamedTempFile::new().unwrap();
         let stripe = "[provider]\nkind = \"stripe\"\n\n[provider.stripe]\nmode = \"connect\"\nsecret_key = \"sk_test_x\"\n\
-                      api_version = \"2024-06-20\"\nrequest_timeout_ms = 57000\n";
+                      api_version = \"2024-06-20\"\nrequest_timeout_ms = 57000\nlookup_deadline_ms = 70000\n";
         std::io::Write::write_all(&mut file, stripe.as_bytes()).unwrap();
         let mut settings: Settings = config::load(DEFAULTS, Some(file.path())).unwrap();
 
