@@ -49,6 +49,29 @@ fn reconciliation(pool: &PgPool, provider: &MockServer) -> Reconciliation<HttpPr
     Reconciliation::new(pool.clone(), fixtures::provider(&provider.uri()), config)
 }
 
+/// Reconciliation through a wiremock Stripe in `mode` (`direct` or `connect`), `page_size` intents a
+/// page.
+fn stripe_reconciliation(
+    pool: &PgPool,
+    stripe: &MockServer,
+    mode: &str,
+    page_size: u32,
+) -> Reconciliation<StripeProvider> {
+    let settings: StripeSettings = serde_json::from_value(json!({
+        "mode": mode, "secret_key": "sk_test_oncepay", "base_url": stripe.uri(), "api_version": "2024-06-20",
+        "list_page_size": page_size
+    }))
+    .unwrap();
+    let config = ReconConfig {
+        schedule: "0 0 2 * * *".into(),
+        page_size,
+        stale_after: Duration::from_secs(300),
+        catch_up_days: 1,
+        connected_accounts: mode == "connect",
+    };
+    Reconciliation::new(pool.clone(), StripeProvider::new(&settings).unwrap(), config)
+}
+
 /// A payment settled as succeeded with `charge_id` for `amount`, charged at `charged_at`.
 async fn booked(
     pool: &PgPool,
@@ -311,19 +334,7 @@ async fn the_nightly_run_reads_stripes_list_newest_first_page_by_page(pool: PgPo
         let body = json!({"object": "list", "url": "/v1/payment_intents", "data": page, "has_more": i == 0});
         mock.respond_with(ResponseTemplate::new(200).set_body_json(body)).expect(1).mount(&stripe).await;
     }
-    let settings: StripeSettings = serde_json::from_value(json!({
-        "mode": "direct", "secret_key": "sk_test_oncepay", "base_url": stripe.uri(), "api_version": "2024-06-20",
-        "list_page_size": 2
-    }))
-    .unwrap();
-    let config = ReconConfig {
-        schedule: "0 0 2 * * *".into(),
-        page_size: 2,
-        stale_after: Duration::from_secs(300),
-        catch_up_days: 1,
-        connected_accounts: false,
-    };
-    let reconciliation = Reconciliation::new(pool.clone(), StripeProvider::new(&settings).unwrap(), config);
+    let reconciliation = stripe_reconciliation(&pool, &stripe, "direct", 2);
 
     let reconciled = reconciliation.run_window(window(), Trigger::Operator).await.unwrap();
 
@@ -383,18 +394,7 @@ async fn in_connect_mode_the_nightly_run_reads_every_account_charged_in_the_wind
             .mount(&stripe)
             .await;
     }
-    let settings: StripeSettings = serde_json::from_value(json!({
-        "mode": "connect", "secret_key": "sk_test_platform", "base_url": stripe.uri(), "api_version": "2024-06-20"
-    }))
-    .unwrap();
-    let config = ReconConfig {
-        schedule: "0 0 2 * * *".into(),
-        page_size: 10,
-        stale_after: Duration::from_secs(300),
-        catch_up_days: 1,
-        connected_accounts: true,
-    };
-    let reconciliation = Reconciliation::new(pool.clone(), StripeProvider::new(&settings).unwrap(), config);
+    let reconciliation = stripe_reconciliation(&pool, &stripe, "connect", 10);
 
     let reconciled = reconciliation.run_window(window(), Trigger::Operator).await.unwrap();
 
@@ -437,18 +437,7 @@ async fn an_intent_unfinished_when_its_day_is_reconciled_is_read_again_until_it_
         .expect(1)
         .mount(&stripe)
         .await;
-    let settings: StripeSettings = serde_json::from_value(json!({
-        "mode": "direct", "secret_key": "sk_test_oncepay", "base_url": stripe.uri(), "api_version": "2024-06-20"
-    }))
-    .unwrap();
-    let config = ReconConfig {
-        schedule: "0 0 2 * * *".into(),
-        page_size: 10,
-        stale_after: Duration::from_secs(300),
-        catch_up_days: 1,
-        connected_accounts: false,
-    };
-    let reconciliation = Reconciliation::new(pool.clone(), StripeProvider::new(&settings).unwrap(), config);
+    let reconciliation = stripe_reconciliation(&pool, &stripe, "direct", 10);
 
     let mut runs = Vec::new();
     for day in [first, second, third] {
