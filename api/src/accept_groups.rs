@@ -1,31 +1,19 @@
 //! Accepting one tenant's concurrent requests together: the requests that reach the store while a
 //! write of their tenant is under way in this process wait for it, and are then written in one
-//! statement and one commit (`oncepay_store::intake::accept_group`).
+//! statement and one commit (`oncepay_store::intake::accept_group`); a lone request is written at
+//! once. Sizes and waits are `intake.group_max_requests` and `intake.group_max_wait_us`.
 //!
-//! Invariants: each request gets the result it would get alone; a request's result is handed over only
-//! after its group has committed (or failed); a group holds one tenant's requests, so under Citus it
-//! stays on that tenant's shard. A lone request, with nothing under way, is written at once. How many
-//! requests a group takes and how long the first of them waits are `intake.group_max_requests` and
-//! `intake.group_max_wait_us` (`oncepay_service::group_commit::Limits`).
-//!
-//! A request that would wait for its tenant's write under way is handed back instead of queued,
-//! and looks up its key meanwhile (`oncepay_store::intake::stored`), if a connection is free at that
-//! moment: a key already stored is answered from its row, as the group's statement would answer it,
-//! and a key not found waits for the next write. So a tenant's retries are read side by side instead
-//! of one group at a time. The group checks for a write and queues the request in one step, so a
-//! request never waits for a write that started after it looked. Once a request whose key was found
-//! new waits, the next write is certain, and the requests that come after it wait with it without a
-//! read of their own: a burst of new keys pays for about one read a group, not one a request. With
-//! every connection in use, a request waits without a read, so the reads never hold up a write.
-//!
-//! A group's write runs in a task of its own, so a client that goes away while its request is being
-//! written cannot cut short the write that other requests wait for.
+//! Invariants: each request gets the result it would get alone, and only after its group has
+//! committed (or failed); a group holds one tenant's requests, so under Citus it stays on that
+//! tenant's shard; a group's write runs in a task of its own, so a client that goes away cannot cut
+//! short the write other requests wait for. A request that would wait for a write under way reads
+//! its key instead, if a connection is free ([`AcceptGroups::accept`] says why and when).
 
 use std::sync::Arc;
 
 use metrics::{Gauge, Histogram};
 use oncepay_domain::ids::TenantId;
-use oncepay_service::group_commit::{GroupCommits, Limits};
+use oncepay_service::group_commit::{GroupCommits, Limits, Queued};
 use oncepay_store::StoreError;
 use oncepay_store::connections::Connections;
 use oncepay_store::intake::{self, Intake, NewPayment};
@@ -57,13 +45,23 @@ impl AcceptGroups {
     /// Accepts `new` together with the requests of its tenant waiting at that moment, or answers it
     /// from its stored key, read while a write under way would keep it waiting. The read and the
     /// write use `connections`, the calling HTTP worker's own.
+    ///
+    /// A request that would wait for its tenant's write under way is handed back instead of queued,
+    /// and reads its key meanwhile (`oncepay_store::intake::stored`) if a connection is free: a stored
+    /// key (a retry) is answered from its row, as the group's statement would answer it, and a key
+    /// not found waits for the next write. So a tenant's retries are read side by side, not one group
+    /// at a time. The group checks for a write and queues the request in one step, so a request never
+    /// waits for a write that started after it looked. Once a request whose key was found new waits,
+    /// the next write is certain, and later requests join it without a read: a burst of new keys pays
+    /// for about one read a group. With every connection in use, a request waits without a read, so
+    /// the reads never hold up a write.
     pub async fn accept(self: Arc<Self>, connections: Arc<Connections>, new: NewPayment) -> Result<Intake, StoreError> {
         // Written at once if nothing of its tenant is being written, or queued with a request whose
         // key was found new; otherwise handed back, to be read while that write goes on.
         let request = Request { new, found_new: false };
-        let new = match Arc::clone(&self).submit(Arc::clone(&connections), request, Queue::UnlessWriting).await {
-            Submitted::Answered(result) => return result,
-            Submitted::HandedBack(request) => request.new,
+        let new = match Arc::clone(&self).submit_unless_writing(Arc::clone(&connections), request).await {
+            Ok(result) => return result,
+            Err(handed_back) => handed_back.new,
         };
         let mut found_new = false;
         if let Some(conn) = connections.try_acquire().await {
@@ -75,60 +73,69 @@ impl AcceptGroups {
                 None => found_new = true,
             }
         }
-        match self.submit(connections, Request { new, found_new }, Queue::Always).await {
-            Submitted::Answered(result) => result,
-            Submitted::HandedBack(_) => unreachable!("a request queued always is never handed back"),
-        }
+        self.submit(connections, Request { new, found_new }).await
     }
 
-    /// Submits `request` to its tenant's group, as `queue` says, in a task of its own: the write runs
-    /// to its end even if the caller stops waiting for it.
-    async fn submit(self: Arc<Self>, connections: Arc<Connections>, request: Request, queue: Queue) -> Submitted {
+    /// Queues `request` in its tenant's group, whatever is under way, and waits for its result. The
+    /// group is written in a task of its own, which runs to its end even if the caller stops waiting.
+    async fn submit(self: Arc<Self>, connections: Arc<Connections>, request: Request) -> Result<Intake, StoreError> {
         let tenant_id = request.new.tenant_id;
-        let submitting = actix_web::rt::spawn(async move {
-            let queued = match queue {
-                Queue::Always => self.groups.queue(tenant_id, request),
-                Queue::UnlessWriting => {
-                    let found_new = |waiting: &Request| waiting.found_new;
-                    self.groups.queue_unless_writing(tenant_id, request, found_new)?
-                }
-            };
-            // Counted once queued, so that a request handed back is never counted.
-            let _counted = Counted::start(&self.writing);
-            // Boxed: the write is large, and only the task that writes a group needs room for it.
-            let write = |group: Vec<Request>| {
-                self.group_size.record(group.len() as f64);
-                Box::pin(write(&connections, group.into_iter().map(|request| request.new).collect()))
-            };
-            Ok(queued.written(write).await)
-        });
-        match submitting.await {
-            Ok(Ok(Some(result))) => Submitted::Answered(result),
-            Ok(Err(request)) => Submitted::HandedBack(Box::new(request)),
-            // The task or its writer was stopped midway (the runtime is shutting down): whether the
-            // request was written is unknown, so it fails closed and a retry with its key replays it.
-            Ok(Ok(None)) | Err(_) => {
-                Submitted::Answered(Err(StoreError::Unavailable(sqlx::Error::WorkerCrashed.into())))
-            }
+        let written = actix_web::rt::spawn(async move {
+            let queued = self.groups.queue(tenant_id, request);
+            self.written(&connections, queued).await
+        })
+        .await;
+        settled(written)
+    }
+
+    /// [`Self::submit`], unless a write of the tenant is under way and no request whose key was found
+    /// new waits for the next one (then that next write is certain): the request is then handed
+    /// back, boxed since it carries the whole payment.
+    async fn submit_unless_writing(
+        self: Arc<Self>,
+        connections: Arc<Connections>,
+        request: Request,
+    ) -> Result<Result<Intake, StoreError>, Box<Request>> {
+        let tenant_id = request.new.tenant_id;
+        let written = actix_web::rt::spawn(async move {
+            let found_new = |waiting: &Request| waiting.found_new;
+            let queued = self.groups.queue_unless_writing(tenant_id, request, found_new).map_err(Box::new)?;
+            Ok(self.written(&connections, queued).await)
+        })
+        .await;
+        match written {
+            Ok(Err(handed_back)) => Err(handed_back),
+            Ok(Ok(result)) => Ok(settled(Ok(result))),
+            Err(stopped) => Ok(settled(Err(stopped))),
         }
+    }
+
+    /// The result of a queued request, once its group is written (by this task, if it comes first).
+    async fn written(
+        &self,
+        connections: &Connections,
+        queued: Queued<'_, TenantId, Request, Result<Intake, StoreError>>,
+    ) -> Option<Result<Intake, StoreError>> {
+        // Counted once queued, so that a request handed back is never counted.
+        let _counted = Counted::start(&self.writing);
+        // Boxed: the write is large, and only the task that writes a group needs room for it.
+        let write = |group: Vec<Request>| {
+            self.group_size.record(group.len() as f64);
+            Box::pin(write(connections, group.into_iter().map(|request| request.new).collect()))
+        };
+        queued.written(write).await
     }
 }
 
-/// When a request joins its tenant's group.
-enum Queue {
-    /// Whatever is under way.
-    Always,
-    /// Only if nothing is being written, or a request whose key was found new waits for the write
-    /// under way (then a write after it is certain); otherwise it is handed back.
-    UnlessWriting,
-}
-
-/// What became of a submitted request.
-enum Submitted {
-    /// Its result.
-    Answered(Result<Intake, StoreError>),
-    /// Not queued ([`Queue::UnlessWriting`]); boxed, since it carries the whole request.
-    HandedBack(Box<Request>),
+/// A written request's result. If its task or its writer was stopped midway (the runtime is shutting
+/// down), whether it was written is unknown, so it fails closed and a retry with its key replays it.
+fn settled(
+    written: Result<Option<Result<Intake, StoreError>>, actix_web::rt::task::JoinError>,
+) -> Result<Intake, StoreError> {
+    match written {
+        Ok(Some(result)) => result,
+        Ok(None) | Err(_) => Err(StoreError::Unavailable(sqlx::Error::WorkerCrashed.into())),
+    }
 }
 
 /// A request counted in [`INTAKE_WRITING`] until it has its result.
