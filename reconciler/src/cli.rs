@@ -371,7 +371,7 @@ fn booked_from_flags(
     let currency = Currency::parse(currency).map_err(|e| CliError::Invalid(format!("--currency {e}")))?;
     let charged_at = OffsetDateTime::parse(charged_at, &Rfc3339)
         .map_err(|_| CliError::Invalid(format!("--charged-at {charged_at:?} is not an RFC 3339 time")))?;
-    Ok(BookedCharge { charge_id, amount: amount.minor_units(), currency: currency.as_str().to_owned(), charged_at })
+    Ok(BookedCharge { charge_id, amount, currency, charged_at })
 }
 
 fn boxed<R: Report + 'static>(report: R) -> Box<dyn Report> {

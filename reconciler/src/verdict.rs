@@ -7,6 +7,7 @@
 //! it, or comes from another account, is a conflict for an operator. A payment still being sent is
 //! left to its sender.
 
+use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_provider::{Charge, ChargeStatus};
 use oncepay_store::settlement::{self, Asked, Unsettled};
@@ -26,12 +27,12 @@ pub struct Stored {
 }
 
 /// What a ledger entry booked (the entry books `Stored::charge_id`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Booked {
-    /// Minor units.
-    pub amount: i64,
-    /// ISO 4217.
-    pub currency: String,
+    /// What was charged.
+    pub amount: Amount,
+    /// In this currency.
+    pub currency: Currency,
 }
 
 /// What to do with a charge.
@@ -111,7 +112,9 @@ pub fn judge(stored: &Stored, charge: &Charge) -> Verdict {
             ours.unwrap_or("(none)"),
         )),
         (S::Succeeded, C::Succeeded) => match &stored.ledger {
-            Some(booked) if booked.amount != charge.amount || booked.currency != charge.currency => {
+            Some(booked)
+                if booked.amount.minor_units() != charge.amount || booked.currency.as_str() != charge.currency =>
+            {
                 Verdict::Conflicts(format!(
                     "the provider reports charge {} for {} {}, but the ledger booked {} {}",
                     charge.id, charge.amount, charge.currency, booked.amount, booked.currency,
@@ -144,7 +147,6 @@ pub fn judge(stored: &Stored, charge: &Charge) -> Verdict {
 #[cfg(test)]
 mod tests {
     use oncepay_domain::ids::PaymentId;
-    use oncepay_domain::money::{Amount, Currency};
     use oncepay_provider::fixtures;
 
     use super::*;
@@ -167,7 +169,10 @@ mod tests {
             asked,
             status,
             charge_id: charge_id.map(str::to_owned),
-            ledger: booked.map(|amount| Booked { amount, currency: "EUR".to_owned() }),
+            ledger: booked.map(|amount| Booked {
+                amount: Amount::new(amount).unwrap(),
+                currency: Currency::parse("EUR").unwrap(),
+            }),
         }
     }
 

@@ -392,7 +392,7 @@ async fn lock_payment(
         r#"
         SELECT p.status AS "status: PaymentStatus", p.provider_charge_id, p.amount AS "amount: Amount",
                p.currency AS "currency: Currency", p.provider_account AS "provider_account: ProviderAccount",
-               l.amount AS "ledger_amount?", l.currency AS "ledger_currency?"
+               l.amount AS "ledger_amount?: Amount", l.currency AS "ledger_currency?: Currency"
         FROM payments p LEFT JOIN ledger_entries l USING (tenant_id, payment_id)
         WHERE p.tenant_id = $1 AND p.payment_id = $2
         "#,

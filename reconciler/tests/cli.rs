@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use oncepay_domain::api_key;
 use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::status::PaymentStatus;
 use oncepay_provider::ChargeStatus;
 use oncepay_provider::wire::{EventType, WebhookEvent};
@@ -322,8 +323,8 @@ async fn resolving_as_succeeded_refuses_a_charge_for_another_amount_or_currency(
     let mut conn = pool.acquire().await.unwrap();
     let charge = |amount: i64, currency: &str| BookedCharge {
         charge_id: "ch_found".into(),
-        amount,
-        currency: currency.into(),
+        amount: Amount::new(amount).unwrap(),
+        currency: Currency::parse(currency).unwrap(),
         charged_at: OffsetDateTime::now_utc(),
     };
 
@@ -371,8 +372,8 @@ async fn a_conflict_on_a_terminal_payment_can_only_be_acknowledged(pool: PgPool)
         Retry { payment_id, operator: &alice(), reason: "x", resend_horizon: HORIZON, outside_key_window: true };
     let charge = BookedCharge {
         charge_id: "ch_late".into(),
-        amount: 1999,
-        currency: "EUR".into(),
+        amount: Amount::new(1999).unwrap(),
+        currency: Currency::parse("EUR").unwrap(),
         charged_at: OffsetDateTime::now_utc(),
     };
 
@@ -480,7 +481,7 @@ async fn resolving_as_succeeded_can_rest_on_a_charge_a_signed_webhook_reported(p
     let charge = actions::find_charge(&mut conn, &provider, payment_id, "ch_hooked").await.unwrap();
     let unheard_of = actions::find_charge(&mut conn, &provider, payment_id, "ch_other").await;
 
-    assert_eq!((charge.charge_id.as_str(), charge.amount), ("ch_hooked", 1999));
+    assert_eq!((charge.charge_id.as_str(), charge.amount.minor_units()), ("ch_hooked", 1999));
     assert!(matches!(&unheard_of, Err(CliError::Refused(why)) if why.contains("--amount")), "{unheard_of:?}");
 }
 

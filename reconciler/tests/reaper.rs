@@ -9,6 +9,7 @@ mod support;
 use std::time::Duration;
 
 use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_reconciler::reaper::{Counts, Reaper, ReaperConfig};
 use oncepay_reconciler::unknown::{self, Why};
@@ -45,8 +46,8 @@ async fn succeeded(pool: &PgPool, tenant_id: TenantId, key: &str) -> PaymentId {
     claim(pool, tenant_id, payment_id, 1).await;
     let settlement = Settlement::Succeeded {
         charge_id: format!("ch_{key}"),
-        amount: 100,
-        currency: "EUR".into(),
+        amount: Amount::new(100).unwrap(),
+        currency: Currency::parse("EUR").unwrap(),
         charged_at: OffsetDateTime::now_utc(),
     };
     let mut conn = pool.acquire().await.unwrap();
@@ -138,8 +139,8 @@ async fn a_key_is_kept_its_retention_after_its_payment_became_final_however_old_
     expire_key(&pool, late).await;
     let settlement = Settlement::Succeeded {
         charge_id: "ch_late".into(),
-        amount: 100,
-        currency: "EUR".into(),
+        amount: Amount::new(100).unwrap(),
+        currency: Currency::parse("EUR").unwrap(),
         charged_at: OffsetDateTime::now_utc(),
     };
     let mut conn = pool.acquire().await.unwrap();

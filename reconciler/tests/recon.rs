@@ -10,6 +10,7 @@ mod support;
 use std::time::Duration;
 
 use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_provider::http::HttpProvider;
 use oncepay_provider::stripe::{StripeProvider, StripeSettings};
@@ -82,7 +83,12 @@ async fn booked(
 ) -> PaymentId {
     let payment_id = accept(pool, tenant_id, charge_id, amount).await;
     claim(pool, tenant_id, payment_id, 1).await;
-    let settlement = Settlement::Succeeded { charge_id: charge_id.into(), amount, currency: "EUR".into(), charged_at };
+    let settlement = Settlement::Succeeded {
+        charge_id: charge_id.into(),
+        amount: Amount::new(amount).unwrap(),
+        currency: Currency::parse("EUR").unwrap(),
+        charged_at,
+    };
     let mut conn = pool.acquire().await.unwrap();
     transitions::settle(
         &mut conn,
@@ -186,7 +192,7 @@ async fn every_planted_discrepancy_is_found_once_and_nothing_else(pool: PgPool) 
         ]
     );
     let (status, discrepancies): (String, i32) =
-        sqlx::query_as("SELECT status, discrepancies FROM recon_runs WHERE run_id = $1")
+        sqlx::query_as("SELECT status::text, discrepancies FROM recon_runs WHERE run_id = $1")
             .bind(summary.run_id)
             .fetch_one(&pool)
             .await
@@ -264,7 +270,7 @@ async fn a_running_run_is_left_alone_while_alive_and_taken_over_once_its_heartbe
     assert_eq!(while_alive, Reconciled::AlreadyClaimed { run_id: alive, status: RunStatus::Running });
     assert!(matches!(after_it_stopped, Reconciled::Completed(_)), "{after_it_stopped:?}");
     let (status, error): (String, Option<String>) =
-        sqlx::query_as("SELECT status, error FROM recon_runs WHERE run_id = $1")
+        sqlx::query_as("SELECT status::text, error FROM recon_runs WHERE run_id = $1")
             .bind(alive)
             .fetch_one(&pool)
             .await
@@ -289,7 +295,7 @@ async fn a_run_the_provider_fails_is_marked_failed_and_the_window_can_be_run_aga
     assert!(format!("{:#}", failed.unwrap_err()).contains("503"));
     assert!(matches!(retried, Reconciled::Completed(_)), "{retried:?}");
     let statuses: Vec<String> =
-        sqlx::query_scalar("SELECT status FROM recon_runs ORDER BY started_at").fetch_all(&pool).await.unwrap();
+        sqlx::query_scalar("SELECT status::text FROM recon_runs ORDER BY started_at").fetch_all(&pool).await.unwrap();
     assert_eq!(statuses, ["failed", "completed"]);
 }
 

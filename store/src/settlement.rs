@@ -95,12 +95,7 @@ pub fn success(
     let charged_at = OffsetDateTime::from_unix_timestamp(created)
         .map_err(|_| unbookable(format!("its creation time {created} is not a date")))?;
     same_terms(asked, charge_id, amount, currency)?;
-    Ok(Settlement::Succeeded {
-        charge_id: charge_id.to_owned(),
-        amount: booked.minor_units(),
-        currency: booked_currency.as_str().to_owned(),
-        charged_at,
-    })
+    Ok(Settlement::Succeeded { charge_id: charge_id.to_owned(), amount: booked, currency: booked_currency, charged_at })
 }
 
 /// The move a settlement the provider proved makes: `Charged` for a success, `Declined` otherwise.
@@ -210,8 +205,8 @@ mod tests {
             settled,
             Settlement::Succeeded {
                 charge_id: "ch_1".into(),
-                amount: 1999,
-                currency: "EUR".into(),
+                amount: Amount::new(1999).unwrap(),
+                currency: Currency::parse("EUR").unwrap(),
                 charged_at: OffsetDateTime::from_unix_timestamp(1_763_800_000).unwrap(),
             }
         );

@@ -50,9 +50,9 @@ pub enum Settlement {
         /// The provider's charge id.
         charge_id: String,
         /// What the provider says it charged (the ledger records this, not our request).
-        amount: i64,
+        amount: Amount,
         /// In which currency.
-        currency: String,
+        currency: Currency,
         /// When the provider created the charge.
         charged_at: OffsetDateTime,
     },
@@ -255,8 +255,8 @@ impl<'a> Row<'a> {
                 charge_id: Some(charge_id),
                 failure_code: None,
                 failure_message: None,
-                ledger_amount: Some(*amount),
-                ledger_currency: Some(currency),
+                ledger_amount: Some(amount.minor_units()),
+                ledger_currency: Some(currency.as_str()),
                 charged_at: Some(*charged_at),
             },
             (PaymentStatus::Failed, Settlement::Failed { code, message, charge_id }) => Self {

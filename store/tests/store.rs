@@ -8,6 +8,7 @@ use std::time::Duration;
 use oncepay_domain::api_key;
 use oncepay_domain::fingerprint::Fingerprint;
 use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::payment::PaymentResource;
 use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_store::fixtures::{Submission, accept, body, count, tenant};
@@ -201,7 +202,12 @@ async fn a_success_writes_status_audit_ledger_stored_response_and_wakes_listener
             reason: "provider answered 201",
             detail: Some(json!({"http_status": 201})),
         },
-        &Settlement::Succeeded { charge_id: "ch_1".into(), amount: 1999, currency: "EUR".into(), charged_at },
+        &Settlement::Succeeded {
+            charge_id: "ch_1".into(),
+            amount: Amount::new(1999).unwrap(),
+            currency: Currency::parse("EUR").unwrap(),
+            charged_at,
+        },
     )
     .await
     .unwrap();
@@ -292,8 +298,8 @@ async fn a_change_from_a_status_the_payment_has_left_loses_the_race_and_writes_n
         },
         &Settlement::Succeeded {
             charge_id: "ch_1".into(),
-            amount: 1999,
-            currency: "EUR".into(),
+            amount: Amount::new(1999).unwrap(),
+            currency: Currency::parse("EUR").unwrap(),
             charged_at: OffsetDateTime::now_utc(),
         },
     )
@@ -391,8 +397,8 @@ async fn one_provider_charge_is_never_booked_to_two_payments(pool: PgPool) {
     }
     let charged = Settlement::Succeeded {
         charge_id: "ch_once".into(),
-        amount: 1999,
-        currency: "EUR".into(),
+        amount: Amount::new(1999).unwrap(),
+        currency: Currency::parse("EUR").unwrap(),
         charged_at: OffsetDateTime::now_utc(),
     };
     let change = |payment_id| Change {
@@ -439,8 +445,8 @@ async fn a_payment_method_is_stored_read_back_and_kept_in_the_final_response(poo
     };
     let charged = Settlement::Succeeded {
         charge_id: "ch_1".into(),
-        amount: 1999,
-        currency: "EUR".into(),
+        amount: Amount::new(1999).unwrap(),
+        currency: Currency::parse("EUR").unwrap(),
         charged_at: OffsetDateTime::now_utc(),
     };
     let Recorded::Moved(settled) = transitions::settle(&mut conn, &change, &charged).await.unwrap() else {

@@ -9,6 +9,7 @@ mod support;
 
 use std::time::Duration;
 
+use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::status::PaymentStatus;
 use oncepay_provider::KeyWindow;
 use oncepay_store::fixtures;
@@ -159,8 +160,8 @@ async fn a_payment_settled_by_a_webhook_while_leased_keeps_its_state_and_loses_i
         accepted,
         &Settlement::Succeeded {
             charge_id: "ch_from_webhook".into(),
-            amount: 500,
-            currency: "EUR".into(),
+            amount: Amount::new(500).unwrap(),
+            currency: Currency::parse("EUR").unwrap(),
             charged_at: OffsetDateTime::now_utc(),
         },
     )

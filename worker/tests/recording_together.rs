@@ -14,6 +14,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use futures::future::join_all;
+use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::status::PaymentStatus;
 use oncepay_provider::KeyWindow;
 use oncepay_provider::http::HttpProvider;
@@ -145,8 +146,8 @@ async fn in_one_transaction_a_lost_lease_and_a_payment_settled_first_affect_only
     // `settled_first`: the provider's webhook settles it before the worker records.
     let from_webhook = Settlement::Succeeded {
         charge_id: "ch_from_webhook".into(),
-        amount: 102,
-        currency: "EUR".into(),
+        amount: Amount::new(102).unwrap(),
+        currency: Currency::parse("EUR").unwrap(),
         charged_at: OffsetDateTime::now_utc(),
     };
     support::settle_by_webhook(&pool, settled_first, &from_webhook).await;

@@ -5,6 +5,7 @@ use std::time::Duration;
 use oncepay_api::{Application, Settings};
 use oncepay_domain::api_key;
 use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_store::payments::Payment;
 use oncepay_store::tenants::{self, TenantName};
@@ -208,8 +209,8 @@ pub async fn settle_succeeded(db: &PgPool, tenant_id: TenantId, payment_id: Paym
     };
     let settlement = Settlement::Succeeded {
         charge_id: "ch_test_1".into(),
-        amount: 1999,
-        currency: "EUR".into(),
+        amount: Amount::new(1999).unwrap(),
+        currency: Currency::parse("EUR").unwrap(),
         charged_at: OffsetDateTime::now_utc(),
     };
     let mut tx = db.begin().await.unwrap();

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use oncepay_domain::ids::PaymentId;
+use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_provider::PaymentProvider;
 use oncepay_store::outbox;
@@ -143,10 +144,10 @@ pub async fn retry(conn: &mut PgConnection, retry: &Retry<'_>) -> Result<Resolve
 pub struct BookedCharge {
     /// The provider's charge id.
     pub charge_id: String,
-    /// Minor units the provider charged.
-    pub amount: i64,
-    /// ISO 4217.
-    pub currency: String,
+    /// What the provider charged.
+    pub amount: Amount,
+    /// In this currency.
+    pub currency: Currency,
     /// When the provider created the charge.
     pub charged_at: OffsetDateTime,
 }
@@ -244,8 +245,8 @@ pub async fn resolve(
             let settlement = settlement::success(
                 &locked.asked,
                 &charge.charge_id,
-                charge.amount,
-                &charge.currency,
+                charge.amount.minor_units(),
+                charge.currency.as_str(),
                 charge.charged_at.unix_timestamp(),
             )
             .map_err(|why| refuse_booking(payment_id, &why))?;

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
 
 use oncepay_domain::ids::{DownstreamKey, PaymentId, TenantId};
+use oncepay_domain::money::{Amount, Currency};
 use oncepay_provider::{Charge, ChargeStatus, UnfinishedCharge};
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -73,10 +74,10 @@ pub struct LedgerEntry {
     pub payment_id: PaymentId,
     /// The charge it books.
     pub provider_charge_id: String,
-    /// Minor units.
-    pub amount: i64,
-    /// ISO 4217.
-    pub currency: String,
+    /// What it books.
+    pub amount: Amount,
+    /// In this currency.
+    pub currency: Currency,
     /// The provider's creation time of the charge.
     pub charged_at: OffsetDateTime,
     /// Whether `charged_at` is inside the window (else it is only here to be matched).
@@ -289,7 +290,7 @@ fn missing_in_ledger(
 }
 
 fn check_money(found: &mut Vec<Discrepancy>, entry: &LedgerEntry, charge: &Charge) {
-    if entry.amount != charge.amount || entry.currency != charge.currency {
+    if entry.amount.minor_units() != charge.amount || entry.currency.as_str() != charge.currency {
         found.push(Discrepancy {
             class: Class::AmountOrCurrencyMismatch,
             tenant_id: Some(entry.tenant_id),
@@ -328,8 +329,8 @@ mod tests {
             tenant_id: payment.0,
             payment_id: payment.1,
             provider_charge_id: charge_id.to_owned(),
-            amount,
-            currency: "EUR".to_owned(),
+            amount: Amount::new(amount).unwrap(),
+            currency: Currency::parse("EUR").unwrap(),
             charged_at: OffsetDateTime::from_unix_timestamp(T0).unwrap(),
             in_window,
         }

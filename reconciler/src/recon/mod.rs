@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::provider_ref::ProviderAccount;
 use oncepay_provider::{Charge, ListCharges, PaymentProvider, Retrieved, UnfinishedCharge};
 use sqlx::{PgConnection, PgPool};
@@ -353,8 +354,8 @@ async fn ledger_entries(
     let rows = sqlx::query!(
         r#"
         SELECT tenant_id AS "tenant_id!: TenantId", payment_id AS "payment_id!: PaymentId",
-               provider_charge_id AS "provider_charge_id!", amount AS "amount!", currency AS "currency!",
-               charged_at AS "charged_at!"
+               provider_charge_id AS "provider_charge_id!", amount AS "amount!: Amount",
+               currency AS "currency!: Currency", charged_at AS "charged_at!"
         FROM ledger_entries WHERE charged_at >= $1 AND charged_at < $2
         UNION
         SELECT tenant_id, payment_id, provider_charge_id, amount, currency, charged_at
@@ -392,7 +393,7 @@ async fn ledger_entries(
         let rows = sqlx::query!(
             r#"
             SELECT tenant_id AS "tenant_id: TenantId", payment_id AS "payment_id: PaymentId",
-                   provider_charge_id, amount, currency, charged_at
+                   provider_charge_id, amount AS "amount: Amount", currency AS "currency: Currency", charged_at
             FROM ledger_entries WHERE payment_id = ANY($1)
             "#,
             &ids,

@@ -5,10 +5,11 @@
 //! `status = 'running'`, so a run that was taken over cannot finish or record discrepancies.
 
 use std::fmt;
-use std::str::FromStr;
 use std::time::Duration;
 
 use anyhow::Context;
+use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_provider::UnfinishedCharge;
 use serde::Serialize;
 use serde_json::Value;
 use sqlx::{Acquire, PgConnection};
@@ -17,12 +18,11 @@ use uuid::Uuid;
 
 use crate::recon::Window;
 use crate::recon::compare::{Class, Discrepancy};
-use crate::stored_name::{self, UnknownName};
-use oncepay_provider::UnfinishedCharge;
 
-/// Who started a run: the only spelling of the names stored in `recon_runs.trigger`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// Who started a run: the `recon_run_trigger` column type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, sqlx::Type)]
 #[serde(rename_all = "snake_case")]
+#[sqlx(type_name = "recon_run_trigger", rename_all = "snake_case")]
 pub enum Trigger {
     /// The nightly schedule.
     Schedule,
@@ -31,9 +31,7 @@ pub enum Trigger {
 }
 
 impl Trigger {
-    const ALL: [Self; 2] = [Self::Schedule, Self::Operator];
-
-    /// The stored name.
+    /// The name, as stored and shown.
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Schedule => "schedule",
@@ -42,17 +40,10 @@ impl Trigger {
     }
 }
 
-impl FromStr for Trigger {
-    type Err = UnknownName;
-
-    fn from_str(text: &str) -> Result<Self, UnknownName> {
-        stored_name::parse(&Self::ALL, Self::as_str, "reconciliation trigger", text)
-    }
-}
-
-/// Where a run stands: the only spelling of the names stored in `recon_runs.status`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// Where a run stands: the `recon_run_status` column type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, sqlx::Type)]
 #[serde(rename_all = "snake_case")]
+#[sqlx(type_name = "recon_run_status", rename_all = "snake_case")]
 pub enum RunStatus {
     /// Still comparing, and proving it is alive with heartbeats.
     Running,
@@ -63,23 +54,13 @@ pub enum RunStatus {
 }
 
 impl RunStatus {
-    const ALL: [Self; 3] = [Self::Running, Self::Completed, Self::Failed];
-
-    /// The stored name.
+    /// The name, as stored and shown.
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Running => "running",
             Self::Completed => "completed",
             Self::Failed => "failed",
         }
-    }
-}
-
-impl FromStr for RunStatus {
-    type Err = UnknownName;
-
-    fn from_str(text: &str) -> Result<Self, UnknownName> {
-        stored_name::parse(&Self::ALL, Self::as_str, "reconciliation run status", text)
     }
 }
 
@@ -144,7 +125,7 @@ pub async fn claim(
         run_id,
         window.start,
         window.end,
-        trigger.as_str(),
+        trigger as _,
     )
     .fetch_optional(&mut *tx)
     .await
@@ -154,7 +135,7 @@ pub async fn claim(
         None => {
             let existing = sqlx::query!(
                 r#"
-                SELECT run_id, status FROM recon_runs
+                SELECT run_id, status AS "status: RunStatus" FROM recon_runs
                 WHERE window_start = $1 AND window_end = $2 AND status <> 'failed'
                 "#,
                 window.start,
@@ -163,8 +144,7 @@ pub async fn claim(
             .fetch_one(&mut *tx)
             .await
             .context("cannot read the run that holds the window")?;
-            let status = existing.status.parse().context("cannot read the run that holds the window")?;
-            Claim::Taken { run_id: existing.run_id, status }
+            Claim::Taken { run_id: existing.run_id, status: existing.status }
         }
     };
     tx.commit().await.context("cannot commit the claim")?;
@@ -304,72 +284,34 @@ pub struct Run {
 
 /// The latest runs, newest first.
 pub async fn list(conn: &mut PgConnection, limit: u32) -> anyhow::Result<Vec<Run>> {
-    let rows = sqlx::query_as!(
-        RunRow,
+    sqlx::query_as!(
+        Run,
         r#"
-        SELECT run_id, window_start, window_end, trigger, status, started_at, heartbeat_at, finished_at,
-               provider_charges, ledger_entries, discrepancies, error
+        SELECT run_id, window_start, window_end, trigger AS "trigger: Trigger", status AS "status: RunStatus",
+               started_at, heartbeat_at, finished_at, provider_charges, ledger_entries, discrepancies, error
         FROM recon_runs ORDER BY started_at DESC, run_id DESC LIMIT $1
         "#,
         i64::from(limit),
     )
     .fetch_all(conn)
     .await
-    .context("cannot list the runs")?;
-    rows.into_iter().map(RunRow::parse).collect()
+    .context("cannot list the runs")
 }
 
 /// One run.
 pub async fn find(conn: &mut PgConnection, run_id: Uuid) -> anyhow::Result<Option<Run>> {
-    let row = sqlx::query_as!(
-        RunRow,
+    sqlx::query_as!(
+        Run,
         r#"
-        SELECT run_id, window_start, window_end, trigger, status, started_at, heartbeat_at, finished_at,
-               provider_charges, ledger_entries, discrepancies, error
+        SELECT run_id, window_start, window_end, trigger AS "trigger: Trigger", status AS "status: RunStatus",
+               started_at, heartbeat_at, finished_at, provider_charges, ledger_entries, discrepancies, error
         FROM recon_runs WHERE run_id = $1
         "#,
         run_id,
     )
     .fetch_optional(conn)
     .await
-    .context("cannot read the run")?;
-    row.map(RunRow::parse).transpose()
-}
-
-/// A `recon_runs` row before its names are parsed.
-struct RunRow {
-    run_id: Uuid,
-    window_start: OffsetDateTime,
-    window_end: OffsetDateTime,
-    trigger: String,
-    status: String,
-    started_at: OffsetDateTime,
-    heartbeat_at: OffsetDateTime,
-    finished_at: Option<OffsetDateTime>,
-    provider_charges: Option<i32>,
-    ledger_entries: Option<i32>,
-    discrepancies: Option<i32>,
-    error: Option<String>,
-}
-
-impl RunRow {
-    fn parse(self) -> anyhow::Result<Run> {
-        let unreadable = || format!("cannot read reconciliation run {}", self.run_id);
-        Ok(Run {
-            trigger: self.trigger.parse().with_context(unreadable)?,
-            status: self.status.parse().with_context(unreadable)?,
-            run_id: self.run_id,
-            window_start: self.window_start,
-            window_end: self.window_end,
-            started_at: self.started_at,
-            heartbeat_at: self.heartbeat_at,
-            finished_at: self.finished_at,
-            provider_charges: self.provider_charges,
-            ledger_entries: self.ledger_entries,
-            discrepancies: self.discrepancies,
-            error: self.error,
-        })
-    }
+    .context("cannot read the run")
 }
 
 /// A discrepancy, as stored.
@@ -378,9 +320,9 @@ pub struct StoredDiscrepancy {
     /// Its class.
     pub class: Class,
     /// The payment's owner, when known.
-    pub tenant_id: Option<Uuid>,
+    pub tenant_id: Option<TenantId>,
     /// The payment, when known.
-    pub payment_id: Option<Uuid>,
+    pub payment_id: Option<PaymentId>,
     /// The charge.
     pub provider_charge_id: Option<String>,
     /// What our ledger says.
@@ -395,7 +337,8 @@ pub struct StoredDiscrepancy {
 pub async fn discrepancies(conn: &mut PgConnection, run_id: Uuid) -> anyhow::Result<Vec<StoredDiscrepancy>> {
     let rows = sqlx::query!(
         r#"
-        SELECT discrepancy_id, class, tenant_id, payment_id, provider_charge_id, ours, theirs, detail
+        SELECT discrepancy_id, class, tenant_id AS "tenant_id: TenantId", payment_id AS "payment_id: PaymentId",
+               provider_charge_id, ours, theirs, detail
         FROM recon_discrepancies WHERE run_id = $1
         ORDER BY class, discrepancy_id
         "#,
