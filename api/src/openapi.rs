@@ -331,6 +331,22 @@ pub enum Admission {
 mod tests {
     use super::*;
 
+    /// `api/openapi.json` holds the served document byte for byte, so a change to the public API
+    /// shows in review as a change to that file. `ONCEPAY_WRITE_OPENAPI=1 cargo test -p oncepay-api
+    /// --lib openapi` rewrites it after an intended change.
+    #[test]
+    fn the_served_document_is_the_published_one() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.json");
+        let served = json().unwrap();
+        if std::env::var_os("ONCEPAY_WRITE_OPENAPI").is_some() {
+            std::fs::write(path, &served).unwrap();
+        }
+
+        let published = std::fs::read_to_string(path).unwrap();
+
+        assert!(served == published, "the OpenAPI document differs from {path}; rewrite it if the change is intended");
+    }
+
     #[test]
     fn the_document_describes_both_endpoints_their_problems_and_the_bearer_scheme() {
         let document: serde_json::Value = serde_json::from_str(&json().unwrap()).unwrap();
