@@ -43,7 +43,7 @@ const MAX_HEADERS: usize = 32;
 const MAX_HEAD: usize = 64 * 1024;
 
 /// The longest response accepted, head and body.
-const MAX_ANSWER: usize = 1024 * 1024;
+const MAX_RESPONSE: usize = 1024 * 1024;
 
 /// What the requests do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,17 +94,17 @@ impl Measured {
     }
 
     /// Counts a response that arrived inside the window.
-    fn answered(&mut self, workload: Workload, answer: Answer, latency: Duration, target: SocketAddr) {
+    fn responded(&mut self, workload: Workload, response: Response, latency: Duration, target: SocketAddr) {
         let expected = match workload {
-            Workload::Accept => answer.status == 202,
-            Workload::Replay(_) => answer.status == 200 && answer.replayed,
+            Workload::Accept => response.status == 202,
+            Workload::Replay(_) => response.status == 200 && response.replayed,
         };
         if expected {
             self.completed += 1;
             self.latencies.record(latency);
         } else {
             self.problem(
-                format!("status {}{}", answer.status, if answer.replayed { " (replayed)" } else { "" }),
+                format!("status {}{}", response.status, if response.replayed { " (replayed)" } else { "" }),
                 target,
             );
         }
@@ -219,8 +219,8 @@ async fn closed_loop(plan: &Plan, target: SocketAddr, stop: Instant, requests: &
                 Workload::Replay(set) => set.key_number(rng.random_range(0..set.keys.max(1))),
             };
             let sent = Instant::now();
-            let answer = match exchange(&mut stream, requests.with_key(key), &mut received).await {
-                Ok(answer) => answer,
+            let response = match exchange(&mut stream, requests.with_key(key), &mut received).await {
+                Ok(response) => response,
                 Err(error) => {
                     measured.problem("transport".into(), format!("{error:#}"));
                     break;
@@ -228,9 +228,9 @@ async fn closed_loop(plan: &Plan, target: SocketAddr, stop: Instant, requests: &
             };
             let done = Instant::now();
             if (plan.measure_from..plan.measure_until).contains(&done) {
-                measured.answered(plan.workload, answer, done - sent, target);
+                measured.responded(plan.workload, response, done - sent, target);
             }
-            if answer.close {
+            if response.close {
                 break;
             }
         }
@@ -253,24 +253,24 @@ async fn connect(target: SocketAddr) -> anyhow::Result<TcpStream> {
 ///
 /// `received` holds what was read but not yet consumed: it is empty between exchanges on a
 /// well-behaved connection, and its allocation is reused.
-async fn exchange<S>(stream: &mut S, request: &[u8], received: &mut Vec<u8>) -> anyhow::Result<Answer>
+async fn exchange<S>(stream: &mut S, request: &[u8], received: &mut Vec<u8>) -> anyhow::Result<Response>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     if !received.is_empty() {
-        return Err(AnswerError::Unsolicited(received.len()).into());
+        return Err(ResponseError::Unsolicited(received.len()).into());
     }
     stream.write_all(request).await.context("cannot send the request")?;
     loop {
-        if let Some((answer, length)) = frame(received)? {
+        if let Some((response, length)) = frame(received)? {
             // Anything after the response stays, for the next exchange to refuse.
             received.drain(..length);
-            return Ok(answer);
+            return Ok(response);
         }
         received.reserve(READ_BUFFER / 2);
         let read = stream.read_buf(received).await.context("cannot read the response")?;
         if read == 0 {
-            return Err(AnswerError::Closed { read: received.len() }.into());
+            return Err(ResponseError::Closed { read: received.len() }.into());
         }
     }
 }
@@ -335,7 +335,7 @@ fn is_header_value(value: &str) -> bool {
 
 /// What the loop needs to know of a response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Answer {
+struct Response {
     status: u16,
     /// `Idempotent-Replayed: true` (the first such header, its value exactly `true`).
     replayed: bool,
@@ -346,7 +346,7 @@ struct Answer {
 /// Why bytes from the server are not a response the generator can read. Each is a transport
 /// problem: the loop counts it and reconnects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum AnswerError {
+enum ResponseError {
     /// Not HTTP/1.x: the status line or a header does not parse.
     Malformed(httparse::Error),
     /// A `Transfer-Encoding` (chunked) body, which this client does not decode.
@@ -357,7 +357,7 @@ enum AnswerError {
     InvalidLength,
     /// An interim (1xx) response: nothing here asks for one.
     Interim(u16),
-    /// A head over `MAX_HEAD` or a response over `MAX_ANSWER` bytes.
+    /// A head over `MAX_HEAD` or a response over `MAX_RESPONSE` bytes.
     TooLarge,
     /// The server closed the connection having sent `read` bytes of the response.
     Closed { read: usize },
@@ -365,7 +365,7 @@ enum AnswerError {
     Unsolicited(usize),
 }
 
-impl fmt::Display for AnswerError {
+impl fmt::Display for ResponseError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Malformed(error) => write!(f, "a malformed response: {error}"),
@@ -375,7 +375,7 @@ impl fmt::Display for AnswerError {
             Self::NoLength => f.write_str("a response without Content-Length, which the load generator does not read"),
             Self::InvalidLength => f.write_str("a response with an invalid Content-Length"),
             Self::Interim(status) => write!(f, "an interim response ({status}) nobody asked for"),
-            Self::TooLarge => write!(f, "a response over {MAX_ANSWER} bytes or a head over {MAX_HEAD}"),
+            Self::TooLarge => write!(f, "a response over {MAX_RESPONSE} bytes or a head over {MAX_HEAD}"),
             Self::Closed { read: 0 } => f.write_str("the server closed the connection before responding"),
             Self::Closed { read } => write!(f, "the server closed the connection after {read} bytes of the response"),
             Self::Unsolicited(len) => write!(f, "{len} bytes after a response, before the next request"),
@@ -383,7 +383,7 @@ impl fmt::Display for AnswerError {
     }
 }
 
-impl std::error::Error for AnswerError {}
+impl std::error::Error for ResponseError {}
 
 /// Finds the response at the start of `bytes`: `None` until all of it has arrived, then the
 /// response and how many bytes it takes (what follows is not part of it).
@@ -393,32 +393,32 @@ impl std::error::Error for AnswerError {}
 /// without keep-alive) and `Idempotent-Replayed: true`. It does not decode `Transfer-Encoding` nor
 /// read a body to the end of the connection: such a response is an error, like an interim, a
 /// malformed or an oversized one.
-fn frame(bytes: &[u8]) -> Result<Option<(Answer, usize)>, AnswerError> {
+fn frame(bytes: &[u8]) -> Result<Option<(Response, usize)>, ResponseError> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut response = httparse::Response::new(&mut headers);
-    let head = match response.parse(bytes).map_err(AnswerError::Malformed)? {
+    let mut parsed = httparse::Response::new(&mut headers);
+    let head = match parsed.parse(bytes).map_err(ResponseError::Malformed)? {
         httparse::Status::Complete(head) => head,
-        httparse::Status::Partial if bytes.len() > MAX_HEAD => return Err(AnswerError::TooLarge),
+        httparse::Status::Partial if bytes.len() > MAX_HEAD => return Err(ResponseError::TooLarge),
         httparse::Status::Partial => return Ok(None),
     };
     // A complete parse always has a code and a version.
-    let status = response.code.unwrap_or_default();
+    let status = parsed.code.unwrap_or_default();
     if (100..200).contains(&status) {
-        return Err(AnswerError::Interim(status));
+        return Err(ResponseError::Interim(status));
     }
     let mut length = None;
     let mut replayed = None;
     let (mut close, mut keep_alive) = (false, false);
-    for header in response.headers.iter() {
+    for header in parsed.headers.iter() {
         let name = header.name;
         if name.eq_ignore_ascii_case("content-length") {
             let value = content_length(header.value)?;
             if length.is_some_and(|known| known != value) {
-                return Err(AnswerError::InvalidLength);
+                return Err(ResponseError::InvalidLength);
             }
             length = Some(value);
         } else if name.eq_ignore_ascii_case("transfer-encoding") {
-            return Err(AnswerError::TransferEncoding);
+            return Err(ResponseError::TransferEncoding);
         } else if name.eq_ignore_ascii_case("connection") {
             for option in header.value.split(|&byte| byte == b',').map(<[u8]>::trim_ascii) {
                 close |= option.eq_ignore_ascii_case(b"close");
@@ -430,26 +430,26 @@ fn frame(bytes: &[u8]) -> Result<Option<(Answer, usize)>, AnswerError> {
     }
     let body = match status {
         204 | 304 => 0,
-        _ => length.ok_or(AnswerError::NoLength)?,
+        _ => length.ok_or(ResponseError::NoLength)?,
     };
-    if head > MAX_HEAD || head.saturating_add(body) > MAX_ANSWER {
-        return Err(AnswerError::TooLarge);
+    if head > MAX_HEAD || head.saturating_add(body) > MAX_RESPONSE {
+        return Err(ResponseError::TooLarge);
     }
     if bytes.len() < head + body {
         return Ok(None);
     }
-    let http_1_0 = response.version == Some(0);
-    let answer = Answer { status, replayed: replayed.unwrap_or(false), close: close || (http_1_0 && !keep_alive) };
-    Ok(Some((answer, head + body)))
+    let http_1_0 = parsed.version == Some(0);
+    let response = Response { status, replayed: replayed.unwrap_or(false), close: close || (http_1_0 && !keep_alive) };
+    Ok(Some((response, head + body)))
 }
 
 /// A `Content-Length` value: decimal digits only (no sign, no list).
-fn content_length(value: &[u8]) -> Result<usize, AnswerError> {
+fn content_length(value: &[u8]) -> Result<usize, ResponseError> {
     let value = value.trim_ascii();
     if value.is_empty() || !value.iter().all(u8::is_ascii_digit) {
-        return Err(AnswerError::InvalidLength);
+        return Err(ResponseError::InvalidLength);
     }
-    std::str::from_utf8(value).ok().and_then(|digits| digits.parse().ok()).ok_or(AnswerError::InvalidLength)
+    std::str::from_utf8(value).ok().and_then(|digits| digits.parse().ok()).ok_or(ResponseError::InvalidLength)
 }
 
 #[cfg(test)]
@@ -471,8 +471,8 @@ mod tests {
     const NO_CONTENT: &[u8] = b"HTTP/1.1 204 No Content\r\ndate: Thu, 01 Jan 2026 00:00:00 GMT\r\n\r\n";
     const CLOSING: &[u8] = b"HTTP/1.1 202 Accepted\r\nconnection: close\r\ncontent-length: 0\r\n\r\n";
 
-    fn answered(status: u16, replayed: bool, close: bool) -> Answer {
-        Answer { status, replayed, close }
+    fn expected(status: u16, replayed: bool, close: bool) -> Response {
+        Response { status, replayed, close }
     }
 
     /// A stream whose reads return the given chunks one by one, then the end of the stream, and
@@ -520,15 +520,15 @@ mod tests {
         }
     }
 
-    async fn exchange_over(reads: &[&[u8]]) -> (anyhow::Result<Answer>, Vec<u8>) {
+    async fn exchange_over(reads: &[&[u8]]) -> (anyhow::Result<Response>, Vec<u8>) {
         let mut stream = Scripted::new(reads);
         let mut received = Vec::new();
-        let answer = exchange(&mut stream, b"request", &mut received).await;
-        (answer, received)
+        let response = exchange(&mut stream, b"request", &mut received).await;
+        (response, received)
     }
 
-    fn answer_error(result: anyhow::Result<Answer>) -> AnswerError {
-        *result.unwrap_err().downcast_ref::<AnswerError>().unwrap()
+    fn response_error(result: anyhow::Result<Response>) -> ResponseError {
+        *result.unwrap_err().downcast_ref::<ResponseError>().unwrap()
     }
 
     #[test]
@@ -585,12 +585,12 @@ mod tests {
     }
 
     #[test]
-    fn a_whole_answer_is_framed_to_its_last_byte() {
-        let cases: [(&[u8], Answer); 4] = [
-            (ACCEPTED, answered(202, false, false)),
-            (REPLAYED, answered(200, true, false)),
-            (NO_CONTENT, answered(204, false, false)),
-            (CLOSING, answered(202, false, true)),
+    fn a_whole_response_is_framed_to_its_last_byte() {
+        let cases: [(&[u8], Response); 4] = [
+            (ACCEPTED, expected(202, false, false)),
+            (REPLAYED, expected(200, true, false)),
+            (NO_CONTENT, expected(204, false, false)),
+            (CLOSING, expected(202, false, true)),
         ];
         for (bytes, expected) in cases {
             assert_eq!(frame(bytes), Ok(Some((expected, bytes.len()))), "{}", String::from_utf8_lossy(bytes));
@@ -598,7 +598,7 @@ mod tests {
     }
 
     #[test]
-    fn an_answer_is_incomplete_at_every_byte_short_of_its_end() {
+    fn a_response_is_incomplete_at_every_byte_short_of_its_end() {
         for bytes in [ACCEPTED, REPLAYED, NO_CONTENT, CLOSING] {
             for end in 0..bytes.len() {
                 assert_eq!(frame(&bytes[..end]), Ok(None), "{}", String::from_utf8_lossy(&bytes[..end]));
@@ -607,39 +607,39 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_answer_split_across_two_reads_at_any_byte_is_read_whole() {
+    async fn a_response_split_across_two_reads_at_any_byte_is_read_whole() {
         for bytes in [ACCEPTED, REPLAYED, NO_CONTENT] {
             for split in 1..bytes.len() {
-                let (answer, left) = exchange_over(&[&bytes[..split], &bytes[split..]]).await;
+                let (response, left) = exchange_over(&[&bytes[..split], &bytes[split..]]).await;
 
-                assert_eq!(answer.unwrap(), frame(bytes).unwrap().unwrap().0, "split at {split}");
+                assert_eq!(response.unwrap(), frame(bytes).unwrap().unwrap().0, "split at {split}");
                 assert!(left.is_empty());
             }
         }
     }
 
     #[tokio::test]
-    async fn an_answer_arriving_a_byte_per_read_is_read_whole() {
+    async fn a_response_arriving_a_byte_per_read_is_read_whole() {
         let reads: Vec<&[u8]> = REPLAYED.chunks(1).collect();
 
-        let (answer, left) = exchange_over(&reads).await;
+        let (response, left) = exchange_over(&reads).await;
 
-        assert_eq!(answer.unwrap(), answered(200, true, false));
+        assert_eq!(response.unwrap(), expected(200, true, false));
         assert!(left.is_empty());
     }
 
     #[tokio::test]
-    async fn a_body_that_arrives_after_the_headers_completes_the_answer() {
+    async fn a_body_that_arrives_after_the_headers_completes_the_response() {
         let head = b"HTTP/1.1 200 OK\r\nIdempotent-Replayed: true\r\nContent-Length: 11\r\n\r\n";
 
-        let (answer, left) = exchange_over(&[head, b"{\"id\":", b"\"pa\"}"]).await;
+        let (response, left) = exchange_over(&[head, b"{\"id\":", b"\"pa\"}"]).await;
 
-        assert_eq!(answer.unwrap(), answered(200, true, false));
+        assert_eq!(response.unwrap(), expected(200, true, false));
         assert!(left.is_empty());
     }
 
     #[tokio::test]
-    async fn the_request_is_written_before_the_answer_is_read() {
+    async fn the_request_is_written_before_the_response_is_read() {
         let mut stream = Scripted::new(&[ACCEPTED]);
         let mut received = Vec::new();
 
@@ -652,7 +652,7 @@ mod tests {
     fn header_names_are_matched_whatever_their_case() {
         let bytes = b"HTTP/1.1 200 OK\r\nCONTENT-LENGTH: 2\r\niDeMpOtEnT-rEpLaYeD: true\r\nConnection: Close\r\n\r\n{}";
 
-        assert_eq!(frame(bytes), Ok(Some((answered(200, true, true), bytes.len()))));
+        assert_eq!(frame(bytes), Ok(Some((expected(200, true, true), bytes.len()))));
     }
 
     #[test]
@@ -694,18 +694,18 @@ mod tests {
     }
 
     #[test]
-    fn two_answers_back_to_back_are_framed_apart() {
+    fn two_responses_back_to_back_are_framed_apart() {
         let both = [REPLAYED, ACCEPTED].concat();
 
         let (first, length) = frame(&both).unwrap().unwrap();
         let (second, rest) = frame(&both[length..]).unwrap().unwrap();
 
-        assert_eq!((first, length), (answered(200, true, false), REPLAYED.len()));
-        assert_eq!((second, rest), (answered(202, false, false), ACCEPTED.len()));
+        assert_eq!((first, length), (expected(200, true, false), REPLAYED.len()));
+        assert_eq!((second, rest), (expected(202, false, false), ACCEPTED.len()));
     }
 
     #[tokio::test]
-    async fn bytes_after_an_answer_are_kept_and_refused_by_the_next_exchange() {
+    async fn bytes_after_a_response_are_kept_and_refused_by_the_next_exchange() {
         let both = [REPLAYED, ACCEPTED].concat();
         let mut stream = Scripted::new(&[&both]);
         let mut received = Vec::new();
@@ -713,27 +713,27 @@ mod tests {
         let first = exchange(&mut stream, b"one", &mut received).await.unwrap();
         let second = exchange(&mut stream, b"two", &mut received).await;
 
-        assert_eq!(first, answered(200, true, false));
+        assert_eq!(first, expected(200, true, false));
         assert_eq!(received, ACCEPTED);
-        assert_eq!(answer_error(second), AnswerError::Unsolicited(ACCEPTED.len()));
+        assert_eq!(response_error(second), ResponseError::Unsolicited(ACCEPTED.len()));
         assert_eq!(stream.written, b"one", "nothing is sent while unsolicited bytes wait");
     }
 
     #[test]
-    fn chunked_and_unbounded_answers_are_refused_not_guessed() {
-        let cases: [(&[u8], AnswerError); 6] = [
+    fn chunked_and_unbounded_responses_are_refused_not_guessed() {
+        let cases: [(&[u8], ResponseError); 6] = [
             (
                 b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
-                AnswerError::TransferEncoding,
+                ResponseError::TransferEncoding,
             ),
             (
                 b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\ntransfer-encoding: chunked\r\n\r\n",
-                AnswerError::TransferEncoding,
+                ResponseError::TransferEncoding,
             ),
-            (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{}", AnswerError::NoLength),
-            (b"HTTP/1.1 200 OK\r\nContent-Length: +2\r\n\r\n{}", AnswerError::InvalidLength),
-            (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}", AnswerError::InvalidLength),
-            (b"HTTP/1.1 100 Continue\r\n\r\n", AnswerError::Interim(100)),
+            (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{}", ResponseError::NoLength),
+            (b"HTTP/1.1 200 OK\r\nContent-Length: +2\r\n\r\n{}", ResponseError::InvalidLength),
+            (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}", ResponseError::InvalidLength),
+            (b"HTTP/1.1 100 Continue\r\n\r\n", ResponseError::Interim(100)),
         ];
         for (bytes, error) in cases {
             assert_eq!(frame(bytes), Err(error), "{}", String::from_utf8_lossy(bytes));
@@ -741,22 +741,22 @@ mod tests {
     }
 
     #[test]
-    fn garbage_and_oversized_answers_are_refused() {
-        let huge_body = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", MAX_ANSWER);
+    fn garbage_and_oversized_responses_are_refused() {
+        let huge_body = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", MAX_RESPONSE);
         let endless_head = [b"HTTP/1.1 200 OK\r\n".as_slice(), &vec![b'x'; MAX_HEAD]].concat();
 
-        assert!(matches!(frame(b"SSH-2.0-OpenSSH\r\n\r\n"), Err(AnswerError::Malformed(_))));
-        assert_eq!(frame(huge_body.as_bytes()), Err(AnswerError::TooLarge));
-        assert_eq!(frame(&endless_head), Err(AnswerError::TooLarge));
+        assert!(matches!(frame(b"SSH-2.0-OpenSSH\r\n\r\n"), Err(ResponseError::Malformed(_))));
+        assert_eq!(frame(huge_body.as_bytes()), Err(ResponseError::TooLarge));
+        assert_eq!(frame(&endless_head), Err(ResponseError::TooLarge));
     }
 
     #[tokio::test]
-    async fn a_connection_closed_before_or_during_an_answer_is_a_transport_problem() {
+    async fn a_connection_closed_before_or_during_a_response_is_a_transport_problem() {
         let (before, _) = exchange_over(&[]).await;
         let (during, _) = exchange_over(&[&ACCEPTED[..30]]).await;
 
-        assert_eq!(answer_error(before), AnswerError::Closed { read: 0 });
-        assert_eq!(answer_error(during), AnswerError::Closed { read: 30 });
+        assert_eq!(response_error(before), ResponseError::Closed { read: 0 });
+        assert_eq!(response_error(during), ResponseError::Closed { read: 30 });
     }
 
     /// A request as the in-test server saw it.
@@ -793,7 +793,7 @@ mod tests {
             let seen = seen.clone();
             tokio::spawn(async move {
                 let mut buffer = Vec::new();
-                for answered in 1.. {
+                for responded in 1.. {
                     let (request, length) = loop {
                         if let Some(request) = parse_request(&buffer) {
                             break request;
@@ -804,7 +804,7 @@ mod tests {
                     };
                     buffer.drain(..length);
                     let _ = seen.send(request);
-                    let close = answered % 3 == 0;
+                    let close = responded % 3 == 0;
                     if stream.write_all(if close { CLOSING } else { ACCEPTED }).await.is_err() || close {
                         return;
                     }
@@ -839,7 +839,7 @@ mod tests {
             seen.push(request);
         }
         assert_eq!(measured.errors(), 0, "{:?}", measured.first_problem);
-        assert!(measured.completed >= 4, "{} answered", measured.completed);
+        assert!(measured.completed >= 4, "{} responses", measured.completed);
         assert!(seen.len() as u64 >= measured.completed);
         assert!(connections.load(Ordering::SeqCst) >= 2, "no reconnection after Connection: close");
         let host = target.to_string();
