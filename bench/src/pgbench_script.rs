@@ -208,7 +208,7 @@ mod tests {
 
     #[test]
     fn the_project_statements_convert_with_their_full_parameter_lists() {
-        let accept = include_str!("../../store/sql/accept.sql");
+        let accept = include_str!("../../shared/store/sql/accept.sql");
         let args: Vec<Arg<'_>> = (1..=16).map(|_| Arg::Var("v")).collect();
 
         let converted = command(accept, &args).unwrap();

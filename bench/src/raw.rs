@@ -1,7 +1,7 @@
 //! The raw-SQL baselines: pgbench scripts of the project's own statements, plus the reference shape
 //! of issue #8 (three plain inserts in one transaction), with the variables they need.
 //!
-//! The statements are embedded from the files the binaries are built from (`store/sql`,
+//! The statements are embedded from the files the binaries are built from (`shared/store/sql`,
 //! `worker/sql`), so a baseline cannot drift from the code it measures. Where pgbench cannot pass a
 //! value as a bind parameter the way the binaries do, SQL stands in, and each such difference is
 //! noted where it is made.
@@ -11,11 +11,11 @@ use anyhow::Context;
 use crate::dataset::{self, ReplaySet};
 use crate::pgbench_script::{Arg, Script, command};
 
-const ACCEPT_SQL: &str = include_str!("../../store/sql/accept.sql");
-const ACCEPT_GROUP_SQL: &str = include_str!("../../store/sql/accept_group.sql");
-const REPLAY_SQL: &str = include_str!("../../store/sql/replay.sql");
-const SETTLE_SQL: &str = include_str!("../../store/sql/settle.sql");
-const STORE_RESPONSE_SQL: &str = include_str!("../../store/sql/store_response.sql");
+const ACCEPT_SQL: &str = include_str!("../../shared/store/sql/accept.sql");
+const ACCEPT_GROUP_SQL: &str = include_str!("../../shared/store/sql/accept_group.sql");
+const REPLAY_SQL: &str = include_str!("../../shared/store/sql/replay.sql");
+const SETTLE_SQL: &str = include_str!("../../shared/store/sql/settle.sql");
+const STORE_RESPONSE_SQL: &str = include_str!("../../shared/store/sql/store_response.sql");
 const CLAIM_SQL: &str = include_str!("../../worker/sql/claim.sql");
 const TAKE_SQL: &str = include_str!("../../worker/sql/take.sql");
 
@@ -35,16 +35,16 @@ fn fresh_key(script: Script) -> Script {
 pub enum Baseline {
     /// Issue #8's reference: key, payment and outbox row as three plain inserts in one transaction.
     ThreeInserts,
-    /// `store/sql/accept.sql` as the api runs it, with a fresh key: the `intake` function's key read
+    /// `shared/store/sql/accept.sql` as the api runs it, with a fresh key: the `intake` function's key read
     /// and four inserts, the workers' wake-up left to a coalesced NOTIFY after commit.
     Accept,
-    /// `store/sql/accept.sql` with its in-statement NOTIFY, as the api ran it before: shows what a
+    /// `shared/store/sql/accept.sql` with its in-statement NOTIFY, as the api ran it before: shows what a
     /// NOTIFY in every accept costs.
     AcceptWithNotify,
-    /// `store/sql/accept_group.sql` as the api runs it for a group of this many requests with fresh
+    /// `shared/store/sql/accept_group.sql` as the api runs it for a group of this many requests with fresh
     /// keys: one statement, one transaction (issue 20).
     AcceptGroup(u32),
-    /// `store/sql/replay.sql`: the replay read on its own (the `intake` function's first statement),
+    /// `shared/store/sql/replay.sql`: the replay read on its own (the `intake` function's first statement),
     /// of a random stored key.
     Replay,
     /// The worker's claim (`worker/sql/claim.sql`, one row) and its finish of a success in one

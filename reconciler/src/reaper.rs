@@ -82,7 +82,7 @@ impl Reaper {
     ///
     /// A key whose payment is still pending, processing, unknown or dead-lettered is what makes a
     /// client's retry find that payment instead of creating another, so it stays however old it is.
-    /// A key's expiry restarts when its payment becomes terminal (`store/sql/store_response.sql`), so
+    /// A key's expiry restarts when its payment becomes terminal (`shared/store/sql/store_response.sql`), so
     /// a late settlement keeps its key for the full retention after that. A terminal payment never
     /// changes again, so the status read here cannot go stale.
     async fn reap_keys(&self, batch: i64) -> Result<u64, sqlx::Error> {

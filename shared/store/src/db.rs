@@ -11,7 +11,7 @@ use sqlx::{AssertSqlSafe, Connection, PgPool};
 use oncepay_service::config::DatabaseSettings;
 
 /// The schema, embedded from `migrations/` at build time.
-pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
+pub static MIGRATOR: Migrator = sqlx::migrate!("../../migrations");
 
 /// Where sqlx records the applied migrations.
 const MIGRATIONS_TABLE: &str = "_sqlx_migrations";
