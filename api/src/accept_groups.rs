@@ -42,13 +42,13 @@ impl AcceptGroups {
         }
     }
 
-    /// Accepts `new` together with the requests of its tenant waiting at that moment, or answers it
-    /// from its stored key, read while a write under way would keep it waiting. The read and the
+    /// Accepts `new` together with the requests of its tenant waiting at that moment, or responds to
+    /// it from its stored key, read while a write under way would keep it waiting. The read and the
     /// write use `connections`, the calling HTTP worker's own.
     ///
     /// A request that would wait for its tenant's write under way is handed back instead of queued,
     /// and reads its key meanwhile (`oncepay_store::intake::stored`) if a connection is free: a stored
-    /// key (a retry) is answered from its row, as the group's statement would answer it, and a key
+    /// key (a retry) is replayed from its row, as the group's statement would replay it, and a key
     /// not found waits for the next write. So a tenant's retries are read side by side, not one group
     /// at a time. The group checks for a write and queues the request in one step, so a request never
     /// waits for a write that started after it looked. Once a request whose key was found new waits,

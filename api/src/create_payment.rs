@@ -61,12 +61,12 @@ pub async fn create_payment(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let result = take(&request, payload, &state).await;
-    let outcome = match &result {
+    let label = match &result {
         Ok(responded) if responded.replayed => "replayed",
         Ok(_) => "created",
-        Err(error) => error_outcome(error),
+        Err(error) => error_label(error),
     };
-    metrics::counter!(crate::metrics::INTAKE, "outcome" => outcome).increment(1);
+    metrics::counter!(crate::metrics::INTAKE, "outcome" => label).increment(1);
     result.map(|responded| responded.response)
 }
 
@@ -311,7 +311,7 @@ fn json_body(body: &[u8]) -> Result<Value, ApiError> {
 }
 
 /// The `outcome` label of a refused request.
-fn error_outcome(error: &ApiError) -> &'static str {
+fn error_label(error: &ApiError) -> &'static str {
     match error {
         ApiError::Unauthorized(_) => "unauthorized",
         ApiError::RateLimited { .. } => "rate_limited",

@@ -3,7 +3,8 @@
 
 use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram};
 
-/// Intake outcomes, one per `POST /v1/payments`, recorded by `create_payment`.
+/// Intake requests by how each ended (the `outcome` label), one per `POST /v1/payments`, recorded by
+/// `create_payment`.
 pub const INTAKE: &str = "oncepay_api_intake_total";
 /// Request latency by route pattern and method, recorded by `request_span` for every request.
 pub const REQUEST_DURATION: &str = "oncepay_api_request_duration_seconds";
@@ -18,7 +19,7 @@ pub const LONG_POLLS_WAITING: &str = "oncepay_api_long_polls_waiting";
 /// `key_reused` (same key, other request), 409 `key_in_use` (the key is being written right now), 503
 /// `store_unavailable`, 503 `key_check_busy` (no place to read an API key), 429 `rate_limited`,
 /// 400/413/415 `invalid`, 401 `unauthorized`, 500 `error`.
-pub const INTAKE_OUTCOMES: [&str; 10] = [
+pub const INTAKE_LABELS: [&str; 10] = [
     "created",
     "replayed",
     "key_reused",
@@ -31,7 +32,7 @@ pub const INTAKE_OUTCOMES: [&str; 10] = [
     "error",
 ];
 
-/// Describes the api's metrics and registers every intake outcome at zero, so each series exists
+/// Describes the api's metrics and registers every intake label at zero, so each series exists
 /// from the first scrape and a Prometheus `increase()` counts the first 503 or 422 instead of
 /// missing a series that just appeared.
 pub fn describe() {
@@ -40,7 +41,7 @@ pub fn describe() {
     describe_histogram!(INTAKE_GROUP_SIZE, Unit::Count, "Requests of one tenant written in one statement and commit");
     describe_gauge!(INTAKE_WRITING, "POST /v1/payments requests waiting for their group's write or being written");
     describe_gauge!(LONG_POLLS_WAITING, "Status requests holding their response for a change (Prefer: wait)");
-    for outcome in INTAKE_OUTCOMES {
-        counter!(INTAKE, "outcome" => outcome).increment(0);
+    for label in INTAKE_LABELS {
+        counter!(INTAKE, "outcome" => label).increment(0);
     }
 }

@@ -2,7 +2,7 @@
 //! `GET /openapi.json`.
 //!
 //! The paths come from the handlers' `#[utoipa::path]` attributes, which name their parameters and
-//! answers by the types at the end of this file (one set per operation, and [`Admission`] for the
+//! responses by the types at the end of this file (one set per operation, and [`Admission`] for the
 //! refusals both share; types that are never built, only derived from). The response schemas come
 //! from the shared types' `ToSchema` derives (`PaymentResource`, `Problem`, ...), and the request
 //! body's schema from the same limits `PaymentRequest::from_json` enforces, so the document cannot
@@ -93,7 +93,7 @@ impl Modify for BearerApiKey {
 /// Strings that PostgreSQL can store: no U+0000 (`PaymentRequest::from_json` refuses it).
 const NO_NUL: &str = "^[^\\u0000]*$";
 
-/// A link from each answer of `POST /v1/payments` that carries a payment (202, 200) to
+/// A link from each response of `POST /v1/payments` that carries a payment (202, 200) to
 /// `GET /v1/payments/{id}`, so clients and API test tools can follow a payment from its creation.
 struct FollowPayment;
 
@@ -219,7 +219,7 @@ pub struct CreatePaymentHeaders {
     pub idempotency_key: String,
 }
 
-/// The answers of `POST /v1/payments`, besides those of [`Admission`].
+/// The responses of `POST /v1/payments`, besides those of [`Admission`].
 #[derive(IntoResponses)]
 pub enum CreatePaymentResponses {
     #[response(status = 202, description = "Accepted (or, with `Idempotent-Replayed: true`, a retry of a payment that is \
@@ -291,7 +291,7 @@ pub struct GetPaymentHeaders {
     pub prefer: Option<String>,
 }
 
-/// The answers of `GET /v1/payments/{id}`, besides those of [`Admission`].
+/// The responses of `GET /v1/payments/{id}`, besides those of [`Admission`].
 #[derive(IntoResponses)]
 pub enum GetPaymentResponses {
     #[response(status = 200, description = "The payment.",

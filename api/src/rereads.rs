@@ -65,7 +65,7 @@ impl Rereader {
     pub async fn run(mut self, shutdown: CancellationToken) {
         loop {
             tokio::select! {
-                answered = self.run_once() => if answered.is_none() { break },
+                served = self.run_once() => if served.is_none() { break },
                 () = shutdown.cancelled() => break,
             }
         }

@@ -99,7 +99,7 @@ pub struct AuthSettings {
     /// The most reads at once, per process, of keys this process has not verified; as many again
     /// for reading the keys it has verified once their TTL has passed.
     pub max_concurrent_lookups: usize,
-    /// How long a request waits for a place among those reads before it is answered 503.
+    /// How long a request waits for a place among those reads before it gets a 503.
     pub lookup_wait_ms: u64,
 }
 

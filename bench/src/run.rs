@@ -676,7 +676,7 @@ fn webhook_row(
         ops,
         seconds,
         rate: ops as f64 / seconds,
-        errors: window.answered() - ops,
+        errors: window.responded() - ops,
         latency: window.latencies.summary(),
         cpu_seconds_per_op: Row::cost_per_op(&cpu, &[Role::Reconciler, Role::Postgres], ops),
         cpu,

@@ -50,7 +50,7 @@ pub struct Window {
 
 impl Window {
     /// Responses inside the window.
-    pub fn answered(&self) -> u64 {
+    pub fn responded(&self) -> u64 {
         self.statuses.values().sum()
     }
 }
@@ -148,9 +148,9 @@ pub async fn closed_loop(
             while Instant::now() < until {
                 let sent = Instant::now();
                 let status = match requests.build(&client).send().await {
-                    Ok(answer) => {
-                        let status = answer.status().as_u16();
-                        let _ = answer.bytes().await;
+                    Ok(response) => {
+                        let status = response.status().as_u16();
+                        let _ = response.bytes().await;
                         status
                     }
                     Err(_) => 0,

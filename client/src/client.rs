@@ -174,7 +174,7 @@ impl Client {
 
     /// One `GET /v1/payments/{id}`, held by the server for up to `wait` (`Prefer: wait=N`) unless
     /// `wait` is zero, with retries that stop at `deadline`.
-    async fn poll(&self, id: &PaymentId, wait: Duration, deadline: Option<Instant>) -> Result<Answer, Error> {
+    async fn poll(&self, id: &PaymentId, wait: Duration, deadline: Option<Instant>) -> Result<Success, Error> {
         let url = format!("{}/v1/payments/{id}", self.inner.base_url);
         let prefer = (!wait.is_zero()).then(|| format!("wait={}", wait.as_secs()));
         self.send(deadline, || {
@@ -192,7 +192,7 @@ impl Client {
     /// Sends the request `build` makes until it succeeds, is rejected, or the retry policy (or
     /// `deadline`) says stop. The wait before a retry is never shorter than the server's
     /// `Retry-After`.
-    async fn send(&self, deadline: Option<Instant>, build: impl Fn() -> RequestBuilder) -> Result<Answer, Error> {
+    async fn send(&self, deadline: Option<Instant>, build: impl Fn() -> RequestBuilder) -> Result<Success, Error> {
         let policy = &self.inner.retry;
         let mut attempt = 1;
         loop {
@@ -304,14 +304,14 @@ impl fmt::Debug for ClientBuilder {
 }
 
 /// A successful response, read in full.
-struct Answer {
+struct Success {
     status: StatusCode,
     headers: HeaderMap,
     body: Vec<u8>,
     retry_after: Option<Duration>,
 }
 
-impl Answer {
+impl Success {
     fn payment(&self) -> Result<Payment, Error> {
         serde_json::from_slice(&self.body).map_err(|source| Error::Decode { status: self.status.as_u16(), source })
     }
@@ -324,7 +324,7 @@ struct Failure {
     retry_after: Option<Duration>,
 }
 
-async fn attempt_once(request: RequestBuilder) -> Result<Answer, Failure> {
+async fn attempt_once(request: RequestBuilder) -> Result<Success, Failure> {
     let transport = |error: reqwest::Error| Failure {
         // Timeouts, refused or dropped connections, a body cut off: the request may or may not
         // have arrived, and the idempotency key makes asking again safe. Only a request that
@@ -339,7 +339,7 @@ async fn attempt_once(request: RequestBuilder) -> Result<Answer, Failure> {
     let retry_after = retry::retry_after(&headers, SystemTime::now());
     let body = response.bytes().await.map_err(transport)?.to_vec();
     if status.is_success() {
-        return Ok(Answer { status, headers, body, retry_after });
+        return Ok(Success { status, headers, body, retry_after });
     }
     Err(Failure {
         error: Error::Problem { status: status.as_u16(), problem: Problem::from_response(status, &body) },

@@ -178,7 +178,7 @@ mod tests {
     }
 
     #[test]
-    fn only_answers_that_did_not_reject_the_request_are_retried() {
+    fn only_responses_that_did_not_reject_the_request_are_retried() {
         let retried = [408, 409, 429, 500, 502, 503, 504];
         let final_ = [200, 202, 301, 400, 401, 403, 404, 405, 413, 415, 422, 501, 505];
         for code in retried {

@@ -71,7 +71,7 @@ pub struct Counts {
 
 /// What a lookup means for one payment.
 #[derive(Debug, Clone, PartialEq)]
-enum Verdict {
+enum LookupVerdict {
     /// A succeeded or failed charge: settled exactly as the worker would have settled it.
     Settle { transition: Transition, settlement: Settlement, charge: Box<Charge> },
     /// A charge that is not what the payment asked for: dead-lettered as a `conflict`.
@@ -126,12 +126,12 @@ impl<P: PaymentProvider> Poller<P> {
                 .context("cannot claim due unknown payments")?
         };
         let mut counts = Counts { claimed: claimed.len() as u64, ..Counts::default() };
-        let mut outcomes = futures::stream::iter(claimed)
+        let mut polls = futures::stream::iter(claimed)
             .map(|payment| self.poll_one(payment))
             .buffer_unordered(self.config.concurrency);
         let (mut failures, mut last_error) = (0, None);
-        while let Some(outcome) = outcomes.next().await {
-            match outcome {
+        while let Some(polled) = polls.next().await {
+            match polled {
                 Ok(done) => done.count(&mut counts),
                 Err(error) => {
                     failures += 1;
@@ -191,7 +191,7 @@ impl<P: PaymentProvider> Poller<P> {
     /// What the payment's evidence says: signed webhooks recorded while it was being sent, if they
     /// settle it or contradict it (such a charge counts as found, without asking the provider), else a
     /// lookup of its key at the provider (no connection held).
-    async fn look_up(&self, payment: &Claimed) -> anyhow::Result<(Source, Verdict)> {
+    async fn look_up(&self, payment: &Claimed) -> anyhow::Result<(Source, LookupVerdict)> {
         let recorded = {
             let mut conn = self.pool.acquire().await.context("cannot reach the database")?;
             webhooks::recorded_charges(&mut conn, payment.tenant_id, payment.payment_id)
@@ -200,7 +200,7 @@ impl<P: PaymentProvider> Poller<P> {
         };
         if !recorded.is_empty() {
             let verdict = decide(payment, &Ok(recorded), &self.config);
-            if matches!(verdict, Verdict::Settle { .. } | Verdict::Mismatch { .. }) {
+            if matches!(verdict, LookupVerdict::Settle { .. } | LookupVerdict::Mismatch { .. }) {
                 return Ok((Source::RecordedWebhook, verdict));
             }
         }
@@ -209,7 +209,7 @@ impl<P: PaymentProvider> Poller<P> {
         Ok((Source::Provider, decide(payment, &lookup, &self.config)))
     }
 
-    fn inconclusive(&self, payment: &Claimed, detail: String) -> Verdict {
+    fn inconclusive(&self, payment: &Claimed, detail: String) -> LookupVerdict {
         let attempts = u32::try_from(payment.poll_attempts).unwrap_or(0).saturating_add(1);
         give_up_or_wait(payment, attempts, detail, &self.config)
     }
@@ -220,13 +220,13 @@ impl<P: PaymentProvider> Poller<P> {
         conn: &mut sqlx::PgConnection,
         payment: &Claimed,
         source: Source,
-        verdict: &Verdict,
+        verdict: &LookupVerdict,
     ) -> anyhow::Result<Polled> {
         let (tenant_id, payment_id) = (payment.tenant_id, payment.payment_id);
         let mut tx = conn.begin().await.context("cannot start a transaction")?;
         let attempt = payment.poll_attempts + 1;
         let done = match verdict {
-            Verdict::Settle { transition, settlement, charge } => {
+            LookupVerdict::Settle { transition, settlement, charge } => {
                 let reason = match (source, transition) {
                     (Source::Provider, Transition::Charged) => {
                         "the provider holds a succeeded charge for the payment's key"
@@ -250,7 +250,7 @@ impl<P: PaymentProvider> Poller<P> {
                     (Recorded::Moved(_), _) => Polled::Declined,
                 }
             }
-            Verdict::Mismatch { detail, charge } => {
+            LookupVerdict::Mismatch { detail, charge } => {
                 let evidence = unknown::evidence(source.label(), json!({"attempt": attempt, "charge": charge}));
                 match unknown::mismatch(&mut tx, tenant_id, payment_id, why(detail), evidence)
                     .await
@@ -260,7 +260,7 @@ impl<P: PaymentProvider> Poller<P> {
                     Recorded::LostRace => Polled::LostRace,
                 }
             }
-            Verdict::Refused(refusal) => {
+            LookupVerdict::Refused(refusal) => {
                 let evidence =
                     unknown::evidence("poll", json!({"attempt": attempt, "result": "no_charge_in_key_window"}));
                 let reason = "the provider holds no charge for the payment's key, and refused its last resend";
@@ -285,7 +285,7 @@ impl<P: PaymentProvider> Poller<P> {
                     Recorded::LostRace => Polled::LostRace,
                 }
             }
-            Verdict::Resend => {
+            LookupVerdict::Resend => {
                 let evidence =
                     unknown::evidence("poll", json!({"attempt": attempt, "result": "no_charge_in_key_window"}));
                 let reason = "the provider holds no charge for the payment's key and still remembers the key";
@@ -297,7 +297,7 @@ impl<P: PaymentProvider> Poller<P> {
                     Recorded::LostRace => Polled::LostRace,
                 }
             }
-            Verdict::Inconclusive { detail } => {
+            LookupVerdict::Inconclusive { detail } => {
                 let evidence = unknown::evidence("poll", json!({"attempt": attempt, "result": detail}));
                 let wait = self.config.backoff.delay(u32::try_from(attempt).unwrap_or(u32::MAX), &mut rand::rng());
                 unknown::note_inconclusive(&mut tx, tenant_id, payment_id, evidence, Some(wait))
@@ -305,7 +305,7 @@ impl<P: PaymentProvider> Poller<P> {
                     .context("cannot record the lookup")?;
                 Polled::Inconclusive
             }
-            Verdict::Exhaust { detail } => {
+            LookupVerdict::Exhaust { detail } => {
                 let evidence = unknown::evidence("poll", json!({"attempt": attempt, "result": detail}));
                 let reason = format!(
                     "no conclusive response from the provider after {attempt} lookups over {}",
@@ -400,7 +400,7 @@ impl Polled {
 }
 
 /// Decides what a lookup means. Pure.
-fn decide(payment: &Claimed, lookup: &Result<Vec<Charge>, LookupError>, config: &PollerConfig) -> Verdict {
+fn decide(payment: &Claimed, lookup: &Result<Vec<Charge>, LookupError>, config: &PollerConfig) -> LookupVerdict {
     let detail = match lookup {
         Ok(charges) => {
             // One key normally has at most one charge; a success anywhere means money moved.
@@ -412,10 +412,14 @@ fn decide(payment: &Claimed, lookup: &Result<Vec<Charge>, LookupError>, config: 
                 match settlement::settlement_of(&payment.asked, charge) {
                     Ok(settled) => {
                         let transition = settlement::transition_of(&settled);
-                        return Verdict::Settle { transition, settlement: settled, charge: Box::new(charge.clone()) };
+                        return LookupVerdict::Settle {
+                            transition,
+                            settlement: settled,
+                            charge: Box::new(charge.clone()),
+                        };
                     }
                     Err(Unsettled::Mismatch(detail)) => {
-                        return Verdict::Mismatch { detail, charge: Box::new(charge.clone()) };
+                        return LookupVerdict::Mismatch { detail, charge: Box::new(charge.clone()) };
                     }
                     Err(Unsettled::Unbookable(detail)) => detail,
                 }
@@ -423,8 +427,8 @@ fn decide(payment: &Claimed, lookup: &Result<Vec<Charge>, LookupError>, config: 
                 // Proof that the earlier send charged nothing: a refused resend ends here, since a resend
                 // would only be refused again.
                 return match &payment.refusal {
-                    Some(refusal) => Verdict::Refused(refusal.clone()),
-                    None => Verdict::Resend,
+                    Some(refusal) => LookupVerdict::Refused(refusal.clone()),
+                    None => LookupVerdict::Resend,
                 };
             } else {
                 "no charge for the key, but the provider's key window has passed: that proves nothing".to_owned()
@@ -438,11 +442,11 @@ fn decide(payment: &Claimed, lookup: &Result<Vec<Charge>, LookupError>, config: 
 
 /// An inconclusive lookup (`detail` says why) on the `attempts`-th lookup: given up past the limits, else looked up
 /// again later.
-fn give_up_or_wait(payment: &Claimed, attempts: u32, detail: String, config: &PollerConfig) -> Verdict {
+fn give_up_or_wait(payment: &Claimed, attempts: u32, detail: String, config: &PollerConfig) -> LookupVerdict {
     if attempts >= config.max_attempts || payment.age >= config.max_age {
-        Verdict::Exhaust { detail }
+        LookupVerdict::Exhaust { detail }
     } else {
-        Verdict::Inconclusive { detail }
+        LookupVerdict::Inconclusive { detail }
     }
 }
 
@@ -498,20 +502,20 @@ mod tests {
         fixtures::charge(payment.payment_id, id, status, 100)
     }
 
-    fn label(verdict: &Verdict) -> &'static str {
+    fn label(verdict: &LookupVerdict) -> &'static str {
         match verdict {
-            Verdict::Settle { transition: Transition::Charged, .. } => "charged",
-            Verdict::Settle { .. } => "declined",
-            Verdict::Mismatch { .. } => "mismatch",
-            Verdict::Resend => "resend",
-            Verdict::Refused(_) => "refused",
-            Verdict::Inconclusive { .. } => "inconclusive",
-            Verdict::Exhaust { .. } => "exhaust",
+            LookupVerdict::Settle { transition: Transition::Charged, .. } => "charged",
+            LookupVerdict::Settle { .. } => "declined",
+            LookupVerdict::Mismatch { .. } => "mismatch",
+            LookupVerdict::Resend => "resend",
+            LookupVerdict::Refused(_) => "refused",
+            LookupVerdict::Inconclusive { .. } => "inconclusive",
+            LookupVerdict::Exhaust { .. } => "exhaust",
         }
     }
 
     #[test]
-    fn each_lookup_answer_gets_the_right_verdict() {
+    fn each_lookup_result_gets_the_right_verdict() {
         let ok = |charges: Vec<Charge>| -> Result<Vec<Charge>, LookupError> { Ok(charges) };
         let failed = || -> Result<Vec<Charge>, LookupError> { Err(LookupError::Status(503)) };
         let fresh = claimed(0, 10, true);

@@ -73,11 +73,11 @@ mod tests {
         async fn pass(&self) -> anyhow::Result<bool> {
             self.started.lock().unwrap().push(self.epoch.elapsed());
             let mut script = self.script.lock().unwrap();
-            let answer = script.remove(0);
+            let next = script.remove(0);
             if script.is_empty() {
                 self.shutdown.cancel();
             }
-            answer
+            next
         }
     }
 

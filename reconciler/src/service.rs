@@ -124,7 +124,7 @@ pub async fn serve(settings: Settings, shutdown: CancellationToken) -> anyhow::R
         Ok(())
     });
 
-    let mut outcome = server.await.context("the HTTP server failed");
+    let mut ended = server.await.context("the HTTP server failed");
     // The server may also end on its own (an I/O failure): take the loops down with it.
     shutdown.cancel();
     while let Some(joined) = loops.join_next().await {
@@ -134,8 +134,8 @@ pub async fn serve(settings: Settings, shutdown: CancellationToken) -> anyhow::R
         };
         if let Some(error) = failed {
             tracing::error!(error = format!("{error:#}"), "the reconciler is stopping on an error");
-            if outcome.is_ok() {
-                outcome = Err(error);
+            if ended.is_ok() {
+                ended = Err(error);
             }
         }
     }
@@ -146,13 +146,13 @@ pub async fn serve(settings: Settings, shutdown: CancellationToken) -> anyhow::R
             .await
             .context("the operations server panicked")
             .and_then(|served| served.context("the operations server failed"));
-        if let (Err(error), true) = (stopped, outcome.is_ok()) {
-            outcome = Err(error);
+        if let (Err(error), true) = (stopped, ended.is_ok()) {
+            ended = Err(error);
         }
     }
     pool.close().await;
     tracing::info!("reconciler stopped");
-    outcome
+    ended
 }
 
 /// Runs a background loop in `loops` until `shutdown`.

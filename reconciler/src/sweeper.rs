@@ -60,10 +60,10 @@ impl Sweeper {
         let counts = leases::sweep(&mut conn, ACTOR, self.config.key_window, self.config.batch_size)
             .await
             .context("cannot sweep expired leases")?;
-        for (outcome, n) in
+        for (label, n) in
             [("released", counts.released), ("uncertain", counts.uncertain), ("obsolete", counts.obsolete)]
         {
-            metrics::counter!(crate::metrics::LEASES_TAKEN_OVER, "outcome" => outcome).increment(n);
+            metrics::counter!(crate::metrics::LEASES_TAKEN_OVER, "outcome" => label).increment(n);
         }
         Ok(counts)
     }

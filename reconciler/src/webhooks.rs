@@ -104,13 +104,15 @@ pub enum ApplyError {
 
 #[tracing::instrument(name = "webhook.receive", skip_all, fields(webhook.id, webhook.verdict))]
 async fn receive(request: HttpRequest, payload: web::Payload, state: web::Data<WebhookState>) -> HttpResponse {
-    let (verdict, response) = answer(&request, payload, &state).await;
-    tracing::Span::current().record("webhook.verdict", verdict);
-    metrics::counter!(crate::metrics::WEBHOOKS, "verdict" => verdict).increment(1);
+    // The field and the metric label keep the name `verdict` they were published with: dashboards read
+    // them. The value says how the delivery went, from a bad signature to the event recorded.
+    let (label, response) = respond(&request, payload, &state).await;
+    tracing::Span::current().record("webhook.verdict", label);
+    metrics::counter!(crate::metrics::WEBHOOKS, "verdict" => label).increment(1);
     response
 }
 
-async fn answer(request: &HttpRequest, payload: web::Payload, state: &WebhookState) -> (&'static str, HttpResponse) {
+async fn respond(request: &HttpRequest, payload: web::Payload, state: &WebhookState) -> (&'static str, HttpResponse) {
     let body = match read_body(payload, state.max_body_bytes).await {
         Ok(body) => body,
         Err(problem) => return ("invalid_body", problem.to_response()),
@@ -154,9 +156,9 @@ pub(crate) async fn apply_and_respond(
     event: &WebhookEvent,
 ) -> (&'static str, HttpResponse) {
     match apply(pool, webhook_id, event).await {
-        Ok(outcome) => {
-            tracing::info!(charge.id = %event.data.id, outcome = outcome.label(), "webhook applied");
-            (outcome.label(), HttpResponse::Ok().json(json!({ "outcome": outcome.label() })))
+        Ok(handled) => {
+            tracing::info!(charge.id = %event.data.id, outcome = handled.label(), "webhook applied");
+            (handled.label(), HttpResponse::Ok().json(json!({ "outcome": handled.label() })))
         }
         Err(ApplyError::Invalid(detail)) => {
             tracing::warn!(detail, "a signed webhook cannot be applied");
@@ -219,11 +221,26 @@ pub async fn apply(pool: &PgPool, webhook_id: &str, event: &WebhookEvent) -> Res
         return Ok(Handled::NotOurs);
     };
     let charge_verdict = verdict::judge(&stored, charge);
-    let event_type = match event.event_type {
-        EventType::ChargeSucceeded => "charge.succeeded",
-        EventType::ChargeFailed => "charge.failed",
-    };
-    let first_time = sqlx::query_scalar!(
+    if !record_delivery(&mut tx, tenant_id, payment_id, webhook_id, event, charge_verdict.label()).await? {
+        // A redelivery: dropping the transaction rolls everything back, so it changes nothing.
+        return Ok(Handled::Duplicate);
+    }
+    act_on(&mut tx, tenant_id, payment_id, webhook_id, event, &charge_verdict).await?;
+    tx.commit().await.map_err(StoreError::from)?;
+    Ok(Handled::Recorded(charge_verdict.label()))
+}
+
+/// Records a delivery's `webhook-id` with its charge and the verdict's label (the `outcome` column);
+/// false when that id was recorded before.
+async fn record_delivery(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    payment_id: PaymentId,
+    webhook_id: &str,
+    event: &WebhookEvent,
+    label: &str,
+) -> Result<bool, StoreError> {
+    let inserted = sqlx::query_scalar!(
         r#"
         INSERT INTO webhook_events (tenant_id, webhook_id, event_type, payment_id, provider_charge_id, outcome, charge)
         VALUES ($1, $2, $3, $4, $5, $6, $7)
@@ -232,42 +249,48 @@ pub async fn apply(pool: &PgPool, webhook_id: &str, event: &WebhookEvent) -> Res
         "#,
         tenant_id.as_uuid(),
         webhook_id,
-        event_type,
+        event.event_type.as_str(),
         payment_id.as_uuid(),
-        charge.id,
-        charge_verdict.label(),
-        Json(charge) as _,
+        event.data.id,
+        label,
+        Json(&event.data) as _,
     )
-    .fetch_optional(&mut *tx)
-    .await
-    .map_err(StoreError::from)?
-    .is_some();
-    if !first_time {
-        // A redelivery: dropping the transaction rolls everything back, so it changes nothing.
-        return Ok(Handled::Duplicate);
-    }
+    .fetch_optional(conn)
+    .await?;
+    Ok(inserted.is_some())
+}
 
+/// Does what a first delivery's verdict asks, in the delivery's transaction with the payment locked.
+async fn act_on(
+    tx: &mut PgConnection,
+    tenant_id: TenantId,
+    payment_id: PaymentId,
+    webhook_id: &str,
+    event: &WebhookEvent,
+    charge_verdict: &Verdict,
+) -> Result<(), ApplyError> {
+    let event_type = event.event_type.as_str();
     let evidence =
-        unknown::evidence("webhook", json!({ "webhook_id": webhook_id, "event": event_type, "charge": charge }));
-    match &charge_verdict {
+        unknown::evidence("webhook", json!({ "webhook_id": webhook_id, "event": event_type, "charge": event.data }));
+    match charge_verdict {
         Verdict::Settle(transition, settlement) => {
             let transition = *transition;
             let how = if transition == Transition::Charged { "webhook_charged" } else { "webhook_declined" };
-            let resolution = resolution_span(&mut tx, tenant_id, payment_id, how).await?;
+            let resolution = resolution_span(tx, tenant_id, payment_id, how).await?;
             let reason = format!("provider webhook {event_type}");
             let why = Why { actor: ACTOR, reason: &reason };
-            let recorded = unknown::settle(&mut tx, tenant_id, payment_id, transition, settlement, why, evidence)
+            let recorded = unknown::settle(tx, tenant_id, payment_id, transition, settlement, why, evidence)
                 .instrument(resolution)
                 .await?;
             if matches!(recorded, Recorded::LostRace) {
-                // The payment row is locked above, so its status cannot have changed.
+                // The payment row is locked, so its status cannot have changed.
                 return Err(ApplyError::MovedWhileLocked(payment_id));
             }
             metrics::counter!(crate::metrics::UNKNOWN_RESOLVED, "how" => how).increment(1);
         }
         Verdict::Mismatch(reason) => {
             let why = Why { actor: ACTOR, reason };
-            if let Recorded::LostRace = unknown::mismatch(&mut tx, tenant_id, payment_id, why, evidence).await? {
+            if let Recorded::LostRace = unknown::mismatch(tx, tenant_id, payment_id, why, evidence).await? {
                 return Err(ApplyError::MovedWhileLocked(payment_id));
             }
         }
@@ -275,25 +298,24 @@ pub async fn apply(pool: &PgPool, webhook_id: &str, event: &WebhookEvent) -> Res
             // Proves nothing either way; it counts toward dead-lettering, and the poller keeps looking.
             let mut evidence = evidence;
             evidence["result"] = json!(why);
-            unknown::note_inconclusive(&mut tx, tenant_id, payment_id, evidence, None).await?;
+            unknown::note_inconclusive(tx, tenant_id, payment_id, evidence, None).await?;
         }
-        // Recorded above, with the charge, and nothing more. A payment still being sent is left to
-        // its worker, which learns the same outcome from the provider (its resend carries the same
-        // key); if it cannot, the payment becomes `unknown` and the poller settles it from the charge
+        // Recorded with the charge, and nothing more. A payment still being sent is left to its
+        // worker, which learns the same outcome from the provider (its resend carries the same key);
+        // if it cannot, the payment becomes `unknown` and the poller settles it from the charge
         // recorded here. The reconciler never races a worker that holds a lease.
         Verdict::LeaveToSender | Verdict::Agrees | Verdict::Unreadable(_) => {}
         Verdict::ForOperator => {
-            if !dead_letters::attach_evidence(&mut tx, tenant_id, payment_id, Value::Array(vec![evidence])).await? {
+            if !dead_letters::attach_evidence(tx, tenant_id, payment_id, Value::Array(vec![evidence])).await? {
                 tracing::warn!("a dead-lettered payment has no open dead letter to attach the webhook to");
             }
         }
         Verdict::Conflicts(why) => {
-            dead_letters::record(&mut tx, tenant_id, payment_id, Kind::Conflict, why, Value::Array(vec![evidence]), 0)
+            dead_letters::record(tx, tenant_id, payment_id, Kind::Conflict, why, Value::Array(vec![evidence]), 0)
                 .await?;
         }
     }
-    tx.commit().await.map_err(StoreError::from)?;
-    Ok(Handled::Recorded(charge_verdict.label()))
+    Ok(())
 }
 
 /// The span of settling an `unknown` payment from a webhook (`webhook.resolve`). A delivery is a trace

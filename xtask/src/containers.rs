@@ -211,17 +211,17 @@ fn podman_command(dir: &Path) -> Command {
 
 /// The compose command of a Docker engine that responds, if there is one.
 async fn docker_engine() -> Option<Vec<String>> {
-    let answers = |program: &str, args: &[&str]| {
+    let responds = |program: &str, args: &[&str]| {
         let mut command = Command::new(program);
         command.args(args).stdout(Stdio::null()).stderr(Stdio::null()).kill_on_drop(true);
         async move {
             matches!(tokio::time::timeout(Duration::from_secs(20), command.status()).await, Ok(Ok(status)) if status.success())
         }
     };
-    if !answers("docker", &["info"]).await {
+    if !responds("docker", &["info"]).await {
         return None;
     }
-    if answers("docker", &["compose", "version"]).await {
+    if responds("docker", &["compose", "version"]).await {
         Some(vec!["docker".into(), "compose".into()])
     } else {
         Some(vec!["docker-compose".into()])
@@ -244,7 +244,7 @@ async fn install_podman() -> anyhow::Result<()> {
     if missing.is_empty() {
         return Ok(());
     }
-    eprintln!("compose-check: no Docker engine answers; installing {}", missing.join(" "));
+    eprintln!("compose-check: no Docker engine responds; installing {}", missing.join(" "));
     let install = || {
         let mut command = Command::new("apt-get");
         command.args(["install", "--yes", "--quiet", "--no-install-recommends"]).args(&missing);

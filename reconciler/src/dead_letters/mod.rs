@@ -66,7 +66,7 @@ pub enum ResolutionKind {
 }
 
 impl ResolutionKind {
-    /// Every outcome.
+    /// Every kind.
     pub const ALL: [Self; 4] = [Self::Succeeded, Self::Failed, Self::Retried, Self::Acknowledged];
 
     /// The name stored in `dead_letters.resolution`.
@@ -160,9 +160,9 @@ mod tests {
             assert_eq!(kind.as_str().parse::<Kind>().unwrap(), kind);
             assert_eq!(serde_json::to_value(kind).unwrap(), kind.as_str());
         }
-        for outcome in ResolutionKind::ALL {
-            assert_eq!(outcome.as_str().parse::<ResolutionKind>().unwrap(), outcome);
-            assert_eq!(serde_json::to_value(outcome).unwrap(), outcome.as_str());
+        for kind in ResolutionKind::ALL {
+            assert_eq!(kind.as_str().parse::<ResolutionKind>().unwrap(), kind);
+            assert_eq!(serde_json::to_value(kind).unwrap(), kind.as_str());
         }
         let unknown = "pending".parse::<Kind>().unwrap_err();
         assert_eq!(unknown.to_string(), r#""pending" is not a known dead-letter kind"#);

@@ -282,7 +282,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_answer_later_than_the_timeout_is_uncertain() {
+    async fn a_response_later_than_the_timeout_is_uncertain() {
         let server = MockServer::start().await;
         Mock::given(method("POST"))
             .respond_with(ResponseTemplate::new(201).set_delay(Duration::from_secs(2)))
@@ -453,7 +453,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_failing_lookup_is_an_error_not_an_empty_answer() {
+    async fn a_failing_lookup_is_an_error_not_an_empty_result() {
         let server = MockServer::start().await;
         Mock::given(method("GET")).respond_with(ResponseTemplate::new(503)).mount(&server).await;
         let provider = HttpProvider::new(&settings(server.uri())).unwrap();

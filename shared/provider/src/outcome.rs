@@ -105,7 +105,7 @@ pub enum LookupError {
     /// The response body could not be read.
     #[error("the provider's response could not be read: {0}")]
     Unreadable(String),
-    /// The provider answered, but what it showed proves neither a charge nor its absence (an
+    /// The provider responded, but what it showed proves neither a charge nor its absence (an
     /// eventually consistent search that found nothing, an intent still processing).
     #[error("the provider's answers prove nothing yet: {0}")]
     Inconclusive(String),
@@ -214,7 +214,7 @@ mod tests {
     }
 
     #[test]
-    fn each_answer_is_classified() {
+    fn each_response_is_classified() {
         let decline = br#"{"error":{"code":"insufficient_funds","message":"No money","charge":"ch_9"}}"#;
         let cases: Vec<(u16, Vec<u8>, &str)> = vec![
             (201, charge("succeeded"), "charged"),

@@ -174,6 +174,16 @@ pub enum EventType {
     ChargeFailed,
 }
 
+impl EventType {
+    /// The type as the provider writes it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::ChargeSucceeded => "charge.succeeded",
+            Self::ChargeFailed => "charge.failed",
+        }
+    }
+}
+
 /// One webhook delivery's body.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WebhookEvent {

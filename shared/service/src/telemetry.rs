@@ -331,7 +331,7 @@ mod tests {
             span.record("note", "say \"hi\", {ok}");
             span.record("status", 200);
             let _inner = span.enter();
-            tracing::info!(answer = 42, "served");
+            tracing::info!(status = 42, "served");
         });
 
         let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
@@ -343,6 +343,6 @@ mod tests {
         assert_eq!(request["route"], "/v1/payments");
         assert_eq!(request["note"], "say \"hi\", {ok}");
         assert_eq!(request["status"], 200, "the later value of a field recorded twice");
-        assert_eq!(line["answer"], 42);
+        assert_eq!(line["status"], 42);
     }
 }

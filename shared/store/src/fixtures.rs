@@ -82,7 +82,7 @@ pub async fn accept(
 ) -> Option<Created> {
     let submission = Submission::new(key, body);
     let mut conn = pool.acquire().await.expect("a connection");
-    intake::accept(&mut conn, &submission.for_tenant(tenant_id, trace)).await.expect("the store answers").created()
+    intake::accept(&mut conn, &submission.for_tenant(tenant_id, trace)).await.expect("the store accepts it").created()
 }
 
 /// Settings for a provider at `base_url` (a wiremock server): a day's key window with an hour's

@@ -7,7 +7,7 @@
 //! either all of it exists or none of it does ([`Intake::Created`]). A known key comes back with
 //! nothing written, for the caller to replay or refuse ([`Intake::Existing`]).
 //!
-//! [`stored`] runs `sql/replay.sql`, the function's replay read on its own: what intake would answer
+//! [`stored`] runs `sql/replay.sql`, the function's replay read on its own: what intake would return
 //! for a known key, without taking part in a write.
 //!
 //! The SQL lives in files so the benchmark runs the same statements under pgbench; `sql/replay.sql`
@@ -149,14 +149,14 @@ pub async fn accept_group(conn: &mut PgConnection, group: &[NewPayment]) -> Vec<
         for (&i, result) in round.iter().zip(written) {
             results[i] = Some(result);
         }
-        // A later request of this tenant whose key this round answered finds the key as the round
+        // A later request of this tenant whose key this round wrote or found finds the key as the round
         // left it; one whose first request failed is written in a later round.
-        let answered: HashMap<&IdempotencyKey, usize> =
+        let first_of_key: HashMap<&IdempotencyKey, usize> =
             round.iter().filter(|&&i| matches!(results[i], Some(Ok(_)))).map(|&i| (&group[i].key, i)).collect();
         unwritten = later
             .into_iter()
             .filter(|&i| {
-                let first = answered.get(&group[i].key).filter(|_| group[i].tenant_id == tenant_id);
+                let first = first_of_key.get(&group[i].key).filter(|_| group[i].tenant_id == tenant_id);
                 let Some(&first) = first else { return true };
                 let Some(Ok(intake)) = &results[first] else { return true };
                 results[i] = Some(Ok(Intake::Existing(stored_key(intake, &group[first]))));
@@ -167,7 +167,7 @@ pub async fn accept_group(conn: &mut PgConnection, group: &[NewPayment]) -> Vec<
     results.into_iter().map(|result| result.unwrap_or_else(|| Err(vanished()))).collect()
 }
 
-/// The key as stored, if it is: what [`accept`] would answer for a request with it, read without
+/// The key as stored, if it is: what [`accept`] would return for a request with it, read without
 /// writing or waiting for anything. A key that another transaction is writing is not seen until that
 /// transaction commits, so `None` means "not stored yet", never "free to take": only intake decides
 /// that.

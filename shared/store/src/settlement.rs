@@ -148,7 +148,7 @@ mod tests {
         }
     }
 
-    fn outcome(result: &Result<Settlement, Unsettled>) -> &'static str {
+    fn label(result: &Result<Settlement, Unsettled>) -> &'static str {
         match result {
             Ok(Settlement::Succeeded { .. }) => "succeeded",
             Ok(Settlement::Failed { .. }) => "failed",
@@ -181,7 +181,7 @@ mod tests {
             ("no time", Charge { created: i64::MAX, ..succeeded() }, "unbookable"),
         ];
         for (name, charge, expected) in cases {
-            assert_eq!(outcome(&settlement_of(&asked, &charge)), expected, "{name}");
+            assert_eq!(label(&settlement_of(&asked, &charge)), expected, "{name}");
         }
         let connected = Asked { account: Some(ProviderAccount::parse("acct_A").unwrap()), ..asked.clone() };
         let in_account = |account: Option<&str>| Charge { account: account.map(str::to_owned), ..succeeded() };
@@ -191,7 +191,7 @@ mod tests {
             ("oncepay's own account", in_account(None), "mismatch"),
         ];
         for (name, charge, expected) in cases {
-            assert_eq!(outcome(&settlement_of(&connected, &charge)), expected, "{name}");
+            assert_eq!(label(&settlement_of(&connected, &charge)), expected, "{name}");
         }
     }
 

@@ -806,7 +806,7 @@ mod tests {
 
     // Connect.
 
-    /// Answers every call that names `account` as its `Stripe-Account`; any other call gets the 403
+    /// Responds to every call that names `account` as its `Stripe-Account`; any other call gets the 403
     /// Stripe gives a key without access to the account it names.
     async fn connected_account(server: &MockServer, account: &str, payment: PaymentId) {
         let named = || Mock::given(header(STRIPE_ACCOUNT, account));
@@ -1032,7 +1032,7 @@ mod tests {
             // Last-wins found this payment's charge in an intent that names another payment first.
             (search(&naming_both(&other, &ours)), page(&naming_both(&other, &ours))),
             // Last-wins saw a window without this payment's intent, so concluded that there is none:
-            // the answer that allows a resend.
+            // the result that allows a resend.
             (search(""), page(&naming_both(&ours, &other))),
         ];
         for (search, list) in cases {

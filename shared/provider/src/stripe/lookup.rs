@@ -5,7 +5,7 @@
 //! oncepay puts on it. Search finds it quickly but is eventually consistent: a hit is evidence, a
 //! miss proves nothing. The list API is consistent, so a list of the whole window since the payment
 //! was created that shows no intent naming the payment proves there is none. Only that may conclude
-//! [`Lookup::CertainlyNone`], the answer that lets the reconciler resend.
+//! [`Lookup::CertainlyNone`], the result that lets the reconciler resend.
 
 use oncepay_domain::ids::PaymentId;
 

@@ -1,4 +1,4 @@
-//! What the provider answers to `POST /v1/charges` (the first two bytes pick the status): a body
+//! What the provider responds to `POST /v1/charges` (the first two bytes pick the status): a body
 //! that names a member twice is uncertain whatever the status; otherwise only 401, 403 and 429 are
 //! "not sent" (a resend), every 5xx is uncertain, and "charged" needs a 2xx showing exactly that
 //! succeeded charge.
