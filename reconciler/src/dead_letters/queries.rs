@@ -49,7 +49,8 @@ async fn entries(conn: &mut PgConnection, payment_id: Option<PaymentId>, all: bo
         r#"
         SELECT d.dead_letter_id, d.payment_id AS "payment_id: PaymentId", d.tenant_id AS "tenant_id: TenantId",
                t.name AS "tenant?", d.kind, d.reason, d.attempts,
-               p.status AS "payment_status: PaymentStatus", p.amount, p.currency, d.created_at,
+               p.status AS "payment_status: PaymentStatus", p.amount AS "amount: Amount",
+               p.currency AS "currency: Currency", d.created_at,
                extract(epoch FROM COALESCE(d.resolved_at, now()) - d.created_at)::bigint AS "age_secs!",
                d.resolved_at, d.resolved_by, d.resolution, d.resolution_note, d.evidence
         FROM dead_letters d

@@ -7,6 +7,7 @@
 use std::io::{self, Write};
 
 use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::status::PaymentStatus;
 use serde::Serialize;
 use serde_json::Value;
@@ -35,9 +36,9 @@ pub struct Entry {
     /// The payment's status now.
     pub payment_status: PaymentStatus,
     /// What it asked to charge.
-    pub amount: i64,
+    pub amount: Amount,
     /// In which currency.
-    pub currency: String,
+    pub currency: Currency,
     /// When the entry was opened.
     #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,
