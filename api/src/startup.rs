@@ -11,12 +11,12 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix_web::dev::Server;
+use actix_web::body::MessageBody;
+use actix_web::dev::{Server, ServiceFactory, ServiceRequest, ServiceResponse};
 use actix_web::{App, HttpRequest, HttpResponse, HttpServer, middleware, web};
 use anyhow::Context;
 use oncepay_http::ops_http::{self, OpsState};
-use oncepay_service::config::DatabaseSettings;
-use oncepay_service::metrics as shared_metrics;
+use oncepay_service::metrics::{self as shared_metrics, PrometheusHandle};
 use oncepay_store::connections::Connections;
 use oncepay_store::notify::{Notifier, OUTBOX_CHANNEL, Wakeups};
 use secrecy::ExposeSecret;
@@ -108,134 +108,77 @@ impl Application {
     /// starts and serves `/healthz` while PostgreSQL is down, and `/readyz` responds 503 until
     /// PostgreSQL is back.
     pub fn build_with(settings: Settings, options: PgConnectOptions) -> anyhow::Result<Self> {
+        // First: a metric handle taken before the recorder is installed records nothing.
+        let metrics = shared_metrics::install();
         let options = options.application_name(APPLICATION_NAME).options([
             ("statement_timeout", format!("{}ms", settings.database.statement_timeout_ms)),
             ("lock_timeout", format!("{}ms", settings.intake.key_lock_wait_ms)),
         ]);
-        let workers = match settings.http.workers {
-            0 => std::thread::available_parallelism().map_or(1, NonZeroUsize::get),
-            workers => workers,
+        let own = OwnConnection {
+            options: options.clone(),
+            acquire_timeout: Duration::from_millis(settings.database.acquire_timeout_ms),
         };
-        // Each HTTP worker gets an equal share of `database.max_connections`.
-        let worker_database = DatabaseSettings {
-            max_connections: settings.database.max_connections.div_ceil(u32::try_from(workers).unwrap_or(u32::MAX)),
-            ..settings.database.clone()
-        };
-        // The listener's own connection, so it never takes one of the requests'.
-        let listener_pool = PgPoolOptions::new()
-            .max_connections(1)
-            .acquire_timeout(Duration::from_millis(settings.database.acquire_timeout_ms))
-            .idle_timeout(None)
-            .max_lifetime(None)
-            .connect_lazy_with(options.clone().application_name(&format!("{APPLICATION_NAME}-listener")));
-        // The outbox notifier's connection: one coalesced `NOTIFY` for many accepts. No ping before
-        // each notification: it would double the round trips of a hint that a failed statement only
+        // The listener's, so it never takes one of the requests' connections.
+        let listener_pool = own.pool_with("listener", PgPoolOptions::new().idle_timeout(None).max_lifetime(None));
+        // The outbox notifier's: one coalesced `NOTIFY` for many accepts. No ping before each
+        // notification: it would double the round trips of a hint that a failed statement only
         // delays (the connection is then replaced).
-        let waker_pool = PgPoolOptions::new()
-            .max_connections(1)
-            .test_before_acquire(false)
-            .acquire_timeout(Duration::from_millis(settings.database.acquire_timeout_ms))
-            .connect_lazy_with(options.clone().application_name(&format!("{APPLICATION_NAME}-waker")));
+        let waker_pool = own.pool_with("waker", PgPoolOptions::new().test_before_acquire(false));
         // The long polls' re-reads: one connection, so a burst of wake-ups queues instead of taking
         // the requests' connections.
-        let rereader_pool = PgPoolOptions::new()
-            .max_connections(1)
-            .acquire_timeout(Duration::from_millis(settings.database.acquire_timeout_ms))
-            .connect_lazy_with(options.clone().application_name(&format!("{APPLICATION_NAME}-rereads")));
+        let rereader_pool = own.pool("rereads");
         let long_poll = &settings.long_poll;
         let (rereads, rereader) = Rereads::new(rereader_pool.clone(), long_poll.max_waiting);
-        let wake = Wakeups::default();
         let watch = Arc::new(PaymentWatch::new(long_poll.max_waiting, long_poll.max_waiting_per_tenant));
-        let draining = CancellationToken::new();
-        let metrics = shared_metrics::install();
-        let openapi = web::Data::new(OpenApiJson(openapi::json().context("cannot render the OpenAPI document")?));
-        let auth = Arc::new(Authenticator::new(&settings.auth));
-        let retry_after = web::Data::new(RetryAfter { secs: settings.intake.retry_after_secs });
-        let replays = Arc::new(ReplayCache::new(settings.intake.replay_cache_bytes));
-        let accepts = Arc::new(AcceptGroups::new(settings.intake.group_limits()));
-        let limits = Arc::new(RateLimits::new(
-            settings.intake.default_rate_limit_per_second,
-            settings.intake.default_rate_limit_burst,
-        ));
+        let shared = Shared {
+            accepts: Arc::new(AcceptGroups::new(settings.intake.group_limits())),
+            auth: Arc::new(Authenticator::new(&settings.auth)),
+            limits: Arc::new(RateLimits::new(
+                settings.intake.default_rate_limit_per_second,
+                settings.intake.default_rate_limit_burst,
+            )),
+            watch: Arc::clone(&watch),
+            rereads,
+            intake: settings.intake.clone(),
+            long_poll: settings.long_poll.clone(),
+            draining: CancellationToken::new(),
+            wake: Wakeups::default(),
+            replays: Arc::new(ReplayCache::new(settings.intake.replay_cache_bytes)),
+            provider_intake: ProviderIntake::new(&settings.provider)?,
+            metrics: metrics.clone(),
+            openapi: web::Data::new(OpenApiJson(openapi::json().context("cannot render the OpenAPI document")?)),
+            retry_after: web::Data::new(RetryAfter { secs: settings.intake.retry_after_secs }),
+        };
+        let (draining, wake) = (shared.draining.clone(), shared.wake.clone());
 
         let http = &settings.http;
         let tcp = TcpListener::bind((http.listen.host.as_str(), http.listen.port))
             .with_context(|| format!("cannot listen on {}:{}", http.listen.host, http.listen.port))?;
         let port = tcp.local_addr().context("the listening socket has no address")?.port();
-        let (intake_settings, long_poll_settings) = (settings.intake.clone(), settings.long_poll.clone());
-        let provider_intake = ProviderIntake::new(&settings.provider)?;
-        let (shared_watch, shared_draining, shared_wake) = (Arc::clone(&watch), draining.clone(), wake.clone());
-        // With an operations port, the operations endpoints get their own listener and thread, and
-        // the public port no longer serves them.
-        let ops_server = match http.listen.ops_port {
-            Some(ops_port) => {
-                let ops_tcp = TcpListener::bind((http.listen.host.as_str(), ops_port))
-                    .with_context(|| format!("cannot listen on {}:{ops_port}", http.listen.host))?;
-                let bound = ops_tcp.local_addr().context("the listening socket has no address")?.port();
-                let ops_pool = PgPoolOptions::new()
-                    .max_connections(1)
-                    .acquire_timeout(Duration::from_millis(settings.database.acquire_timeout_ms))
-                    .connect_lazy_with(options.clone().application_name(&format!("{APPLICATION_NAME}-ops")));
-                let state = OpsState { pool: ops_pool, metrics: metrics.clone() };
-                Some((bound, ops_http::server(ops_tcp, state).context("cannot serve the operations endpoints")?))
-            }
-            None => None,
+        let apart = ops_http::serve_apart(&http.listen.host, http.listen.ops_port, || OpsState {
+            pool: own.pool("ops"),
+            metrics,
+        })?;
+        let workers = match http.workers {
+            0 => std::thread::available_parallelism().map_or(1, NonZeroUsize::get),
+            workers => workers,
         };
-        let public_ops = ops_server.is_none();
-        let server = HttpServer::new(move || {
-            // Runs on each worker's own runtime. A PostgreSQL connection belongs to the runtime that
-            // opened it (that runtime's reactor drives its socket), so each worker opens its own: a
-            // pool shared by the workers would hand one worker connections that die with another
-            // worker's runtime, as happens in every graceful stop.
-            let acquire_timeout = Duration::from_millis(worker_database.acquire_timeout_ms);
-            // Not a sqlx pool: sqlx pings a connection at every checkout and every return, a round
-            // trip per request as costly as a replay's own query (see BENCHMARKS.md). A connection
-            // that died is found by the request's query instead, which fails closed (503, retried
-            // by the client with the same key), and is replaced.
-            let connections =
-                Arc::new(Connections::new(options.clone(), worker_database.max_connections, acquire_timeout));
-            // `/readyz` only: one more connection per worker, opened when a probe needs it.
-            let ops_pool = PgPoolOptions::new()
-                .max_connections(1)
-                .acquire_timeout(acquire_timeout)
-                .connect_lazy_with(options.clone().application_name(&format!("{APPLICATION_NAME}-ops")));
-            let state = AppState {
-                connections,
-                accepts: Arc::clone(&accepts),
-                auth: Arc::clone(&auth),
-                limits: Arc::clone(&limits),
-                watch: Arc::clone(&shared_watch),
-                rereads: rereads.clone(),
-                intake: intake_settings.clone(),
-                long_poll: long_poll_settings.clone(),
-                draining: shared_draining.clone(),
-                wake: shared_wake.clone(),
-                replays: Arc::clone(&replays),
-                provider_intake,
-            };
-            App::new()
-                .app_data(web::Data::new(state))
-                .app_data(web::Data::new(OpsState { pool: ops_pool, metrics: metrics.clone() }))
-                .app_data(openapi.clone())
-                .app_data(retry_after.clone())
-                .configure(|config| routes(config, public_ops))
-                // Outermost last: the span sees the final, problem-shaped response.
-                .wrap(middleware::from_fn(errors::problem_guard))
-                .wrap(middleware::from_fn(request_span::trace_request))
-        })
-        .workers(workers)
-        .listen(tcp)
-        .context("cannot serve on the bound socket")?
-        .disable_signals()
-        .shutdown_timeout(http.shutdown_grace_secs)
-        .run();
+        // Each HTTP worker gets an equal share of `database.max_connections`.
+        let max_connections = settings.database.max_connections.div_ceil(u32::try_from(workers).unwrap_or(u32::MAX));
+        let with_ops = apart.is_none();
+        let server = HttpServer::new(move || shared.worker_app(&own, max_connections, with_ops))
+            .workers(workers)
+            .listen(tcp)
+            .context("cannot serve on the bound socket")?
+            .disable_signals()
+            .shutdown_timeout(http.shutdown_grace_secs)
+            .run();
 
-        let (ops_port, ops_server) = ops_server.unzip();
         Ok(Self {
             port,
             server,
-            ops_port,
-            ops_server,
+            ops_port: apart.as_ref().map(|apart| apart.address.port()),
+            ops_server: apart.map(|apart| apart.server),
             listener: PaymentListener::new(listener_pool.clone(), watch),
             listener_pool,
             rereader,
@@ -321,6 +264,100 @@ impl Application {
 
 /// The rendered OpenAPI document.
 struct OpenApiJson(String);
+
+/// Lazily opened pools of one connection each, named `oncepay-api-<job>` in `pg_stat_activity`, for
+/// the jobs that must never take the requests' connections.
+#[derive(Clone)]
+struct OwnConnection {
+    options: PgConnectOptions,
+    acquire_timeout: Duration,
+}
+
+impl OwnConnection {
+    fn pool(&self, job: &str) -> PgPool {
+        self.pool_with(job, PgPoolOptions::new())
+    }
+
+    fn pool_with(&self, job: &str, pool: PgPoolOptions) -> PgPool {
+        pool.max_connections(1)
+            .acquire_timeout(self.acquire_timeout)
+            .connect_lazy_with(self.options.clone().application_name(&format!("{APPLICATION_NAME}-{job}")))
+    }
+}
+
+/// What the HTTP workers share: the parts of [`AppState`] owned by the process, and the app data.
+#[derive(Clone)]
+struct Shared {
+    accepts: Arc<AcceptGroups>,
+    auth: Arc<Authenticator>,
+    limits: Arc<RateLimits>,
+    watch: Arc<PaymentWatch>,
+    rereads: Rereads,
+    intake: IntakeSettings,
+    long_poll: LongPollSettings,
+    draining: CancellationToken,
+    wake: Wakeups,
+    replays: Arc<ReplayCache>,
+    provider_intake: ProviderIntake,
+    metrics: PrometheusHandle,
+    openapi: web::Data<OpenApiJson>,
+    retry_after: web::Data<RetryAfter>,
+}
+
+impl Shared {
+    /// One HTTP worker's app, with `max_connections` of its own for its requests, and the operations
+    /// endpoints if `with_ops`.
+    ///
+    /// Runs on each worker's own runtime. A PostgreSQL connection belongs to the runtime that opened it
+    /// (that runtime's reactor drives its socket), so each worker opens its own: a pool shared by the
+    /// workers would hand one worker connections that die with another worker's runtime, as happens in
+    /// every graceful stop.
+    fn worker_app(
+        &self,
+        own: &OwnConnection,
+        max_connections: u32,
+        with_ops: bool,
+    ) -> App<
+        impl ServiceFactory<
+            ServiceRequest,
+            Config = (),
+            Response = ServiceResponse<impl MessageBody + use<>>,
+            Error = actix_web::Error,
+            InitError = (),
+        > + use<>,
+    > {
+        // Not a sqlx pool: sqlx pings a connection at every checkout and every return, a round trip
+        // per request as costly as a replay's own query (see BENCHMARKS.md). A connection that died
+        // is found by the request's query instead, which fails closed (503, retried by the client
+        // with the same key), and is replaced.
+        let connections = Arc::new(Connections::new(own.options.clone(), max_connections, own.acquire_timeout));
+        let state = AppState {
+            connections,
+            accepts: Arc::clone(&self.accepts),
+            auth: Arc::clone(&self.auth),
+            limits: Arc::clone(&self.limits),
+            watch: Arc::clone(&self.watch),
+            rereads: self.rereads.clone(),
+            intake: self.intake.clone(),
+            long_poll: self.long_poll.clone(),
+            draining: self.draining.clone(),
+            wake: self.wake.clone(),
+            replays: Arc::clone(&self.replays),
+            provider_intake: self.provider_intake,
+        };
+        // `/readyz` only: one more connection per worker, opened when a probe needs it.
+        let ops = OpsState { pool: own.pool("ops"), metrics: self.metrics.clone() };
+        App::new()
+            .app_data(web::Data::new(state))
+            .app_data(web::Data::new(ops))
+            .app_data(self.openapi.clone())
+            .app_data(self.retry_after.clone())
+            .configure(|config| routes(config, with_ops))
+            // Outermost last: the span sees the final, problem-shaped response.
+            .wrap(middleware::from_fn(errors::problem_guard))
+            .wrap(middleware::from_fn(request_span::trace_request))
+    }
+}
 
 /// Every route, the operations endpoints only if `with_ops`; anything else is a 404 problem.
 fn routes(config: &mut web::ServiceConfig, with_ops: bool) {

@@ -10,7 +10,6 @@ use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix_web::dev::Server;
 use anyhow::Context;
 use oncepay_http::ops_http::{self, OpsState};
 use oncepay_provider::ConfiguredProvider;
@@ -46,27 +45,20 @@ pub async fn serve(settings: Settings, shutdown: CancellationToken) -> anyhow::R
         max_body_bytes: settings.webhooks.max_body_bytes,
     };
     let ops = OpsState { pool: pool.clone(), metrics };
-    let bind = |port: u16| {
-        TcpListener::bind((settings.http.host.as_str(), port))
-            .with_context(|| format!("cannot listen on {}:{port}", settings.http.host))
-    };
-    let listener = bind(settings.http.port)?;
+    let host = settings.http.host.as_str();
+    let listener = TcpListener::bind((host, settings.http.port))
+        .with_context(|| format!("cannot listen on {host}:{}", settings.http.port))?;
     let address = listener.local_addr().context("cannot read the bound address")?;
     let workers = std::thread::available_parallelism().map_or(1, NonZeroUsize::get).min(4);
-    // With an operations port, the operations endpoints get their own listener and thread.
-    let (public_ops, ops_server) = match settings.http.ops_port {
-        Some(port) => {
-            let ops_listener = bind(port)?;
-            let ops_address = ops_listener.local_addr().context("cannot read the bound address")?;
-            tracing::info!(http.address = %ops_address, "reconciler operations endpoints listening");
-            (None, Some(ops_http::server(ops_listener, ops).context("cannot start the operations server")?))
-        }
-        None => (Some(ops), None),
-    };
+    let apart = ops_http::serve_apart(host, settings.http.ops_port, || ops.clone())?;
+    if let Some(apart) = &apart {
+        tracing::info!(http.address = %apart.address, "reconciler operations endpoints listening");
+    }
+    let public_ops = apart.is_none().then_some(ops);
     let server = crate::http::server(listener, webhook, public_ops, workers).context("cannot start the HTTP server")?;
     let server_handle = server.handle();
-    let ops_handle = ops_server.as_ref().map(Server::handle);
-    let ops_running = ops_server.map(tokio::spawn);
+    let ops_handle = apart.as_ref().map(|apart| apart.server.handle());
+    let ops_running = apart.map(|apart| tokio::spawn(apart.server));
     tracing::info!(http.address = %address, "reconciler listening");
 
     let p = &settings.poller;

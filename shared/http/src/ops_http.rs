@@ -3,12 +3,13 @@
 //!
 //! They need no authentication and reveal nothing beyond up/down and counters, so the platform can
 //! probe and scrape them. [`configure`] mounts them beside a binary's public endpoints; [`server`]
-//! serves them alone.
+//! serves them alone, and [`serve_apart`] does so on `http.ops_port` when a binary has one.
 
-use std::net::TcpListener;
+use std::net::{SocketAddr, TcpListener};
 
 use actix_web::dev::Server;
 use actix_web::{App, HttpResponse, HttpServer, web};
+use anyhow::Context;
 use metrics_exporter_prometheus::PrometheusHandle;
 use sqlx::PgPool;
 
@@ -48,6 +49,25 @@ pub fn server(listener: TcpListener, state: OpsState) -> std::io::Result<Server>
     .listen(listener)?
     .run();
     Ok(server)
+}
+
+/// The operations endpoints served on a port of their own.
+pub struct Apart {
+    /// The bound address (with the port picked, when 0 was asked for).
+    pub address: SocketAddr,
+    /// Their server, not yet awaited.
+    pub server: Server,
+}
+
+/// Serves the endpoints on `host:port`, apart from the binary's public endpoints, when `port` is
+/// set (`http.ops_port`), with the state `state` makes; `None` when there is no such port and they
+/// belong on the public one.
+pub fn serve_apart(host: &str, port: Option<u16>, state: impl FnOnce() -> OpsState) -> anyhow::Result<Option<Apart>> {
+    let Some(port) = port else { return Ok(None) };
+    let listener = TcpListener::bind((host, port)).with_context(|| format!("cannot listen on {host}:{port}"))?;
+    let address = listener.local_addr().context("the listening socket has no address")?;
+    let server = server(listener, state()).context("cannot serve the operations endpoints")?;
+    Ok(Some(Apart { address, server }))
 }
 
 async fn not_found() -> HttpResponse {

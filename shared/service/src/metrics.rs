@@ -2,13 +2,15 @@
 //!
 //! Code records through the `metrics` facade (`metrics::counter!(...)`); names follow
 //! `oncepay_<binary>_<thing>_<unit>` with `_total` for counters, and labels are low-cardinality
-//! enumerations (an outcome, a class), never ids or keys. Histograms use fixed latency buckets in
+//! enumerations (how something ended, a class), never ids or keys. Histograms use fixed latency buckets in
 //! seconds.
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::PrometheusBuilder;
+/// What renders the recorder's metrics, for the binaries that keep it beside their state.
+pub use metrics_exporter_prometheus::PrometheusHandle;
 
 /// Latency buckets, in seconds: 0.5 ms to 30 s.
 const LATENCY_BUCKETS: &[f64] =
