@@ -592,49 +592,21 @@ impl Bench<'_> {
     /// spread over the whole history), through an api that remembers final responses and one that
     /// reads every replay from the database; the long history is also replayed over all its keys.
     async fn history(&mut self) -> anyhow::Result<()> {
-        // Rows of the short history, for comparison: raw accept, accept, raw replay, replay, uncached.
-        let mut small: Option<[usize; 5]> = None;
+        // The short history's rows; the long history's are compared with them.
+        let mut short: Option<HistoryRows> = None;
         for (stored_keys, label) in HISTORIES {
             let name = format!("history_{stored_keys}");
             let database = Database::create(&self.server, &name, label, stored_keys).await?;
             let api = self.launcher.api(&format!("api-{name}"), &database.url, &[]).await?;
             let no_cache = [(NO_REPLAY_CACHE.0, NO_REPLAY_CACHE.1.to_owned())];
             let uncached = self.launcher.api(&format!("api-{name}-uncached"), &database.url, &no_cache).await?;
-            let (address, uncached_address) = ([api.address()], [uncached.address()]);
-            let workload = Workload::Replay(database.replays);
-            let raw_accept = self.raw(&database, Baseline::Accept, 8).await?;
-            let accept = self.service(&database, &address, Workload::Accept, 8).await?;
-            let raw_replay = self.raw(&database, Baseline::Replay, 8).await?;
-            let replay = self.service(&database, &address, workload, 8).await?;
-            let mut replay_uncached = self.service(&database, &uncached_address, workload, 8).await?;
-            replay_uncached.setup.push_str(", no replay cache");
-            let rows = [accept, replay, replay_uncached];
-            match small {
-                None => {
-                    let [accept, replay, uncached] = rows.map(|row| self.push(row));
-                    small = Some([raw_accept, accept, raw_replay, replay, uncached]);
-                }
-                Some([small_raw_accept, small_accept, small_raw_replay, small_replay, small_uncached]) => {
-                    // Against the same measurement with few keys: cost must not grow with history.
-                    for (row, small_row) in [(raw_accept, small_raw_accept), (raw_replay, small_raw_replay)] {
-                        self.rows[row].comparison =
-                            Some(Comparison::new(self.rows[row].rate, &self.rows[small_row], None));
-                    }
-                    let [accept, replay, uncached] = rows;
-                    self.push_compared(accept, small_accept, Some(0.9));
-                    self.push_compared(replay, small_replay, Some(0.9));
-                    self.push_compared(uncached, small_uncached, Some(0.9));
-                    // Every one of the long history's keys, each replayed about once: a different
-                    // workload (most reads miss every cache), shown against its own raw read.
-                    let every_key = format!("{label}, every key replayed");
-                    let all = ReplaySet::all(stored_keys);
-                    let raw_all = self.raw_replays(&database, all, &every_key).await?;
-                    for (process, note) in [(&address, ""), (&uncached_address, ", no replay cache")] {
-                        let mut row = self.service(&database, process, Workload::Replay(all), 8).await?;
-                        row.dataset.clone_from(&every_key);
-                        row.setup.push_str(note);
-                        self.push_compared(row, raw_all, None);
-                    }
+            let apis = HistoryApis { cached: [api.address()], uncached: [uncached.address()] };
+            let run = self.measure_history(&database, &apis).await?;
+            match &short {
+                None => short = Some(self.push_history(run)),
+                Some(short) => {
+                    self.push_history_against(run, short);
+                    self.replay_every_key(&database, &apis, stored_keys, label).await?;
                 }
             }
             api.stop().await?;
@@ -644,6 +616,85 @@ impl Bench<'_> {
         }
         Ok(())
     }
+
+    /// Raw and service accepts and replays over one history. The raw rows are pushed as measured.
+    async fn measure_history(&mut self, database: &Database, apis: &HistoryApis) -> anyhow::Result<HistoryRun> {
+        let replays = Workload::Replay(database.replays);
+        let raw_accept = self.raw(database, Baseline::Accept, 8).await?;
+        let accept = self.service(database, &apis.cached, Workload::Accept, 8).await?;
+        let raw_replay = self.raw(database, Baseline::Replay, 8).await?;
+        let replay = self.service(database, &apis.cached, replays, 8).await?;
+        let mut uncached = self.service(database, &apis.uncached, replays, 8).await?;
+        uncached.setup.push_str(", no replay cache");
+        Ok(HistoryRun { raw_accept, accept, raw_replay, replay, uncached })
+    }
+
+    /// Pushes the short history's rows as they are.
+    fn push_history(&mut self, run: HistoryRun) -> HistoryRows {
+        HistoryRows {
+            raw_accept: run.raw_accept,
+            accept: self.push(run.accept),
+            raw_replay: run.raw_replay,
+            replay: self.push(run.replay),
+            uncached: self.push(run.uncached),
+        }
+    }
+
+    /// Pushes the long history's rows, each against the same measurement over the short history:
+    /// cost must not grow with history.
+    fn push_history_against(&mut self, run: HistoryRun, short: &HistoryRows) {
+        for (row, short_row) in [(run.raw_accept, short.raw_accept), (run.raw_replay, short.raw_replay)] {
+            self.rows[row].comparison = Some(Comparison::new(self.rows[row].rate, &self.rows[short_row], None));
+        }
+        self.push_compared(run.accept, short.accept, Some(0.9));
+        self.push_compared(run.replay, short.replay, Some(0.9));
+        self.push_compared(run.uncached, short.uncached, Some(0.9));
+    }
+
+    /// Every one of a history's keys, each replayed about once: a different workload (most reads miss
+    /// every cache), shown against its own raw read.
+    async fn replay_every_key(
+        &mut self,
+        database: &Database,
+        apis: &HistoryApis,
+        stored_keys: u64,
+        label: &str,
+    ) -> anyhow::Result<()> {
+        let every_key = format!("{label}, every key replayed");
+        let all = ReplaySet::all(stored_keys);
+        let raw_all = self.raw_replays(database, all, &every_key).await?;
+        for (api, note) in [(&apis.cached, ""), (&apis.uncached, ", no replay cache")] {
+            let mut row = self.service(database, api, Workload::Replay(all), 8).await?;
+            row.dataset.clone_from(&every_key);
+            row.setup.push_str(note);
+            self.push_compared(row, raw_all, None);
+        }
+        Ok(())
+    }
+}
+
+/// The two api processes of one history: one that remembers final responses, one that does not.
+struct HistoryApis {
+    cached: [SocketAddr; 1],
+    uncached: [SocketAddr; 1],
+}
+
+/// One history's measurements: the raw rows already pushed (their indices), the service rows not yet.
+struct HistoryRun {
+    raw_accept: usize,
+    accept: Row,
+    raw_replay: usize,
+    replay: Row,
+    uncached: Row,
+}
+
+/// The short history's rows, by index.
+struct HistoryRows {
+    raw_accept: usize,
+    accept: usize,
+    raw_replay: usize,
+    replay: usize,
+    uncached: usize,
 }
 
 /// The postmaster of each of `server`'s nodes, read from a backend's parent.

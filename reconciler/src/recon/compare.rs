@@ -139,76 +139,14 @@ fn theirs(charge: &Charge) -> Value {
 /// not reported.
 pub fn compare(charges: &[Charge], ledger: &[LedgerEntry]) -> Vec<Discrepancy> {
     let mut found = Vec::new();
-    let by_id: HashMap<&str, &Charge> = charges.iter().map(|c| (c.id.as_str(), c)).collect();
     let entry_of_payment: HashMap<PaymentId, &LedgerEntry> = ledger.iter().map(|e| (e.payment_id, e)).collect();
     let entry_of_charge: HashMap<&str, &LedgerEntry> =
         ledger.iter().map(|e| (e.provider_charge_id.as_str(), e)).collect();
-
-    // Succeeded charges by payment (sorted for a stable report); charges naming no payment apart.
-    // Failed charges are not money: below, they only explain a `missing_at_provider`.
-    let mut by_payment: BTreeMap<PaymentId, (Option<TenantId>, Vec<&Charge>)> = BTreeMap::new();
-    let mut unattributed = Vec::new();
-    for charge in charges.iter().filter(|c| c.status == ChargeStatus::Succeeded) {
-        match payment_of(charge) {
-            Some((tenant, payment)) => {
-                let group = by_payment.entry(payment).or_insert((tenant, Vec::new()));
-                group.0 = group.0.or(tenant);
-                group.1.push(charge);
-            }
-            None => unattributed.push(charge),
-        }
+    let (by_payment, unattributed) = succeeded_by_payment(charges);
+    for (&payment_id, (tenant_id, group)) in &by_payment {
+        let entry = entry_of_payment.get(&payment_id).copied();
+        check_payment(&mut found, payment_id, tenant_id.or(entry.map(|e| e.tenant_id)), group, entry);
     }
-
-    for (payment_id, (tenant_id, group)) in &by_payment {
-        let entry = entry_of_payment.get(payment_id).copied();
-        let tenant_id = tenant_id.or(entry.map(|e| e.tenant_id));
-        if group.len() > 1 {
-            let ids: Vec<&str> = group.iter().map(|c| c.id.as_str()).collect();
-            found.push(Discrepancy {
-                class: Class::DuplicateCharge,
-                tenant_id,
-                payment_id: Some(*payment_id),
-                provider_charge_id: Some(group[0].id.clone()),
-                ours: entry.map(ours),
-                theirs: Some(Value::Array(group.iter().map(|c| theirs(c)).collect())),
-                detail: format!("{} succeeded charges for one payment: {}", group.len(), ids.join(", ")),
-            });
-        }
-        match entry {
-            Some(entry) => {
-                for charge in group.iter().filter(|c| c.id == entry.provider_charge_id) {
-                    check_money(&mut found, entry, charge);
-                }
-                // A single charge the entry does not book is unbooked money; extra charges of a
-                // duplicate are already reported above.
-                if group.len() == 1 && group[0].id != entry.provider_charge_id {
-                    found.push(missing_in_ledger(
-                        tenant_id,
-                        Some(*payment_id),
-                        group[0],
-                        Some(entry),
-                        format!(
-                            "the provider charged {} for this payment, but the ledger books charge {}",
-                            group[0].id, entry.provider_charge_id
-                        ),
-                    ));
-                }
-            }
-            None => {
-                found.push(missing_in_ledger(
-                    tenant_id,
-                    Some(*payment_id),
-                    group[0],
-                    None,
-                    format!(
-                        "the provider charged {} for this payment, and the ledger has no entry for it",
-                        group[0].id
-                    ),
-                ));
-            }
-        }
-    }
-
     for charge in unattributed {
         match entry_of_charge.get(charge.id.as_str()) {
             Some(entry) => check_money(&mut found, entry, charge),
@@ -221,9 +159,77 @@ pub fn compare(charges: &[Charge], ledger: &[LedgerEntry]) -> Vec<Discrepancy> {
             )),
         }
     }
+    check_ledger(&mut found, charges, ledger);
+    found
+}
 
+/// A payment's succeeded charges, and the tenant they name.
+type PaymentCharges<'a> = (Option<TenantId>, Vec<&'a Charge>);
+
+/// The succeeded charges by payment (sorted for a stable report), and those naming no payment.
+/// Failed charges are not money: they only explain a `missing_at_provider` ([`check_ledger`]).
+fn succeeded_by_payment(charges: &[Charge]) -> (BTreeMap<PaymentId, PaymentCharges<'_>>, Vec<&Charge>) {
+    let mut by_payment: BTreeMap<PaymentId, PaymentCharges<'_>> = BTreeMap::new();
+    let mut unattributed = Vec::new();
+    for charge in charges.iter().filter(|c| c.status == ChargeStatus::Succeeded) {
+        match payment_of(charge) {
+            Some((tenant, payment)) => {
+                let group = by_payment.entry(payment).or_insert((tenant, Vec::new()));
+                group.0 = group.0.or(tenant);
+                group.1.push(charge);
+            }
+            None => unattributed.push(charge),
+        }
+    }
+    (by_payment, unattributed)
+}
+
+/// One payment's succeeded charges (`group`, never empty) against its ledger entry, if it has one.
+fn check_payment(
+    found: &mut Vec<Discrepancy>,
+    payment_id: PaymentId,
+    tenant_id: Option<TenantId>,
+    group: &[&Charge],
+    entry: Option<&LedgerEntry>,
+) {
+    if group.len() > 1 {
+        let ids: Vec<&str> = group.iter().map(|c| c.id.as_str()).collect();
+        found.push(Discrepancy {
+            class: Class::DuplicateCharge,
+            tenant_id,
+            payment_id: Some(payment_id),
+            provider_charge_id: Some(group[0].id.clone()),
+            ours: entry.map(ours),
+            theirs: Some(Value::Array(group.iter().map(|c| theirs(c)).collect())),
+            detail: format!("{} succeeded charges for one payment: {}", group.len(), ids.join(", ")),
+        });
+    }
+    let Some(entry) = entry else {
+        let detail =
+            format!("the provider charged {} for this payment, and the ledger has no entry for it", group[0].id);
+        found.push(missing_in_ledger(tenant_id, Some(payment_id), group[0], None, detail));
+        return;
+    };
+    for charge in group.iter().filter(|c| c.id == entry.provider_charge_id) {
+        check_money(found, entry, charge);
+    }
+    // A single charge the entry does not book is unbooked money; extra charges of a duplicate are
+    // already reported above.
+    if group.len() == 1 && group[0].id != entry.provider_charge_id {
+        let detail = format!(
+            "the provider charged {} for this payment, but the ledger books charge {}",
+            group[0].id, entry.provider_charge_id
+        );
+        found.push(missing_in_ledger(tenant_id, Some(payment_id), group[0], Some(entry), detail));
+    }
+}
+
+/// The ledger's entries in the window whose charge the provider does not list as succeeded.
+fn check_ledger(found: &mut Vec<Discrepancy>, charges: &[Charge], ledger: &[LedgerEntry]) {
+    let by_id: HashMap<&str, &Charge> = charges.iter().map(|c| (c.id.as_str(), c)).collect();
     for entry in ledger.iter().filter(|e| e.in_window) {
-        let detail = match by_id.get(entry.provider_charge_id.as_str()) {
+        let charge = by_id.get(entry.provider_charge_id.as_str()).copied();
+        let detail = match charge {
             Some(charge) if charge.status == ChargeStatus::Succeeded => continue,
             Some(_) => {
                 format!("the ledger books charge {}, which the provider reports as failed", entry.provider_charge_id)
@@ -239,11 +245,10 @@ pub fn compare(charges: &[Charge], ledger: &[LedgerEntry]) -> Vec<Discrepancy> {
             payment_id: Some(entry.payment_id),
             provider_charge_id: Some(entry.provider_charge_id.clone()),
             ours: Some(ours(entry)),
-            theirs: by_id.get(entry.provider_charge_id.as_str()).map(|c| theirs(c)),
+            theirs: charge.map(theirs),
             detail,
         });
     }
-    found
 }
 
 /// The discrepancy of a charge the provider has not finished.

@@ -6,7 +6,7 @@
 //! reconciler. Either way the fencing token is gone, so the stalled worker can no longer record
 //! anything. This module never calls the provider and never touches a lease that has not expired.
 
-use serde_json::json;
+use serde_json::{Value, json};
 use sqlx::{Connection, PgConnection};
 use time::OffsetDateTime;
 
@@ -77,6 +77,7 @@ pub async fn sweep(
     Ok(counts)
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum TakenBack {
     Released,
     Uncertain,
@@ -94,17 +95,90 @@ async fn take_back(
 ) -> Result<TakenBack, TransitionError> {
     // One short transaction per row, so any number of sweepers and workers can run at once.
     let mut tx = conn.begin().await.map_err(StoreError::from)?;
-    // The expiry is checked again under the lock: the worker may have recorded its result, or another
-    // sweeper taken the row, since the candidates were read. A row locked right now is being recorded
-    // by its worker (or handled by another sweeper), which settles it either way. Only the outbox row
-    // is locked here; its payment is locked later, by the transition, the same order as the worker's
-    // claim and record, so they cannot deadlock.
-    //
-    // `in_key_window` counts from the payment's first send, against the key window minus its margin.
-    let lease = sqlx::query!(
+    let Some(lease) = lock_expired(&mut tx, key_window, tenant_id, payment_id).await? else {
+        return Ok(TakenBack::Skipped);
+    };
+    let status = lease.status;
+    let expired = Expired {
+        actor,
+        tenant_id,
+        payment_id,
+        evidence: json!({
+            "source": actor,
+            "locked_by": lease.locked_by,
+            "locked_until": rfc3339(lease.locked_until),
+            "fencing_token": lease.fencing_token,
+            "attempt": lease.attempts,
+            "first_sent_at": lease.first_sent_at.map(rfc3339),
+            "key_window_secs": key_window.window.as_secs(),
+            "safety_margin_secs": key_window.safety_margin.as_secs(),
+        }),
+        lease,
+    };
+    let taken = match (status, expired.lease.in_key_window) {
+        (PaymentStatus::Processing, true) => resend(&mut tx, &expired).await?,
+        (PaymentStatus::Processing, false) => hand_over(&mut tx, &expired).await?,
+        (_, _) => drop_obsolete(&mut tx, &expired).await?,
+    };
+    if taken == TakenBack::Skipped {
+        tx.rollback().await.map_err(StoreError::from)?;
+        return Ok(TakenBack::Skipped);
+    }
+    tx.commit().await.map_err(StoreError::from)?;
+    if taken == TakenBack::Released || status == PaymentStatus::Pending {
+        wake_workers(conn, tenant_id).await;
+    }
+    if taken == TakenBack::Obsolete {
+        tracing::info!(payment.status = status.as_str(), "dropped the expired lease of a payment that moved on");
+    } else {
+        let resend = taken == TakenBack::Released;
+        tracing::info!(worker.id = %expired.lease.locked_by, resend, "took back an expired lease");
+    }
+    Ok(taken)
+}
+
+/// An expired lease, locked, and what its payment is.
+struct ExpiredLease {
+    locked_by: String,
+    locked_until: OffsetDateTime,
+    fencing_token: i64,
+    attempts: i32,
+    traceparent: Option<String>,
+    tracestate: Option<String>,
+    status: PaymentStatus,
+    first_sent_at: Option<OffsetDateTime>,
+    in_key_window: bool,
+}
+
+/// One lease being taken back, with the evidence its audit row and queue row carry.
+struct Expired<'a> {
+    actor: &'a str,
+    tenant_id: TenantId,
+    payment_id: PaymentId,
+    lease: ExpiredLease,
+    evidence: Value,
+}
+
+/// Locks the outbox row if its lease is still expired; `None` if it is not, or is locked right now.
+///
+/// The expiry is checked again under the lock: the worker may have recorded its result, or another
+/// sweeper taken the row, since the candidates were read. A row locked right now is being recorded by
+/// its worker (or handled by another sweeper), which settles it either way. Only the outbox row is
+/// locked here; its payment is locked later, by the transition, the same order as the worker's claim
+/// and record, so they cannot deadlock.
+///
+/// `in_key_window` counts from the payment's first send, against the key window minus its margin.
+async fn lock_expired(
+    conn: &mut PgConnection,
+    key_window: KeyWindow,
+    tenant_id: TenantId,
+    payment_id: PaymentId,
+) -> Result<Option<ExpiredLease>, StoreError> {
+    let lease = sqlx::query_as!(
+        ExpiredLease,
         r#"
         SELECT o.locked_by AS "locked_by!", o.locked_until AS "locked_until!",
-               o.fencing_token AS "fencing_token!", o.attempts, o.lease_expirations, o.traceparent, o.tracestate,
+               o.fencing_token AS "fencing_token!", o.attempts, o.traceparent, o.tracestate,
                p.status AS "status: PaymentStatus", p.first_sent_at,
                -- Never sent: no window has started, a resend is a first send.
                COALESCE(now() - p.first_sent_at < make_interval(secs => $3), true) AS "in_key_window!"
@@ -116,97 +190,68 @@ async fn take_back(
         payment_id.as_uuid(),
         key_window.resend_horizon().as_secs_f64(),
     )
-    .fetch_optional(&mut *tx)
-    .await
-    .map_err(StoreError::from)?;
-    let Some(lease) = lease else {
+    .fetch_optional(conn)
+    .await?;
+    Ok(lease)
+}
+
+/// Inside the key window: the next claim resends with the same key, and the provider returns the
+/// first result instead of charging again. The transition marks the payment `may_be_charged` for
+/// good, so no later send goes out past the key window.
+async fn resend(tx: &mut PgConnection, expired: &Expired<'_>) -> Result<TakenBack, TransitionError> {
+    release(tx, expired.tenant_id, expired.payment_id).await?;
+    let reason = "the worker's lease expired inside the provider's key window; resending with the same key";
+    let moved = expire(tx, expired, Transition::LeaseExpiredResend, reason).await?;
+    Ok(if moved { TakenBack::Released } else { TakenBack::Skipped })
+}
+
+/// Past the key window a resend could charge twice: the payment becomes `unknown` and is queued for
+/// the reconciler, with its trace from the outbox row, so the reconciler's resolution joins it.
+async fn hand_over(tx: &mut PgConnection, expired: &Expired<'_>) -> Result<TakenBack, TransitionError> {
+    delete(tx, expired.tenant_id, expired.payment_id).await?;
+    let reason = "the worker's lease expired past the provider's key window; a resend could charge twice";
+    if !expire(tx, expired, Transition::LeaseExpiredUncertain, reason).await? {
         return Ok(TakenBack::Skipped);
-    };
-
-    let evidence = json!({
-        "source": actor,
-        "locked_by": lease.locked_by,
-        "locked_until": rfc3339(lease.locked_until),
-        "fencing_token": lease.fencing_token,
-        "attempt": lease.attempts,
-        "first_sent_at": lease.first_sent_at.map(rfc3339),
-        "key_window_secs": key_window.window.as_secs(),
-        "safety_margin_secs": key_window.safety_margin.as_secs(),
-    });
-
-    if lease.status != PaymentStatus::Processing {
-        // The payment moved on while its worker was gone (only a webhook or a poll can do that to a
-        // `processing` payment). The lease protects nothing any more; a pending payment still needs
-        // its row, anything else must not have one.
-        let pending = lease.status == PaymentStatus::Pending;
-        if pending {
-            release(&mut tx, tenant_id, payment_id).await?;
-        } else {
-            delete(&mut tx, tenant_id, payment_id).await?;
-        }
-        tx.commit().await.map_err(StoreError::from)?;
-        if pending {
-            wake_workers(conn, tenant_id).await;
-        }
-        tracing::info!(payment.status = lease.status.as_str(), "dropped the expired lease of a payment that moved on");
-        return Ok(TakenBack::Obsolete);
     }
+    let lease = &expired.lease;
+    let trace =
+        lease.traceparent.clone().map(|traceparent| TraceContext { traceparent, tracestate: lease.tracestate.clone() });
+    let (tenant_id, payment_id) = (expired.tenant_id, expired.payment_id);
+    let reason = "lease_expired_past_key_window";
+    unknown_queue::enqueue(tx, tenant_id, payment_id, reason, expired.evidence.clone(), trace.as_ref(), None).await?;
+    Ok(TakenBack::Uncertain)
+}
 
-    let (transition, reason) = if lease.in_key_window {
-        // The next claim resends with the same key, and the provider returns the first result instead
-        // of charging again. The transition marks the payment `may_be_charged` for good, so no later
-        // send goes out past the key window.
-        release(&mut tx, tenant_id, payment_id).await?;
-        (
-            Transition::LeaseExpiredResend,
-            "the worker's lease expired inside the provider's key window; resending with the same key",
-        )
+/// The payment moved on while its worker was gone (only a webhook or a poll can do that to a
+/// `processing` payment). The lease protects nothing any more; a pending payment still needs its row,
+/// anything else must not have one.
+async fn drop_obsolete(tx: &mut PgConnection, expired: &Expired<'_>) -> Result<TakenBack, TransitionError> {
+    if expired.lease.status == PaymentStatus::Pending {
+        release(tx, expired.tenant_id, expired.payment_id).await?;
     } else {
-        // A resend could charge twice: the payment becomes `unknown` and is queued for the reconciler
-        // below, in this transaction.
-        delete(&mut tx, tenant_id, payment_id).await?;
-        (
-            Transition::LeaseExpiredUncertain,
-            "the worker's lease expired past the provider's key window; a resend could charge twice",
-        )
-    };
+        delete(tx, expired.tenant_id, expired.payment_id).await?;
+    }
+    Ok(TakenBack::Obsolete)
+}
+
+/// Moves the `processing` payment by `transition`, with the lease as evidence; false if it moved
+/// between the read and the update, which leaves it to the next sweep, which will see where it went.
+async fn expire(
+    tx: &mut PgConnection,
+    expired: &Expired<'_>,
+    transition: Transition,
+    reason: &str,
+) -> Result<bool, TransitionError> {
     let change = Change {
-        tenant_id,
-        payment_id,
+        tenant_id: expired.tenant_id,
+        payment_id: expired.payment_id,
         from: PaymentStatus::Processing,
         transition,
-        actor,
+        actor: expired.actor,
         reason,
-        detail: Some(evidence.clone()),
+        detail: Some(expired.evidence.clone()),
     };
-    match transitions::apply(&mut tx, &change).await? {
-        Recorded::Moved(_) => {}
-        // Moved between the read above and the update: leave it to the next sweep, which will see
-        // where it went.
-        Recorded::LostRace => {
-            tx.rollback().await.map_err(StoreError::from)?;
-            return Ok(TakenBack::Skipped);
-        }
-    }
-    let taken = if lease.in_key_window {
-        TakenBack::Released
-    } else {
-        // The payment's trace, from its outbox row (just deleted): the reconciler's resolution joins it.
-        let trace = lease.traceparent.map(|traceparent| TraceContext { traceparent, tracestate: lease.tracestate });
-        let reason = "lease_expired_past_key_window";
-        unknown_queue::enqueue(&mut tx, tenant_id, payment_id, reason, evidence, trace.as_ref(), None).await?;
-        TakenBack::Uncertain
-    };
-    tx.commit().await.map_err(StoreError::from)?;
-    if lease.in_key_window {
-        wake_workers(conn, tenant_id).await;
-    }
-    tracing::info!(
-        worker.id = %lease.locked_by,
-        resend = lease.in_key_window,
-        "took back an expired lease"
-    );
-    Ok(taken)
+    Ok(matches!(transitions::apply(tx, &change).await?, Recorded::Moved(_)))
 }
 
 /// Frees the row for the next claim, due now, and counts the takeover in `lease_expirations`. The
