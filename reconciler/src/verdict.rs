@@ -146,18 +146,12 @@ pub fn judge(stored: &Stored, charge: &Charge) -> Verdict {
 
 #[cfg(test)]
 mod tests {
-    use oncepay_domain::ids::PaymentId;
     use oncepay_provider::fixtures;
 
     use super::*;
 
     fn asked() -> Asked {
-        Asked {
-            payment_id: PaymentId::generate(),
-            account: None,
-            amount: Amount::new(100).unwrap(),
-            currency: Currency::parse("EUR").unwrap(),
-        }
+        oncepay_store::fixtures::asked(100)
     }
 
     fn charge(asked: &Asked, id: &str, status: ChargeStatus, amount: i64) -> Charge {

@@ -16,8 +16,8 @@ use time::{Date, OffsetDateTime};
 use uuid::Uuid;
 
 use crate::cli::CliError;
-use crate::recon::compare::Class;
-use crate::recon::runs::{self, Run, StoredDiscrepancy, Trigger};
+use crate::recon::compare::{Class, Discrepancy};
+use crate::recon::runs::{self, Run, Trigger};
 use crate::recon::{Reconciled, Reconciliation, Window};
 use crate::render::{self, Report, Table};
 
@@ -142,7 +142,7 @@ pub struct RunDetail {
     /// The run.
     pub run: Run,
     /// Its discrepancies, by class.
-    pub discrepancies: Vec<StoredDiscrepancy>,
+    pub discrepancies: Vec<Discrepancy>,
 }
 
 impl Report for RunDetail {

@@ -84,8 +84,8 @@ pub struct LedgerEntry {
     pub in_window: bool,
 }
 
-/// One discrepancy.
-#[derive(Debug, Clone, PartialEq)]
+/// One discrepancy, as found and as stored in `recon_discrepancies`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Discrepancy {
     /// Which class.
     pub class: Class,

@@ -11,13 +11,12 @@ use anyhow::Context;
 use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_provider::UnfinishedCharge;
 use serde::Serialize;
-use serde_json::Value;
 use sqlx::{Acquire, PgConnection};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::recon::Window;
-use crate::recon::compare::{Class, Discrepancy};
+use crate::recon::compare::Discrepancy;
 
 /// Who started a run: the `recon_run_trigger` column type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, sqlx::Type)]
@@ -314,27 +313,8 @@ pub async fn find(conn: &mut PgConnection, run_id: Uuid) -> anyhow::Result<Optio
     .context("cannot read the run")
 }
 
-/// A discrepancy, as stored.
-#[derive(Debug, Clone, Serialize)]
-pub struct StoredDiscrepancy {
-    /// Its class.
-    pub class: Class,
-    /// The payment's owner, when known.
-    pub tenant_id: Option<TenantId>,
-    /// The payment, when known.
-    pub payment_id: Option<PaymentId>,
-    /// The charge.
-    pub provider_charge_id: Option<String>,
-    /// What our ledger says.
-    pub ours: Option<Value>,
-    /// What the provider says.
-    pub theirs: Option<Value>,
-    /// In words.
-    pub detail: String,
-}
-
 /// A run's discrepancies, by class then in the order found.
-pub async fn discrepancies(conn: &mut PgConnection, run_id: Uuid) -> anyhow::Result<Vec<StoredDiscrepancy>> {
+pub async fn discrepancies(conn: &mut PgConnection, run_id: Uuid) -> anyhow::Result<Vec<Discrepancy>> {
     let rows = sqlx::query!(
         r#"
         SELECT discrepancy_id, class, tenant_id AS "tenant_id: TenantId", payment_id AS "payment_id: PaymentId",
@@ -349,7 +329,7 @@ pub async fn discrepancies(conn: &mut PgConnection, run_id: Uuid) -> anyhow::Res
     .context("cannot read the run's discrepancies")?;
     rows.into_iter()
         .map(|r| {
-            Ok(StoredDiscrepancy {
+            Ok(Discrepancy {
                 class: r.class.parse().with_context(|| format!("cannot read discrepancy {}", r.discrepancy_id))?,
                 tenant_id: r.tenant_id,
                 payment_id: r.payment_id,

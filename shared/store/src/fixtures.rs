@@ -14,13 +14,15 @@ use sqlx::PgPool;
 
 use oncepay_domain::fingerprint::Fingerprint;
 use oncepay_domain::idempotency_key::IdempotencyKey;
-use oncepay_domain::ids::TenantId;
+use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::payment_request::PaymentRequest;
 use oncepay_provider::http::HttpProvider;
 use oncepay_provider::{ProviderKind, ProviderSettings};
 use oncepay_service::telemetry::TraceContext;
 
 use crate::intake::{self, Created, NewPayment};
+use crate::settlement::Asked;
 use crate::tenants::{self, TenantName};
 
 /// How long the api keeps a key by default: a day.
@@ -31,6 +33,16 @@ pub async fn tenant(pool: &PgPool, name: &str) -> TenantId {
     let name = TenantName::parse(name).expect("a valid tenant name");
     let mut conn = pool.acquire().await.expect("a connection");
     tenants::create(&mut conn, &name, None, None).await.expect("the tenant is created").tenant_id
+}
+
+/// What a new payment of `amount` EUR cents, charged on oncepay's own account, asked for.
+pub fn asked(amount: i64) -> Asked {
+    Asked {
+        payment_id: PaymentId::generate(),
+        account: None,
+        amount: Amount::new(amount).expect("a valid amount"),
+        currency: Currency::parse("EUR").expect("a valid currency"),
+    }
 }
 
 /// A `POST /v1/payments` body for `amount` EUR cents.

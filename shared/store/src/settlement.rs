@@ -133,12 +133,7 @@ mod tests {
     use super::*;
 
     fn asked() -> Asked {
-        Asked {
-            payment_id: PaymentId::generate(),
-            account: None,
-            amount: Amount::new(1999).unwrap(),
-            currency: Currency::parse("EUR").unwrap(),
-        }
+        crate::fixtures::asked(1999)
     }
 
     fn charge(asked: &Asked, status: ChargeStatus) -> Charge {
