@@ -215,8 +215,13 @@ async fn prepare(packages: &[String]) -> anyhow::Result<ExitCode> {
     // run never leaves the committed data half-written.
     let scratch = tempfile_dir(&root)?;
     // The query macros only run when their crate is recompiled; touching each crate's root forces it.
-    for entry in std::fs::read_dir(&root)? {
-        let dir = entry?.path();
+    // The crates are the top-level directories and the library crates under `shared/`.
+    let top: Vec<PathBuf> =
+        std::fs::read_dir(&root)?.map(|entry| entry.map(|entry| entry.path())).collect::<Result<_, _>>()?;
+    let shared: Vec<PathBuf> = std::fs::read_dir(root.join("shared"))?
+        .map(|entry| entry.map(|entry| entry.path()))
+        .collect::<Result<_, _>>()?;
+    for dir in top.into_iter().chain(shared) {
         for root_file in ["src/lib.rs", "src/main.rs"] {
             let path = dir.join(root_file);
             if path.is_file() {

@@ -1,18 +1,14 @@
 //! A payment sent again after an uncertain send remembers that it may already have been charged:
 //! it is never resent past the provider's key window, and never failed as "no charge was made".
 
-// Helpers outside `#[test]` functions unwrap too: a failure there is a failed test.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod support;
-
 use std::time::Duration;
 
 use oncepay_domain::status::PaymentStatus;
 use sqlx::PgPool;
-use support::{Accepted, accept, config, drainer, tenant};
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::support::{self, Accepted, accept, config, drainer, tenant};
 
 /// A payment whose first send ended in a 500 (so it may have charged), then re-queued by the
 /// reconciler because the provider's lookup found no charge.

@@ -2,11 +2,6 @@
 //! ways, resends only when the provider provably has nothing inside the key window, and
 //! dead-letters what a failing provider never answers.
 
-// Helpers outside `#[test]` functions fail loudly too: clippy's test exemption does not reach them.
-#![allow(clippy::unwrap_used)]
-
-mod support;
-
 use std::time::Duration;
 
 use oncepay_domain::ids::{PaymentId, TenantId};
@@ -20,9 +15,10 @@ use oncepay_service::backoff::Backoff;
 use oncepay_store::fixtures::{self, tenant};
 use serde_json::{Value, json};
 use sqlx::PgPool;
-use support::{charge, count_for, status, unknown_payment};
 use wiremock::matchers::{method, path, query_param};
 use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::support::{self, charge, count_for, status, unknown_payment};
 
 const DAY: i64 = 86_400;
 

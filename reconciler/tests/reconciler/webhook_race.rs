@@ -2,13 +2,9 @@
 //! transaction and then judges the charge against everything that transaction committed (status and
 //! ledger entry), so it agrees with the settled payment instead of reporting a false conflict.
 
-// Helpers outside `#[test]` functions fail loudly too: clippy's test exemption does not reach them.
-#![allow(clippy::unwrap_used)]
-
-mod support;
-
 use std::time::Duration;
 
+use oncepay_devkit::wait::wait_until;
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::status::PaymentStatus;
 use oncepay_provider::ChargeStatus;
@@ -18,26 +14,23 @@ use oncepay_store::fixtures::{count, tenant};
 use oncepay_store::settlement::{self, Asked};
 use oncepay_store::transitions::{self, Recorded};
 use sqlx::PgPool;
-use support::{accept, change, charge, claim};
+
+use crate::support::{accept, change, charge, claim};
 
 /// Waits until some session of this database waits for a row lock.
 async fn someone_waits_for_a_lock(pool: &PgPool) {
-    let waiting = async {
-        loop {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity
-                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
-            )
-            .fetch_one(pool)
-            .await
-            .unwrap();
-            if waiting > 0 {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), waiting).await.unwrap();
+    wait_until("a session waiting for a row lock", Duration::from_secs(10), || async {
+        let waiting = sqlx::query_scalar!(
+            r#"SELECT count(*) AS "waiting!" FROM pg_stat_activity
+                WHERE datname = current_database() AND wait_event_type = 'Lock'"#
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        (waiting > 0).then_some(())
+    })
+    .await
+    .unwrap();
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]

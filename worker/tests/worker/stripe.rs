@@ -1,11 +1,6 @@
 //! A worker configured for Stripe (`provider.kind = "stripe"`) charges through Stripe's PaymentIntents
 //! API, against a real PostgreSQL and a `wiremock` Stripe.
 
-// Helpers outside `#[test]` functions unwrap too: a failure there is a failed test.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod support;
-
 use std::collections::BTreeMap;
 
 use oncepay_domain::status::PaymentStatus;
@@ -13,9 +8,10 @@ use oncepay_provider::{ConfiguredProvider, ProviderSettings};
 use oncepay_worker::{Counts, Drainer};
 use serde_json::{Value, json};
 use sqlx::PgPool;
-use support::{Accepted, accept, config, tenant};
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::support::{self, Accepted, accept, config, tenant};
 
 /// The `[provider]` section a merchant would write for Stripe, read as the config loader reads it.
 fn stripe_settings(base_url: &str) -> ProviderSettings {

@@ -1,11 +1,6 @@
 //! The reaper against a real PostgreSQL: expired keys of terminal payments go, in batches; keys of
 //! payments still in flight stay however old they are; old webhook ids go, recent ones stay.
 
-// Helpers outside `#[test]` functions fail loudly too: clippy's test exemption does not reach them.
-#![allow(clippy::unwrap_used)]
-
-mod support;
-
 use std::time::Duration;
 
 use oncepay_domain::ids::{PaymentId, TenantId};
@@ -17,8 +12,9 @@ use oncepay_store::fixtures::{count, tenant};
 use oncepay_store::transitions::{self, Settlement};
 use serde_json::json;
 use sqlx::PgPool;
-use support::{accept, change, claim, count_for, unknown_payment};
 use time::OffsetDateTime;
+
+use crate::support::{accept, change, claim, count_for, unknown_payment};
 
 fn reaper(pool: &PgPool, batch_size: u32) -> Reaper {
     let config = ReaperConfig {

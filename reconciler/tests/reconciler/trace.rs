@@ -1,12 +1,6 @@
 //! Trace continuity in the reconciler: an `unknown` payment's queue row keeps the trace it was given,
 //! the sweeper hands on the outbox row's trace when it makes a payment `unknown`, and the poller's
-//! lookup and the resend it decides continue that trace. In a binary of its own, since it installs
-//! the process-wide tracing subscriber.
-
-// Helpers outside `#[test]` functions fail loudly too: clippy's test exemption does not reach them.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod support;
+//! lookup and the resend it decides continue that trace.
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -23,9 +17,10 @@ use oncepay_store::fixtures::{self, tenant};
 use oncepay_store::{transitions, unknown_queue};
 use serde_json::json;
 use sqlx::PgPool;
-use support::{accept, change, claim, status};
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::support::{accept, change, claim, status};
 
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const WORKER_SPAN: &str = "00f067aa0ba902b7";

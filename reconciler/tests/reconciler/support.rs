@@ -1,8 +1,6 @@
 //! What the reconciler's tests share on top of `oncepay_store::fixtures`: payments accepted as the
 //! api accepts them, moved with the shared transition functions, and tables read back.
 
-#![allow(dead_code)] // Each test binary uses its own subset.
-
 use std::time::Duration;
 
 use oncepay_domain::ids::{PaymentId, TenantId};

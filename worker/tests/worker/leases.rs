@@ -3,11 +3,6 @@
 //! again, past it the payment becomes `unknown` and is queued, and unexpired or busy leases are left
 //! alone.
 
-// Helpers outside `#[test]` functions unwrap too: a failure there is a failed test.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod support;
-
 use std::time::Duration;
 
 use oncepay_domain::status::PaymentStatus;
@@ -15,7 +10,8 @@ use oncepay_provider::KeyWindow;
 use oncepay_store::leases::{self, SweepCounts};
 use oncepay_store::transitions::Settlement;
 use sqlx::PgPool;
-use support::{Accepted, accept, config, drainer, tenant};
+
+use crate::support::{self, Accepted, accept, config, drainer, tenant};
 
 const KEY_WINDOW: KeyWindow =
     KeyWindow { window: Duration::from_secs(86_400), safety_margin: Duration::from_secs(3_600) };

@@ -5,11 +5,6 @@
 //! Which sends share a transaction is read back from the database: every row a transaction writes
 //! carries its id in `xmin`.
 
-// Helpers outside `#[test]` functions unwrap too: a failure there is a failed test.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod support;
-
 use std::collections::HashSet;
 use std::time::Duration;
 
@@ -27,9 +22,10 @@ use oncepay_worker::record::{RecordError, Recorded};
 use oncepay_worker::verdict::Verdict;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use support::{Accepted, Charges, accept, config, drainer, tenant};
 use time::OffsetDateTime;
 use wiremock::MockServer;
+
+use crate::support::{self, Accepted, Charges, accept, config, drainer, tenant};
 
 /// `count` payments accepted, claimed by one worker and charged by the provider, not yet recorded.
 async fn charged(
@@ -82,11 +78,13 @@ async fn send_and_record_together(
 async fn writers(pool: &PgPool, sends: &[(Accepted, Claimed)]) -> Vec<String> {
     let mut writers = Vec::new();
     for (accepted, _) in sends {
-        let xmin: String = sqlx::query_scalar("SELECT xmin::text FROM payments WHERE payment_id = $1")
-            .bind(accepted.payment_id.as_uuid())
-            .fetch_one(pool)
-            .await
-            .unwrap();
+        let xmin = sqlx::query_scalar!(
+            r#"SELECT xmin::text AS "xmin!" FROM payments WHERE payment_id = $1"#,
+            accepted.payment_id.as_uuid()
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
         writers.push(xmin);
     }
     writers

@@ -2,11 +2,6 @@
 //! released for a resend with the same key; past the window the payment becomes `unknown` and is
 //! queued for the poller; a live lease is left alone.
 
-// Helpers outside `#[test]` functions fail loudly too: clippy's test exemption does not reach them.
-#![allow(clippy::unwrap_used)]
-
-mod support;
-
 use std::time::Duration;
 
 use oncepay_domain::ids::{PaymentId, TenantId};
@@ -17,7 +12,8 @@ use oncepay_store::fixtures::tenant;
 use oncepay_store::leases::SweepCounts;
 use oncepay_store::transitions;
 use sqlx::PgPool;
-use support::{accept, change, count_for, status};
+
+use crate::support::{accept, change, count_for, status};
 
 /// A payment claimed by `worker-1`, first sent `sent_secs_ago`, whose lease ends `lease_left_secs`
 /// from now (negative: expired).

@@ -3,11 +3,6 @@
 //! existed. Against the real simulator, a method it declines ends the payment `failed` with the
 //! decline code.
 
-// Helpers outside `#[test]` functions unwrap too: a failure there is a failed test.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod support;
-
 use oncepay_domain::status::PaymentStatus;
 use oncepay_provider::ChargeStatus;
 use oncepay_provider::ProviderSettings;
@@ -19,10 +14,11 @@ use oncepay_worker::{Counts, Drainer};
 use secrecy::ExposeSecret;
 use serde_json::Value;
 use sqlx::PgPool;
-use support::{Charges, accept, accept_paying_with, config, drainer, tenant};
 use tokio_util::sync::CancellationToken;
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::support::{self, Charges, accept, accept_paying_with, config, drainer, tenant};
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn the_provider_is_asked_to_charge_the_payments_method_and_nothing_when_it_names_none(pool: PgPool) {

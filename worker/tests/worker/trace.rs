@@ -1,17 +1,12 @@
 //! Trace continuity: the provider call of a payment carries the trace of the request that created
-//! it, read back from its outbox row. In a binary of its own, since it installs the process-wide
-//! tracing subscriber.
-
-// Helpers outside `#[test]` functions unwrap too: a failure there is a failed test.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod support;
+//! it, read back from its outbox row.
 
 use oncepay_service::config::{LogFormat, TelemetrySettings};
 use oncepay_service::telemetry::{self, TraceContext};
 use sqlx::PgPool;
-use support::{Charges, accept_traced, config, drainer, tenant};
 use wiremock::MockServer;
+
+use crate::support::{self, Charges, accept_traced, config, drainer, tenant};
 
 const TRACE_ID: &str = "0af7651916cd43dd8448eb211c80319c";
 

@@ -6,17 +6,13 @@
 //! Needs the simulator binary built (`cargo build -p oncepay-simulator`; the test command builds
 //! every binary first). The simulator's ledger (`GET /_sim/charges`) is the ground truth.
 
-// Helpers outside `#[test]` functions unwrap too: a failure there is a failed test.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod support;
-
 use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use oncepay_devkit::pg::free_port;
 use oncepay_devkit::process::{Child, Spec};
+use oncepay_devkit::wait::wait_until;
 use oncepay_devkit::workspace;
 use oncepay_domain::status::PaymentStatus;
 use oncepay_provider::Charge;
@@ -26,7 +22,8 @@ use oncepay_simulator::faults::FaultsPatch;
 use oncepay_store::fixtures;
 use oncepay_store::leases::{self, SweepCounts};
 use sqlx::PgPool;
-use support::{Accepted, accept, tenant};
+
+use crate::support::{self, Accepted, accept, tenant};
 
 /// The simulator's only accepted credential (its default).
 const SIMULATOR_API_KEY: &str = "sk_test_oncepay_simulator";
@@ -51,7 +48,7 @@ struct Processes {
 }
 
 impl Processes {
-    /// Starts the simulator with `faults` (`ONCEPAY_FAULTS__*` values) against this test's database.
+    /// Starts the simulator with `faults` (`faults.*` settings) against this test's database.
     async fn start(pool: &PgPool, faults: &[(&str, &str)]) -> Self {
         let logs = tempfile::Builder::new().prefix("oncepay-worker-process-").tempdir().unwrap();
         let port = free_port().unwrap();
@@ -61,10 +58,10 @@ impl Processes {
             .arg("-u")
             .arg("DATABASE_URL")
             .arg(simulator_binary().to_string_lossy())
-            .env("ONCEPAY_HTTP__PORT", port.to_string())
-            .env("ONCEPAY_TELEMETRY__LOG_FORMAT", "text");
+            .port(port)
+            .setting("telemetry.log_format", "text");
         for (key, value) in faults {
-            spec = spec.env(format!("ONCEPAY_FAULTS__{}", key.to_uppercase()), *value);
+            spec = spec.setting(&format!("faults.{key}"), *value);
         }
         let mut simulator = Child::spawn(spec).await.unwrap();
         let simulator_url = format!("http://127.0.0.1:{port}");
@@ -74,7 +71,7 @@ impl Processes {
             _simulator: simulator,
             simulator_client: SimulatorClient::new(&simulator_url),
             simulator_url,
-            database_url: database_url(pool).await,
+            database_url: support::database_url(pool).await,
         }
     }
 
@@ -83,14 +80,14 @@ impl Processes {
         let port = free_port().unwrap();
         let spec = Spec::new(id, env!("CARGO_BIN_EXE_oncepay-worker"), self.logs.path())
             .env("DATABASE_URL", &self.database_url)
-            .env("ONCEPAY_HTTP__PORT", port.to_string())
-            .env("ONCEPAY_TELEMETRY__LOG_FORMAT", "text")
-            .env("ONCEPAY_PROVIDER__BASE_URL", &self.simulator_url)
-            .env("ONCEPAY_PROVIDER__API_KEY", SIMULATOR_API_KEY)
-            .env("ONCEPAY_PROVIDER__REQUEST_TIMEOUT_MS", REQUEST_TIMEOUT_MS.to_string())
-            .env("ONCEPAY_WORKER__ID", id)
-            .env("ONCEPAY_WORKER__LEASE_SECS", LEASE_SECS.to_string())
-            .env("ONCEPAY_WORKER__POLL_INTERVAL_MS", "100");
+            .port(port)
+            .setting("telemetry.log_format", "text")
+            .setting("provider.base_url", &self.simulator_url)
+            .setting("provider.api_key", SIMULATOR_API_KEY)
+            .setting("provider.request_timeout_ms", REQUEST_TIMEOUT_MS.to_string())
+            .setting("worker.id", id)
+            .setting("worker.lease_secs", LEASE_SECS.to_string())
+            .setting("worker.poll_interval_ms", "100");
         let mut worker = Child::spawn(spec).await.unwrap();
         worker.wait_until_ready(&format!("http://127.0.0.1:{port}/readyz"), Duration::from_secs(30)).await.unwrap();
         worker
@@ -110,12 +107,13 @@ impl Processes {
         timeout: Duration,
         mut condition: impl FnMut() -> F,
     ) {
-        let deadline = tokio::time::Instant::now() + timeout;
-        while !condition().await {
-            if tokio::time::Instant::now() >= deadline {
-                panic!("{what}: not after {timeout:?}\n{}", self.logs_so_far().await);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        if let Err(timed_out) = wait_until(what, timeout, || {
+            let done = condition();
+            async move { done.await.then_some(()) }
+        })
+        .await
+        {
+            panic!("{timed_out}\n{}", self.logs_so_far().await);
         }
     }
 
@@ -132,14 +130,6 @@ impl Processes {
 
 fn simulator_binary() -> PathBuf {
     workspace::binary("oncepay-simulator").expect("build the simulator first: cargo build -p oncepay-simulator")
-}
-
-/// The URL of this test's database, for the child processes.
-async fn database_url(pool: &PgPool) -> String {
-    let database: String = sqlx::query_scalar("SELECT current_database()").fetch_one(pool).await.unwrap();
-    let server_url = std::env::var("DATABASE_URL").unwrap();
-    let (server, _) = server_url.rsplit_once('/').unwrap();
-    format!("{server}/{database}")
 }
 
 /// A worker that has sent `accepted` and is waiting for the provider's held answer, killed with
@@ -162,15 +152,15 @@ async fn kill_a_worker_after_the_provider_charged(processes: &Processes, pool: &
 
 /// Sweeps until the dead worker's lease has expired and been taken back.
 async fn sweep_once_expired(processes: &Processes, pool: &PgPool) -> SweepCounts {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(LEASE_SECS * 4);
-    let mut conn = pool.acquire().await.unwrap();
-    loop {
+    let swept = wait_until("the lease expired and taken back", Duration::from_secs(LEASE_SECS * 4), || async {
+        let mut conn = pool.acquire().await.unwrap();
         let swept = leases::sweep(&mut conn, "sweeper", KEY_WINDOW, 10).await.unwrap();
-        if swept.changed() > 0 {
-            return swept;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "the lease never expired\n{}", processes.logs_so_far().await);
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        (swept.changed() > 0).then_some(swept)
+    })
+    .await;
+    match swept {
+        Ok(swept) => swept,
+        Err(timed_out) => panic!("{timed_out}\n{}", processes.logs_so_far().await),
     }
 }
 

@@ -2,9 +2,6 @@
 //! drainer pointed at a wiremock provider, a provider that charges like the real one and counts
 //! requests per downstream key, and readers for the rows the tests assert on.
 
-// Helpers outside `#[test]` functions: a failed unwrap is a failed test here too.
-#![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
-
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -192,7 +189,7 @@ pub async fn settle_by_webhook(pool: &PgPool, accepted: Accepted, settlement: &S
 }
 
 /// An outbox row as the tests look at it.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct OutboxRow {
     pub available_at: OffsetDateTime,
     pub locked_by: Option<String>,
@@ -203,12 +200,13 @@ pub struct OutboxRow {
 }
 
 pub async fn outbox_row(pool: &PgPool, accepted: Accepted) -> Option<OutboxRow> {
-    sqlx::query_as(
+    sqlx::query_as!(
+        OutboxRow,
         "SELECT available_at, locked_by, locked_until, fencing_token, attempts, lease_expirations
          FROM outbox WHERE tenant_id = $1 AND payment_id = $2",
+        accepted.tenant_id.as_uuid(),
+        accepted.payment_id.as_uuid(),
     )
-    .bind(accepted.tenant_id.as_uuid())
-    .bind(accepted.payment_id.as_uuid())
     .fetch_optional(pool)
     .await
     .unwrap()
@@ -216,62 +214,78 @@ pub async fn outbox_row(pool: &PgPool, accepted: Accepted) -> Option<OutboxRow> 
 
 /// The payment's audit trail: (from, to, actor, reason), oldest first.
 pub async fn events(pool: &PgPool, accepted: Accepted) -> Vec<(Option<PaymentStatus>, PaymentStatus, String, String)> {
-    sqlx::query_as(
-        "SELECT from_status, to_status, actor, reason FROM payment_events
-         WHERE tenant_id = $1 AND payment_id = $2 ORDER BY seq",
+    let rows = sqlx::query!(
+        r#"SELECT from_status AS "from_status: PaymentStatus", to_status AS "to_status: PaymentStatus", actor, reason
+           FROM payment_events WHERE tenant_id = $1 AND payment_id = $2 ORDER BY seq"#,
+        accepted.tenant_id.as_uuid(),
+        accepted.payment_id.as_uuid(),
     )
-    .bind(accepted.tenant_id.as_uuid())
-    .bind(accepted.payment_id.as_uuid())
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    rows.into_iter().map(|row| (row.from_status, row.to_status, row.actor, row.reason)).collect()
+}
+
+/// The reconciler's queue entry: (reason, evidence).
+pub async fn unknown_entry(pool: &PgPool, accepted: Accepted) -> Option<(String, serde_json::Value)> {
+    let row = sqlx::query!(
+        "SELECT reason, evidence FROM unknown_payments WHERE tenant_id = $1 AND payment_id = $2",
+        accepted.tenant_id.as_uuid(),
+        accepted.payment_id.as_uuid(),
+    )
+    .fetch_optional(pool)
+    .await
+    .unwrap();
+    row.map(|row| (row.reason, row.evidence))
+}
+
+/// The ledger entry: (charge id, amount, currency).
+pub async fn ledger_entry(pool: &PgPool, accepted: Accepted) -> Option<(String, i64, String)> {
+    let row = sqlx::query!(
+        "SELECT provider_charge_id, amount, currency FROM ledger_entries WHERE tenant_id = $1 AND payment_id = $2",
+        accepted.tenant_id.as_uuid(),
+        accepted.payment_id.as_uuid(),
+    )
+    .fetch_optional(pool)
+    .await
+    .unwrap();
+    row.map(|row| (row.provider_charge_id, row.amount, row.currency))
+}
+
+/// The response stored on the payment's idempotency key: (status, body).
+pub async fn stored_response(pool: &PgPool, accepted: Accepted) -> Option<(i16, serde_json::Value)> {
+    let row = sqlx::query!(
+        r#"SELECT response_status AS "response_status!", response_body AS "response_body!: serde_json::Value"
+           FROM idempotency_keys WHERE tenant_id = $1 AND payment_id = $2 AND response_status IS NOT NULL"#,
+        accepted.tenant_id.as_uuid(),
+        accepted.payment_id.as_uuid(),
+    )
+    .fetch_optional(pool)
+    .await
+    .unwrap();
+    row.map(|row| (row.response_status, row.response_body))
+}
+
+/// Who holds the leased outbox rows.
+pub async fn lease_holders(pool: &PgPool) -> Vec<String> {
+    sqlx::query_scalar!(
+        r#"SELECT locked_by AS "locked_by!" FROM outbox WHERE locked_until IS NOT NULL ORDER BY locked_by"#
+    )
     .fetch_all(pool)
     .await
     .unwrap()
 }
 
-/// The reconciler's queue entry: (reason, evidence).
-pub async fn unknown_entry(pool: &PgPool, accepted: Accepted) -> Option<(String, serde_json::Value)> {
-    sqlx::query_as("SELECT reason, evidence FROM unknown_payments WHERE tenant_id = $1 AND payment_id = $2")
-        .bind(accepted.tenant_id.as_uuid())
-        .bind(accepted.payment_id.as_uuid())
-        .fetch_optional(pool)
-        .await
-        .unwrap()
-}
-
-/// The ledger entry: (charge id, amount, currency).
-pub async fn ledger_entry(pool: &PgPool, accepted: Accepted) -> Option<(String, i64, String)> {
-    sqlx::query_as(
-        "SELECT provider_charge_id, amount, currency FROM ledger_entries WHERE tenant_id = $1 AND payment_id = $2",
-    )
-    .bind(accepted.tenant_id.as_uuid())
-    .bind(accepted.payment_id.as_uuid())
-    .fetch_optional(pool)
-    .await
-    .unwrap()
-}
-
-/// The response stored on the payment's idempotency key: (status, body).
-pub async fn stored_response(pool: &PgPool, accepted: Accepted) -> Option<(i16, serde_json::Value)> {
-    sqlx::query_as(
-        "SELECT response_status, response_body FROM idempotency_keys
-         WHERE tenant_id = $1 AND payment_id = $2 AND response_status IS NOT NULL",
-    )
-    .bind(accepted.tenant_id.as_uuid())
-    .bind(accepted.payment_id.as_uuid())
-    .fetch_optional(pool)
-    .await
-    .unwrap()
-}
-
-/// Who holds the leased outbox rows.
-pub async fn lease_holders(pool: &PgPool) -> Vec<String> {
-    sqlx::query_scalar("SELECT locked_by FROM outbox WHERE locked_until IS NOT NULL ORDER BY locked_by")
-        .fetch_all(pool)
-        .await
-        .unwrap()
+/// The URL of this test's database (on the server `DATABASE_URL` names), for a process of its own.
+pub async fn database_url(pool: &PgPool) -> String {
+    let database = sqlx::query_scalar!(r#"SELECT current_database() AS "name!""#).fetch_one(pool).await.unwrap();
+    let server_url = std::env::var("DATABASE_URL").unwrap();
+    let (server, _) = server_url.rsplit_once('/').unwrap();
+    format!("{server}/{database}")
 }
 
 pub async fn db_now(pool: &PgPool) -> OffsetDateTime {
-    sqlx::query_scalar("SELECT now()").fetch_one(pool).await.unwrap()
+    sqlx::query_scalar!(r#"SELECT now() AS "now!""#).fetch_one(pool).await.unwrap()
 }
 
 /// Makes every lease look expired, as if its worker had stalled past it.

@@ -1,11 +1,6 @@
 //! `POST /webhooks/provider` over real HTTP (the server on port 0) against a real PostgreSQL: every
 //! kind of delivery gets the right answer and changes a payment at most once.
 
-// Helpers outside `#[test]` functions fail loudly too: clippy's test exemption does not reach them.
-#![allow(clippy::unwrap_used)]
-
-mod support;
-
 use std::net::TcpListener;
 
 use base64::Engine;
@@ -22,8 +17,9 @@ use oncepay_reconciler::webhooks::WebhookState;
 use oncepay_store::fixtures::{count, tenant};
 use serde_json::{Value, json};
 use sqlx::PgPool;
-use support::{charge, count_for, status, unknown_payment};
 use time::OffsetDateTime;
+
+use crate::support::{self, charge, count_for, status, unknown_payment};
 
 fn secret(seed: u8) -> WebhookSecret {
     WebhookSecret::parse(&format!("whsec_{}", STANDARD.encode([seed; 32]))).unwrap()

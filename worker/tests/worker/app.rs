@@ -1,29 +1,23 @@
 //! The worker process as `main` runs it, in-process: built from its settings, serving `/healthz`,
 //! `/readyz` and `/metrics` on its ops port, draining into the provider, stopping on shutdown.
 
-// Helpers outside `#[test]` functions unwrap too: a failure there is a failed test.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod support;
-
 use std::time::Duration;
 
+use oncepay_devkit::wait::wait_until;
 use oncepay_domain::status::PaymentStatus;
 use oncepay_service::config;
 use oncepay_worker::app::App;
 use oncepay_worker::settings::{DEFAULTS, Settings};
 use sqlx::PgPool;
-use support::{Charges, accept, tenant};
 use tokio_util::sync::CancellationToken;
 use wiremock::MockServer;
+
+use crate::support::{self, Charges, accept, tenant};
 
 /// The defaults, pointed at this test's database and provider, on a free port.
 async fn settings(pool: &PgPool, provider_url: &str) -> Settings {
     let mut settings: Settings = config::load(DEFAULTS, None).unwrap();
-    let database: String = sqlx::query_scalar("SELECT current_database()").fetch_one(pool).await.unwrap();
-    let server_url = std::env::var("DATABASE_URL").unwrap();
-    let (server, _) = server_url.rsplit_once('/').unwrap();
-    settings.database.url = format!("{server}/{database}").into();
+    settings.database.url = support::database_url(pool).await.into();
     settings.http.port = 0;
     settings.provider.base_url = provider_url.to_owned();
     settings.worker.poll_interval_ms = 50;
@@ -46,11 +40,11 @@ async fn the_worker_serves_its_ops_endpoints_and_drains_until_shutdown(pool: PgP
     let running = tokio::spawn(app.run(shutdown.clone()));
 
     let accepted = accept(&pool, tenant(&pool).await, 1234).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while support::status(&pool, accepted).await != PaymentStatus::Succeeded {
-        assert!(tokio::time::Instant::now() < deadline, "the payment was not drained");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until("the payment drained", Duration::from_secs(30), || async {
+        (support::status(&pool, accepted).await == PaymentStatus::Succeeded).then_some(())
+    })
+    .await
+    .unwrap();
 
     assert_eq!(get(port, "/healthz").await.0, 200);
     assert_eq!(get(port, "/readyz").await.0, 200);

@@ -1,11 +1,6 @@
 //! Graceful shutdown: the drainer stops claiming at once, and records the sends already in flight
 //! if they finish within the grace period; a send that does not keeps its lease for the sweeper.
 
-// Helpers outside `#[test]` functions unwrap too: a failure there is a failed test.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod support;
-
 use std::time::Duration;
 
 use oncepay_domain::status::PaymentStatus;
@@ -15,9 +10,10 @@ use oncepay_store::fixtures;
 use oncepay_store::leases::{self, SweepCounts};
 use oncepay_worker::{Counts, Drainer};
 use sqlx::PgPool;
-use support::{Charges, accept, config, tenant};
 use tokio_util::sync::CancellationToken;
 use wiremock::MockServer;
+
+use crate::support::{self, Charges, accept, config, tenant};
 
 /// A drainer with one slot and a provider that answers after `delay`, started on two payments; returns
 /// once the first request has reached the provider.

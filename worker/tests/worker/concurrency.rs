@@ -1,26 +1,26 @@
 //! Many workers at once: drainers with their own pools drain 2,000 payments concurrently, and the
 //! provider sees exactly one request per payment.
 
-// Helpers outside `#[test]` functions unwrap too: a failure there is a failed test.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod support;
-
 use std::time::Duration;
 
+use oncepay_devkit::wait::wait_until;
 use oncepay_provider::http::HttpProvider;
 use oncepay_store::fixtures;
 use oncepay_worker::{Counts, Drainer};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
-use support::{Charges, accept, config, tenant};
 use tokio_util::sync::CancellationToken;
 use wiremock::MockServer;
+
+use crate::support::{self, Charges, accept, config, tenant};
 
 const PAYMENTS: usize = 2_000;
 
 async fn succeeded(pool: &PgPool) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM payments WHERE status = 'succeeded'").fetch_one(pool).await.unwrap()
+    sqlx::query_scalar!(r#"SELECT count(*) AS "count!" FROM payments WHERE status = 'succeeded'"#)
+        .fetch_one(pool)
+        .await
+        .unwrap()
 }
 
 /// Drains with `workers` drainers that claim up to `batch_size` rows at a time into 16 slots each.
@@ -48,11 +48,11 @@ async fn drain_with_workers(pool: PgPool, workers: usize, batch_size: u32) {
         running.push(tokio::spawn(async move { drainer.run(shutdown).await }));
     }
     // Wait for the event itself: every payment settled.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
-    while succeeded(&pool).await < PAYMENTS as i64 {
-        assert!(tokio::time::Instant::now() < deadline, "only {} of {PAYMENTS} settled", succeeded(&pool).await);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let settled = wait_until("every payment settled", Duration::from_secs(300), || async {
+        (succeeded(&pool).await == PAYMENTS as i64).then_some(())
+    })
+    .await;
+    assert!(settled.is_ok(), "only {} of {PAYMENTS} settled", succeeded(&pool).await);
     shutdown.cancel();
     let mut per_worker = Vec::new();
     for handle in running {

@@ -2,11 +2,6 @@
 //! signed PaymentIntent events settle `unknown` payments by the same rules as the simulator's webhooks,
 //! once per event, and nothing else changes a payment.
 
-// Helpers outside `#[test]` functions fail loudly too: clippy's test exemption does not reach them.
-#![allow(clippy::unwrap_used)]
-
-mod support;
-
 use std::net::TcpListener;
 
 use oncepay_domain::ids::{PaymentId, TenantId};
@@ -17,8 +12,9 @@ use oncepay_reconciler::webhooks::WebhookState;
 use oncepay_store::fixtures::tenant;
 use serde_json::{Value, json};
 use sqlx::PgPool;
-use support::{status, unknown_payment};
 use time::OffsetDateTime;
+
+use crate::support::{status, unknown_payment};
 
 const SECRET: &str = "whsec_test_stripe_endpoint_secret_1";
 

@@ -1,11 +1,6 @@
 //! One test per provider answer: each lands the payment in the right state, with the right retry
 //! behaviour, against a real PostgreSQL and a wiremock provider.
 
-// Helpers outside `#[test]` functions unwrap too: a failure there is a failed test.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod support;
-
 use std::time::Duration;
 
 use oncepay_domain::status::PaymentStatus;
@@ -13,11 +8,12 @@ use oncepay_service::backoff::Backoff;
 use oncepay_worker::Counts;
 use serde_json::json;
 use sqlx::PgPool;
-use support::{Accepted, Charges, accept, config, drainer, tenant};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::support::{self, Accepted, Charges, accept, config, drainer, tenant};
 
 async fn one_payment(pool: &PgPool) -> Accepted {
     let tenant_id = tenant(pool).await;

@@ -1,11 +1,6 @@
 //! The real binary as a service: it answers the operations endpoints, settles an `unknown` payment
 //! from a signed webhook and another by polling a (wiremock) provider, and exits 0 on SIGTERM.
 
-// Helpers outside `#[test]` functions fail loudly too: clippy's test exemption does not reach them.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod support;
-
 use std::net::TcpListener;
 use std::time::Duration;
 
@@ -18,10 +13,11 @@ use oncepay_store::fixtures::tenant;
 use serde_json::json;
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
-use support::{charge, reaches, unknown_payment};
 use time::OffsetDateTime;
 use wiremock::matchers::{method, path, query_param};
 use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::support::{self, charge, reaches, unknown_payment};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -51,10 +47,10 @@ async fn the_service_settles_by_webhook_and_by_polling_and_stops_cleanly_on_sigt
     let logs = tempfile::tempdir().unwrap();
     let spec = Spec::new("reconciler", env!("CARGO_BIN_EXE_oncepay-reconciler"), logs.path())
         .env("DATABASE_URL", support::url_of(&pool))
-        .env("ONCEPAY_HTTP__PORT", port.to_string())
-        .env("ONCEPAY_PROVIDER__BASE_URL", provider.uri())
-        .env("ONCEPAY_POLLER__INTERVAL_MS", "50")
-        .env("ONCEPAY_WEBHOOKS__SECRETS", format!("[\"{SECRET}\"]"));
+        .port(port)
+        .setting("provider.base_url", provider.uri())
+        .setting("poller.interval_ms", "50")
+        .setting_list("webhooks.secrets", &[SECRET]);
     let mut reconciler = Child::spawn(spec).await.unwrap();
     let base = format!("http://127.0.0.1:{port}");
     reconciler.wait_until_ready(&format!("{base}/readyz"), Duration::from_secs(20)).await.unwrap();
@@ -103,7 +99,7 @@ async fn the_service_refuses_to_start_without_a_configured_webhook_secret(pool: 
     let logs = tempfile::tempdir().unwrap();
     let spec = Spec::new("reconciler", env!("CARGO_BIN_EXE_oncepay-reconciler"), logs.path())
         .env("DATABASE_URL", support::url_of(&pool))
-        .env("ONCEPAY_HTTP__PORT", free_port().to_string());
+        .port(free_port());
     let mut reconciler = Child::spawn(spec).await.unwrap();
 
     let status = reconciler.exited(WAIT).await.expect("the reconciler should refuse to start, not serve");
@@ -119,9 +115,9 @@ async fn with_an_operations_port_the_operations_endpoints_are_served_there_and_o
     let logs = tempfile::tempdir().unwrap();
     let spec = Spec::new("reconciler", env!("CARGO_BIN_EXE_oncepay-reconciler"), logs.path())
         .env("DATABASE_URL", support::url_of(&pool))
-        .env("ONCEPAY_HTTP__PORT", port.to_string())
-        .env("ONCEPAY_HTTP__OPS_PORT", ops_port.to_string())
-        .env("ONCEPAY_WEBHOOKS__SECRETS", format!("[\"{SECRET}\"]"));
+        .port(port)
+        .setting("http.ops_port", ops_port.to_string())
+        .setting_list("webhooks.secrets", &[SECRET]);
     let mut reconciler = Child::spawn(spec).await.unwrap();
     let (public, ops) = (format!("http://127.0.0.1:{port}"), format!("http://127.0.0.1:{ops_port}"));
     reconciler.wait_until_ready(&format!("{ops}/readyz"), WAIT).await.unwrap();

@@ -2,11 +2,6 @@
 //! paginated listing has one planted discrepancy of every class: each is found, nothing else is, and
 //! one window is reconciled by one run however many reconcilers ask.
 
-// Helpers outside `#[test]` functions fail loudly too: clippy's test exemption does not reach them.
-#![allow(clippy::unwrap_used)]
-
-mod support;
-
 use std::time::Duration;
 
 use oncepay_domain::ids::{PaymentId, TenantId};
@@ -23,11 +18,12 @@ use oncepay_store::fixtures::{self, count, tenant};
 use oncepay_store::transitions::{self, Settlement};
 use serde_json::json;
 use sqlx::PgPool;
-use support::{accept, change, charge, claim};
 use time::OffsetDateTime;
 use time::macros::date;
 use wiremock::matchers::{method, path, query_param, query_param_is_missing};
 use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::support::{self, accept, change, charge, claim};
 
 const PAGE: usize = 3;
 

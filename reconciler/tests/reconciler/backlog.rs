@@ -2,11 +2,6 @@
 //! and the open dead letters exactly, and reports the age of the oldest waiting payment and of the
 //! oldest unknown one.
 
-// Helpers outside `#[test]` functions fail loudly too: clippy's test exemption does not reach them.
-#![allow(clippy::unwrap_used)]
-
-mod support;
-
 use std::time::Duration;
 
 use oncepay_domain::ids::PaymentId;
@@ -15,7 +10,8 @@ use oncepay_reconciler::dead_letters::{self, Kind};
 use oncepay_store::fixtures::tenant;
 use serde_json::json;
 use sqlx::PgPool;
-use support::{accept, unknown_payment};
+
+use crate::support::{accept, unknown_payment};
 
 async fn sql(pool: &PgPool, statement: &str, payment_id: PaymentId) {
     sqlx::query(sqlx::AssertSqlSafe(statement.to_owned())).bind(payment_id.as_uuid()).execute(pool).await.unwrap();

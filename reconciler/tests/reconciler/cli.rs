@@ -1,11 +1,6 @@
 //! The operator CLI: the command functions against a real PostgreSQL, and the real binary run as a
 //! child process against a `#[sqlx::test]` database.
 
-// Helpers outside `#[test]` functions fail loudly too: clippy's test exemption does not reach them.
-#![allow(clippy::unwrap_used)]
-
-mod support;
-
 use std::process::{Command, Output};
 use std::time::Duration;
 
@@ -28,10 +23,11 @@ use oncepay_store::fixtures::{self, count, tenant};
 use oncepay_store::tenants::find_api_key;
 use serde_json::{Value, json};
 use sqlx::PgPool;
-use support::{count_for, status, unknown_payment};
 use time::OffsetDateTime;
 use wiremock::matchers::{method, query_param};
 use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::support::{self, count_for, status, unknown_payment};
 
 const DAY: i64 = 86_400;
 const HORIZON: Duration = Duration::from_secs((DAY - 3600) as u64);

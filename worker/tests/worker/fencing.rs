@@ -2,11 +2,6 @@
 //! carries the same downstream key, and a payment that may already have reached the provider is
 //! never sent once the provider may have forgotten its key.
 
-// Helpers outside `#[test]` functions unwrap too: a failure there is a failed test.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod support;
-
 use std::time::Duration;
 
 use oncepay_domain::money::{Amount, Currency};
@@ -18,10 +13,11 @@ use oncepay_store::transitions::Settlement;
 use oncepay_worker::Counts;
 use oncepay_worker::record::Recorded;
 use sqlx::PgPool;
-use support::{Charges, accept, config, drainer, tenant};
 use time::OffsetDateTime;
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::support::{self, Charges, accept, config, drainer, tenant};
 
 const KEY_WINDOW: KeyWindow =
     KeyWindow { window: Duration::from_secs(86_400), safety_margin: Duration::from_secs(3_600) };
@@ -240,14 +236,18 @@ async fn a_resend_after_a_lost_lease_that_the_provider_refuses_is_unknown_not_fa
     let payment = support::payment(&pool, accepted).await;
     assert_eq!((payment.status, payment.failure_code), (PaymentStatus::Unknown, None));
     assert_eq!(support::unknown_entry(&pool, accepted).await.unwrap().0, "refused_after_possible_charge");
-    let refusal: (Option<String>, Option<String>) = sqlx::query_as(
+    let refusal = sqlx::query!(
         "SELECT refused_code, refused_message FROM unknown_payments WHERE tenant_id = $1 AND payment_id = $2",
+        accepted.tenant_id.as_uuid(),
+        accepted.payment_id.as_uuid(),
     )
-    .bind(accepted.tenant_id.as_uuid())
-    .bind(accepted.payment_id.as_uuid())
     .fetch_one(&pool)
     .await
     .unwrap();
-    assert_eq!(refusal.0.as_deref(), Some("provider_rejected"), "kept to fail it with once a lookup finds nothing");
-    assert!(refusal.1.is_some());
+    assert_eq!(
+        refusal.refused_code.as_deref(),
+        Some("provider_rejected"),
+        "kept to fail it with once a lookup finds nothing"
+    );
+    assert!(refusal.refused_message.is_some());
 }

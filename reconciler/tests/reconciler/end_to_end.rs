@@ -5,11 +5,6 @@
 //! Needs the worker and simulator binaries built (`cargo build --workspace --bins`; the test command
 //! builds every binary first). The simulator's ledger (`GET /_sim/charges`) is the ground truth.
 
-// Helpers outside `#[test]` functions fail loudly too: clippy's test exemption does not reach them.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod support;
-
 use std::time::Duration;
 
 use oncepay_devkit::pg::free_port;
@@ -23,7 +18,8 @@ use oncepay_simulator::client::SimulatorClient;
 use oncepay_store::fixtures::tenant;
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
-use support::reaches;
+
+use crate::support::{self, reaches};
 
 const SIMULATOR_API_KEY: &str = "sk_test_oncepay_simulator";
 /// The worker gives up on an answer after this long; the simulator holds each answer longer.
@@ -50,30 +46,30 @@ impl World {
         let webhook_secret = WebhookSecret::generate();
 
         let simulator = Spec::new("simulator", binary("oncepay-simulator"), logs.path())
-            .env("ONCEPAY_HTTP__PORT", simulator_port.to_string())
-            .env("ONCEPAY_TELEMETRY__LOG_FORMAT", "text")
-            .env("ONCEPAY_FAULTS__HANG_AFTER_RATE", "1.0")
-            .env("ONCEPAY_FAULTS__HANG_MS", HANG_MS.to_string())
-            .env("ONCEPAY_FAULTS__WEBHOOK_DROP_RATE", if webhooks { "0.0" } else { "1.0" })
-            .env("ONCEPAY_SIMULATOR__WEBHOOK_URL", format!("{reconciler_url}/webhooks/provider"))
-            .env("ONCEPAY_SIMULATOR__WEBHOOK_SECRET", &webhook_secret);
+            .port(simulator_port)
+            .setting("telemetry.log_format", "text")
+            .setting("faults.hang_after_rate", "1.0")
+            .setting("faults.hang_ms", HANG_MS.to_string())
+            .setting("faults.webhook_drop_rate", if webhooks { "0.0" } else { "1.0" })
+            .setting("simulator.webhook_url", format!("{reconciler_url}/webhooks/provider"))
+            .setting("simulator.webhook_secret", &webhook_secret);
         let worker = Spec::new("worker", binary("oncepay-worker"), logs.path())
             .env("DATABASE_URL", &database_url)
-            .env("ONCEPAY_HTTP__PORT", worker_port.to_string())
-            .env("ONCEPAY_TELEMETRY__LOG_FORMAT", "text")
-            .env("ONCEPAY_PROVIDER__BASE_URL", &simulator_url)
-            .env("ONCEPAY_PROVIDER__API_KEY", SIMULATOR_API_KEY)
-            .env("ONCEPAY_PROVIDER__REQUEST_TIMEOUT_MS", REQUEST_TIMEOUT_MS.to_string())
-            .env("ONCEPAY_WORKER__POLL_INTERVAL_MS", "100");
+            .port(worker_port)
+            .setting("telemetry.log_format", "text")
+            .setting("provider.base_url", &simulator_url)
+            .setting("provider.api_key", SIMULATOR_API_KEY)
+            .setting("provider.request_timeout_ms", REQUEST_TIMEOUT_MS.to_string())
+            .setting("worker.poll_interval_ms", "100");
         let reconciler = Spec::new("reconciler", env!("CARGO_BIN_EXE_oncepay-reconciler"), logs.path())
             .env("DATABASE_URL", &database_url)
-            .env("ONCEPAY_HTTP__PORT", reconciler_port.to_string())
-            .env("ONCEPAY_PROVIDER__BASE_URL", &simulator_url)
-            .env("ONCEPAY_PROVIDER__API_KEY", SIMULATOR_API_KEY)
-            .env("ONCEPAY_POLLER__INTERVAL_MS", "100")
-            .env("ONCEPAY_POLLER__BACKOFF__BASE_MS", "200")
-            .env("ONCEPAY_POLLER__BACKOFF__MAX_MS", "500")
-            .env("ONCEPAY_WEBHOOKS__SECRETS", format!("[\"{webhook_secret}\"]"));
+            .port(reconciler_port)
+            .setting("provider.base_url", &simulator_url)
+            .setting("provider.api_key", SIMULATOR_API_KEY)
+            .setting("poller.interval_ms", "100")
+            .setting("poller.backoff.base_ms", "200")
+            .setting("poller.backoff.max_ms", "500")
+            .setting_list("webhooks.secrets", &[&webhook_secret]);
 
         let mut children = Vec::new();
         for (spec, ready) in [

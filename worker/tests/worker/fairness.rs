@@ -1,14 +1,10 @@
 //! Claims are fair across tenants: each claim takes every tenant's oldest due payment before any
 //! tenant's second, so one tenant's backlog does not delay the others' payments.
 
-// Helpers outside `#[test]` functions unwrap too: a failure there is a failed test.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod support;
-
 use oncepay_domain::ids::{PaymentId, TenantId};
 use sqlx::PgPool;
-use support::{accept, config, drainer, tenant};
+
+use crate::support::{self, accept, config, drainer, tenant};
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_tenants_backlog_does_not_delay_another_tenants_payments(pool: PgPool) {

@@ -1,0 +1,22 @@
+//! The reconciler's integration tests, one binary: its loops, webhooks, nightly run and CLI against a
+//! real PostgreSQL (each test gets a fresh, migrated database from `#[sqlx::test]`; `DATABASE_URL`
+//! names the server) and a wiremock provider or Stripe, and the real binaries as child processes. The
+//! suites run under nextest, a process per test, so a test may install process-wide state such as
+//! the tracing subscriber.
+
+// Helpers outside `#[test]` functions unwrap too: a failure there is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod backlog;
+mod cli;
+mod end_to_end;
+mod poller;
+mod reaper;
+mod recon;
+mod service;
+mod stripe_webhooks;
+mod support;
+mod sweeper;
+mod trace;
+mod webhook_race;
+mod webhooks;
