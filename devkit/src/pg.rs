@@ -12,6 +12,8 @@ use anyhow::{Context, bail};
 use nix::unistd::{Uid, User};
 use tokio::process::Command;
 
+use crate::wait::wait_until;
+
 /// How much durability to trade for speed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Durability {
@@ -255,14 +257,7 @@ pub fn free_port() -> anyhow::Result<u16> {
 
 /// Waits until something accepts TCP connections on `port` of 127.0.0.1, up to `timeout`.
 pub async fn wait_for_port(port: u16, timeout: Duration) -> anyhow::Result<()> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
-            return Ok(());
-        }
-        if tokio::time::Instant::now() >= deadline {
-            bail!("nothing listens on port {port} after {timeout:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let what = format!("something listening on port {port}");
+    wait_until(&what, timeout, || async { tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok().map(drop) })
+        .await
 }

@@ -15,6 +15,8 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
 use tokio::process::Command;
 
+use crate::wait::wait_until;
+
 /// How to start a child.
 #[derive(Debug, Clone)]
 pub struct Spec {
@@ -64,11 +66,37 @@ impl Spec {
         self
     }
 
+    /// Sets one of an oncepay process's settings, named as in its configuration file
+    /// (`"provider.base_url"`, `"poller.backoff.base_ms"`). This is the one place outside the
+    /// processes' own configuration that spells the variable carrying it,
+    /// `ONCEPAY_<SECTION>__<KEY>` (`ONCEPAY_PROVIDER__BASE_URL`).
+    pub fn setting(self, key: &str, value: impl Into<String>) -> Self {
+        self.env(setting_variable(key), value)
+    }
+
+    /// Sets a list setting (`"webhooks.secrets"`), as the JSON array the processes read from the
+    /// environment.
+    pub fn setting_list(self, key: &str, values: &[&str]) -> Self {
+        let quoted: Vec<String> = values.iter().map(|value| format!("{value:?}")).collect();
+        self.setting(key, format!("[{}]", quoted.join(",")))
+    }
+
+    /// The port its HTTP server listens on (`http.port`).
+    pub fn port(self, port: u16) -> Self {
+        self.setting("http.port", port.to_string())
+    }
+
     /// Echoes the child's output to the console.
     pub fn echo(mut self, echo: bool) -> Self {
         self.echo = echo;
         self
     }
+}
+
+/// The environment variable that carries the setting `key` of an oncepay process: `ONCEPAY_`, then
+/// the key's sections upper-cased and joined by `__`.
+pub fn setting_variable(key: &str) -> String {
+    format!("ONCEPAY_{}", key.to_uppercase().replace('.', "__"))
 }
 
 /// A running child.
@@ -188,31 +216,31 @@ impl Child {
         // reqwest is built without a bundled crypto provider; ring is the workspace's choice.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?;
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            if self.child.try_wait()?.is_some() {
-                let status = self.exited(Duration::ZERO).await?;
-                // The log's directory may be gone by the time anyone reads the error: quote its start,
-                // where a failed start says why (a backtrace follows).
-                let log = std::fs::read_to_string(&self.log_path).unwrap_or_default();
-                let start: Vec<&str> = log.lines().take(6).collect();
-                bail!(
-                    "{} exited with {status} before it was ready; the start of {}:\n{}",
-                    self.spec.name,
-                    self.log_path.display(),
-                    start.join("\n")
-                );
+        let what = format!("{} ready at {url} (see {})", self.spec.name, self.log_path.display());
+        let ready = wait_until(&what, timeout, || {
+            let exited = self.child.try_wait();
+            let client = &client;
+            async move {
+                match exited {
+                    Err(error) => Some(Err(error.into())),
+                    Ok(Some(status)) => Some(Err(anyhow::anyhow!("exited with {status} before it was ready"))),
+                    Ok(None) => match client.get(url).send().await {
+                        Ok(response) if response.status().is_success() => Some(Ok(())),
+                        _ => None,
+                    },
+                }
             }
-            if let Ok(response) = client.get(url).send().await
-                && response.status().is_success()
-            {
-                return Ok(());
-            }
-            if tokio::time::Instant::now() >= deadline {
-                bail!("{} was not ready at {url} after {timeout:?}; see {}", self.spec.name, self.log_path.display());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        })
+        .await?;
+        if let Err(error) = ready {
+            let _ = self.exited(Duration::ZERO).await;
+            // The log's directory may be gone by the time anyone reads the error: quote its start,
+            // where a failed start says why (a backtrace follows).
+            let log = std::fs::read_to_string(&self.log_path).unwrap_or_default();
+            let start: Vec<&str> = log.lines().take(6).collect();
+            bail!("{} {error}; the start of {}:\n{}", self.spec.name, self.log_path.display(), start.join("\n"));
         }
+        Ok(())
     }
 
     /// The log so far.

@@ -157,6 +157,24 @@ mod tests {
     }
 
     #[test]
+    fn the_variables_the_test_launcher_writes_are_the_ones_read_here() {
+        figment::Jail::expect_with(|jail| {
+            let spec = oncepay_devkit::process::Spec::new("api", "oncepay-api", "logs")
+                .port(9100)
+                .setting("database.max_connections", "12");
+            for (variable, value) in &spec.env {
+                jail.set_env(variable, value);
+            }
+
+            let settings: Example = load(DEFAULTS, None).map_err(|e| e.to_string())?;
+
+            assert_eq!(settings.http.port, 9100);
+            assert_eq!(settings.database.max_connections, 12);
+            Ok(())
+        });
+    }
+
+    #[test]
     fn database_url_is_ignored_by_settings_without_a_database() {
         #[derive(Debug, Deserialize)]
         #[serde(deny_unknown_fields)]
