@@ -144,7 +144,7 @@ const HISTORIES: [(u64, &str); 2] = [(10_000, "10k keys"), (10_000_000, "10M key
 const REPLAYED_KEYS: u64 = 10_000;
 
 /// The api's environment for a process that reads every replay from the database.
-const NO_REPLAY_CACHE: (&str, &str) = ("ONCEPAY_INTAKE__REPLAY_CACHE_BYTES", "0");
+const NO_REPLAY_CACHE: (&str, &str) = ("intake.replay_cache_bytes", "0");
 
 /// A database of the run, with its tenant.
 struct Database {
@@ -501,7 +501,7 @@ impl Bench<'_> {
 
     /// Two api processes, each with half of the 8 connections' pool.
     async fn scale(&mut self, main: &Database) -> anyhow::Result<()> {
-        let pool = [("ONCEPAY_DATABASE__MAX_CONNECTIONS", "4".to_owned())];
+        let pool = [("database.max_connections", "4".to_owned())];
         let first = self.launcher.api("api-a", &main.url, &pool).await?;
         let second = self.launcher.api("api-b", &main.url, &pool).await?;
         let api = [first.address(), second.address()];

@@ -88,20 +88,20 @@ impl Launcher {
         })
     }
 
-    /// Starts an api process named `name` on `database_url`, with `extra` environment (after the
-    /// run's own overrides, so a phase can set its pool size).
+    /// Starts an api process named `name` on `database_url`, with `extra` settings by name (after
+    /// the run's own overrides, so a phase can set its pool size).
     pub async fn api(&self, name: &str, database_url: &str, extra: &[(&str, String)]) -> anyhow::Result<Service> {
         let port = free_port()?;
         let mut spec = Spec::new(name, &self.api, &self.log_dir)
             .env("DATABASE_URL", database_url)
-            .env("ONCEPAY_HTTP__PORT", port.to_string())
-            .env("ONCEPAY_INTAKE__DEFAULT_RATE_LIMIT_PER_SECOND", RATE_LIMIT)
-            .env("ONCEPAY_INTAKE__DEFAULT_RATE_LIMIT_BURST", RATE_LIMIT);
+            .port(port)
+            .setting("intake.default_rate_limit_per_second", RATE_LIMIT)
+            .setting("intake.default_rate_limit_burst", RATE_LIMIT);
         for (key, value) in &self.api_env {
             spec = spec.env(key, value);
         }
         for (key, value) in extra {
-            spec = spec.env(*key, value);
+            spec = spec.setting(key, value.as_str());
         }
         start(spec, port).await
     }
@@ -110,9 +110,9 @@ impl Launcher {
     pub async fn simulator(&self) -> anyhow::Result<Service> {
         let port = free_port()?;
         let spec = Spec::new("simulator", &self.simulator, &self.log_dir)
-            .env("ONCEPAY_HTTP__PORT", port.to_string())
-            .env("ONCEPAY_SIMULATOR__API_KEY", SIMULATOR_API_KEY)
-            .env("ONCEPAY_FAULTS__LATENCY_MS", "0");
+            .port(port)
+            .setting("simulator.api_key", SIMULATOR_API_KEY)
+            .setting("faults.latency_ms", "0");
         start(spec, port).await
     }
 
@@ -123,8 +123,8 @@ impl Launcher {
         let spec = Spec::new("reconciler", &self.reconciler, &self.log_dir)
             .arg("serve")
             .env("DATABASE_URL", database_url)
-            .env("ONCEPAY_HTTP__PORT", port.to_string())
-            .env("ONCEPAY_WEBHOOKS__SECRETS", format!("[\"{webhook_secret}\"]"));
+            .port(port)
+            .setting_list("webhooks.secrets", &[webhook_secret]);
         start(spec, port).await
     }
 
@@ -133,10 +133,10 @@ impl Launcher {
         let port = free_port()?;
         let mut spec = Spec::new(format!("worker-{n}"), &self.worker, &self.log_dir)
             .env("DATABASE_URL", database_url)
-            .env("ONCEPAY_HTTP__PORT", port.to_string())
-            .env("ONCEPAY_PROVIDER__BASE_URL", provider.base_url())
-            .env("ONCEPAY_PROVIDER__API_KEY", SIMULATOR_API_KEY)
-            .env("ONCEPAY_WORKER__ID", format!("bench-worker-{n}"));
+            .port(port)
+            .setting("provider.base_url", provider.base_url())
+            .setting("provider.api_key", SIMULATOR_API_KEY)
+            .setting("worker.id", format!("bench-worker-{n}"));
         for (key, value) in &self.worker_env {
             spec = spec.env(key, value);
         }

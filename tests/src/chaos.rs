@@ -162,6 +162,7 @@ pub async fn run(config: &ChaosConfig, worker: PathBuf) -> anyhow::Result<Finish
         timing,
         provider: Provider::Simulator { seed },
         log_dir: None,
+        env: Vec::new(),
     })
     .await?;
     let result = drive(config, &mut system, timing).await;
@@ -295,8 +296,8 @@ async fn retry_dead_letters(system: &System, faults: &mut BTreeMap<String, u64>)
     if !system.database_up() {
         return;
     }
-    let open: Vec<uuid::Uuid> = match sqlx::query_scalar(
-        "SELECT payment_id FROM dead_letters WHERE kind = 'unresolved' AND resolved_at IS NULL LIMIT 10",
+    let open = match sqlx::query_scalar!(
+        "SELECT payment_id FROM dead_letters WHERE kind = 'unresolved' AND resolved_at IS NULL LIMIT 10"
     )
     .fetch_all(system.pool())
     .await

@@ -79,9 +79,9 @@ pub async fn settle(pool: &PgPool, bound: Duration) -> anyhow::Result<Settled> {
 }
 
 async fn in_flight(pool: &PgPool) -> anyhow::Result<i64> {
-    let count: i64 = sqlx::query_scalar(
-        "SELECT (SELECT count(*) FROM payments WHERE status IN ('pending', 'processing', 'unknown'))
-              + (SELECT count(*) FROM outbox) + (SELECT count(*) FROM unknown_payments)",
+    let count = sqlx::query_scalar!(
+        r#"SELECT (SELECT count(*) FROM payments WHERE status IN ('pending', 'processing', 'unknown'))
+              + (SELECT count(*) FROM outbox) + (SELECT count(*) FROM unknown_payments) AS "count!""#
     )
     .fetch_one(pool)
     .await?;
@@ -89,8 +89,9 @@ async fn in_flight(pool: &PgPool) -> anyhow::Result<i64> {
 }
 
 async fn stuck(pool: &PgPool) -> anyhow::Result<Vec<Stuck>> {
-    let rows: Vec<(Uuid, String, String)> = sqlx::query_as(
-        "SELECT p.payment_id, p.status::text,
+    let stuck = sqlx::query_as!(
+        Stuck,
+        r#"SELECT p.payment_id, p.status::text AS "status!",
                 concat_ws('; ',
                   (SELECT format('last event %s→%s by %s: %s', e.from_status, e.to_status, e.actor, e.reason)
                      FROM payment_events e WHERE e.tenant_id = p.tenant_id AND e.payment_id = p.payment_id
@@ -100,19 +101,20 @@ async fn stuck(pool: &PgPool) -> anyhow::Result<Vec<Stuck>> {
                      FROM outbox o WHERE o.tenant_id = p.tenant_id AND o.payment_id = p.payment_id),
                   (SELECT format('unknown since %s: %s, %s polls, next %s', u.since, u.reason, u.poll_attempts, u.next_poll_at)
                      FROM unknown_payments u WHERE u.tenant_id = p.tenant_id AND u.payment_id = p.payment_id))
+                  AS "detail!"
            FROM payments p
           WHERE p.status IN ('pending', 'processing', 'unknown')
              OR EXISTS (SELECT 1 FROM outbox o WHERE o.tenant_id = p.tenant_id AND o.payment_id = p.payment_id)
              OR EXISTS (SELECT 1 FROM unknown_payments u WHERE u.tenant_id = p.tenant_id AND u.payment_id = p.payment_id)
-          ORDER BY p.created_at",
+          ORDER BY p.created_at"#
     )
     .fetch_all(pool)
     .await?;
-    Ok(rows.into_iter().map(|(payment_id, status, detail)| Stuck { payment_id, status, detail }).collect())
+    Ok(stuck)
 }
 
 /// A payment as stored, with when it first became terminal or dead-lettered.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 struct PaymentRow {
     payment_id: Uuid,
     tenant_id: Uuid,
@@ -178,35 +180,50 @@ pub async fn check(
 ) -> anyhow::Result<Verdict> {
     let mut verdict = Verdict::default();
 
-    let rows: Vec<PaymentRow> = sqlx::query_as(
-        "SELECT p.tenant_id, p.payment_id, p.status::text AS status, p.amount, p.currency, p.customer_id,
+    let rows = sqlx::query_as!(
+        PaymentRow,
+        r#"SELECT p.tenant_id, p.payment_id, p.status::text AS "status!", p.amount, p.currency, p.customer_id,
                 p.provider_charge_id, p.created_at,
                 (SELECT min(e.created_at) FROM payment_events e
                   WHERE e.tenant_id = p.tenant_id AND e.payment_id = p.payment_id
                     AND e.to_status IN ('succeeded', 'failed', 'dead_lettered')) AS settled_at
-           FROM payments p",
+           FROM payments p"#
     )
     .fetch_all(pool)
     .await?;
     let payments: BTreeMap<Uuid, PaymentRow> = rows.into_iter().map(|row| (row.payment_id, row)).collect();
     let keys: Vec<(Uuid, String, Uuid)> =
-        sqlx::query_as("SELECT tenant_id, idempotency_key, payment_id FROM idempotency_keys").fetch_all(pool).await?;
-    let ledger: Vec<(Uuid, Uuid, String, i64, String)> =
-        sqlx::query_as("SELECT tenant_id, payment_id, provider_charge_id, amount, currency FROM ledger_entries")
+        sqlx::query!("SELECT tenant_id, idempotency_key, payment_id FROM idempotency_keys")
             .fetch_all(pool)
-            .await?;
+            .await?
+            .into_iter()
+            .map(|key| (key.tenant_id, key.idempotency_key, key.payment_id))
+            .collect();
+    let ledger: Vec<(Uuid, Uuid, String, i64, String)> =
+        sqlx::query!("SELECT tenant_id, payment_id, provider_charge_id, amount, currency FROM ledger_entries")
+            .fetch_all(pool)
+            .await?
+            .into_iter()
+            .map(|entry| (entry.tenant_id, entry.payment_id, entry.provider_charge_id, entry.amount, entry.currency))
+            .collect();
     // Of any kind: a charge for other money dead-letters its payment with an open conflict.
     let open_dead_letters: BTreeSet<Uuid> =
-        sqlx::query_scalar("SELECT payment_id FROM dead_letters WHERE resolved_at IS NULL")
+        sqlx::query_scalar!("SELECT payment_id FROM dead_letters WHERE resolved_at IS NULL")
             .fetch_all(pool)
             .await?
             .into_iter()
             .collect();
     let conflicts: Vec<(Uuid, String)> =
-        sqlx::query_as("SELECT payment_id, reason FROM dead_letters WHERE kind = 'conflict'").fetch_all(pool).await?;
-    let history: Vec<HistoryRow> = sqlx::query_as(
-        "SELECT payment_id, seq, from_status::text AS from_status, to_status::text AS to_status
-           FROM payment_events ORDER BY tenant_id, payment_id, seq",
+        sqlx::query!("SELECT payment_id, reason FROM dead_letters WHERE kind = 'conflict'")
+            .fetch_all(pool)
+            .await?
+            .into_iter()
+            .map(|conflict| (conflict.payment_id, conflict.reason))
+            .collect();
+    let history = sqlx::query_as!(
+        HistoryRow,
+        r#"SELECT payment_id, seq, from_status::text AS from_status, to_status::text AS "to_status!"
+           FROM payment_events ORDER BY tenant_id, payment_id, seq"#
     )
     .fetch_all(pool)
     .await?;
@@ -393,7 +410,6 @@ fn check_keys(
 }
 
 /// One row of a payment's audit trail.
-#[derive(sqlx::FromRow)]
 struct HistoryRow {
     payment_id: Uuid,
     seq: i32,

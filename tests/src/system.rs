@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
 use oncepay_devkit::pg::{Durability, free_port};
-use oncepay_devkit::process::{Child, Spec};
+use oncepay_devkit::process::{Child, Spec, setting_variable};
 use oncepay_devkit::server::{self, Server};
 use oncepay_devkit::workspace;
 use oncepay_provider::webhook_signature::WebhookSecret;
@@ -149,6 +149,27 @@ enum RunningProvider {
     Localstripe(Localstripe),
 }
 
+/// Which processes an entry of [`SystemConfig::env`] goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Processes {
+    /// Every process, the simulator too.
+    All,
+    /// The simulator.
+    Simulator,
+    /// Every process of one kind.
+    Only(Role),
+}
+
+impl Processes {
+    fn include(self, role: Option<Role>) -> bool {
+        match self {
+            Self::All => true,
+            Self::Simulator => role.is_none(),
+            Self::Only(only) => role == Some(only),
+        }
+    }
+}
+
 /// What to start.
 #[derive(Debug, Clone)]
 pub struct SystemConfig {
@@ -166,6 +187,10 @@ pub struct SystemConfig {
     pub provider: Provider,
     /// Where logs go; a fresh temporary directory if none.
     pub log_dir: Option<PathBuf>,
+    /// Environment on top of the system's own, which it overrides: what a test needs differently
+    /// (a log format, an exporter, faults), with settings named by
+    /// [`setting_variable`](oncepay_devkit::process::setting_variable).
+    pub env: Vec<(Processes, String, String)>,
 }
 
 /// A tenant, with the API key `tenants create` printed for it.
@@ -250,6 +275,8 @@ pub struct System {
     /// Citus worker nodes crashed and not started again.
     nodes_down: BTreeSet<usize>,
     reconciler: PathBuf,
+    /// What the provider signs its webhooks with.
+    webhook_secret: String,
     /// Under Citus, the two-phase commits that setting up made (creating the database, distributing
     /// the tables); `None` on one PostgreSQL.
     two_phase_at_start: Option<i64>,
@@ -308,7 +335,10 @@ impl System {
             }
         }
         let reconciler_port = slots.get(&(Role::Reconciler, 0)).map(|slot| slot.port).context("no reconciler")?;
-        let provider = start_provider(&config, reconciler_port, &mut slots, logs.path()).await?;
+        let (provider, webhook_secret) = start_provider(&config, reconciler_port, &mut slots, logs.path()).await?;
+        for ((role, _), slot) in &mut slots {
+            slot.spec.env.extend(extra_env(&config, Some(*role)));
+        }
 
         let pool = PgPoolOptions::new()
             .max_connections(4)
@@ -328,6 +358,7 @@ impl System {
             database_up: true,
             nodes_down: BTreeSet::new(),
             reconciler: config.binaries.reconciler.clone(),
+            webhook_secret,
             two_phase_at_start,
         };
         let all: Vec<_> = system.slots.keys().copied().collect();
@@ -335,6 +366,12 @@ impl System {
             system.restart(role, index, &[]).await?;
         }
         Ok(system)
+    }
+
+    /// What the provider signs its webhooks with (`whsec_` and base64), for a test that looks for it
+    /// where it must never be.
+    pub fn webhook_secret(&self) -> &str {
+        &self.webhook_secret
     }
 
     /// The tenants, in the order they were named.
@@ -600,16 +637,22 @@ impl System {
     }
 }
 
+/// The entries of [`SystemConfig::env`] for a process of `role` (`None`: the simulator).
+fn extra_env(config: &SystemConfig, role: Option<Role>) -> impl Iterator<Item = (String, String)> + '_ {
+    config.env.iter().filter(move |(to, _, _)| to.include(role)).map(|(_, key, value)| (key.clone(), value.clone()))
+}
+
 /// Starts the provider, points every process at it, and sends its webhooks to the reconciler on
-/// `reconciler_port`, signed with a secret of this system's own.
+/// `reconciler_port`, signed with a secret of this system's own, which it returns.
 async fn start_provider(
     config: &SystemConfig,
     reconciler_port: u16,
     slots: &mut BTreeMap<(Role, usize), Slot>,
     log_dir: &Path,
-) -> anyhow::Result<RunningProvider> {
+) -> anyhow::Result<(RunningProvider, String)> {
     let timing = &config.timing;
     let webhook_secret = WebhookSecret::generate();
+    let secret = webhook_secret.clone();
     let reconciler = format!("http://127.0.0.1:{reconciler_port}");
     match &config.provider {
         Provider::Simulator { seed } => {
@@ -617,60 +660,63 @@ async fn start_provider(
             let url = format!("http://127.0.0.1:{port}");
             for (&(role, _), slot) in slots.iter_mut() {
                 slot.spec.env.extend([
-                    ("ONCEPAY_PROVIDER__BASE_URL".into(), url.clone()),
-                    ("ONCEPAY_PROVIDER__API_KEY".into(), SIMULATOR_API_KEY.into()),
-                    ("ONCEPAY_PROVIDER__CONNECT_TIMEOUT_MS".into(), "500".into()),
-                    ("ONCEPAY_PROVIDER__REQUEST_TIMEOUT_MS".into(), timing.provider_request_timeout_ms.to_string()),
+                    (setting_variable("provider.base_url"), url.clone()),
+                    (setting_variable("provider.api_key"), SIMULATOR_API_KEY.into()),
+                    (setting_variable("provider.connect_timeout_ms"), "500".into()),
+                    (setting_variable("provider.request_timeout_ms"), timing.provider_request_timeout_ms.to_string()),
                 ]);
                 if role == Role::Reconciler {
-                    slot.spec.env.push(("ONCEPAY_WEBHOOKS__SECRETS".into(), format!("[\"{webhook_secret}\"]")));
+                    slot.spec.env.push((setting_variable("webhooks.secrets"), format!("[\"{webhook_secret}\"]")));
                 }
             }
             let spec = Spec::new("simulator", &config.binaries.simulator, log_dir)
-                .env("ONCEPAY_HTTP__PORT", port.to_string())
-                .env("ONCEPAY_TELEMETRY__LOG_FORMAT", "text")
-                .env("ONCEPAY_SIMULATOR__SEED", seed.to_string())
-                .env("ONCEPAY_SIMULATOR__KEY_WINDOW_SECS", timing.key_window_secs.to_string())
-                .env("ONCEPAY_SIMULATOR__WEBHOOK_URL", format!("{reconciler}/webhooks/provider"))
-                .env("ONCEPAY_SIMULATOR__WEBHOOK_SECRET", &webhook_secret)
-                .env("ONCEPAY_SIMULATOR__WEBHOOK_BACKOFF__BASE_MS", "100")
-                .env("ONCEPAY_SIMULATOR__WEBHOOK_BACKOFF__MAX_MS", "1000")
-                .env("ONCEPAY_SIMULATOR__WEBHOOK_TIMEOUT_MS", "2000")
-                .env("ONCEPAY_SIMULATOR__SHUTDOWN_GRACE_MS", "500")
-                .env("ONCEPAY_FAULTS__HANG_MS", timing.hang_ms.to_string());
+                .port(port)
+                .setting("telemetry.log_format", "text")
+                .setting("simulator.seed", seed.to_string())
+                .setting("simulator.key_window_secs", timing.key_window_secs.to_string())
+                .setting("simulator.webhook_url", format!("{reconciler}/webhooks/provider"))
+                .setting("simulator.webhook_secret", &webhook_secret)
+                .setting("simulator.webhook_backoff.base_ms", "100")
+                .setting("simulator.webhook_backoff.max_ms", "1000")
+                .setting("simulator.webhook_timeout_ms", "2000")
+                .setting("simulator.shutdown_grace_ms", "500")
+                .setting("faults.hang_ms", timing.hang_ms.to_string());
+            let spec = extra_env(config, None).fold(spec, |spec, (key, value)| spec.env(key, value));
             let mut child = Child::spawn(spec).await?;
             child.wait_until_ready(&format!("{url}/readyz"), READY_TIMEOUT).await?;
-            Ok(RunningProvider::Simulator { child, client: SimulatorClient::new(&url), url })
+            Ok((RunningProvider::Simulator { child, client: SimulatorClient::new(&url), url }, secret))
         }
         Provider::Localstripe { python } => {
             let stripe = Localstripe::start(python, log_dir).await?;
             stripe.send_webhooks_to(&format!("{reconciler}/webhooks/stripe"), &webhook_secret).await?;
             for (&(role, _), slot) in slots.iter_mut() {
                 slot.spec.env.extend([
-                    ("ONCEPAY_PROVIDER__KIND".into(), "stripe".into()),
+                    (setting_variable("provider.kind"), "stripe".into()),
                     // localstripe has no Connect: it ignores `Stripe-Account`, and its events name no
                     // account.
-                    ("ONCEPAY_PROVIDER__STRIPE__MODE".into(), "direct".into()),
-                    ("ONCEPAY_PROVIDER__STRIPE__BASE_URL".into(), stripe.url().to_owned()),
-                    ("ONCEPAY_PROVIDER__STRIPE__SECRET_KEY".into(), localstripe::SECRET_KEY.into()),
-                    ("ONCEPAY_PROVIDER__STRIPE__API_VERSION".into(), localstripe::API_VERSION.into()),
-                    ("ONCEPAY_PROVIDER__STRIPE__CONNECT_TIMEOUT_MS".into(), "500".into()),
+                    (setting_variable("provider.stripe.mode"), "direct".into()),
+                    (setting_variable("provider.stripe.base_url"), stripe.url().to_owned()),
+                    (setting_variable("provider.stripe.secret_key"), localstripe::SECRET_KEY.into()),
+                    (setting_variable("provider.stripe.api_version"), localstripe::API_VERSION.into()),
+                    (setting_variable("provider.stripe.connect_timeout_ms"), "500".into()),
                     (
-                        "ONCEPAY_PROVIDER__STRIPE__REQUEST_TIMEOUT_MS".into(),
+                        setting_variable("provider.stripe.request_timeout_ms"),
                         timing.provider_request_timeout_ms.to_string(),
                     ),
                     // One call's timeouts and a little more, below the poller's lease (twice the
                     // request timeout).
                     (
-                        "ONCEPAY_PROVIDER__STRIPE__LOOKUP_DEADLINE_MS".into(),
+                        setting_variable("provider.stripe.lookup_deadline_ms"),
                         (timing.provider_request_timeout_ms + 1_000).to_string(),
                     ),
                 ]);
                 if role == Role::Reconciler {
-                    slot.spec.env.push(("ONCEPAY_WEBHOOKS__STRIPE_SECRETS".into(), format!("[\"{webhook_secret}\"]")));
+                    slot.spec
+                        .env
+                        .push((setting_variable("webhooks.stripe_secrets"), format!("[\"{webhook_secret}\"]")));
                 }
             }
-            Ok(RunningProvider::Localstripe(stripe))
+            Ok((RunningProvider::Localstripe(stripe), secret))
         }
     }
 }
@@ -699,27 +745,27 @@ fn process_spec(
     let interval = timing.loop_interval_ms.to_string();
     let spec = Spec::new(&name, program, log_dir)
         .env("DATABASE_URL", database_url)
-        .env("ONCEPAY_HTTP__PORT", port.to_string())
-        .env("ONCEPAY_TELEMETRY__LOG_FORMAT", "text")
-        .env("ONCEPAY_PROVIDER__KEY_WINDOW_SECS", timing.key_window_secs.to_string())
-        .env("ONCEPAY_PROVIDER__KEY_WINDOW_MARGIN_SECS", timing.key_window_margin_secs.to_string());
+        .port(port)
+        .setting("telemetry.log_format", "text")
+        .setting("provider.key_window_secs", timing.key_window_secs.to_string())
+        .setting("provider.key_window_margin_secs", timing.key_window_margin_secs.to_string());
     match role {
-        Role::Api => spec.env("ONCEPAY_HTTP__WORKERS", "2").env("ONCEPAY_HTTP__SHUTDOWN_GRACE_SECS", "5"),
+        Role::Api => spec.setting("http.workers", "2").setting("http.shutdown_grace_secs", "5"),
         Role::Worker => spec
-            .env("ONCEPAY_WORKER__ID", &name)
-            .env("ONCEPAY_WORKER__LEASE_SECS", timing.lease_secs.to_string())
-            .env("ONCEPAY_WORKER__POLL_INTERVAL_MS", &interval)
-            .env("ONCEPAY_WORKER__BACKOFF__BASE_MS", "100")
-            .env("ONCEPAY_WORKER__BACKOFF__MAX_MS", "1000")
-            .env("ONCEPAY_WORKER__SHUTDOWN_GRACE_SECS", "5"),
+            .setting("worker.id", &name)
+            .setting("worker.lease_secs", timing.lease_secs.to_string())
+            .setting("worker.poll_interval_ms", &interval)
+            .setting("worker.backoff.base_ms", "100")
+            .setting("worker.backoff.max_ms", "1000")
+            .setting("worker.shutdown_grace_secs", "5"),
         Role::Reconciler => spec
             .arg("serve")
-            .env("ONCEPAY_POLLER__INTERVAL_MS", &interval)
-            .env("ONCEPAY_POLLER__LEASE_MS", (timing.provider_request_timeout_ms * 2).to_string())
-            .env("ONCEPAY_POLLER__BACKOFF__BASE_MS", "200")
-            .env("ONCEPAY_POLLER__BACKOFF__MAX_MS", "1000")
-            .env("ONCEPAY_POLLER__MAX_ATTEMPTS", timing.poller_max_attempts.to_string())
-            .env("ONCEPAY_SWEEPER__INTERVAL_MS", &interval),
+            .setting("poller.interval_ms", &interval)
+            .setting("poller.lease_ms", (timing.provider_request_timeout_ms * 2).to_string())
+            .setting("poller.backoff.base_ms", "200")
+            .setting("poller.backoff.max_ms", "1000")
+            .setting("poller.max_attempts", timing.poller_max_attempts.to_string())
+            .setting("sweeper.interval_ms", &interval),
     }
 }
 
@@ -729,6 +775,7 @@ async fn two_phase_commits(pool: &PgPool, server: &Server) -> anyhow::Result<Opt
     if !matches!(server, Server::Citus(_)) {
         return Ok(None);
     }
+    // Unchecked: pg_dist_transaction exists only on a Citus coordinator, not in the database the macros check against.
     let count = sqlx::query_scalar("SELECT count(*) FROM pg_dist_transaction")
         .fetch_one(pool)
         .await

@@ -29,6 +29,7 @@ async fn start(seed: u64) -> System {
         timing: Timing::default(),
         provider: Provider::Simulator { seed },
         log_dir: None,
+        env: Vec::new(),
     })
     .await
     .unwrap()
@@ -138,12 +139,15 @@ async fn the_checker_reports_a_second_charge_a_missing_ledger_entry_and_a_charge
     let system = start(seed).await;
     let (report, _) = drive(&system, &workload(seed, 20)).await;
     assert!(report.passed(), "{report}");
-    let succeeded: Vec<(uuid::Uuid, uuid::Uuid, i64, String)> = sqlx::query_as(
-        "SELECT tenant_id, payment_id, amount, currency FROM payments WHERE status = 'succeeded' ORDER BY payment_id LIMIT 2",
+    let succeeded: Vec<(uuid::Uuid, uuid::Uuid, i64, String)> = sqlx::query!(
+        "SELECT tenant_id, payment_id, amount, currency FROM payments WHERE status = 'succeeded' ORDER BY payment_id LIMIT 2"
     )
     .fetch_all(system.pool())
     .await
-    .unwrap();
+    .unwrap()
+    .into_iter()
+    .map(|payment| (payment.tenant_id, payment.payment_id, payment.amount, payment.currency))
+    .collect();
     let [(tenant, charged_twice, amount, currency), (_, unbooked, _, _)] = &succeeded[..] else {
         panic!("two succeeded payments expected\n{report}")
     };
@@ -154,11 +158,7 @@ async fn the_checker_reports_a_second_charge_a_missing_ledger_entry_and_a_charge
     second.metadata.insert("oncepay_payment_id".into(), charged_twice.to_string());
     system.simulator().unwrap().plant(&second).await.unwrap();
     // A ledger entry lost.
-    sqlx::query("DELETE FROM ledger_entries WHERE payment_id = $1")
-        .bind(unbooked)
-        .execute(system.pool())
-        .await
-        .unwrap();
+    sqlx::query!("DELETE FROM ledger_entries WHERE payment_id = $1", unbooked).execute(system.pool()).await.unwrap();
     // A charge for no payment at all, as a provider call made without an accepted payment would.
     let mut stray = PlantCharge::succeeded(500, "EUR");
     stray.idempotency_key = Some(format!("oncepay-{}", uuid::Uuid::now_v7()));

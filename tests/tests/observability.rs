@@ -4,8 +4,9 @@
 //! API key, a secret, an idempotency key or a request body.
 //!
 //! Each test starts a throwaway PostgreSQL, the simulator, the api, a worker and a reconciler (the
-//! binaries `cargo build --workspace --bins` makes), all exporting their spans to a receiver inside
-//! the test. The worker and the reconciler reach the simulator through a recording proxy.
+//! binaries `cargo build --workspace --bins` makes) as the other cross-process suites do
+//! (`oncepay_tests::system`), all exporting their spans to a receiver inside the test. The worker
+//! and the reconciler reach the simulator through a recording proxy.
 
 // Helpers outside `#[test]` functions fail loudly too: clippy's test exemption does not reach them.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -13,13 +14,10 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
-use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -27,10 +25,12 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use oncepay_devkit::pg::{Durability, free_port};
-use oncepay_devkit::process::{Child, Spec};
-use oncepay_devkit::server::{self, Server};
-use oncepay_devkit::workspace;
+use oncepay_devkit::pg::Durability;
+use oncepay_devkit::process::setting_variable;
+use oncepay_devkit::wait::wait_until;
+use oncepay_tests::system::{
+    Binaries, Processes, Provider, Role, SIMULATOR_API_KEY, System, SystemConfig, Tenant, Timing, Topology,
+};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::KeyValue;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
@@ -39,10 +39,6 @@ use serde_json::{Value, json};
 use sqlx::{Connection, PgConnection};
 use tokio::net::TcpListener;
 
-/// The credential the worker and the reconciler present to the provider.
-const PROVIDER_API_KEY: &str = "sk_test_CANARY_provider_key_7f3a9c";
-/// What the simulator signs its webhooks with; `WEBHOOK_SECRET` is `whsec_` + its base64.
-const WEBHOOK_SECRET_BYTES: &str = "CANARY-webhook-signing-key-0042";
 /// A key no tenant has, presented to the api.
 const WRONG_API_KEY: &str = "opk_CANARYwrongApiKeyThatMustNeverBeLogged0000000000000000";
 /// The client's idempotency key for the traced payment.
@@ -57,27 +53,22 @@ const REFUSED_BODY_VALUE: &str = "CANARY-refused-amount-9a07";
 const REFUSED_KEY: &str = "CANARY refused key 4c2d";
 
 /// The worker gives up on a provider response after this long; a hanging simulator holds it longer.
-const PROVIDER_TIMEOUT_MS: &str = "1000";
+const PROVIDER_TIMEOUT_MS: u64 = 1_000;
 const HANG_MS: &str = "4000";
 /// How long to wait for anything that the processes do on their own.
 const PATIENCE: Duration = Duration::from_secs(60);
 
-fn webhook_secret() -> String {
-    format!("whsec_{}", STANDARD.encode(WEBHOOK_SECRET_BYTES))
-}
-
-/// What must never appear in any log line: every distinctive credential and value above is a
-/// canary, searched for in every process's log after the run.
-fn canaries(api_key: &str) -> Vec<String> {
-    let secret = webhook_secret();
-    let secret_base64 = secret.trim_start_matches("whsec_").to_owned();
+/// What must never appear in any log line: the tenant's API key, the provider's credential, the
+/// webhook secret (whole and its base64 part), and every distinctive value above. Each is a canary,
+/// searched for in every process's log and every exported span after the run.
+fn canaries(api_key: &str, webhook_secret: &str) -> Vec<String> {
+    let secret_base64 = webhook_secret.trim_start_matches("whsec_");
     [
         api_key,
         WRONG_API_KEY,
-        PROVIDER_API_KEY,
-        &secret,
-        &secret_base64,
-        WEBHOOK_SECRET_BYTES,
+        SIMULATOR_API_KEY,
+        webhook_secret,
+        secret_base64,
         IDEMPOTENCY_KEY,
         REFUSED_KEY,
         CUSTOMER,
@@ -206,14 +197,14 @@ impl Receiver {
     }
 
     /// Every exported span, its name, attributes and events checked for canaries.
-    fn assert_no_canary_in_spans(&self, api_key: &str) {
+    fn assert_no_canary_in_spans(&self, canaries: &[String]) {
         let spans = self.spans.lock().unwrap();
         assert!(spans.len() > 10, "only {} spans were exported", spans.len());
         for span in spans.iter() {
             let texts = std::iter::once(&span.name).chain(span.attributes.values()).chain(&span.events);
             for text in texts {
-                for canary in canaries(api_key) {
-                    assert!(!text.contains(&canary), "a {} span leaks {canary:?}: {span:?}", span.service);
+                for canary in canaries {
+                    assert!(!text.contains(canary), "a {} span leaks {canary:?}: {span:?}", span.service);
                 }
             }
         }
@@ -242,18 +233,23 @@ struct ProviderRequest {
 
 /// Forwards every request to the simulator and remembers its method, path and `traceparent`, so
 /// the context each provider request carried can be checked against the spans exported for it.
+///
+/// It listens before the simulator starts (the processes are configured with its address) and
+/// forwards once told where the simulator is; until then it answers 502.
 #[derive(Clone, Default)]
 struct Proxy {
     seen: Arc<Mutex<Vec<ProviderRequest>>>,
+    upstream: Arc<OnceLock<String>>,
 }
 
 impl Proxy {
-    async fn start(&self, upstream: String) -> String {
-        let seen = self.seen.clone();
+    async fn start(&self) -> String {
+        let (seen, upstream) = (self.seen.clone(), self.upstream.clone());
         let client = reqwest::Client::new();
         serve(Arc::new(move |request: Request<Incoming>| {
             let (seen, client, upstream) = (seen.clone(), client.clone(), upstream.clone());
             Box::pin(async move {
+                let Some(upstream) = upstream.get() else { return status(StatusCode::BAD_GATEWAY) };
                 let (parts, body) = request.into_parts();
                 let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_owned();
                 seen.lock().unwrap().push(ProviderRequest {
@@ -281,6 +277,11 @@ impl Proxy {
         .await
     }
 
+    /// Forwards from now on to `upstream`.
+    fn forward_to(&self, upstream: &str) {
+        self.upstream.set(upstream.to_owned()).expect("the proxy's upstream is set once");
+    }
+
     fn requests(&self) -> Vec<ProviderRequest> {
         self.seen.lock().unwrap().clone()
     }
@@ -291,137 +292,91 @@ impl Proxy {
 
 /// How a test wants the processes to behave.
 struct Scenario {
-    /// `ONCEPAY_FAULTS__*` for the simulator.
+    /// The simulator's `faults.*` settings.
     faults: &'static [(&'static str, &'static str)],
     /// How often the reconciler's poller looks for due unknown payments.
     poller_interval_ms: &'static str,
 }
 
-/// A tenant and its API key, as the operator CLI made them.
-struct Tenant {
-    id: String,
-    api_key: String,
-}
-
 struct World {
-    server: Server,
-    database_url: String,
-    logs: tempfile::TempDir,
+    system: System,
     receiver: Receiver,
     proxy: Proxy,
     api: String,
     worker: String,
     reconciler: String,
-    simulator: String,
     http: reqwest::Client,
-    children: Vec<Child>,
-}
-
-fn binary(name: &str) -> PathBuf {
-    workspace::binary(name).expect("build every binary first: cargo build --workspace --bins")
 }
 
 impl World {
     async fn start(scenario: &Scenario) -> Self {
+        // The proxy's client is built before the system installs the workspace's TLS provider.
         oncepay_service::tls::install_provider();
-        let server = Server::start(server::Kind::from_env(), Durability::Fast).await.unwrap();
-        server.create_database("oncepay").await.unwrap();
-        let database_url = server.url("oncepay");
-        let logs = tempfile::Builder::new().prefix("oncepay-observability-").tempdir().unwrap();
         let receiver = Receiver::default();
         let otlp = receiver.start().await;
-        let ports = [free_port().unwrap(), free_port().unwrap(), free_port().unwrap(), free_port().unwrap()];
-        let [api, worker, reconciler, simulator] = ports.map(|port| format!("http://127.0.0.1:{port}"));
         let proxy = Proxy::default();
-        let provider = proxy.start(simulator.clone()).await;
-        let mut world = Self {
-            server,
-            database_url,
-            logs,
+        let provider = proxy.start().await;
+        let setting = |to, key: &str, value: &str| (to, setting_variable(key), value.to_owned());
+        let (worker, reconciler) = (Processes::Only(Role::Worker), Processes::Only(Role::Reconciler));
+        let mut env = vec![
+            // Production log format (JSON), with our own crates at `debug`, so every statement is audited.
+            setting(Processes::All, "telemetry.log_format", "json"),
+            setting(
+                Processes::All,
+                "telemetry.log_filter",
+                "info,oncepay_api=debug,oncepay_worker=debug,oncepay_reconciler=debug,oncepay_store=debug,\
+                 oncepay_provider=debug,oncepay_simulator=debug",
+            ),
+            setting(Processes::All, "telemetry.otlp_endpoint", &otlp),
+            // Export every 100 ms rather than every 5 s (the OpenTelemetry SDK's own variable).
+            (Processes::All, "OTEL_BSP_SCHEDULE_DELAY".to_owned(), "100".to_owned()),
+            setting(worker, "provider.base_url", &provider),
+            setting(reconciler, "provider.base_url", &provider),
+            setting(reconciler, "poller.interval_ms", scenario.poller_interval_ms),
+            setting(reconciler, "backlog.interval_ms", "100"),
+        ];
+        env.extend(
+            scenario
+                .faults
+                .iter()
+                .map(|(fault, value)| setting(Processes::Simulator, &format!("faults.{fault}"), value)),
+        );
+        let system = System::start(SystemConfig {
+            binaries: Binaries::built().unwrap(),
+            topology: Topology { apis: 1, workers: 1, reconcilers: 1 },
+            tenants: vec!["acme".to_owned()],
+            durability: Durability::Fast,
+            timing: Timing { provider_request_timeout_ms: PROVIDER_TIMEOUT_MS, ..Timing::default() },
+            provider: Provider::Simulator { seed: 0x0B5E },
+            log_dir: None,
+            env,
+        })
+        .await
+        .unwrap();
+        proxy.forward_to(system.simulator_url().unwrap());
+        Self {
+            api: system.url(Role::Api, 0).unwrap(),
+            worker: system.url(Role::Worker, 0).unwrap(),
+            reconciler: system.url(Role::Reconciler, 0).unwrap(),
+            system,
             receiver,
             proxy,
-            api,
-            worker,
-            reconciler,
-            simulator,
             http: reqwest::Client::new(),
-            children: Vec::new(),
-        };
-        world.cli(&["migrate"]).await;
-
-        // Production log format (JSON), with our own crates at `debug`, so every statement is audited.
-        let common = |spec: Spec, port: u16| {
-            spec.env("ONCEPAY_HTTP__PORT", port.to_string())
-                .env("ONCEPAY_TELEMETRY__LOG_FORMAT", "json")
-                .env(
-                    "ONCEPAY_TELEMETRY__LOG_FILTER",
-                    "info,oncepay_api=debug,oncepay_worker=debug,oncepay_reconciler=debug,oncepay_store=debug,\
-                     oncepay_provider=debug,oncepay_simulator=debug",
-                )
-                .env("ONCEPAY_TELEMETRY__OTLP_ENDPOINT", &otlp)
-                // Export every 100 ms rather than every 5 s (the OpenTelemetry SDK's own variable).
-                .env("OTEL_BSP_SCHEDULE_DELAY", "100")
-        };
-        let mut simulator = common(Spec::new("simulator", binary("oncepay-simulator"), world.logs.path()), ports[3])
-            .env("ONCEPAY_SIMULATOR__API_KEY", PROVIDER_API_KEY)
-            .env("ONCEPAY_SIMULATOR__WEBHOOK_SECRET", webhook_secret())
-            .env("ONCEPAY_SIMULATOR__WEBHOOK_URL", format!("{}/webhooks/provider", world.reconciler));
-        for (fault, value) in scenario.faults {
-            simulator = simulator.env(format!("ONCEPAY_FAULTS__{}", fault.to_uppercase()), *value);
         }
-        let api = common(Spec::new("api", binary("oncepay-api"), world.logs.path()), ports[0])
-            .env("DATABASE_URL", &world.database_url);
-        let worker = common(Spec::new("worker", binary("oncepay-worker"), world.logs.path()), ports[1])
-            .env("DATABASE_URL", &world.database_url)
-            .env("ONCEPAY_PROVIDER__BASE_URL", &provider)
-            .env("ONCEPAY_PROVIDER__API_KEY", PROVIDER_API_KEY)
-            .env("ONCEPAY_PROVIDER__REQUEST_TIMEOUT_MS", PROVIDER_TIMEOUT_MS)
-            .env("ONCEPAY_WORKER__POLL_INTERVAL_MS", "100");
-        let reconciler = common(Spec::new("reconciler", binary("oncepay-reconciler"), world.logs.path()), ports[2])
-            .env("DATABASE_URL", &world.database_url)
-            .env("ONCEPAY_PROVIDER__BASE_URL", &provider)
-            .env("ONCEPAY_PROVIDER__API_KEY", PROVIDER_API_KEY)
-            .env("ONCEPAY_WEBHOOKS__SECRETS", format!("[\"{}\"]", webhook_secret()))
-            .env("ONCEPAY_POLLER__INTERVAL_MS", scenario.poller_interval_ms)
-            .env("ONCEPAY_POLLER__BACKOFF__BASE_MS", "200")
-            .env("ONCEPAY_POLLER__BACKOFF__MAX_MS", "500")
-            .env("ONCEPAY_BACKLOG__INTERVAL_MS", "100");
-        for spec in [simulator, api, worker, reconciler] {
-            let name = spec.name.clone();
-            let mut child = Child::spawn(spec).await.unwrap();
-            let ready = match name.as_str() {
-                "simulator" => &world.simulator,
-                "api" => &world.api,
-                "worker" => &world.worker,
-                _ => &world.reconciler,
-            };
-            child.wait_until_ready(&format!("{ready}/readyz"), Duration::from_secs(30)).await.unwrap();
-            world.children.push(child);
-        }
-        world
     }
 
-    /// Runs an operator command (`oncepay-reconciler --json ...`) to completion; returns its output.
-    async fn cli(&self, args: &[&str]) -> Value {
-        let output = tokio::process::Command::new(binary("oncepay-reconciler"))
-            .arg("--json")
-            .args(args)
-            .env("DATABASE_URL", &self.database_url)
-            .output()
-            .await
-            .unwrap();
-        assert!(output.status.success(), "{args:?}: {}", String::from_utf8_lossy(&output.stderr));
-        serde_json::from_slice(&output.stdout).unwrap_or(Value::Null)
+    /// The tenant the system was started with.
+    fn acme(&self) -> Tenant {
+        self.system.tenants()[0].clone()
     }
 
-    async fn tenant(&self, name: &str, rate_limit: Option<&str>) -> Tenant {
-        let mut args = vec!["tenants", "create", name];
-        if let Some(limit) = rate_limit {
-            args.extend(["--rate-limit", limit]);
-        }
-        let created = self.cli(&args).await;
+    /// A new tenant limited to `rate_limit` requests a second, made with the operator CLI.
+    async fn tenant(&self, name: &str, rate_limit: &str) -> Tenant {
+        let created = self.system.operator(&["--json", "tenants", "create", name, "--rate-limit", rate_limit]).await;
+        let created: Value = serde_json::from_str(&created.unwrap()).unwrap();
         Tenant {
-            id: created["tenant"]["tenant_id"].as_str().unwrap().to_owned(),
+            name: name.to_owned(),
+            tenant_id: created["tenant"]["tenant_id"].as_str().unwrap().parse().unwrap(),
             api_key: created["api_key"].as_str().unwrap().to_owned(),
         }
     }
@@ -444,8 +399,7 @@ impl World {
 
     /// Waits (long polls) until the payment is `succeeded`.
     async fn until_succeeded(&self, api_key: &str, payment_id: &str) {
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        loop {
+        let succeeded = wait_until("the payment succeeded", PATIENCE, || async {
             let payment: Value = self
                 .http
                 .get(format!("{}/v1/payments/{payment_id}", self.api))
@@ -457,35 +411,30 @@ impl World {
                 .json()
                 .await
                 .unwrap();
-            if payment["status"] == "succeeded" {
-                return;
-            }
-            assert!(tokio::time::Instant::now() < deadline, "{payment}\n{}", self.all_logs());
+            (payment["status"] == "succeeded").then_some(())
+        })
+        .await;
+        if let Err(timed_out) = succeeded {
+            panic!("{timed_out}\n{}", self.all_logs());
         }
     }
 
     /// Waits until `condition` holds, or fails with every process's log.
     async fn until<T>(&self, what: &str, mut condition: impl FnMut() -> Option<T>) -> T {
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        loop {
-            if let Some(found) = condition() {
-                return found;
-            }
-            assert!(tokio::time::Instant::now() < deadline, "{what}: not after {PATIENCE:?}\n{}", self.all_logs());
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let found = wait_until(what, PATIENCE, || std::future::ready(condition())).await;
+        found.unwrap_or_else(|timed_out| panic!("{timed_out}\n{}", self.all_logs()))
     }
 
     /// Scrapes `/metrics` of `service` until `done` holds for it; returns that scrape.
     async fn until_scraped(&self, service: &str, what: &str, done: impl Fn(&str) -> bool) -> String {
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        loop {
+        let scraped = wait_until(what, PATIENCE, || async {
             let text = self.metrics(service).await;
-            if done(&text) {
-                return text;
-            }
-            assert!(tokio::time::Instant::now() < deadline, "{what}: not after {PATIENCE:?}\n{text}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            done(&text).then_some(text)
+        })
+        .await;
+        match scraped {
+            Ok(text) => text,
+            Err(timed_out) => panic!("{timed_out}\n{}", self.metrics(service).await),
         }
     }
 
@@ -501,15 +450,13 @@ impl World {
 
     /// Stops every process politely (each flushes its spans and logs on the way out).
     async fn stop(&mut self) {
-        for child in self.children.iter_mut().rev() {
-            let exited = child.terminate(Duration::from_secs(20)).await.unwrap();
-            assert!(exited.success(), "{} exited with {exited}\n{}", child.name(), child.log().await.unwrap());
-        }
+        let unclean = self.system.shutdown().await.unwrap();
+        assert!(unclean.is_empty(), "every process exits 0 on SIGTERM: {unclean:?}\n{}", self.all_logs());
     }
 
     fn all_logs(&self) -> String {
         let mut all = String::new();
-        for entry in std::fs::read_dir(self.logs.path()).unwrap() {
+        for entry in std::fs::read_dir(self.system.log_dir()).unwrap() {
             let path = entry.unwrap().path();
             all.push_str(&format!("--- {}\n{}\n", path.display(), std::fs::read_to_string(&path).unwrap()));
         }
@@ -518,20 +465,21 @@ impl World {
 
     /// The log lines of one process.
     fn log_of(&self, name: &str) -> String {
-        std::fs::read_to_string(self.logs.path().join(format!("{name}.log"))).unwrap()
+        std::fs::read_to_string(self.system.log_dir().join(format!("{name}.log"))).unwrap()
     }
 
     /// Every log line of every process, and every exported span, checked for canaries.
     fn assert_no_canary_in_logs(&self, api_key: &str) {
-        self.receiver.assert_no_canary_in_spans(api_key);
+        let canaries = canaries(api_key, self.system.webhook_secret());
+        self.receiver.assert_no_canary_in_spans(&canaries);
         let mut lines = 0;
-        for entry in std::fs::read_dir(self.logs.path()).unwrap() {
+        for entry in std::fs::read_dir(self.system.log_dir()).unwrap() {
             let path = entry.unwrap().path();
             let log = std::fs::read_to_string(&path).unwrap();
             for line in log.lines() {
                 lines += 1;
-                for canary in canaries(api_key) {
-                    assert!(!line.contains(&canary), "{} leaks {canary:?}:\n{line}", path.display());
+                for canary in &canaries {
+                    assert!(!line.contains(canary), "{} leaks {canary:?}:\n{line}", path.display());
                 }
             }
         }
@@ -619,7 +567,7 @@ async fn journey_to_unknown(world: &World, payment_id: &str) -> (ExportedSpan, E
         "the provider request carries the provider call's context"
     );
     // The worker's log line about the outcome leads to the trace: it carries the trace and span ids.
-    let logged = world.log_of("worker");
+    let logged = world.log_of("worker-0");
     let line = logged.lines().find(|l| l.contains(payment_id) && l.contains("uncertain")).expect("a log line");
     let ids = format!(r#""trace_id":"{}","span_id":"{}""#, request.trace_id, process.span_id);
     assert!(line.contains(&ids), "{line}");
@@ -635,7 +583,7 @@ async fn one_payment_is_one_trace_from_the_request_to_the_webhook_that_settles_i
         poller_interval_ms: "60000",
     };
     let mut world = World::start(&scenario).await;
-    let tenant = world.tenant("acme", None).await;
+    let tenant = world.acme();
 
     let payment_id = canary_payment(&world, &tenant).await;
 
@@ -672,7 +620,7 @@ async fn one_payment_is_one_trace_from_the_request_to_the_poll_that_settles_it()
         poller_interval_ms: "100",
     };
     let mut world = World::start(&scenario).await;
-    let tenant = world.tenant("acme", None).await;
+    let tenant = world.acme();
 
     let payment_id = canary_payment(&world, &tenant).await;
 
@@ -708,8 +656,8 @@ async fn one_payment_is_one_trace_from_the_request_to_the_poll_that_settles_it()
 async fn metrics_count_a_scripted_workload_and_the_gauges_reflect_the_database() {
     let scenario = Scenario { faults: &[], poller_interval_ms: "100" };
     let mut world = World::start(&scenario).await;
-    let tenant = world.tenant("acme", None).await;
-    let slow = world.tenant("slow", Some("1")).await;
+    let tenant = world.acme();
+    let slow = world.tenant("slow", "1").await;
     let body = payment_body();
 
     // Two payments created, the first replayed three times, its key reused once with another body.
@@ -726,7 +674,7 @@ async fn metrics_count_a_scripted_workload_and_the_gauges_reflect_the_database()
     let (status, _) = world.post(&tenant.api_key, Some(IDEMPOTENCY_KEY), &other).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     // The key is being written by another transaction right now, past the api's lock wait: 409.
-    let mut writer = PgConnection::connect(&world.database_url).await.unwrap();
+    let mut writer = PgConnection::connect(world.system.database_url()).await.unwrap();
     let mut in_flight = writer.begin().await.unwrap();
     sqlx::query(
         "WITH payment AS (
@@ -735,7 +683,7 @@ async fn metrics_count_a_scripted_workload_and_the_gauges_reflect_the_database()
          INSERT INTO idempotency_keys (tenant_id, idempotency_key, fingerprint, payment_id, expires_at)
          SELECT tenant_id, 'held-key', sha256('held'), payment_id, now() + interval '1 day' FROM payment",
     )
-    .bind(&tenant.id)
+    .bind(tenant.tenant_id)
     .execute(&mut *in_flight)
     .await
     .unwrap();
@@ -794,7 +742,7 @@ async fn metrics_count_a_scripted_workload_and_the_gauges_reflect_the_database()
     // Seeded backlog: two payments waiting for a retry in an hour (the older accepted ten minutes
     // ago), one `unknown` for half an hour that the poller will not look at yet, a dead-lettered
     // payment and a conflict on a succeeded one, each with its open dead letter.
-    let mut db = PgConnection::connect(&world.database_url).await.unwrap();
+    let mut db = PgConnection::connect(world.system.database_url()).await.unwrap();
     for statement in [
         "WITH p AS (
              INSERT INTO payments (tenant_id, payment_id, amount, currency, customer_id, created_at, updated_at)
@@ -821,7 +769,7 @@ async fn metrics_count_a_scripted_workload_and_the_gauges_reflect_the_database()
          SELECT tenant_id, payment_id, 'conflict', 'seeded' FROM payments
          WHERE tenant_id = $1::uuid AND status = 'succeeded' LIMIT 1",
     ] {
-        sqlx::query(statement).bind(&tenant.id).execute(&mut db).await.unwrap();
+        sqlx::query(statement).bind(tenant.tenant_id).execute(&mut db).await.unwrap();
     }
 
     for (series, expected) in [
@@ -844,7 +792,7 @@ async fn metrics_count_a_scripted_workload_and_the_gauges_reflect_the_database()
     assert!((1799.0..1860.0).contains(&oldest_unknown), "{oldest_unknown}");
 
     // The store goes away: the api fails closed, and counts it.
-    world.server.stop().await.unwrap();
+    world.system.crash_database().await.unwrap();
     assert_eq!(world.post(&tenant.api_key, Some("no-store"), &body).await.0, StatusCode::SERVICE_UNAVAILABLE);
     world.until_metric(&world.api, "oncepay_api_intake_total{outcome=\"store_unavailable\"}", 1.0).await;
 

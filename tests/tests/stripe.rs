@@ -48,6 +48,7 @@ async fn payments_through_localstripe_end_as_their_test_cards_say_and_its_webhoo
         timing: Timing { poller_max_attempts: 10_000, ..Timing::default() },
         provider: Provider::Localstripe { python: Localstripe::python().unwrap() },
         log_dir: None,
+        env: Vec::new(),
     })
     .await
     .unwrap();
@@ -142,7 +143,7 @@ async fn payments_through_localstripe_end_as_their_test_cards_say_and_its_webhoo
 }
 
 /// How one payment ended, and with which payment method.
-#[derive(Debug, sqlx::FromRow)]
+#[derive(Debug)]
 struct End {
     method: String,
     status: String,
@@ -152,13 +153,14 @@ struct End {
 }
 
 async fn ends_by_method(system: &System) -> Vec<End> {
-    sqlx::query_as(
-        "SELECT p.payment_method AS method, p.status::text AS status, p.failure_code,
+    sqlx::query_as!(
+        End,
+        r#"SELECT p.payment_method AS "method!", p.status::text AS "status!", p.failure_code,
                 EXISTS (SELECT 1 FROM payment_events e
                          WHERE e.tenant_id = p.tenant_id AND e.payment_id = p.payment_id
                            AND e.from_status = 'unknown' AND e.to_status = p.status AND e.actor = 'webhook')
-                  AS settled_by_webhook_from_unknown
-           FROM payments p",
+                  AS "settled_by_webhook_from_unknown!"
+           FROM payments p"#
     )
     .fetch_all(system.pool())
     .await

@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use oncepay_devkit::localstripe;
 use oncepay_devkit::pg::Durability;
-use oncepay_devkit::process::{Child, Spec};
+use oncepay_devkit::process::{Child, Spec, setting_variable};
 use oncepay_devkit::server::{self, Server};
 use tokio::process::Command;
 
@@ -146,41 +146,35 @@ async fn start(root: &Path, options: &Options, running: &mut Running) -> anyhow:
     let webhook_secret = secrets::webhook_secret();
     let log_dir = root.join(".oncepay").join("logs");
     // Each binary rejects settings it does not have, so each gets only its own.
-    let common = |spec: Spec| spec.env("ONCEPAY_TELEMETRY__LOG_FORMAT", "text").echo(true);
+    let common = |spec: Spec| spec.setting("telemetry.log_format", "text").echo(true);
     let with_database = |spec: Spec| common(spec).env("DATABASE_URL", &database_url);
     // localstripe has no Stripe Connect (it ignores `Stripe-Account`, its events name no account):
     // every tenant charges the one account of the key, with Stripe's test card unless a payment
     // names its own.
     let through_stripe = |spec: Spec| {
-        spec.env("ONCEPAY_PROVIDER__KIND", "stripe")
-            .env("ONCEPAY_PROVIDER__STRIPE__MODE", "direct")
-            .env("ONCEPAY_PROVIDER__STRIPE__BASE_URL", localstripe::url(LOCALSTRIPE_PORT))
-            .env("ONCEPAY_PROVIDER__STRIPE__SECRET_KEY", localstripe::SECRET_KEY)
-            .env("ONCEPAY_PROVIDER__STRIPE__API_VERSION", localstripe::API_VERSION)
-            .env("ONCEPAY_PROVIDER__STRIPE__DEFAULT_PAYMENT_METHOD", "pm_card_visa")
+        spec.setting("provider.kind", "stripe")
+            .setting("provider.stripe.mode", "direct")
+            .setting("provider.stripe.base_url", localstripe::url(LOCALSTRIPE_PORT))
+            .setting("provider.stripe.secret_key", localstripe::SECRET_KEY)
+            .setting("provider.stripe.api_version", localstripe::API_VERSION)
+            .setting("provider.stripe.default_payment_method", "pm_card_visa")
     };
     let with_provider = |spec: Spec| match options.provider {
         Provider::Simulator => with_database(spec)
-            .env("ONCEPAY_PROVIDER__BASE_URL", format!("http://127.0.0.1:{SIMULATOR_PORT}"))
-            .env("ONCEPAY_PROVIDER__API_KEY", &provider_key),
+            .setting("provider.base_url", format!("http://127.0.0.1:{SIMULATOR_PORT}"))
+            .setting("provider.api_key", &provider_key),
         Provider::Localstripe => through_stripe(with_database(spec)),
     };
-    let reconciler_spec = with_provider(Spec::new("reconciler", &reconciler, &log_dir))
-        .env("ONCEPAY_HTTP__PORT", RECONCILER_PORT.to_string());
+    let reconciler_spec = with_provider(Spec::new("reconciler", &reconciler, &log_dir)).port(RECONCILER_PORT);
     let reconciler_spec = match options.provider {
-        Provider::Simulator => reconciler_spec.env("ONCEPAY_WEBHOOKS__SECRETS", format!("[\"{webhook_secret}\"]")),
-        Provider::Localstripe => {
-            reconciler_spec.env("ONCEPAY_WEBHOOKS__STRIPE_SECRETS", format!("[\"{webhook_secret}\"]"))
-        }
+        Provider::Simulator => reconciler_spec.setting_list("webhooks.secrets", &[&webhook_secret]),
+        Provider::Localstripe => reconciler_spec.setting_list("webhooks.stripe_secrets", &[&webhook_secret]),
     };
-    let api_spec = with_database(Spec::new("api", bin.join("oncepay-api"), &log_dir))
-        .env("ONCEPAY_HTTP__PORT", API_PORT.to_string());
+    let api_spec = with_database(Spec::new("api", bin.join("oncepay-api"), &log_dir)).port(API_PORT);
     let api_spec = match options.provider {
         Provider::Simulator => api_spec,
         // Intake refuses what Stripe could never charge.
-        Provider::Localstripe => {
-            api_spec.env("ONCEPAY_PROVIDER__KIND", "stripe").env("ONCEPAY_PROVIDER__STRIPE__MODE", "direct")
-        }
+        Provider::Localstripe => api_spec.setting("provider.kind", "stripe").setting("provider.stripe.mode", "direct"),
     };
 
     match &python {
@@ -194,10 +188,10 @@ async fn start(root: &Path, options: &Options, running: &mut Running) -> anyhow:
         }
         None => {
             let spec = common(Spec::new("simulator", bin.join("oncepay-simulator"), &log_dir))
-                .env("ONCEPAY_HTTP__PORT", SIMULATOR_PORT.to_string())
-                .env("ONCEPAY_SIMULATOR__API_KEY", &provider_key)
-                .env("ONCEPAY_SIMULATOR__WEBHOOK_URL", format!("http://127.0.0.1:{RECONCILER_PORT}/webhooks/provider"))
-                .env("ONCEPAY_SIMULATOR__WEBHOOK_SECRET", &webhook_secret);
+                .port(SIMULATOR_PORT)
+                .setting("simulator.api_key", &provider_key)
+                .setting("simulator.webhook_url", format!("http://127.0.0.1:{RECONCILER_PORT}/webhooks/provider"))
+                .setting("simulator.webhook_secret", &webhook_secret);
             let child = running.children.push_mut(Child::spawn(spec).await?);
             child
                 .wait_until_ready(&format!("http://127.0.0.1:{SIMULATOR_PORT}/readyz"), Duration::from_secs(60))
@@ -206,11 +200,7 @@ async fn start(root: &Path, options: &Options, running: &mut Running) -> anyhow:
     }
     let specs = [
         (reconciler_spec, RECONCILER_PORT),
-        (
-            with_provider(Spec::new("worker", bin.join("oncepay-worker"), &log_dir))
-                .env("ONCEPAY_HTTP__PORT", WORKER_PORT.to_string()),
-            WORKER_PORT,
-        ),
+        (with_provider(Spec::new("worker", bin.join("oncepay-worker"), &log_dir)).port(WORKER_PORT), WORKER_PORT),
         (api_spec, API_PORT),
     ];
     for (spec, port) in specs {
@@ -304,7 +294,7 @@ async fn output(program: &Path, args: &[&str], database_url: &str) -> anyhow::Re
     let output = Command::new(program)
         .args(args)
         .env("DATABASE_URL", database_url)
-        .env("ONCEPAY_TELEMETRY__LOG_FORMAT", "text")
+        .env(setting_variable("telemetry.log_format"), "text")
         .output()
         .await
         .with_context(|| format!("cannot run {}", program.display()))?;
@@ -315,7 +305,7 @@ async fn run_ok(program: &Path, args: &[&str], database_url: &str) -> anyhow::Re
     let status = Command::new(program)
         .args(args)
         .env("DATABASE_URL", database_url)
-        .env("ONCEPAY_TELEMETRY__LOG_FORMAT", "text")
+        .env(setting_variable("telemetry.log_format"), "text")
         .status()
         .await
         .with_context(|| format!("cannot run {}", program.display()))?;

@@ -138,7 +138,7 @@ async fn a_flood_of_unknown_keys_cannot_take_the_connections_of_a_real_tenant(
     assert_eq!(app.post_payment("order-0", &body()).send().await.unwrap().status(), StatusCode::ACCEPTED);
     // From now on every read of a key waits: a transaction holds the keys' table.
     let mut blocker = app.db.begin().await.unwrap();
-    sqlx::query("LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE").execute(&mut *blocker).await.unwrap();
+    sqlx::query!("LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE").execute(&mut *blocker).await.unwrap();
     let flood: Vec<_> = (0..16)
         .map(|i| {
             let unknown = api_key::generate(app.tenant.id).token.expose_secret().to_owned();
@@ -269,7 +269,7 @@ impl Flood {
 /// lock is released once `request` has its response or waits for a read of its own.
 async fn sent_while_the_flood_holds_the_lookups(app: &TestApp, request: RequestBuilder) -> Response {
     let mut blocker = app.db.begin().await.unwrap();
-    sqlx::query("LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE").execute(&mut *blocker).await.unwrap();
+    sqlx::query!("LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE").execute(&mut *blocker).await.unwrap();
     while lookups_waiting(app).await == 0 {
         tokio::task::yield_now().await;
     }
@@ -283,9 +283,7 @@ async fn sent_while_the_flood_holds_the_lookups(app: &TestApp, request: RequestB
 
 /// The api's statements waiting on a lock.
 async fn lookups_waiting(app: &TestApp) -> i64 {
-    sqlx::query_scalar(
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'oncepay-api%' AND wait_event_type = 'Lock'",
-    )
+    sqlx::query_scalar!(r#"SELECT count(*) AS "count!" FROM pg_stat_activity WHERE application_name LIKE 'oncepay-api%' AND wait_event_type = 'Lock'"#)
     .fetch_one(&app.db)
     .await
     .unwrap()

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use oncepay_api::Settings;
+use oncepay_devkit::wait::wait_until;
 use oncepay_store::fixtures::Submission;
 use oncepay_store::intake;
 use reqwest::{Response, StatusCode};
@@ -93,9 +94,9 @@ async fn requests_arriving_while_their_tenants_write_is_under_way_are_written_to
     ids.dedup();
     assert_eq!(ids.len(), 8, "one payment per new key");
     // now() is the transaction's start: the eight were written in one transaction.
-    let starts: i64 = sqlx::query_scalar(
-        "SELECT count(DISTINCT p.created_at) FROM payments p JOIN idempotency_keys k USING (tenant_id, payment_id)
-         WHERE k.idempotency_key <> 'order-0'",
+    let starts: i64 = sqlx::query_scalar!(
+        r#"SELECT count(DISTINCT p.created_at) AS "starts!" FROM payments p JOIN idempotency_keys k USING (tenant_id, payment_id)
+         WHERE k.idempotency_key <> 'order-0'"#
     )
     .fetch_one(&app.db)
     .await
@@ -183,16 +184,18 @@ async fn write_held_by_another_transaction(
     let held = Submission::new(key, &body()).for_tenant(app.tenant.id, None);
     intake::accept(&mut holder, &held).await.unwrap();
     let request = tokio::spawn(app.post_payment(key, &body()).send());
-    let holder_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut *holder).await.unwrap();
-    while !sqlx::query_scalar::<_, bool>(
-        "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid)))",
-    )
-    .bind(holder_pid)
-    .fetch_one(&app.db)
+    let holder_pid = sqlx::query_scalar!(r#"SELECT pg_backend_pid() AS "pid!""#).fetch_one(&mut *holder).await.unwrap();
+    wait_until("the request waiting for the holder's lock", Duration::from_secs(10), || async {
+        sqlx::query_scalar!(
+            r#"SELECT EXISTS (SELECT FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))) AS "blocked!""#,
+            holder_pid
+        )
+        .fetch_one(&app.db)
+        .await
+        .unwrap()
+        .then_some(())
+    })
     .await
-    .unwrap()
-    {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    .unwrap();
     (holder, request)
 }

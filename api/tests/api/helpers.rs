@@ -3,13 +3,16 @@
 use std::time::Duration;
 
 use oncepay_api::{Application, Settings};
+use oncepay_devkit::wait::wait_until;
 use oncepay_domain::api_key;
 use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::status::{PaymentStatus, Transition};
+use oncepay_store::notify::{Notifier, PAYMENT_CHANNEL, Wakeups};
 use oncepay_store::payments::Payment;
 use oncepay_store::tenants::{self, TenantName};
 use oncepay_store::transitions::{self, Change, Recorded, Settlement};
+use oncepay_worker::outbox::{self, ClaimRequest};
 use reqwest::header::HeaderMap;
 use reqwest::{RequestBuilder, Response, StatusCode};
 use serde_json::{Value, json};
@@ -153,13 +156,11 @@ impl TestApp {
     /// Waits until the api reports the gauge `name` at `value` on `/metrics`.
     pub async fn until_gauge(&self, name: &str, value: usize) {
         let line = format!("{name} {value}");
-        let waited = tokio::time::timeout(Duration::from_secs(10), async {
-            while !self.metrics().await.lines().any(|l| l == line) {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+        wait_until(&format!("the api reporting {line}"), Duration::from_secs(10), || async {
+            self.metrics().await.lines().any(|l| l == line).then_some(())
         })
-        .await;
-        assert!(waited.is_ok(), "the api never reported {line}");
+        .await
+        .unwrap();
     }
 
     /// The payment id in a payment answer's body.
@@ -169,30 +170,24 @@ impl TestApp {
     }
 }
 
-/// Moves a pending payment to `processing` as the worker's claim does (an attempt counted, an audit
-/// row, the wake-up), from another connection than the api's.
+/// Claims a pending payment with the worker's own claim (lease, fencing token, `processing`, an
+/// audit row), from another connection than the api's, and announces the move to long polls as the
+/// worker announces what it records.
 pub async fn claim(db: &PgPool, tenant_id: TenantId, payment_id: PaymentId) {
-    let claimed = sqlx::query_scalar!(
-        r#"
-        WITH moved AS (
-            UPDATE payments
-            SET status = 'processing', send_attempts = send_attempts + 1,
-                first_sent_at = COALESCE(first_sent_at, now()), updated_at = now(), event_count = event_count + 1
-            WHERE tenant_id = $1 AND payment_id = $2 AND status = 'pending'
-            RETURNING tenant_id, payment_id, event_count
-        ), audit AS (
-            INSERT INTO payment_events (tenant_id, payment_id, seq, from_status, to_status, actor, reason)
-            SELECT tenant_id, payment_id, event_count, 'pending', 'processing', 'worker:test', 'claimed' FROM moved
-        )
-        SELECT pg_notify('oncepay_payment', payment_id::text) AS "notified!: ()" FROM moved
-        "#,
-        tenant_id.as_uuid(),
-        payment_id.as_uuid(),
-    )
-    .fetch_optional(db)
-    .await
-    .unwrap();
-    assert!(claimed.is_some(), "the payment was not pending");
+    let request = ClaimRequest {
+        tenant_id,
+        limit: 1,
+        worker_id: "test",
+        actor: "worker:test",
+        lease: Duration::from_secs(60),
+        resend_horizon: Duration::from_secs(3_600),
+    };
+    let claimed = outbox::claim(&mut db.acquire().await.unwrap(), &request).await.unwrap();
+    let ids: Vec<PaymentId> = claimed.iter().map(|claimed| claimed.payment_id).collect();
+    assert_eq!(ids, [payment_id], "the payment was not the tenant's one pending payment");
+    let wakeups = Wakeups::default();
+    wakeups.announce(payment_id);
+    Notifier::new(db.clone(), PAYMENT_CHANNEL, wakeups).flush().await.unwrap();
 }
 
 /// Claims a payment and settles it as charged by the provider (`store::transitions::settle`).

@@ -27,7 +27,7 @@ async fn replayed_once_final(app: &TestApp, key: &str) -> (PaymentId, reqwest::R
 
 /// Overwrites the answer stored on every key of `db`.
 async fn tamper_with_stored_answers(db: &PgPool) {
-    sqlx::query("UPDATE idempotency_keys SET response_body = '{\"tampered\": true}' WHERE response_body IS NOT NULL")
+    sqlx::query!(r#"UPDATE idempotency_keys SET response_body = '{"tampered": true}' WHERE response_body IS NOT NULL"#)
         .execute(db)
         .await
         .unwrap();
@@ -72,7 +72,8 @@ async fn a_different_request_under_a_remembered_key_is_refused_from_memory(
 
     let (headers, _) = assert_problem(reused, StatusCode::UNPROCESSABLE_ENTITY, "idempotency-key-reused").await;
     assert_eq!(headers.get("idempotency-key-expires"), expires.as_ref());
-    let payments: i64 = sqlx::query_scalar("SELECT count(*) FROM payments").fetch_one(&app.db).await.unwrap();
+    let payments: i64 =
+        sqlx::query_scalar!(r#"SELECT count(*) AS "count!" FROM payments"#).fetch_one(&app.db).await.unwrap();
     assert_eq!(payments, 1);
     app.stop().await;
 }

@@ -107,7 +107,7 @@ async fn an_operator_connects_a_tenant_to_its_provider_account_and_disconnects_i
     assert!(matches!(malformed, Err(CliError::Invalid(_))), "{malformed:?}");
     assert!(matches!(nobody, Err(CliError::NotFound(_))), "{nobody:?}");
     let stored: Option<String> =
-        sqlx::query_scalar("SELECT provider_account FROM tenants").fetch_one(&pool).await.unwrap();
+        sqlx::query_scalar!("SELECT provider_account FROM tenants").fetch_one(&pool).await.unwrap();
     assert_eq!(stored, None, "a refused change changes nothing");
 }
 
@@ -161,19 +161,24 @@ fn alice() -> Operator {
 
 /// The dead letter's resolution columns.
 async fn resolution(pool: &PgPool, payment_id: PaymentId) -> (Option<String>, Option<String>, Option<String>) {
-    sqlx::query_as("SELECT resolution, resolved_by, resolution_note FROM dead_letters WHERE payment_id = $1")
-        .bind(payment_id.as_uuid())
-        .fetch_one(pool)
-        .await
-        .unwrap()
+    sqlx::query!(
+        "SELECT resolution, resolved_by, resolution_note FROM dead_letters WHERE payment_id = $1",
+        payment_id.as_uuid()
+    )
+    .map(|row| (row.resolution, row.resolved_by, row.resolution_note))
+    .fetch_one(pool)
+    .await
+    .unwrap()
 }
 
 /// The last row of the payment's audit trail: actor, reason, to.
 async fn last_audit(pool: &PgPool, payment_id: PaymentId) -> (String, String, PaymentStatus) {
-    sqlx::query_as(
-        "SELECT actor, reason, to_status FROM payment_events WHERE payment_id = $1 ORDER BY seq DESC LIMIT 1",
+    sqlx::query!(
+        r#"SELECT actor, reason, to_status AS "to_status: PaymentStatus" FROM payment_events
+           WHERE payment_id = $1 ORDER BY seq DESC LIMIT 1"#,
+        payment_id.as_uuid()
     )
-    .bind(payment_id.as_uuid())
+    .map(|row| (row.actor, row.reason, row.to_status))
     .fetch_one(pool)
     .await
     .unwrap()
@@ -181,8 +186,7 @@ async fn last_audit(pool: &PgPool, payment_id: PaymentId) -> (String, String, Pa
 
 /// Whether the payment remembers that a send may have charged it.
 async fn may_be_charged(pool: &PgPool, payment_id: PaymentId) -> bool {
-    sqlx::query_scalar("SELECT may_be_charged FROM payments WHERE payment_id = $1")
-        .bind(payment_id.as_uuid())
+    sqlx::query_scalar!("SELECT may_be_charged FROM payments WHERE payment_id = $1", payment_id.as_uuid())
         .fetch_one(pool)
         .await
         .unwrap()
@@ -388,10 +392,11 @@ async fn a_conflict_on_a_terminal_payment_can_only_be_acknowledged(pool: PgPool)
         ("acknowledged", PaymentStatus::Failed)
     );
     assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Failed);
-    let resolutions: Vec<(String, Option<String>, Option<String>)> = sqlx::query_as(
+    let resolutions: Vec<(String, Option<String>, Option<String>)> = sqlx::query!(
         "SELECT kind, resolution, resolved_by FROM dead_letters WHERE payment_id = $1 ORDER BY dead_letter_id",
+        payment_id.as_uuid()
     )
-    .bind(payment_id.as_uuid())
+    .map(|row| (row.kind, row.resolution, row.resolved_by))
     .fetch_all(&pool)
     .await
     .unwrap();

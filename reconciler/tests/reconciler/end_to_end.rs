@@ -111,11 +111,15 @@ fn binary(name: &str) -> std::path::PathBuf {
 
 /// The payment's audit trail: (from, to, actor).
 async fn trail(pool: &PgPool, payment_id: PaymentId) -> Vec<(Option<PaymentStatus>, PaymentStatus, String)> {
-    sqlx::query_as("SELECT from_status, to_status, actor FROM payment_events WHERE payment_id = $1 ORDER BY seq")
-        .bind(payment_id.as_uuid())
-        .fetch_all(pool)
-        .await
-        .unwrap()
+    sqlx::query!(
+        r#"SELECT from_status AS "from_status: PaymentStatus", to_status AS "to_status: PaymentStatus", actor
+           FROM payment_events WHERE payment_id = $1 ORDER BY seq"#,
+        payment_id.as_uuid()
+    )
+    .map(|row| (row.from_status, row.to_status, row.actor))
+    .fetch_all(pool)
+    .await
+    .unwrap()
 }
 
 async fn a_charge_whose_answer_never_arrives_ends_succeeded_with_one_charge(

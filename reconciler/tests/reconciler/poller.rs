@@ -65,8 +65,9 @@ async fn unknown_with_one_charge(pool: &PgPool, provider: &MockServer, status: C
 }
 
 async fn actors(pool: &PgPool, payment_id: PaymentId) -> Vec<(String, PaymentStatus)> {
-    sqlx::query_as("SELECT actor, to_status FROM payment_events WHERE payment_id = $1 ORDER BY seq")
-        .bind(payment_id.as_uuid())
+    sqlx::query!(
+        r#"SELECT actor, to_status AS "to_status: PaymentStatus" FROM payment_events WHERE payment_id = $1 ORDER BY seq"#, payment_id.as_uuid())
+        .map(|row| (row.actor, row.to_status))
         .fetch_all(pool)
         .await
         .unwrap()
@@ -120,11 +121,11 @@ async fn no_charge_inside_the_key_window_sends_the_payment_again_with_the_same_k
 /// A payment whose resend the provider refused, the worker having found it may already be charged.
 async fn refused_resend(pool: &PgPool, tenant_id: TenantId, key: &str) -> PaymentId {
     let payment_id = unknown_payment(pool, tenant_id, key, 1999, 60).await;
-    sqlx::query(
+    sqlx::query!(
         "UPDATE unknown_payments SET reason = 'refused_after_possible_charge', refused_code = 'provider_rejected', \
          refused_message = 'The provider refused the request as invalid.' WHERE payment_id = $1",
+        payment_id.as_uuid()
     )
-    .bind(payment_id.as_uuid())
     .execute(pool)
     .await
     .unwrap();
@@ -147,8 +148,8 @@ async fn a_refused_resend_fails_once_the_provider_shows_no_charge_and_succeeds_i
     assert_eq!(status(&pool, tenant_id, charged).await, PaymentStatus::Succeeded, "the first send did charge");
     assert_eq!(status(&pool, tenant_id, nothing).await, PaymentStatus::Failed, "not resent to be refused again");
     let failure: (Option<String>, Option<String>) =
-        sqlx::query_as("SELECT failure_code, failure_message FROM payments WHERE payment_id = $1")
-            .bind(nothing.as_uuid())
+        sqlx::query!("SELECT failure_code, failure_message FROM payments WHERE payment_id = $1", nothing.as_uuid())
+            .map(|row| (row.failure_code, row.failure_message))
             .fetch_one(&pool)
             .await
             .unwrap();
@@ -169,12 +170,7 @@ async fn no_charge_past_the_key_window_proves_nothing_and_never_resends(pool: Pg
     assert_eq!(counts, Counts { claimed: 1, inconclusive: 1, ..Counts::default() });
     assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Unknown);
     assert_eq!(count_for(&pool, "outbox", payment_id).await, 0);
-    let (attempts, evidence): (i32, Value) =
-        sqlx::query_as("SELECT poll_attempts, evidence FROM unknown_payments WHERE payment_id = $1")
-            .bind(payment_id.as_uuid())
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    let (attempts, evidence) = support::queue_entry(&pool, payment_id).await;
     assert_eq!(attempts, 1);
     assert_eq!(evidence.as_array().unwrap().len(), 2, "the worker's entry and the poll's: {evidence}");
 }
@@ -203,10 +199,11 @@ async fn a_provider_that_keeps_failing_ends_in_the_dead_letter_table_with_the_ev
     assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::DeadLettered);
     assert_eq!(count_for(&pool, "unknown_payments", payment_id).await, 0);
     assert_eq!(count_for(&pool, "outbox", payment_id).await, 0);
-    let (kind, attempts, evidence): (String, i32, Value) = sqlx::query_as(
+    let (kind, attempts, evidence): (String, i32, Value) = sqlx::query!(
         "SELECT kind, attempts, evidence FROM dead_letters WHERE payment_id = $1 AND resolved_at IS NULL",
+        payment_id.as_uuid()
     )
-    .bind(payment_id.as_uuid())
+    .map(|row| (row.kind, row.attempts, row.evidence))
     .fetch_one(&pool)
     .await
     .unwrap();
@@ -294,22 +291,26 @@ async fn a_webhook_recorded_while_the_payment_was_being_sent_settles_it_once_unk
     assert_eq!(counts, Counts { claimed: 1, charged: 1, ..Counts::default() });
     assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Succeeded);
     assert_eq!(count_for(&pool, "ledger_entries", payment_id).await, 1);
-    let detail: Value =
-        sqlx::query_scalar("SELECT detail FROM payment_events WHERE payment_id = $1 AND to_status = 'succeeded'")
-            .bind(payment_id.as_uuid())
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    let detail: Value = sqlx::query_scalar!(
+        r#"SELECT detail AS "detail!" FROM payment_events WHERE payment_id = $1 AND to_status = 'succeeded'"#,
+        payment_id.as_uuid()
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
     assert_eq!(detail["source"], "webhook_recorded");
 }
 
 /// The open dead letter of a payment: (kind, reason).
 async fn open_dead_letter(pool: &PgPool, payment_id: PaymentId) -> Option<(String, String)> {
-    sqlx::query_as("SELECT kind, reason FROM dead_letters WHERE payment_id = $1 AND resolved_at IS NULL")
-        .bind(payment_id.as_uuid())
-        .fetch_optional(pool)
-        .await
-        .unwrap()
+    sqlx::query!(
+        "SELECT kind, reason FROM dead_letters WHERE payment_id = $1 AND resolved_at IS NULL",
+        payment_id.as_uuid()
+    )
+    .map(|row| (row.kind, row.reason))
+    .fetch_optional(pool)
+    .await
+    .unwrap()
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
@@ -357,10 +358,11 @@ async fn a_charge_the_ledger_cannot_book_counts_as_an_inconclusive_lookup_until_
             Ok(Counts { claimed: 3, dead_lettered: 3, ..Counts::default() }),
         ]
     );
-    let dead_lettered: i64 = sqlx::query_scalar("SELECT count(*) FROM payments WHERE status = 'dead_lettered'")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let dead_lettered: i64 =
+        sqlx::query_scalar!(r#"SELECT count(*) AS "count!" FROM payments WHERE status = 'dead_lettered'"#)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     assert_eq!(dead_lettered, 3);
     assert_eq!(fixtures::count(&pool, "ledger_entries").await, 0);
 }

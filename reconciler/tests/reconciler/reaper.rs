@@ -27,11 +27,11 @@ fn reaper(pool: &PgPool, batch_size: u32) -> Reaper {
 
 /// Makes the payment's key two days old and expired a day ago.
 async fn expire_key(pool: &PgPool, payment_id: PaymentId) {
-    sqlx::query(
+    sqlx::query!(
         "UPDATE idempotency_keys SET created_at = now() - interval '2 days', expires_at = now() - interval '1 day'
          WHERE payment_id = $1",
+        payment_id.as_uuid()
     )
-    .bind(payment_id.as_uuid())
     .execute(pool)
     .await
     .unwrap();
@@ -107,14 +107,14 @@ async fn webhook_ids_past_their_retention_go_and_recent_ones_stay(pool: PgPool) 
     let tenant_id = tenant(&pool, "acme").await;
     let payment_id = accept(&pool, tenant_id, "order-1", 100).await;
     for (id, age_days) in [("old", 8), ("recent", 6)] {
-        sqlx::query(
+        sqlx::query!(
             "INSERT INTO webhook_events (tenant_id, webhook_id, event_type, payment_id, outcome, received_at)
              VALUES ($1, $2, 'charge.succeeded', $3, 'not_unknown', now() - make_interval(days => $4))",
+            tenant_id.as_uuid(),
+            id,
+            payment_id.as_uuid(),
+            age_days
         )
-        .bind(tenant_id.as_uuid())
-        .bind(id)
-        .bind(payment_id.as_uuid())
-        .bind(age_days)
         .execute(&pool)
         .await
         .unwrap();
@@ -123,7 +123,8 @@ async fn webhook_ids_past_their_retention_go_and_recent_ones_stay(pool: PgPool) 
     let counts = reaper(&pool, 100).run_once().await.unwrap();
 
     assert_eq!(counts, Counts { keys: 0, webhook_events: 1 });
-    let left: Vec<String> = sqlx::query_scalar("SELECT webhook_id FROM webhook_events").fetch_all(&pool).await.unwrap();
+    let left: Vec<String> =
+        sqlx::query_scalar!("SELECT webhook_id FROM webhook_events").fetch_all(&pool).await.unwrap();
     assert_eq!(left, ["recent"]);
 }
 
@@ -147,10 +148,7 @@ async fn a_key_is_kept_its_retention_after_its_payment_became_final_however_old_
 
     assert_eq!(counts, Counts::default());
     assert!(has_key(&pool, late).await, "a retry with the same key must still find the payment");
-    let kept_for: f64 = sqlx::query_scalar(
-        "SELECT extract(epoch FROM expires_at - now())::float8 FROM idempotency_keys WHERE payment_id = $1",
-    )
-    .bind(late.as_uuid())
+    let kept_for: f64 = sqlx::query_scalar!(r#"SELECT extract(epoch FROM expires_at - now())::float8 AS "kept_for!" FROM idempotency_keys WHERE payment_id = $1"#, late.as_uuid())
     .fetch_one(&pool)
     .await
     .unwrap();

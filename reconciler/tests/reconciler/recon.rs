@@ -128,12 +128,14 @@ async fn serve_listing(provider: &MockServer, mut charges: Vec<Charge>) {
 
 /// The run's discrepancies as (class, charge id), sorted.
 async fn found(pool: &PgPool, run_id: uuid::Uuid) -> Vec<(String, String)> {
-    let mut found: Vec<(String, String)> =
-        sqlx::query_as("SELECT class, provider_charge_id FROM recon_discrepancies WHERE run_id = $1")
-            .bind(run_id)
-            .fetch_all(pool)
-            .await
-            .unwrap();
+    let mut found: Vec<(String, String)> = sqlx::query!(
+        r#"SELECT class, provider_charge_id AS "provider_charge_id!" FROM recon_discrepancies WHERE run_id = $1"#,
+        run_id
+    )
+    .map(|row| (row.class, row.provider_charge_id))
+    .fetch_all(pool)
+    .await
+    .unwrap();
     found.sort();
     found
 }
@@ -187,12 +189,14 @@ async fn every_planted_discrepancy_is_found_once_and_nothing_else(pool: PgPool) 
             ("missing_in_ledger".to_owned(), "ch_unbooked".to_owned()),
         ]
     );
-    let (status, discrepancies): (String, i32) =
-        sqlx::query_as("SELECT status::text, discrepancies FROM recon_runs WHERE run_id = $1")
-            .bind(summary.run_id)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    let (status, discrepancies): (String, i32) = sqlx::query!(
+        r#"SELECT status::text AS "status!", discrepancies AS "discrepancies!" FROM recon_runs WHERE run_id = $1"#,
+        summary.run_id
+    )
+    .map(|row| (row.status, row.discrepancies))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
     assert_eq!((status.as_str(), discrepancies), ("completed", 4));
 
     // Operators read the same findings, by class.
@@ -234,14 +238,14 @@ async fn two_reconcilers_asking_for_one_window_at_once_make_one_run(pool: PgPool
 
 async fn plant_running_run(pool: &PgPool, heartbeat_secs_ago: i64) -> uuid::Uuid {
     let run_id = uuid::Uuid::now_v7();
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO recon_runs (run_id, window_start, window_end, trigger, status, heartbeat_at)
          VALUES ($1, $2, $3, 'schedule', 'running', now() - make_interval(secs => $4))",
+        run_id,
+        window().start,
+        window().end,
+        heartbeat_secs_ago as f64
     )
-    .bind(run_id)
-    .bind(window().start)
-    .bind(window().end)
-    .bind(heartbeat_secs_ago as f64)
     .execute(pool)
     .await
     .unwrap();
@@ -256,8 +260,7 @@ async fn a_running_run_is_left_alone_while_alive_and_taken_over_once_its_heartbe
     let alive = plant_running_run(&pool, 10).await;
 
     let while_alive = recon.run_window(window(), Trigger::Operator).await.unwrap();
-    sqlx::query("UPDATE recon_runs SET heartbeat_at = now() - interval '1 hour' WHERE run_id = $1")
-        .bind(alive)
+    sqlx::query!("UPDATE recon_runs SET heartbeat_at = now() - interval '1 hour' WHERE run_id = $1", alive)
         .execute(&pool)
         .await
         .unwrap();
@@ -266,8 +269,8 @@ async fn a_running_run_is_left_alone_while_alive_and_taken_over_once_its_heartbe
     assert_eq!(while_alive, Reconciled::AlreadyClaimed { run_id: alive, status: RunStatus::Running });
     assert!(matches!(after_it_stopped, Reconciled::Completed(_)), "{after_it_stopped:?}");
     let (status, error): (String, Option<String>) =
-        sqlx::query_as("SELECT status::text, error FROM recon_runs WHERE run_id = $1")
-            .bind(alive)
+        sqlx::query!(r#"SELECT status::text AS "status!", error FROM recon_runs WHERE run_id = $1"#, alive)
+            .map(|row| (row.status, row.error))
             .fetch_one(&pool)
             .await
             .unwrap();
@@ -291,7 +294,10 @@ async fn a_run_the_provider_fails_is_marked_failed_and_the_window_can_be_run_aga
     assert!(format!("{:#}", failed.unwrap_err()).contains("503"));
     assert!(matches!(retried, Reconciled::Completed(_)), "{retried:?}");
     let statuses: Vec<String> =
-        sqlx::query_scalar("SELECT status::text FROM recon_runs ORDER BY started_at").fetch_all(&pool).await.unwrap();
+        sqlx::query_scalar!(r#"SELECT status::text AS "status!" FROM recon_runs ORDER BY started_at"#)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
     assert_eq!(statuses, ["failed", "completed"]);
 }
 
@@ -359,12 +365,14 @@ async fn in_connect_mode_the_nightly_run_reads_every_account_charged_in_the_wind
     let in_account = |payment_id: PaymentId, account: &'static str| {
         let pool = pool.clone();
         async move {
-            sqlx::query("UPDATE payments SET provider_account = $2 WHERE payment_id = $1")
-                .bind(payment_id.as_uuid())
-                .bind(account)
-                .execute(&pool)
-                .await
-                .unwrap();
+            sqlx::query!(
+                "UPDATE payments SET provider_account = $2 WHERE payment_id = $1",
+                payment_id.as_uuid(),
+                account
+            )
+            .execute(&pool)
+            .await
+            .unwrap();
         }
     };
     let a = booked(&pool, acme, "pi_a", 100, at(10)).await;
@@ -375,9 +383,7 @@ async fn in_connect_mode_the_nightly_run_reads_every_account_charged_in_the_wind
     let old = booked(&pool, globex, "pi_old", 100, at(30)).await;
     in_account(old, "acct_old").await;
     for (tenant, account) in [(acme, "acct_A"), (globex, "acct_B")] {
-        sqlx::query("UPDATE tenants SET provider_account = $2 WHERE tenant_id = $1")
-            .bind(tenant.as_uuid())
-            .bind(account)
+        sqlx::query!("UPDATE tenants SET provider_account = $2 WHERE tenant_id = $1", tenant.as_uuid(), account)
             .execute(&pool)
             .await
             .unwrap();
@@ -453,9 +459,11 @@ async fn an_intent_unfinished_when_its_day_is_reconciled_is_read_again_until_it_
     assert_eq!(runs[0], [pair("unfinished", "pi_late")], "reported, not left out");
     assert_eq!(runs[1], [pair("missing_in_ledger", "pi_late")], "read again the next night, now final: money moved");
     assert_eq!(runs[2], [], "settled: never read again");
-    let open: i64 = sqlx::query_scalar("SELECT count(*) FROM recon_unfinished_charges WHERE settled_run_id IS NULL")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let open: i64 = sqlx::query_scalar!(
+        r#"SELECT count(*) AS "count!" FROM recon_unfinished_charges WHERE settled_run_id IS NULL"#
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
     assert_eq!(open, 0);
 }

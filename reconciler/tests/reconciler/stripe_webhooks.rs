@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use time::OffsetDateTime;
 
-use crate::support::{status, unknown_payment};
+use crate::support::{self, status, unknown_payment};
 
 const SECRET: &str = "whsec_test_stripe_endpoint_secret_1";
 
@@ -96,13 +96,7 @@ async fn a_succeeded_intent_settles_an_unknown_payment_once(pool: PgPool) {
     assert_eq!(first, (200, json!({"outcome": "applied"})));
     assert_eq!(again, (200, json!({"outcome": "duplicate"})));
     assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Succeeded);
-    let (charge_id, amount): (String, i64) =
-        sqlx::query_as("SELECT provider_charge_id, amount FROM ledger_entries WHERE payment_id = $1")
-            .bind(payment_id.as_uuid())
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    assert_eq!((charge_id.as_str(), amount), ("pi_3QwJ", 1999));
+    assert_eq!(support::ledger_entry(&pool, payment_id).await, ("pi_3QwJ".into(), 1999));
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
@@ -115,11 +109,11 @@ async fn a_failed_intent_fails_an_unknown_payment_with_the_decline_code(pool: Pg
 
     assert_eq!(code, 200);
     assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Failed);
-    let failure: Option<String> = sqlx::query_scalar("SELECT failure_code FROM payments WHERE payment_id = $1")
-        .bind(payment_id.as_uuid())
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let failure: Option<String> =
+        sqlx::query_scalar!("SELECT failure_code FROM payments WHERE payment_id = $1", payment_id.as_uuid())
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     assert_eq!(failure.as_deref(), Some("insufficient_funds"));
 }
 
@@ -243,8 +237,7 @@ async fn a_connect_event_settles_only_a_payment_charged_in_its_account(pool: PgP
     let mut payments = Vec::new();
     for key in ["order-1", "order-2", "order-3"] {
         let payment_id = unknown_payment(&pool, tenant_id, key, 1999, 60).await;
-        sqlx::query("UPDATE payments SET provider_account = 'acct_A' WHERE payment_id = $1")
-            .bind(payment_id.as_uuid())
+        sqlx::query!("UPDATE payments SET provider_account = 'acct_A' WHERE payment_id = $1", payment_id.as_uuid())
             .execute(&pool)
             .await
             .unwrap();
@@ -271,6 +264,7 @@ async fn a_connect_event_settles_only_a_payment_charged_in_its_account(pool: PgP
     for payment_id in &payments[1..] {
         assert_eq!(status(&pool, tenant_id, *payment_id).await, PaymentStatus::DeadLettered, "never booked");
     }
-    let booked: i64 = sqlx::query_scalar("SELECT count(*) FROM ledger_entries").fetch_one(&pool).await.unwrap();
+    let booked: i64 =
+        sqlx::query_scalar!(r#"SELECT count(*) AS "count!" FROM ledger_entries"#).fetch_one(&pool).await.unwrap();
     assert_eq!(booked, 1);
 }

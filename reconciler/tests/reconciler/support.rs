@@ -22,24 +22,26 @@ pub async fn accept(pool: &PgPool, tenant_id: TenantId, key: &str, amount: i64) 
 /// removing its outbox row as a worker does once the send has an outcome.
 pub async fn claim(pool: &PgPool, tenant_id: TenantId, payment_id: PaymentId, sent_secs_ago: i64) {
     let mut tx = pool.begin().await.unwrap();
-    sqlx::query(
+    sqlx::query!(
         "UPDATE payments SET send_attempts = send_attempts + 1,
                 first_sent_at = COALESCE(first_sent_at, now() - make_interval(secs => $3))
          WHERE tenant_id = $1 AND payment_id = $2",
+        tenant_id.as_uuid(),
+        payment_id.as_uuid(),
+        sent_secs_ago as f64
     )
-    .bind(tenant_id.as_uuid())
-    .bind(payment_id.as_uuid())
-    .bind(sent_secs_ago as f64)
     .execute(&mut *tx)
     .await
     .unwrap();
     moved(transitions::apply(&mut tx, &change(tenant_id, payment_id, PaymentStatus::Pending, Transition::Claim)).await);
-    sqlx::query("DELETE FROM outbox WHERE tenant_id = $1 AND payment_id = $2")
-        .bind(tenant_id.as_uuid())
-        .bind(payment_id.as_uuid())
-        .execute(&mut *tx)
-        .await
-        .unwrap();
+    sqlx::query!(
+        "DELETE FROM outbox WHERE tenant_id = $1 AND payment_id = $2",
+        tenant_id.as_uuid(),
+        payment_id.as_uuid()
+    )
+    .execute(&mut *tx)
+    .await
+    .unwrap();
     tx.commit().await.unwrap();
 }
 
@@ -86,12 +88,14 @@ fn moved<T: std::fmt::Debug, E: std::fmt::Debug>(result: Result<Recorded<T>, E>)
 
 /// The payment's status.
 pub async fn status(pool: &PgPool, tenant_id: TenantId, payment_id: PaymentId) -> PaymentStatus {
-    sqlx::query_scalar("SELECT status FROM payments WHERE tenant_id = $1 AND payment_id = $2")
-        .bind(tenant_id.as_uuid())
-        .bind(payment_id.as_uuid())
-        .fetch_one(pool)
-        .await
-        .unwrap()
+    sqlx::query_scalar!(
+        r#"SELECT status AS "status: PaymentStatus" FROM payments WHERE tenant_id = $1 AND payment_id = $2"#,
+        tenant_id.as_uuid(),
+        payment_id.as_uuid()
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
 }
 
 /// Rows in `table` for one payment.
@@ -105,8 +109,17 @@ pub async fn count_for(pool: &PgPool, table: &str, payment_id: PaymentId) -> i64
 
 /// The payment's ledger entry: (provider charge id, amount).
 pub async fn ledger_entry(pool: &PgPool, payment_id: PaymentId) -> (String, i64) {
-    sqlx::query_as("SELECT provider_charge_id, amount FROM ledger_entries WHERE payment_id = $1")
-        .bind(payment_id.as_uuid())
+    sqlx::query!("SELECT provider_charge_id, amount FROM ledger_entries WHERE payment_id = $1", payment_id.as_uuid())
+        .map(|row| (row.provider_charge_id, row.amount))
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// The payment's entry in the reconciler's queue: (lookups so far, evidence).
+pub async fn queue_entry(pool: &PgPool, payment_id: PaymentId) -> (i32, serde_json::Value) {
+    sqlx::query!("SELECT poll_attempts, evidence FROM unknown_payments WHERE payment_id = $1", payment_id.as_uuid())
+        .map(|row| (row.poll_attempts, row.evidence))
         .fetch_one(pool)
         .await
         .unwrap()

@@ -20,22 +20,22 @@ use crate::support::{accept, change, count_for, status};
 async fn leased(pool: &PgPool, tenant_id: TenantId, key: &str, sent_secs_ago: i64, lease_left_secs: i64) -> PaymentId {
     let payment_id = accept(pool, tenant_id, key, 100).await;
     let mut tx = pool.begin().await.unwrap();
-    sqlx::query(
+    sqlx::query!(
         "UPDATE payments SET send_attempts = 1, first_sent_at = now() - make_interval(secs => $2)
          WHERE payment_id = $1",
+        payment_id.as_uuid(),
+        sent_secs_ago as f64
     )
-    .bind(payment_id.as_uuid())
-    .bind(sent_secs_ago as f64)
     .execute(&mut *tx)
     .await
     .unwrap();
-    sqlx::query(
+    sqlx::query!(
         "UPDATE outbox SET locked_by = 'worker-1', locked_until = now() + make_interval(secs => $2),
                 fencing_token = nextval('outbox_fencing_token_seq'), attempts = 1
          WHERE payment_id = $1",
+        payment_id.as_uuid(),
+        lease_left_secs as f64
     )
-    .bind(payment_id.as_uuid())
-    .bind(lease_left_secs as f64)
     .execute(&mut *tx)
     .await
     .unwrap();

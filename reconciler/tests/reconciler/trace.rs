@@ -111,21 +111,21 @@ async fn a_lease_swept_past_the_key_window_hands_the_outbox_rows_trace_to_the_un
     let payment_id = accept(&pool, tenant_id, "order-1", 1999).await;
     let request = worker_span();
     // The api's row, claimed by a worker a day and a half ago, whose lease has expired.
-    sqlx::query(
+    sqlx::query!(
         "UPDATE outbox SET traceparent = $2, tracestate = $3, locked_by = 'w', fencing_token = 1, attempts = 1,
                 locked_until = now() - interval '1 minute'
          WHERE payment_id = $1",
+        payment_id.as_uuid(),
+        &request.traceparent,
+        request.tracestate.as_deref()
     )
-    .bind(payment_id.as_uuid())
-    .bind(&request.traceparent)
-    .bind(&request.tracestate)
     .execute(&pool)
     .await
     .unwrap();
-    sqlx::query(
+    sqlx::query!(
         "UPDATE payments SET send_attempts = 1, first_sent_at = now() - interval '36 hours' WHERE payment_id = $1",
+        payment_id.as_uuid()
     )
-    .bind(payment_id.as_uuid())
     .execute(&pool)
     .await
     .unwrap();

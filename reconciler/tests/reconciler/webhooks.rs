@@ -112,17 +112,18 @@ async fn one_unknown_payment(pool: &PgPool, amount: i64) -> (TenantId, PaymentId
 }
 
 async fn transitions_by(pool: &PgPool, payment_id: PaymentId, actor: &str) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM payment_events WHERE payment_id = $1 AND actor = $2")
-        .bind(payment_id.as_uuid())
-        .bind(actor)
-        .fetch_one(pool)
-        .await
-        .unwrap()
+    sqlx::query_scalar!(
+        r#"SELECT count(*) AS "count!" FROM payment_events WHERE payment_id = $1 AND actor = $2"#,
+        payment_id.as_uuid(),
+        actor
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
 }
 
 async fn ledger_amount(pool: &PgPool, payment_id: PaymentId) -> Option<i64> {
-    sqlx::query_scalar("SELECT amount FROM ledger_entries WHERE payment_id = $1")
-        .bind(payment_id.as_uuid())
+    sqlx::query_scalar!("SELECT amount FROM ledger_entries WHERE payment_id = $1", payment_id.as_uuid())
         .fetch_optional(pool)
         .await
         .unwrap()
@@ -142,11 +143,11 @@ async fn a_signed_success_settles_an_unknown_payment_with_its_ledger_entry(pool:
     assert_eq!(count_for(&pool, "unknown_payments", payment_id).await, 0);
     assert_eq!(count_for(&pool, "webhook_events", payment_id).await, 1);
     assert_eq!(transitions_by(&pool, payment_id, "webhook").await, 1);
-    let stored: Option<Value> = sqlx::query_scalar("SELECT response_body FROM idempotency_keys WHERE payment_id = $1")
-        .bind(payment_id.as_uuid())
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let stored: Option<Value> =
+        sqlx::query_scalar!("SELECT response_body FROM idempotency_keys WHERE payment_id = $1", payment_id.as_uuid())
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     assert_eq!(stored.unwrap()["status"], "succeeded");
 }
 
@@ -160,11 +161,13 @@ async fn a_signed_decline_settles_an_unknown_payment_as_failed_with_the_provider
 
     assert_eq!((code, body), (200, json!({"outcome": "applied"})));
     assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Failed);
-    let failure: String = sqlx::query_scalar("SELECT failure_code FROM payments WHERE payment_id = $1")
-        .bind(payment_id.as_uuid())
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let failure: String = sqlx::query_scalar!(
+        r#"SELECT failure_code AS "failure_code!" FROM payments WHERE payment_id = $1"#,
+        payment_id.as_uuid()
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
     assert_eq!(failure, "card_declined");
     assert_eq!(ledger_amount(&pool, payment_id).await, None);
     assert_eq!(count_for(&pool, "unknown_payments", payment_id).await, 0);
@@ -304,11 +307,12 @@ async fn events_arriving_out_of_order_settle_each_payment_once_and_a_late_older_
 }
 
 async fn open_conflicts(pool: &PgPool, payment_id: PaymentId) -> Vec<(String, i64)> {
-    sqlx::query_as(
-        "SELECT kind, jsonb_array_length(evidence)::bigint FROM dead_letters
-         WHERE payment_id = $1 AND resolved_at IS NULL",
+    sqlx::query!(
+        r#"SELECT kind, jsonb_array_length(evidence)::bigint AS "evidence!" FROM dead_letters
+           WHERE payment_id = $1 AND resolved_at IS NULL"#,
+        payment_id.as_uuid()
     )
-    .bind(payment_id.as_uuid())
+    .map(|row| (row.kind, row.evidence))
     .fetch_all(pool)
     .await
     .unwrap()
@@ -426,11 +430,11 @@ async fn a_payment_still_being_sent_is_only_recorded_and_a_dead_lettered_one_gai
     assert_eq!(count_for(&pool, "webhook_events", processing).await, 1);
     assert_eq!(dead_lettered["outcome"], "dead_lettered");
     assert_eq!(status(&pool, tenant_id, dead).await, PaymentStatus::DeadLettered);
-    let evidence: Value = sqlx::query_scalar("SELECT evidence FROM dead_letters WHERE payment_id = $1")
-        .bind(dead.as_uuid())
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let evidence: Value =
+        sqlx::query_scalar!("SELECT evidence FROM dead_letters WHERE payment_id = $1", dead.as_uuid())
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     let last = evidence.as_array().unwrap().last().unwrap();
     assert_eq!((last["source"].as_str(), last["charge"]["id"].as_str()), (Some("webhook"), Some("ch_2")));
 }
@@ -506,12 +510,7 @@ async fn a_signed_charge_the_ledger_cannot_book_is_kept_as_evidence_and_counts_a
     assert_eq!((first.0, first.1), (200, json!({"outcome": "unbookable"})));
     assert_eq!((again.0, again.1), (200, json!({"outcome": "duplicate"})));
     assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Unknown);
-    let (attempts, evidence): (i32, Value) =
-        sqlx::query_as("SELECT poll_attempts, evidence FROM unknown_payments WHERE payment_id = $1")
-            .bind(payment_id.as_uuid())
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    let (attempts, evidence) = support::queue_entry(&pool, payment_id).await;
     assert_eq!(attempts, 1, "it counts toward dead-lettering");
     assert!(evidence.to_string().contains("cannot be booked"), "{evidence}");
 }

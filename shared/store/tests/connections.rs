@@ -10,7 +10,7 @@ use oncepay_store::connections::Connections;
 use sqlx::{PgConnection, PgPool};
 
 async fn backend(connection: &mut PgConnection) -> i32 {
-    sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(connection).await.unwrap()
+    sqlx::query_scalar!(r#"SELECT pg_backend_pid() AS "pid!""#).fetch_one(connection).await.unwrap()
 }
 
 fn connections(pool: &PgPool, max: u32, acquire_timeout: Duration) -> Connections {
@@ -35,11 +35,13 @@ async fn a_released_connection_is_reused_and_one_dropped_unreleased_is_closed(po
     assert_eq!(connections.idle(), 0);
     // The dropped connection's backend ends: PostgreSQL sees its socket close.
     loop {
-        let alive: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)")
-            .bind(first_backend)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+        let alive = sqlx::query_scalar!(
+            r#"SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1) AS "alive!""#,
+            first_backend
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
         if !alive {
             break;
         }

@@ -74,8 +74,10 @@ const UNKNOWN_TRACEPARENT: Format = Format {
 /// Whether the old expression matches `value`, and whether the table takes a row with it (in a
 /// savepoint, rolled back either way).
 async fn compare(conn: &mut PgConnection, format: &Format, tenant: uuid::Uuid, value: &str) -> (bool, bool) {
-    let matches: bool =
-        sqlx::query_scalar("SELECT $1 ~ $2").bind(value).bind(format.regex).fetch_one(&mut *conn).await.unwrap();
+    let matches = sqlx::query_scalar!(r#"SELECT $1 ~ $2 AS "matches!""#, value, format.regex)
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
     sqlx::raw_sql("SAVEPOINT format").execute(&mut *conn).await.unwrap();
     let mut taken = true;
     for write in format.writes {

@@ -75,8 +75,10 @@ async fn a_group_of_new_keys_is_written_in_one_transaction_each_with_its_own_pay
         assert_eq!(count(&pool, table).await, 5, "{table}");
     }
     // now() is the transaction's start: one value means one transaction.
-    let starts: i64 =
-        sqlx::query_scalar("SELECT count(DISTINCT created_at) FROM payments").fetch_one(&pool).await.unwrap();
+    let starts = sqlx::query_scalar!(r#"SELECT count(DISTINCT created_at) AS "count!" FROM payments"#)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
     assert_eq!(starts, 1);
 }
 
@@ -170,12 +172,12 @@ async fn a_request_whose_row_is_refused_fails_alone_and_a_later_one_with_its_key
 
 /// The backend of `holder` blocks another backend.
 async fn blocks_another(pool: &PgPool, holder: &mut PgConnection) {
-    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut *holder).await.unwrap();
+    let pid = sqlx::query_scalar!(r#"SELECT pg_backend_pid() AS "pid!""#).fetch_one(&mut *holder).await.unwrap();
     let waiting = async {
-        while !sqlx::query_scalar::<_, bool>(
-            "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid)))",
+        while !sqlx::query_scalar!(
+            r#"SELECT EXISTS (SELECT FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))) AS "blocked!""#,
+            pid
         )
-        .bind(pid)
         .fetch_one(pool)
         .await
         .unwrap()
@@ -192,7 +194,7 @@ async fn a_key_another_transaction_holds_past_the_lock_wait_fails_alone(pool: Pg
     let mut holder = pool.begin().await.unwrap();
     intake::accept(&mut holder, &new(tenant_id, "order-2", &body(100))).await.unwrap();
     let mut conn = pool.acquire().await.unwrap();
-    sqlx::query("SET lock_timeout = '200ms'").execute(&mut *conn).await.unwrap();
+    sqlx::query!("SET lock_timeout = '200ms'").execute(&mut *conn).await.unwrap();
     let group = [
         new(tenant_id, "order-1", &body(100)),
         new(tenant_id, "order-2", &body(100)),
@@ -244,8 +246,8 @@ async fn a_key_committed_by_another_transaction_while_the_group_waits_is_returne
 async fn a_lost_connection_fails_every_request_of_the_group_and_writes_nothing(pool: PgPool) {
     let tenant_id = tenant(&pool, "acme").await;
     let mut conn = pool.acquire().await.unwrap();
-    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut *conn).await.unwrap();
-    sqlx::query("SELECT pg_terminate_backend($1)").bind(pid).execute(&pool).await.unwrap();
+    let pid = sqlx::query_scalar!(r#"SELECT pg_backend_pid() AS "pid!""#).fetch_one(&mut *conn).await.unwrap();
+    sqlx::query!("SELECT pg_terminate_backend($1)", pid).fetch_one(&pool).await.unwrap();
     let group = [
         new(tenant_id, "order-1", &body(100)),
         new(tenant_id, "order-1", &body(100)),

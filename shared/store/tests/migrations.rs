@@ -11,17 +11,17 @@ use sqlx::{Executor as _, PgPool};
 
 /// The schema, as text: every column, constraint, index and function of `public`.
 async fn schema(pool: &PgPool) -> String {
-    sqlx::query_scalar(
-        "SELECT concat_ws(E'\\n',
+    sqlx::query_scalar!(
+        r#"SELECT concat_ws(E'\n',
              (SELECT string_agg(format('%s.%s %s %s %s', table_name, column_name, data_type, is_nullable,
-                                       column_default), E'\\n' ORDER BY table_name, column_name)
+                                       column_default), E'\n' ORDER BY table_name, column_name)
               FROM information_schema.columns WHERE table_schema = 'public'),
              (SELECT string_agg(format('%s %s %s', conrelid::regclass, conname, pg_get_constraintdef(oid)),
-                                E'\\n' ORDER BY conrelid::regclass::text, conname)
+                                E'\n' ORDER BY conrelid::regclass::text, conname)
               FROM pg_constraint WHERE connamespace = 'public'::regnamespace),
-             (SELECT string_agg(indexdef, E'\\n' ORDER BY indexdef) FROM pg_indexes WHERE schemaname = 'public'),
-             (SELECT string_agg(pg_get_functiondef(oid), E'\\n' ORDER BY proname)
-              FROM pg_proc WHERE pronamespace = 'public'::regnamespace))",
+             (SELECT string_agg(indexdef, E'\n' ORDER BY indexdef) FROM pg_indexes WHERE schemaname = 'public'),
+             (SELECT string_agg(pg_get_functiondef(oid), E'\n' ORDER BY proname)
+              FROM pg_proc WHERE pronamespace = 'public'::regnamespace)) AS "schema!""#
     )
     .fetch_one(pool)
     .await

@@ -30,13 +30,13 @@ async fn intake_of(pool: &PgPool, tenant_id: TenantId, key: &str, body: &Value) 
 
 /// Puts an accepted payment into `processing`, as a worker's claim would.
 async fn claim(pool: &PgPool, tenant_id: TenantId, payment_id: PaymentId) {
-    sqlx::query(
+    sqlx::query!(
         "UPDATE payments SET status = 'processing', send_attempts = send_attempts + 1,
                 first_sent_at = COALESCE(first_sent_at, now())
          WHERE tenant_id = $1 AND payment_id = $2 AND status = 'pending'",
+        tenant_id.as_uuid(),
+        payment_id.as_uuid(),
     )
-    .bind(tenant_id.as_uuid())
-    .bind(payment_id.as_uuid())
     .execute(pool)
     .await
     .unwrap();
@@ -65,12 +65,12 @@ async fn a_key_whose_payment_was_never_written_is_refused_at_commit(pool: PgPool
     let tenant_id = tenant(&pool, "acme").await;
     let mut tx = pool.begin().await.unwrap();
 
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO idempotency_keys (tenant_id, idempotency_key, fingerprint, payment_id, expires_at)
          VALUES ($1, 'orphan', sha256(''), $2, now() + interval '1 day')",
+        tenant_id.as_uuid(),
+        PaymentId::generate().as_uuid(),
     )
-    .bind(tenant_id.as_uuid())
-    .bind(PaymentId::generate().as_uuid())
     .execute(&mut *tx)
     .await
     .unwrap();
@@ -93,7 +93,7 @@ async fn accepting_wakes_the_workers_unless_the_caller_defers_the_wakeup(pool: P
     // received, since notifications arrive in commit order.
     let mut conn = pool.acquire().await.unwrap();
     let quiet = intake::accept_deferring_wakeup(&mut conn, &new).await.unwrap().created().unwrap();
-    sqlx::query("SELECT pg_notify('oncepay_outbox', 'marker')").execute(&mut *conn).await.unwrap();
+    sqlx::query!("SELECT pg_notify('oncepay_outbox', 'marker')").execute(&mut *conn).await.unwrap();
     let first = tokio::time::timeout(Duration::from_secs(10), listener.recv()).await.unwrap().unwrap();
     // Not deferred: the same rows and a notification naming the tenant, as the api's notifier does.
     accept(&pool, tenant_id, "order-loud", &body, None).await.unwrap();
@@ -144,12 +144,12 @@ async fn a_key_committed_by_a_concurrent_request_is_waited_for_and_returned_as_s
         let pool = pool.clone();
         async move { intake_of(&pool, tenant_id, "order-1", &body(1999)).await }
     });
-    let first_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut *first).await.unwrap();
+    let first_pid = sqlx::query_scalar!(r#"SELECT pg_backend_pid() AS "pid!""#).fetch_one(&mut *first).await.unwrap();
     let waiting = async {
-        while !sqlx::query_scalar::<_, bool>(
-            "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid)))",
+        while !sqlx::query_scalar!(
+            r#"SELECT EXISTS (SELECT FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))) AS "blocked!""#,
+            first_pid
         )
-        .bind(first_pid)
         .fetch_one(&pool)
         .await
         .unwrap()
@@ -218,27 +218,35 @@ async fn a_success_writes_status_audit_ledger_stored_response_and_wakes_listener
     assert_eq!(payment.provider_charge_id.as_deref(), Some("ch_1"));
     let notification = tokio::time::timeout(Duration::from_secs(5), listener.recv()).await.unwrap().unwrap();
     assert_eq!(notification.payload(), payment_id.to_string());
-    let (amount, charge, at): (i64, String, OffsetDateTime) =
-        sqlx::query_as("SELECT amount, provider_charge_id, charged_at FROM ledger_entries WHERE payment_id = $1")
-            .bind(payment_id.as_uuid())
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    assert_eq!((amount, charge.as_str(), at), (1999, "ch_1", charged_at));
-    let (status, stored): (i16, serde_json::Value) =
-        sqlx::query_as("SELECT response_status, response_body FROM idempotency_keys WHERE payment_id = $1")
-            .bind(payment_id.as_uuid())
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    assert_eq!(status, 200);
-    assert_eq!(stored, serde_json::to_value(PaymentResource::from(&payment)).unwrap());
-    let trail: Vec<(Option<PaymentStatus>, PaymentStatus, String)> =
-        sqlx::query_as("SELECT from_status, to_status, actor FROM payment_events WHERE payment_id = $1 ORDER BY seq")
-            .bind(payment_id.as_uuid())
-            .fetch_all(&pool)
-            .await
-            .unwrap();
+    let ledger = sqlx::query!(
+        "SELECT amount, provider_charge_id, charged_at FROM ledger_entries WHERE payment_id = $1",
+        payment_id.as_uuid()
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((ledger.amount, ledger.provider_charge_id.as_str(), ledger.charged_at), (1999, "ch_1", charged_at));
+    let key = sqlx::query!(
+        r#"SELECT response_status AS "response_status!", response_body AS "response_body!"
+           FROM idempotency_keys WHERE payment_id = $1"#,
+        payment_id.as_uuid()
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(key.response_status, 200);
+    assert_eq!(key.response_body, serde_json::to_value(PaymentResource::from(&payment)).unwrap());
+    let trail: Vec<(Option<PaymentStatus>, PaymentStatus, String)> = sqlx::query!(
+        r#"SELECT from_status AS "from_status: PaymentStatus", to_status AS "to_status!: PaymentStatus", actor
+           FROM payment_events WHERE payment_id = $1 ORDER BY seq"#,
+        payment_id.as_uuid()
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .map(|event| (event.from_status, event.to_status, event.actor))
+    .collect();
     assert_eq!(
         trail.last().unwrap(),
         &(Some(PaymentStatus::Processing), PaymentStatus::Succeeded, "worker:test".into())
@@ -354,7 +362,10 @@ async fn moves_the_state_machine_forbids_are_refused_before_touching_the_databas
     // Claiming is the worker's own statement: it also counts the attempt, which the schema demands.
     assert!(matches!(terminal_without_settlement, Err(TransitionError::Store(_))));
     assert!(matches!(mismatched, Err(TransitionError::SettlementMismatch { .. })));
-    let status: PaymentStatus = sqlx::query_scalar("SELECT status FROM payments").fetch_one(&pool).await.unwrap();
+    let status = sqlx::query_scalar!(r#"SELECT status AS "status!: PaymentStatus" FROM payments"#)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
     assert_eq!(status, PaymentStatus::Pending);
 }
 
@@ -373,12 +384,13 @@ async fn tenant_names_are_unique_and_keys_are_stored_only_as_hashes(pool: PgPool
     assert!(presented.secret_hash.matches(&stored.secret_sha256));
     assert!(!stored.revoked);
     assert_eq!(stored.rate_limit_per_second, Some(50));
-    let secret_in_db: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM api_keys WHERE position($1 in encode(secret_sha256, 'escape')) > 0")
-            .bind(&api_key::reveal(&key)[api_key::PREFIX.len()..])
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    let secret_in_db = sqlx::query_scalar!(
+        r#"SELECT count(*) AS "count!" FROM api_keys WHERE position($1 in encode(secret_sha256, 'escape')) > 0"#,
+        &api_key::reveal(&key)[api_key::PREFIX.len()..]
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
     assert_eq!(secret_in_db, 0);
 
     assert!(tenants::revoke_api_key(&mut conn, acme.tenant_id, &presented.key_id).await.unwrap());
@@ -453,12 +465,13 @@ async fn a_payment_method_is_stored_read_back_and_kept_in_the_final_response(poo
         panic!("lost a race nobody ran")
     };
     assert_eq!(settled.payment_method, stored.payment_method);
-    let response: serde_json::Value =
-        sqlx::query_scalar("SELECT response_body FROM idempotency_keys WHERE payment_id = $1")
-            .bind(payment_id.as_uuid())
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    let response = sqlx::query_scalar!(
+        r#"SELECT response_body AS "response_body!" FROM idempotency_keys WHERE payment_id = $1"#,
+        payment_id.as_uuid()
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
     assert_eq!(response["payment_method"], "pm_card_visa");
 }
 
@@ -467,11 +480,13 @@ async fn the_database_refuses_a_payment_method_the_request_would_refuse(pool: Pg
     let tenant_id = tenant(&pool, "acme").await;
     let payment_id = accept(&pool, tenant_id, "order-1", &body(1999), None).await.unwrap().payment.payment_id;
     let set = |method: String| {
-        sqlx::query("UPDATE payments SET payment_method = $1 WHERE tenant_id = $2 AND payment_id = $3")
-            .bind(method)
-            .bind(tenant_id.as_uuid())
-            .bind(payment_id.as_uuid())
-            .execute(&pool)
+        sqlx::query!(
+            "UPDATE payments SET payment_method = $1 WHERE tenant_id = $2 AND payment_id = $3",
+            method,
+            tenant_id.as_uuid(),
+            payment_id.as_uuid()
+        )
+        .execute(&pool)
     };
 
     for refused in [String::new(), "pm-card".into(), "pm card".into(), "pm_cärd".into(), "p".repeat(256)] {
@@ -491,12 +506,13 @@ async fn intake_called_without_a_payment_method_accepts_a_payment_without_one(po
     let fingerprint = Fingerprint::of("POST", "/v1/payments", &body(1999));
     let payment_id = PaymentId::generate();
 
-    let created: bool = sqlx::query_scalar(
-        "SELECT created FROM intake($1, 'order-1', $2, $3, 86400, 1999, 'EUR', 'cus_1', NULL, '{}', NULL, NULL, false)",
+    let created = sqlx::query_scalar!(
+        r#"SELECT created AS "created!"
+           FROM intake($1, 'order-1', $2, $3, 86400, 1999, 'EUR', 'cus_1', NULL, '{}', NULL, NULL, false)"#,
+        tenant_id.as_uuid(),
+        fingerprint.as_bytes().as_slice(),
+        payment_id.as_uuid()
     )
-    .bind(tenant_id.as_uuid())
-    .bind(fingerprint.as_bytes().as_slice())
-    .bind(payment_id.as_uuid())
     .fetch_one(&pool)
     .await
     .unwrap();

@@ -13,9 +13,9 @@ async fn the_binary_serves_the_protocol_and_exits_0_on_sigterm() {
     let port = free_port().unwrap();
     let logs = tempfile::tempdir().unwrap();
     let spec = Spec::new("simulator", env!("CARGO_BIN_EXE_oncepay-simulator"), logs.path())
-        .env("ONCEPAY_HTTP__PORT", port.to_string())
-        .env("ONCEPAY_SIMULATOR__API_KEY", "sk_from_env")
-        .env("ONCEPAY_FAULTS__DECLINE_RATE", "1.0");
+        .port(port)
+        .setting("simulator.api_key", "sk_from_env")
+        .setting("faults.decline_rate", "1.0");
     let mut simulator = Child::spawn(spec).await.unwrap();
     let base = format!("http://127.0.0.1:{port}");
     simulator.wait_until_ready(&format!("{base}/readyz"), Duration::from_secs(20)).await.unwrap();

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use oncepay_devkit::wait::wait_until;
 use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_provider::ChargeRequest;
@@ -131,13 +132,6 @@ pub fn body_paying_with(amount: i64, method: &str) -> CreateCharge {
 
 /// Polls `check` until it returns something, for at most 10 s: for events the test cannot be
 /// notified of (a webhook reaching a receiver, a hang ending).
-pub async fn eventually<T, F: Future<Output = Option<T>>>(what: &str, mut check: impl FnMut() -> F) -> T {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+pub async fn eventually<T, F: Future<Output = Option<T>>>(what: &str, check: impl FnMut() -> F) -> T {
+    wait_until(what, Duration::from_secs(10), check).await.unwrap()
 }

@@ -75,7 +75,7 @@ async fn a_token_from_the_old_shared_sequence_never_matches_a_later_claim(pool: 
     // An old worker claimed the payment first, under the sequence's token 2, and stalled.
     let mut old = worker.claim(1).await.unwrap().remove(0);
     old.fencing_token = 2;
-    sqlx::query("UPDATE outbox SET fencing_token = 2").execute(&pool).await.unwrap();
+    sqlx::query!("UPDATE outbox SET fencing_token = 2").execute(&pool).await.unwrap();
     support::expire_leases(&pool).await;
     sweep(&pool).await;
 
@@ -100,7 +100,7 @@ async fn a_worker_whose_token_was_replaced_cannot_record_even_an_uncertain_outco
     let claimed = worker.claim(1).await.unwrap().remove(0);
     let outcome = worker.send(&claimed).await;
     // Someone else holds the row now, under a newer token.
-    sqlx::query("UPDATE outbox SET fencing_token = nextval('outbox_fencing_token_seq')").execute(&pool).await.unwrap();
+    sqlx::query!("UPDATE outbox SET fencing_token = nextval('outbox_fencing_token_seq')").execute(&pool).await.unwrap();
 
     let recorded = worker.record(&claimed, &worker.decide(&claimed, &outcome)).await.unwrap();
 

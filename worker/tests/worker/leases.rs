@@ -103,9 +103,8 @@ async fn a_lease_its_worker_is_recording_right_now_is_skipped(pool: PgPool) {
     support::expire_leases(&pool).await;
     // The worker's recording transaction holds the row.
     let mut recording = pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM outbox WHERE payment_id = $1 FOR UPDATE")
-        .bind(accepted.payment_id.as_uuid())
-        .execute(&mut *recording)
+    sqlx::query!(r#"SELECT 1 AS "locked" FROM outbox WHERE payment_id = $1 FOR UPDATE"#, accepted.payment_id.as_uuid())
+        .fetch_one(&mut *recording)
         .await
         .unwrap();
 
@@ -142,12 +141,14 @@ async fn a_sweep_takes_at_most_one_batch_oldest_lease_first(pool: PgPool) {
     let claimed = claimed_payments(&pool, 3).await;
     // Expire them with distinct ages: the first one's lease expired most recently.
     for (age, (accepted, _)) in claimed.iter().enumerate() {
-        sqlx::query("UPDATE outbox SET locked_until = now() - make_interval(secs => $2) WHERE payment_id = $1")
-            .bind(accepted.payment_id.as_uuid())
-            .bind(10.0 + age as f64)
-            .execute(&pool)
-            .await
-            .unwrap();
+        sqlx::query!(
+            "UPDATE outbox SET locked_until = now() - make_interval(secs => $2) WHERE payment_id = $1",
+            accepted.payment_id.as_uuid(),
+            10.0 + age as f64
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
     }
 
     let first = sweep(&pool, 2).await;

@@ -133,11 +133,13 @@ async fn in_one_transaction_a_lost_lease_and_a_payment_settled_first_affect_only
     let (worker, sends) = charged(&pool, &server, 4).await;
     let (first, lost, settled_first, ordinary) = (sends[0].0, sends[1].0, sends[2].0, sends[3].0);
     // `lost`: the sweeper takes its lease back (and frees its row for a resend).
-    sqlx::query("UPDATE outbox SET locked_until = now() - interval '1 second' WHERE payment_id = $1")
-        .bind(lost.payment_id.as_uuid())
-        .execute(&pool)
-        .await
-        .unwrap();
+    sqlx::query!(
+        "UPDATE outbox SET locked_until = now() - interval '1 second' WHERE payment_id = $1",
+        lost.payment_id.as_uuid()
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
     let window = KeyWindow { window: Duration::from_secs(86_400), safety_margin: Duration::from_secs(3_600) };
     let swept = leases::sweep(&mut pool.acquire().await.unwrap(), "sweeper", window, 100).await.unwrap();
     assert_eq!(swept.released, 1);
@@ -185,8 +187,7 @@ async fn a_payment_that_cannot_be_recorded_with_others_is_left_out_and_the_other
     // A bug elsewhere put `broken` back to `pending` while this worker holds its lease: recording the
     // batch it is in must fail as a whole.
     let broken = sends[1].0;
-    sqlx::query("UPDATE payments SET status = 'pending' WHERE payment_id = $1")
-        .bind(broken.payment_id.as_uuid())
+    sqlx::query!("UPDATE payments SET status = 'pending' WHERE payment_id = $1", broken.payment_id.as_uuid())
         .execute(&pool)
         .await
         .unwrap();

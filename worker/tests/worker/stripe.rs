@@ -125,10 +125,10 @@ async fn a_card_declined_by_stripe_fails_the_payment_with_the_decline_code(pool:
 async fn a_payment_charged_in_a_connected_account_is_sent_there_and_settled_from_there(pool: PgPool) {
     let server = stripe_responding(200, |payment_id| intent(payment_id, "succeeded")).await;
     let accepted = accept(&pool, tenant(&pool).await, 1999).await;
-    sqlx::query(
+    sqlx::query!(
         "UPDATE payments SET provider_account = 'acct_merchant', payment_method = 'pm_card_visa' WHERE payment_id = $1",
+        accepted.payment_id.as_uuid()
     )
-    .bind(accepted.payment_id.as_uuid())
     .execute(&pool)
     .await
     .unwrap();

@@ -290,7 +290,7 @@ pub async fn db_now(pool: &PgPool) -> OffsetDateTime {
 
 /// Makes every lease look expired, as if its worker had stalled past it.
 pub async fn expire_leases(pool: &PgPool) {
-    sqlx::query("UPDATE outbox SET locked_until = now() - interval '1 second' WHERE locked_until IS NOT NULL")
+    sqlx::query!("UPDATE outbox SET locked_until = now() - interval '1 second' WHERE locked_until IS NOT NULL")
         .execute(pool)
         .await
         .unwrap();
@@ -298,10 +298,7 @@ pub async fn expire_leases(pool: &PgPool) {
 
 /// Moves the payment's first send `age` into the past, as if the provider's key window had run on.
 pub async fn age_first_send(pool: &PgPool, accepted: Accepted, age: Duration) {
-    sqlx::query("UPDATE payments SET first_sent_at = now() - make_interval(secs => $3) WHERE tenant_id = $1 AND payment_id = $2")
-        .bind(accepted.tenant_id.as_uuid())
-        .bind(accepted.payment_id.as_uuid())
-        .bind(age.as_secs_f64())
+    sqlx::query!("UPDATE payments SET first_sent_at = now() - make_interval(secs => $3) WHERE tenant_id = $1 AND payment_id = $2", accepted.tenant_id.as_uuid(), accepted.payment_id.as_uuid(), age.as_secs_f64())
         .execute(pool)
         .await
         .unwrap();
@@ -333,12 +330,14 @@ pub async fn requeue_unknown(pool: &PgPool, accepted: Accepted) {
         detail: None,
     };
     assert!(matches!(transitions::apply(&mut tx, &change).await.unwrap(), transitions::Recorded::Moved(_)));
-    sqlx::query("DELETE FROM unknown_payments WHERE tenant_id = $1 AND payment_id = $2")
-        .bind(accepted.tenant_id.as_uuid())
-        .bind(accepted.payment_id.as_uuid())
-        .execute(&mut *tx)
-        .await
-        .unwrap();
+    sqlx::query!(
+        "DELETE FROM unknown_payments WHERE tenant_id = $1 AND payment_id = $2",
+        accepted.tenant_id.as_uuid(),
+        accepted.payment_id.as_uuid()
+    )
+    .execute(&mut *tx)
+    .await
+    .unwrap();
     oncepay_store::outbox::enqueue(&mut tx, accepted.tenant_id, accepted.payment_id, OffsetDateTime::now_utc())
         .await
         .unwrap();
