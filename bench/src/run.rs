@@ -143,7 +143,7 @@ const HISTORIES: [(u64, &str); 2] = [(10_000, "10k keys"), (10_000_000, "10M key
 /// same number spread over a long one, so that only the history differs between the two.
 const REPLAYED_KEYS: u64 = 10_000;
 
-/// The api's environment for a process that reads every replay from the database.
+/// The api setting, by name, for a process that reads every replay from the database.
 const NO_REPLAY_CACHE: (&str, &str) = ("intake.replay_cache_bytes", "0");
 
 /// A database of the run, with its tenant.
