@@ -77,8 +77,12 @@ const fn unexpected(status: u16) -> SendOutcome {
     SendOutcome::Uncertain(UncertainReason::UnexpectedStatus(status))
 }
 
-/// The outcome an intent in a response shows.
+/// The outcome an intent in a response shows. An intent that is not this payment's proves nothing
+/// about it, charged or declined.
 fn intent_outcome(intent: &PaymentIntent, key: &str) -> SendOutcome {
+    if !is_own(intent, key) {
+        return unexpected(200);
+    }
     match intent.settled(key) {
         Settled::Final(charge) if charge.status == crate::ChargeStatus::Succeeded => SendOutcome::Charged(*charge),
         Settled::Final(charge) => SendOutcome::Declined {
@@ -133,10 +137,15 @@ fn rejected(error: &StripeError, key: &str) -> SendOutcome {
     }
 }
 
+/// Whether `intent` names, in its metadata, the payment whose downstream key is `key`.
+fn is_own(intent: &PaymentIntent, key: &str) -> bool {
+    intent.payment_id().is_some_and(|payment| DownstreamKey::parse_payment_id(key) == Some(payment))
+}
+
 /// Whether `intent` is the failed intent of the payment whose downstream key is `key`.
 fn own_failed(intent: &PaymentIntent, key: &str) -> bool {
-    let own = intent.payment_id().is_some_and(|payment| DownstreamKey::parse_payment_id(key) == Some(payment));
-    own && matches!(intent.settled(key), Settled::Final(charge) if charge.status == crate::ChargeStatus::Failed)
+    is_own(intent, key)
+        && matches!(intent.settled(key), Settled::Final(charge) if charge.status == crate::ChargeStatus::Failed)
 }
 
 #[cfg(test)]
@@ -402,10 +411,22 @@ mod tests {
                 invalid_request(Some(declined_intent("pi_2", OTHER))),
                 uncertain(400),
             ),
+            ("its own declined intent", 200, declined_intent("pi_1", PAYMENT), Ok(Some("pi_1".into()))),
+            ("another payment's declined intent", 200, declined_intent("pi_2", OTHER), uncertain(200)),
         ];
         for (name, status, body, expected) in cases {
             assert_eq!(charge_id(status, body), expected, "{name}");
         }
+    }
+
+    #[test]
+    fn another_payments_succeeded_intent_is_never_taken_for_this_ones_charge() {
+        const OTHER: &str = "0196a0c4-0000-7000-8000-0000000000bb";
+        let body = bytes(&intent("pi_2", "succeeded", OTHER));
+
+        let outcome = create_outcome(200, None, &body, KEY);
+
+        assert_eq!(outcome, SendOutcome::Uncertain(UncertainReason::UnexpectedStatus(200)));
     }
 
     #[test]
