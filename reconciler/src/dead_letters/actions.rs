@@ -104,6 +104,16 @@ pub async fn retry(conn: &mut PgConnection, retry: &Retry<'_>) -> Result<Resolve
              pass --outside-key-window to resend anyway"
         )));
     }
+    // Past the key window the operator vouches that no send charged: a recorded success says otherwise.
+    if !locked.in_key_window
+        && let Some(charged) = queries::succeeded_charge_on_record(&mut tx, &locked).await?
+    {
+        return Err(CliError::Refused(format!(
+            "a signed provider report says charge {charged} of payment {payment_id} succeeded, and past the \
+             provider's key window a resend would charge again. Check the evidence (`dead-letters show \
+             {payment_id}`) and resolve it `--as succeeded --charge-id {charged}`"
+        )));
+    }
     let detail = json!({
         "dead_letter_id": locked.dead_letter_id,
         "outside_key_window": !locked.in_key_window,

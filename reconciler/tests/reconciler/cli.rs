@@ -487,6 +487,30 @@ async fn resolving_as_succeeded_can_rest_on_a_charge_a_signed_webhook_reported(p
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_retry_past_the_key_window_is_refused_while_a_recorded_charge_says_it_succeeded(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+    let payment_id = dead_lettered(&pool, tenant_id, "order-1", 2 * DAY).await;
+    let data = support::charge(tenant_id, payment_id, "ch_hooked", ChargeStatus::Succeeded, 1999);
+    let event = WebhookEvent { event_type: EventType::ChargeSucceeded, created: data.created, data };
+    webhooks::apply(&pool, "msg_1", &event).await.unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    let retry = Retry {
+        payment_id,
+        operator: &alice(),
+        reason: "customer saw no charge",
+        resend_horizon: HORIZON,
+        outside_key_window: true,
+    };
+
+    let refused = actions::retry(&mut conn, &retry).await;
+
+    assert!(matches!(&refused, Err(CliError::Refused(why)) if why.contains("ch_hooked")), "{refused:?}");
+    assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::DeadLettered);
+    assert!(may_be_charged(&pool, payment_id).await, "nobody vouched that no charge was made");
+    assert_eq!(count_for(&pool, "outbox", payment_id).await, 0, "nothing is sent again");
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn resolving_as_failed_is_refused_while_a_recorded_charge_says_it_succeeded(pool: PgPool) {
     let tenant_id = tenant(&pool, "acme").await;
     let payment_id = dead_lettered(&pool, tenant_id, "order-1", 60).await;
