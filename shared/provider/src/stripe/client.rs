@@ -127,6 +127,13 @@ pub enum SettingsError {
     /// A negative clock skew.
     #[error("stripe.clock_skew_secs must not be negative")]
     NegativeSkew,
+    /// A default payment method, which would be the platform's, with payments charged in connected
+    /// accounts.
+    #[error(
+        "stripe.default_payment_method cannot be set in connect mode: a payment method belongs to one account, \
+         and each payment is charged in its tenant's"
+    )]
+    DefaultPaymentMethodInConnect,
     /// A lookup deadline that leaves no room for one whole call.
     #[error(
         "stripe.lookup_deadline_ms ({deadline_ms}) must allow at least one whole call: the connect plus request \
@@ -155,6 +162,9 @@ impl StripeSettings {
         if self.clock_skew_secs < 0 {
             return Err(SettingsError::NegativeSkew);
         }
+        if self.mode == StripeMode::Connect && self.default_payment_method.is_some() {
+            return Err(SettingsError::DefaultPaymentMethodInConnect);
+        }
         let call_ms = self.connect_timeout_ms.saturating_add(self.request_timeout_ms);
         if self.lookup_deadline_ms < call_ms {
             return Err(SettingsError::DeadlineBelowOneCall { deadline_ms: self.lookup_deadline_ms, call_ms });
@@ -178,6 +188,7 @@ pub enum BuildError {
 #[derive(Debug, Clone)]
 pub struct StripeProvider {
     client: reqwest::Client,
+    mode: StripeMode,
     base_url: String,
     secret_key: SecretString,
     api_version: String,
@@ -238,6 +249,7 @@ impl StripeProvider {
         settings.validate()?;
         Ok(Self {
             client: http::client(settings.connect_timeout_ms, settings.request_timeout_ms)?,
+            mode: settings.mode,
             base_url: settings.base_url.trim_end_matches('/').to_owned(),
             secret_key: settings.secret_key.clone(),
             api_version: settings.api_version.clone(),
@@ -355,7 +367,17 @@ fn in_account(charge: Charge, account: Option<&ProviderAccount>) -> Charge {
 impl PaymentProvider for StripeProvider {
     #[instrument(name = "provider.create_charge", skip_all, fields(provider.outcome))]
     async fn create_charge(&self, request: &ChargeRequest) -> SendOutcome {
-        // The platform's default payment method means nothing in a connected account.
+        if self.mode == StripeMode::Connect && request.account.is_none() {
+            // An api in direct mode, or of a version before accounts, accepted it: whatever accepted
+            // it, a payment is never charged in the platform's own account in connect mode.
+            tracing::error!(
+                "The payment names no connected account, and in connect mode a payment is charged only in its \
+                 tenant's account."
+            );
+            return SendOutcome::NotSent { reason: NotSentReason::LocalError, retry_after: None };
+        }
+        // The platform's default payment method means nothing in a connected account (and the settings
+        // refuse one in connect mode).
         let default = self.default_payment_method.as_deref().filter(|_| request.account.is_none());
         let Some(payment_method) = request.payment_method.as_deref().or(default) else {
             tracing::error!(
@@ -869,6 +891,30 @@ mod tests {
         let accounts: Vec<Option<&str>> =
             [&charge].into_iter().chain(&found).chain(&listed.data).map(|c| c.account.as_deref()).collect();
         assert_eq!(accounts, [Some("acct_A"); 3], "each charge says which account holds it");
+    }
+
+    #[tokio::test]
+    async fn in_connect_mode_a_payment_without_an_account_is_never_charged_in_the_platforms() {
+        let server = MockServer::start().await;
+        let provider =
+            StripeProvider::new(&StripeSettings { mode: StripeMode::Connect, ..settings(server.uri()) }).unwrap();
+        respond_to_create(&server, 200, intent("pi_1", "succeeded", &PaymentId::generate().to_string())).await;
+
+        let outcome = provider.create_charge(&ChargeRequest { account: None, ..request(PaymentId::generate()) }).await;
+
+        assert!(matches!(outcome, SendOutcome::NotSent { reason: NotSentReason::LocalError, .. }), "{outcome:?}");
+        assert!(server.received_requests().await.unwrap().is_empty(), "nothing reaches Stripe");
+    }
+
+    #[test]
+    fn a_default_payment_method_is_refused_in_connect_mode() {
+        let connect = StripeSettings {
+            mode: StripeMode::Connect,
+            default_payment_method: Some("pm_card_visa".into()),
+            ..settings("http://127.0.0.1:1".into())
+        };
+
+        assert!(matches!(connect.validate(), Err(SettingsError::DefaultPaymentMethodInConnect)));
     }
 
     #[tokio::test]
