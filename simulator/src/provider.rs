@@ -119,8 +119,9 @@ impl Provider {
             Claim::Decided(decided) => {
                 self.pause(latency).await;
                 if plan.refuse_resend && decided.response.status == 201 {
-                    // Refused before the key's stored response is looked at: the charge stands, and
-                    // this response says nothing of it.
+                    // A resend of a key that charged, refused as a real provider's checks that run
+                    // before its idempotency layer would refuse it: the charge stands, and this
+                    // response says nothing of it.
                     record_fault("refuse_resend");
                     let message = "No such payment method: it was detached from its customer.";
                     return send(false, StoredResponse::json(400, &error_body("resource_missing", message, None)));

@@ -141,11 +141,11 @@ impl PaymentProvider for HttpProvider {
                 let status = response.status().as_u16();
                 let retry_after = retry_after(response.headers());
                 match response.bytes().await {
-                    Ok(body) => SendOutcome::from_response(status, retry_after, &body),
+                    Ok(body) => SendOutcome::from_response(status, retry_after, &body, request.downstream_key.as_str()),
                     // The status line arrived and the body broke off: the request was certainly sent,
                     // and for a success the charge exists.
                     Err(_) if status < 300 => SendOutcome::Uncertain(UncertainReason::ConnectionLost),
-                    Err(_) => SendOutcome::from_response(status, retry_after, b""),
+                    Err(_) => SendOutcome::from_response(status, retry_after, b"", request.downstream_key.as_str()),
                 }
             }
         };

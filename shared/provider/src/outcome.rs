@@ -1,6 +1,8 @@
 //! Every way a provider call can end, as a type.
 //!
-//! - Definitive ([`SendOutcome::Charged`], [`SendOutcome::Declined`]): the payment becomes terminal.
+//! - Definitive ([`SendOutcome::Charged`], [`SendOutcome::Declined`]): this request charged, or moved
+//!   no money. A decline ends the payment `failed` unless an earlier send may have charged and the
+//!   provider showed no failed charge of the payment's own (then the reconciler settles it).
 //! - Not sent ([`SendOutcome::NotSent`]): the request provably never reached the provider, or the
 //!   provider provably refused it without creating anything. Safe to retry with backoff.
 //! - Uncertain ([`SendOutcome::Uncertain`]): the provider may have charged and the response was lost,
@@ -23,7 +25,7 @@ use crate::wire::{Charge, ChargeStatus, ErrorBody};
 pub enum SendOutcome {
     /// The customer was charged.
     Charged(Charge),
-    /// The provider declined, or rejected the request as invalid; no money moved.
+    /// The provider declined, or rejected the request as invalid: this request moved no money.
     Declined {
         /// A stable code (`card_declined`, or `provider_rejected` for a 400).
         code: String,
@@ -107,20 +109,25 @@ pub enum LookupError {
     Unreadable(String),
     /// The provider responded, but what it showed proves neither a charge nor its absence (an
     /// eventually consistent search that found nothing, an intent still processing).
-    #[error("the provider's answers prove nothing yet: {0}")]
+    #[error("the provider's responses prove nothing yet: {0}")]
     Inconclusive(String),
 }
 
 impl SendOutcome {
-    /// Classifies an HTTP response to `POST /v1/charges`.
-    pub fn from_response(status: u16, retry_after: Option<Duration>, body: &[u8]) -> Self {
+    /// Classifies an HTTP response to `POST /v1/charges`, sent under the idempotency key `key`.
+    pub fn from_response(status: u16, retry_after: Option<Duration>, body: &[u8], key: &str) -> Self {
         let json = match response_json(body) {
             Ok(json) => json,
             Err(reason) => return Self::Uncertain(reason),
         };
         match status {
             201 | 200 => match read::<Charge>(json.as_ref()) {
+                // The settlement judges a succeeded charge's key, and makes a wrong one an operator's
+                // conflict; a failed one is proof of no charge only if it is this payment's.
                 Some(charge) if charge.status == ChargeStatus::Succeeded => Self::Charged(charge),
+                Some(charge) if charge.idempotency_key != key => {
+                    Self::Uncertain(UncertainReason::UnexpectedStatus(status))
+                }
                 Some(charge) => Self::Declined {
                     code: charge.failure_code.unwrap_or_else(|| "declined".to_owned()),
                     message: charge.failure_message.unwrap_or_else(|| "The provider declined the charge.".to_owned()),
@@ -204,6 +211,9 @@ mod tests {
 
     use super::*;
 
+    /// The key the requests below were sent under, as the charges in their responses name it.
+    const KEY: &str = "oncepay-x";
+
     fn charge(status: &str) -> Vec<u8> {
         serde_json::to_vec(&json!({
             "id": "ch_1", "status": status, "amount": 100, "currency": "EUR", "customer": "c",
@@ -235,7 +245,7 @@ mod tests {
             (404, b"".to_vec(), "uncertain"),
         ];
         for (status, body, class) in cases {
-            assert_eq!(SendOutcome::from_response(status, None, &body).class(), class, "HTTP {status}");
+            assert_eq!(SendOutcome::from_response(status, None, &body, KEY).class(), class, "HTTP {status}");
         }
     }
 
@@ -265,18 +275,29 @@ mod tests {
         ];
         for (status, body) in cases {
             assert_eq!(
-                SendOutcome::from_response(status, None, body.as_bytes()),
+                SendOutcome::from_response(status, None, body.as_bytes(), KEY),
                 SendOutcome::Uncertain(UncertainReason::UnreadableResponse),
                 "HTTP {status}: {body}"
             );
         }
     }
 
+    /// Only the payment's own failed charge proves that it charged nothing: a failed charge made under
+    /// another key says nothing of this payment.
+    #[test]
+    fn a_failed_charge_under_another_key_proves_nothing() {
+        let body = String::from_utf8(charge("failed")).unwrap().replace(KEY, "oncepay-another");
+
+        let outcome = SendOutcome::from_response(201, None, body.as_bytes(), KEY);
+
+        assert_eq!(outcome, SendOutcome::Uncertain(UncertainReason::UnexpectedStatus(201)));
+    }
+
     #[test]
     fn a_decline_keeps_the_providers_code_and_charge() {
         let body = br#"{"error":{"code":"insufficient_funds","message":"No money","charge":"ch_9"}}"#;
 
-        let outcome = SendOutcome::from_response(402, None, body);
+        let outcome = SendOutcome::from_response(402, None, body, KEY);
 
         assert_eq!(
             outcome,
@@ -292,6 +313,7 @@ mod tests {
         use proptest::prelude::*;
 
         use super::super::*;
+        use super::KEY;
         use crate::wire::strategies::{charge, error_body, with_a_repeated_member};
 
         /// What a provider, a proxy or a broken connection may put in a body.
@@ -314,7 +336,7 @@ mod tests {
             /// done may be classified so: whatever the body says, only 401, 403 and 429.
             #[test]
             fn only_a_refusal_before_acting_is_not_sent(status in 100u16..=999, body in any_body()) {
-                let outcome = SendOutcome::from_response(status, None, &body);
+                let outcome = SendOutcome::from_response(status, None, &body, KEY);
 
                 if matches!(outcome, SendOutcome::NotSent { .. }) {
                     prop_assert!([401, 403, 429].contains(&status), "HTTP {} was called not sent", status);
@@ -324,7 +346,7 @@ mod tests {
             #[test]
             fn a_server_error_is_uncertain_whatever_its_body_says(status in 500u16..=599, body in any_body()) {
                 prop_assert_eq!(
-                    SendOutcome::from_response(status, None, &body),
+                    SendOutcome::from_response(status, None, &body, KEY),
                     SendOutcome::Uncertain(UncertainReason::ServerError(status))
                 );
             }
@@ -333,7 +355,7 @@ mod tests {
             /// and with exactly that charge.
             #[test]
             fn charged_only_from_a_success_showing_a_succeeded_charge(status in 100u16..=999, body in any_body()) {
-                if let SendOutcome::Charged(charge) = SendOutcome::from_response(status, None, &body) {
+                if let SendOutcome::Charged(charge) = SendOutcome::from_response(status, None, &body, KEY) {
                     prop_assert!(status == 200 || status == 201, "HTTP {} was called charged", status);
                     prop_assert_eq!(charge.status, ChargeStatus::Succeeded);
                     prop_assert_eq!(serde_json::from_slice::<Charge>(&body).ok(), Some(charge));
@@ -351,7 +373,7 @@ mod tests {
                 ]),
             ) {
                 prop_assert_eq!(
-                    SendOutcome::from_response(status, None, &body),
+                    SendOutcome::from_response(status, None, &body, KEY),
                     SendOutcome::Uncertain(UncertainReason::UnreadableResponse)
                 );
             }
@@ -363,7 +385,7 @@ mod tests {
                 body in any_body().prop_filter("unreadable", |body| serde_json::from_slice::<Charge>(body).is_err()),
             ) {
                 prop_assert_eq!(
-                    SendOutcome::from_response(status, None, &body),
+                    SendOutcome::from_response(status, None, &body, KEY),
                     SendOutcome::Uncertain(UncertainReason::UnreadableResponse)
                 );
             }
@@ -372,7 +394,7 @@ mod tests {
 
     #[test]
     fn rate_limiting_carries_the_providers_retry_after() {
-        let outcome = SendOutcome::from_response(429, Some(Duration::from_secs(3)), b"");
+        let outcome = SendOutcome::from_response(429, Some(Duration::from_secs(3)), b"", KEY);
 
         assert_eq!(
             outcome,
