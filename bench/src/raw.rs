@@ -16,7 +16,7 @@ const ACCEPT_GROUP_SQL: &str = include_str!("../../shared/store/sql/accept_group
 const REPLAY_SQL: &str = include_str!("../../shared/store/sql/replay.sql");
 const SETTLE_SQL: &str = include_str!("../../shared/store/sql/settle.sql");
 const STORE_RESPONSE_SQL: &str = include_str!("../../shared/store/sql/store_response.sql");
-const CLAIM_SQL: &str = include_str!("../../worker/sql/claim.sql");
+const CLAIM_SQL: &str = include_str!("../../shared/store/sql/claim.sql");
 const TAKE_SQL: &str = include_str!("../../worker/sql/take.sql");
 
 /// A UUID made in SQL that sorts by creation time like a UUIDv7: the current Unix millisecond in the

@@ -35,11 +35,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::metrics;
-use crate::outbox::{self, ClaimRequest, Claimed};
+use crate::outbox;
 use crate::record::{self, RecordError, Recorded, SettledSend};
 use crate::rotation::Rotation;
 use crate::verdict::{self, RetryPolicy, Verdict};
 use crate::wake::Wake;
+use oncepay_store::claims::{self, ClaimRequest, Claimed};
 
 /// How many times to retry recording a result after a transient failure (the database was briefly
 /// unreachable, a deadlock). After that, the worker gives up and the sweeper takes the payment back
@@ -342,7 +343,7 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
                 lease: config.lease,
                 resend_horizon: config.key_window.resend_horizon(),
             };
-            match outbox::claim(&mut conn, &request).await {
+            match claims::claim(&mut conn, &request).await {
                 Ok(rows) => {
                     remaining = remaining.saturating_sub(u32::try_from(rows.len()).unwrap_or(u32::MAX));
                     self.rotation().done(turn, rows.len());

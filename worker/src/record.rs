@@ -18,8 +18,9 @@ use serde_json::json;
 use sqlx::{Postgres, Transaction};
 use time::OffsetDateTime;
 
-use crate::outbox::{self, Claimed};
+use crate::outbox;
 use crate::verdict::Verdict;
+use oncepay_store::claims::Claimed;
 
 /// What recording did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,11 +8,11 @@ use oncepay_domain::api_key;
 use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::status::{PaymentStatus, Transition};
+use oncepay_store::claims::{self, ClaimRequest};
 use oncepay_store::notify::{Notifier, PAYMENT_CHANNEL, Wakeups};
 use oncepay_store::payments::Payment;
 use oncepay_store::tenants::{self, TenantName};
 use oncepay_store::transitions::{self, Change, Recorded, Settlement};
-use oncepay_worker::outbox::{self, ClaimRequest};
 use reqwest::header::HeaderMap;
 use reqwest::{RequestBuilder, Response, StatusCode};
 use serde_json::{Value, json};
@@ -182,9 +182,9 @@ pub async fn claim(db: &PgPool, tenant_id: TenantId, payment_id: PaymentId) {
         lease: Duration::from_secs(60),
         resend_horizon: Duration::from_secs(3_600),
     };
-    let claimed = outbox::claim(&mut db.acquire().await.unwrap(), &request).await.unwrap();
+    let claimed = claims::claim(&mut db.acquire().await.unwrap(), &request).await.unwrap();
     let ids: Vec<PaymentId> = claimed.iter().map(|claimed| claimed.payment_id).collect();
-    assert_eq!(ids, [payment_id], "the payment was not the tenant's one pending payment");
+    assert_eq!(ids, [payment_id], "the claim takes the tenant's oldest due payment: claim that one first");
     let wakeups = Wakeups::default();
     wakeups.announce(payment_id);
     Notifier::new(db.clone(), PAYMENT_CHANNEL, wakeups).flush().await.unwrap();

@@ -11,6 +11,7 @@ use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::payment::PaymentResource;
 use oncepay_domain::status::{PaymentStatus, Transition};
+use oncepay_store::claims::{self, ClaimRequest};
 use oncepay_store::fixtures::{Submission, accept, body, count, tenant};
 use oncepay_store::intake::{self, Intake};
 use oncepay_store::payments;
@@ -28,18 +29,19 @@ async fn intake_of(pool: &PgPool, tenant_id: TenantId, key: &str, body: &Value) 
     intake::accept(&mut conn, &submission.for_tenant(tenant_id, None)).await.unwrap()
 }
 
-/// Puts an accepted payment into `processing`, as a worker's claim would.
+/// Puts an accepted payment into `processing` with the worker's claim.
 async fn claim(pool: &PgPool, tenant_id: TenantId, payment_id: PaymentId) {
-    sqlx::query!(
-        "UPDATE payments SET status = 'processing', send_attempts = send_attempts + 1,
-                first_sent_at = COALESCE(first_sent_at, now())
-         WHERE tenant_id = $1 AND payment_id = $2 AND status = 'pending'",
-        tenant_id.as_uuid(),
-        payment_id.as_uuid(),
-    )
-    .execute(pool)
-    .await
-    .unwrap();
+    let request = ClaimRequest {
+        tenant_id,
+        limit: 1,
+        worker_id: "test",
+        actor: "worker:test",
+        lease: Duration::from_secs(60),
+        resend_horizon: Duration::from_secs(3_600),
+    };
+    let claimed = claims::claim(&mut pool.acquire().await.unwrap(), &request).await.unwrap();
+    let ids: Vec<PaymentId> = claimed.iter().map(|claimed| claimed.payment_id).collect();
+    assert_eq!(ids, [payment_id], "the claim takes the tenant's oldest due payment: claim that one first");
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]

@@ -1,0 +1,155 @@
+//! The worker's claim from one tenant (`sql/claim.sql`): up to a batch of the tenant's due outbox
+//! rows leased to one worker under fresh fencing tokens, their payments moved to `processing`, in
+//! one statement. The worker claims with it, and so do the tests that need a payment claimed as a
+//! worker claims it. What ends a send (the fenced take and release) stays in the worker.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::money::{Amount, Currency};
+use oncepay_domain::provider_ref::{PaymentMethod, ProviderAccount, ProviderCustomer};
+use oncepay_provider::ChargeRequest;
+use oncepay_service::telemetry::TraceContext;
+use sqlx::PgConnection;
+use sqlx::types::Json;
+use time::OffsetDateTime;
+
+use crate::StoreError;
+use crate::settlement::Asked;
+
+/// What to claim, and for whom.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest<'a> {
+    /// Whose rows: a claim takes one tenant's rows only.
+    pub tenant_id: TenantId,
+    /// Most rows to take.
+    pub limit: u32,
+    /// Written to `outbox.locked_by`.
+    pub worker_id: &'a str,
+    /// Written to the audit trail: `worker:<id>`.
+    pub actor: &'a str,
+    /// How long the lease lasts.
+    pub lease: Duration,
+    /// How long after a payment's first send a resend is still deduplicated by the provider.
+    pub resend_horizon: Duration,
+}
+
+/// A payment this worker now holds the lease for, with what it needs to send and record it.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    /// The owner.
+    pub tenant_id: TenantId,
+    /// The payment, now `processing`.
+    pub payment_id: PaymentId,
+    /// Must still be on the outbox row for a result to be recorded.
+    pub fencing_token: i64,
+    /// When the lease runs out; until then the row belongs to this worker.
+    pub lease_until: OffsetDateTime,
+    /// Which claim of the current send cycle this is (1 for the first).
+    pub attempt: u32,
+    /// Which claim of the payment's whole life this is.
+    pub send_attempts: u32,
+    /// Whether an earlier send may have reached the provider (its response was lost, or its worker
+    /// stopped before recording one), in this send cycle or any before it.
+    pub may_be_charged: bool,
+    /// Whether the provider still remembers the payment's downstream key (with margin), counting
+    /// from its first send.
+    pub in_key_window: bool,
+    /// What to charge.
+    pub amount: Amount,
+    /// In which currency.
+    pub currency: Currency,
+    /// The merchant's customer reference.
+    pub customer_id: String,
+    /// The merchant's metadata.
+    pub metadata: BTreeMap<String, String>,
+    /// What the provider is to charge, if the payment names it.
+    pub payment_method: Option<PaymentMethod>,
+    /// The provider's customer that method belongs to, if the payment names one.
+    pub provider_customer: Option<ProviderCustomer>,
+    /// The provider account it is charged to, fixed when it was accepted.
+    pub provider_account: Option<ProviderAccount>,
+    /// The trace of the request that created the payment.
+    pub trace: Option<TraceContext>,
+    /// When the api accepted the payment.
+    pub accepted_at: OffsetDateTime,
+}
+
+impl Claimed {
+    /// Whether sending now cannot charge twice: either nothing may have reached the provider yet, or
+    /// the provider still remembers the key and will return the first result.
+    pub fn send_is_safe(&self) -> bool {
+        !self.may_be_charged || self.in_key_window
+    }
+
+    /// What the payment asked the provider to charge: a charge settles it only if it matches.
+    pub fn asked(&self) -> Asked {
+        Asked {
+            payment_id: self.payment_id,
+            account: self.provider_account.clone(),
+            amount: self.amount,
+            currency: self.currency,
+        }
+    }
+
+    /// The provider request: always the same downstream key for this payment, in its account.
+    pub fn charge_request(&self) -> ChargeRequest {
+        let request = ChargeRequest::for_payment(
+            self.tenant_id,
+            self.payment_id,
+            self.amount,
+            self.currency,
+            self.customer_id.clone(),
+            &self.metadata,
+        );
+        ChargeRequest {
+            payment_method: self.payment_method.as_ref().map(|method| method.as_str().to_owned()),
+            provider_customer: self.provider_customer.clone(),
+            account: self.provider_account.clone(),
+            ..request
+        }
+    }
+}
+
+/// Leases up to `request.limit` of one tenant's due rows to this worker (lease, fencing token) and
+/// moves their payments to `processing`, in one statement. The claim must commit before the
+/// provider is called (the drainer runs it outside a transaction), so no transaction is open across
+/// that call.
+#[tracing::instrument(name = "worker.claim", skip_all, fields(tenant.id = %request.tenant_id, limit = request.limit, claimed))]
+pub async fn claim(conn: &mut PgConnection, request: &ClaimRequest<'_>) -> Result<Vec<Claimed>, StoreError> {
+    let rows = sqlx::query_file!(
+        "sql/claim.sql",
+        i64::from(request.limit),
+        request.worker_id,
+        request.lease.as_secs_f64(),
+        request.actor,
+        request.resend_horizon.as_secs_f64(),
+        request.tenant_id.as_uuid(),
+    )
+    .fetch_all(conn)
+    .await?;
+    tracing::Span::current().record("claimed", rows.len());
+    Ok(rows
+        .into_iter()
+        .map(|row| Claimed {
+            tenant_id: row.tenant_id,
+            payment_id: row.payment_id,
+            fencing_token: row.fencing_token,
+            lease_until: row.locked_until,
+            attempt: row.attempts.unsigned_abs(),
+            send_attempts: row.send_attempts.unsigned_abs(),
+            may_be_charged: row.may_be_charged,
+            in_key_window: row.in_key_window,
+            amount: row.amount,
+            currency: row.currency,
+            customer_id: row.customer_id,
+            metadata: row.metadata.0,
+            payment_method: row.payment_method,
+            provider_customer: row.provider_customer,
+            provider_account: row.provider_account,
+            trace: row.traceparent.map(|traceparent| TraceContext { traceparent, tracestate: row.tracestate }),
+            accepted_at: row.accepted_at,
+        })
+        .collect())
+}
