@@ -257,7 +257,7 @@ pub fn free_port() -> anyhow::Result<u16> {
 
 /// Waits until something accepts TCP connections on `port` of 127.0.0.1, up to `timeout`.
 pub async fn wait_for_port(port: u16, timeout: Duration) -> anyhow::Result<()> {
-    let what = format!("something listening on port {port}");
+    let what = format!("something to listen on port {port}");
     wait_until(&what, timeout, || async { tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok().map(drop) })
         .await
 }

@@ -9,8 +9,9 @@ use anyhow::bail;
 /// How long to sleep between two checks.
 const EVERY: Duration = Duration::from_millis(50);
 
-/// Runs `check` every 50 ms until it returns `Some`, for up to `within`, and returns what it
-/// returned. On timeout the error says `"{what}: not after {within:?}"`.
+/// Runs `check` every 50 ms until it returns `Some`, for up to `within` (a check still running then
+/// is dropped), and returns what it returned. On timeout the error says
+/// `"waited {within:?} for {what}"`.
 ///
 /// A check that can tell it will never succeed returns `Some(Err(..))`, and the caller unwraps the
 /// two results (`wait_until(..).await??`).
@@ -20,13 +21,11 @@ where
 {
     let deadline = tokio::time::Instant::now() + within;
     loop {
-        if let Some(value) = check().await {
-            return Ok(value);
+        match tokio::time::timeout_at(deadline, check()).await {
+            Ok(Some(value)) => return Ok(value),
+            Ok(None) if tokio::time::Instant::now() < deadline => tokio::time::sleep(EVERY).await,
+            Ok(None) | Err(_) => bail!("waited {within:?} for {what}"),
         }
-        if tokio::time::Instant::now() >= deadline {
-            bail!("{what}: not after {within:?}");
-        }
-        tokio::time::sleep(EVERY).await;
     }
 }
 
@@ -48,8 +47,17 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_check_that_never_returns_is_given_up_on_in_time() {
+        let waited = wait_until("an answer", Duration::from_secs(1), std::future::pending::<Option<()>>);
+
+        let ended = tokio::time::timeout(Duration::from_secs(2), waited).await;
+
+        assert!(matches!(ended, Ok(Err(_))), "still waiting after twice its time");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn gives_up_after_its_time_and_says_what_it_waited_for() {
         let refused = wait_until("a miracle", Duration::from_secs(1), || async { None::<()> }).await.unwrap_err();
-        assert_eq!(refused.to_string(), "a miracle: not after 1s");
+        assert_eq!(refused.to_string(), "waited 1s for a miracle");
     }
 }

@@ -399,7 +399,7 @@ impl World {
 
     /// Waits (long polls) until the payment is `succeeded`.
     async fn until_succeeded(&self, api_key: &str, payment_id: &str) {
-        let succeeded = wait_until("the payment succeeded", PATIENCE, || async {
+        let succeeded = wait_until("the payment to succeed", PATIENCE, || async {
             let payment: Value = self
                 .http
                 .get(format!("{}/v1/payments/{payment_id}", self.api))

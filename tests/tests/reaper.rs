@@ -58,24 +58,21 @@ async fn the_reaper_deletes_expired_keys_and_old_webhook_ids_of_every_tenant_and
     let payments = PAYMENTS_PER_TENANT * system.tenants().len();
 
     let pool = system.pool();
-    let settled = wait_until("every payment settled", PATIENCE, || async {
+    wait_until("every payment to settle", PATIENCE, || async {
         let settled =
             sqlx::query_scalar!(r#"SELECT count(*) AS "count!" FROM payments WHERE status IN ('succeeded', 'failed')"#)
                 .fetch_one(pool)
                 .await
                 .unwrap();
-        (settled == payments as i64).then_some(settled)
+        (settled == payments as i64).then_some(())
     })
     .await
     .unwrap();
     let webhooks = webhook_ids(pool).await;
-    wait_until("every key reaped", PATIENCE, || async { (keys(pool).await == 0).then_some(()) }).await.unwrap();
-    let webhooks_left = wait_until("every webhook id reaped", PATIENCE, || async {
-        let left = webhook_ids(pool).await;
-        (left == 0).then_some(left)
-    })
-    .await
-    .unwrap_or_else(|timed_out| panic!("{timed_out}: {webhooks} webhook ids were seen"));
+    wait_until("every key to be reaped", PATIENCE, || async { (keys(pool).await == 0).then_some(()) }).await.unwrap();
+    wait_until("every webhook id to be reaped", PATIENCE, || async { (webhook_ids(pool).await == 0).then_some(()) })
+        .await
+        .unwrap_or_else(|timed_out| panic!("{timed_out}: {webhooks} webhook ids were seen"));
 
     // The reaper did it, without a failed pass, and there were webhook ids to reap.
     let reconciler = system.url(Role::Reconciler, 0).unwrap();
@@ -84,8 +81,6 @@ async fn the_reaper_deletes_expired_keys_and_old_webhook_ids_of_every_tenant_and
     let webhooks_received = sum(&metrics, "oncepay_reconciler_webhooks_total");
     let reaper_errors = sum(&metrics, "oncepay_reconciler_loop_errors_total{loop=\"reaper\"");
 
-    assert_eq!(settled, payments as i64);
-    assert_eq!(webhooks_left, 0);
     assert_eq!(reaped_keys, payments as f64, "every key was deleted by the reaper\n{metrics}");
     assert!(webhooks_received > 0.0, "the provider's webhooks arrived, so there were webhook ids to reap");
     assert_eq!(reaper_errors, 0.0, "no reaper pass failed\n{metrics}");

@@ -2,6 +2,7 @@
 
 use std::time::{Duration, Instant};
 
+use oncepay_devkit::wait::wait_until;
 use oncepay_domain::api_key;
 use oncepay_store::tenants;
 use reqwest::{RequestBuilder, Response, StatusCode};
@@ -11,6 +12,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::helpers::{Tenant, TestApp, assert_problem, body, header};
+
+/// How long to wait for what the api does on its own.
+const PATIENCE: Duration = Duration::from_secs(10);
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_request_without_an_api_key_is_unauthorized(_: PgPoolOptions, options: PgConnectOptions) {
@@ -150,9 +154,11 @@ async fn a_flood_of_unknown_keys_cannot_take_the_connections_of_a_real_tenant(
             tokio::spawn(request.send())
         })
         .collect();
-    while lookups_waiting(&app).await == 0 {
-        tokio::task::yield_now().await;
-    }
+    wait_until("a key read to wait for the lock", PATIENCE, || async {
+        (lookups_waiting(&app).await > 0).then_some(())
+    })
+    .await
+    .unwrap();
     // Not a timing assertion: time for the rest of the flood to reach the api before the tenant.
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
 
@@ -270,13 +276,17 @@ impl Flood {
 async fn sent_while_the_flood_holds_the_lookups(app: &TestApp, request: RequestBuilder) -> Response {
     let mut blocker = app.db.begin().await.unwrap();
     sqlx::query!("LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE").execute(&mut *blocker).await.unwrap();
-    while lookups_waiting(app).await == 0 {
-        tokio::task::yield_now().await;
-    }
+    wait_until("a key read to wait for the lock", PATIENCE, || async {
+        (lookups_waiting(app).await > 0).then_some(())
+    })
+    .await
+    .unwrap();
     let response = tokio::spawn(request.send());
-    while !response.is_finished() && lookups_waiting(app).await < 2 {
-        tokio::task::yield_now().await;
-    }
+    wait_until("the request's response, or its own key read", PATIENCE, || async {
+        (response.is_finished() || lookups_waiting(app).await >= 2).then_some(())
+    })
+    .await
+    .unwrap();
     blocker.rollback().await.unwrap();
     response.await.unwrap().unwrap()
 }

@@ -185,7 +185,7 @@ async fn write_held_by_another_transaction(
     intake::accept(&mut holder, &held).await.unwrap();
     let request = tokio::spawn(app.post_payment(key, &body()).send());
     let holder_pid = sqlx::query_scalar!(r#"SELECT pg_backend_pid() AS "pid!""#).fetch_one(&mut *holder).await.unwrap();
-    wait_until("the request waiting for the holder's lock", Duration::from_secs(10), || async {
+    wait_until("the request to wait for the holder's lock", Duration::from_secs(10), || async {
         sqlx::query_scalar!(
             r#"SELECT EXISTS (SELECT FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))) AS "blocked!""#,
             holder_pid

@@ -156,7 +156,7 @@ impl TestApp {
     /// Waits until the api reports the gauge `name` at `value` on `/metrics`.
     pub async fn until_gauge(&self, name: &str, value: usize) {
         let line = format!("{name} {value}");
-        wait_until(&format!("the api reporting {line}"), Duration::from_secs(10), || async {
+        wait_until(&format!("the api to report {line}"), Duration::from_secs(10), || async {
             self.metrics().await.lines().any(|l| l == line).then_some(())
         })
         .await

@@ -19,7 +19,7 @@ use crate::support::{accept, change, charge, claim};
 
 /// Waits until some session of this database waits for a row lock.
 async fn someone_waits_for_a_lock(pool: &PgPool) {
-    wait_until("a session waiting for a row lock", Duration::from_secs(10), || async {
+    wait_until("a session to wait for a row lock", Duration::from_secs(10), || async {
         let waiting = sqlx::query_scalar!(
             r#"SELECT count(*) AS "waiting!" FROM pg_stat_activity
                 WHERE datname = current_database() AND wait_event_type = 'Lock'"#

@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use oncepay_devkit::wait::wait_until;
 use oncepay_domain::fingerprint::Fingerprint;
 use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_store::fixtures::{Submission, body, count, tenant};
@@ -173,19 +174,18 @@ async fn a_request_whose_row_is_refused_fails_alone_and_a_later_one_with_its_key
 /// The backend of `holder` blocks another backend.
 async fn blocks_another(pool: &PgPool, holder: &mut PgConnection) {
     let pid = sqlx::query_scalar!(r#"SELECT pg_backend_pid() AS "pid!""#).fetch_one(&mut *holder).await.unwrap();
-    let waiting = async {
-        while !sqlx::query_scalar!(
+    wait_until("another backend to wait for the holder", Duration::from_secs(10), || async {
+        sqlx::query_scalar!(
             r#"SELECT EXISTS (SELECT FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))) AS "blocked!""#,
             pid
         )
         .fetch_one(pool)
         .await
         .unwrap()
-        {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("nothing waited for the holder");
+        .then_some(())
+    })
+    .await
+    .unwrap();
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]

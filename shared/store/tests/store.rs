@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use oncepay_devkit::wait::wait_until;
 use oncepay_domain::api_key;
 use oncepay_domain::fingerprint::Fingerprint;
 use oncepay_domain::ids::{PaymentId, TenantId};
@@ -147,19 +148,18 @@ async fn a_key_committed_by_a_concurrent_request_is_waited_for_and_returned_as_s
         async move { intake_of(&pool, tenant_id, "order-1", &body(1999)).await }
     });
     let first_pid = sqlx::query_scalar!(r#"SELECT pg_backend_pid() AS "pid!""#).fetch_one(&mut *first).await.unwrap();
-    let waiting = async {
-        while !sqlx::query_scalar!(
+    wait_until("the second request to wait on the first", Duration::from_secs(10), || async {
+        sqlx::query_scalar!(
             r#"SELECT EXISTS (SELECT FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))) AS "blocked!""#,
             first_pid
         )
         .fetch_one(&pool)
         .await
         .unwrap()
-        {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("the second request never waited on the first");
+        .then_some(())
+    })
+    .await
+    .unwrap();
     assert!(!second.is_finished(), "the second request did not wait for the first");
     first.commit().await.unwrap();
     let Intake::Existing(existing) = second.await.unwrap() else { panic!("the second request created a payment") };

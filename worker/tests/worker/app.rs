@@ -40,7 +40,7 @@ async fn the_worker_serves_its_ops_endpoints_and_drains_until_shutdown(pool: PgP
     let running = tokio::spawn(app.run(shutdown.clone()));
 
     let accepted = accept(&pool, tenant(&pool).await, 1234).await;
-    wait_until("the payment drained", Duration::from_secs(30), || async {
+    wait_until("the payment to be drained", Duration::from_secs(30), || async {
         (support::status(&pool, accepted).await == PaymentStatus::Succeeded).then_some(())
     })
     .await

@@ -48,7 +48,7 @@ async fn drain_with_workers(pool: PgPool, workers: usize, batch_size: u32) {
         running.push(tokio::spawn(async move { drainer.run(shutdown).await }));
     }
     // Wait for the event itself: every payment settled.
-    let settled = wait_until("every payment settled", Duration::from_secs(300), || async {
+    let settled = wait_until("every payment to settle", Duration::from_secs(300), || async {
         (succeeded(&pool).await == PAYMENTS as i64).then_some(())
     })
     .await;

@@ -152,7 +152,7 @@ async fn kill_a_worker_after_the_provider_charged(processes: &Processes, pool: &
 
 /// Sweeps until the dead worker's lease has expired and been taken back.
 async fn sweep_once_expired(processes: &Processes, pool: &PgPool) -> SweepCounts {
-    let swept = wait_until("the lease expired and taken back", Duration::from_secs(LEASE_SECS * 4), || async {
+    let swept = wait_until("the lease to expire and be taken back", Duration::from_secs(LEASE_SECS * 4), || async {
         let mut conn = pool.acquire().await.unwrap();
         let swept = leases::sweep(&mut conn, "sweeper", KEY_WINDOW, 10).await.unwrap();
         (swept.changed() > 0).then_some(swept)
@@ -174,7 +174,7 @@ async fn a_worker_killed_after_the_provider_charged_causes_no_second_charge_and_
     let swept = sweep_once_expired(&processes, &pool).await;
     let mut successor = processes.worker("successor").await;
     processes
-        .wait_for("the payment succeeded", Duration::from_secs(30), || async {
+        .wait_for("the payment to succeed", Duration::from_secs(30), || async {
             support::status(&pool, accepted).await == PaymentStatus::Succeeded
         })
         .await;
