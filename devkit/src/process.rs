@@ -77,8 +77,8 @@ impl Spec {
     /// Sets a list setting (`"webhooks.secrets"`), as the JSON array the processes read from the
     /// environment.
     pub fn setting_list(self, key: &str, values: &[&str]) -> Self {
-        let quoted: Vec<String> = values.iter().map(|value| format!("{value:?}")).collect();
-        self.setting(key, format!("[{}]", quoted.join(",")))
+        let list = serde_json::to_string(values).unwrap_or_else(|_| unreachable!("strings are always JSON"));
+        self.setting(key, list)
     }
 
     /// The port its HTTP server listens on (`http.port`).
@@ -216,7 +216,7 @@ impl Child {
         // reqwest is built without a bundled crypto provider; ring is the workspace's choice.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?;
-        let what = format!("{} ready at {url} (see {})", self.spec.name, self.log_path.display());
+        let what = format!("{} to be ready at {url} (see {})", self.spec.name, self.log_path.display());
         let ready = wait_until(&what, timeout, || {
             let exited = self.child.try_wait();
             let client = &client;

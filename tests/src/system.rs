@@ -666,7 +666,7 @@ async fn start_provider(
                     (setting_variable("provider.request_timeout_ms"), timing.provider_request_timeout_ms.to_string()),
                 ]);
                 if role == Role::Reconciler {
-                    slot.spec.env.push((setting_variable("webhooks.secrets"), format!("[\"{webhook_secret}\"]")));
+                    slot.spec = slot.spec.clone().setting_list("webhooks.secrets", &[&webhook_secret]);
                 }
             }
             let spec = Spec::new("simulator", &config.binaries.simulator, log_dir)
@@ -711,9 +711,7 @@ async fn start_provider(
                     ),
                 ]);
                 if role == Role::Reconciler {
-                    slot.spec
-                        .env
-                        .push((setting_variable("webhooks.stripe_secrets"), format!("[\"{webhook_secret}\"]")));
+                    slot.spec = slot.spec.clone().setting_list("webhooks.stripe_secrets", &[&webhook_secret]);
                 }
             }
             Ok((RunningProvider::Localstripe(stripe), secret))

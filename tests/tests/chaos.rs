@@ -10,8 +10,7 @@
 use oncepay_tests::chaos::{self, ChaosConfig, Profile};
 
 /// `CHAOS_SEED`, else the day's (days since 1970-01-01), so CI explores a new schedule every day.
-/// Not an `ONCEPAY_` variable: that prefix configures the binaries, which refuse what they do not
-/// know.
+/// Not an `ONCEPAY_` variable: that prefix configures the binaries.
 fn seed() -> u64 {
     match std::env::var("CHAOS_SEED") {
         Ok(seed) => seed.parse().unwrap(),

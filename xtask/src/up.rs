@@ -145,7 +145,7 @@ async fn start(root: &Path, options: &Options, running: &mut Running) -> anyhow:
     let provider_key = format!("sk_test_{}", secrets::hex_token(16));
     let webhook_secret = secrets::webhook_secret();
     let log_dir = root.join(".oncepay").join("logs");
-    // Each binary rejects settings it does not have, so each gets only its own.
+    // Each process gets only its own settings.
     let common = |spec: Spec| spec.setting("telemetry.log_format", "text").echo(true);
     let with_database = |spec: Spec| common(spec).env("DATABASE_URL", &database_url);
     // localstripe has no Stripe Connect (it ignores `Stripe-Account`, its events name no account):
