@@ -11,12 +11,13 @@ use std::time::Duration;
 use oncepay_devkit::wait::wait_until;
 use oncepay_domain::fingerprint::Fingerprint;
 use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::provider_ref::ProviderAccount;
 use oncepay_store::fixtures::{Submission, body, count, tenant};
 use oncepay_store::intake::{self, Intake, NewPayment};
 use oncepay_store::{StoreError, payments};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-use serde_json::Value;
+use serde_json::{Value, json};
 use sqlx::{PgConnection, PgPool};
 
 /// The amount that the tests' extra CHECK constraint refuses (see [`refuse_amount`]).
@@ -81,6 +82,37 @@ async fn a_group_of_new_keys_is_written_in_one_transaction_each_with_its_own_pay
         .await
         .unwrap();
     assert_eq!(starts, 1);
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn each_payment_of_a_group_keeps_its_own_method_customer_and_account(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+    let group: Vec<NewPayment> = (0..3)
+        .map(|i| {
+            let mut paying = body(100 + i);
+            paying["payment_method"] = json!(format!("pm_{i}"));
+            paying["provider_customer"] = json!(format!("cus_{i}"));
+            let account = ProviderAccount::parse(&format!("acct_{i}")).unwrap();
+            NewPayment { provider_account: Some(account), ..new(tenant_id, &format!("order-{i}"), &paying) }
+        })
+        .collect();
+
+    let ids: Vec<PaymentId> = accept_group(&pool, &group).await.iter().map(created).collect();
+
+    let mut conn = pool.acquire().await.unwrap();
+    for (i, id) in ids.iter().enumerate() {
+        let payment = payments::fetch(&mut conn, tenant_id, *id).await.unwrap().unwrap();
+        let stored = (
+            payment.payment_method.as_ref().map(|m| m.as_str().to_owned()),
+            payment.provider_customer.as_ref().map(|c| c.as_str().to_owned()),
+            payment.provider_account.as_ref().map(|a| a.as_str().to_owned()),
+        );
+        assert_eq!(
+            stored,
+            (Some(format!("pm_{i}")), Some(format!("cus_{i}")), Some(format!("acct_{i}"))),
+            "request {i}"
+        );
+    }
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
