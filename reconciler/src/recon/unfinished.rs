@@ -2,7 +2,8 @@
 //! are still open, to be read again by id on every run, and recording what a run saw of them.
 //!
 //! A row is opened by the run that first sees the charge unfinished and closed by the run that reads
-//! it final; both are written with the run's discrepancies, so a run that fails changes nothing here.
+//! it final; a run that sees it unfinished again opens it again. All of it is written with the run's
+//! discrepancies, so a run that fails changes nothing here.
 
 use anyhow::Context;
 use oncepay_domain::ids::{PaymentId, TenantId};
@@ -70,7 +71,7 @@ pub async fn record(
                                                   amount, currency, created, first_run_id, last_run_id)
             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)
             ON CONFLICT (provider_charge_id) DO UPDATE
-            SET status = EXCLUDED.status, last_run_id = EXCLUDED.last_run_id
+            SET status = EXCLUDED.status, last_run_id = EXCLUDED.last_run_id, settled_run_id = NULL
             "#,
             charge.id,
             charge.account,

@@ -9,9 +9,10 @@ use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_provider::http::HttpProvider;
 use oncepay_provider::stripe::{StripeProvider, StripeSettings};
-use oncepay_provider::{Charge, ChargeStatus};
+use oncepay_provider::{Charge, ChargeStatus, UnfinishedCharge};
 use oncepay_reconciler::recon::compare::Class;
-use oncepay_reconciler::recon::runs::{RunStatus, Trigger};
+use oncepay_reconciler::recon::runs::{self, RunStatus, Trigger};
+use oncepay_reconciler::recon::unfinished;
 use oncepay_reconciler::recon::{ReconConfig, Reconciled, Reconciliation, Window, commands};
 use oncepay_reconciler::render::Report;
 use oncepay_store::fixtures::{self, count, tenant};
@@ -466,4 +467,40 @@ async fn an_intent_unfinished_when_its_day_is_reconciled_is_read_again_until_it_
     .await
     .unwrap();
     assert_eq!(open, 0);
+}
+
+/// A run of the day `day`, started.
+async fn started_run(pool: &PgPool, day: time::Date) -> uuid::Uuid {
+    let mut conn = pool.acquire().await.unwrap();
+    match runs::claim(&mut conn, &Window::day(day), Trigger::Operator, Duration::from_secs(3_600)).await.unwrap() {
+        runs::Claim::Won(run_id) => run_id,
+        taken => panic!("{taken:?}"),
+    }
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_charge_read_final_and_then_seen_unfinished_again_is_read_again(pool: PgPool) {
+    let mut conn = pool.acquire().await.unwrap();
+    let (first, second, third) = (
+        started_run(&pool, date!(2026 - 01 - 10)).await,
+        started_run(&pool, date!(2026 - 01 - 11)).await,
+        started_run(&pool, date!(2026 - 01 - 12)).await,
+    );
+    let intent = UnfinishedCharge {
+        id: "pi_1".into(),
+        status: "processing".into(),
+        amount: 1999,
+        currency: "EUR".into(),
+        created: 1_768_000_000,
+        metadata: Default::default(),
+        account: None,
+    };
+
+    unfinished::record(&mut conn, first, std::slice::from_ref(&intent), &[]).await.unwrap();
+    unfinished::record(&mut conn, second, &[], &["pi_1".to_owned()]).await.unwrap();
+    // Read final, then unfinished again: a failed intent confirmed once more, say.
+    unfinished::record(&mut conn, third, std::slice::from_ref(&intent), &[]).await.unwrap();
+
+    let open: Vec<String> = unfinished::open(&mut conn).await.unwrap().into_iter().map(|o| o.last_seen.id).collect();
+    assert_eq!(open, ["pi_1"], "read again until it is final once more");
 }
