@@ -241,7 +241,9 @@ pub enum CreatePaymentResponses {
     #[response(
         status = 400,
         description = "Missing or malformed `Idempotency-Key`, malformed JSON, a member named twice, or invalid fields \
-                                            (each one listed in `errors`).",
+                                            (each one listed in `errors`); in Stripe connect mode also a tenant with no \
+                                            connected account (`no-provider-account`) or a payment with no \
+                                            `payment_method`.",
         content_type = "application/problem+json"
     )]
     Invalid(Problem),
@@ -285,7 +287,7 @@ pub struct GetPaymentPath {
 #[derive(IntoParams)]
 #[into_params(parameter_in = Header)]
 pub struct GetPaymentHeaders {
-    #[doc = "`wait=N` (RFC 7240): hold the answer until the status changes or N seconds pass \
+    #[doc = "`wait=N` (RFC 7240): hold the response until the status changes or N seconds pass \
              (N is capped at the server's maximum, 30 by default)."]
     #[param(rename = "Prefer")]
     pub prefer: Option<String>,

@@ -11,7 +11,7 @@
 //! use oncepay_client::{Client, PaymentIntent, PaymentStatus};
 //!
 //! let client = Client::new("http://127.0.0.1:8080", "opk_...")?;
-//! let intent = PaymentIntent::builder(1999, "EUR", "cus_42").metadata("order", "A-17").build();
+//! let intent = PaymentIntent::builder(1999, "EUR", "customer-42").metadata("order", "A-17").build();
 //! // Keep `intent.key()` with the order: sending the same intent again can never charge twice.
 //! let payment = client.pay(&intent, Duration::from_secs(60)).await?;
 //! match payment.status {

@@ -150,7 +150,7 @@ impl ProblemType {
 
 // This doc is the schema's description in the OpenAPI document: the document is a contract, so
 // rewording it is a change to the API.
-/// One problem document, ready to answer with.
+/// One problem document, ready to send.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Problem {
     /// The stable URI naming the kind of problem.

@@ -107,7 +107,7 @@ pub fn describe(payment: &Payment) -> String {
         row("method", method);
     }
     if let Some(customer) = &payment.provider_customer {
-        row("method owner", customer);
+        row("provider customer", customer);
     }
     if let Some(charge) = &payment.provider_charge_id {
         row("charge", charge);
