@@ -187,8 +187,9 @@ pub struct SystemConfig {
     pub provider: Provider,
     /// Where logs go; a fresh temporary directory if none.
     pub log_dir: Option<PathBuf>,
-    /// Environment on top of the system's own, which it overrides: what a test needs differently
-    /// (a log format, an exporter, faults), with settings named by
+    /// Environment a test adds for some processes, set after the system's own so that a variable of
+    /// the same name replaces the system's value: what the test needs differently (a log format, an
+    /// exporter, faults), with settings named by
     /// [`setting_variable`](oncepay_devkit::process::setting_variable).
     pub env: Vec<(Processes, String, String)>,
 }

@@ -149,8 +149,8 @@ async fn start(root: &Path, options: &Options, running: &mut Running) -> anyhow:
     let common = |spec: Spec| spec.setting("telemetry.log_format", "text").echo(true);
     let with_database = |spec: Spec| common(spec).env("DATABASE_URL", &database_url);
     // localstripe has no Stripe Connect (it ignores `Stripe-Account`, its events name no account):
-    // every tenant charges the one account of the key, with Stripe's test card unless a payment
-    // names its own.
+    // every tenant's payments are charged in the key's account, with Stripe's test card unless a
+    // payment names its own.
     let through_stripe = |spec: Spec| {
         spec.setting("provider.kind", "stripe")
             .setting("provider.stripe.mode", "direct")

@@ -98,7 +98,7 @@ pub(crate) fn trace_headers() -> HeaderMap {
     headers
 }
 
-/// The refusal of a call in a provider account, which this protocol does not have.
+/// Why a call in a provider account is refused: the simulator's protocol has no accounts.
 fn no_accounts(account: &ProviderAccount) -> String {
     format!("the simulator's protocol has no provider accounts, so nothing can be asked of account {account}")
 }

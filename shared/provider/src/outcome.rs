@@ -187,8 +187,8 @@ impl SendOutcome {
 }
 
 /// A create's response body, read once and strictly, for every adapter's classification: its JSON,
-/// or `None` when it is not JSON. A body that names a member twice (or as serde_json's private
-/// markers) is an error: it means different things to different readers, so it proves nothing,
+/// or `None` when it is not JSON. A body that names a member twice, or names one with one of
+/// serde_json's private marker names, is an error: it means different things to different readers, so it proves nothing,
 /// whatever the status says.
 pub(crate) fn response_json(body: &[u8]) -> Result<Option<Value>, UncertainReason> {
     match strict_json::parse(body) {

@@ -98,7 +98,7 @@ pub fn in_our_words(what: &str, code: Option<&str>, decline_code: Option<&str>) 
     if codes.is_empty() { format!("{what}.") } else { format!("{what} ({}).", codes.join(", ")) }
 }
 
-/// What Stripe did with a payment it declined, before its codes.
+/// The start of a declined payment's failure message, which Stripe's codes follow.
 pub const DECLINED: &str = "Stripe declined the payment";
 
 /// A PaymentIntent: one attempt to take one amount, the object oncepay creates for each payment.
