@@ -129,7 +129,8 @@ pub fn parse(token: &str) -> Option<PresentedKey> {
     })
 }
 
-fn hash_secret(secret: &[u8]) -> SecretHash {
+/// The hash of a token's secret part, as stored.
+pub(crate) fn hash_secret(secret: &[u8]) -> SecretHash {
     SecretHash(Sha256::digest(secret).into())
 }
 

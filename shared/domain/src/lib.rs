@@ -1,6 +1,7 @@
 //! oncepay's domain: what a payment is and which states it moves through, money, ids, API keys,
-//! idempotency keys, references to things at the provider, what a payment request must look like,
-//! how a request is fingerprinted, and JSON read strictly (no member named twice).
+//! operators' personal tokens, idempotency keys, references to things at the provider, what a
+//! payment request must look like, how a request is fingerprinted, and JSON read strictly (no
+//! member named twice).
 //!
 //! Pure: no I/O. With the `sqlx` feature, ids, money, provider references and the payment status can be
 //! bound to and read from PostgreSQL columns.
@@ -10,6 +11,7 @@ pub mod fingerprint;
 pub mod idempotency_key;
 pub mod ids;
 pub mod money;
+pub mod operator_token;
 pub mod payment;
 pub mod payment_request;
 pub mod provider_ref;

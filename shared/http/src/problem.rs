@@ -44,6 +44,11 @@ pub enum ProblemType {
     RateLimited,
     /// 404: nothing here (or it belongs to someone else).
     NotFound,
+    /// 403: the operator's role does not allow this (operations API).
+    Forbidden,
+    /// 409: the action does not apply to the thing's current state; nothing changed (operations
+    /// API).
+    Refused,
     /// 405: the resource exists but not with this method.
     MethodNotAllowed,
     /// 503: the key store cannot be reached; nothing was written.
@@ -58,7 +63,7 @@ pub enum ProblemType {
 
 impl ProblemType {
     /// Every problem type, for documentation and tests.
-    pub const ALL: [Self; 16] = [
+    pub const ALL: [Self; 18] = [
         Self::Unauthorized,
         Self::MissingIdempotencyKey,
         Self::InvalidIdempotencyKey,
@@ -70,6 +75,8 @@ impl ProblemType {
         Self::IdempotencyKeyInUse,
         Self::RateLimited,
         Self::NotFound,
+        Self::Forbidden,
+        Self::Refused,
         Self::MethodNotAllowed,
         Self::ServiceUnavailable,
         Self::Internal,
@@ -91,6 +98,8 @@ impl ProblemType {
             Self::IdempotencyKeyInUse => "idempotency-key-in-use",
             Self::RateLimited => "rate-limited",
             Self::NotFound => "not-found",
+            Self::Forbidden => "forbidden",
+            Self::Refused => "refused",
             Self::MethodNotAllowed => "method-not-allowed",
             Self::ServiceUnavailable => "service-unavailable",
             Self::Internal => "internal",
@@ -113,6 +122,8 @@ impl ProblemType {
             Self::IdempotencyKeyInUse => "A request with this Idempotency-Key is in progress",
             Self::RateLimited => "Rate limit exceeded",
             Self::NotFound => "Not found",
+            Self::Forbidden => "Not allowed for your role",
+            Self::Refused => "Refused in the current state",
             Self::MethodNotAllowed => "Method not allowed",
             Self::ServiceUnavailable => "Service unavailable",
             Self::Internal => "Internal error",
@@ -133,7 +144,8 @@ impl ProblemType {
             Self::PayloadTooLarge => 413,
             Self::UnsupportedMediaType => 415,
             Self::IdempotencyKeyReused => 422,
-            Self::IdempotencyKeyInUse => 409,
+            Self::IdempotencyKeyInUse | Self::Refused => 409,
+            Self::Forbidden => 403,
             Self::RateLimited => 429,
             Self::NotFound => 404,
             Self::MethodNotAllowed => 405,
