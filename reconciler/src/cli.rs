@@ -11,16 +11,14 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use oncepay_domain::ids::PaymentId;
-use oncepay_domain::money::{Amount, Currency};
 use oncepay_provider::ConfiguredProvider;
 use oncepay_store::db;
 use sqlx::PgPool;
-use time::OffsetDateTime;
-use time::format_description::well_known::Rfc3339;
 use uuid::Uuid;
 
-use crate::dead_letters::actions::{self, BookedCharge, Operator, Resolution, Retry};
+use crate::dead_letters::actions::{self, Asked, Operator, Retry};
 use crate::dead_letters::queries::{self, Filter};
+use crate::operators::accounts;
 use crate::recon::{self, Reconciliation};
 use crate::render::Report;
 use crate::settings::Settings;
@@ -60,6 +58,21 @@ pub enum Command {
     /// Ledger reconciliation: run a window now, list runs, show a run's discrepancies.
     #[command(subcommand)]
     Recon(ReconCommand),
+    /// Operator accounts: only the first admin is made here; admins make the rest through the
+    /// operations API.
+    #[command(subcommand)]
+    Operators(OperatorsCommand),
+}
+
+/// `operators …`.
+#[derive(Debug, Subcommand)]
+pub enum OperatorsCommand {
+    /// On an installation with no operator yet, creates the first admin and prints a personal token
+    /// for the operations API, once. Refused once any operator exists.
+    Bootstrap {
+        /// The admin's name: 1–63 of a-z 0-9 . _ -, starting with a letter or digit.
+        name: String,
+    },
 }
 
 /// `recon …`.
@@ -225,6 +238,9 @@ pub enum CliError {
     /// The action does not apply to the current state; nothing was changed.
     #[error("{0}")]
     Refused(String),
+    /// The operator's role does not allow the action; nothing was changed.
+    #[error("{0}")]
+    Forbidden(String),
     /// Something failed underneath (the database, the provider).
     #[error(transparent)]
     Failed(#[from] anyhow::Error),
@@ -233,14 +249,15 @@ pub enum CliError {
 impl CliError {
     /// The process exit code for this failure: 1 failed (e.g. the database is unreachable), 2 bad
     /// usage or argument, 3 the named thing does not exist, 4 refused (the action does not apply to
-    /// the thing's current state). A command that succeeds exits 0, and `main` exits 78 when the
-    /// configuration is invalid.
+    /// the thing's current state), 5 not allowed for the operator's role. A command that succeeds
+    /// exits 0, and `main` exits 78 when the configuration is invalid.
     pub fn exit_code(&self) -> ExitCode {
         ExitCode::from(match self {
             Self::Failed(_) => 1,
             Self::Invalid(_) => 2,
             Self::NotFound(_) => 3,
             Self::Refused(_) => 4,
+            Self::Forbidden(_) => 5,
         })
     }
 
@@ -286,6 +303,10 @@ pub async fn execute(command: Command, ctx: &Context) -> Result<Box<dyn Report>,
             tenants::revoke_key(&mut *connection(ctx).await?, &tenant, &key_id).await.map(boxed)
         }
         Command::DeadLetters(command) => dead_letter_command(command, ctx).await,
+        Command::Operators(OperatorsCommand::Bootstrap { name }) => {
+            let ttl = ctx.settings.operators.token_ttl();
+            accounts::bootstrap(&mut *connection(ctx).await?, &name, ttl).await.map(boxed)
+        }
         Command::Recon(ReconCommand::Run { from, to }) => {
             let provider =
                 ConfiguredProvider::new(&ctx.settings.provider).context("cannot build the provider client")?;
@@ -305,7 +326,7 @@ async fn dead_letter_command(command: DeadLettersCommand, ctx: &Context) -> Resu
     match command {
         DeadLettersCommand::List { open: _, all } => {
             let filter = if all { Filter::All } else { Filter::Open };
-            queries::list(&mut *connection(ctx).await?, filter).await.map(boxed)
+            queries::list(&mut *connection(ctx).await?, filter, None).await.map(boxed)
         }
         DeadLettersCommand::Show { payment_id } => {
             queries::show(&mut *connection(ctx).await?, payment_id).await.map(boxed)
@@ -334,24 +355,17 @@ async fn dead_letter_command(command: DeadLettersCommand, ctx: &Context) -> Resu
             operator,
         } => {
             let operator = operator_of(operator, ctx)?;
-            let decision = match (outcome, charge_id) {
-                (None, _) => Resolution::Acknowledge,
-                (Some(ResolveAs::Failed), charge_id) => Resolution::Failed { charge_id, force },
-                (Some(ResolveAs::Succeeded), None) => {
-                    return Err(CliError::Invalid("--as succeeded needs the provider's --charge-id".into()));
-                }
-                (Some(ResolveAs::Succeeded), Some(charge_id)) => match (amount, currency, charged_at) {
-                    (Some(amount), Some(currency), Some(charged_at)) => {
-                        Resolution::Succeeded(booked_from_flags(charge_id, amount, &currency, &charged_at)?)
-                    }
-                    _ => {
-                        let provider = ConfiguredProvider::new(&ctx.settings.provider)
-                            .context("cannot build the provider client")?;
-                        let mut conn = connection(ctx).await?;
-                        Resolution::Succeeded(actions::find_charge(&mut conn, &provider, payment_id, &charge_id).await?)
-                    }
-                },
+            let asked = match outcome {
+                None => Asked::Acknowledge,
+                Some(ResolveAs::Failed) => Asked::Failed { charge_id, force },
+                Some(ResolveAs::Succeeded) => Asked::Succeeded { charge_id, amount, currency, charged_at },
             };
+            let provider = || {
+                ConfiguredProvider::new(&ctx.settings.provider)
+                    .context("cannot build the provider client")
+                    .map_err(CliError::Failed)
+            };
+            let decision = actions::resolution(&mut *connection(ctx).await?, provider, payment_id, asked).await?;
             actions::resolve(&mut *connection(ctx).await?, payment_id, &decision, &operator, &reason).await.map(boxed)
         }
     }
@@ -359,19 +373,6 @@ async fn dead_letter_command(command: DeadLettersCommand, ctx: &Context) -> Resu
 
 fn operator_of(given: Option<String>, ctx: &Context) -> Result<Operator, CliError> {
     Operator::parse(given.as_deref().or(ctx.default_operator.as_deref()).unwrap_or_default())
-}
-
-fn booked_from_flags(
-    charge_id: String,
-    amount: i64,
-    currency: &str,
-    charged_at: &str,
-) -> Result<BookedCharge, CliError> {
-    let amount = Amount::new(amount).map_err(|e| CliError::Invalid(format!("--amount {e}")))?;
-    let currency = Currency::parse(currency).map_err(|e| CliError::Invalid(format!("--currency {e}")))?;
-    let charged_at = OffsetDateTime::parse(charged_at, &Rfc3339)
-        .map_err(|_| CliError::Invalid(format!("--charged-at {charged_at:?} is not an RFC 3339 time")))?;
-    Ok(BookedCharge { charge_id, amount, currency, charged_at })
 }
 
 fn boxed<R: Report + 'static>(report: R) -> Box<dyn Report> {

@@ -3,15 +3,18 @@
 //! As a service ([`service`]) it settles `unknown` payments from signed provider [`webhooks`] and by
 //! polling the provider ([`poller`]), dead-letters what it cannot settle, takes back expired worker
 //! leases ([`sweeper`]), deletes expired idempotency keys ([`reaper`]), and reconciles the ledger with
-//! the provider every night ([`recon`]). As a CLI ([`cli`]) it is the operator's tool: migrations,
-//! tenants and API keys, dead letters, reconciliation runs. `main.rs` only parses arguments, loads
-//! settings, starts telemetry and runs; everything testable is here.
+//! the provider every night ([`recon`]), and serves the operations API where operators, signed in
+//! with personal tokens and limited by their roles, work dead letters and approve each other's
+//! proposals ([`operators`]). As a CLI ([`cli`]) it is the operator's tool on the database itself:
+//! migrations, the first admin, tenants and API keys, dead letters, reconciliation runs. `main.rs`
+//! only parses arguments, loads settings, starts telemetry and runs; everything testable is here.
 
 pub mod backlog;
 pub mod cli;
 pub mod dead_letters;
 pub mod http;
 pub mod metrics;
+pub mod operators;
 pub mod poller;
 pub mod reaper;
 pub mod recon;

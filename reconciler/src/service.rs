@@ -1,5 +1,5 @@
-//! `serve`: the reconciler as a service. Wires the settings into the HTTP server (webhooks and
-//! operations endpoints) and the background loops (poller, sweeper, reaper, nightly reconciliation,
+//! `serve`: the reconciler as a service. Wires the settings into the HTTP servers (webhooks and
+//! operations endpoints; the operators' API when it has a port) and the background loops (poller, sweeper, reaper, nightly reconciliation,
 //! backlog gauges), and runs them until the shutdown token fires.
 //!
 //! It does not migrate the schema (`oncepay-reconciler migrate` does, once per deploy); `/readyz`
@@ -18,6 +18,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::backlog::Sampler;
+use crate::operators::{self, api::OperatorsState};
 use crate::poller::{Poller, PollerConfig};
 use crate::reaper::{Reaper, ReaperConfig};
 use crate::recon::Reconciliation;
@@ -57,6 +58,29 @@ pub async fn serve(settings: Settings, shutdown: CancellationToken) -> anyhow::R
     let public_ops = apart.is_none().then_some(ops);
     let server = crate::http::server(listener, webhook, public_ops, workers).context("cannot start the HTTP server")?;
     let server_handle = server.handle();
+    let operations = match settings.operators.port {
+        Some(port) => {
+            let listener = TcpListener::bind((host, port))
+                .with_context(|| format!("cannot listen for the operations API on {host}:{port}"))?;
+            let address = listener.local_addr().context("cannot read the bound address")?;
+            let state = OperatorsState {
+                pool: pool.clone(),
+                provider: settings.provider.clone(),
+                resend_horizon: key_window.resend_horizon(),
+                proposal_ttl: Duration::from_secs(settings.operators.proposal_ttl_secs),
+                token_ttl: settings.operators.token_ttl(),
+                max_token_ttl: settings.operators.max_token_ttl(),
+                retries_need_approval: settings.operators.retries_need_approval,
+            };
+            let server =
+                operators::api::server(listener, state, workers.min(2)).context("cannot start the operations API")?;
+            tracing::info!(http.address = %address, "operations API listening");
+            Some(server)
+        }
+        None => None,
+    };
+    let operations_handle = operations.as_ref().map(actix_web::dev::Server::handle);
+    let operations_running = operations.map(tokio::spawn);
     let ops_handle = apart.as_ref().map(|apart| apart.server.handle());
     let ops_running = apart.map(|apart| tokio::spawn(apart.server));
     tracing::info!(http.address = %address, "reconciler listening");
@@ -113,6 +137,9 @@ pub async fn serve(settings: Settings, shutdown: CancellationToken) -> anyhow::R
     loops.spawn(async move {
         stopper.cancelled().await;
         server_handle.stop(true).await;
+        if let Some(operations) = operations_handle {
+            operations.stop(true).await;
+        }
         Ok(())
     });
 
@@ -129,6 +156,15 @@ pub async fn serve(settings: Settings, shutdown: CancellationToken) -> anyhow::R
             if ended.is_ok() {
                 ended = Err(error);
             }
+        }
+    }
+    if let Some(running) = operations_running {
+        let stopped = running
+            .await
+            .context("the operations API panicked")
+            .and_then(|served| served.context("the operations API failed"));
+        if let (Err(error), true) = (stopped, ended.is_ok()) {
+            ended = Err(error);
         }
     }
     // The probes keep responding until the public server and the loops have stopped.

@@ -44,6 +44,8 @@ pub struct Settings {
     pub recon: ReconSettings,
     /// The backlog gauges.
     pub backlog: BacklogSettings,
+    /// The operations API and operators' accounts.
+    pub operators: OperatorSettings,
 }
 
 /// `[webhooks]`.
@@ -166,6 +168,38 @@ pub struct BacklogSettings {
     pub interval_ms: u64,
 }
 
+/// `[operators]`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct OperatorSettings {
+    /// The operations API's port, on `http.host`; unset serves no operations API. 0 picks a free one.
+    #[serde(default)]
+    pub port: Option<u16>,
+    /// How long a proposal waits for an approver.
+    pub proposal_ttl_secs: u64,
+    /// How long a token works when its request names no lifetime.
+    pub token_ttl_days: u32,
+    /// The longest a token may work.
+    pub max_token_ttl_days: u32,
+    /// Whether every resend is proposed for approval (a resend past the key window always is).
+    pub retries_need_approval: bool,
+}
+
+impl OperatorSettings {
+    /// How long a token works when its request names no lifetime.
+    pub fn token_ttl(&self) -> Duration {
+        days(self.token_ttl_days)
+    }
+
+    /// The longest a token may work.
+    pub fn max_token_ttl(&self) -> Duration {
+        days(self.max_token_ttl_days)
+    }
+}
+
+fn days(days: u32) -> Duration {
+    Duration::from_secs(u64::from(days) * 86_400)
+}
+
 /// A setting that loads but cannot work.
 #[derive(Debug, thiserror::Error)]
 pub enum InvalidSettings {
@@ -225,6 +259,11 @@ impl Settings {
         rule(self.sweeper.batch_size > 0, "sweeper.batch_size must be positive")?;
         rule(self.reaper.batch_size > 0, "reaper.batch_size must be positive")?;
         rule(self.recon.page_size > 0, "recon.page_size must be positive")?;
+        rule(self.operators.proposal_ttl_secs > 0, "operators.proposal_ttl_secs must be positive")?;
+        rule(
+            (1..=self.operators.max_token_ttl_days).contains(&self.operators.token_ttl_days),
+            "operators.token_ttl_days must be between 1 and operators.max_token_ttl_days",
+        )?;
         rule(self.recon.stale_after_secs > 0, "recon.stale_after_secs must be positive")?;
         tokio_cron_scheduler::Job::new_async(self.recon.schedule.as_str(), |_, _| Box::pin(async {})).map_err(
             |_| {

@@ -17,6 +17,7 @@ use oncepay_store::transitions::{self, Change, Recorded, Settlement};
 use serde_json::json;
 use sqlx::{Acquire, PgConnection};
 use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
 
 use super::ResolutionKind;
 use super::queries::{self, Locked};
@@ -45,10 +46,14 @@ impl Operator {
     }
 }
 
-fn require_reason(reason: &str) -> Result<&str, CliError> {
+/// The reason an operator gave for a change, trimmed; refused when empty, since every change says
+/// why.
+pub fn require_reason(reason: &str) -> Result<&str, CliError> {
     let reason = reason.trim();
     if reason.is_empty() {
-        return Err(CliError::Invalid("say why with --reason".into()));
+        return Err(CliError::Invalid(
+            "say why: every change needs a reason (--reason, or \"reason\" in the body)".into(),
+        ));
     }
     Ok(reason)
 }
@@ -177,6 +182,73 @@ pub enum Resolution {
     },
     /// A conflict entry was looked at; the terminal payment stays as it is.
     Acknowledge,
+}
+
+/// A `resolve` as the operator asked for it, before the charge it names is looked up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Asked {
+    /// Acknowledge a conflict.
+    Acknowledge,
+    /// Settle as failed.
+    Failed {
+        /// The provider's failed charge, if any.
+        charge_id: Option<String>,
+        /// Although a recorded charge says the payment succeeded.
+        force: bool,
+    },
+    /// Settle as succeeded with the provider's charge `charge_id`: what it charged and when are given,
+    /// or else looked up.
+    Succeeded {
+        /// The provider's charge (required).
+        charge_id: Option<String>,
+        /// What it charged, in minor units, when the provider no longer lists it.
+        amount: Option<i64>,
+        /// In this currency (with `amount`).
+        currency: Option<String>,
+        /// When the provider created it, RFC 3339 (with `amount`).
+        charged_at: Option<String>,
+    },
+}
+
+/// The resolution an operator asked for: a success's charge is taken as given when its amount,
+/// currency and time are, and otherwise looked up with [`find_charge`] from the provider that
+/// `provider` builds (only then).
+pub async fn resolution<P: PaymentProvider>(
+    conn: &mut PgConnection,
+    provider: impl FnOnce() -> Result<P, CliError>,
+    payment_id: PaymentId,
+    asked: Asked,
+) -> Result<Resolution, CliError> {
+    match asked {
+        Asked::Acknowledge => Ok(Resolution::Acknowledge),
+        Asked::Failed { charge_id, force } => Ok(Resolution::Failed { charge_id, force }),
+        Asked::Succeeded { charge_id: None, .. } => {
+            Err(CliError::Invalid("a resolution as succeeded needs the provider's charge id".into()))
+        }
+        Asked::Succeeded { charge_id: Some(charge_id), amount, currency, charged_at } => {
+            match (amount, currency, charged_at) {
+                (Some(amount), Some(currency), Some(charged_at)) => {
+                    Ok(Resolution::Succeeded(booked(charge_id, amount, &currency, &charged_at)?))
+                }
+                (None, None, None) => {
+                    Ok(Resolution::Succeeded(find_charge(conn, &provider()?, payment_id, &charge_id).await?))
+                }
+                _ => Err(CliError::Invalid(
+                    "give the charge's amount, currency and time together, or none of them to look the charge up"
+                        .into(),
+                )),
+            }
+        }
+    }
+}
+
+/// A charge as the operator read it from the provider's records.
+fn booked(charge_id: String, amount: i64, currency: &str, charged_at: &str) -> Result<BookedCharge, CliError> {
+    let amount = Amount::new(amount).map_err(|e| CliError::Invalid(format!("amount {e}")))?;
+    let currency = Currency::parse(currency).map_err(|e| CliError::Invalid(format!("currency {e}")))?;
+    let charged_at = OffsetDateTime::parse(charged_at, &Rfc3339)
+        .map_err(|_| CliError::Invalid(format!("charged_at {charged_at:?} is not an RFC 3339 time")))?;
+    Ok(BookedCharge { charge_id, amount, currency, charged_at })
 }
 
 /// Finds the charge `charge_id` of a dead-lettered payment, for a `resolve --as succeeded` that did

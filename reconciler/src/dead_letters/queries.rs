@@ -14,6 +14,7 @@ use oncepay_domain::status::PaymentStatus;
 use oncepay_store::settlement::Asked;
 use sqlx::PgConnection;
 use time::OffsetDateTime;
+use uuid::Uuid;
 
 use super::ResolutionKind;
 use super::reports::{AuditRow, Detail, Entry, EntryList};
@@ -28,23 +29,29 @@ pub enum Filter {
     All,
 }
 
-/// Lists entries, oldest first.
-pub async fn list(conn: &mut PgConnection, filter: Filter) -> Result<EntryList, CliError> {
-    let entries = entries(conn, None, filter == Filter::All).await?;
+/// Lists entries, oldest first: of every tenant, or only of `tenants`.
+pub async fn list(conn: &mut PgConnection, filter: Filter, tenants: Option<&[Uuid]>) -> Result<EntryList, CliError> {
+    let entries = entries(conn, None, filter == Filter::All, tenants).await?;
     Ok(EntryList(entries))
 }
 
 /// Shows every dead letter of a payment.
 pub async fn show(conn: &mut PgConnection, payment_id: PaymentId) -> Result<Detail, CliError> {
-    let entries = entries(conn, Some(payment_id), true).await?;
+    let entries = entries(conn, Some(payment_id), true, None).await?;
     let Some(first) = entries.first() else {
         return Err(CliError::NotFound(format!("payment {payment_id} has no dead letter")));
     };
-    let audit_trail = audit_trail(conn, first.tenant_id, payment_id).await?;
-    Ok(Detail { payment_id, entries, audit_trail })
+    let tenant_id = first.tenant_id;
+    let audit_trail = audit_trail(conn, tenant_id, payment_id).await?;
+    Ok(Detail { payment_id, tenant_id, entries, audit_trail })
 }
 
-async fn entries(conn: &mut PgConnection, payment_id: Option<PaymentId>, all: bool) -> Result<Vec<Entry>, CliError> {
+async fn entries(
+    conn: &mut PgConnection,
+    payment_id: Option<PaymentId>,
+    all: bool,
+    tenants: Option<&[Uuid]>,
+) -> Result<Vec<Entry>, CliError> {
     let rows = sqlx::query!(
         r#"
         SELECT d.dead_letter_id, d.payment_id AS "payment_id: PaymentId", d.tenant_id AS "tenant_id: TenantId",
@@ -57,10 +64,12 @@ async fn entries(conn: &mut PgConnection, payment_id: Option<PaymentId>, all: bo
         JOIN payments p USING (tenant_id, payment_id)
         LEFT JOIN tenants t USING (tenant_id)
         WHERE ($1::uuid IS NULL OR d.payment_id = $1) AND ($2 OR d.resolved_at IS NULL)
+          AND ($3::uuid[] IS NULL OR d.tenant_id = ANY ($3))
         ORDER BY d.created_at, d.dead_letter_id
         "#,
         payment_id.map(|p| p.as_uuid()),
         all,
+        tenants,
     )
     .fetch_all(conn)
     .await
@@ -120,7 +129,7 @@ fn no_open_entry(payment_id: PaymentId) -> CliError {
 }
 
 /// The tenant of a payment with an open entry, and what the payment asked for. Locks nothing.
-pub(super) async fn open_payment(
+pub(crate) async fn open_payment(
     conn: &mut PgConnection,
     payment_id: PaymentId,
 ) -> Result<(TenantId, Asked), CliError> {
@@ -248,4 +257,39 @@ pub(super) async fn close(
     .await
     .context("cannot close the dead letter")?;
     Ok(())
+}
+
+/// A payment with an open entry, as an operator saw it: enough to tell later whether anything
+/// happened to it since.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Snapshot {
+    /// Its tenant.
+    pub tenant_id: TenantId,
+    /// Its status.
+    pub status: PaymentStatus,
+    /// How many rows its history has.
+    pub event_count: i32,
+    /// Its open entry.
+    pub dead_letter_id: i64,
+    /// How many pieces of evidence the entry holds.
+    pub evidence_count: i32,
+}
+
+/// The payment's open entry and the payment, locked until the caller's transaction ends.
+pub async fn snapshot(conn: &mut PgConnection, payment_id: PaymentId) -> Result<Snapshot, CliError> {
+    let row = sqlx::query_as!(
+        Snapshot,
+        r#"
+        SELECT d.tenant_id AS "tenant_id: TenantId", p.status AS "status: PaymentStatus", p.event_count,
+               d.dead_letter_id, jsonb_array_length(d.evidence) AS "evidence_count!"
+        FROM dead_letters d JOIN payments p USING (tenant_id, payment_id)
+        WHERE d.payment_id = $1 AND d.resolved_at IS NULL
+        FOR UPDATE OF d, p
+        "#,
+        payment_id.as_uuid(),
+    )
+    .fetch_optional(conn)
+    .await
+    .context("cannot read the dead letter")?;
+    row.ok_or_else(|| no_open_entry(payment_id))
 }

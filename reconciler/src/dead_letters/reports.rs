@@ -121,6 +121,8 @@ pub struct AuditRow {
 pub struct Detail {
     /// The payment.
     pub payment_id: PaymentId,
+    /// Its tenant.
+    pub tenant_id: TenantId,
     /// Its entries, oldest first (at most one open).
     pub entries: Vec<Entry>,
     /// Its status changes, oldest first.

@@ -5,7 +5,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use oncepay_domain::api_key;
-use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::ids::PaymentId;
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::status::PaymentStatus;
 use oncepay_provider::ChargeStatus;
@@ -16,7 +16,6 @@ use oncepay_reconciler::dead_letters::queries::{self, Filter};
 use oncepay_reconciler::dead_letters::{self, Kind};
 use oncepay_reconciler::render::Report;
 use oncepay_reconciler::tenants;
-use oncepay_reconciler::unknown::{self, Why};
 use oncepay_reconciler::webhooks;
 use oncepay_store::db;
 use oncepay_store::fixtures::{self, count, tenant};
@@ -27,7 +26,7 @@ use time::OffsetDateTime;
 use wiremock::matchers::{method, query_param};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
-use crate::support::{self, count_for, status, unknown_payment};
+use crate::support::{self, count_for, dead_lettered, status};
 
 const DAY: i64 = 86_400;
 const HORIZON: Duration = Duration::from_secs((DAY - 3600) as u64);
@@ -144,17 +143,6 @@ fn an_unreachable_database_is_a_one_line_failure_with_exit_code_1() {
     assert!(stderr.contains("cannot reach the database"), "{stderr}");
 }
 
-/// A payment the poller gave up on, first sent `sent_secs_ago`: dead-lettered with an open entry.
-async fn dead_lettered(pool: &PgPool, tenant_id: TenantId, key: &str, sent_secs_ago: i64) -> PaymentId {
-    let payment_id = unknown_payment(pool, tenant_id, key, 1999, sent_secs_ago).await;
-    let mut tx = pool.begin().await.unwrap();
-    let why = Why { actor: "reconciler:poller", reason: "no conclusive response from the provider after 30 lookups" };
-    let evidence = json!({"source": "poll", "result": "lookup failed: the provider responded with HTTP 503"});
-    unknown::exhaust(&mut tx, tenant_id, payment_id, why, evidence).await.unwrap();
-    tx.commit().await.unwrap();
-    payment_id
-}
-
 fn alice() -> Operator {
     Operator::parse("alice").unwrap()
 }
@@ -204,7 +192,7 @@ async fn list_and_show_give_why_evidence_attempts_age_and_the_audit_trail(pool: 
     let payment_id = dead_lettered(&pool, tenant_id, "order-1", 60).await;
     let mut conn = pool.acquire().await.unwrap();
 
-    let open = queries::list(&mut conn, Filter::Open).await.unwrap();
+    let open = queries::list(&mut conn, Filter::Open, None).await.unwrap();
     let detail = queries::show(&mut conn, payment_id).await.unwrap();
     let missing = queries::show(&mut conn, PaymentId::generate()).await;
 
@@ -257,8 +245,8 @@ async fn retry_requeues_the_payment_and_records_the_operator_and_the_reason(pool
         ("operator:alice".into(), "provider incident over, resend".into(), PaymentStatus::Pending)
     );
     assert!(matches!(again, Err(CliError::NotFound(_))), "nothing left to retry: {again:?}");
-    assert_eq!(queries::list(&mut conn, Filter::Open).await.unwrap().0.len(), 0);
-    assert_eq!(queries::list(&mut conn, Filter::All).await.unwrap().0.len(), 1);
+    assert_eq!(queries::list(&mut conn, Filter::Open, None).await.unwrap().0.len(), 0);
+    assert_eq!(queries::list(&mut conn, Filter::All, None).await.unwrap().0.len(), 1);
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_domain::status::{PaymentStatus, Transition};
+use oncepay_reconciler::unknown;
 use oncepay_store::fixtures;
 use oncepay_store::transitions::{self, Change, Recorded};
 use oncepay_store::unknown_queue;
@@ -167,4 +168,18 @@ pub async fn reaches(
         }
     };
     tokio::time::timeout(timeout, wait).await.is_ok()
+}
+
+/// A payment the poller gave up on, first sent `sent_secs_ago`: dead-lettered with an open entry.
+pub async fn dead_lettered(pool: &PgPool, tenant_id: TenantId, key: &str, sent_secs_ago: i64) -> PaymentId {
+    let payment_id = unknown_payment(pool, tenant_id, key, 1999, sent_secs_ago).await;
+    let mut tx = pool.begin().await.unwrap();
+    let why = unknown::Why {
+        actor: "reconciler:poller",
+        reason: "no conclusive response from the provider after 30 lookups",
+    };
+    let evidence = json!({"source": "poll", "result": "lookup failed: the provider responded with HTTP 503"});
+    unknown::exhaust(&mut tx, tenant_id, payment_id, why, evidence).await.unwrap();
+    tx.commit().await.unwrap();
+    payment_id
 }

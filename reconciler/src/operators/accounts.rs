@@ -1,0 +1,188 @@
+//! Operator accounts: creating one (by an admin, or the first admin of an empty installation from
+//! the command line), finding one by name, and listing them.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use oncepay_domain::ids::TenantId;
+use oncepay_store::tenants;
+use serde::Serialize;
+use serde_json::json;
+use sqlx::{Acquire, PgConnection};
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use super::audit::{self, Actor, Entry, Outcome};
+use super::tokens::{self, IssuedToken};
+use super::{Account, OperatorName, Role, Scope};
+use crate::cli::CliError;
+
+/// An operator as other operators see them.
+#[derive(Debug, Clone, Serialize)]
+pub struct OperatorView {
+    /// Their id.
+    pub operator_id: Uuid,
+    /// Their name.
+    pub name: String,
+    /// Their role.
+    pub role: Role,
+    /// The names of the tenants they are limited to; none means every tenant.
+    pub tenants: Option<Vec<String>>,
+    /// When the account was made.
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    /// Who made it.
+    pub created_by: String,
+}
+
+/// What a new account is to be.
+#[derive(Debug, Clone)]
+pub struct NewOperator<'a> {
+    /// Their name.
+    pub name: &'a str,
+    /// Their role.
+    pub role: Role,
+    /// The names of the tenants they are limited to; `None` for every tenant.
+    pub tenants: Option<&'a [String]>,
+}
+
+/// Creates an account, in the caller's transaction. `created_by` is who made it.
+pub async fn create(
+    conn: &mut PgConnection,
+    new: &NewOperator<'_>,
+    created_by: &str,
+) -> Result<OperatorView, CliError> {
+    let name = OperatorName::parse(new.name)?;
+    let scope = match new.tenants {
+        None => Scope::Every,
+        Some([]) => {
+            return Err(CliError::Invalid(
+                "name at least one tenant, or leave the tenants out for every tenant".into(),
+            ));
+        }
+        Some(names) => Scope::Only(tenant_ids(conn, names).await?),
+    };
+    let operator_id = Uuid::now_v7();
+    let tenant_ids = scope.to_column();
+    let created = sqlx::query!(
+        r#"
+        INSERT INTO operators (operator_id, name, role, tenant_ids, created_by)
+        VALUES ($1, $2, $3, $4, $5)
+        ON CONFLICT (name) DO NOTHING
+        RETURNING created_at
+        "#,
+        operator_id,
+        name.as_str(),
+        new.role as Role,
+        tenant_ids.as_deref(),
+        created_by,
+    )
+    .fetch_optional(conn)
+    .await
+    .context("cannot create the operator")?
+    .ok_or_else(|| CliError::Refused(format!("an operator named {name} already exists")))?;
+    Ok(OperatorView {
+        operator_id,
+        name: name.as_str().to_owned(),
+        role: new.role,
+        tenants: new.tenants.map(<[String]>::to_vec),
+        created_at: created.created_at,
+        created_by: created_by.to_owned(),
+    })
+}
+
+async fn tenant_ids(conn: &mut PgConnection, names: &[String]) -> Result<Vec<TenantId>, CliError> {
+    let mut ids = Vec::with_capacity(names.len());
+    for name in names {
+        let tenant = tenants::find_by_name(conn, name)
+            .await
+            .context("cannot read the tenants")?
+            .ok_or_else(|| CliError::NotFound(format!("there is no tenant named {name}")))?;
+        ids.push(tenant.tenant_id);
+    }
+    Ok(ids)
+}
+
+/// Every account, by name.
+pub async fn list(conn: &mut PgConnection) -> Result<Vec<OperatorView>, CliError> {
+    let rows = sqlx::query!(
+        r#"
+        SELECT o.operator_id, o.name, o.role AS "role: Role", o.created_at, o.created_by,
+               (SELECT array_agg(t.name ORDER BY t.name) FROM tenants t WHERE t.tenant_id = ANY (o.tenant_ids))
+                   AS tenants
+        FROM operators o
+        WHERE o.disabled_at IS NULL
+        ORDER BY o.name
+        "#
+    )
+    .fetch_all(conn)
+    .await
+    .context("cannot read the operators")?;
+    Ok(rows
+        .into_iter()
+        .map(|r| OperatorView {
+            operator_id: r.operator_id,
+            name: r.name,
+            role: r.role,
+            tenants: r.tenants,
+            created_at: r.created_at,
+            created_by: r.created_by,
+        })
+        .collect())
+}
+
+/// The account named `name`.
+pub async fn find(conn: &mut PgConnection, name: &str) -> Result<Account, CliError> {
+    let row = sqlx::query!(
+        r#"
+        SELECT operator_id, name, role AS "role: Role", tenant_ids
+        FROM operators WHERE name = $1 AND disabled_at IS NULL
+        "#,
+        name,
+    )
+    .fetch_optional(conn)
+    .await
+    .context("cannot read the operator")?
+    .ok_or_else(|| CliError::NotFound(format!("there is no operator named {name}")))?;
+    Ok(Account {
+        operator_id: row.operator_id,
+        name: row.name,
+        role: row.role,
+        scope: Scope::from_column(row.tenant_ids),
+    })
+}
+
+/// `operators bootstrap`: on an installation with no operator yet, creates the first admin and a
+/// token for them; refused once any operator exists (admins then create the rest through the
+/// operations API). The only operator command that works on the database directly.
+pub async fn bootstrap(conn: &mut PgConnection, name: &str, token_ttl: Duration) -> Result<IssuedToken, CliError> {
+    let mut tx = conn.begin().await.context("cannot start a transaction")?;
+    // Two bootstraps at once: the second waits here, then finds the first's admin.
+    sqlx::query!("LOCK TABLE operators IN SHARE ROW EXCLUSIVE MODE")
+        .execute(&mut *tx)
+        .await
+        .context("cannot lock the operators")?;
+    let existing = sqlx::query_scalar!(r#"SELECT count(*) AS "n!" FROM operators"#)
+        .fetch_one(&mut *tx)
+        .await
+        .context("cannot read the operators")?;
+    if existing > 0 {
+        // Now, not when the connection is next used: the lock must not outlive the refusal.
+        tx.rollback().await.context("cannot end the transaction")?;
+        return Err(CliError::Refused(
+            "this installation has operators already: an admin creates more through the operations API \
+             (POST /v1/operators)"
+                .into(),
+        ));
+    }
+    let admin = NewOperator { name, role: Role::Admin, tenants: None };
+    let created = create(&mut tx, &admin, "bootstrap").await?;
+    let issued = tokens::issue(&mut tx, created.operator_id, &created.name, "bootstrap", token_ttl).await?;
+    let actor = Actor { operator_id: created.operator_id, name: &created.name, source: None };
+    let entry = Entry::new("operator.bootstrap", Outcome::Done)
+        .reason("the first admin of an empty installation")
+        .after(json!({ "operator": created.name, "role": Role::Admin, "token_id": issued.token_id }));
+    audit::record(&mut tx, &actor, &entry).await?;
+    tx.commit().await.context("cannot commit the first admin")?;
+    Ok(issued)
+}

@@ -1,0 +1,802 @@
+//! The operations API: JSON over HTTP on a listener of its own (`operators.port`), for operators
+//! with a personal token (`Authorization: Bearer oot_…`).
+//!
+//! Every request is authenticated here, and every change passes [`change`]: the rules refuse or the
+//! action runs with its audit row in its transaction; a refusal is answered with an RFC 9457
+//! problem, changes nothing, and is recorded in the audit trail on its own. An operator limited to
+//! some tenants is told 404 for anything of another tenant, as if it did not exist.
+//!
+//! Routes (README, "Operators"):
+//! `GET /v1/me`; `GET /v1/dead-letters`; `GET /v1/payments/{id}`; `POST /v1/payments/{id}/retry`;
+//! `POST /v1/payments/{id}/resolve`; `GET /v1/proposals`; `POST /v1/proposals/{id}/approve|reject|withdraw`;
+//! `GET /v1/audit`; `GET|POST /v1/operators`; `GET|POST /v1/operators/{name}/tokens`;
+//! `DELETE /v1/tokens/{id}`.
+
+use std::net::TcpListener;
+use std::str::FromStr;
+use std::time::Duration;
+
+use actix_web::dev::Server;
+use actix_web::http::StatusCode;
+use actix_web::http::header::AUTHORIZATION;
+use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
+use anyhow::Context as _;
+use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_http::problem::{Problem, ProblemType};
+use oncepay_provider::{ConfiguredProvider, ProviderSettings};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use super::accounts::{self, NewOperator};
+use super::audit::{self, Actor, Entry, Outcome};
+use super::proposals::{self, Closing, Proposed};
+use super::tokens;
+use super::{Account, Role};
+use crate::cli::CliError;
+use crate::dead_letters::actions::{self, Asked, Resolution, Retry, require_reason};
+use crate::dead_letters::queries::{self, Filter};
+use crate::dead_letters::reports::Resolved;
+
+/// How long in-flight requests may take to finish once shutdown starts.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Largest accepted request body.
+const MAX_BODY_BYTES: usize = 16 * 1024;
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct OperatorsState {
+    /// The database.
+    pub pool: PgPool,
+    /// The provider, to look up the charge a resolution names.
+    pub provider: ProviderSettings,
+    /// The provider's key window minus the margin, after a payment's first send.
+    pub resend_horizon: Duration,
+    /// How long a proposal waits for an approver.
+    pub proposal_ttl: Duration,
+    /// How long a token works when the request names no lifetime.
+    pub token_ttl: Duration,
+    /// The longest a token may work.
+    pub max_token_ttl: Duration,
+    /// Whether every resend is a proposal (a resend past the key window always is).
+    pub retries_need_approval: bool,
+}
+
+/// Builds the server on an already bound listener.
+pub fn server(listener: TcpListener, state: OperatorsState, workers: usize) -> std::io::Result<Server> {
+    let state = web::Data::new(state);
+    let server = HttpServer::new(move || App::new().app_data(state.clone()).configure(configure))
+        .workers(workers)
+        .disable_signals()
+        .shutdown_timeout(SHUTDOWN_GRACE.as_secs())
+        .listen(listener)?
+        .run();
+    Ok(server)
+}
+
+/// The routes.
+pub fn configure(config: &mut web::ServiceConfig) {
+    config
+        .app_data(web::PayloadConfig::new(MAX_BODY_BYTES))
+        .route("/v1/me", web::get().to(me))
+        .route("/v1/dead-letters", web::get().to(dead_letters))
+        .route("/v1/payments/{payment_id}", web::get().to(payment))
+        .route("/v1/payments/{payment_id}/retry", web::post().to(retry))
+        .route("/v1/payments/{payment_id}/resolve", web::post().to(resolve))
+        .route("/v1/proposals", web::get().to(list_proposals))
+        .route("/v1/proposals/{proposal_id}/{decision}", web::post().to(decide))
+        .route("/v1/audit", web::get().to(audit_trail))
+        .route("/v1/operators", web::get().to(list_operators))
+        .route("/v1/operators", web::post().to(create_operator))
+        .route("/v1/operators/{name}/tokens", web::get().to(list_tokens))
+        .route("/v1/operators/{name}/tokens", web::post().to(issue_token))
+        .route("/v1/tokens/{token_id}", web::delete().to(revoke_token))
+        .default_service(web::to(not_found));
+}
+
+/// A response, or the problem that stands for it.
+type Answer = Result<HttpResponse, Problem>;
+
+/// The operator a request acts as, and where it came from.
+struct Caller {
+    account: Account,
+    source: Option<String>,
+}
+
+impl Caller {
+    fn actor(&self) -> Actor<'_> {
+        Actor::of(&self.account, self.source.as_deref())
+    }
+}
+
+/// The caller, from the request's bearer token; a 401 problem for a missing, unknown, revoked or
+/// expired token, or a disabled operator: the same answer for each.
+async fn caller(state: &OperatorsState, request: &HttpRequest) -> Result<Caller, Problem> {
+    let presented = request
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .map(str::trim);
+    let refused = || Problem::new(ProblemType::Unauthorized, "send an operator token: Authorization: Bearer oot_…");
+    let Some(presented) = presented else { return Err(refused()) };
+    let mut conn = connection(state).await?;
+    match tokens::authenticate(&mut conn, presented).await.map_err(problem)? {
+        Some(account) => Ok(Caller { account, source: request.peer_addr().map(|peer| peer.ip().to_string()) }),
+        None => Err(refused()),
+    }
+}
+
+/// Answers a change that ran: on success its answer; on a refusal (bad input, a role too weak, a
+/// state it does not apply to, something not found) the problem, after recording the refusal with
+/// `entry`'s action in a transaction of its own.
+async fn change(
+    state: &OperatorsState,
+    caller: &Caller,
+    entry: Entry,
+    outcome: Result<HttpResponse, CliError>,
+) -> Answer {
+    match outcome {
+        Ok(response) => Ok(response),
+        Err(CliError::Failed(error)) => Err(problem(CliError::Failed(error))),
+        Err(refusal) => {
+            let entry = entry.ended(Outcome::Refused).detail(json!({ "refusal": refusal.to_string() }));
+            let recorded = async {
+                let mut conn = connection(state).await?;
+                audit::record(&mut conn, &caller.actor(), &entry).await.map_err(problem)
+            };
+            if let Err(failed) = recorded.await {
+                tracing::error!(detail = failed.detail, "cannot record a refusal in the audit trail");
+            }
+            Err(problem(refusal))
+        }
+    }
+}
+
+/// The problem for an operator command's failure.
+fn problem(error: CliError) -> Problem {
+    match error {
+        CliError::Invalid(detail) => Problem::new(ProblemType::InvalidRequest, detail),
+        CliError::NotFound(detail) => Problem::new(ProblemType::NotFound, detail),
+        CliError::Refused(detail) => Problem::new(ProblemType::Refused, detail),
+        CliError::Forbidden(detail) => Problem::new(ProblemType::Forbidden, detail),
+        CliError::Failed(error) => {
+            tracing::error!(error = format!("{error:#}"), "an operator request failed");
+            Problem::new(ProblemType::ServiceUnavailable, format!("{error:#}"))
+        }
+    }
+}
+
+async fn connection(state: &OperatorsState) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, Problem> {
+    state.pool.acquire().await.map_err(|error| {
+        tracing::error!(error = %error, "the operations API cannot reach the database");
+        Problem::new(ProblemType::ServiceUnavailable, "the database cannot be reached; nothing was done")
+    })
+}
+
+fn respond(result: Answer) -> HttpResponse {
+    result.unwrap_or_else(|problem| problem.to_response())
+}
+
+fn ok(status: StatusCode, body: &impl serde::Serialize) -> HttpResponse {
+    HttpResponse::build(status).json(body)
+}
+
+/// Reads a JSON body; a body that is not the expected JSON is a 400 problem.
+fn body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CliError> {
+    serde_json::from_slice(bytes)
+        .map_err(|error| CliError::Invalid(format!("the body is not the expected JSON: {error}")))
+}
+
+fn payment_id(text: &str) -> Result<PaymentId, Problem> {
+    PaymentId::from_str(text).map_err(|_| Problem::new(ProblemType::NotFound, format!("there is no payment {text:?}")))
+}
+
+/// `GET /v1/me`: who the token acts as.
+async fn me(state: web::Data<OperatorsState>, request: HttpRequest) -> HttpResponse {
+    respond(
+        async {
+            let caller = caller(&state, &request).await?;
+            let a = &caller.account;
+            Ok(ok(
+                StatusCode::OK,
+                &json!({ "name": a.name, "role": a.role, "tenants": tenant_names(&state, a).await? }),
+            ))
+        }
+        .await,
+    )
+}
+
+async fn tenant_names(state: &OperatorsState, account: &Account) -> Result<Option<Vec<String>>, Problem> {
+    let Some(ids) = account.scope.to_column() else { return Ok(None) };
+    let mut conn = connection(state).await?;
+    let names = sqlx::query_scalar!("SELECT name FROM tenants WHERE tenant_id = ANY ($1) ORDER BY name", &ids)
+        .fetch_all(&mut *conn)
+        .await
+        .context("cannot read the tenants")
+        .map_err(|e| problem(CliError::Failed(e)))?;
+    Ok(Some(names))
+}
+
+#[derive(Debug, Deserialize)]
+struct DeadLetterQuery {
+    /// Resolved entries too.
+    #[serde(default)]
+    all: bool,
+}
+
+/// `GET /v1/dead-letters[?all=true]`: open entries (or every entry), oldest first, of the tenants
+/// the caller may see.
+async fn dead_letters(state: web::Data<OperatorsState>, request: HttpRequest) -> HttpResponse {
+    respond(
+        async {
+            let caller = caller(&state, &request).await?;
+            let query: DeadLetterQuery = query(&request)?;
+            let filter = if query.all { Filter::All } else { Filter::Open };
+            let scope = caller.account.scope.to_column();
+            let mut conn = connection(&state).await?;
+            let list = queries::list(&mut conn, filter, scope.as_deref()).await.map_err(problem)?;
+            Ok(ok(StatusCode::OK, &list.0))
+        }
+        .await,
+    )
+}
+
+fn query<T: DeserializeOwned>(request: &HttpRequest) -> Result<T, Problem> {
+    web::Query::<T>::from_query(request.query_string())
+        .map(web::Query::into_inner)
+        .map_err(|error| Problem::new(ProblemType::InvalidRequest, format!("the query string is wrong: {error}")))
+}
+
+/// `GET /v1/payments/{id}`: a dead-lettered payment's entries, history, proposals and operator
+/// audit rows, and what it asked of the customer (masked for viewers). The read is audited.
+async fn payment(state: web::Data<OperatorsState>, request: HttpRequest, path: web::Path<String>) -> HttpResponse {
+    respond(
+        async {
+            let caller = caller(&state, &request).await?;
+            let payment_id = payment_id(&path)?;
+            let mut conn = connection(&state).await?;
+            let detail = queries::show(&mut conn, payment_id).await.map_err(problem)?;
+            let tenant_id = detail.tenant_id;
+            caller
+                .account
+                .see(tenant_id, || CliError::NotFound(format!("payment {payment_id} has no dead letter")))
+                .map_err(problem)?;
+            let masked = caller.account.role == Role::Viewer;
+            let customer = customer(&mut conn, tenant_id, payment_id, masked).await.map_err(problem)?;
+            let scope = &caller.account.scope;
+            let proposals = proposals::list(&mut conn, scope, Some(payment_id), None).await.map_err(problem)?;
+            let filter = audit::Filter { payment_id: Some(payment_id), limit: 500, ..audit::Filter::default() };
+            let operator_audit = audit::list(&mut conn, &filter, scope).await.map_err(problem)?;
+            let read = Entry::new("payment.read", Outcome::Done)
+                .payment(tenant_id, payment_id)
+                .detail(json!({ "customer_data": if masked { "masked" } else { "shown" } }));
+            audit::record(&mut conn, &caller.actor(), &read).await.map_err(problem)?;
+            Ok(ok(
+                StatusCode::OK,
+                &json!({
+                    "payment_id": payment_id,
+                    "customer": customer,
+                    "entries": detail.entries,
+                    "history": detail.audit_trail,
+                    "proposals": proposals,
+                    "operator_audit": operator_audit,
+                }),
+            ))
+        }
+        .await,
+    )
+}
+
+/// What the payment asked of the customer: whole for operators, masked for viewers (who see that
+/// there is a customer reference, not what it is).
+async fn customer(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    payment_id: PaymentId,
+    masked: bool,
+) -> Result<Value, CliError> {
+    let row = sqlx::query!(
+        "SELECT customer_id, description, metadata, payment_method FROM payments WHERE tenant_id = $1 AND payment_id = $2",
+        tenant_id.as_uuid(),
+        payment_id.as_uuid(),
+    )
+    .fetch_one(conn)
+    .await
+    .context("cannot read the payment")?;
+    if masked {
+        return Ok(json!({
+            "masked": true,
+            "customer_id": mask(&row.customer_id),
+            "payment_method": row.payment_method.as_deref().map(mask),
+        }));
+    }
+    Ok(json!({
+        "masked": false,
+        "customer_id": row.customer_id,
+        "description": row.description,
+        "metadata": row.metadata,
+        "payment_method": row.payment_method,
+    }))
+}
+
+/// The first three characters and an ellipsis.
+fn mask(text: &str) -> String {
+    let shown: String = text.chars().take(3).collect();
+    format!("{shown}…")
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RetryBody {
+    reason: String,
+    #[serde(default)]
+    outside_key_window: bool,
+}
+
+/// `POST /v1/payments/{id}/retry`: resends a dead-lettered payment (200), or proposes the resend
+/// (202) when it is past the provider's key window or every resend needs approval.
+async fn retry(
+    state: web::Data<OperatorsState>,
+    request: HttpRequest,
+    path: web::Path<String>,
+    bytes: web::Bytes,
+) -> HttpResponse {
+    respond(
+        async {
+            let caller = caller(&state, &request).await?;
+            let payment_id = payment_id(&path)?;
+            let entry = Entry::new("payment.retry", Outcome::Done).on_payment(payment_id);
+            change(
+                &state,
+                &caller,
+                entry.clone(),
+                async {
+                    let asked: RetryBody = body(&bytes)?;
+                    caller.account.require(Role::Operator, "retry a payment")?;
+                    let mut conn = state.pool.acquire().await.context("cannot reach the database")?;
+                    if asked.outside_key_window || state.retries_need_approval {
+                        let action = Proposed::Retry { outside_key_window: asked.outside_key_window };
+                        let proposal = proposals::propose(
+                            &mut conn,
+                            &caller.account,
+                            caller.source.as_deref(),
+                            payment_id,
+                            &action,
+                            &asked.reason,
+                            state.proposal_ttl,
+                        )
+                        .await?;
+                        return Ok(ok(StatusCode::ACCEPTED, &json!({ "proposal": proposal })));
+                    }
+                    let done =
+                        directly(&mut conn, &caller, entry, payment_id, &asked.reason, Direct::Retry, &state).await?;
+                    Ok(ok(StatusCode::OK, &done))
+                }
+                .await,
+            )
+            .await
+        }
+        .await,
+    )
+}
+
+/// An action on a dead letter that needs no second operator.
+#[derive(Debug, Clone, Copy)]
+enum Direct {
+    /// Resend within the provider's key window.
+    Retry,
+    /// Acknowledge a conflict on a terminal payment.
+    Acknowledge,
+}
+
+/// Does `direct` on the payment's open dead letter, with its audit row, in one transaction.
+async fn directly(
+    conn: &mut PgConnection,
+    caller: &Caller,
+    entry: Entry,
+    payment_id: PaymentId,
+    reason: &str,
+    direct: Direct,
+    state: &OperatorsState,
+) -> Result<Resolved, CliError> {
+    let mut tx = sqlx::Acquire::begin(conn).await.context("cannot start a transaction")?;
+    let seen = queries::snapshot(&mut tx, payment_id).await?;
+    caller.account.see(seen.tenant_id, || no_open_entry(payment_id))?;
+    let operator = caller.account.actor()?;
+    let done = match direct {
+        Direct::Retry => {
+            let resend = Retry {
+                payment_id,
+                operator: &operator,
+                reason,
+                resend_horizon: state.resend_horizon,
+                outside_key_window: false,
+            };
+            actions::retry(&mut tx, &resend).await?
+        }
+        Direct::Acknowledge => {
+            actions::resolve(&mut tx, payment_id, &Resolution::Acknowledge, &operator, reason).await?
+        }
+    };
+    let entry = entry.payment(seen.tenant_id, payment_id).reason(reason).before(json!(seen)).after(json!(done));
+    audit::record(&mut tx, &caller.actor(), &entry).await?;
+    tx.commit().await.context("cannot commit the action")?;
+    Ok(done)
+}
+
+fn no_open_entry(payment_id: PaymentId) -> CliError {
+    CliError::NotFound(format!("payment {payment_id} has no open dead letter"))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResolveBody {
+    /// `succeeded`, `failed` or `acknowledged`.
+    #[serde(rename = "as")]
+    outcome: ResolveAs,
+    reason: String,
+    charge_id: Option<String>,
+    amount: Option<i64>,
+    currency: Option<String>,
+    charged_at: Option<String>,
+    #[serde(default)]
+    force: bool,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum ResolveAs {
+    Succeeded,
+    Failed,
+    Acknowledged,
+}
+
+/// `POST /v1/payments/{id}/resolve`: acknowledges a conflict (200), or proposes settling the
+/// payment as succeeded or failed (202), for an approver.
+async fn resolve(
+    state: web::Data<OperatorsState>,
+    request: HttpRequest,
+    path: web::Path<String>,
+    bytes: web::Bytes,
+) -> HttpResponse {
+    respond(
+        async {
+            let caller = caller(&state, &request).await?;
+            let payment_id = payment_id(&path)?;
+            let entry = Entry::new("payment.resolve", Outcome::Done).on_payment(payment_id);
+            change(
+                &state,
+                &caller,
+                entry.clone(),
+                async {
+                    let asked: ResolveBody = body(&bytes)?;
+                    caller.account.require(Role::Operator, "resolve a payment")?;
+                    let mut conn = state.pool.acquire().await.context("cannot reach the database")?;
+                    let decision = match asked.outcome {
+                        ResolveAs::Acknowledged => Asked::Acknowledge,
+                        ResolveAs::Failed => Asked::Failed { charge_id: asked.charge_id, force: asked.force },
+                        ResolveAs::Succeeded => Asked::Succeeded {
+                            charge_id: asked.charge_id,
+                            amount: asked.amount,
+                            currency: asked.currency,
+                            charged_at: asked.charged_at,
+                        },
+                    };
+                    if matches!(decision, Asked::Acknowledge) {
+                        let done =
+                            directly(&mut conn, &caller, entry, payment_id, &asked.reason, Direct::Acknowledge, &state)
+                                .await?;
+                        return Ok(ok(StatusCode::OK, &done));
+                    }
+                    // Scope first: looking the charge up must not tell a limited operator that the payment exists.
+                    let (tenant_id, _) = queries::open_payment(&mut conn, payment_id).await?;
+                    caller.account.see(tenant_id, || no_open_entry(payment_id))?;
+                    let provider = || {
+                        ConfiguredProvider::new(&state.provider)
+                            .context("cannot build the provider client")
+                            .map_err(CliError::Failed)
+                    };
+                    let resolution = actions::resolution(&mut conn, provider, payment_id, decision).await?;
+                    let action = Proposed::resolution(resolution)?;
+                    let proposal = proposals::propose(
+                        &mut conn,
+                        &caller.account,
+                        caller.source.as_deref(),
+                        payment_id,
+                        &action,
+                        &asked.reason,
+                        state.proposal_ttl,
+                    )
+                    .await?;
+                    Ok(ok(StatusCode::ACCEPTED, &json!({ "proposal": proposal })))
+                }
+                .await,
+            )
+            .await
+        }
+        .await,
+    )
+}
+
+#[derive(Debug, Deserialize)]
+struct ProposalQuery {
+    status: Option<String>,
+    payment_id: Option<PaymentId>,
+}
+
+/// `GET /v1/proposals[?status=pending][&payment_id=…]`: newest first.
+async fn list_proposals(state: web::Data<OperatorsState>, request: HttpRequest) -> HttpResponse {
+    respond(
+        async {
+            let caller = caller(&state, &request).await?;
+            let query: ProposalQuery = query(&request)?;
+            let mut conn = connection(&state).await?;
+            let scope = &caller.account.scope;
+            let list =
+                proposals::list(&mut conn, scope, query.payment_id, query.status.as_deref()).await.map_err(problem)?;
+            Ok(ok(StatusCode::OK, &list))
+        }
+        .await,
+    )
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DecisionBody {
+    reason: String,
+}
+
+/// `POST /v1/proposals/{id}/approve|reject|withdraw`.
+async fn decide(
+    state: web::Data<OperatorsState>,
+    request: HttpRequest,
+    path: web::Path<(String, String)>,
+    bytes: web::Bytes,
+) -> HttpResponse {
+    respond(
+        async {
+            let caller = caller(&state, &request).await?;
+            let (proposal_id, decision) = path.into_inner();
+            let proposal_id = Uuid::parse_str(&proposal_id)
+                .map_err(|_| Problem::new(ProblemType::NotFound, format!("there is no proposal {proposal_id:?}")))?;
+            let (action, closing) = match decision.as_str() {
+                "approve" => ("proposal.approve", None),
+                "reject" => ("proposal.reject", Some(Closing::Reject)),
+                "withdraw" => ("proposal.withdraw", Some(Closing::Withdraw)),
+                _ => {
+                    return Err(Problem::new(
+                        ProblemType::NotFound,
+                        "a proposal can be approved, rejected or withdrawn",
+                    ));
+                }
+            };
+            let entry = Entry::new(action, Outcome::Done).proposal(proposal_id);
+            change(
+                &state,
+                &caller,
+                entry,
+                async {
+                    let asked: DecisionBody = body(&bytes)?;
+                    let mut conn = state.pool.acquire().await.context("cannot reach the database")?;
+                    let source = caller.source.as_deref();
+                    match closing {
+                        None => {
+                            let approved = proposals::approve(
+                                &mut conn,
+                                &caller.account,
+                                source,
+                                proposal_id,
+                                &asked.reason,
+                                state.resend_horizon,
+                            )
+                            .await?;
+                            Ok(ok(StatusCode::OK, &approved))
+                        }
+                        Some(how) => {
+                            let closed =
+                                proposals::close(&mut conn, &caller.account, source, proposal_id, how, &asked.reason)
+                                    .await?;
+                            Ok(ok(StatusCode::OK, &closed))
+                        }
+                    }
+                }
+                .await,
+            )
+            .await
+        }
+        .await,
+    )
+}
+
+#[derive(Debug, Deserialize)]
+struct AuditQuery {
+    operator: Option<String>,
+    tenant_id: Option<TenantId>,
+    payment_id: Option<PaymentId>,
+    action: Option<String>,
+    before: Option<i64>,
+    limit: Option<i64>,
+}
+
+/// `GET /v1/audit[?operator=][&tenant_id=][&payment_id=][&action=][&before=][&limit=]`: newest
+/// first; `before` is the smallest `audit_id` of the previous page.
+async fn audit_trail(state: web::Data<OperatorsState>, request: HttpRequest) -> HttpResponse {
+    respond(
+        async {
+            let caller = caller(&state, &request).await?;
+            let query: AuditQuery = query(&request)?;
+            let limit = query.limit.unwrap_or(100);
+            if !(1..=1000).contains(&limit) {
+                return Err(Problem::new(ProblemType::InvalidRequest, "limit must be between 1 and 1000"));
+            }
+            let filter = audit::Filter {
+                operator: query.operator,
+                tenant_id: query.tenant_id,
+                payment_id: query.payment_id,
+                action: query.action,
+                before_id: query.before,
+                limit,
+            };
+            let mut conn = connection(&state).await?;
+            let rows = audit::list(&mut conn, &filter, &caller.account.scope).await.map_err(problem)?;
+            Ok(ok(StatusCode::OK, &rows))
+        }
+        .await,
+    )
+}
+
+/// `GET /v1/operators` (admin).
+async fn list_operators(state: web::Data<OperatorsState>, request: HttpRequest) -> HttpResponse {
+    respond(
+        async {
+            let caller = caller(&state, &request).await?;
+            caller.account.require(Role::Admin, "list the operators").map_err(problem)?;
+            let mut conn = connection(&state).await?;
+            Ok(ok(StatusCode::OK, &accounts::list(&mut conn).await.map_err(problem)?))
+        }
+        .await,
+    )
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewOperatorBody {
+    name: String,
+    role: Role,
+    /// Tenant names; absent for every tenant.
+    tenants: Option<Vec<String>>,
+    reason: String,
+}
+
+/// `POST /v1/operators` (admin): 201 with the new account.
+async fn create_operator(state: web::Data<OperatorsState>, request: HttpRequest, bytes: web::Bytes) -> HttpResponse {
+    respond(
+        async {
+            let caller = caller(&state, &request).await?;
+            let entry = Entry::new("operator.create", Outcome::Done);
+            change(
+                &state,
+                &caller,
+                entry.clone(),
+                async {
+                    let asked: NewOperatorBody = body(&bytes)?;
+                    caller.account.require(Role::Admin, "create an operator")?;
+                    let reason = require_reason(&asked.reason)?;
+                    let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
+                    let new = NewOperator { name: &asked.name, role: asked.role, tenants: asked.tenants.as_deref() };
+                    let created = accounts::create(&mut tx, &new, &caller.account.name).await?;
+                    audit::record(&mut tx, &caller.actor(), &entry.reason(reason).after(json!(created))).await?;
+                    tx.commit().await.context("cannot commit the new operator")?;
+                    Ok(ok(StatusCode::CREATED, &created))
+                }
+                .await,
+            )
+            .await
+        }
+        .await,
+    )
+}
+
+/// Only the operator themself or an admin may see or issue an operator's tokens.
+fn own_or_admin(caller: &Caller, name: &str, to: &str) -> Result<(), CliError> {
+    if caller.account.name == name { Ok(()) } else { caller.account.require(Role::Admin, to) }
+}
+
+/// `GET /v1/operators/{name}/tokens`: the operator's own, or anyone's for an admin.
+async fn list_tokens(state: web::Data<OperatorsState>, request: HttpRequest, path: web::Path<String>) -> HttpResponse {
+    respond(
+        async {
+            let caller = caller(&state, &request).await?;
+            own_or_admin(&caller, &path, "list another operator's tokens").map_err(problem)?;
+            let mut conn = connection(&state).await?;
+            let owner = accounts::find(&mut conn, &path).await.map_err(problem)?;
+            Ok(ok(StatusCode::OK, &tokens::list(&mut conn, owner.operator_id).await.map_err(problem)?))
+        }
+        .await,
+    )
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewTokenBody {
+    label: String,
+    expires_in_days: Option<u32>,
+    reason: String,
+}
+
+/// `POST /v1/operators/{name}/tokens`: 201 with the token, shown this once.
+async fn issue_token(
+    state: web::Data<OperatorsState>,
+    request: HttpRequest,
+    path: web::Path<String>,
+    bytes: web::Bytes,
+) -> HttpResponse {
+    respond(async {
+        let caller = caller(&state, &request).await?;
+        let entry = Entry::new("token.issue", Outcome::Done);
+        change(&state, &caller, entry.clone(), async {
+            let asked: NewTokenBody = body(&bytes)?;
+            own_or_admin(&caller, &path, "issue a token to another operator")?;
+            let reason = require_reason(&asked.reason)?;
+            let ttl = asked.expires_in_days.map_or(state.token_ttl, |days| Duration::from_secs(u64::from(days) * 86_400));
+            if ttl.is_zero() || ttl > state.max_token_ttl {
+                return Err(CliError::Invalid(format!(
+                    "expires_in_days must be between 1 and {}",
+                    state.max_token_ttl.as_secs() / 86_400
+                )));
+            }
+            let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
+            let owner = accounts::find(&mut tx, &path).await?;
+            let issued = tokens::issue(&mut tx, owner.operator_id, &owner.name, &asked.label, ttl).await?;
+            let after = json!({ "operator": owner.name, "token_id": issued.token_id, "expires_at": issued.expires_at.unix_timestamp() });
+            audit::record(&mut tx, &caller.actor(), &entry.reason(reason).after(after)).await?;
+            tx.commit().await.context("cannot commit the token")?;
+            Ok(ok(StatusCode::CREATED, &issued))
+        }.await)
+        .await
+    }.await)
+}
+
+/// `DELETE /v1/tokens/{id}` with `{"reason": …}`: one's own token, or anyone's for an admin.
+async fn revoke_token(
+    state: web::Data<OperatorsState>,
+    request: HttpRequest,
+    path: web::Path<String>,
+    bytes: web::Bytes,
+) -> HttpResponse {
+    respond(
+        async {
+            let caller = caller(&state, &request).await?;
+            let token_id = Uuid::parse_str(&path)
+                .map_err(|_| Problem::new(ProblemType::NotFound, format!("there is no token {:?}", path.as_str())))?;
+            let entry = Entry::new("token.revoke", Outcome::Done);
+            change(
+                &state,
+                &caller,
+                entry.clone(),
+                async {
+                    let asked: DecisionBody = body(&bytes)?;
+                    let reason = require_reason(&asked.reason)?;
+                    let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
+                    let owner = tokens::revoke(&mut tx, &caller.account, token_id).await?;
+                    let after = json!({ "operator": owner, "token_id": token_id, "revoked": true });
+                    audit::record(&mut tx, &caller.actor(), &entry.reason(reason).after(after)).await?;
+                    tx.commit().await.context("cannot commit the revocation")?;
+                    Ok(HttpResponse::NoContent().finish())
+                }
+                .await,
+            )
+            .await
+        }
+        .await,
+    )
+}
+
+/// Any other path: a problem+json 404.
+async fn not_found() -> HttpResponse {
+    Problem::new(ProblemType::NotFound, "there is nothing here").to_response()
+}

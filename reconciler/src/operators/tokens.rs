@@ -1,0 +1,179 @@
+//! Personal tokens: issued to an operator for a while, shown once, stored as a hash, revocable.
+//!
+//! A request to the operations API carries one as `Authorization: Bearer oot_…`; [`authenticate`]
+//! turns it into the [`Account`] it acts as, or into nothing at all.
+
+use std::io::{self, Write};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use oncepay_domain::operator_token;
+use serde::Serialize;
+use sqlx::PgConnection;
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use super::{Account, Role, Scope};
+use crate::cli::CliError;
+use crate::render::{self, Report};
+
+/// A token just issued, with the token itself, shown this once.
+#[derive(Debug, Serialize)]
+pub struct IssuedToken {
+    /// Its id, for revoking it.
+    pub token_id: Uuid,
+    /// Whose it is.
+    pub operator: String,
+    /// What it is for.
+    pub label: String,
+    /// When it stops working.
+    #[serde(with = "time::serde::rfc3339")]
+    pub expires_at: OffsetDateTime,
+    /// The bearer token.
+    pub token: String,
+    /// That it is not shown again.
+    pub notice: &'static str,
+}
+
+impl Report for IssuedToken {
+    fn human(&self, out: &mut dyn Write) -> io::Result<()> {
+        writeln!(out, "operator  {}", self.operator)?;
+        writeln!(out, "token id  {}", self.token_id)?;
+        writeln!(out, "expires   {}", render::timestamp(self.expires_at))?;
+        writeln!(out, "token     {}", self.token)?;
+        writeln!(out, "{}", self.notice)
+    }
+
+    fn json(&self) -> serde_json::Value {
+        render::to_json(self)
+    }
+}
+
+/// What [`IssuedToken::notice`] says.
+pub const SHOWN_ONCE: &str = "This token is shown once and cannot be shown again: store it now.";
+
+/// One of an operator's tokens, without its secret.
+#[derive(Debug, Serialize)]
+pub struct TokenView {
+    /// Its id.
+    pub token_id: Uuid,
+    /// What it is for.
+    pub label: String,
+    /// When it was issued.
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    /// When it stops working.
+    #[serde(with = "time::serde::rfc3339")]
+    pub expires_at: OffsetDateTime,
+    /// When it was revoked, if it was.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub revoked_at: Option<OffsetDateTime>,
+}
+
+/// Issues a token to operator `operator_id` (named `operator`) that works for `ttl`, in the caller's
+/// transaction.
+pub async fn issue(
+    conn: &mut PgConnection,
+    operator_id: Uuid,
+    operator: &str,
+    label: &str,
+    ttl: Duration,
+) -> Result<IssuedToken, CliError> {
+    let label = label.trim();
+    if label.is_empty() || label.chars().count() > 100 {
+        return Err(CliError::Invalid("say what the token is for with a label of 1 to 100 characters".into()));
+    }
+    let new = operator_token::generate();
+    let expires_at = sqlx::query_scalar!(
+        r#"
+        INSERT INTO operator_tokens (token_id, operator_id, secret_sha256, label, expires_at)
+        VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5))
+        RETURNING expires_at
+        "#,
+        new.token_id,
+        operator_id,
+        new.secret_hash.as_bytes().as_slice(),
+        label,
+        ttl.as_secs_f64(),
+    )
+    .fetch_one(conn)
+    .await
+    .context("cannot store the token")?;
+    Ok(IssuedToken {
+        token_id: new.token_id,
+        operator: operator.to_owned(),
+        label: label.to_owned(),
+        expires_at,
+        token: new.reveal().to_owned(),
+        notice: SHOWN_ONCE,
+    })
+}
+
+/// The account a presented token acts as: `None` unless it is one of ours, unrevoked, unexpired, and
+/// its operator is not disabled. Every failure looks the same to the caller.
+pub async fn authenticate(conn: &mut PgConnection, presented: &str) -> Result<Option<Account>, CliError> {
+    let Some(presented) = operator_token::parse(presented) else { return Ok(None) };
+    let row = sqlx::query!(
+        r#"
+        SELECT t.secret_sha256, o.operator_id, o.name, o.role AS "role: Role", o.tenant_ids
+        FROM operator_tokens t JOIN operators o USING (operator_id)
+        WHERE t.token_id = $1 AND t.revoked_at IS NULL AND t.expires_at > now() AND o.disabled_at IS NULL
+        "#,
+        presented.token_id,
+    )
+    .fetch_optional(conn)
+    .await
+    .context("cannot read the token")?;
+    Ok(row.filter(|row| presented.secret_hash.matches(&row.secret_sha256)).map(|row| Account {
+        operator_id: row.operator_id,
+        name: row.name,
+        role: row.role,
+        scope: Scope::from_column(row.tenant_ids),
+    }))
+}
+
+/// Lists an operator's tokens, newest first.
+pub async fn list(conn: &mut PgConnection, operator_id: Uuid) -> Result<Vec<TokenView>, CliError> {
+    let tokens = sqlx::query_as!(
+        TokenView,
+        r#"
+        SELECT token_id, label, created_at, expires_at, revoked_at
+        FROM operator_tokens WHERE operator_id = $1
+        ORDER BY created_at DESC
+        "#,
+        operator_id,
+    )
+    .fetch_all(conn)
+    .await
+    .context("cannot read the tokens")?;
+    Ok(tokens)
+}
+
+/// Revokes token `token_id`: an operator may revoke their own, an admin anyone's. Returns whose it
+/// was. In the caller's transaction.
+pub async fn revoke(conn: &mut PgConnection, by: &Account, token_id: Uuid) -> Result<String, CliError> {
+    let owner = sqlx::query!(
+        r#"
+        SELECT o.operator_id, o.name, t.revoked_at
+        FROM operator_tokens t JOIN operators o USING (operator_id)
+        WHERE t.token_id = $1
+        FOR UPDATE OF t
+        "#,
+        token_id,
+    )
+    .fetch_optional(&mut *conn)
+    .await
+    .context("cannot read the token")?
+    .ok_or_else(|| CliError::NotFound(format!("there is no token {token_id}")))?;
+    if owner.operator_id != by.operator_id {
+        by.require(Role::Admin, "revoke another operator's token")?;
+    }
+    if owner.revoked_at.is_some() {
+        return Err(CliError::Refused(format!("token {token_id} of {} is already revoked", owner.name)));
+    }
+    sqlx::query!("UPDATE operator_tokens SET revoked_at = now() WHERE token_id = $1", token_id)
+        .execute(conn)
+        .await
+        .context("cannot revoke the token")?;
+    Ok(owner.name)
+}

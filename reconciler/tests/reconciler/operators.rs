@@ -1,0 +1,436 @@
+//! The operations API against a real PostgreSQL: operators with tokens and roles, scoped to
+//! tenants; four-eyes approval of what moves money; the append-only audit trail. The server runs in
+//! the test's process on a port of its own; requests go over HTTP.
+
+use std::net::TcpListener;
+use std::time::Duration;
+
+use oncepay_domain::ids::PaymentId;
+use oncepay_domain::status::PaymentStatus;
+use oncepay_reconciler::cli::CliError;
+use oncepay_reconciler::dead_letters;
+use oncepay_reconciler::operators::accounts;
+use oncepay_reconciler::operators::api::{self, OperatorsState};
+use oncepay_reconciler::settings::Settings;
+use oncepay_store::fixtures::tenant;
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+use crate::support::{dead_lettered, status};
+
+const DAY: u64 = 86_400;
+
+/// The operations API on a free port, with a first admin.
+struct Ops {
+    url: String,
+    http: reqwest::Client,
+    admin: String,
+}
+
+impl Ops {
+    async fn start(pool: &PgPool) -> Self {
+        oncepay_service::tls::install_provider();
+        let settings = Settings::load(None).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let state = OperatorsState {
+            pool: pool.clone(),
+            provider: settings.provider,
+            resend_horizon: Duration::from_secs(DAY - 3600),
+            proposal_ttl: Duration::from_secs(DAY),
+            token_ttl: Duration::from_secs(90 * DAY),
+            max_token_ttl: Duration::from_secs(365 * DAY),
+            retries_need_approval: false,
+        };
+        tokio::spawn(api::server(listener, state, 1).unwrap());
+        let mut conn = pool.acquire().await.unwrap();
+        let admin = accounts::bootstrap(&mut conn, "root", Duration::from_secs(DAY)).await.unwrap().token;
+        Self { url, http: reqwest::Client::new(), admin }
+    }
+
+    async fn call(&self, token: &str, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+        let mut request = self.http.request(method, format!("{}{path}", self.url)).bearer_auth(token);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status();
+        let text = response.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
+    async fn get(&self, token: &str, path: &str) -> (StatusCode, Value) {
+        self.call(token, Method::GET, path, None).await
+    }
+
+    async fn post(&self, token: &str, path: &str, body: Value) -> (StatusCode, Value) {
+        self.call(token, Method::POST, path, Some(body)).await
+    }
+
+    /// Creates operator `name` with `role` (limited to `tenants`, if given) and returns a token of theirs.
+    async fn operator(&self, name: &str, role: &str, tenants: Option<&[&str]>) -> String {
+        let body = json!({ "name": name, "role": role, "tenants": tenants, "reason": "joined the team" });
+        let (created, problem) = self.post(&self.admin, "/v1/operators", body).await;
+        assert_eq!(created, StatusCode::CREATED, "{problem}");
+        let body = json!({ "label": "laptop", "reason": "first token" });
+        let (issued, token) = self.post(&self.admin, &format!("/v1/operators/{name}/tokens"), body).await;
+        assert_eq!(issued, StatusCode::CREATED, "{token}");
+        token["token"].as_str().unwrap().to_owned()
+    }
+}
+
+/// The problem's `type` slug and detail.
+fn problem(body: &Value) -> (&str, &str) {
+    let slug = body["type"].as_str().unwrap().trim_start_matches("https://oncepay.dev/problems/");
+    (slug, body["detail"].as_str().unwrap())
+}
+
+/// The operator audit rows of a payment, oldest first: (operator, action, outcome).
+async fn audit_of(pool: &PgPool, payment_id: PaymentId) -> Vec<(String, String, String)> {
+    sqlx::query!(
+        "SELECT operator_name, action, outcome FROM operator_audit WHERE payment_id = $1 ORDER BY audit_id",
+        payment_id.as_uuid()
+    )
+    .map(|r| (r.operator_name, r.action, r.outcome))
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+fn rows(expected: &[(&str, &str, &str)]) -> Vec<(String, String, String)> {
+    expected.iter().map(|(a, b, c)| ((*a).to_owned(), (*b).to_owned(), (*c).to_owned())).collect()
+}
+
+fn failed(reason: &str) -> Value {
+    json!({ "as": "failed", "reason": reason })
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn the_first_admin_is_made_once_and_tokens_that_are_wrong_revoked_or_expired_are_refused(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let mut conn = pool.acquire().await.unwrap();
+
+    let second = accounts::bootstrap(&mut conn, "other", Duration::from_secs(DAY)).await;
+    let (me, who) = ops.get(&ops.admin, "/v1/me").await;
+    let alice = ops.operator("alice", "operator", None).await;
+    let (_, tokens) = ops.get(&alice, "/v1/operators/alice/tokens").await;
+    let token_id = tokens[0]["token_id"].as_str().unwrap().to_owned();
+    let mut tampered = alice.clone();
+    tampered.pop();
+    tampered.push(if alice.ends_with('A') { 'B' } else { 'A' });
+    let (wrong, refusal) = ops.get(&tampered, "/v1/me").await;
+    let (none, _) = ops.get("", "/v1/me").await;
+    let revoke = format!("/v1/tokens/{token_id}");
+    let (revoked, _) = ops.call(&alice, Method::DELETE, &revoke, Some(json!({"reason": "lost laptop"}))).await;
+    let (after_revoke, _) = ops.get(&alice, "/v1/me").await;
+    let bob = ops.operator("bob", "approver", None).await;
+    sqlx::query!(
+        "UPDATE operator_tokens SET created_at = now() - interval '2 days', expires_at = now() - interval '1 second'"
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let (expired, _) = ops.get(&bob, "/v1/me").await;
+
+    assert!(matches!(second, Err(CliError::Refused(_))), "{second:?}");
+    assert_eq!((me, who["name"].as_str(), who["role"].as_str()), (StatusCode::OK, Some("root"), Some("admin")));
+    assert_eq!(wrong, StatusCode::UNAUTHORIZED);
+    assert_eq!(problem(&refusal).0, "unauthorized");
+    assert_eq!(none, StatusCode::UNAUTHORIZED);
+    assert_eq!(revoked, StatusCode::NO_CONTENT);
+    assert_eq!(after_revoke, StatusCode::UNAUTHORIZED);
+    assert_eq!(expired, StatusCode::UNAUTHORIZED);
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_resolution_is_done_only_when_a_second_operator_approves_it(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    let payment_id = dead_lettered(&pool, acme, "k-1", 60).await;
+    let alice = ops.operator("alice", "approver", None).await;
+    let bob = ops.operator("bob", "approver", None).await;
+    let vic = ops.operator("vic", "viewer", None).await;
+
+    let path = format!("/v1/payments/{payment_id}/resolve");
+    let (viewer_proposes, viewer_refusal) = ops.post(&vic, &path, failed("card expired")).await;
+    let (proposed, proposal) = ops.post(&alice, &path, failed("the provider says it declined")).await;
+    let proposal_id = proposal["proposal"]["proposal_id"].as_str().unwrap().to_owned();
+    let approve = format!("/v1/proposals/{proposal_id}/approve");
+    let (own, own_refusal) = ops.post(&alice, &approve, json!({"reason": "looks right"})).await;
+    let (by_viewer, _) = ops.post(&vic, &approve, json!({"reason": "looks right"})).await;
+    let still = status(&pool, acme, payment_id).await;
+    let (approved, done) = ops.post(&bob, &approve, json!({"reason": "checked the dashboard"})).await;
+    let (again, again_refusal) = ops.post(&bob, &approve, json!({"reason": "twice"})).await;
+
+    assert_eq!(viewer_proposes, StatusCode::FORBIDDEN);
+    assert_eq!(problem(&viewer_refusal).1, "vic is a viewer; to resolve a payment takes the operator role or above");
+    assert_eq!(proposed, StatusCode::ACCEPTED, "{proposal}");
+    assert_eq!(proposal["proposal"]["status"], "pending");
+    assert_eq!(own, StatusCode::FORBIDDEN);
+    assert!(problem(&own_refusal).1.contains("nobody approves their own"), "{own_refusal}");
+    assert_eq!(by_viewer, StatusCode::FORBIDDEN);
+    assert_eq!(still, PaymentStatus::DeadLettered, "nothing is done before the approval");
+    assert_eq!(approved, StatusCode::OK, "{done}");
+    assert_eq!(done["proposal"]["status"], "approved");
+    assert_eq!(done["proposal"]["decided_by"], "bob");
+    assert_eq!(done["result"]["payment_status"], "failed");
+    assert_eq!(status(&pool, acme, payment_id).await, PaymentStatus::Failed);
+    assert_eq!(again, StatusCode::CONFLICT);
+    assert_eq!(problem(&again_refusal).1, format!("proposal {proposal_id} was already approved by bob"));
+    let actor: String = sqlx::query_scalar!(
+        "SELECT actor FROM payment_events WHERE payment_id = $1 ORDER BY seq DESC LIMIT 1",
+        payment_id.as_uuid()
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(actor, "operator:alice, approved by bob");
+    assert_eq!(
+        audit_of(&pool, payment_id).await,
+        rows(&[
+            ("vic", "payment.resolve", "refused"),
+            ("alice", "payment.resolve", "proposed"),
+            ("bob", "proposal.approve", "done"),
+        ])
+    );
+    let refusals: Vec<(String, String)> = sqlx::query!(
+        "SELECT operator_name, action FROM operator_audit WHERE outcome = 'refused' AND proposal_id IS NOT NULL ORDER BY audit_id"
+    )
+    .map(|r| (r.operator_name, r.action))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let approve_refusal = |who: &str| (who.to_owned(), "proposal.approve".to_owned());
+    assert_eq!(refusals, vec![approve_refusal("alice"), approve_refusal("vic"), approve_refusal("bob")]);
+    let (_, page) = ops.get(&bob, &format!("/v1/payments/{payment_id}")).await;
+    let trail: Vec<&str> =
+        page["operator_audit"].as_array().unwrap().iter().map(|r| r["action"].as_str().unwrap()).collect();
+    assert_eq!(trail, ["proposal.approve", "payment.resolve", "payment.resolve"], "newest first, before this read");
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn an_approval_after_the_payment_moved_or_the_proposal_expired_does_nothing(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    let moved = dead_lettered(&pool, acme, "k-moved", 60).await;
+    let stale = dead_lettered(&pool, acme, "k-stale", 60).await;
+    let alice = ops.operator("alice", "operator", None).await;
+    let bob = ops.operator("bob", "approver", None).await;
+    let propose = |payment_id: PaymentId| {
+        let ops = &ops;
+        let alice = &alice;
+        async move {
+            let (_, proposal) =
+                ops.post(alice, &format!("/v1/payments/{payment_id}/resolve"), failed("declined")).await;
+            proposal["proposal"]["proposal_id"].as_str().unwrap().to_owned()
+        }
+    };
+    let on_moved = propose(moved).await;
+    let on_stale = propose(stale).await;
+    // A signed webhook's evidence arrives for one; the other's proposal runs out of time.
+    let mut conn = pool.acquire().await.unwrap();
+    let evidence = json!([{"source": "webhook", "charge": {"id": "ch_1", "status": "succeeded"}}]);
+    assert!(dead_letters::attach_evidence(&mut conn, acme, moved, evidence).await.unwrap());
+    sqlx::query!(
+        "UPDATE proposals SET proposed_at = now() - interval '2 days', expires_at = now() - interval '1 day'
+         WHERE proposal_id = $1",
+        uuid::Uuid::parse_str(&on_stale).unwrap()
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let (after_move, moved_refusal) =
+        ops.post(&bob, &format!("/v1/proposals/{on_moved}/approve"), json!({"reason": "ok"})).await;
+    let (after_expiry, expired_refusal) =
+        ops.post(&bob, &format!("/v1/proposals/{on_stale}/approve"), json!({"reason": "ok"})).await;
+    let (listed, proposals) = ops.get(&bob, &format!("/v1/proposals?payment_id={stale}")).await;
+    let (proposed_again, _) =
+        ops.post(&alice, &format!("/v1/payments/{stale}/resolve"), failed("still declined")).await;
+
+    assert_eq!(after_move, StatusCode::CONFLICT);
+    assert_eq!(
+        problem(&moved_refusal).1,
+        format!(
+            "payment {moved} moved since it was proposed (1 new piece of evidence arrived); nothing was done. Read it \
+             again, and propose anew if the decision still holds"
+        )
+    );
+    assert_eq!(after_expiry, StatusCode::CONFLICT);
+    assert!(problem(&expired_refusal).1.contains("expired at"), "{expired_refusal}");
+    assert_eq!(status(&pool, acme, moved).await, PaymentStatus::DeadLettered);
+    assert_eq!(status(&pool, acme, stale).await, PaymentStatus::DeadLettered);
+    assert_eq!((listed, proposals[0]["status"].as_str()), (StatusCode::OK, Some("expired")));
+    assert_eq!(proposed_again, StatusCode::ACCEPTED, "an expired proposal makes way for a new one");
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn an_operator_limited_to_one_tenant_is_told_not_found_for_anothers_payments(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    let globex = tenant(&pool, "globex").await;
+    let mine = dead_lettered(&pool, acme, "k-acme", 60).await;
+    let theirs = dead_lettered(&pool, globex, "k-globex", 60).await;
+    let alice = ops.operator("alice", "operator", None).await;
+    let lim = ops.operator("lim", "approver", Some(&["acme"])).await;
+    let (_, proposal) = ops.post(&alice, &format!("/v1/payments/{theirs}/resolve"), failed("declined")).await;
+    let theirs_proposal = proposal["proposal"]["proposal_id"].as_str().unwrap().to_owned();
+
+    let (_, listed) = ops.get(&lim, "/v1/dead-letters").await;
+    let (_, proposals) = ops.get(&lim, "/v1/proposals").await;
+    let (_, audit) = ops.get(&lim, "/v1/audit").await;
+    let reason = json!({"reason": "x"});
+    let answers = [
+        ops.get(&lim, &format!("/v1/payments/{theirs}")).await,
+        ops.post(&lim, &format!("/v1/payments/{theirs}/retry"), reason.clone()).await,
+        ops.post(&lim, &format!("/v1/payments/{theirs}/resolve"), failed("x")).await,
+        ops.post(&lim, &format!("/v1/payments/{theirs}/resolve"), json!({"as": "acknowledged", "reason": "x"})).await,
+        ops.post(&lim, &format!("/v1/proposals/{theirs_proposal}/approve"), reason.clone()).await,
+        ops.post(&lim, &format!("/v1/proposals/{theirs_proposal}/reject"), reason.clone()).await,
+    ];
+    let (own, _) = ops.get(&lim, &format!("/v1/payments/{mine}")).await;
+
+    let listed: Vec<&str> = listed.as_array().unwrap().iter().map(|e| e["payment_id"].as_str().unwrap()).collect();
+    assert_eq!(listed, [mine.to_string()]);
+    assert_eq!(proposals, json!([]));
+    assert!(audit.as_array().unwrap().iter().all(|row| row["tenant_id"] == json!(acme)), "{audit}");
+    for (status, body) in answers {
+        assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+        assert!(!body.to_string().contains("globex"), "{body}");
+    }
+    assert_eq!(own, StatusCode::OK);
+    assert_eq!(status(&pool, globex, theirs).await, PaymentStatus::DeadLettered);
+    let pending: i64 = sqlx::query_scalar!(r#"SELECT count(*) AS "n!" FROM proposals WHERE status = 'pending'"#)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(pending, 1, "the other tenant's proposal still waits");
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_retry_in_the_key_window_is_done_and_one_past_it_is_proposed(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    let recent = dead_lettered(&pool, acme, "k-recent", 60).await;
+    let old = dead_lettered(&pool, acme, "k-old", 2 * DAY as i64).await;
+    let alice = ops.operator("alice", "operator", None).await;
+    let bob = ops.operator("bob", "approver", None).await;
+
+    let (done, resolved) =
+        ops.post(&alice, &format!("/v1/payments/{recent}/retry"), json!({"reason": "provider back"})).await;
+    let (refused, refusal) = ops.post(&alice, &format!("/v1/payments/{old}/retry"), json!({"reason": "again"})).await;
+    let body = json!({"reason": "no charge at the provider", "outside_key_window": true});
+    let (proposed, proposal) = ops.post(&alice, &format!("/v1/payments/{old}/retry"), body).await;
+    let still = status(&pool, acme, old).await;
+    let proposal_id = proposal["proposal"]["proposal_id"].as_str().unwrap();
+    let (approved, _) =
+        ops.post(&bob, &format!("/v1/proposals/{proposal_id}/approve"), json!({"reason": "checked"})).await;
+
+    assert_eq!(done, StatusCode::OK, "{resolved}");
+    assert_eq!(resolved["resolved_by"], "operator:alice");
+    assert_eq!(status(&pool, acme, recent).await, PaymentStatus::Pending);
+    assert_eq!(refused, StatusCode::CONFLICT);
+    assert!(problem(&refusal).1.contains("may have forgotten its key"), "{refusal}");
+    assert_eq!(proposed, StatusCode::ACCEPTED, "{proposal}");
+    assert_eq!(proposal["proposal"]["action"], json!({"kind": "retry", "outside_key_window": true}));
+    assert_eq!(still, PaymentStatus::DeadLettered);
+    assert_eq!(approved, StatusCode::OK);
+    assert_eq!(status(&pool, acme, old).await, PaymentStatus::Pending);
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_proposal_is_withdrawn_only_by_its_maker_and_rejected_only_by_another_approver(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    let payment_id = dead_lettered(&pool, acme, "k-1", 60).await;
+    let alice = ops.operator("alice", "approver", None).await;
+    let bob = ops.operator("bob", "approver", None).await;
+    let resolve = format!("/v1/payments/{payment_id}/resolve");
+    let reason = json!({"reason": "changed my mind"});
+
+    let (_, first) = ops.post(&alice, &resolve, failed("declined")).await;
+    let first = first["proposal"]["proposal_id"].as_str().unwrap().to_owned();
+    let (second_while_pending, busy) = ops.post(&bob, &resolve, failed("declined")).await;
+    let (withdrawn_by_other, _) = ops.post(&bob, &format!("/v1/proposals/{first}/withdraw"), reason.clone()).await;
+    let (rejected_by_maker, _) = ops.post(&alice, &format!("/v1/proposals/{first}/reject"), reason.clone()).await;
+    let (without_reason, _) =
+        ops.post(&alice, &format!("/v1/proposals/{first}/withdraw"), json!({"reason": " "})).await;
+    let (withdrawn, view) = ops.post(&alice, &format!("/v1/proposals/{first}/withdraw"), reason.clone()).await;
+    let (_, second) = ops.post(&alice, &resolve, failed("declined after all")).await;
+    let second = second["proposal"]["proposal_id"].as_str().unwrap().to_owned();
+    let (rejected, rejection) = ops.post(&bob, &format!("/v1/proposals/{second}/reject"), reason.clone()).await;
+
+    assert_eq!(second_while_pending, StatusCode::CONFLICT);
+    assert!(problem(&busy).1.contains("another proposal already waits"), "{busy}");
+    assert_eq!(withdrawn_by_other, StatusCode::FORBIDDEN);
+    assert_eq!(rejected_by_maker, StatusCode::FORBIDDEN);
+    assert_eq!(without_reason, StatusCode::BAD_REQUEST);
+    assert_eq!((withdrawn, view["status"].as_str()), (StatusCode::OK, Some("withdrawn")));
+    assert_eq!((rejected, rejection["status"].as_str()), (StatusCode::OK, Some("rejected")));
+    assert_eq!(status(&pool, acme, payment_id).await, PaymentStatus::DeadLettered);
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn viewers_see_customer_data_masked_and_every_read_is_in_the_audit_trail(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    let payment_id = dead_lettered(&pool, acme, "k-1", 60).await;
+    let vic = ops.operator("vic", "viewer", None).await;
+    let alice = ops.operator("alice", "operator", None).await;
+
+    let (_, masked) = ops.get(&vic, &format!("/v1/payments/{payment_id}")).await;
+    let (_, whole) = ops.get(&alice, &format!("/v1/payments/{payment_id}")).await;
+
+    let customer_id = whole["customer"]["customer_id"].as_str().unwrap();
+    assert_eq!(whole["customer"]["masked"], false);
+    assert_eq!(masked["customer"]["masked"], true);
+    assert_eq!(masked["customer"]["customer_id"], format!("{}…", &customer_id[..3]));
+    assert!(!masked.to_string().contains(customer_id), "{masked}");
+    assert!(masked["customer"].get("metadata").is_none());
+    assert_eq!(masked["entries"][0]["payment_id"], json!(payment_id));
+    assert_eq!(
+        audit_of(&pool, payment_id).await,
+        rows(&[("vic", "payment.read", "done"), ("alice", "payment.read", "done")])
+    );
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn only_admins_manage_operators_and_the_audit_trail_cannot_be_edited(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let bob = ops.operator("bob", "approver", None).await;
+    let body = json!({"name": "mallory", "role": "admin", "reason": "trust me"});
+
+    let (by_approver, refusal) = ops.post(&bob, "/v1/operators", body).await;
+    let (others_tokens, _) = ops.get(&bob, "/v1/operators/root/tokens").await;
+    let (no_reason, _) =
+        ops.post(&ops.admin, "/v1/operators", json!({"name": "eve", "role": "viewer", "reason": ""})).await;
+    let (unknown_tenant, missing) = ops
+        .post(&ops.admin, "/v1/operators", json!({"name": "eve", "role": "viewer", "tenants": ["nope"], "reason": "x"}))
+        .await;
+    let (listed, operators) = ops.get(&ops.admin, "/v1/operators").await;
+    let updated = sqlx::query!("UPDATE operator_audit SET operator_name = 'someone else'").execute(&pool).await;
+    let deleted = sqlx::query!("DELETE FROM operator_audit").execute(&pool).await;
+    let truncated = sqlx::raw_sql("TRUNCATE operator_audit").execute(&pool).await;
+
+    assert_eq!(by_approver, StatusCode::FORBIDDEN);
+    assert_eq!(problem(&refusal).0, "forbidden");
+    assert_eq!(others_tokens, StatusCode::FORBIDDEN);
+    assert_eq!(no_reason, StatusCode::BAD_REQUEST);
+    assert_eq!(unknown_tenant, StatusCode::NOT_FOUND, "{missing}");
+    let names: Vec<&str> = operators.as_array().unwrap().iter().map(|o| o["name"].as_str().unwrap()).collect();
+    assert_eq!((listed, names), (StatusCode::OK, vec!["bob", "root"]));
+    for (what, result) in
+        [("update", updated.map(|_| ())), ("delete", deleted.map(|_| ())), ("truncate", truncated.map(|_| ()))]
+    {
+        let error = result.expect_err(what).to_string();
+        assert!(error.contains("the operator audit trail is append-only"), "{what}: {error}");
+    }
+    let refused: i64 = sqlx::query_scalar!(
+        r#"SELECT count(*) AS "n!" FROM operator_audit WHERE operator_name = 'bob' AND action = 'operator.create' AND outcome = 'refused'"#
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(refused, 1);
+}
