@@ -22,6 +22,8 @@ use crate::secrets;
 const API_PORT: u16 = 8080;
 const WORKER_PORT: u16 = 8081;
 const RECONCILER_PORT: u16 = 8082;
+/// The reconciler's operations API.
+const OPERATIONS_PORT: u16 = 8083;
 const SIMULATOR_PORT: u16 = 8090;
 /// localstripe's own default port.
 const LOCALSTRIPE_PORT: u16 = 8420;
@@ -98,9 +100,13 @@ pub async fn up(root: &Path, options: &Options) -> anyhow::Result<ExitCode> {
 }
 
 async fn start(root: &Path, options: &Options, running: &mut Running) -> anyhow::Result<()> {
-    for (name, port) in
-        [("api", API_PORT), ("worker", WORKER_PORT), ("reconciler", RECONCILER_PORT), options.provider.process()]
-    {
+    for (name, port) in [
+        ("api", API_PORT),
+        ("worker", WORKER_PORT),
+        ("reconciler", RECONCILER_PORT),
+        ("operations API", OPERATIONS_PORT),
+        options.provider.process(),
+    ] {
         std::net::TcpListener::bind(("127.0.0.1", port))
             .with_context(|| format!("port {port} (for the {name}) is in use; stop whatever holds it"))?;
     }
@@ -141,6 +147,7 @@ async fn start(root: &Path, options: &Options, running: &mut Running) -> anyhow:
     let reconciler = bin.join("oncepay-reconciler");
     run_ok(&reconciler, &["migrate"], &database_url).await.context("migrating the database failed")?;
     let api_key = demo_key(&reconciler, &database_url, &options.tenant).await?;
+    let admin_token = first_admin(&reconciler, &database_url).await?;
 
     let provider_key = format!("sk_test_{}", secrets::hex_token(16));
     let webhook_secret = secrets::webhook_secret();
@@ -165,7 +172,9 @@ async fn start(root: &Path, options: &Options, running: &mut Running) -> anyhow:
             .setting("provider.api_key", &provider_key),
         Provider::Localstripe => through_stripe(with_database(spec)),
     };
-    let reconciler_spec = with_provider(Spec::new("reconciler", &reconciler, &log_dir)).port(RECONCILER_PORT);
+    let reconciler_spec = with_provider(Spec::new("reconciler", &reconciler, &log_dir))
+        .port(RECONCILER_PORT)
+        .setting("operators.port", OPERATIONS_PORT.to_string());
     let reconciler_spec = match options.provider {
         Provider::Simulator => reconciler_spec.setting_list("webhooks.secrets", &[&webhook_secret]),
         Provider::Localstripe => reconciler_spec.setting_list("webhooks.stripe_secrets", &[&webhook_secret]),
@@ -209,7 +218,7 @@ async fn start(root: &Path, options: &Options, running: &mut Running) -> anyhow:
         child.wait_until_ready(&format!("http://127.0.0.1:{port}/readyz"), Duration::from_secs(60)).await?;
     }
 
-    print_banner(&bin, &api_key, &log_dir, options.provider);
+    print_banner(&bin, &api_key, admin_token.as_deref(), &log_dir, options.provider);
     Ok(())
 }
 
@@ -227,8 +236,9 @@ async fn supervise(children: &mut [Child]) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Prints where everything runs, the demo tenant's API key, and ready-to-paste commands to pay.
-fn print_banner(bin: &Path, api_key: &str, log_dir: &Path, provider: Provider) {
+/// Prints where everything runs, the demo tenant's API key, the first admin's token, and
+/// ready-to-paste commands to pay and to look at the dead letters.
+fn print_banner(bin: &Path, api_key: &str, admin_token: Option<&str>, log_dir: &Path, provider: Provider) {
     let client = bin.join("oncepay");
     let (webhooks, provider_line, declined) = match provider {
         Provider::Simulator => (
@@ -244,6 +254,17 @@ fn print_banner(bin: &Path, api_key: &str, log_dir: &Path, provider: Provider) {
                 key = localstripe::SECRET_KEY
             ),
             "pm_card_chargeCustomerFail",
+        ),
+    };
+    let operators = match admin_token {
+        Some(token) => format!(
+            "Operations API http://127.0.0.1:{OPERATIONS_PORT}; the operator admin's token (shown once):\n\
+             \x20 {token}\n\
+             \x20 curl -s http://127.0.0.1:{OPERATIONS_PORT}/v1/dead-letters -H \"Authorization: Bearer {token}\"\n"
+        ),
+        None => format!(
+            "Operations API http://127.0.0.1:{OPERATIONS_PORT}; this database has operators already: use a token of \
+             theirs.\n"
         ),
     };
     eprintln!(
@@ -269,6 +290,8 @@ fn print_banner(bin: &Path, api_key: &str, log_dir: &Path, provider: Provider) {
          \x20      -H \"Idempotency-Key: $(cat /proc/sys/kernel/random/uuid)\" -H 'Content-Type: application/json' \\\n\
          \x20      -d '{{\"amount\":1999,\"currency\":\"EUR\",\"customer_id\":\"customer-42\"}}'\n\
          \n\
+         {operators}\
+         \n\
          Ctrl-C stops everything.\n\
          ================================================================================\n",
         logs = log_dir.display(),
@@ -287,6 +310,16 @@ async fn demo_key(reconciler: &Path, database_url: &str, tenant: &str) -> anyhow
     };
     let value: serde_json::Value = serde_json::from_str(&issued).context("the reconciler printed unreadable JSON")?;
     value["api_key"].as_str().map(str::to_owned).context("the reconciler printed no api_key")
+}
+
+/// Makes the first operator, `admin`, and returns its token; `None` when the database has operators
+/// already (a `DATABASE_URL` used before).
+async fn first_admin(reconciler: &Path, database_url: &str) -> anyhow::Result<Option<String>> {
+    let Some(issued) = output(reconciler, &["operators", "bootstrap", "admin", "--json"], database_url).await? else {
+        return Ok(None);
+    };
+    let value: serde_json::Value = serde_json::from_str(&issued).context("the reconciler printed unreadable JSON")?;
+    value["token"].as_str().map(|token| Some(token.to_owned())).context("the reconciler printed no token")
 }
 
 /// Runs a reconciler command; its stdout if it succeeded.
