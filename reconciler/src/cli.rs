@@ -1,5 +1,8 @@
 //! The command line: `oncepay-reconciler [serve]` runs the service; every other subcommand is an
-//! operator tool that does one thing against the database and exits.
+//! operator tool that does one thing and exits. Dead letters, proposals, the audit trail, operators
+//! and tokens go through the operations API with the operator's personal token
+//! ([`crate::operators::client`]); migrations, the first admin, tenants, keys and reconciliation
+//! runs work on the database directly.
 //!
 //! This module owns the argument grammar ([`Cli`]), the mapping of failures to exit codes
 //! ([`CliError::exit_code`]) and the dispatch of operator commands to the modules that implement
@@ -13,12 +16,16 @@ use clap::{Parser, Subcommand};
 use oncepay_domain::ids::PaymentId;
 use oncepay_provider::ConfiguredProvider;
 use oncepay_store::db;
+use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::dead_letters::actions::{self, Asked, Operator, Retry};
-use crate::dead_letters::queries::{self, Filter};
-use crate::operators::accounts;
+use crate::dead_letters::reports::EntryList;
+use crate::operators::accounts::{self, OperatorView};
+use crate::operators::client::OpsClient;
+use crate::operators::proposals::{Approved, ProposalView};
+use crate::operators::reports::{Acted, AuditTrail, Done, OperatorList, PaymentPage, ProposalList, TokenList};
+use crate::operators::tokens::IssuedToken;
 use crate::recon::{self, Reconciliation};
 use crate::render::Report;
 use crate::settings::Settings;
@@ -52,9 +59,37 @@ pub enum Command {
     /// A tenant's API keys: issue another, revoke one.
     #[command(subcommand)]
     Keys(KeysCommand),
-    /// Payments automation could not settle: list, show, retry, resolve.
+    /// Payments automation could not settle: list, show, retry, resolve (through the operations API).
     #[command(subcommand, name = "dead-letters")]
     DeadLetters(DeadLettersCommand),
+    /// Decisions waiting for a second operator: list, approve, reject, withdraw (through the
+    /// operations API).
+    #[command(subcommand)]
+    Proposals(ProposalsCommand),
+    /// The operators' audit trail, newest first (through the operations API).
+    Audit {
+        /// Only this operator's rows.
+        #[arg(long)]
+        operator: Option<String>,
+        /// Only rows about this tenant (its id).
+        #[arg(long)]
+        tenant_id: Option<Uuid>,
+        /// Only rows about this payment.
+        #[arg(long)]
+        payment_id: Option<PaymentId>,
+        /// Only this action, e.g. `proposal.approve`.
+        #[arg(long)]
+        action: Option<String>,
+        /// Only rows older than this audit id (the next page).
+        #[arg(long)]
+        before: Option<i64>,
+        /// How many.
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
+    /// An operator's personal tokens for the operations API: list, issue, revoke (through it).
+    #[command(subcommand)]
+    Tokens(TokensCommand),
     /// Ledger reconciliation: run a window now, list runs, show a run's discrepancies.
     #[command(subcommand)]
     Recon(ReconCommand),
@@ -68,10 +103,99 @@ pub enum Command {
 #[derive(Debug, Subcommand)]
 pub enum OperatorsCommand {
     /// On an installation with no operator yet, creates the first admin and prints a personal token
-    /// for the operations API, once. Refused once any operator exists.
+    /// for the operations API, once. Refused once any operator exists. Works on the database.
     Bootstrap {
         /// The admin's name: 1–63 of a-z 0-9 . _ -, starting with a letter or digit.
         name: String,
+    },
+    /// Lists the operators (admins only; through the operations API).
+    List,
+    /// Creates an operator (admins only; through the operations API).
+    Create {
+        /// Their name: 1–63 of a-z 0-9 . _ -, starting with a letter or digit.
+        name: String,
+        /// viewer, operator, approver or admin.
+        #[arg(long)]
+        role: String,
+        /// Limits them to this tenant (by name); repeat for more. Without it: every tenant.
+        #[arg(long = "tenant")]
+        tenants: Vec<String>,
+        /// Why (recorded).
+        #[arg(long)]
+        reason: String,
+    },
+}
+
+/// `proposals …`.
+#[derive(Debug, Subcommand)]
+pub enum ProposalsCommand {
+    /// Lists proposals, newest first.
+    List {
+        /// Only those in this status: pending, approved, rejected, withdrawn or expired.
+        #[arg(long)]
+        status: Option<String>,
+        /// Only those of this payment.
+        #[arg(long)]
+        payment_id: Option<PaymentId>,
+    },
+    /// Approves another operator's proposal and does what it proposes (approvers only), after
+    /// checking that the payment did not move since.
+    Approve {
+        /// The proposal's id.
+        proposal_id: Uuid,
+        /// Why (recorded).
+        #[arg(long)]
+        reason: String,
+    },
+    /// Rejects another operator's proposal (approvers only).
+    Reject {
+        /// The proposal's id.
+        proposal_id: Uuid,
+        /// Why (recorded).
+        #[arg(long)]
+        reason: String,
+    },
+    /// Withdraws your own proposal.
+    Withdraw {
+        /// The proposal's id.
+        proposal_id: Uuid,
+        /// Why (recorded).
+        #[arg(long)]
+        reason: String,
+    },
+}
+
+/// `tokens …`.
+#[derive(Debug, Subcommand)]
+pub enum TokensCommand {
+    /// Lists an operator's tokens (yours unless --operator; others' for admins).
+    List {
+        /// Whose.
+        #[arg(long)]
+        operator: Option<String>,
+    },
+    /// Issues a token and prints it, once (yours unless --operator; others' for admins).
+    Issue {
+        /// Whose.
+        #[arg(long)]
+        operator: Option<String>,
+        /// What it is for, e.g. the machine it lives on.
+        #[arg(long)]
+        label: String,
+        /// Days it works (default: the API's `operators.token_ttl_days`).
+        #[arg(long)]
+        days: Option<u32>,
+        /// Why (recorded).
+        #[arg(long)]
+        reason: String,
+    },
+    /// Revokes a token (yours, or anyone's for admins).
+    Revoke {
+        /// The token's id.
+        token_id: Uuid,
+        /// Why (recorded).
+        #[arg(long)]
+        reason: String,
     },
 }
 
@@ -168,21 +292,23 @@ pub enum DeadLettersCommand {
         /// The payment's id.
         payment_id: PaymentId,
     },
-    /// Sends a dead-lettered payment again, with the same downstream key.
+    /// Sends a dead-lettered payment again, with the same downstream key. Done at once within the
+    /// provider's key window; past it (--outside-key-window), or when the API's
+    /// `operators.retries_need_approval` is set, proposed for a second operator's approval.
     Retry {
         /// The payment's id.
         payment_id: PaymentId,
         /// Why (recorded with your name).
         #[arg(long)]
         reason: String,
-        /// Who you are (default: $USER).
-        #[arg(long)]
-        operator: Option<String>,
-        /// Resend although the provider may have forgotten the key (a double charge is then possible).
+        /// Resend although the provider may have forgotten the key (a double charge is then
+        /// possible): needs an approver's approval.
         #[arg(long)]
         outside_key_window: bool,
     },
-    /// Settles a dead-lettered payment, or acknowledges a conflict on a terminal one.
+    /// Settles a dead-lettered payment (--as succeeded|failed: proposed for a second operator's
+    /// approval, and done only when approved), or acknowledges a conflict on a terminal one (done at
+    /// once).
     Resolve {
         /// The payment's id.
         payment_id: PaymentId,
@@ -211,9 +337,6 @@ pub enum DeadLettersCommand {
         /// (you refunded it, say); --reason must say why.
         #[arg(long, requires = "outcome")]
         force: bool,
-        /// Who you are (default: $USER).
-        #[arg(long)]
-        operator: Option<String>,
     },
 }
 
@@ -274,10 +397,24 @@ impl CliError {
 pub struct Context {
     /// The loaded settings.
     pub settings: Settings,
-    /// A pool on the configured database.
+    /// A pool on the configured database (connected only when a command uses it).
     pub pool: PgPool,
-    /// The operator's name when `--operator` is not given (`$USER`, read by `main`).
-    pub default_operator: Option<String>,
+    /// The operations API, with the operator's token (`ONCEPAY_OPS_URL`, `ONCEPAY_OPS_TOKEN`, read
+    /// by `main`); `None` when either is unset.
+    pub ops: Option<OpsClient>,
+}
+
+impl Context {
+    /// The operations API; refused with what to set when it is not configured.
+    fn ops(&self) -> Result<&OpsClient, CliError> {
+        self.ops.as_ref().ok_or_else(|| {
+            CliError::Invalid(
+                "this command goes through the operations API: set ONCEPAY_OPS_URL to its address (e.g. \
+                 http://127.0.0.1:8083) and ONCEPAY_OPS_TOKEN to your personal token"
+                    .into(),
+            )
+        })
+    }
 }
 
 /// Runs one operator command (anything but `serve`).
@@ -302,11 +439,33 @@ pub async fn execute(command: Command, ctx: &Context) -> Result<Box<dyn Report>,
         Command::Keys(KeysCommand::Revoke { tenant, key_id }) => {
             tenants::revoke_key(&mut *connection(ctx).await?, &tenant, &key_id).await.map(boxed)
         }
-        Command::DeadLetters(command) => dead_letter_command(command, ctx).await,
+        Command::DeadLetters(command) => dead_letter_command(command, ctx.ops()?).await,
+        Command::Proposals(command) => proposal_command(command, ctx.ops()?).await,
+        Command::Audit { operator, tenant_id, payment_id, action, before, limit } => {
+            let mut query = vec![("limit", limit.to_string())];
+            query.extend(operator.map(|o| ("operator", o)));
+            query.extend(tenant_id.map(|t| ("tenant_id", t.to_string())));
+            query.extend(payment_id.map(|p| ("payment_id", p.to_string())));
+            query.extend(action.map(|a| ("action", a)));
+            query.extend(before.map(|b| ("before", b.to_string())));
+            let trail: AuditTrail = ctx.ops()?.get_with("/v1/audit", &query).await?.into()?;
+            Ok(boxed(trail))
+        }
         Command::Operators(OperatorsCommand::Bootstrap { name }) => {
             let ttl = ctx.settings.operators.token_ttl();
             accounts::bootstrap(&mut *connection(ctx).await?, &name, ttl).await.map(boxed)
         }
+        Command::Operators(OperatorsCommand::List) => {
+            let list: OperatorList = ctx.ops()?.get("/v1/operators").await?.into()?;
+            Ok(boxed(list))
+        }
+        Command::Operators(OperatorsCommand::Create { name, role, tenants, reason }) => {
+            let tenants = (!tenants.is_empty()).then_some(tenants);
+            let body = json!({ "name": name, "role": role, "tenants": tenants, "reason": reason });
+            let created: OperatorView = ctx.ops()?.post("/v1/operators", &body).await?.into()?;
+            Ok(boxed(created))
+        }
+        Command::Tokens(command) => token_command(command, ctx.ops()?).await,
         Command::Recon(ReconCommand::Run { from, to }) => {
             let provider =
                 ConfiguredProvider::new(&ctx.settings.provider).context("cannot build the provider client")?;
@@ -322,25 +481,21 @@ pub async fn execute(command: Command, ctx: &Context) -> Result<Box<dyn Report>,
     }
 }
 
-async fn dead_letter_command(command: DeadLettersCommand, ctx: &Context) -> Result<Box<dyn Report>, CliError> {
+async fn dead_letter_command(command: DeadLettersCommand, ops: &OpsClient) -> Result<Box<dyn Report>, CliError> {
     match command {
         DeadLettersCommand::List { open: _, all } => {
-            let filter = if all { Filter::All } else { Filter::Open };
-            queries::list(&mut *connection(ctx).await?, filter, None).await.map(boxed)
+            let list: EntryList =
+                ops.get(if all { "/v1/dead-letters?all=true" } else { "/v1/dead-letters" }).await?.into()?;
+            Ok(boxed(list))
         }
         DeadLettersCommand::Show { payment_id } => {
-            queries::show(&mut *connection(ctx).await?, payment_id).await.map(boxed)
+            let page: PaymentPage = ops.get(&format!("/v1/payments/{payment_id}")).await?.into()?;
+            Ok(boxed(page))
         }
-        DeadLettersCommand::Retry { payment_id, reason, operator, outside_key_window } => {
-            let operator = operator_of(operator, ctx)?;
-            let retry = Retry {
-                payment_id,
-                operator: &operator,
-                reason: &reason,
-                resend_horizon: ctx.settings.key_window().resend_horizon(),
-                outside_key_window,
-            };
-            actions::retry(&mut *connection(ctx).await?, &retry).await.map(boxed)
+        DeadLettersCommand::Retry { payment_id, reason, outside_key_window } => {
+            let body = json!({ "reason": reason, "outside_key_window": outside_key_window });
+            let acted: Acted = ops.post(&format!("/v1/payments/{payment_id}/retry"), &body).await?.into()?;
+            Ok(boxed(acted))
         }
         DeadLettersCommand::Resolve {
             payment_id,
@@ -352,27 +507,79 @@ async fn dead_letter_command(command: DeadLettersCommand, ctx: &Context) -> Resu
             currency,
             charged_at,
             force,
-            operator,
         } => {
-            let operator = operator_of(operator, ctx)?;
-            let asked = match outcome {
-                None => Asked::Acknowledge,
-                Some(ResolveAs::Failed) => Asked::Failed { charge_id, force },
-                Some(ResolveAs::Succeeded) => Asked::Succeeded { charge_id, amount, currency, charged_at },
+            let outcome = match outcome {
+                None => "acknowledged",
+                Some(ResolveAs::Succeeded) => "succeeded",
+                Some(ResolveAs::Failed) => "failed",
             };
-            let provider = || {
-                ConfiguredProvider::new(&ctx.settings.provider)
-                    .context("cannot build the provider client")
-                    .map_err(CliError::Failed)
-            };
-            let decision = actions::resolution(&mut *connection(ctx).await?, provider, payment_id, asked).await?;
-            actions::resolve(&mut *connection(ctx).await?, payment_id, &decision, &operator, &reason).await.map(boxed)
+            let body = json!({
+                "as": outcome,
+                "reason": reason,
+                "charge_id": charge_id,
+                "amount": amount,
+                "currency": currency,
+                "charged_at": charged_at,
+                "force": force,
+            });
+            let acted: Acted = ops.post(&format!("/v1/payments/{payment_id}/resolve"), &body).await?.into()?;
+            Ok(boxed(acted))
         }
     }
 }
 
-fn operator_of(given: Option<String>, ctx: &Context) -> Result<Operator, CliError> {
-    Operator::parse(given.as_deref().or(ctx.default_operator.as_deref()).unwrap_or_default())
+async fn proposal_command(command: ProposalsCommand, ops: &OpsClient) -> Result<Box<dyn Report>, CliError> {
+    let (proposal_id, decision, reason) = match command {
+        ProposalsCommand::List { status, payment_id } => {
+            let mut query = Vec::new();
+            query.extend(status.map(|s| ("status", s)));
+            query.extend(payment_id.map(|p| ("payment_id", p.to_string())));
+            let list: ProposalList = ops.get_with("/v1/proposals", &query).await?.into()?;
+            return Ok(boxed(list));
+        }
+        ProposalsCommand::Approve { proposal_id, reason } => {
+            let path = format!("/v1/proposals/{proposal_id}/approve");
+            let approved: Approved = ops.post(&path, &json!({ "reason": reason })).await?.into()?;
+            return Ok(boxed(approved));
+        }
+        ProposalsCommand::Reject { proposal_id, reason } => (proposal_id, "reject", reason),
+        ProposalsCommand::Withdraw { proposal_id, reason } => (proposal_id, "withdraw", reason),
+    };
+    let path = format!("/v1/proposals/{proposal_id}/{decision}");
+    let closed: ProposalView = ops.post(&path, &json!({ "reason": reason })).await?.into()?;
+    Ok(boxed(closed))
+}
+
+async fn token_command(command: TokensCommand, ops: &OpsClient) -> Result<Box<dyn Report>, CliError> {
+    match command {
+        TokensCommand::List { operator } => {
+            let whose = whose(ops, operator).await?;
+            let list: TokenList = ops.get(&format!("/v1/operators/{whose}/tokens")).await?.into()?;
+            Ok(boxed(list))
+        }
+        TokensCommand::Issue { operator, label, days, reason } => {
+            let whose = whose(ops, operator).await?;
+            let body = json!({ "label": label, "expires_in_days": days, "reason": reason });
+            let issued: IssuedToken = ops.post(&format!("/v1/operators/{whose}/tokens"), &body).await?.into()?;
+            Ok(boxed(issued))
+        }
+        TokensCommand::Revoke { token_id, reason } => {
+            ops.delete(&format!("/v1/tokens/{token_id}"), &json!({ "reason": reason })).await?;
+            Ok(boxed(Done(format!("token {token_id} revoked"))))
+        }
+    }
+}
+
+/// The operator named, or the one the token acts as.
+async fn whose(ops: &OpsClient, operator: Option<String>) -> Result<String, CliError> {
+    if let Some(operator) = operator {
+        return Ok(operator);
+    }
+    let me = ops.get("/v1/me").await?;
+    me.body["name"]
+        .as_str()
+        .map(str::to_owned)
+        .ok_or_else(|| CliError::Failed(anyhow::anyhow!("GET /v1/me named nobody")))
 }
 
 fn boxed<R: Report + 'static>(report: R) -> Box<dyn Report> {

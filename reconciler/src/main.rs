@@ -6,10 +6,12 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use oncepay_reconciler::cli::{self, Cli, Command};
+use oncepay_reconciler::operators::client::OpsClient;
 use oncepay_reconciler::render;
 use oncepay_reconciler::settings::Settings;
 use oncepay_service::{shutdown, telemetry};
 use oncepay_store::db;
+use secrecy::SecretString;
 
 /// Exit code for a configuration that cannot work (sysexits' EX_CONFIG).
 const CONFIG_INVALID: u8 = 78;
@@ -66,9 +68,18 @@ async fn operator_command(command: Command, as_json: bool, settings: Settings) -
         }
     };
     let pool = db::pool(&settings.database, options);
-    // The operator's name defaults to the login name; only `main` reads the environment.
-    let default_operator = std::env::var("USER").ok();
-    let ctx = cli::Context { settings, pool, default_operator };
+    // Only `main` reads the environment.
+    let ops = match (std::env::var("ONCEPAY_OPS_URL"), std::env::var("ONCEPAY_OPS_TOKEN")) {
+        (Ok(url), Ok(token)) => match OpsClient::new(&url, SecretString::from(token)) {
+            Ok(ops) => Some(ops),
+            Err(error) => {
+                eprintln!("oncepay-reconciler: {}", error.one_line());
+                return error.exit_code();
+            }
+        },
+        _ => None,
+    };
+    let ctx = cli::Context { settings, pool, ops };
     let result = cli::execute(command, &ctx).await;
     ctx.pool.close().await;
     match result {

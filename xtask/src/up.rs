@@ -260,7 +260,10 @@ fn print_banner(bin: &Path, api_key: &str, admin_token: Option<&str>, log_dir: &
         Some(token) => format!(
             "Operations API http://127.0.0.1:{OPERATIONS_PORT}; the operator admin's token (shown once):\n\
              \x20 {token}\n\
-             \x20 curl -s http://127.0.0.1:{OPERATIONS_PORT}/v1/dead-letters -H \"Authorization: Bearer {token}\"\n"
+             \x20 export ONCEPAY_OPS_URL=http://127.0.0.1:{OPERATIONS_PORT} ONCEPAY_OPS_TOKEN={token}\n\
+             \x20 {reconciler} dead-letters list\n\
+             \x20 (or curl -s $ONCEPAY_OPS_URL/v1/dead-letters -H \"Authorization: Bearer $ONCEPAY_OPS_TOKEN\")\n",
+            reconciler = bin.join("oncepay-reconciler").display(),
         ),
         None => format!(
             "Operations API http://127.0.0.1:{OPERATIONS_PORT}; this database has operators already: use a token of \

@@ -11,7 +11,7 @@ use std::str::FromStr;
 
 use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_store::StoreError;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::PgConnection;
 
@@ -19,7 +19,7 @@ use crate::stored_name::{self, UnknownName};
 
 /// Which kind of entry: the only spelling of the names stored in `dead_letters.kind`. Rows are parsed
 /// into it when read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Kind {
     /// The payment is `dead_lettered`: an operator must settle or retry it. Written with the move
@@ -52,7 +52,7 @@ impl FromStr for Kind {
 
 /// How an operator closed an entry: the only spelling of the names stored in
 /// `dead_letters.resolution`. Rows are parsed into it when read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ResolutionKind {
     /// The payment was settled as succeeded.

@@ -9,7 +9,7 @@ use std::io::{self, Write};
 use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::status::PaymentStatus;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use time::OffsetDateTime;
 
@@ -17,7 +17,7 @@ use super::{Kind, ResolutionKind};
 use crate::render::{self, Report, Table};
 
 /// One entry, as listed.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Entry {
     /// The entry's id.
     pub dead_letter_id: i64,
@@ -70,7 +70,7 @@ impl Entry {
 }
 
 /// `dead-letters list`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct EntryList(pub Vec<Entry>);
 
 impl Report for EntryList {
@@ -99,7 +99,7 @@ impl Report for EntryList {
 }
 
 /// One row of a payment's audit trail.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AuditRow {
     /// From where (none for the creation).
     pub from_status: Option<PaymentStatus>,
@@ -117,7 +117,7 @@ pub struct AuditRow {
 }
 
 /// `dead-letters show`: every entry of one payment, with its evidence and audit trail.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Detail {
     /// The payment.
     pub payment_id: PaymentId,
@@ -181,7 +181,7 @@ impl Report for Detail {
 }
 
 /// What an operator action did.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Resolved {
     /// The payment.
     pub payment_id: PaymentId,

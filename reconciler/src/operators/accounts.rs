@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use oncepay_domain::ids::TenantId;
 use oncepay_store::tenants;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::{Acquire, PgConnection};
 use time::OffsetDateTime;
@@ -18,7 +18,7 @@ use super::{Account, OperatorName, Role, Scope};
 use crate::cli::CliError;
 
 /// An operator as other operators see them.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct OperatorView {
     /// Their id.
     pub operator_id: Uuid,

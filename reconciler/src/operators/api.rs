@@ -33,6 +33,7 @@ use uuid::Uuid;
 use super::accounts::{self, NewOperator};
 use super::audit::{self, Actor, Entry, Outcome};
 use super::proposals::{self, Closing, Proposed};
+use super::reports::PaymentPage;
 use super::tokens;
 use super::{Account, Role};
 use crate::cli::CliError;
@@ -275,17 +276,15 @@ async fn payment(state: web::Data<OperatorsState>, request: HttpRequest, path: w
                 .payment(tenant_id, payment_id)
                 .detail(json!({ "customer_data": if masked { "masked" } else { "shown" } }));
             audit::record(&mut conn, &caller.actor(), &read).await.map_err(problem)?;
-            Ok(ok(
-                StatusCode::OK,
-                &json!({
-                    "payment_id": payment_id,
-                    "customer": customer,
-                    "entries": detail.entries,
-                    "history": detail.audit_trail,
-                    "proposals": proposals,
-                    "operator_audit": operator_audit,
-                }),
-            ))
+            let page = PaymentPage {
+                payment_id,
+                customer,
+                entries: detail.entries,
+                history: detail.audit_trail,
+                proposals,
+                operator_audit,
+            };
+            Ok(ok(StatusCode::OK, &page))
         }
         .await,
     )

@@ -8,7 +8,7 @@
 
 use anyhow::Context as _;
 use oncepay_domain::ids::{PaymentId, TenantId};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::PgConnection;
 use time::OffsetDateTime;
@@ -166,7 +166,7 @@ pub async fn record(conn: &mut PgConnection, actor: &Actor<'_>, entry: &Entry) -
 }
 
 /// One row, as read.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AuditRecord {
     /// Its place in the trail: later rows have larger ids.
     pub audit_id: i64,

@@ -1,7 +1,8 @@
 //! Operators as accounts: who they are ([`accounts`]), how they prove it ([`tokens`]), what their
 //! role lets them do and which tenants they may see ([`Role`], [`Scope`]), the decisions that wait
-//! for a second operator ([`proposals`]), the trail of everything they do ([`audit`]), and the
-//! operations API that serves it all over HTTP ([`api`]).
+//! for a second operator ([`proposals`]), the trail of everything they do ([`audit`]), the
+//! operations API that serves it all over HTTP ([`api`], answering with [`reports`]), and the CLI's
+//! client of that API ([`client`]).
 //!
 //! The rules live here and in [`proposals`]; the dead-letter actions themselves stay in
 //! [`crate::dead_letters::actions`], which the API calls once the rules allow it.
@@ -9,7 +10,9 @@
 pub mod accounts;
 pub mod api;
 pub mod audit;
+pub mod client;
 pub mod proposals;
+pub mod reports;
 pub mod tokens;
 
 use std::fmt;

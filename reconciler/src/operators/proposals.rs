@@ -84,7 +84,7 @@ impl Proposed {
 }
 
 /// A proposal as operators see it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ProposalView {
     /// Its id.
     pub proposal_id: Uuid,
@@ -191,7 +191,7 @@ pub async fn propose(
 }
 
 /// What an approval did.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Approved {
     /// The proposal, now approved.
     pub proposal: ProposalView,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use oncepay_domain::operator_token;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 use time::OffsetDateTime;
 use uuid::Uuid;
@@ -18,7 +18,7 @@ use crate::cli::CliError;
 use crate::render::{self, Report};
 
 /// A token just issued, with the token itself, shown this once.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct IssuedToken {
     /// Its id, for revoking it.
     pub token_id: Uuid,
@@ -32,7 +32,7 @@ pub struct IssuedToken {
     /// The bearer token.
     pub token: String,
     /// That it is not shown again.
-    pub notice: &'static str,
+    pub notice: String,
 }
 
 impl Report for IssuedToken {
@@ -53,7 +53,7 @@ impl Report for IssuedToken {
 pub const SHOWN_ONCE: &str = "This token is shown once and cannot be shown again: store it now.";
 
 /// One of an operator's tokens, without its secret.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct TokenView {
     /// Its id.
     pub token_id: Uuid,
@@ -105,7 +105,7 @@ pub async fn issue(
         label: label.to_owned(),
         expires_at,
         token: new.reveal().to_owned(),
-        notice: SHOWN_ONCE,
+        notice: SHOWN_ONCE.to_owned(),
     })
 }
 

@@ -20,7 +20,7 @@ use oncepay_reconciler::webhooks;
 use oncepay_store::db;
 use oncepay_store::fixtures::{self, count, tenant};
 use oncepay_store::tenants::find_api_key;
-use serde_json::{Value, json};
+use serde_json::json;
 use sqlx::PgPool;
 use time::OffsetDateTime;
 use wiremock::matchers::{method, query_param};
@@ -43,12 +43,7 @@ fn reconciler(database_url: &str, args: &[&str]) -> Output {
     command(database_url, args).env_remove("USER").output().unwrap()
 }
 
-/// Runs the binary as the login `user`.
-fn reconciler_as(user: &str, database_url: &str, args: &[&str]) -> Output {
-    command(database_url, args).env("USER", user).output().unwrap()
-}
-
-fn command(database_url: &str, args: &[&str]) -> Command {
+pub(crate) fn command(database_url: &str, args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_oncepay-reconciler"));
     command.args(args).env("DATABASE_URL", database_url).env_remove("ONCEPAY_CONFIG");
     command
@@ -395,60 +390,6 @@ async fn a_conflict_on_a_terminal_payment_can_only_be_acknowledged(pool: PgPool)
             ("conflict".into(), Some("acknowledged".into()), Some("operator:alice".into())),
         ]
     );
-}
-
-#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
-async fn the_binary_resolves_a_dead_letter_as_the_operator_named_and_lists_it_as_json(pool: PgPool) {
-    let tenant_id = tenant(&pool, "acme").await;
-    let failed = dead_lettered(&pool, tenant_id, "order-1", 60).await;
-    let succeeded = dead_lettered(&pool, tenant_id, "order-2", 60).await;
-    let url = support::url_of(&pool);
-
-    let listed = reconciler(&url, &["dead-letters", "list", "--json"]);
-    let nobody = reconciler(&url, &["dead-letters", "resolve", &failed.to_string(), "--as", "failed", "--reason", "x"]);
-    let resolved_failed = reconciler_as(
-        "carol",
-        &url,
-        &["dead-letters", "resolve", &failed.to_string(), "--as", "failed", "--reason", "card expired"],
-    );
-    let resolved_succeeded = reconciler(
-        &url,
-        &[
-            "dead-letters",
-            "resolve",
-            &succeeded.to_string(),
-            "--as",
-            "succeeded",
-            "--charge-id",
-            "ch_9",
-            "--amount",
-            "1999",
-            "--currency",
-            "EUR",
-            "--charged-at",
-            "2026-01-10T12:00:00Z",
-            "--reason",
-            "per dashboard",
-            "--operator",
-            "bob",
-        ],
-    );
-    let no_reason = reconciler(&url, &["dead-letters", "retry", &failed.to_string()]);
-    let nothing_open =
-        reconciler_as("carol", &url, &["dead-letters", "retry", &failed.to_string(), "--reason", "again"]);
-
-    assert_eq!(nobody.status.code(), Some(2), "without --operator or $USER nobody is recorded");
-    assert!(listed.status.success());
-    let listed: Value = serde_json::from_slice(&listed.stdout).unwrap();
-    assert_eq!(listed.as_array().unwrap().len(), 2);
-    assert!(resolved_failed.status.success(), "{}", String::from_utf8_lossy(&resolved_failed.stderr));
-    assert!(resolved_succeeded.status.success(), "{}", String::from_utf8_lossy(&resolved_succeeded.stderr));
-    assert_eq!(status(&pool, tenant_id, failed).await, PaymentStatus::Failed);
-    assert_eq!(status(&pool, tenant_id, succeeded).await, PaymentStatus::Succeeded);
-    assert_eq!(last_audit(&pool, failed).await.0, "operator:carol");
-    assert_eq!(last_audit(&pool, succeeded).await.0, "operator:bob");
-    assert_eq!(no_reason.status.code(), Some(2));
-    assert_eq!(nothing_open.status.code(), Some(3));
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]

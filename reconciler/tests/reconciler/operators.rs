@@ -2,7 +2,7 @@
 //! tenants; four-eyes approval of what moves money; the append-only audit trail. The server runs in
 //! the test's process on a port of its own; requests go over HTTP.
 
-use std::net::TcpListener;
+use std::process::Output;
 use std::time::Duration;
 
 use oncepay_domain::ids::PaymentId;
@@ -10,75 +10,15 @@ use oncepay_domain::status::PaymentStatus;
 use oncepay_reconciler::cli::CliError;
 use oncepay_reconciler::dead_letters;
 use oncepay_reconciler::operators::accounts;
-use oncepay_reconciler::operators::api::{self, OperatorsState};
-use oncepay_reconciler::settings::Settings;
 use oncepay_store::fixtures::tenant;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
-use crate::support::{dead_lettered, status};
+use crate::cli::command;
+use crate::support::{self, Ops, dead_lettered, status};
 
 const DAY: u64 = 86_400;
-
-/// The operations API on a free port, with a first admin.
-struct Ops {
-    url: String,
-    http: reqwest::Client,
-    admin: String,
-}
-
-impl Ops {
-    async fn start(pool: &PgPool) -> Self {
-        oncepay_service::tls::install_provider();
-        let settings = Settings::load(None).unwrap();
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let state = OperatorsState {
-            pool: pool.clone(),
-            provider: settings.provider,
-            resend_horizon: Duration::from_secs(DAY - 3600),
-            proposal_ttl: Duration::from_secs(DAY),
-            token_ttl: Duration::from_secs(90 * DAY),
-            max_token_ttl: Duration::from_secs(365 * DAY),
-            retries_need_approval: false,
-        };
-        tokio::spawn(api::server(listener, state, 1).unwrap());
-        let mut conn = pool.acquire().await.unwrap();
-        let admin = accounts::bootstrap(&mut conn, "root", Duration::from_secs(DAY)).await.unwrap().token;
-        Self { url, http: reqwest::Client::new(), admin }
-    }
-
-    async fn call(&self, token: &str, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
-        let mut request = self.http.request(method, format!("{}{path}", self.url)).bearer_auth(token);
-        if let Some(body) = body {
-            request = request.json(&body);
-        }
-        let response = request.send().await.unwrap();
-        let status = response.status();
-        let text = response.text().await.unwrap();
-        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
-    }
-
-    async fn get(&self, token: &str, path: &str) -> (StatusCode, Value) {
-        self.call(token, Method::GET, path, None).await
-    }
-
-    async fn post(&self, token: &str, path: &str, body: Value) -> (StatusCode, Value) {
-        self.call(token, Method::POST, path, Some(body)).await
-    }
-
-    /// Creates operator `name` with `role` (limited to `tenants`, if given) and returns a token of theirs.
-    async fn operator(&self, name: &str, role: &str, tenants: Option<&[&str]>) -> String {
-        let body = json!({ "name": name, "role": role, "tenants": tenants, "reason": "joined the team" });
-        let (created, problem) = self.post(&self.admin, "/v1/operators", body).await;
-        assert_eq!(created, StatusCode::CREATED, "{problem}");
-        let body = json!({ "label": "laptop", "reason": "first token" });
-        let (issued, token) = self.post(&self.admin, &format!("/v1/operators/{name}/tokens"), body).await;
-        assert_eq!(issued, StatusCode::CREATED, "{token}");
-        token["token"].as_str().unwrap().to_owned()
-    }
-}
 
 /// The problem's `type` slug and detail.
 fn problem(body: &Value) -> (&str, &str) {
@@ -433,4 +373,62 @@ async fn only_admins_manage_operators_and_the_audit_trail_cannot_be_edited(pool:
     .await
     .unwrap();
     assert_eq!(refused, 1);
+}
+
+/// Runs the real CLI with the operations API at `ops` and `token`, off the test's thread (the API
+/// runs on it).
+async fn cli(pool: &PgPool, ops: &Ops, token: &str, args: &[&str]) -> Output {
+    let mut command = command(&support::url_of(pool), args);
+    command.env("ONCEPAY_OPS_URL", &ops.url).env("ONCEPAY_OPS_TOKEN", token);
+    tokio::task::spawn_blocking(move || command.output().unwrap()).await.unwrap()
+}
+
+fn stdout_json(output: &Output) -> Value {
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn the_cli_works_dead_letters_through_the_api_with_a_personal_token(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    let payment_id = dead_lettered(&pool, acme, "order-1", 60).await;
+    let id = payment_id.to_string();
+    let carol = ops.operator("carol", "operator", None).await;
+    let bob = ops.operator("bob", "approver", None).await;
+
+    let without_api = tokio::task::spawn_blocking({
+        let mut command = command(&support::url_of(&pool), &["dead-letters", "list"]);
+        move || command.env_remove("ONCEPAY_OPS_URL").env_remove("ONCEPAY_OPS_TOKEN").output().unwrap()
+    })
+    .await
+    .unwrap();
+    let listed = cli(&pool, &ops, &carol, &["dead-letters", "list", "--json"]).await;
+    let shown = cli(&pool, &ops, &carol, &["dead-letters", "show", &id]).await;
+    let resolve = ["dead-letters", "resolve", &id, "--as", "failed", "--reason", "card expired", "--json"];
+    let proposed = cli(&pool, &ops, &carol, &resolve).await;
+    let proposal_id = stdout_json(&proposed)["proposal"]["proposal_id"].as_str().unwrap().to_owned();
+    let own = cli(&pool, &ops, &carol, &["proposals", "approve", &proposal_id, "--reason", "mine"]).await;
+    let pending = cli(&pool, &ops, &bob, &["proposals", "list", "--status", "pending"]).await;
+    let approved = cli(&pool, &ops, &bob, &["proposals", "approve", &proposal_id, "--reason", "checked"]).await;
+    let nothing_open = cli(&pool, &ops, &carol, &["dead-letters", "retry", &id, "--reason", "again"]).await;
+    let no_reason = cli(&pool, &ops, &carol, &["dead-letters", "retry", &id]).await;
+    let bad_token = cli(&pool, &ops, "oot_not-a-token", &["dead-letters", "list"]).await;
+    let trail = cli(&pool, &ops, &bob, &["audit", "--payment-id", &id, "--json"]).await;
+
+    assert_eq!(without_api.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&without_api.stderr).contains("ONCEPAY_OPS_URL"));
+    assert_eq!(stdout_json(&listed).as_array().unwrap().len(), 1);
+    assert!(shown.status.success(), "{}", String::from_utf8_lossy(&shown.stderr));
+    assert!(String::from_utf8_lossy(&shown.stdout).contains("operators' audit trail"));
+    assert_eq!(own.status.code(), Some(5), "{}", String::from_utf8_lossy(&own.stderr));
+    assert!(String::from_utf8_lossy(&pending.stdout).contains(&proposal_id));
+    assert!(approved.status.success(), "{}", String::from_utf8_lossy(&approved.stderr));
+    assert_eq!(status(&pool, acme, payment_id).await, PaymentStatus::Failed);
+    assert_eq!(nothing_open.status.code(), Some(3), "{}", String::from_utf8_lossy(&nothing_open.stderr));
+    assert_eq!(no_reason.status.code(), Some(2));
+    assert_eq!(bad_token.status.code(), Some(5));
+    let actions: Vec<String> =
+        stdout_json(&trail).as_array().unwrap().iter().map(|r| r["action"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(actions[..3], ["payment.retry", "proposal.approve", "payment.resolve"], "{actions:?}");
 }

@@ -1,15 +1,20 @@
 //! What the reconciler's tests share on top of `oncepay_store::fixtures`: payments accepted as the
 //! api accepts them, moved with the shared transition functions, and tables read back.
 
+use std::net::TcpListener;
 use std::time::Duration;
 
 use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_domain::status::{PaymentStatus, Transition};
+use oncepay_reconciler::operators::accounts;
+use oncepay_reconciler::operators::api::{self, OperatorsState};
+use oncepay_reconciler::settings::Settings;
 use oncepay_reconciler::unknown;
 use oncepay_store::fixtures;
 use oncepay_store::transitions::{self, Change, Recorded};
 use oncepay_store::unknown_queue;
-use serde_json::json;
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
 use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;
 
@@ -182,4 +187,68 @@ pub async fn dead_lettered(pool: &PgPool, tenant_id: TenantId, key: &str, sent_s
     unknown::exhaust(&mut tx, tenant_id, payment_id, why, evidence).await.unwrap();
     tx.commit().await.unwrap();
     payment_id
+}
+
+/// A day, in seconds.
+const DAY: u64 = 86_400;
+
+/// The operations API in the test's process, on a free port, with a first admin.
+pub struct Ops {
+    /// Its base URL.
+    pub url: String,
+    http: reqwest::Client,
+    /// The first admin's token.
+    pub admin: String,
+}
+
+impl Ops {
+    pub async fn start(pool: &PgPool) -> Self {
+        oncepay_service::tls::install_provider();
+        let settings = Settings::load(None).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let state = OperatorsState {
+            pool: pool.clone(),
+            provider: settings.provider,
+            resend_horizon: Duration::from_secs(DAY - 3600),
+            proposal_ttl: Duration::from_secs(DAY),
+            token_ttl: Duration::from_secs(90 * DAY),
+            max_token_ttl: Duration::from_secs(365 * DAY),
+            retries_need_approval: false,
+        };
+        tokio::spawn(api::server(listener, state, 1).unwrap());
+        let mut conn = pool.acquire().await.unwrap();
+        let admin = accounts::bootstrap(&mut conn, "root", Duration::from_secs(DAY)).await.unwrap().token;
+        Self { url, http: reqwest::Client::new(), admin }
+    }
+
+    pub async fn call(&self, token: &str, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+        let mut request = self.http.request(method, format!("{}{path}", self.url)).bearer_auth(token);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status();
+        let text = response.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
+    pub async fn get(&self, token: &str, path: &str) -> (StatusCode, Value) {
+        self.call(token, Method::GET, path, None).await
+    }
+
+    pub async fn post(&self, token: &str, path: &str, body: Value) -> (StatusCode, Value) {
+        self.call(token, Method::POST, path, Some(body)).await
+    }
+
+    /// Creates operator `name` with `role` (limited to `tenants`, if given) and returns a token of theirs.
+    pub async fn operator(&self, name: &str, role: &str, tenants: Option<&[&str]>) -> String {
+        let body = json!({ "name": name, "role": role, "tenants": tenants, "reason": "joined the team" });
+        let (created, problem) = self.post(&self.admin, "/v1/operators", body).await;
+        assert_eq!(created, StatusCode::CREATED, "{problem}");
+        let body = json!({ "label": "laptop", "reason": "first token" });
+        let (issued, token) = self.post(&self.admin, &format!("/v1/operators/{name}/tokens"), body).await;
+        assert_eq!(issued, StatusCode::CREATED, "{token}");
+        token["token"].as_str().unwrap().to_owned()
+    }
 }

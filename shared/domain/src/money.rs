@@ -5,16 +5,24 @@
 
 use std::fmt;
 
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// A positive amount in the currency's minor units (cents for EUR, yen for JPY).
 ///
 /// Read from PostgreSQL without re-checking the range: the `payments.amount` CHECK constraint
 /// already guarantees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[cfg_attr(feature = "sqlx", derive(sqlx::Type), sqlx(transparent))]
-#[serde(transparent)]
+#[serde(try_from = "i64")]
 pub struct Amount(i64);
+
+impl TryFrom<i64> for Amount {
+    type Error = AmountError;
+
+    fn try_from(minor_units: i64) -> Result<Self, AmountError> {
+        Self::new(minor_units)
+    }
+}
 
 /// Why a number is not an [`Amount`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -118,6 +126,13 @@ impl Serialize for Currency {
     }
 }
 
+impl<'de> Deserialize<'de> for Currency {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let code = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+        Self::parse(&code).map_err(|e| serde::de::Error::custom(format!("currency {code:?} {e}")))
+    }
+}
+
 /// The column is text; decoding re-checks the code, as the CHECK constraint does.
 #[cfg(feature = "sqlx")]
 mod column {
@@ -153,6 +168,17 @@ mod column {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn money_reads_back_from_json_only_when_valid() {
+        let amount: Amount = serde_json::from_str("1999").unwrap();
+        let currency: Currency = serde_json::from_str(r#""EUR""#).unwrap();
+        assert_eq!((amount.minor_units(), currency.as_str()), (1999, "EUR"));
+        assert_eq!(serde_json::to_string(&amount).unwrap(), "1999");
+        assert!(serde_json::from_str::<Amount>("0").is_err());
+        assert!(serde_json::from_str::<Currency>(r#""EURO""#).is_err());
+        assert!(serde_json::from_str::<Currency>(r#""XYZ""#).is_err());
+    }
 
     #[test]
     fn the_currency_list_is_sorted_so_binary_search_works() {

@@ -1,0 +1,115 @@
+//! The operator CLI's side of the operations API: sends a command's request with the operator's
+//! personal token and turns the answer back into the report or the failure the CLI prints.
+//!
+//! `main` builds it from `ONCEPAY_OPS_URL` and `ONCEPAY_OPS_TOKEN`; nothing here reads the
+//! environment. A problem answer keeps its `detail` as the message and maps its status to the
+//! CLI's exit codes (400 → 2, 404 → 3, 409 → 4, 401 and 403 → 5); an unreachable API is a failure (1).
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use reqwest::{Method, StatusCode};
+use secrecy::{ExposeSecret, SecretString};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::cli::CliError;
+
+/// How long one request may take.
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A client of one operations API, acting with one token.
+pub struct OpsClient {
+    base: String,
+    token: SecretString,
+    http: reqwest::Client,
+}
+
+/// An answer: its status and its JSON body (`null` when it has none).
+pub struct Answer {
+    /// The status.
+    pub status: StatusCode,
+    /// The body.
+    pub body: Value,
+}
+
+impl Answer {
+    /// The body read as `T`.
+    pub fn into<T: DeserializeOwned>(self) -> Result<T, CliError> {
+        serde_json::from_value(self.body)
+            .context("the operations API answered in an unexpected shape")
+            .map_err(CliError::Failed)
+    }
+}
+
+impl OpsClient {
+    /// A client of the API at `base` (e.g. `http://127.0.0.1:8083`) with `token`.
+    pub fn new(base: &str, token: SecretString) -> Result<Self, CliError> {
+        oncepay_service::tls::install_provider();
+        let http = reqwest::Client::builder()
+            .timeout(TIMEOUT)
+            .build()
+            .context("cannot build the HTTP client")
+            .map_err(CliError::Failed)?;
+        Ok(Self { base: base.trim_end_matches('/').to_owned(), token, http })
+    }
+
+    /// `GET path`.
+    pub async fn get(&self, path: &str) -> Result<Answer, CliError> {
+        self.send(Method::GET, path, &[], None).await
+    }
+
+    /// `GET path?query`.
+    pub async fn get_with(&self, path: &str, query: &[(&str, String)]) -> Result<Answer, CliError> {
+        self.send(Method::GET, path, query, None).await
+    }
+
+    /// `POST path` with a JSON body.
+    pub async fn post(&self, path: &str, body: &Value) -> Result<Answer, CliError> {
+        self.send(Method::POST, path, &[], Some(body)).await
+    }
+
+    /// `DELETE path` with a JSON body.
+    pub async fn delete(&self, path: &str, body: &Value) -> Result<Answer, CliError> {
+        self.send(Method::DELETE, path, &[], Some(body)).await
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<&Value>,
+    ) -> Result<Answer, CliError> {
+        let url = format!("{}{path}", self.base);
+        let mut request = self.http.request(method, &url).bearer_auth(self.token.expose_secret()).query(query);
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = request
+            .send()
+            .await
+            .with_context(|| format!("cannot reach the operations API at {}", self.base))
+            .map_err(CliError::Failed)?;
+        let status = response.status();
+        let bytes =
+            response.bytes().await.context("the operations API's answer broke off").map_err(CliError::Failed)?;
+        let body = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).unwrap_or(Value::Null) };
+        if status.is_success() {
+            return Ok(Answer { status, body });
+        }
+        let detail =
+            body["detail"].as_str().map_or_else(|| format!("the operations API answered {status}"), str::to_owned);
+        Err(match status {
+            StatusCode::BAD_REQUEST => CliError::Invalid(detail),
+            StatusCode::NOT_FOUND => CliError::NotFound(detail),
+            StatusCode::CONFLICT => CliError::Refused(detail),
+            StatusCode::UNAUTHORIZED => CliError::Forbidden(format!(
+                "the operations API refused the token: set ONCEPAY_OPS_TOKEN to a personal token that is neither \
+                 revoked nor expired ({detail})"
+            )),
+            StatusCode::FORBIDDEN => CliError::Forbidden(detail),
+            _ => CliError::Failed(anyhow::anyhow!("{detail}")),
+        })
+    }
+}
