@@ -71,6 +71,8 @@ pub async fn serve(settings: Settings, shutdown: CancellationToken) -> anyhow::R
                 token_ttl: settings.operators.token_ttl(),
                 max_token_ttl: settings.operators.max_token_ttl(),
                 retries_need_approval: settings.operators.retries_need_approval,
+                sessions: settings.operators.session_policy(),
+                fresh_sign_in: Duration::from_secs(settings.operators.fresh_sign_in_secs),
             };
             let server =
                 operators::api::server(listener, state, workers.min(2)).context("cannot start the operations API")?;

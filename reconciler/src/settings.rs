@@ -182,6 +182,16 @@ pub struct OperatorSettings {
     pub max_token_ttl_days: u32,
     /// Whether every resend is proposed for approval (a resend past the key window always is).
     pub retries_need_approval: bool,
+    /// A browser session unused this long ends.
+    pub session_idle_secs: u64,
+    /// A browser session ends this long after its sign-in.
+    pub session_max_secs: u64,
+    /// How recent a session's sign-in must be to approve a proposal.
+    pub fresh_sign_in_secs: u64,
+    /// Refused sign-ins of one name within `sign_in_window_secs` that lock it until the window passes.
+    pub sign_in_attempts: u32,
+    /// The window of `sign_in_attempts`.
+    pub sign_in_window_secs: u64,
 }
 
 impl OperatorSettings {
@@ -193,6 +203,16 @@ impl OperatorSettings {
     /// The longest a token may work.
     pub fn max_token_ttl(&self) -> Duration {
         days(self.max_token_ttl_days)
+    }
+
+    /// How sessions and sign-ins are limited.
+    pub fn session_policy(&self) -> crate::operators::sessions::Policy {
+        crate::operators::sessions::Policy {
+            idle: Duration::from_secs(self.session_idle_secs),
+            max: Duration::from_secs(self.session_max_secs),
+            attempts: self.sign_in_attempts,
+            window: Duration::from_secs(self.sign_in_window_secs),
+        }
     }
 }
 
@@ -263,6 +283,16 @@ impl Settings {
         rule(
             (1..=self.operators.max_token_ttl_days).contains(&self.operators.token_ttl_days),
             "operators.token_ttl_days must be between 1 and operators.max_token_ttl_days",
+        )?;
+        let o = &self.operators;
+        rule(
+            0 < o.session_idle_secs && o.session_idle_secs <= o.session_max_secs,
+            "operators.session_idle_secs must be positive and at most operators.session_max_secs",
+        )?;
+        rule(o.fresh_sign_in_secs > 0, "operators.fresh_sign_in_secs must be positive")?;
+        rule(
+            o.sign_in_attempts > 0 && o.sign_in_window_secs > 0,
+            "operators.sign_in_attempts and sign_in_window_secs must be positive",
         )?;
         rule(self.recon.stale_after_secs > 0, "recon.stale_after_secs must be positive")?;
         tokio_cron_scheduler::Job::new_async(self.recon.schedule.as_str(), |_, _| Box::pin(async {})).map_err(

@@ -147,7 +147,7 @@ async fn start(root: &Path, options: &Options, running: &mut Running) -> anyhow:
     let reconciler = bin.join("oncepay-reconciler");
     run_ok(&reconciler, &["migrate"], &database_url).await.context("migrating the database failed")?;
     let api_key = demo_key(&reconciler, &database_url, &options.tenant).await?;
-    let admin_token = first_admin(&reconciler, &database_url).await?;
+    let admin_login = first_admin(&reconciler, &database_url).await?;
 
     let provider_key = format!("sk_test_{}", secrets::hex_token(16));
     let webhook_secret = secrets::webhook_secret();
@@ -218,7 +218,7 @@ async fn start(root: &Path, options: &Options, running: &mut Running) -> anyhow:
         child.wait_until_ready(&format!("http://127.0.0.1:{port}/readyz"), Duration::from_secs(60)).await?;
     }
 
-    print_banner(&bin, &api_key, admin_token.as_deref(), &log_dir, options.provider);
+    print_banner(&bin, &api_key, admin_login.as_ref(), &log_dir, options.provider);
     Ok(())
 }
 
@@ -238,7 +238,7 @@ async fn supervise(children: &mut [Child]) -> anyhow::Result<ExitCode> {
 
 /// Prints where everything runs, the demo tenant's API key, the first admin's token, and
 /// ready-to-paste commands to pay and to look at the dead letters.
-fn print_banner(bin: &Path, api_key: &str, admin_token: Option<&str>, log_dir: &Path, provider: Provider) {
+fn print_banner(bin: &Path, api_key: &str, admin: Option<&Login>, log_dir: &Path, provider: Provider) {
     let client = bin.join("oncepay");
     let (webhooks, provider_line, declined) = match provider {
         Provider::Simulator => (
@@ -256,17 +256,17 @@ fn print_banner(bin: &Path, api_key: &str, admin_token: Option<&str>, log_dir: &
             "pm_card_chargeCustomerFail",
         ),
     };
-    let operators = match admin_token {
-        Some(token) => format!(
-            "Operations API http://127.0.0.1:{OPERATIONS_PORT}; the operator admin's token (shown once):\n\
-             \x20 {token}\n\
+    let operators = match admin {
+        Some(Login { token, password }) => format!(
+            "Operations API http://127.0.0.1:{OPERATIONS_PORT}; the operator `admin` (shown once):\n\
+             \x20 password {password}   (sign in: POST /v1/session {{\"name\":\"admin\",\"password\":…}})\n\
              \x20 export ONCEPAY_OPS_URL=http://127.0.0.1:{OPERATIONS_PORT} ONCEPAY_OPS_TOKEN={token}\n\
              \x20 {reconciler} dead-letters list\n\
              \x20 (or curl -s $ONCEPAY_OPS_URL/v1/dead-letters -H \"Authorization: Bearer $ONCEPAY_OPS_TOKEN\")\n",
             reconciler = bin.join("oncepay-reconciler").display(),
         ),
         None => format!(
-            "Operations API http://127.0.0.1:{OPERATIONS_PORT}; this database has operators already: use a token of \
+            "Operations API http://127.0.0.1:{OPERATIONS_PORT}; this database has operators already: use a login of \
              theirs.\n"
         ),
     };
@@ -315,14 +315,23 @@ async fn demo_key(reconciler: &Path, database_url: &str, tenant: &str) -> anyhow
     value["api_key"].as_str().map(str::to_owned).context("the reconciler printed no api_key")
 }
 
-/// Makes the first operator, `admin`, and returns its token; `None` when the database has operators
+/// The first operator's login: its token and password.
+struct Login {
+    token: String,
+    password: String,
+}
+
+/// Makes the first operator, `admin`, and returns its login; `None` when the database has operators
 /// already (a `DATABASE_URL` used before).
-async fn first_admin(reconciler: &Path, database_url: &str) -> anyhow::Result<Option<String>> {
+async fn first_admin(reconciler: &Path, database_url: &str) -> anyhow::Result<Option<Login>> {
     let Some(issued) = output(reconciler, &["operators", "bootstrap", "admin", "--json"], database_url).await? else {
         return Ok(None);
     };
     let value: serde_json::Value = serde_json::from_str(&issued).context("the reconciler printed unreadable JSON")?;
-    value["token"].as_str().map(|token| Some(token.to_owned())).context("the reconciler printed no token")
+    let field = |name: &str| {
+        value[name].as_str().map(str::to_owned).with_context(|| format!("the reconciler printed no {name}"))
+    };
+    Ok(Some(Login { token: field("token")?, password: field("password")? }))
 }
 
 /// Runs a reconciler command; its stdout if it succeeded.

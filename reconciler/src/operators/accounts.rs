@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use oncepay_domain::ids::TenantId;
 use oncepay_store::tenants;
+use secrecy::ExposeSecret;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::{Acquire, PgConnection};
@@ -15,6 +16,7 @@ use uuid::Uuid;
 use super::audit::{self, Actor, Entry, Outcome};
 use super::tokens::{self, IssuedToken};
 use super::{Account, OperatorName, Role, Scope};
+use super::{passwords, sessions};
 use crate::cli::CliError;
 
 /// An operator as other operators see them.
@@ -152,8 +154,8 @@ pub async fn find(conn: &mut PgConnection, name: &str) -> Result<Account, CliErr
     })
 }
 
-/// `operators bootstrap`: on an installation with no operator yet, creates the first admin and a
-/// token for them; refused once any operator exists (admins then create the rest through the
+/// `operators bootstrap`: on an installation with no operator yet, creates the first admin with a
+/// token and a random local password, both shown once; refused once any operator exists (admins then create the rest through the
 /// operations API). The only operator command that works on the database directly.
 pub async fn bootstrap(conn: &mut PgConnection, name: &str, token_ttl: Duration) -> Result<IssuedToken, CliError> {
     let mut tx = conn.begin().await.context("cannot start a transaction")?;
@@ -177,8 +179,11 @@ pub async fn bootstrap(conn: &mut PgConnection, name: &str, token_ttl: Duration)
     }
     let admin = NewOperator { name, role: Role::Admin, tenants: None };
     let created = create(&mut tx, &admin, "bootstrap").await?;
-    let issued = tokens::issue(&mut tx, created.operator_id, &created.name, "bootstrap", token_ttl).await?;
-    let actor = Actor { operator_id: created.operator_id, name: &created.name, source: None };
+    let mut issued = tokens::issue(&mut tx, created.operator_id, &created.name, "bootstrap", token_ttl).await?;
+    let password = passwords::generate();
+    issued.password = Some(password.expose_secret().to_owned());
+    sessions::set_password(&mut tx, created.operator_id, password).await?;
+    let actor = Actor { operator_id: Some(created.operator_id), name: &created.name, source: None };
     let entry = Entry::new("operator.bootstrap", Outcome::Done)
         .reason("the first admin of an empty installation")
         .after(json!({ "operator": created.name, "role": Role::Admin, "token_id": issued.token_id }));

@@ -20,8 +20,8 @@ use crate::cli::CliError;
 /// Who acted, and from where.
 #[derive(Debug, Clone, Copy)]
 pub struct Actor<'a> {
-    /// Their account.
-    pub operator_id: Uuid,
+    /// Their account; none for a sign-in under a name no operator has.
+    pub operator_id: Option<Uuid>,
     /// Their name.
     pub name: &'a str,
     /// The peer address of the request, when it came over HTTP.
@@ -31,7 +31,7 @@ pub struct Actor<'a> {
 impl<'a> Actor<'a> {
     /// `account`, acting from `source`.
     pub fn of(account: &'a Account, source: Option<&'a str>) -> Self {
-        Self { operator_id: account.operator_id, name: &account.name, source }
+        Self { operator_id: Some(account.operator_id), name: &account.name, source }
     }
 }
 

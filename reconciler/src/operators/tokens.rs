@@ -31,6 +31,9 @@ pub struct IssuedToken {
     pub expires_at: OffsetDateTime,
     /// The bearer token.
     pub token: String,
+    /// A local password set with it (the first admin's), shown this once too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password: Option<String>,
     /// That it is not shown again.
     pub notice: String,
 }
@@ -41,6 +44,9 @@ impl Report for IssuedToken {
         writeln!(out, "token id  {}", self.token_id)?;
         writeln!(out, "expires   {}", render::timestamp(self.expires_at))?;
         writeln!(out, "token     {}", self.token)?;
+        if let Some(password) = &self.password {
+            writeln!(out, "password  {password}   (to sign in at POST /v1/session)")?;
+        }
         writeln!(out, "{}", self.notice)
     }
 
@@ -50,7 +56,7 @@ impl Report for IssuedToken {
 }
 
 /// What [`IssuedToken::notice`] says.
-pub const SHOWN_ONCE: &str = "This token is shown once and cannot be shown again: store it now.";
+pub const SHOWN_ONCE: &str = "This token (and password) is shown once and cannot be shown again: store it now.";
 
 /// One of an operator's tokens, without its secret.
 #[derive(Debug, Serialize, Deserialize)]
@@ -105,6 +111,7 @@ pub async fn issue(
         label: label.to_owned(),
         expires_at,
         token: new.reveal().to_owned(),
+        password: None,
         notice: SHOWN_ONCE.to_owned(),
     })
 }

@@ -432,3 +432,226 @@ async fn the_cli_works_dead_letters_through_the_api_with_a_personal_token(pool: 
         stdout_json(&trail).as_array().unwrap().iter().map(|r| r["action"].as_str().unwrap().to_owned()).collect();
     assert_eq!(actions[..3], ["payment.retry", "proposal.approve", "payment.resolve"], "{actions:?}");
 }
+
+/// A request as a browser sends it: the session cookie, and the headers that say which site the
+/// page it came from belongs to.
+async fn browse(
+    ops: &Ops,
+    method: Method,
+    path: &str,
+    cookie: Option<&str>,
+    from: &[(&str, &str)],
+    body: Option<Value>,
+) -> (StatusCode, Option<String>, Value) {
+    let mut request = reqwest::Client::new().request(method, format!("{}{path}", ops.url));
+    if let Some(cookie) = cookie {
+        request = request.header("cookie", format!("oncepay_session={cookie}"));
+    }
+    for (name, value) in from {
+        request = request.header(*name, *value);
+    }
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status();
+    let set_cookie = response.headers().get("set-cookie").map(|v| v.to_str().unwrap().to_owned());
+    let text = response.text().await.unwrap();
+    (status, set_cookie, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+}
+
+const SAME_ORIGIN: &[(&str, &str)] = &[("sec-fetch-site", "same-origin")];
+
+/// Signs `name` in; the session cookie's value, if one was set.
+async fn sign_in(ops: &Ops, name: &str, password: &str) -> (StatusCode, Option<String>) {
+    let body = json!({ "name": name, "password": password });
+    let (status, set_cookie, _) = browse(ops, Method::POST, "/v1/session", None, SAME_ORIGIN, Some(body)).await;
+    let cookie =
+        set_cookie.and_then(|c| c.strip_prefix("oncepay_session=").map(|v| v.split(';').next().unwrap().to_owned()));
+    (status, cookie)
+}
+
+/// Gives `name` a local password, as the admin.
+async fn set_password(ops: &Ops, name: &str, password: &str) {
+    let body = json!({ "password": password, "reason": "first sign-in" });
+    let (status, answer) =
+        ops.call(&ops.admin, Method::PUT, &format!("/v1/operators/{name}/password"), Some(body)).await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{answer}");
+}
+
+const PASSWORD: &str = "a long enough password";
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_session_changes_things_only_from_a_page_of_its_own_origin(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    let payment_id = dead_lettered(&pool, acme, "k-1", 60).await;
+    ops.operator("alice", "operator", None).await;
+    set_password(&ops, "alice", PASSWORD).await;
+    let retry = format!("/v1/payments/{payment_id}/retry");
+    let reason = || Some(json!({ "reason": "provider back" }));
+
+    let (wrong, none) = sign_in(&ops, "alice", "not the password").await;
+    let body = json!({ "name": "alice", "password": PASSWORD });
+    let (from_elsewhere, _, _) =
+        browse(&ops, Method::POST, "/v1/session", None, &[("sec-fetch-site", "cross-site")], Some(body.clone())).await;
+    let (signed_in, set_cookie, _) = browse(&ops, Method::POST, "/v1/session", None, SAME_ORIGIN, Some(body)).await;
+    let cookie =
+        set_cookie.as_deref().unwrap().strip_prefix("oncepay_session=").unwrap().split(';').next().unwrap().to_owned();
+    let (me, who, _) = {
+        let (status, _, body) = browse(&ops, Method::GET, "/v1/me", Some(&cookie), &[], None).await;
+        (status, body["name"].clone(), ())
+    };
+    let cross_site =
+        browse(&ops, Method::POST, &retry, Some(&cookie), &[("sec-fetch-site", "cross-site")], reason()).await;
+    let other_origin =
+        browse(&ops, Method::POST, &retry, Some(&cookie), &[("origin", "http://evil.example")], reason()).await;
+    let no_origin = browse(&ops, Method::POST, &retry, Some(&cookie), &[], reason()).await;
+    let untouched = status(&pool, acme, payment_id).await;
+    let (same_origin, _, done) = browse(&ops, Method::POST, &retry, Some(&cookie), SAME_ORIGIN, reason()).await;
+    let (signed_out, cleared, _) = browse(&ops, Method::DELETE, "/v1/session", Some(&cookie), SAME_ORIGIN, None).await;
+    let (after, _, _) = browse(&ops, Method::GET, "/v1/me", Some(&cookie), &[], None).await;
+
+    assert_eq!((wrong, none), (StatusCode::UNAUTHORIZED, None));
+    assert_eq!(from_elsewhere, StatusCode::FORBIDDEN);
+    assert_eq!(signed_in, StatusCode::CREATED);
+    let set_cookie = set_cookie.unwrap();
+    for attribute in ["HttpOnly", "Secure", "SameSite=Strict", "Path=/"] {
+        assert!(set_cookie.contains(attribute), "{set_cookie}");
+    }
+    assert_eq!((me, who), (StatusCode::OK, json!("alice")));
+    for (status, _, problem_body) in [cross_site, other_origin, no_origin] {
+        assert_eq!(status, StatusCode::FORBIDDEN, "{problem_body}");
+        assert_eq!(problem(&problem_body).0, "forbidden");
+    }
+    assert_eq!(untouched, PaymentStatus::DeadLettered, "a refused change changes nothing");
+    assert_eq!(same_origin, StatusCode::OK, "{done}");
+    assert_eq!(done["resolved_by"], "operator:alice");
+    assert_eq!(signed_out, StatusCode::NO_CONTENT);
+    assert!(cleared.unwrap().contains("Max-Age=0"));
+    assert_eq!(after, StatusCode::UNAUTHORIZED);
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn sessions_end_when_idle_at_their_expiry_and_everywhere_at_once(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    ops.operator("bob", "approver", None).await;
+    set_password(&ops, "bob", PASSWORD).await;
+    let (_, idle) = sign_in(&ops, "bob", PASSWORD).await;
+    let (_, old) = sign_in(&ops, "bob", PASSWORD).await;
+    let (_, laptop) = sign_in(&ops, "bob", PASSWORD).await;
+    let (_, phone) = sign_in(&ops, "bob", PASSWORD).await;
+    let hash = |cookie: &Option<String>| {
+        use sha2::Digest;
+        sha2::Sha256::digest(cookie.as_deref().unwrap().as_bytes()).to_vec()
+    };
+    sqlx::query!(
+        "UPDATE operator_sessions SET last_seen_at = now() - interval '31 minutes' WHERE session_sha256 = $1",
+        hash(&idle)
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query!(
+        "UPDATE operator_sessions SET signed_in_at = now() - interval '13 hours', expires_at = now() - interval '1 hour'
+         WHERE session_sha256 = $1",
+        hash(&old)
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let me = |cookie: Option<String>| {
+        let ops = &ops;
+        async move { browse(ops, Method::GET, "/v1/me", cookie.as_deref(), &[], None).await.0 }
+    };
+
+    let (idle_me, old_me, phone_before) = (me(idle).await, me(old).await, me(phone.clone()).await);
+    let (everywhere, _, _) =
+        browse(&ops, Method::DELETE, "/v1/session/everywhere", laptop.as_deref(), SAME_ORIGIN, None).await;
+    let (laptop_after, phone_after) = (me(laptop).await, me(phone).await);
+
+    assert_eq!(idle_me, StatusCode::UNAUTHORIZED, "idle too long");
+    assert_eq!(old_me, StatusCode::UNAUTHORIZED, "past its absolute expiry");
+    assert_eq!(phone_before, StatusCode::OK);
+    assert_eq!(everywhere, StatusCode::NO_CONTENT);
+    assert_eq!((laptop_after, phone_after), (StatusCode::UNAUTHORIZED, StatusCode::UNAUTHORIZED));
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn wrong_passwords_lock_the_name_and_every_sign_in_is_in_the_audit_trail(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    ops.operator("alice", "operator", None).await;
+    set_password(&ops, "alice", PASSWORD).await;
+
+    let mut wrong = Vec::new();
+    for _ in 0..5 {
+        wrong.push(sign_in(&ops, "alice", "guessing wrongly").await.0);
+    }
+    let body = json!({ "name": "alice", "password": PASSWORD });
+    let response = reqwest::Client::new()
+        .post(format!("{}/v1/session", ops.url))
+        .header("sec-fetch-site", "same-origin")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let (locked, retry_after) = (response.status(), response.headers().get("retry-after").cloned());
+    let (nobody, _) = sign_in(&ops, "mallory", PASSWORD).await;
+    let (short, _, _) = browse(
+        &ops,
+        Method::PUT,
+        "/v1/operators/alice/password",
+        None,
+        &[],
+        Some(json!({ "password": "short", "reason": "x" })),
+    )
+    .await;
+
+    assert_eq!(wrong, vec![StatusCode::UNAUTHORIZED; 5]);
+    assert_eq!(locked, StatusCode::TOO_MANY_REQUESTS, "the right password too, while locked");
+    assert_eq!(retry_after.unwrap(), "900");
+    assert_eq!(nobody, StatusCode::UNAUTHORIZED);
+    assert_eq!(short, StatusCode::UNAUTHORIZED, "no session, no token");
+    let trail: Vec<(String, Option<uuid::Uuid>, String)> = sqlx::query!(
+        "SELECT operator_name, operator_id, outcome FROM operator_audit WHERE action = 'session.sign_in' ORDER BY audit_id"
+    )
+    .map(|r| (r.operator_name, r.operator_id, r.outcome))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(trail.len(), 7);
+    assert!(trail[..6].iter().all(|(name, id, outcome)| name == "alice" && id.is_some() && outcome == "refused"));
+    assert_eq!((trail[6].0.as_str(), trail[6].1, trail[6].2.as_str()), ("mallory", None, "refused"));
+    let stored: Option<String> =
+        sqlx::query_scalar!("SELECT password_hash FROM operators WHERE name = 'alice'").fetch_one(&pool).await.unwrap();
+    assert!(stored.unwrap().starts_with("$argon2id$"));
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn approving_from_a_session_takes_a_fresh_sign_in(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    let payment_id = dead_lettered(&pool, acme, "k-1", 60).await;
+    let alice = ops.operator("alice", "operator", None).await;
+    ops.operator("bob", "approver", None).await;
+    set_password(&ops, "bob", PASSWORD).await;
+    let (_, proposal) = ops.post(&alice, &format!("/v1/payments/{payment_id}/resolve"), failed("declined")).await;
+    let approve = format!("/v1/proposals/{}/approve", proposal["proposal"]["proposal_id"].as_str().unwrap());
+    let (_, stale) = sign_in(&ops, "bob", PASSWORD).await;
+    sqlx::query!("UPDATE operator_sessions SET signed_in_at = now() - interval '10 minutes'")
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let reason = || Some(json!({ "reason": "checked" }));
+    let (refused, _, why) = browse(&ops, Method::POST, &approve, stale.as_deref(), SAME_ORIGIN, reason()).await;
+    let still = status(&pool, acme, payment_id).await;
+    let (_, fresh) = sign_in(&ops, "bob", PASSWORD).await;
+    let (approved, _, done) = browse(&ops, Method::POST, &approve, fresh.as_deref(), SAME_ORIGIN, reason()).await;
+
+    assert_eq!(refused, StatusCode::FORBIDDEN, "{why}");
+    assert!(problem(&why).1.contains("fresh sign-in"), "{why}");
+    assert_eq!(still, PaymentStatus::DeadLettered);
+    assert_eq!(approved, StatusCode::OK, "{done}");
+    assert_eq!(status(&pool, acme, payment_id).await, PaymentStatus::Failed);
+}

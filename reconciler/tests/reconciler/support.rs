@@ -209,12 +209,14 @@ impl Ops {
         let url = format!("http://{}", listener.local_addr().unwrap());
         let state = OperatorsState {
             pool: pool.clone(),
-            provider: settings.provider,
+            provider: settings.provider.clone(),
             resend_horizon: Duration::from_secs(DAY - 3600),
             proposal_ttl: Duration::from_secs(DAY),
             token_ttl: Duration::from_secs(90 * DAY),
             max_token_ttl: Duration::from_secs(365 * DAY),
             retries_need_approval: false,
+            sessions: settings.operators.session_policy(),
+            fresh_sign_in: Duration::from_secs(300),
         };
         tokio::spawn(api::server(listener, state, 1).unwrap());
         let mut conn = pool.acquire().await.unwrap();

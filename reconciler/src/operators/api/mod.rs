@@ -1,5 +1,6 @@
 //! The operations API: JSON over HTTP on a listener of its own (`operators.port`), for operators
-//! with a personal token (`Authorization: Bearer oot_…`).
+//! with a personal token (`Authorization: Bearer oot_…`) or a session from signing in
+//! ([`signing_in`]).
 //!
 //! Every request is authenticated here, and every change passes [`change`]: the rules refuse or the
 //! action runs with its audit row in its transaction; a refusal is answered with an RFC 9457
@@ -7,6 +8,7 @@
 //! some tenants is told 404 for anything of another tenant, as if it did not exist.
 //!
 //! Routes (README, "Operators"):
+//! `POST|DELETE /v1/session`; `DELETE /v1/session/everywhere`; `PUT /v1/operators/{name}/password`;
 //! `GET /v1/me`; `GET /v1/dead-letters`; `GET /v1/payments/{id}`; `POST /v1/payments/{id}/retry`;
 //! `POST /v1/payments/{id}/resolve`; `GET /v1/proposals`; `POST /v1/proposals/{id}/approve|reject|withdraw`;
 //! `GET /v1/audit`; `GET|POST /v1/operators`; `GET|POST /v1/operators/{name}/tokens`;
@@ -18,7 +20,6 @@ use std::time::Duration;
 
 use actix_web::dev::Server;
 use actix_web::http::StatusCode;
-use actix_web::http::header::AUTHORIZATION;
 use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
 use anyhow::Context as _;
 use oncepay_domain::ids::{PaymentId, TenantId};
@@ -31,15 +32,19 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::accounts::{self, NewOperator};
-use super::audit::{self, Actor, Entry, Outcome};
+use super::audit::{self, Entry, Outcome};
 use super::proposals::{self, Closing, Proposed};
 use super::reports::PaymentPage;
-use super::tokens;
 use super::{Account, Role};
+use super::{sessions, tokens};
 use crate::cli::CliError;
 use crate::dead_letters::actions::{self, Asked, Resolution, Retry, require_reason};
 use crate::dead_letters::queries::{self, Filter};
 use crate::dead_letters::reports::Resolved;
+
+mod signing_in;
+
+use signing_in::{Caller, caller};
 
 /// How long in-flight requests may take to finish once shutdown starts.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -64,6 +69,10 @@ pub struct OperatorsState {
     pub max_token_ttl: Duration,
     /// Whether every resend is a proposal (a resend past the key window always is).
     pub retries_need_approval: bool,
+    /// How sessions and sign-ins are limited.
+    pub sessions: sessions::Policy,
+    /// How recent a session's sign-in must be for its operator to approve a proposal.
+    pub fresh_sign_in: Duration,
 }
 
 /// Builds the server on an already bound listener.
@@ -82,6 +91,10 @@ pub fn server(listener: TcpListener, state: OperatorsState, workers: usize) -> s
 pub fn configure(config: &mut web::ServiceConfig) {
     config
         .app_data(web::PayloadConfig::new(MAX_BODY_BYTES))
+        .route("/v1/session", web::post().to(signing_in::sign_in))
+        .route("/v1/session", web::delete().to(signing_in::sign_out))
+        .route("/v1/session/everywhere", web::delete().to(signing_in::sign_out_everywhere))
+        .route("/v1/operators/{name}/password", web::put().to(signing_in::set_password))
         .route("/v1/me", web::get().to(me))
         .route("/v1/dead-letters", web::get().to(dead_letters))
         .route("/v1/payments/{payment_id}", web::get().to(payment))
@@ -100,36 +113,6 @@ pub fn configure(config: &mut web::ServiceConfig) {
 
 /// A response, or the problem that stands for it.
 type Answer = Result<HttpResponse, Problem>;
-
-/// The operator a request acts as, and where it came from.
-struct Caller {
-    account: Account,
-    source: Option<String>,
-}
-
-impl Caller {
-    fn actor(&self) -> Actor<'_> {
-        Actor::of(&self.account, self.source.as_deref())
-    }
-}
-
-/// The caller, from the request's bearer token; a 401 problem for a missing, unknown, revoked or
-/// expired token, or a disabled operator: the same answer for each.
-async fn caller(state: &OperatorsState, request: &HttpRequest) -> Result<Caller, Problem> {
-    let presented = request
-        .headers()
-        .get(AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "))
-        .map(str::trim);
-    let refused = || Problem::new(ProblemType::Unauthorized, "send an operator token: Authorization: Bearer oot_…");
-    let Some(presented) = presented else { return Err(refused()) };
-    let mut conn = connection(state).await?;
-    match tokens::authenticate(&mut conn, presented).await.map_err(problem)? {
-        Some(account) => Ok(Caller { account, source: request.peer_addr().map(|peer| peer.ip().to_string()) }),
-        None => Err(refused()),
-    }
-}
 
 /// Answers a change that ran: on success its answer; on a refusal (bad input, a role too weak, a
 /// state it does not apply to, something not found) the problem, after recording the refusal with
@@ -584,6 +567,7 @@ async fn decide(
                     let source = caller.source.as_deref();
                     match closing {
                         None => {
+                            caller.require_fresh(state.fresh_sign_in, "approve a proposal")?;
                             let approved = proposals::approve(
                                 &mut conn,
                                 &caller.account,

@@ -1,0 +1,255 @@
+//! Who a request acts as: a personal token (`Authorization: Bearer oot_…`), or the session cookie a
+//! sign-in set. Also the routes that sign in and out, and set a local password.
+//!
+//! A request that carries a token is judged by the token alone. A request judged by its cookie that
+//! could change something (any method but GET and HEAD) must come from a page of this origin:
+//! `Sec-Fetch-Site: same-origin`, or, from a browser that does not send it, an `Origin` equal to
+//! this server's. Anything else is refused with a 403 problem and changes nothing.
+
+use actix_web::http::header::{self, AUTHORIZATION, HeaderValue};
+use actix_web::http::{Method, StatusCode};
+use actix_web::{HttpRequest, HttpResponse, web};
+use anyhow::Context as _;
+use oncepay_http::problem::{Problem, ProblemType};
+use secrecy::{ExposeSecret, SecretString};
+use serde::Deserialize;
+use serde_json::json;
+use time::OffsetDateTime;
+
+use super::{OperatorsState, body, change, connection, ok, own_or_admin, problem, respond};
+use crate::cli::CliError;
+use crate::dead_letters::actions::require_reason;
+use crate::operators::Account;
+use crate::operators::accounts;
+use crate::operators::audit::{self, Actor, Entry, Outcome};
+use crate::operators::sessions::{self, COOKIE, Refused};
+use crate::operators::tokens;
+
+/// How a caller proved who they are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Via {
+    /// A personal token.
+    Token,
+    /// A session, signed in at this time.
+    Session(OffsetDateTime),
+}
+
+/// The operator a request acts as, how they proved it, and where the request came from.
+pub(super) struct Caller {
+    pub(super) account: Account,
+    pub(super) via: Via,
+    pub(super) source: Option<String>,
+}
+
+impl Caller {
+    pub(super) fn actor(&self) -> Actor<'_> {
+        Actor::of(&self.account, self.source.as_deref())
+    }
+
+    /// Refuses a session whose sign-in is older than `fresh`: approving moves money, so the person
+    /// must have proved who they are a moment ago. A token is judged by itself.
+    pub(super) fn require_fresh(&self, fresh: std::time::Duration, to: &str) -> Result<(), CliError> {
+        let Via::Session(signed_in_at) = self.via else { return Ok(()) };
+        if OffsetDateTime::now_utc() - signed_in_at <= fresh {
+            return Ok(());
+        }
+        Err(CliError::Forbidden(format!(
+            "to {to} takes a fresh sign-in: sign in again (yours is older than {} minutes)",
+            fresh.as_secs().div_ceil(60)
+        )))
+    }
+}
+
+fn source(request: &HttpRequest) -> Option<String> {
+    request.peer_addr().map(|peer| peer.ip().to_string())
+}
+
+/// The caller, from the request's bearer token or session cookie; a 401 problem for a missing,
+/// unknown, revoked or expired token or session, or a disabled operator, the same answer for each;
+/// a 403 problem for a cookie on a change from another origin.
+pub(super) async fn caller(state: &OperatorsState, request: &HttpRequest) -> Result<Caller, Problem> {
+    let refused = || {
+        Problem::new(
+            ProblemType::Unauthorized,
+            "sign in (POST /v1/session), or send an operator token: Authorization: Bearer oot_…",
+        )
+    };
+    let bearer = request.headers().get(AUTHORIZATION).and_then(|value| value.to_str().ok());
+    if let Some(bearer) = bearer {
+        let presented = bearer.strip_prefix("Bearer ").map(str::trim).ok_or_else(refused)?;
+        let mut conn = connection(state).await?;
+        let account = tokens::authenticate(&mut conn, presented).await.map_err(problem)?.ok_or_else(refused)?;
+        return Ok(Caller { account, via: Via::Token, source: source(request) });
+    }
+    let cookie = session_cookie(request).ok_or_else(refused)?;
+    if !matches!(*request.method(), Method::GET | Method::HEAD) && !same_origin(request) {
+        return Err(cross_origin());
+    }
+    let mut conn = connection(state).await?;
+    let (account, signed_in_at) = sessions::authenticate(&mut conn, cookie.expose_secret(), state.sessions.idle)
+        .await
+        .map_err(problem)?
+        .ok_or_else(refused)?;
+    Ok(Caller { account, via: Via::Session(signed_in_at), source: source(request) })
+}
+
+fn cross_origin() -> Problem {
+    Problem::new(
+        ProblemType::Forbidden,
+        "a change with a session cookie must come from a page of this origin; nothing was done",
+    )
+}
+
+/// The session cookie's value, if the request has one.
+fn session_cookie(request: &HttpRequest) -> Option<SecretString> {
+    request
+        .headers()
+        .get_all(header::COOKIE)
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(name, _)| *name == COOKIE)
+        .map(|(_, value)| SecretString::from(value.to_owned()))
+}
+
+/// Whether the request comes from a page of this server's own origin.
+fn same_origin(request: &HttpRequest) -> bool {
+    let headers = request.headers();
+    if let Some(site) = headers.get("sec-fetch-site").and_then(|value| value.to_str().ok()) {
+        return site == "same-origin";
+    }
+    let Some(origin) = headers.get(header::ORIGIN).and_then(|value| value.to_str().ok()) else { return false };
+    let info = request.connection_info();
+    origin == format!("{}://{}", info.scheme(), info.host())
+}
+
+fn set_cookie(value: &str, max_age_secs: u64) -> (header::HeaderName, HeaderValue) {
+    let cookie = format!("{COOKIE}={value}; Path=/; Max-Age={max_age_secs}; HttpOnly; Secure; SameSite=Strict");
+    (header::SET_COOKIE, HeaderValue::from_str(&cookie).unwrap_or_else(|_| HeaderValue::from_static("")))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SignIn {
+    name: String,
+    password: SecretString,
+}
+
+/// `POST /v1/session` `{name, password}`: 201 with the session cookie, 401 for a wrong name or
+/// password, 429 while the name is locked after too many refusals. Refused from another site.
+pub(super) async fn sign_in(state: web::Data<OperatorsState>, request: HttpRequest, bytes: web::Bytes) -> HttpResponse {
+    respond(
+        async {
+            // A sign-in posted from another site would sign the browser in as someone else.
+            let site = request.headers().get("sec-fetch-site").and_then(|value| value.to_str().ok());
+            if site.is_some_and(|site| !matches!(site, "same-origin" | "none")) {
+                return Err(cross_origin());
+            }
+            let asked: SignIn = body(&bytes).map_err(problem)?;
+            let source = source(&request);
+            match sessions::sign_in(&state.pool, &asked.name, asked.password, source.as_deref(), &state.sessions).await
+            {
+                Ok(session) => {
+                    let a = &session.account;
+                    let mut response = ok(
+                        StatusCode::CREATED,
+                        &json!({ "name": a.name, "role": a.role, "expires_at": session.expires_at.unix_timestamp() }),
+                    );
+                    let (name, value) = set_cookie(session.cookie.expose_secret(), state.sessions.max.as_secs());
+                    response.headers_mut().insert(name, value);
+                    Ok(response)
+                }
+                Err(Refused::Wrong) => Err(Problem::new(ProblemType::Unauthorized, Refused::Wrong.to_string())),
+                Err(locked @ Refused::Locked(window)) => {
+                    Err(Problem::new(ProblemType::RateLimited, locked.to_string()).with_retry_after(window.as_secs()))
+                }
+                Err(Refused::Failed(error)) => Err(problem(error)),
+            }
+        }
+        .await,
+    )
+}
+
+/// `DELETE /v1/session`: ends this session and clears its cookie (204).
+pub(super) async fn sign_out(state: web::Data<OperatorsState>, request: HttpRequest) -> HttpResponse {
+    respond(
+        async {
+            let caller = caller(&state, &request).await?;
+            let mut conn = connection(&state).await?;
+            if let Some(cookie) = session_cookie(&request) {
+                sessions::sign_out(&mut conn, cookie.expose_secret()).await.map_err(problem)?;
+            }
+            audit::record(&mut conn, &caller.actor(), &Entry::new("session.sign_out", Outcome::Done))
+                .await
+                .map_err(problem)?;
+            let mut response = HttpResponse::NoContent().finish();
+            let (name, value) = set_cookie("", 0);
+            response.headers_mut().insert(name, value);
+            Ok(response)
+        }
+        .await,
+    )
+}
+
+/// `DELETE /v1/session/everywhere`: ends every session of the caller (204).
+pub(super) async fn sign_out_everywhere(state: web::Data<OperatorsState>, request: HttpRequest) -> HttpResponse {
+    respond(
+        async {
+            let caller = caller(&state, &request).await?;
+            let mut tx =
+                state.pool.begin().await.context("cannot start a transaction").map_err(|e| problem(e.into()))?;
+            let ended = sessions::sign_out_everywhere(&mut tx, caller.account.operator_id).await.map_err(problem)?;
+            let entry = Entry::new("session.sign_out_everywhere", Outcome::Done).detail(json!({ "sessions": ended }));
+            audit::record(&mut tx, &caller.actor(), &entry).await.map_err(problem)?;
+            tx.commit().await.context("cannot commit").map_err(|e| problem(e.into()))?;
+            let mut response = HttpResponse::NoContent().finish();
+            let (name, value) = set_cookie("", 0);
+            response.headers_mut().insert(name, value);
+            Ok(response)
+        }
+        .await,
+    )
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewPassword {
+    password: SecretString,
+    reason: String,
+}
+
+/// `PUT /v1/operators/{name}/password` `{password, reason}`: one's own, or anyone's for an admin;
+/// ends that operator's sessions (204).
+pub(super) async fn set_password(
+    state: web::Data<OperatorsState>,
+    request: HttpRequest,
+    path: web::Path<String>,
+    bytes: web::Bytes,
+) -> HttpResponse {
+    respond(
+        async {
+            let caller = caller(&state, &request).await?;
+            let entry = Entry::new("operator.password", Outcome::Done);
+            change(
+                &state,
+                &caller,
+                entry.clone(),
+                async {
+                    let asked: NewPassword = body(&bytes)?;
+                    own_or_admin(&caller, &path, "set another operator's password")?;
+                    let reason = require_reason(&asked.reason)?;
+                    let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
+                    let owner = accounts::find(&mut tx, &path).await?;
+                    sessions::set_password(&mut tx, owner.operator_id, asked.password).await?;
+                    let after = json!({ "operator": owner.name, "sessions_ended": true });
+                    audit::record(&mut tx, &caller.actor(), &entry.reason(reason).after(after)).await?;
+                    tx.commit().await.context("cannot commit the password")?;
+                    Ok(HttpResponse::NoContent().finish())
+                }
+                .await,
+            )
+            .await
+        }
+        .await,
+    )
+}
