@@ -183,6 +183,11 @@ pub async fn connect(
     Ok(Connected { tenant: TenantView::from(&tenant) })
 }
 
+/// The tenant named `name`, as operators see it.
+pub async fn view(conn: &mut PgConnection, name: &str) -> Result<TenantView, CliError> {
+    Ok(TenantView::from(&find(conn, name).await?))
+}
+
 async fn find(conn: &mut PgConnection, name: &str) -> Result<Tenant, CliError> {
     tenants::find_by_name(conn, name)
         .await

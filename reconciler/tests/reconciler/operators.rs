@@ -655,3 +655,77 @@ async fn approving_from_a_session_takes_a_fresh_sign_in(pool: PgPool) {
     assert_eq!(approved, StatusCode::OK, "{done}");
     assert_eq!(status(&pool, acme, payment_id).await, PaymentStatus::Failed);
 }
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn admins_manage_tenants_and_keys_and_a_limited_admin_only_its_own(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let reason = |why: &str| json!({ "reason": why });
+    let (created, acme) = ops.post(&ops.admin, "/v1/tenants", json!({"name": "acme", "reason": "signed"})).await;
+    ops.post(&ops.admin, "/v1/tenants", json!({"name": "globex", "reason": "signed"})).await;
+    let lim = ops.operator("lim", "admin", Some(&["acme"])).await;
+    let vic = ops.operator("vic", "viewer", None).await;
+
+    let (lim_creates, _) = ops.post(&lim, "/v1/tenants", json!({"name": "initech", "reason": "x"})).await;
+    let (theirs, _) = ops.post(&lim, "/v1/tenants/globex/keys", reason("rotation")).await;
+    let (viewer_issues, _) = ops.post(&vic, "/v1/tenants/acme/keys", reason("rotation")).await;
+    let (issued, key) = ops.post(&lim, "/v1/tenants/acme/keys", reason("rotation")).await;
+    let key_id = key["key_id"].as_str().unwrap().to_owned();
+    let (revoked, _) =
+        ops.call(&lim, Method::DELETE, &format!("/v1/tenants/acme/keys/{key_id}"), Some(reason("leaked"))).await;
+    let body = json!({"account": "acct_1032D82eZvKYlo2C", "reason": "onboarded to Connect"});
+    let (connected, tenant) =
+        ops.call(&lim, Method::PUT, "/v1/tenants/acme/provider-account", Some(body.clone())).await;
+    let (not_theirs, _) = ops.call(&lim, Method::PUT, "/v1/tenants/globex/provider-account", Some(body)).await;
+    let (_, listed) = ops.get(&lim, "/v1/tenants").await;
+    let (lim_runs, _) = ops.get(&lim, "/v1/recon/runs").await;
+    let (root_runs, runs) = ops.get(&ops.admin, "/v1/recon/runs").await;
+
+    assert_eq!(created, StatusCode::CREATED, "{acme}");
+    assert!(acme["api_key"].as_str().unwrap().starts_with("opk_"));
+    assert_eq!(lim_creates, StatusCode::FORBIDDEN);
+    assert_eq!(theirs, StatusCode::NOT_FOUND);
+    assert_eq!(viewer_issues, StatusCode::FORBIDDEN);
+    assert_eq!(issued, StatusCode::CREATED, "{key}");
+    assert_eq!(revoked, StatusCode::NO_CONTENT);
+    assert_eq!((connected, tenant["provider_account"].as_str()), (StatusCode::OK, Some("acct_1032D82eZvKYlo2C")));
+    assert_eq!(not_theirs, StatusCode::NOT_FOUND);
+    let names: Vec<&str> = listed.as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["acme"]);
+    assert_eq!(lim_runs, StatusCode::FORBIDDEN);
+    assert_eq!((root_runs, runs), (StatusCode::OK, json!([])));
+    let revoked_keys: i64 =
+        sqlx::query_scalar!(r#"SELECT count(*) AS "n!" FROM api_keys WHERE revoked_at IS NOT NULL"#)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(revoked_keys, 1);
+    let trail: Vec<(String, String, String)> = sqlx::query!(
+        "SELECT operator_name, action, outcome FROM operator_audit
+         WHERE action LIKE 'tenant.%' OR action LIKE 'key.%' ORDER BY audit_id"
+    )
+    .map(|r| (r.operator_name, r.action, r.outcome))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        trail,
+        rows(&[
+            ("root", "tenant.create", "done"),
+            ("root", "tenant.create", "done"),
+            ("lim", "tenant.create", "refused"),
+            ("lim", "key.issue", "refused"),
+            ("vic", "key.issue", "refused"),
+            ("lim", "key.issue", "done"),
+            ("lim", "key.revoke", "done"),
+            ("lim", "tenant.connect", "done"),
+            ("lim", "tenant.connect", "refused"),
+        ])
+    );
+    let connect_before: Value = sqlx::query_scalar!(
+        r#"SELECT before AS "before!" FROM operator_audit WHERE action = 'tenant.connect' AND outcome = 'done'"#
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(connect_before["provider_account"], Value::Null);
+}

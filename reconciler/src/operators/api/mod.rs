@@ -12,7 +12,7 @@
 //! `GET /v1/me`; `GET /v1/dead-letters`; `GET /v1/payments/{id}`; `POST /v1/payments/{id}/retry`;
 //! `POST /v1/payments/{id}/resolve`; `GET /v1/proposals`; `POST /v1/proposals/{id}/approve|reject|withdraw`;
 //! `GET /v1/audit`; `GET|POST /v1/operators`; `GET|POST /v1/operators/{name}/tokens`;
-//! `DELETE /v1/tokens/{id}`.
+//! `DELETE /v1/tokens/{id}`; and tenants, keys and reconciliation runs ([`tenants`]).
 
 use std::net::TcpListener;
 use std::str::FromStr;
@@ -43,6 +43,7 @@ use crate::dead_letters::queries::{self, Filter};
 use crate::dead_letters::reports::Resolved;
 
 mod signing_in;
+mod tenants;
 
 use signing_in::{Caller, caller};
 
@@ -108,6 +109,7 @@ pub fn configure(config: &mut web::ServiceConfig) {
         .route("/v1/operators/{name}/tokens", web::get().to(list_tokens))
         .route("/v1/operators/{name}/tokens", web::post().to(issue_token))
         .route("/v1/tokens/{token_id}", web::delete().to(revoke_token))
+        .configure(tenants::configure)
         .default_service(web::to(not_found));
 }
 

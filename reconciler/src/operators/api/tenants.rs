@@ -1,0 +1,252 @@
+//! The operations API's tenants, their API keys and provider accounts, and the reconciliation's
+//! runs: the same operations as the CLI's database commands (`crate::tenants`,
+//! `crate::recon::commands`), here with roles, tenant limits and the audit trail.
+//!
+//! Reads need the viewer role and show only the tenants the caller may see; changes need the admin
+//! role, and creating a tenant an admin of every tenant. Reconciliation runs cover every tenant, so
+//! only operators of every tenant read them.
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, web};
+use anyhow::Context as _;
+use serde::Deserialize;
+use serde_json::json;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use super::signing_in::{Caller, caller};
+use super::{OperatorsState, body, change, connection, ok, problem, respond};
+use crate::cli::CliError;
+use crate::dead_letters::actions::require_reason;
+use crate::operators::audit::{self, Entry, Outcome};
+use crate::operators::{Role, Scope};
+use crate::recon::commands as recon;
+use crate::tenants::{self, TenantList};
+
+/// The routes.
+pub(super) fn configure(config: &mut web::ServiceConfig) {
+    config
+        .route("/v1/tenants", web::get().to(list))
+        .route("/v1/tenants", web::post().to(create))
+        .route("/v1/tenants/{name}/provider-account", web::put().to(connect))
+        .route("/v1/tenants/{name}/keys", web::post().to(issue_key))
+        .route("/v1/tenants/{name}/keys/{key_id}", web::delete().to(revoke_key))
+        .route("/v1/recon/runs", web::get().to(runs))
+        .route("/v1/recon/runs/{run_id}", web::get().to(run));
+}
+
+/// Refuses unless the caller may see tenant `name`; one they may not is not found, as if it did not
+/// exist.
+async fn see_tenant(conn: &mut PgConnection, caller: &Caller, name: &str) -> Result<(), CliError> {
+    let not_found = || CliError::NotFound(format!("no tenant named {name}"));
+    let tenant = oncepay_store::tenants::find_by_name(conn, name).await.context("cannot look the tenant up")?;
+    let tenant = tenant.ok_or_else(not_found)?;
+    caller.account.see(tenant.tenant_id, not_found)
+}
+
+/// `GET /v1/tenants`: the tenants the caller may see, by name.
+async fn list(state: web::Data<OperatorsState>, request: HttpRequest) -> HttpResponse {
+    respond(
+        async {
+            let caller = caller(&state, &request).await?;
+            let mut conn = connection(&state).await?;
+            let TenantList(all) = tenants::list(&mut conn).await.map_err(problem)?;
+            let mut visible = Vec::with_capacity(all.len());
+            for tenant in all {
+                let id = tenant.tenant_id.parse().context("a stored tenant id").map_err(|e| problem(e.into()))?;
+                if caller.account.scope.allows(id) {
+                    visible.push(tenant);
+                }
+            }
+            Ok(ok(StatusCode::OK, &visible))
+        }
+        .await,
+    )
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewTenant {
+    name: String,
+    rate_limit: Option<i32>,
+    provider_account: Option<String>,
+    reason: String,
+}
+
+/// `POST /v1/tenants`: 201 with the tenant and its first API key, shown this once.
+async fn create(state: web::Data<OperatorsState>, request: HttpRequest, bytes: web::Bytes) -> HttpResponse {
+    respond(
+        async {
+            let caller = caller(&state, &request).await?;
+            let entry = Entry::new("tenant.create", Outcome::Done);
+            let outcome = async {
+                let asked: NewTenant = body(&bytes)?;
+                caller.account.require(Role::Admin, "create a tenant")?;
+                if caller.account.scope != Scope::Every {
+                    return Err(CliError::Forbidden("only an admin of every tenant creates tenants".into()));
+                }
+                let reason = require_reason(&asked.reason)?;
+                let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
+                let issued =
+                    tenants::create(&mut tx, &asked.name, asked.rate_limit, asked.provider_account.as_deref()).await?;
+                let entry =
+                    entry.clone().reason(reason).after(json!({ "tenant": issued.tenant, "key_id": issued.key_id }));
+                audit::record(&mut tx, &caller.actor(), &entry).await?;
+                tx.commit().await.context("cannot commit the tenant")?;
+                Ok(ok(StatusCode::CREATED, &issued))
+            };
+            change(&state, &caller, entry.clone(), outcome.await).await
+        }
+        .await,
+    )
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Account {
+    /// `acct_…`, or null to disconnect.
+    account: Option<String>,
+    reason: String,
+}
+
+/// `PUT /v1/tenants/{name}/provider-account` `{account, reason}`: the account the tenant's new
+/// payments are charged to in connect mode (null: none).
+async fn connect(
+    state: web::Data<OperatorsState>,
+    request: HttpRequest,
+    path: web::Path<String>,
+    bytes: web::Bytes,
+) -> HttpResponse {
+    respond(
+        async {
+            let caller = caller(&state, &request).await?;
+            let entry = Entry::new("tenant.connect", Outcome::Done);
+            let outcome = async {
+                let asked: Account = body(&bytes)?;
+                caller.account.require(Role::Admin, "change a tenant's provider account")?;
+                let reason = require_reason(&asked.reason)?;
+                let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
+                see_tenant(&mut tx, &caller, &path).await?;
+                let before = tenants::view(&mut tx, &path).await?;
+                let connected = tenants::connect(&mut tx, &path, asked.account.as_deref()).await?;
+                let entry = entry.clone().reason(reason).before(json!(before)).after(json!(connected.tenant));
+                audit::record(&mut tx, &caller.actor(), &entry).await?;
+                tx.commit().await.context("cannot commit the account")?;
+                Ok(ok(StatusCode::OK, &connected.tenant))
+            };
+            change(&state, &caller, entry.clone(), outcome.await).await
+        }
+        .await,
+    )
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Reason {
+    reason: String,
+}
+
+/// `POST /v1/tenants/{name}/keys` `{reason}`: 201 with another API key, shown this once.
+async fn issue_key(
+    state: web::Data<OperatorsState>,
+    request: HttpRequest,
+    path: web::Path<String>,
+    bytes: web::Bytes,
+) -> HttpResponse {
+    respond(
+        async {
+            let caller = caller(&state, &request).await?;
+            let entry = Entry::new("key.issue", Outcome::Done);
+            let outcome = async {
+                let asked: Reason = body(&bytes)?;
+                caller.account.require(Role::Admin, "issue an API key")?;
+                let reason = require_reason(&asked.reason)?;
+                let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
+                see_tenant(&mut tx, &caller, &path).await?;
+                let issued = tenants::issue_key(&mut tx, &path).await?;
+                let after = json!({ "tenant": issued.tenant.name, "key_id": issued.key_id });
+                audit::record(&mut tx, &caller.actor(), &entry.clone().reason(reason).after(after)).await?;
+                tx.commit().await.context("cannot commit the key")?;
+                Ok(ok(StatusCode::CREATED, &issued))
+            };
+            change(&state, &caller, entry.clone(), outcome.await).await
+        }
+        .await,
+    )
+}
+
+/// `DELETE /v1/tenants/{name}/keys/{key_id}` `{reason}`: 204; the api refuses the key within its
+/// `auth.cache_ttl_secs`.
+async fn revoke_key(
+    state: web::Data<OperatorsState>,
+    request: HttpRequest,
+    path: web::Path<(String, String)>,
+    bytes: web::Bytes,
+) -> HttpResponse {
+    respond(
+        async {
+            let caller = caller(&state, &request).await?;
+            let (name, key_id) = path.into_inner();
+            let entry = Entry::new("key.revoke", Outcome::Done);
+            let outcome = async {
+                let asked: Reason = body(&bytes)?;
+                caller.account.require(Role::Admin, "revoke an API key")?;
+                let reason = require_reason(&asked.reason)?;
+                let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
+                see_tenant(&mut tx, &caller, &name).await?;
+                let revoked = tenants::revoke_key(&mut tx, &name, &key_id).await?;
+                audit::record(&mut tx, &caller.actor(), &entry.clone().reason(reason).after(json!(revoked))).await?;
+                tx.commit().await.context("cannot commit the revocation")?;
+                Ok(HttpResponse::NoContent().finish())
+            };
+            change(&state, &caller, entry.clone(), outcome.await).await
+        }
+        .await,
+    )
+}
+
+/// Refuses an operator limited to some tenants: a reconciliation run covers every tenant.
+fn every_tenant(caller: &Caller) -> Result<(), CliError> {
+    if caller.account.scope == Scope::Every {
+        return Ok(());
+    }
+    Err(CliError::Forbidden(
+        "a reconciliation run covers every tenant; an operator limited to some cannot read it".into(),
+    ))
+}
+
+#[derive(Debug, Deserialize)]
+struct RunsQuery {
+    limit: Option<u32>,
+}
+
+/// `GET /v1/recon/runs[?limit=20]`: the latest runs, newest first.
+async fn runs(state: web::Data<OperatorsState>, request: HttpRequest) -> HttpResponse {
+    respond(
+        async {
+            let caller = caller(&state, &request).await?;
+            every_tenant(&caller).map_err(problem)?;
+            let query: RunsQuery = super::query(&request)?;
+            let mut conn = connection(&state).await?;
+            let list = recon::list(&mut conn, query.limit.unwrap_or(20).min(500)).await.map_err(problem)?;
+            Ok(ok(StatusCode::OK, &list.0))
+        }
+        .await,
+    )
+}
+
+/// `GET /v1/recon/runs/{id}`: a run and its discrepancies, by class.
+async fn run(state: web::Data<OperatorsState>, request: HttpRequest, path: web::Path<String>) -> HttpResponse {
+    respond(
+        async {
+            let caller = caller(&state, &request).await?;
+            every_tenant(&caller).map_err(problem)?;
+            let not_found = || problem(CliError::NotFound(format!("there is no run {:?}", path.as_str())));
+            let run_id = Uuid::parse_str(&path).map_err(|_| not_found())?;
+            let mut conn = connection(&state).await?;
+            let detail = recon::show(&mut conn, run_id).await.map_err(problem)?;
+            Ok(ok(StatusCode::OK, &detail))
+        }
+        .await,
+    )
+}
