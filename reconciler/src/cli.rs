@@ -120,6 +120,9 @@ pub enum OperatorsCommand {
         /// Limits them to this tenant (by name); repeat for more. Without it: every tenant.
         #[arg(long = "tenant")]
         tenants: Vec<String>,
+        /// The identity (`sub`) they sign in as at the organisation's OpenID provider.
+        #[arg(long)]
+        oidc_subject: Option<String>,
         /// Why (recorded).
         #[arg(long)]
         reason: String,
@@ -459,9 +462,9 @@ pub async fn execute(command: Command, ctx: &Context) -> Result<Box<dyn Report>,
             let list: OperatorList = ctx.ops()?.get("/v1/operators").await?.into()?;
             Ok(boxed(list))
         }
-        Command::Operators(OperatorsCommand::Create { name, role, tenants, reason }) => {
+        Command::Operators(OperatorsCommand::Create { name, role, tenants, oidc_subject, reason }) => {
             let tenants = (!tenants.is_empty()).then_some(tenants);
-            let body = json!({ "name": name, "role": role, "tenants": tenants, "reason": reason });
+            let body = json!({ "name": name, "role": role, "tenants": tenants, "oidc_subject": oidc_subject, "reason": reason });
             let created: OperatorView = ctx.ops()?.post("/v1/operators", &body).await?.into()?;
             Ok(boxed(created))
         }

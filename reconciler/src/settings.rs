@@ -192,6 +192,9 @@ pub struct OperatorSettings {
     pub sign_in_attempts: u32,
     /// The window of `sign_in_attempts`.
     pub sign_in_window_secs: u64,
+    /// The organisation's OpenID provider; none means operators sign in with local passwords only.
+    #[serde(default)]
+    pub oidc: Option<crate::operators::oidc::OidcSettings>,
 }
 
 impl OperatorSettings {

@@ -14,6 +14,7 @@ use tokio::process::Command;
 mod compose_check;
 mod containers;
 mod localstripe;
+mod oidc;
 mod secrets;
 mod up;
 
@@ -133,8 +134,9 @@ async fn cargo(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<bool> {
     Ok(status.success())
 }
 
-/// The whole test suite, against a throwaway PostgreSQL cluster (or `DATABASE_URL` when set) and
-/// with localstripe installed for the Stripe end-to-end suite. This is what CI runs.
+/// The whole test suite, against a throwaway PostgreSQL cluster (or `DATABASE_URL` when set), with
+/// localstripe installed for the Stripe end-to-end suite and a real OpenID provider for the
+/// operators' sign-in. This is what CI runs.
 ///
 /// With `citus`, only the cross-process suites, each on a throwaway Citus cluster of its own
 /// (`TEST_DATABASE=citus`); a clear error when Citus is not installed.
@@ -145,9 +147,15 @@ async fn test(citus: bool, nextest_args: &[String]) -> anyhow::Result<ExitCode> 
     }
     let python = localstripe::install(&root, &target_dir(&root)).await.context("cannot install localstripe")?;
     let python = python.to_string_lossy();
+    let oidc = oidc::install(&root, &target_dir(&root)).await.context("cannot install the OpenID provider")?;
+    let oidc = oidc.to_string_lossy();
     let (url, _cluster) = if citus { (String::new(), None) } else { database_server().await? };
     // The tests reach PostgreSQL through DATABASE_URL; the build must not (SQLX_OFFLINE).
-    let mut env = vec![("SQLX_OFFLINE", "true"), ("LOCALSTRIPE_PYTHON", python.as_ref())];
+    let mut env = vec![
+        ("SQLX_OFFLINE", "true"),
+        ("LOCALSTRIPE_PYTHON", python.as_ref()),
+        (oncepay_devkit::oidc::SCRIPT_VARIABLE, oidc.as_ref()),
+    ];
     if citus {
         env.push((oncepay_devkit::server::VARIABLE, "citus"));
     } else {

@@ -35,6 +35,9 @@ pub struct OperatorView {
     pub created_at: OffsetDateTime,
     /// Who made it.
     pub created_by: String,
+    /// The identity at the OpenID provider they sign in as, if linked.
+    #[serde(default)]
+    pub oidc_subject: Option<String>,
 }
 
 /// What a new account is to be.
@@ -46,6 +49,8 @@ pub struct NewOperator<'a> {
     pub role: Role,
     /// The names of the tenants they are limited to; `None` for every tenant.
     pub tenants: Option<&'a [String]>,
+    /// The identity at the OpenID provider they sign in as (its `sub`), if any.
+    pub oidc_subject: Option<&'a str>,
 }
 
 /// Creates an account, in the caller's transaction. `created_by` is who made it.
@@ -64,13 +69,17 @@ pub async fn create(
         }
         Some(names) => Scope::Only(tenant_ids(conn, names).await?),
     };
+    let oidc_subject = new.oidc_subject.map(str::trim);
+    if oidc_subject.is_some_and(|subject| subject.is_empty() || subject.len() > 255) {
+        return Err(CliError::Invalid("oidc_subject must have 1 to 255 characters".into()));
+    }
     let operator_id = Uuid::now_v7();
     let tenant_ids = scope.to_column();
     let created = sqlx::query!(
         r#"
-        INSERT INTO operators (operator_id, name, role, tenant_ids, created_by)
-        VALUES ($1, $2, $3, $4, $5)
-        ON CONFLICT (name) DO NOTHING
+        INSERT INTO operators (operator_id, name, role, tenant_ids, created_by, oidc_subject)
+        VALUES ($1, $2, $3, $4, $5, $6)
+        ON CONFLICT DO NOTHING
         RETURNING created_at
         "#,
         operator_id,
@@ -78,11 +87,16 @@ pub async fn create(
         new.role as Role,
         tenant_ids.as_deref(),
         created_by,
+        oidc_subject,
     )
     .fetch_optional(conn)
     .await
     .context("cannot create the operator")?
-    .ok_or_else(|| CliError::Refused(format!("an operator named {name} already exists")))?;
+    .ok_or_else(|| {
+        CliError::Refused(format!(
+            "an operator named {name}, or one linked to the same identity at the OpenID provider, already exists"
+        ))
+    })?;
     Ok(OperatorView {
         operator_id,
         name: name.as_str().to_owned(),
@@ -90,6 +104,7 @@ pub async fn create(
         tenants: new.tenants.map(<[String]>::to_vec),
         created_at: created.created_at,
         created_by: created_by.to_owned(),
+        oidc_subject: oidc_subject.map(str::to_owned),
     })
 }
 
@@ -109,7 +124,7 @@ async fn tenant_ids(conn: &mut PgConnection, names: &[String]) -> Result<Vec<Ten
 pub async fn list(conn: &mut PgConnection) -> Result<Vec<OperatorView>, CliError> {
     let rows = sqlx::query!(
         r#"
-        SELECT o.operator_id, o.name, o.role AS "role: Role", o.created_at, o.created_by,
+        SELECT o.operator_id, o.name, o.role AS "role: Role", o.created_at, o.created_by, o.oidc_subject,
                (SELECT array_agg(t.name ORDER BY t.name) FROM tenants t WHERE t.tenant_id = ANY (o.tenant_ids))
                    AS tenants
         FROM operators o
@@ -129,6 +144,7 @@ pub async fn list(conn: &mut PgConnection) -> Result<Vec<OperatorView>, CliError
             tenants: r.tenants,
             created_at: r.created_at,
             created_by: r.created_by,
+            oidc_subject: r.oidc_subject,
         })
         .collect())
 }
@@ -154,6 +170,26 @@ pub async fn find(conn: &mut PgConnection, name: &str) -> Result<Account, CliErr
     })
 }
 
+/// The account linked to the identity `subject` at the OpenID provider, if any.
+pub async fn find_by_subject(conn: &mut PgConnection, subject: &str) -> Result<Option<Account>, CliError> {
+    let row = sqlx::query!(
+        r#"
+        SELECT operator_id, name, role AS "role: Role", tenant_ids
+        FROM operators WHERE oidc_subject = $1 AND disabled_at IS NULL
+        "#,
+        subject,
+    )
+    .fetch_optional(conn)
+    .await
+    .context("cannot read the operator")?;
+    Ok(row.map(|row| Account {
+        operator_id: row.operator_id,
+        name: row.name,
+        role: row.role,
+        scope: Scope::from_column(row.tenant_ids),
+    }))
+}
+
 /// `operators bootstrap`: on an installation with no operator yet, creates the first admin with a
 /// token and a random local password, both shown once; refused once any operator exists (admins then create the rest through the
 /// operations API). The only operator command that works on the database directly.
@@ -177,7 +213,7 @@ pub async fn bootstrap(conn: &mut PgConnection, name: &str, token_ttl: Duration)
                 .into(),
         ));
     }
-    let admin = NewOperator { name, role: Role::Admin, tenants: None };
+    let admin = NewOperator { name, role: Role::Admin, tenants: None, oidc_subject: None };
     let created = create(&mut tx, &admin, "bootstrap").await?;
     let mut issued = tokens::issue(&mut tx, created.operator_id, &created.name, "bootstrap", token_ttl).await?;
     let password = passwords::generate();

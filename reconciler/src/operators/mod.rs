@@ -1,5 +1,6 @@
 //! Operators as accounts: who they are ([`accounts`]), how they prove it ([`tokens`] for machines
-//! and the CLI, [`passwords`] and [`sessions`] for people in a browser), what their
+//! and the CLI; the organisation's OpenID provider ([`oidc`]) or a local password ([`passwords`]),
+//! then a [`sessions`] cookie, for people in a browser), what their
 //! role lets them do and which tenants they may see ([`Role`], [`Scope`]), the decisions that wait
 //! for a second operator ([`proposals`]), the trail of everything they do ([`audit`]), the
 //! operations API that serves it all over HTTP ([`api`], answering with [`reports`]), and the CLI's
@@ -12,6 +13,7 @@ pub mod accounts;
 pub mod api;
 pub mod audit;
 pub mod client;
+pub mod oidc;
 pub mod passwords;
 pub mod proposals;
 pub mod reports;

@@ -115,8 +115,18 @@ pub struct ProposalView {
     pub decision_note: Option<String>,
 }
 
-/// Proposes `action` on dead-lettered payment `payment_id`, to wait `ttl` for an approver. Refused
-/// while another proposal waits for the same payment.
+/// How long a proposal waits, and the key window's horizon its resend is judged by.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// How long a proposal waits for an approver.
+    pub ttl: Duration,
+    /// The provider's key window minus the margin, after the payment's first send.
+    pub resend_horizon: Duration,
+}
+
+/// Proposes `action` on dead-lettered payment `payment_id`, to wait for an approver. Refused while
+/// another proposal waits for the same payment, and refused at once when the action's own rules
+/// would refuse it now: it is tried, and undone, before it is proposed.
 pub async fn propose(
     conn: &mut PgConnection,
     by: &Account,
@@ -124,7 +134,7 @@ pub async fn propose(
     payment_id: PaymentId,
     action: &Proposed,
     reason: &str,
-    ttl: Duration,
+    limits: Limits,
 ) -> Result<ProposalView, CliError> {
     by.require(Role::Operator, "propose a decision")?;
     let reason = require_reason(reason)?;
@@ -137,6 +147,9 @@ pub async fn propose(
             seen.status.as_str()
         )));
     }
+    let mut trial = tx.begin().await.context("cannot start a trial")?;
+    carry_out(&mut trial, payment_id, action, &by.actor()?, reason, limits.resend_horizon).await?;
+    trial.rollback().await.context("cannot undo the trial")?;
     sqlx::query!(
         r#"
         UPDATE proposals SET status = 'expired', decided_at = expires_at
@@ -167,7 +180,7 @@ pub async fn propose(
         seen.dead_letter_id,
         seen.evidence_count,
         by.operator_id,
-        ttl.as_secs_f64(),
+        limits.ttl.as_secs_f64(),
     )
     .fetch_optional(&mut *tx)
     .await
@@ -237,32 +250,7 @@ pub async fn approve(
     let proposed: Proposed = serde_json::from_value(pending.view.action.clone())
         .with_context(|| format!("cannot read proposal {proposal_id}"))?;
     let operator = Operator::parse(&format!("{}, approved by {}", pending.view.proposed_by, by.name))?;
-    let reason = pending.view.reason.as_str();
-    let result = match &proposed {
-        Proposed::Retry { outside_key_window } => {
-            let retry = Retry {
-                payment_id,
-                operator: &operator,
-                reason,
-                resend_horizon,
-                outside_key_window: *outside_key_window,
-            };
-            actions::retry(&mut tx, &retry).await?
-        }
-        Proposed::Succeeded { charge_id, amount, currency, charged_at } => {
-            let charge = BookedCharge {
-                charge_id: charge_id.clone(),
-                amount: Amount::new(*amount).context("a stored proposal has a bad amount")?,
-                currency: Currency::parse(currency).context("a stored proposal has a bad currency")?,
-                charged_at: *charged_at,
-            };
-            actions::resolve(&mut tx, payment_id, &Resolution::Succeeded(charge), &operator, reason).await?
-        }
-        Proposed::Failed { charge_id, force } => {
-            let decision = Resolution::Failed { charge_id: charge_id.clone(), force: *force };
-            actions::resolve(&mut tx, payment_id, &decision, &operator, reason).await?
-        }
-    };
+    let result = carry_out(&mut tx, payment_id, &proposed, &operator, &pending.view.reason, resend_horizon).await?;
     decide(&mut tx, proposal_id, "approved", by, note).await?;
     let entry = Entry::new("proposal.approve", Outcome::Done)
         .payment(now.tenant_id, payment_id)
@@ -275,6 +263,37 @@ pub async fn approve(
     let proposal = read(&mut tx, proposal_id).await?;
     tx.commit().await.context("cannot commit the approval")?;
     Ok(Approved { proposal, result })
+}
+
+/// Does what `proposed` says to dead-lettered payment `payment_id`, as `operator`, in the caller's
+/// transaction; the action's own rules refuse what does not fit the payment now.
+async fn carry_out(
+    conn: &mut PgConnection,
+    payment_id: PaymentId,
+    proposed: &Proposed,
+    operator: &Operator,
+    reason: &str,
+    resend_horizon: Duration,
+) -> Result<Resolved, CliError> {
+    match proposed {
+        Proposed::Retry { outside_key_window } => {
+            let retry = Retry { payment_id, operator, reason, resend_horizon, outside_key_window: *outside_key_window };
+            actions::retry(conn, &retry).await
+        }
+        Proposed::Succeeded { charge_id, amount, currency, charged_at } => {
+            let charge = BookedCharge {
+                charge_id: charge_id.clone(),
+                amount: Amount::new(*amount).context("a stored proposal has a bad amount")?,
+                currency: Currency::parse(currency).context("a stored proposal has a bad currency")?,
+                charged_at: *charged_at,
+            };
+            actions::resolve(conn, payment_id, &Resolution::Succeeded(charge), operator, reason).await
+        }
+        Proposed::Failed { charge_id, force } => {
+            let decision = Resolution::Failed { charge_id: charge_id.clone(), force: *force };
+            actions::resolve(conn, payment_id, &decision, operator, reason).await
+        }
+    }
 }
 
 /// Rejects (an approver, on someone else's proposal) or withdraws (its maker) a pending proposal.

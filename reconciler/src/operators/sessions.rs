@@ -121,6 +121,18 @@ pub async fn sign_in(
         role: row.role,
         scope: Scope::from_column(row.tenant_ids),
     };
+    Ok(open(&mut conn, account, source, policy, "password").await?)
+}
+
+/// Opens a session for `account`, who just proved who they are by `method` (`password`, `oidc`),
+/// and records the sign-in.
+pub async fn open(
+    conn: &mut PgConnection,
+    account: Account,
+    source: Option<&str>,
+    policy: &Policy,
+    method: &str,
+) -> Result<NewSession, CliError> {
     let mut raw = [0u8; 32];
     rand::rng().fill_bytes(&mut raw);
     let cookie = SecretString::from(URL_SAFE_NO_PAD.encode(raw));
@@ -137,10 +149,9 @@ pub async fn sign_in(
     )
     .fetch_one(&mut *conn)
     .await
-    .context("cannot open the session")
-    .map_err(CliError::Failed)?;
-    let signed_in = Entry::new("session.sign_in", Outcome::Done).detail(serde_json::json!({ "method": "password" }));
-    audit::record(&mut conn, &Actor::of(&account, source), &signed_in).await?;
+    .context("cannot open the session")?;
+    let signed_in = Entry::new("session.sign_in", Outcome::Done).detail(serde_json::json!({ "method": method }));
+    audit::record(conn, &Actor::of(&account, source), &signed_in).await?;
     Ok(NewSession { cookie, account, expires_at })
 }
 

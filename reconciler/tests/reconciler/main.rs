@@ -10,6 +10,7 @@
 mod backlog;
 mod cli;
 mod end_to_end;
+mod oidc;
 mod operators;
 mod poller;
 mod reaper;

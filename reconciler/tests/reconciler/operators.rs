@@ -729,3 +729,23 @@ async fn admins_manage_tenants_and_keys_and_a_limited_admin_only_its_own(pool: P
     .unwrap();
     assert_eq!(connect_before["provider_account"], Value::Null);
 }
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_proposal_its_action_would_refuse_now_is_refused_at_once(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    let payment_id = dead_lettered(&pool, acme, "k-1", 60).await;
+    let alice = ops.operator("alice", "operator", None).await;
+    let mut conn = pool.acquire().await.unwrap();
+    let evidence = json!([{"source": "webhook", "charge": {"id": "ch_1", "status": "succeeded"}}]);
+    assert!(dead_letters::attach_evidence(&mut conn, acme, payment_id, evidence).await.unwrap());
+
+    let (refused, why) = ops.post(&alice, &format!("/v1/payments/{payment_id}/resolve"), failed("declined")).await;
+
+    assert_eq!(refused, StatusCode::CONFLICT, "{why}");
+    assert!(problem(&why).1.contains("a signed provider report says charge ch_1"), "{why}");
+    let waiting: i64 = sqlx::query_scalar!(r#"SELECT count(*) AS "n!" FROM proposals"#).fetch_one(&pool).await.unwrap();
+    assert_eq!(waiting, 0, "nothing waits for an approver");
+    assert_eq!(status(&pool, acme, payment_id).await, PaymentStatus::DeadLettered);
+    assert_eq!(audit_of(&pool, payment_id).await, rows(&[("alice", "payment.resolve", "refused")]));
+}

@@ -2,12 +2,14 @@
 //! api accepts them, moved with the shared transition functions, and tables read back.
 
 use std::net::TcpListener;
+use std::sync::Arc;
 use std::time::Duration;
 
 use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_reconciler::operators::accounts;
 use oncepay_reconciler::operators::api::{self, OperatorsState};
+use oncepay_reconciler::operators::oidc::{Oidc, OidcSettings};
 use oncepay_reconciler::settings::Settings;
 use oncepay_reconciler::unknown;
 use oncepay_store::fixtures;
@@ -203,10 +205,16 @@ pub struct Ops {
 
 impl Ops {
     pub async fn start(pool: &PgPool) -> Self {
+        Self::start_on(pool, 0, |_| None).await
+    }
+
+    /// The same on `port` (0: any), signing in at the OpenID provider `oidc` makes from the API's URL.
+    pub async fn start_on(pool: &PgPool, port: u16, oidc: impl FnOnce(&str) -> Option<OidcSettings>) -> Self {
         oncepay_service::tls::install_provider();
         let settings = Settings::load(None).unwrap();
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let listener = TcpListener::bind(("127.0.0.1", port)).unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
+        let oidc = oidc(&url).map(|settings| Arc::new(Oidc::new(settings).unwrap()));
         let state = OperatorsState {
             pool: pool.clone(),
             provider: settings.provider.clone(),
@@ -217,6 +225,7 @@ impl Ops {
             retries_need_approval: false,
             sessions: settings.operators.session_policy(),
             fresh_sign_in: Duration::from_secs(300),
+            oidc,
         };
         tokio::spawn(api::server(listener, state, 1).unwrap());
         let mut conn = pool.acquire().await.unwrap();

@@ -8,7 +8,7 @@
 //! some tenants is told 404 for anything of another tenant, as if it did not exist.
 //!
 //! Routes (README, "Operators"):
-//! `POST|DELETE /v1/session`; `DELETE /v1/session/everywhere`; `PUT /v1/operators/{name}/password`;
+//! `POST|DELETE /v1/session`; `DELETE /v1/session/everywhere`; `GET /v1/session/oidc[/callback]`; `PUT /v1/operators/{name}/password`;
 //! `GET /v1/me`; `GET /v1/dead-letters`; `GET /v1/payments/{id}`; `POST /v1/payments/{id}/retry`;
 //! `POST /v1/payments/{id}/resolve`; `GET /v1/proposals`; `POST /v1/proposals/{id}/approve|reject|withdraw`;
 //! `GET /v1/audit`; `GET|POST /v1/operators`; `GET|POST /v1/operators/{name}/tokens`;
@@ -33,6 +33,7 @@ use uuid::Uuid;
 
 use super::accounts::{self, NewOperator};
 use super::audit::{self, Entry, Outcome};
+use super::oidc::Oidc;
 use super::proposals::{self, Closing, Proposed};
 use super::reports::PaymentPage;
 use super::{Account, Role};
@@ -74,6 +75,14 @@ pub struct OperatorsState {
     pub sessions: sessions::Policy,
     /// How recent a session's sign-in must be for its operator to approve a proposal.
     pub fresh_sign_in: Duration,
+    /// The organisation's OpenID provider, when one is configured.
+    pub oidc: Option<std::sync::Arc<Oidc>>,
+}
+
+impl OperatorsState {
+    fn limits(&self) -> proposals::Limits {
+        proposals::Limits { ttl: self.proposal_ttl, resend_horizon: self.resend_horizon }
+    }
 }
 
 /// Builds the server on an already bound listener.
@@ -95,6 +104,8 @@ pub fn configure(config: &mut web::ServiceConfig) {
         .route("/v1/session", web::post().to(signing_in::sign_in))
         .route("/v1/session", web::delete().to(signing_in::sign_out))
         .route("/v1/session/everywhere", web::delete().to(signing_in::sign_out_everywhere))
+        .route("/v1/session/oidc", web::get().to(signing_in::oidc_begin))
+        .route("/v1/session/oidc/callback", web::get().to(signing_in::oidc_callback))
         .route("/v1/operators/{name}/password", web::put().to(signing_in::set_password))
         .route("/v1/me", web::get().to(me))
         .route("/v1/dead-letters", web::get().to(dead_letters))
@@ -351,7 +362,7 @@ async fn retry(
                             payment_id,
                             &action,
                             &asked.reason,
-                            state.proposal_ttl,
+                            state.limits(),
                         )
                         .await?;
                         return Ok(ok(StatusCode::ACCEPTED, &json!({ "proposal": proposal })));
@@ -493,7 +504,7 @@ async fn resolve(
                         payment_id,
                         &action,
                         &asked.reason,
-                        state.proposal_ttl,
+                        state.limits(),
                     )
                     .await?;
                     Ok(ok(StatusCode::ACCEPTED, &json!({ "proposal": proposal })))
@@ -654,6 +665,8 @@ struct NewOperatorBody {
     role: Role,
     /// Tenant names; absent for every tenant.
     tenants: Option<Vec<String>>,
+    /// The identity at the OpenID provider they sign in as.
+    oidc_subject: Option<String>,
     reason: String,
 }
 
@@ -672,7 +685,12 @@ async fn create_operator(state: web::Data<OperatorsState>, request: HttpRequest,
                     caller.account.require(Role::Admin, "create an operator")?;
                     let reason = require_reason(&asked.reason)?;
                     let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
-                    let new = NewOperator { name: &asked.name, role: asked.role, tenants: asked.tenants.as_deref() };
+                    let new = NewOperator {
+                        name: &asked.name,
+                        role: asked.role,
+                        tenants: asked.tenants.as_deref(),
+                        oidc_subject: asked.oidc_subject.as_deref(),
+                    };
                     let created = accounts::create(&mut tx, &new, &caller.account.name).await?;
                     audit::record(&mut tx, &caller.actor(), &entry.reason(reason).after(json!(created))).await?;
                     tx.commit().await.context("cannot commit the new operator")?;

@@ -22,6 +22,7 @@ use crate::dead_letters::actions::require_reason;
 use crate::operators::Account;
 use crate::operators::accounts;
 use crate::operators::audit::{self, Actor, Entry, Outcome};
+use crate::operators::oidc::Why;
 use crate::operators::sessions::{self, COOKIE, Refused};
 use crate::operators::tokens;
 
@@ -102,13 +103,18 @@ fn cross_origin() -> Problem {
 
 /// The session cookie's value, if the request has one.
 fn session_cookie(request: &HttpRequest) -> Option<SecretString> {
+    cookie(request, COOKIE)
+}
+
+/// The value of cookie `wanted`, if the request has it.
+fn cookie(request: &HttpRequest, wanted: &str) -> Option<SecretString> {
     request
         .headers()
         .get_all(header::COOKIE)
         .filter_map(|value| value.to_str().ok())
         .flat_map(|value| value.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == COOKIE)
+        .find(|(name, _)| *name == wanted)
         .map(|(_, value)| SecretString::from(value.to_owned()))
 }
 
@@ -125,6 +131,16 @@ fn same_origin(request: &HttpRequest) -> bool {
 
 fn set_cookie(value: &str, max_age_secs: u64) -> (header::HeaderName, HeaderValue) {
     let cookie = format!("{COOKIE}={value}; Path=/; Max-Age={max_age_secs}; HttpOnly; Secure; SameSite=Strict");
+    (header::SET_COOKIE, HeaderValue::from_str(&cookie).unwrap_or_else(|_| HeaderValue::from_static("")))
+}
+
+/// The cookie that ties a sign-in at the OpenID provider to the browser that started it. `Lax`, not
+/// `Strict`: the browser comes back from the provider's site, and must bring it.
+const OIDC_STATE: &str = "oncepay_oidc_state";
+
+fn set_state_cookie(value: &str, max_age_secs: u64) -> (header::HeaderName, HeaderValue) {
+    let cookie =
+        format!("{OIDC_STATE}={value}; Path=/v1/session/oidc; Max-Age={max_age_secs}; HttpOnly; Secure; SameSite=Lax");
     (header::SET_COOKIE, HeaderValue::from_str(&cookie).unwrap_or_else(|_| HeaderValue::from_static("")))
 }
 
@@ -249,6 +265,93 @@ pub(super) async fn set_password(
                 .await,
             )
             .await
+        }
+        .await,
+    )
+}
+
+fn no_provider() -> Problem {
+    Problem::new(ProblemType::NotFound, "no OpenID provider is configured ([operators.oidc]): sign in with a password")
+}
+
+/// `GET /v1/session/oidc`: 303 to the OpenID provider's sign-in, with a cookie tying the way back
+/// to this browser.
+pub(super) async fn oidc_begin(state: web::Data<OperatorsState>) -> HttpResponse {
+    respond(
+        async {
+            let oidc = state.oidc.as_ref().ok_or_else(no_provider)?;
+            let mut conn = connection(&state).await?;
+            let begun = oidc.begin(&mut conn).await.map_err(|why| {
+                tracing::warn!(error = %why, "cannot start a sign-in with the OpenID provider");
+                Problem::new(ProblemType::ServiceUnavailable, why.to_string())
+            })?;
+            let mut response = HttpResponse::SeeOther().insert_header((header::LOCATION, begun.url)).finish();
+            let (name, value) = set_state_cookie(begun.state.expose_secret(), 600);
+            response.headers_mut().insert(name, value);
+            Ok(response)
+        }
+        .await,
+    )
+}
+
+#[derive(Deserialize)]
+struct Callback {
+    state: Option<String>,
+    code: Option<String>,
+    error: Option<String>,
+}
+
+/// `GET /v1/session/oidc/callback?code=…&state=…`: where the provider sends the browser back. The
+/// state must be this browser's and unused; the ID token must check out; its identity must be
+/// linked to an operator. Then 200 with the session cookie; otherwise 401, recorded.
+pub(super) async fn oidc_callback(state: web::Data<OperatorsState>, request: HttpRequest) -> HttpResponse {
+    respond(
+        async {
+            let oidc = state.oidc.as_ref().ok_or_else(no_provider)?;
+            let back: Callback = super::query(&request)?;
+            let source = source(&request);
+            let mut conn = connection(&state).await?;
+            let outcome = async {
+                if let Some(error) = back.error {
+                    return Err(Why::Code(error));
+                }
+                let (Some(returned), Some(code)) = (back.state, back.code) else { return Err(Why::State) };
+                // The state must be the one this browser left with, not one an attacker sent it back with.
+                let kept = cookie(&request, OIDC_STATE).ok_or(Why::State)?;
+                if kept.expose_secret() != returned {
+                    return Err(Why::State);
+                }
+                let subject = oidc.finish(&mut conn, &returned, &code).await?;
+                let account = accounts::find_by_subject(&mut conn, &subject).await?.ok_or(Why::NotLinked(subject))?;
+                Ok(sessions::open(&mut conn, account, source.as_deref(), &state.sessions, "oidc").await?)
+            };
+            match outcome.await {
+                Ok(session) => {
+                    let a = &session.account;
+                    let mut response = ok(
+                        StatusCode::OK,
+                        &json!({ "name": a.name, "role": a.role, "expires_at": session.expires_at.unix_timestamp() }),
+                    );
+                    let (name, value) = set_cookie(session.cookie.expose_secret(), state.sessions.max.as_secs());
+                    response.headers_mut().append(name, value);
+                    let (name, value) = set_state_cookie("", 0);
+                    response.headers_mut().append(name, value);
+                    Ok(response)
+                }
+                Err(Why::Failed(error)) => Err(problem(error)),
+                Err(why) => {
+                    // Recorded under the identity the provider named, when it got that far.
+                    let name: String = match &why {
+                        Why::NotLinked(subject) => subject.chars().take(63).collect(),
+                        _ => "(OpenID sign-in)".to_owned(),
+                    };
+                    let entry = Entry::new("session.sign_in", Outcome::Refused)
+                        .detail(json!({ "method": "oidc", "refusal": why.to_string() }));
+                    let actor = Actor { operator_id: None, name: &name, source: source.as_deref() };
+                    audit::record(&mut conn, &actor, &entry).await.map_err(problem)?;
+                    Err(Problem::new(ProblemType::Unauthorized, format!("sign-in refused: {why}")))
+                }
+            }
         }
         .await,
     )
