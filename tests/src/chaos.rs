@@ -12,12 +12,14 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use oncepay_devkit::pg::Durability;
+use oncepay_devkit::process::setting_variable;
 use tokio::time::Instant;
 
 use crate::checker::{self, Settled, Verdict};
 use crate::faults::{Action, FailPointDraw, Intensity, Schedule, calm};
+use crate::operations::{Failure, OperatorClient, Retried};
 use crate::report::Report;
-use crate::system::{Binaries, Provider, Role, System, SystemConfig, Timing, Topology};
+use crate::system::{Binaries, Processes, Provider, Role, System, SystemConfig, Timing, Topology};
 use crate::workload::{self, Clients, Plan, WorkloadConfig};
 
 /// How big and how long a run is.
@@ -162,7 +164,12 @@ pub async fn run(config: &ChaosConfig, worker: PathBuf) -> anyhow::Result<Finish
         timing,
         provider: Provider::Simulator { seed },
         log_dir: None,
-        env: Vec::new(),
+        // Every resend the harness's operator asks for waits for a second operator to approve it.
+        env: vec![(
+            Processes::Only(Role::Reconciler),
+            setting_variable("operators.retries_need_approval"),
+            "true".to_owned(),
+        )],
     })
     .await?;
     let result = drive(config, &mut system, timing).await;
@@ -199,6 +206,7 @@ async fn drive(config: &ChaosConfig, system: &mut System, timing: Timing) -> any
         &counts,
         system.database_nodes(),
     );
+    let operators = Operators::make(system).await.context("cannot make the harness's operators")?;
     let mut faults: BTreeMap<String, u64> = BTreeMap::new();
     let mut fail_points = FailPointDraw::new(seed);
     for index in 0..system.count(Role::Worker) {
@@ -256,7 +264,7 @@ async fn drive(config: &ChaosConfig, system: &mut System, timing: Timing) -> any
         }
         if Instant::now() >= operator_round {
             operator_round = Instant::now() + OPERATOR_ROUND;
-            retry_dead_letters(system, &mut faults).await;
+            retry_dead_letters(system, &operators, &mut faults).await;
         }
     }
 
@@ -289,12 +297,82 @@ async fn drive(config: &ChaosConfig, system: &mut System, timing: Timing) -> any
 /// How often the harness's operator looks at the dead-letter table.
 const OPERATOR_ROUND: Duration = Duration::from_secs(2);
 
+/// The harness's operators, made through the real CLI and operations API when the run starts:
+/// `chaos` retries dead letters, and `chaos-approver` approves the resends, which the run's
+/// reconcilers all propose rather than do (`operators.retries_need_approval`).
+struct Operators {
+    operator: OperatorClient,
+    approver: OperatorClient,
+}
+
+impl Operators {
+    /// Bootstraps the admin `chaos-admin` with the CLI, which then makes the other two over HTTP.
+    async fn make(system: &System) -> anyhow::Result<Self> {
+        let admin = OperatorClient::bootstrap(system, "chaos-admin").await?;
+        let reason = "chaos: the harness's operators";
+        Ok(Self {
+            operator: admin.create_operator("chaos", "operator", reason).await?,
+            approver: admin.create_operator("chaos-approver", "approver", reason).await?,
+        })
+    }
+
+    /// The approver approves proposal `proposal_id`, or rejects it if the approval is refused.
+    async fn decide(&self, proposal_id: uuid::Uuid) -> Decided {
+        match self.approver.approve(proposal_id, "chaos: the provider is back").await {
+            Ok(()) => Decided::Approved,
+            Err(Failure::Refused(_)) => {
+                // Rejected so that the operator can propose the payment again (one proposal waits per
+                // payment); if this fails too, the next round finds the proposal waiting.
+                let _ = self.approver.reject(proposal_id, "chaos: the approval was refused").await;
+                Decided::Refused
+            }
+            Err(Failure::Failed(_)) => Decided::Failed,
+        }
+    }
+}
+
+/// How an approver's decision on a proposal went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Decided {
+    /// Approved: the payment was sent again.
+    Approved,
+    /// The approval was refused (the payment moved, or is past the key window), and the proposal
+    /// rejected.
+    Refused,
+    /// No reconciler responded, or one failed (its database down): the proposal may still wait.
+    Failed,
+}
+
+impl Decided {
+    const fn as_str(self) -> &'static str {
+        match self {
+            Self::Approved => "approved",
+            Self::Refused => "approval refused",
+            Self::Failed => "approval failed",
+        }
+    }
+}
+
 /// What an operator following the runbook does while the provider misbehaves: retries every open
-/// `unresolved` dead letter. The reconciler refuses a retry past the key window; either way the
-/// payment must still end explained, and charged at most once.
-async fn retry_dead_letters(system: &System, faults: &mut BTreeMap<String, u64>) {
+/// `unresolved` dead letter through the operations API, and a second operator approves each resend.
+/// The reconciler refuses a resend past the key window, and an approval if the payment moved since
+/// the proposal; either way the payment must still end explained, and charged at most once. A
+/// reconciler killed, paused or without its database fails the round, which is counted, not fatal.
+async fn retry_dead_letters(system: &System, operators: &Operators, faults: &mut BTreeMap<String, u64>) {
     if !system.database_up() {
         return;
+    }
+    // Proposals a failed round left waiting (the approval was lost with its reconciler).
+    let Ok(waiting) = operators.approver.pending_proposals().await else {
+        *faults.entry("operator round abandoned: cannot list the waiting proposals".to_owned()).or_default() += 1;
+        return;
+    };
+    for proposal_id in waiting {
+        let decided = operators.decide(proposal_id).await;
+        *faults.entry(format!("operator decision on a waiting proposal: {}", decided.as_str())).or_default() += 1;
+        if decided == Decided::Failed {
+            return;
+        }
     }
     let open = match sqlx::query_scalar!(
         "SELECT payment_id FROM dead_letters WHERE kind = 'unresolved' AND resolved_at IS NULL LIMIT 10"
@@ -306,10 +384,22 @@ async fn retry_dead_letters(system: &System, faults: &mut BTreeMap<String, u64>)
         Err(_) => return,
     };
     for payment_id in open {
-        let id = payment_id.to_string();
-        let retry = ["dead-letters", "retry", &id, "--reason", "chaos: the provider is back", "--operator", "chaos"];
-        let done = if system.operator(&retry).await.is_ok() { "retried" } else { "refused or failed" };
+        let (done, go_on) = match operators.operator.retry(payment_id, "chaos: the provider is back").await {
+            Ok(Retried::Proposed(proposal_id)) => match operators.decide(proposal_id).await {
+                Decided::Approved => ("proposed and approved", true),
+                Decided::Refused => ("proposed, approval refused", true),
+                Decided::Failed => ("proposed, approval failed", false),
+            },
+            Ok(Retried::Resent) => ("resent without approval", true),
+            Err(Failure::Refused(_)) => ("refused", true),
+            // No reconciler responded, or one failed: the rest of the round would fare no better, after
+            // as long a wait for each.
+            Err(Failure::Failed(_)) => ("failed", false),
+        };
         *faults.entry(format!("operator retry of a dead letter: {done}")).or_default() += 1;
+        if !go_on {
+            break;
+        }
     }
 }
 

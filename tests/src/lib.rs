@@ -4,13 +4,14 @@
 //! One library for the end-to-end tests (`tests/e2e.rs`, and `tests/stripe.rs` against localstripe),
 //! the short chaos profile that runs with the test command (`tests/chaos.rs`) and the
 //! `oncepay-chaos` binary, so they can never check different things. Nothing here is part of
-//! oncepay: it drives the system only through its processes, its HTTP API, its operator CLI and the
-//! provider's own endpoints, and only reads the database.
+//! oncepay: it drives the system only through its processes, its HTTP API, its operator CLI, its
+//! operations API and the provider's own endpoints, and only reads the database.
 
 pub mod chaos;
 pub mod checker;
 pub mod faults;
 pub mod localstripe;
+pub mod operations;
 pub mod report;
 pub mod system;
 pub mod workload;

@@ -1,7 +1,8 @@
 //! The system under test, as real processes: a throwaway PostgreSQL (a Citus cluster when
 //! `TEST_DATABASE=citus`, see `oncepay_devkit::server`), a payment provider
 //! (the simulator, or localstripe in Stripe's place), and any number of `api`, `worker` and
-//! `reconciler` processes, each on its own port.
+//! `reconciler` processes, each on its own port (and each reconciler on a second one, for its
+//! operations API).
 //!
 //! A restarted process keeps its port, so clients' URLs stay valid. Nothing here moves a payment or
 //! touches a table other than through the real binaries, and nothing here decides a fault: that is
@@ -218,11 +219,13 @@ struct IssuedTenant {
     name: String,
 }
 
-/// One oncepay process slot: its spec, port, and the running child if any.
+/// One oncepay process slot: its spec, ports, and the running child if any.
 struct Slot {
     role: Role,
     spec: Spec,
     port: u16,
+    /// A reconciler's operations API (`operators.port`); `None` for the other kinds.
+    operations_port: Option<u16>,
     child: Option<Child>,
     paused: bool,
     /// The extra environment it was last started with (e.g. `FAILPOINTS`).
@@ -328,10 +331,14 @@ impl System {
         ] {
             for index in 0..count {
                 let port = free_port()?;
-                let spec = process_spec(role, index, port, binaries, &database_url, &timing, logs.path());
+                let mut spec = process_spec(role, index, port, binaries, &database_url, &timing, logs.path());
+                let operations_port = (role == Role::Reconciler).then(free_port).transpose()?;
+                if let Some(operations_port) = operations_port {
+                    spec = spec.setting("operators.port", operations_port.to_string());
+                }
                 slots.insert(
                     (role, index),
-                    Slot { role, spec, port, child: None, paused: false, extra_env: Vec::new() },
+                    Slot { role, spec, port, operations_port, child: None, paused: false, extra_env: Vec::new() },
                 );
             }
         }
@@ -392,6 +399,15 @@ impl System {
             .values()
             .filter(|slot| slot.role == Role::Api)
             .map(|slot| format!("http://127.0.0.1:{}", slot.port))
+            .collect()
+    }
+
+    /// The base URL of every reconciler's operations API, by index.
+    pub fn operations_urls(&self) -> Vec<String> {
+        self.slots
+            .values()
+            .filter_map(|slot| slot.operations_port)
+            .map(|port| format!("http://127.0.0.1:{port}"))
             .collect()
     }
 

@@ -1,0 +1,201 @@
+//! A client of the reconciler's operations API that acts as one operator with a personal token, as
+//! a person at a terminal would. [`OperatorClient::bootstrap`] makes the first admin with the real
+//! CLI; an admin makes the other operators over HTTP.
+//!
+//! Every reconciler serves the same API on the same database, so a request goes to the one that
+//! last responded and moves on to the next when it cannot be reached. The client only sends
+//! requests and reads responses: deciding what an outcome means is the caller's job.
+
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, anyhow, ensure};
+use reqwest::{Method, StatusCode};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::system::System;
+
+/// How long one request may take. A paused reconciler accepts connections but never responds, so
+/// this bounds how long it holds up the caller before the next reconciler is tried.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// An operator of the operations API, with its token.
+pub struct OperatorClient {
+    token: String,
+    urls: Vec<String>,
+    http: reqwest::Client,
+    /// The index in `urls` of the reconciler that last responded, tried first.
+    current: AtomicUsize,
+}
+
+/// A request the operations API refused, as its RFC 9457 problem says.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Problem {
+    /// The HTTP status.
+    pub status: u16,
+    /// What went wrong, for a person.
+    #[serde(default)]
+    pub detail: String,
+}
+
+/// Why a request did not do what it asked.
+#[derive(Debug)]
+pub enum Failure {
+    /// The operations API refused it (a 4xx problem): nothing was done.
+    Refused(Problem),
+    /// No reconciler responded, or one responded with a server error or a body this client cannot
+    /// read: the request may or may not have been done.
+    Failed(anyhow::Error),
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Refused(problem) => write!(f, "refused with {}: {}", problem.status, problem.detail),
+            Self::Failed(error) => write!(f, "{error:#}"),
+        }
+    }
+}
+
+impl std::error::Error for Failure {}
+
+/// What `POST /v1/payments/{id}/retry` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retried {
+    /// The payment was sent again.
+    Resent,
+    /// The resend waits for an approver: the proposal's id.
+    Proposed(Uuid),
+}
+
+/// What `operators bootstrap --json` prints and `POST /v1/operators/{name}/tokens` responds with.
+#[derive(Deserialize)]
+struct IssuedToken {
+    token: String,
+}
+
+#[derive(Deserialize)]
+struct ProposalRef {
+    proposal_id: Uuid,
+}
+
+#[derive(Deserialize)]
+struct Proposed {
+    proposal: ProposalRef,
+}
+
+impl OperatorClient {
+    /// Makes the first admin, `name`, with `oncepay-reconciler operators bootstrap`; it works only
+    /// while there is no operator.
+    pub async fn bootstrap(system: &System, name: &str) -> anyhow::Result<Self> {
+        let printed = system
+            .operator(&["operators", "bootstrap", name, "--json"])
+            .await
+            .with_context(|| format!("operators bootstrap {name}"))?;
+        let issued: IssuedToken = serde_json::from_str(&printed).context("reading `operators bootstrap --json`")?;
+        Self::new(issued.token, system.operations_urls())
+    }
+
+    fn new(token: String, urls: Vec<String>) -> anyhow::Result<Self> {
+        ensure!(!urls.is_empty(), "no reconciler serves the operations API");
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(1))
+            .timeout(REQUEST_TIMEOUT)
+            .build()
+            .context("cannot build an HTTP client")?;
+        Ok(Self { token, urls, http, current: AtomicUsize::new(0) })
+    }
+
+    /// As an admin: creates operator `name` with `role` (`viewer`, `operator`, `approver`, `admin`)
+    /// for every tenant, issues it a token, and returns a client acting as it.
+    pub async fn create_operator(&self, name: &str, role: &str, reason: &str) -> Result<Self, Failure> {
+        let body = json!({ "name": name, "role": role, "reason": reason });
+        self.send(Method::POST, "/v1/operators", Some(&body)).await?;
+        let body = json!({ "label": "oncepay-tests", "reason": reason });
+        let issued: IssuedToken =
+            read(self.send(Method::POST, &format!("/v1/operators/{name}/tokens"), Some(&body)).await?)?;
+        Self::new(issued.token, self.urls.clone()).map_err(Failure::Failed)
+    }
+
+    /// Retries a dead-lettered payment: resent, or proposed for an approver.
+    pub async fn retry(&self, payment_id: Uuid, reason: &str) -> Result<Retried, Failure> {
+        let body = json!({ "reason": reason });
+        let (status, value) = self.send(Method::POST, &format!("/v1/payments/{payment_id}/retry"), Some(&body)).await?;
+        if status == StatusCode::ACCEPTED {
+            let proposed: Proposed = read((status, value))?;
+            return Ok(Retried::Proposed(proposed.proposal.proposal_id));
+        }
+        Ok(Retried::Resent)
+    }
+
+    /// As an approver: approves another operator's proposal, which does what it proposes.
+    pub async fn approve(&self, proposal_id: Uuid, reason: &str) -> Result<(), Failure> {
+        self.decide(proposal_id, "approve", reason).await
+    }
+
+    /// As an approver: rejects another operator's proposal; nothing is done.
+    pub async fn reject(&self, proposal_id: Uuid, reason: &str) -> Result<(), Failure> {
+        self.decide(proposal_id, "reject", reason).await
+    }
+
+    async fn decide(&self, proposal_id: Uuid, decision: &str, reason: &str) -> Result<(), Failure> {
+        let body = json!({ "reason": reason });
+        self.send(Method::POST, &format!("/v1/proposals/{proposal_id}/{decision}"), Some(&body)).await.map(drop)
+    }
+
+    /// The proposals waiting for an approver, newest first.
+    pub async fn pending_proposals(&self) -> Result<Vec<Uuid>, Failure> {
+        let waiting: Vec<ProposalRef> = read(self.send(Method::GET, "/v1/proposals?status=pending", None).await?)?;
+        Ok(waiting.into_iter().map(|proposal| proposal.proposal_id).collect())
+    }
+
+    /// Sends the request to the reconciler that last responded, then to each other one in turn
+    /// while none can be reached. A request that timed out may have been done: sending it again is
+    /// safe because the operations API refuses what no longer applies (a retry of a payment that
+    /// has no open dead letter, a second proposal for one payment, a decided proposal).
+    async fn send(&self, method: Method, path: &str, body: Option<&Value>) -> Result<(StatusCode, Value), Failure> {
+        let first = self.current.load(Ordering::Relaxed);
+        let mut unreachable = Vec::new();
+        for offset in 0..self.urls.len() {
+            let index = (first + offset) % self.urls.len();
+            let mut request =
+                self.http.request(method.clone(), format!("{}{path}", self.urls[index])).bearer_auth(&self.token);
+            if let Some(body) = body {
+                request = request.json(body);
+            }
+            let response = match request.send().await {
+                Ok(response) => response,
+                Err(error) => {
+                    unreachable.push(format!("{}: {error}", self.urls[index]));
+                    continue;
+                }
+            };
+            self.current.store(index, Ordering::Relaxed);
+            let status = response.status();
+            let text = response.text().await.map_err(|error| Failure::Failed(error.into()))?;
+            let value: Value =
+                if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) };
+            if status.is_success() {
+                return Ok((status, value));
+            }
+            let problem = serde_json::from_value(value.clone())
+                .unwrap_or_else(|_| Problem { status: status.as_u16(), detail: value.to_string() });
+            if status.is_client_error() {
+                return Err(Failure::Refused(problem));
+            }
+            return Err(Failure::Failed(anyhow!("{method} {path}: {status}: {}", problem.detail)));
+        }
+        Err(Failure::Failed(anyhow!("{method} {path}: no reconciler responded ({})", unreachable.join("; "))))
+    }
+}
+
+/// Reads a successful response's body as `T`.
+fn read<T: DeserializeOwned>((status, value): (StatusCode, Value)) -> Result<T, Failure> {
+    serde_json::from_value(value)
+        .with_context(|| format!("cannot read a {status} response of the operations API"))
+        .map_err(Failure::Failed)
+}
