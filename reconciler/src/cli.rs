@@ -1,8 +1,7 @@
 //! The command line: `oncepay-reconciler [serve]` runs the service; every other subcommand is an
-//! operator tool that does one thing and exits. Dead letters, proposals, the audit trail, operators
-//! and tokens go through the operations API with the operator's personal token
-//! ([`crate::operators::client`]); migrations, the first admin, tenants, keys and reconciliation
-//! runs work on the database directly.
+//! operator tool that does one thing and exits. `migrate` and `operators bootstrap` work on the
+//! database; every other command goes through the operations API with the operator's personal token
+//! ([`crate::operators::client`]), so its roles, tenant limits, approvals and audit trail apply.
 //!
 //! This module owns the argument grammar ([`Cli`]), the mapping of failures to exit codes
 //! ([`CliError::exit_code`]) and the dispatch of operator commands to the modules that implement
@@ -14,7 +13,6 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use oncepay_domain::ids::PaymentId;
-use oncepay_provider::ConfiguredProvider;
 use oncepay_store::db;
 use serde_json::json;
 use sqlx::PgPool;
@@ -26,10 +24,10 @@ use crate::operators::client::OpsClient;
 use crate::operators::proposals::{Approved, ProposalView};
 use crate::operators::reports::{Acted, AuditTrail, Done, OperatorList, PaymentPage, ProposalList, TokenList};
 use crate::operators::tokens::IssuedToken;
-use crate::recon::{self, Reconciliation};
+use crate::recon::commands::{RunDetail, RunList, RunReport};
 use crate::render::Report;
 use crate::settings::Settings;
-use crate::tenants;
+use crate::tenants::{Connected, IssuedKey, RevokedKey, TenantList, TenantView};
 
 /// `oncepay-reconciler`: the reconciler service and the operator CLI.
 #[derive(Debug, Parser)]
@@ -53,10 +51,11 @@ pub enum Command {
     Serve,
     /// Applies every pending database migration, then exits.
     Migrate,
-    /// Tenants: create (with a first API key), list, connect to a provider account.
+    /// Tenants: create (with a first API key), list, connect to a provider account (through the
+    /// operations API).
     #[command(subcommand)]
     Tenants(TenantsCommand),
-    /// A tenant's API keys: issue another, revoke one.
+    /// A tenant's API keys: issue another, revoke one (through the operations API).
     #[command(subcommand)]
     Keys(KeysCommand),
     /// Payments automation could not settle: list, show, retry, resolve (through the operations API).
@@ -90,7 +89,8 @@ pub enum Command {
     /// An operator's personal tokens for the operations API: list, issue, revoke (through it).
     #[command(subcommand)]
     Tokens(TokensCommand),
-    /// Ledger reconciliation: run a window now, list runs, show a run's discrepancies.
+    /// Ledger reconciliation: run a window now, list runs, show a run's discrepancies (through the
+    /// operations API).
     #[command(subcommand)]
     Recon(ReconCommand),
     /// Operator accounts: only the first admin is made here; admins make the rest through the
@@ -213,6 +213,9 @@ pub enum ReconCommand {
         /// End, exclusive: a date (2026-03-02) or an RFC 3339 time.
         #[arg(long)]
         to: String,
+        /// Why (recorded).
+        #[arg(long)]
+        reason: String,
     },
     /// Lists the latest runs, newest first.
     Runs {
@@ -241,6 +244,9 @@ pub enum TenantsCommand {
         /// account, `acct_…`); `tenants connect` sets it later.
         #[arg(long)]
         provider_account: Option<String>,
+        /// Why (recorded).
+        #[arg(long)]
+        reason: String,
     },
     /// Lists every tenant.
     List,
@@ -252,12 +258,18 @@ pub enum TenantsCommand {
         tenant: String,
         /// The account, e.g. `acct_1032D82eZvKYlo2C`.
         account: String,
+        /// Why (recorded).
+        #[arg(long)]
+        reason: String,
     },
     /// Removes a tenant's provider account: in connect mode it can take no payments until one is set
     /// again. Payments accepted before keep theirs.
     Disconnect {
         /// The tenant's name.
         tenant: String,
+        /// Why (recorded).
+        #[arg(long)]
+        reason: String,
     },
 }
 
@@ -268,6 +280,9 @@ pub enum KeysCommand {
     Issue {
         /// The tenant's name.
         tenant: String,
+        /// Why (recorded).
+        #[arg(long)]
+        reason: String,
     },
     /// Revokes one of a tenant's keys; the api refuses it within its `auth.cache_ttl_secs`.
     Revoke {
@@ -275,6 +290,9 @@ pub enum KeysCommand {
         tenant: String,
         /// The key id printed when the key was issued.
         key_id: String,
+        /// Why (recorded).
+        #[arg(long)]
+        reason: String,
     },
 }
 
@@ -425,22 +443,16 @@ pub async fn execute(command: Command, ctx: &Context) -> Result<Box<dyn Report>,
     match command {
         Command::Serve => Err(CliError::Invalid("`serve` runs the service; it is not an operator command".into())),
         Command::Migrate => migrate(&ctx.pool).await.map(boxed),
-        Command::Tenants(TenantsCommand::Create { name, rate_limit, provider_account }) => {
-            let conn = &mut *connection(ctx).await?;
-            tenants::create(conn, &name, rate_limit, provider_account.as_deref()).await.map(boxed)
+        Command::Tenants(command) => tenant_command(command, ctx.ops()?).await,
+        Command::Keys(KeysCommand::Issue { tenant, reason }) => {
+            let path = format!("/v1/tenants/{tenant}/keys");
+            let issued: IssuedKey = ctx.ops()?.post(&path, &json!({ "reason": reason })).await?.into()?;
+            Ok(boxed(issued))
         }
-        Command::Tenants(TenantsCommand::List) => tenants::list(&mut *connection(ctx).await?).await.map(boxed),
-        Command::Tenants(TenantsCommand::Connect { tenant, account }) => {
-            tenants::connect(&mut *connection(ctx).await?, &tenant, Some(&account)).await.map(boxed)
-        }
-        Command::Tenants(TenantsCommand::Disconnect { tenant }) => {
-            tenants::connect(&mut *connection(ctx).await?, &tenant, None).await.map(boxed)
-        }
-        Command::Keys(KeysCommand::Issue { tenant }) => {
-            tenants::issue_key(&mut *connection(ctx).await?, &tenant).await.map(boxed)
-        }
-        Command::Keys(KeysCommand::Revoke { tenant, key_id }) => {
-            tenants::revoke_key(&mut *connection(ctx).await?, &tenant, &key_id).await.map(boxed)
+        Command::Keys(KeysCommand::Revoke { tenant, key_id, reason }) => {
+            let path = format!("/v1/tenants/{tenant}/keys/{key_id}");
+            ctx.ops()?.delete(&path, &json!({ "reason": reason })).await?;
+            Ok(boxed(RevokedKey { tenant, key_id }))
         }
         Command::DeadLetters(command) => dead_letter_command(command, ctx.ops()?).await,
         Command::Proposals(command) => proposal_command(command, ctx.ops()?).await,
@@ -469,19 +481,40 @@ pub async fn execute(command: Command, ctx: &Context) -> Result<Box<dyn Report>,
             Ok(boxed(created))
         }
         Command::Tokens(command) => token_command(command, ctx.ops()?).await,
-        Command::Recon(ReconCommand::Run { from, to }) => {
-            let provider =
-                ConfiguredProvider::new(&ctx.settings.provider).context("cannot build the provider client")?;
-            let recon = Reconciliation::new(ctx.pool.clone(), provider, ctx.settings.recon_config());
-            recon::commands::run(&recon, &from, &to).await.map(boxed)
+        Command::Recon(ReconCommand::Run { from, to, reason }) => {
+            let body = json!({ "from": from, "to": to, "reason": reason });
+            let report: RunReport = ctx.ops()?.post_slow("/v1/recon/runs", &body).await?.into()?;
+            Ok(boxed(report))
         }
         Command::Recon(ReconCommand::Runs { limit }) => {
-            recon::commands::list(&mut *connection(ctx).await?, limit).await.map(boxed)
+            let query = [("limit", limit.to_string())];
+            let list: RunList = ctx.ops()?.get_with("/v1/recon/runs", &query).await?.into()?;
+            Ok(boxed(list))
         }
         Command::Recon(ReconCommand::Show { run_id }) => {
-            recon::commands::show(&mut *connection(ctx).await?, run_id).await.map(boxed)
+            let detail: RunDetail = ctx.ops()?.get(&format!("/v1/recon/runs/{run_id}")).await?.into()?;
+            Ok(boxed(detail))
         }
     }
+}
+
+async fn tenant_command(command: TenantsCommand, ops: &OpsClient) -> Result<Box<dyn Report>, CliError> {
+    let (tenant, account, reason) = match command {
+        TenantsCommand::Create { name, rate_limit, provider_account, reason } => {
+            let body = json!({ "name": name, "rate_limit": rate_limit, "provider_account": provider_account, "reason": reason });
+            let issued: IssuedKey = ops.post("/v1/tenants", &body).await?.into()?;
+            return Ok(boxed(issued));
+        }
+        TenantsCommand::List => {
+            let list: TenantList = ops.get("/v1/tenants").await?.into()?;
+            return Ok(boxed(list));
+        }
+        TenantsCommand::Connect { tenant, account, reason } => (tenant, Some(account), reason),
+        TenantsCommand::Disconnect { tenant, reason } => (tenant, None, reason),
+    };
+    let path = format!("/v1/tenants/{tenant}/provider-account");
+    let tenant: TenantView = ops.put(&path, &json!({ "account": account, "reason": reason })).await?.into()?;
+    Ok(boxed(Connected { tenant }))
 }
 
 async fn dead_letter_command(command: DeadLettersCommand, ops: &OpsClient) -> Result<Box<dyn Report>, CliError> {

@@ -5,8 +5,8 @@
 //! leases ([`sweeper`]), deletes expired idempotency keys ([`reaper`]), and reconciles the ledger with
 //! the provider every night ([`recon`]), and serves the operations API where operators, signed in
 //! with personal tokens and limited by their roles, work dead letters and approve each other's
-//! proposals ([`operators`]). As a CLI ([`cli`]) it is the operator's tool on the database itself:
-//! migrations, the first admin, tenants and API keys, dead letters, reconciliation runs. `main.rs`
+//! proposals ([`operators`]). As a CLI ([`cli`]) it is the operator's tool: migrations and the first
+//! admin on the database, everything else through the operations API. `main.rs`
 //! only parses arguments, loads settings, starts telemetry and runs; everything testable is here.
 
 pub mod backlog;

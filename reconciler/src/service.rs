@@ -73,6 +73,7 @@ pub async fn serve(settings: Settings, shutdown: CancellationToken) -> anyhow::R
                 retries_need_approval: settings.operators.retries_need_approval,
                 sessions: settings.operators.session_policy(),
                 fresh_sign_in: Duration::from_secs(settings.operators.fresh_sign_in_secs),
+                recon: settings.recon_config(),
                 oidc: match &settings.operators.oidc {
                     Some(oidc) => Some(Arc::new(
                         operators::oidc::Oidc::new(oidc.clone()).context("cannot build the OpenID client")?,

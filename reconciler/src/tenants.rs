@@ -11,7 +11,7 @@ use anyhow::Context;
 use oncepay_domain::api_key::{self, KeyId};
 use oncepay_domain::provider_ref::ProviderAccount;
 use oncepay_store::tenants::{self, CreateTenantError, Tenant, TenantName};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sqlx::{Acquire, PgConnection};
 use time::OffsetDateTime;
 
@@ -19,7 +19,7 @@ use crate::cli::CliError;
 use crate::render::{self, Report, Table};
 
 /// A tenant as operators see it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TenantView {
     /// Its id.
     pub tenant_id: String,
@@ -47,7 +47,7 @@ impl From<&Tenant> for TenantView {
 }
 
 /// A new key, with the token that is shown this once.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct IssuedKey {
     /// The tenant it belongs to.
     pub tenant: TenantView,
@@ -101,7 +101,7 @@ pub async fn create(
 }
 
 /// `tenants list`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct TenantList(pub Vec<TenantView>);
 
 impl Report for TenantList {
@@ -136,7 +136,7 @@ fn account(text: &str) -> Result<ProviderAccount, CliError> {
 }
 
 /// A tenant's provider account, changed.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Connected {
     /// The tenant, as it is now.
     pub tenant: TenantView,
@@ -207,7 +207,7 @@ pub async fn issue_key(conn: &mut PgConnection, tenant_name: &str) -> Result<Iss
 }
 
 /// A revoked key.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct RevokedKey {
     /// Whose.
     pub tenant: String,

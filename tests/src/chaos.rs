@@ -297,7 +297,7 @@ async fn drive(config: &ChaosConfig, system: &mut System, timing: Timing) -> any
 /// How often the harness's operator looks at the dead-letter table.
 const OPERATOR_ROUND: Duration = Duration::from_secs(2);
 
-/// The harness's operators, made through the real CLI and operations API when the run starts:
+/// The harness's operators, made through the operations API when the run starts:
 /// `chaos` retries dead letters, and `chaos-approver` approves the resends, which the run's
 /// reconcilers all propose rather than do (`operators.retries_need_approval`).
 struct Operators {
@@ -306,9 +306,9 @@ struct Operators {
 }
 
 impl Operators {
-    /// Bootstraps the admin `chaos-admin` with the CLI, which then makes the other two over HTTP.
+    /// The system's admin makes the two over HTTP.
     async fn make(system: &System) -> anyhow::Result<Self> {
-        let admin = OperatorClient::bootstrap(system, "chaos-admin").await?;
+        let admin = OperatorClient::admin(system)?;
         let reason = "chaos: the harness's operators";
         Ok(Self {
             operator: admin.create_operator("chaos", "operator", reason).await?,

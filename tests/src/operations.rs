@@ -1,6 +1,6 @@
 //! A client of the reconciler's operations API that acts as one operator with a personal token, as
-//! a person at a terminal would. [`OperatorClient::bootstrap`] makes the first admin with the real
-//! CLI; an admin makes the other operators over HTTP.
+//! a person at a terminal would. [`OperatorClient::admin`] acts as the admin the system bootstrapped
+//! with the real CLI; an admin makes the other operators over HTTP.
 //!
 //! Every reconciler serves the same API on the same database, so a request goes to the one that
 //! last responded and moves on to the next when it cannot be reached. The client only sends
@@ -72,7 +72,7 @@ pub enum Retried {
     Proposed(Uuid),
 }
 
-/// What `operators bootstrap --json` prints and `POST /v1/operators/{name}/tokens` responds with.
+/// What `POST /v1/operators/{name}/tokens` responds with.
 #[derive(Deserialize)]
 struct IssuedToken {
     token: String,
@@ -89,15 +89,9 @@ struct Proposed {
 }
 
 impl OperatorClient {
-    /// Makes the first admin, `name`, with `oncepay-reconciler operators bootstrap`; it works only
-    /// while there is no operator.
-    pub async fn bootstrap(system: &System, name: &str) -> anyhow::Result<Self> {
-        let printed = system
-            .operator(&["operators", "bootstrap", name, "--json"])
-            .await
-            .with_context(|| format!("operators bootstrap {name}"))?;
-        let issued: IssuedToken = serde_json::from_str(&printed).context("reading `operators bootstrap --json`")?;
-        Self::new(issued.token, system.operations_urls())
+    /// The system's first operator, the admin it bootstrapped when it started.
+    pub fn admin(system: &System) -> anyhow::Result<Self> {
+        Self::new(system.admin_token().to_owned(), system.operations_urls())
     }
 
     fn new(token: String, urls: Vec<String>) -> anyhow::Result<Self> {

@@ -206,6 +206,15 @@ pub struct Tenant {
     pub api_key: String,
 }
 
+/// The first operator, an admin, bootstrapped when the system starts.
+const ADMIN: &str = "oncepay-tests";
+
+/// What `oncepay-reconciler operators bootstrap --json` prints, of what the harness reads.
+#[derive(Deserialize)]
+struct IssuedToken {
+    token: String,
+}
+
 /// What `oncepay-reconciler tenants create --json` prints.
 #[derive(Deserialize)]
 struct IssuedKey {
@@ -279,6 +288,8 @@ pub struct System {
     /// Citus worker nodes crashed and not started again.
     nodes_down: BTreeSet<usize>,
     reconciler: PathBuf,
+    /// The token of the first operator, the admin `oncepay-tests`.
+    admin_token: String,
     /// What the provider signs its webhooks with.
     webhook_secret: String,
     /// Under Citus, the two-phase commits that setting up made (creating the database, distributing
@@ -288,8 +299,10 @@ pub struct System {
 
 impl System {
     /// Starts everything and waits until every process is ready, the way an operator would: a fresh
-    /// cluster, `oncepay-reconciler migrate`, `oncepay-reconciler tenants create <name> --json` for
-    /// every tenant, the simulator with the first reconciler's webhook URL, then every process.
+    /// cluster, `oncepay-reconciler migrate`, `oncepay-reconciler operators bootstrap oncepay-tests`,
+    /// the simulator with the first reconciler's webhook URL, every process, then
+    /// `oncepay-reconciler tenants create <name> --json` for every tenant, as that admin through the
+    /// operations API.
     pub async fn start(config: SystemConfig) -> anyhow::Result<Self> {
         ensure!(!config.tenants.is_empty(), "at least one tenant");
         ensure!(config.topology.apis >= 1 && config.topology.workers >= 1 && config.topology.reconcilers >= 1);
@@ -308,19 +321,12 @@ impl System {
         let database_url = server.url("oncepay");
         let binaries = &config.binaries;
 
-        run_cli(&binaries.reconciler, &database_url, &["migrate"]).await.context("migrate")?;
-        let mut tenants = Vec::new();
-        for name in &config.tenants {
-            let out = run_cli(&binaries.reconciler, &database_url, &["tenants", "create", name, "--json"])
+        run_cli(&binaries.reconciler, &database_url, &[], &["migrate"]).await.context("migrate")?;
+        let bootstrapped =
+            run_cli(&binaries.reconciler, &database_url, &[], &["operators", "bootstrap", ADMIN, "--json"])
                 .await
-                .with_context(|| format!("tenants create {name}"))?;
-            let issued: IssuedKey = serde_json::from_str(&out).context("reading `tenants create --json`")?;
-            tenants.push(Tenant {
-                name: issued.tenant.name,
-                tenant_id: issued.tenant.tenant_id,
-                api_key: issued.api_key,
-            });
-        }
+                .context("operators bootstrap")?;
+        let admin: IssuedToken = serde_json::from_str(&bootstrapped).context("reading `operators bootstrap --json`")?;
 
         let timing = config.timing;
         let mut slots = BTreeMap::new();
@@ -361,11 +367,12 @@ impl System {
             server,
             database_url,
             pool,
-            tenants,
+            tenants: Vec::new(),
             logs,
             database_up: true,
             nodes_down: BTreeSet::new(),
             reconciler: config.binaries.reconciler.clone(),
+            admin_token: admin.token,
             webhook_secret,
             two_phase_at_start,
         };
@@ -373,7 +380,24 @@ impl System {
         for (role, index) in all {
             system.restart(role, index, &[]).await?;
         }
+        for name in &config.tenants {
+            let out = system
+                .operator(&["tenants", "create", name, "--reason", "a tenant of the test", "--json"])
+                .await
+                .with_context(|| format!("tenants create {name}"))?;
+            let issued: IssuedKey = serde_json::from_str(&out).context("reading `tenants create --json`")?;
+            system.tenants.push(Tenant {
+                name: issued.tenant.name,
+                tenant_id: issued.tenant.tenant_id,
+                api_key: issued.api_key,
+            });
+        }
         Ok(system)
+    }
+
+    /// The token of the first operator, the admin `oncepay-tests`, for the operations API.
+    pub fn admin_token(&self) -> &str {
+        &self.admin_token
     }
 
     /// What the provider signs its webhooks with (`whsec_` and base64), for a test that looks for it
@@ -440,10 +464,13 @@ impl System {
         }
     }
 
-    /// Runs an operator command (`oncepay-reconciler <args>`, as operator `oncepay-tests`) and
-    /// returns its output; a refused or failed command is an error with its message.
+    /// Runs an operator command (`oncepay-reconciler <args>`, as the admin `oncepay-tests`, through
+    /// the first reconciler's operations API) and returns its output; a refused or failed command is
+    /// an error with its message.
     pub async fn operator(&self, args: &[&str]) -> anyhow::Result<String> {
-        run_cli(&self.reconciler, &self.database_url, args).await
+        let url = self.operations_urls().into_iter().next().context("no reconciler serves the operations API")?;
+        let env = [("ONCEPAY_OPS_URL", url.as_str()), ("ONCEPAY_OPS_TOKEN", self.admin_token.as_str())];
+        run_cli(&self.reconciler, &self.database_url, &env, args).await
     }
 
     /// Under Citus, how many transactions committed with two-phase commit since the system started:
@@ -799,11 +826,11 @@ async fn two_phase_commits(pool: &PgPool, server: &Server) -> anyhow::Result<Opt
 }
 
 /// Runs an operator command of `oncepay-reconciler` on `database_url` and returns its stdout.
-async fn run_cli(reconciler: &Path, database_url: &str, args: &[&str]) -> anyhow::Result<String> {
+async fn run_cli(reconciler: &Path, database_url: &str, env: &[(&str, &str)], args: &[&str]) -> anyhow::Result<String> {
     let output = tokio::process::Command::new(reconciler)
         .args(args)
         .env("DATABASE_URL", database_url)
-        .env("USER", "oncepay-tests")
+        .envs(env.iter().copied())
         .output()
         .await
         .with_context(|| format!("cannot run {}", reconciler.display()))?;

@@ -372,7 +372,19 @@ impl World {
 
     /// A new tenant limited to `rate_limit` requests a second, made with the operator CLI.
     async fn tenant(&self, name: &str, rate_limit: &str) -> Tenant {
-        let created = self.system.operator(&["--json", "tenants", "create", name, "--rate-limit", rate_limit]).await;
+        let created = self
+            .system
+            .operator(&[
+                "--json",
+                "tenants",
+                "create",
+                name,
+                "--rate-limit",
+                rate_limit,
+                "--reason",
+                "a tenant of the test",
+            ])
+            .await;
         let created: Value = serde_json::from_str(&created.unwrap()).unwrap();
         Tenant {
             name: name.to_owned(),

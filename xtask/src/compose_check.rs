@@ -81,7 +81,8 @@ struct Stack<'a> {
 
 impl<'a> Stack<'a> {
     fn new(engine: &'a Engine, root: &'a Path, bin: &Path, run_id: &str) -> anyhow::Result<Self> {
-        let [api_port, reconciler_port, simulator_port] = [free_port()?, free_port()?, free_port()?];
+        let [api_port, reconciler_port, operations_port, simulator_port] =
+            [free_port()?, free_port()?, free_port()?, free_port()?];
         let image = format!("oncepay-compose-check:{run_id}");
         let env = vec![
             ("WEBHOOK_SECRET", secrets::webhook_secret()),
@@ -90,6 +91,7 @@ impl<'a> Stack<'a> {
             ("PUBLISH_ADDRESS", "127.0.0.1".to_owned()),
             ("API_PORT", api_port.to_string()),
             ("RECONCILER_PORT", reconciler_port.to_string()),
+            ("OPERATIONS_PORT", operations_port.to_string()),
             ("SIMULATOR_PORT", simulator_port.to_string()),
             ("APP_IMAGE", image.clone()),
         ];
@@ -305,7 +307,8 @@ struct Paid {
 }
 
 /// The image (the Dockerfile's runtime stage around the binaries built here); every service up and
-/// healthy; a tenant made with the reconciler's CLI inside its container; a payment that succeeds
+/// healthy; the first operator made with the reconciler's CLI inside its container, and a tenant
+/// made by that operator through the operations API; a payment that succeeds
 /// with exactly one charge at the simulator; the same with three workers; the workers restarted in
 /// the middle of a batch, every payment settling with one charge; and everything down with its
 /// volumes.
@@ -323,11 +326,29 @@ async fn check(stack: &Stack<'_>, root: &Path, bin: &Path) -> anyhow::Result<()>
     stack.wait_until_healthy(1).await?;
 
     phase.next("first payment");
-    let created = stack
-        .compose(&["exec", "-T", "reconciler", "oncepay-reconciler", "tenants", "create", "compose-check", "--json"])
+    let bootstrapped = stack
+        .compose(&[
+            "exec",
+            "-T",
+            "reconciler",
+            "oncepay-reconciler",
+            "operators",
+            "bootstrap",
+            "compose-check",
+            "--json",
+        ])
         .output()
         .await?;
-    ensure!(created.status.success(), "creating a tenant in the reconciler's container failed: {}", created.status);
+    ensure!(bootstrapped.status.success(), "making the first operator failed: {}", bootstrapped.status);
+    let bootstrapped: Value =
+        serde_json::from_slice(&bootstrapped.stdout).context("the reconciler printed unreadable JSON")?;
+    let token = bootstrapped["token"].as_str().context("the reconciler printed no token")?;
+    let (url, token) = ("ONCEPAY_OPS_URL=http://localhost:8083".to_owned(), format!("ONCEPAY_OPS_TOKEN={token}"));
+    let create = ["tenants", "create", "compose-check", "--reason", "compose-check", "--json"];
+    let exec =
+        [&["exec", "-T", "-e", &url, "-e", &token, "reconciler", "oncepay-reconciler"][..], &create[..]].concat();
+    let created = stack.compose(&exec).output().await?;
+    ensure!(created.status.success(), "creating a tenant through the operations API failed: {}", created.status);
     let created: Value = serde_json::from_slice(&created.stdout).context("the reconciler printed unreadable JSON")?;
     let api_key = created["api_key"].as_str().context("the reconciler printed no api_key")?.to_owned();
     let mut payments = vec![stack.pay(&api_key, 1999, true).await?];

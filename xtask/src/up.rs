@@ -146,8 +146,7 @@ async fn start(root: &Path, options: &Options, running: &mut Running) -> anyhow:
 
     let reconciler = bin.join("oncepay-reconciler");
     run_ok(&reconciler, &["migrate"], &database_url).await.context("migrating the database failed")?;
-    let api_key = demo_key(&reconciler, &database_url, &options.tenant).await?;
-    let admin_login = first_admin(&reconciler, &database_url).await?;
+    let admin_login = admin_login(&reconciler, &database_url).await?;
 
     let provider_key = format!("sk_test_{}", secrets::hex_token(16));
     let webhook_secret = secrets::webhook_secret();
@@ -218,7 +217,8 @@ async fn start(root: &Path, options: &Options, running: &mut Running) -> anyhow:
         child.wait_until_ready(&format!("http://127.0.0.1:{port}/readyz"), Duration::from_secs(60)).await?;
     }
 
-    print_banner(&bin, &api_key, admin_login.as_ref(), &log_dir, options.provider);
+    let api_key = demo_key(&reconciler, &admin_login.token, &options.tenant).await?;
+    print_banner(&bin, &api_key, &admin_login, &log_dir, options.provider);
     Ok(())
 }
 
@@ -238,7 +238,7 @@ async fn supervise(children: &mut [Child]) -> anyhow::Result<ExitCode> {
 
 /// Prints where everything runs, the demo tenant's API key, the first admin's token, and
 /// ready-to-paste commands to pay and to look at the dead letters.
-fn print_banner(bin: &Path, api_key: &str, admin: Option<&Login>, log_dir: &Path, provider: Provider) {
+fn print_banner(bin: &Path, api_key: &str, admin: &Login, log_dir: &Path, provider: Provider) {
     let client = bin.join("oncepay");
     let (webhooks, provider_line, declined) = match provider {
         Provider::Simulator => (
@@ -256,20 +256,21 @@ fn print_banner(bin: &Path, api_key: &str, admin: Option<&Login>, log_dir: &Path
             "pm_card_chargeCustomerFail",
         ),
     };
-    let operators = match admin {
-        Some(Login { token, password }) => format!(
-            "Operations API http://127.0.0.1:{OPERATIONS_PORT}; the operator `admin` (shown once):\n\
-             \x20 password {password}   (sign in: POST /v1/session {{\"name\":\"admin\",\"password\":…}})\n\
-             \x20 export ONCEPAY_OPS_URL=http://127.0.0.1:{OPERATIONS_PORT} ONCEPAY_OPS_TOKEN={token}\n\
-             \x20 {reconciler} dead-letters list\n\
-             \x20 (or curl -s $ONCEPAY_OPS_URL/v1/dead-letters -H \"Authorization: Bearer $ONCEPAY_OPS_TOKEN\")\n",
-            reconciler = bin.join("oncepay-reconciler").display(),
-        ),
-        None => format!(
-            "Operations API http://127.0.0.1:{OPERATIONS_PORT}; this database has operators already: use a login of \
-             theirs.\n"
-        ),
+    let password = match &admin.password {
+        Some(password) => {
+            format!("\x20 password {password}   (sign in: POST /v1/session {{\"name\":\"admin\",\"password\":…}})\n")
+        }
+        None => String::new(),
     };
+    let operators = format!(
+        "Operations API http://127.0.0.1:{OPERATIONS_PORT}; the operator `admin` (shown once):\n\
+         {password}\
+         \x20 export ONCEPAY_OPS_URL=http://127.0.0.1:{OPERATIONS_PORT} ONCEPAY_OPS_TOKEN={token}\n\
+         \x20 {reconciler} dead-letters list\n\
+         \x20 (or curl -s $ONCEPAY_OPS_URL/v1/dead-letters -H \"Authorization: Bearer $ONCEPAY_OPS_TOKEN\")\n",
+        token = admin.token,
+        reconciler = bin.join("oncepay-reconciler").display(),
+    );
     eprintln!(
         "\n\
          ================================================================================\n\
@@ -302,12 +303,16 @@ fn print_banner(bin: &Path, api_key: &str, admin: Option<&Login>, log_dir: &Path
     );
 }
 
-/// Creates the demo tenant (or, if it exists, a new key for it) and returns the API key.
-async fn demo_key(reconciler: &Path, database_url: &str, tenant: &str) -> anyhow::Result<String> {
-    let created = output(reconciler, &["tenants", "create", tenant, "--json"], database_url).await?;
+/// Creates the demo tenant (or, if it exists, a new key for it) as the admin with `token`, through
+/// the operations API, and returns the API key.
+async fn demo_key(reconciler: &Path, token: &str, tenant: &str) -> anyhow::Result<String> {
+    let ops =
+        [("ONCEPAY_OPS_URL", format!("http://127.0.0.1:{OPERATIONS_PORT}")), ("ONCEPAY_OPS_TOKEN", token.to_owned())];
+    let reason = "the demo tenant of cargo xtask up";
+    let created = output(reconciler, &["tenants", "create", tenant, "--reason", reason, "--json"], &ops).await?;
     let issued = match created {
         Some(json) => json,
-        None => output(reconciler, &["keys", "issue", tenant, "--json"], database_url)
+        None => output(reconciler, &["keys", "issue", tenant, "--reason", reason, "--json"], &ops)
             .await?
             .with_context(|| format!("cannot create tenant {tenant} nor issue it a key"))?,
     };
@@ -315,30 +320,38 @@ async fn demo_key(reconciler: &Path, database_url: &str, tenant: &str) -> anyhow
     value["api_key"].as_str().map(str::to_owned).context("the reconciler printed no api_key")
 }
 
-/// The first operator's login: its token and password.
+/// The first operator's login: its token, and its password when it was made here.
 struct Login {
     token: String,
-    password: String,
+    password: Option<String>,
 }
 
-/// Makes the first operator, `admin`, and returns its login; `None` when the database has operators
-/// already (a `DATABASE_URL` used before).
-async fn first_admin(reconciler: &Path, database_url: &str) -> anyhow::Result<Option<Login>> {
-    let Some(issued) = output(reconciler, &["operators", "bootstrap", "admin", "--json"], database_url).await? else {
-        return Ok(None);
+/// Makes the first operator, `admin`, and returns its login. A database that has operators already
+/// (a `DATABASE_URL` used before) takes the token in `ONCEPAY_OPS_TOKEN`, one of an admin's.
+async fn admin_login(reconciler: &Path, database_url: &str) -> anyhow::Result<Login> {
+    let database = [("DATABASE_URL", database_url.to_owned())];
+    let bootstrapped = output(reconciler, &["operators", "bootstrap", "admin", "--json"], &database).await?;
+    let Some(issued) = bootstrapped else {
+        let token = std::env::var("ONCEPAY_OPS_TOKEN").map_err(|_| {
+            anyhow::anyhow!(
+                "this database has operators already: set ONCEPAY_OPS_TOKEN to an admin's token, or unset \
+                 DATABASE_URL to run on a throwaway database"
+            )
+        })?;
+        return Ok(Login { token, password: None });
     };
     let value: serde_json::Value = serde_json::from_str(&issued).context("the reconciler printed unreadable JSON")?;
     let field = |name: &str| {
         value[name].as_str().map(str::to_owned).with_context(|| format!("the reconciler printed no {name}"))
     };
-    Ok(Some(Login { token: field("token")?, password: field("password")? }))
+    Ok(Login { token: field("token")?, password: Some(field("password")?) })
 }
 
-/// Runs a reconciler command; its stdout if it succeeded.
-async fn output(program: &Path, args: &[&str], database_url: &str) -> anyhow::Result<Option<String>> {
+/// Runs a reconciler command with `env`; its stdout if it succeeded.
+async fn output(program: &Path, args: &[&str], env: &[(&str, String)]) -> anyhow::Result<Option<String>> {
     let output = Command::new(program)
         .args(args)
-        .env("DATABASE_URL", database_url)
+        .envs(env.iter().map(|(key, value)| (*key, value.as_str())))
         .env(setting_variable("telemetry.log_format"), "text")
         .output()
         .await

@@ -17,6 +17,8 @@ use crate::cli::CliError;
 
 /// How long one request may take.
 const TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a reconciliation run may take.
+const SLOW_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
 /// A client of one operations API, acting with one token.
 pub struct OpsClient {
@@ -46,11 +48,8 @@ impl OpsClient {
     /// A client of the API at `base` (e.g. `http://127.0.0.1:8083`) with `token`.
     pub fn new(base: &str, token: SecretString) -> Result<Self, CliError> {
         oncepay_service::tls::install_provider();
-        let http = reqwest::Client::builder()
-            .timeout(TIMEOUT)
-            .build()
-            .context("cannot build the HTTP client")
-            .map_err(CliError::Failed)?;
+        let http =
+            reqwest::Client::builder().build().context("cannot build the HTTP client").map_err(CliError::Failed)?;
         Ok(Self { base: base.trim_end_matches('/').to_owned(), token, http })
     }
 
@@ -69,6 +68,16 @@ impl OpsClient {
         self.send(Method::POST, path, &[], Some(body)).await
     }
 
+    /// `PUT path` with a JSON body.
+    pub async fn put(&self, path: &str, body: &Value) -> Result<Answer, CliError> {
+        self.send(Method::PUT, path, &[], Some(body)).await
+    }
+
+    /// `POST path` with a JSON body, for a request that works for minutes (a reconciliation run).
+    pub async fn post_slow(&self, path: &str, body: &Value) -> Result<Answer, CliError> {
+        self.send_within(Method::POST, path, &[], Some(body), SLOW_TIMEOUT).await
+    }
+
     /// `DELETE path` with a JSON body.
     pub async fn delete(&self, path: &str, body: &Value) -> Result<Answer, CliError> {
         self.send(Method::DELETE, path, &[], Some(body)).await
@@ -81,8 +90,20 @@ impl OpsClient {
         query: &[(&str, String)],
         body: Option<&Value>,
     ) -> Result<Answer, CliError> {
+        self.send_within(method, path, query, body, TIMEOUT).await
+    }
+
+    async fn send_within(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<&Value>,
+        timeout: Duration,
+    ) -> Result<Answer, CliError> {
         let url = format!("{}{path}", self.base);
-        let mut request = self.http.request(method, &url).bearer_auth(self.token.expose_secret()).query(query);
+        let mut request =
+            self.http.request(method, &url).bearer_auth(self.token.expose_secret()).query(query).timeout(timeout);
         if let Some(body) = body {
             request = request.json(body);
         }

@@ -31,7 +31,7 @@ pub fn parse_bound(text: &str) -> Result<OffsetDateTime, CliError> {
 }
 
 /// `recon run`: what the run found.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, serde::Deserialize)]
 pub struct RunReport {
     /// The run.
     pub run_id: Uuid,
@@ -103,7 +103,7 @@ pub async fn run<P: PaymentProvider + 'static>(
 }
 
 /// `recon runs`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, serde::Deserialize)]
 pub struct RunList(pub Vec<Run>);
 
 impl Report for RunList {
@@ -137,7 +137,7 @@ pub async fn list(conn: &mut PgConnection, limit: u32) -> Result<RunList, CliErr
 }
 
 /// `recon show`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, serde::Deserialize)]
 pub struct RunDetail {
     /// The run.
     pub run: Run,

@@ -16,7 +16,7 @@ use time::OffsetDateTime;
 use crate::stored_name::{self, UnknownName};
 
 /// A discrepancy class, as stored in `recon_discrepancies.class`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Class {
     /// Charged at the provider, not in our ledger: a succeeded charge that no ledger entry books (the
@@ -85,7 +85,7 @@ pub struct LedgerEntry {
 }
 
 /// One discrepancy, as found and as stored in `recon_discrepancies`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct Discrepancy {
     /// Which class.
     pub class: Class,

@@ -19,7 +19,7 @@ use crate::recon::Window;
 use crate::recon::compare::Discrepancy;
 
 /// Who started a run: the `recon_run_trigger` column type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, sqlx::Type)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, sqlx::Type)]
 #[serde(rename_all = "snake_case")]
 #[sqlx(type_name = "recon_run_trigger", rename_all = "snake_case")]
 pub enum Trigger {
@@ -40,7 +40,7 @@ impl Trigger {
 }
 
 /// Where a run stands: the `recon_run_status` column type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, sqlx::Type)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, sqlx::Type)]
 #[serde(rename_all = "snake_case")]
 #[sqlx(type_name = "recon_run_status", rename_all = "snake_case")]
 pub enum RunStatus {
@@ -248,7 +248,7 @@ pub async fn fail(conn: &mut PgConnection, run_id: Uuid, error: &str) -> anyhow:
 }
 
 /// A run, as operators see it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Run {
     /// Its id.
     pub run_id: Uuid,

@@ -14,6 +14,7 @@ use oncepay_reconciler::cli::CliError;
 use oncepay_reconciler::dead_letters::actions::{self, BookedCharge, Operator, Resolution, Retry};
 use oncepay_reconciler::dead_letters::queries::{self, Filter};
 use oncepay_reconciler::dead_letters::{self, Kind};
+use oncepay_reconciler::operators::{Role, tokens};
 use oncepay_reconciler::render::Report;
 use oncepay_reconciler::tenants;
 use oncepay_reconciler::webhooks;
@@ -106,31 +107,31 @@ async fn an_operator_connects_a_tenant_to_its_provider_account_and_disconnects_i
 }
 
 #[sqlx::test(migrations = false)]
-async fn the_binary_migrates_an_empty_database_then_creates_a_tenant_whose_key_authenticates(pool: PgPool) {
+async fn the_binary_migrates_an_empty_database_then_makes_its_first_admin_once(pool: PgPool) {
     let url = support::url_of(&pool);
 
     let migrated = reconciler(&url, &["migrate"]);
-    let created = reconciler(&url, &["tenants", "create", "acme", "--json"]);
-    let again = reconciler(&url, &["tenants", "create", "acme"]);
-    let listed = reconciler(&url, &["tenants", "list"]);
+    let bootstrapped = reconciler(&url, &["operators", "bootstrap", "root", "--json"]);
+    let again = reconciler(&url, &["operators", "bootstrap", "other"]);
 
     assert!(migrated.status.success(), "{}", String::from_utf8_lossy(&migrated.stderr));
     db::check_ready(&pool).await.unwrap();
-    assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
-    let json: serde_json::Value = serde_json::from_slice(&created.stdout).unwrap();
+    assert!(bootstrapped.status.success(), "{}", String::from_utf8_lossy(&bootstrapped.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&bootstrapped.stdout).unwrap();
     assert!(json["notice"].as_str().unwrap().contains("shown once"));
-    assert!(authenticates(&pool, json["api_key"].as_str().unwrap()).await);
+    assert!(json["password"].as_str().unwrap().len() >= 20);
+    let mut conn = pool.acquire().await.unwrap();
+    let admin = tokens::authenticate(&mut conn, json["token"].as_str().unwrap()).await.unwrap().unwrap();
+    assert_eq!((admin.name.as_str(), admin.role), ("root", Role::Admin));
     assert_eq!(again.status.code(), Some(4));
     let stderr = String::from_utf8(again.stderr).unwrap();
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
-    assert!(stderr.contains("already exists"), "{stderr}");
-    let table = String::from_utf8(listed.stdout).unwrap();
-    assert!(table.starts_with("NAME") && table.contains("acme"), "{table}");
+    assert!(stderr.contains("has operators already"), "{stderr}");
 }
 
 #[test]
 fn an_unreachable_database_is_a_one_line_failure_with_exit_code_1() {
-    let output = reconciler("postgres://postgres@127.0.0.1:1/nothing", &["tenants", "list"]);
+    let output = reconciler("postgres://postgres@127.0.0.1:1/nothing", &["operators", "bootstrap", "root"]);
 
     assert_eq!(output.status.code(), Some(1));
     let stderr = String::from_utf8(output.stderr).unwrap();

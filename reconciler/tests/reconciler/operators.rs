@@ -749,3 +749,25 @@ async fn a_proposal_its_action_would_refuse_now_is_refused_at_once(pool: PgPool)
     assert_eq!(status(&pool, acme, payment_id).await, PaymentStatus::DeadLettered);
     assert_eq!(audit_of(&pool, payment_id).await, rows(&[("alice", "payment.resolve", "refused")]));
 }
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn the_cli_creates_a_tenant_whose_key_authenticates_through_the_api(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+
+    let created = cli(&pool, &ops, &ops.admin, &["tenants", "create", "acme", "--reason", "signed", "--json"]).await;
+    let again = cli(&pool, &ops, &ops.admin, &["tenants", "create", "acme", "--reason", "signed"]).await;
+    let listed = cli(&pool, &ops, &ops.admin, &["tenants", "list"]).await;
+
+    let json = stdout_json(&created);
+    assert!(json["notice"].as_str().unwrap().contains("shown once"));
+    let presented = oncepay_domain::api_key::parse(json["api_key"].as_str().unwrap()).unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    let stored = oncepay_store::tenants::find_api_key(&mut conn, presented.tenant_id, &presented.key_id).await.unwrap();
+    assert!(stored.is_some_and(|key| !key.revoked && presented.secret_hash.matches(&key.secret_sha256)));
+    assert_eq!(again.status.code(), Some(4));
+    let stderr = String::from_utf8(again.stderr).unwrap();
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("already exists"), "{stderr}");
+    let table = String::from_utf8(listed.stdout).unwrap();
+    assert!(table.starts_with("NAME") && table.contains("acme"), "{table}");
+}

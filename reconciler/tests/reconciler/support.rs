@@ -226,6 +226,7 @@ impl Ops {
             sessions: settings.operators.session_policy(),
             fresh_sign_in: Duration::from_secs(300),
             oidc,
+            recon: settings.recon_config(),
         };
         tokio::spawn(api::server(listener, state, 1).unwrap());
         let mut conn = pool.acquire().await.unwrap();

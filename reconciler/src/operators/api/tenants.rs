@@ -9,6 +9,7 @@
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use anyhow::Context as _;
+use oncepay_provider::ConfiguredProvider;
 use serde::Deserialize;
 use serde_json::json;
 use sqlx::PgConnection;
@@ -20,6 +21,7 @@ use crate::cli::CliError;
 use crate::dead_letters::actions::require_reason;
 use crate::operators::audit::{self, Entry, Outcome};
 use crate::operators::{Role, Scope};
+use crate::recon::Reconciliation;
 use crate::recon::commands as recon;
 use crate::tenants::{self, TenantList};
 
@@ -32,6 +34,7 @@ pub(super) fn configure(config: &mut web::ServiceConfig) {
         .route("/v1/tenants/{name}/keys", web::post().to(issue_key))
         .route("/v1/tenants/{name}/keys/{key_id}", web::delete().to(revoke_key))
         .route("/v1/recon/runs", web::get().to(runs))
+        .route("/v1/recon/runs", web::post().to(start_run))
         .route("/v1/recon/runs/{run_id}", web::get().to(run));
 }
 
@@ -213,6 +216,42 @@ fn every_tenant(caller: &Caller) -> Result<(), CliError> {
     Err(CliError::Forbidden(
         "a reconciliation run covers every tenant; an operator limited to some cannot read it".into(),
     ))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewRun {
+    /// Start, inclusive: a date (2026-03-01) or an RFC 3339 time.
+    from: String,
+    /// End, exclusive.
+    to: String,
+    reason: String,
+}
+
+/// `POST /v1/recon/runs` `{from, to, reason}`: reconciles the window now (operators of every
+/// tenant) and answers with what the run found, 201.
+async fn start_run(state: web::Data<OperatorsState>, request: HttpRequest, bytes: web::Bytes) -> HttpResponse {
+    respond(
+        async {
+            let caller = caller(&state, &request).await?;
+            let entry = Entry::new("recon.run", Outcome::Done);
+            let outcome = async {
+                let asked: NewRun = body(&bytes)?;
+                caller.account.require(Role::Operator, "run a reconciliation")?;
+                every_tenant(&caller)?;
+                let reason = require_reason(&asked.reason)?;
+                let provider = ConfiguredProvider::new(&state.provider).context("cannot build the provider client")?;
+                let reconciliation = Reconciliation::new(state.pool.clone(), provider, state.recon.clone());
+                let report = recon::run(&reconciliation, &asked.from, &asked.to).await?;
+                let mut conn = state.pool.acquire().await.context("cannot reach the database")?;
+                let after = json!({ "run_id": report.run_id, "discrepancies": report.discrepancies });
+                audit::record(&mut conn, &caller.actor(), &entry.clone().reason(reason).after(after)).await?;
+                Ok(ok(StatusCode::CREATED, &report))
+            };
+            change(&state, &caller, entry.clone(), outcome.await).await
+        }
+        .await,
+    )
 }
 
 #[derive(Debug, Deserialize)]
