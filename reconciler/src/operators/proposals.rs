@@ -359,12 +359,27 @@ impl Closing {
     }
 }
 
-/// The proposals `scope` may see, newest first: all, or only those of `payment_id`, or only those
-/// with `status` (`expired` is a pending proposal past its expiry).
+/// The proposals `scope` may see, newest first (at most 500): all, or only those of `payment_id`,
+/// or only those with `status` (`expired` is a pending proposal past its expiry).
 pub async fn list(
     conn: &mut PgConnection,
     scope: &Scope,
     payment_id: Option<PaymentId>,
+    status: Option<&str>,
+) -> Result<Vec<ProposalView>, CliError> {
+    select(conn, scope, payment_id, None, status).await
+}
+
+async fn read(conn: &mut PgConnection, proposal_id: Uuid) -> Result<ProposalView, CliError> {
+    let found = select(conn, &Scope::Every, None, Some(proposal_id), None).await?;
+    found.into_iter().next().ok_or_else(|| proposal_not_found(proposal_id))
+}
+
+async fn select(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    payment_id: Option<PaymentId>,
+    proposal_id: Option<Uuid>,
     status: Option<&str>,
 ) -> Result<Vec<ProposalView>, CliError> {
     let tenants = scope.to_column();
@@ -372,49 +387,31 @@ pub async fn list(
         ProposalView,
         r#"
         SELECT p.proposal_id, p.tenant_id AS "tenant_id: TenantId", p.payment_id AS "payment_id: PaymentId",
-               p.action, p.reason,
-               CASE WHEN p.status = 'pending' AND p.expires_at <= now() THEN 'expired' ELSE p.status::text END
-                   AS "status!",
-               m.name AS proposed_by, p.proposed_at, p.expires_at, d.name AS "decided_by?", p.decided_at,
-               p.decision_note
+               p.action, p.reason, s.status AS "status!", m.name AS proposed_by, p.proposed_at, p.expires_at,
+               d.name AS "decided_by?", p.decided_at, p.decision_note
         FROM proposals p
+        CROSS JOIN LATERAL (
+            SELECT CASE WHEN p.status = 'pending' AND p.expires_at <= now() THEN 'expired' ELSE p.status::text END
+                AS status
+        ) s
         JOIN operators m ON m.operator_id = p.proposed_by
         LEFT JOIN operators d ON d.operator_id = p.decided_by
         WHERE ($1::uuid[] IS NULL OR p.tenant_id = ANY ($1))
           AND ($2::uuid IS NULL OR p.payment_id = $2)
+          AND ($3::uuid IS NULL OR p.proposal_id = $3)
+          AND ($4::text IS NULL OR s.status = $4)
         ORDER BY p.proposed_at DESC
         LIMIT 500
         "#,
         tenants.as_deref(),
         payment_id.map(|p| p.as_uuid()),
+        proposal_id,
+        status,
     )
     .fetch_all(conn)
     .await
     .context("cannot read the proposals")?;
-    Ok(rows.into_iter().filter(|p| status.is_none_or(|s| p.status == s)).collect())
-}
-
-async fn read(conn: &mut PgConnection, proposal_id: Uuid) -> Result<ProposalView, CliError> {
-    let view = sqlx::query_as!(
-        ProposalView,
-        r#"
-        SELECT p.proposal_id, p.tenant_id AS "tenant_id: TenantId", p.payment_id AS "payment_id: PaymentId",
-               p.action, p.reason,
-               CASE WHEN p.status = 'pending' AND p.expires_at <= now() THEN 'expired' ELSE p.status::text END
-                   AS "status!",
-               m.name AS proposed_by, p.proposed_at, p.expires_at, d.name AS "decided_by?", p.decided_at,
-               p.decision_note
-        FROM proposals p
-        JOIN operators m ON m.operator_id = p.proposed_by
-        LEFT JOIN operators d ON d.operator_id = p.decided_by
-        WHERE p.proposal_id = $1
-        "#,
-        proposal_id,
-    )
-    .fetch_one(conn)
-    .await
-    .context("cannot read the proposal")?;
-    Ok(view)
+    Ok(rows)
 }
 
 /// A pending, unexpired proposal the operator may see, locked.
