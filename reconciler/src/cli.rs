@@ -3,12 +3,10 @@
 //! database; every other command goes through the operations API with the operator's personal token
 //! ([`crate::operators::client`]), so its roles, tenant limits, approvals and audit trail apply.
 //!
-//! This module owns the argument grammar ([`Cli`]), the mapping of failures to exit codes
-//! ([`CliError::exit_code`]) and the dispatch of operator commands to the modules that implement
-//! them. It reads no environment variable and no configuration itself: `main` passes in what it loaded.
+//! This module owns the argument grammar ([`Cli`]) and the dispatch of operator commands to the
+//! modules that implement them; a failure's exit code is [`OperatorError::exit_code`]. It reads no environment variable and no configuration itself: `main` passes in what it loaded.
 
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -19,6 +17,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::dead_letters::reports::EntryList;
+use crate::operator_error::OperatorError;
 use crate::operators::accounts::{self, OperatorView};
 use crate::operators::client::OpsClient;
 use crate::operators::proposals::{Approved, ProposalView};
@@ -370,50 +369,6 @@ pub enum ResolveAs {
     Failed,
 }
 
-/// Why an operator command did not do what was asked.
-#[derive(Debug, thiserror::Error)]
-pub enum CliError {
-    /// An argument is malformed.
-    #[error("{0}")]
-    Invalid(String),
-    /// The named tenant, key, payment, dead letter or run does not exist.
-    #[error("{0}")]
-    NotFound(String),
-    /// The action does not apply to the current state; nothing was changed.
-    #[error("{0}")]
-    Refused(String),
-    /// The operator's role does not allow the action; nothing was changed.
-    #[error("{0}")]
-    Forbidden(String),
-    /// Something failed underneath (the database, the provider).
-    #[error(transparent)]
-    Failed(#[from] anyhow::Error),
-}
-
-impl CliError {
-    /// The process exit code for this failure: 1 failed (e.g. the database is unreachable), 2 bad
-    /// usage or argument, 3 the named thing does not exist, 4 refused (the action does not apply to
-    /// the thing's current state), 5 not allowed for the operator's role. A command that succeeds
-    /// exits 0, and `main` exits 78 when the configuration is invalid.
-    pub fn exit_code(&self) -> ExitCode {
-        ExitCode::from(match self {
-            Self::Failed(_) => 1,
-            Self::Invalid(_) => 2,
-            Self::NotFound(_) => 3,
-            Self::Refused(_) => 4,
-            Self::Forbidden(_) => 5,
-        })
-    }
-
-    /// The one-line message for stderr, with the cause chain of an underlying failure.
-    pub fn one_line(&self) -> String {
-        match self {
-            Self::Failed(error) => format!("{error:#}"),
-            other => other.to_string(),
-        }
-    }
-}
-
 /// What operator commands need; built by `main`.
 pub struct Context {
     /// The loaded settings.
@@ -427,9 +382,9 @@ pub struct Context {
 
 impl Context {
     /// The operations API; refused with what to set when it is not configured.
-    fn ops(&self) -> Result<&OpsClient, CliError> {
+    fn ops(&self) -> Result<&OpsClient, OperatorError> {
         self.ops.as_ref().ok_or_else(|| {
-            CliError::Invalid(
+            OperatorError::Invalid(
                 "this command goes through the operations API: set ONCEPAY_OPS_URL to its address (e.g. \
                  http://127.0.0.1:8083) and ONCEPAY_OPS_TOKEN to your personal token"
                     .into(),
@@ -439,9 +394,9 @@ impl Context {
 }
 
 /// Runs one operator command (anything but `serve`).
-pub async fn execute(command: Command, ctx: &Context) -> Result<Box<dyn Report>, CliError> {
+pub async fn execute(command: Command, ctx: &Context) -> Result<Box<dyn Report>, OperatorError> {
     match command {
-        Command::Serve => Err(CliError::Invalid("`serve` runs the service; it is not an operator command".into())),
+        Command::Serve => Err(OperatorError::Invalid("`serve` runs the service; it is not an operator command".into())),
         Command::Migrate => migrate(&ctx.pool).await.map(boxed),
         Command::Tenants(command) => tenant_command(command, ctx.ops()?).await,
         Command::Keys(KeysCommand::Issue { tenant, reason }) => {
@@ -498,7 +453,7 @@ pub async fn execute(command: Command, ctx: &Context) -> Result<Box<dyn Report>,
     }
 }
 
-async fn tenant_command(command: TenantsCommand, ops: &OpsClient) -> Result<Box<dyn Report>, CliError> {
+async fn tenant_command(command: TenantsCommand, ops: &OpsClient) -> Result<Box<dyn Report>, OperatorError> {
     let (tenant, account, reason) = match command {
         TenantsCommand::Create { name, rate_limit, provider_account, reason } => {
             let body = json!({ "name": name, "rate_limit": rate_limit, "provider_account": provider_account, "reason": reason });
@@ -517,7 +472,7 @@ async fn tenant_command(command: TenantsCommand, ops: &OpsClient) -> Result<Box<
     Ok(boxed(Connected { tenant }))
 }
 
-async fn dead_letter_command(command: DeadLettersCommand, ops: &OpsClient) -> Result<Box<dyn Report>, CliError> {
+async fn dead_letter_command(command: DeadLettersCommand, ops: &OpsClient) -> Result<Box<dyn Report>, OperatorError> {
     match command {
         DeadLettersCommand::List { open: _, all } => {
             let list: EntryList =
@@ -564,7 +519,7 @@ async fn dead_letter_command(command: DeadLettersCommand, ops: &OpsClient) -> Re
     }
 }
 
-async fn proposal_command(command: ProposalsCommand, ops: &OpsClient) -> Result<Box<dyn Report>, CliError> {
+async fn proposal_command(command: ProposalsCommand, ops: &OpsClient) -> Result<Box<dyn Report>, OperatorError> {
     let (proposal_id, decision, reason) = match command {
         ProposalsCommand::List { status, payment_id } => {
             let mut query = Vec::new();
@@ -586,7 +541,7 @@ async fn proposal_command(command: ProposalsCommand, ops: &OpsClient) -> Result<
     Ok(boxed(closed))
 }
 
-async fn token_command(command: TokensCommand, ops: &OpsClient) -> Result<Box<dyn Report>, CliError> {
+async fn token_command(command: TokensCommand, ops: &OpsClient) -> Result<Box<dyn Report>, OperatorError> {
     match command {
         TokensCommand::List { operator } => {
             let whose = whose(ops, operator).await?;
@@ -607,7 +562,7 @@ async fn token_command(command: TokensCommand, ops: &OpsClient) -> Result<Box<dy
 }
 
 /// The operator named, or the one the token acts as.
-async fn whose(ops: &OpsClient, operator: Option<String>) -> Result<String, CliError> {
+async fn whose(ops: &OpsClient, operator: Option<String>) -> Result<String, OperatorError> {
     if let Some(operator) = operator {
         return Ok(operator);
     }
@@ -615,14 +570,14 @@ async fn whose(ops: &OpsClient, operator: Option<String>) -> Result<String, CliE
     me.body["name"]
         .as_str()
         .map(str::to_owned)
-        .ok_or_else(|| CliError::Failed(anyhow::anyhow!("GET /v1/me named nobody")))
+        .ok_or_else(|| OperatorError::Failed(anyhow::anyhow!("GET /v1/me named nobody")))
 }
 
 fn boxed<R: Report + 'static>(report: R) -> Box<dyn Report> {
     Box::new(report)
 }
 
-async fn connection(ctx: &Context) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, CliError> {
+async fn connection(ctx: &Context) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, OperatorError> {
     Ok(ctx.pool.acquire().await.context("cannot reach the database")?)
 }
 
@@ -646,7 +601,7 @@ impl Report for Migrated {
     }
 }
 
-async fn migrate(pool: &PgPool) -> Result<Migrated, CliError> {
+async fn migrate(pool: &PgPool) -> Result<Migrated, OperatorError> {
     let layout = db::migrate(pool).await.context("cannot apply the migrations")?;
     db::check_ready(pool).await.context("the schema is not current after migrating")?;
     let schema_version = db::MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);

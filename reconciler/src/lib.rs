@@ -14,6 +14,7 @@ pub mod cli;
 pub mod dead_letters;
 pub mod http;
 pub mod metrics;
+pub mod operator_error;
 pub mod operators;
 pub mod poller;
 pub mod reaper;

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::{Acquire, PgConnection};
 use time::OffsetDateTime;
 
-use crate::cli::CliError;
+use crate::operator_error::OperatorError;
 use crate::render::{self, Report, Table};
 
 /// A tenant as operators see it.
@@ -80,16 +80,16 @@ pub async fn create(
     name: &str,
     rate_limit: Option<i32>,
     provider_account: Option<&str>,
-) -> Result<IssuedKey, CliError> {
-    let name = TenantName::parse(name).map_err(|e| CliError::Invalid(format!("tenant name {name:?}: {e}")))?;
+) -> Result<IssuedKey, OperatorError> {
+    let name = TenantName::parse(name).map_err(|e| OperatorError::Invalid(format!("tenant name {name:?}: {e}")))?;
     if rate_limit.is_some_and(|limit| limit <= 0) {
-        return Err(CliError::Invalid("--rate-limit must be a positive number of requests per second".into()));
+        return Err(OperatorError::Invalid("--rate-limit must be a positive number of requests per second".into()));
     }
     let account = provider_account.map(account).transpose()?;
     let mut tx = conn.begin().await.context("cannot start a transaction")?;
     let tenant = tenants::create(&mut tx, &name, rate_limit, account.as_ref()).await.map_err(|e| match e {
-        CreateTenantError::NameTaken(name) => CliError::Refused(format!("a tenant named {name} already exists")),
-        CreateTenantError::Store(e) => CliError::Failed(anyhow::Error::new(e).context("cannot create the tenant")),
+        CreateTenantError::NameTaken(name) => OperatorError::Refused(format!("a tenant named {name} already exists")),
+        CreateTenantError::Store(e) => OperatorError::Failed(anyhow::Error::new(e).context("cannot create the tenant")),
     })?;
     let key = tenants::issue_api_key(&mut tx, tenant.tenant_id, None).await.context("cannot issue the API key")?;
     tx.commit().await.context("cannot commit the new tenant")?;
@@ -125,14 +125,14 @@ impl Report for TenantList {
 }
 
 /// Every tenant, by name.
-pub async fn list(conn: &mut PgConnection) -> Result<TenantList, CliError> {
+pub async fn list(conn: &mut PgConnection) -> Result<TenantList, OperatorError> {
     let all = tenants::list(conn).await.context("cannot list the tenants")?;
     Ok(TenantList(all.iter().map(TenantView::from).collect()))
 }
 
 /// A provider account as an operator typed it.
-fn account(text: &str) -> Result<ProviderAccount, CliError> {
-    ProviderAccount::parse(text).map_err(|e| CliError::Invalid(format!("provider account {text:?} {e}")))
+fn account(text: &str) -> Result<ProviderAccount, OperatorError> {
+    ProviderAccount::parse(text).map_err(|e| OperatorError::Invalid(format!("provider account {text:?} {e}")))
 }
 
 /// A tenant's provider account, changed.
@@ -170,33 +170,33 @@ pub async fn connect(
     conn: &mut PgConnection,
     tenant_name: &str,
     provider_account: Option<&str>,
-) -> Result<Connected, CliError> {
+) -> Result<Connected, OperatorError> {
     let account = provider_account.map(account).transpose()?;
     let tenant = find(conn, tenant_name).await?;
     if !tenants::set_provider_account(conn, tenant.tenant_id, account.as_ref())
         .await
         .context("cannot set the account")?
     {
-        return Err(CliError::NotFound(format!("no tenant named {tenant_name}")));
+        return Err(OperatorError::NotFound(format!("no tenant named {tenant_name}")));
     }
     let tenant = Tenant { provider_account: account, ..tenant };
     Ok(Connected { tenant: TenantView::from(&tenant) })
 }
 
 /// The tenant named `name`, as operators see it.
-pub async fn view(conn: &mut PgConnection, name: &str) -> Result<TenantView, CliError> {
+pub async fn view(conn: &mut PgConnection, name: &str) -> Result<TenantView, OperatorError> {
     Ok(TenantView::from(&find(conn, name).await?))
 }
 
-async fn find(conn: &mut PgConnection, name: &str) -> Result<Tenant, CliError> {
+async fn find(conn: &mut PgConnection, name: &str) -> Result<Tenant, OperatorError> {
     tenants::find_by_name(conn, name)
         .await
         .context("cannot look the tenant up")?
-        .ok_or_else(|| CliError::NotFound(format!("no tenant named {name}")))
+        .ok_or_else(|| OperatorError::NotFound(format!("no tenant named {name}")))
 }
 
 /// `keys issue`: another key for an existing tenant (e.g. to rotate).
-pub async fn issue_key(conn: &mut PgConnection, tenant_name: &str) -> Result<IssuedKey, CliError> {
+pub async fn issue_key(conn: &mut PgConnection, tenant_name: &str) -> Result<IssuedKey, OperatorError> {
     let tenant = find(conn, tenant_name).await?;
     let key = tenants::issue_api_key(conn, tenant.tenant_id, None).await.context("cannot issue the API key")?;
     Ok(IssuedKey {
@@ -230,13 +230,13 @@ impl Report for RevokedKey {
 }
 
 /// `keys revoke`: the key stops authenticating within the api's cache TTL (`auth.cache_ttl_secs`).
-pub async fn revoke_key(conn: &mut PgConnection, tenant_name: &str, key_id: &str) -> Result<RevokedKey, CliError> {
+pub async fn revoke_key(conn: &mut PgConnection, tenant_name: &str, key_id: &str) -> Result<RevokedKey, OperatorError> {
     let parsed = KeyId::parse(key_id)
-        .ok_or_else(|| CliError::Invalid(format!("{key_id:?} is not a key id (16 lower-case hex digits)")))?;
+        .ok_or_else(|| OperatorError::Invalid(format!("{key_id:?} is not a key id (16 lower-case hex digits)")))?;
     let tenant = find(conn, tenant_name).await?;
     let revoked = tenants::revoke_api_key(conn, tenant.tenant_id, &parsed).await.context("cannot revoke the key")?;
     if !revoked {
-        return Err(CliError::NotFound(format!("tenant {tenant_name} has no live key {key_id}")));
+        return Err(OperatorError::NotFound(format!("tenant {tenant_name} has no live key {key_id}")));
     }
     Ok(RevokedKey { tenant: tenant.name, key_id: key_id.to_owned() })
 }

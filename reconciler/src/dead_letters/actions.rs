@@ -22,7 +22,7 @@ use time::format_description::well_known::Rfc3339;
 use super::ResolutionKind;
 use super::queries::{self, Locked};
 use super::reports::Resolved;
-use crate::cli::CliError;
+use crate::operator_error::OperatorError;
 use crate::render;
 use crate::webhooks;
 
@@ -32,10 +32,12 @@ pub struct Operator(String);
 
 impl Operator {
     /// Checks a name given with `--operator` (or taken from `$USER`).
-    pub fn parse(name: &str) -> Result<Self, CliError> {
+    pub fn parse(name: &str) -> Result<Self, OperatorError> {
         let name = name.trim();
         if name.is_empty() || name.chars().count() > 100 || name.chars().any(char::is_control) {
-            return Err(CliError::Invalid("name the operator with --operator (1 to 100 printable characters)".into()));
+            return Err(OperatorError::Invalid(
+                "name the operator with --operator (1 to 100 printable characters)".into(),
+            ));
         }
         Ok(Self(format!("operator:{name}")))
     }
@@ -48,29 +50,31 @@ impl Operator {
 
 /// The reason an operator gave for a change, trimmed; refused when empty, since every change says
 /// why.
-pub fn require_reason(reason: &str) -> Result<&str, CliError> {
+pub fn require_reason(reason: &str) -> Result<&str, OperatorError> {
     let reason = reason.trim();
     if reason.is_empty() {
-        return Err(CliError::Invalid(
+        return Err(OperatorError::Invalid(
             "say why: every change needs a reason (--reason, or \"reason\" in the body)".into(),
         ));
     }
     Ok(reason)
 }
 
-fn refuse_conflict(payment_id: PaymentId, status: PaymentStatus, action: &str) -> CliError {
-    CliError::Refused(format!(
+fn refuse_conflict(payment_id: PaymentId, status: PaymentStatus, action: &str) -> OperatorError {
+    OperatorError::Refused(format!(
         "payment {payment_id} is {}, and a terminal payment never changes, so it cannot be {action}; record your \
          decision with `dead-letters resolve {payment_id} --acknowledge --reason ..`",
         status.as_str()
     ))
 }
 
-fn moved<T>(recorded: Recorded<T>, payment_id: PaymentId) -> Result<(), CliError> {
+fn moved<T>(recorded: Recorded<T>, payment_id: PaymentId) -> Result<(), OperatorError> {
     match recorded {
         Recorded::Moved(_) => Ok(()),
         // The payment and the entry are locked: nothing else can have moved it.
-        Recorded::LostRace => Err(CliError::Refused(format!("payment {payment_id} changed underneath; try again"))),
+        Recorded::LostRace => {
+            Err(OperatorError::Refused(format!("payment {payment_id} changed underneath; try again")))
+        }
     }
 }
 
@@ -93,7 +97,7 @@ pub struct Retry<'a> {
 ///
 /// Refused past the provider's key window unless `outside_key_window`: the provider would no longer
 /// recognise the key, so if the first attempt did charge, the resend would charge again.
-pub async fn retry(conn: &mut PgConnection, retry: &Retry<'_>) -> Result<Resolved, CliError> {
+pub async fn retry(conn: &mut PgConnection, retry: &Retry<'_>) -> Result<Resolved, OperatorError> {
     let reason = require_reason(retry.reason)?;
     let payment_id = retry.payment_id;
     let mut tx = conn.begin().await.context("cannot start a transaction")?;
@@ -103,7 +107,7 @@ pub async fn retry(conn: &mut PgConnection, retry: &Retry<'_>) -> Result<Resolve
     }
     if !locked.in_key_window && !retry.outside_key_window {
         let sent = locked.first_sent_at.map_or_else(|| "?".to_owned(), render::timestamp);
-        return Err(CliError::Refused(format!(
+        return Err(OperatorError::Refused(format!(
             "payment {payment_id} was first sent at {sent}, and the provider may have forgotten its key since: if that \
              attempt charged, a resend would charge again. Check the evidence (`dead-letters show {payment_id}`), then \
              pass --outside-key-window to resend anyway"
@@ -113,7 +117,7 @@ pub async fn retry(conn: &mut PgConnection, retry: &Retry<'_>) -> Result<Resolve
     if !locked.in_key_window
         && let Some(charged) = queries::succeeded_charge_on_record(&mut tx, &locked).await?
     {
-        return Err(CliError::Refused(format!(
+        return Err(OperatorError::Refused(format!(
             "a signed provider report says charge {charged} of payment {payment_id} succeeded, and past the \
              provider's key window a resend would charge again. Check the evidence (`dead-letters show \
              {payment_id}`) and resolve it `--as succeeded --charge-id {charged}`"
@@ -215,15 +219,15 @@ pub enum Asked {
 /// `provider` builds (only then).
 pub async fn resolution<P: PaymentProvider>(
     conn: &mut PgConnection,
-    provider: impl FnOnce() -> Result<P, CliError>,
+    provider: impl FnOnce() -> Result<P, OperatorError>,
     payment_id: PaymentId,
     asked: Asked,
-) -> Result<Resolution, CliError> {
+) -> Result<Resolution, OperatorError> {
     match asked {
         Asked::Acknowledge => Ok(Resolution::Acknowledge),
         Asked::Failed { charge_id, force } => Ok(Resolution::Failed { charge_id, force }),
         Asked::Succeeded { charge_id: None, .. } => {
-            Err(CliError::Invalid("a resolution as succeeded needs the provider's charge id".into()))
+            Err(OperatorError::Invalid("a resolution as succeeded needs the provider's charge id".into()))
         }
         Asked::Succeeded { charge_id: Some(charge_id), amount, currency, charged_at } => {
             match (amount, currency, charged_at) {
@@ -233,7 +237,7 @@ pub async fn resolution<P: PaymentProvider>(
                 (None, None, None) => {
                     Ok(Resolution::Succeeded(find_charge(conn, &provider()?, payment_id, &charge_id).await?))
                 }
-                _ => Err(CliError::Invalid(
+                _ => Err(OperatorError::Invalid(
                     "give the charge's amount, currency and time together, or none of them to look the charge up"
                         .into(),
                 )),
@@ -243,11 +247,11 @@ pub async fn resolution<P: PaymentProvider>(
 }
 
 /// A charge as the operator read it from the provider's records.
-fn booked(charge_id: String, amount: i64, currency: &str, charged_at: &str) -> Result<BookedCharge, CliError> {
-    let amount = Amount::new(amount).map_err(|e| CliError::Invalid(format!("amount {e}")))?;
-    let currency = Currency::parse(currency).map_err(|e| CliError::Invalid(format!("currency {e}")))?;
+fn booked(charge_id: String, amount: i64, currency: &str, charged_at: &str) -> Result<BookedCharge, OperatorError> {
+    let amount = Amount::new(amount).map_err(|e| OperatorError::Invalid(format!("amount {e}")))?;
+    let currency = Currency::parse(currency).map_err(|e| OperatorError::Invalid(format!("currency {e}")))?;
     let charged_at = OffsetDateTime::parse(charged_at, &Rfc3339)
-        .map_err(|_| CliError::Invalid(format!("charged_at {charged_at:?} is not an RFC 3339 time")))?;
+        .map_err(|_| OperatorError::Invalid(format!("charged_at {charged_at:?} is not an RFC 3339 time")))?;
     Ok(BookedCharge { charge_id, amount, currency, charged_at })
 }
 
@@ -259,7 +263,7 @@ pub async fn find_charge<P: PaymentProvider>(
     provider: &P,
     payment_id: PaymentId,
     charge_id: &str,
-) -> Result<BookedCharge, CliError> {
+) -> Result<BookedCharge, OperatorError> {
     let (tenant_id, asked) = queries::open_payment(conn, payment_id).await?;
     let recorded = webhooks::recorded_charges(conn, tenant_id, payment_id)
         .await
@@ -270,10 +274,10 @@ pub async fn find_charge<P: PaymentProvider>(
             let charges =
                 provider.find_by_key(&payment_id.downstream_key(), asked.account.as_ref()).await.map_err(|error| {
                     let context = format!("cannot ask the provider about charge {charge_id}");
-                    CliError::Failed(anyhow::Error::new(error).context(context))
+                    OperatorError::Failed(anyhow::Error::new(error).context(context))
                 })?;
             charges.into_iter().find(|c| c.id == charge_id).ok_or_else(|| {
-                CliError::Refused(format!(
+                OperatorError::Refused(format!(
                     "neither a webhook nor the provider's lookup by key names a charge {charge_id} for payment \
                      {payment_id} (past its key window the provider may not); give --amount, --currency and \
                      --charged-at from the provider's records"
@@ -285,15 +289,15 @@ pub async fn find_charge<P: PaymentProvider>(
         Settlement::Succeeded { charge_id, amount, currency, charged_at } => {
             Ok(BookedCharge { charge_id, amount, currency, charged_at })
         }
-        Settlement::Failed { .. } => {
-            Err(CliError::Refused(format!("the provider reports charge {charge_id} as failed; no money moved with it")))
-        }
+        Settlement::Failed { .. } => Err(OperatorError::Refused(format!(
+            "the provider reports charge {charge_id} as failed; no money moved with it"
+        ))),
     }
 }
 
 /// Refuses to book a charge that does not settle the payment.
-fn refuse_booking(payment_id: PaymentId, why: &Unsettled) -> CliError {
-    CliError::Refused(format!(
+fn refuse_booking(payment_id: PaymentId, why: &Unsettled) -> OperatorError {
+    OperatorError::Refused(format!(
         "{why}. A charge that is not what payment {payment_id} asked for is never booked as its success: \
          check it with the provider, refund it there if it was taken, and resolve the payment --as failed"
     ))
@@ -306,7 +310,7 @@ pub async fn resolve(
     decision: &Resolution,
     operator: &Operator,
     reason: &str,
-) -> Result<Resolved, CliError> {
+) -> Result<Resolved, OperatorError> {
     let reason = require_reason(reason)?;
     let mut tx = conn.begin().await.context("cannot start a transaction")?;
     let locked = queries::lock_open(&mut tx, payment_id, Duration::ZERO).await?;
@@ -315,7 +319,7 @@ pub async fn resolve(
     let (resolution, status) = match decision {
         Resolution::Acknowledge if terminal => (ResolutionKind::Acknowledged, locked.status),
         Resolution::Acknowledge => {
-            return Err(CliError::Refused(format!(
+            return Err(OperatorError::Refused(format!(
                 "payment {payment_id} is dead-lettered and needs a decision: `--as succeeded|failed`, or \
                  `dead-letters retry`"
             )));
@@ -337,7 +341,7 @@ pub async fn resolve(
         }
         Resolution::Failed { charge_id, force } => {
             if !force && let Some(charged) = queries::succeeded_charge_on_record(&mut tx, &locked).await? {
-                return Err(CliError::Refused(format!(
+                return Err(OperatorError::Refused(format!(
                     "a signed provider report says charge {charged} of payment {payment_id} succeeded; settling it as \
                      failed would tell the merchant no money moved. Check the evidence (`dead-letters show \
                      {payment_id}`): resolve it `--as succeeded --charge-id {charged}`, or, if you refunded it, pass \
@@ -374,7 +378,7 @@ async fn settle(
     settlement: &Settlement,
     operator: &Operator,
     reason: &str,
-) -> Result<(), CliError> {
+) -> Result<(), OperatorError> {
     let change = Change {
         tenant_id: locked.tenant_id,
         payment_id,

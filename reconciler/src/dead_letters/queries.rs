@@ -18,7 +18,7 @@ use uuid::Uuid;
 
 use super::ResolutionKind;
 use super::reports::{AuditRow, Detail, Entry, EntryList};
-use crate::cli::CliError;
+use crate::operator_error::OperatorError;
 
 /// `list`: which entries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,16 +30,20 @@ pub enum Filter {
 }
 
 /// Lists entries, oldest first: of every tenant, or only of `tenants`.
-pub async fn list(conn: &mut PgConnection, filter: Filter, tenants: Option<&[Uuid]>) -> Result<EntryList, CliError> {
+pub async fn list(
+    conn: &mut PgConnection,
+    filter: Filter,
+    tenants: Option<&[Uuid]>,
+) -> Result<EntryList, OperatorError> {
     let entries = entries(conn, None, filter == Filter::All, tenants).await?;
     Ok(EntryList(entries))
 }
 
 /// Shows every dead letter of a payment.
-pub async fn show(conn: &mut PgConnection, payment_id: PaymentId) -> Result<Detail, CliError> {
+pub async fn show(conn: &mut PgConnection, payment_id: PaymentId) -> Result<Detail, OperatorError> {
     let entries = entries(conn, Some(payment_id), true, None).await?;
     let Some(first) = entries.first() else {
-        return Err(CliError::NotFound(format!("payment {payment_id} has no dead letter")));
+        return Err(OperatorError::NotFound(format!("payment {payment_id} has no dead letter")));
     };
     let tenant_id = first.tenant_id;
     let audit_trail = audit_trail(conn, tenant_id, payment_id).await?;
@@ -51,7 +55,7 @@ async fn entries(
     payment_id: Option<PaymentId>,
     all: bool,
     tenants: Option<&[Uuid]>,
-) -> Result<Vec<Entry>, CliError> {
+) -> Result<Vec<Entry>, OperatorError> {
     let rows = sqlx::query!(
         r#"
         SELECT d.dead_letter_id, d.payment_id AS "payment_id: PaymentId", d.tenant_id AS "tenant_id: TenantId",
@@ -106,7 +110,7 @@ async fn audit_trail(
     conn: &mut PgConnection,
     tenant_id: TenantId,
     payment_id: PaymentId,
-) -> Result<Vec<AuditRow>, CliError> {
+) -> Result<Vec<AuditRow>, OperatorError> {
     let trail = sqlx::query_as!(
         AuditRow,
         r#"
@@ -124,15 +128,15 @@ async fn audit_trail(
     Ok(trail)
 }
 
-fn no_open_entry(payment_id: PaymentId) -> CliError {
-    CliError::NotFound(format!("payment {payment_id} has no open dead letter"))
+fn no_open_entry(payment_id: PaymentId) -> OperatorError {
+    OperatorError::NotFound(format!("payment {payment_id} has no open dead letter"))
 }
 
 /// The tenant of a payment with an open entry, and what the payment asked for. Locks nothing.
 pub(crate) async fn open_payment(
     conn: &mut PgConnection,
     payment_id: PaymentId,
-) -> Result<(TenantId, Asked), CliError> {
+) -> Result<(TenantId, Asked), OperatorError> {
     let payment = sqlx::query!(
         r#"
         SELECT d.tenant_id AS "tenant_id: TenantId", p.amount AS "amount: Amount", p.currency AS "currency: Currency",
@@ -167,7 +171,7 @@ pub(super) async fn lock_open(
     conn: &mut PgConnection,
     payment_id: PaymentId,
     resend_horizon: Duration,
-) -> Result<Locked, CliError> {
+) -> Result<Locked, OperatorError> {
     let row = sqlx::query!(
         r#"
         SELECT d.dead_letter_id, d.tenant_id AS "tenant_id: TenantId", p.status AS "status: PaymentStatus",
@@ -200,7 +204,7 @@ pub(super) async fn lock_open(
 pub(super) async fn succeeded_charge_on_record(
     conn: &mut PgConnection,
     locked: &Locked,
-) -> Result<Option<String>, CliError> {
+) -> Result<Option<String>, OperatorError> {
     let charge_id = sqlx::query_scalar!(
         r#"
         (SELECT charge->>'id' AS "charge_id!" FROM webhook_events
@@ -221,7 +225,7 @@ pub(super) async fn succeeded_charge_on_record(
 }
 
 /// Clears the locked payment's `may_be_charged`, so that the worker sends it again.
-pub(super) async fn clear_may_be_charged(conn: &mut PgConnection, locked: &Locked) -> Result<(), CliError> {
+pub(super) async fn clear_may_be_charged(conn: &mut PgConnection, locked: &Locked) -> Result<(), OperatorError> {
     sqlx::query!(
         "UPDATE payments SET may_be_charged = false WHERE tenant_id = $1 AND payment_id = $2",
         locked.tenant_id.as_uuid(),
@@ -240,7 +244,7 @@ pub(super) async fn close(
     resolved_by: &str,
     resolution: ResolutionKind,
     note: &str,
-) -> Result<(), CliError> {
+) -> Result<(), OperatorError> {
     sqlx::query!(
         r#"
         UPDATE dead_letters
@@ -276,7 +280,7 @@ pub struct Snapshot {
 }
 
 /// The payment's open entry and the payment, locked until the caller's transaction ends.
-pub async fn snapshot(conn: &mut PgConnection, payment_id: PaymentId) -> Result<Snapshot, CliError> {
+pub async fn snapshot(conn: &mut PgConnection, payment_id: PaymentId) -> Result<Snapshot, OperatorError> {
     let row = sqlx::query_as!(
         Snapshot,
         r#"

@@ -17,7 +17,7 @@ use super::audit::{self, Actor, Entry, Outcome};
 use super::tokens::{self, IssuedToken};
 use super::{Account, OperatorName, Role, Scope};
 use super::{passwords, sessions};
-use crate::cli::CliError;
+use crate::operator_error::OperatorError;
 
 /// An operator as other operators see them.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -58,12 +58,12 @@ pub async fn create(
     conn: &mut PgConnection,
     new: &NewOperator<'_>,
     created_by: &str,
-) -> Result<OperatorView, CliError> {
+) -> Result<OperatorView, OperatorError> {
     let name = OperatorName::parse(new.name)?;
     let scope = match new.tenants {
         None => Scope::Every,
         Some([]) => {
-            return Err(CliError::Invalid(
+            return Err(OperatorError::Invalid(
                 "name at least one tenant, or leave the tenants out for every tenant".into(),
             ));
         }
@@ -71,7 +71,7 @@ pub async fn create(
     };
     let oidc_subject = new.oidc_subject.map(str::trim);
     if oidc_subject.is_some_and(|subject| subject.is_empty() || subject.len() > 255) {
-        return Err(CliError::Invalid("oidc_subject must have 1 to 255 characters".into()));
+        return Err(OperatorError::Invalid("oidc_subject must have 1 to 255 characters".into()));
     }
     let operator_id = Uuid::now_v7();
     let tenant_ids = scope.to_column();
@@ -93,7 +93,7 @@ pub async fn create(
     .await
     .context("cannot create the operator")?
     .ok_or_else(|| {
-        CliError::Refused(format!(
+        OperatorError::Refused(format!(
             "an operator named {name}, or one linked to the same identity at the OpenID provider, already exists"
         ))
     })?;
@@ -108,20 +108,20 @@ pub async fn create(
     })
 }
 
-async fn tenant_ids(conn: &mut PgConnection, names: &[String]) -> Result<Vec<TenantId>, CliError> {
+async fn tenant_ids(conn: &mut PgConnection, names: &[String]) -> Result<Vec<TenantId>, OperatorError> {
     let mut ids = Vec::with_capacity(names.len());
     for name in names {
         let tenant = tenants::find_by_name(conn, name)
             .await
             .context("cannot read the tenants")?
-            .ok_or_else(|| CliError::NotFound(format!("there is no tenant named {name}")))?;
+            .ok_or_else(|| OperatorError::NotFound(format!("there is no tenant named {name}")))?;
         ids.push(tenant.tenant_id);
     }
     Ok(ids)
 }
 
 /// Every account, by name.
-pub async fn list(conn: &mut PgConnection) -> Result<Vec<OperatorView>, CliError> {
+pub async fn list(conn: &mut PgConnection) -> Result<Vec<OperatorView>, OperatorError> {
     let rows = sqlx::query!(
         r#"
         SELECT o.operator_id, o.name, o.role AS "role: Role", o.created_at, o.created_by, o.oidc_subject,
@@ -150,7 +150,7 @@ pub async fn list(conn: &mut PgConnection) -> Result<Vec<OperatorView>, CliError
 }
 
 /// The account named `name`.
-pub async fn find(conn: &mut PgConnection, name: &str) -> Result<Account, CliError> {
+pub async fn find(conn: &mut PgConnection, name: &str) -> Result<Account, OperatorError> {
     let row = sqlx::query!(
         r#"
         SELECT operator_id, name, role AS "role: Role", tenant_ids
@@ -161,7 +161,7 @@ pub async fn find(conn: &mut PgConnection, name: &str) -> Result<Account, CliErr
     .fetch_optional(conn)
     .await
     .context("cannot read the operator")?
-    .ok_or_else(|| CliError::NotFound(format!("there is no operator named {name}")))?;
+    .ok_or_else(|| OperatorError::NotFound(format!("there is no operator named {name}")))?;
     Ok(Account {
         operator_id: row.operator_id,
         name: row.name,
@@ -171,7 +171,7 @@ pub async fn find(conn: &mut PgConnection, name: &str) -> Result<Account, CliErr
 }
 
 /// The account linked to the identity `subject` at the OpenID provider, if any.
-pub async fn find_by_subject(conn: &mut PgConnection, subject: &str) -> Result<Option<Account>, CliError> {
+pub async fn find_by_subject(conn: &mut PgConnection, subject: &str) -> Result<Option<Account>, OperatorError> {
     let row = sqlx::query!(
         r#"
         SELECT operator_id, name, role AS "role: Role", tenant_ids
@@ -193,7 +193,7 @@ pub async fn find_by_subject(conn: &mut PgConnection, subject: &str) -> Result<O
 /// `operators bootstrap`: on an installation with no operator yet, creates the first admin with a
 /// token and a random local password, both shown once; refused once any operator exists (admins then create the rest through the
 /// operations API). The only operator command that works on the database directly.
-pub async fn bootstrap(conn: &mut PgConnection, name: &str, token_ttl: Duration) -> Result<IssuedToken, CliError> {
+pub async fn bootstrap(conn: &mut PgConnection, name: &str, token_ttl: Duration) -> Result<IssuedToken, OperatorError> {
     let mut tx = conn.begin().await.context("cannot start a transaction")?;
     // Two bootstraps at once: the second waits here, then finds the first's admin.
     sqlx::query!("LOCK TABLE operators IN SHARE ROW EXCLUSIVE MODE")
@@ -207,7 +207,7 @@ pub async fn bootstrap(conn: &mut PgConnection, name: &str, token_ttl: Duration)
     if existing > 0 {
         // Now, not when the connection is next used: the lock must not outlive the refusal.
         tx.rollback().await.context("cannot end the transaction")?;
-        return Err(CliError::Refused(
+        return Err(OperatorError::Refused(
             "this installation has operators already: an admin creates more through the operations API \
              (POST /v1/operators)"
                 .into(),

@@ -15,7 +15,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::{Account, Scope};
-use crate::cli::CliError;
+use crate::operator_error::OperatorError;
 
 /// Who acted, and from where.
 #[derive(Debug, Clone, Copy)]
@@ -139,7 +139,7 @@ impl Entry {
 }
 
 /// Writes `entry` by `actor` in the caller's transaction.
-pub async fn record(conn: &mut PgConnection, actor: &Actor<'_>, entry: &Entry) -> Result<(), CliError> {
+pub async fn record(conn: &mut PgConnection, actor: &Actor<'_>, entry: &Entry) -> Result<(), OperatorError> {
     sqlx::query!(
         r#"
         INSERT INTO operator_audit (operator_id, operator_name, source, action, outcome, tenant_id, payment_id,
@@ -216,7 +216,7 @@ pub struct Filter {
 
 /// The rows `filter` selects that `scope` may see, newest first. An operator limited to some
 /// tenants sees only the rows about those tenants.
-pub async fn list(conn: &mut PgConnection, filter: &Filter, scope: &Scope) -> Result<Vec<AuditRecord>, CliError> {
+pub async fn list(conn: &mut PgConnection, filter: &Filter, scope: &Scope) -> Result<Vec<AuditRecord>, OperatorError> {
     let tenants = scope.to_column();
     let rows = sqlx::query_as!(
         AuditRecord,

@@ -13,7 +13,7 @@ use secrecy::{ExposeSecret, SecretString};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::cli::CliError;
+use crate::operator_error::OperatorError;
 
 /// How long one request may take.
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -37,49 +37,51 @@ pub struct Answer {
 
 impl Answer {
     /// The body read as `T`.
-    pub fn into<T: DeserializeOwned>(self) -> Result<T, CliError> {
+    pub fn into<T: DeserializeOwned>(self) -> Result<T, OperatorError> {
         serde_json::from_value(self.body)
             .context("the operations API answered in an unexpected shape")
-            .map_err(CliError::Failed)
+            .map_err(OperatorError::Failed)
     }
 }
 
 impl OpsClient {
     /// A client of the API at `base` (e.g. `http://127.0.0.1:8083`) with `token`.
-    pub fn new(base: &str, token: SecretString) -> Result<Self, CliError> {
+    pub fn new(base: &str, token: SecretString) -> Result<Self, OperatorError> {
         oncepay_service::tls::install_provider();
-        let http =
-            reqwest::Client::builder().build().context("cannot build the HTTP client").map_err(CliError::Failed)?;
+        let http = reqwest::Client::builder()
+            .build()
+            .context("cannot build the HTTP client")
+            .map_err(OperatorError::Failed)?;
         Ok(Self { base: base.trim_end_matches('/').to_owned(), token, http })
     }
 
     /// `GET path`.
-    pub async fn get(&self, path: &str) -> Result<Answer, CliError> {
+    pub async fn get(&self, path: &str) -> Result<Answer, OperatorError> {
         self.send(Method::GET, path, &[], None).await
     }
 
     /// `GET path?query`.
-    pub async fn get_with(&self, path: &str, query: &[(&str, String)]) -> Result<Answer, CliError> {
+    pub async fn get_with(&self, path: &str, query: &[(&str, String)]) -> Result<Answer, OperatorError> {
         self.send(Method::GET, path, query, None).await
     }
 
     /// `POST path` with a JSON body.
-    pub async fn post(&self, path: &str, body: &Value) -> Result<Answer, CliError> {
+    pub async fn post(&self, path: &str, body: &Value) -> Result<Answer, OperatorError> {
         self.send(Method::POST, path, &[], Some(body)).await
     }
 
     /// `PUT path` with a JSON body.
-    pub async fn put(&self, path: &str, body: &Value) -> Result<Answer, CliError> {
+    pub async fn put(&self, path: &str, body: &Value) -> Result<Answer, OperatorError> {
         self.send(Method::PUT, path, &[], Some(body)).await
     }
 
     /// `POST path` with a JSON body, for a request that works for minutes (a reconciliation run).
-    pub async fn post_slow(&self, path: &str, body: &Value) -> Result<Answer, CliError> {
+    pub async fn post_slow(&self, path: &str, body: &Value) -> Result<Answer, OperatorError> {
         self.send_within(Method::POST, path, &[], Some(body), SLOW_TIMEOUT).await
     }
 
     /// `DELETE path` with a JSON body.
-    pub async fn delete(&self, path: &str, body: &Value) -> Result<Answer, CliError> {
+    pub async fn delete(&self, path: &str, body: &Value) -> Result<Answer, OperatorError> {
         self.send(Method::DELETE, path, &[], Some(body)).await
     }
 
@@ -89,7 +91,7 @@ impl OpsClient {
         path: &str,
         query: &[(&str, String)],
         body: Option<&Value>,
-    ) -> Result<Answer, CliError> {
+    ) -> Result<Answer, OperatorError> {
         self.send_within(method, path, query, body, TIMEOUT).await
     }
 
@@ -100,7 +102,7 @@ impl OpsClient {
         query: &[(&str, String)],
         body: Option<&Value>,
         timeout: Duration,
-    ) -> Result<Answer, CliError> {
+    ) -> Result<Answer, OperatorError> {
         let url = format!("{}{path}", self.base);
         let mut request =
             self.http.request(method, &url).bearer_auth(self.token.expose_secret()).query(query).timeout(timeout);
@@ -111,10 +113,10 @@ impl OpsClient {
             .send()
             .await
             .with_context(|| format!("cannot reach the operations API at {}", self.base))
-            .map_err(CliError::Failed)?;
+            .map_err(OperatorError::Failed)?;
         let status = response.status();
         let bytes =
-            response.bytes().await.context("the operations API's answer broke off").map_err(CliError::Failed)?;
+            response.bytes().await.context("the operations API's answer broke off").map_err(OperatorError::Failed)?;
         let body = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).unwrap_or(Value::Null) };
         if status.is_success() {
             return Ok(Answer { status, body });
@@ -122,15 +124,15 @@ impl OpsClient {
         let detail =
             body["detail"].as_str().map_or_else(|| format!("the operations API answered {status}"), str::to_owned);
         Err(match status {
-            StatusCode::BAD_REQUEST => CliError::Invalid(detail),
-            StatusCode::NOT_FOUND => CliError::NotFound(detail),
-            StatusCode::CONFLICT => CliError::Refused(detail),
-            StatusCode::UNAUTHORIZED => CliError::Forbidden(format!(
+            StatusCode::BAD_REQUEST => OperatorError::Invalid(detail),
+            StatusCode::NOT_FOUND => OperatorError::NotFound(detail),
+            StatusCode::CONFLICT => OperatorError::Refused(detail),
+            StatusCode::UNAUTHORIZED => OperatorError::Forbidden(format!(
                 "the operations API refused the token: set ONCEPAY_OPS_TOKEN to a personal token that is neither \
                  revoked nor expired ({detail})"
             )),
-            StatusCode::FORBIDDEN => CliError::Forbidden(detail),
-            _ => CliError::Failed(anyhow::anyhow!("{detail}")),
+            StatusCode::FORBIDDEN => OperatorError::Forbidden(detail),
+            _ => OperatorError::Failed(anyhow::anyhow!("{detail}")),
         })
     }
 }

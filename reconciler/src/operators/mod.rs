@@ -27,8 +27,8 @@ use oncepay_domain::ids::TenantId;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::cli::CliError;
 use crate::dead_letters::actions::Operator;
+use crate::operator_error::OperatorError;
 use crate::stored_name::{self, UnknownName};
 
 /// What an operator may do. Each role may do everything the roles before it may.
@@ -107,12 +107,12 @@ pub struct OperatorName(String);
 
 impl OperatorName {
     /// Checks a name.
-    pub fn parse(name: &str) -> Result<Self, CliError> {
+    pub fn parse(name: &str) -> Result<Self, OperatorError> {
         let valid = (1..=63).contains(&name.len())
             && name.bytes().next().is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
             && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b));
         if !valid {
-            return Err(CliError::Invalid(format!(
+            return Err(OperatorError::Invalid(format!(
                 "operator name {name:?}: use 1 to 63 of a-z 0-9 . _ -, starting with a letter or digit"
             )));
         }
@@ -146,16 +146,16 @@ pub struct Account {
 
 impl Account {
     /// How their actions are recorded on a payment (`operator:<name>`).
-    pub fn actor(&self) -> Result<Operator, CliError> {
+    pub fn actor(&self) -> Result<Operator, OperatorError> {
         Operator::parse(&self.name)
     }
 
     /// Refuses unless their role is at least `needed`.
-    pub fn require(&self, needed: Role, to: &str) -> Result<(), CliError> {
+    pub fn require(&self, needed: Role, to: &str) -> Result<(), OperatorError> {
         if self.role >= needed {
             return Ok(());
         }
-        Err(CliError::Forbidden(format!(
+        Err(OperatorError::Forbidden(format!(
             "{} is {} {}; to {to} takes the {} role or above",
             self.name,
             article(self.role),
@@ -166,7 +166,7 @@ impl Account {
 
     /// Whether they may see `tenant`'s payments; an operator limited to other tenants is told
     /// `not_found`, exactly as if the payment did not exist.
-    pub fn see(&self, tenant: TenantId, not_found: impl FnOnce() -> CliError) -> Result<(), CliError> {
+    pub fn see(&self, tenant: TenantId, not_found: impl FnOnce() -> OperatorError) -> Result<(), OperatorError> {
         if self.scope.allows(tenant) { Ok(()) } else { Err(not_found()) }
     }
 }

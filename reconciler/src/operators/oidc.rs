@@ -21,7 +21,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use sqlx::PgConnection;
 
-use crate::cli::CliError;
+use crate::operator_error::OperatorError;
 
 /// How long a sign-in may take between leaving for the provider and coming back.
 const SIGN_IN_TTL: Duration = Duration::from_secs(600);
@@ -72,7 +72,7 @@ pub enum Why {
     NotLinked(String),
     /// Something failed here.
     #[error(transparent)]
-    Failed(#[from] CliError),
+    Failed(#[from] OperatorError),
 }
 
 /// What the ID token says, of what oncepay reads.
@@ -115,7 +115,7 @@ pub struct Oidc {
 
 impl Oidc {
     /// A client with `settings`.
-    pub fn new(settings: OidcSettings) -> Result<Self, CliError> {
+    pub fn new(settings: OidcSettings) -> Result<Self, OperatorError> {
         oncepay_service::tls::install_provider();
         let http = reqwest::Client::builder()
             .timeout(TIMEOUT)
@@ -160,13 +160,13 @@ impl Oidc {
         .execute(&mut *conn)
         .await
         .context("cannot keep the sign-in")
-        .map_err(CliError::Failed)?;
+        .map_err(OperatorError::Failed)?;
         // Sign-ins abandoned on the way are not kept past their time.
         sqlx::query!("DELETE FROM oidc_sign_ins WHERE expires_at < now()")
             .execute(conn)
             .await
             .context("cannot forget old sign-ins")
-            .map_err(CliError::Failed)?;
+            .map_err(OperatorError::Failed)?;
         let url = Url::parse_with_params(
             &metadata.authorization_endpoint,
             [
@@ -194,7 +194,7 @@ impl Oidc {
         .fetch_optional(conn)
         .await
         .context("cannot read the sign-in")
-        .map_err(CliError::Failed)?
+        .map_err(OperatorError::Failed)?
         .ok_or(Why::State)?;
         let metadata = self.metadata().await?;
         let response = self

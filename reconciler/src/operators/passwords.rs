@@ -6,24 +6,24 @@ use argon2::{Argon2, PasswordHash, PasswordHasher, PasswordVerifier};
 use rand::RngCore;
 use secrecy::{ExposeSecret, SecretString};
 
-use crate::cli::CliError;
+use crate::operator_error::OperatorError;
 
 /// The shortest password accepted.
 pub const MIN_LENGTH: usize = 12;
 
 /// The PHC string of `password` (`$argon2id$v=19$…`), with a fresh random salt.
-pub fn hash(password: &SecretString) -> Result<String, CliError> {
+pub fn hash(password: &SecretString) -> Result<String, OperatorError> {
     let length = password.expose_secret().chars().count();
     if !(MIN_LENGTH..=1024).contains(&length) {
-        return Err(CliError::Invalid(format!("a password must have {MIN_LENGTH} to 1024 characters")));
+        return Err(OperatorError::Invalid(format!("a password must have {MIN_LENGTH} to 1024 characters")));
     }
     let mut salt = [0u8; 16];
     rand::rng().fill_bytes(&mut salt);
     let salt =
-        SaltString::encode_b64(&salt).map_err(|e| CliError::Failed(anyhow::anyhow!("cannot make a salt: {e}")))?;
+        SaltString::encode_b64(&salt).map_err(|e| OperatorError::Failed(anyhow::anyhow!("cannot make a salt: {e}")))?;
     let hashed = Argon2::default()
         .hash_password(password.expose_secret().as_bytes(), &salt)
-        .map_err(|e| CliError::Failed(anyhow::anyhow!("cannot hash the password: {e}")))?;
+        .map_err(|e| OperatorError::Failed(anyhow::anyhow!("cannot hash the password: {e}")))?;
     Ok(hashed.to_string())
 }
 
@@ -68,7 +68,7 @@ mod tests {
 
     #[test]
     fn short_passwords_are_refused() {
-        assert!(matches!(hash(&SecretString::from("too short".to_owned())), Err(CliError::Invalid(_))));
+        assert!(matches!(hash(&SecretString::from("too short".to_owned())), Err(OperatorError::Invalid(_))));
         assert_eq!(generate().expose_secret().len(), 24);
     }
 }

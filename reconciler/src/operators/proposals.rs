@@ -21,10 +21,10 @@ use uuid::Uuid;
 
 use super::audit::{self, Actor, Entry, Outcome};
 use super::{Account, Role, Scope};
-use crate::cli::CliError;
 use crate::dead_letters::actions::{self, BookedCharge, Operator, Resolution, Retry, require_reason};
 use crate::dead_letters::queries::{self, Snapshot};
 use crate::dead_letters::reports::Resolved;
+use crate::operator_error::OperatorError;
 use crate::render;
 
 /// What a proposal will do when approved.
@@ -60,7 +60,7 @@ pub enum Proposed {
 
 impl Proposed {
     /// Proposes to settle with `resolution` (not an acknowledgement, which needs no second operator).
-    pub fn resolution(resolution: Resolution) -> Result<Self, CliError> {
+    pub fn resolution(resolution: Resolution) -> Result<Self, OperatorError> {
         match resolution {
             Resolution::Succeeded(charge) => Ok(Self::Succeeded {
                 charge_id: charge.charge_id,
@@ -70,7 +70,7 @@ impl Proposed {
             }),
             Resolution::Failed { charge_id, force } => Ok(Self::Failed { charge_id, force }),
             Resolution::Acknowledge => {
-                Err(CliError::Invalid("acknowledging a conflict is done directly, not proposed".into()))
+                Err(OperatorError::Invalid("acknowledging a conflict is done directly, not proposed".into()))
             }
         }
     }
@@ -135,14 +135,14 @@ pub async fn propose(
     action: &Proposed,
     reason: &str,
     limits: Limits,
-) -> Result<ProposalView, CliError> {
+) -> Result<ProposalView, OperatorError> {
     by.require(Role::Operator, "propose a decision")?;
     let reason = require_reason(reason)?;
     let mut tx = conn.begin().await.context("cannot start a transaction")?;
     let seen = queries::snapshot(&mut tx, payment_id).await?;
     by.see(seen.tenant_id, || not_found(payment_id))?;
     if seen.status.is_terminal() {
-        return Err(CliError::Refused(format!(
+        return Err(OperatorError::Refused(format!(
             "payment {payment_id} is {}, and a terminal payment never changes: acknowledge the conflict instead",
             seen.status.as_str()
         )));
@@ -186,7 +186,7 @@ pub async fn propose(
     .await
     .context("cannot store the proposal")?;
     if inserted.is_none() {
-        return Err(CliError::Refused(format!(
+        return Err(OperatorError::Refused(format!(
             "another proposal already waits for payment {payment_id}: approve, reject or withdraw it first \
              (GET /v1/proposals?payment_id={payment_id})"
         )));
@@ -220,21 +220,21 @@ pub async fn approve(
     proposal_id: Uuid,
     note: &str,
     resend_horizon: Duration,
-) -> Result<Approved, CliError> {
+) -> Result<Approved, OperatorError> {
     by.require(Role::Approver, "approve a proposal")?;
     let note = require_reason(note)?;
     let mut tx = conn.begin().await.context("cannot start a transaction")?;
     let pending = lock_pending(&mut tx, by, proposal_id).await?;
     if pending.proposed_by_id == by.operator_id {
-        return Err(CliError::Forbidden(format!(
+        return Err(OperatorError::Forbidden(format!(
             "proposal {proposal_id} is yours: a second operator must approve it (nobody approves their own)"
         )));
     }
     let payment_id = pending.view.payment_id;
     let now = match queries::snapshot(&mut tx, payment_id).await {
         Ok(now) => now,
-        Err(CliError::NotFound(_)) => {
-            return Err(CliError::Refused(format!(
+        Err(OperatorError::NotFound(_)) => {
+            return Err(OperatorError::Refused(format!(
                 "payment {payment_id} has no open dead letter any more: someone settled or retried it since the \
                  proposal; nothing was done"
             )));
@@ -242,7 +242,7 @@ pub async fn approve(
         Err(other) => return Err(other),
     };
     if let Some(changes) = changes(&pending.seen, &now) {
-        return Err(CliError::Refused(format!(
+        return Err(OperatorError::Refused(format!(
             "payment {payment_id} moved since it was proposed ({changes}); nothing was done. Read it again, and \
              propose anew if the decision still holds"
         )));
@@ -274,7 +274,7 @@ async fn carry_out(
     operator: &Operator,
     reason: &str,
     resend_horizon: Duration,
-) -> Result<Resolved, CliError> {
+) -> Result<Resolved, OperatorError> {
     match proposed {
         Proposed::Retry { outside_key_window } => {
             let retry = Retry { payment_id, operator, reason, resend_horizon, outside_key_window: *outside_key_window };
@@ -304,20 +304,20 @@ pub async fn close(
     proposal_id: Uuid,
     how: Closing,
     note: &str,
-) -> Result<ProposalView, CliError> {
+) -> Result<ProposalView, OperatorError> {
     let note = require_reason(note)?;
     let mut tx = conn.begin().await.context("cannot start a transaction")?;
     let pending = lock_pending(&mut tx, by, proposal_id).await?;
     let own = pending.proposed_by_id == by.operator_id;
     match how {
         Closing::Withdraw if !own => {
-            return Err(CliError::Forbidden(format!(
+            return Err(OperatorError::Forbidden(format!(
                 "only {} can withdraw proposal {proposal_id}; an approver can reject it",
                 pending.view.proposed_by
             )));
         }
         Closing::Reject if own => {
-            return Err(CliError::Forbidden(format!("proposal {proposal_id} is yours: withdraw it instead")));
+            return Err(OperatorError::Forbidden(format!("proposal {proposal_id} is yours: withdraw it instead")));
         }
         Closing::Reject => by.require(Role::Approver, "reject a proposal")?,
         Closing::Withdraw => {}
@@ -366,11 +366,11 @@ pub async fn list(
     scope: &Scope,
     payment_id: Option<PaymentId>,
     status: Option<&str>,
-) -> Result<Vec<ProposalView>, CliError> {
+) -> Result<Vec<ProposalView>, OperatorError> {
     select(conn, scope, payment_id, None, status).await
 }
 
-async fn read(conn: &mut PgConnection, proposal_id: Uuid) -> Result<ProposalView, CliError> {
+async fn read(conn: &mut PgConnection, proposal_id: Uuid) -> Result<ProposalView, OperatorError> {
     let found = select(conn, &Scope::Every, None, Some(proposal_id), None).await?;
     found.into_iter().next().ok_or_else(|| proposal_not_found(proposal_id))
 }
@@ -381,7 +381,7 @@ async fn select(
     payment_id: Option<PaymentId>,
     proposal_id: Option<Uuid>,
     status: Option<&str>,
-) -> Result<Vec<ProposalView>, CliError> {
+) -> Result<Vec<ProposalView>, OperatorError> {
     let tenants = scope.to_column();
     let rows = sqlx::query_as!(
         ProposalView,
@@ -421,7 +421,7 @@ struct Pending {
     seen: Snapshot,
 }
 
-async fn lock_pending(conn: &mut PgConnection, by: &Account, proposal_id: Uuid) -> Result<Pending, CliError> {
+async fn lock_pending(conn: &mut PgConnection, by: &Account, proposal_id: Uuid) -> Result<Pending, OperatorError> {
     let row = sqlx::query!(
         r#"
         SELECT proposed_by, seen_status AS "seen_status: oncepay_domain::status::PaymentStatus", seen_event_count,
@@ -440,14 +440,14 @@ async fn lock_pending(conn: &mut PgConnection, by: &Account, proposal_id: Uuid) 
     match view.status.as_str() {
         "pending" => {}
         "expired" => {
-            return Err(CliError::Refused(format!(
+            return Err(OperatorError::Refused(format!(
                 "proposal {proposal_id} expired at {} without an approval; nothing was done",
                 render::timestamp(view.expires_at)
             )));
         }
         other => {
             let by = view.decided_by.as_deref().unwrap_or("nobody");
-            return Err(CliError::Refused(format!("proposal {proposal_id} was already {other} by {by}")));
+            return Err(OperatorError::Refused(format!("proposal {proposal_id} was already {other} by {by}")));
         }
     }
     let seen = Snapshot {
@@ -466,7 +466,7 @@ async fn decide(
     status: &str,
     by: &Account,
     note: &str,
-) -> Result<(), CliError> {
+) -> Result<(), OperatorError> {
     sqlx::query!(
         r#"
         UPDATE proposals SET status = $2::text::proposal_status, decided_by = $3, decided_at = now(), decision_note = $4
@@ -509,12 +509,12 @@ fn pieces(n: i32) -> String {
     if n == 1 { "1 new piece".to_owned() } else { format!("{n} new pieces") }
 }
 
-fn not_found(payment_id: PaymentId) -> CliError {
-    CliError::NotFound(format!("payment {payment_id} has no open dead letter"))
+fn not_found(payment_id: PaymentId) -> OperatorError {
+    OperatorError::NotFound(format!("payment {payment_id} has no open dead letter"))
 }
 
-fn proposal_not_found(proposal_id: Uuid) -> CliError {
-    CliError::NotFound(format!("there is no proposal {proposal_id}"))
+fn proposal_not_found(proposal_id: Uuid) -> OperatorError {
+    OperatorError::NotFound(format!("there is no proposal {proposal_id}"))
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ use time::OffsetDateTime;
 
 use super::audit::{self, Actor, Entry, Outcome};
 use super::{Account, Role, Scope, passwords};
-use crate::cli::CliError;
+use crate::operator_error::OperatorError;
 
 /// The session cookie's name.
 pub const COOKIE: &str = "oncepay_session";
@@ -58,7 +58,7 @@ pub enum Refused {
     Locked(Duration),
     /// Something failed underneath.
     #[error(transparent)]
-    Failed(#[from] CliError),
+    Failed(#[from] OperatorError),
 }
 
 /// Signs `name` in with `password` from `source`; every outcome is recorded in the audit trail.
@@ -72,7 +72,7 @@ pub async fn sign_in(
     // The name as recorded: what was typed, cut to the column's longest name.
     let recorded: String = name.chars().take(63).collect();
     let recorded = if recorded.trim().is_empty() { "(no name)".to_owned() } else { recorded };
-    let mut conn = pool.acquire().await.context("cannot reach the database").map_err(CliError::Failed)?;
+    let mut conn = pool.acquire().await.context("cannot reach the database").map_err(OperatorError::Failed)?;
     let refusals = sqlx::query_scalar!(
         r#"
         SELECT count(*) AS "n!" FROM operator_audit
@@ -85,7 +85,7 @@ pub async fn sign_in(
     .fetch_one(&mut *conn)
     .await
     .context("cannot read the sign-ins")
-    .map_err(CliError::Failed)?;
+    .map_err(OperatorError::Failed)?;
     let row = sqlx::query!(
         r#"
         SELECT operator_id, name, role AS "role: Role", tenant_ids, password_hash
@@ -96,7 +96,7 @@ pub async fn sign_in(
     .fetch_optional(&mut *conn)
     .await
     .context("cannot read the operator")
-    .map_err(CliError::Failed)?;
+    .map_err(OperatorError::Failed)?;
     let refuse =
         |why: &str| Entry::new("session.sign_in", Outcome::Refused).detail(serde_json::json!({ "refusal": why }));
     let operator_id = row.as_ref().map(|row| row.operator_id);
@@ -110,7 +110,7 @@ pub async fn sign_in(
     let matches = tokio::task::spawn_blocking(move || passwords::verify(stored.as_deref(), &password))
         .await
         .context("the password check panicked")
-        .map_err(CliError::Failed)?;
+        .map_err(OperatorError::Failed)?;
     let Some(row) = row.filter(|_| matches) else {
         audit::record(&mut conn, &actor, &refuse("wrong name or password")).await?;
         return Err(Refused::Wrong);
@@ -132,7 +132,7 @@ pub async fn open(
     source: Option<&str>,
     policy: &Policy,
     method: &str,
-) -> Result<NewSession, CliError> {
+) -> Result<NewSession, OperatorError> {
     let mut raw = [0u8; 32];
     rand::rng().fill_bytes(&mut raw);
     let cookie = SecretString::from(URL_SAFE_NO_PAD.encode(raw));
@@ -161,7 +161,7 @@ pub async fn authenticate(
     conn: &mut PgConnection,
     cookie: &str,
     idle: Duration,
-) -> Result<Option<(Account, OffsetDateTime)>, CliError> {
+) -> Result<Option<(Account, OffsetDateTime)>, OperatorError> {
     let cookie = SecretString::from(cookie.to_owned());
     let row = sqlx::query!(
         r#"
@@ -190,7 +190,7 @@ pub async fn authenticate(
 }
 
 /// Ends the session of `cookie`.
-pub async fn sign_out(conn: &mut PgConnection, cookie: &str) -> Result<(), CliError> {
+pub async fn sign_out(conn: &mut PgConnection, cookie: &str) -> Result<(), OperatorError> {
     let cookie = SecretString::from(cookie.to_owned());
     sqlx::query!(
         "UPDATE operator_sessions SET ended_at = now() WHERE session_sha256 = $1 AND ended_at IS NULL",
@@ -203,7 +203,7 @@ pub async fn sign_out(conn: &mut PgConnection, cookie: &str) -> Result<(), CliEr
 }
 
 /// Ends every open session of an operator; returns how many.
-pub async fn sign_out_everywhere(conn: &mut PgConnection, operator_id: uuid::Uuid) -> Result<u64, CliError> {
+pub async fn sign_out_everywhere(conn: &mut PgConnection, operator_id: uuid::Uuid) -> Result<u64, OperatorError> {
     let ended = sqlx::query!(
         "UPDATE operator_sessions SET ended_at = now() WHERE operator_id = $1 AND ended_at IS NULL",
         operator_id,
@@ -219,7 +219,7 @@ pub async fn set_password(
     conn: &mut PgConnection,
     operator_id: uuid::Uuid,
     password: SecretString,
-) -> Result<(), CliError> {
+) -> Result<(), OperatorError> {
     let hashed = tokio::task::spawn_blocking(move || passwords::hash(&password))
         .await
         .context("the password hashing panicked")??;

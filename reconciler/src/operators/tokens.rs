@@ -14,7 +14,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::{Account, Role, Scope};
-use crate::cli::CliError;
+use crate::operator_error::OperatorError;
 use crate::render::{self, Report};
 
 /// A token just issued, with the token itself, shown this once.
@@ -84,10 +84,10 @@ pub async fn issue(
     operator: &str,
     label: &str,
     ttl: Duration,
-) -> Result<IssuedToken, CliError> {
+) -> Result<IssuedToken, OperatorError> {
     let label = label.trim();
     if label.is_empty() || label.chars().count() > 100 {
-        return Err(CliError::Invalid("say what the token is for with a label of 1 to 100 characters".into()));
+        return Err(OperatorError::Invalid("say what the token is for with a label of 1 to 100 characters".into()));
     }
     let new = operator_token::generate();
     let expires_at = sqlx::query_scalar!(
@@ -118,7 +118,7 @@ pub async fn issue(
 
 /// The account a presented token acts as: `None` unless it is one of ours, unrevoked, unexpired, and
 /// its operator is not disabled. Every failure looks the same to the caller.
-pub async fn authenticate(conn: &mut PgConnection, presented: &str) -> Result<Option<Account>, CliError> {
+pub async fn authenticate(conn: &mut PgConnection, presented: &str) -> Result<Option<Account>, OperatorError> {
     let Some(presented) = operator_token::parse(presented) else { return Ok(None) };
     let row = sqlx::query!(
         r#"
@@ -140,7 +140,7 @@ pub async fn authenticate(conn: &mut PgConnection, presented: &str) -> Result<Op
 }
 
 /// Lists an operator's tokens, newest first.
-pub async fn list(conn: &mut PgConnection, operator_id: Uuid) -> Result<Vec<TokenView>, CliError> {
+pub async fn list(conn: &mut PgConnection, operator_id: Uuid) -> Result<Vec<TokenView>, OperatorError> {
     let tokens = sqlx::query_as!(
         TokenView,
         r#"
@@ -158,7 +158,7 @@ pub async fn list(conn: &mut PgConnection, operator_id: Uuid) -> Result<Vec<Toke
 
 /// Revokes token `token_id`: an operator may revoke their own, an admin anyone's. Returns whose it
 /// was. In the caller's transaction.
-pub async fn revoke(conn: &mut PgConnection, by: &Account, token_id: Uuid) -> Result<String, CliError> {
+pub async fn revoke(conn: &mut PgConnection, by: &Account, token_id: Uuid) -> Result<String, OperatorError> {
     let owner = sqlx::query!(
         r#"
         SELECT o.operator_id, o.name, t.revoked_at
@@ -171,12 +171,12 @@ pub async fn revoke(conn: &mut PgConnection, by: &Account, token_id: Uuid) -> Re
     .fetch_optional(&mut *conn)
     .await
     .context("cannot read the token")?
-    .ok_or_else(|| CliError::NotFound(format!("there is no token {token_id}")))?;
+    .ok_or_else(|| OperatorError::NotFound(format!("there is no token {token_id}")))?;
     if owner.operator_id != by.operator_id {
         by.require(Role::Admin, "revoke another operator's token")?;
     }
     if owner.revoked_at.is_some() {
-        return Err(CliError::Refused(format!("token {token_id} of {} is already revoked", owner.name)));
+        return Err(OperatorError::Refused(format!("token {token_id} of {} is already revoked", owner.name)));
     }
     sqlx::query!("UPDATE operator_tokens SET revoked_at = now() WHERE token_id = $1", token_id)
         .execute(conn)

@@ -15,19 +15,19 @@ use time::macros::format_description;
 use time::{Date, OffsetDateTime};
 use uuid::Uuid;
 
-use crate::cli::CliError;
+use crate::operator_error::OperatorError;
 use crate::recon::compare::{Class, Discrepancy};
 use crate::recon::runs::{self, Run, Trigger};
 use crate::recon::{Reconciled, Reconciliation, Window};
 use crate::render::{self, Report, Table};
 
 /// Reads a window bound: a date (`2026-03-01`, midnight UTC) or an RFC 3339 time.
-pub fn parse_bound(text: &str) -> Result<OffsetDateTime, CliError> {
+pub fn parse_bound(text: &str) -> Result<OffsetDateTime, OperatorError> {
     if let Ok(date) = Date::parse(text, format_description!("[year]-[month]-[day]")) {
         return Ok(Window::day(date).start);
     }
     OffsetDateTime::parse(text, &Rfc3339)
-        .map_err(|_| CliError::Invalid(format!("{text:?} is neither a date (2026-03-01) nor an RFC 3339 time")))
+        .map_err(|_| OperatorError::Invalid(format!("{text:?} is neither a date (2026-03-01) nor an RFC 3339 time")))
 }
 
 /// `recon run`: what the run found.
@@ -84,9 +84,9 @@ pub async fn run<P: PaymentProvider + 'static>(
     recon: &Reconciliation<P>,
     from: &str,
     to: &str,
-) -> Result<RunReport, CliError> {
+) -> Result<RunReport, OperatorError> {
     let window = Window::new(parse_bound(from)?, parse_bound(to)?)
-        .map_err(|e| CliError::Invalid(format!("--from {from} --to {to}: {e}")))?;
+        .map_err(|e| OperatorError::Invalid(format!("--from {from} --to {to}: {e}")))?;
     match recon.run_window(window, Trigger::Operator).await? {
         Reconciled::Completed(summary) => Ok(RunReport {
             run_id: summary.run_id,
@@ -96,7 +96,7 @@ pub async fn run<P: PaymentProvider + 'static>(
             ledger_entries: summary.ledger_entries,
             discrepancies: summary.by_class,
         }),
-        Reconciled::AlreadyClaimed { run_id, status } => Err(CliError::Refused(format!(
+        Reconciled::AlreadyClaimed { run_id, status } => Err(OperatorError::Refused(format!(
             "run {run_id} already holds this window ({status}); see `recon show {run_id}`"
         ))),
     }
@@ -132,7 +132,7 @@ impl Report for RunList {
 }
 
 /// The latest runs, newest first.
-pub async fn list(conn: &mut PgConnection, limit: u32) -> Result<RunList, CliError> {
+pub async fn list(conn: &mut PgConnection, limit: u32) -> Result<RunList, OperatorError> {
     Ok(RunList(runs::list(conn, limit).await?))
 }
 
@@ -182,9 +182,10 @@ impl Report for RunDetail {
 }
 
 /// One run and its discrepancies.
-pub async fn show(conn: &mut PgConnection, run_id: Uuid) -> Result<RunDetail, CliError> {
-    let run =
-        runs::find(conn, run_id).await?.ok_or_else(|| CliError::NotFound(format!("no reconciliation run {run_id}")))?;
+pub async fn show(conn: &mut PgConnection, run_id: Uuid) -> Result<RunDetail, OperatorError> {
+    let run = runs::find(conn, run_id)
+        .await?
+        .ok_or_else(|| OperatorError::NotFound(format!("no reconciliation run {run_id}")))?;
     let discrepancies = runs::discrepancies(conn, run_id).await?;
     Ok(RunDetail { run, discrepancies })
 }

@@ -10,10 +10,10 @@ use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::status::PaymentStatus;
 use oncepay_provider::ChargeStatus;
 use oncepay_provider::wire::{EventType, WebhookEvent};
-use oncepay_reconciler::cli::CliError;
 use oncepay_reconciler::dead_letters::actions::{self, BookedCharge, Operator, Resolution, Retry};
 use oncepay_reconciler::dead_letters::queries::{self, Filter};
 use oncepay_reconciler::dead_letters::{self, Kind};
+use oncepay_reconciler::operator_error::OperatorError;
 use oncepay_reconciler::operators::{Role, tokens};
 use oncepay_reconciler::render::Report;
 use oncepay_reconciler::tenants;
@@ -75,11 +75,11 @@ async fn tenant_commands_refuse_what_cannot_be_done_and_change_nothing(pool: PgP
     let no_tenant = tenants::issue_key(&mut conn, "nobody").await;
     let no_key = tenants::revoke_key(&mut conn, "acme", "0123456789abcdef").await;
 
-    assert!(matches!(taken, Err(CliError::Refused(_))), "{taken:?}");
-    assert!(matches!(bad_name, Err(CliError::Invalid(_))), "{bad_name:?}");
-    assert!(matches!(bad_limit, Err(CliError::Invalid(_))), "{bad_limit:?}");
-    assert!(matches!(no_tenant, Err(CliError::NotFound(_))), "{no_tenant:?}");
-    assert!(matches!(no_key, Err(CliError::NotFound(_))), "{no_key:?}");
+    assert!(matches!(taken, Err(OperatorError::Refused(_))), "{taken:?}");
+    assert!(matches!(bad_name, Err(OperatorError::Invalid(_))), "{bad_name:?}");
+    assert!(matches!(bad_limit, Err(OperatorError::Invalid(_))), "{bad_limit:?}");
+    assert!(matches!(no_tenant, Err(OperatorError::NotFound(_))), "{no_tenant:?}");
+    assert!(matches!(no_key, Err(OperatorError::NotFound(_))), "{no_key:?}");
     assert_eq!(count(&pool, "tenants").await, 1);
     assert_eq!(count(&pool, "api_keys").await, 1);
 }
@@ -99,8 +99,8 @@ async fn an_operator_connects_a_tenant_to_its_provider_account_and_disconnects_i
     assert_eq!(moved.tenant.provider_account.as_deref(), Some("acct_2"));
     assert_eq!(listed.0[0].provider_account.as_deref(), Some("acct_2"));
     assert_eq!(removed.tenant.provider_account, None);
-    assert!(matches!(malformed, Err(CliError::Invalid(_))), "{malformed:?}");
-    assert!(matches!(nobody, Err(CliError::NotFound(_))), "{nobody:?}");
+    assert!(matches!(malformed, Err(OperatorError::Invalid(_))), "{malformed:?}");
+    assert!(matches!(nobody, Err(OperatorError::NotFound(_))), "{nobody:?}");
     let stored: Option<String> =
         sqlx::query_scalar!("SELECT provider_account FROM tenants").fetch_one(&pool).await.unwrap();
     assert_eq!(stored, None, "a refused change changes nothing");
@@ -209,7 +209,7 @@ async fn list_and_show_give_why_evidence_attempts_age_and_the_audit_trail(pool: 
     {
         assert!(text.contains(expected), "{expected} in\n{text}");
     }
-    assert!(matches!(missing, Err(CliError::NotFound(_))), "{missing:?}");
+    assert!(matches!(missing, Err(OperatorError::NotFound(_))), "{missing:?}");
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
@@ -240,7 +240,7 @@ async fn retry_requeues_the_payment_and_records_the_operator_and_the_reason(pool
         last_audit(&pool, payment_id).await,
         ("operator:alice".into(), "provider incident over, resend".into(), PaymentStatus::Pending)
     );
-    assert!(matches!(again, Err(CliError::NotFound(_))), "nothing left to retry: {again:?}");
+    assert!(matches!(again, Err(OperatorError::NotFound(_))), "nothing left to retry: {again:?}");
     assert_eq!(queries::list(&mut conn, Filter::Open, None).await.unwrap().0.len(), 0);
     assert_eq!(queries::list(&mut conn, Filter::All, None).await.unwrap().0.len(), 1);
 }
@@ -263,7 +263,10 @@ async fn a_retry_past_the_providers_key_window_is_refused_unless_the_operator_in
     let unchanged = status(&pool, tenant_id, payment_id).await;
     let insisted = actions::retry(&mut conn, &retry(true)).await;
 
-    assert!(matches!(&refused, Err(CliError::Refused(why)) if why.contains("--outside-key-window")), "{refused:?}");
+    assert!(
+        matches!(&refused, Err(OperatorError::Refused(why)) if why.contains("--outside-key-window")),
+        "{refused:?}"
+    );
     assert_eq!(unchanged, PaymentStatus::DeadLettered);
     assert!(insisted.is_ok(), "{insisted:?}");
     assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Pending);
@@ -289,7 +292,7 @@ async fn resolving_as_succeeded_books_the_providers_charge_with_an_audit_row_nam
     let reason = "found in the provider dashboard";
     let done = actions::resolve(&mut conn, payment_id, &Resolution::Succeeded(charge), &alice(), reason).await.unwrap();
 
-    assert!(matches!(unknown_charge, Err(CliError::Refused(_))), "{unknown_charge:?}");
+    assert!(matches!(unknown_charge, Err(OperatorError::Refused(_))), "{unknown_charge:?}");
     assert_eq!(done.payment_status, PaymentStatus::Succeeded);
     assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Succeeded);
     assert_eq!(support::ledger_entry(&pool, payment_id).await, ("ch_found".into(), 1999));
@@ -316,7 +319,7 @@ async fn resolving_as_succeeded_refuses_a_charge_for_another_amount_or_currency(
         let decision = Resolution::Succeeded(charge(amount, currency));
         let refused = actions::resolve(&mut conn, payment_id, &decision, &alice(), "found it").await;
 
-        assert!(matches!(&refused, Err(CliError::Refused(why)) if why.contains("1999")), "{refused:?}");
+        assert!(matches!(&refused, Err(OperatorError::Refused(why)) if why.contains("1999")), "{refused:?}");
     }
     assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::DeadLettered);
     assert_eq!(count(&pool, "ledger_entries").await, 0);
@@ -368,9 +371,9 @@ async fn a_conflict_on_a_terminal_payment_can_only_be_acknowledged(pool: PgPool)
             .await
             .unwrap();
 
-    assert!(matches!(acknowledge_unresolved, Err(CliError::Refused(_))), "{acknowledge_unresolved:?}");
-    assert!(matches!(retried, Err(CliError::Refused(_))), "{retried:?}");
-    assert!(matches!(resettled, Err(CliError::Refused(_))), "{resettled:?}");
+    assert!(matches!(acknowledge_unresolved, Err(OperatorError::Refused(_))), "{acknowledge_unresolved:?}");
+    assert!(matches!(retried, Err(OperatorError::Refused(_))), "{retried:?}");
+    assert!(matches!(resettled, Err(OperatorError::Refused(_))), "{resettled:?}");
     assert_eq!(
         (acknowledged.resolution.as_str(), acknowledged.payment_status),
         ("acknowledged", PaymentStatus::Failed)
@@ -413,7 +416,7 @@ async fn resolving_as_succeeded_can_rest_on_a_charge_a_signed_webhook_reported(p
     let unheard_of = actions::find_charge(&mut conn, &provider, payment_id, "ch_other").await;
 
     assert_eq!((charge.charge_id.as_str(), charge.amount.minor_units()), ("ch_hooked", 1999));
-    assert!(matches!(&unheard_of, Err(CliError::Refused(why)) if why.contains("--amount")), "{unheard_of:?}");
+    assert!(matches!(&unheard_of, Err(OperatorError::Refused(why)) if why.contains("--amount")), "{unheard_of:?}");
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
@@ -434,7 +437,7 @@ async fn a_retry_past_the_key_window_is_refused_while_a_recorded_charge_says_it_
 
     let refused = actions::retry(&mut conn, &retry).await;
 
-    assert!(matches!(&refused, Err(CliError::Refused(why)) if why.contains("ch_hooked")), "{refused:?}");
+    assert!(matches!(&refused, Err(OperatorError::Refused(why)) if why.contains("ch_hooked")), "{refused:?}");
     assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::DeadLettered);
     assert!(may_be_charged(&pool, payment_id).await, "nobody vouched that no charge was made");
     assert_eq!(count_for(&pool, "outbox", payment_id).await, 0, "nothing is sent again");
@@ -455,7 +458,7 @@ async fn resolving_as_failed_is_refused_while_a_recorded_charge_says_it_succeede
     let unchanged = status(&pool, tenant_id, payment_id).await;
     let forced = actions::resolve(&mut conn, payment_id, &failed(true), &alice(), "refunded ch_hooked").await;
 
-    assert!(matches!(&refused, Err(CliError::Refused(why)) if why.contains("ch_hooked")), "{refused:?}");
+    assert!(matches!(&refused, Err(OperatorError::Refused(why)) if why.contains("ch_hooked")), "{refused:?}");
     assert_eq!(unchanged, PaymentStatus::DeadLettered);
     assert!(forced.is_ok(), "{forced:?}");
     assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Failed);

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use oncepay_domain::ids::PaymentId;
 use oncepay_domain::status::PaymentStatus;
-use oncepay_reconciler::cli::CliError;
 use oncepay_reconciler::dead_letters;
+use oncepay_reconciler::operator_error::OperatorError;
 use oncepay_reconciler::operators::accounts;
 use oncepay_store::fixtures::tenant;
 use reqwest::{Method, StatusCode};
@@ -73,7 +73,7 @@ async fn the_first_admin_is_made_once_and_tokens_that_are_wrong_revoked_or_expir
     .unwrap();
     let (expired, _) = ops.get(&bob, "/v1/me").await;
 
-    assert!(matches!(second, Err(CliError::Refused(_))), "{second:?}");
+    assert!(matches!(second, Err(OperatorError::Refused(_))), "{second:?}");
     assert_eq!((me, who["name"].as_str(), who["role"].as_str()), (StatusCode::OK, Some("root"), Some("admin")));
     assert_eq!(wrong, StatusCode::UNAUTHORIZED);
     assert_eq!(problem(&refusal).0, "unauthorized");

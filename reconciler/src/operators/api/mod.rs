@@ -38,10 +38,10 @@ use super::proposals::{self, Closing, Proposed};
 use super::reports::PaymentPage;
 use super::{Account, Role};
 use super::{sessions, tokens};
-use crate::cli::CliError;
 use crate::dead_letters::actions::{self, Asked, Resolution, Retry, require_reason};
 use crate::dead_letters::queries::{self, Filter};
 use crate::dead_letters::reports::Resolved;
+use crate::operator_error::OperatorError;
 
 mod signing_in;
 mod tenants;
@@ -136,11 +136,11 @@ async fn change(
     state: &OperatorsState,
     caller: &Caller,
     entry: Entry,
-    outcome: Result<HttpResponse, CliError>,
+    outcome: Result<HttpResponse, OperatorError>,
 ) -> Answer {
     match outcome {
         Ok(response) => Ok(response),
-        Err(CliError::Failed(error)) => Err(problem(CliError::Failed(error))),
+        Err(OperatorError::Failed(error)) => Err(problem(OperatorError::Failed(error))),
         Err(refusal) => {
             let entry = entry.ended(Outcome::Refused).detail(json!({ "refusal": refusal.to_string() }));
             let recorded = async {
@@ -156,13 +156,13 @@ async fn change(
 }
 
 /// The problem for an operator command's failure.
-fn problem(error: CliError) -> Problem {
+fn problem(error: OperatorError) -> Problem {
     match error {
-        CliError::Invalid(detail) => Problem::new(ProblemType::InvalidRequest, detail),
-        CliError::NotFound(detail) => Problem::new(ProblemType::NotFound, detail),
-        CliError::Refused(detail) => Problem::new(ProblemType::Refused, detail),
-        CliError::Forbidden(detail) => Problem::new(ProblemType::Forbidden, detail),
-        CliError::Failed(error) => {
+        OperatorError::Invalid(detail) => Problem::new(ProblemType::InvalidRequest, detail),
+        OperatorError::NotFound(detail) => Problem::new(ProblemType::NotFound, detail),
+        OperatorError::Refused(detail) => Problem::new(ProblemType::Refused, detail),
+        OperatorError::Forbidden(detail) => Problem::new(ProblemType::Forbidden, detail),
+        OperatorError::Failed(error) => {
             tracing::error!(error = format!("{error:#}"), "an operator request failed");
             Problem::new(ProblemType::ServiceUnavailable, format!("{error:#}"))
         }
@@ -185,9 +185,9 @@ fn ok(status: StatusCode, body: &impl serde::Serialize) -> HttpResponse {
 }
 
 /// Reads a JSON body; a body that is not the expected JSON is a 400 problem.
-fn body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CliError> {
+fn body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, OperatorError> {
     serde_json::from_slice(bytes)
-        .map_err(|error| CliError::Invalid(format!("the body is not the expected JSON: {error}")))
+        .map_err(|error| OperatorError::Invalid(format!("the body is not the expected JSON: {error}")))
 }
 
 fn payment_id(text: &str) -> Result<PaymentId, Problem> {
@@ -216,7 +216,7 @@ async fn tenant_names(state: &OperatorsState, account: &Account) -> Result<Optio
         .fetch_all(&mut *conn)
         .await
         .context("cannot read the tenants")
-        .map_err(|e| problem(CliError::Failed(e)))?;
+        .map_err(|e| problem(OperatorError::Failed(e)))?;
     Ok(Some(names))
 }
 
@@ -262,7 +262,7 @@ async fn payment(state: web::Data<OperatorsState>, request: HttpRequest, path: w
             let tenant_id = detail.tenant_id;
             caller
                 .account
-                .see(tenant_id, || CliError::NotFound(format!("payment {payment_id} has no dead letter")))
+                .see(tenant_id, || OperatorError::NotFound(format!("payment {payment_id} has no dead letter")))
                 .map_err(problem)?;
             let masked = caller.account.role == Role::Viewer;
             let customer = customer(&mut conn, tenant_id, payment_id, masked).await.map_err(problem)?;
@@ -295,7 +295,7 @@ async fn customer(
     tenant_id: TenantId,
     payment_id: PaymentId,
     masked: bool,
-) -> Result<Value, CliError> {
+) -> Result<Value, OperatorError> {
     let row = sqlx::query!(
         "SELECT customer_id, description, metadata, payment_method FROM payments WHERE tenant_id = $1 AND payment_id = $2",
         tenant_id.as_uuid(),
@@ -399,7 +399,7 @@ async fn directly(
     reason: &str,
     direct: Direct,
     state: &OperatorsState,
-) -> Result<Resolved, CliError> {
+) -> Result<Resolved, OperatorError> {
     let mut tx = sqlx::Acquire::begin(conn).await.context("cannot start a transaction")?;
     let seen = queries::snapshot(&mut tx, payment_id).await?;
     caller.account.see(seen.tenant_id, || no_open_entry(payment_id))?;
@@ -425,8 +425,8 @@ async fn directly(
     Ok(done)
 }
 
-fn no_open_entry(payment_id: PaymentId) -> CliError {
-    CliError::NotFound(format!("payment {payment_id} has no open dead letter"))
+fn no_open_entry(payment_id: PaymentId) -> OperatorError {
+    OperatorError::NotFound(format!("payment {payment_id} has no open dead letter"))
 }
 
 #[derive(Debug, Deserialize)]
@@ -495,7 +495,7 @@ async fn resolve(
                     let provider = || {
                         ConfiguredProvider::new(&state.provider)
                             .context("cannot build the provider client")
-                            .map_err(CliError::Failed)
+                            .map_err(OperatorError::Failed)
                     };
                     let resolution = actions::resolution(&mut conn, provider, payment_id, decision).await?;
                     let action = Proposed::resolution(resolution)?;
@@ -707,7 +707,7 @@ async fn create_operator(state: web::Data<OperatorsState>, request: HttpRequest,
 }
 
 /// Only the operator themself or an admin may see or issue an operator's tokens.
-fn own_or_admin(caller: &Caller, name: &str, to: &str) -> Result<(), CliError> {
+fn own_or_admin(caller: &Caller, name: &str, to: &str) -> Result<(), OperatorError> {
     if caller.account.name == name { Ok(()) } else { caller.account.require(Role::Admin, to) }
 }
 
@@ -749,7 +749,7 @@ async fn issue_token(
             let reason = require_reason(&asked.reason)?;
             let ttl = asked.expires_in_days.map_or(state.token_ttl, |days| Duration::from_secs(u64::from(days) * 86_400));
             if ttl.is_zero() || ttl > state.max_token_ttl {
-                return Err(CliError::Invalid(format!(
+                return Err(OperatorError::Invalid(format!(
                     "expires_in_days must be between 1 and {}",
                     state.max_token_ttl.as_secs() / 86_400
                 )));

@@ -17,8 +17,8 @@ use serde_json::json;
 use time::OffsetDateTime;
 
 use super::{OperatorsState, body, change, connection, ok, own_or_admin, problem, respond};
-use crate::cli::CliError;
 use crate::dead_letters::actions::require_reason;
+use crate::operator_error::OperatorError;
 use crate::operators::Account;
 use crate::operators::accounts;
 use crate::operators::audit::{self, Actor, Entry, Outcome};
@@ -49,12 +49,12 @@ impl Caller {
 
     /// Refuses a session whose sign-in is older than `fresh`: approving moves money, so the person
     /// must have proved who they are a moment ago. A token is judged by itself.
-    pub(super) fn require_fresh(&self, fresh: std::time::Duration, to: &str) -> Result<(), CliError> {
+    pub(super) fn require_fresh(&self, fresh: std::time::Duration, to: &str) -> Result<(), OperatorError> {
         let Via::Session(signed_in_at) = self.via else { return Ok(()) };
         if OffsetDateTime::now_utc() - signed_in_at <= fresh {
             return Ok(());
         }
-        Err(CliError::Forbidden(format!(
+        Err(OperatorError::Forbidden(format!(
             "to {to} takes a fresh sign-in: sign in again (yours is older than {} minutes)",
             fresh.as_secs().div_ceil(60)
         )))

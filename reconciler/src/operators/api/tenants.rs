@@ -17,8 +17,8 @@ use uuid::Uuid;
 
 use super::signing_in::{Caller, caller};
 use super::{OperatorsState, body, change, connection, ok, problem, respond};
-use crate::cli::CliError;
 use crate::dead_letters::actions::require_reason;
+use crate::operator_error::OperatorError;
 use crate::operators::audit::{self, Entry, Outcome};
 use crate::operators::{Role, Scope};
 use crate::recon::Reconciliation;
@@ -40,8 +40,8 @@ pub(super) fn configure(config: &mut web::ServiceConfig) {
 
 /// Refuses unless the caller may see tenant `name`; one they may not is not found, as if it did not
 /// exist.
-async fn see_tenant(conn: &mut PgConnection, caller: &Caller, name: &str) -> Result<(), CliError> {
-    let not_found = || CliError::NotFound(format!("no tenant named {name}"));
+async fn see_tenant(conn: &mut PgConnection, caller: &Caller, name: &str) -> Result<(), OperatorError> {
+    let not_found = || OperatorError::NotFound(format!("no tenant named {name}"));
     let tenant = oncepay_store::tenants::find_by_name(conn, name).await.context("cannot look the tenant up")?;
     let tenant = tenant.ok_or_else(not_found)?;
     caller.account.see(tenant.tenant_id, not_found)
@@ -86,7 +86,7 @@ async fn create(state: web::Data<OperatorsState>, request: HttpRequest, bytes: w
                 let asked: NewTenant = body(&bytes)?;
                 caller.account.require(Role::Admin, "create a tenant")?;
                 if caller.account.scope != Scope::Every {
-                    return Err(CliError::Forbidden("only an admin of every tenant creates tenants".into()));
+                    return Err(OperatorError::Forbidden("only an admin of every tenant creates tenants".into()));
                 }
                 let reason = require_reason(&asked.reason)?;
                 let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
@@ -209,11 +209,11 @@ async fn revoke_key(
 }
 
 /// Refuses an operator limited to some tenants: a reconciliation run covers every tenant.
-fn every_tenant(caller: &Caller) -> Result<(), CliError> {
+fn every_tenant(caller: &Caller) -> Result<(), OperatorError> {
     if caller.account.scope == Scope::Every {
         return Ok(());
     }
-    Err(CliError::Forbidden(
+    Err(OperatorError::Forbidden(
         "a reconciliation run covers every tenant; an operator limited to some cannot read it".into(),
     ))
 }
@@ -280,7 +280,7 @@ async fn run(state: web::Data<OperatorsState>, request: HttpRequest, path: web::
         async {
             let caller = caller(&state, &request).await?;
             every_tenant(&caller).map_err(problem)?;
-            let not_found = || problem(CliError::NotFound(format!("there is no run {:?}", path.as_str())));
+            let not_found = || problem(OperatorError::NotFound(format!("there is no run {:?}", path.as_str())));
             let run_id = Uuid::parse_str(&path).map_err(|_| not_found())?;
             let mut conn = connection(&state).await?;
             let detail = recon::show(&mut conn, run_id).await.map_err(problem)?;
