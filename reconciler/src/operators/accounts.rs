@@ -151,32 +151,29 @@ pub async fn list(conn: &mut PgConnection) -> Result<Vec<OperatorView>, Operator
 
 /// The account named `name`.
 pub async fn find(conn: &mut PgConnection, name: &str) -> Result<Account, OperatorError> {
-    let row = sqlx::query!(
-        r#"
-        SELECT operator_id, name, role AS "role: Role", tenant_ids
-        FROM operators WHERE name = $1 AND disabled_at IS NULL
-        "#,
-        name,
-    )
-    .fetch_optional(conn)
-    .await
-    .context("cannot read the operator")?
-    .ok_or_else(|| OperatorError::NotFound(format!("there is no operator named {name}")))?;
-    Ok(Account {
-        operator_id: row.operator_id,
-        name: row.name,
-        role: row.role,
-        scope: Scope::from_column(row.tenant_ids),
-    })
+    lookup(conn, Some(name), None)
+        .await?
+        .ok_or_else(|| OperatorError::NotFound(format!("there is no operator named {name}")))
 }
 
 /// The account linked to the identity `subject` at the OpenID provider, if any.
 pub async fn find_by_subject(conn: &mut PgConnection, subject: &str) -> Result<Option<Account>, OperatorError> {
+    lookup(conn, None, Some(subject)).await
+}
+
+/// The enabled account with `name`, or linked to `subject`.
+async fn lookup(
+    conn: &mut PgConnection,
+    name: Option<&str>,
+    subject: Option<&str>,
+) -> Result<Option<Account>, OperatorError> {
     let row = sqlx::query!(
         r#"
         SELECT operator_id, name, role AS "role: Role", tenant_ids
-        FROM operators WHERE oidc_subject = $1 AND disabled_at IS NULL
+        FROM operators
+        WHERE disabled_at IS NULL AND ($1::text IS NULL OR name = $1) AND ($2::text IS NULL OR oidc_subject = $2)
         "#,
+        name,
         subject,
     )
     .fetch_optional(conn)
@@ -191,8 +188,9 @@ pub async fn find_by_subject(conn: &mut PgConnection, subject: &str) -> Result<O
 }
 
 /// `operators bootstrap`: on an installation with no operator yet, creates the first admin with a
-/// token and a random local password, both shown once; refused once any operator exists (admins then create the rest through the
-/// operations API). The only operator command that works on the database directly.
+/// token and a random local password, both shown once; refused once any operator exists (admins
+/// then create the rest through the operations API). With `migrate`, the only operator command
+/// that works on the database directly.
 pub async fn bootstrap(conn: &mut PgConnection, name: &str, token_ttl: Duration) -> Result<IssuedToken, OperatorError> {
     let mut tx = conn.begin().await.context("cannot start a transaction")?;
     // Two bootstraps at once: the second waits here, then finds the first's admin.
