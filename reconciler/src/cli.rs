@@ -126,6 +126,32 @@ pub enum OperatorsCommand {
         #[arg(long)]
         reason: String,
     },
+    /// Changes another operator's role or tenants (admins only; through the operations API).
+    Update {
+        /// Their name.
+        name: String,
+        /// viewer, operator, approver or admin.
+        #[arg(long)]
+        role: Option<String>,
+        /// Limits them to this tenant (by name) from now on; repeat for more.
+        #[arg(long = "tenant", conflicts_with = "every_tenant")]
+        tenants: Vec<String>,
+        /// Every tenant from now on.
+        #[arg(long)]
+        every_tenant: bool,
+        /// Why (recorded).
+        #[arg(long)]
+        reason: String,
+    },
+    /// Disables another operator: their tokens and sessions stop working at once (admins only;
+    /// through the operations API).
+    Disable {
+        /// Their name.
+        name: String,
+        /// Why (recorded).
+        #[arg(long)]
+        reason: String,
+    },
 }
 
 /// `proposals …`.
@@ -434,6 +460,16 @@ pub async fn execute(command: Command, ctx: &Context) -> Result<Box<dyn Report>,
             let body = json!({ "name": name, "role": role, "tenants": tenants, "oidc_subject": oidc_subject, "reason": reason });
             let created: OperatorView = ctx.ops()?.post("/v1/operators", &body).await?.into()?;
             Ok(boxed(created))
+        }
+        Command::Operators(OperatorsCommand::Update { name, role, tenants, every_tenant, reason }) => {
+            let tenants = (!tenants.is_empty()).then_some(tenants);
+            let body = json!({ "role": role, "tenants": tenants, "every_tenant": every_tenant, "reason": reason });
+            let changed: OperatorView = ctx.ops()?.patch(&format!("/v1/operators/{name}"), &body).await?.into()?;
+            Ok(boxed(changed))
+        }
+        Command::Operators(OperatorsCommand::Disable { name, reason }) => {
+            ctx.ops()?.delete(&format!("/v1/operators/{name}"), &json!({ "reason": reason })).await?;
+            Ok(boxed(Done(format!("operator {name} is disabled: their tokens and sessions no longer work"))))
         }
         Command::Tokens(command) => token_command(command, ctx.ops()?).await,
         Command::Recon(ReconCommand::Run { from, to, reason }) => {

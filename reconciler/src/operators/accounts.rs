@@ -122,15 +122,26 @@ async fn tenant_ids(conn: &mut PgConnection, names: &[String]) -> Result<Vec<Ten
 
 /// Every account, by name.
 pub async fn list(conn: &mut PgConnection) -> Result<Vec<OperatorView>, OperatorError> {
+    views(conn, None).await
+}
+
+/// The account named `name`, as operators see it.
+async fn view(conn: &mut PgConnection, name: &str) -> Result<OperatorView, OperatorError> {
+    let found = views(conn, Some(name)).await?.into_iter().next();
+    found.ok_or_else(|| OperatorError::NotFound(format!("there is no operator named {name}")))
+}
+
+async fn views(conn: &mut PgConnection, name: Option<&str>) -> Result<Vec<OperatorView>, OperatorError> {
     let rows = sqlx::query!(
         r#"
         SELECT o.operator_id, o.name, o.role AS "role: Role", o.created_at, o.created_by, o.oidc_subject,
                (SELECT array_agg(t.name ORDER BY t.name) FROM tenants t WHERE t.tenant_id = ANY (o.tenant_ids))
                    AS tenants
         FROM operators o
-        WHERE o.disabled_at IS NULL
+        WHERE o.disabled_at IS NULL AND ($1::text IS NULL OR o.name = $1)
         ORDER BY o.name
-        "#
+        "#,
+        name,
     )
     .fetch_all(conn)
     .await
@@ -147,6 +158,72 @@ pub async fn list(conn: &mut PgConnection) -> Result<Vec<OperatorView>, Operator
             oidc_subject: r.oidc_subject,
         })
         .collect())
+}
+
+/// What changes about an account; `None` leaves it as it is.
+#[derive(Debug, Clone, Default)]
+pub struct Changes<'a> {
+    /// A new role.
+    pub role: Option<Role>,
+    /// A new scope: `Some(None)` for every tenant, `Some(Some(names))` for those tenants.
+    pub tenants: Option<Option<&'a [String]>>,
+}
+
+/// Changes another operator's role or tenants, in the caller's transaction; returns the account
+/// before and after. Nobody changes their own account: another admin does.
+pub async fn update(
+    conn: &mut PgConnection,
+    by: &Account,
+    name: &str,
+    changes: &Changes<'_>,
+) -> Result<(OperatorView, OperatorView), OperatorError> {
+    if by.name == name {
+        return Err(OperatorError::Forbidden("nobody changes their own role or tenants: another admin does".into()));
+    }
+    if changes.role.is_none() && changes.tenants.is_none() {
+        return Err(OperatorError::Invalid("say what changes: a role, tenants, or every tenant".into()));
+    }
+    let before = view(conn, name).await?;
+    let scope = match changes.tenants {
+        None => None,
+        Some(None) => Some(Scope::Every),
+        Some(Some([])) => return Err(OperatorError::Invalid("name at least one tenant, or every tenant".into())),
+        Some(Some(names)) => Some(Scope::Only(tenant_ids(conn, names).await?)),
+    };
+    let rescoped = scope.is_some();
+    let tenant_ids = scope.as_ref().and_then(Scope::to_column);
+    sqlx::query!(
+        r#"
+        UPDATE operators
+        SET role = COALESCE($2, role),
+            tenant_ids = CASE WHEN $3 THEN $4 ELSE tenant_ids END
+        WHERE name = $1 AND disabled_at IS NULL
+        "#,
+        name,
+        changes.role as Option<Role>,
+        rescoped,
+        tenant_ids.as_deref(),
+    )
+    .execute(&mut *conn)
+    .await
+    .context("cannot change the operator")?;
+    let after = view(conn, name).await?;
+    Ok((before, after))
+}
+
+/// Disables another operator, in the caller's transaction: their tokens and sessions stop working
+/// at once, and their name stays in the audit trail. Returns the account as it was.
+pub async fn disable(conn: &mut PgConnection, by: &Account, name: &str) -> Result<OperatorView, OperatorError> {
+    if by.name == name {
+        return Err(OperatorError::Forbidden("nobody disables their own account: another admin does".into()));
+    }
+    let before = view(conn, name).await?;
+    sqlx::query!("UPDATE operators SET disabled_at = now() WHERE operator_id = $1", before.operator_id)
+        .execute(&mut *conn)
+        .await
+        .context("cannot disable the operator")?;
+    super::sessions::sign_out_everywhere(conn, before.operator_id).await?;
+    Ok(before)
 }
 
 /// The account named `name`.

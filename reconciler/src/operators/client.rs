@@ -70,6 +70,11 @@ impl OpsClient {
         self.send(Method::POST, path, &[], Some(body)).await
     }
 
+    /// `PATCH path` with a JSON body.
+    pub async fn patch(&self, path: &str, body: &Value) -> Result<Answer, OperatorError> {
+        self.send(Method::PATCH, path, &[], Some(body)).await
+    }
+
     /// `PUT path` with a JSON body.
     pub async fn put(&self, path: &str, body: &Value) -> Result<Answer, OperatorError> {
         self.send(Method::PUT, path, &[], Some(body)).await

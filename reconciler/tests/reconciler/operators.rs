@@ -771,3 +771,58 @@ async fn the_cli_creates_a_tenant_whose_key_authenticates_through_the_api(pool: 
     let table = String::from_utf8(listed.stdout).unwrap();
     assert!(table.starts_with("NAME") && table.contains("acme"), "{table}");
 }
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn an_admin_changes_another_operators_role_and_tenants_and_disables_them(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    tenant(&pool, "acme").await;
+    let globex = tenant(&pool, "globex").await;
+    let theirs = dead_lettered(&pool, globex, "k-1", 60).await;
+    let alice = ops.operator("alice", "viewer", None).await;
+    let patch = |body: Value| {
+        let ops = &ops;
+        async move { ops.call(&ops.admin, Method::PATCH, "/v1/operators/alice", Some(body)).await }
+    };
+
+    let (own, _) =
+        ops.call(&ops.admin, Method::PATCH, "/v1/operators/root", Some(json!({"role": "viewer", "reason": "x"}))).await;
+    let (nothing, _) = patch(json!({"reason": "x"})).await;
+    let (before, _) = ops.get(&alice, &format!("/v1/payments/{theirs}")).await;
+    let (limited, view) = patch(json!({"role": "operator", "tenants": ["acme"], "reason": "moved to acme"})).await;
+    let (after, _) = ops.get(&alice, &format!("/v1/payments/{theirs}")).await;
+    let (widened, widest) = patch(json!({"every_tenant": true, "reason": "covers everyone"})).await;
+    let (disabled, _) =
+        ops.call(&ops.admin, Method::DELETE, "/v1/operators/alice", Some(json!({"reason": "left"}))).await;
+    let (gone, _) = ops.get(&alice, "/v1/me").await;
+    let (_, listed) = ops.get(&ops.admin, "/v1/operators").await;
+
+    assert_eq!(own, StatusCode::FORBIDDEN);
+    assert_eq!(nothing, StatusCode::BAD_REQUEST);
+    assert_eq!(before, StatusCode::OK);
+    assert_eq!(limited, StatusCode::OK, "{view}");
+    assert_eq!((view["role"].as_str(), view["tenants"].clone()), (Some("operator"), json!(["acme"])));
+    assert_eq!(after, StatusCode::NOT_FOUND, "another tenant's payment, once limited");
+    assert_eq!((widened, widest["tenants"].clone()), (StatusCode::OK, Value::Null));
+    assert_eq!(disabled, StatusCode::NO_CONTENT);
+    assert_eq!(gone, StatusCode::UNAUTHORIZED, "a disabled operator's token no longer works");
+    let names: Vec<&str> = listed.as_array().unwrap().iter().map(|o| o["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["root"]);
+    let trail: Vec<(String, String)> = sqlx::query!(
+        "SELECT action, outcome FROM operator_audit WHERE action IN ('operator.update', 'operator.disable') ORDER BY audit_id"
+    )
+    .map(|r| (r.action, r.outcome))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let row = |action: &str, outcome: &str| (action.to_owned(), outcome.to_owned());
+    assert_eq!(
+        trail,
+        [
+            row("operator.update", "refused"),
+            row("operator.update", "refused"),
+            row("operator.update", "done"),
+            row("operator.update", "done"),
+            row("operator.disable", "done"),
+        ]
+    );
+}

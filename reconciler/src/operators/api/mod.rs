@@ -119,6 +119,8 @@ pub fn configure(config: &mut web::ServiceConfig) {
         .route("/v1/audit", web::get().to(audit_trail))
         .route("/v1/operators", web::get().to(list_operators))
         .route("/v1/operators", web::post().to(create_operator))
+        .route("/v1/operators/{name}", web::patch().to(update_operator))
+        .route("/v1/operators/{name}", web::delete().to(disable_operator))
         .route("/v1/operators/{name}/tokens", web::get().to(list_tokens))
         .route("/v1/operators/{name}/tokens", web::post().to(issue_token))
         .route("/v1/tokens/{token_id}", web::delete().to(revoke_token))
@@ -701,6 +703,84 @@ async fn create_operator(state: web::Data<OperatorsState>, request: HttpRequest,
                 .await,
             )
             .await
+        }
+        .await,
+    )
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ChangesBody {
+    role: Option<Role>,
+    /// Tenant names the operator is limited to from now on.
+    tenants: Option<Vec<String>>,
+    /// Every tenant from now on.
+    #[serde(default)]
+    every_tenant: bool,
+    reason: String,
+}
+
+/// `PATCH /v1/operators/{name}` `{role?, tenants? | every_tenant?, reason}` (admin): another
+/// operator's role or tenants, changed.
+async fn update_operator(
+    state: web::Data<OperatorsState>,
+    request: HttpRequest,
+    path: web::Path<String>,
+    bytes: web::Bytes,
+) -> HttpResponse {
+    respond(
+        async {
+            let caller = caller(&state, &request).await?;
+            let entry = Entry::new("operator.update", Outcome::Done);
+            let outcome = async {
+                let asked: ChangesBody = body(&bytes)?;
+                caller.account.require(Role::Admin, "change an operator")?;
+                let reason = require_reason(&asked.reason)?;
+                let tenants = match (asked.every_tenant, asked.tenants.as_deref()) {
+                    (true, Some(_)) => {
+                        return Err(OperatorError::Invalid("give tenants or every_tenant, not both".into()));
+                    }
+                    (true, None) => Some(None),
+                    (false, tenants) => tenants.map(Some),
+                };
+                let changes = accounts::Changes { role: asked.role, tenants };
+                let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
+                let (before, after) = accounts::update(&mut tx, &caller.account, &path, &changes).await?;
+                let entry = entry.clone().reason(reason).before(json!(before)).after(json!(after));
+                audit::record(&mut tx, &caller.actor(), &entry).await?;
+                tx.commit().await.context("cannot commit the change")?;
+                Ok(ok(StatusCode::OK, &after))
+            };
+            change(&state, &caller, entry.clone(), outcome.await).await
+        }
+        .await,
+    )
+}
+
+/// `DELETE /v1/operators/{name}` `{reason}` (admin): another operator disabled, their tokens and
+/// sessions with them (204).
+async fn disable_operator(
+    state: web::Data<OperatorsState>,
+    request: HttpRequest,
+    path: web::Path<String>,
+    bytes: web::Bytes,
+) -> HttpResponse {
+    respond(
+        async {
+            let caller = caller(&state, &request).await?;
+            let entry = Entry::new("operator.disable", Outcome::Done);
+            let outcome = async {
+                let asked: DecisionBody = body(&bytes)?;
+                caller.account.require(Role::Admin, "disable an operator")?;
+                let reason = require_reason(&asked.reason)?;
+                let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
+                let before = accounts::disable(&mut tx, &caller.account, &path).await?;
+                let entry = entry.clone().reason(reason).before(json!(before)).after(json!({ "disabled": true }));
+                audit::record(&mut tx, &caller.actor(), &entry).await?;
+                tx.commit().await.context("cannot commit the change")?;
+                Ok(HttpResponse::NoContent().finish())
+            };
+            change(&state, &caller, entry.clone(), outcome.await).await
         }
         .await,
     )
