@@ -200,7 +200,8 @@ pub(super) async fn lock_open(
     })
 }
 
-/// A succeeded charge that a signed webhook or a lookup recorded for the locked payment, if any.
+/// A succeeded charge that a signed webhook or a lookup recorded for the locked payment, if any: in
+/// the evidence of any of its dead letters, the closed ones too.
 pub(super) async fn succeeded_charge_on_record(
     conn: &mut PgConnection,
     locked: &Locked,
@@ -211,12 +212,11 @@ pub(super) async fn succeeded_charge_on_record(
          WHERE tenant_id = $1 AND payment_id = $2 AND charge->>'status' = 'succeeded')
         UNION ALL
         (SELECT item->'charge'->>'id' FROM dead_letters d, jsonb_array_elements(d.evidence) AS item
-         WHERE d.tenant_id = $1 AND d.dead_letter_id = $3 AND item->'charge'->>'status' = 'succeeded')
+         WHERE d.tenant_id = $1 AND d.payment_id = $2 AND item->'charge'->>'status' = 'succeeded')
         LIMIT 1
         "#,
         locked.tenant_id.as_uuid(),
         locked.asked.payment_id.as_uuid(),
-        locked.dead_letter_id,
     )
     .fetch_optional(conn)
     .await

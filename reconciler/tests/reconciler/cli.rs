@@ -17,6 +17,7 @@ use oncepay_reconciler::operator_error::OperatorError;
 use oncepay_reconciler::operators::{Role, tokens};
 use oncepay_reconciler::render::Report;
 use oncepay_reconciler::tenants;
+use oncepay_reconciler::unknown::{self, Why};
 use oncepay_reconciler::webhooks;
 use oncepay_store::db;
 use oncepay_store::fixtures::{self, count, tenant};
@@ -463,4 +464,35 @@ async fn resolving_as_failed_is_refused_while_a_recorded_charge_says_it_succeede
     assert!(forced.is_ok(), "{forced:?}");
     assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Failed);
     assert_eq!(last_audit(&pool, payment_id).await.1, "refunded ch_hooked");
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_succeeded_charge_in_an_earlier_dead_letters_evidence_still_refuses_settling_as_failed(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+    let payment_id = dead_lettered(&pool, tenant_id, "order-1", 60).await;
+    let mut conn = pool.acquire().await.unwrap();
+    // A lookup found the charge, after the entry was opened; an operator retried anyway.
+    let evidence = json!([{"source": "poll", "charge": {"id": "ch_found", "status": "succeeded"}}]);
+    assert!(dead_letters::attach_evidence(&mut conn, tenant_id, payment_id, evidence).await.unwrap());
+    let retry = Retry {
+        payment_id,
+        operator: &alice(),
+        reason: "provider back",
+        resend_horizon: HORIZON,
+        outside_key_window: false,
+    };
+    actions::retry(&mut conn, &retry).await.unwrap();
+    // The resend ends uncertain again, and the poller gives up again: a second entry.
+    support::claim(&pool, tenant_id, payment_id, 60).await;
+    support::uncertain(&pool, tenant_id, payment_id).await;
+    let mut tx = pool.begin().await.unwrap();
+    let why = Why { actor: "reconciler:poller", reason: "no conclusive response" };
+    unknown::exhaust(&mut tx, tenant_id, payment_id, why, json!({"source": "poll"})).await.unwrap();
+    tx.commit().await.unwrap();
+
+    let failed = Resolution::Failed { charge_id: None, force: false };
+    let refused = actions::resolve(&mut conn, payment_id, &failed, &alice(), "customer saw no charge").await;
+
+    assert!(matches!(&refused, Err(OperatorError::Refused(why)) if why.contains("ch_found")), "{refused:?}");
+    assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::DeadLettered);
 }
