@@ -261,6 +261,7 @@ async fn lookup(
         name: row.name,
         role: row.role,
         scope: Scope::from_column(row.tenant_ids),
+        made_by: row.operator_id,
     }))
 }
 
@@ -290,10 +291,11 @@ pub async fn bootstrap(conn: &mut PgConnection, name: &str, token_ttl: Duration)
     }
     let admin = NewOperator { name, role: Role::Admin, tenants: None, oidc_subject: None };
     let created = create(&mut tx, &admin, "bootstrap").await?;
-    let mut issued = tokens::issue(&mut tx, created.operator_id, &created.name, "bootstrap", token_ttl).await?;
+    let (id, name) = (created.operator_id, created.name.as_str());
+    let mut issued = tokens::issue(&mut tx, id, name, "bootstrap", token_ttl, id).await?;
     let password = passwords::generate();
     issued.password = Some(password.expose_secret().to_owned());
-    sessions::set_password(&mut tx, created.operator_id, password).await?;
+    sessions::set_password(&mut tx, created.operator_id, password, created.operator_id).await?;
     let actor = Actor { operator_id: Some(created.operator_id), name: &created.name, source: None };
     let entry = Entry::new("operator.bootstrap", Outcome::Done)
         .reason("the first admin of an empty installation")

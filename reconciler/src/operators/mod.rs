@@ -142,6 +142,9 @@ pub struct Account {
     pub role: Role,
     /// The tenants they may see.
     pub scope: Scope,
+    /// Who made the credential this request acts with: who issued the token or set the password,
+    /// or the operator themself for a sign-in at the OpenID provider.
+    pub made_by: Uuid,
 }
 
 impl Account {
@@ -213,7 +216,13 @@ mod tests {
 
     #[test]
     fn a_role_below_the_one_needed_is_refused_with_both_named() {
-        let viewer = Account { operator_id: Uuid::nil(), name: "vic".into(), role: Role::Viewer, scope: Scope::Every };
+        let viewer = Account {
+            operator_id: Uuid::nil(),
+            name: "vic".into(),
+            role: Role::Viewer,
+            scope: Scope::Every,
+            made_by: Uuid::nil(),
+        };
         let refused = viewer.require(Role::Operator, "retry a payment").unwrap_err();
         assert_eq!(refused.to_string(), "vic is a viewer; to retry a payment takes the operator role or above");
         assert!(viewer.require(Role::Viewer, "read").is_ok());

@@ -165,8 +165,9 @@ pub async fn propose(
     let inserted = sqlx::query!(
         r#"
         INSERT INTO proposals (proposal_id, tenant_id, payment_id, action, reason, seen_status, seen_event_count,
-                               seen_dead_letter_id, seen_evidence_count, proposed_by, expires_at)
-        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, now() + make_interval(secs => $11))
+                               seen_dead_letter_id, seen_evidence_count, proposed_by, expires_at,
+                               proposer_credential_by)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, now() + make_interval(secs => $11), $12)
         ON CONFLICT (payment_id) WHERE status = 'pending' DO NOTHING
         RETURNING proposal_id
         "#,
@@ -181,6 +182,7 @@ pub async fn propose(
         seen.evidence_count,
         by.operator_id,
         limits.ttl.as_secs_f64(),
+        by.made_by,
     )
     .fetch_optional(&mut *tx)
     .await
@@ -228,6 +230,14 @@ pub async fn approve(
     if pending.proposed_by_id == by.operator_id {
         return Err(OperatorError::Forbidden(format!(
             "proposal {proposal_id} is yours: a second operator must approve it (nobody approves their own)"
+        )));
+    }
+    // Whoever made a credential can act with it: the two sides must not be one person's.
+    if by.made_by == pending.proposed_by_id || pending.proposer_credential_by == Some(by.operator_id) {
+        return Err(OperatorError::Forbidden(format!(
+            "proposal {proposal_id} cannot be approved with this credential: one of you issued the other's token \
+             or set their password, so one person could stand behind both sides. Approve with a token you issued \
+             yourself, or after signing in at the OpenID provider"
         )));
     }
     let payment_id = pending.view.payment_id;
@@ -418,14 +428,16 @@ async fn select(
 struct Pending {
     view: ProposalView,
     proposed_by_id: Uuid,
+    /// Who made the credential the proposal was made with.
+    proposer_credential_by: Option<Uuid>,
     seen: Snapshot,
 }
 
 async fn lock_pending(conn: &mut PgConnection, by: &Account, proposal_id: Uuid) -> Result<Pending, OperatorError> {
     let row = sqlx::query!(
         r#"
-        SELECT proposed_by, seen_status AS "seen_status: oncepay_domain::status::PaymentStatus", seen_event_count,
-               seen_dead_letter_id, seen_evidence_count
+        SELECT proposed_by, proposer_credential_by, seen_status AS "seen_status: oncepay_domain::status::PaymentStatus",
+               seen_event_count, seen_dead_letter_id, seen_evidence_count
         FROM proposals WHERE proposal_id = $1
         FOR UPDATE
         "#,
@@ -457,7 +469,7 @@ async fn lock_pending(conn: &mut PgConnection, by: &Account, proposal_id: Uuid) 
         dead_letter_id: row.seen_dead_letter_id,
         evidence_count: row.seen_evidence_count,
     };
-    Ok(Pending { view, proposed_by_id: row.proposed_by, seen })
+    Ok(Pending { view, proposed_by_id: row.proposed_by, proposer_credential_by: row.proposer_credential_by, seen })
 }
 
 async fn decide(

@@ -88,7 +88,8 @@ pub async fn sign_in(
     .map_err(OperatorError::Failed)?;
     let row = sqlx::query!(
         r#"
-        SELECT operator_id, name, role AS "role: Role", tenant_ids, password_hash
+        SELECT operator_id, name, role AS "role: Role", tenant_ids, password_hash,
+               COALESCE(password_set_by, operator_id) AS "made_by!"
         FROM operators WHERE name = $1 AND disabled_at IS NULL
         "#,
         name,
@@ -120,6 +121,7 @@ pub async fn sign_in(
         name: row.name,
         role: row.role,
         scope: Scope::from_column(row.tenant_ids),
+        made_by: row.made_by,
     };
     Ok(open(&mut conn, account, source, policy, "password").await?)
 }
@@ -138,14 +140,15 @@ pub async fn open(
     let cookie = SecretString::from(URL_SAFE_NO_PAD.encode(raw));
     let expires_at = sqlx::query_scalar!(
         r#"
-        INSERT INTO operator_sessions (session_sha256, operator_id, expires_at, source)
-        VALUES ($1, $2, now() + make_interval(secs => $3), $4)
+        INSERT INTO operator_sessions (session_sha256, operator_id, expires_at, source, credential_by)
+        VALUES ($1, $2, now() + make_interval(secs => $3), $4, $5)
         RETURNING expires_at
         "#,
         digest(&cookie),
         account.operator_id,
         policy.max.as_secs_f64(),
         source,
+        account.made_by,
     )
     .fetch_one(&mut *conn)
     .await
@@ -170,7 +173,8 @@ pub async fn authenticate(
         WHERE s.session_sha256 = $1 AND o.operator_id = s.operator_id AND s.ended_at IS NULL
           AND s.expires_at > now() AND s.last_seen_at > now() - make_interval(secs => $2)
           AND o.disabled_at IS NULL
-        RETURNING o.operator_id, o.name, o.role AS "role: Role", o.tenant_ids, s.signed_in_at
+        RETURNING o.operator_id, o.name, o.role AS "role: Role", o.tenant_ids, s.signed_in_at,
+                  COALESCE(s.credential_by, o.operator_id) AS "made_by!"
         "#,
         digest(&cookie),
         idle.as_secs_f64(),
@@ -184,6 +188,7 @@ pub async fn authenticate(
             name: row.name,
             role: row.role,
             scope: Scope::from_column(row.tenant_ids),
+            made_by: row.made_by,
         };
         (account, row.signed_in_at)
     }))
@@ -219,14 +224,20 @@ pub async fn set_password(
     conn: &mut PgConnection,
     operator_id: uuid::Uuid,
     password: SecretString,
+    set_by: uuid::Uuid,
 ) -> Result<(), OperatorError> {
     let hashed = tokio::task::spawn_blocking(move || passwords::hash(&password))
         .await
         .context("the password hashing panicked")??;
-    sqlx::query!("UPDATE operators SET password_hash = $2 WHERE operator_id = $1", operator_id, hashed)
-        .execute(&mut *conn)
-        .await
-        .context("cannot store the password")?;
+    sqlx::query!(
+        "UPDATE operators SET password_hash = $2, password_set_by = $3 WHERE operator_id = $1",
+        operator_id,
+        hashed,
+        set_by,
+    )
+    .execute(&mut *conn)
+    .await
+    .context("cannot store the password")?;
     sign_out_everywhere(conn, operator_id).await?;
     Ok(())
 }

@@ -77,13 +77,14 @@ pub struct TokenView {
 }
 
 /// Issues a token to operator `operator_id` (named `operator`) that works for `ttl`, in the caller's
-/// transaction.
+/// transaction; `issued_by` is who receives it to pass on, and so can act with it.
 pub async fn issue(
     conn: &mut PgConnection,
     operator_id: Uuid,
     operator: &str,
     label: &str,
     ttl: Duration,
+    issued_by: Uuid,
 ) -> Result<IssuedToken, OperatorError> {
     let label = label.trim();
     if label.is_empty() || label.chars().count() > 100 {
@@ -92,8 +93,8 @@ pub async fn issue(
     let new = operator_token::generate();
     let expires_at = sqlx::query_scalar!(
         r#"
-        INSERT INTO operator_tokens (token_id, operator_id, secret_sha256, label, expires_at)
-        VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5))
+        INSERT INTO operator_tokens (token_id, operator_id, secret_sha256, label, expires_at, issued_by)
+        VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5), $6)
         RETURNING expires_at
         "#,
         new.token_id,
@@ -101,6 +102,7 @@ pub async fn issue(
         new.secret_hash.as_bytes().as_slice(),
         label,
         ttl.as_secs_f64(),
+        issued_by,
     )
     .fetch_one(conn)
     .await
@@ -122,7 +124,8 @@ pub async fn authenticate(conn: &mut PgConnection, presented: &str) -> Result<Op
     let Some(presented) = operator_token::parse(presented) else { return Ok(None) };
     let row = sqlx::query!(
         r#"
-        SELECT t.secret_sha256, o.operator_id, o.name, o.role AS "role: Role", o.tenant_ids
+        SELECT t.secret_sha256, o.operator_id, o.name, o.role AS "role: Role", o.tenant_ids,
+               COALESCE(t.issued_by, o.operator_id) AS "made_by!"
         FROM operator_tokens t JOIN operators o USING (operator_id)
         WHERE t.token_id = $1 AND t.revoked_at IS NULL AND t.expires_at > now() AND o.disabled_at IS NULL
         "#,
@@ -136,6 +139,7 @@ pub async fn authenticate(conn: &mut PgConnection, presented: &str) -> Result<Op
         name: row.name,
         role: row.role,
         scope: Scope::from_column(row.tenant_ids),
+        made_by: row.made_by,
     }))
 }
 

@@ -826,3 +826,29 @@ async fn an_admin_changes_another_operators_role_and_tenants_and_disables_them(p
         ]
     );
 }
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn an_admin_cannot_approve_their_own_proposal_with_a_token_they_issued_for_someone_else(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    let payment_id = dead_lettered(&pool, acme, "k-1", 60).await;
+    let body = json!({ "name": "bob", "role": "approver", "reason": "joined" });
+    let (created, _) = ops.post(&ops.admin, "/v1/operators", body).await;
+    let (_, proposal) = ops.post(&ops.admin, &format!("/v1/payments/{payment_id}/resolve"), failed("declined")).await;
+    let approve = format!("/v1/proposals/{}/approve", proposal["proposal"]["proposal_id"].as_str().unwrap());
+    // The admin issues bob a token, and bob's token a token of its own.
+    let issue = json!({ "label": "laptop", "reason": "first token" });
+    let (_, given) = ops.post(&ops.admin, "/v1/operators/bob/tokens", issue.clone()).await;
+    let given = given["token"].as_str().unwrap().to_owned();
+    let (_, laundered) = ops.post(&given, "/v1/operators/bob/tokens", issue).await;
+    let laundered = laundered["token"].as_str().unwrap().to_owned();
+
+    let (with_given, why) = ops.post(&given, &approve, json!({ "reason": "looks right" })).await;
+    let (with_laundered, _) = ops.post(&laundered, &approve, json!({ "reason": "looks right" })).await;
+
+    assert_eq!(created, StatusCode::CREATED);
+    assert_eq!(with_given, StatusCode::FORBIDDEN, "{why}");
+    assert!(problem(&why).1.contains("one person could stand behind both sides"), "{why}");
+    assert_eq!(with_laundered, StatusCode::FORBIDDEN);
+    assert_eq!(status(&pool, acme, payment_id).await, PaymentStatus::DeadLettered);
+}

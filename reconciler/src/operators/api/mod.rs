@@ -836,7 +836,9 @@ async fn issue_token(
             }
             let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
             let owner = accounts::find(&mut tx, &path).await?;
-            let issued = tokens::issue(&mut tx, owner.operator_id, &owner.name, &asked.label, ttl).await?;
+            let made_by = signing_in::made_by(&caller, &owner);
+                    let issued =
+                        tokens::issue(&mut tx, owner.operator_id, &owner.name, &asked.label, ttl, made_by).await?;
             let after = json!({ "operator": owner.name, "token_id": issued.token_id, "expires_at": issued.expires_at.unix_timestamp() });
             audit::record(&mut tx, &caller.actor(), &entry.reason(reason).after(after)).await?;
             tx.commit().await.context("cannot commit the token")?;

@@ -61,6 +61,12 @@ impl Caller {
     }
 }
 
+/// Who can act with a credential `caller` makes for `owner`: the caller, or, when they make one for
+/// themselves, whoever made the credential they make it with.
+pub(super) fn made_by(caller: &Caller, owner: &Account) -> uuid::Uuid {
+    if caller.account.operator_id == owner.operator_id { caller.account.made_by } else { caller.account.operator_id }
+}
+
 fn source(request: &HttpRequest) -> Option<String> {
     request.peer_addr().map(|peer| peer.ip().to_string())
 }
@@ -256,7 +262,8 @@ pub(super) async fn set_password(
                     let reason = require_reason(&asked.reason)?;
                     let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
                     let owner = accounts::find(&mut tx, &path).await?;
-                    sessions::set_password(&mut tx, owner.operator_id, asked.password).await?;
+                    sessions::set_password(&mut tx, owner.operator_id, asked.password, made_by(&caller, &owner))
+                        .await?;
                     let after = json!({ "operator": owner.name, "sessions_ended": true });
                     audit::record(&mut tx, &caller.actor(), &entry.reason(reason).after(after)).await?;
                     tx.commit().await.context("cannot commit the password")?;
