@@ -852,3 +852,31 @@ async fn an_admin_cannot_approve_their_own_proposal_with_a_token_they_issued_for
     assert_eq!(with_laundered, StatusCode::FORBIDDEN);
     assert_eq!(status(&pool, acme, payment_id).await, PaymentStatus::DeadLettered);
 }
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn an_admin_of_some_tenants_cannot_make_or_take_over_an_account_of_every_tenant(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    tenant(&pool, "acme").await;
+    let lim = ops.operator("lim", "admin", Some(&["acme"])).await;
+    let body = json!({ "name": "mallory", "role": "admin", "reason": "x" });
+    let reason = json!({ "label": "x", "reason": "x" });
+
+    let (creates, why) = ops.post(&lim, "/v1/operators", body).await;
+    let (widens, _) =
+        ops.call(&lim, Method::PATCH, "/v1/operators/lim", Some(json!({"every_tenant": true, "reason": "x"}))).await;
+    let (issues, _) = ops.post(&lim, "/v1/operators/root/tokens", reason).await;
+    let (resets, _) = ops
+        .call(&lim, Method::PUT, "/v1/operators/root/password", Some(json!({"password": PASSWORD, "reason": "x"})))
+        .await;
+    let (disables, _) = ops.call(&lim, Method::DELETE, "/v1/operators/root", Some(json!({"reason": "x"}))).await;
+    let (lists, _) = ops.get(&lim, "/v1/operators").await;
+
+    assert_eq!(creates, StatusCode::FORBIDDEN, "{why}");
+    assert!(problem(&why).1.contains("only an admin of every tenant"), "{why}");
+    for status in [widens, issues, resets, disables, lists] {
+        assert_eq!(status, StatusCode::FORBIDDEN);
+    }
+    let operators: i64 =
+        sqlx::query_scalar!(r#"SELECT count(*) AS "n!" FROM operators"#).fetch_one(&pool).await.unwrap();
+    assert_eq!(operators, 2, "root and lim, and nobody else");
+}

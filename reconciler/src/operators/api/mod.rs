@@ -36,7 +36,7 @@ use super::audit::{self, Entry, Outcome};
 use super::oidc::Oidc;
 use super::proposals::{self, Closing, Proposed};
 use super::reports::PaymentPage;
-use super::{Account, Role};
+use super::{Account, Role, Scope};
 use super::{sessions, tokens};
 use crate::dead_letters::actions::{self, Asked, Resolution, Retry, require_reason};
 use crate::dead_letters::queries::{self, Filter};
@@ -654,7 +654,7 @@ async fn list_operators(state: web::Data<OperatorsState>, request: HttpRequest) 
     respond(
         async {
             let caller = caller(&state, &request).await?;
-            caller.account.require(Role::Admin, "list the operators").map_err(problem)?;
+            manage_operators(&caller, "list the operators").map_err(problem)?;
             let mut conn = connection(&state).await?;
             Ok(ok(StatusCode::OK, &accounts::list(&mut conn).await.map_err(problem)?))
         }
@@ -686,7 +686,7 @@ async fn create_operator(state: web::Data<OperatorsState>, request: HttpRequest,
                 entry.clone(),
                 async {
                     let asked: NewOperatorBody = body(&bytes)?;
-                    caller.account.require(Role::Admin, "create an operator")?;
+                    manage_operators(&caller, "create an operator")?;
                     let reason = require_reason(&asked.reason)?;
                     let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
                     let new = NewOperator {
@@ -734,7 +734,7 @@ async fn update_operator(
             let entry = Entry::new("operator.update", Outcome::Done);
             let outcome = async {
                 let asked: ChangesBody = body(&bytes)?;
-                caller.account.require(Role::Admin, "change an operator")?;
+                manage_operators(&caller, "change an operator")?;
                 let reason = require_reason(&asked.reason)?;
                 let tenants = match (asked.every_tenant, asked.tenants.as_deref()) {
                     (true, Some(_)) => {
@@ -771,7 +771,7 @@ async fn disable_operator(
             let entry = Entry::new("operator.disable", Outcome::Done);
             let outcome = async {
                 let asked: DecisionBody = body(&bytes)?;
-                caller.account.require(Role::Admin, "disable an operator")?;
+                manage_operators(&caller, "disable an operator")?;
                 let reason = require_reason(&asked.reason)?;
                 let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
                 let before = accounts::disable(&mut tx, &caller.account, &path).await?;
@@ -788,7 +788,20 @@ async fn disable_operator(
 
 /// Only the operator themself or an admin may see or issue an operator's tokens.
 fn own_or_admin(caller: &Caller, name: &str, to: &str) -> Result<(), OperatorError> {
-    if caller.account.name == name { Ok(()) } else { caller.account.require(Role::Admin, to) }
+    if caller.account.name == name { Ok(()) } else { manage_operators(caller, to) }
+}
+
+/// Only an admin of every tenant manages operators: one limited to some tenants could otherwise make
+/// or take over an account that sees every tenant.
+fn manage_operators(caller: &Caller, to: &str) -> Result<(), OperatorError> {
+    caller.account.require(Role::Admin, to)?;
+    if caller.account.scope != Scope::Every {
+        return Err(OperatorError::Forbidden(format!(
+            "{} is an admin of some tenants only; only an admin of every tenant may {to}",
+            caller.account.name
+        )));
+    }
+    Ok(())
 }
 
 /// `GET /v1/operators/{name}/tokens`: the operator's own, or anyone's for an admin.
