@@ -165,8 +165,12 @@ fn problem(error: OperatorError) -> Problem {
         OperatorError::Refused(detail) => Problem::new(ProblemType::Refused, detail),
         OperatorError::Forbidden(detail) => Problem::new(ProblemType::Forbidden, detail),
         OperatorError::Failed(error) => {
+            // The cause (SQL, the provider's answer) goes to the log, never to the client.
             tracing::error!(error = format!("{error:#}"), "an operator request failed");
-            Problem::new(ProblemType::ServiceUnavailable, format!("{error:#}"))
+            Problem::new(
+                ProblemType::ServiceUnavailable,
+                "the request failed underneath (the database or the provider); the reconciler's log has the cause",
+            )
         }
     }
 }
