@@ -264,7 +264,7 @@ async fn drive(config: &ChaosConfig, system: &mut System, timing: Timing) -> any
         }
         if Instant::now() >= operator_round {
             operator_round = Instant::now() + OPERATOR_ROUND;
-            retry_dead_letters(system, &operators, &mut faults).await;
+            retry_dead_letters(system, &operators, &mut faults).await?;
         }
     }
 
@@ -358,20 +358,24 @@ impl Decided {
 /// The reconciler refuses a resend past the key window, and an approval if the payment moved since
 /// the proposal; either way the payment must still end explained, and charged at most once. A
 /// reconciler killed, paused or without its database fails the round, which is counted, not fatal.
-async fn retry_dead_letters(system: &System, operators: &Operators, faults: &mut BTreeMap<String, u64>) {
+async fn retry_dead_letters(
+    system: &System,
+    operators: &Operators,
+    faults: &mut BTreeMap<String, u64>,
+) -> anyhow::Result<()> {
     if !system.database_up() {
-        return;
+        return Ok(());
     }
     // Proposals a failed round left waiting (the approval was lost with its reconciler).
     let Ok(waiting) = operators.approver.pending_proposals().await else {
         *faults.entry("operator round abandoned: cannot list the waiting proposals".to_owned()).or_default() += 1;
-        return;
+        return Ok(());
     };
     for proposal_id in waiting {
         let decided = operators.decide(proposal_id).await;
         *faults.entry(format!("operator decision on a waiting proposal: {}", decided.as_str())).or_default() += 1;
         if decided == Decided::Failed {
-            return;
+            return Ok(());
         }
     }
     let open = match sqlx::query_scalar!(
@@ -381,7 +385,7 @@ async fn retry_dead_letters(system: &System, operators: &Operators, faults: &mut
     .await
     {
         Ok(open) => open,
-        Err(_) => return,
+        Err(_) => return Ok(()),
     };
     for payment_id in open {
         let (done, go_on) = match operators.operator.retry(payment_id, "chaos: the provider is back").await {
@@ -390,7 +394,8 @@ async fn retry_dead_letters(system: &System, operators: &Operators, faults: &mut
                 Decided::Refused => ("proposed, approval refused", true),
                 Decided::Failed => ("proposed, approval failed", false),
             },
-            Ok(Retried::Resent) => ("resent without approval", true),
+            // The run's reconcilers propose every resend: one done at once skipped the second operator.
+            Ok(Retried::Resent) => bail!("payment {payment_id} was resent without a second operator's approval"),
             Err(Failure::Refused(_)) => ("refused", true),
             // No reconciler responded, or one failed: the rest of the round would fare no better, after
             // as long a wait for each.
@@ -401,6 +406,7 @@ async fn retry_dead_letters(system: &System, operators: &Operators, faults: &mut
             break;
         }
     }
+    Ok(())
 }
 
 /// Starts worker `index` with the next fail-point draw.
