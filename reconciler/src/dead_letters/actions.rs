@@ -31,7 +31,7 @@ use crate::webhooks;
 pub struct Operator(String);
 
 impl Operator {
-    /// Checks a name given with `--operator` (or taken from `$USER`).
+    /// Checks an operator's name.
     pub fn parse(name: &str) -> Result<Self, OperatorError> {
         let name = name.trim();
         if name.is_empty() || name.chars().count() > 100 || name.chars().any(char::is_control) {
@@ -40,6 +40,11 @@ impl Operator {
             ));
         }
         Ok(Self(format!("operator:{name}")))
+    }
+
+    /// This operator, carrying out what `approver` approved: `operator:<name>, approved by <approver>`.
+    pub fn approved_by(&self, approver: &str) -> Self {
+        Self(format!("{}, approved by {approver}", self.0))
     }
 
     /// `operator:<name>`.

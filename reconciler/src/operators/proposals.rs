@@ -152,10 +152,14 @@ pub async fn propose(
     trial.rollback().await.context("cannot undo the trial")?;
     sqlx::query!(
         r#"
-        UPDATE proposals SET status = 'expired', decided_at = expires_at
-        WHERE payment_id = $1 AND status = 'pending' AND expires_at <= now()
+        UPDATE proposals
+        SET status = 'expired', decided_at = LEAST(expires_at, now()),
+            decision_note = CASE WHEN expires_at <= now() THEN NULL
+                                 ELSE 'its dead letter was closed before anyone decided' END
+        WHERE payment_id = $1 AND status = 'pending' AND (expires_at <= now() OR seen_dead_letter_id <> $2)
         "#,
         payment_id.as_uuid(),
+        seen.dead_letter_id,
     )
     .execute(&mut *tx)
     .await
@@ -259,7 +263,7 @@ pub async fn approve(
     }
     let proposed: Proposed = serde_json::from_value(pending.view.action.clone())
         .with_context(|| format!("cannot read proposal {proposal_id}"))?;
-    let operator = Operator::parse(&format!("{}, approved by {}", pending.view.proposed_by, by.name))?;
+    let operator = Operator::parse(&pending.view.proposed_by)?.approved_by(&by.name);
     let result = carry_out(&mut tx, payment_id, &proposed, &operator, &pending.view.reason, resend_horizon).await?;
     decide(&mut tx, proposal_id, "approved", by, note).await?;
     let entry = Entry::new("proposal.approve", Outcome::Done)

@@ -880,3 +880,31 @@ async fn an_admin_of_some_tenants_cannot_make_or_take_over_an_account_of_every_t
         sqlx::query_scalar!(r#"SELECT count(*) AS "n!" FROM operators"#).fetch_one(&pool).await.unwrap();
     assert_eq!(operators, 2, "root and lim, and nobody else");
 }
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_proposal_on_a_closed_dead_letter_makes_way_for_one_on_the_next(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    let payment_id = dead_lettered(&pool, acme, "k-1", 60).await;
+    let alice = ops.operator("alice", "operator", None).await;
+    let resolve = format!("/v1/payments/{payment_id}/resolve");
+    let (_, first) = ops.post(&alice, &resolve, failed("declined")).await;
+    // Someone resends it instead; it ends up dead-lettered again, under a new entry.
+    let (retried, _) = ops.post(&alice, &format!("/v1/payments/{payment_id}/retry"), json!({"reason": "again"})).await;
+    crate::support::claim(&pool, acme, payment_id, 60).await;
+    crate::support::uncertain(&pool, acme, payment_id).await;
+    let mut tx = pool.begin().await.unwrap();
+    let why = oncepay_reconciler::unknown::Why { actor: "reconciler:poller", reason: "no conclusive response" };
+    oncepay_reconciler::unknown::exhaust(&mut tx, acme, payment_id, why, json!({"source": "poll"})).await.unwrap();
+    tx.commit().await.unwrap();
+
+    let (second, proposal) = ops.post(&alice, &resolve, failed("declined again")).await;
+    let (_, listed) = ops.get(&alice, &format!("/v1/proposals?payment_id={payment_id}")).await;
+
+    assert_eq!(retried, StatusCode::OK);
+    assert_eq!(second, StatusCode::ACCEPTED, "{proposal}");
+    let first = first["proposal"]["proposal_id"].clone();
+    let old = listed.as_array().unwrap().iter().find(|p| p["proposal_id"] == first).unwrap();
+    assert_eq!(old["status"], "expired");
+    assert_eq!(old["decision_note"], "its dead letter was closed before anyone decided");
+}
