@@ -8,11 +8,14 @@
 //! some tenants is told 404 for anything of another tenant, as if it did not exist.
 //!
 //! Routes (README, "Operators"):
-//! `POST|DELETE /v1/session`; `DELETE /v1/session/everywhere`; `GET /v1/session/oidc[/callback]`; `PUT /v1/operators/{name}/password`;
-//! `GET /v1/me`; `GET /v1/dead-letters`; `GET /v1/payments/{id}`; `POST /v1/payments/{id}/retry`;
-//! `POST /v1/payments/{id}/resolve`; `GET /v1/proposals`; `POST /v1/proposals/{id}/approve|reject|withdraw`;
-//! `GET /v1/audit`; `GET|POST /v1/operators`; `GET|POST /v1/operators/{name}/tokens`;
-//! `DELETE /v1/tokens/{id}`; and tenants, keys and reconciliation runs ([`tenants`]).
+//! - signing in: `POST|DELETE /v1/session`, `DELETE /v1/session/everywhere`,
+//!   `GET /v1/session/oidc[/callback]`, `PUT /v1/operators/{name}/password` ([`signing_in`]);
+//! - work: `GET /v1/me`, `GET /v1/dead-letters`, `GET /v1/payments/{id}`,
+//!   `POST /v1/payments/{id}/retry|resolve`, `GET /v1/proposals`,
+//!   `POST /v1/proposals/{id}/approve|reject|withdraw`, `GET /v1/audit`;
+//! - operators: `GET|POST /v1/operators`, `PATCH|DELETE /v1/operators/{name}`,
+//!   `GET|POST /v1/operators/{name}/tokens`, `DELETE /v1/tokens/{id}`;
+//! - tenants, keys and reconciliation runs ([`tenants`]).
 
 use std::net::TcpListener;
 use std::str::FromStr;

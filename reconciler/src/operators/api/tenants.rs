@@ -1,6 +1,6 @@
 //! The operations API's tenants, their API keys and provider accounts, and the reconciliation's
-//! runs: the same operations as the CLI's database commands (`crate::tenants`,
-//! `crate::recon::commands`), here with roles, tenant limits and the audit trail.
+//! runs (the work itself is `crate::tenants` and `crate::recon::commands`), with roles, tenant
+//! limits and the audit trail.
 //!
 //! Reads need the viewer role and show only the tenants the caller may see; changes need the admin
 //! role, and creating a tenant an admin of every tenant. Reconciliation runs cover every tenant, so
