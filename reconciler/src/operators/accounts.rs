@@ -212,7 +212,8 @@ pub async fn update(
 }
 
 /// Disables another operator, in the caller's transaction: their tokens and sessions stop working
-/// at once, and their name stays in the audit trail. Returns the account as it was.
+/// at once, their pending proposals are withdrawn, and their name stays in the audit trail. Returns
+/// the account as it was.
 pub async fn disable(conn: &mut PgConnection, by: &Account, name: &str) -> Result<OperatorView, OperatorError> {
     if by.name == name {
         return Err(OperatorError::Forbidden("nobody disables their own account: another admin does".into()));
@@ -223,6 +224,19 @@ pub async fn disable(conn: &mut PgConnection, by: &Account, name: &str) -> Resul
         .await
         .context("cannot disable the operator")?;
     super::sessions::sign_out_everywhere(conn, before.operator_id).await?;
+    // What they proposed no longer has anyone behind it.
+    sqlx::query!(
+        r#"
+        UPDATE proposals SET status = 'withdrawn', decided_by = $2, decided_at = now(),
+                             decision_note = 'its proposer was disabled'
+        WHERE proposed_by = $1 AND status = 'pending'
+        "#,
+        before.operator_id,
+        by.operator_id,
+    )
+    .execute(conn)
+    .await
+    .context("cannot withdraw their proposals")?;
     Ok(before)
 }
 

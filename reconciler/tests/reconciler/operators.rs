@@ -908,3 +908,43 @@ async fn a_proposal_on_a_closed_dead_letter_makes_way_for_one_on_the_next(pool: 
     assert_eq!(old["status"], "expired");
     assert_eq!(old["decision_note"], "its dead letter was closed before anyone decided");
 }
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_disabled_operators_proposals_can_no_longer_be_approved(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    let payment_id = dead_lettered(&pool, acme, "k-1", 60).await;
+    let alice = ops.operator("alice", "operator", None).await;
+    let bob = ops.operator("bob", "approver", None).await;
+    let (_, proposal) = ops.post(&alice, &format!("/v1/payments/{payment_id}/resolve"), failed("declined")).await;
+    let approve = format!("/v1/proposals/{}/approve", proposal["proposal"]["proposal_id"].as_str().unwrap());
+
+    let (disabled, _) =
+        ops.call(&ops.admin, Method::DELETE, "/v1/operators/alice", Some(json!({"reason": "left"}))).await;
+    let (approved, why) = ops.post(&bob, &approve, json!({"reason": "looks right"})).await;
+
+    assert_eq!(disabled, StatusCode::NO_CONTENT);
+    assert_eq!(approved, StatusCode::CONFLICT, "{why}");
+    assert!(problem(&why).1.contains("already withdrawn"), "{why}");
+    assert_eq!(status(&pool, acme, payment_id).await, PaymentStatus::DeadLettered);
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_sign_in_posted_from_another_origin_is_refused_even_without_sec_fetch_site(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let alice = ops.operator("alice", "operator", None).await;
+    let body = json!({ "password": PASSWORD, "reason": "mine" });
+    ops.call(&alice, Method::PUT, "/v1/operators/alice/password", Some(body)).await;
+    let sign_in = || Some(json!({ "name": "alice", "password": PASSWORD }));
+
+    let (elsewhere, set, _) =
+        browse(&ops, Method::POST, "/v1/session", None, &[("origin", "http://evil.example")], sign_in()).await;
+    let own_origin = [("origin", ops.url.as_str())];
+    let (own, own_set, _) = browse(&ops, Method::POST, "/v1/session", None, &own_origin, sign_in()).await;
+    let (program, _, _) = browse(&ops, Method::POST, "/v1/session", None, &[], sign_in()).await;
+
+    assert_eq!((elsewhere, set), (StatusCode::FORBIDDEN, None));
+    assert_eq!(own, StatusCode::CREATED);
+    assert!(own_set.is_some());
+    assert_eq!(program, StatusCode::CREATED, "a program sends neither header");
+}

@@ -163,8 +163,11 @@ pub(super) async fn sign_in(state: web::Data<OperatorsState>, request: HttpReque
     respond(
         async {
             // A sign-in posted from another site would sign the browser in as someone else.
-            let site = request.headers().get("sec-fetch-site").and_then(|value| value.to_str().ok());
-            if site.is_some_and(|site| !matches!(site, "same-origin" | "none")) {
+            // A browser names the page's site or origin; a program (curl, a script) names neither.
+            let headers = request.headers();
+            let site = headers.get("sec-fetch-site").and_then(|value| value.to_str().ok());
+            let from_a_page = site.is_some() || headers.contains_key(header::ORIGIN);
+            if from_a_page && site != Some("none") && !same_origin(&request) {
                 return Err(cross_origin());
             }
             let asked: SignIn = body(&bytes).map_err(problem)?;
@@ -346,6 +349,10 @@ pub(super) async fn oidc_callback(state: web::Data<OperatorsState>, request: Htt
                     Ok(response)
                 }
                 Err(Why::Failed(error)) => Err(problem(error)),
+                // The provider's trouble, not a refusal of the person.
+                Err(why @ (Why::Unreachable(_) | Why::Issuer { .. })) => {
+                    Err(Problem::new(ProblemType::ServiceUnavailable, format!("sign-in failed: {why}")))
+                }
                 Err(why) => {
                     // Recorded under the identity the provider named, when it got that far.
                     let name: String = match &why {
