@@ -2,11 +2,13 @@
 //! ([`pg::Cluster`]), a throwaway Citus cluster of three of them ([`citus::CitusCluster`]), either
 //! one as the server oncepay runs on ([`server::Server`]), supervised child processes
 //! ([`process::Child`]) started with oncepay's settings by name ([`process::Spec::setting`]),
-//! localstripe and a real OpenID provider as two of them ([`localstripe`], [`oidc`]), and one way to wait for what they do
-//! ([`wait::wait_until`]), for the tasks, the tests and the benchmarks.
+//! localstripe and a real OpenID provider as two of them ([`localstripe`], [`oidc`]), chromedriver
+//! and headless Chromium for the console's browser tests ([`browser`]), and one way to wait for what
+//! they do ([`wait::wait_until`]), for the tasks, the tests and the benchmarks.
 //! They need PostgreSQL's binaries installed (and Citus, for a Citus cluster), but no running
 //! server and no Docker engine.
 
+pub mod browser;
 pub mod citus;
 pub mod localstripe;
 pub mod oidc;

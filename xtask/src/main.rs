@@ -11,10 +11,11 @@ use clap::{Parser, Subcommand};
 use oncepay_devkit::pg::{Cluster, Durability};
 use tokio::process::Command;
 
+mod browser;
 mod compose_check;
 mod containers;
 mod localstripe;
-mod oidc;
+mod npm;
 mod secrets;
 mod up;
 
@@ -44,7 +45,8 @@ enum Task {
         #[arg(long, value_enum, default_value = "simulator")]
         provider: up::Provider,
     },
-    /// Runs the whole test suite (installs localstripe, builds the binaries, then cargo nextest).
+    /// Runs the whole test suite (installs localstripe, the OpenID provider, axe-core, Chromium and
+    /// chromedriver, builds the binaries, then cargo nextest).
     Test {
         /// Runs the cross-process suites (end to end, observability, chaos, Stripe) on a throwaway
         /// Citus cluster, from the Citus installed for the server, instead of the whole suite.
@@ -135,8 +137,9 @@ async fn cargo(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<bool> {
 }
 
 /// The whole test suite, against a throwaway PostgreSQL cluster (or `DATABASE_URL` when set), with
-/// localstripe installed for the Stripe end-to-end suite and a real OpenID provider for the
-/// operators' sign-in. This is what CI runs.
+/// localstripe installed for the Stripe end-to-end suite, a real OpenID provider for the operators'
+/// sign-in, and Chromium, chromedriver and axe-core for the console's browser tests. This is what CI
+/// runs.
 ///
 /// With `citus`, only the cross-process suites, each on a throwaway Citus cluster of its own
 /// (`TEST_DATABASE=citus`); a clear error when Citus is not installed.
@@ -147,14 +150,26 @@ async fn test(citus: bool, nextest_args: &[String]) -> anyhow::Result<ExitCode> 
     }
     let python = localstripe::install(&root, &target_dir(&root)).await.context("cannot install localstripe")?;
     let python = python.to_string_lossy();
-    let oidc = oidc::install(&root, &target_dir(&root)).await.context("cannot install the OpenID provider")?;
+    let oidc = npm::install(&root, &target_dir(&root), &npm::OIDC_PROVIDER)
+        .await
+        .context("cannot install the OpenID provider")?
+        .join("serve.mjs");
     let oidc = oidc.to_string_lossy();
+    let axe = npm::install(&root, &target_dir(&root), &npm::AXE_CORE)
+        .await
+        .context("cannot install axe-core")?
+        .join("node_modules/axe-core/axe.min.js");
+    let axe = axe.to_string_lossy();
+    browser::install().await.context("cannot install Chromium and chromedriver")?;
     let (url, _cluster) = if citus { (String::new(), None) } else { database_server().await? };
     // The tests reach PostgreSQL through DATABASE_URL; the build must not (SQLX_OFFLINE).
     let mut env = vec![
         ("SQLX_OFFLINE", "true"),
         ("LOCALSTRIPE_PYTHON", python.as_ref()),
         (oncepay_devkit::oidc::SCRIPT_VARIABLE, oidc.as_ref()),
+        (oncepay_devkit::browser::AXE_CORE_VARIABLE, axe.as_ref()),
+        (oncepay_devkit::browser::CHROMEDRIVER_VARIABLE, oncepay_devkit::browser::DEFAULT_CHROMEDRIVER),
+        (oncepay_devkit::browser::CHROMIUM_VARIABLE, oncepay_devkit::browser::DEFAULT_CHROMIUM),
     ];
     if citus {
         env.push((oncepay_devkit::server::VARIABLE, "citus"));
