@@ -9,6 +9,7 @@
 
 mod backlog;
 mod cli;
+mod console;
 mod end_to_end;
 mod oidc;
 mod operators;

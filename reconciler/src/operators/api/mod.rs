@@ -38,7 +38,7 @@ use super::accounts::{self, NewOperator};
 use super::audit::{self, Entry, Outcome};
 use super::oidc::Oidc;
 use super::proposals::{self, Closing, Proposed};
-use super::reports::PaymentPage;
+use super::reports::{Acted, PaymentPage};
 use super::{Account, Role, Scope};
 use super::{sessions, tokens};
 use crate::dead_letters::actions::{self, Asked, Resolution, Retry, require_reason};
@@ -46,6 +46,7 @@ use crate::dead_letters::queries::{self, Filter};
 use crate::dead_letters::reports::Resolved;
 use crate::operator_error::OperatorError;
 
+mod console;
 mod signing_in;
 mod tenants;
 
@@ -128,6 +129,7 @@ pub fn configure(config: &mut web::ServiceConfig) {
         .route("/v1/operators/{name}/tokens", web::post().to(issue_token))
         .route("/v1/tokens/{token_id}", web::delete().to(revoke_token))
         .configure(tenants::configure)
+        .configure(console::configure)
         .default_service(web::to(not_found));
 }
 
@@ -356,38 +358,50 @@ async fn retry(
             let caller = caller(&state, &request).await?;
             let payment_id = payment_id(&path)?;
             let entry = Entry::new("payment.retry", Outcome::Done).on_payment(payment_id);
-            change(
-                &state,
-                &caller,
-                entry.clone(),
-                async {
-                    let asked: RetryBody = body(&bytes)?;
-                    caller.account.require(Role::Operator, "retry a payment")?;
-                    let mut conn = state.pool.acquire().await.context("cannot reach the database")?;
-                    if asked.outside_key_window || state.retries_need_approval {
-                        let action = Proposed::Retry { outside_key_window: asked.outside_key_window };
-                        let proposal = proposals::propose(
-                            &mut conn,
-                            &caller.account,
-                            caller.source.as_deref(),
-                            payment_id,
-                            &action,
-                            &asked.reason,
-                            state.limits(),
-                        )
-                        .await?;
-                        return Ok(ok(StatusCode::ACCEPTED, &json!({ "proposal": proposal })));
-                    }
-                    let done =
-                        directly(&mut conn, &caller, entry, payment_id, &asked.reason, Direct::Retry, &state).await?;
-                    Ok(ok(StatusCode::OK, &done))
-                }
-                .await,
-            )
-            .await
+            let outcome = async {
+                let asked: RetryBody = body(&bytes)?;
+                retry_payment(&state, &caller, payment_id, &asked.reason, asked.outside_key_window).await
+            };
+            change(&state, &caller, entry, outcome.await.map(acted)).await
         }
         .await,
     )
+}
+
+/// 200 with what was done, or 202 with the proposal that waits for an approver.
+fn acted(acted: Acted) -> HttpResponse {
+    let status = if matches!(acted, Acted::Proposed { .. }) { StatusCode::ACCEPTED } else { StatusCode::OK };
+    ok(status, &acted)
+}
+
+/// Resends dead-lettered payment `payment_id`, or proposes the resend when it is past the provider's
+/// key window or every resend needs approval. Refusals are the caller's to record ([`change`]).
+async fn retry_payment(
+    state: &OperatorsState,
+    caller: &Caller,
+    payment_id: PaymentId,
+    reason: &str,
+    outside_key_window: bool,
+) -> Result<Acted, OperatorError> {
+    caller.account.require(Role::Operator, "retry a payment")?;
+    let mut conn = state.pool.acquire().await.context("cannot reach the database")?;
+    if outside_key_window || state.retries_need_approval {
+        let action = Proposed::Retry { outside_key_window };
+        let proposal = proposals::propose(
+            &mut conn,
+            &caller.account,
+            caller.source.as_deref(),
+            payment_id,
+            &action,
+            reason,
+            state.limits(),
+        )
+        .await?;
+        return Ok(Acted::Proposed { proposal });
+    }
+    let entry = Entry::new("payment.retry", Outcome::Done).on_payment(payment_id);
+    let done = directly(&mut conn, caller, entry, payment_id, reason, Direct::Retry, state).await?;
+    Ok(Acted::Done(done))
 }
 
 /// An action on a dead letter that needs no second operator.
@@ -474,58 +488,63 @@ async fn resolve(
             let caller = caller(&state, &request).await?;
             let payment_id = payment_id(&path)?;
             let entry = Entry::new("payment.resolve", Outcome::Done).on_payment(payment_id);
-            change(
-                &state,
-                &caller,
-                entry.clone(),
-                async {
-                    let asked: ResolveBody = body(&bytes)?;
-                    caller.account.require(Role::Operator, "resolve a payment")?;
-                    let mut conn = state.pool.acquire().await.context("cannot reach the database")?;
-                    let decision = match asked.outcome {
-                        ResolveAs::Acknowledged => Asked::Acknowledge,
-                        ResolveAs::Failed => Asked::Failed { charge_id: asked.charge_id, force: asked.force },
-                        ResolveAs::Succeeded => Asked::Succeeded {
-                            charge_id: asked.charge_id,
-                            amount: asked.amount,
-                            currency: asked.currency,
-                            charged_at: asked.charged_at,
-                        },
-                    };
-                    if matches!(decision, Asked::Acknowledge) {
-                        let done =
-                            directly(&mut conn, &caller, entry, payment_id, &asked.reason, Direct::Acknowledge, &state)
-                                .await?;
-                        return Ok(ok(StatusCode::OK, &done));
-                    }
-                    // Scope first: looking the charge up must not tell a limited operator that the payment exists.
-                    let (tenant_id, _) = queries::open_payment(&mut conn, payment_id).await?;
-                    caller.account.see(tenant_id, || no_open_entry(payment_id))?;
-                    let provider = || {
-                        ConfiguredProvider::new(&state.provider)
-                            .context("cannot build the provider client")
-                            .map_err(OperatorError::Failed)
-                    };
-                    let resolution = actions::resolution(&mut conn, provider, payment_id, decision).await?;
-                    let action = Proposed::resolution(resolution)?;
-                    let proposal = proposals::propose(
-                        &mut conn,
-                        &caller.account,
-                        caller.source.as_deref(),
-                        payment_id,
-                        &action,
-                        &asked.reason,
-                        state.limits(),
-                    )
-                    .await?;
-                    Ok(ok(StatusCode::ACCEPTED, &json!({ "proposal": proposal })))
-                }
-                .await,
-            )
-            .await
+            let outcome = async {
+                let asked: ResolveBody = body(&bytes)?;
+                let decision = match asked.outcome {
+                    ResolveAs::Acknowledged => Asked::Acknowledge,
+                    ResolveAs::Failed => Asked::Failed { charge_id: asked.charge_id, force: asked.force },
+                    ResolveAs::Succeeded => Asked::Succeeded {
+                        charge_id: asked.charge_id,
+                        amount: asked.amount,
+                        currency: asked.currency,
+                        charged_at: asked.charged_at,
+                    },
+                };
+                resolve_payment(&state, &caller, payment_id, decision, &asked.reason).await
+            };
+            change(&state, &caller, entry, outcome.await.map(acted)).await
         }
         .await,
     )
+}
+
+/// Acknowledges a conflict on `payment_id` at once, or proposes settling it as succeeded or failed,
+/// for an approver. Refusals are the caller's to record ([`change`]).
+async fn resolve_payment(
+    state: &OperatorsState,
+    caller: &Caller,
+    payment_id: PaymentId,
+    decision: Asked,
+    reason: &str,
+) -> Result<Acted, OperatorError> {
+    caller.account.require(Role::Operator, "resolve a payment")?;
+    let mut conn = state.pool.acquire().await.context("cannot reach the database")?;
+    if matches!(decision, Asked::Acknowledge) {
+        let entry = Entry::new("payment.resolve", Outcome::Done).on_payment(payment_id);
+        let done = directly(&mut conn, caller, entry, payment_id, reason, Direct::Acknowledge, state).await?;
+        return Ok(Acted::Done(done));
+    }
+    // Scope first: looking the charge up must not tell a limited operator that the payment exists.
+    let (tenant_id, _) = queries::open_payment(&mut conn, payment_id).await?;
+    caller.account.see(tenant_id, || no_open_entry(payment_id))?;
+    let provider = || {
+        ConfiguredProvider::new(&state.provider)
+            .context("cannot build the provider client")
+            .map_err(OperatorError::Failed)
+    };
+    let resolution = actions::resolution(&mut conn, provider, payment_id, decision).await?;
+    let action = Proposed::resolution(resolution)?;
+    let proposal = proposals::propose(
+        &mut conn,
+        &caller.account,
+        caller.source.as_deref(),
+        payment_id,
+        &action,
+        reason,
+        state.limits(),
+    )
+    .await?;
+    Ok(Acted::Proposed { proposal })
 }
 
 #[derive(Debug, Deserialize)]
@@ -567,56 +586,86 @@ async fn decide(
         async {
             let caller = caller(&state, &request).await?;
             let (proposal_id, decision) = path.into_inner();
-            let proposal_id = Uuid::parse_str(&proposal_id)
-                .map_err(|_| Problem::new(ProblemType::NotFound, format!("there is no proposal {proposal_id:?}")))?;
-            let (action, closing) = match decision.as_str() {
-                "approve" => ("proposal.approve", None),
-                "reject" => ("proposal.reject", Some(Closing::Reject)),
-                "withdraw" => ("proposal.withdraw", Some(Closing::Withdraw)),
-                _ => {
-                    return Err(Problem::new(
-                        ProblemType::NotFound,
-                        "a proposal can be approved, rejected or withdrawn",
-                    ));
-                }
+            let proposal_id = proposal_id_of(&proposal_id)?;
+            let decision = Decision::from_path(&decision)?;
+            let entry = Entry::new(decision.audit_action(), Outcome::Done).proposal(proposal_id);
+            let outcome = async {
+                let asked: DecisionBody = body(&bytes)?;
+                decide_proposal(&state, &caller, proposal_id, decision, &asked.reason).await
             };
-            let entry = Entry::new(action, Outcome::Done).proposal(proposal_id);
-            change(
-                &state,
-                &caller,
-                entry,
-                async {
-                    let asked: DecisionBody = body(&bytes)?;
-                    let mut conn = state.pool.acquire().await.context("cannot reach the database")?;
-                    let source = caller.source.as_deref();
-                    match closing {
-                        None => {
-                            caller.require_fresh(state.fresh_sign_in, "approve a proposal")?;
-                            let approved = proposals::approve(
-                                &mut conn,
-                                &caller.account,
-                                source,
-                                proposal_id,
-                                &asked.reason,
-                                state.resend_horizon,
-                            )
-                            .await?;
-                            Ok(ok(StatusCode::OK, &approved))
-                        }
-                        Some(how) => {
-                            let closed =
-                                proposals::close(&mut conn, &caller.account, source, proposal_id, how, &asked.reason)
-                                    .await?;
-                            Ok(ok(StatusCode::OK, &closed))
-                        }
-                    }
-                }
-                .await,
-            )
-            .await
+            change(&state, &caller, entry, outcome.await.map(|decided| ok(StatusCode::OK, &decided))).await
         }
         .await,
     )
+}
+
+fn proposal_id_of(text: &str) -> Result<Uuid, Problem> {
+    Uuid::parse_str(text).map_err(|_| Problem::new(ProblemType::NotFound, format!("there is no proposal {text:?}")))
+}
+
+/// What an operator decides about a proposal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Decision {
+    /// Do it (an approver, on someone else's proposal, with a fresh sign-in).
+    Approve,
+    /// Close it undone: reject (an approver) or withdraw (its maker).
+    Close(Closing),
+}
+
+impl Decision {
+    /// From the last segment of `/v1/proposals/{id}/{decision}`.
+    fn from_path(text: &str) -> Result<Self, Problem> {
+        match text {
+            "approve" => Ok(Self::Approve),
+            "reject" => Ok(Self::Close(Closing::Reject)),
+            "withdraw" => Ok(Self::Close(Closing::Withdraw)),
+            _ => Err(Problem::new(ProblemType::NotFound, "a proposal can be approved, rejected or withdrawn")),
+        }
+    }
+
+    const fn audit_action(self) -> &'static str {
+        match self {
+            Self::Approve => "proposal.approve",
+            Self::Close(Closing::Reject) => "proposal.reject",
+            Self::Close(Closing::Withdraw) => "proposal.withdraw",
+        }
+    }
+}
+
+/// What a decision did.
+#[derive(Debug, serde::Serialize)]
+#[serde(untagged)]
+enum Decided {
+    /// Approved, and done.
+    Approved(proposals::Approved),
+    /// Closed undone.
+    Closed(proposals::ProposalView),
+}
+
+/// Approves, rejects or withdraws proposal `proposal_id`. Refusals are the caller's to record
+/// ([`change`]).
+async fn decide_proposal(
+    state: &OperatorsState,
+    caller: &Caller,
+    proposal_id: Uuid,
+    decision: Decision,
+    reason: &str,
+) -> Result<Decided, OperatorError> {
+    let mut conn = state.pool.acquire().await.context("cannot reach the database")?;
+    let source = caller.source.as_deref();
+    match decision {
+        Decision::Approve => {
+            caller.require_fresh(state.fresh_sign_in, "approve a proposal")?;
+            let approved =
+                proposals::approve(&mut conn, &caller.account, source, proposal_id, reason, state.resend_horizon)
+                    .await?;
+            Ok(Decided::Approved(approved))
+        }
+        Decision::Close(how) => {
+            let closed = proposals::close(&mut conn, &caller.account, source, proposal_id, how, reason).await?;
+            Ok(Decided::Closed(closed))
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]

@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_json::json;
 use time::OffsetDateTime;
 
-use super::{OperatorsState, body, change, connection, ok, own_or_admin, problem, respond};
+use super::{OperatorsState, body, change, connection, console, ok, own_or_admin, problem, respond};
 use crate::dead_letters::actions::require_reason;
 use crate::operator_error::OperatorError;
 use crate::operators::Account;
@@ -162,58 +162,88 @@ struct SignIn {
 pub(super) async fn sign_in(state: web::Data<OperatorsState>, request: HttpRequest, bytes: web::Bytes) -> HttpResponse {
     respond(
         async {
-            // A sign-in posted from another site would sign the browser in as someone else.
-            // A browser names the page's site or origin; a program (curl, a script) names neither.
-            let headers = request.headers();
-            let site = headers.get("sec-fetch-site").and_then(|value| value.to_str().ok());
-            let from_a_page = site.is_some() || headers.contains_key(header::ORIGIN);
-            if from_a_page && site != Some("none") && !same_origin(&request) {
-                return Err(cross_origin());
-            }
+            refuse_other_sites(&request)?;
             let asked: SignIn = body(&bytes).map_err(problem)?;
-            let source = source(&request);
-            match sessions::sign_in(&state.pool, &asked.name, asked.password, source.as_deref(), &state.sessions).await
-            {
-                Ok(session) => {
-                    let a = &session.account;
-                    let mut response = ok(
-                        StatusCode::CREATED,
-                        &json!({ "name": a.name, "role": a.role, "expires_at": session.expires_at.unix_timestamp() }),
-                    );
-                    let (name, value) = set_cookie(session.cookie.expose_secret(), state.sessions.max.as_secs());
-                    response.headers_mut().insert(name, value);
-                    Ok(response)
-                }
-                Err(Refused::Wrong) => Err(Problem::new(ProblemType::Unauthorized, Refused::Wrong.to_string())),
-                Err(locked @ Refused::Locked(window)) => {
-                    Err(Problem::new(ProblemType::RateLimited, locked.to_string()).with_retry_after(window.as_secs()))
-                }
-                Err(Refused::Failed(error)) => Err(problem(error)),
-            }
+            let session = with_password(&state, &request, &asked.name, asked.password).await?;
+            let a = &session.account;
+            let mut response = ok(
+                StatusCode::CREATED,
+                &json!({ "name": a.name, "role": a.role, "expires_at": session.expires_at.unix_timestamp() }),
+            );
+            let (name, value) = session_cookie_header(&state, &session);
+            response.headers_mut().insert(name, value);
+            Ok(response)
         }
         .await,
     )
+}
+
+/// Refuses a sign-in posted from another site's page: it would sign the browser in as someone
+/// else. A browser names the page's site or origin; a program (curl, a script) names neither.
+pub(super) fn refuse_other_sites(request: &HttpRequest) -> Result<(), Problem> {
+    let headers = request.headers();
+    let site = headers.get("sec-fetch-site").and_then(|value| value.to_str().ok());
+    let from_a_page = site.is_some() || headers.contains_key(header::ORIGIN);
+    if from_a_page && site != Some("none") && !same_origin(request) {
+        return Err(cross_origin());
+    }
+    Ok(())
+}
+
+/// Signs `name` in with a local password: the new session, or a 401 problem for a wrong name or
+/// password and a 429 while the name is locked.
+pub(super) async fn with_password(
+    state: &OperatorsState,
+    request: &HttpRequest,
+    name: &str,
+    password: SecretString,
+) -> Result<sessions::NewSession, Problem> {
+    let source = source(request);
+    match sessions::sign_in(&state.pool, name, password, source.as_deref(), &state.sessions).await {
+        Ok(session) => Ok(session),
+        Err(Refused::Wrong) => Err(Problem::new(ProblemType::Unauthorized, Refused::Wrong.to_string())),
+        Err(locked @ Refused::Locked(window)) => {
+            Err(Problem::new(ProblemType::RateLimited, locked.to_string()).with_retry_after(window.as_secs()))
+        }
+        Err(Refused::Failed(error)) => Err(problem(error)),
+    }
+}
+
+/// The `Set-Cookie` header that carries a new session.
+pub(super) fn session_cookie_header(
+    state: &OperatorsState,
+    session: &sessions::NewSession,
+) -> (header::HeaderName, HeaderValue) {
+    set_cookie(session.cookie.expose_secret(), state.sessions.max.as_secs())
+}
+
+/// The `Set-Cookie` header that clears the session cookie.
+pub(super) fn cleared_session_cookie() -> (header::HeaderName, HeaderValue) {
+    set_cookie("", 0)
 }
 
 /// `DELETE /v1/session`: ends this session and clears its cookie (204).
 pub(super) async fn sign_out(state: web::Data<OperatorsState>, request: HttpRequest) -> HttpResponse {
     respond(
         async {
-            let caller = caller(&state, &request).await?;
-            let mut conn = connection(&state).await?;
-            if let Some(cookie) = session_cookie(&request) {
-                sessions::sign_out(&mut conn, cookie.expose_secret()).await.map_err(problem)?;
-            }
-            audit::record(&mut conn, &caller.actor(), &Entry::new("session.sign_out", Outcome::Done))
-                .await
-                .map_err(problem)?;
+            end_session(&state, &request).await?;
             let mut response = HttpResponse::NoContent().finish();
-            let (name, value) = set_cookie("", 0);
+            let (name, value) = cleared_session_cookie();
             response.headers_mut().insert(name, value);
             Ok(response)
         }
         .await,
     )
+}
+
+/// Ends the request's session, if it has one, and records the sign-out.
+pub(super) async fn end_session(state: &OperatorsState, request: &HttpRequest) -> Result<(), Problem> {
+    let caller = caller(state, request).await?;
+    let mut conn = connection(state).await?;
+    if let Some(cookie) = session_cookie(request) {
+        sessions::sign_out(&mut conn, cookie.expose_secret()).await.map_err(problem)?;
+    }
+    audit::record(&mut conn, &caller.actor(), &Entry::new("session.sign_out", Outcome::Done)).await.map_err(problem)
 }
 
 /// `DELETE /v1/session/everywhere`: ends every session of the caller (204).
@@ -228,7 +258,7 @@ pub(super) async fn sign_out_everywhere(state: web::Data<OperatorsState>, reques
             audit::record(&mut tx, &caller.actor(), &entry).await.map_err(problem)?;
             tx.commit().await.context("cannot commit").map_err(|e| problem(e.into()))?;
             let mut response = HttpResponse::NoContent().finish();
-            let (name, value) = set_cookie("", 0);
+            let (name, value) = cleared_session_cookie();
             response.headers_mut().insert(name, value);
             Ok(response)
         }
@@ -313,60 +343,65 @@ struct Callback {
 
 /// `GET /v1/session/oidc/callback?code=…&state=…`: where the provider sends the browser back. The
 /// state must be this browser's and unused; the ID token must check out; its identity must be
-/// linked to an operator. Then 200 with the session cookie; otherwise 401, recorded.
+/// linked to an operator. Then 200 with the session cookie; otherwise 401, recorded. A browser
+/// (one that accepts HTML) is answered with a page that takes it on to the console.
 pub(super) async fn oidc_callback(state: web::Data<OperatorsState>, request: HttpRequest) -> HttpResponse {
-    respond(
-        async {
-            let oidc = state.oidc.as_ref().ok_or_else(no_provider)?;
-            let back: Callback = super::query(&request)?;
-            let source = source(&request);
-            let mut conn = connection(&state).await?;
-            let outcome = async {
-                if let Some(error) = back.error {
-                    return Err(Why::Code(error));
-                }
-                let (Some(returned), Some(code)) = (back.state, back.code) else { return Err(Why::State) };
-                // The state must be the one this browser left with, not one an attacker sent it back with.
-                let kept = cookie(&request, OIDC_STATE).ok_or(Why::State)?;
-                if kept.expose_secret() != returned {
-                    return Err(Why::State);
-                }
-                let subject = oidc.finish(&mut conn, &returned, &code).await?;
-                let account = accounts::find_by_subject(&mut conn, &subject).await?.ok_or(Why::NotLinked(subject))?;
-                Ok(sessions::open(&mut conn, account, source.as_deref(), &state.sessions, "oidc").await?)
-            };
-            match outcome.await {
-                Ok(session) => {
-                    let a = &session.account;
-                    let mut response = ok(
+    let browser = console::accepts_html(&request);
+    let answer = async {
+        let oidc = state.oidc.as_ref().ok_or_else(no_provider)?;
+        let back: Callback = super::query(&request)?;
+        let source = source(&request);
+        let mut conn = connection(&state).await?;
+        let outcome = async {
+            if let Some(error) = back.error {
+                return Err(Why::Code(error));
+            }
+            let (Some(returned), Some(code)) = (back.state, back.code) else { return Err(Why::State) };
+            // The state must be the one this browser left with, not one an attacker sent it back with.
+            let kept = cookie(&request, OIDC_STATE).ok_or(Why::State)?;
+            if kept.expose_secret() != returned {
+                return Err(Why::State);
+            }
+            let subject = oidc.finish(&mut conn, &returned, &code).await?;
+            let account = accounts::find_by_subject(&mut conn, &subject).await?.ok_or(Why::NotLinked(subject))?;
+            Ok(sessions::open(&mut conn, account, source.as_deref(), &state.sessions, "oidc").await?)
+        };
+        match outcome.await {
+            Ok(session) => {
+                let a = &session.account;
+                let mut response = if browser {
+                    console::signed_in(a)
+                } else {
+                    ok(
                         StatusCode::OK,
                         &json!({ "name": a.name, "role": a.role, "expires_at": session.expires_at.unix_timestamp() }),
-                    );
-                    let (name, value) = set_cookie(session.cookie.expose_secret(), state.sessions.max.as_secs());
-                    response.headers_mut().append(name, value);
-                    let (name, value) = set_state_cookie("", 0);
-                    response.headers_mut().append(name, value);
-                    Ok(response)
-                }
-                Err(Why::Failed(error)) => Err(problem(error)),
-                // The provider's trouble, not a refusal of the person.
-                Err(why @ (Why::Unreachable(_) | Why::Issuer { .. })) => {
-                    Err(Problem::new(ProblemType::ServiceUnavailable, format!("sign-in failed: {why}")))
-                }
-                Err(why) => {
-                    // Recorded under the identity the provider named, when it got that far.
-                    let name: String = match &why {
-                        Why::NotLinked(subject) => subject.chars().take(63).collect(),
-                        _ => "(OpenID sign-in)".to_owned(),
-                    };
-                    let entry = Entry::new("session.sign_in", Outcome::Refused)
-                        .detail(json!({ "method": "oidc", "refusal": why.to_string() }));
-                    let actor = Actor { operator_id: None, name: &name, source: source.as_deref() };
-                    audit::record(&mut conn, &actor, &entry).await.map_err(problem)?;
-                    Err(Problem::new(ProblemType::Unauthorized, format!("sign-in refused: {why}")))
-                }
+                    )
+                };
+                let (name, value) = set_cookie(session.cookie.expose_secret(), state.sessions.max.as_secs());
+                response.headers_mut().append(name, value);
+                let (name, value) = set_state_cookie("", 0);
+                response.headers_mut().append(name, value);
+                Ok(response)
+            }
+            Err(Why::Failed(error)) => Err(problem(error)),
+            // The provider's trouble, not a refusal of the person.
+            Err(why @ (Why::Unreachable(_) | Why::Issuer { .. })) => {
+                Err(Problem::new(ProblemType::ServiceUnavailable, format!("sign-in failed: {why}")))
+            }
+            Err(why) => {
+                // Recorded under the identity the provider named, when it got that far.
+                let name: String = match &why {
+                    Why::NotLinked(subject) => subject.chars().take(63).collect(),
+                    _ => "(OpenID sign-in)".to_owned(),
+                };
+                let entry = Entry::new("session.sign_in", Outcome::Refused)
+                    .detail(json!({ "method": "oidc", "refusal": why.to_string() }));
+                let actor = Actor { operator_id: None, name: &name, source: source.as_deref() };
+                audit::record(&mut conn, &actor, &entry).await.map_err(problem)?;
+                Err(Problem::new(ProblemType::Unauthorized, format!("sign-in refused: {why}")))
             }
         }
-        .await,
-    )
+    };
+    let answer = answer.await;
+    if browser { console::page_or_problem(answer) } else { respond(answer) }
 }

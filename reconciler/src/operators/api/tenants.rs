@@ -209,7 +209,7 @@ async fn revoke_key(
 }
 
 /// Refuses an operator limited to some tenants: a reconciliation run covers every tenant.
-fn every_tenant(caller: &Caller) -> Result<(), OperatorError> {
+pub(super) fn every_tenant(caller: &Caller) -> Result<(), OperatorError> {
     if caller.account.scope == Scope::Every {
         return Ok(());
     }

@@ -1,0 +1,430 @@
+//! The console's forms (POST): signing in and out, the search, and the changes to a payment or a
+//! proposal.
+//!
+//! A change is posted twice: first with its reason, answered by a page that says what will happen
+//! and asks to confirm; then with `confirmed=yes`, when it is done by the same function the JSON
+//! API calls, its refusal recorded in the audit trail the same way, and the browser is sent back to
+//! the payment's page with a notice.
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, web};
+use askama::Template;
+use oncepay_domain::ids::PaymentId;
+use oncepay_http::problem::{Problem, ProblemType};
+use secrecy::SecretString;
+use serde::Deserialize;
+use uuid::Uuid;
+
+use super::pages::{FoundLine, SearchPage, SignInPage, payment_id_of};
+use super::{Chrome, caller_or_sign_in, error_page, html, queries, see_other, visible_tenants};
+use crate::dead_letters::actions::{Asked, require_reason};
+use crate::operator_error::OperatorError;
+use crate::operators::api::signing_in::{self, Caller};
+use crate::operators::api::{
+    Decided, Decision, OperatorsState, change, connection, decide_proposal, problem, resolve_payment, retry_payment,
+};
+use crate::operators::audit::{Entry, Outcome};
+use crate::operators::proposals::Closing;
+use crate::operators::reports::Acted;
+
+/// The most payments a search lists.
+const SEARCH_ROWS: i64 = 50;
+
+/// What each notice code left in a URL says.
+const NOTICES: [(&str, &str); 6] = [
+    ("retried", "Sent again: the worker sends the payment with the same key, so it is charged at most once."),
+    ("proposed", "Proposed: nothing changes until a second operator approves."),
+    ("acknowledged", "Acknowledged: the conflict is closed and the payment stays as it was."),
+    ("approved", "Approved and done."),
+    ("rejected", "Rejected: nothing was done."),
+    ("withdrawn", "Withdrawn: nothing was done."),
+];
+
+/// The words of notice `code`, if the console has one.
+pub(super) fn notice_text(code: &str) -> Option<&'static str> {
+    NOTICES.iter().find(|(known, _)| *known == code).map(|(_, text)| *text)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SignInForm {
+    name: String,
+    password: SecretString,
+}
+
+/// `POST /console/sign-in`: with the session cookie to the overview, or the sign-in page again
+/// with why not.
+pub(super) async fn sign_in(
+    state: web::Data<OperatorsState>,
+    request: HttpRequest,
+    form: web::Form<SignInForm>,
+) -> HttpResponse {
+    let form = form.into_inner();
+    if let Err(refused) = signing_in::refuse_other_sites(&request) {
+        return error_page(None, &refused);
+    }
+    match signing_in::with_password(&state, &request, &form.name, form.password).await {
+        Ok(session) => {
+            let mut response = see_other("/console/");
+            let (name, value) = signing_in::session_cookie_header(&state, &session);
+            response.headers_mut().insert(name, value);
+            response
+        }
+        Err(refused) => {
+            let status = StatusCode::from_u16(refused.status).unwrap_or(StatusCode::UNAUTHORIZED);
+            html(status, &SignInPage::new(&state, Some(refused.detail), form.name))
+        }
+    }
+}
+
+/// `POST /console/sign-out`.
+pub(super) async fn sign_out(state: web::Data<OperatorsState>, request: HttpRequest) -> HttpResponse {
+    // Already signed out is as good as signed out now.
+    if let Err(refused) = signing_in::end_session(&state, &request).await
+        && refused.status != StatusCode::UNAUTHORIZED.as_u16()
+    {
+        return error_page(None, &refused);
+    }
+    let mut response = see_other("/console/sign-in");
+    let (name, value) = signing_in::cleared_session_cookie();
+    response.headers_mut().insert(name, value);
+    response
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SearchForm {
+    q: String,
+}
+
+/// `POST /console/search` `q=…`: the payments it names, or the one payment's page. A POST, so that
+/// what was searched for (a customer's reference, say) stays out of URLs and logs.
+pub(super) async fn search(
+    state: web::Data<OperatorsState>,
+    request: HttpRequest,
+    form: web::Form<SearchForm>,
+) -> HttpResponse {
+    let caller = match caller_or_sign_in(&state, &request).await {
+        Ok(caller) => caller,
+        Err(response) => return response,
+    };
+    let chrome = Chrome::of(&caller.account, "search");
+    let asked = form.into_inner().q.trim().to_owned();
+    if asked.is_empty() || asked.len() > 255 {
+        let refused = Problem::new(ProblemType::InvalidRequest, "type a payment id, key or reference to search for");
+        return error_page(Some(chrome), &refused);
+    }
+    let found = async {
+        let tenants: Vec<Uuid> =
+            visible_tenants(&state, &caller).await?.iter().map(|t| t.tenant_id.as_uuid()).collect();
+        let mut conn = connection(&state).await?;
+        queries::search(&mut conn, &tenants, &asked, SEARCH_ROWS).await.map_err(problem)
+    };
+    match found.await {
+        Err(refused) => error_page(Some(chrome), &refused),
+        Ok(found) if found.len() == 1 && found.iter().all(|f| f.payment_id == found[0].payment_id) => {
+            see_other(&format!("/console/payments/{}", found[0].payment_id))
+        }
+        Ok(found) => {
+            let found = found
+                .into_iter()
+                .map(|f| FoundLine {
+                    payment_id: f.payment_id,
+                    matched: f.matched,
+                    tenant: f.tenant,
+                    status: f.status.as_str().to_owned(),
+                    amount: format!("{} {}", f.amount, f.currency),
+                    created_at: crate::render::timestamp(f.created_at),
+                })
+                .collect();
+            html(StatusCode::OK, &SearchPage { chrome: Some(chrome), title: "Search".into(), asked, found })
+        }
+    }
+}
+
+/// The form of every change to a payment or proposal; which fields count depends on the change.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ChangeForm {
+    #[serde(default)]
+    reason: String,
+    /// `yes` once the operator has read what will happen.
+    confirmed: Option<String>,
+    /// Resolve as: `succeeded`, `failed` or `acknowledged`.
+    #[serde(rename = "as")]
+    outcome: Option<String>,
+    charge_id: Option<String>,
+    /// A checkbox: `on` when ticked.
+    force: Option<String>,
+    /// A checkbox: `on` when ticked.
+    outside_key_window: Option<String>,
+}
+
+impl ChangeForm {
+    fn confirmed(&self) -> bool {
+        self.confirmed.as_deref() == Some("yes")
+    }
+
+    fn ticked(field: Option<&String>) -> bool {
+        field.is_some_and(|value| value == "on")
+    }
+
+    fn charge_id(&self) -> Option<String> {
+        self.charge_id.as_deref().map(str::trim).filter(|id| !id.is_empty()).map(str::to_owned)
+    }
+
+    /// The fields to post again with the confirmation.
+    fn fields(&self) -> Vec<(&'static str, String)> {
+        let mut fields = vec![("reason", self.reason.clone()), ("confirmed", "yes".to_owned())];
+        let optional = [
+            ("as", &self.outcome),
+            ("charge_id", &self.charge_id),
+            ("force", &self.force),
+            ("outside_key_window", &self.outside_key_window),
+        ];
+        fields.extend(optional.into_iter().filter_map(|(name, value)| value.clone().map(|value| (name, value))));
+        fields
+    }
+}
+
+/// The page that says what a change will do and asks to confirm it.
+#[derive(Template)]
+#[template(path = "console/confirm.html")]
+struct ConfirmPage {
+    chrome: Option<Chrome>,
+    title: String,
+    /// Where the confirmation is posted.
+    action: String,
+    /// What will happen, a sentence each.
+    will: Vec<String>,
+    reason: String,
+    fields: Vec<(&'static str, String)>,
+    /// Where "cancel" goes.
+    back: String,
+    button: String,
+}
+
+/// A change to a payment, as the form asks for it.
+enum PaymentChange {
+    Retry { outside_key_window: bool },
+    Resolve(Asked),
+}
+
+impl PaymentChange {
+    fn of(action: &str, form: &ChangeForm) -> Result<Self, Problem> {
+        let invalid = |detail: &str| Problem::new(ProblemType::InvalidRequest, detail.to_owned());
+        match action {
+            "retry" => Ok(Self::Retry { outside_key_window: ChangeForm::ticked(form.outside_key_window.as_ref()) }),
+            "resolve" => match form.outcome.as_deref() {
+                Some("acknowledged") => Ok(Self::Resolve(Asked::Acknowledge)),
+                Some("failed") => Ok(Self::Resolve(Asked::Failed {
+                    charge_id: form.charge_id(),
+                    force: ChangeForm::ticked(form.force.as_ref()),
+                })),
+                Some("succeeded") => Ok(Self::Resolve(Asked::Succeeded {
+                    charge_id: Some(
+                        form.charge_id()
+                            .ok_or_else(|| invalid("a resolution as succeeded needs the provider's charge id"))?,
+                    ),
+                    amount: None,
+                    currency: None,
+                    charged_at: None,
+                })),
+                _ => Err(invalid("resolve as succeeded, failed or acknowledged")),
+            },
+            _ => Err(Problem::new(ProblemType::NotFound, "a payment can be retried or resolved")),
+        }
+    }
+
+    /// What it will do, before it is confirmed.
+    fn will(&self, payment_id: PaymentId, state: &OperatorsState) -> (Vec<String>, &'static str) {
+        match self {
+            Self::Retry { outside_key_window } if *outside_key_window || state.retries_need_approval => (
+                vec![
+                    format!("This proposes sending payment {payment_id} to the provider again."),
+                    "Nothing is sent until a second operator approves the proposal.".into(),
+                ],
+                "Propose the resend",
+            ),
+            Self::Retry { .. } => (
+                vec![
+                    format!("oncepay sends payment {payment_id} to the provider again, now."),
+                    "It goes with the same idempotency key as before, inside the provider's key window, so the \
+                     customer is charged at most once."
+                        .into(),
+                    "The dead letter closes as retried.".into(),
+                ],
+                "Send it again",
+            ),
+            Self::Resolve(Asked::Acknowledge) => (
+                vec![
+                    format!("The conflict on payment {payment_id} is closed as acknowledged."),
+                    "The payment keeps the state it has; no money moves.".into(),
+                ],
+                "Acknowledge",
+            ),
+            Self::Resolve(Asked::Failed { charge_id, force }) => {
+                let mut will = vec![
+                    format!("This proposes settling payment {payment_id} as failed: the customer was not charged."),
+                    "Nothing changes until a second operator approves the proposal.".into(),
+                ];
+                if let Some(charge) = charge_id {
+                    will.push(format!("It names the provider's failed charge {charge}."));
+                }
+                if *force {
+                    will.push(
+                        "Forced: it settles as failed although a charge on record says the money was taken.".into(),
+                    );
+                }
+                (will, "Propose settling as failed")
+            }
+            Self::Resolve(Asked::Succeeded { charge_id, .. }) => (
+                vec![
+                    format!(
+                        "This proposes settling payment {payment_id} as succeeded with the provider's charge {}.",
+                        charge_id.as_deref().unwrap_or_default()
+                    ),
+                    "The charge is looked up now; the ledger books it only when a second operator approves.".into(),
+                ],
+                "Propose settling as succeeded",
+            ),
+        }
+    }
+}
+
+/// `POST /console/payments/{id}/retry|resolve`: asks to confirm, then does it.
+pub(super) async fn act_on_payment(
+    state: web::Data<OperatorsState>,
+    request: HttpRequest,
+    path: web::Path<(String, String)>,
+    form: web::Form<ChangeForm>,
+) -> HttpResponse {
+    let caller = match caller_or_sign_in(&state, &request).await {
+        Ok(caller) => caller,
+        Err(response) => return response,
+    };
+    let chrome = Chrome::of(&caller.account, "dead-letters");
+    let (payment_text, action) = path.into_inner();
+    let form = form.into_inner();
+    let asked = payment_id_of(&payment_text).and_then(|id| Ok((id, PaymentChange::of(&action, &form)?)));
+    let (payment_id, change_asked) = match asked {
+        Ok(asked) => asked,
+        Err(refused) => return error_page(Some(chrome), &refused),
+    };
+    let page = format!("/console/payments/{payment_id}");
+    if !form.confirmed() {
+        if let Err(refused) = require_reason(&form.reason) {
+            return error_page(Some(chrome), &problem(refused));
+        }
+        let (will, button) = change_asked.will(payment_id, &state);
+        let confirm = ConfirmPage {
+            chrome: Some(chrome),
+            title: "Confirm".into(),
+            action: format!("/console/payments/{payment_id}/{action}"),
+            will,
+            reason: form.reason.clone(),
+            fields: form.fields(),
+            back: page,
+            button: button.into(),
+        };
+        return html(StatusCode::OK, &confirm);
+    }
+    let audit_action = if action == "retry" { "payment.retry" } else { "payment.resolve" };
+    let entry = Entry::new(audit_action, Outcome::Done).on_payment(payment_id);
+    let outcome = match change_asked {
+        PaymentChange::Retry { outside_key_window } => {
+            retry_payment(&state, &caller, payment_id, &form.reason, outside_key_window).await
+        }
+        PaymentChange::Resolve(decision) => resolve_payment(&state, &caller, payment_id, decision, &form.reason).await,
+    };
+    let notice = |acted: &Acted| match (acted, action.as_str()) {
+        (Acted::Proposed { .. }, _) => "proposed",
+        (Acted::Done(_), "retry") => "retried",
+        (Acted::Done(_), _) => "acknowledged",
+    };
+    let answered = outcome.map(|acted| see_other(&format!("{page}?notice={}", notice(&acted))));
+    finish(&state, &caller, chrome, entry, answered).await
+}
+
+/// `POST /console/proposals/{id}/approve|reject|withdraw`: asks to confirm, then does it.
+pub(super) async fn decide(
+    state: web::Data<OperatorsState>,
+    request: HttpRequest,
+    path: web::Path<(String, String)>,
+    form: web::Form<ChangeForm>,
+) -> HttpResponse {
+    let caller = match caller_or_sign_in(&state, &request).await {
+        Ok(caller) => caller,
+        Err(response) => return response,
+    };
+    let chrome = Chrome::of(&caller.account, "proposals");
+    let (proposal_text, decision_text) = path.into_inner();
+    let form = form.into_inner();
+    let not_found = || Problem::new(ProblemType::NotFound, format!("there is no proposal {proposal_text:?}"));
+    let asked = Uuid::parse_str(&proposal_text)
+        .map_err(|_| not_found())
+        .and_then(|id| Ok((id, Decision::from_path(&decision_text)?)));
+    let (proposal_id, decision) = match asked {
+        Ok(asked) => asked,
+        Err(refused) => return error_page(Some(chrome), &refused),
+    };
+    if !form.confirmed() {
+        if let Err(refused) = require_reason(&form.reason) {
+            return error_page(Some(chrome), &problem(refused));
+        }
+        let (will, button) = match decision {
+            Decision::Approve => (
+                vec![
+                    format!("You approve proposal {proposal_id}, and what it proposes is done now."),
+                    "Approving moves money or settles a payment for good: it needs a sign-in from the last few \
+                     minutes."
+                        .into(),
+                ],
+                "Approve",
+            ),
+            Decision::Close(Closing::Reject) => {
+                (vec![format!("You reject proposal {proposal_id}; nothing it proposes is done.")], "Reject")
+            }
+            Decision::Close(Closing::Withdraw) => {
+                (vec![format!("You withdraw your proposal {proposal_id}; nothing it proposes is done.")], "Withdraw")
+            }
+        };
+        let confirm = ConfirmPage {
+            chrome: Some(chrome),
+            title: "Confirm".into(),
+            action: format!("/console/proposals/{proposal_id}/{decision_text}"),
+            will,
+            reason: form.reason.clone(),
+            fields: form.fields(),
+            back: "/console/proposals".into(),
+            button: button.into(),
+        };
+        return html(StatusCode::OK, &confirm);
+    }
+    let entry = Entry::new(decision.audit_action(), Outcome::Done).proposal(proposal_id);
+    let outcome = decide_proposal(&state, &caller, proposal_id, decision, &form.reason).await;
+    let answered = outcome.map(|decided| {
+        let (payment_id, notice) = match &decided {
+            Decided::Approved(approved) => (approved.proposal.payment_id, "approved"),
+            Decided::Closed(closed) if closed.status == "rejected" => (closed.payment_id, "rejected"),
+            Decided::Closed(closed) => (closed.payment_id, "withdrawn"),
+        };
+        see_other(&format!("/console/payments/{payment_id}?notice={notice}"))
+    });
+    finish(&state, &caller, chrome, entry, answered).await
+}
+
+/// The response to a confirmed change: where it sends the browser, or a page that says why it was
+/// refused, after the refusal is recorded.
+async fn finish(
+    state: &OperatorsState,
+    caller: &Caller,
+    chrome: Chrome,
+    entry: Entry,
+    outcome: Result<HttpResponse, OperatorError>,
+) -> HttpResponse {
+    match change(state, caller, entry, outcome).await {
+        Ok(response) => response,
+        Err(refused) => error_page(Some(chrome), &refused),
+    }
+}

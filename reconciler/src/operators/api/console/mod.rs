@@ -1,0 +1,168 @@
+//! The operator console: web pages for people, served under `/console` by the operations API, on
+//! its listener and origin, with the same accounts, roles, approvals and audit trail.
+//!
+//! Pages are rendered on the server ([`pages`]); every change is a plain form ([`forms`]) that asks
+//! for a reason, then for a confirmation that says what will happen, and then does exactly what
+//! the JSON API would, through the same functions. The one script ([`assets`]) only refreshes the
+//! overview. Every response forbids inline scripts, framing and other origins
+//! ([`SECURITY_HEADERS`]); a change made with the session cookie must come from a page of this
+//! origin, as everywhere in the API. Customer data travels only in page bodies and POSTed forms,
+//! never in a URL.
+
+use actix_web::http::StatusCode;
+use actix_web::http::header::{self, HeaderValue};
+use actix_web::middleware::DefaultHeaders;
+use actix_web::{HttpRequest, HttpResponse, web};
+use askama::Template;
+use oncepay_http::problem::Problem;
+
+use super::signing_in::{Caller, caller};
+use super::{OperatorsState, connection, problem};
+use crate::operators::{Account, Role};
+
+mod assets;
+mod forms;
+mod pages;
+mod provider_view;
+mod queries;
+
+/// What every console response carries: no script, style or image from anywhere but here, no
+/// inline script, never framed, no referrer sent on, and never kept by a cache (pages hold customer
+/// data).
+pub(super) const SECURITY_HEADERS: [(&str, &str); 5] = [
+    (
+        "content-security-policy",
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; \
+         form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    ),
+    ("x-frame-options", "DENY"),
+    ("x-content-type-options", "nosniff"),
+    ("referrer-policy", "no-referrer"),
+    ("cache-control", "no-store"),
+];
+
+/// The console's routes, under `/console`.
+pub(super) fn configure(config: &mut web::ServiceConfig) {
+    let headers = SECURITY_HEADERS.iter().fold(DefaultHeaders::new(), |headers, pair| headers.add(*pair));
+    config.service(
+        web::scope("/console")
+            .wrap(headers)
+            .route("", web::get().to(pages::overview))
+            .route("/", web::get().to(pages::overview))
+            .route("/live", web::get().to(pages::live))
+            .route("/sign-in", web::get().to(pages::sign_in))
+            .route("/sign-in", web::post().to(forms::sign_in))
+            .route("/sign-out", web::post().to(forms::sign_out))
+            .route("/dead-letters", web::get().to(pages::dead_letters))
+            .route("/search", web::post().to(forms::search))
+            .route("/payments/{payment_id}", web::get().to(pages::payment))
+            .route("/payments/{payment_id}/{action}", web::post().to(forms::act_on_payment))
+            .route("/proposals", web::get().to(pages::proposals))
+            .route("/proposals/{proposal_id}/{decision}", web::post().to(forms::decide))
+            .route("/audit", web::get().to(pages::audit))
+            .route("/recon", web::get().to(pages::recon_runs))
+            .route("/recon/{run_id}", web::get().to(pages::recon_run))
+            .route("/assets/{file}", web::get().to(assets::serve))
+            .default_service(web::to(pages::not_found)),
+    );
+}
+
+/// The frame of every page for a signed-in operator: who they are and what they may do.
+#[derive(Debug, Clone)]
+pub(super) struct Chrome {
+    /// The operator's name.
+    pub(super) name: String,
+    /// Their role.
+    pub(super) role: Role,
+    /// The section the page belongs to, for the navigation.
+    pub(super) section: &'static str,
+    /// What was just done, said once after a change.
+    pub(super) notice: Option<&'static str>,
+}
+
+impl Chrome {
+    fn of(account: &Account, section: &'static str) -> Self {
+        Self { name: account.name.clone(), role: account.role, section, notice: None }
+    }
+
+    /// Whether they may retry, resolve and propose.
+    pub(super) fn can_act(&self) -> bool {
+        self.role >= Role::Operator
+    }
+
+    /// Whether they may approve and reject others' proposals.
+    pub(super) fn can_approve(&self) -> bool {
+        self.role >= Role::Approver
+    }
+}
+
+/// The caller of a console request, or the response that stands instead: the sign-in page for a
+/// browser without a session, an error page for anything else (a change from another origin).
+async fn caller_or_sign_in(state: &OperatorsState, request: &HttpRequest) -> Result<Caller, HttpResponse> {
+    match caller(state, request).await {
+        Ok(caller) => Ok(caller),
+        Err(refused) if refused.status == StatusCode::UNAUTHORIZED.as_u16() => Err(see_other("/console/sign-in")),
+        Err(refused) => Err(error_page(None, &refused)),
+    }
+}
+
+/// A 303 to `location`, on this origin.
+fn see_other(location: &str) -> HttpResponse {
+    HttpResponse::SeeOther().insert_header((header::LOCATION, location)).finish()
+}
+
+/// The page, rendered, with `status`.
+fn html(status: StatusCode, page: &impl Template) -> HttpResponse {
+    match page.render() {
+        Ok(body) => HttpResponse::build(status).content_type("text/html; charset=utf-8").body(body),
+        Err(error) => {
+            tracing::error!(error = %error, "cannot render a console page");
+            HttpResponse::InternalServerError().content_type("text/plain; charset=utf-8").body("cannot render the page")
+        }
+    }
+}
+
+/// A page that says what went wrong, with the problem's status.
+fn error_page(chrome: Option<Chrome>, refused: &Problem) -> HttpResponse {
+    let status = StatusCode::from_u16(refused.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let page = pages::ErrorPage { chrome, title: refused.title.clone(), detail: refused.detail.clone() };
+    html(status, &page)
+}
+
+/// Whether the request comes from a browser that wants a page rather than JSON.
+pub(super) fn accepts_html(request: &HttpRequest) -> bool {
+    request
+        .headers()
+        .get(header::ACCEPT)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|accept| accept.contains("text/html"))
+}
+
+/// The page a browser lands on after signing in at the OpenID provider, which takes it on to the
+/// console. A page, not a redirect: the session cookie is `SameSite=Strict`, and a browser sends it
+/// only on a navigation that starts from this origin, which a redirect in a chain that began at the
+/// provider's site is not.
+pub(super) fn signed_in(account: &Account) -> HttpResponse {
+    let page = pages::SignedInPage { chrome: None, title: "Signed in".to_owned(), name: account.name.clone() };
+    with_security_headers(html(StatusCode::OK, &page))
+}
+
+/// The response, or a page that says what went wrong; for the routes outside `/console` that a
+/// browser reaches.
+pub(super) fn page_or_problem(answer: Result<HttpResponse, Problem>) -> HttpResponse {
+    with_security_headers(answer.unwrap_or_else(|refused| error_page(None, &refused)))
+}
+
+fn with_security_headers(mut response: HttpResponse) -> HttpResponse {
+    for (name, value) in SECURITY_HEADERS {
+        response.headers_mut().insert(header::HeaderName::from_static(name), HeaderValue::from_static(value));
+    }
+    response
+}
+
+/// The tenants the caller may see, by name.
+async fn visible_tenants(state: &OperatorsState, caller: &Caller) -> Result<Vec<queries::Tenant>, Problem> {
+    let mut conn = connection(state).await?;
+    let only = caller.account.scope.to_column();
+    queries::visible_tenants(&mut conn, only.as_deref()).await.map_err(problem)
+}

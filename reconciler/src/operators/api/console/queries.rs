@@ -1,0 +1,450 @@
+//! The console's reads: the overview's counts, a page of dead letters, the search, and one payment
+//! with its timeline. Each reads only the tenants it is given, and none scans a table that grows
+//! with the payments: the dead-letter pages walk an index in age order from a cursor, the search
+//! probes primary keys and indexes once per visible tenant, and a payment's rows are read by its key
+//! (BENCHMARKS.md, "The console").
+
+use anyhow::Context as _;
+use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::money::{Amount, Currency};
+use oncepay_domain::provider_ref::ProviderAccount;
+use oncepay_domain::status::PaymentStatus;
+use serde_json::Value;
+use sqlx::{PgConnection, Postgres, QueryBuilder};
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use crate::operator_error::OperatorError;
+
+/// The tenants an operator may see, as ids: `only` when they are limited, else every tenant.
+pub(super) async fn visible_tenants(
+    conn: &mut PgConnection,
+    only: Option<&[Uuid]>,
+) -> Result<Vec<Tenant>, OperatorError> {
+    let tenants = sqlx::query_as!(
+        Tenant,
+        r#"
+        SELECT tenant_id AS "tenant_id: TenantId", name FROM tenants
+        WHERE $1::uuid[] IS NULL OR tenant_id = ANY ($1)
+        ORDER BY name
+        "#,
+        only,
+    )
+    .fetch_all(conn)
+    .await
+    .context("cannot read the tenants")?;
+    Ok(tenants)
+}
+
+/// A tenant, as the console names it.
+#[derive(Debug, Clone)]
+pub(super) struct Tenant {
+    pub(super) tenant_id: TenantId,
+    pub(super) name: String,
+}
+
+/// The overview's figures, of the tenants given.
+#[derive(Debug)]
+pub(super) struct Overview {
+    /// Payments waiting for a worker (`pending`, in the outbox, not leased).
+    pub(super) waiting: i64,
+    /// Payments a worker is sending now (leased).
+    pub(super) sending: i64,
+    /// Payments in `unknown`.
+    pub(super) unknown: i64,
+    /// Since when the oldest `unknown` payment has been uncertain.
+    pub(super) oldest_unknown: Option<OffsetDateTime>,
+    /// Charges booked in the ledger in the last hour.
+    pub(super) booked_last_hour: i64,
+    /// Proposals that wait for an approver and have not expired.
+    pub(super) proposals_waiting: i64,
+    /// Open dead letters by kind.
+    pub(super) open_by_kind: Vec<OpenByKind>,
+}
+
+/// Open dead letters of one kind, by age.
+#[derive(Debug)]
+pub(super) struct OpenByKind {
+    pub(super) kind: String,
+    pub(super) open: i64,
+    pub(super) older_than_an_hour: i64,
+    pub(super) older_than_a_day: i64,
+    pub(super) oldest: Option<OffsetDateTime>,
+}
+
+/// Reads the overview's figures for `tenants`.
+pub(super) async fn overview(conn: &mut PgConnection, tenants: &[Uuid]) -> Result<Overview, OperatorError> {
+    let row = sqlx::query!(
+        r#"
+        SELECT
+            (SELECT count(*) FROM outbox WHERE tenant_id = ANY ($1) AND locked_until IS NULL) AS "waiting!",
+            (SELECT count(*) FROM outbox WHERE tenant_id = ANY ($1) AND locked_until IS NOT NULL) AS "sending!",
+            (SELECT count(*) FROM unknown_payments WHERE tenant_id = ANY ($1)) AS "unknown!",
+            (SELECT min(since) FROM unknown_payments WHERE tenant_id = ANY ($1)) AS oldest_unknown,
+            (SELECT count(*) FROM ledger_entries
+             WHERE tenant_id = ANY ($1) AND charged_at > now() - interval '1 hour') AS "booked_last_hour!",
+            (SELECT count(*) FROM proposals
+             WHERE tenant_id = ANY ($1) AND status = 'pending' AND expires_at > now()) AS "proposals_waiting!"
+        "#,
+        tenants,
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .context("cannot read the overview")?;
+    let open_by_kind = sqlx::query_as!(
+        OpenByKind,
+        r#"
+        SELECT kind, count(*) AS "open!",
+               count(*) FILTER (WHERE created_at < now() - interval '1 hour') AS "older_than_an_hour!",
+               count(*) FILTER (WHERE created_at < now() - interval '1 day') AS "older_than_a_day!",
+               min(created_at) AS oldest
+        FROM dead_letters WHERE resolved_at IS NULL AND tenant_id = ANY ($1)
+        GROUP BY kind ORDER BY kind
+        "#,
+        tenants,
+    )
+    .fetch_all(conn)
+    .await
+    .context("cannot count the open dead letters")?;
+    Ok(Overview {
+        waiting: row.waiting,
+        sending: row.sending,
+        unknown: row.unknown,
+        oldest_unknown: row.oldest_unknown,
+        booked_last_hour: row.booked_last_hour,
+        proposals_waiting: row.proposals_waiting,
+        open_by_kind,
+    })
+}
+
+/// Which dead letters a page lists.
+#[derive(Debug, Clone, Default)]
+pub(super) struct DeadLetterFilter {
+    /// `unresolved` or `conflict`; any when `None`.
+    pub(super) kind: Option<String>,
+    /// Only these tenants (already limited to those the operator may see).
+    pub(super) tenants: Vec<Uuid>,
+    /// Open ones, resolved ones, or both.
+    pub(super) state: EntryState,
+    /// Only entries at least this old, in seconds.
+    pub(super) older_than_secs: Option<i64>,
+    /// The page after this entry.
+    pub(super) after: Option<Cursor>,
+}
+
+/// Open entries, resolved ones, or both.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) enum EntryState {
+    /// Waiting for an operator.
+    #[default]
+    Open,
+    /// Closed by an operator.
+    Resolved,
+    /// Either.
+    All,
+}
+
+/// Where a page of dead letters ends: its last entry's age and id. The next page starts after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Cursor {
+    pub(super) created_at: OffsetDateTime,
+    pub(super) dead_letter_id: i64,
+}
+
+impl Cursor {
+    /// As it travels in a URL: microseconds since the epoch, a dot, the id.
+    pub(super) fn encode(self) -> String {
+        format!("{}.{}", self.created_at.unix_timestamp_nanos() / 1000, self.dead_letter_id)
+    }
+
+    /// Reads [`Cursor::encode`]'s form back; `None` for anything else.
+    pub(super) fn decode(text: &str) -> Option<Self> {
+        let (micros, id) = text.split_once('.')?;
+        let micros: i128 = micros.parse().ok()?;
+        let created_at = OffsetDateTime::from_unix_timestamp_nanos(micros.checked_mul(1000)?).ok()?;
+        Some(Self { created_at, dead_letter_id: id.parse().ok()? })
+    }
+}
+
+/// One dead letter on a page.
+#[derive(Debug, sqlx::FromRow)]
+pub(super) struct DeadLetterRow {
+    pub(super) dead_letter_id: i64,
+    pub(super) payment_id: PaymentId,
+    pub(super) tenant: String,
+    pub(super) kind: String,
+    pub(super) reason: String,
+    pub(super) created_at: OffsetDateTime,
+    pub(super) resolution: Option<String>,
+    pub(super) status: PaymentStatus,
+    pub(super) amount: Amount,
+    pub(super) currency: Currency,
+}
+
+/// A page of at most `limit` dead letters, oldest first, and whether more follow.
+pub(super) async fn dead_letter_page(
+    conn: &mut PgConnection,
+    filter: &DeadLetterFilter,
+    limit: i64,
+) -> Result<(Vec<DeadLetterRow>, bool), OperatorError> {
+    let mut sql = QueryBuilder::<Postgres>::new(
+        "SELECT d.dead_letter_id, d.payment_id, t.name AS tenant, d.kind, d.reason, d.created_at, d.resolution, \
+         p.status, p.amount, p.currency \
+         FROM dead_letters d JOIN payments p USING (tenant_id, payment_id) JOIN tenants t USING (tenant_id) \
+         WHERE d.tenant_id = ANY (",
+    );
+    sql.push_bind(&filter.tenants).push(")");
+    // Each state's condition is written out, not bound, so the planner can use the index of open
+    // entries when only open ones are asked for.
+    match filter.state {
+        EntryState::Open => sql.push(" AND d.resolved_at IS NULL"),
+        EntryState::Resolved => sql.push(" AND d.resolved_at IS NOT NULL"),
+        EntryState::All => &mut sql,
+    };
+    if let Some(kind) = &filter.kind {
+        sql.push(" AND d.kind = ").push_bind(kind);
+    }
+    if let Some(secs) = filter.older_than_secs {
+        sql.push(" AND d.created_at <= now() - make_interval(secs => ").push_bind(secs as f64).push(")");
+    }
+    if let Some(after) = filter.after {
+        sql.push(" AND (d.created_at, d.dead_letter_id) > (")
+            .push_bind(after.created_at)
+            .push(", ")
+            .push_bind(after.dead_letter_id)
+            .push(")");
+    }
+    sql.push(" ORDER BY d.created_at, d.dead_letter_id LIMIT ").push_bind(limit + 1);
+    let mut rows: Vec<DeadLetterRow> =
+        sql.build_query_as().fetch_all(conn).await.context("cannot read a page of dead letters")?;
+    let more = rows.len() as i64 > limit;
+    rows.truncate(usize::try_from(limit).unwrap_or(0));
+    Ok((rows, more))
+}
+
+/// A payment the search found, and how.
+#[derive(Debug)]
+pub(super) struct Found {
+    pub(super) matched: String,
+    pub(super) payment_id: PaymentId,
+    pub(super) tenant: String,
+    pub(super) status: PaymentStatus,
+    pub(super) amount: Amount,
+    pub(super) currency: Currency,
+    pub(super) created_at: OffsetDateTime,
+}
+
+/// The payments of `tenants` that `text` names: by payment id, `Idempotency-Key`, the provider's
+/// reference of its charge, or its customer reference. At most `limit`.
+pub(super) async fn search(
+    conn: &mut PgConnection,
+    tenants: &[Uuid],
+    text: &str,
+    limit: i64,
+) -> Result<Vec<Found>, OperatorError> {
+    let as_id = Uuid::parse_str(text).ok();
+    let found = sqlx::query_as!(
+        Found,
+        r#"
+        WITH matched AS (
+            SELECT 'payment id' AS matched, tenant_id, payment_id FROM payments
+            WHERE tenant_id = ANY ($1) AND payment_id = $2
+            UNION ALL
+            SELECT 'idempotency key', tenant_id, payment_id FROM idempotency_keys
+            WHERE tenant_id = ANY ($1) AND idempotency_key = $3
+            UNION ALL
+            SELECT 'provider reference', tenant_id, payment_id FROM ledger_entries
+            WHERE tenant_id = ANY ($1) AND provider_charge_id = $3
+            UNION ALL
+            (SELECT 'customer reference', tenant_id, payment_id FROM payments
+             WHERE tenant_id = ANY ($1) AND customer_id = $3 LIMIT $4)
+        )
+        SELECT m.matched AS "matched!", m.payment_id AS "payment_id!: PaymentId", t.name AS tenant,
+               p.status AS "status: PaymentStatus", p.amount AS "amount: Amount", p.currency AS "currency: Currency",
+               p.created_at
+        FROM matched m JOIN payments p USING (tenant_id, payment_id) JOIN tenants t USING (tenant_id)
+        ORDER BY p.created_at DESC
+        LIMIT $4
+        "#,
+        tenants,
+        as_id,
+        text,
+        limit,
+    )
+    .fetch_all(conn)
+    .await
+    .context("cannot search the payments")?;
+    Ok(found)
+}
+
+/// A payment, as its page shows it.
+#[derive(Debug)]
+pub(super) struct Payment {
+    pub(super) tenant_id: TenantId,
+    pub(super) tenant: String,
+    pub(super) status: PaymentStatus,
+    pub(super) amount: Amount,
+    pub(super) currency: Currency,
+    pub(super) customer_id: String,
+    pub(super) description: Option<String>,
+    pub(super) metadata: Value,
+    pub(super) payment_method: Option<String>,
+    pub(super) provider_account: Option<ProviderAccount>,
+    pub(super) provider_charge_id: Option<String>,
+    pub(super) failure_code: Option<String>,
+    pub(super) failure_message: Option<String>,
+    pub(super) send_attempts: i32,
+    pub(super) first_sent_at: Option<OffsetDateTime>,
+    pub(super) created_at: OffsetDateTime,
+    pub(super) updated_at: OffsetDateTime,
+    pub(super) idempotency_key: Option<String>,
+    pub(super) booked_charge: Option<String>,
+    pub(super) booked_amount: Option<i64>,
+    pub(super) booked_currency: Option<String>,
+}
+
+/// Payment `payment_id`, if one of `tenants` has it.
+pub(super) async fn payment(
+    conn: &mut PgConnection,
+    tenants: &[Uuid],
+    payment_id: PaymentId,
+) -> Result<Option<Payment>, OperatorError> {
+    let payment = sqlx::query_as!(
+        Payment,
+        r#"
+        SELECT p.tenant_id AS "tenant_id: TenantId", t.name AS tenant, p.status AS "status: PaymentStatus",
+               p.amount AS "amount: Amount", p.currency AS "currency: Currency", p.customer_id, p.description,
+               p.metadata, p.payment_method, p.provider_account AS "provider_account: ProviderAccount",
+               p.provider_charge_id, p.failure_code, p.failure_message, p.send_attempts, p.first_sent_at,
+               p.created_at, p.updated_at, k.idempotency_key AS "idempotency_key?",
+               l.provider_charge_id AS "booked_charge?", l.amount AS "booked_amount?",
+               l.currency AS "booked_currency?"
+        FROM payments p
+        JOIN tenants t USING (tenant_id)
+        LEFT JOIN idempotency_keys k USING (tenant_id, payment_id)
+        LEFT JOIN ledger_entries l USING (tenant_id, payment_id)
+        WHERE p.tenant_id = ANY ($1) AND p.payment_id = $2
+        "#,
+        tenants,
+        payment_id.as_uuid(),
+    )
+    .fetch_optional(conn)
+    .await
+    .context("cannot read the payment")?;
+    Ok(payment)
+}
+
+/// A payment's dead letter.
+#[derive(Debug)]
+pub(super) struct PaymentDeadLetter {
+    pub(super) kind: String,
+    pub(super) reason: String,
+    pub(super) created_at: OffsetDateTime,
+    pub(super) resolved_at: Option<OffsetDateTime>,
+    pub(super) resolved_by: Option<String>,
+    pub(super) resolution: Option<String>,
+    pub(super) resolution_note: Option<String>,
+}
+
+/// One thing that happened to a payment.
+#[derive(Debug, Clone)]
+pub(super) struct Happened {
+    pub(super) at: OffsetDateTime,
+    /// What kind of thing: `status`, `webhook`, `dead letter`, `proposal`, `operator`.
+    pub(super) source: &'static str,
+    /// Who did it.
+    pub(super) by: String,
+    /// What happened, in a line.
+    pub(super) what: String,
+}
+
+/// The most rows of each kind a timeline shows.
+const TIMELINE_ROWS: i64 = 500;
+
+/// Everything that happened to a payment, oldest first: its status changes, the webhooks received
+/// for it, its dead letters, its proposals and the operators' actions on it (not their reads). Also
+/// its dead letters, newest first.
+pub(super) async fn timeline(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    payment_id: PaymentId,
+) -> Result<(Vec<Happened>, Vec<PaymentDeadLetter>), OperatorError> {
+    let (tenant, payment) = (tenant_id.as_uuid(), payment_id.as_uuid());
+    let mut happened = Vec::new();
+    let events = sqlx::query!(
+        r#"
+        SELECT from_status::text AS "from_status?", to_status::text AS "to_status!", actor, reason, created_at
+        FROM payment_events WHERE tenant_id = $1 AND payment_id = $2 ORDER BY seq LIMIT $3
+        "#,
+        tenant,
+        payment,
+        TIMELINE_ROWS,
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .context("cannot read the payment's history")?;
+    for e in events {
+        let what = match e.from_status {
+            None => format!("accepted as {}: {}", e.to_status, e.reason),
+            Some(from) => format!("{from} → {}: {}", e.to_status, e.reason),
+        };
+        happened.push(Happened { at: e.created_at, source: "status", by: e.actor, what });
+    }
+    let webhooks = sqlx::query!(
+        r#"
+        SELECT event_type, provider_charge_id, outcome, received_at FROM webhook_events
+        WHERE tenant_id = $1 AND payment_id = $2 ORDER BY received_at LIMIT $3
+        "#,
+        tenant,
+        payment,
+        TIMELINE_ROWS,
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .context("cannot read the payment's webhooks")?;
+    for w in webhooks {
+        let charge = w.provider_charge_id.map(|id| format!(" for charge {id}")).unwrap_or_default();
+        let what = format!("webhook {}{charge}: {}", w.event_type, w.outcome);
+        happened.push(Happened { at: w.received_at, source: "webhook", by: "provider".into(), what });
+    }
+    let dead_letters = sqlx::query_as!(
+        PaymentDeadLetter,
+        r#"
+        SELECT kind, reason, created_at, resolved_at, resolved_by, resolution, resolution_note FROM dead_letters
+        WHERE tenant_id = $1 AND payment_id = $2 ORDER BY created_at DESC LIMIT $3
+        "#,
+        tenant,
+        payment,
+        TIMELINE_ROWS,
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .context("cannot read the payment's dead letters")?;
+    for d in &dead_letters {
+        let what = format!("dead-lettered ({}): {}", d.kind, d.reason);
+        happened.push(Happened { at: d.created_at, source: "dead letter", by: "reconciler".into(), what });
+        if let (Some(at), Some(by), Some(resolution)) = (d.resolved_at, &d.resolved_by, &d.resolution) {
+            let note = d.resolution_note.as_deref().unwrap_or_default();
+            let what = format!("dead letter closed as {resolution}: {note}");
+            happened.push(Happened { at, source: "dead letter", by: by.clone(), what });
+        }
+    }
+    let actions = sqlx::query!(
+        r#"
+        SELECT at, operator_name, action, outcome, reason FROM operator_audit
+        WHERE payment_id = $1 AND action <> 'payment.read' ORDER BY audit_id LIMIT $2
+        "#,
+        payment,
+        TIMELINE_ROWS,
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .context("cannot read the operators' actions on the payment")?;
+    for a in actions {
+        let reason = a.reason.map(|reason| format!(": {reason}")).unwrap_or_default();
+        let what = format!("{} ({}){reason}", a.action, a.outcome);
+        happened.push(Happened { at: a.at, source: "operator", by: a.operator_name, what });
+    }
+    happened.sort_by_key(|h| h.at);
+    Ok((happened, dead_letters))
+}

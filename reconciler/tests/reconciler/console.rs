@@ -1,0 +1,276 @@
+//! The operator console over HTTP, as a browser's requests reach it (the real browser drives it in
+//! the cross-process suite, `tests/tests/console.rs`): the sign-in form and session cookie, the
+//! headers every page carries, the dead-letter list and its pages, the search, and changes that ask
+//! to confirm before they are done, are refused from another origin or to a role too weak, and show
+//! an operator limited to some tenants nothing of another's.
+
+use oncepay_domain::ids::PaymentId;
+use oncepay_domain::status::PaymentStatus;
+use oncepay_store::fixtures::tenant;
+use reqwest::header::{CONTENT_SECURITY_POLICY, LOCATION, SET_COOKIE};
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+use sqlx::PgPool;
+
+use crate::support::{Ops, dead_lettered, status};
+
+const PASSWORD: &str = "a long enough password";
+const SAME_ORIGIN: (&str, &str) = ("sec-fetch-site", "same-origin");
+
+/// A browser signed in to the console as one operator.
+struct Browser {
+    url: String,
+    http: reqwest::Client,
+    cookie: String,
+}
+
+/// A page as the browser received it.
+struct Page {
+    status: StatusCode,
+    location: Option<String>,
+    csp: Option<String>,
+    body: String,
+}
+
+impl Browser {
+    /// Makes operator `name` with `role` (and `tenants`), gives them a password, and signs in with
+    /// the console's form.
+    async fn sign_in(ops: &Ops, name: &str, role: &str, tenants: Option<&[&str]>) -> Self {
+        ops.operator(name, role, tenants).await;
+        let body = json!({ "password": PASSWORD, "reason": "first sign-in" });
+        let path = format!("/v1/operators/{name}/password");
+        let (set, answer) = ops.call(&ops.admin, Method::PUT, &path, Some(body)).await;
+        assert_eq!(set, StatusCode::NO_CONTENT, "{answer}");
+        let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+        let response = http
+            .post(format!("{}/console/sign-in", ops.url))
+            .header(SAME_ORIGIN.0, SAME_ORIGIN.1)
+            .form(&[("name", name), ("password", PASSWORD)])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::SEE_OTHER);
+        let cookie = response.headers()[SET_COOKIE].to_str().unwrap().split(';').next().unwrap().to_owned();
+        Self { url: ops.url.clone(), http, cookie }
+    }
+
+    async fn get(&self, path: &str) -> Page {
+        let response = self.http.get(format!("{}{path}", self.url)).header("cookie", &self.cookie).send().await;
+        page(response.unwrap()).await
+    }
+
+    /// Posts a form from a page of `site` (`same-origin`, `same-site`, `cross-site`).
+    async fn post_from(&self, site: &str, path: &str, form: &[(&str, &str)]) -> Page {
+        let request = self.http.post(format!("{}{path}", self.url)).header("cookie", &self.cookie);
+        page(request.header("sec-fetch-site", site).form(form).send().await.unwrap()).await
+    }
+
+    async fn post(&self, path: &str, form: &[(&str, &str)]) -> Page {
+        self.post_from("same-origin", path, form).await
+    }
+}
+
+async fn page(response: reqwest::Response) -> Page {
+    let header =
+        |name| response.headers().get(name).map(|v: &reqwest::header::HeaderValue| v.to_str().unwrap().to_owned());
+    let (status, location, csp) = (response.status(), header(LOCATION), header(CONTENT_SECURITY_POLICY));
+    Page { status, location, csp, body: response.text().await.unwrap() }
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn every_page_needs_a_session_and_forbids_inline_scripts_framing_and_other_origins(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let anonymous = page(http.get(format!("{}/console/dead-letters", ops.url)).send().await.unwrap()).await;
+    let sign_in_page = page(http.get(format!("{}/console/sign-in", ops.url)).send().await.unwrap()).await;
+    let wrong = page(
+        http.post(format!("{}/console/sign-in", ops.url))
+            .header(SAME_ORIGIN.0, SAME_ORIGIN.1)
+            .form(&[("name", "nobody"), ("password", "guess")])
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let script = page(http.get(format!("{}/console/assets/console.js", ops.url)).send().await.unwrap()).await;
+    let browser = Browser::sign_in(&ops, "alice", "operator", None).await;
+    let overview = browser.get("/console/").await;
+    let live = browser.get("/console/live").await;
+
+    assert_eq!(anonymous.status, StatusCode::SEE_OTHER);
+    assert_eq!(anonymous.location.as_deref(), Some("/console/sign-in"));
+    assert_eq!(sign_in_page.status, StatusCode::OK);
+    assert!(sign_in_page.body.contains("name=\"password\""), "{}", sign_in_page.body);
+    assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
+    assert!(wrong.body.contains("wrong name or password"), "{}", wrong.body);
+    assert_eq!(script.status, StatusCode::OK);
+    assert_eq!(overview.status, StatusCode::OK);
+    assert!(overview.body.contains("alice (operator)") && overview.body.contains("Waiting to be sent"));
+    assert!(live.body.starts_with("<div id=\"live-figures\">"), "{}", live.body);
+    for page in [&anonymous, &sign_in_page, &wrong, &overview] {
+        let csp = page.csp.as_deref().unwrap();
+        for rule in ["default-src 'none'", "script-src 'self'", "frame-ancestors 'none'", "form-action 'self'"] {
+            assert!(csp.contains(rule), "{csp}");
+        }
+        assert!(!csp.contains("unsafe-inline"), "{csp}");
+    }
+    assert!(!overview.body.contains("<script>"), "no inline script");
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_retry_from_the_console_asks_to_confirm_then_is_done_and_recorded(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    let payment_id = dead_lettered(&pool, acme, "k-1", 60).await;
+    let browser = Browser::sign_in(&ops, "alice", "operator", None).await;
+    let retry = format!("/console/payments/{payment_id}/retry");
+
+    let listed = browser.get("/console/dead-letters").await;
+    let shown = browser.get(&format!("/console/payments/{payment_id}")).await;
+    let no_reason = browser.post(&retry, &[("reason", " ")]).await;
+    let confirm = browser.post(&retry, &[("reason", "provider back")]).await;
+    let before_confirming = status(&pool, acme, payment_id).await;
+    let done = browser.post(&retry, &[("reason", "provider back"), ("confirmed", "yes")]).await;
+    let after = status(&pool, acme, payment_id).await;
+    let landed = browser.get(done.location.as_deref().unwrap()).await;
+
+    assert!(listed.body.contains(&payment_id.to_string()), "{}", listed.body);
+    assert!(shown.body.contains("Send it again") && shown.body.contains("k-1"), "{}", shown.body);
+    assert_eq!(no_reason.status, StatusCode::BAD_REQUEST);
+    assert_eq!(confirm.status, StatusCode::OK);
+    assert!(confirm.body.contains("same idempotency key"), "{}", confirm.body);
+    assert!(confirm.body.contains("name=\"confirmed\" value=\"yes\""), "{}", confirm.body);
+    assert_eq!(before_confirming, PaymentStatus::DeadLettered, "nothing is done before it is confirmed");
+    assert_eq!(done.status, StatusCode::SEE_OTHER);
+    assert_eq!(done.location, Some(format!("/console/payments/{payment_id}?notice=retried")));
+    assert_eq!(after, PaymentStatus::Pending);
+    assert!(landed.body.contains("Sent again"), "{}", landed.body);
+    assert!(landed.body.contains("payment.retry (done): provider back"), "the timeline shows the action");
+    let actions = sqlx::query_scalar!(
+        "SELECT action FROM operator_audit WHERE payment_id = $1 AND outcome = 'done' ORDER BY audit_id",
+        payment_id.as_uuid()
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(actions, ["payment.read", "payment.retry", "payment.read"]);
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_form_posted_from_another_origin_or_beyond_the_role_changes_nothing(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    let payment_id = dead_lettered(&pool, acme, "k-1", 60).await;
+    let alice = Browser::sign_in(&ops, "alice", "operator", None).await;
+    let viewer = Browser::sign_in(&ops, "vera", "viewer", None).await;
+    let retry = format!("/console/payments/{payment_id}/retry");
+    let confirmed = [("reason", "provider back"), ("confirmed", "yes")];
+
+    let same_site = alice.post_from("same-site", &retry, &confirmed).await;
+    let cross_site = alice.post_from("cross-site", &retry, &confirmed).await;
+    let offered = viewer.get(&format!("/console/payments/{payment_id}")).await;
+    let by_a_viewer = viewer.post(&retry, &confirmed).await;
+
+    for refused in [&same_site, &cross_site] {
+        assert_eq!(refused.status, StatusCode::FORBIDDEN);
+        assert!(refused.body.contains("must come from a page of this origin"), "{}", refused.body);
+    }
+    assert!(!offered.body.contains("Send it again"), "a viewer is offered no action");
+    assert!(offered.body.contains("cus…"), "a viewer sees the customer reference masked");
+    assert_eq!(by_a_viewer.status, StatusCode::FORBIDDEN);
+    assert_eq!(status(&pool, acme, payment_id).await, PaymentStatus::DeadLettered);
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn an_operator_limited_to_one_tenant_never_sees_anothers_payment(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    let globex = tenant(&pool, "globex").await;
+    let theirs = dead_lettered(&pool, acme, "k-acme", 60).await;
+    let ours = dead_lettered(&pool, globex, "k-globex", 60).await;
+    let browser = Browser::sign_in(&ops, "gina", "operator", Some(&["globex"])).await;
+
+    let listed = browser.get("/console/dead-letters").await;
+    let filtered = browser.get("/console/dead-letters?tenant=acme").await;
+    let page = browser.get(&format!("/console/payments/{theirs}")).await;
+    let by_id = browser.post("/console/search", &[("q", &theirs.to_string())]).await;
+    let by_key = browser.post("/console/search", &[("q", "k-acme")]).await;
+    let own = browser.post("/console/search", &[("q", "k-globex")]).await;
+    let retry = browser
+        .post(&format!("/console/payments/{theirs}/retry"), &[("reason", "mine now"), ("confirmed", "yes")])
+        .await;
+
+    assert!(listed.body.contains(&ours.to_string()) && !listed.body.contains(&theirs.to_string()));
+    assert!(!filtered.body.contains(&theirs.to_string()));
+    assert_eq!(page.status, StatusCode::NOT_FOUND);
+    for search in [&by_id, &by_key] {
+        assert_eq!(search.status, StatusCode::OK);
+        assert!(search.body.contains("No payment of a tenant you may see matches"), "{}", search.body);
+    }
+    assert_eq!(own.location, Some(format!("/console/payments/{ours}")), "one match opens the payment");
+    assert_eq!(retry.status, StatusCode::NOT_FOUND);
+    assert_eq!(status(&pool, acme, theirs).await, PaymentStatus::DeadLettered);
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn the_dead_letter_list_pages_by_age_without_repeating_or_skipping_and_filters_in_the_url(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    let mut made: Vec<PaymentId> = Vec::new();
+    for n in 0..60 {
+        made.push(dead_lettered(&pool, acme, &format!("k-{n}"), 60).await);
+    }
+    let browser = Browser::sign_in(&ops, "alice", "viewer", None).await;
+
+    let first = browser.get("/console/dead-letters?kind=unresolved&state=open").await;
+    let next = first.body.split("href=\"").find_map(|rest| {
+        let link = rest.split('"').next().unwrap();
+        // The page writes `&` as an HTML entity, which a browser reads back as `&`.
+        link.contains("after=").then(|| link.replace("&#38;", "&"))
+    });
+    let second = browser.get(next.as_deref().expect("a link to the next page")).await;
+    let conflicts = browser.get("/console/dead-letters?kind=conflict").await;
+    let bad = browser.get("/console/dead-letters?after=nonsense").await;
+
+    let on = |page: &Page| made.iter().filter(|id| page.body.contains(&id.to_string())).count();
+    assert_eq!((on(&first), on(&second)), (50, 10), "{next:?}");
+    assert!(made.iter().all(|id| first.body.contains(&id.to_string()) != second.body.contains(&id.to_string())));
+    assert!(next.unwrap().contains("kind=unresolved"), "the next page keeps the filters");
+    assert!(!second.body.contains("rel=\"next\""), "the last page links to no next one");
+    assert_eq!(on(&conflicts), 0);
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_resolution_proposed_in_the_console_is_done_when_another_operator_approves_it(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    let payment_id = dead_lettered(&pool, acme, "k-1", 60).await;
+    let alice = Browser::sign_in(&ops, "alice", "operator", None).await;
+    let bob = Browser::sign_in(&ops, "bob", "approver", None).await;
+    let resolve = format!("/console/payments/{payment_id}/resolve");
+
+    let proposed =
+        alice.post(&resolve, &[("as", "failed"), ("reason", "provider has no charge"), ("confirmed", "yes")]).await;
+    let still = status(&pool, acme, payment_id).await;
+    let alices_view = alice.get(&format!("/console/payments/{payment_id}")).await;
+    let bobs_view = bob.get(&format!("/console/payments/{payment_id}")).await;
+    let proposal_id =
+        sqlx::query_scalar!("SELECT proposal_id FROM proposals WHERE payment_id = $1", payment_id.as_uuid())
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    let approve = format!("/console/proposals/{proposal_id}/approve");
+    let by_alice = alice.post(&approve, &[("reason", "looks right"), ("confirmed", "yes")]).await;
+    let confirm = bob.post(&approve, &[("reason", "checked the provider")]).await;
+    let approved = bob.post(&approve, &[("reason", "checked the provider"), ("confirmed", "yes")]).await;
+
+    assert_eq!(proposed.location, Some(format!("/console/payments/{payment_id}?notice=proposed")));
+    assert_eq!(still, PaymentStatus::DeadLettered, "a proposal changes nothing");
+    assert!(alices_view.body.contains("Withdraw") && !alices_view.body.contains("Approve…"));
+    assert!(bobs_view.body.contains("Approve…") && bobs_view.body.contains("Reject…"));
+    assert_eq!(by_alice.status, StatusCode::FORBIDDEN, "nobody approves their own: {}", by_alice.body);
+    assert!(confirm.body.contains("is done now"), "{}", confirm.body);
+    assert_eq!(approved.location, Some(format!("/console/payments/{payment_id}?notice=approved")));
+    assert_eq!(status(&pool, acme, payment_id).await, PaymentStatus::Failed);
+}

@@ -1,0 +1,326 @@
+//! The operator console in a real browser: headless Chromium driven over WebDriver (chromedriver),
+//! against the real binaries, signing in through a real OpenID provider (oidc-provider under Node).
+//!
+//! One operator finds a dead-lettered payment by its Idempotency-Key, reads the provider's view
+//! beside the ledger, and proposes settling it; a second approves; the payment settles and the
+//! audit trail shows it. A form posted from a page of another origin is refused; an operator
+//! limited to one tenant never sees another's payment. axe-core runs on every page the test opens
+//! and must find no serious or critical problem. The test leaves two screenshots in
+//! `target/console-screenshots/` for the README.
+
+// Helpers outside `#[test]` functions unwrap too: a failure there is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use fantoccini::{Client, Locator};
+use oncepay_devkit::browser::{self, Browser};
+use oncepay_devkit::oidc::{Client as OidcClient, OidcProvider};
+use oncepay_devkit::pg::Durability;
+use oncepay_devkit::process::setting_variable;
+use oncepay_devkit::wait::wait_until;
+use oncepay_simulator::faults::FaultsPatch;
+use oncepay_tests::system::{Binaries, Provider, Role, System, SystemConfig, Timing, Topology};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use uuid::Uuid;
+
+/// How long anything the processes or the browser do may take.
+const PATIENCE: Duration = Duration::from_secs(60);
+const CLIENT_SECRET: &str = "a-client-secret-for-the-console-test";
+const KEY: &str = "order-4711";
+const PASSWORD: &str = "a long enough password";
+
+/// A browser session and what it found wrong with the pages it opened.
+struct Operator {
+    session: browser::Session,
+    ops: String,
+    /// Every serious or critical accessibility problem, with the page it was on.
+    problems: Vec<String>,
+    pages: usize,
+}
+
+impl Operator {
+    async fn new(chromedriver: &Browser, ops: &str) -> Self {
+        Self { session: chromedriver.session().await.unwrap(), ops: ops.to_owned(), problems: Vec::new(), pages: 0 }
+    }
+
+    fn client(&self) -> &Client {
+        &self.session
+    }
+
+    /// Runs axe-core on the open page and keeps what it finds.
+    async fn check(&mut self) {
+        let url = self.client().current_url().await.unwrap();
+        let found = browser::axe(self.client()).await.unwrap();
+        self.problems.extend(found.iter().map(|violation| format!("{url}: {violation}")));
+        self.pages += 1;
+    }
+
+    /// Opens `path` of the console and checks the page.
+    async fn open(&mut self, path: &str) -> String {
+        self.client().goto(&format!("{}{path}", self.ops)).await.unwrap();
+        self.check().await;
+        self.client().source().await.unwrap()
+    }
+
+    /// Waits until the open page contains `text`, checks it, and returns it.
+    async fn until(&mut self, text: &str) -> String {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            let source = self.client().source().await.unwrap();
+            if source.contains(text) {
+                self.check().await;
+                return source;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "the page never said {text:?}:\n{source}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn fill(&self, css: &str, text: &str) {
+        self.client().find(Locator::Css(css)).await.unwrap().send_keys(text).await.unwrap();
+    }
+
+    async fn click(&self, css: &str) {
+        self.client().find(Locator::Css(css)).await.unwrap().click().await.unwrap();
+    }
+
+    /// Signs in at the OpenID provider as `login`, from the console's sign-in page.
+    async fn sign_in_with_oidc(&mut self, login: &str) {
+        self.open("/console/").await;
+        self.click("a[href='/v1/session/oidc']").await;
+        let login_field = self.client().wait().at_most(PATIENCE).for_element(Locator::Css("input[name=login]"));
+        login_field.await.unwrap().send_keys(login).await.unwrap();
+        self.fill("input[name=password]", "any").await;
+        self.click("button[type=submit]").await;
+        self.until(&format!("{login} (")).await;
+    }
+
+    /// Signs in with a local password, on the console's form.
+    async fn sign_in_with_password(&mut self, name: &str) {
+        self.open("/console/sign-in").await;
+        self.fill("#name", name).await;
+        self.fill("#password", PASSWORD).await;
+        self.click("main button[type=submit]").await;
+        self.until(&format!("{name} (")).await;
+    }
+
+    /// Types `text` into the search box and waits for the page it leads to.
+    async fn search(&mut self, text: &str, then: &str) -> String {
+        self.fill("#q", text).await;
+        self.click("form.search button").await;
+        self.until(then).await
+    }
+
+    async fn screenshot(&self, name: &str) {
+        let png = self.client().screenshot().await.unwrap();
+        let dir = screenshots();
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(name), png).unwrap();
+    }
+}
+
+/// `target/console-screenshots/`, beside the test binary's profile directory.
+fn screenshots() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.ancestors().nth(3).unwrap().join("console-screenshots")
+}
+
+/// Makes an operator through the operations API as the system's admin.
+async fn make_operator(system: &System, body: Value) {
+    let http = reqwest::Client::new();
+    let ops = &system.operations_urls()[0];
+    let name = body["name"].as_str().unwrap().to_owned();
+    let made = http.post(format!("{ops}/v1/operators")).bearer_auth(system.admin_token()).json(&body).send().await;
+    assert_eq!(made.unwrap().status(), 201);
+    let password = json!({ "password": PASSWORD, "reason": "first sign-in" });
+    let set = http
+        .put(format!("{ops}/v1/operators/{name}/password"))
+        .bearer_auth(system.admin_token())
+        .json(&password)
+        .send()
+        .await;
+    assert_eq!(set.unwrap().status(), 204);
+}
+
+async fn status_of(pool: &PgPool, payment_id: Uuid) -> String {
+    sqlx::query_scalar!("SELECT status::text AS \"status!\" FROM payments WHERE payment_id = $1", payment_id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Serves, on a port of its own (another origin, the same site), a page whose form posts `fields`
+/// to `target`, as a page an attacker made would.
+async fn other_origin(target: String, fields: &[(&str, &str)]) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/", listener.local_addr().unwrap());
+    let inputs: String = fields
+        .iter()
+        .map(|(name, value)| format!("<input type=\"hidden\" name=\"{name}\" value=\"{value}\">"))
+        .collect();
+    let page = format!(
+        "<!doctype html><html lang=\"en\"><title>Win a prize</title><form method=\"post\" action=\"{target}\">\
+         {inputs}<button id=\"go\">Claim</button></form></html>"
+    );
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let mut request = [0_u8; 4096];
+            let _ = stream.read(&mut request).await;
+            let response = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{page}",
+                page.len()
+            );
+            let _ = stream.write_all(response.as_bytes()).await;
+        }
+    });
+    url
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_find_propose_and_approve_in_a_real_browser_and_see_only_their_tenants() {
+    let timing = Timing { poller_max_attempts: 2, ..Timing::default() };
+    let mut system = System::start(SystemConfig {
+        binaries: Binaries::built().unwrap(),
+        topology: Topology { apis: 1, workers: 1, reconcilers: 1 },
+        tenants: vec!["acme".into(), "globex".into()],
+        durability: Durability::Fast,
+        timing,
+        provider: Provider::Simulator { seed: 0xC0_501E },
+        log_dir: None,
+        env: Vec::new(),
+    })
+    .await
+    .unwrap();
+    let ops = system.operations_urls()[0].clone();
+    let client = OidcClient {
+        client_id: "oncepay-console".into(),
+        client_secret: CLIENT_SECRET.into(),
+        redirect_uris: vec![format!("{ops}/v1/session/oidc/callback")],
+    };
+    let provider = OidcProvider::start(&[client], None, system.log_dir()).await.unwrap();
+    let oidc = [
+        ("operators.oidc.issuer", provider.issuer().to_owned()),
+        ("operators.oidc.client_id", "oncepay-console".to_owned()),
+        ("operators.oidc.client_secret", CLIENT_SECRET.to_owned()),
+        ("operators.oidc.redirect_uri", format!("{ops}/v1/session/oidc/callback")),
+    ];
+    let oidc: Vec<(String, String)> = oidc.into_iter().map(|(key, value)| (setting_variable(key), value)).collect();
+    system.restart(Role::Reconciler, 0, &oidc).await.unwrap();
+    make_operator(
+        &system,
+        json!({ "name": "alice", "role": "operator", "oidc_subject": "alice", "reason": "on call" }),
+    )
+    .await;
+    make_operator(&system, json!({ "name": "bob", "role": "approver", "oidc_subject": "bob", "reason": "lead" })).await;
+    let limited = json!({ "name": "carol", "role": "operator", "tenants": ["globex"], "reason": "globex's support" });
+    make_operator(&system, limited).await;
+
+    // A charge the provider made but whose answer never arrived, whose lookups fail until the
+    // poller gives up, and whose webhook is lost: a dead letter only a person can settle.
+    let simulator = system.simulator().unwrap();
+    let faults = FaultsPatch {
+        error_after_rate: Some(1.0),
+        lookup_error_rate: Some(1.0),
+        webhook_drop_rate: Some(1.0),
+        ..Default::default()
+    };
+    simulator.set_faults(&faults).await.unwrap();
+    let acme = system.tenants()[0].clone();
+    let accepted: Value = reqwest::Client::new()
+        .post(format!("{}/v1/payments", system.api_urls()[0]))
+        .bearer_auth(&acme.api_key)
+        .header("Idempotency-Key", KEY)
+        .json(&json!({ "amount": 1999, "currency": "EUR", "customer_id": "cus_4711" }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let payment_id: Uuid = accepted["id"].as_str().unwrap().parse().unwrap();
+    let pool = system.pool().clone();
+    let dead_lettered = || async { (status_of(&pool, payment_id).await == "dead_lettered").then_some(()) };
+    wait_until("the payment is dead-lettered", PATIENCE, dead_lettered).await.unwrap();
+    simulator.set_faults(&FaultsPatch { lookup_error_rate: Some(0.0), ..Default::default() }).await.unwrap();
+
+    let chromedriver = Browser::start(system.log_dir()).await.unwrap();
+    let mut alice = Operator::new(&chromedriver, &ops).await;
+    alice.sign_in_with_oidc("alice").await;
+    let found = alice.search(KEY, "Ask the provider now").await;
+    assert!(found.contains(&payment_id.to_string()) && found.contains("dead_lettered"));
+    alice.click("main form[method=get] button").await;
+    let compared = alice.until("disagree").await;
+    assert!(compared.contains("but oncepay's ledger books no charge"), "{compared}");
+    alice.screenshot("payment.png").await;
+    let charge_id = alice.client().find(Locator::Css("main table td")).await.unwrap().text().await.unwrap();
+    assert!(!charge_id.is_empty());
+    alice.fill("#succeeded-charge", &charge_id).await;
+    alice.fill("#succeeded-reason", "the provider took the money; its answer was lost").await;
+    alice.click("form:has(#succeeded-charge) button").await;
+    alice.until("Confirm: what will happen").await;
+    alice.click("main form button").await;
+    let proposed = alice.until("Proposed: nothing changes").await;
+    assert!(proposed.contains("Withdraw"), "the proposer may withdraw, not approve");
+    assert_eq!(status_of(&pool, payment_id).await, "dead_lettered");
+
+    // A page of another origin posts a resend with Alice's session: refused, nothing done.
+    let target = format!("{ops}/console/payments/{payment_id}/retry");
+    let attack = other_origin(target, &[("reason", "free money"), ("confirmed", "yes")]).await;
+    alice.client().goto(&attack).await.unwrap();
+    alice.click("#go").await;
+    alice.until("must come from a page of this origin").await;
+
+    let mut bob = Operator::new(&chromedriver, &ops).await;
+    bob.sign_in_with_oidc("bob").await;
+    // The overview's figures refresh themselves: its script polls under the page's strict policy.
+    let as_of =
+        || async { bob.client().find(Locator::Css("#live-figures p.muted")).await.unwrap().text().await.unwrap() };
+    let first = as_of().await;
+    let refreshed = wait_until("the overview refreshes itself", PATIENCE, || async {
+        let now = as_of().await;
+        (now != first).then_some(now)
+    });
+    refreshed.await.unwrap();
+    let overview = bob.client().source().await.unwrap();
+    assert!(overview.contains("/console/dead-letters?kind=unresolved"), "the open dead letter is counted");
+    bob.screenshot("overview.png").await;
+    bob.open("/console/proposals").await;
+    bob.click(&format!("a[href='/console/payments/{payment_id}']")).await;
+    bob.until("Waiting for approval").await;
+    bob.fill("#approve-reason", "checked the charge at the provider").await;
+    bob.click("form[action$='/approve'] button").await;
+    bob.until("Confirm: what will happen").await;
+    bob.click("main form button").await;
+    let settled = bob.until("Approved and done").await;
+    assert!(settled.contains("succeeded") && settled.contains(&charge_id), "{settled}");
+    assert_eq!(status_of(&pool, payment_id).await, "succeeded");
+    let trail = bob.open("/console/audit?action=proposal.approve").await;
+    assert!(trail.contains("bob") && trail.contains(&payment_id.to_string()), "{trail}");
+    bob.open("/console/dead-letters?state=all").await;
+    bob.open("/console/recon").await;
+    bob.open("/console/").await;
+
+    let mut carol = Operator::new(&chromedriver, &ops).await;
+    carol.sign_in_with_password("carol").await;
+    let nothing = carol.search(KEY, "No payment of a tenant you may see matches").await;
+    assert!(!nothing.contains(&payment_id.to_string()));
+    let hidden = carol.open(&format!("/console/payments/{payment_id}")).await;
+    assert!(hidden.contains("Not found") && !hidden.contains(&charge_id), "{hidden}");
+    let listed = carol.open("/console/dead-letters?state=all").await;
+    assert!(!listed.contains(&payment_id.to_string()));
+
+    let problems: Vec<String> =
+        [&alice, &bob, &carol].iter().flat_map(|operator| operator.problems.iter().cloned()).collect();
+    assert!(problems.is_empty(), "axe-core found serious problems:\n{}", problems.join("\n"));
+    assert!(alice.pages + bob.pages + carol.pages >= 15, "axe-core ran on every page opened");
+    for operator in [alice, bob, carol] {
+        operator.session.close().await.unwrap();
+    }
+    chromedriver.stop().await.unwrap();
+    provider.stop().await.unwrap();
+}
