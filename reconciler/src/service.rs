@@ -81,13 +81,15 @@ pub async fn serve(settings: Settings, shutdown: CancellationToken) -> anyhow::R
                     None => None,
                 },
             };
+            let bulk_retrier = operators::api::BulkRetrier::new(state.clone());
             let server =
                 operators::api::server(listener, state, workers.min(2)).context("cannot start the operations API")?;
             tracing::info!(http.address = %address, "operations API listening");
-            Some(server)
+            Some((server, bulk_retrier))
         }
         None => None,
     };
+    let (operations, bulk_retrier) = operations.unzip();
     let operations_handle = operations.as_ref().map(actix_web::dev::Server::handle);
     let operations_running = operations.map(tokio::spawn);
     let ops_handle = apart.as_ref().map(|apart| apart.server.handle());
@@ -133,6 +135,9 @@ pub async fn serve(settings: Settings, shutdown: CancellationToken) -> anyhow::R
     spawn(&mut loops, sweeper, &shutdown);
     spawn(&mut loops, reaper, &shutdown);
     spawn(&mut loops, backlog, &shutdown);
+    if let Some(bulk_retrier) = bulk_retrier {
+        spawn(&mut loops, bulk_retrier, &shutdown);
+    }
     let token = shutdown.clone();
     loops.spawn(async move {
         let scheduled = recon.run(token.clone()).await;

@@ -183,7 +183,9 @@ async fn other_origin(target: String, fields: &[(&str, &str)]) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operators_find_propose_and_approve_in_a_real_browser_and_see_only_their_tenants() {
-    let timing = Timing { poller_max_attempts: 2, ..Timing::default() };
+    // A key window long enough that the bulk retry below resends inside it, whatever the pace.
+    let timing =
+        Timing { poller_max_attempts: 2, key_window_secs: 600, key_window_margin_secs: 60, ..Timing::default() };
     let mut system = System::start(SystemConfig {
         binaries: Binaries::built().unwrap(),
         topology: Topology { apis: 1, workers: 1, reconcilers: 1 },
@@ -230,22 +232,31 @@ async fn operators_find_propose_and_approve_in_a_real_browser_and_see_only_their
         ..Default::default()
     };
     simulator.set_faults(&faults).await.unwrap();
-    let acme = system.tenants()[0].clone();
-    let accepted: Value = reqwest::Client::new()
-        .post(format!("{}/v1/payments", system.api_urls()[0]))
-        .bearer_auth(&acme.api_key)
-        .header("Idempotency-Key", KEY)
-        .json(&json!({ "amount": 1999, "currency": "EUR", "customer_id": "cus_4711" }))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let payment_id: Uuid = accepted["id"].as_str().unwrap().parse().unwrap();
+    let accept = |tenant: usize, key: &'static str| {
+        let tenant = system.tenants()[tenant].clone();
+        let api = system.api_urls()[0].clone();
+        async move {
+            let accepted: Value = reqwest::Client::new()
+                .post(format!("{api}/v1/payments"))
+                .bearer_auth(&tenant.api_key)
+                .header("Idempotency-Key", key)
+                .json(&json!({ "amount": 1999, "currency": "EUR", "customer_id": "cus_4711" }))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            accepted["id"].as_str().unwrap().parse::<Uuid>().unwrap()
+        }
+    };
+    let payment_id = accept(0, KEY).await;
+    let globex_payment = accept(1, "order-4712").await;
     let pool = system.pool().clone();
-    let dead_lettered = || async { (status_of(&pool, payment_id).await == "dead_lettered").then_some(()) };
-    wait_until("the payment is dead-lettered", PATIENCE, dead_lettered).await.unwrap();
+    for id in [payment_id, globex_payment] {
+        let dead_lettered = || async { (status_of(&pool, id).await == "dead_lettered").then_some(()) };
+        wait_until("the payment is dead-lettered", PATIENCE, dead_lettered).await.unwrap();
+    }
     simulator.set_faults(&FaultsPatch { lookup_error_rate: Some(0.0), ..Default::default() }).await.unwrap();
 
     let chromedriver = Browser::start(system.log_dir()).await.unwrap();
@@ -311,8 +322,25 @@ async fn operators_find_propose_and_approve_in_a_real_browser_and_see_only_their
     assert!(!nothing.contains(&payment_id.to_string()));
     let hidden = carol.open(&format!("/console/payments/{payment_id}")).await;
     assert!(hidden.contains("Not found") && !hidden.contains(&charge_id), "{hidden}");
-    let listed = carol.open("/console/dead-letters?state=all").await;
-    assert!(!listed.contains(&payment_id.to_string()));
+    let listed = carol.open("/console/dead-letters").await;
+    assert!(!listed.contains(&payment_id.to_string()) && listed.contains(&globex_payment.to_string()));
+    // Carol resends every open dead letter of hers at once; the reconciler works the job.
+    carol.fill("#bulk-reason", "the provider is back").await;
+    carol.click("form[action='/console/bulk-retries'] button").await;
+    carol.until("Confirm: retry 1 payment").await;
+    carol.click("main form button").await;
+    let job = carol.until("Bulk retry").await;
+    assert!(job.contains(&globex_payment.to_string()), "{job}");
+    let job_url = carol.client().current_url().await.unwrap();
+    let retried = wait_until("the bulk retry resends the payment", PATIENCE, || async {
+        carol.client().goto(job_url.as_str()).await.unwrap();
+        let page = carol.client().source().await.unwrap();
+        page.contains("finished").then_some(page)
+    });
+    assert!(retried.await.unwrap().contains("<td>retried</td><td>sent again</td>"));
+    carol.check().await;
+    let settled = || async { (status_of(&pool, globex_payment).await == "succeeded").then_some(()) };
+    wait_until("the resent payment settles", PATIENCE, settled).await.unwrap();
 
     let problems: Vec<String> =
         [&alice, &bob, &carol].iter().flat_map(|operator| operator.problems.iter().cloned()).collect();

@@ -6,6 +6,8 @@
 
 use oncepay_domain::ids::PaymentId;
 use oncepay_domain::status::PaymentStatus;
+use oncepay_reconciler::operators::api::BulkRetrier;
+use oncepay_reconciler::runner::Pass;
 use oncepay_store::fixtures::tenant;
 use reqwest::header::{CONTENT_SECURITY_POLICY, LOCATION, SET_COOKIE};
 use reqwest::{Method, StatusCode};
@@ -273,4 +275,80 @@ async fn a_resolution_proposed_in_the_console_is_done_when_another_operator_appr
     assert!(confirm.body.contains("is done now"), "{}", confirm.body);
     assert_eq!(approved.location, Some(format!("/console/payments/{payment_id}?notice=approved")));
     assert_eq!(status(&pool, acme, payment_id).await, PaymentStatus::Failed);
+}
+
+/// The value of the hidden input `name` of a page.
+fn hidden(page: &Page, name: &str) -> String {
+    let marker = format!("name=\"{name}\" value=\"");
+    let start = page.body.find(&marker).unwrap_or_else(|| panic!("no {name} in {}", page.body)) + marker.len();
+    page.body[start..].split('"').next().unwrap().to_owned()
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_bulk_retry_resends_exactly_the_payments_shown_and_a_new_worker_finishes_it(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    let globex = tenant(&pool, "globex").await;
+    let fresh = [dead_lettered(&pool, acme, "k-1", 60).await, dead_lettered(&pool, acme, "k-2", 60).await];
+    let past_the_window = dead_lettered(&pool, acme, "k-old", 2 * 86_400).await;
+    let other_tenant = dead_lettered(&pool, globex, "k-globex", 60).await;
+    let alice = Browser::sign_in(&ops, "alice", "operator", None).await;
+    let filter = [("kind", "unresolved"), ("tenant", "acme"), ("older_than", ""), ("reason", "provider back")];
+
+    let listed = alice.get("/console/dead-letters?tenant=acme").await;
+    let shown = alice.post("/console/bulk-retries", &filter).await;
+    let late = dead_lettered(&pool, acme, "k-late", 60).await;
+    let payments = hidden(&shown, "payments");
+    let mut confirmed = filter.to_vec();
+    confirmed.extend([("payments", payments.as_str()), ("confirmed", "yes")]);
+    let created = alice.post("/console/bulk-retries", &confirmed).await;
+    let job = created.location.clone().expect("the job's page");
+    let waiting = alice.get(&job).await;
+    // One worker resends one payment and stops, as a reconciler that restarts would; another
+    // finishes the rest.
+    assert!(BulkRetrier::new(ops.state.clone()).pass().await.unwrap());
+    let second = BulkRetrier::new(ops.state.clone());
+    while second.pass().await.unwrap() {}
+    let finished = alice.get(&job).await;
+
+    assert!(listed.body.contains("Retry all that match"), "{}", listed.body);
+    assert_eq!(shown.status, StatusCode::OK);
+    assert!(shown.body.contains("Confirm: retry 3 payments"), "{}", shown.body);
+    assert!(!payments.contains(&other_tenant.to_string()));
+    assert!(job.starts_with("/console/bulk-retries/"), "{job}");
+    assert!(waiting.body.contains("running"), "{}", waiting.body);
+    assert!(finished.body.contains("finished"), "{}", finished.body);
+    for payment_id in fresh {
+        assert_eq!(status(&pool, acme, payment_id).await, PaymentStatus::Pending);
+    }
+    assert_eq!(status(&pool, acme, past_the_window).await, PaymentStatus::DeadLettered);
+    assert!(finished.body.contains("refused"), "{}", finished.body);
+    assert_eq!(status(&pool, acme, late).await, PaymentStatus::DeadLettered, "not in the frozen selection");
+    assert_eq!(status(&pool, globex, other_tenant).await, PaymentStatus::DeadLettered);
+    let retries =
+        sqlx::query!("SELECT payment_id, outcome FROM operator_audit WHERE action = 'payment.retry' ORDER BY audit_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let done: Vec<_> = retries.iter().filter(|r| r.outcome == "done").map(|r| r.payment_id.unwrap()).collect();
+    assert_eq!(done.len(), 2, "each payment resent once: {retries:?}");
+    assert!(retries.iter().any(|r| r.outcome == "refused" && r.payment_id == Some(past_the_window.as_uuid())));
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_bulk_retry_of_payments_the_operator_may_not_see_is_refused_whole(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    tenant(&pool, "globex").await;
+    let theirs = dead_lettered(&pool, acme, "k-acme", 60).await;
+    let gina = Browser::sign_in(&ops, "gina", "operator", Some(&["globex"])).await;
+    let theirs_text = theirs.to_string();
+    let forged = [("reason", "mine now"), ("payments", theirs_text.as_str()), ("confirmed", "yes")];
+
+    let refused = gina.post("/console/bulk-retries", &forged).await;
+
+    assert_eq!(refused.status, StatusCode::NOT_FOUND, "{}", refused.body);
+    let jobs = sqlx::query_scalar!("SELECT count(*) FROM bulk_retries").fetch_one(&pool).await.unwrap();
+    assert_eq!(jobs, Some(0));
+    assert_eq!(status(&pool, acme, theirs).await, PaymentStatus::DeadLettered);
 }

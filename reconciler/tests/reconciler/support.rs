@@ -201,6 +201,8 @@ pub struct Ops {
     http: reqwest::Client,
     /// The first admin's token.
     pub admin: String,
+    /// What its handlers share, for a test that works bulk retries as the service would.
+    pub state: OperatorsState,
 }
 
 impl Ops {
@@ -228,10 +230,10 @@ impl Ops {
             oidc,
             recon: settings.recon_config(),
         };
-        tokio::spawn(api::server(listener, state, 1).unwrap());
+        tokio::spawn(api::server(listener, state.clone(), 1).unwrap());
         let mut conn = pool.acquire().await.unwrap();
         let admin = accounts::bootstrap(&mut conn, "root", Duration::from_secs(DAY)).await.unwrap().token;
-        Self { url, http: reqwest::Client::new(), admin }
+        Self { url, http: reqwest::Client::new(), admin, state }
     }
 
     pub async fn call(&self, token: &str, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {

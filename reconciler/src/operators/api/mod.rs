@@ -46,10 +46,12 @@ use crate::dead_letters::queries::{self, Filter};
 use crate::dead_letters::reports::Resolved;
 use crate::operator_error::OperatorError;
 
+mod bulk_retries;
 mod console;
 mod signing_in;
 mod tenants;
 
+pub use bulk_retries::BulkRetrier;
 use signing_in::{Caller, caller};
 
 /// How long in-flight requests may take to finish once shutdown starts.
@@ -360,7 +362,8 @@ async fn retry(
             let entry = Entry::new("payment.retry", Outcome::Done).on_payment(payment_id);
             let outcome = async {
                 let asked: RetryBody = body(&bytes)?;
-                retry_payment(&state, &caller, payment_id, &asked.reason, asked.outside_key_window).await
+                let mut conn = state.pool.acquire().await.context("cannot reach the database")?;
+                retry_payment(&state, &mut conn, &caller, payment_id, &asked.reason, asked.outside_key_window).await
             };
             change(&state, &caller, entry, outcome.await.map(acted)).await
         }
@@ -375,20 +378,21 @@ fn acted(acted: Acted) -> HttpResponse {
 }
 
 /// Resends dead-lettered payment `payment_id`, or proposes the resend when it is past the provider's
-/// key window or every resend needs approval. Refusals are the caller's to record ([`change`]).
+/// key window or every resend needs approval. On `conn`, in a transaction of its own (a savepoint,
+/// when `conn` is already in one). Refusals are the caller's to record ([`change`]).
 async fn retry_payment(
     state: &OperatorsState,
+    conn: &mut PgConnection,
     caller: &Caller,
     payment_id: PaymentId,
     reason: &str,
     outside_key_window: bool,
 ) -> Result<Acted, OperatorError> {
     caller.account.require(Role::Operator, "retry a payment")?;
-    let mut conn = state.pool.acquire().await.context("cannot reach the database")?;
     if outside_key_window || state.retries_need_approval {
         let action = Proposed::Retry { outside_key_window };
         let proposal = proposals::propose(
-            &mut conn,
+            conn,
             &caller.account,
             caller.source.as_deref(),
             payment_id,
@@ -400,7 +404,7 @@ async fn retry_payment(
         return Ok(Acted::Proposed { proposal });
     }
     let entry = Entry::new("payment.retry", Outcome::Done).on_payment(payment_id);
-    let done = directly(&mut conn, caller, entry, payment_id, reason, Direct::Retry, state).await?;
+    let done = directly(conn, caller, entry, payment_id, reason, Direct::Retry, state).await?;
     Ok(Acted::Done(done))
 }
 

@@ -33,6 +33,8 @@ pub(super) enum Via {
     Token,
     /// A session, signed in at this time.
     Session(OffsetDateTime),
+    /// A bulk retry, acting for the operator who confirmed it.
+    Job,
 }
 
 /// The operator a request acts as, how they proved it, and where the request came from.

@@ -332,9 +332,12 @@ pub(super) async fn act_on_payment(
     let audit_action = if action == "retry" { "payment.retry" } else { "payment.resolve" };
     let entry = Entry::new(audit_action, Outcome::Done).on_payment(payment_id);
     let outcome = match change_asked {
-        PaymentChange::Retry { outside_key_window } => {
-            retry_payment(&state, &caller, payment_id, &form.reason, outside_key_window).await
-        }
+        PaymentChange::Retry { outside_key_window } => match state.pool.acquire().await {
+            Ok(mut conn) => {
+                retry_payment(&state, &mut conn, &caller, payment_id, &form.reason, outside_key_window).await
+            }
+            Err(error) => Err(OperatorError::Failed(anyhow::Error::new(error).context("cannot reach the database"))),
+        },
         PaymentChange::Resolve(decision) => resolve_payment(&state, &caller, payment_id, decision, &form.reason).await,
     };
     let notice = |acted: &Acted| match (acted, action.as_str()) {

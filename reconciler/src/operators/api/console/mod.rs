@@ -21,6 +21,7 @@ use super::{OperatorsState, connection, problem};
 use crate::operators::{Account, Role};
 
 mod assets;
+mod bulk;
 mod forms;
 mod pages;
 mod provider_view;
@@ -57,6 +58,8 @@ pub(super) fn configure(config: &mut web::ServiceConfig) {
             .route("/search", web::post().to(forms::search))
             .route("/payments/{payment_id}", web::get().to(pages::payment))
             .route("/payments/{payment_id}/{action}", web::post().to(forms::act_on_payment))
+            .route("/bulk-retries", web::post().to(bulk::create))
+            .route("/bulk-retries/{bulk_retry_id}", web::get().to(bulk::show))
             .route("/proposals", web::get().to(pages::proposals))
             .route("/proposals/{proposal_id}/{decision}", web::post().to(forms::decide))
             .route("/audit", web::get().to(pages::audit))

@@ -276,6 +276,11 @@ struct DeadLettersPage {
     lines: Vec<DeadLetterLine>,
     /// The next page's URL, when there is one.
     next: Option<String>,
+    /// Whether the list shows open entries only, which a bulk retry can resend.
+    open: bool,
+    filter_kind: String,
+    filter_tenant: String,
+    filter_older_than: String,
 }
 
 const KINDS: [(&str, &str); 3] = [("", "any kind"), ("unresolved", "unresolved"), ("conflict", "conflict")];
@@ -366,6 +371,10 @@ pub(super) async fn dead_letters(state: web::Data<OperatorsState>, request: Http
                 ages: choices(&AGES, older_than.as_deref().unwrap_or("")),
                 lines,
                 next,
+                open: entry_state == EntryState::Open,
+                filter_kind: kind.unwrap_or_default(),
+                filter_tenant: tenant.unwrap_or_default(),
+                filter_older_than: older_than.unwrap_or_default(),
             };
             Ok(html(StatusCode::OK, &page))
         }
