@@ -1,5 +1,5 @@
 //! Operator commands for tenants, their API keys and provider accounts: `tenants
-//! create|list|connect|disconnect`, `keys issue|revoke`.
+//! create|list|connect|disconnect`, `keys issue|revoke`, and the console's list of a tenant's keys.
 //!
 //! The store functions are `oncepay_store::tenants`; this module adds the operator's view.
 //! A new key's token is printed exactly once, by the command that made it, with a line saying it
@@ -204,6 +204,31 @@ pub async fn issue_key(conn: &mut PgConnection, tenant_name: &str) -> Result<Iss
         key_id: key.key_id.to_string(),
         api_key: api_key::reveal(&key).to_owned(),
     })
+}
+
+/// An API key as operators see it: never its secret.
+#[derive(Debug, Clone)]
+pub struct KeyView {
+    /// Its public id.
+    pub key_id: String,
+    /// When it was issued.
+    pub created_at: OffsetDateTime,
+    /// When it was revoked, if it was.
+    pub revoked_at: Option<OffsetDateTime>,
+}
+
+/// The API keys of tenant `name`, newest first.
+pub async fn keys(conn: &mut PgConnection, name: &str) -> Result<Vec<KeyView>, OperatorError> {
+    let tenant = find(conn, name).await?;
+    let keys = sqlx::query_as!(
+        KeyView,
+        "SELECT key_id, created_at, revoked_at FROM api_keys WHERE tenant_id = $1 ORDER BY created_at DESC, key_id",
+        tenant.tenant_id.as_uuid(),
+    )
+    .fetch_all(conn)
+    .await
+    .context("cannot read the tenant's keys")?;
+    Ok(keys)
 }
 
 /// A revoked key.

@@ -342,11 +342,28 @@ async fn operators_find_propose_and_approve_in_a_real_browser_and_see_only_their
     let settled = || async { (status_of(&pool, globex_payment).await == "succeeded").then_some(()) };
     wait_until("the resent payment settles", PATIENCE, settled).await.unwrap();
 
+    // The administration pages, as the system's first admin.
+    let password = json!({ "password": PASSWORD, "reason": "to use the console" });
+    let set = reqwest::Client::new()
+        .put(format!("{ops}/v1/operators/oncepay-tests/password"))
+        .bearer_auth(system.admin_token())
+        .json(&password)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(set.status(), 204);
+    let mut admin = Operator::new(&chromedriver, &ops).await;
+    admin.sign_in_with_password("oncepay-tests").await;
+    let tenants = admin.open("/console/tenants").await;
+    assert!(tenants.contains("acme") && tenants.contains("globex") && tenants.contains("Issue…"));
+    let operators = admin.open("/console/operators").await;
+    assert!(operators.contains("carol") && operators.contains("globex"));
+
     let problems: Vec<String> =
-        [&alice, &bob, &carol].iter().flat_map(|operator| operator.problems.iter().cloned()).collect();
+        [&alice, &bob, &carol, &admin].iter().flat_map(|operator| operator.problems.iter().cloned()).collect();
     assert!(problems.is_empty(), "axe-core found serious problems:\n{}", problems.join("\n"));
-    assert!(alice.pages + bob.pages + carol.pages >= 15, "axe-core ran on every page opened");
-    for operator in [alice, bob, carol] {
+    assert!(alice.pages + bob.pages + carol.pages + admin.pages >= 20, "axe-core ran on every page opened");
+    for operator in [alice, bob, carol, admin] {
         operator.session.close().await.unwrap();
     }
     chromedriver.stop().await.unwrap();

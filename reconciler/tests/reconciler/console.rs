@@ -352,3 +352,70 @@ async fn a_bulk_retry_of_payments_the_operator_may_not_see_is_refused_whole(pool
     assert_eq!(jobs, Some(0));
     assert_eq!(status(&pool, acme, theirs).await, PaymentStatus::DeadLettered);
 }
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn admins_issue_and_revoke_keys_and_manage_operators_in_the_console_and_others_are_refused(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    let ada = Browser::sign_in(&ops, "ada", "admin", None).await;
+    let vera = Browser::sign_in(&ops, "vera", "viewer", None).await;
+    let keys = || async {
+        sqlx::query!("SELECT key_id, revoked_at FROM api_keys WHERE tenant_id = $1 ORDER BY created_at", acme.as_uuid())
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+    };
+    let issue = [("reason", "rotating"), ("confirmed", "yes")];
+
+    let listed = ada.get("/console/tenants").await;
+    let confirm = ada.post("/console/tenants/acme/keys", &[("reason", "rotating")]).await;
+    let issued = ada.post("/console/tenants/acme/keys", &issue).await;
+    let after_issue = keys().await;
+    let by_a_viewer = vera.post("/console/tenants/acme/keys", &issue).await;
+    let viewers_list = vera.get("/console/tenants").await;
+    let first = after_issue[0].key_id.clone();
+    let revoke = format!("/console/tenants/acme/keys/{first}/revoke");
+    let revoked = ada.post(&revoke, &[("reason", "leaked"), ("confirmed", "yes")]).await;
+    let created = ada
+        .post(
+            "/console/operators",
+            &[("name", "otto"), ("role", "operator"), ("tenants", "acme"), ("reason", "joins"), ("confirmed", "yes")],
+        )
+        .await;
+    let changed = ada
+        .post(
+            "/console/operators/otto",
+            &[("role", "approver"), ("tenants", ""), ("reason", "promoted"), ("confirmed", "yes")],
+        )
+        .await;
+    let operators = ada.get("/console/operators").await;
+    let disabled = ada.post("/console/operators/otto/disable", &[("reason", "left"), ("confirmed", "yes")]).await;
+    let operators_for_a_viewer = vera.get("/console/operators").await;
+
+    assert!(listed.body.contains("acme") && listed.body.contains("Issue…"), "{}", listed.body);
+    assert!(confirm.body.contains("Another API key is issued to acme"), "{}", confirm.body);
+    assert_eq!(issued.status, StatusCode::OK);
+    assert!(issued.body.contains("opk_") && issued.body.contains("shown once"), "{}", issued.body);
+    assert_eq!(after_issue.len(), 1, "the fixture's tenant has no key of its own");
+    assert_eq!(by_a_viewer.status, StatusCode::FORBIDDEN);
+    assert_eq!(keys().await.len(), 1, "a refused issue makes no key");
+    assert!(viewers_list.body.contains("acme") && !viewers_list.body.contains("Issue…"));
+    assert!(!viewers_list.body.contains("opk_"), "no page ever shows a stored key");
+    assert_eq!(revoked.location.as_deref(), Some("/console/tenants?notice=key_revoked"));
+    assert!(keys().await[0].revoked_at.is_some());
+    assert_eq!(created.location.as_deref(), Some("/console/operators?notice=operator_created"));
+    assert_eq!(changed.location.as_deref(), Some("/console/operators?notice=operator_changed"), "{}", changed.body);
+    assert!(operators.body.contains("otto") && operators.body.contains("approver"), "{}", operators.body);
+    assert_eq!(disabled.location.as_deref(), Some("/console/operators?notice=operator_disabled"));
+    assert_eq!(operators_for_a_viewer.status, StatusCode::FORBIDDEN);
+    let trail = sqlx::query_scalar!(
+        "SELECT action FROM operator_audit WHERE operator_name = 'ada' AND outcome = 'done' ORDER BY audit_id"
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        trail,
+        ["session.sign_in", "key.issue", "key.revoke", "operator.create", "operator.update", "operator.disable"]
+    );
+}

@@ -739,33 +739,38 @@ async fn create_operator(state: web::Data<OperatorsState>, request: HttpRequest,
     respond(
         async {
             let caller = caller(&state, &request).await?;
+            let outcome = async {
+                let asked: NewOperatorBody = body(&bytes)?;
+                let new = NewOperator {
+                    name: &asked.name,
+                    role: asked.role,
+                    tenants: asked.tenants.as_deref(),
+                    oidc_subject: asked.oidc_subject.as_deref(),
+                };
+                make_operator(&state, &caller, &new, &asked.reason).await
+            };
             let entry = Entry::new("operator.create", Outcome::Done);
-            change(
-                &state,
-                &caller,
-                entry.clone(),
-                async {
-                    let asked: NewOperatorBody = body(&bytes)?;
-                    manage_operators(&caller, "create an operator")?;
-                    let reason = require_reason(&asked.reason)?;
-                    let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
-                    let new = NewOperator {
-                        name: &asked.name,
-                        role: asked.role,
-                        tenants: asked.tenants.as_deref(),
-                        oidc_subject: asked.oidc_subject.as_deref(),
-                    };
-                    let created = accounts::create(&mut tx, &new, &caller.account.name).await?;
-                    audit::record(&mut tx, &caller.actor(), &entry.reason(reason).after(json!(created))).await?;
-                    tx.commit().await.context("cannot commit the new operator")?;
-                    Ok(ok(StatusCode::CREATED, &created))
-                }
-                .await,
-            )
-            .await
+            change(&state, &caller, entry, outcome.await.map(|created| ok(StatusCode::CREATED, &created))).await
         }
         .await,
     )
+}
+
+/// Makes operator `new` (an admin of every tenant), with its audit row.
+async fn make_operator(
+    state: &OperatorsState,
+    caller: &Caller,
+    new: &NewOperator<'_>,
+    reason: &str,
+) -> Result<accounts::OperatorView, OperatorError> {
+    manage_operators(caller, "create an operator")?;
+    let reason = require_reason(reason)?;
+    let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
+    let created = accounts::create(&mut tx, new, &caller.account.name).await?;
+    let entry = Entry::new("operator.create", Outcome::Done).reason(reason).after(json!(created));
+    audit::record(&mut tx, &caller.actor(), &entry).await?;
+    tx.commit().await.context("cannot commit the new operator")?;
+    Ok(created)
 }
 
 #[derive(Debug, Deserialize)]
@@ -791,30 +796,43 @@ async fn update_operator(
     respond(
         async {
             let caller = caller(&state, &request).await?;
-            let entry = Entry::new("operator.update", Outcome::Done);
             let outcome = async {
                 let asked: ChangesBody = body(&bytes)?;
-                manage_operators(&caller, "change an operator")?;
-                let reason = require_reason(&asked.reason)?;
-                let tenants = match (asked.every_tenant, asked.tenants.as_deref()) {
+                let tenants = match (asked.every_tenant, asked.tenants) {
                     (true, Some(_)) => {
                         return Err(OperatorError::Invalid("give tenants or every_tenant, not both".into()));
                     }
                     (true, None) => Some(None),
                     (false, tenants) => tenants.map(Some),
                 };
-                let changes = accounts::Changes { role: asked.role, tenants };
-                let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
-                let (before, after) = accounts::update(&mut tx, &caller.account, &path, &changes).await?;
-                let entry = entry.clone().reason(reason).before(json!(before)).after(json!(after));
-                audit::record(&mut tx, &caller.actor(), &entry).await?;
-                tx.commit().await.context("cannot commit the change")?;
-                Ok(ok(StatusCode::OK, &after))
+                change_operator(&state, &caller, &path, asked.role, tenants, &asked.reason).await
             };
-            change(&state, &caller, entry.clone(), outcome.await).await
+            let entry = Entry::new("operator.update", Outcome::Done);
+            change(&state, &caller, entry, outcome.await.map(|after| ok(StatusCode::OK, &after))).await
         }
         .await,
     )
+}
+
+/// Changes another operator's `role` and `tenants` (`Some(None)`: every tenant), as an admin of
+/// every tenant, with its audit row.
+async fn change_operator(
+    state: &OperatorsState,
+    caller: &Caller,
+    name: &str,
+    role: Option<Role>,
+    tenants: Option<Option<Vec<String>>>,
+    reason: &str,
+) -> Result<accounts::OperatorView, OperatorError> {
+    manage_operators(caller, "change an operator")?;
+    let reason = require_reason(reason)?;
+    let changes = accounts::Changes { role, tenants: tenants.as_ref().map(|t| t.as_deref()) };
+    let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
+    let (before, after) = accounts::update(&mut tx, &caller.account, name, &changes).await?;
+    let entry = Entry::new("operator.update", Outcome::Done).reason(reason).before(json!(before)).after(json!(after));
+    audit::record(&mut tx, &caller.actor(), &entry).await?;
+    tx.commit().await.context("cannot commit the change")?;
+    Ok(after)
 }
 
 /// `DELETE /v1/operators/{name}` `{reason}` (admin): another operator disabled, their tokens and
@@ -828,22 +846,31 @@ async fn disable_operator(
     respond(
         async {
             let caller = caller(&state, &request).await?;
-            let entry = Entry::new("operator.disable", Outcome::Done);
             let outcome = async {
                 let asked: DecisionBody = body(&bytes)?;
-                manage_operators(&caller, "disable an operator")?;
-                let reason = require_reason(&asked.reason)?;
-                let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
-                let before = accounts::disable(&mut tx, &caller.account, &path).await?;
-                let entry = entry.clone().reason(reason).before(json!(before)).after(json!({ "disabled": true }));
-                audit::record(&mut tx, &caller.actor(), &entry).await?;
-                tx.commit().await.context("cannot commit the change")?;
-                Ok(HttpResponse::NoContent().finish())
+                disable(&state, &caller, &path, &asked.reason).await
             };
-            change(&state, &caller, entry.clone(), outcome.await).await
+            let entry = Entry::new("operator.disable", Outcome::Done);
+            change(&state, &caller, entry, outcome.await.map(|()| HttpResponse::NoContent().finish())).await
         }
         .await,
     )
+}
+
+/// Disables another operator, their tokens and sessions with them (an admin of every tenant),
+/// with its audit row.
+async fn disable(state: &OperatorsState, caller: &Caller, name: &str, reason: &str) -> Result<(), OperatorError> {
+    manage_operators(caller, "disable an operator")?;
+    let reason = require_reason(reason)?;
+    let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
+    let before = accounts::disable(&mut tx, &caller.account, name).await?;
+    let entry = Entry::new("operator.disable", Outcome::Done)
+        .reason(reason)
+        .before(json!(before))
+        .after(json!({ "disabled": true }));
+    audit::record(&mut tx, &caller.actor(), &entry).await?;
+    tx.commit().await.context("cannot commit the change")?;
+    Ok(())
 }
 
 /// Only the operator themself or an admin may see or issue an operator's tokens.

@@ -81,27 +81,40 @@ async fn create(state: web::Data<OperatorsState>, request: HttpRequest, bytes: w
     respond(
         async {
             let caller = caller(&state, &request).await?;
-            let entry = Entry::new("tenant.create", Outcome::Done);
             let outcome = async {
                 let asked: NewTenant = body(&bytes)?;
-                caller.account.require(Role::Admin, "create a tenant")?;
-                if caller.account.scope != Scope::Every {
-                    return Err(OperatorError::Forbidden("only an admin of every tenant creates tenants".into()));
-                }
-                let reason = require_reason(&asked.reason)?;
-                let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
-                let issued =
-                    tenants::create(&mut tx, &asked.name, asked.rate_limit, asked.provider_account.as_deref()).await?;
-                let entry =
-                    entry.clone().reason(reason).after(json!({ "tenant": issued.tenant, "key_id": issued.key_id }));
-                audit::record(&mut tx, &caller.actor(), &entry).await?;
-                tx.commit().await.context("cannot commit the tenant")?;
-                Ok(ok(StatusCode::CREATED, &issued))
+                let provider_account = asked.provider_account.as_deref();
+                create_tenant(&state, &caller, &asked.name, asked.rate_limit, provider_account, &asked.reason).await
             };
-            change(&state, &caller, entry.clone(), outcome.await).await
+            let entry = Entry::new("tenant.create", Outcome::Done);
+            change(&state, &caller, entry, outcome.await.map(|issued| ok(StatusCode::CREATED, &issued))).await
         }
         .await,
     )
+}
+
+/// Creates tenant `name` with its first API key (an admin of every tenant), with its audit row.
+pub(super) async fn create_tenant(
+    state: &OperatorsState,
+    caller: &Caller,
+    name: &str,
+    rate_limit: Option<i32>,
+    provider_account: Option<&str>,
+    reason: &str,
+) -> Result<tenants::IssuedKey, OperatorError> {
+    caller.account.require(Role::Admin, "create a tenant")?;
+    if caller.account.scope != Scope::Every {
+        return Err(OperatorError::Forbidden("only an admin of every tenant creates tenants".into()));
+    }
+    let reason = require_reason(reason)?;
+    let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
+    let issued = tenants::create(&mut tx, name, rate_limit, provider_account).await?;
+    let entry = Entry::new("tenant.create", Outcome::Done)
+        .reason(reason)
+        .after(json!({ "tenant": issued.tenant, "key_id": issued.key_id }));
+    audit::record(&mut tx, &caller.actor(), &entry).await?;
+    tx.commit().await.context("cannot commit the tenant")?;
+    Ok(issued)
 }
 
 #[derive(Debug, Deserialize)]
@@ -123,24 +136,37 @@ async fn connect(
     respond(
         async {
             let caller = caller(&state, &request).await?;
-            let entry = Entry::new("tenant.connect", Outcome::Done);
             let outcome = async {
                 let asked: Account = body(&bytes)?;
-                caller.account.require(Role::Admin, "change a tenant's provider account")?;
-                let reason = require_reason(&asked.reason)?;
-                let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
-                see_tenant(&mut tx, &caller, &path).await?;
-                let before = tenants::view(&mut tx, &path).await?;
-                let connected = tenants::connect(&mut tx, &path, asked.account.as_deref()).await?;
-                let entry = entry.clone().reason(reason).before(json!(before)).after(json!(connected.tenant));
-                audit::record(&mut tx, &caller.actor(), &entry).await?;
-                tx.commit().await.context("cannot commit the account")?;
-                Ok(ok(StatusCode::OK, &connected.tenant))
+                connect_account(&state, &caller, &path, asked.account.as_deref(), &asked.reason).await
             };
-            change(&state, &caller, entry.clone(), outcome.await).await
+            let entry = Entry::new("tenant.connect", Outcome::Done);
+            change(&state, &caller, entry, outcome.await.map(|tenant| ok(StatusCode::OK, &tenant))).await
         }
         .await,
     )
+}
+
+/// Sets (or, with `None`, clears) the provider account of tenant `name` (an admin), with its audit
+/// row.
+pub(super) async fn connect_account(
+    state: &OperatorsState,
+    caller: &Caller,
+    name: &str,
+    account: Option<&str>,
+    reason: &str,
+) -> Result<tenants::TenantView, OperatorError> {
+    caller.account.require(Role::Admin, "change a tenant's provider account")?;
+    let reason = require_reason(reason)?;
+    let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
+    see_tenant(&mut tx, caller, name).await?;
+    let before = tenants::view(&mut tx, name).await?;
+    let connected = tenants::connect(&mut tx, name, account).await?;
+    let entry =
+        Entry::new("tenant.connect", Outcome::Done).reason(reason).before(json!(before)).after(json!(connected.tenant));
+    audit::record(&mut tx, &caller.actor(), &entry).await?;
+    tx.commit().await.context("cannot commit the account")?;
+    Ok(connected.tenant)
 }
 
 #[derive(Debug, Deserialize)]
@@ -159,23 +185,34 @@ async fn issue_key(
     respond(
         async {
             let caller = caller(&state, &request).await?;
-            let entry = Entry::new("key.issue", Outcome::Done);
             let outcome = async {
                 let asked: Reason = body(&bytes)?;
-                caller.account.require(Role::Admin, "issue an API key")?;
-                let reason = require_reason(&asked.reason)?;
-                let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
-                see_tenant(&mut tx, &caller, &path).await?;
-                let issued = tenants::issue_key(&mut tx, &path).await?;
-                let after = json!({ "tenant": issued.tenant.name, "key_id": issued.key_id });
-                audit::record(&mut tx, &caller.actor(), &entry.clone().reason(reason).after(after)).await?;
-                tx.commit().await.context("cannot commit the key")?;
-                Ok(ok(StatusCode::CREATED, &issued))
+                issue_key_for(&state, &caller, &path, &asked.reason).await
             };
-            change(&state, &caller, entry.clone(), outcome.await).await
+            let entry = Entry::new("key.issue", Outcome::Done);
+            change(&state, &caller, entry, outcome.await.map(|issued| ok(StatusCode::CREATED, &issued))).await
         }
         .await,
     )
+}
+
+/// Issues another API key to tenant `name` (an admin), with its audit row.
+pub(super) async fn issue_key_for(
+    state: &OperatorsState,
+    caller: &Caller,
+    name: &str,
+    reason: &str,
+) -> Result<tenants::IssuedKey, OperatorError> {
+    caller.account.require(Role::Admin, "issue an API key")?;
+    let reason = require_reason(reason)?;
+    let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
+    see_tenant(&mut tx, caller, name).await?;
+    let issued = tenants::issue_key(&mut tx, name).await?;
+    let after = json!({ "tenant": issued.tenant.name, "key_id": issued.key_id });
+    audit::record(&mut tx, &caller.actor(), &Entry::new("key.issue", Outcome::Done).reason(reason).after(after))
+        .await?;
+    tx.commit().await.context("cannot commit the key")?;
+    Ok(issued)
 }
 
 /// `DELETE /v1/tenants/{name}/keys/{key_id}` `{reason}`: 204; the api refuses the key within its
@@ -190,22 +227,34 @@ async fn revoke_key(
         async {
             let caller = caller(&state, &request).await?;
             let (name, key_id) = path.into_inner();
-            let entry = Entry::new("key.revoke", Outcome::Done);
             let outcome = async {
                 let asked: Reason = body(&bytes)?;
-                caller.account.require(Role::Admin, "revoke an API key")?;
-                let reason = require_reason(&asked.reason)?;
-                let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
-                see_tenant(&mut tx, &caller, &name).await?;
-                let revoked = tenants::revoke_key(&mut tx, &name, &key_id).await?;
-                audit::record(&mut tx, &caller.actor(), &entry.clone().reason(reason).after(json!(revoked))).await?;
-                tx.commit().await.context("cannot commit the revocation")?;
-                Ok(HttpResponse::NoContent().finish())
+                revoke_key_of(&state, &caller, &name, &key_id, &asked.reason).await
             };
-            change(&state, &caller, entry.clone(), outcome.await).await
+            let entry = Entry::new("key.revoke", Outcome::Done);
+            change(&state, &caller, entry, outcome.await.map(|_| HttpResponse::NoContent().finish())).await
         }
         .await,
     )
+}
+
+/// Revokes API key `key_id` of tenant `name` (an admin), with its audit row.
+pub(super) async fn revoke_key_of(
+    state: &OperatorsState,
+    caller: &Caller,
+    name: &str,
+    key_id: &str,
+    reason: &str,
+) -> Result<tenants::RevokedKey, OperatorError> {
+    caller.account.require(Role::Admin, "revoke an API key")?;
+    let reason = require_reason(reason)?;
+    let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
+    see_tenant(&mut tx, caller, name).await?;
+    let revoked = tenants::revoke_key(&mut tx, name, key_id).await?;
+    let entry = Entry::new("key.revoke", Outcome::Done).reason(reason).after(json!(revoked));
+    audit::record(&mut tx, &caller.actor(), &entry).await?;
+    tx.commit().await.context("cannot commit the revocation")?;
+    Ok(revoked)
 }
 
 /// Refuses an operator limited to some tenants: a reconciliation run covers every tenant.

@@ -31,13 +31,18 @@ use crate::operators::reports::Acted;
 const SEARCH_ROWS: i64 = 50;
 
 /// What each notice code left in a URL says.
-const NOTICES: [(&str, &str); 6] = [
+const NOTICES: [(&str, &str); 11] = [
     ("retried", "Sent again: the worker sends the payment with the same key, so it is charged at most once."),
     ("proposed", "Proposed: nothing changes until a second operator approves."),
     ("acknowledged", "Acknowledged: the conflict is closed and the payment stays as it was."),
     ("approved", "Approved and done."),
     ("rejected", "Rejected: nothing was done."),
     ("withdrawn", "Withdrawn: nothing was done."),
+    ("key_revoked", "Revoked: the key stops working within the api's auth cache time."),
+    ("connected", "The tenant's provider account is changed for its new payments."),
+    ("operator_created", "Created: give them a password or link their sign-in, and tell them."),
+    ("operator_changed", "Changed: their new role and tenants apply from their next request."),
+    ("operator_disabled", "Disabled: they are signed out everywhere and their tokens no longer work."),
 ];
 
 /// The words of notice `code`, if the console has one.
@@ -190,18 +195,19 @@ impl ChangeForm {
 /// The page that says what a change will do and asks to confirm it.
 #[derive(Template)]
 #[template(path = "console/confirm.html")]
-struct ConfirmPage {
-    chrome: Option<Chrome>,
-    title: String,
+pub(super) struct ConfirmPage {
+    pub(super) chrome: Option<Chrome>,
+    pub(super) title: String,
     /// Where the confirmation is posted.
-    action: String,
+    pub(super) action: String,
     /// What will happen, a sentence each.
-    will: Vec<String>,
-    reason: String,
-    fields: Vec<(&'static str, String)>,
+    pub(super) will: Vec<String>,
+    pub(super) reason: String,
+    /// The form's fields, posted again with the confirmation.
+    pub(super) fields: Vec<(&'static str, String)>,
     /// Where "cancel" goes.
-    back: String,
-    button: String,
+    pub(super) back: String,
+    pub(super) button: String,
 }
 
 /// A change to a payment, as the form asks for it.

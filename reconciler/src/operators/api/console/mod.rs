@@ -20,6 +20,7 @@ use super::signing_in::{Caller, caller};
 use super::{OperatorsState, connection, problem};
 use crate::operators::{Account, Role};
 
+mod admin;
 mod assets;
 mod bulk;
 mod forms;
@@ -63,6 +64,15 @@ pub(super) fn configure(config: &mut web::ServiceConfig) {
             .route("/proposals", web::get().to(pages::proposals))
             .route("/proposals/{proposal_id}/{decision}", web::post().to(forms::decide))
             .route("/audit", web::get().to(pages::audit))
+            .route("/tenants", web::get().to(admin::tenants_page))
+            .route("/tenants", web::post().to(admin::create_tenant_form))
+            .route("/tenants/{name}/keys", web::post().to(admin::issue_key_form))
+            .route("/tenants/{name}/keys/{key_id}/revoke", web::post().to(admin::revoke_key_form))
+            .route("/tenants/{name}/provider-account", web::post().to(admin::connect_form))
+            .route("/operators", web::get().to(admin::operators_page))
+            .route("/operators", web::post().to(admin::create_operator_form))
+            .route("/operators/{name}", web::post().to(admin::change_operator_form))
+            .route("/operators/{name}/disable", web::post().to(admin::disable_operator_form))
             .route("/recon", web::get().to(pages::recon_runs))
             .route("/recon/{run_id}", web::get().to(pages::recon_run))
             .route("/assets/{file}", web::get().to(assets::serve))
@@ -96,6 +106,11 @@ impl Chrome {
     /// Whether they may approve and reject others' proposals.
     pub(super) fn can_approve(&self) -> bool {
         self.role >= Role::Approver
+    }
+
+    /// Whether they manage tenants, keys and (of every tenant) operators.
+    pub(super) fn is_admin(&self) -> bool {
+        self.role == Role::Admin
     }
 }
 

@@ -197,7 +197,7 @@ pub(super) async fn overview(state: web::Data<OperatorsState>, request: HttpRequ
     done(
         async {
             let caller = caller_or_sign_in(&state, &request).await?;
-            let chrome = Chrome::of(&caller.account, "overview").noticed(notice_of(&request).as_deref());
+            let chrome = Chrome::of(&caller.account, "overview").noticed_by(&request);
             let live = live_of(&state, &caller).await.map_err(refused(&chrome))?;
             let live = live.render().map_err(|error| {
                 tracing::error!(error = %error, "cannot render the overview");
@@ -680,7 +680,7 @@ pub(super) async fn proposals(state: web::Data<OperatorsState>, request: HttpReq
     done(
         async {
             let caller = caller_or_sign_in(&state, &request).await?;
-            let chrome = Chrome::of(&caller.account, "proposals").noticed(notice_of(&request).as_deref());
+            let chrome = Chrome::of(&caller.account, "proposals").noticed_by(&request);
             let mut conn = connection(&state).await.map_err(refused(&chrome))?;
             let all = proposals::list(&mut conn, &caller.account.scope, None, None).await.map_err(failed(&chrome))?;
             let name = caller.account.name.as_str();
@@ -923,6 +923,11 @@ impl Chrome {
     fn noticed(mut self, code: Option<&str>) -> Self {
         self.notice = code.and_then(super::forms::notice_text);
         self
+    }
+
+    /// With the notice in the request's URL, if it is one the console says.
+    pub(super) fn noticed_by(self, request: &HttpRequest) -> Self {
+        self.noticed(notice_of(request).as_deref())
     }
 }
 

@@ -1,0 +1,449 @@
+//! The console's administration: tenants with their API keys and provider accounts, and the
+//! operators with their roles and tenants.
+//!
+//! Everyone may list the tenants they may see; changes are offered to admins only, and refused by
+//! the same functions the JSON API calls for anyone else. Like every change in the console, each
+//! asks for a reason, then for a confirmation that says what will happen. A new API key is shown on
+//! the page that answers the confirmation, once, and never travels in a URL.
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, web};
+use askama::Template;
+use serde::Deserialize;
+
+use super::forms::ConfirmPage;
+use super::{Chrome, caller_or_sign_in, error_page, html, see_other, visible_tenants};
+use crate::dead_letters::actions::require_reason;
+use crate::operator_error::OperatorError;
+use crate::operators::accounts::{self, NewOperator, OperatorView};
+use crate::operators::api::signing_in::Caller;
+use crate::operators::api::tenants::{connect_account, create_tenant, issue_key_for, revoke_key_of};
+use crate::operators::api::{
+    OperatorsState, change, change_operator, connection, disable, make_operator, manage_operators, problem,
+};
+use crate::operators::audit::{Entry, Outcome};
+use crate::operators::{Role, Scope};
+use crate::render;
+use crate::tenants::{self, IssuedKey, KeyView, TenantView};
+
+/// The fields of every administration form; which count depends on the change.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct AdminForm {
+    #[serde(default)]
+    reason: String,
+    /// `yes` once the operator has read what will happen.
+    confirmed: Option<String>,
+    name: Option<String>,
+    role: Option<String>,
+    /// Tenant names, separated by commas or spaces; empty for every tenant.
+    tenants: Option<String>,
+    oidc_subject: Option<String>,
+    provider_account: Option<String>,
+}
+
+impl AdminForm {
+    fn field(value: Option<&String>) -> Option<&str> {
+        value.map(|v| v.trim()).filter(|v| !v.is_empty())
+    }
+
+    /// The fields to post again with the confirmation.
+    fn fields(&self) -> Vec<(&'static str, String)> {
+        let mut fields = vec![("reason", self.reason.clone()), ("confirmed", "yes".to_owned())];
+        let optional = [
+            ("name", &self.name),
+            ("role", &self.role),
+            ("tenants", &self.tenants),
+            ("oidc_subject", &self.oidc_subject),
+            ("provider_account", &self.provider_account),
+        ];
+        fields.extend(optional.into_iter().filter_map(|(name, value)| value.clone().map(|value| (name, value))));
+        fields
+    }
+
+    fn role(&self) -> Result<Role, OperatorError> {
+        let text = Self::field(self.role.as_ref()).unwrap_or_default();
+        text.parse()
+            .map_err(|_| OperatorError::Invalid(format!("{text:?} is not a role: viewer, operator, approver or admin")))
+    }
+
+    /// The tenants named, or `None` for every tenant.
+    fn tenants(&self) -> Option<Vec<String>> {
+        let names: Vec<String> = Self::field(self.tenants.as_ref())?
+            .split([',', ' '])
+            .filter(|name| !name.is_empty())
+            .map(str::to_owned)
+            .collect();
+        (!names.is_empty()).then_some(names)
+    }
+}
+
+/// One tenant on the tenants page.
+struct TenantLine {
+    tenant: TenantView,
+    keys: Vec<KeyLine>,
+}
+
+/// One API key of a tenant.
+struct KeyLine {
+    key_id: String,
+    created_at: String,
+    revoked: String,
+}
+
+impl From<KeyView> for KeyLine {
+    fn from(key: KeyView) -> Self {
+        Self {
+            key_id: key.key_id,
+            created_at: render::timestamp(key.created_at),
+            revoked: key.revoked_at.map(render::timestamp).unwrap_or_default(),
+        }
+    }
+}
+
+/// `GET /console/tenants`.
+#[derive(Template)]
+#[template(path = "console/tenants.html")]
+struct TenantsPage {
+    chrome: Option<Chrome>,
+    title: String,
+    tenants: Vec<TenantLine>,
+    /// Whether the operator may change tenants, keys and accounts.
+    admin: bool,
+    /// Whether they may create tenants (an admin of every tenant).
+    creates: bool,
+}
+
+/// `GET /console/tenants`: the tenants the operator may see, their keys and provider accounts.
+pub(super) async fn tenants_page(state: web::Data<OperatorsState>, request: HttpRequest) -> HttpResponse {
+    let caller = match caller_or_sign_in(&state, &request).await {
+        Ok(caller) => caller,
+        Err(response) => return response,
+    };
+    let chrome = Chrome::of(&caller.account, "tenants").noticed_by(&request);
+    let read = async {
+        let visible = visible_tenants(&state, &caller).await?;
+        let mut conn = connection(&state).await?;
+        let all = tenants::list(&mut conn).await.map_err(problem)?.0;
+        let mut lines = Vec::new();
+        for tenant in all.into_iter().filter(|t| visible.iter().any(|v| v.name == t.name)) {
+            let keys = tenants::keys(&mut conn, &tenant.name).await.map_err(problem)?;
+            lines.push(TenantLine { tenant, keys: keys.into_iter().map(KeyLine::from).collect() });
+        }
+        Ok(lines)
+    };
+    match read.await {
+        Ok(tenants) => {
+            let admin = caller.account.role == Role::Admin;
+            let creates = admin && caller.account.scope == Scope::Every;
+            html(
+                StatusCode::OK,
+                &TenantsPage { chrome: Some(chrome), title: "Tenants".into(), tenants, admin, creates },
+            )
+        }
+        Err(why) => error_page(Some(chrome), &why),
+    }
+}
+
+/// The page that shows a new API key, once.
+#[derive(Template)]
+#[template(path = "console/key_issued.html")]
+struct KeyIssuedPage {
+    chrome: Option<Chrome>,
+    title: String,
+    issued: IssuedKey,
+}
+
+/// A change the administration pages ask for.
+enum AdminChange {
+    CreateTenant,
+    IssueKey(String),
+    RevokeKey(String, String),
+    Connect(String),
+    CreateOperator,
+    ChangeOperator(String),
+    DisableOperator(String),
+}
+
+impl AdminChange {
+    fn audit_action(&self) -> &'static str {
+        match self {
+            Self::CreateTenant => "tenant.create",
+            Self::IssueKey(_) => "key.issue",
+            Self::RevokeKey(..) => "key.revoke",
+            Self::Connect(_) => "tenant.connect",
+            Self::CreateOperator => "operator.create",
+            Self::ChangeOperator(_) => "operator.update",
+            Self::DisableOperator(_) => "operator.disable",
+        }
+    }
+
+    /// What it will do, the button that confirms it, and where "cancel" goes.
+    fn will(&self, form: &AdminForm) -> (Vec<String>, &'static str, &'static str) {
+        let name = AdminForm::field(form.name.as_ref()).unwrap_or_default();
+        let tenants = form.tenants().map_or_else(|| "every tenant".to_owned(), |t| t.join(", "));
+        match self {
+            Self::CreateTenant => (
+                vec![
+                    format!("A new tenant, {name}, is created with its first API key."),
+                    "The key is shown on the next page, once: hand it to the tenant.".into(),
+                ],
+                "Create the tenant",
+                "/console/tenants",
+            ),
+            Self::IssueKey(tenant) => (
+                vec![
+                    format!("Another API key is issued to {tenant}; its other keys keep working."),
+                    "The key is shown on the next page, once.".into(),
+                ],
+                "Issue the key",
+                "/console/tenants",
+            ),
+            Self::RevokeKey(tenant, key) => (
+                vec![
+                    format!("Key {key} of {tenant} stops working within the api's auth cache time."),
+                    "Requests that present it are then refused with 401.".into(),
+                ],
+                "Revoke the key",
+                "/console/tenants",
+            ),
+            Self::Connect(tenant) => (
+                vec![match AdminForm::field(form.provider_account.as_ref()) {
+                    Some(account) => format!("{tenant}'s new payments are charged to provider account {account}."),
+                    None => format!("{tenant}'s new payments are charged to oncepay's own provider account."),
+                }],
+                "Change the account",
+                "/console/tenants",
+            ),
+            Self::CreateOperator => (
+                vec![format!(
+                    "Operator {name} is created as {} of {tenants}.",
+                    AdminForm::field(form.role.as_ref()).unwrap_or_default()
+                )],
+                "Create the operator",
+                "/console/operators",
+            ),
+            Self::ChangeOperator(operator) => (
+                vec![format!(
+                    "{operator} becomes {} of {tenants}, from their next request.",
+                    AdminForm::field(form.role.as_ref()).unwrap_or_default()
+                )],
+                "Change the operator",
+                "/console/operators",
+            ),
+            Self::DisableOperator(operator) => (
+                vec![
+                    format!("{operator} can no longer sign in; their tokens and sessions end now."),
+                    "Their proposals that wait for an approver are withdrawn.".into(),
+                ],
+                "Disable the operator",
+                "/console/operators",
+            ),
+        }
+    }
+
+    /// Does it, as `caller`; the response to send.
+    async fn run(
+        &self,
+        state: &OperatorsState,
+        caller: &Caller,
+        form: &AdminForm,
+    ) -> Result<HttpResponse, OperatorError> {
+        let reason = form.reason.as_str();
+        let name = AdminForm::field(form.name.as_ref()).unwrap_or_default();
+        let chrome = || Some(Chrome::of(&caller.account, "tenants"));
+        match self {
+            Self::CreateTenant => {
+                let account = AdminForm::field(form.provider_account.as_ref());
+                let issued = create_tenant(state, caller, name, None, account, reason).await?;
+                Ok(html(StatusCode::OK, &KeyIssuedPage { chrome: chrome(), title: "New tenant".into(), issued }))
+            }
+            Self::IssueKey(tenant) => {
+                let issued = issue_key_for(state, caller, tenant, reason).await?;
+                Ok(html(StatusCode::OK, &KeyIssuedPage { chrome: chrome(), title: "New API key".into(), issued }))
+            }
+            Self::RevokeKey(tenant, key) => {
+                revoke_key_of(state, caller, tenant, key, reason).await?;
+                Ok(see_other("/console/tenants?notice=key_revoked"))
+            }
+            Self::Connect(tenant) => {
+                let account = AdminForm::field(form.provider_account.as_ref());
+                connect_account(state, caller, tenant, account, reason).await?;
+                Ok(see_other("/console/tenants?notice=connected"))
+            }
+            Self::CreateOperator => {
+                let role = form.role()?;
+                let tenants = form.tenants();
+                let new = NewOperator {
+                    name,
+                    role,
+                    tenants: tenants.as_deref(),
+                    oidc_subject: AdminForm::field(form.oidc_subject.as_ref()),
+                };
+                make_operator(state, caller, &new, reason).await?;
+                Ok(see_other("/console/operators?notice=operator_created"))
+            }
+            Self::ChangeOperator(operator) => {
+                change_operator(state, caller, operator, Some(form.role()?), Some(form.tenants()), reason).await?;
+                Ok(see_other("/console/operators?notice=operator_changed"))
+            }
+            Self::DisableOperator(operator) => {
+                disable(state, caller, operator, reason).await?;
+                Ok(see_other("/console/operators?notice=operator_disabled"))
+            }
+        }
+    }
+}
+
+/// Asks to confirm `asked`, then does it.
+async fn confirm_then_run(
+    state: &OperatorsState,
+    request: &HttpRequest,
+    action: String,
+    asked: AdminChange,
+    form: AdminForm,
+) -> HttpResponse {
+    let caller = match caller_or_sign_in(state, request).await {
+        Ok(caller) => caller,
+        Err(response) => return response,
+    };
+    let section = if action.starts_with("/console/operators") { "operators" } else { "tenants" };
+    let chrome = Chrome::of(&caller.account, section);
+    if form.confirmed.as_deref() != Some("yes") {
+        if let Err(why) = require_reason(&form.reason) {
+            return error_page(Some(chrome), &problem(why));
+        }
+        let (will, button, back) = asked.will(&form);
+        let page = ConfirmPage {
+            chrome: Some(chrome),
+            title: "Confirm".into(),
+            action,
+            will,
+            reason: form.reason.clone(),
+            fields: form.fields(),
+            back: back.into(),
+            button: button.into(),
+        };
+        return html(StatusCode::OK, &page);
+    }
+    let entry = Entry::new(asked.audit_action(), Outcome::Done);
+    let outcome = asked.run(state, &caller, &form).await;
+    change(state, &caller, entry, outcome).await.unwrap_or_else(|why| error_page(Some(chrome), &why))
+}
+
+/// `POST /console/tenants`: creates a tenant.
+pub(super) async fn create_tenant_form(
+    state: web::Data<OperatorsState>,
+    request: HttpRequest,
+    form: web::Form<AdminForm>,
+) -> HttpResponse {
+    let action = "/console/tenants".to_owned();
+    confirm_then_run(&state, &request, action, AdminChange::CreateTenant, form.into_inner()).await
+}
+
+/// `POST /console/tenants/{name}/keys`: issues an API key.
+pub(super) async fn issue_key_form(
+    state: web::Data<OperatorsState>,
+    request: HttpRequest,
+    path: web::Path<String>,
+    form: web::Form<AdminForm>,
+) -> HttpResponse {
+    let tenant = path.into_inner();
+    let action = format!("/console/tenants/{tenant}/keys");
+    confirm_then_run(&state, &request, action, AdminChange::IssueKey(tenant), form.into_inner()).await
+}
+
+/// `POST /console/tenants/{name}/keys/{key_id}/revoke`: revokes an API key.
+pub(super) async fn revoke_key_form(
+    state: web::Data<OperatorsState>,
+    request: HttpRequest,
+    path: web::Path<(String, String)>,
+    form: web::Form<AdminForm>,
+) -> HttpResponse {
+    let (tenant, key) = path.into_inner();
+    let action = format!("/console/tenants/{tenant}/keys/{key}/revoke");
+    confirm_then_run(&state, &request, action, AdminChange::RevokeKey(tenant, key), form.into_inner()).await
+}
+
+/// `POST /console/tenants/{name}/provider-account`: sets or clears the provider account.
+pub(super) async fn connect_form(
+    state: web::Data<OperatorsState>,
+    request: HttpRequest,
+    path: web::Path<String>,
+    form: web::Form<AdminForm>,
+) -> HttpResponse {
+    let tenant = path.into_inner();
+    let action = format!("/console/tenants/{tenant}/provider-account");
+    confirm_then_run(&state, &request, action, AdminChange::Connect(tenant), form.into_inner()).await
+}
+
+/// `GET /console/operators`.
+#[derive(Template)]
+#[template(path = "console/operators.html")]
+struct OperatorsPage {
+    chrome: Option<Chrome>,
+    title: String,
+    operators: Vec<OperatorView>,
+    roles: [Role; 4],
+}
+
+impl OperatorsPage {
+    fn tenants_of(&self, operator: &OperatorView) -> String {
+        operator.tenants.as_ref().map_or_else(String::new, |names| names.join(", "))
+    }
+}
+
+/// `GET /console/operators`: every operator (admins of every tenant only).
+pub(super) async fn operators_page(state: web::Data<OperatorsState>, request: HttpRequest) -> HttpResponse {
+    let caller = match caller_or_sign_in(&state, &request).await {
+        Ok(caller) => caller,
+        Err(response) => return response,
+    };
+    let chrome = Chrome::of(&caller.account, "operators").noticed_by(&request);
+    let read = async {
+        manage_operators(&caller, "list the operators").map_err(problem)?;
+        let mut conn = connection(&state).await?;
+        accounts::list(&mut conn).await.map_err(problem)
+    };
+    match read.await {
+        Ok(operators) => {
+            let page = OperatorsPage { chrome: Some(chrome), title: "Operators".into(), operators, roles: Role::ALL };
+            html(StatusCode::OK, &page)
+        }
+        Err(why) => error_page(Some(chrome), &why),
+    }
+}
+
+/// `POST /console/operators`: creates an operator.
+pub(super) async fn create_operator_form(
+    state: web::Data<OperatorsState>,
+    request: HttpRequest,
+    form: web::Form<AdminForm>,
+) -> HttpResponse {
+    let action = "/console/operators".to_owned();
+    confirm_then_run(&state, &request, action, AdminChange::CreateOperator, form.into_inner()).await
+}
+
+/// `POST /console/operators/{name}`: changes an operator's role and tenants.
+pub(super) async fn change_operator_form(
+    state: web::Data<OperatorsState>,
+    request: HttpRequest,
+    path: web::Path<String>,
+    form: web::Form<AdminForm>,
+) -> HttpResponse {
+    let name = path.into_inner();
+    let action = format!("/console/operators/{name}");
+    confirm_then_run(&state, &request, action, AdminChange::ChangeOperator(name), form.into_inner()).await
+}
+
+/// `POST /console/operators/{name}/disable`: disables an operator.
+pub(super) async fn disable_operator_form(
+    state: web::Data<OperatorsState>,
+    request: HttpRequest,
+    path: web::Path<String>,
+    form: web::Form<AdminForm>,
+) -> HttpResponse {
+    let name = path.into_inner();
+    let action = format!("/console/operators/{name}/disable");
+    confirm_then_run(&state, &request, action, AdminChange::DisableOperator(name), form.into_inner()).await
+}
