@@ -318,7 +318,13 @@ async fn operators_find_propose_and_approve_in_a_real_browser_and_see_only_their
 
     let mut carol = Operator::new(&chromedriver, &ops).await;
     carol.sign_in_with_password("carol").await;
-    let nothing = carol.search(KEY, "No payment of a tenant you may see matches").await;
+    // The keyboard alone: the first Tab reaches the link that skips to the content, and Enter in
+    // the search box searches.
+    carol.client().find(Locator::Css("body")).await.unwrap().send_keys("\u{E004}").await.unwrap();
+    let focused = carol.client().active_element().await.unwrap().text().await.unwrap();
+    assert_eq!(focused, "Skip to the content");
+    carol.fill("#q", &format!("{KEY}\u{E007}")).await;
+    let nothing = carol.until("No payment of a tenant you may see matches").await;
     assert!(!nothing.contains(&payment_id.to_string()));
     let hidden = carol.open(&format!("/console/payments/{payment_id}")).await;
     assert!(hidden.contains("Not found") && !hidden.contains(&charge_id), "{hidden}");
@@ -358,6 +364,15 @@ async fn operators_find_propose_and_approve_in_a_real_browser_and_see_only_their
     assert!(tenants.contains("acme") && tenants.contains("globex") && tenants.contains("Issue…"));
     let operators = admin.open("/console/operators").await;
     assert!(operators.contains("carol") && operators.contains("globex"));
+    // On a phone's width, nothing runs off the side of the page: wide tables scroll in their box.
+    admin.client().set_window_size(390, 844).await.unwrap();
+    for path in
+        ["/console/".to_owned(), format!("/console/payments/{payment_id}"), "/console/dead-letters?state=all".into()]
+    {
+        admin.open(&path).await;
+        let fits = admin.client().execute("return document.documentElement.scrollWidth <= window.innerWidth", vec![]);
+        assert_eq!(fits.await.unwrap(), json!(true), "{path} is wider than a phone");
+    }
 
     let problems: Vec<String> =
         [&alice, &bob, &carol, &admin].iter().flat_map(|operator| operator.problems.iter().cloned()).collect();

@@ -256,15 +256,18 @@ fn print_banner(bin: &Path, api_key: &str, admin: &Login, log_dir: &Path, provid
             "pm_card_chargeCustomerFail",
         ),
     };
-    let password = match &admin.password {
-        Some(password) => {
-            format!("\x20 password {password}   (sign in: POST /v1/session {{\"name\":\"admin\",\"password\":…}})\n")
-        }
-        None => String::new(),
+    let console = match &admin.password {
+        Some(password) => format!(
+            "Operator console http://127.0.0.1:{OPERATIONS_PORT}/console/\n\
+             \x20 sign in as admin with the password {password}   (shown once)\n\n"
+        ),
+        None => format!(
+            "Operator console http://127.0.0.1:{OPERATIONS_PORT}/console/   (sign in with an operator's password)\n\n"
+        ),
     };
     let operators = format!(
-        "Operations API http://127.0.0.1:{OPERATIONS_PORT}; the operator `admin` (shown once):\n\
-         {password}\
+        "{console}\
+         Operations API http://127.0.0.1:{OPERATIONS_PORT}; the operator `admin`'s token (shown once):\n\
          \x20 export ONCEPAY_OPS_URL=http://127.0.0.1:{OPERATIONS_PORT} ONCEPAY_OPS_TOKEN={token}\n\
          \x20 {reconciler} dead-letters list\n\
          \x20 (or curl -s $ONCEPAY_OPS_URL/v1/dead-letters -H \"Authorization: Bearer $ONCEPAY_OPS_TOKEN\")\n",

@@ -210,6 +210,10 @@ pub struct Filter {
     pub action: Option<String>,
     /// Only rows older than this one (the next page).
     pub before_id: Option<i64>,
+    /// Only rows written at or after this moment.
+    pub since: Option<OffsetDateTime>,
+    /// Only rows written before this moment.
+    pub until: Option<OffsetDateTime>,
     /// At most this many.
     pub limit: i64,
 }
@@ -231,6 +235,8 @@ pub async fn list(conn: &mut PgConnection, filter: &Filter, scope: &Scope) -> Re
           AND ($4::text IS NULL OR action = $4)
           AND ($5::bigint IS NULL OR audit_id < $5)
           AND ($6::uuid[] IS NULL OR tenant_id = ANY ($6))
+          AND ($8::timestamptz IS NULL OR at >= $8)
+          AND ($9::timestamptz IS NULL OR at < $9)
         ORDER BY audit_id DESC
         LIMIT $7
         "#,
@@ -241,6 +247,8 @@ pub async fn list(conn: &mut PgConnection, filter: &Filter, scope: &Scope) -> Re
         filter.before_id,
         tenants.as_deref(),
         filter.limit,
+        filter.since,
+        filter.until,
     )
     .fetch_all(conn)
     .await

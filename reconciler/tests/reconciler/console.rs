@@ -419,3 +419,25 @@ async fn admins_issue_and_revoke_keys_and_manage_operators_in_the_console_and_ot
         ["session.sign_in", "key.issue", "key.revoke", "operator.create", "operator.update", "operator.disable"]
     );
 }
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn the_audit_trail_is_filtered_by_operator_action_and_day(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    let payment_id = dead_lettered(&pool, acme, "k-1", 60).await;
+    let alice = Browser::sign_in(&ops, "alice", "operator", None).await;
+    alice.post(&format!("/console/payments/{payment_id}/retry"), &[("reason", "back"), ("confirmed", "yes")]).await;
+    let today = time::OffsetDateTime::now_utc().date().to_string();
+
+    let todays =
+        alice.get(&format!("/console/audit?operator=alice&action=payment.retry&from={today}&to={today}")).await;
+    let long_ago = alice.get("/console/audit?operator=alice&from=2000-01-01&to=2000-01-02").await;
+    let others = alice.get("/console/audit?operator=bob").await;
+    let bad_day = alice.get("/console/audit?from=yesterday").await;
+
+    assert!(todays.body.contains("payment.retry") && todays.body.contains(&payment_id.to_string()), "{}", todays.body);
+    assert!(!todays.body.contains("session.sign_in"), "only the action asked for");
+    assert!(long_ago.body.contains("Nothing is recorded that matches"), "{}", long_ago.body);
+    assert!(others.body.contains("Nothing is recorded that matches"));
+    assert_eq!(bad_day.status, StatusCode::BAD_REQUEST);
+}

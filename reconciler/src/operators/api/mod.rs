@@ -679,11 +679,18 @@ struct AuditQuery {
     payment_id: Option<PaymentId>,
     action: Option<String>,
     before: Option<i64>,
+    /// RFC 3339: only rows written at or after it.
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    since: Option<time::OffsetDateTime>,
+    /// RFC 3339: only rows written before it.
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    until: Option<time::OffsetDateTime>,
     limit: Option<i64>,
 }
 
-/// `GET /v1/audit[?operator=][&tenant_id=][&payment_id=][&action=][&before=][&limit=]`: newest
-/// first; `before` is the smallest `audit_id` of the previous page.
+/// `GET /v1/audit[?operator=][&tenant_id=][&payment_id=][&action=][&since=][&until=][&before=][&limit=]`:
+/// newest first; `before` is the smallest `audit_id` of the previous page, `since` and `until`
+/// RFC 3339 times.
 async fn audit_trail(state: web::Data<OperatorsState>, request: HttpRequest) -> HttpResponse {
     respond(
         async {
@@ -699,6 +706,8 @@ async fn audit_trail(state: web::Data<OperatorsState>, request: HttpRequest) -> 
                 payment_id: query.payment_id,
                 action: query.action,
                 before_id: query.before,
+                since: query.since,
+                until: query.until,
                 limit,
             };
             let mut conn = connection(&state).await?;

@@ -699,7 +699,20 @@ struct AuditQuery {
     operator: Option<String>,
     tenant: Option<String>,
     action: Option<String>,
+    /// The first day, `YYYY-MM-DD` (UTC).
+    from: Option<String>,
+    /// The last day, `YYYY-MM-DD` (UTC), included.
+    to: Option<String>,
     before: Option<i64>,
+}
+
+/// The start of day `text` (`YYYY-MM-DD`), UTC; `None` for an empty field.
+fn day(text: Option<&str>) -> Result<Option<OffsetDateTime>, Problem> {
+    let Some(text) = text.filter(|t| !t.is_empty()) else { return Ok(None) };
+    let format = time::macros::format_description!("[year]-[month]-[day]");
+    let date = time::Date::parse(text, format)
+        .map_err(|_| Problem::new(ProblemType::InvalidRequest, format!("{text:?} is not a day (YYYY-MM-DD)")))?;
+    Ok(Some(date.midnight().assume_utc()))
 }
 
 /// One row of the audit trail.
@@ -720,6 +733,8 @@ struct AuditPage {
     title: String,
     operator: String,
     action: String,
+    from: String,
+    to: String,
     tenants: Vec<Choice>,
     lines: Vec<AuditLine>,
     older: Option<String>,
@@ -742,12 +757,16 @@ pub(super) async fn audit(state: web::Data<OperatorsState>, request: HttpRequest
                     refused(&chrome)(Problem::new(ProblemType::NotFound, format!("no tenant named {name}")))
                 })?),
             };
+            let since = day(asked.from.as_deref()).map_err(refused(&chrome))?;
+            let until = day(asked.to.as_deref()).map_err(refused(&chrome))?.map(|to| to + time::Duration::DAY);
             let filter = audit::Filter {
                 operator: operator.clone(),
                 tenant_id,
                 payment_id: None,
                 action: action.clone(),
                 before_id: asked.before,
+                since,
+                until,
                 limit: PAGE_ROWS,
             };
             let mut conn = connection(&state).await.map_err(refused(&chrome))?;
@@ -757,6 +776,8 @@ pub(super) async fn audit(state: web::Data<OperatorsState>, request: HttpRequest
                     ("operator", operator.clone().unwrap_or_default()),
                     ("tenant", tenant.clone().unwrap_or_default()),
                     ("action", action.clone().unwrap_or_default()),
+                    ("from", asked.from.clone().unwrap_or_default()),
+                    ("to", asked.to.clone().unwrap_or_default()),
                     ("before", last.audit_id.to_string()),
                 ];
                 format!("/console/audit?{}", serde_urlencoded::to_string(pairs).unwrap_or_default())
@@ -783,6 +804,8 @@ pub(super) async fn audit(state: web::Data<OperatorsState>, request: HttpRequest
                 title: "Audit trail".into(),
                 operator: operator.unwrap_or_default(),
                 action: action.unwrap_or_default(),
+                from: asked.from.clone().unwrap_or_default(),
+                to: asked.to.clone().unwrap_or_default(),
                 tenants,
                 lines,
                 older,
