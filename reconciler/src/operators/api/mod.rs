@@ -391,17 +391,7 @@ async fn retry_payment(
     caller.account.require(Role::Operator, "retry a payment")?;
     if outside_key_window || state.retries_need_approval {
         let action = Proposed::Retry { outside_key_window };
-        let proposal = proposals::propose(
-            conn,
-            &caller.account,
-            caller.source.as_deref(),
-            payment_id,
-            &action,
-            reason,
-            state.limits(),
-        )
-        .await?;
-        return Ok(Acted::Proposed { proposal });
+        return propose(state, conn, caller, payment_id, &action, reason).await;
     }
     let entry = Entry::new("payment.retry", Outcome::Done).on_payment(payment_id);
     let done = directly(conn, caller, entry, payment_id, reason, Direct::Retry, state).await?;
@@ -538,16 +528,21 @@ async fn resolve_payment(
     };
     let resolution = actions::resolution(&mut conn, provider, payment_id, decision).await?;
     let action = Proposed::resolution(resolution)?;
-    let proposal = proposals::propose(
-        &mut conn,
-        &caller.account,
-        caller.source.as_deref(),
-        payment_id,
-        &action,
-        reason,
-        state.limits(),
-    )
-    .await?;
+    propose(state, &mut conn, caller, payment_id, &action, reason).await
+}
+
+/// Proposes `action` on `payment_id` as the caller, to wait for an approver.
+async fn propose(
+    state: &OperatorsState,
+    conn: &mut PgConnection,
+    caller: &Caller,
+    payment_id: PaymentId,
+    action: &Proposed,
+    reason: &str,
+) -> Result<Acted, OperatorError> {
+    let source = caller.source.as_deref();
+    let proposal =
+        proposals::propose(conn, &caller.account, source, payment_id, action, reason, state.limits()).await?;
     Ok(Acted::Proposed { proposal })
 }
 

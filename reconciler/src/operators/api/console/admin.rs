@@ -11,15 +11,14 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
 use serde::Deserialize;
 
-use super::forms::ConfirmPage;
+use super::forms::{Confirmation, ask_to_confirm, finish};
 use super::{Chrome, caller_or_sign_in, error_page, html, see_other, visible_tenants};
-use crate::dead_letters::actions::require_reason;
 use crate::operator_error::OperatorError;
 use crate::operators::accounts::{self, NewOperator, OperatorView};
 use crate::operators::api::signing_in::Caller;
 use crate::operators::api::tenants::{connect_account, create_tenant, issue_key_for, revoke_key_of};
 use crate::operators::api::{
-    OperatorsState, change, change_operator, connection, disable, make_operator, manage_operators, problem,
+    OperatorsState, change_operator, connection, disable, make_operator, manage_operators, problem,
 };
 use crate::operators::audit::{Entry, Outcome};
 use crate::operators::{Role, Scope};
@@ -310,25 +309,13 @@ async fn confirm_then_run(
     let section = if action.starts_with("/console/operators") { "operators" } else { "tenants" };
     let chrome = Chrome::of(&caller.account, section);
     if form.confirmed.as_deref() != Some("yes") {
-        if let Err(why) = require_reason(&form.reason) {
-            return error_page(Some(chrome), &problem(why));
-        }
         let (will, button, back) = asked.will(&form);
-        let page = ConfirmPage {
-            chrome: Some(chrome),
-            title: "Confirm".into(),
-            action,
-            will,
-            reason: form.reason.clone(),
-            fields: form.fields(),
-            back: back.into(),
-            button: button.into(),
-        };
-        return html(StatusCode::OK, &page);
+        let confirmation = Confirmation { action, will, button, back: back.into() };
+        return ask_to_confirm(chrome, &form.reason, form.fields(), confirmation);
     }
     let entry = Entry::new(asked.audit_action(), Outcome::Done);
     let outcome = asked.run(state, &caller, &form).await;
-    change(state, &caller, entry, outcome).await.unwrap_or_else(|why| error_page(Some(chrome), &why))
+    finish(state, &caller, chrome, entry, outcome).await
 }
 
 /// `POST /console/tenants`: creates a tenant.

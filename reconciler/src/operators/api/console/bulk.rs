@@ -14,11 +14,12 @@ use serde::Deserialize;
 use serde_json::json;
 use uuid::Uuid;
 
+use super::forms::finish;
 use super::queries::{self, DeadLetterFilter, EntryState};
 use super::{Chrome, caller_or_sign_in, error_page, html, see_other, visible_tenants};
 use crate::dead_letters::actions::require_reason;
 use crate::operators::api::bulk_retries::{self, MAX_PAYMENTS};
-use crate::operators::api::{OperatorsState, change, connection, problem};
+use crate::operators::api::{OperatorsState, connection, problem};
 use crate::operators::audit::{Entry, Outcome};
 use crate::render;
 
@@ -83,7 +84,7 @@ pub(super) async fn create(
             bulk_retries::create(&mut conn, &caller, &form.reason, filter, &shown).await
         };
         let answered = created.await.map(|id| see_other(&format!("/console/bulk-retries/{id}")));
-        return change(&state, &caller, entry, answered).await.unwrap_or_else(refused);
+        return finish(&state, &caller, chrome, entry, answered).await;
     }
     let selected = async {
         let visible = visible_tenants(&state, &caller).await?;

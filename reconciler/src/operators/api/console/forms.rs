@@ -195,19 +195,41 @@ impl ChangeForm {
 /// The page that says what a change will do and asks to confirm it.
 #[derive(Template)]
 #[template(path = "console/confirm.html")]
-pub(super) struct ConfirmPage {
-    pub(super) chrome: Option<Chrome>,
-    pub(super) title: String,
+struct ConfirmPage {
+    chrome: Option<Chrome>,
+    title: String,
+    confirmation: Confirmation,
+    reason: String,
+    /// The form's fields, posted again with the confirmation.
+    fields: Vec<(&'static str, String)>,
+}
+
+/// What a change will do, said before it is confirmed.
+pub(super) struct Confirmation {
     /// Where the confirmation is posted.
     pub(super) action: String,
     /// What will happen, a sentence each.
     pub(super) will: Vec<String>,
-    pub(super) reason: String,
-    /// The form's fields, posted again with the confirmation.
-    pub(super) fields: Vec<(&'static str, String)>,
+    /// What the button that confirms it says.
+    pub(super) button: &'static str,
     /// Where "cancel" goes.
     pub(super) back: String,
-    pub(super) button: String,
+}
+
+/// The page that asks to confirm a change posted with `reason` and `fields` (a refusal when the
+/// reason is missing: nothing is confirmed without one).
+pub(super) fn ask_to_confirm(
+    chrome: Chrome,
+    reason: &str,
+    fields: Vec<(&'static str, String)>,
+    confirmation: Confirmation,
+) -> HttpResponse {
+    if let Err(refused) = require_reason(reason) {
+        return error_page(Some(chrome), &problem(refused));
+    }
+    let page =
+        ConfirmPage { chrome: Some(chrome), title: "Confirm".into(), confirmation, reason: reason.to_owned(), fields };
+    html(StatusCode::OK, &page)
 }
 
 /// A change to a payment, as the form asks for it.
@@ -319,21 +341,10 @@ pub(super) async fn act_on_payment(
     };
     let page = format!("/console/payments/{payment_id}");
     if !form.confirmed() {
-        if let Err(refused) = require_reason(&form.reason) {
-            return error_page(Some(chrome), &problem(refused));
-        }
         let (will, button) = change_asked.will(payment_id, &state);
-        let confirm = ConfirmPage {
-            chrome: Some(chrome),
-            title: "Confirm".into(),
-            action: format!("/console/payments/{payment_id}/{action}"),
-            will,
-            reason: form.reason.clone(),
-            fields: form.fields(),
-            back: page,
-            button: button.into(),
-        };
-        return html(StatusCode::OK, &confirm);
+        let confirmation =
+            Confirmation { action: format!("/console/payments/{payment_id}/{action}"), will, button, back: page };
+        return ask_to_confirm(chrome, &form.reason, form.fields(), confirmation);
     }
     let audit_action = if action == "retry" { "payment.retry" } else { "payment.resolve" };
     let entry = Entry::new(audit_action, Outcome::Done).on_payment(payment_id);
@@ -378,9 +389,6 @@ pub(super) async fn decide(
         Err(refused) => return error_page(Some(chrome), &refused),
     };
     if !form.confirmed() {
-        if let Err(refused) = require_reason(&form.reason) {
-            return error_page(Some(chrome), &problem(refused));
-        }
         let (will, button) = match decision {
             Decision::Approve => (
                 vec![
@@ -398,17 +406,9 @@ pub(super) async fn decide(
                 (vec![format!("You withdraw your proposal {proposal_id}; nothing it proposes is done.")], "Withdraw")
             }
         };
-        let confirm = ConfirmPage {
-            chrome: Some(chrome),
-            title: "Confirm".into(),
-            action: format!("/console/proposals/{proposal_id}/{decision_text}"),
-            will,
-            reason: form.reason.clone(),
-            fields: form.fields(),
-            back: "/console/proposals".into(),
-            button: button.into(),
-        };
-        return html(StatusCode::OK, &confirm);
+        let action = format!("/console/proposals/{proposal_id}/{decision_text}");
+        let confirmation = Confirmation { action, will, button, back: "/console/proposals".into() };
+        return ask_to_confirm(chrome, &form.reason, form.fields(), confirmation);
     }
     let entry = Entry::new(decision.audit_action(), Outcome::Done).proposal(proposal_id);
     let outcome = decide_proposal(&state, &caller, proposal_id, decision, &form.reason).await;
@@ -425,7 +425,7 @@ pub(super) async fn decide(
 
 /// The response to a confirmed change: where it sends the browser, or a page that says why it was
 /// refused, after the refusal is recorded.
-async fn finish(
+pub(super) async fn finish(
     state: &OperatorsState,
     caller: &Caller,
     chrome: Chrome,

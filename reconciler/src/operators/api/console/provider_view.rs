@@ -75,25 +75,13 @@ pub(super) fn contradictions(ours: &Ours<'_>, theirs: &[Charge]) -> Vec<String> 
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
+    use oncepay_domain::ids::PaymentId;
+    use oncepay_provider::fixtures;
 
     use super::*;
 
     fn charge(id: &str, status: ChargeStatus, amount: i64) -> Charge {
-        Charge {
-            id: id.to_owned(),
-            status,
-            amount,
-            currency: "EUR".to_owned(),
-            customer: "cus_1".to_owned(),
-            idempotency_key: "oncepay-key".to_owned(),
-            created: 0,
-            metadata: BTreeMap::new(),
-            failure_code: None,
-            failure_message: None,
-            payment_method: None,
-            account: None,
-        }
+        fixtures::charge(PaymentId::generate(), id, status, amount)
     }
 
     fn ours(status: PaymentStatus, booked: Option<(&'static str, i64, &'static str)>) -> Ours<'static> {
