@@ -113,7 +113,7 @@ pub fn configure(config: &mut web::ServiceConfig) {
         .route("/v1/session", web::delete().to(signing_in::sign_out))
         .route("/v1/session/everywhere", web::delete().to(signing_in::sign_out_everywhere))
         .route("/v1/session/oidc", web::get().to(signing_in::oidc_begin))
-        .route("/v1/session/oidc/callback", web::get().to(signing_in::oidc_callback))
+        .route("/v1/session/oidc/callback", web::get().to(oidc_callback))
         .route("/v1/operators/{name}/password", web::put().to(signing_in::set_password))
         .route("/v1/me", web::get().to(me))
         .route("/v1/dead-letters", web::get().to(dead_letters))
@@ -137,6 +137,23 @@ pub fn configure(config: &mut web::ServiceConfig) {
 
 /// A response, or the problem that stands for it.
 type Answer = Result<HttpResponse, Problem>;
+
+/// `GET /v1/session/oidc/callback?code=…&state=…`: where the OpenID provider sends the browser
+/// back ([`signing_in::oidc_session`]). 200 with the session cookie and who signed in; a browser
+/// (one that accepts HTML) gets a page that takes it on to the console, or says why not.
+async fn oidc_callback(state: web::Data<OperatorsState>, request: HttpRequest) -> HttpResponse {
+    let signed_in = signing_in::oidc_session(&state, &request).await;
+    if console::accepts_html(&request) {
+        let page = signed_in
+            .map(|session| signing_in::with_oidc_session(&state, console::signed_in(&session.account), &session));
+        return console::page_or_problem(page);
+    }
+    respond(signed_in.map(|session| {
+        let a = &session.account;
+        let who = json!({ "name": a.name, "role": a.role, "expires_at": session.expires_at.unix_timestamp() });
+        signing_in::with_oidc_session(&state, ok(StatusCode::OK, &who), &session)
+    }))
+}
 
 /// Answers a change that ran: on success its answer; on a refusal (bad input, a role too weak, a
 /// state it does not apply to, something not found) the problem, after recording the refusal with

@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_json::json;
 use time::OffsetDateTime;
 
-use super::{OperatorsState, body, change, connection, console, ok, own_or_admin, problem, respond};
+use super::{OperatorsState, body, change, connection, ok, own_or_admin, problem, respond};
 use crate::dead_letters::actions::require_reason;
 use crate::operator_error::OperatorError;
 use crate::operators::Account;
@@ -343,67 +343,64 @@ struct Callback {
     error: Option<String>,
 }
 
-/// `GET /v1/session/oidc/callback?code=…&state=…`: where the provider sends the browser back. The
-/// state must be this browser's and unused; the ID token must check out; its identity must be
-/// linked to an operator. Then 200 with the session cookie; otherwise 401, recorded. A browser
-/// (one that accepts HTML) is answered with a page that takes it on to the console.
-pub(super) async fn oidc_callback(state: web::Data<OperatorsState>, request: HttpRequest) -> HttpResponse {
-    let browser = console::accepts_html(&request);
-    let answer = async {
-        let oidc = state.oidc.as_ref().ok_or_else(no_provider)?;
-        let back: Callback = super::query(&request)?;
-        let source = source(&request);
-        let mut conn = connection(&state).await?;
-        let outcome = async {
-            if let Some(error) = back.error {
-                return Err(Why::Code(error));
-            }
-            let (Some(returned), Some(code)) = (back.state, back.code) else { return Err(Why::State) };
-            // The state must be the one this browser left with, not one an attacker sent it back with.
-            let kept = cookie(&request, OIDC_STATE).ok_or(Why::State)?;
-            if kept.expose_secret() != returned {
-                return Err(Why::State);
-            }
-            let subject = oidc.finish(&mut conn, &returned, &code).await?;
-            let account = accounts::find_by_subject(&mut conn, &subject).await?.ok_or(Why::NotLinked(subject))?;
-            Ok(sessions::open(&mut conn, account, source.as_deref(), &state.sessions, "oidc").await?)
-        };
-        match outcome.await {
-            Ok(session) => {
-                let a = &session.account;
-                let mut response = if browser {
-                    console::signed_in(a)
-                } else {
-                    ok(
-                        StatusCode::OK,
-                        &json!({ "name": a.name, "role": a.role, "expires_at": session.expires_at.unix_timestamp() }),
-                    )
-                };
-                let (name, value) = set_cookie(session.cookie.expose_secret(), state.sessions.max.as_secs());
-                response.headers_mut().append(name, value);
-                let (name, value) = set_state_cookie("", 0);
-                response.headers_mut().append(name, value);
-                Ok(response)
-            }
-            Err(Why::Failed(error)) => Err(problem(error)),
-            // The provider's trouble, not a refusal of the person.
-            Err(why @ (Why::Unreachable(_) | Why::Issuer { .. })) => {
-                Err(Problem::new(ProblemType::ServiceUnavailable, format!("sign-in failed: {why}")))
-            }
-            Err(why) => {
-                // Recorded under the identity the provider named, when it got that far.
-                let name: String = match &why {
-                    Why::NotLinked(subject) => subject.chars().take(63).collect(),
-                    _ => "(OpenID sign-in)".to_owned(),
-                };
-                let entry = Entry::new("session.sign_in", Outcome::Refused)
-                    .detail(json!({ "method": "oidc", "refusal": why.to_string() }));
-                let actor = Actor { operator_id: None, name: &name, source: source.as_deref() };
-                audit::record(&mut conn, &actor, &entry).await.map_err(problem)?;
-                Err(Problem::new(ProblemType::Unauthorized, format!("sign-in refused: {why}")))
-            }
+/// The session of a browser the OpenID provider sent back to `GET /v1/session/oidc/callback?code=…&state=…`.
+/// The state must be this browser's and unused; the ID token must check out; its identity must be
+/// linked to an operator. Otherwise a 401 problem, recorded in the audit trail (503 for the
+/// provider's own trouble).
+pub(super) async fn oidc_session(
+    state: &OperatorsState,
+    request: &HttpRequest,
+) -> Result<sessions::NewSession, Problem> {
+    let oidc = state.oidc.as_ref().ok_or_else(no_provider)?;
+    let back: Callback = super::query(request)?;
+    let source = source(request);
+    let mut conn = connection(state).await?;
+    let outcome = async {
+        if let Some(error) = back.error {
+            return Err(Why::Code(error));
         }
+        let (Some(returned), Some(code)) = (back.state, back.code) else { return Err(Why::State) };
+        // The state must be the one this browser left with, not one an attacker sent it back with.
+        let kept = cookie(request, OIDC_STATE).ok_or(Why::State)?;
+        if kept.expose_secret() != returned {
+            return Err(Why::State);
+        }
+        let subject = oidc.finish(&mut conn, &returned, &code).await?;
+        let account = accounts::find_by_subject(&mut conn, &subject).await?.ok_or(Why::NotLinked(subject))?;
+        Ok(sessions::open(&mut conn, account, source.as_deref(), &state.sessions, "oidc").await?)
     };
-    let answer = answer.await;
-    if browser { console::page_or_problem(answer) } else { respond(answer) }
+    match outcome.await {
+        Ok(session) => Ok(session),
+        Err(Why::Failed(error)) => Err(problem(error)),
+        // The provider's trouble, not a refusal of the person.
+        Err(why @ (Why::Unreachable(_) | Why::Issuer { .. })) => {
+            Err(Problem::new(ProblemType::ServiceUnavailable, format!("sign-in failed: {why}")))
+        }
+        Err(why) => {
+            // Recorded under the identity the provider named, when it got that far.
+            let name: String = match &why {
+                Why::NotLinked(subject) => subject.chars().take(63).collect(),
+                _ => "(OpenID sign-in)".to_owned(),
+            };
+            let entry = Entry::new("session.sign_in", Outcome::Refused)
+                .detail(json!({ "method": "oidc", "refusal": why.to_string() }));
+            let actor = Actor { operator_id: None, name: &name, source: source.as_deref() };
+            audit::record(&mut conn, &actor, &entry).await.map_err(problem)?;
+            Err(Problem::new(ProblemType::Unauthorized, format!("sign-in refused: {why}")))
+        }
+    }
+}
+
+/// `response`, carrying the session a sign-in at the OpenID provider opened, and clearing the
+/// cookie that tied the sign-in to the browser.
+pub(super) fn with_oidc_session(
+    state: &OperatorsState,
+    mut response: HttpResponse,
+    session: &sessions::NewSession,
+) -> HttpResponse {
+    let (name, value) = set_cookie(session.cookie.expose_secret(), state.sessions.max.as_secs());
+    response.headers_mut().append(name, value);
+    let (name, value) = set_state_cookie("", 0);
+    response.headers_mut().append(name, value);
+    response
 }

@@ -43,6 +43,26 @@ pub(super) const SECURITY_HEADERS: [(&str, &str); 5] = [
     ("cache-control", "no-store"),
 ];
 
+/// What each notice code left in a URL says.
+const NOTICES: [(&str, &str); 11] = [
+    ("retried", "Sent again: the worker sends the payment with the same key, so it is charged at most once."),
+    ("proposed", "Proposed: nothing changes until a second operator approves."),
+    ("acknowledged", "Acknowledged: the conflict is closed and the payment stays as it was."),
+    ("approved", "Approved and done."),
+    ("rejected", "Rejected: nothing was done."),
+    ("withdrawn", "Withdrawn: nothing was done."),
+    ("key_revoked", "Revoked: the key stops working within the api's auth cache time."),
+    ("connected", "The tenant's provider account is changed for its new payments."),
+    ("operator_created", "Created: give them a password or link their sign-in, and tell them."),
+    ("operator_changed", "Changed: their new role and tenants apply from their next request."),
+    ("operator_disabled", "Disabled: they are signed out everywhere and their tokens no longer work."),
+];
+
+/// The words of notice `code`, if the console has one.
+pub(super) fn notice_text(code: &str) -> Option<&'static str> {
+    NOTICES.iter().find(|(known, _)| *known == code).map(|(_, text)| *text)
+}
+
 /// The console's routes, under `/console`.
 pub(super) fn configure(config: &mut web::ServiceConfig) {
     let headers = SECURITY_HEADERS.iter().fold(DefaultHeaders::new(), |headers, pair| headers.add(*pair));

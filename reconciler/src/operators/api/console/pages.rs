@@ -944,7 +944,7 @@ pub(super) async fn not_found() -> HttpResponse {
 impl Chrome {
     /// With the notice a change left in the URL (`?notice=`), if it is one the console says.
     fn noticed(mut self, code: Option<&str>) -> Self {
-        self.notice = code.and_then(super::forms::notice_text);
+        self.notice = code.and_then(super::notice_text);
         self
     }
 
