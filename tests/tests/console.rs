@@ -222,7 +222,7 @@ async fn operators_find_propose_and_approve_in_a_real_browser_and_see_only_their
     let limited = json!({ "name": "carol", "role": "operator", "tenants": ["globex"], "reason": "globex's support" });
     make_operator(&system, limited).await;
 
-    // A charge the provider made but whose answer never arrived, whose lookups fail until the
+    // A charge the provider made but whose response never arrived, whose lookups fail until the
     // poller gives up, and whose webhook is lost: a dead letter only a person can settle.
     let simulator = system.simulator().unwrap();
     let faults = FaultsPatch {
@@ -271,7 +271,7 @@ async fn operators_find_propose_and_approve_in_a_real_browser_and_see_only_their
     let charge_id = alice.client().find(Locator::Css("main table td")).await.unwrap().text().await.unwrap();
     assert!(!charge_id.is_empty());
     alice.fill("#succeeded-charge", &charge_id).await;
-    alice.fill("#succeeded-reason", "the provider took the money; its answer was lost").await;
+    alice.fill("#succeeded-reason", "the provider took the money; its response was lost").await;
     alice.click("form:has(#succeeded-charge) button").await;
     alice.until("Confirm: what will happen").await;
     alice.click("main form button").await;

@@ -41,8 +41,8 @@ impl Browser {
         ops.operator(name, role, tenants).await;
         let body = json!({ "password": PASSWORD, "reason": "first sign-in" });
         let path = format!("/v1/operators/{name}/password");
-        let (set, answer) = ops.call(&ops.admin, Method::PUT, &path, Some(body)).await;
-        assert_eq!(set, StatusCode::NO_CONTENT, "{answer}");
+        let (set, body) = ops.call(&ops.admin, Method::PUT, &path, Some(body)).await;
+        assert_eq!(set, StatusCode::NO_CONTENT, "{body}");
         let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
         let response = http
             .post(format!("{}/console/sign-in", ops.url))

@@ -4,7 +4,7 @@
 //! [`create`] writes the selection, exactly the payments the operator was shown, with an audit row.
 //! [`BulkRetrier`] then resends each as that operator would have one by one, through
 //! [`retry_payment`]: their role and tenants are checked again for every payment, a resend past the
-//! key window or one that needs approval becomes a proposal, a refusal is recorded in the audit
+//! key window or one that needs approval becomes a proposal, a refused one is recorded in the audit
 //! trail. Each payment's resend and its result are written in one transaction, so a restart resumes
 //! with the next payment and no payment is resent twice.
 
@@ -247,7 +247,7 @@ impl Pass for BulkRetrier {
     }
 }
 
-/// What a resend did, or why it was refused, after recording the refusal in the audit trail, in
+/// What a resend did, or why it was refused, after recording a refused one in the audit trail, in
 /// the same transaction. A failure underneath is an error: the payment waits for the next pass.
 async fn refused_as(
     conn: &mut PgConnection,
@@ -258,12 +258,12 @@ async fn refused_as(
     match acted {
         Ok(acted) => Ok(Ok(acted)),
         Err(OperatorError::Failed(error)) => Err(error),
-        Err(refusal) => {
+        Err(why) => {
             let entry = Entry::new("payment.retry", Outcome::Refused)
                 .on_payment(payment_id)
-                .detail(json!({ "refusal": refusal.to_string() }));
+                .detail(json!({ "refusal": why.to_string() }));
             audit::record(conn, &caller.actor(), &entry).await?;
-            Ok(Err(refusal.to_string()))
+            Ok(Err(why.to_string()))
         }
     }
 }

@@ -396,7 +396,7 @@ fn acted(acted: Acted) -> HttpResponse {
 
 /// Resends dead-lettered payment `payment_id`, or proposes the resend when it is past the provider's
 /// key window or every resend needs approval. On `conn`, in a transaction of its own (a savepoint,
-/// when `conn` is already in one). Refusals are the caller's to record ([`change`]).
+/// when `conn` is already in one). A refused change is the caller's to record ([`change`]).
 async fn retry_payment(
     state: &OperatorsState,
     conn: &mut PgConnection,
@@ -520,7 +520,7 @@ async fn resolve(
 }
 
 /// Acknowledges a conflict on `payment_id` at once, or proposes settling it as succeeded or failed,
-/// for an approver. Refusals are the caller's to record ([`change`]).
+/// for an approver. A refused change is the caller's to record ([`change`]).
 async fn resolve_payment(
     state: &OperatorsState,
     caller: &Caller,
@@ -658,7 +658,7 @@ enum Decided {
     Closed(proposals::ProposalView),
 }
 
-/// Approves, rejects or withdraws proposal `proposal_id`. Refusals are the caller's to record
+/// Approves, rejects or withdraws proposal `proposal_id`. A refused change is the caller's to record
 /// ([`change`]).
 async fn decide_proposal(
     state: &OperatorsState,

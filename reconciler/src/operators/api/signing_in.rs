@@ -372,7 +372,7 @@ pub(super) async fn oidc_session(
     match outcome.await {
         Ok(session) => Ok(session),
         Err(Why::Failed(error)) => Err(problem(error)),
-        // The provider's trouble, not a refusal of the person.
+        // The provider's trouble: the person was not refused.
         Err(why @ (Why::Unreachable(_) | Why::Issuer { .. })) => {
             Err(Problem::new(ProblemType::ServiceUnavailable, format!("sign-in failed: {why}")))
         }

@@ -4,7 +4,7 @@
 //! Everyone may list the tenants they may see; changes are offered to admins only, and refused by
 //! the same functions the JSON API calls for anyone else. Like every change in the console, each
 //! asks for a reason, then for a confirmation that says what will happen. A new API key is shown on
-//! the page that answers the confirmation, once, and never travels in a URL.
+//! the page that follows the confirmation, once, and never travels in a URL.
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};

@@ -83,8 +83,8 @@ pub(super) async fn create(
             let mut conn = state.pool.acquire().await.map_err(|e| anyhow::Error::new(e).context("no database"))?;
             bulk_retries::create(&mut conn, &caller, &form.reason, filter, &shown).await
         };
-        let answered = created.await.map(|id| see_other(&format!("/console/bulk-retries/{id}")));
-        return finish(&state, &caller, chrome, entry, answered).await;
+        let redirect = created.await.map(|id| see_other(&format!("/console/bulk-retries/{id}")));
+        return finish(&state, &caller, chrome, entry, redirect).await;
     }
     let selected = async {
         let visible = visible_tenants(&state, &caller).await?;

@@ -1,9 +1,9 @@
 //! The console's forms (POST): signing in and out, the search, and the changes to a payment or a
 //! proposal.
 //!
-//! A change is posted twice: first with its reason, answered by a page that says what will happen
+//! A change is posted twice: first with its reason, followed by a page that says what will happen
 //! and asks to confirm; then with `confirmed=yes`, when it is done by the same function the JSON
-//! API calls, its refusal recorded in the audit trail the same way, and the browser is sent back to
+//! API calls, a refused change recorded in the audit trail the same way, and the browser is sent back to
 //! the payment's page with a notice.
 
 use actix_web::http::StatusCode;
@@ -196,7 +196,7 @@ pub(super) struct Confirmation {
     pub(super) back: String,
 }
 
-/// The page that asks to confirm a change posted with `reason` and `fields` (a refusal when the
+/// The page that asks to confirm a change posted with `reason` and `fields` (refused when the
 /// reason is missing: nothing is confirmed without one).
 pub(super) fn ask_to_confirm(
     chrome: Chrome,
@@ -342,8 +342,8 @@ pub(super) async fn act_on_payment(
         (Acted::Done(_), "retry") => "retried",
         (Acted::Done(_), _) => "acknowledged",
     };
-    let answered = outcome.map(|acted| see_other(&format!("{page}?notice={}", notice(&acted))));
-    finish(&state, &caller, chrome, entry, answered).await
+    let redirect = outcome.map(|acted| see_other(&format!("{page}?notice={}", notice(&acted))));
+    finish(&state, &caller, chrome, entry, redirect).await
 }
 
 /// `POST /console/proposals/{id}/approve|reject|withdraw`: asks to confirm, then does it.
@@ -392,7 +392,7 @@ pub(super) async fn decide(
     }
     let entry = Entry::new(decision.audit_action(), Outcome::Done).proposal(proposal_id);
     let outcome = decide_proposal(&state, &caller, proposal_id, decision, &form.reason).await;
-    let answered = outcome.map(|decided| {
+    let redirect = outcome.map(|decided| {
         let (payment_id, notice) = match &decided {
             Decided::Approved(approved) => (approved.proposal.payment_id, "approved"),
             Decided::Closed(closed) if closed.status == "rejected" => (closed.payment_id, "rejected"),
@@ -400,11 +400,11 @@ pub(super) async fn decide(
         };
         see_other(&format!("/console/payments/{payment_id}?notice={notice}"))
     });
-    finish(&state, &caller, chrome, entry, answered).await
+    finish(&state, &caller, chrome, entry, redirect).await
 }
 
 /// The response to a confirmed change: where it sends the browser, or a page that says why it was
-/// refused, after the refusal is recorded.
+/// refused, once that is recorded.
 pub(super) async fn finish(
     state: &OperatorsState,
     caller: &Caller,

@@ -187,8 +187,8 @@ pub(super) fn signed_in(account: &Account) -> HttpResponse {
 
 /// The response, or a page that says what went wrong; for the routes outside `/console` that a
 /// browser reaches.
-pub(super) fn page_or_problem(answer: Result<HttpResponse, Problem>) -> HttpResponse {
-    with_security_headers(answer.unwrap_or_else(|refused| error_page(None, &refused)))
+pub(super) fn page_or_problem(response: Result<HttpResponse, Problem>) -> HttpResponse {
+    with_security_headers(response.unwrap_or_else(|refused| error_page(None, &refused)))
 }
 
 fn with_security_headers(mut response: HttpResponse) -> HttpResponse {

@@ -408,7 +408,7 @@ struct Fact {
     value: String,
 }
 
-/// The provider's answer, asked on demand.
+/// What the provider holds for a payment, asked on demand.
 struct ProviderView {
     charges: Vec<Charge>,
     contradictions: Vec<String>,
