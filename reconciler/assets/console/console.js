@@ -5,7 +5,9 @@
 const PERIOD_MS = 5000;
 
 function refresh(section) {
-  fetch(section.dataset.live, { credentials: 'same-origin', headers: { Accept: 'text/html' } })
+  // Oncepay-Background: a refresh nobody asked for does not keep an idle session alive.
+  const headers = { Accept: 'text/html', 'Oncepay-Background': 'refresh' };
+  fetch(section.dataset.live, { credentials: 'same-origin', headers })
     .then((response) => {
       // Signed out or gone: stop, and leave the last figures showing.
       if (!response.ok || response.redirected) {

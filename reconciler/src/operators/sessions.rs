@@ -37,6 +37,16 @@ pub struct Policy {
     pub window: Duration,
 }
 
+/// Who uses a session for a request: the person, which keeps it from ending idle, or a page
+/// refreshing itself, which does not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Use {
+    /// The person asked for it.
+    ByThePerson,
+    /// A page refreshed itself: an unattended page must not keep the session alive.
+    InTheBackground,
+}
+
 /// A session just opened.
 pub struct NewSession {
     /// The cookie's value, for the `Set-Cookie` header only.
@@ -164,11 +174,12 @@ pub async fn authenticate(
     conn: &mut PgConnection,
     cookie: &str,
     idle: Duration,
+    used: Use,
 ) -> Result<Option<(Account, OffsetDateTime)>, OperatorError> {
     let cookie = SecretString::from(cookie.to_owned());
     let row = sqlx::query!(
         r#"
-        UPDATE operator_sessions s SET last_seen_at = now()
+        UPDATE operator_sessions s SET last_seen_at = CASE WHEN $3 THEN now() ELSE s.last_seen_at END
         FROM operators o
         WHERE s.session_sha256 = $1 AND o.operator_id = s.operator_id AND s.ended_at IS NULL
           AND s.expires_at > now() AND s.last_seen_at > now() - make_interval(secs => $2)
@@ -178,6 +189,7 @@ pub async fn authenticate(
         "#,
         digest(&cookie),
         idle.as_secs_f64(),
+        used == Use::ByThePerson,
     )
     .fetch_optional(conn)
     .await

@@ -441,3 +441,40 @@ async fn the_audit_trail_is_filtered_by_operator_action_and_day(pool: PgPool) {
     assert!(others.body.contains("Nothing is recorded that matches"));
     assert_eq!(bad_day.status, StatusCode::BAD_REQUEST);
 }
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn the_overview_refreshing_itself_does_not_keep_an_idle_session_alive(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let alice = Browser::sign_in(&ops, "alice", "operator", None).await;
+    let away = || async {
+        sqlx::query!("UPDATE operator_sessions SET last_seen_at = now() - interval '10 minutes'")
+            .execute(&pool)
+            .await
+            .unwrap();
+    };
+    let idle_for = || async {
+        sqlx::query_scalar!(
+            r#"SELECT extract(epoch FROM now() - last_seen_at)::bigint AS "secs!" FROM operator_sessions"#
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+
+    away().await;
+    let refreshed = alice
+        .http
+        .get(format!("{}/console/live", alice.url))
+        .header("cookie", &alice.cookie)
+        .header("oncepay-background", "refresh")
+        .send()
+        .await
+        .unwrap();
+    let after_refresh = idle_for().await;
+    alice.get("/console/").await;
+    let after_a_page = idle_for().await;
+
+    assert_eq!(refreshed.status(), StatusCode::OK);
+    assert!(after_refresh >= 590, "a refresh the person did not ask for leaves the session idle: {after_refresh}s");
+    assert!(after_a_page < 5, "opening a page is using the session: {after_a_page}s");
+}

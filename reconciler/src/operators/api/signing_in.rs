@@ -23,8 +23,11 @@ use crate::operators::Account;
 use crate::operators::accounts;
 use crate::operators::audit::{self, Actor, Entry, Outcome};
 use crate::operators::oidc::Why;
-use crate::operators::sessions::{self, COOKIE, Refused};
+use crate::operators::sessions::{self, COOKIE, Refused, Use};
 use crate::operators::tokens;
+
+/// The header a console page's own script sends when it refreshes the page in the background.
+const BACKGROUND: &str = "oncepay-background";
 
 /// How a caller proved who they are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,7 +98,9 @@ pub(super) async fn caller(state: &OperatorsState, request: &HttpRequest) -> Res
         return Err(cross_origin());
     }
     let mut conn = connection(state).await?;
-    let (account, signed_in_at) = sessions::authenticate(&mut conn, cookie.expose_secret(), state.sessions.idle)
+    // A page that refreshes itself says so: it must not keep an unattended session from ending.
+    let used = if request.headers().contains_key(BACKGROUND) { Use::InTheBackground } else { Use::ByThePerson };
+    let (account, signed_in_at) = sessions::authenticate(&mut conn, cookie.expose_secret(), state.sessions.idle, used)
         .await
         .map_err(problem)?
         .ok_or_else(refused)?;
