@@ -138,6 +138,7 @@ async fn a_retry_from_the_console_asks_to_confirm_then_is_done_and_recorded(pool
 
     assert!(listed.body.contains(&payment_id.to_string()), "{}", listed.body);
     assert!(shown.body.contains("Send it again") && shown.body.contains("k-1"), "{}", shown.body);
+    assert!(shown.body.contains("reconciler (poll 30)"), "the timeline shows the lookups: {}", shown.body);
     assert_eq!(no_reason.status, StatusCode::BAD_REQUEST);
     assert_eq!(confirm.status, StatusCode::OK);
     assert!(confirm.body.contains("same idempotency key"), "{}", confirm.body);

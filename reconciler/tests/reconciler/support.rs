@@ -185,7 +185,8 @@ pub async fn dead_lettered(pool: &PgPool, tenant_id: TenantId, key: &str, sent_s
         actor: "reconciler:poller",
         reason: "no conclusive response from the provider after 30 lookups",
     };
-    let evidence = json!({"source": "poll", "result": "lookup failed: the provider responded with HTTP 503"});
+    let result = json!({"attempt": 30, "result": "lookup failed: the provider responded with HTTP 503"});
+    let evidence = unknown::evidence("poll", result);
     unknown::exhaust(&mut tx, tenant_id, payment_id, why, evidence).await.unwrap();
     tx.commit().await.unwrap();
     payment_id

@@ -338,6 +338,8 @@ pub(super) async fn payment(
 #[derive(Debug)]
 pub(super) struct PaymentDeadLetter {
     pub(super) kind: String,
+    /// What the reconciler learned before it gave up, as `unknown::evidence` wrote it.
+    pub(super) evidence: Value,
     pub(super) reason: String,
     pub(super) created_at: OffsetDateTime,
     pub(super) resolved_at: Option<OffsetDateTime>,
@@ -410,7 +412,8 @@ pub(super) async fn timeline(
     let dead_letters = sqlx::query_as!(
         PaymentDeadLetter,
         r#"
-        SELECT kind, reason, created_at, resolved_at, resolved_by, resolution, resolution_note FROM dead_letters
+        SELECT kind, evidence, reason, created_at, resolved_at, resolved_by, resolution, resolution_note
+        FROM dead_letters
         WHERE tenant_id = $1 AND payment_id = $2 ORDER BY created_at DESC LIMIT $3
         "#,
         tenant,
@@ -420,6 +423,16 @@ pub(super) async fn timeline(
     .fetch_all(&mut *conn)
     .await
     .context("cannot read the payment's dead letters")?;
+    let uncertain = sqlx::query_scalar!(
+        "SELECT evidence FROM unknown_payments WHERE tenant_id = $1 AND payment_id = $2",
+        tenant,
+        payment,
+    )
+    .fetch_optional(&mut *conn)
+    .await
+    .context("cannot read what the reconciler learned of the payment")?;
+    let evidence = dead_letters.iter().map(|d| &d.evidence).chain(uncertain.as_ref());
+    happened.extend(evidence.filter_map(Value::as_array).flatten().filter_map(learned));
     for d in &dead_letters {
         let what = format!("dead-lettered ({}): {}", d.kind, d.reason);
         happened.push(Happened { at: d.created_at, source: "dead letter", by: "reconciler".into(), what });
@@ -447,4 +460,24 @@ pub(super) async fn timeline(
     }
     happened.sort_by_key(|h| h.at);
     Ok((happened, dead_letters))
+}
+
+/// A piece of evidence the reconciler gathered (`unknown::evidence`: `at`, `source`, and an
+/// `attempt` with its `result` or the `charge` found), as a line of the timeline.
+fn learned(item: &Value) -> Option<Happened> {
+    let at = OffsetDateTime::parse(item.get("at")?.as_str()?, &time::format_description::well_known::Rfc3339).ok()?;
+    let source = item.get("source").and_then(Value::as_str).unwrap_or("reconciler");
+    let attempt = item.get("attempt").and_then(Value::as_i64).map(|n| format!(" {n}")).unwrap_or_default();
+    let found = match (item.get("charge"), item.get("result")) {
+        (Some(charge), _) => format!(
+            "the provider reports charge {} {} ({} {})",
+            charge.get("id").and_then(Value::as_str).unwrap_or("?"),
+            charge.get("status").and_then(Value::as_str).unwrap_or("?"),
+            charge.get("amount").and_then(Value::as_i64).unwrap_or_default(),
+            charge.get("currency").and_then(Value::as_str).unwrap_or("?"),
+        ),
+        (None, Some(result)) => result.as_str().map_or_else(|| result.to_string(), str::to_owned),
+        (None, None) => item.to_string(),
+    };
+    Some(Happened { at, source: "lookup", by: format!("reconciler ({source}{attempt})"), what: found })
 }
