@@ -104,9 +104,9 @@ impl Tenant {
     }
 }
 
-/// Rows per loader statement: big enough to be quick, small enough for the foreign-key checks that
+/// Payments per loader statement: big enough to be quick, small enough for the foreign-key checks that
 /// run at the end of each statement to stay in memory.
-const BATCH: u64 = 200_000;
+pub const BATCH: u64 = 200_000;
 
 /// The millisecond clock that loaded payment ids start from: `count` ms before now, so the ids the
 /// api generates later sort after them.

@@ -2,10 +2,13 @@
 //! one run, on one throwaway PostgreSQL.
 //!
 //! [`raw`] makes the pgbench baselines from the project's own SQL; [`loadgen`], [`services`] and
-//! [`measure`] drive the release binaries; [`cpu`] records what each process spent; [`run`] orders
-//! the phases and [`report`] prints and keeps the results. Timing lives here and only here: this
+//! [`measure`] drive the release binaries, and [`closed_loop`] the reconciler's endpoints
+//! ([`webhooks`], [`console`]); [`cpu`] records what each process spent; [`run`] orders the phases
+//! and [`report`] prints and keeps the results. Timing lives here and only here: this
 //! crate's tests check its logic (script generation, parsing, percentiles), never a speed.
 
+pub mod closed_loop;
+pub mod console;
 pub mod cpu;
 pub mod dataset;
 pub mod latency;

@@ -14,8 +14,9 @@ use crate::cpu::{CpuUsage, Role};
 use crate::latency::LatencySummary;
 use crate::machine::Machine;
 
-/// The JSON document's format version; bump it when a field changes meaning.
-pub const FORMAT_VERSION: u32 = 1;
+/// The JSON document's format version; bump it when a field changes meaning. 2: a comparison says
+/// what its ratio is `of` (rates, or median latencies), and latencies have a p95.
+pub const FORMAT_VERSION: u32 = 2;
 
 /// Cores busy with other programs above which a row is marked as measured on a busy machine.
 pub const NOISY_OTHER_CORES: f64 = 0.25;
@@ -100,29 +101,56 @@ pub struct Row {
     pub extra: BTreeMap<String, f64>,
 }
 
-/// A service rate set against a raw one.
+/// A measurement set against a baseline: a service rate against a raw one, or a cost against the
+/// same measurement over a shorter history.
 #[derive(Debug, Clone, Serialize)]
 pub struct Comparison {
     /// The baseline row, as `name×concurrency` (and its dataset unless it is the main one).
     pub baseline: String,
     /// Its rate.
     pub baseline_rate: f64,
-    /// Service rate / baseline rate.
+    /// What the ratio compares.
+    pub of: Measure,
+    /// The measurement / the baseline's, of [`Comparison::of`].
     pub ratio: f64,
-    /// The ratio issue #8 asks for, if it sets one.
+    /// The ratio the issue asks for, if it sets one: the least a rate's may be, the most a
+    /// latency's may be.
     pub target: Option<f64>,
 }
 
+/// What a [`Comparison`] compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Measure {
+    /// Rates: higher is better.
+    Rate,
+    /// Median latencies: lower is better.
+    MedianLatency,
+}
+
 impl Comparison {
-    /// Compares `rate` with `baseline`.
+    /// Compares `rate` with `baseline`'s.
     pub fn new(rate: f64, baseline: &Row, target: Option<f64>) -> Self {
         let ratio = if baseline.rate > 0.0 { rate / baseline.rate } else { 0.0 };
-        Self { baseline: baseline.label(), baseline_rate: baseline.rate, ratio, target }
+        Self { baseline: baseline.label(), baseline_rate: baseline.rate, of: Measure::Rate, ratio, target }
+    }
+
+    /// Compares `row`'s median latency with `baseline`'s (0 when either has none).
+    pub fn of_median_latency(row: &Row, baseline: &Row, target: Option<f64>) -> Self {
+        let ratio = match (row.latency, baseline.latency) {
+            (Some(latency), Some(base)) if base.p50_ms > 0.0 => latency.p50_ms / base.p50_ms,
+            _ => 0.0,
+        };
+        let label = format!("p50 of {}", baseline.label());
+        Self { baseline: label, baseline_rate: baseline.rate, of: Measure::MedianLatency, ratio, target }
     }
 
     /// Whether the target is met (`None` without a target).
     pub fn met(&self) -> Option<bool> {
-        self.target.map(|target| self.ratio >= target)
+        self.target.map(|target| match self.of {
+            Measure::Rate => self.ratio >= target,
+            Measure::MedianLatency => self.ratio > 0.0 && self.ratio <= target,
+        })
     }
 }
 
@@ -146,8 +174,8 @@ impl Row {
 /// The rows as a table for a terminal.
 pub fn table(rows: &[Row]) -> String {
     let header = [
-        "", "what", "conns", "dataset", "rate/s", "baseline", "base/s", "ratio", "target", "p50 ms", "p99 ms",
-        "max ms", "CPU-s/op", "client", "other",
+        "", "what", "conns", "dataset", "rate/s", "baseline", "base/s", "ratio", "target", "p50 ms", "p95 ms",
+        "p99 ms", "max ms", "CPU-s/op", "client", "other",
     ];
     let mut lines: Vec<Vec<String>> = vec![header.iter().map(|h| (*h).to_owned()).collect()];
     for row in rows {
@@ -167,10 +195,15 @@ pub fn table(rows: &[Row]) -> String {
             comparison.map_or("-".to_owned(), |c| c.baseline.clone()),
             comparison.map_or("-".to_owned(), |c| thousands(c.baseline_rate)),
             comparison.map_or("-".to_owned(), |c| format!("{:.2}", c.ratio)),
-            comparison.and_then(|c| c.target.map(|t| (t, c.met()))).map_or("-".to_owned(), |(t, met)| {
-                format!("≥{t:.1} {}", if met == Some(true) { "ok" } else { "MISS" })
+            comparison.and_then(|c| c.target.map(|t| (t, c.of, c.met()))).map_or("-".to_owned(), |(t, of, met)| {
+                let bound = match of {
+                    Measure::Rate => '≥',
+                    Measure::MedianLatency => '≤',
+                };
+                format!("{bound}{t:.1} {}", if met == Some(true) { "ok" } else { "MISS" })
             }),
             latency(|l| l.p50_ms),
+            latency(|l| l.p95_ms),
             latency(|l| l.p99_ms),
             latency(|l| l.max_ms),
             row.cpu_seconds_per_op.map_or("-".to_owned(), |c| format!("{c:.6}")),
@@ -281,6 +314,37 @@ mod tests {
         assert_eq!(below.met(), Some(false));
         assert_eq!(without.met(), None);
         assert_eq!(Comparison::new(1.0, &row(Kind::Raw, "empty", 0.0), None).ratio, 0.0);
+    }
+
+    fn with_median(mut row: Row, p50_ms: f64) -> Row {
+        row.latency = Some(LatencySummary {
+            count: 100,
+            p50_ms,
+            p95_ms: p50_ms,
+            p99_ms: p50_ms,
+            max_ms: p50_ms,
+            mean_ms: p50_ms,
+        });
+        row
+    }
+
+    #[test]
+    fn a_latency_comparison_is_the_ratio_of_medians_and_meets_its_target_at_or_below_it() {
+        let short = with_median(row(Kind::Service, "console search", 1000.0), 2.0);
+        let at = with_median(row(Kind::Service, "console search", 700.0), 3.0);
+        let above = with_median(row(Kind::Service, "console search", 600.0), 3.2);
+
+        let met = Comparison::of_median_latency(&at, &short, Some(1.5));
+        let missed = Comparison::of_median_latency(&above, &short, Some(1.5));
+        let unmeasured = Comparison::of_median_latency(&row(Kind::Service, "x", 1.0), &short, Some(1.5));
+
+        assert_eq!((met.baseline.as_str(), met.ratio, met.met()), ("p50 of console search×8", 1.5, Some(true)));
+        assert_eq!((missed.ratio, missed.met()), (1.6, Some(false)));
+        assert_eq!((unmeasured.ratio, unmeasured.met()), (0.0, Some(false)), "no latency is no pass");
+        let mut long = above;
+        long.comparison = Some(missed);
+        let table = table(&[short, long]);
+        assert!(table.contains("≤1.5 MISS") && table.contains("1.60"), "{table}");
     }
 
     #[test]

@@ -21,13 +21,15 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection as _, PgPool};
 use tokio::time::Instant;
 
-use crate::cpu::{ClientSource, CpuSampler, Role};
+use crate::closed_loop::Window;
+use crate::console::{self, Probes, Read};
+use crate::cpu::{ClientSource, CpuSampler, CpuUsage, Role};
 use crate::dataset::{self, ReplaySet, Tenant};
 use crate::loadgen::Workload;
 use crate::machine::Machine;
 use crate::measure::{self, Start, Target, Timing};
 use crate::raw::{self, Baseline};
-use crate::report::{Comparison, FORMAT_VERSION, Kind, Report, Row};
+use crate::report::{Comparison, FORMAT_VERSION, Kind, Measure, Report, Row};
 use crate::services::{Launcher, Service};
 use crate::webhooks::{self, Load as WebhookLoad};
 
@@ -38,7 +40,7 @@ pub enum Profile {
     Quick,
     /// The figures to keep.
     Standard,
-    /// Standard plus the 10-million-key history comparison.
+    /// Standard plus the 10-million-key history comparison and the console with a million payments.
     Full,
 }
 
@@ -67,6 +69,15 @@ impl Profile {
             Self::Standard | Self::Full => 100_000,
         }
     }
+
+    /// The histories the console's reads are compared over: payments in each database, and the
+    /// report's name for it. The are a hundredfold apart; so are the smoke run's.
+    fn console_histories(self) -> [(u64, &'static str); 2] {
+        match self {
+            Self::Quick => [(1_000, "1k payments"), (100_000, "100k payments")],
+            Self::Standard | Self::Full => [(10_000, "10k payments"), (1_000_000, "1M payments")],
+        }
+    }
 }
 
 /// Which parts of a run to do.
@@ -88,6 +99,8 @@ pub enum Phase {
     Flood,
     /// The reconciler's webhook endpoint: genuine deliveries and forged ones with many signatures.
     Webhook,
+    /// The operator console's reads with 10 thousand and with 1 million payments.
+    Console,
 }
 
 /// What the run was asked to do.
@@ -95,7 +108,8 @@ pub enum Phase {
 pub struct Options {
     /// How long and how big.
     pub profile: Profile,
-    /// The phases to run (all when empty; `history` only with the full profile or when named).
+    /// The phases to run (all when empty; `history` and `console` only with the full profile or
+    /// when named).
     pub phases: Vec<Phase>,
     /// A note kept in the report.
     pub label: Option<String>,
@@ -118,7 +132,7 @@ pub struct Options {
 impl Options {
     fn runs(&self, phase: Phase) -> bool {
         if self.phases.is_empty() {
-            phase != Phase::History || self.profile == Profile::Full
+            !matches!(phase, Phase::History | Phase::Console) || self.profile == Profile::Full
         } else {
             self.phases.contains(&phase)
         }
@@ -145,6 +159,10 @@ const REPLAYED_KEYS: u64 = 10_000;
 
 /// The api setting, by name, for a process that reads every replay from the database.
 const NO_REPLAY_CACHE: (&str, &str) = ("intake.replay_cache_bytes", "0");
+
+/// The most a console read may cost with the long history, as a multiple of its median latency
+/// with the short one.
+const CONSOLE_GROWTH: f64 = 1.5;
 
 /// A database of the run, with its tenant.
 struct Database {
@@ -316,6 +334,9 @@ impl Bench<'_> {
         if self.options.runs(Phase::History) {
             self.history().await?;
         }
+        if self.options.runs(Phase::Console) {
+            self.console().await?;
+        }
         simulator.stop().await
     }
 
@@ -445,25 +466,25 @@ impl Bench<'_> {
         oncepay_service::tls::install_provider();
         let secret_text = WebhookSecret::generate();
         let secret = WebhookSecret::parse(&secret_text)?;
-        let reconciler = self.launcher.reconciler(&main.url, &secret_text).await?;
+        let reconciler = self.launcher.reconciler("reconciler", &main.url, &secret_text, None).await?;
         let base = reconciler.base_url();
         let forged =
             format!("{} signatures, {} KiB body", webhooks::FORGED_SIGNATURES, webhooks::FORGED_BODY_BYTES / 1024);
 
         eprintln!("bench: webhooks genuine ×4");
         let genuine = self.webhook_window(&base, &secret, WebhookLoad::Genuine, 4, None).await?;
-        let genuine = self.push(webhook_row("webhook genuine", "signed, 1 reconciler".into(), 4, 200, genuine));
+        let genuine = self.push(reconciler_row("webhook genuine", "signed, 1 reconciler", "main", 4, 200, genuine));
         eprintln!("bench: webhooks forged ×4 ({forged})");
         let window = self.webhook_window(&base, &secret, WebhookLoad::Forged, 4, None).await?;
-        self.push_compared(webhook_row("webhook forged", forged.clone(), 4, 401, window), genuine, None);
+        self.push_compared(reconciler_row("webhook forged", &forged, "main", 4, 401, window), genuine, None);
 
         eprintln!("bench: healthz ×1, quiet");
         let quiet = self.webhook_window(&base, &secret, WebhookLoad::Health, 1, None).await?;
-        let quiet = self.push(webhook_row("reconciler healthz", "quiet".into(), 1, 200, quiet));
+        let quiet = self.push(reconciler_row("reconciler healthz", "quiet", "main", 1, 200, quiet));
         eprintln!("bench: healthz ×1 while forged webhooks ×4 arrive");
         let window = self.webhook_window(&base, &secret, WebhookLoad::Health, 1, Some(4)).await?;
         let setup = format!("during forged webhooks ×4 ({forged})");
-        self.push_compared(webhook_row("reconciler healthz", setup, 1, 200, window), quiet, None);
+        self.push_compared(reconciler_row("reconciler healthz", &setup, "main", 1, 200, window), quiet, None);
         reconciler.stop().await
     }
 
@@ -476,7 +497,26 @@ impl Bench<'_> {
         load: WebhookLoad,
         connections: usize,
         forged: Option<usize>,
-    ) -> anyhow::Result<(webhooks::Window, crate::cpu::CpuUsage)> {
+    ) -> anyhow::Result<(Window, CpuUsage)> {
+        let timing = self.timing;
+        let background = async {
+            match forged {
+                Some(connections) => {
+                    webhooks::closed_loop(base, secret, WebhookLoad::Forged, connections, timing).await.map(drop)
+                }
+                None => Ok(()),
+            }
+        };
+        self.reconciler_window(webhooks::closed_loop(base, secret, load, connections, timing), background).await
+    }
+
+    /// One window of `load`, requests to a reconciler, with `background` load alongside, and the CPU
+    /// it cost.
+    async fn reconciler_window(
+        &self,
+        load: impl Future<Output = anyhow::Result<Window>>,
+        background: impl Future<Output = anyhow::Result<()>>,
+    ) -> anyhow::Result<(Window, CpuUsage)> {
         let timing = self.timing;
         let sampler = CpuSampler::new(&self.postmasters, ClientSource::Process);
         let cpu = async {
@@ -485,16 +525,7 @@ impl Bench<'_> {
             tokio::time::sleep(timing.window).await;
             sampler.sample().since(&from)
         };
-        let background = async {
-            match forged {
-                Some(connections) => {
-                    webhooks::closed_loop(base, secret, WebhookLoad::Forged, connections, timing).await.map(Some)
-                }
-                None => Ok(None),
-            }
-        };
-        let (window, cpu, background) =
-            tokio::join!(webhooks::closed_loop(base, secret, load, connections, timing), cpu, background);
+        let (window, cpu, background) = tokio::join!(load, cpu, background);
         background?;
         Ok((window?, cpu))
     }
@@ -574,6 +605,7 @@ impl Bench<'_> {
                 row.comparison = Some(Comparison {
                     baseline: "accepts in the same window".into(),
                     baseline_rate: accept_rate,
+                    of: Measure::Rate,
                     ratio: if accept_rate > 0.0 { row.rate / accept_rate } else { 0.0 },
                     // From empty, keeping up shows as 1.0 and no more: the target is the backlog's.
                     target: (start == Start::Backlog).then_some(1.0),
@@ -671,6 +703,88 @@ impl Bench<'_> {
         }
         Ok(())
     }
+
+    /// The operator console's reads with a short and with a long history of payments, each in a
+    /// database of its own, migrated and served by its own reconciler as an operator would run it,
+    /// read with an admin's token. Each read is measured over the short history and at once over the
+    /// long one, so that both windows see the same machine, and compared by median latency: with the
+    /// long history it may cost at most [`CONSOLE_GROWTH`] times as much.
+    async fn console(&mut self) -> anyhow::Result<()> {
+        oncepay_service::tls::install_provider();
+        let mut histories = Vec::new();
+        for (payments, label) in self.options.profile.console_histories() {
+            histories.push(self.console_history(payments, label).await?);
+        }
+        for read in Read::ALL {
+            let mut short = None;
+            for history in &histories {
+                dataset::checkpoint(&mut *history.pool.acquire().await?).await?;
+                eprintln!("bench: {read} ×1 [{}]", history.label);
+                let load = console::closed_loop(&history.probes, read, self.timing);
+                let window = self.reconciler_window(load, async { Ok(()) }).await?;
+                let row = reconciler_row(read.name(), read.setup(), history.label, 1, read.expected(), window);
+                match short {
+                    None => short = Some(self.push(row)),
+                    Some(baseline) => self.push_grown(row, baseline),
+                }
+            }
+        }
+        for history in histories {
+            history.reconciler.stop().await?;
+            history.pool.close().await;
+            self.server.front().psql("postgres", &format!("DROP DATABASE {}", history.database)).await?;
+        }
+        Ok(())
+    }
+
+    /// A database of `payments` for the console, migrated and loaded, its reconciler serving the
+    /// console, and the console's requests found there.
+    async fn console_history(&self, payments: u64, label: &'static str) -> anyhow::Result<ConsoleHistory> {
+        let database = format!("console_{payments}");
+        self.server.create_database(&database).await?;
+        let url = self.server.url(&database);
+        self.launcher.reconciler_command(&url, &["migrate"]).await?;
+        let pool = PgPoolOptions::new().max_connections(2).connect(&url).await?;
+        let started = Instant::now();
+        let mut conn = pool.acquire().await?;
+        console::load(&mut conn, payments).await?;
+        dataset::settle_database(&mut conn).await?;
+        drop(conn);
+        eprintln!("bench: {database}: {payments} payments loaded in {:.0?}", started.elapsed());
+        let printed = self.launcher.reconciler_command(&url, &["operators", "bootstrap", "bench", "--json"]).await?;
+        let token = console::bootstrapped_token(&printed)?;
+        let operations = oncepay_devkit::pg::free_port()?;
+        let secret = WebhookSecret::generate();
+        let name = format!("reconciler-{database}");
+        let reconciler = self.launcher.reconciler(&name, &url, &secret, Some(operations)).await?;
+        let probes = Probes::find(&format!("http://127.0.0.1:{operations}"), &token, payments).await?;
+        Ok(ConsoleHistory { database, label, pool, reconciler, probes })
+    }
+
+    /// Pushes a row measured over the long history against the same over the short one: its median
+    /// latency may grow by [`CONSOLE_GROWTH`] at most; the p95's and the CPU's growth are extras.
+    fn push_grown(&mut self, mut row: Row, short: usize) {
+        let baseline = &self.rows[short];
+        let grown = |long: Option<f64>, short: Option<f64>| match (long, short) {
+            (Some(long), Some(short)) if short > 0.0 => Some(long / short),
+            _ => None,
+        };
+        let p95 = grown(row.latency.map(|l| l.p95_ms), baseline.latency.map(|l| l.p95_ms));
+        let cpu = grown(row.cpu_seconds_per_op, baseline.cpu_seconds_per_op);
+        row.extra.extend(p95.map(|ratio| ("p95 ratio".to_owned(), ratio)));
+        row.extra.extend(cpu.map(|ratio| ("CPU-s/op ratio".to_owned(), ratio)));
+        row.comparison = Some(Comparison::of_median_latency(&row, baseline, Some(CONSOLE_GROWTH)));
+        self.push(row);
+    }
+}
+
+/// One history the console is read over: its database, and the reconciler that serves its console.
+struct ConsoleHistory {
+    database: String,
+    label: &'static str,
+    pool: PgPool,
+    reconciler: Service,
+    probes: Probes,
 }
 
 /// The two api processes of one history: one that remembers final responses, one that does not.
@@ -707,14 +821,15 @@ async fn postmasters(server: &Server) -> anyhow::Result<Vec<i32>> {
     Ok(postmasters)
 }
 
-/// A row of webhook-endpoint load: responses with the `expected` status are its operations, any
+/// A row of load on a reconciler: responses with the `expected` status are its operations, any
 /// other is an error.
-fn webhook_row(
+fn reconciler_row(
     name: &str,
-    setup: String,
+    setup: &str,
+    dataset: &str,
     connections: u32,
     expected: u16,
-    (window, cpu): (webhooks::Window, crate::cpu::CpuUsage),
+    (window, cpu): (Window, CpuUsage),
 ) -> Row {
     let ops = window.statuses.get(&expected).copied().unwrap_or(0);
     let seconds = cpu.wall_seconds.max(f64::EPSILON);
@@ -722,8 +837,8 @@ fn webhook_row(
         kind: Kind::Service,
         name: name.into(),
         concurrency: connections,
-        setup,
-        dataset: "main".into(),
+        setup: setup.into(),
+        dataset: dataset.into(),
         ops,
         seconds,
         rate: ops as f64 / seconds,

@@ -1,5 +1,5 @@
 //! The real binaries, started for a phase and stopped after it: the api (one or more processes),
-//! the provider simulator, workers and a reconciler.
+//! the provider simulator, workers and a reconciler; and the reconciler's one-off commands.
 //!
 //! Each is a child process (`oncepay_devkit::process`) built in the same profile as this benchmark,
 //! configured only through the environment as an operator would, logging to the run's log
@@ -116,16 +116,45 @@ impl Launcher {
         start(spec, port).await
     }
 
-    /// Starts a reconciler on `database_url` that accepts webhooks signed with `webhook_secret`; its
-    /// poller looks up nothing (no payment here is `unknown`).
-    pub async fn reconciler(&self, database_url: &str, webhook_secret: &str) -> anyhow::Result<Service> {
+    /// Starts a reconciler named `name` on `database_url` that accepts webhooks signed with
+    /// `webhook_secret`, and serves its operations API and console on `operations_port` if given;
+    /// its poller looks up nothing (no payment here is `unknown`).
+    pub async fn reconciler(
+        &self,
+        name: &str,
+        database_url: &str,
+        webhook_secret: &str,
+        operations_port: Option<u16>,
+    ) -> anyhow::Result<Service> {
         let port = free_port()?;
-        let spec = Spec::new("reconciler", &self.reconciler, &self.log_dir)
+        let mut spec = Spec::new(name, &self.reconciler, &self.log_dir)
             .arg("serve")
             .env("DATABASE_URL", database_url)
             .port(port)
             .setting_list("webhooks.secrets", &[webhook_secret]);
+        if let Some(operations_port) = operations_port {
+            spec = spec.setting("operators.port", operations_port.to_string());
+        }
         start(spec, port).await
+    }
+
+    /// Runs one command of `oncepay-reconciler` on `database_url` (`migrate`, `operators bootstrap
+    /// NAME --json` ...), as an operator would, and returns what it printed.
+    pub async fn reconciler_command(&self, database_url: &str, args: &[&str]) -> anyhow::Result<String> {
+        let output = tokio::process::Command::new(&self.reconciler)
+            .args(args)
+            .env("DATABASE_URL", database_url)
+            .output()
+            .await
+            .with_context(|| format!("cannot run {}", self.reconciler.display()))?;
+        anyhow::ensure!(
+            output.status.success(),
+            "oncepay-reconciler {} exited with {}: {}",
+            args.join(" "),
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+        Ok(String::from_utf8(output.stdout)?)
     }
 
     /// Starts worker `n` on `database_url`, sending to `provider`.

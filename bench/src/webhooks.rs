@@ -2,20 +2,16 @@
 //! reconciler next to a genuine one, and how long `/healthz` takes while forgeries arrive next to
 //! the same when nothing does. Measured in the same run, reported as ratios.
 //!
-//! The load is a closed loop of `reqwest` requests from tasks of the benchmark process, so its CPU
-//! time is the `bench` role's, not the reconciler's.
+//! The load is a closed loop of `reqwest` requests from tasks of the benchmark process
+//! ([`crate::closed_loop`]), so its CPU time is the `bench` role's, not the reconciler's.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use oncepay_provider::webhook_signature::WebhookSecret;
 use oncepay_provider::wire::{EventType, WebhookEvent};
 use oncepay_provider::{Charge, ChargeStatus};
-use tokio::task::JoinSet;
-use tokio::time::Instant;
 
-use crate::latency::Latencies;
+use crate::closed_loop::Window;
 use crate::measure::Timing;
 
 /// Candidates in a forged `webhook-signature` header: far more than a sender ever sends (one, two
@@ -39,22 +35,6 @@ pub enum Load {
     Health,
 }
 
-/// What a closed loop measured inside its window.
-#[derive(Debug, Default)]
-pub struct Window {
-    /// Responses inside the window, by status.
-    pub statuses: BTreeMap<u16, u64>,
-    /// Their latencies.
-    pub latencies: Latencies,
-}
-
-impl Window {
-    /// Responses inside the window.
-    pub fn responded(&self) -> u64 {
-        self.statuses.values().sum()
-    }
-}
-
 /// The requests of one load, built once.
 struct Requests {
     load: Load,
@@ -63,7 +43,6 @@ struct Requests {
     genuine_body: Vec<u8>,
     forged_body: Vec<u8>,
     forged_signature: String,
-    sent: AtomicU64,
 }
 
 impl Requests {
@@ -92,16 +71,16 @@ impl Requests {
             genuine_body: serde_json::to_vec(&event)?,
             forged_body: vec![b' '; FORGED_BODY_BYTES],
             forged_signature: vec![candidate; FORGED_SIGNATURES].join(" "),
-            sent: AtomicU64::new(0),
         })
     }
 
-    fn build(&self, client: &reqwest::Client) -> reqwest::RequestBuilder {
+    /// Request number `number` (each genuine delivery has an id of its own).
+    fn build(&self, client: &reqwest::Client, number: u64) -> reqwest::RequestBuilder {
         let now = time::OffsetDateTime::now_utc().unix_timestamp();
         match self.load {
             Load::Health => client.get(format!("{}/healthz", self.base)),
             Load::Genuine => {
-                let id = format!("msg_bench_{}", self.sent.fetch_add(1, Ordering::Relaxed));
+                let id = format!("msg_bench_{number}");
                 let signature = self.secret.sign(&id, now, &self.genuine_body);
                 self.delivery(client, &id, now, &signature, self.genuine_body.clone())
             }
@@ -136,40 +115,6 @@ pub async fn closed_loop(
     connections: usize,
     timing: Timing,
 ) -> anyhow::Result<Window> {
-    let requests = Arc::new(Requests::new(load, base, secret.clone())?);
-    let from = Instant::now() + timing.warmup;
-    let until = from + timing.window;
-    let mut loops = JoinSet::new();
-    for _ in 0..connections {
-        let requests = Arc::clone(&requests);
-        loops.spawn(async move {
-            let client = reqwest::Client::new();
-            let mut window = Window::default();
-            while Instant::now() < until {
-                let sent = Instant::now();
-                let status = match requests.build(&client).send().await {
-                    Ok(response) => {
-                        let status = response.status().as_u16();
-                        let _ = response.bytes().await;
-                        status
-                    }
-                    Err(_) => 0,
-                };
-                if sent >= from && Instant::now() <= until {
-                    *window.statuses.entry(status).or_default() += 1;
-                    window.latencies.record(sent.elapsed());
-                }
-            }
-            window
-        });
-    }
-    let mut total = Window::default();
-    while let Some(finished) = loops.join_next().await {
-        let window = finished?;
-        for (status, count) in window.statuses {
-            *total.statuses.entry(status).or_default() += count;
-        }
-        total.latencies.merge(window.latencies);
-    }
-    Ok(total)
+    let requests = Requests::new(load, base, secret.clone())?;
+    crate::closed_loop::run(connections, timing, move |client, number| requests.build(client, number)).await
 }
