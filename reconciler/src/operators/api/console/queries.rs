@@ -214,7 +214,9 @@ pub(super) async fn dead_letter_page(
             .push_bind(after.dead_letter_id)
             .push(")");
     }
-    sql.push(" ORDER BY d.created_at, d.dead_letter_id LIMIT ").push_bind(limit + 1);
+    // Written in, not bound: with a bound limit PostgreSQL's cached plan reckons with a tenth of the
+    // table, and it plans every request anew once the list is long (BENCHMARKS.md, "The console").
+    sql.push(format!(" ORDER BY d.created_at, d.dead_letter_id LIMIT {}", limit.saturating_add(1)));
     let mut rows: Vec<DeadLetterRow> =
         sql.build_query_as().fetch_all(conn).await.context("cannot read a page of dead letters")?;
     let more = rows.len() as i64 > limit;
