@@ -8,6 +8,7 @@
 //! payment since it was proposed, the approval is refused, saying what changed, and nothing is done.
 //! Each step writes its audit row in its own transaction.
 
+use std::fmt;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -56,6 +57,26 @@ pub enum Proposed {
         /// Although a recorded charge says the payment succeeded.
         force: bool,
     },
+}
+
+impl fmt::Display for Proposed {
+    /// What it will do, in words: `settle as succeeded with charge ch_1 (1999 EUR)`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Retry { outside_key_window: false } => f.write_str("send again"),
+            Self::Retry { outside_key_window: true } => f.write_str("send again, past the provider's key window"),
+            Self::Succeeded { charge_id, amount, currency, .. } => {
+                write!(f, "settle as succeeded with charge {charge_id} ({amount} {currency})")
+            }
+            Self::Failed { charge_id, force } => {
+                f.write_str("settle as failed")?;
+                if let Some(charge_id) = charge_id {
+                    write!(f, " with failed charge {charge_id}")?;
+                }
+                if *force { f.write_str(", although a charge on record says the money was taken") } else { Ok(()) }
+            }
+        }
+    }
 }
 
 impl Proposed {

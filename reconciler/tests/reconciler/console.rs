@@ -108,6 +108,7 @@ async fn every_page_needs_a_session_and_forbids_inline_scripts_framing_and_other
     assert_eq!(script.status, StatusCode::OK);
     assert_eq!(overview.status, StatusCode::OK);
     assert!(overview.body.contains("alice (operator)") && overview.body.contains("Waiting to be sent"));
+    assert!(overview.body.contains("href=\"/console/recon\""), "an operator of every tenant reads the runs");
     assert!(live.body.starts_with("<div id=\"live-figures\">"), "{}", live.body);
     for page in [&anonymous, &sign_in_page, &wrong, &overview] {
         let csp = page.csp.as_deref().unwrap();
@@ -147,7 +148,7 @@ async fn a_retry_from_the_console_asks_to_confirm_then_is_done_and_recorded(pool
     assert_eq!(done.status, StatusCode::SEE_OTHER);
     assert_eq!(done.location, Some(format!("/console/payments/{payment_id}?notice=retried")));
     assert_eq!(after, PaymentStatus::Pending);
-    assert!(landed.body.contains("Sent again"), "{}", landed.body);
+    assert!(landed.body.contains("Queued to be sent again"), "{}", landed.body);
     assert!(landed.body.contains("payment.retry (done): provider back"), "the timeline shows the action");
     let actions = sqlx::query_scalar!(
         "SELECT action FROM operator_audit WHERE payment_id = $1 AND outcome = 'done' ORDER BY audit_id",
@@ -173,6 +174,8 @@ async fn a_form_posted_from_another_origin_or_beyond_the_role_changes_nothing(po
     let cross_site = alice.post_from("cross-site", &retry, &confirmed).await;
     let offered = viewer.get(&format!("/console/payments/{payment_id}")).await;
     let by_a_viewer = viewer.post(&retry, &confirmed).await;
+    let viewer_by_customer = viewer.post("/console/search", &[("q", "cus_1")]).await;
+    let operator_by_customer = alice.post("/console/search", &[("q", "cus_1")]).await;
 
     for refused in [&same_site, &cross_site] {
         assert_eq!(refused.status, StatusCode::FORBIDDEN);
@@ -181,6 +184,8 @@ async fn a_form_posted_from_another_origin_or_beyond_the_role_changes_nothing(po
     assert!(!offered.body.contains("Send it again"), "a viewer is offered no action");
     assert!(offered.body.contains("cus…"), "a viewer sees the customer reference masked");
     assert_eq!(by_a_viewer.status, StatusCode::FORBIDDEN);
+    assert!(viewer_by_customer.body.contains("No payment of a tenant you may see matches"), "a viewer's is masked");
+    assert_eq!(operator_by_customer.location, Some(format!("/console/payments/{payment_id}")));
     assert_eq!(status(&pool, acme, payment_id).await, PaymentStatus::DeadLettered);
 }
 
@@ -204,6 +209,7 @@ async fn an_operator_limited_to_one_tenant_never_sees_anothers_payment(pool: PgP
         .await;
 
     assert!(listed.body.contains(&ours.to_string()) && !listed.body.contains(&theirs.to_string()));
+    assert!(!listed.body.contains("href=\"/console/recon\""), "runs cover every tenant: not offered");
     assert!(!filtered.body.contains(&theirs.to_string()));
     assert_eq!(page.status, StatusCode::NOT_FOUND);
     for search in [&by_id, &by_key] {
@@ -272,6 +278,11 @@ async fn a_resolution_proposed_in_the_console_is_done_when_another_operator_appr
     assert_eq!(still, PaymentStatus::DeadLettered, "a proposal changes nothing");
     assert!(alices_view.body.contains("Withdraw") && !alices_view.body.contains("Approve…"));
     assert!(bobs_view.body.contains("Approve…") && bobs_view.body.contains("Reject…"));
+    assert!(
+        bobs_view.body.contains("<strong>settle as failed</strong>"),
+        "what is proposed, in words: {}",
+        bobs_view.body
+    );
     assert_eq!(by_alice.status, StatusCode::FORBIDDEN, "nobody approves their own: {}", by_alice.body);
     assert!(confirm.body.contains("is done now"), "{}", confirm.body);
     assert_eq!(approved.location, Some(format!("/console/payments/{payment_id}?notice=approved")));
@@ -318,12 +329,13 @@ async fn a_bulk_retry_resends_exactly_the_payments_shown_and_a_new_worker_finish
     assert!(!payments.contains(&other_tenant.to_string()));
     assert!(job.starts_with("/console/bulk-retries/"), "{job}");
     assert!(waiting.body.contains("running"), "{}", waiting.body);
+    assert!(finished.body.contains("<td>retried</td><td>queued to be sent again</td>"), "{}", finished.body);
     assert!(finished.body.contains("finished"), "{}", finished.body);
     for payment_id in fresh {
         assert_eq!(status(&pool, acme, payment_id).await, PaymentStatus::Pending);
     }
     assert_eq!(status(&pool, acme, past_the_window).await, PaymentStatus::DeadLettered);
-    assert!(finished.body.contains("refused"), "{}", finished.body);
+    assert!(finished.body.contains("<td>refused</td>"), "{}", finished.body);
     assert_eq!(status(&pool, acme, late).await, PaymentStatus::DeadLettered, "not in the frozen selection");
     assert_eq!(status(&pool, globex, other_tenant).await, PaymentStatus::DeadLettered);
     let retries =
@@ -406,7 +418,7 @@ async fn admins_issue_and_revoke_keys_and_manage_operators_in_the_console_and_ot
     assert!(keys().await[0].revoked_at.is_some());
     assert_eq!(created.location.as_deref(), Some("/console/operators?notice=operator_created"));
     assert_eq!(changed.location.as_deref(), Some("/console/operators?notice=operator_changed"), "{}", changed.body);
-    assert!(operators.body.contains("otto") && operators.body.contains("approver"), "{}", operators.body);
+    assert!(operators.body.contains("<td>otto</td><td>approver</td>"), "{}", operators.body);
     assert_eq!(disabled.location.as_deref(), Some("/console/operators?notice=operator_disabled"));
     assert_eq!(operators_for_a_viewer.status, StatusCode::FORBIDDEN);
     let trail = sqlx::query_scalar!(
@@ -436,7 +448,11 @@ async fn the_audit_trail_is_filtered_by_operator_action_and_day(pool: PgPool) {
     let others = alice.get("/console/audit?operator=bob").await;
     let bad_day = alice.get("/console/audit?from=yesterday").await;
 
-    assert!(todays.body.contains("payment.retry") && todays.body.contains(&payment_id.to_string()), "{}", todays.body);
+    assert!(
+        todays.body.contains("<td>payment.retry</td>") && todays.body.contains(&payment_id.to_string()),
+        "{}",
+        todays.body
+    );
     assert!(!todays.body.contains("session.sign_in"), "only the action asked for");
     assert!(long_ago.body.contains("Nothing is recorded that matches"), "{}", long_ago.body);
     assert!(others.body.contains("Nothing is recorded that matches"));
@@ -478,4 +494,43 @@ async fn the_overview_refreshing_itself_does_not_keep_an_idle_session_alive(pool
     assert_eq!(refreshed.status(), StatusCode::OK);
     assert!(after_refresh >= 590, "a refresh the person did not ask for leaves the session idle: {after_refresh}s");
     assert!(after_a_page < 5, "opening a page is using the session: {after_a_page}s");
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_bulk_retry_leaves_conflicts_alone_and_is_hidden_from_other_tenants_operators(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    tenant(&pool, "globex").await;
+    let unresolved = dead_lettered(&pool, acme, "k-1", 60).await;
+    let disputed = crate::support::accept(&pool, acme, "k-2", 1999).await;
+    let mut conn = pool.acquire().await.unwrap();
+    let evidence = json!([{ "source": "webhook", "result": "a charge for other money" }]);
+    let kind = oncepay_reconciler::dead_letters::Kind::Conflict;
+    oncepay_reconciler::dead_letters::record(&mut conn, acme, disputed, kind, "other money", evidence, 0)
+        .await
+        .unwrap();
+    let alice = Browser::sign_in(&ops, "alice", "operator", None).await;
+    let gina = Browser::sign_in(&ops, "gina", "viewer", Some(&["globex"])).await;
+    let disputed_text = disputed.to_string();
+
+    let shown = alice.post("/console/bulk-retries", &[("reason", "provider back")]).await;
+    let conflicts = alice.post("/console/bulk-retries", &[("kind", "conflict"), ("reason", "all of them")]).await;
+    let forged = alice
+        .post("/console/bulk-retries", &[("reason", "all"), ("payments", &disputed_text), ("confirmed", "yes")])
+        .await;
+    let payments = hidden(&shown, "payments");
+    let created = alice
+        .post("/console/bulk-retries", &[("reason", "provider back"), ("payments", &payments), ("confirmed", "yes")])
+        .await;
+    let job = created.location.expect("the job's page");
+    let seen_by_alice = alice.get(&job).await;
+    let seen_by_gina = gina.get(&job).await;
+
+    assert_eq!(payments, unresolved.to_string(), "only the unresolved dead letter is selected");
+    assert_eq!(conflicts.status, StatusCode::BAD_REQUEST, "{}", conflicts.body);
+    assert_eq!(forged.status, StatusCode::NOT_FOUND, "{}", forged.body);
+    assert!(forged.body.contains("no open unresolved dead letter"), "{}", forged.body);
+    assert_eq!(seen_by_alice.status, StatusCode::OK);
+    assert_eq!(seen_by_gina.status, StatusCode::NOT_FOUND, "another tenant's job is not even named");
+    assert!(!seen_by_gina.body.contains("provider back"));
 }

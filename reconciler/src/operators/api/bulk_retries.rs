@@ -21,7 +21,7 @@ use super::OperatorsState;
 use super::retry_payment;
 use super::signing_in::{Caller, Via};
 use crate::operator_error::OperatorError;
-use crate::operators::audit::{self, Entry, Outcome};
+use crate::operators::audit::{self, Actor, Entry, Outcome};
 use crate::operators::reports::Acted;
 use crate::operators::{Account, Role, accounts};
 use crate::runner::Pass;
@@ -29,8 +29,9 @@ use crate::runner::Pass;
 /// The most payments one bulk retry may hold.
 pub(super) const MAX_PAYMENTS: usize = 500;
 
-/// Writes a bulk retry of `payments` (dead-lettered, in this order) for `by`, who selected them
-/// with `filter`, and its audit row. Refused when any payment is not one of a tenant `by` may see.
+/// Writes a bulk retry of `payments` (in this order) for `by`, who selected them with `filter`, and
+/// its audit row. Refused whole unless every payment has an open `unresolved` dead letter of a
+/// tenant `by` may see: a conflict is an operator's decision on its own, never part of a bulk.
 pub(super) async fn create(
     conn: &mut PgConnection,
     by: &Caller,
@@ -48,9 +49,9 @@ pub(super) async fn create(
     let scope = by.account.scope.to_column();
     let found = sqlx::query!(
         r#"
-        SELECT tenant_id AS "tenant_id: TenantId", payment_id AS "payment_id: PaymentId" FROM payments
+        SELECT tenant_id AS "tenant_id: TenantId", payment_id AS "payment_id: PaymentId" FROM dead_letters
         WHERE tenant_id IN (SELECT tenant_id FROM tenants WHERE $1::uuid[] IS NULL OR tenant_id = ANY ($1))
-          AND payment_id = ANY ($2)
+          AND payment_id = ANY ($2) AND resolved_at IS NULL AND kind = 'unresolved'
         "#,
         scope.as_deref(),
         &ids,
@@ -61,8 +62,11 @@ pub(super) async fn create(
     let tenant_of = |payment_id: &PaymentId| found.iter().find(|f| f.payment_id == *payment_id).map(|f| f.tenant_id);
     let mut tenants = Vec::with_capacity(payments.len());
     for payment_id in payments {
-        let tenant_id = tenant_of(payment_id)
-            .ok_or_else(|| OperatorError::NotFound(format!("there is no payment {payment_id} to retry")))?;
+        let tenant_id = tenant_of(payment_id).ok_or_else(|| {
+            OperatorError::NotFound(format!(
+                "payment {payment_id} has no open unresolved dead letter to retry; nothing was started"
+            ))
+        })?;
         tenants.push(tenant_id.as_uuid());
     }
     let bulk_retry_id = Uuid::now_v7();
@@ -149,6 +153,10 @@ pub(super) async fn read(
     .fetch_all(conn)
     .await
     .context("cannot read the bulk retry's payments")?;
+    // None of its payments is of a tenant the operator may see: as if it did not exist.
+    if items.is_empty() {
+        return Err(OperatorError::NotFound(format!("there is no bulk retry {bulk_retry_id}")));
+    }
     Ok(BulkRetry {
         bulk_retry_id,
         operator: head.operator,
@@ -186,7 +194,7 @@ impl Pass for BulkRetrier {
         let waiting = sqlx::query!(
             r#"
             SELECT i.bulk_retry_id, i.position, i.payment_id AS "payment_id: PaymentId", b.reason,
-                   o.name AS operator
+                   o.name AS operator, o.operator_id
             FROM bulk_retry_items i
             JOIN bulk_retries b USING (bulk_retry_id)
             JOIN operators o ON o.operator_id = b.operator_id
@@ -207,12 +215,20 @@ impl Pass for BulkRetrier {
                 let acted = retry_payment(&self.state, &mut tx, &caller, item.payment_id, &item.reason, false).await;
                 refused_as(&mut tx, &caller, item.payment_id, acted).await?
             }
-            // Disabled since: nothing more is done in their name.
-            Err(OperatorError::NotFound(_)) => Err(format!("{} is no longer an operator", item.operator)),
+            // Disabled since: nothing more is done in their name, and the trail says so.
+            Err(OperatorError::NotFound(_)) => {
+                let why = format!("{} is no longer an operator", item.operator);
+                let actor = Actor { operator_id: Some(item.operator_id), name: &item.operator, source: Some(&source) };
+                let entry = Entry::new("payment.retry", Outcome::Refused)
+                    .on_payment(item.payment_id)
+                    .detail(json!({ "refusal": why }));
+                audit::record(&mut tx, &actor, &entry).await?;
+                Err(why)
+            }
             Err(error) => return Err(anyhow::Error::new(error)),
         };
         let (result, detail) = match outcome {
-            Ok(Acted::Done(_)) => ("retried", "sent again".to_owned()),
+            Ok(Acted::Done(_)) => ("retried", "queued to be sent again".to_owned()),
             Ok(Acted::Proposed { proposal }) => {
                 ("proposed", format!("proposal {} waits for an approver", proposal.proposal_id))
             }

@@ -99,7 +99,14 @@ pub(super) async fn create(
                 Problem::new(ProblemType::InvalidRequest, "older_than must be a whole number of seconds")
             })?),
         };
-        let kind = (!form.kind.is_empty()).then(|| form.kind.clone());
+        // Unresolved ones only: a conflict is an operator's decision on its own page.
+        if form.kind == "conflict" {
+            return Err(Problem::new(
+                ProblemType::InvalidRequest,
+                "a bulk retry resends unresolved dead letters only: decide each conflict on its payment's page",
+            ));
+        }
+        let kind = Some("unresolved".to_owned());
         let filter = DeadLetterFilter { kind, tenants, state: EntryState::Open, older_than_secs, after: None };
         let mut conn = connection(&state).await?;
         let limit = i64::try_from(MAX_PAYMENTS).unwrap_or(i64::MAX);

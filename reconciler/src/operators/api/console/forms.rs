@@ -19,6 +19,7 @@ use super::pages::{FoundLine, SearchPage, SignInPage, payment_id_of};
 use super::{Chrome, caller_or_sign_in, error_page, html, queries, see_other, visible_tenants};
 use crate::dead_letters::actions::{Asked, require_reason};
 use crate::operator_error::OperatorError;
+use crate::operators::Role;
 use crate::operators::api::signing_in::{self, Caller};
 use crate::operators::api::{
     Decided, Decision, OperatorsState, change, connection, decide_proposal, problem, resolve_payment, retry_payment,
@@ -83,7 +84,8 @@ pub(super) struct SearchForm {
 }
 
 /// `POST /console/search` `q=…`: the payments it names, or the one payment's page. A POST, so that
-/// what was searched for (a customer's reference, say) stays out of URLs and logs.
+/// what was searched for (a customer's reference, say) stays out of URLs and logs. Viewers do not
+/// search by customer reference.
 pub(super) async fn search(
     state: web::Data<OperatorsState>,
     request: HttpRequest,
@@ -103,7 +105,9 @@ pub(super) async fn search(
         let tenants: Vec<Uuid> =
             visible_tenants(&state, &caller).await?.iter().map(|t| t.tenant_id.as_uuid()).collect();
         let mut conn = connection(&state).await?;
-        queries::search(&mut conn, &tenants, &asked, SEARCH_ROWS).await.map_err(problem)
+        // A viewer sees customer references masked, so may not test whether one is a customer's.
+        let by_customer = caller.account.role != Role::Viewer;
+        queries::search(&mut conn, &tenants, &asked, by_customer, SEARCH_ROWS).await.map_err(problem)
     };
     match found.await {
         Err(refused) => error_page(Some(chrome), &refused),
@@ -256,11 +260,11 @@ impl PaymentChange {
             ),
             Self::Retry { .. } => (
                 vec![
-                    format!("oncepay sends payment {payment_id} to the provider again, now."),
-                    "It goes with the same idempotency key as before, inside the provider's key window, so the \
-                     customer is charged at most once."
+                    format!("Payment {payment_id} is queued to be sent to the provider again, now."),
+                    "If it is still inside the provider's key window, it goes with the same idempotency key as \
+                     before, so the customer is charged at most once, and the dead letter closes as retried; if \
+                     not, it is refused and nothing changes."
                         .into(),
-                    "The dead letter closes as retried.".into(),
                 ],
                 "Send it again",
             ),

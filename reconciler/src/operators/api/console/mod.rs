@@ -45,7 +45,7 @@ pub(super) const SECURITY_HEADERS: [(&str, &str); 5] = [
 
 /// What each notice code left in a URL says.
 const NOTICES: [(&str, &str); 11] = [
-    ("retried", "Sent again: the worker sends the payment with the same key, so it is charged at most once."),
+    ("retried", "Queued to be sent again: the worker sends it with the same key, so it is charged at most once."),
     ("proposed", "Proposed: nothing changes until a second operator approves."),
     ("acknowledged", "Acknowledged: the conflict is closed and the payment stays as it was."),
     ("approved", "Approved and done."),
@@ -111,11 +111,14 @@ pub(super) struct Chrome {
     pub(super) section: &'static str,
     /// What was just done, said once after a change.
     pub(super) notice: Option<&'static str>,
+    /// Whether they may see every tenant, and so the reconciliation runs, which cover them all.
+    pub(super) every_tenant: bool,
 }
 
 impl Chrome {
     fn of(account: &Account, section: &'static str) -> Self {
-        Self { name: account.name.clone(), role: account.role, section, notice: None }
+        let every_tenant = account.scope == crate::operators::Scope::Every;
+        Self { name: account.name.clone(), role: account.role, section, notice: None, every_tenant }
     }
 
     /// Whether they may retry, resolve and propose.
@@ -163,8 +166,17 @@ fn html(status: StatusCode, page: &impl Template) -> HttpResponse {
 /// A page that says what went wrong, with the problem's status.
 fn error_page(chrome: Option<Chrome>, refused: &Problem) -> HttpResponse {
     let status = StatusCode::from_u16(refused.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let page = pages::ErrorPage { chrome, title: refused.title.clone(), detail: refused.detail.clone() };
-    html(status, &page)
+    let page = pages::ErrorPage {
+        chrome,
+        title: refused.title.clone(),
+        detail: refused.detail.clone(),
+        refused: status.is_client_error(),
+    };
+    let mut response = html(status, &page);
+    if let Some(secs) = refused.retry_after_secs {
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    response
 }
 
 /// Whether the request comes from a browser that wants a page rather than JSON.

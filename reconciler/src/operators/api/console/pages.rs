@@ -25,7 +25,7 @@ use crate::operators::api::signing_in::Caller;
 use crate::operators::api::tenants::every_tenant;
 use crate::operators::api::{OperatorsState, connection, problem, query};
 use crate::operators::audit::{self, Entry, Outcome};
-use crate::operators::proposals::{self, ProposalView};
+use crate::operators::proposals::{self, ProposalView, Proposed};
 use crate::operators::{Role, Scope};
 use crate::recon::commands as recon;
 use crate::render;
@@ -64,6 +64,9 @@ pub(super) struct ErrorPage {
     pub(super) chrome: Option<Chrome>,
     pub(super) title: String,
     pub(super) detail: String,
+    /// Whether the request was refused (a 4xx), which changes nothing; a failure underneath may
+    /// have.
+    pub(super) refused: bool,
 }
 
 /// After a sign-in at the OpenID provider.
@@ -492,15 +495,10 @@ struct PaymentPage {
     provider: Option<ProviderView>,
 }
 
-/// A proposal's action, in words.
+/// A proposal's action, in words; as stored, should it be one this version does not know.
 fn proposal_action(proposal: &ProposalView) -> String {
-    let action = &proposal.action;
-    let kind = action.get("action").and_then(|v| v.as_str()).unwrap_or("act");
-    let charge = action.get("charge_id").and_then(|v| v.as_str());
-    match (kind, charge) {
-        (kind, Some(charge)) => format!("{kind} (charge {charge})"),
-        (kind, None) => kind.to_owned(),
-    }
+    serde_json::from_value::<Proposed>(proposal.action.clone())
+        .map_or_else(|_| proposal.action.to_string(), |proposed| proposed.to_string())
 }
 
 #[derive(Debug, Default, Deserialize)]

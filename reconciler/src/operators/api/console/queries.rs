@@ -237,11 +237,12 @@ pub(super) struct Found {
 }
 
 /// The payments of `tenants` that `text` names: by payment id, `Idempotency-Key`, the provider's
-/// reference of its charge, or its customer reference. At most `limit`.
+/// reference of its charge, or, with `by_customer`, its customer reference. At most `limit`.
 pub(super) async fn search(
     conn: &mut PgConnection,
     tenants: &[Uuid],
     text: &str,
+    by_customer: bool,
     limit: i64,
 ) -> Result<Vec<Found>, OperatorError> {
     let as_id = Uuid::parse_str(text).ok();
@@ -259,7 +260,7 @@ pub(super) async fn search(
             WHERE tenant_id = ANY ($1) AND provider_charge_id = $3
             UNION ALL
             (SELECT 'customer reference', tenant_id, payment_id FROM payments
-             WHERE tenant_id = ANY ($1) AND customer_id = $3 LIMIT $4)
+             WHERE $5 AND tenant_id = ANY ($1) AND customer_id = $3 LIMIT $4)
         )
         SELECT m.matched AS "matched!", m.payment_id AS "payment_id!: PaymentId", t.name AS tenant,
                p.status AS "status: PaymentStatus", p.amount AS "amount: Amount", p.currency AS "currency: Currency",
@@ -272,6 +273,7 @@ pub(super) async fn search(
         as_id,
         text,
         limit,
+        by_customer,
     )
     .fetch_all(conn)
     .await
