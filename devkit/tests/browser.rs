@@ -1,5 +1,6 @@
-//! The browser plumbing against real chromedriver and Chromium: pages served with the console's
-//! strict Content-Security-Policy, a form filled in and submitted, and axe-core telling an
+//! The browser plumbing against real chromedriver and Chromium: pages served with a
+//! Content-Security-Policy that, like the console's, allows no inline script, a form filled in and
+//! submitted, and axe-core telling an
 //! accessible page from one that is not. Needs what `cargo xtask test` installs and names.
 
 #![allow(clippy::unwrap_used)]
@@ -9,7 +10,7 @@ use oncepay_devkit::browser::{Browser, axe};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-/// The console's policy: no inline scripts.
+/// A policy that, like the console's, allows no inline script.
 const POLICY: &str = "default-src 'self'; script-src 'self'";
 
 /// Labelled fields, a heading and a language; the inline script must not run.
@@ -49,7 +50,7 @@ async fn serve() -> String {
     address
 }
 
-/// Answers one request, then closes the connection.
+/// Responds to one request, then closes the connection.
 async fn respond(mut stream: TcpStream) {
     let mut request = Vec::new();
     let mut buffer = [0; 4096];

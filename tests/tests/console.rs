@@ -12,6 +12,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use fantoccini::{Client, Locator};
@@ -27,6 +28,9 @@ use sqlx::PgPool;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use uuid::Uuid;
+
+/// How many pages the test has checked, to number their screenshots.
+static PAGES_SEEN: AtomicUsize = AtomicUsize::new(0);
 
 /// How long anything the processes or the browser do may take.
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -53,11 +57,16 @@ impl Operator {
     }
 
     /// Runs axe-core on the open page and keeps what it finds.
+    /// Also keeps a screenshot of the page in `target/console-screenshots/pages/`, for a person to
+    /// look at.
     async fn check(&mut self) {
         let url = self.client().current_url().await.unwrap();
         let found = browser::axe(self.client()).await.unwrap();
         self.problems.extend(found.iter().map(|violation| format!("{url}: {violation}")));
         self.pages += 1;
+        let seen = PAGES_SEEN.fetch_add(1, Ordering::Relaxed);
+        let slug: String = url.path().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
+        self.screenshot(&format!("pages/{seen:02}{slug}.png")).await;
     }
 
     /// Opens `path` of the console and checks the page.
@@ -119,8 +128,9 @@ impl Operator {
     async fn screenshot(&self, name: &str) {
         let png = self.client().screenshot().await.unwrap();
         let dir = screenshots();
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join(name), png).unwrap();
+        let path = dir.join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, png).unwrap();
     }
 }
 
@@ -184,6 +194,8 @@ async fn other_origin(target: String, fields: &[(&str, &str)]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operators_find_propose_and_approve_in_a_real_browser_and_see_only_their_tenants() {
     // A key window long enough that the bulk retry below resends inside it, whatever the pace.
+    // Only this run's pages, for a person to look at.
+    let _ = std::fs::remove_dir_all(screenshots().join("pages"));
     let timing =
         Timing { poller_max_attempts: 2, key_window_secs: 600, key_window_margin_secs: 60, ..Timing::default() };
     let mut system = System::start(SystemConfig {
@@ -285,12 +297,16 @@ async fn operators_find_propose_and_approve_in_a_real_browser_and_see_only_their
     alice.client().goto(&attack).await.unwrap();
     alice.click("#go").await;
     alice.until("must come from a page of this origin").await;
+    assert_eq!(status_of(&pool, payment_id).await, "dead_lettered", "the refused resend did nothing");
 
     let mut bob = Operator::new(&chromedriver, &ops).await;
     bob.sign_in_with_oidc("bob").await;
     // The overview's figures refresh themselves: its script polls under the page's strict policy.
-    let as_of =
-        || async { bob.client().find(Locator::Css("#live-figures p.muted")).await.unwrap().text().await.unwrap() };
+    // Read in one script: the refresh may replace the element between finding it and reading it.
+    let as_of = || async {
+        let text = bob.client().execute("return document.querySelector('#live-figures p.muted').textContent", vec![]);
+        text.await.unwrap().as_str().unwrap().to_owned()
+    };
     let first = as_of().await;
     let refreshed = wait_until("the overview refreshes itself", PATIENCE, || async {
         let now = as_of().await;
@@ -311,7 +327,10 @@ async fn operators_find_propose_and_approve_in_a_real_browser_and_see_only_their
     assert!(settled.contains("succeeded") && settled.contains(&charge_id), "{settled}");
     assert_eq!(status_of(&pool, payment_id).await, "succeeded");
     let trail = bob.open("/console/audit?action=proposal.approve").await;
-    assert!(trail.contains("bob") && trail.contains(&payment_id.to_string()), "{trail}");
+    assert!(
+        trail.contains("<td>bob</td><td>proposal.approve</td>") && trail.contains(&payment_id.to_string()),
+        "{trail}"
+    );
     bob.open("/console/dead-letters?state=all").await;
     bob.open("/console/recon").await;
     bob.open("/console/").await;
@@ -343,7 +362,7 @@ async fn operators_find_propose_and_approve_in_a_real_browser_and_see_only_their
         let page = carol.client().source().await.unwrap();
         page.contains("finished").then_some(page)
     });
-    assert!(retried.await.unwrap().contains("<td>retried</td><td>sent again</td>"));
+    assert!(retried.await.unwrap().contains("<td>retried</td><td>queued to be sent again</td>"));
     carol.check().await;
     let settled = || async { (status_of(&pool, globex_payment).await == "succeeded").then_some(()) };
     wait_until("the resent payment settles", PATIENCE, settled).await.unwrap();
@@ -377,7 +396,7 @@ async fn operators_find_propose_and_approve_in_a_real_browser_and_see_only_their
     let problems: Vec<String> =
         [&alice, &bob, &carol, &admin].iter().flat_map(|operator| operator.problems.iter().cloned()).collect();
     assert!(problems.is_empty(), "axe-core found serious problems:\n{}", problems.join("\n"));
-    assert!(alice.pages + bob.pages + carol.pages + admin.pages >= 20, "axe-core ran on every page opened");
+    assert!(alice.pages + bob.pages + carol.pages + admin.pages >= 20, "axe-core checked at least 20 pages");
     for operator in [alice, bob, carol, admin] {
         operator.session.close().await.unwrap();
     }
