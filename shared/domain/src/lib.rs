@@ -1,4 +1,4 @@
-//! oncepay's domain: what a payment is and which states it moves through, money, ids, API keys,
+//! oncepay's domain: what a payment and a refund are and which states they move through, money, ids, API keys,
 //! operators' personal tokens, idempotency keys, references to things at the provider, what a
 //! payment request must look like, how a request is fingerprinted, and JSON read strictly (no
 //! member named twice).
@@ -15,5 +15,6 @@ pub mod operator_token;
 pub mod payment;
 pub mod payment_request;
 pub mod provider_ref;
+pub mod refund;
 pub mod status;
 pub mod strict_json;

@@ -56,6 +56,8 @@ pub struct PaymentResource {
     /// The provider's charge id, once known.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub provider_charge_id: Option<String>,
+    /// Minor units given back to the customer so far: the sum of the payment's succeeded refunds.
+    pub amount_refunded: i64,
     /// Why it failed, when `status` is `failed`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failure: Option<Failure>,

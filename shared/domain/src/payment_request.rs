@@ -42,7 +42,7 @@ pub struct FieldError {
 }
 
 impl FieldError {
-    fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+    pub(crate) fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
         Self { field: field.into(), message: message.into() }
     }
 }
@@ -111,7 +111,11 @@ impl PaymentRequest {
     }
 }
 
-fn required<'a>(object: &'a Map<String, Value>, field: &str, errors: &mut Vec<FieldError>) -> Option<&'a Value> {
+pub(crate) fn required<'a>(
+    object: &'a Map<String, Value>,
+    field: &str,
+    errors: &mut Vec<FieldError>,
+) -> Option<&'a Value> {
     match object.get(field) {
         None | Some(Value::Null) => {
             errors.push(FieldError::new(field, "is required"));
@@ -122,15 +126,15 @@ fn required<'a>(object: &'a Map<String, Value>, field: &str, errors: &mut Vec<Fi
 }
 
 /// An absent field and an explicit `null` both mean "not given".
-fn optional<'a>(object: &'a Map<String, Value>, field: &str) -> Option<&'a Value> {
+pub(crate) fn optional<'a>(object: &'a Map<String, Value>, field: &str) -> Option<&'a Value> {
     object.get(field).filter(|v| !v.is_null())
 }
 
-fn note<T>(result: Result<T, String>, field: &str, errors: &mut Vec<FieldError>) -> Option<T> {
+pub(crate) fn note<T>(result: Result<T, String>, field: &str, errors: &mut Vec<FieldError>) -> Option<T> {
     result.map_err(|message| errors.push(FieldError::new(field, message))).ok()
 }
 
-fn parse_amount(value: &Value) -> Result<Amount, String> {
+pub(crate) fn parse_amount(value: &Value) -> Result<Amount, String> {
     let range = || format!("must be an integer number of minor units between {} and {}", Amount::MIN, Amount::MAX);
     let Value::Number(number) = value else {
         return Err(format!("must be a number, got {}", type_name(value)));
@@ -188,7 +192,7 @@ fn parse_reference<T>(value: &Value, parse: fn(&str) -> Result<T, ReferenceError
     parse(reference).map(Some).map_err(|e| e.to_string())
 }
 
-fn parse_metadata(value: &Value, errors: &mut Vec<FieldError>) -> Option<BTreeMap<String, String>> {
+pub(crate) fn parse_metadata(value: &Value, errors: &mut Vec<FieldError>) -> Option<BTreeMap<String, String>> {
     let Value::Object(pairs) = value else {
         errors.push(FieldError::new("metadata", format!("must be an object, got {}", type_name(value))));
         return None;
@@ -241,7 +245,7 @@ fn storable(text: &str) -> Result<(), String> {
     if text.contains('\0') { Err("must not contain the NUL character (U+0000)".to_owned()) } else { Ok(()) }
 }
 
-fn type_name(value: &Value) -> &'static str {
+pub(crate) fn type_name(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

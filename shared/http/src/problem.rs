@@ -40,6 +40,12 @@ pub enum ProblemType {
     IdempotencyKeyReused,
     /// 409: another request with the same key is being processed right now.
     IdempotencyKeyInUse,
+    /// 409: only a `succeeded` payment can be refunded, and this one is not.
+    PaymentNotRefundable,
+    /// 422: the payment's refunds already add up to its charge.
+    NothingToRefund,
+    /// 422: the refund asks for more than is left of the payment's charge.
+    RefundExceedsPayment,
     /// 429: the tenant's rate limit is exhausted.
     RateLimited,
     /// 404: nothing here (or it belongs to someone else).
@@ -63,7 +69,7 @@ pub enum ProblemType {
 
 impl ProblemType {
     /// Every problem type, for documentation and tests.
-    pub const ALL: [Self; 18] = [
+    pub const ALL: [Self; 21] = [
         Self::Unauthorized,
         Self::MissingIdempotencyKey,
         Self::InvalidIdempotencyKey,
@@ -73,6 +79,9 @@ impl ProblemType {
         Self::UnsupportedMediaType,
         Self::IdempotencyKeyReused,
         Self::IdempotencyKeyInUse,
+        Self::PaymentNotRefundable,
+        Self::NothingToRefund,
+        Self::RefundExceedsPayment,
         Self::RateLimited,
         Self::NotFound,
         Self::Forbidden,
@@ -96,6 +105,9 @@ impl ProblemType {
             Self::UnsupportedMediaType => "unsupported-media-type",
             Self::IdempotencyKeyReused => "idempotency-key-reused",
             Self::IdempotencyKeyInUse => "idempotency-key-in-use",
+            Self::PaymentNotRefundable => "payment-not-refundable",
+            Self::NothingToRefund => "nothing-to-refund",
+            Self::RefundExceedsPayment => "refund-exceeds-payment",
             Self::RateLimited => "rate-limited",
             Self::NotFound => "not-found",
             Self::Forbidden => "forbidden",
@@ -120,6 +132,9 @@ impl ProblemType {
             Self::UnsupportedMediaType => "Unsupported media type",
             Self::IdempotencyKeyReused => "Idempotency-Key reused with a different request",
             Self::IdempotencyKeyInUse => "A request with this Idempotency-Key is in progress",
+            Self::PaymentNotRefundable => "Payment cannot be refunded",
+            Self::NothingToRefund => "Nothing left to refund",
+            Self::RefundExceedsPayment => "Refund exceeds what is left of the payment",
             Self::RateLimited => "Rate limit exceeded",
             Self::NotFound => "Not found",
             Self::Forbidden => "Not allowed for your role",
@@ -143,8 +158,8 @@ impl ProblemType {
             | Self::InvalidWebhook => 400,
             Self::PayloadTooLarge => 413,
             Self::UnsupportedMediaType => 415,
-            Self::IdempotencyKeyReused => 422,
-            Self::IdempotencyKeyInUse | Self::Refused => 409,
+            Self::IdempotencyKeyReused | Self::NothingToRefund | Self::RefundExceedsPayment => 422,
+            Self::IdempotencyKeyInUse | Self::Refused | Self::PaymentNotRefundable => 409,
             Self::Forbidden => 403,
             Self::RateLimited => 429,
             Self::NotFound => 404,

@@ -18,6 +18,7 @@ SELECT tenant_id AS "tenant_id: TenantId",
        failure_message,
        send_attempts,
        first_sent_at,
+       refunded,
        created_at,
        updated_at
 FROM payments

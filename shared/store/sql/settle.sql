@@ -30,6 +30,7 @@ SELECT tenant_id AS "tenant_id!: TenantId",
        failure_message,
        send_attempts AS "send_attempts!",
        first_sent_at,
+       refunded AS "refunded!",
        created_at AS "created_at!",
        updated_at AS "updated_at!"
 -- Every argument is cast: the benchmark's pgbench script passes text arrays.

@@ -403,6 +403,7 @@ fn intake_of(row: IntakeRow, new: &NewPayment) -> Result<Intake, StoreError> {
             failure_message: None,
             send_attempts: 0,
             first_sent_at: None,
+            refunded: 0,
             created_at,
             updated_at,
         },

@@ -19,6 +19,7 @@ pub mod leases;
 pub mod notify;
 pub mod outbox;
 pub mod payments;
+pub mod refunds;
 pub mod settlement;
 pub mod statements;
 pub mod tenants;

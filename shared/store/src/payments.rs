@@ -53,6 +53,8 @@ pub struct Payment {
     pub send_attempts: i32,
     /// When a worker first claimed it for sending.
     pub first_sent_at: Option<OffsetDateTime>,
+    /// Minor units given back so far: the sum of its succeeded refunds.
+    pub refunded: i64,
     /// When the api accepted it.
     pub created_at: OffsetDateTime,
     /// When its status last changed.
@@ -80,6 +82,7 @@ impl From<&Payment> for PaymentResource {
             created_at: payment.created_at,
             updated_at: payment.updated_at,
             provider_charge_id: payment.provider_charge_id.clone(),
+            amount_refunded: payment.refunded,
             failure,
         }
     }
@@ -141,6 +144,7 @@ mod tests {
             failure_message: None,
             send_attempts: 0,
             first_sent_at: None,
+            refunded: 0,
             created_at: datetime!(2026-11-22 04:23:00.5 UTC),
             updated_at: datetime!(2026-11-22 04:23:01 UTC),
         }
@@ -161,6 +165,7 @@ mod tests {
                 "metadata": {"order": "42"},
                 "created_at": "2026-11-22T04:23:00.5Z",
                 "updated_at": "2026-11-22T04:23:01Z",
+                "amount_refunded": 0,
             })
         );
     }

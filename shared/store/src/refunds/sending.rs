@@ -1,0 +1,348 @@
+//! Sending refunds: the worker's claim of due refunds (lease and fencing token, as for payments),
+//! the fenced release of a claim when the send has an outcome, and the sweeper's takeover of a lease
+//! whose worker stopped.
+//!
+//! A claim commits before the provider is called; a result is recorded only while the claim's
+//! fencing token is still on the refund's outbox row, so a worker paused past its lease can no
+//! longer write anything. A lease taken back inside the provider's key window sends the refund
+//! again with the same key; past it the refund becomes `unknown`, for the reconciler.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::json;
+use sqlx::types::Json;
+use sqlx::{Connection, PgConnection};
+use time::OffsetDateTime;
+
+use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
+use oncepay_domain::money::{Amount, Currency};
+use oncepay_domain::provider_ref::ProviderAccount;
+use oncepay_domain::status::{PaymentStatus, Transition};
+use oncepay_provider::{KeyWindow, RefundRequest};
+use oncepay_service::telemetry::TraceContext;
+
+use super::REFUND_CHANNEL;
+use super::settling::{self, AskedRefund, RefundChange};
+use crate::StoreError;
+use crate::transitions::{Recorded, TransitionError};
+
+/// A refund this worker now holds the lease for, with what it needs to send and record it.
+#[derive(Debug, Clone)]
+pub struct ClaimedRefund {
+    /// The owner.
+    pub tenant_id: TenantId,
+    /// The refund, now `processing`.
+    pub refund_id: RefundId,
+    /// The payment it refunds.
+    pub payment_id: PaymentId,
+    /// Must still be on the outbox row for a result to be recorded.
+    pub fencing_token: i64,
+    /// Which claim of the current send cycle this is (1 for the first).
+    pub attempt: u32,
+    /// Whether an earlier send may have reached the provider.
+    pub may_have_moved: bool,
+    /// Whether the provider still remembers the refund's downstream key, counting from its first
+    /// send.
+    pub in_key_window: bool,
+    /// How much to give back.
+    pub amount: Amount,
+    /// In which currency.
+    pub currency: Currency,
+    /// Why, in the provider's words, if the merchant said.
+    pub reason: Option<String>,
+    /// The merchant's metadata.
+    pub metadata: BTreeMap<String, String>,
+    /// The payment's charge at the provider.
+    pub charge_id: String,
+    /// The account that holds the charge.
+    pub account: Option<ProviderAccount>,
+    /// The trace of the request that asked for the refund.
+    pub trace: Option<TraceContext>,
+}
+
+impl ClaimedRefund {
+    /// Whether sending now cannot refund twice: nothing may have reached the provider yet, or the
+    /// provider still remembers the key and will return the first result.
+    pub fn send_is_safe(&self) -> bool {
+        !self.may_have_moved || self.in_key_window
+    }
+
+    /// What the refund asked the provider for: a refund settles it only if it matches.
+    pub fn asked(&self) -> AskedRefund {
+        AskedRefund {
+            tenant_id: self.tenant_id,
+            refund_id: self.refund_id,
+            charge_id: self.charge_id.clone(),
+            account: self.account.clone(),
+            amount: self.amount,
+            currency: self.currency,
+        }
+    }
+
+    /// The provider request: always the same downstream key for this refund, in the charge's
+    /// account.
+    pub fn refund_request(&self) -> RefundRequest {
+        RefundRequest {
+            account: self.account.clone(),
+            ..RefundRequest::for_refund(
+                self.tenant_id,
+                self.payment_id,
+                self.refund_id,
+                self.charge_id.clone(),
+                self.amount,
+                self.currency,
+                self.reason.clone(),
+                &self.metadata,
+            )
+        }
+    }
+}
+
+/// Leases up to `limit` of one tenant's due refunds to `worker_id` and moves them to `processing`,
+/// in one statement that must commit before the provider is called.
+#[tracing::instrument(name = "worker.claim_refunds", skip_all, fields(tenant.id = %tenant_id, claimed))]
+pub async fn claim(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    limit: u32,
+    worker_id: &str,
+    lease: Duration,
+    key_window: KeyWindow,
+) -> Result<Vec<ClaimedRefund>, StoreError> {
+    let actor = format!("worker:{worker_id}");
+    let rows = sqlx::query!(
+        r#"
+        WITH due AS (
+            SELECT o.refund_id
+            FROM refund_outbox o
+            JOIN refunds r USING (tenant_id, refund_id)
+            WHERE o.tenant_id = $1 AND o.locked_until IS NULL AND o.available_at <= now()
+              AND r.status = 'pending'
+            ORDER BY o.available_at
+            LIMIT $2
+            FOR UPDATE OF o SKIP LOCKED
+        ), moved AS (
+            UPDATE refunds r
+            SET status = 'processing', send_attempts = r.send_attempts + 1,
+                first_sent_at = COALESCE(r.first_sent_at, now()), event_count = r.event_count + 1,
+                updated_at = now()
+            FROM due
+            WHERE r.tenant_id = $1 AND r.refund_id = due.refund_id AND r.status = 'pending'
+            RETURNING r.*
+        ), leased AS (
+            UPDATE refund_outbox o
+            SET locked_by = $3, locked_until = now() + make_interval(secs => $4),
+                fencing_token = m.send_attempts, attempts = o.attempts + 1
+            FROM moved m
+            WHERE o.tenant_id = $1 AND o.refund_id = m.refund_id
+            RETURNING o.refund_id, o.fencing_token, o.attempts, o.traceparent, o.tracestate
+        ), audited AS (
+            INSERT INTO refund_events (tenant_id, refund_id, seq, from_status, to_status, actor, reason, detail)
+            SELECT m.tenant_id, m.refund_id, m.event_count, 'pending', 'processing', $5,
+                   'claimed for sending to the provider',
+                   jsonb_build_object('attempt', l.attempts, 'send_attempts', m.send_attempts,
+                                      'fencing_token', l.fencing_token)
+            FROM moved m JOIN leased l USING (refund_id)
+        )
+        SELECT m.tenant_id AS "tenant_id!: TenantId", m.refund_id AS "refund_id!: RefundId",
+               m.payment_id AS "payment_id!: PaymentId", l.fencing_token AS "fencing_token!",
+               l.attempts AS "attempts!", m.may_have_moved AS "may_have_moved!",
+               m.first_sent_at > now() - make_interval(secs => $6) AS "in_key_window!",
+               m.amount AS "amount!: Amount", m.currency AS "currency!: Currency", m.reason,
+               m.metadata AS "metadata!: Json<BTreeMap<String, String>>",
+               p.provider_charge_id AS "charge_id!", p.provider_account AS "account: ProviderAccount",
+               l.traceparent, l.tracestate
+        FROM moved m
+        JOIN leased l USING (refund_id)
+        JOIN payments p ON p.tenant_id = $1 AND p.payment_id = m.payment_id
+        "#,
+        tenant_id.as_uuid(),
+        i64::from(limit),
+        worker_id,
+        lease.as_secs_f64(),
+        actor,
+        key_window.resend_horizon().as_secs_f64(),
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    tracing::Span::current().record("claimed", rows.len());
+    // The claim moved the refunds to `processing`: their long polls learn it at commit.
+    let claimed: Vec<uuid::Uuid> = rows.iter().map(|row| row.refund_id.as_uuid()).collect();
+    if !claimed.is_empty() {
+        sqlx::query!("SELECT pg_notify($1, id::text) FROM unnest($2::uuid[]) AS id", REFUND_CHANNEL, &claimed)
+            .execute(conn)
+            .await?;
+    }
+    Ok(rows
+        .into_iter()
+        .map(|row| ClaimedRefund {
+            tenant_id: row.tenant_id,
+            refund_id: row.refund_id,
+            payment_id: row.payment_id,
+            fencing_token: row.fencing_token,
+            attempt: row.attempts.unsigned_abs(),
+            may_have_moved: row.may_have_moved,
+            in_key_window: row.in_key_window,
+            amount: row.amount,
+            currency: row.currency,
+            reason: row.reason,
+            metadata: row.metadata.0,
+            charge_id: row.charge_id,
+            account: row.account,
+            trace: row.traceparent.map(|traceparent| TraceContext { traceparent, tracestate: row.tracestate }),
+        })
+        .collect())
+}
+
+/// The tenants that have refunds due now, oldest first.
+pub async fn tenants_due(conn: &mut PgConnection, limit: u32) -> Result<Vec<TenantId>, StoreError> {
+    Ok(sqlx::query_scalar!(
+        r#"
+        SELECT tenant_id AS "tenant_id: TenantId"
+        FROM refund_outbox
+        WHERE locked_until IS NULL AND available_at <= now()
+        GROUP BY tenant_id
+        ORDER BY min(available_at)
+        LIMIT $1
+        "#,
+        i64::from(limit),
+    )
+    .fetch_all(conn)
+    .await?)
+}
+
+/// What ending a claim did to the refund's outbox row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Release {
+    /// The send is over: the row is gone.
+    Done,
+    /// The refund will be sent again at this instant: the row stays, unleased.
+    RetryAt(OffsetDateTime),
+}
+
+/// Ends `claimed`'s lease: deletes the outbox row, or unleases it for a later retry. Returns false,
+/// writing nothing, when the fencing token is no longer on the row (the sweeper took the lease
+/// back): the caller must then record nothing.
+pub async fn release(conn: &mut PgConnection, claimed: &ClaimedRefund, release: Release) -> Result<bool, StoreError> {
+    let rows = match release {
+        Release::Done => sqlx::query!(
+            "DELETE FROM refund_outbox WHERE tenant_id = $1 AND refund_id = $2 AND fencing_token = $3",
+            claimed.tenant_id.as_uuid(),
+            claimed.refund_id.as_uuid(),
+            claimed.fencing_token,
+        )
+        .execute(conn)
+        .await?
+        .rows_affected(),
+        Release::RetryAt(at) => sqlx::query!(
+            r#"
+            UPDATE refund_outbox SET locked_by = NULL, locked_until = NULL, available_at = $4
+            WHERE tenant_id = $1 AND refund_id = $2 AND fencing_token = $3
+            "#,
+            claimed.tenant_id.as_uuid(),
+            claimed.refund_id.as_uuid(),
+            claimed.fencing_token,
+            at,
+        )
+        .execute(conn)
+        .await?
+        .rows_affected(),
+    };
+    Ok(rows == 1)
+}
+
+/// What one [`sweep`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RefundSweep {
+    /// Expired leases inside the key window: refunds back to `pending`.
+    pub released: u64,
+    /// Expired leases past the key window: refunds `unknown`.
+    pub uncertain: u64,
+    /// Expired leases of refunds that had moved on: rows dropped.
+    pub obsolete: u64,
+}
+
+/// Takes back up to `batch_size` expired refund leases, oldest first, each in its own transaction.
+#[tracing::instrument(name = "store.sweep_refund_leases", skip_all)]
+pub async fn sweep(
+    conn: &mut PgConnection,
+    actor: &str,
+    key_window: KeyWindow,
+    batch_size: u32,
+) -> Result<RefundSweep, TransitionError> {
+    let expired = sqlx::query!(
+        r#"
+        SELECT tenant_id AS "tenant_id: TenantId", refund_id AS "refund_id: RefundId"
+        FROM refund_outbox
+        WHERE locked_until < now()
+        ORDER BY locked_until
+        LIMIT $1
+        "#,
+        i64::from(batch_size),
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(StoreError::from)?;
+    let mut counts = RefundSweep::default();
+    for lease in expired {
+        let mut tx = conn.begin().await.map_err(StoreError::from)?;
+        // Lock the row and read it again: a worker may have finished, or another sweeper taken it.
+        let row = sqlx::query!(
+            r#"
+            SELECT r.status AS "status: PaymentStatus", o.fencing_token,
+                   r.first_sent_at > now() - make_interval(secs => $3) AS "in_key_window!"
+            FROM refund_outbox o JOIN refunds r USING (tenant_id, refund_id)
+            WHERE o.tenant_id = $1 AND o.refund_id = $2 AND o.locked_until < now()
+            FOR UPDATE OF o SKIP LOCKED
+            "#,
+            lease.tenant_id.as_uuid(),
+            lease.refund_id.as_uuid(),
+            key_window.resend_horizon().as_secs_f64(),
+        )
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(StoreError::from)?;
+        let Some(row) = row else { continue };
+        sqlx::query!(
+            "DELETE FROM refund_outbox WHERE tenant_id = $1 AND refund_id = $2",
+            lease.tenant_id.as_uuid(),
+            lease.refund_id.as_uuid(),
+        )
+        .execute(&mut *tx)
+        .await
+        .map_err(StoreError::from)?;
+        if row.status != PaymentStatus::Processing {
+            counts.obsolete += 1;
+            tx.commit().await.map_err(StoreError::from)?;
+            continue;
+        }
+        let (transition, reason) = if row.in_key_window {
+            (
+                Transition::LeaseExpiredResend,
+                "the worker's lease expired inside the key window: resend with the same key",
+            )
+        } else {
+            (
+                Transition::LeaseExpiredUncertain,
+                "the worker's lease expired past the key window: the provider may have refunded",
+            )
+        };
+        let change = RefundChange {
+            tenant_id: lease.tenant_id,
+            refund_id: lease.refund_id,
+            from: PaymentStatus::Processing,
+            transition,
+            actor,
+            reason,
+            detail: Some(json!({"fencing_token": row.fencing_token})),
+        };
+        match settling::apply(&mut tx, &change, None, OffsetDateTime::now_utc()).await? {
+            Recorded::Moved(PaymentStatus::Pending) => counts.released += 1,
+            Recorded::Moved(_) => counts.uncertain += 1,
+            Recorded::LostRace => counts.obsolete += 1,
+        }
+        tx.commit().await.map_err(StoreError::from)?;
+    }
+    Ok(counts)
+}
