@@ -4,7 +4,7 @@
 //! It speaks only the control plane; the protocol itself is spoken by
 //! `oncepay_provider::http::HttpProvider`. Every call fails on a non-2xx response.
 
-use crate::control::{ExpiredKeys, GroundTruth, PlantCharge, WebhookTarget};
+use crate::control::{ExpiredKeys, GroundTruth, PlantCharge, RefundTruth, WebhookTarget};
 use crate::faults::{Faults, FaultsPatch};
 use oncepay_provider::wire::Charge;
 
@@ -55,6 +55,11 @@ impl SimulatorClient {
     /// `GET /_sim/charges`.
     pub async fn ground_truth(&self) -> Result<GroundTruth, ControlError> {
         self.call(self.http.get(self.url("/_sim/charges"))).await
+    }
+
+    /// `GET /_sim/refunds`.
+    pub async fn refund_truth(&self) -> Result<RefundTruth, ControlError> {
+        self.call(self.http.get(self.url("/_sim/refunds"))).await
     }
 
     /// `POST /_sim/charges`.

@@ -2,6 +2,7 @@
 //! [`crate::client::SimulatorClient`] so tests and simulator cannot drift apart.
 //!
 //! - `GET /_sim/charges` → [`GroundTruth`]; `POST /_sim/charges` [`PlantCharge`] → 201 `Charge`.
+//! - `GET /_sim/refunds` → [`RefundTruth`].
 //! - `GET /_sim/faults` → `Faults`; `POST /_sim/faults` `FaultsPatch` → `Faults`.
 //! - `POST /_sim/keys/expire` → [`ExpiredKeys`].
 //! - `GET /_sim/webhook` → [`WebhookTarget`]; `POST /_sim/webhook` [`WebhookTarget`] → the same.
@@ -10,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use oncepay_provider::wire::{Charge, ChargeStatus};
+use oncepay_provider::wire::{Charge, ChargeStatus, Refund, RefundState};
 use serde::{Deserialize, Serialize};
 
 /// Everything the simulator ever charged, and every key it was asked with: the ground truth.
@@ -43,6 +44,55 @@ impl GroundTruth {
     /// How many charge POSTs carried `key`.
     pub fn posts_with_key(&self, key: &str) -> u64 {
         self.keys.iter().find(|k| k.idempotency_key == key).map_or(0, |k| k.posts)
+    }
+}
+
+/// Everything the simulator ever refunded (or failed to), and every key it was asked with: the
+/// ground truth of refunds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefundTruth {
+    /// Every refund, failed ones included, in the order they were made.
+    pub refunds: Vec<Refund>,
+    /// Every idempotency key seen on a refund POST or on a refund, sorted by key.
+    pub keys: Vec<RefundKeyRecord>,
+}
+
+/// What happened under one refund idempotency key, over the simulator's whole life.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefundKeyRecord {
+    /// The key.
+    pub idempotency_key: String,
+    /// Authenticated, well-formed `POST /v1/refunds` requests that carried it, whatever their
+    /// response (replays, refusals, 409, 422 and injected faults included).
+    pub posts: u64,
+    /// The ids of the refunds made under it, oldest first.
+    pub refunds: Vec<String>,
+}
+
+impl RefundTruth {
+    /// The refunds made under `key`.
+    pub fn refunds_with_key(&self, key: &str) -> Vec<&Refund> {
+        self.refunds.iter().filter(|r| r.idempotency_key.as_deref() == Some(key)).collect()
+    }
+
+    /// How many refund POSTs carried `key`.
+    pub fn posts_with_key(&self, key: &str) -> u64 {
+        self.keys.iter().find(|k| k.idempotency_key == key).map_or(0, |k| k.posts)
+    }
+
+    /// The refunds of `charge`.
+    pub fn refunds_of(&self, charge: &str) -> Vec<&Refund> {
+        self.refunds.iter().filter(|r| r.charge == charge).collect()
+    }
+
+    /// How much of `charge` its refunds give back or may still give back (every one that neither
+    /// failed nor was canceled), in minor units: never more than the charge.
+    pub fn refunded(&self, charge: &str) -> i64 {
+        self.refunds_of(charge)
+            .into_iter()
+            .filter(|r| !matches!(r.status, RefundState::Failed | RefundState::Canceled))
+            .map(|r| r.amount)
+            .sum()
     }
 }
 

@@ -1,6 +1,11 @@
 //! The faults the simulator injects: their settings ([`Faults`]), run-time changes
-//! ([`FaultsPatch`]), and the decisions drawn for one charge request ([`ChargePlan`]) or one webhook
-//! event ([`WebhookPlan`]).
+//! ([`FaultsPatch`]), and the decisions drawn for one create request, a charge or a refund
+//! ([`CreatePlan`]), or one webhook event ([`WebhookPlan`]).
+//!
+//! Charges and refunds go through the same faults, but for three: a refund fails at
+//! `refund_failure_rate` rather than `decline_rate`, and neither `mismatch_rate` (a refund beyond
+//! what was asked could exceed its charge) nor `refuse_resend_rate` (a detached payment method)
+//! applies to refunds.
 //!
 //! Invariants: every rate is a finite probability in `[0, 1]`, and the three "after" faults (5xx,
 //! hang, drop) are exclusive outcomes of one draw, so their rates sum to at most 1; every declined
@@ -66,28 +71,33 @@ faults! {
     rates {
         /// Fraction of new charges declined (402, a failed charge exists).
         decline_rate: f64 = 0.0,
-        /// Fraction of charge POSTs that get a 500 before anything happens.
+        /// Fraction of new refunds that fail (402, a failed refund exists).
+        refund_failure_rate: f64 = 0.0,
+        /// Fraction of charge and refund POSTs that get a 500 before anything happens.
         error_before_rate: f64 = 0.0,
-        /// Fraction of new charges that get a 500 after the charge was created.
+        /// Fraction of new charges and refunds that get a 500 after they were created.
         error_after_rate: f64 = 0.0,
-        /// Fraction of new charges whose response waits `hang_ms`, the key in flight meanwhile.
+        /// Fraction of new charges and refunds whose response waits `hang_ms`, the key in flight
+        /// meanwhile.
         hang_after_rate: f64 = 0.0,
-        /// Fraction of new charges after which the connection is closed with no response.
+        /// Fraction of new charges and refunds after which the connection is closed with no
+        /// response.
         drop_after_rate: f64 = 0.0,
         /// Fraction of webhook events never delivered.
         webhook_drop_rate: f64 = 0.0,
         /// Fraction of webhook events delivered twice.
         webhook_duplicate_rate: f64 = 0.0,
-        /// Fraction of charge POSTs that get a 429 before anything happens.
+        /// Fraction of charge and refund POSTs that get a 429 before anything happens.
         rate_limit_rate: f64 = 0.0,
-        /// Fraction of lookups (`GET /v1/charges…`) that get a 503.
+        /// Fraction of lookups (`GET /v1/charges…`, `GET /v1/refunds…`) that get a 503.
         lookup_error_rate: f64 = 0.0,
-        /// Fraction of new charges made only after `hang_before_ms`, the key in flight meanwhile (a
-        /// lookup then finds no charge, and the charge appears later).
+        /// Fraction of new charges and refunds made only after `hang_before_ms`, the key in flight
+        /// meanwhile (a lookup then finds nothing, and the object appears later).
         hang_before_rate: f64 = 0.0,
         /// Fraction of new succeeded charges that take one minor unit more than asked.
         mismatch_rate: f64 = 0.0,
-        /// Fraction of new charges whose response and webhook report a lower-case currency.
+        /// Fraction of new charges and refunds whose response and webhook report a lower-case
+        /// currency.
         malformed_rate: f64 = 0.0,
         /// Fraction of repeated requests with the key of a succeeded charge that get a 400 instead of
         /// the charge's response, as when the payment method was detached since: the charge stands.
@@ -95,7 +105,8 @@ faults! {
     }
     // Durations and switches.
     settings {
-        /// Added to every `/v1` response; for a new charge, spent while its key is in flight.
+        /// Added to every `/v1` response; for a new charge or refund, spent while its key is in
+        /// flight.
         latency_ms: u64 = 0,
         /// How long a hang drawn by `hang_after_rate` lasts.
         hang_ms: u64 = 30_000,
@@ -200,7 +211,7 @@ impl SharedFaults {
     }
 }
 
-/// What happens once a new charge exists, before its response.
+/// What happens once a new charge or refund exists, before its response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AfterCreate {
     /// The response goes out.
@@ -225,38 +236,50 @@ impl AfterCreate {
     }
 }
 
-/// The fault decisions for one `POST /v1/charges`.
+/// What a create request makes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ChargePlan {
+pub enum Creating {
+    /// `POST /v1/charges`.
+    Charge,
+    /// `POST /v1/refunds`.
+    Refund,
+}
+
+/// The fault decisions for one `POST /v1/charges` or `POST /v1/refunds`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CreatePlan {
     /// Respond 500 before anything happens.
     pub error_before: bool,
     /// Respond 429 before anything happens.
     pub rate_limited: bool,
     /// Make the charge only after `hang_before_ms`.
     pub hang_before: bool,
-    /// Charge one minor unit more than asked, if the charge succeeds.
+    /// Charge one minor unit more than asked, if the charge succeeds. Never for a refund.
     pub mismatch: bool,
-    /// Report the charge with a lower-case currency in its response and webhook.
+    /// Report the object with a lower-case currency in its response and webhook.
     pub malformed: bool,
-    /// Decline the charge, if one is created.
+    /// Decline the charge, or fail the refund, if one is created.
     pub decline: bool,
-    /// Which decline reason, an index into the simulator's list.
+    /// Which decline (or refund failure) reason, an index into the simulator's list.
     pub decline_reason: usize,
     /// What follows the creation, if one happens.
     pub after: AfterCreate,
-    /// Refuse a repeated request with a 400 if its key's charge succeeded.
+    /// Refuse a repeated request with a 400 if its key's charge succeeded. Never for a refund.
     pub refuse_resend: bool,
 }
 
-impl ChargePlan {
-    /// Draws the decisions. `reasons` is how many decline reasons exist (≥ 1).
-    pub fn draw(faults: &Faults, reasons: usize, rng: &mut impl Rng) -> Self {
+impl CreatePlan {
+    /// Draws the decisions for creating `what`. `reasons` is how many decline (or refund failure)
+    /// reasons exist (≥ 1).
+    pub fn draw(faults: &Faults, what: Creating, reasons: usize, rng: &mut impl Rng) -> Self {
+        let charge = what == Creating::Charge;
+        let decline_rate = if charge { faults.decline_rate } else { faults.refund_failure_rate };
         let error_before = rng.random::<f64>() < faults.error_before_rate;
         let rate_limited = rng.random::<f64>() < faults.rate_limit_rate;
         let hang_before = rng.random::<f64>() < faults.hang_before_rate;
-        let mismatch = rng.random::<f64>() < faults.mismatch_rate;
+        let mismatch = rng.random::<f64>() < faults.mismatch_rate && charge;
         let malformed = rng.random::<f64>() < faults.malformed_rate;
-        let decline = rng.random::<f64>() < faults.decline_rate;
+        let decline = rng.random::<f64>() < decline_rate;
         let decline_reason = rng.random_range(0..reasons.max(1));
         let after_draw = rng.random::<f64>();
         let after = if after_draw < faults.error_after_rate {
@@ -268,7 +291,7 @@ impl ChargePlan {
         } else {
             AfterCreate::Respond
         };
-        let refuse_resend = rng.random::<f64>() < faults.refuse_resend_rate;
+        let refuse_resend = rng.random::<f64>() < faults.refuse_resend_rate && charge;
         Self {
             error_before,
             rate_limited,
@@ -371,11 +394,33 @@ mod tests {
         let never = Faults::default();
         let always = Faults { error_before_rate: 1.0, decline_rate: 1.0, drop_after_rate: 1.0, ..Faults::default() };
         for _ in 0..1000 {
-            let plan = ChargePlan::draw(&never, 3, &mut rng);
+            let plan = CreatePlan::draw(&never, Creating::Charge, 3, &mut rng);
             assert!(!plan.error_before && !plan.decline && plan.after == AfterCreate::Respond);
-            let plan = ChargePlan::draw(&always, 3, &mut rng);
+            let plan = CreatePlan::draw(&always, Creating::Charge, 3, &mut rng);
             assert!(plan.error_before && plan.decline && plan.after == AfterCreate::DropConnection);
             assert!(plan.decline_reason < 3);
+        }
+    }
+
+    #[test]
+    fn a_refund_fails_at_its_own_rate_and_is_never_mismatched_or_refused_on_resend() {
+        let mut rng = StdRng::seed_from_u64(3);
+        let faults = Faults {
+            decline_rate: 1.0,
+            mismatch_rate: 1.0,
+            refuse_resend_rate: 1.0,
+            error_after_rate: 1.0,
+            ..Faults::default()
+        };
+        let failing = Faults { refund_failure_rate: 1.0, ..Faults::default() };
+        for _ in 0..1000 {
+            let refund = CreatePlan::draw(&faults, Creating::Refund, 3, &mut rng);
+            assert!(!refund.decline && !refund.mismatch && !refund.refuse_resend, "{refund:?}");
+            assert_eq!(refund.after, AfterCreate::ServerError, "the shared faults apply to refunds");
+            let charge = CreatePlan::draw(&faults, Creating::Charge, 3, &mut rng);
+            assert!(charge.decline && charge.mismatch && charge.refuse_resend, "{charge:?}");
+            assert!(CreatePlan::draw(&failing, Creating::Refund, 3, &mut rng).decline);
+            assert!(!CreatePlan::draw(&failing, Creating::Charge, 3, &mut rng).decline);
         }
     }
 
@@ -385,7 +430,7 @@ mod tests {
         let mut rng = StdRng::seed_from_u64(7);
         let mut counts = [0u32; 4];
         for _ in 0..20_000 {
-            let index = match ChargePlan::draw(&faults, 1, &mut rng).after {
+            let index = match CreatePlan::draw(&faults, Creating::Charge, 1, &mut rng).after {
                 AfterCreate::ServerError => 0,
                 AfterCreate::Hang => 1,
                 AfterCreate::DropConnection => 2,
@@ -405,7 +450,9 @@ mod tests {
         let run = |seed| {
             let mut rng = StdRng::seed_from_u64(seed);
             (0..100)
-                .map(|_| (ChargePlan::draw(&faults, 3, &mut rng), WebhookPlan::draw(&faults, &mut rng)))
+                .map(|_| {
+                    (CreatePlan::draw(&faults, Creating::Charge, 3, &mut rng), WebhookPlan::draw(&faults, &mut rng))
+                })
                 .collect::<Vec<_>>()
         };
 

@@ -3,16 +3,27 @@
 //!
 //! Invariants: a key is either in flight (its first request is still being processed: duplicates
 //! get 409) or decided (duplicates get the stored response, byte for byte); a key in flight is
-//! never forgotten. A key used with other parameters is refused (422) whatever its state. The store
-//! holds responses as opaque bytes; it creates no charge and knows nothing of HTTP.
+//! never forgotten. A key used with other parameters is refused (422) whatever its state; charges and
+//! refunds share the store, so a key first used for one kind is "other parameters" for the other,
+//! never a replay of it. The store holds responses as opaque bytes; it creates nothing and knows
+//! nothing of HTTP.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use oncepay_provider::wire::CreateCharge;
+use oncepay_provider::wire::{CreateCharge, CreateRefund};
 use serde::Serialize;
+
+/// What a key was first used for: its request's parameters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Params {
+    /// A `POST /v1/charges` body.
+    Charge(CreateCharge),
+    /// A `POST /v1/refunds` body.
+    Refund(CreateRefund),
+}
 
 /// An HTTP response (status and JSON body); a decided key replays its stored ones byte for byte.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,7 +49,7 @@ impl StoredResponse {
 /// What a decided key remembers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decided {
-    /// The charge's real response (201 or 402).
+    /// The real response (201, 402, or a refund's 400 refusal).
     pub response: StoredResponse,
     /// The injected 500 that went out instead, if one did (replayed when `replay_stored_5xx`).
     pub injected_error: Option<StoredResponse>,
@@ -70,7 +81,7 @@ pub struct KeyStore {
 
 #[derive(Debug)]
 struct Entry {
-    params: CreateCharge,
+    params: Params,
     state: State,
     /// When its first request arrived: its window starts then.
     claimed_at: Instant,
@@ -98,7 +109,7 @@ impl KeyStore {
     }
 
     /// Looks `key` up for a request with `params`; a fresh key is taken in flight.
-    pub fn claim(&mut self, key: &str, params: &CreateCharge, now: Instant) -> Claim {
+    pub fn claim(&mut self, key: &str, params: &Params, now: Instant) -> Claim {
         self.forget_expired(now);
         match self.entries.get(key) {
             Some(entry) if entry.params != *params => Claim::Reused,
@@ -155,14 +166,18 @@ mod tests {
 
     use super::*;
 
-    fn params(amount: i64) -> CreateCharge {
-        CreateCharge {
+    fn params(amount: i64) -> Params {
+        Params::Charge(CreateCharge {
             amount,
             currency: "EUR".into(),
             customer: "cus".into(),
             metadata: BTreeMap::new(),
             payment_method: None,
-        }
+        })
+    }
+
+    fn refund(amount: i64) -> Params {
+        Params::Refund(CreateRefund { charge: "ch_1".into(), amount, reason: None, metadata: BTreeMap::new() })
     }
 
     fn decided(status: u16) -> Decided {
@@ -182,6 +197,22 @@ mod tests {
         store.decide("k", decided(201), t0);
         assert_eq!(store.claim("k", &params(1), t0), Claim::Decided(decided(201)));
         assert_eq!(store.claim("k", &params(2), t0), Claim::Reused);
+    }
+
+    #[test]
+    fn a_key_used_for_one_kind_is_reused_for_the_other_never_replayed() {
+        let mut store = KeyStore::new(WINDOW);
+        let t0 = Instant::now();
+        store.claim("charged", &params(1), t0);
+        store.decide("charged", decided(201), t0);
+        store.claim("refunded", &refund(1), t0);
+
+        assert_eq!(store.claim("charged", &refund(1), t0), Claim::Reused);
+        assert_eq!(store.claim("refunded", &params(1), t0), Claim::Reused);
+        assert_eq!(store.claim("refunded", &refund(1), t0), Claim::InFlight);
+        store.decide("refunded", decided(402), t0);
+        assert_eq!(store.claim("refunded", &refund(1), t0), Claim::Decided(decided(402)));
+        assert_eq!(store.claim("refunded", &refund(2), t0), Claim::Reused);
     }
 
     #[test]

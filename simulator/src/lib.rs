@@ -1,9 +1,9 @@
 //! A payment provider simulator with fault injection: the ground truth for tests.
 //!
 //! It speaks the provider protocol (`oncepay_provider::wire`), keeps a [`ledger`] of every charge
-//! it made, remembers [`idempotency`] keys for a configurable window, sends signed Standard
-//! Webhooks events ([`webhooks`]), and injects every fault of the contract on demand ([`faults`],
-//! drawn from the one seeded random source, [`dice`]). [`Simulator::start`] runs it in-process
+//! and refund it made, remembers [`idempotency`] keys for a configurable window, sends signed
+//! Standard Webhooks events ([`webhooks`]), and injects every fault of the contract on demand
+//! ([`faults`], drawn from the one seeded random source, [`dice`]). [`Simulator::start`] runs it in-process
 //! (tests, on port 0); the `oncepay-simulator` binary runs it as a process. Tests drive it through
 //! `/_sim` ([`control`], [`client`]).
 

@@ -1,25 +1,29 @@
-//! The simulated provider: the protocol's operations (create, look up, list charges) over the
-//! ledger and the idempotency memory, with the faults applied, plus the control operations tests
-//! use (plant a charge, forget keys, read the ground truth).
+//! The simulated provider: the protocol's operations (create, look up, list charges and refunds)
+//! over the ledger and the idempotency memory, with the faults applied, plus the control operations
+//! tests use (plant a charge, forget keys, read the ground truth).
 //!
-//! Invariants: at most one charge per idempotency key while the key is remembered; a charge is
-//! written to the ledger and its webhook queued before any response about it (or the injected
-//! absence of one) goes out; a key claimed fresh is always decided, whatever fault follows, so it
-//! never stays in flight. This module knows nothing of HTTP beyond the status codes of its
-//! responses.
+//! Invariants: at most one charge or refund per idempotency key while the key is remembered; an
+//! object is written to the ledger and its webhook queued before any response about it (or the
+//! injected absence of one) goes out; a key claimed fresh is always decided, whatever fault
+//! follows, so it never stays in flight. Charges and refunds take one path through the faults and
+//! the key store ([`Provider::create`]). This module knows nothing of HTTP beyond the status codes
+//! of its responses.
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use oncepay_provider::wire::{Charge, ChargePage, ChargeStatus, CreateCharge, ErrorBody, ErrorDetail};
+use oncepay_provider::wire::{
+    Charge, ChargePage, ChargeStatus, CreateCharge, CreateRefund, ErrorBody, ErrorDetail, Refund, RefundPage,
+    RefundState,
+};
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::{pause, unix_now};
-use crate::control::{GroundTruth, PlantCharge};
+use crate::control::{GroundTruth, PlantCharge, RefundTruth};
 use crate::dice::Dice;
-use crate::faults::{AfterCreate, ChargePlan, SharedFaults};
-use crate::idempotency::{Claim, Decided, KeyStore, StoredResponse};
-use crate::ledger::{Ledger, ListQuery, UnknownCursor};
+use crate::faults::{AfterCreate, CreatePlan, Creating, Faults, SharedFaults};
+use crate::idempotency::{Claim, Decided, KeyStore, Params, StoredResponse};
+use crate::ledger::{Ledger, ListQuery, RefundNotWritten, UnknownCursor, Unrefundable};
 use crate::webhooks::Notifier;
 
 /// Why a charge is declined: code and message, picked by the dice (and the message of a declined
@@ -30,9 +34,16 @@ const DECLINE_REASONS: [(&str, &str); 3] = [
     ("expired_card", "The card has expired."),
 ];
 
-/// How a charge request ends.
+/// Why a refund fails: code (its `failure_reason`) and message, picked by the dice; Stripe's codes.
+const REFUND_FAILURES: [(&str, &str); 3] = [
+    ("expired_or_canceled_card", "The card was canceled or has expired, so the refund failed."),
+    ("lost_or_stolen_card", "The card was reported lost or stolen, so the refund failed."),
+    ("declined", "The card issuer declined the refund."),
+];
+
+/// How a create request (a charge or a refund) ends.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ChargeResponse {
+pub enum CreateResponse {
     /// An HTTP response.
     Send {
         /// Status and body.
@@ -49,6 +60,15 @@ pub enum ChargeResponse {
     },
 }
 
+/// What making the object of a create did, once its key was claimed fresh.
+enum Made {
+    /// The object exists and its webhook is queued: its real response (201 or 402).
+    Created(StoredResponse),
+    /// Nothing was made: the request was refused (a refund its charge cannot take), with this
+    /// response.
+    Refused(StoredResponse),
+}
+
 /// The provider.
 pub struct Provider {
     // Held only for in-memory work, never across an `.await`.
@@ -61,6 +81,7 @@ pub struct Provider {
 
 struct Books {
     ledger: Ledger,
+    // One store for charge and refund keys: a key of one kind is "other parameters" for the other.
     keys: KeyStore,
 }
 
@@ -87,11 +108,51 @@ impl Provider {
     /// completion (the HTTP layer spawns it), so a client that hangs up cannot leave a key in
     /// flight.
     #[tracing::instrument(name = "provider.create_charge", skip_all, fields(charge.id, sim.fault))]
-    pub async fn create_charge(&self, key: String, params: CreateCharge) -> ChargeResponse {
+    pub async fn create_charge(&self, key: String, params: CreateCharge) -> CreateResponse {
+        let claimed = Params::Charge(params.clone());
+        self.create(Creating::Charge, key, claimed, |key, plan, faults| {
+            let declined = faults.declined_code(params.payment_method.as_deref());
+            let (charge, response) = self.make_charge(key, &params, plan, declined);
+            tracing::Span::current().record("charge.id", charge.id.as_str());
+            self.webhooks.charge_settled(&reported(&charge, plan));
+            metrics::counter!("oncepay_simulator_charges_total", "status" => status_label(charge.status)).increment(1);
+            Made::Created(response)
+        })
+        .await
+    }
+
+    /// `POST /v1/refunds` with `key` and `params` (both already validated), under the same
+    /// idempotency and faults as a charge. A refund its charge cannot take (unknown, not succeeded,
+    /// or beyond what is left) is refused with a 400 and nothing is made; the check and the write
+    /// are one step under the books' lock, so concurrent refunds cannot together exceed a charge.
+    /// Callers must run it to completion, as a charge.
+    #[tracing::instrument(name = "provider.create_refund", skip_all, fields(refund.id, sim.fault))]
+    pub async fn create_refund(&self, key: String, params: CreateRefund) -> CreateResponse {
+        let claimed = Params::Refund(params.clone());
+        self.create(Creating::Refund, key, claimed, |key, plan, _| self.make_refund(key, &params, plan)).await
+    }
+
+    /// The path every create takes: the faults before anything, the key claimed, the latency and
+    /// the hang before, `make`, then the faults after. `make` runs at most once, only with the key
+    /// claimed fresh, and the key is always decided afterwards.
+    async fn create(
+        &self,
+        what: Creating,
+        key: String,
+        params: Params,
+        make: impl FnOnce(&str, &CreatePlan, &Faults) -> Made,
+    ) -> CreateResponse {
         let faults = self.faults.get();
         let latency = Duration::from_millis(faults.latency_ms);
-        let plan = self.dice.with(|rng| ChargePlan::draw(&faults, DECLINE_REASONS.len(), rng));
-        self.books().ledger.count_post(&key);
+        let reasons = match what {
+            Creating::Charge => DECLINE_REASONS.len(),
+            Creating::Refund => REFUND_FAILURES.len(),
+        };
+        let plan = self.dice.with(|rng| CreatePlan::draw(&faults, what, reasons, rng));
+        match what {
+            Creating::Charge => self.books().ledger.count_post(&key),
+            Creating::Refund => self.books().ledger.count_refund_post(&key),
+        }
 
         if plan.error_before {
             self.pause(latency).await;
@@ -101,7 +162,7 @@ impl Provider {
         if plan.rate_limited {
             self.pause(latency).await;
             record_fault("rate_limited");
-            return ChargeResponse::RateLimited { retry_after_secs: faults.rate_limit_retry_after_secs };
+            return CreateResponse::RateLimited { retry_after_secs: faults.rate_limit_retry_after_secs };
         }
         let claim = self.books().keys.claim(&key, &params, Instant::now());
         match claim {
@@ -140,15 +201,18 @@ impl Provider {
         // The key is ours and in flight: the latency is the provider's processing time.
         self.pause(latency).await;
         if plan.hang_before {
-            // Still in flight, and no charge yet: a lookup meanwhile finds nothing.
+            // Still in flight, and nothing made yet: a lookup meanwhile finds nothing.
             record_fault("hang_before");
             self.pause(Duration::from_millis(faults.hang_before_ms)).await;
         }
-        let declined = faults.declined_code(params.payment_method.as_deref());
-        let (charge, response) = self.make_charge(&key, &params, &plan, declined);
-        tracing::Span::current().record("charge.id", charge.id.as_str());
-        self.webhooks.charge_settled(&reported(&charge, &plan));
-        metrics::counter!("oncepay_simulator_charges_total", "status" => status_label(charge.status)).increment(1);
+        let response = match make(&key, &plan, &faults) {
+            Made::Created(response) => response,
+            Made::Refused(response) => {
+                // Nothing exists for the faults after creating to act on.
+                self.decide(&key, response.clone(), None);
+                return send(false, response);
+            }
+        };
 
         if plan.after != AfterCreate::Respond {
             record_fault(plan.after.label());
@@ -159,7 +223,10 @@ impl Provider {
                 send(false, response)
             }
             AfterCreate::ServerError => {
-                let error = server_error("The provider failed after creating the charge.");
+                let error = server_error(match what {
+                    Creating::Charge => "The provider failed after creating the charge.",
+                    Creating::Refund => "The provider failed after creating the refund.",
+                });
                 self.decide(&key, response, Some(error.clone()));
                 send(false, error)
             }
@@ -171,9 +238,64 @@ impl Provider {
             }
             AfterCreate::DropConnection => {
                 self.decide(&key, response, None);
-                ChargeResponse::DropConnection
+                CreateResponse::DropConnection
             }
         }
+    }
+
+    /// Makes the refund, failed if the plan says so, and queues its webhook; or refuses it, making
+    /// nothing, when its charge cannot take it.
+    fn make_refund(&self, key: &str, params: &CreateRefund, plan: &CreatePlan) -> Made {
+        let failure = plan.decline.then(|| REFUND_FAILURES[plan.decline_reason % REFUND_FAILURES.len()]);
+        let refused = |why: Unrefundable| {
+            tracing::info!(refund.refused = why.code(), "refund refused");
+            Made::Refused(StoredResponse::json(400, &error_body(why.code(), &why.to_string(), None)))
+        };
+        let refund = {
+            // Checked and written under one lock: no other refund of the charge can come between.
+            let mut books = self.books();
+            let currency = match books.ledger.refundable(&params.charge, params.amount) {
+                Ok(charge) => charge.currency.clone(),
+                Err(why) => return refused(why),
+            };
+            loop {
+                let refund = Refund {
+                    id: self.dice.token("re_"),
+                    status: if failure.is_some() { RefundState::Failed } else { RefundState::Succeeded },
+                    charge: params.charge.clone(),
+                    amount: params.amount,
+                    currency: currency.clone(),
+                    idempotency_key: Some(key.to_owned()),
+                    created: unix_now(),
+                    metadata: params.metadata.clone(),
+                    failure_reason: failure.map(|(code, _)| code.to_owned()),
+                    // The protocol has no provider accounts.
+                    account: None,
+                };
+                match books.ledger.insert_refund(refund.clone()) {
+                    Ok(()) => break refund,
+                    // A 24-character id repeats essentially never; when it does, draw another.
+                    Err(RefundNotWritten::DuplicateId(_)) => {}
+                    Err(RefundNotWritten::Unrefundable(why)) => return refused(why),
+                }
+            }
+        };
+        if plan.malformed {
+            record_fault("malformed");
+        }
+        tracing::Span::current().record("refund.id", refund.id.as_str());
+        let shown = reported_refund(&refund, plan);
+        self.webhooks.refund_settled(&shown);
+        metrics::counter!("oncepay_simulator_refunds_total", "status" => refund_status_label(refund.status))
+            .increment(1);
+        Made::Created(match failure {
+            None => StoredResponse::json(201, &shown),
+            Some((code, message)) => {
+                let mut body = error_body(code, message, None);
+                body.error.refund = Some(refund.id);
+                StoredResponse::json(402, &body)
+            }
+        })
     }
 
     /// Makes the charge: declined with `declined`'s code if given (a declined payment method), else
@@ -182,7 +304,7 @@ impl Provider {
         &self,
         key: &str,
         params: &CreateCharge,
-        plan: &ChargePlan,
+        plan: &CreatePlan,
         declined: Option<&str>,
     ) -> (Charge, StoredResponse) {
         let (status, failure) = if let Some(code) = declined {
@@ -298,6 +420,23 @@ impl Provider {
     pub fn ground_truth(&self) -> GroundTruth {
         self.books().ledger.ground_truth()
     }
+
+    /// `GET /v1/refunds/{id}`.
+    pub async fn refund(&self, id: &str) -> Option<Refund> {
+        self.pause(Duration::from_millis(self.faults.get().latency_ms)).await;
+        self.books().ledger.refund(id).cloned()
+    }
+
+    /// `GET /v1/refunds?…`, of `charge` if given.
+    pub async fn list_refunds(&self, query: &ListQuery, charge: Option<&str>) -> Result<RefundPage, UnknownCursor> {
+        self.pause(Duration::from_millis(self.faults.get().latency_ms)).await;
+        self.books().ledger.list_refunds(query, charge)
+    }
+
+    /// Every refund and every refund key's history.
+    pub fn refund_truth(&self) -> RefundTruth {
+        self.books().ledger.refund_truth()
+    }
 }
 
 /// The message of a decline `code`: the simulator's own for the codes it draws, else a generic one.
@@ -310,12 +449,17 @@ fn decline_message(code: &str) -> &'static str {
 
 /// How the response and the webhook report `charge`: as it is, or with a lower-case currency under
 /// the malformed fault (the ledger keeps it right).
-fn reported(charge: &Charge, plan: &ChargePlan) -> Charge {
+fn reported(charge: &Charge, plan: &CreatePlan) -> Charge {
     if plan.malformed { Charge { currency: charge.currency.to_lowercase(), ..charge.clone() } } else { charge.clone() }
 }
 
-fn send(replayed: bool, response: StoredResponse) -> ChargeResponse {
-    ChargeResponse::Send { response, replayed }
+/// How the response and the webhook report `refund`, as [`reported`] does a charge.
+fn reported_refund(refund: &Refund, plan: &CreatePlan) -> Refund {
+    if plan.malformed { Refund { currency: refund.currency.to_lowercase(), ..refund.clone() } } else { refund.clone() }
+}
+
+fn send(replayed: bool, response: StoredResponse) -> CreateResponse {
+    CreateResponse::Send { response, replayed }
 }
 
 fn record_fault(fault: &'static str) {
@@ -331,9 +475,18 @@ const fn status_label(status: ChargeStatus) -> &'static str {
     }
 }
 
+const fn refund_status_label(status: RefundState) -> &'static str {
+    match status {
+        RefundState::Pending => "pending",
+        RefundState::Succeeded => "succeeded",
+        RefundState::Failed => "failed",
+        RefundState::Canceled => "canceled",
+    }
+}
+
 /// The protocol's error body.
 pub fn error_body(code: &str, message: &str, charge: Option<String>) -> ErrorBody {
-    ErrorBody { error: ErrorDetail { code: code.to_owned(), message: message.to_owned(), charge } }
+    ErrorBody { error: ErrorDetail { code: code.to_owned(), message: message.to_owned(), charge, refund: None } }
 }
 
 fn server_error(message: &str) -> StoredResponse {

@@ -1,5 +1,5 @@
-//! Webhook delivery: every charge outcome becomes a `charge.succeeded` / `charge.failed` event,
-//! POSTed to the configured URL with Standard Webhooks signature headers and retried with jittered
+//! Webhook delivery: every charge outcome becomes a `charge.succeeded` / `charge.failed` event, and
+//! every refund a `refund.updated` / `refund.failed` one, POSTed to the configured URL with Standard Webhooks signature headers and retried with jittered
 //! backoff, under the webhook faults (drop, delay, duplicate, reorder).
 //!
 //! Invariants: an event has one `webhook-id` and one body for all its attempts and copies; each
@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use oncepay_provider::webhook_signature::WebhookSecret;
-use oncepay_provider::wire::{Charge, ChargeStatus, EventType, WebhookEvent};
+use oncepay_provider::wire::{
+    Charge, ChargeStatus, EventType, Refund, RefundEvent, RefundEventType, RefundState, WebhookEvent,
+};
 use oncepay_service::backoff::Backoff;
 use reqwest::Url;
 use tokio::sync::mpsc;
@@ -44,11 +46,50 @@ impl Destination {
     }
 }
 
-/// Hands charge outcomes to the [`Dispatcher`] through an unbounded queue; cheap to clone, never
-/// blocks.
+/// What an event is about, as it is now.
+#[derive(Debug, Clone)]
+enum Subject {
+    Charge(Charge),
+    Refund(Refund),
+}
+
+impl Subject {
+    fn id(&self) -> &str {
+        match self {
+            Self::Charge(charge) => &charge.id,
+            Self::Refund(refund) => &refund.id,
+        }
+    }
+
+    /// The event's body: the subject under the type its status calls for.
+    fn event(&self) -> serde_json::Result<Vec<u8>> {
+        let created = unix_now();
+        match self {
+            Self::Charge(charge) => {
+                let event_type = match charge.status {
+                    ChargeStatus::Succeeded => EventType::ChargeSucceeded,
+                    ChargeStatus::Failed => EventType::ChargeFailed,
+                };
+                serde_json::to_vec(&WebhookEvent { event_type, created, data: charge.clone() })
+            }
+            Self::Refund(refund) => {
+                let event_type = match refund.status {
+                    RefundState::Failed => RefundEventType::RefundFailed,
+                    RefundState::Pending | RefundState::Succeeded | RefundState::Canceled => {
+                        RefundEventType::RefundUpdated
+                    }
+                };
+                serde_json::to_vec(&RefundEvent { event_type, created, data: refund.clone() })
+            }
+        }
+    }
+}
+
+/// Hands charge and refund outcomes to the [`Dispatcher`] through an unbounded queue; cheap to
+/// clone, never blocks.
 #[derive(Debug, Clone)]
 pub struct Notifier {
-    queue: mpsc::UnboundedSender<(Charge, Url)>,
+    queue: mpsc::UnboundedSender<(Subject, Url)>,
     destination: Destination,
 }
 
@@ -56,9 +97,18 @@ impl Notifier {
     /// Queues the event for `charge`'s outcome, addressed to the destination of this instant; with
     /// no destination there is no event.
     pub fn charge_settled(&self, charge: &Charge) {
+        self.queue(Subject::Charge(charge.clone()));
+    }
+
+    /// Queues the event for `refund`'s outcome, as [`Notifier::charge_settled`] does a charge's.
+    pub fn refund_settled(&self, refund: &Refund) {
+        self.queue(Subject::Refund(refund.clone()));
+    }
+
+    fn queue(&self, subject: Subject) {
         if let Some(url) = self.destination.get() {
             // The dispatcher only goes away on shutdown, when undelivered events are abandoned anyway.
-            let _ = self.queue.send((charge.clone(), url));
+            let _ = self.queue.send((subject, url));
         }
     }
 }
@@ -78,7 +128,7 @@ pub struct DeliveryPolicy {
 
 /// Turns queued outcomes into deliveries.
 pub struct Dispatcher {
-    queue: mpsc::UnboundedReceiver<(Charge, Url)>,
+    queue: mpsc::UnboundedReceiver<(Subject, Url)>,
     faults: SharedFaults,
     dice: Dice,
     courier: Arc<Courier>,
@@ -132,8 +182,8 @@ impl Dispatcher {
                     }
                 }
                 next = self.queue.recv() => {
-                    let Some((charge, url)) = next else { break };
-                    let Some((delivery, reorder, hold)) = self.prepare(&charge, url) else { continue };
+                    let Some((subject, url)) = next else { break };
+                    let Some((delivery, reorder, hold)) = self.prepare(&subject, url) else { continue };
                     match (reorder, held.take()) {
                         // Reordering: the held event goes only after the next one has been
                         // delivered, so the receiver gets the two swapped.
@@ -153,26 +203,21 @@ impl Dispatcher {
         self.deliveries.wait().await;
     }
 
-    /// The delivery for `charge`, whether to reorder it and for how long to hold it; none when
+    /// The delivery for `subject`, whether to reorder it and for how long to hold it; none when
     /// the drop fault hit.
-    fn prepare(&self, charge: &Charge, url: Url) -> Option<(Delivery, bool, Duration)> {
+    fn prepare(&self, subject: &Subject, url: Url) -> Option<(Delivery, bool, Duration)> {
         let faults = self.faults.get();
         let plan = self.dice.with(|rng| WebhookPlan::draw(&faults, rng));
         let id = self.dice.token("msg_");
         if plan.drop {
-            tracing::info!(webhook.id = %id, charge.id = %charge.id, "webhook dropped (injected fault)");
+            tracing::info!(webhook.id = %id, event.subject = subject.id(), "webhook dropped (injected fault)");
             metrics::counter!("oncepay_simulator_webhook_events_total", "fate" => "dropped").increment(1);
             return None;
         }
-        let event_type = match charge.status {
-            ChargeStatus::Succeeded => EventType::ChargeSucceeded,
-            ChargeStatus::Failed => EventType::ChargeFailed,
-        };
-        let event = WebhookEvent { event_type, created: unix_now(), data: charge.clone() };
-        let body = match serde_json::to_vec(&event) {
+        let body = match subject.event() {
             Ok(body) => Bytes::from(body),
             Err(error) => {
-                tracing::error!(error = %error, charge.id = %charge.id, "cannot encode a webhook event");
+                tracing::error!(error = %error, event.subject = subject.id(), "cannot encode a webhook event");
                 return None;
             }
         };

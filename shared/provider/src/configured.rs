@@ -15,7 +15,8 @@ use oncepay_domain::provider_ref::ProviderAccount;
 use crate::http::HttpProvider;
 use crate::stripe::{self, StripeMode, StripeProvider, StripeSettings};
 use crate::{
-    Charge, ChargePage, ChargeRequest, KeyWindow, ListCharges, LookupError, PaymentProvider, Retrieved, SendOutcome,
+    Charge, ChargePage, ChargeRequest, KeyWindow, ListCharges, LookupError, PaymentProvider, Refund, RefundLookup,
+    RefundOutcome, RefundRequest, Retrieved, SendOutcome,
 };
 
 /// Which provider charges the payments.
@@ -188,6 +189,20 @@ impl PaymentProvider for ConfiguredProvider {
         match self {
             Self::Simulator(provider) => provider.retrieve(id, account).await,
             Self::Stripe(provider) => provider.retrieve(id, account).await,
+        }
+    }
+
+    async fn create_refund(&self, request: &RefundRequest) -> RefundOutcome {
+        match self {
+            Self::Simulator(provider) => provider.create_refund(request).await,
+            Self::Stripe(provider) => provider.create_refund(request).await,
+        }
+    }
+
+    async fn find_refunds(&self, lookup: &RefundLookup) -> Result<Vec<Refund>, LookupError> {
+        match self {
+            Self::Simulator(provider) => provider.find_refunds(lookup).await,
+            Self::Stripe(provider) => provider.find_refunds(lookup).await,
         }
     }
 }

@@ -1,8 +1,9 @@
 //! [`HttpProvider`]: the provider protocol over HTTP, with reqwest.
 //!
 //! Every call has a connect timeout and an overall timeout, so no call can hang a worker, and carries
-//! the current W3C trace context. Charge requests carry the downstream idempotency key. The protocol
-//! has no provider accounts: a payment charged to one is never sent here, and never looked up.
+//! the current W3C trace context. Charge and refund requests carry the downstream idempotency key,
+//! and share one path from sending to classifying. The protocol has no provider accounts: a payment
+//! charged to one (or its refund) is never sent here, and never looked up.
 
 use std::time::Duration;
 
@@ -16,13 +17,22 @@ use oncepay_domain::strict_json;
 use oncepay_service::telemetry;
 
 use crate::configured::ProviderSettings;
-use crate::wire::{Charge, ChargePage, CreateCharge};
+use crate::outcome::Unsettled;
+use crate::wire::{Charge, ChargePage, CreateCharge, CreateRefund, Refund};
 use crate::{
-    ChargeRequest, ListCharges, LookupError, NotSentReason, PaymentProvider, Retrieved, SendOutcome, UncertainReason,
+    ChargeRequest, ListCharges, LookupError, NotSentReason, PaymentProvider, RefundLookup, RefundOutcome,
+    RefundRequest, Retrieved, SendOutcome, UncertainReason,
 };
 
-/// The most charges a lookup by idempotency key expects to see.
+/// The most objects (charges, refunds) a lookup by idempotency key expects to see.
 const KEY_LOOKUP_LIMIT: u32 = 100;
+
+/// A listing's page read for a lookup by key: what follows the data is all that matters.
+#[derive(Debug, serde::Deserialize)]
+struct Listing<T> {
+    data: Vec<T>,
+    has_more: bool,
+}
 
 /// A provider reached over HTTP. Cheap to clone: clones share one connection pool.
 #[derive(Debug, Clone)]
@@ -58,6 +68,60 @@ impl HttpProvider {
             .headers(trace_headers())
             .query(query);
         read_json(request).await
+    }
+
+    /// Every object a listing at `path` holds for one idempotency key (with `filters` besides).
+    /// A key normally has one; the page is large so that a misbehaving provider's extras are seen
+    /// rather than cut off, and a truncated listing is an error, not a result.
+    async fn find_with_key<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        key: &DownstreamKey,
+        filters: &[(&str, String)],
+    ) -> Result<Vec<T>, LookupError> {
+        let mut query = filters.to_vec();
+        query.extend([("idempotency_key", key.as_str().to_owned()), ("limit", KEY_LOOKUP_LIMIT.to_string())]);
+        let page: Listing<T> = self.get_json(path, &query).await?;
+        if page.has_more {
+            return Err(LookupError::Unreadable(format!(
+                "more than {KEY_LOOKUP_LIMIT} objects for one idempotency key"
+            )));
+        }
+        Ok(page.data)
+    }
+
+    /// POSTs a create under `key` and classifies what comes back with `classify` (status,
+    /// `Retry-After`, body, key); a call that got no response is classified as for every create.
+    async fn create<O: From<Unsettled>>(
+        &self,
+        path: &str,
+        key: &DownstreamKey,
+        body: &impl serde::Serialize,
+        classify: impl FnOnce(u16, Option<Duration>, &[u8], &str) -> O,
+    ) -> O {
+        let sent = self
+            .client
+            .post(self.url(path))
+            .bearer_auth(self.api_key.expose_secret())
+            .header("Idempotency-Key", key.as_str())
+            .headers(trace_headers())
+            .json(body)
+            .send()
+            .await;
+        match sent {
+            Err(error) => Unsettled::from_transport_error(&error).into(),
+            Ok(response) => {
+                let status = response.status().as_u16();
+                let retry_after = retry_after(response.headers());
+                match response.bytes().await {
+                    Ok(body) => classify(status, retry_after, &body, key.as_str()),
+                    // The status line arrived and the body broke off: the request was certainly sent,
+                    // and for a success the object exists.
+                    Err(_) if status < 300 => Unsettled::Uncertain(UncertainReason::ConnectionLost).into(),
+                    Err(_) => classify(status, retry_after, b"", key.as_str()),
+                }
+            }
+        }
     }
 }
 
@@ -126,29 +190,7 @@ impl PaymentProvider for HttpProvider {
             metadata: request.metadata.clone(),
             payment_method: request.payment_method.clone(),
         };
-        let sent = self
-            .client
-            .post(self.url("/v1/charges"))
-            .bearer_auth(self.api_key.expose_secret())
-            .header("Idempotency-Key", request.downstream_key.as_str())
-            .headers(trace_headers())
-            .json(&body)
-            .send()
-            .await;
-        let outcome = match sent {
-            Err(error) => SendOutcome::from_transport_error(&error),
-            Ok(response) => {
-                let status = response.status().as_u16();
-                let retry_after = retry_after(response.headers());
-                match response.bytes().await {
-                    Ok(body) => SendOutcome::from_response(status, retry_after, &body, request.downstream_key.as_str()),
-                    // The status line arrived and the body broke off: the request was certainly sent,
-                    // and for a success the charge exists.
-                    Err(_) if status < 300 => SendOutcome::Uncertain(UncertainReason::ConnectionLost),
-                    Err(_) => SendOutcome::from_response(status, retry_after, b"", request.downstream_key.as_str()),
-                }
-            }
-        };
+        let outcome = self.create("/v1/charges", &request.downstream_key, &body, SendOutcome::from_response).await;
         tracing::Span::current().record("provider.outcome", outcome.class());
         outcome
     }
@@ -162,20 +204,7 @@ impl PaymentProvider for HttpProvider {
         if let Some(account) = account {
             return Err(LookupError::Inconclusive(no_accounts(account)));
         }
-        // A key normally has one charge; the page is large so that a misbehaving provider's extra
-        // charges are seen rather than cut off, and a truncated listing is an error, not a result.
-        let page: ChargePage = self
-            .get_json(
-                "/v1/charges",
-                &[("idempotency_key", key.as_str().to_owned()), ("limit", KEY_LOOKUP_LIMIT.to_string())],
-            )
-            .await?;
-        if page.has_more {
-            return Err(LookupError::Unreadable(format!(
-                "more than {KEY_LOOKUP_LIMIT} charges for one idempotency key"
-            )));
-        }
-        Ok(page.data)
+        self.find_with_key("/v1/charges", key, &[]).await
     }
 
     #[instrument(name = "provider.retrieve", skip_all)]
@@ -213,6 +242,32 @@ impl PaymentProvider for HttpProvider {
         }
         self.get_json("/v1/charges", &params).await
     }
+
+    #[instrument(name = "provider.create_refund", skip_all, fields(provider.outcome))]
+    async fn create_refund(&self, request: &RefundRequest) -> RefundOutcome {
+        if let Some(account) = &request.account {
+            tracing::error!(error = no_accounts(account), "a refund in a provider account was not sent");
+            return RefundOutcome::NotSent { reason: NotSentReason::LocalError, retry_after: None };
+        }
+        // The protocol takes the currency from the charge; the settlement compares the refund's.
+        let body = CreateRefund {
+            charge: request.charge_id.clone(),
+            amount: request.amount.minor_units(),
+            reason: request.reason.clone(),
+            metadata: request.metadata.clone(),
+        };
+        let outcome = self.create("/v1/refunds", &request.downstream_key, &body, RefundOutcome::from_response).await;
+        tracing::Span::current().record("provider.outcome", outcome.class());
+        outcome
+    }
+
+    #[instrument(name = "provider.find_refunds", skip_all)]
+    async fn find_refunds(&self, lookup: &RefundLookup) -> Result<Vec<Refund>, LookupError> {
+        if let Some(account) = &lookup.account {
+            return Err(LookupError::Inconclusive(no_accounts(account)));
+        }
+        self.find_with_key::<Refund>("/v1/refunds", &lookup.key, &[("charge", lookup.charge_id.clone())]).await
+    }
 }
 
 #[cfg(test)]
@@ -225,7 +280,7 @@ mod tests {
     use wiremock::matchers::{body_partial_json, header, method, path, query_param};
     use wiremock::{Mock, MockServer, ResponseTemplate};
 
-    use oncepay_domain::ids::{PaymentId, TenantId};
+    use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
     use oncepay_domain::money::{Amount, Currency};
 
     use super::*;
@@ -450,6 +505,152 @@ mod tests {
 
         assert!(matches!(found, Retrieved::Final(ref charge) if charge.id == "ch_1"), "{found:?}");
         assert_eq!(gone, Retrieved::Missing);
+    }
+
+    fn refund_request() -> RefundRequest {
+        RefundRequest::for_refund(
+            TenantId::generate(),
+            PaymentId::generate(),
+            RefundId::generate(),
+            "ch_1".into(),
+            Amount::new(500).unwrap(),
+            Currency::parse("EUR").unwrap(),
+            Some("requested_by_customer".into()),
+            &BTreeMap::new(),
+        )
+    }
+
+    fn refund_json(key: &str, status: &str) -> serde_json::Value {
+        json!({"id": "re_1", "status": status, "charge": "ch_1", "amount": 500, "currency": "EUR",
+               "idempotency_key": key, "created": 1_763_800_000})
+    }
+
+    fn lookup(request: &RefundRequest) -> RefundLookup {
+        RefundLookup { key: request.downstream_key.clone(), charge_id: request.charge_id.clone(), account: None }
+    }
+
+    #[tokio::test]
+    async fn a_refund_is_sent_with_its_downstream_key_and_a_201_is_refunded() {
+        let server = MockServer::start().await;
+        let request = refund_request();
+        let key = request.downstream_key.as_str();
+        Mock::given(method("POST"))
+            .and(path("/v1/refunds"))
+            .and(header("Idempotency-Key", key))
+            .and(header("Authorization", "Bearer sk_test"))
+            .and(body_partial_json(json!({"charge": "ch_1", "amount": 500, "reason": "requested_by_customer"})))
+            .respond_with(ResponseTemplate::new(201).set_body_json(refund_json(key, "succeeded")))
+            .expect(1)
+            .mount(&server)
+            .await;
+        let provider = HttpProvider::new(&settings(server.uri())).unwrap();
+
+        let outcome = provider.create_refund(&request).await;
+
+        assert!(matches!(outcome, RefundOutcome::Refunded(ref r) if r.id == "re_1"), "{outcome:?}");
+        let sent: serde_json::Value =
+            serde_json::from_slice(&server.received_requests().await.unwrap()[0].body).unwrap();
+        assert_eq!(
+            sent["metadata"][crate::metadata_keys::REFUND_ID],
+            request.downstream_key.refund_id().unwrap().to_string()
+        );
+        assert_eq!(sent.get("currency"), None, "the protocol takes the currency from the charge");
+    }
+
+    #[tokio::test]
+    async fn a_refund_is_classified_as_a_charge_is_when_the_response_is_late_or_lost() {
+        let late = MockServer::start().await;
+        Mock::given(method("POST"))
+            .respond_with(ResponseTemplate::new(201).set_delay(Duration::from_secs(2)))
+            .mount(&late)
+            .await;
+        let port = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().port();
+        let late = HttpProvider::new(&settings(late.uri())).unwrap();
+        let refused = HttpProvider::new(&settings(format!("http://127.0.0.1:{port}"))).unwrap();
+
+        let timed_out = late.create_refund(&refund_request()).await;
+        let not_sent = refused.create_refund(&refund_request()).await;
+
+        assert_eq!(timed_out, RefundOutcome::Uncertain(UncertainReason::Timeout));
+        assert_eq!(not_sent, RefundOutcome::NotSent { reason: NotSentReason::ConnectFailed, retry_after: None });
+    }
+
+    #[tokio::test]
+    async fn refunds_are_found_by_charge_and_key() {
+        let server = MockServer::start().await;
+        let request = refund_request();
+        let key = request.downstream_key.as_str();
+        Mock::given(method("GET"))
+            .and(path("/v1/refunds"))
+            .and(query_param("charge", "ch_1"))
+            .and(query_param("idempotency_key", key))
+            .and(query_param("limit", "100"))
+            .respond_with(
+                ResponseTemplate::new(200)
+                    .set_body_json(json!({"data": [refund_json(key, "failed")], "has_more": false})),
+            )
+            .expect(1)
+            .mount(&server)
+            .await;
+        let provider = HttpProvider::new(&settings(server.uri())).unwrap();
+
+        let found = provider.find_refunds(&lookup(&request)).await.unwrap();
+
+        assert_eq!(found.len(), 1);
+        assert_eq!((found[0].id.as_str(), found[0].status), ("re_1", crate::RefundState::Failed));
+    }
+
+    #[tokio::test]
+    async fn a_refund_lookup_that_fails_is_cut_short_or_names_a_member_twice_is_an_error() {
+        let key = RefundId::generate().downstream_key();
+        let refund = refund_json(key.as_str(), "succeeded").to_string();
+        let cases = [
+            (200, format!(r#"{{"data":[{refund}],"has_more":true}}"#), "unreadable"),
+            (200, r#"{"data":[],"has_more":false,"has_more":true}"#.to_owned(), "unreadable"),
+            (
+                200,
+                format!(
+                    r#"{{"data":[{}],"has_more":false}}"#,
+                    refund.replace(r#""amount":500"#, r#""amount":500,"amount":5"#)
+                ),
+                "unreadable",
+            ),
+            (503, String::new(), "status"),
+            (404, String::new(), "status"),
+        ];
+        for (status, body, error) in cases {
+            let server = MockServer::start().await;
+            Mock::given(method("GET"))
+                .respond_with(ResponseTemplate::new(status).set_body_raw(body.clone(), "application/json"))
+                .mount(&server)
+                .await;
+            let provider = HttpProvider::new(&settings(server.uri())).unwrap();
+            let lookup = RefundLookup { key: key.clone(), charge_id: "ch_1".into(), account: None };
+
+            let found = provider.find_refunds(&lookup).await;
+
+            let class = match found {
+                Err(LookupError::Unreadable(_)) => "unreadable",
+                Err(LookupError::Status(_)) => "status",
+                _ => "other",
+            };
+            assert_eq!(class, error, "HTTP {status} {body}: {found:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn no_refund_is_asked_or_looked_up_in_a_provider_account() {
+        let server = MockServer::start().await;
+        let provider = HttpProvider::new(&settings(server.uri())).unwrap();
+        let account = ProviderAccount::parse("acct_1").unwrap();
+        let request = RefundRequest { account: Some(account.clone()), ..refund_request() };
+
+        let outcome = provider.create_refund(&request).await;
+        let found = provider.find_refunds(&RefundLookup { account: Some(account), ..lookup(&request) }).await;
+
+        assert_eq!(outcome, RefundOutcome::NotSent { reason: NotSentReason::LocalError, retry_after: None });
+        assert!(matches!(found, Err(LookupError::Inconclusive(_))), "{found:?}");
+        assert!(server.received_requests().await.unwrap().is_empty());
     }
 
     #[tokio::test]

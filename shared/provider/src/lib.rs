@@ -12,6 +12,7 @@ pub mod configured;
 pub mod fixtures;
 pub mod http;
 pub mod outcome;
+pub mod refund;
 pub mod stripe;
 pub mod webhook_signature;
 pub mod wire;
@@ -26,7 +27,8 @@ use oncepay_domain::provider_ref::{ProviderAccount, ProviderCustomer};
 
 pub use configured::{ConfiguredProvider, ProviderKind, ProviderSettings};
 pub use outcome::{LookupError, NotSentReason, SendOutcome, UncertainReason};
-pub use wire::{Charge, ChargePage, ChargeStatus, Retrieved, UnfinishedCharge};
+pub use refund::{RefundLookup, RefundOutcome, RefundRequest};
+pub use wire::{Charge, ChargePage, ChargeStatus, Refund, RefundState, Retrieved, UnfinishedCharge};
 
 /// How long the provider deduplicates resends of one downstream idempotency key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +54,8 @@ pub mod metadata_keys {
     pub const TENANT_ID: &str = "oncepay_tenant_id";
     /// The payment.
     pub const PAYMENT_ID: &str = "oncepay_payment_id";
+    /// The refund, on a refund only.
+    pub const REFUND_ID: &str = "oncepay_refund_id";
 
     /// The metadata that names a payment and its tenant, as far as they are known.
     pub fn naming(
@@ -155,6 +159,13 @@ pub trait PaymentProvider: Send + Sync {
         id: &str,
         account: Option<&ProviderAccount>,
     ) -> impl Future<Output = Result<Retrieved, LookupError>> + Send;
+
+    /// Asks for a refund of a charge. Never fails: every way it can go wrong is an outcome.
+    fn create_refund(&self, request: &RefundRequest) -> impl Future<Output = RefundOutcome> + Send;
+
+    /// Every refund of `lookup.charge_id` made under `lookup.key` (normally none or one), from a
+    /// consistent source: an empty answer proves that no refund was made under that key.
+    fn find_refunds(&self, lookup: &RefundLookup) -> impl Future<Output = Result<Vec<Refund>, LookupError>> + Send;
 }
 
 #[cfg(test)]

@@ -152,6 +152,47 @@ impl SendOutcome {
                     .unwrap_or_else(|| "The provider rejected the request as invalid.".to_owned()),
                 charge_id: None,
             },
+            other => Unsettled::from_status(other, retry_after).into(),
+        }
+    }
+
+    /// Classifies a call that got no HTTP response.
+    pub fn from_transport_error(error: &reqwest::Error) -> Self {
+        Unsettled::from_transport_error(error).into()
+    }
+
+    /// A short label for metrics and logs: `charged`, `declined`, `not_sent`, `uncertain`.
+    pub const fn class(&self) -> &'static str {
+        match self {
+            Self::Charged(_) => "charged",
+            Self::Declined { .. } => "declined",
+            Self::NotSent { .. } => "not_sent",
+            Self::Uncertain(_) => "uncertain",
+        }
+    }
+}
+
+/// How a create ended when its response says nothing of the object it asked for: provably not
+/// sent, or uncertain. Shared by every kind of create (charges, refunds), so a status or a broken
+/// connection means the same for each.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Unsettled {
+    /// Nothing can have been created by this request.
+    NotSent {
+        /// Why.
+        reason: NotSentReason,
+        /// The provider's `Retry-After`, if it gave one.
+        retry_after: Option<Duration>,
+    },
+    /// Something may have been created.
+    Uncertain(UncertainReason),
+}
+
+impl Unsettled {
+    /// Classifies a status that does not show the object: 401, 403 and 429 refuse before acting;
+    /// 409, 422, a 5xx and anything the protocol does not define prove nothing.
+    pub(crate) fn from_status(status: u16, retry_after: Option<Duration>) -> Self {
+        match status {
             401 | 403 => Self::NotSent { reason: NotSentReason::Unauthorized(status), retry_after: None },
             429 => Self::NotSent { reason: NotSentReason::RateLimited, retry_after },
             409 => Self::Uncertain(UncertainReason::KeyInFlight),
@@ -162,7 +203,7 @@ impl SendOutcome {
     }
 
     /// Classifies a call that got no HTTP response.
-    pub fn from_transport_error(error: &reqwest::Error) -> Self {
+    pub(crate) fn from_transport_error(error: &reqwest::Error) -> Self {
         if error.is_builder() {
             Self::NotSent { reason: NotSentReason::LocalError, retry_after: None }
         } else if error.is_connect() {
@@ -174,14 +215,13 @@ impl SendOutcome {
             Self::Uncertain(UncertainReason::ConnectionLost)
         }
     }
+}
 
-    /// A short label for metrics and logs: `charged`, `declined`, `not_sent`, `uncertain`.
-    pub const fn class(&self) -> &'static str {
-        match self {
-            Self::Charged(_) => "charged",
-            Self::Declined { .. } => "declined",
-            Self::NotSent { .. } => "not_sent",
-            Self::Uncertain(_) => "uncertain",
+impl From<Unsettled> for SendOutcome {
+    fn from(unsettled: Unsettled) -> Self {
+        match unsettled {
+            Unsettled::NotSent { reason, retry_after } => Self::NotSent { reason, retry_after },
+            Unsettled::Uncertain(reason) => Self::Uncertain(reason),
         }
     }
 }

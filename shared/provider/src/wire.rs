@@ -6,13 +6,23 @@
 //!   flight; 422 when the key was used with other parameters.
 //! - `GET /v1/charges/{id}` returns a [`Charge`]; `GET /v1/charges?idempotency_key=K` and
 //!   `GET /v1/charges?created_gte=&created_lt=&starting_after=&limit=` return a [`ChargePage`].
-//! - Webhooks deliver [`WebhookEvent`]s, signed as in [`webhook_signature`](crate::webhook_signature).
+//! - `POST /v1/refunds` (`Idempotency-Key` header, [`CreateRefund`] body) returns 201 [`Refund`];
+//!   400 [`ErrorBody`] with code `no_such_charge`, `charge_not_refundable` or `amount_too_large`
+//!   when the charge is unknown, not succeeded, or would be refunded beyond its amount (no refund is
+//!   made); 402 for a failed refund (with the failed refund's id); 409 and 422 as for charges. One
+//!   key store serves both: a key first used for a charge is refused (422) for a refund, and the
+//!   reverse.
+//! - `GET /v1/refunds/{id}` returns a [`Refund`]; `GET /v1/refunds?charge=&idempotency_key=` and
+//!   `GET /v1/refunds?created_gte=&created_lt=&starting_after=&limit=` return a [`RefundPage`]
+//!   (consistent: an empty page proves that there is none).
+//! - Webhooks deliver [`WebhookEvent`]s for charges and [`RefundEvent`]s for refunds, signed as in
+//!   [`webhook_signature`](crate::webhook_signature); [`ProviderEvent`] reads either.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
 
 use crate::metadata_keys;
 
@@ -144,6 +154,85 @@ pub enum Retrieved {
     Missing,
 }
 
+/// The body of `POST /v1/refunds`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateRefund {
+    /// The charge to refund.
+    pub charge: String,
+    /// Minor units to give back.
+    pub amount: i64,
+    /// Why (`duplicate`, `fraudulent`, `requested_by_customer`), if given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Free key/value pairs, echoed on the refund.
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// Where a refund stands at the provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefundState {
+    /// Taken, not finished: it may still move the money, or fail.
+    Pending,
+    /// The money went back to the customer.
+    Succeeded,
+    /// The refund failed; no money moved.
+    Failed,
+    /// The refund was cancelled before it moved money.
+    Canceled,
+}
+
+/// A refund as the provider reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refund {
+    /// The provider's id, e.g. `re_…`.
+    pub id: String,
+    /// Where it stands.
+    pub status: RefundState,
+    /// The charge it refunds (the simulator's `ch_…`; for Stripe, the payment intent `pi_…` the
+    /// payment was booked under).
+    pub charge: String,
+    /// Minor units.
+    pub amount: i64,
+    /// ISO 4217, as the provider writes it.
+    pub currency: String,
+    /// The idempotency key it was created under, where the provider reports it (the simulator
+    /// does; Stripe does not, and its refunds are matched by metadata instead).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// Creation time, Unix seconds.
+    pub created: i64,
+    /// Echoed metadata.
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+    /// Why it failed, when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_reason: Option<String>,
+    /// The provider account that holds it; `None` for the account of oncepay's own credentials.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
+}
+
+impl Refund {
+    /// The oncepay refund it was made for, read from its metadata.
+    pub fn refund_ref(&self) -> Option<(TenantId, RefundId)> {
+        let tenant = self.metadata.get(metadata_keys::TENANT_ID)?.parse().ok()?;
+        let refund = self.metadata.get(metadata_keys::REFUND_ID)?.parse().ok()?;
+        Some((tenant, refund))
+    }
+}
+
+/// A list of refunds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefundPage {
+    /// The refunds, oldest first (ties broken by id).
+    pub data: Vec<Refund>,
+    /// Whether another page follows.
+    pub has_more: bool,
+}
+
 /// The body of every provider error.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorBody {
@@ -161,6 +250,9 @@ pub struct ErrorDetail {
     /// For a decline: the id of the (failed) charge.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub charge: Option<String>,
+    /// For a failed refund: the id of the (failed) refund.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refund: Option<String>,
 }
 
 /// Webhook event types.
@@ -194,6 +286,66 @@ pub struct WebhookEvent {
     pub created: i64,
     /// The charge it happened to, as it is now.
     pub data: Charge,
+}
+
+/// Refund webhook event types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum RefundEventType {
+    /// A refund changed; its `status` says how it stands (the simulator sends it once a refund
+    /// succeeded).
+    #[serde(rename = "refund.updated")]
+    RefundUpdated,
+    /// A refund failed: it moved no money.
+    #[serde(rename = "refund.failed")]
+    RefundFailed,
+}
+
+impl RefundEventType {
+    /// The type as the provider writes it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::RefundUpdated => "refund.updated",
+            Self::RefundFailed => "refund.failed",
+        }
+    }
+}
+
+/// One refund webhook delivery's body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefundEvent {
+    /// What happened.
+    #[serde(rename = "type")]
+    pub event_type: RefundEventType,
+    /// When it happened, Unix seconds.
+    pub created: i64,
+    /// The refund it happened to, as it is now.
+    pub data: Refund,
+}
+
+/// Any webhook delivery's body, told apart by its `type`: a `refund.…` type is read as a
+/// [`RefundEvent`], any other as a charge's [`WebhookEvent`], so an error says what is wrong with
+/// the one kind the body claims to be.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum ProviderEvent {
+    /// `charge.succeeded` or `charge.failed`.
+    Charge(WebhookEvent),
+    /// `refund.updated` or `refund.failed`.
+    Refund(RefundEvent),
+}
+
+impl<'de> Deserialize<'de> for ProviderEvent {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+
+        let value = serde_json::Value::deserialize(deserializer)?;
+        let refund = value.get("type").and_then(serde_json::Value::as_str).is_some_and(|t| t.starts_with("refund."));
+        if refund {
+            RefundEvent::deserialize(value).map(Self::Refund).map_err(D::Error::custom)
+        } else {
+            WebhookEvent::deserialize(value).map(Self::Charge).map_err(D::Error::custom)
+        }
+    }
 }
 
 /// Generators of every message of the protocol, with any content a provider could send.
@@ -242,8 +394,55 @@ pub(crate) mod strategies {
     }
 
     pub(crate) fn error_body() -> impl Strategy<Value = ErrorBody> {
-        (any::<String>(), any::<String>(), proptest::option::of(any::<String>()))
-            .prop_map(|(code, message, charge)| ErrorBody { error: ErrorDetail { code, message, charge } })
+        (any::<String>(), any::<String>(), proptest::option::of(any::<String>()), proptest::option::of(any::<String>()))
+            .prop_map(|(code, message, charge, refund)| ErrorBody {
+                error: ErrorDetail { code, message, charge, refund },
+            })
+    }
+
+    pub(crate) fn refund_state() -> impl Strategy<Value = RefundState> {
+        prop_oneof![
+            Just(RefundState::Pending),
+            Just(RefundState::Succeeded),
+            Just(RefundState::Failed),
+            Just(RefundState::Canceled),
+        ]
+    }
+
+    pub(crate) fn refund() -> impl Strategy<Value = Refund> {
+        (
+            (any::<String>(), refund_state(), any::<String>(), any::<i64>(), any::<String>()),
+            (proptest::option::of(any::<String>()), any::<i64>(), metadata()),
+            (proptest::option::of(any::<String>()), proptest::option::of(any::<String>())),
+        )
+            .prop_map(
+                |(
+                    (id, status, charge, amount, currency),
+                    (idempotency_key, created, metadata),
+                    (failure_reason, account),
+                )| Refund {
+                    id,
+                    status,
+                    charge,
+                    amount,
+                    currency,
+                    idempotency_key,
+                    created,
+                    metadata,
+                    failure_reason,
+                    account,
+                },
+            )
+    }
+
+    pub(crate) fn create_refund() -> impl Strategy<Value = CreateRefund> {
+        (any::<String>(), any::<i64>(), proptest::option::of(any::<String>()), metadata())
+            .prop_map(|(charge, amount, reason, metadata)| CreateRefund { charge, amount, reason, metadata })
+    }
+
+    pub(crate) fn refund_event() -> impl Strategy<Value = RefundEvent> {
+        (prop_oneof![Just(RefundEventType::RefundUpdated), Just(RefundEventType::RefundFailed)], any::<i64>(), refund())
+            .prop_map(|(event_type, created, data)| RefundEvent { event_type, created, data })
     }
 
     pub(crate) fn create_charge() -> impl Strategy<Value = CreateCharge> {
@@ -349,6 +548,32 @@ mod tests {
             prop_assert_eq!(round_trips(&event), Ok(()));
         }
 
+        /// The same for the refund protocol's messages.
+        #[test]
+        fn every_refund_message_reads_back_as_written(
+            refund in refund(),
+            page in (proptest::collection::vec(refund(), 0..4), any::<bool>())
+                .prop_map(|(data, has_more)| RefundPage { data, has_more }),
+            request in create_refund(),
+            event in refund_event(),
+        ) {
+            prop_assert_eq!(round_trips(&refund), Ok(()));
+            prop_assert_eq!(round_trips(&page), Ok(()));
+            prop_assert_eq!(round_trips(&request), Ok(()));
+            prop_assert_eq!(round_trips(&event), Ok(()));
+        }
+
+        /// A receiver that reads any event gets each kind back as the kind it is, never the other.
+        #[test]
+        fn any_event_reads_as_its_own_kind(charge_event in webhook_event(), refund_event in refund_event()) {
+            let charge_text = serde_json::to_vec(&charge_event).unwrap();
+            let refund_text = serde_json::to_vec(&refund_event).unwrap();
+
+            prop_assert_eq!(serde_json::from_slice::<ProviderEvent>(&charge_text).ok(), Some(ProviderEvent::Charge(charge_event)));
+            prop_assert_eq!(serde_json::from_slice::<ProviderEvent>(&refund_text).ok(), Some(ProviderEvent::Refund(refund_event)));
+            prop_assert!(serde_json::from_slice::<WebhookEvent>(&refund_text).is_err(), "a refund event is no charge event");
+        }
+
         /// Whatever the merchant puts in its metadata, oncepay's own keys on the charge name the
         /// payment it was made for: a merchant cannot make a charge settle another tenant's payment.
         #[test]
@@ -413,6 +638,39 @@ mod tests {
         assert_eq!(serde_json::to_value(&with).unwrap()["payment_method"], "pm_card_visa");
         let read: CreateCharge = serde_json::from_str(r#"{"amount":1,"currency":"EUR","customer":"c"}"#).unwrap();
         assert_eq!(read, without);
+    }
+
+    #[test]
+    fn an_error_names_a_refund_only_when_it_has_one() {
+        let decline = ErrorDetail { code: "card_declined".into(), message: "No".into(), charge: None, refund: None };
+        let failed = ErrorDetail { refund: Some("re_1".into()), ..decline.clone() };
+
+        assert_eq!(serde_json::to_string(&decline).unwrap(), r#"{"code":"card_declined","message":"No"}"#);
+        assert_eq!(serde_json::to_value(&failed).unwrap()["refund"], "re_1");
+    }
+
+    #[test]
+    fn an_event_is_read_as_the_kind_its_type_names_and_nothing_else() {
+        let charge = r#"{"id":"ch_1","status":"succeeded","amount":1,"currency":"EUR","customer":"c",
+                         "idempotency_key":"k","created":1}"#;
+        let refund = r#"{"id":"re_1","status":"succeeded","charge":"ch_1","amount":1,"currency":"EUR","created":1}"#;
+        let event = |kind: &str, data: &str| format!(r#"{{"type":"{kind}","created":1,"data":{data}}}"#);
+        let read = |text: String| serde_json::from_str::<ProviderEvent>(&text);
+
+        assert!(matches!(read(event("refund.updated", refund)), Ok(ProviderEvent::Refund(_))));
+        assert!(matches!(read(event("refund.failed", refund)), Ok(ProviderEvent::Refund(_))));
+        assert!(matches!(read(event("charge.succeeded", charge)), Ok(ProviderEvent::Charge(_))));
+        let mislabelled = read(event("refund.failed", charge)).unwrap_err().to_string();
+        assert!(mislabelled.contains("missing field `charge`"), "the error is the refund's: {mislabelled}");
+        assert!(read(event("charge.failed", refund)).is_err());
+        assert!(read(event("refund.created", refund)).is_err());
+    }
+
+    #[test]
+    fn a_refund_request_with_an_unknown_field_is_refused() {
+        let body = r#"{"charge":"ch_1","amount":1,"metadata":{},"currency":"EUR"}"#;
+
+        assert!(serde_json::from_str::<CreateRefund>(body).is_err());
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! The control endpoints tests drive the simulator with (`/_sim/*`): the ground truth, planted
-//! charges, faults, forgetting keys, the webhook target. Their JSON is in [`crate::control`].
+//! The control endpoints tests drive the simulator with (`/_sim/*`): the ground truth of charges
+//! and of refunds, planted charges, faults, forgetting keys, the webhook target. Their JSON is in [`crate::control`].
 //!
 //! They need no credential: the simulator is a test tool on a private address, and its control
 //! plane must stay usable when a test deliberately breaks `/v1` authentication. Every change is
@@ -20,6 +20,11 @@ use crate::faults::FaultsPatch;
 /// `GET /_sim/charges`: every charge and every key's history.
 pub fn ground_truth(app: &App) -> Response<Full<Bytes>> {
     json(StatusCode::OK, &app.provider.ground_truth())
+}
+
+/// `GET /_sim/refunds`: every refund and every refund key's history.
+pub fn refund_truth(app: &App) -> Response<Full<Bytes>> {
+    json(StatusCode::OK, &app.provider.refund_truth())
 }
 
 /// `POST /_sim/charges`: plants a charge (and fires its webhook).

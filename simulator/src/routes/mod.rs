@@ -44,7 +44,8 @@ pub struct App {
     pub api_key: SecretString,
     /// The process's metrics.
     pub metrics: PrometheusHandle,
-    /// Charge requests run here, detached from their connection, so shutdown can wait for them.
+    /// Charge and refund requests run here, detached from their connection, so shutdown can wait
+    /// for them.
     pub work: TaskTracker,
     /// Cancelled when the simulator shuts down.
     pub shutdown: CancellationToken,
@@ -122,7 +123,11 @@ pub async fn handle(app: Arc<App>, request: Request<Incoming>) -> Reply {
             (["v1", "charges"], &Method::POST) => protocol::create_charge(&app, request).await,
             (["v1", "charges"], &Method::GET) => protocol::list_charges(&app, &request).await.into(),
             (["v1", "charges", id], &Method::GET) => protocol::get_charge(&app, &request, id).await.into(),
+            (["v1", "refunds"], &Method::POST) => protocol::create_refund(&app, request).await,
+            (["v1", "refunds"], &Method::GET) => protocol::list_refunds(&app, &request).await.into(),
+            (["v1", "refunds", id], &Method::GET) => protocol::get_refund(&app, &request, id).await.into(),
             (["_sim", "charges"], &Method::GET) => control::ground_truth(&app).into(),
+            (["_sim", "refunds"], &Method::GET) => control::refund_truth(&app).into(),
             (["_sim", "charges"], &Method::POST) => control::plant_charge(&app, request).await.into(),
             (["_sim", "faults"], &Method::GET) => control::faults(&app).into(),
             (["_sim", "faults"], &Method::POST) => control::change_faults(&app, request).await.into(),
@@ -131,9 +136,9 @@ pub async fn handle(app: Arc<App>, request: Request<Incoming>) -> Reply {
             (["_sim", "webhook"], &Method::POST) => control::change_webhook_target(&app, request).await.into(),
             (
                 ["healthz" | "readyz" | "metrics"]
-                | ["v1", "charges"]
-                | ["v1", "charges", _]
-                | ["_sim", "charges" | "faults" | "webhook"]
+                | ["v1", "charges" | "refunds"]
+                | ["v1", "charges" | "refunds", _]
+                | ["_sim", "charges" | "refunds" | "faults" | "webhook"]
                 | ["_sim", "keys", "expire"],
                 _,
             ) => error(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "This method is not allowed here.").into(),

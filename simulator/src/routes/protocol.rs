@@ -1,10 +1,10 @@
 //! The provider protocol's endpoints: `POST /v1/charges`, `GET /v1/charges/{id}`,
-//! `GET /v1/charges?…`.
+//! `GET /v1/charges?…`, and the same three for `/v1/refunds`.
 //!
 //! Invariants: every `/v1` request is authenticated first (`Authorization: Bearer <api_key>`,
 //! compared in constant time; 401 otherwise) and nothing else happens for an unauthenticated one. A
-//! charge request is validated (key, then body) before the provider sees it, and then runs as a
-//! task of its own, so a client that hangs up mid-request cannot cut it short.
+//! charge or refund request is validated (key, then body) before the provider sees it, and then
+//! runs as a task of its own, so a client that hangs up mid-request cannot cut it short.
 
 use std::sync::Arc;
 
@@ -13,25 +13,39 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::header::{AUTHORIZATION, HeaderValue, RETRY_AFTER};
 use hyper::{HeaderMap, Request, Response, StatusCode};
-use oncepay_provider::wire::CreateCharge;
+use oncepay_provider::wire::{CreateCharge, CreateRefund};
 use secrecy::ExposeSecret;
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
 
 use super::{App, Refusal, Reply, json, raw_json, read_json};
 use crate::ledger::{DEFAULT_PAGE, ListQuery, MAX_PAGE};
-use crate::provider::ChargeResponse;
+use crate::provider::CreateResponse;
 
 /// `POST /v1/charges`.
 pub async fn create_charge(app: &Arc<App>, request: Request<Incoming>) -> Reply {
-    let (key, params) = match charge_request(app, request).await {
+    let (key, params) = match create_request(app, request, validate).await {
         Ok(accepted) => accepted,
         Err(refusal) => return refusal.into(),
     };
     let provider = app.provider.clone();
-    let work = app.work.spawn(async move { provider.create_charge(key, params).await });
+    respond(app.work.spawn(async move { provider.create_charge(key, params).await })).await
+}
+
+/// `POST /v1/refunds`.
+pub async fn create_refund(app: &Arc<App>, request: Request<Incoming>) -> Reply {
+    let (key, params) = match create_request(app, request, validate_refund).await {
+        Ok(accepted) => accepted,
+        Err(refusal) => return refusal.into(),
+    };
+    let provider = app.provider.clone();
+    respond(app.work.spawn(async move { provider.create_refund(key, params).await })).await
+}
+
+/// The response to a create, once its detached work is done.
+async fn respond(work: tokio::task::JoinHandle<CreateResponse>) -> Reply {
     match work.await {
-        Ok(ChargeResponse::Send { response: stored, replayed }) => {
+        Ok(CreateResponse::Send { response: stored, replayed }) => {
             let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             let mut response = raw_json(status, stored.body);
             if replayed {
@@ -39,25 +53,29 @@ pub async fn create_charge(app: &Arc<App>, request: Request<Incoming>) -> Reply 
             }
             response.into()
         }
-        Ok(ChargeResponse::DropConnection) => Reply::DropConnection,
-        Ok(ChargeResponse::RateLimited { retry_after_secs }) => {
+        Ok(CreateResponse::DropConnection) => Reply::DropConnection,
+        Ok(CreateResponse::RateLimited { retry_after_secs }) => {
             let mut response =
                 Refusal::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", "Too many requests.").into_response();
             response.headers_mut().insert(RETRY_AFTER, HeaderValue::from(retry_after_secs));
             response.into()
         }
         Err(cause) => {
-            tracing::error!(error = %cause, "a charge request failed");
+            tracing::error!(error = %cause, "a create request failed");
             Refusal::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "The provider failed.").into()
         }
     }
 }
 
-/// Authenticates, then reads the key and the parameters.
-async fn charge_request(app: &App, request: Request<Incoming>) -> Result<(String, CreateCharge), Refusal> {
+/// Authenticates, then reads the key and the parameters, and checks them with `validate`.
+async fn create_request<T: serde::de::DeserializeOwned>(
+    app: &App,
+    request: Request<Incoming>,
+    validate: fn(&T) -> Result<(), &'static str>,
+) -> Result<(String, T), Refusal> {
     authenticate(app, request.headers())?;
     let key = idempotency_key(request.headers())?;
-    let params: CreateCharge = read_json(request).await?;
+    let params: T = read_json(request).await?;
     validate(&params).map_err(|problem| Refusal::new(StatusCode::BAD_REQUEST, "invalid_request", problem))?;
     Ok((key, params))
 }
@@ -72,6 +90,16 @@ pub async fn get_charge(app: &App, request: &Request<Incoming>, id: &str) -> Res
     }
 }
 
+/// `GET /v1/refunds/{id}`.
+pub async fn get_refund(app: &App, request: &Request<Incoming>, id: &str) -> Result<Response<Full<Bytes>>, Refusal> {
+    authenticate(app, request.headers())?;
+    lookup_error(app)?;
+    match app.provider.refund(id).await {
+        Some(refund) => Ok(json(StatusCode::OK, &refund)),
+        None => Err(Refusal::new(StatusCode::NOT_FOUND, "resource_missing", "No such refund.")),
+    }
+}
+
 /// The query of `GET /v1/charges`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -83,29 +111,68 @@ struct ListParams {
     limit: Option<usize>,
 }
 
-/// `GET /v1/charges?idempotency_key=&created_gte=&created_lt=&starting_after=&limit=`.
-pub async fn list_charges(app: &App, request: &Request<Incoming>) -> Result<Response<Full<Bytes>>, Refusal> {
+/// The query of `GET /v1/refunds`: the charges' filters, and the refunded charge.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RefundListParams {
+    charge: Option<String>,
+    idempotency_key: Option<String>,
+    created_gte: Option<i64>,
+    created_lt: Option<i64>,
+    starting_after: Option<String>,
+    limit: Option<usize>,
+}
+
+fn invalid(message: String) -> Refusal {
+    Refusal::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+}
+
+/// Authenticates a listing and reads its query.
+fn list_request<T: serde::de::DeserializeOwned>(app: &App, request: &Request<Incoming>) -> Result<T, Refusal> {
     authenticate(app, request.headers())?;
     lookup_error(app)?;
-    let invalid = |message: String| Refusal::new(StatusCode::BAD_REQUEST, "invalid_request", message);
-    let params: ListParams = serde_urlencoded::from_str(request.uri().query().unwrap_or(""))
-        .map_err(|cause| invalid(format!("The query is not valid: {cause}")))?;
-    let limit = params.limit.unwrap_or(DEFAULT_PAGE);
+    serde_urlencoded::from_str(request.uri().query().unwrap_or(""))
+        .map_err(|cause| invalid(format!("The query is not valid: {cause}")))
+}
+
+/// The listing's filters, with its page size checked.
+fn list_query(
+    idempotency_key: Option<String>,
+    created_gte: Option<i64>,
+    created_lt: Option<i64>,
+    starting_after: Option<String>,
+    limit: Option<usize>,
+) -> Result<ListQuery, Refusal> {
+    let limit = limit.unwrap_or(DEFAULT_PAGE);
     if !(1..=MAX_PAGE).contains(&limit) {
         return Err(invalid(format!("limit must be between 1 and {MAX_PAGE}.")));
     }
-    let query = ListQuery {
-        idempotency_key: params.idempotency_key,
-        created_gte: params.created_gte,
-        created_lt: params.created_lt,
-        starting_after: params.starting_after,
-        limit,
-    };
+    Ok(ListQuery { idempotency_key, created_gte, created_lt, starting_after, limit })
+}
+
+/// `GET /v1/charges?idempotency_key=&created_gte=&created_lt=&starting_after=&limit=`.
+pub async fn list_charges(app: &App, request: &Request<Incoming>) -> Result<Response<Full<Bytes>>, Refusal> {
+    let params: ListParams = list_request(app, request)?;
+    let query =
+        list_query(params.idempotency_key, params.created_gte, params.created_lt, params.starting_after, params.limit)?;
     let page = app.provider.list(&query).await.map_err(|cause| invalid(cause.to_string()))?;
     Ok(json(StatusCode::OK, &page))
 }
 
-/// The lookup-error fault: a 503 instead of the charge.
+/// `GET /v1/refunds?charge=&idempotency_key=&created_gte=&created_lt=&starting_after=&limit=`.
+pub async fn list_refunds(app: &App, request: &Request<Incoming>) -> Result<Response<Full<Bytes>>, Refusal> {
+    let params: RefundListParams = list_request(app, request)?;
+    let query =
+        list_query(params.idempotency_key, params.created_gte, params.created_lt, params.starting_after, params.limit)?;
+    let page = app
+        .provider
+        .list_refunds(&query, params.charge.as_deref())
+        .await
+        .map_err(|cause| invalid(cause.to_string()))?;
+    Ok(json(StatusCode::OK, &page))
+}
+
+/// The lookup-error fault: a 503 instead of the charge or refund.
 fn lookup_error(app: &App) -> Result<(), Refusal> {
     if app.provider.lookup_fails() {
         return Err(Refusal::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "The provider is unavailable."));
@@ -163,6 +230,19 @@ fn validate(params: &CreateCharge) -> Result<(), &'static str> {
     Ok(())
 }
 
+fn validate_refund(params: &CreateRefund) -> Result<(), &'static str> {
+    if params.amount < 1 {
+        return Err("amount must be a positive number of minor units.");
+    }
+    if params.charge.is_empty() {
+        return Err("charge must name the charge to refund.");
+    }
+    if params.reason.as_deref().is_some_and(|reason| !(1..=255).contains(&reason.len())) {
+        return Err("reason must be 1 to 255 characters.");
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -211,6 +291,28 @@ mod tests {
         ];
         for (params, valid) in cases {
             assert_eq!(validate(&params).is_ok(), valid, "{params:?}");
+        }
+    }
+
+    #[test]
+    fn refund_parameters_are_checked() {
+        let params = |charge: &str, amount, reason: Option<&str>| CreateRefund {
+            charge: charge.into(),
+            amount,
+            reason: reason.map(str::to_owned),
+            metadata: BTreeMap::new(),
+        };
+        let cases = [
+            (params("ch_1", 1, None), true),
+            (params("ch_1", 1, Some("requested_by_customer")), true),
+            (params("ch_1", 0, None), false),
+            (params("ch_1", -1, None), false),
+            (params("", 1, None), false),
+            (params("ch_1", 1, Some("")), false),
+            (params("ch_1", 1, Some(&"r".repeat(256))), false),
+        ];
+        for (params, valid) in cases {
+            assert_eq!(validate_refund(&params).is_ok(), valid, "{params:?}");
         }
     }
 }

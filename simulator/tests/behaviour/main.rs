@@ -8,5 +8,6 @@ mod faults;
 mod payment_methods;
 mod process;
 mod protocol;
+mod refunds;
 mod support;
 mod webhooks;

@@ -6,11 +6,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use oncepay_devkit::wait::wait_until;
-use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
-use oncepay_provider::ChargeRequest;
 use oncepay_provider::http::HttpProvider;
-use oncepay_provider::wire::CreateCharge;
+use oncepay_provider::wire::{Charge, CreateCharge, CreateRefund};
+use oncepay_provider::{ChargeRequest, RefundRequest};
 use oncepay_provider::{ProviderKind, ProviderSettings};
 use oncepay_simulator::Simulator;
 use oncepay_simulator::client::SimulatorClient;
@@ -76,6 +76,26 @@ impl Sim {
             .expect("the simulator answers")
     }
 
+    /// `POST /v1/refunds`, authenticated, with `key`.
+    pub async fn post_refund(&self, key: &str, body: &CreateRefund) -> reqwest::Response {
+        self.http
+            .post(self.url("/v1/refunds"))
+            .bearer_auth(self.api_key())
+            .header("Idempotency-Key", key)
+            .json(body)
+            .send()
+            .await
+            .expect("the simulator answers")
+    }
+
+    /// A succeeded charge of `amount` EUR cents, made through the protocol under a fresh key.
+    pub async fn charged(&self, amount: i64) -> Charge {
+        let key = format!("charge-{}", PaymentId::generate());
+        let response = self.post_charge(&key, &body(amount)).await;
+        assert_eq!(response.status(), 201, "the charge to refund is made");
+        response.json().await.unwrap()
+    }
+
     /// An authenticated `GET`.
     pub async fn get(&self, path: &str) -> reqwest::Response {
         self.http.get(self.url(path)).bearer_auth(self.api_key()).send().await.expect("the simulator answers")
@@ -134,4 +154,28 @@ pub fn body_paying_with(amount: i64, method: &str) -> CreateCharge {
 /// notified of (a webhook reaching a receiver, a hang ending).
 pub async fn eventually<T, F: Future<Output = Option<T>>>(what: &str, check: impl FnMut() -> F) -> T {
     wait_until(what, Duration::from_secs(10), check).await.unwrap()
+}
+
+/// A valid refund body: `amount` of `charge`.
+pub fn refund_body(charge: &str, amount: i64) -> CreateRefund {
+    CreateRefund {
+        charge: charge.to_owned(),
+        amount,
+        reason: Some("requested_by_customer".into()),
+        metadata: BTreeMap::from([("ticket".to_owned(), "T-1".to_owned())]),
+    }
+}
+
+/// What the worker would send for a new refund of `amount` of `charge`.
+pub fn refund_request(charge: &str, amount: i64) -> RefundRequest {
+    RefundRequest::for_refund(
+        TenantId::generate(),
+        PaymentId::generate(),
+        RefundId::generate(),
+        charge.to_owned(),
+        Amount::new(amount).unwrap(),
+        Currency::parse("EUR").unwrap(),
+        None,
+        &BTreeMap::new(),
+    )
 }

@@ -3,14 +3,16 @@
 use std::time::{Duration, Instant};
 
 use oncepay_provider::webhook_signature::{DEFAULT_TOLERANCE_SECS, SignedHeaders, WebhookSecret, verify};
-use oncepay_provider::wire::{Charge, ChargeStatus, EventType, WebhookEvent};
+use oncepay_provider::wire::{
+    Charge, ChargeStatus, EventType, ProviderEvent, Refund, RefundEvent, RefundEventType, WebhookEvent,
+};
 use oncepay_simulator::clock::unix_now;
 use oncepay_simulator::control::PlantCharge;
 use oncepay_simulator::faults::FaultsPatch;
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, Request, ResponseTemplate};
 
-use crate::support::{Sim, body, eventually, settings};
+use crate::support::{Sim, body, eventually, refund_body, settings};
 
 const HOOK_PATH: &str = "/webhooks/provider";
 
@@ -45,6 +47,21 @@ fn header<'a>(request: &'a Request, name: &str) -> Option<&'a str> {
 
 /// Checks the signature as the reconciler will, and reads the event.
 fn verified(request: &Request, secret: &WebhookSecret) -> WebhookEvent {
+    match verified_event(request, secret) {
+        ProviderEvent::Charge(event) => event,
+        ProviderEvent::Refund(event) => panic!("a refund event where a charge event was expected: {event:?}"),
+    }
+}
+
+/// Checks the signature as the reconciler will, and reads the refund event.
+fn verified_refund(request: &Request, secret: &WebhookSecret) -> RefundEvent {
+    match verified_event(request, secret) {
+        ProviderEvent::Refund(event) => event,
+        ProviderEvent::Charge(event) => panic!("a charge event where a refund event was expected: {event:?}"),
+    }
+}
+
+fn verified_event(request: &Request, secret: &WebhookSecret) -> ProviderEvent {
     let headers = SignedHeaders {
         id: header(request, "webhook-id"),
         timestamp: header(request, "webhook-timestamp"),
@@ -221,4 +238,72 @@ async fn the_webhook_target_can_be_set_at_run_time_for_later_events() {
     expected.sort();
     assert_eq!(delivered, expected, "the charge made with no target has no event");
     assert!(refused.is_err());
+}
+
+#[tokio::test]
+async fn each_refund_outcome_is_delivered_signed_with_the_refund_as_it_is() {
+    let (receiver, sim) = setup(FaultsPatch::default()).await;
+    let secret = sim.settings.simulator.webhook_secret.clone();
+    let charge: Charge = sim.post_charge("key-1", &body(1999)).await.json().await.unwrap();
+    deliveries(&receiver, 1).await;
+
+    let refunded: Refund = sim.post_refund("refund-1", &refund_body(&charge.id, 500)).await.json().await.unwrap();
+    let after_refund = deliveries(&receiver, 2).await;
+    sim.control.set_faults(&FaultsPatch { refund_failure_rate: Some(1.0), ..Default::default() }).await.unwrap();
+    let failed = sim.post_refund("refund-2", &refund_body(&charge.id, 500)).await;
+    let failure_body = failed.json::<serde_json::Value>().await.unwrap();
+    let (failed_id, failure_code) = (&failure_body["error"]["refund"], &failure_body["error"]["code"]);
+    let after_failure = deliveries(&receiver, 3).await;
+
+    let succeeded = verified_refund(&after_refund[1], &secret);
+    assert_eq!((succeeded.event_type, &succeeded.data), (RefundEventType::RefundUpdated, &refunded));
+    let failure = verified_refund(&after_failure[2], &secret);
+    assert_eq!(failure.event_type, RefundEventType::RefundFailed);
+    assert_eq!(failure.data.id, failed_id.as_str().unwrap());
+    assert_eq!(failure.data.failure_reason.as_deref(), failure_code.as_str());
+    let body: serde_json::Value = serde_json::from_slice(&after_refund[1].body).unwrap();
+    assert_eq!(body["type"], "refund.updated");
+    assert!(serde_json::from_slice::<WebhookEvent>(&after_refund[1].body).is_err(), "no charge event");
+    assert_ne!(header(&after_refund[1], "webhook-id"), header(&after_failure[2], "webhook-id"));
+}
+
+fn subject_of(request: &Request) -> String {
+    match serde_json::from_slice::<ProviderEvent>(&request.body).unwrap() {
+        ProviderEvent::Charge(event) => event.data.id,
+        ProviderEvent::Refund(event) => event.data.id,
+    }
+}
+
+#[tokio::test]
+async fn a_duplicated_refund_event_is_delivered_twice_with_one_id() {
+    let (receiver, sim) = setup(FaultsPatch::default()).await;
+    let charge: Charge = sim.post_charge("key-1", &body(1999)).await.json().await.unwrap();
+    deliveries(&receiver, 1).await;
+    sim.control.set_faults(&FaultsPatch { webhook_duplicate_rate: Some(1.0), ..Default::default() }).await.unwrap();
+
+    let refund: Refund = sim.post_refund("refund-1", &refund_body(&charge.id, 500)).await.json().await.unwrap();
+    let received = deliveries(&receiver, 3).await;
+
+    assert_eq!([subject_of(&received[1]), subject_of(&received[2])], [refund.id.clone(), refund.id]);
+    assert_eq!(header(&received[1], "webhook-id"), header(&received[2], "webhook-id"));
+    assert_eq!(received[1].body, received[2].body);
+}
+
+#[tokio::test]
+async fn a_dropped_refund_event_is_never_delivered_and_refund_events_are_reordered() {
+    // Reordering with a long hold is the barrier, as for charges: the charge's event is held until
+    // the next event comes, then both go newest first. Had the first refund's event not been
+    // dropped, it would have come before the charge's.
+    let (receiver, sim) =
+        setup(FaultsPatch { webhook_reorder: Some(true), webhook_reorder_hold_ms: Some(60_000), ..Default::default() })
+            .await;
+    let charge: Charge = sim.post_charge("key-1", &body(1999)).await.json().await.unwrap();
+
+    sim.control.set_faults(&FaultsPatch { webhook_drop_rate: Some(1.0), ..Default::default() }).await.unwrap();
+    sim.post_refund("refund-dropped", &refund_body(&charge.id, 100)).await;
+    sim.control.set_faults(&FaultsPatch { webhook_drop_rate: Some(0.0), ..Default::default() }).await.unwrap();
+    let second: Refund = sim.post_refund("refund-2", &refund_body(&charge.id, 100)).await.json().await.unwrap();
+    let received = deliveries(&receiver, 2).await;
+
+    assert_eq!([subject_of(&received[0]), subject_of(&received[1])], [second.id, charge.id]);
 }

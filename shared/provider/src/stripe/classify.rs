@@ -1,5 +1,5 @@
-//! What Stripe's response to creating and confirming a PaymentIntent means, as a [`SendOutcome`].
-//! Pure: no I/O.
+//! What Stripe's response to creating and confirming a PaymentIntent means, as a [`SendOutcome`],
+//! and what its response to creating a Refund means, as a [`RefundOutcome`]. Pure: no I/O.
 //!
 //! Stripe saves the first response to an idempotency key, errors included, and replays it to every
 //! resend with that key; its rate limiter and most parameter checks run before that layer and save
@@ -15,9 +15,11 @@ use serde_json::Value;
 use crate::outcome::{read, response_json};
 use oncepay_domain::ids::DownstreamKey;
 
-use crate::{NotSentReason, SendOutcome, UncertainReason};
+use crate::{NotSentReason, RefundOutcome, RefundRequest, SendOutcome, UncertainReason};
 
-use super::wire::{DECLINED, ErrorBody, PaymentIntent, Settled, StripeError, error_types, in_our_words};
+use super::wire::{
+    DECLINED, ErrorBody, PaymentIntent, RefundStatus, Settled, StripeError, StripeRefund, error_types, in_our_words,
+};
 
 /// The failure code of a request Stripe refused as invalid.
 pub const PROVIDER_REJECTED: &str = "provider_rejected";
@@ -148,13 +150,111 @@ fn own_failed(intent: &PaymentIntent, key: &str) -> bool {
         && matches!(intent.settled(key), Settled::Final(charge) if charge.status == crate::ChargeStatus::Failed)
 }
 
+/// The start of a failed refund's message, which Stripe's reason follows.
+pub const REFUND_FAILED: &str = "Stripe could not refund the payment";
+
+/// Classifies Stripe's response to `POST /v1/refunds` for `request`, sent under its downstream key.
+/// The account is the request's: Stripe's objects do not name the one they live in.
+///
+/// The same rules as for a charge (the idempotency layer replays a key's first response, errors
+/// included; the rate limiter and authentication run before it), with a refund's own meanings, as
+/// Stripe's API reference documents the Refund object's `status`: `succeeded` is refunded;
+/// `pending` and `requires_action` are taken but not finished; `failed` (its `failure_reason`
+/// says why) and `canceled` moved no money, and name the refund as proof of it. Refunds have no
+/// `card_error`, so a 402 proves nothing.
+pub fn refund_outcome(
+    status: u16,
+    retry_after: Option<Duration>,
+    body: &[u8],
+    request: &RefundRequest,
+) -> RefundOutcome {
+    let json = match response_json(body) {
+        Ok(json) => json,
+        Err(reason) => return RefundOutcome::Uncertain(reason),
+    };
+    let body = json.as_ref();
+    match status {
+        200 => match read::<StripeRefund>(body) {
+            Some(refund) => refund_shown(&refund, request),
+            // A 200 means the refund exists; a body cut short or mangled does not say how it ended.
+            None => RefundOutcome::Uncertain(UncertainReason::UnreadableResponse),
+        },
+        400 => match read_error(body) {
+            Some(error) if error.error_type == error_types::IDEMPOTENCY => {
+                RefundOutcome::Uncertain(UncertainReason::KeyReused)
+            }
+            Some(error) if error.error_type == error_types::INVALID_REQUEST => refund_refused(&error),
+            _ => refund_unexpected(status),
+        },
+        401 | 403 => RefundOutcome::NotSent { reason: NotSentReason::Unauthorized(status), retry_after: None },
+        429 => match read_error(body) {
+            Some(error) if error.code.as_deref() == Some(LOCK_TIMEOUT) => refund_unexpected(status),
+            _ => RefundOutcome::NotSent { reason: NotSentReason::RateLimited, retry_after },
+        },
+        409 => RefundOutcome::Uncertain(UncertainReason::KeyInFlight),
+        // Including a 500 replayed for a resend: the first request may have refunded before failing.
+        500..=599 => RefundOutcome::Uncertain(UncertainReason::ServerError(status)),
+        // A 402 is a card's decline, which a refund never gets; a 404 names no object of ours.
+        other => refund_unexpected(other),
+    }
+}
+
+/// A status, or a body under a status, that does not prove how a refund request ended.
+const fn refund_unexpected(status: u16) -> RefundOutcome {
+    RefundOutcome::Uncertain(UncertainReason::UnexpectedStatus(status))
+}
+
+/// The outcome a refund in a 200 shows. A refund that is not this request's (its metadata names
+/// another oncepay refund, or it refunds another intent) proves nothing about this one.
+fn refund_shown(refund: &StripeRefund, request: &RefundRequest) -> RefundOutcome {
+    let ours = request.downstream_key.refund_id().is_some_and(|id| refund.is_for(id, &request.charge_id));
+    if !ours {
+        return refund_unexpected(200);
+    }
+    let booked = refund.to_refund(&request.charge_id, request.account.as_ref().map(|a| a.as_str()));
+    match refund.status {
+        Some(RefundStatus::Succeeded) => RefundOutcome::Refunded(booked),
+        Some(RefundStatus::Failed) => RefundOutcome::Failed {
+            code: refund
+                .failure_reason
+                .clone()
+                .filter(|r| !r.trim().is_empty())
+                .unwrap_or_else(|| "refund_failed".into()),
+            message: in_our_words(REFUND_FAILED, refund.failure_reason.as_deref(), None),
+            refund_id: Some(refund.id.clone()),
+        },
+        Some(RefundStatus::Canceled) => RefundOutcome::Failed {
+            code: "refund_canceled".to_owned(),
+            message: "Stripe canceled the refund.".to_owned(),
+            refund_id: Some(refund.id.clone()),
+        },
+        // `pending`, `requires_action`, a status from the future or none: it may still move money.
+        Some(RefundStatus::Pending | RefundStatus::RequiresAction | RefundStatus::Other) | None => {
+            RefundOutcome::Unfinished(booked)
+        }
+    }
+}
+
+/// A 400 `invalid_request_error` (`charge_already_refunded`, `amount_too_large`, an unknown
+/// intent, ...): this request refunded nothing. As for a charge, the code is oncepay's
+/// `provider_rejected`, with Stripe's own code in the message, and it names no refund as proof: it
+/// says nothing of an earlier request with the key, whose saved response may have expired, so the
+/// worker judges whether an earlier send may have refunded.
+fn refund_refused(error: &StripeError) -> RefundOutcome {
+    RefundOutcome::Failed {
+        code: PROVIDER_REJECTED.to_owned(),
+        message: in_our_words("Stripe refused the refund as invalid", error.code.as_deref(), None),
+        refund_id: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::{Value, json};
 
     use super::*;
     use crate::ChargeStatus;
-    use crate::stripe::wire::samples::{declined_intent, error, intent};
+    use crate::stripe::wire::samples::{declined_intent, error, intent, refund};
 
     const PAYMENT: &str = "0196a0c4-0000-7000-8000-0000000000aa";
     const KEY: &str = "oncepay-0196a0c4-0000-7000-8000-0000000000aa";
@@ -476,6 +576,218 @@ mod tests {
             outcome,
             SendOutcome::NotSent { reason: NotSentReason::RateLimited, retry_after: Some(Duration::from_secs(2)) }
         );
+    }
+
+    // Refunds.
+
+    const REFUND: &str = "0196a0c4-0000-7000-8000-0000000000cc";
+    const OTHER_REFUND: &str = "0196a0c4-0000-7000-8000-0000000000dd";
+
+    fn refund_request() -> RefundRequest {
+        let refund: oncepay_domain::ids::RefundId = REFUND.parse().unwrap();
+        RefundRequest::for_refund(
+            "0196a0c4-0000-7000-8000-000000000001".parse().unwrap(),
+            PAYMENT.parse().unwrap(),
+            refund,
+            "pi_1".to_owned(),
+            oncepay_domain::money::Amount::new(500).unwrap(),
+            oncepay_domain::money::Currency::parse("EUR").unwrap(),
+            None,
+            &std::collections::BTreeMap::new(),
+        )
+    }
+
+    fn refund_label(outcome: &RefundOutcome) -> String {
+        match outcome {
+            RefundOutcome::Refunded(refund) => format!("refunded {}", refund.id),
+            RefundOutcome::Unfinished(refund) => format!("unfinished {}", refund.id),
+            RefundOutcome::Failed { code, refund_id, .. } => format!("failed {code} {refund_id:?}"),
+            RefundOutcome::NotSent { reason, .. } => format!("not sent: {reason}"),
+            RefundOutcome::Uncertain(reason) => format!("uncertain: {reason}"),
+        }
+    }
+
+    #[test]
+    fn each_refund_response_stripe_documents_is_classified() {
+        let of = |status: &str| bytes(&refund("re_1", status, REFUND, "pi_1"));
+        let refused = |code: &str| bytes(&error("invalid_request_error", Some(code), "Refused."));
+        let idempotency = error(
+            "idempotency_error",
+            None,
+            "Keys for idempotent requests can only be used with the same parameters they were first used with.",
+        );
+        let lock = error("invalid_request_error", Some("lock_timeout"), "This object cannot be accessed right now.");
+        let rate = error("invalid_request_error", Some("rate_limit"), "Too many requests.");
+        let api = error("api_error", None, "Something went wrong on Stripe's end.");
+        let unexpected = |status: u16| format!("uncertain: the provider responded with an unexpected HTTP {status}");
+        let mut without_status = refund("re_1", "succeeded", REFUND, "pi_1");
+        without_status["status"] = Value::Null;
+        let cases: Vec<(&str, u16, Vec<u8>, String)> = vec![
+            ("succeeded", 200, of("succeeded"), "refunded re_1".into()),
+            ("pending", 200, of("pending"), "unfinished re_1".into()),
+            ("requires_action", 200, of("requires_action"), "unfinished re_1".into()),
+            ("a status from the future", 200, of("a_status_from_the_future"), "unfinished re_1".into()),
+            ("no status", 200, bytes(&without_status), "unfinished re_1".into()),
+            ("failed", 200, of("failed"), r#"failed expired_or_canceled_card Some("re_1")"#.into()),
+            ("canceled", 200, of("canceled"), r#"failed refund_canceled Some("re_1")"#.into()),
+            ("another refund's", 200, bytes(&refund("re_2", "succeeded", OTHER_REFUND, "pi_1")), unexpected(200)),
+            ("another intent's", 200, bytes(&refund("re_2", "failed", REFUND, "pi_2")), unexpected(200)),
+            (
+                "unreadable 200",
+                200,
+                b"{\"id\":\"re_1\",\"sta".to_vec(),
+                "uncertain: the provider's response could not be read".into(),
+            ),
+            ("already refunded", 400, refused("charge_already_refunded"), "failed provider_rejected None".into()),
+            ("more than is left", 400, refused("amount_too_large"), "failed provider_rejected None".into()),
+            ("no such intent", 400, refused("resource_missing"), "failed provider_rejected None".into()),
+            (
+                "invalid, no code",
+                400,
+                bytes(&error("invalid_request_error", None, "Unexpected reason")),
+                "failed provider_rejected None".into(),
+            ),
+            (
+                "idempotency error",
+                400,
+                bytes(&idempotency),
+                "uncertain: the provider saw this idempotency key before with other parameters".into(),
+            ),
+            ("400 from a proxy", 400, b"<html>Bad Request</html>".to_vec(), unexpected(400)),
+            ("400 api_error", 400, bytes(&api), unexpected(400)),
+            ("401", 401, b"".to_vec(), "not sent: the provider refused oncepay's credentials (HTTP 401)".into()),
+            (
+                "403 for an account the key may not touch",
+                403,
+                bytes(&error("invalid_request_error", None, "The provided key does not have access to account")),
+                "not sent: the provider refused oncepay's credentials (HTTP 403)".into(),
+            ),
+            ("429 rate limited", 429, bytes(&rate), "not sent: the provider rate-limited the request".into()),
+            ("429 lock timeout", 429, bytes(&lock), unexpected(429)),
+            (
+                "409 in flight",
+                409,
+                bytes(&error("idempotency_error", Some("idempotency_key_in_use"), "in use")),
+                "uncertain: an earlier attempt with the same key is still in flight at the provider".into(),
+            ),
+            ("500 replayed", 500, bytes(&api), "uncertain: the provider responded with HTTP 500".into()),
+            ("503", 503, b"".to_vec(), "uncertain: the provider responded with HTTP 503".into()),
+            ("402", 402, bytes(&card_error(None)), unexpected(402)),
+            ("404", 404, refused("resource_missing"), unexpected(404)),
+            ("201", 201, of("succeeded"), unexpected(201)),
+        ];
+        for (name, status, body, expected) in cases {
+            let outcome = refund_outcome(status, None, &body, &refund_request());
+
+            assert_eq!(refund_label(&outcome), expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_refund_response_that_names_a_member_twice_is_uncertain_whatever_the_status() {
+        let text = serde_json::to_string(&refund("re_1", "succeeded", REFUND, "pi_1")).unwrap();
+        let ours = format!(r#""oncepay_refund_id":"{REFUND}""#);
+        let cases: Vec<(&str, u16, String)> = vec![
+            (
+                "a refund naming two refunds",
+                200,
+                text.replace(&ours, &format!(r#"{ours},"oncepay_refund_id":"{OTHER_REFUND}""#)),
+            ),
+            (
+                "a refund naming two refunds, ours last",
+                200,
+                text.replace(&ours, &format!(r#""oncepay_refund_id":"{OTHER_REFUND}",{ours}"#)),
+            ),
+            ("a refund with two statuses", 200, text.replace(r#""status":"#, r#""status":"failed","status":"#)),
+            (
+                "an error with two codes",
+                400,
+                r#"{"error":{"type":"invalid_request_error","code":"charge_already_refunded","code":"x"}}"#.to_owned(),
+            ),
+            (
+                "a rate limit that is a lock timeout",
+                429,
+                r#"{"error":{"type":"invalid_request_error","code":"rate_limit","code":"lock_timeout"}}"#.to_owned(),
+            ),
+        ];
+        for (name, status, body) in cases {
+            assert!(serde_json::from_str::<Value>(&body).is_ok(), "{name}: {body}");
+
+            let outcome = refund_outcome(status, None, body.as_bytes(), &refund_request());
+
+            assert_eq!(outcome, RefundOutcome::Uncertain(UncertainReason::UnreadableResponse), "{name}: {body}");
+        }
+    }
+
+    #[test]
+    fn a_succeeded_refund_becomes_the_refund_of_the_intent_in_the_requests_account() {
+        let account = oncepay_domain::provider_ref::ProviderAccount::parse("acct_A").unwrap();
+        let request = RefundRequest { account: Some(account), ..refund_request() };
+
+        let outcome = refund_outcome(200, None, &bytes(&refund("re_1", "succeeded", REFUND, "pi_1")), &request);
+
+        let RefundOutcome::Refunded(refund) = outcome else { panic!("{outcome:?}") };
+        assert_eq!((refund.id.as_str(), refund.status), ("re_1", crate::RefundState::Succeeded));
+        assert_eq!((refund.charge.as_str(), refund.amount, refund.currency.as_str()), ("pi_1", 500, "EUR"));
+        assert_eq!((refund.idempotency_key.as_deref(), refund.account.as_deref()), (None, Some("acct_A")));
+        assert_eq!(refund.metadata.get(crate::metadata_keys::REFUND_ID).map(String::as_str), Some(REFUND));
+    }
+
+    #[test]
+    fn a_refused_refund_names_stripes_code_but_never_repeats_its_words() {
+        let body = bytes(&error(
+            "invalid_request_error",
+            Some("charge_already_refunded"),
+            "Charge ch_3Mt has already been refunded.",
+        ));
+
+        let outcome = refund_outcome(400, None, &body, &refund_request());
+
+        assert_eq!(
+            outcome,
+            RefundOutcome::Failed {
+                code: PROVIDER_REJECTED.into(),
+                message: "Stripe refused the refund as invalid (code charge_already_refunded).".into(),
+                refund_id: None,
+            }
+        );
+    }
+
+    #[test]
+    fn a_failed_refund_keeps_stripes_reason_and_its_id() {
+        let outcome = refund_outcome(200, None, &bytes(&refund("re_1", "failed", REFUND, "pi_1")), &refund_request());
+
+        assert_eq!(
+            outcome,
+            RefundOutcome::Failed {
+                code: "expired_or_canceled_card".into(),
+                message: "Stripe could not refund the payment (code expired_or_canceled_card).".into(),
+                refund_id: Some("re_1".into()),
+            }
+        );
+    }
+
+    #[test]
+    fn a_rate_limited_refund_carries_stripes_retry_after() {
+        let outcome = refund_outcome(429, Some(Duration::from_secs(2)), b"", &refund_request());
+
+        assert_eq!(
+            outcome,
+            RefundOutcome::NotSent { reason: NotSentReason::RateLimited, retry_after: Some(Duration::from_secs(2)) }
+        );
+    }
+
+    #[test]
+    fn a_refund_sent_under_a_key_that_names_no_refund_is_never_taken_for_one() {
+        // A payment's key: no refund of Stripe's can be this request's.
+        let request = RefundRequest {
+            downstream_key: PAYMENT.parse::<oncepay_domain::ids::PaymentId>().unwrap().downstream_key(),
+            ..refund_request()
+        };
+
+        let outcome = refund_outcome(200, None, &bytes(&refund("re_1", "succeeded", REFUND, "pi_1")), &request);
+
+        assert_eq!(outcome, RefundOutcome::Uncertain(UncertainReason::UnexpectedStatus(200)));
     }
 
     mod properties {

@@ -6,6 +6,10 @@
 //! with the same pinned `Stripe-Version`, so Stripe replays the first response instead of seeing a
 //! reused key. Lookups never say "none" without a consistent source ([`super::lookup`]).
 //!
+//! Each refund is one Stripe Refund of the payment's PaymentIntent (the `pi_…` oncepay books as the
+//! payment's charge id), created under the refund's downstream key, and found again by the refund id
+//! in its metadata, in the consistent list of the intent's refunds (never by search).
+//!
 //! Every call made for a payment charged to a connected account carries that account as
 //! `Stripe-Account` (Stripe Connect), so Stripe itself limits the payment methods, customers and
 //! intents it can touch to that merchant's. Stripe's objects do not name the account they live in,
@@ -25,13 +29,13 @@ use oncepay_domain::provider_ref::ProviderAccount;
 
 use crate::http::{self, read_json, retry_after, trace_headers};
 use crate::{
-    Charge, ChargePage, ChargeRequest, ListCharges, LookupError, NotSentReason, PaymentProvider, Retrieved,
-    SendOutcome, UncertainReason, metadata_keys,
+    Charge, ChargePage, ChargeRequest, ListCharges, LookupError, NotSentReason, PaymentProvider, Refund, RefundLookup,
+    RefundOutcome, RefundRequest, Retrieved, SendOutcome, UncertainReason, metadata_keys,
 };
 
 use super::classify;
-use super::lookup::{self, CantTell, Lookup, Step, WindowScan};
-use super::wire::{ListPage, PaymentIntent, SearchPage, Settled};
+use super::lookup::{self, CantTell, Lookup, RefundScan, RefundStep, Step, WindowScan};
+use super::wire::{ListPage, PaymentIntent, SearchPage, Settled, StripeRefund};
 
 /// Whose Stripe account a tenant's payments are charged in: a choice every deployment makes
 /// explicitly, since in direct mode tenants share one account.
@@ -228,6 +232,26 @@ pub fn create_form(request: &ChargeRequest, payment_method: &str) -> Vec<(String
     form
 }
 
+/// The form of `POST /v1/refunds` for `request`.
+///
+/// As [`create_form`], a function of the request alone, in a fixed order, so every resend of a
+/// refund sends the same parameters. Per Stripe's Refunds API ("Create a refund"): the intent to
+/// refund (`payment_intent`: oncepay books a Stripe payment under its intent's id), the amount in
+/// the currency's smallest unit (no `currency`: a refund is in its charge's), the `reason` only when
+/// given (Stripe accepts `duplicate`, `fraudulent` and `requested_by_customer`, see
+/// [`super::limits::check_refund`]), and the metadata, oncepay's keys among it.
+pub fn refund_form(request: &RefundRequest) -> Vec<(String, String)> {
+    let mut form: Vec<(String, String)> = vec![
+        ("payment_intent".into(), request.charge_id.clone()),
+        ("amount".into(), request.amount.minor_units().to_string()),
+    ];
+    if let Some(reason) = &request.reason {
+        form.push(("reason".into(), reason.clone()));
+    }
+    form.extend(request.metadata.iter().map(|(key, value)| (format!("metadata[{key}]"), value.clone())));
+    form
+}
+
 /// The search query that finds a payment's intents by oncepay's metadata.
 pub fn search_query(payment: PaymentId) -> String {
     // A payment id is a UUID: no quote to escape.
@@ -357,6 +381,42 @@ impl StripeProvider {
         }
         self.get("/v1/payment_intents", &params, query.account.as_ref()).await
     }
+
+    /// One page of the refunds of `payment_intent` in `account`, newest first, as Stripe lists
+    /// them (`GET /v1/refunds?payment_intent=…`: "List all refunds", filtered by intent, paged with
+    /// `limit` and `starting_after`).
+    #[instrument(name = "stripe.list_refunds", skip_all)]
+    pub async fn list_refunds(
+        &self,
+        payment_intent: &str,
+        starting_after: Option<&str>,
+        account: Option<&ProviderAccount>,
+    ) -> Result<ListPage<StripeRefund>, LookupError> {
+        let mut params =
+            vec![("payment_intent", payment_intent.to_owned()), ("limit", self.list_page_size.to_string())];
+        if let Some(after) = starting_after {
+            params.push(("starting_after", after.to_owned()));
+        }
+        self.get("/v1/refunds", &params, account).await
+    }
+
+    /// Every refund of `payment_intent` in `account` that `scan` looks for, read to the end of the
+    /// list.
+    async fn scan_refunds(
+        &self,
+        mut scan: RefundScan,
+        payment_intent: &str,
+        account: Option<&ProviderAccount>,
+    ) -> Result<Vec<StripeRefund>, LookupError> {
+        let mut starting_after: Option<String> = None;
+        loop {
+            let page = self.list_refunds(payment_intent, starting_after.as_deref(), account).await?;
+            match scan.page(page) {
+                RefundStep::Next(after) => starting_after = Some(after),
+                RefundStep::Done(found) => return found,
+            }
+        }
+    }
 }
 
 /// `charge`, as held by `account`: Stripe's objects do not say which account they live in.
@@ -485,6 +545,90 @@ impl PaymentProvider for StripeProvider {
             Err(error) => Err(error),
         }
     }
+
+    /// Refunds (part of) the payment's PaymentIntent, under the refund's downstream key, classified
+    /// as a charge is ([`classify::refund_outcome`]).
+    #[instrument(name = "provider.create_refund", skip_all, fields(provider.outcome))]
+    async fn create_refund(&self, request: &RefundRequest) -> RefundOutcome {
+        if self.mode == StripeMode::Connect && request.account.is_none() {
+            // The payment was charged in its tenant's account, and is refunded only there.
+            tracing::error!(
+                "The refund names no connected account, and in connect mode a payment is refunded only in its \
+                 tenant's account."
+            );
+            return RefundOutcome::NotSent { reason: NotSentReason::LocalError, retry_after: None };
+        }
+        let Ok(form) = serde_urlencoded::to_string(refund_form(request)) else {
+            return RefundOutcome::NotSent { reason: NotSentReason::LocalError, retry_after: None };
+        };
+        let sent = self
+            .call(reqwest::Method::POST, "/v1/refunds", request.account.as_ref())
+            .header("Idempotency-Key", request.downstream_key.as_str())
+            .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(form)
+            .send()
+            .await;
+        let outcome = match sent {
+            Err(error) => not_answered(&error),
+            Ok(response) => {
+                let status = response.status().as_u16();
+                let retry_after = retry_after(response.headers());
+                match response.bytes().await {
+                    Ok(body) => classify::refund_outcome(status, retry_after, &body, request),
+                    // The status line arrived and the body broke off: the request was certainly sent.
+                    Err(_) if status < 300 => RefundOutcome::Uncertain(UncertainReason::ConnectionLost),
+                    Err(_) => classify::refund_outcome(status, retry_after, b"", request),
+                }
+            }
+        };
+        tracing::Span::current().record("provider.outcome", outcome.class());
+        outcome
+    }
+
+    /// The refunds of the lookup's PaymentIntent whose metadata names the refund its key was derived
+    /// from, from the consistent list of the intent's refunds read to its end; never from search,
+    /// which lags behind writes. `Ok` with none only when that whole list showed none.
+    #[instrument(name = "provider.find_refunds", skip_all)]
+    async fn find_refunds(&self, lookup: &RefundLookup) -> Result<Vec<Refund>, LookupError> {
+        let Some(refund) = lookup.key.refund_id() else {
+            return Err(LookupError::Inconclusive("the key is not one oncepay derives from a refund".to_owned()));
+        };
+        let account = lookup.account.as_ref();
+        if self.mode == StripeMode::Connect && account.is_none() {
+            // The platform's own account holds none of a tenant's refunds: an empty list there
+            // would prove nothing.
+            return Err(LookupError::Inconclusive(
+                "in connect mode a refund is looked up only in its tenant's connected account".to_owned(),
+            ));
+        }
+        // An empty filter would list every refund of the account.
+        if !lookup.charge_id.starts_with("pi_") {
+            return Err(LookupError::Inconclusive(format!("{:?} is not a PaymentIntent id", lookup.charge_id)));
+        }
+        let scan = RefundScan::new(refund, &lookup.charge_id, self.max_lookup_pages);
+        let listed = self.scan_refunds(scan, &lookup.charge_id, account);
+        let found = tokio::time::timeout(self.lookup_deadline, listed).await.unwrap_or_else(|_| {
+            Err(LookupError::Inconclusive(format!(
+                "the lookup did not finish within {} ms",
+                self.lookup_deadline.as_millis()
+            )))
+        })?;
+        let account = account.map(ProviderAccount::as_str);
+        Ok(found.iter().map(|r| r.to_refund(&lookup.charge_id, account)).collect())
+    }
+}
+
+/// A refund request that got no HTTP response: not sent when no byte of it left, else uncertain,
+/// exactly as for a charge.
+fn not_answered(error: &reqwest::Error) -> RefundOutcome {
+    match SendOutcome::from_transport_error(error) {
+        SendOutcome::NotSent { reason, retry_after } => RefundOutcome::NotSent { reason, retry_after },
+        SendOutcome::Uncertain(reason) => RefundOutcome::Uncertain(reason),
+        // A transport error never shows a charge or a decline; should it, nothing is proven.
+        SendOutcome::Charged(_) | SendOutcome::Declined { .. } => {
+            RefundOutcome::Uncertain(UncertainReason::ConnectionLost)
+        }
+    }
 }
 
 /// Contract tests: Stripe's responses as its documentation shapes them, served by wiremock.
@@ -496,13 +640,13 @@ mod tests {
     use wiremock::matchers::{header, method, path, query_param, query_param_is_missing};
     use wiremock::{Mock, MockServer, Request, ResponseTemplate};
 
-    use oncepay_domain::ids::TenantId;
+    use oncepay_domain::ids::{RefundId, TenantId};
     use oncepay_domain::money::{Amount, Currency};
     use oncepay_domain::provider_ref::{ProviderAccount, ProviderCustomer};
 
     use super::*;
-    use crate::ChargeStatus;
-    use crate::stripe::wire::samples::{declined_intent, error, intent};
+    use crate::stripe::wire::samples::{declined_intent, error, intent, refund as stripe_refund};
+    use crate::{ChargeStatus, RefundState};
 
     const VERSION: &str = "2024-06-20";
 
@@ -1228,5 +1372,486 @@ mod tests {
         assert_eq!((charge.status, charge.account.as_deref()), (ChargeStatus::Succeeded, Some("acct_A")));
         assert!(matches!(busy, Retrieved::Unfinished(ref u) if u.status == "processing"), "{busy:?}");
         assert_eq!(gone, Retrieved::Missing);
+    }
+
+    // Refunds.
+
+    /// Stripe's Refunds API as its documentation describes it, in one account: the first response
+    /// to a key is saved and replayed to a resend with the same parameters, other parameters under
+    /// that key are an `idempotency_error`, and the list is filtered by intent and paged newest
+    /// first. Mounted for `POST` and `GET /v1/refunds`.
+    #[derive(Clone, Default)]
+    struct Refunds {
+        state: std::sync::Arc<std::sync::Mutex<RefundsHeld>>,
+    }
+
+    #[derive(Default)]
+    struct RefundsHeld {
+        /// Per key: the body first sent under it, and the response saved for it.
+        by_key: BTreeMap<String, (Vec<u8>, Value)>,
+        /// Every refund, oldest first.
+        made: Vec<Value>,
+    }
+
+    impl Refunds {
+        async fn mount(server: &MockServer) -> Self {
+            let refunds = Self::default();
+            Mock::given(path("/v1/refunds")).respond_with(refunds.clone()).mount(server).await;
+            refunds
+        }
+
+        fn made(&self) -> Vec<Value> {
+            self.state.lock().unwrap().made.clone()
+        }
+    }
+
+    impl wiremock::Respond for Refunds {
+        fn respond(&self, request: &Request) -> ResponseTemplate {
+            let mut held = self.state.lock().unwrap();
+            if request.method.as_str() == "GET" {
+                let query: BTreeMap<String, String> = request.url.query_pairs().into_owned().collect();
+                let mine: Vec<&Value> = held
+                    .made
+                    .iter()
+                    .rev()
+                    .filter(|r| Some(&r["payment_intent"]) == query.get("payment_intent").map(|pi| json!(pi)).as_ref())
+                    .collect();
+                let start = match query.get("starting_after") {
+                    Some(after) => mine.iter().position(|r| r["id"] == json!(after)).map_or(mine.len(), |i| i + 1),
+                    None => 0,
+                };
+                let limit: usize = query.get("limit").map_or(10, |l| l.parse().unwrap());
+                let page: Vec<Value> = mine.iter().skip(start).take(limit).map(|r| (*r).clone()).collect();
+                let has_more = mine.len() > start + limit;
+                return ResponseTemplate::new(200).set_body_json(
+                    json!({"object": "list", "url": "/v1/refunds", "has_more": has_more, "data": page}),
+                );
+            }
+            let key =
+                request.headers.get("Idempotency-Key").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+            if let Some((first, saved)) = held.by_key.get(&key) {
+                return if *first == request.body {
+                    ResponseTemplate::new(200).insert_header("Idempotent-Replayed", "true").set_body_json(saved.clone())
+                } else {
+                    ResponseTemplate::new(400).set_body_json(error(
+                        "idempotency_error",
+                        None,
+                        "Keys for idempotent requests can only be used with the same parameters they were first used \
+                         with.",
+                    ))
+                };
+            }
+            let form = form_of(request);
+            let mut made =
+                stripe_refund(&format!("re_{}", held.made.len() + 1), "succeeded", "", &form["payment_intent"]);
+            made["amount"] = json!(form["amount"].parse::<i64>().unwrap());
+            made["reason"] = form.get("reason").map_or(Value::Null, |r| json!(r));
+            made["metadata"] = form
+                .iter()
+                .filter_map(|(k, v)| Some((k.strip_prefix("metadata[")?.strip_suffix(']')?.to_owned(), json!(v))))
+                .collect::<serde_json::Map<String, Value>>()
+                .into();
+            held.by_key.insert(key, (request.body.clone(), made.clone()));
+            held.made.push(made.clone());
+            ResponseTemplate::new(200).set_body_json(made)
+        }
+    }
+
+    fn refund_request(refund: RefundId) -> RefundRequest {
+        let merchant: BTreeMap<String, String> = [("order".to_owned(), "A-17".to_owned())].into();
+        RefundRequest::for_refund(
+            TenantId::generate(),
+            PaymentId::generate(),
+            refund,
+            "pi_1".to_owned(),
+            Amount::new(500).unwrap(),
+            Currency::parse("EUR").unwrap(),
+            Some("requested_by_customer".to_owned()),
+            &merchant,
+        )
+    }
+
+    fn refund_lookup(refund: RefundId) -> RefundLookup {
+        RefundLookup { key: refund.downstream_key(), charge_id: "pi_1".to_owned(), account: None }
+    }
+
+    async fn respond_to_refund(server: &MockServer, status: u16, body: Value) {
+        Mock::given(method("POST"))
+            .and(path("/v1/refunds"))
+            .respond_with(ResponseTemplate::new(status).set_body_json(body))
+            .mount(server)
+            .await;
+    }
+
+    fn refunds_page(data: Vec<Value>, has_more: bool) -> ResponseTemplate {
+        ResponseTemplate::new(200)
+            .set_body_json(json!({"object": "list", "url": "/v1/refunds", "has_more": has_more, "data": data}))
+    }
+
+    #[tokio::test]
+    async fn a_refund_is_created_for_the_payment_intent_in_one_form_encoded_call_under_its_key() {
+        let (server, provider) = stripe().await;
+        let refunds = Refunds::mount(&server).await;
+        let refund = RefundId::generate();
+        let request = refund_request(refund);
+
+        let outcome = provider.create_refund(&request).await;
+
+        let received = server.received_requests().await.unwrap();
+        assert_eq!(received.len(), 1);
+        let sent = &received[0];
+        let header_of = |name: &str| sent.headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        assert_eq!((sent.method.as_str(), sent.url.path()), ("POST", "/v1/refunds"));
+        assert_eq!(header_of("content-type").as_deref(), Some("application/x-www-form-urlencoded"));
+        assert_eq!(header_of("idempotency-key"), Some(refund.downstream_key().as_str().to_owned()));
+        assert_eq!(header_of("stripe-version").as_deref(), Some(VERSION));
+        assert_eq!(header_of("authorization").as_deref(), Some("Bearer sk_test_oncepay"));
+        assert_eq!(header_of(STRIPE_ACCOUNT), None);
+        let form = form_of(sent);
+        let field = |name: &str| form.get(name).map(String::as_str);
+        assert_eq!(field("payment_intent"), Some("pi_1"));
+        assert_eq!(field("amount"), Some("500"));
+        assert_eq!(field("reason"), Some("requested_by_customer"));
+        assert_eq!(field("metadata[order]"), Some("A-17"));
+        assert_eq!(field("metadata[oncepay_refund_id]").map(str::to_owned), Some(refund.to_string()));
+        assert!(field("metadata[oncepay_payment_id]").is_some() && field("metadata[oncepay_tenant_id]").is_some());
+        assert_eq!(
+            (field("charge"), field("currency")),
+            (None, None),
+            "the intent is named, and its currency is the refund's"
+        );
+        let RefundOutcome::Refunded(made) = outcome else { panic!("{outcome:?}") };
+        assert_eq!((made.id.as_str(), made.status), ("re_1", RefundState::Succeeded));
+        assert_eq!((made.charge.as_str(), made.amount, made.currency.as_str()), ("pi_1", 500, "EUR"));
+        assert_eq!((made.idempotency_key.as_deref(), made.account.as_deref()), (None, None));
+        assert_eq!(refunds.made().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_resend_under_the_same_key_sends_the_same_form_and_gets_the_same_refund() {
+        let (server, provider) = stripe().await;
+        let refunds = Refunds::mount(&server).await;
+        let request = refund_request(RefundId::generate());
+
+        let first = provider.create_refund(&request).await;
+        let resend = provider.create_refund(&request).await;
+
+        let received = server.received_requests().await.unwrap();
+        assert_eq!(received[0].body, received[1].body, "a resend must send the very same parameters");
+        assert!(matches!(first, RefundOutcome::Refunded(ref r) if r.id == "re_1"), "{first:?}");
+        assert_eq!(resend, first);
+        assert_eq!(refunds.made().len(), 1, "Stripe made one refund");
+    }
+
+    #[tokio::test]
+    async fn a_key_reused_for_other_parameters_is_uncertain() {
+        let (server, provider) = stripe().await;
+        Refunds::mount(&server).await;
+        let request = refund_request(RefundId::generate());
+        let more = RefundRequest { amount: Amount::new(900).unwrap(), ..request.clone() };
+
+        provider.create_refund(&request).await;
+        let outcome = provider.create_refund(&more).await;
+
+        assert_eq!(outcome, RefundOutcome::Uncertain(UncertainReason::KeyReused));
+    }
+
+    #[tokio::test]
+    async fn a_refund_is_found_by_its_key_among_the_intents_refunds_and_none_under_another() {
+        let (server, provider) = stripe().await;
+        let refunds = Refunds::mount(&server).await;
+        let (ours, never_sent) = (RefundId::generate(), RefundId::generate());
+        // Ours first, then more than a page (two) of the intent's other refunds after it.
+        provider.create_refund(&refund_request(ours)).await;
+        for _ in 0..3 {
+            provider.create_refund(&refund_request(RefundId::generate())).await;
+        }
+        let another_intent = RefundRequest { charge_id: "pi_2".into(), ..refund_request(RefundId::generate()) };
+        provider.create_refund(&another_intent).await;
+
+        let found = provider.find_refunds(&refund_lookup(ours)).await.unwrap();
+        let none = provider.find_refunds(&refund_lookup(never_sent)).await.unwrap();
+
+        assert_eq!(refunds.made().len(), 5);
+        assert_eq!(found.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["re_1"]);
+        assert_eq!(
+            (found[0].status, found[0].charge.as_str(), found[0].account.as_deref()),
+            (RefundState::Succeeded, "pi_1", None)
+        );
+        assert_eq!(found[0].refund_ref().map(|(_, r)| r), Some(ours));
+        assert_eq!(none, []);
+        let lists: Vec<Request> =
+            server.received_requests().await.unwrap().into_iter().filter(|r| r.method.as_str() == "GET").collect();
+        assert!(lists.iter().all(|r| r.url.query_pairs().any(|(k, v)| k == "payment_intent" && v == "pi_1")));
+        assert!(
+            lists.iter().any(|r| r.url.query_pairs().any(|(k, _)| k == "starting_after")),
+            "the list was read past its first page"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refund_still_pending_is_unfinished() {
+        let (server, provider) = stripe().await;
+        let refund = RefundId::generate();
+        respond_to_refund(&server, 200, stripe_refund("re_1", "pending", &refund.to_string(), "pi_1")).await;
+
+        let outcome = provider.create_refund(&refund_request(refund)).await;
+
+        assert!(
+            matches!(outcome, RefundOutcome::Unfinished(ref r) if r.id == "re_1" && r.status == RefundState::Pending),
+            "{outcome:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failed_refund_is_failed_and_names_itself_as_proof() {
+        let (server, provider) = stripe().await;
+        let refund = RefundId::generate();
+        respond_to_refund(&server, 200, stripe_refund("re_1", "failed", &refund.to_string(), "pi_1")).await;
+
+        let outcome = provider.create_refund(&refund_request(refund)).await;
+
+        assert_eq!(
+            outcome,
+            RefundOutcome::Failed {
+                code: "expired_or_canceled_card".into(),
+                message: "Stripe could not refund the payment (code expired_or_canceled_card).".into(),
+                refund_id: Some("re_1".into()),
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refund_of_a_charge_already_refunded_is_failed_and_names_no_refund() {
+        let (server, provider) = stripe().await;
+        respond_to_refund(
+            &server,
+            400,
+            error("invalid_request_error", Some("charge_already_refunded"), "Charge ch_3Mt has already been refunded."),
+        )
+        .await;
+
+        let outcome = provider.create_refund(&refund_request(RefundId::generate())).await;
+
+        assert_eq!(
+            outcome,
+            RefundOutcome::Failed {
+                code: "provider_rejected".into(),
+                message: "Stripe refused the refund as invalid (code charge_already_refunded).".into(),
+                refund_id: None,
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refund_that_gets_no_response_in_time_or_a_server_error_is_uncertain() {
+        let server = MockServer::start().await;
+        let provider =
+            StripeProvider::new(&StripeSettings { request_timeout_ms: 300, ..settings(server.uri()) }).unwrap();
+        let slow = RefundId::generate();
+        Mock::given(method("POST"))
+            .and(header("Idempotency-Key", slow.downstream_key().as_str()))
+            .respond_with(
+                ResponseTemplate::new(200)
+                    .set_body_json(stripe_refund("re_1", "succeeded", &slow.to_string(), "pi_1"))
+                    .set_delay(std::time::Duration::from_millis(1_000)),
+            )
+            .mount(&server)
+            .await;
+        respond_to_refund(&server, 500, error("api_error", None, "An unknown error occurred")).await;
+
+        let timed_out = provider.create_refund(&refund_request(slow)).await;
+        let failed = provider.create_refund(&refund_request(RefundId::generate())).await;
+
+        assert_eq!(timed_out, RefundOutcome::Uncertain(UncertainReason::Timeout));
+        assert_eq!(failed, RefundOutcome::Uncertain(UncertainReason::ServerError(500)));
+    }
+
+    #[tokio::test]
+    async fn a_refund_that_cannot_connect_is_not_sent() {
+        // A port nothing listens on.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let provider = StripeProvider::new(&settings(format!("http://127.0.0.1:{port}"))).unwrap();
+
+        let outcome = provider.create_refund(&refund_request(RefundId::generate())).await;
+
+        assert_eq!(outcome, RefundOutcome::NotSent { reason: NotSentReason::ConnectFailed, retry_after: None });
+    }
+
+    #[tokio::test]
+    async fn a_refund_for_a_connected_payment_is_made_and_found_in_its_account() {
+        let (server, provider) = stripe().await;
+        let refunds = Refunds::default();
+        Mock::given(header(STRIPE_ACCOUNT, "acct_A"))
+            .and(path("/v1/refunds"))
+            .respond_with(refunds.clone())
+            .mount(&server)
+            .await;
+        Mock::given(wiremock::matchers::any())
+            .respond_with(ResponseTemplate::new(403).set_body_json(error(
+                "invalid_request_error",
+                None,
+                "The provided key does not have access to account 'acct_…' (or that account does not exist).",
+            )))
+            .mount(&server)
+            .await;
+        let account = ProviderAccount::parse("acct_A").unwrap();
+        let refund = RefundId::generate();
+
+        let outcome =
+            provider.create_refund(&RefundRequest { account: Some(account.clone()), ..refund_request(refund) }).await;
+        let found = provider
+            .find_refunds(&RefundLookup { account: Some(account.clone()), ..refund_lookup(refund) })
+            .await
+            .unwrap();
+        let in_the_platforms = provider.create_refund(&refund_request(RefundId::generate())).await;
+
+        let received = server.received_requests().await.unwrap();
+        for call in &received[..2] {
+            let named = call.headers.get(STRIPE_ACCOUNT).and_then(|v| v.to_str().ok());
+            assert_eq!(named, Some("acct_A"), "{} {}", call.method, call.url);
+        }
+        assert!(
+            matches!(outcome, RefundOutcome::Refunded(ref r) if r.account.as_deref() == Some("acct_A")),
+            "{outcome:?}"
+        );
+        assert_eq!(
+            found.iter().map(|r| (r.id.as_str(), r.account.as_deref())).collect::<Vec<_>>(),
+            [("re_1", Some("acct_A"))]
+        );
+        assert_eq!(
+            in_the_platforms,
+            RefundOutcome::NotSent { reason: NotSentReason::Unauthorized(403), retry_after: None }
+        );
+        assert_eq!(refunds.made().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn in_connect_mode_a_refund_without_an_account_is_never_made_or_looked_up_in_the_platforms() {
+        let server = MockServer::start().await;
+        let provider =
+            StripeProvider::new(&StripeSettings { mode: StripeMode::Connect, ..settings(server.uri()) }).unwrap();
+        Refunds::mount(&server).await;
+        let refund = RefundId::generate();
+
+        let outcome = provider.create_refund(&refund_request(refund)).await;
+        let found = provider.find_refunds(&refund_lookup(refund)).await;
+
+        assert_eq!(outcome, RefundOutcome::NotSent { reason: NotSentReason::LocalError, retry_after: None });
+        assert!(matches!(found, Err(LookupError::Inconclusive(_))), "{found:?}");
+        assert!(server.received_requests().await.unwrap().is_empty(), "nothing reaches Stripe");
+    }
+
+    #[tokio::test]
+    async fn a_refund_list_that_cannot_be_read_to_its_end_proves_nothing() {
+        let refund = RefundId::generate();
+        let other = RefundId::generate().to_string();
+        let theirs = |id: &str| stripe_refund(id, "succeeded", &other, "pi_1");
+        let ours = stripe_refund("re_1", "succeeded", &refund.to_string(), "pi_1").to_string();
+        let naming_two = ours.replace(&refund.to_string(), &format!(r#"{other}","oncepay_refund_id":"{refund}"#));
+        let label = |found: &Result<Vec<Refund>, LookupError>| match found {
+            Ok(refunds) => format!("found {}", refunds.len()),
+            Err(LookupError::Status(status)) => format!("HTTP {status}"),
+            Err(LookupError::Unreadable(_)) => "unreadable".to_owned(),
+            Err(other) => other.to_string(),
+        };
+        let second_pages: Vec<(&str, ResponseTemplate, &str)> = vec![
+            ("a server error", ResponseTemplate::new(500).set_body_json(error("api_error", None, "oops")), "HTTP 500"),
+            (
+                "a rate limit",
+                ResponseTemplate::new(429).set_body_json(error(
+                    "invalid_request_error",
+                    Some("rate_limit"),
+                    "slow down",
+                )),
+                "HTTP 429",
+            ),
+            (
+                "a refund naming two refunds, ours last",
+                ResponseTemplate::new(200).set_body_raw(
+                    format!(r#"{{"object":"list","url":"/v1/refunds","has_more":false,"data":[{naming_two}]}}"#),
+                    "application/json",
+                ),
+                "unreadable",
+            ),
+            ("an empty page that promises more", refunds_page(vec![], true), "unreadable"),
+            (
+                "a refund of another intent",
+                refunds_page(vec![stripe_refund("re_9", "succeeded", &other, "pi_2")], false),
+                "unreadable",
+            ),
+        ];
+        for (name, second_page, expected) in second_pages {
+            let (server, provider) = stripe().await;
+            Mock::given(method("GET"))
+                .and(path("/v1/refunds"))
+                .and(query_param("payment_intent", "pi_1"))
+                .and(query_param("limit", "2"))
+                .and(query_param_is_missing("starting_after"))
+                .respond_with(refunds_page(vec![theirs("re_3"), theirs("re_2")], true))
+                .mount(&server)
+                .await;
+            Mock::given(method("GET"))
+                .and(path("/v1/refunds"))
+                .and(query_param("starting_after", "re_2"))
+                .respond_with(second_page)
+                .mount(&server)
+                .await;
+
+            let found = provider.find_refunds(&refund_lookup(refund)).await;
+
+            assert_eq!(label(&found), expected, "{name}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refund_lookup_past_its_page_budget_or_deadline_or_of_no_refund_or_intent_proves_nothing() {
+        let server = MockServer::start().await;
+        let provider = StripeProvider::new(&StripeSettings {
+            connect_timeout_ms: 300,
+            request_timeout_ms: 300,
+            lookup_deadline_ms: 600,
+            max_lookup_pages: 50,
+            ..settings(server.uri())
+        })
+        .unwrap();
+        let other = RefundId::generate().to_string();
+        // Every page is slow and says more follow.
+        Mock::given(method("GET"))
+            .and(path("/v1/refunds"))
+            .respond_with(
+                refunds_page(
+                    vec![
+                        stripe_refund("re_9", "succeeded", &other, "pi_1"),
+                        stripe_refund("re_8", "succeeded", &other, "pi_1"),
+                    ],
+                    true,
+                )
+                .set_delay(std::time::Duration::from_millis(200)),
+            )
+            .mount(&server)
+            .await;
+        let budget = StripeProvider::new(&StripeSettings { max_lookup_pages: 2, ..settings(server.uri()) }).unwrap();
+        let payments_key =
+            RefundLookup { key: PaymentId::generate().downstream_key(), ..refund_lookup(RefundId::generate()) };
+        let no_intent = RefundLookup { charge_id: String::new(), ..refund_lookup(RefundId::generate()) };
+
+        let past_deadline = provider.find_refunds(&refund_lookup(RefundId::generate())).await;
+        let past_budget = budget.find_refunds(&refund_lookup(RefundId::generate())).await;
+        let calls_before = server.received_requests().await.unwrap().len();
+        let under_a_payments_key = provider.find_refunds(&payments_key).await;
+        let of_no_intent = provider.find_refunds(&no_intent).await;
+
+        assert!(
+            matches!(past_deadline, Err(LookupError::Inconclusive(ref why)) if why.contains("600 ms")),
+            "{past_deadline:?}"
+        );
+        assert!(
+            matches!(past_budget, Err(LookupError::Inconclusive(ref why)) if why.contains("2 pages")),
+            "{past_budget:?}"
+        );
+        assert!(matches!(under_a_payments_key, Err(LookupError::Inconclusive(_))), "{under_a_payments_key:?}");
+        assert!(matches!(of_no_intent, Err(LookupError::Inconclusive(_))), "{of_no_intent:?}");
+        assert_eq!(server.received_requests().await.unwrap().len(), calls_before, "neither is looked up at Stripe");
     }
 }

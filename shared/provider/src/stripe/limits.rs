@@ -6,13 +6,16 @@
 //! currencies ending in 0, currencies whose unit at Stripe is not their ISO 4217 minor unit, and the
 //! minimum charge when the charge is in the account's settlement currency. A minimum in another
 //! currency depends on the exchange rate of the day, so it is left to Stripe.
+//!
+//! A refund carries metadata under the same rules (with one more key of oncepay's), and a reason
+//! only from the three that Stripe's Refunds API accepts.
 
 use std::collections::BTreeMap;
 
-use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
 
-use crate::{ChargeRequest, metadata_keys};
+use crate::{ChargeRequest, RefundRequest, metadata_keys};
 
 /// The most metadata keys an object may carry.
 pub const MAX_METADATA_KEYS: usize = 50;
@@ -20,6 +23,9 @@ pub const MAX_METADATA_KEYS: usize = 50;
 pub const MAX_KEY_CHARS: usize = 40;
 /// The longest metadata value, in characters.
 pub const MAX_VALUE_CHARS: usize = 500;
+
+/// The reasons `POST /v1/refunds` accepts; it refuses any other.
+pub const REFUND_REASONS: &[&str] = &["duplicate", "fraudulent", "requested_by_customer"];
 
 /// The largest `amount` Stripe's eight-digit field holds.
 const MAX_AMOUNT: i64 = 99_999_999;
@@ -121,6 +127,9 @@ pub enum LimitError {
         /// The currency.
         currency: Currency,
     },
+    /// A refund reason Stripe does not accept.
+    #[error("must be one of duplicate, fraudulent or requested_by_customer, the reasons Stripe accepts")]
+    UnknownReason,
 }
 
 impl LimitError {
@@ -133,6 +142,7 @@ impl LimitError {
             | Self::ValueTooLong { .. } => "metadata",
             Self::BelowMinimum { .. } | Self::AboveMaximum { .. } | Self::NotRoundToTen { .. } => "amount",
             Self::UnitDiffers { .. } => "currency",
+            Self::UnknownReason => "reason",
         }
     }
 }
@@ -164,6 +174,40 @@ pub fn check_request(request: &ChargeRequest, settlement: Option<Currency>) -> R
     check_metadata(&request.metadata)
 }
 
+/// Checks a refund as intake sees it, before it has an id: the merchant's metadata is checked
+/// together with the keys oncepay will add, and the reason, if given. The amount and currency are
+/// not checked: they are within the payment's, which passed, and Stripe sets no minimum refund.
+pub fn check_refund(
+    amount: Amount,
+    currency: Currency,
+    merchant_metadata: &BTreeMap<String, String>,
+    reason: Option<&str>,
+) -> Result<(), LimitError> {
+    // Stand-in ids, as for a payment: oncepay's keys, and the length of their values, are the same
+    // for every id.
+    let request = RefundRequest::for_refund(
+        TenantId::generate(),
+        PaymentId::generate(),
+        RefundId::generate(),
+        String::new(),
+        amount,
+        currency,
+        reason.map(str::to_owned),
+        merchant_metadata,
+    );
+    check_refund_request(&request)
+}
+
+/// Checks a refund request as the Stripe adapter would send it.
+pub fn check_refund_request(request: &RefundRequest) -> Result<(), LimitError> {
+    if let Some(reason) = &request.reason
+        && !REFUND_REASONS.contains(&reason.as_str())
+    {
+        return Err(LimitError::UnknownReason);
+    }
+    check_metadata(&request.metadata)
+}
+
 fn check_currency(amount: Amount, currency: Currency, settlement: Option<Currency>) -> Result<(), LimitError> {
     let code = currency.as_str();
     if UNIT_DIFFERS.contains(&code) {
@@ -187,8 +231,10 @@ fn check_currency(amount: Amount, currency: Currency, settlement: Option<Currenc
 
 fn check_metadata(metadata: &BTreeMap<String, String>) -> Result<(), LimitError> {
     if metadata.len() > MAX_METADATA_KEYS {
-        let ours =
-            [metadata_keys::TENANT_ID, metadata_keys::PAYMENT_ID].iter().filter(|k| metadata.contains_key(**k)).count();
+        let ours = [metadata_keys::TENANT_ID, metadata_keys::PAYMENT_ID, metadata_keys::REFUND_ID]
+            .iter()
+            .filter(|k| metadata.contains_key(**k))
+            .count();
         return Err(LimitError::TooManyMetadataKeys { count: metadata.len(), ours });
     }
     for (key, value) in metadata {
@@ -366,5 +412,46 @@ mod tests {
         );
 
         assert!(matches!(check_request(&request, None), Err(LimitError::TooManyMetadataKeys { count: 51, ours: 2 })));
+    }
+
+    fn check_a_refund(metadata: &BTreeMap<String, String>, reason: Option<&str>) -> String {
+        let (amount, currency) = money(1, "EUR");
+        match check_refund(amount, currency, metadata, reason) {
+            Ok(()) => "ok".to_owned(),
+            Err(error) => format!("{}: {error}", error.field()),
+        }
+    }
+
+    #[test]
+    fn a_refund_is_checked_for_stripes_reasons_and_its_metadata_with_oncepays_three_keys() {
+        let bracket: BTreeMap<String, String> = [("items[0]".to_owned(), "v".to_owned())].into();
+        let unknown =
+            "reason: must be one of duplicate, fraudulent or requested_by_customer, the reasons Stripe accepts";
+        // Name, merchant metadata, reason, expected.
+        type Case<'a> = (&'a str, BTreeMap<String, String>, Option<&'a str>, &'a str);
+        let cases: Vec<Case<'_>> = vec![
+            ("no reason", merchant(0), None, "ok"),
+            ("duplicate", merchant(0), Some("duplicate"), "ok"),
+            ("fraudulent", merchant(0), Some("fraudulent"), "ok"),
+            ("requested by the customer", merchant(0), Some("requested_by_customer"), "ok"),
+            ("a reason of Stripe's own making", merchant(0), Some("expired_uncaptured_charge"), unknown),
+            ("a reason in other words", merchant(0), Some("Requested_By_Customer"), unknown),
+            ("the most merchant keys", merchant(MAX_METADATA_KEYS - 3), None, "ok"),
+            (
+                "one merchant key too many",
+                merchant(MAX_METADATA_KEYS - 2),
+                None,
+                "metadata: has 51 keys with the 3 oncepay adds; Stripe stores at most 50",
+            ),
+            (
+                "a bracket in a key",
+                bracket,
+                None,
+                "metadata: key \"items[0]\" contains a square bracket, which Stripe refuses in metadata keys",
+            ),
+        ];
+        for (name, metadata, reason, expected) in cases {
+            assert_eq!(check_a_refund(&metadata, reason), expected, "{name}");
+        }
     }
 }

@@ -6,12 +6,15 @@
 //! miss proves nothing. The list API is consistent, so a list of the whole window since the payment
 //! was created that shows no intent naming the payment proves there is none. Only that may conclude
 //! [`Lookup::CertainlyNone`], the result that lets the reconciler resend.
+//!
+//! A refund is found the same way, by the metadata naming it, in the consistent list of its
+//! PaymentIntent's refunds ([`RefundScan`]); only that list read to its end may show none.
 
-use oncepay_domain::ids::PaymentId;
+use oncepay_domain::ids::{PaymentId, RefundId};
 
 use crate::{Charge, ChargeStatus, LookupError};
 
-use super::wire::{IntentStatus, ListPage, PaymentIntent, SearchPage, Settled};
+use super::wire::{IntentStatus, ListPage, PaymentIntent, SearchPage, Settled, StripeRefund};
 
 /// What Stripe holds for one payment.
 #[derive(Debug)]
@@ -142,10 +145,73 @@ impl WindowScan {
     }
 }
 
+/// The list of every refund of one PaymentIntent (`GET /v1/refunds?payment_intent=…`), newest
+/// first, read page by page for one oncepay refund. Refunds made while it reads go to the front of
+/// the list, before its cursor, so the ones it has not read yet stay where they were.
+#[derive(Debug)]
+pub struct RefundScan {
+    refund: RefundId,
+    payment_intent: String,
+    found: Vec<StripeRefund>,
+    pages: u32,
+    max_pages: u32,
+}
+
+/// What to do after a page of refunds.
+#[derive(Debug)]
+pub enum RefundStep {
+    /// Ask for the page after this refund id.
+    Next(String),
+    /// The scan is over: the refunds made for the oncepay refund (none is proof), or why the list
+    /// proves nothing.
+    Done(Result<Vec<StripeRefund>, LookupError>),
+}
+
+impl RefundScan {
+    /// A scan of `payment_intent`'s refunds for `refund` that gives up after `max_pages` pages.
+    pub fn new(refund: RefundId, payment_intent: &str, max_pages: u32) -> Self {
+        Self { refund, payment_intent: payment_intent.to_owned(), found: Vec::new(), pages: 0, max_pages }
+    }
+
+    /// Takes the next page. Only the last page of the list may conclude that there is none.
+    pub fn page(&mut self, page: ListPage<StripeRefund>) -> RefundStep {
+        self.pages += 1;
+        // A refund of another intent in a list filtered by this one: the list is not what was asked
+        // for, so its end proves nothing.
+        if let Some(stray) =
+            page.data.iter().find(|r| r.payment_intent.as_ref().is_some_and(|pi| pi.id() != self.payment_intent))
+        {
+            return RefundStep::Done(Err(LookupError::Unreadable(format!(
+                "the list of {}'s refunds holds {}, a refund of another intent",
+                self.payment_intent, stray.id
+            ))));
+        }
+        let last = page.data.last().map(|r| r.id.clone());
+        self.found.extend(page.data.into_iter().filter(|r| r.refund_id() == Some(self.refund)));
+        match last {
+            Some(after) if page.has_more => {
+                if self.pages >= self.max_pages {
+                    RefundStep::Done(Err(LookupError::Inconclusive(format!(
+                        "the intent has more than {} pages of refunds",
+                        self.pages
+                    ))))
+                } else {
+                    RefundStep::Next(after)
+                }
+            }
+            // `has_more` on an empty page gives no cursor to go on from: not the end of the list.
+            None if page.has_more => RefundStep::Done(Err(LookupError::Unreadable(
+                "an empty page of refunds said more would follow".to_owned(),
+            ))),
+            _ => RefundStep::Done(Ok(std::mem::take(&mut self.found))),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stripe::wire::samples::{declined_intent, intent};
+    use crate::stripe::wire::samples::{declined_intent, intent, refund};
 
     const PAYMENT: &str = "0196a0c4-0000-7000-8000-0000000000aa";
     const OTHER: &str = "0196a0c4-0000-7000-8000-0000000000bb";
@@ -243,5 +309,91 @@ mod tests {
         let step = scan.page(ListPage { data: vec![], has_more: true });
 
         assert!(matches!(step, Step::Done(Lookup::CantTell(CantTell::ListFailed(_)))), "{step:?}");
+    }
+
+    const REFUND: &str = "0196a0c4-0000-7000-8000-0000000000cc";
+    const OTHER_REFUND: &str = "0196a0c4-0000-7000-8000-0000000000dd";
+
+    fn re(id: &str, refund_id: &str, payment_intent: &str) -> StripeRefund {
+        serde_json::from_value(refund(id, "succeeded", refund_id, payment_intent)).unwrap()
+    }
+
+    fn refunds(data: Vec<StripeRefund>, has_more: bool) -> ListPage<StripeRefund> {
+        ListPage { data, has_more }
+    }
+
+    /// The steps a scan takes through `pages`, one per page.
+    fn scan_label(max_pages: u32, pages: Vec<ListPage<StripeRefund>>) -> String {
+        let mut scan = RefundScan::new(REFUND.parse().unwrap(), "pi_1", max_pages);
+        let mut steps = Vec::new();
+        for page in pages {
+            match scan.page(page) {
+                RefundStep::Next(after) => steps.push(format!("after {after}")),
+                RefundStep::Done(Ok(found)) => {
+                    let ids: Vec<&str> = found.iter().map(|r| r.id.as_str()).collect();
+                    steps.push(format!("found [{}]", ids.join(",")));
+                }
+                RefundStep::Done(Err(LookupError::Inconclusive(_))) => steps.push("inconclusive".into()),
+                RefundStep::Done(Err(LookupError::Unreadable(_))) => steps.push("unreadable".into()),
+                RefundStep::Done(Err(other)) => steps.push(format!("{other}")),
+            }
+        }
+        steps.join(", ")
+    }
+
+    #[test]
+    fn a_refund_list_read_to_its_end_finds_the_refund_or_proves_there_is_none() {
+        let cases: Vec<(&str, u32, Vec<ListPage<StripeRefund>>, &str)> = vec![
+            ("no refunds at all", 5, vec![refunds(vec![], false)], "found []"),
+            (
+                "only other refunds of the intent",
+                5,
+                vec![
+                    refunds(vec![re("re_2", OTHER_REFUND, "pi_1")], true),
+                    refunds(vec![re("re_1", OTHER_REFUND, "pi_1")], false),
+                ],
+                "after re_2, found []",
+            ),
+            (
+                "ours on the first page",
+                5,
+                vec![refunds(vec![re("re_2", OTHER_REFUND, "pi_1"), re("re_1", REFUND, "pi_1")], false)],
+                "found [re_1]",
+            ),
+            (
+                "ours on an earlier page, found at the end",
+                5,
+                vec![
+                    refunds(vec![re("re_2", REFUND, "pi_1")], true),
+                    refunds(vec![re("re_1", OTHER_REFUND, "pi_1")], false),
+                ],
+                "after re_2, found [re_2]",
+            ),
+            (
+                "two of ours (a key Stripe forgot)",
+                5,
+                vec![refunds(vec![re("re_2", REFUND, "pi_1"), re("re_1", REFUND, "pi_1")], false)],
+                "found [re_2,re_1]",
+            ),
+            (
+                "more pages than the budget",
+                2,
+                vec![
+                    refunds(vec![re("re_3", OTHER_REFUND, "pi_1")], true),
+                    refunds(vec![re("re_2", OTHER_REFUND, "pi_1")], true),
+                ],
+                "after re_3, inconclusive",
+            ),
+            ("an empty page that promises more", 5, vec![refunds(vec![], true)], "unreadable"),
+            (
+                "a refund of another intent in the list",
+                5,
+                vec![refunds(vec![re("re_9", OTHER_REFUND, "pi_2"), re("re_1", REFUND, "pi_1")], false)],
+                "unreadable",
+            ),
+        ];
+        for (name, max_pages, pages, expected) in cases {
+            assert_eq!(scan_label(max_pages, pages), expected, "{name}");
+        }
     }
 }

@@ -1,12 +1,15 @@
 //! The Stripe adapter: oncepay's payments as Stripe PaymentIntents, behind [`PaymentProvider`].
 //!
 //! [`wire`] reads Stripe's JSON; [`classify`] turns the response to a create into a
-//! [`SendOutcome`](crate::SendOutcome); [`lookup`] turns searches and lists into found, certainly none
-//! or can't tell; [`client`] does the I/O; [`signature`] verifies `Stripe-Signature`; [`limits`] says
-//! what Stripe would refuse, before a payment is accepted.
+//! [`SendOutcome`](crate::SendOutcome) or, for a refund, a [`RefundOutcome`](crate::RefundOutcome);
+//! [`lookup`] turns searches and lists into found, certainly none or can't tell; [`client`] does the
+//! I/O; [`signature`] verifies `Stripe-Signature`; [`limits`] says what Stripe would refuse, before a
+//! payment or a refund is accepted.
 //!
 //! A 200 whose intent has not finished (`processing`, `requires_action`) is uncertain
-//! ([`UncertainReason::NotFinal`](crate::UncertainReason::NotFinal)): the reconciler settles it.
+//! ([`UncertainReason::NotFinal`](crate::UncertainReason::NotFinal)): the reconciler settles it. A
+//! refund is a Stripe Refund of the payment's intent; one still `pending` is
+//! [`RefundOutcome::Unfinished`](crate::RefundOutcome::Unfinished), settled the same way.
 //!
 //! [`PaymentProvider`]: crate::PaymentProvider
 

@@ -1,5 +1,5 @@
-//! Stripe's JSON, as far as oncepay reads it: the PaymentIntent, the error body, a list page, a
-//! search result and an event.
+//! Stripe's JSON, as far as oncepay reads it: the PaymentIntent, the Refund, the error body, a list
+//! page, a search result and an event.
 //!
 //! Every type ignores fields it does not name, because Stripe adds fields without a new API version,
 //! but a body is read strictly before it becomes one of them (`oncepay_domain::strict_json`): a
@@ -10,9 +10,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use oncepay_domain::ids::PaymentId;
+use oncepay_domain::ids::{PaymentId, RefundId};
 
-use crate::{Charge, ChargeStatus, UnfinishedCharge, metadata_keys};
+use crate::{Charge, ChargeStatus, RefundState, UnfinishedCharge, metadata_keys};
 
 /// Where a PaymentIntent is in its life. Stripe may add statuses; an unknown one is
 /// [`IntentStatus::Other`], which is never final.
@@ -214,6 +214,120 @@ impl PaymentIntent {
     }
 }
 
+/// Where a Stripe Refund is in its life, as the Refund object documents `status` (`pending`,
+/// `requires_action`, `succeeded`, `failed`, `canceled`). Stripe may add statuses; an unknown one
+/// is [`RefundStatus::Other`], which is never final.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefundStatus {
+    /// Submitted, not finished: it may still succeed or fail.
+    Pending,
+    /// Waits for the customer (refunds to payment methods without native refunds); not a card's.
+    RequiresAction,
+    /// The money went back. A card refund may still turn `failed` later (a closed card), which
+    /// Stripe reports with an event, not with this response.
+    Succeeded,
+    /// The refund failed: no money went back, and the amount returned to the merchant's balance.
+    Failed,
+    /// Cancelled before it moved money.
+    Canceled,
+    /// A status this code does not know.
+    #[serde(other)]
+    Other,
+}
+
+/// A Stripe Refund: one return of (part of) a PaymentIntent's money, the object oncepay creates
+/// for each refund.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StripeRefund {
+    /// `re_…`.
+    pub id: String,
+    /// Where it is in its life; documented as nullable, and a missing one is never final.
+    #[serde(default)]
+    pub status: Option<RefundStatus>,
+    /// Minor units, in Stripe's unit of the currency.
+    pub amount: i64,
+    /// Lower case, e.g. `eur`.
+    pub currency: String,
+    /// Creation time, Unix seconds.
+    pub created: i64,
+    /// Key/value pairs as sent, oncepay's own keys among them.
+    #[serde(default, deserialize_with = "null_as_empty")]
+    pub metadata: BTreeMap<String, String>,
+    /// The PaymentIntent refunded, if the refunded charge belongs to one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payment_intent: Option<Expandable>,
+    /// The charge refunded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub charge: Option<Expandable>,
+    /// Why it failed, when it did (`lost_or_stolen_card`, `expired_or_canceled_card`, `unknown`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_reason: Option<String>,
+}
+
+impl StripeRefund {
+    /// The oncepay refund this refund was made for, read from its metadata.
+    pub fn refund_id(&self) -> Option<RefundId> {
+        self.metadata.get(metadata_keys::REFUND_ID)?.parse().ok()
+    }
+
+    /// Whether this refund was made for the refund `refund` of the PaymentIntent `payment_intent`:
+    /// its metadata names the refund, and it names no other intent.
+    pub fn is_for(&self, refund: RefundId, payment_intent: &str) -> bool {
+        self.refund_id() == Some(refund) && self.payment_intent.as_ref().is_none_or(|pi| pi.id() == payment_intent)
+    }
+
+    /// Where it stands, in oncepay's words: what is not final (`pending`, `requires_action`, a
+    /// status this code does not know, or none) is pending.
+    pub fn state(&self) -> RefundState {
+        match self.status {
+            Some(RefundStatus::Succeeded) => RefundState::Succeeded,
+            Some(RefundStatus::Failed) => RefundState::Failed,
+            Some(RefundStatus::Canceled) => RefundState::Canceled,
+            Some(RefundStatus::Pending | RefundStatus::RequiresAction | RefundStatus::Other) | None => {
+                RefundState::Pending
+            }
+        }
+    }
+
+    /// The refund as oncepay books it: of `charge` (the PaymentIntent oncepay knows the payment by),
+    /// held by `account` (`None`: oncepay's own). Stripe's objects carry neither the idempotency key
+    /// nor the account.
+    pub fn to_refund(&self, charge: &str, account: Option<&str>) -> crate::Refund {
+        crate::Refund {
+            id: self.id.clone(),
+            status: self.state(),
+            charge: charge.to_owned(),
+            amount: self.amount,
+            currency: self.currency.to_ascii_uppercase(),
+            idempotency_key: None,
+            created: self.created,
+            metadata: self.metadata.clone(),
+            failure_reason: self.failure_reason.clone().filter(|_| self.state() == RefundState::Failed),
+            account: account.map(str::to_owned),
+        }
+    }
+}
+
+/// A Charge, as far as a `charge.refunded` event is read: the PaymentIntent it belongs to and the
+/// refunds it lists.
+///
+/// Since API version 2022-11-15 a Charge no longer carries `refunds` unless it is expanded, so an
+/// event rendered in a later version usually lists none; Stripe points receivers to
+/// `refund.created` for the refund itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StripeCharge {
+    /// `ch_…`.
+    pub id: String,
+    /// The PaymentIntent the charge was made by, if it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payment_intent: Option<Expandable>,
+    /// The refunds of the charge, newest first, when the Charge carries them; the first page only
+    /// (`has_more` says whether others exist).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refunds: Option<ListPage<StripeRefund>>,
+}
+
 /// The body of every Stripe error response.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorBody {
@@ -283,6 +397,17 @@ pub mod event_types {
     pub const PAYMENT_INTENT_PAYMENT_FAILED: &str = "payment_intent.payment_failed";
     /// An intent was cancelled.
     pub const PAYMENT_INTENT_CANCELED: &str = "payment_intent.canceled";
+    /// A refund was created; its object is the Refund.
+    pub const REFUND_CREATED: &str = "refund.created";
+    /// A refund changed; its object is the Refund as it is now.
+    pub const REFUND_UPDATED: &str = "refund.updated";
+    /// A refund failed, possibly after it had succeeded; its object is the failed Refund.
+    pub const REFUND_FAILED: &str = "refund.failed";
+    /// A refund changed, on some payment methods only (`refund.updated` covers all); its object is
+    /// the Refund.
+    pub const CHARGE_REFUND_UPDATED: &str = "charge.refund.updated";
+    /// A charge was refunded, in full or in part; its object is the Charge, not a Refund.
+    pub const CHARGE_REFUNDED: &str = "charge.refunded";
 }
 
 /// One webhook delivery's body. Stripe delivers each event at least once and in any order, so
@@ -331,6 +456,32 @@ impl Event {
         self.event_type
             .starts_with("payment_intent.")
             .then(|| serde_json::from_value::<PaymentIntent>(self.data.object.clone()))
+    }
+
+    /// The refunds an event reports: the Refund of a refund event (`refund.created`,
+    /// `refund.updated`, `refund.failed`, `charge.refund.updated`), or the refunds a
+    /// `charge.refunded` event's Charge lists (none when it lists none). A refund listed on a
+    /// Charge that names no PaymentIntent refunds the Charge's own. `None` for any other event.
+    pub fn refunds(&self) -> Option<Result<Vec<StripeRefund>, serde_json::Error>> {
+        use event_types::{CHARGE_REFUND_UPDATED, CHARGE_REFUNDED, REFUND_CREATED, REFUND_FAILED, REFUND_UPDATED};
+
+        let object = || self.data.object.clone();
+        match self.event_type.as_str() {
+            REFUND_CREATED | REFUND_UPDATED | REFUND_FAILED | CHARGE_REFUND_UPDATED => {
+                Some(serde_json::from_value::<StripeRefund>(object()).map(|refund| vec![refund]))
+            }
+            CHARGE_REFUNDED => Some(serde_json::from_value::<StripeCharge>(object()).map(|charge| {
+                let listed = charge.refunds.map(|page| page.data).unwrap_or_default();
+                listed
+                    .into_iter()
+                    .map(|mut refund| {
+                        refund.payment_intent = refund.payment_intent.or_else(|| charge.payment_intent.clone());
+                        refund
+                    })
+                    .collect()
+            })),
+            _ => None,
+        }
     }
 }
 
@@ -385,6 +536,34 @@ pub(crate) mod samples {
         intent
     }
 
+    /// A Refund of `payment_intent` in `status`, made for oncepay's refund `refund_id`, as the API
+    /// returns it (shaped after the Refund object's documented example).
+    pub(crate) fn refund(id: &str, status: &str, refund_id: &str, payment_intent: &str) -> Value {
+        json!({
+            "id": id,
+            "object": "refund",
+            "amount": 500,
+            "balance_transaction": "txn_1",
+            "charge": "ch_3Mt",
+            "created": 1_763_800_100,
+            "currency": "eur",
+            "destination_details": {"card": {"reference_status": "pending", "type": "refund"}, "type": "card"},
+            "failure_reason": if status == "failed" { json!("expired_or_canceled_card") } else { Value::Null },
+            "metadata": {
+                "order": "A-17",
+                "oncepay_payment_id": "0196a0c4-0000-7000-8000-0000000000aa",
+                "oncepay_refund_id": refund_id,
+                "oncepay_tenant_id": "0196a0c4-0000-7000-8000-000000000001"
+            },
+            "payment_intent": payment_intent,
+            "reason": null,
+            "receipt_number": null,
+            "source_transfer_reversal": null,
+            "status": status,
+            "transfer_reversal": null
+        })
+    }
+
     /// A Stripe error body.
     pub(crate) fn error(error_type: &str, code: Option<&str>, message: &str) -> Value {
         json!({"error": {
@@ -399,7 +578,7 @@ pub(crate) mod samples {
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     use super::samples::*;
     use super::*;
@@ -492,6 +671,67 @@ mod tests {
         let Settled::Final(charge) = intent.settled_by_metadata() else { panic!("not final") };
 
         assert_eq!(charge.idempotency_key, "");
+    }
+
+    const REFUND: &str = "0196a0c4-0000-7000-8000-0000000000cc";
+
+    #[test]
+    fn each_refund_status_maps_to_where_oncepay_says_it_stands() {
+        let cases = [
+            (json!("succeeded"), RefundState::Succeeded),
+            (json!("failed"), RefundState::Failed),
+            (json!("canceled"), RefundState::Canceled),
+            (json!("pending"), RefundState::Pending),
+            (json!("requires_action"), RefundState::Pending),
+            (json!("a_status_from_the_future"), RefundState::Pending),
+            (Value::Null, RefundState::Pending),
+        ];
+        for (status, expected) in cases {
+            let mut body = refund("re_1", "succeeded", REFUND, "pi_1");
+            body["status"] = status.clone();
+            let refund: StripeRefund = serde_json::from_value(body).unwrap();
+
+            assert_eq!(refund.state(), expected, "{status}");
+        }
+    }
+
+    #[test]
+    fn a_documented_refund_becomes_the_refund_oncepay_books_of_its_payment_intent() {
+        let body = refund("re_1", "failed", REFUND, "pi_1");
+        let refund: StripeRefund = serde_json::from_value(body).unwrap();
+
+        let booked = refund.to_refund("pi_1", Some("acct_A"));
+
+        assert_eq!((booked.id.as_str(), booked.status), ("re_1", RefundState::Failed));
+        assert_eq!((booked.charge.as_str(), booked.amount, booked.currency.as_str()), ("pi_1", 500, "EUR"));
+        assert_eq!((booked.created, booked.idempotency_key.as_deref()), (1_763_800_100, None));
+        assert_eq!(booked.failure_reason.as_deref(), Some("expired_or_canceled_card"));
+        assert_eq!(booked.account.as_deref(), Some("acct_A"));
+        assert_eq!(booked.metadata.get("order").map(String::as_str), Some("A-17"));
+        assert_eq!(booked.refund_ref().map(|(_, refund)| refund), Some(REFUND.parse().unwrap()));
+    }
+
+    #[test]
+    fn a_refund_is_for_the_refund_its_metadata_names_of_the_intent_it_names() {
+        const OTHER: &str = "0196a0c4-0000-7000-8000-0000000000dd";
+        let refund_of = |refund_id: &str, payment_intent: Value| {
+            let mut body = refund("re_1", "succeeded", refund_id, "pi_1");
+            body["payment_intent"] = payment_intent;
+            serde_json::from_value::<StripeRefund>(body).unwrap()
+        };
+        let ours: RefundId = REFUND.parse().unwrap();
+        let cases = [
+            ("ours", refund_of(REFUND, json!("pi_1")), true),
+            ("ours, intent expanded", refund_of(REFUND, json!({"id": "pi_1", "object": "payment_intent"})), true),
+            // A refund made by charge id names no intent (localstripe's, for one).
+            ("ours, no intent", refund_of(REFUND, Value::Null), true),
+            ("another refund", refund_of(OTHER, json!("pi_1")), false),
+            ("another intent", refund_of(REFUND, json!("pi_2")), false),
+            ("no refund named", refund_of("not-a-uuid", json!("pi_1")), false),
+        ];
+        for (name, refund, expected) in cases {
+            assert_eq!(refund.is_for(ours, "pi_1"), expected, "{name}");
+        }
     }
 
     #[test]
