@@ -12,13 +12,16 @@ use actix_web::http::header::{self, HeaderValue};
 use actix_web::middleware::Next;
 use actix_web::{HttpResponse, ResponseError, web};
 use oncepay_domain::idempotency_key::IdempotencyKeyError;
+use oncepay_domain::money::Currency;
 use oncepay_domain::payment_request::FieldError;
+use oncepay_domain::status::PaymentStatus;
 use oncepay_http::problem::{self, Problem, ProblemType};
 use oncepay_service::telemetry;
 use oncepay_store::StoreError;
 use time::OffsetDateTime;
 
-use crate::payment_response;
+use crate::accept_groups::LOCK_NOT_AVAILABLE;
+use crate::resource_response;
 
 /// `intake.retry_after_secs`: how long a client should wait before sending again a request that was
 /// refused only for now. App data, read by [`problem_guard`].
@@ -80,7 +83,29 @@ pub enum ApiError {
     /// Another request is writing the same key right now.
     #[error("idempotency key in use")]
     KeyInUse,
-    /// No such payment for this tenant (or a malformed id), or no such route.
+    /// Another request is refunding the same payment right now (with this key or another).
+    #[error("the payment's refunds are being written")]
+    RefundsInUse,
+    /// Only a `succeeded` payment can be refunded.
+    #[error("the payment is {} and cannot be refunded", .status.as_str())]
+    PaymentNotRefundable {
+        /// Where the payment stands.
+        status: PaymentStatus,
+    },
+    /// The payment's refunds that are not `failed` already add up to its charge.
+    #[error("nothing is left to refund")]
+    NothingToRefund,
+    /// The refund asks for more than is left of the payment's charge.
+    #[error("the refund asks for {asked} but {left} is left")]
+    RefundExceedsPayment {
+        /// What was asked, in minor units.
+        asked: i64,
+        /// What is left to refund, in minor units.
+        left: i64,
+        /// The payment's currency.
+        currency: Currency,
+    },
+    /// No such payment or refund for this tenant (or a malformed id), or no such route.
     #[error("not found")]
     NotFound,
     /// The route exists, but not for this method.
@@ -107,6 +132,45 @@ impl ApiError {
         if error.is_unavailable() { Self::Unavailable(error) } else { Self::Internal(anyhow::Error::new(error)) }
     }
 
+    /// Maps a failure of an idempotent write (intake of a payment or a refund): a lock wait past
+    /// `lock_timeout` is the key (or the payment) being written by another request right now, 409
+    /// + `Retry-After`; anything else as [`Self::from_store`].
+    pub fn from_intake(error: StoreError) -> Self {
+        if error.sqlstate().as_deref() == Some(LOCK_NOT_AVAILABLE) {
+            Self::KeyInUse
+        } else {
+            // 503 + `Retry-After`, never cached. Nothing was written, unless the connection broke
+            // after the commit was sent: the 503 tells the client to retry with the same key (which
+            // then replays what was recorded), never that nothing was recorded.
+            Self::from_store(error)
+        }
+    }
+
+    /// The `outcome` label of a refused intake request (`oncepay_api_intake_total`,
+    /// `oncepay_api_refund_intake_total`).
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Self::Unauthorized(_) => "unauthorized",
+            Self::RateLimited { .. } => "rate_limited",
+            Self::KeyReused { .. } => "key_reused",
+            Self::KeyInUse | Self::RefundsInUse => "key_in_use",
+            Self::Unavailable(_) => "store_unavailable",
+            Self::KeyCheckBusy => "key_check_busy",
+            Self::MissingIdempotencyKey
+            | Self::RepeatedIdempotencyKey
+            | Self::InvalidIdempotencyKey(_)
+            | Self::UnsupportedMediaType
+            | Self::PayloadTooLarge { .. }
+            | Self::UnreadableBody
+            | Self::MalformedJson(_)
+            | Self::InvalidFields(_)
+            | Self::NoProviderAccount => "invalid",
+            Self::PaymentNotRefundable { .. } | Self::NothingToRefund | Self::RefundExceedsPayment { .. } => "refused",
+            Self::NotFound => "not_found",
+            Self::MethodNotAllowed { .. } | Self::Internal(_) => "error",
+        }
+    }
+
     /// The problem document for this error.
     pub fn problem(&self) -> Problem {
         match self {
@@ -117,7 +181,7 @@ impl ApiError {
             ),
             Self::MissingIdempotencyKey => Problem::new(
                 ProblemType::MissingIdempotencyKey,
-                "POST /v1/payments requires an Idempotency-Key header (1 to 255 visible ASCII characters).",
+                "This request requires an Idempotency-Key header (1 to 255 visible ASCII characters).",
             ),
             Self::RepeatedIdempotencyKey => Problem::new(
                 ProblemType::InvalidIdempotencyKey,
@@ -152,11 +216,36 @@ impl ApiError {
             ),
             Self::KeyReused { .. } => Problem::new(
                 ProblemType::IdempotencyKeyReused,
-                "This Idempotency-Key was already used with a different request; use a new key for a new payment.",
+                "This Idempotency-Key was already used with a different request; use a new key for a new payment \
+                 or refund.",
             ),
             Self::KeyInUse => Problem::new(
                 ProblemType::IdempotencyKeyInUse,
                 "Another request with this Idempotency-Key is being processed; retry after the indicated delay.",
+            ),
+            Self::RefundsInUse => Problem::new(
+                ProblemType::IdempotencyKeyInUse,
+                "Another request, with this Idempotency-Key or another, is refunding this payment right now; retry \
+                 with the same Idempotency-Key after the indicated delay.",
+            ),
+            Self::PaymentNotRefundable { status } => Problem::new(
+                ProblemType::PaymentNotRefundable,
+                format!(
+                    "Only a succeeded payment can be refunded, and this payment is {}; nothing was recorded.",
+                    status.as_str()
+                ),
+            ),
+            Self::NothingToRefund => Problem::new(
+                ProblemType::NothingToRefund,
+                "This payment's refunds already add up to its whole amount; nothing was recorded.",
+            ),
+            Self::RefundExceedsPayment { asked, left, currency } => Problem::new(
+                ProblemType::RefundExceedsPayment,
+                format!(
+                    "The refund asks for {asked} but only {left} (minor units of {}) is left to refund on this \
+                     payment; nothing was recorded.",
+                    currency.as_str()
+                ),
             ),
             Self::NotFound => Problem::new(ProblemType::NotFound, "There is nothing here."),
             Self::MethodNotAllowed { allow } => {
@@ -169,7 +258,7 @@ impl ApiError {
             Self::Unavailable(_) => Problem::new(
                 ProblemType::ServiceUnavailable,
                 "The service cannot reach its store right now. Retry with the same Idempotency-Key after the \
-                 indicated delay: if this request was recorded after all, the retry returns its payment.",
+                 indicated delay: if this request was recorded after all, the retry returns what it recorded.",
             ),
             Self::Internal(_) => Problem::new(ProblemType::Internal, "An unexpected error occurred."),
         }
@@ -181,7 +270,7 @@ impl ApiError {
     fn retry_after_secs(&self, configured: RetryAfter) -> Option<u64> {
         match self {
             Self::RateLimited { retry_after_secs } => Some(*retry_after_secs),
-            Self::KeyInUse | Self::KeyCheckBusy | Self::Unavailable(_) => Some(configured.secs),
+            Self::KeyInUse | Self::RefundsInUse | Self::KeyCheckBusy | Self::Unavailable(_) => Some(configured.secs),
             Self::Unauthorized(_)
             | Self::MissingIdempotencyKey
             | Self::RepeatedIdempotencyKey
@@ -193,6 +282,9 @@ impl ApiError {
             | Self::InvalidFields(_)
             | Self::NoProviderAccount
             | Self::KeyReused { .. }
+            | Self::PaymentNotRefundable { .. }
+            | Self::NothingToRefund
+            | Self::RefundExceedsPayment { .. }
             | Self::NotFound
             | Self::MethodNotAllowed { .. }
             | Self::Internal(_) => None,
@@ -220,8 +312,8 @@ impl ResponseError for ApiError {
         let mut response = self.problem().to_response();
         match self {
             Self::KeyReused { key_expires_at } => {
-                if let Some(value) = payment_response::http_date(*key_expires_at) {
-                    response.headers_mut().insert(payment_response::IDEMPOTENCY_KEY_EXPIRES, value);
+                if let Some(value) = resource_response::http_date(*key_expires_at) {
+                    response.headers_mut().insert(resource_response::IDEMPOTENCY_KEY_EXPIRES, value);
                 }
             }
             Self::MethodNotAllowed { allow } => {
@@ -333,6 +425,15 @@ mod tests {
             (ApiError::PayloadTooLarge { max_bytes: 10 }, 1, 413, None),
             (ApiError::KeyReused { key_expires_at: OffsetDateTime::UNIX_EPOCH }, 1, 422, None),
             (ApiError::KeyInUse, 1, 409, Some("1")),
+            (ApiError::RefundsInUse, 1, 409, Some("1")),
+            (ApiError::PaymentNotRefundable { status: PaymentStatus::Pending }, 1, 409, None),
+            (ApiError::NothingToRefund, 1, 422, None),
+            (
+                ApiError::RefundExceedsPayment { asked: 2, left: 1, currency: Currency::parse("EUR").unwrap() },
+                1,
+                422,
+                None,
+            ),
             (ApiError::NotFound, 1, 404, None),
             (ApiError::MethodNotAllowed { allow: "GET" }, 1, 405, None),
             (unavailable, 2, 503, Some("2")),
@@ -363,8 +464,25 @@ mod tests {
         let response = error.error_response();
 
         assert_eq!(
-            response.headers().get(payment_response::IDEMPOTENCY_KEY_EXPIRES).unwrap(),
+            response.headers().get(resource_response::IDEMPOTENCY_KEY_EXPIRES).unwrap(),
             "Thu, 01 Jan 1970 00:00:00 GMT"
+        );
+    }
+
+    #[test]
+    fn a_refused_refund_says_why_and_how_much_is_left() {
+        let not_refundable = ApiError::PaymentNotRefundable { status: PaymentStatus::Processing }.problem();
+        let too_much =
+            ApiError::RefundExceedsPayment { asked: 1500, left: 999, currency: Currency::parse("EUR").unwrap() }
+                .problem();
+
+        assert!(not_refundable.type_uri.ends_with("/payment-not-refundable"), "{}", not_refundable.type_uri);
+        assert!(not_refundable.detail.contains("processing"), "{}", not_refundable.detail);
+        assert!(too_much.type_uri.ends_with("/refund-exceeds-payment"), "{}", too_much.type_uri);
+        assert!(
+            too_much.detail.contains("1500") && too_much.detail.contains("999 (minor units of EUR)"),
+            "{}",
+            too_much.detail
         );
     }
 

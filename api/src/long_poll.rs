@@ -1,29 +1,99 @@
-//! Long polling: wakes `GET /v1/payments/{id}` requests (`Prefer: wait=N`) when their payment
-//! changes, by PostgreSQL `LISTEN` rather than by sleeping in a loop.
+//! Long polling: holds `GET /v1/payments/{id}` and `GET /v1/refunds/{id}` requests
+//! (`Prefer: wait=N`) until their payment or refund changes, woken by PostgreSQL `LISTEN` rather
+//! than by sleeping in a loop ([`hold`]).
 //!
-//! A notification is only a hint: waiters re-read the payment (through
+//! A notification is only a hint: waiters re-read what they wait on (through
 //! [`Rereads`](crate::rereads::Rereads)) and keep waiting if its status did not change. A change is
 //! never missed, at worst noticed a reconnection later. Waiters hold no database connection while
-//! they wait.
+//! they wait. Payments and refunds share one listener connection and one set of bounds.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use oncepay_domain::ids::{PaymentId, TenantId};
+use actix_web::http::header::HeaderMap;
+use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
+use oncepay_domain::status::PaymentStatus;
 use oncepay_service::backoff::Backoff;
 use oncepay_store::notify::{self, PAYMENT_CHANNEL};
+use oncepay_store::refunds::REFUND_CHANNEL;
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// Waiters by payment id. Each payment with waiters has a counter that every notification bumps.
+use crate::errors::ApiError;
+use crate::prefer;
+use crate::startup::AppState;
+
+/// What a long poll waits on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Watched {
+    /// A payment: woken by [`PAYMENT_CHANNEL`].
+    Payment(PaymentId),
+    /// A refund: woken by [`REFUND_CHANNEL`].
+    Refund(RefundId),
+}
+
+/// Serves a status request: `fetch` once, or, when the request asks to wait (`Prefer: wait=N`,
+/// capped at `long_poll.max_wait_secs`), once `status` differs from the first read, after N seconds
+/// or when the process begins to shut down. Returns what was read and the wait applied (for
+/// `Preference-Applied`).
+///
+/// Subscribes before the first read: a change committed after that point wakes the waiter even
+/// before it waits. Beyond the long-poll bounds (`max_waiting`, `max_waiting_per_tenant`) there is
+/// no subscription: the request is served at once, without `Preference-Applied`. The wait is
+/// declined; the request is not refused. `reread` is the read after a notification, `None` if it
+/// failed (the waiter then keeps waiting).
+pub async fn hold<T>(
+    state: &AppState,
+    headers: &HeaderMap,
+    tenant_id: TenantId,
+    watched: Watched,
+    fetch: impl AsyncFn() -> Result<T, ApiError>,
+    reread: impl AsyncFn() -> Option<T>,
+    status: impl Fn(&T) -> PaymentStatus,
+) -> Result<(T, Option<u64>), ApiError> {
+    let wait_secs = prefer::wait_secs(headers).map(|secs| secs.min(state.long_poll.max_wait_secs));
+    let subscription = wait_secs.filter(|secs| *secs > 0).and_then(|_| state.watch.subscribe(tenant_id, watched));
+    let (Some(mut subscription), Some(secs)) = (subscription, wait_secs) else {
+        // No wait asked for, a wait of 0 (applied as asked), or one declined beyond the bounds.
+        let applied = wait_secs.filter(|secs| *secs == 0);
+        return Ok((fetch().await?, applied));
+    };
+    let first = fetch().await?;
+    // A terminal payment or refund cannot change again: no wait.
+    if status(&first).is_terminal() {
+        return Ok((first, Some(secs)));
+    }
+    subscription.waiting();
+    let deadline = tokio::time::sleep_until(Instant::now() + Duration::from_secs(secs));
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            () = subscription.changed() => {}
+            () = &mut deadline => break,
+            () = state.draining.cancelled() => break,
+        }
+        // A notification is a hint: only a different status ends the wait.
+        if let Some(now) = reread().await
+            && status(&now) != status(&first)
+        {
+            return Ok((now, Some(secs)));
+        }
+    }
+    // Read once more: the response shows it as it is now, even if a wake-up was lost.
+    Ok((fetch().await?, Some(secs)))
+}
+
+/// Waiters by what they wait on. Each payment or refund with waiters has a counter that every
+/// notification bumps.
 ///
 /// Holds at most `max_waiting` waiters, and at most `max_waiting_per_tenant` of one tenant, so one
 /// tenant's burst cannot take the waits (or their re-reads) from others.
-pub struct PaymentWatch {
-    payments: Mutex<HashMap<PaymentId, watch::Sender<u64>>>,
+pub struct Watch {
+    watched: Mutex<HashMap<Watched, watch::Sender<u64>>>,
     waiters: Mutex<Waiters>,
     max_waiting: usize,
     max_waiting_per_tenant: usize,
@@ -36,17 +106,17 @@ struct Waiters {
     by_tenant: HashMap<TenantId, usize>,
 }
 
-impl PaymentWatch {
+impl Watch {
     /// A watch that holds at most `max_waiting` subscriptions, `max_waiting_per_tenant` of one tenant.
     pub fn new(max_waiting: usize, max_waiting_per_tenant: usize) -> Self {
-        Self { payments: Mutex::default(), waiters: Mutex::default(), max_waiting, max_waiting_per_tenant }
+        Self { watched: Mutex::default(), waiters: Mutex::default(), max_waiting, max_waiting_per_tenant }
     }
 
-    /// Starts watching `payment_id` for `tenant_id`: every notification from now on marks the
-    /// subscription changed. Subscribe *before* reading the payment, so a change committed between
-    /// the read and the wait still wakes the waiter. `None` when the process, or the tenant,
+    /// Starts watching `watched` for `tenant_id`: every notification from now on marks the
+    /// subscription changed. Subscribe *before* reading what is watched, so a change committed
+    /// between the read and the wait still wakes the waiter. `None` when the process, or the tenant,
     /// already holds its most: the request is then served at once instead of waiting.
-    pub fn subscribe(self: &Arc<Self>, tenant_id: TenantId, payment_id: PaymentId) -> Option<Subscription> {
+    pub fn subscribe(self: &Arc<Self>, tenant_id: TenantId, watched: Watched) -> Option<Subscription> {
         {
             let mut waiters = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
             let Waiters { total, by_tenant } = &mut *waiters;
@@ -60,46 +130,46 @@ impl PaymentWatch {
             *total += 1;
             *of_tenant += 1;
         }
-        let mut payments = self.payments.lock().unwrap_or_else(PoisonError::into_inner);
-        let receiver = match payments.get(&payment_id) {
+        let mut senders = self.watched.lock().unwrap_or_else(PoisonError::into_inner);
+        let receiver = match senders.get(&watched) {
             Some(sender) => sender.subscribe(),
             None => {
                 let (sender, receiver) = watch::channel(0);
-                payments.insert(payment_id, sender);
+                senders.insert(watched, sender);
                 receiver
             }
         };
-        Some(Subscription { watch: Arc::clone(self), tenant_id, payment_id, receiver: Some(receiver), waiting: false })
+        Some(Subscription { watch: Arc::clone(self), tenant_id, watched, receiver: Some(receiver), waiting: false })
     }
 
-    /// Wakes the waiters of `payment_id`, if any.
-    pub fn notify(&self, payment_id: PaymentId) {
-        let payments = self.payments.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(sender) = payments.get(&payment_id) {
+    /// Wakes the waiters of `watched`, if any.
+    pub fn notify(&self, watched: Watched) {
+        let senders = self.watched.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(sender) = senders.get(&watched) {
             sender.send_modify(|version| *version = version.wrapping_add(1));
         }
     }
 
     /// Wakes every waiter: notifications may have been lost.
     pub fn notify_all(&self) {
-        let payments = self.payments.lock().unwrap_or_else(PoisonError::into_inner);
-        for sender in payments.values() {
+        let senders = self.watched.lock().unwrap_or_else(PoisonError::into_inner);
+        for sender in senders.values() {
             sender.send_modify(|version| *version = version.wrapping_add(1));
         }
     }
 
-    /// How many payments have waiters.
+    /// How many payments and refunds have waiters.
     #[cfg(test)]
     fn watched(&self) -> usize {
-        self.payments.lock().unwrap_or_else(PoisonError::into_inner).len()
+        self.watched.lock().unwrap_or_else(PoisonError::into_inner).len()
     }
 
-    fn unsubscribe(&self, tenant_id: TenantId, payment_id: PaymentId) {
+    fn unsubscribe(&self, tenant_id: TenantId, watched: Watched) {
         {
-            let mut payments = self.payments.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut senders = self.watched.lock().unwrap_or_else(PoisonError::into_inner);
             // Checked under the lock: a subscriber that arrived since our receiver was dropped keeps it.
-            if payments.get(&payment_id).is_some_and(|sender| sender.receiver_count() == 0) {
-                payments.remove(&payment_id);
+            if senders.get(&watched).is_some_and(|sender| sender.receiver_count() == 0) {
+                senders.remove(&watched);
             }
         }
         let mut waiters = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
@@ -113,11 +183,11 @@ impl PaymentWatch {
     }
 }
 
-/// One waiter's interest in one payment; dropping it unsubscribes.
+/// One waiter's interest in one payment or refund; dropping it unsubscribes.
 pub struct Subscription {
-    watch: Arc<PaymentWatch>,
+    watch: Arc<Watch>,
     tenant_id: TenantId,
-    payment_id: PaymentId,
+    watched: Watched,
     receiver: Option<watch::Receiver<u64>>,
     /// Counted in the waiting gauge.
     waiting: bool,
@@ -125,8 +195,8 @@ pub struct Subscription {
 
 impl Subscription {
     /// Counts the waiter in `oncepay_api_long_polls_waiting` from now until it is dropped: once it
-    /// has read the payment it waits on, so that a change made after the gauge counts it is one
-    /// the waiter has not seen yet.
+    /// has read what it waits on, so that a change made after the gauge counts it is one the waiter
+    /// has not seen yet.
     pub fn waiting(&mut self) {
         if !self.waiting {
             self.waiting = true;
@@ -134,8 +204,8 @@ impl Subscription {
         }
     }
 
-    /// Resolves once a notification for the payment arrived since the subscription began or since
-    /// the last call. Cancel-safe.
+    /// Resolves once a notification for what it watches arrived since the subscription began or
+    /// since the last call. Cancel-safe.
     pub async fn changed(&mut self) {
         // The receiver is only taken on drop. The sender lives while any receiver does, so
         // `changed` cannot fail; if it ever did, waking the waiter (who re-reads) is the safe
@@ -149,31 +219,32 @@ impl Subscription {
 impl Drop for Subscription {
     fn drop(&mut self) {
         drop(self.receiver.take());
-        self.watch.unsubscribe(self.tenant_id, self.payment_id);
+        self.watch.unsubscribe(self.tenant_id, self.watched);
         if self.waiting {
             metrics::gauge!(crate::metrics::LONG_POLLS_WAITING).decrement(1);
         }
     }
 }
 
-/// The process's one listener connection, feeding a [`PaymentWatch`].
+/// The process's one listener connection, feeding a [`Watch`].
 ///
-/// Listens on [`PAYMENT_CHANNEL`], where every status change notifies its payment id: in the
+/// Listens on [`PAYMENT_CHANNEL`], where every status change notifies its payment id (in the
 /// transaction that makes the change or, from the worker, soon after its commit together with other
-/// ids. Notifications sent while the connection is lost are gone, so every (re)connection wakes
-/// every waiter to re-read.
-pub struct PaymentListener {
+/// ids), and on [`REFUND_CHANNEL`], where every status change of a refund notifies its refund id.
+/// Notifications sent while the connection is lost are gone, so every (re)connection wakes every
+/// waiter to re-read.
+pub struct Listener {
     pool: PgPool,
-    watch: Arc<PaymentWatch>,
+    watch: Arc<Watch>,
 }
 
 /// How long to wait before reconnecting after the listener failed `n` times in a row.
 const RECONNECT: Backoff = Backoff { base: Duration::from_millis(100), max: Duration::from_secs(5) };
 
-impl PaymentListener {
+impl Listener {
     /// A listener that takes its connection from `pool` (a pool of its own, so it never holds one
     /// of the requests' connections).
-    pub fn new(pool: PgPool, watch: Arc<PaymentWatch>) -> Self {
+    pub fn new(pool: PgPool, watch: Arc<Watch>) -> Self {
         Self { pool, watch }
     }
 
@@ -192,7 +263,7 @@ impl PaymentListener {
                         error = %error,
                         failures,
                         delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
-                        "the payment listener lost its connection; reconnecting",
+                        "the long polls' listener lost its connection; reconnecting",
                     );
                     tokio::select! {
                         () = tokio::time::sleep(delay) => {}
@@ -201,15 +272,15 @@ impl PaymentListener {
                 }
             }
         }
-        tracing::debug!("the payment listener stopped");
+        tracing::debug!("the long polls' listener stopped");
     }
 
     /// One connection's life: listen, then dispatch notifications until shutdown or an error.
     async fn listen(&self, shutdown: &CancellationToken, failures: &mut u32) -> Result<(), sqlx::Error> {
         let mut listener = PgListener::connect_with(&self.pool).await?;
-        listener.listen(PAYMENT_CHANNEL).await?;
+        listener.listen_all([PAYMENT_CHANNEL, REFUND_CHANNEL]).await?;
         *failures = 0;
-        tracing::debug!(channel = PAYMENT_CHANNEL, "listening for payment changes");
+        tracing::debug!("listening for payment and refund changes");
         self.watch.notify_all();
         loop {
             let notification = tokio::select! {
@@ -217,22 +288,25 @@ impl PaymentListener {
                 () = shutdown.cancelled() => return Ok(()),
             };
             match notification {
-                Some(notification) => {
-                    for parsed in notify::named_ids::<PaymentId>(notification.payload()) {
-                        match parsed {
-                            Ok(payment_id) => self.watch.notify(payment_id),
-                            Err(_) => tracing::warn!(
-                                channel = PAYMENT_CHANNEL,
-                                "ignoring a part of a notification that names no payment"
-                            ),
-                        }
-                    }
-                }
+                Some(notification) => match notification.channel() {
+                    REFUND_CHANNEL => self.dispatch(REFUND_CHANNEL, notification.payload(), Watched::Refund),
+                    _ => self.dispatch(PAYMENT_CHANNEL, notification.payload(), Watched::Payment),
+                },
                 // The connection was lost and sqlx re-established it: anything sent in between is gone.
                 None => {
-                    tracing::warn!("the payment listener reconnected; waking every long poll to re-read");
+                    tracing::warn!("the long polls' listener reconnected; waking every long poll to re-read");
                     self.watch.notify_all();
                 }
+            }
+        }
+    }
+
+    /// Wakes the waiters of every id a notification on `channel` names.
+    fn dispatch<Id: std::str::FromStr>(&self, channel: &'static str, payload: &str, watched: fn(Id) -> Watched) {
+        for parsed in notify::named_ids::<Id>(payload) {
+            match parsed {
+                Ok(id) => self.watch.notify(watched(id)),
+                Err(_) => tracing::warn!(channel, "ignoring a part of a notification that names nothing to watch"),
             }
         }
     }
@@ -244,12 +318,16 @@ mod tests {
 
     use super::*;
 
-    fn watch() -> Arc<PaymentWatch> {
-        Arc::new(PaymentWatch::new(100, 100))
+    fn watch() -> Arc<Watch> {
+        Arc::new(Watch::new(100, 100))
     }
 
-    fn subscribe(watch: &Arc<PaymentWatch>, payment_id: PaymentId) -> Subscription {
-        watch.subscribe(TenantId::generate(), payment_id).expect("under the bounds")
+    fn payment() -> Watched {
+        Watched::Payment(PaymentId::generate())
+    }
+
+    fn subscribe(watch: &Arc<Watch>, watched: Watched) -> Subscription {
+        watch.subscribe(TenantId::generate(), watched).expect("under the bounds")
     }
 
     /// Whether a wake-up is already pending (no waiting involved).
@@ -260,7 +338,7 @@ mod tests {
     #[test]
     fn a_notification_after_subscribing_wakes_the_waiter_even_if_sent_before_it_waits() {
         let watch = watch();
-        let payment = PaymentId::generate();
+        let payment = payment();
         let mut subscription = subscribe(&watch, payment);
 
         watch.notify(payment);
@@ -270,11 +348,24 @@ mod tests {
     }
 
     #[test]
+    fn a_refunds_notification_wakes_its_waiters_and_not_those_of_a_payment_with_the_same_uuid() {
+        let watch = watch();
+        let refund = RefundId::generate();
+        let mut on_refund = subscribe(&watch, Watched::Refund(refund));
+        let mut on_payment = subscribe(&watch, Watched::Payment(PaymentId::from_uuid(refund.as_uuid())));
+
+        watch.notify(Watched::Refund(refund));
+
+        assert!(woken(&mut on_refund));
+        assert!(!woken(&mut on_payment));
+    }
+
+    #[test]
     fn other_payments_notifications_do_not_wake_a_waiter() {
         let watch = watch();
-        let mut subscription = subscribe(&watch, PaymentId::generate());
+        let mut subscription = subscribe(&watch, payment());
 
-        watch.notify(PaymentId::generate());
+        watch.notify(payment());
 
         assert!(!woken(&mut subscription));
     }
@@ -282,8 +373,8 @@ mod tests {
     #[test]
     fn notify_all_wakes_every_waiter() {
         let watch = watch();
-        let mut first = subscribe(&watch, PaymentId::generate());
-        let mut second = subscribe(&watch, PaymentId::generate());
+        let mut first = subscribe(&watch, payment());
+        let mut second = subscribe(&watch, payment());
 
         watch.notify_all();
 
@@ -294,7 +385,7 @@ mod tests {
     #[test]
     fn a_payment_is_forgotten_when_its_last_waiter_leaves() {
         let watch = watch();
-        let payment = PaymentId::generate();
+        let payment = payment();
         let first = subscribe(&watch, payment);
         let second = subscribe(&watch, payment);
 
@@ -306,17 +397,17 @@ mod tests {
 
     #[test]
     fn subscriptions_beyond_a_tenants_bound_or_the_process_bound_are_refused_until_one_leaves() {
-        let watch = Arc::new(PaymentWatch::new(3, 2));
+        let watch = Arc::new(Watch::new(3, 2));
         let (busy, quiet) = (TenantId::generate(), TenantId::generate());
-        let held: Vec<_> = (0..2).map(|_| watch.subscribe(busy, PaymentId::generate()).unwrap()).collect();
+        let held: Vec<_> = (0..2).map(|_| watch.subscribe(busy, payment()).unwrap()).collect();
 
-        assert!(watch.subscribe(busy, PaymentId::generate()).is_none(), "the tenant's bound");
-        let third = watch.subscribe(quiet, PaymentId::generate()).expect("another tenant still waits");
-        assert!(watch.subscribe(quiet, PaymentId::generate()).is_none(), "the process's bound");
+        assert!(watch.subscribe(busy, payment()).is_none(), "the tenant's bound");
+        let third = watch.subscribe(quiet, payment()).expect("another tenant still waits");
+        assert!(watch.subscribe(quiet, payment()).is_none(), "the process's bound");
 
         drop(third);
-        assert!(watch.subscribe(quiet, PaymentId::generate()).is_some(), "a place was freed");
+        assert!(watch.subscribe(quiet, payment()).is_some(), "a place was freed");
         drop(held);
-        assert!(watch.subscribe(busy, PaymentId::generate()).is_some());
+        assert!(watch.subscribe(busy, payment()).is_some());
     }
 }

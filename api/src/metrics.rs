@@ -6,13 +6,16 @@ use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogra
 /// Intake requests by how each ended (the `outcome` label), one per `POST /v1/payments`, recorded by
 /// `create_payment`.
 pub const INTAKE: &str = "oncepay_api_intake_total";
+/// Refund requests by how each ended (the `outcome` label), one per `POST /v1/payments/{id}/refunds`,
+/// recorded by `create_refund`.
+pub const REFUND_INTAKE: &str = "oncepay_api_refund_intake_total";
 /// Request latency by route pattern and method, recorded by `request_span` for every request.
 pub const REQUEST_DURATION: &str = "oncepay_api_request_duration_seconds";
 /// Requests written together, one sample per group written, recorded by `accept_groups`.
 pub const INTAKE_GROUP_SIZE: &str = "oncepay_api_intake_group_size";
 /// Requests waiting for their group's write or being written, recorded by `accept_groups`.
 pub const INTAKE_WRITING: &str = "oncepay_api_intake_writing";
-/// Long polls waiting for a payment to change, recorded by `long_poll`.
+/// Long polls waiting for a payment or a refund to change, recorded by `long_poll`.
 pub const LONG_POLLS_WAITING: &str = "oncepay_api_long_polls_waiting";
 
 /// Every `outcome` of [`INTAKE`], as `create_payment` labels them: 202 `created`, a `replayed` key, 422
@@ -32,16 +35,39 @@ pub const INTAKE_LABELS: [&str; 10] = [
     "error",
 ];
 
+/// Every `outcome` of [`REFUND_INTAKE`], as `create_refund` labels them: those of [`INTAKE_LABELS`]
+/// (409 `key_in_use` also when another refund of the payment is being written), plus 404 `not_found`
+/// (no such payment for the tenant) and `refused` (409 `payment-not-refundable`, 422
+/// `nothing-to-refund` or `refund-exceeds-payment`).
+pub const REFUND_INTAKE_LABELS: [&str; 12] = [
+    "created",
+    "replayed",
+    "key_reused",
+    "key_in_use",
+    "store_unavailable",
+    "key_check_busy",
+    "rate_limited",
+    "invalid",
+    "unauthorized",
+    "not_found",
+    "refused",
+    "error",
+];
+
 /// Describes the api's metrics and registers every intake label at zero, so each series exists
 /// from the first scrape and a Prometheus `increase()` counts the first 503 or 422 instead of
 /// missing a series that just appeared.
 pub fn describe() {
     describe_counter!(INTAKE, "POST /v1/payments requests, by outcome");
+    describe_counter!(REFUND_INTAKE, "POST /v1/payments/{id}/refunds requests, by outcome");
     describe_histogram!(REQUEST_DURATION, Unit::Seconds, "Time to respond to a request, by route pattern and method");
     describe_histogram!(INTAKE_GROUP_SIZE, Unit::Count, "Requests of one tenant written in one statement and commit");
     describe_gauge!(INTAKE_WRITING, "POST /v1/payments requests waiting for their group's write or being written");
     describe_gauge!(LONG_POLLS_WAITING, "Status requests holding their response for a change (Prefer: wait)");
     for label in INTAKE_LABELS {
         counter!(INTAKE, "outcome" => label).increment(0);
+    }
+    for label in REFUND_INTAKE_LABELS {
+        counter!(REFUND_INTAKE, "outcome" => label).increment(0);
     }
 }

@@ -1,5 +1,5 @@
 //! The RFC 7240 `Prefer` header, as far as the api honours it: the `wait` preference that turns
-//! `GET /v1/payments/{id}` into a long poll.
+//! `GET /v1/payments/{id}` and `GET /v1/refunds/{id}` into long polls.
 //!
 //! Per RFC 7240 a preference the server does not understand, or cannot parse, is ignored (the
 //! request is served as if it were absent), and when a preference appears more than once only the

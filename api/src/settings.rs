@@ -30,11 +30,11 @@ pub struct Settings {
     pub database: DatabaseSettings,
     /// `[telemetry]`: logs and traces.
     pub telemetry: TelemetrySettings,
-    /// `[intake]`: the rules of `POST /v1/payments`.
+    /// `[intake]`: the rules of `POST /v1/payments` and `POST /v1/payments/{id}/refunds`.
     pub intake: IntakeSettings,
     /// `[auth]`: the cache of verified API keys.
     pub auth: AuthSettings,
-    /// `[long_poll]`: `Prefer: wait=N` on `GET /v1/payments/{id}`.
+    /// `[long_poll]`: `Prefer: wait=N` on `GET /v1/payments/{id}` and `GET /v1/refunds/{id}`.
     pub long_poll: LongPollSettings,
     /// `[provider]`: which provider the workers charge through, for what intake refuses up front.
     pub provider: ProviderIntakeSettings,

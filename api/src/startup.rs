@@ -1,5 +1,5 @@
-//! Building and running the api: the database connections, the payment listener, the routes and
-//! the HTTP server, and stopping them in order.
+//! Building and running the api: the database connections, the long polls' listener, the routes
+//! and the HTTP server, and stopping them in order.
 //!
 //! Each HTTP worker has connections of its own; everything without I/O (the auth cache, the replay
 //! cache, the rate limits, the long-poll waiters, the wake-up requests) is shared by the process.
@@ -27,13 +27,13 @@ use tokio_util::sync::CancellationToken;
 use crate::accept_groups::AcceptGroups;
 use crate::auth::{Authenticator, Caller};
 use crate::errors::{self, ApiError, RetryAfter};
-use crate::long_poll::{PaymentListener, PaymentWatch};
+use crate::long_poll::{Listener, Watch};
 use crate::provider_intake::ProviderIntake;
 use crate::rate_limit::RateLimits;
 use crate::replay_cache::ReplayCache;
 use crate::rereads::{Rereader, Rereads};
 use crate::settings::{IntakeSettings, LongPollSettings, Settings};
-use crate::{create_payment, get_payment, openapi, request_span};
+use crate::{create_payment, create_refund, get_payment, get_refund, list_refunds, openapi, request_span};
 
 /// The name every connection carries (`pg_stat_activity.application_name`).
 pub const APPLICATION_NAME: &str = "oncepay-api";
@@ -48,8 +48,8 @@ pub struct AppState {
     pub auth: Arc<Authenticator>,
     /// Per-tenant buckets (shared by the process).
     pub limits: Arc<RateLimits>,
-    /// Long polls waiting for payments to change (shared by the process).
-    pub watch: Arc<PaymentWatch>,
+    /// Long polls waiting for payments and refunds to change (shared by the process).
+    pub watch: Arc<Watch>,
     /// Their re-reads, coalesced (shared by the process).
     pub rereads: Rereads,
     /// `[intake]`.
@@ -82,7 +82,7 @@ pub struct Application {
     /// The operations endpoints' own port and server, when `http.ops_port` is set.
     ops_port: Option<u16>,
     ops_server: Option<Server>,
-    listener: PaymentListener,
+    listener: Listener,
     listener_pool: PgPool,
     rereader: Rereader,
     rereader_pool: PgPool,
@@ -129,7 +129,7 @@ impl Application {
         let rereader_pool = own.pool("rereads");
         let long_poll = &settings.long_poll;
         let (rereads, rereader) = Rereads::new(rereader_pool.clone(), long_poll.max_waiting);
-        let watch = Arc::new(PaymentWatch::new(long_poll.max_waiting, long_poll.max_waiting_per_tenant));
+        let watch = Arc::new(Watch::new(long_poll.max_waiting, long_poll.max_waiting_per_tenant));
         let shared = Shared {
             accepts: Arc::new(AcceptGroups::new(settings.intake.group_limits())),
             auth: Arc::new(Authenticator::new(&settings.auth)),
@@ -179,7 +179,7 @@ impl Application {
             server,
             ops_port: apart.as_ref().map(|apart| apart.address.port()),
             ops_server: apart.map(|apart| apart.server),
-            listener: PaymentListener::new(listener_pool.clone(), watch),
+            listener: Listener::new(listener_pool.clone(), watch),
             listener_pool,
             rereader,
             rereader_pool,
@@ -238,7 +238,7 @@ impl Application {
         draining.cancel();
         stopper.abort();
         if let Err(error) = listening.await {
-            tracing::error!(error = %error, "the payment listener task failed");
+            tracing::error!(error = %error, "the long polls' listener task failed");
         }
         if let Err(error) = rereading.await {
             tracing::error!(error = %error, "the long polls' re-reader task failed");
@@ -291,7 +291,7 @@ struct Shared {
     accepts: Arc<AcceptGroups>,
     auth: Arc<Authenticator>,
     limits: Arc<RateLimits>,
-    watch: Arc<PaymentWatch>,
+    watch: Arc<Watch>,
     rereads: Rereads,
     intake: IntakeSettings,
     long_poll: LongPollSettings,
@@ -370,6 +370,17 @@ fn routes(config: &mut web::ServiceConfig, with_ops: bool) {
         .service(
             web::resource("/v1/payments/{id}")
                 .route(web::get().to(get_payment::get_payment))
+                .default_service(errors::method_not_allowed("GET")),
+        )
+        .service(
+            web::resource("/v1/payments/{id}/refunds")
+                .route(web::post().to(create_refund::create_refund))
+                .route(web::get().to(list_refunds::list_refunds))
+                .default_service(errors::method_not_allowed("GET, POST")),
+        )
+        .service(
+            web::resource("/v1/refunds/{id}")
+                .route(web::get().to(get_refund::get_refund))
                 .default_service(errors::method_not_allowed("GET")),
         )
         .service(

@@ -1,9 +1,10 @@
-//! [`Client`]: the oncepay HTTP API (`POST /v1/payments`, `GET /v1/payments/{id}`) with retries
-//! and long polling.
+//! [`Client`]: the oncepay HTTP API (`POST /v1/payments`, `GET /v1/payments/{id}`,
+//! `POST /v1/payments/{id}/refunds`, `GET /v1/refunds/{id}`, `GET /v1/payments/{id}/refunds`) with
+//! retries and long polling.
 //!
 //! Every attempt at a create sends the intent's own key and body; nothing here makes a key. Every
-//! request has a deadline, and following a payment never spins. The API key lives only in a
-//! sensitive header value and is never logged, printed or put into an error.
+//! request has a deadline, and following a payment or a refund never spins. The API key lives only
+//! in a sensitive header value and is never logged, printed or put into an error.
 
 use std::fmt;
 use std::sync::Arc;
@@ -11,12 +12,15 @@ use std::time::{Duration, SystemTime};
 
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue};
 use reqwest::{RequestBuilder, StatusCode};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
 use crate::error::{BuildError, Error};
-use crate::intent::PaymentIntent;
+use crate::intent::{IdempotencyKey, PaymentIntent};
 use crate::problem::Problem;
-use crate::resource::{Created, Payment, PaymentId, PaymentStatus};
+use crate::refund_intent::RefundIntent;
+use crate::resource::{Created, CreatedRefund, Payment, PaymentId, PaymentStatus, Refund, RefundId};
 use crate::retry::{self, Next, RetryPolicy};
 
 /// The longest long poll the api honours (`Prefer: wait=N`, N ≤ 30).
@@ -83,25 +87,62 @@ impl Client {
     #[tracing::instrument(name = "oncepay.create", skip_all)]
     pub async fn create(&self, intent: &PaymentIntent) -> Result<Created, Error> {
         let url = format!("{}/v1/payments", self.inner.base_url);
-        let response = self
-            .send(None, || {
-                // Every attempt reads the key and the body from the intent itself.
-                self.http
-                    .post(&url)
-                    .timeout(self.inner.timeout)
-                    .header("Idempotency-Key", intent.key().as_str())
-                    .header(CONTENT_TYPE, "application/json")
-                    .body(intent.body().to_owned())
-            })
-            .await?;
-        let replayed = response.headers.get("Idempotent-Replayed").is_some_and(|value| value.as_bytes() == b"true");
-        Ok(Created { payment: response.payment()?, replayed })
+        let response = self.post_once(&url, intent.key(), intent.body()).await?;
+        Ok(Created { payment: response.decode()?, replayed: response.replayed() })
     }
 
     /// The payment as it stands now (`GET /v1/payments/{id}`), retrying transient failures.
     #[tracing::instrument(name = "oncepay.get", skip_all, fields(payment.id = %id))]
     pub async fn get(&self, id: &PaymentId) -> Result<Payment, Error> {
-        self.poll(id, Duration::ZERO, None).await?.payment()
+        self.poll(&self.payment_url(id), Duration::ZERO, None).await?.decode()
+    }
+
+    /// Sends the refund intent (`POST /v1/payments/{id}/refunds`), retrying exactly what
+    /// [`create`](Self::create) retries, under the intent's own key and body.
+    ///
+    /// `Ok` for `202` (accepted) and `200` (a replay of a finished refund). A refusal is
+    /// [`Error::Problem`] at once: `404` (no such payment), `409 payment-not-refundable` (the
+    /// payment has not succeeded; not retried, unlike a `409` for a key in use), `422
+    /// nothing-to-refund` or `refund-exceeds-payment` (the detail says how much is left), `422
+    /// idempotency-key-reused`, or a `400` with the field errors.
+    #[tracing::instrument(name = "oncepay.refund", skip_all, fields(payment.id = %intent.payment_id()))]
+    pub async fn refund(&self, intent: &RefundIntent) -> Result<CreatedRefund, Error> {
+        let url = format!("{}/refunds", self.payment_url(intent.payment_id()));
+        let response = self.post_once(&url, intent.key(), intent.body()).await?;
+        Ok(CreatedRefund { refund: response.decode()?, replayed: response.replayed() })
+    }
+
+    /// The refund as it stands now (`GET /v1/refunds/{id}`), retrying transient failures.
+    #[tracing::instrument(name = "oncepay.get_refund", skip_all, fields(refund.id = %id))]
+    pub async fn get_refund(&self, id: &RefundId) -> Result<Refund, Error> {
+        self.poll(&self.refund_url(id), Duration::ZERO, None).await?.decode()
+    }
+
+    /// Follows the refund with long polls until it is `succeeded` or `failed`, or `max_total` has
+    /// passed, and returns it as last seen, as [`wait_for_terminal`](Self::wait_for_terminal)
+    /// does for a payment.
+    pub async fn wait_for_refund(&self, id: &RefundId, max_total: Duration) -> Result<Refund, Error> {
+        self.follow(&self.refund_url(id), None, max_total, |_| {}).await
+    }
+
+    /// Like [`wait_for_refund`](Self::wait_for_refund), calling `on_change` with the refund each
+    /// time its status is seen to move (the first response included).
+    pub async fn watch_refund(
+        &self,
+        id: &RefundId,
+        max_total: Duration,
+        on_change: impl FnMut(&Refund),
+    ) -> Result<Refund, Error> {
+        self.follow(&self.refund_url(id), None, max_total, on_change).await
+    }
+
+    /// The payment's refunds, oldest first (`GET /v1/payments/{id}/refunds`), retrying transient
+    /// failures; `404` for a payment the tenant does not have.
+    #[tracing::instrument(name = "oncepay.list_refunds", skip_all, fields(payment.id = %id))]
+    pub async fn list_refunds(&self, id: &PaymentId) -> Result<Vec<Refund>, Error> {
+        let url = format!("{}/refunds", self.payment_url(id));
+        let list: RefundList = self.poll(&url, Duration::ZERO, None).await?.decode()?;
+        Ok(list.data)
     }
 
     /// Follows the payment with long polls until it is `succeeded` or `failed`, or `max_total` has
@@ -109,7 +150,7 @@ impl Client {
     /// `max_total` it may still be `pending` or `processing`, or `unknown` / `dead_lettered`, which
     /// can take much longer to settle — how long to keep waiting is the caller's call.
     pub async fn wait_for_terminal(&self, id: &PaymentId, max_total: Duration) -> Result<Payment, Error> {
-        self.follow(id, None, max_total, |_| {}).await
+        self.follow(&self.payment_url(id), None, max_total, |_| {}).await
     }
 
     /// Like [`wait_for_terminal`](Self::wait_for_terminal), calling `on_change` with the payment
@@ -120,7 +161,7 @@ impl Client {
         max_total: Duration,
         on_change: impl FnMut(&Payment),
     ) -> Result<Payment, Error> {
-        self.follow(id, None, max_total, on_change).await
+        self.follow(&self.payment_url(id), None, max_total, on_change).await
     }
 
     /// Sends the intent and follows the payment for up to `max_wait`: [`create`](Self::create)
@@ -131,19 +172,42 @@ impl Client {
         if created.payment.status.is_terminal() {
             return Ok(created.payment);
         }
-        self.follow(&created.payment.id, Some(created.payment.status), max_wait, |_| {}).await
+        self.follow(&self.payment_url(&created.payment.id), Some(created.payment.status), max_wait, |_| {}).await
     }
 
-    /// Polls until the payment is terminal or `max_total` has passed. A re-poll goes out at once
-    /// only when the status moved or the server held the poll; otherwise after its `Retry-After`.
-    #[tracing::instrument(name = "oncepay.follow", skip_all, fields(payment.id = %id))]
-    async fn follow(
+    fn payment_url(&self, id: &PaymentId) -> String {
+        format!("{}/v1/payments/{id}", self.inner.base_url)
+    }
+
+    fn refund_url(&self, id: &RefundId) -> String {
+        format!("{}/v1/refunds/{id}", self.inner.base_url)
+    }
+
+    /// One idempotent create at `url`: every attempt reads the key and the body given, never
+    /// others.
+    async fn post_once(&self, url: &str, key: &IdempotencyKey, body: &str) -> Result<Success, Error> {
+        self.send(None, || {
+            self.http
+                .post(url)
+                .timeout(self.inner.timeout)
+                .header("Idempotency-Key", key.as_str())
+                .header(CONTENT_TYPE, "application/json")
+                .body(body.to_owned())
+        })
+        .await
+    }
+
+    /// Polls the payment or refund at `url` until it is terminal or `max_total` has passed. A
+    /// re-poll goes out at once only when the status moved or the server held the poll; otherwise
+    /// after its `Retry-After`.
+    #[tracing::instrument(name = "oncepay.follow", skip_all)]
+    async fn follow<T: Followed>(
         &self,
-        id: &PaymentId,
+        url: &str,
         mut known: Option<PaymentStatus>,
         max_total: Duration,
-        mut on_change: impl FnMut(&Payment),
-    ) -> Result<Payment, Error> {
+        mut on_change: impl FnMut(&T),
+    ) -> Result<T, Error> {
         let deadline = Instant::now() + max_total;
         loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
@@ -151,16 +215,17 @@ impl Client {
             // the caller's budget.
             let wait = Duration::from_secs(self.inner.long_poll.min(remaining).as_secs());
             let asked_at = Instant::now();
-            let response = self.poll(id, wait, Some(deadline)).await?;
-            let payment = response.payment()?;
+            let response = self.poll(url, wait, Some(deadline)).await?;
+            let followed: T = response.decode()?;
 
-            let moved = known != Some(payment.status);
+            let status = followed.status();
+            let moved = known != Some(status);
             if moved {
-                on_change(&payment);
+                on_change(&followed);
             }
-            known = Some(payment.status);
-            if payment.status.is_terminal() || Instant::now() >= deadline {
-                return Ok(payment);
+            known = Some(status);
+            if status.is_terminal() || Instant::now() >= deadline {
+                return Ok(followed);
             }
             let held = !wait.is_zero() && asked_at.elapsed() >= wait;
             if !moved && !held {
@@ -172,15 +237,14 @@ impl Client {
         }
     }
 
-    /// One `GET /v1/payments/{id}`, held by the server for up to `wait` (`Prefer: wait=N`) unless
-    /// `wait` is zero, with retries that stop at `deadline`.
-    async fn poll(&self, id: &PaymentId, wait: Duration, deadline: Option<Instant>) -> Result<Success, Error> {
-        let url = format!("{}/v1/payments/{id}", self.inner.base_url);
+    /// One `GET` of `url`, held by the server for up to `wait` (`Prefer: wait=N`) unless `wait` is
+    /// zero, with retries that stop at `deadline`.
+    async fn poll(&self, url: &str, wait: Duration, deadline: Option<Instant>) -> Result<Success, Error> {
         let prefer = (!wait.is_zero()).then(|| format!("wait={}", wait.as_secs()));
         self.send(deadline, || {
             // Every request has a deadline: the time the server was asked to hold it, plus the
             // request timeout.
-            let request = self.http.get(&url).timeout(wait + self.inner.timeout);
+            let request = self.http.get(url).timeout(wait + self.inner.timeout);
             match &prefer {
                 Some(prefer) => request.header("Prefer", prefer),
                 None => request,
@@ -312,9 +376,37 @@ struct Success {
 }
 
 impl Success {
-    fn payment(&self) -> Result<Payment, Error> {
+    fn decode<T: DeserializeOwned>(&self) -> Result<T, Error> {
         serde_json::from_slice(&self.body).map_err(|source| Error::Decode { status: self.status.as_u16(), source })
     }
+
+    /// Whether the api had seen the request's key before (`Idempotent-Replayed: true`).
+    fn replayed(&self) -> bool {
+        self.headers.get("Idempotent-Replayed").is_some_and(|value| value.as_bytes() == b"true")
+    }
+}
+
+/// A resource followed by long polls until it is final.
+trait Followed: DeserializeOwned {
+    fn status(&self) -> PaymentStatus;
+}
+
+impl Followed for Payment {
+    fn status(&self) -> PaymentStatus {
+        self.status
+    }
+}
+
+impl Followed for Refund {
+    fn status(&self) -> PaymentStatus {
+        self.status
+    }
+}
+
+/// The body of `GET /v1/payments/{id}/refunds`.
+#[derive(Deserialize)]
+struct RefundList {
+    data: Vec<Refund>,
 }
 
 /// One failed attempt, and whether another may follow.
@@ -341,9 +433,10 @@ async fn attempt_once(request: RequestBuilder) -> Result<Success, Failure> {
     if status.is_success() {
         return Ok(Success { status, headers, body, retry_after });
     }
+    let problem = Problem::from_response(status, &body);
     Err(Failure {
-        error: Error::Problem { status: status.as_u16(), problem: Problem::from_response(status, &body) },
-        retryable: retry::is_retryable_status(status),
+        retryable: retry::is_retryable(status, &problem),
+        error: Error::Problem { status: status.as_u16(), problem },
         retry_after,
     })
 }

@@ -1,8 +1,8 @@
 //! `oncepay_client`: a small async client for the oncepay HTTP API, for merchants to embed.
 //!
-//! It owns the client side of the at-most-once promise: a [`PaymentIntent`] fixes its idempotency
-//! key and body when it is built, and the [`Client`] never makes a key, so no retry can go out
-//! under a new one. It must not depend on oncepay's server crates, and never logs the API key,
+//! It owns the client side of the at-most-once promise: a [`PaymentIntent`] (and a
+//! [`RefundIntent`]) fixes its idempotency key and body when it is built, and the [`Client`] never
+//! makes a key, so no retry can go out under a new one. It must not depend on oncepay's server crates, and never logs the API key,
 //! idempotency keys or request bodies.
 //!
 //! ```no_run
@@ -27,6 +27,7 @@ mod client;
 mod error;
 mod intent;
 mod problem;
+mod refund_intent;
 mod resource;
 mod retry;
 
@@ -34,5 +35,9 @@ pub use client::{Client, ClientBuilder};
 pub use error::{BuildError, Error};
 pub use intent::{IdempotencyKey, InvalidIdempotencyKey, PaymentIntent, PaymentIntentBuilder};
 pub use problem::{FieldError, Problem};
-pub use resource::{Created, Failure, InvalidPaymentId, Payment, PaymentId, PaymentStatus};
+pub use refund_intent::{RefundIntent, RefundIntentBuilder};
+pub use resource::{
+    Created, CreatedRefund, Failure, InvalidPaymentId, InvalidRefundId, InvalidRefundReason, Payment, PaymentId,
+    PaymentStatus, Refund, RefundId, RefundReason,
+};
 pub use retry::{Jitter, RetryPolicy};

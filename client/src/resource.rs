@@ -1,7 +1,7 @@
-//! The payment resource as the api shows it, and what a create returns.
+//! The payment and refund resources as the api shows them, and what a create returns.
 //!
-//! These mirror the contract's `GET /v1/payments/{id}` body and nothing more. Unknown members are
-//! ignored, so the api can add fields without breaking embedded clients.
+//! These mirror the bodies of `GET /v1/payments/{id}` and `GET /v1/refunds/{id}` and nothing more.
+//! Unknown members are ignored, so the api can add fields without breaking embedded clients.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -48,7 +48,45 @@ impl fmt::Display for PaymentId {
     }
 }
 
-/// Where a payment stands. A status this client does not know is a decoding error, not a guess.
+/// A refund's id, as assigned by the api.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct RefundId(Uuid);
+
+/// A string that is not a refund id.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a refund id is a UUID, e.g. 0192f0c4-7a3e-7c1d-9b1e-3f2a4c5d6e7f")]
+pub struct InvalidRefundId;
+
+impl RefundId {
+    /// The id as a UUID.
+    pub fn as_uuid(&self) -> Uuid {
+        self.0
+    }
+}
+
+impl From<Uuid> for RefundId {
+    fn from(uuid: Uuid) -> Self {
+        Self(uuid)
+    }
+}
+
+impl FromStr for RefundId {
+    type Err = InvalidRefundId;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Uuid::parse_str(s.trim()).map(Self).map_err(|_| InvalidRefundId)
+    }
+}
+
+impl fmt::Display for RefundId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// Where a payment or a refund stands. A status this client does not know is a decoding error, not
+/// a guess.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PaymentStatus {
@@ -103,6 +141,51 @@ pub struct Failure {
     pub message: String,
 }
 
+/// Why a refund gives money back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefundReason {
+    /// The customer was charged twice for one thing.
+    Duplicate,
+    /// The charge was fraudulent.
+    Fraudulent,
+    /// The customer asked for the money back.
+    RequestedByCustomer,
+}
+
+/// A string that is not a refund reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a refund reason is one of duplicate, fraudulent, requested_by_customer")]
+pub struct InvalidRefundReason;
+
+impl RefundReason {
+    /// The name used on the wire.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Duplicate => "duplicate",
+            Self::Fraudulent => "fraudulent",
+            Self::RequestedByCustomer => "requested_by_customer",
+        }
+    }
+}
+
+impl FromStr for RefundReason {
+    type Err = InvalidRefundReason;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [Self::Duplicate, Self::Fraudulent, Self::RequestedByCustomer]
+            .into_iter()
+            .find(|reason| reason.as_str() == s)
+            .ok_or(InvalidRefundReason)
+    }
+}
+
+impl fmt::Display for RefundReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A payment, as `GET /v1/payments/{id}` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Payment {
@@ -137,9 +220,57 @@ pub struct Payment {
     /// The provider's charge, once known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider_charge_id: Option<String>,
+    /// Minor units given back so far: the sum of the payment's succeeded refunds (0 from an api
+    /// that predates refunds).
+    #[serde(default)]
+    pub amount_refunded: i64,
     /// Why it failed, when `status` is `failed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<Failure>,
+}
+
+/// A refund, as `GET /v1/refunds/{id}` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refund {
+    /// The refund's id.
+    pub id: RefundId,
+    /// The payment it gives money back from.
+    pub payment_id: PaymentId,
+    /// Where it stands: the payment states, `succeeded` meaning the money went back.
+    pub status: PaymentStatus,
+    /// Minor units given back (or to be), in the payment's currency.
+    pub amount: i64,
+    /// ISO 4217 code: the payment's.
+    pub currency: String,
+    /// Why, if given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<RefundReason>,
+    /// The merchant's key/value pairs.
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+    /// When oncepay accepted it.
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    /// When its status last changed.
+    #[serde(with = "time::serde::rfc3339")]
+    pub updated_at: OffsetDateTime,
+    /// The provider's refund, once known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_refund_id: Option<String>,
+    /// Why it failed, when `status` is `failed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<Failure>,
+}
+
+/// What [`Client::refund`](crate::Client::refund) got back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreatedRefund {
+    /// The refund as it stands now: `pending` for a first request, possibly further along (even
+    /// final) for a replay.
+    pub refund: Refund,
+    /// `true` when the api had already accepted this key (`Idempotent-Replayed: true`): this or an
+    /// earlier attempt created the refund, and no second one was made.
+    pub replayed: bool,
 }
 
 /// What [`Client::create`](crate::Client::create) got back.
@@ -172,6 +303,7 @@ mod tests {
             "created_at": "2026-11-22T04:23:00.5Z",
             "updated_at": "2026-11-22T04:23:01Z",
             "provider_charge_id": "ch_1",
+            "amount_refunded": 0,
             "failure": {"code": "card_declined", "message": "The card was declined."},
         });
 
@@ -180,6 +312,51 @@ mod tests {
         assert_eq!(payment.status, PaymentStatus::Failed);
         assert_eq!(payment.failure.as_ref().unwrap().code, "card_declined");
         assert_eq!(serde_json::to_value(&payment).unwrap(), wire);
+    }
+
+    #[test]
+    fn a_payment_from_an_api_without_refunds_has_nothing_refunded() {
+        let wire = json!({
+            "id": "00000000-0000-0000-0000-000000000007", "status": "succeeded", "amount": 1999,
+            "currency": "EUR", "customer_id": "cus_1", "created_at": "2026-11-22T04:23:00.5Z",
+            "updated_at": "2026-11-22T04:23:01Z",
+        });
+
+        let payment: Payment = serde_json::from_value(wire).unwrap();
+
+        assert_eq!(payment.amount_refunded, 0);
+    }
+
+    #[test]
+    fn the_contract_refund_reads_and_writes_back_unchanged() {
+        let wire = json!({
+            "id": "00000000-0000-0000-0000-000000000009",
+            "payment_id": "00000000-0000-0000-0000-000000000007",
+            "status": "succeeded",
+            "amount": 500,
+            "currency": "EUR",
+            "reason": "requested_by_customer",
+            "metadata": {"ticket": "T-1"},
+            "created_at": "2026-11-22T04:23:00.5Z",
+            "updated_at": "2026-11-22T04:23:01Z",
+            "provider_refund_id": "re_1",
+        });
+
+        let refund: Refund = serde_json::from_value(wire.clone()).unwrap();
+
+        assert_eq!(refund.reason, Some(RefundReason::RequestedByCustomer));
+        assert_eq!(refund.payment_id.to_string(), "00000000-0000-0000-0000-000000000007");
+        assert_eq!(serde_json::to_value(&refund).unwrap(), wire);
+    }
+
+    #[test]
+    fn refund_reasons_read_back_from_their_names_and_nothing_else() {
+        for reason in [RefundReason::Duplicate, RefundReason::Fraudulent, RefundReason::RequestedByCustomer] {
+            assert_eq!(reason.as_str().parse::<RefundReason>(), Ok(reason));
+            assert_eq!(serde_json::to_value(reason).unwrap(), json!(reason.as_str()));
+        }
+        assert_eq!("changed_my_mind".parse::<RefundReason>(), Err(InvalidRefundReason));
+        assert_eq!("../admin".parse::<RefundId>(), Err(InvalidRefundId));
     }
 
     #[test]

@@ -9,6 +9,8 @@ use rand::Rng;
 use reqwest::StatusCode;
 use reqwest::header::{HeaderMap, RETRY_AFTER};
 
+use crate::problem::Problem;
+
 /// How the backoff is randomised, so that clients that failed together do not come back together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Jitter {
@@ -97,11 +99,21 @@ impl RetryPolicy {
     }
 }
 
+/// Conflicts the api reports as final: the request conflicts with the state of what it names, not
+/// with another request under way, and sending it again soon will not help.
+const FINAL_CONFLICTS: [&str; 1] = ["payment-not-refundable"];
+
 /// Whether a response with `status` may be retried under the same idempotency key: the request
 /// was not rejected, it just could not be served now (`408`, `409` key busy, `429`, `500`, `502`,
 /// `503`, `504`). The key makes the retry safe; it replays whatever was accepted.
 pub(crate) fn is_retryable_status(status: StatusCode) -> bool {
     matches!(status.as_u16(), 408 | 409 | 429 | 500 | 502 | 503 | 504)
+}
+
+/// [`is_retryable_status`], except a `409` whose `problem` says the conflict is final (a refund of
+/// a payment that has not succeeded).
+pub(crate) fn is_retryable(status: StatusCode, problem: &Problem) -> bool {
+    is_retryable_status(status) && !(status == StatusCode::CONFLICT && FINAL_CONFLICTS.contains(&problem.kind()))
 }
 
 /// Reads `Retry-After` (RFC 9110 §10.2.3): delay-seconds or an HTTP date, relative to `now`. A
@@ -187,6 +199,21 @@ mod tests {
         for code in final_ {
             assert!(!is_retryable_status(StatusCode::from_u16(code).unwrap()), "{code}");
         }
+    }
+
+    #[test]
+    fn a_conflict_with_the_state_of_a_payment_is_final_and_one_with_a_request_under_way_is_not() {
+        let conflict = |body: &[u8]| Problem::from_response(StatusCode::CONFLICT, body);
+        let in_use = conflict(br#"{"type": "https://oncepay.dev/problems/idempotency-key-in-use"}"#);
+        let not_refundable = conflict(br#"{"type": "https://oncepay.dev/problems/payment-not-refundable"}"#);
+        let from_a_proxy = conflict(b"<html>conflict</html>");
+        let unavailable = Problem::from_response(StatusCode::SERVICE_UNAVAILABLE, b"");
+
+        assert!(is_retryable(StatusCode::CONFLICT, &in_use));
+        assert!(is_retryable(StatusCode::CONFLICT, &from_a_proxy));
+        assert!(!is_retryable(StatusCode::CONFLICT, &not_refundable));
+        assert!(is_retryable(StatusCode::SERVICE_UNAVAILABLE, &unavailable));
+        assert!(!is_retryable(StatusCode::UNPROCESSABLE_ENTITY, &not_refundable));
     }
 
     #[test]

@@ -5,12 +5,15 @@ use std::time::Duration;
 use oncepay_api::{Application, Settings};
 use oncepay_devkit::wait::wait_until;
 use oncepay_domain::api_key;
-use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::status::{PaymentStatus, Transition};
+use oncepay_provider::KeyWindow;
 use oncepay_store::claims::{self, ClaimRequest};
 use oncepay_store::notify::{Notifier, PAYMENT_CHANNEL, Wakeups};
 use oncepay_store::payments::Payment;
+use oncepay_store::refunds::settling::{self, RefundChange, RefundSettlement};
+use oncepay_store::refunds::{Refund, sending};
 use oncepay_store::tenants::{self, TenantName};
 use oncepay_store::transitions::{self, Change, Recorded, Settlement};
 use reqwest::header::HeaderMap;
@@ -132,6 +135,38 @@ impl TestApp {
         self.client.get(format!("{}/v1/payments/{id}", self.address)).bearer_auth(&tenant.token)
     }
 
+    /// `POST /v1/payments/{payment_id}/refunds` as the default tenant with `key` and `body`.
+    pub fn post_refund(&self, payment_id: &str, key: &str, body: &Value) -> RequestBuilder {
+        self.post_refund_as(&self.tenant, payment_id, key, body)
+    }
+
+    /// `POST /v1/payments/{payment_id}/refunds` as `tenant`.
+    pub fn post_refund_as(&self, tenant: &Tenant, payment_id: &str, key: &str, body: &Value) -> RequestBuilder {
+        self.client
+            .post(format!("{}/v1/payments/{payment_id}/refunds", self.address))
+            .bearer_auth(&tenant.token)
+            .header("Idempotency-Key", key)
+            .json(body)
+    }
+
+    /// `GET /v1/refunds/{id}` as `tenant`.
+    pub fn get_refund_as(&self, tenant: &Tenant, id: &str) -> RequestBuilder {
+        self.client.get(format!("{}/v1/refunds/{id}", self.address)).bearer_auth(&tenant.token)
+    }
+
+    /// `GET /v1/payments/{payment_id}/refunds` as `tenant`.
+    pub fn list_refunds_as(&self, tenant: &Tenant, payment_id: &str) -> RequestBuilder {
+        self.client.get(format!("{}/v1/payments/{payment_id}/refunds", self.address)).bearer_auth(&tenant.token)
+    }
+
+    /// A payment of the default tenant (1999 EUR cents, [`body`]) accepted under `key` and settled as
+    /// charged, with a charge id of its own.
+    pub async fn succeeded_payment(&self, key: &str) -> PaymentId {
+        let payment_id = Self::payment_id(self.post_payment(key, &body()).send().await.unwrap()).await;
+        settle_succeeded_as(&self.db, self.tenant.id, payment_id, &format!("ch_test_{payment_id}")).await;
+        payment_id
+    }
+
     /// A request to `path` with any method, without credentials.
     pub fn request(&self, method: reqwest::Method, path: &str) -> RequestBuilder {
         self.client.request(method, format!("{}{path}", self.address))
@@ -192,6 +227,12 @@ pub async fn claim(db: &PgPool, tenant_id: TenantId, payment_id: PaymentId) {
 
 /// Claims a payment and settles it as charged by the provider (`store::transitions::settle`).
 pub async fn settle_succeeded(db: &PgPool, tenant_id: TenantId, payment_id: PaymentId) -> Payment {
+    settle_succeeded_as(db, tenant_id, payment_id, "ch_test_1").await
+}
+
+/// [`settle_succeeded`] with the provider's charge `charge_id` (one charge is never booked to two
+/// payments).
+pub async fn settle_succeeded_as(db: &PgPool, tenant_id: TenantId, payment_id: PaymentId, charge_id: &str) -> Payment {
     claim(db, tenant_id, payment_id).await;
     let change = Change {
         tenant_id,
@@ -203,7 +244,7 @@ pub async fn settle_succeeded(db: &PgPool, tenant_id: TenantId, payment_id: Paym
         detail: None,
     };
     let settlement = Settlement::Succeeded {
-        charge_id: "ch_test_1".into(),
+        charge_id: charge_id.into(),
         amount: Amount::new(1999).unwrap(),
         currency: Currency::parse("EUR").unwrap(),
         charged_at: OffsetDateTime::now_utc(),
@@ -214,6 +255,81 @@ pub async fn settle_succeeded(db: &PgPool, tenant_id: TenantId, payment_id: Paym
     };
     tx.commit().await.unwrap();
     payment
+}
+
+/// Claims the tenant's due refunds with the worker's own claim (lease, fencing token, `processing`,
+/// an audit row), from another connection than the api's; asserts that `refund_id` is among them.
+pub async fn claim_refund(db: &PgPool, tenant_id: TenantId, refund_id: RefundId) {
+    let window = KeyWindow { window: Duration::from_secs(86_400), safety_margin: Duration::from_secs(3_600) };
+    let mut conn = db.acquire().await.unwrap();
+    let claimed = sending::claim(&mut conn, tenant_id, 100, "test", Duration::from_secs(60), window).await.unwrap();
+    assert!(claimed.iter().any(|claimed| claimed.refund_id == refund_id), "the refund was not due");
+}
+
+/// Settles a `processing` refund as the worker would on the provider's response: refunded, or
+/// failed (`store::refunds::settling::settle`, which wakes its long polls).
+pub async fn settle_refund(db: &PgPool, tenant_id: TenantId, refund_id: RefundId, refunded: bool) -> Refund {
+    let (transition, settlement) = if refunded {
+        let provider_refund_id = format!("re_test_{refund_id}");
+        (
+            Transition::Charged,
+            RefundSettlement::Succeeded { provider_refund_id, refunded_at: OffsetDateTime::now_utc() },
+        )
+    } else {
+        let failed = RefundSettlement::Failed {
+            code: "refund_failed".into(),
+            message: "The provider failed the refund.".into(),
+            provider_refund_id: None,
+        };
+        (Transition::Declined, failed)
+    };
+    let change = RefundChange {
+        tenant_id,
+        refund_id,
+        from: PaymentStatus::Processing,
+        transition,
+        actor: "worker:test",
+        reason: "the provider responded",
+        detail: None,
+    };
+    let mut tx = db.begin().await.unwrap();
+    let Recorded::Moved(refund) = settling::settle(&mut tx, &change, &settlement).await.unwrap() else {
+        panic!("the refund was not processing");
+    };
+    tx.commit().await.unwrap();
+    refund
+}
+
+/// How many rows refund intake wrote: refunds, keys, outbox, audit events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RefundRows {
+    pub refunds: i64,
+    pub keys: i64,
+    pub outbox: i64,
+    pub events: i64,
+}
+
+pub async fn refund_rows(db: &PgPool) -> RefundRows {
+    let counts = sqlx::query!(
+        r#"SELECT (SELECT count(*) FROM refunds) AS "refunds!",
+                  (SELECT count(*) FROM refund_keys) AS "keys!",
+                  (SELECT count(*) FROM refund_outbox) AS "outbox!",
+                  (SELECT count(*) FROM refund_events) AS "events!""#
+    )
+    .fetch_one(db)
+    .await
+    .unwrap();
+    RefundRows { refunds: counts.refunds, keys: counts.keys, outbox: counts.outbox, events: counts.events }
+}
+
+/// What a payment has promised back (`refunds_reserved`) and given back (`refunded`).
+pub async fn refunded(db: &PgPool, payment_id: PaymentId) -> (i64, i64) {
+    let row =
+        sqlx::query!("SELECT refunds_reserved, refunded FROM payments WHERE payment_id = $1", payment_id.as_uuid())
+            .fetch_one(db)
+            .await
+            .unwrap();
+    (row.refunds_reserved, row.refunded)
 }
 
 /// A new tenant with an API key.

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use oncepay_api::payment_response;
+use oncepay_api::resource_response;
 use oncepay_domain::fingerprint::Fingerprint;
 use oncepay_domain::idempotency_key::IdempotencyKey;
 use oncepay_domain::payment_request::PaymentRequest;
@@ -43,7 +43,7 @@ async fn a_new_payment_is_accepted_with_its_location_retry_after_and_key_expiry(
     .unwrap();
     assert_eq!(key.payment_id.to_string(), id);
     assert_eq!((key.expires_at - key.created_at).whole_seconds(), 86_400);
-    let expected_expiry = payment_response::http_date(key.expires_at).unwrap();
+    let expected_expiry = resource_response::http_date(key.expires_at).unwrap();
     assert_eq!(header(&headers, "idempotency-key-expires"), expected_expiry.to_str().ok());
     assert_eq!(resource["status"], "pending");
     assert_eq!(resource["amount"], 1999);

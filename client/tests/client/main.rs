@@ -7,6 +7,7 @@
 
 mod cli;
 mod create;
+mod refunds;
 mod secrets;
 mod support;
 mod wait;

@@ -17,6 +17,9 @@ pub const API_KEY: &str = "opk_TestSecretPart0123456789abcdefghijklmnopqrstuvwxy
 /// The payment every canned response describes.
 pub const PAYMENT_ID: &str = "0192f0c4-7a3e-7c1d-9b1e-3f2a4c5d6e7f";
 
+/// The refund every canned refund response describes (of [`PAYMENT_ID`]).
+pub const REFUND_ID: &str = "0192f0c4-7a3e-7c1d-9b1e-3f2a4c5d6e80";
+
 /// Retries without waiting for real time, so tests stay fast.
 pub fn fast_retries() -> RetryPolicy {
     RetryPolicy {
@@ -49,6 +52,7 @@ pub fn payment_json(status: &str) -> Value {
         "metadata": {"order": "A-17"},
         "created_at": "2026-11-22T04:23:00.5Z",
         "updated_at": "2026-11-22T04:23:01Z",
+        "amount_refunded": 0,
     });
     if status == "succeeded" {
         payment["provider_charge_id"] = json!("ch_1");
@@ -57,6 +61,41 @@ pub fn payment_json(status: &str) -> Value {
         payment["failure"] = json!({"code": "card_declined", "message": "The card was declined."});
     }
     payment
+}
+
+/// The refund resource in `status`, as the api renders it.
+pub fn refund_json(status: &str) -> Value {
+    let mut refund = json!({
+        "id": REFUND_ID,
+        "payment_id": PAYMENT_ID,
+        "status": status,
+        "amount": 500,
+        "currency": "EUR",
+        "reason": "requested_by_customer",
+        "metadata": {},
+        "created_at": "2026-11-22T05:00:00Z",
+        "updated_at": "2026-11-22T05:00:01Z",
+    });
+    if status == "succeeded" {
+        refund["provider_refund_id"] = json!("re_1");
+    }
+    if status == "failed" {
+        refund["failure"] = json!({"code": "refund_failed", "message": "The provider failed the refund."});
+    }
+    refund
+}
+
+/// `202 Accepted` for a new refund in `status`.
+pub fn refund_accepted(status: &str) -> ResponseTemplate {
+    ResponseTemplate::new(202)
+        .insert_header("Location", format!("/v1/refunds/{REFUND_ID}").as_str())
+        .insert_header("Retry-After", "1")
+        .set_body_json(refund_json(status))
+}
+
+/// `200` with the refund in `status` and the `Retry-After` the api sends while it is not final.
+pub fn refund_found(status: &str, retry_after: &str) -> ResponseTemplate {
+    ResponseTemplate::new(200).insert_header("Retry-After", retry_after).set_body_json(refund_json(status))
 }
 
 /// `202 Accepted` for a new payment in `status`.

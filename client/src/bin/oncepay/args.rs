@@ -2,19 +2,19 @@
 //! environment (`ONCEPAY_URL`, `ONCEPAY_API_KEY`). It owns no behaviour.
 
 use clap::{Args, Parser, Subcommand};
-use oncepay_client::{IdempotencyKey, PaymentId};
+use oncepay_client::{IdempotencyKey, PaymentId, RefundId, RefundReason};
 
 const EXIT_CODES: &str = "\
 Exit codes:
-  0  the payment succeeded (or, with `pay --no-wait`, was accepted)
+  0  the payment or refund succeeded (or, with `--no-wait`, was accepted)
   1  the api's response could not be understood
   2  usage error (bad flags, no API key, invalid URL)
-  3  the payment failed: the customer was not charged
-  4  the payment is not final yet (pending, processing, unknown or dead_lettered); ask again later
+  3  the payment or refund failed: no money moved
+  4  the payment or refund is not final yet (pending, processing, unknown or dead_lettered); ask again later
   5  the api rejected the request (4xx problem); sending it again will not help
-  6  no response after retries (network, timeouts, 409/429/5xx); `pay` again with the printed --key is safe";
+  6  no response after retries (network, timeouts, 409/429/5xx); the same command again with the printed --key is safe";
 
-/// Pay through oncepay and follow payments to their final state.
+/// Pay and refund through oncepay, and follow payments and refunds to their final state.
 #[derive(Debug, Parser)]
 #[command(name = "oncepay", version, after_help = EXIT_CODES)]
 pub struct Cli {
@@ -27,8 +27,8 @@ pub struct Cli {
     #[arg(long, env = "ONCEPAY_API_KEY", hide_env_values = true, global = true)]
     pub api_key: Option<String>,
 
-    /// Print JSON instead of text: the payment resource (`status`), or the key, replay flag and
-    /// resource (`pay`).
+    /// Print JSON instead of text: the resource (`status`, `refund-status`), the key, replay flag and
+    /// resource (`pay`, `refund`), or `{"data": [...]}` (`refunds`).
     #[arg(long, global = true)]
     pub json: bool,
 
@@ -43,6 +43,13 @@ pub enum Command {
     Pay(PayArgs),
     /// Show a payment, optionally waiting for it to become final.
     Status(StatusArgs),
+    /// Refund a succeeded payment (all that is left of it, or --amount) and follow the refund to its
+    /// final state.
+    Refund(RefundArgs),
+    /// Show a refund, optionally waiting for it to become final.
+    RefundStatus(RefundStatusArgs),
+    /// List a payment's refunds, oldest first.
+    Refunds(RefundsArgs),
 }
 
 /// `oncepay pay`.
@@ -104,6 +111,57 @@ pub struct StatusArgs {
     pub wait: Option<u64>,
 }
 
+/// `oncepay refund`.
+#[derive(Debug, Args)]
+pub struct RefundArgs {
+    /// The id of the payment to give money back from, as `pay` printed it.
+    pub payment_id: PaymentId,
+
+    /// How much to give back, in minor units of the payment's currency; all that is left of the
+    /// payment if omitted.
+    #[arg(long)]
+    pub amount: Option<i64>,
+
+    /// Why: duplicate, fraudulent or requested_by_customer.
+    #[arg(long)]
+    pub reason: Option<RefundReason>,
+
+    /// A metadata pair; repeat for more.
+    #[arg(long = "metadata", value_name = "KEY=VALUE", value_parser = parse_pair)]
+    pub metadata: Vec<(String, String)>,
+
+    /// The idempotency key to use: pass the one an earlier run printed to retry that refund safely.
+    /// A new random key if omitted.
+    #[arg(long, visible_alias = "idempotency-key", value_name = "KEY")]
+    pub key: Option<IdempotencyKey>,
+
+    /// Print the accepted refund and stop, without following it.
+    #[arg(long, conflicts_with = "wait")]
+    pub no_wait: bool,
+
+    /// How long to follow the refund before returning.
+    #[arg(long, value_name = "SECS", default_value_t = 120)]
+    pub wait: u64,
+}
+
+/// `oncepay refund-status`.
+#[derive(Debug, Args)]
+pub struct RefundStatusArgs {
+    /// The refund's id, as `refund` printed it.
+    pub refund_id: RefundId,
+
+    /// Follow the refund for up to this long if it is not final yet.
+    #[arg(long, value_name = "SECS")]
+    pub wait: Option<u64>,
+}
+
+/// `oncepay refunds`.
+#[derive(Debug, Args)]
+pub struct RefundsArgs {
+    /// The payment's id.
+    pub payment_id: PaymentId,
+}
+
 fn parse_pair(raw: &str) -> Result<(String, String), String> {
     match raw.split_once('=') {
         Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
@@ -128,6 +186,27 @@ mod tests {
         assert_eq!(parse_pair("note="), Ok(("note".into(), String::new())));
         assert!(parse_pair("order").is_err());
         assert!(parse_pair("=x").is_err());
+    }
+
+    #[test]
+    fn a_refund_takes_a_payment_and_optionally_an_amount_a_reason_and_a_key_by_either_name() {
+        let payment = "0192f0c4-7a3e-7c1d-9b1e-3f2a4c5d6e7f";
+        let parse = |extra: &[&str]| Cli::try_parse_from([&["oncepay", "refund", payment][..], extra].concat());
+
+        let Command::Refund(bare) = parse(&[]).unwrap().command else { panic!("not a refund") };
+        let Command::Refund(full) =
+            parse(&["--amount", "500", "--reason", "duplicate", "--idempotency-key", "r-1"]).unwrap().command
+        else {
+            panic!("not a refund")
+        };
+
+        assert_eq!((bare.amount, bare.reason, bare.key), (None, None, None));
+        assert_eq!(full.amount, Some(500));
+        assert_eq!(full.reason, Some(RefundReason::Duplicate));
+        assert_eq!(full.key, Some(IdempotencyKey::new("r-1").unwrap()));
+        assert!(parse(&["--key", "r-1"]).is_ok());
+        assert!(parse(&["--reason", "changed_my_mind"]).is_err());
+        assert!(Cli::try_parse_from(["oncepay", "refund", "not-a-payment"]).is_err());
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! `oncepay`: pay through the oncepay api and follow payments from a terminal or a script.
+//! `oncepay`: pay and refund through the oncepay api, and follow payments and refunds from a
+//! terminal or a script.
 //!
 //! `main` parses the command line, builds a client, runs one command and exits with a code that
 //! sums up the result (see `--help`). Results go to stdout; errors and advice to stderr. The API
@@ -12,9 +13,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use oncepay_client::{Client, PaymentIntent};
+use oncepay_client::{Client, PaymentIntent, RefundIntent};
 
-use crate::args::{Cli, Command, PayArgs, StatusArgs};
+use crate::args::{Cli, Command, PayArgs, RefundArgs, RefundStatusArgs, RefundsArgs, StatusArgs};
 use crate::report::Exit;
 
 #[tokio::main(flavor = "current_thread")]
@@ -35,6 +36,9 @@ async fn main() -> ExitCode {
     let exit = match cli.command {
         Command::Pay(args) => pay(&client, args, cli.json).await,
         Command::Status(args) => status(&client, args, cli.json).await,
+        Command::Refund(args) => refund(&client, args, cli.json).await,
+        Command::RefundStatus(args) => refund_status(&client, args, cli.json).await,
+        Command::Refunds(args) => refunds(&client, args, cli.json).await,
     };
     exit.into()
 }
@@ -61,9 +65,9 @@ async fn pay(client: &Client, args: PayArgs, json: bool) -> Exit {
     // Before sending: if this process dies mid-request, the key is what lets the user retry the
     // same payment safely (`--key`).
     if json {
-        eprintln!("{}", report::key_line(key));
+        eprintln!("{}", report::key_line(key, "payment"));
     } else {
-        say(&report::key_line(key));
+        say(&report::key_line(key, "payment"));
     }
 
     let created = match client.create(&intent).await {
@@ -134,6 +138,116 @@ async fn status(client: &Client, args: StatusArgs, json: bool) -> Exit {
         eprintln!("{}", report::still_open(&payment, secs));
     }
     Exit::of_status(payment.status)
+}
+
+async fn refund(client: &Client, args: RefundArgs, json: bool) -> Exit {
+    let mut builder = RefundIntent::builder(args.payment_id);
+    if let Some(amount) = args.amount {
+        builder = builder.amount(amount);
+    }
+    if let Some(reason) = args.reason {
+        builder = builder.reason(reason);
+    }
+    for (key, value) in args.metadata {
+        builder = builder.metadata(key, value);
+    }
+    let intent = match args.key {
+        Some(key) => builder.build_with_key(key),
+        None => builder.build(),
+    };
+    let key = intent.key().as_str();
+    // Before sending: if this process dies mid-request, the key is what lets the user retry the
+    // same refund safely (`--key`).
+    if json {
+        eprintln!("{}", report::key_line(key, "refund"));
+    } else {
+        say(&report::key_line(key, "refund"));
+    }
+
+    let created = match client.refund(&intent).await {
+        Ok(created) => created,
+        Err(error) => {
+            eprintln!("{}", report::error_text(&error));
+            let exit = Exit::of_error(&error);
+            if exit != Exit::Rejected {
+                eprintln!("the refund may or may not have been accepted; retrying with --key {key} is safe");
+            }
+            return exit;
+        }
+    };
+    let mut shown = created.refund.status;
+    if !json {
+        say(&report::refund_status_line(&created.refund, Some(if created.replayed { "replayed" } else { "accepted" })));
+    }
+
+    let refund = if args.no_wait || created.refund.status.is_terminal() {
+        created.refund
+    } else {
+        let followed = client
+            .watch_refund(&created.refund.id, Duration::from_secs(args.wait), |refund| {
+                if !json && refund.status != shown {
+                    shown = refund.status;
+                    say(&report::refund_status_line(refund, None));
+                }
+            })
+            .await;
+        match followed {
+            Ok(refund) => refund,
+            Err(error) => {
+                eprintln!("{}", report::error_text(&error));
+                eprintln!(
+                    "the refund was accepted; follow it with: oncepay refund-status {} --wait 60",
+                    created.refund.id
+                );
+                return Exit::of_error(&error);
+            }
+        }
+    };
+
+    if json {
+        say(&report::refund_json(key, created.replayed, &refund));
+    } else {
+        say(&format!("\n{}", report::describe_refund(&refund)));
+    }
+    if args.no_wait && !refund.status.is_terminal() {
+        return Exit::Succeeded;
+    }
+    if !refund.status.is_terminal() {
+        eprintln!("{}", report::refund_still_open(&refund, args.wait));
+    }
+    Exit::of_status(refund.status)
+}
+
+async fn refund_status(client: &Client, args: RefundStatusArgs, json: bool) -> Exit {
+    let found = match args.wait {
+        Some(secs) => client.wait_for_refund(&args.refund_id, Duration::from_secs(secs)).await,
+        None => client.get_refund(&args.refund_id).await,
+    };
+    let refund = match found {
+        Ok(refund) => refund,
+        Err(error) => {
+            eprintln!("{}", report::error_text(&error));
+            return Exit::of_error(&error);
+        }
+    };
+    say(&if json { report::refund_resource_json(&refund) } else { report::describe_refund(&refund) });
+    if let (Some(secs), false) = (args.wait, refund.status.is_terminal()) {
+        eprintln!("{}", report::refund_still_open(&refund, secs));
+    }
+    Exit::of_status(refund.status)
+}
+
+async fn refunds(client: &Client, args: RefundsArgs, json: bool) -> Exit {
+    match client.list_refunds(&args.payment_id).await {
+        Ok(refunds) => {
+            say(&if json { report::refund_list_json(&refunds) } else { report::refund_list(&refunds) });
+            Exit::Succeeded
+        }
+        Err(error) => {
+            eprintln!("{}", report::error_text(&error));
+            Exit::of_error(&error)
+        }
+    }
 }
 
 /// Prints a result line. A closed stdout must not stop a payment from being followed: the exit

@@ -7,22 +7,22 @@ use std::error::Error as _;
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
-use oncepay_client::{Error, Payment, PaymentStatus};
+use oncepay_client::{Error, Payment, PaymentStatus, Refund};
 use serde_json::json;
 use time::format_description::well_known::Rfc3339;
 
 /// How the process ends; the codes are listed in `--help`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Exit {
-    /// The payment succeeded, or `pay --no-wait` saw it accepted.
+    /// The payment or refund succeeded, or `--no-wait` saw it accepted.
     Succeeded = 0,
     /// The api's response could not be understood.
     Unexpected = 1,
     /// Bad flags, no API key, an invalid URL.
     Usage = 2,
-    /// The payment failed.
+    /// The payment or refund failed.
     Failed = 3,
-    /// The payment is not final yet.
+    /// The payment or refund is not final yet.
     NotFinal = 4,
     /// The api rejected the request.
     Rejected = 5,
@@ -31,7 +31,7 @@ pub enum Exit {
 }
 
 impl Exit {
-    /// The exit code for a payment seen in `status`.
+    /// The exit code for a payment or refund seen in `status`.
     pub fn of_status(status: PaymentStatus) -> Self {
         match status {
             PaymentStatus::Succeeded => Self::Succeeded,
@@ -73,9 +73,24 @@ pub fn meaning(status: PaymentStatus) -> &'static str {
     }
 }
 
-/// The line `pay` prints before sending anything, so the key survives whatever happens next.
-pub fn key_line(key: &str) -> String {
-    format!("idempotency key: {key}\n  (to retry this payment safely, run the same command with --key {key})")
+/// What a refund's status means for the person waiting on it.
+pub fn refund_meaning(status: PaymentStatus) -> &'static str {
+    match status {
+        PaymentStatus::Pending => "accepted, waiting to be sent to the provider",
+        PaymentStatus::Processing => "being sent to the provider",
+        PaymentStatus::Succeeded => "the money went back to the customer",
+        PaymentStatus::Failed => "no money went back to the customer",
+        PaymentStatus::Unknown => {
+            "the provider's response was lost; oncepay is finding out whether the refund happened, which can take a while"
+        }
+        PaymentStatus::DeadLettered => "automatic reconciliation gave up; an operator will settle it",
+    }
+}
+
+/// The line `pay` and `refund` print before sending anything, so the key survives whatever happens
+/// next. `what` is `payment` or `refund`.
+pub fn key_line(key: &str, what: &str) -> String {
+    format!("idempotency key: {key}\n  (to retry this {what} safely, run the same command with --key {key})")
 }
 
 /// One line per status seen while following a payment.
@@ -112,6 +127,9 @@ pub fn describe(payment: &Payment) -> String {
     if let Some(charge) = &payment.provider_charge_id {
         row("charge", charge);
     }
+    if payment.amount_refunded > 0 {
+        row("refunded", &format!("{} {} (minor units)", payment.amount_refunded, payment.currency));
+    }
     if let Some(failure) = &payment.failure {
         row("failure", &format!("{}: {}", failure.code, failure.message));
     }
@@ -129,6 +147,89 @@ pub fn still_open(payment: &Payment, waited_secs: u64) -> String {
         meaning(payment.status),
         payment.id
     )
+}
+
+/// One line per status seen while following a refund.
+pub fn refund_status_line(refund: &Refund, note: Option<&str>) -> String {
+    match note {
+        Some(note) => format!("refund {}: {} ({note})", refund.id, refund.status),
+        None => format!("refund {}: {}", refund.id, refund.status),
+    }
+}
+
+/// The full text description of a refund.
+pub fn describe_refund(refund: &Refund) -> String {
+    let mut text = String::new();
+    let mut row = |label: &str, value: &str| {
+        let _ = writeln!(text, "{label:<12} {value}");
+    };
+    row("refund", &refund.id.to_string());
+    row("payment", &refund.payment_id.to_string());
+    row("status", &format!("{} ({})", refund.status, refund_meaning(refund.status)));
+    row("amount", &format!("{} {} (minor units)", refund.amount, refund.currency));
+    if let Some(reason) = refund.reason {
+        row("reason", reason.as_str());
+    }
+    if !refund.metadata.is_empty() {
+        let pairs: Vec<String> = refund.metadata.iter().map(|(key, value)| format!("{key}={value}")).collect();
+        row("metadata", &pairs.join(", "));
+    }
+    if let Some(provider_refund) = &refund.provider_refund_id {
+        row("provider", provider_refund);
+    }
+    if let Some(failure) = &refund.failure {
+        row("failure", &format!("{}: {}", failure.code, failure.message));
+    }
+    row("created", &timestamp(refund.created_at));
+    row("updated", &timestamp(refund.updated_at));
+    text.trim_end().to_owned()
+}
+
+/// What to do about a refund that was not final when waiting stopped.
+pub fn refund_still_open(refund: &Refund, waited_secs: u64) -> String {
+    format!(
+        "refund {} is still {} after {waited_secs} s: {}.\nfollow it with: oncepay refund-status {} --wait 60",
+        refund.id,
+        refund.status,
+        refund_meaning(refund.status),
+        refund.id
+    )
+}
+
+/// `refunds`: one line per refund, oldest first, or a line saying there are none.
+pub fn refund_list(refunds: &[Refund]) -> String {
+    if refunds.is_empty() {
+        return "no refunds".to_owned();
+    }
+    let lines: Vec<String> = refunds
+        .iter()
+        .map(|refund| {
+            format!(
+                "{}  {:<13} {} {}  {}",
+                refund.id,
+                refund.status.as_str(),
+                refund.amount,
+                refund.currency,
+                timestamp(refund.created_at)
+            )
+        })
+        .collect();
+    lines.join("\n")
+}
+
+/// `refund --json`: the key, whether the api had seen it, and the refund resource.
+pub fn refund_json(key: &str, replayed: bool, refund: &Refund) -> String {
+    json!({"idempotency_key": key, "replayed": replayed, "refund": refund}).to_string()
+}
+
+/// `refund-status --json`: the refund resource.
+pub fn refund_resource_json(refund: &Refund) -> String {
+    json!(refund).to_string()
+}
+
+/// `refunds --json`: the list as the api sends it.
+pub fn refund_list_json(refunds: &[Refund]) -> String {
+    json!({"data": refunds}).to_string()
 }
 
 /// `pay --json`: the key, whether the api had seen it, and the payment resource.
@@ -179,6 +280,23 @@ mod tests {
             created_at: datetime!(2026-11-22 04:23:00.5 UTC),
             updated_at: datetime!(2026-11-22 04:23:01 UTC),
             provider_charge_id: None,
+            amount_refunded: 0,
+            failure: None,
+        }
+    }
+
+    fn refund(status: PaymentStatus) -> Refund {
+        Refund {
+            id: "0192f0c4-7a3e-7c1d-9b1e-3f2a4c5d6e80".parse().unwrap(),
+            payment_id: "0192f0c4-7a3e-7c1d-9b1e-3f2a4c5d6e7f".parse().unwrap(),
+            status,
+            amount: 500,
+            currency: "EUR".into(),
+            reason: None,
+            metadata: BTreeMap::new(),
+            created_at: datetime!(2026-11-22 05:00:00 UTC),
+            updated_at: datetime!(2026-11-22 05:00:01 UTC),
+            provider_refund_id: None,
             failure: None,
         }
     }
@@ -247,6 +365,50 @@ failure      card_declined: The card was declined.
 created      2026-11-22T04:23:00.5Z
 updated      2026-11-22T04:23:01Z"
         );
+    }
+
+    #[test]
+    fn a_refunded_payment_says_how_much_went_back() {
+        let mut refunded = payment(PaymentStatus::Succeeded);
+        refunded.amount_refunded = 500;
+
+        assert!(describe(&refunded).contains("refunded     500 EUR (minor units)"), "{}", describe(&refunded));
+        assert!(!describe(&payment(PaymentStatus::Succeeded)).contains("refunded"));
+    }
+
+    #[test]
+    fn a_refund_is_described_in_the_words_of_a_refund() {
+        let mut succeeded = refund(PaymentStatus::Succeeded);
+        succeeded.reason = Some(oncepay_client::RefundReason::RequestedByCustomer);
+        succeeded.provider_refund_id = Some("re_1".into());
+
+        let text = describe_refund(&succeeded);
+
+        assert_eq!(
+            text,
+            "refund       0192f0c4-7a3e-7c1d-9b1e-3f2a4c5d6e80
+payment      0192f0c4-7a3e-7c1d-9b1e-3f2a4c5d6e7f
+status       succeeded (the money went back to the customer)
+amount       500 EUR (minor units)
+reason       requested_by_customer
+provider     re_1
+created      2026-11-22T05:00:00Z
+updated      2026-11-22T05:00:01Z"
+        );
+        assert_eq!(Exit::of_status(succeeded.status), Exit::Succeeded);
+    }
+
+    #[test]
+    fn a_list_of_refunds_is_one_line_each_or_says_there_are_none() {
+        let refunds = [refund(PaymentStatus::Succeeded), refund(PaymentStatus::Pending)];
+
+        let text = refund_list(&refunds);
+
+        assert_eq!(text.lines().count(), 2, "{text}");
+        assert!(text.lines().next().unwrap().contains("succeeded     500 EUR"), "{text}");
+        assert_eq!(refund_list(&[]), "no refunds");
+        let printed: serde_json::Value = serde_json::from_str(&refund_list_json(&refunds)).unwrap();
+        assert_eq!(printed["data"].as_array().unwrap().len(), 2);
     }
 
     #[test]

@@ -1,16 +1,18 @@
-//! The responses about a payment: the status code, the payment resource (or the stored terminal
+//! The responses about a payment or a refund: the status code, the resource (or the stored final
 //! response) as the body, and the headers the contract promises with it — `Location`,
-//! `Retry-After` while the payment is not terminal, `Idempotency-Key-Expires` once the key's
+//! `Retry-After` while the resource is not final, `Idempotency-Key-Expires` once the key's
 //! retention is known, and `Idempotent-Replayed: true` on a replay.
 //!
-//! Both endpoints respond through here, so a fresh 202, a replay and a poll cannot disagree about
-//! the headers. Nothing here touches the database.
+//! Every endpoint responds through here, so a fresh 202, a replay and a poll cannot disagree about
+//! the headers, for payments and refunds alike. Nothing here touches the database.
 
 use actix_web::HttpResponse;
 use actix_web::http::StatusCode;
 use actix_web::http::header::{self, ContentType, HeaderName, HeaderValue};
 use actix_web::web::Bytes;
 use oncepay_domain::payment::PaymentResource;
+use oncepay_domain::refund::RefundResource;
+use serde::Serialize;
 use time::OffsetDateTime;
 use time::macros::format_description;
 
@@ -32,37 +34,72 @@ pub struct KeyInfo {
     pub replayed: bool,
 }
 
-/// The response for a payment that is not terminal (202 from intake): `Location`, `Retry-After`.
-pub fn accepted(resource: &PaymentResource, retry_after_secs: u64, key: KeyInfo) -> HttpResponse {
+/// A resource a client creates under an idempotency key and then follows to its final state.
+pub trait Followed: Serialize {
+    /// Where it is served: the `Location` of its 202.
+    fn location(&self) -> String;
+
+    /// Whether it has reached its final state (`succeeded` or `failed`).
+    fn is_terminal(&self) -> bool;
+}
+
+impl Followed for PaymentResource {
+    fn location(&self) -> String {
+        format!("/v1/payments/{}", self.id)
+    }
+
+    fn is_terminal(&self) -> bool {
+        self.status.is_terminal()
+    }
+}
+
+impl Followed for RefundResource {
+    fn location(&self) -> String {
+        format!("/v1/refunds/{}", self.id)
+    }
+
+    fn is_terminal(&self) -> bool {
+        self.status.is_terminal()
+    }
+}
+
+/// The response for a resource that is not terminal (202 from intake): `Location`, `Retry-After`.
+pub fn accepted(resource: &impl Followed, retry_after_secs: u64, key: KeyInfo) -> HttpResponse {
     let mut builder = HttpResponse::Accepted();
     builder
-        .insert_header((header::LOCATION, format!("/v1/payments/{}", resource.id)))
+        .insert_header((header::LOCATION, resource.location()))
         .insert_header((header::RETRY_AFTER, retry_after_secs.to_string()));
     with_key(&mut builder, key);
     builder.json(resource)
 }
 
-/// A replay of a payment that is terminal: the terminal response stored on the key (`status` and
-/// `body` as stored by `store::transitions::settle`), its JSON text sent as PostgreSQL returned it.
+/// A replay of a resource that is terminal: the terminal response stored on the key (`status` and
+/// `body` as stored when it became terminal), its JSON text sent as PostgreSQL returned it.
 pub fn stored(status: u16, body: Bytes, key: KeyInfo) -> HttpResponse {
     let mut builder = HttpResponse::build(StatusCode::from_u16(status).unwrap_or(StatusCode::OK));
     with_key(&mut builder, key);
     builder.content_type(ContentType::json()).body(body)
 }
 
-/// A replay of a payment that became terminal between the key read and the payment read: the same
-/// 200 and resource that `settle` stored on the key in that transaction.
-pub fn terminal(resource: &PaymentResource, key: KeyInfo) -> HttpResponse {
+/// A replay of a resource that became terminal between the key read and the resource read: the
+/// same 200 and resource that were stored on the key in the transaction that made it terminal.
+pub fn terminal(resource: &impl Followed, key: KeyInfo) -> HttpResponse {
     let mut builder = HttpResponse::Ok();
     with_key(&mut builder, key);
     builder.json(resource)
 }
 
-/// The status endpoint's response: 200 with the resource, `Retry-After` while it is not terminal,
+/// A replay of a known key whose resource was read after the key: 200 once it is terminal, else
+/// 202 telling the client to poll after `retry_after_secs`.
+pub fn replayed(resource: &impl Followed, retry_after_secs: u64, key: KeyInfo) -> HttpResponse {
+    if resource.is_terminal() { terminal(resource, key) } else { accepted(resource, retry_after_secs, key) }
+}
+
+/// A status endpoint's response: 200 with the resource, `Retry-After` while it is not terminal,
 /// and `Preference-Applied` when a long poll was honoured.
-pub fn current(resource: &PaymentResource, retry_after_secs: u64, waited_secs: Option<u64>) -> HttpResponse {
+pub fn current(resource: &impl Followed, retry_after_secs: u64, waited_secs: Option<u64>) -> HttpResponse {
     let mut builder = HttpResponse::Ok();
-    if !resource.status.is_terminal() {
+    if !resource.is_terminal() {
         builder.insert_header((header::RETRY_AFTER, retry_after_secs.to_string()));
     }
     if let Some(secs) = waited_secs {

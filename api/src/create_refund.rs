@@ -1,0 +1,213 @@
+//! `POST /v1/payments/{id}/refunds`: accepts a refund of a succeeded payment exactly once per
+//! (tenant, idempotency key).
+//!
+//! The rules of `POST /v1/payments` ([`crate::create_payment`]): every check of the request itself
+//! runs before the store is touched; a known key is replayed, or refused (422) for another request;
+//! a key or payment another request is writing right now is 409; a store that cannot be reached
+//! fails closed (503). What only the store can decide, under the payment's row lock, is refused
+//! with nothing written: a payment the tenant does not have (404, another tenant's included), one
+//! that has not succeeded (409), one with nothing left to refund or less left than asked (422).
+//! Refund keys are their own namespace, always read from the database (there is no replay memory
+//! for them). Never logged: the API key, the idempotency key, the body.
+
+use actix_web::{HttpRequest, HttpResponse, web};
+use anyhow::anyhow;
+use oncepay_domain::fingerprint::Fingerprint;
+use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
+use oncepay_domain::refund::{RefundRequest, RefundResource};
+use oncepay_service::telemetry;
+use oncepay_store::refunds;
+use oncepay_store::refunds::intake::{ExistingRefundKey, NewRefund, RefundIntake, Refusal};
+use sqlx::PgConnection;
+
+use crate::errors::ApiError;
+use crate::get_payment::path_payment_id;
+use crate::idempotent_request::{self, IdempotentRequest};
+use crate::openapi::{Admission, CreateRefundResponses, IdempotencyKeyHeader, PaymentPath, RefundRequestBody};
+use crate::request_span;
+use crate::resource_response::{self, KeyInfo};
+use crate::startup::AppState;
+
+/// Who asks for a refund made through the api: the merchant.
+const REQUESTED_BY: &str = "api";
+
+/// Accepts a refund, or replays the outcome of the first request with the same key.
+#[utoipa::path(
+    post,
+    path = "/v1/payments/{id}/refunds",
+    tag = "refunds",
+    operation_id = "create_refund",
+    security(("api_key" = [])),
+    params(PaymentPath, IdempotencyKeyHeader),
+    request_body(content = RefundRequestBody, content_type = "application/json",
+        description = "At most 64 KiB by default. Every field is optional: `{}` refunds all that is left. Unknown \
+                       fields, and a member named twice at any depth, are rejected."),
+    responses(CreateRefundResponses, Admission),
+)]
+pub async fn create_refund(
+    request: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let result = take(&request, payload, &state).await;
+    let label = match &result {
+        Ok(responded) if responded.replayed => "replayed",
+        Ok(_) => "created",
+        Err(error) => error.outcome(),
+    };
+    metrics::counter!(crate::metrics::REFUND_INTAKE, "outcome" => label).increment(1);
+    result.map(|responded| responded.response)
+}
+
+/// A response, and whether it repeats an earlier request's outcome.
+struct Responded {
+    response: HttpResponse,
+    replayed: bool,
+}
+
+/// Checks the request in this order, and refuses it before the store is touched: API key (401),
+/// rate limit (429), the payment id in the path (404 if it is not one), `Idempotency-Key` (400),
+/// `Content-Type` (415), body size (413), JSON (400), fields (400, listing every invalid field).
+/// Then the store replays a known key, or accepts the refund or refuses it.
+async fn take(request: &HttpRequest, payload: web::Payload, state: &AppState) -> Result<Responded, ApiError> {
+    let span = request_span::of(request);
+    let caller = state.admit(request).await?;
+    span.record("tenant.id", tracing::field::display(caller.tenant_id));
+    let payment_id = path_payment_id(request)?;
+    span.record("payment.id", tracing::field::display(payment_id));
+
+    let idempotent = IdempotentRequest::read(request.headers(), payload, state.intake.max_body_bytes).await?;
+    let refund_request = RefundRequest::from_json(&idempotent.json).map_err(ApiError::InvalidFields)?;
+    // The path names the payment, so the same key and body for another payment is another request.
+    let fingerprint = idempotent.fingerprint(&path(payment_id));
+    let new = NewRefund {
+        tenant_id: caller.tenant_id,
+        payment_id,
+        refund_id: RefundId::generate(),
+        key: &idempotent.key,
+        fingerprint,
+        request: &refund_request,
+        requested_by: REQUESTED_BY,
+        retention: state.intake.key_retention(),
+        trace: telemetry::trace_context_of(&span),
+    };
+
+    let mut conn = state.connections.acquire().await.map_err(|e| ApiError::from_store(e.into()))?;
+    let responded = store(&mut conn, &span, &new, state.intake.retry_after_secs).await;
+    // Reused unless a statement failed in a way that leaves it in doubt. A refusal PostgreSQL
+    // decided (a lock wait past `lock_timeout`) leaves it healthy, its transaction rolled back.
+    if !matches!(responded, Err(ApiError::Unavailable(_) | ApiError::Internal(_))) {
+        conn.release();
+    }
+    responded
+}
+
+/// The store's part: one transaction that reads the key, then locks the payment and reserves the
+/// refund's amount on it, and writes the refund, its key, its audit row and its outbox row (or
+/// nothing). If a concurrent request with the same key committed first, intake reads it and this
+/// request is replayed, so every concurrent duplicate gets the same refund id.
+async fn store(
+    conn: &mut PgConnection,
+    span: &tracing::Span,
+    new: &NewRefund<'_>,
+    retry_after_secs: u64,
+) -> Result<Responded, ApiError> {
+    let intake = refunds::intake::accept(conn, new).await.map_err(|error| match ApiError::from_intake(error) {
+        // The lock waited for is the payment's, held by another refund of it (perhaps with this key).
+        ApiError::KeyInUse => ApiError::RefundsInUse,
+        other => other,
+    })?;
+    match intake {
+        RefundIntake::Created { refund, key_expires_at } => {
+            span.record("refund.id", tracing::field::display(refund.refund_id));
+            let key = KeyInfo { expires_at: key_expires_at, replayed: false };
+            let response = resource_response::accepted(&RefundResource::from(&*refund), retry_after_secs, key);
+            Ok(Responded { response, replayed: false })
+        }
+        RefundIntake::Existing(existing) => {
+            span.record("refund.id", tracing::field::display(existing.refund_id));
+            let response = replay(conn, new.tenant_id, existing, &new.fingerprint, retry_after_secs).await?;
+            Ok(Responded { response, replayed: true })
+        }
+        RefundIntake::Refused(refusal) => Err(refused(refusal)),
+    }
+}
+
+/// The response for a known key: its stored final response, or the refund as it stands, read once
+/// more (a 202 tells the client to poll after `retry_after_secs`); 422 for another request either
+/// way.
+async fn replay(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    existing: ExistingRefundKey,
+    fingerprint: &Fingerprint,
+    retry_after_secs: u64,
+) -> Result<HttpResponse, ApiError> {
+    let key = idempotent_request::replay(&existing.fingerprint, existing.expires_at, fingerprint)?;
+    if let Some((status, body)) = existing.stored_response {
+        return Ok(resource_response::stored(status, idempotent_request::stored_body(body), key));
+    }
+    let refund = refunds::find(conn, tenant_id, existing.refund_id)
+        .await
+        .map_err(ApiError::from_store)?
+        .ok_or_else(|| ApiError::Internal(anyhow!("an idempotency key names a refund that does not exist")))?;
+    // Settled between the two reads: settling stored exactly this 200 and resource on the key.
+    Ok(resource_response::replayed(&RefundResource::from(&refund), retry_after_secs, key))
+}
+
+/// Why the store refused the refund, as the client is told it. Another tenant's payment is refused
+/// exactly like one that does not exist.
+fn refused(refusal: Refusal) -> ApiError {
+    match refusal {
+        Refusal::NoSuchPayment => ApiError::NotFound,
+        Refusal::NotRefundable { status } => ApiError::PaymentNotRefundable { status },
+        Refusal::NothingLeft => ApiError::NothingToRefund,
+        Refusal::TooMuch { asked, left, currency } => ApiError::RefundExceedsPayment { asked, left, currency },
+    }
+}
+
+/// The path a refund's fingerprint covers: the payment's, spelled as the api spells ids.
+fn path(payment_id: PaymentId) -> String {
+    format!("/v1/payments/{payment_id}/refunds")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::str::FromStr;
+
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn the_fingerprint_covers_the_payment_however_its_id_was_spelled() {
+        let body = json!({"amount": 100});
+        let lower = PaymentId::from_str("0192f0c4-7a3e-7c1d-9b1e-3f2a4c5d6e7f").unwrap();
+        let upper = PaymentId::from_str("0192F0C4-7A3E-7C1D-9B1E-3F2A4C5D6E7F").unwrap();
+        let other = PaymentId::generate();
+        let fingerprint = |id| Fingerprint::of(idempotent_request::METHOD, &path(id), &body);
+
+        assert_eq!(fingerprint(lower), fingerprint(upper));
+        assert_ne!(fingerprint(lower), fingerprint(other));
+    }
+
+    #[test]
+    fn each_refusal_becomes_its_own_problem() {
+        use oncepay_domain::money::Currency;
+        use oncepay_domain::status::PaymentStatus;
+
+        let eur = Currency::parse("EUR").unwrap();
+        let cases = [
+            (Refusal::NoSuchPayment, 404, "not-found"),
+            (Refusal::NotRefundable { status: PaymentStatus::Pending }, 409, "payment-not-refundable"),
+            (Refusal::NothingLeft, 422, "nothing-to-refund"),
+            (Refusal::TooMuch { asked: 2, left: 1, currency: eur }, 422, "refund-exceeds-payment"),
+        ];
+        for (refusal, status, slug) in cases {
+            let problem = refused(refusal.clone()).problem();
+
+            assert_eq!(problem.status, status, "{refusal:?}");
+            assert!(problem.type_uri.ends_with(slug), "{refusal:?}: {}", problem.type_uri);
+        }
+    }
+}
