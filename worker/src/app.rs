@@ -9,6 +9,7 @@ use oncepay_store::db;
 use tokio_util::sync::CancellationToken;
 
 use crate::drainer::{Counts, Drainer};
+use crate::refunds::RefundSender;
 use crate::settings::Settings;
 
 /// The name the worker gives its database connections and its traces.
@@ -18,6 +19,7 @@ pub const SERVICE: &str = "oncepay-worker";
 pub struct App {
     listener: std::net::TcpListener,
     drainer: Drainer<ConfiguredProvider>,
+    refunds: RefundSender<ConfiguredProvider>,
     ops: OpsState,
 }
 
@@ -31,11 +33,12 @@ impl App {
         let options = db::connect_options(&settings.database, SERVICE).context("reading database.url")?;
         let pool = db::pool(&settings.database, options);
         let provider = ConfiguredProvider::new(&settings.provider).context("building the provider client")?;
+        let refunds = RefundSender::new(pool.clone(), provider.clone(), settings.drainer_config());
         let drainer = Drainer::new(pool.clone(), provider, settings.drainer_config());
         let address = (settings.http.host.as_str(), settings.http.port);
         let listener = std::net::TcpListener::bind(address)
             .with_context(|| format!("binding the operations port {}:{}", address.0, address.1))?;
-        Ok(Self { listener, drainer, ops: OpsState { pool, metrics } })
+        Ok(Self { listener, drainer, refunds, ops: OpsState { pool, metrics } })
     }
 
     /// The operations port actually bound.
@@ -48,14 +51,20 @@ impl App {
         &self.drainer
     }
 
-    /// Serves the operations endpoints and drains the outbox until `shutdown`; returns once the
-    /// sends in flight are recorded (or the grace period is over).
+    /// Serves the operations endpoints and drains the outbox and the refund outbox until `shutdown`;
+    /// returns once the sends in flight are recorded (or the grace period is over).
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<Counts> {
         let server = ops_http::server(self.listener, self.ops.clone()).context("serving the operations endpoints")?;
         let server_handle = server.handle();
         let server = tokio::spawn(server);
 
+        let refunds = self.refunds.clone();
+        let refunds = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move { refunds.run(shutdown).await }
+        });
         let counts = self.drainer.run(shutdown).await;
+        refunds.await.context("the refund sender panicked")?;
 
         server_handle.stop(true).await;
         server.await.context("the operations server panicked")?.context("the operations server failed")?;

@@ -3,7 +3,8 @@
 //! The [`drainer`] claims due rows ([`outbox`]), one tenant at a time in turns ([`rotation`]), sends each to the provider, decides what the outcome
 //! means ([`verdict`], pure) and records it under the lease's fencing token ([`record`], many at once
 //! through `oncepay_service::group_commit`). The worker never takes back an expired lease:
-//! `oncepay_store::leases::sweep` does, run by the reconciler.
+//! `oncepay_store::leases::sweep` does, run by the reconciler. Refunds have a queue of their own,
+//! sent by [`refunds`] under the same protocol.
 
 pub mod app;
 pub mod drainer;
@@ -12,6 +13,7 @@ pub mod failpoints;
 pub mod metrics;
 pub mod outbox;
 pub mod record;
+pub mod refunds;
 pub mod rotation;
 pub mod settings;
 pub mod verdict;

@@ -16,6 +16,7 @@ mod payment_method;
 mod process;
 mod provider_answers;
 mod recording_together;
+mod refunds;
 mod requeued;
 mod shutdown;
 mod stripe;

@@ -1,0 +1,330 @@
+//! Sending refunds: the worker's second queue, drained beside the payments' outbox with the same
+//! protocol. A claim (lease, fencing token, `pending → processing`) commits before the provider is
+//! called; the provider call runs with no transaction open; the result is recorded only while the
+//! fencing token is still on the refund's outbox row. Expired leases are the sweeper's
+//! (`oncepay_store::refunds::sending::sweep`, run by the reconciler).
+//!
+//! [`decide`] is pure and says what an outcome means:
+//!
+//! | outcome ([`RefundOutcome`]) | verdict |
+//! | --- | --- |
+//! | refunded, as asked | settle `succeeded` |
+//! | refunded, but not as asked | `unknown`: the reconciler dead-letters it with the evidence |
+//! | failed, with the refund's own failed object, or nothing sent before | settle `failed` |
+//! | failed without one, an earlier send may have refunded | `unknown`: only a lookup can tell |
+//! | unfinished (the provider has not finished it) | `unknown`, settled by a lookup or a webhook |
+//! | not sent, attempts left | retry after a jittered backoff |
+//! | not sent, attempts spent | settle `failed` (`provider_unreachable`), or `unknown` if an earlier send may have refunded |
+//! | uncertain | `unknown` |
+
+use std::time::Duration;
+
+use anyhow::Context;
+use futures::future::join_all;
+use rand::Rng;
+use serde_json::json;
+use sqlx::postgres::PgListener;
+use sqlx::{Connection, PgPool};
+use time::OffsetDateTime;
+use tokio_util::sync::CancellationToken;
+
+use oncepay_domain::status::{PaymentStatus, Transition};
+use oncepay_provider::{PaymentProvider, RefundOutcome};
+use oncepay_store::refunds::REFUND_OUTBOX_CHANNEL;
+use oncepay_store::refunds::sending::{self, ClaimedRefund, Release};
+use oncepay_store::refunds::settling::{self, Finding, RefundChange, RefundSettlement};
+use oncepay_store::transitions::Recorded;
+
+use crate::drainer::DrainerConfig;
+use crate::verdict::{LONGEST_RETRY_AFTER, PROVIDER_UNREACHABLE, RetryPolicy};
+
+/// What to record for one claimed refund.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RefundVerdict {
+    /// A terminal status.
+    Settle {
+        /// [`Transition::Charged`] (the money went back), [`Transition::Declined`] or
+        /// [`Transition::NotSentExhausted`].
+        transition: Transition,
+        /// The result it stores.
+        settlement: RefundSettlement,
+        /// For the audit trail.
+        reason: String,
+    },
+    /// Provably not sent: back to `pending`, claimable again after `delay`.
+    Retry {
+        /// How long to wait.
+        delay: Duration,
+        /// For the audit trail.
+        reason: String,
+    },
+    /// The provider may have refunded: `unknown`, for the reconciler.
+    Uncertain {
+        /// For the audit trail.
+        reason: String,
+        /// The provider's refund, when it named one.
+        provider_refund_id: Option<String>,
+    },
+}
+
+impl RefundVerdict {
+    fn uncertain(reason: impl Into<String>) -> Self {
+        Self::Uncertain { reason: reason.into(), provider_refund_id: None }
+    }
+}
+
+/// What to record for `claimed` after its send ended in `outcome`.
+pub fn decide(
+    claimed: &ClaimedRefund,
+    outcome: &RefundOutcome,
+    policy: &RetryPolicy,
+    rng: &mut impl Rng,
+) -> RefundVerdict {
+    match outcome {
+        RefundOutcome::Refunded(refund) | RefundOutcome::Unfinished(refund) => {
+            match settling::judge(&claimed.asked(), refund) {
+                Finding::Settles(settlement) => {
+                    let (transition, reason) = match &settlement {
+                        RefundSettlement::Succeeded { provider_refund_id, .. } => {
+                            (Transition::Charged, format!("the provider refunded the customer ({provider_refund_id})"))
+                        }
+                        RefundSettlement::Failed { code, .. } => {
+                            (Transition::Declined, format!("the provider failed the refund ({code})"))
+                        }
+                    };
+                    RefundVerdict::Settle { transition, settlement, reason }
+                }
+                Finding::Unfinished => RefundVerdict::Uncertain {
+                    reason: format!("the provider took the refund ({}) but has not finished it", refund.id),
+                    provider_refund_id: Some(refund.id.clone()),
+                },
+                Finding::NotAsAsked(why) => RefundVerdict::uncertain(why),
+            }
+        }
+        // A refusal of this request says nothing of an earlier send that may have refunded under the
+        // same key: only the refund's own failed object, or a lookup, proves that no money moved.
+        RefundOutcome::Failed { code, refund_id: None, .. } if claimed.may_have_moved => {
+            RefundVerdict::uncertain(format!(
+                "the provider refused a resend ({code}) without showing this refund's failed object, and an earlier \
+             send may have refunded"
+            ))
+        }
+        RefundOutcome::Failed { code, message, refund_id } => RefundVerdict::Settle {
+            transition: Transition::Declined,
+            reason: format!("the provider failed the refund ({code})"),
+            settlement: RefundSettlement::Failed {
+                code: code.clone(),
+                message: message.clone(),
+                provider_refund_id: refund_id.clone(),
+            },
+        },
+        RefundOutcome::NotSent { reason, retry_after } => {
+            if claimed.attempt < policy.max_attempts {
+                let retry_after = retry_after.unwrap_or_default().min(LONGEST_RETRY_AFTER);
+                let delay = policy.backoff.delay(claimed.attempt, rng).max(retry_after);
+                RefundVerdict::Retry {
+                    delay,
+                    reason: format!(
+                        "not sent ({reason}); attempt {} of {}, next in {} ms",
+                        claimed.attempt,
+                        policy.max_attempts,
+                        delay.as_millis()
+                    ),
+                }
+            } else if claimed.may_have_moved {
+                RefundVerdict::uncertain(format!(
+                    "not sent in {} attempts ({reason}), but an earlier send may have reached the provider",
+                    claimed.attempt
+                ))
+            } else {
+                RefundVerdict::Settle {
+                    transition: Transition::NotSentExhausted,
+                    reason: format!("not sent in {} attempts ({reason})", claimed.attempt),
+                    settlement: RefundSettlement::Failed {
+                        code: PROVIDER_UNREACHABLE.to_owned(),
+                        message: format!(
+                            "The payment provider could not be reached in {} attempts ({reason}); no money was refunded.",
+                            claimed.attempt
+                        ),
+                        provider_refund_id: None,
+                    },
+                }
+            }
+        }
+        RefundOutcome::Uncertain(reason) => RefundVerdict::uncertain(reason.to_string()),
+    }
+}
+
+/// What recording a verdict did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recording {
+    /// The refund moved to this status.
+    Moved(PaymentStatus),
+    /// The fencing token was gone: the sweeper took the lease back; nothing was written.
+    LeaseLost,
+    /// Someone else had moved the refund: only the outbox row was removed.
+    Superseded,
+}
+
+/// Sends refunds from the refund outbox until shutdown.
+#[derive(Debug, Clone)]
+pub struct RefundSender<P> {
+    pool: PgPool,
+    provider: P,
+    config: DrainerConfig,
+}
+
+impl<P: PaymentProvider + Clone + 'static> RefundSender<P> {
+    /// A sender over `pool`, calling `provider`, with the drainer's settings.
+    pub fn new(pool: PgPool, provider: P, config: DrainerConfig) -> Self {
+        Self { pool, provider, config }
+    }
+
+    /// Claims, sends and records one batch of every tenant with refunds due; returns what each
+    /// recording did.
+    pub async fn run_once(&self) -> anyhow::Result<Vec<Recording>> {
+        let mut conn = self.pool.acquire().await.context("connecting to claim refunds")?;
+        let tenants = sending::tenants_due(&mut conn, self.config.batch_size).await?;
+        let mut claimed = Vec::new();
+        for tenant_id in tenants {
+            claimed.extend(
+                sending::claim(
+                    &mut conn,
+                    tenant_id,
+                    self.config.batch_size,
+                    &self.config.worker_id,
+                    self.config.lease,
+                    self.config.key_window,
+                )
+                .await?,
+            );
+        }
+        drop(conn);
+        let sends = claimed.into_iter().map(|claimed| async move {
+            let verdict = self.send(&claimed).await;
+            self.record(&claimed, &verdict).await
+        });
+        join_all(sends).await.into_iter().collect()
+    }
+
+    /// Sends `claimed`, unless a send could refund twice, and decides what the outcome means.
+    async fn send(&self, claimed: &ClaimedRefund) -> RefundVerdict {
+        if !claimed.send_is_safe() {
+            return RefundVerdict::uncertain(
+                "not sent: an earlier send may have reached the provider, and the provider may have forgotten the key \
+                 since, so a resend could refund twice",
+            );
+        }
+        let outcome = self.provider.create_refund(&claimed.refund_request()).await;
+        tracing::info!(refund.id = %claimed.refund_id, outcome = outcome.class(), "refund sent");
+        let policy = RetryPolicy { max_attempts: self.config.max_attempts, backoff: self.config.backoff };
+        decide(claimed, &outcome, &policy, &mut rand::rng())
+    }
+
+    /// Records `verdict` under `claimed`'s fencing token, in one transaction.
+    pub async fn record(&self, claimed: &ClaimedRefund, verdict: &RefundVerdict) -> anyhow::Result<Recording> {
+        let mut conn = self.pool.acquire().await.context("connecting to record a refund")?;
+        let mut tx = conn.begin().await?;
+        let release = match verdict {
+            RefundVerdict::Retry { delay, .. } => {
+                Release::RetryAt(OffsetDateTime::now_utc() + time::Duration::try_from(*delay)?)
+            }
+            RefundVerdict::Settle { .. } | RefundVerdict::Uncertain { .. } => Release::Done,
+        };
+        if !sending::release(&mut tx, claimed, release).await? {
+            return Ok(Recording::LeaseLost);
+        }
+        let actor = format!("worker:{}", self.config.worker_id);
+        let fenced = json!({"fencing_token": claimed.fencing_token, "attempt": claimed.attempt});
+        let moved = match verdict {
+            RefundVerdict::Settle { transition, settlement, reason } => {
+                let change = change(claimed, *transition, &actor, reason, fenced);
+                match settling::settle(&mut tx, &change, settlement).await? {
+                    Recorded::Moved(refund) => Some(refund.status),
+                    Recorded::LostRace => None,
+                }
+            }
+            RefundVerdict::Retry { reason, .. } => {
+                let change = change(claimed, Transition::NotSentRetry, &actor, reason, fenced);
+                // The outbox row stays, unleased, due at the retry's time; unless someone else moved
+                // the refund meanwhile, and then it has nothing left to send.
+                let moved = recorded(settling::apply(&mut tx, &change, None, OffsetDateTime::now_utc()).await?);
+                if moved.is_none() {
+                    sending::release(&mut tx, claimed, Release::Done).await?;
+                }
+                moved
+            }
+            RefundVerdict::Uncertain { reason, provider_refund_id } => {
+                let change = change(claimed, Transition::Uncertain, &actor, reason, fenced);
+                recorded(
+                    settling::apply(&mut tx, &change, provider_refund_id.as_deref(), OffsetDateTime::now_utc()).await?,
+                )
+            }
+        };
+        tx.commit().await?;
+        Ok(moved.map_or(Recording::Superseded, Recording::Moved))
+    }
+
+    /// Drains until `shutdown`, woken by `NOTIFY` on the refund outbox's channel, with the drainer's
+    /// poll interval as the fallback.
+    pub async fn run(&self, shutdown: CancellationToken) {
+        let mut listener = match PgListener::connect_with(&self.pool).await {
+            Ok(mut listener) => match listener.listen(REFUND_OUTBOX_CHANNEL).await {
+                Ok(()) => Some(listener),
+                Err(error) => {
+                    tracing::warn!(error = %error, "cannot listen for refunds; polling instead");
+                    None
+                }
+            },
+            Err(error) => {
+                tracing::warn!(error = %error, "cannot listen for refunds; polling instead");
+                None
+            }
+        };
+        while !shutdown.is_cancelled() {
+            match self.run_once().await {
+                Ok(recorded) if !recorded.is_empty() => continue,
+                Ok(_) => {}
+                Err(error) => tracing::warn!(error = %error, "sending refunds failed; trying again at the next poll"),
+            }
+            let woken = async {
+                match listener.as_mut() {
+                    Some(listener) => {
+                        let _ = listener.recv().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = shutdown.cancelled() => {}
+                () = woken => {}
+                () = tokio::time::sleep(self.config.poll_interval) => {}
+            }
+        }
+    }
+}
+
+fn change<'a>(
+    claimed: &ClaimedRefund,
+    transition: Transition,
+    actor: &'a str,
+    reason: &'a str,
+    detail: serde_json::Value,
+) -> RefundChange<'a> {
+    RefundChange {
+        tenant_id: claimed.tenant_id,
+        refund_id: claimed.refund_id,
+        from: PaymentStatus::Processing,
+        transition,
+        actor,
+        reason,
+        detail: Some(detail),
+    }
+}
+
+fn recorded(recorded: Recorded<PaymentStatus>) -> Option<PaymentStatus> {
+    match recorded {
+        Recorded::Moved(status) => Some(status),
+        Recorded::LostRace => None,
+    }
+}

@@ -1,0 +1,305 @@
+//! Sending refunds: each provider answer lands the refund in the right state, with the money booked
+//! on its payment as the answer says, against a real PostgreSQL and a wiremock provider speaking the
+//! simulator's protocol.
+
+use std::time::Duration;
+
+use oncepay_domain::fingerprint::Fingerprint;
+use oncepay_domain::idempotency_key::IdempotencyKey;
+use oncepay_domain::ids::RefundId;
+use oncepay_domain::money::Amount;
+use oncepay_domain::refund::RefundRequest;
+use oncepay_domain::status::PaymentStatus;
+use oncepay_provider::http::HttpProvider;
+use oncepay_provider::wire::CreateRefund;
+use oncepay_service::backoff::Backoff;
+use oncepay_store::refunds::intake::{self, NewRefund, RefundIntake};
+use oncepay_store::refunds::{self, Refund};
+use oncepay_worker::refunds::{Recording, RefundSender};
+use serde_json::json;
+use sqlx::PgPool;
+use wiremock::matchers::{method, path};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::support::{self, Accepted, Charges, accept, config, drainer, provider_settings, tenant};
+
+/// A payment of 1999 EUR cents, charged by the worker against a provider that charges it.
+async fn charged_payment(pool: &PgPool) -> (Accepted, String) {
+    let server = MockServer::start().await;
+    Charges::new().mount(&server).await;
+    let accepted = accept(pool, tenant(pool).await, 1999).await;
+    drainer(pool, &server.uri(), config("w0")).run_once().await.unwrap();
+    let payment = support::payment(pool, accepted).await;
+    assert_eq!(payment.status, PaymentStatus::Succeeded);
+    (accepted, payment.provider_charge_id.unwrap())
+}
+
+/// Accepts a refund of `amount` of `payment`, as `POST /v1/payments/{id}/refunds` would.
+async fn refund(pool: &PgPool, payment: Accepted, amount: i64) -> Refund {
+    let body = json!({"amount": amount});
+    let key = IdempotencyKey::parse(RefundId::generate().to_string().as_bytes()).unwrap();
+    let request = RefundRequest::from_json(&body).unwrap();
+    let new = NewRefund {
+        tenant_id: payment.tenant_id,
+        payment_id: payment.payment_id,
+        refund_id: RefundId::generate(),
+        key: &key,
+        fingerprint: Fingerprint::of("POST", &format!("/v1/payments/{}/refunds", payment.payment_id), &body),
+        request: &request,
+        requested_by: "api",
+        retention: Duration::from_secs(86_400),
+        trace: None,
+    };
+    let mut conn = pool.acquire().await.unwrap();
+    match intake::accept(&mut conn, &new).await.unwrap() {
+        RefundIntake::Created { refund, .. } => *refund,
+        other => panic!("the refund was not accepted: {other:?}"),
+    }
+}
+
+fn sender(pool: &PgPool, server: &MockServer, max_attempts: u32) -> RefundSender<HttpProvider> {
+    let provider = HttpProvider::new(&provider_settings(&server.uri())).unwrap();
+    let config = oncepay_worker::DrainerConfig {
+        max_attempts,
+        backoff: Backoff { base: Duration::ZERO, max: Duration::ZERO },
+        ..config("w1")
+    };
+    RefundSender::new(pool.clone(), provider, config)
+}
+
+async fn answering(template: ResponseTemplate) -> MockServer {
+    let server = MockServer::start().await;
+    Mock::given(method("POST")).and(path("/v1/refunds")).respond_with(template).mount(&server).await;
+    server
+}
+
+fn provider_refund(refund: &Refund, charge: &str, status: &str, amount: i64) -> serde_json::Value {
+    json!({
+        "id": "re_1",
+        "status": status,
+        "charge": charge,
+        "amount": amount,
+        "currency": "EUR",
+        "idempotency_key": refund.refund_id.downstream_key().as_str(),
+        "created": 1_763_800_000,
+        "metadata": {},
+    })
+}
+
+async fn stored(pool: &PgPool, refund: &Refund) -> Refund {
+    let mut conn = pool.acquire().await.unwrap();
+    refunds::find(&mut conn, refund.tenant_id, refund.refund_id).await.unwrap().unwrap()
+}
+
+/// `(refunds_reserved, refunded)` of the payment.
+async fn booked(pool: &PgPool, payment: Accepted) -> (i64, i64) {
+    sqlx::query_as("SELECT refunds_reserved, refunded FROM payments WHERE tenant_id = $1 AND payment_id = $2")
+        .bind(payment.tenant_id.as_uuid())
+        .bind(payment.payment_id.as_uuid())
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+async fn queued(pool: &PgPool, refund: &Refund) -> bool {
+    sqlx::query_scalar("SELECT count(*) = 1 FROM refund_outbox WHERE tenant_id = $1 AND refund_id = $2")
+        .bind(refund.tenant_id.as_uuid())
+        .bind(refund.refund_id.as_uuid())
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_refund_the_provider_makes_succeeds_and_is_booked_once(pool: PgPool) {
+    let (payment, charge) = charged_payment(&pool).await;
+    let asked = refund(&pool, payment, 500).await;
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/v1/refunds"))
+        .respond_with(ResponseTemplate::new(201).set_body_json(provider_refund(&asked, &charge, "succeeded", 500)))
+        .expect(1)
+        .mount(&server)
+        .await;
+
+    let recorded = sender(&pool, &server, 3).run_once().await.unwrap();
+
+    assert_eq!(recorded, [Recording::Moved(PaymentStatus::Succeeded)]);
+    let refund = stored(&pool, &asked).await;
+    assert_eq!(refund.provider_refund_id.as_deref(), Some("re_1"));
+    assert_eq!(booked(&pool, payment).await, (500, 500));
+    assert!(!queued(&pool, &asked).await);
+    let ledger: (String, i64) = sqlx::query_as(
+        "SELECT provider_refund_id, amount FROM refund_ledger_entries WHERE tenant_id = $1 AND refund_id = $2",
+    )
+    .bind(asked.tenant_id.as_uuid())
+    .bind(asked.refund_id.as_uuid())
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(ledger, ("re_1".to_owned(), 500));
+    let stored_response: Option<serde_json::Value> =
+        sqlx::query_scalar("SELECT response_body FROM refund_keys WHERE tenant_id = $1 AND refund_id = $2")
+            .bind(asked.tenant_id.as_uuid())
+            .bind(asked.refund_id.as_uuid())
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(stored_response.unwrap()["status"], "succeeded");
+
+    let sent = &server.received_requests().await.unwrap()[0];
+    assert_eq!(sent.headers["idempotency-key"], asked.refund_id.downstream_key().as_str());
+    let body: CreateRefund = sent.body_json().unwrap();
+    assert_eq!((body.charge.as_str(), body.amount), (charge.as_str(), 500));
+    assert_eq!(body.metadata["oncepay_refund_id"], asked.refund_id.to_string());
+
+    assert!(sender(&pool, &server, 3).run_once().await.unwrap().is_empty(), "a settled refund is never sent again");
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_refund_the_provider_fails_gives_its_amount_back_to_the_payment(pool: PgPool) {
+    let (payment, _) = charged_payment(&pool).await;
+    let asked = refund(&pool, payment, 700).await;
+    let server = answering(ResponseTemplate::new(402).set_body_json(json!({
+        "error": {"code": "insufficient_funds", "message": "Not enough balance.", "refund": "re_9"}
+    })))
+    .await;
+
+    let recorded = sender(&pool, &server, 3).run_once().await.unwrap();
+
+    assert_eq!(recorded, [Recording::Moved(PaymentStatus::Failed)]);
+    let refund = stored(&pool, &asked).await;
+    assert_eq!(refund.failure_code.as_deref(), Some("insufficient_funds"));
+    assert_eq!(refund.provider_refund_id.as_deref(), Some("re_9"));
+    assert_eq!(booked(&pool, payment).await, (0, 0), "a failed refund reserves nothing");
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn an_uncertain_answer_leaves_the_refund_unknown_and_never_resent_by_a_worker(pool: PgPool) {
+    let (payment, _) = charged_payment(&pool).await;
+    let asked = refund(&pool, payment, 300).await;
+    let server = answering(ResponseTemplate::new(503)).await;
+
+    let recorded = sender(&pool, &server, 3).run_once().await.unwrap();
+
+    assert_eq!(recorded, [Recording::Moved(PaymentStatus::Unknown)]);
+    let refund = stored(&pool, &asked).await;
+    assert!(refund.may_have_moved);
+    assert_eq!(booked(&pool, payment).await, (300, 0), "an unknown refund keeps its reservation");
+    assert!(sender(&pool, &server, 3).run_once().await.unwrap().is_empty());
+    assert_eq!(server.received_requests().await.unwrap().len(), 1);
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_refund_the_provider_has_not_finished_is_unknown_with_its_id(pool: PgPool) {
+    let (payment, charge) = charged_payment(&pool).await;
+    let asked = refund(&pool, payment, 300).await;
+    let server =
+        answering(ResponseTemplate::new(201).set_body_json(provider_refund(&asked, &charge, "pending", 300))).await;
+
+    let recorded = sender(&pool, &server, 3).run_once().await.unwrap();
+
+    assert_eq!(recorded, [Recording::Moved(PaymentStatus::Unknown)]);
+    assert_eq!(stored(&pool, &asked).await.provider_refund_id.as_deref(), Some("re_1"));
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_refund_of_other_money_is_never_booked(pool: PgPool) {
+    let (payment, charge) = charged_payment(&pool).await;
+    let asked = refund(&pool, payment, 300).await;
+    let server =
+        answering(ResponseTemplate::new(201).set_body_json(provider_refund(&asked, &charge, "succeeded", 301))).await;
+
+    let recorded = sender(&pool, &server, 3).run_once().await.unwrap();
+
+    assert_eq!(recorded, [Recording::Moved(PaymentStatus::Unknown)]);
+    assert_eq!(booked(&pool, payment).await, (300, 0));
+    let ledger: i64 = sqlx::query_scalar("SELECT count(*) FROM refund_ledger_entries").fetch_one(&pool).await.unwrap();
+    assert_eq!(ledger, 0);
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_provider_that_cannot_be_reached_is_retried_then_the_refund_fails_with_its_money_back(pool: PgPool) {
+    let (payment, _) = charged_payment(&pool).await;
+    let asked = refund(&pool, payment, 400).await;
+    let provider = HttpProvider::new(&provider_settings(&support::refusing_url())).unwrap();
+    let config = oncepay_worker::DrainerConfig {
+        max_attempts: 2,
+        backoff: Backoff { base: Duration::ZERO, max: Duration::ZERO },
+        ..config("w1")
+    };
+    let sender = RefundSender::new(pool.clone(), provider, config);
+
+    assert_eq!(sender.run_once().await.unwrap(), [Recording::Moved(PaymentStatus::Pending)]);
+    assert!(queued(&pool, &asked).await, "a refund not sent stays queued");
+    assert_eq!(sender.run_once().await.unwrap(), [Recording::Moved(PaymentStatus::Failed)]);
+
+    let refund = stored(&pool, &asked).await;
+    assert_eq!(refund.failure_code.as_deref(), Some("provider_unreachable"));
+    assert_eq!(refund.send_attempts, 2);
+    assert_eq!(booked(&pool, payment).await, (0, 0));
+    assert!(!queued(&pool, &asked).await);
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_result_after_the_lease_was_taken_back_is_not_recorded(pool: PgPool) {
+    let (payment, charge) = charged_payment(&pool).await;
+    let asked = refund(&pool, payment, 200).await;
+    let server =
+        answering(ResponseTemplate::new(201).set_body_json(provider_refund(&asked, &charge, "succeeded", 200))).await;
+    let sender = sender(&pool, &server, 3);
+    let mut conn = pool.acquire().await.unwrap();
+    let config = config("w1");
+    let claimed = oncepay_store::refunds::sending::claim(
+        &mut conn,
+        asked.tenant_id,
+        1,
+        "w1",
+        Duration::from_secs(60),
+        config.key_window,
+    )
+    .await
+    .unwrap()
+    .pop()
+    .unwrap();
+    // The sweeper takes the lease back (the worker seemed dead) and the refund is queued again.
+    sqlx::query("UPDATE refund_outbox SET locked_until = now() - interval '1 second'").execute(&pool).await.unwrap();
+    oncepay_store::refunds::sending::sweep(&mut conn, "sweeper", config.key_window, 10).await.unwrap();
+    assert_eq!(stored(&pool, &asked).await.status, PaymentStatus::Pending);
+
+    let verdict =
+        oncepay_worker::refunds::RefundVerdict::Uncertain { reason: "late".to_owned(), provider_refund_id: None };
+    assert_eq!(sender.record(&claimed, &verdict).await.unwrap(), Recording::LeaseLost);
+
+    assert_eq!(stored(&pool, &asked).await.status, PaymentStatus::Pending, "the stale worker wrote nothing");
+    assert!(queued(&pool, &asked).await);
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn refunds_never_add_up_to_more_than_the_charge(pool: PgPool) {
+    let (payment, _) = charged_payment(&pool).await;
+    refund(&pool, payment, 1500).await;
+    let body = json!({"amount": Amount::new(500).unwrap().minor_units()});
+    let key = IdempotencyKey::parse(b"second").unwrap();
+    let request = RefundRequest::from_json(&body).unwrap();
+    let new = NewRefund {
+        tenant_id: payment.tenant_id,
+        payment_id: payment.payment_id,
+        refund_id: RefundId::generate(),
+        key: &key,
+        fingerprint: Fingerprint::of("POST", "/x", &body),
+        request: &request,
+        requested_by: "api",
+        retention: Duration::from_secs(86_400),
+        trace: None,
+    };
+    let mut conn = pool.acquire().await.unwrap();
+
+    let refused = intake::accept(&mut conn, &new).await.unwrap();
+
+    assert!(
+        matches!(refused, RefundIntake::Refused(intake::Refusal::TooMuch { asked: 500, left: 499, .. })),
+        "{refused:?}"
+    );
+    assert_eq!(booked(&pool, payment).await, (1500, 0));
+}
