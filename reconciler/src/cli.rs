@@ -10,17 +10,19 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use oncepay_domain::ids::PaymentId;
+use oncepay_domain::ids::{PaymentId, RefundId};
 use oncepay_store::db;
 use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use crate::dead_letters::refunds::DeadRefundList;
 use crate::dead_letters::reports::EntryList;
 use crate::operator_error::OperatorError;
 use crate::operators::accounts::{self, OperatorView};
 use crate::operators::client::OpsClient;
 use crate::operators::proposals::{Approved, ProposalView};
+use crate::operators::refunds::RefundDetail;
 use crate::operators::reports::{Acted, AuditTrail, Done, OperatorList, PaymentPage, ProposalList, TokenList};
 use crate::operators::tokens::IssuedToken;
 use crate::recon::commands::{RunDetail, RunList, RunReport};
@@ -60,6 +62,10 @@ pub enum Command {
     /// Payments automation could not settle: list, show, retry, resolve (through the operations API).
     #[command(subcommand, name = "dead-letters")]
     DeadLetters(DeadLettersCommand),
+    /// Refunds: propose an operator's refund of a payment; list, show, retry and resolve the refunds
+    /// automation gave up on (through the operations API).
+    #[command(subcommand)]
+    Refunds(RefundsCommand),
     /// Decisions waiting for a second operator: list, approve, reject, withdraw (through the
     /// operations API).
     #[command(subcommand)]
@@ -389,10 +395,115 @@ pub enum DeadLettersCommand {
 /// `resolve --as`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ResolveAs {
-    /// The provider charged the customer.
+    /// The provider charged the customer (or, for a refund, gave the money back).
     Succeeded,
     /// No money moved.
     Failed,
+}
+
+impl ResolveAs {
+    /// The name the operations API takes.
+    const fn as_str(self) -> &'static str {
+        match self {
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+/// `refunds …`.
+#[derive(Debug, Subcommand)]
+pub enum RefundsCommand {
+    /// Proposes refunding a succeeded payment, for a second operator's approval; nothing moves
+    /// before. Refused at once when the refund could not be made now (nothing or too little left).
+    Propose {
+        /// The payment's id.
+        payment_id: PaymentId,
+        /// How much to give back, in minor units (default: all that is left).
+        #[arg(long)]
+        amount: Option<i64>,
+        /// Why, in the provider's words.
+        #[arg(long, value_enum)]
+        refund_reason: Option<RefundReasonArg>,
+        /// Why you propose it (recorded with your name).
+        #[arg(long)]
+        reason: String,
+    },
+    /// Lists the refunds automation gave up on (dead-lettered), oldest first.
+    #[command(name = "dead-letters")]
+    DeadLetters,
+    /// Shows a refund and its history, with the evidence of each change.
+    Show {
+        /// The refund's id.
+        refund_id: RefundId,
+    },
+    /// Sends a dead-lettered refund again, with the same downstream key. Done at once within the
+    /// provider's key window; past it (--outside-key-window), or when the API's
+    /// `operators.retries_need_approval` is set, proposed for a second operator's approval.
+    Retry {
+        /// The refund's id.
+        refund_id: RefundId,
+        /// Why (recorded with your name).
+        #[arg(long)]
+        reason: String,
+        /// Resend although the provider may have forgotten the key (a second refund is then
+        /// possible): needs an approver's approval.
+        #[arg(long)]
+        outside_key_window: bool,
+    },
+    /// Proposes settling a dead-lettered refund as succeeded (with the provider's refund) or failed,
+    /// for a second operator's approval.
+    Resolve {
+        /// The refund's id.
+        refund_id: RefundId,
+        /// What the refund's outcome was.
+        #[arg(long = "as", value_enum)]
+        outcome: ResolveAs,
+        /// Why (recorded with your name).
+        #[arg(long)]
+        reason: String,
+        /// The provider's refund (required with --as succeeded).
+        #[arg(long)]
+        provider_refund_id: Option<String>,
+        /// What the provider gave back, in minor units, when it no longer lists the refund by key.
+        #[arg(long, requires_all = ["currency", "refunded_at"])]
+        amount: Option<i64>,
+        /// The refund's currency (with --amount).
+        #[arg(long, requires = "amount")]
+        currency: Option<String>,
+        /// When the provider made the refund, RFC 3339 (with --amount).
+        #[arg(long, requires = "amount")]
+        refunded_at: Option<String>,
+        /// With --as failed: settle as failed although the provider reported a succeeded refund for
+        /// it (it was reversed, say); --reason must say why.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+/// `refunds propose --refund-reason`: the provider's words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RefundReasonArg {
+    /// The customer was charged twice for one thing.
+    #[value(name = "duplicate")]
+    Duplicate,
+    /// The charge was fraudulent.
+    #[value(name = "fraudulent")]
+    Fraudulent,
+    /// The customer asked for the money back.
+    #[value(name = "requested_by_customer")]
+    RequestedByCustomer,
+}
+
+impl RefundReasonArg {
+    /// The name the operations API takes.
+    const fn as_str(self) -> &'static str {
+        match self {
+            Self::Duplicate => "duplicate",
+            Self::Fraudulent => "fraudulent",
+            Self::RequestedByCustomer => "requested_by_customer",
+        }
+    }
 }
 
 /// What operator commands need; built by `main`.
@@ -436,6 +547,7 @@ pub async fn execute(command: Command, ctx: &Context) -> Result<Box<dyn Report>,
             Ok(boxed(RevokedKey { tenant, key_id }))
         }
         Command::DeadLetters(command) => dead_letter_command(command, ctx.ops()?).await,
+        Command::Refunds(command) => refund_command(command, ctx.ops()?).await,
         Command::Proposals(command) => proposal_command(command, ctx.ops()?).await,
         Command::Audit { operator, tenant_id, payment_id, action, before, limit } => {
             let mut query = vec![("limit", limit.to_string())];
@@ -535,11 +647,7 @@ async fn dead_letter_command(command: DeadLettersCommand, ops: &OpsClient) -> Re
             charged_at,
             force,
         } => {
-            let outcome = match outcome {
-                None => "acknowledged",
-                Some(ResolveAs::Succeeded) => "succeeded",
-                Some(ResolveAs::Failed) => "failed",
-            };
+            let outcome = outcome.map_or("acknowledged", ResolveAs::as_str);
             let body = json!({
                 "as": outcome,
                 "reason": reason,
@@ -550,6 +658,52 @@ async fn dead_letter_command(command: DeadLettersCommand, ops: &OpsClient) -> Re
                 "force": force,
             });
             let acted: Acted = ops.post(&format!("/v1/payments/{payment_id}/resolve"), &body).await?.into()?;
+            Ok(boxed(acted))
+        }
+    }
+}
+
+async fn refund_command(command: RefundsCommand, ops: &OpsClient) -> Result<Box<dyn Report>, OperatorError> {
+    match command {
+        RefundsCommand::Propose { payment_id, amount, refund_reason, reason } => {
+            let refund_reason = refund_reason.map(RefundReasonArg::as_str);
+            let body = json!({ "amount": amount, "refund_reason": refund_reason, "reason": reason });
+            let acted: Acted = ops.post(&format!("/v1/payments/{payment_id}/refund"), &body).await?.into()?;
+            Ok(boxed(acted))
+        }
+        RefundsCommand::DeadLetters => {
+            let list: DeadRefundList = ops.get("/v1/dead-letters/refunds").await?.into()?;
+            Ok(boxed(list))
+        }
+        RefundsCommand::Show { refund_id } => {
+            let detail: RefundDetail = ops.get(&format!("/v1/refunds/{refund_id}")).await?.into()?;
+            Ok(boxed(detail))
+        }
+        RefundsCommand::Retry { refund_id, reason, outside_key_window } => {
+            let body = json!({ "reason": reason, "outside_key_window": outside_key_window });
+            let acted: Acted = ops.post(&format!("/v1/refunds/{refund_id}/retry"), &body).await?.into()?;
+            Ok(boxed(acted))
+        }
+        RefundsCommand::Resolve {
+            refund_id,
+            outcome,
+            reason,
+            provider_refund_id,
+            amount,
+            currency,
+            refunded_at,
+            force,
+        } => {
+            let body = json!({
+                "as": outcome.as_str(),
+                "reason": reason,
+                "provider_refund_id": provider_refund_id,
+                "amount": amount,
+                "currency": currency,
+                "refunded_at": refunded_at,
+                "force": force,
+            });
+            let acted: Acted = ops.post(&format!("/v1/refunds/{refund_id}/resolve"), &body).await?.into()?;
             Ok(boxed(acted))
         }
     }
@@ -673,5 +827,44 @@ mod tests {
         assert!(parse(&["--as", "failed"]).is_err());
         assert!(parse(&["--as", "failed", "--acknowledge", "--reason", "both"]).is_err());
         assert!(parse(&["--as", "succeeded", "--charge-id", "ch_1", "--amount", "5", "--reason", "x"]).is_err());
+    }
+
+    #[test]
+    fn a_refund_is_proposed_with_a_reason_and_optionally_an_amount_and_the_providers_words() {
+        let id = "0190c1f2-aaaa-7bbb-8ccc-123456789abc";
+        let parse =
+            |args: &[&str]| Cli::try_parse_from([&["oncepay-reconciler", "refunds", "propose", id], args].concat());
+
+        let full = parse(&["--amount", "500", "--refund-reason", "requested_by_customer", "--reason", "returned"]);
+        assert!(matches!(
+            full.unwrap().command,
+            Some(Command::Refunds(RefundsCommand::Propose {
+                amount: Some(500),
+                refund_reason: Some(RefundReasonArg::RequestedByCustomer),
+                ..
+            }))
+        ));
+        assert!(parse(&["--reason", "all of it"]).is_ok());
+        assert!(parse(&["--amount", "500"]).is_err(), "a proposal says why");
+        assert!(parse(&["--refund-reason", "whim", "--reason", "x"]).is_err());
+    }
+
+    #[test]
+    fn resolving_a_refund_by_hand_gives_its_amount_currency_and_time_together() {
+        let id = "0190c1f2-aaaa-7bbb-8ccc-123456789abc";
+        let parse =
+            |args: &[&str]| Cli::try_parse_from([&["oncepay-reconciler", "refunds", "resolve", id], args].concat());
+
+        assert!(parse(&["--as", "failed", "--reason", "the provider failed it"]).is_ok());
+        assert!(parse(&["--as", "succeeded", "--provider-refund-id", "re_1", "--reason", "in the dashboard"]).is_ok());
+        let by_hand = ["--amount", "500", "--currency", "EUR", "--refunded-at", "2026-01-10T12:00:00Z"];
+        assert!(
+            parse(&[&["--as", "succeeded", "--provider-refund-id", "re_1", "--reason", "x"][..], &by_hand].concat())
+                .is_ok()
+        );
+        assert!(
+            parse(&["--as", "succeeded", "--provider-refund-id", "re_1", "--amount", "500", "--reason", "x"]).is_err()
+        );
+        assert!(parse(&["--reason", "no outcome"]).is_err());
     }
 }

@@ -1,13 +1,14 @@
 //! The reconciler: where uncertain outcomes become certain, and where operators work.
 //!
-//! As a service ([`service`]) it settles `unknown` payments from signed provider [`webhooks`] and by
-//! polling the provider ([`poller`]), dead-letters what it cannot settle, takes back expired worker
-//! leases ([`sweeper`]), deletes expired idempotency keys ([`reaper`]), and reconciles the ledger with
-//! the provider every night ([`recon`]), and serves the operations API where operators, signed in
-//! with personal tokens and limited by their roles, work dead letters and approve each other's
-//! proposals ([`operators`]). As a CLI ([`cli`]) it is the operator's tool: migrations and the first
-//! admin on the database, everything else through the operations API. `main.rs`
-//! only parses arguments, loads settings, starts telemetry and runs; everything testable is here.
+//! As a service ([`service`]) it settles `unknown` payments and [`refunds`] from signed provider
+//! [`webhooks`] and by polling the provider ([`poller`]), dead-letters what it cannot settle, takes
+//! back expired worker leases ([`sweeper`]), deletes expired idempotency keys ([`reaper`]), and
+//! reconciles the ledger with the provider every night ([`recon`]), and serves the operations API
+//! where operators, signed in with personal tokens and limited by their roles, work dead letters
+//! and approve each other's proposals ([`operators`]). As a CLI ([`cli`]) it is the operator's
+//! tool: migrations and the first admin on the database, everything else through the operations
+//! API. `main.rs` only parses arguments, loads settings, starts telemetry and runs; everything
+//! testable is here.
 
 pub mod backlog;
 pub mod cli;
@@ -19,6 +20,7 @@ pub mod operators;
 pub mod poller;
 pub mod reaper;
 pub mod recon;
+pub mod refunds;
 pub mod render;
 pub mod runner;
 pub mod service;

@@ -10,16 +10,22 @@ use crate::recon::compare::Class;
 pub const WEBHOOKS: &str = "oncepay_reconciler_webhooks_total";
 /// `unknown` payments that left `unknown`, by `how`.
 pub const UNKNOWN_RESOLVED: &str = "oncepay_reconciler_unknown_resolved_total";
+/// `unknown` refunds that left `unknown`, by `how`.
+pub const UNKNOWN_REFUNDS_RESOLVED: &str = "oncepay_reconciler_unknown_refunds_resolved_total";
 /// Dead letters opened, by `kind`.
 pub const DEAD_LETTERS: &str = "oncepay_reconciler_dead_letters_total";
 /// Expired idempotency keys deleted.
 pub const REAPED_KEYS: &str = "oncepay_reconciler_reaped_keys_total";
+/// Expired refund idempotency keys deleted.
+pub const REAPED_REFUND_KEYS: &str = "oncepay_reconciler_reaped_refund_keys_total";
 /// Ledger reconciliation discrepancies, by `class`.
 pub const RECON_DISCREPANCIES: &str = "oncepay_reconciler_recon_discrepancies_total";
 /// Ledger reconciliation runs that ended, by `status` (`completed`, `failed`).
 pub const RECON_RUNS: &str = "oncepay_reconciler_recon_runs_total";
 /// Expired worker leases taken back, by `outcome`.
 pub const LEASES_TAKEN_OVER: &str = "oncepay_reconciler_leases_taken_over_total";
+/// Expired worker leases of refunds taken back, by `outcome`.
+pub const REFUND_LEASES_TAKEN_OVER: &str = "oncepay_reconciler_refund_leases_taken_over_total";
 /// Passes of a background loop that failed, by `loop`.
 pub const LOOP_ERRORS: &str = "oncepay_reconciler_loop_errors_total";
 
@@ -41,7 +47,7 @@ pub const OPEN_DEAD_LETTERS: &str = "oncepay_reconciler_open_dead_letters";
 pub const BACKLOG_SAMPLED_AT: &str = "oncepay_reconciler_backlog_sampled_timestamp_seconds";
 
 /// Every `verdict` of [`WEBHOOKS`].
-pub const WEBHOOK_VERDICTS: [&str; 12] = [
+pub const WEBHOOK_VERDICTS: [&str; 13] = [
     "applied",
     "duplicate",
     "not_unknown",
@@ -49,6 +55,7 @@ pub const WEBHOOK_VERDICTS: [&str; 12] = [
     "already_terminal",
     "conflict",
     "unbookable",
+    "unfinished",
     "not_ours",
     "invalid_signature",
     "invalid_body",
@@ -58,10 +65,13 @@ pub const WEBHOOK_VERDICTS: [&str; 12] = [
 /// Every `how` of [`UNKNOWN_RESOLVED`].
 pub const RESOLUTIONS: [&str; 6] =
     ["webhook_charged", "webhook_declined", "poll_charged", "poll_declined", "resend", "dead_lettered"];
-/// Every `outcome` of [`LEASES_TAKEN_OVER`].
+/// Every `how` of [`UNKNOWN_REFUNDS_RESOLVED`].
+pub const REFUND_RESOLUTIONS: [&str; 7] =
+    ["webhook_refunded", "webhook_failed", "poll_refunded", "poll_failed", "poll_not_made", "resend", "dead_lettered"];
+/// Every `outcome` of [`LEASES_TAKEN_OVER`] and [`REFUND_LEASES_TAKEN_OVER`].
 pub const TAKEOVERS: [&str; 3] = ["released", "uncertain", "obsolete"];
 /// Every `loop` of [`LOOP_ERRORS`].
-pub const LOOPS: [&str; 5] = ["poller", "sweeper", "reaper", "recon", "backlog"];
+pub const LOOPS: [&str; 6] = ["poller", "refund_poller", "sweeper", "reaper", "recon", "backlog"];
 
 /// Describes every metric and registers every counter series at zero, for every label value.
 ///
@@ -71,11 +81,17 @@ pub const LOOPS: [&str; 5] = ["poller", "sweeper", "reaper", "recon", "backlog"]
 pub fn describe() {
     describe_counter!(WEBHOOKS, "Provider webhook deliveries, by verdict");
     describe_counter!(UNKNOWN_RESOLVED, "Payments that left `unknown`, by how");
+    describe_counter!(UNKNOWN_REFUNDS_RESOLVED, "Refunds that left `unknown`, by how");
     describe_counter!(DEAD_LETTERS, "Dead letters opened for an operator, by kind");
     describe_counter!(REAPED_KEYS, "Expired idempotency keys of terminal payments deleted");
+    describe_counter!(REAPED_REFUND_KEYS, "Expired idempotency keys of terminal refunds deleted");
     describe_counter!(RECON_DISCREPANCIES, "Ledger reconciliation discrepancies found, by class");
     describe_counter!(RECON_RUNS, "Ledger reconciliation runs that ended, by status");
     describe_counter!(LEASES_TAKEN_OVER, "Expired worker leases taken back by the sweeper, by outcome");
+    describe_counter!(
+        REFUND_LEASES_TAKEN_OVER,
+        "Expired worker leases of refunds taken back by the sweeper, by outcome"
+    );
     describe_counter!(LOOP_ERRORS, "Background loop passes that failed, by loop");
     describe_gauge!(OUTBOX_DEPTH, "Outbox rows by state (due, scheduled, leased)");
     describe_gauge!(OLDEST_PENDING_AGE, Unit::Seconds, "Age of the oldest payment waiting in the outbox");
@@ -90,10 +106,14 @@ pub fn describe() {
     for how in RESOLUTIONS {
         counter!(UNKNOWN_RESOLVED, "how" => how).increment(0);
     }
+    for how in REFUND_RESOLUTIONS {
+        counter!(UNKNOWN_REFUNDS_RESOLVED, "how" => how).increment(0);
+    }
     for kind in Kind::ALL {
         counter!(DEAD_LETTERS, "kind" => kind.as_str()).increment(0);
     }
     counter!(REAPED_KEYS).increment(0);
+    counter!(REAPED_REFUND_KEYS).increment(0);
     for class in Class::ALL {
         counter!(RECON_DISCREPANCIES, "class" => class.as_str()).increment(0);
     }
@@ -102,6 +122,7 @@ pub fn describe() {
     }
     for outcome in TAKEOVERS {
         counter!(LEASES_TAKEN_OVER, "outcome" => outcome).increment(0);
+        counter!(REFUND_LEASES_TAKEN_OVER, "outcome" => outcome).increment(0);
     }
     for name in LOOPS {
         counter!(LOOP_ERRORS, "loop" => name).increment(0);

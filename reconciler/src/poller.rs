@@ -327,7 +327,7 @@ impl<P: PaymentProvider> Poller<P> {
 
 /// Whether `error` comes from a database that could not be reached, rather than one that refused
 /// what it was asked to write.
-fn unavailable(error: &anyhow::Error) -> bool {
+pub(crate) fn unavailable(error: &anyhow::Error) -> bool {
     error.chain().any(|cause| cause.downcast_ref::<sqlx::Error>().is_some_and(store::is_transient))
 }
 

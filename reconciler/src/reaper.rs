@@ -1,7 +1,8 @@
-//! The reaper: deletes idempotency keys past their retention, and webhook ids past theirs.
+//! The reaper: deletes idempotency keys past their retention (the payments' and the refunds'), and
+//! webhook ids past theirs.
 //!
-//! A key is deleted only once it has expired and its payment is terminal. Payments, their audit trail
-//! and the ledger are never deleted here.
+//! A key is deleted only once it has expired and its payment or refund is terminal. Payments,
+//! refunds, their audit trails and the ledgers are never deleted here.
 
 use std::future::Future;
 use std::time::Duration;
@@ -28,6 +29,8 @@ pub struct ReaperConfig {
 pub struct Counts {
     /// Expired idempotency keys of terminal payments.
     pub keys: u64,
+    /// Expired idempotency keys of terminal refunds.
+    pub refund_keys: u64,
     /// Webhook ids past their retention.
     pub webhook_events: u64,
 }
@@ -49,7 +52,7 @@ impl Pass for Reaper {
     async fn pass(&self) -> anyhow::Result<bool> {
         let full = u64::from(self.config.batch_size);
         let counts = self.run_once().await?;
-        Ok(counts.keys >= full || counts.webhook_events >= full)
+        Ok(counts.keys >= full || counts.refund_keys >= full || counts.webhook_events >= full)
     }
 }
 
@@ -59,23 +62,26 @@ impl Reaper {
         Self { pool, config }
     }
 
-    /// One pass: at most one batch of keys and one of webhook ids.
+    /// One pass: at most one batch of payments' keys, one of refunds' keys and one of webhook ids.
     ///
     /// Each batch is read without locks across tenants (the tenants of its oldest rows), then deleted
     /// one tenant at a time, each by one short statement (`FOR UPDATE SKIP LOCKED`, oldest first): the
     /// reaper never holds many locks or writes a burst of WAL, several reapers can run at once, and
     /// under Citus each delete stays on its tenant's shard (SCALING.md).
-    #[tracing::instrument(name = "reaper.pass", skip_all, fields(reaped.keys, reaped.webhook_events))]
+    #[tracing::instrument(name = "reaper.pass", skip_all, fields(reaped.keys, reaped.refund_keys, reaped.webhook_events))]
     pub async fn run_once(&self) -> anyhow::Result<Counts> {
         let batch = i64::from(self.config.batch_size);
         let keys = self.reap_keys(batch).await.context("cannot delete expired idempotency keys")?;
         metrics::counter!(crate::metrics::REAPED_KEYS).increment(keys);
+        let refund_keys = self.reap_refund_keys(batch).await.context("cannot delete expired refund keys")?;
+        metrics::counter!(crate::metrics::REAPED_REFUND_KEYS).increment(refund_keys);
         let webhook_events = self.reap_webhook_ids(batch).await.context("cannot delete old webhook ids")?;
 
         let span = tracing::Span::current();
         span.record("reaped.keys", keys);
+        span.record("reaped.refund_keys", refund_keys);
         span.record("reaped.webhook_events", webhook_events);
-        Ok(Counts { keys, webhook_events })
+        Ok(Counts { keys, refund_keys, webhook_events })
     }
 
     /// Deletes up to `batch` expired keys of terminal payments.
@@ -112,6 +118,54 @@ impl Reaper {
                     FOR UPDATE OF k SKIP LOCKED
                 )
                 DELETE FROM idempotency_keys k USING doomed
+                WHERE k.tenant_id = $2 AND k.idempotency_key = doomed.idempotency_key
+                "#,
+                limit,
+                tenant_id.as_uuid(),
+            )
+            .execute(&self.pool)
+            .await?;
+            Ok(deleted.rows_affected())
+        })
+        .await
+    }
+
+    /// Deletes up to `batch` expired keys of terminal refunds, as [`Reaper::reap_keys`] does
+    /// payments' keys: a key whose refund is pending, processing, unknown or dead-lettered stays
+    /// however old it is.
+    ///
+    /// A refund key's expiry is not moved when its refund becomes terminal, so the key is also kept
+    /// for its retention (`expires_at - created_at`) after that moment: a refund's `updated_at` is
+    /// when it last changed status, and a terminal refund never changes again.
+    async fn reap_refund_keys(&self, batch: i64) -> Result<u64, sqlx::Error> {
+        let tenants = sqlx::query_scalar!(
+            r#"
+            SELECT DISTINCT tenant_id AS "tenant_id!: TenantId" FROM (
+                SELECT k.tenant_id
+                FROM refund_keys k JOIN refunds r USING (tenant_id, refund_id)
+                WHERE k.expires_at < now() AND r.status IN ('succeeded', 'failed')
+                  AND r.updated_at + (k.expires_at - k.created_at) < now()
+                ORDER BY k.expires_at
+                LIMIT $1
+            ) oldest
+            "#,
+            batch,
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        by_tenant(tenants, batch, |tenant_id, limit| async move {
+            let deleted = sqlx::query!(
+                r#"
+                WITH doomed AS (
+                    SELECT k.tenant_id, k.idempotency_key
+                    FROM refund_keys k JOIN refunds r USING (tenant_id, refund_id)
+                    WHERE k.tenant_id = $2 AND k.expires_at < now() AND r.status IN ('succeeded', 'failed')
+                      AND r.updated_at + (k.expires_at - k.created_at) < now()
+                    ORDER BY k.expires_at
+                    LIMIT $1
+                    FOR UPDATE OF k SKIP LOCKED
+                )
+                DELETE FROM refund_keys k USING doomed
                 WHERE k.tenant_id = $2 AND k.idempotency_key = doomed.idempotency_key
                 "#,
                 limit,

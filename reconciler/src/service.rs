@@ -1,6 +1,7 @@
 //! `serve`: the reconciler as a service. Wires the settings into the HTTP servers (webhooks and
-//! operations endpoints; the operators' API when it has a port) and the background loops (poller, sweeper, reaper, nightly reconciliation,
-//! backlog gauges), and runs them until the shutdown token fires.
+//! operations endpoints; the operators' API when it has a port) and the background loops (the
+//! pollers of payments and of refunds, sweeper, reaper, nightly reconciliation, backlog gauges), and
+//! runs them until the shutdown token fires.
 //!
 //! It does not migrate the schema (`oncepay-reconciler migrate` does, once per deploy); `/readyz`
 //! says whether the schema is current.
@@ -22,6 +23,7 @@ use crate::operators::{self, api::OperatorsState};
 use crate::poller::{Poller, PollerConfig};
 use crate::reaper::{Reaper, ReaperConfig};
 use crate::recon::Reconciliation;
+use crate::refunds::poller::RefundPoller;
 use crate::runner::{self, Pass};
 use crate::settings::Settings;
 use crate::sweeper::{Sweeper, SweeperConfig};
@@ -97,20 +99,20 @@ pub async fn serve(settings: Settings, shutdown: CancellationToken) -> anyhow::R
     tracing::info!(http.address = %address, "reconciler listening");
 
     let p = &settings.poller;
-    let poller = Poller::new(
-        pool.clone(),
-        provider.clone(),
-        PollerConfig {
-            interval: p.interval(),
-            batch_size: p.batch_size,
-            concurrency: p.concurrency,
-            lease: Duration::from_millis(p.lease_ms),
-            backoff: p.backoff,
-            max_attempts: p.max_attempts,
-            max_age: Duration::from_secs(p.max_age_secs),
-            resend_horizon: key_window.resend_horizon(),
-        },
-    );
+    let poller_config = PollerConfig {
+        interval: p.interval(),
+        batch_size: p.batch_size,
+        concurrency: p.concurrency,
+        lease: Duration::from_millis(p.lease_ms),
+        backoff: p.backoff,
+        max_attempts: p.max_attempts,
+        max_age: Duration::from_secs(p.max_age_secs),
+        resend_horizon: key_window.resend_horizon(),
+    };
+    // Unknown refunds are looked up by a loop of their own, with the same limits: a backlog of one
+    // kind never holds the other back.
+    let refund_poller = RefundPoller::new(pool.clone(), provider.clone(), poller_config.clone());
+    let poller = Poller::new(pool.clone(), provider.clone(), poller_config);
     let sweeper = Sweeper::new(
         pool.clone(),
         SweeperConfig {
@@ -132,6 +134,7 @@ pub async fn serve(settings: Settings, shutdown: CancellationToken) -> anyhow::R
 
     let mut loops: JoinSet<anyhow::Result<()>> = JoinSet::new();
     spawn(&mut loops, poller, &shutdown);
+    spawn(&mut loops, refund_poller, &shutdown);
     spawn(&mut loops, sweeper, &shutdown);
     spawn(&mut loops, reaper, &shutdown);
     spawn(&mut loops, backlog, &shutdown);

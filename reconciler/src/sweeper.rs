@@ -1,19 +1,21 @@
-//! The sweeper: takes outbox leases back from workers that died or stalled. It never touches a lease
-//! that has not expired.
+//! The sweeper: takes outbox leases back from workers that died or stalled, the payments' and the
+//! refunds'. It never touches a lease that has not expired.
 //!
-//! The takeover itself is `oncepay_store::leases::sweep`, kept with the worker's claim and record
-//! statements so the protocol lives in one place; this module only runs it.
+//! The takeovers themselves are `oncepay_store::leases::sweep` and
+//! `oncepay_store::refunds::sending::sweep`, kept with the worker's claim and record statements so
+//! each protocol lives in one place; this module only runs them.
 
 use std::time::Duration;
 
 use anyhow::Context;
 use oncepay_provider::KeyWindow;
 use oncepay_store::leases::{self, SweepCounts};
+use oncepay_store::refunds::sending::{self, RefundSweep};
 use sqlx::PgPool;
 
 use crate::runner::Pass;
 
-/// Who the audit trail says moved the payment.
+/// Who the audit trail says moved the payment or the refund.
 const ACTOR: &str = "sweeper";
 
 /// The sweeper's limits.
@@ -21,10 +23,26 @@ const ACTOR: &str = "sweeper";
 pub struct SweeperConfig {
     /// Pause after a pass that changed nothing.
     pub interval: Duration,
-    /// Leases looked at per pass.
+    /// Leases looked at per pass, of payments and of refunds each.
     pub batch_size: u32,
     /// How long a resend with the same key is certain to be deduplicated by the provider.
     pub key_window: KeyWindow,
+}
+
+/// What one pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Payments' leases.
+    pub payments: SweepCounts,
+    /// Refunds' leases.
+    pub refunds: RefundSweep,
+}
+
+impl Counts {
+    /// How many rows this pass changed.
+    pub fn changed(&self) -> u64 {
+        self.payments.changed() + self.refunds.released + self.refunds.uncertain + self.refunds.obsolete
+    }
 }
 
 /// The sweeper loop.
@@ -52,19 +70,38 @@ impl Sweeper {
         Self { pool, config }
     }
 
-    /// One pass: up to `batch_size` expired leases taken back. Inside the provider's key window a
-    /// payment goes back to `pending` and is resent with the same key; past it, the payment becomes
-    /// `unknown` and is queued for the poller.
-    pub async fn run_once(&self) -> anyhow::Result<SweepCounts> {
+    /// One pass: up to `batch_size` expired payment leases and as many refund leases taken back.
+    /// Inside the provider's key window a payment or a refund goes back to `pending` and is resent
+    /// with the same key; past it, it becomes `unknown`, for the poller.
+    #[tracing::instrument(name = "sweeper.pass", skip_all, fields(swept.payments, swept.refunds))]
+    pub async fn run_once(&self) -> anyhow::Result<Counts> {
         let mut conn = self.pool.acquire().await.context("cannot reach the database")?;
-        let counts = leases::sweep(&mut conn, ACTOR, self.config.key_window, self.config.batch_size)
+        let payments = leases::sweep(&mut conn, ACTOR, self.config.key_window, self.config.batch_size)
             .await
             .context("cannot sweep expired leases")?;
         for (label, n) in
-            [("released", counts.released), ("uncertain", counts.uncertain), ("obsolete", counts.obsolete)]
+            [("released", payments.released), ("uncertain", payments.uncertain), ("obsolete", payments.obsolete)]
         {
             metrics::counter!(crate::metrics::LEASES_TAKEN_OVER, "outcome" => label).increment(n);
         }
-        Ok(counts)
+        let refunds = sending::sweep(&mut conn, ACTOR, self.config.key_window, self.config.batch_size)
+            .await
+            .context("cannot sweep expired refund leases")?;
+        for (label, n) in
+            [("released", refunds.released), ("uncertain", refunds.uncertain), ("obsolete", refunds.obsolete)]
+        {
+            metrics::counter!(crate::metrics::REFUND_LEASES_TAKEN_OVER, "outcome" => label).increment(n);
+        }
+        let span = tracing::Span::current();
+        span.record("swept.payments", payments.changed());
+        span.record("swept.refunds", refunds.released + refunds.uncertain + refunds.obsolete);
+        if refunds.released + refunds.uncertain > 0 {
+            tracing::info!(
+                refunds.released = refunds.released,
+                refunds.uncertain = refunds.uncertain,
+                "took back expired refund leases"
+            );
+        }
+        Ok(Counts { payments, refunds })
     }
 }

@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::provider_ref::ProviderAccount;
@@ -54,9 +55,7 @@ pub struct Claimed {
 ///
 /// Each claim statement takes one tenant's payments, oldest due first, so that under Citus it runs
 /// on that tenant's shard (SCALING.md). The tenants with due payments are found first, by a read
-/// without locks, and each gets an equal share of what is left of the batch in turn; what a tenant
-/// leaves of its share goes to the tenants after it, and to those that filled theirs in a further
-/// round, until the batch is full or no tenant has more.
+/// without locks, and share the batch ([`claim_in_shares`]).
 ///
 /// The lease is `next_poll_at` pushed forward, not a lock held, so no transaction stays open across
 /// the provider call that follows.
@@ -67,11 +66,32 @@ pub async fn claim_due(
     lease: Duration,
     resend_horizon: Duration,
 ) -> Result<Vec<Claimed>, StoreError> {
-    let mut waiting: Vec<TenantId> = sqlx::query_scalar!(
+    let waiting: Vec<TenantId> = sqlx::query_scalar!(
         r#"SELECT DISTINCT tenant_id AS "tenant_id: TenantId" FROM unknown_payments WHERE next_poll_at <= now()"#
     )
     .fetch_all(&mut *conn)
     .await?;
+    claim_in_shares(conn, waiting, batch_size, (lease, resend_horizon), |conn, tenant_id, limit, (lease, horizon)| {
+        Box::pin(claim_due_of(conn, tenant_id, limit, lease, horizon))
+    })
+    .await
+}
+
+/// One tenant's claim of at most `limit` due rows, given the claim's other arguments.
+pub(crate) type ClaimOf<T, A> =
+    for<'c> fn(&'c mut PgConnection, TenantId, u32, A) -> BoxFuture<'c, Result<Vec<T>, StoreError>>;
+
+/// Fills a batch of `batch_size` from the `waiting` tenants by `claim`: each gets an equal share of
+/// what is left of the batch in turn; what a tenant leaves of its share goes to the tenants after it,
+/// and to those that filled theirs in a further round, until the batch is full or no tenant has more.
+/// The poller of refunds shares its batches the same way.
+pub(crate) async fn claim_in_shares<T, A: Copy>(
+    conn: &mut PgConnection,
+    mut waiting: Vec<TenantId>,
+    batch_size: u32,
+    args: A,
+    claim: ClaimOf<T, A>,
+) -> Result<Vec<T>, StoreError> {
     let mut claimed = Vec::new();
     let mut remaining = batch_size;
     // Rounds: a tenant that filled its share may have more, and gets a share of what the others
@@ -84,7 +104,7 @@ pub async fn claim_due(
                 break;
             }
             let share = remaining.div_ceil(u32::try_from(count - index).unwrap_or(u32::MAX));
-            let rows = claim_due_of(conn, tenant_id, share, lease, resend_horizon).await?;
+            let rows = claim(&mut *conn, tenant_id, share, args).await?;
             let taken = u32::try_from(rows.len()).unwrap_or(u32::MAX);
             if taken == share {
                 filled.push(tenant_id);

@@ -2,13 +2,13 @@
 //!
 //! A delivery that is recorded gets a 2xx, so the provider stops retrying; one that cannot be
 //! recorded because the database is unavailable gets a 503, so the provider retries later. Bodies and
-//! secrets are never logged. What an event means for its payment is decided by
-//! [`crate::verdict::judge`], not here.
+//! secrets are never logged. What a charge event means for its payment is decided by
+//! [`crate::verdict::judge`], not here; refund events are applied by [`crate::refunds::webhooks`].
 
 use actix_web::http::header;
 use actix_web::{HttpRequest, HttpResponse, web};
 use futures::StreamExt;
-use oncepay_domain::ids::{DownstreamKey, PaymentId, TenantId};
+use oncepay_domain::ids::{DownstreamKey, PaymentId, RefundId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::provider_ref::ProviderAccount;
 use oncepay_domain::status::{PaymentStatus, Transition};
@@ -16,7 +16,7 @@ use oncepay_domain::strict_json;
 use oncepay_http::problem::{Problem, ProblemType};
 use oncepay_provider::stripe::signature::StripeWebhookSecret;
 use oncepay_provider::webhook_signature::{self, SignedHeaders, WebhookSecret};
-use oncepay_provider::wire::{EventType, WebhookEvent};
+use oncepay_provider::wire::{EventType, RefundEvent, WebhookEvent};
 use oncepay_provider::{Charge, ChargeStatus};
 use oncepay_service::telemetry;
 use oncepay_store::StoreError;
@@ -70,7 +70,7 @@ pub enum Handled {
     Recorded(&'static str),
     /// This `webhook-id` was seen before: nothing changed.
     Duplicate,
-    /// The charge names no payment of ours.
+    /// The charge or refund names no payment or refund of ours.
     NotOurs,
 }
 
@@ -100,6 +100,9 @@ pub enum ApplyError {
     /// The locked payment changed status anyway: a bug.
     #[error("payment {0} moved while it was locked")]
     MovedWhileLocked(PaymentId),
+    /// The locked refund changed status anyway: a bug.
+    #[error("refund {0} moved while it was locked")]
+    RefundMovedWhileLocked(RefundId),
 }
 
 #[tracing::instrument(name = "webhook.receive", skip_all, fields(webhook.id, webhook.verdict))]
@@ -135,16 +138,34 @@ async fn respond(request: &HttpRequest, payload: web::Payload, state: &WebhookSt
     let webhook_id = headers.id.unwrap_or_default();
     tracing::Span::current().record("webhook.id", webhook_id);
 
-    // A verified body that is not a charge event is a 400, and so is one that names a member twice:
-    // readers disagree on which of the two counts.
-    let event: WebhookEvent = match strict_json::from_slice(&body) {
-        Ok(event) => event,
-        Err(error) => {
-            let detail = format!("the body is not a charge event: {error}");
-            return ("invalid_body", Problem::new(ProblemType::InvalidWebhook, detail).to_response());
+    // A verified body that is not a charge or refund event is a 400, and so is one that names a
+    // member twice: readers disagree on which of the two counts.
+    match read_event(&body) {
+        Ok(Delivered::Charge(event)) => apply_and_respond(&state.pool, webhook_id, &event).await,
+        Ok(Delivered::Refund(event)) => {
+            crate::refunds::webhooks::apply_and_respond(&state.pool, webhook_id, &event).await
         }
-    };
-    apply_and_respond(&state.pool, webhook_id, &event).await
+        Err(detail) => ("invalid_body", Problem::new(ProblemType::InvalidWebhook, detail).to_response()),
+    }
+}
+
+/// A verified delivery's event.
+enum Delivered {
+    Charge(WebhookEvent),
+    Refund(RefundEvent),
+}
+
+/// Reads a body strictly, then as the kind of event its `type` names (`refund.…` or a charge's), so
+/// that a body that is not an event is refused with what is wrong with it.
+fn read_event(body: &[u8]) -> Result<Delivered, String> {
+    let unreadable = |error: &dyn std::fmt::Display| format!("the body is not a charge or refund event: {error}");
+    let value = strict_json::parse(body).map_err(|e| unreadable(&e))?;
+    let refund = value.get("type").and_then(Value::as_str).is_some_and(|kind| kind.starts_with("refund."));
+    if refund {
+        serde_json::from_value(value).map(Delivered::Refund).map_err(|e| unreadable(&e))
+    } else {
+        serde_json::from_value(value).map(Delivered::Charge).map_err(|e| unreadable(&e))
+    }
 }
 
 /// Applies a verified event and says how it went, as a metrics label and a response: 2xx once the
@@ -155,11 +176,18 @@ pub(crate) async fn apply_and_respond(
     webhook_id: &str,
     event: &WebhookEvent,
 ) -> (&'static str, HttpResponse) {
-    match apply(pool, webhook_id, event).await {
-        Ok(handled) => {
-            tracing::info!(charge.id = %event.data.id, outcome = handled.label(), "webhook applied");
-            (handled.label(), HttpResponse::Ok().json(json!({ "outcome": handled.label() })))
-        }
+    let applied = apply(pool, webhook_id, event).await;
+    if let Ok(handled) = &applied {
+        tracing::info!(charge.id = %event.data.id, outcome = handled.label(), "webhook applied");
+    }
+    respond_to(applied)
+}
+
+/// The metrics label and the response for an event applied, or not: 2xx once it is recorded, 400
+/// for an event that contradicts itself, 503 while the database is unavailable, else 500.
+pub(crate) fn respond_to(applied: Result<Handled, ApplyError>) -> (&'static str, HttpResponse) {
+    match applied {
+        Ok(handled) => (handled.label(), HttpResponse::Ok().json(json!({ "outcome": handled.label() }))),
         Err(ApplyError::Invalid(detail)) => {
             tracing::warn!(detail, "a signed webhook cannot be applied");
             ("invalid_body", Problem::new(ProblemType::InvalidWebhook, detail).to_response())

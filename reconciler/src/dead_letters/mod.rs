@@ -1,10 +1,12 @@
-//! The dead-letter table: payments automation could not settle, for operators.
+//! The dead-letter table: payments automation could not settle, for operators; and refunds it gave
+//! up on, which need no table of their own ([`refunds`]).
 //!
 //! A payment has at most one open entry; further evidence is appended to it. Only an operator closes
 //! an entry ([`actions`]), and is recorded with the reason. Nothing here moves a payment.
 
 pub mod actions;
 pub mod queries;
+pub mod refunds;
 pub mod reports;
 
 use std::str::FromStr;

@@ -50,6 +50,41 @@ pub async fn show(conn: &mut PgConnection, payment_id: PaymentId) -> Result<Deta
     Ok(Detail { payment_id, tenant_id, entries, audit_trail })
 }
 
+/// Every dead letter of a payment of `tenant_id`, none for a payment automation settled, and its
+/// audit trail.
+pub async fn detail(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    payment_id: PaymentId,
+) -> Result<Detail, OperatorError> {
+    let entries = entries(conn, Some(payment_id), true, Some(&[tenant_id.as_uuid()])).await?;
+    let audit_trail = audit_trail(conn, tenant_id, payment_id).await?;
+    Ok(Detail { payment_id, tenant_id, entries, audit_trail })
+}
+
+/// The tenant of payment `payment_id`, if one of `tenants` (every tenant: `None`) has it. Locks
+/// nothing.
+pub async fn payment_tenant(
+    conn: &mut PgConnection,
+    tenants: Option<&[Uuid]>,
+    payment_id: PaymentId,
+) -> Result<Option<TenantId>, OperatorError> {
+    // The tenants are listed first, so that the payment is found by its primary key in each.
+    let tenant_id = sqlx::query_scalar!(
+        r#"
+        SELECT tenant_id AS "tenant_id: TenantId" FROM payments
+        WHERE tenant_id IN (SELECT tenant_id FROM tenants WHERE $1::uuid[] IS NULL OR tenant_id = ANY ($1))
+          AND payment_id = $2
+        "#,
+        tenants,
+        payment_id.as_uuid(),
+    )
+    .fetch_optional(conn)
+    .await
+    .context("cannot read the payment")?;
+    Ok(tenant_id)
+}
+
 async fn entries(
     conn: &mut PgConnection,
     payment_id: Option<PaymentId>,

@@ -9,7 +9,7 @@
 use anyhow::Context as _;
 use oncepay_domain::ids::{PaymentId, TenantId};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Map, Value};
 use sqlx::PgConnection;
 use time::OffsetDateTime;
 use uuid::Uuid;
@@ -134,6 +134,20 @@ impl Entry {
     /// The same entry, ended another way.
     pub const fn ended(mut self, outcome: Outcome) -> Self {
         self.outcome = outcome;
+        self
+    }
+
+    /// The same entry, refused for `why`: the refusal joins its detail (the refund it was about,
+    /// say).
+    pub fn refused(mut self, why: String) -> Self {
+        self.outcome = Outcome::Refused;
+        let mut detail = match self.detail.take() {
+            Some(Value::Object(detail)) => detail,
+            Some(other) => Map::from_iter([("detail".to_owned(), other)]),
+            None => Map::new(),
+        };
+        detail.insert("refusal".to_owned(), Value::String(why));
+        self.detail = Some(Value::Object(detail));
         self
     }
 }

@@ -2,12 +2,13 @@
 //! and the CLI; the organisation's OpenID provider ([`oidc`]) or a local password ([`passwords`]),
 //! then a [`sessions`] cookie, for people in a browser), what their
 //! role lets them do and which tenants they may see ([`Role`], [`Scope`]), the decisions that wait
-//! for a second operator ([`proposals`]), the trail of everything they do ([`audit`]), the
-//! operations API that serves it all over HTTP ([`api`], answering with [`reports`]), and the CLI's
-//! client of that API ([`client`]).
+//! for a second operator ([`proposals`]), an operator's refund of a payment ([`refunds`]), the trail
+//! of everything they do ([`audit`]), the operations API that serves it all over HTTP ([`api`],
+//! answering with [`reports`]), and the CLI's client of that API ([`client`]).
 //!
 //! The rules live here and in [`proposals`]; the dead-letter actions themselves stay in
-//! [`crate::dead_letters::actions`], which the API calls once the rules allow it.
+//! [`crate::dead_letters::actions`] and [`crate::dead_letters::refunds`], which the API calls once
+//! the rules allow it.
 
 pub mod accounts;
 pub mod api;
@@ -16,6 +17,7 @@ pub mod client;
 pub mod oidc;
 pub mod passwords;
 pub mod proposals;
+pub mod refunds;
 pub mod reports;
 pub mod sessions;
 pub mod tokens;

@@ -3,17 +3,22 @@
 //!
 //! Proposals are: settling a dead-lettered payment as succeeded or failed (forced or not), and
 //! resending one past the provider's key window (and, when `operators.retries_need_approval` is
-//! set, any resend). Nobody approves their own proposal. A proposal expires, can be withdrawn by its
-//! maker or rejected by an approver, and is checked again when approved: if anything happened to the
-//! payment since it was proposed, the approval is refused, saying what changed, and nothing is done.
-//! Each step writes its audit row in its own transaction.
+//! set, any resend); an operator's refund of a succeeded payment; and settling a dead-lettered
+//! refund as succeeded or failed, or resending one past the key window (or any, as for payments).
+//! Nobody approves their own proposal. A proposal expires, can be withdrawn by its maker or rejected
+//! by an approver, and is checked again when approved: if anything happened to what it stands on
+//! (the payment's dead letter, the payment's refunds, the refund) since it was proposed, the
+//! approval is refused, saying what changed, and nothing is done. Each step writes its audit row in
+//! its own transaction.
 
 use std::fmt;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
+use oncepay_domain::refund::RefundReason;
+use oncepay_domain::status::PaymentStatus;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sqlx::{Acquire, PgConnection};
@@ -21,10 +26,12 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::audit::{self, Actor, Entry, Outcome};
+use super::refunds::{self as operator_refunds, OperatorRefund, RefundsSeen};
+use super::reports::Effect;
 use super::{Account, Role, Scope};
 use crate::dead_letters::actions::{self, BookedCharge, Operator, Resolution, Retry, require_reason};
 use crate::dead_letters::queries::{self, Snapshot};
-use crate::dead_letters::reports::Resolved;
+use crate::dead_letters::refunds::{self as dead_refunds, RefundResolution, RefundRetry, RefundSnapshot};
 use crate::operator_error::OperatorError;
 use crate::render;
 
@@ -57,6 +64,66 @@ pub enum Proposed {
         /// Although a recorded charge says the payment succeeded.
         force: bool,
     },
+    /// Give money back from the succeeded payment: a refund accepted by the merchants' intake,
+    /// asked for by the proposer, sent by the worker.
+    Refund {
+        /// How much, in minor units, as asked; `None`: all that is left.
+        amount: Option<i64>,
+        /// What that came to when it was proposed (the approval is refused if the payment's refunds
+        /// changed since).
+        comes_to: i64,
+        /// In the payment's currency.
+        currency: String,
+        /// Why, in the provider's words.
+        #[serde(default, with = "reason_name")]
+        reason: Option<RefundReason>,
+    },
+    /// Settle a dead-lettered refund as succeeded with the provider's refund, for its amount.
+    RefundSucceeded {
+        /// The refund.
+        refund_id: RefundId,
+        /// The provider's refund.
+        provider_refund_id: String,
+        /// When the provider made it.
+        #[serde(with = "time::serde::rfc3339")]
+        refunded_at: OffsetDateTime,
+    },
+    /// Settle a dead-lettered refund as failed.
+    RefundFailed {
+        /// The refund.
+        refund_id: RefundId,
+        /// The provider's failed refund, if any.
+        provider_refund_id: Option<String>,
+        /// Although the provider reported a succeeded refund for it.
+        force: bool,
+    },
+    /// Send a dead-lettered refund again with its downstream key; `outside_key_window` although the
+    /// provider may have forgotten the key.
+    RefundRetry {
+        /// The refund.
+        refund_id: RefundId,
+        /// Whether the operators vouch that no earlier send refunded.
+        outside_key_window: bool,
+    },
+}
+
+/// `Option<RefundReason>` stored as its name: the domain's reason is only ever written by serde.
+mod reason_name {
+    use oncepay_domain::refund::RefundReason;
+    use serde::de::Error as _;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(reason: &Option<RefundReason>, out: S) -> Result<S::Ok, S::Error> {
+        reason.map(RefundReason::as_str).serialize(out)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(input: D) -> Result<Option<RefundReason>, D::Error> {
+        let name: Option<String> = Option::deserialize(input)?;
+        name.map(|name| {
+            RefundReason::parse(&name).ok_or_else(|| D::Error::custom(format!("{name:?} is not a refund reason")))
+        })
+        .transpose()
+    }
 }
 
 impl fmt::Display for Proposed {
@@ -74,6 +141,30 @@ impl fmt::Display for Proposed {
                     write!(f, " with failed charge {charge_id}")?;
                 }
                 if *force { f.write_str(", although a charge on record says the money was taken") } else { Ok(()) }
+            }
+            Self::Refund { amount, comes_to, currency, reason } => {
+                match amount {
+                    Some(_) => write!(f, "refund {comes_to} {currency}")?,
+                    None => write!(f, "refund all that is left, {comes_to} {currency}")?,
+                }
+                match reason {
+                    Some(reason) => write!(f, " ({})", reason.as_str().replace('_', " ")),
+                    None => Ok(()),
+                }
+            }
+            Self::RefundSucceeded { refund_id, provider_refund_id, .. } => {
+                write!(f, "settle refund {refund_id} as succeeded with the provider's refund {provider_refund_id}")
+            }
+            Self::RefundFailed { refund_id, provider_refund_id, force } => {
+                write!(f, "settle refund {refund_id} as failed")?;
+                if let Some(provider_refund_id) = provider_refund_id {
+                    write!(f, " with failed refund {provider_refund_id}")?;
+                }
+                if *force { f.write_str(", although a refund on record says the money went back") } else { Ok(()) }
+            }
+            Self::RefundRetry { refund_id, outside_key_window } => {
+                write!(f, "send refund {refund_id} again")?;
+                if *outside_key_window { f.write_str(", past the provider's key window") } else { Ok(()) }
             }
         }
     }
@@ -96,12 +187,232 @@ impl Proposed {
         }
     }
 
-    fn audit_action(&self) -> &'static str {
+    /// Proposes to settle dead-lettered refund `refund_id` with `resolution`.
+    pub fn refund_resolution(refund_id: RefundId, resolution: RefundResolution) -> Self {
+        match resolution {
+            RefundResolution::Succeeded { provider_refund_id, refunded_at } => {
+                Self::RefundSucceeded { refund_id, provider_refund_id, refunded_at }
+            }
+            RefundResolution::Failed { provider_refund_id, force } => {
+                Self::RefundFailed { refund_id, provider_refund_id, force }
+            }
+        }
+    }
+
+    /// The action its audit rows are recorded under.
+    pub const fn audit_action(&self) -> &'static str {
         match self {
             Self::Retry { .. } => "payment.retry",
             Self::Succeeded { .. } | Self::Failed { .. } => "payment.resolve",
+            Self::Refund { .. } => "payment.refund",
+            Self::RefundRetry { .. } => "refund.retry",
+            Self::RefundSucceeded { .. } | Self::RefundFailed { .. } => "refund.resolve",
         }
     }
+
+    /// What it stands on: what its approval checks again.
+    const fn stand(&self) -> Stand {
+        match self {
+            Self::Retry { .. } | Self::Succeeded { .. } | Self::Failed { .. } => Stand::DeadLetter,
+            Self::Refund { .. } => Stand::Refunds,
+            Self::RefundSucceeded { refund_id, .. }
+            | Self::RefundFailed { refund_id, .. }
+            | Self::RefundRetry { refund_id, .. } => Stand::Refund(*refund_id),
+        }
+    }
+}
+
+/// What a proposal stands on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stand {
+    /// A dead-lettered payment's open dead letter.
+    DeadLetter,
+    /// A succeeded payment's refunds.
+    Refunds,
+    /// A dead-lettered refund.
+    Refund(RefundId),
+}
+
+/// What a proposal stands on, as its proposer saw it: checked again when it is approved.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+enum Seen {
+    /// A dead-lettered payment and its open dead letter.
+    DeadLetter(Snapshot),
+    /// A succeeded payment and its refunds.
+    Refunds(RefundsSeen),
+    /// A dead-lettered refund and its payment.
+    Refund(RefundSnapshot),
+}
+
+impl Seen {
+    /// Reads what `stand` names on payment `payment_id`, locked, if `scope` may see it.
+    async fn read(
+        conn: &mut PgConnection,
+        scope: &Scope,
+        payment_id: PaymentId,
+        stand: Stand,
+    ) -> Result<Self, OperatorError> {
+        match stand {
+            Stand::DeadLetter => Ok(Self::DeadLetter(queries::snapshot(conn, payment_id).await?)),
+            Stand::Refunds => {
+                let tenant_id = queries::payment_tenant(conn, scope.to_column().as_deref(), payment_id)
+                    .await?
+                    .ok_or_else(|| no_payment(payment_id))?;
+                Ok(Self::Refunds(operator_refunds::seen(conn, tenant_id, payment_id).await?))
+            }
+            Stand::Refund(refund_id) => {
+                let (tenant_id, of_payment, _) =
+                    dead_refunds::locate(conn, scope.to_column().as_deref(), refund_id).await?;
+                if of_payment != payment_id {
+                    return Err(OperatorError::NotFound(format!("payment {payment_id} has no refund {refund_id}")));
+                }
+                Ok(Self::Refund(dead_refunds::snapshot(conn, tenant_id, refund_id).await?))
+            }
+        }
+    }
+
+    /// The same thing as it is now, locked, for an approval.
+    async fn again(&self, conn: &mut PgConnection, payment_id: PaymentId) -> Result<Self, OperatorError> {
+        match self {
+            Self::DeadLetter(_) => match queries::snapshot(conn, payment_id).await {
+                Ok(now) => Ok(Self::DeadLetter(now)),
+                Err(OperatorError::NotFound(_)) => Err(OperatorError::Refused(format!(
+                    "payment {payment_id} has no open dead letter any more: someone settled or retried it since the \
+                     proposal; nothing was done"
+                ))),
+                Err(other) => Err(other),
+            },
+            Self::Refunds(seen) => Ok(Self::Refunds(operator_refunds::seen(conn, seen.tenant_id, payment_id).await?)),
+            Self::Refund(seen) => Ok(Self::Refund(dead_refunds::snapshot(conn, seen.tenant_id, seen.refund_id).await?)),
+        }
+    }
+
+    const fn tenant_id(&self) -> TenantId {
+        match self {
+            Self::DeadLetter(seen) => seen.tenant_id,
+            Self::Refunds(seen) => seen.tenant_id,
+            Self::Refund(seen) => seen.tenant_id,
+        }
+    }
+
+    /// Refuses a proposal that what it stands on cannot take now.
+    fn refuse_closed(&self, payment_id: PaymentId) -> Result<(), OperatorError> {
+        match self {
+            Self::DeadLetter(seen) if seen.status.is_terminal() => Err(OperatorError::Refused(format!(
+                "payment {payment_id} is {}, and a terminal payment never changes: acknowledge the conflict instead",
+                seen.status.as_str()
+            ))),
+            Self::Refund(seen) => dead_refunds::require_dead_lettered(seen.refund_id, seen.status),
+            Self::DeadLetter(_) | Self::Refunds(_) => Ok(()),
+        }
+    }
+
+    /// Why an approval is refused because of what changed between this and `now`; `None` if
+    /// nothing did.
+    fn moved(&self, now: &Self, payment_id: PaymentId) -> Option<String> {
+        let (subject, changes) = match (self, now) {
+            (Self::DeadLetter(seen), Self::DeadLetter(now)) => {
+                (format!("payment {payment_id} moved"), changes(seen, now))
+            }
+            (Self::Refunds(seen), Self::Refunds(now)) => {
+                (format!("the refunds of payment {payment_id} changed"), seen.changes(now))
+            }
+            (Self::Refund(seen), Self::Refund(now)) => (format!("refund {} moved", seen.refund_id), seen.changes(now)),
+            _ => (format!("payment {payment_id} changed"), Some("it stands on something else".to_owned())),
+        };
+        changes.map(|changes| {
+            format!(
+                "{subject} since it was proposed ({changes}); nothing was done. Read it again, and propose anew if the \
+                 decision still holds"
+            )
+        })
+    }
+
+    /// How it is stored in `proposals`.
+    fn columns(&self) -> Columns {
+        let mut columns = Columns::default();
+        match self {
+            Self::DeadLetter(seen) => {
+                (columns.status, columns.event_count) = (Some(seen.status), seen.event_count);
+                columns.dead_letter_id = Some(seen.dead_letter_id);
+                columns.evidence_count = Some(seen.evidence_count);
+            }
+            Self::Refunds(seen) => {
+                (columns.status, columns.event_count) = (Some(seen.status), seen.event_count);
+                columns.refunds_reserved = Some(seen.refunds_reserved);
+                columns.refunded = Some(seen.refunded);
+                columns.refund_count = Some(seen.refund_count);
+            }
+            Self::Refund(seen) => {
+                (columns.status, columns.event_count) = (Some(seen.payment_status), seen.payment_event_count);
+                columns.refund_id = Some(seen.refund_id.as_uuid());
+                columns.refund_event_count = Some(seen.event_count);
+            }
+        }
+        columns
+    }
+
+    /// Reads it back from its columns (`proposal_id` names it in an error).
+    fn of_columns(
+        proposal_id: Uuid,
+        tenant_id: TenantId,
+        payment_id: PaymentId,
+        payment: (Amount, Currency),
+        columns: Columns,
+    ) -> Result<Self, OperatorError> {
+        let status = columns.status.context("a stored proposal has no status")?;
+        let event_count = columns.event_count;
+        let Columns { dead_letter_id, evidence_count, refunds_reserved, refunded, refund_count, refund_id, .. } =
+            columns;
+        match (dead_letter_id, evidence_count, refunds_reserved, refunded, refund_count, refund_id) {
+            (Some(dead_letter_id), Some(evidence_count), None, None, None, None) => {
+                Ok(Self::DeadLetter(Snapshot { tenant_id, status, event_count, dead_letter_id, evidence_count }))
+            }
+            (None, None, Some(refunds_reserved), Some(refunded), Some(refund_count), None) => {
+                let (amount, currency) = payment;
+                Ok(Self::Refunds(RefundsSeen {
+                    tenant_id,
+                    status,
+                    event_count,
+                    amount,
+                    currency,
+                    refunds_reserved,
+                    refunded,
+                    refund_count,
+                }))
+            }
+            (None, None, None, None, None, Some(refund_id)) => Ok(Self::Refund(RefundSnapshot {
+                tenant_id,
+                payment_id,
+                payment_status: status,
+                payment_event_count: event_count,
+                refund_id: RefundId::from_uuid(refund_id),
+                // Only a dead-lettered refund is proposed on.
+                status: PaymentStatus::DeadLettered,
+                event_count: columns
+                    .refund_event_count
+                    .context("a stored proposal on a refund has no history count")?,
+            })),
+            _ => Err(OperatorError::Failed(anyhow::anyhow!(
+                "proposal {proposal_id} stands on nothing this version knows"
+            ))),
+        }
+    }
+}
+
+/// The `seen_*` columns of `proposals` (migrations/0240, 0310): the payment's, then each kind's own.
+#[derive(Debug, Clone, Default)]
+struct Columns {
+    status: Option<PaymentStatus>,
+    event_count: i32,
+    dead_letter_id: Option<i64>,
+    evidence_count: Option<i32>,
+    refunds_reserved: Option<i64>,
+    refunded: Option<i64>,
+    refund_count: Option<i32>,
+    refund_id: Option<Uuid>,
+    refund_event_count: Option<i32>,
 }
 
 /// A proposal as operators see it.
@@ -139,15 +450,17 @@ pub struct ProposalView {
 /// How long a proposal waits, and the key window's horizon its resend is judged by.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
-    /// How long a proposal waits for an approver.
+    /// How long a proposal waits for an approver; also how long the key of an operator's refund is
+    /// kept at least.
     pub ttl: Duration,
-    /// The provider's key window minus the margin, after the payment's first send.
+    /// The provider's key window minus the margin, after the payment's (or refund's) first send.
     pub resend_horizon: Duration,
 }
 
-/// Proposes `action` on dead-lettered payment `payment_id`, to wait for an approver. Refused while
-/// another proposal waits for the same payment, and refused at once when the action's own rules
-/// would refuse it now: it is tried, and undone, before it is proposed.
+/// Proposes `action` on payment `payment_id` (its open dead letter, its refunds, or one of its
+/// dead-lettered refunds), to wait for an approver. Refused while another proposal waits for the
+/// same payment, and refused at once when the action's own rules would refuse it now: it is tried,
+/// and undone, before it is proposed.
 pub async fn propose(
     conn: &mut PgConnection,
     by: &Account,
@@ -160,51 +473,78 @@ pub async fn propose(
     by.require(Role::Operator, "propose a decision")?;
     let reason = require_reason(reason)?;
     let mut tx = conn.begin().await.context("cannot start a transaction")?;
-    let seen = queries::snapshot(&mut tx, payment_id).await?;
-    by.see(seen.tenant_id, || not_found(payment_id))?;
-    if seen.status.is_terminal() {
+    let seen = Seen::read(&mut tx, &by.scope, payment_id, action.stand()).await?;
+    let hidden = || if action.stand() == Stand::DeadLetter { not_found(payment_id) } else { no_payment(payment_id) };
+    by.see(seen.tenant_id(), hidden)?;
+    seen.refuse_closed(payment_id)?;
+    let proposal_id = Uuid::now_v7();
+    let stored = serde_json::to_value(action).context("cannot store the proposal")?;
+    let operator = by.actor()?;
+    let carry = Carry {
+        proposal_id,
+        seen: &seen,
+        payment_id,
+        operator: &operator,
+        proposer: &operator,
+        reason,
+        limits,
+        action: &stored,
+    };
+    let mut trial = tx.begin().await.context("cannot start a trial")?;
+    let tried = carry_out(&mut trial, &carry, action).await?;
+    trial.rollback().await.context("cannot undo the trial")?;
+    if let (Proposed::Refund { comes_to, currency, .. }, Effect::Refund(refund)) = (action, &tried)
+        && refund.amount.minor_units() != *comes_to
+    {
         return Err(OperatorError::Refused(format!(
-            "payment {payment_id} is {}, and a terminal payment never changes: acknowledge the conflict instead",
-            seen.status.as_str()
+            "payment {payment_id} has {} {currency} left to refund now, not {comes_to} {currency}: its refunds changed \
+             while the proposal was being made. Read it again",
+            refund.amount
         )));
     }
-    let mut trial = tx.begin().await.context("cannot start a trial")?;
-    carry_out(&mut trial, payment_id, action, &by.actor()?, reason, limits.resend_horizon).await?;
-    trial.rollback().await.context("cannot undo the trial")?;
+    let columns = seen.columns();
+    // A proposal on a dead letter that is no longer the payment's open one cannot be approved any
+    // more: it makes way, as one past its expiry does.
     sqlx::query!(
         r#"
         UPDATE proposals
         SET status = 'expired', decided_at = LEAST(expires_at, now()),
             decision_note = CASE WHEN expires_at <= now() THEN NULL
                                  ELSE 'its dead letter was closed before anyone decided' END
-        WHERE payment_id = $1 AND status = 'pending' AND (expires_at <= now() OR seen_dead_letter_id <> $2)
+        WHERE payment_id = $1 AND status = 'pending'
+          AND (expires_at <= now() OR (seen_dead_letter_id IS NOT NULL AND seen_dead_letter_id IS DISTINCT FROM $2))
         "#,
         payment_id.as_uuid(),
-        seen.dead_letter_id,
+        columns.dead_letter_id,
     )
     .execute(&mut *tx)
     .await
     .context("cannot expire the payment's old proposals")?;
-    let proposal_id = Uuid::now_v7();
-    let stored = serde_json::to_value(action).context("cannot store the proposal")?;
     let inserted = sqlx::query!(
         r#"
         INSERT INTO proposals (proposal_id, tenant_id, payment_id, action, reason, seen_status, seen_event_count,
-                               seen_dead_letter_id, seen_evidence_count, proposed_by, expires_at,
+                               seen_dead_letter_id, seen_evidence_count, seen_refunds_reserved, seen_refunded,
+                               seen_refund_count, refund_id, seen_refund_event_count, proposed_by, expires_at,
                                proposer_credential_by)
-        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, now() + make_interval(secs => $11), $12)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
+                now() + make_interval(secs => $16), $17)
         ON CONFLICT (payment_id) WHERE status = 'pending' DO NOTHING
         RETURNING proposal_id
         "#,
         proposal_id,
-        seen.tenant_id.as_uuid(),
+        seen.tenant_id().as_uuid(),
         payment_id.as_uuid(),
         stored,
         reason,
-        seen.status as _,
-        seen.event_count,
-        seen.dead_letter_id,
-        seen.evidence_count,
+        columns.status as Option<PaymentStatus>,
+        columns.event_count,
+        columns.dead_letter_id,
+        columns.evidence_count,
+        columns.refunds_reserved,
+        columns.refunded,
+        columns.refund_count,
+        columns.refund_id,
+        columns.refund_event_count,
         by.operator_id,
         limits.ttl.as_secs_f64(),
         by.made_by,
@@ -219,7 +559,7 @@ pub async fn propose(
         )));
     }
     let entry = Entry::new(action.audit_action(), Outcome::Proposed)
-        .payment(seen.tenant_id, payment_id)
+        .payment(seen.tenant_id(), payment_id)
         .proposal(proposal_id)
         .reason(reason)
         .before(json!(seen))
@@ -235,8 +575,8 @@ pub async fn propose(
 pub struct Approved {
     /// The proposal, now approved.
     pub proposal: ProposalView,
-    /// What was done to the payment.
-    pub result: Resolved,
+    /// What was done to the payment or the refund.
+    pub result: Effect,
 }
 
 /// Approves proposal `proposal_id` and does what it proposes, in one transaction.
@@ -246,7 +586,7 @@ pub async fn approve(
     source: Option<&str>,
     proposal_id: Uuid,
     note: &str,
-    resend_horizon: Duration,
+    limits: Limits,
 ) -> Result<Approved, OperatorError> {
     by.require(Role::Approver, "approve a proposal")?;
     let note = require_reason(note)?;
@@ -266,29 +606,28 @@ pub async fn approve(
         )));
     }
     let payment_id = pending.view.payment_id;
-    let now = match queries::snapshot(&mut tx, payment_id).await {
-        Ok(now) => now,
-        Err(OperatorError::NotFound(_)) => {
-            return Err(OperatorError::Refused(format!(
-                "payment {payment_id} has no open dead letter any more: someone settled or retried it since the \
-                 proposal; nothing was done"
-            )));
-        }
-        Err(other) => return Err(other),
-    };
-    if let Some(changes) = changes(&pending.seen, &now) {
-        return Err(OperatorError::Refused(format!(
-            "payment {payment_id} moved since it was proposed ({changes}); nothing was done. Read it again, and \
-             propose anew if the decision still holds"
-        )));
+    let now = pending.seen.again(&mut tx, payment_id).await?;
+    if let Some(moved) = pending.seen.moved(&now, payment_id) {
+        return Err(OperatorError::Refused(moved));
     }
     let proposed: Proposed = serde_json::from_value(pending.view.action.clone())
         .with_context(|| format!("cannot read proposal {proposal_id}"))?;
-    let operator = Operator::parse(&pending.view.proposed_by)?.approved_by(&by.name);
-    let result = carry_out(&mut tx, payment_id, &proposed, &operator, &pending.view.reason, resend_horizon).await?;
+    let proposer = Operator::parse(&pending.view.proposed_by)?;
+    let operator = proposer.approved_by(&by.name);
+    let carry = Carry {
+        proposal_id,
+        seen: &now,
+        payment_id,
+        operator: &operator,
+        proposer: &proposer,
+        reason: &pending.view.reason,
+        limits,
+        action: &pending.view.action,
+    };
+    let result = carry_out(&mut tx, &carry, &proposed).await?;
     decide(&mut tx, proposal_id, "approved", by, note).await?;
     let entry = Entry::new("proposal.approve", Outcome::Done)
-        .payment(now.tenant_id, payment_id)
+        .payment(now.tenant_id(), payment_id)
         .proposal(proposal_id)
         .reason(note)
         .before(json!(now))
@@ -300,20 +639,35 @@ pub async fn approve(
     Ok(Approved { proposal, result })
 }
 
-/// Does what `proposed` says to dead-lettered payment `payment_id`, as `operator`, in the caller's
-/// transaction; the action's own rules refuse what does not fit the payment now.
-async fn carry_out(
-    conn: &mut PgConnection,
+/// What carrying out a proposal needs besides the action.
+struct Carry<'a> {
+    /// The proposal: an operator's refund is made under its key.
+    proposal_id: Uuid,
+    /// What it stands on, as it is now (locked).
+    seen: &'a Seen,
+    /// The payment.
     payment_id: PaymentId,
-    proposed: &Proposed,
-    operator: &Operator,
-    reason: &str,
-    resend_horizon: Duration,
-) -> Result<Resolved, OperatorError> {
+    /// Who does it: the proposer, with the approver once approved.
+    operator: &'a Operator,
+    /// Who proposed it.
+    proposer: &'a Operator,
+    /// The proposer's reason.
+    reason: &'a str,
+    limits: Limits,
+    /// The action as stored.
+    action: &'a Value,
+}
+
+/// Does what `proposed` says, as `carry.operator`, in the caller's transaction; the action's own
+/// rules refuse what does not fit the payment or the refund now.
+async fn carry_out(conn: &mut PgConnection, carry: &Carry<'_>, proposed: &Proposed) -> Result<Effect, OperatorError> {
+    let (payment_id, operator, reason) = (carry.payment_id, carry.operator, carry.reason);
+    let tenant_id = carry.seen.tenant_id();
+    let resend_horizon = carry.limits.resend_horizon;
     match proposed {
         Proposed::Retry { outside_key_window } => {
             let retry = Retry { payment_id, operator, reason, resend_horizon, outside_key_window: *outside_key_window };
-            actions::retry(conn, &retry).await
+            actions::retry(conn, &retry).await.map(Effect::Payment)
         }
         Proposed::Succeeded { charge_id, amount, currency, charged_at } => {
             let charge = BookedCharge {
@@ -322,11 +676,50 @@ async fn carry_out(
                 currency: Currency::parse(currency).context("a stored proposal has a bad currency")?,
                 charged_at: *charged_at,
             };
-            actions::resolve(conn, payment_id, &Resolution::Succeeded(charge), operator, reason).await
+            actions::resolve(conn, payment_id, &Resolution::Succeeded(charge), operator, reason)
+                .await
+                .map(Effect::Payment)
         }
         Proposed::Failed { charge_id, force } => {
             let decision = Resolution::Failed { charge_id: charge_id.clone(), force: *force };
-            actions::resolve(conn, payment_id, &decision, operator, reason).await
+            actions::resolve(conn, payment_id, &decision, operator, reason).await.map(Effect::Payment)
+        }
+        Proposed::Refund { amount, reason: refund_reason, .. } => {
+            let refund = OperatorRefund {
+                proposal_id: carry.proposal_id,
+                tenant_id,
+                payment_id,
+                amount: *amount,
+                reason: *refund_reason,
+                action: carry.action,
+                requested_by: carry.proposer,
+                operator,
+                note: reason,
+                retention: carry.limits.ttl,
+            };
+            operator_refunds::refund(conn, &refund).await.map(Effect::Refund)
+        }
+        Proposed::RefundSucceeded { refund_id, provider_refund_id, refunded_at } => {
+            let decision = RefundResolution::Succeeded {
+                provider_refund_id: provider_refund_id.clone(),
+                refunded_at: *refunded_at,
+            };
+            dead_refunds::resolve(conn, tenant_id, *refund_id, &decision, operator, reason).await.map(Effect::Refund)
+        }
+        Proposed::RefundFailed { refund_id, provider_refund_id, force } => {
+            let decision = RefundResolution::Failed { provider_refund_id: provider_refund_id.clone(), force: *force };
+            dead_refunds::resolve(conn, tenant_id, *refund_id, &decision, operator, reason).await.map(Effect::Refund)
+        }
+        Proposed::RefundRetry { refund_id, outside_key_window } => {
+            let retry = RefundRetry {
+                tenant_id,
+                refund_id: *refund_id,
+                operator,
+                reason,
+                resend_horizon,
+                outside_key_window: *outside_key_window,
+            };
+            dead_refunds::retry(conn, &retry).await.map(Effect::Refund)
         }
     }
 }
@@ -455,14 +848,15 @@ struct Pending {
     proposed_by_id: Uuid,
     /// Who made the credential the proposal was made with.
     proposer_credential_by: Option<Uuid>,
-    seen: Snapshot,
+    seen: Seen,
 }
 
 async fn lock_pending(conn: &mut PgConnection, by: &Account, proposal_id: Uuid) -> Result<Pending, OperatorError> {
     let row = sqlx::query!(
         r#"
-        SELECT proposed_by, proposer_credential_by, seen_status AS "seen_status: oncepay_domain::status::PaymentStatus",
-               seen_event_count, seen_dead_letter_id, seen_evidence_count
+        SELECT proposed_by, proposer_credential_by, seen_status AS "seen_status: PaymentStatus", seen_event_count,
+               seen_dead_letter_id, seen_evidence_count, seen_refunds_reserved, seen_refunded, seen_refund_count,
+               refund_id, seen_refund_event_count
         FROM proposals WHERE proposal_id = $1
         FOR UPDATE
         "#,
@@ -487,13 +881,31 @@ async fn lock_pending(conn: &mut PgConnection, by: &Account, proposal_id: Uuid) 
             return Err(OperatorError::Refused(format!("proposal {proposal_id} was already {other} by {by}")));
         }
     }
-    let seen = Snapshot {
-        tenant_id: view.tenant_id,
-        status: row.seen_status,
+    let columns = Columns {
+        status: Some(row.seen_status),
         event_count: row.seen_event_count,
         dead_letter_id: row.seen_dead_letter_id,
         evidence_count: row.seen_evidence_count,
+        refunds_reserved: row.seen_refunds_reserved,
+        refunded: row.seen_refunded,
+        refund_count: row.seen_refund_count,
+        refund_id: row.refund_id,
+        refund_event_count: row.seen_refund_event_count,
     };
+    // What the payment charged never changes: it is read now, not stored with the proposal.
+    let charged = sqlx::query!(
+        r#"
+        SELECT amount AS "amount: Amount", currency AS "currency: Currency" FROM payments
+        WHERE tenant_id = $1 AND payment_id = $2
+        "#,
+        view.tenant_id.as_uuid(),
+        view.payment_id.as_uuid(),
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .context("cannot read the proposal's payment")?;
+    let money = (charged.amount, charged.currency);
+    let seen = Seen::of_columns(proposal_id, view.tenant_id, view.payment_id, money, columns)?;
     Ok(Pending { view, proposed_by_id: row.proposed_by, proposer_credential_by: row.proposer_credential_by, seen })
 }
 
@@ -550,14 +962,16 @@ fn not_found(payment_id: PaymentId) -> OperatorError {
     OperatorError::NotFound(format!("payment {payment_id} has no open dead letter"))
 }
 
+fn no_payment(payment_id: PaymentId) -> OperatorError {
+    OperatorError::NotFound(format!("there is no payment {payment_id}"))
+}
+
 fn proposal_not_found(proposal_id: Uuid) -> OperatorError {
     OperatorError::NotFound(format!("there is no proposal {proposal_id}"))
 }
 
 #[cfg(test)]
 mod tests {
-    use oncepay_domain::status::PaymentStatus;
-
     use super::*;
 
     fn seen() -> Snapshot {
@@ -590,5 +1004,92 @@ mod tests {
         assert_eq!(stored, json!({"kind": "failed", "charge_id": null, "force": true}));
         assert_eq!(serde_json::from_value::<Proposed>(stored).unwrap(), failed);
         assert!(Proposed::resolution(Resolution::Acknowledge).is_err());
+    }
+
+    #[test]
+    fn a_proposed_refund_is_stored_with_its_reasons_name_and_read_back() {
+        let refund = Proposed::Refund {
+            amount: Some(500),
+            comes_to: 500,
+            currency: "EUR".into(),
+            reason: Some(RefundReason::RequestedByCustomer),
+        };
+        let stored = serde_json::to_value(&refund).unwrap();
+        assert_eq!(
+            stored,
+            json!({"kind": "refund", "amount": 500, "comes_to": 500, "currency": "EUR", "reason": "requested_by_customer"})
+        );
+        assert_eq!(serde_json::from_value::<Proposed>(stored).unwrap(), refund);
+        let unknown_reason =
+            json!({"kind": "refund", "amount": null, "comes_to": 1, "currency": "EUR", "reason": "whim"});
+        assert!(serde_json::from_value::<Proposed>(unknown_reason).is_err());
+        let retry = Proposed::RefundRetry { refund_id: RefundId::generate(), outside_key_window: false };
+        let stored = serde_json::to_value(&retry).unwrap();
+        assert_eq!(stored["kind"], "refund_retry", "the kind the migration's check knows");
+        assert_eq!(serde_json::from_value::<Proposed>(stored).unwrap(), retry);
+    }
+
+    #[test]
+    fn refund_proposals_read_in_words() {
+        let refund_id = RefundId::generate();
+        let words = |proposed: Proposed| proposed.to_string();
+        let refund = |amount, reason| Proposed::Refund { amount, comes_to: 1999, currency: "EUR".into(), reason };
+
+        assert_eq!(words(refund(Some(1999), None)), "refund 1999 EUR");
+        assert_eq!(
+            words(refund(None, Some(RefundReason::RequestedByCustomer))),
+            "refund all that is left, 1999 EUR (requested by customer)"
+        );
+        assert_eq!(
+            words(Proposed::RefundSucceeded {
+                refund_id,
+                provider_refund_id: "re_1".into(),
+                refunded_at: OffsetDateTime::UNIX_EPOCH
+            }),
+            format!("settle refund {refund_id} as succeeded with the provider's refund re_1")
+        );
+        assert_eq!(
+            words(Proposed::RefundFailed { refund_id, provider_refund_id: None, force: true }),
+            format!("settle refund {refund_id} as failed, although a refund on record says the money went back")
+        );
+        assert_eq!(
+            words(Proposed::RefundRetry { refund_id, outside_key_window: true }),
+            format!("send refund {refund_id} again, past the provider's key window")
+        );
+    }
+
+    #[test]
+    fn what_a_proposal_stands_on_is_stored_whole_and_read_back() {
+        let payment_id = PaymentId::generate();
+        let tenant_id = TenantId::generate();
+        let money = (Amount::new(1999).unwrap(), Currency::parse("EUR").unwrap());
+        let refunds = Seen::Refunds(RefundsSeen {
+            tenant_id,
+            status: PaymentStatus::Succeeded,
+            event_count: 4,
+            amount: money.0,
+            currency: money.1,
+            refunds_reserved: 500,
+            refunded: 0,
+            refund_count: 1,
+        });
+        let refund = Seen::Refund(RefundSnapshot {
+            tenant_id,
+            payment_id,
+            payment_status: PaymentStatus::Succeeded,
+            payment_event_count: 4,
+            refund_id: RefundId::generate(),
+            status: PaymentStatus::DeadLettered,
+            event_count: 6,
+        });
+        let dead_letter = Seen::DeadLetter(Snapshot { tenant_id, ..seen() });
+
+        for stood in [refunds, refund, dead_letter] {
+            let read = Seen::of_columns(Uuid::nil(), tenant_id, payment_id, money, stood.columns()).unwrap();
+            assert_eq!(read, stood);
+            assert_eq!(stood.moved(&read, payment_id), None);
+        }
+        let muddled = Columns { refund_count: Some(1), ..Seen::DeadLetter(seen()).columns() };
+        assert!(Seen::of_columns(Uuid::nil(), tenant_id, payment_id, money, muddled).is_err());
     }
 }

@@ -6,28 +6,35 @@
 
 use std::io::{self, Write};
 
-use oncepay_domain::ids::PaymentId;
+use oncepay_domain::ids::{PaymentId, TenantId};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::accounts::OperatorView;
 use super::audit::AuditRecord;
 use super::proposals::{Approved, ProposalView};
+use super::refunds::PaymentRefunds;
 use super::tokens::TokenView;
+use crate::dead_letters::refunds::RefundActed;
 use crate::dead_letters::reports::{AuditRow, Detail, Entry, Resolved};
 use crate::render::{self, Report, Table};
 
-/// `GET /v1/payments/{id}`: a dead-lettered payment, everything known about it.
+/// `GET /v1/payments/{id}`: a payment, everything known about it: its dead letters, history,
+/// refunds, proposals and the operators' actions on it.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct PaymentPage {
     /// The payment.
     pub payment_id: PaymentId,
+    /// Its tenant.
+    pub tenant_id: TenantId,
     /// What it asked of the customer; masked for viewers.
     pub customer: Value,
-    /// Its dead letters, oldest first.
+    /// Its dead letters, oldest first (none for a payment automation settled).
     pub entries: Vec<Entry>,
     /// Its status changes, oldest first.
     pub history: Vec<AuditRow>,
+    /// What it charged and gave back, and its refunds, oldest first.
+    pub refunds: PaymentRefunds,
     /// Its proposals, newest first.
     pub proposals: Vec<ProposalView>,
     /// The operators' audit rows about it, newest first.
@@ -36,17 +43,18 @@ pub struct PaymentPage {
 
 impl Report for PaymentPage {
     fn human(&self, out: &mut dyn Write) -> io::Result<()> {
+        let r = &self.refunds;
+        writeln!(out, "payment     {} ({} {}, now {})", self.payment_id, r.amount, r.currency, r.status.as_str())?;
         writeln!(out, "customer    {}", self.customer)?;
-        let tenant_id = self.entries.first().map(|e| e.tenant_id);
-        if let Some(tenant_id) = tenant_id {
-            let detail = Detail {
-                payment_id: self.payment_id,
-                tenant_id,
-                entries: self.entries.clone(),
-                audit_trail: self.history.clone(),
-            };
-            detail.human(out)?;
-        }
+        let detail = Detail {
+            payment_id: self.payment_id,
+            tenant_id: self.tenant_id,
+            entries: self.entries.clone(),
+            audit_trail: self.history.clone(),
+        };
+        detail.human(out)?;
+        writeln!(out, "\nrefunds")?;
+        self.refunds.write(out)?;
         writeln!(out, "\nproposals")?;
         proposal_table(&self.proposals, out)?;
         writeln!(out, "\noperators' audit trail")?;
@@ -58,7 +66,30 @@ impl Report for PaymentPage {
     }
 }
 
-/// What a retry or a resolution did: done at once, or proposed for an approver.
+/// What carrying out an action did.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Effect {
+    /// A dead letter was closed: the payment settled, or queued to be sent again.
+    Payment(Resolved),
+    /// A refund was accepted, settled, or queued to be sent again.
+    Refund(RefundActed),
+}
+
+impl Report for Effect {
+    fn human(&self, out: &mut dyn Write) -> io::Result<()> {
+        match self {
+            Self::Payment(resolved) => resolved.human(out),
+            Self::Refund(acted) => acted.human(out),
+        }
+    }
+
+    fn json(&self) -> Value {
+        render::to_json(self)
+    }
+}
+
+/// What a retry, a resolution or a refund did: done at once, or proposed for an approver.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum Acted {
@@ -68,7 +99,7 @@ pub enum Acted {
         proposal: ProposalView,
     },
     /// Done.
-    Done(Resolved),
+    Done(Effect),
 }
 
 impl Report for Acted {

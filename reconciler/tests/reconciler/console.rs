@@ -14,7 +14,8 @@ use reqwest::{Method, StatusCode};
 use serde_json::json;
 use sqlx::PgPool;
 
-use crate::support::{Ops, dead_lettered, status};
+use crate::refund_proposals::dead_lettered_refund;
+use crate::support::{Ops, dead_lettered, refund_status, refunded, status, succeeded_payment};
 
 const PASSWORD: &str = "a long enough password";
 const SAME_ORIGIN: (&str, &str) = ("sec-fetch-site", "same-origin");
@@ -533,4 +534,103 @@ async fn a_bulk_retry_leaves_conflicts_alone_and_is_hidden_from_other_tenants_op
     assert_eq!(seen_by_alice.status, StatusCode::OK);
     assert_eq!(seen_by_gina.status, StatusCode::NOT_FOUND, "another tenant's job is not even named");
     assert!(!seen_by_gina.body.contains("provider back"));
+}
+
+/// The payment's refunds, oldest first: (status, amount, requested_by).
+async fn refunds_of(pool: &PgPool, payment_id: PaymentId) -> Vec<(PaymentStatus, i64, String)> {
+    sqlx::query!(
+        r#"SELECT status AS "status: PaymentStatus", amount, requested_by FROM refunds WHERE payment_id = $1
+           ORDER BY created_at, refund_id"#,
+        payment_id.as_uuid()
+    )
+    .map(|r| (r.status, r.amount, r.requested_by))
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_refund_proposed_in_the_console_is_made_when_another_operator_approves_it(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    let payment_id = succeeded_payment(&pool, acme, "order-1", 1999).await;
+    let alice = Browser::sign_in(&ops, "alice", "operator", None).await;
+    let bob = Browser::sign_in(&ops, "bob", "approver", None).await;
+    let viewer = Browser::sign_in(&ops, "vera", "viewer", None).await;
+    let page = format!("/console/payments/{payment_id}");
+    let refund = format!("{page}/refund");
+    let form = [("amount", "500"), ("refund_reason", "requested_by_customer"), ("reason", "the order came back")];
+
+    let offered = alice.get(&page).await;
+    let not_offered = viewer.get(&page).await;
+    let by_a_viewer = viewer.post(&refund, &[&form[..], &[("confirmed", "yes")]].concat()).await;
+    let confirm = alice.post(&refund, &form).await;
+    let before_confirming = refunds_of(&pool, payment_id).await.len();
+    let proposed = alice.post(&refund, &[&form[..], &[("confirmed", "yes")]].concat()).await;
+    let proposals = bob.get("/console/proposals").await;
+    let bobs_view = bob.get(&page).await;
+    let proposal_id =
+        sqlx::query_scalar!("SELECT proposal_id FROM proposals WHERE payment_id = $1", payment_id.as_uuid())
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    let approve = format!("/console/proposals/{proposal_id}/approve");
+    let approved = bob.post(&approve, &[("reason", "the return is in"), ("confirmed", "yes")]).await;
+    let after = alice.get(&page).await;
+
+    assert!(offered.body.contains("Propose a refund") && offered.body.contains("1999 EUR is left to refund"));
+    assert!(offered.body.contains("0 of 1999 EUR"), "what was refunded: {}", offered.body);
+    assert!(!not_offered.body.contains("Propose a refund"), "a viewer is offered no refund");
+    assert_eq!(by_a_viewer.status, StatusCode::FORBIDDEN);
+    assert_eq!(confirm.status, StatusCode::OK);
+    assert!(confirm.body.contains(&format!("This proposes giving 500 (minor units) of payment {payment_id} back")));
+    assert!(confirm.body.contains("name=\"amount\" value=\"500\""), "the form is posted again as it was");
+    assert_eq!(before_confirming, 0, "asking to confirm changes nothing");
+    assert_eq!(proposed.location, Some(format!("{page}?notice=proposed")));
+    assert!(proposals.body.contains("refund 500 EUR (requested by customer)"), "in words: {}", proposals.body);
+    assert!(bobs_view.body.contains("<strong>refund 500 EUR (requested by customer)</strong>"));
+    assert!(!bobs_view.body.contains("Propose a refund"), "one proposal waits at a time");
+    assert_eq!(approved.location, Some(format!("{page}?notice=approved")));
+    assert_eq!(refunds_of(&pool, payment_id).await, [(PaymentStatus::Pending, 500, "operator:alice".to_owned())]);
+    assert_eq!(refunded(&pool, payment_id).await, (500, 0));
+    assert!(
+        after.body.contains("operator:alice") && after.body.contains("1499 EUR is left to refund"),
+        "{}",
+        after.body
+    );
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_refund_automation_gave_up_on_is_listed_and_sent_again_from_the_console(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    let payment_id = succeeded_payment(&pool, acme, "order-1", 1999).await;
+    let refund_id = dead_lettered_refund(&pool, acme, payment_id, "r-1", 500, 60).await;
+    let alice = Browser::sign_in(&ops, "alice", "operator", None).await;
+    let retry = format!("/console/refunds/{refund_id}/retry");
+
+    let listed = alice.get("/console/dead-letters").await;
+    let shown = alice.get(&format!("/console/payments/{payment_id}")).await;
+    let confirm = alice.post(&retry, &[("reason", "provider back")]).await;
+    let before_confirming = refund_status(&pool, refund_id).await;
+    let done = alice.post(&retry, &[("reason", "provider back"), ("confirmed", "yes")]).await;
+    let unknown = alice.post(&format!("/console/refunds/{}/retry", uuid::Uuid::now_v7()), &[("reason", "x")]).await;
+
+    assert!(listed.body.contains("Refunds automation gave up on") && listed.body.contains(&refund_id.to_string()));
+    assert!(listed.body.contains(&format!("href=\"/console/payments/{payment_id}\"")), "linked to its payment");
+    assert!(shown.body.contains(&format!("Refund {refund_id} needs a decision")), "{}", shown.body);
+    assert!(shown.body.contains(&format!("action=\"/console/refunds/{refund_id}/resolve\"")));
+    assert!(confirm.body.contains(&format!("Refund {refund_id} is queued to be sent to the provider again")));
+    assert_eq!(before_confirming, PaymentStatus::DeadLettered);
+    assert_eq!(done.location, Some(format!("/console/payments/{payment_id}?notice=refund_retried")));
+    assert_eq!(refund_status(&pool, refund_id).await, PaymentStatus::Pending);
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+    let actions: Vec<String> = sqlx::query_scalar!(
+        "SELECT action FROM operator_audit WHERE payment_id = $1 AND action <> 'payment.read' ORDER BY audit_id",
+        payment_id.as_uuid()
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(actions, ["refund.retry"]);
 }

@@ -1,8 +1,8 @@
-//! The reconciler's integration tests, one binary: its loops, webhooks, nightly run and CLI against a
-//! real PostgreSQL (each test gets a fresh, migrated database from `#[sqlx::test]`; `DATABASE_URL`
-//! names the server) and a wiremock provider or Stripe, and the real binaries as child processes. The
-//! suites run under nextest, a process per test, so a test may install process-wide state such as
-//! the tracing subscriber.
+//! The reconciler's integration tests, one binary: its loops (for payments and refunds), webhooks,
+//! nightly run and CLI against a real PostgreSQL (each test gets a fresh, migrated database from
+//! `#[sqlx::test]`; `DATABASE_URL` names the server) and a wiremock provider or Stripe, and the real
+//! binaries as child processes. The suites run under nextest, a process per test, so a test may
+//! install process-wide state such as the tracing subscriber.
 
 // Helpers outside `#[test]` functions unwrap too: a failure there is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -16,7 +16,13 @@ mod operators;
 mod poller;
 mod reaper;
 mod recon;
+mod refund_poller;
+mod refund_proposals;
+mod refund_reaper;
+mod refund_sweeper;
+mod refund_webhooks;
 mod service;
+mod stripe_refund_webhooks;
 mod stripe_webhooks;
 mod support;
 mod sweeper;

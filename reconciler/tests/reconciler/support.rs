@@ -1,18 +1,22 @@
-//! What the reconciler's tests share on top of `oncepay_store::fixtures`: payments accepted as the
-//! api accepts them, moved with the shared transition functions, and tables read back.
+//! What the reconciler's tests share on top of `oncepay_store::fixtures`: payments and refunds
+//! accepted as the api accepts them, moved with the shared transition functions, and tables read
+//! back.
 
 use std::net::TcpListener;
 use std::sync::Arc;
 use std::time::Duration;
 
-use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
 use oncepay_domain::status::{PaymentStatus, Transition};
+use oncepay_provider::KeyWindow;
 use oncepay_reconciler::operators::accounts;
 use oncepay_reconciler::operators::api::{self, OperatorsState};
 use oncepay_reconciler::operators::oidc::{Oidc, OidcSettings};
 use oncepay_reconciler::settings::Settings;
 use oncepay_reconciler::unknown;
 use oncepay_store::fixtures;
+use oncepay_store::refunds::sending::{self, ClaimedRefund, Release};
+use oncepay_store::refunds::settling::{self, RefundChange};
 use oncepay_store::transitions::{self, Change, Recorded};
 use oncepay_store::unknown_queue;
 use reqwest::{Method, StatusCode};
@@ -266,4 +270,132 @@ impl Ops {
         assert_eq!(issued, StatusCode::CREATED, "{token}");
         token["token"].as_str().unwrap().to_owned()
     }
+}
+
+/// A payment of `amount` EUR cents accepted under `key` and charged as `ch_<key>`: `succeeded`,
+/// with its ledger entry, so that it can be refunded.
+pub async fn succeeded_payment(pool: &PgPool, tenant_id: TenantId, key: &str, amount: i64) -> PaymentId {
+    use oncepay_domain::money::{Amount, Currency};
+    use oncepay_store::transitions::Settlement;
+
+    let payment_id = accept(pool, tenant_id, key, amount).await;
+    claim(pool, tenant_id, payment_id, 1).await;
+    let settlement = Settlement::Succeeded {
+        charge_id: format!("ch_{key}"),
+        amount: Amount::new(amount).unwrap(),
+        currency: Currency::parse("EUR").unwrap(),
+        charged_at: time::OffsetDateTime::now_utc(),
+    };
+    let change = change(tenant_id, payment_id, PaymentStatus::Processing, Transition::Charged);
+    moved(transitions::settle(&mut pool.acquire().await.unwrap(), &change, &settlement).await);
+    payment_id
+}
+
+/// Accepts a refund of `amount` of `payment_id` under `key`, as `POST /v1/payments/{id}/refunds`
+/// would: `pending`, with its key and refund outbox row, the amount reserved on the payment.
+pub async fn refund(pool: &PgPool, tenant_id: TenantId, payment_id: PaymentId, key: &str, amount: i64) -> RefundId {
+    use oncepay_domain::fingerprint::Fingerprint;
+    use oncepay_domain::idempotency_key::IdempotencyKey;
+    use oncepay_domain::refund::RefundRequest;
+    use oncepay_store::refunds::intake::{self, NewRefund, RefundIntake};
+
+    let body = json!({ "amount": amount, "reason": "requested_by_customer" });
+    let key = IdempotencyKey::parse(key.as_bytes()).unwrap();
+    let request = RefundRequest::from_json(&body).unwrap();
+    let new = NewRefund {
+        tenant_id,
+        payment_id,
+        refund_id: RefundId::generate(),
+        key: &key,
+        fingerprint: Fingerprint::of("POST", &format!("/v1/payments/{payment_id}/refunds"), &body),
+        request: &request,
+        requested_by: "api",
+        retention: Duration::from_secs(86_400),
+        trace: None,
+    };
+    match intake::accept(&mut pool.acquire().await.unwrap(), &new).await.unwrap() {
+        RefundIntake::Created { refund, .. } => refund.refund_id,
+        other => panic!("the refund was not accepted: {other:?}"),
+    }
+}
+
+/// The key window the refund tests send under: a day, with an hour's margin.
+pub const REFUND_KEY_WINDOW: KeyWindow =
+    KeyWindow { window: Duration::from_secs(86_400), safety_margin: Duration::from_secs(3_600) };
+
+/// Claims the tenant's due refunds as `worker-1` would (a minute's lease), then makes their first
+/// send `sent_secs_ago` seconds old.
+pub async fn claim_refunds(pool: &PgPool, tenant_id: TenantId, sent_secs_ago: i64) -> Vec<ClaimedRefund> {
+    let mut conn = pool.acquire().await.unwrap();
+    let claimed =
+        sending::claim(&mut conn, tenant_id, 10, "worker-1", Duration::from_secs(60), REFUND_KEY_WINDOW).await.unwrap();
+    for refund in &claimed {
+        sqlx::query!(
+            "UPDATE refunds SET first_sent_at = now() - make_interval(secs => $2) WHERE refund_id = $1",
+            refund.refund_id.as_uuid(),
+            sent_secs_ago as f64
+        )
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    }
+    claimed
+}
+
+/// A refund of `amount` of a succeeded payment that a worker sent `sent_secs_ago` seconds ago and
+/// whose outcome it could not learn: `unknown`, due for a lookup, its outbox row gone.
+pub async fn unknown_refund(
+    pool: &PgPool,
+    tenant_id: TenantId,
+    payment_id: PaymentId,
+    key: &str,
+    amount: i64,
+    sent_secs_ago: i64,
+) -> RefundId {
+    let refund_id = refund(pool, tenant_id, payment_id, key, amount).await;
+    let claimed = claim_refunds(pool, tenant_id, sent_secs_ago).await;
+    let claimed = claimed.iter().find(|c| c.refund_id == refund_id).unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    assert!(sending::release(&mut tx, claimed, Release::Done).await.unwrap());
+    let change = RefundChange {
+        tenant_id,
+        refund_id,
+        from: PaymentStatus::Processing,
+        transition: Transition::Uncertain,
+        actor: "worker:worker-1",
+        reason: "the provider's response was lost",
+        detail: None,
+    };
+    moved(settling::apply(&mut tx, &change, None, time::OffsetDateTime::now_utc()).await);
+    tx.commit().await.unwrap();
+    refund_id
+}
+
+/// The refund's status.
+pub async fn refund_status(pool: &PgPool, refund_id: RefundId) -> PaymentStatus {
+    sqlx::query_scalar!(
+        r#"SELECT status AS "status: PaymentStatus" FROM refunds WHERE refund_id = $1"#,
+        refund_id.as_uuid()
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// Rows in `table` for one refund.
+pub async fn count_for_refund(pool: &PgPool, table: &str, refund_id: RefundId) -> i64 {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table} WHERE refund_id = $1")))
+        .bind(refund_id.as_uuid())
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// What the payment has promised back and what it gave back: (refunds_reserved, refunded).
+pub async fn refunded(pool: &PgPool, payment_id: PaymentId) -> (i64, i64) {
+    sqlx::query!("SELECT refunds_reserved, refunded FROM payments WHERE payment_id = $1", payment_id.as_uuid())
+        .map(|row| (row.refunds_reserved, row.refunded))
+        .fetch_one(pool)
+        .await
+        .unwrap()
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_provider::KeyWindow;
-use oncepay_reconciler::sweeper::{Sweeper, SweeperConfig};
+use oncepay_reconciler::sweeper::{Counts, Sweeper, SweeperConfig};
 use oncepay_store::fixtures::tenant;
 use oncepay_store::leases::SweepCounts;
 use oncepay_store::transitions;
@@ -62,8 +62,11 @@ async fn expired_leases_are_taken_back_by_the_key_window_and_live_ones_are_left_
     let first = sweeper.run_once().await.unwrap();
     let second = sweeper.run_once().await.unwrap();
 
-    assert_eq!(first, SweepCounts { released: 1, uncertain: 1, ..SweepCounts::default() });
-    assert_eq!(second, SweepCounts::default());
+    assert_eq!(
+        first,
+        Counts { payments: SweepCounts { released: 1, uncertain: 1, ..SweepCounts::default() }, ..Counts::default() }
+    );
+    assert_eq!(second, Counts::default());
     assert_eq!(status(&pool, tenant_id, in_window).await, PaymentStatus::Pending);
     assert_eq!(count_for(&pool, "outbox", in_window).await, 1);
     assert_eq!(status(&pool, tenant_id, past_window).await, PaymentStatus::Unknown);

@@ -141,7 +141,7 @@ async fn a_lease_swept_past_the_key_window_hands_the_outbox_rows_trace_to_the_un
 
     let counts = sweeper.run_once().await.unwrap();
 
-    assert_eq!(counts.uncertain, 1, "{counts:?}");
+    assert_eq!(counts.payments.uncertain, 1, "{counts:?}");
     assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Unknown);
     assert_eq!(
         stored_trace(&pool, "unknown_payments", payment_id).await,

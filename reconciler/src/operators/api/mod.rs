@@ -13,6 +13,8 @@
 //! - work: `GET /v1/me`, `GET /v1/dead-letters`, `GET /v1/payments/{id}`,
 //!   `POST /v1/payments/{id}/retry|resolve`, `GET /v1/proposals`,
 //!   `POST /v1/proposals/{id}/approve|reject|withdraw`, `GET /v1/audit`;
+//! - refunds: `POST /v1/payments/{id}/refund`, `GET /v1/dead-letters/refunds`, `GET /v1/refunds/{id}`,
+//!   `POST /v1/refunds/{id}/retry|resolve` ([`refunds`]);
 //! - operators: `GET|POST /v1/operators`, `PATCH|DELETE /v1/operators/{name}`,
 //!   `GET|POST /v1/operators/{name}/tokens`, `DELETE /v1/tokens/{id}`;
 //! - tenants, keys and reconciliation runs ([`tenants`]).
@@ -38,7 +40,8 @@ use super::accounts::{self, NewOperator};
 use super::audit::{self, Entry, Outcome};
 use super::oidc::Oidc;
 use super::proposals::{self, Closing, Proposed};
-use super::reports::{Acted, PaymentPage};
+use super::refunds as operator_refunds;
+use super::reports::{Acted, Effect, PaymentPage};
 use super::{Account, Role, Scope};
 use super::{sessions, tokens};
 use crate::dead_letters::actions::{self, Asked, Resolution, Retry, require_reason};
@@ -48,6 +51,7 @@ use crate::operator_error::OperatorError;
 
 mod bulk_retries;
 mod console;
+mod refunds;
 mod signing_in;
 mod tenants;
 
@@ -131,6 +135,7 @@ pub fn configure(config: &mut web::ServiceConfig) {
         .route("/v1/operators/{name}/tokens", web::post().to(issue_token))
         .route("/v1/tokens/{token_id}", web::delete().to(revoke_token))
         .configure(tenants::configure)
+        .configure(refunds::configure)
         .configure(console::configure)
         .default_service(web::to(not_found));
 }
@@ -168,7 +173,7 @@ async fn change(
         Ok(response) => Ok(response),
         Err(OperatorError::Failed(error)) => Err(problem(OperatorError::Failed(error))),
         Err(refusal) => {
-            let entry = entry.ended(Outcome::Refused).detail(json!({ "refusal": refusal.to_string() }));
+            let entry = entry.refused(refusal.to_string());
             let recorded = async {
                 let mut conn = connection(state).await?;
                 audit::record(&mut conn, &caller.actor(), &entry).await.map_err(problem)
@@ -280,23 +285,23 @@ fn query<T: DeserializeOwned>(request: &HttpRequest) -> Result<T, Problem> {
         .map_err(|error| Problem::new(ProblemType::InvalidRequest, format!("the query string is wrong: {error}")))
 }
 
-/// `GET /v1/payments/{id}`: a dead-lettered payment's entries, history, proposals and operator
-/// audit rows, and what it asked of the customer (masked for viewers). The read is audited.
+/// `GET /v1/payments/{id}`: a payment's dead letters, history, refunds, proposals and operator audit
+/// rows, and what it asked of the customer (masked for viewers). The read is audited.
 async fn payment(state: web::Data<OperatorsState>, request: HttpRequest, path: web::Path<String>) -> HttpResponse {
     respond(
         async {
             let caller = caller(&state, &request).await?;
             let payment_id = payment_id(&path)?;
             let mut conn = connection(&state).await?;
-            let detail = queries::show(&mut conn, payment_id).await.map_err(problem)?;
-            let tenant_id = detail.tenant_id;
-            caller
-                .account
-                .see(tenant_id, || OperatorError::NotFound(format!("payment {payment_id} has no dead letter")))
-                .map_err(problem)?;
+            let scope = &caller.account.scope;
+            let tenant_id = queries::payment_tenant(&mut conn, scope.to_column().as_deref(), payment_id)
+                .await
+                .map_err(problem)?
+                .ok_or_else(|| problem(OperatorError::NotFound(format!("there is no payment {payment_id}"))))?;
+            let detail = queries::detail(&mut conn, tenant_id, payment_id).await.map_err(problem)?;
+            let refunds = operator_refunds::of_payment(&mut conn, tenant_id, payment_id).await.map_err(problem)?;
             let masked = caller.account.role == Role::Viewer;
             let customer = customer(&mut conn, tenant_id, payment_id, masked).await.map_err(problem)?;
-            let scope = &caller.account.scope;
             let proposals = proposals::list(&mut conn, scope, Some(payment_id), None).await.map_err(problem)?;
             let filter = audit::Filter { payment_id: Some(payment_id), limit: 500, ..audit::Filter::default() };
             let operator_audit = audit::list(&mut conn, &filter, scope).await.map_err(problem)?;
@@ -306,9 +311,11 @@ async fn payment(state: web::Data<OperatorsState>, request: HttpRequest, path: w
             audit::record(&mut conn, &caller.actor(), &read).await.map_err(problem)?;
             let page = PaymentPage {
                 payment_id,
+                tenant_id,
                 customer,
                 entries: detail.entries,
                 history: detail.audit_trail,
+                refunds,
                 proposals,
                 operator_audit,
             };
@@ -412,7 +419,7 @@ async fn retry_payment(
     }
     let entry = Entry::new("payment.retry", Outcome::Done).on_payment(payment_id);
     let done = directly(conn, caller, entry, payment_id, reason, Direct::Retry, state).await?;
-    Ok(Acted::Done(done))
+    Ok(Acted::Done(Effect::Payment(done)))
 }
 
 /// An action on a dead letter that needs no second operator.
@@ -533,7 +540,7 @@ async fn resolve_payment(
     if matches!(decision, Asked::Acknowledge) {
         let entry = Entry::new("payment.resolve", Outcome::Done).on_payment(payment_id);
         let done = directly(&mut conn, caller, entry, payment_id, reason, Direct::Acknowledge, state).await?;
-        return Ok(Acted::Done(done));
+        return Ok(Acted::Done(Effect::Payment(done)));
     }
     // Scope first: looking the charge up must not tell a limited operator that the payment exists.
     let (tenant_id, _) = queries::open_payment(&mut conn, payment_id).await?;
@@ -673,8 +680,7 @@ async fn decide_proposal(
         Decision::Approve => {
             caller.require_fresh(state.fresh_sign_in, "approve a proposal")?;
             let approved =
-                proposals::approve(&mut conn, &caller.account, source, proposal_id, reason, state.resend_horizon)
-                    .await?;
+                proposals::approve(&mut conn, &caller.account, source, proposal_id, reason, state.limits()).await?;
             Ok(Decided::Approved(approved))
         }
         Decision::Close(how) => {

@@ -1,5 +1,5 @@
-//! The console's forms (POST): signing in and out, the search, and the changes to a payment or a
-//! proposal.
+//! The console's forms (POST): signing in and out, the search, and the changes to a payment, a
+//! refund or a proposal.
 //!
 //! A change is posted twice: first with its reason, followed by a page that says what will happen
 //! and asks to confirm; then with `confirmed=yes`, when it is done by the same function the JSON
@@ -9,7 +9,8 @@
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
-use oncepay_domain::ids::PaymentId;
+use oncepay_domain::ids::{PaymentId, RefundId};
+use oncepay_domain::refund::RefundReason;
 use oncepay_http::problem::{Problem, ProblemType};
 use secrecy::SecretString;
 use serde::Deserialize;
@@ -18,8 +19,10 @@ use uuid::Uuid;
 use super::pages::{FoundLine, SearchPage, SignInPage, payment_id_of};
 use super::{Chrome, caller_or_sign_in, error_page, html, queries, see_other, visible_tenants};
 use crate::dead_letters::actions::{Asked, require_reason};
+use crate::dead_letters::refunds::{self as dead_refunds, AskedRefundResolution};
 use crate::operator_error::OperatorError;
 use crate::operators::Role;
+use crate::operators::api::refunds::{refund_payment, refund_reason, resolve_refund, retry_refund};
 use crate::operators::api::signing_in::{self, Caller};
 use crate::operators::api::{
     Decided, Decision, OperatorsState, change, connection, decide_proposal, problem, resolve_payment, retry_payment,
@@ -147,6 +150,11 @@ pub(super) struct ChangeForm {
     force: Option<String>,
     /// A checkbox: `on` when ticked.
     outside_key_window: Option<String>,
+    /// A refund's amount in minor units; empty for all that is left.
+    amount: Option<String>,
+    /// A refund's reason in the provider's words; empty for none.
+    refund_reason: Option<String>,
+    provider_refund_id: Option<String>,
 }
 
 impl ChangeForm {
@@ -159,7 +167,19 @@ impl ChangeForm {
     }
 
     fn charge_id(&self) -> Option<String> {
-        self.charge_id.as_deref().map(str::trim).filter(|id| !id.is_empty()).map(str::to_owned)
+        filled(self.charge_id.as_ref())
+    }
+
+    fn provider_refund_id(&self) -> Option<String> {
+        filled(self.provider_refund_id.as_ref())
+    }
+
+    /// The refund's amount; none when the field is empty.
+    fn amount(&self) -> Result<Option<i64>, Problem> {
+        let Some(amount) = filled(self.amount.as_ref()) else { return Ok(None) };
+        amount.parse().map(Some).map_err(|_| {
+            Problem::new(ProblemType::InvalidRequest, format!("amount {amount:?} is not a whole number of minor units"))
+        })
     }
 
     /// The fields to post again with the confirmation.
@@ -170,10 +190,18 @@ impl ChangeForm {
             ("charge_id", &self.charge_id),
             ("force", &self.force),
             ("outside_key_window", &self.outside_key_window),
+            ("amount", &self.amount),
+            ("refund_reason", &self.refund_reason),
+            ("provider_refund_id", &self.provider_refund_id),
         ];
         fields.extend(optional.into_iter().filter_map(|(name, value)| value.clone().map(|value| (name, value))));
         fields
     }
+}
+
+/// A form field's value, trimmed; none when it is empty.
+fn filled(field: Option<&String>) -> Option<String> {
+    field.map(|value| value.trim()).filter(|value| !value.is_empty()).map(str::to_owned)
 }
 
 /// The page that says what a change will do and asks to confirm it.
@@ -220,6 +248,7 @@ pub(super) fn ask_to_confirm(
 enum PaymentChange {
     Retry { outside_key_window: bool },
     Resolve(Asked),
+    Refund { amount: Option<i64>, reason: Option<RefundReason> },
 }
 
 impl PaymentChange {
@@ -244,7 +273,20 @@ impl PaymentChange {
                 })),
                 _ => Err(invalid("resolve as succeeded, failed or acknowledged")),
             },
-            _ => Err(Problem::new(ProblemType::NotFound, "a payment can be retried or resolved")),
+            "refund" => Ok(Self::Refund {
+                amount: form.amount()?,
+                reason: refund_reason(form.refund_reason.as_deref()).map_err(problem)?,
+            }),
+            _ => Err(Problem::new(ProblemType::NotFound, "a payment can be retried, resolved or refunded")),
+        }
+    }
+
+    /// What its audit rows are recorded under.
+    const fn audit_action(&self) -> &'static str {
+        match self {
+            Self::Retry { .. } => "payment.retry",
+            Self::Resolve(_) => "payment.resolve",
+            Self::Refund { .. } => "payment.refund",
         }
     }
 
@@ -300,6 +342,20 @@ impl PaymentChange {
                 ],
                 "Propose settling as succeeded",
             ),
+            Self::Refund { amount, reason } => {
+                let how_much = amount.map_or_else(|| "all that is left".to_owned(), |a| format!("{a} (minor units)"));
+                let mut will = vec![
+                    format!("This proposes giving {how_much} of payment {payment_id} back to the customer."),
+                    "No money moves until a second operator approves the proposal; the refund is then sent to the \
+                     provider once, under a key of its own, and the payment's refunds never add up to more than \
+                     it charged."
+                        .into(),
+                ];
+                if let Some(reason) = reason {
+                    will.push(format!("The provider is told why: {}.", reason.as_str()));
+                }
+                (will, "Propose the refund")
+            }
         }
     }
 }
@@ -330,8 +386,7 @@ pub(super) async fn act_on_payment(
             Confirmation { action: format!("/console/payments/{payment_id}/{action}"), will, button, back: page };
         return ask_to_confirm(chrome, &form.reason, form.fields(), confirmation);
     }
-    let audit_action = if action == "retry" { "payment.retry" } else { "payment.resolve" };
-    let entry = Entry::new(audit_action, Outcome::Done).on_payment(payment_id);
+    let entry = Entry::new(change_asked.audit_action(), Outcome::Done).on_payment(payment_id);
     let outcome = match change_asked {
         PaymentChange::Retry { outside_key_window } => match state.pool.acquire().await {
             Ok(mut conn) => {
@@ -340,11 +395,158 @@ pub(super) async fn act_on_payment(
             Err(error) => Err(OperatorError::Failed(anyhow::Error::new(error).context("cannot reach the database"))),
         },
         PaymentChange::Resolve(decision) => resolve_payment(&state, &caller, payment_id, decision, &form.reason).await,
+        PaymentChange::Refund { amount, reason } => {
+            refund_payment(&state, &caller, payment_id, amount, reason, &form.reason).await
+        }
     };
     let notice = |acted: &Acted| match (acted, action.as_str()) {
         (Acted::Proposed { .. }, _) => "proposed",
         (Acted::Done(_), "retry") => "retried",
         (Acted::Done(_), _) => "acknowledged",
+    };
+    let redirect = outcome.map(|acted| see_other(&format!("{page}?notice={}", notice(&acted))));
+    finish(&state, &caller, chrome, entry, redirect).await
+}
+
+/// A change to a dead-lettered refund, as the form asks for it.
+enum RefundChange {
+    Retry { outside_key_window: bool },
+    Resolve(AskedRefundResolution),
+}
+
+impl RefundChange {
+    fn of(action: &str, form: &ChangeForm) -> Result<Self, Problem> {
+        let invalid = |detail: &str| Problem::new(ProblemType::InvalidRequest, detail.to_owned());
+        match action {
+            "retry" => Ok(Self::Retry { outside_key_window: ChangeForm::ticked(form.outside_key_window.as_ref()) }),
+            "resolve" => match form.outcome.as_deref() {
+                Some("failed") => Ok(Self::Resolve(AskedRefundResolution::Failed {
+                    provider_refund_id: form.provider_refund_id(),
+                    force: ChangeForm::ticked(form.force.as_ref()),
+                })),
+                Some("succeeded") => Ok(Self::Resolve(AskedRefundResolution::Succeeded {
+                    provider_refund_id: Some(
+                        form.provider_refund_id()
+                            .ok_or_else(|| invalid("a resolution as succeeded needs the provider's refund id"))?,
+                    ),
+                    amount: None,
+                    currency: None,
+                    refunded_at: None,
+                })),
+                _ => Err(invalid("resolve a refund as succeeded or failed")),
+            },
+            _ => Err(Problem::new(ProblemType::NotFound, "a refund can be retried or resolved")),
+        }
+    }
+
+    /// What it will do, before it is confirmed.
+    fn will(&self, refund_id: RefundId, state: &OperatorsState) -> (Vec<String>, &'static str) {
+        match self {
+            Self::Retry { outside_key_window } if *outside_key_window || state.retries_need_approval => (
+                vec![
+                    format!("This proposes sending refund {refund_id} to the provider again."),
+                    "Nothing is sent until a second operator approves the proposal.".into(),
+                ],
+                "Propose the resend",
+            ),
+            Self::Retry { .. } => (
+                vec![
+                    format!("Refund {refund_id} is queued to be sent to the provider again, now."),
+                    "If it is still inside the provider's key window, it goes with the same idempotency key as \
+                     before, so the money goes back at most once; if not, it is refused and nothing changes."
+                        .into(),
+                ],
+                "Send it again",
+            ),
+            Self::Resolve(AskedRefundResolution::Failed { provider_refund_id, force }) => {
+                let mut will = vec![
+                    format!("This proposes settling refund {refund_id} as failed: no money went back."),
+                    "Nothing changes until a second operator approves; then its amount can be refunded again.".into(),
+                ];
+                if let Some(id) = provider_refund_id {
+                    will.push(format!("It names the provider's failed refund {id}."));
+                }
+                if *force {
+                    will.push("Forced: it settles as failed although the provider reported the refund as made.".into());
+                }
+                (will, "Propose settling as failed")
+            }
+            Self::Resolve(AskedRefundResolution::Succeeded { provider_refund_id, .. }) => (
+                vec![
+                    format!(
+                        "This proposes settling refund {refund_id} as succeeded with the provider's refund {}.",
+                        provider_refund_id.as_deref().unwrap_or_default()
+                    ),
+                    "The provider's refund is looked up now; the ledger books it only when a second operator \
+                     approves."
+                        .into(),
+                ],
+                "Propose settling as succeeded",
+            ),
+        }
+    }
+
+    const fn audit_action(&self) -> &'static str {
+        match self {
+            Self::Retry { .. } => "refund.retry",
+            Self::Resolve(_) => "refund.resolve",
+        }
+    }
+}
+
+/// `POST /console/refunds/{id}/retry|resolve`: asks to confirm, then does it, and goes back to the
+/// refund's payment.
+pub(super) async fn act_on_refund(
+    state: web::Data<OperatorsState>,
+    request: HttpRequest,
+    path: web::Path<(String, String)>,
+    form: web::Form<ChangeForm>,
+) -> HttpResponse {
+    let caller = match caller_or_sign_in(&state, &request).await {
+        Ok(caller) => caller,
+        Err(response) => return response,
+    };
+    let chrome = Chrome::of(&caller.account, "dead-letters");
+    let (refund_text, action) = path.into_inner();
+    let form = form.into_inner();
+    let not_found = || Problem::new(ProblemType::NotFound, format!("there is no refund {refund_text:?}"));
+    let asked = refund_text
+        .parse::<RefundId>()
+        .map_err(|_| not_found())
+        .and_then(|id| Ok((id, RefundChange::of(&action, &form)?)));
+    let (refund_id, change_asked) = match asked {
+        Ok(asked) => asked,
+        Err(refused) => return error_page(Some(chrome), &refused),
+    };
+    // Where it is, among the tenants the operator may see: its payment's page is where they come back to.
+    let located = async {
+        let mut conn = connection(&state).await?;
+        let tenants = caller.account.scope.to_column();
+        dead_refunds::locate(&mut conn, tenants.as_deref(), refund_id).await.map_err(problem)
+    };
+    let payment_id = match located.await {
+        Ok((_, payment_id, _)) => payment_id,
+        Err(refused) => return error_page(Some(chrome), &refused),
+    };
+    let page = format!("/console/payments/{payment_id}");
+    if !form.confirmed() {
+        let (will, button) = change_asked.will(refund_id, &state);
+        let confirmation =
+            Confirmation { action: format!("/console/refunds/{refund_id}/{action}"), will, button, back: page };
+        return ask_to_confirm(chrome, &form.reason, form.fields(), confirmation);
+    }
+    let entry = Entry::new(change_asked.audit_action(), Outcome::Done)
+        .on_payment(payment_id)
+        .detail(serde_json::json!({ "refund_id": refund_id }));
+    let outcome = match change_asked {
+        RefundChange::Retry { outside_key_window } => {
+            retry_refund(&state, &caller, refund_id, &form.reason, outside_key_window).await
+        }
+        RefundChange::Resolve(decision) => resolve_refund(&state, &caller, refund_id, decision, &form.reason).await,
+    };
+    let notice = |acted: &Acted| match acted {
+        Acted::Proposed { .. } => "proposed",
+        Acted::Done(_) => "refund_retried",
     };
     let redirect = outcome.map(|acted| see_other(&format!("{page}?notice={}", notice(&acted))));
     finish(&state, &caller, chrome, entry, redirect).await

@@ -44,8 +44,13 @@ pub(super) const SECURITY_HEADERS: [(&str, &str); 5] = [
 ];
 
 /// What each notice code left in a URL says.
-const NOTICES: [(&str, &str); 11] = [
+const NOTICES: [(&str, &str); 12] = [
     ("retried", "Queued to be sent again: the worker sends it with the same key, so it is charged at most once."),
+    (
+        "refund_retried",
+        "The refund is queued to be sent again: the worker sends it with the same key, so the money goes back at most \
+         once.",
+    ),
     ("proposed", "Proposed: nothing changes until a second operator approves."),
     ("acknowledged", "Acknowledged: the conflict is closed and the payment stays as it was."),
     ("approved", "Approved and done."),
@@ -79,6 +84,7 @@ pub(super) fn configure(config: &mut web::ServiceConfig) {
             .route("/search", web::post().to(forms::search))
             .route("/payments/{payment_id}", web::get().to(pages::payment))
             .route("/payments/{payment_id}/{action}", web::post().to(forms::act_on_payment))
+            .route("/refunds/{refund_id}/{action}", web::post().to(forms::act_on_refund))
             .route("/bulk-retries", web::post().to(bulk::create))
             .route("/bulk-retries/{bulk_retry_id}", web::get().to(bulk::show))
             .route("/proposals", web::get().to(pages::proposals))

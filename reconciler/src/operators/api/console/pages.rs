@@ -9,7 +9,8 @@ use std::str::FromStr;
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
-use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
+use oncepay_domain::status::PaymentStatus;
 use oncepay_http::problem::{Problem, ProblemType};
 use oncepay_provider::{Charge, ConfiguredProvider, PaymentProvider};
 use serde::Deserialize;
@@ -20,12 +21,14 @@ use uuid::Uuid;
 use super::provider_view::{self, Ours};
 use super::queries::{self, Cursor, DeadLetterFilter, EntryState, Happened};
 use super::{Chrome, caller_or_sign_in, error_page, html, visible_tenants};
+use crate::dead_letters::refunds as dead_refunds;
 use crate::operator_error::OperatorError;
 use crate::operators::api::signing_in::Caller;
 use crate::operators::api::tenants::every_tenant;
 use crate::operators::api::{OperatorsState, connection, problem, query};
 use crate::operators::audit::{self, Entry, Outcome};
 use crate::operators::proposals::{self, ProposalView, Proposed};
+use crate::operators::refunds as operator_refunds;
 use crate::operators::{Role, Scope};
 use crate::recon::commands as recon;
 use crate::render;
@@ -284,6 +287,33 @@ struct DeadLettersPage {
     filter_kind: String,
     filter_tenant: String,
     filter_older_than: String,
+    /// The refunds automation gave up on, of the tenants shown.
+    dead_refunds: Vec<DeadRefundLine>,
+}
+
+/// A refund automation gave up on, in a list.
+struct DeadRefundLine {
+    refund_id: RefundId,
+    payment_id: PaymentId,
+    tenant: String,
+    amount: String,
+    reason: String,
+    age: String,
+    since: String,
+}
+
+impl From<dead_refunds::DeadRefund> for DeadRefundLine {
+    fn from(refund: dead_refunds::DeadRefund) -> Self {
+        Self {
+            refund_id: refund.refund_id,
+            payment_id: refund.payment_id,
+            tenant: refund.tenant.unwrap_or_else(|| refund.tenant_id.to_string()),
+            amount: format!("{} {}", refund.amount, refund.currency),
+            reason: refund.reason,
+            age: age(refund.since),
+            since: when(refund.since),
+        }
+    }
 }
 
 const KINDS: [(&str, &str); 3] = [("", "any kind"), ("unresolved", "unresolved"), ("conflict", "conflict")];
@@ -334,6 +364,12 @@ pub(super) async fn dead_letters(state: web::Data<OperatorsState>, request: Http
             let mut conn = connection(&state).await.map_err(refused(&chrome))?;
             let (rows, more) =
                 queries::dead_letter_page(&mut conn, &filter, PAGE_ROWS).await.map_err(failed(&chrome))?;
+            let dead_refunds = dead_refunds::list(&mut conn, Some(&filter.tenants), None)
+                .await
+                .map_err(failed(&chrome))?
+                .into_iter()
+                .map(DeadRefundLine::from)
+                .collect();
             let next = rows.last().filter(|_| more).map(|last| {
                 let cursor = Cursor { created_at: last.created_at, dead_letter_id: last.dead_letter_id };
                 let pairs = [
@@ -378,6 +414,7 @@ pub(super) async fn dead_letters(state: web::Data<OperatorsState>, request: Http
                 filter_kind: kind.unwrap_or_default(),
                 filter_tenant: tenant.unwrap_or_default(),
                 filter_older_than: older_than.unwrap_or_default(),
+                dead_refunds,
             };
             Ok(html(StatusCode::OK, &page))
         }
@@ -480,6 +517,39 @@ struct OpenEntry {
     since: String,
 }
 
+/// One of the payment's refunds.
+struct RefundLine {
+    refund_id: RefundId,
+    amount: String,
+    status: String,
+    provider_refund_id: String,
+    requested_by: String,
+    created_at: String,
+    /// Why it failed, when it did.
+    failure: String,
+}
+
+impl From<operator_refunds::RefundView> for RefundLine {
+    fn from(refund: operator_refunds::RefundView) -> Self {
+        Self {
+            refund_id: refund.refund_id,
+            amount: format!("{} {}", refund.amount, refund.currency),
+            status: refund.status.as_str().to_owned(),
+            provider_refund_id: refund.provider_refund_id.unwrap_or_default(),
+            requested_by: refund.requested_by,
+            created_at: when(refund.created_at),
+            failure: refund.failure.unwrap_or_default(),
+        }
+    }
+}
+
+/// The reasons a refund may give, for the form's list: the provider's words and what they say.
+const REFUND_REASONS: [(&str, &str); 3] = [
+    ("duplicate", "charged twice for one thing"),
+    ("fraudulent", "the charge was fraudulent"),
+    ("requested_by_customer", "the customer asked for it"),
+];
+
 /// `GET /console/payments/{id}`.
 #[derive(Template)]
 #[template(path = "console/payment.html")]
@@ -493,6 +563,16 @@ struct PaymentPage {
     proposals: Vec<ProposalLine>,
     timeline: Vec<TimelineLine>,
     provider: Option<ProviderView>,
+    /// Whether the payment succeeded, and so has a list of refunds.
+    refundable_payment: bool,
+    /// Its refunds, oldest first.
+    refunds: Vec<RefundLine>,
+    /// What is left to refund, when anything is.
+    left_to_refund: Option<String>,
+    /// The reasons a refund may give.
+    refund_reasons: &'static [(&'static str, &'static str)],
+    /// Its refunds automation gave up on, for an operator to resend or settle.
+    dead_refunds: Vec<DeadRefundLine>,
 }
 
 /// A proposal's action, in words; as stored, should it be one this version does not know.
@@ -543,6 +623,12 @@ pub(super) async fn payment(
             let proposals = proposals::list(&mut conn, &caller.account.scope, Some(payment_id), None)
                 .await
                 .map_err(failed(&chrome))?;
+            let refunds = operator_refunds::of_payment(&mut conn, payment.tenant_id, payment_id)
+                .await
+                .map_err(failed(&chrome))?;
+            let tenant = [payment.tenant_id.as_uuid()];
+            let dead_refunds =
+                dead_refunds::list(&mut conn, Some(&tenant), Some(payment_id)).await.map_err(failed(&chrome))?;
             let masked = caller.account.role == Role::Viewer;
             let read = Entry::new("payment.read", Outcome::Done)
                 .payment(payment.tenant_id, payment_id)
@@ -573,6 +659,12 @@ pub(super) async fn payment(
                 proposals,
                 timeline: timeline.into_iter().map(TimelineLine::from).collect(),
                 provider,
+                refundable_payment: refunds.status == PaymentStatus::Succeeded,
+                left_to_refund: (refunds.status == PaymentStatus::Succeeded && refunds.left() > 0)
+                    .then(|| format!("{} {}", refunds.left(), refunds.currency)),
+                refunds: refunds.refunds.into_iter().map(RefundLine::from).collect(),
+                refund_reasons: &REFUND_REASONS,
+                dead_refunds: dead_refunds.into_iter().map(DeadRefundLine::from).collect(),
             };
             Ok(html(StatusCode::OK, &page))
         }
@@ -624,6 +716,16 @@ fn facts(payment: &queries::Payment, masked: bool) -> Vec<Fact> {
     }
     if let (Some(code), Some(message)) = (&payment.failure_code, &payment.failure_message) {
         facts.push(Fact { label: "Failure", value: format!("{code}: {message}") });
+    }
+    if payment.status == PaymentStatus::Succeeded {
+        let currency = &payment.currency;
+        facts.push(Fact {
+            label: "Refunded",
+            value: format!(
+                "{} of {} {currency} ({} {currency} promised back, counting refunds not yet final)",
+                payment.refunded, payment.amount, payment.refunds_reserved
+            ),
+        });
     }
     facts
 }
@@ -960,4 +1062,18 @@ struct NoticeQuery {
 /// The notice code in the request's URL, if any.
 fn notice_of(request: &HttpRequest) -> Option<String> {
     query::<NoticeQuery>(request).ok().and_then(|asked| asked.notice)
+}
+
+#[cfg(test)]
+mod tests {
+    use oncepay_domain::refund::RefundReason;
+
+    use super::*;
+
+    #[test]
+    fn the_refund_forms_list_offers_every_reason_the_intake_knows() {
+        let offered: Vec<&str> = REFUND_REASONS.iter().map(|(value, _)| *value).collect();
+        let known: Vec<&str> = RefundReason::ALL.iter().map(|reason| reason.as_str()).collect();
+        assert_eq!(offered, known);
+    }
 }

@@ -305,6 +305,10 @@ pub(super) struct Payment {
     pub(super) booked_charge: Option<String>,
     pub(super) booked_amount: Option<i64>,
     pub(super) booked_currency: Option<String>,
+    /// What its refunds that are not `failed` add up to.
+    pub(super) refunds_reserved: i64,
+    /// What its `succeeded` refunds add up to.
+    pub(super) refunded: i64,
 }
 
 /// Payment `payment_id`, if one of `tenants` has it.
@@ -322,7 +326,7 @@ pub(super) async fn payment(
                p.provider_charge_id, p.failure_code, p.failure_message, p.send_attempts, p.first_sent_at,
                p.created_at, p.updated_at, k.idempotency_key AS "idempotency_key?",
                l.provider_charge_id AS "booked_charge?", l.amount AS "booked_amount?",
-               l.currency AS "booked_currency?"
+               l.currency AS "booked_currency?", p.refunds_reserved, p.refunded
         FROM payments p
         JOIN tenants t USING (tenant_id)
         LEFT JOIN idempotency_keys k USING (tenant_id, payment_id)

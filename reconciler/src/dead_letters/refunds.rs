@@ -1,0 +1,808 @@
+//! Refunds automation gave up on (`dead_lettered`), for operators: listing them, and what an
+//! operator may do with one: send it again, or settle it as succeeded or failed. This module owns
+//! the rules and the refusals, as [`super::actions`] does for payments.
+//!
+//! A refund has no dead-letter row: its status is the entry, and its history (`refund_events`) holds
+//! the evidence. Each action runs in one transaction that locks the refund and checks it again, and
+//! moves it through `oncepay_store::refunds::settling`, so that its history, its payment's money
+//! and its ledger entry stay right. No transaction is open while the provider is asked about a
+//! refund.
+
+use std::io::{self, Write};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
+use oncepay_domain::money::{Amount, Currency};
+use oncepay_domain::provider_ref::ProviderAccount;
+use oncepay_domain::status::{PaymentStatus, Transition};
+use oncepay_provider::{PaymentProvider, Refund as ProviderRefund, RefundLookup, RefundState};
+use oncepay_store::refunds::settling::{self, AskedRefund, Finding, RefundChange, RefundSettlement};
+use oncepay_store::transitions::Recorded;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use sqlx::{Acquire, PgConnection};
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+use uuid::Uuid;
+
+use super::actions::{Operator, require_reason};
+use crate::operator_error::OperatorError;
+use crate::render::{self, Report, Table};
+
+/// The most dead-lettered refunds a list shows.
+const LIST_ROWS: i64 = 500;
+
+/// A dead-lettered refund, as listed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DeadRefund {
+    /// The refund.
+    pub refund_id: RefundId,
+    /// The payment it gives money back from.
+    pub payment_id: PaymentId,
+    /// Their tenant.
+    pub tenant_id: TenantId,
+    /// The tenant's name.
+    pub tenant: Option<String>,
+    /// How much it gives back.
+    pub amount: Amount,
+    /// In the payment's currency.
+    pub currency: Currency,
+    /// Who asked for it: `api` or `operator:<name>`.
+    pub requested_by: String,
+    /// The provider's refund, if one was named.
+    pub provider_refund_id: Option<String>,
+    /// Why it was dead-lettered.
+    pub reason: String,
+    /// What was gathered when it was.
+    pub evidence: Option<Value>,
+    /// How many times a worker sent it.
+    pub send_attempts: i32,
+    /// When it was first sent.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub first_sent_at: Option<OffsetDateTime>,
+    /// When it was dead-lettered.
+    #[serde(with = "time::serde::rfc3339")]
+    pub since: OffsetDateTime,
+}
+
+/// `refunds dead-letters`: the refunds automation gave up on, oldest first.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct DeadRefundList(pub Vec<DeadRefund>);
+
+impl Report for DeadRefundList {
+    fn human(&self, out: &mut dyn Write) -> io::Result<()> {
+        let mut table = Table::new(&["REFUND", "PAYMENT", "TENANT", "AMOUNT", "SENDS", "SINCE", "REQUESTED BY", "WHY"]);
+        for r in &self.0 {
+            table.row(vec![
+                r.refund_id.to_string(),
+                r.payment_id.to_string(),
+                r.tenant.clone().unwrap_or_else(|| r.tenant_id.to_string()),
+                format!("{} {}", r.amount, r.currency),
+                r.send_attempts.to_string(),
+                render::timestamp(r.since),
+                r.requested_by.clone(),
+                r.reason.clone(),
+            ]);
+        }
+        table.write(out, "no dead-lettered refunds")
+    }
+
+    fn json(&self) -> Value {
+        render::to_json(&self.0)
+    }
+}
+
+/// The dead-lettered refunds of every tenant, or only of `tenants`, and only of `payment_id` when
+/// given: oldest first, at most [`LIST_ROWS`].
+pub async fn list(
+    conn: &mut PgConnection,
+    tenants: Option<&[Uuid]>,
+    payment_id: Option<PaymentId>,
+) -> Result<Vec<DeadRefund>, OperatorError> {
+    let rows = sqlx::query_as!(
+        DeadRefund,
+        r#"
+        SELECT r.refund_id AS "refund_id: RefundId", r.payment_id AS "payment_id: PaymentId",
+               r.tenant_id AS "tenant_id: TenantId", t.name AS "tenant?", r.amount AS "amount: Amount",
+               r.currency AS "currency: Currency", r.requested_by, r.provider_refund_id,
+               COALESCE(e.reason, 'dead-lettered') AS "reason!", e.detail AS "evidence?", r.send_attempts,
+               r.first_sent_at, r.updated_at AS since
+        FROM refunds r
+        LEFT JOIN tenants t ON t.tenant_id = r.tenant_id
+        LEFT JOIN LATERAL (
+            SELECT reason, detail FROM refund_events
+            WHERE tenant_id = r.tenant_id AND refund_id = r.refund_id AND to_status = 'dead_lettered'
+            ORDER BY seq DESC LIMIT 1
+        ) e ON true
+        WHERE r.status = 'dead_lettered'
+          AND ($1::uuid[] IS NULL OR r.tenant_id = ANY ($1))
+          AND ($2::uuid IS NULL OR r.payment_id = $2)
+        ORDER BY r.updated_at, r.refund_id
+        LIMIT $3
+        "#,
+        tenants,
+        payment_id.map(|p| p.as_uuid()),
+        LIST_ROWS,
+    )
+    .fetch_all(conn)
+    .await
+    .context("cannot read the dead-lettered refunds")?;
+    Ok(rows)
+}
+
+/// A refund as an operator saw it: enough to tell later whether anything happened to it since.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RefundSnapshot {
+    /// Its tenant.
+    pub tenant_id: TenantId,
+    /// The payment it gives money back from.
+    pub payment_id: PaymentId,
+    /// The payment's status.
+    pub payment_status: PaymentStatus,
+    /// How many rows the payment's history has.
+    pub payment_event_count: i32,
+    /// The refund.
+    pub refund_id: RefundId,
+    /// Its status.
+    pub status: PaymentStatus,
+    /// How many rows its history has.
+    pub event_count: i32,
+}
+
+impl RefundSnapshot {
+    /// What is different between this and `now`, in words; `None` if nothing.
+    pub fn changes(&self, now: &Self) -> Option<String> {
+        let mut changes = Vec::new();
+        if self.status != now.status {
+            changes.push(format!("it was {} and is now {}", self.status.as_str(), now.status.as_str()));
+        }
+        if now.event_count > self.event_count {
+            let more = now.event_count - self.event_count;
+            changes.push(format!("its history has {more} more {}", if more == 1 { "row" } else { "rows" }));
+        }
+        (!changes.is_empty()).then(|| changes.join("; "))
+    }
+}
+
+/// Refund `refund_id` of `tenant_id` with its payment, the refund locked until the caller's
+/// transaction ends.
+pub async fn snapshot(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    refund_id: RefundId,
+) -> Result<RefundSnapshot, OperatorError> {
+    let row = sqlx::query_as!(
+        RefundSnapshot,
+        r#"
+        SELECT r.tenant_id AS "tenant_id: TenantId", r.payment_id AS "payment_id: PaymentId",
+               p.status AS "payment_status: PaymentStatus", p.event_count AS payment_event_count,
+               r.refund_id AS "refund_id: RefundId", r.status AS "status: PaymentStatus", r.event_count
+        FROM refunds r
+        JOIN payments p ON p.tenant_id = $1 AND p.payment_id = r.payment_id
+        WHERE r.tenant_id = $1 AND r.refund_id = $2
+        FOR UPDATE OF r
+        "#,
+        tenant_id.as_uuid(),
+        refund_id.as_uuid(),
+    )
+    .fetch_optional(conn)
+    .await
+    .context("cannot read the refund")?;
+    row.ok_or_else(|| no_refund(refund_id))
+}
+
+/// Where refund `refund_id` is: its tenant, its payment and its status, if one of `tenants` (every
+/// tenant: `None`) has it. Locks nothing.
+pub async fn locate(
+    conn: &mut PgConnection,
+    tenants: Option<&[Uuid]>,
+    refund_id: RefundId,
+) -> Result<(TenantId, PaymentId, PaymentStatus), OperatorError> {
+    // The tenants are listed first, so that the refund is found by its primary key in each.
+    let row = sqlx::query!(
+        r#"
+        SELECT tenant_id AS "tenant_id: TenantId", payment_id AS "payment_id: PaymentId",
+               status AS "status: PaymentStatus"
+        FROM refunds
+        WHERE tenant_id IN (SELECT tenant_id FROM tenants WHERE $1::uuid[] IS NULL OR tenant_id = ANY ($1))
+          AND refund_id = $2
+        "#,
+        tenants,
+        refund_id.as_uuid(),
+    )
+    .fetch_optional(conn)
+    .await
+    .context("cannot read the refund")?
+    .ok_or_else(|| no_refund(refund_id))?;
+    Ok((row.tenant_id, row.payment_id, row.status))
+}
+
+fn no_refund(refund_id: RefundId) -> OperatorError {
+    OperatorError::NotFound(format!("there is no refund {refund_id}"))
+}
+
+/// Refuses unless the refund is dead-lettered: automation settles every other one itself.
+pub fn require_dead_lettered(refund_id: RefundId, status: PaymentStatus) -> Result<(), OperatorError> {
+    if status == PaymentStatus::DeadLettered {
+        return Ok(());
+    }
+    Err(OperatorError::Refused(format!(
+        "refund {refund_id} is {}: an operator settles or resends only a refund automation gave up on \
+         (dead_lettered)",
+        status.as_str()
+    )))
+}
+
+/// A dead-lettered refund, locked for the rest of the transaction, with what its actions need.
+struct Locked {
+    tenant_id: TenantId,
+    refund_id: RefundId,
+    payment_id: PaymentId,
+    status: PaymentStatus,
+    amount: Amount,
+    currency: Currency,
+    /// Whether it was first sent less than the resend horizon ago.
+    in_key_window: bool,
+    first_sent_at: Option<OffsetDateTime>,
+}
+
+async fn lock(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    refund_id: RefundId,
+    resend_horizon: Duration,
+) -> Result<Locked, OperatorError> {
+    let row = sqlx::query!(
+        r#"
+        SELECT payment_id AS "payment_id: PaymentId", status AS "status: PaymentStatus", amount AS "amount: Amount",
+               currency AS "currency: Currency", first_sent_at,
+               COALESCE(now() - first_sent_at < make_interval(secs => $3), true) AS "in_key_window!"
+        FROM refunds WHERE tenant_id = $1 AND refund_id = $2
+        FOR UPDATE
+        "#,
+        tenant_id.as_uuid(),
+        refund_id.as_uuid(),
+        resend_horizon.as_secs_f64(),
+    )
+    .fetch_optional(conn)
+    .await
+    .context("cannot read the refund")?
+    .ok_or_else(|| no_refund(refund_id))?;
+    require_dead_lettered(refund_id, row.status)?;
+    Ok(Locked {
+        tenant_id,
+        refund_id,
+        payment_id: row.payment_id,
+        status: row.status,
+        amount: row.amount,
+        currency: row.currency,
+        in_key_window: row.in_key_window,
+        first_sent_at: row.first_sent_at,
+    })
+}
+
+/// The provider's refunds in the refund's history (what lookups and webhooks reported), oldest
+/// first.
+async fn recorded_refunds(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    refund_id: RefundId,
+) -> Result<Vec<ProviderRefund>, OperatorError> {
+    let details = sqlx::query_scalar!(
+        r#"
+        SELECT detail AS "detail!" FROM refund_events
+        WHERE tenant_id = $1 AND refund_id = $2 AND detail IS NOT NULL
+        ORDER BY seq
+        "#,
+        tenant_id.as_uuid(),
+        refund_id.as_uuid(),
+    )
+    .fetch_all(conn)
+    .await
+    .context("cannot read the refund's history")?;
+    Ok(details.iter().flat_map(reported_in).collect())
+}
+
+/// The provider's refunds one piece of evidence reports: its `refund`, and each of its `refunds`.
+fn reported_in(detail: &Value) -> Vec<ProviderRefund> {
+    let one = detail.get("refund").into_iter();
+    let many = detail.get("refunds").and_then(Value::as_array).into_iter().flatten();
+    one.chain(many).filter_map(|item| serde_json::from_value(item.clone()).ok()).collect()
+}
+
+/// A succeeded refund the provider reported for the locked refund, if any: money went back.
+async fn succeeded_refund_on_record(conn: &mut PgConnection, locked: &Locked) -> Result<Option<String>, OperatorError> {
+    let recorded = recorded_refunds(conn, locked.tenant_id, locked.refund_id).await?;
+    Ok(recorded.into_iter().find(|r| r.status == RefundState::Succeeded).map(|r| r.id))
+}
+
+/// What an operator's action did to a refund.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefundDone {
+    /// An operator's refund was accepted, to be sent by the worker.
+    Accepted,
+    /// The refund was settled as succeeded.
+    Succeeded,
+    /// The refund was settled as failed.
+    Failed,
+    /// The refund was queued to be sent again.
+    Retried,
+}
+
+impl RefundDone {
+    /// The name in the JSON.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Accepted => "accepted",
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+            Self::Retried => "retried",
+        }
+    }
+}
+
+/// What an operator's action on a refund did.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RefundActed {
+    /// The refund.
+    pub refund_id: RefundId,
+    /// Its payment.
+    pub payment_id: PaymentId,
+    /// What was done.
+    pub done: RefundDone,
+    /// Who (`operator:<name>`, and who approved it).
+    pub by: String,
+    /// Why.
+    pub note: String,
+    /// The refund's status afterwards.
+    pub refund_status: PaymentStatus,
+    /// How much it gives back.
+    pub amount: Amount,
+    /// In the payment's currency.
+    pub currency: Currency,
+}
+
+impl Report for RefundActed {
+    fn human(&self, out: &mut dyn Write) -> io::Result<()> {
+        writeln!(
+            out,
+            "refund {} of payment {} ({} {}): {} by {}; the refund is now {}",
+            self.refund_id,
+            self.payment_id,
+            self.amount,
+            self.currency,
+            self.done.as_str(),
+            self.by,
+            self.refund_status.as_str()
+        )
+    }
+
+    fn json(&self) -> Value {
+        render::to_json(self)
+    }
+}
+
+impl RefundActed {
+    fn of(locked: &Locked, done: RefundDone, operator: &Operator, note: &str, refund_status: PaymentStatus) -> Self {
+        Self {
+            refund_id: locked.refund_id,
+            payment_id: locked.payment_id,
+            done,
+            by: operator.actor().to_owned(),
+            note: note.to_owned(),
+            refund_status,
+            amount: locked.amount,
+            currency: locked.currency,
+        }
+    }
+}
+
+/// What [`retry`] needs to know.
+#[derive(Debug, Clone)]
+pub struct RefundRetry<'a> {
+    /// The refund's tenant (the caller checked that the operator may see it).
+    pub tenant_id: TenantId,
+    /// The dead-lettered refund.
+    pub refund_id: RefundId,
+    /// Who.
+    pub operator: &'a Operator,
+    /// Why.
+    pub reason: &'a str,
+    /// The provider's key window minus the margin, after the refund's first send.
+    pub resend_horizon: Duration,
+    /// Resend even though the provider may have forgotten the key.
+    pub outside_key_window: bool,
+}
+
+/// `dead_lettered → pending` and back into the refund outbox, sent again with the same downstream
+/// key. Refused past the provider's key window unless `outside_key_window`: the provider would no
+/// longer recognise the key, so if an earlier send refunded, the resend would refund twice. Refused
+/// there anyway while the provider reported a succeeded refund for it.
+pub async fn retry(conn: &mut PgConnection, retry: &RefundRetry<'_>) -> Result<RefundActed, OperatorError> {
+    let reason = require_reason(retry.reason)?;
+    let refund_id = retry.refund_id;
+    let mut tx = conn.begin().await.context("cannot start a transaction")?;
+    let locked = lock(&mut tx, retry.tenant_id, refund_id, retry.resend_horizon).await?;
+    if !locked.in_key_window && !retry.outside_key_window {
+        let sent = locked.first_sent_at.map_or_else(|| "?".to_owned(), render::timestamp);
+        return Err(OperatorError::Refused(format!(
+            "refund {refund_id} was first sent at {sent}, and the provider may have forgotten its key since: if that \
+             send refunded, a resend would refund again. Check its history (`refunds show {refund_id}`), then pass \
+             --outside-key-window to resend anyway"
+        )));
+    }
+    if !locked.in_key_window
+        && let Some(refunded) = succeeded_refund_on_record(&mut tx, &locked).await?
+    {
+        return Err(OperatorError::Refused(format!(
+            "the provider reported refund {refunded} of refund {refund_id} as succeeded, and past the provider's key \
+             window a resend would refund again. Resolve it `--as succeeded --provider-refund-id {refunded}`"
+        )));
+    }
+    let change = RefundChange {
+        tenant_id: locked.tenant_id,
+        refund_id,
+        from: PaymentStatus::DeadLettered,
+        transition: Transition::OperatorRetry,
+        actor: retry.operator.actor(),
+        reason,
+        detail: Some(json!({ "outside_key_window": !locked.in_key_window })),
+    };
+    let applied =
+        settling::apply(&mut tx, &change, None, OffsetDateTime::now_utc()).await.context("cannot move the refund")?;
+    moved(&applied, refund_id)?;
+    if !locked.in_key_window {
+        // The operators vouch that no earlier send refunded: without this the worker would refuse
+        // the resend past the key window. The audit rows record that they did.
+        sqlx::query!(
+            "UPDATE refunds SET may_have_moved = false WHERE tenant_id = $1 AND refund_id = $2",
+            locked.tenant_id.as_uuid(),
+            refund_id.as_uuid(),
+        )
+        .execute(&mut *tx)
+        .await
+        .context("cannot record the operators' word")?;
+    }
+    tx.commit().await.context("cannot commit the retry")?;
+    Ok(RefundActed::of(&locked, RefundDone::Retried, retry.operator, reason, PaymentStatus::Pending))
+}
+
+fn moved<T>(recorded: &Recorded<T>, refund_id: RefundId) -> Result<(), OperatorError> {
+    match recorded {
+        Recorded::Moved(_) => Ok(()),
+        // The refund is locked: nothing else can have moved it.
+        Recorded::LostRace => Err(OperatorError::Refused(format!("refund {refund_id} changed underneath; try again"))),
+    }
+}
+
+/// What an operator decides a dead-lettered refund's outcome was.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RefundResolution {
+    /// The money went back with the provider's refund `provider_refund_id`, for the refund's
+    /// amount, at `refunded_at`.
+    Succeeded {
+        /// The provider's refund.
+        provider_refund_id: String,
+        /// When the provider made it.
+        refunded_at: OffsetDateTime,
+    },
+    /// No money went back.
+    Failed {
+        /// The provider's failed refund, if it made one.
+        provider_refund_id: Option<String>,
+        /// Although the provider reported a succeeded refund for it (the operator reversed it,
+        /// say); the reason must say why.
+        force: bool,
+    },
+}
+
+/// Settles a dead-lettered refund as the operators decided: as succeeded, booking it in the ledger
+/// and as refunded on its payment; or as failed, giving its reservation back to the payment.
+pub async fn resolve(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    refund_id: RefundId,
+    decision: &RefundResolution,
+    operator: &Operator,
+    reason: &str,
+) -> Result<RefundActed, OperatorError> {
+    let reason = require_reason(reason)?;
+    let mut tx = conn.begin().await.context("cannot start a transaction")?;
+    let locked = lock(&mut tx, tenant_id, refund_id, Duration::ZERO).await?;
+    let (transition, settlement, detail) = match decision {
+        RefundResolution::Succeeded { provider_refund_id, refunded_at } => {
+            refuse_booked_elsewhere(&mut tx, &locked, provider_refund_id).await?;
+            let settlement = RefundSettlement::Succeeded {
+                provider_refund_id: provider_refund_id.clone(),
+                refunded_at: *refunded_at,
+            };
+            (Transition::OperatorSucceeded, settlement, None)
+        }
+        RefundResolution::Failed { provider_refund_id, force } => {
+            if !force && let Some(refunded) = succeeded_refund_on_record(&mut tx, &locked).await? {
+                return Err(OperatorError::Refused(format!(
+                    "the provider reported refund {refunded} of refund {refund_id} as succeeded; settling it as failed \
+                     would give its money back to the payment to refund again. Resolve it `--as succeeded \
+                     --provider-refund-id {refunded}`, or, if that refund was reversed, pass --force and say so in \
+                     --reason"
+                )));
+            }
+            let settlement = RefundSettlement::Failed {
+                code: "resolved_by_operator".to_owned(),
+                message: reason.to_owned(),
+                provider_refund_id: provider_refund_id.clone(),
+            };
+            (Transition::OperatorFailed, settlement, force.then(|| json!({ "forced": true })))
+        }
+    };
+    let change = RefundChange {
+        tenant_id: locked.tenant_id,
+        refund_id,
+        from: locked.status,
+        transition,
+        actor: operator.actor(),
+        reason,
+        detail,
+    };
+    let settled = settling::settle(&mut tx, &change, &settlement).await.context("cannot settle the refund")?;
+    moved(&settled, refund_id)?;
+    tx.commit().await.context("cannot commit the resolution")?;
+    let (done, status) = match decision {
+        RefundResolution::Succeeded { .. } => (RefundDone::Succeeded, PaymentStatus::Succeeded),
+        RefundResolution::Failed { .. } => (RefundDone::Failed, PaymentStatus::Failed),
+    };
+    Ok(RefundActed::of(&locked, done, operator, reason, status))
+}
+
+/// Refuses a provider refund that the ledger already books for another refund: one provider refund
+/// is never booked twice (the ledger's unique index says so too).
+async fn refuse_booked_elsewhere(
+    conn: &mut PgConnection,
+    locked: &Locked,
+    provider_refund_id: &str,
+) -> Result<(), OperatorError> {
+    let booked = sqlx::query_scalar!(
+        r#"
+        SELECT refund_id AS "refund_id: RefundId" FROM refund_ledger_entries
+        WHERE tenant_id = $1 AND provider_refund_id = $2
+        "#,
+        locked.tenant_id.as_uuid(),
+        provider_refund_id,
+    )
+    .fetch_optional(conn)
+    .await
+    .context("cannot read the refund ledger")?;
+    match booked {
+        Some(other) if other != locked.refund_id => Err(OperatorError::Refused(format!(
+            "the provider's refund {provider_refund_id} is already booked for refund {other}; one provider refund is \
+             never booked twice"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// A resolution as the operator asked for it, before the provider's refund it names is looked up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AskedRefundResolution {
+    /// Settle as failed.
+    Failed {
+        /// The provider's failed refund, if any.
+        provider_refund_id: Option<String>,
+        /// Although the provider reported a succeeded refund for it.
+        force: bool,
+    },
+    /// Settle as succeeded with the provider's refund `provider_refund_id`: what it gave back and
+    /// when are given, or else looked up.
+    Succeeded {
+        /// The provider's refund (required).
+        provider_refund_id: Option<String>,
+        /// What it gave back, in minor units, when the provider no longer lists it.
+        amount: Option<i64>,
+        /// In this currency (with `amount`).
+        currency: Option<String>,
+        /// When the provider made it, RFC 3339 (with `amount`).
+        refunded_at: Option<String>,
+    },
+}
+
+/// What the refund asked the provider for, read without a lock.
+async fn asked(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    refund_id: RefundId,
+) -> Result<AskedRefund, OperatorError> {
+    let row = sqlx::query!(
+        r#"
+        SELECT r.amount AS "amount: Amount", r.currency AS "currency: Currency",
+               p.provider_charge_id AS "charge_id!", p.provider_account AS "account: ProviderAccount"
+        FROM refunds r JOIN payments p ON p.tenant_id = r.tenant_id AND p.payment_id = r.payment_id
+        WHERE r.tenant_id = $1 AND r.refund_id = $2
+        "#,
+        tenant_id.as_uuid(),
+        refund_id.as_uuid(),
+    )
+    .fetch_optional(conn)
+    .await
+    .context("cannot read the refund")?
+    .ok_or_else(|| no_refund(refund_id))?;
+    Ok(AskedRefund {
+        tenant_id,
+        refund_id,
+        charge_id: row.charge_id,
+        account: row.account,
+        amount: row.amount,
+        currency: row.currency,
+    })
+}
+
+/// The resolution an operator asked for: a success's provider refund is taken as given when its
+/// amount, currency and time are (and they must be the refund's), and otherwise found with
+/// [`find_refund`] from the provider that `provider` builds (only then).
+pub async fn resolution<P: PaymentProvider>(
+    conn: &mut PgConnection,
+    provider: impl FnOnce() -> Result<P, OperatorError>,
+    tenant_id: TenantId,
+    refund_id: RefundId,
+    asked_for: AskedRefundResolution,
+) -> Result<RefundResolution, OperatorError> {
+    match asked_for {
+        AskedRefundResolution::Failed { provider_refund_id, force } => {
+            Ok(RefundResolution::Failed { provider_refund_id, force })
+        }
+        AskedRefundResolution::Succeeded { provider_refund_id: None, .. } => Err(OperatorError::Invalid(
+            "a resolution as succeeded needs the provider's refund id (provider_refund_id)".into(),
+        )),
+        AskedRefundResolution::Succeeded { provider_refund_id: Some(id), amount, currency, refunded_at } => {
+            match (amount, currency, refunded_at) {
+                (Some(amount), Some(currency), Some(refunded_at)) => {
+                    let refund = asked(conn, tenant_id, refund_id).await?;
+                    given(&refund, id, amount, &currency, &refunded_at)
+                }
+                (None, None, None) => find_refund(conn, &provider()?, tenant_id, refund_id, &id).await,
+                _ => Err(OperatorError::Invalid(
+                    "give the provider refund's amount, currency and time together, or none of them to look it up"
+                        .into(),
+                )),
+            }
+        }
+    }
+}
+
+/// A provider refund as the operator read it from the provider's records: it must be for the
+/// refund's money.
+fn given(
+    refund: &AskedRefund,
+    provider_refund_id: String,
+    amount: i64,
+    currency: &str,
+    refunded_at: &str,
+) -> Result<RefundResolution, OperatorError> {
+    let refunded_at = OffsetDateTime::parse(refunded_at, &Rfc3339)
+        .map_err(|_| OperatorError::Invalid(format!("refunded_at {refunded_at:?} is not an RFC 3339 time")))?;
+    if amount != refund.amount.minor_units() || !currency.eq_ignore_ascii_case(refund.currency.as_str()) {
+        return Err(OperatorError::Refused(format!(
+            "refund {} gives back {} {}, and the provider's refund {provider_refund_id} for {amount} {currency} is not \
+             it: a provider refund that is not what the refund asked for is never booked as its success",
+            refund.refund_id, refund.amount, refund.currency
+        )));
+    }
+    Ok(RefundResolution::Succeeded { provider_refund_id, refunded_at })
+}
+
+/// Finds the provider's refund `provider_refund_id` of a refund, for a resolution as succeeded that
+/// did not give its amount, currency and time: among the provider's refunds in the refund's history,
+/// else among those the provider holds for its key. It settles the refund only if it is what the
+/// refund asked for (`settling::judge`). No transaction is open meanwhile.
+pub async fn find_refund<P: PaymentProvider>(
+    conn: &mut PgConnection,
+    provider: &P,
+    tenant_id: TenantId,
+    refund_id: RefundId,
+    provider_refund_id: &str,
+) -> Result<RefundResolution, OperatorError> {
+    let refund = asked(conn, tenant_id, refund_id).await?;
+    let recorded = recorded_refunds(conn, tenant_id, refund_id).await?;
+    let found = match recorded.into_iter().rev().find(|r| r.id == provider_refund_id) {
+        Some(found) => found,
+        None => {
+            let lookup = RefundLookup {
+                key: refund_id.downstream_key(),
+                charge_id: refund.charge_id.clone(),
+                account: refund.account.clone(),
+            };
+            let listed = provider.find_refunds(&lookup).await.map_err(|error| {
+                let context = format!("cannot ask the provider about refund {provider_refund_id}");
+                OperatorError::Failed(anyhow::Error::new(error).context(context))
+            })?;
+            listed.into_iter().find(|r| r.id == provider_refund_id).ok_or_else(|| {
+                OperatorError::Refused(format!(
+                    "neither the refund's history nor the provider's lookup by key names a refund \
+                     {provider_refund_id} for refund {refund_id}; give its amount, currency and refunded_at from the \
+                     provider's records"
+                ))
+            })?
+        }
+    };
+    match settling::judge(&refund, &found) {
+        Finding::Settles(RefundSettlement::Succeeded { provider_refund_id, refunded_at }) => {
+            Ok(RefundResolution::Succeeded { provider_refund_id, refunded_at })
+        }
+        Finding::Settles(RefundSettlement::Failed { .. }) => Err(OperatorError::Refused(format!(
+            "the provider reports refund {provider_refund_id} as failed: no money went back with it"
+        ))),
+        Finding::Unfinished => Err(OperatorError::Refused(format!(
+            "the provider has not finished refund {provider_refund_id}: settle it once it has"
+        ))),
+        Finding::NotAsAsked(why) => Err(OperatorError::Refused(format!(
+            "{why} A provider refund that is not what refund {refund_id} asked for is never booked as its success"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use oncepay_provider::fixtures;
+
+    use super::*;
+
+    #[test]
+    fn the_provider_refunds_in_a_piece_of_evidence_are_read_and_anything_else_is_skipped() {
+        let refund_id = RefundId::generate();
+        let one = fixtures::refund(refund_id, "re_1", "ch_1", RefundState::Succeeded, 100);
+        let two = fixtures::refund(refund_id, "re_2", "ch_1", RefundState::Failed, 100);
+        let single = json!({"source": "webhook", "refund": one});
+        let several = json!({"source": "poll", "refunds": [one, {"not": "a refund"}, two]});
+        let neither = json!({"source": "poll", "result": "lookup failed"});
+
+        let ids = |detail: &Value| reported_in(detail).into_iter().map(|r| r.id).collect::<Vec<_>>();
+
+        assert_eq!(ids(&single), ["re_1"]);
+        assert_eq!(ids(&several), ["re_1", "re_2"]);
+        assert!(ids(&neither).is_empty());
+    }
+
+    #[test]
+    fn a_refund_that_moved_or_grew_its_history_is_a_change_named_in_words() {
+        let seen = RefundSnapshot {
+            tenant_id: TenantId::generate(),
+            payment_id: PaymentId::generate(),
+            payment_status: PaymentStatus::Succeeded,
+            payment_event_count: 4,
+            refund_id: RefundId::generate(),
+            status: PaymentStatus::DeadLettered,
+            event_count: 5,
+        };
+        let resent = RefundSnapshot { status: PaymentStatus::Pending, event_count: 6, ..seen.clone() };
+
+        assert_eq!(seen.changes(&seen.clone()), None);
+        assert_eq!(
+            seen.changes(&resent).unwrap(),
+            "it was dead_lettered and is now pending; its history has 1 more row"
+        );
+    }
+
+    #[test]
+    fn a_provider_refund_given_by_hand_must_be_for_the_refunds_money() {
+        let refund = AskedRefund {
+            tenant_id: TenantId::generate(),
+            refund_id: RefundId::generate(),
+            charge_id: "ch_1".into(),
+            account: None,
+            amount: Amount::new(500).unwrap(),
+            currency: Currency::parse("EUR").unwrap(),
+        };
+        let at = "2026-01-10T12:00:00Z";
+
+        let right = given(&refund, "re_1".into(), 500, "eur", at).unwrap();
+        let other_money = given(&refund, "re_1".into(), 400, "EUR", at).unwrap_err();
+        let bad_time = given(&refund, "re_1".into(), 500, "EUR", "yesterday").unwrap_err();
+
+        assert!(
+            matches!(right, RefundResolution::Succeeded { ref provider_refund_id, .. } if provider_refund_id == "re_1")
+        );
+        assert!(matches!(other_money, OperatorError::Refused(ref why) if why.contains("400 EUR")), "{other_money}");
+        assert!(matches!(bad_time, OperatorError::Invalid(_)), "{bad_time}");
+    }
+}

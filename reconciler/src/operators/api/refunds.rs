@@ -1,0 +1,314 @@
+//! The operations API's refunds (README, "Operators"): an operator's refund of a succeeded payment,
+//! always proposed for a second operator's approval; and the refunds automation gave up on
+//! (`dead_lettered`), listed, shown, resent and settled as dead-lettered payments are.
+//!
+//! - `POST /v1/payments/{id}/refund` `{amount?, refund_reason?, reason}`: 202 with the proposal;
+//! - `GET /v1/dead-letters/refunds`: the dead-lettered refunds the caller may see, oldest first;
+//! - `GET /v1/refunds/{id}`: a refund and its history, with the evidence of each change;
+//! - `POST /v1/refunds/{id}/retry` `{reason, outside_key_window?}`: resent at once inside the
+//!   provider's key window (200), proposed past it or when every resend needs approval (202);
+//! - `POST /v1/refunds/{id}/resolve` `{as, reason, provider_refund_id?, amount?, currency?,
+//!   refunded_at?, force?}`: settling as `succeeded` or `failed`, proposed (202).
+//!
+//! Proposals are approved, rejected and withdrawn through `/v1/proposals/{id}/…`, as every other.
+
+use std::str::FromStr;
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, web};
+use anyhow::Context as _;
+use oncepay_domain::ids::{PaymentId, RefundId};
+use oncepay_domain::money::Amount;
+use oncepay_domain::refund::RefundReason;
+use oncepay_http::problem::{Problem, ProblemType};
+use oncepay_provider::ConfiguredProvider;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::signing_in::{Caller, caller};
+use super::{OperatorsState, acted, body, change, connection, ok, payment_id, problem, propose, respond};
+use crate::dead_letters::actions::require_reason;
+use crate::dead_letters::queries;
+use crate::dead_letters::refunds::{self as dead_refunds, AskedRefundResolution, RefundRetry};
+use crate::operator_error::OperatorError;
+use crate::operators::Role;
+use crate::operators::audit::{self, Entry, Outcome};
+use crate::operators::proposals::Proposed;
+use crate::operators::refunds as operator_refunds;
+use crate::operators::reports::{Acted, Effect};
+
+/// The routes.
+pub(super) fn configure(config: &mut web::ServiceConfig) {
+    config
+        .route("/v1/payments/{payment_id}/refund", web::post().to(refund))
+        .route("/v1/dead-letters/refunds", web::get().to(dead_lettered))
+        .route("/v1/refunds/{refund_id}", web::get().to(show))
+        .route("/v1/refunds/{refund_id}/retry", web::post().to(retry))
+        .route("/v1/refunds/{refund_id}/resolve", web::post().to(resolve));
+}
+
+fn refund_id(text: &str) -> Result<RefundId, Problem> {
+    RefundId::from_str(text).map_err(|_| Problem::new(ProblemType::NotFound, format!("there is no refund {text:?}")))
+}
+
+/// A refund reason by its name; none when `name` is absent or empty.
+pub(super) fn refund_reason(name: Option<&str>) -> Result<Option<RefundReason>, OperatorError> {
+    let Some(name) = name.map(str::trim).filter(|name| !name.is_empty()) else { return Ok(None) };
+    let names: Vec<&str> = RefundReason::ALL.iter().map(|reason| reason.as_str()).collect();
+    RefundReason::parse(name).map(Some).ok_or_else(|| {
+        OperatorError::Invalid(format!(
+            "refund_reason {name:?} is not a refund reason: use one of {}",
+            names.join(", ")
+        ))
+    })
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RefundBody {
+    /// Minor units; absent: all that is left.
+    amount: Option<i64>,
+    /// `duplicate`, `fraudulent` or `requested_by_customer`.
+    refund_reason: Option<String>,
+    reason: String,
+}
+
+/// `POST /v1/payments/{id}/refund`: proposes giving money back from a succeeded payment (202), for
+/// an approver.
+async fn refund(
+    state: web::Data<OperatorsState>,
+    request: HttpRequest,
+    path: web::Path<String>,
+    bytes: web::Bytes,
+) -> HttpResponse {
+    respond(
+        async {
+            let caller = caller(&state, &request).await?;
+            let payment_id = payment_id(&path)?;
+            let entry = Entry::new("payment.refund", Outcome::Done).on_payment(payment_id);
+            let outcome = async {
+                let asked: RefundBody = body(&bytes)?;
+                let reason = refund_reason(asked.refund_reason.as_deref())?;
+                refund_payment(&state, &caller, payment_id, asked.amount, reason, &asked.reason).await
+            };
+            change(&state, &caller, entry, outcome.await.map(acted)).await
+        }
+        .await,
+    )
+}
+
+/// Proposes refunding `amount` (all that is left when `None`) of `payment_id`, as the caller, for
+/// an approver. A refund the intake would refuse now is refused at once, with its reason. A refused
+/// change is the caller's to record ([`change`]).
+pub(super) async fn refund_payment(
+    state: &OperatorsState,
+    caller: &Caller,
+    payment_id: PaymentId,
+    amount: Option<i64>,
+    refund_reason: Option<RefundReason>,
+    reason: &str,
+) -> Result<Acted, OperatorError> {
+    caller.account.require(Role::Operator, "refund a payment")?;
+    if let Some(amount) = amount {
+        Amount::new(amount).map_err(|error| OperatorError::Invalid(format!("amount {error}")))?;
+    }
+    let mut conn = state.pool.acquire().await.context("cannot reach the database")?;
+    let tenants = caller.account.scope.to_column();
+    let tenant_id = queries::payment_tenant(&mut conn, tenants.as_deref(), payment_id)
+        .await?
+        .ok_or_else(|| OperatorError::NotFound(format!("there is no payment {payment_id}")))?;
+    let refunds = operator_refunds::of_payment(&mut conn, tenant_id, payment_id).await?;
+    let action = Proposed::Refund {
+        amount,
+        comes_to: amount.unwrap_or_else(|| refunds.left()),
+        currency: refunds.currency.as_str().to_owned(),
+        reason: refund_reason,
+    };
+    propose(state, &mut conn, caller, payment_id, &action, reason).await
+}
+
+/// `GET /v1/dead-letters/refunds`: the refunds automation gave up on, of the tenants the caller may
+/// see, oldest first.
+async fn dead_lettered(state: web::Data<OperatorsState>, request: HttpRequest) -> HttpResponse {
+    respond(
+        async {
+            let caller = caller(&state, &request).await?;
+            let tenants = caller.account.scope.to_column();
+            let mut conn = connection(&state).await?;
+            let list = dead_refunds::list(&mut conn, tenants.as_deref(), None).await.map_err(problem)?;
+            Ok(ok(StatusCode::OK, &list))
+        }
+        .await,
+    )
+}
+
+/// `GET /v1/refunds/{id}`: the refund and its history.
+async fn show(state: web::Data<OperatorsState>, request: HttpRequest, path: web::Path<String>) -> HttpResponse {
+    respond(
+        async {
+            let caller = caller(&state, &request).await?;
+            let refund_id = refund_id(&path)?;
+            let tenants = caller.account.scope.to_column();
+            let mut conn = connection(&state).await?;
+            let detail = operator_refunds::detail(&mut conn, tenants.as_deref(), refund_id).await.map_err(problem)?;
+            Ok(ok(StatusCode::OK, &detail))
+        }
+        .await,
+    )
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RetryBody {
+    reason: String,
+    #[serde(default)]
+    outside_key_window: bool,
+}
+
+/// `POST /v1/refunds/{id}/retry`: resends a dead-lettered refund (200), or proposes the resend
+/// (202) when it is past the provider's key window or every resend needs approval.
+async fn retry(
+    state: web::Data<OperatorsState>,
+    request: HttpRequest,
+    path: web::Path<String>,
+    bytes: web::Bytes,
+) -> HttpResponse {
+    respond(
+        async {
+            let caller = caller(&state, &request).await?;
+            let refund_id = refund_id(&path)?;
+            let entry = Entry::new("refund.retry", Outcome::Done).detail(json!({ "refund_id": refund_id }));
+            let outcome = async {
+                let asked: RetryBody = body(&bytes)?;
+                retry_refund(&state, &caller, refund_id, &asked.reason, asked.outside_key_window).await
+            };
+            change(&state, &caller, entry, outcome.await.map(acted)).await
+        }
+        .await,
+    )
+}
+
+/// Resends dead-lettered refund `refund_id` at once, with its audit row, or proposes the resend
+/// when it is past the provider's key window or every resend needs approval. A refused change is
+/// the caller's to record ([`change`]).
+pub(super) async fn retry_refund(
+    state: &OperatorsState,
+    caller: &Caller,
+    refund_id: RefundId,
+    reason: &str,
+    outside_key_window: bool,
+) -> Result<Acted, OperatorError> {
+    caller.account.require(Role::Operator, "retry a refund")?;
+    let reason = require_reason(reason)?;
+    let mut conn = state.pool.acquire().await.context("cannot reach the database")?;
+    let tenants = caller.account.scope.to_column();
+    if outside_key_window || state.retries_need_approval {
+        let (_, payment_id, _) = dead_refunds::locate(&mut conn, tenants.as_deref(), refund_id).await?;
+        let action = Proposed::RefundRetry { refund_id, outside_key_window };
+        return propose(state, &mut conn, caller, payment_id, &action, reason).await;
+    }
+    let (tenant_id, _, _) = dead_refunds::locate(&mut conn, tenants.as_deref(), refund_id).await?;
+    let mut tx = sqlx::Acquire::begin(&mut *conn).await.context("cannot start a transaction")?;
+    let seen = dead_refunds::snapshot(&mut tx, tenant_id, refund_id).await?;
+    let operator = caller.account.actor()?;
+    let resend = RefundRetry {
+        tenant_id: seen.tenant_id,
+        refund_id,
+        operator: &operator,
+        reason,
+        resend_horizon: state.resend_horizon,
+        outside_key_window: false,
+    };
+    let done = dead_refunds::retry(&mut tx, &resend).await?;
+    let entry = Entry::new("refund.retry", Outcome::Done)
+        .payment(seen.tenant_id, seen.payment_id)
+        .reason(reason)
+        .before(json!(seen))
+        .after(json!(done))
+        .detail(json!({ "refund_id": refund_id }));
+    audit::record(&mut tx, &caller.actor(), &entry).await?;
+    tx.commit().await.context("cannot commit the retry")?;
+    Ok(Acted::Done(Effect::Refund(done)))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResolveBody {
+    /// `succeeded` or `failed`.
+    #[serde(rename = "as")]
+    outcome: ResolveAs,
+    reason: String,
+    provider_refund_id: Option<String>,
+    amount: Option<i64>,
+    currency: Option<String>,
+    refunded_at: Option<String>,
+    #[serde(default)]
+    force: bool,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum ResolveAs {
+    Succeeded,
+    Failed,
+}
+
+/// `POST /v1/refunds/{id}/resolve`: proposes settling a dead-lettered refund as succeeded or failed
+/// (202), for an approver.
+async fn resolve(
+    state: web::Data<OperatorsState>,
+    request: HttpRequest,
+    path: web::Path<String>,
+    bytes: web::Bytes,
+) -> HttpResponse {
+    respond(
+        async {
+            let caller = caller(&state, &request).await?;
+            let refund_id = refund_id(&path)?;
+            let entry = Entry::new("refund.resolve", Outcome::Done).detail(json!({ "refund_id": refund_id }));
+            let outcome = async {
+                let asked: ResolveBody = body(&bytes)?;
+                let provider_refund_id = asked.provider_refund_id.filter(|id| !id.trim().is_empty());
+                let decision = match asked.outcome {
+                    ResolveAs::Failed => AskedRefundResolution::Failed { provider_refund_id, force: asked.force },
+                    ResolveAs::Succeeded => AskedRefundResolution::Succeeded {
+                        provider_refund_id,
+                        amount: asked.amount,
+                        currency: asked.currency,
+                        refunded_at: asked.refunded_at,
+                    },
+                };
+                resolve_refund(&state, &caller, refund_id, decision, &asked.reason).await
+            };
+            change(&state, &caller, entry, outcome.await.map(acted)).await
+        }
+        .await,
+    )
+}
+
+/// Proposes settling dead-lettered refund `refund_id` as succeeded (with the provider's refund,
+/// looked up unless given whole) or failed, for an approver. A refused change is the caller's to
+/// record ([`change`]).
+pub(super) async fn resolve_refund(
+    state: &OperatorsState,
+    caller: &Caller,
+    refund_id: RefundId,
+    asked: AskedRefundResolution,
+    reason: &str,
+) -> Result<Acted, OperatorError> {
+    caller.account.require(Role::Operator, "resolve a refund")?;
+    require_reason(reason)?;
+    let mut conn = state.pool.acquire().await.context("cannot reach the database")?;
+    // Scope first: looking the provider's refund up must not tell a limited operator that it exists.
+    let tenants = caller.account.scope.to_column();
+    let (tenant_id, payment_id, status) = dead_refunds::locate(&mut conn, tenants.as_deref(), refund_id).await?;
+    dead_refunds::require_dead_lettered(refund_id, status)?;
+    let provider = || {
+        ConfiguredProvider::new(&state.provider)
+            .context("cannot build the provider client")
+            .map_err(OperatorError::Failed)
+    };
+    let resolution = dead_refunds::resolution(&mut conn, provider, tenant_id, refund_id, asked).await?;
+    let action = Proposed::refund_resolution(refund_id, resolution);
+    propose(state, &mut conn, caller, payment_id, &action, reason).await
+}

@@ -1,0 +1,246 @@
+//! The reconciler's side of `unknown` refunds: claiming those due for a lookup, counting an
+//! inconclusive lookup, and each way a refund leaves `unknown`.
+//!
+//! A refund is due while it is `unknown` and its `next_lookup_at` has passed; it becomes due at once
+//! when it becomes `unknown` (`settling::apply`). Every function here that moves a refund out of
+//! `unknown` is a compare-and-set from `unknown` through `oncepay_store::refunds::settling`: when it
+//! loses, someone else (a webhook, an operator) moved the refund first, and nothing was written.
+
+use std::time::Duration;
+
+use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
+use oncepay_domain::money::{Amount, Currency};
+use oncepay_domain::provider_ref::ProviderAccount;
+use oncepay_domain::status::{PaymentStatus, Transition};
+use oncepay_store::StoreError;
+use oncepay_store::refunds::Refund;
+use oncepay_store::refunds::settling::{self, AskedRefund, RefundChange, RefundSettlement};
+use oncepay_store::transitions::{Recorded, TransitionError};
+use serde_json::Value;
+use sqlx::PgConnection;
+use time::OffsetDateTime;
+
+use crate::unknown::{Why, claim_in_shares};
+
+/// A due refund, claimed for one lookup.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    /// The payment it gives money back from.
+    pub payment_id: PaymentId,
+    /// What it asked the provider for: its owner and id, the charge, the account and the money.
+    pub asked: AskedRefund,
+    /// Lookups already made, inconclusively.
+    pub lookups: i32,
+    /// How long it has been `unknown`.
+    pub age: Duration,
+    /// Whether the provider still certainly remembers its downstream key (its first send is younger
+    /// than the resend horizon), by the database's clock.
+    pub in_key_window: bool,
+}
+
+impl Claimed {
+    /// The refund's owner.
+    pub const fn tenant_id(&self) -> TenantId {
+        self.asked.tenant_id
+    }
+
+    /// The refund.
+    pub const fn refund_id(&self) -> RefundId {
+        self.asked.refund_id
+    }
+}
+
+/// Claims up to `batch_size` due refunds, hiding each from other pollers for `lease`; rows another
+/// poller is claiming right now are skipped. As for payments (`crate::unknown::claim_due`), each
+/// claim statement takes one tenant's refunds, and the tenants with due refunds share the batch.
+///
+/// The lease is `next_lookup_at` pushed forward, not a lock held, so no transaction stays open
+/// across the provider call that follows.
+#[tracing::instrument(name = "unknown_refunds.claim", skip_all)]
+pub async fn claim_due(
+    conn: &mut PgConnection,
+    batch_size: u32,
+    lease: Duration,
+    resend_horizon: Duration,
+) -> Result<Vec<Claimed>, StoreError> {
+    let waiting: Vec<TenantId> = sqlx::query_scalar!(
+        r#"
+        SELECT DISTINCT tenant_id AS "tenant_id: TenantId" FROM refunds
+        WHERE status = 'unknown' AND next_lookup_at <= now()
+        "#
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    claim_in_shares(conn, waiting, batch_size, (lease, resend_horizon), |conn, tenant_id, limit, (lease, horizon)| {
+        Box::pin(claim_due_of(conn, tenant_id, limit, lease, horizon))
+    })
+    .await
+}
+
+/// [`claim_due`] for one tenant.
+async fn claim_due_of(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    limit: u32,
+    lease: Duration,
+    resend_horizon: Duration,
+) -> Result<Vec<Claimed>, StoreError> {
+    let rows = sqlx::query!(
+        r#"
+        WITH due AS (
+            SELECT tenant_id, refund_id FROM refunds
+            WHERE tenant_id = $4 AND status = 'unknown' AND next_lookup_at <= now()
+            ORDER BY next_lookup_at
+            LIMIT $1
+            FOR UPDATE SKIP LOCKED
+        ), claimed AS (
+            UPDATE refunds r
+            SET next_lookup_at = now() + make_interval(secs => $2)
+            FROM due
+            -- Joined on the tenant too: Citus needs the join on its distribution column.
+            WHERE r.tenant_id = $4 AND r.tenant_id = due.tenant_id AND r.refund_id = due.refund_id
+              AND r.status = 'unknown'
+            RETURNING r.tenant_id, r.refund_id, r.payment_id, r.amount, r.currency, r.lookups, r.updated_at,
+                      r.first_sent_at
+        )
+        -- The ages are read here, not in RETURNING: Citus refuses now() there. A refund's
+        -- `updated_at` is when it became `unknown`: only a status change moves it.
+        SELECT c.tenant_id AS "tenant_id!: TenantId", c.refund_id AS "refund_id!: RefundId",
+               c.payment_id AS "payment_id!: PaymentId", c.amount AS "amount!: Amount",
+               c.currency AS "currency!: Currency", c.lookups AS "lookups!",
+               -- A refunded payment has succeeded, so it has its charge (`succeeded_has_charge`).
+               p.provider_charge_id AS "charge_id!", p.provider_account AS "account: ProviderAccount",
+               extract(epoch FROM now() - c.updated_at)::float8 AS "age_secs!",
+               -- Never sent cannot happen for an unknown refund; if it did, no resend is safe.
+               (c.first_sent_at IS NOT NULL AND now() - c.first_sent_at < make_interval(secs => $3)) AS "in_key_window!"
+        FROM claimed c
+        JOIN payments p ON p.tenant_id = $4 AND p.tenant_id = c.tenant_id AND p.payment_id = c.payment_id
+        "#,
+        i64::from(limit),
+        lease.as_secs_f64(),
+        resend_horizon.as_secs_f64(),
+        tenant_id.as_uuid(),
+    )
+    .fetch_all(conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| Claimed {
+            payment_id: row.payment_id,
+            asked: AskedRefund {
+                tenant_id: row.tenant_id,
+                refund_id: row.refund_id,
+                charge_id: row.charge_id,
+                account: row.account,
+                amount: row.amount,
+                currency: row.currency,
+            },
+            lookups: row.lookups,
+            age: Duration::from_secs_f64(row.age_secs.max(0.0)),
+            in_key_window: row.in_key_window,
+        })
+        .collect())
+}
+
+/// Counts an inconclusive lookup of an `unknown` refund and plans the next one `next_lookup_in`
+/// from now. False, writing nothing, when the refund is no longer `unknown`.
+pub async fn note_inconclusive(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    refund_id: RefundId,
+    next_lookup_in: Duration,
+) -> Result<bool, StoreError> {
+    let counted = sqlx::query!(
+        r#"
+        UPDATE refunds
+        SET lookups = lookups + 1, next_lookup_at = now() + make_interval(secs => $3)
+        WHERE tenant_id = $1 AND refund_id = $2 AND status = 'unknown'
+        "#,
+        tenant_id.as_uuid(),
+        refund_id.as_uuid(),
+        next_lookup_in.as_secs_f64(),
+    )
+    .execute(conn)
+    .await?;
+    Ok(counted.rows_affected() == 1)
+}
+
+/// The change that takes a refund out of `unknown` by `transition`, with `evidence` in its audit row.
+fn change<'a>(
+    tenant_id: TenantId,
+    refund_id: RefundId,
+    transition: Transition,
+    why: Why<'a>,
+    evidence: Value,
+) -> RefundChange<'a> {
+    RefundChange {
+        tenant_id,
+        refund_id,
+        from: PaymentStatus::Unknown,
+        transition,
+        actor: why.actor,
+        reason: why.reason,
+        detail: Some(evidence),
+    }
+}
+
+/// The transition a settlement takes a refund by: [`Transition::Charged`] when the money went back.
+pub const fn transition_of(settlement: &RefundSettlement) -> Transition {
+    match settlement {
+        RefundSettlement::Succeeded { .. } => Transition::Charged,
+        RefundSettlement::Failed { .. } => Transition::Declined,
+    }
+}
+
+/// Settles an `unknown` refund: the terminal change with its money, ledger entry, stored response
+/// and audit row, in the caller's transaction.
+pub async fn settle(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    refund_id: RefundId,
+    settlement: &RefundSettlement,
+    why: Why<'_>,
+    evidence: Value,
+) -> Result<Recorded<Refund>, TransitionError> {
+    let change = change(tenant_id, refund_id, transition_of(settlement), why, evidence);
+    settling::settle(conn, &change, settlement).await
+}
+
+/// The provider provably made no refund under the key and still remembers it: back to `pending`
+/// and into the refund outbox, so a worker sends it again with the same downstream key.
+pub async fn resend(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    refund_id: RefundId,
+    why: Why<'_>,
+    evidence: Value,
+) -> Result<Recorded<PaymentStatus>, TransitionError> {
+    let change = change(tenant_id, refund_id, Transition::ProviderHasNoCharge, why, evidence);
+    settling::apply(conn, &change, None, OffsetDateTime::now_utc()).await
+}
+
+/// Gives up: `unknown → dead_lettered`, with the last evidence in the audit row, for an operator.
+pub async fn exhaust(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    refund_id: RefundId,
+    why: Why<'_>,
+    evidence: Value,
+) -> Result<Recorded<PaymentStatus>, TransitionError> {
+    let change = change(tenant_id, refund_id, Transition::Exhausted, why, evidence);
+    settling::apply(conn, &change, None, OffsetDateTime::now_utc()).await
+}
+
+/// The provider reported a refund under this refund's key that is not what it asked for:
+/// `unknown → dead_lettered`, with the provider's refunds in the audit row. Never a settlement: only
+/// an operator may decide what such a refund means.
+pub async fn mismatch(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    refund_id: RefundId,
+    why: Why<'_>,
+    evidence: Value,
+) -> Result<Recorded<PaymentStatus>, TransitionError> {
+    let change = change(tenant_id, refund_id, Transition::ChargeMismatch, why, evidence);
+    settling::apply(conn, &change, None, OffsetDateTime::now_utc()).await
+}
