@@ -226,6 +226,7 @@ async fn drive(config: &ChaosConfig, system: &mut System, timing: Timing) -> any
         follow: Duration::from_secs(20),
         resends: 4,
         payment_methods: Vec::new(),
+        refund_rate: 0.2,
     };
     let plan = Arc::new(Plan::draw(&workload_config, config.tenants, system.count(Role::Api))?);
     let clients = Clients::new(system.tenants(), &system.api_urls())?;
@@ -275,7 +276,9 @@ async fn drive(config: &ChaosConfig, system: &mut System, timing: Timing) -> any
     workload::resend_unanswered(&plan, &clients, &mut observations).await;
     let settled: Settled = checker::settle(system.pool(), config.settle_bound).await?;
     let truth = system.simulator()?.ground_truth().await?;
-    let verdict: Verdict = checker::check(system.pool(), &truth.charges, system.tenants(), &observations).await?;
+    let refunds = system.simulator()?.refund_truth().await?;
+    let verdict: Verdict =
+        checker::check(system.pool(), &truth.charges, &refunds.refunds, system.tenants(), &observations).await?;
     for (fault, count) in simulator_fault_counts(system.simulator_url()?).await? {
         faults.insert(format!("simulator: {fault}"), count);
     }

@@ -11,20 +11,21 @@ use std::time::Duration;
 
 use anyhow::Context;
 use oncepay_domain::ids::DownstreamKey;
-use oncepay_provider::wire::{Charge, ChargeStatus};
+use oncepay_provider::wire::{Charge, ChargeStatus, Refund};
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use time::OffsetDateTime;
 use tokio::time::Instant;
 use uuid::Uuid;
 
+use crate::refunds::{self, RefundFigures};
 use crate::system::Tenant;
 use crate::workload::{MisuseOutcome, Observations, ProbeOutcome};
 
 /// One broken promise, with what proves it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Violation {
-    /// Which invariant (1–6, as the `check_*` functions number them).
+    /// Which invariant (1–6, as the `check_*` functions number them; 8 for refunds).
     pub invariant: u8,
     /// What is wrong.
     pub what: String,
@@ -85,7 +86,7 @@ async fn in_flight(pool: &PgPool) -> anyhow::Result<i64> {
     )
     .fetch_one(pool)
     .await?;
-    Ok(count)
+    Ok(count + refunds::in_flight(pool).await?)
 }
 
 async fn stuck(pool: &PgPool) -> anyhow::Result<Vec<Stuck>> {
@@ -153,6 +154,8 @@ pub struct Verdict {
     pub accepted_together: usize,
     /// The most payments accepted in one transaction.
     pub largest_group: usize,
+    /// Refunds, in the database and at the provider.
+    pub refunds: RefundFigures,
 }
 
 impl Verdict {
@@ -171,10 +174,12 @@ impl Verdict {
     }
 }
 
-/// Reads the database and the simulator's ground truth and judges every invariant.
+/// Reads the database and the provider's ground truth (its charges and its refunds) and judges
+/// every invariant.
 pub async fn check(
     pool: &PgPool,
     charges: &[Charge],
+    provider_refunds: &[Refund],
     tenants: &[Tenant],
     observations: &Observations,
 ) -> anyhow::Result<Verdict> {
@@ -252,6 +257,9 @@ pub async fn check(
     check_ledger(&mut verdict, &payments, &ledger, charges, &by_payment);
     check_money(&mut verdict, &payments, &ledger, &by_payment);
     check_tenancy(&mut verdict, &payments, tenants, observations);
+    let (violations, figures) = refunds::check(pool, provider_refunds, charges, &observations.refunds).await?;
+    verdict.violations.extend(violations);
+    verdict.refunds = figures;
     verdict.violations.sort();
     Ok(verdict)
 }

@@ -228,6 +228,7 @@ fn simulator_phase(rng: &mut StdRng) -> FaultsPatch {
         // A resend of a charged key refused with a 400 (a payment method detached since): only a
         // lookup can show that the first send charged.
         refuse_resend_rate: Some(rate(rng, 0.5)),
+        refund_failure_rate: Some(rate(rng, 0.25)),
         ..FaultsPatch::default()
     }
 }
@@ -257,6 +258,7 @@ pub fn calm() -> FaultsPatch {
         mismatch_rate: Some(0.0),
         malformed_rate: Some(0.0),
         refuse_resend_rate: Some(0.0),
+        refund_failure_rate: Some(0.0),
         ..FaultsPatch::default()
     }
 }

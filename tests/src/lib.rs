@@ -12,6 +12,7 @@ pub mod checker;
 pub mod faults;
 pub mod localstripe;
 pub mod operations;
+pub mod refunds;
 pub mod report;
 pub mod system;
 pub mod workload;

@@ -3,11 +3,12 @@
 //! `cargo xtask test` installs it into a virtual environment and names that environment's Python in
 //! `LOCALSTRIPE_PYTHON`. [`Localstripe::start`] runs it on loopback (`oncepay_devkit::localstripe`).
 //! The methods here are what a test does to Stripe directly: make a card, act as the customer who
-//! completes 3-D Secure, point its webhooks at the reconciler, and read every PaymentIntent it holds
-//! as the ground truth.
+//! completes 3-D Secure, point its webhooks at the reconciler, and read every PaymentIntent and
+//! refund it holds as the ground truth.
 //!
-//! localstripe has no idempotency keys, no search and no list filters. What depends on those is
-//! tested against a wiremock Stripe in the provider crate.
+//! localstripe has no idempotency keys, no search, and no list filters but a refund list's
+//! `payment_intent`; its refunds always succeed, take no `reason` and are never checked against the
+//! charge. What depends on those is tested against a wiremock Stripe in the provider crate.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -17,8 +18,8 @@ use oncepay_devkit::localstripe;
 pub use oncepay_devkit::localstripe::{API_VERSION, SECRET_KEY};
 use oncepay_devkit::pg::free_port;
 use oncepay_devkit::process::{Child, Spec};
-use oncepay_provider::stripe::wire::{IntentStatus, ListPage, PaymentIntent, Settled};
-use oncepay_provider::wire::Charge;
+use oncepay_provider::stripe::wire::{IntentStatus, ListPage, PaymentIntent, Settled, StripeRefund};
+use oncepay_provider::wire::{Charge, Refund};
 use serde::Deserialize;
 
 /// The variable that names the Python localstripe is installed for. Not `ONCEPAY_…`: every process
@@ -165,6 +166,43 @@ impl Localstripe {
             }
         }
         Ok(charges)
+    }
+
+    /// Every refund of every succeeded PaymentIntent, read from localstripe's list of each intent's
+    /// refunds (`GET /v1/refunds?payment_intent=`): the ground truth of refunds for the checker.
+    pub async fn refunds(&self) -> anyhow::Result<Vec<Refund>> {
+        let mut refunds = Vec::new();
+        for listed in self.listed().await? {
+            if listed.intent.status != IntentStatus::Succeeded {
+                continue;
+            }
+            let intent = listed.intent.id;
+            let mut last: Option<String> = None;
+            loop {
+                let mut query = vec![("payment_intent", intent.clone()), ("limit", "100".to_owned())];
+                if let Some(after) = last.take() {
+                    query.push(("starting_after", after));
+                }
+                let page: ListPage<StripeRefund> = self
+                    .http
+                    .get(format!("{}/v1/refunds", self.url))
+                    .bearer_auth(SECRET_KEY)
+                    .query(&query)
+                    .send()
+                    .await?
+                    .error_for_status()?
+                    .json()
+                    .await
+                    .with_context(|| format!("reading localstripe's refunds of {intent}"))?;
+                last = page.data.last().map(|refund| refund.id.clone());
+                let more = page.has_more && !page.data.is_empty();
+                refunds.extend(page.data.iter().map(|refund| refund.to_refund(&intent, None)));
+                if !more {
+                    break;
+                }
+            }
+        }
+        Ok(refunds)
     }
 
     /// Stops it; an error if it had already died.

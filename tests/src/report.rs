@@ -104,6 +104,16 @@ impl fmt::Display for Report {
             "charges          {} at the provider; payments with 0 / 1 / 2+ charges: {} / {} / {}",
             v.provider_charges, v.charge_histogram[0], v.charge_histogram[1], v.charge_histogram[2]
         )?;
+        let refunds: Vec<String> = v.refunds.by_status.iter().map(|(status, n)| format!("{status} {n}")).collect();
+        writeln!(
+            f,
+            "refunds          {} for {} refund intents ({}); {} at the provider; {} refused as more than was left",
+            v.refunds.refunds,
+            o.refunds.len(),
+            refunds.join(", "),
+            v.refunds.provider_refunds,
+            v.refunds.refused_too_much
+        )?;
         writeln!(
             f,
             "time to terminal p50 {}, p99 {}, max {} (acceptance to succeeded/failed/dead-lettered)",

@@ -11,12 +11,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures::StreamExt;
-use oncepay_client::{Client, Error, IdempotencyKey, Payment, PaymentId, PaymentIntent, RetryPolicy};
+use oncepay_client::{Client, Error, IdempotencyKey, Payment, PaymentId, PaymentIntent, PaymentStatus, RetryPolicy};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 use uuid::Uuid;
 
+use crate::refunds::{self, RefundJob, RefundRecord};
 use crate::system::Tenant;
 
 /// The shape of a workload.
@@ -46,6 +47,8 @@ pub struct WorkloadConfig {
     pub resends: u32,
     /// The payment methods intents draw theirs from, e.g. test cards; none leaves the field out.
     pub payment_methods: Vec<String>,
+    /// Fraction of intents whose payment, once succeeded, is refunded ([`refunds::RefundPlan`]).
+    pub refund_rate: f64,
 }
 
 /// One intent of the plan.
@@ -67,6 +70,8 @@ pub struct Job {
     pub probe: bool,
     /// When to start, from the beginning of the run.
     pub start_at: Duration,
+    /// What to refund once the payment has succeeded.
+    pub refund: Option<RefundJob>,
 }
 
 /// The whole workload, drawn from a seed.
@@ -117,6 +122,7 @@ impl Plan {
                     misuse: rng.random_bool(config.misuse_rate),
                     probe: rng.random_bool(config.probe_rate),
                     start_at: config.spread.mul_f64(index as f64 / n as f64),
+                    refund: RefundJob::draw(config.seed, index, owner, config.refund_rate)?,
                 });
             }
         }
@@ -201,6 +207,8 @@ pub struct Observations {
     pub intents: BTreeMap<(usize, String), IntentRecord>,
     /// Cross-tenant reads.
     pub probes: Vec<Probe>,
+    /// Refund intents, by (tenant, key).
+    pub refunds: BTreeMap<(usize, String), RefundRecord>,
 }
 
 impl Observations {
@@ -398,23 +406,38 @@ async fn run_job(
         }
     }
 
-    if !payment.status.is_terminal() {
+    let last = if payment.status.is_terminal() {
+        Some(payment)
+    } else {
         match client.wait_for_terminal(&payment.id, config.follow).await {
             Ok(last) => {
-                let mut observations = lock(shared);
-                if let Some(record) = observations.intents.get_mut(&key) {
+                if let Some(record) = lock(shared).intents.get_mut(&key) {
                     check_shown(record, &last);
-                    record.last_status = Some(last.status.as_str().to_owned());
                 }
+                Some(last)
             }
             Err(error) => {
                 if let Some(record) = lock(shared).intents.get_mut(&key) {
                     record.last_status = Some(format!("unfollowed: {}", describe(&error)));
                 }
+                None
             }
         }
-    } else if let Some(record) = lock(shared).intents.get_mut(&key) {
-        record.last_status = Some(payment.status.as_str().to_owned());
+    };
+    let Some(last) = last else { return };
+    if let Some(record) = lock(shared).intents.get_mut(&key) {
+        record.last_status = Some(last.status.as_str().to_owned());
+    }
+
+    if let Some(refund) = &job.refund
+        && last.status == PaymentStatus::Succeeded
+    {
+        let apis: Vec<&Client> = (0..config.storm_size.max(2)).map(|i| clients.get(job.tenant, job.api + i)).collect();
+        let seen = refunds::run(refund, &last, &apis, config.storm_size, config.follow).await;
+        let mut observations = lock(shared);
+        for record in seen {
+            observations.refunds.insert((record.tenant, record.key.clone()), record);
+        }
     }
 }
 

@@ -1,7 +1,8 @@
 //! End to end, every process real: PostgreSQL, the provider simulator, two api processes, two
 //! workers and a reconciler, driven through the client library by many concurrent tasks of two
-//! tenants, then every invariant of the contract checked against the database and the simulator's
-//! ground truth. Process faults are the chaos harness's (`tests/chaos.rs`).
+//! tenants, who also refund some of their payments, then every invariant of the contract checked
+//! against the database and the simulator's ground truth. Process faults are the chaos harness's
+//! (`tests/chaos.rs`).
 //!
 //! Needs every binary built (`cargo build --workspace --bins`; the test command does it first).
 
@@ -14,6 +15,7 @@ use oncepay_devkit::pg::Durability;
 use oncepay_simulator::control::PlantCharge;
 use oncepay_simulator::faults::FaultsPatch;
 use oncepay_tests::checker::{self, Verdict};
+use oncepay_tests::refunds::RefundPlan;
 use oncepay_tests::report::Report;
 use oncepay_tests::system::{Binaries, Provider, System, SystemConfig, Timing, Topology};
 use oncepay_tests::workload::{self, Clients, MisuseOutcome, Observations, Plan, ProbeOutcome, WorkloadConfig};
@@ -51,6 +53,7 @@ fn workload(seed: u64, intents: usize) -> WorkloadConfig {
         follow: Duration::from_secs(30),
         resends: 2,
         payment_methods: Vec::new(),
+        refund_rate: 0.3,
     }
 }
 
@@ -78,8 +81,10 @@ async fn drive(system: &System, config: &WorkloadConfig) -> (Report, Plan) {
 }
 
 async fn check(system: &System, observations: &Observations) -> Verdict {
-    let truth = system.simulator().unwrap().ground_truth().await.unwrap();
-    checker::check(system.pool(), &truth.charges, system.tenants(), observations).await.unwrap()
+    let simulator = system.simulator().unwrap();
+    let truth = simulator.ground_truth().await.unwrap();
+    let refunds = simulator.refund_truth().await.unwrap();
+    checker::check(system.pool(), &truth.charges, &refunds.refunds, system.tenants(), observations).await.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -94,6 +99,7 @@ async fn many_concurrent_clients_of_two_tenants_are_charged_at_most_once_and_eve
         .unwrap()
         .set_faults(&FaultsPatch {
             decline_rate: Some(0.15),
+            refund_failure_rate: Some(0.15),
             error_after_rate: Some(0.04),
             drop_after_rate: Some(0.03),
             hang_after_rate: Some(0.03),
@@ -129,12 +135,20 @@ async fn many_concurrent_clients_of_two_tenants_are_charged_at_most_once_and_eve
         assert!(v.by_status.get(status).is_some_and(|n| *n > 0), "some payments {status}\n{report}");
     }
     assert_eq!(v.charge_histogram[2], 0, "{report}");
+    // Refunds ran every plan: some went back, some the provider failed, a storm of one refund got
+    // one refund, and two refunds that together asked for too much were not both accepted.
+    for status in ["succeeded", "failed"] {
+        assert!(v.refunds.by_status.get(status).is_some_and(|n| *n > 0), "some refunds {status}\n{report}");
+    }
+    let storms = o.refunds.values().filter(|r| r.plan == RefundPlan::Storm && r.answered > 1);
+    assert!(storms.count() > 0, "refund storms were answered\n{report}");
+    assert!(v.refunds.refused_too_much > 0, "a refund of more than was left was refused\n{report}");
     let unclean = system.shutdown().await.unwrap();
     assert!(unclean.is_empty(), "every process exits 0 on SIGTERM: {unclean:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_checker_reports_a_second_charge_a_missing_ledger_entry_and_a_charge_nobody_asked_for() {
+async fn the_checker_reports_a_second_charge_missing_ledger_entries_and_a_charge_nobody_asked_for() {
     let seed = 0x0C4E_CCE2;
     let system = start(seed).await;
     let (report, _) = drive(&system, &workload(seed, 20)).await;
@@ -159,6 +173,16 @@ async fn the_checker_reports_a_second_charge_a_missing_ledger_entry_and_a_charge
     system.simulator().unwrap().plant(&second).await.unwrap();
     // A ledger entry lost.
     sqlx::query!("DELETE FROM ledger_entries WHERE payment_id = $1", unbooked).execute(system.pool()).await.unwrap();
+    // A refund's ledger entry lost.
+    let unbooked_refund: uuid::Uuid =
+        sqlx::query_scalar!("SELECT refund_id FROM refund_ledger_entries ORDER BY refund_id LIMIT 1")
+            .fetch_one(system.pool())
+            .await
+            .expect("a refund succeeded");
+    sqlx::query!("DELETE FROM refund_ledger_entries WHERE refund_id = $1", unbooked_refund)
+        .execute(system.pool())
+        .await
+        .unwrap();
     // A charge for no payment at all, as a provider call made without an accepted payment would.
     let mut stray = PlantCharge::succeeded(500, "EUR");
     stray.idempotency_key = Some(format!("oncepay-{}", uuid::Uuid::now_v7()));
@@ -171,6 +195,7 @@ async fn the_checker_reports_a_second_charge_a_missing_ledger_entry_and_a_charge
     };
     assert!(mentions(1, charged_twice), "{found:?}");
     assert!(mentions(4, unbooked), "{found:?}");
+    assert!(mentions(8, &unbooked_refund), "{found:?}");
     assert!(
         found.contains(&(1, "the provider charged for a payment that was never accepted (not failing closed)")),
         "{found:?}"

@@ -67,6 +67,7 @@ async fn payments_through_localstripe_end_as_their_test_cards_say_and_its_webhoo
         follow: Duration::from_secs(20),
         resends: 2,
         payment_methods: vec![cards::VISA.into(), cards::DECLINED.into(), three_d_secure.clone()],
+        refund_rate: 0.3,
     };
     let plan = Plan::draw(&config, system.tenants().len(), TOPOLOGY.apis).unwrap();
     let clients = Clients::new(system.tenants(), &system.api_urls()).unwrap();
@@ -91,7 +92,8 @@ async fn payments_through_localstripe_end_as_their_test_cards_say_and_its_webhoo
     let ((observations, settled), completed) = tokio::join!(merchants, customer);
 
     let charges = stripe.charges().await.unwrap();
-    let verdict = checker::check(system.pool(), &charges, system.tenants(), &observations).await.unwrap();
+    let refunds = stripe.refunds().await.unwrap();
+    let verdict = checker::check(system.pool(), &charges, &refunds, system.tenants(), &observations).await.unwrap();
     let report = Report {
         title: "oncepay end to end through localstripe".into(),
         seed,
