@@ -27,9 +27,11 @@ use sqlx::postgres::PgListener;
 use sqlx::{Connection, PgPool};
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_provider::{PaymentProvider, RefundOutcome};
+use oncepay_service::telemetry;
 use oncepay_store::refunds::REFUND_OUTBOX_CHANNEL;
 use oncepay_store::refunds::sending::{self, ClaimedRefund, Release};
 use oncepay_store::refunds::settling::{self, Finding, RefundChange, RefundSettlement};
@@ -180,18 +182,23 @@ impl<P: PaymentProvider + Clone + 'static> RefundSender<P> {
         Self { pool, provider, config }
     }
 
-    /// Claims, sends and records one batch of every tenant with refunds due; returns what each
-    /// recording did.
+    /// Claims, sends and records one batch of each tenant with refunds due, the tenant with the
+    /// oldest first, never more than `max_in_flight` refunds in all; returns what each recording did.
     pub async fn run_once(&self) -> anyhow::Result<Vec<Recording>> {
         let mut conn = self.pool.acquire().await.context("connecting to claim refunds")?;
+        let slots = self.config.max_in_flight as usize;
         let tenants = sending::tenants_due(&mut conn, self.config.batch_size).await?;
         let mut claimed = Vec::new();
         for tenant_id in tenants {
+            let free = slots.saturating_sub(claimed.len());
+            if free == 0 {
+                break;
+            }
             claimed.extend(
                 sending::claim(
                     &mut conn,
                     tenant_id,
-                    self.config.batch_size,
+                    self.config.batch_size.min(u32::try_from(free).unwrap_or(u32::MAX)),
                     &self.config.worker_id,
                     self.config.lease,
                     self.config.key_window,
@@ -200,9 +207,23 @@ impl<P: PaymentProvider + Clone + 'static> RefundSender<P> {
             );
         }
         drop(conn);
-        let sends = claimed.into_iter().map(|claimed| async move {
-            let verdict = self.send(&claimed).await;
-            self.record(&claimed, &verdict).await
+        let sends = claimed.into_iter().map(|claimed| {
+            // In the trace of the request that asked for the refund, so the provider call carries
+            // that trace's `traceparent`.
+            let span = tracing::info_span!(
+                "worker.refund",
+                refund.id = %claimed.refund_id,
+                tenant.id = %claimed.tenant_id,
+                attempt = claimed.attempt,
+            );
+            if let Some(trace) = &claimed.trace {
+                telemetry::continue_trace(&span, trace);
+            }
+            async move {
+                let verdict = self.send(&claimed).await;
+                self.record(&claimed, &verdict).await
+            }
+            .instrument(span)
         });
         join_all(sends).await.into_iter().collect()
     }

@@ -13,6 +13,8 @@ use oncepay_domain::status::PaymentStatus;
 use oncepay_provider::http::HttpProvider;
 use oncepay_provider::wire::CreateRefund;
 use oncepay_service::backoff::Backoff;
+use oncepay_service::config::{LogFormat, TelemetrySettings};
+use oncepay_service::telemetry::{self, TraceContext};
 use oncepay_store::refunds::intake::{self, NewRefund, RefundIntake};
 use oncepay_store::refunds::{self, Refund};
 use oncepay_worker::refunds::{Recording, RefundSender};
@@ -36,6 +38,11 @@ async fn charged_payment(pool: &PgPool) -> (Accepted, String) {
 
 /// Accepts a refund of `amount` of `payment`, as `POST /v1/payments/{id}/refunds` would.
 async fn refund(pool: &PgPool, payment: Accepted, amount: i64) -> Refund {
+    refund_traced(pool, payment, amount, None).await
+}
+
+/// Accepts a refund as [`refund`] does, inside the request's `trace`.
+async fn refund_traced(pool: &PgPool, payment: Accepted, amount: i64, trace: Option<TraceContext>) -> Refund {
     let body = json!({"amount": amount});
     let key = IdempotencyKey::parse(RefundId::generate().to_string().as_bytes()).unwrap();
     let request = RefundRequest::from_json(&body).unwrap();
@@ -48,7 +55,7 @@ async fn refund(pool: &PgPool, payment: Accepted, amount: i64) -> Refund {
         request: &request,
         requested_by: "api",
         retention: Duration::from_secs(86_400),
-        trace: None,
+        trace,
     };
     let mut conn = pool.acquire().await.unwrap();
     match intake::accept(&mut conn, &new).await.unwrap() {
@@ -302,4 +309,53 @@ async fn refunds_never_add_up_to_more_than_the_charge(pool: PgPool) {
         "{refused:?}"
     );
     assert_eq!(booked(&pool, payment).await, (1500, 0));
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn one_pass_never_sends_more_refunds_than_the_worker_may_have_in_flight(pool: PgPool) {
+    let (payment, charge) = charged_payment(&pool).await;
+    let mut asked = Vec::new();
+    for _ in 0..5 {
+        asked.push(refund(&pool, payment, 100).await);
+    }
+    let server =
+        answering(ResponseTemplate::new(201).set_body_json(provider_refund(&asked[0], &charge, "pending", 100))).await;
+    let config = oncepay_worker::DrainerConfig { max_in_flight: 2, ..config("w1") };
+    let provider = HttpProvider::new(&provider_settings(&server.uri())).unwrap();
+    let sender = RefundSender::new(pool.clone(), provider, config);
+
+    let first = sender.run_once().await.unwrap();
+
+    assert_eq!(first.len(), 2, "{first:?}");
+    assert_eq!(server.received_requests().await.unwrap().len(), 2);
+    let mut sent = first.len();
+    while sent < asked.len() {
+        let pass = sender.run_once().await.unwrap();
+        assert!(!pass.is_empty() && pass.len() <= 2, "{pass:?}");
+        sent += pass.len();
+    }
+    assert_eq!(server.received_requests().await.unwrap().len(), 5, "each refund sent once");
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn the_refund_call_continues_the_trace_of_the_request_that_asked_for_it(pool: PgPool) {
+    let _telemetry = telemetry::init(
+        "oncepay-worker-test",
+        &TelemetrySettings { log_format: LogFormat::Text, log_filter: "info".into(), otlp_endpoint: None },
+    )
+    .unwrap();
+    const TRACE_ID: &str = "0af7651916cd43dd8448eb211c80319c";
+    let (payment, charge) = charged_payment(&pool).await;
+    let api_span = TraceContext { traceparent: format!("00-{TRACE_ID}-b7ad6b7169203331-01"), tracestate: None };
+    let asked = refund_traced(&pool, payment, 500, Some(api_span)).await;
+    let server =
+        answering(ResponseTemplate::new(201).set_body_json(provider_refund(&asked, &charge, "succeeded", 500))).await;
+
+    sender(&pool, &server, 3).run_once().await.unwrap();
+
+    let sent = &server.received_requests().await.unwrap()[0];
+    let traceparent = sent.headers.get("traceparent").expect("a traceparent header").to_str().unwrap();
+    let parts: Vec<&str> = traceparent.split('-').collect();
+    assert_eq!(parts[1], TRACE_ID, "the same trace: {traceparent}");
+    assert_ne!(parts[2], "b7ad6b7169203331", "a span of the worker's own: {traceparent}");
 }
