@@ -123,9 +123,10 @@ pub async fn claim(
             LIMIT $2
             FOR UPDATE OF o SKIP LOCKED
         ), moved AS (
+            -- LEAST keeps the first send's time and ignores a NULL (Citus refuses now() in a COALESCE).
             UPDATE refunds r
             SET status = 'processing', send_attempts = r.send_attempts + 1,
-                first_sent_at = COALESCE(r.first_sent_at, now()), event_count = r.event_count + 1,
+                first_sent_at = LEAST(r.first_sent_at, now()), event_count = r.event_count + 1,
                 updated_at = now()
             FROM due
             WHERE r.tenant_id = $1 AND r.refund_id = due.refund_id AND r.status = 'pending'

@@ -90,8 +90,9 @@ pub async fn apply(
             may_have_moved = may_have_moved OR $5,
             provider_refund_id = COALESCE(provider_refund_id, $6),
             -- A refund that becomes `unknown` is due for the reconciler's first lookup at once.
+            -- now() stays outside the CASE, where Citus refuses it (NULL plus a time is NULL).
             lookups = CASE WHEN $3 = 'unknown'::payment_status THEN 0 ELSE lookups END,
-            next_lookup_at = CASE WHEN $3 = 'unknown'::payment_status THEN now() END
+            next_lookup_at = now() + CASE WHEN $3 = 'unknown'::payment_status THEN interval '0' END
         WHERE tenant_id = $1 AND refund_id = $2 AND status = $4
         RETURNING event_count
         "#,
