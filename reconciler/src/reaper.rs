@@ -134,9 +134,8 @@ impl Reaper {
     /// payments' keys: a key whose refund is pending, processing, unknown or dead-lettered stays
     /// however old it is.
     ///
-    /// A refund key's expiry is not moved when its refund becomes terminal, so the key is also kept
-    /// for its retention (`expires_at - created_at`) after that moment: a refund's `updated_at` is
-    /// when it last changed status, and a terminal refund never changes again.
+    /// A refund key's expiry restarts when its refund becomes terminal (`settling::settle` in the
+    /// store), as a payment key's does.
     async fn reap_refund_keys(&self, batch: i64) -> Result<u64, sqlx::Error> {
         let tenants = sqlx::query_scalar!(
             r#"
@@ -144,7 +143,6 @@ impl Reaper {
                 SELECT k.tenant_id
                 FROM refund_keys k JOIN refunds r USING (tenant_id, refund_id)
                 WHERE k.expires_at < now() AND r.status IN ('succeeded', 'failed')
-                  AND r.updated_at + (k.expires_at - k.created_at) < now()
                 ORDER BY k.expires_at
                 LIMIT $1
             ) oldest
@@ -160,7 +158,6 @@ impl Reaper {
                     SELECT k.tenant_id, k.idempotency_key
                     FROM refund_keys k JOIN refunds r USING (tenant_id, refund_id)
                     WHERE k.tenant_id = $2 AND k.expires_at < now() AND r.status IN ('succeeded', 'failed')
-                      AND r.updated_at + (k.expires_at - k.created_at) < now()
                     ORDER BY k.expires_at
                     LIMIT $1
                     FOR UPDATE OF k SKIP LOCKED

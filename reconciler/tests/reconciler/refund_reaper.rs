@@ -1,6 +1,6 @@
 //! The reaper's deletion of refund keys, against a real PostgreSQL: expired keys of terminal
-//! refunds go, in batches, once their retention has also passed since the refund became final; keys
-//! of refunds still in flight stay however old they are.
+//! refunds go, in batches; a key's retention starts again when its refund becomes final; keys of
+//! refunds still in flight stay however old they are.
 
 use std::time::Duration;
 
@@ -35,23 +35,21 @@ async fn expire_key(pool: &PgPool, refund_id: RefundId) {
     .unwrap();
 }
 
-/// Makes the refund three days old, and its last change of status (for a terminal refund: becoming
-/// final) two days old.
-async fn last_changed_two_days_ago(pool: &PgPool, refund_id: RefundId) {
-    sqlx::query!(
-        "UPDATE refunds SET created_at = now() - interval '3 days', updated_at = now() - interval '2 days'
-         WHERE refund_id = $1",
-        refund_id.as_uuid()
-    )
-    .execute(pool)
-    .await
-    .unwrap();
-}
-
 /// An `unknown` refund settled by the test: succeeded as `re_<key>`, or failed.
 async fn settled(pool: &PgPool, tenant_id: TenantId, key: &str, succeeded: bool) -> RefundId {
+    let refund_id = unsettled(pool, tenant_id, key).await;
+    settle(pool, tenant_id, refund_id, key, succeeded).await;
+    refund_id
+}
+
+/// An `unknown` refund of a payment of its own.
+async fn unsettled(pool: &PgPool, tenant_id: TenantId, key: &str) -> RefundId {
     let payment_id = succeeded_payment(pool, tenant_id, key, 100).await;
-    let refund_id = unknown_refund(pool, tenant_id, payment_id, &format!("refund-{key}"), 100, 60).await;
+    unknown_refund(pool, tenant_id, payment_id, &format!("refund-{key}"), 100, 60).await
+}
+
+/// Settles the `unknown` refund `refund_id`: succeeded as `re_<key>`, or failed.
+async fn settle(pool: &PgPool, tenant_id: TenantId, refund_id: RefundId, key: &str, succeeded: bool) {
     let (transition, settlement) = if succeeded {
         let refund = format!("re_{key}");
         (
@@ -73,7 +71,6 @@ async fn settled(pool: &PgPool, tenant_id: TenantId, key: &str, succeeded: bool)
         detail: None,
     };
     settling::settle(&mut pool.acquire().await.unwrap(), &change, &settlement).await.unwrap();
-    refund_id
 }
 
 async fn has_key(pool: &PgPool, refund_id: RefundId) -> bool {
@@ -85,7 +82,10 @@ async fn expired_keys_of_terminal_refunds_go_and_keys_of_refunds_in_flight_stay(
     let tenant_id = tenant(&pool, "acme").await;
     let succeeded = settled(&pool, tenant_id, "succeeded", true).await;
     let failed = settled(&pool, tenant_id, "failed", false).await;
-    let settled_just_now = settled(&pool, tenant_id, "just-now", true).await;
+    // Its key expired while the refund was unknown; settling it starts the retention again.
+    let settled_just_now = unsettled(&pool, tenant_id, "just-now").await;
+    expire_key(&pool, settled_just_now).await;
+    settle(&pool, tenant_id, settled_just_now, "just-now", true).await;
     let not_yet_expired = settled(&pool, tenant_id, "retained", true).await;
     let payment_id = succeeded_payment(&pool, tenant_id, "in-flight", 1000).await;
     let unknown = unknown_refund(&pool, tenant_id, payment_id, "unknown", 100, 60).await;
@@ -102,12 +102,8 @@ async fn expired_keys_of_terminal_refunds_go_and_keys_of_refunds_in_flight_stay(
     settling::apply(&mut pool.acquire().await.unwrap(), &change, None, OffsetDateTime::now_utc()).await.unwrap();
     // Accepted last: the refunds above were claimed as their tenant's due refunds.
     let pending = refund(&pool, tenant_id, payment_id, "pending", 100).await;
-    for refund_id in [succeeded, failed, settled_just_now, pending, unknown, dead] {
-        expire_key(&pool, refund_id).await;
-    }
-    // Only the refunds' statuses, then, keep the keys of those in flight.
     for refund_id in [succeeded, failed, pending, unknown, dead] {
-        last_changed_two_days_ago(&pool, refund_id).await;
+        expire_key(&pool, refund_id).await;
     }
 
     let counts = reaper(&pool, 100).run_once().await.unwrap();
@@ -130,7 +126,6 @@ async fn refund_keys_are_reaped_in_batches_of_the_configured_size(pool: PgPool) 
     for i in 0..5 {
         let refund_id = settled(&pool, tenant_id, &format!("k{i}"), true).await;
         expire_key(&pool, refund_id).await;
-        last_changed_two_days_ago(&pool, refund_id).await;
     }
     let reaper = reaper(&pool, 2);
 
