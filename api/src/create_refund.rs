@@ -78,6 +78,7 @@ async fn take(request: &HttpRequest, payload: web::Payload, state: &AppState) ->
 
     let idempotent = IdempotentRequest::read(request.headers(), payload, state.intake.max_body_bytes).await?;
     let refund_request = RefundRequest::from_json(&idempotent.json).map_err(ApiError::InvalidFields)?;
+    state.provider_intake.admit_refund(&refund_request)?;
     // The path names the payment, so the same key and body for another payment is another request.
     let fingerprint = idempotent.fingerprint(&path(payment_id));
     let new = NewRefund {

@@ -1,17 +1,19 @@
-//! What intake needs to know of the provider the workers charge through, before a payment is
-//! accepted: what that provider could never charge, refused with a 400 naming the field, and which
-//! provider account the payment is charged to.
+//! What intake needs to know of the provider the workers charge through, before a payment or a
+//! refund is accepted: what that provider could never charge or refund, refused with a 400 naming
+//! the field, and which provider account the payment is charged to.
 //!
 //! The simulator takes every valid payment, in oncepay's own account. Stripe refuses more than its
-//! metadata limits, amounts below its minimum charge and some currencies
-//! ([`oncepay_provider::stripe::limits`]). In connect mode each payment is charged in its tenant's
-//! connected account, fixed at acceptance: a tenant without one is refused, and so is a payment that
-//! names no payment method (the platform's default means nothing in a merchant's account). The api
-//! only needs to know which provider and mode the workers use, not how to reach them.
+//! metadata limits, amounts below its minimum charge and some currencies, and refunds beyond its
+//! metadata limits ([`oncepay_provider::stripe::limits`]). In connect mode each payment is charged
+//! in its tenant's connected account, fixed at acceptance: a tenant without one is refused, and so
+//! is a payment that names no payment method (the platform's default means nothing in a merchant's
+//! account). The api only needs to know which provider and mode the workers use, not how to reach
+//! them.
 
 use oncepay_domain::money::Currency;
 use oncepay_domain::payment_request::{FieldError, PaymentRequest};
 use oncepay_domain::provider_ref::ProviderAccount;
+use oncepay_domain::refund::{RefundReason, RefundRequest};
 use oncepay_provider::ProviderKind;
 use oncepay_provider::stripe::{StripeMode, limits};
 use serde::Deserialize;
@@ -100,6 +102,21 @@ impl ProviderIntake {
                 }
                 Ok(Some(account.clone()))
             }
+        }
+    }
+
+    /// Why the provider could never make `request`, if it could not: Stripe's metadata limits (the
+    /// amount is checked against the payment by the store). Nothing here reads or writes the store.
+    pub fn admit_refund(&self, request: &RefundRequest) -> Result<(), ApiError> {
+        match self.kind {
+            ProviderKind::Simulator => Ok(()),
+            ProviderKind::Stripe => limits::check_refund(&request.metadata, request.reason.map(RefundReason::as_str))
+                .map_err(|error| {
+                    ApiError::InvalidFields(vec![FieldError {
+                        field: error.field().to_owned(),
+                        message: error.to_string(),
+                    }])
+                }),
         }
     }
 }

@@ -5,9 +5,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use oncepay_api::provider_intake::StripeIntakeSettings;
 use oncepay_api::{Application, resource_response};
 use oncepay_devkit::pg::{Cluster, Durability};
 use oncepay_domain::ids::{PaymentId, RefundId};
+use oncepay_provider::ProviderKind;
+use oncepay_provider::stripe::StripeMode;
 use oncepay_store::db;
 use reqwest::{Method, Response, StatusCode};
 use serde_json::{Value, json};
@@ -641,5 +644,29 @@ async fn a_refund_fails_closed_while_the_database_is_down_and_its_retry_is_accep
     assert_eq!(header(accepted.headers(), "idempotent-replayed"), None, "the refused request left nothing");
     assert_eq!(refund_rows(&app.db).await, ONE_REFUND);
     assert_eq!(refunded(&app.db, payment_id).await, (500, 0));
+    app.stop().await;
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_refund_stripe_could_never_make_is_refused_before_anything_is_written(
+    _: PgPoolOptions,
+    options: PgConnectOptions,
+) {
+    let app = TestApp::spawn_with(options, |settings| {
+        settings.provider.kind = ProviderKind::Stripe;
+        settings.provider.stripe = Some(StripeIntakeSettings { mode: StripeMode::Direct });
+    })
+    .await;
+    let payment_id = app.succeeded_payment("order-1").await;
+    // Stripe keeps 50 metadata keys, and oncepay adds three of its own to a refund.
+    let metadata: serde_json::Map<String, Value> = (0..48).map(|i| (format!("k{i}"), json!("v"))).collect();
+
+    let response =
+        app.post_refund(&payment_id.to_string(), "refund-1", &json!({"metadata": metadata})).send().await.unwrap();
+
+    let (_, problem) = assert_problem(response, StatusCode::BAD_REQUEST, "invalid-request").await;
+    assert_eq!(problem["errors"][0]["field"], "metadata", "{problem}");
+    assert_eq!(refund_rows(&app.db).await, NO_REFUND);
+    assert_eq!(refunded(&app.db, payment_id).await, (0, 0));
     app.stop().await;
 }

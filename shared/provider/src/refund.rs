@@ -52,19 +52,30 @@ impl RefundRequest {
         reason: Option<String>,
         merchant_metadata: &BTreeMap<String, String>,
     ) -> Self {
-        let mut metadata = merchant_metadata.clone();
-        metadata.insert(metadata_keys::TENANT_ID.to_owned(), tenant_id.to_string());
-        metadata.insert(metadata_keys::PAYMENT_ID.to_owned(), payment_id.to_string());
-        metadata.insert(metadata_keys::REFUND_ID.to_owned(), refund_id.to_string());
         Self {
             downstream_key: refund_id.downstream_key(),
             charge_id,
             amount,
             currency,
             reason,
-            metadata,
+            metadata: Self::metadata(tenant_id, payment_id, refund_id, merchant_metadata),
             account: None,
         }
+    }
+
+    /// The metadata sent with a refund: the merchant's, plus the keys that name the tenant, the
+    /// payment and the refund.
+    pub(crate) fn metadata(
+        tenant_id: TenantId,
+        payment_id: PaymentId,
+        refund_id: RefundId,
+        merchant_metadata: &BTreeMap<String, String>,
+    ) -> BTreeMap<String, String> {
+        let mut metadata = merchant_metadata.clone();
+        metadata.insert(metadata_keys::TENANT_ID.to_owned(), tenant_id.to_string());
+        metadata.insert(metadata_keys::PAYMENT_ID.to_owned(), payment_id.to_string());
+        metadata.insert(metadata_keys::REFUND_ID.to_owned(), refund_id.to_string());
+        metadata
     }
 }
 

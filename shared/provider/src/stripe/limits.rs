@@ -177,35 +177,29 @@ pub fn check_request(request: &ChargeRequest, settlement: Option<Currency>) -> R
 /// Checks a refund as intake sees it, before it has an id: the merchant's metadata is checked
 /// together with the keys oncepay will add, and the reason, if given. The amount and currency are
 /// not checked: they are within the payment's, which passed, and Stripe sets no minimum refund.
-pub fn check_refund(
-    amount: Amount,
-    currency: Currency,
-    merchant_metadata: &BTreeMap<String, String>,
-    reason: Option<&str>,
-) -> Result<(), LimitError> {
+pub fn check_refund(merchant_metadata: &BTreeMap<String, String>, reason: Option<&str>) -> Result<(), LimitError> {
+    check_reason(reason)?;
     // Stand-in ids, as for a payment: oncepay's keys, and the length of their values, are the same
     // for every id.
-    let request = RefundRequest::for_refund(
+    check_metadata(&RefundRequest::metadata(
         TenantId::generate(),
         PaymentId::generate(),
         RefundId::generate(),
-        String::new(),
-        amount,
-        currency,
-        reason.map(str::to_owned),
         merchant_metadata,
-    );
-    check_refund_request(&request)
+    ))
 }
 
 /// Checks a refund request as the Stripe adapter would send it.
 pub fn check_refund_request(request: &RefundRequest) -> Result<(), LimitError> {
-    if let Some(reason) = &request.reason
-        && !REFUND_REASONS.contains(&reason.as_str())
-    {
-        return Err(LimitError::UnknownReason);
-    }
+    check_reason(request.reason.as_deref())?;
     check_metadata(&request.metadata)
+}
+
+fn check_reason(reason: Option<&str>) -> Result<(), LimitError> {
+    match reason {
+        Some(reason) if !REFUND_REASONS.contains(&reason) => Err(LimitError::UnknownReason),
+        _ => Ok(()),
+    }
 }
 
 fn check_currency(amount: Amount, currency: Currency, settlement: Option<Currency>) -> Result<(), LimitError> {
@@ -415,8 +409,7 @@ mod tests {
     }
 
     fn check_a_refund(metadata: &BTreeMap<String, String>, reason: Option<&str>) -> String {
-        let (amount, currency) = money(1, "EUR");
-        match check_refund(amount, currency, metadata, reason) {
+        match check_refund(metadata, reason) {
             Ok(()) => "ok".to_owned(),
             Err(error) => format!("{}: {error}", error.field()),
         }
