@@ -164,6 +164,13 @@ async fn status_of(pool: &PgPool, payment_id: Uuid) -> String {
         .unwrap()
 }
 
+async fn refund_statuses_of(pool: &PgPool, payment_id: Uuid) -> Vec<String> {
+    sqlx::query_scalar!("SELECT status::text AS \"status!\" FROM refunds WHERE payment_id = $1", payment_id)
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
 /// Serves, on a port of its own (another origin, the same site), a page whose form posts `fields`
 /// to `target`, as a page an attacker made would.
 async fn other_origin(target: String, fields: &[(&str, &str)]) -> String {
@@ -331,6 +338,33 @@ async fn operators_find_propose_and_approve_in_a_real_browser_and_see_only_their
         trail.contains("<td>bob</td><td>proposal.approve</td>") && trail.contains(&payment_id.to_string()),
         "{trail}"
     );
+
+    // The customer sends part of the order back: Alice proposes a refund, Bob approves it, and the
+    // worker sends it (its response lost too; a lookup settles it).
+    let page = format!("/console/payments/{payment_id}");
+    let offered = alice.open(&page).await;
+    assert!(offered.contains("1999 EUR is left to refund"), "{offered}");
+    alice.fill("#refund-amount", "500").await;
+    alice.fill("#refund-reason", "the customer sent one item back").await;
+    alice.click(&format!("form[action='{page}/refund'] button")).await;
+    let confirm = alice.until("Confirm: what will happen").await;
+    assert!(confirm.contains(&format!("This proposes giving 500 (minor units) of payment {payment_id} back")));
+    alice.click("main form button").await;
+    alice.until("Proposed: nothing changes").await;
+    bob.open(&page).await;
+    bob.until("refund 500 EUR").await;
+    bob.fill("#approve-reason", "the item is back in the warehouse").await;
+    bob.click("form[action$='/approve'] button").await;
+    bob.until("Confirm: what will happen").await;
+    bob.click("main form button").await;
+    bob.until("Approved and done").await;
+    let made = || async { (refund_statuses_of(&pool, payment_id).await == ["succeeded"]).then_some(()) };
+    wait_until("the refund is made", PATIENCE, made).await.unwrap();
+    let refunded = alice.open(&page).await;
+    assert!(refunded.contains("<td>500 EUR</td><td>succeeded</td>"), "{refunded}");
+    assert!(refunded.contains("operator:alice") && refunded.contains("1499 EUR is left to refund"), "{refunded}");
+    alice.screenshot("refunded.png").await;
+
     bob.open("/console/dead-letters?state=all").await;
     bob.open("/console/recon").await;
     bob.open("/console/").await;
