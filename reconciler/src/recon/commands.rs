@@ -45,6 +45,12 @@ pub struct RunReport {
     pub provider_charges: usize,
     /// Ledger entries compared.
     pub ledger_entries: usize,
+    /// Provider refunds compared.
+    #[serde(default)]
+    pub provider_refunds: usize,
+    /// Refund ledger entries compared.
+    #[serde(default)]
+    pub refund_ledger_entries: usize,
     /// Discrepancies per class.
     pub discrepancies: Vec<(Class, usize)>,
 }
@@ -53,12 +59,15 @@ impl Report for RunReport {
     fn human(&self, out: &mut dyn Write) -> io::Result<()> {
         writeln!(
             out,
-            "run {} reconciled [{}, {}): {} provider charges, {} ledger entries",
+            "run {} reconciled [{}, {}): {} provider charges, {} ledger entries, {} provider refunds, {} refund \
+             ledger entries",
             self.run_id,
             render::timestamp(self.window_start),
             render::timestamp(self.window_end),
             self.provider_charges,
-            self.ledger_entries
+            self.ledger_entries,
+            self.provider_refunds,
+            self.refund_ledger_entries
         )?;
         let mut table = Table::new(&["CLASS", "FOUND"]);
         for (class, n) in &self.discrepancies {
@@ -94,6 +103,8 @@ pub async fn run<P: PaymentProvider + 'static>(
             window_end: window.end,
             provider_charges: summary.provider_charges,
             ledger_entries: summary.ledger_entries,
+            provider_refunds: summary.provider_refunds,
+            refund_ledger_entries: summary.refund_ledger_entries,
             discrepancies: summary.by_class,
         }),
         Reconciled::AlreadyClaimed { run_id, status } => Err(OperatorError::Refused(format!(
@@ -108,8 +119,18 @@ pub struct RunList(pub Vec<Run>);
 
 impl Report for RunList {
     fn human(&self, out: &mut dyn Write) -> io::Result<()> {
-        let mut table =
-            Table::new(&["RUN", "WINDOW START", "WINDOW END", "TRIGGER", "STATUS", "CHARGES", "ENTRIES", "FOUND"]);
+        let mut table = Table::new(&[
+            "RUN",
+            "WINDOW START",
+            "WINDOW END",
+            "TRIGGER",
+            "STATUS",
+            "CHARGES",
+            "ENTRIES",
+            "REFUNDS",
+            "REFUND ENTRIES",
+            "FOUND",
+        ]);
         let number = |n: Option<i32>| n.map_or_else(|| "-".to_owned(), |n| n.to_string());
         for run in &self.0 {
             table.row(vec![
@@ -120,6 +141,8 @@ impl Report for RunList {
                 run.status.as_str().to_owned(),
                 number(run.provider_charges),
                 number(run.ledger_entries),
+                number(run.provider_refunds),
+                number(run.refund_ledger_entries),
                 number(run.discrepancies),
             ]);
         }
@@ -160,16 +183,33 @@ impl Report for RunDetail {
             run.provider_charges.unwrap_or(0),
             run.ledger_entries.unwrap_or(0)
         )?;
+        writeln!(
+            out,
+            "            {} provider refunds, {} refund ledger entries",
+            run.provider_refunds.unwrap_or(0),
+            run.refund_ledger_entries.unwrap_or(0)
+        )?;
         for class in Class::ALL {
             let found: Vec<_> = self.discrepancies.iter().filter(|d| d.class == class).collect();
             writeln!(out, "\n{} ({})", class.as_str(), found.len())?;
-            let mut table = Table::new(&["CHARGE", "PAYMENT", "DETAIL"]);
+            let text = |value: Option<String>| value.unwrap_or_default();
+            let mut table = if class.is_about_refunds() {
+                Table::new(&["PROVIDER REFUND", "REFUND", "PAYMENT", "DETAIL"])
+            } else {
+                Table::new(&["CHARGE", "PAYMENT", "DETAIL"])
+            };
             for d in found {
-                table.row(vec![
-                    d.provider_charge_id.clone().unwrap_or_default(),
-                    d.payment_id.map(|p| p.to_string()).unwrap_or_default(),
-                    d.detail.clone(),
-                ]);
+                let payment = text(d.payment_id.map(|p| p.to_string()));
+                table.row(if class.is_about_refunds() {
+                    vec![
+                        text(d.provider_refund_id.clone()),
+                        text(d.refund_id.map(|r| r.to_string())),
+                        payment,
+                        d.detail.clone(),
+                    ]
+                } else {
+                    vec![text(d.provider_charge_id.clone()), payment, d.detail.clone()]
+                });
             }
             table.write(out, "  none")?;
         }

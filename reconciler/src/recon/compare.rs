@@ -1,4 +1,5 @@
-//! Comparing the provider's charges with the ledger over one window: pure, no I/O.
+//! Comparing the provider's charges with the ledger over one window: pure, no I/O. It also owns what
+//! the refunds' comparison ([`super::refunds`]) shares with it: the classes and the discrepancy.
 //!
 //! Reports the four classes of discrepancy between finished charges and the ledger ([`Class`]), and
 //! the charges the provider has not finished ([`unfinished`]), and nothing else.
@@ -6,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
 
-use oncepay_domain::ids::{DownstreamKey, PaymentId, TenantId};
+use oncepay_domain::ids::{DownstreamKey, PaymentId, RefundId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_provider::{Charge, ChargeStatus, UnfinishedCharge};
 use serde::Serialize;
@@ -16,6 +17,10 @@ use time::OffsetDateTime;
 use crate::stored_name::{self, UnknownName};
 
 /// A discrepancy class, as stored in `recon_discrepancies.class`.
+///
+/// Refunds have classes of their own, each the twin of a charge's (`refund_` before its name, or
+/// `_refund` for `_charge`), so that a run's counts and the discrepancy metric tell money that went
+/// back from money taken; [`Class::UnrequestedRefund`] has no twin.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Class {
@@ -33,16 +38,41 @@ pub enum Class {
     /// A charge the provider has not finished: no money yet, but it may still take some. It is read
     /// again on every later run, and compared like any other charge once it is final.
     Unfinished,
+    /// Refunded at the provider, not in our ledger: a succeeded refund made for an oncepay refund
+    /// that no refund ledger entry books (the refund is still `unknown`, was settled `failed`, or
+    /// its entry books another provider refund).
+    RefundMissingInLedger,
+    /// In our refund ledger, not at the provider: an entry of the window whose refund the provider
+    /// does not list in the window as succeeded (it lists it failed, canceled or not finished, or
+    /// not at all).
+    RefundMissingAtProvider,
+    /// Both sides have the refund, with different money.
+    RefundAmountOrCurrencyMismatch,
+    /// More than one succeeded provider refund for one oncepay refund. Reported once, naming every
+    /// refund; the extra refunds are not reported again as missing in the ledger.
+    DuplicateRefund,
+    /// A succeeded provider refund that no oncepay refund asked for: it names none (made on the
+    /// provider's dashboard, say), or one that oncepay does not have.
+    UnrequestedRefund,
+    /// A refund the provider has not finished: no money back yet, but it may still go back. It is
+    /// read again on every later run, and compared like any other refund once it is final.
+    RefundUnfinished,
 }
 
 impl Class {
     /// Every class.
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 11] = [
         Self::MissingInLedger,
         Self::MissingAtProvider,
         Self::AmountOrCurrencyMismatch,
         Self::DuplicateCharge,
         Self::Unfinished,
+        Self::RefundMissingInLedger,
+        Self::RefundMissingAtProvider,
+        Self::RefundAmountOrCurrencyMismatch,
+        Self::DuplicateRefund,
+        Self::UnrequestedRefund,
+        Self::RefundUnfinished,
     ];
 
     /// The stored name.
@@ -53,6 +83,29 @@ impl Class {
             Self::AmountOrCurrencyMismatch => "amount_or_currency_mismatch",
             Self::DuplicateCharge => "duplicate_charge",
             Self::Unfinished => "unfinished",
+            Self::RefundMissingInLedger => "refund_missing_in_ledger",
+            Self::RefundMissingAtProvider => "refund_missing_at_provider",
+            Self::RefundAmountOrCurrencyMismatch => "refund_amount_or_currency_mismatch",
+            Self::DuplicateRefund => "duplicate_refund",
+            Self::UnrequestedRefund => "unrequested_refund",
+            Self::RefundUnfinished => "refund_unfinished",
+        }
+    }
+
+    /// Whether the class is about refunds rather than charges.
+    pub const fn is_about_refunds(self) -> bool {
+        match self {
+            Self::MissingInLedger
+            | Self::MissingAtProvider
+            | Self::AmountOrCurrencyMismatch
+            | Self::DuplicateCharge
+            | Self::Unfinished => false,
+            Self::RefundMissingInLedger
+            | Self::RefundMissingAtProvider
+            | Self::RefundAmountOrCurrencyMismatch
+            | Self::DuplicateRefund
+            | Self::UnrequestedRefund
+            | Self::RefundUnfinished => true,
         }
     }
 }
@@ -93,8 +146,14 @@ pub struct Discrepancy {
     pub tenant_id: Option<TenantId>,
     /// The payment, when known.
     pub payment_id: Option<PaymentId>,
-    /// The charge it is about (the first, for a duplicate).
+    /// The charge it is about (the first, for a duplicate); for a refund, the charge refunded.
     pub provider_charge_id: Option<String>,
+    /// The oncepay refund it is about, when it is about a refund and one is known.
+    #[serde(default)]
+    pub refund_id: Option<RefundId>,
+    /// The provider's refund it is about (the first, for a duplicate).
+    #[serde(default)]
+    pub provider_refund_id: Option<String>,
     /// What our ledger says.
     pub ours: Option<Value>,
     /// What the provider says.
@@ -199,6 +258,8 @@ fn check_payment(
             tenant_id,
             payment_id: Some(payment_id),
             provider_charge_id: Some(group[0].id.clone()),
+            refund_id: None,
+            provider_refund_id: None,
             ours: entry.map(ours),
             theirs: Some(Value::Array(group.iter().map(|c| theirs(c)).collect())),
             detail: format!("{} succeeded charges for one payment: {}", group.len(), ids.join(", ")),
@@ -244,6 +305,8 @@ fn check_ledger(found: &mut Vec<Discrepancy>, charges: &[Charge], ledger: &[Ledg
             tenant_id: Some(entry.tenant_id),
             payment_id: Some(entry.payment_id),
             provider_charge_id: Some(entry.provider_charge_id.clone()),
+            refund_id: None,
+            provider_refund_id: None,
             ours: Some(ours(entry)),
             theirs: charge.map(theirs),
             detail,
@@ -259,6 +322,8 @@ pub fn unfinished(charge: &UnfinishedCharge) -> Discrepancy {
         tenant_id,
         payment_id,
         provider_charge_id: Some(charge.id.clone()),
+        refund_id: None,
+        provider_refund_id: None,
         ours: None,
         theirs: Some(json!({
             "id": charge.id,
@@ -288,6 +353,8 @@ fn missing_in_ledger(
         tenant_id,
         payment_id,
         provider_charge_id: Some(charge.id.clone()),
+        refund_id: None,
+        provider_refund_id: None,
         ours: entry.map(ours),
         theirs: Some(theirs(charge)),
         detail,
@@ -301,6 +368,8 @@ fn check_money(found: &mut Vec<Discrepancy>, entry: &LedgerEntry, charge: &Charg
             tenant_id: Some(entry.tenant_id),
             payment_id: Some(entry.payment_id),
             provider_charge_id: Some(charge.id.clone()),
+            refund_id: None,
+            provider_refund_id: None,
             ours: Some(ours(entry)),
             theirs: Some(theirs(charge)),
             detail: format!(
@@ -430,6 +499,15 @@ mod tests {
             classes(&compare(&charges, &[])),
             [(Class::MissingInLedger, Some("ch_1")), (Class::DuplicateCharge, Some("ch_1"))]
         );
+    }
+
+    #[test]
+    fn every_class_reads_back_from_its_stored_name_and_says_whether_it_is_about_refunds() {
+        for class in Class::ALL {
+            assert_eq!(class.as_str().parse::<Class>().ok(), Some(class));
+            assert_eq!(class.is_about_refunds(), class.as_str().contains("refund"), "{}", class.as_str());
+        }
+        assert!("refund_duplicate".parse::<Class>().is_err());
     }
 
     #[test]

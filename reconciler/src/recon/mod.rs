@@ -1,32 +1,36 @@
-//! Ledger reconciliation: compares the provider's charges with our ledger over a window of time and
-//! records each discrepancy by class, nightly (tokio-cron-scheduler) and on demand (`recon run`).
-//! A charge the provider has not finished is kept ([`unfinished`]) and read again by every later run
-//! until it is final, then compared like the charges of that run's window.
+//! Ledger reconciliation: compares the provider's charges and refunds with our ledger over a window
+//! of time and records each discrepancy by class, nightly (tokio-cron-scheduler) and on demand
+//! (`recon run`). A charge or refund the provider has not finished is kept ([`unfinished`],
+//! [`unfinished_refunds`]) and read again by every later run until it is final, then compared like
+//! those of that run's window.
 //!
-//! Runs only read payments and ledger entries: discrepancies are for operators, and nothing here
-//! corrects anything.
+//! Runs only read payments, refunds and ledger entries: discrepancies are for operators, and nothing
+//! here corrects anything.
 
 pub mod commands;
 pub mod compare;
+mod ledger;
+pub mod refunds;
 pub mod runs;
 pub mod unfinished;
+pub mod unfinished_refunds;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use oncepay_domain::ids::{PaymentId, TenantId};
-use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::provider_ref::ProviderAccount;
-use oncepay_provider::{Charge, ListCharges, PaymentProvider, Retrieved, UnfinishedCharge};
+use oncepay_provider::{
+    Charge, ListCharges, ListRefunds, PaymentProvider, Refund, RefundState, Retrieved, UnfinishedCharge,
+};
 use sqlx::{PgConnection, PgPool};
 use time::{Date, OffsetDateTime, Time};
 use tokio_cron_scheduler::{Job, JobScheduler};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::recon::compare::{Class, LedgerEntry};
+use crate::recon::compare::{Class, Discrepancy};
 use crate::recon::runs::{Claim, RunStatus, Trigger};
 
 /// A half-open window of time, `[start, end)`, in whole seconds.
@@ -70,14 +74,14 @@ impl Window {
 pub struct ReconConfig {
     /// Six-field cron expression (UTC) for the nightly run.
     pub schedule: String,
-    /// Charges per provider page.
+    /// Charges (and refunds) per provider page.
     pub page_size: u32,
     /// A running run whose heartbeat is older than this may be taken over.
     pub stale_after: Duration,
     /// How many previous days the nightly job makes sure are reconciled (1: yesterday only).
     pub catch_up_days: u32,
-    /// Whether payments are charged in tenants' connected accounts (Stripe Connect): each of those
-    /// is listed, rather than only oncepay's own account.
+    /// Whether payments are charged (and refunded) in tenants' connected accounts (Stripe
+    /// Connect): each of those is listed, rather than only oncepay's own account.
     pub connected_accounts: bool,
 }
 
@@ -90,6 +94,10 @@ pub struct Summary {
     pub provider_charges: usize,
     /// Ledger entries compared.
     pub ledger_entries: usize,
+    /// Provider refunds compared.
+    pub provider_refunds: usize,
+    /// Refund ledger entries compared.
+    pub refund_ledger_entries: usize,
     /// Discrepancies per class (every class present).
     pub by_class: Vec<(Class, usize)>,
 }
@@ -181,6 +189,8 @@ impl<P: PaymentProvider + 'static> Reconciliation<P> {
                 tracing::info!(
                     provider_charges = summary.provider_charges,
                     ledger_entries = summary.ledger_entries,
+                    provider_refunds = summary.provider_refunds,
+                    refund_ledger_entries = summary.refund_ledger_entries,
                     discrepancies = summary.by_class.iter().map(|(_, n)| n).sum::<usize>(),
                     "reconciliation completed"
                 );
@@ -198,11 +208,45 @@ impl<P: PaymentProvider + 'static> Reconciliation<P> {
         }
     }
 
-    /// Pages through the provider's charges created in the window, reads again the charges earlier
-    /// runs left unfinished, reads the ledger entries that may match them all, compares the two sides
-    /// and stores the discrepancies, the counts and the unfinished charges in one transaction.
+    /// Compares the charges, then the refunds, of the window and of earlier runs' unfinished ones,
+    /// and stores the discrepancies, the counts and what is still unfinished in one transaction.
     async fn reconcile(&self, conn: &mut PgConnection, run_id: Uuid, window: &Window) -> anyhow::Result<Summary> {
-        let listed = self.provider_charges(conn, run_id, window).await?;
+        let accounts = self.accounts(conn, window).await?;
+        let charges = self.compare_charges(conn, run_id, window, &accounts).await?;
+        let refunds = self.compare_refunds(conn, run_id, window, &accounts).await?;
+        let found: Vec<Discrepancy> = charges.found.iter().chain(&refunds.found).cloned().collect();
+        let counts = runs::Counts {
+            provider_charges: charges.compared,
+            ledger_entries: charges.in_window,
+            provider_refunds: refunds.compared,
+            refund_ledger_entries: refunds.in_window,
+        };
+        let charges_kept = runs::Unfinished { still: &charges.still, settled: &charges.settled };
+        let refunds_kept = runs::Unfinished { still: &refunds.still, settled: &refunds.settled };
+        runs::complete(conn, run_id, &counts, &found, &charges_kept, &refunds_kept).await?;
+        let by_class =
+            Class::ALL.iter().map(|class| (*class, found.iter().filter(|d| d.class == *class).count())).collect();
+        Ok(Summary {
+            run_id,
+            provider_charges: counts.provider_charges,
+            ledger_entries: counts.ledger_entries,
+            provider_refunds: counts.provider_refunds,
+            refund_ledger_entries: counts.refund_ledger_entries,
+            by_class,
+        })
+    }
+
+    /// Pages through the provider's charges created in the window, reads again the charges earlier
+    /// runs left unfinished, reads the ledger entries that may match them all, and compares the two
+    /// sides.
+    async fn compare_charges(
+        &self,
+        conn: &mut PgConnection,
+        run_id: Uuid,
+        window: &Window,
+        accounts: &[Option<ProviderAccount>],
+    ) -> anyhow::Result<Compared<UnfinishedCharge>> {
+        let listed = self.provider_charges(conn, run_id, window, accounts).await?;
         let reread = self.read_unfinished_again(conn, run_id).await?;
         let mut charges: HashMap<String, Charge> = HashMap::new();
         charges.extend(listed.charges.into_iter().chain(reread.finished).map(|c| (c.id.clone(), c)));
@@ -214,27 +258,77 @@ impl<P: PaymentProvider + 'static> Reconciliation<P> {
         still.retain(|id, _| !charges.iter().any(|c| &c.id == id));
         let mut still: Vec<UnfinishedCharge> = still.into_values().collect();
         still.sort_by(|a, b| (a.created, &a.id).cmp(&(b.created, &b.id)));
-        let ledger = ledger_entries(conn, window, &charges).await?;
+        let ledger = ledger::charge_entries(conn, window, &charges).await?;
         runs::heartbeat(conn, run_id).await?;
         let mut found = compare::compare(&charges, &ledger);
         found.extend(still.iter().map(compare::unfinished));
-        let in_window = ledger.iter().filter(|e| e.in_window).count();
-        let kept = runs::Unfinished { still: &still, settled: &reread.settled };
-        runs::complete(conn, run_id, charges.len(), in_window, &found, &kept).await?;
-        let by_class =
-            Class::ALL.iter().map(|class| (*class, found.iter().filter(|d| d.class == *class).count())).collect();
-        Ok(Summary { run_id, provider_charges: charges.len(), ledger_entries: in_window, by_class })
+        Ok(Compared {
+            compared: charges.len(),
+            in_window: ledger.iter().filter(|e| e.in_window).count(),
+            found,
+            still,
+            settled: reread.settled,
+        })
+    }
+
+    /// Pages through the provider's refunds created in the window, reads again the refunds earlier
+    /// runs left unfinished, reads the refunds and refund ledger entries that may match them all, and
+    /// compares the two sides.
+    async fn compare_refunds(
+        &self,
+        conn: &mut PgConnection,
+        run_id: Uuid,
+        window: &Window,
+        accounts: &[Option<ProviderAccount>],
+    ) -> anyhow::Result<Compared<Refund>> {
+        let listed = self.provider_refunds(conn, run_id, window, accounts).await?;
+        let open = unfinished_refunds::open(conn).await?;
+        let open_ids: Vec<String> = open.iter().map(|o| o.last_seen.id.clone()).collect();
+        let reread = self.read_unfinished_refunds_again(conn, run_id, open).await?;
+        // A refund seen both unfinished and final (an overlapping window, a read that failed) is final.
+        let mut by_id: HashMap<String, Refund> = HashMap::new();
+        for refund in listed.into_iter().chain(reread) {
+            match by_id.get(&refund.id) {
+                Some(seen) if seen.status != RefundState::Pending => {}
+                _ => {
+                    by_id.insert(refund.id.clone(), refund);
+                }
+            }
+        }
+        let mut refunds: Vec<Refund> = by_id.into_values().collect();
+        refunds.sort_by(|a, b| (a.created, &a.id).cmp(&(b.created, &b.id)));
+        let (still, finished): (Vec<&Refund>, Vec<&Refund>) =
+            refunds.iter().partition(|r| r.status == RefundState::Pending);
+        let final_ids: HashSet<&str> = finished.iter().map(|r| r.id.as_str()).collect();
+        let settled: Vec<String> = open_ids.into_iter().filter(|id| final_ids.contains(id.as_str())).collect();
+        let ours = ledger::refunds(conn, window, &refunds).await?;
+        runs::heartbeat(conn, run_id).await?;
+        let mut found = refunds::compare(&refunds, &ours);
+        found.extend(still.iter().map(|r| refunds::unfinished(r)));
+        Ok(Compared {
+            compared: finished.len(),
+            in_window: ours.iter().filter(|o| o.entry.as_ref().is_some_and(|e| e.in_window)).count(),
+            found,
+            still: still.into_iter().cloned().collect(),
+            settled,
+        })
     }
 
     /// Every charge the provider created in the window, in every account a charge of oncepay's may
     /// be in, page by page, proving the run alive after each page. No transaction is open during a
     /// provider call.
-    async fn provider_charges(&self, conn: &mut PgConnection, run_id: Uuid, window: &Window) -> anyhow::Result<Listed> {
+    async fn provider_charges(
+        &self,
+        conn: &mut PgConnection,
+        run_id: Uuid,
+        window: &Window,
+        accounts: &[Option<ProviderAccount>],
+    ) -> anyhow::Result<Listed> {
         let mut charges: Vec<Charge> = Vec::new();
         let mut unfinished: Vec<UnfinishedCharge> = Vec::new();
-        for account in self.accounts(conn, window).await? {
+        for account in accounts {
             let mut query = ListCharges {
-                account,
+                account: account.clone(),
                 created_gte: window.start.unix_timestamp(),
                 created_lt: window.end.unix_timestamp(),
                 starting_after: None,
@@ -286,10 +380,77 @@ impl<P: PaymentProvider + 'static> Reconciliation<P> {
         Ok(reread)
     }
 
+    /// Every refund the provider created in the window, in every state, in every account a refund
+    /// of oncepay's may be in, page by page, proving the run alive after each page. No transaction is
+    /// open during a provider call.
+    async fn provider_refunds(
+        &self,
+        conn: &mut PgConnection,
+        run_id: Uuid,
+        window: &Window,
+        accounts: &[Option<ProviderAccount>],
+    ) -> anyhow::Result<Vec<Refund>> {
+        let mut refunds: Vec<Refund> = Vec::new();
+        for account in accounts {
+            let mut query = ListRefunds {
+                account: account.clone(),
+                created_gte: window.start.unix_timestamp(),
+                created_lt: window.end.unix_timestamp(),
+                starting_after: None,
+                limit: self.config.page_size,
+            };
+            loop {
+                let page = self.provider.list_refunds(&query).await.with_context(|| match &query.account {
+                    Some(account) => format!("cannot list the provider's refunds in account {account}"),
+                    None => "cannot list the provider's refunds".to_owned(),
+                })?;
+                runs::heartbeat(conn, run_id).await?;
+                let Some(last) = page.data.last() else { break };
+                query.starting_after = Some(last.id.clone());
+                let more = page.has_more;
+                refunds.extend(page.data);
+                if !more {
+                    break;
+                }
+            }
+        }
+        Ok(refunds)
+    }
+
+    /// Reads again, by id, every refund in `open` (those earlier runs left unfinished), proving the
+    /// run alive after each: each as it stands now, or as it was last seen when it cannot be read
+    /// now (it then stays open).
+    async fn read_unfinished_refunds_again(
+        &self,
+        conn: &mut PgConnection,
+        run_id: Uuid,
+        open: Vec<unfinished_refunds::OpenRefund>,
+    ) -> anyhow::Result<Vec<Refund>> {
+        let mut reread = Vec::with_capacity(open.len());
+        for open in open {
+            let id = open.last_seen.id.clone();
+            match self.provider.retrieve_refund(&id, open.account.as_ref()).await {
+                Ok(Some(refund)) => reread.push(refund),
+                // Reported again as it was last seen, and read again next time.
+                Ok(None) => {
+                    tracing::warn!(refund.id = %id, "the provider no longer finds a refund it had not finished");
+                    reread.push(open.last_seen);
+                }
+                Err(error) => {
+                    tracing::warn!(refund.id = %id, error = %error, "cannot read an unfinished refund again; it stays open");
+                    reread.push(open.last_seen);
+                }
+            }
+            runs::heartbeat(conn, run_id).await?;
+        }
+        Ok(reread)
+    }
+
     /// The provider accounts to list for `window`: oncepay's own, unless payments are charged in
     /// connected accounts; then every account connected to a tenant now, and every account (oncepay's
-    /// own among them) that a ledger entry of the window was booked in, so an account an operator
-    /// has since replaced is still read for the days it was charged in.
+    /// own among them) that a ledger or refund ledger entry of the window was booked in, so an
+    /// account an operator has since replaced is still read for the days it was charged or refunded
+    /// in.
     async fn accounts(&self, conn: &mut PgConnection, window: &Window) -> anyhow::Result<Vec<Option<ProviderAccount>>> {
         if !self.config.connected_accounts {
             return Ok(vec![None]);
@@ -300,6 +461,9 @@ impl<P: PaymentProvider + 'static> Reconciliation<P> {
             UNION
             SELECT p.provider_account FROM ledger_entries l JOIN payments p USING (tenant_id, payment_id)
             WHERE l.charged_at >= $1 AND l.charged_at < $2
+            UNION
+            SELECT p.provider_account FROM refund_ledger_entries l JOIN payments p USING (tenant_id, payment_id)
+            WHERE l.refunded_at >= $1 AND l.refunded_at < $2
             "#,
             window.start,
             window.end,
@@ -319,6 +483,20 @@ struct Listed {
     unfinished: Vec<UnfinishedCharge>,
 }
 
+/// What comparing one side of a window (charges or refunds) found, to record with the run.
+struct Compared<T> {
+    /// The provider's finished objects compared.
+    compared: usize,
+    /// The ledger entries of the window compared.
+    in_window: usize,
+    /// The discrepancies.
+    found: Vec<Discrepancy>,
+    /// What the provider has not finished yet: kept open.
+    still: Vec<T>,
+    /// The ids of those open from an earlier run and now final: closed.
+    settled: Vec<String>,
+}
+
 /// What reading earlier runs' unfinished charges again found.
 #[derive(Default)]
 struct Reread {
@@ -328,84 +506,6 @@ struct Reread {
     settled: Vec<String>,
     /// Those still unfinished.
     still: Vec<UnfinishedCharge>,
-}
-
-/// The ledger entries booked in the window, plus those of every payment the charges name (so a
-/// charge is matched to its entry even if the two sides put it on different sides of a boundary).
-async fn ledger_entries(
-    conn: &mut PgConnection,
-    window: &Window,
-    charges: &[Charge],
-) -> anyhow::Result<Vec<LedgerEntry>> {
-    let mut with_tenant: BTreeSet<(TenantId, PaymentId)> = BTreeSet::new();
-    let mut without_tenant: BTreeSet<PaymentId> = BTreeSet::new();
-    for charge in charges {
-        match compare::payment_of(charge) {
-            Some((Some(tenant), payment)) => {
-                with_tenant.insert((tenant, payment));
-            }
-            Some((None, payment)) => {
-                without_tenant.insert(payment);
-            }
-            None => {}
-        }
-    }
-    let (tenants, payments): (Vec<_>, Vec<_>) = with_tenant.iter().map(|(t, p)| (t.as_uuid(), p.as_uuid())).unzip();
-    let rows = sqlx::query!(
-        r#"
-        SELECT tenant_id AS "tenant_id!: TenantId", payment_id AS "payment_id!: PaymentId",
-               provider_charge_id AS "provider_charge_id!", amount AS "amount!: Amount",
-               currency AS "currency!: Currency", charged_at AS "charged_at!"
-        FROM ledger_entries WHERE charged_at >= $1 AND charged_at < $2
-        UNION
-        SELECT tenant_id, payment_id, provider_charge_id, amount, currency, charged_at
-        FROM ledger_entries WHERE (tenant_id, payment_id) IN (SELECT * FROM unnest($3::uuid[], $4::uuid[]))
-        "#,
-        window.start,
-        window.end,
-        &tenants,
-        &payments,
-    )
-    .fetch_all(&mut *conn)
-    .await
-    .context("cannot read the ledger")?;
-    let mut entries: HashMap<PaymentId, LedgerEntry> = HashMap::new();
-    let mut add = |tenant_id, payment_id, provider_charge_id, amount, currency, charged_at: OffsetDateTime| {
-        entries.insert(
-            payment_id,
-            LedgerEntry {
-                tenant_id,
-                payment_id,
-                provider_charge_id,
-                amount,
-                currency,
-                charged_at,
-                in_window: window.start <= charged_at && charged_at < window.end,
-            },
-        );
-    };
-    for r in rows {
-        add(r.tenant_id, r.payment_id, r.provider_charge_id, r.amount, r.currency, r.charged_at);
-    }
-    if !without_tenant.is_empty() {
-        // Charges whose metadata a provider dropped name only the payment: rare, and read by id alone.
-        let ids: Vec<_> = without_tenant.iter().map(PaymentId::as_uuid).collect();
-        let rows = sqlx::query!(
-            r#"
-            SELECT tenant_id AS "tenant_id: TenantId", payment_id AS "payment_id: PaymentId",
-                   provider_charge_id, amount AS "amount: Amount", currency AS "currency: Currency", charged_at
-            FROM ledger_entries WHERE payment_id = ANY($1)
-            "#,
-            &ids,
-        )
-        .fetch_all(&mut *conn)
-        .await
-        .context("cannot read the ledger")?;
-        for r in rows {
-            add(r.tenant_id, r.payment_id, r.provider_charge_id, r.amount, r.currency, r.charged_at);
-        }
-    }
-    Ok(entries.into_values().collect())
 }
 
 #[cfg(test)]

@@ -8,8 +8,8 @@ use std::fmt;
 use std::time::Duration;
 
 use anyhow::Context;
-use oncepay_domain::ids::{PaymentId, TenantId};
-use oncepay_provider::UnfinishedCharge;
+use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
+use oncepay_provider::{Refund, UnfinishedCharge};
 use serde::Serialize;
 use sqlx::{Acquire, PgConnection};
 use time::OffsetDateTime;
@@ -168,23 +168,38 @@ pub async fn heartbeat(conn: &mut PgConnection, run_id: Uuid) -> anyhow::Result<
     Ok(())
 }
 
-/// What a run saw of the charges the provider had not finished.
+/// What a run saw of the charges (`T` = [`UnfinishedCharge`]) or refunds (`T` = [`Refund`]) the
+/// provider had not finished.
 #[derive(Debug, Clone, Copy)]
-pub struct Unfinished<'a> {
+pub struct Unfinished<'a, T> {
     /// Still unfinished: kept open.
-    pub still: &'a [UnfinishedCharge],
+    pub still: &'a [T],
     /// Open from an earlier run and now final: closed.
     pub settled: &'a [String],
 }
 
-/// Records the discrepancies and the unfinished charges and completes the run, in one transaction.
+/// What a run compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    /// Provider charges.
+    pub provider_charges: usize,
+    /// Ledger entries of the window.
+    pub ledger_entries: usize,
+    /// Provider refunds.
+    pub provider_refunds: usize,
+    /// Refund ledger entries of the window.
+    pub refund_ledger_entries: usize,
+}
+
+/// Records the discrepancies and the unfinished charges and refunds and completes the run, in one
+/// transaction.
 pub async fn complete(
     conn: &mut PgConnection,
     run_id: Uuid,
-    provider_charges: usize,
-    ledger_entries: usize,
+    counts: &Counts,
     found: &[Discrepancy],
-    unfinished: &Unfinished<'_>,
+    charges: &Unfinished<'_, UnfinishedCharge>,
+    refunds: &Unfinished<'_, Refund>,
 ) -> anyhow::Result<()> {
     let mut tx = conn.begin().await.context("cannot start a transaction")?;
     let count = |n: usize| i32::try_from(n).context("too many to count");
@@ -192,12 +207,15 @@ pub async fn complete(
         r#"
         UPDATE recon_runs
         SET status = 'completed', finished_at = now(), heartbeat_at = now(),
-            provider_charges = $2, ledger_entries = $3, discrepancies = $4
+            provider_charges = $2, ledger_entries = $3, provider_refunds = $4, refund_ledger_entries = $5,
+            discrepancies = $6
         WHERE run_id = $1 AND status = 'running'
         "#,
         run_id,
-        count(provider_charges)?,
-        count(ledger_entries)?,
+        count(counts.provider_charges)?,
+        count(counts.ledger_entries)?,
+        count(counts.provider_refunds)?,
+        count(counts.refund_ledger_entries)?,
         count(found.len())?,
     )
     .execute(&mut *tx)
@@ -210,14 +228,17 @@ pub async fn complete(
         sqlx::query!(
             r#"
             INSERT INTO recon_discrepancies
-                (run_id, class, tenant_id, payment_id, provider_charge_id, ours, theirs, detail)
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                (run_id, class, tenant_id, payment_id, provider_charge_id, refund_id, provider_refund_id, ours,
+                 theirs, detail)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
             "#,
             run_id,
             d.class.as_str(),
             d.tenant_id.map(|t| t.as_uuid()),
             d.payment_id.map(|p| p.as_uuid()),
             d.provider_charge_id,
+            d.refund_id.map(|r| r.as_uuid()),
+            d.provider_refund_id,
             d.ours,
             d.theirs,
             d.detail,
@@ -226,7 +247,8 @@ pub async fn complete(
         .await
         .context("cannot record a discrepancy")?;
     }
-    super::unfinished::record(&mut tx, run_id, unfinished.still, unfinished.settled).await?;
+    super::unfinished::record(&mut tx, run_id, charges.still, charges.settled).await?;
+    super::unfinished_refunds::record(&mut tx, run_id, refunds.still, refunds.settled).await?;
     tx.commit().await.context("cannot commit the run's discrepancies")?;
     Ok(())
 }
@@ -275,6 +297,12 @@ pub struct Run {
     pub provider_charges: Option<i32>,
     /// Ledger entries compared.
     pub ledger_entries: Option<i32>,
+    /// Provider refunds compared (none for a run of a version that compared only charges).
+    #[serde(default)]
+    pub provider_refunds: Option<i32>,
+    /// Refund ledger entries compared (as `provider_refunds`).
+    #[serde(default)]
+    pub refund_ledger_entries: Option<i32>,
     /// Discrepancies.
     pub discrepancies: Option<i32>,
     /// Why it failed.
@@ -287,7 +315,8 @@ pub async fn list(conn: &mut PgConnection, limit: u32) -> anyhow::Result<Vec<Run
         Run,
         r#"
         SELECT run_id, window_start, window_end, trigger AS "trigger: Trigger", status AS "status: RunStatus",
-               started_at, heartbeat_at, finished_at, provider_charges, ledger_entries, discrepancies, error
+               started_at, heartbeat_at, finished_at, provider_charges, ledger_entries, provider_refunds,
+               refund_ledger_entries, discrepancies, error
         FROM recon_runs ORDER BY started_at DESC, run_id DESC LIMIT $1
         "#,
         i64::from(limit),
@@ -303,7 +332,8 @@ pub async fn find(conn: &mut PgConnection, run_id: Uuid) -> anyhow::Result<Optio
         Run,
         r#"
         SELECT run_id, window_start, window_end, trigger AS "trigger: Trigger", status AS "status: RunStatus",
-               started_at, heartbeat_at, finished_at, provider_charges, ledger_entries, discrepancies, error
+               started_at, heartbeat_at, finished_at, provider_charges, ledger_entries, provider_refunds,
+               refund_ledger_entries, discrepancies, error
         FROM recon_runs WHERE run_id = $1
         "#,
         run_id,
@@ -318,7 +348,7 @@ pub async fn discrepancies(conn: &mut PgConnection, run_id: Uuid) -> anyhow::Res
     let rows = sqlx::query!(
         r#"
         SELECT discrepancy_id, class, tenant_id AS "tenant_id: TenantId", payment_id AS "payment_id: PaymentId",
-               provider_charge_id, ours, theirs, detail
+               provider_charge_id, refund_id AS "refund_id: RefundId", provider_refund_id, ours, theirs, detail
         FROM recon_discrepancies WHERE run_id = $1
         ORDER BY class, discrepancy_id
         "#,
@@ -334,6 +364,8 @@ pub async fn discrepancies(conn: &mut PgConnection, run_id: Uuid) -> anyhow::Res
                 tenant_id: r.tenant_id,
                 payment_id: r.payment_id,
                 provider_charge_id: r.provider_charge_id,
+                refund_id: r.refund_id,
+                provider_refund_id: r.provider_refund_id,
                 ours: r.ours,
                 theirs: r.theirs,
                 detail: r.detail,

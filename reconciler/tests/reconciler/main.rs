@@ -16,6 +16,7 @@ mod operators;
 mod poller;
 mod reaper;
 mod recon;
+mod recon_refunds;
 mod refund_poller;
 mod refund_proposals;
 mod refund_reaper;

@@ -1,6 +1,7 @@
 //! Ledger reconciliation against a seeded ledger in a real PostgreSQL and a wiremock provider whose
-//! paginated listing has one planted discrepancy of every class: each is found, nothing else is, and
-//! one window is reconciled by one run however many reconcilers ask.
+//! paginated listing has one planted discrepancy of every charge class: each is found, nothing else
+//! is, and one window is reconciled by one run however many reconcilers ask. The refunds' classes are
+//! in `recon_refunds.rs`; here the provider lists no refund.
 
 use std::time::Duration;
 
@@ -127,6 +128,18 @@ async fn serve_listing(provider: &MockServer, mut charges: Vec<Charge>) {
     }
 }
 
+/// The provider's listing of the window's refunds: none.
+async fn serve_no_refunds(provider: &MockServer) {
+    Mock::given(method("GET"))
+        .and(path("/v1/refunds"))
+        .and(query_param("created_gte", window().start.unix_timestamp().to_string()))
+        .and(query_param("created_lt", window().end.unix_timestamp().to_string()))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"data": [], "has_more": false})))
+        .expect(1)
+        .mount(provider)
+        .await;
+}
+
 /// The run's discrepancies as (class, charge id), sorted.
 async fn found(pool: &PgPool, run_id: uuid::Uuid) -> Vec<(String, String)> {
     let mut found: Vec<(String, String)> = sqlx::query!(
@@ -168,6 +181,7 @@ async fn seed(pool: &PgPool, provider: &MockServer) {
         ],
     )
     .await;
+    serve_no_refunds(provider).await;
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
@@ -179,8 +193,11 @@ async fn every_planted_discrepancy_is_found_once_and_nothing_else(pool: PgPool) 
 
     let Reconciled::Completed(summary) = reconciled else { panic!("{reconciled:?}") };
     assert_eq!((summary.provider_charges, summary.ledger_entries), (7, 4));
-    // The simulator's protocol has no unfinished charges: one of every other class.
-    assert_eq!(summary.by_class, Class::ALL.map(|class| (class, usize::from(class != Class::Unfinished))));
+    assert_eq!((summary.provider_refunds, summary.refund_ledger_entries), (0, 0));
+    // The simulator's protocol has no unfinished charges: one of every other charge class.
+    let one_of =
+        [Class::MissingInLedger, Class::MissingAtProvider, Class::AmountOrCurrencyMismatch, Class::DuplicateCharge];
+    assert_eq!(summary.by_class, Class::ALL.map(|class| (class, usize::from(one_of.contains(&class)))));
     assert_eq!(
         found(&pool, summary.run_id).await,
         [
@@ -302,6 +319,18 @@ async fn a_run_the_provider_fails_is_marked_failed_and_the_window_can_be_run_aga
     assert_eq!(statuses, ["failed", "completed"]);
 }
 
+/// Stripe's list of refunds, empty for every window, asked for `times` times.
+async fn stripe_lists_no_refunds(stripe: &MockServer, times: u64) {
+    let body = json!({"object": "list", "url": "/v1/refunds", "data": [], "has_more": false});
+    Mock::given(method("GET"))
+        .and(path("/v1/refunds"))
+        .and(query_param_is_missing("payment_intent"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(body))
+        .expect(times)
+        .mount(stripe)
+        .await;
+}
+
 /// A PaymentIntent as Stripe's list returns it, made for `payment_id`.
 fn intent(
     tenant_id: TenantId,
@@ -343,6 +372,7 @@ async fn the_nightly_run_reads_stripes_list_newest_first_page_by_page(pool: PgPo
         let body = json!({"object": "list", "url": "/v1/payment_intents", "data": page, "has_more": i == 0});
         mock.respond_with(ResponseTemplate::new(200).set_body_json(body)).expect(1).mount(&stripe).await;
     }
+    stripe_lists_no_refunds(&stripe, 1).await;
     let reconciliation = stripe_reconciliation(&pool, &stripe, "direct", 2);
 
     let reconciled = reconciliation.run_window(window(), Trigger::Operator).await.unwrap();
@@ -402,6 +432,14 @@ async fn in_connect_mode_the_nightly_run_reads_every_account_charged_in_the_wind
             .expect(1)
             .mount(&stripe)
             .await;
+        let body = json!({"object": "list", "url": "/v1/refunds", "data": [], "has_more": false});
+        Mock::given(method("GET"))
+            .and(path("/v1/refunds"))
+            .and(wiremock::matchers::header("Stripe-Account", account))
+            .respond_with(ResponseTemplate::new(200).set_body_json(body))
+            .expect(1)
+            .mount(&stripe)
+            .await;
     }
     let reconciliation = stripe_reconciliation(&pool, &stripe, "connect", 10);
 
@@ -411,7 +449,11 @@ async fn in_connect_mode_the_nightly_run_reads_every_account_charged_in_the_wind
     assert_eq!((summary.provider_charges, summary.ledger_entries), (3, 3));
     assert_eq!(found(&pool, summary.run_id).await, [], "each account's charges match its ledger entries");
     let requests = stripe.received_requests().await.unwrap();
-    assert_eq!(requests.len(), 3, "one list per account, and none of the platform's own account");
+    assert_eq!(
+        requests.len(),
+        6,
+        "one list of intents and one of refunds per account, and none of the platform's own account"
+    );
 }
 
 /// Stripe's list of the intents created on `day`, one page, newest first.
@@ -440,6 +482,7 @@ async fn an_intent_unfinished_when_its_day_is_reconciled_is_read_again_until_it_
     stripe_lists(&stripe, first, vec![unfinished, intent(t, ok, "pi_ok", 100, at(10))]).await;
     stripe_lists(&stripe, second, vec![]).await;
     stripe_lists(&stripe, third, vec![]).await;
+    stripe_lists_no_refunds(&stripe, 3).await;
     Mock::given(method("GET"))
         .and(path("/v1/payment_intents/pi_late"))
         .respond_with(ResponseTemplate::new(200).set_body_json(intent(t, late, "pi_late", 100, at(20))))

@@ -15,8 +15,8 @@ use oncepay_domain::provider_ref::ProviderAccount;
 use crate::http::HttpProvider;
 use crate::stripe::{self, StripeMode, StripeProvider, StripeSettings};
 use crate::{
-    Charge, ChargePage, ChargeRequest, KeyWindow, ListCharges, LookupError, PaymentProvider, Refund, RefundLookup,
-    RefundOutcome, RefundRequest, Retrieved, SendOutcome,
+    Charge, ChargePage, ChargeRequest, KeyWindow, ListCharges, ListRefunds, LookupError, PaymentProvider, Refund,
+    RefundLookup, RefundOutcome, RefundPage, RefundRequest, Retrieved, SendOutcome,
 };
 
 /// Which provider charges the payments.
@@ -203,6 +203,24 @@ impl PaymentProvider for ConfiguredProvider {
         match self {
             Self::Simulator(provider) => provider.find_refunds(lookup).await,
             Self::Stripe(provider) => provider.find_refunds(lookup).await,
+        }
+    }
+
+    async fn list_refunds(&self, query: &ListRefunds) -> Result<RefundPage, LookupError> {
+        match self {
+            Self::Simulator(provider) => provider.list_refunds(query).await,
+            Self::Stripe(provider) => provider.list_refunds(query).await,
+        }
+    }
+
+    async fn retrieve_refund(
+        &self,
+        id: &str,
+        account: Option<&ProviderAccount>,
+    ) -> Result<Option<Refund>, LookupError> {
+        match self {
+            Self::Simulator(provider) => provider.retrieve_refund(id, account).await,
+            Self::Stripe(provider) => provider.retrieve_refund(id, account).await,
         }
     }
 }

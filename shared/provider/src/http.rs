@@ -18,9 +18,9 @@ use oncepay_service::telemetry;
 
 use crate::configured::ProviderSettings;
 use crate::outcome::Unsettled;
-use crate::wire::{Charge, ChargePage, CreateCharge, CreateRefund, Refund};
+use crate::wire::{Charge, ChargePage, CreateCharge, CreateRefund, Refund, RefundPage};
 use crate::{
-    ChargeRequest, ListCharges, LookupError, NotSentReason, PaymentProvider, RefundLookup, RefundOutcome,
+    ChargeRequest, ListCharges, ListRefunds, LookupError, NotSentReason, PaymentProvider, RefundLookup, RefundOutcome,
     RefundRequest, Retrieved, SendOutcome, UncertainReason,
 };
 
@@ -68,6 +68,24 @@ impl HttpProvider {
             .headers(trace_headers())
             .query(query);
         read_json(request).await
+    }
+
+    /// The object `id` of the collection at `path` (`/v1/charges/`), or `None` when the provider has
+    /// none under that id (404).
+    async fn get_by_id<T: serde::de::DeserializeOwned>(&self, path: &str, id: &str) -> Result<Option<T>, LookupError> {
+        // Sent as one path segment, whatever it holds.
+        let mut url = reqwest::Url::parse(&self.url(path))
+            .map_err(|e| LookupError::Unreadable(format!("the provider's base URL: {e}")))?;
+        url.path_segments_mut()
+            .map_err(|()| LookupError::Unreadable("the provider's base URL cannot take a path".to_owned()))?
+            .pop_if_empty()
+            .push(id);
+        let request = self.client.get(url).bearer_auth(self.api_key.expose_secret()).headers(trace_headers());
+        match read_json::<T>(request).await {
+            Ok(found) => Ok(Some(found)),
+            Err(LookupError::Status(404)) => Ok(None),
+            Err(error) => Err(error),
+        }
     }
 
     /// Every object a listing at `path` holds for one idempotency key (with `filters` besides).
@@ -212,19 +230,7 @@ impl PaymentProvider for HttpProvider {
         if let Some(account) = account {
             return Err(LookupError::Inconclusive(no_accounts(account)));
         }
-        // Sent as one path segment, whatever it holds.
-        let mut url = reqwest::Url::parse(&self.url("/v1/charges/"))
-            .map_err(|e| LookupError::Unreadable(format!("the provider's base URL: {e}")))?;
-        url.path_segments_mut()
-            .map_err(|()| LookupError::Unreadable("the provider's base URL cannot take a path".to_owned()))?
-            .pop_if_empty()
-            .push(id);
-        let request = self.client.get(url).bearer_auth(self.api_key.expose_secret()).headers(trace_headers());
-        match read_json::<Charge>(request).await {
-            Ok(charge) => Ok(Retrieved::Final(charge)),
-            Err(LookupError::Status(404)) => Ok(Retrieved::Missing),
-            Err(error) => Err(error),
-        }
+        Ok(self.get_by_id::<Charge>("/v1/charges/", id).await?.map_or(Retrieved::Missing, Retrieved::Final))
     }
 
     #[instrument(name = "provider.list_charges", skip_all)]
@@ -232,14 +238,7 @@ impl PaymentProvider for HttpProvider {
         if let Some(account) = &query.account {
             return Err(LookupError::Inconclusive(no_accounts(account)));
         }
-        let mut params = vec![
-            ("created_gte", query.created_gte.to_string()),
-            ("created_lt", query.created_lt.to_string()),
-            ("limit", query.limit.to_string()),
-        ];
-        if let Some(after) = &query.starting_after {
-            params.push(("starting_after", after.clone()));
-        }
+        let params = window(query.created_gte, query.created_lt, query.starting_after.as_deref(), query.limit);
         self.get_json("/v1/charges", &params).await
     }
 
@@ -268,6 +267,41 @@ impl PaymentProvider for HttpProvider {
         }
         self.find_with_key::<Refund>("/v1/refunds", &lookup.key, &[("charge", lookup.charge_id.clone())]).await
     }
+
+    #[instrument(name = "provider.list_refunds", skip_all)]
+    async fn list_refunds(&self, query: &ListRefunds) -> Result<RefundPage, LookupError> {
+        if let Some(account) = &query.account {
+            return Err(LookupError::Inconclusive(no_accounts(account)));
+        }
+        let params = window(query.created_gte, query.created_lt, query.starting_after.as_deref(), query.limit);
+        self.get_json("/v1/refunds", &params).await
+    }
+
+    #[instrument(name = "provider.retrieve_refund", skip_all)]
+    async fn retrieve_refund(
+        &self,
+        id: &str,
+        account: Option<&ProviderAccount>,
+    ) -> Result<Option<Refund>, LookupError> {
+        if let Some(account) = account {
+            return Err(LookupError::Inconclusive(no_accounts(account)));
+        }
+        self.get_by_id("/v1/refunds/", id).await
+    }
+}
+
+/// The query of a listing by creation time: `created_gte <= created < created_lt`, `limit` a page,
+/// after `starting_after`.
+fn window(created_gte: i64, created_lt: i64, starting_after: Option<&str>, limit: u32) -> Vec<(&'static str, String)> {
+    let mut params = vec![
+        ("created_gte", created_gte.to_string()),
+        ("created_lt", created_lt.to_string()),
+        ("limit", limit.to_string()),
+    ];
+    if let Some(after) = starting_after {
+        params.push(("starting_after", after.to_owned()));
+    }
+    params
 }
 
 #[cfg(test)]
@@ -644,13 +678,77 @@ mod tests {
         let provider = HttpProvider::new(&settings(server.uri())).unwrap();
         let account = ProviderAccount::parse("acct_1").unwrap();
         let request = RefundRequest { account: Some(account.clone()), ..refund_request() };
+        let list = ListRefunds {
+            account: Some(account.clone()),
+            created_gte: 10,
+            created_lt: 20,
+            starting_after: None,
+            limit: 2,
+        };
 
         let outcome = provider.create_refund(&request).await;
-        let found = provider.find_refunds(&RefundLookup { account: Some(account), ..lookup(&request) }).await;
+        let found = provider.find_refunds(&RefundLookup { account: Some(account.clone()), ..lookup(&request) }).await;
+        let page = provider.list_refunds(&list).await;
+        let read = provider.retrieve_refund("re_1", Some(&account)).await;
 
         assert_eq!(outcome, RefundOutcome::NotSent { reason: NotSentReason::LocalError, retry_after: None });
         assert!(matches!(found, Err(LookupError::Inconclusive(_))), "{found:?}");
+        assert!(matches!(page, Err(LookupError::Inconclusive(_))), "{page:?}");
+        assert!(matches!(read, Err(LookupError::Inconclusive(_))), "{read:?}");
         assert!(server.received_requests().await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn refunds_are_listed_by_window_and_read_again_by_id() {
+        let server = MockServer::start().await;
+        let key = RefundId::generate().downstream_key();
+        Mock::given(method("GET"))
+            .and(path("/v1/refunds"))
+            .and(query_param("created_gte", "10"))
+            .and(query_param("created_lt", "20"))
+            .and(query_param("starting_after", "re_0"))
+            .and(query_param("limit", "2"))
+            .respond_with(
+                ResponseTemplate::new(200)
+                    .set_body_json(json!({"data": [refund_json(key.as_str(), "pending")], "has_more": true})),
+            )
+            .expect(1)
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path("/v1/refunds/re_1"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(refund_json(key.as_str(), "succeeded")))
+            .expect(1)
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path("/v1/refunds/re_gone"))
+            .respond_with(
+                ResponseTemplate::new(404)
+                    .set_body_json(json!({"error": {"code": "resource_missing", "message": "No such refund."}})),
+            )
+            .mount(&server)
+            .await;
+        let provider = HttpProvider::new(&settings(server.uri())).unwrap();
+        let query = ListRefunds {
+            account: None,
+            created_gte: 10,
+            created_lt: 20,
+            starting_after: Some("re_0".into()),
+            limit: 2,
+        };
+
+        let page = provider.list_refunds(&query).await.unwrap();
+        let read = provider.retrieve_refund("re_1", None).await.unwrap();
+        let gone = provider.retrieve_refund("re_gone", None).await.unwrap();
+
+        assert!(page.has_more);
+        assert_eq!(
+            page.data.iter().map(|r| (r.id.as_str(), r.status)).collect::<Vec<_>>(),
+            [("re_1", crate::RefundState::Pending)]
+        );
+        assert_eq!(read.map(|r| (r.id, r.status)), Some(("re_1".to_owned(), crate::RefundState::Succeeded)));
+        assert_eq!(gone, None);
     }
 
     #[tokio::test]

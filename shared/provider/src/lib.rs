@@ -28,7 +28,7 @@ use oncepay_domain::provider_ref::{ProviderAccount, ProviderCustomer};
 pub use configured::{ConfiguredProvider, ProviderKind, ProviderSettings};
 pub use outcome::{LookupError, NotSentReason, SendOutcome, UncertainReason};
 pub use refund::{RefundLookup, RefundOutcome, RefundRequest};
-pub use wire::{Charge, ChargePage, ChargeStatus, Refund, RefundState, Retrieved, UnfinishedCharge};
+pub use wire::{Charge, ChargePage, ChargeStatus, Refund, RefundPage, RefundState, Retrieved, UnfinishedCharge};
 
 /// How long the provider deduplicates resends of one downstream idempotency key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,6 +137,22 @@ pub struct ListCharges {
     pub limit: u32,
 }
 
+/// Filters for listing refunds by creation time (Unix seconds, `created_gte <= created < created_lt`),
+/// in one provider account, as [`ListCharges`] lists charges.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListRefunds {
+    /// Whose refunds: a Stripe connected account, or `None` for oncepay's own account.
+    pub account: Option<ProviderAccount>,
+    /// Inclusive lower bound.
+    pub created_gte: i64,
+    /// Exclusive upper bound.
+    pub created_lt: i64,
+    /// Continue after this refund id (the last one of the previous page).
+    pub starting_after: Option<String>,
+    /// Page size.
+    pub limit: u32,
+}
+
 /// A payment provider, as the worker and the reconciler need it.
 pub trait PaymentProvider: Send + Sync {
     /// Asks for a charge. Never fails: every way it can go wrong is an outcome.
@@ -166,6 +182,19 @@ pub trait PaymentProvider: Send + Sync {
     /// Every refund of `lookup.charge_id` made under `lookup.key` (normally none or one), from a
     /// consistent source: an empty answer proves that no refund was made under that key.
     fn find_refunds(&self, lookup: &RefundLookup) -> impl Future<Output = Result<Vec<Refund>, LookupError>> + Send;
+
+    /// One page of refunds created in a time window, in every state (one not finished among them),
+    /// whoever asked for them. Each refund names the charge it refunds, as oncepay books a
+    /// payment's charge.
+    fn list_refunds(&self, query: &ListRefunds) -> impl Future<Output = Result<RefundPage, LookupError>> + Send;
+
+    /// The refund `id` in `account` (`None`: oncepay's own account), as it stands now; `None` when
+    /// the provider holds no refund under that id.
+    fn retrieve_refund(
+        &self,
+        id: &str,
+        account: Option<&ProviderAccount>,
+    ) -> impl Future<Output = Result<Option<Refund>, LookupError>> + Send;
 }
 
 #[cfg(test)]

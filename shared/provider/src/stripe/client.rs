@@ -8,7 +8,8 @@
 //!
 //! Each refund is one Stripe Refund of the payment's PaymentIntent (the `pi_…` oncepay books as the
 //! payment's charge id), created under the refund's downstream key, and found again by the refund id
-//! in its metadata, in the consistent list of the intent's refunds (never by search).
+//! in its metadata, in the consistent list of the intent's refunds (never by search). The nightly
+//! reconciliation lists an account's refunds by creation time, and reads one again by its id.
 //!
 //! Every call made for a payment charged to a connected account carries that account as
 //! `Stripe-Account` (Stripe Connect), so Stripe itself limits the payment methods, customers and
@@ -29,8 +30,8 @@ use oncepay_domain::provider_ref::ProviderAccount;
 
 use crate::http::{self, read_json, retry_after, trace_headers};
 use crate::{
-    Charge, ChargePage, ChargeRequest, ListCharges, LookupError, NotSentReason, PaymentProvider, Refund, RefundLookup,
-    RefundOutcome, RefundRequest, Retrieved, SendOutcome, UncertainReason, metadata_keys,
+    Charge, ChargePage, ChargeRequest, ListCharges, ListRefunds, LookupError, NotSentReason, PaymentProvider, Refund,
+    RefundLookup, RefundOutcome, RefundPage, RefundRequest, Retrieved, SendOutcome, UncertainReason, metadata_keys,
 };
 
 use super::classify;
@@ -385,8 +386,8 @@ impl StripeProvider {
     /// One page of the refunds of `payment_intent` in `account`, newest first, as Stripe lists
     /// them (`GET /v1/refunds?payment_intent=…`: "List all refunds", filtered by intent, paged with
     /// `limit` and `starting_after`).
-    #[instrument(name = "stripe.list_refunds", skip_all)]
-    pub async fn list_refunds(
+    #[instrument(name = "stripe.list_intent_refunds", skip_all)]
+    pub async fn list_intent_refunds(
         &self,
         payment_intent: &str,
         starting_after: Option<&str>,
@@ -410,7 +411,7 @@ impl StripeProvider {
     ) -> Result<Vec<StripeRefund>, LookupError> {
         let mut starting_after: Option<String> = None;
         loop {
-            let page = self.list_refunds(payment_intent, starting_after.as_deref(), account).await?;
+            let page = self.list_intent_refunds(payment_intent, starting_after.as_deref(), account).await?;
             match scan.page(page) {
                 RefundStep::Next(after) => starting_after = Some(after),
                 RefundStep::Done(found) => return found,
@@ -615,6 +616,49 @@ impl PaymentProvider for StripeProvider {
         })?;
         let account = account.map(ProviderAccount::as_str);
         Ok(found.iter().map(|r| r.to_refund(&lookup.charge_id, account)).collect())
+    }
+
+    /// The refunds created in a window in `query.account`, in every state, newest first as Stripe
+    /// lists them ("List all refunds", `GET /v1/refunds` filtered by `created[gte]` and
+    /// `created[lt]`, paged with `limit` and `starting_after`). Each is booked as a refund of its
+    /// PaymentIntent ([`StripeRefund::refunded`]) and stamped with the account asked in.
+    #[instrument(name = "provider.list_refunds", skip_all)]
+    async fn list_refunds(&self, query: &ListRefunds) -> Result<RefundPage, LookupError> {
+        let account = query.account.as_ref();
+        let mut params = vec![
+            ("created[gte]", query.created_gte.to_string()),
+            ("created[lt]", query.created_lt.to_string()),
+            ("limit", query.limit.clamp(1, 100).to_string()),
+        ];
+        if let Some(after) = &query.starting_after {
+            params.push(("starting_after", after.clone()));
+        }
+        let page: ListPage<StripeRefund> = self.get("/v1/refunds", &params, account).await?;
+        if page.data.is_empty() && page.has_more {
+            // No cursor to go on from, yet more to come: returning it would end the window early.
+            return Err(LookupError::Unreadable("an empty page of refunds said more would follow".to_owned()));
+        }
+        let account = account.map(ProviderAccount::as_str);
+        let data = page.data.iter().map(|r| r.to_refund(r.refunded(), account)).collect();
+        Ok(RefundPage { data, has_more: page.has_more })
+    }
+
+    /// The refund `id` in `account`, as it stands now (`GET /v1/refunds/{id}`, "Retrieve a refund").
+    #[instrument(name = "provider.retrieve_refund", skip_all)]
+    async fn retrieve_refund(
+        &self,
+        id: &str,
+        account: Option<&ProviderAccount>,
+    ) -> Result<Option<Refund>, LookupError> {
+        // An id is Stripe's `re_…` (or `pyr_…`): nothing in it to escape, but never a path of its own.
+        if id.is_empty() || !id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return Err(LookupError::Inconclusive(format!("{id:?} is not a Refund id")));
+        }
+        match self.get::<StripeRefund>(&format!("/v1/refunds/{id}"), &[], account).await {
+            Ok(refund) => Ok(Some(refund.to_refund(refund.refunded(), account.map(ProviderAccount::as_str)))),
+            Err(LookupError::Status(404)) => Ok(None),
+            Err(error) => Err(error),
+        }
     }
 }
 
@@ -1802,6 +1846,111 @@ mod tests {
 
             assert_eq!(label(&found), expected, "{name}");
         }
+    }
+
+    #[tokio::test]
+    async fn the_nightly_refund_list_reads_a_window_of_a_connected_account_page_by_page() {
+        let (server, provider) = stripe().await;
+        let (ours, theirs) = (RefundId::generate().to_string(), RefundId::generate().to_string());
+        let mut by_charge = stripe_refund("re_1", "succeeded", &theirs, "pi_1");
+        by_charge["payment_intent"] = Value::Null;
+        by_charge["metadata"] = json!({});
+        Mock::given(method("GET"))
+            .and(path("/v1/refunds"))
+            .and(header(STRIPE_ACCOUNT, "acct_A"))
+            .and(query_param("created[gte]", "100"))
+            .and(query_param("created[lt]", "200"))
+            .and(query_param("limit", "2"))
+            .and(query_param_is_missing("payment_intent"))
+            .and(query_param_is_missing("starting_after"))
+            .respond_with(refunds_page(vec![stripe_refund("re_2", "pending", &ours, "pi_2"), by_charge], true))
+            .expect(1)
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path("/v1/refunds"))
+            .and(header(STRIPE_ACCOUNT, "acct_A"))
+            .and(query_param("starting_after", "re_1"))
+            .respond_with(refunds_page(vec![stripe_refund("re_0", "failed", &ours, "pi_2")], false))
+            .expect(1)
+            .mount(&server)
+            .await;
+        let account = ProviderAccount::parse("acct_A").unwrap();
+        let mut query =
+            ListRefunds { account: Some(account), created_gte: 100, created_lt: 200, starting_after: None, limit: 2 };
+
+        let first = provider.list_refunds(&query).await.unwrap();
+        query.starting_after = first.data.last().map(|r| r.id.clone());
+        let second = provider.list_refunds(&query).await.unwrap();
+
+        let read = |page: &RefundPage| -> Vec<(String, RefundState, String, Option<String>)> {
+            page.data.iter().map(|r| (r.id.clone(), r.status, r.charge.clone(), r.account.clone())).collect()
+        };
+        let acct = Some("acct_A".to_owned());
+        assert_eq!(
+            read(&first),
+            [
+                ("re_2".to_owned(), RefundState::Pending, "pi_2".to_owned(), acct.clone()),
+                // A refund made on the dashboard by charge: no intent, no metadata of oncepay's.
+                ("re_1".to_owned(), RefundState::Succeeded, "ch_3Mt".to_owned(), acct.clone()),
+            ]
+        );
+        assert!(first.has_more);
+        assert_eq!(first.data[0].refund_ref().map(|(_, r)| r.to_string()), Some(ours));
+        assert_eq!((first.data[0].currency.as_str(), first.data[0].idempotency_key.as_deref()), ("EUR", None));
+        assert_eq!(first.data[1].refund_ref(), None);
+        assert_eq!(read(&second), [("re_0".to_owned(), RefundState::Failed, "pi_2".to_owned(), acct)]);
+        assert!(!second.has_more);
+    }
+
+    #[tokio::test]
+    async fn an_empty_page_of_refunds_that_promises_more_is_unreadable() {
+        let (server, provider) = stripe().await;
+        Mock::given(method("GET"))
+            .and(path("/v1/refunds"))
+            .respond_with(refunds_page(vec![], true))
+            .mount(&server)
+            .await;
+        let query = ListRefunds { account: None, created_gte: 100, created_lt: 200, starting_after: None, limit: 2 };
+
+        let page = provider.list_refunds(&query).await;
+
+        assert!(matches!(page, Err(LookupError::Unreadable(_))), "{page:?}");
+    }
+
+    #[tokio::test]
+    async fn a_refund_is_read_again_by_id_in_its_account_and_a_missing_one_is_none() {
+        let (server, provider) = stripe().await;
+        let refund = RefundId::generate().to_string();
+        Mock::given(method("GET"))
+            .and(path("/v1/refunds/re_1"))
+            .and(header(STRIPE_ACCOUNT, "acct_A"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(stripe_refund("re_1", "succeeded", &refund, "pi_1")))
+            .expect(1)
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path("/v1/refunds/re_gone"))
+            .respond_with(ResponseTemplate::new(404).set_body_json(error(
+                "invalid_request_error",
+                Some("resource_missing"),
+                "No such refund: 're_gone'",
+            )))
+            .expect(1)
+            .mount(&server)
+            .await;
+        let account = ProviderAccount::parse("acct_A").unwrap();
+
+        let read = provider.retrieve_refund("re_1", Some(&account)).await.unwrap().unwrap();
+        let gone = provider.retrieve_refund("re_gone", None).await.unwrap();
+        let calls = server.received_requests().await.unwrap().len();
+        let not_an_id = provider.retrieve_refund("../re_1", None).await;
+
+        assert_eq!((read.id.as_str(), read.status, read.charge.as_str()), ("re_1", RefundState::Succeeded, "pi_1"));
+        assert_eq!(read.account.as_deref(), Some("acct_A"));
+        assert_eq!(gone, None);
+        assert!(matches!(not_an_id, Err(LookupError::Inconclusive(_))), "{not_an_id:?}");
+        assert_eq!(server.received_requests().await.unwrap().len(), calls, "nothing asked for a path that is no id");
     }
 
     #[tokio::test]

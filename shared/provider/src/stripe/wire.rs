@@ -277,6 +277,12 @@ impl StripeRefund {
         self.refund_id() == Some(refund) && self.payment_intent.as_ref().is_none_or(|pi| pi.id() == payment_intent)
     }
 
+    /// What it refunds, as oncepay books a payment's charge: its PaymentIntent, else (a refund of a
+    /// charge made without one, never oncepay's) the bare charge, else nothing.
+    pub fn refunded(&self) -> &str {
+        self.payment_intent.as_ref().or(self.charge.as_ref()).map_or("", Expandable::id)
+    }
+
     /// Where it stands, in oncepay's words: what is not final (`pending`, `requires_action`, a
     /// status this code does not know, or none) is pending.
     pub fn state(&self) -> RefundState {
@@ -709,6 +715,21 @@ mod tests {
         assert_eq!(booked.account.as_deref(), Some("acct_A"));
         assert_eq!(booked.metadata.get("order").map(String::as_str), Some("A-17"));
         assert_eq!(booked.refund_ref().map(|(_, refund)| refund), Some(REFUND.parse().unwrap()));
+    }
+
+    #[test]
+    fn a_refund_refunds_its_payment_intent_else_its_bare_charge() {
+        let refunding = |payment_intent: Value, charge: Value| {
+            let mut body = refund("re_1", "succeeded", REFUND, "pi_1");
+            body["payment_intent"] = payment_intent;
+            body["charge"] = charge;
+            serde_json::from_value::<StripeRefund>(body).unwrap().refunded().to_owned()
+        };
+
+        assert_eq!(refunding(json!("pi_1"), json!("ch_1")), "pi_1");
+        assert_eq!(refunding(json!({"id": "pi_1", "object": "payment_intent"}), json!("ch_1")), "pi_1");
+        assert_eq!(refunding(Value::Null, json!("ch_1")), "ch_1");
+        assert_eq!(refunding(Value::Null, Value::Null), "");
     }
 
     #[test]

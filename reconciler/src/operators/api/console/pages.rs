@@ -1024,9 +1024,12 @@ pub(super) async fn recon_run(
                 status: format!("{} ({})", run.status.as_str(), run.trigger.as_str()),
                 error: run.error,
                 compared: format!(
-                    "{} provider charges against {} ledger entries",
+                    "{} provider charges against {} ledger entries, {} provider refunds against {} refund ledger \
+                     entries",
                     run.provider_charges.unwrap_or_default(),
-                    run.ledger_entries.unwrap_or_default()
+                    run.ledger_entries.unwrap_or_default(),
+                    run.provider_refunds.unwrap_or_default(),
+                    run.refund_ledger_entries.unwrap_or_default()
                 ),
                 classes,
             };
