@@ -125,26 +125,9 @@ impl<P: PaymentProvider> Poller<P> {
                 .await
                 .context("cannot claim due unknown payments")?
         };
-        let mut counts = Counts { claimed: claimed.len() as u64, ..Counts::default() };
-        let mut polls = futures::stream::iter(claimed)
-            .map(|payment| self.poll_one(payment))
-            .buffer_unordered(self.config.concurrency);
-        let (mut failures, mut last_error) = (0, None);
-        while let Some(polled) = polls.next().await {
-            match polled {
-                Ok(done) => done.count(&mut counts),
-                Err(error) => {
-                    failures += 1;
-                    last_error = Some(error);
-                }
-            }
-        }
-        // The payments whose outcome was not recorded keep their lease, and are looked up again once
-        // it expires.
-        match last_error {
-            Some(error) => Err(error.context(format!("{failures} of {} polls could not be recorded", counts.claimed))),
-            None => Ok(counts),
-        }
+        let counts = Counts { claimed: claimed.len() as u64, ..Counts::default() };
+        let polls = claimed.into_iter().map(|payment| self.poll_one(payment));
+        poll_all(polls, self.config.concurrency, counts, Polled::count).await
     }
 
     /// Looks one payment up and records the verdict, in a `poller.poll` span that continues the
@@ -362,6 +345,33 @@ enum Polled {
     Inconclusive,
     DeadLettered,
     LostRace,
+}
+
+/// Runs `polls`, at most `concurrency` at once, and adds what each recorded to `counts`. A poll
+/// whose outcome was not recorded keeps its lease, and its payment or refund is looked up again
+/// once the lease expires: the error says how many of the pass's polls that happened to.
+pub(crate) async fn poll_all<C, D>(
+    polls: impl Iterator<Item = impl Future<Output = anyhow::Result<D>>>,
+    concurrency: usize,
+    mut counts: C,
+    count: impl Fn(D, &mut C),
+) -> anyhow::Result<C> {
+    let mut polls = futures::stream::iter(polls).buffer_unordered(concurrency);
+    let (mut done, mut failures, mut last_error) = (0, 0, None);
+    while let Some(polled) = polls.next().await {
+        done += 1;
+        match polled {
+            Ok(polled) => count(polled, &mut counts),
+            Err(error) => {
+                failures += 1;
+                last_error = Some(error);
+            }
+        }
+    }
+    match last_error {
+        Some(error) => Err(error.context(format!("{failures} of {done} polls could not be recorded"))),
+        None => Ok(counts),
+    }
 }
 
 impl Polled {

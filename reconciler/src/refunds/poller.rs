@@ -8,7 +8,6 @@
 //! that no refund was made under the key, whenever it is asked.
 
 use anyhow::Context;
-use futures::StreamExt;
 use oncepay_provider::{LookupError, PaymentProvider, Refund as ProviderRefund, RefundLookup};
 use oncepay_store::refunds::settling::{self, Finding, RefundSettlement};
 use oncepay_store::transitions::Recorded;
@@ -17,7 +16,7 @@ use sqlx::{Acquire, PgConnection, PgPool};
 use tracing::Instrument;
 
 use super::unknown::{self, Claimed};
-use crate::poller::{PollerConfig, unavailable};
+use crate::poller::{PollerConfig, poll_all, unavailable};
 use crate::render;
 use crate::runner::Pass;
 use crate::unknown::{Why, evidence};
@@ -103,28 +102,9 @@ impl<P: PaymentProvider> RefundPoller<P> {
                 .await
                 .context("cannot claim due unknown refunds")?
         };
-        let mut counts = Counts { claimed: claimed.len() as u64, ..Counts::default() };
-        let mut polls = futures::stream::iter(claimed)
-            .map(|refund| self.poll_one(refund))
-            .buffer_unordered(self.config.concurrency);
-        let (mut failures, mut last_error) = (0, None);
-        while let Some(polled) = polls.next().await {
-            match polled {
-                Ok(done) => done.count(&mut counts),
-                Err(error) => {
-                    failures += 1;
-                    last_error = Some(error);
-                }
-            }
-        }
-        // The refunds whose outcome was not recorded keep their lease, and are looked up again once
-        // it expires.
-        match last_error {
-            Some(error) => {
-                Err(error.context(format!("{failures} of {} refund lookups could not be recorded", counts.claimed)))
-            }
-            None => Ok(counts),
-        }
+        let counts = Counts { claimed: claimed.len() as u64, ..Counts::default() };
+        let polls = claimed.into_iter().map(|refund| self.poll_one(refund));
+        poll_all(polls, self.config.concurrency, counts, Polled::count).await
     }
 
     /// Looks one refund up and records the verdict, in a `refund_poller.poll` span.
