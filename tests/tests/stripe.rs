@@ -121,6 +121,11 @@ async fn payments_through_localstripe_end_as_their_test_cards_say_and_its_webhoo
     assert!(o.probes.iter().all(|p| p.outcome == ProbeOutcome::NotFound), "{report}");
     assert_eq!(report.verdict.payments, plan.jobs.len(), "one payment per (tenant, key)\n{report}");
     assert_eq!(charges.len(), plan.jobs.len(), "localstripe holds one intent per payment\n{report}");
+    // Refunds went back through localstripe, and it holds exactly the ones oncepay made.
+    let v = &report.verdict;
+    let made = v.refunds.by_status.get("succeeded").copied().unwrap_or(0);
+    assert!(made > 0, "some refunds succeeded\n{report}");
+    assert_eq!(v.refunds.provider_refunds, made, "localstripe holds one refund per succeeded refund\n{report}");
 
     // Each card ended its payments as Stripe's test cards say.
     let ends = ends_by_method(&system).await;
