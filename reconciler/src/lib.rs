@@ -31,4 +31,5 @@ pub mod sweeper;
 pub mod tenants;
 pub mod unknown;
 pub mod verdict;
+pub mod webhook_outcome;
 pub mod webhooks;

@@ -43,7 +43,8 @@ use sqlx::PgPool;
 use time::OffsetDateTime;
 
 use crate::refunds::webhooks::apply_reported;
-use crate::webhooks::{self, Handled, WebhookState, respond_to};
+use crate::webhook_outcome::{Handled, respond_to};
+use crate::webhooks::{self, WebhookState};
 
 /// The path Stripe delivers to: the URL to give the Stripe webhook endpoint.
 pub const PATH: &str = "/webhooks/stripe";

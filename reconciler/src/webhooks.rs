@@ -8,7 +8,7 @@
 use actix_web::http::header;
 use actix_web::{HttpRequest, HttpResponse, web};
 use futures::StreamExt;
-use oncepay_domain::ids::{DownstreamKey, PaymentId, RefundId, TenantId};
+use oncepay_domain::ids::{DownstreamKey, PaymentId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::provider_ref::ProviderAccount;
 use oncepay_domain::status::{PaymentStatus, Transition};
@@ -21,12 +21,15 @@ use oncepay_provider::{Charge, ChargeStatus};
 use oncepay_service::telemetry;
 use oncepay_store::StoreError;
 use oncepay_store::settlement::Asked;
-use oncepay_store::transitions::{Recorded, TransitionError};
+use oncepay_store::transitions::Recorded;
 use serde_json::{Value, json};
 use sqlx::types::Json;
 use sqlx::{Acquire, PgConnection, PgPool};
 use time::OffsetDateTime;
 use tracing::{Instrument, Span};
+
+use crate::webhook_outcome::respond_to;
+pub use crate::webhook_outcome::{ApplyError, Handled};
 
 use crate::dead_letters::{self, Kind};
 use crate::unknown::{self, Why};
@@ -61,48 +64,6 @@ pub(crate) async fn method_not_allowed() -> HttpResponse {
     let mut response = Problem::new(ProblemType::MethodNotAllowed, "webhooks are delivered with POST").to_response();
     response.headers_mut().insert(header::ALLOW, header::HeaderValue::from_static("POST"));
     response
-}
-
-/// What applying a verified event did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Handled {
-    /// The event was recorded; the label says what it did (see [`Verdict::label`]).
-    Recorded(&'static str),
-    /// This `webhook-id` was seen before: nothing changed.
-    Duplicate,
-    /// The charge or refund names no payment or refund of ours.
-    NotOurs,
-}
-
-impl Handled {
-    /// The label for the response, the logs and `oncepay_reconciler_webhooks_total{verdict}`.
-    pub const fn label(self) -> &'static str {
-        match self {
-            Self::Recorded(label) => label,
-            Self::Duplicate => "duplicate",
-            Self::NotOurs => "not_ours",
-        }
-    }
-}
-
-/// Why a verified event could not be applied.
-#[derive(Debug, thiserror::Error)]
-pub enum ApplyError {
-    /// The event contradicts itself; the provider must not send it again as is.
-    #[error("{0}")]
-    Invalid(String),
-    /// The database failed; the provider should retry later.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// A transition the state machine refused: a bug.
-    #[error(transparent)]
-    Transition(#[from] TransitionError),
-    /// The locked payment changed status anyway: a bug.
-    #[error("payment {0} moved while it was locked")]
-    MovedWhileLocked(PaymentId),
-    /// The locked refund changed status anyway: a bug.
-    #[error("refund {0} moved while it was locked")]
-    RefundMovedWhileLocked(RefundId),
 }
 
 #[tracing::instrument(name = "webhook.receive", skip_all, fields(webhook.id, webhook.verdict))]
@@ -181,27 +142,6 @@ pub(crate) async fn apply_and_respond(
         tracing::info!(charge.id = %event.data.id, outcome = handled.label(), "webhook applied");
     }
     respond_to(applied)
-}
-
-/// The metrics label and the response for an event applied, or not: 2xx once it is recorded, 400
-/// for an event that contradicts itself, 503 while the database is unavailable, else 500.
-pub(crate) fn respond_to(applied: Result<Handled, ApplyError>) -> (&'static str, HttpResponse) {
-    match applied {
-        Ok(handled) => (handled.label(), HttpResponse::Ok().json(json!({ "outcome": handled.label() }))),
-        Err(ApplyError::Invalid(detail)) => {
-            tracing::warn!(detail, "a signed webhook cannot be applied");
-            ("invalid_body", Problem::new(ProblemType::InvalidWebhook, detail).to_response())
-        }
-        Err(ApplyError::Store(error)) if error.is_unavailable() => {
-            tracing::warn!(error = %error, "webhook not applied: the database is unavailable");
-            let detail = "the event could not be recorded; deliver it again later";
-            ("unavailable", Problem::new(ProblemType::ServiceUnavailable, detail).with_retry_after(5).to_response())
-        }
-        Err(error) => {
-            tracing::error!(error = format!("{:#}", anyhow::Error::new(error)), "applying a webhook failed");
-            ("error", Problem::new(ProblemType::Internal, "the event could not be recorded").to_response())
-        }
-    }
 }
 
 pub(crate) async fn read_body(mut payload: web::Payload, limit: usize) -> Result<web::Bytes, Problem> {

@@ -12,6 +12,7 @@
 //! its own transaction.
 
 use std::fmt;
+use std::io::{self, Write};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -27,13 +28,13 @@ use uuid::Uuid;
 
 use super::audit::{self, Actor, Entry, Outcome};
 use super::refunds::{self as operator_refunds, OperatorRefund, RefundsSeen};
-use super::reports::Effect;
 use super::{Account, Role, Scope};
 use crate::dead_letters::actions::{self, BookedCharge, Operator, Resolution, Retry, require_reason};
 use crate::dead_letters::queries::{self, Snapshot};
-use crate::dead_letters::refunds::{self as dead_refunds, RefundResolution, RefundRetry, RefundSnapshot};
+use crate::dead_letters::refunds::{self as dead_refunds, RefundActed, RefundResolution, RefundRetry, RefundSnapshot};
+use crate::dead_letters::reports::Resolved;
 use crate::operator_error::OperatorError;
-use crate::render;
+use crate::render::{self, Report};
 
 /// What a proposal will do when approved.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -968,6 +969,29 @@ fn no_payment(payment_id: PaymentId) -> OperatorError {
 
 fn proposal_not_found(proposal_id: Uuid) -> OperatorError {
     OperatorError::NotFound(format!("there is no proposal {proposal_id}"))
+}
+
+/// What carrying out an action did.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Effect {
+    /// A dead letter was closed: the payment settled, or queued to be sent again.
+    Payment(Resolved),
+    /// A refund was accepted, settled, or queued to be sent again.
+    Refund(RefundActed),
+}
+
+impl Report for Effect {
+    fn human(&self, out: &mut dyn Write) -> io::Result<()> {
+        match self {
+            Self::Payment(resolved) => resolved.human(out),
+            Self::Refund(acted) => acted.human(out),
+        }
+    }
+
+    fn json(&self) -> Value {
+        render::to_json(self)
+    }
 }
 
 #[cfg(test)]

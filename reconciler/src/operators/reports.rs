@@ -12,11 +12,10 @@ use serde_json::Value;
 
 use super::accounts::OperatorView;
 use super::audit::AuditRecord;
-use super::proposals::{Approved, ProposalView};
+use super::proposals::{Approved, Effect, ProposalView};
 use super::refunds::PaymentRefunds;
 use super::tokens::TokenView;
-use crate::dead_letters::refunds::RefundActed;
-use crate::dead_letters::reports::{AuditRow, Detail, Entry, Resolved};
+use crate::dead_letters::reports::{AuditRow, Detail, Entry};
 use crate::render::{self, Report, Table};
 
 /// `GET /v1/payments/{id}`: a payment, everything known about it: its dead letters, history,
@@ -59,29 +58,6 @@ impl Report for PaymentPage {
         proposal_table(&self.proposals, out)?;
         writeln!(out, "\noperators' audit trail")?;
         audit_table(&self.operator_audit, out)
-    }
-
-    fn json(&self) -> Value {
-        render::to_json(self)
-    }
-}
-
-/// What carrying out an action did.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum Effect {
-    /// A dead letter was closed: the payment settled, or queued to be sent again.
-    Payment(Resolved),
-    /// A refund was accepted, settled, or queued to be sent again.
-    Refund(RefundActed),
-}
-
-impl Report for Effect {
-    fn human(&self, out: &mut dyn Write) -> io::Result<()> {
-        match self {
-            Self::Payment(resolved) => resolved.human(out),
-            Self::Refund(acted) => acted.human(out),
-        }
     }
 
     fn json(&self) -> Value {

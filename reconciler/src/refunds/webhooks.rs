@@ -24,7 +24,7 @@ use sqlx::{Acquire, PgConnection, PgPool};
 
 use super::unknown;
 use crate::unknown::{Why, evidence};
-use crate::webhooks::{ApplyError, Handled, respond_to};
+use crate::webhook_outcome::{ApplyError, Handled, respond_to};
 
 const ACTOR: &str = "webhook";
 

@@ -33,9 +33,10 @@ use crate::dead_letters::refunds::{self as dead_refunds, AskedRefundResolution, 
 use crate::operator_error::OperatorError;
 use crate::operators::Role;
 use crate::operators::audit::{self, Entry, Outcome};
+use crate::operators::proposals::Effect;
 use crate::operators::proposals::Proposed;
 use crate::operators::refunds as operator_refunds;
-use crate::operators::reports::{Acted, Effect};
+use crate::operators::reports::Acted;
 
 /// The routes.
 pub(super) fn configure(config: &mut web::ServiceConfig) {
