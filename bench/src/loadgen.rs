@@ -1,7 +1,7 @@
 //! The HTTP load generator: N keep-alive HTTP/1.1 connections to the api over loopback, each
-//! sending its next request as soon as it has read the previous response (a closed loop), until
-//! just after the measured window. Responses that arrive inside the window count, with their
-//! latencies; the warm-up before it only warms.
+//! sending its next request (an accept, a replay or a refund) as soon as it has read the previous
+//! response (a closed loop), until just after the measured window. Responses that arrive inside the
+//! window count, with their latencies; the warm-up before it only warms.
 //!
 //! It runs on a thread of its own, whose CPU time is measured apart (`cpu::ClientSource::Thread`).
 //! Each connection has exactly one request in flight (no pipelining). A response it cannot read for
@@ -21,9 +21,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
+use uuid::Uuid;
 
 use crate::cpu;
-use crate::dataset::{self, ReplaySet};
+use crate::dataset::{self, Refundable, ReplaySet};
 use crate::latency::Latencies;
 
 /// How long a request may wait for its response after the window before the connection gives up.
@@ -53,6 +54,20 @@ pub enum Workload {
     /// `POST /v1/payments` with one of the keys of settled payments in the set, picked at random
     /// (same body): expects the stored 200 with `Idempotent-Replayed: true`.
     Replay(ReplaySet),
+    /// `POST /v1/payments/{id}/refunds` of one of the payments, picked at random, with a fresh key
+    /// each time: expects 202.
+    Refund(Refundable),
+}
+
+impl Workload {
+    /// Its name in the report.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Accept => "accept",
+            Self::Replay(_) => "replay",
+            Self::Refund(_) => "refund",
+        }
+    }
 }
 
 /// One load run.
@@ -96,7 +111,7 @@ impl Measured {
     /// Counts a response that arrived inside the window.
     fn responded(&mut self, workload: Workload, response: Response, latency: Duration, target: SocketAddr) {
         let expected = match workload {
-            Workload::Accept => response.status == 202,
+            Workload::Accept | Workload::Refund(_) => response.status == 202,
             Workload::Replay(_) => response.status == 200 && response.replayed,
         };
         if expected {
@@ -171,7 +186,7 @@ async fn run(plan: Plan) -> anyhow::Result<Measured> {
     let mut connections = JoinSet::new();
     for index in 0..plan.connections {
         let target = plan.targets[index % plan.targets.len()];
-        let requests = Requests::new(&target.to_string(), &plan.token, dataset::BODY)?;
+        let requests = Requests::new(&target.to_string(), &plan.token, plan.workload)?;
         connections.spawn(connection(Arc::clone(&plan), target, requests));
     }
     let mut measured = Measured::default();
@@ -214,12 +229,16 @@ async fn closed_loop(plan: &Plan, target: SocketAddr, stop: Instant, requests: &
         // What the last connection left unread belongs to no request of this one.
         received.clear();
         while Instant::now() < stop {
-            let key = match plan.workload {
-                Workload::Accept => rng.random_range(dataset::FRESH_KEYS),
-                Workload::Replay(set) => set.key_number(rng.random_range(0..set.keys.max(1))),
+            let (key, payment) = match plan.workload {
+                Workload::Accept => (rng.random_range(dataset::FRESH_KEYS), None),
+                Workload::Replay(set) => (set.key_number(rng.random_range(0..set.keys.max(1))), None),
+                Workload::Refund(refundable) => (
+                    rng.random_range(dataset::FRESH_KEYS),
+                    Some(refundable.payment_id(rng.random_range(refundable.numbers()))),
+                ),
             };
             let sent = Instant::now();
-            let response = match exchange(&mut stream, requests.with_key(key), &mut received).await {
+            let response = match exchange(&mut stream, requests.with_key(key, payment), &mut received).await {
                 Ok(response) => response,
                 Err(error) => {
                     measured.problem("transport".into(), format!("{error:#}"));
@@ -275,40 +294,56 @@ where
     }
 }
 
-/// The bytes of one connection's requests. All but the idempotency key are the same for every
-/// request, so they are built once, and a request is the prefix, the key and the suffix written
-/// into one reused buffer.
+/// The bytes of one connection's requests. All but the idempotency key (and a refund's payment id)
+/// are the same for every request, so they are built once, and a request is the parts and the
+/// key written into one reused buffer.
 struct Requests {
-    /// The request line and headers up to the idempotency key's value.
-    prefix: Vec<u8>,
+    /// The request line up to the end of the path, or for a refund up to the payment id.
+    start: Vec<u8>,
+    /// For a refund, the rest of the path after the payment id; else nothing.
+    path_end: &'static [u8],
+    /// The rest of the request line and the headers, up to the idempotency key's value.
+    head: Vec<u8>,
     /// The end of the head and the body.
     suffix: Vec<u8>,
     /// The last request built.
     buffer: Vec<u8>,
 }
 
+/// A refund's path around the payment id.
+const REFUND_PATH: (&str, &str) = ("/v1/payments/", "/refunds");
+
 impl Requests {
-    fn new(host: &str, token: &str, body: &str) -> anyhow::Result<Self> {
+    fn new(host: &str, token: &str, workload: Workload) -> anyhow::Result<Self> {
         anyhow::ensure!(is_header_value(host), "the target {host:?} cannot be a Host header");
         anyhow::ensure!(is_header_value(token), "the API key cannot be sent in a header");
-        let prefix = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {token}\r\n\
+        let (path, path_end, body) = match workload {
+            Workload::Accept | Workload::Replay(_) => (dataset::PATH, "", dataset::BODY),
+            Workload::Refund(_) => (REFUND_PATH.0, REFUND_PATH.1, dataset::REFUND_BODY),
+        };
+        let start = format!("{method} {path}", method = dataset::METHOD).into_bytes();
+        let head = format!(
+            " HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {token}\r\n\
              Content-Type: application/json\r\nContent-Length: {length}\r\nIdempotency-Key: ",
-            method = dataset::METHOD,
-            path = dataset::PATH,
             length = body.len(),
         )
         .into_bytes();
         let suffix = format!("\r\n\r\n{body}").into_bytes();
-        // Room for the longest key (`u64::MAX` has 20 digits), so the buffer never grows.
-        let buffer = Vec::with_capacity(prefix.len() + 20 + suffix.len());
-        Ok(Self { prefix, suffix, buffer })
+        // Room for a payment id and the longest key (`u64::MAX` has 20 digits), so the buffer never
+        // grows.
+        let capacity = start.len() + uuid::fmt::Hyphenated::LENGTH + path_end.len() + head.len() + 20 + suffix.len();
+        Ok(Self { start, path_end: path_end.as_bytes(), head, suffix, buffer: Vec::with_capacity(capacity) })
     }
 
-    /// The request with `key`.
-    fn with_key(&mut self, key: u64) -> &[u8] {
+    /// The request with `key`, of `payment` for a refund.
+    fn with_key(&mut self, key: u64, payment: Option<Uuid>) -> &[u8] {
         self.buffer.clear();
-        self.buffer.extend_from_slice(&self.prefix);
+        self.buffer.extend_from_slice(&self.start);
+        if let Some(payment) = payment {
+            self.buffer.extend_from_slice(payment.hyphenated().encode_lower(&mut Uuid::encode_buffer()).as_bytes());
+            self.buffer.extend_from_slice(self.path_end);
+        }
+        self.buffer.extend_from_slice(&self.head);
         self.buffer.extend_from_slice(decimal(key, &mut [0; 20]));
         self.buffer.extend_from_slice(&self.suffix);
         &self.buffer
@@ -533,25 +568,50 @@ mod tests {
 
     #[test]
     fn a_request_is_the_constant_head_the_key_and_the_body() {
-        let mut requests = Requests::new("127.0.0.1:8080", "ok_test_secret", "{\"a\":1}").unwrap();
+        let mut requests = Requests::new("127.0.0.1:8080", "ok_test_secret", Workload::Accept).unwrap();
 
-        let request = requests.with_key(4_294_967_296).to_vec();
+        let request = requests.with_key(4_294_967_296, None).to_vec();
 
         assert_eq!(
             String::from_utf8(request).unwrap(),
-            "POST /v1/payments HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nAuthorization: Bearer ok_test_secret\r\n\
-             Content-Type: application/json\r\nContent-Length: 7\r\nIdempotency-Key: 4294967296\r\n\r\n{\"a\":1}"
+            format!(
+                "POST /v1/payments HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nAuthorization: Bearer ok_test_secret\r\n\
+                 Content-Type: application/json\r\nContent-Length: {}\r\nIdempotency-Key: 4294967296\r\n\r\n{}",
+                dataset::BODY.len(),
+                dataset::BODY
+            )
+        );
+    }
+
+    #[test]
+    fn a_refund_names_its_payment_in_the_path_and_sends_the_refund_body() {
+        let refundable = Refundable { millis: 0x0192_f0c4_7a3e, first: 0, count: 100 };
+        let mut requests = Requests::new("127.0.0.1:8080", "ok_test_secret", Workload::Refund(refundable)).unwrap();
+        let allocation = requests.buffer.as_ptr();
+
+        let request = requests.with_key(u64::MAX, Some(refundable.payment_id(99))).to_vec();
+
+        assert_eq!(requests.buffer.as_ptr(), allocation, "the buffer had room for the longest request");
+        assert_eq!(
+            String::from_utf8(request).unwrap(),
+            format!(
+                "POST /v1/payments/0192f0c4-7a3e-7000-8000-000000000063/refunds HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n\
+                 Authorization: Bearer ok_test_secret\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+                 Idempotency-Key: 18446744073709551615\r\n\r\n{}",
+                dataset::REFUND_BODY.len(),
+                dataset::REFUND_BODY
+            )
         );
     }
 
     #[test]
     fn each_request_changes_only_the_key_and_reuses_one_allocation() {
-        let mut requests = Requests::new("127.0.0.1:8080", "secret", dataset::BODY).unwrap();
-        let first = requests.with_key(7).to_vec();
+        let mut requests = Requests::new("127.0.0.1:8080", "secret", Workload::Accept).unwrap();
+        let first = requests.with_key(7, None).to_vec();
         let allocation = requests.buffer.as_ptr();
 
-        let longest = requests.with_key(u64::MAX).to_vec();
-        let again = requests.with_key(7).to_vec();
+        let longest = requests.with_key(u64::MAX, None).to_vec();
+        let again = requests.with_key(7, None).to_vec();
 
         assert_eq!(requests.buffer.as_ptr(), allocation);
         assert_eq!(again, first);
@@ -579,9 +639,9 @@ mod tests {
     #[test]
     fn a_target_or_token_that_could_break_the_head_is_refused() {
         for (host, token) in [("127.0.0.1:1", "a\r\nX-Evil: 1"), ("127.0.0.1:1\n", "secret"), ("h", "tab\tis\u{7f}")] {
-            assert!(Requests::new(host, token, "{}").is_err(), "{host:?} {token:?}");
+            assert!(Requests::new(host, token, Workload::Accept).is_err(), "{host:?} {token:?}");
         }
-        assert!(Requests::new("127.0.0.1:1", "ok_live_abc.DEF-123", "{}").is_ok());
+        assert!(Requests::new("127.0.0.1:1", "ok_live_abc.DEF-123", Workload::Accept).is_ok());
     }
 
     #[test]
@@ -813,8 +873,10 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_connection_loop_sends_whole_requests_with_a_new_key_each_and_reconnects_on_close() {
+    /// Runs one connection of `workload` for a moment against [`serve`], checks what every request
+    /// shares (head, a fresh key each, a reconnection after `Connection: close`), and returns the
+    /// requests the server saw.
+    async fn one_connection(workload: Workload) -> Vec<Seen> {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let target = listener.local_addr().unwrap();
         let (sender, mut receiver) = mpsc::unbounded_channel();
@@ -825,11 +887,11 @@ mod tests {
             targets: vec![target],
             connections: 1,
             token: "ok_test_secret".into(),
-            workload: Workload::Accept,
+            workload,
             measure_from: now,
             measure_until: now + Duration::from_millis(200),
         });
-        let requests = Requests::new(&target.to_string(), &plan.token, dataset::BODY).unwrap();
+        let requests = Requests::new(&target.to_string(), &plan.token, plan.workload).unwrap();
 
         let measured = connection(plan, target, requests).await;
         server.abort();
@@ -842,18 +904,44 @@ mod tests {
         assert!(measured.completed >= 4, "{} responses", measured.completed);
         assert!(seen.len() as u64 >= measured.completed);
         assert!(connections.load(Ordering::SeqCst) >= 2, "no reconnection after Connection: close");
-        let host = target.to_string();
+        let keys: HashSet<&str> = seen.iter().map(|request| request.headers["idempotency-key"].as_str()).collect();
+        assert_eq!(keys.len(), seen.len(), "a key was sent twice");
         for request in &seen {
-            assert_eq!((request.method.as_str(), request.path.as_str()), ("POST", dataset::PATH));
-            assert_eq!(request.headers["host"], host);
+            assert_eq!(request.headers["host"], target.to_string());
             assert_eq!(request.headers["authorization"], "Bearer ok_test_secret");
             assert_eq!(request.headers["content-type"], "application/json");
-            assert_eq!(request.headers["content-length"], dataset::BODY.len().to_string());
-            assert_eq!(request.body, dataset::BODY.as_bytes());
             let key: u64 = request.headers["idempotency-key"].parse().unwrap();
             assert!(dataset::FRESH_KEYS.contains(&key), "{key}");
         }
-        let keys: HashSet<&str> = seen.iter().map(|request| request.headers["idempotency-key"].as_str()).collect();
-        assert_eq!(keys.len(), seen.len(), "a key was sent twice");
+        seen
+    }
+
+    #[tokio::test]
+    async fn a_connection_loop_sends_whole_requests_with_a_new_key_each_and_reconnects_on_close() {
+        let seen = one_connection(Workload::Accept).await;
+
+        for request in &seen {
+            assert_eq!((request.method.as_str(), request.path.as_str()), ("POST", dataset::PATH));
+            assert_eq!(request.headers["content-length"], dataset::BODY.len().to_string());
+            assert_eq!(request.body, dataset::BODY.as_bytes());
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connection_of_refunds_refunds_payments_picked_at_random_from_the_refundable_ones() {
+        let refundable = Refundable { millis: 0x0192_f0c4_7a3e, first: 1_000, count: 1_000 };
+        let ids: HashSet<String> =
+            refundable.numbers().map(|n| dataset::refund_path(refundable.payment_id(n))).collect();
+
+        let seen = one_connection(Workload::Refund(refundable)).await;
+
+        for request in &seen {
+            assert_eq!(request.method, "POST");
+            assert!(ids.contains(&request.path), "{} is not a refund of a refundable payment", request.path);
+            assert_eq!(request.headers["content-length"], dataset::REFUND_BODY.len().to_string());
+            assert_eq!(request.body, dataset::REFUND_BODY.as_bytes());
+        }
+        let paths: HashSet<&str> = seen.iter().map(|request| request.path.as_str()).collect();
+        assert!(paths.len() > 1, "every refund was of one payment");
     }
 }

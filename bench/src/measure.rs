@@ -168,10 +168,6 @@ pub async fn service(
     let groups = intake_groups(api).await? - groups_before;
     let ops = window.measured.completed;
     let errors = window.measured.errors();
-    let name = match workload {
-        Workload::Accept => "accept",
-        Workload::Replay(_) => "replay",
-    };
     let setup = if api.len() == 1 { "1 api process".to_owned() } else { format!("{} api processes", api.len()) };
     let mut extra = BTreeMap::new();
     if groups.count > 0.0 {
@@ -179,7 +175,7 @@ pub async fn service(
     }
     Ok(Row {
         kind: Kind::Service,
-        name: name.into(),
+        name: workload.name().into(),
         concurrency: u32::try_from(connections)?,
         setup,
         dataset: target.dataset.into(),

@@ -1,5 +1,6 @@
-//! pgbench scripts made from the project's own SQL files, so the raw baselines run the very
-//! statements the binaries run. Pure text manipulation: nothing here runs pgbench.
+//! pgbench scripts made from the project's own SQL, so the raw baselines run the very statements
+//! the binaries run: from the SQL files, or from the sqlx query macros of a Rust file where the
+//! statements live in code. Pure text manipulation: nothing here runs pgbench.
 
 use std::fmt::Write as _;
 
@@ -120,6 +121,42 @@ pub fn command(sql: &str, args: &[Arg<'_>]) -> anyhow::Result<String> {
     Ok(out)
 }
 
+/// The SQL of every sqlx query macro (`query!`, `query_as!`, `query_scalar!` ...) in a Rust source
+/// file, in the order written: the first string literal after each macro's opening parenthesis,
+/// raw (`r#"…"#`) or plain. For statements that live in code rather than in a `.sql` file.
+///
+/// A plain literal with an escape (`\n`, `\"`, a line continuation) is refused rather than decoded.
+pub fn macro_statements(source: &str) -> anyhow::Result<Vec<String>> {
+    let mut statements = Vec::new();
+    let mut rest = source;
+    while let Some(at) = rest.find("sqlx::query") {
+        rest = &rest[at + "sqlx::query".len()..];
+        let name_end = rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(rest.len());
+        // `sqlx::query(…)` and `sqlx::query_as::<…>(…)` are functions, checked at run time: not
+        // statements of the kind this reads.
+        let Some(arguments) = rest[name_end..].strip_prefix("!(") else { continue };
+        let Some(quote) = arguments.find('"') else { bail!("a query macro without a string literal") };
+        let hashes = arguments[..quote].chars().rev().take_while(|&c| c == '#').count();
+        let raw = arguments[..quote - hashes].ends_with('r');
+        // Before the literal, at most a type and a comma (`query_as!(Row, …)`).
+        let before = &arguments[..quote - hashes - usize::from(raw)];
+        ensure!(!before.contains([')', ';']), "a query macro whose statement is not a string literal");
+        let body = &arguments[quote + 1..];
+        let (statement, after) = if raw {
+            let end = format!("\"{}", "#".repeat(hashes));
+            let Some(length) = body.find(&end) else { bail!("an unterminated raw string literal") };
+            (&body[..length], &body[length + end.len()..])
+        } else {
+            let Some(length) = body.find(['"', '\\']) else { bail!("an unterminated string literal") };
+            ensure!(body[length..].starts_with('"'), "an escape in a query macro's string literal");
+            (&body[..length], &body[length + 1..])
+        };
+        statements.push(statement.to_owned());
+        rest = after;
+    }
+    Ok(statements)
+}
+
 /// `name`, `name!`, `name?`, `name: Type`, `name!: Type` → `name`: the column name sqlx's
 /// annotation is attached to. Anything else is left as it is.
 fn without_sqlx_annotation(identifier: &str) -> &str {
@@ -220,6 +257,37 @@ mod tests {
             "{converted}"
         );
         assert!(command(accept, &args[..15]).is_err(), "accept.sql has 16 parameters");
+    }
+
+    #[test]
+    fn the_statements_of_query_macros_are_read_in_the_order_written() {
+        let source = r###"
+            use sqlx::query;
+            let a = sqlx::query_as!(Row, r#"SELECT "x: X" FROM t WHERE a = $1"#, a).fetch_one(c).await?;
+            sqlx::query!("UPDATE t SET b = $2 WHERE a = $1", a, b).execute(c).await?;
+            let n = sqlx::query_scalar!(r##"SELECT 'a "#quote' AS "n!""##).fetch_one(c).await?;
+            sqlx::query("SELECT 'checked at run time'").execute(c).await?;
+        "###;
+
+        let statements = macro_statements(source).unwrap();
+
+        assert_eq!(
+            statements,
+            [
+                r#"SELECT "x: X" FROM t WHERE a = $1"#,
+                "UPDATE t SET b = $2 WHERE a = $1",
+                r##"SELECT 'a "#quote' AS "n!""##
+            ]
+        );
+    }
+
+    #[test]
+    fn a_query_macro_literal_with_an_escape_or_no_end_is_refused() {
+        assert!(macro_statements(r#"sqlx::query!("SELECT '\n'")"#).is_err());
+        assert!(macro_statements(r#"sqlx::query!("SELECT 1"#).is_err());
+        assert!(macro_statements(r###"sqlx::query!(r#"SELECT 1")"###).is_err());
+        assert!(macro_statements("sqlx::query!(QUERY)").is_err());
+        assert!(macro_statements(r#"sqlx::query!(QUERY).execute(c).await?; let s = "SELECT 1";"#).is_err());
     }
 
     #[test]

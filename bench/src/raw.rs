@@ -2,14 +2,15 @@
 //! of issue #8 (three plain inserts in one transaction), with the variables they need.
 //!
 //! The statements are embedded from the files the binaries are built from (`shared/store/sql`,
-//! `worker/sql`), so a baseline cannot drift from the code it measures. Where pgbench cannot pass a
-//! value as a bind parameter the way the binaries do, SQL stands in, and each such difference is
-//! noted where it is made.
+//! `worker/sql`, and the query macros of `shared/store/src/refunds/intake.rs`), so a baseline
+//! cannot drift from the code it measures. Where pgbench cannot pass a value as a bind parameter
+//! the way the binaries do, SQL stands in, and each such difference is noted where it is made.
 
-use anyhow::Context;
+use anyhow::{Context, ensure};
+use oncepay_store::refunds::REFUND_OUTBOX_CHANNEL;
 
-use crate::dataset::{self, ReplaySet};
-use crate::pgbench_script::{Arg, Script, command};
+use crate::dataset::{self, Refundable, ReplaySet};
+use crate::pgbench_script::{Arg, Script, command, macro_statements};
 
 const ACCEPT_SQL: &str = include_str!("../../shared/store/sql/accept.sql");
 const ACCEPT_GROUP_SQL: &str = include_str!("../../shared/store/sql/accept_group.sql");
@@ -18,6 +19,10 @@ const SETTLE_SQL: &str = include_str!("../../shared/store/sql/settle.sql");
 const STORE_RESPONSE_SQL: &str = include_str!("../../shared/store/sql/store_response.sql");
 const CLAIM_SQL: &str = include_str!("../../shared/store/sql/claim.sql");
 const TAKE_SQL: &str = include_str!("../../worker/sql/take.sql");
+const REFUND_INTAKE_RS: &str = include_str!("../../shared/store/src/refunds/intake.rs");
+
+/// Who asks for a refund made through the api, as the api writes it (`api/src/create_refund.rs`).
+const REQUESTED_BY: &str = "api";
 
 /// A UUID made in SQL that sorts by creation time like a UUIDv7: the current Unix millisecond in the
 /// first 48 bits of a random UUID. The api makes a UUIDv7 in Rust; pgbench has no UUIDs.
@@ -50,6 +55,10 @@ pub enum Baseline {
     /// The worker's claim (`worker/sql/claim.sql`, one row) and its finish of a success in one
     /// transaction (`take.sql`, `settle.sql`, `store_response.sql`, each for one payment).
     ClaimFinish,
+    /// Refund intake (`shared/store/src/refunds/intake.rs`) as the api runs it for a new key and a
+    /// payment with money left: every statement of `intake::accept`, in its order, in one
+    /// transaction, of a random one of the refundable payments.
+    Refund,
 }
 
 impl Baseline {
@@ -62,6 +71,7 @@ impl Baseline {
             Self::AcceptGroup(_) => "accept_group_sql",
             Self::Replay => "replay_sql",
             Self::ClaimFinish => "claim_finish_sql",
+            Self::Refund => "refund_sql",
         }
     }
 
@@ -74,6 +84,7 @@ impl Baseline {
             Self::AcceptGroup(size) => format!("pgbench: accept_group.sql of {size}"),
             Self::Replay => "pgbench: replay.sql".into(),
             Self::ClaimFinish => "pgbench: claim.sql(1) + finish tx".into(),
+            Self::Refund => "pgbench: refunds/intake.rs".into(),
         }
     }
 
@@ -97,6 +108,7 @@ impl Baseline {
                 .set("key", &format!("(:i * {}) % 4294967296", dataset::SCRAMBLE))
                 .sql(command(REPLAY_SQL, &[Arg::Var("tenant"), Arg::Var("key")]).context("replay.sql")?)),
             Self::ClaimFinish => claim_finish(),
+            Self::Refund => refund(),
         }
     }
 }
@@ -236,6 +248,106 @@ fn claim_finish() -> anyhow::Result<Script> {
     Ok(Script::new().sql_gset(claim).sql("BEGIN".into()).sql(take).sql(settle).sql(store).sql("COMMIT".into()))
 }
 
+/// `refunds::intake::accept` for a new key of a payment with money left, statement by statement as
+/// it runs them: BEGIN, the key read, the payment's row locked, its reserve raised, the refund, its
+/// key, its audit row, its outbox row, the workers' wake-up, COMMIT.
+///
+/// The statements are read from the query macros of `intake.rs`, each found by its first words, and
+/// every statement there must be run here: one added, removed or changed in its parameters breaks
+/// the benchmark. What differs, since pgbench has no UUIDs and no branches: the refund id is made
+/// in the refund's INSERT (as a time-ordered UUID, like the api's UUIDv7) and read back with
+/// `\gset` for the statements after it; the payment id is made in SQL from a random number
+/// ([`Refundable`]'s scheme) in each of the three statements that name it; the checks between the
+/// payment's read and its update (status, money left) are Rust in the api and left out here, the
+/// dataset making them pass; and one fingerprint serves every refund (the api's covers the
+/// payment's path; it has the same size).
+fn refund() -> anyhow::Result<Script> {
+    let statements = macro_statements(REFUND_INTAKE_RS).context("refunds/intake.rs")?;
+    let payment = "CAST(CAST(:refundable_prefix AS text) || lpad(to_hex(CAST(:p AS bigint)), 12, '0') AS uuid)";
+    let runs = [
+        ("SELECT fingerprint,", vec![Arg::Var("tenant"), Arg::Var("key")]),
+        ("SELECT status", vec![Arg::Var("tenant"), Arg::Sql(payment)]),
+        (
+            "UPDATE payments SET refunds_reserved",
+            vec![Arg::Var("tenant"), Arg::Sql(payment), Arg::Var("refund_amount")],
+        ),
+        (
+            "INSERT INTO refunds ",
+            vec![
+                Arg::Var("tenant"),
+                Arg::Sql(TIME_ORDERED_UUID),
+                Arg::Sql(payment),
+                Arg::Var("refund_amount"),
+                Arg::Var("refund_reason"),
+                Arg::Var("refund_metadata"),
+                Arg::Var("requested_by"),
+            ],
+        ),
+        (
+            "INSERT INTO refund_keys ",
+            vec![
+                Arg::Var("tenant"),
+                Arg::Var("key"),
+                Arg::Var("refund_fingerprint"),
+                Arg::Var("refund_id"),
+                Arg::Var("retention"),
+            ],
+        ),
+        (
+            "INSERT INTO refund_events ",
+            vec![Arg::Var("tenant"), Arg::Var("refund_id"), Arg::Var("requested_by"), Arg::Var("refund_amount")],
+        ),
+        // No trace state, and a pgbench variable cannot be NULL.
+        (
+            "INSERT INTO refund_outbox ",
+            vec![Arg::Var("tenant"), Arg::Var("refund_id"), Arg::Var("traceparent"), Arg::Sql("NULL")],
+        ),
+        ("SELECT pg_notify(", vec![Arg::Var("refund_channel"), Arg::Var("tenant")]),
+    ];
+    ensure!(
+        runs.len() == statements.len(),
+        "refunds/intake.rs has {} statements and the refund baseline runs {}",
+        statements.len(),
+        runs.len()
+    );
+    let mut script =
+        fresh_key(Script::new()).set("p", "random(:refundable_first, :refundable_last)").sql("BEGIN".into());
+    for (start, args) in runs {
+        let mut found =
+            statements.iter().filter(|sql| sql.split_whitespace().collect::<Vec<_>>().join(" ").starts_with(start));
+        let (Some(sql), None) = (found.next(), found.next()) else {
+            anyhow::bail!("refunds/intake.rs has no one statement that starts with {start:?}");
+        };
+        let converted = command(sql, &args).with_context(|| format!("refunds/intake.rs: {start}…"))?;
+        // The refund's columns, its id among them, become variables for the statements after it.
+        script =
+            if start.starts_with("INSERT INTO refunds ") { script.sql_gset(converted) } else { script.sql(converted) };
+    }
+    Ok(script.sql("COMMIT".into()))
+}
+
+/// The values the refund baseline's variables take, on top of [`variables`]: refunds of
+/// `refundable`'s payments, with the benchmark's refund body.
+pub fn refund_variables(refundable: Refundable) -> anyhow::Result<Vec<(String, String)>> {
+    let request = dataset::refund_request()?;
+    let amount = request.amount.context("the benchmark's refund body names no amount")?;
+    let fingerprint = dataset::refund_fingerprint(refundable.payment_id(refundable.first))?;
+    let numbers = refundable.numbers();
+    ensure!(!numbers.is_empty(), "no refundable payments");
+    let pairs: [(&str, String); 9] = [
+        ("refundable_first", numbers.start.to_string()),
+        ("refundable_last", (numbers.end - 1).to_string()),
+        ("refundable_prefix", refundable.id_prefix()),
+        ("refund_amount", amount.minor_units().to_string()),
+        ("refund_reason", request.reason.context("the benchmark's refund body names no reason")?.as_str().into()),
+        ("refund_metadata", serde_json::to_string(&request.metadata)?),
+        ("refund_fingerprint", format!("\\x{}", hex_bytes(fingerprint.as_bytes()))),
+        ("requested_by", REQUESTED_BY.into()),
+        ("refund_channel", REFUND_OUTBOX_CHANNEL.into()),
+    ];
+    Ok(pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
+}
+
 /// The values every script's variables take (`pgbench -D name=value`); replays pick from `replays`.
 pub fn variables(tenant: &dataset::Tenant, replays: ReplaySet) -> anyhow::Result<Vec<(String, String)>> {
     let request = dataset::request()?;
@@ -285,13 +397,14 @@ fn hex_bytes(bytes: &[u8]) -> String {
 mod tests {
     use super::*;
 
-    const ALL: [Baseline; 6] = [
+    const ALL: [Baseline; 7] = [
         Baseline::ThreeInserts,
         Baseline::Accept,
         Baseline::AcceptWithNotify,
         Baseline::AcceptGroup(3),
         Baseline::Replay,
         Baseline::ClaimFinish,
+        Baseline::Refund,
     ];
 
     #[test]
@@ -356,6 +469,40 @@ mod tests {
     }
 
     #[test]
+    fn the_refund_baseline_runs_every_intake_statement_in_its_order_in_one_transaction() {
+        let text = Baseline::Refund.script().unwrap().text();
+        let lines: Vec<&str> = text.lines().collect();
+        let payment = "(CAST(CAST(:refundable_prefix AS text) || lpad(to_hex(CAST(:p AS bigint)), 12, '0') AS uuid))";
+
+        assert_eq!(lines.len(), 12, "{text}");
+        assert_eq!(
+            (lines[1], lines[2], lines[11]),
+            ("\\set p random(:refundable_first, :refundable_last)", "BEGIN;", "COMMIT;")
+        );
+        assert!(
+            lines[3].contains("FROM refund_keys WHERE tenant_id = :tenant AND idempotency_key = :key;"),
+            "{}",
+            lines[3]
+        );
+        assert!(lines[4].contains(&format!("payment_id = {payment} FOR UPDATE;")), "{}", lines[4]);
+        assert!(
+            lines[5].starts_with("UPDATE payments SET refunds_reserved = refunds_reserved + :refund_amount"),
+            "{}",
+            lines[5]
+        );
+        assert!(lines[6].starts_with("INSERT INTO refunds ") && lines[6].ends_with("\\gset"), "{}", lines[6]);
+        assert!(lines[6].contains(r#"refund_id AS "refund_id""#) && lines[6].contains(payment), "{}", lines[6]);
+        assert!(lines[7].starts_with("INSERT INTO refund_keys ") && lines[7].contains(":refund_id"), "{}", lines[7]);
+        assert!(
+            lines[8].starts_with("INSERT INTO refund_events ") && lines[8].contains(":refund_amount::bigint"),
+            "{}",
+            lines[8]
+        );
+        assert!(lines[9].starts_with("INSERT INTO refund_outbox ") && lines[9].ends_with(", (NULL));"), "{}", lines[9]);
+        assert_eq!(lines[10], "SELECT pg_notify(:refund_channel, :tenant);");
+    }
+
+    #[test]
     fn replays_pick_stored_keys_with_the_scramble_of_the_loader() {
         let text = Baseline::Replay.script().unwrap().text();
 
@@ -369,10 +516,16 @@ mod tests {
     #[test]
     fn every_variable_a_script_uses_is_defined_or_set_by_the_script() {
         let tenant = dataset::Tenant { id: oncepay_domain::ids::TenantId::generate(), token: String::new() };
+        let refundable = Refundable { millis: 1, first: 10, count: 10 };
         let defined: Vec<String> =
-            variables(&tenant, ReplaySet::all(10)).unwrap().into_iter().map(|(name, _)| name).collect();
-        // Set by the scripts themselves: \set, and \gset from the claim and the payment insert.
-        let set_in_script = ["key", "i", "tenant_id", "payment_id", "fencing_token"];
+            [variables(&tenant, ReplaySet::all(10)).unwrap(), refund_variables(refundable).unwrap()]
+                .concat()
+                .into_iter()
+                .map(|(name, _)| name)
+                .collect();
+        // Set by the scripts themselves: \set, and \gset from the claim, the payment insert and the
+        // refund insert.
+        let set_in_script = ["key", "i", "p", "tenant_id", "payment_id", "fencing_token", "refund_id"];
         for baseline in ALL {
             let text = baseline.script().unwrap().text();
             for used in variables_used(&text) {

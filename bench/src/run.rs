@@ -99,6 +99,8 @@ pub enum Phase {
     Flood,
     /// The reconciler's webhook endpoint: genuine deliveries and forged ones with many signatures.
     Webhook,
+    /// Refunds of succeeded payments, raw and service, at 1 and 8 connections.
+    Refund,
     /// The operator console's reads with 10 thousand and with 1 million payments.
     Console,
 }
@@ -156,6 +158,16 @@ const HISTORIES: [(u64, &str); 2] = [(10_000, "10k keys"), (10_000_000, "10M key
 /// How many distinct stored keys replays pick from, in every database: all of a short history, the
 /// same number spread over a long one, so that only the history differs between the two.
 const REPLAYED_KEYS: u64 = 10_000;
+
+/// Connections of the refunds, raw and through the api.
+const REFUND_CONNECTIONS: [u32; 2] = [1, 8];
+
+/// Payments refunded before the run, in the main database when refunds are measured.
+const REFUNDED_PAYMENTS: u64 = 10_000;
+
+/// Succeeded payments each refund window picks from, at random: few enough that the warm-up writes
+/// every page they are on, many enough that two refunds in flight are rarely of one payment.
+const REFUNDABLE_PER_WINDOW: u64 = 1_000;
 
 /// The api setting, by name, for a process that reads every replay from the database.
 const NO_REPLAY_CACHE: (&str, &str) = ("intake.replay_cache_bytes", "0");
@@ -286,8 +298,9 @@ pub async fn run(options: &Options) -> anyhow::Result<Report> {
 impl Bench<'_> {
     async fn phases(&mut self, main: &Database) -> anyhow::Result<()> {
         let simulator = self.launcher.simulator().await?;
-        let needs_api =
-            [Phase::Accept, Phase::Replay, Phase::Mixed, Phase::Flood].iter().any(|p| self.options.runs(*p));
+        let needs_api = [Phase::Accept, Phase::Replay, Phase::Mixed, Phase::Flood, Phase::Refund]
+            .iter()
+            .any(|p| self.options.runs(*p));
         let api = if needs_api { Some(self.launcher.api("api", &main.url, &[]).await?) } else { None };
         let addresses: Vec<SocketAddr> = api.iter().map(Service::address).collect();
         let uncached = if self.options.runs(Phase::Replay) {
@@ -328,6 +341,11 @@ impl Bench<'_> {
         if self.options.runs(Phase::Webhook) {
             self.webhooks(main).await?;
         }
+        // The last phase on the main database: its payments, and its refunds left pending (no
+        // worker sends them), are in no other phase's data.
+        if self.options.runs(Phase::Refund) {
+            self.refunds(main, &addresses).await?;
+        }
         if let Some(api) = api {
             api.stop().await?;
         }
@@ -345,9 +363,20 @@ impl Bench<'_> {
     }
 
     async fn raw(&mut self, database: &Database, baseline: Baseline, clients: u32) -> anyhow::Result<usize> {
+        self.raw_with(database, baseline, clients, &database.variables).await
+    }
+
+    /// [`Bench::raw`] with `variables` instead of the database's usual ones.
+    async fn raw_with(
+        &mut self,
+        database: &Database,
+        baseline: Baseline,
+        clients: u32,
+        variables: &[(String, String)],
+    ) -> anyhow::Result<usize> {
         eprintln!("bench: raw {} ×{clients} [{}]", baseline.name(), database.label);
         let target = self.target(database);
-        let row = measure::raw(&target, self.timing, &self.pgbench, baseline, clients, &database.variables).await?;
+        let row = measure::raw(&target, self.timing, &self.pgbench, baseline, clients, variables).await?;
         Ok(self.push(row))
     }
 
@@ -384,8 +413,7 @@ impl Bench<'_> {
         workload: Workload,
         connections: u32,
     ) -> anyhow::Result<Row> {
-        let what = if matches!(workload, Workload::Accept) { "accept" } else { "replay" };
-        eprintln!("bench: service {what} ×{connections}, {} api [{}]", api.len(), database.label);
+        eprintln!("bench: service {} ×{connections}, {} api [{}]", workload.name(), api.len(), database.label);
         let target = self.target(database);
         measure::service(&target, self.timing, api, &database.tenant.token, workload, connections as usize).await
     }
@@ -443,6 +471,41 @@ impl Bench<'_> {
         let mut row = self.service(main, uncached, workload, connections).await?;
         row.setup.push_str(", no replay cache");
         self.push_compared(row, select, None);
+        Ok(())
+    }
+
+    /// Refunds of succeeded payments through the api against the refund intake's statements from
+    /// as many pgbench connections as HTTP connections (the api's pool holds 8). Each refunds one
+    /// minor unit of a payment picked at random from [`REFUNDABLE_PER_WINDOW`], with a fresh key,
+    /// beside [`REFUNDED_PAYMENTS`] refunded before the run, so that no window starts on empty
+    /// refund tables.
+    ///
+    /// What a refund costs PostgreSQL depends on its payment's page: the first write of a page
+    /// after a checkpoint logs the whole page, and a row on a full page moves, with new index
+    /// entries. So each window has payments of its own, untouched since they were loaded, and few
+    /// enough that its warm-up writes all their pages: the raw and the api windows measure the same
+    /// steady state, whatever their rates.
+    async fn refunds(&mut self, main: &Database, api: &[SocketAddr]) -> anyhow::Result<()> {
+        let windows = 2 * REFUND_CONNECTIONS.len() as u64;
+        let mut conn = main.pool.acquire().await?;
+        let started = Instant::now();
+        dataset::load_refunded(&mut conn, main.tenant.id, REFUNDED_PAYMENTS, "refunded").await?;
+        let refundable = dataset::load_refundable(&mut conn, main.tenant.id, REFUNDABLE_PER_WINDOW * windows).await?;
+        // Statistics, hint bits and a checkpoint: the first window does not pay for the load.
+        dataset::settle_database(&mut conn).await?;
+        drop(conn);
+        eprintln!(
+            "bench: {REFUNDED_PAYMENTS} refunded and {} refundable payments loaded in {:.0?}",
+            refundable.count,
+            started.elapsed()
+        );
+        for (n, connections) in (0..).zip(REFUND_CONNECTIONS) {
+            let (raw_part, api_part) = (refundable.part(2 * n, windows), refundable.part(2 * n + 1, windows));
+            let variables = [main.variables.clone(), raw::refund_variables(raw_part)?].concat();
+            let baseline = self.raw_with(main, Baseline::Refund, connections, &variables).await?;
+            let row = self.service(main, api, Workload::Refund(api_part), connections).await?;
+            self.push_compared(row, baseline, None);
+        }
         Ok(())
     }
 

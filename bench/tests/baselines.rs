@@ -18,6 +18,9 @@ const STORED: u64 = 100;
 /// Pending payments: more than a claim+finish run of two seconds takes.
 const BACKLOG: u64 = 20_000;
 
+/// Refundable payments: enough that the refunds of a second rarely meet on one.
+const REFUNDABLE: u64 = 2_000;
+
 async fn count(pool: &PgPool, sql: &'static str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
 }
@@ -73,4 +76,42 @@ async fn every_baseline_completes_transactions_and_writes_what_its_statements_wr
     )
     .await;
     assert_eq!(audited, settled, "one audit row per settlement, third in its payment's history");
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn the_refund_baseline_writes_what_refund_intake_writes_for_each_refund(pool: PgPool) {
+    let mut conn = pool.acquire().await.unwrap();
+    let tenant = Tenant::create(&mut conn, "bench").await.unwrap();
+    let refundable = dataset::load_refundable(&mut conn, tenant.id, REFUNDABLE).await.unwrap();
+    drop(conn);
+    let options = pool.connect_options();
+    let database = options.get_database().unwrap().to_owned();
+    let target =
+        Target { pool: &pool, port: options.get_port(), database: &database, dataset: "test", postmasters: &[] };
+    let timing = Timing { warmup: Duration::ZERO, window: Duration::from_secs(1) };
+    let variables =
+        [raw::variables(&tenant, ReplaySet::all(1)).unwrap(), raw::refund_variables(refundable).unwrap()].concat();
+    let pgbench = oncepay_bench::pgbench::locate().await;
+
+    let row = measure::raw(&target, timing, &pgbench, Baseline::Refund, 2, &variables).await.unwrap();
+
+    assert!(row.ops > 0, "no refund in the window");
+    let refunds = count(&pool, "SELECT count(*) FROM refunds WHERE status = 'pending' AND amount = 1").await;
+    assert!(refunds >= i64::try_from(row.ops).unwrap(), "{refunds} refunds, {} in the window", row.ops);
+    assert_eq!(count(&pool, "SELECT count(*) FROM refunds").await, refunds, "every refund is pending, of 1");
+    for (table, sql) in [
+        ("refund_keys", "SELECT count(*) FROM refund_keys k JOIN refunds USING (tenant_id, refund_id)"),
+        (
+            "refund_events",
+            "SELECT count(*) FROM refund_events e JOIN refunds USING (tenant_id, refund_id) \
+             WHERE e.seq = 1 AND e.to_status = 'pending' AND e.actor = 'api'",
+        ),
+        ("refund_outbox", "SELECT count(*) FROM refund_outbox o JOIN refunds USING (tenant_id, refund_id)"),
+    ] {
+        assert_eq!(count(&pool, sql).await, refunds, "one row of {table} per refund");
+    }
+    let reserved = count(&pool, "SELECT sum(refunds_reserved)::bigint FROM payments").await;
+    assert_eq!(reserved, refunds, "each refund reserved its amount on its payment");
+    let spread = count(&pool, "SELECT count(DISTINCT payment_id) FROM refunds").await;
+    assert!(spread > 1, "the refunds are of payments picked at random");
 }
