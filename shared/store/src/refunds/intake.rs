@@ -132,7 +132,7 @@ pub async fn accept(conn: &mut PgConnection, new: &NewRefund<'_>) -> Result<Refu
                   payment_id AS "payment_id: PaymentId", status AS "status: PaymentStatus",
                   amount AS "amount: Amount", currency AS "currency: Currency", reason,
                   metadata AS "metadata: Json<BTreeMap<String, String>>", provider_refund_id, failure_code, failure_message,
-                  send_attempts, first_sent_at, may_have_moved, requested_by, created_at, updated_at
+                  send_attempts, first_sent_at, may_have_moved, requested_by, created_at, updated_at, event_count
         "#,
         new.tenant_id.as_uuid(),
         new.refund_id.as_uuid(),

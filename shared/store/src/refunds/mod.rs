@@ -70,6 +70,8 @@ pub struct Refund {
     pub created_at: OffsetDateTime,
     /// When its status last changed.
     pub updated_at: OffsetDateTime,
+    /// How many rows its history has: the place of its latest change.
+    pub event_count: i32,
 }
 
 impl From<&Refund> for RefundResource {
@@ -110,7 +112,7 @@ pub async fn find(
                amount AS "amount: Amount", currency AS "currency: Currency", reason,
                metadata AS "metadata: Json<BTreeMap<String, String>>", provider_refund_id, failure_code,
                failure_message, send_attempts, first_sent_at, may_have_moved, requested_by, created_at,
-               updated_at
+               updated_at, event_count
         FROM refunds
         WHERE tenant_id = $1 AND refund_id = $2
         "#,
@@ -135,7 +137,7 @@ pub async fn of_payment(
                amount AS "amount: Amount", currency AS "currency: Currency", reason,
                metadata AS "metadata: Json<BTreeMap<String, String>>", provider_refund_id, failure_code,
                failure_message, send_attempts, first_sent_at, may_have_moved, requested_by, created_at,
-               updated_at
+               updated_at, event_count
         FROM refunds
         WHERE tenant_id = $1 AND payment_id = $2
         ORDER BY created_at, refund_id

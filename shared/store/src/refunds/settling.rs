@@ -163,7 +163,7 @@ pub async fn settle(
                   payment_id AS "payment_id: PaymentId", status AS "status: PaymentStatus",
                   amount AS "amount: Amount", currency AS "currency: Currency", reason,
                   metadata AS "metadata: Json<BTreeMap<String, String>>", provider_refund_id, failure_code, failure_message,
-                  send_attempts, first_sent_at, may_have_moved, requested_by, created_at, updated_at
+                  send_attempts, first_sent_at, may_have_moved, requested_by, created_at, updated_at, event_count
         "#,
         change.tenant_id.as_uuid(),
         change.refund_id.as_uuid(),
@@ -180,15 +180,7 @@ pub async fn settle(
         return Ok(Recorded::LostRace);
     };
     // The update counted this change's row: its place in the refund's history is the count.
-    let place = sqlx::query_scalar!(
-        "SELECT event_count FROM refunds WHERE tenant_id = $1 AND refund_id = $2",
-        change.tenant_id.as_uuid(),
-        change.refund_id.as_uuid(),
-    )
-    .fetch_one(&mut *conn)
-    .await
-    .map_err(StoreError::from)?;
-    write_event(conn, change, to, place).await?;
+    write_event(conn, change, to, refund.event_count).await?;
     book(conn, &refund, settlement).await?;
     let body = serde_json::to_value(RefundResource::from(&refund))
         .map_err(|e| StoreError::Unexpected(sqlx::Error::Encode(Box::new(e)).into()))?;
