@@ -7,16 +7,18 @@
 //! committed (or failed); a group holds one tenant's requests, so under Citus it stays on that
 //! tenant's shard; a group's write runs in a task of its own, so a client that goes away cannot cut
 //! short the write other requests wait for. A request that would wait for a write under way reads
-//! its key instead, if a connection is free ([`AcceptGroups::accept`] says why and when).
+//! its key instead, if a connection is free, together with the other requests of its tenant that
+//! would wait meanwhile ([`AcceptGroups::accept`] says why and when).
 
 use std::sync::Arc;
 
 use metrics::{Gauge, Histogram};
+use oncepay_domain::idempotency_key::IdempotencyKey;
 use oncepay_domain::ids::TenantId;
 use oncepay_service::group_commit::{GroupCommits, Limits, Queued};
 use oncepay_store::StoreError;
 use oncepay_store::connections::Connections;
-use oncepay_store::intake::{self, Intake, NewPayment};
+use oncepay_store::intake::{self, ExistingKey, Intake, NewPayment};
 
 use crate::metrics::{INTAKE_GROUP_SIZE, INTAKE_WRITING};
 
@@ -27,6 +29,8 @@ pub const LOCK_NOT_AVAILABLE: &str = "55P03";
 /// The groups being formed, one per tenant. Shared by the process's HTTP workers.
 pub struct AcceptGroups {
     groups: GroupCommits<TenantId, Request, Result<Intake, StoreError>>,
+    // The reads of keys handed back while their tenant's write is under way, grouped the same way.
+    reads: GroupCommits<TenantId, IdempotencyKey, Result<Read, StoreError>>,
     // Handles taken once: a lookup in the metrics registry per request costs more than the update.
     writing: Gauge,
     group_size: Histogram,
@@ -37,6 +41,7 @@ impl AcceptGroups {
     pub fn new(limits: Limits) -> Self {
         Self {
             groups: GroupCommits::new(limits),
+            reads: GroupCommits::new(Limits { max_wait: None, ..limits }),
             writing: metrics::gauge!(INTAKE_WRITING),
             group_size: metrics::histogram!(INTAKE_GROUP_SIZE),
         }
@@ -47,10 +52,12 @@ impl AcceptGroups {
     /// write use `connections`, the calling HTTP worker's own.
     ///
     /// A request that would wait for its tenant's write under way is handed back instead of queued,
-    /// and reads its key meanwhile (`oncepay_store::intake::stored`) if a connection is free: a stored
-    /// key (a retry) is replayed from its row, as the group's statement would replay it, and a key
-    /// not found waits for the next write. So a tenant's retries are read side by side, not one group
-    /// at a time. The group checks for a write and queues the request in one step, so a request never
+    /// and reads its key meanwhile if a connection is free: a stored key (a retry) is replayed from
+    /// its row, as the group's statement would replay it, and a key not found waits for the next
+    /// write. So a tenant's retries are read beside its writes, not one group at a time. The keys
+    /// handed back while a read of their tenant is under way are read together in the next one
+    /// (`oncepay_store::intake::stored_many`), as writes are grouped: one statement for many
+    /// retries. The group checks for a write and queues the request in one step, so a request never
     /// waits for a write that started after it looked. Once a request whose key was found new waits,
     /// the next write is certain, and later requests join it without a read: a burst of new keys pays
     /// for about one read a group. With every connection in use, a request waits without a read, so
@@ -58,21 +65,27 @@ impl AcceptGroups {
     pub async fn accept(self: Arc<Self>, connections: Arc<Connections>, new: NewPayment) -> Result<Intake, StoreError> {
         // Written at once if nothing of its tenant is being written, or queued with a request whose
         // key was found new; otherwise handed back, to be read while that write goes on.
-        let request = Request { new, found_new: false };
-        let new = match Arc::clone(&self).submit_unless_writing(Arc::clone(&connections), request).await {
-            Ok(result) => return result,
-            Err(handed_back) => handed_back.new,
-        };
-        let mut found_new = false;
-        if let Some(conn) = connections.try_acquire().await {
-            let mut conn = conn?;
-            let stored = intake::stored(&mut conn, new.tenant_id, &new.key).await?;
-            conn.release();
-            match stored {
-                Some(existing) => return Ok(Intake::Existing(existing)),
-                None => found_new = true,
+        // While a read of its tenant is under way, a request joins the next read: written alone now,
+        // it would cost a statement of its own.
+        let new = if self.reads.writing(&new.tenant_id) {
+            new
+        } else {
+            let request = Request { new, found_new: false };
+            match Arc::clone(&self).submit_unless_writing(Arc::clone(&connections), request).await {
+                Ok(result) => return result,
+                Err(handed_back) => handed_back.new,
             }
-        }
+        };
+        let tenant_id = new.tenant_id;
+        let read = |keys: Vec<IdempotencyKey>| read(&connections, tenant_id, keys);
+        // No result: the task reading the group went away midway; a read changes nothing, so the
+        // request simply waits for the write.
+        let found_new = match self.reads.submit(tenant_id, new.key.clone(), read).await {
+            Some(Ok(Read::Stored(existing))) => return Ok(Intake::Existing(existing)),
+            Some(Ok(Read::New)) => true,
+            Some(Ok(Read::Skipped)) | None => false,
+            Some(Err(error)) => return Err(error),
+        };
         self.submit(connections, Request { new, found_new }).await
     }
 
@@ -151,6 +164,43 @@ impl<'a> Counted<'a> {
 impl Drop for Counted<'_> {
     fn drop(&mut self) {
         self.0.decrement(1.0);
+    }
+}
+
+/// What the read of a handed-back request's key found.
+#[derive(Clone)]
+enum Read {
+    /// The key is stored: the request is answered from its row.
+    Stored(ExistingKey),
+    /// The key is not stored (yet): the request waits for the next write, which is now certain.
+    New,
+    /// Not read, every connection being in use: the request waits for the next write.
+    Skipped,
+}
+
+/// Reads `keys` of `tenant_id` in one statement, if a connection is free at once.
+async fn read(
+    connections: &Connections,
+    tenant_id: TenantId,
+    keys: Vec<IdempotencyKey>,
+) -> Vec<Result<Read, StoreError>> {
+    let Some(conn) = connections.try_acquire().await else {
+        return keys.iter().map(|_| Ok(Read::Skipped)).collect();
+    };
+    let stored = match conn {
+        Ok(mut conn) => {
+            let keys: Vec<&IdempotencyKey> = keys.iter().collect();
+            let stored = intake::stored_many(&mut conn, tenant_id, &keys).await;
+            if stored.is_ok() {
+                conn.release();
+            }
+            stored
+        }
+        Err(error) => Err(StoreError::from(error)),
+    };
+    match stored {
+        Ok(stored) => stored.into_iter().map(|key| Ok(key.map_or(Read::New, Read::Stored))).collect(),
+        Err(error) => keys.iter().map(|_| Err(error.clone())).collect(),
     }
 }
 

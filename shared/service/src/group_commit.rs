@@ -265,6 +265,12 @@ impl<K: Eq + Hash + Clone, T, R> GroupCommits<K, T, R> {
         Ok(Queued { member, result })
     }
 
+    /// Whether a write of `key` is under way now.
+    pub fn writing(&self, key: &K) -> bool {
+        let groups = self.groups.lock().unwrap_or_else(PoisonError::into_inner);
+        groups.get(key).is_some_and(|group| group.state().writes > 0)
+    }
+
     #[cfg(test)]
     fn groups(&self) -> usize {
         self.groups.lock().unwrap_or_else(PoisonError::into_inner).len()

@@ -8,7 +8,8 @@
 //! nothing written, for the caller to replay or refuse ([`Intake::Existing`]).
 //!
 //! [`stored`] runs `sql/replay.sql`, the function's replay read on its own: what intake would return
-//! for a known key, without taking part in a write.
+//! for a known key, without taking part in a write. [`stored_many`] reads several keys of a tenant
+//! that way in one statement (`sql/replay_group.sql`).
 //!
 //! The SQL lives in files so the benchmark runs the same statements under pgbench; `sql/replay.sql`
 //! is also the benchmark's raw replay baseline.
@@ -181,6 +182,34 @@ pub async fn stored(
         .fetch_optional(conn)
         .await?;
     row.map(existing_of).transpose()
+}
+
+/// [`stored`] for several keys of one tenant, in one statement (`sql/replay_group.sql`): each key's
+/// row, in the order of `keys`. One key is read with [`stored`]'s statement.
+#[tracing::instrument(name = "store.stored_keys", skip_all, fields(tenant.id = %tenant_id, keys = keys.len()))]
+pub async fn stored_many(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    keys: &[&IdempotencyKey],
+) -> Result<Vec<Option<ExistingKey>>, StoreError> {
+    if let [key] = keys {
+        return Ok(vec![stored(conn, tenant_id, key).await?]);
+    }
+    let texts: Vec<&str> = keys.iter().map(|key| key.as_str()).collect();
+    let rows =
+        sqlx::query_file!("sql/replay_group.sql", tenant_id.as_uuid(), &texts as &[&str]).fetch_all(conn).await?;
+    let mut found = HashMap::with_capacity(rows.len());
+    for row in rows {
+        let existing = existing_of(StoredKeyRow {
+            fingerprint: row.fingerprint,
+            payment_id: row.payment_id,
+            expires_at: row.expires_at,
+            response_status: row.response_status,
+            response_body: row.response_body,
+        })?;
+        found.insert(row.idempotency_key, existing);
+    }
+    Ok(texts.iter().map(|key| found.get(*key).cloned()).collect())
 }
 
 /// The key as `intake`, the result of `new`, leaves it stored.

@@ -162,6 +162,37 @@ async fn the_stored_read_finds_a_key_as_a_group_answers_it_and_not_a_key_still_b
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn keys_read_together_come_back_in_order_each_as_the_single_read_finds_it(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+    let other_tenant = tenant(&pool, "globex").await;
+    let stored = [new(tenant_id, "order-1", &body(100)), new(tenant_id, "order-2", &body(200))];
+    for result in accept_group(&pool, &stored).await {
+        created(&result);
+    }
+    let theirs = new(other_tenant, "order-3", &body(300));
+    created(&accept_group(&pool, std::slice::from_ref(&theirs)).await[0]);
+    let unknown = new(tenant_id, "order-4", &body(100));
+    let mut conn = pool.acquire().await.unwrap();
+
+    let keys = [&stored[1].key, &unknown.key, &theirs.key, &stored[0].key, &stored[1].key];
+    let read = intake::stored_many(&mut conn, tenant_id, &keys).await.unwrap();
+
+    let one_by_one = [
+        intake::stored(&mut conn, tenant_id, &stored[1].key).await.unwrap(),
+        None,
+        None,
+        intake::stored(&mut conn, tenant_id, &stored[0].key).await.unwrap(),
+        intake::stored(&mut conn, tenant_id, &stored[1].key).await.unwrap(),
+    ];
+    let ids = |keys: &[Option<intake::ExistingKey>]| {
+        keys.iter().map(|k| k.as_ref().map(|k| k.payment_id)).collect::<Vec<_>>()
+    };
+    assert_eq!(ids(&read), ids(&one_by_one), "in order, another tenant's key not found");
+    assert!(read[0].is_some() && read[3].is_some());
+    assert_eq!(read[0].as_ref().unwrap().fingerprint, stored[1].fingerprint);
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_second_request_with_a_key_already_in_the_group_finds_the_first_ones_key(pool: PgPool) {
     let tenant_id = tenant(&pool, "acme").await;
     let group = [
