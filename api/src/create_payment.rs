@@ -137,6 +137,7 @@ async fn store(
         request: payment_request,
         provider_account: account,
         retention: state.intake.key_retention(),
+        lock_wait: Some(state.intake.key_lock_wait()),
         trace: telemetry::trace_context_of(span),
     };
     // A new key is written in one statement with the other new keys of its group: key, payment,

@@ -82,6 +82,11 @@ impl IntakeSettings {
         Duration::from_secs(self.key_retention_secs)
     }
 
+    /// How long intake waits for a concurrent writer of the same key (`key_lock_wait_ms`).
+    pub fn key_lock_wait(&self) -> Duration {
+        Duration::from_millis(self.key_lock_wait_ms)
+    }
+
     /// How requests are grouped.
     pub fn group_limits(&self) -> Limits {
         Limits { max_items: self.group_max_requests, max_wait: Some(Duration::from_micros(self.group_max_wait_us)) }

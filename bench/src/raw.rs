@@ -136,6 +136,7 @@ fn accept(notify: &str) -> anyhow::Result<String> {
         Arg::Sql("NULL"),
         Arg::Sql("NULL"),
         Arg::Sql("NULL"),
+        Arg::Var("lock_wait"),
     ];
     command(ACCEPT_SQL, &args).context("accept.sql")
 }
@@ -168,6 +169,7 @@ fn accept_group(size: u32) -> anyhow::Result<String> {
         Arg::Sql(&none),
         Arg::Sql(&none),
         Arg::Sql(&none),
+        Arg::Var("lock_wait"),
     ];
     command(ACCEPT_GROUP_SQL, &args).context("accept_group.sql")
 }
@@ -359,10 +361,12 @@ pub fn variables(tenant: &dataset::Tenant, replays: ReplaySet) -> anyhow::Result
         "currency": request.currency.as_str(), "customer_id": request.customer_id, "metadata": request.metadata,
         "created_at": now, "updated_at": now, "provider_charge_id": "ch_0123456789abcdefghijklmn",
     });
-    let pairs: [(&str, String); 22] = [
+    let pairs: [(&str, String); 23] = [
         ("tenant", tenant.id.to_string()),
         ("fingerprint", format!("\\x{}", hex_bytes(fingerprint.as_bytes()))),
         ("retention", "86400".into()),
+        // The api's default `intake.key_lock_wait_ms`, which it passes to intake.
+        ("lock_wait", "500".into()),
         ("amount", request.amount.minor_units().to_string()),
         ("currency", request.currency.as_str().into()),
         ("customer", request.customer_id.clone()),

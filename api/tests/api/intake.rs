@@ -228,6 +228,7 @@ async fn a_key_being_written_by_another_transaction_gets_409_after_the_lock_wait
         request,
         provider_account: None,
         retention: Duration::from_secs(86_400),
+        lock_wait: None,
         trace: None,
     };
     assert!(intake::accept(&mut holder, &new).await.unwrap().created().is_some());

@@ -13,8 +13,9 @@
 -- $1 tenant_id, $2 idempotency key, $3 fingerprint, $4 payment_id for a new payment, $5 key retention
 -- in seconds, $6 amount, $7 currency, $8 customer_id, $9 description, $10 metadata, $11 traceparent,
 -- $12 tracestate, $13 whether to notify the workers at commit, $14 payment method, $15 provider
--- customer, $16 provider account.
+-- customer, $16 provider account, $17 the lock wait in milliseconds (NULL: the session's; migration
+-- 0330).
 SELECT created AS "created!", fingerprint AS "fingerprint!", payment_id AS "payment_id!: PaymentId",
        created_at, updated_at, expires_at AS "expires_at!", response_status,
        response_body AS "response_body: Json<Box<RawValue>>"
-FROM intake($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+FROM intake($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)

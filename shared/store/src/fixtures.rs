@@ -78,6 +78,7 @@ impl Submission {
             request: self.request.clone(),
             provider_account: None,
             retention: RETENTION,
+            lock_wait: None,
             trace: trace.cloned(),
         }
     }

@@ -51,6 +51,10 @@ pub struct NewPayment {
     /// How long the key is kept after creation (at least; the reaper never removes a key whose
     /// payment is not terminal).
     pub retention: Duration,
+    /// How long the key's write waits for another transaction writing the same key before it fails
+    /// with `lock_not_available` (55P03). It travels with the call, so that it holds wherever the
+    /// call runs: on Citus, on the node of the tenant's shards. `None`: the session's `lock_timeout`.
+    pub lock_wait: Option<Duration>,
     /// The trace the request belongs to, for the worker to continue.
     pub trace: Option<TraceContext>,
 }
@@ -310,6 +314,7 @@ async fn intake(conn: &mut PgConnection, new: &NewPayment, wake: bool) -> Result
         request.payment_method.as_ref().map(PaymentMethod::as_str),
         request.provider_customer.as_ref().map(ProviderCustomer::as_str),
         new.provider_account.as_ref().map(ProviderAccount::as_str),
+        lock_wait_ms(new),
     )
     .fetch_optional(conn)
     .await?
@@ -348,6 +353,7 @@ async fn intake_together(
             .collect::<Vec<_>>() as &[Option<&str>],
         &requests.iter().map(|new| new.provider_account.as_ref().map(ProviderAccount::as_str)).collect::<Vec<_>>()
             as &[Option<&str>],
+        lock_wait_ms(first),
     )
     .fetch_all(conn)
     .await?;
@@ -373,6 +379,12 @@ async fn intake_together(
         *result = intake_of(row, new);
     }
     Ok(results)
+}
+
+/// The lock wait to pass to the intake functions, in whole milliseconds (at least 1: 0 would be no
+/// limit at all).
+fn lock_wait_ms(new: &NewPayment) -> Option<i32> {
+    new.lock_wait.map(|wait| i32::try_from(wait.as_millis()).unwrap_or(i32::MAX).max(1))
 }
 
 /// What `sql/replay.sql` returns: a stored key.

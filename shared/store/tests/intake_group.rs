@@ -193,6 +193,26 @@ async fn keys_read_together_come_back_in_order_each_as_the_single_read_finds_it(
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn the_lock_wait_given_with_the_call_holds_where_the_session_has_none(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+    let mut holder = pool.begin().await.unwrap();
+    intake::accept(&mut holder, &new(tenant_id, "order-2", &body(100))).await.unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    // The session would wait for ever, as a Citus node's session does for a delegated call.
+    sqlx::raw_sql("SET lock_timeout = 0").execute(&mut *conn).await.unwrap();
+    let waits =
+        |key: &str| NewPayment { lock_wait: Some(Duration::from_millis(200)), ..new(tenant_id, key, &body(100)) };
+
+    let alone = intake::accept_deferring_wakeup(&mut conn, &waits("order-2")).await;
+    let together = intake::accept_group(&mut conn, &[waits("order-1"), waits("order-2")]).await;
+
+    assert_eq!(sqlstate(&alone), "55P03", "lock_not_available: the api answers 409");
+    created(&together[0]);
+    assert_eq!(sqlstate(&together[1]), "55P03");
+    holder.rollback().await.unwrap();
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_second_request_with_a_key_already_in_the_group_finds_the_first_ones_key(pool: PgPool) {
     let tenant_id = tenant(&pool, "acme").await;
     let group = [
