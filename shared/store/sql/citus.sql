@@ -61,9 +61,12 @@ END
 $$;
 
 -- The settlement on Citus: the settlement of migrations/0150 writes its audit rows and ledger entries
--- in INSERT CTEs, which Citus never runs on the shard alone. Here the UPDATE comes first, and the
--- rows are then written reading the moved payments back, as the claim's are above. It has no
--- `plan_cache_mode` of its own. Same arguments, same rows, same result.
+-- in INSERT CTEs, which Citus never runs on the shard alone. Here the UPDATE comes first, and then
+-- each moved payment's audit row and (for a success) ledger entry is a plain INSERT of the tenant's.
+-- The call is delegated to the tenant's node inside the caller's transaction (`force_delegation`,
+-- below), where Citus accepts only statements that name the tenant it was given: an INSERT … SELECT
+-- is refused there, an INSERT … VALUES with the tenant is not. It has no `plan_cache_mode` of its
+-- own. Same arguments, same rows, same result.
 CREATE OR REPLACE FUNCTION settle_payments(
     p_tenant_id uuid,
     p_payment_ids uuid[],
@@ -83,7 +86,8 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     moved payments[];
-    ids uuid[];
+    m payments;
+    i integer;
 BEGIN
     WITH changed AS (
         UPDATE payments p
@@ -97,21 +101,22 @@ BEGIN
         WHERE p.tenant_id = p_tenant_id AND p.payment_id = c.payment_id AND p.status = c.from_status
         RETURNING p.*
     )
-    SELECT array_agg(ROW(changed.*)::payments), array_agg(changed.payment_id) INTO moved, ids FROM changed;
+    SELECT array_agg(ROW(changed.*)::payments) INTO moved FROM changed;
+    IF moved IS NULL THEN
+        RETURN;
+    END IF;
 
-    INSERT INTO payment_events (tenant_id, payment_id, seq, from_status, to_status, actor, reason, detail)
-    SELECT p.tenant_id, p.payment_id, p.event_count, c.from_status, p.status, c.actor, c.reason, c.detail
-    FROM payments p
-    JOIN unnest(p_payment_ids, p_from_statuses, p_actors, p_reasons, p_details)
-        AS c(payment_id, from_status, actor, reason, detail) ON c.payment_id = p.payment_id
-    WHERE p.tenant_id = p_tenant_id AND p.payment_id = ANY(ids);
-
-    INSERT INTO ledger_entries (tenant_id, payment_id, provider_charge_id, amount, currency, charged_at)
-    SELECT p.tenant_id, p.payment_id, c.charge_id, c.amount, c.currency, c.charged_at
-    FROM payments p
-    JOIN unnest(p_payment_ids, p_charge_ids, p_ledger_amounts, p_ledger_currencies, p_charged_at)
-        AS c(payment_id, charge_id, amount, currency, charged_at) ON c.payment_id = p.payment_id
-    WHERE p.tenant_id = p_tenant_id AND p.payment_id = ANY(ids) AND p.status = 'succeeded';
+    FOREACH m IN ARRAY moved LOOP
+        i := array_position(p_payment_ids, m.payment_id);
+        INSERT INTO payment_events (tenant_id, payment_id, seq, from_status, to_status, actor, reason, detail)
+        VALUES (p_tenant_id, m.payment_id, m.event_count, p_from_statuses[i], m.status, p_actors[i], p_reasons[i],
+                p_details[i]);
+        IF m.status = 'succeeded' THEN
+            INSERT INTO ledger_entries (tenant_id, payment_id, provider_charge_id, amount, currency, charged_at)
+            VALUES (p_tenant_id, m.payment_id, p_charge_ids[i], p_ledger_amounts[i], p_ledger_currencies[i],
+                    p_charged_at[i]);
+        END IF;
+    END LOOP;
 
     RETURN QUERY SELECT * FROM unnest(moved);
 END
@@ -136,7 +141,8 @@ CREATE OR REPLACE FUNCTION intake_group(
     p_traceparents text[],
     p_tracestates text[],
     p_provider_customers text[] DEFAULT NULL,
-    p_provider_accounts text[] DEFAULT NULL
+    p_provider_accounts text[] DEFAULT NULL,
+    p_lock_wait_ms integer DEFAULT NULL
 ) RETURNS TABLE (
     item integer,
     created boolean,
@@ -158,7 +164,9 @@ DECLARE
     i integer;
 BEGIN
     -- The key's INSERT waits at most this long for another transaction writing the same key.
-    IF current_setting('citus.propagate_set_commands', true) = 'local' THEN
+    IF p_lock_wait_ms IS NOT NULL THEN
+        PERFORM set_config('lock_timeout', p_lock_wait_ms || 'ms', true);
+    ELSIF current_setting('citus.propagate_set_commands', true) = 'local' THEN
         PERFORM lock_wait_to_nodes();
     END IF;
     -- In key order, so that two groups that share keys take their locks in the same order.
@@ -208,3 +216,55 @@ $intake_group$;
 -- create distributed plan"). Planned with the tenant known, each statement goes to the tenant's
 -- shard, as before 0170.
 ALTER FUNCTION claim_sends(uuid, bigint, text, double precision, text) SET plan_cache_mode = force_custom_plan;
+
+-- The calls of an accept, a claim and a settlement are handed whole to the node that holds the
+-- tenant's shards (issue 37). Without this, the coordinator runs the function and sends each of its
+-- statements to that node, one round trip each: four for an accept. A function distributed by its
+-- tenant argument, colocated with `payments`, is delegated instead: the coordinator finds the
+-- tenant's node from the argument and sends it the call, which runs there against its local shards,
+-- in one round trip. Delegation needs the call as `SELECT … FROM f(…)` (or `SELECT f(…)`) with the
+-- tenant a constant once the statement's parameters are bound, which is how oncepay calls them.
+--
+-- `intake`, `intake_group` and `claim_sends` are called on their own, outside a transaction block,
+-- which is when Citus delegates. The settlement runs inside the worker's transaction, between the
+-- outbox's DELETE and the responses' UPDATE, so `settle_payments` is forced (`force_delegation`):
+-- Citus then delegates it inside a transaction too, provided everything the call does stays with the
+-- tenant it was given, as it does. The lock wait of an accept travels as an argument (migration
+-- 0330), since the node runs the call in a session of the coordinator's, not the api's.
+--
+-- `write_claim_rows` and `lock_wait_to_nodes` are called from inside those functions, so they must
+-- exist on every node too: distributed without an argument, they are only copied there.
+DO $delegate$
+DECLARE
+    call record;
+BEGIN
+    FOR call IN
+        SELECT * FROM (VALUES
+            ('intake(uuid, text, bytea, uuid, double precision, bigint, text, text, text, jsonb, text, text, '
+             'boolean, text, text, text, integer)', 'p_tenant_id', false),
+            ('intake_group(uuid, text[], bytea[], uuid[], double precision, bigint[], text[], text[], text[], '
+             'jsonb[], text[], text[], text[], text[], text[], integer)', 'p_tenant_id', false),
+            ('claim_sends(uuid, bigint, text, double precision, text)', 'p_tenant_id', false),
+            ('settle_payments(uuid, uuid[], payment_status[], payment_status[], text[], text[], text[], text[], '
+             'text[], jsonb[], bigint[], text[], timestamptz[])', 'p_tenant_id', true),
+            ('write_claim_rows(uuid, text, claimed_send[], uuid[])', NULL, false),
+            ('lock_wait_to_nodes()', NULL, false)
+        ) AS f(signature, argument, forced)
+    LOOP
+        CONTINUE WHEN EXISTS (
+            SELECT FROM pg_dist_object
+            WHERE classid = 'pg_proc'::regclass AND objid = call.signature::regprocedure
+              AND (call.argument IS NULL OR distribution_argument_index IS NOT NULL)
+        );
+        IF call.argument IS NULL THEN
+            PERFORM create_distributed_function(call.signature::regprocedure);
+        ELSIF call.forced THEN
+            PERFORM create_distributed_function(call.signature::regprocedure, call.argument,
+                                                colocate_with := 'payments', force_delegation := true);
+        ELSE
+            PERFORM create_distributed_function(call.signature::regprocedure, call.argument,
+                                                colocate_with := 'payments');
+        END IF;
+    END LOOP;
+END
+$delegate$;
