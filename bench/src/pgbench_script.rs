@@ -246,17 +246,17 @@ mod tests {
     #[test]
     fn the_project_statements_convert_with_their_full_parameter_lists() {
         let accept = include_str!("../../shared/store/sql/accept.sql");
-        let args: Vec<Arg<'_>> = (1..=16).map(|_| Arg::Var("v")).collect();
+        let args: Vec<Arg<'_>> = (1..=17).map(|_| Arg::Var("v")).collect();
 
         let converted = command(accept, &args).unwrap();
 
         assert!(!converted.contains('$') && !converted.contains("--") && !converted.contains('\n'));
         assert!(converted.starts_with(r#"SELECT created AS "created", fingerprint AS "fingerprint""#), "{converted}");
         assert!(
-            converted.ends_with("FROM intake(:v, :v, :v, :v, :v, :v, :v, :v, :v, :v, :v, :v, :v, :v, :v, :v)"),
+            converted.ends_with("FROM intake(:v, :v, :v, :v, :v, :v, :v, :v, :v, :v, :v, :v, :v, :v, :v, :v, :v)"),
             "{converted}"
         );
-        assert!(command(accept, &args[..15]).is_err(), "accept.sql has 16 parameters");
+        assert!(command(accept, &args[..16]).is_err(), "accept.sql has 17 parameters");
     }
 
     #[test]

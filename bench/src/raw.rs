@@ -427,7 +427,8 @@ mod tests {
         let notifying = Baseline::AcceptWithNotify.script().unwrap().text();
 
         assert!(
-            quiet.contains("FROM intake(:tenant, :key,") && quiet.contains(", :false, (NULL), (NULL), (NULL));"),
+            quiet.contains("FROM intake(:tenant, :key,")
+                && quiet.contains(", :false, (NULL), (NULL), (NULL), :lock_wait);"),
             "{quiet}"
         );
         assert_eq!(quiet.replace(":false", ":true"), notifying);
