@@ -101,3 +101,37 @@ async fn after_close_no_checkout_is_handed_out(pool: PgPool) {
     assert_eq!(connections.idle(), 0);
     assert!(matches!(connections.acquire().await, Err(sqlx::Error::PoolClosed)));
 }
+
+#[sqlx::test]
+async fn a_connection_whose_transaction_was_dropped_unfinished_is_closed_not_kept_holding_its_locks(pool: PgPool) {
+    use sqlx::Connection;
+    let connections = connections(&pool, 1, Duration::from_secs(10));
+    let mut checkout = connections.acquire().await.unwrap();
+    let checkout_backend = backend(&mut checkout).await;
+    let mut tx = checkout.begin().await.unwrap();
+    sqlx::query!("SELECT pg_advisory_xact_lock(37)").execute(&mut *tx).await.unwrap();
+
+    // Dropping a transaction only queues its ROLLBACK, to be sent with the connection's next
+    // statement: until then PostgreSQL keeps the transaction open, and its locks held.
+    drop(tx);
+    checkout.release();
+
+    assert_eq!(connections.idle(), 0, "a connection with a rollback still to send is not idle");
+    // Its backend ends, and the transaction's lock with it.
+    loop {
+        let alive = sqlx::query_scalar!(
+            r#"SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1) AS "alive!""#,
+            checkout_backend
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        if !alive {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    let free: bool =
+        sqlx::query_scalar!(r#"SELECT pg_try_advisory_lock(37) AS "free!""#).fetch_one(&pool).await.unwrap();
+    assert!(free);
+}

@@ -109,16 +109,47 @@ pub enum RefundIntake {
 #[tracing::instrument(name = "store.refund_intake", skip_all, fields(tenant.id = %new.tenant_id, payment.id = %new.payment_id))]
 pub async fn accept(conn: &mut PgConnection, new: &NewRefund<'_>) -> Result<RefundIntake, StoreError> {
     let mut tx = conn.begin().await?;
-    if let Some(existing) = stored(&mut tx, new.tenant_id, new.key).await? {
-        return Ok(RefundIntake::Existing(existing));
+    let written = write(&mut tx, new).await;
+    // Every way out but a commit rolls back before it returns, a failed statement's too: a dropped
+    // transaction would only queue its ROLLBACK, and the payment's lock would stay held until the
+    // connection's next statement.
+    match written {
+        Ok(Some(created @ RefundIntake::Created { .. })) => {
+            tx.commit().await?;
+            Ok(created)
+        }
+        Ok(Some(unwritten)) => {
+            tx.rollback().await?;
+            Ok(unwritten)
+        }
+        Ok(None) => {
+            // Another request took the key and committed while this one was being written.
+            tx.rollback().await?;
+            let existing = stored(conn, new.tenant_id, new.key).await?;
+            existing.map(RefundIntake::Existing).ok_or_else(vanished)
+        }
+        Err(error) => {
+            // The statement's error is the one to report. If the rollback fails too, the
+            // transaction ends when the connection is next used or closed.
+            let _ = tx.rollback().await;
+            Err(error)
+        }
     }
-    let amount = match reserve(&mut tx, new).await? {
+}
+
+/// Intake's statements, in the caller's transaction: the refund, written (to be committed), or the
+/// key as it exists, or a refusal (to be rolled back); `None` if a concurrent request took the key.
+async fn write(tx: &mut PgConnection, new: &NewRefund<'_>) -> Result<Option<RefundIntake>, StoreError> {
+    if let Some(existing) = stored(tx, new.tenant_id, new.key).await? {
+        return Ok(Some(RefundIntake::Existing(existing)));
+    }
+    let amount = match reserve(tx, new).await? {
         Ok(amount) => amount,
         Err(refusal) => {
             // A request with the same key may have committed while this one waited for the
             // payment's lock: then it is that request's refund, not a refusal.
-            let existing = stored(&mut tx, new.tenant_id, new.key).await?;
-            return Ok(existing.map_or(RefundIntake::Refused(refusal), RefundIntake::Existing));
+            let existing = stored(tx, new.tenant_id, new.key).await?;
+            return Ok(Some(existing.map_or(RefundIntake::Refused(refusal), RefundIntake::Existing)));
         }
     };
     let refund = sqlx::query_as!(
@@ -160,10 +191,7 @@ pub async fn accept(conn: &mut PgConnection, new: &NewRefund<'_>) -> Result<Refu
     .fetch_optional(&mut *tx)
     .await?;
     let Some(key_expires_at) = key_expires_at else {
-        // Another request took the key and committed while this one was being written.
-        tx.rollback().await?;
-        let existing = stored(conn, new.tenant_id, new.key).await?;
-        return existing.map(RefundIntake::Existing).ok_or_else(vanished);
+        return Ok(None);
     };
     sqlx::query!(
         r#"
@@ -191,8 +219,7 @@ pub async fn accept(conn: &mut PgConnection, new: &NewRefund<'_>) -> Result<Refu
     sqlx::query!("SELECT pg_notify($1, $2)", REFUND_OUTBOX_CHANNEL, new.tenant_id.to_string())
         .execute(&mut *tx)
         .await?;
-    tx.commit().await?;
-    Ok(RefundIntake::Created { refund: Box::new(refund), key_expires_at })
+    Ok(Some(RefundIntake::Created { refund: Box::new(refund), key_expires_at }))
 }
 
 /// Locks the payment's row and raises what it has promised back by the refund's amount; returns
