@@ -4,13 +4,14 @@
 //! first; they must sit in the same directory as this executable.
 
 use std::io::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use oncepay_bench::report;
+use oncepay_bench::report::{self, Report};
 use oncepay_bench::run::{self, Options, Phase, Profile};
+use oncepay_devkit::server::Kind;
 
 /// Benchmarks oncepay against raw PostgreSQL running the same SQL.
 #[derive(Parser)]
@@ -41,10 +42,14 @@ struct Cli {
     /// Where the processes' logs go (default: beside the report).
     #[arg(long)]
     log_dir: Option<PathBuf>,
-    /// Run on a throwaway Citus cluster, a coordinator and two worker nodes, instead of one
-    /// PostgreSQL (Citus must be installed for the server; nothing here installs it).
-    #[arg(long)]
+    /// After the run on one PostgreSQL, the same run on a throwaway Citus cluster (a coordinator and
+    /// two worker nodes; Citus must be installed for the server, nothing here installs it), and each
+    /// Citus row's rate as a ratio to the same row's on one PostgreSQL.
+    #[arg(long, conflicts_with = "citus_only")]
     citus: bool,
+    /// The run on a Citus cluster alone, without one PostgreSQL's to compare with.
+    #[arg(long)]
+    citus_only: bool,
     /// The commit the binaries were built from, kept in the report. (Not an environment variable:
     /// the binaries it starts would read any `ONCEPAY_*` one as configuration.)
     #[arg(long)]
@@ -105,19 +110,50 @@ async fn bench() -> anyhow::Result<()> {
         log_dir,
         command: std::env::args().collect(),
         git_commit: cli.commit,
-        citus: cli.citus,
     };
-    let report = run::run(&options).await?;
+    let servers: &[Kind] = match (cli.citus, cli.citus_only) {
+        (_, true) => &[Kind::Citus],
+        (true, false) => &[Kind::Single, Kind::Citus],
+        (false, false) => &[Kind::Single],
+    };
+    let mut single: Option<Report> = None;
+    for &kind in servers {
+        let mut report = run::run(&options, kind).await?;
+        if let Some(single) = &single {
+            report.against_single = report::against_single(&single.rows, &report.rows);
+        }
+        let out = if kind == Kind::Citus && servers.len() > 1 { citus_path(&out) } else { out.clone() };
+        write(&out, &report)?;
+        if let Some(error) = &report.error {
+            anyhow::bail!("the run on {} stopped early: {error}", report.server);
+        }
+        single = Some(report);
+    }
+    Ok(())
+}
+
+/// Where the Citus report goes when one PostgreSQL's takes `out`: beside it, `-citus` added.
+fn citus_path(out: &Path) -> PathBuf {
+    let stem = out.file_stem().map_or_else(|| "oncepay-bench".into(), |stem| stem.to_string_lossy().into_owned());
+    let extension = out.extension().map_or_else(|| "json".into(), |e| e.to_string_lossy().into_owned());
+    out.with_file_name(format!("{stem}-citus.{extension}"))
+}
+
+/// Writes `report` to `out` as JSON and prints its tables.
+fn write(out: &Path, report: &Report) -> anyhow::Result<()> {
     if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent)?;
     }
-    std::fs::write(&out, serde_json::to_string_pretty(&report)?)
-        .with_context(|| format!("writing {}", out.display()))?;
+    std::fs::write(out, serde_json::to_string_pretty(report)?).with_context(|| format!("writing {}", out.display()))?;
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "\non {}\n{}", report.server, report::table(&report.rows))?;
-    writeln!(stdout, "report: {}", out.display())?;
-    match &report.error {
-        Some(error) => anyhow::bail!("the run stopped early: {error}"),
-        None => Ok(()),
+    if !report.against_single.is_empty() {
+        writeln!(
+            stdout,
+            "on Citus, against one PostgreSQL:\n{}",
+            report::against_single_table(&report.against_single)
+        )?;
     }
+    writeln!(stdout, "report: {}", out.display())?;
+    Ok(())
 }

@@ -15,8 +15,9 @@ use crate::latency::LatencySummary;
 use crate::machine::Machine;
 
 /// The JSON document's format version; bump it when a field changes meaning. 2: a comparison says
-/// what its ratio is `of` (rates, or median latencies), and latencies have a p95.
-pub const FORMAT_VERSION: u32 = 2;
+/// what its ratio is `of` (rates, or median latencies), and latencies have a p95. 3: a Citus run made
+/// after one PostgreSQL's compares its rows with that run's (`against_single`).
+pub const FORMAT_VERSION: u32 = 3;
 
 /// Cores busy with other programs above which a row is marked as measured on a busy machine.
 pub const NOISY_OTHER_CORES: f64 = 0.25;
@@ -54,6 +55,93 @@ pub struct Report {
     pub error: Option<String>,
     /// Every measurement, in the order taken.
     pub rows: Vec<Row>,
+    /// On a Citus run made back to back with one PostgreSQL's: each row's rate against the same
+    /// row's there. Empty otherwise.
+    pub against_single: Vec<AgainstSingle>,
+}
+
+/// A row measured on Citus against the same row on one PostgreSQL, in the same invocation.
+#[derive(Debug, Clone, Serialize)]
+pub struct AgainstSingle {
+    /// Raw or service.
+    pub kind: Kind,
+    /// The row, as [`Row::label`].
+    pub row: String,
+    /// Its setup.
+    pub setup: String,
+    /// Its rate on one PostgreSQL.
+    pub single_rate: f64,
+    /// Its rate on Citus.
+    pub citus_rate: f64,
+    /// Citus's rate / one PostgreSQL's.
+    pub ratio: f64,
+    /// The least the ratio may be, where the issue sets it (issue 37: the service's accepts from 8
+    /// and 64 clients, and its drains).
+    pub target: Option<f64>,
+}
+
+impl AgainstSingle {
+    /// Whether the target is met (`None` without a target).
+    pub fn met(&self) -> Option<bool> {
+        self.target.map(|target| self.ratio >= target)
+    }
+}
+
+/// The least a service row's rate on Citus may be, as a share of its rate on one PostgreSQL.
+fn citus_target(row: &Row) -> Option<f64> {
+    match (row.kind, row.name.as_str(), row.concurrency) {
+        (Kind::Service, "accept", 8 | 64) => Some(0.5),
+        (Kind::Service, "drain", _) => Some(0.8),
+        _ => None,
+    }
+}
+
+/// Each row of `citus` that `single` measured too (the same kind, name, connections, setup and
+/// dataset), with its ratio; rows only one run has are left out.
+pub fn against_single(single: &[Row], citus: &[Row]) -> Vec<AgainstSingle> {
+    citus
+        .iter()
+        .filter_map(|row| {
+            let same = single.iter().find(|other| {
+                other.kind == row.kind
+                    && other.name == row.name
+                    && other.concurrency == row.concurrency
+                    && other.setup == row.setup
+                    && other.dataset == row.dataset
+            })?;
+            Some(AgainstSingle {
+                kind: row.kind,
+                row: row.label(),
+                setup: row.setup.clone(),
+                single_rate: same.rate,
+                citus_rate: row.rate,
+                ratio: if same.rate > 0.0 { row.rate / same.rate } else { 0.0 },
+                target: citus_target(row),
+            })
+        })
+        .collect()
+}
+
+/// [`against_single`]'s rows as a table for a terminal.
+pub fn against_single_table(rows: &[AgainstSingle]) -> String {
+    let header = ["", "what", "one PG/s", "Citus/s", "ratio", "target"];
+    let mut lines: Vec<Vec<String>> = vec![header.iter().map(|h| (*h).to_owned()).collect()];
+    for row in rows {
+        lines.push(vec![
+            match row.kind {
+                Kind::Raw => "raw".to_owned(),
+                Kind::Service => "svc".to_owned(),
+            },
+            format!("{} ({})", row.row, row.setup),
+            thousands(row.single_rate),
+            thousands(row.citus_rate),
+            format!("{:.2}", row.ratio),
+            row.target.map_or("-".to_owned(), |target| {
+                format!("≥{target:.1} {}", if row.met() == Some(true) { "ok" } else { "MISS" })
+            }),
+        ]);
+    }
+    aligned_with(&lines, |i| i < 2)
 }
 
 /// Raw PostgreSQL or the service.
@@ -211,21 +299,7 @@ pub fn table(rows: &[Row]) -> String {
             format!("{:.2}", row.cpu.other_cores),
         ]);
     }
-    let widths: Vec<usize> =
-        (0..header.len()).map(|i| lines.iter().map(|line| line[i].chars().count()).max().unwrap_or(0)).collect();
-    let mut out = String::new();
-    for line in &lines {
-        let cells: Vec<String> = line
-            .iter()
-            .zip(&widths)
-            .enumerate()
-            .map(|(i, (cell, &width))| {
-                // Text columns align left, numbers right.
-                if i <= 3 || i == 5 { format!("{cell:<width$}") } else { format!("{cell:>width$}") }
-            })
-            .collect();
-        let _ = writeln!(out, "{}", cells.join("  ").trim_end());
-    }
+    let mut out = aligned_with(&lines, |i| i <= 3 || i == 5);
     if rows.iter().any(|row| row.cpu.other_cores > NOISY_OTHER_CORES) {
         let _ = writeln!(
             out,
@@ -248,6 +322,24 @@ pub fn table(rows: &[Row]) -> String {
         for line in extras {
             let _ = writeln!(out, "{line}");
         }
+    }
+    out
+}
+
+/// `lines` as columns, those `is_text` says aligned left, the rest (numbers) right.
+fn aligned_with(lines: &[Vec<String>], is_text: impl Fn(usize) -> bool) -> String {
+    let columns = lines.first().map_or(0, Vec::len);
+    let widths: Vec<usize> =
+        (0..columns).map(|i| lines.iter().map(|line| line[i].chars().count()).max().unwrap_or(0)).collect();
+    let mut out = String::new();
+    for line in lines {
+        let cells: Vec<String> = line
+            .iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(i, (cell, &width))| if is_text(i) { format!("{cell:<width$}") } else { format!("{cell:>width$}") })
+            .collect();
+        let _ = writeln!(out, "{}", cells.join("  ").trim_end());
     }
     out
 }
@@ -378,6 +470,32 @@ mod tests {
 
         assert!(table.contains("raw*"), "{table}");
         assert!(table.contains("rerun on a quiet machine"), "{table}");
+    }
+
+    #[test]
+    fn citus_rows_are_set_against_the_same_rows_on_one_postgresql_with_the_issues_targets() {
+        let mut single_drain = row(Kind::Service, "drain", 2000.0);
+        single_drain.concurrency = 1;
+        let mut citus_drain = row(Kind::Service, "drain", 1700.0);
+        citus_drain.concurrency = 1;
+        let single = [row(Kind::Raw, "accept_sql", 4000.0), row(Kind::Service, "accept", 6000.0), single_drain];
+        let citus = [
+            row(Kind::Raw, "accept_sql", 1000.0),
+            row(Kind::Service, "accept", 2000.0),
+            citus_drain,
+            row(Kind::Service, "only_on_citus", 10.0),
+        ];
+
+        let compared = against_single(&single, &citus);
+
+        let seen: Vec<(&str, f64, Option<bool>)> =
+            compared.iter().map(|c| (c.row.as_str(), c.ratio, c.met())).collect();
+        assert_eq!(
+            seen,
+            [("accept_sql×8", 0.25, None), ("accept×8", 2000.0 / 6000.0, Some(false)), ("drain×1", 0.85, Some(true))]
+        );
+        let table = against_single_table(&compared);
+        assert!(table.contains("≥0.5 MISS") && table.contains("≥0.8 ok") && table.contains("0.33"), "{table}");
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! A whole run, in order, on one throwaway PostgreSQL, or with `--citus` on a throwaway Citus
-//! cluster (a coordinator and two worker nodes on this machine), durable either way (`fsync` and
+//! A whole run, in order, on one throwaway PostgreSQL or on a throwaway Citus cluster (a
+//! coordinator and two worker nodes on this machine), durable either way (`fsync` and
 //! `synchronous_commit` on, as in issue #8's reference figures): the setup, then every [`Phase`]
 //! asked for, each raw baseline next to the service measurement compared with it. Raw baselines and
 //! services alike connect to the coordinator, and PostgreSQL's CPU time is that of every node.
@@ -127,8 +127,6 @@ pub struct Options {
     pub git_commit: Option<String>,
     /// What was done about other work on the machine (the run's scheduling priority).
     pub priority: String,
-    /// Run on a Citus cluster instead of one PostgreSQL.
-    pub citus: bool,
 }
 
 impl Options {
@@ -253,11 +251,10 @@ struct Bench<'a> {
 
 /// Runs the benchmark. A run that fails after the setup still returns what it measured, with the
 /// failure in [`Report::error`].
-pub async fn run(options: &Options) -> anyhow::Result<Report> {
+pub async fn run(options: &Options, kind: server::Kind) -> anyhow::Result<Report> {
     let started_at = time::OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339)?;
     let timing = options.profile.timing();
     std::fs::create_dir_all(&options.log_dir)?;
-    let kind = if options.citus { server::Kind::Citus } else { server::Kind::Single };
     let server = Server::start(kind, Durability::Durable).await.context("cannot start PostgreSQL")?;
     eprintln!("bench: {} on port {}, logs in {}", server.describe(), server.front().port(), options.log_dir.display());
     let main = Database::create(&server, "oncepay", "main", STORED_KEYS).await?;
@@ -290,6 +287,7 @@ pub async fn run(options: &Options) -> anyhow::Result<Report> {
         machine,
         error: result.err().map(|error| format!("{error:#}")),
         rows: bench.rows,
+        against_single: Vec::new(),
     };
     main.pool.close().await;
     Ok(report)
