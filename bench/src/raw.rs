@@ -283,6 +283,7 @@ fn refund() -> anyhow::Result<Script> {
                 Arg::Var("refund_reason"),
                 Arg::Var("refund_metadata"),
                 Arg::Var("requested_by"),
+                Arg::Var("currency"),
             ],
         ),
         (

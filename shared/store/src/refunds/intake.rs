@@ -143,8 +143,8 @@ async fn write(tx: &mut PgConnection, new: &NewRefund<'_>) -> Result<Option<Refu
     if let Some(existing) = stored(tx, new.tenant_id, new.key).await? {
         return Ok(Some(RefundIntake::Existing(existing)));
     }
-    let amount = match reserve(tx, new).await? {
-        Ok(amount) => amount,
+    let Reserved { amount, currency } = match reserve(tx, new).await? {
+        Ok(reserved) => reserved,
         Err(refusal) => {
             // A request with the same key may have committed while this one waited for the
             // payment's lock: then it is that request's refund, not a refusal.
@@ -156,9 +156,7 @@ async fn write(tx: &mut PgConnection, new: &NewRefund<'_>) -> Result<Option<Refu
         Refund,
         r#"
         INSERT INTO refunds (tenant_id, refund_id, payment_id, amount, currency, reason, metadata, requested_by)
-        SELECT tenant_id, $2, payment_id, $4, currency, $5, $6, $7
-        FROM payments
-        WHERE tenant_id = $1 AND payment_id = $3
+        VALUES ($1, $2, $3, $4, $8, $5, $6, $7)
         RETURNING tenant_id AS "tenant_id: TenantId", refund_id AS "refund_id: RefundId",
                   payment_id AS "payment_id: PaymentId", status AS "status: PaymentStatus",
                   amount AS "amount: Amount", currency AS "currency: Currency", reason,
@@ -172,6 +170,7 @@ async fn write(tx: &mut PgConnection, new: &NewRefund<'_>) -> Result<Option<Refu
         new.request.reason.map(|reason| reason.as_str()),
         Json(&new.request.metadata) as _,
         new.requested_by,
+        currency.as_str(),
     )
     .fetch_one(&mut *tx)
     .await?;
@@ -222,9 +221,17 @@ async fn write(tx: &mut PgConnection, new: &NewRefund<'_>) -> Result<Option<Refu
     Ok(Some(RefundIntake::Created { refund: Box::new(refund), key_expires_at }))
 }
 
+/// What [`reserve`] set aside on the payment: the refund's amount, in the payment's currency.
+struct Reserved {
+    amount: i64,
+    currency: Currency,
+}
+
 /// Locks the payment's row and raises what it has promised back by the refund's amount; returns
-/// that amount, or why the refund cannot be made.
-async fn reserve(conn: &mut PgConnection, new: &NewRefund<'_>) -> Result<Result<i64, Refusal>, StoreError> {
+/// that amount and the payment's currency (the refund's, written from here rather than read again
+/// by the refund's INSERT: Citus cannot plan that INSERT … SELECT with its RETURNING), or why the
+/// refund cannot be made.
+async fn reserve(conn: &mut PgConnection, new: &NewRefund<'_>) -> Result<Result<Reserved, Refusal>, StoreError> {
     // FOR UPDATE waits for a concurrent refund of the payment to commit, then reads the row as that
     // refund left it.
     let payment = sqlx::query!(
@@ -261,7 +268,7 @@ async fn reserve(conn: &mut PgConnection, new: &NewRefund<'_>) -> Result<Result<
     )
     .execute(&mut *conn)
     .await?;
-    Ok(Ok(asked))
+    Ok(Ok(Reserved { amount: asked, currency: payment.currency }))
 }
 
 /// The key as stored, if it is: what [`accept`] would return for a request with it, read without
