@@ -186,11 +186,18 @@ pub async fn settle(
         .map_err(|e| StoreError::Unexpected(sqlx::Error::Encode(Box::new(e)).into()))?;
     sqlx::query!(
         r#"
-        UPDATE refund_keys
-        SET response_status = 200, response_body = $3,
-            -- The retention starts again when the refund becomes terminal, as a payment's key's does.
-            expires_at = GREATEST(expires_at, now() + (expires_at - created_at))
-        WHERE tenant_id = $1 AND refund_id = $2
+        -- The retention starts again when the refund becomes terminal, as a payment's key's does.
+        -- The new expiry is computed in a SELECT, not in the UPDATE's SET: Citus refuses STABLE
+        -- functions over a row's columns in an UPDATE (sql/store_response.sql does the same).
+        WITH extended AS (
+            SELECT idempotency_key, GREATEST(expires_at, now() + (expires_at - created_at)) AS expires_at
+            FROM refund_keys
+            WHERE tenant_id = $1 AND refund_id = $2
+        )
+        UPDATE refund_keys k
+        SET response_status = 200, response_body = $3, expires_at = e.expires_at
+        FROM extended e
+        WHERE k.tenant_id = $1 AND k.idempotency_key = e.idempotency_key
         "#,
         change.tenant_id.as_uuid(),
         change.refund_id.as_uuid(),
