@@ -225,7 +225,8 @@ ALTER FUNCTION claim_sends(uuid, bigint, text, double precision, text) SET plan_
 -- in one round trip. Delegation needs the call as `SELECT … FROM f(…)` (or `SELECT f(…)`) with the
 -- tenant a constant once the statement's parameters are bound, which is how oncepay calls them.
 --
--- `intake`, `intake_group` and `claim_sends` are called on their own, outside a transaction block,
+-- `intake`, `intake_group`, `claim_sends` and `claim_refunds` are called on their own, outside a
+-- transaction block,
 -- which is when Citus delegates. The settlement runs inside the worker's transaction, between the
 -- outbox's DELETE and the responses' UPDATE, so `settle_payments` is forced (`force_delegation`):
 -- Citus then delegates it inside a transaction too, provided everything the call does stays with the
@@ -245,6 +246,7 @@ BEGIN
             ('intake_group(uuid, text[], bytea[], uuid[], double precision, bigint[], text[], text[], text[], '
              'jsonb[], text[], text[], text[], text[], text[], integer)', 'p_tenant_id', false),
             ('claim_sends(uuid, bigint, text, double precision, text)', 'p_tenant_id', false),
+            ('claim_refunds(uuid, bigint, text, double precision, text, double precision)', 'p_tenant_id', false),
             ('settle_payments(uuid, uuid[], payment_status[], payment_status[], text[], text[], text[], text[], '
              'text[], jsonb[], bigint[], text[], timestamptz[])', 'p_tenant_id', true),
             ('write_claim_rows(uuid, text, claimed_send[], uuid[])', NULL, false),

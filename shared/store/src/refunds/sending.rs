@@ -100,7 +100,7 @@ impl ClaimedRefund {
 }
 
 /// Leases up to `limit` of one tenant's due refunds to `worker_id` and moves them to `processing`,
-/// in one statement that must commit before the provider is called.
+/// in one call (`claim_refunds`, migration 0340) that must commit before the provider is called.
 #[tracing::instrument(name = "worker.claim_refunds", skip_all, fields(tenant.id = %tenant_id, claimed))]
 pub async fn claim(
     conn: &mut PgConnection,
@@ -113,50 +113,13 @@ pub async fn claim(
     let actor = format!("worker:{worker_id}");
     let rows = sqlx::query!(
         r#"
-        WITH due AS (
-            SELECT o.refund_id
-            FROM refund_outbox o
-            JOIN refunds r USING (tenant_id, refund_id)
-            WHERE o.tenant_id = $1 AND o.locked_until IS NULL AND o.available_at <= now()
-              AND r.status = 'pending'
-            ORDER BY o.available_at
-            LIMIT $2
-            FOR UPDATE OF o SKIP LOCKED
-        ), moved AS (
-            -- LEAST keeps the first send's time and ignores a NULL (Citus refuses now() in a COALESCE).
-            UPDATE refunds r
-            SET status = 'processing', send_attempts = r.send_attempts + 1,
-                first_sent_at = LEAST(r.first_sent_at, now()), event_count = r.event_count + 1,
-                updated_at = now()
-            FROM due
-            WHERE r.tenant_id = $1 AND r.refund_id = due.refund_id AND r.status = 'pending'
-            RETURNING r.*
-        ), leased AS (
-            UPDATE refund_outbox o
-            SET locked_by = $3, locked_until = now() + make_interval(secs => $4),
-                fencing_token = m.send_attempts, attempts = o.attempts + 1
-            FROM moved m
-            WHERE o.tenant_id = $1 AND o.refund_id = m.refund_id
-            RETURNING o.refund_id, o.fencing_token, o.attempts, o.traceparent, o.tracestate
-        ), audited AS (
-            INSERT INTO refund_events (tenant_id, refund_id, seq, from_status, to_status, actor, reason, detail)
-            SELECT m.tenant_id, m.refund_id, m.event_count, 'pending', 'processing', $5,
-                   'claimed for sending to the provider',
-                   jsonb_build_object('attempt', l.attempts, 'send_attempts', m.send_attempts,
-                                      'fencing_token', l.fencing_token)
-            FROM moved m JOIN leased l USING (refund_id)
-        )
-        SELECT m.tenant_id AS "tenant_id!: TenantId", m.refund_id AS "refund_id!: RefundId",
-               m.payment_id AS "payment_id!: PaymentId", l.fencing_token AS "fencing_token!",
-               l.attempts AS "attempts!", m.may_have_moved AS "may_have_moved!",
-               m.first_sent_at > now() - make_interval(secs => $6) AS "in_key_window!",
-               m.amount AS "amount!: Amount", m.currency AS "currency!: Currency", m.reason,
-               m.metadata AS "metadata!: Json<BTreeMap<String, String>>",
-               p.provider_charge_id AS "charge_id!", p.provider_account AS "account: ProviderAccount",
-               l.traceparent, l.tracestate
-        FROM moved m
-        JOIN leased l USING (refund_id)
-        JOIN payments p ON p.tenant_id = $1 AND p.payment_id = m.payment_id
+        SELECT tenant_id AS "tenant_id!: TenantId", refund_id AS "refund_id!: RefundId",
+               payment_id AS "payment_id!: PaymentId", fencing_token AS "fencing_token!", attempts AS "attempts!",
+               may_have_moved AS "may_have_moved!", in_key_window AS "in_key_window!",
+               amount AS "amount!: Amount", currency AS "currency!: Currency", reason,
+               metadata AS "metadata!: Json<BTreeMap<String, String>>", charge_id AS "charge_id!",
+               account AS "account: ProviderAccount", traceparent, tracestate
+        FROM claim_refunds($1, $2, $3, $4, $5, $6)
         "#,
         tenant_id.as_uuid(),
         i64::from(limit),
