@@ -190,6 +190,19 @@ pub(crate) async fn open_payment(
     Ok((payment.tenant_id, asked))
 }
 
+/// The tenant of the payment's open entry, read without a lock, for the locking read that follows to
+/// name: Citus locks rows only in a statement of one tenant's shards.
+async fn tenant_of_open_entry(conn: &mut PgConnection, payment_id: PaymentId) -> Result<TenantId, OperatorError> {
+    sqlx::query_scalar!(
+        r#"SELECT tenant_id AS "tenant_id: TenantId" FROM dead_letters WHERE payment_id = $1 AND resolved_at IS NULL"#,
+        payment_id.as_uuid(),
+    )
+    .fetch_optional(conn)
+    .await
+    .context("cannot read the dead letter")?
+    .ok_or_else(|| no_open_entry(payment_id))
+}
+
 /// The open entry and its payment, locked for the rest of the transaction.
 pub(super) struct Locked {
     pub(super) dead_letter_id: i64,
@@ -207,6 +220,8 @@ pub(super) async fn lock_open(
     payment_id: PaymentId,
     resend_horizon: Duration,
 ) -> Result<Locked, OperatorError> {
+    let tenant_id = tenant_of_open_entry(conn, payment_id).await?;
+    // The entry may have been resolved since it was read: then this finds nothing.
     let row = sqlx::query!(
         r#"
         SELECT d.dead_letter_id, d.tenant_id AS "tenant_id: TenantId", p.status AS "status: PaymentStatus",
@@ -214,12 +229,13 @@ pub(super) async fn lock_open(
                p.amount AS "amount: Amount", p.currency AS "currency: Currency",
                p.provider_account AS "provider_account: ProviderAccount",
                COALESCE(now() - p.first_sent_at < make_interval(secs => $2), true) AS "in_key_window!"
-        FROM dead_letters d JOIN payments p USING (tenant_id, payment_id)
-        WHERE d.payment_id = $1 AND d.resolved_at IS NULL
+        FROM dead_letters d JOIN payments p ON p.tenant_id = $3 AND p.payment_id = d.payment_id
+        WHERE d.tenant_id = $3 AND d.payment_id = $1 AND d.resolved_at IS NULL
         FOR UPDATE OF d, p
         "#,
         payment_id.as_uuid(),
         resend_horizon.as_secs_f64(),
+        tenant_id.as_uuid(),
     )
     .fetch_optional(conn)
     .await
@@ -316,16 +332,18 @@ pub struct Snapshot {
 
 /// The payment's open entry and the payment, locked until the caller's transaction ends.
 pub async fn snapshot(conn: &mut PgConnection, payment_id: PaymentId) -> Result<Snapshot, OperatorError> {
+    let tenant_id = tenant_of_open_entry(conn, payment_id).await?;
     let row = sqlx::query_as!(
         Snapshot,
         r#"
         SELECT d.tenant_id AS "tenant_id: TenantId", p.status AS "status: PaymentStatus", p.event_count,
                d.dead_letter_id, jsonb_array_length(d.evidence) AS "evidence_count!"
-        FROM dead_letters d JOIN payments p USING (tenant_id, payment_id)
-        WHERE d.payment_id = $1 AND d.resolved_at IS NULL
+        FROM dead_letters d JOIN payments p ON p.tenant_id = $2 AND p.payment_id = d.payment_id
+        WHERE d.tenant_id = $2 AND d.payment_id = $1 AND d.resolved_at IS NULL
         FOR UPDATE OF d, p
         "#,
         payment_id.as_uuid(),
+        tenant_id.as_uuid(),
     )
     .fetch_optional(conn)
     .await
