@@ -294,25 +294,12 @@ pub async fn succeeded_payment(pool: &PgPool, tenant_id: TenantId, key: &str, am
 /// Accepts a refund of `amount` of `payment_id` under `key`, as `POST /v1/payments/{id}/refunds`
 /// would: `pending`, with its key and refund outbox row, the amount reserved on the payment.
 pub async fn refund(pool: &PgPool, tenant_id: TenantId, payment_id: PaymentId, key: &str, amount: i64) -> RefundId {
-    use oncepay_domain::fingerprint::Fingerprint;
-    use oncepay_domain::idempotency_key::IdempotencyKey;
-    use oncepay_domain::refund::RefundRequest;
-    use oncepay_store::refunds::intake::{self, NewRefund, RefundIntake};
+    use oncepay_store::fixtures::RefundSubmission;
+    use oncepay_store::refunds::intake::{self, RefundIntake};
 
     let body = json!({ "amount": amount, "reason": "requested_by_customer" });
-    let key = IdempotencyKey::parse(key.as_bytes()).unwrap();
-    let request = RefundRequest::from_json(&body).unwrap();
-    let new = NewRefund {
-        tenant_id,
-        payment_id,
-        refund_id: RefundId::generate(),
-        key: &key,
-        fingerprint: Fingerprint::of("POST", &format!("/v1/payments/{payment_id}/refunds"), &body),
-        request: &request,
-        requested_by: "api",
-        retention: Duration::from_secs(86_400),
-        trace: None,
-    };
+    let submission = RefundSubmission::new(key, payment_id, &body);
+    let new = submission.for_payment(tenant_id, payment_id, None);
     match intake::accept(&mut pool.acquire().await.unwrap(), &new).await.unwrap() {
         RefundIntake::Created { refund, .. } => refund.refund_id,
         other => panic!("the refund was not accepted: {other:?}"),

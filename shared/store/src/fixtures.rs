@@ -1,5 +1,5 @@
-//! Test arrangements for every crate that talks to the database: tenants and payments created
-//! exactly as the api creates them, provider settings for a test server, and row counts.
+//! Test arrangements for every crate that talks to the database: tenants, payments and refund
+//! requests made exactly as the api makes them, provider settings for a test server, and row counts.
 //!
 //! Only dev-dependencies turn on the `fixtures` feature, so no binary carries this. It arranges and
 //! reads; it never moves a payment, which each suite does as the process it stands in for would.
@@ -14,14 +14,16 @@ use sqlx::PgPool;
 
 use oncepay_domain::fingerprint::Fingerprint;
 use oncepay_domain::idempotency_key::IdempotencyKey;
-use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::payment_request::PaymentRequest;
+use oncepay_domain::refund::RefundRequest;
 use oncepay_provider::http::HttpProvider;
 use oncepay_provider::{ProviderKind, ProviderSettings};
 use oncepay_service::telemetry::TraceContext;
 
 use crate::intake::{self, Created, NewPayment};
+use crate::refunds::intake::NewRefund;
 use crate::settlement::Asked;
 use crate::tenants::{self, TenantName};
 
@@ -80,6 +82,47 @@ impl Submission {
             retention: RETENTION,
             lock_wait: None,
             trace: trace.cloned(),
+        }
+    }
+}
+
+/// What the api makes of a refund request before it accepts it: the key, the validated body and its
+/// fingerprint (over the payment's refunds path, as the api's).
+#[derive(Debug)]
+pub struct RefundSubmission {
+    key: IdempotencyKey,
+    request: RefundRequest,
+    fingerprint: Fingerprint,
+}
+
+impl RefundSubmission {
+    /// `body` posted to `payment_id`'s refunds under `key`.
+    pub fn new(key: &str, payment_id: PaymentId, body: &Value) -> Self {
+        Self {
+            key: IdempotencyKey::parse(key.as_bytes()).expect("a valid idempotency key"),
+            request: RefundRequest::from_json(body).expect("a valid refund request"),
+            fingerprint: Fingerprint::of("POST", &format!("/v1/payments/{payment_id}/refunds"), body),
+        }
+    }
+
+    /// The request as the store accepts it from the api for `tenant_id`'s `payment_id`, with a new
+    /// refund id, keeping the key a day.
+    pub fn for_payment(
+        &self,
+        tenant_id: TenantId,
+        payment_id: PaymentId,
+        trace: Option<TraceContext>,
+    ) -> NewRefund<'_> {
+        NewRefund {
+            tenant_id,
+            payment_id,
+            refund_id: RefundId::generate(),
+            key: &self.key,
+            fingerprint: self.fingerprint,
+            request: &self.request,
+            requested_by: "api",
+            retention: RETENTION,
+            trace,
         }
     }
 }

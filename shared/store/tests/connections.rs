@@ -13,6 +13,21 @@ async fn backend(connection: &mut PgConnection) -> i32 {
     sqlx::query_scalar!(r#"SELECT pg_backend_pid() AS "pid!""#).fetch_one(connection).await.unwrap()
 }
 
+/// Returns once PostgreSQL has no backend `pid`.
+async fn until_gone(pool: &PgPool, pid: i32) {
+    loop {
+        let alive =
+            sqlx::query_scalar!(r#"SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1) AS "alive!""#, pid)
+                .fetch_one(pool)
+                .await
+                .unwrap();
+        if !alive {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
 fn connections(pool: &PgPool, max: u32, acquire_timeout: Duration) -> Connections {
     Connections::new((*pool.connect_options()).clone(), max, acquire_timeout)
 }
@@ -34,19 +49,7 @@ async fn a_released_connection_is_reused_and_one_dropped_unreleased_is_closed(po
     assert_ne!(fresh_backend, first_backend, "a connection dropped without release is not reused");
     assert_eq!(connections.idle(), 0);
     // The dropped connection's backend ends: PostgreSQL sees its socket close.
-    loop {
-        let alive = sqlx::query_scalar!(
-            r#"SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1) AS "alive!""#,
-            first_backend
-        )
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-        if !alive {
-            break;
-        }
-        tokio::task::yield_now().await;
-    }
+    until_gone(&pool, first_backend).await;
 }
 
 #[sqlx::test]
@@ -118,19 +121,7 @@ async fn a_connection_whose_transaction_was_dropped_unfinished_is_closed_not_kep
 
     assert_eq!(connections.idle(), 0, "a connection with a rollback still to send is not idle");
     // Its backend ends, and the transaction's lock with it.
-    loop {
-        let alive = sqlx::query_scalar!(
-            r#"SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1) AS "alive!""#,
-            checkout_backend
-        )
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-        if !alive {
-            break;
-        }
-        tokio::task::yield_now().await;
-    }
+    until_gone(&pool, checkout_backend).await;
     let free: bool =
         sqlx::query_scalar!(r#"SELECT pg_try_advisory_lock(37) AS "free!""#).fetch_one(&pool).await.unwrap();
     assert!(free);

@@ -527,28 +527,14 @@ async fn intake_called_without_a_payment_method_accepts_a_payment_without_one(po
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_refused_refund_leaves_its_payment_unlocked_on_the_connection_it_used(pool: PgPool) {
-    use oncepay_domain::idempotency_key::IdempotencyKey;
-    use oncepay_domain::ids::RefundId;
-    use oncepay_domain::refund::RefundRequest;
-    use oncepay_store::refunds::intake::{self as refund_intake, NewRefund, RefundIntake, Refusal};
+    use oncepay_store::fixtures::RefundSubmission;
+    use oncepay_store::refunds::intake::{self as refund_intake, RefundIntake, Refusal};
 
     let tenant_id = tenant(&pool, "acme").await;
     let created = accept(&pool, tenant_id, "order-1", &body(1999), None).await.unwrap();
     let payment_id = created.payment.payment_id;
-    let body = json!({"amount": 500});
-    let key = IdempotencyKey::parse(b"refund-1").unwrap();
-    let request = RefundRequest::from_json(&body).unwrap();
-    let new = NewRefund {
-        tenant_id,
-        payment_id,
-        refund_id: RefundId::generate(),
-        key: &key,
-        fingerprint: Fingerprint::of("POST", &format!("/v1/payments/{payment_id}/refunds"), &body),
-        request: &request,
-        requested_by: "api",
-        retention: Duration::from_secs(86_400),
-        trace: None,
-    };
+    let submission = RefundSubmission::new("refund-1", payment_id, &json!({"amount": 500}));
+    let new = submission.for_payment(tenant_id, payment_id, None);
     // Held, not returned to the pool: the api keeps a refused request's connection for the next.
     let mut conn = pool.acquire().await.unwrap();
 

@@ -4,18 +4,15 @@
 
 use std::time::Duration;
 
-use oncepay_domain::fingerprint::Fingerprint;
-use oncepay_domain::idempotency_key::IdempotencyKey;
 use oncepay_domain::ids::RefundId;
-use oncepay_domain::money::Amount;
-use oncepay_domain::refund::RefundRequest;
 use oncepay_domain::status::PaymentStatus;
 use oncepay_provider::http::HttpProvider;
 use oncepay_provider::wire::CreateRefund;
 use oncepay_service::backoff::Backoff;
 use oncepay_service::config::{LogFormat, TelemetrySettings};
 use oncepay_service::telemetry::{self, TraceContext};
-use oncepay_store::refunds::intake::{self, NewRefund, RefundIntake};
+use oncepay_store::fixtures::RefundSubmission;
+use oncepay_store::refunds::intake::{self, RefundIntake};
 use oncepay_store::refunds::{self, Refund};
 use oncepay_worker::refunds::{Recording, RefundSender};
 use serde_json::json;
@@ -43,20 +40,9 @@ async fn refund(pool: &PgPool, payment: Accepted, amount: i64) -> Refund {
 
 /// Accepts a refund as [`refund`] does, inside the request's `trace`.
 async fn refund_traced(pool: &PgPool, payment: Accepted, amount: i64, trace: Option<TraceContext>) -> Refund {
-    let body = json!({"amount": amount});
-    let key = IdempotencyKey::parse(RefundId::generate().to_string().as_bytes()).unwrap();
-    let request = RefundRequest::from_json(&body).unwrap();
-    let new = NewRefund {
-        tenant_id: payment.tenant_id,
-        payment_id: payment.payment_id,
-        refund_id: RefundId::generate(),
-        key: &key,
-        fingerprint: Fingerprint::of("POST", &format!("/v1/payments/{}/refunds", payment.payment_id), &body),
-        request: &request,
-        requested_by: "api",
-        retention: Duration::from_secs(86_400),
-        trace,
-    };
+    let key = RefundId::generate().to_string();
+    let submission = RefundSubmission::new(&key, payment.payment_id, &json!({"amount": amount}));
+    let new = submission.for_payment(payment.tenant_id, payment.payment_id, trace);
     let mut conn = pool.acquire().await.unwrap();
     match intake::accept(&mut conn, &new).await.unwrap() {
         RefundIntake::Created { refund, .. } => *refund,
@@ -286,20 +272,8 @@ async fn a_result_after_the_lease_was_taken_back_is_not_recorded(pool: PgPool) {
 async fn refunds_never_add_up_to_more_than_the_charge(pool: PgPool) {
     let (payment, _) = charged_payment(&pool).await;
     refund(&pool, payment, 1500).await;
-    let body = json!({"amount": Amount::new(500).unwrap().minor_units()});
-    let key = IdempotencyKey::parse(b"second").unwrap();
-    let request = RefundRequest::from_json(&body).unwrap();
-    let new = NewRefund {
-        tenant_id: payment.tenant_id,
-        payment_id: payment.payment_id,
-        refund_id: RefundId::generate(),
-        key: &key,
-        fingerprint: Fingerprint::of("POST", "/x", &body),
-        request: &request,
-        requested_by: "api",
-        retention: Duration::from_secs(86_400),
-        trace: None,
-    };
+    let submission = RefundSubmission::new("second", payment.payment_id, &json!({"amount": 500}));
+    let new = submission.for_payment(payment.tenant_id, payment.payment_id, None);
     let mut conn = pool.acquire().await.unwrap();
 
     let refused = intake::accept(&mut conn, &new).await.unwrap();
