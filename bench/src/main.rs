@@ -118,6 +118,12 @@ async fn bench() -> anyhow::Result<()> {
     };
     let mut single: Option<Report> = None;
     for &kind in servers {
+        // After a run on one PostgreSQL, the Citus run's processes log beside its logs, not into them.
+        let options = if kind == Kind::Citus && servers.len() > 1 {
+            Options { log_dir: options.log_dir.join("citus"), ..options.clone() }
+        } else {
+            options.clone()
+        };
         let mut report = run::run(&options, kind).await?;
         if let Some(single) = &single {
             report.against_single = report::against_single(&single.rows, &report.rows);
