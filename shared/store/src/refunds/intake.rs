@@ -110,8 +110,8 @@ pub enum RefundIntake {
 pub async fn accept(conn: &mut PgConnection, new: &NewRefund<'_>) -> Result<RefundIntake, StoreError> {
     let mut tx = conn.begin().await?;
     let written = write(&mut tx, new).await;
-    // Every way out but a commit rolls back before it returns, a failed statement's too: a dropped
-    // transaction would only queue its ROLLBACK, and the payment's lock would stay held until the
+    // Anything but a commit ends in an explicit rollback, a failed statement too. A dropped
+    // transaction would only queue its ROLLBACK, and the payment would stay locked until the
     // connection's next statement.
     match written {
         Ok(Some(created @ RefundIntake::Created { .. })) => {
