@@ -814,7 +814,7 @@ impl Bench<'_> {
         eprintln!("bench: {database}: {payments} payments loaded in {:.0?}", started.elapsed());
         let printed = self.launcher.reconciler_command(&url, &["operators", "bootstrap", "bench", "--json"]).await?;
         let token = console::bootstrapped_token(&printed)?;
-        let operations = oncepay_devkit::pg::free_port()?;
+        let operations = oncepay_devkit::ports::reserve()?;
         let secret = WebhookSecret::generate();
         let name = format!("reconciler-{database}");
         let reconciler = self.launcher.reconciler(&name, &url, &secret, Some(operations)).await?;

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use oncepay_devkit::pg::free_port;
+use oncepay_devkit::ports;
 use oncepay_devkit::process::{Child, Spec};
 use oncepay_devkit::workspace;
 
@@ -91,7 +91,7 @@ impl Launcher {
     /// Starts an api process named `name` on `database_url`, with `extra` settings by name (after
     /// the run's own overrides, so a phase can set its pool size).
     pub async fn api(&self, name: &str, database_url: &str, extra: &[(&str, String)]) -> anyhow::Result<Service> {
-        let port = free_port()?;
+        let port = ports::reserve()?;
         let mut spec = Spec::new(name, &self.api, &self.log_dir)
             .env("DATABASE_URL", database_url)
             .port(port)
@@ -108,7 +108,7 @@ impl Launcher {
 
     /// Starts the provider simulator, responding at once with no faults.
     pub async fn simulator(&self) -> anyhow::Result<Service> {
-        let port = free_port()?;
+        let port = ports::reserve()?;
         let spec = Spec::new("simulator", &self.simulator, &self.log_dir)
             .port(port)
             .setting("simulator.api_key", SIMULATOR_API_KEY)
@@ -126,7 +126,7 @@ impl Launcher {
         webhook_secret: &str,
         operations_port: Option<u16>,
     ) -> anyhow::Result<Service> {
-        let port = free_port()?;
+        let port = ports::reserve()?;
         let mut spec = Spec::new(name, &self.reconciler, &self.log_dir)
             .arg("serve")
             .env("DATABASE_URL", database_url)
@@ -159,7 +159,7 @@ impl Launcher {
 
     /// Starts worker `n` on `database_url`, sending to `provider`.
     pub async fn worker(&self, n: usize, database_url: &str, provider: &Service) -> anyhow::Result<Service> {
-        let port = free_port()?;
+        let port = ports::reserve()?;
         let mut spec = Spec::new(format!("worker-{n}"), &self.worker, &self.log_dir)
             .env("DATABASE_URL", database_url)
             .port(port)

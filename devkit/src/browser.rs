@@ -18,7 +18,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tempfile::TempDir;
 
-use crate::pg::free_port;
+use crate::ports;
 use crate::process::{Child, Spec};
 
 /// The variable naming chromedriver; [`DEFAULT_CHROMEDRIVER`] when unset.
@@ -87,7 +87,7 @@ impl Browser {
     /// ready for sessions.
     pub async fn start(log_dir: &Path) -> anyhow::Result<Self> {
         let chromedriver = path_from(CHROMEDRIVER_VARIABLE, DEFAULT_CHROMEDRIVER);
-        let port = free_port()?;
+        let port = ports::reserve()?;
         let spec = Spec::new("chromedriver", &chromedriver, log_dir).arg(format!("--port={port}"));
         let mut child = Child::spawn(spec).await.with_context(|| {
             format!(

@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use serde::Serialize;
 
-use crate::pg::free_port;
+use crate::ports;
 use crate::process::{Child, Spec};
 
 /// The variable naming the installed `serve.mjs`. Not `ONCEPAY_…`: oncepay's processes read those
@@ -55,7 +55,7 @@ impl OidcProvider {
     /// its own address), logging to `log_dir`, and waits until it serves its discovery document.
     pub async fn start(clients: &[Client], issuer: Option<&str>, log_dir: &Path) -> anyhow::Result<Self> {
         let script = Self::script()?;
-        let port = free_port()?;
+        let port = ports::reserve()?;
         let address = format!("http://127.0.0.1:{port}");
         let issuer = issuer.map_or_else(|| address.clone(), str::to_owned);
         let spec = Spec::new("oidc-provider", "node", log_dir)

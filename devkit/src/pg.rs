@@ -57,7 +57,8 @@ impl Cluster {
                 .context("cannot hand the temporary directory to the PostgreSQL user")?;
         }
         let settings = settings.iter().map(|(name, value)| ((*name).to_owned(), (*value).to_owned())).collect();
-        let mut cluster = Self { dir, bin_dir, owner, port: free_port()?, durability, settings, running: false };
+        let mut cluster =
+            Self { dir, bin_dir, owner, port: crate::ports::reserve()?, durability, settings, running: false };
         cluster
             .run_tool(
                 "initdb",
@@ -247,12 +248,6 @@ fn unprivileged_owner() -> anyhow::Result<Option<User>> {
         }
     }
     bail!("running as root and neither a `postgres` nor a `nobody` user exists to run PostgreSQL as")
-}
-
-/// A port that was free a moment ago.
-pub fn free_port() -> anyhow::Result<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("cannot find a free port")?;
-    Ok(listener.local_addr()?.port())
 }
 
 /// Waits until something accepts TCP connections on `port` of 127.0.0.1, up to `timeout`.

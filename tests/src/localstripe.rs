@@ -16,7 +16,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use oncepay_devkit::localstripe;
 pub use oncepay_devkit::localstripe::{API_VERSION, SECRET_KEY};
-use oncepay_devkit::pg::free_port;
+use oncepay_devkit::ports;
 use oncepay_devkit::process::{Child, Spec};
 use oncepay_provider::stripe::wire::{IntentStatus, ListPage, PaymentIntent, Settled, StripeRefund};
 use oncepay_provider::wire::{Charge, Refund};
@@ -71,7 +71,7 @@ impl Localstripe {
 
     /// Starts localstripe on a free loopback port, logging to `log_dir`, and waits until it serves.
     pub async fn start(python: &Path, log_dir: &Path) -> anyhow::Result<Self> {
-        let port = free_port()?;
+        let port = ports::reserve()?;
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("localstripe").join("serve.py");
         let child = localstripe::start(python, &script, port, Spec::new("localstripe", python, log_dir)).await?;
         Ok(Self { child, port, url: localstripe::url(port), http: reqwest::Client::new() })

@@ -14,7 +14,8 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
-use oncepay_devkit::pg::{Durability, free_port};
+use oncepay_devkit::pg::Durability;
+use oncepay_devkit::ports;
 use oncepay_devkit::process::{Child, Spec, setting_variable};
 use oncepay_devkit::server::{self, Server};
 use oncepay_devkit::workspace;
@@ -336,9 +337,9 @@ impl System {
             (Role::Worker, config.topology.workers),
         ] {
             for index in 0..count {
-                let port = free_port()?;
+                let port = ports::reserve()?;
                 let mut spec = process_spec(role, index, port, binaries, &database_url, &timing, logs.path());
-                let operations_port = (role == Role::Reconciler).then(free_port).transpose()?;
+                let operations_port = (role == Role::Reconciler).then(ports::reserve).transpose()?;
                 if let Some(operations_port) = operations_port {
                     spec = spec.setting("operators.port", operations_port.to_string());
                 }
@@ -702,7 +703,7 @@ async fn start_provider(
     let reconciler = format!("http://127.0.0.1:{reconciler_port}");
     match &config.provider {
         Provider::Simulator { seed } => {
-            let port = free_port()?;
+            let port = ports::reserve()?;
             let url = format!("http://127.0.0.1:{port}");
             for (&(role, _), slot) in slots.iter_mut() {
                 slot.spec.env.extend([

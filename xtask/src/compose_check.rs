@@ -81,8 +81,12 @@ struct Stack<'a> {
 
 impl<'a> Stack<'a> {
     fn new(engine: &'a Engine, root: &'a Path, bin: &Path, run_id: &str) -> anyhow::Result<Self> {
-        let [api_port, reconciler_port, operations_port, simulator_port] =
-            [free_port()?, free_port()?, free_port()?, free_port()?];
+        let [api_port, reconciler_port, operations_port, simulator_port] = [
+            oncepay_devkit::ports::reserve()?,
+            oncepay_devkit::ports::reserve()?,
+            oncepay_devkit::ports::reserve()?,
+            oncepay_devkit::ports::reserve()?,
+        ];
         let image = format!("oncepay-compose-check:{run_id}");
         let env = vec![
             ("WEBHOOK_SECRET", secrets::webhook_secret()),
@@ -423,9 +427,4 @@ impl Phase {
     fn end(&self) {
         eprintln!("compose-check: {} took {:.1} s", self.name, self.started.elapsed().as_secs_f64());
     }
-}
-
-/// A port on 127.0.0.1 that nothing listens on now.
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
 }

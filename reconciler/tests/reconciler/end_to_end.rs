@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use oncepay_devkit::pg::free_port;
+use oncepay_devkit::ports;
 use oncepay_devkit::process::{Child, Spec};
 use oncepay_devkit::workspace;
 use oncepay_domain::ids::PaymentId;
@@ -40,7 +40,7 @@ impl World {
         let logs = tempfile::Builder::new().prefix("oncepay-reconciler-e2e-").tempdir().unwrap();
         let database_url = support::url_of(pool);
         let (simulator_port, worker_port, reconciler_port) =
-            (free_port().unwrap(), free_port().unwrap(), free_port().unwrap());
+            (ports::reserve().unwrap(), ports::reserve().unwrap(), ports::reserve().unwrap());
         let simulator_url = format!("http://127.0.0.1:{simulator_port}");
         let reconciler_url = format!("http://127.0.0.1:{reconciler_port}");
         let webhook_secret = WebhookSecret::generate();

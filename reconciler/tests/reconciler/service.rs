@@ -1,9 +1,9 @@
 //! The real binary as a service: it answers the operations endpoints, settles an `unknown` payment
 //! from a signed webhook and another by polling a (wiremock) provider, and exits 0 on SIGTERM.
 
-use std::net::TcpListener;
 use std::time::Duration;
 
+use oncepay_devkit::ports;
 use oncepay_devkit::process::{Child, Spec};
 use oncepay_domain::status::PaymentStatus;
 use oncepay_provider::ChargeStatus;
@@ -24,10 +24,6 @@ const WAIT: Duration = Duration::from_secs(20);
 /// The webhook signing secret the service is given.
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn the_service_settles_by_webhook_and_by_polling_and_stops_cleanly_on_sigterm(pool: PgPool) {
     oncepay_service::tls::install_provider();
@@ -43,7 +39,7 @@ async fn the_service_settles_by_webhook_and_by_polling_and_stops_cleanly_on_sigt
         .await;
     let mut listener = PgListener::connect_with(&pool).await.unwrap();
     listener.listen("oncepay_payment").await.unwrap();
-    let port = free_port();
+    let port = ports::reserve().unwrap();
     let logs = tempfile::tempdir().unwrap();
     let spec = Spec::new("reconciler", env!("CARGO_BIN_EXE_oncepay-reconciler"), logs.path())
         .env("DATABASE_URL", support::url_of(&pool))
@@ -99,7 +95,7 @@ async fn the_service_refuses_to_start_without_a_configured_webhook_secret(pool: 
     let logs = tempfile::tempdir().unwrap();
     let spec = Spec::new("reconciler", env!("CARGO_BIN_EXE_oncepay-reconciler"), logs.path())
         .env("DATABASE_URL", support::url_of(&pool))
-        .port(free_port());
+        .port(ports::reserve().unwrap());
     let mut reconciler = Child::spawn(spec).await.unwrap();
 
     let status = reconciler.exited(WAIT).await.expect("the reconciler should refuse to start, not serve");
@@ -111,7 +107,7 @@ async fn the_service_refuses_to_start_without_a_configured_webhook_secret(pool: 
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn with_an_operations_port_the_operations_endpoints_are_served_there_and_only_there(pool: PgPool) {
-    let (port, ops_port) = (free_port(), free_port());
+    let (port, ops_port) = (ports::reserve().unwrap(), ports::reserve().unwrap());
     let logs = tempfile::tempdir().unwrap();
     let spec = Spec::new("reconciler", env!("CARGO_BIN_EXE_oncepay-reconciler"), logs.path())
         .env("DATABASE_URL", support::url_of(&pool))

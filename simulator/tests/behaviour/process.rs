@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use oncepay_devkit::pg::free_port;
+use oncepay_devkit::ports;
 use oncepay_devkit::process::{Child, Spec};
 use oncepay_provider::wire::ErrorBody;
 
@@ -10,7 +10,7 @@ use oncepay_provider::wire::ErrorBody;
 async fn the_binary_serves_the_protocol_and_exits_0_on_sigterm() {
     // reqwest is built without a default TLS provider; the devkit's readiness probe needs one.
     oncepay_service::tls::install_provider();
-    let port = free_port().unwrap();
+    let port = ports::reserve().unwrap();
     let logs = tempfile::tempdir().unwrap();
     let spec = Spec::new("simulator", env!("CARGO_BIN_EXE_oncepay-simulator"), logs.path())
         .port(port)

@@ -131,10 +131,8 @@ async fn a_delivery_refused_with_500_is_retried_with_the_same_id_and_body() {
 
 #[tokio::test]
 async fn an_unreachable_receiver_is_retried_until_it_answers() {
-    // Take a free port, point the simulator at it, and only then start listening there.
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let address = listener.local_addr().unwrap();
-    drop(listener);
+    // Reserve a port, point the simulator at it, and only then start listening there.
+    let address = std::net::SocketAddr::from(([127, 0, 0, 1], oncepay_devkit::ports::reserve().unwrap()));
     let mut settings = settings();
     settings.simulator.webhook_url = Some(format!("http://{address}{HOOK_PATH}"));
     settings.simulator.webhook_max_attempts = 1_000;

@@ -10,7 +10,7 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use oncepay_devkit::pg::free_port;
+use oncepay_devkit::ports;
 use oncepay_devkit::process::{Child, Spec};
 use oncepay_devkit::wait::wait_until;
 use oncepay_devkit::workspace;
@@ -51,7 +51,7 @@ impl Processes {
     /// Starts the simulator with `faults` (`faults.*` settings) against this test's database.
     async fn start(pool: &PgPool, faults: &[(&str, &str)]) -> Self {
         let logs = tempfile::Builder::new().prefix("oncepay-worker-process-").tempdir().unwrap();
-        let port = free_port().unwrap();
+        let port = ports::reserve().unwrap();
         // The simulator refuses settings it does not know, and `config::load` reads DATABASE_URL
         // (which this test process has) as `database.url`: start it without that variable.
         let mut spec = Spec::new("simulator", "env", logs.path())
@@ -77,7 +77,7 @@ impl Processes {
 
     /// Starts a worker process named `id` and waits until it is ready.
     async fn worker(&self, id: &str) -> Child {
-        let port = free_port().unwrap();
+        let port = ports::reserve().unwrap();
         let spec = Spec::new(id, env!("CARGO_BIN_EXE_oncepay-worker"), self.logs.path())
             .env("DATABASE_URL", &self.database_url)
             .port(port)

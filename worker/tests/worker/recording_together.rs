@@ -210,9 +210,7 @@ async fn when_the_database_stays_unreachable_every_waiting_recording_fails_as_tr
     let (worker, sends) = charged(&pool, &server, 4).await;
     let verdicts = send_all(&worker, &sends).await;
     // The same worker's sends, recorded by a drainer whose database no longer answers.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = closed.local_addr().unwrap().port();
-    drop(closed);
+    let port = oncepay_devkit::ports::reserve().unwrap();
     let unreachable = PgPoolOptions::new()
         .acquire_timeout(Duration::from_millis(500))
         .connect_lazy_with(PgConnectOptions::new().host("127.0.0.1").port(port));

@@ -88,7 +88,7 @@ pub fn drainer(pool: &PgPool, base_url: &str, config: DrainerConfig) -> Drainer<
 
 /// A base URL nobody listens on: connections are refused.
 pub fn refusing_url() -> String {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = oncepay_devkit::ports::reserve().unwrap();
     format!("http://127.0.0.1:{port}")
 }
 
