@@ -11,6 +11,7 @@ use anyhow::Context;
 use clap::Parser;
 use oncepay_bench::report::{self, Report};
 use oncepay_bench::run::{self, Options, Phase, Profile};
+use oncepay_bench::targets;
 use oncepay_devkit::server::Kind;
 
 /// Benchmarks oncepay against raw PostgreSQL running the same SQL.
@@ -153,6 +154,9 @@ fn write(out: &Path, report: &Report) -> anyhow::Result<()> {
     std::fs::write(out, serde_json::to_string_pretty(report)?).with_context(|| format!("writing {}", out.display()))?;
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "\non {}\n{}", report.server, report::table(&report.rows))?;
+    if !report.targets.is_empty() {
+        writeln!(stdout, "issue 37's targets on one PostgreSQL:\n{}", targets::table(&report.targets))?;
+    }
     if !report.against_single.is_empty() {
         writeln!(
             stdout,

@@ -16,8 +16,9 @@ use crate::machine::Machine;
 
 /// The JSON document's format version; bump it when a field changes meaning. 2: a comparison says
 /// what its ratio is `of` (rates, or median latencies), and latencies have a p95. 3: a Citus run made
-/// after one PostgreSQL's compares its rows with that run's (`against_single`).
-pub const FORMAT_VERSION: u32 = 3;
+/// after one PostgreSQL's compares its rows with that run's (`against_single`). 4: a run on one
+/// PostgreSQL checks issue 37's targets (`targets`).
+pub const FORMAT_VERSION: u32 = 4;
 
 /// Cores busy with other programs above which a row is marked as measured on a busy machine.
 pub const NOISY_OTHER_CORES: f64 = 0.25;
@@ -58,6 +59,8 @@ pub struct Report {
     /// On a Citus run made back to back with one PostgreSQL's: each row's rate against the same
     /// row's there. Empty otherwise.
     pub against_single: Vec<AgainstSingle>,
+    /// On one PostgreSQL: issue 37's targets whose rows the run measured, as it found them.
+    pub targets: Vec<crate::targets::Checked>,
 }
 
 /// A row measured on Citus against the same row on one PostgreSQL, in the same invocation.
@@ -327,7 +330,7 @@ pub fn table(rows: &[Row]) -> String {
 }
 
 /// `lines` as columns, those `is_text` says aligned left, the rest (numbers) right.
-fn aligned_with(lines: &[Vec<String>], is_text: impl Fn(usize) -> bool) -> String {
+pub(crate) fn aligned_with(lines: &[Vec<String>], is_text: impl Fn(usize) -> bool) -> String {
     let columns = lines.first().map_or(0, Vec::len);
     let widths: Vec<usize> =
         (0..columns).map(|i| lines.iter().map(|line| line[i].chars().count()).max().unwrap_or(0)).collect();
@@ -345,7 +348,7 @@ fn aligned_with(lines: &[Vec<String>], is_text: impl Fn(usize) -> bool) -> Strin
 }
 
 /// `12345.6` as `12,346`.
-fn thousands(value: f64) -> String {
+pub(crate) fn thousands(value: f64) -> String {
     let rounded = value.round() as i64;
     let digits = rounded.unsigned_abs().to_string();
     let mut out = String::new();
@@ -363,7 +366,7 @@ fn ms(value: f64) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn usage() -> CpuUsage {
@@ -375,7 +378,7 @@ mod tests {
         }
     }
 
-    fn row(kind: Kind, name: &str, rate: f64) -> Row {
+    pub(crate) fn row(kind: Kind, name: &str, rate: f64) -> Row {
         Row {
             kind,
             name: name.into(),

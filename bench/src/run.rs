@@ -286,6 +286,7 @@ pub async fn run(options: &Options, kind: server::Kind) -> anyhow::Result<Report
         worker_env: options.worker_env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
         machine,
         error: result.err().map(|error| format!("{error:#}")),
+        targets: if kind == server::Kind::Single { crate::targets::check(&bench.rows) } else { Vec::new() },
         rows: bench.rows,
         against_single: Vec::new(),
     };
