@@ -6,7 +6,8 @@
 //! binds second fails while a health check finds the other one and calls it ready. [`reserve`]
 //! instead takes a port below the kernel's ephemeral range, where neither port 0 nor an outgoing
 //! connection draws from, and holds a lock on a file named after it in a directory every process
-//! shares, until the process that reserved it exits.
+//! shares, until the process that reserved it exits. The files stay, empty, one per port ever
+//! reserved.
 
 use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
