@@ -60,7 +60,7 @@ pub struct Report {
     /// row's there. Empty otherwise.
     pub against_single: Vec<AgainstSingle>,
     /// On one PostgreSQL: issue 37's targets whose rows the run measured, as it found them.
-    pub targets: Vec<crate::targets::Checked>,
+    pub targets: Vec<CheckedTarget>,
 }
 
 /// A row measured on Citus against the same row on one PostgreSQL, in the same invocation.
@@ -145,6 +145,46 @@ pub fn against_single_table(rows: &[AgainstSingle]) -> String {
         ]);
     }
     aligned_with(&lines, |i| i < 2)
+}
+
+/// What one of issue 37's targets compares ([`crate::targets`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TargetOf {
+    /// Operations per second: the ratio is the least it may be.
+    Rate,
+    /// CPU-seconds per operation, the service's processes and PostgreSQL against PostgreSQL alone:
+    /// the ratio is the most it may be.
+    CpuPerOp,
+}
+
+/// One of issue 37's targets, as a run found it ([`crate::targets::check`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckedTarget {
+    /// The service row, as [`Row::label`], and its setup.
+    pub row: String,
+    /// The raw row it is set against, likewise.
+    pub baseline: String,
+    /// What is compared.
+    pub of: TargetOf,
+    /// The service row's figure.
+    pub measured: f64,
+    /// The raw row's figure.
+    pub baseline_figure: f64,
+    /// `measured / baseline_figure`.
+    pub ratio: f64,
+    /// The least a rate's ratio may be, or the most a cost's may be.
+    pub target: f64,
+}
+
+impl CheckedTarget {
+    /// Whether the ratio is on the right side of the target.
+    pub fn met(&self) -> bool {
+        match self.of {
+            TargetOf::Rate => self.ratio >= self.target,
+            TargetOf::CpuPerOp => self.ratio > 0.0 && self.ratio <= self.target,
+        }
+    }
 }
 
 /// Raw PostgreSQL or the service.

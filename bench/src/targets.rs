@@ -2,69 +2,27 @@
 //! row against a raw-SQL row measured in the same run, by rate or by CPU per operation. The Citus
 //! targets are the ratios of [`crate::report::against_single`]. Nothing here measures anything.
 
-use serde::Serialize;
-
 use crate::raw::Baseline;
-use crate::report::{Kind, Row, aligned_with, thousands};
-
-/// What a target compares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Of {
-    /// Operations per second: the ratio is the least it may be.
-    Rate,
-    /// CPU-seconds per operation, the service's processes and PostgreSQL against PostgreSQL alone:
-    /// the ratio is the most it may be.
-    CpuPerOp,
-}
-
-/// One target, as a run found it.
-#[derive(Debug, Clone, Serialize)]
-pub struct Checked {
-    /// The service row, as [`Row::label`], and its setup.
-    pub row: String,
-    /// The raw row it is set against, likewise.
-    pub baseline: String,
-    /// What is compared.
-    pub of: Of,
-    /// The service row's figure.
-    pub measured: f64,
-    /// The raw row's figure.
-    pub baseline_figure: f64,
-    /// `measured / baseline_figure`.
-    pub ratio: f64,
-    /// The least a rate's ratio may be, or the most a cost's may be.
-    pub target: f64,
-}
-
-impl Checked {
-    /// Whether the ratio is on the right side of the target.
-    pub fn met(&self) -> bool {
-        match self.of {
-            Of::Rate => self.ratio >= self.target,
-            Of::CpuPerOp => self.ratio > 0.0 && self.ratio <= self.target,
-        }
-    }
-}
+use crate::report::{CheckedTarget, Kind, Row, TargetOf, aligned_with, thousands};
 
 /// A service row, picked by name, connections and setup, on the main dataset.
-struct Service(&'static str, u32, &'static str);
+struct ServiceRow(&'static str, u32, &'static str);
 
 /// A raw row, picked by its baseline and connections, on the main dataset.
-struct Raw(Baseline, u32);
+struct RawRow(Baseline, u32);
 
 /// Issue 37's single-server targets.
-fn targets() -> [(Service, Raw, Of, f64); 4] {
+fn targets() -> [(ServiceRow, RawRow, TargetOf, f64); 4] {
     [
-        (Service("accept", 64, "1 api process"), Raw(Baseline::AcceptGroup(64), 8), Of::Rate, 0.5),
-        (Service("accept", 64, "1 api process"), Raw(Baseline::AcceptGroup(64), 8), Of::CpuPerOp, 1.5),
-        (Service("accept", 8, "1 api process"), Raw(Baseline::Accept, 8), Of::Rate, 1.2),
-        (Service("replay", 8, "1 api process, no replay cache"), Raw(Baseline::Replay, 8), Of::Rate, 0.6),
+        (ServiceRow("accept", 64, "1 api process"), RawRow(Baseline::AcceptGroup(64), 8), TargetOf::Rate, 0.5),
+        (ServiceRow("accept", 64, "1 api process"), RawRow(Baseline::AcceptGroup(64), 8), TargetOf::CpuPerOp, 1.5),
+        (ServiceRow("accept", 8, "1 api process"), RawRow(Baseline::Accept, 8), TargetOf::Rate, 1.2),
+        (ServiceRow("replay", 8, "1 api process, no replay cache"), RawRow(Baseline::Replay, 8), TargetOf::Rate, 0.6),
     ]
 }
 
 /// Each of issue 37's targets whose two rows `rows` has, as measured.
-pub fn check(rows: &[Row]) -> Vec<Checked> {
+pub fn check(rows: &[Row]) -> Vec<CheckedTarget> {
     let find = |kind: Kind, name: &str, concurrency: u32, setup: &str| {
         rows.iter().find(|row| {
             row.kind == kind
@@ -76,15 +34,15 @@ pub fn check(rows: &[Row]) -> Vec<Checked> {
     };
     targets()
         .into_iter()
-        .filter_map(|(Service(name, concurrency, setup), Raw(baseline, connections), of, target)| {
+        .filter_map(|(ServiceRow(name, concurrency, setup), RawRow(baseline, connections), of, target)| {
             let row = find(Kind::Service, name, concurrency, setup)?;
             let raw = find(Kind::Raw, baseline.name(), connections, &baseline.setup())?;
             let figure = |row: &Row| match of {
-                Of::Rate => Some(row.rate),
-                Of::CpuPerOp => row.cpu_seconds_per_op,
+                TargetOf::Rate => Some(row.rate),
+                TargetOf::CpuPerOp => row.cpu_seconds_per_op,
             };
             let (measured, baseline_figure) = (figure(row)?, figure(raw)?);
-            Some(Checked {
+            Some(CheckedTarget {
                 row: format!("{} ({})", row.label(), row.setup),
                 baseline: format!("{} ({})", raw.label(), raw.setup),
                 of,
@@ -98,13 +56,13 @@ pub fn check(rows: &[Row]) -> Vec<Checked> {
 }
 
 /// [`check`]'s findings as a table for a terminal.
-pub fn table(checked: &[Checked]) -> String {
+pub fn table(checked: &[CheckedTarget]) -> String {
     let header = ["what", "against", "of", "measured", "baseline", "ratio", "target"];
     let mut lines: Vec<Vec<String>> = vec![header.iter().map(|h| (*h).to_owned()).collect()];
     for target in checked {
         let (of, figure, bound): (_, fn(f64) -> String, _) = match target.of {
-            Of::Rate => ("rate/s", thousands, '≥'),
-            Of::CpuPerOp => ("CPU µs/op", |seconds| format!("{:.0}", seconds * 1e6), '≤'),
+            TargetOf::Rate => ("rate/s", thousands, '≥'),
+            TargetOf::CpuPerOp => ("CPU µs/op", |seconds| format!("{:.0}", seconds * 1e6), '≤'),
         };
         lines.push(vec![
             target.row.clone(),
@@ -153,11 +111,16 @@ mod tests {
             service("replay", 8, "1 api process, no replay cache", 12_000.0, 0.000_090),
         ];
         let checked = check(&rows);
-        let found: Vec<(Of, f64, bool)> =
+        let found: Vec<(TargetOf, f64, bool)> =
             checked.iter().map(|c| (c.of, (c.ratio * 100.0).round() / 100.0, c.met())).collect();
         assert_eq!(
             found,
-            [(Of::Rate, 0.5, true), (Of::CpuPerOp, 2.5, false), (Of::Rate, 1.0, false), (Of::Rate, 0.6, true)]
+            [
+                (TargetOf::Rate, 0.5, true),
+                (TargetOf::CpuPerOp, 2.5, false),
+                (TargetOf::Rate, 1.0, false),
+                (TargetOf::Rate, 0.6, true)
+            ]
         );
         let printed = table(&checked);
         assert!(printed.contains("≤1.5 MISS") && printed.contains("150") && printed.contains("≥0.6 ok"), "{printed}");
