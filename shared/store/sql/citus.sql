@@ -229,8 +229,9 @@ ALTER FUNCTION claim_sends(uuid, bigint, text, double precision, text) SET plan_
 -- transaction block, which is when Citus delegates. The settlement runs inside the worker's
 -- transaction, between the outbox's DELETE and the responses' UPDATE, so `settle_payments` is forced
 -- (`force_delegation`): Citus then delegates it inside a transaction too, provided everything the
--- call does stays with the tenant it was given, as it does. The lock wait of an accept travels as an argument (migration
--- 0330), since the node runs the call in a session of the coordinator's, not the api's.
+-- call does stays with the tenant it was given, as it does. The lock wait of an accept travels as an
+-- argument (migration 0330), since the node runs the call in a session of the coordinator's, not the
+-- api's.
 --
 -- `write_claim_rows` and `lock_wait_to_nodes` are called from inside those functions, so they must
 -- exist on every node too: distributed without an argument, they are only copied there.
