@@ -98,7 +98,7 @@ mod tests {
         distinct.sort_unstable();
         distinct.dedup();
         assert_eq!(distinct.len(), ports.len(), "a port was reserved twice: {ports:?}");
-        // Another process opens the same file and finds it locked.
+        // A second opening of the file, as another process's would be, finds it locked.
         let path = std::env::temp_dir().join("oncepay-ports").join(ports[0].to_string());
         let other = File::open(path).unwrap();
         assert!(matches!(other.try_lock(), Err(std::fs::TryLockError::WouldBlock)));

@@ -10,6 +10,7 @@ use std::process::{ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
+use oncepay_devkit::ports;
 use serde_json::Value;
 use tokio::process::Command;
 
@@ -81,12 +82,8 @@ struct Stack<'a> {
 
 impl<'a> Stack<'a> {
     fn new(engine: &'a Engine, root: &'a Path, bin: &Path, run_id: &str) -> anyhow::Result<Self> {
-        let [api_port, reconciler_port, operations_port, simulator_port] = [
-            oncepay_devkit::ports::reserve()?,
-            oncepay_devkit::ports::reserve()?,
-            oncepay_devkit::ports::reserve()?,
-            oncepay_devkit::ports::reserve()?,
-        ];
+        let [api_port, reconciler_port, operations_port, simulator_port] =
+            [ports::reserve()?, ports::reserve()?, ports::reserve()?, ports::reserve()?];
         let image = format!("oncepay-compose-check:{run_id}");
         let env = vec![
             ("WEBHOOK_SECRET", secrets::webhook_secret()),

@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use oncepay_devkit::wait::wait_until;
 use oncepay_store::connections::Connections;
 use sqlx::{PgConnection, PgPool};
 
@@ -13,19 +14,19 @@ async fn backend(connection: &mut PgConnection) -> i32 {
     sqlx::query_scalar!(r#"SELECT pg_backend_pid() AS "pid!""#).fetch_one(connection).await.unwrap()
 }
 
-/// Returns once PostgreSQL has no backend `pid`.
+/// Returns once PostgreSQL has no backend `pid`; fails after 10 s.
 async fn until_gone(pool: &PgPool, pid: i32) {
-    loop {
+    let what = format!("backend {pid} to end");
+    wait_until(&what, Duration::from_secs(10), || async {
         let alive =
             sqlx::query_scalar!(r#"SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1) AS "alive!""#, pid)
                 .fetch_one(pool)
                 .await
                 .unwrap();
-        if !alive {
-            return;
-        }
-        tokio::task::yield_now().await;
-    }
+        (!alive).then_some(())
+    })
+    .await
+    .unwrap();
 }
 
 fn connections(pool: &PgPool, max: u32, acquire_timeout: Duration) -> Connections {
