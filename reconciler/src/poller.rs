@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use futures::StreamExt;
 use oncepay_domain::status::Transition;
-use oncepay_provider::{Charge, ChargeStatus, LookupError, PaymentProvider};
+use oncepay_provider::{Charge, ChargeStatus, KeyWindow, LookupError, PaymentProvider};
 use oncepay_service::backoff::Backoff;
 use oncepay_service::telemetry;
 use oncepay_store as store;
@@ -45,9 +45,9 @@ pub struct PollerConfig {
     pub max_attempts: u32,
     /// Time in `unknown` before dead-lettering.
     pub max_age: Duration,
-    /// How long after its first send a payment may still be resent with its key: the provider's key
-    /// window minus a safety margin.
-    pub resend_horizon: Duration,
+    /// How long the provider remembers a key. A payment or refund is resent with its key only
+    /// within its resend horizon (the window minus a margin) after its first send.
+    pub key_window: KeyWindow,
 }
 
 /// What one pass did.
@@ -121,9 +121,14 @@ impl<P: PaymentProvider> Poller<P> {
     pub async fn run_once(&self) -> anyhow::Result<Counts> {
         let claimed = {
             let mut conn = self.pool.acquire().await.context("cannot reach the database")?;
-            unknown::claim_due(&mut conn, self.config.batch_size, self.config.lease, self.config.resend_horizon)
-                .await
-                .context("cannot claim due unknown payments")?
+            unknown::claim_due(
+                &mut conn,
+                self.config.batch_size,
+                self.config.lease,
+                self.config.key_window.resend_horizon(),
+            )
+            .await
+            .context("cannot claim due unknown payments")?
         };
         let counts = Counts { claimed: claimed.len() as u64, ..Counts::default() };
         let polls = claimed.into_iter().map(|payment| self.poll_one(payment));
@@ -479,7 +484,7 @@ mod tests {
             backoff: Backoff { base: Duration::from_secs(1), max: Duration::from_secs(60) },
             max_attempts: 5,
             max_age: Duration::from_secs(3600),
-            resend_horizon: Duration::from_secs(82_800),
+            key_window: KeyWindow { window: Duration::from_secs(86_400), safety_margin: Duration::from_secs(3600) },
         }
     }
 

@@ -107,7 +107,7 @@ pub async fn serve(settings: Settings, shutdown: CancellationToken) -> anyhow::R
         backoff: p.backoff,
         max_attempts: p.max_attempts,
         max_age: Duration::from_secs(p.max_age_secs),
-        resend_horizon: key_window.resend_horizon(),
+        key_window,
     };
     // Unknown refunds are looked up by a loop of their own, with the same limits: a backlog of one
     // kind never holds the other back.

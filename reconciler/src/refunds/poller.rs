@@ -5,7 +5,10 @@
 //! any transaction; its verdict is recorded in one short transaction per refund, always as a
 //! compare-and-set from `unknown`, so a webhook that settles the refund meanwhile wins and the
 //! poller's change is a lost race. The refund lookup is a consistent source: an empty list proves
-//! that no refund was made under the key, whenever it is asked.
+//! that no refund was made under the key so far. It proves that none ever will be only once no send
+//! can still land: a send whose answer was lost may still be at the provider, and be made after the
+//! lookup. oncepay takes a send to land within the provider's key window, so a refund is failed as
+//! never made only when it has been `unknown` (and so every send of it has been out) that long.
 
 use anyhow::Context;
 use oncepay_provider::{LookupError, PaymentProvider, Refund as ProviderRefund, RefundLookup};
@@ -23,7 +26,8 @@ use crate::unknown::{Why, evidence};
 
 const ACTOR: &str = "reconciler:poller";
 
-/// The failure code of a refund the provider provably never made, once its key window has passed.
+/// The failure code of a refund the provider provably never made: none under its key, and every send
+/// of it older than the key window.
 pub const NOT_MADE: &str = "refund_not_made";
 
 /// What one pass did.
@@ -35,7 +39,8 @@ pub struct Counts {
     pub refunded: u64,
     /// Settled `failed` from a failed refund found at the provider.
     pub failed: u64,
-    /// Settled `failed` because the provider holds no refund under the key, past the key window.
+    /// Settled `failed` because the provider holds no refund under the key, and every send of it is
+    /// older than the key window.
     pub not_made: u64,
     /// Sent back to `pending` for a resend with the same key.
     pub resent: u64,
@@ -58,7 +63,8 @@ enum LookupVerdict {
     /// No refund under the key, and the provider still remembers the key: back to `pending` and
     /// into the refund outbox, resent with the same key.
     Resend,
-    /// No refund under the key, past the key window: `failed` with [`NOT_MADE`]. No money moved.
+    /// No refund under the key, past the resend horizon, and every send older than the key window:
+    /// `failed` with [`NOT_MADE`]. No money moved.
     NotMade,
     /// A failed lookup, or a refund the provider has not finished: looked up again after a
     /// per-refund backoff.
@@ -98,9 +104,14 @@ impl<P: PaymentProvider> RefundPoller<P> {
     pub async fn run_once(&self) -> anyhow::Result<Counts> {
         let claimed = {
             let mut conn = self.pool.acquire().await.context("cannot reach the database")?;
-            unknown::claim_due(&mut conn, self.config.batch_size, self.config.lease, self.config.resend_horizon)
-                .await
-                .context("cannot claim due unknown refunds")?
+            unknown::claim_due(
+                &mut conn,
+                self.config.batch_size,
+                self.config.lease,
+                self.config.key_window.resend_horizon(),
+            )
+            .await
+            .context("cannot claim due unknown refunds")?
         };
         let counts = Counts { claimed: claimed.len() as u64, ..Counts::default() };
         let polls = claimed.into_iter().map(|refund| self.poll_one(refund));
@@ -212,10 +223,8 @@ impl<P: PaymentProvider> RefundPoller<P> {
             }
             LookupVerdict::Exhaust { detail } => {
                 let evidence = evidence("poll", json!({"attempt": attempt, "result": detail}));
-                let reason = format!(
-                    "no conclusive response from the provider after {attempt} lookups over {}",
-                    render::age(time::Duration::try_from(refund.age).unwrap_or(time::Duration::MAX)),
-                );
+                let reason =
+                    format!("no conclusive response from the provider after {attempt} lookups over {}", age(refund));
                 let applied = unknown::exhaust(&mut tx, tenant_id, refund_id, why(&reason), evidence)
                     .await
                     .context("cannot dead-letter the refund")?;
@@ -225,6 +234,11 @@ impl<P: PaymentProvider> RefundPoller<P> {
         tx.commit().await.context("cannot commit the refund lookup's outcome")?;
         Ok(done)
     }
+}
+
+/// How long `refund` has been `unknown`, for people.
+fn age(refund: &Claimed) -> String {
+    render::age(time::Duration::try_from(refund.age).unwrap_or(time::Duration::MAX))
 }
 
 fn why(reason: &str) -> Why<'_> {
@@ -293,7 +307,11 @@ fn decide(refund: &Claimed, lookup: &Result<Vec<ProviderRefund>, LookupError>, c
     let detail = match lookup {
         Ok(found) => match found.as_slice() {
             [] if refund.in_key_window => return LookupVerdict::Resend,
-            [] => return LookupVerdict::NotMade,
+            [] if refund.age >= config.key_window.window => return LookupVerdict::NotMade,
+            [] => format!(
+                "no refund under the key yet, and a send may still land: unknown for {}, less than the key window",
+                age(refund),
+            ),
             [one] => match settling::judge(&refund.asked, one) {
                 Finding::Settles(settlement) => {
                     return LookupVerdict::Settle { settlement, refund: Box::new(one.clone()) };
@@ -334,7 +352,7 @@ mod tests {
 
     use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
     use oncepay_domain::money::{Amount, Currency};
-    use oncepay_provider::{RefundState, fixtures};
+    use oncepay_provider::{KeyWindow, RefundState, fixtures};
     use oncepay_service::backoff::Backoff;
     use oncepay_store::refunds::settling::AskedRefund;
 
@@ -349,7 +367,7 @@ mod tests {
             backoff: Backoff { base: Duration::from_secs(1), max: Duration::from_secs(60) },
             max_attempts: 5,
             max_age: Duration::from_secs(3600),
-            resend_horizon: Duration::from_secs(82_800),
+            key_window: KeyWindow { window: Duration::from_secs(86_400), safety_margin: Duration::from_secs(3600) },
         }
     }
 
@@ -392,6 +410,7 @@ mod tests {
         let failed = || -> Result<Vec<ProviderRefund>, LookupError> { Err(LookupError::Status(503)) };
         let fresh = claimed(0, 10, true);
         let old = claimed(0, 10, false);
+        let long_unknown = claimed(0, 86_400, false);
         let last_try = claimed(4, 10, false);
         let too_old = claimed(0, 3600, true);
         let found = |c: &Claimed, status| ok(vec![refund(c, "re_1", status)]);
@@ -423,8 +442,9 @@ mod tests {
                 "mismatch",
             ),
             ("nothing, inside the window", &fresh, ok(vec![]), "resend"),
-            ("nothing, past the window", &old, ok(vec![]), "not_made"),
-            ("nothing, past the window, attempts spent", &last_try, ok(vec![]), "not_made"),
+            ("nothing, past the window, a send maybe still landing", &old, ok(vec![]), "inconclusive"),
+            ("nothing, past the window, attempts spent", &last_try, ok(vec![]), "exhaust"),
+            ("nothing, unknown for the whole key window", &long_unknown, ok(vec![]), "not_made"),
             ("lookup failed", &fresh, failed(), "inconclusive"),
             ("lookup failed, attempts spent", &last_try, failed(), "exhaust"),
             ("lookup failed, too old", &too_old, failed(), "exhaust"),

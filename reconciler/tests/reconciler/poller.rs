@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_domain::status::PaymentStatus;
-use oncepay_provider::ChargeStatus;
 use oncepay_provider::http::HttpProvider;
 use oncepay_provider::wire::{EventType, WebhookEvent};
+use oncepay_provider::{ChargeStatus, KeyWindow};
 use oncepay_reconciler::poller::{Counts, Poller, PollerConfig};
 use oncepay_reconciler::{unknown, webhooks};
 use oncepay_service::backoff::Backoff;
@@ -32,7 +32,7 @@ fn config(max_attempts: u32) -> PollerConfig {
         backoff: Backoff { base: Duration::ZERO, max: Duration::ZERO },
         max_attempts,
         max_age: Duration::from_secs(3 * DAY as u64),
-        resend_horizon: Duration::from_secs((DAY - 3600) as u64),
+        key_window: KeyWindow { window: Duration::from_secs(DAY as u64), safety_margin: Duration::from_secs(3600) },
     }
 }
 

@@ -1,14 +1,15 @@
 //! The refund poller against a real PostgreSQL and a wiremock provider speaking the simulator's
 //! protocol (`GET /v1/refunds?charge=&idempotency_key=`): it settles `unknown` refunds both ways,
-//! resends inside the key window, fails a refund the provider never made past it, and
-//! dead-letters what contradicts the refund or what a failing provider never answers.
+//! resends inside the key window, waits past it while a send may still land, fails a refund the
+//! provider never made once every send is a key window old, and dead-letters what contradicts the
+//! refund or what a failing provider never answers.
 
 use std::time::Duration;
 
 use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
 use oncepay_domain::status::PaymentStatus;
 use oncepay_provider::http::HttpProvider;
-use oncepay_provider::{Refund, RefundState};
+use oncepay_provider::{KeyWindow, Refund, RefundState};
 use oncepay_reconciler::poller::PollerConfig;
 use oncepay_reconciler::refunds::poller::{Counts, RefundPoller};
 use oncepay_reconciler::refunds::unknown;
@@ -33,7 +34,7 @@ fn config(max_attempts: u32) -> PollerConfig {
         backoff: Backoff { base: Duration::ZERO, max: Duration::ZERO },
         max_attempts,
         max_age: Duration::from_secs(3 * DAY as u64),
-        resend_horizon: Duration::from_secs((DAY - 3600) as u64),
+        key_window: KeyWindow { window: Duration::from_secs(DAY as u64), safety_margin: Duration::from_secs(3600) },
     }
 }
 
@@ -164,11 +165,51 @@ async fn no_refund_inside_the_key_window_sends_the_refund_again_with_the_same_ke
     assert_eq!(poller(&pool, &provider, 5).run_once().await.unwrap(), Counts::default());
 }
 
+/// A refund first claimed long ago (that attempt never reached the provider) and sent again just
+/// now, whose answer was lost: the provider may still be making it, so an empty list proves nothing
+/// yet. Seen in a chaos run, where the refund was failed and then made.
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn no_refund_yet_after_a_send_that_may_still_land_keeps_the_refund_unknown_until_it_appears(pool: PgPool) {
+    let provider = MockServer::start().await;
+    // First sent 23 h 30 min ago, past the resend horizon; `unknown` since a moment ago.
+    let (_, payment_id, refund_id) = unknown_refund_of_a_payment(&pool, DAY - 1800).await;
+    answer_lookup(&provider, refund_id, 200, listing(&[])).await;
+
+    let counts = poller(&pool, &provider, 5).run_once().await.unwrap();
+
+    assert_eq!(counts, Counts { claimed: 1, inconclusive: 1, ..Counts::default() });
+    assert_eq!(refund_status(&pool, refund_id).await, PaymentStatus::Unknown);
+    assert_eq!(refunded(&pool, payment_id).await, (500, 0), "still reserved");
+    assert_eq!(count_for_refund(&pool, "refund_outbox", refund_id).await, 0, "never resent");
+
+    // The send lands at the provider; the next lookup finds its refund.
+    provider.reset().await;
+    answer_lookup(
+        &provider,
+        refund_id,
+        200,
+        listing(&[provider_refund(refund_id, "re_1", RefundState::Succeeded, 500)]),
+    )
+    .await;
+    let counts = poller(&pool, &provider, 5).run_once().await.unwrap();
+
+    assert_eq!(counts, Counts { claimed: 1, refunded: 1, ..Counts::default() });
+    assert_eq!(refunded(&pool, payment_id).await, (500, 500));
+}
+
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn no_refund_past_the_key_window_fails_the_refund_as_never_made(pool: PgPool) {
     let provider = MockServer::start().await;
-    // First sent 23 h 30 min ago: inside the provider's 24 h, but inside the one-hour margin too.
-    let (_, payment_id, refund_id) = unknown_refund_of_a_payment(&pool, DAY - 1800).await;
+    // First sent 25 h ago, past the provider's 24 h, and `unknown` (so every send out) as long.
+    let (_, payment_id, refund_id) = unknown_refund_of_a_payment(&pool, DAY + 3600).await;
+    sqlx::query!(
+        "UPDATE refunds SET created_at = created_at - interval '25 hours', updated_at = now() - interval '25 hours'
+         WHERE refund_id = $1",
+        refund_id.as_uuid()
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
     answer_lookup(&provider, refund_id, 200, listing(&[])).await;
 
     let counts = poller(&pool, &provider, 5).run_once().await.unwrap();

@@ -87,7 +87,7 @@ async fn the_poll_and_the_resend_it_decides_continue_the_payments_trace(pool: Pg
             backoff: Backoff { base: Duration::ZERO, max: Duration::ZERO },
             max_attempts: 5,
             max_age: Duration::from_secs(86_400),
-            resend_horizon: Duration::from_secs(82_800),
+            key_window: KeyWindow { window: Duration::from_secs(86_400), safety_margin: Duration::from_secs(3600) },
         },
     );
 
