@@ -121,14 +121,10 @@ impl<P: PaymentProvider> Poller<P> {
     pub async fn run_once(&self) -> anyhow::Result<Counts> {
         let claimed = {
             let mut conn = self.pool.acquire().await.context("cannot reach the database")?;
-            unknown::claim_due(
-                &mut conn,
-                self.config.batch_size,
-                self.config.lease,
-                self.config.key_window.resend_horizon(),
-            )
-            .await
-            .context("cannot claim due unknown payments")?
+            let horizon = self.config.key_window.resend_horizon();
+            unknown::claim_due(&mut conn, self.config.batch_size, self.config.lease, horizon)
+                .await
+                .context("cannot claim due unknown payments")?
         };
         let counts = Counts { claimed: claimed.len() as u64, ..Counts::default() };
         let polls = claimed.into_iter().map(|payment| self.poll_one(payment));

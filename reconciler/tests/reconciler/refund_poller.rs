@@ -59,6 +59,17 @@ async fn answer_lookup(provider: &MockServer, refund_id: RefundId, status: u16, 
         .await;
 }
 
+/// The provider holds one succeeded refund of 500 under the refund's key, `re_1`.
+async fn shows_succeeded(provider: &MockServer, refund_id: RefundId) {
+    answer_lookup(
+        provider,
+        refund_id,
+        200,
+        listing(&[provider_refund(refund_id, "re_1", RefundState::Succeeded, 500)]),
+    )
+    .await;
+}
+
 fn listing(refunds: &[Refund]) -> Value {
     json!({ "data": refunds, "has_more": false })
 }
@@ -100,13 +111,7 @@ async fn a_refund_the_provider_shows_succeeded_settles_with_its_ledger_entry_and
 ) {
     let provider = MockServer::start().await;
     let (_, payment_id, refund_id) = unknown_refund_of_a_payment(&pool, 60).await;
-    answer_lookup(
-        &provider,
-        refund_id,
-        200,
-        listing(&[provider_refund(refund_id, "re_1", RefundState::Succeeded, 500)]),
-    )
-    .await;
+    shows_succeeded(&provider, refund_id).await;
 
     let counts = poller(&pool, &provider, 5).run_once().await.unwrap();
 
@@ -184,13 +189,7 @@ async fn no_refund_yet_after_a_send_that_may_still_land_keeps_the_refund_unknown
 
     // The send lands at the provider; the next lookup finds its refund.
     provider.reset().await;
-    answer_lookup(
-        &provider,
-        refund_id,
-        200,
-        listing(&[provider_refund(refund_id, "re_1", RefundState::Succeeded, 500)]),
-    )
-    .await;
+    shows_succeeded(&provider, refund_id).await;
     let counts = poller(&pool, &provider, 5).run_once().await.unwrap();
 
     assert_eq!(counts, Counts { claimed: 1, refunded: 1, ..Counts::default() });
