@@ -46,7 +46,8 @@ pub struct PollerConfig {
     /// Time in `unknown` before dead-lettering.
     pub max_age: Duration,
     /// How long the provider remembers a key. A payment or refund is resent with its key only
-    /// within its resend horizon (the window minus a margin) after its first send.
+    /// within its resend horizon (the window minus a margin) after its first send, and a refund is
+    /// failed as never made only once it has been `unknown` for the whole window.
     pub key_window: KeyWindow,
 }
 

@@ -7,8 +7,9 @@
 //! poller's change is a lost race. The refund lookup is a consistent source: an empty list proves
 //! that no refund was made under the key so far. It proves that none ever will be only once no send
 //! can still land: a send whose answer was lost may still be at the provider, and be made after the
-//! lookup. oncepay takes a send to land within the provider's key window, so a refund is failed as
-//! never made only when it has been `unknown` (and so every send of it has been out) that long.
+//! lookup. Every send of a refund is made before it becomes `unknown`, and oncepay takes a provider
+//! to act on a request within its key window. So a refund is failed as never made only once it has
+//! been `unknown` for the whole key window.
 
 use anyhow::Context;
 use oncepay_provider::{LookupError, PaymentProvider, Refund as ProviderRefund, RefundLookup};

@@ -199,7 +199,7 @@ async fn no_refund_yet_after_a_send_that_may_still_land_keeps_the_refund_unknown
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn no_refund_past_the_key_window_fails_the_refund_as_never_made(pool: PgPool) {
     let provider = MockServer::start().await;
-    // First sent 25 h ago, past the provider's 24 h, and `unknown` (so every send out) as long.
+    // First sent 25 h ago and `unknown` for 25 h, so every send is older than the provider's 24 h.
     let (_, payment_id, refund_id) = unknown_refund_of_a_payment(&pool, DAY + 3600).await;
     sqlx::query!(
         "UPDATE refunds SET created_at = created_at - interval '25 hours', updated_at = now() - interval '25 hours'
