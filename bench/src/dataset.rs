@@ -160,7 +160,7 @@ impl Tenant {
     /// Creates the tenant `name` and one API key for it.
     pub async fn create(conn: &mut PgConnection, name: &str) -> anyhow::Result<Self> {
         let name = TenantName::parse(name)?;
-        let tenant = tenants::create(conn, &name, None, None).await?;
+        let tenant = tenants::create(conn, TenantId::generate(), &name, None, None).await?;
         let key = tenants::issue_api_key(conn, tenant.tenant_id, Some("benchmark")).await?;
         Ok(Self { id: tenant.tenant_id, token: api_key::reveal(&key).to_owned() })
     }

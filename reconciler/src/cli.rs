@@ -28,7 +28,7 @@ use crate::operators::tokens::IssuedToken;
 use crate::recon::commands::{RunDetail, RunList, RunReport};
 use crate::render::Report;
 use crate::settings::Settings;
-use crate::tenants::{Connected, IssuedKey, RevokedKey, TenantList, TenantView};
+use crate::tenants::{IssuedKey, RevokedKey, TenantList};
 
 /// `oncepay-reconciler`: the reconciler service and the operator CLI.
 #[derive(Debug, Parser)]
@@ -264,7 +264,8 @@ pub enum ReconCommand {
 /// `tenants …`.
 #[derive(Debug, Subcommand)]
 pub enum TenantsCommand {
-    /// Creates a tenant and prints its first API key, once.
+    /// Proposes a tenant with its first API key; once a second operator approves, `keys collect`
+    /// prints the key, once.
     Create {
         /// Operator-facing handle: 1–63 of a-z 0-9 _ -, starting with a letter or digit.
         name: String,
@@ -281,9 +282,9 @@ pub enum TenantsCommand {
     },
     /// Lists every tenant.
     List,
-    /// Sets the provider account a tenant's payments are charged to from now on (Stripe Connect:
-    /// its connected account, `acct_…`). Payments accepted before keep the account they were
-    /// accepted with.
+    /// Proposes the provider account a tenant's payments are charged to (Stripe Connect: its
+    /// connected account, `acct_…`), from its approval on. Payments accepted before keep the account
+    /// they were accepted with.
     Connect {
         /// The tenant's name.
         tenant: String,
@@ -307,13 +308,19 @@ pub enum TenantsCommand {
 /// `keys …`.
 #[derive(Debug, Subcommand)]
 pub enum KeysCommand {
-    /// Issues another API key for a tenant and prints it, once.
+    /// Proposes another API key for a tenant; once a second operator approves, `keys collect` prints
+    /// it, once.
     Issue {
         /// The tenant's name.
         tenant: String,
         /// Why (recorded).
         #[arg(long)]
         reason: String,
+    },
+    /// Prints the API key an approved proposal of yours made (`tenants create`, `keys issue`), once.
+    Collect {
+        /// The proposal's id.
+        proposal_id: Uuid,
     },
     /// Revokes one of a tenant's keys; the api refuses it within its `auth.cache_ttl_secs`.
     Revoke {
@@ -538,7 +545,12 @@ pub async fn execute(command: Command, ctx: &Context) -> Result<Box<dyn Report>,
         Command::Tenants(command) => tenant_command(command, ctx.ops()?).await,
         Command::Keys(KeysCommand::Issue { tenant, reason }) => {
             let path = format!("/v1/tenants/{tenant}/keys");
-            let issued: IssuedKey = ctx.ops()?.post(&path, &json!({ "reason": reason })).await?.into()?;
+            let proposed: Acted = ctx.ops()?.post(&path, &json!({ "reason": reason })).await?.into()?;
+            Ok(boxed(proposed))
+        }
+        Command::Keys(KeysCommand::Collect { proposal_id }) => {
+            let path = format!("/v1/proposals/{proposal_id}/key");
+            let issued: IssuedKey = ctx.ops()?.post(&path, &json!({})).await?.into()?;
             Ok(boxed(issued))
         }
         Command::Keys(KeysCommand::Revoke { tenant, key_id, reason }) => {
@@ -605,8 +617,8 @@ async fn tenant_command(command: TenantsCommand, ops: &OpsClient) -> Result<Box<
     let (tenant, account, reason) = match command {
         TenantsCommand::Create { name, rate_limit, provider_account, reason } => {
             let body = json!({ "name": name, "rate_limit": rate_limit, "provider_account": provider_account, "reason": reason });
-            let issued: IssuedKey = ops.post("/v1/tenants", &body).await?.into()?;
-            return Ok(boxed(issued));
+            let proposed: Acted = ops.post("/v1/tenants", &body).await?.into()?;
+            return Ok(boxed(proposed));
         }
         TenantsCommand::List => {
             let list: TenantList = ops.get("/v1/tenants").await?.into()?;
@@ -616,8 +628,8 @@ async fn tenant_command(command: TenantsCommand, ops: &OpsClient) -> Result<Box<
         TenantsCommand::Disconnect { tenant, reason } => (tenant, None, reason),
     };
     let path = format!("/v1/tenants/{tenant}/provider-account");
-    let tenant: TenantView = ops.put(&path, &json!({ "account": account, "reason": reason })).await?.into()?;
-    Ok(boxed(Connected { tenant }))
+    let acted: Acted = ops.put(&path, &json!({ "account": account, "reason": reason })).await?.into()?;
+    Ok(boxed(acted))
 }
 
 async fn dead_letter_command(command: DeadLettersCommand, ops: &OpsClient) -> Result<Box<dyn Report>, OperatorError> {

@@ -1,5 +1,7 @@
-//! Operator commands for tenants, their API keys and provider accounts: `tenants
-//! create|list|connect|disconnect`, `keys issue|revoke`, and the console's list of a tenant's keys.
+//! Tenants, their API keys and provider accounts as operators change and see them: creating a
+//! tenant, connecting it to a provider account and issuing it a key (each the carrying out of an
+//! approved proposal, `crate::operators::proposals`), disconnecting it and revoking a key (done at
+//! once: neither can move money), and the lists the CLI and the console show.
 //!
 //! The store functions are `oncepay_store::tenants`; this module adds the operator's view.
 //! A new key's token is printed exactly once, by the command that made it, with a line saying it
@@ -9,10 +11,11 @@ use std::io::{self, Write};
 
 use anyhow::Context;
 use oncepay_domain::api_key::{self, KeyId};
+use oncepay_domain::ids::TenantId;
 use oncepay_domain::provider_ref::ProviderAccount;
-use oncepay_store::tenants::{self, CreateTenantError, Tenant, TenantName};
+use oncepay_store::tenants::{self, Tenant, TenantError, TenantName};
 use serde::{Deserialize, Serialize};
-use sqlx::{Acquire, PgConnection};
+use sqlx::PgConnection;
 use time::OffsetDateTime;
 
 use crate::operator_error::OperatorError;
@@ -74,30 +77,34 @@ impl Report for IssuedKey {
     }
 }
 
-/// `tenants create`: the tenant and its first key, in one transaction (no tenant without a key).
+/// Creates tenant `tenant_id` named `name`, in the caller's transaction, as an approved
+/// `tenant_create` proposal does; its first key is made when the proposer collects it
+/// ([`issue_key`]).
 pub async fn create(
     conn: &mut PgConnection,
+    tenant_id: TenantId,
     name: &str,
     rate_limit: Option<i32>,
     provider_account: Option<&str>,
-) -> Result<IssuedKey, OperatorError> {
+) -> Result<TenantView, OperatorError> {
     let name = TenantName::parse(name).map_err(|e| OperatorError::Invalid(format!("tenant name {name:?}: {e}")))?;
     if rate_limit.is_some_and(|limit| limit <= 0) {
         return Err(OperatorError::Invalid("--rate-limit must be a positive number of requests per second".into()));
     }
     let account = provider_account.map(account).transpose()?;
-    let mut tx = conn.begin().await.context("cannot start a transaction")?;
-    let tenant = tenants::create(&mut tx, &name, rate_limit, account.as_ref()).await.map_err(|e| match e {
-        CreateTenantError::NameTaken(name) => OperatorError::Refused(format!("a tenant named {name} already exists")),
-        CreateTenantError::Store(e) => OperatorError::Failed(anyhow::Error::new(e).context("cannot create the tenant")),
-    })?;
-    let key = tenants::issue_api_key(&mut tx, tenant.tenant_id, None).await.context("cannot issue the API key")?;
-    tx.commit().await.context("cannot commit the new tenant")?;
-    Ok(IssuedKey {
-        tenant: TenantView::from(&tenant),
-        key_id: key.key_id.to_string(),
-        api_key: api_key::reveal(&key).to_owned(),
-    })
+    let tenant = tenants::create(conn, tenant_id, &name, rate_limit, account.as_ref()).await.map_err(refusal)?;
+    Ok(TenantView::from(&tenant))
+}
+
+/// What a store refusal means to an operator.
+fn refusal(error: TenantError) -> OperatorError {
+    match error {
+        TenantError::NameTaken(name) => OperatorError::Refused(format!("a tenant named {name} already exists")),
+        TenantError::AccountTaken(account) => OperatorError::Refused(format!(
+            "provider account {account} belongs to another tenant: one account belongs to at most one tenant"
+        )),
+        TenantError::Store(e) => OperatorError::Failed(anyhow::Error::new(e).context("cannot change the tenants")),
+    }
 }
 
 /// `tenants list`.
@@ -135,52 +142,19 @@ fn account(text: &str) -> Result<ProviderAccount, OperatorError> {
     ProviderAccount::parse(text).map_err(|e| OperatorError::Invalid(format!("provider account {text:?} {e}")))
 }
 
-/// A tenant's provider account, changed.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct Connected {
-    /// The tenant, as it is now.
-    pub tenant: TenantView,
-}
-
-impl Report for Connected {
-    fn human(&self, out: &mut dyn Write) -> io::Result<()> {
-        match &self.tenant.provider_account {
-            Some(account) => writeln!(
-                out,
-                "tenant {}'s new payments are charged to provider account {account} (in connect mode), once the \
-                 api's auth.cache_ttl_secs has passed; payments accepted before keep their account",
-                self.tenant.name
-            ),
-            None => writeln!(
-                out,
-                "tenant {} has no provider account: in connect mode it takes no payments until one is set; \
-                 payments accepted before keep their account",
-                self.tenant.name
-            ),
-        }
-    }
-
-    fn json(&self) -> serde_json::Value {
-        render::to_json(&self.tenant)
-    }
-}
-
-/// `tenants connect` (`Some` account) and `tenants disconnect` (`None`).
+/// Charges tenant `tenant_id`'s new payments to `provider_account` (`None`: none), in the caller's
+/// transaction: an approved `tenant_connect` proposal, or a disconnection.
 pub async fn connect(
     conn: &mut PgConnection,
-    tenant_name: &str,
+    tenant_id: TenantId,
     provider_account: Option<&str>,
-) -> Result<Connected, OperatorError> {
+) -> Result<TenantView, OperatorError> {
     let account = provider_account.map(account).transpose()?;
-    let tenant = find(conn, tenant_name).await?;
-    if !tenants::set_provider_account(conn, tenant.tenant_id, account.as_ref())
-        .await
-        .context("cannot set the account")?
-    {
-        return Err(OperatorError::NotFound(format!("no tenant named {tenant_name}")));
+    let tenant = find_by_id(conn, tenant_id).await?;
+    if !tenants::set_provider_account(conn, tenant.tenant_id, account.as_ref()).await.map_err(refusal)? {
+        return Err(OperatorError::NotFound(format!("no tenant {tenant_id}")));
     }
-    let tenant = Tenant { provider_account: account, ..tenant };
-    Ok(Connected { tenant: TenantView::from(&tenant) })
+    Ok(TenantView::from(&Tenant { provider_account: account, ..tenant }))
 }
 
 /// The tenant named `name`, as operators see it.
@@ -188,16 +162,26 @@ pub async fn view(conn: &mut PgConnection, name: &str) -> Result<TenantView, Ope
     Ok(TenantView::from(&find(conn, name).await?))
 }
 
-async fn find(conn: &mut PgConnection, name: &str) -> Result<Tenant, OperatorError> {
+/// The tenant named `name`.
+pub async fn find(conn: &mut PgConnection, name: &str) -> Result<Tenant, OperatorError> {
     tenants::find_by_name(conn, name)
         .await
         .context("cannot look the tenant up")?
         .ok_or_else(|| OperatorError::NotFound(format!("no tenant named {name}")))
 }
 
-/// `keys issue`: another key for an existing tenant (e.g. to rotate).
-pub async fn issue_key(conn: &mut PgConnection, tenant_name: &str) -> Result<IssuedKey, OperatorError> {
-    let tenant = find(conn, tenant_name).await?;
+/// Tenant `tenant_id`, its row locked until the transaction ends.
+pub async fn find_by_id(conn: &mut PgConnection, tenant_id: TenantId) -> Result<Tenant, OperatorError> {
+    tenants::lock(conn, tenant_id)
+        .await
+        .context("cannot look the tenant up")?
+        .ok_or_else(|| OperatorError::NotFound(format!("no tenant {tenant_id}")))
+}
+
+/// Another key for tenant `tenant_id` (a first one, or one to rotate to), in the caller's
+/// transaction, for the proposer of an approved `key_issue` or `tenant_create` proposal to collect.
+pub async fn issue_key(conn: &mut PgConnection, tenant_id: TenantId) -> Result<IssuedKey, OperatorError> {
+    let tenant = find_by_id(conn, tenant_id).await?;
     let key = tenants::issue_api_key(conn, tenant.tenant_id, None).await.context("cannot issue the API key")?;
     Ok(IssuedKey {
         tenant: TenantView::from(&tenant),

@@ -335,8 +335,15 @@ pub async fn refunded(db: &PgPool, payment_id: PaymentId) -> (i64, i64) {
 /// A new tenant with an API key.
 pub async fn create_tenant(db: &PgPool, name: &str, rate_limit_per_second: Option<i32>) -> Tenant {
     let mut conn = db.acquire().await.unwrap();
-    let tenant =
-        tenants::create(&mut conn, &TenantName::parse(name).unwrap(), rate_limit_per_second, None).await.unwrap();
+    let tenant = tenants::create(
+        &mut conn,
+        TenantId::generate(),
+        &TenantName::parse(name).unwrap(),
+        rate_limit_per_second,
+        None,
+    )
+    .await
+    .unwrap();
     let key = tenants::issue_api_key(&mut conn, tenant.tenant_id, Some("tests")).await.unwrap();
     Tenant { id: tenant.tenant_id, token: api_key::reveal(&key).to_owned() }
 }

@@ -95,6 +95,13 @@ impl Entry {
         self
     }
 
+    /// On this tenant, and on this payment of it if there is one.
+    pub const fn on(mut self, tenant_id: TenantId, payment_id: Option<PaymentId>) -> Self {
+        self.tenant_id = Some(tenant_id);
+        self.payment_id = payment_id;
+        self
+    }
+
     /// On this payment, before its tenant is known (a refusal may come first).
     pub const fn on_payment(mut self, payment_id: PaymentId) -> Self {
         self.payment_id = Some(payment_id);

@@ -3,7 +3,7 @@
 //! then a [`sessions`] cookie, for people in a browser), what their
 //! role lets them do and which tenants they may see ([`Role`], [`Scope`]), the decisions that wait
 //! for a second operator ([`proposals`]), an operator's refund of a payment ([`refunds`]), the trail
-//! of everything they do ([`audit`]), the operations API that serves it all over HTTP ([`api`],
+//! of everything they do ([`audit`]), what they see of customer data ([`masking`]), the operations API that serves it all over HTTP ([`api`],
 //! answering with [`reports`]), and the CLI's client of that API ([`client`]).
 //!
 //! The rules live here and in [`proposals`]; the dead-letter actions themselves stay in
@@ -14,6 +14,7 @@ pub mod accounts;
 pub mod api;
 pub mod audit;
 pub mod client;
+pub mod masking;
 pub mod oidc;
 pub mod passwords;
 pub mod proposals;

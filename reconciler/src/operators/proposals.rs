@@ -3,11 +3,16 @@
 //!
 //! Proposals are: settling a dead-lettered payment as succeeded or failed (forced or not), and
 //! resending one past the provider's key window (and, when `operators.retries_need_approval` is
-//! set, any resend); an operator's refund of a succeeded payment; and settling a dead-lettered
-//! refund as succeeded or failed, or resending one past the key window (or any, as for payments).
-//! Nobody approves their own proposal. A proposal expires, can be withdrawn by its maker or rejected
-//! by an approver, and is checked again when approved: if anything happened to what it stands on
-//! (the payment's dead letter, the payment's refunds, the refund) since it was proposed, the
+//! set, any resend); an operator's refund of a succeeded payment; settling a dead-lettered refund as
+//! succeeded or failed, or resending one past the key window (or any, as for payments); and, since a
+//! merchant's API key charges and refunds, creating a tenant with its first key, issuing a tenant
+//! another key, and pointing a tenant at a provider account. A key is made only once its proposal is
+//! approved, when its proposer collects it ([`collect_key`]), and is shown that once.
+//!
+//! Nobody approves their own proposal, nor one whose proposer's credential shares a maker with
+//! theirs. A proposal expires, can be withdrawn by its maker or rejected by an approver, and is
+//! checked again when approved: if anything happened to what it stands on (the payment's dead letter,
+//! the payment's refunds, the refund, the tenant's provider account) since it was proposed, the
 //! approval is refused, saying what changed, and nothing is done. Each step writes its audit row in
 //! its own transaction.
 
@@ -35,6 +40,7 @@ use crate::dead_letters::refunds::{self as dead_refunds, RefundActed, RefundReso
 use crate::dead_letters::reports::Resolved;
 use crate::operator_error::OperatorError;
 use crate::render::{self, Report};
+use crate::tenants::{IssuedKey, TenantView};
 
 /// What a proposal will do when approved.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -106,6 +112,22 @@ pub enum Proposed {
         /// Whether the operators vouch that no earlier send refunded.
         outside_key_window: bool,
     },
+    /// Create the proposal's tenant; its first API key waits for the proposer to collect.
+    TenantCreate {
+        /// Its name.
+        name: String,
+        /// Its own requests-per-second limit, if any.
+        rate_limit: Option<i32>,
+        /// The provider account its payments are charged to in connect mode, if any.
+        provider_account: Option<String>,
+    },
+    /// Charge the tenant's new payments to this provider account.
+    TenantConnect {
+        /// The account (`acct_…`).
+        account: String,
+    },
+    /// Issue the tenant another API key, for the proposer to collect.
+    KeyIssue,
 }
 
 /// `Option<RefundReason>` stored as its name: the domain's reason is only ever written by serde.
@@ -167,6 +189,20 @@ impl fmt::Display for Proposed {
                 write!(f, "send refund {refund_id} again")?;
                 if *outside_key_window { f.write_str(", past the provider's key window") } else { Ok(()) }
             }
+            Self::TenantCreate { name, rate_limit, provider_account } => {
+                write!(f, "create tenant {name} with its first API key")?;
+                if let Some(limit) = rate_limit {
+                    write!(f, ", limited to {limit} requests a second")?;
+                }
+                match provider_account {
+                    Some(account) => write!(f, ", charged to provider account {account}"),
+                    None => Ok(()),
+                }
+            }
+            Self::TenantConnect { account } => {
+                write!(f, "charge the tenant's new payments to provider account {account}")
+            }
+            Self::KeyIssue => f.write_str("issue the tenant another API key"),
         }
     }
 }
@@ -208,6 +244,9 @@ impl Proposed {
             Self::Refund { .. } => "payment.refund",
             Self::RefundRetry { .. } => "refund.retry",
             Self::RefundSucceeded { .. } | Self::RefundFailed { .. } => "refund.resolve",
+            Self::TenantCreate { .. } => "tenant.create",
+            Self::TenantConnect { .. } => "tenant.connect",
+            Self::KeyIssue => "key.issue",
         }
     }
 
@@ -219,6 +258,66 @@ impl Proposed {
             Self::RefundSucceeded { refund_id, .. }
             | Self::RefundFailed { refund_id, .. }
             | Self::RefundRetry { refund_id, .. } => Stand::Refund(*refund_id),
+            Self::TenantCreate { .. } => Stand::NewTenant,
+            Self::TenantConnect { .. } | Self::KeyIssue => Stand::Tenant,
+        }
+    }
+
+    /// Whether its approval makes an API key for the proposer to collect.
+    pub const fn issues_a_key(&self) -> bool {
+        matches!(self, Self::TenantCreate { .. } | Self::KeyIssue)
+    }
+
+    /// Refuses an operator who may not propose it: what moves a payment's money takes the operator
+    /// role; what gives a tenant a key or an account, an admin; a new tenant, an admin of every
+    /// tenant.
+    fn may_be_proposed_by(&self, by: &Account) -> Result<(), OperatorError> {
+        match self {
+            Self::TenantCreate { .. } => {
+                by.require(Role::Admin, "create a tenant")?;
+                if by.scope != Scope::Every {
+                    return Err(OperatorError::Forbidden("only an admin of every tenant creates tenants".into()));
+                }
+                Ok(())
+            }
+            Self::TenantConnect { .. } => by.require(Role::Admin, "change a tenant's provider account"),
+            Self::KeyIssue => by.require(Role::Admin, "issue an API key"),
+            _ => by.require(Role::Operator, "propose a decision"),
+        }
+    }
+}
+
+/// What a proposal is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Subject {
+    /// A payment: its open dead letter, its refunds, or one of its dead-lettered refunds.
+    Payment(PaymentId),
+    /// A tenant, or one to be created with this id.
+    Tenant(TenantId),
+}
+
+impl Subject {
+    /// What a stored proposal is about: its payment, if it has one, else its tenant.
+    const fn of(tenant_id: TenantId, payment_id: Option<PaymentId>) -> Self {
+        match payment_id {
+            Some(payment_id) => Self::Payment(payment_id),
+            None => Self::Tenant(tenant_id),
+        }
+    }
+
+    const fn payment_id(self) -> Option<PaymentId> {
+        match self {
+            Self::Payment(payment_id) => Some(payment_id),
+            Self::Tenant(_) => None,
+        }
+    }
+}
+
+impl fmt::Display for Subject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Payment(payment_id) => write!(f, "payment {payment_id}"),
+            Self::Tenant(tenant_id) => write!(f, "tenant {tenant_id}"),
         }
     }
 }
@@ -232,6 +331,38 @@ enum Stand {
     Refunds,
     /// A dead-lettered refund.
     Refund(RefundId),
+    /// A tenant's provider account.
+    Tenant,
+    /// Nothing yet: the tenant is to be created, and its name and account are checked then.
+    NewTenant,
+}
+
+/// A tenant as a proposal on it saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+struct TenantSeen {
+    tenant_id: TenantId,
+    name: String,
+    /// The provider account its payments were charged to in connect mode; none if `None`.
+    provider_account: Option<String>,
+}
+
+impl TenantSeen {
+    /// Tenant `tenant_id` as it is now, locked.
+    async fn read(conn: &mut PgConnection, tenant_id: TenantId) -> Result<Self, OperatorError> {
+        let tenant = crate::tenants::find_by_id(conn, tenant_id).await?;
+        Ok(Self {
+            tenant_id,
+            name: tenant.name,
+            provider_account: tenant.provider_account.map(|account| account.as_str().to_owned()),
+        })
+    }
+
+    /// What changed between this and `now`, in words; `None` if nothing did.
+    fn changes(&self, now: &Self) -> Option<String> {
+        let account = |seen: &Self| seen.provider_account.clone().unwrap_or_else(|| "none".to_owned());
+        (self.provider_account != now.provider_account)
+            .then(|| format!("its provider account was {} and is now {}", account(self), account(now)))
+    }
 }
 
 /// What a proposal stands on, as its proposer saw it: checked again when it is approved.
@@ -244,39 +375,48 @@ enum Seen {
     Refunds(RefundsSeen),
     /// A dead-lettered refund and its payment.
     Refund(RefundSnapshot),
+    /// A tenant and its provider account.
+    Tenant(TenantSeen),
+    /// A tenant to be created.
+    NewTenant(TenantId),
 }
 
 impl Seen {
-    /// Reads what `stand` names on payment `payment_id`, locked, if `scope` may see it.
+    /// Reads what `stand` names on `subject`, locked, if `scope` may see it.
     async fn read(
         conn: &mut PgConnection,
         scope: &Scope,
-        payment_id: PaymentId,
+        subject: Subject,
         stand: Stand,
     ) -> Result<Self, OperatorError> {
-        match stand {
-            Stand::DeadLetter => Ok(Self::DeadLetter(queries::snapshot(conn, payment_id).await?)),
-            Stand::Refunds => {
-                let tenant_id = queries::payment_tenant(conn, scope.to_column().as_deref(), payment_id)
+        let tenants = scope.to_column();
+        match (subject, stand) {
+            (Subject::Payment(payment_id), Stand::DeadLetter) => {
+                Ok(Self::DeadLetter(queries::snapshot(conn, payment_id).await?))
+            }
+            (Subject::Payment(payment_id), Stand::Refunds) => {
+                let tenant_id = queries::payment_tenant(conn, tenants.as_deref(), payment_id)
                     .await?
                     .ok_or_else(|| no_payment(payment_id))?;
                 Ok(Self::Refunds(operator_refunds::seen(conn, tenant_id, payment_id).await?))
             }
-            Stand::Refund(refund_id) => {
-                let (tenant_id, of_payment, _) =
-                    dead_refunds::locate(conn, scope.to_column().as_deref(), refund_id).await?;
+            (Subject::Payment(payment_id), Stand::Refund(refund_id)) => {
+                let (tenant_id, of_payment, _) = dead_refunds::locate(conn, tenants.as_deref(), refund_id).await?;
                 if of_payment != payment_id {
                     return Err(OperatorError::NotFound(format!("payment {payment_id} has no refund {refund_id}")));
                 }
                 Ok(Self::Refund(dead_refunds::snapshot(conn, tenant_id, refund_id).await?))
             }
+            (Subject::Tenant(tenant_id), Stand::Tenant) => Ok(Self::Tenant(TenantSeen::read(conn, tenant_id).await?)),
+            (Subject::Tenant(tenant_id), Stand::NewTenant) => Ok(Self::NewTenant(tenant_id)),
+            _ => Err(OperatorError::Invalid(format!("this cannot be proposed on {subject}"))),
         }
     }
 
     /// The same thing as it is now, locked, for an approval.
-    async fn again(&self, conn: &mut PgConnection, payment_id: PaymentId) -> Result<Self, OperatorError> {
-        match self {
-            Self::DeadLetter(_) => match queries::snapshot(conn, payment_id).await {
+    async fn again(&self, conn: &mut PgConnection, subject: Subject) -> Result<Self, OperatorError> {
+        match (self, subject) {
+            (Self::DeadLetter(_), Subject::Payment(payment_id)) => match queries::snapshot(conn, payment_id).await {
                 Ok(now) => Ok(Self::DeadLetter(now)),
                 Err(OperatorError::NotFound(_)) => Err(OperatorError::Refused(format!(
                     "payment {payment_id} has no open dead letter any more: someone settled or retried it since the \
@@ -284,8 +424,17 @@ impl Seen {
                 ))),
                 Err(other) => Err(other),
             },
-            Self::Refunds(seen) => Ok(Self::Refunds(operator_refunds::seen(conn, seen.tenant_id, payment_id).await?)),
-            Self::Refund(seen) => Ok(Self::Refund(dead_refunds::snapshot(conn, seen.tenant_id, seen.refund_id).await?)),
+            (Self::Refunds(seen), Subject::Payment(payment_id)) => {
+                Ok(Self::Refunds(operator_refunds::seen(conn, seen.tenant_id, payment_id).await?))
+            }
+            (Self::Refund(seen), _) => {
+                Ok(Self::Refund(dead_refunds::snapshot(conn, seen.tenant_id, seen.refund_id).await?))
+            }
+            (Self::Tenant(seen), _) => Ok(Self::Tenant(TenantSeen::read(conn, seen.tenant_id).await?)),
+            (Self::NewTenant(tenant_id), _) => Ok(Self::NewTenant(*tenant_id)),
+            (Self::DeadLetter(_) | Self::Refunds(_), Subject::Tenant(_)) => {
+                Err(OperatorError::Failed(anyhow::anyhow!("a proposal on a payment is stored without its payment")))
+            }
         }
     }
 
@@ -294,33 +443,33 @@ impl Seen {
             Self::DeadLetter(seen) => seen.tenant_id,
             Self::Refunds(seen) => seen.tenant_id,
             Self::Refund(seen) => seen.tenant_id,
+            Self::Tenant(seen) => seen.tenant_id,
+            Self::NewTenant(tenant_id) => *tenant_id,
         }
     }
 
     /// Refuses a proposal that what it stands on cannot take now.
-    fn refuse_closed(&self, payment_id: PaymentId) -> Result<(), OperatorError> {
+    fn refuse_closed(&self, subject: Subject) -> Result<(), OperatorError> {
         match self {
             Self::DeadLetter(seen) if seen.status.is_terminal() => Err(OperatorError::Refused(format!(
-                "payment {payment_id} is {}, and a terminal payment never changes: acknowledge the conflict instead",
+                "{subject} is {}, and a terminal payment never changes: acknowledge the conflict instead",
                 seen.status.as_str()
             ))),
             Self::Refund(seen) => dead_refunds::require_dead_lettered(seen.refund_id, seen.status),
-            Self::DeadLetter(_) | Self::Refunds(_) => Ok(()),
+            Self::DeadLetter(_) | Self::Refunds(_) | Self::Tenant(_) | Self::NewTenant(_) => Ok(()),
         }
     }
 
     /// Why an approval is refused because of what changed between this and `now`; `None` if
     /// nothing did.
-    fn moved(&self, now: &Self, payment_id: PaymentId) -> Option<String> {
+    fn moved(&self, now: &Self, on: Subject) -> Option<String> {
         let (subject, changes) = match (self, now) {
-            (Self::DeadLetter(seen), Self::DeadLetter(now)) => {
-                (format!("payment {payment_id} moved"), changes(seen, now))
-            }
-            (Self::Refunds(seen), Self::Refunds(now)) => {
-                (format!("the refunds of payment {payment_id} changed"), seen.changes(now))
-            }
+            (Self::DeadLetter(seen), Self::DeadLetter(now)) => (format!("{on} moved"), changes(seen, now)),
+            (Self::Refunds(seen), Self::Refunds(now)) => (format!("the refunds of {on} changed"), seen.changes(now)),
             (Self::Refund(seen), Self::Refund(now)) => (format!("refund {} moved", seen.refund_id), seen.changes(now)),
-            _ => (format!("payment {payment_id} changed"), Some("it stands on something else".to_owned())),
+            (Self::Tenant(seen), Self::Tenant(now)) => (format!("tenant {} changed", seen.name), seen.changes(now)),
+            (Self::NewTenant(_), Self::NewTenant(_)) => return None,
+            _ => (format!("{on} changed"), Some("it stands on something else".to_owned())),
         };
         changes.map(|changes| {
             format!(
@@ -335,21 +484,23 @@ impl Seen {
         let mut columns = Columns::default();
         match self {
             Self::DeadLetter(seen) => {
-                (columns.status, columns.event_count) = (Some(seen.status), seen.event_count);
+                (columns.status, columns.event_count) = (Some(seen.status), Some(seen.event_count));
                 columns.dead_letter_id = Some(seen.dead_letter_id);
                 columns.evidence_count = Some(seen.evidence_count);
             }
             Self::Refunds(seen) => {
-                (columns.status, columns.event_count) = (Some(seen.status), seen.event_count);
+                (columns.status, columns.event_count) = (Some(seen.status), Some(seen.event_count));
                 columns.refunds_reserved = Some(seen.refunds_reserved);
                 columns.refunded = Some(seen.refunded);
                 columns.refund_count = Some(seen.refund_count);
             }
             Self::Refund(seen) => {
-                (columns.status, columns.event_count) = (Some(seen.payment_status), seen.payment_event_count);
+                (columns.status, columns.event_count) = (Some(seen.payment_status), Some(seen.payment_event_count));
                 columns.refund_id = Some(seen.refund_id.as_uuid());
                 columns.refund_event_count = Some(seen.event_count);
             }
+            Self::Tenant(seen) => columns.provider_account.clone_from(&seen.provider_account),
+            Self::NewTenant(_) => {}
         }
         columns
     }
@@ -362,8 +513,8 @@ impl Seen {
         payment: (Amount, Currency),
         columns: Columns,
     ) -> Result<Self, OperatorError> {
-        let status = columns.status.context("a stored proposal has no status")?;
-        let event_count = columns.event_count;
+        let status = columns.status.context("a stored proposal on a payment has no status")?;
+        let event_count = columns.event_count.context("a stored proposal on a payment has no history count")?;
         let Columns { dead_letter_id, evidence_count, refunds_reserved, refunded, refund_count, refund_id, .. } =
             columns;
         match (dead_letter_id, evidence_count, refunds_reserved, refunded, refund_count, refund_id) {
@@ -402,11 +553,12 @@ impl Seen {
     }
 }
 
-/// The `seen_*` columns of `proposals` (migrations/0240, 0310): the payment's, then each kind's own.
+/// The `seen_*` columns of `proposals` (migrations/0240, 0310, 0351): the payment's, then each kind's
+/// own.
 #[derive(Debug, Clone, Default)]
 struct Columns {
     status: Option<PaymentStatus>,
-    event_count: i32,
+    event_count: Option<i32>,
     dead_letter_id: Option<i64>,
     evidence_count: Option<i32>,
     refunds_reserved: Option<i64>,
@@ -414,6 +566,7 @@ struct Columns {
     refund_count: Option<i32>,
     refund_id: Option<Uuid>,
     refund_event_count: Option<i32>,
+    provider_account: Option<String>,
 }
 
 /// A proposal as operators see it.
@@ -421,10 +574,12 @@ struct Columns {
 pub struct ProposalView {
     /// Its id.
     pub proposal_id: Uuid,
-    /// The payment's tenant.
+    /// The tenant it is about, or the payment's.
     pub tenant_id: TenantId,
-    /// The payment.
-    pub payment_id: PaymentId,
+    /// That tenant's name (for a tenant to be created, the name it will have).
+    pub tenant: Option<String>,
+    /// The payment it is about; none for a proposal on a tenant.
+    pub payment_id: Option<PaymentId>,
     /// What it will do.
     pub action: Value,
     /// Why, in the proposer's words.
@@ -446,6 +601,20 @@ pub struct ProposalView {
     pub decided_at: Option<OffsetDateTime>,
     /// Why.
     pub decision_note: Option<String>,
+    /// When its proposer collected the API key its approval made, if it made one.
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    pub key_collected_at: Option<OffsetDateTime>,
+}
+
+impl ProposalView {
+    /// What it is about, in words: `payment 0190…` or `tenant acme`.
+    pub fn about(&self) -> String {
+        match (self.payment_id, &self.tenant) {
+            (Some(payment_id), _) => format!("payment {payment_id}"),
+            (None, Some(name)) => format!("tenant {name}"),
+            (None, None) => format!("tenant {}", self.tenant_id),
+        }
+    }
 }
 
 /// How long a proposal waits, and the key window's horizon its resend is judged by.
@@ -458,33 +627,37 @@ pub struct Limits {
     pub resend_horizon: Duration,
 }
 
-/// Proposes `action` on payment `payment_id` (its open dead letter, its refunds, or one of its
-/// dead-lettered refunds), to wait for an approver. Refused while another proposal waits for the
-/// same payment, and refused at once when the action's own rules would refuse it now: it is tried,
-/// and undone, before it is proposed.
+/// Proposes `action` on `subject` (a payment's open dead letter, its refunds, or one of its
+/// dead-lettered refunds; a tenant, or one to create), to wait for an approver. Refused while another
+/// proposal waits for the same payment or tenant, and refused at once when the action's own rules
+/// would refuse it now: it is tried, and undone, before it is proposed.
 pub async fn propose(
     conn: &mut PgConnection,
     by: &Account,
     source: Option<&str>,
-    payment_id: PaymentId,
+    subject: Subject,
     action: &Proposed,
     reason: &str,
     limits: Limits,
 ) -> Result<ProposalView, OperatorError> {
-    by.require(Role::Operator, "propose a decision")?;
+    action.may_be_proposed_by(by)?;
     let reason = require_reason(reason)?;
     let mut tx = conn.begin().await.context("cannot start a transaction")?;
-    let seen = Seen::read(&mut tx, &by.scope, payment_id, action.stand()).await?;
-    let hidden = || if action.stand() == Stand::DeadLetter { not_found(payment_id) } else { no_payment(payment_id) };
+    let seen = Seen::read(&mut tx, &by.scope, subject, action.stand()).await?;
+    let hidden = || match (subject, action.stand()) {
+        (Subject::Payment(payment_id), Stand::DeadLetter) => not_found(payment_id),
+        (Subject::Payment(payment_id), _) => no_payment(payment_id),
+        (Subject::Tenant(tenant_id), _) => OperatorError::NotFound(format!("there is no tenant {tenant_id}")),
+    };
     by.see(seen.tenant_id(), hidden)?;
-    seen.refuse_closed(payment_id)?;
+    seen.refuse_closed(subject)?;
     let proposal_id = Uuid::now_v7();
     let stored = serde_json::to_value(action).context("cannot store the proposal")?;
     let operator = by.actor()?;
     let carry = Carry {
         proposal_id,
         seen: &seen,
-        payment_id,
+        subject,
         operator: &operator,
         proposer: &operator,
         reason,
@@ -498,43 +671,47 @@ pub async fn propose(
         && refund.amount.minor_units() != *comes_to
     {
         return Err(OperatorError::Refused(format!(
-            "payment {payment_id} has {} {currency} left to refund now, not {comes_to} {currency}: its refunds changed \
-             while the proposal was being made. Read it again",
+            "{subject} has {} {currency} left to refund now, not {comes_to} {currency}: its refunds changed while \
+             the proposal was being made. Read it again",
             refund.amount
         )));
     }
     let columns = seen.columns();
-    // A proposal on a dead letter that is no longer the payment's open one cannot be approved any
-    // more: it makes way, as one past its expiry does.
+    let payment_id = subject.payment_id().map(|p| p.as_uuid());
+    // A proposal past its expiry, or on a dead letter that is no longer the payment's open one,
+    // cannot be approved any more: it makes way.
     sqlx::query!(
         r#"
         UPDATE proposals
         SET status = 'expired', decided_at = LEAST(expires_at, now()),
             decision_note = CASE WHEN expires_at <= now() THEN NULL
                                  ELSE 'its dead letter was closed before anyone decided' END
-        WHERE payment_id = $1 AND status = 'pending'
+        WHERE status = 'pending'
+          AND CASE WHEN $1::uuid IS NULL THEN payment_id IS NULL AND tenant_id = $3 ELSE payment_id = $1 END
           AND (expires_at <= now() OR (seen_dead_letter_id IS NOT NULL AND seen_dead_letter_id IS DISTINCT FROM $2))
         "#,
-        payment_id.as_uuid(),
+        payment_id,
         columns.dead_letter_id,
+        seen.tenant_id().as_uuid(),
     )
     .execute(&mut *tx)
     .await
-    .context("cannot expire the payment's old proposals")?;
+    .context("cannot expire the old proposals")?;
+    // Any unique index refuses it: one waiting proposal per payment, and per tenant.
     let inserted = sqlx::query!(
         r#"
         INSERT INTO proposals (proposal_id, tenant_id, payment_id, action, reason, seen_status, seen_event_count,
                                seen_dead_letter_id, seen_evidence_count, seen_refunds_reserved, seen_refunded,
                                seen_refund_count, refund_id, seen_refund_event_count, proposed_by, expires_at,
-                               proposer_credential_by)
+                               proposer_credential_by, seen_provider_account)
         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
-                now() + make_interval(secs => $16), $17)
-        ON CONFLICT (payment_id) WHERE status = 'pending' DO NOTHING
+                now() + make_interval(secs => $16), $17, $18)
+        ON CONFLICT DO NOTHING
         RETURNING proposal_id
         "#,
         proposal_id,
         seen.tenant_id().as_uuid(),
-        payment_id.as_uuid(),
+        payment_id,
         stored,
         reason,
         columns.status as Option<PaymentStatus>,
@@ -549,18 +726,18 @@ pub async fn propose(
         by.operator_id,
         limits.ttl.as_secs_f64(),
         by.made_by,
+        columns.provider_account,
     )
     .fetch_optional(&mut *tx)
     .await
     .context("cannot store the proposal")?;
     if inserted.is_none() {
         return Err(OperatorError::Refused(format!(
-            "another proposal already waits for payment {payment_id}: approve, reject or withdraw it first \
-             (GET /v1/proposals?payment_id={payment_id})"
+            "another proposal already waits for {subject}: approve, reject or withdraw it first (GET /v1/proposals)"
         )));
     }
     let entry = Entry::new(action.audit_action(), Outcome::Proposed)
-        .payment(seen.tenant_id(), payment_id)
+        .on(seen.tenant_id(), subject.payment_id())
         .proposal(proposal_id)
         .reason(reason)
         .before(json!(seen))
@@ -598,37 +775,39 @@ pub async fn approve(
             "proposal {proposal_id} is yours: a second operator must approve it (nobody approves their own)"
         )));
     }
-    // Whoever made a credential can act with it: the two sides must not be one person's.
-    if by.made_by == pending.proposed_by_id || pending.proposer_credential_by == Some(by.operator_id) {
+    let proposer = Credential {
+        operator: pending.proposed_by_id,
+        made_by: pending.proposer_credential_by.unwrap_or(pending.proposed_by_id),
+    };
+    if proposer.shares_a_holder_with(&Credential { operator: by.operator_id, made_by: by.made_by }) {
         return Err(OperatorError::Forbidden(format!(
-            "proposal {proposal_id} cannot be approved with this credential: one of you issued the other's token \
-             or set their password, so one person could stand behind both sides. Approve with a token you issued \
-             yourself, or after signing in at the OpenID provider"
+            "proposal {proposal_id} cannot be approved with this credential: one of you made the other's \
+             credential, or the same person made both, so one person could stand behind both sides. Approve with a \
+             credential you made yourself (a password you set, a token you issued with it, or a sign-in at the \
+             OpenID provider), to a proposal made the same way"
         )));
     }
-    let payment_id = pending.view.payment_id;
-    let now = pending.seen.again(&mut tx, payment_id).await?;
-    if let Some(moved) = pending.seen.moved(&now, payment_id) {
+    let subject = pending.subject;
+    let now = pending.seen.again(&mut tx, subject).await?;
+    if let Some(moved) = pending.seen.moved(&now, subject) {
         return Err(OperatorError::Refused(moved));
     }
-    let proposed: Proposed = serde_json::from_value(pending.view.action.clone())
-        .with_context(|| format!("cannot read proposal {proposal_id}"))?;
     let proposer = Operator::parse(&pending.view.proposed_by)?;
     let operator = proposer.approved_by(&by.name);
     let carry = Carry {
         proposal_id,
         seen: &now,
-        payment_id,
+        subject,
         operator: &operator,
         proposer: &proposer,
         reason: &pending.view.reason,
         limits,
         action: &pending.view.action,
     };
-    let result = carry_out(&mut tx, &carry, &proposed).await?;
+    let result = carry_out(&mut tx, &carry, &pending.proposed).await?;
     decide(&mut tx, proposal_id, "approved", by, note).await?;
     let entry = Entry::new("proposal.approve", Outcome::Done)
-        .payment(now.tenant_id(), payment_id)
+        .on(now.tenant_id(), subject.payment_id())
         .proposal(proposal_id)
         .reason(note)
         .before(json!(now))
@@ -640,14 +819,111 @@ pub async fn approve(
     Ok(Approved { proposal, result })
 }
 
+/// Makes the API key an approved `key_issue` or `tenant_create` proposal allows, for its proposer
+/// alone, once, within `limits.ttl` of the approval, and records it under the tenant with both
+/// people's names. The key is shown in the response and never again: only its hash is stored.
+pub async fn collect_key(
+    conn: &mut PgConnection,
+    by: &Account,
+    source: Option<&str>,
+    proposal_id: Uuid,
+    limits: Limits,
+) -> Result<IssuedKey, OperatorError> {
+    let mut tx = conn.begin().await.context("cannot start a transaction")?;
+    let row = sqlx::query!(
+        r#"
+        SELECT p.tenant_id AS "tenant_id: TenantId", p.action, p.reason, p.status::text AS "status!", p.proposed_by,
+               m.name AS proposer, d.name AS "approver?", p.key_collected_at,
+               COALESCE(p.decided_at + make_interval(secs => $2) < now(), false) AS "too_late!"
+        FROM proposals p
+        JOIN operators m ON m.operator_id = p.proposed_by
+        LEFT JOIN operators d ON d.operator_id = p.decided_by
+        WHERE p.proposal_id = $1
+        FOR UPDATE OF p
+        "#,
+        proposal_id,
+        limits.ttl.as_secs_f64(),
+    )
+    .fetch_optional(&mut *tx)
+    .await
+    .context("cannot read the proposal")?
+    .ok_or_else(|| proposal_not_found(proposal_id))?;
+    by.see(row.tenant_id, || proposal_not_found(proposal_id))?;
+    let proposed: Proposed =
+        serde_json::from_value(row.action).with_context(|| format!("cannot read proposal {proposal_id}"))?;
+    if !proposed.issues_a_key() {
+        return Err(OperatorError::Refused(format!("proposal {proposal_id} makes no API key")));
+    }
+    if row.proposed_by != by.operator_id {
+        return Err(OperatorError::Forbidden(format!(
+            "only {}, who proposed it, collects the API key of proposal {proposal_id}: it is shown once, to them alone",
+            row.proposer
+        )));
+    }
+    by.require(Role::Admin, "collect an API key")?;
+    if row.status != "approved" {
+        return Err(OperatorError::Refused(format!(
+            "proposal {proposal_id} is {}: its key can be collected once a second operator approves it",
+            row.status
+        )));
+    }
+    if let Some(at) = row.key_collected_at {
+        return Err(OperatorError::Refused(format!(
+            "the API key of proposal {proposal_id} was collected at {}, and is shown only once. If it was lost, \
+             revoke it and propose another",
+            render::timestamp(at)
+        )));
+    }
+    if row.too_late {
+        return Err(OperatorError::Refused(format!(
+            "proposal {proposal_id} was approved too long ago for its key to be collected: propose another"
+        )));
+    }
+    let issued = crate::tenants::issue_key(&mut tx, row.tenant_id).await?;
+    sqlx::query!(
+        "UPDATE proposals SET key_id = $2, key_collected_at = now() WHERE proposal_id = $1",
+        proposal_id,
+        issued.key_id,
+    )
+    .execute(&mut *tx)
+    .await
+    .context("cannot record that the key was collected")?;
+    let entry = Entry::new("key.issue", Outcome::Done)
+        .on(row.tenant_id, None)
+        .proposal(proposal_id)
+        .reason(&row.reason)
+        .after(json!({ "tenant": issued.tenant.name, "key_id": issued.key_id }))
+        .detail(json!({ "proposed_by": row.proposer, "approved_by": row.approver }));
+    audit::record(&mut tx, &Actor::of(by, source), &entry).await?;
+    tx.commit().await.context("cannot commit the key")?;
+    Ok(issued)
+}
+
+/// A credential an operator acts with, and who made it. Whoever makes a credential can act with it,
+/// so its holders are its operator and its maker.
+#[derive(Debug, Clone, Copy)]
+struct Credential {
+    operator: Uuid,
+    made_by: Uuid,
+}
+
+impl Credential {
+    /// Whether one person could hold both credentials: the two sides of an approval must not be one
+    /// person's.
+    fn shares_a_holder_with(&self, other: &Self) -> bool {
+        let holders = [self.operator, self.made_by];
+        holders.contains(&other.operator) || holders.contains(&other.made_by)
+    }
+}
+
 /// What carrying out a proposal needs besides the action.
 struct Carry<'a> {
     /// The proposal: an operator's refund is made under its key.
     proposal_id: Uuid,
     /// What it stands on, as it is now (locked).
     seen: &'a Seen,
-    /// The payment.
-    payment_id: PaymentId,
+    /// What it is about.
+    subject: Subject,
     /// Who does it: the proposer, with the approver once approved.
     operator: &'a Operator,
     /// Who proposed it.
@@ -660,9 +936,74 @@ struct Carry<'a> {
 }
 
 /// Does what `proposed` says, as `carry.operator`, in the caller's transaction; the action's own
-/// rules refuse what does not fit the payment or the refund now.
+/// rules refuse what does not fit the payment, the refund or the tenant now.
 async fn carry_out(conn: &mut PgConnection, carry: &Carry<'_>, proposed: &Proposed) -> Result<Effect, OperatorError> {
-    let (payment_id, operator, reason) = (carry.payment_id, carry.operator, carry.reason);
+    match carry.subject {
+        Subject::Payment(payment_id) => carry_out_on_payment(conn, carry, payment_id, proposed).await,
+        Subject::Tenant(tenant_id) => carry_out_on_tenant(conn, carry, tenant_id, proposed).await,
+    }
+}
+
+/// What a proposal on a tenant that was carried out did.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct TenantActed {
+    /// The tenant, as it is now.
+    pub tenant: TenantView,
+    /// The proposal whose proposer collects the API key it made, once (`POST
+    /// /v1/proposals/{id}/key`); none when it made no key.
+    pub key_to_collect: Option<Uuid>,
+}
+
+impl Report for TenantActed {
+    fn human(&self, out: &mut dyn Write) -> io::Result<()> {
+        let tenant = &self.tenant;
+        match &tenant.provider_account {
+            Some(account) => writeln!(out, "tenant {} is charged through provider account {account}", tenant.name)?,
+            None => writeln!(out, "tenant {} has no provider account", tenant.name)?,
+        }
+        if let Some(proposal_id) = self.key_to_collect {
+            writeln!(
+                out,
+                "its new API key waits for the proposer, who collects it once: oncepay-reconciler keys collect \
+                 {proposal_id}"
+            )?;
+        }
+        Ok(())
+    }
+
+    fn json(&self) -> Value {
+        render::to_json(self)
+    }
+}
+
+/// Does what `proposed` says to tenant `tenant_id`. A key is not made here: its proposer collects it
+/// ([`collect_key`]), so that nobody else ever sees it.
+async fn carry_out_on_tenant(
+    conn: &mut PgConnection,
+    carry: &Carry<'_>,
+    tenant_id: TenantId,
+    proposed: &Proposed,
+) -> Result<Effect, OperatorError> {
+    let tenant = match proposed {
+        Proposed::TenantCreate { name, rate_limit, provider_account } => {
+            crate::tenants::create(conn, tenant_id, name, *rate_limit, provider_account.as_deref()).await?
+        }
+        Proposed::TenantConnect { account } => crate::tenants::connect(conn, tenant_id, Some(account)).await?,
+        Proposed::KeyIssue => TenantView::from(&crate::tenants::find_by_id(conn, tenant_id).await?),
+        _ => return Err(OperatorError::Failed(anyhow::anyhow!("a proposal on a payment is stored on a tenant"))),
+    };
+    let key_to_collect = proposed.issues_a_key().then_some(carry.proposal_id);
+    Ok(Effect::Tenant(TenantActed { tenant, key_to_collect }))
+}
+
+/// Does what `proposed` says to payment `payment_id`.
+async fn carry_out_on_payment(
+    conn: &mut PgConnection,
+    carry: &Carry<'_>,
+    payment_id: PaymentId,
+    proposed: &Proposed,
+) -> Result<Effect, OperatorError> {
+    let (operator, reason) = (carry.operator, carry.reason);
     let tenant_id = carry.seen.tenant_id();
     let resend_horizon = carry.limits.resend_horizon;
     match proposed {
@@ -722,6 +1063,9 @@ async fn carry_out(conn: &mut PgConnection, carry: &Carry<'_>, proposed: &Propos
             };
             dead_refunds::retry(conn, &retry).await.map(Effect::Refund)
         }
+        Proposed::TenantCreate { .. } | Proposed::TenantConnect { .. } | Proposed::KeyIssue => {
+            Err(OperatorError::Failed(anyhow::anyhow!("a proposal on a tenant is stored on a payment")))
+        }
     }
 }
 
@@ -753,7 +1097,7 @@ pub async fn close(
     }
     decide(&mut tx, proposal_id, how.status(), by, note).await?;
     let entry = Entry::new(how.audit_action(), Outcome::Done)
-        .payment(pending.view.tenant_id, pending.view.payment_id)
+        .on(pending.view.tenant_id, pending.view.payment_id)
         .proposal(proposal_id)
         .reason(note)
         .detail(pending.view.action.clone());
@@ -815,9 +1159,10 @@ async fn select(
     let rows = sqlx::query_as!(
         ProposalView,
         r#"
-        SELECT p.proposal_id, p.tenant_id AS "tenant_id: TenantId", p.payment_id AS "payment_id: PaymentId",
-               p.action, p.reason, s.status AS "status!", m.name AS proposed_by, p.proposed_at, p.expires_at,
-               d.name AS "decided_by?", p.decided_at, p.decision_note
+        SELECT p.proposal_id, p.tenant_id AS "tenant_id: TenantId", COALESCE(t.name, p.action->>'name') AS tenant,
+               p.payment_id AS "payment_id?: PaymentId", p.action, p.reason, s.status AS "status!",
+               m.name AS proposed_by, p.proposed_at, p.expires_at, d.name AS "decided_by?", p.decided_at,
+               p.decision_note, p.key_collected_at
         FROM proposals p
         CROSS JOIN LATERAL (
             SELECT CASE WHEN p.status = 'pending' AND p.expires_at <= now() THEN 'expired' ELSE p.status::text END
@@ -825,6 +1170,7 @@ async fn select(
         ) s
         JOIN operators m ON m.operator_id = p.proposed_by
         LEFT JOIN operators d ON d.operator_id = p.decided_by
+        LEFT JOIN tenants t ON t.tenant_id = p.tenant_id
         WHERE ($1::uuid[] IS NULL OR p.tenant_id = ANY ($1))
           AND ($2::uuid IS NULL OR p.payment_id = $2)
           AND ($3::uuid IS NULL OR p.proposal_id = $3)
@@ -846,6 +1192,10 @@ async fn select(
 /// A pending, unexpired proposal the operator may see, locked.
 struct Pending {
     view: ProposalView,
+    /// What it is about.
+    subject: Subject,
+    /// What it will do.
+    proposed: Proposed,
     proposed_by_id: Uuid,
     /// Who made the credential the proposal was made with.
     proposer_credential_by: Option<Uuid>,
@@ -855,9 +1205,9 @@ struct Pending {
 async fn lock_pending(conn: &mut PgConnection, by: &Account, proposal_id: Uuid) -> Result<Pending, OperatorError> {
     let row = sqlx::query!(
         r#"
-        SELECT proposed_by, proposer_credential_by, seen_status AS "seen_status: PaymentStatus", seen_event_count,
-               seen_dead_letter_id, seen_evidence_count, seen_refunds_reserved, seen_refunded, seen_refund_count,
-               refund_id, seen_refund_event_count
+        SELECT proposed_by, proposer_credential_by, seen_status AS "seen_status?: PaymentStatus",
+               seen_event_count, seen_dead_letter_id, seen_evidence_count, seen_refunds_reserved, seen_refunded,
+               seen_refund_count, refund_id, seen_refund_event_count, seen_provider_account
         FROM proposals WHERE proposal_id = $1
         FOR UPDATE
         "#,
@@ -882,32 +1232,47 @@ async fn lock_pending(conn: &mut PgConnection, by: &Account, proposal_id: Uuid) 
             return Err(OperatorError::Refused(format!("proposal {proposal_id} was already {other} by {by}")));
         }
     }
-    let columns = Columns {
-        status: Some(row.seen_status),
-        event_count: row.seen_event_count,
-        dead_letter_id: row.seen_dead_letter_id,
-        evidence_count: row.seen_evidence_count,
-        refunds_reserved: row.seen_refunds_reserved,
-        refunded: row.seen_refunded,
-        refund_count: row.seen_refund_count,
-        refund_id: row.refund_id,
-        refund_event_count: row.seen_refund_event_count,
+    let proposed: Proposed =
+        serde_json::from_value(view.action.clone()).with_context(|| format!("cannot read proposal {proposal_id}"))?;
+    let subject = Subject::of(view.tenant_id, view.payment_id);
+    let seen = match (subject, proposed.stand()) {
+        (Subject::Tenant(tenant_id), Stand::NewTenant) => Seen::NewTenant(tenant_id),
+        (Subject::Tenant(tenant_id), _) => Seen::Tenant(TenantSeen {
+            tenant_id,
+            name: view.tenant.clone().unwrap_or_else(|| tenant_id.to_string()),
+            provider_account: row.seen_provider_account,
+        }),
+        (Subject::Payment(payment_id), _) => {
+            let columns = Columns {
+                status: row.seen_status,
+                event_count: row.seen_event_count,
+                dead_letter_id: row.seen_dead_letter_id,
+                evidence_count: row.seen_evidence_count,
+                refunds_reserved: row.seen_refunds_reserved,
+                refunded: row.seen_refunded,
+                refund_count: row.seen_refund_count,
+                refund_id: row.refund_id,
+                refund_event_count: row.seen_refund_event_count,
+                provider_account: None,
+            };
+            // What the payment charged never changes: it is read now, not stored with the proposal.
+            let charged = sqlx::query!(
+                r#"
+                SELECT amount AS "amount: Amount", currency AS "currency: Currency" FROM payments
+                WHERE tenant_id = $1 AND payment_id = $2
+                "#,
+                view.tenant_id.as_uuid(),
+                payment_id.as_uuid(),
+            )
+            .fetch_one(&mut *conn)
+            .await
+            .context("cannot read the proposal's payment")?;
+            let money = (charged.amount, charged.currency);
+            Seen::of_columns(proposal_id, view.tenant_id, payment_id, money, columns)?
+        }
     };
-    // What the payment charged never changes: it is read now, not stored with the proposal.
-    let charged = sqlx::query!(
-        r#"
-        SELECT amount AS "amount: Amount", currency AS "currency: Currency" FROM payments
-        WHERE tenant_id = $1 AND payment_id = $2
-        "#,
-        view.tenant_id.as_uuid(),
-        view.payment_id.as_uuid(),
-    )
-    .fetch_one(&mut *conn)
-    .await
-    .context("cannot read the proposal's payment")?;
-    let money = (charged.amount, charged.currency);
-    let seen = Seen::of_columns(proposal_id, view.tenant_id, view.payment_id, money, columns)?;
-    Ok(Pending { view, proposed_by_id: row.proposed_by, proposer_credential_by: row.proposer_credential_by, seen })
+    let (proposed_by_id, proposer_credential_by) = (row.proposed_by, row.proposer_credential_by);
+    Ok(Pending { view, subject, proposed, proposed_by_id, proposer_credential_by, seen })
 }
 
 async fn decide(
@@ -979,6 +1344,8 @@ pub enum Effect {
     Payment(Resolved),
     /// A refund was accepted, settled, or queued to be sent again.
     Refund(RefundActed),
+    /// A tenant was created or connected, or a key made ready for its proposer.
+    Tenant(TenantActed),
 }
 
 impl Report for Effect {
@@ -986,6 +1353,7 @@ impl Report for Effect {
         match self {
             Self::Payment(resolved) => resolved.human(out),
             Self::Refund(acted) => acted.human(out),
+            Self::Tenant(acted) => acted.human(out),
         }
     }
 
@@ -1005,6 +1373,26 @@ mod tests {
             event_count: 5,
             dead_letter_id: 7,
             evidence_count: 2,
+        }
+    }
+
+    #[test]
+    fn two_credentials_that_one_person_could_hold_share_a_holder() {
+        let [alice, bob, root] = [Uuid::from_u128(1), Uuid::from_u128(2), Uuid::from_u128(3)];
+        let own = |operator| Credential { operator, made_by: operator };
+        let given = |operator, made_by| Credential { operator, made_by };
+        let cases = [
+            (own(alice), own(bob), false),
+            (own(alice), own(alice), true),
+            (given(alice, root), own(bob), false),
+            (given(alice, bob), own(bob), true),
+            (own(alice), given(bob, alice), true),
+            (given(alice, root), given(bob, root), true),
+            (given(alice, root), given(bob, alice), true),
+        ];
+        for (proposer, approver, shared) in cases {
+            assert_eq!(proposer.shares_a_holder_with(&approver), shared, "{proposer:?} and {approver:?}");
+            assert_eq!(approver.shares_a_holder_with(&proposer), shared, "{approver:?} and {proposer:?}");
         }
     }
 
@@ -1083,6 +1471,46 @@ mod tests {
     }
 
     #[test]
+    fn tenant_proposals_are_stored_with_the_kinds_the_migration_knows_and_read_in_words() {
+        let create = Proposed::TenantCreate {
+            name: "initech".into(),
+            rate_limit: Some(50),
+            provider_account: Some("acct_1".into()),
+        };
+        let connect = Proposed::TenantConnect { account: "acct_2".into() };
+        for (proposed, kind) in
+            [(&create, "tenant_create"), (&connect, "tenant_connect"), (&Proposed::KeyIssue, "key_issue")]
+        {
+            let stored = serde_json::to_value(proposed).unwrap();
+            assert_eq!(stored["kind"], kind);
+            assert_eq!(&serde_json::from_value::<Proposed>(stored).unwrap(), proposed);
+        }
+        assert_eq!(
+            create.to_string(),
+            "create tenant initech with its first API key, limited to 50 requests a second, charged to provider account \
+             acct_1"
+        );
+        assert_eq!(connect.to_string(), "charge the tenant's new payments to provider account acct_2");
+        assert!(create.issues_a_key() && Proposed::KeyIssue.issues_a_key() && !connect.issues_a_key());
+    }
+
+    #[test]
+    fn a_tenants_provider_account_that_changed_refuses_the_approval() {
+        let seen = TenantSeen { tenant_id: TenantId::generate(), name: "acme".into(), provider_account: None };
+        let now = TenantSeen { provider_account: Some("acct_2".into()), ..seen.clone() };
+        let subject = Subject::Tenant(seen.tenant_id);
+
+        assert_eq!(Seen::Tenant(seen.clone()).moved(&Seen::Tenant(seen.clone()), subject), None);
+        let moved = Seen::Tenant(seen).moved(&Seen::Tenant(now), subject).unwrap();
+        assert!(
+            moved.starts_with(
+                "tenant acme changed since it was proposed (its provider account was none and is now acct_2)"
+            ),
+            "{moved}"
+        );
+    }
+
+    #[test]
     fn what_a_proposal_stands_on_is_stored_whole_and_read_back() {
         let payment_id = PaymentId::generate();
         let tenant_id = TenantId::generate();
@@ -1111,7 +1539,7 @@ mod tests {
         for stood in [refunds, refund, dead_letter] {
             let read = Seen::of_columns(Uuid::nil(), tenant_id, payment_id, money, stood.columns()).unwrap();
             assert_eq!(read, stood);
-            assert_eq!(stood.moved(&read, payment_id), None);
+            assert_eq!(stood.moved(&read, Subject::Payment(payment_id)), None);
         }
         let muddled = Columns { refund_count: Some(1), ..Seen::DeadLetter(seen()).columns() };
         assert!(Seen::of_columns(Uuid::nil(), tenant_id, payment_id, money, muddled).is_err());

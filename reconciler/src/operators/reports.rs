@@ -84,9 +84,9 @@ impl Report for Acted {
             Self::Done(done) => done.human(out),
             Self::Proposed { proposal } => writeln!(
                 out,
-                "proposed: proposal {} for payment {} waits for an approver until {}; nothing is done before",
+                "proposed: proposal {} for {} waits for an approver until {}; nothing is done before",
                 proposal.proposal_id,
-                proposal.payment_id,
+                proposal.about(),
                 render::timestamp(proposal.expires_at)
             ),
         }
@@ -112,11 +112,11 @@ impl Report for ProposalList {
 }
 
 fn proposal_table(proposals: &[ProposalView], out: &mut dyn Write) -> io::Result<()> {
-    let mut table = Table::new(&["PROPOSAL", "PAYMENT", "ACTION", "STATUS", "BY", "EXPIRES", "DECIDED BY", "REASON"]);
+    let mut table = Table::new(&["PROPOSAL", "ABOUT", "ACTION", "STATUS", "BY", "EXPIRES", "DECIDED BY", "REASON"]);
     for p in proposals {
         table.row(vec![
             p.proposal_id.to_string(),
-            p.payment_id.to_string(),
+            p.about(),
             p.action.to_string(),
             p.status.clone(),
             p.proposed_by.clone(),
@@ -131,7 +131,7 @@ fn proposal_table(proposals: &[ProposalView], out: &mut dyn Write) -> io::Result
 impl Report for ProposalView {
     fn human(&self, out: &mut dyn Write) -> io::Result<()> {
         let by = self.decided_by.as_deref().map(|by| format!(" by {by}")).unwrap_or_default();
-        writeln!(out, "proposal {} for payment {} is {}{by}", self.proposal_id, self.payment_id, self.status)
+        writeln!(out, "proposal {} for {} is {}{by}", self.proposal_id, self.about(), self.status)
     }
 
     fn json(&self) -> Value {
@@ -165,7 +165,7 @@ impl Report for AuditTrail {
 }
 
 fn audit_table(rows: &[AuditRecord], out: &mut dyn Write) -> io::Result<()> {
-    let mut table = Table::new(&["ID", "AT", "OPERATOR", "FROM", "ACTION", "OUTCOME", "PAYMENT", "REASON"]);
+    let mut table = Table::new(&["ID", "AT", "OPERATOR", "FROM", "ACTION", "OUTCOME", "TENANT", "PAYMENT", "REASON"]);
     for r in rows {
         table.row(vec![
             r.audit_id.to_string(),
@@ -174,6 +174,7 @@ fn audit_table(rows: &[AuditRecord], out: &mut dyn Write) -> io::Result<()> {
             r.source.clone().unwrap_or_default(),
             r.action.clone(),
             r.outcome.clone(),
+            r.tenant_id.map(|t| t.to_string()).unwrap_or_default(),
             r.payment_id.map(|p| p.to_string()).unwrap_or_default(),
             r.reason.clone().unwrap_or_default(),
         ]);

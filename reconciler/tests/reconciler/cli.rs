@@ -5,7 +5,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use oncepay_domain::api_key;
-use oncepay_domain::ids::PaymentId;
+use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::status::PaymentStatus;
 use oncepay_provider::ChargeStatus;
@@ -52,54 +52,62 @@ pub(crate) fn command(database_url: &str, args: &[&str]) -> Command {
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
-async fn a_new_tenants_first_key_authenticates_and_a_revoked_one_does_not(pool: PgPool) {
+async fn a_new_tenants_keys_authenticate_and_a_revoked_one_does_not(pool: PgPool) {
     let mut conn = pool.acquire().await.unwrap();
+    let acme = TenantId::generate();
 
-    let created = tenants::create(&mut conn, "acme", Some(50), None).await.unwrap();
-    let second = tenants::issue_key(&mut conn, "acme").await.unwrap();
-    tenants::revoke_key(&mut conn, "acme", &created.key_id).await.unwrap();
+    let created = tenants::create(&mut conn, acme, "acme", Some(50), None).await.unwrap();
+    let first = tenants::issue_key(&mut conn, acme).await.unwrap();
+    let second = tenants::issue_key(&mut conn, acme).await.unwrap();
+    tenants::revoke_key(&mut conn, "acme", &first.key_id).await.unwrap();
 
-    assert_eq!(created.tenant.rate_limit_per_second, Some(50));
-    assert_ne!(created.api_key, second.api_key);
-    assert!(!authenticates(&pool, &created.api_key).await);
+    assert_eq!(created.rate_limit_per_second, Some(50));
+    assert_ne!(first.api_key, second.api_key);
+    assert!(!authenticates(&pool, &first.api_key).await);
     assert!(authenticates(&pool, &second.api_key).await);
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn tenant_commands_refuse_what_cannot_be_done_and_change_nothing(pool: PgPool) {
     let mut conn = pool.acquire().await.unwrap();
-    tenants::create(&mut conn, "acme", None, None).await.unwrap();
+    tenants::create(&mut conn, TenantId::generate(), "acme", None, Some("acct_1")).await.unwrap();
 
-    let taken = tenants::create(&mut conn, "acme", None, None).await;
-    let bad_name = tenants::create(&mut conn, "Acme Corp", None, None).await;
-    let bad_limit = tenants::create(&mut conn, "globex", Some(0), None).await;
-    let no_tenant = tenants::issue_key(&mut conn, "nobody").await;
+    let taken = tenants::create(&mut conn, TenantId::generate(), "acme", None, None).await;
+    let account_taken = tenants::create(&mut conn, TenantId::generate(), "globex", None, Some("acct_1")).await;
+    let bad_name = tenants::create(&mut conn, TenantId::generate(), "Acme Corp", None, None).await;
+    let bad_limit = tenants::create(&mut conn, TenantId::generate(), "globex", Some(0), None).await;
+    let no_tenant = tenants::issue_key(&mut conn, TenantId::generate()).await;
     let no_key = tenants::revoke_key(&mut conn, "acme", "0123456789abcdef").await;
 
     assert!(matches!(taken, Err(OperatorError::Refused(_))), "{taken:?}");
+    assert!(
+        matches!(&account_taken, Err(OperatorError::Refused(why)) if why.contains("belongs to another tenant")),
+        "{account_taken:?}"
+    );
     assert!(matches!(bad_name, Err(OperatorError::Invalid(_))), "{bad_name:?}");
     assert!(matches!(bad_limit, Err(OperatorError::Invalid(_))), "{bad_limit:?}");
     assert!(matches!(no_tenant, Err(OperatorError::NotFound(_))), "{no_tenant:?}");
     assert!(matches!(no_key, Err(OperatorError::NotFound(_))), "{no_key:?}");
     assert_eq!(count(&pool, "tenants").await, 1);
-    assert_eq!(count(&pool, "api_keys").await, 1);
+    assert_eq!(count(&pool, "api_keys").await, 0);
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn an_operator_connects_a_tenant_to_its_provider_account_and_disconnects_it(pool: PgPool) {
     let mut conn = pool.acquire().await.unwrap();
-    let created = tenants::create(&mut conn, "acme", None, Some("acct_1")).await.unwrap();
+    let acme = TenantId::generate();
+    let created = tenants::create(&mut conn, acme, "acme", None, Some("acct_1")).await.unwrap();
 
-    let moved = tenants::connect(&mut conn, "acme", Some("acct_2")).await.unwrap();
+    let moved = tenants::connect(&mut conn, acme, Some("acct_2")).await.unwrap();
     let listed = tenants::list(&mut conn).await.unwrap();
-    let removed = tenants::connect(&mut conn, "acme", None).await.unwrap();
-    let malformed = tenants::connect(&mut conn, "acme", Some("acct-2")).await;
-    let nobody = tenants::connect(&mut conn, "nobody", Some("acct_3")).await;
+    let removed = tenants::connect(&mut conn, acme, None).await.unwrap();
+    let malformed = tenants::connect(&mut conn, acme, Some("acct-2")).await;
+    let nobody = tenants::connect(&mut conn, TenantId::generate(), Some("acct_3")).await;
 
-    assert_eq!(created.tenant.provider_account.as_deref(), Some("acct_1"));
-    assert_eq!(moved.tenant.provider_account.as_deref(), Some("acct_2"));
+    assert_eq!(created.provider_account.as_deref(), Some("acct_1"));
+    assert_eq!(moved.provider_account.as_deref(), Some("acct_2"));
     assert_eq!(listed.0[0].provider_account.as_deref(), Some("acct_2"));
-    assert_eq!(removed.tenant.provider_account, None);
+    assert_eq!(removed.provider_account, None);
     assert!(matches!(malformed, Err(OperatorError::Invalid(_))), "{malformed:?}");
     assert!(matches!(nobody, Err(OperatorError::NotFound(_))), "{nobody:?}");
     let stored: Option<String> =

@@ -36,13 +36,13 @@ struct Page {
 }
 
 impl Browser {
-    /// Makes operator `name` with `role` (and `tenants`), gives them a password, and signs in with
-    /// the console's form.
+    /// Makes operator `name` with `role` (and `tenants`), who sets their own password, and signs in
+    /// with the console's form.
     async fn sign_in(ops: &Ops, name: &str, role: &str, tenants: Option<&[&str]>) -> Self {
-        ops.operator(name, role, tenants).await;
+        let token = ops.operator(name, role, tenants).await;
         let body = json!({ "password": PASSWORD, "reason": "first sign-in" });
         let path = format!("/v1/operators/{name}/password");
-        let (set, body) = ops.call(&ops.admin, Method::PUT, &path, Some(body)).await;
+        let (set, body) = ops.call(&token, Method::PUT, &path, Some(body)).await;
         assert_eq!(set, StatusCode::NO_CONTENT, "{body}");
         let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
         let response = http
@@ -71,6 +71,14 @@ impl Browser {
     async fn post(&self, path: &str, form: &[(&str, &str)]) -> Page {
         self.post_from("same-origin", path, form).await
     }
+}
+
+/// The path of the first form on `body` whose action ends with `ending`, without the ending:
+/// `/console/proposals/<id>`.
+fn hidden_action(body: &str, ending: &str) -> String {
+    let end = body.find(&format!("{ending}\"")).unwrap_or_else(|| panic!("no form for {ending} in {body}"));
+    let start = body[..end].rfind("action=\"").unwrap() + "action=\"".len();
+    body[start..end].to_owned()
 }
 
 async fn page(response: reqwest::Response) -> Page {
@@ -350,6 +358,39 @@ async fn a_bulk_retry_resends_exactly_the_payments_shown_and_a_new_worker_finish
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_bulk_retry_proposes_with_the_maker_of_the_credential_it_was_confirmed_with(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    let payment_id = dead_lettered(&pool, acme, "k-1", 60).await;
+    // root made alice's token, so root holds it too.
+    let alice = ops.operator_given_by_admin("alice", "operator").await;
+    let form = [("reason", "provider back"), ("payments", &payment_id.to_string()), ("confirmed", "yes")];
+    let created = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .post(format!("{}/console/bulk-retries", ops.url))
+        .bearer_auth(&alice)
+        .form(&form)
+        .send()
+        .await
+        .unwrap();
+    let mut state = ops.state.clone();
+    state.retries_need_approval = true;
+    assert!(BulkRetrier::new(state).pass().await.unwrap());
+    let (_, waiting) = ops.get(&ops.admin, "/v1/proposals?status=pending").await;
+    let proposal_id = waiting[0]["proposal_id"].as_str().unwrap().to_owned();
+
+    let (approved, why) =
+        ops.post(&ops.admin, &format!("/v1/proposals/{proposal_id}/approve"), json!({"reason": "fine"})).await;
+
+    assert_eq!(created.status(), StatusCode::SEE_OTHER);
+    assert_eq!(approved, StatusCode::FORBIDDEN, "{why}");
+    assert!(why["detail"].as_str().unwrap().contains("one person could stand behind both sides"), "{why}");
+    assert_eq!(status(&pool, acme, payment_id).await, PaymentStatus::DeadLettered);
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_bulk_retry_of_payments_the_operator_may_not_see_is_refused_whole(pool: PgPool) {
     let ops = Ops::start(&pool).await;
     let acme = tenant(&pool, "acme").await;
@@ -372,6 +413,7 @@ async fn admins_issue_and_revoke_keys_and_manage_operators_in_the_console_and_ot
     let ops = Ops::start(&pool).await;
     let acme = tenant(&pool, "acme").await;
     let ada = Browser::sign_in(&ops, "ada", "admin", None).await;
+    let bea = Browser::sign_in(&ops, "bea", "approver", None).await;
     let vera = Browser::sign_in(&ops, "vera", "viewer", None).await;
     let keys = || async {
         sqlx::query!("SELECT key_id, revoked_at FROM api_keys WHERE tenant_id = $1 ORDER BY created_at", acme.as_uuid())
@@ -383,7 +425,18 @@ async fn admins_issue_and_revoke_keys_and_manage_operators_in_the_console_and_ot
 
     let listed = ada.get("/console/tenants").await;
     let confirm = ada.post("/console/tenants/acme/keys", &[("reason", "rotating")]).await;
-    let issued = ada.post("/console/tenants/acme/keys", &issue).await;
+    let proposed = ada.post("/console/tenants/acme/keys", &issue).await;
+    let before_approval = keys().await.len();
+    let waiting = bea.get("/console/proposals").await;
+    let proposal_id = hidden_action(&waiting.body, "/approve");
+    let approved =
+        bea.post(&format!("{proposal_id}/approve"), &[("reason", "asked by acme"), ("confirmed", "yes")]).await;
+    let collectable = ada.get("/console/proposals").await;
+    let collect = format!("{proposal_id}/key");
+    let by_the_approver = bea.post(&collect, &[("reason", "x"), ("confirmed", "yes")]).await;
+    let asked = ada.post(&collect, &[("reason", "the approved key")]).await;
+    let issued = ada.post(&collect, &[("reason", "the approved key"), ("confirmed", "yes")]).await;
+    let again = ada.post(&collect, &[("reason", "the approved key"), ("confirmed", "yes")]).await;
     let after_issue = keys().await;
     let by_a_viewer = vera.post("/console/tenants/acme/keys", &issue).await;
     let viewers_list = vera.get("/console/tenants").await;
@@ -406,14 +459,22 @@ async fn admins_issue_and_revoke_keys_and_manage_operators_in_the_console_and_ot
     let disabled = ada.post("/console/operators/otto/disable", &[("reason", "left"), ("confirmed", "yes")]).await;
     let operators_for_a_viewer = vera.get("/console/operators").await;
 
-    assert!(listed.body.contains("acme") && listed.body.contains("Issue…"), "{}", listed.body);
-    assert!(confirm.body.contains("Another API key is issued to acme"), "{}", confirm.body);
+    assert!(listed.body.contains("acme") && listed.body.contains("Propose…"), "{}", listed.body);
+    assert!(confirm.body.contains("You propose another API key for acme"), "{}", confirm.body);
+    assert_eq!(proposed.location.as_deref(), Some("/console/proposals?notice=proposed"), "{}", proposed.body);
+    assert_eq!(before_approval, 0, "nothing is issued before the approval");
+    assert_eq!(approved.location.as_deref(), Some("/console/proposals?notice=approved"), "{}", approved.body);
+    assert!(!approved.body.contains("opk_"));
+    assert!(collectable.body.contains("Collect the API key"), "{}", collectable.body);
+    assert_eq!(by_the_approver.status, StatusCode::FORBIDDEN, "{}", by_the_approver.body);
+    assert!(asked.body.contains("shown on the next page, once"), "{}", asked.body);
     assert_eq!(issued.status, StatusCode::OK);
     assert!(issued.body.contains("opk_") && issued.body.contains("shown once"), "{}", issued.body);
+    assert_eq!(again.status, StatusCode::CONFLICT, "a key is collected once");
     assert_eq!(after_issue.len(), 1, "the fixture's tenant has no key of its own");
     assert_eq!(by_a_viewer.status, StatusCode::FORBIDDEN);
     assert_eq!(keys().await.len(), 1, "a refused issue makes no key");
-    assert!(viewers_list.body.contains("acme") && !viewers_list.body.contains("Issue…"));
+    assert!(viewers_list.body.contains("acme") && !viewers_list.body.contains("Propose…"));
     assert!(!viewers_list.body.contains("opk_"), "no page ever shows a stored key");
     assert_eq!(revoked.location.as_deref(), Some("/console/tenants?notice=key_revoked"));
     assert!(keys().await[0].revoked_at.is_some());
@@ -430,7 +491,15 @@ async fn admins_issue_and_revoke_keys_and_manage_operators_in_the_console_and_ot
     .unwrap();
     assert_eq!(
         trail,
-        ["session.sign_in", "key.issue", "key.revoke", "operator.create", "operator.update", "operator.disable"]
+        [
+            "operator.password",
+            "session.sign_in",
+            "key.issue",
+            "key.revoke",
+            "operator.create",
+            "operator.update",
+            "operator.disable"
+        ]
     );
 }
 

@@ -336,6 +336,203 @@ async fn viewers_see_customer_data_masked_and_every_read_is_in_the_audit_trail(p
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn viewers_see_evidence_masked_and_lists_show_no_customer_data(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    let payment_id = dead_lettered(&pool, acme, "k-1", 60).await;
+    let charge = json!({
+        "id": "ch_1", "status": "failed", "amount": 1999, "currency": "EUR", "customer": "cus_secret42",
+        "payment_method": "pm_card_secret", "metadata": {"order": "o-secret"}, "description": "secret order",
+    });
+    let evidence = json!([{ "source": "webhook", "charge": charge }]);
+    let mut conn = pool.acquire().await.unwrap();
+    assert!(dead_letters::attach_evidence(&mut conn, acme, payment_id, evidence).await.unwrap());
+    let vic = ops.operator("vic", "viewer", None).await;
+    let alice = ops.operator("alice", "operator", None).await;
+
+    let (_, viewer_page) = ops.get(&vic, &format!("/v1/payments/{payment_id}")).await;
+    let (_, viewer_list) = ops.get(&vic, "/v1/dead-letters").await;
+    let (_, operator_list) = ops.get(&alice, "/v1/dead-letters").await;
+    let (_, operator_page) = ops.get(&alice, &format!("/v1/payments/{payment_id}")).await;
+
+    for shown in [&viewer_page, &viewer_list, &operator_list] {
+        let text = shown.to_string();
+        assert!(!text.contains("secret"), "customer data shown: {text}");
+        assert!(text.contains("ch_1") && text.contains("cus…") && text.contains("pm_…"), "{text}");
+    }
+    let evidence = operator_page["entries"][0]["evidence"].to_string();
+    assert!(evidence.contains("cus_secret42") && evidence.contains("o-secret"), "{evidence}");
+    assert_eq!(
+        audit_of(&pool, payment_id).await,
+        rows(&[("vic", "payment.read", "done"), ("alice", "payment.read", "done")]),
+        "the payment's page is the only read that shows customer data"
+    );
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn tenant_changes_are_in_the_audit_trail_of_operators_limited_to_the_tenant(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    let mut conn = pool.acquire().await.unwrap();
+    let key = oncepay_store::tenants::issue_api_key(&mut conn, acme, None).await.unwrap();
+    let vic = ops.operator("vic", "viewer", Some(&["acme"])).await;
+    let revoke = format!("/v1/tenants/acme/keys/{}", key.key_id.as_str());
+    let (revoked, _) = ops.call(&ops.admin, Method::DELETE, &revoke, Some(json!({"reason": "leaked"}))).await;
+    let disconnect = json!({ "account": null, "reason": "left Connect" });
+    let (disconnected, _) =
+        ops.call(&ops.admin, Method::PUT, "/v1/tenants/acme/provider-account", Some(disconnect)).await;
+
+    let (_, trail) = ops.get(&vic, "/v1/audit").await;
+
+    assert_eq!((revoked, disconnected), (StatusCode::NO_CONTENT, StatusCode::OK));
+    let actions: Vec<(&str, &str)> = trail
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| (row["action"].as_str().unwrap(), row["tenant_id"].as_str().unwrap_or("none")))
+        .collect();
+    let acme = acme.to_string();
+    assert_eq!(actions, [("tenant.connect", acme.as_str()), ("key.revoke", acme.as_str())]);
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_merchant_key_is_issued_only_with_a_second_person_and_only_its_proposer_collects_it(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    let lim = ops.operator("lim", "admin", Some(&["acme"])).await;
+    let bob = ops.operator("bob", "approver", None).await;
+
+    let (proposed, proposal) = ops.post(&lim, "/v1/tenants/acme/keys", json!({"reason": "their new server"})).await;
+    let proposal_id = proposal["proposal"]["proposal_id"].as_str().unwrap_or_default().to_owned();
+    let collect = format!("/v1/proposals/{proposal_id}/key");
+    let (too_early, _) = ops.post(&lim, &collect, json!({})).await;
+    let (approved, done) =
+        ops.post(&bob, &format!("/v1/proposals/{proposal_id}/approve"), json!({"reason": "asked by acme"})).await;
+    let (by_approver, _) = ops.post(&bob, &collect, json!({})).await;
+    let (collected, issued) = ops.post(&lim, &collect, json!({})).await;
+    let (again, _) = ops.post(&lim, &collect, json!({})).await;
+
+    assert_eq!(proposed, StatusCode::ACCEPTED, "{proposal}");
+    assert!(proposal.get("api_key").is_none() && !proposal.to_string().contains("opk_"), "{proposal}");
+    assert_eq!(too_early, StatusCode::CONFLICT);
+    assert_eq!(approved, StatusCode::OK, "{done}");
+    assert!(!done.to_string().contains("opk_"), "the approver never sees the key: {done}");
+    assert_eq!(by_approver, StatusCode::FORBIDDEN);
+    assert_eq!(collected, StatusCode::CREATED, "{issued}");
+    let presented = oncepay_domain::api_key::parse(issued["api_key"].as_str().unwrap()).unwrap();
+    assert_eq!(presented.tenant_id, acme);
+    let mut conn = pool.acquire().await.unwrap();
+    let stored = oncepay_store::tenants::find_api_key(&mut conn, acme, &presented.key_id).await.unwrap();
+    assert!(stored.is_some_and(|key| !key.revoked && presented.secret_hash.matches(&key.secret_sha256)));
+    assert_eq!(again, StatusCode::CONFLICT, "a key is collected once");
+    let trail: Vec<(String, String, String, Option<uuid::Uuid>)> = sqlx::query!(
+        "SELECT operator_name, action, outcome, tenant_id FROM operator_audit
+         WHERE action IN ('key.issue', 'proposal.approve') ORDER BY audit_id"
+    )
+    .map(|r| (r.operator_name, r.action, r.outcome, r.tenant_id))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let row = |who: &str, action: &str, outcome: &str| (who.to_owned(), action.to_owned(), outcome.to_owned());
+    let done: Vec<_> =
+        trail.iter().filter(|r| r.2 != "refused").map(|r| (r.0.clone(), r.1.clone(), r.2.clone())).collect();
+    assert_eq!(
+        done,
+        [row("lim", "key.issue", "proposed"), row("bob", "proposal.approve", "done"), row("lim", "key.issue", "done")]
+    );
+    assert!(trail.iter().filter(|r| r.2 != "refused").all(|r| r.3 == Some(acme.as_uuid())), "{trail:?}");
+    assert_eq!(trail.iter().filter(|r| r.2 == "refused").count(), 3, "{trail:?}");
+    let issued_row: Value = sqlx::query_scalar!(
+        r#"SELECT detail AS "detail!" FROM operator_audit WHERE action = 'key.issue' AND outcome = 'done'"#
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((issued_row["proposed_by"].as_str(), issued_row["approved_by"].as_str()), (Some("lim"), Some("bob")));
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_provider_account_changes_only_with_a_second_person_and_never_to_another_tenants(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    let globex = tenant(&pool, "globex").await;
+    let mut conn = pool.acquire().await.unwrap();
+    let theirs = oncepay_domain::provider_ref::ProviderAccount::parse("acct_globex").unwrap();
+    assert!(oncepay_store::tenants::set_provider_account(&mut conn, globex, Some(&theirs)).await.unwrap());
+    let lim = ops.operator("lim", "admin", Some(&["acme"])).await;
+    let bob = ops.operator("bob", "approver", None).await;
+    let connect = |account: &str| json!({ "account": account, "reason": "onboarded to Connect" });
+    let path = "/v1/tenants/acme/provider-account";
+
+    let (stolen, why) = ops.call(&lim, Method::PUT, path, Some(connect("acct_globex"))).await;
+    let (proposed, proposal) = ops.call(&lim, Method::PUT, path, Some(connect("acct_acme"))).await;
+    let (_, listed) = ops.get(&lim, "/v1/tenants").await;
+    let unchanged = listed[0]["provider_account"].clone();
+    let proposal_id = proposal["proposal"]["proposal_id"].as_str().unwrap_or_default().to_owned();
+    let (approved, done) =
+        ops.post(&bob, &format!("/v1/proposals/{proposal_id}/approve"), json!({"reason": "acme's account"})).await;
+    let (_, listed) = ops.get(&lim, "/v1/tenants").await;
+    let shared =
+        sqlx::query!("UPDATE tenants SET provider_account = 'acct_acme' WHERE name = 'globex'").execute(&pool).await;
+
+    assert_eq!(stolen, StatusCode::CONFLICT, "{why}");
+    assert!(problem(&why).1.contains("another tenant"), "{why}");
+    assert_eq!(proposed, StatusCode::ACCEPTED, "{proposal}");
+    assert_eq!(unchanged, Value::Null, "nothing changes before the approval");
+    assert_eq!(approved, StatusCode::OK, "{done}");
+    assert_eq!(listed[0]["provider_account"], "acct_acme");
+    assert!(shared.is_err(), "one connected account belongs to at most one tenant");
+    let _ = acme;
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn an_approval_of_a_provider_account_checks_the_tenant_again(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    tenant(&pool, "acme").await;
+    let bob = ops.operator("bob", "approver", None).await;
+    let path = "/v1/tenants/acme/provider-account";
+    let (_, proposal) =
+        ops.call(&ops.admin, Method::PUT, path, Some(json!({"account": "acct_one", "reason": "Connect"}))).await;
+    let proposal_id = proposal["proposal"]["proposal_id"].as_str().unwrap_or_default().to_owned();
+    // Meanwhile someone else's proposal for another account is approved... or the tenant is
+    // disconnected, which needs nobody's approval.
+    sqlx::query!("UPDATE tenants SET provider_account = 'acct_two' WHERE name = 'acme'").execute(&pool).await.unwrap();
+
+    let (approved, why) =
+        ops.post(&bob, &format!("/v1/proposals/{proposal_id}/approve"), json!({"reason": "looks right"})).await;
+
+    assert_eq!(approved, StatusCode::CONFLICT, "{why}");
+    assert!(problem(&why).1.contains("changed since it was proposed"), "{why}");
+    let account: Option<String> =
+        sqlx::query_scalar!("SELECT provider_account FROM tenants WHERE name = 'acme'").fetch_one(&pool).await.unwrap();
+    assert_eq!(account.as_deref(), Some("acct_two"));
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_tenant_and_its_first_key_are_made_only_with_a_second_person(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let bob = ops.operator("bob", "approver", None).await;
+    let body = json!({ "name": "initech", "provider_account": "acct_initech", "reason": "signed" });
+
+    let (proposed, proposal) = ops.post(&ops.admin, "/v1/tenants", body).await;
+    let made_early: i64 =
+        sqlx::query_scalar!(r#"SELECT count(*) AS "n!" FROM tenants"#).fetch_one(&pool).await.unwrap();
+    let proposal_id = proposal["proposal"]["proposal_id"].as_str().unwrap_or_default().to_owned();
+    let (approved, done) =
+        ops.post(&bob, &format!("/v1/proposals/{proposal_id}/approve"), json!({"reason": "contract seen"})).await;
+    let (collected, issued) = ops.post(&ops.admin, &format!("/v1/proposals/{proposal_id}/key"), json!({})).await;
+
+    assert_eq!(proposed, StatusCode::ACCEPTED, "{proposal}");
+    assert!(!proposal.to_string().contains("opk_"), "{proposal}");
+    assert_eq!(made_early, 0, "nothing is made before the approval");
+    assert_eq!(approved, StatusCode::OK, "{done}");
+    assert_eq!(collected, StatusCode::CREATED, "{issued}");
+    assert_eq!(issued["tenant"]["name"], "initech");
+    assert_eq!(issued["tenant"]["provider_account"], "acct_initech");
+    assert!(issued["api_key"].as_str().unwrap().starts_with("opk_"));
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn only_admins_manage_operators_and_the_audit_trail_cannot_be_edited(pool: PgPool) {
     let ops = Ops::start(&pool).await;
     let bob = ops.operator("bob", "approver", None).await;
@@ -657,48 +854,42 @@ async fn approving_from_a_session_takes_a_fresh_sign_in(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
-async fn admins_manage_tenants_and_keys_and_a_limited_admin_only_its_own(pool: PgPool) {
+async fn admins_propose_tenants_and_keys_and_a_limited_admin_only_its_own(pool: PgPool) {
     let ops = Ops::start(&pool).await;
     let reason = |why: &str| json!({ "reason": why });
-    let (created, acme) = ops.post(&ops.admin, "/v1/tenants", json!({"name": "acme", "reason": "signed"})).await;
-    ops.post(&ops.admin, "/v1/tenants", json!({"name": "globex", "reason": "signed"})).await;
+    let acme = tenant(&pool, "acme").await;
+    tenant(&pool, "globex").await;
+    let mut conn = pool.acquire().await.unwrap();
+    let key = oncepay_store::tenants::issue_api_key(&mut conn, acme, None).await.unwrap();
     let lim = ops.operator("lim", "admin", Some(&["acme"])).await;
     let vic = ops.operator("vic", "viewer", None).await;
 
-    let (lim_creates, _) = ops.post(&lim, "/v1/tenants", json!({"name": "initech", "reason": "x"})).await;
+    let (root_creates, created) = ops.post(&ops.admin, "/v1/tenants", json!({"name": "initech", "reason": "x"})).await;
+    let (lim_creates, _) = ops.post(&lim, "/v1/tenants", json!({"name": "hooli", "reason": "x"})).await;
     let (theirs, _) = ops.post(&lim, "/v1/tenants/globex/keys", reason("rotation")).await;
     let (viewer_issues, _) = ops.post(&vic, "/v1/tenants/acme/keys", reason("rotation")).await;
-    let (issued, key) = ops.post(&lim, "/v1/tenants/acme/keys", reason("rotation")).await;
-    let key_id = key["key_id"].as_str().unwrap().to_owned();
-    let (revoked, _) =
-        ops.call(&lim, Method::DELETE, &format!("/v1/tenants/acme/keys/{key_id}"), Some(reason("leaked"))).await;
+    let (issued, proposal) = ops.post(&lim, "/v1/tenants/acme/keys", reason("rotation")).await;
+    let revoke = format!("/v1/tenants/acme/keys/{}", key.key_id.as_str());
+    let (revoked, _) = ops.call(&lim, Method::DELETE, &revoke, Some(reason("leaked"))).await;
     let body = json!({"account": "acct_1032D82eZvKYlo2C", "reason": "onboarded to Connect"});
-    let (connected, tenant) =
-        ops.call(&lim, Method::PUT, "/v1/tenants/acme/provider-account", Some(body.clone())).await;
     let (not_theirs, _) = ops.call(&lim, Method::PUT, "/v1/tenants/globex/provider-account", Some(body)).await;
     let (_, listed) = ops.get(&lim, "/v1/tenants").await;
     let (lim_runs, _) = ops.get(&lim, "/v1/recon/runs").await;
     let (root_runs, runs) = ops.get(&ops.admin, "/v1/recon/runs").await;
 
-    assert_eq!(created, StatusCode::CREATED, "{acme}");
-    assert!(acme["api_key"].as_str().unwrap().starts_with("opk_"));
+    assert_eq!(root_creates, StatusCode::ACCEPTED, "{created}");
+    assert_eq!(created["proposal"]["action"]["kind"], "tenant_create");
     assert_eq!(lim_creates, StatusCode::FORBIDDEN);
     assert_eq!(theirs, StatusCode::NOT_FOUND);
     assert_eq!(viewer_issues, StatusCode::FORBIDDEN);
-    assert_eq!(issued, StatusCode::CREATED, "{key}");
+    assert_eq!(issued, StatusCode::ACCEPTED, "{proposal}");
+    assert_eq!(proposal["proposal"]["tenant"], "acme");
     assert_eq!(revoked, StatusCode::NO_CONTENT);
-    assert_eq!((connected, tenant["provider_account"].as_str()), (StatusCode::OK, Some("acct_1032D82eZvKYlo2C")));
     assert_eq!(not_theirs, StatusCode::NOT_FOUND);
     let names: Vec<&str> = listed.as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["acme"]);
     assert_eq!(lim_runs, StatusCode::FORBIDDEN);
     assert_eq!((root_runs, runs), (StatusCode::OK, json!([])));
-    let revoked_keys: i64 =
-        sqlx::query_scalar!(r#"SELECT count(*) AS "n!" FROM api_keys WHERE revoked_at IS NOT NULL"#)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    assert_eq!(revoked_keys, 1);
     let trail: Vec<(String, String, String)> = sqlx::query!(
         "SELECT operator_name, action, outcome FROM operator_audit
          WHERE action LIKE 'tenant.%' OR action LIKE 'key.%' ORDER BY audit_id"
@@ -710,24 +901,15 @@ async fn admins_manage_tenants_and_keys_and_a_limited_admin_only_its_own(pool: P
     assert_eq!(
         trail,
         rows(&[
-            ("root", "tenant.create", "done"),
-            ("root", "tenant.create", "done"),
+            ("root", "tenant.create", "proposed"),
             ("lim", "tenant.create", "refused"),
             ("lim", "key.issue", "refused"),
             ("vic", "key.issue", "refused"),
-            ("lim", "key.issue", "done"),
+            ("lim", "key.issue", "proposed"),
             ("lim", "key.revoke", "done"),
-            ("lim", "tenant.connect", "done"),
             ("lim", "tenant.connect", "refused"),
         ])
     );
-    let connect_before: Value = sqlx::query_scalar!(
-        r#"SELECT before AS "before!" FROM operator_audit WHERE action = 'tenant.connect' AND outcome = 'done'"#
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    assert_eq!(connect_before["provider_account"], Value::Null);
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
@@ -751,23 +933,33 @@ async fn a_proposal_its_action_would_refuse_now_is_refused_at_once(pool: PgPool)
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
-async fn the_cli_creates_a_tenant_whose_key_authenticates_through_the_api(pool: PgPool) {
+async fn the_cli_proposes_a_tenant_and_collects_its_key_once_approved(pool: PgPool) {
     let ops = Ops::start(&pool).await;
+    let bob = ops.operator("bob", "approver", None).await;
 
-    let created = cli(&pool, &ops, &ops.admin, &["tenants", "create", "acme", "--reason", "signed", "--json"]).await;
-    let again = cli(&pool, &ops, &ops.admin, &["tenants", "create", "acme", "--reason", "signed"]).await;
+    let proposed = cli(&pool, &ops, &ops.admin, &["tenants", "create", "acme", "--reason", "signed", "--json"]).await;
+    let proposal_id = stdout_json(&proposed)["proposal"]["proposal_id"].as_str().unwrap().to_owned();
+    let approve = format!("/v1/proposals/{proposal_id}/approve");
+    let (approved, _) = ops.post(&bob, &approve, json!({"reason": "contract seen"})).await;
+    let collected = cli(&pool, &ops, &ops.admin, &["keys", "collect", &proposal_id, "--json"]).await;
+    let again = cli(&pool, &ops, &ops.admin, &["keys", "collect", &proposal_id]).await;
+    let taken = cli(&pool, &ops, &ops.admin, &["tenants", "create", "acme", "--reason", "signed"]).await;
     let listed = cli(&pool, &ops, &ops.admin, &["tenants", "list"]).await;
 
-    let json = stdout_json(&created);
+    assert!(proposed.status.success(), "{}", String::from_utf8_lossy(&proposed.stderr));
+    assert_eq!(approved, StatusCode::OK);
+    let json = stdout_json(&collected);
     assert!(json["notice"].as_str().unwrap().contains("shown once"));
     let presented = oncepay_domain::api_key::parse(json["api_key"].as_str().unwrap()).unwrap();
     let mut conn = pool.acquire().await.unwrap();
     let stored = oncepay_store::tenants::find_api_key(&mut conn, presented.tenant_id, &presented.key_id).await.unwrap();
     assert!(stored.is_some_and(|key| !key.revoked && presented.secret_hash.matches(&key.secret_sha256)));
-    assert_eq!(again.status.code(), Some(4));
-    let stderr = String::from_utf8(again.stderr).unwrap();
-    assert_eq!(stderr.lines().count(), 1, "{stderr}");
-    assert!(stderr.contains("already exists"), "{stderr}");
+    for refused in [again, taken] {
+        assert_eq!(refused.status.code(), Some(4));
+        let stderr = String::from_utf8(refused.stderr).unwrap();
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.contains("shown only once") || stderr.contains("already exists"), "{stderr}");
+    }
     let table = String::from_utf8(listed.stdout).unwrap();
     assert!(table.starts_with("NAME") && table.contains("acme"), "{table}");
 }
@@ -850,6 +1042,26 @@ async fn an_admin_cannot_approve_their_own_proposal_with_a_token_they_issued_for
     assert_eq!(with_given, StatusCode::FORBIDDEN, "{why}");
     assert!(problem(&why).1.contains("one person could stand behind both sides"), "{why}");
     assert_eq!(with_laundered, StatusCode::FORBIDDEN);
+    assert_eq!(status(&pool, acme, payment_id).await, PaymentStatus::DeadLettered);
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn an_approval_is_refused_when_one_person_made_both_sides_credentials(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    let payment_id = dead_lettered(&pool, acme, "k-1", 60).await;
+    // root makes both accounts and issues both their tokens, so root holds both credentials.
+    let alice = ops.operator_given_by_admin("alice", "operator").await;
+    let bob = ops.operator_given_by_admin("bob", "approver").await;
+    let (proposed, proposal) =
+        ops.post(&alice, &format!("/v1/payments/{payment_id}/resolve"), failed("declined")).await;
+    let approve = format!("/v1/proposals/{}/approve", proposal["proposal"]["proposal_id"].as_str().unwrap());
+
+    let (approved, why) = ops.post(&bob, &approve, json!({ "reason": "looks right" })).await;
+
+    assert_eq!(proposed, StatusCode::ACCEPTED, "{proposal}");
+    assert_eq!(approved, StatusCode::FORBIDDEN, "{why}");
+    assert!(problem(&why).1.contains("one person could stand behind both sides"), "{why}");
     assert_eq!(status(&pool, acme, payment_id).await, PaymentStatus::DeadLettered);
 }
 

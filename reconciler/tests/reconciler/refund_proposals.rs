@@ -389,7 +389,12 @@ async fn a_dead_lettered_refund_settled_as_succeeded_is_booked_and_given_back_on
     );
     assert_eq!(
         audit_of(&pool, payment_id).await,
-        rows(&[("alice", "refund.resolve", "proposed"), ("bob", "proposal.approve", "done")])
+        rows(&[
+            ("alice", "payment.read", "done"),
+            ("alice", "refund.resolve", "proposed"),
+            ("bob", "proposal.approve", "done")
+        ]),
+        "reading the refund shows customer data, and is recorded"
     );
     let refusal: Value = sqlx::query_scalar!(
         r#"SELECT detail AS "detail!" FROM operator_audit WHERE action = 'refund.resolve' AND outcome = 'refused'"#

@@ -9,9 +9,9 @@ use std::time::Duration;
 use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
 use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_provider::KeyWindow;
-use oncepay_reconciler::operators::accounts;
 use oncepay_reconciler::operators::api::{self, OperatorsState};
 use oncepay_reconciler::operators::oidc::{Oidc, OidcSettings};
+use oncepay_reconciler::operators::{accounts, tokens};
 use oncepay_reconciler::settings::Settings;
 use oncepay_reconciler::unknown;
 use oncepay_store::fixtures;
@@ -260,15 +260,29 @@ impl Ops {
         self.call(token, Method::POST, path, Some(body)).await
     }
 
-    /// Creates operator `name` with `role` (limited to `tenants`, if given) and returns a token of theirs.
-    pub async fn operator(&self, name: &str, role: &str, tenants: Option<&[&str]>) -> String {
-        let body = json!({ "name": name, "role": role, "tenants": tenants, "reason": "joined the team" });
+    /// Creates operator `name` with `role` for every tenant and issues them a token, both as the first
+    /// admin: the admin holds that token too.
+    pub async fn operator_given_by_admin(&self, name: &str, role: &str) -> String {
+        let body = json!({ "name": name, "role": role, "reason": "joined the team" });
         let (created, problem) = self.post(&self.admin, "/v1/operators", body).await;
         assert_eq!(created, StatusCode::CREATED, "{problem}");
         let body = json!({ "label": "laptop", "reason": "first token" });
         let (issued, token) = self.post(&self.admin, &format!("/v1/operators/{name}/tokens"), body).await;
         assert_eq!(issued, StatusCode::CREATED, "{token}");
         token["token"].as_str().unwrap().to_owned()
+    }
+
+    /// Creates operator `name` with `role` (limited to `tenants`, if given) and returns a token they
+    /// made themself, as a person does once signed in: nobody else holds it.
+    pub async fn operator(&self, name: &str, role: &str, tenants: Option<&[&str]>) -> String {
+        let body = json!({ "name": name, "role": role, "tenants": tenants, "reason": "joined the team" });
+        let (created, problem) = self.post(&self.admin, "/v1/operators", body).await;
+        assert_eq!(created, StatusCode::CREATED, "{problem}");
+        let mut conn = self.state.pool.acquire().await.unwrap();
+        let account = accounts::find(&mut conn, name).await.unwrap();
+        let ttl = Duration::from_secs(DAY);
+        let issued = tokens::issue(&mut conn, account.operator_id, name, "laptop", ttl, account.operator_id).await;
+        issued.unwrap().token
     }
 }
 

@@ -34,7 +34,7 @@ const RETENTION: Duration = Duration::from_secs(86_400);
 pub async fn tenant(pool: &PgPool, name: &str) -> TenantId {
     let name = TenantName::parse(name).expect("a valid tenant name");
     let mut conn = pool.acquire().await.expect("a connection");
-    tenants::create(&mut conn, &name, None, None).await.expect("the tenant is created").tenant_id
+    tenants::create(&mut conn, TenantId::generate(), &name, None, None).await.expect("the tenant is created").tenant_id
 }
 
 /// What a new payment of `amount` EUR cents, charged on oncepay's own account, asked for.

@@ -63,25 +63,41 @@ pub struct Tenant {
     pub created_at: OffsetDateTime,
 }
 
-/// Why a tenant could not be created.
+/// Why a tenant could not be created or changed.
 #[derive(Debug, thiserror::Error)]
-pub enum CreateTenantError {
+pub enum TenantError {
     /// Another tenant has the name.
     #[error("a tenant named {0} already exists")]
     NameTaken(String),
+    /// Another tenant is charged through the provider account: one account belongs to at most one
+    /// tenant (`tenants_provider_account_once`).
+    #[error("provider account {0} belongs to another tenant")]
+    AccountTaken(String),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
 }
 
-/// Creates a tenant.
+impl TenantError {
+    /// `error`, or [`Self::AccountTaken`] when it is the provider account's unique constraint that
+    /// refused `account`. The transaction is aborted either way.
+    fn of(error: sqlx::Error, account: Option<&ProviderAccount>) -> Self {
+        let taken = error.as_database_error().and_then(|e| e.constraint()) == Some("tenants_provider_account_once");
+        match account {
+            Some(account) if taken => Self::AccountTaken(account.as_str().to_owned()),
+            _ => Self::Store(StoreError::from(error)),
+        }
+    }
+}
+
+/// Creates tenant `tenant_id`.
 pub async fn create(
     conn: &mut PgConnection,
+    tenant_id: TenantId,
     name: &TenantName,
     rate_limit_per_second: Option<i32>,
     provider_account: Option<&ProviderAccount>,
-) -> Result<Tenant, CreateTenantError> {
-    let tenant_id = TenantId::generate();
+) -> Result<Tenant, TenantError> {
     let created = sqlx::query_as!(
         Tenant,
         r#"
@@ -98,8 +114,8 @@ pub async fn create(
     )
     .fetch_optional(conn)
     .await
-    .map_err(StoreError::from)?;
-    created.ok_or_else(|| CreateTenantError::NameTaken(name.to_string()))
+    .map_err(|error| TenantError::of(error, provider_account))?;
+    created.ok_or_else(|| TenantError::NameTaken(name.to_string()))
 }
 
 /// The tenant with this name.
@@ -134,15 +150,30 @@ pub async fn set_provider_account(
     conn: &mut PgConnection,
     tenant_id: TenantId,
     account: Option<&ProviderAccount>,
-) -> Result<bool, StoreError> {
+) -> Result<bool, TenantError> {
     let updated = sqlx::query!(
         "UPDATE tenants SET provider_account = $2 WHERE tenant_id = $1",
         tenant_id.as_uuid(),
         account.map(ProviderAccount::as_str),
     )
     .execute(conn)
-    .await?;
+    .await
+    .map_err(|error| TenantError::of(error, account))?;
     Ok(updated.rows_affected() == 1)
+}
+
+/// The tenant with this id, its row locked until the transaction ends.
+pub async fn lock(conn: &mut PgConnection, tenant_id: TenantId) -> Result<Option<Tenant>, StoreError> {
+    Ok(sqlx::query_as!(
+        Tenant,
+        r#"SELECT tenant_id AS "tenant_id: TenantId", name, rate_limit_per_second,
+                  provider_account AS "provider_account: ProviderAccount", created_at
+           FROM tenants WHERE tenant_id = $1
+           FOR UPDATE"#,
+        tenant_id.as_uuid(),
+    )
+    .fetch_optional(conn)
+    .await?)
 }
 
 /// Makes a new API key for a tenant and stores its hash. The returned token is shown once.

@@ -16,7 +16,7 @@ use oncepay_store::claims::{self, ClaimRequest};
 use oncepay_store::fixtures::{Submission, accept, body, count, tenant};
 use oncepay_store::intake::{self, Intake};
 use oncepay_store::payments;
-use oncepay_store::tenants::{self, CreateTenantError, TenantName};
+use oncepay_store::tenants::{self, TenantError, TenantName};
 use oncepay_store::transitions::{self, Change, Recorded, Settlement, TransitionError};
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -375,14 +375,14 @@ async fn moves_the_state_machine_forbids_are_refused_before_touching_the_databas
 async fn tenant_names_are_unique_and_keys_are_stored_only_as_hashes(pool: PgPool) {
     let mut conn = pool.acquire().await.unwrap();
     let name = TenantName::parse("acme").unwrap();
-    let acme = tenants::create(&mut conn, &name, Some(50), None).await.unwrap();
+    let acme = tenants::create(&mut conn, TenantId::generate(), &name, Some(50), None).await.unwrap();
 
-    let duplicate = tenants::create(&mut conn, &name, None, None).await;
+    let duplicate = tenants::create(&mut conn, TenantId::generate(), &name, None, None).await;
     let key = tenants::issue_api_key(&mut conn, acme.tenant_id, Some("ci")).await.unwrap();
     let presented = api_key::parse(api_key::reveal(&key)).unwrap();
     let stored = tenants::find_api_key(&mut conn, presented.tenant_id, &presented.key_id).await.unwrap().unwrap();
 
-    assert!(matches!(duplicate, Err(CreateTenantError::NameTaken(_))));
+    assert!(matches!(duplicate, Err(TenantError::NameTaken(_))));
     assert!(presented.secret_hash.matches(&stored.secret_sha256));
     assert!(!stored.revoked);
     assert_eq!(stored.rate_limit_per_second, Some(50));

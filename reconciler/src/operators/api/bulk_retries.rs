@@ -6,7 +6,8 @@
 //! [`retry_payment`]: their role and tenants are checked again for every payment, a resend past the
 //! key window or one that needs approval becomes a proposal, a refused one is recorded in the audit
 //! trail. Each payment's resend and its result are written in one transaction, so a restart resumes
-//! with the next payment and no payment is resent twice.
+//! with the next payment and no payment is resent twice. The job keeps who made the credential the
+//! operator confirmed it with, so a resend it proposes cannot be approved by that person.
 
 use std::time::Duration;
 
@@ -71,11 +72,15 @@ pub(super) async fn create(
     }
     let bulk_retry_id = Uuid::now_v7();
     sqlx::query!(
-        "INSERT INTO bulk_retries (bulk_retry_id, operator_id, reason, filter) VALUES ($1, $2, $3, $4)",
+        r#"
+        INSERT INTO bulk_retries (bulk_retry_id, operator_id, reason, filter, credential_by)
+        VALUES ($1, $2, $3, $4, $5)
+        "#,
         bulk_retry_id,
         by.account.operator_id,
         reason,
         filter,
+        by.account.made_by,
     )
     .execute(&mut *tx)
     .await
@@ -194,7 +199,7 @@ impl Pass for BulkRetrier {
         let waiting = sqlx::query!(
             r#"
             SELECT i.bulk_retry_id, i.position, i.payment_id AS "payment_id: PaymentId", b.reason,
-                   o.name AS operator, o.operator_id
+                   o.name AS operator, o.operator_id, COALESCE(b.credential_by, o.operator_id) AS "credential_by!"
             FROM bulk_retry_items i
             JOIN bulk_retries b USING (bulk_retry_id)
             JOIN operators o ON o.operator_id = b.operator_id
@@ -211,6 +216,9 @@ impl Pass for BulkRetrier {
         let source = format!("bulk retry {}", item.bulk_retry_id);
         let outcome = match accounts::find(&mut tx, &item.operator).await {
             Ok(account) => {
+                // Whoever made the credential the job was confirmed with stands behind it, as behind
+                // a resend the operator asked for by hand.
+                let account = Account { made_by: item.credential_by, ..account };
                 let caller = Caller { account, via: Via::Job, source: Some(source.clone()) };
                 let acted = retry_payment(&self.state, &mut tx, &caller, item.payment_id, &item.reason, false).await;
                 refused_as(&mut tx, &caller, item.payment_id, acted).await?

@@ -17,7 +17,8 @@
 //!   `POST /v1/refunds/{id}/retry|resolve` ([`refunds`]);
 //! - operators: `GET|POST /v1/operators`, `PATCH|DELETE /v1/operators/{name}`,
 //!   `GET|POST /v1/operators/{name}/tokens`, `DELETE /v1/tokens/{id}`;
-//! - tenants, keys and reconciliation runs ([`tenants`]).
+//! - tenants, keys (`POST /v1/proposals/{id}/key` collects an approved one) and reconciliation runs
+//!   ([`tenants`]).
 
 use std::net::TcpListener;
 use std::str::FromStr;
@@ -40,11 +41,11 @@ use super::accounts::{self, NewOperator};
 use super::audit::{self, Entry, Outcome};
 use super::oidc::Oidc;
 use super::proposals::Effect;
-use super::proposals::{self, Closing, Proposed};
+use super::proposals::{self, Closing, Proposed, Subject};
 use super::refunds as operator_refunds;
 use super::reports::{Acted, PaymentPage};
 use super::{Account, Role, Scope};
-use super::{sessions, tokens};
+use super::{masking, sessions, tokens};
 use crate::dead_letters::actions::{self, Asked, Resolution, Retry, require_reason};
 use crate::dead_letters::queries::{self, Filter};
 use crate::dead_letters::reports::Resolved;
@@ -126,6 +127,8 @@ pub fn configure(config: &mut web::ServiceConfig) {
         .route("/v1/payments/{payment_id}/retry", web::post().to(retry))
         .route("/v1/payments/{payment_id}/resolve", web::post().to(resolve))
         .route("/v1/proposals", web::get().to(list_proposals))
+        // Before the decisions, which would take `key` for one.
+        .route("/v1/proposals/{proposal_id}/key", web::post().to(tenants::collect_key))
         .route("/v1/proposals/{proposal_id}/{decision}", web::post().to(decide))
         .route("/v1/audit", web::get().to(audit_trail))
         .route("/v1/operators", web::get().to(list_operators))
@@ -264,7 +267,7 @@ struct DeadLetterQuery {
 }
 
 /// `GET /v1/dead-letters[?all=true]`: open entries (or every entry), oldest first, of the tenants
-/// the caller may see.
+/// the caller may see, their evidence masked.
 async fn dead_letters(state: web::Data<OperatorsState>, request: HttpRequest) -> HttpResponse {
     respond(
         async {
@@ -273,7 +276,11 @@ async fn dead_letters(state: web::Data<OperatorsState>, request: HttpRequest) ->
             let filter = if query.all { Filter::All } else { Filter::Open };
             let scope = caller.account.scope.to_column();
             let mut conn = connection(&state).await?;
-            let list = queries::list(&mut conn, filter, scope.as_deref()).await.map_err(problem)?;
+            let mut list = queries::list(&mut conn, filter, scope.as_deref()).await.map_err(problem)?;
+            // A list is not a read of one payment: it shows no customer data, to anyone.
+            for entry in &mut list.0 {
+                entry.evidence = masking::evidence(&entry.evidence);
+            }
             Ok(ok(StatusCode::OK, &list.0))
         }
         .await,
@@ -287,7 +294,8 @@ fn query<T: DeserializeOwned>(request: &HttpRequest) -> Result<T, Problem> {
 }
 
 /// `GET /v1/payments/{id}`: a payment's dead letters, history, refunds, proposals and operator audit
-/// rows, and what it asked of the customer (masked for viewers). The read is audited.
+/// rows, and what it asked of the customer (masked for viewers, with the evidence). The read is
+/// audited.
 async fn payment(state: web::Data<OperatorsState>, request: HttpRequest, path: web::Path<String>) -> HttpResponse {
     respond(
         async {
@@ -299,9 +307,17 @@ async fn payment(state: web::Data<OperatorsState>, request: HttpRequest, path: w
                 .await
                 .map_err(problem)?
                 .ok_or_else(|| problem(OperatorError::NotFound(format!("there is no payment {payment_id}"))))?;
-            let detail = queries::detail(&mut conn, tenant_id, payment_id).await.map_err(problem)?;
+            let mut detail = queries::detail(&mut conn, tenant_id, payment_id).await.map_err(problem)?;
             let refunds = operator_refunds::of_payment(&mut conn, tenant_id, payment_id).await.map_err(problem)?;
             let masked = caller.account.role == Role::Viewer;
+            if masked {
+                for entry in &mut detail.entries {
+                    entry.evidence = masking::evidence(&entry.evidence);
+                }
+                for change in &mut detail.audit_trail {
+                    change.detail = change.detail.as_ref().map(masking::evidence);
+                }
+            }
             let customer = customer(&mut conn, tenant_id, payment_id, masked).await.map_err(problem)?;
             let proposals = proposals::list(&mut conn, scope, Some(payment_id), None).await.map_err(problem)?;
             let filter = audit::Filter { payment_id: Some(payment_id), limit: 500, ..audit::Filter::default() };
@@ -345,8 +361,8 @@ async fn customer(
     if masked {
         return Ok(json!({
             "masked": true,
-            "customer_id": mask(&row.customer_id),
-            "payment_method": row.payment_method.as_deref().map(mask),
+            "customer_id": masking::reference(&row.customer_id),
+            "payment_method": row.payment_method.as_deref().map(masking::reference),
         }));
     }
     Ok(json!({
@@ -356,12 +372,6 @@ async fn customer(
         "metadata": row.metadata,
         "payment_method": row.payment_method,
     }))
-}
-
-/// The first three characters and an ellipsis.
-fn mask(text: &str) -> String {
-    let shown: String = text.chars().take(3).collect();
-    format!("{shown}…")
 }
 
 #[derive(Debug, Deserialize)]
@@ -416,7 +426,7 @@ async fn retry_payment(
     caller.account.require(Role::Operator, "retry a payment")?;
     if outside_key_window || state.retries_need_approval {
         let action = Proposed::Retry { outside_key_window };
-        return propose(state, conn, caller, payment_id, &action, reason).await;
+        return propose(state, conn, caller, Subject::Payment(payment_id), &action, reason).await;
     }
     let entry = Entry::new("payment.retry", Outcome::Done).on_payment(payment_id);
     let done = directly(conn, caller, entry, payment_id, reason, Direct::Retry, state).await?;
@@ -553,21 +563,20 @@ async fn resolve_payment(
     };
     let resolution = actions::resolution(&mut conn, provider, payment_id, decision).await?;
     let action = Proposed::resolution(resolution)?;
-    propose(state, &mut conn, caller, payment_id, &action, reason).await
+    propose(state, &mut conn, caller, Subject::Payment(payment_id), &action, reason).await
 }
 
-/// Proposes `action` on `payment_id` as the caller, to wait for an approver.
+/// Proposes `action` on `subject` as the caller, to wait for an approver.
 async fn propose(
     state: &OperatorsState,
     conn: &mut PgConnection,
     caller: &Caller,
-    payment_id: PaymentId,
+    subject: Subject,
     action: &Proposed,
     reason: &str,
 ) -> Result<Acted, OperatorError> {
     let source = caller.source.as_deref();
-    let proposal =
-        proposals::propose(conn, &caller.account, source, payment_id, action, reason, state.limits()).await?;
+    let proposal = proposals::propose(conn, &caller.account, source, subject, action, reason, state.limits()).await?;
     Ok(Acted::Proposed { proposal })
 }
 

@@ -4,7 +4,8 @@
 //!
 //! - `POST /v1/payments/{id}/refund` `{amount?, refund_reason?, reason}`: 202 with the proposal;
 //! - `GET /v1/dead-letters/refunds`: the dead-lettered refunds the caller may see, oldest first;
-//! - `GET /v1/refunds/{id}`: a refund and its history, with the evidence of each change;
+//! - `GET /v1/refunds/{id}`: a refund and its history, with the evidence of each change (masked for
+//!   viewers; the read is audited);
 //! - `POST /v1/refunds/{id}/retry` `{reason, outside_key_window?}`: resent at once inside the
 //!   provider's key window (200), proposed past it or when every resend needs approval (202);
 //! - `POST /v1/refunds/{id}/resolve` `{as, reason, provider_refund_id?, amount?, currency?,
@@ -31,12 +32,12 @@ use crate::dead_letters::actions::require_reason;
 use crate::dead_letters::queries;
 use crate::dead_letters::refunds::{self as dead_refunds, AskedRefundResolution, RefundRetry};
 use crate::operator_error::OperatorError;
-use crate::operators::Role;
 use crate::operators::audit::{self, Entry, Outcome};
 use crate::operators::proposals::Effect;
-use crate::operators::proposals::Proposed;
+use crate::operators::proposals::{Proposed, Subject};
 use crate::operators::refunds as operator_refunds;
 use crate::operators::reports::Acted;
+use crate::operators::{Role, masking};
 
 /// The routes.
 pub(super) fn configure(config: &mut web::ServiceConfig) {
@@ -125,25 +126,30 @@ pub(super) async fn refund_payment(
         currency: refunds.currency.as_str().to_owned(),
         reason: refund_reason,
     };
-    propose(state, &mut conn, caller, payment_id, &action, reason).await
+    propose(state, &mut conn, caller, Subject::Payment(payment_id), &action, reason).await
 }
 
 /// `GET /v1/dead-letters/refunds`: the refunds automation gave up on, of the tenants the caller may
-/// see, oldest first.
+/// see, oldest first, their evidence masked.
 async fn dead_lettered(state: web::Data<OperatorsState>, request: HttpRequest) -> HttpResponse {
     respond(
         async {
             let caller = caller(&state, &request).await?;
             let tenants = caller.account.scope.to_column();
             let mut conn = connection(&state).await?;
-            let list = dead_refunds::list(&mut conn, tenants.as_deref(), None).await.map_err(problem)?;
+            let mut list = dead_refunds::list(&mut conn, tenants.as_deref(), None).await.map_err(problem)?;
+            // A list is not a read of one payment: it shows no customer data, to anyone.
+            for refund in &mut list {
+                refund.evidence = refund.evidence.as_ref().map(masking::evidence);
+            }
             Ok(ok(StatusCode::OK, &list))
         }
         .await,
     )
 }
 
-/// `GET /v1/refunds/{id}`: the refund and its history.
+/// `GET /v1/refunds/{id}`: the refund and its history, the evidence masked for viewers. The read is
+/// audited, on the refund's payment.
 async fn show(state: web::Data<OperatorsState>, request: HttpRequest, path: web::Path<String>) -> HttpResponse {
     respond(
         async {
@@ -151,7 +157,18 @@ async fn show(state: web::Data<OperatorsState>, request: HttpRequest, path: web:
             let refund_id = refund_id(&path)?;
             let tenants = caller.account.scope.to_column();
             let mut conn = connection(&state).await?;
-            let detail = operator_refunds::detail(&mut conn, tenants.as_deref(), refund_id).await.map_err(problem)?;
+            let mut detail =
+                operator_refunds::detail(&mut conn, tenants.as_deref(), refund_id).await.map_err(problem)?;
+            let masked = caller.account.role == Role::Viewer;
+            if masked {
+                for change in &mut detail.history {
+                    change.detail = change.detail.as_ref().map(masking::evidence);
+                }
+            }
+            let read = Entry::new("payment.read", Outcome::Done)
+                .payment(detail.tenant_id, detail.payment_id)
+                .detail(json!({ "refund_id": refund_id, "customer_data": if masked { "masked" } else { "shown" } }));
+            audit::record(&mut conn, &caller.actor(), &read).await.map_err(problem)?;
             Ok(ok(StatusCode::OK, &detail))
         }
         .await,
@@ -206,7 +223,7 @@ pub(super) async fn retry_refund(
     if outside_key_window || state.retries_need_approval {
         let (_, payment_id, _) = dead_refunds::locate(&mut conn, tenants.as_deref(), refund_id).await?;
         let action = Proposed::RefundRetry { refund_id, outside_key_window };
-        return propose(state, &mut conn, caller, payment_id, &action, reason).await;
+        return propose(state, &mut conn, caller, Subject::Payment(payment_id), &action, reason).await;
     }
     let (tenant_id, _, _) = dead_refunds::locate(&mut conn, tenants.as_deref(), refund_id).await?;
     let mut tx = sqlx::Acquire::begin(&mut *conn).await.context("cannot start a transaction")?;
@@ -311,5 +328,5 @@ pub(super) async fn resolve_refund(
     };
     let resolution = dead_refunds::resolution(&mut conn, provider, tenant_id, refund_id, asked).await?;
     let action = Proposed::refund_resolution(refund_id, resolution);
-    propose(state, &mut conn, caller, payment_id, &action, reason).await
+    propose(state, &mut conn, caller, Subject::Payment(payment_id), &action, reason).await
 }

@@ -2,13 +2,17 @@
 //! runs (the work itself is `crate::tenants` and `crate::recon::commands`), with roles, tenant
 //! limits and the audit trail.
 //!
-//! Reads need the viewer role and show only the tenants the caller may see; changes need the admin
-//! role, and creating a tenant an admin of every tenant. Reconciliation runs cover every tenant, so
-//! only operators of every tenant read them.
+//! Reads need the viewer role and show only the tenants the caller may see. A merchant's API key
+//! charges and refunds, so what gives a tenant a key or points it at a provider account is proposed
+//! by an admin (of every tenant, to create one) and done only once a second operator approves
+//! ([`crate::operators::proposals`]); the key is then collected, once, by its proposer. Revoking a
+//! key and disconnecting an account move no money, and an admin does them at once. Reconciliation
+//! runs cover every tenant, so only operators of every tenant read them.
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use anyhow::Context as _;
+use oncepay_domain::ids::TenantId;
 use oncepay_provider::ConfiguredProvider;
 use serde::Deserialize;
 use serde_json::json;
@@ -16,10 +20,12 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::signing_in::{Caller, caller};
-use super::{OperatorsState, body, change, connection, ok, problem, respond};
+use super::{OperatorsState, acted, body, change, connection, ok, problem, propose, respond};
 use crate::dead_letters::actions::require_reason;
 use crate::operator_error::OperatorError;
 use crate::operators::audit::{self, Entry, Outcome};
+use crate::operators::proposals::{self, Effect, Proposed, Subject, TenantActed};
+use crate::operators::reports::Acted;
 use crate::operators::{Role, Scope};
 use crate::recon::Reconciliation;
 use crate::recon::commands as recon;
@@ -38,13 +44,14 @@ pub(super) fn configure(config: &mut web::ServiceConfig) {
         .route("/v1/recon/runs/{run_id}", web::get().to(run));
 }
 
-/// Refuses unless the caller may see tenant `name`; one they may not is not found, as if it did not
+/// Tenant `name`'s id, if the caller may see it; one they may not is not found, as if it did not
 /// exist.
-async fn see_tenant(conn: &mut PgConnection, caller: &Caller, name: &str) -> Result<(), OperatorError> {
+async fn see_tenant(conn: &mut PgConnection, caller: &Caller, name: &str) -> Result<TenantId, OperatorError> {
     let not_found = || OperatorError::NotFound(format!("no tenant named {name}"));
     let tenant = oncepay_store::tenants::find_by_name(conn, name).await.context("cannot look the tenant up")?;
     let tenant = tenant.ok_or_else(not_found)?;
-    caller.account.see(tenant.tenant_id, not_found)
+    caller.account.see(tenant.tenant_id, not_found)?;
+    Ok(tenant.tenant_id)
 }
 
 /// `GET /v1/tenants`: the tenants the caller may see, by name.
@@ -76,7 +83,8 @@ struct NewTenant {
     reason: String,
 }
 
-/// `POST /v1/tenants`: 201 with the tenant and its first API key, shown this once.
+/// `POST /v1/tenants`: 202 with the proposal to create the tenant; once approved, its proposer
+/// collects its first API key (`POST /v1/proposals/{id}/key`).
 async fn create(state: web::Data<OperatorsState>, request: HttpRequest, bytes: web::Bytes) -> HttpResponse {
     respond(
         async {
@@ -84,37 +92,31 @@ async fn create(state: web::Data<OperatorsState>, request: HttpRequest, bytes: w
             let outcome = async {
                 let asked: NewTenant = body(&bytes)?;
                 let provider_account = asked.provider_account.as_deref();
-                create_tenant(&state, &caller, &asked.name, asked.rate_limit, provider_account, &asked.reason).await
+                propose_tenant(&state, &caller, &asked.name, asked.rate_limit, provider_account, &asked.reason).await
             };
             let entry = Entry::new("tenant.create", Outcome::Done);
-            change(&state, &caller, entry, outcome.await.map(|issued| ok(StatusCode::CREATED, &issued))).await
+            change(&state, &caller, entry, outcome.await.map(acted)).await
         }
         .await,
     )
 }
 
-/// Creates tenant `name` with its first API key (an admin of every tenant), with its audit row.
-pub(super) async fn create_tenant(
+/// Proposes creating tenant `name` with its first API key (an admin of every tenant proposes).
+pub(super) async fn propose_tenant(
     state: &OperatorsState,
     caller: &Caller,
     name: &str,
     rate_limit: Option<i32>,
     provider_account: Option<&str>,
     reason: &str,
-) -> Result<tenants::IssuedKey, OperatorError> {
-    caller.account.require(Role::Admin, "create a tenant")?;
-    if caller.account.scope != Scope::Every {
-        return Err(OperatorError::Forbidden("only an admin of every tenant creates tenants".into()));
-    }
-    let reason = require_reason(reason)?;
-    let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
-    let issued = tenants::create(&mut tx, name, rate_limit, provider_account).await?;
-    let entry = Entry::new("tenant.create", Outcome::Done)
-        .reason(reason)
-        .after(json!({ "tenant": issued.tenant, "key_id": issued.key_id }));
-    audit::record(&mut tx, &caller.actor(), &entry).await?;
-    tx.commit().await.context("cannot commit the tenant")?;
-    Ok(issued)
+) -> Result<Acted, OperatorError> {
+    let action = Proposed::TenantCreate {
+        name: name.to_owned(),
+        rate_limit,
+        provider_account: provider_account.map(str::to_owned),
+    };
+    let mut conn = state.pool.acquire().await.context("cannot reach the database")?;
+    propose(state, &mut conn, caller, Subject::Tenant(TenantId::generate()), &action, reason).await
 }
 
 #[derive(Debug, Deserialize)]
@@ -125,8 +127,8 @@ struct Account {
     reason: String,
 }
 
-/// `PUT /v1/tenants/{name}/provider-account` `{account, reason}`: the account the tenant's new
-/// payments are charged to in connect mode (null: none).
+/// `PUT /v1/tenants/{name}/provider-account` `{account, reason}`: 202 with the proposal to charge the
+/// tenant's new payments to `account`; with `null`, 200: the tenant is disconnected at once.
 async fn connect(
     state: web::Data<OperatorsState>,
     request: HttpRequest,
@@ -141,32 +143,41 @@ async fn connect(
                 connect_account(&state, &caller, &path, asked.account.as_deref(), &asked.reason).await
             };
             let entry = Entry::new("tenant.connect", Outcome::Done);
-            change(&state, &caller, entry, outcome.await.map(|tenant| ok(StatusCode::OK, &tenant))).await
+            change(&state, &caller, entry, outcome.await.map(acted)).await
         }
         .await,
     )
 }
 
-/// Sets (or, with `None`, clears) the provider account of tenant `name` (an admin), with its audit
-/// row.
+/// Proposes charging tenant `name`'s new payments to `account` (an admin of the tenant proposes); with
+/// `None`, disconnects it at once, with its audit row: that moves no money, it stops the tenant's new
+/// payments in connect mode.
 pub(super) async fn connect_account(
     state: &OperatorsState,
     caller: &Caller,
     name: &str,
     account: Option<&str>,
     reason: &str,
-) -> Result<tenants::TenantView, OperatorError> {
+) -> Result<Acted, OperatorError> {
+    let mut conn = state.pool.acquire().await.context("cannot reach the database")?;
+    let tenant_id = see_tenant(&mut conn, caller, name).await?;
+    if let Some(account) = account {
+        let action = Proposed::TenantConnect { account: account.to_owned() };
+        return propose(state, &mut conn, caller, Subject::Tenant(tenant_id), &action, reason).await;
+    }
     caller.account.require(Role::Admin, "change a tenant's provider account")?;
     let reason = require_reason(reason)?;
-    let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
-    see_tenant(&mut tx, caller, name).await?;
+    let mut tx = sqlx::Acquire::begin(&mut *conn).await.context("cannot start a transaction")?;
     let before = tenants::view(&mut tx, name).await?;
-    let connected = tenants::connect(&mut tx, name, account).await?;
-    let entry =
-        Entry::new("tenant.connect", Outcome::Done).reason(reason).before(json!(before)).after(json!(connected.tenant));
+    let tenant = tenants::connect(&mut tx, tenant_id, None).await?;
+    let entry = Entry::new("tenant.connect", Outcome::Done)
+        .on(tenant_id, None)
+        .reason(reason)
+        .before(json!(before))
+        .after(json!(tenant));
     audit::record(&mut tx, &caller.actor(), &entry).await?;
     tx.commit().await.context("cannot commit the account")?;
-    Ok(connected.tenant)
+    Ok(Acted::Done(Effect::Tenant(TenantActed { tenant, key_to_collect: None })))
 }
 
 #[derive(Debug, Deserialize)]
@@ -175,7 +186,8 @@ struct Reason {
     reason: String,
 }
 
-/// `POST /v1/tenants/{name}/keys` `{reason}`: 201 with another API key, shown this once.
+/// `POST /v1/tenants/{name}/keys` `{reason}`: 202 with the proposal to issue the tenant another API
+/// key; once approved, its proposer collects it (`POST /v1/proposals/{id}/key`).
 async fn issue_key(
     state: web::Data<OperatorsState>,
     request: HttpRequest,
@@ -187,32 +199,50 @@ async fn issue_key(
             let caller = caller(&state, &request).await?;
             let outcome = async {
                 let asked: Reason = body(&bytes)?;
-                issue_key_for(&state, &caller, &path, &asked.reason).await
+                propose_key(&state, &caller, &path, &asked.reason).await
             };
             let entry = Entry::new("key.issue", Outcome::Done);
-            change(&state, &caller, entry, outcome.await.map(|issued| ok(StatusCode::CREATED, &issued))).await
+            change(&state, &caller, entry, outcome.await.map(acted)).await
         }
         .await,
     )
 }
 
-/// Issues another API key to tenant `name` (an admin), with its audit row.
-pub(super) async fn issue_key_for(
+/// Proposes issuing tenant `name` another API key (an admin of the tenant proposes).
+pub(super) async fn propose_key(
     state: &OperatorsState,
     caller: &Caller,
     name: &str,
     reason: &str,
-) -> Result<tenants::IssuedKey, OperatorError> {
-    caller.account.require(Role::Admin, "issue an API key")?;
-    let reason = require_reason(reason)?;
-    let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
-    see_tenant(&mut tx, caller, name).await?;
-    let issued = tenants::issue_key(&mut tx, name).await?;
-    let after = json!({ "tenant": issued.tenant.name, "key_id": issued.key_id });
-    audit::record(&mut tx, &caller.actor(), &Entry::new("key.issue", Outcome::Done).reason(reason).after(after))
-        .await?;
-    tx.commit().await.context("cannot commit the key")?;
-    Ok(issued)
+) -> Result<Acted, OperatorError> {
+    let mut conn = state.pool.acquire().await.context("cannot reach the database")?;
+    let tenant_id = see_tenant(&mut conn, caller, name).await?;
+    propose(state, &mut conn, caller, Subject::Tenant(tenant_id), &Proposed::KeyIssue, reason).await
+}
+
+/// `POST /v1/proposals/{id}/key`: 201 with the API key an approved proposal made, shown this once,
+/// to its proposer; 403 for anyone else, 409 before the approval or once collected.
+pub(super) async fn collect_key(
+    state: web::Data<OperatorsState>,
+    request: HttpRequest,
+    path: web::Path<String>,
+) -> HttpResponse {
+    respond(
+        async {
+            let caller = caller(&state, &request).await?;
+            let proposal_id = super::proposal_id_of(&path)?;
+            let entry = Entry::new("key.issue", Outcome::Done).proposal(proposal_id);
+            let outcome = async {
+                // A key is a credential that moves money: collecting it takes a fresh sign-in.
+                caller.require_fresh(state.fresh_sign_in, "collect an API key")?;
+                let mut conn = state.pool.acquire().await.context("cannot reach the database")?;
+                let source = caller.source.as_deref();
+                proposals::collect_key(&mut conn, &caller.account, source, proposal_id, state.limits()).await
+            };
+            change(&state, &caller, entry, outcome.await.map(|issued| ok(StatusCode::CREATED, &issued))).await
+        }
+        .await,
+    )
 }
 
 /// `DELETE /v1/tenants/{name}/keys/{key_id}` `{reason}`: 204; the api refuses the key within its
@@ -238,7 +268,8 @@ async fn revoke_key(
     )
 }
 
-/// Revokes API key `key_id` of tenant `name` (an admin), with its audit row.
+/// Revokes API key `key_id` of tenant `name` (an admin of the tenant), at once and with its audit row:
+/// revoking moves no money.
 pub(super) async fn revoke_key_of(
     state: &OperatorsState,
     caller: &Caller,
@@ -249,9 +280,9 @@ pub(super) async fn revoke_key_of(
     caller.account.require(Role::Admin, "revoke an API key")?;
     let reason = require_reason(reason)?;
     let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
-    see_tenant(&mut tx, caller, name).await?;
+    let tenant_id = see_tenant(&mut tx, caller, name).await?;
     let revoked = tenants::revoke_key(&mut tx, name, key_id).await?;
-    let entry = Entry::new("key.revoke", Outcome::Done).reason(reason).after(json!(revoked));
+    let entry = Entry::new("key.revoke", Outcome::Done).on(tenant_id, None).reason(reason).after(json!(revoked));
     audit::record(&mut tx, &caller.actor(), &entry).await?;
     tx.commit().await.context("cannot commit the revocation")?;
     Ok(revoked)

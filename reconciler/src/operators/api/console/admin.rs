@@ -3,24 +3,31 @@
 //!
 //! Everyone may list the tenants they may see; changes are offered to admins only, and refused by
 //! the same functions the JSON API calls for anyone else. Like every change in the console, each
-//! asks for a reason, then for a confirmation that says what will happen. A new API key is shown on
-//! the page that follows the confirmation, once, and never travels in a URL.
+//! asks for a reason, then for a confirmation that says what will happen. Creating a tenant, issuing
+//! a key and connecting a provider account are proposals a second operator approves on the proposals
+//! page; the proposer then collects the key there, and it is shown on the page that follows, once,
+//! and never travels in a URL.
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
+use anyhow::Context as _;
 use askama::Template;
+use oncepay_http::problem::{Problem, ProblemType};
 use serde::Deserialize;
+use uuid::Uuid;
 
 use super::forms::{Confirmation, ask_to_confirm, finish};
 use super::{Chrome, caller_or_sign_in, error_page, html, see_other, visible_tenants};
 use crate::operator_error::OperatorError;
 use crate::operators::accounts::{self, NewOperator, OperatorView};
 use crate::operators::api::signing_in::Caller;
-use crate::operators::api::tenants::{connect_account, create_tenant, issue_key_for, revoke_key_of};
+use crate::operators::api::tenants::{connect_account, propose_key, propose_tenant, revoke_key_of};
 use crate::operators::api::{
     OperatorsState, change_operator, connection, disable, make_operator, manage_operators, problem,
 };
 use crate::operators::audit::{Entry, Outcome};
+use crate::operators::proposals;
+use crate::operators::reports::Acted;
 use crate::operators::{Role, Scope};
 use crate::render;
 use crate::tenants::{self, IssuedKey, KeyView, TenantView};
@@ -157,6 +164,7 @@ struct KeyIssuedPage {
 enum AdminChange {
     CreateTenant,
     IssueKey(String),
+    CollectKey(Uuid),
     RevokeKey(String, String),
     Connect(String),
     CreateOperator,
@@ -168,7 +176,7 @@ impl AdminChange {
     fn audit_action(&self) -> &'static str {
         match self {
             Self::CreateTenant => "tenant.create",
-            Self::IssueKey(_) => "key.issue",
+            Self::IssueKey(_) | Self::CollectKey(_) => "key.issue",
             Self::RevokeKey(..) => "key.revoke",
             Self::Connect(_) => "tenant.connect",
             Self::CreateOperator => "operator.create",
@@ -184,19 +192,31 @@ impl AdminChange {
         match self {
             Self::CreateTenant => (
                 vec![
-                    format!("A new tenant, {name}, is created with its first API key."),
-                    "The key is shown on the next page, once: hand it to the tenant.".into(),
+                    format!("You propose a new tenant, {name}, with its first API key."),
+                    "Nothing is made until a second operator approves. You then collect the key on the proposals \
+                     page, once, and hand it to the tenant."
+                        .into(),
                 ],
-                "Create the tenant",
+                "Propose the tenant",
                 "/console/tenants",
             ),
             Self::IssueKey(tenant) => (
                 vec![
-                    format!("Another API key is issued to {tenant}; its other keys keep working."),
-                    "The key is shown on the next page, once.".into(),
+                    format!("You propose another API key for {tenant}; its other keys keep working."),
+                    "Nothing is issued until a second operator approves. You then collect the key on the proposals \
+                     page, once."
+                        .into(),
                 ],
-                "Issue the key",
+                "Propose the key",
                 "/console/tenants",
+            ),
+            Self::CollectKey(proposal_id) => (
+                vec![
+                    format!("The API key that proposal {proposal_id} allows is made now."),
+                    "It is shown on the next page, once, and never again: hand it to the tenant.".into(),
+                ],
+                "Show the key",
+                "/console/proposals",
             ),
             Self::RevokeKey(tenant, key) => (
                 vec![
@@ -206,14 +226,24 @@ impl AdminChange {
                 "Revoke the key",
                 "/console/tenants",
             ),
-            Self::Connect(tenant) => (
-                vec![match AdminForm::field(form.provider_account.as_ref()) {
-                    Some(account) => format!("{tenant}'s new payments are charged to provider account {account}."),
-                    None => format!("{tenant}'s new payments are charged to oncepay's own provider account."),
-                }],
-                "Change the account",
-                "/console/tenants",
-            ),
+            Self::Connect(tenant) => match AdminForm::field(form.provider_account.as_ref()) {
+                Some(account) => (
+                    vec![
+                        format!("You propose charging {tenant}'s new payments to provider account {account}."),
+                        "Nothing changes until a second operator approves.".into(),
+                    ],
+                    "Propose the account",
+                    "/console/tenants",
+                ),
+                None => (
+                    vec![format!(
+                        "{tenant} is disconnected now: in connect mode it takes no new payments until an account is \
+                         set; its payments accepted before keep their account."
+                    )],
+                    "Disconnect",
+                    "/console/tenants",
+                ),
+            },
             Self::CreateOperator => (
                 vec![format!(
                     "Operator {name} is created as {} of {tenants}.",
@@ -254,11 +284,19 @@ impl AdminChange {
         match self {
             Self::CreateTenant => {
                 let account = AdminForm::field(form.provider_account.as_ref());
-                let issued = create_tenant(state, caller, name, None, account, reason).await?;
-                Ok(html(StatusCode::OK, &KeyIssuedPage { chrome: chrome(), title: "New tenant".into(), issued }))
+                propose_tenant(state, caller, name, None, account, reason).await?;
+                Ok(see_other("/console/proposals?notice=proposed"))
             }
             Self::IssueKey(tenant) => {
-                let issued = issue_key_for(state, caller, tenant, reason).await?;
+                propose_key(state, caller, tenant, reason).await?;
+                Ok(see_other("/console/proposals?notice=proposed"))
+            }
+            Self::CollectKey(proposal_id) => {
+                caller.require_fresh(state.fresh_sign_in, "collect an API key")?;
+                let mut conn = state.pool.acquire().await.context("cannot reach the database")?;
+                let source = caller.source.as_deref();
+                let issued =
+                    proposals::collect_key(&mut conn, &caller.account, source, *proposal_id, state.limits()).await?;
                 Ok(html(StatusCode::OK, &KeyIssuedPage { chrome: chrome(), title: "New API key".into(), issued }))
             }
             Self::RevokeKey(tenant, key) => {
@@ -267,8 +305,10 @@ impl AdminChange {
             }
             Self::Connect(tenant) => {
                 let account = AdminForm::field(form.provider_account.as_ref());
-                connect_account(state, caller, tenant, account, reason).await?;
-                Ok(see_other("/console/tenants?notice=connected"))
+                match connect_account(state, caller, tenant, account, reason).await? {
+                    Acted::Proposed { .. } => Ok(see_other("/console/proposals?notice=proposed")),
+                    Acted::Done(_) => Ok(see_other("/console/tenants?notice=disconnected")),
+                }
             }
             Self::CreateOperator => {
                 let role = form.role()?;
@@ -306,7 +346,11 @@ async fn confirm_then_run(
         Ok(caller) => caller,
         Err(response) => return response,
     };
-    let section = if action.starts_with("/console/operators") { "operators" } else { "tenants" };
+    let section = match action.split('/').nth(2) {
+        Some("operators") => "operators",
+        Some("proposals") => "proposals",
+        _ => "tenants",
+    };
     let chrome = Chrome::of(&caller.account, section);
     if form.confirmed.as_deref() != Some("yes") {
         let (will, button, back) = asked.will(&form);
@@ -338,6 +382,22 @@ pub(super) async fn issue_key_form(
     let tenant = path.into_inner();
     let action = format!("/console/tenants/{tenant}/keys");
     confirm_then_run(&state, &request, action, AdminChange::IssueKey(tenant), form.into_inner()).await
+}
+
+/// `POST /console/proposals/{id}/key`: collects the API key an approved proposal made, once.
+pub(super) async fn collect_key_form(
+    state: web::Data<OperatorsState>,
+    request: HttpRequest,
+    path: web::Path<String>,
+    form: web::Form<AdminForm>,
+) -> HttpResponse {
+    let text = path.into_inner();
+    let Ok(proposal_id) = Uuid::parse_str(&text) else {
+        let refused = Problem::new(ProblemType::NotFound, format!("there is no proposal {text:?}"));
+        return error_page(None, &refused);
+    };
+    let action = format!("/console/proposals/{proposal_id}/key");
+    confirm_then_run(&state, &request, action, AdminChange::CollectKey(proposal_id), form.into_inner()).await
 }
 
 /// `POST /console/tenants/{name}/keys/{key_id}/revoke`: revokes an API key.

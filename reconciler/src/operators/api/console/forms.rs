@@ -604,7 +604,10 @@ pub(super) async fn decide(
             Decided::Closed(closed) if closed.status == "rejected" => (closed.payment_id, "rejected"),
             Decided::Closed(closed) => (closed.payment_id, "withdrawn"),
         };
-        see_other(&format!("/console/payments/{payment_id}?notice={notice}"))
+        match payment_id {
+            Some(payment_id) => see_other(&format!("/console/payments/{payment_id}?notice={notice}")),
+            None => see_other(&format!("/console/proposals?notice={notice}")),
+        }
     });
     finish(&state, &caller, chrome, entry, redirect).await
 }

@@ -57,7 +57,7 @@ const NOTICES: [(&str, &str); 12] = [
     ("rejected", "Rejected: nothing was done."),
     ("withdrawn", "Withdrawn: nothing was done."),
     ("key_revoked", "Revoked: the key stops working within the api's auth cache time."),
-    ("connected", "The tenant's provider account is changed for its new payments."),
+    ("disconnected", "Disconnected: in connect mode the tenant takes no new payments until an account is set."),
     ("operator_created", "Created: give them a password or link their sign-in, and tell them."),
     ("operator_changed", "Changed: their new role and tenants apply from their next request."),
     ("operator_disabled", "Disabled: they are signed out everywhere and their tokens no longer work."),
@@ -88,6 +88,8 @@ pub(super) fn configure(config: &mut web::ServiceConfig) {
             .route("/bulk-retries", web::post().to(bulk::create))
             .route("/bulk-retries/{bulk_retry_id}", web::get().to(bulk::show))
             .route("/proposals", web::get().to(pages::proposals))
+            // Before the decisions, which would take `key` for one.
+            .route("/proposals/{proposal_id}/key", web::post().to(admin::collect_key_form))
             .route("/proposals/{proposal_id}/{decision}", web::post().to(forms::decide))
             .route("/audit", web::get().to(pages::audit))
             .route("/tenants", web::get().to(admin::tenants_page))

@@ -29,7 +29,7 @@ use crate::operators::api::{OperatorsState, connection, problem, query};
 use crate::operators::audit::{self, Entry, Outcome};
 use crate::operators::proposals::{self, ProposalView, Proposed};
 use crate::operators::refunds as operator_refunds;
-use crate::operators::{Role, Scope};
+use crate::operators::{Role, Scope, masking};
 use crate::recon::commands as recon;
 use crate::render;
 
@@ -459,7 +459,10 @@ struct ProviderView {
 /// A proposal, as a page lists it.
 struct ProposalLine {
     proposal_id: Uuid,
-    payment_id: PaymentId,
+    /// The payment it is about; none for a proposal on a tenant.
+    payment_id: Option<PaymentId>,
+    /// What it is about, in words.
+    about: String,
     action: String,
     reason: String,
     status: String,
@@ -470,6 +473,9 @@ struct ProposalLine {
     decided: String,
     /// Whether it is the operator's own (they may withdraw it, not approve it).
     own: bool,
+    /// Whether the operator may collect the API key its approval made: their own, approved, and not
+    /// collected yet.
+    collectable: bool,
 }
 
 impl ProposalLine {
@@ -481,11 +487,16 @@ impl ProposalLine {
             }
             _ => String::new(),
         };
+        let own = proposal.proposed_by == operator;
+        let issues_a_key = serde_json::from_value::<Proposed>(proposal.action.clone()).is_ok_and(|p| p.issues_a_key());
+        let collectable = own && issues_a_key && proposal.status == "approved" && proposal.key_collected_at.is_none();
         Self {
             proposal_id: proposal.proposal_id,
             payment_id: proposal.payment_id,
+            about: proposal.about(),
             action,
-            own: proposal.proposed_by == operator,
+            own,
+            collectable,
             reason: proposal.reason,
             status: proposal.status,
             proposed_by: proposal.proposed_by,
@@ -673,8 +684,7 @@ pub(super) async fn payment(
 }
 
 fn facts(payment: &queries::Payment, masked: bool) -> Vec<Fact> {
-    let mask =
-        |text: &str| if masked { format!("{}…", text.chars().take(3).collect::<String>()) } else { text.to_owned() };
+    let mask = |text: &str| if masked { masking::reference(text) } else { text.to_owned() };
     let mut facts = vec![
         Fact { label: "Tenant", value: payment.tenant.clone() },
         Fact { label: "Status", value: payment.status.as_str().to_owned() },
