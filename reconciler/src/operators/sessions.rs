@@ -396,6 +396,16 @@ pub async fn store_password(
     sign_out_everywhere(conn, operator_id).await
 }
 
+/// A change of one's own password.
+pub struct PasswordChange<'a> {
+    /// The password now.
+    pub old: SecretString,
+    /// The one to be.
+    pub new: SecretString,
+    /// Why, for the audit trail.
+    pub reason: &'a str,
+}
+
 /// Changes `account`'s own local password from `old` to `new`, with its audit row saying `reason`:
 /// the old one is checked as a sign-in is (the same limits, a wrong one counts against the name),
 /// and the new one ends their sessions and tokens.
@@ -403,17 +413,16 @@ pub async fn change_password(
     pool: &PgPool,
     hashing: &Arc<Hashing>,
     account: &Account,
-    old: SecretString,
-    new: SecretString,
+    change: PasswordChange<'_>,
     source: Option<&str>,
     policy: &Policy,
-    reason: &str,
 ) -> Result<Ended, OperatorError> {
     if !policy.local.allow(&account.name) {
         return Err(OperatorError::Forbidden(
             "local passwords are off: with an OpenID provider configured, only the break-glass account has one".into(),
         ));
     }
+    let PasswordChange { old, new, reason } = change;
     super::passwords::check_length(&new)?;
     let subject = limits::name_subject(&account.name);
     let actor = Actor::of(account, source);

@@ -428,8 +428,8 @@ pub(super) async fn change_own_password(
     }
     caller.require_fresh(state.fresh_sign_in, "change your password")?;
     let source = caller.source.as_deref();
-    sessions::change_password(&state.pool, &state.hashing, &caller.account, old, new, source, &state.sessions, reason)
-        .await
+    let change = sessions::PasswordChange { old, new, reason };
+    sessions::change_password(&state.pool, &state.hashing, &caller.account, change, source, &state.sessions).await
 }
 
 fn no_provider() -> Problem {
