@@ -2,6 +2,8 @@
 //! operator tool that does one thing and exits. `migrate` and `operators bootstrap` work on the
 //! database; every other command goes through the operations API with the operator's personal token
 //! ([`crate::operators::client`]), so its roles, tenant limits, approvals and audit trail apply.
+//! `sign-in`, `operators enroll` and `operators password` need no token: they ask for the password
+//! (and code) on the terminal, without echo, or read them line by line from standard input.
 //!
 //! This module owns the argument grammar ([`Cli`]) and the dispatch of operator commands to the
 //! modules that implement them; a failure's exit code is [`OperatorError::exit_code`]. It reads no environment variable and no configuration itself: `main` passes in what it loaded.
@@ -12,6 +14,7 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use oncepay_domain::ids::{PaymentId, RefundId};
 use oncepay_store::db;
+use secrecy::{ExposeSecret, SecretString};
 use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -19,8 +22,9 @@ use uuid::Uuid;
 use crate::dead_letters::refunds::DeadRefundList;
 use crate::dead_letters::reports::EntryList;
 use crate::operator_error::OperatorError;
-use crate::operators::accounts::{self, OperatorView};
+use crate::operators::accounts::{self, CreatedOperator, OperatorView};
 use crate::operators::client::OpsClient;
+use crate::operators::enrollment::IssuedCode;
 use crate::operators::proposals::{Approved, ProposalView};
 use crate::operators::refunds::RefundDetail;
 use crate::operators::reports::{Acted, AuditTrail, Done, OperatorList, PaymentPage, ProposalList, TokenList};
@@ -98,6 +102,23 @@ pub enum Command {
     /// operations API).
     #[command(subcommand)]
     Recon(ReconCommand),
+    /// Signs you in with your password and prints a personal token of your own, once: made by you,
+    /// so four eyes counts it as yours alone. Needs ONCEPAY_OPS_URL only; asks for the password.
+    #[command(name = "sign-in")]
+    SignIn {
+        /// Your operator name (asked for when left out).
+        #[arg(long)]
+        name: Option<String>,
+        /// What the token is for, e.g. the machine it lives on.
+        #[arg(long, default_value = "cli")]
+        label: String,
+        /// Days it works (default: the API's `operators.token_ttl_days`).
+        #[arg(long)]
+        days: Option<u32>,
+        /// Why (recorded).
+        #[arg(long, default_value = "signed in at the command line")]
+        reason: String,
+    },
     /// Operator accounts: only the first admin is made here; admins make the rest through the
     /// operations API.
     #[command(subcommand)]
@@ -115,7 +136,31 @@ pub enum OperatorsCommand {
     },
     /// Lists the operators (admins only; through the operations API).
     List,
-    /// Creates an operator (admins only; through the operations API).
+    /// Sets your own first password with the enrollment code an admin gave you; asks for the code
+    /// and the password. Needs ONCEPAY_OPS_URL only.
+    Enroll {
+        /// Your operator name.
+        name: String,
+    },
+    /// Changes your own password; asks for the old one (which signs you in afresh) and the new one.
+    /// Ends every session and token of yours. Needs ONCEPAY_OPS_URL only.
+    Password {
+        /// Your operator name (asked for when left out).
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// Issues another operator a fresh enrollment code, for a lost password: their password is
+    /// removed and their sessions and tokens end at once (admins of every tenant; through the
+    /// operations API).
+    Reset {
+        /// Their name.
+        name: String,
+        /// Why (recorded).
+        #[arg(long)]
+        reason: String,
+    },
+    /// Creates an operator and prints the enrollment code they set their own password with, once
+    /// (admins only; through the operations API).
     Create {
         /// Their name: 1–63 of a-z 0-9 . _ -, starting with a letter or digit.
         name: String,
@@ -522,6 +567,8 @@ pub struct Context {
     /// The operations API, with the operator's token (`ONCEPAY_OPS_URL`, `ONCEPAY_OPS_TOKEN`, read
     /// by `main`); `None` when either is unset.
     pub ops: Option<OpsClient>,
+    /// The operations API's address alone (`ONCEPAY_OPS_URL`), for the commands that sign in.
+    pub ops_url: Option<String>,
 }
 
 impl Context {
@@ -535,6 +582,51 @@ impl Context {
             )
         })
     }
+}
+
+impl Context {
+    /// A client of the operations API with no credential yet; refused with what to set when its
+    /// address is not configured.
+    fn anonymous(&self) -> Result<OpsClient, OperatorError> {
+        let url = self.ops_url.as_deref().ok_or_else(|| {
+            OperatorError::Invalid(
+                "this command goes through the operations API: set ONCEPAY_OPS_URL to its address (e.g. \
+                 http://127.0.0.1:8083)"
+                    .into(),
+            )
+        })?;
+        OpsClient::anonymous(url)
+    }
+}
+
+/// Asks for `what` on standard error and reads a line of standard input: without echo when it is a
+/// terminal and `secret`.
+fn ask(what: &str, secret: bool) -> Result<SecretString, OperatorError> {
+    use std::io::{BufRead, IsTerminal, Write};
+    let terminal = std::io::stdin().is_terminal();
+    if terminal {
+        eprint!("{what}: ");
+        let _ = std::io::stderr().flush();
+    }
+    // `stty` switches the terminal's echo off and on again; nothing else here touches the terminal.
+    let echo = |on: bool| {
+        if terminal && secret {
+            let _ = std::process::Command::new("stty").arg(if on { "echo" } else { "-echo" }).status();
+        }
+    };
+    echo(false);
+    let mut line = String::new();
+    let read = std::io::stdin().lock().read_line(&mut line);
+    echo(true);
+    if terminal && secret {
+        eprintln!();
+    }
+    read.context("cannot read standard input")?;
+    let line = line.trim_end_matches(['\r', '\n']).to_owned();
+    if line.is_empty() {
+        return Err(OperatorError::Invalid(format!("no {what} was given")));
+    }
+    Ok(SecretString::from(line))
 }
 
 /// Runs one operator command (anything but `serve`).
@@ -582,8 +674,49 @@ pub async fn execute(command: Command, ctx: &Context) -> Result<Box<dyn Report>,
         Command::Operators(OperatorsCommand::Create { name, role, tenants, oidc_subject, reason }) => {
             let tenants = (!tenants.is_empty()).then_some(tenants);
             let body = json!({ "name": name, "role": role, "tenants": tenants, "oidc_subject": oidc_subject, "reason": reason });
-            let created: OperatorView = ctx.ops()?.post("/v1/operators", &body).await?.into()?;
+            let created: CreatedOperator = ctx.ops()?.post("/v1/operators", &body).await?.into()?;
             Ok(boxed(created))
+        }
+        Command::Operators(OperatorsCommand::Enroll { name }) => {
+            let api = ctx.anonymous()?;
+            let code = ask("enrollment code", true)?;
+            let password = new_password()?;
+            let body = json!({ "name": name, "code": code.expose_secret(), "password": password.expose_secret() });
+            api.post("/v1/enrollment", &body).await?;
+            Ok(boxed(Done(format!("your password is set, {name}: sign in with it (`oncepay-reconciler sign-in`)"))))
+        }
+        Command::Operators(OperatorsCommand::Password { name }) => {
+            let api = ctx.anonymous()?;
+            let name = match name {
+                Some(name) => name,
+                None => ask("operator name", false)?.expose_secret().to_owned(),
+            };
+            let old = ask("old password", true)?;
+            let new = new_password()?;
+            let session = api.sign_in(&name, &old).await?;
+            let body = json!({ "old_password": old.expose_secret(), "password": new.expose_secret(), "reason": "changed their own password at the command line" });
+            session.put(&format!("/v1/operators/{name}/password"), &body).await?;
+            Ok(boxed(Done("your password is changed; every session and token of yours has ended".into())))
+        }
+        Command::Operators(OperatorsCommand::Reset { name, reason }) => {
+            let path = format!("/v1/operators/{name}/enrollment");
+            let issued: IssuedCode = ctx.ops()?.post(&path, &json!({ "reason": reason })).await?.into()?;
+            Ok(boxed(issued))
+        }
+        Command::SignIn { name, label, days, reason } => {
+            let api = ctx.anonymous()?;
+            let name = match name {
+                Some(name) => name,
+                None => ask("operator name", false)?.expose_secret().to_owned(),
+            };
+            let password = ask("password", true)?;
+            let session = api.sign_in(&name, &password).await?;
+            let body = json!({ "label": label, "expires_in_days": days, "reason": reason });
+            let issued = session.post(&format!("/v1/operators/{name}/tokens"), &body).await;
+            // The session was only the way to the token: end it either way.
+            let _ = session.delete("/v1/session", &serde_json::Value::Null).await;
+            let issued: IssuedToken = issued?.into()?;
+            Ok(boxed(issued))
         }
         Command::Operators(OperatorsCommand::Update { name, role, tenants, every_tenant, reason }) => {
             let tenants = (!tenants.is_empty()).then_some(tenants);
@@ -773,6 +906,16 @@ async fn whose(ops: &OpsClient, operator: Option<String>) -> Result<String, Oper
         .as_str()
         .map(str::to_owned)
         .ok_or_else(|| OperatorError::Failed(anyhow::anyhow!("GET /v1/me named nobody")))
+}
+
+/// A new password, asked for twice.
+fn new_password() -> Result<SecretString, OperatorError> {
+    let password = ask("new password (12 characters or more)", true)?;
+    let again = ask("the new password again", true)?;
+    if password.expose_secret() != again.expose_secret() {
+        return Err(OperatorError::Invalid("the two passwords differ: nothing was changed".into()));
+    }
+    Ok(password)
 }
 
 fn boxed<R: Report + 'static>(report: R) -> Box<dyn Report> {

@@ -79,7 +79,8 @@ async fn operator_command(command: Command, as_json: bool, settings: Settings) -
         },
         _ => None,
     };
-    let ctx = cli::Context { settings, pool, ops };
+    let ops_url = std::env::var("ONCEPAY_OPS_URL").ok();
+    let ctx = cli::Context { settings, pool, ops, ops_url };
     let result = cli::execute(command, &ctx).await;
     ctx.pool.close().await;
     match result {

@@ -19,6 +19,10 @@ pub enum OperatorError {
     /// The operator's role does not allow the action; nothing was changed.
     #[error("{0}")]
     Forbidden(String),
+    /// Too much of the same work is under way (password checks); nothing was done: try again in a
+    /// moment.
+    #[error("{0}")]
+    Busy(String),
     /// Something failed underneath (the database, the provider).
     #[error(transparent)]
     Failed(#[from] anyhow::Error),
@@ -31,7 +35,7 @@ impl OperatorError {
     /// exits 0, and `main` exits 78 when the configuration is invalid.
     pub fn exit_code(&self) -> ExitCode {
         ExitCode::from(match self {
-            Self::Failed(_) => 1,
+            Self::Failed(_) | Self::Busy(_) => 1,
             Self::Invalid(_) => 2,
             Self::NotFound(_) => 3,
             Self::Refused(_) => 4,

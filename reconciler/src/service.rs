@@ -74,6 +74,8 @@ pub async fn serve(settings: Settings, shutdown: CancellationToken) -> anyhow::R
                 max_token_ttl: settings.operators.max_token_ttl(),
                 retries_need_approval: settings.operators.retries_need_approval,
                 sessions: settings.operators.session_policy(),
+                hashing: operators::passwords::Hashing::new(settings.operators.max_concurrent_password_hashes),
+                enrollment_ttl: settings.operators.enrollment_ttl(),
                 fresh_sign_in: Duration::from_secs(settings.operators.fresh_sign_in_secs),
                 recon: settings.recon_config(),
                 oidc: match &settings.operators.oidc {

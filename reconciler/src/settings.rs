@@ -190,8 +190,21 @@ pub struct OperatorSettings {
     pub fresh_sign_in_secs: u64,
     /// Refused sign-ins of one name within `sign_in_window_secs` that lock it until the window passes.
     pub sign_in_attempts: u32,
-    /// The window of `sign_in_attempts`.
+    /// The window of `sign_in_attempts` and `sign_in_source_attempts`.
     pub sign_in_window_secs: u64,
+    /// Sign-in and enrollment attempts from one source address (an IPv6 address by its /64) within
+    /// `sign_in_window_secs`, successes given back, past which the address is refused until the
+    /// window passes.
+    pub sign_in_source_attempts: u32,
+    /// Password hashes (each about 19 MiB) that may run at once in the process; beyond them a
+    /// sign-in is answered 503 at once.
+    pub max_concurrent_password_hashes: usize,
+    /// How long an enrollment code works.
+    pub enrollment_ttl_secs: u64,
+    /// With `oidc` set, the one operator who may still sign in with a local password (the
+    /// break-glass account, each use of which is recorded); unset, nobody may.
+    #[serde(default)]
+    pub break_glass: Option<String>,
     /// The organisation's OpenID provider; none means operators sign in with local passwords only.
     #[serde(default)]
     pub oidc: Option<crate::operators::oidc::OidcSettings>,
@@ -208,14 +221,29 @@ impl OperatorSettings {
         days(self.max_token_ttl_days)
     }
 
-    /// How sessions and sign-ins are limited.
+    /// How sessions and sign-ins are limited, and who may sign in with a local password.
     pub fn session_policy(&self) -> crate::operators::sessions::Policy {
+        use crate::operators::sessions::LocalPasswords;
+        let local = match (&self.oidc, &self.break_glass) {
+            (None, _) => LocalPasswords::Everyone,
+            (Some(_), Some(name)) => LocalPasswords::BreakGlass(name.clone()),
+            (Some(_), None) => LocalPasswords::Nobody,
+        };
         crate::operators::sessions::Policy {
             idle: Duration::from_secs(self.session_idle_secs),
             max: Duration::from_secs(self.session_max_secs),
-            attempts: self.sign_in_attempts,
-            window: Duration::from_secs(self.sign_in_window_secs),
+            limits: crate::operators::limits::Limits {
+                attempts: self.sign_in_attempts,
+                source_attempts: self.sign_in_source_attempts,
+                window: Duration::from_secs(self.sign_in_window_secs),
+            },
+            local,
         }
+    }
+
+    /// How long an enrollment code works.
+    pub const fn enrollment_ttl(&self) -> Duration {
+        Duration::from_secs(self.enrollment_ttl_secs)
     }
 }
 
@@ -294,9 +322,15 @@ impl Settings {
         )?;
         rule(o.fresh_sign_in_secs > 0, "operators.fresh_sign_in_secs must be positive")?;
         rule(
-            o.sign_in_attempts > 0 && o.sign_in_window_secs > 0,
-            "operators.sign_in_attempts and sign_in_window_secs must be positive",
+            o.sign_in_attempts > 0 && o.sign_in_window_secs > 0 && o.sign_in_source_attempts > 0,
+            "operators.sign_in_attempts, sign_in_source_attempts and sign_in_window_secs must be positive",
         )?;
+        rule(o.max_concurrent_password_hashes > 0, "operators.max_concurrent_password_hashes must be positive")?;
+        rule(o.enrollment_ttl_secs > 0, "operators.enrollment_ttl_secs must be positive")?;
+        if let Some(name) = &o.break_glass {
+            crate::operators::OperatorName::parse(name)
+                .map_err(|e| InvalidSettings::Rule(format!("operators.break_glass: {e}")))?;
+        }
         rule(self.recon.stale_after_secs > 0, "recon.stale_after_secs must be positive")?;
         tokio_cron_scheduler::Job::new_async(self.recon.schedule.as_str(), |_, _| Box::pin(async {})).map_err(
             |_| {

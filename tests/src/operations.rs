@@ -1,6 +1,8 @@
 //! A client of the reconciler's operations API that acts as one operator with a personal token, as
 //! a person at a terminal would. [`OperatorClient::admin`] acts as the admin the system bootstrapped
-//! with the real CLI; an admin makes the other operators over HTTP.
+//! with the real CLI; an admin makes the other operators over HTTP, and each of them makes its own
+//! token (enrolls with the code the admin got, signs in, issues itself a token), so that four eyes
+//! sees two people, not the admin behind both.
 //!
 //! Every reconciler serves the same API on the same database, so a request goes to the one that
 //! last responded and moves on to the next when it cannot be reached. The client only sends
@@ -78,6 +80,24 @@ struct IssuedToken {
     token: String,
 }
 
+/// What `POST /v1/operators` responds with, of what the client reads.
+#[derive(Deserialize)]
+struct Created {
+    enrollment: Option<Code>,
+}
+
+#[derive(Deserialize)]
+struct Code {
+    code: String,
+}
+
+/// How a request proves who it comes from.
+enum Credential<'a> {
+    Token(&'a str),
+    Session(&'a str),
+    Nobody,
+}
+
 #[derive(Deserialize)]
 struct ProposalRef {
     proposal_id: Uuid,
@@ -105,14 +125,53 @@ impl OperatorClient {
     }
 
     /// As an admin: creates operator `name` with `role` (`viewer`, `operator`, `approver`, `admin`)
-    /// for every tenant, issues it a token, and returns a client acting as it.
+    /// for every tenant, and returns a client acting as it with a token it made itself: it sets its
+    /// own password with the enrollment code, signs in, and issues itself the token.
     pub async fn create_operator(&self, name: &str, role: &str, reason: &str) -> Result<Self, Failure> {
         let body = json!({ "name": name, "role": role, "reason": reason });
-        self.send(Method::POST, "/v1/operators", Some(&body)).await?;
+        let created: Created = read(self.send(Method::POST, "/v1/operators", Some(&body)).await?)?;
+        let code = created.enrollment.ok_or_else(|| Failure::Failed(anyhow!("no enrollment code for {name}")))?;
+        let password = format!("{name}'s own password, {}", Uuid::new_v4());
+        let body = json!({ "name": name, "code": code.code, "password": password });
+        self.send_as(Credential::Nobody, Method::POST, "/v1/enrollment", Some(&body)).await?;
+        let session = self.sign_in(name, &password).await?;
         let body = json!({ "label": "oncepay-tests", "reason": reason });
+        let path = format!("/v1/operators/{name}/tokens");
         let issued: IssuedToken =
-            read(self.send(Method::POST, &format!("/v1/operators/{name}/tokens"), Some(&body)).await?)?;
+            read(self.send_as(Credential::Session(&session), Method::POST, &path, Some(&body)).await?)?;
+        self.send_as(Credential::Session(&session), Method::DELETE, "/v1/session", None).await?;
         Self::new(issued.token, self.urls.clone()).map_err(Failure::Failed)
+    }
+
+    /// Signs `name` in with `password`: the session cookie's value.
+    async fn sign_in(&self, name: &str, password: &str) -> Result<String, Failure> {
+        let body = json!({ "name": name, "password": password });
+        let mut unreachable = Vec::new();
+        for url in &self.urls {
+            let response = match self.http.post(format!("{url}/v1/session")).json(&body).send().await {
+                Ok(response) => response,
+                Err(error) => {
+                    unreachable.push(format!("{url}: {error}"));
+                    continue;
+                }
+            };
+            let status = response.status();
+            let cookie = response
+                .headers()
+                .get_all(reqwest::header::SET_COOKIE)
+                .iter()
+                .filter_map(|value| value.to_str().ok()?.strip_prefix("oncepay_session="))
+                .filter_map(|value| value.split(';').next())
+                .find(|value| !value.is_empty())
+                .map(str::to_owned);
+            return match cookie {
+                Some(cookie) if status.is_success() => Ok(cookie),
+                _ => {
+                    Err(Failure::Refused(Problem { status: status.as_u16(), detail: format!("{name} cannot sign in") }))
+                }
+            };
+        }
+        Err(Failure::Failed(anyhow!("POST /v1/session: no reconciler responded ({})", unreachable.join("; "))))
     }
 
     /// Retries a dead-lettered payment: resent, or proposed for an approver.
@@ -152,12 +211,30 @@ impl OperatorClient {
     /// safe because the operations API refuses what no longer applies (a retry of a payment that
     /// has no open dead letter, a second proposal for one payment, a decided proposal).
     async fn send(&self, method: Method, path: &str, body: Option<&Value>) -> Result<(StatusCode, Value), Failure> {
+        self.send_as(Credential::Token(&self.token), method, path, body).await
+    }
+
+    /// [`Self::send`] with `credential`: a session's request says it comes from a page of the API's
+    /// own origin, as the API asks of a change made with a cookie.
+    async fn send_as(
+        &self,
+        credential: Credential<'_>,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<(StatusCode, Value), Failure> {
         let first = self.current.load(Ordering::Relaxed);
         let mut unreachable = Vec::new();
         for offset in 0..self.urls.len() {
             let index = (first + offset) % self.urls.len();
-            let mut request =
-                self.http.request(method.clone(), format!("{}{path}", self.urls[index])).bearer_auth(&self.token);
+            let mut request = self.http.request(method.clone(), format!("{}{path}", self.urls[index]));
+            request = match credential {
+                Credential::Token(token) => request.bearer_auth(token),
+                Credential::Session(cookie) => request
+                    .header(reqwest::header::COOKIE, format!("oncepay_session={cookie}"))
+                    .header("sec-fetch-site", "same-origin"),
+                Credential::Nobody => request,
+            };
             if let Some(body) = body {
                 request = request.json(body);
             }

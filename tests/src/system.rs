@@ -214,6 +214,7 @@ const ADMIN: &str = "oncepay-tests";
 #[derive(Deserialize)]
 struct IssuedToken {
     token: String,
+    password: String,
 }
 
 /// What `oncepay-reconciler tenants create --json` prints.
@@ -291,6 +292,8 @@ pub struct System {
     reconciler: PathBuf,
     /// The token of the first operator, the admin `oncepay-tests`.
     admin_token: String,
+    /// Its local password, made by the bootstrap.
+    admin_password: String,
     /// What the provider signs its webhooks with.
     webhook_secret: String,
     /// Under Citus, the two-phase commits that setting up made (creating the database, distributing
@@ -373,6 +376,7 @@ impl System {
             nodes_down: BTreeSet::new(),
             reconciler: config.binaries.reconciler.clone(),
             admin_token: admin.token,
+            admin_password: admin.password,
             webhook_secret,
             two_phase_at_start: None,
         };
@@ -401,6 +405,17 @@ impl System {
     /// The token of the first operator, the admin `oncepay-tests`, for the operations API.
     pub fn admin_token(&self) -> &str {
         &self.admin_token
+    }
+
+    /// The first operator's local password, made by the bootstrap (with an OpenID provider
+    /// configured, it signs in only as the break-glass account).
+    pub fn admin_password(&self) -> &str {
+        &self.admin_password
+    }
+
+    /// The first operator's name.
+    pub const fn admin_name(&self) -> &'static str {
+        ADMIN
     }
 
     /// What the provider signs its webhooks with (`whsec_` and base64), for a test that looks for it

@@ -36,7 +36,6 @@ static PAGES_SEEN: AtomicUsize = AtomicUsize::new(0);
 const PATIENCE: Duration = Duration::from_secs(60);
 const CLIENT_SECRET: &str = "a-client-secret-for-the-console-test";
 const KEY: &str = "order-4711";
-const PASSWORD: &str = "a long enough password";
 
 /// A browser session and what it found wrong with the pages it opened.
 struct Operator {
@@ -110,10 +109,10 @@ impl Operator {
     }
 
     /// Signs in with a local password, on the console's form.
-    async fn sign_in_with_password(&mut self, name: &str) {
+    async fn sign_in_with_password(&mut self, name: &str, password: &str) {
         self.open("/console/sign-in").await;
         self.fill("#name", name).await;
-        self.fill("#password", PASSWORD).await;
+        self.fill("#password", password).await;
         self.click("main button[type=submit]").await;
         self.until(&format!("{name} (")).await;
     }
@@ -140,21 +139,15 @@ fn screenshots() -> PathBuf {
     exe.ancestors().nth(3).unwrap().join("console-screenshots")
 }
 
-/// Makes an operator through the operations API as the system's admin.
+/// Makes an operator who signs in at the OpenID provider, through the operations API as the
+/// system's admin.
 async fn make_operator(system: &System, body: Value) {
     let http = reqwest::Client::new();
     let ops = &system.operations_urls()[0];
-    let name = body["name"].as_str().unwrap().to_owned();
     let made = http.post(format!("{ops}/v1/operators")).bearer_auth(system.admin_token()).json(&body).send().await;
-    assert_eq!(made.unwrap().status(), 201);
-    let password = json!({ "password": PASSWORD, "reason": "first sign-in" });
-    let set = http
-        .put(format!("{ops}/v1/operators/{name}/password"))
-        .bearer_auth(system.admin_token())
-        .json(&password)
-        .send()
-        .await;
-    assert_eq!(set.unwrap().status(), 204);
+    let made = made.unwrap();
+    assert_eq!(made.status(), 201);
+    assert_eq!(made.json::<Value>().await.unwrap()["enrollment"], Value::Null, "no code with an OpenID provider");
 }
 
 async fn status_of(pool: &PgPool, payment_id: Uuid) -> String {
@@ -229,6 +222,7 @@ async fn operators_find_propose_and_approve_in_a_real_browser_and_see_only_their
         ("operators.oidc.client_id", "oncepay-console".to_owned()),
         ("operators.oidc.client_secret", CLIENT_SECRET.to_owned()),
         ("operators.oidc.redirect_uri", format!("{ops}/v1/session/oidc/callback")),
+        ("operators.break_glass", system.admin_name().to_owned()),
     ];
     let oidc: Vec<(String, String)> = oidc.into_iter().map(|(key, value)| (setting_variable(key), value)).collect();
     system.restart(Role::Reconciler, 0, &oidc).await.unwrap();
@@ -238,7 +232,9 @@ async fn operators_find_propose_and_approve_in_a_real_browser_and_see_only_their
     )
     .await;
     make_operator(&system, json!({ "name": "bob", "role": "approver", "oidc_subject": "bob", "reason": "lead" })).await;
-    let limited = json!({ "name": "carol", "role": "operator", "tenants": ["globex"], "reason": "globex's support" });
+    let limited = json!({
+        "name": "carol", "role": "operator", "tenants": ["globex"], "oidc_subject": "carol", "reason": "globex's support"
+    });
     make_operator(&system, limited).await;
 
     // A charge the provider made but whose response never arrived, whose lookups fail until the
@@ -370,7 +366,7 @@ async fn operators_find_propose_and_approve_in_a_real_browser_and_see_only_their
     bob.open("/console/").await;
 
     let mut carol = Operator::new(&chromedriver, &ops).await;
-    carol.sign_in_with_password("carol").await;
+    carol.sign_in_with_oidc("carol").await;
     // The keyboard alone: the first Tab reaches the link that skips to the content, and Enter in
     // the search box searches.
     carol.client().find(Locator::Css("body")).await.unwrap().send_keys("\u{E004}").await.unwrap();
@@ -401,18 +397,18 @@ async fn operators_find_propose_and_approve_in_a_real_browser_and_see_only_their
     let settled = || async { (status_of(&pool, globex_payment).await == "succeeded").then_some(()) };
     wait_until("the resent payment settles", PATIENCE, settled).await.unwrap();
 
-    // The administration pages, as the system's first admin.
-    let password = json!({ "password": PASSWORD, "reason": "to use the console" });
-    let set = reqwest::Client::new()
-        .put(format!("{ops}/v1/operators/oncepay-tests/password"))
-        .bearer_auth(system.admin_token())
-        .json(&password)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(set.status(), 204);
+    // The administration pages, as the system's first admin: with the OpenID provider configured,
+    // the break-glass account, the one that still signs in with a password, every use recorded.
     let mut admin = Operator::new(&chromedriver, &ops).await;
-    admin.sign_in_with_password("oncepay-tests").await;
+    let enroll = admin.open("/console/enroll").await;
+    assert!(enroll.contains("Enrollment code"), "{enroll}");
+    let refused = admin.open("/console/sign-in").await;
+    assert!(refused.contains("break-glass"), "{refused}");
+    admin.sign_in_with_password(system.admin_name(), system.admin_password()).await;
+    let overview = admin.open("/console/").await;
+    assert!(overview.contains("The break-glass account") && overview.contains("session.sign_in"), "{overview}");
+    let account = admin.open("/console/account").await;
+    assert!(account.contains("Change your password") && account.contains("Sign out everywhere"), "{account}");
     let tenants = admin.open("/console/tenants").await;
     assert!(tenants.contains("acme") && tenants.contains("globex") && tenants.contains("Issue…"));
     let operators = admin.open("/console/operators").await;

@@ -40,6 +40,17 @@ pub struct OperatorView {
     pub oidc_subject: Option<String>,
 }
 
+/// A new account, and the code they set their own password with (none for one who signs in at the
+/// OpenID provider, or who may not have a local password).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct CreatedOperator {
+    /// The account.
+    #[serde(flatten)]
+    pub operator: OperatorView,
+    /// Their enrollment code, shown this once.
+    pub enrollment: Option<super::enrollment::IssuedCode>,
+}
+
 /// What a new account is to be.
 #[derive(Debug, Clone)]
 pub struct NewOperator<'a> {
@@ -211,9 +222,9 @@ pub async fn update(
     Ok((before, after))
 }
 
-/// Disables another operator, in the caller's transaction: their tokens and sessions stop working
-/// at once, their pending proposals are withdrawn, and their name stays in the audit trail. Returns
-/// the account as it was.
+/// Disables another operator, in the caller's transaction: their sessions end and their tokens are
+/// revoked at once, their enrollment code is dropped, their pending proposals are withdrawn, and
+/// their name stays in the audit trail. Returns the account as it was.
 pub async fn disable(conn: &mut PgConnection, by: &Account, name: &str) -> Result<OperatorView, OperatorError> {
     if by.name == name {
         return Err(OperatorError::Forbidden("nobody disables their own account: another admin does".into()));
@@ -224,6 +235,10 @@ pub async fn disable(conn: &mut PgConnection, by: &Account, name: &str) -> Resul
         .await
         .context("cannot disable the operator")?;
     super::sessions::sign_out_everywhere(conn, before.operator_id).await?;
+    sqlx::query!("DELETE FROM operator_enrollments WHERE operator_id = $1", before.operator_id)
+        .execute(&mut *conn)
+        .await
+        .context("cannot drop their enrollment code")?;
     // What they proposed no longer has anyone behind it.
     sqlx::query!(
         r#"
@@ -306,10 +321,15 @@ pub async fn bootstrap(conn: &mut PgConnection, name: &str, token_ttl: Duration)
     let admin = NewOperator { name, role: Role::Admin, tenants: None, oidc_subject: None };
     let created = create(&mut tx, &admin, "bootstrap").await?;
     let (id, name) = (created.operator_id, created.name.as_str());
-    let mut issued = tokens::issue(&mut tx, id, name, "bootstrap", token_ttl, id).await?;
+    // The password first: storing one ends every token the operator had.
     let password = passwords::generate();
+    let hashed = {
+        let password = password.clone();
+        tokio::task::spawn_blocking(move || passwords::hash(&password)).await.context("the hashing panicked")??
+    };
+    sessions::store_password(&mut tx, id, Some(&hashed), Some(id)).await?;
+    let mut issued = tokens::issue(&mut tx, id, name, "bootstrap", token_ttl, id).await?;
     issued.password = Some(password.expose_secret().to_owned());
-    sessions::set_password(&mut tx, created.operator_id, password, created.operator_id).await?;
     let actor = Actor { operator_id: Some(created.operator_id), name: &created.name, source: None };
     let entry = Entry::new("operator.bootstrap", Outcome::Done)
         .reason("the first admin of an empty installation")

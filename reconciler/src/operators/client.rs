@@ -1,5 +1,6 @@
 //! The operator CLI's side of the operations API: sends a command's request with the operator's
-//! personal token and turns the answer back into the report or the failure the CLI prints.
+//! personal token (or, to enroll, sign in and change a password, with none or with the session a
+//! sign-in opened) and turns the answer back into the report or the failure the CLI prints.
 //!
 //! `main` builds it from `ONCEPAY_OPS_URL` and `ONCEPAY_OPS_TOKEN`; nothing here reads the
 //! environment. A problem answer keeps its `detail` as the message and maps its status to the
@@ -20,11 +21,21 @@ const TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a reconciliation run may take.
 const SLOW_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
-/// A client of one operations API, acting with one token.
+/// A client of one operations API, acting with one credential.
 pub struct OpsClient {
     base: String,
-    token: SecretString,
+    credential: Credential,
     http: reqwest::Client,
+}
+
+/// What a request proves who it comes from with.
+enum Credential {
+    /// A personal token.
+    Token(SecretString),
+    /// The session cookie a sign-in set.
+    Session(SecretString),
+    /// Nothing: enrolling and signing in.
+    Nobody,
 }
 
 /// An answer: its status and its JSON body (`null` when it has none).
@@ -47,12 +58,55 @@ impl Answer {
 impl OpsClient {
     /// A client of the API at `base` (e.g. `http://127.0.0.1:8083`) with `token`.
     pub fn new(base: &str, token: SecretString) -> Result<Self, OperatorError> {
+        Self::with(base, Credential::Token(token))
+    }
+
+    /// A client of the API at `base` with no credential, to enroll or sign in.
+    pub fn anonymous(base: &str) -> Result<Self, OperatorError> {
+        Self::with(base, Credential::Nobody)
+    }
+
+    fn with(base: &str, credential: Credential) -> Result<Self, OperatorError> {
         oncepay_service::tls::install_provider();
         let http = reqwest::Client::builder()
             .build()
             .context("cannot build the HTTP client")
             .map_err(OperatorError::Failed)?;
-        Ok(Self { base: base.trim_end_matches('/').to_owned(), token, http })
+        Ok(Self { base: base.trim_end_matches('/').to_owned(), credential, http })
+    }
+
+    /// Signs `name` in with `password` (`POST /v1/session`): a client acting with the new session.
+    pub async fn sign_in(&self, name: &str, password: &SecretString) -> Result<Self, OperatorError> {
+        let body = serde_json::json!({ "name": name, "password": password.expose_secret() });
+        let response = self
+            .http
+            .post(format!("{}/v1/session", self.base))
+            .json(&body)
+            .timeout(TIMEOUT)
+            .send()
+            .await
+            .with_context(|| format!("cannot reach the operations API at {}", self.base))
+            .map_err(OperatorError::Failed)?;
+        let cookie = response
+            .headers()
+            .get_all(reqwest::header::SET_COOKIE)
+            .iter()
+            .filter_map(|value| value.to_str().ok()?.strip_prefix("oncepay_session="))
+            .filter_map(|value| value.split(';').next())
+            .find(|value| !value.is_empty())
+            .map(|value| SecretString::from(value.to_owned()));
+        let status = response.status();
+        if let (true, Some(cookie)) = (status.is_success(), cookie) {
+            return Self::with(&self.base, Credential::Session(cookie));
+        }
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        let detail =
+            body["detail"].as_str().map_or_else(|| format!("the operations API answered {status}"), str::to_owned);
+        Err(match status {
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => OperatorError::Forbidden(detail),
+            StatusCode::BAD_REQUEST => OperatorError::Invalid(detail),
+            _ => OperatorError::Failed(anyhow::anyhow!("{detail}")),
+        })
     }
 
     /// `GET path`.
@@ -109,8 +163,16 @@ impl OpsClient {
         timeout: Duration,
     ) -> Result<Answer, OperatorError> {
         let url = format!("{}{path}", self.base);
-        let mut request =
-            self.http.request(method, &url).bearer_auth(self.token.expose_secret()).query(query).timeout(timeout);
+        let mut request = self.http.request(method, &url).query(query).timeout(timeout);
+        request = match &self.credential {
+            Credential::Token(token) => request.bearer_auth(token.expose_secret()),
+            // The API takes a change with a cookie only from a page of its own origin, against
+            // cross-site forgery in browsers; the CLI is no browser, and says it comes from there.
+            Credential::Session(cookie) => request
+                .header(reqwest::header::COOKIE, format!("oncepay_session={}", cookie.expose_secret()))
+                .header("sec-fetch-site", "same-origin"),
+            Credential::Nobody => request,
+        };
         if let Some(body) = body {
             request = request.json(body);
         }
@@ -132,10 +194,13 @@ impl OpsClient {
             StatusCode::BAD_REQUEST => OperatorError::Invalid(detail),
             StatusCode::NOT_FOUND => OperatorError::NotFound(detail),
             StatusCode::CONFLICT => OperatorError::Refused(detail),
-            StatusCode::UNAUTHORIZED => OperatorError::Forbidden(format!(
-                "the operations API refused the token: set ONCEPAY_OPS_TOKEN to a personal token that is neither \
-                 revoked nor expired ({detail})"
-            )),
+            StatusCode::UNAUTHORIZED if matches!(self.credential, Credential::Token(_)) => {
+                OperatorError::Forbidden(format!(
+                    "the operations API refused the token: set ONCEPAY_OPS_TOKEN to a personal token that is \
+                     neither revoked nor expired ({detail})"
+                ))
+            }
+            StatusCode::UNAUTHORIZED => OperatorError::Forbidden(detail),
             StatusCode::FORBIDDEN => OperatorError::Forbidden(detail),
             _ => OperatorError::Failed(anyhow::anyhow!("{detail}")),
         })

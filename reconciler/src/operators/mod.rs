@@ -1,10 +1,12 @@
 //! Operators as accounts: who they are ([`accounts`]), how they prove it ([`tokens`] for machines
-//! and the CLI; the organisation's OpenID provider ([`oidc`]) or a local password ([`passwords`]),
-//! then a [`sessions`] cookie, for people in a browser), what their
+//! and the CLI; the organisation's OpenID provider ([`oidc`]) or a local password ([`passwords`])
+//! they set themselves with a one-time code ([`enrollment`]), then a [`sessions`] cookie, for
+//! people in a browser, all within the [`limits`] on signing in), what their
 //! role lets them do and which tenants they may see ([`Role`], [`Scope`]), the decisions that wait
 //! for a second operator ([`proposals`]), an operator's refund of a payment ([`refunds`]), the trail
-//! of everything they do ([`audit`]), what they see of customer data ([`masking`]), the operations API that serves it all over HTTP ([`api`],
-//! answering with [`reports`]), and the CLI's client of that API ([`client`]).
+//! of everything they do ([`audit`]), what they see of customer data ([`masking`]), the operations
+//! API that serves it all over HTTP ([`api`], answering with [`reports`]), and the CLI's client of
+//! that API ([`client`]).
 //!
 //! The rules live here and in [`proposals`]; the dead-letter actions themselves stay in
 //! [`crate::dead_letters::actions`] and [`crate::dead_letters::refunds`], which the API calls once
@@ -14,6 +16,8 @@ pub mod accounts;
 pub mod api;
 pub mod audit;
 pub mod client;
+pub mod enrollment;
+pub mod limits;
 pub mod masking;
 pub mod oidc;
 pub mod passwords;

@@ -75,6 +75,21 @@ pub enum Why {
     Failed(#[from] OperatorError),
 }
 
+impl Why {
+    /// What the audit trail records for a refusal: fixed words, never the provider's or the
+    /// request's own.
+    pub const fn label(&self) -> &'static str {
+        match self {
+            Self::Unreachable(_) | Self::Issuer { .. } => "the OpenID provider cannot be used",
+            Self::State => "unknown, used, expired or another browser's sign-in",
+            Self::Code(_) => "the OpenID provider refused the sign-in or its code",
+            Self::Token(_) => "the ID token is not valid",
+            Self::NotLinked(_) => "no operator is linked to the identity",
+            Self::Failed(_) => "failed",
+        }
+    }
+}
+
 /// What the ID token says, of what oncepay reads.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Claims {

@@ -217,6 +217,20 @@ impl Report for OperatorView {
     }
 }
 
+impl Report for super::accounts::CreatedOperator {
+    fn human(&self, out: &mut dyn Write) -> io::Result<()> {
+        self.operator.human(out)?;
+        match &self.enrollment {
+            Some(code) => code.human(out),
+            None => writeln!(out, "no enrollment code: they sign in at the OpenID provider, or with a token"),
+        }
+    }
+
+    fn json(&self) -> Value {
+        render::to_json(self)
+    }
+}
+
 /// `tokens list`.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct TokenList(pub Vec<TokenView>);

@@ -31,7 +31,7 @@ pub struct IssuedToken {
     pub expires_at: OffsetDateTime,
     /// The bearer token.
     pub token: String,
-    /// A local password set with it (the first admin's), shown this once too.
+    /// A local password set with it (the first admin's, made by the bootstrap), shown this once too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub password: Option<String>,
     /// That it is not shown again.
@@ -160,8 +160,21 @@ pub async fn list(conn: &mut PgConnection, operator_id: Uuid) -> Result<Vec<Toke
     Ok(tokens)
 }
 
-/// Revokes token `token_id`: an operator may revoke their own, an admin anyone's. Returns whose it
-/// was. In the caller's transaction.
+/// Revokes every unrevoked token of an operator, in the caller's transaction; returns how many.
+pub async fn revoke_all(conn: &mut PgConnection, operator_id: Uuid) -> Result<u64, OperatorError> {
+    let revoked = sqlx::query!(
+        "UPDATE operator_tokens SET revoked_at = now() WHERE operator_id = $1 AND revoked_at IS NULL",
+        operator_id,
+    )
+    .execute(conn)
+    .await
+    .context("cannot revoke the tokens")?;
+    Ok(revoked.rows_affected())
+}
+
+/// Revokes token `token_id`: an operator may revoke their own, an admin of every tenant anyone's
+/// (one limited to some tenants manages no other operator's credentials). Returns whose it was. In
+/// the caller's transaction.
 pub async fn revoke(conn: &mut PgConnection, by: &Account, token_id: Uuid) -> Result<String, OperatorError> {
     let owner = sqlx::query!(
         r#"
@@ -177,7 +190,14 @@ pub async fn revoke(conn: &mut PgConnection, by: &Account, token_id: Uuid) -> Re
     .context("cannot read the token")?
     .ok_or_else(|| OperatorError::NotFound(format!("there is no token {token_id}")))?;
     if owner.operator_id != by.operator_id {
-        by.require(Role::Admin, "revoke another operator's token")?;
+        let to = "revoke another operator's token";
+        by.require(Role::Admin, to)?;
+        if by.scope != Scope::Every {
+            return Err(OperatorError::Forbidden(format!(
+                "{} is an admin of some tenants only; only an admin of every tenant may {to}",
+                by.name
+            )));
+        }
     }
     if owner.revoked_at.is_some() {
         return Err(OperatorError::Refused(format!("token {token_id} of {} is already revoked", owner.name)));

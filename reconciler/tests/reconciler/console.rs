@@ -9,15 +9,14 @@ use oncepay_domain::status::PaymentStatus;
 use oncepay_reconciler::operators::api::BulkRetrier;
 use oncepay_reconciler::runner::Pass;
 use oncepay_store::fixtures::tenant;
+use reqwest::StatusCode;
 use reqwest::header::{CONTENT_SECURITY_POLICY, LOCATION, SET_COOKIE};
-use reqwest::{Method, StatusCode};
 use serde_json::json;
 use sqlx::PgPool;
 
 use crate::refund_proposals::dead_lettered_refund;
 use crate::support::{Ops, dead_lettered, refund_status, refunded, status, succeeded_payment};
 
-const PASSWORD: &str = "a long enough password";
 const SAME_ORIGIN: (&str, &str) = ("sec-fetch-site", "same-origin");
 
 /// A browser signed in to the console as one operator.
@@ -36,19 +35,15 @@ struct Page {
 }
 
 impl Browser {
-    /// Makes operator `name` with `role` (and `tenants`), who sets their own password, and signs in
-    /// with the console's form.
+    /// Makes operator `name` with `role` (and `tenants`), who sets their own password with their
+    /// enrollment code, and signs in with the console's form.
     async fn sign_in(ops: &Ops, name: &str, role: &str, tenants: Option<&[&str]>) -> Self {
-        let token = ops.operator(name, role, tenants).await;
-        let body = json!({ "password": PASSWORD, "reason": "first sign-in" });
-        let path = format!("/v1/operators/{name}/password");
-        let (set, body) = ops.call(&token, Method::PUT, &path, Some(body)).await;
-        assert_eq!(set, StatusCode::NO_CONTENT, "{body}");
+        let password = ops.person(name, role, tenants).await;
         let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
         let response = http
             .post(format!("{}/console/sign-in", ops.url))
             .header(SAME_ORIGIN.0, SAME_ORIGIN.1)
-            .form(&[("name", name), ("password", PASSWORD)])
+            .form(&[("name", name), ("password", password.as_str())])
             .send()
             .await
             .unwrap();
@@ -478,7 +473,8 @@ async fn admins_issue_and_revoke_keys_and_manage_operators_in_the_console_and_ot
     assert!(!viewers_list.body.contains("opk_"), "no page ever shows a stored key");
     assert_eq!(revoked.location.as_deref(), Some("/console/tenants?notice=key_revoked"));
     assert!(keys().await[0].revoked_at.is_some());
-    assert_eq!(created.location.as_deref(), Some("/console/operators?notice=operator_created"));
+    assert_eq!(created.status, StatusCode::OK);
+    assert!(created.body.contains("oec_") && created.body.contains("shown once"), "the code, once: {}", created.body);
     assert_eq!(changed.location.as_deref(), Some("/console/operators?notice=operator_changed"), "{}", changed.body);
     assert!(operators.body.contains("<td>otto</td><td>approver</td>"), "{}", operators.body);
     assert_eq!(disabled.location.as_deref(), Some("/console/operators?notice=operator_disabled"));
@@ -492,7 +488,7 @@ async fn admins_issue_and_revoke_keys_and_manage_operators_in_the_console_and_ot
     assert_eq!(
         trail,
         [
-            "operator.password",
+            "operator.enroll",
             "session.sign_in",
             "key.issue",
             "key.revoke",

@@ -23,6 +23,7 @@ mod refund_reaper;
 mod refund_sweeper;
 mod refund_webhooks;
 mod service;
+mod sign_ins;
 mod stripe_refund_webhooks;
 mod stripe_webhooks;
 mod support;

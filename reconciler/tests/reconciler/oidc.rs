@@ -160,7 +160,14 @@ async fn an_operator_linked_to_an_identity_signs_in_at_the_provider_and_nobody_e
     .await
     .unwrap();
     let row = |name: &str, outcome: &str| (name.to_owned(), outcome.to_owned(), Some("oidc".to_owned()));
-    assert_eq!(trail, vec![row("alice", "done"), row("mallory@example.com", "refused")]);
+    assert_eq!(trail, vec![row("alice", "done"), row("(OpenID sign-in)", "refused")]);
+    let refused = sqlx::query_scalar!(
+        "SELECT detail->>'subject' FROM operator_audit WHERE action = 'session.sign_in' AND outcome = 'refused'"
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(refused.as_deref(), Some("mallory@example.com"), "the identity the provider vouched for");
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]

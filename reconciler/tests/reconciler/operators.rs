@@ -668,14 +668,6 @@ async fn sign_in(ops: &Ops, name: &str, password: &str) -> (StatusCode, Option<S
     (status, cookie)
 }
 
-/// Gives `name` a local password, as the admin.
-async fn set_password(ops: &Ops, name: &str, password: &str) {
-    let body = json!({ "password": password, "reason": "first sign-in" });
-    let (status, answer) =
-        ops.call(&ops.admin, Method::PUT, &format!("/v1/operators/{name}/password"), Some(body)).await;
-    assert_eq!(status, StatusCode::NO_CONTENT, "{answer}");
-}
-
 const PASSWORD: &str = "a long enough password";
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
@@ -683,13 +675,12 @@ async fn a_session_changes_things_only_from_a_page_of_its_own_origin(pool: PgPoo
     let ops = Ops::start(&pool).await;
     let acme = tenant(&pool, "acme").await;
     let payment_id = dead_lettered(&pool, acme, "k-1", 60).await;
-    ops.operator("alice", "operator", None).await;
-    set_password(&ops, "alice", PASSWORD).await;
+    let password = ops.person("alice", "operator", None).await;
     let retry = format!("/v1/payments/{payment_id}/retry");
     let reason = || Some(json!({ "reason": "provider back" }));
 
     let (wrong, none) = sign_in(&ops, "alice", "not the password").await;
-    let body = json!({ "name": "alice", "password": PASSWORD });
+    let body = json!({ "name": "alice", "password": password });
     let (from_elsewhere, _, _) =
         browse(&ops, Method::POST, "/v1/session", None, &[("sec-fetch-site", "cross-site")], Some(body.clone())).await;
     let (signed_in, set_cookie, _) = browse(&ops, Method::POST, "/v1/session", None, SAME_ORIGIN, Some(body)).await;
@@ -732,12 +723,11 @@ async fn a_session_changes_things_only_from_a_page_of_its_own_origin(pool: PgPoo
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn sessions_end_when_idle_at_their_expiry_and_everywhere_at_once(pool: PgPool) {
     let ops = Ops::start(&pool).await;
-    ops.operator("bob", "approver", None).await;
-    set_password(&ops, "bob", PASSWORD).await;
-    let (_, idle) = sign_in(&ops, "bob", PASSWORD).await;
-    let (_, old) = sign_in(&ops, "bob", PASSWORD).await;
-    let (_, laptop) = sign_in(&ops, "bob", PASSWORD).await;
-    let (_, phone) = sign_in(&ops, "bob", PASSWORD).await;
+    let password = ops.person("bob", "approver", None).await;
+    let (_, idle) = sign_in(&ops, "bob", &password).await;
+    let (_, old) = sign_in(&ops, "bob", &password).await;
+    let (_, laptop) = sign_in(&ops, "bob", &password).await;
+    let (_, phone) = sign_in(&ops, "bob", &password).await;
     let hash = |cookie: &Option<String>| {
         use sha2::Digest;
         sha2::Sha256::digest(cookie.as_deref().unwrap().as_bytes()).to_vec()
@@ -777,14 +767,13 @@ async fn sessions_end_when_idle_at_their_expiry_and_everywhere_at_once(pool: PgP
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn wrong_passwords_lock_the_name_and_every_sign_in_is_in_the_audit_trail(pool: PgPool) {
     let ops = Ops::start(&pool).await;
-    ops.operator("alice", "operator", None).await;
-    set_password(&ops, "alice", PASSWORD).await;
+    let password = ops.person("alice", "operator", None).await;
 
     let mut wrong = Vec::new();
     for _ in 0..5 {
         wrong.push(sign_in(&ops, "alice", "guessing wrongly").await.0);
     }
-    let body = json!({ "name": "alice", "password": PASSWORD });
+    let body = json!({ "name": "alice", "password": password });
     let response = reqwest::Client::new()
         .post(format!("{}/v1/session", ops.url))
         .header("sec-fetch-site", "same-origin")
@@ -793,7 +782,7 @@ async fn wrong_passwords_lock_the_name_and_every_sign_in_is_in_the_audit_trail(p
         .await
         .unwrap();
     let (locked, retry_after) = (response.status(), response.headers().get("retry-after").cloned());
-    let (nobody, _) = sign_in(&ops, "mallory", PASSWORD).await;
+    let (nobody, _) = sign_in(&ops, "mallory", &password).await;
     let (short, _, _) = browse(
         &ops,
         Method::PUT,
@@ -818,7 +807,7 @@ async fn wrong_passwords_lock_the_name_and_every_sign_in_is_in_the_audit_trail(p
     .unwrap();
     assert_eq!(trail.len(), 7);
     assert!(trail[..6].iter().all(|(name, id, outcome)| name == "alice" && id.is_some() && outcome == "refused"));
-    assert_eq!((trail[6].0.as_str(), trail[6].1, trail[6].2.as_str()), ("mallory", None, "refused"));
+    assert_eq!((trail[6].0.as_str(), trail[6].1, trail[6].2.as_str()), ("(unknown name)", None, "refused"));
     let stored: Option<String> =
         sqlx::query_scalar!("SELECT password_hash FROM operators WHERE name = 'alice'").fetch_one(&pool).await.unwrap();
     assert!(stored.unwrap().starts_with("$argon2id$"));
@@ -830,11 +819,10 @@ async fn approving_from_a_session_takes_a_fresh_sign_in(pool: PgPool) {
     let acme = tenant(&pool, "acme").await;
     let payment_id = dead_lettered(&pool, acme, "k-1", 60).await;
     let alice = ops.operator("alice", "operator", None).await;
-    ops.operator("bob", "approver", None).await;
-    set_password(&ops, "bob", PASSWORD).await;
+    let password = ops.person("bob", "approver", None).await;
     let (_, proposal) = ops.post(&alice, &format!("/v1/payments/{payment_id}/resolve"), failed("declined")).await;
     let approve = format!("/v1/proposals/{}/approve", proposal["proposal"]["proposal_id"].as_str().unwrap());
-    let (_, stale) = sign_in(&ops, "bob", PASSWORD).await;
+    let (_, stale) = sign_in(&ops, "bob", &password).await;
     sqlx::query!("UPDATE operator_sessions SET signed_in_at = now() - interval '10 minutes'")
         .execute(&pool)
         .await
@@ -843,7 +831,7 @@ async fn approving_from_a_session_takes_a_fresh_sign_in(pool: PgPool) {
     let reason = || Some(json!({ "reason": "checked" }));
     let (refused, _, why) = browse(&ops, Method::POST, &approve, stale.as_deref(), SAME_ORIGIN, reason()).await;
     let still = status(&pool, acme, payment_id).await;
-    let (_, fresh) = sign_in(&ops, "bob", PASSWORD).await;
+    let (_, fresh) = sign_in(&ops, "bob", &password).await;
     let (approved, _, done) = browse(&ops, Method::POST, &approve, fresh.as_deref(), SAME_ORIGIN, reason()).await;
 
     assert_eq!(refused, StatusCode::FORBIDDEN, "{why}");
@@ -1144,10 +1132,8 @@ async fn a_disabled_operators_proposals_can_no_longer_be_approved(pool: PgPool) 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_sign_in_posted_from_another_origin_is_refused_even_without_sec_fetch_site(pool: PgPool) {
     let ops = Ops::start(&pool).await;
-    let alice = ops.operator("alice", "operator", None).await;
-    let body = json!({ "password": PASSWORD, "reason": "mine" });
-    ops.call(&alice, Method::PUT, "/v1/operators/alice/password", Some(body)).await;
-    let sign_in = || Some(json!({ "name": "alice", "password": PASSWORD }));
+    let password = ops.person("alice", "operator", None).await;
+    let sign_in = || Some(json!({ "name": "alice", "password": password }));
 
     let (elsewhere, set, _) =
         browse(&ops, Method::POST, "/v1/session", None, &[("origin", "http://evil.example")], sign_in()).await;

@@ -9,9 +9,10 @@ use std::time::Duration;
 use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
 use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_provider::KeyWindow;
+use oncepay_reconciler::operators::accounts;
 use oncepay_reconciler::operators::api::{self, OperatorsState};
 use oncepay_reconciler::operators::oidc::{Oidc, OidcSettings};
-use oncepay_reconciler::operators::{accounts, tokens};
+use oncepay_reconciler::operators::sessions::LocalPasswords;
 use oncepay_reconciler::settings::Settings;
 use oncepay_reconciler::unknown;
 use oncepay_store::fixtures;
@@ -206,6 +207,8 @@ pub struct Ops {
     http: reqwest::Client,
     /// The first admin's token.
     pub admin: String,
+    /// The first admin's local password.
+    pub admin_password: String,
     /// What its handlers share, for a test that works bulk retries as the service would.
     pub state: OperatorsState,
 }
@@ -222,6 +225,11 @@ impl Ops {
         let listener = TcpListener::bind(("127.0.0.1", port)).unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let oidc = oidc(&url).map(|settings| Arc::new(Oidc::new(settings).unwrap()));
+        let mut sessions = settings.operators.session_policy();
+        if oidc.is_some() {
+            // The first admin is the break-glass account.
+            sessions.local = LocalPasswords::BreakGlass("root".into());
+        }
         let state = OperatorsState {
             pool: pool.clone(),
             provider: settings.provider.clone(),
@@ -230,15 +238,20 @@ impl Ops {
             token_ttl: Duration::from_secs(90 * DAY),
             max_token_ttl: Duration::from_secs(365 * DAY),
             retries_need_approval: false,
-            sessions: settings.operators.session_policy(),
+            sessions,
+            hashing: oncepay_reconciler::operators::passwords::Hashing::new(
+                settings.operators.max_concurrent_password_hashes,
+            ),
+            enrollment_ttl: settings.operators.enrollment_ttl(),
             fresh_sign_in: Duration::from_secs(300),
             oidc,
             recon: settings.recon_config(),
         };
         tokio::spawn(api::server(listener, state.clone(), 1).unwrap());
         let mut conn = pool.acquire().await.unwrap();
-        let admin = accounts::bootstrap(&mut conn, "root", Duration::from_secs(DAY)).await.unwrap().token;
-        Self { url, http: reqwest::Client::new(), admin, state }
+        let first = accounts::bootstrap(&mut conn, "root", Duration::from_secs(DAY)).await.unwrap();
+        let (admin, admin_password) = (first.token, first.password.unwrap());
+        Self { url, http: reqwest::Client::new(), admin, admin_password, state }
     }
 
     pub async fn call(&self, token: &str, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
@@ -272,17 +285,77 @@ impl Ops {
         token["token"].as_str().unwrap().to_owned()
     }
 
-    /// Creates operator `name` with `role` (limited to `tenants`, if given) and returns a token they
-    /// made themself, as a person does once signed in: nobody else holds it.
-    pub async fn operator(&self, name: &str, role: &str, tenants: Option<&[&str]>) -> String {
+    /// Creates operator `name` with `role` (limited to `tenants`, if given), who sets their own
+    /// password with the enrollment code; returns it.
+    pub async fn person(&self, name: &str, role: &str, tenants: Option<&[&str]>) -> String {
         let body = json!({ "name": name, "role": role, "tenants": tenants, "reason": "joined the team" });
-        let (created, problem) = self.post(&self.admin, "/v1/operators", body).await;
-        assert_eq!(created, StatusCode::CREATED, "{problem}");
-        let mut conn = self.state.pool.acquire().await.unwrap();
-        let account = accounts::find(&mut conn, name).await.unwrap();
-        let ttl = Duration::from_secs(DAY);
-        let issued = tokens::issue(&mut conn, account.operator_id, name, "laptop", ttl, account.operator_id).await;
-        issued.unwrap().token
+        let (created, answer) = self.post(&self.admin, "/v1/operators", body).await;
+        assert_eq!(created, StatusCode::CREATED, "{answer}");
+        let code = answer["enrollment"]["code"].as_str().unwrap();
+        let password = format!("{name}'s own long password");
+        let body = json!({ "name": name, "code": code, "password": password });
+        let response = self.http.post(format!("{}/v1/enrollment", self.url)).json(&body).send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::NO_CONTENT, "{}", response.text().await.unwrap());
+        password
+    }
+
+    /// Signs `name` in with `password`, as a page of the API's origin would: the status, and the
+    /// session cookie's value if one was set.
+    pub async fn sign_in(&self, name: &str, password: &str) -> (StatusCode, Option<String>) {
+        let response = self
+            .http
+            .post(format!("{}/v1/session", self.url))
+            .header("sec-fetch-site", "same-origin")
+            .json(&json!({ "name": name, "password": password }))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status();
+        let cookie = response
+            .headers()
+            .get_all("set-cookie")
+            .iter()
+            .filter_map(|v| v.to_str().unwrap().strip_prefix("oncepay_session="))
+            .map(|v| v.split(';').next().unwrap().to_owned())
+            .find(|v| !v.is_empty());
+        (status, cookie)
+    }
+
+    /// A request with session `cookie`, from a page of the API's origin.
+    pub async fn as_session(
+        &self,
+        cookie: &str,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let mut request = self
+            .http
+            .request(method, format!("{}{path}", self.url))
+            .header("cookie", format!("oncepay_session={cookie}"))
+            .header("sec-fetch-site", "same-origin");
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status();
+        let text = response.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
+    /// Creates operator `name` with `role` (limited to `tenants`, if given) and returns a token they
+    /// made themselves: they enroll with their code, sign in, and issue it with their session.
+    pub async fn operator(&self, name: &str, role: &str, tenants: Option<&[&str]>) -> String {
+        let password = self.person(name, role, tenants).await;
+        let (signed_in, cookie) = self.sign_in(name, &password).await;
+        assert_eq!(signed_in, StatusCode::CREATED);
+        let cookie = cookie.unwrap();
+        let body = json!({ "label": "laptop", "reason": "first token" });
+        let path = format!("/v1/operators/{name}/tokens");
+        let (issued, token) = self.as_session(&cookie, Method::POST, &path, Some(body)).await;
+        assert_eq!(issued, StatusCode::CREATED, "{token}");
+        self.as_session(&cookie, Method::DELETE, "/v1/session", None).await;
+        token["token"].as_str().unwrap().to_owned()
     }
 }
 

@@ -9,19 +9,22 @@
 //!
 //! Routes (README, "Operators"):
 //! - signing in: `POST|DELETE /v1/session`, `DELETE /v1/session/everywhere`,
-//!   `GET /v1/session/oidc[/callback]`, `PUT /v1/operators/{name}/password` ([`signing_in`]);
+//!   `GET /v1/session/oidc[/callback]`, `POST /v1/enrollment`, `PUT /v1/operators/{name}/password`
+//!   ([`signing_in`]);
 //! - work: `GET /v1/me`, `GET /v1/dead-letters`, `GET /v1/payments/{id}`,
 //!   `POST /v1/payments/{id}/retry|resolve`, `GET /v1/proposals`,
 //!   `POST /v1/proposals/{id}/approve|reject|withdraw`, `GET /v1/audit`;
 //! - refunds: `POST /v1/payments/{id}/refund`, `GET /v1/dead-letters/refunds`, `GET /v1/refunds/{id}`,
 //!   `POST /v1/refunds/{id}/retry|resolve` ([`refunds`]);
 //! - operators: `GET|POST /v1/operators`, `PATCH|DELETE /v1/operators/{name}`,
-//!   `GET|POST /v1/operators/{name}/tokens`, `DELETE /v1/tokens/{id}`;
+//!   `POST /v1/operators/{name}/enrollment`, `GET|POST /v1/operators/{name}/tokens`,
+//!   `DELETE /v1/tokens/{id}`;
 //! - tenants, keys (`POST /v1/proposals/{id}/key` collects an approved one) and reconciliation runs
 //!   ([`tenants`]).
 
 use std::net::TcpListener;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::dev::Server;
@@ -37,9 +40,11 @@ use serde_json::{Value, json};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use super::accounts::{self, NewOperator};
+use super::accounts::{self, CreatedOperator, NewOperator};
 use super::audit::{self, Entry, Outcome};
+use super::enrollment::{self, IssuedCode};
 use super::oidc::Oidc;
+use super::passwords::Hashing;
 use super::proposals::Effect;
 use super::proposals::{self, Closing, Proposed, Subject};
 use super::refunds as operator_refunds;
@@ -83,8 +88,12 @@ pub struct OperatorsState {
     pub max_token_ttl: Duration,
     /// Whether every resend is a proposal (a resend past the key window always is).
     pub retries_need_approval: bool,
-    /// How sessions and sign-ins are limited.
+    /// How sessions and sign-ins are limited, and who may sign in with a local password.
     pub sessions: sessions::Policy,
+    /// The bound on password hashes running at once in this process.
+    pub hashing: Arc<Hashing>,
+    /// How long an enrollment code works.
+    pub enrollment_ttl: Duration,
     /// How recent a session's sign-in must be for its operator to approve a proposal.
     pub fresh_sign_in: Duration,
     /// The organisation's OpenID provider, when one is configured.
@@ -120,7 +129,9 @@ pub fn configure(config: &mut web::ServiceConfig) {
         .route("/v1/session/everywhere", web::delete().to(signing_in::sign_out_everywhere))
         .route("/v1/session/oidc", web::get().to(signing_in::oidc_begin))
         .route("/v1/session/oidc/callback", web::get().to(oidc_callback))
+        .route("/v1/enrollment", web::post().to(signing_in::enroll))
         .route("/v1/operators/{name}/password", web::put().to(signing_in::set_password))
+        .route("/v1/operators/{name}/enrollment", web::post().to(reset_enrollment))
         .route("/v1/me", web::get().to(me))
         .route("/v1/dead-letters", web::get().to(dead_letters))
         .route("/v1/payments/{payment_id}", web::get().to(payment))
@@ -175,7 +186,8 @@ async fn change(
 ) -> Answer {
     match outcome {
         Ok(response) => Ok(response),
-        Err(OperatorError::Failed(error)) => Err(problem(OperatorError::Failed(error))),
+        // Nothing was decided: nothing to record.
+        Err(unchecked @ (OperatorError::Failed(_) | OperatorError::Busy(_))) => Err(problem(unchecked)),
         Err(refusal) => {
             let entry = entry.refused(refusal.to_string());
             let recorded = async {
@@ -197,6 +209,7 @@ fn problem(error: OperatorError) -> Problem {
         OperatorError::NotFound(detail) => Problem::new(ProblemType::NotFound, detail),
         OperatorError::Refused(detail) => Problem::new(ProblemType::Refused, detail),
         OperatorError::Forbidden(detail) => Problem::new(ProblemType::Forbidden, detail),
+        OperatorError::Busy(detail) => Problem::new(ProblemType::ServiceUnavailable, detail).with_retry_after(1),
         OperatorError::Failed(error) => {
             // The cause (SQL, the provider's answer) goes to the log, never to the client.
             tracing::error!(error = format!("{error:#}"), "an operator request failed");
@@ -771,7 +784,8 @@ struct NewOperatorBody {
     reason: String,
 }
 
-/// `POST /v1/operators` (admin): 201 with the new account.
+/// `POST /v1/operators` (admin): 201 with the new account and, for a local account, its
+/// enrollment code.
 async fn create_operator(state: web::Data<OperatorsState>, request: HttpRequest, bytes: web::Bytes) -> HttpResponse {
     respond(
         async {
@@ -793,21 +807,91 @@ async fn create_operator(state: web::Data<OperatorsState>, request: HttpRequest,
     )
 }
 
-/// Makes operator `new` (an admin of every tenant), with its audit row.
+/// Makes operator `new` (an admin of every tenant), with its audit row, and an enrollment code when
+/// they are to sign in with a local password.
 async fn make_operator(
     state: &OperatorsState,
     caller: &Caller,
     new: &NewOperator<'_>,
     reason: &str,
-) -> Result<accounts::OperatorView, OperatorError> {
+) -> Result<CreatedOperator, OperatorError> {
     manage_operators(caller, "create an operator")?;
     let reason = require_reason(reason)?;
     let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
     let created = accounts::create(&mut tx, new, &caller.account.name).await?;
-    let entry = Entry::new("operator.create", Outcome::Done).reason(reason).after(json!(created));
+    let enrollment = if created.oidc_subject.is_none() && state.sessions.local.allow(&created.name) {
+        let (id, name) = (created.operator_id, created.name.as_str());
+        Some(enrollment::issue(&mut tx, id, name, caller.account.operator_id, state.enrollment_ttl).await?)
+    } else {
+        None
+    };
+    let code_expires_at = enrollment.as_ref().map(|code| code.expires_at.unix_timestamp());
+    let after = json!({ "operator": created, "enrollment_code_expires_at": code_expires_at });
+    let entry = Entry::new("operator.create", Outcome::Done).reason(reason).after(after);
     audit::record(&mut tx, &caller.actor(), &entry).await?;
     tx.commit().await.context("cannot commit the new operator")?;
-    Ok(created)
+    Ok(CreatedOperator { operator: created, enrollment })
+}
+
+/// `POST /v1/operators/{name}/enrollment` `{reason}` (admin of every tenant, for another operator):
+/// 201 with a fresh enrollment code for one who lost their password.
+async fn reset_enrollment(
+    state: web::Data<OperatorsState>,
+    request: HttpRequest,
+    path: web::Path<String>,
+    bytes: web::Bytes,
+) -> HttpResponse {
+    respond(
+        async {
+            let caller = caller(&state, &request).await?;
+            let outcome = async {
+                let asked: DecisionBody = body(&bytes)?;
+                fresh_code(&state, &caller, &path, &asked.reason).await
+            };
+            let entry = Entry::new("operator.enrollment", Outcome::Done);
+            change(&state, &caller, entry, outcome.await.map(|issued| ok(StatusCode::CREATED, &issued))).await
+        }
+        .await,
+    )
+}
+
+/// Issues operator `name` a fresh enrollment code, as an admin of every tenant: their local password
+/// is removed, their sessions end and their tokens are revoked at once (whoever knows the old
+/// password can no longer use it or what it made), and the code replaces any earlier one.
+async fn fresh_code(
+    state: &OperatorsState,
+    caller: &Caller,
+    name: &str,
+    reason: &str,
+) -> Result<IssuedCode, OperatorError> {
+    manage_operators(caller, "issue an operator an enrollment code")?;
+    let reason = require_reason(reason)?;
+    if caller.account.name == name {
+        return Err(OperatorError::Forbidden(
+            "nobody issues themself an enrollment code: change your password with the old one, or ask another admin"
+                .into(),
+        ));
+    }
+    if !state.sessions.local.allow(name) {
+        return Err(OperatorError::Refused(format!(
+            "{name} may not have a local password: with an OpenID provider configured, only the break-glass account \
+             has one; they sign in at the provider"
+        )));
+    }
+    let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
+    let owner = accounts::find(&mut tx, name).await?;
+    let ended = sessions::store_password(&mut tx, owner.operator_id, None, None).await?;
+    let issued =
+        enrollment::issue(&mut tx, owner.operator_id, &owner.name, caller.account.operator_id, state.enrollment_ttl)
+            .await?;
+    let after = json!({
+        "operator": owner.name, "password": "removed", "sessions_ended": ended.sessions,
+        "tokens_revoked": ended.tokens, "enrollment_code_expires_at": issued.expires_at.unix_timestamp(),
+    });
+    let entry = Entry::new("operator.enrollment", Outcome::Done).reason(reason).after(after);
+    audit::record(&mut tx, &caller.actor(), &entry).await?;
+    tx.commit().await.context("cannot commit the enrollment code")?;
+    Ok(issued)
 }
 
 #[derive(Debug, Deserialize)]
@@ -928,7 +1012,7 @@ fn manage_operators(caller: &Caller, to: &str) -> Result<(), OperatorError> {
     Ok(())
 }
 
-/// `GET /v1/operators/{name}/tokens`: the operator's own, or anyone's for an admin.
+/// `GET /v1/operators/{name}/tokens`: the operator's own, or anyone's for an admin of every tenant.
 async fn list_tokens(state: web::Data<OperatorsState>, request: HttpRequest, path: web::Path<String>) -> HttpResponse {
     respond(
         async {
@@ -963,6 +1047,8 @@ async fn issue_token(
         change(&state, &caller, entry.clone(), async {
             let asked: NewTokenBody = body(&bytes)?;
             own_or_admin(&caller, &path, "issue a token to another operator")?;
+            // A token outlives the session it is issued from: only a fresh sign-in may issue one.
+            caller.require_fresh(state.fresh_sign_in, "issue a token")?;
             let reason = require_reason(&asked.reason)?;
             let ttl = asked.expires_in_days.map_or(state.token_ttl, |days| Duration::from_secs(u64::from(days) * 86_400));
             if ttl.is_zero() || ttl > state.max_token_ttl {
@@ -985,7 +1071,8 @@ async fn issue_token(
     }.await)
 }
 
-/// `DELETE /v1/tokens/{id}` with `{"reason": …}`: one's own token, or anyone's for an admin.
+/// `DELETE /v1/tokens/{id}` with `{"reason": …}`: one's own token, or anyone's for an admin of every
+/// tenant.
 async fn revoke_token(
     state: web::Data<OperatorsState>,
     request: HttpRequest,

@@ -1,5 +1,9 @@
 //! Who a request acts as: a personal token (`Authorization: Bearer oot_…`), or the session cookie a
-//! sign-in set. Also the routes that sign in and out, and set a local password.
+//! sign-in set. Also the routes that sign in and out, enroll (set one's first password with a
+//! code), and change one's own password.
+//!
+//! Every request of the break-glass account (when an OpenID provider is configured) is recorded in
+//! the audit trail as a use of it, but for a page refreshing itself.
 //!
 //! A request that carries a token is judged by the token alone. A request judged by its cookie that
 //! could change something (any method but GET and HEAD) must come from a page of this origin:
@@ -16,12 +20,13 @@ use serde::Deserialize;
 use serde_json::json;
 use time::OffsetDateTime;
 
-use super::{OperatorsState, body, change, connection, ok, own_or_admin, problem, respond};
+use super::{OperatorsState, body, change, connection, ok, problem, respond};
 use crate::dead_letters::actions::require_reason;
 use crate::operator_error::OperatorError;
 use crate::operators::Account;
 use crate::operators::accounts;
 use crate::operators::audit::{self, Actor, Entry, Outcome};
+use crate::operators::enrollment;
 use crate::operators::oidc::Why;
 use crate::operators::sessions::{self, COOKIE, Refused, Use};
 use crate::operators::tokens;
@@ -91,7 +96,9 @@ pub(super) async fn caller(state: &OperatorsState, request: &HttpRequest) -> Res
         let presented = bearer.strip_prefix("Bearer ").map(str::trim).ok_or_else(refused)?;
         let mut conn = connection(state).await?;
         let account = tokens::authenticate(&mut conn, presented).await.map_err(problem)?.ok_or_else(refused)?;
-        return Ok(Caller { account, via: Via::Token, source: source(request) });
+        let caller = Caller { account, via: Via::Token, source: source(request) };
+        break_glass_use(state, &mut conn, &caller, request).await?;
+        return Ok(caller);
     }
     let cookie = session_cookie(request).ok_or_else(refused)?;
     if !matches!(*request.method(), Method::GET | Method::HEAD) && !same_origin(request) {
@@ -104,7 +111,27 @@ pub(super) async fn caller(state: &OperatorsState, request: &HttpRequest) -> Res
         .await
         .map_err(problem)?
         .ok_or_else(refused)?;
-    Ok(Caller { account, via: Via::Session(signed_in_at), source: source(request) })
+    let caller = Caller { account, via: Via::Session(signed_in_at), source: source(request) };
+    if used == Use::ByThePerson {
+        break_glass_use(state, &mut conn, &caller, request).await?;
+    }
+    Ok(caller)
+}
+
+/// Records a request of the break-glass account: what it asked, and how it proved who it is.
+async fn break_glass_use(
+    state: &OperatorsState,
+    conn: &mut sqlx::PgConnection,
+    caller: &Caller,
+    request: &HttpRequest,
+) -> Result<(), Problem> {
+    if !state.sessions.local.is_break_glass(&caller.account.name) {
+        return Ok(());
+    }
+    let via = if caller.via == Via::Token { "token" } else { "session" };
+    let entry = Entry::new("break_glass.use", Outcome::Done)
+        .detail(json!({ "method": request.method().as_str(), "path": request.path(), "via": via }));
+    audit::record(conn, &caller.actor(), &entry).await.map_err(problem)
 }
 
 fn cross_origin() -> Problem {
@@ -206,14 +233,73 @@ pub(super) async fn with_password(
     password: SecretString,
 ) -> Result<sessions::NewSession, Problem> {
     let source = source(request);
-    match sessions::sign_in(&state.pool, name, password, source.as_deref(), &state.sessions).await {
-        Ok(session) => Ok(session),
-        Err(Refused::Wrong) => Err(Problem::new(ProblemType::Unauthorized, Refused::Wrong.to_string())),
-        Err(locked @ Refused::Locked(window)) => {
-            Err(Problem::new(ProblemType::RateLimited, locked.to_string()).with_retry_after(window.as_secs()))
+    let signed_in =
+        sessions::sign_in(&state.pool, &state.hashing, name, password, source.as_deref(), &state.sessions).await;
+    signed_in.map_err(|refused| refusal(state, refused))
+}
+
+/// The problem for a refused sign-in or enrollment: 401, 429 with how long the lock lasts, 400 for a
+/// password that cannot be used, 503 while too much is checked at once.
+pub(super) fn refusal(state: &OperatorsState, refused: Refused) -> Problem {
+    match refused {
+        Refused::Wrong => {
+            let mut detail = Refused::Wrong.to_string();
+            if state.oidc.is_some() {
+                detail.push_str(
+                    " (with the organisation's OpenID provider configured, only the break-glass account signs in \
+                     with a password)",
+                );
+            }
+            Problem::new(ProblemType::Unauthorized, detail)
         }
-        Err(Refused::Failed(error)) => Err(problem(error)),
+        limited @ (Refused::Locked(window) | Refused::TooMany(window)) => {
+            Problem::new(ProblemType::RateLimited, limited.to_string()).with_retry_after(window.as_secs())
+        }
+        Refused::Failed(error) => problem(error),
     }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Enrollment {
+    name: String,
+    code: SecretString,
+    password: SecretString,
+}
+
+/// `POST /v1/enrollment` `{name, code, password}`: sets the operator's own first password with the
+/// code an admin gave them (204); 401 for a wrong, used or expired code, 429 while locked.
+/// Refused from another site.
+pub(super) async fn enroll(state: web::Data<OperatorsState>, request: HttpRequest, bytes: web::Bytes) -> HttpResponse {
+    respond(
+        async {
+            refuse_other_sites(&request)?;
+            let asked: Enrollment = body(&bytes).map_err(problem)?;
+            with_code(&state, &request, &asked.name, &asked.code, asked.password).await?;
+            Ok(HttpResponse::NoContent().finish())
+        }
+        .await,
+    )
+}
+
+/// Enrolls `name` with `code`: a problem for a refusal.
+pub(super) async fn with_code(
+    state: &OperatorsState,
+    request: &HttpRequest,
+    name: &str,
+    code: &SecretString,
+    password: SecretString,
+) -> Result<(), Problem> {
+    let source = source(request);
+    let enrolled =
+        enrollment::enroll(&state.pool, &state.hashing, name, code, password, source.as_deref(), &state.sessions).await;
+    enrolled.map_err(|refused| match refused {
+        Refused::Wrong => Problem::new(
+            ProblemType::Unauthorized,
+            "wrong name or code, or the code expired or was used: ask an admin for a fresh one",
+        ),
+        other => refusal(state, other),
+    })
 }
 
 /// The `Set-Cookie` header that carries a new session.
@@ -261,7 +347,8 @@ pub(super) async fn sign_out_everywhere(state: web::Data<OperatorsState>, reques
             let mut tx =
                 state.pool.begin().await.context("cannot start a transaction").map_err(|e| problem(e.into()))?;
             let ended = sessions::sign_out_everywhere(&mut tx, caller.account.operator_id).await.map_err(problem)?;
-            let entry = Entry::new("session.sign_out_everywhere", Outcome::Done).detail(json!({ "sessions": ended }));
+            let entry = Entry::new("session.sign_out_everywhere", Outcome::Done)
+                .detail(json!({ "sessions": ended.sessions, "tokens_revoked": ended.tokens }));
             audit::record(&mut tx, &caller.actor(), &entry).await.map_err(problem)?;
             tx.commit().await.context("cannot commit").map_err(|e| problem(e.into()))?;
             let mut response = HttpResponse::NoContent().finish();
@@ -276,12 +363,15 @@ pub(super) async fn sign_out_everywhere(state: web::Data<OperatorsState>, reques
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct NewPassword {
+    old_password: SecretString,
     password: SecretString,
     reason: String,
 }
 
-/// `PUT /v1/operators/{name}/password` `{password, reason}`: one's own, or anyone's for an admin;
-/// ends that operator's sessions (204).
+/// `PUT /v1/operators/{name}/password` `{old_password, password, reason}`: one's own, from a session
+/// signed in within `fresh_sign_in_secs`, with the old password; ends every session and token of
+/// theirs (204, clearing the cookie). Nobody sets another operator's: an admin of every tenant
+/// issues them an enrollment code instead.
 pub(super) async fn set_password(
     state: web::Data<OperatorsState>,
     request: HttpRequest,
@@ -292,29 +382,54 @@ pub(super) async fn set_password(
         async {
             let caller = caller(&state, &request).await?;
             let entry = Entry::new("operator.password", Outcome::Done);
-            change(
-                &state,
-                &caller,
-                entry.clone(),
-                async {
-                    let asked: NewPassword = body(&bytes)?;
-                    own_or_admin(&caller, &path, "set another operator's password")?;
-                    let reason = require_reason(&asked.reason)?;
-                    let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
-                    let owner = accounts::find(&mut tx, &path).await?;
-                    sessions::set_password(&mut tx, owner.operator_id, asked.password, made_by(&caller, &owner))
-                        .await?;
-                    let after = json!({ "operator": owner.name, "sessions_ended": true });
-                    audit::record(&mut tx, &caller.actor(), &entry.reason(reason).after(after)).await?;
-                    tx.commit().await.context("cannot commit the password")?;
-                    Ok(HttpResponse::NoContent().finish())
-                }
-                .await,
-            )
-            .await
+            let outcome = async {
+                own_only(&caller, &path)?;
+                let asked: NewPassword = body(&bytes)?;
+                let reason = require_reason(&asked.reason)?;
+                change_own_password(&state, &caller, &path, asked.old_password, asked.password, reason).await?;
+                let mut response = HttpResponse::NoContent().finish();
+                let (name, value) = cleared_session_cookie();
+                response.headers_mut().insert(name, value);
+                Ok(response)
+            };
+            change(&state, &caller, entry, outcome.await).await
         }
         .await,
     )
+}
+
+/// Refuses a password change of anyone but the caller.
+fn own_only(caller: &Caller, name: &str) -> Result<(), OperatorError> {
+    if caller.account.name == name {
+        return Ok(());
+    }
+    Err(OperatorError::Forbidden(format!(
+        "nobody sets another operator's password: an admin of every tenant issues {name} an enrollment code \
+         (POST /v1/operators/{name}/enrollment)"
+    )))
+}
+
+/// Changes `caller`'s own password (`name` must be theirs), from a fresh session, with the old one.
+pub(super) async fn change_own_password(
+    state: &OperatorsState,
+    caller: &Caller,
+    name: &str,
+    old: SecretString,
+    new: SecretString,
+    reason: &str,
+) -> Result<sessions::Ended, OperatorError> {
+    own_only(caller, name)?;
+    if !matches!(caller.via, Via::Session(_)) {
+        return Err(OperatorError::Forbidden(
+            "changing a password takes a fresh sign-in with the password, not a token: sign in (POST /v1/session) \
+             and change it from that session"
+                .into(),
+        ));
+    }
+    caller.require_fresh(state.fresh_sign_in, "change your password")?;
+    let source = caller.source.as_deref();
+    let change = sessions::PasswordChange { old, new, reason };
+    sessions::change_password(&state.pool, &state.hashing, &caller.account, change, source, &state.sessions).await
 }
 
 fn no_provider() -> Problem {
@@ -360,18 +475,24 @@ pub(super) async fn oidc_session(
     let back: Callback = super::query(request)?;
     let source = source(request);
     let mut conn = connection(state).await?;
+    // Refusals are recorded under no name: the way back carries nothing an operator typed.
+    let nobody = Actor { operator_id: None, name: OIDC_SIGN_IN, source: source.as_deref() };
+    sessions::admit(&mut conn, source.as_deref(), &state.sessions.limits, &nobody, "session.sign_in")
+        .await
+        .map_err(|refused| refusal(state, refused))?;
     let outcome = async {
-        if let Some(error) = back.error {
-            return Err(Why::Code(error));
-        }
-        let (Some(returned), Some(code)) = (back.state, back.code) else { return Err(Why::State) };
         // The state must be the one this browser left with, not one an attacker sent it back with.
-        let kept = cookie(request, OIDC_STATE).ok_or(Why::State)?;
+        let (Some(returned), Some(kept)) = (back.state, cookie(request, OIDC_STATE)) else { return Err(Why::State) };
         if kept.expose_secret() != returned {
             return Err(Why::State);
         }
+        if let Some(error) = back.error {
+            return Err(Why::Code(error));
+        }
+        let code = back.code.ok_or(Why::State)?;
         let subject = oidc.finish(&mut conn, &returned, &code).await?;
         let account = accounts::find_by_subject(&mut conn, &subject).await?.ok_or(Why::NotLinked(subject))?;
+        sessions::readmit(&mut conn, source.as_deref()).await?;
         Ok(sessions::open(&mut conn, account, source.as_deref(), &state.sessions, "oidc").await?)
     };
     match outcome.await {
@@ -382,19 +503,20 @@ pub(super) async fn oidc_session(
             Err(Problem::new(ProblemType::ServiceUnavailable, format!("sign-in failed: {why}")))
         }
         Err(why) => {
-            // Recorded under the identity the provider named, when it got that far.
-            let name: String = match &why {
-                Why::NotLinked(subject) => subject.chars().take(63).collect(),
-                _ => "(OpenID sign-in)".to_owned(),
-            };
-            let entry = Entry::new("session.sign_in", Outcome::Refused)
-                .detail(json!({ "method": "oidc", "refusal": why.to_string() }));
-            let actor = Actor { operator_id: None, name: &name, source: source.as_deref() };
-            audit::record(&mut conn, &actor, &entry).await.map_err(problem)?;
+            // Fixed words only; the identity the provider vouched for, when it got that far.
+            let mut detail = json!({ "method": "oidc", "refusal": why.label() });
+            if let Why::NotLinked(subject) = &why {
+                detail["subject"] = json!(subject.chars().take(255).collect::<String>());
+            }
+            let entry = Entry::new("session.sign_in", Outcome::Refused).detail(detail);
+            audit::record(&mut conn, &nobody, &entry).await.map_err(problem)?;
             Err(Problem::new(ProblemType::Unauthorized, format!("sign-in refused: {why}")))
         }
     }
 }
+
+/// The name a refused sign-in at the OpenID provider is recorded under.
+const OIDC_SIGN_IN: &str = "(OpenID sign-in)";
 
 /// `response`, carrying the session a sign-in at the OpenID provider opened, and clearing the
 /// cookie that tied the sign-in to the browser.

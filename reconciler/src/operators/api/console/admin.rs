@@ -23,9 +23,10 @@ use crate::operators::accounts::{self, NewOperator, OperatorView};
 use crate::operators::api::signing_in::Caller;
 use crate::operators::api::tenants::{connect_account, propose_key, propose_tenant, revoke_key_of};
 use crate::operators::api::{
-    OperatorsState, change_operator, connection, disable, make_operator, manage_operators, problem,
+    OperatorsState, change_operator, connection, disable, fresh_code, make_operator, manage_operators, problem,
 };
 use crate::operators::audit::{Entry, Outcome};
+use crate::operators::enrollment::IssuedCode;
 use crate::operators::proposals;
 use crate::operators::reports::Acted;
 use crate::operators::{Role, Scope};
@@ -170,6 +171,7 @@ enum AdminChange {
     CreateOperator,
     ChangeOperator(String),
     DisableOperator(String),
+    IssueCode(String),
 }
 
 impl AdminChange {
@@ -182,6 +184,7 @@ impl AdminChange {
             Self::CreateOperator => "operator.create",
             Self::ChangeOperator(_) => "operator.update",
             Self::DisableOperator(_) => "operator.disable",
+            Self::IssueCode(_) => "operator.enrollment",
         }
     }
 
@@ -268,6 +271,17 @@ impl AdminChange {
                 "Disable the operator",
                 "/console/operators",
             ),
+            Self::IssueCode(operator) => (
+                vec![
+                    format!(
+                        "{operator}'s local password is removed; their sessions end and their tokens stop working now."
+                    ),
+                    "A new enrollment code is shown on the next page, once: give it to them to set a new password."
+                        .into(),
+                ],
+                "Issue the code",
+                "/console/operators",
+            ),
         }
     }
 
@@ -319,8 +333,11 @@ impl AdminChange {
                     tenants: tenants.as_deref(),
                     oidc_subject: AdminForm::field(form.oidc_subject.as_ref()),
                 };
-                make_operator(state, caller, &new, reason).await?;
-                Ok(see_other("/console/operators?notice=operator_created"))
+                let created = make_operator(state, caller, &new, reason).await?;
+                Ok(match created.enrollment {
+                    Some(issued) => code_page(caller, "New operator", issued),
+                    None => see_other("/console/operators?notice=operator_created"),
+                })
             }
             Self::ChangeOperator(operator) => {
                 change_operator(state, caller, operator, Some(form.role()?), Some(form.tenants()), reason).await?;
@@ -329,6 +346,10 @@ impl AdminChange {
             Self::DisableOperator(operator) => {
                 disable(state, caller, operator, reason).await?;
                 Ok(see_other("/console/operators?notice=operator_disabled"))
+            }
+            Self::IssueCode(operator) => {
+                let issued = fresh_code(state, caller, operator, reason).await?;
+                Ok(code_page(caller, "New enrollment code", issued))
             }
         }
     }
@@ -424,6 +445,22 @@ pub(super) async fn connect_form(
     confirm_then_run(&state, &request, action, AdminChange::Connect(tenant), form.into_inner()).await
 }
 
+/// The page that shows an enrollment code, once.
+#[derive(Template)]
+#[template(path = "console/code_issued.html")]
+struct CodeIssuedPage {
+    chrome: Option<Chrome>,
+    title: String,
+    issued: IssuedCode,
+    expires: String,
+}
+
+fn code_page(caller: &Caller, title: &str, issued: IssuedCode) -> HttpResponse {
+    let chrome = Some(Chrome::of(&caller.account, "operators"));
+    let expires = render::timestamp(issued.expires_at);
+    html(StatusCode::OK, &CodeIssuedPage { chrome, title: title.into(), issued, expires })
+}
+
 /// `GET /console/operators`.
 #[derive(Template)]
 #[template(path = "console/operators.html")]
@@ -481,6 +518,18 @@ pub(super) async fn change_operator_form(
     let name = path.into_inner();
     let action = format!("/console/operators/{name}");
     confirm_then_run(&state, &request, action, AdminChange::ChangeOperator(name), form.into_inner()).await
+}
+
+/// `POST /console/operators/{name}/enrollment`: issues an operator a fresh enrollment code.
+pub(super) async fn issue_code_form(
+    state: web::Data<OperatorsState>,
+    request: HttpRequest,
+    path: web::Path<String>,
+    form: web::Form<AdminForm>,
+) -> HttpResponse {
+    let name = path.into_inner();
+    let action = format!("/console/operators/{name}/enrollment");
+    confirm_then_run(&state, &request, action, AdminChange::IssueCode(name), form.into_inner()).await
 }
 
 /// `POST /console/operators/{name}/disable`: disables an operator.

@@ -20,6 +20,7 @@ use super::signing_in::{Caller, caller};
 use super::{OperatorsState, connection, problem};
 use crate::operators::{Account, Role};
 
+mod account;
 mod admin;
 mod assets;
 mod bulk;
@@ -44,7 +45,7 @@ pub(super) const SECURITY_HEADERS: [(&str, &str); 5] = [
 ];
 
 /// What each notice code left in a URL says.
-const NOTICES: [(&str, &str); 12] = [
+const NOTICES: [(&str, &str); 15] = [
     ("retried", "Queued to be sent again: the worker sends it with the same key, so it is charged at most once."),
     (
         "refund_retried",
@@ -58,7 +59,10 @@ const NOTICES: [(&str, &str); 12] = [
     ("withdrawn", "Withdrawn: nothing was done."),
     ("key_revoked", "Revoked: the key stops working within the api's auth cache time."),
     ("disconnected", "Disconnected: in connect mode the tenant takes no new payments until an account is set."),
-    ("operator_created", "Created: give them a password or link their sign-in, and tell them."),
+    ("operator_created", "Created: they sign in at the OpenID provider as the identity you linked."),
+    ("enrolled", "Your password is set: sign in with it."),
+    ("password_changed", "Your password is changed, and every session and token of yours has ended: sign in again."),
+    ("signed_out_everywhere", "Every session of yours has ended and every token of yours is revoked."),
     ("operator_changed", "Changed: their new role and tenants apply from their next request."),
     ("operator_disabled", "Disabled: they are signed out everywhere and their tokens no longer work."),
 ];
@@ -101,6 +105,12 @@ pub(super) fn configure(config: &mut web::ServiceConfig) {
             .route("/operators", web::post().to(admin::create_operator_form))
             .route("/operators/{name}", web::post().to(admin::change_operator_form))
             .route("/operators/{name}/disable", web::post().to(admin::disable_operator_form))
+            .route("/operators/{name}/enrollment", web::post().to(admin::issue_code_form))
+            .route("/enroll", web::get().to(account::enroll_page))
+            .route("/enroll", web::post().to(account::enroll_form))
+            .route("/account", web::get().to(account::account_page))
+            .route("/account/password", web::post().to(account::password_form))
+            .route("/account/sign-out-everywhere", web::post().to(account::sign_out_everywhere_form))
             .route("/recon", web::get().to(pages::recon_runs))
             .route("/recon/{run_id}", web::get().to(pages::recon_run))
             .route("/assets/{file}", web::get().to(assets::serve))

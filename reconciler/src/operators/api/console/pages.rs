@@ -93,17 +93,32 @@ pub(super) struct SignInPage {
     pub(super) error: Option<String>,
     /// The name typed last time.
     pub(super) name: String,
+    /// Whether anyone may sign in with a local password (without an OpenID provider), so that
+    /// enrolling is offered.
+    pub(super) everyone_local: bool,
+    /// What was just done (`?notice=`), said once.
+    pub(super) notice: Option<&'static str>,
 }
 
 impl SignInPage {
     pub(super) fn new(state: &OperatorsState, error: Option<String>, name: String) -> Self {
-        Self { chrome: None, title: "Sign in".to_owned(), oidc: state.oidc.is_some(), error, name }
+        Self {
+            chrome: None,
+            title: "Sign in".to_owned(),
+            oidc: state.oidc.is_some(),
+            error,
+            name,
+            everyone_local: state.oidc.is_none(),
+            notice: None,
+        }
     }
 }
 
 /// `GET /console/sign-in`.
-pub(super) async fn sign_in(state: web::Data<OperatorsState>) -> HttpResponse {
-    html(StatusCode::OK, &SignInPage::new(&state, None, String::new()))
+pub(super) async fn sign_in(state: web::Data<OperatorsState>, request: HttpRequest) -> HttpResponse {
+    let mut page = SignInPage::new(&state, None, String::new());
+    page.notice = notice_of(&request).as_deref().and_then(super::notice_text);
+    html(StatusCode::OK, &page)
 }
 
 /// One figure of the overview.
@@ -150,6 +165,47 @@ struct OverviewPage {
     title: String,
     /// The live part, rendered.
     live: String,
+    /// The break-glass account's name and its last uses, when an OpenID provider is configured
+    /// and there is one.
+    break_glass: Option<(String, Vec<BreakGlassUse>)>,
+}
+
+/// One recorded use of the break-glass account.
+struct BreakGlassUse {
+    at: String,
+    action: String,
+    outcome: String,
+    what: String,
+    source: String,
+}
+
+/// How many of the break-glass account's uses the overview lists.
+const BREAK_GLASS_USES: i64 = 10;
+
+/// The break-glass account's last uses, newest first (every operator sees them: that is the point).
+async fn break_glass_uses(state: &OperatorsState) -> Result<Option<(String, Vec<BreakGlassUse>)>, Problem> {
+    let Some(name) = state.sessions.local.break_glass() else { return Ok(None) };
+    let mut conn = connection(state).await?;
+    let filter = audit::Filter { operator: Some(name.to_owned()), limit: BREAK_GLASS_USES, ..audit::Filter::default() };
+    let rows = audit::list(&mut conn, &filter, &Scope::Every).await.map_err(problem)?;
+    let uses = rows
+        .into_iter()
+        .map(|row| {
+            let detail = row.detail.unwrap_or_default();
+            let what = match (detail["method"].as_str(), detail["path"].as_str()) {
+                (Some(method), Some(path)) => format!("{method} {path}"),
+                _ => String::new(),
+            };
+            BreakGlassUse {
+                at: when(row.at),
+                action: row.action,
+                outcome: row.outcome,
+                what,
+                source: row.source.unwrap_or_default(),
+            }
+        })
+        .collect();
+    Ok(Some((name.to_owned(), uses)))
 }
 
 async fn live_of(state: &OperatorsState, caller: &Caller) -> Result<Live, Problem> {
@@ -209,7 +265,9 @@ pub(super) async fn overview(state: web::Data<OperatorsState>, request: HttpRequ
                 tracing::error!(error = %error, "cannot render the overview");
                 refused(&chrome)(Problem::new(ProblemType::ServiceUnavailable, "cannot render the overview"))
             })?;
-            Ok(html(StatusCode::OK, &OverviewPage { chrome: Some(chrome), title: "Overview".into(), live }))
+            let break_glass = break_glass_uses(&state).await.map_err(refused(&chrome))?;
+            let page = OverviewPage { chrome: Some(chrome), title: "Overview".into(), live, break_glass };
+            Ok(html(StatusCode::OK, &page))
         }
         .await,
     )
