@@ -27,6 +27,7 @@ use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
 
 use crate::localstripe::{self, Localstripe};
+use crate::operations::OperatorClient;
 
 /// The simulator's credential, as every binary's default configuration has it.
 pub const SIMULATOR_API_KEY: &str = "sk_test_oncepay_simulator";
@@ -217,7 +218,21 @@ struct IssuedToken {
     password: String,
 }
 
-/// What `oncepay-reconciler tenants create --json` prints.
+/// The operator, an approver with a token of its own, who approves the test's tenants.
+const TENANT_APPROVER: &str = "oncepay-tests-tenants";
+
+/// What `oncepay-reconciler tenants create --json` prints, of what the harness reads.
+#[derive(Deserialize)]
+struct Proposed {
+    proposal: ProposalRef,
+}
+
+#[derive(Deserialize)]
+struct ProposalRef {
+    proposal_id: Uuid,
+}
+
+/// What `oncepay-reconciler keys collect --json` prints.
 #[derive(Deserialize)]
 struct IssuedKey {
     tenant: IssuedTenant,
@@ -292,6 +307,8 @@ pub struct System {
     reconciler: PathBuf,
     /// The token of the first operator, the admin `oncepay-tests`.
     admin_token: String,
+    /// A second operator, who approves the tenants the admin proposes.
+    tenant_approver: Option<OperatorClient>,
     /// Its local password, made by the bootstrap.
     admin_password: String,
     /// What the provider signs its webhooks with.
@@ -302,11 +319,12 @@ pub struct System {
 }
 
 impl System {
-    /// Starts everything and waits until every process is ready, the way an operator would: a fresh
+    /// Starts everything and waits until every process is ready, the way operators would: a fresh
     /// cluster, `oncepay-reconciler migrate`, `oncepay-reconciler operators bootstrap oncepay-tests`,
-    /// the simulator with the first reconciler's webhook URL, every process, then
-    /// `oncepay-reconciler tenants create <name> --json` for every tenant, as that admin through the
-    /// operations API.
+    /// the simulator with the first reconciler's webhook URL, every process, then a second operator
+    /// (an approver who enrolls and makes its own token), and for every tenant `oncepay-reconciler
+    /// tenants create <name> --json` as that admin, its approval by the second operator, and `keys
+    /// collect` as the admin, through the operations API.
     pub async fn start(config: SystemConfig) -> anyhow::Result<Self> {
         ensure!(!config.tenants.is_empty(), "at least one tenant");
         ensure!(config.topology.apis >= 1 && config.topology.workers >= 1 && config.topology.reconcilers >= 1);
@@ -376,6 +394,7 @@ impl System {
             nodes_down: BTreeSet::new(),
             reconciler: config.binaries.reconciler.clone(),
             admin_token: admin.token,
+            tenant_approver: None,
             admin_password: admin.password,
             webhook_secret,
             two_phase_at_start: None,
@@ -384,22 +403,40 @@ impl System {
         for (role, index) in all {
             system.restart(role, index, &[]).await?;
         }
+        let approver = OperatorClient::admin(&system)?
+            .create_operator(TENANT_APPROVER, "approver", "approves the test's tenants")
+            .await
+            .context("cannot make the operator who approves the tenants")?;
+        system.tenant_approver = Some(approver);
         for name in &config.tenants {
-            let out = system
-                .operator(&["tenants", "create", name, "--reason", "a tenant of the test", "--json"])
-                .await
-                .with_context(|| format!("tenants create {name}"))?;
-            let issued: IssuedKey = serde_json::from_str(&out).context("reading `tenants create --json`")?;
-            system.tenants.push(Tenant {
-                name: issued.tenant.name,
-                tenant_id: issued.tenant.tenant_id,
-                api_key: issued.api_key,
-            });
+            let tenant = system.create_tenant(name, None).await?;
+            system.tenants.push(tenant);
         }
         // Counted from here: a tenant and its key are rows of reference tables, which Citus writes on
         // every node with two-phase commit, as it should; they are setting up, not a hot path.
         system.two_phase_at_start = two_phase_commits(&system.pool, &system.server).await?;
         Ok(system)
+    }
+
+    /// Makes tenant `name` (limited to `rate_limit` requests a second, if given) with the operator
+    /// CLI, as operators do: the admin proposes it, a second operator approves, and the admin collects
+    /// its key.
+    pub async fn create_tenant(&self, name: &str, rate_limit: Option<&str>) -> anyhow::Result<Tenant> {
+        let mut create = vec!["tenants", "create", name, "--reason", "a tenant of the test", "--json"];
+        if let Some(rate_limit) = rate_limit {
+            create.extend(["--rate-limit", rate_limit]);
+        }
+        let out = self.operator(&create).await.with_context(|| format!("tenants create {name}"))?;
+        let proposed: Proposed = serde_json::from_str(&out).context("reading `tenants create --json`")?;
+        let proposal_id = proposed.proposal.proposal_id;
+        let approver = self.tenant_approver.as_ref().context("no operator approves tenants yet")?;
+        approver.approve(proposal_id, "a tenant of the test").await.with_context(|| format!("approving {name}"))?;
+        let out = self
+            .operator(&["keys", "collect", &proposal_id.to_string(), "--json"])
+            .await
+            .with_context(|| format!("keys collect for {name}"))?;
+        let issued: IssuedKey = serde_json::from_str(&out).context("reading `keys collect --json`")?;
+        Ok(Tenant { name: issued.tenant.name, tenant_id: issued.tenant.tenant_id, api_key: issued.api_key })
     }
 
     /// The token of the first operator, the admin `oncepay-tests`, for the operations API.

@@ -410,7 +410,19 @@ async fn operators_find_propose_and_approve_in_a_real_browser_and_see_only_their
     let account = admin.open("/console/account").await;
     assert!(account.contains("Change your password") && account.contains("Sign out everywhere"), "{account}");
     let tenants = admin.open("/console/tenants").await;
-    assert!(tenants.contains("acme") && tenants.contains("globex") && tenants.contains("Issue…"));
+    assert!(tenants.contains("acme") && tenants.contains("globex") && tenants.contains("Propose…"));
+    // A key for a tenant waits for a second person; its proposal is decided on the proposals page.
+    let ops = system.operations_urls().into_iter().next().unwrap();
+    let proposed = reqwest::Client::new()
+        .post(format!("{ops}/v1/tenants/acme/keys"))
+        .bearer_auth(system.admin_token())
+        .json(&json!({ "reason": "acme's new server" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(proposed.status(), reqwest::StatusCode::ACCEPTED);
+    let waiting = admin.open("/console/proposals").await;
+    assert!(waiting.contains("tenant acme") && waiting.contains("Withdraw…"), "{waiting}");
     let operators = admin.open("/console/operators").await;
     assert!(operators.contains("carol") && operators.contains("globex"));
     // On a phone's width, nothing runs off the side of the page: wide tables scroll in their box.

@@ -372,25 +372,7 @@ impl World {
 
     /// A new tenant limited to `rate_limit` requests a second, made with the operator CLI.
     async fn tenant(&self, name: &str, rate_limit: &str) -> Tenant {
-        let created = self
-            .system
-            .operator(&[
-                "--json",
-                "tenants",
-                "create",
-                name,
-                "--rate-limit",
-                rate_limit,
-                "--reason",
-                "a tenant of the test",
-            ])
-            .await;
-        let created: Value = serde_json::from_str(&created.unwrap()).unwrap();
-        Tenant {
-            name: name.to_owned(),
-            tenant_id: created["tenant"]["tenant_id"].as_str().unwrap().parse().unwrap(),
-            api_key: created["api_key"].as_str().unwrap().to_owned(),
-        }
+        self.system.create_tenant(name, Some(rate_limit)).await.unwrap()
     }
 
     /// `POST /v1/payments` with the given credential, key and raw body.

@@ -124,6 +124,33 @@ impl<'a> Stack<'a> {
         command
     }
 
+    /// Runs `oncepay-reconciler <args>` in the reconciler's container with the operations API's
+    /// address, as the operator with `token` if one is given, writing `input` to what it asks; its
+    /// standard output, read as JSON.
+    async fn operator(&self, token: Option<&str>, args: &[&str], input: &str) -> anyhow::Result<Value> {
+        use tokio::io::AsyncWriteExt as _;
+        let url = "ONCEPAY_OPS_URL=http://localhost:8083".to_owned();
+        let token = token.map(|token| format!("ONCEPAY_OPS_TOKEN={token}"));
+        let mut exec = vec!["exec", "-T", "-e", url.as_str()];
+        if let Some(token) = &token {
+            exec.extend(["-e", token.as_str()]);
+        }
+        exec.extend(["reconciler", "oncepay-reconciler", "--json"]);
+        exec.extend(args);
+        let mut child = self
+            .compose(&exec)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .context("cannot run the reconciler's CLI")?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin.write_all(input.as_bytes()).await.context("cannot answer the reconciler's CLI")?;
+        }
+        let output = child.wait_with_output().await.context("cannot run the reconciler's CLI")?;
+        ensure!(output.status.success(), "oncepay-reconciler {} failed: {}", args.join(" "), output.status);
+        serde_json::from_slice(&output.stdout).context("the reconciler printed unreadable JSON")
+    }
+
     async fn compose_ok(&self, args: &[&str], within: Duration) -> anyhow::Result<()> {
         let what = format!("compose {}", args.join(" "));
         tokio::time::timeout(within, containers::run(&mut self.compose(args), &what))
@@ -308,8 +335,9 @@ struct Paid {
 }
 
 /// The image (the Dockerfile's runtime stage around the binaries built here); every service up and
-/// healthy; the first operator made with the reconciler's CLI inside its container, and a tenant
-/// made by that operator through the operations API; a payment that succeeds
+/// healthy; the first operator made with the reconciler's CLI inside its container, a second one who
+/// enrolls, and a tenant proposed by the first and approved by the second through the operations
+/// API; a payment that succeeds
 /// with exactly one charge at the simulator; the same with three workers; the workers restarted in
 /// the middle of a batch, every payment settling with one charge; and everything down with its
 /// volumes.
@@ -343,14 +371,13 @@ async fn check(stack: &Stack<'_>, root: &Path, bin: &Path) -> anyhow::Result<()>
     ensure!(bootstrapped.status.success(), "making the first operator failed: {}", bootstrapped.status);
     let bootstrapped: Value =
         serde_json::from_slice(&bootstrapped.stdout).context("the reconciler printed unreadable JSON")?;
-    let token = bootstrapped["token"].as_str().context("the reconciler printed no token")?;
-    let (url, token) = ("ONCEPAY_OPS_URL=http://localhost:8083".to_owned(), format!("ONCEPAY_OPS_TOKEN={token}"));
-    let create = ["tenants", "create", "compose-check", "--reason", "compose-check", "--json"];
-    let exec =
-        [&["exec", "-T", "-e", &url, "-e", &token, "reconciler", "oncepay-reconciler"][..], &create[..]].concat();
-    let created = stack.compose(&exec).output().await?;
-    ensure!(created.status.success(), "creating a tenant through the operations API failed: {}", created.status);
-    let created: Value = serde_json::from_slice(&created.stdout).context("the reconciler printed unreadable JSON")?;
+    let admin = bootstrapped["token"].as_str().context("the reconciler printed no token")?;
+    let approver = approver(stack, admin).await?;
+    let create = ["tenants", "create", "compose-check", "--reason", "compose-check"];
+    let proposed = stack.operator(Some(admin), &create, "").await?;
+    let proposal_id = proposed["proposal"]["proposal_id"].as_str().context("the reconciler printed no proposal")?;
+    stack.operator(Some(&approver), &["proposals", "approve", proposal_id, "--reason", "compose-check"], "").await?;
+    let created = stack.operator(Some(admin), &["keys", "collect", proposal_id], "").await?;
     let api_key = created["api_key"].as_str().context("the reconciler printed no api_key")?.to_owned();
     let mut payments = vec![stack.pay(&api_key, 1999, true).await?];
     stack.charged_once_each(&payments).await?;
@@ -391,6 +418,19 @@ async fn check(stack: &Stack<'_>, root: &Path, bin: &Path) -> anyhow::Result<()>
     phase.end();
     eprintln!("compose-check: {} payments, each charged once", payments.len());
     Ok(())
+}
+
+/// A second operator, an approver, as a person becomes one: the admin with `admin` creates them, they
+/// set their own password with the enrollment code and sign in for a token of their own. Returns the
+/// token.
+async fn approver(stack: &Stack<'_>, admin: &str) -> anyhow::Result<String> {
+    let create = ["operators", "create", "approver", "--role", "approver", "--reason", "compose-check"];
+    let created = stack.operator(Some(admin), &create, "").await?;
+    let code = created["enrollment"]["code"].as_str().context("the reconciler printed no enrollment code")?;
+    let password = secrets::hex_token(16);
+    stack.operator(None, &["operators", "enroll", "approver"], &format!("{code}\n{password}\n{password}\n")).await?;
+    let signed_in = stack.operator(None, &["sign-in", "--name", "approver"], &format!("{password}\n")).await?;
+    signed_in["token"].as_str().map(str::to_owned).context("the reconciler printed no token")
 }
 
 /// Stops the health check ticks when dropped, however the check ends.

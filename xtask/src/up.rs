@@ -217,8 +217,9 @@ async fn start(root: &Path, options: &Options, running: &mut Running) -> anyhow:
         child.wait_until_ready(&format!("http://127.0.0.1:{port}/readyz"), Duration::from_secs(60)).await?;
     }
 
-    let api_key = demo_key(&reconciler, &admin_login.token, &options.tenant).await?;
-    print_banner(&bin, &api_key, &admin_login, &log_dir, options.provider);
+    let approver_login = approver_login(&reconciler, &admin_login).await?;
+    let api_key = demo_key(&reconciler, &admin_login.token, &approver_login.token, &options.tenant).await?;
+    print_banner(&bin, &api_key, &admin_login, &approver_login, &log_dir, options.provider);
     Ok(())
 }
 
@@ -238,7 +239,7 @@ async fn supervise(children: &mut [Child]) -> anyhow::Result<ExitCode> {
 
 /// Prints where everything runs, the demo tenant's API key, the first admin's token, and
 /// ready-to-paste commands to pay and to look at the dead letters.
-fn print_banner(bin: &Path, api_key: &str, admin: &Login, log_dir: &Path, provider: Provider) {
+fn print_banner(bin: &Path, api_key: &str, admin: &Login, approver: &Login, log_dir: &Path, provider: Provider) {
     let client = bin.join("oncepay");
     let (webhooks, provider_line, declined) = match provider {
         Provider::Simulator => (
@@ -256,12 +257,13 @@ fn print_banner(bin: &Path, api_key: &str, admin: &Login, log_dir: &Path, provid
             "pm_card_chargeCustomerFail",
         ),
     };
-    let console = match &admin.password {
-        Some(password) => format!(
+    let console = match (&admin.password, &approver.password) {
+        (Some(password), Some(second)) => format!(
             "Operator console http://127.0.0.1:{OPERATIONS_PORT}/console/\n\
-             \x20 sign in as admin with the password {password}   (shown once)\n\n"
+             \x20 sign in as admin with the password {password}   (shown once)\n\
+             \x20 or as {APPROVER}, who approves what admin proposes, with the password {second}\n\n"
         ),
-        None => format!(
+        _ => format!(
             "Operator console http://127.0.0.1:{OPERATIONS_PORT}/console/   (sign in with an operator's password)\n\n"
         ),
     };
@@ -306,22 +308,75 @@ fn print_banner(bin: &Path, api_key: &str, admin: &Login, log_dir: &Path, provid
     );
 }
 
-/// Creates the demo tenant (or, if it exists, a new key for it) as the admin with `token`, through
-/// the operations API, and returns the API key.
-async fn demo_key(reconciler: &Path, token: &str, tenant: &str) -> anyhow::Result<String> {
-    let ops =
-        [("ONCEPAY_OPS_URL", format!("http://127.0.0.1:{OPERATIONS_PORT}")), ("ONCEPAY_OPS_TOKEN", token.to_owned())];
+/// The operations API's address and an operator's token, as the CLI takes them.
+fn as_operator(token: &str) -> [(&'static str, String); 2] {
+    [("ONCEPAY_OPS_URL", format!("http://127.0.0.1:{OPERATIONS_PORT}")), ("ONCEPAY_OPS_TOKEN", token.to_owned())]
+}
+
+/// Makes the demo tenant (or, if it exists, a new key for it) the way operators do: the admin with
+/// `admin` proposes it, the approver with `approver` approves, and the admin collects the key. Returns
+/// the API key.
+async fn demo_key(reconciler: &Path, admin: &str, approver: &str, tenant: &str) -> anyhow::Result<String> {
     let reason = "the demo tenant of cargo xtask up";
-    let created = output(reconciler, &["tenants", "create", tenant, "--reason", reason, "--json"], &ops).await?;
-    let issued = match created {
-        Some(json) => json,
-        None => output(reconciler, &["keys", "issue", tenant, "--reason", reason, "--json"], &ops)
+    let proposed =
+        match output(reconciler, &["tenants", "create", tenant, "--reason", reason, "--json"], &as_operator(admin))
             .await?
-            .with_context(|| format!("cannot create tenant {tenant} nor issue it a key"))?,
-    };
+        {
+            Some(json) => json,
+            None => output(reconciler, &["keys", "issue", tenant, "--reason", reason, "--json"], &as_operator(admin))
+                .await?
+                .with_context(|| format!("cannot propose tenant {tenant} nor a key for it"))?,
+        };
+    let proposed: serde_json::Value =
+        serde_json::from_str(&proposed).context("the reconciler printed unreadable JSON")?;
+    let proposal_id = proposed["proposal"]["proposal_id"].as_str().context("the reconciler printed no proposal")?;
+    output(reconciler, &["proposals", "approve", proposal_id, "--reason", reason], &as_operator(approver))
+        .await?
+        .with_context(|| format!("the approver could not approve proposal {proposal_id}"))?;
+    let issued = output(reconciler, &["keys", "collect", proposal_id, "--json"], &as_operator(admin))
+        .await?
+        .with_context(|| format!("cannot collect the key of proposal {proposal_id}"))?;
     let value: serde_json::Value = serde_json::from_str(&issued).context("the reconciler printed unreadable JSON")?;
     value["api_key"].as_str().map(str::to_owned).context("the reconciler printed no api_key")
 }
+
+/// The second operator, who approves what the admin proposes: made by the admin with `admin`, they
+/// set their own password with the enrollment code and sign in for a token of their own, as a person
+/// would at the CLI. A database that has operators already takes the token in
+/// `ONCEPAY_OPS_APPROVER_TOKEN`, one of an approver's.
+async fn approver_login(reconciler: &Path, admin: &Login) -> anyhow::Result<Login> {
+    if admin.password.is_none() {
+        let token = std::env::var("ONCEPAY_OPS_APPROVER_TOKEN").map_err(|_| {
+            anyhow::anyhow!(
+                "this database has operators already: set ONCEPAY_OPS_APPROVER_TOKEN to the token of an approver who \
+                 is not the admin of ONCEPAY_OPS_TOKEN, or unset DATABASE_URL to run on a throwaway database"
+            )
+        })?;
+        return Ok(Login { token, password: None });
+    }
+    let reason = "approves what the admin of cargo xtask up proposes";
+    let create = ["operators", "create", APPROVER, "--role", "approver", "--reason", reason, "--json"];
+    let created =
+        output(reconciler, &create, &as_operator(&admin.token)).await?.context("cannot create the approver")?;
+    let created: serde_json::Value =
+        serde_json::from_str(&created).context("the reconciler printed unreadable JSON")?;
+    let code = created["enrollment"]["code"].as_str().context("the reconciler printed no enrollment code")?;
+    let password = secrets::hex_token(16);
+    let url = [("ONCEPAY_OPS_URL", format!("http://127.0.0.1:{OPERATIONS_PORT}"))];
+    let answers = format!("{code}\n{password}\n{password}\n");
+    answered(reconciler, &["operators", "enroll", APPROVER], &url, &answers)
+        .await?
+        .context("the approver cannot enroll")?;
+    let sign_in = ["sign-in", "--name", APPROVER, "--label", "cargo xtask up", "--json"];
+    let issued =
+        answered(reconciler, &sign_in, &url, &format!("{password}\n")).await?.context("the approver cannot sign in")?;
+    let issued: serde_json::Value = serde_json::from_str(&issued).context("the reconciler printed unreadable JSON")?;
+    let token = issued["token"].as_str().context("the reconciler printed no token")?.to_owned();
+    Ok(Login { token, password: Some(password) })
+}
+
+/// The second operator `cargo xtask up` makes.
+const APPROVER: &str = "approver";
 
 /// The first operator's login: its token, and its password when it was made here.
 struct Login {
@@ -352,13 +407,30 @@ async fn admin_login(reconciler: &Path, database_url: &str) -> anyhow::Result<Lo
 
 /// Runs a reconciler command with `env`; its stdout if it succeeded.
 async fn output(program: &Path, args: &[&str], env: &[(&str, String)]) -> anyhow::Result<Option<String>> {
-    let output = Command::new(program)
+    answered(program, args, env, "").await
+}
+
+/// Runs a reconciler command with `env`, writing `input` to what it asks on its standard input; its
+/// stdout if it succeeded.
+async fn answered(
+    program: &Path,
+    args: &[&str],
+    env: &[(&str, String)],
+    input: &str,
+) -> anyhow::Result<Option<String>> {
+    use tokio::io::AsyncWriteExt as _;
+    let mut child = Command::new(program)
         .args(args)
         .envs(env.iter().map(|(key, value)| (*key, value.as_str())))
         .env(setting_variable("telemetry.log_format"), "text")
-        .output()
-        .await
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
         .with_context(|| format!("cannot run {}", program.display()))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(input.as_bytes()).await.context("cannot answer the reconciler's questions")?;
+    }
+    let output = child.wait_with_output().await.with_context(|| format!("cannot run {}", program.display()))?;
     Ok(output.status.success().then(|| String::from_utf8_lossy(&output.stdout).into_owned()))
 }
 
