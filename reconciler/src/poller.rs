@@ -4,6 +4,9 @@
 //! A lookup runs outside any transaction; its verdict is recorded in one short transaction per
 //! payment. The poller never moves a payment that is not `unknown`. A webhook may settle a payment
 //! while its lookup is in flight: the poller's compare-and-set then loses, which is a normal outcome.
+//!
+//! A charge held by another provider account than the payment's is another merchant's: a lookup
+//! that lists one is judged as if it did not, and the charge is only counted and logged.
 
 use std::time::Duration;
 
@@ -191,6 +194,17 @@ impl<P: PaymentProvider> Poller<P> {
         }
         let lookup =
             self.provider.find_by_key(&payment.payment_id.downstream_key(), payment.asked.account.as_ref()).await;
+        if let Ok(charges) = &lookup {
+            for charge in of_other_accounts(payment, charges) {
+                let why = format!(
+                    "a lookup of payment {} listed charge {} of account {}",
+                    payment.payment_id,
+                    charge.id,
+                    charge.account.as_deref().unwrap_or("(oncepay's own)")
+                );
+                crate::metrics::other_account("lookup", "charge", &why);
+            }
+        }
         Ok((Source::Provider, decide(payment, &lookup, &self.config)))
     }
 
@@ -411,15 +425,25 @@ impl Polled {
     }
 }
 
+/// The charges of `charges` held by another provider account than the payment's.
+fn of_other_accounts<'c>(payment: &Claimed, charges: &'c [Charge]) -> impl Iterator<Item = &'c Charge> {
+    charges.iter().filter(|charge| !settlement::same_account(&payment.asked, charge))
+}
+
 /// Decides what a lookup means. Pure.
 fn decide(payment: &Claimed, lookup: &Result<Vec<Charge>, LookupError>, config: &PollerConfig) -> LookupVerdict {
     let detail = match lookup {
-        Ok(charges) => {
+        Ok(listed) => {
+            // Another account's charges say nothing about this payment, whatever they name.
+            let charges: Vec<&Charge> =
+                listed.iter().filter(|charge| settlement::same_account(&payment.asked, charge)).collect();
+            let others = listed.len() - charges.len();
             // One key normally has at most one charge; a success anywhere means money moved.
             let found = charges
                 .iter()
                 .find(|c| c.status == ChargeStatus::Succeeded)
-                .or_else(|| charges.iter().find(|c| c.status == ChargeStatus::Failed));
+                .or_else(|| charges.iter().find(|c| c.status == ChargeStatus::Failed))
+                .copied();
             if let Some(charge) = found {
                 match settlement::settlement_of(&payment.asked, charge) {
                     Ok(settled) => {
@@ -435,6 +459,11 @@ fn decide(payment: &Claimed, lookup: &Result<Vec<Charge>, LookupError>, config: 
                     }
                     Err(Unsettled::Unbookable(detail)) => detail,
                 }
+            } else if others > 0 {
+                format!(
+                    "the provider listed {others} charge(s) of another provider account and none of the payment's \
+                     account: that proves nothing"
+                )
             } else if payment.in_key_window {
                 // Proof that the earlier send charged nothing: a refused resend ends here, since a resend
                 // would only be refused again.
@@ -534,6 +563,7 @@ mod tests {
         let last_try = claimed(4, 10, false);
         let (refused_fresh, refused_old) = (refused(true), refused(false));
         let found = |payment: &Claimed, status| ok(vec![charge(payment, "ch_1", status)]);
+        let elsewhere = |charge: Charge| Charge { account: Some("acct_other".into()), ..charge };
         let cases = [
             ("charged", &fresh, found(&fresh, ChargeStatus::Succeeded), "charged"),
             ("declined", &fresh, found(&fresh, ChargeStatus::Failed), "declined"),
@@ -576,6 +606,21 @@ mod tests {
             ),
             ("refused resend, nothing past the window", &refused_old, ok(vec![]), "inconclusive"),
             ("refused resend, lookup failed", &refused_fresh, failed(), "inconclusive"),
+            (
+                "only another account's charge",
+                &fresh,
+                ok(vec![elsewhere(charge(&fresh, "ch_1", ChargeStatus::Succeeded))]),
+                "inconclusive",
+            ),
+            (
+                "another account's success beside the payment's decline",
+                &fresh,
+                ok(vec![
+                    elsewhere(charge(&fresh, "ch_9", ChargeStatus::Succeeded)),
+                    charge(&fresh, "ch_1", ChargeStatus::Failed),
+                ]),
+                "declined",
+            ),
         ];
         for (name, payment, lookup, expected) in cases {
             assert_eq!(label(&decide(payment, &lookup, &config())), expected, "{name}");

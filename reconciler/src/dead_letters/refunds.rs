@@ -245,6 +245,8 @@ struct Locked {
     /// Whether it was first sent less than the resend horizon ago.
     in_key_window: bool,
     first_sent_at: Option<OffsetDateTime>,
+    /// The provider account its payment was charged in (`None`: oncepay's own).
+    account: Option<ProviderAccount>,
 }
 
 async fn lock(
@@ -255,11 +257,13 @@ async fn lock(
 ) -> Result<Locked, OperatorError> {
     let row = sqlx::query!(
         r#"
-        SELECT payment_id AS "payment_id: PaymentId", status AS "status: PaymentStatus", amount AS "amount: Amount",
-               currency AS "currency: Currency", first_sent_at,
-               COALESCE(now() - first_sent_at < make_interval(secs => $3), true) AS "in_key_window!"
-        FROM refunds WHERE tenant_id = $1 AND refund_id = $2
-        FOR UPDATE
+        SELECT r.payment_id AS "payment_id: PaymentId", r.status AS "status: PaymentStatus",
+               r.amount AS "amount: Amount", r.currency AS "currency: Currency", r.first_sent_at,
+               p.provider_account AS "account: ProviderAccount",
+               COALESCE(now() - r.first_sent_at < make_interval(secs => $3), true) AS "in_key_window!"
+        FROM refunds r JOIN payments p ON p.tenant_id = $1 AND p.payment_id = r.payment_id
+        WHERE r.tenant_id = $1 AND r.refund_id = $2
+        FOR UPDATE OF r
         "#,
         tenant_id.as_uuid(),
         refund_id.as_uuid(),
@@ -279,6 +283,7 @@ async fn lock(
         currency: row.currency,
         in_key_window: row.in_key_window,
         first_sent_at: row.first_sent_at,
+        account: row.account,
     })
 }
 
@@ -311,10 +316,15 @@ fn reported_in(detail: &Value) -> Vec<ProviderRefund> {
     one.chain(many).filter_map(|item| serde_json::from_value(item.clone()).ok()).collect()
 }
 
-/// A succeeded refund the provider reported for the locked refund, if any: money went back.
+/// A succeeded refund the provider reported for the locked refund, if any: money went back. A
+/// refund held by another provider account than the payment's is not this refund's.
 async fn succeeded_refund_on_record(conn: &mut PgConnection, locked: &Locked) -> Result<Option<String>, OperatorError> {
     let recorded = recorded_refunds(conn, locked.tenant_id, locked.refund_id).await?;
-    Ok(recorded.into_iter().find(|r| r.status == RefundState::Succeeded).map(|r| r.id))
+    let account = locked.account.as_ref().map(ProviderAccount::as_str);
+    Ok(recorded
+        .into_iter()
+        .find(|r| r.status == RefundState::Succeeded && r.account.as_deref() == account)
+        .map(|r| r.id))
 }
 
 /// What an operator's action did to a refund.

@@ -5,8 +5,9 @@
 //!
 //! An event settles only an `unknown` refund, by the rules of a lookup (`settling::judge`): a
 //! refund still being sent is left to its sender, and a terminal or dead-lettered one never moves;
-//! for those the delivery is only recorded. What the event means is decided by [`judge`], pure;
-//! this module does what it says, in one transaction with the refund's row locked.
+//! for those the delivery is only recorded. A refund held by another provider account than the
+//! payment's changes nothing and is not recorded. What the event means is decided by [`judge`],
+//! pure; this module does what it says, in one transaction with the refund's row locked.
 
 use actix_web::HttpResponse;
 use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
@@ -60,6 +61,9 @@ pub enum RefundVerdict {
     /// The refund is terminal and the event contradicts it; the state is kept, and the delivery is
     /// recorded as a conflict.
     Conflicts(String),
+    /// The provider's refund is held by another provider account than the payment's: it is not
+    /// evidence about this refund at all, and nothing is recorded.
+    OtherAccount(String),
 }
 
 impl RefundVerdict {
@@ -72,6 +76,7 @@ impl RefundVerdict {
             Self::LeaveToSender => "not_unknown",
             Self::ForOperator => "dead_lettered",
             Self::Agrees => "already_terminal",
+            Self::OtherAccount(_) => "other_account",
         }
     }
 }
@@ -80,6 +85,16 @@ impl RefundVerdict {
 pub fn judge(stored: &StoredRefund, reported: &ProviderRefund) -> RefundVerdict {
     use PaymentStatus as S;
 
+    // Whoever holds another account can put any refund's name on a refund of theirs: it must not
+    // move, dead-letter or contradict anything.
+    if !settling::same_account(&stored.asked, reported) {
+        return RefundVerdict::OtherAccount(format!(
+            "refund {} is held by account {}, but the refund's payment was charged in account {}",
+            reported.id,
+            reported.account.as_deref().unwrap_or("(oncepay's own)"),
+            stored.asked.account.as_ref().map_or("(oncepay's own)", |account| account.as_str()),
+        ));
+    }
     let finding = settling::judge(&stored.asked, reported);
     let ours = stored.provider_refund_id.as_deref();
     let same_refund = ours == Some(reported.id.as_str());
@@ -144,6 +159,9 @@ pub async fn apply(pool: &PgPool, webhook_id: &str, event: &RefundEvent) -> Resu
 ///   dead-letters it, with the event as evidence; an unfinished one changes nothing.
 /// - anything else: only recorded (a contradiction as `conflict`, and logged).
 ///
+/// A refund held by another provider account than the payment's changes nothing and is not
+/// recorded: it is counted and logged (`other_account`).
+///
 /// A `refund.failed` event must report a failed refund; any other type may report any status.
 #[tracing::instrument(name = "webhook.apply_refund", skip_all, fields(refund.id))]
 pub async fn apply_reported(
@@ -168,6 +186,11 @@ pub async fn apply_reported(
         return Ok(Handled::NotOurs);
     };
     let verdict = judge(&stored, reported);
+    if let RefundVerdict::OtherAccount(why) = &verdict {
+        // Dropping the transaction releases the lock: nothing about the refund was written.
+        crate::metrics::other_account("webhook", "refund", why);
+        return Ok(Handled::OtherAccount);
+    }
     if !record_delivery(&mut tx, tenant_id, payment_id, webhook_id, event_type, verdict.label()).await? {
         // A redelivery: dropping the transaction rolls everything back, so it changes nothing.
         return Ok(Handled::Duplicate);
@@ -221,6 +244,8 @@ async fn act_on(
         | RefundVerdict::LeaveToSender
         | RefundVerdict::ForOperator
         | RefundVerdict::Agrees => true,
+        // Never recorded: `apply_reported` returns before.
+        RefundVerdict::OtherAccount(_) => true,
     };
     if !recorded {
         // The refund row is locked, so its status cannot have changed.
@@ -324,6 +349,7 @@ mod tests {
         };
         let reported = |id: &str, status| fixtures::refund(a.refund_id, id, "ch_1", status, 100);
         let other_amount = |id: &str, status| ProviderRefund { amount: 90, ..reported(id, status) };
+        let elsewhere = |refund: ProviderRefund| ProviderRefund { account: Some("acct_other".into()), ..refund };
         let cases = [
             ("unknown, refunded", stored(S::Unknown, None), reported("re_1", Succeeded), "applied"),
             ("unknown, failed", stored(S::Unknown, None), reported("re_1", Failed), "applied"),
@@ -348,6 +374,24 @@ mod tests {
             ("failure without refund id", stored(S::Failed, None), reported("re_1", Failed), "already_terminal"),
             ("another failed refund", stored(S::Failed, Some("re_1")), reported("re_2", Failed), "conflict"),
             ("not made, then a refund appears", stored(S::Failed, None), reported("re_1", Pending), "conflict"),
+            (
+                "unknown, from another account",
+                stored(S::Unknown, None),
+                elsewhere(reported("re_1", Succeeded)),
+                "other_account",
+            ),
+            (
+                "succeeded, a failure from another account",
+                stored(S::Succeeded, Some("re_1")),
+                elsewhere(reported("re_1", Failed)),
+                "other_account",
+            ),
+            (
+                "dead lettered, from another account",
+                stored(S::DeadLettered, None),
+                elsewhere(reported("re_1", Succeeded)),
+                "other_account",
+            ),
         ];
         for (name, stored, reported, expected) in cases {
             assert_eq!(judge(&stored, &reported).label(), expected, "{name}");

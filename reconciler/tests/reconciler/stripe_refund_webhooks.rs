@@ -226,19 +226,38 @@ async fn a_connect_refund_event_settles_only_a_refund_made_in_its_account(pool: 
     let its_own = from_account(succeeded("evt_1", refunds[0], "re_1"), "acct_A");
     let another_merchants = from_account(succeeded("evt_2", refunds[1], "re_2"), "acct_B");
     let the_platforms = succeeded("evt_3", refunds[2], "re_3");
-    let outcomes =
-        [deliver(&url, &its_own).await, deliver(&url, &another_merchants).await, deliver(&url, &the_platforms).await];
+    // Another merchant's account says the refund made in acct_A failed.
+    let contradiction = from_account(
+        event("evt_4", "refund.failed", stripe_refund(tenant_id, refunds[0], "re_1", "failed", 500)),
+        "acct_B",
+    );
+    let outcomes = [
+        deliver(&url, &its_own).await,
+        deliver(&url, &another_merchants).await,
+        deliver(&url, &the_platforms).await,
+        deliver(&url, &contradiction).await,
+    ];
 
     assert_eq!(
         outcomes.map(|(code, body)| (code, body["outcome"].clone())),
-        [(200, json!("applied")), (200, json!("conflict")), (200, json!("conflict"))]
+        [
+            (200, json!("applied")),
+            (200, json!("other_account")),
+            (200, json!("other_account")),
+            (200, json!("other_account"))
+        ]
     );
     assert_eq!(refund_status(&pool, refunds[0]).await, PaymentStatus::Succeeded);
     for refund_id in &refunds[1..] {
-        assert_eq!(refund_status(&pool, *refund_id).await, PaymentStatus::DeadLettered, "never settled");
+        assert_eq!(refund_status(&pool, *refund_id).await, PaymentStatus::Unknown, "never moved");
         assert_eq!(count_for_refund(&pool, "refund_ledger_entries", *refund_id).await, 0);
     }
     assert_eq!(refunded(&pool, payment_id).await.1, 500, "only the refund in the payment's account is booked");
+    assert_eq!(
+        deliveries(&pool).await,
+        [("evt_1".into(), "refund.updated".into(), "applied".into())],
+        "nothing of another account is recorded, not even as a conflict"
+    );
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
