@@ -13,7 +13,7 @@ pub const WEBHOOKS: &str = "oncepay_reconciler_webhooks_total";
 pub const UNKNOWN_RESOLVED: &str = "oncepay_reconciler_unknown_resolved_total";
 /// `unknown` refunds that left `unknown`, by `how`.
 pub const UNKNOWN_REFUNDS_RESOLVED: &str = "oncepay_reconciler_unknown_refunds_resolved_total";
-/// Dead letters opened, by `kind`.
+/// Dead letters opened, by `kind`: a payment's ([`Kind`]) or [`REFUND_CONFLICT`].
 pub const DEAD_LETTERS: &str = "oncepay_reconciler_dead_letters_total";
 /// Provider reports (webhooks, lookups) of a charge or refund held by another provider account than
 /// the payment's, which change nothing, by `source` and `object`.
@@ -45,10 +45,15 @@ pub const OLDEST_PENDING_AGE: &str = "oncepay_reconciler_oldest_pending_age_seco
 pub const UNKNOWN_PAYMENTS: &str = "oncepay_reconciler_unknown_payments";
 /// How long the oldest `unknown` payment has been `unknown`, 0 when none.
 pub const OLDEST_UNKNOWN_AGE: &str = "oncepay_reconciler_oldest_unknown_age_seconds";
-/// Dead letters not yet resolved by an operator, by `kind`.
+/// Dead letters not yet resolved by an operator, by `kind`: a payment's ([`Kind`]) or
+/// [`REFUND_CONFLICT`].
 pub const OPEN_DEAD_LETTERS: &str = "oncepay_reconciler_open_dead_letters";
 /// When the backlog gauges were last sampled (Unix time): stale gauges are visible as such.
 pub const BACKLOG_SAMPLED_AT: &str = "oncepay_reconciler_backlog_sampled_timestamp_seconds";
+
+/// The `kind` of [`DEAD_LETTERS`] and [`OPEN_DEAD_LETTERS`] for a refund's conflict
+/// (`refund_dead_letters`).
+pub const REFUND_CONFLICT: &str = "refund_conflict";
 
 /// Every `verdict` of [`WEBHOOKS`].
 pub const WEBHOOK_VERDICTS: [&str; 14] = [
@@ -122,8 +127,8 @@ pub fn describe() {
     for how in REFUND_RESOLUTIONS {
         counter!(UNKNOWN_REFUNDS_RESOLVED, "how" => how).increment(0);
     }
-    for kind in Kind::ALL {
-        counter!(DEAD_LETTERS, "kind" => kind.as_str()).increment(0);
+    for kind in Kind::ALL.map(Kind::as_str).into_iter().chain([REFUND_CONFLICT]) {
+        counter!(DEAD_LETTERS, "kind" => kind).increment(0);
     }
     for source in OTHER_ACCOUNT_SOURCES {
         for object in OTHER_ACCOUNT_OBJECTS {

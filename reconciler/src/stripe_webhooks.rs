@@ -29,7 +29,7 @@
 //!   never guessed from its amounts.
 //! - A refund can fail after it succeeded (a closed card): Stripe then sends `refund.failed` for a
 //!   refund oncepay may have booked as succeeded. A final refund never moves; the delivery is
-//!   recorded as a `conflict` and logged (`RefundVerdict::Conflicts`).
+//!   recorded as a `conflict` and opens a conflict for an operator (`RefundVerdict::Conflicts`).
 //! - The Event's `account` is "the connected account that originates the event", present only on
 //!   events from connected accounts.
 

@@ -5,8 +5,9 @@
 //!
 //! An event settles only an `unknown` refund, by the rules of a lookup (`settling::judge`): a
 //! refund still being sent is left to its sender, and a terminal or dead-lettered one never moves;
-//! for those the delivery is only recorded. A refund held by another provider account than the
-//! payment's changes nothing and is not recorded. What the event means is decided by [`judge`],
+//! for those the delivery is only recorded, and one that contradicts a final refund opens a
+//! conflict for an operator (`refund_dead_letters`). A refund held by another provider account than
+//! the payment's changes nothing and is not recorded. What the event means is decided by [`judge`],
 //! pure; this module does what it says, in one transaction with the refund's row locked.
 
 use actix_web::HttpResponse;
@@ -20,10 +21,11 @@ use oncepay_provider::wire::{RefundEvent, RefundEventType};
 use oncepay_store::StoreError;
 use oncepay_store::refunds::settling::{self, AskedRefund, Finding, RefundSettlement};
 use oncepay_store::transitions::Recorded;
-use serde_json::json;
+use serde_json::{Value, json};
 use sqlx::{Acquire, PgConnection, PgPool};
 
 use super::unknown;
+use crate::dead_letters::refunds as dead_refunds;
 use crate::unknown::{Why, evidence};
 use crate::webhook_outcome::{ApplyError, Handled, respond_to};
 
@@ -58,8 +60,8 @@ pub enum RefundVerdict {
     /// The refund is terminal and the event agrees with it, or reports an earlier stage of the same
     /// provider refund (a late delivery).
     Agrees,
-    /// The refund is terminal and the event contradicts it; the state is kept, and the delivery is
-    /// recorded as a conflict.
+    /// The refund is terminal and the event contradicts it; the state is kept, and a conflict is
+    /// opened (or added to) for an operator.
     Conflicts(String),
     /// The provider's refund is held by another provider account than the payment's: it is not
     /// evidence about this refund at all, and nothing is recorded.
@@ -157,7 +159,9 @@ pub async fn apply(pool: &PgPool, webhook_id: &str, event: &RefundEvent) -> Resu
 /// the `webhook-id`, and judges the reported refund against the stored one ([`judge`]):
 /// - `unknown`: settled, exactly as a lookup settles it; a refund that is not what it asked for
 ///   dead-letters it, with the event as evidence; an unfinished one changes nothing.
-/// - anything else: only recorded (a contradiction as `conflict`, and logged).
+/// - terminal and contradicted: the refund keeps its status, and a conflict is opened for an
+///   operator (a later one is added to it), with the event as evidence.
+/// - anything else: only recorded.
 ///
 /// A refund held by another provider account than the payment's changes nothing and is not
 /// recorded: it is counted and logged (`other_account`).
@@ -234,8 +238,8 @@ async fn act_on(
             matches!(applied, Recorded::Moved(_))
         }
         RefundVerdict::Conflicts(why) => {
-            // Recorded with the delivery (`outcome = conflict`); the terminal state is kept.
-            tracing::warn!(refund.id = %refund_id, conflict = why.as_str(), "a refund webhook contradicts a final refund");
+            // The terminal state is kept; an operator decides how the money is put right.
+            dead_refunds::record_conflict(tx, tenant_id, refund_id, why, Value::Array(vec![evidence])).await?;
             true
         }
         // Recorded with the delivery, and nothing more. A refund still being sent is left to its

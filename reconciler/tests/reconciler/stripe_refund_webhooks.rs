@@ -183,7 +183,7 @@ async fn a_refund_failure_fails_an_unknown_refund_and_gives_its_reservation_back
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
-async fn a_refund_that_fails_after_it_succeeded_changes_nothing_and_is_recorded_as_a_conflict(pool: PgPool) {
+async fn a_refund_that_fails_after_it_succeeded_keeps_its_status_and_is_a_conflict_for_an_operator(pool: PgPool) {
     let url = start(&pool);
     let (tenant_id, payment_id) = payment(&pool).await;
     let refund_id = unknown_refund(&pool, tenant_id, payment_id, "refund-1", 500, 60).await;
@@ -205,6 +205,16 @@ async fn a_refund_that_fails_after_it_succeeded_changes_nothing_and_is_recorded_
             ("evt_2".into(), "refund.failed".into(), "conflict".into()),
         ]
     );
+    let entry = sqlx::query!(
+        r#"SELECT kind, reason, jsonb_array_length(evidence) AS "evidence!", resolved_at IS NULL AS "open!"
+           FROM refund_dead_letters WHERE refund_id = $1"#,
+        refund_id.as_uuid()
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((entry.kind.as_str(), entry.evidence, entry.open), ("conflict", 1, true), "{}", entry.reason);
+    assert!(entry.reason.contains("re_1 failed"), "{}", entry.reason);
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
