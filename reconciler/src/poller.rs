@@ -5,6 +5,16 @@
 //! payment. The poller never moves a payment that is not `unknown`. A webhook may settle a payment
 //! while its lookup is in flight: the poller's compare-and-set then loses, which is a normal outcome.
 //!
+//! A consistent lookup that finds no charge proves that none was made so far, not that none will
+//! be: a send whose answer was lost may still reach the provider. Inside the key window that is
+//! harmless for a payment the poller sends again, since the provider answers a resend with the
+//! first send's result. It is not for a payment whose resend the provider refused after an earlier
+//! send may have charged (`refused_after_possible_charge`): another resend would be refused again,
+//! and failing it would report "no charge" while the earlier send may still land. So for such a
+//! payment an empty lookup is inconclusive, as for refunds (`crate::refunds::poller`); inside the
+//! key window no send is old enough to be sure, and past it the lookup by key proves nothing, so it
+//! goes to an operator when the lookups or the time run out, with the refusal in the evidence.
+//!
 //! A charge held by another provider account than the payment's is another merchant's: a lookup
 //! that lists one is judged as if it did not, and the charge is only counted and logged.
 
@@ -19,7 +29,6 @@ use oncepay_service::telemetry;
 use oncepay_store as store;
 use oncepay_store::settlement::{self, Unsettled};
 use oncepay_store::transitions::{Recorded, Settlement};
-use oncepay_store::unknown_queue::Refusal;
 use serde_json::json;
 use sqlx::{Acquire, PgPool};
 use tracing::Instrument;
@@ -83,12 +92,10 @@ enum LookupVerdict {
     /// Provably no charge while the provider still remembers the key (the first send is younger than
     /// the key window minus a margin): back to `pending` and into the outbox, resent with the same key.
     Resend,
-    /// Provably no charge, and the provider refused the last resend: `failed` with that refusal,
-    /// rather than resent to be refused again.
-    Refused(Refusal),
-    /// Anything else: a failed lookup, or no charge past the key window, which proves nothing once the
-    /// provider may have forgotten the key. The evidence is kept and the next lookup is scheduled with
-    /// per-payment exponential backoff.
+    /// Anything else: a failed lookup; no charge past the key window, which proves nothing once the
+    /// provider may have forgotten the key; no charge so far for a payment whose resend the provider
+    /// refused, while an earlier send may still land; or only charges of another provider account.
+    /// The evidence is kept and the next lookup is scheduled with per-payment exponential backoff.
     Inconclusive { detail: String },
     /// After `max_attempts` inconclusive lookups, or once the payment has been `unknown` for
     /// `max_age`: dead-lettered with all the evidence, for an operator.
@@ -256,31 +263,6 @@ impl<P: PaymentProvider> Poller<P> {
                     .context("cannot dead-letter the payment")?
                 {
                     Recorded::Moved(_) => Polled::DeadLettered,
-                    Recorded::LostRace => Polled::LostRace,
-                }
-            }
-            LookupVerdict::Refused(refusal) => {
-                let evidence =
-                    unknown::evidence("poll", json!({"attempt": attempt, "result": "no_charge_in_key_window"}));
-                let reason = "the provider holds no charge for the payment's key, and refused its last resend";
-                let settlement = Settlement::Failed {
-                    code: refusal.code.clone(),
-                    message: refusal.message.clone(),
-                    charge_id: None,
-                };
-                let settled = unknown::settle(
-                    &mut tx,
-                    tenant_id,
-                    payment_id,
-                    Transition::Declined,
-                    &settlement,
-                    why(reason),
-                    evidence,
-                )
-                .await
-                .context("cannot settle the payment")?;
-                match settled {
-                    Recorded::Moved(_) => Polled::Declined,
                     Recorded::LostRace => Polled::LostRace,
                 }
             }
@@ -465,12 +447,17 @@ fn decide(payment: &Claimed, lookup: &Result<Vec<Charge>, LookupError>, config: 
                      account: that proves nothing"
                 )
             } else if payment.in_key_window {
-                // Proof that the earlier send charged nothing: a refused resend ends here, since a resend
-                // would only be refused again.
-                return match &payment.refusal {
-                    Some(refusal) => LookupVerdict::Refused(refusal.clone()),
-                    None => LookupVerdict::Resend,
-                };
+                match &payment.refusal {
+                    // A resend with the same key is answered with the first send's result, whether
+                    // or not that send has landed yet.
+                    None => return LookupVerdict::Resend,
+                    // Another resend would be refused again, and an earlier send may still land.
+                    Some(refusal) => format!(
+                        "no charge for the key so far, but the provider refused the last resend ({}: {}) and an \
+                         earlier send may still land: that proves nothing yet",
+                        refusal.code, refusal.message
+                    ),
+                }
             } else {
                 "no charge for the key, but the provider's key window has passed: that proves nothing".to_owned()
             }
@@ -549,7 +536,6 @@ mod tests {
             LookupVerdict::Settle { .. } => "declined",
             LookupVerdict::Mismatch { .. } => "mismatch",
             LookupVerdict::Resend => "resend",
-            LookupVerdict::Refused(_) => "refused",
             LookupVerdict::Inconclusive { .. } => "inconclusive",
             LookupVerdict::Exhaust { .. } => "exhaust",
         }
@@ -597,7 +583,18 @@ mod tests {
             ("lookup failed", &fresh, failed(), "inconclusive"),
             ("lookup failed, attempts spent", &claimed(4, 10, true), failed(), "exhaust"),
             ("nothing past the window, too old", &claimed(0, 3600, false), ok(vec![]), "exhaust"),
-            ("refused resend, nothing inside the window", &refused_fresh, ok(vec![]), "refused"),
+            (
+                "refused resend, nothing inside the window, a send maybe still landing",
+                &refused_fresh,
+                ok(vec![]),
+                "inconclusive",
+            ),
+            (
+                "refused resend, nothing inside the window, attempts spent",
+                &Claimed { poll_attempts: 4, ..refused(true) },
+                ok(vec![]),
+                "exhaust",
+            ),
             (
                 "refused resend, charged after all",
                 &refused_fresh,
