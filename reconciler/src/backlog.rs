@@ -11,7 +11,8 @@ use time::OffsetDateTime;
 
 use crate::dead_letters::Kind;
 use crate::metrics::{
-    BACKLOG_SAMPLED_AT, OLDEST_PENDING_AGE, OLDEST_UNKNOWN_AGE, OPEN_DEAD_LETTERS, OUTBOX_DEPTH, UNKNOWN_PAYMENTS,
+    BACKLOG_SAMPLED_AT, OLDEST_PENDING_AGE, OLDEST_UNKNOWN_AGE, OPEN_DEAD_LETTERS, OUTBOX_DEPTH, REFUND_CONFLICT,
+    UNKNOWN_PAYMENTS,
 };
 use crate::runner::Pass;
 
@@ -34,14 +35,17 @@ pub struct Backlog {
     pub dead_letters_unresolved: i64,
     /// Open `conflict` dead letters.
     pub dead_letters_conflict: i64,
+    /// Open conflicts on final refunds (`refund_dead_letters`).
+    pub refund_conflicts: i64,
 }
 
 /// Reads the backlog in one statement: the outbox (rows due, scheduled for a retry, leased; the oldest
-/// row's age), the `unknown` queue (size, oldest age) and the open dead letters (by kind).
+/// row's age), the `unknown` queue (size, oldest age), the open dead letters (by kind) and the open
+/// conflicts on refunds.
 ///
 /// Cheap by construction: the outbox and the `unknown` queue hold only unfinished work (rows are
-/// deleted when it finishes), and open dead letters are read through their partial index
-/// (`dead_letters_open`), however many resolved ones accumulate.
+/// deleted when it finishes), and open dead letters are read through their partial indexes
+/// (`dead_letters_open`, `refund_dead_letters_open_by_age`), however many resolved ones accumulate.
 pub async fn sample(pool: &PgPool) -> Result<Backlog, sqlx::Error> {
     let row = sqlx::query!(
         r#"
@@ -57,13 +61,15 @@ pub async fn sample(pool: &PgPool) -> Result<Backlog, sqlx::Error> {
             SELECT count(*) FILTER (WHERE kind = 'unresolved') AS unresolved,
                    count(*) FILTER (WHERE kind = 'conflict') AS conflict
             FROM dead_letters WHERE resolved_at IS NULL
+        ), refund_conflicts_now AS (
+            SELECT count(*) AS conflicts FROM refund_dead_letters WHERE resolved_at IS NULL
         )
         SELECT o.due AS "due!", o.scheduled AS "scheduled!", o.leased AS "leased!",
                COALESCE(extract(epoch FROM now() - o.oldest), 0)::float8 AS "oldest_pending_secs!",
                u.unknown AS "unknown!",
                COALESCE(extract(epoch FROM now() - u.oldest), 0)::float8 AS "oldest_unknown_secs!",
-               d.unresolved AS "unresolved!", d.conflict AS "conflict!"
-        FROM outbox_now o, unknown_now u, dead_letters_now d
+               d.unresolved AS "unresolved!", d.conflict AS "conflict!", r.conflicts AS "refund_conflicts!"
+        FROM outbox_now o, unknown_now u, dead_letters_now d, refund_conflicts_now r
         "#
     )
     .fetch_one(pool)
@@ -77,6 +83,7 @@ pub async fn sample(pool: &PgPool) -> Result<Backlog, sqlx::Error> {
         oldest_unknown: seconds(row.oldest_unknown_secs),
         dead_letters_unresolved: row.unresolved,
         dead_letters_conflict: row.conflict,
+        refund_conflicts: row.refund_conflicts,
     })
 }
 
@@ -98,6 +105,7 @@ impl Backlog {
         metrics::gauge!(OPEN_DEAD_LETTERS, "kind" => Kind::Unresolved.as_str())
             .set(self.dead_letters_unresolved as f64);
         metrics::gauge!(OPEN_DEAD_LETTERS, "kind" => Kind::Conflict.as_str()).set(self.dead_letters_conflict as f64);
+        metrics::gauge!(OPEN_DEAD_LETTERS, "kind" => REFUND_CONFLICT).set(self.refund_conflicts as f64);
         metrics::gauge!(BACKLOG_SAMPLED_AT).set(OffsetDateTime::now_utc().unix_timestamp() as f64);
     }
 }

@@ -504,13 +504,17 @@ pub enum RefundsCommand {
         outside_key_window: bool,
     },
     /// Proposes settling a dead-lettered refund as succeeded (with the provider's refund) or failed,
-    /// for a second operator's approval.
+    /// for a second operator's approval; or acknowledges a conflict on a final refund (done at once).
     Resolve {
         /// The refund's id.
         refund_id: RefundId,
         /// What the refund's outcome was.
-        #[arg(long = "as", value_enum)]
-        outcome: ResolveAs,
+        #[arg(long = "as", value_enum, required_unless_present = "acknowledge", conflicts_with = "acknowledge")]
+        outcome: Option<ResolveAs>,
+        /// For a conflict on a final refund: record that you looked at it and put the money right;
+        /// the refund's status stays.
+        #[arg(long, conflicts_with_all = ["provider_refund_id", "amount", "force"])]
+        acknowledge: bool,
         /// Why (recorded with your name).
         #[arg(long)]
         reason: String,
@@ -832,6 +836,7 @@ async fn refund_command(command: RefundsCommand, ops: &OpsClient) -> Result<Box<
         RefundsCommand::Resolve {
             refund_id,
             outcome,
+            acknowledge: _,
             reason,
             provider_refund_id,
             amount,
@@ -839,8 +844,9 @@ async fn refund_command(command: RefundsCommand, ops: &OpsClient) -> Result<Box<
             refunded_at,
             force,
         } => {
+            let outcome = outcome.map_or("acknowledged", ResolveAs::as_str);
             let body = json!({
-                "as": outcome.as_str(),
+                "as": outcome,
                 "reason": reason,
                 "provider_refund_id": provider_refund_id,
                 "amount": amount,
@@ -1012,6 +1018,9 @@ mod tests {
 
         assert!(parse(&["--as", "failed", "--reason", "the provider failed it"]).is_ok());
         assert!(parse(&["--as", "succeeded", "--provider-refund-id", "re_1", "--reason", "in the dashboard"]).is_ok());
+        assert!(parse(&["--acknowledge", "--reason", "paid back by bank transfer"]).is_ok());
+        assert!(parse(&["--reason", "no outcome"]).is_err());
+        assert!(parse(&["--as", "failed", "--acknowledge", "--reason", "both"]).is_err());
         let by_hand = ["--amount", "500", "--currency", "EUR", "--refunded-at", "2026-01-10T12:00:00Z"];
         assert!(
             parse(&[&["--as", "succeeded", "--provider-refund-id", "re_1", "--reason", "x"][..], &by_hand].concat())

@@ -1,5 +1,6 @@
-//! The reconciler's metrics: their names, help texts, and the series registered at zero on start.
-//! Labels are closed enumerations, never ids.
+//! The reconciler's metrics: their names, help texts, and the series registered at zero on start;
+//! and [`other_account`], a report that is only counted and logged. Labels are closed enumerations,
+//! never ids.
 
 use metrics::{Unit, counter, describe_counter, describe_gauge};
 
@@ -12,8 +13,11 @@ pub const WEBHOOKS: &str = "oncepay_reconciler_webhooks_total";
 pub const UNKNOWN_RESOLVED: &str = "oncepay_reconciler_unknown_resolved_total";
 /// `unknown` refunds that left `unknown`, by `how`.
 pub const UNKNOWN_REFUNDS_RESOLVED: &str = "oncepay_reconciler_unknown_refunds_resolved_total";
-/// Dead letters opened, by `kind`.
+/// Dead letters opened, by `kind`: a payment's ([`Kind`]) or [`REFUND_CONFLICT`].
 pub const DEAD_LETTERS: &str = "oncepay_reconciler_dead_letters_total";
+/// Provider reports (webhooks, lookups) of a charge or refund held by another provider account than
+/// the payment's, which change nothing, by `source` and `object`.
+pub const OTHER_ACCOUNT: &str = "oncepay_reconciler_other_account_reports_total";
 /// Expired idempotency keys deleted.
 pub const REAPED_KEYS: &str = "oncepay_reconciler_reaped_keys_total";
 /// Expired refund idempotency keys deleted.
@@ -51,13 +55,18 @@ pub const OLDEST_PENDING_AGE: &str = "oncepay_reconciler_oldest_pending_age_seco
 pub const UNKNOWN_PAYMENTS: &str = "oncepay_reconciler_unknown_payments";
 /// How long the oldest `unknown` payment has been `unknown`, 0 when none.
 pub const OLDEST_UNKNOWN_AGE: &str = "oncepay_reconciler_oldest_unknown_age_seconds";
-/// Dead letters not yet resolved by an operator, by `kind`.
+/// Dead letters not yet resolved by an operator, by `kind`: a payment's ([`Kind`]) or
+/// [`REFUND_CONFLICT`].
 pub const OPEN_DEAD_LETTERS: &str = "oncepay_reconciler_open_dead_letters";
 /// When the backlog gauges were last sampled (Unix time): stale gauges are visible as such.
 pub const BACKLOG_SAMPLED_AT: &str = "oncepay_reconciler_backlog_sampled_timestamp_seconds";
 
+/// The `kind` of [`DEAD_LETTERS`] and [`OPEN_DEAD_LETTERS`] for a refund's conflict
+/// (`refund_dead_letters`).
+pub const REFUND_CONFLICT: &str = "refund_conflict";
+
 /// Every `verdict` of [`WEBHOOKS`].
-pub const WEBHOOK_VERDICTS: [&str; 13] = [
+pub const WEBHOOK_VERDICTS: [&str; 14] = [
     "applied",
     "duplicate",
     "not_unknown",
@@ -67,6 +76,7 @@ pub const WEBHOOK_VERDICTS: [&str; 13] = [
     "unbookable",
     "unfinished",
     "not_ours",
+    "other_account",
     "invalid_signature",
     "invalid_body",
     "unavailable",
@@ -80,6 +90,10 @@ pub const REFUND_RESOLUTIONS: [&str; 7] =
     ["webhook_refunded", "webhook_failed", "poll_refunded", "poll_failed", "poll_not_made", "resend", "dead_lettered"];
 /// Every `outcome` of [`LEASES_TAKEN_OVER`] and [`REFUND_LEASES_TAKEN_OVER`].
 pub const TAKEOVERS: [&str; 3] = ["released", "uncertain", "obsolete"];
+/// Every `source` of [`OTHER_ACCOUNT`].
+pub const OTHER_ACCOUNT_SOURCES: [&str; 2] = ["webhook", "lookup"];
+/// Every `object` of [`OTHER_ACCOUNT`].
+pub const OTHER_ACCOUNT_OBJECTS: [&str; 2] = ["charge", "refund"];
 /// Every `loop` of [`LOOP_ERRORS`].
 pub const LOOPS: [&str; 6] = ["poller", "refund_poller", "sweeper", "reaper", "recon", "backlog"];
 
@@ -93,6 +107,10 @@ pub fn describe() {
     describe_counter!(UNKNOWN_RESOLVED, "Payments that left `unknown`, by how");
     describe_counter!(UNKNOWN_REFUNDS_RESOLVED, "Refunds that left `unknown`, by how");
     describe_counter!(DEAD_LETTERS, "Dead letters opened for an operator, by kind");
+    describe_counter!(
+        OTHER_ACCOUNT,
+        "Provider reports of a charge or refund in another account than the payment's, which change nothing"
+    );
     describe_counter!(REAPED_KEYS, "Expired idempotency keys of terminal payments deleted");
     describe_counter!(REAPED_REFUND_KEYS, "Expired idempotency keys of terminal refunds deleted");
     describe_counter!(RECON_DISCREPANCIES, "Ledger reconciliation discrepancies found, by class");
@@ -122,8 +140,13 @@ pub fn describe() {
     for how in REFUND_RESOLUTIONS {
         counter!(UNKNOWN_REFUNDS_RESOLVED, "how" => how).increment(0);
     }
-    for kind in Kind::ALL {
-        counter!(DEAD_LETTERS, "kind" => kind.as_str()).increment(0);
+    for kind in Kind::ALL.map(Kind::as_str).into_iter().chain([REFUND_CONFLICT]) {
+        counter!(DEAD_LETTERS, "kind" => kind).increment(0);
+    }
+    for source in OTHER_ACCOUNT_SOURCES {
+        for object in OTHER_ACCOUNT_OBJECTS {
+            counter!(OTHER_ACCOUNT, "source" => source, "object" => object).increment(0);
+        }
     }
     counter!(REAPED_KEYS).increment(0);
     counter!(REAPED_REFUND_KEYS).increment(0);
@@ -144,4 +167,11 @@ pub fn describe() {
         counter!(SIGN_INS_HELD_BACK, "why" => why).increment(0);
     }
     counter!(PASSWORD_CHECKS_REFUSED).increment(0);
+}
+
+/// Counts a report of a charge or refund (`object`) held by another provider account than the
+/// payment's, from a webhook or a lookup (`source`), and logs `why`: that is all it does.
+pub fn other_account(source: &'static str, object: &'static str, why: &str) {
+    counter!(OTHER_ACCOUNT, "source" => source, "object" => object).increment(1);
+    tracing::warn!(source, object, why, "a report from another provider account than the payment's changes nothing");
 }

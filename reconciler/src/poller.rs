@@ -4,6 +4,19 @@
 //! A lookup runs outside any transaction; its verdict is recorded in one short transaction per
 //! payment. The poller never moves a payment that is not `unknown`. A webhook may settle a payment
 //! while its lookup is in flight: the poller's compare-and-set then loses, which is a normal outcome.
+//!
+//! A consistent lookup that finds no charge proves that none was made so far, not that none will
+//! be: a send whose answer was lost may still reach the provider. Inside the key window that is
+//! harmless for a payment the poller sends again, since the provider answers a resend with the
+//! first send's result. It is not for a payment whose resend the provider refused after an earlier
+//! send may have charged (`refused_after_possible_charge`): another resend would be refused again,
+//! and failing it would report "no charge" while the earlier send may still land. So for such a
+//! payment an empty lookup is inconclusive, as for refunds (`crate::refunds::poller`); inside the
+//! key window no send is old enough to be sure, and past it the lookup by key proves nothing, so it
+//! goes to an operator when the lookups or the time run out, with the refusal in the evidence.
+//!
+//! A charge held by another provider account than the payment's is another merchant's: a lookup
+//! that lists one is judged as if it did not, and the charge is only counted and logged.
 
 use std::time::Duration;
 
@@ -16,7 +29,6 @@ use oncepay_service::telemetry;
 use oncepay_store as store;
 use oncepay_store::settlement::{self, Unsettled};
 use oncepay_store::transitions::{Recorded, Settlement};
-use oncepay_store::unknown_queue::Refusal;
 use serde_json::json;
 use sqlx::{Acquire, PgPool};
 use tracing::Instrument;
@@ -80,12 +92,10 @@ enum LookupVerdict {
     /// Provably no charge while the provider still remembers the key (the first send is younger than
     /// the key window minus a margin): back to `pending` and into the outbox, resent with the same key.
     Resend,
-    /// Provably no charge, and the provider refused the last resend: `failed` with that refusal,
-    /// rather than resent to be refused again.
-    Refused(Refusal),
-    /// Anything else: a failed lookup, or no charge past the key window, which proves nothing once the
-    /// provider may have forgotten the key. The evidence is kept and the next lookup is scheduled with
-    /// per-payment exponential backoff.
+    /// Anything else: a failed lookup; no charge past the key window, which proves nothing once the
+    /// provider may have forgotten the key; no charge so far for a payment whose resend the provider
+    /// refused, while an earlier send may still land; or only charges of another provider account.
+    /// The evidence is kept and the next lookup is scheduled with per-payment exponential backoff.
     Inconclusive { detail: String },
     /// After `max_attempts` inconclusive lookups, or once the payment has been `unknown` for
     /// `max_age`: dead-lettered with all the evidence, for an operator.
@@ -191,6 +201,17 @@ impl<P: PaymentProvider> Poller<P> {
         }
         let lookup =
             self.provider.find_by_key(&payment.payment_id.downstream_key(), payment.asked.account.as_ref()).await;
+        if let Ok(charges) = &lookup {
+            for charge in of_other_accounts(payment, charges) {
+                let why = format!(
+                    "a lookup of payment {} listed charge {} of account {}",
+                    payment.payment_id,
+                    charge.id,
+                    charge.account.as_deref().unwrap_or("(oncepay's own)")
+                );
+                crate::metrics::other_account("lookup", "charge", &why);
+            }
+        }
         Ok((Source::Provider, decide(payment, &lookup, &self.config)))
     }
 
@@ -242,31 +263,6 @@ impl<P: PaymentProvider> Poller<P> {
                     .context("cannot dead-letter the payment")?
                 {
                     Recorded::Moved(_) => Polled::DeadLettered,
-                    Recorded::LostRace => Polled::LostRace,
-                }
-            }
-            LookupVerdict::Refused(refusal) => {
-                let evidence =
-                    unknown::evidence("poll", json!({"attempt": attempt, "result": "no_charge_in_key_window"}));
-                let reason = "the provider holds no charge for the payment's key, and refused its last resend";
-                let settlement = Settlement::Failed {
-                    code: refusal.code.clone(),
-                    message: refusal.message.clone(),
-                    charge_id: None,
-                };
-                let settled = unknown::settle(
-                    &mut tx,
-                    tenant_id,
-                    payment_id,
-                    Transition::Declined,
-                    &settlement,
-                    why(reason),
-                    evidence,
-                )
-                .await
-                .context("cannot settle the payment")?;
-                match settled {
-                    Recorded::Moved(_) => Polled::Declined,
                     Recorded::LostRace => Polled::LostRace,
                 }
             }
@@ -411,15 +407,25 @@ impl Polled {
     }
 }
 
+/// The charges of `charges` held by another provider account than the payment's.
+fn of_other_accounts<'c>(payment: &Claimed, charges: &'c [Charge]) -> impl Iterator<Item = &'c Charge> {
+    charges.iter().filter(|charge| !settlement::same_account(&payment.asked, charge))
+}
+
 /// Decides what a lookup means. Pure.
 fn decide(payment: &Claimed, lookup: &Result<Vec<Charge>, LookupError>, config: &PollerConfig) -> LookupVerdict {
     let detail = match lookup {
-        Ok(charges) => {
+        Ok(listed) => {
+            // Another account's charges say nothing about this payment, whatever they name.
+            let charges: Vec<&Charge> =
+                listed.iter().filter(|charge| settlement::same_account(&payment.asked, charge)).collect();
+            let others = listed.len() - charges.len();
             // One key normally has at most one charge; a success anywhere means money moved.
             let found = charges
                 .iter()
                 .find(|c| c.status == ChargeStatus::Succeeded)
-                .or_else(|| charges.iter().find(|c| c.status == ChargeStatus::Failed));
+                .or_else(|| charges.iter().find(|c| c.status == ChargeStatus::Failed))
+                .copied();
             if let Some(charge) = found {
                 match settlement::settlement_of(&payment.asked, charge) {
                     Ok(settled) => {
@@ -435,13 +441,23 @@ fn decide(payment: &Claimed, lookup: &Result<Vec<Charge>, LookupError>, config: 
                     }
                     Err(Unsettled::Unbookable(detail)) => detail,
                 }
+            } else if others > 0 {
+                format!(
+                    "the provider listed {others} charge(s) of another provider account and none of the payment's \
+                     account: that proves nothing"
+                )
             } else if payment.in_key_window {
-                // Proof that the earlier send charged nothing: a refused resend ends here, since a resend
-                // would only be refused again.
-                return match &payment.refusal {
-                    Some(refusal) => LookupVerdict::Refused(refusal.clone()),
-                    None => LookupVerdict::Resend,
-                };
+                match &payment.refusal {
+                    // A resend with the same key is answered with the first send's result, whether
+                    // or not that send has landed yet.
+                    None => return LookupVerdict::Resend,
+                    // Another resend would be refused again, and an earlier send may still land.
+                    Some(refusal) => format!(
+                        "no charge for the key so far, but the provider refused the last resend ({}: {}) and an \
+                         earlier send may still land: that proves nothing yet",
+                        refusal.code, refusal.message
+                    ),
+                }
             } else {
                 "no charge for the key, but the provider's key window has passed: that proves nothing".to_owned()
             }
@@ -520,7 +536,6 @@ mod tests {
             LookupVerdict::Settle { .. } => "declined",
             LookupVerdict::Mismatch { .. } => "mismatch",
             LookupVerdict::Resend => "resend",
-            LookupVerdict::Refused(_) => "refused",
             LookupVerdict::Inconclusive { .. } => "inconclusive",
             LookupVerdict::Exhaust { .. } => "exhaust",
         }
@@ -534,6 +549,7 @@ mod tests {
         let last_try = claimed(4, 10, false);
         let (refused_fresh, refused_old) = (refused(true), refused(false));
         let found = |payment: &Claimed, status| ok(vec![charge(payment, "ch_1", status)]);
+        let elsewhere = |charge: Charge| Charge { account: Some("acct_other".into()), ..charge };
         let cases = [
             ("charged", &fresh, found(&fresh, ChargeStatus::Succeeded), "charged"),
             ("declined", &fresh, found(&fresh, ChargeStatus::Failed), "declined"),
@@ -567,7 +583,18 @@ mod tests {
             ("lookup failed", &fresh, failed(), "inconclusive"),
             ("lookup failed, attempts spent", &claimed(4, 10, true), failed(), "exhaust"),
             ("nothing past the window, too old", &claimed(0, 3600, false), ok(vec![]), "exhaust"),
-            ("refused resend, nothing inside the window", &refused_fresh, ok(vec![]), "refused"),
+            (
+                "refused resend, nothing inside the window, a send maybe still landing",
+                &refused_fresh,
+                ok(vec![]),
+                "inconclusive",
+            ),
+            (
+                "refused resend, nothing inside the window, attempts spent",
+                &Claimed { poll_attempts: 4, ..refused(true) },
+                ok(vec![]),
+                "exhaust",
+            ),
             (
                 "refused resend, charged after all",
                 &refused_fresh,
@@ -576,6 +603,21 @@ mod tests {
             ),
             ("refused resend, nothing past the window", &refused_old, ok(vec![]), "inconclusive"),
             ("refused resend, lookup failed", &refused_fresh, failed(), "inconclusive"),
+            (
+                "only another account's charge",
+                &fresh,
+                ok(vec![elsewhere(charge(&fresh, "ch_1", ChargeStatus::Succeeded))]),
+                "inconclusive",
+            ),
+            (
+                "another account's success beside the payment's decline",
+                &fresh,
+                ok(vec![
+                    elsewhere(charge(&fresh, "ch_9", ChargeStatus::Succeeded)),
+                    charge(&fresh, "ch_1", ChargeStatus::Failed),
+                ]),
+                "declined",
+            ),
         ];
         for (name, payment, lookup, expected) in cases {
             assert_eq!(label(&decide(payment, &lookup, &config())), expected, "{name}");

@@ -9,9 +9,11 @@
 //! Stripe stops resending it.
 //!
 //! A Connect event names the connected account it happened in; its charge or refund is that
-//! account's, and settles only a payment or refund made in the same account
-//! (`oncepay_store::settlement`, `oncepay_store::refunds::settling::judge`). An event from any
-//! other account is recorded as evidence for an operator, never booked.
+//! account's, and is evidence only about a payment or refund made in the same account
+//! (`oncepay_store::settlement::same_account`, `oncepay_store::refunds::settling::same_account`).
+//! An event from any other account (the platform's own included) changes nothing and is not
+//! recorded: whoever holds an account can put any payment's name on an intent of theirs. It is
+//! counted and logged (`other_account`).
 //!
 //! What the refund events are, from Stripe's API reference and changelog:
 //! - `refund.created`, `refund.updated`, `refund.failed` ("Occurs whenever a refund has failed")
@@ -27,7 +29,7 @@
 //!   never guessed from its amounts.
 //! - A refund can fail after it succeeded (a closed card): Stripe then sends `refund.failed` for a
 //!   refund oncepay may have booked as succeeded. A final refund never moves; the delivery is
-//!   recorded as a `conflict` and logged (`RefundVerdict::Conflicts`).
+//!   recorded as a `conflict` and opens a conflict for an operator (`RefundVerdict::Conflicts`).
 //! - The Event's `account` is "the connected account that originates the event", present only on
 //!   events from connected accounts.
 
@@ -172,7 +174,7 @@ fn as_booked(refund: &StripeRefund, account: Option<&str>) -> Option<Refund> {
 /// Of several refunds' outcomes, the one to report for them all: what needs an operator first, then
 /// what changed a refund, then what changed nothing. An outcome not listed here comes first.
 fn most_telling<'a>(outcomes: impl Iterator<Item = &'a str>) -> &'a str {
-    const FIRST_TO_LAST: [&str; 9] = [
+    const FIRST_TO_LAST: [&str; 10] = [
         "conflict",
         "applied",
         "dead_lettered",
@@ -180,6 +182,7 @@ fn most_telling<'a>(outcomes: impl Iterator<Item = &'a str>) -> &'a str {
         "not_unknown",
         "already_terminal",
         Handled::Duplicate.label(),
+        Handled::OtherAccount.label(),
         Handled::NotOurs.label(),
         "ignored",
     ];
@@ -193,11 +196,12 @@ mod tests {
 
     #[test]
     fn several_refunds_report_the_outcome_to_look_at_first() {
-        let cases: [(&[&str], &str); 6] = [
+        let cases: [(&[&str], &str); 7] = [
             (&["not_ours", "applied", "already_terminal"], "applied"),
             (&["applied", "conflict", "duplicate"], "conflict"),
             (&["dead_lettered", "unfinished"], "dead_lettered"),
             (&["duplicate", "not_ours", "ignored"], "duplicate"),
+            (&["other_account", "not_ours", "ignored"], "other_account"),
             (&["applied", "an_outcome_from_the_future"], "an_outcome_from_the_future"),
             (&[], "ignored"),
         ];

@@ -38,8 +38,9 @@ pub struct Claimed {
     pub poll_attempts: i32,
     /// How long it has been `unknown`.
     pub age: Duration,
-    /// The provider's refusal of its last resend, when an earlier send may have charged: what it
-    /// fails with once a lookup proves no charge was made.
+    /// The provider's refusal of its last resend, when an earlier send may have charged: an empty
+    /// lookup does not fail the payment (an earlier send may still land), and the refusal goes into
+    /// the lookup's evidence.
     pub refusal: Option<Refusal>,
     /// Whether the provider still certainly remembers its downstream key (its first send is younger
     /// than the resend horizon), by the database's clock.

@@ -2,10 +2,11 @@
 //! Pure: no I/O.
 //!
 //! [`judge`] is monotonic: only an `unknown` payment is settled, and only by a charge that is what it
-//! asked for, in the provider account it was charged to (`oncepay_store::settlement` decides that, as
-//! it does for the worker and operators). A terminal payment never moves; evidence that contradicts
-//! it, or comes from another account, is a conflict for an operator. A payment still being sent is
-//! left to its sender.
+//! asked for (`oncepay_store::settlement` decides that, as it does for the worker and operators). A
+//! terminal payment never moves; evidence that contradicts it is a conflict for an operator. A
+//! payment still being sent is left to its sender. A charge held by another provider account than
+//! the payment's is another merchant's (or the platform's), whatever it names: it changes nothing,
+//! whatever the payment's status.
 
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::status::{PaymentStatus, Transition};
@@ -57,6 +58,9 @@ pub enum Verdict {
     /// The payment is terminal and the charge cannot be read as reported (a malformed report): it
     /// contradicts nothing, and is only recorded.
     Unreadable(String),
+    /// The charge is held by another provider account than the payment's: it is not evidence about
+    /// this payment at all, and nothing is recorded.
+    OtherAccount(String),
 }
 
 impl Verdict {
@@ -70,6 +74,7 @@ impl Verdict {
             Self::ForOperator => "dead_lettered",
             Self::Agrees => "already_terminal",
             Self::Conflicts(_) => "conflict",
+            Self::OtherAccount(_) => "other_account",
         }
     }
 }
@@ -80,22 +85,22 @@ pub fn judge(stored: &Stored, charge: &Charge) -> Verdict {
     use PaymentStatus as S;
 
     let ours = stored.charge_id.as_deref();
+    // Whoever holds another account can put any payment's name on a charge of theirs: what it says
+    // is no evidence about this payment, so it must not move, dead-letter or add to anything.
+    if !settlement::same_account(&stored.asked, charge) {
+        let account = stored.asked.account.as_ref().map(|a| a.as_str());
+        return Verdict::OtherAccount(format!(
+            "charge {} is held by account {}, but the payment is charged in account {}",
+            charge.id,
+            charge.account.as_deref().unwrap_or("(oncepay's own)"),
+            account.unwrap_or("(oncepay's own)"),
+        ));
+    }
     // A report that cannot be read proves nothing about a final payment either: no conflict.
     if stored.status.is_terminal()
         && let Err(Unsettled::Unbookable(why)) = settlement::settlement_of(&stored.asked, charge)
     {
         return Verdict::Unreadable(why);
-    }
-    // A report from an account the payment was never charged in contradicts a final payment, whatever
-    // it says; for an `unknown` one, the settlement below refuses it the same way.
-    let account = stored.asked.account.as_ref().map(|a| a.as_str());
-    if stored.status.is_terminal() && charge.account.as_deref() != account {
-        return Verdict::Conflicts(format!(
-            "the provider reports charge {} from account {}, but the payment was charged in account {}",
-            charge.id,
-            charge.account.as_deref().unwrap_or("(oncepay's own)"),
-            account.unwrap_or("(oncepay's own)"),
-        ));
     }
     match (stored.status, charge.status) {
         (S::Unknown, _) => match settlement::settlement_of(&stored.asked, charge) {
@@ -198,25 +203,37 @@ mod tests {
                 "unknown, charged in another account",
                 r(S::Unknown, None, None),
                 elsewhere(c("ch_1", Charged, 100)),
-                "conflict",
+                "other_account",
             ),
             (
                 "succeeded, its charge reported by another account",
                 r(S::Succeeded, Some("ch_1"), Some(100)),
                 elsewhere(c("ch_1", Charged, 100)),
-                "conflict",
+                "other_account",
             ),
             (
-                "failed, its decline reported by another account",
+                "failed, a success reported by another account",
                 r(S::Failed, Some("ch_1"), None),
-                elsewhere(c("ch_1", Declined, 100)),
-                "conflict",
+                elsewhere(c("ch_1", Charged, 100)),
+                "other_account",
             ),
             (
                 "processing, from another account",
                 r(S::Processing, None, None),
                 elsewhere(c("ch_1", Charged, 100)),
-                "not_unknown",
+                "other_account",
+            ),
+            (
+                "dead lettered, from another account",
+                r(S::DeadLettered, None, None),
+                elsewhere(c("ch_1", Charged, 100)),
+                "other_account",
+            ),
+            (
+                "unknown, unreadable from another account",
+                r(S::Unknown, None, None),
+                elsewhere(c("ch_1", Charged, 0)),
+                "other_account",
             ),
         ];
         for (name, stored, charge, expected) in cases {

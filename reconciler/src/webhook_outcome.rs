@@ -18,6 +18,9 @@ pub enum Handled {
     Duplicate,
     /// The charge or refund names no payment or refund of ours.
     NotOurs,
+    /// The charge or refund is held by another provider account than the payment's: nothing was
+    /// recorded or changed.
+    OtherAccount,
 }
 
 impl Handled {
@@ -27,6 +30,7 @@ impl Handled {
             Self::Recorded(label) => label,
             Self::Duplicate => "duplicate",
             Self::NotOurs => "not_ours",
+            Self::OtherAccount => "other_account",
         }
     }
 }

@@ -167,6 +167,9 @@ pub(crate) async fn read_body(mut payload: web::Payload, limit: usize) -> Result
 /// - `dead_lettered`: the charge is added to the open dead letter, for the operator.
 /// - terminal and agreeing: nothing. Terminal and contradicting: a `conflict` dead letter, and the
 ///   terminal state is untouched. Terminal and unreadable as reported: only recorded (`unbookable`).
+///
+/// A charge held by another provider account than the payment's, whatever the payment's status,
+/// changes nothing and is not recorded: it is counted and logged (`other_account`).
 #[tracing::instrument(name = "webhook.apply", skip_all, fields(payment.id))]
 pub async fn apply(pool: &PgPool, webhook_id: &str, event: &WebhookEvent) -> Result<Handled, ApplyError> {
     let charge = &event.data;
@@ -189,6 +192,11 @@ pub async fn apply(pool: &PgPool, webhook_id: &str, event: &WebhookEvent) -> Res
         return Ok(Handled::NotOurs);
     };
     let charge_verdict = verdict::judge(&stored, charge);
+    if let Verdict::OtherAccount(why) = &charge_verdict {
+        // Dropping the transaction releases the lock: nothing about the payment was written.
+        crate::metrics::other_account("webhook", "charge", why);
+        return Ok(Handled::OtherAccount);
+    }
     if !record_delivery(&mut tx, tenant_id, payment_id, webhook_id, event, charge_verdict.label()).await? {
         // A redelivery: dropping the transaction rolls everything back, so it changes nothing.
         return Ok(Handled::Duplicate);
@@ -273,6 +281,8 @@ async fn act_on(
         // if it cannot, the payment becomes `unknown` and the poller settles it from the charge
         // recorded here. The reconciler never races a worker that holds a lease.
         Verdict::LeaveToSender | Verdict::Agrees | Verdict::Unreadable(_) => {}
+        // Never recorded: `apply` returns before.
+        Verdict::OtherAccount(_) => {}
         Verdict::ForOperator => {
             if !dead_letters::attach_evidence(tx, tenant_id, payment_id, Value::Array(vec![evidence])).await? {
                 tracing::warn!("a dead-lettered payment has no open dead letter to attach the webhook to");

@@ -221,6 +221,12 @@ pub struct RefundFigures {
     pub provider_refunds: usize,
     /// Refund intents refused because they asked for more than was left.
     pub refused_too_much: usize,
+    /// Conflicts opened on final refunds that a provider's report contradicted
+    /// (`refund_dead_letters`).
+    pub conflicts: usize,
+    /// Of those, the ones whose refund agrees with the provider's record in every respect: false
+    /// alarms for operators (refund id, the conflict's reason).
+    pub false_conflicts: Vec<(Uuid, String)>,
 }
 
 struct RefundRow {
@@ -274,6 +280,13 @@ pub async fn check(
             .into_iter()
             .map(|entry| (entry.refund_id, (entry.provider_refund_id, entry.amount)))
             .collect();
+
+    let conflicts: Vec<(Uuid, String)> = sqlx::query!("SELECT refund_id, reason FROM refund_dead_letters")
+        .fetch_all(pool)
+        .await?
+        .into_iter()
+        .map(|conflict| (conflict.refund_id, conflict.reason))
+        .collect();
 
     let mut violations = Vec::new();
     let mut violation = |what: &str, evidence: String| {
@@ -389,6 +402,32 @@ pub async fn check(
                     payment.payment_id, payment.amount, payment.refunds_reserved, payment.refunded
                 ),
             );
+        }
+    }
+    // A conflict keeps the refund's final status and breaks no invariant, but it must be on a final
+    // refund, and one whose refund agrees with the provider's record is a false alarm.
+    figures.conflicts = conflicts.len();
+    for (refund_id, reason) in conflicts {
+        let made: &[&Refund] = by_refund.get(&refund_id).map_or(&[], Vec::as_slice);
+        let moved: Vec<&&Refund> = made.iter().filter(|r| r.status == RefundState::Succeeded).collect();
+        let agrees = match refunds.get(&refund_id) {
+            Some(refund) if refund.status == "succeeded" => matches!(
+                moved.as_slice(),
+                [one] if made.len() == 1 && one.amount == refund.amount
+                    && refund.provider_refund_id.as_deref() == Some(one.id.as_str())
+            ),
+            Some(refund) if refund.status == "failed" => moved.is_empty(),
+            Some(refund) => {
+                violation(
+                    "a refund conflict is open on a refund that is not final",
+                    format!("refund {refund_id} ({}): {reason}", refund.status),
+                );
+                false
+            }
+            None => false,
+        };
+        if agrees {
+            figures.false_conflicts.push((refund_id, reason));
         }
     }
     // What the clients saw: one refund per key, of the payment they named, of their tenant.

@@ -107,12 +107,15 @@ impl fmt::Display for Report {
         let refunds: Vec<String> = v.refunds.by_status.iter().map(|(status, n)| format!("{status} {n}")).collect();
         writeln!(
             f,
-            "refunds          {} for {} refund intents ({}); {} at the provider; {} refused as more than was left",
+            "refunds          {} for {} refund intents ({}); {} at the provider; {} refused as more than was left; \
+             {} conflict(s) on final refunds ({} false)",
             v.refunds.refunds,
             o.refunds.len(),
             refunds.join(", "),
             v.refunds.provider_refunds,
-            v.refunds.refused_too_much
+            v.refunds.refused_too_much,
+            v.refunds.conflicts,
+            v.refunds.false_conflicts.len()
         )?;
         writeln!(
             f,
@@ -150,6 +153,13 @@ impl fmt::Display for Report {
                 "false conflicts  {} conflict dead letter(s) on payments that agree with the provider and the ledger, \
                  e.g. {payment_id}: {reason}",
                 v.false_conflicts.len()
+            )?;
+        }
+        if let Some((refund_id, reason)) = v.refunds.false_conflicts.first() {
+            writeln!(
+                f,
+                "false conflicts  {} conflict(s) on refunds that agree with the provider, e.g. {refund_id}: {reason}",
+                v.refunds.false_conflicts.len()
             )?;
         }
         if !v.notes.is_empty() {

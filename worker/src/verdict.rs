@@ -72,8 +72,8 @@ pub enum Verdict {
         code: &'static str,
         /// For the audit trail and the evidence.
         reason: String,
-        /// The provider's refusal of a resend, which ends the payment `failed` once a lookup proves
-        /// no charge was made.
+        /// The provider's refusal of a resend, kept with the payment's queue row as evidence for
+        /// the reconciler and operators.
         refusal: Option<Refusal>,
     },
 }

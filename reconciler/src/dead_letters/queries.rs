@@ -252,7 +252,10 @@ pub(super) async fn lock_open(
 }
 
 /// A succeeded charge that a signed webhook or a lookup recorded for the locked payment, if any: in
-/// the evidence of any of its dead letters, the closed ones too.
+/// the evidence of any of its dead letters, the closed ones too. Only a charge held by the payment's
+/// provider account counts (a charge's `account` is left out for oncepay's own): one of another
+/// account is another merchant's, whatever it names, and may have been recorded by a version that
+/// did not tell them apart.
 pub(super) async fn succeeded_charge_on_record(
     conn: &mut PgConnection,
     locked: &Locked,
@@ -260,14 +263,17 @@ pub(super) async fn succeeded_charge_on_record(
     let charge_id = sqlx::query_scalar!(
         r#"
         (SELECT charge->>'id' AS "charge_id!" FROM webhook_events
-         WHERE tenant_id = $1 AND payment_id = $2 AND charge->>'status' = 'succeeded')
+         WHERE tenant_id = $1 AND payment_id = $2 AND charge->>'status' = 'succeeded'
+           AND charge->>'account' IS NOT DISTINCT FROM $3)
         UNION ALL
         (SELECT item->'charge'->>'id' FROM dead_letters d, jsonb_array_elements(d.evidence) AS item
-         WHERE d.tenant_id = $1 AND d.payment_id = $2 AND item->'charge'->>'status' = 'succeeded')
+         WHERE d.tenant_id = $1 AND d.payment_id = $2 AND item->'charge'->>'status' = 'succeeded'
+           AND item->'charge'->>'account' IS NOT DISTINCT FROM $3)
         LIMIT 1
         "#,
         locked.tenant_id.as_uuid(),
         locked.asked.payment_id.as_uuid(),
+        locked.asked.account.as_ref().map(ProviderAccount::as_str),
     )
     .fetch_optional(conn)
     .await

@@ -1,12 +1,18 @@
-//! Refunds automation gave up on (`dead_lettered`), for operators: listing them, and what an
-//! operator may do with one: send it again, or settle it as succeeded or failed. This module owns
-//! the rules and the refusals, as [`super::actions`] does for payments.
+//! Refunds that wait for an operator, and what an operator may do with them. This module owns the
+//! rules and the refusals, as [`super::actions`] does for payments. Two kinds wait:
 //!
-//! A refund has no dead-letter row: its status is the entry, and its history (`refund_events`) holds
-//! the evidence. Each action runs in one transaction that locks the refund and checks it again, and
-//! moves it through `oncepay_store::refunds::settling`, so that its history, its payment's money
-//! and its ledger entry stay right. No transaction is open while the provider is asked about a
-//! refund.
+//! - `unresolved`: refunds automation gave up on (`dead_lettered`). Such a refund has no dead-letter
+//!   row: its status is the entry, and its history (`refund_events`) holds the evidence. An operator
+//!   sends it again, or settles it as succeeded or failed.
+//! - `conflict`: a final refund that a provider's report contradicts (failed after it succeeded,
+//!   succeeded after it failed). The refund keeps its final status, so it needs a row: an open
+//!   `refund_dead_letters` entry, with every contradicting report as evidence
+//!   ([`record_conflict`]). An operator puts the money right at the provider and acknowledges it
+//!   ([`acknowledge`]).
+//!
+//! Each action runs in one transaction that locks the refund and checks it again, and moves it
+//! through `oncepay_store::refunds::settling`, so that its history, its payment's money and its
+//! ledger entry stay right. No transaction is open while the provider is asked about a refund.
 
 use std::io::{self, Write};
 use std::time::Duration;
@@ -26,6 +32,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 use uuid::Uuid;
 
+use super::Kind;
 use super::actions::{Operator, require_reason};
 use crate::operator_error::OperatorError;
 use crate::render::{self, Report, Table};
@@ -33,9 +40,12 @@ use crate::render::{self, Report, Table};
 /// The most dead-lettered refunds a list shows.
 const LIST_ROWS: i64 = 500;
 
-/// A dead-lettered refund, as listed.
+/// A refund that waits for an operator, as listed.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DeadRefund {
+    /// Why it waits: `unresolved` (automation gave up on it: `dead_lettered`) or `conflict` (a
+    /// provider's report contradicts it, final as it is).
+    pub kind: Kind,
     /// The refund.
     pub refund_id: RefundId,
     /// The payment it gives money back from.
@@ -48,36 +58,52 @@ pub struct DeadRefund {
     pub amount: Amount,
     /// In the payment's currency.
     pub currency: Currency,
+    /// Its status: `dead_lettered`, or the final status a conflict contradicts.
+    pub refund_status: PaymentStatus,
     /// Who asked for it: `api` or `operator:<name>`.
     pub requested_by: String,
     /// The provider's refund, if one was named.
     pub provider_refund_id: Option<String>,
-    /// Why it was dead-lettered.
+    /// Why it waits.
     pub reason: String,
-    /// What was gathered when it was.
+    /// What was gathered: the last lookup of a dead-lettered refund; every contradicting report of a
+    /// conflict.
     pub evidence: Option<Value>,
     /// How many times a worker sent it.
     pub send_attempts: i32,
     /// When it was first sent.
     #[serde(with = "time::serde::rfc3339::option")]
     pub first_sent_at: Option<OffsetDateTime>,
-    /// When it was dead-lettered.
+    /// Since when it waits: when it was dead-lettered, or when the conflict was opened.
     #[serde(with = "time::serde::rfc3339")]
     pub since: OffsetDateTime,
 }
 
-/// `refunds dead-letters`: the refunds automation gave up on, oldest first.
+/// `refunds dead-letters`: the refunds that wait for an operator, oldest first.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct DeadRefundList(pub Vec<DeadRefund>);
 
 impl Report for DeadRefundList {
     fn human(&self, out: &mut dyn Write) -> io::Result<()> {
-        let mut table = Table::new(&["REFUND", "PAYMENT", "TENANT", "AMOUNT", "SENDS", "SINCE", "REQUESTED BY", "WHY"]);
+        let mut table = Table::new(&[
+            "REFUND",
+            "PAYMENT",
+            "TENANT",
+            "KIND",
+            "STATUS",
+            "AMOUNT",
+            "SENDS",
+            "SINCE",
+            "REQUESTED BY",
+            "WHY",
+        ]);
         for r in &self.0 {
             table.row(vec![
                 r.refund_id.to_string(),
                 r.payment_id.to_string(),
                 r.tenant.clone().unwrap_or_else(|| r.tenant_id.to_string()),
+                r.kind.as_str().to_owned(),
+                r.refund_status.as_str().to_owned(),
                 format!("{} {}", r.amount, r.currency),
                 r.send_attempts.to_string(),
                 render::timestamp(r.since),
@@ -85,7 +111,7 @@ impl Report for DeadRefundList {
                 r.reason.clone(),
             ]);
         }
-        table.write(out, "no dead-lettered refunds")
+        table.write(out, "no refund waits for an operator")
     }
 
     fn json(&self) -> Value {
@@ -93,32 +119,48 @@ impl Report for DeadRefundList {
     }
 }
 
-/// The dead-lettered refunds of every tenant, or only of `tenants`, and only of `payment_id` when
-/// given: oldest first, at most [`LIST_ROWS`].
+/// The refunds that wait for an operator, of every tenant or only of `tenants`, and only of
+/// `payment_id` when given: the dead-lettered ones and the open conflicts, oldest first, at most
+/// [`LIST_ROWS`].
 pub async fn list(
     conn: &mut PgConnection,
     tenants: Option<&[Uuid]>,
     payment_id: Option<PaymentId>,
 ) -> Result<Vec<DeadRefund>, OperatorError> {
-    let rows = sqlx::query_as!(
-        DeadRefund,
+    let rows = sqlx::query!(
         r#"
-        SELECT r.refund_id AS "refund_id: RefundId", r.payment_id AS "payment_id: PaymentId",
-               r.tenant_id AS "tenant_id: TenantId", t.name AS "tenant?", r.amount AS "amount: Amount",
-               r.currency AS "currency: Currency", r.requested_by, r.provider_refund_id,
-               COALESCE(e.reason, 'dead-lettered') AS "reason!", e.detail AS "evidence?", r.send_attempts,
-               r.first_sent_at, r.updated_at AS since
-        FROM refunds r
-        LEFT JOIN tenants t ON t.tenant_id = r.tenant_id
-        LEFT JOIN LATERAL (
-            SELECT reason, detail FROM refund_events
-            WHERE tenant_id = r.tenant_id AND refund_id = r.refund_id AND to_status = 'dead_lettered'
-            ORDER BY seq DESC LIMIT 1
-        ) e ON true
-        WHERE r.status = 'dead_lettered'
-          AND ($1::uuid[] IS NULL OR r.tenant_id = ANY ($1))
-          AND ($2::uuid IS NULL OR r.payment_id = $2)
-        ORDER BY r.updated_at, r.refund_id
+        SELECT kind AS "kind!", refund_id AS "refund_id!: RefundId", payment_id AS "payment_id!: PaymentId",
+               tenant_id AS "tenant_id!: TenantId", tenant, amount AS "amount!: Amount",
+               currency AS "currency!: Currency", status AS "status!: PaymentStatus", requested_by AS "requested_by!",
+               provider_refund_id, reason AS "reason!", evidence, send_attempts AS "send_attempts!",
+               first_sent_at, since AS "since!"
+        FROM (
+            SELECT 'unresolved' AS kind, r.refund_id, r.payment_id, r.tenant_id, t.name AS tenant, r.amount,
+                   r.currency, r.status, r.requested_by, r.provider_refund_id,
+                   COALESCE(e.reason, 'dead-lettered') AS reason, e.detail AS evidence, r.send_attempts,
+                   r.first_sent_at, r.updated_at AS since
+            FROM refunds r
+            LEFT JOIN tenants t ON t.tenant_id = r.tenant_id
+            LEFT JOIN LATERAL (
+                SELECT reason, detail FROM refund_events
+                WHERE tenant_id = r.tenant_id AND refund_id = r.refund_id AND to_status = 'dead_lettered'
+                ORDER BY seq DESC LIMIT 1
+            ) e ON true
+            WHERE r.status = 'dead_lettered'
+              AND ($1::uuid[] IS NULL OR r.tenant_id = ANY ($1))
+              AND ($2::uuid IS NULL OR r.payment_id = $2)
+            UNION ALL
+            SELECT 'conflict', r.refund_id, r.payment_id, r.tenant_id, t.name, r.amount, r.currency, r.status,
+                   r.requested_by, r.provider_refund_id, d.reason, d.evidence, r.send_attempts, r.first_sent_at,
+                   d.created_at
+            FROM refund_dead_letters d
+            JOIN refunds r ON r.tenant_id = d.tenant_id AND r.refund_id = d.refund_id
+            LEFT JOIN tenants t ON t.tenant_id = d.tenant_id
+            WHERE d.resolved_at IS NULL
+              AND ($1::uuid[] IS NULL OR d.tenant_id = ANY ($1))
+              AND ($2::uuid IS NULL OR r.payment_id = $2)
+        ) waiting
+        ORDER BY since, refund_id
         LIMIT $3
         "#,
         tenants,
@@ -127,8 +169,62 @@ pub async fn list(
     )
     .fetch_all(conn)
     .await
-    .context("cannot read the dead-lettered refunds")?;
-    Ok(rows)
+    .context("cannot read the refunds that wait for an operator")?;
+    let mut waiting = Vec::with_capacity(rows.len());
+    for row in rows {
+        let kind = row.kind.parse().with_context(|| format!("cannot read the entry of refund {}", row.refund_id))?;
+        waiting.push(DeadRefund {
+            kind,
+            refund_id: row.refund_id,
+            payment_id: row.payment_id,
+            tenant_id: row.tenant_id,
+            tenant: row.tenant,
+            amount: row.amount,
+            currency: row.currency,
+            refund_status: row.status,
+            requested_by: row.requested_by,
+            provider_refund_id: row.provider_refund_id,
+            reason: row.reason,
+            evidence: row.evidence,
+            send_attempts: row.send_attempts,
+            first_sent_at: row.first_sent_at,
+            since: row.since,
+        });
+    }
+    Ok(waiting)
+}
+
+/// Opens a conflict on a final refund that a provider's report contradicts, or adds `evidence` (a
+/// JSON array) to its open one, in the caller's transaction. The refund keeps its status. Counts
+/// new entries in `oncepay_reconciler_dead_letters_total{kind="refund_conflict"}`.
+pub async fn record_conflict(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    refund_id: RefundId,
+    reason: &str,
+    evidence: Value,
+) -> Result<(), oncepay_store::StoreError> {
+    // A partial unique index allows one open entry per refund; a later contradiction adds to it.
+    let opened = sqlx::query_scalar!(
+        r#"
+        INSERT INTO refund_dead_letters (tenant_id, refund_id, kind, reason, evidence)
+        VALUES ($1, $2, 'conflict', $3, $4)
+        ON CONFLICT (tenant_id, refund_id) WHERE resolved_at IS NULL DO UPDATE
+        SET evidence = refund_dead_letters.evidence || EXCLUDED.evidence
+        RETURNING xmax = 0 AS "opened!"
+        "#,
+        tenant_id.as_uuid(),
+        refund_id.as_uuid(),
+        reason,
+        evidence,
+    )
+    .fetch_one(conn)
+    .await?;
+    if opened {
+        metrics::counter!(crate::metrics::DEAD_LETTERS, "kind" => crate::metrics::REFUND_CONFLICT).increment(1);
+        tracing::warn!(refund.id = %refund_id, reason, "a final refund is contradicted: a conflict for an operator");
+    }
+    Ok(())
 }
 
 /// A refund as an operator saw it: enough to tell later whether anything happened to it since.
@@ -245,6 +341,8 @@ struct Locked {
     /// Whether it was first sent less than the resend horizon ago.
     in_key_window: bool,
     first_sent_at: Option<OffsetDateTime>,
+    /// The provider account its payment was charged in (`None`: oncepay's own).
+    account: Option<ProviderAccount>,
 }
 
 async fn lock(
@@ -255,11 +353,13 @@ async fn lock(
 ) -> Result<Locked, OperatorError> {
     let row = sqlx::query!(
         r#"
-        SELECT payment_id AS "payment_id: PaymentId", status AS "status: PaymentStatus", amount AS "amount: Amount",
-               currency AS "currency: Currency", first_sent_at,
-               COALESCE(now() - first_sent_at < make_interval(secs => $3), true) AS "in_key_window!"
-        FROM refunds WHERE tenant_id = $1 AND refund_id = $2
-        FOR UPDATE
+        SELECT r.payment_id AS "payment_id: PaymentId", r.status AS "status: PaymentStatus",
+               r.amount AS "amount: Amount", r.currency AS "currency: Currency", r.first_sent_at,
+               p.provider_account AS "account: ProviderAccount",
+               COALESCE(now() - r.first_sent_at < make_interval(secs => $3), true) AS "in_key_window!"
+        FROM refunds r JOIN payments p ON p.tenant_id = $1 AND p.payment_id = r.payment_id
+        WHERE r.tenant_id = $1 AND r.refund_id = $2
+        FOR UPDATE OF r
         "#,
         tenant_id.as_uuid(),
         refund_id.as_uuid(),
@@ -279,6 +379,7 @@ async fn lock(
         currency: row.currency,
         in_key_window: row.in_key_window,
         first_sent_at: row.first_sent_at,
+        account: row.account,
     })
 }
 
@@ -311,10 +412,15 @@ fn reported_in(detail: &Value) -> Vec<ProviderRefund> {
     one.chain(many).filter_map(|item| serde_json::from_value(item.clone()).ok()).collect()
 }
 
-/// A succeeded refund the provider reported for the locked refund, if any: money went back.
+/// A succeeded refund the provider reported for the locked refund, if any: money went back. A
+/// refund held by another provider account than the payment's is not this refund's.
 async fn succeeded_refund_on_record(conn: &mut PgConnection, locked: &Locked) -> Result<Option<String>, OperatorError> {
     let recorded = recorded_refunds(conn, locked.tenant_id, locked.refund_id).await?;
-    Ok(recorded.into_iter().find(|r| r.status == RefundState::Succeeded).map(|r| r.id))
+    let account = locked.account.as_ref().map(ProviderAccount::as_str);
+    Ok(recorded
+        .into_iter()
+        .find(|r| r.status == RefundState::Succeeded && r.account.as_deref() == account)
+        .map(|r| r.id))
 }
 
 /// What an operator's action did to a refund.
@@ -329,6 +435,8 @@ pub enum RefundDone {
     Failed,
     /// The refund was queued to be sent again.
     Retried,
+    /// A conflict on the final refund was closed; the refund stays as it is.
+    Acknowledged,
 }
 
 impl RefundDone {
@@ -339,6 +447,7 @@ impl RefundDone {
             Self::Succeeded => "succeeded",
             Self::Failed => "failed",
             Self::Retried => "retried",
+            Self::Acknowledged => "acknowledged",
         }
     }
 }
@@ -467,6 +576,64 @@ pub async fn retry(conn: &mut PgConnection, retry: &RefundRetry<'_>) -> Result<R
     }
     tx.commit().await.context("cannot commit the retry")?;
     Ok(RefundActed::of(&locked, RefundDone::Retried, retry.operator, reason, PaymentStatus::Pending))
+}
+
+/// Closes the open conflict on refund `refund_id` as acknowledged, by `operator` for `reason`: the
+/// refund keeps its final status, and no money moves. Refused when the refund has no open conflict.
+pub async fn acknowledge(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    refund_id: RefundId,
+    operator: &Operator,
+    reason: &str,
+) -> Result<RefundActed, OperatorError> {
+    let reason = require_reason(reason)?;
+    let mut tx = conn.begin().await.context("cannot start a transaction")?;
+    let open = sqlx::query!(
+        r#"
+        SELECT d.dead_letter_id, r.payment_id AS "payment_id: PaymentId", r.status AS "status: PaymentStatus",
+               r.amount AS "amount: Amount", r.currency AS "currency: Currency"
+        FROM refund_dead_letters d JOIN refunds r ON r.tenant_id = $1 AND r.refund_id = d.refund_id
+        WHERE d.tenant_id = $1 AND d.refund_id = $2 AND d.resolved_at IS NULL
+        FOR UPDATE OF d, r
+        "#,
+        tenant_id.as_uuid(),
+        refund_id.as_uuid(),
+    )
+    .fetch_optional(&mut *tx)
+    .await
+    .context("cannot read the refund's conflict")?
+    .ok_or_else(|| {
+        OperatorError::Refused(format!(
+            "refund {refund_id} has no open conflict to acknowledge: a refund automation gave up on is sent again or \
+             settled (`refunds retry`, `refunds resolve --as succeeded|failed`)"
+        ))
+    })?;
+    sqlx::query!(
+        r#"
+        UPDATE refund_dead_letters
+        SET resolved_at = now(), resolved_by = $3, resolution = 'acknowledged', resolution_note = $4
+        WHERE tenant_id = $1 AND dead_letter_id = $2 AND resolved_at IS NULL
+        "#,
+        tenant_id.as_uuid(),
+        open.dead_letter_id,
+        operator.actor(),
+        reason,
+    )
+    .execute(&mut *tx)
+    .await
+    .context("cannot close the refund's conflict")?;
+    tx.commit().await.context("cannot commit the acknowledgement")?;
+    Ok(RefundActed {
+        refund_id,
+        payment_id: open.payment_id,
+        done: RefundDone::Acknowledged,
+        by: operator.actor().to_owned(),
+        note: reason.to_owned(),
+        refund_status: open.status,
+        amount: open.amount,
+        currency: open.currency,
+    })
 }
 
 fn moved<T>(recorded: &Recorded<T>, refund_id: RefundId) -> Result<(), OperatorError> {

@@ -10,6 +10,9 @@
 //! lookup. Every send of a refund is made before it becomes `unknown`, and oncepay takes a provider
 //! to act on a request within its key window. So a refund is failed as never made only once it has
 //! been `unknown` for the whole key window.
+//!
+//! A refund held by another provider account than the payment's is another merchant's: a lookup
+//! that lists one is judged as if it did not, and the refund is only counted and logged.
 
 use anyhow::Context;
 use oncepay_provider::{LookupError, PaymentProvider, Refund as ProviderRefund, RefundLookup};
@@ -137,7 +140,19 @@ impl<P: PaymentProvider> RefundPoller<P> {
             charge_id: refund.asked.charge_id.clone(),
             account: refund.asked.account.clone(),
         };
-        let verdict = decide(&refund, &self.provider.find_refunds(&lookup).await, &self.config);
+        let found = self.provider.find_refunds(&lookup).await;
+        if let Ok(listed) = &found {
+            for other in listed.iter().filter(|listed| !settling::same_account(&refund.asked, listed)) {
+                let why = format!(
+                    "a lookup of refund {} listed refund {} of account {}",
+                    refund.refund_id(),
+                    other.id,
+                    other.account.as_deref().unwrap_or("(oncepay's own)")
+                );
+                crate::metrics::other_account("lookup", "refund", &why);
+            }
+        }
+        let verdict = decide(&refund, &found, &self.config);
         let mut conn = self.pool.acquire().await.context("cannot reach the database")?;
         let done = match self.record(&mut conn, &refund, &verdict).await {
             Ok(done) => done,
@@ -302,32 +317,42 @@ impl Polled {
 /// Decides what a lookup means. Pure.
 fn decide(refund: &Claimed, lookup: &Result<Vec<ProviderRefund>, LookupError>, config: &PollerConfig) -> LookupVerdict {
     let detail = match lookup {
-        Ok(found) => match found.as_slice() {
-            [] if refund.in_key_window => return LookupVerdict::Resend,
-            [] if refund.age >= config.key_window.window => return LookupVerdict::NotMade,
-            [] => format!(
-                "no refund under the key yet, and a send may still land: unknown for {}, less than the key window",
-                age(refund),
-            ),
-            [one] => match settling::judge(&refund.asked, one) {
-                Finding::Settles(settlement) => {
-                    return LookupVerdict::Settle { settlement, refund: Box::new(one.clone()) };
-                }
-                Finding::NotAsAsked(detail) => {
+        Ok(listed) => {
+            // Another account's refunds say nothing about this refund, whatever they name.
+            let found: Vec<ProviderRefund> =
+                listed.iter().filter(|listed| settling::same_account(&refund.asked, listed)).cloned().collect();
+            let others = listed.len() - found.len();
+            match found.as_slice() {
+                [] if others > 0 => format!(
+                    "the provider listed {others} refund(s) of another provider account and none of the payment's \
+                     account: that proves nothing"
+                ),
+                [] if refund.in_key_window => return LookupVerdict::Resend,
+                [] if refund.age >= config.key_window.window => return LookupVerdict::NotMade,
+                [] => format!(
+                    "no refund under the key yet, and a send may still land: unknown for {}, less than the key window",
+                    age(refund),
+                ),
+                [one] => match settling::judge(&refund.asked, one) {
+                    Finding::Settles(settlement) => {
+                        return LookupVerdict::Settle { settlement, refund: Box::new(one.clone()) };
+                    }
+                    Finding::NotAsAsked(detail) => {
+                        return LookupVerdict::Mismatch { detail, refunds: found.clone() };
+                    }
+                    Finding::Unfinished => format!("the provider has not finished refund {}", one.id),
+                },
+                many => {
+                    let ids: Vec<&str> = many.iter().map(|r| r.id.as_str()).collect();
+                    let detail = format!(
+                        "The provider holds {} refunds under the refund's key ({}): a key names one refund.",
+                        many.len(),
+                        ids.join(", "),
+                    );
                     return LookupVerdict::Mismatch { detail, refunds: found.clone() };
                 }
-                Finding::Unfinished => format!("the provider has not finished refund {}", one.id),
-            },
-            many => {
-                let ids: Vec<&str> = many.iter().map(|r| r.id.as_str()).collect();
-                let detail = format!(
-                    "The provider holds {} refunds under the refund's key ({}): a key names one refund.",
-                    many.len(),
-                    ids.join(", "),
-                );
-                return LookupVerdict::Mismatch { detail, refunds: found.clone() };
             }
-        },
+        }
         Err(error) => format!("lookup failed: {error}"),
     };
     inconclusive(refund, detail, config)
@@ -411,6 +436,7 @@ mod tests {
         let last_try = claimed(4, 10, false);
         let too_old = claimed(0, 3600, true);
         let found = |c: &Claimed, status| ok(vec![refund(c, "re_1", status)]);
+        let elsewhere = |refund: ProviderRefund| ProviderRefund { account: Some("acct_other".into()), ..refund };
         let cases = [
             ("refunded", &fresh, found(&fresh, RefundState::Succeeded), "refunded"),
             ("failed", &fresh, found(&fresh, RefundState::Failed), "failed"),
@@ -445,6 +471,21 @@ mod tests {
             ("lookup failed", &fresh, failed(), "inconclusive"),
             ("lookup failed, attempts spent", &last_try, failed(), "exhaust"),
             ("lookup failed, too old", &too_old, failed(), "exhaust"),
+            (
+                "only another account's refund",
+                &fresh,
+                ok(vec![elsewhere(refund(&fresh, "re_1", RefundState::Succeeded))]),
+                "inconclusive",
+            ),
+            (
+                "another account's refund beside the refund's own",
+                &fresh,
+                ok(vec![
+                    elsewhere(refund(&fresh, "re_9", RefundState::Failed)),
+                    refund(&fresh, "re_1", RefundState::Succeeded),
+                ]),
+                "refunded",
+            ),
         ];
         for (name, claimed, lookup, expected) in cases {
             assert_eq!(label(&decide(claimed, &lookup, &config())), expected, "{name}");

@@ -5,8 +5,10 @@
 //!
 //! An event settles only an `unknown` refund, by the rules of a lookup (`settling::judge`): a
 //! refund still being sent is left to its sender, and a terminal or dead-lettered one never moves;
-//! for those the delivery is only recorded. What the event means is decided by [`judge`], pure;
-//! this module does what it says, in one transaction with the refund's row locked.
+//! for those the delivery is only recorded, and one that contradicts a final refund opens a
+//! conflict for an operator (`refund_dead_letters`). A refund held by another provider account than
+//! the payment's changes nothing and is not recorded. What the event means is decided by [`judge`],
+//! pure; this module does what it says, in one transaction with the refund's row locked.
 
 use actix_web::HttpResponse;
 use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
@@ -19,10 +21,11 @@ use oncepay_provider::wire::{RefundEvent, RefundEventType};
 use oncepay_store::StoreError;
 use oncepay_store::refunds::settling::{self, AskedRefund, Finding, RefundSettlement};
 use oncepay_store::transitions::Recorded;
-use serde_json::json;
+use serde_json::{Value, json};
 use sqlx::{Acquire, PgConnection, PgPool};
 
 use super::unknown;
+use crate::dead_letters::refunds as dead_refunds;
 use crate::unknown::{Why, evidence};
 use crate::webhook_outcome::{ApplyError, Handled, respond_to};
 
@@ -57,9 +60,12 @@ pub enum RefundVerdict {
     /// The refund is terminal and the event agrees with it, or reports an earlier stage of the same
     /// provider refund (a late delivery).
     Agrees,
-    /// The refund is terminal and the event contradicts it; the state is kept, and the delivery is
-    /// recorded as a conflict.
+    /// The refund is terminal and the event contradicts it; the state is kept, and a conflict is
+    /// opened (or added to) for an operator.
     Conflicts(String),
+    /// The provider's refund is held by another provider account than the payment's: it is not
+    /// evidence about this refund at all, and nothing is recorded.
+    OtherAccount(String),
 }
 
 impl RefundVerdict {
@@ -72,6 +78,7 @@ impl RefundVerdict {
             Self::LeaveToSender => "not_unknown",
             Self::ForOperator => "dead_lettered",
             Self::Agrees => "already_terminal",
+            Self::OtherAccount(_) => "other_account",
         }
     }
 }
@@ -80,6 +87,16 @@ impl RefundVerdict {
 pub fn judge(stored: &StoredRefund, reported: &ProviderRefund) -> RefundVerdict {
     use PaymentStatus as S;
 
+    // Whoever holds another account can put any refund's name on a refund of theirs: it must not
+    // move, dead-letter or contradict anything.
+    if !settling::same_account(&stored.asked, reported) {
+        return RefundVerdict::OtherAccount(format!(
+            "refund {} is held by account {}, but the refund's payment was charged in account {}",
+            reported.id,
+            reported.account.as_deref().unwrap_or("(oncepay's own)"),
+            stored.asked.account.as_ref().map_or("(oncepay's own)", |account| account.as_str()),
+        ));
+    }
     let finding = settling::judge(&stored.asked, reported);
     let ours = stored.provider_refund_id.as_deref();
     let same_refund = ours == Some(reported.id.as_str());
@@ -142,7 +159,12 @@ pub async fn apply(pool: &PgPool, webhook_id: &str, event: &RefundEvent) -> Resu
 /// the `webhook-id`, and judges the reported refund against the stored one ([`judge`]):
 /// - `unknown`: settled, exactly as a lookup settles it; a refund that is not what it asked for
 ///   dead-letters it, with the event as evidence; an unfinished one changes nothing.
-/// - anything else: only recorded (a contradiction as `conflict`, and logged).
+/// - terminal and contradicted: the refund keeps its status, and a conflict is opened for an
+///   operator (a later one is added to it), with the event as evidence.
+/// - anything else: only recorded.
+///
+/// A refund held by another provider account than the payment's changes nothing and is not
+/// recorded: it is counted and logged (`other_account`).
 ///
 /// A `refund.failed` event must report a failed refund; any other type may report any status.
 #[tracing::instrument(name = "webhook.apply_refund", skip_all, fields(refund.id))]
@@ -168,6 +190,11 @@ pub async fn apply_reported(
         return Ok(Handled::NotOurs);
     };
     let verdict = judge(&stored, reported);
+    if let RefundVerdict::OtherAccount(why) = &verdict {
+        // Dropping the transaction releases the lock: nothing about the refund was written.
+        crate::metrics::other_account("webhook", "refund", why);
+        return Ok(Handled::OtherAccount);
+    }
     if !record_delivery(&mut tx, tenant_id, payment_id, webhook_id, event_type, verdict.label()).await? {
         // A redelivery: dropping the transaction rolls everything back, so it changes nothing.
         return Ok(Handled::Duplicate);
@@ -211,8 +238,8 @@ async fn act_on(
             matches!(applied, Recorded::Moved(_))
         }
         RefundVerdict::Conflicts(why) => {
-            // Recorded with the delivery (`outcome = conflict`); the terminal state is kept.
-            tracing::warn!(refund.id = %refund_id, conflict = why.as_str(), "a refund webhook contradicts a final refund");
+            // The terminal state is kept; an operator decides how the money is put right.
+            dead_refunds::record_conflict(tx, tenant_id, refund_id, why, Value::Array(vec![evidence])).await?;
             true
         }
         // Recorded with the delivery, and nothing more. A refund still being sent is left to its
@@ -221,6 +248,8 @@ async fn act_on(
         | RefundVerdict::LeaveToSender
         | RefundVerdict::ForOperator
         | RefundVerdict::Agrees => true,
+        // Never recorded: `apply_reported` returns before.
+        RefundVerdict::OtherAccount(_) => true,
     };
     if !recorded {
         // The refund row is locked, so its status cannot have changed.
@@ -324,6 +353,7 @@ mod tests {
         };
         let reported = |id: &str, status| fixtures::refund(a.refund_id, id, "ch_1", status, 100);
         let other_amount = |id: &str, status| ProviderRefund { amount: 90, ..reported(id, status) };
+        let elsewhere = |refund: ProviderRefund| ProviderRefund { account: Some("acct_other".into()), ..refund };
         let cases = [
             ("unknown, refunded", stored(S::Unknown, None), reported("re_1", Succeeded), "applied"),
             ("unknown, failed", stored(S::Unknown, None), reported("re_1", Failed), "applied"),
@@ -348,6 +378,24 @@ mod tests {
             ("failure without refund id", stored(S::Failed, None), reported("re_1", Failed), "already_terminal"),
             ("another failed refund", stored(S::Failed, Some("re_1")), reported("re_2", Failed), "conflict"),
             ("not made, then a refund appears", stored(S::Failed, None), reported("re_1", Pending), "conflict"),
+            (
+                "unknown, from another account",
+                stored(S::Unknown, None),
+                elsewhere(reported("re_1", Succeeded)),
+                "other_account",
+            ),
+            (
+                "succeeded, a failure from another account",
+                stored(S::Succeeded, Some("re_1")),
+                elsewhere(reported("re_1", Failed)),
+                "other_account",
+            ),
+            (
+                "dead lettered, from another account",
+                stored(S::DeadLettered, None),
+                elsewhere(reported("re_1", Succeeded)),
+                "other_account",
+            ),
         ];
         for (name, stored, reported, expected) in cases {
             assert_eq!(judge(&stored, &reported).label(), expected, "{name}");

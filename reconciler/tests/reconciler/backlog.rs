@@ -1,17 +1,20 @@
-//! The backlog sample against a real PostgreSQL: it counts the outbox by state, the unknown queue
-//! and the open dead letters exactly, and reports the age of the oldest waiting payment and of the
-//! oldest unknown one.
+//! The backlog sample against a real PostgreSQL: it counts the outbox by state, the unknown queue,
+//! the open dead letters and the open conflicts on refunds exactly, and reports the age of the
+//! oldest waiting payment and of the oldest unknown one.
 
 use std::time::Duration;
 
 use oncepay_domain::ids::PaymentId;
 use oncepay_reconciler::backlog::{self, Backlog};
+use oncepay_reconciler::dead_letters::actions::Operator;
+use oncepay_reconciler::dead_letters::refunds as dead_refunds;
 use oncepay_reconciler::dead_letters::{self, Kind};
 use oncepay_store::fixtures::tenant;
 use serde_json::json;
 use sqlx::PgPool;
 
-use crate::support::{accept, unknown_payment};
+use crate::refund_proposals::contradicted_refund;
+use crate::support::{accept, succeeded_payment, unknown_payment};
 
 async fn sql(pool: &PgPool, statement: &str, payment_id: PaymentId) {
     sqlx::query(sqlx::AssertSqlSafe(statement.to_owned())).bind(payment_id.as_uuid()).execute(pool).await.unwrap();
@@ -75,4 +78,28 @@ async fn the_sample_counts_every_kind_of_waiting_work_and_the_oldest_of_it(pool:
         |age: Duration, expected: u64| age >= Duration::from_secs(expected) && age < Duration::from_secs(expected + 60);
     assert!(around(sampled.oldest_pending, 600), "{sampled:?}");
     assert!(around(sampled.oldest_unknown, 3600), "{sampled:?}");
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn the_sample_counts_the_open_conflicts_on_final_refunds(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+    let payment_id = succeeded_payment(&pool, tenant_id, "order-1", 1999).await;
+    let open = contradicted_refund(&pool, tenant_id, payment_id, "r-open").await;
+    let acknowledged = contradicted_refund(&pool, tenant_id, payment_id, "r-acknowledged").await;
+    let operator = Operator::parse("alice").unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    dead_refunds::acknowledge(&mut conn, tenant_id, acknowledged, &operator, "paid back by hand").await.unwrap();
+
+    let sampled = backlog::sample(&pool).await.unwrap();
+
+    assert_eq!(sampled.refund_conflicts, 1, "{sampled:?}");
+    assert_eq!((sampled.dead_letters_unresolved, sampled.dead_letters_conflict), (0, 0), "payments' only");
+    let open_entries: i64 = sqlx::query_scalar!(
+        r#"SELECT count(*) AS "count!" FROM refund_dead_letters WHERE refund_id = $1 AND resolved_at IS NULL"#,
+        open.as_uuid()
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(open_entries, 1);
 }

@@ -14,7 +14,7 @@ use reqwest::header::{CONTENT_SECURITY_POLICY, LOCATION, SET_COOKIE};
 use serde_json::json;
 use sqlx::PgPool;
 
-use crate::refund_proposals::dead_lettered_refund;
+use crate::refund_proposals::{contradicted_refund, dead_lettered_refund};
 use crate::support::{Ops, dead_lettered, refund_status, refunded, status, succeeded_payment};
 
 const SAME_ORIGIN: (&str, &str) = ("sec-fetch-site", "same-origin");
@@ -681,7 +681,7 @@ async fn a_refund_automation_gave_up_on_is_listed_and_sent_again_from_the_consol
     let done = alice.post(&retry, &[("reason", "provider back"), ("confirmed", "yes")]).await;
     let unknown = alice.post(&format!("/console/refunds/{}/retry", uuid::Uuid::now_v7()), &[("reason", "x")]).await;
 
-    assert!(listed.body.contains("Refunds automation gave up on") && listed.body.contains(&refund_id.to_string()));
+    assert!(listed.body.contains("Refunds that wait for an operator") && listed.body.contains(&refund_id.to_string()));
     assert!(listed.body.contains(&format!("href=\"/console/payments/{payment_id}\"")), "linked to its payment");
     assert!(shown.body.contains(&format!("Refund {refund_id} needs a decision")), "{}", shown.body);
     assert!(shown.body.contains(&format!("action=\"/console/refunds/{refund_id}/resolve\"")));
@@ -698,4 +698,40 @@ async fn a_refund_automation_gave_up_on_is_listed_and_sent_again_from_the_consol
     .await
     .unwrap();
     assert_eq!(actions, ["refund.retry"]);
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_refund_conflict_is_listed_and_acknowledged_from_the_console(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    let payment_id = succeeded_payment(&pool, acme, "order-1", 1999).await;
+    let refund_id = contradicted_refund(&pool, acme, payment_id, "r-1").await;
+    let alice = Browser::sign_in(&ops, "alice", "operator", None).await;
+    let acknowledge = format!("/console/refunds/{refund_id}/resolve");
+    let form = [("as", "acknowledged"), ("reason", "paid back by bank transfer")];
+
+    let listed = alice.get("/console/dead-letters").await;
+    let shown = alice.get(&format!("/console/payments/{payment_id}")).await;
+    let confirm = alice.post(&acknowledge, &form).await;
+    let still_open = alice.get("/console/dead-letters").await;
+    let done = alice.post(&acknowledge, &[&form[..], &[("confirmed", "yes")]].concat()).await;
+    let after = alice.get(&format!("/console/payments/{payment_id}")).await;
+
+    assert!(listed.body.contains(&refund_id.to_string()), "{}", listed.body);
+    assert!(listed.body.contains("contradicts"), "the list says why: {}", listed.body);
+    assert!(shown.body.contains(&format!("Refund {refund_id} is contradicted by the provider")), "{}", shown.body);
+    assert!(shown.body.contains("name=\"as\" value=\"acknowledged\""), "{}", shown.body);
+    assert!(confirm.body.contains(&format!("The conflict on refund {refund_id} is closed as acknowledged")));
+    assert!(still_open.body.contains(&refund_id.to_string()), "nothing is done before it is confirmed");
+    assert_eq!(done.location, Some(format!("/console/payments/{payment_id}?notice=refund_acknowledged")));
+    assert!(!after.body.contains("is contradicted by the provider"), "{}", after.body);
+    assert_eq!(refund_status(&pool, refund_id).await, PaymentStatus::Succeeded);
+    let actions: Vec<String> = sqlx::query_scalar!(
+        "SELECT action FROM operator_audit WHERE payment_id = $1 AND action <> 'payment.read' ORDER BY audit_id",
+        payment_id.as_uuid()
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(actions, ["refund.acknowledge"]);
 }

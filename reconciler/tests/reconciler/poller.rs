@@ -133,28 +133,62 @@ async fn refused_resend(pool: &PgPool, tenant_id: TenantId, key: &str) -> Paymen
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
-async fn a_refused_resend_fails_once_the_provider_shows_no_charge_and_succeeds_if_it_shows_one(pool: PgPool) {
+async fn a_refused_resend_is_not_failed_by_an_empty_lookup_while_an_earlier_send_may_still_land(pool: PgPool) {
     let provider = MockServer::start().await;
     let tenant_id = tenant(&pool, "acme").await;
-    let nothing = refused_resend(&pool, tenant_id, "order-1").await;
-    answer_lookup(&provider, nothing, 200, listing(&[])).await;
-    let charged = refused_resend(&pool, tenant_id, "order-2").await;
-    let found = charge(tenant_id, charged, "ch_1", ChargeStatus::Succeeded, 1999);
-    answer_lookup(&provider, charged, 200, listing(&[found])).await;
+    // The first send's answer was lost a minute ago and its resend was refused: the first send may
+    // still reach the provider, which holds nothing for the key yet.
+    let payment_id = refused_resend(&pool, tenant_id, "order-1").await;
+    answer_lookup(&provider, payment_id, 200, listing(&[])).await;
+    let poller = poller(&pool, &provider, 5);
 
-    let counts = poller(&pool, &provider, 5).run_once().await.unwrap();
+    let first = poller.run_once().await.unwrap();
+    let after_the_empty_lookup = status(&pool, tenant_id, payment_id).await;
+    // The first send lands: the provider now holds its charge.
+    provider.reset().await;
+    let landed = charge(tenant_id, payment_id, "ch_1", ChargeStatus::Succeeded, 1999);
+    answer_lookup(&provider, payment_id, 200, listing(&[landed])).await;
+    let second = poller.run_once().await.unwrap();
 
-    assert_eq!(counts, Counts { claimed: 2, charged: 1, declined: 1, ..Counts::default() });
-    assert_eq!(status(&pool, tenant_id, charged).await, PaymentStatus::Succeeded, "the first send did charge");
-    assert_eq!(status(&pool, tenant_id, nothing).await, PaymentStatus::Failed, "not resent to be refused again");
-    let failure: (Option<String>, Option<String>) =
-        sqlx::query!("SELECT failure_code, failure_message FROM payments WHERE payment_id = $1", nothing.as_uuid())
-            .map(|row| (row.failure_code, row.failure_message))
+    assert_eq!(first, Counts { claimed: 1, inconclusive: 1, ..Counts::default() });
+    assert_eq!(after_the_empty_lookup, PaymentStatus::Unknown, "an empty lookup proves nothing was charged so far");
+    assert_eq!(second, Counts { claimed: 1, charged: 1, ..Counts::default() });
+    assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Succeeded, "the first send did charge");
+    assert_eq!(count_for(&pool, "ledger_entries", payment_id).await, 1);
+    assert_eq!(count_for(&pool, "outbox", payment_id).await, 0, "never resent to be refused again");
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_refused_resend_whose_lookups_find_nothing_goes_to_an_operator_and_is_never_failed(pool: PgPool) {
+    let provider = MockServer::start().await;
+    let tenant_id = tenant(&pool, "acme").await;
+    let payment_id = refused_resend(&pool, tenant_id, "order-1").await;
+    answer_lookup(&provider, payment_id, 200, listing(&[])).await;
+    let poller = poller(&pool, &provider, 2);
+
+    let first = poller.run_once().await.unwrap();
+    let second = poller.run_once().await.unwrap();
+
+    assert_eq!(first, Counts { claimed: 1, inconclusive: 1, ..Counts::default() });
+    assert_eq!(second, Counts { claimed: 1, dead_lettered: 1, ..Counts::default() });
+    assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::DeadLettered);
+    let failure: Option<String> =
+        sqlx::query_scalar!("SELECT failure_code FROM payments WHERE payment_id = $1", payment_id.as_uuid())
             .fetch_one(&pool)
             .await
             .unwrap();
-    assert_eq!(failure.0.as_deref(), Some("provider_rejected"));
-    assert_eq!(count_for(&pool, "outbox", nothing).await, 0);
+    assert_eq!(failure, None, "never reported as no charge made");
+    let (kind, _) = open_dead_letter(&pool, payment_id).await.unwrap();
+    assert_eq!(kind, "unresolved");
+    let evidence: Value = sqlx::query_scalar!(
+        "SELECT evidence FROM dead_letters WHERE payment_id = $1 AND resolved_at IS NULL",
+        payment_id.as_uuid()
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(evidence.to_string().contains("provider_rejected"), "the refusal is evidence for the operator: {evidence}");
+    assert_eq!(count_for(&pool, "outbox", payment_id).await, 0);
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]

@@ -632,3 +632,84 @@ async fn the_cli_proposes_a_refund_and_works_dead_lettered_refunds_through_the_a
     assert!(page.contains("operator:carol") && page.contains("500 EUR"), "{page}");
     assert_eq!(refunded(&pool, payment_id).await, (500, 0));
 }
+
+/// The provider's refund `id` of `refund_id` as a webhook reports it: naming the refund in its
+/// metadata, as oncepay's refunds do.
+fn reported_by_webhook(tenant_id: TenantId, refund_id: RefundId, id: &str, status: RefundState) -> ProviderRefund {
+    ProviderRefund {
+        metadata: [
+            (oncepay_provider::metadata_keys::TENANT_ID.to_owned(), tenant_id.to_string()),
+            (oncepay_provider::metadata_keys::REFUND_ID.to_owned(), refund_id.to_string()),
+        ]
+        .into(),
+        ..provider_refund(refund_id, id, status, 500)
+    }
+}
+
+/// A refund of 500 under `key` that a webhook settled as succeeded with the provider's refund
+/// `re_<key>`, and that two later webhooks say failed: `succeeded`, with a conflict for an operator.
+pub(crate) async fn contradicted_refund(
+    pool: &PgPool,
+    tenant_id: TenantId,
+    payment_id: PaymentId,
+    key: &str,
+) -> RefundId {
+    use oncepay_reconciler::refunds::webhooks;
+
+    let refund_id = unknown_refund(pool, tenant_id, payment_id, key, 500, 60).await;
+    let provider_refund_id = format!("re_{key}");
+    let succeeded = reported_by_webhook(tenant_id, refund_id, &provider_refund_id, RefundState::Succeeded);
+    let failed = reported_by_webhook(tenant_id, refund_id, &provider_refund_id, RefundState::Failed);
+    let applied = webhooks::apply_reported(pool, &format!("{key}-1"), "refund.updated", &succeeded).await.unwrap();
+    assert_eq!(applied.label(), "applied");
+    for id in [format!("{key}-2"), format!("{key}-3")] {
+        let contradicted = webhooks::apply_reported(pool, &id, "refund.failed", &failed).await.unwrap();
+        assert_eq!(contradicted.label(), "conflict");
+    }
+    refund_id
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_webhook_that_contradicts_a_final_refund_is_a_dead_letter_an_operator_acknowledges(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    let payment_id = succeeded_payment(&pool, acme, "order-1", 1999).await;
+    let refund_id = contradicted_refund(&pool, acme, payment_id, "r-1").await;
+    let alice = ops.operator("alice", "operator", None).await;
+    let vic = ops.operator("vic", "viewer", None).await;
+    let resolve = format!("/v1/refunds/{refund_id}/resolve");
+    let acknowledge = json!({"as": "acknowledged", "reason": "the customer's bank confirms the money came back"});
+
+    let (_, listed) = ops.get(&vic, "/v1/dead-letters/refunds").await;
+    let (by_a_viewer, _) = ops.post(&vic, &resolve, acknowledge.clone()).await;
+    let (settle_instead, settle_refusal) =
+        ops.post(&alice, &resolve, json!({"as": "failed", "reason": "the provider says it failed"})).await;
+    let (acknowledged, done) = ops.post(&alice, &resolve, acknowledge.clone()).await;
+    let (again, again_refusal) = ops.post(&alice, &resolve, acknowledge).await;
+    let (_, after) = ops.get(&vic, "/v1/dead-letters/refunds").await;
+
+    let entries = listed.as_array().unwrap_or_else(|| panic!("not a list: {listed}"));
+    assert_eq!(entries.len(), 1, "{listed}");
+    assert_eq!(entries[0]["refund_id"], json!(refund_id));
+    assert_eq!(entries[0]["kind"], "conflict");
+    assert_eq!(entries[0]["refund_status"], "succeeded");
+    assert!(entries[0]["reason"].as_str().unwrap().contains("failed"), "{listed}");
+    assert_eq!(entries[0]["evidence"].as_array().map(Vec::len), Some(2), "both contradictions: {listed}");
+    assert_eq!(by_a_viewer, StatusCode::FORBIDDEN);
+    assert_eq!(settle_instead, StatusCode::CONFLICT, "a final refund never moves: {settle_refusal}");
+    assert_eq!(acknowledged, StatusCode::OK, "{done}");
+    assert_eq!(done["done"], "acknowledged");
+    assert_eq!(done["refund_status"], "succeeded");
+    assert_eq!(done["by"], "operator:alice");
+    assert_eq!(again, StatusCode::CONFLICT, "{again_refusal}");
+    assert!(problem(&again_refusal).1.contains("no open conflict"), "{again_refusal}");
+    assert_eq!(after, json!([]), "acknowledged, it is no longer waiting");
+    assert_eq!(refund_status(&pool, refund_id).await, PaymentStatus::Succeeded, "the refund keeps its final status");
+    assert_eq!(refunded(&pool, payment_id).await, (500, 500));
+    assert_eq!(count_for_refund(&pool, "refund_ledger_entries", refund_id).await, 1);
+    let audit = audit_of(&pool, payment_id).await;
+    assert!(audit.contains(&("alice".into(), "refund.acknowledge".into(), "done".into())), "{audit:?}");
+    let (before, after) = before_and_after(&pool, payment_id, "refund.acknowledge", "done").await;
+    assert_eq!(before["status"], "succeeded", "{before}");
+    assert_eq!(after["done"], "acknowledged", "{after}");
+}

@@ -183,7 +183,7 @@ async fn a_refund_failure_fails_an_unknown_refund_and_gives_its_reservation_back
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
-async fn a_refund_that_fails_after_it_succeeded_changes_nothing_and_is_recorded_as_a_conflict(pool: PgPool) {
+async fn a_refund_that_fails_after_it_succeeded_keeps_its_status_and_is_a_conflict_for_an_operator(pool: PgPool) {
     let url = start(&pool);
     let (tenant_id, payment_id) = payment(&pool).await;
     let refund_id = unknown_refund(&pool, tenant_id, payment_id, "refund-1", 500, 60).await;
@@ -205,6 +205,16 @@ async fn a_refund_that_fails_after_it_succeeded_changes_nothing_and_is_recorded_
             ("evt_2".into(), "refund.failed".into(), "conflict".into()),
         ]
     );
+    let entry = sqlx::query!(
+        r#"SELECT kind, reason, jsonb_array_length(evidence) AS "evidence!", resolved_at IS NULL AS "open!"
+           FROM refund_dead_letters WHERE refund_id = $1"#,
+        refund_id.as_uuid()
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((entry.kind.as_str(), entry.evidence, entry.open), ("conflict", 1, true), "{}", entry.reason);
+    assert!(entry.reason.contains("re_1 failed"), "{}", entry.reason);
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
@@ -226,19 +236,38 @@ async fn a_connect_refund_event_settles_only_a_refund_made_in_its_account(pool: 
     let its_own = from_account(succeeded("evt_1", refunds[0], "re_1"), "acct_A");
     let another_merchants = from_account(succeeded("evt_2", refunds[1], "re_2"), "acct_B");
     let the_platforms = succeeded("evt_3", refunds[2], "re_3");
-    let outcomes =
-        [deliver(&url, &its_own).await, deliver(&url, &another_merchants).await, deliver(&url, &the_platforms).await];
+    // Another merchant's account says the refund made in acct_A failed.
+    let contradiction = from_account(
+        event("evt_4", "refund.failed", stripe_refund(tenant_id, refunds[0], "re_1", "failed", 500)),
+        "acct_B",
+    );
+    let outcomes = [
+        deliver(&url, &its_own).await,
+        deliver(&url, &another_merchants).await,
+        deliver(&url, &the_platforms).await,
+        deliver(&url, &contradiction).await,
+    ];
 
     assert_eq!(
         outcomes.map(|(code, body)| (code, body["outcome"].clone())),
-        [(200, json!("applied")), (200, json!("conflict")), (200, json!("conflict"))]
+        [
+            (200, json!("applied")),
+            (200, json!("other_account")),
+            (200, json!("other_account")),
+            (200, json!("other_account"))
+        ]
     );
     assert_eq!(refund_status(&pool, refunds[0]).await, PaymentStatus::Succeeded);
     for refund_id in &refunds[1..] {
-        assert_eq!(refund_status(&pool, *refund_id).await, PaymentStatus::DeadLettered, "never settled");
+        assert_eq!(refund_status(&pool, *refund_id).await, PaymentStatus::Unknown, "never moved");
         assert_eq!(count_for_refund(&pool, "refund_ledger_entries", *refund_id).await, 0);
     }
     assert_eq!(refunded(&pool, payment_id).await.1, 500, "only the refund in the payment's account is booked");
+    assert_eq!(
+        deliveries(&pool).await,
+        [("evt_1".into(), "refund.updated".into(), "applied".into())],
+        "nothing of another account is recorded, not even as a conflict"
+    );
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]

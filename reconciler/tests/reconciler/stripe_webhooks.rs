@@ -230,6 +230,27 @@ fn from_account(event: Vec<u8>, account: Option<&str>) -> Vec<u8> {
     serde_json::to_vec(&event).unwrap()
 }
 
+/// Charges the payment to connected account `account`, as connect mode does when it is accepted.
+async fn in_account(pool: &PgPool, payment_id: PaymentId, account: &str) {
+    sqlx::query!("UPDATE payments SET provider_account = $2 WHERE payment_id = $1", payment_id.as_uuid(), account)
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+/// Every delivery recorded: (webhook id, outcome).
+async fn deliveries(pool: &PgPool) -> Vec<(String, String)> {
+    sqlx::query!("SELECT webhook_id, outcome FROM webhook_events ORDER BY received_at, webhook_id")
+        .map(|row| (row.webhook_id, row.outcome))
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+async fn dead_letter_count(pool: &PgPool) -> i64 {
+    sqlx::query_scalar!(r#"SELECT count(*) AS "count!" FROM dead_letters"#).fetch_one(pool).await.unwrap()
+}
+
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_connect_event_settles_only_a_payment_charged_in_its_account(pool: PgPool) {
     let url = start(&pool);
@@ -237,10 +258,7 @@ async fn a_connect_event_settles_only_a_payment_charged_in_its_account(pool: PgP
     let mut payments = Vec::new();
     for key in ["order-1", "order-2", "order-3"] {
         let payment_id = unknown_payment(&pool, tenant_id, key, 1999, 60).await;
-        sqlx::query!("UPDATE payments SET provider_account = 'acct_A' WHERE payment_id = $1", payment_id.as_uuid())
-            .execute(&pool)
-            .await
-            .unwrap();
+        in_account(&pool, payment_id, "acct_A").await;
         payments.push(payment_id);
     }
     let succeeded = |id: &str, payment_id, account| {
@@ -258,13 +276,102 @@ async fn a_connect_event_settles_only_a_payment_charged_in_its_account(pool: PgP
 
     assert_eq!(
         outcomes.map(|(code, body)| (code, body["outcome"].clone())),
-        [(200, json!("applied")), (200, json!("conflict")), (200, json!("conflict")),]
+        [(200, json!("applied")), (200, json!("other_account")), (200, json!("other_account"))]
     );
     assert_eq!(status(&pool, tenant_id, payments[0]).await, PaymentStatus::Succeeded);
     for payment_id in &payments[1..] {
-        assert_eq!(status(&pool, tenant_id, *payment_id).await, PaymentStatus::DeadLettered, "never booked");
+        assert_eq!(status(&pool, tenant_id, *payment_id).await, PaymentStatus::Unknown, "never moved");
     }
     let booked: i64 =
         sqlx::query_scalar!(r#"SELECT count(*) AS "count!" FROM ledger_entries"#).fetch_one(&pool).await.unwrap();
     assert_eq!(booked, 1);
+    assert_eq!(dead_letter_count(&pool).await, 0, "another merchant dead-letters nothing");
+    assert_eq!(deliveries(&pool).await, [("evt_7".to_owned(), "applied".to_owned())], "nothing else recorded");
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn an_event_from_another_account_opens_no_conflict_on_a_final_payment(pool: PgPool) {
+    let url = start(&pool);
+    let tenant_id = tenant(&pool, "acme").await;
+    let payment_id = support::succeeded_payment(&pool, tenant_id, "order-1", 1999).await;
+    in_account(&pool, payment_id, "acct_A").await;
+    let failed =
+        event("evt_1", "payment_intent.payment_failed", "requires_payment_method", tenant_id, payment_id, 1999);
+    let another_merchants = from_account(failed, Some("acct_B"));
+
+    let (code, body) = deliver(&url, &signed(&another_merchants), another_merchants).await;
+
+    assert_eq!((code, body), (200, json!({"outcome": "other_account"})));
+    assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Succeeded);
+    assert_eq!(dead_letter_count(&pool).await, 0, "another merchant's event is no conflict of this payment");
+    assert!(deliveries(&pool).await.is_empty());
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn an_event_from_another_account_adds_no_evidence_and_an_approval_waiting_still_goes_through(pool: PgPool) {
+    let url = start(&pool);
+    let ops = support::Ops::start(&pool).await;
+    let tenant_id = tenant(&pool, "acme").await;
+    let payment_id = support::dead_lettered(&pool, tenant_id, "order-1", 60).await;
+    in_account(&pool, payment_id, "acct_A").await;
+    let alice = ops.operator("alice", "operator", None).await;
+    let bob = ops.operator("bob", "approver", None).await;
+    let resolve = json!({"as": "failed", "reason": "the provider's dashboard shows no charge"});
+    let (proposed, proposal) = ops.post(&alice, &format!("/v1/payments/{payment_id}/resolve"), resolve).await;
+    let proposal_id = proposal["proposal"]["proposal_id"].as_str().unwrap_or_default().to_owned();
+    let succeeded = event("evt_1", "payment_intent.succeeded", "succeeded", tenant_id, payment_id, 1999);
+    let another_merchants = from_account(succeeded, Some("acct_B"));
+    let evidence_before = evidence_count(&pool, payment_id).await;
+
+    let (code, body) = deliver(&url, &signed(&another_merchants), another_merchants).await;
+    let evidence_after = evidence_count(&pool, payment_id).await;
+    let (approved, done) =
+        ops.post(&bob, &format!("/v1/proposals/{proposal_id}/approve"), json!({"reason": "checked"})).await;
+
+    assert_eq!(proposed, reqwest::StatusCode::ACCEPTED, "{proposal}");
+    assert_eq!(approved, reqwest::StatusCode::OK, "{done}");
+    assert_eq!((code, body), (200, json!({"outcome": "other_account"})));
+    assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Failed);
+    assert_eq!(evidence_after, evidence_before, "no evidence added to the dead letter");
+    assert!(deliveries(&pool).await.is_empty());
+}
+
+/// How many pieces of evidence the payment's dead letter holds.
+async fn evidence_count(pool: &PgPool, payment_id: PaymentId) -> i32 {
+    sqlx::query_scalar!(
+        r#"SELECT jsonb_array_length(evidence) AS "count!" FROM dead_letters WHERE payment_id = $1"#,
+        payment_id.as_uuid()
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_charge_from_another_account_is_never_the_charge_on_record_of_a_payment(pool: PgPool) {
+    let url = start(&pool);
+    let ops = support::Ops::start(&pool).await;
+    let tenant_id = tenant(&pool, "acme").await;
+    // Being sent: a webhook about it is recorded, for its worker and the poller.
+    let payment_id = support::accept(&pool, tenant_id, "order-1", 1999).await;
+    in_account(&pool, payment_id, "acct_A").await;
+    support::claim(&pool, tenant_id, payment_id, 60).await;
+    let succeeded = event("evt_1", "payment_intent.succeeded", "succeeded", tenant_id, payment_id, 1999);
+    let another_merchants = from_account(succeeded, Some("acct_B"));
+    let (code, body) = deliver(&url, &signed(&another_merchants), another_merchants).await;
+    // Its send ends uncertain, and the poller gives up on it.
+    support::uncertain(&pool, tenant_id, payment_id).await;
+    let mut tx = pool.begin().await.unwrap();
+    let why = oncepay_reconciler::unknown::Why { actor: "reconciler:poller", reason: "lookups spent" };
+    let evidence = oncepay_reconciler::unknown::evidence("poll", json!({"attempt": 30, "result": "HTTP 503"}));
+    oncepay_reconciler::unknown::exhaust(&mut tx, tenant_id, payment_id, why, evidence).await.unwrap();
+    tx.commit().await.unwrap();
+    let alice = ops.operator("alice", "operator", None).await;
+
+    let resolve = json!({"as": "failed", "reason": "the provider's dashboard shows no charge"});
+    let (proposed, proposal) = ops.post(&alice, &format!("/v1/payments/{payment_id}/resolve"), resolve).await;
+
+    assert_eq!(proposed, reqwest::StatusCode::ACCEPTED, "another merchant's charge is not this payment's: {proposal}");
+    assert_eq!((code, body), (200, json!({"outcome": "other_account"})));
+    assert!(deliveries(&pool).await.is_empty());
 }

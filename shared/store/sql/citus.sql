@@ -31,7 +31,7 @@ BEGIN
     END IF;
     FOREACH name IN ARRAY ARRAY['payment_events', 'idempotency_keys', 'outbox', 'ledger_entries',
                                 'unknown_payments', 'dead_letters', 'webhook_events', 'refunds', 'refund_events',
-                                'refund_keys', 'refund_outbox', 'refund_ledger_entries'] LOOP
+                                'refund_keys', 'refund_outbox', 'refund_ledger_entries', 'refund_dead_letters'] LOOP
         IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = name::regclass) THEN
             PERFORM create_distributed_table(name, 'tenant_id', colocate_with => 'payments');
         END IF;

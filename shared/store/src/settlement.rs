@@ -47,10 +47,17 @@ pub enum Unsettled {
     Unbookable(String),
 }
 
+/// Whether `charge` is held by the provider account the payment is charged to (`None`: oncepay's
+/// own). A charge in any other account is another merchant's, or the platform's: it says nothing
+/// about this payment, whatever its metadata or key name.
+pub fn same_account(asked: &Asked, charge: &Charge) -> bool {
+    charge.account.as_deref() == asked.account.as_ref().map(ProviderAccount::as_str)
+}
+
 /// The settlement `charge` proves for the payment that `asked`.
 pub fn settlement_of(asked: &Asked, charge: &Charge) -> Result<Settlement, Unsettled> {
     let account = asked.account.as_ref().map(ProviderAccount::as_str);
-    if charge.account.as_deref() != account {
+    if !same_account(asked, charge) {
         let name =
             |account: Option<&str>| account.map_or("oncepay's own account".to_owned(), |a| format!("account {a}"));
         return Err(Unsettled::Mismatch(format!(

@@ -14,7 +14,8 @@ use oncepay_service::telemetry::TraceContext;
 use crate::StoreError;
 
 /// What the provider said when it refused a resend of a payment that may already have been charged:
-/// the failure the payment ends with once a lookup proves no charge was made.
+/// evidence for the reconciler's lookups and for an operator. An empty lookup does not fail such a
+/// payment, since an earlier send may still land (`reconciler/src/poller.rs`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
     /// The provider's code, e.g. `provider_rejected`.

@@ -9,7 +9,8 @@
 //! - `POST /v1/refunds/{id}/retry` `{reason, outside_key_window?}`: resent at once inside the
 //!   provider's key window (200), proposed past it or when every resend needs approval (202);
 //! - `POST /v1/refunds/{id}/resolve` `{as, reason, provider_refund_id?, amount?, currency?,
-//!   refunded_at?, force?}`: settling as `succeeded` or `failed`, proposed (202).
+//!   refunded_at?, force?}`: settling as `succeeded` or `failed`, proposed (202); or, with `as:
+//!   acknowledged`, closing the conflict on a final refund at once (200).
 //!
 //! Proposals are approved, rejected and withdrawn through `/v1/proposals/{id}/…`, as every other.
 
@@ -269,6 +270,7 @@ struct ResolveBody {
 enum ResolveAs {
     Succeeded,
     Failed,
+    Acknowledged,
 }
 
 /// `POST /v1/refunds/{id}/resolve`: proposes settling a dead-lettered refund as succeeded or failed
@@ -283,11 +285,19 @@ async fn resolve(
         async {
             let caller = caller(&state, &request).await?;
             let refund_id = refund_id(&path)?;
-            let entry = Entry::new("refund.resolve", Outcome::Done).detail(json!({ "refund_id": refund_id }));
+            let asked: Result<ResolveBody, _> = body(&bytes);
+            let action = match &asked {
+                Ok(ResolveBody { outcome: ResolveAs::Acknowledged, .. }) => "refund.acknowledge",
+                _ => "refund.resolve",
+            };
+            let entry = Entry::new(action, Outcome::Done).detail(json!({ "refund_id": refund_id }));
             let outcome = async {
-                let asked: ResolveBody = body(&bytes)?;
+                let asked = asked?;
                 let provider_refund_id = asked.provider_refund_id.filter(|id| !id.trim().is_empty());
                 let decision = match asked.outcome {
+                    ResolveAs::Acknowledged => {
+                        return acknowledge_refund(&state, &caller, refund_id, &asked.reason).await;
+                    }
                     ResolveAs::Failed => AskedRefundResolution::Failed { provider_refund_id, force: asked.force },
                     ResolveAs::Succeeded => AskedRefundResolution::Succeeded {
                         provider_refund_id,
@@ -329,4 +339,33 @@ pub(super) async fn resolve_refund(
     let resolution = dead_refunds::resolution(&mut conn, provider, tenant_id, refund_id, asked).await?;
     let action = Proposed::refund_resolution(refund_id, resolution);
     propose(state, &mut conn, caller, Subject::Payment(payment_id), &action, reason).await
+}
+
+/// Closes the open conflict on final refund `refund_id` at once, as acknowledged, with its audit row
+/// (`refund.acknowledge`): the refund keeps its status and no money moves, so no second operator is
+/// needed, as for a payment's conflict. A refused change is the caller's to record ([`change`]).
+pub(super) async fn acknowledge_refund(
+    state: &OperatorsState,
+    caller: &Caller,
+    refund_id: RefundId,
+    reason: &str,
+) -> Result<Acted, OperatorError> {
+    caller.account.require(Role::Operator, "acknowledge a refund's conflict")?;
+    let reason = require_reason(reason)?;
+    let mut conn = state.pool.acquire().await.context("cannot reach the database")?;
+    let tenants = caller.account.scope.to_column();
+    let (tenant_id, _, _) = dead_refunds::locate(&mut conn, tenants.as_deref(), refund_id).await?;
+    let mut tx = sqlx::Acquire::begin(&mut *conn).await.context("cannot start a transaction")?;
+    let seen = dead_refunds::snapshot(&mut tx, tenant_id, refund_id).await?;
+    let operator = caller.account.actor()?;
+    let done = dead_refunds::acknowledge(&mut tx, tenant_id, refund_id, &operator, reason).await?;
+    let entry = Entry::new("refund.acknowledge", Outcome::Done)
+        .payment(seen.tenant_id, seen.payment_id)
+        .reason(reason)
+        .before(json!(seen))
+        .after(json!(done))
+        .detail(json!({ "refund_id": refund_id }));
+    audit::record(&mut tx, &caller.actor(), &entry).await?;
+    tx.commit().await.context("cannot commit the acknowledgement")?;
+    Ok(Acted::Done(Effect::Refund(done)))
 }

@@ -315,6 +315,13 @@ pub enum Finding {
     NotAsAsked(String),
 }
 
+/// Whether `refund` is held by the provider account of the refund's payment (`None`: oncepay's
+/// own). A refund in any other account is another merchant's, or the platform's: it says nothing
+/// about this refund, whatever its metadata or key name.
+pub fn same_account(asked: &AskedRefund, refund: &ProviderRefund) -> bool {
+    refund.account.as_deref() == asked.account.as_ref().map(ProviderAccount::as_str)
+}
+
 /// Judges a refund the provider reports against the refund that asked for it. The refund must name
 /// the asking refund (by its downstream key, where the provider reports keys, or by oncepay's
 /// metadata).
@@ -324,12 +331,11 @@ pub fn judge(asked: &AskedRefund, refund: &ProviderRefund) -> Finding {
         Some(reported) => reported == key.as_str(),
         None => refund.refund_ref() == Some((asked.tenant_id, asked.refund_id)),
     };
-    let account = asked.account.as_ref().map(ProviderAccount::as_str);
     let mismatches: Vec<String> = [
         (!named).then(|| "it does not name this refund".to_owned()),
         (refund.charge != asked.charge_id)
             .then(|| format!("it refunds charge {}, not {}", refund.charge, asked.charge_id)),
-        (refund.account.as_deref() != account).then(|| "it is in another provider account".to_owned()),
+        (!same_account(asked, refund)).then(|| "it is in another provider account".to_owned()),
         (refund.amount != asked.amount.minor_units())
             .then(|| format!("it is for {} minor units, not {}", refund.amount, asked.amount.minor_units())),
         (!refund.currency.eq_ignore_ascii_case(asked.currency.as_str()))

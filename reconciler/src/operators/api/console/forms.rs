@@ -22,7 +22,7 @@ use crate::dead_letters::actions::{Asked, require_reason};
 use crate::dead_letters::refunds::{self as dead_refunds, AskedRefundResolution};
 use crate::operator_error::OperatorError;
 use crate::operators::Role;
-use crate::operators::api::refunds::{refund_payment, refund_reason, resolve_refund, retry_refund};
+use crate::operators::api::refunds::{acknowledge_refund, refund_payment, refund_reason, resolve_refund, retry_refund};
 use crate::operators::api::signing_in::{self, Caller};
 use crate::operators::api::{
     Decided, Decision, OperatorsState, change, connection, decide_proposal, problem, resolve_payment, retry_payment,
@@ -408,10 +408,14 @@ pub(super) async fn act_on_payment(
     finish(&state, &caller, chrome, entry, redirect).await
 }
 
-/// A change to a dead-lettered refund, as the form asks for it.
+/// A change to a refund that waits for an operator, as the form asks for it.
 enum RefundChange {
-    Retry { outside_key_window: bool },
+    Retry {
+        outside_key_window: bool,
+    },
     Resolve(AskedRefundResolution),
+    /// Close the conflict on a final refund.
+    Acknowledge,
 }
 
 impl RefundChange {
@@ -420,6 +424,7 @@ impl RefundChange {
         match action {
             "retry" => Ok(Self::Retry { outside_key_window: ChangeForm::ticked(form.outside_key_window.as_ref()) }),
             "resolve" => match form.outcome.as_deref() {
+                Some("acknowledged") => Ok(Self::Acknowledge),
                 Some("failed") => Ok(Self::Resolve(AskedRefundResolution::Failed {
                     provider_refund_id: form.provider_refund_id(),
                     force: ChangeForm::ticked(form.force.as_ref()),
@@ -433,7 +438,7 @@ impl RefundChange {
                     currency: None,
                     refunded_at: None,
                 })),
-                _ => Err(invalid("resolve a refund as succeeded or failed")),
+                _ => Err(invalid("resolve a refund as succeeded, failed or acknowledged")),
             },
             _ => Err(Problem::new(ProblemType::NotFound, "a refund can be retried or resolved")),
         }
@@ -483,6 +488,13 @@ impl RefundChange {
                 ],
                 "Propose settling as succeeded",
             ),
+            Self::Acknowledge => (
+                vec![
+                    format!("The conflict on refund {refund_id} is closed as acknowledged."),
+                    "The refund keeps the status it has; no money moves.".into(),
+                ],
+                "Acknowledge",
+            ),
         }
     }
 
@@ -490,12 +502,13 @@ impl RefundChange {
         match self {
             Self::Retry { .. } => "refund.retry",
             Self::Resolve(_) => "refund.resolve",
+            Self::Acknowledge => "refund.acknowledge",
         }
     }
 }
 
-/// `POST /console/refunds/{id}/retry|resolve`: asks to confirm, then does it, and goes back to the
-/// refund's payment.
+/// `POST /console/refunds/{id}/retry|resolve`: asks to confirm, then does it (a resolution as
+/// `acknowledged` closes a conflict on a final refund), and goes back to the refund's payment.
 pub(super) async fn act_on_refund(
     state: web::Data<OperatorsState>,
     request: HttpRequest,
@@ -543,10 +556,12 @@ pub(super) async fn act_on_refund(
             retry_refund(&state, &caller, refund_id, &form.reason, outside_key_window).await
         }
         RefundChange::Resolve(decision) => resolve_refund(&state, &caller, refund_id, decision, &form.reason).await,
+        RefundChange::Acknowledge => acknowledge_refund(&state, &caller, refund_id, &form.reason).await,
     };
-    let notice = |acted: &Acted| match acted {
-        Acted::Proposed { .. } => "proposed",
-        Acted::Done(_) => "refund_retried",
+    let notice = |acted: &Acted| match (acted, action.as_str()) {
+        (Acted::Proposed { .. }, _) => "proposed",
+        (Acted::Done(_), "retry") => "refund_retried",
+        (Acted::Done(_), _) => "refund_acknowledged",
     };
     let redirect = outcome.map(|acted| see_other(&format!("{page}?notice={}", notice(&acted))));
     finish(&state, &caller, chrome, entry, redirect).await

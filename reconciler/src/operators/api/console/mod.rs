@@ -45,7 +45,7 @@ pub(super) const SECURITY_HEADERS: [(&str, &str); 5] = [
 ];
 
 /// What each notice code left in a URL says.
-const NOTICES: [(&str, &str); 15] = [
+const NOTICES: [(&str, &str); 16] = [
     ("retried", "Queued to be sent again: the worker sends it with the same key, so it is charged at most once."),
     (
         "refund_retried",
@@ -54,6 +54,7 @@ const NOTICES: [(&str, &str); 15] = [
     ),
     ("proposed", "Proposed: nothing changes until a second operator approves."),
     ("acknowledged", "Acknowledged: the conflict is closed and the payment stays as it was."),
+    ("refund_acknowledged", "Acknowledged: the refund's conflict is closed and the refund stays as it was."),
     ("approved", "Approved and done."),
     ("rejected", "Rejected: nothing was done."),
     ("withdrawn", "Withdrawn: nothing was done."),

@@ -21,6 +21,7 @@ use uuid::Uuid;
 use super::provider_view::{self, Ours};
 use super::queries::{self, Cursor, DeadLetterFilter, EntryState, Happened};
 use super::{Chrome, caller_or_sign_in, error_page, html, visible_tenants};
+use crate::dead_letters::Kind as DeadLetterKind;
 use crate::dead_letters::refunds as dead_refunds;
 use crate::operator_error::OperatorError;
 use crate::operators::api::signing_in::Caller;
@@ -349,15 +350,26 @@ struct DeadLettersPage {
     dead_refunds: Vec<DeadRefundLine>,
 }
 
-/// A refund automation gave up on, in a list.
+/// A refund that waits for an operator, in a list: one automation gave up on, or a final one a
+/// provider's report contradicts (`conflict`).
 struct DeadRefundLine {
     refund_id: RefundId,
     payment_id: PaymentId,
     tenant: String,
+    /// `unresolved` or `conflict`.
+    kind: &'static str,
+    /// The refund's status.
+    status: &'static str,
     amount: String,
     reason: String,
     age: String,
     since: String,
+}
+
+impl DeadRefundLine {
+    fn conflict(&self) -> bool {
+        self.kind == DeadLetterKind::Conflict.as_str()
+    }
 }
 
 impl From<dead_refunds::DeadRefund> for DeadRefundLine {
@@ -366,6 +378,8 @@ impl From<dead_refunds::DeadRefund> for DeadRefundLine {
             refund_id: refund.refund_id,
             payment_id: refund.payment_id,
             tenant: refund.tenant.unwrap_or_else(|| refund.tenant_id.to_string()),
+            kind: refund.kind.as_str(),
+            status: refund.refund_status.as_str(),
             amount: format!("{} {}", refund.amount, refund.currency),
             reason: refund.reason,
             age: age(refund.since),
@@ -642,6 +656,8 @@ struct PaymentPage {
     refund_reasons: &'static [(&'static str, &'static str)],
     /// Its refunds automation gave up on, for an operator to resend or settle.
     dead_refunds: Vec<DeadRefundLine>,
+    /// Its final refunds a provider's report contradicts, for an operator to acknowledge.
+    refund_conflicts: Vec<DeadRefundLine>,
 }
 
 /// A proposal's action, in words; as stored, should it be one this version does not know.
@@ -696,8 +712,13 @@ pub(super) async fn payment(
                 .await
                 .map_err(failed(&chrome))?;
             let tenant = [payment.tenant_id.as_uuid()];
-            let dead_refunds =
-                dead_refunds::list(&mut conn, Some(&tenant), Some(payment_id)).await.map_err(failed(&chrome))?;
+            let (refund_conflicts, dead_refunds): (Vec<_>, Vec<_>) =
+                dead_refunds::list(&mut conn, Some(&tenant), Some(payment_id))
+                    .await
+                    .map_err(failed(&chrome))?
+                    .into_iter()
+                    .map(DeadRefundLine::from)
+                    .partition(DeadRefundLine::conflict);
             let masked = caller.account.role == Role::Viewer;
             let read = Entry::new("payment.read", Outcome::Done)
                 .payment(payment.tenant_id, payment_id)
@@ -733,7 +754,8 @@ pub(super) async fn payment(
                     .then(|| format!("{} {}", refunds.left(), refunds.currency)),
                 refunds: refunds.refunds.into_iter().map(RefundLine::from).collect(),
                 refund_reasons: &REFUND_REASONS,
-                dead_refunds: dead_refunds.into_iter().map(DeadRefundLine::from).collect(),
+                dead_refunds,
+                refund_conflicts,
             };
             Ok(html(StatusCode::OK, &page))
         }
