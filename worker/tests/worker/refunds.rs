@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use oncepay_domain::ids::RefundId;
-use oncepay_domain::status::PaymentStatus;
+use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_provider::http::HttpProvider;
 use oncepay_provider::wire::CreateRefund;
 use oncepay_service::backoff::Backoff;
@@ -13,7 +13,9 @@ use oncepay_service::config::{LogFormat, TelemetrySettings};
 use oncepay_service::telemetry::{self, TraceContext};
 use oncepay_store::fixtures::RefundSubmission;
 use oncepay_store::refunds::intake::{self, RefundIntake};
+use oncepay_store::refunds::settling::{self, RefundChange};
 use oncepay_store::refunds::{self, Refund};
+use oncepay_store::transitions::Recorded;
 use oncepay_worker::refunds::{Recording, RefundSender};
 use serde_json::json;
 use sqlx::PgPool;
@@ -181,6 +183,63 @@ async fn an_uncertain_answer_leaves_the_refund_unknown_and_never_resent_by_a_wor
     assert_eq!(booked(&pool, payment).await, (300, 0), "an unknown refund keeps its reservation");
     assert!(sender(&pool, &server, 3).run_once().await.unwrap().is_empty());
     assert_eq!(server.received_requests().await.unwrap().len(), 1);
+}
+
+/// Sends an `unknown` refund back to its outbox as the refund poller does when the provider holds
+/// no refund under its key inside the key window.
+async fn requeue_unknown(pool: &PgPool, refund: &Refund) {
+    let change = RefundChange {
+        tenant_id: refund.tenant_id,
+        refund_id: refund.refund_id,
+        from: PaymentStatus::Unknown,
+        transition: Transition::ProviderHasNoCharge,
+        actor: "reconciler:refund-poller",
+        reason: "the provider holds no refund under the refund's key",
+        detail: None,
+    };
+    let mut tx = pool.begin().await.unwrap();
+    let requeued = settling::apply(&mut tx, &change, None, time::OffsetDateTime::now_utc()).await.unwrap();
+    assert!(matches!(requeued, Recorded::Moved(_)), "{requeued:?}");
+    tx.commit().await.unwrap();
+}
+
+/// Makes the refund's first send `age` old.
+async fn age_first_send(pool: &PgPool, refund: &Refund, age: Duration) {
+    sqlx::query!(
+        "UPDATE refunds SET first_sent_at = now() - make_interval(secs => $3) WHERE tenant_id = $1 AND refund_id = $2",
+        refund.tenant_id.as_uuid(),
+        refund.refund_id.as_uuid(),
+        age.as_secs_f64()
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_refund_that_may_have_moved_money_is_not_resent_past_the_key_window(pool: PgPool) {
+    let (payment, charge) = charged_payment(&pool).await;
+    let asked = refund(&pool, payment, 300).await;
+    // The first send's answer is lost: it may have reached the provider.
+    sender(&pool, &answering(ResponseTemplate::new(503)).await, 3).run_once().await.unwrap();
+    // The refund poller's lookup finds no refund under the key inside the key window, so the refund
+    // is queued to be sent again ...
+    requeue_unknown(&pool, &asked).await;
+    // ... but no worker claims it before the provider's key window has run out, and by then the
+    // first send has reached the provider, which no longer remembers the key: a resend would be a
+    // second refund.
+    age_first_send(&pool, &asked, Duration::from_secs(86_400 - 60)).await;
+    let late = provider_refund(&asked, &charge, "succeeded", 300);
+    let provider = answering(ResponseTemplate::new(200).set_body_json(late)).await;
+
+    let recorded = sender(&pool, &provider, 3).run_once().await.unwrap();
+
+    assert!(provider.received_requests().await.unwrap().is_empty(), "a resend past the key window could refund twice");
+    assert_eq!(recorded, [Recording::Moved(PaymentStatus::Unknown)]);
+    let refund = stored(&pool, &asked).await;
+    assert_eq!(refund.status, PaymentStatus::Unknown);
+    assert!(refund.may_have_moved);
+    assert_eq!(booked(&pool, payment).await, (300, 0), "an unknown refund keeps its reservation");
 }
 
 #[sqlx::test(migrations = "../migrations")]
