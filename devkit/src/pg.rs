@@ -25,6 +25,14 @@ pub enum Durability {
     Fast,
 }
 
+/// A server certificate and its private key, both PEM.
+pub struct Tls<'a> {
+    /// The certificate (with its chain, if any).
+    pub certificate_pem: &'a str,
+    /// The certificate's private key.
+    pub key_pem: &'a str,
+}
+
 /// A running throwaway cluster.
 pub struct Cluster {
     dir: tempfile::TempDir,
@@ -46,6 +54,28 @@ impl Cluster {
     /// Creates and starts a cluster with server `settings` on top of the defaults, e.g.
     /// `shared_preload_libraries`.
     pub async fn start_with(durability: Durability, settings: &[(&str, &str)]) -> anyhow::Result<Self> {
+        let mut cluster = Self::create(durability, settings).await?;
+        cluster.resume().await?;
+        Ok(cluster)
+    }
+
+    /// Creates and starts a cluster that takes TCP connections over TLS only, with `tls`'s
+    /// certificate (the socket inside the directory stays plain, for `psql`).
+    pub async fn start_with_tls(durability: Durability, tls: &Tls<'_>) -> anyhow::Result<Self> {
+        let mut cluster = Self::create(durability, &[("ssl", "on")]).await?;
+        let data = cluster.dir.path().join("data");
+        cluster.write_private(&data.join("server.crt"), tls.certificate_pem)?;
+        cluster.write_private(&data.join("server.key"), tls.key_pem)?;
+        let hba = "local all all trust\n\
+                   hostssl all all 127.0.0.1/32 trust\n\
+                   hostnossl all all 0.0.0.0/0 reject\n";
+        cluster.write_private(&data.join("pg_hba.conf"), hba)?;
+        cluster.resume().await?;
+        Ok(cluster)
+    }
+
+    /// A stopped cluster, fresh from `initdb`.
+    async fn create(durability: Durability, settings: &[(&str, &str)]) -> anyhow::Result<Self> {
         let bin_dir = find_bin_dir().await?;
         let owner = unprivileged_owner()?;
         let dir = tempfile::Builder::new()
@@ -57,7 +87,7 @@ impl Cluster {
                 .context("cannot hand the temporary directory to the PostgreSQL user")?;
         }
         let settings = settings.iter().map(|(name, value)| ((*name).to_owned(), (*value).to_owned())).collect();
-        let mut cluster =
+        let cluster =
             Self { dir, bin_dir, owner, port: crate::ports::reserve()?, durability, settings, running: false };
         cluster
             .run_tool(
@@ -75,8 +105,19 @@ impl Cluster {
             )
             .await
             .context("initdb failed")?;
-        cluster.resume().await?;
         Ok(cluster)
+    }
+
+    /// Writes `contents` to `path`, readable by the server's user alone (as it wants its key).
+    fn write_private(&self, path: &std::path::Path, contents: &str) -> anyhow::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::write(path, contents).with_context(|| format!("cannot write {}", path.display()))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        if let Some(user) = &self.owner {
+            std::os::unix::fs::chown(path, Some(user.uid.as_raw()), Some(user.gid.as_raw()))
+                .with_context(|| format!("cannot hand {} to the PostgreSQL user", path.display()))?;
+        }
+        Ok(())
     }
 
     /// The TCP port.
@@ -86,7 +127,12 @@ impl Cluster {
 
     /// A URL for `database` as the `postgres` superuser.
     pub fn url(&self, database: &str) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)
+        self.url_as("postgres", database)
+    }
+
+    /// A URL for `database` as `role` (every role may sign in without a password).
+    pub fn url_as(&self, role: &str, database: &str) -> String {
+        format!("postgres://{role}@127.0.0.1:{}/{database}", self.port)
     }
 
     /// The server log, for diagnosing a failed test.

@@ -9,7 +9,7 @@
 //! Secrets are `secrecy` types, so they never appear in `Debug` output. Nothing else in oncepay reads
 //! the environment.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use figment::Figment;
 use figment::error::{Actual, Kind};
@@ -29,6 +29,11 @@ pub struct DatabaseSettings {
     pub acquire_timeout_ms: u64,
     /// PostgreSQL `statement_timeout` for every connection of the pool.
     pub statement_timeout_ms: u64,
+    /// A PEM file of the certificate authorities that may sign the server's certificate. Set, every
+    /// connection is TLS and checks the server's certificate and name (`sslmode=verify-full`) unless
+    /// the URL asks for `verify-ca`; unset, the URL's `sslmode` decides (`prefer` when it names none).
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
 }
 
 /// Where a binary listens for HTTP.

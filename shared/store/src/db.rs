@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use secrecy::ExposeSecret;
 use sqlx::migrate::{Migrate, MigrateError, Migrator};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
 use sqlx::{AssertSqlSafe, Connection, PgPool};
 
 use oncepay_service::config::DatabaseSettings;
@@ -17,11 +17,25 @@ pub static MIGRATOR: Migrator = sqlx::migrate!("../../migrations");
 const MIGRATIONS_TABLE: &str = "_sqlx_migrations";
 
 /// Connection options for `settings`: every connection carries the binary's `application_name`
-/// (visible in `pg_stat_activity`) and a `statement_timeout`.
+/// (visible in `pg_stat_activity`) and a `statement_timeout`. With `database.ca_file`, every
+/// connection is TLS, checked against that file's authorities: the server's name too, unless the
+/// URL settles for `sslmode=verify-ca`.
 pub fn connect_options(settings: &DatabaseSettings, application_name: &str) -> Result<PgConnectOptions, sqlx::Error> {
-    Ok(PgConnectOptions::from_str(settings.url.expose_secret())?
+    let mut options = PgConnectOptions::from_str(settings.url.expose_secret())?
         .application_name(application_name)
-        .options([("statement_timeout", format!("{}ms", settings.statement_timeout_ms))]))
+        .options([("statement_timeout", format!("{}ms", settings.statement_timeout_ms))]);
+    if let Some(ca_file) = &settings.ca_file {
+        if !ca_file.is_file() {
+            return Err(sqlx::Error::Configuration(
+                format!("database.ca_file {} is not a readable file", ca_file.display()).into(),
+            ));
+        }
+        options = options.ssl_root_cert(ca_file);
+        if !matches!(options.get_ssl_mode(), PgSslMode::VerifyCa) {
+            options = options.ssl_mode(PgSslMode::VerifyFull);
+        }
+    }
+    Ok(options)
 }
 
 /// A lazily connecting pool, so a binary starts (and serves `/healthz`) while the database is down;
