@@ -102,9 +102,14 @@ impl Server {
         }
     }
 
-    /// A URL for `database`.
+    /// A URL for `database`, as the superuser.
     pub fn url(&self, database: &str) -> String {
         self.front().url(database)
+    }
+
+    /// A URL for `database`, as `role`.
+    pub fn url_as(&self, role: &str, database: &str) -> String {
+        self.front().url_as(role, database)
     }
 
     /// The log of the server clients connect to.

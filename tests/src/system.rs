@@ -84,6 +84,15 @@ impl Role {
             Self::Reconciler => "reconciler",
         }
     }
+
+    /// The database role the process connects as (migration 0380).
+    pub const fn database_role(self) -> &'static str {
+        match self {
+            Self::Api => "oncepay_api",
+            Self::Worker => "oncepay_worker",
+            Self::Reconciler => "oncepay_reconciler",
+        }
+    }
 }
 
 /// How many processes of each kind.
@@ -297,6 +306,7 @@ pub struct System {
     slots: BTreeMap<(Role, usize), Slot>,
     provider: RunningProvider,
     server: Server,
+    /// As the superuser that owns the tables: for migrating and for the tests' own checks.
     database_url: String,
     pool: PgPool,
     tenants: Vec<Tenant>,
@@ -344,8 +354,9 @@ impl System {
         let binaries = &config.binaries;
 
         run_cli(&binaries.reconciler, &database_url, &[], &["migrate"]).await.context("migrate")?;
+        let reconciler_url = server.url_as(Role::Reconciler.database_role(), "oncepay");
         let bootstrapped =
-            run_cli(&binaries.reconciler, &database_url, &[], &["operators", "bootstrap", ADMIN, "--json"])
+            run_cli(&binaries.reconciler, &reconciler_url, &[], &["operators", "bootstrap", ADMIN, "--json"])
                 .await
                 .context("operators bootstrap")?;
         let admin: IssuedToken = serde_json::from_str(&bootstrapped).context("reading `operators bootstrap --json`")?;
@@ -359,7 +370,8 @@ impl System {
         ] {
             for index in 0..count {
                 let port = ports::reserve()?;
-                let mut spec = process_spec(role, index, port, binaries, &database_url, &timing, logs.path());
+                let url = server.url_as(role.database_role(), "oncepay");
+                let mut spec = process_spec(role, index, port, binaries, &url, &timing, logs.path());
                 let operations_port = (role == Role::Reconciler).then(ports::reserve).transpose()?;
                 if let Some(operations_port) = operations_port {
                     spec = spec.setting("operators.port", operations_port.to_string());
@@ -525,7 +537,8 @@ impl System {
     pub async fn operator(&self, args: &[&str]) -> anyhow::Result<String> {
         let url = self.operations_urls().into_iter().next().context("no reconciler serves the operations API")?;
         let env = [("ONCEPAY_OPS_URL", url.as_str()), ("ONCEPAY_OPS_TOKEN", self.admin_token.as_str())];
-        run_cli(&self.reconciler, &self.database_url, &env, args).await
+        let url = self.server.url_as(Role::Reconciler.database_role(), "oncepay");
+        run_cli(&self.reconciler, &url, &env, args).await
     }
 
     /// Under Citus, how many transactions committed with two-phase commit since the system started:
@@ -541,7 +554,8 @@ impl System {
         &self.pool
     }
 
-    /// The database URL every process uses.
+    /// The database URL of the superuser that owns the tables (each process connects as its own
+    /// role: [`Role::database_role`]).
     pub fn database_url(&self) -> &str {
         &self.database_url
     }

@@ -202,3 +202,31 @@ async fn the_checker_reports_a_second_charge_missing_ledger_entries_and_a_charge
     );
     assert_eq!(verdict.charge_histogram[2], 1, "{found:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_process_connects_as_its_own_role_and_none_as_a_superuser() {
+    let seed = 0x0001_2013;
+    let system = start(seed).await;
+    // One payment each way, so that every process has its connections open.
+    let (report, _) = drive(&system, &workload(seed, 4)).await;
+    assert!(report.passed(), "{report}");
+
+    let connected: Vec<(String, String, bool)> = sqlx::query_as(
+        "SELECT DISTINCT a.application_name::text, a.usename::text, r.rolsuper FROM pg_stat_activity a \
+         JOIN pg_roles r ON r.rolname = a.usename \
+         WHERE a.datname = current_database() AND a.application_name IN ('oncepay-api', 'oncepay-worker', 'oncepay-reconciler') \
+         ORDER BY 1",
+    )
+    .fetch_all(system.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        connected,
+        [
+            ("oncepay-api".to_owned(), "oncepay_api".to_owned(), false),
+            ("oncepay-reconciler".to_owned(), "oncepay_reconciler".to_owned(), false),
+            ("oncepay-worker".to_owned(), "oncepay_worker".to_owned(), false),
+        ],
+        "each process's connections, by the role they signed in as"
+    );
+}

@@ -26,6 +26,8 @@ const PACKAGES: [(&str, &str); 5] = [
     ("oncepay-client", "oncepay"),
 ];
 
+/// The services that run once and exit 0 before the others start.
+const ONE_SHOTS: [&str; 2] = ["migrate", "db-roles"];
 /// How many workers the scaled stack runs.
 const WORKERS: usize = 3;
 /// Payments in the batch during which the workers restart, half before and half during.
@@ -89,6 +91,9 @@ impl<'a> Stack<'a> {
             ("WEBHOOK_SECRET", secrets::webhook_secret()),
             ("PROVIDER_API_KEY", format!("sk_test_{}", secrets::hex_token(16))),
             ("POSTGRES_PASSWORD", secrets::hex_token(16)),
+            ("API_DB_PASSWORD", secrets::hex_token(16)),
+            ("WORKER_DB_PASSWORD", secrets::hex_token(16)),
+            ("RECONCILER_DB_PASSWORD", secrets::hex_token(16)),
             ("PUBLISH_ADDRESS", "127.0.0.1".to_owned()),
             ("API_PORT", api_port.to_string()),
             ("RECONCILER_PORT", reconciler_port.to_string()),
@@ -181,20 +186,22 @@ impl<'a> Stack<'a> {
             .collect())
     }
 
-    /// Waits until `migrate` has exited 0 and every other service has its healthy containers: one
-    /// each, and `workers` workers.
+    /// Waits until the one-shots ([`ONE_SHOTS`]) have exited 0 and every other service has its
+    /// healthy containers: one each, and `workers` workers.
     async fn wait_until_healthy(&self, workers: usize) -> anyhow::Result<()> {
         let deadline = Instant::now() + HEALTHY_WITHIN;
         loop {
             let mut waiting = Vec::new();
             let all = self.containers().await?;
             let of = |service: &str| all.iter().filter(|c| c.service == service).collect::<Vec<_>>();
-            let migrate = of("migrate");
-            if let Some(failed) = migrate.iter().find(|c| c.status == "exited" && c.exit_code != Some(0)) {
-                bail!("the migration exited with {:?}", failed.exit_code);
-            }
-            if !migrate.iter().any(|c| c.status == "exited" && c.exit_code == Some(0)) {
-                waiting.push("migrate".to_owned());
+            for one_shot in ONE_SHOTS {
+                let runs = of(one_shot);
+                if let Some(failed) = runs.iter().find(|c| c.status == "exited" && c.exit_code != Some(0)) {
+                    bail!("{one_shot} exited with {:?}", failed.exit_code);
+                }
+                if !runs.iter().any(|c| c.status == "exited" && c.exit_code == Some(0)) {
+                    waiting.push(one_shot.to_owned());
+                }
             }
             for (service, wanted) in
                 [("postgres", 1), ("simulator", 1), ("api", 1), ("reconciler", 1), ("worker", workers)]

@@ -129,7 +129,9 @@ async fn start(root: &Path, options: &Options, running: &mut Running) -> anyhow:
         Provider::Simulator => None,
     };
 
-    // `DATABASE_URL` if given (and no Citus asked for), else a throwaway server.
+    // `DATABASE_URL` if given (and no Citus asked for), else a throwaway server. On a throwaway server
+    // each process signs in as its own role (README, "Database roles"); on a given one, as the URL's
+    // user, since only the server's owner knows how the roles sign in there.
     let database_url = match std::env::var("DATABASE_URL") {
         Ok(url) if !options.citus => url,
         _ => {
@@ -153,7 +155,11 @@ async fn start(root: &Path, options: &Options, running: &mut Running) -> anyhow:
     let log_dir = root.join(".oncepay").join("logs");
     // Each process gets only its own settings.
     let common = |spec: Spec| spec.setting("telemetry.log_format", "text").echo(true);
-    let with_database = |spec: Spec| common(spec).env("DATABASE_URL", &database_url);
+    let role_url = |role: &str| match &running.server {
+        Some(server) => server.url_as(role, "oncepay"),
+        None => database_url.clone(),
+    };
+    let with_database = |spec: Spec, role: &str| common(spec).env("DATABASE_URL", role_url(role));
     // localstripe has no Stripe Connect (it ignores `Stripe-Account`, its events name no account):
     // every tenant's payments are charged in the key's account, with Stripe's test card unless a
     // payment names its own.
@@ -165,20 +171,20 @@ async fn start(root: &Path, options: &Options, running: &mut Running) -> anyhow:
             .setting("provider.stripe.api_version", localstripe::API_VERSION)
             .setting("provider.stripe.default_payment_method", "pm_card_visa")
     };
-    let with_provider = |spec: Spec| match options.provider {
-        Provider::Simulator => with_database(spec)
+    let with_provider = |spec: Spec, role: &str| match options.provider {
+        Provider::Simulator => with_database(spec, role)
             .setting("provider.base_url", format!("http://127.0.0.1:{SIMULATOR_PORT}"))
             .setting("provider.api_key", &provider_key),
-        Provider::Localstripe => through_stripe(with_database(spec)),
+        Provider::Localstripe => through_stripe(with_database(spec, role)),
     };
-    let reconciler_spec = with_provider(Spec::new("reconciler", &reconciler, &log_dir))
+    let reconciler_spec = with_provider(Spec::new("reconciler", &reconciler, &log_dir), "oncepay_reconciler")
         .port(RECONCILER_PORT)
         .setting("operators.port", OPERATIONS_PORT.to_string());
     let reconciler_spec = match options.provider {
         Provider::Simulator => reconciler_spec.setting_list("webhooks.secrets", &[&webhook_secret]),
         Provider::Localstripe => reconciler_spec.setting_list("webhooks.stripe_secrets", &[&webhook_secret]),
     };
-    let api_spec = with_database(Spec::new("api", bin.join("oncepay-api"), &log_dir)).port(API_PORT);
+    let api_spec = with_database(Spec::new("api", bin.join("oncepay-api"), &log_dir), "oncepay_api").port(API_PORT);
     let api_spec = match options.provider {
         Provider::Simulator => api_spec,
         // Intake refuses what Stripe could never charge.
@@ -208,7 +214,11 @@ async fn start(root: &Path, options: &Options, running: &mut Running) -> anyhow:
     }
     let specs = [
         (reconciler_spec, RECONCILER_PORT),
-        (with_provider(Spec::new("worker", bin.join("oncepay-worker"), &log_dir)).port(WORKER_PORT), WORKER_PORT),
+        (
+            with_provider(Spec::new("worker", bin.join("oncepay-worker"), &log_dir), "oncepay_worker")
+                .port(WORKER_PORT),
+            WORKER_PORT,
+        ),
         (api_spec, API_PORT),
     ];
     for (spec, port) in specs {

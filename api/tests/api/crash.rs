@@ -33,7 +33,7 @@ async fn a_database_crash_mid_run_fails_closed_and_leaves_nothing_partial() {
     let db = PgPoolOptions::new().max_connections(2).connect(&url).await.unwrap();
     db::migrate(&db).await.unwrap();
     let mut settings = helpers::settings();
-    settings.database.url = url.into();
+    settings.database.url = cluster.url_as("oncepay_api", "oncepay").into();
     settings.database.acquire_timeout_ms = 500;
     let app = TestApp::start(Application::build(settings).unwrap(), db).await;
 

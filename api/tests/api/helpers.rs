@@ -34,6 +34,12 @@ pub fn settings() -> Settings {
     settings
 }
 
+/// `options` as the api's own database role (migration 0380), as a deployment connects it: the
+/// tests' pool stays the superuser's.
+pub fn as_api(options: PgConnectOptions) -> PgConnectOptions {
+    options.username("oncepay_api")
+}
+
 /// A running api, a pool of the test's own on the same database, and a tenant with an API key.
 pub struct TestApp {
     pub address: String,
@@ -62,7 +68,7 @@ impl TestApp {
         let mut settings = settings();
         configure(&mut settings);
         let db = PgPoolOptions::new().max_connections(4).connect_with(options.clone()).await.expect("test pool");
-        let application = Application::build_with(settings, options).expect("the api builds");
+        let application = Application::build_with(settings, as_api(options)).expect("the api builds");
         Self::start(application, db).await
     }
 
@@ -77,7 +83,7 @@ impl TestApp {
     pub async fn spawn_beside(&self, options: PgConnectOptions, configure: impl FnOnce(&mut Settings)) -> Self {
         let mut settings = settings();
         configure(&mut settings);
-        let application = Application::build_with(settings, options).expect("the api builds");
+        let application = Application::build_with(settings, as_api(options)).expect("the api builds");
         Self::run(application, self.db.clone(), self.tenant.clone())
     }
 

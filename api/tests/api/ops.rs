@@ -139,7 +139,7 @@ async fn with_an_operations_port_the_operations_endpoints_are_served_there_and_o
 ) {
     let mut settings = helpers::settings();
     settings.http.listen.ops_port = Some(0);
-    let application = Application::build_with(settings, options.clone()).unwrap();
+    let application = Application::build_with(settings, helpers::as_api(options.clone())).unwrap();
     let ops = format!("http://127.0.0.1:{}", application.ops_port().expect("an operations port was asked for"));
     let app = TestApp::start(application, pool_options.connect_with(options).await.unwrap()).await;
     let client = reqwest::Client::new();

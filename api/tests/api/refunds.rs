@@ -615,7 +615,7 @@ async fn a_refund_fails_closed_while_the_database_is_down_and_its_retry_is_accep
     let pool = PgPoolOptions::new().max_connections(2).connect(&url).await.unwrap();
     db::migrate(&pool).await.unwrap();
     let mut settings = helpers::settings();
-    settings.database.url = url.into();
+    settings.database.url = cluster.url_as("oncepay_api", "oncepay").into();
     settings.database.acquire_timeout_ms = 500;
     settings.auth.cache_ttl_secs = 3_600;
     let app = TestApp::start(Application::build(settings).unwrap(), pool).await;

@@ -38,7 +38,7 @@ impl World {
     /// `webhooks` is false), a worker and a reconciler, all on this test's database.
     async fn start(pool: &PgPool, webhooks: bool) -> Self {
         let logs = tempfile::Builder::new().prefix("oncepay-reconciler-e2e-").tempdir().unwrap();
-        let database_url = support::url_of(pool);
+        let database_url = support::reconciler_url_of(pool);
         let (simulator_port, worker_port, reconciler_port) =
             (ports::reserve().unwrap(), ports::reserve().unwrap(), ports::reserve().unwrap());
         let simulator_url = format!("http://127.0.0.1:{simulator_port}");

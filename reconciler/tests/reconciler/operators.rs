@@ -575,7 +575,7 @@ async fn only_admins_manage_operators_and_the_audit_trail_cannot_be_edited(pool:
 /// Runs the real CLI with the operations API at `ops` and `token`, off the test's thread (the API
 /// runs on it).
 async fn cli(pool: &PgPool, ops: &Ops, token: &str, args: &[&str]) -> Output {
-    let mut command = command(&support::url_of(pool), args);
+    let mut command = command(&support::reconciler_url_of(pool), args);
     command.env("ONCEPAY_OPS_URL", &ops.url).env("ONCEPAY_OPS_TOKEN", token);
     tokio::task::spawn_blocking(move || command.output().unwrap()).await.unwrap()
 }
@@ -595,7 +595,7 @@ async fn the_cli_works_dead_letters_through_the_api_with_a_personal_token(pool: 
     let bob = ops.operator("bob", "approver", None).await;
 
     let without_api = tokio::task::spawn_blocking({
-        let mut command = command(&support::url_of(&pool), &["dead-letters", "list"]);
+        let mut command = command(&support::reconciler_url_of(&pool), &["dead-letters", "list"]);
         move || command.env_remove("ONCEPAY_OPS_URL").env_remove("ONCEPAY_OPS_TOKEN").output().unwrap()
     })
     .await

@@ -568,7 +568,7 @@ async fn a_provider_refund_named_for_a_resolution_is_looked_up_and_judged_agains
 }
 
 async fn cli(pool: &PgPool, ops: &Ops, token: &str, args: &[&str]) -> Output {
-    let mut command = command(&support::url_of(pool), args);
+    let mut command = command(&support::reconciler_url_of(pool), args);
     command.env("ONCEPAY_OPS_URL", &ops.url).env("ONCEPAY_OPS_TOKEN", token);
     tokio::task::spawn_blocking(move || command.output().unwrap()).await.unwrap()
 }

@@ -42,7 +42,7 @@ async fn the_service_settles_by_webhook_and_by_polling_and_stops_cleanly_on_sigt
     let port = ports::reserve().unwrap();
     let logs = tempfile::tempdir().unwrap();
     let spec = Spec::new("reconciler", env!("CARGO_BIN_EXE_oncepay-reconciler"), logs.path())
-        .env("DATABASE_URL", support::url_of(&pool))
+        .env("DATABASE_URL", support::reconciler_url_of(&pool))
         .port(port)
         .setting("provider.base_url", provider.uri())
         .setting("poller.interval_ms", "50")
@@ -94,7 +94,7 @@ async fn the_service_settles_by_webhook_and_by_polling_and_stops_cleanly_on_sigt
 async fn the_service_refuses_to_start_without_a_configured_webhook_secret(pool: PgPool) {
     let logs = tempfile::tempdir().unwrap();
     let spec = Spec::new("reconciler", env!("CARGO_BIN_EXE_oncepay-reconciler"), logs.path())
-        .env("DATABASE_URL", support::url_of(&pool))
+        .env("DATABASE_URL", support::reconciler_url_of(&pool))
         .port(ports::reserve().unwrap());
     let mut reconciler = Child::spawn(spec).await.unwrap();
 
@@ -110,7 +110,7 @@ async fn with_an_operations_port_the_operations_endpoints_are_served_there_and_o
     let (port, ops_port) = (ports::reserve().unwrap(), ports::reserve().unwrap());
     let logs = tempfile::tempdir().unwrap();
     let spec = Spec::new("reconciler", env!("CARGO_BIN_EXE_oncepay-reconciler"), logs.path())
-        .env("DATABASE_URL", support::url_of(&pool))
+        .env("DATABASE_URL", support::reconciler_url_of(&pool))
         .port(port)
         .setting("http.ops_port", ops_port.to_string())
         .setting_list("webhooks.secrets", &[SECRET]);

@@ -452,7 +452,7 @@ async fn with_an_openid_provider_only_the_break_glass_account_signs_in_with_a_pa
 async fn cli_with(ops: &Ops, pool: &PgPool, token: Option<&str>, args: &[&str], stdin: &str) -> std::process::Output {
     use std::io::Write;
     use std::process::Stdio;
-    let mut command = crate::cli::command(&crate::support::url_of(pool), args);
+    let mut command = crate::cli::command(&crate::support::reconciler_url_of(pool), args);
     command.env("ONCEPAY_OPS_URL", &ops.url).env_remove("ONCEPAY_OPS_TOKEN");
     if let Some(token) = token {
         command.env("ONCEPAY_OPS_TOKEN", token);

@@ -140,8 +140,17 @@ pub async fn queue_entry(pool: &PgPool, payment_id: PaymentId) -> (i32, serde_js
 
 /// A `postgres://` URL for the database behind a `#[sqlx::test]` pool, for a child process.
 pub fn url_of(pool: &PgPool) -> String {
+    url_as(pool, pool.connect_options().get_username())
+}
+
+/// A URL for `pool`'s database as the reconciler's own role (migration 0380), as a deployment
+/// connects it.
+pub fn reconciler_url_of(pool: &PgPool) -> String {
+    url_as(pool, "oncepay_reconciler")
+}
+
+fn url_as(pool: &PgPool, user: &str) -> String {
     let options: &PgConnectOptions = &pool.connect_options();
-    let user = options.get_username();
     let host = options.get_host();
     let port = options.get_port();
     let database = options.get_database().unwrap_or("postgres");

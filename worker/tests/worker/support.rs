@@ -276,12 +276,11 @@ pub async fn lease_holders(pool: &PgPool) -> Vec<String> {
     .unwrap()
 }
 
-/// The URL of this test's database (on the server `DATABASE_URL` names), for a process of its own.
+/// The URL of this test's database as the worker's own role (migration 0380), for a worker of its own.
 pub async fn database_url(pool: &PgPool) -> String {
     let database = sqlx::query_scalar!(r#"SELECT current_database() AS "name!""#).fetch_one(pool).await.unwrap();
-    let server_url = std::env::var("DATABASE_URL").unwrap();
-    let (server, _) = server_url.rsplit_once('/').unwrap();
-    format!("{server}/{database}")
+    let options = pool.connect_options();
+    format!("postgres://oncepay_worker@{}:{}/{database}", options.get_host(), options.get_port())
 }
 
 pub async fn db_now(pool: &PgPool) -> OffsetDateTime {
