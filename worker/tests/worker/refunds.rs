@@ -243,6 +243,27 @@ async fn a_refund_that_may_have_moved_money_is_not_resent_past_the_key_window(po
 }
 
 #[sqlx::test(migrations = "../migrations")]
+async fn a_refund_that_may_have_moved_money_is_resent_with_its_key_inside_the_key_window(pool: PgPool) {
+    let (payment, charge) = charged_payment(&pool).await;
+    let asked = refund(&pool, payment, 300).await;
+    // The first send's answer is lost: it may have reached the provider.
+    sender(&pool, &answering(ResponseTemplate::new(503)).await, 3).run_once().await.unwrap();
+    // The refund poller's lookup finds no refund under the key, and the provider still remembers
+    // the key: sending again with it returns the first refund, or makes the only one.
+    requeue_unknown(&pool, &asked).await;
+    let made = provider_refund(&asked, &charge, "succeeded", 300);
+    let provider = answering(ResponseTemplate::new(200).set_body_json(made)).await;
+
+    let recorded = sender(&pool, &provider, 3).run_once().await.unwrap();
+
+    let sent = provider.received_requests().await.unwrap();
+    assert_eq!(sent.len(), 1, "a refund queued again inside the key window is sent again");
+    assert_eq!(sent[0].headers["idempotency-key"], asked.refund_id.downstream_key().as_str());
+    assert_eq!(recorded, [Recording::Moved(PaymentStatus::Succeeded)]);
+    assert_eq!(booked(&pool, payment).await, (300, 300));
+}
+
+#[sqlx::test(migrations = "../migrations")]
 async fn a_refund_the_provider_has_not_finished_is_unknown_with_its_id(pool: PgPool) {
     let (payment, charge) = charged_payment(&pool).await;
     let asked = refund(&pool, payment, 300).await;
