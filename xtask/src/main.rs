@@ -1,5 +1,5 @@
-//! `cargo xtask`: the project's tasks, `up`, `test`, `prepare`, `bench` and `compose-check` (see
-//! `cargo xtask --help`).
+//! `cargo xtask`: the project's tasks, `up`, `test`, `prepare`, `bench`, `compose-check` and
+//! `mutants` (see `cargo xtask --help`).
 //!
 //! Every task brings up what it needs itself; nothing must be running beforehand.
 
@@ -15,6 +15,7 @@ mod browser;
 mod compose_check;
 mod containers;
 mod localstripe;
+mod mutants;
 mod npm;
 mod secrets;
 mod up;
@@ -80,6 +81,16 @@ enum Task {
     /// Runs docker-compose.yml for real (Docker, or podman where no Docker engine runs), pays
     /// through it, scales and restarts the workers, and takes it all down again.
     ComposeCheck,
+    /// Mutation checks on the money guards: fails on any mutant of a guard that its tests do not
+    /// catch, unless it is known to be equivalent (docs/mutation-testing.md).
+    Mutants {
+        /// Only the subset CI runs on every change.
+        #[arg(long)]
+        ci: bool,
+        /// Only these guards (by name; every one when none is given).
+        #[arg(conflicts_with = "ci")]
+        guards: Vec<String>,
+    },
 }
 
 #[tokio::main]
@@ -93,6 +104,7 @@ async fn main() -> ExitCode {
         Task::Prepare { packages } => prepare(&packages).await,
         Task::Bench { quick, full, out, bench_args } => bench(quick, full, out, &bench_args).await,
         Task::ComposeCheck => compose_check::compose_check(&workspace_root()).await,
+        Task::Mutants { ci, guards } => mutants::mutants(&workspace_root(), ci, &guards).await,
     };
     match result {
         Ok(code) => code,
