@@ -93,7 +93,11 @@ const GUARDS: [Guard; 6] = [
 
 /// Survivors no test can catch, because the mutant behaves as the original does: the mutant as
 /// cargo-mutants names it (without its line), and why.
-const EQUIVALENT: [(&str, &str); 0] = [];
+const EQUIVALENT: [(&str, &str); 1] = [(
+    "replace match guard fields.values().any(Value::is_null) with true in given",
+    "the guard only spares a copy of a body with no null member; copied without its null members, \
+     such a body is the same body, so its fingerprint is the same",
+)];
 
 /// How one guard's run ended.
 struct Outcome {
@@ -127,11 +131,13 @@ pub async fn mutants(root: &Path, ci: bool, only: &[String]) -> anyhow::Result<E
         outcomes.push(run(root, guard, &url, ci).await?);
     }
     report(&outcomes, started.elapsed().as_secs());
-    let unexplained: Vec<&String> = outcomes
-        .iter()
-        .flat_map(|outcome| outcome.missed.iter().chain(&outcome.timed_out))
-        .filter(|mutant| !EQUIVALENT.iter().any(|(equivalent, _)| mutant.ends_with(equivalent)))
-        .collect();
+    let mut unexplained = Vec::new();
+    for mutant in outcomes.iter().flat_map(|outcome| outcome.missed.iter().chain(&outcome.timed_out)) {
+        match EQUIVALENT.iter().find(|(equivalent, _)| mutant.ends_with(equivalent)) {
+            Some((_, why)) => eprintln!("xtask: survived, equivalent: {mutant}: {why}"),
+            None => unexplained.push(mutant),
+        }
+    }
     if unexplained.is_empty() {
         return Ok(ExitCode::SUCCESS);
     }
