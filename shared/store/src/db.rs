@@ -25,12 +25,12 @@ pub fn connect_options(settings: &DatabaseSettings, application_name: &str) -> R
         .application_name(application_name)
         .options([("statement_timeout", format!("{}ms", settings.statement_timeout_ms))]);
     if let Some(ca_file) = &settings.ca_file {
-        if !ca_file.is_file() {
-            return Err(sqlx::Error::Configuration(
-                format!("database.ca_file {} is not a readable file", ca_file.display()).into(),
-            ));
-        }
-        options = options.ssl_root_cert(ca_file);
+        // Read once, here: a file that cannot be read stops the process at start, not every
+        // connection later.
+        let pem = std::fs::read(ca_file).map_err(|error| {
+            sqlx::Error::Configuration(format!("cannot read database.ca_file {}: {error}", ca_file.display()).into())
+        })?;
+        options = options.ssl_root_cert_from_pem(pem);
         if !matches!(options.get_ssl_mode(), PgSslMode::VerifyCa) {
             options = options.ssl_mode(PgSslMode::VerifyFull);
         }
