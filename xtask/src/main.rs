@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use oncepay_devkit::pg::{Cluster, Durability};
+use sqlx::Connection as _;
 use tokio::process::Command;
 
 mod browser;
@@ -306,24 +307,12 @@ fn tempfile_dir(root: &Path) -> anyhow::Result<PathBuf> {
     Ok(dir)
 }
 
-/// Applies `migrations/*.sql` in order with psql (the query macros need the schema, not sqlx's
-/// migration bookkeeping).
+/// Applies `migrations/` with sqlx's migrator, read from the directory at run time, so the schema
+/// the query macros check against is built exactly as `reconciler migrate` builds it, bookkeeping
+/// table included (the roles' migration grants on it).
 async fn apply_migrations(url: &str, dir: &Path) -> anyhow::Result<()> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "sql"))
-        .collect();
-    files.sort();
-    for file in files {
-        let status = Command::new("psql")
-            .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", url, "-f"])
-            .arg(&file)
-            .status()
-            .await
-            .context("cannot run psql")?;
-        if !status.success() {
-            bail!("applying {} failed", file.display());
-        }
-    }
+    let migrator = sqlx::migrate::Migrator::new(dir).await.context("cannot read the migrations")?;
+    let mut conn = sqlx::PgConnection::connect(url).await.context("cannot connect to the prepare database")?;
+    migrator.run(&mut conn).await.context("applying the migrations failed")?;
     Ok(())
 }
