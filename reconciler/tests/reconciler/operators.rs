@@ -842,6 +842,25 @@ async fn approving_from_a_session_takes_a_fresh_sign_in(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn an_operator_who_is_not_an_admin_may_not_propose_a_key_or_a_provider_account(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    tenant(&pool, "acme").await;
+    let olga = ops.operator("olga", "operator", None).await;
+    let connect = json!({ "account": "acct_1032D82eZvKYlo2C", "reason": "onboarded to Connect" });
+
+    let (key, key_why) = ops.post(&olga, "/v1/tenants/acme/keys", json!({ "reason": "rotation" })).await;
+    let (account, account_why) = ops.call(&olga, Method::PUT, "/v1/tenants/acme/provider-account", Some(connect)).await;
+
+    assert_eq!(key, StatusCode::FORBIDDEN, "{key_why}");
+    assert!(problem(&key_why).1.contains("admin"), "{key_why}");
+    assert_eq!(account, StatusCode::FORBIDDEN, "{account_why}");
+    assert!(problem(&account_why).1.contains("admin"), "{account_why}");
+    let proposals: i64 =
+        sqlx::query_scalar!(r#"SELECT count(*) AS "n!" FROM proposals"#).fetch_one(&pool).await.unwrap();
+    assert_eq!(proposals, 0, "a refused proposal leaves nothing to approve");
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn admins_propose_tenants_and_keys_and_a_limited_admin_only_its_own(pool: PgPool) {
     let ops = Ops::start(&pool).await;
     let reason = |why: &str| json!({ "reason": why });
