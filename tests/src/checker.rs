@@ -156,7 +156,15 @@ pub struct Verdict {
     pub largest_group: usize,
     /// Refunds, in the database and at the provider.
     pub refunds: RefundFigures,
+    /// Resends the worker held back because they could have charged twice: the resend guard at
+    /// work.
+    pub held_back: i64,
 }
+
+/// The code of a send held back by a resend guard, in the payment's or refund's event
+/// (`oncepay_worker::verdict::KEY_WINDOW_PASSED`; the harness talks to the system only from
+/// outside).
+pub const KEY_WINDOW_PASSED: &str = "key_window_passed";
 
 impl Verdict {
     /// The `q`-quantile of the time to terminal.
@@ -260,6 +268,12 @@ pub async fn check(
     let (violations, figures) = refunds::check(pool, provider_refunds, charges, &observations.refunds).await?;
     verdict.violations.extend(violations);
     verdict.refunds = figures;
+    verdict.held_back = sqlx::query_scalar!(
+        r#"SELECT count(*) AS "count!" FROM payment_events WHERE detail->>'reason' = $1"#,
+        KEY_WINDOW_PASSED
+    )
+    .fetch_one(pool)
+    .await?;
     verdict.violations.sort();
     Ok(verdict)
 }

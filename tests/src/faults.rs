@@ -195,10 +195,23 @@ impl Schedule {
 /// connections dropped after charging, replayed 5xx, 429s with a long `Retry-After`, a lookup API
 /// that fails, charges of another amount, responses and webhooks that misreport a charge, and
 /// resends of a charged key refused; webhooks are dropped, delayed, duplicated and reordered.
+///
+/// About one phase in three holds sends and then parks their resends: many charges and refunds are
+/// made seconds after their request (the worker gives up, a lookup finds nothing, the send is queued
+/// again), and many requests get a 429 whose `Retry-After` outlasts the key window. A resend parked
+/// so is claimed when the provider has forgotten the key although the first send went through: the
+/// moment the resend guards exist for, which the run's report counts. Without these phases the
+/// short profile's hundred-odd refunds rarely met it.
 fn simulator_phase(rng: &mut StdRng) -> FaultsPatch {
     if rng.random_bool(0.15) {
         return calm();
     }
+    let held_then_parked = rng.random_bool(0.35);
+    let (hang_before_rate, rate_limit_rate, retry_after) = if held_then_parked {
+        (rng.random_range(0.3..0.6), rng.random_range(0.3..0.6), rng.random_range(25..40))
+    } else {
+        (rate(rng, 0.3), rate(rng, 0.3), rng.random_range(5..40))
+    };
     let (error_after, hang_after, drop_after) = (rate(rng, 0.12), rate(rng, 0.08), rate(rng, 0.1));
     FaultsPatch {
         latency_ms: Some(rng.random_range(0..40)),
@@ -215,11 +228,11 @@ fn simulator_phase(rng: &mut StdRng) -> FaultsPatch {
         webhook_reorder_hold_ms: Some(rng.random_range(100..1_000)),
         // A long Retry-After parks a payment past the resend horizon: a payment queued again after
         // an uncertain send is then claimed when a resend could charge twice.
-        rate_limit_rate: Some(rate(rng, 0.3)),
-        rate_limit_retry_after_secs: Some(rng.random_range(5..40)),
+        rate_limit_rate: Some(rate_limit_rate),
+        rate_limit_retry_after_secs: Some(retry_after),
         // A charge made seconds after its request: the worker gives up first, a lookup meanwhile
         // finds nothing and the payment is queued again, although the provider is about to charge.
-        hang_before_rate: Some(rate(rng, 0.3)),
+        hang_before_rate: Some(hang_before_rate),
         hang_before_ms: Some(rng.random_range(3_000..15_000)),
         // Sometimes the lookup API is down for a whole phase, longer than the poller's attempts.
         lookup_error_rate: Some(if rng.random_bool(0.2) { 1.0 } else { rate(rng, 0.3) }),

@@ -227,6 +227,9 @@ pub struct RefundFigures {
     /// Of those, the ones whose refund agrees with the provider's record in every respect: false
     /// alarms for operators (refund id, the conflict's reason).
     pub false_conflicts: Vec<(Uuid, String)>,
+    /// Resends the worker held back because they could have refunded twice: the resend guard at
+    /// work.
+    pub held_back: i64,
 }
 
 struct RefundRow {
@@ -292,8 +295,15 @@ pub async fn check(
     let mut violation = |what: &str, evidence: String| {
         violations.push(Violation { invariant: INVARIANT, what: what.to_owned(), evidence });
     };
+    let held_back = sqlx::query_scalar!(
+        r#"SELECT count(*) AS "count!" FROM refund_events WHERE detail->>'reason' = $1"#,
+        crate::checker::KEY_WINDOW_PASSED
+    )
+    .fetch_one(pool)
+    .await?;
     let mut figures = RefundFigures {
         refunds: refunds.len(),
+        held_back,
         provider_refunds: provider.len(),
         refused_too_much: seen
             .values()

@@ -1,5 +1,5 @@
 //! The report of a run: the seed, the faults injected by kind, the requests sent and accepted, the
-//! charge histogram, the violations (expected: none), and time to terminal (p50/p99/max). It is
+//! charge histogram, how often the resend guards held a send back, the violations (expected: none), and time to terminal (p50/p99/max). It is
 //! printed by the harness and by a failing test, so everything needed to reproduce and diagnose a
 //! run is in it. It formats; it judges nothing beyond counting what the checker found.
 
@@ -116,6 +116,11 @@ impl fmt::Display for Report {
             v.refunds.refused_too_much,
             v.refunds.conflicts,
             v.refunds.false_conflicts.len()
+        )?;
+        writeln!(
+            f,
+            "resend guards    {} payment and {} refund resend(s) held back past the key window",
+            v.held_back, v.refunds.held_back
         )?;
         writeln!(
             f,

@@ -38,7 +38,7 @@ use oncepay_store::refunds::settling::{self, Finding, RefundChange, RefundSettle
 use oncepay_store::transitions::Recorded;
 
 use crate::drainer::DrainerConfig;
-use crate::verdict::{LONGEST_RETRY_AFTER, PROVIDER_UNREACHABLE, RetryPolicy};
+use crate::verdict::{KEY_WINDOW_PASSED, LONGEST_RETRY_AFTER, PROVIDER_UNREACHABLE, RetryPolicy, uncertain_code};
 
 /// What to record for one claimed refund.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,6 +62,9 @@ pub enum RefundVerdict {
     },
     /// The provider may have refunded: `unknown`, for the reconciler.
     Uncertain {
+        /// A stable code for why, the payments' codes where the cause is the same (in the event's
+        /// detail, as a payment's).
+        code: &'static str,
         /// For the audit trail.
         reason: String,
         /// The provider's refund, when it named one.
@@ -70,8 +73,8 @@ pub enum RefundVerdict {
 }
 
 impl RefundVerdict {
-    fn uncertain(reason: impl Into<String>) -> Self {
-        Self::Uncertain { reason: reason.into(), provider_refund_id: None }
+    fn uncertain(code: &'static str, reason: impl Into<String>) -> Self {
+        Self::Uncertain { code, reason: reason.into(), provider_refund_id: None }
     }
 }
 
@@ -97,20 +100,22 @@ pub fn decide(
                     RefundVerdict::Settle { transition, settlement, reason }
                 }
                 Finding::Unfinished => RefundVerdict::Uncertain {
+                    code: "not_final",
                     reason: format!("the provider took the refund ({}) but has not finished it", refund.id),
                     provider_refund_id: Some(refund.id.clone()),
                 },
-                Finding::NotAsAsked(why) => RefundVerdict::uncertain(why),
+                Finding::NotAsAsked(why) => RefundVerdict::uncertain("refund_mismatch", why),
             }
         }
         // A refusal of this request says nothing of an earlier send that may have refunded under the
         // same key: only the refund's own failed object, or a lookup, proves that no money moved.
-        RefundOutcome::Failed { code, refund_id: None, .. } if claimed.may_have_moved => {
-            RefundVerdict::uncertain(format!(
-                "the provider refused a resend ({code}) without showing this refund's failed object, and an earlier \
-             send may have refunded"
-            ))
-        }
+        RefundOutcome::Failed { code, refund_id: None, .. } if claimed.may_have_moved => RefundVerdict::uncertain(
+            "refused_after_possible_refund",
+            format!(
+                "the provider refused a resend ({code}) without showing this refund's failed object, and an \
+                     earlier send may have refunded"
+            ),
+        ),
         RefundOutcome::Failed { code, message, refund_id } => RefundVerdict::Settle {
             transition: Transition::Declined,
             reason: format!("the provider failed the refund ({code})"),
@@ -134,10 +139,13 @@ pub fn decide(
                     ),
                 }
             } else if claimed.may_have_moved {
-                RefundVerdict::uncertain(format!(
-                    "not sent in {} attempts ({reason}), but an earlier send may have reached the provider",
-                    claimed.attempt
-                ))
+                RefundVerdict::uncertain(
+                    "not_sent_but_may_have_moved",
+                    format!(
+                        "not sent in {} attempts ({reason}), but an earlier send may have reached the provider",
+                        claimed.attempt
+                    ),
+                )
             } else {
                 RefundVerdict::Settle {
                     transition: Transition::NotSentExhausted,
@@ -153,7 +161,7 @@ pub fn decide(
                 }
             }
         }
-        RefundOutcome::Uncertain(reason) => RefundVerdict::uncertain(reason.to_string()),
+        RefundOutcome::Uncertain(reason) => RefundVerdict::uncertain(uncertain_code(reason), reason.to_string()),
     }
 }
 
@@ -232,6 +240,7 @@ impl<P: PaymentProvider + Clone + 'static> RefundSender<P> {
     async fn send(&self, claimed: &ClaimedRefund) -> RefundVerdict {
         if !claimed.send_is_safe() {
             return RefundVerdict::uncertain(
+                KEY_WINDOW_PASSED,
                 "not sent: an earlier send may have reached the provider, and the provider may have forgotten the key \
                  since, so a resend could refund twice",
             );
@@ -275,8 +284,10 @@ impl<P: PaymentProvider + Clone + 'static> RefundSender<P> {
                 }
                 moved
             }
-            RefundVerdict::Uncertain { reason, provider_refund_id } => {
-                let change = change(claimed, Transition::Uncertain, &actor, reason, fenced);
+            RefundVerdict::Uncertain { code, reason, provider_refund_id } => {
+                let mut detail = fenced;
+                detail["reason"] = json!(code);
+                let change = change(claimed, Transition::Uncertain, &actor, reason, detail);
                 recorded(
                     settling::apply(&mut tx, &change, provider_refund_id.as_deref(), OffsetDateTime::now_utc()).await?,
                 )

@@ -164,10 +164,14 @@ pub fn decide(claimed: &Claimed, outcome: &SendOutcome, policy: &RetryPolicy, rn
     }
 }
 
+/// The `unknown` code, payment or refund, of a resend held back because it could move money twice:
+/// an earlier send may have reached the provider, and the provider may have forgotten the key.
+pub const KEY_WINDOW_PASSED: &str = "key_window_passed";
+
 /// What to record instead of sending when [`Claimed::send_is_safe`] says a send could charge twice.
 pub fn key_window_passed() -> Verdict {
     Verdict::uncertain(
-        "key_window_passed",
+        KEY_WINDOW_PASSED,
         "not sent: an earlier send may have reached the provider, and the provider may have forgotten the key \
          since, so a resend could charge twice"
             .to_owned(),
@@ -182,8 +186,9 @@ fn settle_reason(settlement: &Settlement) -> String {
     }
 }
 
-/// A stable code per uncertain reason, for `unknown_payments.reason` and the evidence.
-fn uncertain_code(reason: &UncertainReason) -> &'static str {
+/// A stable code per uncertain reason, for `unknown_payments.reason`, the evidence and a refund's
+/// event.
+pub fn uncertain_code(reason: &UncertainReason) -> &'static str {
     match reason {
         UncertainReason::Timeout => "timeout",
         UncertainReason::ConnectionLost => "connection_lost",

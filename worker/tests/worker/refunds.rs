@@ -240,6 +240,14 @@ async fn a_refund_that_may_have_moved_money_is_not_resent_past_the_key_window(po
     assert_eq!(refund.status, PaymentStatus::Unknown);
     assert!(refund.may_have_moved);
     assert_eq!(booked(&pool, payment).await, (300, 0), "an unknown refund keeps its reservation");
+    let why: Option<String> = sqlx::query_scalar(
+        "SELECT detail->>'reason' FROM refund_events WHERE refund_id = $1 ORDER BY seq DESC LIMIT 1",
+    )
+    .bind(asked.refund_id.as_uuid())
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(why.as_deref(), Some(oncepay_worker::verdict::KEY_WINDOW_PASSED), "the same code as a payment's");
 }
 
 #[sqlx::test(migrations = "../migrations")]
@@ -340,8 +348,11 @@ async fn a_result_after_the_lease_was_taken_back_is_not_recorded(pool: PgPool) {
     oncepay_store::refunds::sending::sweep(&mut conn, "sweeper", config.key_window, 10).await.unwrap();
     assert_eq!(stored(&pool, &asked).await.status, PaymentStatus::Pending);
 
-    let verdict =
-        oncepay_worker::refunds::RefundVerdict::Uncertain { reason: "late".to_owned(), provider_refund_id: None };
+    let verdict = oncepay_worker::refunds::RefundVerdict::Uncertain {
+        code: "timeout",
+        reason: "late".to_owned(),
+        provider_refund_id: None,
+    };
     assert_eq!(sender.record(&claimed, &verdict).await.unwrap(), Recording::LeaseLost);
 
     assert_eq!(stored(&pool, &asked).await.status, PaymentStatus::Pending, "the stale worker wrote nothing");
