@@ -8,7 +8,7 @@
 //! the payment's is another merchant's (or the platform's), whatever it names: it changes nothing,
 //! whatever the payment's status.
 
-use oncepay_domain::money::{Amount, Currency};
+use oncepay_domain::money::{Amount, Currency, format_amount};
 use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_provider::{Charge, ChargeStatus};
 use oncepay_store::settlement::{self, Asked, Unsettled};
@@ -121,8 +121,10 @@ pub fn judge(stored: &Stored, charge: &Charge) -> Verdict {
                 if booked.amount.minor_units() != charge.amount || booked.currency.as_str() != charge.currency =>
             {
                 Verdict::Conflicts(format!(
-                    "the provider reports charge {} for {} {}, but the ledger booked {} {}",
-                    charge.id, charge.amount, charge.currency, booked.amount, booked.currency,
+                    "the provider reports charge {} for {}, but the ledger booked {}",
+                    charge.id,
+                    format_amount(charge.amount, &charge.currency),
+                    format_amount(booked.amount.minor_units(), booked.currency.as_str()),
                 ))
             }
             Some(_) => Verdict::Agrees,

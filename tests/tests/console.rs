@@ -339,7 +339,7 @@ async fn operators_find_propose_and_approve_in_a_real_browser_and_see_only_their
     // worker sends it (its response lost too; a lookup settles it).
     let page = format!("/console/payments/{payment_id}");
     let offered = alice.open(&page).await;
-    assert!(offered.contains("1999 EUR is left to refund"), "{offered}");
+    assert!(offered.contains("19.99 EUR is left to refund"), "{offered}");
     alice.fill("#refund-amount", "500").await;
     alice.fill("#refund-reason", "the customer sent one item back").await;
     alice.click(&format!("form[action='{page}/refund'] button")).await;
@@ -348,7 +348,7 @@ async fn operators_find_propose_and_approve_in_a_real_browser_and_see_only_their
     alice.click("main form button").await;
     alice.until("Proposed: nothing changes").await;
     bob.open(&page).await;
-    bob.until("refund 500 EUR").await;
+    bob.until("refund 5.00 EUR").await;
     bob.fill("#approve-reason", "the item is back in the warehouse").await;
     bob.click("form[action$='/approve'] button").await;
     bob.until("Confirm: what will happen").await;
@@ -357,8 +357,8 @@ async fn operators_find_propose_and_approve_in_a_real_browser_and_see_only_their
     let made = || async { (refund_statuses_of(&pool, payment_id).await == ["succeeded"]).then_some(()) };
     wait_until("the refund is made", PATIENCE, made).await.unwrap();
     let refunded = alice.open(&page).await;
-    assert!(refunded.contains("<td>500 EUR</td><td>succeeded</td>"), "{refunded}");
-    assert!(refunded.contains("operator:alice") && refunded.contains("1499 EUR is left to refund"), "{refunded}");
+    assert!(refunded.contains("<td>5.00 EUR</td><td>succeeded</td>"), "{refunded}");
+    assert!(refunded.contains("operator:alice") && refunded.contains("14.99 EUR is left to refund"), "{refunded}");
     alice.screenshot("refunded.png").await;
 
     bob.open("/console/dead-letters?state=all").await;

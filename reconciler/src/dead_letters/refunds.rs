@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
-use oncepay_domain::money::{Amount, Currency};
+use oncepay_domain::money::{Amount, Currency, format_amount};
 use oncepay_domain::provider_ref::ProviderAccount;
 use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_provider::{PaymentProvider, Refund as ProviderRefund, RefundLookup, RefundState};
@@ -104,7 +104,7 @@ impl Report for DeadRefundList {
                 r.tenant.clone().unwrap_or_else(|| r.tenant_id.to_string()),
                 r.kind.as_str().to_owned(),
                 r.refund_status.as_str().to_owned(),
-                format!("{} {}", r.amount, r.currency),
+                format_amount(r.amount.minor_units(), r.currency.as_str()),
                 r.send_attempts.to_string(),
                 render::timestamp(r.since),
                 r.requested_by.clone(),
@@ -850,9 +850,11 @@ fn given(
         .map_err(|_| OperatorError::Invalid(format!("refunded_at {refunded_at:?} is not an RFC 3339 time")))?;
     if amount != refund.amount.minor_units() || !currency.eq_ignore_ascii_case(refund.currency.as_str()) {
         return Err(OperatorError::Refused(format!(
-            "refund {} gives back {} {}, and the provider's refund {provider_refund_id} for {amount} {currency} is not \
-             it: a provider refund that is not what the refund asked for is never booked as its success",
-            refund.refund_id, refund.amount, refund.currency
+            "refund {} gives back {}, and the provider's refund {provider_refund_id} for {} is not it: a provider \
+             refund that is not what the refund asked for is never booked as its success",
+            refund.refund_id,
+            format_amount(refund.amount.minor_units(), refund.currency.as_str()),
+            format_amount(amount, currency)
         )));
     }
     Ok(RefundResolution::Succeeded { provider_refund_id, refunded_at })
@@ -969,7 +971,10 @@ mod tests {
         assert!(
             matches!(right, RefundResolution::Succeeded { ref provider_refund_id, .. } if provider_refund_id == "re_1")
         );
-        assert!(matches!(other_money, OperatorError::Refused(ref why) if why.contains("400 EUR")), "{other_money}");
+        assert!(
+            matches!(other_money, OperatorError::Refused(ref why) if why.contains("for 4.00 EUR")),
+            "{other_money}"
+        );
         assert!(matches!(bad_time, OperatorError::Invalid(_)), "{bad_time}");
     }
 }

@@ -7,7 +7,7 @@
 use std::io::{self, Write};
 
 use oncepay_domain::ids::{PaymentId, TenantId};
-use oncepay_domain::money::{Amount, Currency};
+use oncepay_domain::money::{Amount, Currency, format_amount};
 use oncepay_domain::status::PaymentStatus;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -83,7 +83,7 @@ impl Report for EntryList {
                 e.tenant_label(),
                 e.kind.as_str().to_owned(),
                 e.payment_status.as_str().to_owned(),
-                format!("{} {}", e.amount, e.currency),
+                format_amount(e.amount.minor_units(), e.currency.as_str()),
                 e.attempts.to_string(),
                 e.age(),
                 e.resolution.map_or("open", ResolutionKind::as_str).to_owned(),

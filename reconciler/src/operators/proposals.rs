@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
-use oncepay_domain::money::{Amount, Currency};
+use oncepay_domain::money::{Amount, Currency, format_amount};
 use oncepay_domain::refund::RefundReason;
 use oncepay_domain::status::PaymentStatus;
 use serde::{Deserialize, Serialize};
@@ -150,13 +150,13 @@ mod reason_name {
 }
 
 impl fmt::Display for Proposed {
-    /// What it will do, in words: `settle as succeeded with charge ch_1 (1999 EUR)`.
+    /// What it will do, in words: `settle as succeeded with charge ch_1 (19.99 EUR)`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Retry { outside_key_window: false } => f.write_str("send again"),
             Self::Retry { outside_key_window: true } => f.write_str("send again, past the provider's key window"),
             Self::Succeeded { charge_id, amount, currency, .. } => {
-                write!(f, "settle as succeeded with charge {charge_id} ({amount} {currency})")
+                write!(f, "settle as succeeded with charge {charge_id} ({})", format_amount(*amount, currency))
             }
             Self::Failed { charge_id, force } => {
                 f.write_str("settle as failed")?;
@@ -167,8 +167,8 @@ impl fmt::Display for Proposed {
             }
             Self::Refund { amount, comes_to, currency, reason } => {
                 match amount {
-                    Some(_) => write!(f, "refund {comes_to} {currency}")?,
-                    None => write!(f, "refund all that is left, {comes_to} {currency}")?,
+                    Some(_) => write!(f, "refund {}", format_amount(*comes_to, currency))?,
+                    None => write!(f, "refund all that is left, {}", format_amount(*comes_to, currency))?,
                 }
                 match reason {
                     Some(reason) => write!(f, " ({})", reason.as_str().replace('_', " ")),
@@ -671,9 +671,10 @@ pub async fn propose(
         && refund.amount.minor_units() != *comes_to
     {
         return Err(OperatorError::Refused(format!(
-            "{subject} has {} {currency} left to refund now, not {comes_to} {currency}: its refunds changed while \
-             the proposal was being made. Read it again",
-            refund.amount
+            "{subject} has {} left to refund now, not {}: its refunds changed while the proposal was being made. \
+             Read it again",
+            format_amount(refund.amount.minor_units(), currency),
+            format_amount(*comes_to, currency)
         )));
     }
     let columns = seen.columns();
@@ -1447,10 +1448,10 @@ mod tests {
         let words = |proposed: Proposed| proposed.to_string();
         let refund = |amount, reason| Proposed::Refund { amount, comes_to: 1999, currency: "EUR".into(), reason };
 
-        assert_eq!(words(refund(Some(1999), None)), "refund 1999 EUR");
+        assert_eq!(words(refund(Some(1999), None)), "refund 19.99 EUR");
         assert_eq!(
             words(refund(None, Some(RefundReason::RequestedByCustomer))),
-            "refund all that is left, 1999 EUR (requested by customer)"
+            "refund all that is left, 19.99 EUR (requested by customer)"
         );
         assert_eq!(
             words(Proposed::RefundSucceeded {

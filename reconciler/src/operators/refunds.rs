@@ -13,7 +13,7 @@ use anyhow::Context as _;
 use oncepay_domain::fingerprint::Fingerprint;
 use oncepay_domain::idempotency_key::IdempotencyKey;
 use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
-use oncepay_domain::money::{Amount, Currency};
+use oncepay_domain::money::{Amount, Currency, format_amount};
 use oncepay_domain::refund::{RefundReason, RefundRequest};
 use oncepay_domain::status::PaymentStatus;
 use oncepay_store::refunds::intake::{self, NewRefund, RefundIntake, Refusal};
@@ -68,15 +68,20 @@ impl RefundsSeen {
             let refunds = if more == 1 { "1 more refund was".to_owned() } else { format!("{more} more refunds were") };
             changes.push(format!("{refunds} accepted"));
         }
-        let currency = now.currency;
+        let money = |minor_units: i64| format_amount(minor_units, now.currency.as_str());
         if now.refunds_reserved != self.refunds_reserved {
             changes.push(format!(
-                "what it has promised back went from {} to {} {currency}",
-                self.refunds_reserved, now.refunds_reserved
+                "what it has promised back went from {} to {}",
+                money(self.refunds_reserved),
+                money(now.refunds_reserved)
             ));
         }
         if now.refunded != self.refunded {
-            changes.push(format!("what it has given back went from {} to {} {currency}", self.refunded, now.refunded));
+            changes.push(format!(
+                "what it has given back went from {} to {}",
+                money(self.refunded),
+                money(now.refunded)
+            ));
         }
         (!changes.is_empty()).then(|| changes.join("; "))
     }
@@ -203,7 +208,9 @@ fn refused(payment_id: PaymentId, refusal: &Refusal) -> OperatorError {
              charge"
         )),
         Refusal::TooMuch { asked, left, currency } => OperatorError::Refused(format!(
-            "payment {payment_id} has {left} {currency} left to refund, and {asked} {currency} is more than that"
+            "payment {payment_id} has {} left to refund, and {} is more than that",
+            format_amount(*left, currency.as_str()),
+            format_amount(*asked, currency.as_str())
         )),
     }
 }
@@ -277,17 +284,19 @@ impl PaymentRefunds {
 
     /// The refunds as a table, after a line of what was refunded.
     pub fn write(&self, out: &mut dyn Write) -> io::Result<()> {
-        let currency = self.currency;
+        let money = |minor_units: i64| format_amount(minor_units, self.currency.as_str());
         writeln!(
             out,
-            "refunded    {} of {} {currency} ({} {currency} promised back)",
-            self.amount_refunded, self.amount, self.refunds_reserved
+            "refunded    {} of {} ({} promised back)",
+            money(self.amount_refunded),
+            money(self.amount.minor_units()),
+            money(self.refunds_reserved)
         )?;
         let mut table = Table::new(&["REFUND", "AMOUNT", "STATUS", "PROVIDER REFUND", "REQUESTED BY", "CREATED"]);
         for r in &self.refunds {
             table.row(vec![
                 r.refund_id.to_string(),
-                format!("{} {}", r.amount, r.currency),
+                format_amount(r.amount.minor_units(), r.currency.as_str()),
                 r.status.as_str().to_owned(),
                 r.provider_refund_id.clone().unwrap_or_default(),
                 r.requested_by.clone(),
@@ -362,7 +371,13 @@ pub struct RefundDetail {
 impl render::Report for RefundDetail {
     fn human(&self, out: &mut dyn Write) -> io::Result<()> {
         let r = &self.refund;
-        writeln!(out, "refund      {} ({} {}, now {})", r.refund_id, r.amount, r.currency, r.status.as_str())?;
+        writeln!(
+            out,
+            "refund      {} ({}, now {})",
+            r.refund_id,
+            format_amount(r.amount.minor_units(), r.currency.as_str()),
+            r.status.as_str()
+        )?;
         writeln!(out, "payment     {}", self.payment_id)?;
         writeln!(out, "asked by    {}", r.requested_by)?;
         if let Some(provider_refund_id) = &r.provider_refund_id {
@@ -445,9 +460,9 @@ mod tests {
         assert_eq!(before.changes(&before.clone()), None);
         assert_eq!(
             before.changes(&accepted).unwrap(),
-            "1 more refund was accepted; what it has promised back went from 0 to 1500 EUR"
+            "1 more refund was accepted; what it has promised back went from 0.00 EUR to 15.00 EUR"
         );
-        assert_eq!(accepted.changes(&given_back).unwrap(), "what it has given back went from 0 to 1500 EUR");
+        assert_eq!(accepted.changes(&given_back).unwrap(), "what it has given back went from 0.00 EUR to 15.00 EUR");
         assert_eq!(before.left(), 1999);
         assert_eq!(accepted.left(), 499);
     }
@@ -464,7 +479,7 @@ mod tests {
 
         assert_eq!(
             too_much.to_string(),
-            format!("payment {payment_id} has 499 EUR left to refund, and 700 EUR is more than that")
+            format!("payment {payment_id} has 4.99 EUR left to refund, and 7.00 EUR is more than that")
         );
         assert!(matches!(not_yet, OperatorError::Refused(ref why) if why.contains("is pending")), "{not_yet}");
         assert!(matches!(nothing, OperatorError::Refused(ref why) if why.contains("nothing left")), "{nothing}");

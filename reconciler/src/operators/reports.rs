@@ -7,6 +7,7 @@
 use std::io::{self, Write};
 
 use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::money::format_amount;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -43,7 +44,13 @@ pub struct PaymentPage {
 impl Report for PaymentPage {
     fn human(&self, out: &mut dyn Write) -> io::Result<()> {
         let r = &self.refunds;
-        writeln!(out, "payment     {} ({} {}, now {})", self.payment_id, r.amount, r.currency, r.status.as_str())?;
+        writeln!(
+            out,
+            "payment     {} ({}, now {})",
+            self.payment_id,
+            format_amount(r.amount.minor_units(), r.currency.as_str()),
+            r.status.as_str()
+        )?;
         writeln!(out, "customer    {}", self.customer)?;
         let detail = Detail {
             payment_id: self.payment_id,

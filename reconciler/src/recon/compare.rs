@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
 
 use oncepay_domain::ids::{DownstreamKey, PaymentId, RefundId, TenantId};
-use oncepay_domain::money::{Amount, Currency};
+use oncepay_domain::money::{Amount, Currency, format_amount};
 use oncepay_provider::{Charge, ChargeStatus, UnfinishedCharge};
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -373,8 +373,10 @@ fn check_money(found: &mut Vec<Discrepancy>, entry: &LedgerEntry, charge: &Charg
             ours: Some(ours(entry)),
             theirs: Some(theirs(charge)),
             detail: format!(
-                "the ledger books {} {} for charge {}, the provider charged {} {}",
-                entry.amount, entry.currency, charge.id, charge.amount, charge.currency
+                "the ledger books {} for charge {}, the provider charged {}",
+                format_amount(entry.amount.minor_units(), entry.currency.as_str()),
+                charge.id,
+                format_amount(charge.amount, &charge.currency)
             ),
         });
     }

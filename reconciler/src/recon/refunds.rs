@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use oncepay_domain::ids::{DownstreamKey, PaymentId, RefundId, TenantId};
-use oncepay_domain::money::{Amount, Currency};
+use oncepay_domain::money::{Amount, Currency, format_amount};
 use oncepay_domain::status::PaymentStatus;
 use oncepay_provider::{Refund, RefundState, metadata_keys};
 use serde_json::{Value, json};
@@ -202,8 +202,10 @@ fn check_ledger(found: &mut Vec<Discrepancy>, refunds: &[Refund], ours: &[OurRef
 fn check_money(found: &mut Vec<Discrepancy>, our: &OurRefund, entry: &RefundEntry, refund: &Refund) {
     if entry.amount.minor_units() != refund.amount || entry.currency.as_str() != refund.currency {
         let detail = format!(
-            "the ledger books {} {} for refund {}, the provider refunded {} {}",
-            entry.amount, entry.currency, refund.id, refund.amount, refund.currency
+            "the ledger books {} for refund {}, the provider refunded {}",
+            format_amount(entry.amount.minor_units(), entry.currency.as_str()),
+            refund.id,
+            format_amount(refund.amount, &refund.currency)
         );
         found.push(about(Class::RefundAmountOrCurrencyMismatch, Some(our), Some(refund), detail));
     }

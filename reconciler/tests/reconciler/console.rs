@@ -643,8 +643,8 @@ async fn a_refund_proposed_in_the_console_is_made_when_another_operator_approves
     let approved = bob.post(&approve, &[("reason", "the return is in"), ("confirmed", "yes")]).await;
     let after = alice.get(&page).await;
 
-    assert!(offered.body.contains("Propose a refund") && offered.body.contains("1999 EUR is left to refund"));
-    assert!(offered.body.contains("0 of 1999 EUR"), "what was refunded: {}", offered.body);
+    assert!(offered.body.contains("Propose a refund") && offered.body.contains("19.99 EUR is left to refund"));
+    assert!(offered.body.contains("0.00 EUR of 19.99 EUR"), "what was refunded: {}", offered.body);
     assert!(!not_offered.body.contains("Propose a refund"), "a viewer is offered no refund");
     assert_eq!(by_a_viewer.status, StatusCode::FORBIDDEN);
     assert_eq!(confirm.status, StatusCode::OK);
@@ -652,14 +652,14 @@ async fn a_refund_proposed_in_the_console_is_made_when_another_operator_approves
     assert!(confirm.body.contains("name=\"amount\" value=\"500\""), "the form is posted again as it was");
     assert_eq!(before_confirming, 0, "asking to confirm changes nothing");
     assert_eq!(proposed.location, Some(format!("{page}?notice=proposed")));
-    assert!(proposals.body.contains("refund 500 EUR (requested by customer)"), "in words: {}", proposals.body);
-    assert!(bobs_view.body.contains("<strong>refund 500 EUR (requested by customer)</strong>"));
+    assert!(proposals.body.contains("refund 5.00 EUR (requested by customer)"), "in words: {}", proposals.body);
+    assert!(bobs_view.body.contains("<strong>refund 5.00 EUR (requested by customer)</strong>"));
     assert!(!bobs_view.body.contains("Propose a refund"), "one proposal waits at a time");
     assert_eq!(approved.location, Some(format!("{page}?notice=approved")));
     assert_eq!(refunds_of(&pool, payment_id).await, [(PaymentStatus::Pending, 500, "operator:alice".to_owned())]);
     assert_eq!(refunded(&pool, payment_id).await, (500, 0));
     assert!(
-        after.body.contains("operator:alice") && after.body.contains("1499 EUR is left to refund"),
+        after.body.contains("operator:alice") && after.body.contains("14.99 EUR is left to refund"),
         "{}",
         after.body
     );

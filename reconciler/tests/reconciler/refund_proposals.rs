@@ -218,7 +218,7 @@ async fn a_refund_that_could_not_be_made_now_is_refused_at_once_and_nothing_is_w
     assert_eq!(too_much, StatusCode::CONFLICT);
     assert_eq!(
         problem(&too_much_refusal).1,
-        format!("payment {payment_id} has 499 EUR left to refund, and 700 EUR is more than that")
+        format!("payment {payment_id} has 4.99 EUR left to refund, and 7.00 EUR is more than that")
     );
     assert_eq!(zero, StatusCode::BAD_REQUEST);
     assert_eq!(no_reason, StatusCode::BAD_REQUEST);
@@ -263,7 +263,7 @@ async fn an_approval_after_the_merchant_refunded_in_between_does_nothing(pool: P
         problem(&refusal).1,
         format!(
             "the refunds of payment {payment_id} changed since it was proposed (1 more refund was accepted; what it has \
-             promised back went from 0 to 1000 EUR); nothing was done. Read it again, and propose anew if the decision \
+             promised back went from 0.00 EUR to 10.00 EUR); nothing was done. Read it again, and propose anew if the decision \
              still holds"
         )
     );
@@ -374,7 +374,7 @@ async fn a_dead_lettered_refund_settled_as_succeeded_is_booked_and_given_back_on
     assert_eq!(shown, StatusCode::OK);
     assert_eq!(detail["history"].as_array().unwrap().last().unwrap()["to_status"], "dead_lettered");
     assert_eq!(other_money, StatusCode::CONFLICT);
-    assert!(problem(&other_money_refusal).1.contains("400 EUR is not it"), "{other_money_refusal}");
+    assert!(problem(&other_money_refusal).1.contains("4.00 EUR is not it"), "{other_money_refusal}");
     assert_eq!(proposed, StatusCode::ACCEPTED, "{proposal}");
     assert_eq!(proposal["proposal"]["action"]["kind"], "refund_succeeded");
     assert_eq!(before_approval, (PaymentStatus::DeadLettered, (500, 0)), "nothing moves before the approval");
@@ -403,7 +403,7 @@ async fn a_dead_lettered_refund_settled_as_succeeded_is_booked_and_given_back_on
     .await
     .unwrap();
     assert_eq!(refusal["refund_id"], json!(refund_id), "a refusal is recorded with the refund it was about");
-    assert!(refusal["refusal"].as_str().unwrap().contains("400 EUR"), "{refusal}");
+    assert!(refusal["refusal"].as_str().unwrap().contains("4.00 EUR"), "{refusal}");
     let (_, list) = ops.get(&alice, "/v1/dead-letters/refunds").await;
     assert_eq!(list, json!([]), "settled, it waits for nobody");
 }
@@ -620,7 +620,7 @@ async fn the_cli_proposes_a_refund_and_works_dead_lettered_refunds_through_the_a
 
     assert_eq!(stdout_json(&proposed)["proposal"]["action"]["reason"], "duplicate");
     assert_eq!(too_much.status.code(), Some(4), "refused: {}", String::from_utf8_lossy(&too_much.stderr));
-    assert!(String::from_utf8_lossy(&too_much.stderr).contains("1999 EUR left to refund"));
+    assert!(String::from_utf8_lossy(&too_much.stderr).contains("19.99 EUR left to refund"));
     let table = String::from_utf8(listed.stdout).unwrap();
     assert!(table.starts_with("REFUND") && table.contains(&refund), "{table}");
     let detail = String::from_utf8(shown.stdout).unwrap();
@@ -629,7 +629,7 @@ async fn the_cli_proposes_a_refund_and_works_dead_lettered_refunds_through_the_a
     assert_eq!(refund_status(&pool, refund_id).await, PaymentStatus::Pending);
     assert_eq!(stdout_json(&approved)["result"]["refund_status"], "pending");
     let page = String::from_utf8(page.stdout).unwrap();
-    assert!(page.contains("operator:carol") && page.contains("500 EUR"), "{page}");
+    assert!(page.contains("operator:carol") && page.contains("5.00 EUR"), "{page}");
     assert_eq!(refunded(&pool, payment_id).await, (500, 0));
 }
 

@@ -1,7 +1,8 @@
 //! Money: an amount in integer minor units and an ISO 4217 currency. Never a float.
 //!
 //! Both types can only be built through their parsers, so a value of either type is valid by
-//! construction. The database repeats the rules as CHECK constraints.
+//! construction. The database repeats the rules as CHECK constraints. [`format_amount`] writes an
+//! amount as people read it, the one way the console, the operator CLI and the client print money.
 
 use std::fmt;
 
@@ -83,7 +84,62 @@ const ISO_4217: &[&str] = &[
     "XPF", "YER", "ZAR", "ZMW", "ZWG",
 ];
 
+/// The active ISO 4217 codes whose minor unit is not a hundredth, with their number of decimal
+/// places (list one, 2025 amendments), sorted for binary search. Every other code has two.
+const EXPONENTS: &[(&str, u32)] = &[
+    ("BHD", 3),
+    ("BIF", 0),
+    ("CLF", 4),
+    ("CLP", 0),
+    ("DJF", 0),
+    ("GNF", 0),
+    ("IQD", 3),
+    ("ISK", 0),
+    ("JOD", 3),
+    ("JPY", 0),
+    ("KMF", 0),
+    ("KRW", 0),
+    ("KWD", 3),
+    ("LYD", 3),
+    ("OMR", 3),
+    ("PYG", 0),
+    ("RWF", 0),
+    ("TND", 3),
+    ("UGX", 0),
+    ("UYI", 0),
+    ("UYW", 4),
+    ("VND", 0),
+    ("VUV", 0),
+    ("XAF", 0),
+    ("XOF", 0),
+    ("XPF", 0),
+];
+
+/// An amount in minor units as people read it: `1999` `EUR` is "19.99 EUR", `1999` `JPY` is
+/// "1999 JPY", `1999` `BHD` is "1.999 BHD", by each currency's ISO 4217 exponent. Never "1999 EUR",
+/// which reads as a hundred times the money. Negative amounts (a difference) keep their sign. A code
+/// that is not an active currency, which no stored payment has, is shown in minor units and says so.
+pub fn format_amount(minor_units: i64, currency: &str) -> String {
+    let Ok(parsed) = Currency::parse(currency) else {
+        return format!("{minor_units} minor units of {currency:?}");
+    };
+    let sign = if minor_units < 0 { "-" } else { "" };
+    let units = minor_units.unsigned_abs();
+    let exponent = parsed.exponent();
+    if exponent == 0 {
+        return format!("{sign}{units} {currency}");
+    }
+    let scale = 10_u64.pow(exponent);
+    let (whole, fraction) = (units / scale, units % scale);
+    format!("{sign}{whole}.{fraction:0width$} {currency}", width = exponent as usize)
+}
+
 impl Currency {
+    /// How many decimal places its minor unit has (ISO 4217): 2 for EUR, 0 for JPY, 3 for BHD.
+    pub fn exponent(&self) -> u32 {
+        EXPONENTS.binary_search_by(|(code, _)| (*code).cmp(self.as_str())).map_or(2, |at| EXPONENTS[at].1)
+    }
+
     /// Parses a currency code: exactly three upper-case letters that name an active currency.
     pub fn parse(code: &str) -> Result<Self, CurrencyError> {
         let bytes: [u8; 3] = code.as_bytes().try_into().map_err(|_| CurrencyError::Malformed)?;
@@ -186,6 +242,35 @@ mod tests {
         sorted.sort_unstable();
         sorted.dedup();
         assert_eq!(sorted, ISO_4217);
+    }
+
+    #[test]
+    fn the_exponent_list_is_sorted_and_names_only_listed_currencies() {
+        let codes: Vec<&str> = EXPONENTS.iter().map(|(code, _)| *code).collect();
+        let mut sorted = codes.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted, codes);
+        assert!(codes.iter().all(|code| Currency::parse(code).is_ok()), "{codes:?}");
+    }
+
+    #[test]
+    fn amounts_are_written_by_the_currencys_exponent() {
+        let cases = [
+            (1999, "EUR", "19.99 EUR"),
+            (1999, "JPY", "1999 JPY"),
+            (1999, "BHD", "1.999 BHD"),
+            (12_345, "CLF", "1.2345 CLF"),
+            (5, "EUR", "0.05 EUR"),
+            (100, "USD", "1.00 USD"),
+            (-250, "EUR", "-2.50 EUR"),
+            (Amount::MAX, "EUR", "10000000000.00 EUR"),
+            (i64::MIN, "EUR", "-92233720368547758.08 EUR"),
+            (1999, "XYZ", "1999 minor units of \"XYZ\""),
+        ];
+        for (minor_units, currency, written) in cases {
+            assert_eq!(format_amount(minor_units, currency), written, "{minor_units} {currency}");
+        }
     }
 
     #[test]

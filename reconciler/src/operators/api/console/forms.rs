@@ -10,6 +10,7 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
 use oncepay_domain::ids::{PaymentId, RefundId};
+use oncepay_domain::money::format_amount;
 use oncepay_domain::refund::RefundReason;
 use oncepay_http::problem::{Problem, ProblemType};
 use secrecy::SecretString;
@@ -125,7 +126,7 @@ pub(super) async fn search(
                     matched: f.matched,
                     tenant: f.tenant,
                     status: f.status.as_str().to_owned(),
-                    amount: format!("{} {}", f.amount, f.currency),
+                    amount: format_amount(f.amount.minor_units(), f.currency.as_str()),
                     created_at: crate::render::timestamp(f.created_at),
                 })
                 .collect();

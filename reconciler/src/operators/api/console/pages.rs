@@ -10,6 +10,7 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
 use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
+use oncepay_domain::money::format_amount;
 use oncepay_domain::status::PaymentStatus;
 use oncepay_http::problem::{Problem, ProblemType};
 use oncepay_provider::{Charge, ConfiguredProvider, PaymentProvider};
@@ -380,7 +381,7 @@ impl From<dead_refunds::DeadRefund> for DeadRefundLine {
             tenant: refund.tenant.unwrap_or_else(|| refund.tenant_id.to_string()),
             kind: refund.kind.as_str(),
             status: refund.refund_status.as_str(),
-            amount: format!("{} {}", refund.amount, refund.currency),
+            amount: format_amount(refund.amount.minor_units(), refund.currency.as_str()),
             reason: refund.reason,
             age: age(refund.since),
             since: when(refund.since),
@@ -464,7 +465,7 @@ pub(super) async fn dead_letters(state: web::Data<OperatorsState>, request: Http
                     created_at: when(r.created_at),
                     status: r.status.as_str().to_owned(),
                     resolution: r.resolution.unwrap_or_else(|| "open".into()),
-                    amount: format!("{} {}", r.amount, r.currency),
+                    amount: format_amount(r.amount.minor_units(), r.currency.as_str()),
                 })
                 .collect();
             let mut tenant_choices = vec![Choice { value: String::new(), label: "any tenant".into(), selected: false }];
@@ -616,7 +617,7 @@ impl From<operator_refunds::RefundView> for RefundLine {
     fn from(refund: operator_refunds::RefundView) -> Self {
         Self {
             refund_id: refund.refund_id,
-            amount: format!("{} {}", refund.amount, refund.currency),
+            amount: format_amount(refund.amount.minor_units(), refund.currency.as_str()),
             status: refund.status.as_str().to_owned(),
             provider_refund_id: refund.provider_refund_id.unwrap_or_default(),
             requested_by: refund.requested_by,
@@ -751,7 +752,7 @@ pub(super) async fn payment(
                 provider,
                 refundable_payment: refunds.status == PaymentStatus::Succeeded,
                 left_to_refund: (refunds.status == PaymentStatus::Succeeded && refunds.left() > 0)
-                    .then(|| format!("{} {}", refunds.left(), refunds.currency)),
+                    .then(|| format_amount(refunds.left(), refunds.currency.as_str())),
                 refunds: refunds.refunds.into_iter().map(RefundLine::from).collect(),
                 refund_reasons: &REFUND_REASONS,
                 dead_refunds,
@@ -768,7 +769,7 @@ fn facts(payment: &queries::Payment, masked: bool) -> Vec<Fact> {
     let mut facts = vec![
         Fact { label: "Tenant", value: payment.tenant.clone() },
         Fact { label: "Status", value: payment.status.as_str().to_owned() },
-        Fact { label: "Amount", value: format!("{} {}", payment.amount, payment.currency) },
+        Fact { label: "Amount", value: format_amount(payment.amount.minor_units(), payment.currency.as_str()) },
         Fact { label: "Customer reference", value: mask(&payment.customer_id) },
         Fact {
             label: "Idempotency-Key",
@@ -800,7 +801,10 @@ fn facts(payment: &queries::Payment, masked: bool) -> Vec<Fact> {
     }
     match (&payment.booked_charge, payment.booked_amount, &payment.booked_currency) {
         (Some(charge), Some(amount), Some(currency)) => {
-            facts.push(Fact { label: "Ledger", value: format!("{amount} {currency} booked with charge {charge}") });
+            facts.push(Fact {
+                label: "Ledger",
+                value: format!("{} booked with charge {charge}", format_amount(amount, currency)),
+            });
         }
         _ => facts.push(Fact { label: "Ledger", value: "no charge booked".into() }),
     }
@@ -808,12 +812,14 @@ fn facts(payment: &queries::Payment, masked: bool) -> Vec<Fact> {
         facts.push(Fact { label: "Failure", value: format!("{code}: {message}") });
     }
     if payment.status == PaymentStatus::Succeeded {
-        let currency = &payment.currency;
+        let money = |minor_units: i64| format_amount(minor_units, payment.currency.as_str());
         facts.push(Fact {
             label: "Refunded",
             value: format!(
-                "{} of {} {currency} ({} {currency} promised back, counting refunds not yet final)",
-                payment.refunded, payment.amount, payment.refunds_reserved
+                "{} of {} ({} promised back, counting refunds not yet final)",
+                money(payment.refunded),
+                money(payment.amount.minor_units()),
+                money(payment.refunds_reserved)
             ),
         });
     }

@@ -3,6 +3,7 @@
 //!
 //! Nothing here changes anything: the operator reads the contradiction and decides.
 
+use oncepay_domain::money::format_amount;
 use oncepay_domain::status::PaymentStatus;
 use oncepay_provider::{Charge, ChargeStatus};
 
@@ -43,8 +44,9 @@ pub(super) fn contradictions(ours: &Ours<'_>, theirs: &[Charge]) -> Vec<String> 
             )),
             Some(charge) if charge.amount != amount || !charge.currency.eq_ignore_ascii_case(currency) => {
                 found.push(format!(
-                    "oncepay's ledger books {amount} {currency} for charge {booked}, but the provider charged {} {}.",
-                    charge.amount, charge.currency
+                    "oncepay's ledger books {} for charge {booked}, but the provider charged {}.",
+                    format_amount(amount, currency),
+                    format_amount(charge.amount, &charge.currency)
                 ));
             }
             Some(_) => {}
@@ -52,10 +54,9 @@ pub(super) fn contradictions(ours: &Ours<'_>, theirs: &[Charge]) -> Vec<String> 
         None => {
             for charge in &taken {
                 found.push(format!(
-                    "The provider took {} {} with charge {}, but oncepay's ledger books no charge for this payment \
+                    "The provider took {} with charge {}, but oncepay's ledger books no charge for this payment \
                      (it is {}).",
-                    charge.amount,
-                    charge.currency,
+                    format_amount(charge.amount, &charge.currency),
                     charge.id,
                     ours.status.as_str()
                 ));
@@ -122,6 +123,6 @@ mod tests {
         assert!(contradictions(&booked, &[])[0].contains("lists no such charge"));
         assert!(contradictions(&booked, &[charge("ch_1", ChargeStatus::Failed, 500)])[0].contains("failed"));
         let other_money = contradictions(&booked, &[charge("ch_1", ChargeStatus::Succeeded, 501)]);
-        assert!(other_money.iter().any(|line| line.contains("charged 501 EUR")), "{other_money:?}");
+        assert!(other_money.iter().any(|line| line.contains("charged 5.01 EUR")), "{other_money:?}");
     }
 }
