@@ -287,6 +287,43 @@ impl Proposed {
     }
 }
 
+/// Where a proposal stands (the `proposal_status` type). Only a decision moves it from `pending`;
+/// a pending proposal past its expiry reads as `expired` before anyone stores that.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, sqlx::Type)]
+#[serde(rename_all = "snake_case")]
+#[sqlx(type_name = "proposal_status", rename_all = "snake_case")]
+pub enum ProposalStatus {
+    /// Waiting for a second person.
+    Pending,
+    /// Approved, and carried out in the same transaction.
+    Approved,
+    /// Refused by an approver.
+    Rejected,
+    /// Taken back by its maker.
+    Withdrawn,
+    /// Nobody decided in time, or what it was about changed.
+    Expired,
+}
+
+impl ProposalStatus {
+    /// The stored name, e.g. `pending`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Approved => "approved",
+            Self::Rejected => "rejected",
+            Self::Withdrawn => "withdrawn",
+            Self::Expired => "expired",
+        }
+    }
+}
+
+impl fmt::Display for ProposalStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What a proposal is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Subject {
@@ -584,8 +621,8 @@ pub struct ProposalView {
     pub action: Value,
     /// Why, in the proposer's words.
     pub reason: String,
-    /// `pending`, `approved`, `rejected`, `withdrawn` or `expired`.
-    pub status: String,
+    /// Where it stands.
+    pub status: ProposalStatus,
     /// Who proposed it.
     pub proposed_by: String,
     /// When.
@@ -806,7 +843,7 @@ pub async fn approve(
         action: &pending.view.action,
     };
     let result = carry_out(&mut tx, &carry, &pending.proposed).await?;
-    decide(&mut tx, proposal_id, "approved", by, note).await?;
+    decide(&mut tx, proposal_id, ProposalStatus::Approved, by, note).await?;
     let entry = Entry::new("proposal.approve", Outcome::Done)
         .on(now.tenant_id(), subject.payment_id())
         .proposal(proposal_id)
@@ -833,7 +870,7 @@ pub async fn collect_key(
     let mut tx = conn.begin().await.context("cannot start a transaction")?;
     let row = sqlx::query!(
         r#"
-        SELECT p.tenant_id AS "tenant_id: TenantId", p.action, p.reason, p.status::text AS "status!", p.proposed_by,
+        SELECT p.tenant_id AS "tenant_id: TenantId", p.action, p.reason, p.status AS "status: ProposalStatus", p.proposed_by,
                m.name AS proposer, d.name AS "approver?", p.key_collected_at,
                COALESCE(p.decided_at + make_interval(secs => $2) < now(), false) AS "too_late!"
         FROM proposals p
@@ -862,7 +899,7 @@ pub async fn collect_key(
         )));
     }
     by.require(Role::Admin, "collect an API key")?;
-    if row.status != "approved" {
+    if row.status != ProposalStatus::Approved {
         return Err(OperatorError::Refused(format!(
             "proposal {proposal_id} is {}: its key can be collected once a second operator approves it",
             row.status
@@ -1118,10 +1155,10 @@ pub enum Closing {
 }
 
 impl Closing {
-    const fn status(self) -> &'static str {
+    const fn status(self) -> ProposalStatus {
         match self {
-            Self::Reject => "rejected",
-            Self::Withdraw => "withdrawn",
+            Self::Reject => ProposalStatus::Rejected,
+            Self::Withdraw => ProposalStatus::Withdrawn,
         }
     }
 
@@ -1139,7 +1176,7 @@ pub async fn list(
     conn: &mut PgConnection,
     scope: &Scope,
     payment_id: Option<PaymentId>,
-    status: Option<&str>,
+    status: Option<ProposalStatus>,
 ) -> Result<Vec<ProposalView>, OperatorError> {
     select(conn, scope, payment_id, None, status).await
 }
@@ -1154,19 +1191,19 @@ async fn select(
     scope: &Scope,
     payment_id: Option<PaymentId>,
     proposal_id: Option<Uuid>,
-    status: Option<&str>,
+    status: Option<ProposalStatus>,
 ) -> Result<Vec<ProposalView>, OperatorError> {
     let tenants = scope.to_column();
     let rows = sqlx::query_as!(
         ProposalView,
         r#"
         SELECT p.proposal_id, p.tenant_id AS "tenant_id: TenantId", COALESCE(t.name, p.action->>'name') AS tenant,
-               p.payment_id AS "payment_id?: PaymentId", p.action, p.reason, s.status AS "status!",
+               p.payment_id AS "payment_id?: PaymentId", p.action, p.reason, s.status AS "status!: ProposalStatus",
                m.name AS proposed_by, p.proposed_at, p.expires_at, d.name AS "decided_by?", p.decided_at,
                p.decision_note, p.key_collected_at
         FROM proposals p
         CROSS JOIN LATERAL (
-            SELECT CASE WHEN p.status = 'pending' AND p.expires_at <= now() THEN 'expired' ELSE p.status::text END
+            SELECT CASE WHEN p.status = 'pending' AND p.expires_at <= now() THEN 'expired' ELSE p.status END
                 AS status
         ) s
         JOIN operators m ON m.operator_id = p.proposed_by
@@ -1175,14 +1212,14 @@ async fn select(
         WHERE ($1::uuid[] IS NULL OR p.tenant_id = ANY ($1))
           AND ($2::uuid IS NULL OR p.payment_id = $2)
           AND ($3::uuid IS NULL OR p.proposal_id = $3)
-          AND ($4::text IS NULL OR s.status = $4)
+          AND ($4::proposal_status IS NULL OR s.status = $4)
         ORDER BY p.proposed_at DESC
         LIMIT 500
         "#,
         tenants.as_deref(),
         payment_id.map(|p| p.as_uuid()),
         proposal_id,
-        status,
+        status as Option<ProposalStatus>,
     )
     .fetch_all(conn)
     .await
@@ -1220,9 +1257,9 @@ async fn lock_pending(conn: &mut PgConnection, by: &Account, proposal_id: Uuid) 
     .ok_or_else(|| proposal_not_found(proposal_id))?;
     let view = read(conn, proposal_id).await?;
     by.see(view.tenant_id, || proposal_not_found(proposal_id))?;
-    match view.status.as_str() {
-        "pending" => {}
-        "expired" => {
+    match view.status {
+        ProposalStatus::Pending => {}
+        ProposalStatus::Expired => {
             return Err(OperatorError::Refused(format!(
                 "proposal {proposal_id} expired at {} without an approval; nothing was done",
                 render::timestamp(view.expires_at)
@@ -1279,17 +1316,17 @@ async fn lock_pending(conn: &mut PgConnection, by: &Account, proposal_id: Uuid) 
 async fn decide(
     conn: &mut PgConnection,
     proposal_id: Uuid,
-    status: &str,
+    status: ProposalStatus,
     by: &Account,
     note: &str,
 ) -> Result<(), OperatorError> {
     sqlx::query!(
         r#"
-        UPDATE proposals SET status = $2::text::proposal_status, decided_by = $3, decided_at = now(), decision_note = $4
+        UPDATE proposals SET status = $2, decided_by = $3, decided_at = now(), decision_note = $4
         WHERE proposal_id = $1 AND status = 'pending'
         "#,
         proposal_id,
-        status,
+        status as ProposalStatus,
         by.operator_id,
         note,
     )

@@ -125,7 +125,7 @@ fn proposal_table(proposals: &[ProposalView], out: &mut dyn Write) -> io::Result
             p.proposal_id.to_string(),
             p.about(),
             p.action.to_string(),
-            p.status.clone(),
+            p.status.as_str().to_owned(),
             p.proposed_by.clone(),
             render::timestamp(p.expires_at),
             p.decided_by.clone().unwrap_or_default(),

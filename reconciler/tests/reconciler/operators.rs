@@ -842,6 +842,24 @@ async fn approving_from_a_session_takes_a_fresh_sign_in(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn proposals_are_listed_by_status_and_an_unknown_status_is_refused(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    tenant(&pool, "acme").await;
+    let (proposed, _) = ops.post(&ops.admin, "/v1/tenants/acme/keys", json!({ "reason": "rotation" })).await;
+
+    let (_, pending) = ops.get(&ops.admin, "/v1/proposals?status=pending").await;
+    let (_, approved) = ops.get(&ops.admin, "/v1/proposals?status=approved").await;
+    let (misspelt, why) = ops.get(&ops.admin, "/v1/proposals?status=pendng").await;
+
+    assert_eq!(proposed, StatusCode::ACCEPTED);
+    assert_eq!(pending.as_array().map(Vec::len), Some(1), "{pending}");
+    assert_eq!(pending[0]["status"], "pending");
+    assert_eq!(approved, json!([]));
+    assert_eq!(misspelt, StatusCode::BAD_REQUEST, "{why}");
+    assert!(problem(&why).1.contains("pendng"), "{why}");
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn an_operator_who_is_not_an_admin_may_not_propose_a_key_or_a_provider_account(pool: PgPool) {
     let ops = Ops::start(&pool).await;
     tenant(&pool, "acme").await;

@@ -46,7 +46,7 @@ use super::enrollment::{self, IssuedCode};
 use super::oidc::Oidc;
 use super::passwords::Hashing;
 use super::proposals::Effect;
-use super::proposals::{self, Closing, Proposed, Subject};
+use super::proposals::{self, Closing, ProposalStatus, Proposed, Subject};
 use super::refunds as operator_refunds;
 use super::reports::{Acted, PaymentPage};
 use super::{Account, Role, Scope};
@@ -595,7 +595,7 @@ async fn propose(
 
 #[derive(Debug, Deserialize)]
 struct ProposalQuery {
-    status: Option<String>,
+    status: Option<ProposalStatus>,
     payment_id: Option<PaymentId>,
 }
 
@@ -607,8 +607,7 @@ async fn list_proposals(state: web::Data<OperatorsState>, request: HttpRequest) 
             let query: ProposalQuery = query(&request)?;
             let mut conn = connection(&state).await?;
             let scope = &caller.account.scope;
-            let list =
-                proposals::list(&mut conn, scope, query.payment_id, query.status.as_deref()).await.map_err(problem)?;
+            let list = proposals::list(&mut conn, scope, query.payment_id, query.status).await.map_err(problem)?;
             Ok(ok(StatusCode::OK, &list))
         }
         .await,

@@ -29,7 +29,7 @@ use crate::operators::api::{
     Decided, Decision, OperatorsState, change, connection, decide_proposal, problem, resolve_payment, retry_payment,
 };
 use crate::operators::audit::{Entry, Outcome};
-use crate::operators::proposals::Closing;
+use crate::operators::proposals::{Closing, ProposalStatus};
 use crate::operators::reports::Acted;
 
 /// The most payments a search lists.
@@ -617,7 +617,7 @@ pub(super) async fn decide(
     let redirect = outcome.map(|decided| {
         let (payment_id, notice) = match &decided {
             Decided::Approved(approved) => (approved.proposal.payment_id, "approved"),
-            Decided::Closed(closed) if closed.status == "rejected" => (closed.payment_id, "rejected"),
+            Decided::Closed(closed) if closed.status == ProposalStatus::Rejected => (closed.payment_id, "rejected"),
             Decided::Closed(closed) => (closed.payment_id, "withdrawn"),
         };
         match payment_id {

@@ -29,7 +29,7 @@ use crate::operators::api::signing_in::Caller;
 use crate::operators::api::tenants::every_tenant;
 use crate::operators::api::{OperatorsState, connection, problem, query};
 use crate::operators::audit::{self, Entry, Outcome};
-use crate::operators::proposals::{self, ProposalView, Proposed};
+use crate::operators::proposals::{self, ProposalStatus, ProposalView, Proposed};
 use crate::operators::refunds as operator_refunds;
 use crate::operators::{Role, Scope, masking};
 use crate::recon::commands as recon;
@@ -538,7 +538,7 @@ struct ProposalLine {
     about: String,
     action: String,
     reason: String,
-    status: String,
+    status: ProposalStatus,
     proposed_by: String,
     proposed_at: String,
     expires_at: String,
@@ -562,7 +562,8 @@ impl ProposalLine {
         };
         let own = proposal.proposed_by == operator;
         let issues_a_key = serde_json::from_value::<Proposed>(proposal.action.clone()).is_ok_and(|p| p.issues_a_key());
-        let collectable = own && issues_a_key && proposal.status == "approved" && proposal.key_collected_at.is_none();
+        let collectable =
+            own && issues_a_key && proposal.status == ProposalStatus::Approved && proposal.key_collected_at.is_none();
         Self {
             proposal_id: proposal.proposal_id,
             payment_id: proposal.payment_id,
@@ -734,7 +735,8 @@ pub(super) async fn payment(
             let facts = facts(&payment, masked);
             let name = caller.account.name.as_str();
             let proposals: Vec<ProposalLine> = proposals.into_iter().map(|p| ProposalLine::of(p, name)).collect();
-            let (pending, proposals): (Vec<_>, Vec<_>) = proposals.into_iter().partition(|p| p.status == "pending");
+            let (pending, proposals): (Vec<_>, Vec<_>) =
+                proposals.into_iter().partition(|p| p.status == ProposalStatus::Pending);
             let open_entry = dead_letters.into_iter().find(|d| d.resolved_at.is_none()).map(|d| OpenEntry {
                 kind: d.kind,
                 reason: d.reason,
@@ -881,7 +883,7 @@ pub(super) async fn proposals(state: web::Data<OperatorsState>, request: HttpReq
             let all = proposals::list(&mut conn, &caller.account.scope, None, None).await.map_err(failed(&chrome))?;
             let name = caller.account.name.as_str();
             let (pending, decided): (Vec<_>, Vec<_>) =
-                all.into_iter().map(|p| ProposalLine::of(p, name)).partition(|p| p.status == "pending");
+                all.into_iter().map(|p| ProposalLine::of(p, name)).partition(|p| p.status == ProposalStatus::Pending);
             let page = ProposalsPage { chrome: Some(chrome), title: "Proposals".into(), pending, decided };
             Ok(html(StatusCode::OK, &page))
         }
