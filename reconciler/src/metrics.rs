@@ -4,7 +4,9 @@
 
 use metrics::{Unit, counter, describe_counter, describe_gauge};
 
+// The dead letters' own metrics are named beside their kinds, and listed here with the rest.
 use crate::dead_letters::Kind;
+pub use crate::dead_letters::{DEAD_LETTERS, OPEN_DEAD_LETTERS, REFUND_CONFLICT};
 use crate::recon::compare::Class;
 
 /// Webhook deliveries by `verdict`.
@@ -13,8 +15,6 @@ pub const WEBHOOKS: &str = "oncepay_reconciler_webhooks_total";
 pub const UNKNOWN_RESOLVED: &str = "oncepay_reconciler_unknown_resolved_total";
 /// `unknown` refunds that left `unknown`, by `how`.
 pub const UNKNOWN_REFUNDS_RESOLVED: &str = "oncepay_reconciler_unknown_refunds_resolved_total";
-/// Dead letters opened, by `kind`: a payment's ([`Kind`]) or [`REFUND_CONFLICT`].
-pub const DEAD_LETTERS: &str = "oncepay_reconciler_dead_letters_total";
 /// Provider reports (webhooks, lookups) of a charge or refund held by another provider account than
 /// the payment's, which change nothing, by `source` and `object`.
 pub const OTHER_ACCOUNT: &str = "oncepay_reconciler_other_account_reports_total";
@@ -55,15 +55,8 @@ pub const OLDEST_PENDING_AGE: &str = "oncepay_reconciler_oldest_pending_age_seco
 pub const UNKNOWN_PAYMENTS: &str = "oncepay_reconciler_unknown_payments";
 /// How long the oldest `unknown` payment has been `unknown`, 0 when none.
 pub const OLDEST_UNKNOWN_AGE: &str = "oncepay_reconciler_oldest_unknown_age_seconds";
-/// Dead letters not yet resolved by an operator, by `kind`: a payment's ([`Kind`]) or
-/// [`REFUND_CONFLICT`].
-pub const OPEN_DEAD_LETTERS: &str = "oncepay_reconciler_open_dead_letters";
 /// When the backlog gauges were last sampled (Unix time): stale gauges are visible as such.
 pub const BACKLOG_SAMPLED_AT: &str = "oncepay_reconciler_backlog_sampled_timestamp_seconds";
-
-/// The `kind` of [`DEAD_LETTERS`] and [`OPEN_DEAD_LETTERS`] for a refund's conflict
-/// (`refund_dead_letters`).
-pub const REFUND_CONFLICT: &str = "refund_conflict";
 
 /// Every `verdict` of [`WEBHOOKS`].
 pub const WEBHOOK_VERDICTS: [&str; 14] = [

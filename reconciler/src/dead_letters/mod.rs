@@ -19,6 +19,15 @@ use sqlx::PgConnection;
 
 use crate::stored_name::{self, UnknownName};
 
+/// Dead letters opened, by `kind`: a payment's ([`Kind`]) or [`REFUND_CONFLICT`].
+pub const DEAD_LETTERS: &str = "oncepay_reconciler_dead_letters_total";
+/// Dead letters not yet resolved by an operator, by `kind`: a payment's ([`Kind`]) or
+/// [`REFUND_CONFLICT`].
+pub const OPEN_DEAD_LETTERS: &str = "oncepay_reconciler_open_dead_letters";
+/// The `kind` of [`DEAD_LETTERS`] and [`OPEN_DEAD_LETTERS`] for a refund's conflict
+/// (`refund_dead_letters`).
+pub const REFUND_CONFLICT: &str = "refund_conflict";
+
 /// Which kind of entry: the only spelling of the names stored in `dead_letters.kind`. Rows are parsed
 /// into it when read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -124,7 +133,7 @@ pub async fn record(
     .fetch_one(conn)
     .await?;
     if opened {
-        metrics::counter!(crate::metrics::DEAD_LETTERS, "kind" => kind.as_str()).increment(1);
+        metrics::counter!(DEAD_LETTERS, "kind" => kind.as_str()).increment(1);
         tracing::warn!(payment.id = %payment_id, dead_letter.kind = kind.as_str(), reason, "dead-lettered for an operator");
     }
     Ok(())

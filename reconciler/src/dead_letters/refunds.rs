@@ -221,7 +221,7 @@ pub async fn record_conflict(
     .fetch_one(conn)
     .await?;
     if opened {
-        metrics::counter!(crate::metrics::DEAD_LETTERS, "kind" => crate::metrics::REFUND_CONFLICT).increment(1);
+        metrics::counter!(super::DEAD_LETTERS, "kind" => super::REFUND_CONFLICT).increment(1);
         tracing::warn!(refund.id = %refund_id, reason, "a final refund is contradicted: a conflict for an operator");
     }
     Ok(())
