@@ -1,7 +1,7 @@
 //! The report of a run: the seed, the faults injected by kind, the requests sent and accepted, the
-//! charge histogram, how often the resend guards held a send back, the violations (expected: none), and time to terminal (p50/p99/max). It is
-//! printed by the harness and by a failing test, so everything needed to reproduce and diagnose a
-//! run is in it. It formats; it judges nothing beyond counting what the checker found.
+//! charge histogram, how often the resend guards held a send back, the violations (expected: none),
+//! and time to terminal (p50/p99/max). It is printed by the harness and by a failing test, so
+//! everything needed to reproduce and diagnose a run is in it. It formats; it judges nothing beyond counting what the checker found.
 
 use std::collections::BTreeMap;
 use std::fmt;

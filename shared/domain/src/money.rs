@@ -2,7 +2,7 @@
 //!
 //! Both types can only be built through their parsers, so a value of either type is valid by
 //! construction. The database repeats the rules as CHECK constraints. [`format_amount`] writes an
-//! amount as people read it, the one way the console, the operator CLI and the client print money.
+//! amount as people read it, the one way the console and the operator CLI print money.
 
 use std::fmt;
 
