@@ -282,6 +282,7 @@ async fn operators_find_propose_and_approve_in_a_real_browser_and_see_only_their
     alice.click("main form[method=get] button").await;
     let compared = alice.until("disagree").await;
     assert!(compared.contains("but oncepay's ledger books no charge"), "{compared}");
+    assert!(compared.contains("<td>19.99 EUR</td>"), "the provider's charge, as people read money: {compared}");
     alice.screenshot("payment.png").await;
     let charge_id = alice.client().find(Locator::Css("main table td")).await.unwrap().text().await.unwrap();
     assert!(!charge_id.is_empty());

@@ -529,6 +529,13 @@ struct ProviderView {
     error: Option<String>,
 }
 
+impl ProviderView {
+    /// A charge's amount as people read money.
+    fn amount_of(&self, charge: &Charge) -> String {
+        format_amount(charge.amount, &charge.currency)
+    }
+}
+
 /// A proposal, as a page lists it.
 struct ProposalLine {
     proposal_id: Uuid,
