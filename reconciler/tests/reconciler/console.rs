@@ -645,6 +645,7 @@ async fn a_refund_proposed_in_the_console_is_made_when_another_operator_approves
 
     assert!(offered.body.contains("Propose a refund") && offered.body.contains("19.99 EUR is left to refund"));
     assert!(offered.body.contains("0.00 EUR of 19.99 EUR"), "what was refunded: {}", offered.body);
+    assert!(offered.body.contains("(1999 is all that is left"), "the form's unit, with the figure: {}", offered.body);
     assert!(!not_offered.body.contains("Propose a refund"), "a viewer is offered no refund");
     assert_eq!(by_a_viewer.status, StatusCode::FORBIDDEN);
     assert_eq!(confirm.status, StatusCode::OK);

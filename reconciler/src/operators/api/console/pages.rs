@@ -659,8 +659,8 @@ struct PaymentPage {
     refundable_payment: bool,
     /// Its refunds, oldest first.
     refunds: Vec<RefundLine>,
-    /// What is left to refund, when anything is.
-    left_to_refund: Option<String>,
+    /// What is left to refund, when anything is: as people read it, and in minor units.
+    left_to_refund: Option<(String, i64)>,
     /// The reasons a refund may give.
     refund_reasons: &'static [(&'static str, &'static str)],
     /// Its refunds automation gave up on, for an operator to resend or settle.
@@ -761,7 +761,7 @@ pub(super) async fn payment(
                 provider,
                 refundable_payment: refunds.status == PaymentStatus::Succeeded,
                 left_to_refund: (refunds.status == PaymentStatus::Succeeded && refunds.left() > 0)
-                    .then(|| format_amount(refunds.left(), refunds.currency.as_str())),
+                    .then(|| (format_amount(refunds.left(), refunds.currency.as_str()), refunds.left())),
                 refunds: refunds.refunds.into_iter().map(RefundLine::from).collect(),
                 refund_reasons: &REFUND_REASONS,
                 dead_refunds,
