@@ -29,7 +29,8 @@ use crate::operators::proposals::{Approved, ProposalView};
 use crate::operators::refunds::RefundDetail;
 use crate::operators::reports::{Acted, AuditTrail, Done, OperatorList, PaymentPage, ProposalList, TokenList};
 use crate::operators::tokens::IssuedToken;
-use crate::recon::commands::{RunDetail, RunList, RunReport};
+use crate::recon::commands::{RunDetail, RunList};
+use crate::recon::runs::{Run, RunStatus};
 use crate::render::Report;
 use crate::settings::Settings;
 use crate::tenants::{IssuedKey, RevokedKey, TenantList};
@@ -281,7 +282,7 @@ pub enum TokensCommand {
 /// `recon …`.
 #[derive(Debug, Subcommand)]
 pub enum ReconCommand {
-    /// Reconciles the window [from, to) now (dates are UTC midnights).
+    /// Queues the window [from, to) for the reconciler and waits for its run (dates are UTC midnights).
     Run {
         /// Start, inclusive: a date (2026-03-01) or an RFC 3339 time.
         #[arg(long)]
@@ -735,8 +736,9 @@ pub async fn execute(command: Command, ctx: &Context) -> Result<Box<dyn Report>,
         Command::Tokens(command) => token_command(command, ctx.ops()?).await,
         Command::Recon(ReconCommand::Run { from, to, reason }) => {
             let body = json!({ "from": from, "to": to, "reason": reason });
-            let report: RunReport = ctx.ops()?.post_slow("/v1/recon/runs", &body).await?.into()?;
-            Ok(boxed(report))
+            let ops = ctx.ops()?;
+            let queued: Run = ops.post("/v1/recon/runs", &body).await?.into()?;
+            Ok(boxed(finished_run(ops, queued.run_id).await?))
         }
         Command::Recon(ReconCommand::Runs { limit }) => {
             let query = [("limit", limit.to_string())];
@@ -922,6 +924,23 @@ fn new_password() -> Result<SecretString, OperatorError> {
         return Err(OperatorError::Invalid("the two passwords differ: nothing was changed".into()));
     }
     Ok(password)
+}
+
+/// Waits for queued run `run_id` to end, reading it every second, and returns what it found. A run
+/// that failed is an error, with the run's own.
+async fn finished_run(ops: &OpsClient, run_id: Uuid) -> Result<RunDetail, OperatorError> {
+    eprintln!("run {run_id} is queued; waiting for a reconciler to run it (stopping here leaves it queued)");
+    loop {
+        let detail: RunDetail = ops.get(&format!("/v1/recon/runs/{run_id}")).await?.into()?;
+        match detail.run.status {
+            RunStatus::Queued | RunStatus::Running => tokio::time::sleep(std::time::Duration::from_secs(1)).await,
+            RunStatus::Completed => return Ok(detail),
+            RunStatus::Failed => {
+                let error = detail.run.error.unwrap_or_default();
+                return Err(OperatorError::Failed(anyhow::anyhow!("run {run_id} failed: {error}")));
+            }
+        }
+    }
 }
 
 fn boxed<R: Report + 'static>(report: R) -> Box<dyn Report> {

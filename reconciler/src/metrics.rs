@@ -88,7 +88,7 @@ pub const OTHER_ACCOUNT_SOURCES: [&str; 2] = ["webhook", "lookup"];
 /// Every `object` of [`OTHER_ACCOUNT`].
 pub const OTHER_ACCOUNT_OBJECTS: [&str; 2] = ["charge", "refund"];
 /// Every `loop` of [`LOOP_ERRORS`].
-pub const LOOPS: [&str; 6] = ["poller", "refund_poller", "sweeper", "reaper", "recon", "backlog"];
+pub const LOOPS: [&str; 7] = ["poller", "refund_poller", "sweeper", "reaper", "recon", "recon_queue", "backlog"];
 
 /// Describes every metric and registers every counter series at zero, for every label value.
 ///

@@ -1,7 +1,7 @@
 //! `serve`: the reconciler as a service. Wires the settings into the HTTP servers (webhooks and
 //! operations endpoints; the operators' API when it has a port) and the background loops (the
-//! pollers of payments and of refunds, sweeper, reaper, nightly reconciliation, backlog gauges), and
-//! runs them until the shutdown token fires.
+//! pollers of payments and of refunds, sweeper, reaper, nightly and queued reconciliation, backlog
+//! gauges), and runs them until the shutdown token fires.
 //!
 //! It does not migrate the schema (`oncepay-reconciler migrate` does, once per deploy); `/readyz`
 //! says whether the schema is current.
@@ -22,7 +22,7 @@ use crate::backlog::Sampler;
 use crate::operators::{self, api::OperatorsState};
 use crate::poller::{Poller, PollerConfig};
 use crate::reaper::{Reaper, ReaperConfig};
-use crate::recon::Reconciliation;
+use crate::recon::{QueuedRuns, Reconciliation};
 use crate::refunds::poller::RefundPoller;
 use crate::runner::{self, Pass};
 use crate::settings::Settings;
@@ -77,7 +77,6 @@ pub async fn serve(settings: Settings, shutdown: CancellationToken) -> anyhow::R
                 hashing: operators::passwords::Hashing::new(settings.operators.max_concurrent_password_hashes),
                 enrollment_ttl: settings.operators.enrollment_ttl(),
                 fresh_sign_in: Duration::from_secs(settings.operators.fresh_sign_in_secs),
-                recon: settings.recon_config(),
                 oidc: match &settings.operators.oidc {
                     Some(oidc) => Some(Arc::new(
                         operators::oidc::Oidc::new(oidc.clone()).context("cannot build the OpenID client")?,
@@ -140,6 +139,7 @@ pub async fn serve(settings: Settings, shutdown: CancellationToken) -> anyhow::R
     spawn(&mut loops, sweeper, &shutdown);
     spawn(&mut loops, reaper, &shutdown);
     spawn(&mut loops, backlog, &shutdown);
+    spawn(&mut loops, QueuedRuns(Arc::clone(&recon)), &shutdown);
     if let Some(bulk_retrier) = bulk_retrier {
         spawn(&mut loops, bulk_retrier, &shutdown);
     }

@@ -157,6 +157,8 @@ pub struct ReconSettings {
     pub page_size: u32,
     /// A running run whose heartbeat is older than this may be taken over.
     pub stale_after_secs: u64,
+    /// How often to look for a run an operator queued (`recon run`).
+    pub queue_interval_ms: u64,
     /// How many previous days the nightly job makes sure are reconciled.
     pub catch_up_days: u32,
 }
@@ -282,6 +284,7 @@ impl Settings {
             schedule: self.recon.schedule.clone(),
             page_size: self.recon.page_size,
             stale_after: Duration::from_secs(self.recon.stale_after_secs),
+            queue_interval: Duration::from_millis(self.recon.queue_interval_ms),
             catch_up_days: self.recon.catch_up_days,
             connected_accounts: self.provider.charges_in_connected_accounts(),
         }
@@ -332,6 +335,7 @@ impl Settings {
                 .map_err(|e| InvalidSettings::Rule(format!("operators.break_glass: {e}")))?;
         }
         rule(self.recon.stale_after_secs > 0, "recon.stale_after_secs must be positive")?;
+        rule(self.recon.queue_interval_ms > 0, "recon.queue_interval_ms must be positive")?;
         tokio_cron_scheduler::Job::new_async(self.recon.schedule.as_str(), |_, _| Box::pin(async {})).map_err(
             |_| {
                 InvalidSettings::Rule(format!(

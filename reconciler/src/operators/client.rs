@@ -18,8 +18,6 @@ use crate::operator_error::OperatorError;
 
 /// How long one request may take.
 const TIMEOUT: Duration = Duration::from_secs(60);
-/// How long a reconciliation run may take.
-const SLOW_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
 /// A client of one operations API, acting with one credential.
 pub struct OpsClient {
@@ -134,11 +132,6 @@ impl OpsClient {
         self.send(Method::PUT, path, &[], Some(body)).await
     }
 
-    /// `POST path` with a JSON body, for a request that works for minutes (a reconciliation run).
-    pub async fn post_slow(&self, path: &str, body: &Value) -> Result<Answer, OperatorError> {
-        self.send_within(Method::POST, path, &[], Some(body), SLOW_TIMEOUT).await
-    }
-
     /// `DELETE path` with a JSON body.
     pub async fn delete(&self, path: &str, body: &Value) -> Result<Answer, OperatorError> {
         self.send(Method::DELETE, path, &[], Some(body)).await
@@ -151,19 +144,8 @@ impl OpsClient {
         query: &[(&str, String)],
         body: Option<&Value>,
     ) -> Result<Answer, OperatorError> {
-        self.send_within(method, path, query, body, TIMEOUT).await
-    }
-
-    async fn send_within(
-        &self,
-        method: Method,
-        path: &str,
-        query: &[(&str, String)],
-        body: Option<&Value>,
-        timeout: Duration,
-    ) -> Result<Answer, OperatorError> {
         let url = format!("{}{path}", self.base);
-        let mut request = self.http.request(method, &url).query(query).timeout(timeout);
+        let mut request = self.http.request(method, &url).query(query).timeout(TIMEOUT);
         request = match &self.credential {
             Credential::Token(token) => request.bearer_auth(token.expose_secret()),
             // The API takes a change with a cookie only from a page of its own origin, against

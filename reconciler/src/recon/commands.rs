@@ -1,12 +1,11 @@
 //! The operator's reconciliation commands: `recon run`, `recon runs`, `recon show`.
 //!
-//! `recon run` reconciles a window on demand through the same [`Reconciliation::run_window`] as the
-//! nightly job, so it claims the window the same way and never runs alongside another run of it.
-//! The other two only read.
+//! `recon run` queues a window; a reconciler runs it as it runs the nightly job's, so it holds the
+//! window the same way and never runs alongside another run of it. The other two only read.
 
 use std::io::{self, Write};
 
-use oncepay_provider::PaymentProvider;
+use anyhow::Context as _;
 use serde::Serialize;
 use serde_json::Value;
 use sqlx::PgConnection;
@@ -16,9 +15,9 @@ use time::{Date, OffsetDateTime};
 use uuid::Uuid;
 
 use crate::operator_error::OperatorError;
+use crate::recon::Window;
 use crate::recon::compare::{Class, Discrepancy};
-use crate::recon::runs::{self, Run, Trigger};
-use crate::recon::{Reconciled, Reconciliation, Window};
+use crate::recon::runs::{self, Claim, Run};
 use crate::render::{self, Report, Table};
 
 /// Reads a window bound: a date (`2026-03-01`, midnight UTC) or an RFC 3339 time.
@@ -30,84 +29,14 @@ pub fn parse_bound(text: &str) -> Result<OffsetDateTime, OperatorError> {
         .map_err(|_| OperatorError::Invalid(format!("{text:?} is neither a date (2026-03-01) nor an RFC 3339 time")))
 }
 
-/// `recon run`: what the run found.
-#[derive(Debug, Serialize, serde::Deserialize)]
-pub struct RunReport {
-    /// The run.
-    pub run_id: Uuid,
-    /// Start of the window (inclusive).
-    #[serde(with = "time::serde::rfc3339")]
-    pub window_start: OffsetDateTime,
-    /// End of the window (exclusive).
-    #[serde(with = "time::serde::rfc3339")]
-    pub window_end: OffsetDateTime,
-    /// Provider charges compared.
-    pub provider_charges: usize,
-    /// Ledger entries compared.
-    pub ledger_entries: usize,
-    /// Provider refunds compared.
-    #[serde(default)]
-    pub provider_refunds: usize,
-    /// Refund ledger entries compared.
-    #[serde(default)]
-    pub refund_ledger_entries: usize,
-    /// Discrepancies per class.
-    pub discrepancies: Vec<(Class, usize)>,
-}
-
-impl Report for RunReport {
-    fn human(&self, out: &mut dyn Write) -> io::Result<()> {
-        writeln!(
-            out,
-            "run {} reconciled [{}, {}): {} provider charges, {} ledger entries, {} provider refunds, {} refund \
-             ledger entries",
-            self.run_id,
-            render::timestamp(self.window_start),
-            render::timestamp(self.window_end),
-            self.provider_charges,
-            self.ledger_entries,
-            self.provider_refunds,
-            self.refund_ledger_entries
-        )?;
-        let mut table = Table::new(&["CLASS", "FOUND"]);
-        for (class, n) in &self.discrepancies {
-            table.row(vec![class.as_str().to_owned(), n.to_string()]);
-        }
-        table.write(out, "")?;
-        if self.discrepancies.iter().any(|(_, n)| *n > 0) {
-            writeln!(out, "details: oncepay-reconciler recon show {}", self.run_id)?;
-        }
-        Ok(())
-    }
-
-    fn json(&self) -> Value {
-        let mut value = render::to_json(self);
-        value["discrepancies"] =
-            self.discrepancies.iter().map(|(c, n)| (c.as_str().to_owned(), Value::from(*n))).collect();
-        value
-    }
-}
-
-/// Reconciles `[from, to)` now.
-pub async fn run<P: PaymentProvider + 'static>(
-    recon: &Reconciliation<P>,
-    from: &str,
-    to: &str,
-) -> Result<RunReport, OperatorError> {
+/// Queues `[from, to)` for the reconciler, which starts it within `recon.queue_interval_ms`, and
+/// returns the queued run. Refused when another run holds the window.
+pub async fn queue(conn: &mut PgConnection, from: &str, to: &str) -> Result<Run, OperatorError> {
     let window = Window::new(parse_bound(from)?, parse_bound(to)?)
         .map_err(|e| OperatorError::Invalid(format!("--from {from} --to {to}: {e}")))?;
-    match recon.run_window(window, Trigger::Operator).await? {
-        Reconciled::Completed(summary) => Ok(RunReport {
-            run_id: summary.run_id,
-            window_start: window.start,
-            window_end: window.end,
-            provider_charges: summary.provider_charges,
-            ledger_entries: summary.ledger_entries,
-            provider_refunds: summary.provider_refunds,
-            refund_ledger_entries: summary.refund_ledger_entries,
-            discrepancies: summary.by_class,
-        }),
-        Reconciled::AlreadyClaimed { run_id, status } => Err(OperatorError::Refused(format!(
+    match runs::queue(conn, &window).await? {
+        Claim::Won(run_id) => Ok(runs::find(conn, run_id).await?.context("the queued run is gone")?),
+        Claim::Taken { run_id, status } => Err(OperatorError::Refused(format!(
             "run {run_id} already holds this window ({status}); see `recon show {run_id}`"
         ))),
     }

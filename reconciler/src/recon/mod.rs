@@ -32,6 +32,7 @@ use uuid::Uuid;
 
 use crate::recon::compare::{Class, Discrepancy};
 use crate::recon::runs::{Claim, RunStatus, Trigger};
+use crate::runner::Pass;
 
 /// A half-open window of time, `[start, end)`, in whole seconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,6 +79,8 @@ pub struct ReconConfig {
     pub page_size: u32,
     /// A running run whose heartbeat is older than this may be taken over.
     pub stale_after: Duration,
+    /// How often the reconciler looks for a run an operator queued.
+    pub queue_interval: Duration,
     /// How many previous days the nightly job makes sure are reconciled (1: yesterday only).
     pub catch_up_days: u32,
     /// Whether payments are charged (and refunded) in tenants' connected accounts (Stripe
@@ -178,9 +181,30 @@ impl<P: PaymentProvider + 'static> Reconciliation<P> {
                 return Ok(Reconciled::AlreadyClaimed { run_id, status });
             }
         };
+        self.work(&mut conn, run_id, &window).await.map(Reconciled::Completed)
+    }
+
+    /// Runs the oldest run an operator queued, if there is one; `Ok(true)` when it ran one, so
+    /// another may be waiting.
+    #[tracing::instrument(name = "recon.queued", skip_all, fields(window.start, window.end, run.id))]
+    pub async fn run_queued(&self) -> anyhow::Result<bool> {
+        let mut conn = self.pool.acquire().await.context("cannot reach the database")?;
+        let Some((run_id, window)) = runs::start_queued(&mut conn).await? else {
+            return Ok(false);
+        };
+        let span = tracing::Span::current();
+        span.record("window.start", tracing::field::display(window.start));
+        span.record("window.end", tracing::field::display(window.end));
+        self.work(&mut conn, run_id, &window).await?;
+        Ok(true)
+    }
+
+    /// Works run `run_id`, which this process holds: completes it with what it found, or marks it
+    /// failed.
+    async fn work(&self, conn: &mut PgConnection, run_id: Uuid, window: &Window) -> anyhow::Result<Summary> {
         tracing::Span::current().record("run.id", tracing::field::display(run_id));
         tracing::info!("reconciliation started");
-        match self.reconcile(&mut conn, run_id, &window).await {
+        match self.reconcile(conn, run_id, window).await {
             Ok(summary) => {
                 for (class, n) in &summary.by_class {
                     metrics::counter!(crate::metrics::RECON_DISCREPANCIES, "class" => class.as_str())
@@ -195,12 +219,12 @@ impl<P: PaymentProvider + 'static> Reconciliation<P> {
                     "reconciliation completed"
                 );
                 metrics::counter!(crate::metrics::RECON_RUNS, "status" => "completed").increment(1);
-                Ok(Reconciled::Completed(summary))
+                Ok(summary)
             }
             Err(error) => {
                 metrics::counter!(crate::metrics::RECON_RUNS, "status" => "failed").increment(1);
                 let reason = format!("{error:#}");
-                if let Err(not_recorded) = runs::fail(&mut conn, run_id, &reason).await {
+                if let Err(not_recorded) = runs::fail(conn, run_id, &reason).await {
                     tracing::error!(error = format!("{not_recorded:#}"), "cannot mark the run failed");
                 }
                 Err(error.context(format!("reconciliation run {run_id} failed")))
@@ -472,6 +496,21 @@ impl<P: PaymentProvider + 'static> Reconciliation<P> {
         .await
         .context("cannot read the provider accounts to reconcile")?;
         Ok(accounts)
+    }
+}
+
+/// The runs operators queue, as a background loop: each pass runs the oldest one.
+pub struct QueuedRuns<P>(pub Arc<Reconciliation<P>>);
+
+impl<P: PaymentProvider + 'static> Pass for QueuedRuns<P> {
+    const NAME: &'static str = "recon_queue";
+
+    fn interval(&self) -> Duration {
+        self.0.config.queue_interval
+    }
+
+    async fn pass(&self) -> anyhow::Result<bool> {
+        self.0.run_queued().await
     }
 }
 

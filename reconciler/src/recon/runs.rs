@@ -44,6 +44,8 @@ impl Trigger {
 #[serde(rename_all = "snake_case")]
 #[sqlx(type_name = "recon_run_status", rename_all = "snake_case")]
 pub enum RunStatus {
+    /// Asked for by an operator; the next reconciler to look starts it.
+    Queued,
     /// Still comparing, and proving it is alive with heartbeats.
     Running,
     /// Finished; its discrepancies are recorded.
@@ -56,6 +58,7 @@ impl RunStatus {
     /// The name, as stored and shown.
     pub const fn as_str(self) -> &'static str {
         match self {
+            Self::Queued => "queued",
             Self::Running => "running",
             Self::Completed => "completed",
             Self::Failed => "failed",
@@ -69,16 +72,16 @@ impl fmt::Display for RunStatus {
     }
 }
 
-/// The result of trying to claim a window.
+/// The result of trying to claim or queue a window.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
-    /// This process runs it, as this run.
+    /// The window is this new run's.
     Won(Uuid),
-    /// Another run already covers it (running or completed).
+    /// Another run already covers it (queued, running or completed).
     Taken {
         /// That run.
         run_id: Uuid,
-        /// `Running` or `Completed`.
+        /// `Queued`, `Running` or `Completed`.
         status: RunStatus,
     },
 }
@@ -111,13 +114,33 @@ pub async fn claim(
     if abandoned.rows_affected() > 0 {
         tracing::warn!(window.start = %window.start, "took over a reconciliation run whose heartbeat stopped");
     }
+    let claim = hold(&mut tx, window, trigger, RunStatus::Running).await?;
+    tx.commit().await.context("cannot commit the claim")?;
+    Ok(claim)
+}
+
+/// Queues `window` for an operator: the next reconciler to look runs it ([`start_queued`]).
+pub async fn queue(conn: &mut PgConnection, window: &Window) -> anyhow::Result<Claim> {
+    let mut tx = conn.begin().await.context("cannot start a transaction")?;
+    let claim = hold(&mut tx, window, Trigger::Operator, RunStatus::Queued).await?;
+    tx.commit().await.context("cannot commit the queued run")?;
+    Ok(claim)
+}
+
+/// Inserts a run of `window` in `status`, unless a queued, running or completed run holds it.
+async fn hold(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    window: &Window,
+    trigger: Trigger,
+    status: RunStatus,
+) -> anyhow::Result<Claim> {
     let run_id = Uuid::now_v7();
     // A partial unique index allows one live or completed run per window: among reconcilers racing
     // for it, one insert wins and the others read its run.
     let won = sqlx::query_scalar!(
         r#"
         INSERT INTO recon_runs (run_id, window_start, window_end, trigger, status)
-        VALUES ($1, $2, $3, $4, 'running')
+        VALUES ($1, $2, $3, $4, $5)
         ON CONFLICT (window_start, window_end) WHERE status <> 'failed' DO NOTHING
         RETURNING run_id
         "#,
@@ -125,11 +148,12 @@ pub async fn claim(
         window.start,
         window.end,
         trigger as _,
+        status as _,
     )
-    .fetch_optional(&mut *tx)
+    .fetch_optional(&mut **tx)
     .await
     .context("cannot start the run")?;
-    let claim = match won {
+    Ok(match won {
         Some(run_id) => Claim::Won(run_id),
         None => {
             let existing = sqlx::query!(
@@ -140,14 +164,37 @@ pub async fn claim(
                 window.start,
                 window.end,
             )
-            .fetch_one(&mut *tx)
+            .fetch_one(&mut **tx)
             .await
             .context("cannot read the run that holds the window")?;
             Claim::Taken { run_id: existing.run_id, status: existing.status }
         }
-    };
-    tx.commit().await.context("cannot commit the claim")?;
-    Ok(claim)
+    })
+}
+
+/// Starts the oldest queued run: marks it running, for this process to work, and returns it with
+/// its window. Reconcilers racing for the queue each take a different run.
+pub async fn start_queued(conn: &mut PgConnection) -> anyhow::Result<Option<(Uuid, Window)>> {
+    let started = sqlx::query!(
+        r#"
+        UPDATE recon_runs SET status = 'running', started_at = now(), heartbeat_at = now()
+        WHERE run_id = (
+            SELECT run_id FROM recon_runs WHERE status = 'queued'
+            ORDER BY started_at, run_id LIMIT 1 FOR UPDATE SKIP LOCKED
+        )
+        RETURNING run_id, window_start, window_end
+        "#,
+    )
+    .fetch_optional(conn)
+    .await
+    .context("cannot start a queued run")?;
+    started
+        .map(|run| {
+            let window = Window::new(run.window_start, run.window_end)
+                .with_context(|| format!("queued run {} has a window the database should have refused", run.run_id))?;
+            Ok((run.run_id, window))
+        })
+        .transpose()
 }
 
 /// A run that was taken over by another reconciler while it worked.

@@ -10,10 +10,13 @@ use oncepay_domain::status::PaymentStatus;
 use oncepay_reconciler::dead_letters;
 use oncepay_reconciler::operator_error::OperatorError;
 use oncepay_reconciler::operators::accounts;
-use oncepay_store::fixtures::tenant;
+use oncepay_reconciler::recon::{ReconConfig, Reconciliation};
+use oncepay_store::fixtures::{self, tenant};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use sqlx::PgPool;
+use wiremock::matchers::method;
+use wiremock::{Mock, MockServer, ResponseTemplate};
 
 use crate::cli::command;
 use crate::support::{self, Ops, dead_lettered, status};
@@ -628,6 +631,55 @@ async fn the_cli_works_dead_letters_through_the_api_with_a_personal_token(pool: 
     let actions: Vec<String> =
         stdout_json(&trail).as_array().unwrap().iter().map(|r| r["action"].as_str().unwrap().to_owned()).collect();
     assert_eq!(actions[..3], ["payment.retry", "proposal.approve", "payment.resolve"], "{actions:?}");
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn recon_run_queues_the_window_and_waits_for_a_reconciler_to_run_it(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let provider = MockServer::start().await;
+    Mock::given(method("GET"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"data": [], "has_more": false})))
+        .mount(&provider)
+        .await;
+    let config = ReconConfig {
+        schedule: "0 0 2 * * *".into(),
+        page_size: 10,
+        stale_after: Duration::from_secs(300),
+        queue_interval: Duration::from_millis(100),
+        catch_up_days: 1,
+        connected_accounts: false,
+    };
+    let recon = Reconciliation::new(pool.clone(), fixtures::provider(&provider.uri()), config);
+    let olga = ops.operator("olga", "operator", None).await;
+    let vic = ops.operator("vic", "viewer", None).await;
+    let run = ["recon", "run", "--from", "2026-01-10", "--to", "2026-01-11", "--reason", "month end", "--json"];
+
+    let viewer = cli(&pool, &ops, &vic, &run).await;
+    // The reconciler looks only after the CLI has queued the run and started waiting for it.
+    let reconciler = async {
+        while !recon.run_queued().await.unwrap() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let (waited, ()) = tokio::join!(cli(&pool, &ops, &olga, &run), reconciler);
+    let again = cli(&pool, &ops, &olga, &run).await;
+
+    assert_eq!(viewer.status.code(), Some(5), "{}", String::from_utf8_lossy(&viewer.stderr));
+    assert!(String::from_utf8_lossy(&waited.stderr).contains("queued"));
+    let detail = stdout_json(&waited);
+    assert_eq!(
+        (detail["run"]["status"].as_str(), detail["run"]["trigger"].as_str()),
+        (Some("completed"), Some("operator"))
+    );
+    assert_eq!(again.status.code(), Some(4), "{}", String::from_utf8_lossy(&again.stderr));
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already holds this window (completed)"));
+    let audited: Vec<String> = sqlx::query_scalar!(
+        r#"SELECT outcome::text AS "outcome!" FROM operator_audit WHERE action = 'recon.run' ORDER BY audit_id"#
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(audited, ["refused", "done", "refused"]);
 }
 
 /// A request as a browser sends it: the session cookie, and the headers that say which site the

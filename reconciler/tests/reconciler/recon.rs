@@ -11,6 +11,7 @@ use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_provider::http::HttpProvider;
 use oncepay_provider::stripe::{StripeProvider, StripeSettings};
 use oncepay_provider::{Charge, ChargeStatus, UnfinishedCharge};
+use oncepay_reconciler::operator_error::OperatorError;
 use oncepay_reconciler::recon::compare::Class;
 use oncepay_reconciler::recon::runs::{self, RunStatus, Trigger};
 use oncepay_reconciler::recon::unfinished;
@@ -42,6 +43,7 @@ fn reconciliation(pool: &PgPool, provider: &MockServer) -> Reconciliation<HttpPr
         schedule: "0 0 2 * * *".into(),
         page_size: PAGE as u32,
         stale_after: Duration::from_secs(300),
+        queue_interval: Duration::from_secs(1),
         catch_up_days: 1,
         connected_accounts: false,
     };
@@ -65,6 +67,7 @@ fn stripe_reconciliation(
         schedule: "0 0 2 * * *".into(),
         page_size,
         stale_after: Duration::from_secs(300),
+        queue_interval: Duration::from_secs(1),
         catch_up_days: 1,
         connected_accounts: mode == "connect",
     };
@@ -252,6 +255,42 @@ async fn two_reconcilers_asking_for_one_window_at_once_make_one_run(pool: PgPool
     // Asking again later finds the completed run.
     let again = a.run_window(window(), Trigger::Operator).await.unwrap();
     assert!(matches!(again, Reconciled::AlreadyClaimed { status: RunStatus::Completed, .. }), "{again:?}");
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn an_operators_run_is_queued_and_the_next_reconciler_to_look_runs_it(pool: PgPool) {
+    let provider = MockServer::start().await;
+    seed(&pool, &provider).await;
+    let recon = reconciliation(&pool, &provider);
+    let mut conn = pool.acquire().await.unwrap();
+
+    let queued = commands::queue(&mut conn, "2026-01-10", "2026-01-11").await.unwrap();
+    let queued_again = commands::queue(&mut conn, "2026-01-10", "2026-01-11").await;
+    let nightly = recon.run_window(window(), Trigger::Schedule).await.unwrap();
+    let first_look = recon.run_queued().await.unwrap();
+    let second_look = recon.run_queued().await.unwrap();
+
+    assert_eq!((queued.status, queued.trigger), (RunStatus::Queued, Trigger::Operator));
+    assert_eq!((queued.window_start, queued.window_end), (window().start, window().end));
+    assert!(matches!(queued_again, Err(OperatorError::Refused(_))), "{queued_again:?}");
+    // The nightly job leaves a window an operator queued to that run.
+    assert_eq!(nightly, Reconciled::AlreadyClaimed { run_id: queued.run_id, status: RunStatus::Queued });
+    assert!(first_look && !second_look);
+    let detail = commands::show(&mut conn, queued.run_id).await.unwrap();
+    assert_eq!((detail.run.status, detail.run.discrepancies), (RunStatus::Completed, Some(4)));
+    assert_eq!(count(&pool, "recon_runs").await, 1);
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_queued_window_that_is_not_a_window_is_refused_and_queues_nothing(pool: PgPool) {
+    let mut conn = pool.acquire().await.unwrap();
+
+    let backwards = commands::queue(&mut conn, "2026-01-11", "2026-01-10").await;
+    let not_a_date = commands::queue(&mut conn, "yesterday", "2026-01-10").await;
+
+    assert!(matches!(backwards, Err(OperatorError::Invalid(_))), "{backwards:?}");
+    assert!(matches!(not_a_date, Err(OperatorError::Invalid(_))), "{not_a_date:?}");
+    assert_eq!(count(&pool, "recon_runs").await, 0);
 }
 
 async fn plant_running_run(pool: &PgPool, heartbeat_secs_ago: i64) -> uuid::Uuid {

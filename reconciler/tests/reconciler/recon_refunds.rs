@@ -48,6 +48,7 @@ fn config(page_size: u32, connected_accounts: bool) -> ReconConfig {
         schedule: "0 0 2 * * *".into(),
         page_size,
         stale_after: Duration::from_secs(300),
+        queue_interval: Duration::from_secs(1),
         catch_up_days: 1,
         connected_accounts,
     }

@@ -254,7 +254,6 @@ impl Ops {
             enrollment_ttl: settings.operators.enrollment_ttl(),
             fresh_sign_in: Duration::from_secs(300),
             oidc,
-            recon: settings.recon_config(),
         };
         tokio::spawn(api::server(listener, state.clone(), 1).unwrap());
         let mut conn = pool.acquire().await.unwrap();

@@ -98,8 +98,6 @@ pub struct OperatorsState {
     pub fresh_sign_in: Duration,
     /// The organisation's OpenID provider, when one is configured.
     pub oidc: Option<std::sync::Arc<Oidc>>,
-    /// How an operator's reconciliation run compares.
-    pub recon: crate::recon::ReconConfig,
 }
 
 impl OperatorsState {

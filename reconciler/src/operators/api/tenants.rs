@@ -7,13 +7,12 @@
 //! by an admin (of every tenant, to create one) and done only once a second operator approves
 //! ([`crate::operators::proposals`]); the key is then collected, once, by its proposer. Revoking a
 //! key and disconnecting an account move no money, and an admin does them at once. Reconciliation
-//! runs cover every tenant, so only operators of every tenant read them.
+//! runs cover every tenant, so only operators of every tenant queue or read them.
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use anyhow::Context as _;
 use oncepay_domain::ids::TenantId;
-use oncepay_provider::ConfiguredProvider;
 use serde::Deserialize;
 use serde_json::json;
 use sqlx::PgConnection;
@@ -27,7 +26,6 @@ use crate::operators::audit::{self, Entry, Outcome};
 use crate::operators::proposals::{self, Effect, Proposed, Subject, TenantActed};
 use crate::operators::reports::Acted;
 use crate::operators::{Role, Scope};
-use crate::recon::Reconciliation;
 use crate::recon::commands as recon;
 use crate::tenants::{self, TenantList};
 
@@ -308,8 +306,9 @@ struct NewRun {
     reason: String,
 }
 
-/// `POST /v1/recon/runs` `{from, to, reason}`: reconciles the window now (operators of every
-/// tenant) and answers with what the run found, 201.
+/// `POST /v1/recon/runs` `{from, to, reason}`: queues a run of the window (operators of every
+/// tenant) and answers with it, `queued`, 202. A reconciler starts it within seconds; `GET
+/// /v1/recon/runs/{id}` says when it is done and what it found.
 async fn start_run(state: web::Data<OperatorsState>, request: HttpRequest, bytes: web::Bytes) -> HttpResponse {
     respond(
         async {
@@ -320,13 +319,11 @@ async fn start_run(state: web::Data<OperatorsState>, request: HttpRequest, bytes
                 caller.account.require(Role::Operator, "run a reconciliation")?;
                 every_tenant(&caller)?;
                 let reason = require_reason(&asked.reason)?;
-                let provider = ConfiguredProvider::new(&state.provider).context("cannot build the provider client")?;
-                let reconciliation = Reconciliation::new(state.pool.clone(), provider, state.recon.clone());
-                let report = recon::run(&reconciliation, &asked.from, &asked.to).await?;
                 let mut conn = state.pool.acquire().await.context("cannot reach the database")?;
-                let after = json!({ "run_id": report.run_id, "discrepancies": report.discrepancies });
+                let run = recon::queue(&mut conn, &asked.from, &asked.to).await?;
+                let after = json!({ "run_id": run.run_id, "window_start": asked.from, "window_end": asked.to });
                 audit::record(&mut conn, &caller.actor(), &entry.clone().reason(reason).after(after)).await?;
-                Ok(ok(StatusCode::CREATED, &report))
+                Ok(ok(StatusCode::ACCEPTED, &run))
             };
             change(&state, &caller, entry.clone(), outcome.await).await
         }
