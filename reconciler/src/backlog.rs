@@ -14,7 +14,7 @@ use crate::metrics::{
     BACKLOG_SAMPLED_AT, OLDEST_PENDING_AGE, OLDEST_UNKNOWN_AGE, OPEN_DEAD_LETTERS, OUTBOX_DEPTH, REFUND_CONFLICT,
     UNKNOWN_PAYMENTS,
 };
-use crate::runner::Pass;
+use oncepay_service::runner::Pass;
 
 /// What one sample saw.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

@@ -22,7 +22,6 @@ pub mod reaper;
 pub mod recon;
 pub mod refunds;
 pub mod render;
-pub mod runner;
 pub mod service;
 pub mod settings;
 pub mod stored_name;

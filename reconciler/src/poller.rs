@@ -34,9 +34,9 @@ use sqlx::{Acquire, PgPool};
 use tracing::Instrument;
 
 use crate::render;
-use crate::runner::Pass;
 use crate::unknown::{self, Claimed, Why};
-use crate::webhooks;
+use oncepay_service::runner::Pass;
+use oncepay_store::webhook_events;
 
 const ACTOR: &str = "reconciler:poller";
 
@@ -189,7 +189,7 @@ impl<P: PaymentProvider> Poller<P> {
     async fn look_up(&self, payment: &Claimed) -> anyhow::Result<(Source, LookupVerdict)> {
         let recorded = {
             let mut conn = self.pool.acquire().await.context("cannot reach the database")?;
-            webhooks::recorded_charges(&mut conn, payment.tenant_id, payment.payment_id)
+            webhook_events::recorded_charges(&mut conn, payment.tenant_id, payment.payment_id)
                 .await
                 .context("cannot read the payment's recorded webhooks")?
         };

@@ -11,7 +11,7 @@ use anyhow::Context;
 use oncepay_domain::ids::TenantId;
 use sqlx::PgPool;
 
-use crate::runner::Pass;
+use oncepay_service::runner::Pass;
 
 /// The reaper's limits.
 #[derive(Debug, Clone)]

@@ -14,6 +14,7 @@ use std::time::Duration;
 use anyhow::Context;
 use oncepay_http::ops_http::{self, OpsState};
 use oncepay_provider::ConfiguredProvider;
+use oncepay_service::runner::{self, Pass};
 use oncepay_store::db;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -24,7 +25,6 @@ use crate::poller::{Poller, PollerConfig};
 use crate::reaper::{Reaper, ReaperConfig};
 use crate::recon::{QueuedRuns, Reconciliation};
 use crate::refunds::poller::RefundPoller;
-use crate::runner::{self, Pass};
 use crate::settings::Settings;
 use crate::sweeper::{Sweeper, SweeperConfig};
 use crate::webhooks::WebhookState;
@@ -206,7 +206,7 @@ pub async fn serve(settings: Settings, shutdown: CancellationToken) -> anyhow::R
 fn spawn<P: Pass + Send + 'static>(loops: &mut JoinSet<anyhow::Result<()>>, pass: P, shutdown: &CancellationToken) {
     let shutdown = shutdown.clone();
     loops.spawn(async move {
-        runner::run(&pass, shutdown).await;
+        runner::run(&pass, crate::metrics::LOOP_ERRORS, shutdown).await;
         Ok(())
     });
 }

@@ -13,7 +13,7 @@ use oncepay_store::leases::{self, SweepCounts};
 use oncepay_store::refunds::sending::{self, RefundSweep};
 use sqlx::PgPool;
 
-use crate::runner::Pass;
+use oncepay_service::runner::Pass;
 
 /// Who the audit trail says moved the payment or the refund.
 const ACTOR: &str = "sweeper";

@@ -14,10 +14,10 @@ use oncepay_domain::provider_ref::ProviderAccount;
 use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_domain::strict_json;
 use oncepay_http::problem::{Problem, ProblemType};
+use oncepay_provider::ChargeStatus;
 use oncepay_provider::stripe::signature::StripeWebhookSecret;
 use oncepay_provider::webhook_signature::{self, SignedHeaders, WebhookSecret};
 use oncepay_provider::wire::{EventType, RefundEvent, WebhookEvent};
-use oncepay_provider::{Charge, ChargeStatus};
 use oncepay_service::telemetry;
 use oncepay_store::StoreError;
 use oncepay_store::settlement::Asked;
@@ -313,27 +313,6 @@ async fn resolution_span(
         telemetry::link(&span, &Span::current());
     }
     Ok(span)
-}
-
-/// The charges signed webhooks reported for a payment, oldest first: evidence that outlives the
-/// provider's memory of the payment's key.
-pub async fn recorded_charges(
-    conn: &mut PgConnection,
-    tenant_id: TenantId,
-    payment_id: PaymentId,
-) -> Result<Vec<Charge>, StoreError> {
-    let rows = sqlx::query_scalar!(
-        r#"
-        SELECT charge AS "charge!: Json<Charge>" FROM webhook_events
-        WHERE tenant_id = $1 AND payment_id = $2 AND charge IS NOT NULL
-        ORDER BY received_at, webhook_id
-        "#,
-        tenant_id.as_uuid(),
-        payment_id.as_uuid(),
-    )
-    .fetch_all(conn)
-    .await?;
-    Ok(rows.into_iter().map(|Json(charge)| charge).collect())
 }
 
 /// The payment a charge was made for: from the metadata oncepay puts on every charge, or else from

@@ -24,7 +24,7 @@ use super::queries::{self, Locked};
 use super::reports::Resolved;
 use crate::operator_error::OperatorError;
 use crate::render;
-use crate::webhooks;
+use oncepay_store::webhook_events;
 
 /// An operator, as recorded: `operator:<name>`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -270,7 +270,7 @@ pub async fn find_charge<P: PaymentProvider>(
     charge_id: &str,
 ) -> Result<BookedCharge, OperatorError> {
     let (tenant_id, asked) = queries::open_payment(conn, payment_id).await?;
-    let recorded = webhooks::recorded_charges(conn, tenant_id, payment_id)
+    let recorded = webhook_events::recorded_charges(conn, tenant_id, payment_id)
         .await
         .context("cannot read the payment's recorded webhooks")?;
     let charge = match recorded.into_iter().find(|c| c.id == charge_id) {

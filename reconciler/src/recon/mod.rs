@@ -32,7 +32,7 @@ use uuid::Uuid;
 
 use crate::recon::compare::{Class, Discrepancy};
 use crate::recon::runs::{Claim, RunStatus, Trigger};
-use crate::runner::Pass;
+use oncepay_service::runner::Pass;
 
 /// A half-open window of time, `[start, end)`, in whole seconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,7 +7,7 @@
 use oncepay_domain::ids::PaymentId;
 use oncepay_domain::status::PaymentStatus;
 use oncepay_reconciler::operators::api::BulkRetrier;
-use oncepay_reconciler::runner::Pass;
+use oncepay_service::runner::Pass;
 use oncepay_store::fixtures::tenant;
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_SECURITY_POLICY, LOCATION, SET_COOKIE};

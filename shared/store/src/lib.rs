@@ -25,6 +25,7 @@ pub mod statements;
 pub mod tenants;
 pub mod transitions;
 pub mod unknown_queue;
+pub mod webhook_events;
 
 use std::sync::Arc;
 

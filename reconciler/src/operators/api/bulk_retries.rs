@@ -25,7 +25,7 @@ use crate::operator_error::OperatorError;
 use crate::operators::audit::{self, Actor, Entry, Outcome};
 use crate::operators::reports::Acted;
 use crate::operators::{Account, Role, accounts};
-use crate::runner::Pass;
+use oncepay_service::runner::Pass;
 
 /// The most payments one bulk retry may hold.
 pub(super) const MAX_PAYMENTS: usize = 500;

@@ -1,4 +1,4 @@
-//! The one runner for the reconciler's background loops.
+//! The one runner for a process's background loops.
 //!
 //! A loop is a [`Pass`]: one round of work, and whether more may be waiting. The runner owns the
 //! rest: when the next pass starts, stopping at shutdown, and counting and logging a failed pass.
@@ -8,11 +8,9 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::metrics::LOOP_ERRORS;
-
 /// One round of a background loop.
 pub trait Pass: Sync {
-    /// The loop's name, in its log lines and in the `loop` label of [`LOOP_ERRORS`].
+    /// The loop's name, in its log lines and in the `loop` label of the failures counter.
     const NAME: &'static str;
 
     /// How long to wait after a pass that left nothing to do, or that failed.
@@ -23,15 +21,17 @@ pub trait Pass: Sync {
     fn pass(&self) -> impl Future<Output = anyhow::Result<bool>> + Send;
 }
 
-/// Runs `pass` until `shutdown`. A pass in progress is finished first, never cut short.
-pub async fn run<P: Pass>(pass: &P, shutdown: CancellationToken) {
+/// Runs `pass` until `shutdown`, counting each failed pass in the counter named `failures` (the
+/// process's own, with the loop's name as its `loop` label). A pass in progress is finished first,
+/// never cut short.
+pub async fn run<P: Pass>(pass: &P, failures: &'static str, shutdown: CancellationToken) {
     tracing::info!(r#loop = P::NAME, "background loop started");
     while !shutdown.is_cancelled() {
         let pause = match pass.pass().await {
             Ok(true) => Duration::ZERO,
             Ok(false) => pass.interval(),
             Err(error) => {
-                metrics::counter!(LOOP_ERRORS, "loop" => P::NAME).increment(1);
+                metrics::counter!(failures, "loop" => P::NAME).increment(1);
                 tracing::error!(r#loop = P::NAME, error = format!("{error:#}"), "background pass failed");
                 pass.interval()
             }
@@ -91,7 +91,7 @@ mod tests {
             shutdown: shutdown.clone(),
         };
 
-        run(&scripted, shutdown).await;
+        run(&scripted, "test_loop_errors_total", shutdown).await;
 
         let hour = INTERVAL;
         assert_eq!(*scripted.started.lock().unwrap(), [Duration::ZERO, Duration::ZERO, Duration::ZERO, hour, hour * 2]);
@@ -108,7 +108,7 @@ mod tests {
             shutdown: shutdown.clone(),
         };
 
-        run(&scripted, shutdown).await;
+        run(&scripted, "test_loop_errors_total", shutdown).await;
 
         assert!(scripted.started.lock().unwrap().is_empty());
     }
