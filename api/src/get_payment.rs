@@ -13,11 +13,12 @@ use oncepay_store::payments;
 use oncepay_store::payments::Payment;
 
 use crate::errors::ApiError;
-use crate::long_poll::{self, Watched};
+use crate::long_poll;
 use crate::openapi::{Admission, GetPaymentResponses, LongPollHeaders, PaymentPath};
 use crate::request_span;
 use crate::resource_response;
 use crate::startup::AppState;
+use crate::watch::Watched;
 
 /// The payment, as it stands or once it changes.
 #[utoipa::path(

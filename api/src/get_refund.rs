@@ -12,11 +12,12 @@ use oncepay_domain::refund::RefundResource;
 use oncepay_store::refunds::{self, Refund};
 
 use crate::errors::ApiError;
-use crate::long_poll::{self, Watched};
+use crate::long_poll;
 use crate::openapi::{Admission, GetRefundPath, GetRefundResponses, LongPollHeaders};
 use crate::request_span;
 use crate::resource_response;
 use crate::startup::AppState;
+use crate::watch::Watched;
 
 /// The refund, as it stands or once it changes.
 #[utoipa::path(

@@ -15,7 +15,7 @@ pub const REQUEST_DURATION: &str = "oncepay_api_request_duration_seconds";
 pub const INTAKE_GROUP_SIZE: &str = "oncepay_api_intake_group_size";
 /// Requests waiting for their group's write or being written, recorded by `accept_groups`.
 pub const INTAKE_WRITING: &str = "oncepay_api_intake_writing";
-/// Long polls waiting for a payment or a refund to change, recorded by `long_poll`.
+/// Long polls waiting for a payment or a refund to change, recorded by `watch`.
 pub const LONG_POLLS_WAITING: &str = "oncepay_api_long_polls_waiting";
 
 /// Every `outcome` of [`INTAKE`], as `create_payment` labels them: 202 `created`, a `replayed` key, 422

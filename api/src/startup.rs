@@ -27,12 +27,12 @@ use tokio_util::sync::CancellationToken;
 use crate::accept_groups::AcceptGroups;
 use crate::auth::{Authenticator, Caller};
 use crate::errors::{self, ApiError, RetryAfter};
-use crate::long_poll::{Listener, Watch};
 use crate::provider_intake::ProviderIntake;
 use crate::rate_limit::RateLimits;
 use crate::replay_cache::ReplayCache;
 use crate::rereads::{Rereader, Rereads};
 use crate::settings::{IntakeSettings, LongPollSettings, Settings};
+use crate::watch::{Listener, Watch};
 use crate::{create_payment, create_refund, get_payment, get_refund, list_refunds, openapi, request_span};
 
 /// The name every connection carries (`pg_stat_activity.application_name`).
