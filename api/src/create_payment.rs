@@ -31,7 +31,7 @@ use crate::openapi::{Admission, CreatePaymentResponses, IdempotencyKeyHeader, Pa
 use crate::replay_cache::Final;
 use crate::request_span;
 use crate::resource_response::{self, KeyInfo};
-use crate::startup::AppState;
+use crate::state::AppState;
 
 /// The path a fingerprint covers.
 const PATH: &str = "/v1/payments";

@@ -26,7 +26,7 @@ use crate::idempotent_request::{self, IdempotentRequest};
 use crate::openapi::{Admission, CreateRefundResponses, IdempotencyKeyHeader, PaymentPath, RefundRequestBody};
 use crate::request_span;
 use crate::resource_response::{self, KeyInfo};
-use crate::startup::AppState;
+use crate::state::AppState;
 
 /// Who asks for a refund made through the api: the merchant.
 const REQUESTED_BY: &str = "api";

@@ -17,7 +17,7 @@ use crate::long_poll;
 use crate::openapi::{Admission, GetPaymentResponses, LongPollHeaders, PaymentPath};
 use crate::request_span;
 use crate::resource_response;
-use crate::startup::AppState;
+use crate::state::AppState;
 use crate::watch::Watched;
 
 /// The payment, as it stands or once it changes.

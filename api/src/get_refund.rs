@@ -16,7 +16,7 @@ use crate::long_poll;
 use crate::openapi::{Admission, GetRefundPath, GetRefundResponses, LongPollHeaders};
 use crate::request_span;
 use crate::resource_response;
-use crate::startup::AppState;
+use crate::state::AppState;
 use crate::watch::Watched;
 
 /// The refund, as it stands or once it changes.

@@ -29,6 +29,7 @@ pub mod rereads;
 pub mod resource_response;
 pub mod settings;
 pub mod startup;
+pub mod state;
 pub mod watch;
 
 pub use settings::Settings;

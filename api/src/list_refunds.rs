@@ -15,7 +15,7 @@ use crate::errors::ApiError;
 use crate::get_payment::path_payment_id;
 use crate::openapi::{Admission, ListRefundsResponses, PaymentPath};
 use crate::request_span;
-use crate::startup::AppState;
+use crate::state::AppState;
 
 /// The body of the list: `{"data": [refund, ...]}`, room left beside `data` for paging later.
 #[derive(Debug, Serialize, utoipa::ToSchema)]

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use crate::errors::ApiError;
 use crate::prefer;
-use crate::startup::AppState;
+use crate::state::AppState;
 use crate::watch::Watched;
 
 /// Serves a status request: `fetch` once, or, when the request asks to wait (`Prefer: wait=N`,

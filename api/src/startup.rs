@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use actix_web::body::MessageBody;
 use actix_web::dev::{Server, ServiceFactory, ServiceRequest, ServiceResponse};
-use actix_web::{App, HttpRequest, HttpResponse, HttpServer, middleware, web};
+use actix_web::{App, HttpResponse, HttpServer, middleware, web};
 use anyhow::Context;
 use oncepay_http::ops_http::{self, OpsState};
 use oncepay_service::metrics::{self as shared_metrics, PrometheusHandle};
@@ -25,55 +25,19 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio_util::sync::CancellationToken;
 
 use crate::accept_groups::AcceptGroups;
-use crate::auth::{Authenticator, Caller};
-use crate::errors::{self, ApiError, RetryAfter};
+use crate::auth::Authenticator;
+use crate::errors::{self, RetryAfter};
 use crate::provider_intake::ProviderIntake;
 use crate::rate_limit::RateLimits;
 use crate::replay_cache::ReplayCache;
 use crate::rereads::{Rereader, Rereads};
 use crate::settings::{IntakeSettings, LongPollSettings, Settings};
+use crate::state::AppState;
 use crate::watch::{Listener, Watch};
 use crate::{create_payment, create_refund, get_payment, get_refund, list_refunds, openapi, request_span};
 
 /// The name every connection carries (`pg_stat_activity.application_name`).
 pub const APPLICATION_NAME: &str = "oncepay-api";
-
-/// What every handler of one HTTP worker shares.
-pub struct AppState {
-    /// This worker's connections.
-    pub connections: Arc<Connections>,
-    /// Requests of one tenant being written together (shared by the process).
-    pub accepts: Arc<AcceptGroups>,
-    /// API key verification (shared by the process).
-    pub auth: Arc<Authenticator>,
-    /// Per-tenant buckets (shared by the process).
-    pub limits: Arc<RateLimits>,
-    /// Long polls waiting for payments and refunds to change (shared by the process).
-    pub watch: Arc<Watch>,
-    /// Their re-reads, coalesced (shared by the process).
-    pub rereads: Rereads,
-    /// `[intake]`.
-    pub intake: IntakeSettings,
-    /// `[long_poll]`.
-    pub long_poll: LongPollSettings,
-    /// Cancelled when the process begins to shut down: long polls respond at once.
-    pub draining: CancellationToken,
-    /// Asks the process's outbox notifier to wake the workers (shared by the process).
-    pub wake: Wakeups,
-    /// Final responses, for replays without a database read (shared by the process).
-    pub replays: Arc<ReplayCache>,
-    /// What the configured provider could never charge, and which account a payment is charged to.
-    pub provider_intake: ProviderIntake,
-}
-
-impl AppState {
-    /// Authenticates the request and takes one request from its tenant's rate limit.
-    pub async fn admit(&self, request: &HttpRequest) -> Result<Caller, ApiError> {
-        let caller = self.auth.authenticate(request.headers(), &self.connections).await?;
-        self.limits.admit(&caller)?;
-        Ok(caller)
-    }
-}
 
 /// A built, bound, not yet running api.
 pub struct Application {
