@@ -8,6 +8,7 @@
 //! provider's rules or the tenant's account say now. A store that cannot be reached fails closed.
 //! Never logged: the API key, the idempotency key, the body.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -15,19 +16,24 @@ use anyhow::anyhow;
 use oncepay_domain::fingerprint::Fingerprint;
 use oncepay_domain::idempotency_key::IdempotencyKey;
 use oncepay_domain::ids::TenantId;
+use oncepay_domain::money::Currency;
 use oncepay_domain::payment::PaymentResource;
-use oncepay_domain::payment_request::PaymentRequest;
-use oncepay_domain::provider_ref::ProviderAccount;
+use oncepay_domain::payment_request::{PaymentRequest, limits};
+use oncepay_domain::provider_ref::{self, ProviderAccount};
+use oncepay_http::problem::Problem;
 use oncepay_service::telemetry;
 use oncepay_store::intake::{self, ExistingKey, Intake, NewPayment};
 use oncepay_store::payments;
 use sqlx::PgConnection;
 use time::OffsetDateTime;
+use utoipa::openapi::RefOr;
+use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, Schema, Type};
+use utoipa::{IntoResponses, PartialSchema, ToSchema};
 
 use crate::auth::Caller;
+use crate::endpoints::{Admission, IdempotencyKeyHeader, NO_NUL, amount_schema, metadata_schema};
 use crate::errors::ApiError;
 use crate::idempotent_request::{self, IdempotentRequest};
-use crate::openapi::{Admission, CreatePaymentResponses, IdempotencyKeyHeader, PaymentRequestBody};
 use crate::replay_cache::Final;
 use crate::request_span;
 use crate::resource_response::{self, KeyInfo};
@@ -219,4 +225,128 @@ async fn replay_in_progress(
     let resource = PaymentResource::from(&payment);
     // Settled between the two reads: `settle` stored exactly this 200 and resource on the key.
     Ok(resource_response::replayed(&resource, poll_after_secs, key))
+}
+
+/// The body of `POST /v1/payments` (its schema only: the body is validated field by field by
+/// `PaymentRequest::from_json`, whose limits this schema states).
+pub struct PaymentRequestBody;
+
+impl ToSchema for PaymentRequestBody {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("PaymentRequest")
+    }
+}
+
+impl PartialSchema for PaymentRequestBody {
+    fn schema() -> RefOr<Schema> {
+        let amount = amount_schema("What to charge, in minor units of the currency (e.g. cents).").examples([1999]);
+        let currency = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .enum_values(Some(Currency::codes().iter().copied()))
+            .description(Some("An active ISO 4217 code, upper case."))
+            .examples(["EUR"]);
+        let customer_id = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .min_length(Some(1))
+            .max_length(Some(limits::CUSTOMER_ID_MAX_CHARS))
+            .pattern(Some(NO_NUL))
+            .description(Some("Your reference for the customer being charged."));
+        let description = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .max_length(Some(limits::DESCRIPTION_MAX_CHARS))
+            .pattern(Some(NO_NUL))
+            .description(Some("Free text, returned as given."));
+        let metadata = metadata_schema();
+        let reference = |description: &str, example: &str| {
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .min_length(Some(1))
+                .max_length(Some(provider_ref::MAX_LEN))
+                .pattern(Some(provider_ref::PATTERN))
+                .description(Some(description))
+                .examples([example])
+        };
+        let payment_method = reference(
+            "The provider's reference of the payment method to charge, e.g. `pm_card_visa` (ASCII letters, \
+             digits and `_`), passed to the provider unchanged.",
+            "pm_card_visa",
+        );
+        let provider_customer = reference(
+            "The provider's customer that `payment_method` belongs to, e.g. Stripe's `cus_…`, for a payment \
+             method saved to a customer. `customer_id` is never sent to the provider as its customer.",
+            "cus_NffrFeUfNV2Hib",
+        );
+        ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .property("amount", amount)
+            .property("currency", currency)
+            .property("customer_id", customer_id)
+            .property("description", description)
+            .property("metadata", metadata)
+            .property("payment_method", payment_method)
+            .property("provider_customer", provider_customer)
+            .required("amount")
+            .required("currency")
+            .required("customer_id")
+            .additional_properties(Some(AdditionalProperties::<Schema>::FreeForm(false)))
+            .description(Some(
+                "A payment request. Unknown fields, and a member named twice at any depth, are rejected (400).",
+            ))
+            .into()
+    }
+}
+
+/// The responses of `POST /v1/payments`, besides those of [`Admission`].
+#[derive(IntoResponses)]
+pub enum CreatePaymentResponses {
+    #[response(status = 202, description = "Accepted (or, with `Idempotent-Replayed: true`, a retry of a payment that is \
+                                            still in progress). Poll the `Location` after `Retry-After` seconds.",
+        headers(
+            ("Location" = String, description = "`/v1/payments/{id}`"),
+            ("Retry-After" = u64, description = "Seconds before polling the payment"),
+            ("Idempotency-Key-Expires" = String, description = "HTTP date after which the key may be forgotten"),
+            ("Idempotent-Replayed" = bool, description = "`true` when this repeats an earlier request's outcome"),
+        ))]
+    Accepted(PaymentResource),
+    #[response(status = 200, description = "A retry of a payment that has reached its final state: the stored final \
+                                            response, with `Idempotent-Replayed: true`.",
+        headers(
+            ("Idempotency-Key-Expires" = String, description = "HTTP date after which the key may be forgotten"),
+            ("Idempotent-Replayed" = bool, description = "Always `true`"),
+        ))]
+    Replayed(PaymentResource),
+    #[response(
+        status = 400,
+        description = "Missing or malformed `Idempotency-Key`, malformed JSON, a member named twice, or invalid fields \
+                                            (each one listed in `errors`); in Stripe connect mode also a tenant with no \
+                                            connected account (`no-provider-account`) or a payment with no \
+                                            `payment_method`.",
+        content_type = "application/problem+json"
+    )]
+    Invalid(Problem),
+    #[response(status = 409, description = "Another request with this key is being processed right now; nothing was \
+                                            written. Retry after `Retry-After`.",
+        content_type = "application/problem+json",
+        headers(("Retry-After" = u64, description = "Seconds before retrying")))]
+    KeyInUse(Problem),
+    #[response(
+        status = 413,
+        description = "The body is larger than the limit (64 KiB by default).",
+        content_type = "application/problem+json"
+    )]
+    TooLarge(Problem),
+    #[response(
+        status = 415,
+        description = "The body is not `application/json`.",
+        content_type = "application/problem+json"
+    )]
+    NotJson(Problem),
+    #[response(status = 422, description = "The key was already used with a different request; nothing was written.",
+        content_type = "application/problem+json",
+        headers(("Idempotency-Key-Expires" = String, description = "HTTP date after which the key may be forgotten")))]
+    KeyReused(Problem),
+    #[response(status = 503, description = "The store cannot be reached; nothing was written. Retry with the same key.",
+        content_type = "application/problem+json",
+        headers(("Retry-After" = u64, description = "Seconds before retrying")))]
+    Unavailable(Problem),
 }

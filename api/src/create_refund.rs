@@ -10,20 +10,25 @@
 //! Refund keys are their own namespace, always read from the database (there is no replay memory
 //! for them). Never logged: the API key, the idempotency key, the body.
 
+use std::borrow::Cow;
+
 use actix_web::{HttpRequest, HttpResponse, web};
 use anyhow::anyhow;
 use oncepay_domain::fingerprint::Fingerprint;
 use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
-use oncepay_domain::refund::{RefundRequest, RefundResource};
+use oncepay_domain::refund::{RefundReason, RefundRequest, RefundResource};
+use oncepay_http::problem::Problem;
 use oncepay_service::telemetry;
 use oncepay_store::refunds;
 use oncepay_store::refunds::intake::{ExistingRefundKey, NewRefund, RefundIntake, Refusal};
 use sqlx::PgConnection;
+use utoipa::openapi::RefOr;
+use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, Schema, Type};
+use utoipa::{IntoResponses, PartialSchema, ToSchema};
 
+use crate::endpoints::{Admission, IdempotencyKeyHeader, PaymentPath, amount_schema, metadata_schema, path_payment_id};
 use crate::errors::ApiError;
-use crate::get_payment::path_payment_id;
 use crate::idempotent_request::{self, IdempotentRequest};
-use crate::openapi::{Admission, CreateRefundResponses, IdempotencyKeyHeader, PaymentPath, RefundRequestBody};
 use crate::request_span;
 use crate::resource_response::{self, KeyInfo};
 use crate::state::AppState;
@@ -170,6 +175,107 @@ fn refused(refusal: Refusal) -> ApiError {
 /// The path a refund's fingerprint covers: the payment's, spelled as the api spells ids.
 fn path(payment_id: PaymentId) -> String {
     format!("/v1/payments/{payment_id}/refunds")
+}
+
+/// The body of `POST /v1/payments/{id}/refunds` (its schema only: the body is validated field by
+/// field by `RefundRequest::from_json`, whose limits this schema states).
+pub struct RefundRequestBody;
+
+impl ToSchema for RefundRequestBody {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("RefundRequest")
+    }
+}
+
+impl PartialSchema for RefundRequestBody {
+    fn schema() -> RefOr<Schema> {
+        let amount = amount_schema(
+            "How much to give back, in minor units of the payment's currency; at most what is left to refund. \
+             Left out, the refund gives back all that is left.",
+        )
+        .examples([500]);
+        let reason = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .enum_values(Some(RefundReason::ALL.iter().map(|reason| reason.as_str())))
+            .description(Some("Why the money is given back."));
+        ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .property("amount", amount)
+            .property("reason", reason)
+            .property("metadata", metadata_schema())
+            .additional_properties(Some(AdditionalProperties::<Schema>::FreeForm(false)))
+            .description(Some(
+                "A refund of a succeeded payment, in its currency; `{}` refunds all that is left. Unknown fields, \
+                 and a member named twice at any depth, are rejected (400).",
+            ))
+            .into()
+    }
+}
+
+/// The responses of `POST /v1/payments/{id}/refunds`, besides those of [`Admission`].
+#[derive(IntoResponses)]
+pub enum CreateRefundResponses {
+    #[response(status = 202, description = "Accepted (or, with `Idempotent-Replayed: true`, a retry of a refund that is \
+                                            still in progress). Poll the `Location` after `Retry-After` seconds.",
+        headers(
+            ("Location" = String, description = "`/v1/refunds/{id}`"),
+            ("Retry-After" = u64, description = "Seconds before polling the refund"),
+            ("Idempotency-Key-Expires" = String, description = "HTTP date after which the key may be forgotten"),
+            ("Idempotent-Replayed" = bool, description = "`true` when this repeats an earlier request's outcome"),
+        ))]
+    Accepted(RefundResource),
+    #[response(status = 200, description = "A retry of a refund that has reached its final state: the stored final \
+                                            response, with `Idempotent-Replayed: true`.",
+        headers(
+            ("Idempotency-Key-Expires" = String, description = "HTTP date after which the key may be forgotten"),
+            ("Idempotent-Replayed" = bool, description = "Always `true`"),
+        ))]
+    Replayed(RefundResource),
+    #[response(
+        status = 400,
+        description = "Missing or malformed `Idempotency-Key`, malformed JSON, a member named twice, or invalid fields \
+                       (each one listed in `errors`).",
+        content_type = "application/problem+json"
+    )]
+    Invalid(Problem),
+    #[response(
+        status = 404,
+        description = "No such payment for this tenant; nothing was written.",
+        content_type = "application/problem+json"
+    )]
+    NotFound(Problem),
+    #[response(status = 409, description = "`payment-not-refundable`: only a succeeded payment can be refunded, and this \
+                                            one is not (the detail names its status). Or `idempotency-key-in-use`: \
+                                            another request is refunding this payment right now, retry after \
+                                            `Retry-After`. Nothing was written.",
+        content_type = "application/problem+json",
+        headers(("Retry-After" = u64, description = "Seconds before retrying, for `idempotency-key-in-use`")))]
+    Conflict(Problem),
+    #[response(
+        status = 413,
+        description = "The body is larger than the limit (64 KiB by default).",
+        content_type = "application/problem+json"
+    )]
+    TooLarge(Problem),
+    #[response(
+        status = 415,
+        description = "The body is not `application/json`.",
+        content_type = "application/problem+json"
+    )]
+    NotJson(Problem),
+    #[response(status = 422, description = "`idempotency-key-reused`: the key was already used with a different \
+                                            request. `nothing-to-refund`: the payment's refunds that have not failed \
+                                            already add up to its amount. `refund-exceeds-payment`: the refund asks \
+                                            for more than is left (the detail says how much, in which currency). \
+                                            Nothing was written.",
+        content_type = "application/problem+json",
+        headers(("Idempotency-Key-Expires" = String, description = "HTTP date after which the key may be forgotten, \
+                                                                   for `idempotency-key-reused`")))]
+    Unprocessable(Problem),
+    #[response(status = 503, description = "The store cannot be reached; nothing was written. Retry with the same key.",
+        content_type = "application/problem+json",
+        headers(("Retry-After" = u64, description = "Seconds before retrying")))]
+    Unavailable(Problem),
 }
 
 #[cfg(test)]

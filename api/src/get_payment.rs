@@ -4,17 +4,17 @@
 //! Another tenant's payment, and an id that is not a UUID, get the same 404 as a payment that does
 //! not exist. A long poll holds no database connection while it waits.
 
-use std::str::FromStr;
-
 use actix_web::{HttpRequest, HttpResponse, web};
 use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_domain::payment::PaymentResource;
+use oncepay_http::problem::Problem;
 use oncepay_store::payments;
 use oncepay_store::payments::Payment;
+use utoipa::IntoResponses;
 
+use crate::endpoints::{Admission, LongPollHeaders, PaymentPath, path_payment_id};
 use crate::errors::ApiError;
 use crate::long_poll;
-use crate::openapi::{Admission, GetPaymentResponses, LongPollHeaders, PaymentPath};
 use crate::request_span;
 use crate::resource_response;
 use crate::state::AppState;
@@ -52,15 +52,31 @@ pub async fn get_payment(request: HttpRequest, state: web::Data<AppState>) -> Re
     Ok(resource_response::current(&PaymentResource::from(&payment), state.intake.retry_after_secs, waited_secs))
 }
 
-/// The payment id in the path (`{id}`); an id that is not a UUID names no payment (404).
-pub fn path_payment_id(request: &HttpRequest) -> Result<PaymentId, ApiError> {
-    request.match_info().get("id").and_then(|raw| PaymentId::from_str(raw).ok()).ok_or(ApiError::NotFound)
-}
-
 /// The payment of `tenant_id`, read on one of the requests' connections; 404 if it has none.
 pub async fn fetch(state: &AppState, tenant_id: TenantId, payment_id: PaymentId) -> Result<Payment, ApiError> {
     let mut conn = state.connections.acquire().await.map_err(|e| ApiError::from_store(e.into()))?;
     let payment = payments::fetch(&mut conn, tenant_id, payment_id).await.map_err(ApiError::from_store)?;
     conn.release();
     payment.ok_or(ApiError::NotFound)
+}
+
+/// The responses of `GET /v1/payments/{id}`, besides those of [`Admission`].
+#[derive(IntoResponses)]
+pub enum GetPaymentResponses {
+    #[response(status = 200, description = "The payment.",
+        headers(
+            ("Retry-After" = u64, description = "Present while the payment is not final: seconds before polling again"),
+            ("Preference-Applied" = String, description = "`wait=N` when a long poll was honoured, N as applied"),
+        ))]
+    Payment(PaymentResource),
+    #[response(
+        status = 404,
+        description = "No such payment for this tenant.",
+        content_type = "application/problem+json"
+    )]
+    NotFound(Problem),
+    #[response(status = 503, description = "The store cannot be reached.",
+        content_type = "application/problem+json",
+        headers(("Retry-After" = u64, description = "Seconds before retrying")))]
+    Unavailable(Problem),
 }

@@ -9,11 +9,13 @@ use std::str::FromStr;
 use actix_web::{HttpRequest, HttpResponse, web};
 use oncepay_domain::ids::{RefundId, TenantId};
 use oncepay_domain::refund::RefundResource;
+use oncepay_http::problem::Problem;
 use oncepay_store::refunds::{self, Refund};
+use utoipa::{IntoParams, IntoResponses};
 
+use crate::endpoints::{Admission, LongPollHeaders};
 use crate::errors::ApiError;
 use crate::long_poll;
-use crate::openapi::{Admission, GetRefundPath, GetRefundResponses, LongPollHeaders};
 use crate::request_span;
 use crate::resource_response;
 use crate::state::AppState;
@@ -58,4 +60,34 @@ async fn fetch(state: &AppState, tenant_id: TenantId, refund_id: RefundId) -> Re
     let refund = refunds::find(&mut conn, tenant_id, refund_id).await.map_err(ApiError::from_store)?;
     conn.release();
     refund.ok_or(ApiError::NotFound)
+}
+
+/// The path of `GET /v1/refunds/{id}`.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct GetRefundPath {
+    /// The refund's id, from `Location`
+    #[param(format = Uuid)]
+    pub id: String,
+}
+
+/// The responses of `GET /v1/refunds/{id}`, besides those of [`Admission`].
+#[derive(IntoResponses)]
+pub enum GetRefundResponses {
+    #[response(status = 200, description = "The refund.",
+        headers(
+            ("Retry-After" = u64, description = "Present while the refund is not final: seconds before polling again"),
+            ("Preference-Applied" = String, description = "`wait=N` when a long poll was honoured, N as applied"),
+        ))]
+    Refund(RefundResource),
+    #[response(
+        status = 404,
+        description = "No such refund for this tenant.",
+        content_type = "application/problem+json"
+    )]
+    NotFound(Problem),
+    #[response(status = 503, description = "The store cannot be reached.",
+        content_type = "application/problem+json",
+        headers(("Retry-After" = u64, description = "Seconds before retrying")))]
+    Unavailable(Problem),
 }

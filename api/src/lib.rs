@@ -12,6 +12,7 @@ pub mod accept_groups;
 pub mod auth;
 pub mod create_payment;
 pub mod create_refund;
+pub mod endpoints;
 pub mod errors;
 pub mod get_payment;
 pub mod get_refund;

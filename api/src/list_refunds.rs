@@ -7,13 +7,14 @@
 use actix_web::{HttpRequest, HttpResponse, web};
 use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_domain::refund::RefundResource;
+use oncepay_http::problem::Problem;
 use oncepay_store::refunds::{self, Refund};
 use oncepay_store::{StoreError, payments};
 use serde::Serialize;
+use utoipa::IntoResponses;
 
+use crate::endpoints::{Admission, PaymentPath, path_payment_id};
 use crate::errors::ApiError;
-use crate::get_payment::path_payment_id;
-use crate::openapi::{Admission, ListRefundsResponses, PaymentPath};
 use crate::request_span;
 use crate::state::AppState;
 
@@ -59,4 +60,21 @@ async fn read(
         return Ok(None);
     }
     refunds::of_payment(conn, tenant_id, payment_id).await.map(Some)
+}
+
+/// The responses of `GET /v1/payments/{id}/refunds`, besides those of [`Admission`].
+#[derive(IntoResponses)]
+pub enum ListRefundsResponses {
+    #[response(status = 200, description = "The payment's refunds, oldest first (an empty list if it has none).")]
+    Refunds(RefundList),
+    #[response(
+        status = 404,
+        description = "No such payment for this tenant.",
+        content_type = "application/problem+json"
+    )]
+    NotFound(Problem),
+    #[response(status = 503, description = "The store cannot be reached.",
+        content_type = "application/problem+json",
+        headers(("Retry-After" = u64, description = "Seconds before retrying")))]
+    Unavailable(Problem),
 }
