@@ -14,6 +14,7 @@ pub mod http;
 pub mod outcome;
 pub mod refund;
 pub mod stripe;
+mod transport;
 pub mod webhook_signature;
 pub mod wire;
 

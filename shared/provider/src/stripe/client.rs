@@ -28,7 +28,7 @@ use tracing::instrument;
 use oncepay_domain::ids::{DownstreamKey, PaymentId};
 use oncepay_domain::provider_ref::ProviderAccount;
 
-use crate::http::{self, read_json, retry_after, trace_headers};
+use crate::transport::{self, read_json, retry_after, trace_headers};
 use crate::{
     Charge, ChargePage, ChargeRequest, ListCharges, ListRefunds, LookupError, NotSentReason, PaymentProvider, Refund,
     RefundLookup, RefundOutcome, RefundPage, RefundRequest, Retrieved, SendOutcome, UncertainReason, metadata_keys,
@@ -273,7 +273,7 @@ impl StripeProvider {
     pub fn new(settings: &StripeSettings) -> Result<Self, BuildError> {
         settings.validate()?;
         Ok(Self {
-            client: http::client(settings.connect_timeout_ms, settings.request_timeout_ms)?,
+            client: transport::client(settings.connect_timeout_ms, settings.request_timeout_ms)?,
             mode: settings.mode,
             base_url: settings.base_url.trim_end_matches('/').to_owned(),
             secret_key: settings.secret_key.clone(),
