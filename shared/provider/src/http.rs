@@ -13,8 +13,8 @@ use tracing::instrument;
 use oncepay_domain::ids::DownstreamKey;
 use oncepay_domain::provider_ref::ProviderAccount;
 
-use crate::configured::ProviderSettings;
 use crate::outcome::Unsettled;
+use crate::settings::ProviderSettings;
 use crate::transport::{client, read_json, retry_after, trace_headers};
 use crate::wire::{Charge, ChargePage, CreateCharge, CreateRefund, Refund, RefundPage};
 use crate::{

@@ -13,6 +13,7 @@ pub mod fixtures;
 pub mod http;
 pub mod outcome;
 pub mod refund;
+pub mod settings;
 pub mod stripe;
 mod transport;
 pub mod webhook_signature;
@@ -26,9 +27,10 @@ use oncepay_domain::ids::{DownstreamKey, PaymentId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::provider_ref::{ProviderAccount, ProviderCustomer};
 
-pub use configured::{ConfiguredProvider, ProviderKind, ProviderSettings};
+pub use configured::ConfiguredProvider;
 pub use outcome::{LookupError, NotSentReason, SendOutcome, UncertainReason};
 pub use refund::{RefundLookup, RefundOutcome, RefundRequest};
+pub use settings::{ProviderKind, ProviderSettings};
 pub use wire::{Charge, ChargePage, ChargeStatus, Refund, RefundPage, RefundState, Retrieved, UnfinishedCharge};
 
 /// How long the provider deduplicates resends of one downstream idempotency key.
