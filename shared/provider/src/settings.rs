@@ -10,7 +10,7 @@ use secrecy::SecretString;
 use serde::Deserialize;
 
 use crate::KeyWindow;
-use crate::stripe::{StripeMode, StripeSettings};
+use crate::stripe::settings::{StripeMode, StripeSettings};
 
 /// Which provider charges the payments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]

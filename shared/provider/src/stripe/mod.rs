@@ -3,8 +3,8 @@
 //! [`wire`] reads Stripe's JSON; [`classify`] turns the response to a create into a
 //! [`SendOutcome`](crate::SendOutcome) or, for a refund, a [`RefundOutcome`](crate::RefundOutcome);
 //! [`lookup`] turns searches and lists into found, certainly none or can't tell; [`client`] does the
-//! I/O; [`signature`] verifies `Stripe-Signature`; [`limits`] says what Stripe would refuse, before a
-//! payment or a refund is accepted.
+//! I/O, as [`settings`] (`[provider.stripe]`) say; [`signature`] verifies `Stripe-Signature`;
+//! [`limits`] says what Stripe would refuse, before a payment or a refund is accepted.
 //!
 //! A 200 whose intent has not finished (`processing`, `requires_action`) is uncertain
 //! ([`UncertainReason::NotFinal`](crate::UncertainReason::NotFinal)): the reconciler settles it. A
@@ -17,8 +17,10 @@ pub mod classify;
 pub mod client;
 pub mod limits;
 pub mod lookup;
+pub mod settings;
 pub mod signature;
 pub mod wire;
 
-pub use client::{StripeMode, StripeProvider, StripeSettings};
+pub use client::StripeProvider;
 pub use lookup::{CantTell, Lookup};
+pub use settings::{StripeMode, StripeSettings};
