@@ -30,10 +30,10 @@ use crate::operators::refunds::RefundDetail;
 use crate::operators::reports::{Acted, AuditTrail, Done, OperatorList, PaymentPage, ProposalList, TokenList};
 use crate::operators::tokens::IssuedToken;
 use crate::recon::commands::{RunDetail, RunList};
-use crate::recon::runs::{Run, RunStatus};
 use crate::render::Report;
 use crate::settings::Settings;
 use crate::tenants::{IssuedKey, RevokedKey, TenantList};
+use oncepay_store::recon_runs::{Run, RunStatus};
 
 /// `oncepay-reconciler`: the reconciler service and the operator CLI.
 #[derive(Debug, Parser)]

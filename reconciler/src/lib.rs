@@ -24,7 +24,6 @@ pub mod refunds;
 pub mod render;
 pub mod service;
 pub mod settings;
-pub mod stored_name;
 pub mod stripe_webhooks;
 pub mod sweeper;
 pub mod tenants;

@@ -7,7 +7,7 @@ use metrics::{Unit, counter, describe_counter, describe_gauge};
 // The dead letters' own metrics are named beside their kinds, and listed here with the rest.
 use crate::dead_letters::Kind;
 pub use crate::dead_letters::{DEAD_LETTERS, OPEN_DEAD_LETTERS, REFUND_CONFLICT};
-use crate::recon::compare::Class;
+use oncepay_store::recon_runs::Class;
 
 /// Webhook deliveries by `verdict`.
 pub const WEBHOOKS: &str = "oncepay_reconciler_webhooks_total";

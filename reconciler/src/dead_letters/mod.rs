@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::PgConnection;
 
-use crate::stored_name::{self, UnknownName};
+use oncepay_store::stored_name::{self, UnknownName};
 
 /// Dead letters opened, by `kind`: a payment's ([`Kind`]) or [`REFUND_CONFLICT`].
 pub const DEAD_LETTERS: &str = "oncepay_reconciler_dead_letters_total";

@@ -36,7 +36,7 @@ use uuid::Uuid;
 
 use crate::dead_letters::actions::Operator;
 use crate::operator_error::OperatorError;
-use crate::stored_name::{self, UnknownName};
+use oncepay_store::stored_name::{self, UnknownName};
 
 /// What an operator may do. Each role may do everything the roles before it may.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, sqlx::Type)]

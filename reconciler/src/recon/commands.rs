@@ -6,6 +6,7 @@
 use std::io::{self, Write};
 
 use anyhow::Context as _;
+use oncepay_store::recon_runs::{self as runs, Claim, Class, Discrepancy, Run, Window};
 use serde::Serialize;
 use serde_json::Value;
 use sqlx::PgConnection;
@@ -15,9 +16,6 @@ use time::{Date, OffsetDateTime};
 use uuid::Uuid;
 
 use crate::operator_error::OperatorError;
-use crate::recon::Window;
-use crate::recon::compare::{Class, Discrepancy};
-use crate::recon::runs::{self, Claim, Run};
 use crate::render::{self, Report, Table};
 
 /// Reads a window bound: a date (`2026-03-01`, midnight UTC) or an RFC 3339 time.
@@ -34,8 +32,10 @@ pub fn parse_bound(text: &str) -> Result<OffsetDateTime, OperatorError> {
 pub async fn queue(conn: &mut PgConnection, from: &str, to: &str) -> Result<Run, OperatorError> {
     let window = Window::new(parse_bound(from)?, parse_bound(to)?)
         .map_err(|e| OperatorError::Invalid(format!("--from {from} --to {to}: {e}")))?;
-    match runs::queue(conn, &window).await? {
-        Claim::Won(run_id) => Ok(runs::find(conn, run_id).await?.context("the queued run is gone")?),
+    match runs::queue(conn, &window).await.context("cannot queue the run")? {
+        Claim::Won(run_id) => {
+            Ok(runs::find(conn, run_id).await.context("cannot read the run")?.context("the queued run is gone")?)
+        }
         Claim::Taken { run_id, status } => Err(OperatorError::Refused(format!(
             "run {run_id} already holds this window ({status}); see `recon show {run_id}`"
         ))),
@@ -85,7 +85,7 @@ impl Report for RunList {
 
 /// The latest runs, newest first.
 pub async fn list(conn: &mut PgConnection, limit: u32) -> Result<RunList, OperatorError> {
-    Ok(RunList(runs::list(conn, limit).await?))
+    Ok(RunList(runs::list(conn, limit).await.context("cannot list the runs")?))
 }
 
 /// `recon show`.
@@ -153,8 +153,9 @@ impl Report for RunDetail {
 /// One run and its discrepancies.
 pub async fn show(conn: &mut PgConnection, run_id: Uuid) -> Result<RunDetail, OperatorError> {
     let run = runs::find(conn, run_id)
-        .await?
+        .await
+        .context("cannot read the run")?
         .ok_or_else(|| OperatorError::NotFound(format!("no reconciliation run {run_id}")))?;
-    let discrepancies = runs::discrepancies(conn, run_id).await?;
+    let discrepancies = runs::discrepancies(conn, run_id).await.context("cannot read the run's discrepancies")?;
     Ok(RunDetail { run, discrepancies })
 }

@@ -1,122 +1,19 @@
-//! Comparing the provider's charges with the ledger over one window: pure, no I/O. It also owns what
-//! the refunds' comparison ([`super::refunds`]) shares with it: the classes and the discrepancy.
+//! Comparing the provider's charges with the ledger over one window: pure, no I/O. The classes and
+//! the discrepancy it reports, which the refunds' comparison ([`super::refunds`]) reports too, are
+//! stored as [`oncepay_store::recon_runs`] says.
 //!
 //! Reports the four classes of discrepancy between finished charges and the ledger ([`Class`]), and
 //! the charges the provider has not finished ([`unfinished`]), and nothing else.
 
 use std::collections::{BTreeMap, HashMap};
-use std::str::FromStr;
 
-use oncepay_domain::ids::{DownstreamKey, PaymentId, RefundId, TenantId};
+use oncepay_domain::ids::{DownstreamKey, PaymentId, TenantId};
 use oncepay_domain::money::{Amount, Currency, format_amount};
 use oncepay_provider::{Charge, ChargeStatus, UnfinishedCharge};
-use serde::Serialize;
 use serde_json::{Value, json};
 use time::OffsetDateTime;
 
-use crate::stored_name::{self, UnknownName};
-
-/// A discrepancy class, as stored in `recon_discrepancies.class`.
-///
-/// Refunds have classes of their own, each the twin of a charge's (`refund_` before its name, or
-/// `_refund` for `_charge`), so that a run's counts and the discrepancy metric tell money that went
-/// back from money taken; [`Class::UnrequestedRefund`] has no twin.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Class {
-    /// Charged at the provider, not in our ledger: a succeeded charge that no ledger entry books (the
-    /// payment has no entry at all, or its entry books another charge).
-    MissingInLedger,
-    /// In our ledger, not at the provider: an entry charged in the window whose charge the provider
-    /// does not list in the window as succeeded.
-    MissingAtProvider,
-    /// Both sides have the charge, with different money.
-    AmountOrCurrencyMismatch,
-    /// More than one succeeded charge for one payment. Reported once, naming every charge; the extra
-    /// charges are not reported again as missing in the ledger.
-    DuplicateCharge,
-    /// A charge the provider has not finished: no money yet, but it may still take some. It is read
-    /// again on every later run, and compared like any other charge once it is final.
-    Unfinished,
-    /// Refunded at the provider, not in our ledger: a succeeded refund made for an oncepay refund
-    /// that no refund ledger entry books (the refund is still `unknown`, was settled `failed`, or
-    /// its entry books another provider refund).
-    RefundMissingInLedger,
-    /// In our refund ledger, not at the provider: an entry of the window whose refund the provider
-    /// does not list in the window as succeeded (it lists it failed, canceled or not finished, or
-    /// not at all).
-    RefundMissingAtProvider,
-    /// Both sides have the refund, with different money.
-    RefundAmountOrCurrencyMismatch,
-    /// More than one succeeded provider refund for one oncepay refund. Reported once, naming every
-    /// refund; the extra refunds are not reported again as missing in the ledger.
-    DuplicateRefund,
-    /// A succeeded provider refund that no oncepay refund asked for: it names none (made on the
-    /// provider's dashboard, say), or one that oncepay does not have.
-    UnrequestedRefund,
-    /// A refund the provider has not finished: no money back yet, but it may still go back. It is
-    /// read again on every later run, and compared like any other refund once it is final.
-    RefundUnfinished,
-}
-
-impl Class {
-    /// Every class.
-    pub const ALL: [Self; 11] = [
-        Self::MissingInLedger,
-        Self::MissingAtProvider,
-        Self::AmountOrCurrencyMismatch,
-        Self::DuplicateCharge,
-        Self::Unfinished,
-        Self::RefundMissingInLedger,
-        Self::RefundMissingAtProvider,
-        Self::RefundAmountOrCurrencyMismatch,
-        Self::DuplicateRefund,
-        Self::UnrequestedRefund,
-        Self::RefundUnfinished,
-    ];
-
-    /// The stored name.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::MissingInLedger => "missing_in_ledger",
-            Self::MissingAtProvider => "missing_at_provider",
-            Self::AmountOrCurrencyMismatch => "amount_or_currency_mismatch",
-            Self::DuplicateCharge => "duplicate_charge",
-            Self::Unfinished => "unfinished",
-            Self::RefundMissingInLedger => "refund_missing_in_ledger",
-            Self::RefundMissingAtProvider => "refund_missing_at_provider",
-            Self::RefundAmountOrCurrencyMismatch => "refund_amount_or_currency_mismatch",
-            Self::DuplicateRefund => "duplicate_refund",
-            Self::UnrequestedRefund => "unrequested_refund",
-            Self::RefundUnfinished => "refund_unfinished",
-        }
-    }
-
-    /// Whether the class is about refunds rather than charges.
-    pub const fn is_about_refunds(self) -> bool {
-        match self {
-            Self::MissingInLedger
-            | Self::MissingAtProvider
-            | Self::AmountOrCurrencyMismatch
-            | Self::DuplicateCharge
-            | Self::Unfinished => false,
-            Self::RefundMissingInLedger
-            | Self::RefundMissingAtProvider
-            | Self::RefundAmountOrCurrencyMismatch
-            | Self::DuplicateRefund
-            | Self::UnrequestedRefund
-            | Self::RefundUnfinished => true,
-        }
-    }
-}
-
-impl FromStr for Class {
-    type Err = UnknownName;
-
-    fn from_str(text: &str) -> Result<Self, UnknownName> {
-        stored_name::parse(&Self::ALL, Self::as_str, "discrepancy class", text)
-    }
-}
+use oncepay_store::recon_runs::{Class, Discrepancy};
 
 /// A ledger entry, as the comparison needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,31 +32,6 @@ pub struct LedgerEntry {
     pub charged_at: OffsetDateTime,
     /// Whether `charged_at` is inside the window (else it is only here to be matched).
     pub in_window: bool,
-}
-
-/// One discrepancy, as found and as stored in `recon_discrepancies`.
-#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
-pub struct Discrepancy {
-    /// Which class.
-    pub class: Class,
-    /// The payment's owner, when known.
-    pub tenant_id: Option<TenantId>,
-    /// The payment, when known.
-    pub payment_id: Option<PaymentId>,
-    /// The charge it is about (the first, for a duplicate); for a refund, the charge refunded.
-    pub provider_charge_id: Option<String>,
-    /// The oncepay refund it is about, when it is about a refund and one is known.
-    #[serde(default)]
-    pub refund_id: Option<RefundId>,
-    /// The provider's refund it is about (the first, for a duplicate).
-    #[serde(default)]
-    pub provider_refund_id: Option<String>,
-    /// What our ledger says.
-    pub ours: Option<Value>,
-    /// What the provider says.
-    pub theirs: Option<Value>,
-    /// In words.
-    pub detail: String,
 }
 
 /// The payment a charge was made for (its tenant, when the metadata names it): from the metadata
@@ -501,15 +373,6 @@ mod tests {
             classes(&compare(&charges, &[])),
             [(Class::MissingInLedger, Some("ch_1")), (Class::DuplicateCharge, Some("ch_1"))]
         );
-    }
-
-    #[test]
-    fn every_class_reads_back_from_its_stored_name_and_says_whether_it_is_about_refunds() {
-        for class in Class::ALL {
-            assert_eq!(class.as_str().parse::<Class>().ok(), Some(class));
-            assert_eq!(class.is_about_refunds(), class.as_str().contains("refund"), "{}", class.as_str());
-        }
-        assert!("refund_duplicate".parse::<Class>().is_err());
     }
 
     #[test]

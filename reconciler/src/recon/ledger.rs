@@ -14,9 +14,9 @@ use oncepay_provider::{Charge, Refund};
 use sqlx::PgConnection;
 use time::OffsetDateTime;
 
-use crate::recon::Window;
 use crate::recon::compare::{LedgerEntry, payment_of};
 use crate::recon::refunds::{OurRefund, RefundEntry, refund_of};
+use oncepay_store::recon_runs::Window;
 
 /// The ledger entries booked in the window, plus those of every payment the charges name (so a
 /// charge is matched to its entry even if the two sides put it on different sides of a boundary).

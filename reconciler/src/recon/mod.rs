@@ -25,50 +25,13 @@ use oncepay_provider::{
     Charge, ListCharges, ListRefunds, PaymentProvider, Refund, RefundState, Retrieved, UnfinishedCharge,
 };
 use sqlx::{PgConnection, PgPool};
-use time::{Date, OffsetDateTime, Time};
+use time::OffsetDateTime;
 use tokio_cron_scheduler::{Job, JobScheduler};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::recon::compare::{Class, Discrepancy};
-use crate::recon::runs::{Claim, RunStatus, Trigger};
 use oncepay_service::runner::Pass;
-
-/// A half-open window of time, `[start, end)`, in whole seconds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Window {
-    /// Inclusive.
-    pub start: OffsetDateTime,
-    /// Exclusive.
-    pub end: OffsetDateTime,
-}
-
-/// A window that ends before it starts, or is not in whole seconds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("a reconciliation window must start before it ends, on whole seconds")]
-pub struct BadWindow;
-
-impl Window {
-    /// Checks the bounds.
-    pub fn new(start: OffsetDateTime, end: OffsetDateTime) -> Result<Self, BadWindow> {
-        if start < end && start.nanosecond() == 0 && end.nanosecond() == 0 {
-            Ok(Self { start, end })
-        } else {
-            Err(BadWindow)
-        }
-    }
-
-    /// The UTC day `date`.
-    pub fn day(date: Date) -> Self {
-        let start = date.with_time(Time::MIDNIGHT).assume_utc();
-        Self { start, end: start + time::Duration::DAY }
-    }
-
-    /// The UTC day before the one containing `now`.
-    pub fn previous_day(now: OffsetDateTime) -> Self {
-        Self::day(now.to_offset(time::UtcOffset::UTC).date().previous_day().unwrap_or(Date::MIN))
-    }
-}
+use oncepay_store::recon_runs::{Claim, Class, Discrepancy, RunStatus, Trigger, Window};
 
 /// The reconciliation's settings.
 #[derive(Debug, Clone)]
@@ -545,27 +508,4 @@ struct Reread {
     settled: Vec<String>,
     /// Those still unfinished.
     still: Vec<UnfinishedCharge>,
-}
-
-#[cfg(test)]
-mod tests {
-    use time::macros::{date, datetime};
-
-    use super::*;
-
-    #[test]
-    fn the_nightly_window_is_the_whole_previous_utc_day() {
-        let window = Window::previous_day(datetime!(2026-03-02 01:30 +02:00));
-        assert_eq!(window, Window::day(date!(2026 - 02 - 28)));
-        assert_eq!(window.start, datetime!(2026-02-28 00:00 UTC));
-        assert_eq!(window.end, datetime!(2026-03-01 00:00 UTC));
-    }
-
-    #[test]
-    fn a_window_must_start_before_it_ends_on_whole_seconds() {
-        let t = datetime!(2026-03-01 00:00 UTC);
-        assert!(Window::new(t, t + time::Duration::SECOND).is_ok());
-        assert_eq!(Window::new(t, t), Err(BadWindow));
-        assert_eq!(Window::new(t, t + time::Duration::milliseconds(1500)), Err(BadWindow));
-    }
 }

@@ -15,7 +15,7 @@ use oncepay_provider::{Refund, RefundState, metadata_keys};
 use serde_json::{Value, json};
 use time::OffsetDateTime;
 
-use super::compare::{Class, Discrepancy};
+use oncepay_store::recon_runs::{Class, Discrepancy};
 
 /// A refund oncepay holds, as the comparison needs it: what it asked for and, once it succeeded,
 /// its ledger entry.

@@ -1,90 +1,17 @@
-//! Reconciliation runs and their discrepancies, stored: claiming a window, proving the run is alive,
-//! finishing it, and reading runs back for operators.
+//! A reconciliation run as the reconciler does it: claiming a window (or starting a queued run),
+//! proving the run is alive, and finishing it. What operators read and queue is the store's
+//! ([`oncepay_store::recon_runs`]).
 //!
-//! At most one live or completed run per window. Every write after the claim is fenced on
+//! At most one queued, live or completed run per window. Every write after the claim is fenced on
 //! `status = 'running'`, so a run that was taken over cannot finish or record discrepancies.
 
-use std::fmt;
 use std::time::Duration;
 
 use anyhow::Context;
-use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
 use oncepay_provider::{Refund, UnfinishedCharge};
-use serde::Serialize;
+use oncepay_store::recon_runs::{self, Claim, Discrepancy, RunStatus, Trigger, Window};
 use sqlx::{Acquire, PgConnection};
-use time::OffsetDateTime;
 use uuid::Uuid;
-
-use crate::recon::Window;
-use crate::recon::compare::Discrepancy;
-
-/// Who started a run: the `recon_run_trigger` column type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, sqlx::Type)]
-#[serde(rename_all = "snake_case")]
-#[sqlx(type_name = "recon_run_trigger", rename_all = "snake_case")]
-pub enum Trigger {
-    /// The nightly schedule.
-    Schedule,
-    /// An operator's `recon run`.
-    Operator,
-}
-
-impl Trigger {
-    /// The name, as stored and shown.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Schedule => "schedule",
-            Self::Operator => "operator",
-        }
-    }
-}
-
-/// Where a run stands: the `recon_run_status` column type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, sqlx::Type)]
-#[serde(rename_all = "snake_case")]
-#[sqlx(type_name = "recon_run_status", rename_all = "snake_case")]
-pub enum RunStatus {
-    /// Asked for by an operator; the next reconciler to look starts it.
-    Queued,
-    /// Still comparing, and proving it is alive with heartbeats.
-    Running,
-    /// Finished; its discrepancies are recorded.
-    Completed,
-    /// Stopped with an error, or taken over after its heartbeat stopped.
-    Failed,
-}
-
-impl RunStatus {
-    /// The name, as stored and shown.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Queued => "queued",
-            Self::Running => "running",
-            Self::Completed => "completed",
-            Self::Failed => "failed",
-        }
-    }
-}
-
-impl fmt::Display for RunStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// The result of trying to claim or queue a window.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Claim {
-    /// The window is this new run's.
-    Won(Uuid),
-    /// Another run already covers it (queued, running or completed).
-    Taken {
-        /// That run.
-        run_id: Uuid,
-        /// `Queued`, `Running` or `Completed`.
-        status: RunStatus,
-    },
-}
 
 /// Claims `window`: starts a run unless a live or completed one exists; takes over a stale one.
 pub async fn claim(
@@ -114,62 +41,9 @@ pub async fn claim(
     if abandoned.rows_affected() > 0 {
         tracing::warn!(window.start = %window.start, "took over a reconciliation run whose heartbeat stopped");
     }
-    let claim = hold(&mut tx, window, trigger, RunStatus::Running).await?;
+    let claim = recon_runs::hold(&mut tx, window, trigger, RunStatus::Running).await?;
     tx.commit().await.context("cannot commit the claim")?;
     Ok(claim)
-}
-
-/// Queues `window` for an operator: the next reconciler to look runs it ([`start_queued`]).
-pub async fn queue(conn: &mut PgConnection, window: &Window) -> anyhow::Result<Claim> {
-    let mut tx = conn.begin().await.context("cannot start a transaction")?;
-    let claim = hold(&mut tx, window, Trigger::Operator, RunStatus::Queued).await?;
-    tx.commit().await.context("cannot commit the queued run")?;
-    Ok(claim)
-}
-
-/// Inserts a run of `window` in `status`, unless a queued, running or completed run holds it.
-async fn hold(
-    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-    window: &Window,
-    trigger: Trigger,
-    status: RunStatus,
-) -> anyhow::Result<Claim> {
-    let run_id = Uuid::now_v7();
-    // A partial unique index allows one live or completed run per window: among reconcilers racing
-    // for it, one insert wins and the others read its run.
-    let won = sqlx::query_scalar!(
-        r#"
-        INSERT INTO recon_runs (run_id, window_start, window_end, trigger, status)
-        VALUES ($1, $2, $3, $4, $5)
-        ON CONFLICT (window_start, window_end) WHERE status <> 'failed' DO NOTHING
-        RETURNING run_id
-        "#,
-        run_id,
-        window.start,
-        window.end,
-        trigger as _,
-        status as _,
-    )
-    .fetch_optional(&mut **tx)
-    .await
-    .context("cannot start the run")?;
-    Ok(match won {
-        Some(run_id) => Claim::Won(run_id),
-        None => {
-            let existing = sqlx::query!(
-                r#"
-                SELECT run_id, status AS "status: RunStatus" FROM recon_runs
-                WHERE window_start = $1 AND window_end = $2 AND status <> 'failed'
-                "#,
-                window.start,
-                window.end,
-            )
-            .fetch_one(&mut **tx)
-            .await
-            .context("cannot read the run that holds the window")?;
-            Claim::Taken { run_id: existing.run_id, status: existing.status }
-        }
-    })
 }
 
 /// Starts the oldest queued run: marks it running, for this process to work, and returns it with
@@ -314,109 +188,4 @@ pub async fn fail(conn: &mut PgConnection, run_id: Uuid, error: &str) -> anyhow:
     .await
     .context("cannot record the run's failure")?;
     Ok(())
-}
-
-/// A run, as operators see it.
-#[derive(Debug, Clone, Serialize, serde::Deserialize)]
-pub struct Run {
-    /// Its id.
-    pub run_id: Uuid,
-    /// Start of the window (inclusive).
-    #[serde(with = "time::serde::rfc3339")]
-    pub window_start: OffsetDateTime,
-    /// End of the window (exclusive).
-    #[serde(with = "time::serde::rfc3339")]
-    pub window_end: OffsetDateTime,
-    /// Who started it.
-    pub trigger: Trigger,
-    /// Where it stands.
-    pub status: RunStatus,
-    /// When it started.
-    #[serde(with = "time::serde::rfc3339")]
-    pub started_at: OffsetDateTime,
-    /// When it last proved it was alive.
-    #[serde(with = "time::serde::rfc3339")]
-    pub heartbeat_at: OffsetDateTime,
-    /// When it ended.
-    #[serde(with = "time::serde::rfc3339::option")]
-    pub finished_at: Option<OffsetDateTime>,
-    /// Provider charges compared.
-    pub provider_charges: Option<i32>,
-    /// Ledger entries compared.
-    pub ledger_entries: Option<i32>,
-    /// Provider refunds compared (none for a run of a version that compared only charges).
-    #[serde(default)]
-    pub provider_refunds: Option<i32>,
-    /// Refund ledger entries compared (as `provider_refunds`).
-    #[serde(default)]
-    pub refund_ledger_entries: Option<i32>,
-    /// Discrepancies.
-    pub discrepancies: Option<i32>,
-    /// Why it failed.
-    pub error: Option<String>,
-}
-
-/// The latest runs, newest first.
-pub async fn list(conn: &mut PgConnection, limit: u32) -> anyhow::Result<Vec<Run>> {
-    sqlx::query_as!(
-        Run,
-        r#"
-        SELECT run_id, window_start, window_end, trigger AS "trigger: Trigger", status AS "status: RunStatus",
-               started_at, heartbeat_at, finished_at, provider_charges, ledger_entries, provider_refunds,
-               refund_ledger_entries, discrepancies, error
-        FROM recon_runs ORDER BY started_at DESC, run_id DESC LIMIT $1
-        "#,
-        i64::from(limit),
-    )
-    .fetch_all(conn)
-    .await
-    .context("cannot list the runs")
-}
-
-/// One run.
-pub async fn find(conn: &mut PgConnection, run_id: Uuid) -> anyhow::Result<Option<Run>> {
-    sqlx::query_as!(
-        Run,
-        r#"
-        SELECT run_id, window_start, window_end, trigger AS "trigger: Trigger", status AS "status: RunStatus",
-               started_at, heartbeat_at, finished_at, provider_charges, ledger_entries, provider_refunds,
-               refund_ledger_entries, discrepancies, error
-        FROM recon_runs WHERE run_id = $1
-        "#,
-        run_id,
-    )
-    .fetch_optional(conn)
-    .await
-    .context("cannot read the run")
-}
-
-/// A run's discrepancies, by class then in the order found.
-pub async fn discrepancies(conn: &mut PgConnection, run_id: Uuid) -> anyhow::Result<Vec<Discrepancy>> {
-    let rows = sqlx::query!(
-        r#"
-        SELECT discrepancy_id, class, tenant_id AS "tenant_id: TenantId", payment_id AS "payment_id: PaymentId",
-               provider_charge_id, refund_id AS "refund_id: RefundId", provider_refund_id, ours, theirs, detail
-        FROM recon_discrepancies WHERE run_id = $1
-        ORDER BY class, discrepancy_id
-        "#,
-        run_id,
-    )
-    .fetch_all(conn)
-    .await
-    .context("cannot read the run's discrepancies")?;
-    rows.into_iter()
-        .map(|r| {
-            Ok(Discrepancy {
-                class: r.class.parse().with_context(|| format!("cannot read discrepancy {}", r.discrepancy_id))?,
-                tenant_id: r.tenant_id,
-                payment_id: r.payment_id,
-                provider_charge_id: r.provider_charge_id,
-                refund_id: r.refund_id,
-                provider_refund_id: r.provider_refund_id,
-                ours: r.ours,
-                theirs: r.theirs,
-                detail: r.detail,
-            })
-        })
-        .collect()
 }

@@ -12,12 +12,12 @@ use oncepay_provider::http::HttpProvider;
 use oncepay_provider::stripe::{StripeProvider, StripeSettings};
 use oncepay_provider::{Charge, ChargeStatus, UnfinishedCharge};
 use oncepay_reconciler::operator_error::OperatorError;
-use oncepay_reconciler::recon::compare::Class;
-use oncepay_reconciler::recon::runs::{self, RunStatus, Trigger};
+use oncepay_reconciler::recon::runs;
 use oncepay_reconciler::recon::unfinished;
-use oncepay_reconciler::recon::{ReconConfig, Reconciled, Reconciliation, Window, commands};
+use oncepay_reconciler::recon::{ReconConfig, Reconciled, Reconciliation, commands};
 use oncepay_reconciler::render::Report;
 use oncepay_store::fixtures::{self, count, tenant};
+use oncepay_store::recon_runs::{Claim, Class, RunStatus, Trigger, Window};
 use oncepay_store::transitions::{self, Settlement};
 use serde_json::json;
 use sqlx::PgPool;
@@ -555,7 +555,7 @@ async fn an_intent_unfinished_when_its_day_is_reconciled_is_read_again_until_it_
 async fn started_run(pool: &PgPool, day: time::Date) -> uuid::Uuid {
     let mut conn = pool.acquire().await.unwrap();
     match runs::claim(&mut conn, &Window::day(day), Trigger::Operator, Duration::from_secs(3_600)).await.unwrap() {
-        runs::Claim::Won(run_id) => run_id,
+        Claim::Won(run_id) => run_id,
         taken => panic!("{taken:?}"),
     }
 }

@@ -16,11 +16,10 @@ use oncepay_provider::{
     ChargeRequest, PaymentProvider, ProviderSettings, Refund, RefundOutcome, RefundRequest, RefundState, SendOutcome,
     metadata_keys,
 };
-use oncepay_reconciler::recon::compare::Class;
-use oncepay_reconciler::recon::runs::Trigger;
-use oncepay_reconciler::recon::{ReconConfig, Reconciled, Reconciliation, Summary, Window, commands};
+use oncepay_reconciler::recon::{ReconConfig, Reconciled, Reconciliation, Summary, commands};
 use oncepay_reconciler::render::Report;
 use oncepay_store::fixtures::{self, tenant};
+use oncepay_store::recon_runs::{Class, Trigger, Window};
 use oncepay_store::refunds::settling::{self, RefundChange, RefundSettlement};
 use oncepay_store::transitions::{self, Recorded, Settlement};
 use serde_json::{Value, json};
