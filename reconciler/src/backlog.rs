@@ -9,11 +9,11 @@ use anyhow::Context;
 use sqlx::PgPool;
 use time::OffsetDateTime;
 
-use crate::dead_letters::Kind;
 use crate::metrics::{
     BACKLOG_SAMPLED_AT, OLDEST_PENDING_AGE, OLDEST_UNKNOWN_AGE, OPEN_DEAD_LETTERS, OUTBOX_DEPTH, REFUND_CONFLICT,
     UNKNOWN_PAYMENTS,
 };
+use oncepay_ops::dead_letters::Kind;
 use oncepay_service::runner::Pass;
 
 /// What one sample saw.

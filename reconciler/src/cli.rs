@@ -1,7 +1,7 @@
 //! The command line: `oncepay-reconciler [serve]` runs the service; every other subcommand is an
 //! operator tool that does one thing and exits. `migrate` and `operators bootstrap` work on the
 //! database; every other command goes through the operations API with the operator's personal token
-//! ([`crate::operators::client`]), so its roles, tenant limits, approvals and audit trail apply.
+//! ([`oncepay_ops::operators::client`]), so its roles, tenant limits, approvals and audit trail apply.
 //! `sign-in`, `operators enroll` and `operators password` need no token: they ask for the password
 //! (and code) on the terminal, without echo, or read them line by line from standard input.
 //!
@@ -19,20 +19,20 @@ use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::dead_letters::refunds::DeadRefundList;
-use crate::dead_letters::reports::EntryList;
-use crate::operator_error::OperatorError;
-use crate::operators::accounts::{self, CreatedOperator, OperatorView};
-use crate::operators::client::OpsClient;
-use crate::operators::enrollment::IssuedCode;
-use crate::operators::proposals::{Approved, ProposalView};
-use crate::operators::refunds::RefundDetail;
-use crate::operators::reports::{Acted, AuditTrail, Done, OperatorList, PaymentPage, ProposalList, TokenList};
-use crate::operators::tokens::IssuedToken;
-use crate::recon::commands::{RunDetail, RunList};
-use crate::render::Report;
 use crate::settings::Settings;
-use crate::tenants::{IssuedKey, RevokedKey, TenantList};
+use oncepay_ops::dead_letters::refunds::DeadRefundList;
+use oncepay_ops::dead_letters::reports::EntryList;
+use oncepay_ops::operator_error::OperatorError;
+use oncepay_ops::operators::accounts::{self, CreatedOperator, OperatorView};
+use oncepay_ops::operators::client::OpsClient;
+use oncepay_ops::operators::enrollment::IssuedCode;
+use oncepay_ops::operators::proposals::{Approved, ProposalView};
+use oncepay_ops::operators::refunds::RefundDetail;
+use oncepay_ops::operators::reports::{Acted, AuditTrail, Done, OperatorList, PaymentPage, ProposalList, TokenList};
+use oncepay_ops::operators::tokens::IssuedToken;
+use oncepay_ops::recon::{RunDetail, RunList};
+use oncepay_ops::render::Report;
+use oncepay_ops::tenants::{IssuedKey, RevokedKey, TenantList};
 use oncepay_store::recon_runs::{Run, RunStatus};
 
 /// `oncepay-reconciler`: the reconciler service and the operator CLI.
@@ -967,7 +967,7 @@ impl Report for Migrated {
     }
 
     fn json(&self) -> serde_json::Value {
-        crate::render::to_json(self)
+        oncepay_ops::render::to_json(self)
     }
 }
 

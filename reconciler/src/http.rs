@@ -1,6 +1,7 @@
-//! The reconciler's HTTP server: `POST /webhooks/provider`, `POST /webhooks/stripe` and, unless they have a listener of their
-//! own (`http.ops_port`), the operations endpoints (`/healthz`, `/readyz`, `/metrics`). It installs no
-//! signal handlers of its own.
+//! The reconciler's HTTP servers: the public one (`POST /webhooks/provider`, `POST
+//! /webhooks/stripe` and, unless they have a listener of their own (`http.ops_port`), the probes
+//! `/healthz`, `/readyz` and `/metrics`), and the operator API with its console ([`operator_api`]).
+//! Neither installs signal handlers of its own.
 
 use std::net::TcpListener;
 use std::time::Duration;
@@ -10,6 +11,9 @@ use actix_web::{App, HttpResponse, HttpServer, web};
 use oncepay_http::ops_http::{self, OpsState};
 use oncepay_http::problem::{Problem, ProblemType};
 
+use oncepay_ops::operators::api::{self, OperatorsState};
+
+use crate::console;
 use crate::stripe_webhooks;
 use crate::webhooks::{self, WebhookState};
 
@@ -37,6 +41,22 @@ pub fn server(
     })
     .workers(workers)
     // The service stops the server through its handle when the shutdown token fires.
+    .disable_signals()
+    .shutdown_timeout(SHUTDOWN_GRACE.as_secs())
+    .listen(listener)?
+    .run();
+    Ok(server)
+}
+
+/// Builds the operator API on an already bound listener: the console's pages and the operations
+/// API's JSON routes ([`oncepay_ops::operators::api`]), which share one state and one origin.
+pub fn operator_api(listener: TcpListener, state: OperatorsState, workers: usize) -> std::io::Result<Server> {
+    let state = web::Data::new(state);
+    let server = HttpServer::new(move || {
+        // The console first: on a path both serve, it answers a browser and the API everyone else.
+        App::new().app_data(state.clone()).configure(console::configure).configure(api::configure)
+    })
+    .workers(workers)
     .disable_signals()
     .shutdown_timeout(SHUTDOWN_GRACE.as_secs())
     .listen(listener)?

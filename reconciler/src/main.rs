@@ -5,9 +5,9 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
+use oncepay_ops::operators::client::OpsClient;
+use oncepay_ops::render;
 use oncepay_reconciler::cli::{self, Cli, Command};
-use oncepay_reconciler::operators::client::OpsClient;
-use oncepay_reconciler::render;
 use oncepay_reconciler::settings::Settings;
 use oncepay_service::{shutdown, telemetry};
 use oncepay_store::db;

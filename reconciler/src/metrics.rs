@@ -5,8 +5,8 @@
 use metrics::{Unit, counter, describe_counter, describe_gauge};
 
 // The dead letters' own metrics are named beside their kinds, and listed here with the rest.
-use crate::dead_letters::Kind;
-pub use crate::dead_letters::{DEAD_LETTERS, OPEN_DEAD_LETTERS, REFUND_CONFLICT};
+use oncepay_ops::dead_letters::Kind;
+pub use oncepay_ops::dead_letters::{DEAD_LETTERS, OPEN_DEAD_LETTERS, REFUND_CONFLICT};
 use oncepay_store::recon_runs::Class;
 
 /// Webhook deliveries by `verdict`.
@@ -30,16 +30,6 @@ pub const RECON_RUNS: &str = "oncepay_reconciler_recon_runs_total";
 pub const LEASES_TAKEN_OVER: &str = "oncepay_reconciler_leases_taken_over_total";
 /// Expired worker leases of refunds taken back, by `outcome`.
 pub const REFUND_LEASES_TAKEN_OVER: &str = "oncepay_reconciler_refund_leases_taken_over_total";
-/// Sign-ins (with a password or at the OpenID provider) and enrollments refused before any check,
-/// by `why`: `source` (too many from one address), `locked` (too many refusals of the name),
-/// `busy` (the name is being checked by another request).
-pub const SIGN_INS_HELD_BACK: &str = "oncepay_reconciler_sign_ins_held_back_total";
-/// Password checks refused because the process already runs as many hashes as it may.
-pub const PASSWORD_CHECKS_REFUSED: &str = "oncepay_reconciler_password_checks_refused_total";
-/// Password hashes running now in this process.
-pub const PASSWORD_HASHES_RUNNING: &str = "oncepay_reconciler_password_hashes_running";
-/// Every `why` of [`SIGN_INS_HELD_BACK`].
-pub const HELD_BACK: [&str; 3] = ["source", "locked", "busy"];
 /// Passes of a background loop that failed, by `loop`.
 pub const LOOP_ERRORS: &str = "oncepay_reconciler_loop_errors_total";
 
@@ -95,6 +85,7 @@ pub const LOOPS: [&str; 7] = ["poller", "refund_poller", "sweeper", "reaper", "r
 /// Each series then exists from the first scrape, so Prometheus's `increase()` sees the first dead
 /// letter or the first failed webhook as an increase from 0, not as a new series (which it cannot
 /// tell from one that was always there).
+/// The operators' own metrics are described by [`oncepay_ops::metrics`].
 pub fn describe() {
     describe_counter!(WEBHOOKS, "Provider webhook deliveries, by verdict");
     describe_counter!(UNKNOWN_RESOLVED, "Payments that left `unknown`, by how");
@@ -114,9 +105,6 @@ pub fn describe() {
         "Expired worker leases of refunds taken back by the sweeper, by outcome"
     );
     describe_counter!(LOOP_ERRORS, "Background loop passes that failed, by loop");
-    describe_counter!(SIGN_INS_HELD_BACK, "Sign-ins and enrollments refused before any check, by why");
-    describe_counter!(PASSWORD_CHECKS_REFUSED, "Password checks refused: the process ran as many hashes as it may");
-    describe_gauge!(PASSWORD_HASHES_RUNNING, "Password hashes running now in this process");
     describe_gauge!(OUTBOX_DEPTH, "Outbox rows by state (due, scheduled, leased)");
     describe_gauge!(OLDEST_PENDING_AGE, Unit::Seconds, "Age of the oldest payment waiting in the outbox");
     describe_gauge!(UNKNOWN_PAYMENTS, "Payments whose outcome is unknown, awaiting a webhook or a poll");
@@ -156,10 +144,7 @@ pub fn describe() {
     for name in LOOPS {
         counter!(LOOP_ERRORS, "loop" => name).increment(0);
     }
-    for why in HELD_BACK {
-        counter!(SIGN_INS_HELD_BACK, "why" => why).increment(0);
-    }
-    counter!(PASSWORD_CHECKS_REFUSED).increment(0);
+    oncepay_ops::metrics::describe();
 }
 
 /// Counts a report of a charge or refund (`object`) held by another provider account than the

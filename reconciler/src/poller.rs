@@ -33,8 +33,8 @@ use serde_json::json;
 use sqlx::{Acquire, PgPool};
 use tracing::Instrument;
 
-use crate::render;
 use crate::unknown::{self, Claimed, Why};
+use oncepay_ops::render;
 use oncepay_service::runner::Pass;
 use oncepay_store::webhook_events;
 

@@ -20,7 +20,6 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::backlog::Sampler;
-use crate::operators::{self, api::OperatorsState};
 use crate::poller::{Poller, PollerConfig};
 use crate::reaper::{Reaper, ReaperConfig};
 use crate::recon::{QueuedRuns, Reconciliation};
@@ -28,6 +27,7 @@ use crate::refunds::poller::RefundPoller;
 use crate::settings::Settings;
 use crate::sweeper::{Sweeper, SweeperConfig};
 use crate::webhooks::WebhookState;
+use oncepay_ops::operators::{self, api::OperatorsState};
 
 /// Runs the service until `shutdown` is cancelled, then stops the server gracefully (in-flight
 /// deliveries finish) and waits for every loop to finish its current pass.
@@ -85,8 +85,8 @@ pub async fn serve(settings: Settings, shutdown: CancellationToken) -> anyhow::R
                 },
             };
             let bulk_retrier = operators::api::BulkRetrier::new(state.clone());
-            let server =
-                operators::api::server(listener, state, workers.min(2)).context("cannot start the operations API")?;
+            let server = crate::http::operator_api(listener, state, workers.min(2))
+                .context("cannot start the operations API")?;
             tracing::info!(http.address = %address, "operations API listening");
             Some((server, bulk_retrier))
         }

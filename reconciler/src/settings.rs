@@ -209,7 +209,7 @@ pub struct OperatorSettings {
     pub break_glass: Option<String>,
     /// The organisation's OpenID provider; none means operators sign in with local passwords only.
     #[serde(default)]
-    pub oidc: Option<crate::operators::oidc::OidcSettings>,
+    pub oidc: Option<oncepay_ops::operators::oidc::OidcSettings>,
 }
 
 impl OperatorSettings {
@@ -224,17 +224,17 @@ impl OperatorSettings {
     }
 
     /// How sessions and sign-ins are limited, and who may sign in with a local password.
-    pub fn session_policy(&self) -> crate::operators::sessions::Policy {
-        use crate::operators::sessions::LocalPasswords;
+    pub fn session_policy(&self) -> oncepay_ops::operators::sessions::Policy {
+        use oncepay_ops::operators::sessions::LocalPasswords;
         let local = match (&self.oidc, &self.break_glass) {
             (None, _) => LocalPasswords::Everyone,
             (Some(_), Some(name)) => LocalPasswords::BreakGlass(name.clone()),
             (Some(_), None) => LocalPasswords::Nobody,
         };
-        crate::operators::sessions::Policy {
+        oncepay_ops::operators::sessions::Policy {
             idle: Duration::from_secs(self.session_idle_secs),
             max: Duration::from_secs(self.session_max_secs),
-            limits: crate::operators::limits::Limits {
+            limits: oncepay_ops::operators::limits::Limits {
                 attempts: self.sign_in_attempts,
                 source_attempts: self.sign_in_source_attempts,
                 window: Duration::from_secs(self.sign_in_window_secs),
@@ -331,7 +331,7 @@ impl Settings {
         rule(o.max_concurrent_password_hashes > 0, "operators.max_concurrent_password_hashes must be positive")?;
         rule(o.enrollment_ttl_secs > 0, "operators.enrollment_ttl_secs must be positive")?;
         if let Some(name) = &o.break_glass {
-            crate::operators::OperatorName::parse(name)
+            oncepay_ops::operators::OperatorName::parse(name)
                 .map_err(|e| InvalidSettings::Rule(format!("operators.break_glass: {e}")))?;
         }
         rule(self.recon.stale_after_secs > 0, "recon.stale_after_secs must be positive")?;

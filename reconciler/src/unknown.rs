@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 use sqlx::PgConnection;
 use time::OffsetDateTime;
 
-use crate::dead_letters::{self, Kind};
+use oncepay_ops::dead_letters::{self, Kind};
 
 /// A due payment, claimed for one lookup.
 #[derive(Debug, Clone)]
@@ -373,7 +373,7 @@ async fn remove(
 
 /// A piece of evidence: what was learned, from where, when.
 pub fn evidence(source: &str, fields: Value) -> Value {
-    let mut entry = json!({ "at": crate::render::timestamp(OffsetDateTime::now_utc()), "source": source });
+    let mut entry = json!({ "at": oncepay_ops::render::timestamp(OffsetDateTime::now_utc()), "source": source });
     if let (Some(entry), Value::Object(fields)) = (entry.as_object_mut(), fields) {
         entry.extend(fields);
     }

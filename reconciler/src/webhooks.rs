@@ -31,9 +31,9 @@ use tracing::{Instrument, Span};
 use crate::webhook_outcome::respond_to;
 pub use crate::webhook_outcome::{ApplyError, Handled};
 
-use crate::dead_letters::{self, Kind};
 use crate::unknown::{self, Why};
 use crate::verdict::{self, Booked, Stored, Verdict};
+use oncepay_ops::dead_letters::{self, Kind};
 
 /// The path the provider delivers to.
 pub const PATH: &str = "/webhooks/provider";

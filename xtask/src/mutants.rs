@@ -31,8 +31,8 @@ struct Guard {
     /// Which of the file's functions to mutate, a regular expression over cargo-mutants' names of
     /// its mutants (which name the function).
     functions: &'static str,
-    /// The package whose tests run.
-    package: &'static str,
+    /// The packages whose tests run.
+    packages: &'static [&'static str],
     /// Which of them, as a nextest filter expression.
     tests: &'static str,
     /// The one mutant CI tries on every change, if any: the guard simply gone.
@@ -45,7 +45,7 @@ const GUARDS: [Guard; 6] = [
         name: "payment-resend",
         file: "shared/store/src/claims.rs",
         functions: r"Claimed::send_is_safe",
-        package: "oncepay-worker",
+        packages: &["oncepay-worker"],
         tests: "test(/^fencing::|^requeued::/)",
         ci: Some(r"replace Claimed::send_is_safe -> bool with true"),
     },
@@ -53,7 +53,7 @@ const GUARDS: [Guard; 6] = [
         name: "refund-resend",
         file: "shared/store/src/refunds/sending.rs",
         functions: r"ClaimedRefund::send_is_safe",
-        package: "oncepay-worker",
+        packages: &["oncepay-worker"],
         tests: "test(/^refunds::/)",
         ci: Some(r"replace ClaimedRefund::send_is_safe -> bool with true"),
     },
@@ -61,7 +61,7 @@ const GUARDS: [Guard; 6] = [
         name: "settlement",
         file: "shared/store/src/settlement.rs",
         functions: r"\b(same_account|settlement_of|same_terms)\b",
-        package: "oncepay-store",
+        packages: &["oncepay-store"],
         tests: "kind(lib)",
         ci: None,
     },
@@ -69,23 +69,23 @@ const GUARDS: [Guard; 6] = [
         name: "fingerprint",
         file: "shared/domain/src/fingerprint.rs",
         functions: r"Fingerprint::of|\bgiven\b",
-        package: "oncepay-domain",
+        packages: &["oncepay-domain"],
         tests: "all()",
         ci: None,
     },
     Guard {
         name: "four-eyes",
-        file: "reconciler/src/operators/proposals.rs",
+        file: "shared/ops/src/operators/proposals.rs",
         functions: r"shares_a_holder_with|may_be_proposed_by|\bapprove\b",
-        package: "oncepay-reconciler",
-        tests: "kind(lib) | test(/^operators::.*(approv|propos)|^refund_proposals::/)",
+        packages: &["oncepay-ops", "oncepay-reconciler"],
+        tests: "package(oncepay-ops) | test(/^operators::.*(approv|propos)|^refund_proposals::/)",
         ci: None,
     },
     Guard {
         name: "refund-reservation",
         file: "shared/store/src/refunds/intake.rs",
         functions: r"\breserve\b",
-        package: "oncepay-api",
+        packages: &["oncepay-api"],
         tests: "test(/^refunds::/)",
         ci: None,
     },
@@ -190,11 +190,11 @@ async fn run(root: &Path, guard: &Guard, url: &str, ci: bool) -> anyhow::Result<
     let timeout = if ci {
         300
     } else {
-        eprintln!(
-            "xtask: {}: the tests of {} matching {} on the unmutated tree",
-            guard.name, guard.package, guard.tests
-        );
-        let baseline = ["nextest", "run", "--locked", "--package", guard.package, "-E", guard.tests];
+        let packages = guard.packages.join(", ");
+        eprintln!("xtask: {}: the tests of {packages} matching {} on the unmutated tree", guard.name, guard.tests);
+        let mut baseline = vec!["nextest", "run", "--locked"];
+        baseline.extend(guard.packages.iter().flat_map(|package| ["--package", package]));
+        baseline.extend(["-E", guard.tests]);
         ensure!(crate::cargo(&baseline, &env).await?, "{}: the guard's tests fail on the unmutated tree", guard.name);
         (started.elapsed().as_secs() * 5).max(60)
     };
@@ -204,7 +204,8 @@ async fn run(root: &Path, guard: &Guard, url: &str, ci: bool) -> anyhow::Result<
     eprintln!("xtask: {}: mutating {functions} in {}", guard.name, guard.file);
     let status = Command::new("cargo")
         .args(["mutants", "--in-place", "--no-shuffle", "--test-tool", "nextest", "--colors", "never"])
-        .args(["--file", guard.file, "--re", functions, "--test-package", guard.package])
+        .args(["--file", guard.file, "--re", functions])
+        .args(guard.packages.iter().flat_map(|package| ["--test-package", package]))
         .args(["--baseline", "skip", "--timeout", &timeout])
         .args(["--output", &output_str, "--", "-E", guard.tests])
         .envs(env)

@@ -48,7 +48,7 @@ fn ours(entry: &LedgerEntry) -> Value {
         "provider_charge_id": entry.provider_charge_id,
         "amount": entry.amount,
         "currency": entry.currency,
-        "charged_at": crate::render::timestamp(entry.charged_at),
+        "charged_at": oncepay_ops::render::timestamp(entry.charged_at),
     })
 }
 

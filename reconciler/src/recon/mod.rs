@@ -7,7 +7,6 @@
 //! Runs only read payments, refunds and ledger entries: discrepancies are for operators, and nothing
 //! here corrects anything.
 
-pub mod commands;
 pub mod compare;
 mod ledger;
 pub mod refunds;

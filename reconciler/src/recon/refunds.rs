@@ -251,7 +251,7 @@ fn ours(our: &OurRefund) -> Value {
             "provider_refund_id": entry.provider_refund_id,
             "amount": entry.amount,
             "currency": entry.currency,
-            "refunded_at": crate::render::timestamp(entry.refunded_at),
+            "refunded_at": oncepay_ops::render::timestamp(entry.refunded_at),
         })),
     })
 }

@@ -24,8 +24,8 @@ use tracing::Instrument;
 
 use super::unknown::{self, Claimed};
 use crate::poller::{PollerConfig, poll_all, unavailable};
-use crate::render;
 use crate::unknown::{Why, evidence};
+use oncepay_ops::render;
 use oncepay_service::runner::Pass;
 
 const ACTOR: &str = "reconciler:poller";

@@ -25,9 +25,9 @@ use serde_json::{Value, json};
 use sqlx::{Acquire, PgConnection, PgPool};
 
 use super::unknown;
-use crate::dead_letters::refunds as dead_refunds;
 use crate::unknown::{Why, evidence};
 use crate::webhook_outcome::{ApplyError, Handled, respond_to};
+use oncepay_ops::dead_letters::refunds as dead_refunds;
 
 const ACTOR: &str = "webhook";
 

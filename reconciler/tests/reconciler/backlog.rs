@@ -5,10 +5,10 @@
 use std::time::Duration;
 
 use oncepay_domain::ids::PaymentId;
+use oncepay_ops::dead_letters::actions::Operator;
+use oncepay_ops::dead_letters::refunds as dead_refunds;
+use oncepay_ops::dead_letters::{self, Kind};
 use oncepay_reconciler::backlog::{self, Backlog};
-use oncepay_reconciler::dead_letters::actions::Operator;
-use oncepay_reconciler::dead_letters::refunds as dead_refunds;
-use oncepay_reconciler::dead_letters::{self, Kind};
 use oncepay_store::fixtures::tenant;
 use serde_json::json;
 use sqlx::PgPool;

@@ -6,7 +6,7 @@
 
 use oncepay_domain::ids::PaymentId;
 use oncepay_domain::status::PaymentStatus;
-use oncepay_reconciler::operators::api::BulkRetrier;
+use oncepay_ops::operators::api::BulkRetrier;
 use oncepay_service::runner::Pass;
 use oncepay_store::fixtures::tenant;
 use reqwest::StatusCode;
@@ -571,10 +571,8 @@ async fn a_bulk_retry_leaves_conflicts_alone_and_is_hidden_from_other_tenants_op
     let disputed = crate::support::accept(&pool, acme, "k-2", 1999).await;
     let mut conn = pool.acquire().await.unwrap();
     let evidence = json!([{ "source": "webhook", "result": "a charge for other money" }]);
-    let kind = oncepay_reconciler::dead_letters::Kind::Conflict;
-    oncepay_reconciler::dead_letters::record(&mut conn, acme, disputed, kind, "other money", evidence, 0)
-        .await
-        .unwrap();
+    let kind = oncepay_ops::dead_letters::Kind::Conflict;
+    oncepay_ops::dead_letters::record(&mut conn, acme, disputed, kind, "other money", evidence, 0).await.unwrap();
     let alice = Browser::sign_in(&ops, "alice", "operator", None).await;
     let gina = Browser::sign_in(&ops, "gina", "viewer", Some(&["globex"])).await;
     let disputed_text = disputed.to_string();

@@ -6,7 +6,7 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use jsonwebtoken::jwk::JwkSet;
 use oncepay_devkit::oidc::{Client, OidcProvider};
-use oncepay_reconciler::operators::oidc::{self, OidcSettings};
+use oncepay_ops::operators::oidc::{self, OidcSettings};
 use reqwest::header::{COOKIE, LOCATION, SET_COOKIE};
 use reqwest::{StatusCode, Url};
 use serde_json::{Value, json};

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use oncepay_domain::ids::PaymentId;
 use oncepay_domain::status::PaymentStatus;
-use oncepay_reconciler::dead_letters;
-use oncepay_reconciler::operator_error::OperatorError;
-use oncepay_reconciler::operators::accounts;
+use oncepay_ops::dead_letters;
+use oncepay_ops::operator_error::OperatorError;
+use oncepay_ops::operators::accounts;
 use oncepay_reconciler::recon::{ReconConfig, Reconciliation};
 use oncepay_store::fixtures::{self, tenant};
 use reqwest::{Method, StatusCode};

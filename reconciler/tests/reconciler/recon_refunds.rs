@@ -10,14 +10,15 @@ use std::time::Duration;
 use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::status::{PaymentStatus, Transition};
+use oncepay_ops::recon as commands;
+use oncepay_ops::render::Report;
 use oncepay_provider::http::HttpProvider;
 use oncepay_provider::stripe::{StripeProvider, StripeSettings};
 use oncepay_provider::{
     ChargeRequest, PaymentProvider, ProviderSettings, Refund, RefundOutcome, RefundRequest, RefundState, SendOutcome,
     metadata_keys,
 };
-use oncepay_reconciler::recon::{ReconConfig, Reconciled, Reconciliation, Summary, commands};
-use oncepay_reconciler::render::Report;
+use oncepay_reconciler::recon::{ReconConfig, Reconciled, Reconciliation, Summary};
 use oncepay_store::fixtures::{self, tenant};
 use oncepay_store::recon_runs::{Class, Trigger, Window};
 use oncepay_store::refunds::settling::{self, RefundChange, RefundSettlement};

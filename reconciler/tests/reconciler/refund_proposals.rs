@@ -7,9 +7,9 @@ use std::process::Output;
 
 use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
 use oncepay_domain::status::PaymentStatus;
+use oncepay_ops::dead_letters::refunds::{self as dead_refunds, RefundResolution};
+use oncepay_ops::operator_error::OperatorError;
 use oncepay_provider::{Refund as ProviderRefund, RefundState};
-use oncepay_reconciler::dead_letters::refunds::{self as dead_refunds, RefundResolution};
-use oncepay_reconciler::operator_error::OperatorError;
 use oncepay_reconciler::refunds::unknown as unknown_refunds;
 use oncepay_reconciler::unknown::{self, Why};
 use oncepay_store::fixtures::{self, tenant};

@@ -4,7 +4,7 @@
 //! password hashes run at once), and the one break-glass account when an OpenID provider is set.
 
 use futures::future::join_all;
-use oncepay_reconciler::operators::oidc::OidcSettings;
+use oncepay_ops::operators::oidc::OidcSettings;
 use oncepay_store::fixtures::tenant;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};

@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
 use oncepay_domain::status::{PaymentStatus, Transition};
+use oncepay_ops::operators::accounts;
+use oncepay_ops::operators::api::OperatorsState;
+use oncepay_ops::operators::oidc::{Oidc, OidcSettings};
+use oncepay_ops::operators::sessions::LocalPasswords;
 use oncepay_provider::KeyWindow;
-use oncepay_reconciler::operators::accounts;
-use oncepay_reconciler::operators::api::{self, OperatorsState};
-use oncepay_reconciler::operators::oidc::{Oidc, OidcSettings};
-use oncepay_reconciler::operators::sessions::LocalPasswords;
 use oncepay_reconciler::settings::Settings;
 use oncepay_reconciler::unknown;
 use oncepay_store::fixtures;
@@ -248,14 +248,12 @@ impl Ops {
             max_token_ttl: Duration::from_secs(365 * DAY),
             retries_need_approval: false,
             sessions,
-            hashing: oncepay_reconciler::operators::passwords::Hashing::new(
-                settings.operators.max_concurrent_password_hashes,
-            ),
+            hashing: oncepay_ops::operators::passwords::Hashing::new(settings.operators.max_concurrent_password_hashes),
             enrollment_ttl: settings.operators.enrollment_ttl(),
             fresh_sign_in: Duration::from_secs(300),
             oidc,
         };
-        tokio::spawn(api::server(listener, state.clone(), 1).unwrap());
+        tokio::spawn(oncepay_reconciler::http::operator_api(listener, state.clone(), 1).unwrap());
         let mut conn = pool.acquire().await.unwrap();
         let first = accounts::bootstrap(&mut conn, "root", Duration::from_secs(DAY)).await.unwrap();
         let (admin, admin_password) = (first.token, first.password.unwrap());

@@ -36,7 +36,7 @@ const BACKGROUND: &str = "oncepay-background";
 
 /// How a caller proved who they are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Via {
+pub enum Via {
     /// A personal token.
     Token,
     /// A session, signed in at this time.
@@ -46,20 +46,20 @@ pub(super) enum Via {
 }
 
 /// The operator a request acts as, how they proved it, and where the request came from.
-pub(super) struct Caller {
-    pub(super) account: Account,
-    pub(super) via: Via,
-    pub(super) source: Option<String>,
+pub struct Caller {
+    pub account: Account,
+    pub via: Via,
+    pub source: Option<String>,
 }
 
 impl Caller {
-    pub(super) fn actor(&self) -> Actor<'_> {
+    pub fn actor(&self) -> Actor<'_> {
         Actor::of(&self.account, self.source.as_deref())
     }
 
     /// Refuses a session whose sign-in is older than `fresh`: approving moves money, so the person
     /// must have proved who they are a moment ago. A token is judged by itself.
-    pub(super) fn require_fresh(&self, fresh: std::time::Duration, to: &str) -> Result<(), OperatorError> {
+    pub fn require_fresh(&self, fresh: std::time::Duration, to: &str) -> Result<(), OperatorError> {
         let Via::Session(signed_in_at) = self.via else { return Ok(()) };
         if OffsetDateTime::now_utc() - signed_in_at <= fresh {
             return Ok(());
@@ -84,7 +84,7 @@ fn source(request: &HttpRequest) -> Option<String> {
 /// The caller, from the request's bearer token or session cookie; a 401 problem for a missing,
 /// unknown, revoked or expired token or session, or a disabled operator, the same answer for each;
 /// a 403 problem for a cookie on a change from another origin.
-pub(super) async fn caller(state: &OperatorsState, request: &HttpRequest) -> Result<Caller, Problem> {
+pub async fn caller(state: &OperatorsState, request: &HttpRequest) -> Result<Caller, Problem> {
     let refused = || {
         Problem::new(
             ProblemType::Unauthorized,
@@ -214,7 +214,7 @@ pub(super) async fn sign_in(state: web::Data<OperatorsState>, request: HttpReque
 
 /// Refuses a sign-in posted from another site's page: it would sign the browser in as someone
 /// else. A browser names the page's site or origin; a program (curl, a script) names neither.
-pub(super) fn refuse_other_sites(request: &HttpRequest) -> Result<(), Problem> {
+pub fn refuse_other_sites(request: &HttpRequest) -> Result<(), Problem> {
     let headers = request.headers();
     let site = headers.get("sec-fetch-site").and_then(|value| value.to_str().ok());
     let from_a_page = site.is_some() || headers.contains_key(header::ORIGIN);
@@ -226,7 +226,7 @@ pub(super) fn refuse_other_sites(request: &HttpRequest) -> Result<(), Problem> {
 
 /// Signs `name` in with a local password: the new session, or a 401 problem for a wrong name or
 /// password and a 429 while the name is locked.
-pub(super) async fn with_password(
+pub async fn with_password(
     state: &OperatorsState,
     request: &HttpRequest,
     name: &str,
@@ -283,7 +283,7 @@ pub(super) async fn enroll(state: web::Data<OperatorsState>, request: HttpReques
 }
 
 /// Enrolls `name` with `code`: a problem for a refusal.
-pub(super) async fn with_code(
+pub async fn with_code(
     state: &OperatorsState,
     request: &HttpRequest,
     name: &str,
@@ -303,7 +303,7 @@ pub(super) async fn with_code(
 }
 
 /// The `Set-Cookie` header that carries a new session.
-pub(super) fn session_cookie_header(
+pub fn session_cookie_header(
     state: &OperatorsState,
     session: &sessions::NewSession,
 ) -> (header::HeaderName, HeaderValue) {
@@ -311,7 +311,7 @@ pub(super) fn session_cookie_header(
 }
 
 /// The `Set-Cookie` header that clears the session cookie.
-pub(super) fn cleared_session_cookie() -> (header::HeaderName, HeaderValue) {
+pub fn cleared_session_cookie() -> (header::HeaderName, HeaderValue) {
     set_cookie("", 0)
 }
 
@@ -330,7 +330,7 @@ pub(super) async fn sign_out(state: web::Data<OperatorsState>, request: HttpRequ
 }
 
 /// Ends the request's session, if it has one, and records the sign-out.
-pub(super) async fn end_session(state: &OperatorsState, request: &HttpRequest) -> Result<(), Problem> {
+pub async fn end_session(state: &OperatorsState, request: &HttpRequest) -> Result<(), Problem> {
     let caller = caller(state, request).await?;
     let mut conn = connection(state).await?;
     if let Some(cookie) = session_cookie(request) {
@@ -410,7 +410,7 @@ fn own_only(caller: &Caller, name: &str) -> Result<(), OperatorError> {
 }
 
 /// Changes `caller`'s own password (`name` must be theirs), from a fresh session, with the old one.
-pub(super) async fn change_own_password(
+pub async fn change_own_password(
     state: &OperatorsState,
     caller: &Caller,
     name: &str,
@@ -467,10 +467,7 @@ struct Callback {
 /// The state must be this browser's and unused; the ID token must check out; its identity must be
 /// linked to an operator. Otherwise a 401 problem, recorded in the audit trail (503 for the
 /// provider's own trouble).
-pub(super) async fn oidc_session(
-    state: &OperatorsState,
-    request: &HttpRequest,
-) -> Result<sessions::NewSession, Problem> {
+pub async fn oidc_session(state: &OperatorsState, request: &HttpRequest) -> Result<sessions::NewSession, Problem> {
     let oidc = state.oidc.as_ref().ok_or_else(no_provider)?;
     let back: Callback = super::query(request)?;
     let source = source(request);
@@ -520,7 +517,7 @@ const OIDC_SIGN_IN: &str = "(OpenID sign-in)";
 
 /// `response`, carrying the session a sign-in at the OpenID provider opened, and clearing the
 /// cookie that tied the sign-in to the browser.
-pub(super) fn with_oidc_session(
+pub fn with_oidc_session(
     state: &OperatorsState,
     mut response: HttpResponse,
     session: &sessions::NewSession,

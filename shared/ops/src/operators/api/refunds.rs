@@ -55,7 +55,7 @@ fn refund_id(text: &str) -> Result<RefundId, Problem> {
 }
 
 /// A refund reason by its name; none when `name` is absent or empty.
-pub(super) fn refund_reason(name: Option<&str>) -> Result<Option<RefundReason>, OperatorError> {
+pub fn refund_reason(name: Option<&str>) -> Result<Option<RefundReason>, OperatorError> {
     let Some(name) = name.map(str::trim).filter(|name| !name.is_empty()) else { return Ok(None) };
     let names: Vec<&str> = RefundReason::ALL.iter().map(|reason| reason.as_str()).collect();
     RefundReason::parse(name).map(Some).ok_or_else(|| {
@@ -103,7 +103,7 @@ async fn refund(
 /// Proposes refunding `amount` (all that is left when `None`) of `payment_id`, as the caller, for
 /// an approver. A refund the intake would refuse now is refused at once, with its reason. A refused
 /// change is the caller's to record ([`change`]).
-pub(super) async fn refund_payment(
+pub async fn refund_payment(
     state: &OperatorsState,
     caller: &Caller,
     payment_id: PaymentId,
@@ -210,7 +210,7 @@ async fn retry(
 /// Resends dead-lettered refund `refund_id` at once, with its audit row, or proposes the resend
 /// when it is past the provider's key window or every resend needs approval. A refused change is
 /// the caller's to record ([`change`]).
-pub(super) async fn retry_refund(
+pub async fn retry_refund(
     state: &OperatorsState,
     caller: &Caller,
     refund_id: RefundId,
@@ -317,7 +317,7 @@ async fn resolve(
 /// Proposes settling dead-lettered refund `refund_id` as succeeded (with the provider's refund,
 /// looked up unless given whole) or failed, for an approver. A refused change is the caller's to
 /// record ([`change`]).
-pub(super) async fn resolve_refund(
+pub async fn resolve_refund(
     state: &OperatorsState,
     caller: &Caller,
     refund_id: RefundId,
@@ -344,7 +344,7 @@ pub(super) async fn resolve_refund(
 /// Closes the open conflict on final refund `refund_id` at once, as acknowledged, with its audit row
 /// (`refund.acknowledge`): the refund keeps its status and no money moves, so no second operator is
 /// needed, as for a payment's conflict. A refused change is the caller's to record ([`change`]).
-pub(super) async fn acknowledge_refund(
+pub async fn acknowledge_refund(
     state: &OperatorsState,
     caller: &Caller,
     refund_id: RefundId,

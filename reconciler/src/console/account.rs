@@ -10,11 +10,11 @@ use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
 use super::{Chrome, caller_or_sign_in, error_page, html, see_other};
-use crate::operators::api::signing_in::{self, Via};
-use crate::operators::api::{OperatorsState, change, connection, problem};
-use crate::operators::audit::{self, Entry, Outcome};
-use crate::operators::{sessions, tokens};
-use crate::render;
+use oncepay_ops::operators::api::signing_in::{self, Via};
+use oncepay_ops::operators::api::{OperatorsState, change, connection, problem};
+use oncepay_ops::operators::audit::{self, Entry, Outcome};
+use oncepay_ops::operators::{sessions, tokens};
+use oncepay_ops::render;
 
 /// `GET /console/enroll`.
 #[derive(Template)]
@@ -148,7 +148,7 @@ pub(super) async fn password_form(
     let form = form.into_inner();
     let outcome = async {
         if form.password.expose_secret() != form.repeated.expose_secret() {
-            return Err(crate::operator_error::OperatorError::Invalid(
+            return Err(oncepay_ops::operator_error::OperatorError::Invalid(
                 "the two new passwords differ: type the same one twice".into(),
             ));
         }

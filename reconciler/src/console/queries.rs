@@ -14,7 +14,7 @@ use sqlx::{PgConnection, Postgres, QueryBuilder};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use crate::operator_error::OperatorError;
+use oncepay_ops::operator_error::OperatorError;
 
 /// The tenants an operator may see, as ids: `only` when they are limited, else every tenant.
 pub(super) async fn visible_tenants(

@@ -1,5 +1,5 @@
 //! The console's bulk retries: resending every open dead letter a filter of the dead-letter list
-//! selects, as a job the reconciler works ([`crate::operators::api::bulk_retries`]).
+//! selects, as a job the reconciler works ([`oncepay_ops::operators::api::bulk_retries`]).
 //!
 //! The first post shows how many and which payments the filter selects now; the confirmation
 //! carries exactly those payments back, and only they are retried, whatever the filter selects by
@@ -17,11 +17,11 @@ use uuid::Uuid;
 use super::forms::finish;
 use super::queries::{self, DeadLetterFilter, EntryState};
 use super::{Chrome, caller_or_sign_in, error_page, html, see_other, visible_tenants};
-use crate::dead_letters::actions::require_reason;
-use crate::operators::api::bulk_retries::{self, MAX_PAYMENTS};
-use crate::operators::api::{OperatorsState, connection, problem};
-use crate::operators::audit::{Entry, Outcome};
-use crate::render;
+use oncepay_ops::dead_letters::actions::require_reason;
+use oncepay_ops::operators::api::bulk_retries::{self, MAX_PAYMENTS};
+use oncepay_ops::operators::api::{OperatorsState, connection, problem};
+use oncepay_ops::operators::audit::{Entry, Outcome};
+use oncepay_ops::render;
 
 /// The filter and reason of a bulk retry; with `confirmed=yes`, the payments it was shown.
 #[derive(Debug, Deserialize)]

@@ -18,20 +18,20 @@ use uuid::Uuid;
 
 use super::forms::{Confirmation, ask_to_confirm, finish};
 use super::{Chrome, caller_or_sign_in, error_page, html, see_other, visible_tenants};
-use crate::operator_error::OperatorError;
-use crate::operators::accounts::{self, NewOperator, OperatorView};
-use crate::operators::api::signing_in::Caller;
-use crate::operators::api::tenants::{connect_account, propose_key, propose_tenant, revoke_key_of};
-use crate::operators::api::{
+use oncepay_ops::operator_error::OperatorError;
+use oncepay_ops::operators::accounts::{self, NewOperator, OperatorView};
+use oncepay_ops::operators::api::signing_in::Caller;
+use oncepay_ops::operators::api::tenants::{connect_account, propose_key, propose_tenant, revoke_key_of};
+use oncepay_ops::operators::api::{
     OperatorsState, change_operator, connection, disable, fresh_code, make_operator, manage_operators, problem,
 };
-use crate::operators::audit::{Entry, Outcome};
-use crate::operators::enrollment::IssuedCode;
-use crate::operators::proposals;
-use crate::operators::reports::Acted;
-use crate::operators::{Role, Scope};
-use crate::render;
-use crate::tenants::{self, IssuedKey, KeyView, TenantView};
+use oncepay_ops::operators::audit::{Entry, Outcome};
+use oncepay_ops::operators::enrollment::IssuedCode;
+use oncepay_ops::operators::proposals;
+use oncepay_ops::operators::reports::Acted;
+use oncepay_ops::operators::{Role, Scope};
+use oncepay_ops::render;
+use oncepay_ops::tenants::{self, IssuedKey, KeyView, TenantView};
 
 /// The fields of every administration form; which count depends on the change.
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -1,5 +1,5 @@
 //! The operations API's tenants, their API keys and provider accounts, and the reconciliation's
-//! runs (the work itself is `crate::tenants` and `crate::recon::commands`), with roles, tenant
+//! runs (the work itself is `crate::tenants` and `crate::recon`), with roles, tenant
 //! limits and the audit trail.
 //!
 //! Reads need the viewer role and show only the tenants the caller may see. A merchant's API key
@@ -26,7 +26,7 @@ use crate::operators::audit::{self, Entry, Outcome};
 use crate::operators::proposals::{self, Effect, Proposed, Subject, TenantActed};
 use crate::operators::reports::Acted;
 use crate::operators::{Role, Scope};
-use crate::recon::commands as recon;
+use crate::recon;
 use crate::tenants::{self, TenantList};
 
 /// The routes.
@@ -100,7 +100,7 @@ async fn create(state: web::Data<OperatorsState>, request: HttpRequest, bytes: w
 }
 
 /// Proposes creating tenant `name` with its first API key (an admin of every tenant proposes).
-pub(super) async fn propose_tenant(
+pub async fn propose_tenant(
     state: &OperatorsState,
     caller: &Caller,
     name: &str,
@@ -150,7 +150,7 @@ async fn connect(
 /// Proposes charging tenant `name`'s new payments to `account` (an admin of the tenant proposes); with
 /// `None`, disconnects it at once, with its audit row: that moves no money, it stops the tenant's new
 /// payments in connect mode.
-pub(super) async fn connect_account(
+pub async fn connect_account(
     state: &OperatorsState,
     caller: &Caller,
     name: &str,
@@ -207,7 +207,7 @@ async fn issue_key(
 }
 
 /// Proposes issuing tenant `name` another API key (an admin of the tenant proposes).
-pub(super) async fn propose_key(
+pub async fn propose_key(
     state: &OperatorsState,
     caller: &Caller,
     name: &str,
@@ -268,7 +268,7 @@ async fn revoke_key(
 
 /// Revokes API key `key_id` of tenant `name` (an admin of the tenant), at once and with its audit row:
 /// revoking moves no money.
-pub(super) async fn revoke_key_of(
+pub async fn revoke_key_of(
     state: &OperatorsState,
     caller: &Caller,
     name: &str,
@@ -287,7 +287,7 @@ pub(super) async fn revoke_key_of(
 }
 
 /// Refuses an operator limited to some tenants: a reconciliation run covers every tenant.
-pub(super) fn every_tenant(caller: &Caller) -> Result<(), OperatorError> {
+pub fn every_tenant(caller: &Caller) -> Result<(), OperatorError> {
     if caller.account.scope == Scope::Every {
         return Ok(());
     }

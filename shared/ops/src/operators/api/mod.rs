@@ -22,14 +22,12 @@
 //! - tenants, keys (`POST /v1/proposals/{id}/key` collects an approved one) and reconciliation runs
 //!   ([`tenants`]).
 
-use std::net::TcpListener;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix_web::dev::Server;
 use actix_web::http::StatusCode;
-use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
+use actix_web::{HttpRequest, HttpResponse, web};
 use anyhow::Context as _;
 use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_http::problem::{Problem, ProblemType};
@@ -56,17 +54,13 @@ use crate::dead_letters::queries::{self, Filter};
 use crate::dead_letters::reports::Resolved;
 use crate::operator_error::OperatorError;
 
-mod bulk_retries;
-mod console;
-mod refunds;
-mod signing_in;
-mod tenants;
+pub mod bulk_retries;
+pub mod refunds;
+pub mod signing_in;
+pub mod tenants;
 
 pub use bulk_retries::BulkRetrier;
 use signing_in::{Caller, caller};
-
-/// How long in-flight requests may take to finish once shutdown starts.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Largest accepted request body.
 const MAX_BODY_BYTES: usize = 16 * 1024;
@@ -101,24 +95,13 @@ pub struct OperatorsState {
 }
 
 impl OperatorsState {
-    fn limits(&self) -> proposals::Limits {
+    pub fn limits(&self) -> proposals::Limits {
         proposals::Limits { ttl: self.proposal_ttl, resend_horizon: self.resend_horizon }
     }
 }
 
-/// Builds the server on an already bound listener.
-pub fn server(listener: TcpListener, state: OperatorsState, workers: usize) -> std::io::Result<Server> {
-    let state = web::Data::new(state);
-    let server = HttpServer::new(move || App::new().app_data(state.clone()).configure(configure))
-        .workers(workers)
-        .disable_signals()
-        .shutdown_timeout(SHUTDOWN_GRACE.as_secs())
-        .listen(listener)?
-        .run();
-    Ok(server)
-}
-
-/// The routes.
+/// The routes, for an app that holds an [`OperatorsState`]. The console, when the app has one,
+/// is configured first: it answers a browser on the OpenID callback before this JSON route does.
 pub fn configure(config: &mut web::ServiceConfig) {
     config
         .app_data(web::PayloadConfig::new(MAX_BODY_BYTES))
@@ -149,7 +132,6 @@ pub fn configure(config: &mut web::ServiceConfig) {
         .route("/v1/tokens/{token_id}", web::delete().to(revoke_token))
         .configure(tenants::configure)
         .configure(refunds::configure)
-        .configure(console::configure)
         .default_service(web::to(not_found));
 }
 
@@ -157,15 +139,10 @@ pub fn configure(config: &mut web::ServiceConfig) {
 type Answer = Result<HttpResponse, Problem>;
 
 /// `GET /v1/session/oidc/callback?code=…&state=…`: where the OpenID provider sends the browser
-/// back ([`signing_in::oidc_session`]). 200 with the session cookie and who signed in; a browser
-/// (one that accepts HTML) gets a page that takes it on to the console, or says why not.
+/// back ([`signing_in::oidc_session`]). 200 with the session cookie and who signed in. (A browser,
+/// one that accepts HTML, gets the console's page instead, where there is a console.)
 async fn oidc_callback(state: web::Data<OperatorsState>, request: HttpRequest) -> HttpResponse {
     let signed_in = signing_in::oidc_session(&state, &request).await;
-    if console::accepts_html(&request) {
-        let page = signed_in
-            .map(|session| signing_in::with_oidc_session(&state, console::signed_in(&session.account), &session));
-        return console::page_or_problem(page);
-    }
     respond(signed_in.map(|session| {
         let a = &session.account;
         let who = json!({ "name": a.name, "role": a.role, "expires_at": session.expires_at.unix_timestamp() });
@@ -176,7 +153,7 @@ async fn oidc_callback(state: web::Data<OperatorsState>, request: HttpRequest) -
 /// Answers a change that ran: on success its answer; on a refusal (bad input, a role too weak, a
 /// state it does not apply to, something not found) the problem, after recording the refusal with
 /// `entry`'s action in a transaction of its own.
-async fn change(
+pub async fn change(
     state: &OperatorsState,
     caller: &Caller,
     entry: Entry,
@@ -201,7 +178,7 @@ async fn change(
 }
 
 /// The problem for an operator command's failure.
-fn problem(error: OperatorError) -> Problem {
+pub fn problem(error: OperatorError) -> Problem {
     match error {
         OperatorError::Invalid(detail) => Problem::new(ProblemType::InvalidRequest, detail),
         OperatorError::NotFound(detail) => Problem::new(ProblemType::NotFound, detail),
@@ -219,7 +196,7 @@ fn problem(error: OperatorError) -> Problem {
     }
 }
 
-async fn connection(state: &OperatorsState) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, Problem> {
+pub async fn connection(state: &OperatorsState) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, Problem> {
     state.pool.acquire().await.map_err(|error| {
         tracing::error!(error = %error, "the operations API cannot reach the database");
         Problem::new(ProblemType::ServiceUnavailable, "the database cannot be reached; nothing was done")
@@ -298,7 +275,7 @@ async fn dead_letters(state: web::Data<OperatorsState>, request: HttpRequest) ->
     )
 }
 
-fn query<T: DeserializeOwned>(request: &HttpRequest) -> Result<T, Problem> {
+pub fn query<T: DeserializeOwned>(request: &HttpRequest) -> Result<T, Problem> {
     web::Query::<T>::from_query(request.query_string())
         .map(web::Query::into_inner)
         .map_err(|error| Problem::new(ProblemType::InvalidRequest, format!("the query string is wrong: {error}")))
@@ -426,7 +403,7 @@ fn acted(acted: Acted) -> HttpResponse {
 /// Resends dead-lettered payment `payment_id`, or proposes the resend when it is past the provider's
 /// key window or every resend needs approval. On `conn`, in a transaction of its own (a savepoint,
 /// when `conn` is already in one). A refused change is the caller's to record ([`change`]).
-async fn retry_payment(
+pub async fn retry_payment(
     state: &OperatorsState,
     conn: &mut PgConnection,
     caller: &Caller,
@@ -550,7 +527,7 @@ async fn resolve(
 
 /// Acknowledges a conflict on `payment_id` at once, or proposes settling it as succeeded or failed,
 /// for an approver. A refused change is the caller's to record ([`change`]).
-async fn resolve_payment(
+pub async fn resolve_payment(
     state: &OperatorsState,
     caller: &Caller,
     payment_id: PaymentId,
@@ -648,7 +625,7 @@ fn proposal_id_of(text: &str) -> Result<Uuid, Problem> {
 
 /// What an operator decides about a proposal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Decision {
+pub enum Decision {
     /// Do it (an approver, on someone else's proposal, with a fresh sign-in).
     Approve,
     /// Close it undone: reject (an approver) or withdraw (its maker).
@@ -657,7 +634,7 @@ enum Decision {
 
 impl Decision {
     /// From the last segment of `/v1/proposals/{id}/{decision}`.
-    fn from_path(text: &str) -> Result<Self, Problem> {
+    pub fn from_path(text: &str) -> Result<Self, Problem> {
         match text {
             "approve" => Ok(Self::Approve),
             "reject" => Ok(Self::Close(Closing::Reject)),
@@ -666,7 +643,7 @@ impl Decision {
         }
     }
 
-    const fn audit_action(self) -> &'static str {
+    pub const fn audit_action(self) -> &'static str {
         match self {
             Self::Approve => "proposal.approve",
             Self::Close(Closing::Reject) => "proposal.reject",
@@ -678,7 +655,7 @@ impl Decision {
 /// What a decision did.
 #[derive(Debug, serde::Serialize)]
 #[serde(untagged)]
-enum Decided {
+pub enum Decided {
     /// Approved, and done.
     Approved(proposals::Approved),
     /// Closed undone.
@@ -687,7 +664,7 @@ enum Decided {
 
 /// Approves, rejects or withdraws proposal `proposal_id`. A refused change is the caller's to record
 /// ([`change`]).
-async fn decide_proposal(
+pub async fn decide_proposal(
     state: &OperatorsState,
     caller: &Caller,
     proposal_id: Uuid,
@@ -806,7 +783,7 @@ async fn create_operator(state: web::Data<OperatorsState>, request: HttpRequest,
 
 /// Makes operator `new` (an admin of every tenant), with its audit row, and an enrollment code when
 /// they are to sign in with a local password.
-async fn make_operator(
+pub async fn make_operator(
     state: &OperatorsState,
     caller: &Caller,
     new: &NewOperator<'_>,
@@ -855,7 +832,7 @@ async fn reset_enrollment(
 /// Issues operator `name` a fresh enrollment code, as an admin of every tenant: their local password
 /// is removed, their sessions end and their tokens are revoked at once (whoever knows the old
 /// password can no longer use it or what it made), and the code replaces any earlier one.
-async fn fresh_code(
+pub async fn fresh_code(
     state: &OperatorsState,
     caller: &Caller,
     name: &str,
@@ -934,7 +911,7 @@ async fn update_operator(
 
 /// Changes another operator's `role` and `tenants` (`Some(None)`: every tenant), as an admin of
 /// every tenant, with its audit row.
-async fn change_operator(
+pub async fn change_operator(
     state: &OperatorsState,
     caller: &Caller,
     name: &str,
@@ -977,7 +954,7 @@ async fn disable_operator(
 
 /// Disables another operator, their tokens and sessions with them (an admin of every tenant),
 /// with its audit row.
-async fn disable(state: &OperatorsState, caller: &Caller, name: &str, reason: &str) -> Result<(), OperatorError> {
+pub async fn disable(state: &OperatorsState, caller: &Caller, name: &str, reason: &str) -> Result<(), OperatorError> {
     manage_operators(caller, "disable an operator")?;
     let reason = require_reason(reason)?;
     let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
@@ -998,7 +975,7 @@ fn own_or_admin(caller: &Caller, name: &str, to: &str) -> Result<(), OperatorErr
 
 /// Only an admin of every tenant manages operators: one limited to some tenants could otherwise make
 /// or take over an account that sees every tenant.
-fn manage_operators(caller: &Caller, to: &str) -> Result<(), OperatorError> {
+pub fn manage_operators(caller: &Caller, to: &str) -> Result<(), OperatorError> {
     caller.account.require(Role::Admin, to)?;
     if caller.account.scope != Scope::Every {
         return Err(OperatorError::Forbidden(format!(

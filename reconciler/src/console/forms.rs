@@ -19,18 +19,20 @@ use uuid::Uuid;
 
 use super::pages::{FoundLine, SearchPage, SignInPage, payment_id_of};
 use super::{Chrome, caller_or_sign_in, error_page, html, queries, see_other, visible_tenants};
-use crate::dead_letters::actions::{Asked, require_reason};
-use crate::dead_letters::refunds::{self as dead_refunds, AskedRefundResolution};
-use crate::operator_error::OperatorError;
-use crate::operators::Role;
-use crate::operators::api::refunds::{acknowledge_refund, refund_payment, refund_reason, resolve_refund, retry_refund};
-use crate::operators::api::signing_in::{self, Caller};
-use crate::operators::api::{
+use oncepay_ops::dead_letters::actions::{Asked, require_reason};
+use oncepay_ops::dead_letters::refunds::{self as dead_refunds, AskedRefundResolution};
+use oncepay_ops::operator_error::OperatorError;
+use oncepay_ops::operators::Role;
+use oncepay_ops::operators::api::refunds::{
+    acknowledge_refund, refund_payment, refund_reason, resolve_refund, retry_refund,
+};
+use oncepay_ops::operators::api::signing_in::{self, Caller};
+use oncepay_ops::operators::api::{
     Decided, Decision, OperatorsState, change, connection, decide_proposal, problem, resolve_payment, retry_payment,
 };
-use crate::operators::audit::{Entry, Outcome};
-use crate::operators::proposals::{Closing, ProposalStatus};
-use crate::operators::reports::Acted;
+use oncepay_ops::operators::audit::{Entry, Outcome};
+use oncepay_ops::operators::proposals::{Closing, ProposalStatus};
+use oncepay_ops::operators::reports::Acted;
 
 /// The most payments a search lists.
 const SEARCH_ROWS: i64 = 50;
@@ -127,7 +129,7 @@ pub(super) async fn search(
                     tenant: f.tenant,
                     status: f.status.as_str().to_owned(),
                     amount: format_amount(f.amount.minor_units(), f.currency.as_str()),
-                    created_at: crate::render::timestamp(f.created_at),
+                    created_at: oncepay_ops::render::timestamp(f.created_at),
                 })
                 .collect();
             html(StatusCode::OK, &SearchPage { chrome: Some(chrome), title: "Search".into(), asked, found })

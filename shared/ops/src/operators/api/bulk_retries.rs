@@ -28,12 +28,12 @@ use crate::operators::{Account, Role, accounts};
 use oncepay_service::runner::Pass;
 
 /// The most payments one bulk retry may hold.
-pub(super) const MAX_PAYMENTS: usize = 500;
+pub const MAX_PAYMENTS: usize = 500;
 
 /// Writes a bulk retry of `payments` (in this order) for `by`, who selected them with `filter`, and
 /// its audit row. Refused whole unless every payment has an open `unresolved` dead letter of a
 /// tenant `by` may see: a conflict is an operator's decision on its own, never part of a bulk.
-pub(super) async fn create(
+pub async fn create(
     conn: &mut PgConnection,
     by: &Caller,
     reason: &str,
@@ -108,31 +108,27 @@ pub(super) async fn create(
 
 /// A bulk retry as the console shows it.
 #[derive(Debug)]
-pub(super) struct BulkRetry {
-    pub(super) bulk_retry_id: Uuid,
-    pub(super) operator: String,
-    pub(super) reason: String,
-    pub(super) created_at: OffsetDateTime,
-    pub(super) finished_at: Option<OffsetDateTime>,
+pub struct BulkRetry {
+    pub bulk_retry_id: Uuid,
+    pub operator: String,
+    pub reason: String,
+    pub created_at: OffsetDateTime,
+    pub finished_at: Option<OffsetDateTime>,
     /// Its payments, in order.
-    pub(super) items: Vec<Item>,
+    pub items: Vec<Item>,
 }
 
 /// One payment of a bulk retry, and what its resend did.
 #[derive(Debug)]
-pub(super) struct Item {
-    pub(super) payment_id: PaymentId,
+pub struct Item {
+    pub payment_id: PaymentId,
     /// `retried`, `proposed` or `refused`; `None` while it waits.
-    pub(super) outcome: Option<String>,
-    pub(super) detail: Option<String>,
+    pub outcome: Option<String>,
+    pub detail: Option<String>,
 }
 
 /// Bulk retry `bulk_retry_id`, with the payments of the tenants `account` may see.
-pub(super) async fn read(
-    conn: &mut PgConnection,
-    account: &Account,
-    bulk_retry_id: Uuid,
-) -> Result<BulkRetry, OperatorError> {
+pub async fn read(conn: &mut PgConnection, account: &Account, bulk_retry_id: Uuid) -> Result<BulkRetry, OperatorError> {
     let head = sqlx::query!(
         r#"
         SELECT b.reason, b.created_at, b.finished_at, o.name AS operator

@@ -1,5 +1,6 @@
-//! The operator console: web pages for people, served under `/console` by the operations API, on
-//! its listener and origin, with the same accounts, roles, approvals and audit trail.
+//! The operator console: web pages for people, served under `/console` beside the operations API,
+//! on its listener and origin, with the same accounts, roles, approvals and audit trail
+//! ([`oncepay_ops`]).
 //!
 //! Pages are rendered on the server ([`pages`]); every change is a plain form ([`forms`]) that asks
 //! for a reason, then for a confirmation that says what will happen, and then does exactly what
@@ -12,13 +13,13 @@
 use actix_web::http::StatusCode;
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::middleware::DefaultHeaders;
-use actix_web::{HttpRequest, HttpResponse, web};
+use actix_web::{HttpRequest, HttpResponse, guard, web};
 use askama::Template;
 use oncepay_http::problem::Problem;
 
-use super::signing_in::{Caller, caller};
-use super::{OperatorsState, connection, problem};
-use crate::operators::{Account, Role};
+use oncepay_ops::operators::api::signing_in::{self, Caller, caller};
+use oncepay_ops::operators::api::{OperatorsState, connection, problem};
+use oncepay_ops::operators::{Account, Role};
 
 mod account;
 mod admin;
@@ -73,9 +74,12 @@ pub(super) fn notice_text(code: &str) -> Option<&'static str> {
     NOTICES.iter().find(|(known, _)| *known == code).map(|(_, text)| *text)
 }
 
-/// The console's routes, under `/console`.
-pub(super) fn configure(config: &mut web::ServiceConfig) {
+/// The console's routes, under `/console`, and the page a browser gets back from the OpenID
+/// provider (the operations API answers everyone else on that path).
+pub fn configure(config: &mut web::ServiceConfig) {
     let headers = SECURITY_HEADERS.iter().fold(DefaultHeaders::new(), |headers, pair| headers.add(*pair));
+    let browser = guard::fn_guard(|ctx| accepts_html(ctx.head().headers()));
+    config.route("/v1/session/oidc/callback", web::get().guard(browser).to(oidc_callback));
     config.service(
         web::scope("/console")
             .wrap(headers)
@@ -136,7 +140,7 @@ pub(super) struct Chrome {
 
 impl Chrome {
     fn of(account: &Account, section: &'static str) -> Self {
-        let every_tenant = account.scope == crate::operators::Scope::Every;
+        let every_tenant = account.scope == oncepay_ops::operators::Scope::Every;
         Self { name: account.name.clone(), role: account.role, section, notice: None, every_tenant }
     }
 
@@ -198,28 +202,23 @@ fn error_page(chrome: Option<Chrome>, refused: &Problem) -> HttpResponse {
     response
 }
 
-/// Whether the request comes from a browser that wants a page rather than JSON.
-pub(super) fn accepts_html(request: &HttpRequest) -> bool {
-    request
-        .headers()
-        .get(header::ACCEPT)
-        .and_then(|value| value.to_str().ok())
-        .is_some_and(|accept| accept.contains("text/html"))
+/// Whether a request with `headers` comes from a browser that wants a page rather than JSON.
+fn accepts_html(headers: &header::HeaderMap) -> bool {
+    headers.get(header::ACCEPT).and_then(|value| value.to_str().ok()).is_some_and(|accept| accept.contains("text/html"))
 }
 
-/// The page a browser lands on after signing in at the OpenID provider, which takes it on to the
-/// console. A page, not a redirect: the session cookie is `SameSite=Strict`, and a browser sends it
-/// only on a navigation that starts from this origin, which a redirect in a chain that began at the
-/// provider's site is not.
-pub(super) fn signed_in(account: &Account) -> HttpResponse {
-    let page = pages::SignedInPage { chrome: None, title: "Signed in".to_owned(), name: account.name.clone() };
-    with_security_headers(html(StatusCode::OK, &page))
-}
-
-/// The response, or a page that says what went wrong; for the routes outside `/console` that a
-/// browser reaches.
-pub(super) fn page_or_problem(response: Result<HttpResponse, Problem>) -> HttpResponse {
-    with_security_headers(response.unwrap_or_else(|refused| error_page(None, &refused)))
+/// `GET /v1/session/oidc/callback?code=…&state=…` from a browser: where the OpenID provider sends
+/// it back ([`signing_in::oidc_session`]). A page that takes it on to the console, with the session
+/// cookie, or one that says why not. A page, not a redirect: the session cookie is
+/// `SameSite=Strict`, and a browser sends it only on a navigation that starts from this origin,
+/// which a redirect in a chain that began at the provider's site is not.
+async fn oidc_callback(state: web::Data<OperatorsState>, request: HttpRequest) -> HttpResponse {
+    let signed_in = signing_in::oidc_session(&state, &request).await.map(|session| {
+        let page =
+            pages::SignedInPage { chrome: None, title: "Signed in".to_owned(), name: session.account.name.clone() };
+        signing_in::with_oidc_session(&state, html(StatusCode::OK, &page), &session)
+    });
+    with_security_headers(signed_in.unwrap_or_else(|refused| error_page(None, &refused)))
 }
 
 fn with_security_headers(mut response: HttpResponse) -> HttpResponse {
