@@ -13,7 +13,6 @@ use oncepay_http::problem::{Problem, ProblemType};
 
 use oncepay_ops::operators::api::{self, OperatorsState};
 
-use crate::console;
 use crate::stripe_webhooks;
 use crate::webhooks::{self, WebhookState};
 
@@ -54,7 +53,7 @@ pub fn operator_api(listener: TcpListener, state: OperatorsState, workers: usize
     let state = web::Data::new(state);
     let server = HttpServer::new(move || {
         // The console first: on a path both serve, it answers a browser and the API everyone else.
-        App::new().app_data(state.clone()).configure(console::configure).configure(api::configure)
+        App::new().app_data(state.clone()).configure(oncepay_console::configure).configure(api::configure)
     })
     .workers(workers)
     .disable_signals()

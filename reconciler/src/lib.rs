@@ -5,7 +5,7 @@
 //! back expired worker leases ([`sweeper`]), deletes expired idempotency keys ([`reaper`]), and
 //! reconciles the ledger with the provider every night and whenever an operator queues a run
 //! ([`recon`]). It serves the operator API ([`http::operator_api`]): the console's pages
-//! ([`console`]) beside the operations API's JSON routes, where operators, signed in and limited
+//! ([`oncepay_console`]) beside the operations API's JSON routes, where operators, signed in and limited
 //! by their roles, work dead letters and approve each other's proposals (both from
 //! [`oncepay_ops`]). As a CLI ([`cli`]) it is the operator's tool: migrations and the first admin
 //! on the database, everything else through the operations API. `main.rs` only parses arguments, loads settings, starts telemetry and runs; everything
@@ -13,7 +13,6 @@
 
 pub mod backlog;
 pub mod cli;
-pub mod console;
 pub mod http;
 pub mod metrics;
 pub mod poller;

@@ -5,10 +5,10 @@ use actix_web::http::header;
 use actix_web::{HttpResponse, web};
 
 /// The style sheet.
-const STYLE: &str = include_str!("../../assets/console/console.css");
+const STYLE: &str = include_str!("../assets/console.css");
 
 /// The script: refreshes the overview's figures, and nothing else.
-const SCRIPT: &str = include_str!("../../assets/console/console.js");
+const SCRIPT: &str = include_str!("../assets/console.js");
 
 /// `GET /console/assets/{file}`.
 pub(super) async fn serve(file: web::Path<String>) -> HttpResponse {

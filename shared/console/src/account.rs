@@ -18,7 +18,7 @@ use oncepay_ops::render;
 
 /// `GET /console/enroll`.
 #[derive(Template)]
-#[template(path = "console/enroll.html")]
+#[template(path = "enroll.html")]
 struct EnrollPage {
     chrome: Option<Chrome>,
     title: String,
@@ -78,7 +78,7 @@ struct TokenLine {
 
 /// `GET /console/account`.
 #[derive(Template)]
-#[template(path = "console/account.html")]
+#[template(path = "account.html")]
 struct AccountPage {
     chrome: Option<Chrome>,
     title: String,

@@ -209,7 +209,7 @@ fn filled(field: Option<&String>) -> Option<String> {
 
 /// The page that says what a change will do and asks to confirm it.
 #[derive(Template)]
-#[template(path = "console/confirm.html")]
+#[template(path = "confirm.html")]
 struct ConfirmPage {
     chrome: Option<Chrome>,
     title: String,

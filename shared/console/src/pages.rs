@@ -64,7 +64,7 @@ fn age(at: OffsetDateTime) -> String {
 
 /// Something went wrong.
 #[derive(Template)]
-#[template(path = "console/error.html")]
+#[template(path = "error.html")]
 pub(super) struct ErrorPage {
     pub(super) chrome: Option<Chrome>,
     pub(super) title: String,
@@ -76,7 +76,7 @@ pub(super) struct ErrorPage {
 
 /// After a sign-in at the OpenID provider.
 #[derive(Template)]
-#[template(path = "console/signed_in.html")]
+#[template(path = "signed_in.html")]
 pub(super) struct SignedInPage {
     pub(super) chrome: Option<Chrome>,
     pub(super) title: String,
@@ -85,7 +85,7 @@ pub(super) struct SignedInPage {
 
 /// The sign-in page.
 #[derive(Template)]
-#[template(path = "console/sign_in.html")]
+#[template(path = "sign_in.html")]
 pub(super) struct SignInPage {
     pub(super) chrome: Option<Chrome>,
     pub(super) title: String,
@@ -149,7 +149,7 @@ struct LastRun {
 
 /// The part of the overview that refreshes itself.
 #[derive(Template)]
-#[template(path = "console/live.html")]
+#[template(path = "live.html")]
 struct Live {
     figures: Vec<Figure>,
     by_kind: Vec<KindRow>,
@@ -161,7 +161,7 @@ struct Live {
 
 /// `GET /console/`.
 #[derive(Template)]
-#[template(path = "console/overview.html")]
+#[template(path = "overview.html")]
 struct OverviewPage {
     chrome: Option<Chrome>,
     title: String,
@@ -331,7 +331,7 @@ struct DeadLetterLine {
 
 /// `GET /console/dead-letters`.
 #[derive(Template)]
-#[template(path = "console/dead_letters.html")]
+#[template(path = "dead_letters.html")]
 struct DeadLettersPage {
     chrome: Option<Chrome>,
     title: String,
@@ -507,7 +507,7 @@ pub(super) struct FoundLine {
 
 /// What a search found.
 #[derive(Template)]
-#[template(path = "console/search.html")]
+#[template(path = "search.html")]
 pub(super) struct SearchPage {
     pub(super) chrome: Option<Chrome>,
     pub(super) title: String,
@@ -644,7 +644,7 @@ const REFUND_REASONS: [(&str, &str); 3] = [
 
 /// `GET /console/payments/{id}`.
 #[derive(Template)]
-#[template(path = "console/payment.html")]
+#[template(path = "payment.html")]
 struct PaymentPage {
     chrome: Option<Chrome>,
     title: String,
@@ -872,7 +872,7 @@ async fn provider_view(state: &OperatorsState, payment: &queries::Payment, payme
 
 /// `GET /console/proposals`.
 #[derive(Template)]
-#[template(path = "console/proposals.html")]
+#[template(path = "proposals.html")]
 struct ProposalsPage {
     chrome: Option<Chrome>,
     title: String,
@@ -932,7 +932,7 @@ struct AuditLine {
 
 /// `GET /console/audit`.
 #[derive(Template)]
-#[template(path = "console/audit.html")]
+#[template(path = "audit.html")]
 struct AuditPage {
     chrome: Option<Chrome>,
     title: String,
@@ -1032,7 +1032,7 @@ struct RunLine {
 
 /// `GET /console/recon`.
 #[derive(Template)]
-#[template(path = "console/recon.html")]
+#[template(path = "recon.html")]
 struct ReconPage {
     chrome: Option<Chrome>,
     title: String,
@@ -1080,7 +1080,7 @@ struct ClassGroup {
 
 /// `GET /console/recon/{id}`.
 #[derive(Template)]
-#[template(path = "console/recon_run.html")]
+#[template(path = "recon_run.html")]
 struct RunPage {
     chrome: Option<Chrome>,
     title: String,

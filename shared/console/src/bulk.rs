@@ -42,7 +42,7 @@ pub(super) struct BulkForm {
 
 /// What a bulk retry will resend, before it is confirmed.
 #[derive(Template)]
-#[template(path = "console/bulk_confirm.html")]
+#[template(path = "bulk_confirm.html")]
 struct ConfirmPage {
     chrome: Option<Chrome>,
     title: String,
@@ -147,7 +147,7 @@ struct ItemLine {
 
 /// `GET /console/bulk-retries/{id}`.
 #[derive(Template)]
-#[template(path = "console/bulk_retry.html")]
+#[template(path = "bulk_retry.html")]
 struct JobPage {
     chrome: Option<Chrome>,
     title: String,

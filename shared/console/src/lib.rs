@@ -33,7 +33,7 @@ mod queries;
 /// What every console response carries: no script, style or image from anywhere but here, no
 /// inline script, never framed, no referrer sent on, and never kept by a cache (pages hold customer
 /// data).
-pub(super) const SECURITY_HEADERS: [(&str, &str); 5] = [
+pub(crate) const SECURITY_HEADERS: [(&str, &str); 5] = [
     (
         "content-security-policy",
         "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; \
@@ -70,7 +70,7 @@ const NOTICES: [(&str, &str); 16] = [
 ];
 
 /// The words of notice `code`, if the console has one.
-pub(super) fn notice_text(code: &str) -> Option<&'static str> {
+pub(crate) fn notice_text(code: &str) -> Option<&'static str> {
     NOTICES.iter().find(|(known, _)| *known == code).map(|(_, text)| *text)
 }
 
@@ -125,17 +125,17 @@ pub fn configure(config: &mut web::ServiceConfig) {
 
 /// The frame of every page for a signed-in operator: who they are and what they may do.
 #[derive(Debug, Clone)]
-pub(super) struct Chrome {
+pub(crate) struct Chrome {
     /// The operator's name.
-    pub(super) name: String,
+    pub(crate) name: String,
     /// Their role.
-    pub(super) role: Role,
+    pub(crate) role: Role,
     /// The section the page belongs to, for the navigation.
-    pub(super) section: &'static str,
+    pub(crate) section: &'static str,
     /// What was just done, said once after a change.
-    pub(super) notice: Option<&'static str>,
+    pub(crate) notice: Option<&'static str>,
     /// Whether they may see every tenant, and so the reconciliation runs, which cover them all.
-    pub(super) every_tenant: bool,
+    pub(crate) every_tenant: bool,
 }
 
 impl Chrome {
@@ -145,17 +145,17 @@ impl Chrome {
     }
 
     /// Whether they may retry, resolve and propose.
-    pub(super) fn can_act(&self) -> bool {
+    pub(crate) fn can_act(&self) -> bool {
         self.role >= Role::Operator
     }
 
     /// Whether they may approve and reject others' proposals.
-    pub(super) fn can_approve(&self) -> bool {
+    pub(crate) fn can_approve(&self) -> bool {
         self.role >= Role::Approver
     }
 
     /// Whether they manage tenants, keys and (of every tenant) operators.
-    pub(super) fn is_admin(&self) -> bool {
+    pub(crate) fn is_admin(&self) -> bool {
         self.role == Role::Admin
     }
 }

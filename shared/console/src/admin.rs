@@ -110,7 +110,7 @@ impl From<KeyView> for KeyLine {
 
 /// `GET /console/tenants`.
 #[derive(Template)]
-#[template(path = "console/tenants.html")]
+#[template(path = "tenants.html")]
 struct TenantsPage {
     chrome: Option<Chrome>,
     title: String,
@@ -154,7 +154,7 @@ pub(super) async fn tenants_page(state: web::Data<OperatorsState>, request: Http
 
 /// The page that shows a new API key, once.
 #[derive(Template)]
-#[template(path = "console/key_issued.html")]
+#[template(path = "key_issued.html")]
 struct KeyIssuedPage {
     chrome: Option<Chrome>,
     title: String,
@@ -447,7 +447,7 @@ pub(super) async fn connect_form(
 
 /// The page that shows an enrollment code, once.
 #[derive(Template)]
-#[template(path = "console/code_issued.html")]
+#[template(path = "code_issued.html")]
 struct CodeIssuedPage {
     chrome: Option<Chrome>,
     title: String,
@@ -463,7 +463,7 @@ fn code_page(caller: &Caller, title: &str, issued: IssuedCode) -> HttpResponse {
 
 /// `GET /console/operators`.
 #[derive(Template)]
-#[template(path = "console/operators.html")]
+#[template(path = "operators.html")]
 struct OperatorsPage {
     chrome: Option<Chrome>,
     title: String,
