@@ -1,6 +1,6 @@
 //! The reconciler: where uncertain outcomes become certain, and where operators work.
 //!
-//! As a service ([`service`]) it settles `unknown` payments and [`refunds`] from signed provider
+//! As a service ([`startup::Application`]) it settles `unknown` payments and [`refunds`] from signed provider
 //! [`webhooks`] and by polling the provider ([`poller`]), dead-letters what it cannot settle, takes
 //! back expired worker leases ([`sweeper`]), deletes expired idempotency keys ([`reaper`]), and
 //! reconciles the ledger with the provider every night and whenever an operator queues a run
@@ -19,8 +19,8 @@ pub mod poller;
 pub mod reaper;
 pub mod recon;
 pub mod refunds;
-pub mod service;
 pub mod settings;
+pub mod startup;
 pub mod stripe_webhooks;
 pub mod sweeper;
 pub mod unknown;

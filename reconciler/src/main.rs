@@ -9,6 +9,7 @@ use oncepay_ops::operators::client::OpsClient;
 use oncepay_ops::render;
 use oncepay_reconciler::cli::{self, Cli, Command};
 use oncepay_reconciler::settings::Settings;
+use oncepay_reconciler::startup::Application;
 use oncepay_service::{shutdown, telemetry};
 use oncepay_store::db;
 use secrecy::SecretString;
@@ -50,7 +51,11 @@ async fn serve(settings: Settings) -> ExitCode {
             return ExitCode::from(CONFIG_INVALID);
         }
     };
-    match oncepay_reconciler::service::serve(settings, shutdown::on_termination_signal()).await {
+    let served = match Application::build(settings) {
+        Ok(application) => application.run_until_stopped(shutdown::on_termination_signal()).await,
+        Err(error) => Err(error),
+    };
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!(error = format!("{error:#}"), "the reconciler failed");

@@ -1,19 +1,24 @@
-//! The real binary as a service: it answers the operations endpoints, settles an `unknown` payment
-//! from a signed webhook and another by polling a (wiremock) provider, and exits 0 on SIGTERM.
+//! The reconciler as a service: the real binary answers the operations endpoints, settles an
+//! `unknown` payment from a signed webhook and another by polling a (wiremock) provider, and exits 0
+//! on SIGTERM; the real application, built in the test, serves each of its listeners on port 0.
 
 use std::time::Duration;
 
 use oncepay_devkit::ports;
 use oncepay_devkit::process::{Child, Spec};
 use oncepay_domain::status::PaymentStatus;
+use oncepay_ops::operators::accounts;
 use oncepay_provider::ChargeStatus;
 use oncepay_provider::webhook_signature::WebhookSecret;
 use oncepay_provider::wire::{EventType, WebhookEvent};
+use oncepay_reconciler::settings::Settings;
+use oncepay_reconciler::startup::Application;
 use oncepay_store::fixtures::tenant;
 use serde_json::json;
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use time::OffsetDateTime;
+use tokio_util::sync::CancellationToken;
 use wiremock::matchers::{method, path, query_param};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
@@ -132,4 +137,65 @@ async fn with_an_operations_port_the_operations_endpoints_are_served_there_and_o
     assert_eq!(on_public, [404, 404]);
     assert_eq!((webhooks_on_ops, webhooks_on_public), (404, 405), "webhooks stay on the public port");
     reconciler.terminate(WAIT).await.unwrap();
+}
+
+/// The real application, on port 0 in this process: each listener answers what it serves, an
+/// operator's queued reconciliation run is run by the application's own loop, and it stops when
+/// told.
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn the_application_binds_every_listener_on_port_0_runs_a_queued_run_and_stops_when_told(pool: PgPool) {
+    oncepay_service::tls::install_provider();
+    let provider = MockServer::start().await;
+    Mock::given(method("GET"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"data": [], "has_more": false})))
+        .mount(&provider)
+        .await;
+    let mut settings = Settings::load(None).unwrap();
+    settings.database.url = support::reconciler_url_of(&pool).into();
+    (settings.http.port, settings.http.ops_port, settings.operators.port) = (0, Some(0), Some(0));
+    settings.webhooks.secrets = vec![SECRET.into()];
+    settings.provider.base_url = provider.uri();
+    settings.recon.queue_interval_ms = 50;
+    let mut conn = pool.acquire().await.unwrap();
+    let admin = accounts::bootstrap(&mut conn, "root", Duration::from_secs(3600)).await.unwrap().token;
+
+    let application = Application::build(settings).unwrap();
+    let (public, probes) = (application.port(), application.probe_port().unwrap());
+    let operator = application.operator_port().unwrap();
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(application.run_until_stopped(shutdown.clone()));
+    let http = reqwest::Client::new();
+    let status = |url: String| {
+        let http = http.clone();
+        async move { http.get(url).send().await.unwrap().status().as_u16() }
+    };
+    let ready = status(format!("http://127.0.0.1:{probes}/readyz")).await;
+    let webhooks = status(format!("http://127.0.0.1:{public}/webhooks/provider")).await;
+    let sign_in_page = status(format!("http://127.0.0.1:{operator}/console/sign-in")).await;
+    let queued: serde_json::Value = http
+        .post(format!("http://127.0.0.1:{operator}/v1/recon/runs"))
+        .bearer_auth(&admin)
+        .json(&json!({"from": "2026-01-10", "to": "2026-01-11", "reason": "month end"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let run_url = format!("http://127.0.0.1:{operator}/v1/recon/runs/{}", queued["run_id"].as_str().unwrap());
+    let mut run = serde_json::Value::Null;
+    for _ in 0..200 {
+        run = http.get(&run_url).bearer_auth(&admin).send().await.unwrap().json().await.unwrap();
+        if run["run"]["status"] == "completed" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    shutdown.cancel();
+    let stopped = tokio::time::timeout(WAIT, running).await;
+
+    assert_eq!((ready, webhooks, sign_in_page), (200, 405, 200));
+    assert_eq!(queued["status"], "queued", "{queued}");
+    assert_eq!(run["run"]["status"], "completed", "{run}");
+    assert!(matches!(stopped, Ok(Ok(Ok(())))), "{stopped:?}");
 }

@@ -3,17 +3,16 @@
 //! back.
 
 use std::net::TcpListener;
-use std::sync::Arc;
 use std::time::Duration;
 
 use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
 use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_ops::operators::accounts;
 use oncepay_ops::operators::api::OperatorsState;
-use oncepay_ops::operators::oidc::{Oidc, OidcSettings};
-use oncepay_ops::operators::sessions::LocalPasswords;
+use oncepay_ops::operators::oidc::OidcSettings;
 use oncepay_provider::KeyWindow;
 use oncepay_reconciler::settings::Settings;
+use oncepay_reconciler::startup::operators_state;
 use oncepay_reconciler::unknown;
 use oncepay_store::fixtures;
 use oncepay_store::refunds::sending::{self, ClaimedRefund, Release};
@@ -230,29 +229,15 @@ impl Ops {
     /// The same on `port` (0: any), signing in at the OpenID provider `oidc` makes from the API's URL.
     pub async fn start_on(pool: &PgPool, port: u16, oidc: impl FnOnce(&str) -> Option<OidcSettings>) -> Self {
         oncepay_service::tls::install_provider();
-        let settings = Settings::load(None).unwrap();
+        let mut settings = Settings::load(None).unwrap();
         let listener = TcpListener::bind(("127.0.0.1", port)).unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
-        let oidc = oidc(&url).map(|settings| Arc::new(Oidc::new(settings).unwrap()));
-        let mut sessions = settings.operators.session_policy();
-        if oidc.is_some() {
+        settings.operators.oidc = oidc(&url);
+        if settings.operators.oidc.is_some() {
             // The first admin is the break-glass account.
-            sessions.local = LocalPasswords::BreakGlass("root".into());
+            settings.operators.break_glass = Some("root".into());
         }
-        let state = OperatorsState {
-            pool: pool.clone(),
-            provider: settings.provider.clone(),
-            resend_horizon: Duration::from_secs(DAY - 3600),
-            proposal_ttl: Duration::from_secs(DAY),
-            token_ttl: Duration::from_secs(90 * DAY),
-            max_token_ttl: Duration::from_secs(365 * DAY),
-            retries_need_approval: false,
-            sessions,
-            hashing: oncepay_ops::operators::passwords::Hashing::new(settings.operators.max_concurrent_password_hashes),
-            enrollment_ttl: settings.operators.enrollment_ttl(),
-            fresh_sign_in: Duration::from_secs(300),
-            oidc,
-        };
+        let state = operators_state(&settings, pool.clone()).unwrap();
         tokio::spawn(oncepay_reconciler::http::operator_api(listener, state.clone(), 1).unwrap());
         let mut conn = pool.acquire().await.unwrap();
         let first = accounts::bootstrap(&mut conn, "root", Duration::from_secs(DAY)).await.unwrap();
