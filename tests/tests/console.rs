@@ -6,7 +6,7 @@
 //! audit trail shows it. A form posted from a page of another origin is refused; an operator
 //! limited to one tenant never sees another's payment. axe-core runs on every page the test opens
 //! and must find no serious or critical problem. The test leaves two screenshots in
-//! `target/console-screenshots/` for the README.
+//! `target/console-screenshots/` for docs/operators.md.
 
 // Helpers outside `#[test]` functions unwrap too: a failure there is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

@@ -483,7 +483,7 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
             payment.id = %claimed.payment_id,
             tenant.id = %claimed.tenant_id,
             attempt = claimed.attempt,
-            // Named `decision` in traces, as the README documents.
+            // Named `decision` in traces, as docs/operating.md ("Traces") documents.
             decision = tracing::field::Empty,
         );
         if let Some(trace) = &claimed.trace {

@@ -130,8 +130,8 @@ async fn start(root: &Path, options: &Options, running: &mut Running) -> anyhow:
     };
 
     // `DATABASE_URL` if given (and no Citus asked for), else a throwaway server. On a throwaway server
-    // each process signs in as its own role (README, "Database roles"); on a given one, as the URL's
-    // user, since only the server's owner knows how the roles sign in there.
+    // each process signs in as its own role (docs/operating.md, "Database roles"); on a given one, as
+    // the URL's user, since only the server's owner knows how the roles sign in there.
     let database_url = match std::env::var("DATABASE_URL") {
         Ok(url) if !options.citus => url,
         _ => {

@@ -1,6 +1,7 @@
 //! The processes' database roles (migration 0380) against a real PostgreSQL: each role is refused
-//! what it must not do, no role owns a table, and every table's grants are the ones the README
-//! lists. Each test gets a fresh, migrated database, reached as each role in turn.
+//! what it must not do, no role owns a table, and every table's grants are the ones
+//! docs/operating.md lists ("Database roles"). Each test gets a fresh, migrated database, reached as
+//! each role in turn.
 
 // The helpers below are test code too; clippy's test allowance only covers `#[test]` functions.
 #![allow(clippy::unwrap_used)]
@@ -181,6 +182,6 @@ async fn every_table_grants_each_role_exactly_what_the_readme_lists(pool: PgPool
     }
 
     // A new table shows up here with no grants: give each role what it needs in the migration that
-    // makes the table, and list it in the README's "Database roles".
+    // makes the table, and list it in docs/operating.md, "Database roles".
     assert_eq!(grants(&pool).await, expected);
 }

@@ -862,7 +862,7 @@ mod tests {
         let (server, provider) = stripe().await;
         let payment = PaymentId::generate();
         respond_to_create(&server, 200, intent("pi_1", "succeeded", &payment.to_string())).await;
-        // The README's own example: `--customer cus_42` is the merchant's reference, not Stripe's.
+        // docs/api.md's own example: `--customer cus_42` is the merchant's reference, not Stripe's.
         let merchants_reference =
             ChargeRequest { customer: "cus_42".into(), provider_customer: None, ..request(payment) };
 

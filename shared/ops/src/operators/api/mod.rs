@@ -7,7 +7,7 @@
 //! problem, changes nothing, and is recorded in the audit trail on its own. An operator limited to
 //! some tenants is told 404 for anything of another tenant, as if it did not exist.
 //!
-//! Routes (README, "Operators"):
+//! Routes (docs/operators.md, "Operators"):
 //! - signing in: `POST|DELETE /v1/session`, `DELETE /v1/session/everywhere`,
 //!   `GET /v1/session/oidc[/callback]`, `POST /v1/enrollment`, `PUT /v1/operators/{name}/password`
 //!   ([`signing_in`]);

@@ -1,5 +1,5 @@
-//! The operations API's refunds (README, "Operators"): an operator's refund of a succeeded payment,
-//! always proposed for a second operator's approval; and the refunds automation gave up on
+//! The operations API's refunds (docs/operators.md, "Operators"): an operator's refund of a succeeded
+//! payment, always proposed for a second operator's approval; and the refunds automation gave up on
 //! (`dead_lettered`), listed, shown, resent and settled as dead-lettered payments are.
 //!
 //! - `POST /v1/payments/{id}/refund` `{amount?, refund_reason?, reason}`: 202 with the proposal;
