@@ -1,6 +1,6 @@
 -- An operator's `recon run` no longer reconciles inside their request: it queues a run, and the
--- next reconciler to look takes it (reconciler/README.md, "Ledger reconciliation"). The operators' API then needs
--- nothing of the reconciliation but this table.
+-- next reconciler to look takes it (reconciler/README.md, "Ledger reconciliation"). The operators'
+-- API then needs nothing of the reconciliation but this table.
 --
 -- A queued run holds its window as a running one does (the partial unique index already counts
 -- every status but `failed`), so the nightly job skips a window an operator queued. PostgreSQL
