@@ -10,42 +10,73 @@ use sqlx::PgPool;
 use time::OffsetDateTime;
 
 use crate::metrics::{
-    BACKLOG_SAMPLED_AT, OLDEST_PENDING_AGE, OLDEST_UNKNOWN_AGE, OPEN_DEAD_LETTERS, OUTBOX_DEPTH, REFUND_CONFLICT,
-    UNKNOWN_PAYMENTS,
+    BACKLOG_SAMPLED_AT, OLDEST_PENDING_AGE, OLDEST_PENDING_REFUND_AGE, OLDEST_UNKNOWN_AGE, OLDEST_UNKNOWN_REFUND_AGE,
+    OPEN_DEAD_LETTERS, OUTBOX_DEPTH, REFUND_CONFLICT, REFUND_OUTBOX_DEPTH, REFUND_UNRESOLVED, UNKNOWN_PAYMENTS,
+    UNKNOWN_REFUNDS,
 };
 use oncepay_ops::dead_letters::Kind;
 use oncepay_service::runner::Pass;
 
-/// What one sample saw.
+/// One kind's queue (payments' or refunds'): its outbox and those `unknown`.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Backlog {
+pub struct Queue {
     /// Outbox rows claimable now.
     pub outbox_due: i64,
     /// Outbox rows waiting for a retry's backoff to end.
     pub outbox_scheduled: i64,
     /// Outbox rows leased to a worker.
     pub outbox_leased: i64,
-    /// Age of the oldest outbox row: the payment waiting longest to be sent to an outcome.
+    /// Age of the oldest outbox row: the one waiting longest to be sent to an outcome.
     pub oldest_pending: Duration,
-    /// Payments in `unknown`.
+    /// Those in `unknown`.
     pub unknown: i64,
     /// How long the oldest of them has been `unknown`.
     pub oldest_unknown: Duration,
+}
+
+/// What one sample saw.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Backlog {
+    /// Payments.
+    pub payments: Queue,
+    /// Refunds.
+    pub refunds: Queue,
     /// Open `unresolved` dead letters.
     pub dead_letters_unresolved: i64,
     /// Open `conflict` dead letters.
     pub dead_letters_conflict: i64,
+    /// Refunds automation gave up on (`dead_lettered`), waiting for an operator.
+    pub refunds_dead_lettered: i64,
     /// Open conflicts on final refunds (`refund_dead_letters`).
     pub refund_conflicts: i64,
 }
 
-/// Reads the backlog in one statement: the outbox (rows due, scheduled for a retry, leased; the oldest
-/// row's age), the `unknown` queue (size, oldest age), the open dead letters (by kind) and the open
-/// conflicts on refunds.
-///
-/// Cheap by construction: the outbox and the `unknown` queue hold only unfinished work (rows are
-/// deleted when it finishes), and open dead letters are read through their partial indexes
-/// (`dead_letters_open`, `refund_dead_letters_open_by_age`), however many resolved ones accumulate.
+/// The gauges one kind's queue is published to.
+struct Gauges {
+    outbox_depth: &'static str,
+    oldest_pending: &'static str,
+    unknown: &'static str,
+    oldest_unknown: &'static str,
+}
+
+const PAYMENTS: Gauges = Gauges {
+    outbox_depth: OUTBOX_DEPTH,
+    oldest_pending: OLDEST_PENDING_AGE,
+    unknown: UNKNOWN_PAYMENTS,
+    oldest_unknown: OLDEST_UNKNOWN_AGE,
+};
+
+const REFUNDS: Gauges = Gauges {
+    outbox_depth: REFUND_OUTBOX_DEPTH,
+    oldest_pending: OLDEST_PENDING_REFUND_AGE,
+    unknown: UNKNOWN_REFUNDS,
+    oldest_unknown: OLDEST_UNKNOWN_REFUND_AGE,
+};
+
+/// Reads the backlog in one statement: of payments and of refunds, the outbox (rows due, scheduled
+/// for a retry, leased; the oldest row's age) and those `unknown` (how many, and for how long the
+/// oldest); the open dead letters by kind, the dead-lettered refunds and the open conflicts on
+/// refunds. A refund has been `unknown` since its last event that made it so.
 pub async fn sample(pool: &PgPool) -> Result<Backlog, sqlx::Error> {
     let row = sqlx::query!(
         r#"
@@ -57,10 +88,26 @@ pub async fn sample(pool: &PgPool) -> Result<Backlog, sqlx::Error> {
             FROM outbox
         ), unknown_now AS (
             SELECT count(*) AS unknown, min(since) AS oldest FROM unknown_payments
+        ), refund_outbox_now AS (
+            SELECT count(*) FILTER (WHERE locked_until IS NULL AND available_at <= now()) AS due,
+                   count(*) FILTER (WHERE locked_until IS NULL AND available_at > now()) AS scheduled,
+                   count(*) FILTER (WHERE locked_until IS NOT NULL) AS leased,
+                   min(created_at) AS oldest
+            FROM refund_outbox
+        ), unknown_refunds_now AS (
+            SELECT count(*) AS unknown, min(since.at) AS oldest
+            FROM refunds r
+            CROSS JOIN LATERAL (
+                SELECT max(e.created_at) AS at FROM refund_events e
+                WHERE e.tenant_id = r.tenant_id AND e.refund_id = r.refund_id AND e.to_status = 'unknown'
+            ) since
+            WHERE r.status = 'unknown'
         ), dead_letters_now AS (
             SELECT count(*) FILTER (WHERE kind = 'unresolved') AS unresolved,
                    count(*) FILTER (WHERE kind = 'conflict') AS conflict
             FROM dead_letters WHERE resolved_at IS NULL
+        ), refunds_dead_lettered_now AS (
+            SELECT count(*) AS dead_lettered FROM refunds WHERE status = 'dead_lettered'
         ), refund_conflicts_now AS (
             SELECT count(*) AS conflicts FROM refund_dead_letters WHERE resolved_at IS NULL
         )
@@ -68,43 +115,67 @@ pub async fn sample(pool: &PgPool) -> Result<Backlog, sqlx::Error> {
                COALESCE(extract(epoch FROM now() - o.oldest), 0)::float8 AS "oldest_pending_secs!",
                u.unknown AS "unknown!",
                COALESCE(extract(epoch FROM now() - u.oldest), 0)::float8 AS "oldest_unknown_secs!",
-               d.unresolved AS "unresolved!", d.conflict AS "conflict!", r.conflicts AS "refund_conflicts!"
-        FROM outbox_now o, unknown_now u, dead_letters_now d, refund_conflicts_now r
+               ro.due AS "refunds_due!", ro.scheduled AS "refunds_scheduled!", ro.leased AS "refunds_leased!",
+               COALESCE(extract(epoch FROM now() - ro.oldest), 0)::float8 AS "oldest_pending_refund_secs!",
+               ru.unknown AS "unknown_refunds!",
+               COALESCE(extract(epoch FROM now() - ru.oldest), 0)::float8 AS "oldest_unknown_refund_secs!",
+               d.unresolved AS "unresolved!", d.conflict AS "conflict!",
+               rd.dead_lettered AS "refunds_dead_lettered!", r.conflicts AS "refund_conflicts!"
+        FROM outbox_now o, unknown_now u, refund_outbox_now ro, unknown_refunds_now ru, dead_letters_now d,
+             refunds_dead_lettered_now rd, refund_conflicts_now r
         "#
     )
     .fetch_one(pool)
     .await?;
     Ok(Backlog {
-        outbox_due: row.due,
-        outbox_scheduled: row.scheduled,
-        outbox_leased: row.leased,
-        oldest_pending: seconds(row.oldest_pending_secs),
-        unknown: row.unknown,
-        oldest_unknown: seconds(row.oldest_unknown_secs),
+        payments: Queue {
+            outbox_due: row.due,
+            outbox_scheduled: row.scheduled,
+            outbox_leased: row.leased,
+            oldest_pending: seconds(row.oldest_pending_secs),
+            unknown: row.unknown,
+            oldest_unknown: seconds(row.oldest_unknown_secs),
+        },
+        refunds: Queue {
+            outbox_due: row.refunds_due,
+            outbox_scheduled: row.refunds_scheduled,
+            outbox_leased: row.refunds_leased,
+            oldest_pending: seconds(row.oldest_pending_refund_secs),
+            unknown: row.unknown_refunds,
+            oldest_unknown: seconds(row.oldest_unknown_refund_secs),
+        },
         dead_letters_unresolved: row.unresolved,
         dead_letters_conflict: row.conflict,
+        refunds_dead_lettered: row.refunds_dead_lettered,
         refund_conflicts: row.refund_conflicts,
     })
 }
 
-/// A non-negative duration from seconds (a clock step can make an age briefly negative).
 fn seconds(secs: f64) -> Duration {
     Duration::try_from_secs_f64(secs).unwrap_or(Duration::ZERO)
 }
 
-impl Backlog {
-    /// Sets the gauges to this sample.
-    pub fn publish(&self) {
+impl Queue {
+    fn publish(&self, gauges: &Gauges) {
         // Row counts far below 2^53: exact as f64.
-        metrics::gauge!(OUTBOX_DEPTH, "state" => "due").set(self.outbox_due as f64);
-        metrics::gauge!(OUTBOX_DEPTH, "state" => "scheduled").set(self.outbox_scheduled as f64);
-        metrics::gauge!(OUTBOX_DEPTH, "state" => "leased").set(self.outbox_leased as f64);
-        metrics::gauge!(OLDEST_PENDING_AGE).set(self.oldest_pending.as_secs_f64());
-        metrics::gauge!(UNKNOWN_PAYMENTS).set(self.unknown as f64);
-        metrics::gauge!(OLDEST_UNKNOWN_AGE).set(self.oldest_unknown.as_secs_f64());
+        metrics::gauge!(gauges.outbox_depth, "state" => "due").set(self.outbox_due as f64);
+        metrics::gauge!(gauges.outbox_depth, "state" => "scheduled").set(self.outbox_scheduled as f64);
+        metrics::gauge!(gauges.outbox_depth, "state" => "leased").set(self.outbox_leased as f64);
+        metrics::gauge!(gauges.oldest_pending).set(self.oldest_pending.as_secs_f64());
+        metrics::gauge!(gauges.unknown).set(self.unknown as f64);
+        metrics::gauge!(gauges.oldest_unknown).set(self.oldest_unknown.as_secs_f64());
+    }
+}
+
+impl Backlog {
+    /// Sets every backlog gauge to this sample.
+    pub fn publish(&self) {
+        self.payments.publish(&PAYMENTS);
+        self.refunds.publish(&REFUNDS);
         metrics::gauge!(OPEN_DEAD_LETTERS, "kind" => Kind::Unresolved.as_str())
             .set(self.dead_letters_unresolved as f64);
         metrics::gauge!(OPEN_DEAD_LETTERS, "kind" => Kind::Conflict.as_str()).set(self.dead_letters_conflict as f64);
+        metrics::gauge!(OPEN_DEAD_LETTERS, "kind" => REFUND_UNRESOLVED).set(self.refunds_dead_lettered as f64);
         metrics::gauge!(OPEN_DEAD_LETTERS, "kind" => REFUND_CONFLICT).set(self.refund_conflicts as f64);
         metrics::gauge!(BACKLOG_SAMPLED_AT).set(OffsetDateTime::now_utc().unix_timestamp() as f64);
     }

@@ -6,7 +6,7 @@ use metrics::{Unit, counter, describe_counter, describe_gauge};
 
 // The dead letters' own metrics are named beside their kinds, and listed here with the rest.
 use oncepay_ops::dead_letters::Kind;
-pub use oncepay_ops::dead_letters::{DEAD_LETTERS, OPEN_DEAD_LETTERS, REFUND_CONFLICT};
+pub use oncepay_ops::dead_letters::{DEAD_LETTERS, OPEN_DEAD_LETTERS, REFUND_CONFLICT, REFUND_UNRESOLVED};
 use oncepay_store::recon_runs::Class;
 
 /// Webhook deliveries by `verdict`.
@@ -45,6 +45,14 @@ pub const OLDEST_PENDING_AGE: &str = "oncepay_reconciler_oldest_pending_age_seco
 pub const UNKNOWN_PAYMENTS: &str = "oncepay_reconciler_unknown_payments";
 /// How long the oldest `unknown` payment has been `unknown`, 0 when none.
 pub const OLDEST_UNKNOWN_AGE: &str = "oncepay_reconciler_oldest_unknown_age_seconds";
+/// Refund outbox rows by `state` (`due`, `scheduled`, `leased`).
+pub const REFUND_OUTBOX_DEPTH: &str = "oncepay_reconciler_refund_outbox_depth";
+/// Age of the oldest refund waiting in the refund outbox, 0 when none.
+pub const OLDEST_PENDING_REFUND_AGE: &str = "oncepay_reconciler_oldest_pending_refund_age_seconds";
+/// Refunds in `unknown`.
+pub const UNKNOWN_REFUNDS: &str = "oncepay_reconciler_unknown_refunds";
+/// How long the oldest `unknown` refund has been `unknown`, 0 when none.
+pub const OLDEST_UNKNOWN_REFUND_AGE: &str = "oncepay_reconciler_oldest_unknown_refund_age_seconds";
 /// When the backlog gauges were last sampled (Unix time): stale gauges are visible as such.
 pub const BACKLOG_SAMPLED_AT: &str = "oncepay_reconciler_backlog_sampled_timestamp_seconds";
 
@@ -109,6 +117,10 @@ pub fn describe() {
     describe_gauge!(OLDEST_PENDING_AGE, Unit::Seconds, "Age of the oldest payment waiting in the outbox");
     describe_gauge!(UNKNOWN_PAYMENTS, "Payments whose outcome is unknown, awaiting a webhook or a poll");
     describe_gauge!(OLDEST_UNKNOWN_AGE, Unit::Seconds, "How long the oldest unknown payment has been unknown");
+    describe_gauge!(REFUND_OUTBOX_DEPTH, "Refund outbox rows by state (due, scheduled, leased)");
+    describe_gauge!(OLDEST_PENDING_REFUND_AGE, Unit::Seconds, "Age of the oldest refund waiting in the refund outbox");
+    describe_gauge!(UNKNOWN_REFUNDS, "Refunds whose outcome is unknown, awaiting a webhook or a lookup");
+    describe_gauge!(OLDEST_UNKNOWN_REFUND_AGE, Unit::Seconds, "How long the oldest unknown refund has been unknown");
     describe_gauge!(OPEN_DEAD_LETTERS, "Dead letters awaiting an operator, by kind");
     describe_gauge!(BACKLOG_SAMPLED_AT, Unit::Seconds, "Unix time of the last successful backlog sample");
 

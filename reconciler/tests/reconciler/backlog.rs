@@ -1,6 +1,7 @@
-//! The backlog sample against a real PostgreSQL: it counts the outbox by state, the unknown queue,
-//! the open dead letters and the open conflicts on refunds exactly, and reports the age of the
-//! oldest waiting payment and of the oldest unknown one.
+//! The backlog sample against a real PostgreSQL: of payments and of refunds alike, it counts the
+//! outbox by state and those `unknown` exactly and reports the age of the oldest waiting and of the
+//! oldest unknown; and it counts the open dead letters, the dead-lettered refunds and the open
+//! conflicts on refunds.
 
 use std::time::Duration;
 
@@ -8,13 +9,13 @@ use oncepay_domain::ids::PaymentId;
 use oncepay_ops::dead_letters::actions::Operator;
 use oncepay_ops::dead_letters::refunds as dead_refunds;
 use oncepay_ops::dead_letters::{self, Kind};
-use oncepay_reconciler::backlog::{self, Backlog};
+use oncepay_reconciler::backlog::{self, Backlog, Queue};
 use oncepay_store::fixtures::tenant;
 use serde_json::json;
 use sqlx::PgPool;
 
-use crate::refund_proposals::contradicted_refund;
-use crate::support::{accept, succeeded_payment, unknown_payment};
+use crate::refund_proposals::{contradicted_refund, dead_lettered_refund};
+use crate::support::{accept, refund, succeeded_payment, unknown_payment, unknown_refund};
 
 async fn sql(pool: &PgPool, statement: &str, payment_id: PaymentId) {
     sqlx::query(sqlx::AssertSqlSafe(statement.to_owned())).bind(payment_id.as_uuid()).execute(pool).await.unwrap();
@@ -65,19 +66,66 @@ async fn the_sample_counts_every_kind_of_waiting_work_and_the_oldest_of_it(pool:
 
     let sampled = backlog::sample(&pool).await.unwrap();
 
-    let counts = (
-        sampled.outbox_due,
-        sampled.outbox_scheduled,
-        sampled.outbox_leased,
-        sampled.unknown,
-        sampled.dead_letters_unresolved,
-        sampled.dead_letters_conflict,
-    );
-    assert_eq!(counts, (2, 1, 1, 3, 1, 1), "{sampled:?}");
-    let around =
-        |age: Duration, expected: u64| age >= Duration::from_secs(expected) && age < Duration::from_secs(expected + 60);
-    assert!(around(sampled.oldest_pending, 600), "{sampled:?}");
-    assert!(around(sampled.oldest_unknown, 3600), "{sampled:?}");
+    let payments = &sampled.payments;
+    let counts = (payments.outbox_due, payments.outbox_scheduled, payments.outbox_leased, payments.unknown);
+    assert_eq!(counts, (2, 1, 1, 3), "{sampled:?}");
+    assert_eq!((sampled.dead_letters_unresolved, sampled.dead_letters_conflict), (1, 1), "{sampled:?}");
+    assert!(around(payments.oldest_pending, 600), "{sampled:?}");
+    assert!(around(payments.oldest_unknown, 3600), "{sampled:?}");
+    assert_eq!(sampled.refunds, Queue::default(), "payments' only");
+}
+
+fn around(age: Duration, expected: u64) -> bool {
+    age >= Duration::from_secs(expected) && age < Duration::from_secs(expected + 60)
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn the_sample_counts_refunds_waiting_unknown_and_dead_lettered_as_it_counts_payments(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+    let payment_id = succeeded_payment(&pool, tenant_id, "order-1", 100_000).await;
+    // Two unknown refunds, one of them for an hour, and one dead-lettered; made first, because each
+    // is sent by claiming every refund that is due.
+    let long_unknown = unknown_refund(&pool, tenant_id, payment_id, "unknown-old", 100, 60).await;
+    sqlx::query!(
+        "UPDATE refund_events SET created_at = now() - interval '1 hour' WHERE refund_id = $1 AND to_status = 'unknown'",
+        long_unknown.as_uuid()
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    unknown_refund(&pool, tenant_id, payment_id, "unknown-new", 100, 60).await;
+    dead_lettered_refund(&pool, tenant_id, payment_id, "dead-lettered", 100, 60).await;
+    // The refund outbox: two due (one asked for ten minutes ago), one waiting for a retry, one leased.
+    let refund_sql = |statement: &'static str, refund_id: oncepay_domain::ids::RefundId| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query(statement).bind(refund_id.as_uuid()).execute(&pool).await.unwrap();
+        }
+    };
+    let old = refund(&pool, tenant_id, payment_id, "due-old", 100).await;
+    refund_sql("UPDATE refund_outbox SET created_at = now() - interval '10 minutes' WHERE refund_id = $1", old).await;
+    refund(&pool, tenant_id, payment_id, "due-new", 100).await;
+    let scheduled = refund(&pool, tenant_id, payment_id, "scheduled", 100).await;
+    refund_sql("UPDATE refund_outbox SET available_at = now() + interval '1 minute' WHERE refund_id = $1", scheduled)
+        .await;
+    let leased = refund(&pool, tenant_id, payment_id, "leased", 100).await;
+    refund_sql(
+        "UPDATE refund_outbox SET locked_by = 'w', locked_until = now() + interval '1 minute', fencing_token = 1,
+                attempts = 1
+         WHERE refund_id = $1",
+        leased,
+    )
+    .await;
+
+    let sampled = backlog::sample(&pool).await.unwrap();
+
+    let refunds = &sampled.refunds;
+    let counts = (refunds.outbox_due, refunds.outbox_scheduled, refunds.outbox_leased, refunds.unknown);
+    assert_eq!(counts, (2, 1, 1, 2), "{sampled:?}");
+    assert_eq!(sampled.refunds_dead_lettered, 1, "{sampled:?}");
+    assert!(around(refunds.oldest_pending, 600), "{sampled:?}");
+    assert!(around(refunds.oldest_unknown, 3600), "{sampled:?}");
+    assert_eq!(sampled.payments.unknown, 0, "refunds' only");
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]

@@ -734,3 +734,28 @@ async fn a_refund_conflict_is_listed_and_acknowledged_from_the_console(pool: PgP
     .unwrap();
     assert_eq!(actions, ["refund.acknowledge"]);
 }
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn the_overview_counts_the_refunds_that_wait_for_an_operator_of_the_tenants_shown(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    let globex = tenant(&pool, "globex").await;
+    let payment_id = succeeded_payment(&pool, acme, "order-1", 10_000).await;
+    dead_lettered_refund(&pool, acme, payment_id, "r-1", 500, 60).await;
+    contradicted_refund(&pool, acme, payment_id, "r-2").await;
+    let theirs = succeeded_payment(&pool, globex, "order-2", 10_000).await;
+    dead_lettered_refund(&pool, globex, theirs, "r-3", 500, 60).await;
+    let alice = Browser::sign_in(&ops, "alice", "operator", None).await;
+    let gail = Browser::sign_in(&ops, "gail", "operator", Some(&["globex"])).await;
+
+    let every_tenant = alice.get("/console/live").await.body;
+    let globex_only = gail.get("/console/live").await.body;
+
+    let row = |kind: &str, open: u32| format!("href=\"/console/dead-letters#refunds\">{kind}</a></th><td>{open}</td>");
+    assert!(every_tenant.contains(&row("refund_unresolved", 2)), "{every_tenant}");
+    assert!(every_tenant.contains(&row("refund_conflict", 1)), "{every_tenant}");
+    assert!(globex_only.contains(&row("refund_unresolved", 1)), "{globex_only}");
+    assert!(!globex_only.contains("refund_conflict"), "{globex_only}");
+    let listed = alice.get("/console/dead-letters").await.body;
+    assert!(listed.contains("<h2 id=\"refunds\">Refunds that wait for an operator</h2>"), "the link's target");
+}

@@ -133,6 +133,8 @@ struct Figure {
 /// Open dead letters of one kind.
 struct KindRow {
     kind: String,
+    /// Where they are listed: the payments' by kind, the refunds' in a section of their own.
+    link: String,
     open: i64,
     older_than_an_hour: i64,
     older_than_a_day: i64,
@@ -234,6 +236,11 @@ async fn live_of(state: &OperatorsState, caller: &Caller) -> Result<Live, Proble
         .open_by_kind
         .into_iter()
         .map(|k| KindRow {
+            link: if KINDS.iter().any(|(kind, _)| !kind.is_empty() && *kind == k.kind) {
+                format!("/console/dead-letters?kind={}", k.kind)
+            } else {
+                "/console/dead-letters#refunds".to_owned()
+            },
             kind: k.kind,
             open: k.open,
             older_than_an_hour: k.older_than_an_hour,

@@ -58,7 +58,8 @@ pub(super) struct Overview {
     pub(super) booked_last_hour: i64,
     /// Proposals that wait for an approver and have not expired.
     pub(super) proposals_waiting: i64,
-    /// Open dead letters by kind.
+    /// Open dead letters by kind: the payments' (`unresolved`, `conflict`) and the refunds'
+    /// (`refund_unresolved`, `refund_conflict`).
     pub(super) open_by_kind: Vec<OpenByKind>,
 }
 
@@ -94,11 +95,24 @@ pub(super) async fn overview(conn: &mut PgConnection, tenants: &[Uuid]) -> Resul
     let open_by_kind = sqlx::query_as!(
         OpenByKind,
         r#"
-        SELECT kind, count(*) AS "open!",
-               count(*) FILTER (WHERE created_at < now() - interval '1 hour') AS "older_than_an_hour!",
-               count(*) FILTER (WHERE created_at < now() - interval '1 day') AS "older_than_a_day!",
-               min(created_at) AS oldest
-        FROM dead_letters WHERE resolved_at IS NULL AND tenant_id = ANY ($1)
+        SELECT kind AS "kind!", count(*) AS "open!",
+               count(*) FILTER (WHERE since < now() - interval '1 hour') AS "older_than_an_hour!",
+               count(*) FILTER (WHERE since < now() - interval '1 day') AS "older_than_a_day!",
+               min(since) AS oldest
+        FROM (
+            SELECT kind, created_at AS since FROM dead_letters WHERE resolved_at IS NULL AND tenant_id = ANY ($1)
+            UNION ALL
+            SELECT 'refund_unresolved', dead_lettered.at
+            FROM refunds r
+            CROSS JOIN LATERAL (
+                SELECT max(e.created_at) AS at FROM refund_events e
+                WHERE e.tenant_id = r.tenant_id AND e.refund_id = r.refund_id AND e.to_status = 'dead_lettered'
+            ) dead_lettered
+            WHERE r.status = 'dead_lettered' AND r.tenant_id = ANY ($1)
+            UNION ALL
+            SELECT 'refund_conflict', created_at FROM refund_dead_letters
+            WHERE resolved_at IS NULL AND tenant_id = ANY ($1)
+        ) open
         GROUP BY kind ORDER BY kind
         "#,
         tenants,

@@ -21,12 +21,15 @@ use oncepay_store::stored_name::{self, UnknownName};
 
 /// Dead letters opened, by `kind`: a payment's ([`Kind`]) or [`REFUND_CONFLICT`].
 pub const DEAD_LETTERS: &str = "oncepay_reconciler_dead_letters_total";
-/// Dead letters not yet resolved by an operator, by `kind`: a payment's ([`Kind`]) or
-/// [`REFUND_CONFLICT`].
+/// Dead letters not yet resolved by an operator, by `kind`: a payment's ([`Kind`]),
+/// [`REFUND_UNRESOLVED`] or [`REFUND_CONFLICT`].
 pub const OPEN_DEAD_LETTERS: &str = "oncepay_reconciler_open_dead_letters";
 /// The `kind` of [`DEAD_LETTERS`] and [`OPEN_DEAD_LETTERS`] for a refund's conflict
 /// (`refund_dead_letters`).
 pub const REFUND_CONFLICT: &str = "refund_conflict";
+/// The `kind` of [`OPEN_DEAD_LETTERS`] for a refund automation gave up on (`dead_lettered`). Its
+/// opening is counted as `oncepay_reconciler_unknown_refunds_resolved_total{how="dead_lettered"}`.
+pub const REFUND_UNRESOLVED: &str = "refund_unresolved";
 
 /// Which kind of entry: the only spelling of the names stored in `dead_letters.kind`. Rows are parsed
 /// into it when read.
