@@ -15,7 +15,7 @@ use actix_web::body::MessageBody;
 use actix_web::dev::{Server, ServiceFactory, ServiceRequest, ServiceResponse};
 use actix_web::{App, HttpResponse, HttpServer, middleware, web};
 use anyhow::Context;
-use oncepay_http::ops_http::{self, OpsState};
+use oncepay_http::probes::{self, ProbeState};
 use oncepay_service::metrics::{self as shared_metrics, PrometheusHandle};
 use oncepay_store::connections::Connections;
 use oncepay_store::notify::{Notifier, OUTBOX_CHANNEL, Wakeups};
@@ -119,7 +119,7 @@ impl Application {
         let tcp = TcpListener::bind((http.listen.host.as_str(), http.listen.port))
             .with_context(|| format!("cannot listen on {}:{}", http.listen.host, http.listen.port))?;
         let port = tcp.local_addr().context("the listening socket has no address")?.port();
-        let apart = ops_http::serve_apart(&http.listen.host, http.listen.ops_port, || OpsState {
+        let apart = probes::serve_apart(&http.listen.host, http.listen.ops_port, || ProbeState {
             pool: own.pool("ops"),
             metrics,
         })?;
@@ -310,7 +310,7 @@ impl Shared {
             provider_intake: self.provider_intake,
         };
         // `/readyz` only: one more connection per worker, opened when a probe needs it.
-        let ops = OpsState { pool: own.pool("ops"), metrics: self.metrics.clone() };
+        let ops = ProbeState { pool: own.pool("ops"), metrics: self.metrics.clone() };
         App::new()
             .app_data(web::Data::new(state))
             .app_data(web::Data::new(ops))
@@ -355,8 +355,8 @@ fn routes(config: &mut web::ServiceConfig, with_ops: bool) {
         .default_service(web::to(errors::not_found));
     if with_ops {
         config
-            .configure(ops_http::configure)
-            // ops_http mounts each route behind a method guard: without this, another method there is a 404.
+            .configure(probes::configure)
+            // probes mounts each route behind a method guard: without this, another method there is a 404.
             .service(
                 web::resource(["/healthz", "/readyz", "/metrics"]).default_service(errors::method_not_allowed("GET")),
             );

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use actix_web::dev::Server;
 use actix_web::{App, HttpResponse, HttpServer, web};
-use oncepay_http::ops_http::{self, OpsState};
+use oncepay_http::probes::{self, ProbeState};
 use oncepay_http::problem::{Problem, ProblemType};
 
 use oncepay_ops::operators::api::{self, OperatorsState};
@@ -24,7 +24,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 pub fn server(
     listener: TcpListener,
     webhook: WebhookState,
-    ops: Option<OpsState>,
+    ops: Option<ProbeState>,
     workers: usize,
 ) -> std::io::Result<Server> {
     let webhook = web::Data::new(webhook);
@@ -33,7 +33,7 @@ pub fn server(
         let app =
             App::new().app_data(webhook.clone()).configure(webhooks::configure).configure(stripe_webhooks::configure);
         let app = match &ops {
-            Some(ops) => app.app_data(ops.clone()).configure(ops_http::configure),
+            Some(ops) => app.app_data(ops.clone()).configure(probes::configure),
             None => app,
         };
         app.default_service(web::to(not_found))

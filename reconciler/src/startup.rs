@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use actix_web::dev::Server;
 use anyhow::Context;
-use oncepay_http::ops_http::{self, OpsState};
+use oncepay_http::probes::{self, ProbeState};
 use oncepay_ops::operators::api::{BulkRetrier, OperatorsState};
 use oncepay_ops::operators::oidc::Oidc;
 use oncepay_ops::operators::passwords::Hashing;
@@ -81,11 +81,11 @@ impl Application {
             tolerance_secs: settings.webhooks.tolerance_secs,
             max_body_bytes: settings.webhooks.max_body_bytes,
         };
-        let ops = OpsState { pool: pool.clone(), metrics };
+        let ops = ProbeState { pool: pool.clone(), metrics };
         let listener = TcpListener::bind((host, settings.http.port))
             .with_context(|| format!("cannot listen on {host}:{}", settings.http.port))?;
         let port = listener.local_addr().context("cannot read the bound address")?.port();
-        let apart = ops_http::serve_apart(host, settings.http.ops_port, || ops.clone())?;
+        let apart = probes::serve_apart(host, settings.http.ops_port, || ops.clone())?;
         let public_ops = apart.is_none().then_some(ops);
         let server =
             crate::http::server(listener, webhook, public_ops, workers).context("cannot start the HTTP server")?;

@@ -38,7 +38,7 @@ pub struct Booked {
 
 /// What to do with a charge.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub enum ChargeVerdict {
     /// The payment is `unknown` and this charge settles it.
     Settle(Transition, Settlement),
     /// The payment is `unknown` and the charge is not what it asked for: an operator decides.
@@ -63,7 +63,7 @@ pub enum Verdict {
     OtherAccount(String),
 }
 
-impl Verdict {
+impl ChargeVerdict {
     /// A short label for logs, metrics and `webhook_events.outcome`.
     pub const fn label(&self) -> &'static str {
         match self {
@@ -80,7 +80,7 @@ impl Verdict {
 }
 
 /// Compares `charge` with what is stored about its payment.
-pub fn judge(stored: &Stored, charge: &Charge) -> Verdict {
+pub fn judge(stored: &Stored, charge: &Charge) -> ChargeVerdict {
     use ChargeStatus as C;
     use PaymentStatus as S;
 
@@ -89,7 +89,7 @@ pub fn judge(stored: &Stored, charge: &Charge) -> Verdict {
     // is no evidence about this payment, so it must not move, dead-letter or add to anything.
     if !settlement::same_account(&stored.asked, charge) {
         let account = stored.asked.account.as_ref().map(|a| a.as_str());
-        return Verdict::OtherAccount(format!(
+        return ChargeVerdict::OtherAccount(format!(
             "charge {} is held by account {}, but the payment is charged in account {}",
             charge.id,
             charge.account.as_deref().unwrap_or("(oncepay's own)"),
@@ -100,18 +100,18 @@ pub fn judge(stored: &Stored, charge: &Charge) -> Verdict {
     if stored.status.is_terminal()
         && let Err(Unsettled::Unbookable(why)) = settlement::settlement_of(&stored.asked, charge)
     {
-        return Verdict::Unreadable(why);
+        return ChargeVerdict::Unreadable(why);
     }
     match (stored.status, charge.status) {
         (S::Unknown, _) => match settlement::settlement_of(&stored.asked, charge) {
-            Ok(settled) => Verdict::Settle(settlement::transition_of(&settled), settled),
-            Err(Unsettled::Mismatch(why)) => Verdict::Mismatch(why),
-            Err(Unsettled::Unbookable(why)) => Verdict::Unbookable(why),
+            Ok(settled) => ChargeVerdict::Settle(settlement::transition_of(&settled), settled),
+            Err(Unsettled::Mismatch(why)) => ChargeVerdict::Mismatch(why),
+            Err(Unsettled::Unbookable(why)) => ChargeVerdict::Unbookable(why),
         },
-        (S::Pending | S::Processing, _) => Verdict::LeaveToSender,
-        (S::DeadLettered, _) => Verdict::ForOperator,
+        (S::Pending | S::Processing, _) => ChargeVerdict::LeaveToSender,
+        (S::DeadLettered, _) => ChargeVerdict::ForOperator,
 
-        (S::Succeeded, C::Succeeded) if ours != Some(charge.id.as_str()) => Verdict::Conflicts(format!(
+        (S::Succeeded, C::Succeeded) if ours != Some(charge.id.as_str()) => ChargeVerdict::Conflicts(format!(
             "the provider reports charge {} succeeded, but the payment succeeded with charge {}: a second charge",
             charge.id,
             ours.unwrap_or("(none)"),
@@ -120,33 +120,34 @@ pub fn judge(stored: &Stored, charge: &Charge) -> Verdict {
             Some(booked)
                 if booked.amount.minor_units() != charge.amount || booked.currency.as_str() != charge.currency =>
             {
-                Verdict::Conflicts(format!(
+                ChargeVerdict::Conflicts(format!(
                     "the provider reports charge {} for {}, but the ledger booked {}",
                     charge.id,
                     format_amount(charge.amount, &charge.currency),
                     format_amount(booked.amount.minor_units(), booked.currency.as_str()),
                 ))
             }
-            Some(_) => Verdict::Agrees,
-            None => {
-                Verdict::Conflicts(format!("the payment succeeded with charge {} but has no ledger entry", charge.id))
-            }
+            Some(_) => ChargeVerdict::Agrees,
+            None => ChargeVerdict::Conflicts(format!(
+                "the payment succeeded with charge {} but has no ledger entry",
+                charge.id
+            )),
         },
-        (S::Succeeded, C::Failed) => Verdict::Conflicts(format!(
+        (S::Succeeded, C::Failed) => ChargeVerdict::Conflicts(format!(
             "the provider reports charge {} failed, but the payment succeeded with charge {}",
             charge.id,
             ours.unwrap_or("(none)"),
         )),
-        (S::Failed, C::Succeeded) => Verdict::Conflicts(format!(
+        (S::Failed, C::Succeeded) => ChargeVerdict::Conflicts(format!(
             "the provider reports charge {} succeeded, but the payment is recorded as failed: money moved",
             charge.id,
         )),
         (S::Failed, C::Failed) => match ours {
-            Some(ours) if ours != charge.id => Verdict::Conflicts(format!(
+            Some(ours) if ours != charge.id => ChargeVerdict::Conflicts(format!(
                 "the provider reports a failed charge {}, but the payment failed with charge {ours}",
                 charge.id,
             )),
-            _ => Verdict::Agrees,
+            _ => ChargeVerdict::Agrees,
         },
     }
 }

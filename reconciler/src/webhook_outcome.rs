@@ -12,7 +12,7 @@ use serde_json::json;
 /// What applying a verified event did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Handled {
-    /// The event was recorded; the label says what it did (see [`crate::verdict::Verdict::label`]).
+    /// The event was recorded; the label says what it did (see [`crate::verdict::ChargeVerdict::label`]).
     Recorded(&'static str),
     /// This `webhook-id` was seen before: nothing changed.
     Duplicate,

@@ -32,7 +32,7 @@ use crate::webhook_outcome::respond_to;
 pub use crate::webhook_outcome::{ApplyError, Handled};
 
 use crate::unknown::{self, Why};
-use crate::verdict::{self, Booked, Stored, Verdict};
+use crate::verdict::{self, Booked, ChargeVerdict, Stored};
 use oncepay_ops::dead_letters::{self, Kind};
 
 /// The path the provider delivers to.
@@ -192,7 +192,7 @@ pub async fn apply(pool: &PgPool, webhook_id: &str, event: &WebhookEvent) -> Res
         return Ok(Handled::NotOurs);
     };
     let charge_verdict = verdict::judge(&stored, charge);
-    if let Verdict::OtherAccount(why) = &charge_verdict {
+    if let ChargeVerdict::OtherAccount(why) = &charge_verdict {
         // Dropping the transaction releases the lock: nothing about the payment was written.
         crate::metrics::other_account("webhook", "charge", why);
         return Ok(Handled::OtherAccount);
@@ -243,13 +243,13 @@ async fn act_on(
     payment_id: PaymentId,
     webhook_id: &str,
     event: &WebhookEvent,
-    charge_verdict: &Verdict,
+    charge_verdict: &ChargeVerdict,
 ) -> Result<(), ApplyError> {
     let event_type = event.event_type.as_str();
     let evidence =
         unknown::evidence("webhook", json!({ "webhook_id": webhook_id, "event": event_type, "charge": event.data }));
     match charge_verdict {
-        Verdict::Settle(transition, settlement) => {
+        ChargeVerdict::Settle(transition, settlement) => {
             let transition = *transition;
             let how = if transition == Transition::Charged { "webhook_charged" } else { "webhook_declined" };
             let resolution = resolution_span(tx, tenant_id, payment_id, how).await?;
@@ -264,13 +264,13 @@ async fn act_on(
             }
             metrics::counter!(crate::metrics::UNKNOWN_RESOLVED, "how" => how).increment(1);
         }
-        Verdict::Mismatch(reason) => {
+        ChargeVerdict::Mismatch(reason) => {
             let why = Why { actor: ACTOR, reason };
             if let Recorded::LostRace = unknown::mismatch(tx, tenant_id, payment_id, why, evidence).await? {
                 return Err(ApplyError::MovedWhileLocked(payment_id));
             }
         }
-        Verdict::Unbookable(why) => {
+        ChargeVerdict::Unbookable(why) => {
             // Proves nothing either way; it counts toward dead-lettering, and the poller keeps looking.
             let mut evidence = evidence;
             evidence["result"] = json!(why);
@@ -280,15 +280,15 @@ async fn act_on(
         // worker, which learns the same outcome from the provider (its resend carries the same key);
         // if it cannot, the payment becomes `unknown` and the poller settles it from the charge
         // recorded here. The reconciler never races a worker that holds a lease.
-        Verdict::LeaveToSender | Verdict::Agrees | Verdict::Unreadable(_) => {}
+        ChargeVerdict::LeaveToSender | ChargeVerdict::Agrees | ChargeVerdict::Unreadable(_) => {}
         // Never recorded: `apply` returns before.
-        Verdict::OtherAccount(_) => {}
-        Verdict::ForOperator => {
+        ChargeVerdict::OtherAccount(_) => {}
+        ChargeVerdict::ForOperator => {
             if !dead_letters::attach_evidence(tx, tenant_id, payment_id, Value::Array(vec![evidence])).await? {
                 tracing::warn!("a dead-lettered payment has no open dead letter to attach the webhook to");
             }
         }
-        Verdict::Conflicts(why) => {
+        ChargeVerdict::Conflicts(why) => {
             dead_letters::record(tx, tenant_id, payment_id, Kind::Conflict, why, Value::Array(vec![evidence]), 0)
                 .await?;
         }

@@ -3,7 +3,7 @@
 //! its own.
 
 use anyhow::Context;
-use oncepay_http::ops_http::{self, OpsState};
+use oncepay_http::probes::{self, ProbeState};
 use oncepay_provider::ConfiguredProvider;
 use oncepay_store::db;
 use tokio_util::sync::CancellationToken;
@@ -20,7 +20,7 @@ pub struct App {
     listener: std::net::TcpListener,
     drainer: Drainer<ConfiguredProvider>,
     refunds: RefundSender<ConfiguredProvider>,
-    ops: OpsState,
+    ops: ProbeState,
 }
 
 impl App {
@@ -38,7 +38,7 @@ impl App {
         let address = (settings.http.host.as_str(), settings.http.port);
         let listener = std::net::TcpListener::bind(address)
             .with_context(|| format!("binding the operations port {}:{}", address.0, address.1))?;
-        Ok(Self { listener, drainer, refunds, ops: OpsState { pool, metrics } })
+        Ok(Self { listener, drainer, refunds, ops: ProbeState { pool, metrics } })
     }
 
     /// The operations port actually bound.
@@ -54,7 +54,7 @@ impl App {
     /// Serves the operations endpoints and drains the outbox and the refund outbox until `shutdown`;
     /// returns once the sends in flight are recorded (or the grace period is over).
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<Counts> {
-        let server = ops_http::server(self.listener, self.ops.clone()).context("serving the operations endpoints")?;
+        let server = probes::server(self.listener, self.ops.clone()).context("serving the operations endpoints")?;
         let server_handle = server.handle();
         let server = tokio::spawn(server);
 

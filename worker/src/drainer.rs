@@ -38,7 +38,7 @@ use crate::metrics;
 use crate::outbox;
 use crate::record::{self, RecordError, Recorded, SettledSend};
 use crate::rotation::Rotation;
-use crate::verdict::{self, RetryPolicy, Verdict};
+use crate::verdict::{self, RetryPolicy, SendVerdict};
 use crate::wake::Wake;
 use oncepay_store::claims::{self, ClaimRequest, Claimed};
 
@@ -153,7 +153,7 @@ struct Inner<P> {
     connections: Connections,
     /// One group commit per tenant, so that a recording transaction holds one tenant's payments:
     /// under Citus, one shard's.
-    settlements: GroupCommits<TenantId, (Claimed, Verdict), Result<Recorded, RecordError>>,
+    settlements: GroupCommits<TenantId, (Claimed, SendVerdict), Result<Recorded, RecordError>>,
     wakeups: Wakeups,
     /// The tenants to claim from, in turns.
     rotation: Mutex<Rotation>,
@@ -380,7 +380,7 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
     }
 
     /// What to record for `outcome`.
-    pub fn decide(&self, claimed: &Claimed, outcome: &SendOutcome) -> Verdict {
+    pub fn decide(&self, claimed: &Claimed, outcome: &SendOutcome) -> SendVerdict {
         let policy = RetryPolicy { max_attempts: self.config().max_attempts, backoff: self.config().backoff };
         verdict::decide(claimed, outcome, &policy, &mut rand::rng())
     }
@@ -390,7 +390,7 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
     /// is waiting to be recorded at that moment ([`GroupCommits`]); a retry or an uncertain outcome
     /// in a transaction of its own. A recording that fails for a transient reason is retried a few times.
     #[tracing::instrument(name = "worker.record", skip_all, fields(payment.id = %claimed.payment_id, decision = verdict.label()))]
-    pub async fn record(&self, claimed: &Claimed, verdict: &Verdict) -> Result<Recorded, RecordError> {
+    pub async fn record(&self, claimed: &Claimed, verdict: &SendVerdict) -> Result<Recorded, RecordError> {
         let result = if SettledSend::of(claimed, verdict).is_some() {
             let queued = (claimed.clone(), verdict.clone());
             let settlements = &self.inner.settlements;
@@ -410,7 +410,7 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
     /// Records `batch` in one transaction. If that fails for a reason other than an unavailable
     /// database (a payment in a status it cannot be in, a row the database refuses), records each on
     /// its own, so that one payment's problem does not keep the others from being recorded.
-    async fn record_together(&self, batch: Vec<(Claimed, Verdict)>) -> Vec<Result<Recorded, RecordError>> {
+    async fn record_together(&self, batch: Vec<(Claimed, SendVerdict)>) -> Vec<Result<Recorded, RecordError>> {
         let settlements: Option<Vec<SettledSend<'_>>> =
             batch.iter().map(|(claimed, verdict)| SettledSend::of(claimed, verdict)).collect();
         if let Some(settlements) = settlements.filter(|s| s.len() > 1) {
@@ -456,7 +456,7 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
         }
     }
 
-    async fn record_alone(&self, claimed: &Claimed, verdict: &Verdict) -> Result<Recorded, RecordError> {
+    async fn record_alone(&self, claimed: &Claimed, verdict: &SendVerdict) -> Result<Recorded, RecordError> {
         let mut conn = self.inner.connections.acquire().await?;
         let recorded = record::record(conn.begin().await?, self.actor(), claimed, verdict).await?;
         conn.release();
@@ -514,7 +514,7 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
         .await
     }
 
-    fn report(&self, claimed: &Claimed, verdict: &Verdict, result: &Result<Recorded, RecordError>) {
+    fn report(&self, claimed: &Claimed, verdict: &SendVerdict, result: &Result<Recorded, RecordError>) {
         match result {
             Ok(Recorded::Moved(status)) => {
                 if *status != PaymentStatus::Pending {
@@ -522,10 +522,10 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
                     metrics::drained(latency.try_into().unwrap_or_default());
                 }
                 match verdict {
-                    Verdict::Settle { reason, .. } | Verdict::Retry { reason, .. } => {
+                    SendVerdict::Settle { reason, .. } | SendVerdict::Retry { reason, .. } => {
                         tracing::info!(payment.status = status.as_str(), %reason, "recorded the send's outcome");
                     }
-                    Verdict::Uncertain { code, reason, .. } => {
+                    SendVerdict::Uncertain { code, reason, .. } => {
                         tracing::warn!(payment.status = status.as_str(), %code, %reason, "the send's outcome is uncertain; queued for the reconciler");
                     }
                 }

@@ -19,7 +19,7 @@ use sqlx::{Postgres, Transaction};
 use time::OffsetDateTime;
 
 use crate::outbox;
-use crate::verdict::Verdict;
+use crate::verdict::SendVerdict;
 use oncepay_store::claims::Claimed;
 
 /// What recording did.
@@ -85,18 +85,18 @@ pub async fn record(
     mut tx: Transaction<'_, Postgres>,
     actor: &str,
     claimed: &Claimed,
-    verdict: &Verdict,
+    verdict: &SendVerdict,
 ) -> Result<Recorded, RecordError> {
     let (held, transition, reason) = match verdict {
-        Verdict::Settle { transition, settlement, reason } => {
+        SendVerdict::Settle { transition, settlement, reason } => {
             let send = SettledSend { claimed, transition: *transition, settlement, reason };
             let recorded = record_settlements(tx, actor, &[send]).await?;
             return Ok(recorded.into_iter().next().unwrap_or(Recorded::LeaseLost));
         }
-        Verdict::Retry { delay, reason } => {
+        SendVerdict::Retry { delay, reason } => {
             (outbox::release(&mut tx, claimed, *delay).await?, Transition::NotSentRetry, reason)
         }
-        Verdict::Uncertain { reason, .. } => (outbox::take(&mut tx, claimed).await?, Transition::Uncertain, reason),
+        SendVerdict::Uncertain { reason, .. } => (outbox::take(&mut tx, claimed).await?, Transition::Uncertain, reason),
     };
     if !held {
         tx.rollback().await?;
@@ -104,8 +104,8 @@ pub async fn record(
     }
 
     let (code, refusal) = match verdict {
-        Verdict::Uncertain { code, refusal, .. } => (Some(*code), refusal.as_ref()),
-        Verdict::Settle { .. } | Verdict::Retry { .. } => (None, None),
+        SendVerdict::Uncertain { code, refusal, .. } => (Some(*code), refusal.as_ref()),
+        SendVerdict::Settle { .. } | SendVerdict::Retry { .. } => (None, None),
     };
     let change = change(claimed, actor, transition, reason, code);
     let status = match transitions::apply_deferring_wakeup(&mut tx, &change).await? {
@@ -147,12 +147,12 @@ pub struct SettledSend<'a> {
 
 impl<'a> SettledSend<'a> {
     /// `verdict` for `claimed`, if it is terminal.
-    pub fn of(claimed: &'a Claimed, verdict: &'a Verdict) -> Option<Self> {
+    pub fn of(claimed: &'a Claimed, verdict: &'a SendVerdict) -> Option<Self> {
         match verdict {
-            Verdict::Settle { transition, settlement, reason } => {
+            SendVerdict::Settle { transition, settlement, reason } => {
                 Some(Self { claimed, transition: *transition, settlement, reason })
             }
-            Verdict::Retry { .. } | Verdict::Uncertain { .. } => None,
+            SendVerdict::Retry { .. } | SendVerdict::Uncertain { .. } => None,
         }
     }
 }

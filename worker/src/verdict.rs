@@ -48,7 +48,7 @@ pub struct RetryPolicy {
 
 /// What to record for one claimed payment.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub enum SendVerdict {
     /// A terminal status: `succeeded` ([`Transition::Charged`]) or `failed`
     /// ([`Transition::Declined`], [`Transition::NotSentExhausted`]).
     Settle {
@@ -78,7 +78,7 @@ pub enum Verdict {
     },
 }
 
-impl Verdict {
+impl SendVerdict {
     /// `unknown` for the reason `code`, with no refusal to keep.
     fn uncertain(code: &'static str, reason: String) -> Self {
         Self::Uncertain { code, reason, refusal: None }
@@ -96,23 +96,23 @@ impl Verdict {
 }
 
 /// What to record for `claimed` after its send ended in `outcome`.
-pub fn decide(claimed: &Claimed, outcome: &SendOutcome, policy: &RetryPolicy, rng: &mut impl Rng) -> Verdict {
+pub fn decide(claimed: &Claimed, outcome: &SendOutcome, policy: &RetryPolicy, rng: &mut impl Rng) -> SendVerdict {
     match outcome {
         // Judged by `oncepay_store::settlement`, as everywhere else.
         SendOutcome::Charged(charge) => match settlement::settlement_of(&claimed.asked(), charge) {
-            Ok(settlement) => Verdict::Settle {
+            Ok(settlement) => SendVerdict::Settle {
                 transition: settlement::transition_of(&settlement),
                 reason: settle_reason(&settlement),
                 settlement,
             },
             // Money may have moved, and only the reconciler or an operator may say how much.
-            Err(Unsettled::Unbookable(why)) => Verdict::uncertain("unreadable_charge", why),
-            Err(Unsettled::Mismatch(why)) => Verdict::uncertain("charge_mismatch", why),
+            Err(Unsettled::Unbookable(why)) => SendVerdict::uncertain("unreadable_charge", why),
+            Err(Unsettled::Mismatch(why)) => SendVerdict::uncertain("charge_mismatch", why),
         },
         // A refusal of this request says nothing of an earlier send that may have charged under the
         // same key (a payment method detached since, a limit changed): only the payment's own failed
         // charge, or a lookup that finds none, proves that no money moved.
-        SendOutcome::Declined { code, message, charge_id: None } if claimed.may_be_charged => Verdict::Uncertain {
+        SendOutcome::Declined { code, message, charge_id: None } if claimed.may_be_charged => SendVerdict::Uncertain {
             code: REFUSED_AFTER_POSSIBLE_CHARGE,
             reason: format!(
                 "the provider refused a resend ({code}) without showing this payment's failed charge, and an \
@@ -122,13 +122,13 @@ pub fn decide(claimed: &Claimed, outcome: &SendOutcome, policy: &RetryPolicy, rn
         },
         SendOutcome::Declined { code, message, charge_id } => {
             let settlement = settlement::declined(Some(code), Some(message), charge_id.as_deref());
-            Verdict::Settle { transition: Transition::Declined, reason: settle_reason(&settlement), settlement }
+            SendVerdict::Settle { transition: Transition::Declined, reason: settle_reason(&settlement), settlement }
         }
         SendOutcome::NotSent { reason, retry_after } => {
             if claimed.attempt < policy.max_attempts {
                 let retry_after = retry_after.unwrap_or_default().min(LONGEST_RETRY_AFTER);
                 let delay = policy.backoff.delay(claimed.attempt, rng).max(retry_after);
-                Verdict::Retry {
+                SendVerdict::Retry {
                     delay,
                     reason: format!(
                         "not sent ({reason}); attempt {} of {}, next in {} ms",
@@ -138,7 +138,7 @@ pub fn decide(claimed: &Claimed, outcome: &SendOutcome, policy: &RetryPolicy, rn
                     ),
                 }
             } else if claimed.may_be_charged {
-                Verdict::uncertain(
+                SendVerdict::uncertain(
                     "not_sent_but_may_be_charged",
                     format!(
                         "not sent in {} attempts ({reason}), but an earlier send may have reached the provider",
@@ -146,7 +146,7 @@ pub fn decide(claimed: &Claimed, outcome: &SendOutcome, policy: &RetryPolicy, rn
                     ),
                 )
             } else {
-                Verdict::Settle {
+                SendVerdict::Settle {
                     transition: Transition::NotSentExhausted,
                     reason: format!("not sent in {} attempts ({reason})", claimed.attempt),
                     settlement: Settlement::Failed {
@@ -160,7 +160,7 @@ pub fn decide(claimed: &Claimed, outcome: &SendOutcome, policy: &RetryPolicy, rn
                 }
             }
         }
-        SendOutcome::Uncertain(reason) => Verdict::uncertain(uncertain_code(reason), reason.to_string()),
+        SendOutcome::Uncertain(reason) => SendVerdict::uncertain(uncertain_code(reason), reason.to_string()),
     }
 }
 
@@ -169,8 +169,8 @@ pub fn decide(claimed: &Claimed, outcome: &SendOutcome, policy: &RetryPolicy, rn
 pub const KEY_WINDOW_PASSED: &str = "key_window_passed";
 
 /// What to record instead of sending when [`Claimed::send_is_safe`] says a send could charge twice.
-pub fn key_window_passed() -> Verdict {
-    Verdict::uncertain(
+pub fn key_window_passed() -> SendVerdict {
+    SendVerdict::uncertain(
         KEY_WINDOW_PASSED,
         "not sent: an earlier send may have reached the provider, and the provider may have forgotten the key \
          since, so a resend could charge twice"
@@ -256,7 +256,7 @@ mod tests {
         SendOutcome::NotSent { reason: NotSentReason::ConnectFailed, retry_after }
     }
 
-    fn decide_seeded(claimed: &Claimed, outcome: &SendOutcome) -> Verdict {
+    fn decide_seeded(claimed: &Claimed, outcome: &SendOutcome) -> SendVerdict {
         decide(claimed, outcome, &POLICY, &mut StdRng::seed_from_u64(1))
     }
 
@@ -327,7 +327,7 @@ mod tests {
 
         let verdict = decide_seeded(&claimed(2, true), &outcome);
 
-        let Verdict::Uncertain { code, refusal, .. } = verdict else { panic!("{verdict:?}") };
+        let SendVerdict::Uncertain { code, refusal, .. } = verdict else { panic!("{verdict:?}") };
         assert_eq!(code, REFUSED_AFTER_POSSIBLE_CHARGE);
         assert_eq!(refusal, Some(Refusal { code: "provider_rejected".into(), message: "refused".into() }));
     }
@@ -338,7 +338,7 @@ mod tests {
 
         let verdict = decide_seeded(&claimed, &charged(&claimed, |c| c.amount = 1500));
 
-        let Verdict::Uncertain { code, reason, .. } = verdict else { panic!("{verdict:?}") };
+        let SendVerdict::Uncertain { code, reason, .. } = verdict else { panic!("{verdict:?}") };
         assert_eq!(code, "charge_mismatch");
         assert!(reason.contains("1500") && reason.contains("1999"), "{reason}");
     }
@@ -348,7 +348,7 @@ mod tests {
         let outcome =
             SendOutcome::Declined { code: " ".into(), message: String::new(), charge_id: Some(String::new()) };
 
-        let Verdict::Settle { transition, settlement, .. } = decide_seeded(&claimed(1, false), &outcome) else {
+        let SendVerdict::Settle { transition, settlement, .. } = decide_seeded(&claimed(1, false), &outcome) else {
             panic!()
         };
 
@@ -365,7 +365,7 @@ mod tests {
 
     #[test]
     fn spent_attempts_fail_as_unreachable_and_say_no_charge_was_made() {
-        let Verdict::Settle { transition, settlement: Settlement::Failed { code, message, charge_id }, .. } =
+        let SendVerdict::Settle { transition, settlement: Settlement::Failed { code, message, charge_id }, .. } =
             decide_seeded(&claimed(3, false), &not_sent(None))
         else {
             panic!()
@@ -381,13 +381,14 @@ mod tests {
     fn a_retry_waits_within_the_backoff_and_at_least_the_providers_retry_after() {
         for seed in 0..200 {
             let mut rng = StdRng::seed_from_u64(seed);
-            let Verdict::Retry { delay, .. } = decide(&claimed(2, false), &not_sent(None), &POLICY, &mut rng) else {
+            let SendVerdict::Retry { delay, .. } = decide(&claimed(2, false), &not_sent(None), &POLICY, &mut rng)
+            else {
                 panic!()
             };
             assert!(delay <= POLICY.backoff.ceiling(2), "{delay:?}");
 
             let mut rng = StdRng::seed_from_u64(seed);
-            let Verdict::Retry { delay, .. } =
+            let SendVerdict::Retry { delay, .. } =
                 decide(&claimed(2, false), &not_sent(Some(Duration::from_secs(30))), &POLICY, &mut rng)
             else {
                 panic!()
@@ -400,7 +401,9 @@ mod tests {
     fn a_huge_retry_after_is_honoured_only_up_to_the_longest_one() {
         let years = Duration::from_secs(u64::MAX / 4);
 
-        let Verdict::Retry { delay, .. } = decide_seeded(&claimed(1, false), &not_sent(Some(years))) else { panic!() };
+        let SendVerdict::Retry { delay, .. } = decide_seeded(&claimed(1, false), &not_sent(Some(years))) else {
+            panic!()
+        };
 
         assert_eq!(delay, LONGEST_RETRY_AFTER);
     }

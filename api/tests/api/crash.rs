@@ -17,7 +17,7 @@ use crate::helpers::{self, TestApp, body, rows};
 
 /// What one request got.
 #[derive(Debug)]
-struct Answer {
+struct Response {
     key: String,
     status: StatusCode,
     retry_after: bool,
@@ -37,31 +37,31 @@ async fn a_database_crash_mid_run_fails_closed_and_leaves_nothing_partial() {
     settings.database.acquire_timeout_ms = 500;
     let app = TestApp::start(Application::build(settings).unwrap(), db).await;
 
-    // Four clients send payments with fresh keys until told to stop, reporting every answer.
-    let (answers_tx, mut answers) = mpsc::unbounded_channel::<Answer>();
+    // Four clients send payments with fresh keys until told to stop, reporting every response.
+    let (responses_tx, mut responses) = mpsc::unbounded_channel::<Response>();
     let stop = CancellationToken::new();
     let clients: Vec<_> = (0..4)
         .map(|client| {
             let (app_client, address, token) = (app.client.clone(), app.address.clone(), app.tenant.token.clone());
-            let (answers_tx, stop) = (answers_tx.clone(), stop.clone());
+            let (responses_tx, stop) = (responses_tx.clone(), stop.clone());
             tokio::spawn(async move {
                 let mut n = 0;
                 while !stop.is_cancelled() {
                     n += 1;
                     let key = format!("client-{client}-{n}");
-                    let answer = send(&app_client, &address, &token, &key).await;
-                    if answers_tx.send(answer).is_err() {
+                    let response = send(&app_client, &address, &token, &key).await;
+                    if responses_tx.send(response).is_err() {
                         break;
                     }
                 }
             })
         })
         .collect();
-    drop(answers_tx);
-    let mut seen: Vec<Answer> = Vec::new();
+    drop(responses_tx);
+    let mut seen: Vec<Response> = Vec::new();
     let mut next = async || {
-        let answer = tokio::time::timeout(Duration::from_secs(30), answers.recv()).await.unwrap().unwrap();
-        seen.push(answer);
+        let response = tokio::time::timeout(Duration::from_secs(30), responses.recv()).await.unwrap().unwrap();
+        seen.push(response);
         seen.last().map(|a| a.status).unwrap()
     };
     let mut accepted_before = 0;
@@ -84,25 +84,25 @@ async fn a_database_crash_mid_run_fails_closed_and_leaves_nothing_partial() {
     for client in clients {
         client.await.unwrap();
     }
-    while let Ok(answer) = answers.try_recv() {
-        seen.push(answer);
+    while let Ok(response) = responses.try_recv() {
+        seen.push(response);
     }
     // Every request that was refused is retried with its key, as a client would.
     let mut retried = HashMap::new();
-    for answer in seen.iter().filter(|a| a.status == StatusCode::SERVICE_UNAVAILABLE) {
-        let retry = send(&app.client, &app.address, &app.tenant.token, &answer.key).await;
-        assert!(retry.status.is_success(), "retry of {}: {retry:?}", answer.key);
-        retried.insert(answer.key.clone(), retry.payment_id);
+    for response in seen.iter().filter(|a| a.status == StatusCode::SERVICE_UNAVAILABLE) {
+        let retry = send(&app.client, &app.address, &app.tenant.token, &response.key).await;
+        assert!(retry.status.is_success(), "retry of {}: {retry:?}", response.key);
+        retried.insert(response.key.clone(), retry.payment_id);
     }
 
     // Assert: only 202s and 503s were answered; every 503 carried Retry-After.
-    for answer in &seen {
+    for response in &seen {
         assert!(
-            answer.status == StatusCode::ACCEPTED || answer.status == StatusCode::SERVICE_UNAVAILABLE,
-            "{answer:?}"
+            response.status == StatusCode::ACCEPTED || response.status == StatusCode::SERVICE_UNAVAILABLE,
+            "{response:?}"
         );
-        if answer.status == StatusCode::SERVICE_UNAVAILABLE {
-            assert!(answer.retry_after, "{answer:?}");
+        if response.status == StatusCode::SERVICE_UNAVAILABLE {
+            assert!(response.retry_after, "{response:?}");
         }
     }
     // Nothing accepted was lost, and every payment is whole: key, payment, outbox row, audit row.
@@ -120,8 +120,8 @@ async fn a_database_crash_mid_run_fails_closed_and_leaves_nothing_partial() {
     .into_iter()
     .map(|row| (row.idempotency_key, row.payment_id))
     .collect();
-    for answer in seen.iter().filter(|a| a.status == StatusCode::ACCEPTED) {
-        assert_eq!(stored.get(&answer.key), answer.payment_id.as_ref(), "accepted {} was lost", answer.key);
+    for response in seen.iter().filter(|a| a.status == StatusCode::ACCEPTED) {
+        assert_eq!(stored.get(&response.key), response.payment_id.as_ref(), "accepted {} was lost", response.key);
     }
     for (key, payment_id) in &retried {
         assert_eq!(stored.get(key), payment_id.as_ref(), "retried {key}");
@@ -132,7 +132,7 @@ async fn a_database_crash_mid_run_fails_closed_and_leaves_nothing_partial() {
     app.stop().await;
 }
 
-async fn send(client: &reqwest::Client, address: &str, token: &str, key: &str) -> Answer {
+async fn send(client: &reqwest::Client, address: &str, token: &str, key: &str) -> Response {
     let response = client
         .post(format!("{address}/v1/payments"))
         .bearer_auth(token)
@@ -149,5 +149,5 @@ async fn send(client: &reqwest::Client, address: &str, token: &str, key: &str) -
     } else {
         None
     };
-    Answer { key: key.to_owned(), status, retry_after, payment_id }
+    Response { key: key.to_owned(), status, retry_after, payment_id }
 }

@@ -7,7 +7,7 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_domain::status::PaymentStatus;
-use oncepay_http::ops_http::OpsState;
+use oncepay_http::probes::ProbeState;
 use oncepay_provider::webhook_signature::WebhookSecret;
 use oncepay_provider::wire::{EventType, WebhookEvent};
 use oncepay_provider::{Charge, ChargeStatus};
@@ -37,7 +37,7 @@ fn start(pool: &PgPool, secrets: Vec<WebhookSecret>) -> String {
         tolerance_secs: 300,
         max_body_bytes: 65_536,
     };
-    let ops = OpsState { pool: pool.clone(), metrics: oncepay_service::metrics::install() };
+    let ops = ProbeState { pool: pool.clone(), metrics: oncepay_service::metrics::install() };
     tokio::spawn(http::server(listener, webhook, Some(ops), 1).unwrap());
     format!("http://127.0.0.1:{port}/webhooks/provider")
 }

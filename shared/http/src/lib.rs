@@ -1,5 +1,5 @@
 //! HTTP plumbing for the processes that serve HTTP over a database: RFC 9457 problem details
-//! ([`problem`]) and the operations endpoints (`/healthz`, `/readyz`, `/metrics`; [`ops_http`]).
+//! ([`problem`]) and the probes (`/healthz`, `/readyz`, `/metrics`; [`probes`]).
 
-pub mod ops_http;
+pub mod probes;
 pub mod problem;

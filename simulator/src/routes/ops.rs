@@ -1,7 +1,7 @@
 //! The operations endpoints: `/healthz` (the process is up), `/readyz` (it serves the protocol),
 //! `/metrics` (Prometheus text).
 //!
-//! The simulator has no database, so unlike `oncepay_http::ops_http` readiness depends on nothing
+//! The simulator has no database, so unlike `oncepay_http::probes` readiness depends on nothing
 //! but the process itself: ready while serving, not ready once shutdown has begun.
 
 use bytes::Bytes;

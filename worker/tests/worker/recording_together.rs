@@ -19,7 +19,7 @@ use oncepay_store::leases;
 use oncepay_store::transitions::Settlement;
 use oncepay_worker::Drainer;
 use oncepay_worker::record::{RecordError, Recorded};
-use oncepay_worker::verdict::Verdict;
+use oncepay_worker::verdict::SendVerdict;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use time::OffsetDateTime;
@@ -47,7 +47,7 @@ async fn charged(
 }
 
 /// Sends every payment, one after the other, and decides what to record for each.
-async fn send_all(worker: &Drainer<HttpProvider>, sends: &[(Accepted, Claimed)]) -> Vec<Verdict> {
+async fn send_all(worker: &Drainer<HttpProvider>, sends: &[(Accepted, Claimed)]) -> Vec<SendVerdict> {
     let mut verdicts = Vec::new();
     for (_, claimed) in sends {
         let outcome = worker.send(claimed).await;
@@ -60,7 +60,7 @@ async fn send_all(worker: &Drainer<HttpProvider>, sends: &[(Accepted, Claimed)])
 async fn record_together(
     worker: &Drainer<HttpProvider>,
     sends: &[(Accepted, Claimed)],
-    verdicts: &[Verdict],
+    verdicts: &[SendVerdict],
 ) -> Vec<Result<Recorded, RecordError>> {
     join_all(sends.iter().zip(verdicts).map(|((_, claimed), verdict)| worker.record(claimed, verdict))).await
 }

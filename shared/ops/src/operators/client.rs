@@ -1,9 +1,9 @@
 //! The operator CLI's side of the operations API: sends a command's request with the operator's
 //! personal token (or, to enroll, sign in and change a password, with none or with the session a
-//! sign-in opened) and turns the answer back into the report or the failure the CLI prints.
+//! sign-in opened) and turns the response back into the report or the failure the CLI prints.
 //!
 //! `main` builds it from `ONCEPAY_OPS_URL` and `ONCEPAY_OPS_TOKEN`; nothing here reads the
-//! environment. A problem answer keeps its `detail` as the message and maps its status to the
+//! environment. A problem response keeps its `detail` as the message and maps its status to the
 //! CLI's exit codes (400 → 2, 404 → 3, 409 → 4, 401 and 403 → 5); an unreachable API is a failure (1).
 
 use std::time::Duration;
@@ -36,19 +36,19 @@ enum Credential {
     Nobody,
 }
 
-/// An answer: its status and its JSON body (`null` when it has none).
-pub struct Answer {
+/// A response: its status and its JSON body (`null` when it has none).
+pub struct ApiResponse {
     /// The status.
     pub status: StatusCode,
     /// The body.
     pub body: Value,
 }
 
-impl Answer {
+impl ApiResponse {
     /// The body read as `T`.
     pub fn into<T: DeserializeOwned>(self) -> Result<T, OperatorError> {
         serde_json::from_value(self.body)
-            .context("the operations API answered in an unexpected shape")
+            .context("the operations API responded in an unexpected shape")
             .map_err(OperatorError::Failed)
     }
 }
@@ -99,7 +99,7 @@ impl OpsClient {
         }
         let body: Value = response.json().await.unwrap_or(Value::Null);
         let detail =
-            body["detail"].as_str().map_or_else(|| format!("the operations API answered {status}"), str::to_owned);
+            body["detail"].as_str().map_or_else(|| format!("the operations API responded {status}"), str::to_owned);
         Err(match status {
             StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => OperatorError::Forbidden(detail),
             StatusCode::BAD_REQUEST => OperatorError::Invalid(detail),
@@ -108,32 +108,32 @@ impl OpsClient {
     }
 
     /// `GET path`.
-    pub async fn get(&self, path: &str) -> Result<Answer, OperatorError> {
+    pub async fn get(&self, path: &str) -> Result<ApiResponse, OperatorError> {
         self.send(Method::GET, path, &[], None).await
     }
 
     /// `GET path?query`.
-    pub async fn get_with(&self, path: &str, query: &[(&str, String)]) -> Result<Answer, OperatorError> {
+    pub async fn get_with(&self, path: &str, query: &[(&str, String)]) -> Result<ApiResponse, OperatorError> {
         self.send(Method::GET, path, query, None).await
     }
 
     /// `POST path` with a JSON body.
-    pub async fn post(&self, path: &str, body: &Value) -> Result<Answer, OperatorError> {
+    pub async fn post(&self, path: &str, body: &Value) -> Result<ApiResponse, OperatorError> {
         self.send(Method::POST, path, &[], Some(body)).await
     }
 
     /// `PATCH path` with a JSON body.
-    pub async fn patch(&self, path: &str, body: &Value) -> Result<Answer, OperatorError> {
+    pub async fn patch(&self, path: &str, body: &Value) -> Result<ApiResponse, OperatorError> {
         self.send(Method::PATCH, path, &[], Some(body)).await
     }
 
     /// `PUT path` with a JSON body.
-    pub async fn put(&self, path: &str, body: &Value) -> Result<Answer, OperatorError> {
+    pub async fn put(&self, path: &str, body: &Value) -> Result<ApiResponse, OperatorError> {
         self.send(Method::PUT, path, &[], Some(body)).await
     }
 
     /// `DELETE path` with a JSON body.
-    pub async fn delete(&self, path: &str, body: &Value) -> Result<Answer, OperatorError> {
+    pub async fn delete(&self, path: &str, body: &Value) -> Result<ApiResponse, OperatorError> {
         self.send(Method::DELETE, path, &[], Some(body)).await
     }
 
@@ -143,7 +143,7 @@ impl OpsClient {
         path: &str,
         query: &[(&str, String)],
         body: Option<&Value>,
-    ) -> Result<Answer, OperatorError> {
+    ) -> Result<ApiResponse, OperatorError> {
         let url = format!("{}{path}", self.base);
         let mut request = self.http.request(method, &url).query(query).timeout(TIMEOUT);
         request = match &self.credential {
@@ -165,13 +165,13 @@ impl OpsClient {
             .map_err(OperatorError::Failed)?;
         let status = response.status();
         let bytes =
-            response.bytes().await.context("the operations API's answer broke off").map_err(OperatorError::Failed)?;
+            response.bytes().await.context("the operations API's response broke off").map_err(OperatorError::Failed)?;
         let body = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).unwrap_or(Value::Null) };
         if status.is_success() {
-            return Ok(Answer { status, body });
+            return Ok(ApiResponse { status, body });
         }
         let detail =
-            body["detail"].as_str().map_or_else(|| format!("the operations API answered {status}"), str::to_owned);
+            body["detail"].as_str().map_or_else(|| format!("the operations API responded {status}"), str::to_owned);
         Err(match status {
             StatusCode::BAD_REQUEST => OperatorError::Invalid(detail),
             StatusCode::NOT_FOUND => OperatorError::NotFound(detail),

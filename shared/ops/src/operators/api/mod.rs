@@ -136,7 +136,7 @@ pub fn configure(config: &mut web::ServiceConfig) {
 }
 
 /// A response, or the problem that stands for it.
-type Answer = Result<HttpResponse, Problem>;
+type Responded = Result<HttpResponse, Problem>;
 
 /// `GET /v1/session/oidc/callback?code=…&state=…`: where the OpenID provider sends the browser
 /// back ([`signing_in::oidc_session`]). 200 with the session cookie and who signed in. (A browser,
@@ -158,7 +158,7 @@ pub async fn change(
     caller: &Caller,
     entry: Entry,
     outcome: Result<HttpResponse, OperatorError>,
-) -> Answer {
+) -> Responded {
     match outcome {
         Ok(response) => Ok(response),
         // Nothing was decided: nothing to record.
@@ -203,7 +203,7 @@ pub async fn connection(state: &OperatorsState) -> Result<sqlx::pool::PoolConnec
     })
 }
 
-fn respond(result: Answer) -> HttpResponse {
+fn respond(result: Responded) -> HttpResponse {
     result.unwrap_or_else(|problem| problem.to_response())
 }
 

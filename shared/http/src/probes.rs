@@ -1,5 +1,6 @@
-//! The operations endpoints every binary serves: `/healthz` (the process is up), `/readyz` (the
-//! database responds and the schema is current) and `/metrics` (Prometheus text).
+//! The probes every binary serves: `/healthz` (the process is up), `/readyz` (the database
+//! responds and the schema is current) and `/metrics` (Prometheus text). Their settings and docs
+//! call them the operations endpoints (`http.ops_port`).
 //!
 //! They need no authentication and reveal nothing beyond up/down and counters, so the platform can
 //! probe and scrape them. [`configure`] mounts them beside a binary's public endpoints; [`server`]
@@ -19,14 +20,14 @@ use crate::problem::{Problem, ProblemType};
 
 /// What the endpoints need.
 #[derive(Clone)]
-pub struct OpsState {
+pub struct ProbeState {
     /// The binary's pool, for `/readyz`.
     pub pool: PgPool,
     /// The process's metrics.
     pub metrics: PrometheusHandle,
 }
 
-/// Mounts the endpoints; the app must hold `web::Data<OpsState>`.
+/// Mounts the endpoints; the app must hold `web::Data<ProbeState>`.
 pub fn configure(config: &mut web::ServiceConfig) {
     config
         .route("/healthz", web::get().to(healthz))
@@ -39,7 +40,7 @@ pub fn configure(config: &mut web::ServiceConfig) {
 ///
 /// On a listener and a thread of their own, a busy or attacked public listener never delays a probe,
 /// and the endpoints need not be exposed with the public ones.
-pub fn server(listener: TcpListener, state: OpsState) -> std::io::Result<Server> {
+pub fn server(listener: TcpListener, state: ProbeState) -> std::io::Result<Server> {
     let state = web::Data::new(state);
     let server = HttpServer::new(move || {
         App::new().app_data(state.clone()).configure(configure).default_service(web::to(not_found))
@@ -62,7 +63,7 @@ pub struct Apart {
 /// Serves the endpoints on `host:port`, apart from the binary's public endpoints, when `port` is
 /// set (`http.ops_port`), with the state `state` makes; `None` when there is no such port and they
 /// belong on the public one.
-pub fn serve_apart(host: &str, port: Option<u16>, state: impl FnOnce() -> OpsState) -> anyhow::Result<Option<Apart>> {
+pub fn serve_apart(host: &str, port: Option<u16>, state: impl FnOnce() -> ProbeState) -> anyhow::Result<Option<Apart>> {
     let Some(port) = port else { return Ok(None) };
     let listener = TcpListener::bind((host, port)).with_context(|| format!("cannot listen on {host}:{port}"))?;
     let address = listener.local_addr().context("the listening socket has no address")?;
@@ -78,7 +79,7 @@ async fn healthz() -> HttpResponse {
     HttpResponse::Ok().content_type("text/plain").body("ok\n")
 }
 
-async fn readyz(state: web::Data<OpsState>) -> HttpResponse {
+async fn readyz(state: web::Data<ProbeState>) -> HttpResponse {
     match db::check_ready(&state.pool).await {
         Ok(()) => HttpResponse::Ok().content_type("text/plain").body("ready\n"),
         Err(reason) => {
@@ -88,6 +89,6 @@ async fn readyz(state: web::Data<OpsState>) -> HttpResponse {
     }
 }
 
-async fn metrics(state: web::Data<OpsState>) -> HttpResponse {
+async fn metrics(state: web::Data<ProbeState>) -> HttpResponse {
     HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(state.metrics.render())
 }
