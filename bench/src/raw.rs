@@ -1,8 +1,8 @@
 //! The raw-SQL baselines: pgbench scripts of the project's own statements, plus the reference shape
 //! of issue #8 (three plain inserts in one transaction), with the variables they need.
 //!
-//! The statements are embedded from the files the binaries are built from (`shared/store/sql`,
-//! `worker/sql`, and the query macros of `shared/store/src/refunds/intake.rs`), so a baseline
+//! The statements are embedded from the files the binaries are built from (`shared/store/sql` and
+//! the query macros of `shared/store/src/refunds/intake.rs`), so a baseline
 //! cannot drift from the code it measures. Where pgbench cannot pass a value as a bind parameter
 //! the way the binaries do, SQL stands in, and each such difference is noted where it is made.
 
@@ -18,7 +18,7 @@ const REPLAY_SQL: &str = include_str!("../../shared/store/sql/replay.sql");
 const SETTLE_SQL: &str = include_str!("../../shared/store/sql/settle.sql");
 const STORE_RESPONSE_SQL: &str = include_str!("../../shared/store/sql/store_response.sql");
 const CLAIM_SQL: &str = include_str!("../../shared/store/sql/claim.sql");
-const TAKE_SQL: &str = include_str!("../../worker/sql/take.sql");
+const TAKE_SQL: &str = include_str!("../../shared/store/sql/take.sql");
 const REFUND_INTAKE_RS: &str = include_str!("../../shared/store/src/refunds/intake.rs");
 
 /// Who asks for a refund made through the api, as the api writes it (`api/src/create_refund.rs`).
@@ -52,7 +52,7 @@ pub enum Baseline {
     /// `shared/store/sql/replay.sql`: the replay read on its own (the `intake` function's first statement),
     /// of a random stored key.
     Replay,
-    /// The worker's claim (`worker/sql/claim.sql`, one row) and its finish of a success in one
+    /// The worker's claim (`shared/store/sql/claim.sql`, one row) and its finish of a success in one
     /// transaction (`take.sql`, `settle.sql`, `store_response.sql`, each for one payment).
     ClaimFinish,
     /// Refund intake (`shared/store/src/refunds/intake.rs`) as the api runs it for a new key and a

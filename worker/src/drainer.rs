@@ -35,12 +35,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::metrics;
-use crate::outbox;
 use crate::record::{self, RecordError, Recorded, SettledSend};
 use crate::rotation::Rotation;
 use crate::verdict::{self, RetryPolicy, SendVerdict};
 use crate::wake::Wake;
-use oncepay_store::claims::{self, ClaimRequest, Claimed};
+use oncepay_store::sending::{self, ClaimRequest, Claimed};
 
 /// How many times to retry recording a result after a transient failure (the database was briefly
 /// unreachable, a deadlock). After that, the worker gives up and the sweeper takes the payment back
@@ -320,7 +319,7 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
         let config = self.config();
         let mut conn = self.inner.connections.acquire().await?;
         if self.inner.rescan.swap(false, Ordering::AcqRel) || self.rotation().is_empty() {
-            match outbox::due_tenants(&mut conn).await {
+            match sending::due_tenants(&mut conn).await {
                 Ok(tenants) => tenants.into_iter().for_each(|tenant| self.rotation().add(tenant)),
                 Err(error) => {
                     self.inner.rescan.store(true, Ordering::Release);
@@ -343,7 +342,7 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
                 lease: config.lease,
                 resend_horizon: config.key_window.resend_horizon(),
             };
-            match claims::claim(&mut conn, &request).await {
+            match sending::claim(&mut conn, &request).await {
                 Ok(rows) => {
                     remaining = remaining.saturating_sub(u32::try_from(rows.len()).unwrap_or(u32::MAX));
                     self.rotation().done(turn, rows.len());

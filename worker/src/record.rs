@@ -18,9 +18,8 @@ use serde_json::json;
 use sqlx::{Postgres, Transaction};
 use time::OffsetDateTime;
 
-use crate::outbox;
 use crate::verdict::SendVerdict;
-use oncepay_store::claims::Claimed;
+use oncepay_store::sending::{self, Claimed};
 
 /// What recording did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,9 +93,11 @@ pub async fn record(
             return Ok(recorded.into_iter().next().unwrap_or(Recorded::LeaseLost));
         }
         SendVerdict::Retry { delay, reason } => {
-            (outbox::release(&mut tx, claimed, *delay).await?, Transition::NotSentRetry, reason)
+            (sending::release(&mut tx, claimed, *delay).await?, Transition::NotSentRetry, reason)
         }
-        SendVerdict::Uncertain { reason, .. } => (outbox::take(&mut tx, claimed).await?, Transition::Uncertain, reason),
+        SendVerdict::Uncertain { reason, .. } => {
+            (sending::take(&mut tx, claimed).await?, Transition::Uncertain, reason)
+        }
     };
     if !held {
         tx.rollback().await?;
@@ -174,7 +175,7 @@ pub async fn record_settlements(
     sends: &[SettledSend<'_>],
 ) -> Result<Vec<Recorded>, RecordError> {
     let claims: Vec<&Claimed> = sends.iter().map(|send| send.claimed).collect();
-    let held = outbox::take_all(&mut tx, &claims).await?;
+    let held = sending::take_all(&mut tx, &claims).await?;
     if held.is_empty() {
         tx.rollback().await?;
         return Ok(vec![Recorded::LeaseLost; sends.len()]);
@@ -241,7 +242,7 @@ async fn superseded(mut tx: Transaction<'_, Postgres>, claimed: &Claimed) -> Res
             Err(RecordError::Inconsistent(status))
         }
         status => {
-            outbox::discard(&mut tx, claimed).await?;
+            sending::discard(&mut tx, claimed).await?;
             tx.commit().await?;
             Ok(Recorded::Superseded(status))
         }

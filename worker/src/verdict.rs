@@ -24,7 +24,7 @@ use oncepay_store::transitions::Settlement;
 use oncepay_store::unknown_queue::Refusal;
 use rand::Rng;
 
-use oncepay_store::claims::Claimed;
+use oncepay_store::sending::Claimed;
 
 /// The failure code of a payment whose provider could never be reached.
 pub const PROVIDER_UNREACHABLE: &str = "provider_unreachable";

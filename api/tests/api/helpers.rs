@@ -9,11 +9,11 @@ use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_provider::KeyWindow;
-use oncepay_store::claims::{self, ClaimRequest};
 use oncepay_store::notify::{Notifier, PAYMENT_CHANNEL, Wakeups};
 use oncepay_store::payments::Payment;
 use oncepay_store::refunds::settling::{self, RefundChange, RefundSettlement};
-use oncepay_store::refunds::{Refund, sending};
+use oncepay_store::refunds::{self, Refund};
+use oncepay_store::sending::{self, ClaimRequest};
 use oncepay_store::tenants::{self, TenantName};
 use oncepay_store::transitions::{self, Change, Recorded, Settlement};
 use reqwest::header::HeaderMap;
@@ -223,7 +223,7 @@ pub async fn claim(db: &PgPool, tenant_id: TenantId, payment_id: PaymentId) {
         lease: Duration::from_secs(60),
         resend_horizon: Duration::from_secs(3_600),
     };
-    let claimed = claims::claim(&mut db.acquire().await.unwrap(), &request).await.unwrap();
+    let claimed = sending::claim(&mut db.acquire().await.unwrap(), &request).await.unwrap();
     let ids: Vec<PaymentId> = claimed.iter().map(|claimed| claimed.payment_id).collect();
     assert_eq!(ids, [payment_id], "the claim takes the tenant's oldest due payment: claim that one first");
     let wakeups = Wakeups::default();
@@ -268,7 +268,8 @@ pub async fn settle_succeeded_as(db: &PgPool, tenant_id: TenantId, payment_id: P
 pub async fn claim_refund(db: &PgPool, tenant_id: TenantId, refund_id: RefundId) {
     let window = KeyWindow { window: Duration::from_secs(86_400), safety_margin: Duration::from_secs(3_600) };
     let mut conn = db.acquire().await.unwrap();
-    let claimed = sending::claim(&mut conn, tenant_id, 100, "test", Duration::from_secs(60), window).await.unwrap();
+    let claimed =
+        refunds::sending::claim(&mut conn, tenant_id, 100, "test", Duration::from_secs(60), window).await.unwrap();
     assert!(claimed.iter().any(|claimed| claimed.refund_id == refund_id), "the refund was not due");
 }
 

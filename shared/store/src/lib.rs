@@ -7,7 +7,6 @@
 //! one binary owns (the worker's claim and finish, the reconciler's polling and dead letters) live in
 //! that binary. Errors are classified once, here, as [`StoreError`].
 
-pub mod claims;
 pub mod connections;
 pub mod db;
 #[cfg(feature = "fixtures")]
@@ -21,6 +20,7 @@ pub mod outbox;
 pub mod payments;
 pub mod recon_runs;
 pub mod refunds;
+pub mod sending;
 pub mod settlement;
 pub mod statements;
 pub mod stored_name;

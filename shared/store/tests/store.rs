@@ -12,10 +12,10 @@ use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::payment::PaymentResource;
 use oncepay_domain::status::{PaymentStatus, Transition};
-use oncepay_store::claims::{self, ClaimRequest};
 use oncepay_store::fixtures::{Submission, accept, body, count, tenant};
 use oncepay_store::intake::{self, Intake};
 use oncepay_store::payments;
+use oncepay_store::sending::{self, ClaimRequest};
 use oncepay_store::tenants::{self, TenantError, TenantName};
 use oncepay_store::transitions::{self, Change, Recorded, Settlement, TransitionError};
 use serde_json::{Value, json};
@@ -40,7 +40,7 @@ async fn claim(pool: &PgPool, tenant_id: TenantId, payment_id: PaymentId) {
         lease: Duration::from_secs(60),
         resend_horizon: Duration::from_secs(3_600),
     };
-    let claimed = claims::claim(&mut pool.acquire().await.unwrap(), &request).await.unwrap();
+    let claimed = sending::claim(&mut pool.acquire().await.unwrap(), &request).await.unwrap();
     let ids: Vec<PaymentId> = claimed.iter().map(|claimed| claimed.payment_id).collect();
     assert_eq!(ids, [payment_id], "the claim takes the tenant's oldest due payment: claim that one first");
 }
