@@ -43,7 +43,7 @@ struct Guard {
 const GUARDS: [Guard; 6] = [
     Guard {
         name: "payment-resend",
-        file: "shared/store/src/claims.rs",
+        file: "shared/store/src/sending.rs",
         functions: r"Claimed::send_is_safe",
         packages: &["oncepay-worker"],
         tests: "test(/^fencing::|^requeued::/)",
