@@ -640,21 +640,7 @@ pub async fn execute(command: Command, ctx: &Context) -> Result<Box<dyn Report>,
         Command::Serve => Err(OperatorError::Invalid("`serve` runs the service; it is not an operator command".into())),
         Command::Migrate => migrate(&ctx.pool).await.map(boxed),
         Command::Tenants(command) => tenant_command(command, ctx.ops()?).await,
-        Command::Keys(KeysCommand::Issue { tenant, reason }) => {
-            let path = format!("/v1/tenants/{tenant}/keys");
-            let proposed: Acted = ctx.ops()?.post(&path, &json!({ "reason": reason })).await?.into()?;
-            Ok(boxed(proposed))
-        }
-        Command::Keys(KeysCommand::Collect { proposal_id }) => {
-            let path = format!("/v1/proposals/{proposal_id}/key");
-            let issued: IssuedKey = ctx.ops()?.post(&path, &json!({})).await?.into()?;
-            Ok(boxed(issued))
-        }
-        Command::Keys(KeysCommand::Revoke { tenant, key_id, reason }) => {
-            let path = format!("/v1/tenants/{tenant}/keys/{key_id}");
-            ctx.ops()?.delete(&path, &json!({ "reason": reason })).await?;
-            Ok(boxed(RevokedKey { tenant, key_id }))
-        }
+        Command::Keys(command) => key_command(command, ctx.ops()?).await,
         Command::DeadLetters(command) => dead_letter_command(command, ctx.ops()?).await,
         Command::Refunds(command) => refund_command(command, ctx.ops()?).await,
         Command::Proposals(command) => proposal_command(command, ctx.ops()?).await,
@@ -668,46 +654,7 @@ pub async fn execute(command: Command, ctx: &Context) -> Result<Box<dyn Report>,
             let trail: AuditTrail = ctx.ops()?.get_with("/v1/audit", &query).await?.into()?;
             Ok(boxed(trail))
         }
-        Command::Operators(OperatorsCommand::Bootstrap { name }) => {
-            let ttl = ctx.settings.operators.token_ttl();
-            accounts::bootstrap(&mut *connection(ctx).await?, &name, ttl).await.map(boxed)
-        }
-        Command::Operators(OperatorsCommand::List) => {
-            let list: OperatorList = ctx.ops()?.get("/v1/operators").await?.into()?;
-            Ok(boxed(list))
-        }
-        Command::Operators(OperatorsCommand::Create { name, role, tenants, oidc_subject, reason }) => {
-            let tenants = (!tenants.is_empty()).then_some(tenants);
-            let body = json!({ "name": name, "role": role, "tenants": tenants, "oidc_subject": oidc_subject, "reason": reason });
-            let created: CreatedOperator = ctx.ops()?.post("/v1/operators", &body).await?.into()?;
-            Ok(boxed(created))
-        }
-        Command::Operators(OperatorsCommand::Enroll { name }) => {
-            let api = ctx.anonymous()?;
-            let code = ask("enrollment code", true)?;
-            let password = new_password()?;
-            let body = json!({ "name": name, "code": code.expose_secret(), "password": password.expose_secret() });
-            api.post("/v1/enrollment", &body).await?;
-            Ok(boxed(Done(format!("your password is set, {name}: sign in with it (`oncepay-reconciler sign-in`)"))))
-        }
-        Command::Operators(OperatorsCommand::Password { name }) => {
-            let api = ctx.anonymous()?;
-            let name = match name {
-                Some(name) => name,
-                None => ask("operator name", false)?.expose_secret().to_owned(),
-            };
-            let old = ask("old password", true)?;
-            let new = new_password()?;
-            let session = api.sign_in(&name, &old).await?;
-            let body = json!({ "old_password": old.expose_secret(), "password": new.expose_secret(), "reason": "changed their own password at the command line" });
-            session.put(&format!("/v1/operators/{name}/password"), &body).await?;
-            Ok(boxed(Done("your password is changed; every session and token of yours has ended".into())))
-        }
-        Command::Operators(OperatorsCommand::Reset { name, reason }) => {
-            let path = format!("/v1/operators/{name}/enrollment");
-            let issued: IssuedCode = ctx.ops()?.post(&path, &json!({ "reason": reason })).await?.into()?;
-            Ok(boxed(issued))
-        }
+        Command::Operators(command) => operator_command(command, ctx).await,
         Command::SignIn { name, label, days, reason } => {
             let api = ctx.anonymous()?;
             let name = match name {
@@ -723,30 +670,100 @@ pub async fn execute(command: Command, ctx: &Context) -> Result<Box<dyn Report>,
             let issued: IssuedToken = issued?.into()?;
             Ok(boxed(issued))
         }
-        Command::Operators(OperatorsCommand::Update { name, role, tenants, every_tenant, reason }) => {
+        Command::Tokens(command) => token_command(command, ctx.ops()?).await,
+        Command::Recon(command) => recon_command(command, ctx.ops()?).await,
+    }
+}
+
+async fn key_command(command: KeysCommand, ops: &OpsClient) -> Result<Box<dyn Report>, OperatorError> {
+    match command {
+        KeysCommand::Issue { tenant, reason } => {
+            let path = format!("/v1/tenants/{tenant}/keys");
+            let proposed: Acted = ops.post(&path, &json!({ "reason": reason })).await?.into()?;
+            Ok(boxed(proposed))
+        }
+        KeysCommand::Collect { proposal_id } => {
+            let path = format!("/v1/proposals/{proposal_id}/key");
+            let issued: IssuedKey = ops.post(&path, &json!({})).await?.into()?;
+            Ok(boxed(issued))
+        }
+        KeysCommand::Revoke { tenant, key_id, reason } => {
+            let path = format!("/v1/tenants/{tenant}/keys/{key_id}");
+            ops.delete(&path, &json!({ "reason": reason })).await?;
+            Ok(boxed(RevokedKey { tenant, key_id }))
+        }
+    }
+}
+
+async fn operator_command(command: OperatorsCommand, ctx: &Context) -> Result<Box<dyn Report>, OperatorError> {
+    match command {
+        OperatorsCommand::Bootstrap { name } => {
+            let ttl = ctx.settings.operators.token_ttl();
+            accounts::bootstrap(&mut *connection(ctx).await?, &name, ttl).await.map(boxed)
+        }
+        OperatorsCommand::List => {
+            let list: OperatorList = ctx.ops()?.get("/v1/operators").await?.into()?;
+            Ok(boxed(list))
+        }
+        OperatorsCommand::Create { name, role, tenants, oidc_subject, reason } => {
+            let tenants = (!tenants.is_empty()).then_some(tenants);
+            let body = json!({ "name": name, "role": role, "tenants": tenants, "oidc_subject": oidc_subject, "reason": reason });
+            let created: CreatedOperator = ctx.ops()?.post("/v1/operators", &body).await?.into()?;
+            Ok(boxed(created))
+        }
+        OperatorsCommand::Enroll { name } => {
+            let api = ctx.anonymous()?;
+            let code = ask("enrollment code", true)?;
+            let password = new_password()?;
+            let body = json!({ "name": name, "code": code.expose_secret(), "password": password.expose_secret() });
+            api.post("/v1/enrollment", &body).await?;
+            Ok(boxed(Done(format!("your password is set, {name}: sign in with it (`oncepay-reconciler sign-in`)"))))
+        }
+        OperatorsCommand::Password { name } => {
+            let api = ctx.anonymous()?;
+            let name = match name {
+                Some(name) => name,
+                None => ask("operator name", false)?.expose_secret().to_owned(),
+            };
+            let old = ask("old password", true)?;
+            let new = new_password()?;
+            let session = api.sign_in(&name, &old).await?;
+            let body = json!({ "old_password": old.expose_secret(), "password": new.expose_secret(), "reason": "changed their own password at the command line" });
+            session.put(&format!("/v1/operators/{name}/password"), &body).await?;
+            Ok(boxed(Done("your password is changed; every session and token of yours has ended".into())))
+        }
+        OperatorsCommand::Reset { name, reason } => {
+            let path = format!("/v1/operators/{name}/enrollment");
+            let issued: IssuedCode = ctx.ops()?.post(&path, &json!({ "reason": reason })).await?.into()?;
+            Ok(boxed(issued))
+        }
+        OperatorsCommand::Update { name, role, tenants, every_tenant, reason } => {
             let tenants = (!tenants.is_empty()).then_some(tenants);
             let body = json!({ "role": role, "tenants": tenants, "every_tenant": every_tenant, "reason": reason });
             let changed: OperatorView = ctx.ops()?.patch(&format!("/v1/operators/{name}"), &body).await?.into()?;
             Ok(boxed(changed))
         }
-        Command::Operators(OperatorsCommand::Disable { name, reason }) => {
+        OperatorsCommand::Disable { name, reason } => {
             ctx.ops()?.delete(&format!("/v1/operators/{name}"), &json!({ "reason": reason })).await?;
             Ok(boxed(Done(format!("operator {name} is disabled: their tokens and sessions no longer work"))))
         }
-        Command::Tokens(command) => token_command(command, ctx.ops()?).await,
-        Command::Recon(ReconCommand::Run { from, to, reason }) => {
+    }
+}
+
+async fn recon_command(command: ReconCommand, ops: &OpsClient) -> Result<Box<dyn Report>, OperatorError> {
+    match command {
+        ReconCommand::Run { from, to, reason } => {
             let body = json!({ "from": from, "to": to, "reason": reason });
-            let ops = ctx.ops()?;
             let queued: Run = ops.post("/v1/recon/runs", &body).await?.into()?;
             Ok(boxed(finished_run(ops, queued.run_id).await?))
         }
-        Command::Recon(ReconCommand::Runs { limit }) => {
+        ReconCommand::Runs { limit } => {
             let query = [("limit", limit.to_string())];
-            let list: RunList = ctx.ops()?.get_with("/v1/recon/runs", &query).await?.into()?;
+            let list: RunList = ops.get_with("/v1/recon/runs", &query).await?.into()?;
             Ok(boxed(list))
         }
-        Command::Recon(ReconCommand::Show { run_id }) => {
-            let detail: RunDetail = ctx.ops()?.get(&format!("/v1/recon/runs/{run_id}")).await?.into()?;
+        ReconCommand::Show { run_id } => {
+            let detail: RunDetail = ops.get(&format!("/v1/recon/runs/{run_id}")).await?.into()?;
             Ok(boxed(detail))
         }
     }

@@ -714,10 +714,31 @@ pub async fn propose(
             format_amount(*comes_to, currency)
         )));
     }
+    expire_stale(&mut tx, &seen, subject).await?;
+    let inserted = insert(&mut tx, &carry, by).await?;
+    if inserted.is_none() {
+        return Err(OperatorError::Refused(format!(
+            "another proposal already waits for {subject}: approve, reject or withdraw it first (GET /v1/proposals)"
+        )));
+    }
+    let entry = Entry::new(action.audit_action(), Outcome::Proposed)
+        .on(seen.tenant_id(), subject.payment_id())
+        .proposal(proposal_id)
+        .reason(reason)
+        .before(json!(seen))
+        .detail(stored);
+    audit::record(&mut tx, &Actor::of(by, source), &entry).await?;
+    let view = read(&mut tx, proposal_id).await?;
+    tx.commit().await.context("cannot commit the proposal")?;
+    Ok(view)
+}
+
+/// Marks the waiting proposals on `subject`'s payment (or tenant) that can no longer be approved
+/// as expired: one past its expiry, or on a dead letter that is no longer the payment's open one.
+/// They make way for a new one.
+async fn expire_stale(tx: &mut PgConnection, seen: &Seen, subject: Subject) -> Result<(), OperatorError> {
     let columns = seen.columns();
     let payment_id = subject.payment_id().map(|p| p.as_uuid());
-    // A proposal past its expiry, or on a dead letter that is no longer the payment's open one,
-    // cannot be approved any more: it makes way.
     sqlx::query!(
         r#"
         UPDATE proposals
@@ -732,11 +753,20 @@ pub async fn propose(
         columns.dead_letter_id,
         seen.tenant_id().as_uuid(),
     )
-    .execute(&mut *tx)
+    .execute(tx)
     .await
     .context("cannot expire the old proposals")?;
+    Ok(())
+}
+
+/// Stores the proposal `carry` describes, made by `by`, with what its proposer saw; `None` when
+/// another proposal already waits for the same payment or tenant.
+async fn insert(tx: &mut PgConnection, carry: &Carry<'_>, by: &Account) -> Result<Option<Uuid>, OperatorError> {
+    let Carry { proposal_id, seen, subject, reason, limits, action: stored, .. } = *carry;
+    let columns = seen.columns();
+    let payment_id = subject.payment_id().map(|p| p.as_uuid());
     // Any unique index refuses it: one waiting proposal per payment, and per tenant.
-    let inserted = sqlx::query!(
+    let inserted = sqlx::query_scalar!(
         r#"
         INSERT INTO proposals (proposal_id, tenant_id, payment_id, action, reason, seen_status, seen_event_count,
                                seen_dead_letter_id, seen_evidence_count, seen_refunds_reserved, seen_refunded,
@@ -766,24 +796,10 @@ pub async fn propose(
         by.made_by,
         columns.provider_account,
     )
-    .fetch_optional(&mut *tx)
+    .fetch_optional(tx)
     .await
     .context("cannot store the proposal")?;
-    if inserted.is_none() {
-        return Err(OperatorError::Refused(format!(
-            "another proposal already waits for {subject}: approve, reject or withdraw it first (GET /v1/proposals)"
-        )));
-    }
-    let entry = Entry::new(action.audit_action(), Outcome::Proposed)
-        .on(seen.tenant_id(), subject.payment_id())
-        .proposal(proposal_id)
-        .reason(reason)
-        .before(json!(seen))
-        .detail(stored);
-    audit::record(&mut tx, &Actor::of(by, source), &entry).await?;
-    let view = read(&mut tx, proposal_id).await?;
-    tx.commit().await.context("cannot commit the proposal")?;
-    Ok(view)
+    Ok(inserted)
 }
 
 /// What an approval did.
