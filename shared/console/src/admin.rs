@@ -188,100 +188,86 @@ impl AdminChange {
         }
     }
 
-    /// What it will do, the button that confirms it, and where "cancel" goes.
-    fn will(&self, form: &AdminForm) -> (Vec<String>, &'static str, &'static str) {
+    /// What it will do, in words.
+    fn will(&self, form: &AdminForm) -> Vec<String> {
         let name = AdminForm::field(form.name.as_ref()).unwrap_or_default();
         let tenants = form.tenants().map_or_else(|| "every tenant".to_owned(), |t| t.join(", "));
         match self {
-            Self::CreateTenant => (
-                vec![
-                    format!("You propose a new tenant, {name}, with its first API key."),
-                    "Nothing is made until a second operator approves. You then collect the key on the proposals \
+            Self::CreateTenant => vec![
+                format!("You propose a new tenant, {name}, with its first API key."),
+                "Nothing is made until a second operator approves. You then collect the key on the proposals \
                      page, once, and hand it to the tenant."
-                        .into(),
-                ],
-                "Propose the tenant",
-                "/console/tenants",
-            ),
-            Self::IssueKey(tenant) => (
-                vec![
-                    format!("You propose another API key for {tenant}; its other keys keep working."),
-                    "Nothing is issued until a second operator approves. You then collect the key on the proposals \
+                    .into(),
+            ],
+            Self::IssueKey(tenant) => vec![
+                format!("You propose another API key for {tenant}; its other keys keep working."),
+                "Nothing is issued until a second operator approves. You then collect the key on the proposals \
                      page, once."
-                        .into(),
-                ],
-                "Propose the key",
-                "/console/tenants",
-            ),
-            Self::CollectKey(proposal_id) => (
-                vec![
-                    format!("The API key that proposal {proposal_id} allows is made now."),
-                    "It is shown on the next page, once, and never again: hand it to the tenant.".into(),
-                ],
-                "Show the key",
-                "/console/proposals",
-            ),
-            Self::RevokeKey(tenant, key) => (
-                vec![
-                    format!("Key {key} of {tenant} stops working within the api's auth cache time."),
-                    "Requests that present it are then refused with 401.".into(),
-                ],
-                "Revoke the key",
-                "/console/tenants",
-            ),
+                    .into(),
+            ],
+            Self::CollectKey(proposal_id) => vec![
+                format!("The API key that proposal {proposal_id} allows is made now."),
+                "It is shown on the next page, once, and never again: hand it to the tenant.".into(),
+            ],
+            Self::RevokeKey(tenant, key) => vec![
+                format!("Key {key} of {tenant} stops working within the api's auth cache time."),
+                "Requests that present it are then refused with 401.".into(),
+            ],
             Self::Connect(tenant) => match AdminForm::field(form.provider_account.as_ref()) {
-                Some(account) => (
-                    vec![
-                        format!("You propose charging {tenant}'s new payments to provider account {account}."),
-                        "Nothing changes until a second operator approves.".into(),
-                    ],
-                    "Propose the account",
-                    "/console/tenants",
-                ),
-                None => (
-                    vec![format!(
-                        "{tenant} is disconnected now: in connect mode it takes no new payments until an account is \
+                Some(account) => vec![
+                    format!("You propose charging {tenant}'s new payments to provider account {account}."),
+                    "Nothing changes until a second operator approves.".into(),
+                ],
+                None => vec![format!(
+                    "{tenant} is disconnected now: in connect mode it takes no new payments until an account is \
                          set; its payments accepted before keep their account."
-                    )],
-                    "Disconnect",
-                    "/console/tenants",
-                ),
+                )],
             },
-            Self::CreateOperator => (
-                vec![format!(
-                    "Operator {name} is created as {} of {tenants}.",
-                    AdminForm::field(form.role.as_ref()).unwrap_or_default()
-                )],
-                "Create the operator",
-                "/console/operators",
-            ),
-            Self::ChangeOperator(operator) => (
-                vec![format!(
-                    "{operator} becomes {} of {tenants}, from their next request.",
-                    AdminForm::field(form.role.as_ref()).unwrap_or_default()
-                )],
-                "Change the operator",
-                "/console/operators",
-            ),
-            Self::DisableOperator(operator) => (
-                vec![
-                    format!("{operator} can no longer sign in; their tokens and sessions end now."),
-                    "Their proposals that wait for an approver are withdrawn.".into(),
-                ],
-                "Disable the operator",
-                "/console/operators",
-            ),
-            Self::IssueCode(operator) => (
-                vec![
-                    format!(
-                        "{operator}'s local password is removed; their sessions end and their tokens stop working now."
-                    ),
-                    "A new enrollment code is shown on the next page, once: give it to them to set a new password."
-                        .into(),
-                ],
-                "Issue the code",
-                "/console/operators",
-            ),
+            Self::CreateOperator => vec![format!(
+                "Operator {name} is created as {} of {tenants}.",
+                AdminForm::field(form.role.as_ref()).unwrap_or_default()
+            )],
+            Self::ChangeOperator(operator) => vec![format!(
+                "{operator} becomes {} of {tenants}, from their next request.",
+                AdminForm::field(form.role.as_ref()).unwrap_or_default()
+            )],
+            Self::DisableOperator(operator) => vec![
+                format!("{operator} can no longer sign in; their tokens and sessions end now."),
+                "Their proposals that wait for an approver are withdrawn.".into(),
+            ],
+            Self::IssueCode(operator) => vec![
+                format!(
+                    "{operator}'s local password is removed; their sessions end and their tokens stop working now."
+                ),
+                "A new enrollment code is shown on the next page, once: give it to them to set a new password.".into(),
+            ],
+        }
+    }
+
+    /// The button that confirms it.
+    fn button(&self, form: &AdminForm) -> &'static str {
+        match self {
+            Self::CreateTenant => "Propose the tenant",
+            Self::IssueKey(_) => "Propose the key",
+            Self::CollectKey(_) => "Show the key",
+            Self::RevokeKey(..) => "Revoke the key",
+            Self::Connect(_) if AdminForm::field(form.provider_account.as_ref()).is_some() => "Propose the account",
+            Self::Connect(_) => "Disconnect",
+            Self::CreateOperator => "Create the operator",
+            Self::ChangeOperator(_) => "Change the operator",
+            Self::DisableOperator(_) => "Disable the operator",
+            Self::IssueCode(_) => "Issue the code",
+        }
+    }
+
+    /// Where "cancel" goes: the page the form was on.
+    const fn back(&self) -> &'static str {
+        match self {
+            Self::CollectKey(_) => "/console/proposals",
+            Self::CreateTenant | Self::IssueKey(_) | Self::RevokeKey(..) | Self::Connect(_) => "/console/tenants",
+            Self::CreateOperator | Self::ChangeOperator(_) | Self::DisableOperator(_) | Self::IssueCode(_) => {
+                "/console/operators"
+            }
         }
     }
 
@@ -374,7 +360,7 @@ async fn confirm_then_run(
     };
     let chrome = Chrome::of(&caller.account, section);
     if form.confirmed.as_deref() != Some("yes") {
-        let (will, button, back) = asked.will(&form);
+        let (will, button, back) = (asked.will(&form), asked.button(&form), asked.back());
         let confirmation = Confirmation { action, will, button, back: back.into() };
         return ask_to_confirm(chrome, &form.reason, form.fields(), confirmation);
     }

@@ -19,6 +19,7 @@ use super::queries::{self, DeadLetterFilter, EntryState};
 use super::{Chrome, caller_or_sign_in, error_page, html, see_other, visible_tenants};
 use oncepay_ops::dead_letters::actions::require_reason;
 use oncepay_ops::operators::api::bulk_retries::{self, MAX_PAYMENTS};
+use oncepay_ops::operators::api::signing_in::Caller;
 use oncepay_ops::operators::api::{OperatorsState, connection, problem};
 use oncepay_ops::operators::audit::{Entry, Outcome};
 use oncepay_ops::render;
@@ -86,33 +87,7 @@ pub(super) async fn create(
         let redirect = created.await.map(|id| see_other(&format!("/console/bulk-retries/{id}")));
         return finish(&state, &caller, chrome, entry, redirect).await;
     }
-    let selected = async {
-        let visible = visible_tenants(&state, &caller).await?;
-        let tenants = visible
-            .iter()
-            .filter(|t| form.tenant.is_empty() || t.name == form.tenant)
-            .map(|t| t.tenant_id.as_uuid())
-            .collect();
-        let older_than_secs = match form.older_than.as_str() {
-            "" => None,
-            secs => Some(secs.parse::<i64>().map_err(|_| {
-                Problem::new(ProblemType::InvalidRequest, "older_than must be a whole number of seconds")
-            })?),
-        };
-        // Unresolved ones only: a conflict is an operator's decision on its own page.
-        if form.kind == "conflict" {
-            return Err(Problem::new(
-                ProblemType::InvalidRequest,
-                "a bulk retry resends unresolved dead letters only: decide each conflict on its payment's page",
-            ));
-        }
-        let kind = Some("unresolved".to_owned());
-        let filter = DeadLetterFilter { kind, tenants, state: EntryState::Open, older_than_secs, after: None };
-        let mut conn = connection(&state).await?;
-        let limit = i64::try_from(MAX_PAYMENTS).unwrap_or(i64::MAX);
-        queries::dead_letter_page(&mut conn, &filter, limit).await.map_err(problem)
-    };
-    let (rows, more) = match selected.await {
+    let (rows, more) = match select(&state, &caller, &form).await {
         Ok(selected) => selected,
         Err(why) => return refused(why),
     };
@@ -206,4 +181,38 @@ pub(super) async fn show(
             .collect(),
     };
     html(StatusCode::OK, &page)
+}
+
+/// The open `unresolved` dead letters `form`'s filter selects, of the tenants `caller` may see: at
+/// most as many as a bulk retry may hold, and whether more matched.
+async fn select(
+    state: &OperatorsState,
+    caller: &Caller,
+    form: &BulkForm,
+) -> Result<(Vec<queries::DeadLetterRow>, bool), Problem> {
+    let visible = visible_tenants(state, caller).await?;
+    let tenants = visible
+        .iter()
+        .filter(|t| form.tenant.is_empty() || t.name == form.tenant)
+        .map(|t| t.tenant_id.as_uuid())
+        .collect();
+    let older_than_secs =
+        match form.older_than.as_str() {
+            "" => None,
+            secs => Some(secs.parse::<i64>().map_err(|_| {
+                Problem::new(ProblemType::InvalidRequest, "older_than must be a whole number of seconds")
+            })?),
+        };
+    // Unresolved ones only: a conflict is an operator's decision on its own page.
+    if form.kind == "conflict" {
+        return Err(Problem::new(
+            ProblemType::InvalidRequest,
+            "a bulk retry resends unresolved dead letters only: decide each conflict on its payment's page",
+        ));
+    }
+    let kind = Some("unresolved".to_owned());
+    let filter = DeadLetterFilter { kind, tenants, state: EntryState::Open, older_than_secs, after: None };
+    let mut conn = connection(state).await?;
+    let limit = i64::try_from(MAX_PAYMENTS).unwrap_or(i64::MAX);
+    queries::dead_letter_page(&mut conn, &filter, limit).await.map_err(problem)
 }

@@ -27,6 +27,70 @@ struct DeadLetterQuery {
     after: Option<String>,
 }
 
+impl DeadLetterQuery {
+    /// The kind asked for; a blank field (the form's "any kind") asks for none.
+    fn kind(&self) -> Option<String> {
+        self.kind.clone().filter(|kind| !kind.is_empty())
+    }
+
+    /// The tenant asked for, by name; blank asks for every tenant the operator may see.
+    fn tenant(&self) -> Option<String> {
+        self.tenant.clone().filter(|tenant| !tenant.is_empty())
+    }
+
+    /// The least age asked for, in seconds as typed; blank asks for any age.
+    fn older_than(&self) -> Option<String> {
+        self.older_than.clone().filter(|age| !age.is_empty())
+    }
+
+    /// The filter this query asks for, of the `visible` tenants; a value the page never offers is
+    /// refused.
+    fn filter(&self, visible: &[queries::Tenant]) -> Result<DeadLetterFilter, Problem> {
+        let bad = |what: &str| Problem::new(ProblemType::InvalidRequest, what.to_owned());
+        let kind = self.kind();
+        if kind.as_deref().is_some_and(|kind| !KINDS.iter().any(|(k, _)| *k == kind)) {
+            return Err(bad("kind must be unresolved or conflict"));
+        }
+        let state = match self.state.as_deref().unwrap_or("open") {
+            "open" => EntryState::Open,
+            "resolved" => EntryState::Resolved,
+            "all" => EntryState::All,
+            _ => return Err(bad("state must be open, resolved or all")),
+        };
+        let older_than_secs = match self.older_than() {
+            None => None,
+            Some(secs) => Some(
+                secs.parse::<i64>()
+                    .ok()
+                    .filter(|secs| *secs >= 0)
+                    .ok_or_else(|| bad("older_than must be a whole number of seconds"))?,
+            ),
+        };
+        let tenants: Vec<Uuid> = match self.tenant() {
+            None => visible.iter().map(|t| t.tenant_id.as_uuid()).collect(),
+            // A tenant the operator may not see is as absent as one that does not exist.
+            Some(name) => visible.iter().filter(|t| t.name == name).map(|t| t.tenant_id.as_uuid()).collect(),
+        };
+        let after = match self.after.as_deref() {
+            None | Some("") => None,
+            Some(text) => Some(Cursor::decode(text).ok_or_else(|| bad("after is not a page of this list"))?),
+        };
+        Ok(DeadLetterFilter { kind, tenants, state, older_than_secs, after })
+    }
+
+    /// The URL of the page after `cursor`, with the same filters.
+    fn page_after(&self, cursor: &Cursor) -> String {
+        let pairs = [
+            ("kind", self.kind().unwrap_or_default()),
+            ("tenant", self.tenant().unwrap_or_default()),
+            ("state", self.state.clone().unwrap_or_else(|| "open".into())),
+            ("older_than", self.older_than().unwrap_or_default()),
+            ("after", cursor.encode()),
+        ];
+        format!("/console/dead-letters?{}", serde_urlencoded::to_string(pairs).unwrap_or_default())
+    }
+}
+
 /// One dead letter in the list.
 struct DeadLetterLine {
     payment_id: PaymentId,
@@ -113,38 +177,8 @@ pub(crate) async fn dead_letters(state: web::Data<OperatorsState>, request: Http
             let chrome = Chrome::of(&caller.account, "dead-letters");
             let asked: DeadLetterQuery = query(&request).map_err(refused(&chrome))?;
             let visible = visible_tenants(&state, &caller).await.map_err(refused(&chrome))?;
-            let bad = |what: &str| refused(&chrome)(Problem::new(ProblemType::InvalidRequest, what.to_owned()));
-            let kind = asked.kind.clone().filter(|kind| !kind.is_empty());
-            if kind.as_deref().is_some_and(|kind| !KINDS.iter().any(|(k, _)| *k == kind)) {
-                return Err(bad("kind must be unresolved or conflict"));
-            }
-            let entry_state = match asked.state.as_deref().unwrap_or("open") {
-                "open" => EntryState::Open,
-                "resolved" => EntryState::Resolved,
-                "all" => EntryState::All,
-                _ => return Err(bad("state must be open, resolved or all")),
-            };
-            let older_than = asked.older_than.clone().filter(|age| !age.is_empty());
-            let older_than_secs = match older_than.as_deref() {
-                None => None,
-                Some(secs) => Some(
-                    secs.parse::<i64>()
-                        .ok()
-                        .filter(|secs| *secs >= 0)
-                        .ok_or_else(|| bad("older_than must be a whole number of seconds"))?,
-                ),
-            };
-            let tenant = asked.tenant.clone().filter(|tenant| !tenant.is_empty());
-            let tenants: Vec<Uuid> = match &tenant {
-                None => visible.iter().map(|t| t.tenant_id.as_uuid()).collect(),
-                // A tenant the operator may not see is as absent as one that does not exist.
-                Some(name) => visible.iter().filter(|t| &t.name == name).map(|t| t.tenant_id.as_uuid()).collect(),
-            };
-            let after = match asked.after.as_deref() {
-                None | Some("") => None,
-                Some(text) => Some(Cursor::decode(text).ok_or_else(|| bad("after is not a page of this list"))?),
-            };
-            let filter = DeadLetterFilter { kind: kind.clone(), tenants, state: entry_state, older_than_secs, after };
+            let filter = asked.filter(&visible).map_err(refused(&chrome))?;
+            let (kind, tenant, older_than) = (asked.kind(), asked.tenant(), asked.older_than());
             let mut conn = connection(&state).await.map_err(refused(&chrome))?;
             let (rows, more) =
                 queries::dead_letter_page(&mut conn, &filter, PAGE_ROWS).await.map_err(failed(&chrome))?;
@@ -155,15 +189,7 @@ pub(crate) async fn dead_letters(state: web::Data<OperatorsState>, request: Http
                 .map(DeadRefundLine::from)
                 .collect();
             let next = rows.last().filter(|_| more).map(|last| {
-                let cursor = Cursor { created_at: last.created_at, dead_letter_id: last.dead_letter_id };
-                let pairs = [
-                    ("kind", kind.clone().unwrap_or_default()),
-                    ("tenant", tenant.clone().unwrap_or_default()),
-                    ("state", asked.state.clone().unwrap_or_else(|| "open".into())),
-                    ("older_than", older_than.clone().unwrap_or_default()),
-                    ("after", cursor.encode()),
-                ];
-                format!("/console/dead-letters?{}", serde_urlencoded::to_string(pairs).unwrap_or_default())
+                asked.page_after(&Cursor { created_at: last.created_at, dead_letter_id: last.dead_letter_id })
             });
             let lines = rows
                 .into_iter()
@@ -194,7 +220,7 @@ pub(crate) async fn dead_letters(state: web::Data<OperatorsState>, request: Http
                 ages: choices(&AGES, older_than.as_deref().unwrap_or("")),
                 lines,
                 next,
-                open: entry_state == EntryState::Open,
+                open: filter.state == EntryState::Open,
                 filter_kind: kind.unwrap_or_default(),
                 filter_tenant: tenant.unwrap_or_default(),
                 filter_older_than: older_than.unwrap_or_default(),
