@@ -211,6 +211,7 @@ pub fn operators_state(settings: &Settings, pool: PgPool) -> anyhow::Result<Oper
         enrollment_ttl: operators.enrollment_ttl(),
         fresh_sign_in: Duration::from_secs(operators.fresh_sign_in_secs),
         oidc,
+        recon_stale_after: Duration::from_secs(settings.recon.stale_after_secs),
     })
 }
 

@@ -13,7 +13,8 @@ use oncepay_store::recon_runs::{self, Claim, Discrepancy, RunStatus, Trigger, Wi
 use sqlx::{Acquire, PgConnection};
 use uuid::Uuid;
 
-/// Claims `window`: starts a run unless a live or completed one exists; takes over a stale one.
+/// Claims `window`: starts a run unless a queued, live or completed one holds it; takes over a stale
+/// one ([`recon_runs::hold`]).
 pub async fn claim(
     conn: &mut PgConnection,
     window: &Window,
@@ -21,27 +22,7 @@ pub async fn claim(
     stale_after: Duration,
 ) -> anyhow::Result<Claim> {
     let mut tx = conn.begin().await.context("cannot start a transaction")?;
-    // A `running` run whose heartbeat is older than the staleness limit is presumed dead: mark it
-    // `failed`, which frees the window for the insert below.
-    let abandoned = sqlx::query!(
-        r#"
-        UPDATE recon_runs
-        SET status = 'failed', finished_at = now(),
-            error = 'abandoned: no heartbeat since ' || heartbeat_at::text || '; taken over'
-        WHERE window_start = $1 AND window_end = $2 AND status = 'running'
-          AND heartbeat_at < now() - make_interval(secs => $3)
-        "#,
-        window.start,
-        window.end,
-        stale_after.as_secs_f64(),
-    )
-    .execute(&mut *tx)
-    .await
-    .context("cannot take over a stale run")?;
-    if abandoned.rows_affected() > 0 {
-        tracing::warn!(window.start = %window.start, "took over a reconciliation run whose heartbeat stopped");
-    }
-    let claim = recon_runs::hold(&mut tx, window, trigger, RunStatus::Running).await?;
+    let claim = recon_runs::hold(&mut tx, window, trigger, RunStatus::Running, stale_after).await?;
     tx.commit().await.context("cannot commit the claim")?;
     Ok(claim)
 }

@@ -31,6 +31,9 @@ use crate::support::{self, accept, change, charge, claim};
 
 const PAGE: usize = 3;
 
+/// How old a running run's heartbeat may get before it is taken over.
+const STALE_AFTER: Duration = Duration::from_secs(300);
+
 fn window() -> Window {
     Window::day(date!(2026 - 01 - 10))
 }
@@ -43,7 +46,7 @@ fn reconciliation(pool: &PgPool, provider: &MockServer) -> Reconciliation<HttpPr
     let config = ReconConfig {
         schedule: "0 0 2 * * *".into(),
         page_size: PAGE as u32,
-        stale_after: Duration::from_secs(300),
+        stale_after: STALE_AFTER,
         queue_interval: Duration::from_secs(1),
         catch_up_days: 1,
         connected_accounts: false,
@@ -67,7 +70,7 @@ fn stripe_reconciliation(
     let config = ReconConfig {
         schedule: "0 0 2 * * *".into(),
         page_size,
-        stale_after: Duration::from_secs(300),
+        stale_after: STALE_AFTER,
         queue_interval: Duration::from_secs(1),
         catch_up_days: 1,
         connected_accounts: mode == "connect",
@@ -265,8 +268,8 @@ async fn an_operators_run_is_queued_and_the_next_reconciler_to_look_runs_it(pool
     let recon = reconciliation(&pool, &provider);
     let mut conn = pool.acquire().await.unwrap();
 
-    let queued = commands::queue(&mut conn, "2026-01-10", "2026-01-11").await.unwrap();
-    let queued_again = commands::queue(&mut conn, "2026-01-10", "2026-01-11").await;
+    let queued = commands::queue(&mut conn, "2026-01-10", "2026-01-11", STALE_AFTER).await.unwrap();
+    let queued_again = commands::queue(&mut conn, "2026-01-10", "2026-01-11", STALE_AFTER).await;
     let nightly = recon.run_window(window(), Trigger::Schedule).await.unwrap();
     let first_look = recon.run_queued().await.unwrap();
     let second_look = recon.run_queued().await.unwrap();
@@ -283,11 +286,37 @@ async fn an_operators_run_is_queued_and_the_next_reconciler_to_look_runs_it(pool
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn an_operator_may_queue_a_window_whose_running_run_stopped_proving_it_is_alive(pool: PgPool) {
+    let provider = MockServer::start().await;
+    seed(&pool, &provider).await;
+    let recon = reconciliation(&pool, &provider);
+    let alive = plant_running_run(&pool, 10).await;
+    let mut conn = pool.acquire().await.unwrap();
+
+    let while_alive = commands::queue(&mut conn, "2026-01-10", "2026-01-11", STALE_AFTER).await;
+    sqlx::query!("UPDATE recon_runs SET heartbeat_at = now() - interval '1 hour' WHERE run_id = $1", alive)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let after_it_stopped = commands::queue(&mut conn, "2026-01-10", "2026-01-11", STALE_AFTER).await;
+    let ran = recon.run_queued().await.unwrap();
+
+    assert!(matches!(while_alive, Err(OperatorError::Refused(_))), "{while_alive:?}");
+    let queued = after_it_stopped.unwrap();
+    assert_eq!(queued.status, RunStatus::Queued);
+    assert!(ran);
+    let abandoned = commands::show(&mut conn, alive).await.unwrap().run;
+    assert_eq!(abandoned.status, RunStatus::Failed);
+    assert!(abandoned.error.unwrap().contains("abandoned"));
+    assert_eq!(commands::show(&mut conn, queued.run_id).await.unwrap().run.status, RunStatus::Completed);
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_queued_window_that_is_not_a_window_is_refused_and_queues_nothing(pool: PgPool) {
     let mut conn = pool.acquire().await.unwrap();
 
-    let backwards = commands::queue(&mut conn, "2026-01-11", "2026-01-10").await;
-    let not_a_date = commands::queue(&mut conn, "yesterday", "2026-01-10").await;
+    let backwards = commands::queue(&mut conn, "2026-01-11", "2026-01-10", STALE_AFTER).await;
+    let not_a_date = commands::queue(&mut conn, "yesterday", "2026-01-10", STALE_AFTER).await;
 
     assert!(matches!(backwards, Err(OperatorError::Invalid(_))), "{backwards:?}");
     assert!(matches!(not_a_date, Err(OperatorError::Invalid(_))), "{not_a_date:?}");

@@ -4,6 +4,7 @@
 //! window the same way and never runs alongside another run of it. The other two only read.
 
 use std::io::{self, Write};
+use std::time::Duration;
 
 use anyhow::Context as _;
 use oncepay_store::recon_runs::{self as runs, Claim, Class, Discrepancy, Run, Window};
@@ -28,11 +29,12 @@ pub fn parse_bound(text: &str) -> Result<OffsetDateTime, OperatorError> {
 }
 
 /// Queues `[from, to)` for the reconciler, which starts it within `recon.queue_interval_ms`, and
-/// returns the queued run. Refused when another run holds the window.
-pub async fn queue(conn: &mut PgConnection, from: &str, to: &str) -> Result<Run, OperatorError> {
+/// returns the queued run. Refused when another run holds the window, unless it is a running run
+/// whose heartbeat is older than `stale_after` (`recon.stale_after_secs`), which is taken over.
+pub async fn queue(conn: &mut PgConnection, from: &str, to: &str, stale_after: Duration) -> Result<Run, OperatorError> {
     let window = Window::new(parse_bound(from)?, parse_bound(to)?)
         .map_err(|e| OperatorError::Invalid(format!("--from {from} --to {to}: {e}")))?;
-    match runs::queue(conn, &window).await.context("cannot queue the run")? {
+    match runs::queue(conn, &window, stale_after).await.context("cannot queue the run")? {
         Claim::Won(run_id) => {
             Ok(runs::find(conn, run_id).await.context("cannot read the run")?.context("the queued run is gone")?)
         }

@@ -8,6 +8,7 @@
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
 use serde::Serialize;
@@ -123,21 +124,42 @@ pub enum Claim {
     },
 }
 
-/// Queues `window` for an operator: the next reconciler to look runs it ([`start_queued`]).
-pub async fn queue(conn: &mut PgConnection, window: &Window) -> Result<Claim, StoreError> {
+/// Queues `window` for an operator: the next reconciler to look runs it. A running run of the window
+/// whose heartbeat is older than `stale_after` is taken over, as a reconciler's claim takes it over.
+pub async fn queue(conn: &mut PgConnection, window: &Window, stale_after: Duration) -> Result<Claim, StoreError> {
     let mut tx = conn.begin().await?;
-    let claim = hold(&mut tx, window, Trigger::Operator, RunStatus::Queued).await?;
+    let claim = hold(&mut tx, window, Trigger::Operator, RunStatus::Queued, stale_after).await?;
     tx.commit().await?;
     Ok(claim)
 }
 
-/// Inserts a run of `window` in `status`, in the caller's transaction, unless a queued, running or completed run holds it.
+/// Inserts a run of `window` in `status`, in the caller's transaction, unless a queued, running or
+/// completed run holds it. A running run whose heartbeat is older than `stale_after` is presumed dead
+/// first: it is marked `failed` ("abandoned"), which frees the window.
 pub async fn hold(
     tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
     window: &Window,
     trigger: Trigger,
     status: RunStatus,
+    stale_after: Duration,
 ) -> Result<Claim, StoreError> {
+    let abandoned = sqlx::query!(
+        r#"
+        UPDATE recon_runs
+        SET status = 'failed', finished_at = now(),
+            error = 'abandoned: no heartbeat since ' || heartbeat_at::text || '; taken over'
+        WHERE window_start = $1 AND window_end = $2 AND status = 'running'
+          AND heartbeat_at < now() - make_interval(secs => $3)
+        "#,
+        window.start,
+        window.end,
+        stale_after.as_secs_f64(),
+    )
+    .execute(&mut **tx)
+    .await?;
+    if abandoned.rows_affected() > 0 {
+        tracing::warn!(window.start = %window.start, "took over a reconciliation run whose heartbeat stopped");
+    }
     let run_id = Uuid::now_v7();
     // A partial unique index allows one live or completed run per window: among reconcilers racing
     // for it, one insert wins and the others read its run.

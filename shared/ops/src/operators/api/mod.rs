@@ -92,6 +92,9 @@ pub struct OperatorsState {
     pub fresh_sign_in: Duration,
     /// The organisation's OpenID provider, when one is configured.
     pub oidc: Option<std::sync::Arc<Oidc>>,
+    /// How old a running reconciliation run's heartbeat may get before an operator's run of its
+    /// window takes it over (`recon.stale_after_secs`).
+    pub recon_stale_after: Duration,
 }
 
 impl OperatorsState {

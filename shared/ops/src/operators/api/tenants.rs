@@ -320,7 +320,7 @@ async fn start_run(state: web::Data<OperatorsState>, request: HttpRequest, bytes
                 every_tenant(&caller)?;
                 let reason = require_reason(&asked.reason)?;
                 let mut conn = state.pool.acquire().await.context("cannot reach the database")?;
-                let run = recon::queue(&mut conn, &asked.from, &asked.to).await?;
+                let run = recon::queue(&mut conn, &asked.from, &asked.to, state.recon_stale_after).await?;
                 let after = json!({ "run_id": run.run_id, "window_start": asked.from, "window_end": asked.to });
                 audit::record(&mut conn, &caller.actor(), &entry.clone().reason(reason).after(after)).await?;
                 Ok(ok(StatusCode::ACCEPTED, &run))
