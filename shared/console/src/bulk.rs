@@ -15,7 +15,8 @@ use serde_json::json;
 use uuid::Uuid;
 
 use super::forms::finish;
-use super::queries::{self, DeadLetterFilter, EntryState};
+use super::pages::DeadLetterQuery;
+use super::queries;
 use super::{Chrome, caller_or_sign_in, error_page, html, see_other, visible_tenants};
 use oncepay_ops::dead_letters::actions::require_reason;
 use oncepay_ops::operators::api::bulk_retries::{self, MAX_PAYMENTS};
@@ -190,19 +191,6 @@ async fn select(
     caller: &Caller,
     form: &BulkForm,
 ) -> Result<(Vec<queries::DeadLetterRow>, bool), Problem> {
-    let visible = visible_tenants(state, caller).await?;
-    let tenants = visible
-        .iter()
-        .filter(|t| form.tenant.is_empty() || t.name == form.tenant)
-        .map(|t| t.tenant_id.as_uuid())
-        .collect();
-    let older_than_secs =
-        match form.older_than.as_str() {
-            "" => None,
-            secs => Some(secs.parse::<i64>().map_err(|_| {
-                Problem::new(ProblemType::InvalidRequest, "older_than must be a whole number of seconds")
-            })?),
-        };
     // Unresolved ones only: a conflict is an operator's decision on its own page.
     if form.kind == "conflict" {
         return Err(Problem::new(
@@ -210,8 +198,15 @@ async fn select(
             "a bulk retry resends unresolved dead letters only: decide each conflict on its payment's page",
         ));
     }
-    let kind = Some("unresolved".to_owned());
-    let filter = DeadLetterFilter { kind, tenants, state: EntryState::Open, older_than_secs, after: None };
+    // The same filter, checked the same way, as the dead letters page the form was on.
+    let asked = DeadLetterQuery {
+        kind: Some("unresolved".to_owned()),
+        tenant: Some(form.tenant.clone()),
+        state: Some("open".to_owned()),
+        older_than: Some(form.older_than.clone()),
+        after: None,
+    };
+    let filter = asked.filter(&visible_tenants(state, caller).await?)?;
     let mut conn = connection(state).await?;
     let limit = i64::try_from(MAX_PAYMENTS).unwrap_or(i64::MAX);
     queries::dead_letter_page(&mut conn, &filter, limit).await.map_err(problem)

@@ -19,12 +19,12 @@ use oncepay_ops::operators::api::{OperatorsState, connection, query};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct DeadLetterQuery {
-    kind: Option<String>,
-    tenant: Option<String>,
-    state: Option<String>,
-    older_than: Option<String>,
-    after: Option<String>,
+pub(crate) struct DeadLetterQuery {
+    pub(crate) kind: Option<String>,
+    pub(crate) tenant: Option<String>,
+    pub(crate) state: Option<String>,
+    pub(crate) older_than: Option<String>,
+    pub(crate) after: Option<String>,
 }
 
 impl DeadLetterQuery {
@@ -45,7 +45,7 @@ impl DeadLetterQuery {
 
     /// The filter this query asks for, of the `visible` tenants; a value the page never offers is
     /// refused.
-    fn filter(&self, visible: &[queries::Tenant]) -> Result<DeadLetterFilter, Problem> {
+    pub(crate) fn filter(&self, visible: &[queries::Tenant]) -> Result<DeadLetterFilter, Problem> {
         let bad = |what: &str| Problem::new(ProblemType::InvalidRequest, what.to_owned());
         let kind = self.kind();
         if kind.as_deref().is_some_and(|kind| !KINDS.iter().any(|(k, _)| *k == kind)) {

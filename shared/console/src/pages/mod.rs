@@ -25,7 +25,7 @@ mod search;
 mod sign_in;
 
 pub(super) use audit_trail::audit;
-pub(super) use dead_letters::dead_letters;
+pub(super) use dead_letters::{DeadLetterQuery, dead_letters};
 pub(super) use overview::{live, overview};
 pub(super) use payment::{payment, payment_id_of};
 pub(super) use proposal_list::proposals;
