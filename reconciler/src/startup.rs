@@ -27,10 +27,9 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::backlog::Sampler;
-use crate::poller::{Poller, PollerConfig};
+use crate::poller::{PaymentPoller, PollerConfig, RefundPoller};
 use crate::reaper::{Reaper, ReaperConfig};
 use crate::recon::{QueuedRuns, Reconciliation};
-use crate::refunds::poller::RefundPoller;
 use crate::settings::Settings;
 use crate::sweeper::{Sweeper, SweeperConfig};
 use crate::webhooks::WebhookState;
@@ -49,7 +48,7 @@ pub struct Application {
 
 /// The background loops, built from the settings.
 struct Loops {
-    poller: Poller<ConfiguredProvider>,
+    poller: PaymentPoller<ConfiguredProvider>,
     refund_poller: RefundPoller<ConfiguredProvider>,
     sweeper: Sweeper,
     reaper: Reaper,
@@ -238,7 +237,7 @@ impl Loops {
             // Unknown refunds are looked up by a loop of their own, with the same limits: a backlog
             // of one kind never holds the other back.
             refund_poller: RefundPoller::new(pool.clone(), provider.clone(), poller_config.clone()),
-            poller: Poller::new(pool.clone(), provider.clone(), poller_config),
+            poller: PaymentPoller::new(pool.clone(), provider.clone(), poller_config),
             sweeper: Sweeper::new(
                 pool.clone(),
                 SweeperConfig {

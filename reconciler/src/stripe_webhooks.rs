@@ -1,6 +1,6 @@
 //! `POST /webhooks/stripe`: Stripe's signed events about PaymentIntents and refunds, applied by the
 //! same rules as the simulator protocol's webhooks ([`crate::webhooks::apply`],
-//! [`crate::refunds::webhooks::apply_reported`]).
+//! [`crate::refund_webhooks::apply_reported`]).
 //!
 //! A delivery is verified with `Stripe-Signature` against every `webhooks.stripe_secrets` before its
 //! body is parsed, and deduplicated by the event's `evt_…` id. Stripe sends many event types; only a
@@ -44,7 +44,7 @@ use serde_json::json;
 use sqlx::PgPool;
 use time::OffsetDateTime;
 
-use crate::refunds::webhooks::apply_reported;
+use crate::refund_webhooks::apply_reported;
 use crate::webhook_outcome::{Handled, respond_to};
 use crate::webhooks::{self, WebhookState};
 

@@ -3,7 +3,7 @@
 //! A delivery that is recorded gets a 2xx, so the provider stops retrying; one that cannot be
 //! recorded because the database is unavailable gets a 503, so the provider retries later. Bodies and
 //! secrets are never logged. What a charge event means for its payment is decided by
-//! [`crate::verdict::judge`], not here; refund events are applied by [`crate::refunds::webhooks`].
+//! [`crate::verdict::judge`], not here; refund events are applied by [`crate::refund_webhooks`].
 
 use actix_web::http::header;
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -31,7 +31,8 @@ use tracing::{Instrument, Span};
 use crate::webhook_outcome::respond_to;
 pub use crate::webhook_outcome::{ApplyError, Handled};
 
-use crate::unknown::{self, Why};
+use crate::unknown::payments as unknown;
+use crate::unknown::{Why, evidence};
 use crate::verdict::{self, Booked, ChargeVerdict, Stored};
 use oncepay_ops::dead_letters::{self, Kind};
 
@@ -104,7 +105,7 @@ async fn respond(request: &HttpRequest, payload: web::Payload, state: &WebhookSt
     match read_event(&body) {
         Ok(Delivered::Charge(event)) => apply_and_respond(&state.pool, webhook_id, &event).await,
         Ok(Delivered::Refund(event)) => {
-            crate::refunds::webhooks::apply_and_respond(&state.pool, webhook_id, &event).await
+            crate::refund_webhooks::apply_and_respond(&state.pool, webhook_id, &event).await
         }
         Err(detail) => ("invalid_body", Problem::new(ProblemType::InvalidWebhook, detail).to_response()),
     }
@@ -246,8 +247,7 @@ async fn act_on(
     charge_verdict: &ChargeVerdict,
 ) -> Result<(), ApplyError> {
     let event_type = event.event_type.as_str();
-    let evidence =
-        unknown::evidence("webhook", json!({ "webhook_id": webhook_id, "event": event_type, "charge": event.data }));
+    let evidence = evidence("webhook", json!({ "webhook_id": webhook_id, "event": event_type, "charge": event.data }));
     match charge_verdict {
         ChargeVerdict::Settle(transition, settlement) => {
             let transition = *transition;

@@ -1184,7 +1184,9 @@ async fn a_proposal_on_a_closed_dead_letter_makes_way_for_one_on_the_next(pool: 
     crate::support::uncertain(&pool, acme, payment_id).await;
     let mut tx = pool.begin().await.unwrap();
     let why = oncepay_reconciler::unknown::Why { actor: "reconciler:poller", reason: "no conclusive response" };
-    oncepay_reconciler::unknown::exhaust(&mut tx, acme, payment_id, why, json!({"source": "poll"})).await.unwrap();
+    oncepay_reconciler::unknown::payments::exhaust(&mut tx, acme, payment_id, why, json!({"source": "poll"}))
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
 
     let (second, proposal) = ops.post(&alice, &resolve, failed("declined again")).await;

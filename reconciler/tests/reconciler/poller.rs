@@ -9,8 +9,9 @@ use oncepay_domain::status::PaymentStatus;
 use oncepay_provider::http::HttpProvider;
 use oncepay_provider::wire::{EventType, WebhookEvent};
 use oncepay_provider::{ChargeStatus, KeyWindow};
-use oncepay_reconciler::poller::{Counts, Poller, PollerConfig};
-use oncepay_reconciler::{unknown, webhooks};
+use oncepay_reconciler::poller::{Counts, PaymentPoller, PollerConfig};
+use oncepay_reconciler::unknown::payments as unknown;
+use oncepay_reconciler::webhooks;
 use oncepay_service::backoff::Backoff;
 use oncepay_store::fixtures::{self, tenant};
 use serde_json::{Value, json};
@@ -36,8 +37,8 @@ fn config(max_attempts: u32) -> PollerConfig {
     }
 }
 
-fn poller(pool: &PgPool, provider: &MockServer, max_attempts: u32) -> Poller<HttpProvider> {
-    Poller::new(pool.clone(), fixtures::provider(&provider.uri()), config(max_attempts))
+fn poller(pool: &PgPool, provider: &MockServer, max_attempts: u32) -> PaymentPoller<HttpProvider> {
+    PaymentPoller::new(pool.clone(), fixtures::provider(&provider.uri()), config(max_attempts))
 }
 
 /// The provider answers a lookup of the payment's key with `status` and `body`.
@@ -80,7 +81,7 @@ async fn a_charge_found_at_the_provider_settles_the_payment_as_succeeded(pool: P
 
     let counts = poller(&pool, &provider, 5).run_once().await.unwrap();
 
-    assert_eq!(counts, Counts { claimed: 1, charged: 1, ..Counts::default() });
+    assert_eq!(counts, Counts { claimed: 1, succeeded: 1, ..Counts::default() });
     assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Succeeded);
     assert_eq!(count_for(&pool, "ledger_entries", payment_id).await, 1);
     assert_eq!(count_for(&pool, "unknown_payments", payment_id).await, 0);
@@ -97,7 +98,7 @@ async fn a_declined_charge_found_at_the_provider_settles_the_payment_as_failed(p
 
     let counts = poller(&pool, &provider, 5).run_once().await.unwrap();
 
-    assert_eq!(counts, Counts { claimed: 1, declined: 1, ..Counts::default() });
+    assert_eq!(counts, Counts { claimed: 1, failed: 1, ..Counts::default() });
     assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Failed);
     assert_eq!(count_for(&pool, "ledger_entries", payment_id).await, 0);
     assert_eq!(count_for(&pool, "unknown_payments", payment_id).await, 0);
@@ -152,7 +153,7 @@ async fn a_refused_resend_is_not_failed_by_an_empty_lookup_while_an_earlier_send
 
     assert_eq!(first, Counts { claimed: 1, inconclusive: 1, ..Counts::default() });
     assert_eq!(after_the_empty_lookup, PaymentStatus::Unknown, "an empty lookup proves nothing was charged so far");
-    assert_eq!(second, Counts { claimed: 1, charged: 1, ..Counts::default() });
+    assert_eq!(second, Counts { claimed: 1, succeeded: 1, ..Counts::default() });
     assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Succeeded, "the first send did charge");
     assert_eq!(count_for(&pool, "ledger_entries", payment_id).await, 1);
     assert_eq!(count_for(&pool, "outbox", payment_id).await, 0, "never resent to be refused again");
@@ -298,7 +299,7 @@ async fn every_due_payment_in_a_batch_is_settled_in_one_pass(pool: PgPool) {
 
     let counts = poller(&pool, &provider, 5).run_once().await.unwrap();
 
-    assert_eq!(counts, Counts { claimed: 6, charged: 3, declined: 3, ..Counts::default() });
+    assert_eq!(counts, Counts { claimed: 6, succeeded: 3, failed: 3, ..Counts::default() });
     for (payment_id, outcome) in payments {
         let expected =
             if outcome == ChargeStatus::Succeeded { PaymentStatus::Succeeded } else { PaymentStatus::Failed };
@@ -322,7 +323,7 @@ async fn a_webhook_recorded_while_the_payment_was_being_sent_settles_it_once_unk
     let counts = poller(&pool, &provider, 5).run_once().await.unwrap();
 
     assert_eq!(recorded.label(), "not_unknown");
-    assert_eq!(counts, Counts { claimed: 1, charged: 1, ..Counts::default() });
+    assert_eq!(counts, Counts { claimed: 1, succeeded: 1, ..Counts::default() });
     assert_eq!(status(&pool, tenant_id, payment_id).await, PaymentStatus::Succeeded);
     assert_eq!(count_for(&pool, "ledger_entries", payment_id).await, 1);
     let detail: Value = sqlx::query_scalar!(

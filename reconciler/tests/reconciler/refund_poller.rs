@@ -10,9 +10,8 @@ use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
 use oncepay_domain::status::PaymentStatus;
 use oncepay_provider::http::HttpProvider;
 use oncepay_provider::{KeyWindow, Refund, RefundState};
-use oncepay_reconciler::poller::PollerConfig;
-use oncepay_reconciler::refunds::poller::{Counts, RefundPoller};
-use oncepay_reconciler::refunds::unknown;
+use oncepay_reconciler::poller::{Counts, PollerConfig, RefundPoller};
+use oncepay_reconciler::unknown::refunds as unknown;
 use oncepay_service::backoff::Backoff;
 use oncepay_store::fixtures::{self, tenant};
 use serde_json::{Value, json};
@@ -115,7 +114,7 @@ async fn a_refund_the_provider_shows_succeeded_settles_with_its_ledger_entry_and
 
     let counts = poller(&pool, &provider, 5).run_once().await.unwrap();
 
-    assert_eq!(counts, Counts { claimed: 1, refunded: 1, ..Counts::default() });
+    assert_eq!(counts, Counts { claimed: 1, succeeded: 1, ..Counts::default() });
     assert_eq!(refund_status(&pool, refund_id).await, PaymentStatus::Succeeded);
     let (booked, amount): (String, i64) = sqlx::query!(
         "SELECT provider_refund_id, amount FROM refund_ledger_entries WHERE refund_id = $1",
@@ -192,7 +191,7 @@ async fn no_refund_yet_after_a_send_that_may_still_land_keeps_the_refund_unknown
     shows_succeeded(&provider, refund_id).await;
     let counts = poller(&pool, &provider, 5).run_once().await.unwrap();
 
-    assert_eq!(counts, Counts { claimed: 1, refunded: 1, ..Counts::default() });
+    assert_eq!(counts, Counts { claimed: 1, succeeded: 1, ..Counts::default() });
     assert_eq!(refunded(&pool, payment_id).await, (500, 500));
 }
 

@@ -10,7 +10,7 @@ use oncepay_domain::status::PaymentStatus;
 use oncepay_ops::dead_letters::refunds::{self as dead_refunds, RefundResolution};
 use oncepay_ops::operator_error::OperatorError;
 use oncepay_provider::{Refund as ProviderRefund, RefundState};
-use oncepay_reconciler::refunds::unknown as unknown_refunds;
+use oncepay_reconciler::unknown::refunds as unknown_refunds;
 use oncepay_reconciler::unknown::{self, Why};
 use oncepay_store::fixtures::{self, tenant};
 use reqwest::StatusCode;
@@ -654,7 +654,7 @@ pub(crate) async fn contradicted_refund(
     payment_id: PaymentId,
     key: &str,
 ) -> RefundId {
-    use oncepay_reconciler::refunds::webhooks;
+    use oncepay_reconciler::refund_webhooks as webhooks;
 
     let refund_id = unknown_refund(pool, tenant_id, payment_id, key, 500, 60).await;
     let provider_refund_id = format!("re_{key}");

@@ -13,7 +13,7 @@ use oncepay_provider::webhook_signature::WebhookSecret;
 use oncepay_provider::wire::{RefundEvent, RefundEventType};
 use oncepay_provider::{Refund, RefundState, metadata_keys};
 use oncepay_reconciler::http;
-use oncepay_reconciler::refunds::webhooks;
+use oncepay_reconciler::refund_webhooks as webhooks;
 use oncepay_reconciler::webhooks::WebhookState;
 use oncepay_store::fixtures::tenant;
 use serde_json::{Value, json};

@@ -364,7 +364,7 @@ async fn a_charge_from_another_account_is_never_the_charge_on_record_of_a_paymen
     let mut tx = pool.begin().await.unwrap();
     let why = oncepay_reconciler::unknown::Why { actor: "reconciler:poller", reason: "lookups spent" };
     let evidence = oncepay_reconciler::unknown::evidence("poll", json!({"attempt": 30, "result": "HTTP 503"}));
-    oncepay_reconciler::unknown::exhaust(&mut tx, tenant_id, payment_id, why, evidence).await.unwrap();
+    oncepay_reconciler::unknown::payments::exhaust(&mut tx, tenant_id, payment_id, why, evidence).await.unwrap();
     tx.commit().await.unwrap();
     let alice = ops.operator("alice", "operator", None).await;
 

@@ -13,7 +13,7 @@ use oncepay_ops::operators::oidc::OidcSettings;
 use oncepay_provider::KeyWindow;
 use oncepay_reconciler::settings::Settings;
 use oncepay_reconciler::startup::operators_state;
-use oncepay_reconciler::unknown;
+use oncepay_reconciler::unknown::{self, payments};
 use oncepay_store::fixtures;
 use oncepay_store::refunds::sending::{self, ClaimedRefund, Release};
 use oncepay_store::refunds::settling::{self, RefundChange};
@@ -200,7 +200,7 @@ pub async fn dead_lettered(pool: &PgPool, tenant_id: TenantId, key: &str, sent_s
     };
     let result = json!({"attempt": 30, "result": "lookup failed: the provider responded with HTTP 503"});
     let evidence = unknown::evidence("poll", result);
-    unknown::exhaust(&mut tx, tenant_id, payment_id, why, evidence).await.unwrap();
+    payments::exhaust(&mut tx, tenant_id, payment_id, why, evidence).await.unwrap();
     tx.commit().await.unwrap();
     payment_id
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_provider::KeyWindow;
-use oncepay_reconciler::poller::{Poller, PollerConfig};
+use oncepay_reconciler::poller::{PaymentPoller, PollerConfig};
 use oncepay_reconciler::sweeper::{Sweeper, SweeperConfig};
 use oncepay_service::backoff::Backoff;
 use oncepay_service::config::{LogFormat, TelemetrySettings};
@@ -76,7 +76,7 @@ async fn the_poll_and_the_resend_it_decides_continue_the_payments_trace(pool: Pg
         .await;
     let tenant_id = tenant(&pool, "acme").await;
     let payment_id = unknown_in_trace(&pool, tenant_id, &worker_span()).await;
-    let poller = Poller::new(
+    let poller = PaymentPoller::new(
         pool.clone(),
         fixtures::provider(&provider.uri()),
         PollerConfig {

@@ -15,7 +15,7 @@ use crate::StoreError;
 
 /// What the provider said when it refused a resend of a payment that may already have been charged:
 /// evidence for the reconciler's lookups and for an operator. An empty lookup does not fail such a
-/// payment, since an earlier send may still land (`reconciler/src/poller.rs`).
+/// payment, since an earlier send may still land (`reconciler/src/poller/payments.rs`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
     /// The provider's code, e.g. `provider_rejected`.

@@ -1,5 +1,5 @@
-//! The reconciler's side of `unknown` refunds: claiming those due for a lookup, counting an
-//! inconclusive lookup, and each way a refund leaves `unknown`.
+//! `unknown` refunds: claiming those due for a lookup, counting an inconclusive lookup, and each way
+//! a refund leaves `unknown`.
 //!
 //! A refund is due while it is `unknown` and its `next_lookup_at` has passed; it becomes due at once
 //! when it becomes `unknown` (`settling::apply`). Every function here that moves a refund out of
@@ -20,7 +20,7 @@ use serde_json::Value;
 use sqlx::PgConnection;
 use time::OffsetDateTime;
 
-use crate::unknown::{Why, claim_in_shares};
+use super::{Why, claim_in_shares};
 
 /// A due refund, claimed for one lookup.
 #[derive(Debug, Clone)]
@@ -51,7 +51,7 @@ impl Claimed {
 }
 
 /// Claims up to `batch_size` due refunds, hiding each from other pollers for `lease`; rows another
-/// poller is claiming right now are skipped. As for payments (`crate::unknown::claim_due`), each
+/// poller is claiming right now are skipped. As for payments ([`super::payments::claim_due`]), each
 /// claim statement takes one tenant's refunds, and the tenants with due refunds share the batch.
 ///
 /// The lease is `next_lookup_at` pushed forward, not a lock held, so no transaction stays open

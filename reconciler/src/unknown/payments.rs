@@ -1,5 +1,5 @@
-//! The reconciler's side of the `unknown_payments` queue: claiming due payments, and each way a
-//! payment leaves `unknown`.
+//! `unknown` payments: the reconciler's side of the `unknown_payments` queue, claiming due payments,
+//! and each way a payment leaves `unknown`.
 //!
 //! Invariant: a payment is `unknown` exactly while it has a row here. Whoever moves it in writes the
 //! row in the same transaction (`oncepay_store::unknown_queue`). Every function here that moves it out
@@ -8,7 +8,6 @@
 
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::provider_ref::ProviderAccount;
@@ -19,11 +18,13 @@ use oncepay_store::settlement::Asked;
 use oncepay_store::transitions::{self, Change, Recorded, Settlement, TransitionError};
 use oncepay_store::unknown_queue::Refusal;
 use oncepay_store::{StoreError, outbox};
-use serde_json::{Value, json};
+use serde_json::Value;
 use sqlx::PgConnection;
 use time::OffsetDateTime;
 
 use oncepay_ops::dead_letters::{self, Kind};
+
+use super::{Why, claim_in_shares};
 
 /// A due payment, claimed for one lookup.
 #[derive(Debug, Clone)]
@@ -76,46 +77,6 @@ pub async fn claim_due(
         Box::pin(claim_due_of(conn, tenant_id, limit, lease, horizon))
     })
     .await
-}
-
-/// One tenant's claim of at most `limit` due rows, given the claim's other arguments.
-pub(crate) type ClaimOf<T, A> =
-    for<'c> fn(&'c mut PgConnection, TenantId, u32, A) -> BoxFuture<'c, Result<Vec<T>, StoreError>>;
-
-/// Fills a batch of `batch_size` from the `waiting` tenants by `claim`: each gets an equal share of
-/// what is left of the batch in turn; what a tenant leaves of its share goes to the tenants after it,
-/// and to those that filled theirs in a further round, until the batch is full or no tenant has more.
-/// The poller of refunds shares its batches the same way.
-pub(crate) async fn claim_in_shares<T, A: Copy>(
-    conn: &mut PgConnection,
-    mut waiting: Vec<TenantId>,
-    batch_size: u32,
-    args: A,
-    claim: ClaimOf<T, A>,
-) -> Result<Vec<T>, StoreError> {
-    let mut claimed = Vec::new();
-    let mut remaining = batch_size;
-    // Rounds: a tenant that filled its share may have more, and gets a share of what the others
-    // left in the next round.
-    while remaining > 0 && !waiting.is_empty() {
-        let mut filled = Vec::new();
-        let count = waiting.len();
-        for (index, tenant_id) in waiting.into_iter().enumerate() {
-            if remaining == 0 {
-                break;
-            }
-            let share = remaining.div_ceil(u32::try_from(count - index).unwrap_or(u32::MAX));
-            let rows = claim(&mut *conn, tenant_id, share, args).await?;
-            let taken = u32::try_from(rows.len()).unwrap_or(u32::MAX);
-            if taken == share {
-                filled.push(tenant_id);
-            }
-            remaining = remaining.saturating_sub(taken);
-            claimed.extend(rows);
-        }
-        waiting = filled;
-    }
-    Ok(claimed)
 }
 
 /// [`claim_due`] for one tenant.
@@ -201,28 +162,23 @@ pub async fn trace_of(
     Ok(row.map(|row| TraceContext { traceparent: row.traceparent, tracestate: row.tracestate }))
 }
 
-/// Who and why, for the audit trail.
-#[derive(Debug, Clone, Copy)]
-pub struct Why<'a> {
-    /// `webhook`, `reconciler:poller`.
-    pub actor: &'a str,
-    /// In words.
-    pub reason: &'a str,
-}
-
-impl<'a> Why<'a> {
-    /// The change that takes the payment out of `unknown` by `transition`, with `evidence` in its
-    /// audit row.
-    fn change(self, tenant_id: TenantId, payment_id: PaymentId, transition: Transition, evidence: Value) -> Change<'a> {
-        Change {
-            tenant_id,
-            payment_id,
-            from: PaymentStatus::Unknown,
-            transition,
-            actor: self.actor,
-            reason: self.reason,
-            detail: Some(evidence),
-        }
+/// The change that takes the payment out of `unknown` by `transition`, with `evidence` in its audit
+/// row.
+fn change<'a>(
+    tenant_id: TenantId,
+    payment_id: PaymentId,
+    transition: Transition,
+    why: Why<'a>,
+    evidence: Value,
+) -> Change<'a> {
+    Change {
+        tenant_id,
+        payment_id,
+        from: PaymentStatus::Unknown,
+        transition,
+        actor: why.actor,
+        reason: why.reason,
+        detail: Some(evidence),
     }
 }
 
@@ -237,7 +193,7 @@ pub async fn settle(
     why: Why<'_>,
     evidence: Value,
 ) -> Result<Recorded<Payment>, TransitionError> {
-    let change = why.change(tenant_id, payment_id, transition, evidence);
+    let change = change(tenant_id, payment_id, transition, why, evidence);
     let recorded = transitions::settle(&mut *conn, &change, settlement).await?;
     if matches!(recorded, Recorded::Moved(_)) {
         remove(conn, tenant_id, payment_id).await?;
@@ -254,7 +210,7 @@ pub async fn resend(
     why: Why<'_>,
     evidence: Value,
 ) -> Result<Recorded<PaymentStatus>, TransitionError> {
-    let change = why.change(tenant_id, payment_id, Transition::ProviderHasNoCharge, evidence);
+    let change = change(tenant_id, payment_id, Transition::ProviderHasNoCharge, why, evidence);
     let recorded = transitions::apply(&mut *conn, &change).await?;
     if matches!(recorded, Recorded::Moved(_)) {
         remove(&mut *conn, tenant_id, payment_id).await?;
@@ -298,7 +254,7 @@ async fn dead_letter(
     why: Why<'_>,
     evidence: Value,
 ) -> Result<Recorded<PaymentStatus>, TransitionError> {
-    let change = why.change(tenant_id, payment_id, transition, evidence.clone());
+    let change = change(tenant_id, payment_id, transition, why, evidence.clone());
     let recorded = transitions::apply(&mut *conn, &change).await?;
     if matches!(recorded, Recorded::Moved(_)) {
         let gathered = remove(&mut *conn, tenant_id, payment_id).await?;
@@ -311,15 +267,16 @@ async fn dead_letter(
 }
 
 /// Records an inconclusive lookup: the evidence, one more attempt toward dead-lettering, and when to
-/// look again (`None`: when already planned).
+/// look again (`None`: when already planned). False, writing nothing, when the payment is no
+/// longer `unknown`.
 pub async fn note_inconclusive(
     conn: &mut PgConnection,
     tenant_id: TenantId,
     payment_id: PaymentId,
     evidence: Value,
     next_poll_in: Option<Duration>,
-) -> Result<(), StoreError> {
-    sqlx::query!(
+) -> Result<bool, StoreError> {
+    let counted = sqlx::query!(
         r#"
         UPDATE unknown_payments u
         SET evidence = u.evidence || jsonb_build_array($3::jsonb),
@@ -336,7 +293,7 @@ pub async fn note_inconclusive(
     )
     .execute(conn)
     .await?;
-    Ok(())
+    Ok(counted.rows_affected() == 1)
 }
 
 /// What the queue row had gathered when it was removed.
@@ -369,13 +326,4 @@ async fn remove(
         },
         poll_attempts: row.poll_attempts,
     }))
-}
-
-/// A piece of evidence: what was learned, from where, when.
-pub fn evidence(source: &str, fields: Value) -> Value {
-    let mut entry = json!({ "at": oncepay_ops::render::timestamp(OffsetDateTime::now_utc()), "source": source });
-    if let (Some(entry), Value::Object(fields)) = (entry.as_object_mut(), fields) {
-        entry.extend(fields);
-    }
-    entry
 }

@@ -24,7 +24,7 @@ use oncepay_store::transitions::Recorded;
 use serde_json::{Value, json};
 use sqlx::{Acquire, PgConnection, PgPool};
 
-use super::unknown;
+use crate::unknown::refunds as unknown;
 use crate::unknown::{Why, evidence};
 use crate::webhook_outcome::{ApplyError, Handled, respond_to};
 use oncepay_ops::dead_letters::refunds as dead_refunds;
