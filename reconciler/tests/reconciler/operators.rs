@@ -19,31 +19,9 @@ use wiremock::matchers::method;
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 use crate::cli::command;
-use crate::support::{self, Ops, dead_lettered, status};
+use crate::support::{self, Ops, audit_of, dead_lettered, problem, rows, status};
 
 const DAY: u64 = 86_400;
-
-/// The problem's `type` slug and detail.
-fn problem(body: &Value) -> (&str, &str) {
-    let slug = body["type"].as_str().unwrap().trim_start_matches("https://oncepay.dev/problems/");
-    (slug, body["detail"].as_str().unwrap())
-}
-
-/// The operator audit rows of a payment, oldest first: (operator, action, outcome).
-async fn audit_of(pool: &PgPool, payment_id: PaymentId) -> Vec<(String, String, String)> {
-    sqlx::query!(
-        "SELECT operator_name, action, outcome FROM operator_audit WHERE payment_id = $1 ORDER BY audit_id",
-        payment_id.as_uuid()
-    )
-    .map(|r| (r.operator_name, r.action, r.outcome))
-    .fetch_all(pool)
-    .await
-    .unwrap()
-}
-
-fn rows(expected: &[(&str, &str, &str)]) -> Vec<(String, String, String)> {
-    expected.iter().map(|(a, b, c)| ((*a).to_owned(), (*b).to_owned(), (*c).to_owned())).collect()
-}
 
 fn failed(reason: &str) -> Value {
     json!({ "as": "failed", "reason": reason })

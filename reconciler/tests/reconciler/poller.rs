@@ -6,39 +6,24 @@ use std::time::Duration;
 
 use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_domain::status::PaymentStatus;
+use oncepay_provider::ChargeStatus;
 use oncepay_provider::http::HttpProvider;
 use oncepay_provider::wire::{EventType, WebhookEvent};
-use oncepay_provider::{ChargeStatus, KeyWindow};
-use oncepay_reconciler::poller::{Counts, PaymentPoller, PollerConfig};
+use oncepay_reconciler::poller::{Counts, PaymentPoller};
 use oncepay_reconciler::unknown::payments as unknown;
 use oncepay_reconciler::webhooks;
-use oncepay_service::backoff::Backoff;
 use oncepay_store::fixtures::{self, tenant};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use wiremock::matchers::{method, path, query_param};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
-use crate::support::{self, charge, count_for, status, unknown_payment};
+use crate::support::{self, charge, count_for, poller_config, status, unknown_payment};
 
 const DAY: i64 = 86_400;
 
-fn config(max_attempts: u32) -> PollerConfig {
-    PollerConfig {
-        interval: Duration::from_millis(10),
-        batch_size: 10,
-        concurrency: 4,
-        lease: Duration::from_secs(60),
-        // No wait between lookups, so each pass finds the payment due again.
-        backoff: Backoff { base: Duration::ZERO, max: Duration::ZERO },
-        max_attempts,
-        max_age: Duration::from_secs(3 * DAY as u64),
-        key_window: KeyWindow { window: Duration::from_secs(DAY as u64), safety_margin: Duration::from_secs(3600) },
-    }
-}
-
 fn poller(pool: &PgPool, provider: &MockServer, max_attempts: u32) -> PaymentPoller<HttpProvider> {
-    PaymentPoller::new(pool.clone(), fixtures::provider(&provider.uri()), config(max_attempts))
+    PaymentPoller::new(pool.clone(), fixtures::provider(&provider.uri()), poller_config(max_attempts))
 }
 
 /// The provider answers a lookup of the payment's key with `status` and `body`.

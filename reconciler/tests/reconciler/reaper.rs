@@ -1,12 +1,10 @@
 //! The reaper against a real PostgreSQL: expired keys of terminal payments go, in batches; keys of
 //! payments still in flight stay however old they are; old webhook ids go, recent ones stay.
 
-use std::time::Duration;
-
 use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::status::{PaymentStatus, Transition};
-use oncepay_reconciler::reaper::{Counts, Reaper, ReaperConfig};
+use oncepay_reconciler::reaper::Counts;
 use oncepay_reconciler::unknown::Why;
 use oncepay_reconciler::unknown::payments as unknown;
 use oncepay_store::fixtures::{count, tenant};
@@ -15,16 +13,7 @@ use serde_json::json;
 use sqlx::PgPool;
 use time::OffsetDateTime;
 
-use crate::support::{accept, change, claim, count_for, unknown_payment};
-
-fn reaper(pool: &PgPool, batch_size: u32) -> Reaper {
-    let config = ReaperConfig {
-        interval: Duration::from_secs(60),
-        batch_size,
-        webhook_retention: Duration::from_secs(7 * 86_400),
-    };
-    Reaper::new(pool.clone(), config)
-}
+use crate::support::{accept, change, claim, count_for, reaper, unknown_payment};
 
 /// Makes the payment's key two days old and expired a day ago.
 async fn expire_key(pool: &PgPool, payment_id: PaymentId) {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
 use oncepay_domain::status::PaymentStatus;
 use oncepay_provider::http::HttpProvider;
-use oncepay_provider::{KeyWindow, Refund, RefundState};
+use oncepay_provider::{Refund, RefundState};
 use oncepay_reconciler::poller::{Counts, PollerConfig, RefundPoller};
 use oncepay_reconciler::unknown::refunds as unknown;
 use oncepay_service::backoff::Backoff;
@@ -19,26 +19,12 @@ use sqlx::PgPool;
 use wiremock::matchers::{method, path, query_param};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
-use crate::support::{count_for_refund, refund_status, refunded, succeeded_payment, unknown_refund};
+use crate::support::{count_for_refund, poller_config, refund_status, refunded, succeeded_payment, unknown_refund};
 
 const DAY: i64 = 86_400;
 
-fn config(max_attempts: u32) -> PollerConfig {
-    PollerConfig {
-        interval: Duration::from_millis(10),
-        batch_size: 10,
-        concurrency: 4,
-        lease: Duration::from_secs(60),
-        // No wait between lookups, so each pass finds the refund due again.
-        backoff: Backoff { base: Duration::ZERO, max: Duration::ZERO },
-        max_attempts,
-        max_age: Duration::from_secs(3 * DAY as u64),
-        key_window: KeyWindow { window: Duration::from_secs(DAY as u64), safety_margin: Duration::from_secs(3600) },
-    }
-}
-
 fn poller(pool: &PgPool, provider: &MockServer, max_attempts: u32) -> RefundPoller<HttpProvider> {
-    RefundPoller::new(pool.clone(), fixtures::provider(&provider.uri()), config(max_attempts))
+    RefundPoller::new(pool.clone(), fixtures::provider(&provider.uri()), poller_config(max_attempts))
 }
 
 /// A refund of `ch_order-1` under `refund_id`'s key, as the simulator reports it.
@@ -271,8 +257,10 @@ async fn an_unfinished_refund_is_counted_as_a_lookup_and_looked_up_again_after_t
     let (_, _, refund_id) = unknown_refund_of_a_payment(&pool, 60).await;
     answer_lookup(&provider, refund_id, 200, listing(&[provider_refund(refund_id, "re_1", RefundState::Pending, 500)]))
         .await;
-    let config =
-        PollerConfig { backoff: Backoff { base: Duration::from_secs(60), max: Duration::from_secs(60) }, ..config(5) };
+    let config = PollerConfig {
+        backoff: Backoff { base: Duration::from_secs(60), max: Duration::from_secs(60) },
+        ..poller_config(5)
+    };
     let poller = RefundPoller::new(pool.clone(), fixtures::provider(&provider.uri()), config);
 
     let first = poller.run_once().await.unwrap();

@@ -22,32 +22,11 @@ use wiremock::{Mock, MockServer, ResponseTemplate};
 
 use crate::cli::command;
 use crate::support::{
-    self, Ops, accept, count_for, count_for_refund, refund, refund_status, refunded, succeeded_payment, unknown_refund,
+    self, Ops, accept, audit_of, count_for, count_for_refund, problem, refund, refund_status, refunded, rows,
+    succeeded_payment, unknown_refund,
 };
 
 const DAY: i64 = 86_400;
-
-/// The problem's `type` slug and detail.
-fn problem(body: &Value) -> (&str, &str) {
-    let slug = body["type"].as_str().unwrap().trim_start_matches("https://oncepay.dev/problems/");
-    (slug, body["detail"].as_str().unwrap())
-}
-
-/// The operator audit rows of a payment, oldest first: (operator, action, outcome).
-async fn audit_of(pool: &PgPool, payment_id: PaymentId) -> Vec<(String, String, String)> {
-    sqlx::query!(
-        "SELECT operator_name, action, outcome FROM operator_audit WHERE payment_id = $1 ORDER BY audit_id",
-        payment_id.as_uuid()
-    )
-    .map(|r| (r.operator_name, r.action, r.outcome))
-    .fetch_all(pool)
-    .await
-    .unwrap()
-}
-
-fn rows(expected: &[(&str, &str, &str)]) -> Vec<(String, String, String)> {
-    expected.iter().map(|(a, b, c)| ((*a).to_owned(), (*b).to_owned(), (*c).to_owned())).collect()
-}
 
 /// The `before` and `after` of the payment's audit row of `action` with `outcome`.
 async fn before_and_after(pool: &PgPool, payment_id: PaymentId, action: &str, outcome: &str) -> (Value, Value) {

@@ -2,26 +2,15 @@
 //! refunds go, in batches; a key's retention starts again when its refund becomes final; keys of
 //! refunds still in flight stay however old they are.
 
-use std::time::Duration;
-
 use oncepay_domain::ids::{RefundId, TenantId};
 use oncepay_domain::status::{PaymentStatus, Transition};
-use oncepay_reconciler::reaper::{Counts, Reaper, ReaperConfig};
+use oncepay_reconciler::reaper::Counts;
 use oncepay_store::fixtures::{count, tenant};
 use oncepay_store::refunds::settling::{self, RefundChange, RefundSettlement};
 use sqlx::PgPool;
 use time::OffsetDateTime;
 
-use crate::support::{count_for_refund, refund, succeeded_payment, unknown_refund};
-
-fn reaper(pool: &PgPool, batch_size: u32) -> Reaper {
-    let config = ReaperConfig {
-        interval: Duration::from_secs(60),
-        batch_size,
-        webhook_retention: Duration::from_secs(7 * 86_400),
-    };
-    Reaper::new(pool.clone(), config)
-}
+use crate::support::{count_for_refund, reaper, refund, succeeded_payment, unknown_refund};
 
 /// Makes the refund's key three days old with a day's retention, so expired two days ago.
 async fn expire_key(pool: &PgPool, refund_id: RefundId) {

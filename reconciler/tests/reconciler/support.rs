@@ -11,9 +11,12 @@ use oncepay_ops::operators::accounts;
 use oncepay_ops::operators::api::OperatorsState;
 use oncepay_ops::operators::oidc::OidcSettings;
 use oncepay_provider::KeyWindow;
+use oncepay_reconciler::poller::PollerConfig;
+use oncepay_reconciler::reaper::{Reaper, ReaperConfig};
 use oncepay_reconciler::settings::Settings;
 use oncepay_reconciler::startup::operators_state;
 use oncepay_reconciler::unknown::{self, payments};
+use oncepay_service::backoff::Backoff;
 use oncepay_store::fixtures;
 use oncepay_store::refunds::sending::{self, ClaimedRefund, Release};
 use oncepay_store::refunds::settling::{self, RefundChange};
@@ -463,4 +466,49 @@ pub async fn refunded(pool: &PgPool, payment_id: PaymentId) -> (i64, i64) {
         .fetch_one(pool)
         .await
         .unwrap()
+}
+
+/// The poller's limits in these tests: no wait between lookups, so each pass finds a payment or
+/// refund due again; a day's key window with an hour's margin; three days before dead-lettering.
+pub fn poller_config(max_attempts: u32) -> PollerConfig {
+    PollerConfig {
+        interval: Duration::from_millis(10),
+        batch_size: 10,
+        concurrency: 4,
+        lease: Duration::from_secs(60),
+        backoff: Backoff { base: Duration::ZERO, max: Duration::ZERO },
+        max_attempts,
+        max_age: Duration::from_secs(3 * DAY),
+        key_window: KeyWindow { window: Duration::from_secs(DAY), safety_margin: Duration::from_secs(3600) },
+    }
+}
+
+/// A reaper over `pool` that deletes up to `batch_size` rows of each kind a pass.
+pub fn reaper(pool: &PgPool, batch_size: u32) -> Reaper {
+    let config =
+        ReaperConfig { interval: Duration::from_secs(60), batch_size, webhook_retention: Duration::from_secs(7 * DAY) };
+    Reaper::new(pool.clone(), config)
+}
+
+/// The problem's `type` slug and detail.
+pub fn problem(body: &Value) -> (&str, &str) {
+    let slug = body["type"].as_str().unwrap().trim_start_matches("https://oncepay.dev/problems/");
+    (slug, body["detail"].as_str().unwrap())
+}
+
+/// The operator audit rows of a payment, oldest first: (operator, action, outcome).
+pub async fn audit_of(pool: &PgPool, payment_id: PaymentId) -> Vec<(String, String, String)> {
+    sqlx::query!(
+        "SELECT operator_name, action, outcome FROM operator_audit WHERE payment_id = $1 ORDER BY audit_id",
+        payment_id.as_uuid()
+    )
+    .map(|r| (r.operator_name, r.action, r.outcome))
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// `expected` as [`audit_of`] reads it.
+pub fn rows(expected: &[(&str, &str, &str)]) -> Vec<(String, String, String)> {
+    expected.iter().map(|(a, b, c)| ((*a).to_owned(), (*b).to_owned(), (*c).to_owned())).collect()
 }
