@@ -127,15 +127,14 @@ impl Subject for Claimed {
         Ok(matches!(recorded, Recorded::Moved(_)))
     }
 
-    /// A refund keeps no evidence of its lookups: the last one goes into its audit row when it
-    /// leaves `unknown`, and each is logged.
+    /// The evidence is kept on the refund, and goes into its audit row if it is dead-lettered.
     async fn note_inconclusive(
         &self,
         conn: &mut PgConnection,
-        _evidence: Value,
+        evidence: Value,
         wait: Duration,
     ) -> Result<bool, StoreError> {
-        unknown::note_inconclusive(conn, self.tenant_id(), self.refund_id(), wait).await
+        unknown::note_inconclusive(conn, self.tenant_id(), self.refund_id(), evidence, wait).await
     }
 }
 

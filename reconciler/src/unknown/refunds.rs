@@ -1,5 +1,5 @@
-//! `unknown` refunds: claiming those due for a lookup, counting an inconclusive lookup, and each way
-//! a refund leaves `unknown`.
+//! `unknown` refunds: claiming those due for a lookup, counting an inconclusive lookup with its
+//! evidence, and each way a refund leaves `unknown`.
 //!
 //! A refund is due while it is `unknown` and its `next_lookup_at` has passed; it becomes due at once
 //! when it becomes `unknown` (`settling::apply`). Every function here that moves a refund out of
@@ -142,27 +142,53 @@ async fn claim_due_of(
         .collect())
 }
 
-/// Counts an inconclusive lookup of an `unknown` refund and plans the next one `next_lookup_in`
-/// from now. False, writing nothing, when the refund is no longer `unknown`.
+/// Counts an inconclusive lookup of an `unknown` refund, keeps its `evidence`, and plans the next
+/// lookup `next_lookup_in` from now. False, writing nothing, when the refund is no longer `unknown`.
 pub async fn note_inconclusive(
     conn: &mut PgConnection,
     tenant_id: TenantId,
     refund_id: RefundId,
+    evidence: Value,
     next_lookup_in: Duration,
 ) -> Result<bool, StoreError> {
     let counted = sqlx::query!(
         r#"
         UPDATE refunds
-        SET lookups = lookups + 1, next_lookup_at = now() + make_interval(secs => $3)
+        SET lookups = lookups + 1, next_lookup_at = now() + make_interval(secs => $3),
+            lookup_evidence = lookup_evidence || jsonb_build_array($4::jsonb)
         WHERE tenant_id = $1 AND refund_id = $2 AND status = 'unknown'
         "#,
         tenant_id.as_uuid(),
         refund_id.as_uuid(),
         next_lookup_in.as_secs_f64(),
+        evidence,
     )
     .execute(conn)
     .await?;
     Ok(counted.rows_affected() == 1)
+}
+
+/// `evidence`, with the evidence of the refund's inconclusive lookups since it became `unknown` as
+/// its `earlier_lookups`, for the audit row that dead-letters it.
+async fn with_earlier_lookups(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    refund_id: RefundId,
+    mut evidence: Value,
+) -> Result<Value, StoreError> {
+    let earlier = sqlx::query_scalar!(
+        "SELECT lookup_evidence FROM refunds WHERE tenant_id = $1 AND refund_id = $2 AND status = 'unknown'",
+        tenant_id.as_uuid(),
+        refund_id.as_uuid(),
+    )
+    .fetch_optional(conn)
+    .await?;
+    if let (Some(fields), Some(earlier)) = (evidence.as_object_mut(), earlier)
+        && earlier.as_array().is_some_and(|lookups| !lookups.is_empty())
+    {
+        fields.insert("earlier_lookups".to_owned(), earlier);
+    }
+    Ok(evidence)
 }
 
 /// The change that takes a refund out of `unknown` by `transition`, with `evidence` in its audit row.
@@ -219,7 +245,8 @@ pub async fn resend(
     settling::apply(conn, &change, None, OffsetDateTime::now_utc()).await
 }
 
-/// Gives up: `unknown → dead_lettered`, with the last evidence in the audit row, for an operator.
+/// Gives up: `unknown → dead_lettered`, with the last evidence and every earlier lookup's in the
+/// audit row, for an operator.
 pub async fn exhaust(
     conn: &mut PgConnection,
     tenant_id: TenantId,
@@ -227,13 +254,14 @@ pub async fn exhaust(
     why: Why<'_>,
     evidence: Value,
 ) -> Result<Recorded<PaymentStatus>, TransitionError> {
+    let evidence = with_earlier_lookups(conn, tenant_id, refund_id, evidence).await?;
     let change = change(tenant_id, refund_id, Transition::Exhausted, why, evidence);
     settling::apply(conn, &change, None, OffsetDateTime::now_utc()).await
 }
 
 /// The provider reported a refund under this refund's key that is not what it asked for:
-/// `unknown → dead_lettered`, with the provider's refunds in the audit row. Never a settlement: only
-/// an operator may decide what such a refund means.
+/// `unknown → dead_lettered`, with the provider's refunds and every earlier lookup's evidence in the
+/// audit row. Never a settlement: only an operator may decide what such a refund means.
 pub async fn mismatch(
     conn: &mut PgConnection,
     tenant_id: TenantId,
@@ -241,6 +269,7 @@ pub async fn mismatch(
     why: Why<'_>,
     evidence: Value,
 ) -> Result<Recorded<PaymentStatus>, TransitionError> {
+    let evidence = with_earlier_lookups(conn, tenant_id, refund_id, evidence).await?;
     let change = change(tenant_id, refund_id, Transition::ChargeMismatch, why, evidence);
     settling::apply(conn, &change, None, OffsetDateTime::now_utc()).await
 }

@@ -307,7 +307,12 @@ async fn a_provider_that_keeps_failing_dead_letters_the_refund_after_the_last_lo
     let (actor, _, reason, detail) = history(&pool, refund_id).await.pop().unwrap();
     assert_eq!(actor, "reconciler:poller");
     assert!(reason.contains("after 3 lookups"), "{reason}");
-    assert!(detail.unwrap()["result"].as_str().unwrap().contains("503"));
+    let detail = detail.unwrap();
+    assert!(detail["result"].as_str().unwrap().contains("503"));
+    // The two inconclusive lookups before it are kept with the last, as a payment's are.
+    let earlier: Vec<&Value> = detail["earlier_lookups"].as_array().unwrap().iter().collect();
+    assert_eq!(earlier.iter().map(|lookup| lookup["attempt"].as_u64().unwrap()).collect::<Vec<_>>(), [1, 2]);
+    assert!(earlier.iter().all(|lookup| lookup["result"].as_str().unwrap().contains("503")), "{earlier:?}");
     // A dead-lettered refund is no longer looked up.
     assert_eq!(poller.run_once().await.unwrap(), Counts::default());
 }

@@ -92,6 +92,7 @@ pub async fn apply(
             -- A refund that becomes `unknown` is due for the reconciler's first lookup at once.
             -- now() stays outside the CASE, where Citus refuses it (NULL plus a time is NULL).
             lookups = CASE WHEN $3 = 'unknown'::payment_status THEN 0 ELSE lookups END,
+            lookup_evidence = CASE WHEN $3 = 'unknown'::payment_status THEN '[]' ELSE lookup_evidence END,
             next_lookup_at = now() + CASE WHEN $3 = 'unknown'::payment_status THEN interval '0' END
         WHERE tenant_id = $1 AND refund_id = $2 AND status = $4
         RETURNING event_count
