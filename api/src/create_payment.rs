@@ -1,46 +1,38 @@
 //! `POST /v1/payments`: accepts a payment request exactly once per (tenant, idempotency key).
 //!
-//! Every check of the request itself runs before anything is read from or written to the store. A
-//! key whose payment is final is replayed from memory ([`crate::replay_cache`]); any other request
-//! goes to the store with the requests of its tenant that arrive meanwhile
-//! ([`crate::accept_groups`]), where a known key is replayed and a new payment accepted. What the
-//! provider could never charge is refused only for a new key: a stored key replays, whatever the
-//! provider's rules or the tenant's account say now. A store that cannot be reached fails closed.
-//! Never logged: the API key, the idempotency key, the body.
+//! The request shell is [`crate::create`]'s; this module is the payment's part of it. A key whose
+//! payment is final is replayed from memory ([`crate::replay_cache`]); any other request goes to the
+//! store with the requests of its tenant that arrive meanwhile ([`crate::accept_groups`]), where a
+//! known key is replayed and a new payment accepted. What the provider could never charge is refused
+//! only for a new key: a stored key replays, whatever the provider's rules or the tenant's account
+//! say now. A store that cannot be reached fails closed. Never logged: the API key, the idempotency
+//! key, the body.
 
 use std::borrow::Cow;
 use std::sync::Arc;
 
 use actix_web::{HttpRequest, HttpResponse, web};
-use anyhow::anyhow;
-use oncepay_domain::fingerprint::Fingerprint;
-use oncepay_domain::idempotency_key::IdempotencyKey;
-use oncepay_domain::ids::TenantId;
 use oncepay_domain::money::Currency;
 use oncepay_domain::payment::PaymentResource;
-use oncepay_domain::payment_request::{PaymentRequest, limits};
+use oncepay_domain::payment_request::{FieldError, PaymentRequest, limits};
 use oncepay_domain::provider_ref::{self, ProviderAccount};
 use oncepay_http::problem::Problem;
 use oncepay_service::telemetry;
 use oncepay_store::intake::{self, ExistingKey, Intake, NewPayment};
 use oncepay_store::payments;
-use sqlx::PgConnection;
+use serde_json::Value;
 use time::OffsetDateTime;
+use tracing::Span;
 use utoipa::openapi::RefOr;
 use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, Schema, Type};
 use utoipa::{IntoResponses, PartialSchema, ToSchema};
 
-use crate::auth::Caller;
-use crate::endpoints::{Admission, IdempotencyKeyHeader, NO_NUL, amount_schema, metadata_schema};
+use crate::create::{self, Checked, Create, KnownKey, Responded};
+use crate::endpoints::{Admission, IdempotencyKeyHeader, IntakeRefusals, NO_NUL, amount_schema, metadata_schema};
 use crate::errors::ApiError;
-use crate::idempotent_request::{self, IdempotentRequest};
+use crate::idempotent_request;
 use crate::replay_cache::Final;
-use crate::request_span;
-use crate::resource_response::{self, KeyInfo};
 use crate::state::AppState;
-
-/// The path a fingerprint covers.
-const PATH: &str = "/v1/payments";
 
 /// Accepts a payment request, or replays the outcome of the first request with the same key.
 #[utoipa::path(
@@ -53,53 +45,51 @@ const PATH: &str = "/v1/payments";
     request_body(content = PaymentRequestBody, content_type = "application/json",
         description = "At most 64 KiB by default. Unknown fields, and a member named twice at any depth, are \
                        rejected."),
-    responses(CreatePaymentResponses, Admission),
+    responses(CreatePaymentResponses, IntakeRefusals, Admission),
 )]
 pub async fn create_payment(
     request: HttpRequest,
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let result = take(&request, payload, &state).await;
-    let label = match &result {
-        Ok(responded) if responded.replayed => "replayed",
-        Ok(_) => "created",
-        Err(error) => error.outcome(),
-    };
-    metrics::counter!(crate::metrics::INTAKE, "outcome" => label).increment(1);
-    result.map(|responded| responded.response)
+    create::respond::<CreatePayment>(&request, payload, &state).await
 }
 
-/// A response, and whether it repeats an earlier request's outcome.
-struct Responded {
-    response: HttpResponse,
-    replayed: bool,
-}
+/// The payment's part of the create shell.
+struct CreatePayment;
 
-/// Checks the request in this order, and refuses it before the store is touched: API key (401),
-/// rate limit (429), `Idempotency-Key` (400), `Content-Type` (415), body size (413), JSON (400; a
-/// member named twice is named like a wrong field), fields (400, listing every invalid field). Then
-/// serves it from memory or from the store; what the configured provider could never charge (400,
-/// naming the field) or a tenant without the provider account it needs (400) is refused only once
-/// the key is known to be new.
-async fn take(request: &HttpRequest, payload: web::Payload, state: &AppState) -> Result<Responded, ApiError> {
-    let span = request_span::of(request);
-    let caller = state.admit(request).await?;
-    span.record("tenant.id", tracing::field::display(caller.tenant_id));
+impl Create for CreatePayment {
+    const METRIC: &'static str = crate::metrics::INTAKE;
+    type Target = ();
+    type Body = PaymentRequest;
 
-    let idempotent = IdempotentRequest::read(request.headers(), payload, state.intake.max_body_bytes).await?;
-    let payment_request = PaymentRequest::from_json(&idempotent.json).map_err(ApiError::InvalidFields)?;
-    let fingerprint = idempotent.fingerprint(PATH);
-    let key = idempotent.key;
-    // A key whose payment this process has seen final needs no round trip: its stored final
-    // response, or 422 for another request.
-    if let Some(remembered) = state.replays.get(caller.tenant_id, &key, OffsetDateTime::now_utc()) {
-        span.record("payment.id", tracing::field::display(remembered.payment_id));
-        return replay_remembered(remembered, &fingerprint);
+    fn target(_: &HttpRequest, _: &Span) -> Result<(), ApiError> {
+        Ok(())
     }
-    match state.provider_intake.admit(&payment_request, caller.provider_account.as_ref()) {
-        Ok(account) => store(state, &span, &caller, key, fingerprint, payment_request, account).await,
-        Err(refusal) => replay_or_refuse(state, &span, &caller, &key, &fingerprint, refusal).await,
+
+    fn parse(json: &Value) -> Result<PaymentRequest, Vec<FieldError>> {
+        PaymentRequest::from_json(json)
+    }
+
+    fn path((): &()) -> Cow<'static, str> {
+        Cow::Borrowed("/v1/payments")
+    }
+
+    /// Serves the request from memory or from the store. What the configured provider could never
+    /// charge (400, naming the field) or a tenant without the provider account it needs (400) is
+    /// refused only once the key is known to be new.
+    async fn store(state: &AppState, request: Checked<Self>, body: PaymentRequest) -> Result<Responded, ApiError> {
+        // A key whose payment this process has seen final needs no round trip: its stored final
+        // response, or 422 for another request.
+        let tenant_id = request.caller.tenant_id;
+        if let Some(remembered) = state.replays.get(tenant_id, &request.key, OffsetDateTime::now_utc()) {
+            request.span.record("payment.id", tracing::field::display(remembered.payment_id));
+            return replay_remembered(&request, remembered);
+        }
+        match state.provider_intake.admit(&body, request.caller.provider_account.as_ref()) {
+            Ok(account) => accept(state, &request, body, account).await,
+            Err(refusal) => replay_or_refuse(state, &request, refusal).await,
+        }
     }
 }
 
@@ -108,17 +98,15 @@ async fn take(request: &HttpRequest, payload: web::Payload, state: &AppState) ->
 /// nothing is written.
 async fn replay_or_refuse(
     state: &AppState,
-    span: &tracing::Span,
-    caller: &Caller,
-    key: &IdempotencyKey,
-    fingerprint: &Fingerprint,
+    request: &Checked<CreatePayment>,
     refusal: ApiError,
 ) -> Result<Responded, ApiError> {
     let mut conn = state.connections.acquire().await.map_err(|e| ApiError::from_store(e.into()))?;
-    let stored = intake::stored(&mut conn, caller.tenant_id, key).await.map_err(ApiError::from_store)?;
+    let stored =
+        intake::stored(&mut conn, request.caller.tenant_id, &request.key).await.map_err(ApiError::from_store)?;
     conn.release();
     match stored {
-        Some(existing) => replay_existing(state, span, caller, key, existing, fingerprint).await,
+        Some(existing) => replay_existing(state, request, existing).await,
         None => Err(refusal),
     }
 }
@@ -126,25 +114,22 @@ async fn replay_or_refuse(
 /// The store's part: intake, together with the tenant's requests that arrive meanwhile, then for a
 /// known key the replay (one more read while its payment is not terminal). A known key comes back as
 /// stored and nothing is written: the same fingerprint is replayed, another one is refused (422). A
-/// new key's payment is charged to `account`.
-async fn store(
+/// new key's payment, `body`, is charged to `account`.
+async fn accept(
     state: &AppState,
-    span: &tracing::Span,
-    caller: &Caller,
-    key: IdempotencyKey,
-    fingerprint: Fingerprint,
-    payment_request: PaymentRequest,
+    request: &Checked<CreatePayment>,
+    body: PaymentRequest,
     account: Option<ProviderAccount>,
 ) -> Result<Responded, ApiError> {
     let new = NewPayment {
-        tenant_id: caller.tenant_id,
-        key: key.clone(),
-        fingerprint,
-        request: payment_request,
+        tenant_id: request.caller.tenant_id,
+        key: request.key.clone(),
+        fingerprint: request.fingerprint,
+        request: body,
         provider_account: account,
         retention: state.intake.key_retention(),
         lock_wait: Some(state.intake.key_lock_wait()),
-        trace: telemetry::trace_context_of(span),
+        trace: telemetry::trace_context_of(&request.span),
     };
     // A new key is written in one statement with the other new keys of its group: key, payment,
     // outbox row and audit row each. If a concurrent request with the same key committed first,
@@ -155,16 +140,12 @@ async fn store(
         Intake::Created(created) => {
             // Committed: wake the workers, one coalesced `NOTIFY` for many accepts, naming the
             // tenants whose rows they queued (`oncepay_store::notify`).
-            state.wake.announce(caller.tenant_id);
-            span.record("payment.id", tracing::field::display(created.payment.payment_id));
+            state.wake.announce(request.caller.tenant_id);
+            request.span.record("payment.id", tracing::field::display(created.payment.payment_id));
             let resource = PaymentResource::from(&created.payment);
-            let key = KeyInfo { expires_at: created.key_expires_at, replayed: false };
-            Ok(Responded {
-                response: resource_response::accepted(&resource, state.intake.retry_after_secs, key),
-                replayed: false,
-            })
+            Ok(Responded::created(&resource, created.key_expires_at, state.intake.retry_after_secs))
         }
-        Intake::Existing(existing) => replay_existing(state, span, caller, &key, existing, &fingerprint).await,
+        Intake::Existing(existing) => replay_existing(state, request, existing).await,
     }
 }
 
@@ -172,59 +153,36 @@ async fn store(
 /// more (422 for another request either way).
 async fn replay_existing(
     state: &AppState,
-    span: &tracing::Span,
-    caller: &Caller,
-    key: &IdempotencyKey,
+    request: &Checked<CreatePayment>,
     existing: ExistingKey,
-    fingerprint: &Fingerprint,
 ) -> Result<Responded, ApiError> {
-    span.record("payment.id", tracing::field::display(existing.payment_id));
-    // No stored response yet: the payment as it stands, read once more.
+    request.span.record("payment.id", tracing::field::display(existing.payment_id));
+    let known = KnownKey { created_by: existing.fingerprint, expires_at: existing.expires_at };
     let Some((status, body)) = existing.stored_response else {
-        let poll_after_secs = state.intake.retry_after_secs;
+        let tenant_id = request.caller.tenant_id;
         let mut conn = state.connections.acquire().await.map_err(|e| ApiError::from_store(e.into()))?;
-        let response = replay_in_progress(&mut conn, caller.tenant_id, existing, fingerprint, poll_after_secs).await;
-        // Reused unless the read failed (its state is then unknown).
-        if !matches!(response, Err(ApiError::Unavailable(_) | ApiError::Internal(_))) {
-            conn.release();
-        }
-        return Ok(Responded { response: response?, replayed: true });
+        let reread = payments::fetch(&mut conn, tenant_id, existing.payment_id);
+        let responded =
+            request.replay_in_progress::<PaymentResource, _>(known, reread, state.intake.retry_after_secs).await;
+        create::release_unless_in_doubt(conn, &responded);
+        return responded;
     };
     let remembered = Final {
-        fingerprint: existing.fingerprint,
+        fingerprint: known.created_by,
         payment_id: existing.payment_id,
-        expires_at: existing.expires_at,
+        expires_at: known.expires_at,
         status,
         body: idempotent_request::stored_body(body),
     };
     // A stored response is final, so the next retry can be served from memory.
-    state.replays.remember(caller.tenant_id, key, remembered.clone());
-    replay_remembered(remembered, fingerprint)
+    state.replays.remember(request.caller.tenant_id, &request.key, remembered.clone());
+    replay_remembered(request, remembered)
 }
 
 /// The response for a key whose payment is final: its stored response, or 422 for another request.
-fn replay_remembered(remembered: Final, fingerprint: &Fingerprint) -> Result<Responded, ApiError> {
-    let key = idempotent_request::replay(&remembered.fingerprint, remembered.expires_at, fingerprint)?;
-    Ok(Responded { response: resource_response::stored(remembered.status, remembered.body, key), replayed: true })
-}
-
-/// The response for a key whose payment was not final when the key was read (a 202 tells the
-/// client to poll after `poll_after_secs`).
-async fn replay_in_progress(
-    conn: &mut PgConnection,
-    tenant_id: TenantId,
-    existing: ExistingKey,
-    fingerprint: &Fingerprint,
-    poll_after_secs: u64,
-) -> Result<HttpResponse, ApiError> {
-    let key = idempotent_request::replay(&existing.fingerprint, existing.expires_at, fingerprint)?;
-    let payment = payments::fetch(conn, tenant_id, existing.payment_id)
-        .await
-        .map_err(ApiError::from_store)?
-        .ok_or_else(|| ApiError::Internal(anyhow!("an idempotency key names a payment that does not exist")))?;
-    let resource = PaymentResource::from(&payment);
-    // Settled between the two reads: `settle` stored exactly this 200 and resource on the key.
-    Ok(resource_response::replayed(&resource, poll_after_secs, key))
+fn replay_remembered(request: &Checked<CreatePayment>, remembered: Final) -> Result<Responded, ApiError> {
+    let known = KnownKey { created_by: remembered.fingerprint, expires_at: remembered.expires_at };
+    request.replay_stored(known, remembered.status, remembered.body)
 }
 
 /// The body of `POST /v1/payments` (its schema only: the body is validated field by field by
@@ -296,7 +254,8 @@ impl PartialSchema for PaymentRequestBody {
     }
 }
 
-/// The responses of `POST /v1/payments`, besides those of [`Admission`].
+/// The responses of `POST /v1/payments`, besides those of [`IntakeRefusals`] and
+/// [`Admission`].
 #[derive(IntoResponses)]
 pub enum CreatePaymentResponses {
     #[response(status = 202, description = "Accepted (or, with `Idempotent-Replayed: true`, a retry of a payment that is \
@@ -329,24 +288,8 @@ pub enum CreatePaymentResponses {
         content_type = "application/problem+json",
         headers(("Retry-After" = u64, description = "Seconds before retrying")))]
     KeyInUse(Problem),
-    #[response(
-        status = 413,
-        description = "The body is larger than the limit (64 KiB by default).",
-        content_type = "application/problem+json"
-    )]
-    TooLarge(Problem),
-    #[response(
-        status = 415,
-        description = "The body is not `application/json`.",
-        content_type = "application/problem+json"
-    )]
-    NotJson(Problem),
     #[response(status = 422, description = "The key was already used with a different request; nothing was written.",
         content_type = "application/problem+json",
         headers(("Idempotency-Key-Expires" = String, description = "HTTP date after which the key may be forgotten")))]
     KeyReused(Problem),
-    #[response(status = 503, description = "The store cannot be reached; nothing was written. Retry with the same key.",
-        content_type = "application/problem+json",
-        headers(("Retry-After" = u64, description = "Seconds before retrying")))]
-    Unavailable(Problem),
 }

@@ -1,36 +1,38 @@
 //! `POST /v1/payments/{id}/refunds`: accepts a refund of a succeeded payment exactly once per
 //! (tenant, idempotency key).
 //!
-//! The rules of `POST /v1/payments` ([`crate::create_payment`]): every check of the request itself
-//! runs before the store is touched; a known key is replayed, or refused (422) for another request;
-//! a key or payment another request is writing right now is 409; a store that cannot be reached
-//! fails closed (503). What only the store can decide, under the payment's row lock, is refused
-//! with nothing written: a payment the tenant does not have (404, another tenant's included), one
-//! that has not succeeded (409), one with nothing left to refund or less left than asked (422).
-//! Refund keys are their own namespace, always read from the database (there is no replay memory
-//! for them). Never logged: the API key, the idempotency key, the body.
+//! The request shell is [`crate::create`]'s, as for `POST /v1/payments`; this module is the
+//! refund's part of it. A known key is replayed, or refused (422) for another request; a key or
+//! payment another request is writing right now is 409; a store that cannot be reached fails closed
+//! (503). What only the store can decide, under the payment's row lock, is refused with nothing
+//! written: a payment the tenant does not have (404, another tenant's included), one that has not
+//! succeeded (409), one with nothing left to refund or less left than asked (422). Refund keys are
+//! their own namespace, always read from the database (there is no replay memory for them). Never
+//! logged: the API key, the idempotency key, the body.
 
 use std::borrow::Cow;
 
 use actix_web::{HttpRequest, HttpResponse, web};
-use anyhow::anyhow;
-use oncepay_domain::fingerprint::Fingerprint;
-use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
+use oncepay_domain::ids::{PaymentId, RefundId};
+use oncepay_domain::payment_request::FieldError;
 use oncepay_domain::refund::{RefundReason, RefundRequest, RefundResource};
 use oncepay_http::problem::Problem;
 use oncepay_service::telemetry;
 use oncepay_store::refunds;
-use oncepay_store::refunds::intake::{ExistingRefundKey, NewRefund, RefundIntake, Refusal};
+use oncepay_store::refunds::intake::{NewRefund, RefundIntake, Refusal};
+use serde_json::Value;
 use sqlx::PgConnection;
+use tracing::Span;
 use utoipa::openapi::RefOr;
 use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, Schema, Type};
 use utoipa::{IntoResponses, PartialSchema, ToSchema};
 
-use crate::endpoints::{Admission, IdempotencyKeyHeader, PaymentPath, amount_schema, metadata_schema, path_payment_id};
+use crate::create::{self, Checked, Create, KnownKey, Responded};
+use crate::endpoints::{
+    Admission, IdempotencyKeyHeader, IntakeRefusals, PaymentPath, amount_schema, metadata_schema, path_payment_id,
+};
 use crate::errors::ApiError;
-use crate::idempotent_request::{self, IdempotentRequest};
-use crate::request_span;
-use crate::resource_response::{self, KeyInfo};
+use crate::idempotent_request;
 use crate::state::AppState;
 
 /// Who asks for a refund made through the api: the merchant.
@@ -47,74 +49,71 @@ const REQUESTED_BY: &str = "api";
     request_body(content = RefundRequestBody, content_type = "application/json",
         description = "At most 64 KiB by default. Every field is optional: `{}` refunds all that is left. Unknown \
                        fields, and a member named twice at any depth, are rejected."),
-    responses(CreateRefundResponses, Admission),
+    responses(CreateRefundResponses, IntakeRefusals, Admission),
 )]
 pub async fn create_refund(
     request: HttpRequest,
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let result = take(&request, payload, &state).await;
-    let label = match &result {
-        Ok(responded) if responded.replayed => "replayed",
-        Ok(_) => "created",
-        Err(error) => error.outcome(),
-    };
-    metrics::counter!(crate::metrics::REFUND_INTAKE, "outcome" => label).increment(1);
-    result.map(|responded| responded.response)
+    create::respond::<CreateRefund>(&request, payload, &state).await
 }
 
-/// A response, and whether it repeats an earlier request's outcome.
-struct Responded {
-    response: HttpResponse,
-    replayed: bool,
-}
+/// The refund's part of the create shell.
+struct CreateRefund;
 
-/// Checks the request in this order, and refuses it before the store is touched: API key (401),
-/// rate limit (429), the payment id in the path (404 if it is not one), `Idempotency-Key` (400),
-/// `Content-Type` (415), body size (413), JSON (400), fields (400, listing every invalid field).
-/// Then the store replays a known key, or accepts the refund or refuses it.
-async fn take(request: &HttpRequest, payload: web::Payload, state: &AppState) -> Result<Responded, ApiError> {
-    let span = request_span::of(request);
-    let caller = state.admit(request).await?;
-    span.record("tenant.id", tracing::field::display(caller.tenant_id));
-    let payment_id = path_payment_id(request)?;
-    span.record("payment.id", tracing::field::display(payment_id));
+impl Create for CreateRefund {
+    const METRIC: &'static str = crate::metrics::REFUND_INTAKE;
+    type Target = PaymentId;
+    type Body = RefundRequest;
 
-    let idempotent = IdempotentRequest::read(request.headers(), payload, state.intake.max_body_bytes).await?;
-    let refund_request = RefundRequest::from_json(&idempotent.json).map_err(ApiError::InvalidFields)?;
-    state.provider_intake.admit_refund(&refund_request)?;
-    // The path names the payment, so the same key and body for another payment is another request.
-    let fingerprint = idempotent.fingerprint(&path(payment_id));
-    let new = NewRefund {
-        tenant_id: caller.tenant_id,
-        payment_id,
-        refund_id: RefundId::generate(),
-        key: &idempotent.key,
-        fingerprint,
-        request: &refund_request,
-        requested_by: REQUESTED_BY,
-        retention: state.intake.key_retention(),
-        trace: telemetry::trace_context_of(&span),
-    };
-
-    let mut conn = state.connections.acquire().await.map_err(|e| ApiError::from_store(e.into()))?;
-    let responded = store(&mut conn, &span, &new, state.intake.retry_after_secs).await;
-    // Reused unless a statement failed in a way that leaves it in doubt. A refusal PostgreSQL
-    // decided (a lock wait past `lock_timeout`) leaves it healthy, its transaction rolled back.
-    if !matches!(responded, Err(ApiError::Unavailable(_) | ApiError::Internal(_))) {
-        conn.release();
+    fn target(request: &HttpRequest, span: &Span) -> Result<PaymentId, ApiError> {
+        let payment_id = path_payment_id(request)?;
+        span.record("payment.id", tracing::field::display(payment_id));
+        Ok(payment_id)
     }
-    responded
+
+    fn parse(json: &Value) -> Result<RefundRequest, Vec<FieldError>> {
+        RefundRequest::from_json(json)
+    }
+
+    /// The payment's: the same key and body for another payment is another request. Spelled as the
+    /// api spells ids, so however the client spelled it.
+    fn path(payment_id: &PaymentId) -> Cow<'static, str> {
+        Cow::Owned(format!("/v1/payments/{payment_id}/refunds"))
+    }
+
+    /// Refuses what the provider could never refund (400), then lets the store replay a known key,
+    /// or accept the refund or refuse it.
+    async fn store(state: &AppState, request: Checked<Self>, body: RefundRequest) -> Result<Responded, ApiError> {
+        state.provider_intake.admit_refund(&body)?;
+        let new = NewRefund {
+            tenant_id: request.caller.tenant_id,
+            payment_id: request.target,
+            refund_id: RefundId::generate(),
+            key: &request.key,
+            fingerprint: request.fingerprint,
+            request: &body,
+            requested_by: REQUESTED_BY,
+            retention: state.intake.key_retention(),
+            trace: telemetry::trace_context_of(&request.span),
+        };
+        let mut conn = state.connections.acquire().await.map_err(|e| ApiError::from_store(e.into()))?;
+        let responded = accept(&mut conn, &request, &new, state.intake.retry_after_secs).await;
+        create::release_unless_in_doubt(conn, &responded);
+        responded
+    }
 }
 
 /// The store's part: one transaction that reads the key, then locks the payment and reserves the
 /// refund's amount on it, and writes the refund, its key, its audit row and its outbox row (or
 /// nothing). If a concurrent request with the same key committed first, intake reads it and this
-/// request is replayed, so every concurrent duplicate gets the same refund id.
-async fn store(
+/// request is replayed, so every concurrent duplicate gets the same refund id. A known key is
+/// replayed with its stored final response, or the refund as it stands, read once more (a 202 tells
+/// the client to poll after `retry_after_secs`); 422 for another request either way.
+async fn accept(
     conn: &mut PgConnection,
-    span: &tracing::Span,
+    request: &Checked<CreateRefund>,
     new: &NewRefund<'_>,
     retry_after_secs: u64,
 ) -> Result<Responded, ApiError> {
@@ -125,40 +124,22 @@ async fn store(
     })?;
     match intake {
         RefundIntake::Created { refund, key_expires_at } => {
-            span.record("refund.id", tracing::field::display(refund.refund_id));
-            let key = KeyInfo { expires_at: key_expires_at, replayed: false };
-            let response = resource_response::accepted(&RefundResource::from(&*refund), retry_after_secs, key);
-            Ok(Responded { response, replayed: false })
+            request.span.record("refund.id", tracing::field::display(refund.refund_id));
+            Ok(Responded::created(&RefundResource::from(&*refund), key_expires_at, retry_after_secs))
         }
         RefundIntake::Existing(existing) => {
-            span.record("refund.id", tracing::field::display(existing.refund_id));
-            let response = replay(conn, new.tenant_id, existing, &new.fingerprint, retry_after_secs).await?;
-            Ok(Responded { response, replayed: true })
+            request.span.record("refund.id", tracing::field::display(existing.refund_id));
+            let known = KnownKey { created_by: existing.fingerprint, expires_at: existing.expires_at };
+            match existing.stored_response {
+                Some((status, body)) => request.replay_stored(known, status, idempotent_request::stored_body(body)),
+                None => {
+                    let reread = refunds::find(conn, new.tenant_id, existing.refund_id);
+                    request.replay_in_progress::<RefundResource, _>(known, reread, retry_after_secs).await
+                }
+            }
         }
         RefundIntake::Refused(refusal) => Err(refused(refusal)),
     }
-}
-
-/// The response for a known key: its stored final response, or the refund as it stands, read once
-/// more (a 202 tells the client to poll after `retry_after_secs`); 422 for another request either
-/// way.
-async fn replay(
-    conn: &mut PgConnection,
-    tenant_id: TenantId,
-    existing: ExistingRefundKey,
-    fingerprint: &Fingerprint,
-    retry_after_secs: u64,
-) -> Result<HttpResponse, ApiError> {
-    let key = idempotent_request::replay(&existing.fingerprint, existing.expires_at, fingerprint)?;
-    if let Some((status, body)) = existing.stored_response {
-        return Ok(resource_response::stored(status, idempotent_request::stored_body(body), key));
-    }
-    let refund = refunds::find(conn, tenant_id, existing.refund_id)
-        .await
-        .map_err(ApiError::from_store)?
-        .ok_or_else(|| ApiError::Internal(anyhow!("an idempotency key names a refund that does not exist")))?;
-    // Settled between the two reads: settling stored exactly this 200 and resource on the key.
-    Ok(resource_response::replayed(&RefundResource::from(&refund), retry_after_secs, key))
 }
 
 /// Why the store refused the refund, as the client is told it. Another tenant's payment is refused
@@ -170,11 +151,6 @@ fn refused(refusal: Refusal) -> ApiError {
         Refusal::NothingLeft => ApiError::NothingToRefund,
         Refusal::TooMuch { asked, left, currency } => ApiError::RefundExceedsPayment { asked, left, currency },
     }
-}
-
-/// The path a refund's fingerprint covers: the payment's, spelled as the api spells ids.
-fn path(payment_id: PaymentId) -> String {
-    format!("/v1/payments/{payment_id}/refunds")
 }
 
 /// The body of `POST /v1/payments/{id}/refunds` (its schema only: the body is validated field by
@@ -212,7 +188,8 @@ impl PartialSchema for RefundRequestBody {
     }
 }
 
-/// The responses of `POST /v1/payments/{id}/refunds`, besides those of [`Admission`].
+/// The responses of `POST /v1/payments/{id}/refunds`, besides those of [`IntakeRefusals`] and
+/// [`Admission`].
 #[derive(IntoResponses)]
 pub enum CreateRefundResponses {
     #[response(status = 202, description = "Accepted (or, with `Idempotent-Replayed: true`, a retry of a refund that is \
@@ -251,18 +228,6 @@ pub enum CreateRefundResponses {
         content_type = "application/problem+json",
         headers(("Retry-After" = u64, description = "Seconds before retrying, for `idempotency-key-in-use`")))]
     Conflict(Problem),
-    #[response(
-        status = 413,
-        description = "The body is larger than the limit (64 KiB by default).",
-        content_type = "application/problem+json"
-    )]
-    TooLarge(Problem),
-    #[response(
-        status = 415,
-        description = "The body is not `application/json`.",
-        content_type = "application/problem+json"
-    )]
-    NotJson(Problem),
     #[response(status = 422, description = "`idempotency-key-reused`: the key was already used with a different \
                                             request. `nothing-to-refund`: the payment's refunds that have not failed \
                                             already add up to its amount. `refund-exceeds-payment`: the refund asks \
@@ -272,16 +237,13 @@ pub enum CreateRefundResponses {
         headers(("Idempotency-Key-Expires" = String, description = "HTTP date after which the key may be forgotten, \
                                                                    for `idempotency-key-reused`")))]
     Unprocessable(Problem),
-    #[response(status = 503, description = "The store cannot be reached; nothing was written. Retry with the same key.",
-        content_type = "application/problem+json",
-        headers(("Retry-After" = u64, description = "Seconds before retrying")))]
-    Unavailable(Problem),
 }
 
 #[cfg(test)]
 mod tests {
     use std::str::FromStr;
 
+    use oncepay_domain::fingerprint::Fingerprint;
     use serde_json::json;
 
     use super::*;
@@ -292,7 +254,7 @@ mod tests {
         let lower = PaymentId::from_str("0192f0c4-7a3e-7c1d-9b1e-3f2a4c5d6e7f").unwrap();
         let upper = PaymentId::from_str("0192F0C4-7A3E-7C1D-9B1E-3F2A4C5D6E7F").unwrap();
         let other = PaymentId::generate();
-        let fingerprint = |id| Fingerprint::of(idempotent_request::METHOD, &path(id), &body);
+        let fingerprint = |id| Fingerprint::of(idempotent_request::METHOD, &CreateRefund::path(&id), &body);
 
         assert_eq!(fingerprint(lower), fingerprint(upper));
         assert_ne!(fingerprint(lower), fingerprint(other));

@@ -1,7 +1,8 @@
 //! What several endpoints share: the refusals every one of them can make before anything else
-//! ([`Admission`]), the headers and the payment path some of them take, and the schemas of the
-//! fields both request bodies have, all as the OpenAPI document describes them; and reading a
-//! payment's id from its path ([`path_payment_id`]).
+//! ([`Admission`]) and those both create endpoints can make ([`IntakeRefusals`]), the headers and
+//! the payment path some of them take, and the schemas of the fields both request bodies have, all
+//! as the OpenAPI document describes them; and reading a payment's id from its path
+//! ([`path_payment_id`]).
 
 use std::str::FromStr;
 
@@ -28,6 +29,27 @@ pub enum Admission {
         content_type = "application/problem+json",
         headers(("Retry-After" = u64, description = "Seconds before retrying")))]
     RateLimited(Problem),
+}
+
+/// The refusals both create endpoints share: of the body, before the store, and of the store.
+#[derive(IntoResponses)]
+pub enum IntakeRefusals {
+    #[response(
+        status = 413,
+        description = "The body is larger than the limit (64 KiB by default).",
+        content_type = "application/problem+json"
+    )]
+    TooLarge(Problem),
+    #[response(
+        status = 415,
+        description = "The body is not `application/json`.",
+        content_type = "application/problem+json"
+    )]
+    NotJson(Problem),
+    #[response(status = 503, description = "The store cannot be reached; nothing was written. Retry with the same key.",
+        content_type = "application/problem+json",
+        headers(("Retry-After" = u64, description = "Seconds before retrying")))]
+    Unavailable(Problem),
 }
 
 /// The headers of `POST /v1/payments` and `POST /v1/payments/{id}/refunds`.

@@ -10,6 +10,7 @@
 
 pub mod accept_groups;
 pub mod auth;
+pub mod create;
 pub mod create_payment;
 pub mod create_refund;
 pub mod endpoints;

@@ -4,10 +4,10 @@
 use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram};
 
 /// Intake requests by how each ended (the `outcome` label), one per `POST /v1/payments`, recorded by
-/// `create_payment`.
+/// `create` for `create_payment`.
 pub const INTAKE: &str = "oncepay_api_intake_total";
 /// Refund requests by how each ended (the `outcome` label), one per `POST /v1/payments/{id}/refunds`,
-/// recorded by `create_refund`.
+/// recorded by `create` for `create_refund`.
 pub const REFUND_INTAKE: &str = "oncepay_api_refund_intake_total";
 /// Request latency by route pattern and method, recorded by `request_span` for every request.
 pub const REQUEST_DURATION: &str = "oncepay_api_request_duration_seconds";
@@ -18,7 +18,7 @@ pub const INTAKE_WRITING: &str = "oncepay_api_intake_writing";
 /// Long polls waiting for a payment or a refund to change, recorded by `watch`.
 pub const LONG_POLLS_WAITING: &str = "oncepay_api_long_polls_waiting";
 
-/// Every `outcome` of [`INTAKE`], as `create_payment` labels them: 202 `created`, a `replayed` key, 422
+/// Every `outcome` of [`INTAKE`], as `create` labels them: 202 `created`, a `replayed` key, 422
 /// `key_reused` (same key, other request), 409 `key_in_use` (the key is being written right now), 503
 /// `store_unavailable`, 503 `key_check_busy` (no place to read an API key), 429 `rate_limited`,
 /// 400/413/415 `invalid`, 401 `unauthorized`, 500 `error`.
@@ -35,7 +35,7 @@ pub const INTAKE_LABELS: [&str; 10] = [
     "error",
 ];
 
-/// Every `outcome` of [`REFUND_INTAKE`], as `create_refund` labels them: those of [`INTAKE_LABELS`]
+/// Every `outcome` of [`REFUND_INTAKE`], as `create` labels them: those of [`INTAKE_LABELS`]
 /// (409 `key_in_use` also when another refund of the payment is being written), plus 404 `not_found`
 /// (no such payment for the tenant) and `refused` (409 `payment-not-refundable`, 422
 /// `nothing-to-refund` or `refund-exceeds-payment`).

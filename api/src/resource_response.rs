@@ -36,6 +36,9 @@ pub struct KeyInfo {
 
 /// A resource a client creates under an idempotency key and then follows to its final state.
 pub trait Followed: Serialize {
+    /// What it is called in words, e.g. `payment`.
+    const NAME: &'static str;
+
     /// Where it is served: the `Location` of its 202.
     fn location(&self) -> String;
 
@@ -44,6 +47,8 @@ pub trait Followed: Serialize {
 }
 
 impl Followed for PaymentResource {
+    const NAME: &'static str = "payment";
+
     fn location(&self) -> String {
         format!("/v1/payments/{}", self.id)
     }
@@ -54,6 +59,8 @@ impl Followed for PaymentResource {
 }
 
 impl Followed for RefundResource {
+    const NAME: &'static str = "refund";
+
     fn location(&self) -> String {
         format!("/v1/refunds/{}", self.id)
     }
