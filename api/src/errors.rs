@@ -5,6 +5,8 @@
 //! unexpected error is logged exactly once, here, with its cause chain, and becomes an opaque 500;
 //! an unavailable store is logged as a warning and becomes a 503 with `Retry-After`.
 
+use std::borrow::Cow;
+
 use actix_web::body::{BoxBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::StatusCode;
@@ -173,94 +175,95 @@ impl ApiError {
 
     /// The problem document for this error.
     pub fn problem(&self) -> Problem {
+        let problem = Problem::new(self.problem_type(), self.detail());
         match self {
-            Self::Unauthorized(reason) => Problem::new(ProblemType::Unauthorized, *reason),
-            Self::RateLimited { .. } => Problem::new(
-                ProblemType::RateLimited,
-                "This API key's tenant has exceeded its request rate; retry after the indicated delay.",
-            ),
-            Self::MissingIdempotencyKey => Problem::new(
-                ProblemType::MissingIdempotencyKey,
-                "This request requires an Idempotency-Key header (1 to 255 visible ASCII characters).",
-            ),
-            Self::RepeatedIdempotencyKey => Problem::new(
-                ProblemType::InvalidIdempotencyKey,
-                "The Idempotency-Key header must be sent exactly once.",
-            ),
-            Self::InvalidIdempotencyKey(reason) => {
-                Problem::new(ProblemType::InvalidIdempotencyKey, format!("The Idempotency-Key header {reason}."))
+            Self::InvalidFields(errors) => problem.with_errors(errors.clone()),
+            _ => problem,
+        }
+    }
+
+    /// The problem's type, which gives its status and title.
+    fn problem_type(&self) -> ProblemType {
+        match self {
+            Self::Unauthorized(_) => ProblemType::Unauthorized,
+            Self::RateLimited { .. } => ProblemType::RateLimited,
+            Self::MissingIdempotencyKey => ProblemType::MissingIdempotencyKey,
+            Self::RepeatedIdempotencyKey | Self::InvalidIdempotencyKey(_) => ProblemType::InvalidIdempotencyKey,
+            Self::UnsupportedMediaType => ProblemType::UnsupportedMediaType,
+            Self::PayloadTooLarge { .. } => ProblemType::PayloadTooLarge,
+            Self::UnreadableBody | Self::MalformedJson(_) | Self::InvalidFields(_) => ProblemType::InvalidRequest,
+            Self::NoProviderAccount => ProblemType::NoProviderAccount,
+            Self::KeyReused { .. } => ProblemType::IdempotencyKeyReused,
+            Self::KeyInUse | Self::RefundsInUse => ProblemType::IdempotencyKeyInUse,
+            Self::PaymentNotRefundable { .. } => ProblemType::PaymentNotRefundable,
+            Self::NothingToRefund => ProblemType::NothingToRefund,
+            Self::RefundExceedsPayment { .. } => ProblemType::RefundExceedsPayment,
+            Self::NotFound => ProblemType::NotFound,
+            Self::MethodNotAllowed { .. } => ProblemType::MethodNotAllowed,
+            Self::KeyCheckBusy | Self::Unavailable(_) => ProblemType::ServiceUnavailable,
+            Self::Internal(_) => ProblemType::Internal,
+        }
+    }
+
+    /// What went wrong and what to do, for the client: never an internal cause.
+    fn detail(&self) -> Cow<'static, str> {
+        match self {
+            Self::Unauthorized(reason) => Cow::Borrowed(reason),
+            Self::RateLimited { .. } => {
+                "This API key's tenant has exceeded its request rate; retry after the indicated delay.".into()
             }
-            Self::UnsupportedMediaType => Problem::new(
-                ProblemType::UnsupportedMediaType,
-                "The request body must be sent with Content-Type: application/json.",
-            ),
-            Self::PayloadTooLarge { max_bytes } => Problem::new(
-                ProblemType::PayloadTooLarge,
-                format!("The request body must be at most {max_bytes} bytes."),
-            ),
-            Self::UnreadableBody => {
-                Problem::new(ProblemType::InvalidRequest, "The request body could not be read to its end.")
+            Self::MissingIdempotencyKey => {
+                "This request requires an Idempotency-Key header (1 to 255 visible ASCII characters).".into()
             }
-            Self::MalformedJson(error) => {
-                Problem::new(ProblemType::InvalidRequest, format!("The request body is not valid JSON: {error}."))
+            Self::RepeatedIdempotencyKey => "The Idempotency-Key header must be sent exactly once.".into(),
+            Self::InvalidIdempotencyKey(reason) => format!("The Idempotency-Key header {reason}.").into(),
+            Self::UnsupportedMediaType => "The request body must be sent with Content-Type: application/json.".into(),
+            Self::PayloadTooLarge { max_bytes } => {
+                format!("The request body must be at most {max_bytes} bytes.").into()
             }
+            Self::UnreadableBody => "The request body could not be read to its end.".into(),
+            Self::MalformedJson(error) => format!("The request body is not valid JSON: {error}.").into(),
             Self::InvalidFields(errors) => {
                 let names: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
-                Problem::new(ProblemType::InvalidRequest, format!("Invalid fields: {}.", names.join(", ")))
-                    .with_errors(errors.clone())
+                format!("Invalid fields: {}.", names.join(", ")).into()
             }
-            Self::NoProviderAccount => Problem::new(
-                ProblemType::NoProviderAccount,
-                "This tenant has no Stripe account connected, so its payments cannot be charged yet. Ask the \
-                 operators of this service to connect your Stripe account; nothing was recorded.",
-            ),
-            Self::KeyReused { .. } => Problem::new(
-                ProblemType::IdempotencyKeyReused,
-                "This Idempotency-Key was already used with a different request; use a new key for a new payment \
-                 or refund.",
-            ),
-            Self::KeyInUse => Problem::new(
-                ProblemType::IdempotencyKeyInUse,
-                "Another request with this Idempotency-Key is being processed; retry after the indicated delay.",
-            ),
-            Self::RefundsInUse => Problem::new(
-                ProblemType::IdempotencyKeyInUse,
-                "Another request, with this Idempotency-Key or another, is refunding this payment right now; retry \
-                 with the same Idempotency-Key after the indicated delay.",
-            ),
-            Self::PaymentNotRefundable { status } => Problem::new(
-                ProblemType::PaymentNotRefundable,
-                format!(
-                    "Only a succeeded payment can be refunded, and this payment is {}; nothing was recorded.",
-                    status.as_str()
-                ),
-            ),
-            Self::NothingToRefund => Problem::new(
-                ProblemType::NothingToRefund,
-                "This payment's refunds already add up to its whole amount; nothing was recorded.",
-            ),
-            Self::RefundExceedsPayment { asked, left, currency } => Problem::new(
-                ProblemType::RefundExceedsPayment,
-                format!(
-                    "The refund asks for {asked} but only {left} (minor units of {}) is left to refund on this \
-                     payment; nothing was recorded.",
-                    currency.as_str()
-                ),
-            ),
-            Self::NotFound => Problem::new(ProblemType::NotFound, "There is nothing here."),
-            Self::MethodNotAllowed { allow } => {
-                Problem::new(ProblemType::MethodNotAllowed, format!("This resource only supports {allow}."))
+            Self::NoProviderAccount => "This tenant has no Stripe account connected, so its payments cannot be \
+                                        charged yet. Ask the operators of this service to connect your Stripe \
+                                        account; nothing was recorded."
+                .into(),
+            Self::KeyReused { .. } => "This Idempotency-Key was already used with a different request; use a new \
+                                       key for a new payment or refund."
+                .into(),
+            Self::KeyInUse => {
+                "Another request with this Idempotency-Key is being processed; retry after the indicated delay.".into()
             }
-            Self::KeyCheckBusy => Problem::new(
-                ProblemType::ServiceUnavailable,
-                "The service cannot check API keys right now; retry after the indicated delay.",
-            ),
-            Self::Unavailable(_) => Problem::new(
-                ProblemType::ServiceUnavailable,
-                "The service cannot reach its store right now. Retry with the same Idempotency-Key after the \
-                 indicated delay: if this request was recorded after all, the retry returns what it recorded.",
-            ),
-            Self::Internal(_) => Problem::new(ProblemType::Internal, "An unexpected error occurred."),
+            Self::RefundsInUse => "Another request, with this Idempotency-Key or another, is refunding this payment \
+                                   right now; retry with the same Idempotency-Key after the indicated delay."
+                .into(),
+            Self::PaymentNotRefundable { status } => format!(
+                "Only a succeeded payment can be refunded, and this payment is {}; nothing was recorded.",
+                status.as_str()
+            )
+            .into(),
+            Self::NothingToRefund => {
+                "This payment's refunds already add up to its whole amount; nothing was recorded.".into()
+            }
+            Self::RefundExceedsPayment { asked, left, currency } => format!(
+                "The refund asks for {asked} but only {left} (minor units of {}) is left to refund on this payment; \
+                 nothing was recorded.",
+                currency.as_str()
+            )
+            .into(),
+            Self::NotFound => "There is nothing here.".into(),
+            Self::MethodNotAllowed { allow } => format!("This resource only supports {allow}.").into(),
+            Self::KeyCheckBusy => {
+                "The service cannot check API keys right now; retry after the indicated delay.".into()
+            }
+            Self::Unavailable(_) => "The service cannot reach its store right now. Retry with the same \
+                                     Idempotency-Key after the indicated delay: if this request was recorded after \
+                                     all, the retry returns what it recorded."
+                .into(),
+            Self::Internal(_) => "An unexpected error occurred.".into(),
         }
     }
 
