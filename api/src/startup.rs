@@ -22,6 +22,7 @@ use oncepay_store::notify::{Notifier, OUTBOX_CHANNEL, Wakeups};
 use secrecy::ExposeSecret;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::accept_groups::AcceptGroups;
@@ -46,12 +47,7 @@ pub struct Application {
     /// The operations endpoints' own port and server, when `http.ops_port` is set.
     ops_port: Option<u16>,
     ops_server: Option<Server>,
-    listener: Listener,
-    listener_pool: PgPool,
-    rereader: Rereader,
-    rereader_pool: PgPool,
-    waker: Notifier,
-    waker_pool: PgPool,
+    background: Background,
     draining: CancellationToken,
 }
 
@@ -64,9 +60,7 @@ impl Application {
     }
 
     /// Builds the api on the database `options` name (e.g. a `#[sqlx::test]` database), ignoring
-    /// `database.url`, and adds the api's own connection settings: the application name,
-    /// `statement_timeout`, and the `lock_timeout` that bounds a wait for a concurrent writer of the
-    /// same key.
+    /// `database.url`, and adds the api's own connection settings ([`OwnConnection::new`]).
     ///
     /// Binds the port here (0 picks a free one, which tests use). Connects lazily, so the process
     /// starts and serves `/healthz` while PostgreSQL is down, and `/readyz` responds 503 until
@@ -74,46 +68,14 @@ impl Application {
     pub fn build_with(settings: Settings, options: PgConnectOptions) -> anyhow::Result<Self> {
         // First: a metric handle taken before the recorder is installed records nothing.
         let metrics = shared_metrics::install();
-        let options = options.application_name(APPLICATION_NAME).options([
-            ("statement_timeout", format!("{}ms", settings.database.statement_timeout_ms)),
-            ("lock_timeout", format!("{}ms", settings.intake.key_lock_wait_ms)),
-        ]);
-        let own = OwnConnection {
-            options: options.clone(),
-            acquire_timeout: Duration::from_millis(settings.database.acquire_timeout_ms),
-        };
-        // The listener's, so it never takes one of the requests' connections.
-        let listener_pool = own.pool_with("listener", PgPoolOptions::new().idle_timeout(None).max_lifetime(None));
-        // The outbox notifier's: one coalesced `NOTIFY` for many accepts. No ping before each
-        // notification: it would double the round trips of a hint that a failed statement only
-        // delays (the connection is then replaced).
-        let waker_pool = own.pool_with("waker", PgPoolOptions::new().test_before_acquire(false));
+        let own = OwnConnection::new(options, &settings);
         // The long polls' re-reads: one connection, so a burst of wake-ups queues instead of taking
         // the requests' connections.
         let rereader_pool = own.pool("rereads");
-        let long_poll = &settings.long_poll;
-        let (rereads, rereader) = Rereads::new(rereader_pool.clone(), long_poll.max_waiting);
-        let watch = Arc::new(Watch::new(long_poll.max_waiting, long_poll.max_waiting_per_tenant));
-        let shared = Shared {
-            accepts: Arc::new(AcceptGroups::new(settings.intake.group_limits())),
-            auth: Arc::new(Authenticator::new(&settings.auth)),
-            limits: Arc::new(RateLimits::new(
-                settings.intake.default_rate_limit_per_second,
-                settings.intake.default_rate_limit_burst,
-            )),
-            watch: Arc::clone(&watch),
-            rereads,
-            intake: settings.intake.clone(),
-            long_poll: settings.long_poll.clone(),
-            draining: CancellationToken::new(),
-            wake: Wakeups::default(),
-            replays: Arc::new(ReplayCache::new(settings.intake.replay_cache_bytes)),
-            provider_intake: ProviderIntake::new(&settings.provider)?,
-            metrics: metrics.clone(),
-            openapi: web::Data::new(OpenApiJson(openapi::json().context("cannot render the OpenAPI document")?)),
-            retry_after: web::Data::new(RetryAfter { secs: settings.intake.retry_after_secs }),
-        };
-        let (draining, wake) = (shared.draining.clone(), shared.wake.clone());
+        let (rereads, rereader) = Rereads::new(rereader_pool.clone(), settings.long_poll.max_waiting);
+        let shared = Shared::new(&settings, rereads, metrics.clone())?;
+        let background = Background::new(&own, &shared, rereader, rereader_pool);
+        let draining = shared.draining.clone();
 
         let http = &settings.http;
         let tcp = TcpListener::bind((http.listen.host.as_str(), http.listen.port))
@@ -123,32 +85,15 @@ impl Application {
             pool: own.pool("ops"),
             metrics,
         })?;
-        let workers = match http.workers {
-            0 => std::thread::available_parallelism().map_or(1, NonZeroUsize::get),
-            workers => workers,
-        };
-        // Each HTTP worker gets an equal share of `database.max_connections`.
-        let max_connections = settings.database.max_connections.div_ceil(u32::try_from(workers).unwrap_or(u32::MAX));
         let with_ops = apart.is_none();
-        let server = HttpServer::new(move || shared.worker_app(&own, max_connections, with_ops))
-            .workers(workers)
-            .listen(tcp)
-            .context("cannot serve on the bound socket")?
-            .disable_signals()
-            .shutdown_timeout(http.shutdown_grace_secs)
-            .run();
+        let server = serve(shared, own, tcp, &settings, with_ops)?;
 
         Ok(Self {
             port,
             server,
             ops_port: apart.as_ref().map(|apart| apart.address.port()),
             ops_server: apart.map(|apart| apart.server),
-            listener: Listener::new(listener_pool.clone(), watch),
-            listener_pool,
-            rereader,
-            rereader_pool,
-            waker: Notifier::new(waker_pool.clone(), OUTBOX_CHANNEL, wake),
-            waker_pool,
+            background,
             draining,
         })
     }
@@ -165,27 +110,12 @@ impl Application {
 
     /// Serves until `shutdown` is cancelled (or the server fails), then stops gracefully: releases
     /// long polls at once, lets in-flight requests finish within `http.shutdown_grace_secs`, stops
-    /// the listener and closes its pool.
+    /// the background tasks and closes their pools.
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        let Self {
-            server,
-            ops_server,
-            listener,
-            listener_pool,
-            rereader,
-            rereader_pool,
-            waker,
-            waker_pool,
-            draining,
-            ..
-        } = self;
+        let Self { server, ops_server, background, draining, .. } = self;
         let ops_handle = ops_server.as_ref().map(Server::handle);
         let ops_serving = ops_server.map(tokio::spawn);
-        // The listener, the re-reader and the outbox notifier run on the caller's runtime, each on a
-        // one-connection pool of its own.
-        let listening = tokio::spawn(listener.run(draining.clone()));
-        let rereading = tokio::spawn(rereader.run(draining.clone()));
-        let waking = tokio::spawn(waker.run(draining.clone()));
+        let mut background = background.spawn(&draining);
         let handle = server.handle();
         let stopper = tokio::spawn({
             let draining = draining.clone();
@@ -201,15 +131,7 @@ impl Application {
         let served = server.await;
         draining.cancel();
         stopper.abort();
-        if let Err(error) = listening.await {
-            tracing::error!(error = %error, "the long polls' listener task failed");
-        }
-        if let Err(error) = rereading.await {
-            tracing::error!(error = %error, "the long polls' re-reader task failed");
-        }
-        if let Err(error) = waking.await {
-            tracing::error!(error = %error, "the outbox notifier task failed");
-        }
+        background.join().await;
         // The operations server keeps serving probes until the public server has stopped.
         if let (Some(ops_handle), Some(ops_serving)) = (ops_handle, ops_serving) {
             ops_handle.stop(true).await;
@@ -219,10 +141,104 @@ impl Application {
                 Err(error) => tracing::error!(error = %error, "the operations server task failed"),
             }
         }
-        listener_pool.close().await;
-        rereader_pool.close().await;
-        waker_pool.close().await;
+        background.close().await;
         served.context("the HTTP server failed")
+    }
+}
+
+/// The HTTP server on `tcp`: `http.workers` workers (one per core for 0), each with an equal share
+/// of `database.max_connections`, serving the operations endpoints too if `with_ops`.
+fn serve(
+    shared: Shared,
+    own: OwnConnection,
+    tcp: TcpListener,
+    settings: &Settings,
+    with_ops: bool,
+) -> anyhow::Result<Server> {
+    let http = &settings.http;
+    let workers = match http.workers {
+        0 => std::thread::available_parallelism().map_or(1, NonZeroUsize::get),
+        workers => workers,
+    };
+    let max_connections = settings.database.max_connections.div_ceil(u32::try_from(workers).unwrap_or(u32::MAX));
+    Ok(HttpServer::new(move || shared.worker_app(&own, max_connections, with_ops))
+        .workers(workers)
+        .listen(tcp)
+        .context("cannot serve on the bound socket")?
+        .disable_signals()
+        .shutdown_timeout(http.shutdown_grace_secs)
+        .run())
+}
+
+/// The tasks that run beside the HTTP workers, on the caller's runtime, each on a one-connection
+/// pool of its own so it never takes one of the requests' connections: the long polls' listener
+/// and re-reader, and the outbox notifier.
+struct Background {
+    listener: Listener,
+    listener_pool: PgPool,
+    rereader: Rereader,
+    rereader_pool: PgPool,
+    waker: Notifier,
+    waker_pool: PgPool,
+}
+
+/// [`Background`]'s tasks, running, and their pools.
+struct Running {
+    listening: JoinHandle<()>,
+    rereading: JoinHandle<()>,
+    waking: JoinHandle<()>,
+    pools: [PgPool; 3],
+}
+
+impl Background {
+    /// The listener that wakes `shared`'s long polls, the notifier of its wake-up requests, and
+    /// `rereader` on `rereader_pool`.
+    fn new(own: &OwnConnection, shared: &Shared, rereader: Rereader, rereader_pool: PgPool) -> Self {
+        let listener_pool = own.pool_with("listener", PgPoolOptions::new().idle_timeout(None).max_lifetime(None));
+        // The outbox notifier's: one coalesced `NOTIFY` for many accepts. No ping before each
+        // notification: it would double the round trips of a hint that a failed statement only
+        // delays (the connection is then replaced).
+        let waker_pool = own.pool_with("waker", PgPoolOptions::new().test_before_acquire(false));
+        Self {
+            listener: Listener::new(listener_pool.clone(), Arc::clone(&shared.watch)),
+            listener_pool,
+            rereader,
+            rereader_pool,
+            waker: Notifier::new(waker_pool.clone(), OUTBOX_CHANNEL, shared.wake.clone()),
+            waker_pool,
+        }
+    }
+
+    /// Starts the tasks; each stops when `draining` is cancelled.
+    fn spawn(self, draining: &CancellationToken) -> Running {
+        Running {
+            listening: tokio::spawn(self.listener.run(draining.clone())),
+            rereading: tokio::spawn(self.rereader.run(draining.clone())),
+            waking: tokio::spawn(self.waker.run(draining.clone())),
+            pools: [self.listener_pool, self.rereader_pool, self.waker_pool],
+        }
+    }
+}
+
+impl Running {
+    /// Waits for the tasks to stop, logging any that failed.
+    async fn join(&mut self) {
+        if let Err(error) = (&mut self.listening).await {
+            tracing::error!(error = %error, "the long polls' listener task failed");
+        }
+        if let Err(error) = (&mut self.rereading).await {
+            tracing::error!(error = %error, "the long polls' re-reader task failed");
+        }
+        if let Err(error) = (&mut self.waking).await {
+            tracing::error!(error = %error, "the outbox notifier task failed");
+        }
+    }
+
+    /// Closes the tasks' pools.
+    async fn close(self) {
+        for pool in self.pools {
+            pool.close().await;
+        }
     }
 }
 
@@ -238,6 +254,17 @@ struct OwnConnection {
 }
 
 impl OwnConnection {
+    /// The database `options` name, with the api's own connection settings: the application name,
+    /// `statement_timeout`, and the `lock_timeout` that bounds a wait for a concurrent writer of
+    /// the same key.
+    fn new(options: PgConnectOptions, settings: &Settings) -> Self {
+        let options = options.application_name(APPLICATION_NAME).options([
+            ("statement_timeout", format!("{}ms", settings.database.statement_timeout_ms)),
+            ("lock_timeout", format!("{}ms", settings.intake.key_lock_wait_ms)),
+        ]);
+        Self { options, acquire_timeout: Duration::from_millis(settings.database.acquire_timeout_ms) }
+    }
+
     fn pool(&self, job: &str) -> PgPool {
         self.pool_with(job, PgPoolOptions::new())
     }
@@ -269,6 +296,28 @@ struct Shared {
 }
 
 impl Shared {
+    /// What the HTTP workers share, from `settings`, with the long polls' `rereads` and the process's
+    /// `metrics`.
+    fn new(settings: &Settings, rereads: Rereads, metrics: PrometheusHandle) -> anyhow::Result<Self> {
+        let (intake, long_poll) = (&settings.intake, &settings.long_poll);
+        Ok(Self {
+            accepts: Arc::new(AcceptGroups::new(intake.group_limits())),
+            auth: Arc::new(Authenticator::new(&settings.auth)),
+            limits: Arc::new(RateLimits::new(intake.default_rate_limit_per_second, intake.default_rate_limit_burst)),
+            watch: Arc::new(Watch::new(long_poll.max_waiting, long_poll.max_waiting_per_tenant)),
+            rereads,
+            intake: intake.clone(),
+            long_poll: long_poll.clone(),
+            draining: CancellationToken::new(),
+            wake: Wakeups::default(),
+            replays: Arc::new(ReplayCache::new(intake.replay_cache_bytes)),
+            provider_intake: ProviderIntake::new(&settings.provider)?,
+            metrics,
+            openapi: web::Data::new(OpenApiJson(openapi::json().context("cannot render the OpenAPI document")?)),
+            retry_after: web::Data::new(RetryAfter { secs: intake.retry_after_secs }),
+        })
+    }
+
     /// One HTTP worker's app, with `max_connections` of its own for its requests, and the operations
     /// endpoints if `with_ops`.
     ///
