@@ -5,7 +5,7 @@
 //! creates a demo tenant. Ctrl-C stops every process and removes the throwaway cluster. Secrets
 //! shared between processes are random per run.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -99,138 +99,198 @@ pub async fn up(root: &Path, options: &Options) -> anyhow::Result<ExitCode> {
     outcome
 }
 
+/// Builds oncepay, starts the database, the provider and the three processes in that order (each
+/// into `running` as it starts), makes the operators and the demo tenant, and prints the banner.
 async fn start(root: &Path, options: &Options, running: &mut Running) -> anyhow::Result<()> {
-    for (name, port) in [
-        ("api", API_PORT),
-        ("worker", WORKER_PORT),
-        ("reconciler", RECONCILER_PORT),
-        ("operations API", OPERATIONS_PORT),
-        options.provider.process(),
-    ] {
-        std::net::TcpListener::bind(("127.0.0.1", port))
-            .with_context(|| format!("port {port} (for the {name}) is in use; stop whatever holds it"))?;
-    }
-
-    let profile = if options.release { "release" } else { "debug" };
-    // The same selection as `cargo xtask test` builds: cargo unifies features over the packages it
-    // builds, so any other selection would compile the dependencies a second time.
-    let mut build = vec!["build", "--workspace", "--bins", "--locked"];
-    if options.release {
-        build.push("--release");
-    }
-    if !crate::cargo(&build, &[("SQLX_OFFLINE", "true")]).await? {
-        bail!("building oncepay failed");
-    }
-    let bin = crate::target_dir(root).join(profile);
+    ensure_ports_free(options.provider)?;
+    let bin = build(root, options.release).await?;
     let python = match options.provider {
         Provider::Localstripe => Some(
             crate::localstripe::install(root, &crate::target_dir(root)).await.context("cannot install localstripe")?,
         ),
         Provider::Simulator => None,
     };
-
-    // `DATABASE_URL` if given (and no Citus asked for), else a throwaway server. On a throwaway server
-    // each process signs in as its own role (docs/operating.md, "Database roles"); on a given one, as
-    // the URL's user, since only the server's owner knows how the roles sign in there.
-    let database_url = match std::env::var("DATABASE_URL") {
-        Ok(url) if !options.citus => url,
-        _ => {
-            let kind = if options.citus { server::Kind::Citus } else { server::Kind::Single };
-            let server = running
-                .server
-                .insert(Server::start(kind, Durability::Durable).await.context("cannot start PostgreSQL")?);
-            server.create_database("oncepay").await?;
-            let what = if options.citus { "Citus coordinator (and two worker nodes)" } else { "PostgreSQL" };
-            eprintln!("up: started a throwaway {what} on port {} (deleted on exit)", server.front().port());
-            server.url("oncepay")
-        }
-    };
-
+    let database_url = database(options.citus, &mut running.server).await?;
     let reconciler = bin.join("oncepay-reconciler");
     run_ok(&reconciler, &["migrate"], &database_url).await.context("migrating the database failed")?;
     let admin_login = admin_login(&reconciler, &database_url).await?;
 
-    let provider_key = format!("sk_test_{}", secrets::hex_token(16));
-    let webhook_secret = secrets::webhook_secret();
-    let log_dir = root.join(".oncepay").join("logs");
-    // Each process gets only its own settings.
-    let common = |spec: Spec| spec.setting("telemetry.log_format", "text").echo(true);
-    let role_url = |role: &str| match &running.server {
-        Some(server) => server.url_as(role, "oncepay"),
-        None => database_url.clone(),
+    let processes = Processes {
+        bin: &bin,
+        log_dir: root.join(".oncepay").join("logs"),
+        server: running.server.as_ref(),
+        database_url: &database_url,
+        provider: options.provider,
+        provider_key: format!("sk_test_{}", secrets::hex_token(16)),
+        webhook_secret: secrets::webhook_secret(),
     };
-    let with_database = |spec: Spec, role: &str| common(spec).env("DATABASE_URL", role_url(role));
-    // localstripe has no Stripe Connect (it ignores `Stripe-Account`, its events name no account):
-    // every tenant's payments are charged in the key's account, with Stripe's test card unless a
-    // payment names its own.
-    let through_stripe = |spec: Spec| {
-        spec.setting("provider.kind", "stripe")
-            .setting("provider.stripe.mode", "direct")
-            .setting("provider.stripe.base_url", localstripe::url(LOCALSTRIPE_PORT))
-            .setting("provider.stripe.secret_key", localstripe::SECRET_KEY)
-            .setting("provider.stripe.api_version", localstripe::API_VERSION)
-            .setting("provider.stripe.default_payment_method", "pm_card_visa")
-    };
-    let with_provider = |spec: Spec, role: &str| match options.provider {
-        Provider::Simulator => with_database(spec, role)
-            .setting("provider.base_url", format!("http://127.0.0.1:{SIMULATOR_PORT}"))
-            .setting("provider.api_key", &provider_key),
-        Provider::Localstripe => through_stripe(with_database(spec, role)),
-    };
-    let reconciler_spec = with_provider(Spec::new("reconciler", &reconciler, &log_dir), "oncepay_reconciler")
-        .port(RECONCILER_PORT)
-        .setting("operators.port", OPERATIONS_PORT.to_string());
-    let reconciler_spec = match options.provider {
-        Provider::Simulator => reconciler_spec.setting_list("webhooks.secrets", &[&webhook_secret]),
-        Provider::Localstripe => reconciler_spec.setting_list("webhooks.stripe_secrets", &[&webhook_secret]),
-    };
-    let api_spec = with_database(Spec::new("api", bin.join("oncepay-api"), &log_dir), "oncepay_api").port(API_PORT);
-    let api_spec = match options.provider {
-        Provider::Simulator => api_spec,
-        // Intake refuses what Stripe could never charge.
-        Provider::Localstripe => api_spec.setting("provider.kind", "stripe").setting("provider.stripe.mode", "direct"),
-    };
-
+    let children = &mut running.children;
     match &python {
-        Some(python) => {
-            let script = root.join("tests").join("localstripe").join("serve.py");
-            let spec = common(Spec::new("localstripe", python, &log_dir));
-            let child = localstripe::start(python, &script, LOCALSTRIPE_PORT, spec).await?;
-            running.children.push(child);
-            let to = format!("http://127.0.0.1:{RECONCILER_PORT}/webhooks/stripe");
-            localstripe::send_webhooks_to(LOCALSTRIPE_PORT, &to, &webhook_secret).await?;
-        }
-        None => {
-            let spec = common(Spec::new("simulator", bin.join("oncepay-simulator"), &log_dir))
-                .port(SIMULATOR_PORT)
-                .setting("simulator.api_key", &provider_key)
-                .setting("simulator.webhook_url", format!("http://127.0.0.1:{RECONCILER_PORT}/webhooks/provider"))
-                .setting("simulator.webhook_secret", &webhook_secret);
-            let child = running.children.push_mut(Child::spawn(spec).await?);
-            child
-                .wait_until_ready(&format!("http://127.0.0.1:{SIMULATOR_PORT}/readyz"), Duration::from_secs(60))
-                .await?;
-        }
+        Some(python) => processes.start_localstripe(root, python, children).await?,
+        None => processes.start_simulator(children).await?,
     }
-    let specs = [
-        (reconciler_spec, RECONCILER_PORT),
-        (
-            with_provider(Spec::new("worker", bin.join("oncepay-worker"), &log_dir), "oncepay_worker")
-                .port(WORKER_PORT),
-            WORKER_PORT,
-        ),
-        (api_spec, API_PORT),
-    ];
+    let specs =
+        [(processes.reconciler(), RECONCILER_PORT), (processes.worker(), WORKER_PORT), (processes.api(), API_PORT)];
     for (spec, port) in specs {
         let child = Child::spawn(spec).await?;
-        let child = running.children.push_mut(child);
+        let child = children.push_mut(child);
         child.wait_until_ready(&format!("http://127.0.0.1:{port}/readyz"), Duration::from_secs(60)).await?;
     }
 
     let approver_login = approver_login(&reconciler, &admin_login).await?;
     let api_key = demo_key(&reconciler, &admin_login.token, &approver_login.token, &options.tenant).await?;
-    print_banner(&bin, &api_key, &admin_login, &approver_login, &log_dir, options.provider);
+    print_banner(&bin, &api_key, &admin_login, &approver_login, &processes.log_dir, options.provider);
     Ok(())
+}
+
+/// Fails, naming the port, if any of the fixed local ports is taken.
+fn ensure_ports_free(provider: Provider) -> anyhow::Result<()> {
+    for (name, port) in [
+        ("api", API_PORT),
+        ("worker", WORKER_PORT),
+        ("reconciler", RECONCILER_PORT),
+        ("operations API", OPERATIONS_PORT),
+        provider.process(),
+    ] {
+        std::net::TcpListener::bind(("127.0.0.1", port))
+            .with_context(|| format!("port {port} (for the {name}) is in use; stop whatever holds it"))?;
+    }
+    Ok(())
+}
+
+/// Builds the binaries; returns the folder that holds them.
+async fn build(root: &Path, release: bool) -> anyhow::Result<PathBuf> {
+    let profile = if release { "release" } else { "debug" };
+    // The same selection as `cargo xtask test` builds: cargo unifies features over the packages it
+    // builds, so any other selection would compile the dependencies a second time.
+    let mut build = vec!["build", "--workspace", "--bins", "--locked"];
+    if release {
+        build.push("--release");
+    }
+    if !crate::cargo(&build, &[("SQLX_OFFLINE", "true")]).await? {
+        bail!("building oncepay failed");
+    }
+    Ok(crate::target_dir(root).join(profile))
+}
+
+/// The database's URL: `DATABASE_URL` if given (and no Citus asked for), else that of a throwaway
+/// server, started into `server`.
+async fn database(citus: bool, server: &mut Option<Server>) -> anyhow::Result<String> {
+    match std::env::var("DATABASE_URL") {
+        Ok(url) if !citus => Ok(url),
+        _ => {
+            let kind = if citus { server::Kind::Citus } else { server::Kind::Single };
+            let server =
+                server.insert(Server::start(kind, Durability::Durable).await.context("cannot start PostgreSQL")?);
+            server.create_database("oncepay").await?;
+            let what = if citus { "Citus coordinator (and two worker nodes)" } else { "PostgreSQL" };
+            eprintln!("up: started a throwaway {what} on port {} (deleted on exit)", server.front().port());
+            Ok(server.url("oncepay"))
+        }
+    }
+}
+
+/// How `up` sets up each process: what they share (the database, the provider, the logs) and what
+/// each one alone is given. Each process gets only its own settings.
+struct Processes<'a> {
+    bin: &'a Path,
+    log_dir: PathBuf,
+    /// The throwaway server, if `up` started one.
+    server: Option<&'a Server>,
+    database_url: &'a str,
+    provider: Provider,
+    /// The key the simulator takes and the processes call it with.
+    provider_key: String,
+    /// The secret the provider signs its webhooks with.
+    webhook_secret: String,
+}
+
+impl Processes<'_> {
+    /// The spec of the process `name` runs as, with what every process gets.
+    fn spec(&self, name: &str, program: impl Into<PathBuf>) -> Spec {
+        Spec::new(name, program, &self.log_dir).setting("telemetry.log_format", "text").echo(true)
+    }
+
+    /// `spec` with its database. On a throwaway server each process signs in as its own `role`
+    /// (docs/operating.md, "Database roles"); on a given one, as the URL's user, since only the
+    /// server's owner knows how the roles sign in there.
+    fn with_database(&self, spec: Spec, role: &str) -> Spec {
+        let url = match self.server {
+            Some(server) => server.url_as(role, "oncepay"),
+            None => self.database_url.to_owned(),
+        };
+        spec.env("DATABASE_URL", url)
+    }
+
+    /// `spec` with its database and the provider it calls.
+    fn with_provider(&self, spec: Spec, role: &str) -> Spec {
+        let spec = self.with_database(spec, role);
+        match self.provider {
+            Provider::Simulator => spec
+                .setting("provider.base_url", format!("http://127.0.0.1:{SIMULATOR_PORT}"))
+                .setting("provider.api_key", &self.provider_key),
+            Provider::Localstripe => through_stripe(spec),
+        }
+    }
+
+    fn reconciler(&self) -> Spec {
+        let spec = self.spec("reconciler", self.bin.join("oncepay-reconciler"));
+        let spec = self
+            .with_provider(spec, "oncepay_reconciler")
+            .port(RECONCILER_PORT)
+            .setting("operators.port", OPERATIONS_PORT.to_string());
+        match self.provider {
+            Provider::Simulator => spec.setting_list("webhooks.secrets", &[&self.webhook_secret]),
+            Provider::Localstripe => spec.setting_list("webhooks.stripe_secrets", &[&self.webhook_secret]),
+        }
+    }
+
+    fn worker(&self) -> Spec {
+        self.with_provider(self.spec("worker", self.bin.join("oncepay-worker")), "oncepay_worker").port(WORKER_PORT)
+    }
+
+    fn api(&self) -> Spec {
+        let spec = self.with_database(self.spec("api", self.bin.join("oncepay-api")), "oncepay_api").port(API_PORT);
+        match self.provider {
+            Provider::Simulator => spec,
+            // Intake refuses what Stripe could never charge.
+            Provider::Localstripe => spec.setting("provider.kind", "stripe").setting("provider.stripe.mode", "direct"),
+        }
+    }
+
+    /// Starts localstripe with `python`, into `children`, and has it send its webhooks to the
+    /// reconciler.
+    async fn start_localstripe(&self, root: &Path, python: &Path, children: &mut Vec<Child>) -> anyhow::Result<()> {
+        let script = root.join("tests").join("localstripe").join("serve.py");
+        let child = localstripe::start(python, &script, LOCALSTRIPE_PORT, self.spec("localstripe", python)).await?;
+        children.push(child);
+        let to = format!("http://127.0.0.1:{RECONCILER_PORT}/webhooks/stripe");
+        localstripe::send_webhooks_to(LOCALSTRIPE_PORT, &to, &self.webhook_secret).await
+    }
+
+    /// Starts the simulator, into `children`, and waits until it is ready.
+    async fn start_simulator(&self, children: &mut Vec<Child>) -> anyhow::Result<()> {
+        let spec = self
+            .spec("simulator", self.bin.join("oncepay-simulator"))
+            .port(SIMULATOR_PORT)
+            .setting("simulator.api_key", &self.provider_key)
+            .setting("simulator.webhook_url", format!("http://127.0.0.1:{RECONCILER_PORT}/webhooks/provider"))
+            .setting("simulator.webhook_secret", &self.webhook_secret);
+        let child = children.push_mut(Child::spawn(spec).await?);
+        child.wait_until_ready(&format!("http://127.0.0.1:{SIMULATOR_PORT}/readyz"), Duration::from_secs(60)).await
+    }
+}
+
+/// `spec` charging through localstripe. localstripe has no Stripe Connect (it ignores
+/// `Stripe-Account`, its events name no account): every tenant's payments are charged in the key's
+/// account, with Stripe's test card unless a payment names its own.
+fn through_stripe(spec: Spec) -> Spec {
+    spec.setting("provider.kind", "stripe")
+        .setting("provider.stripe.mode", "direct")
+        .setting("provider.stripe.base_url", localstripe::url(LOCALSTRIPE_PORT))
+        .setting("provider.stripe.secret_key", localstripe::SECRET_KEY)
+        .setting("provider.stripe.api_version", localstripe::API_VERSION)
+        .setting("provider.stripe.default_payment_method", "pm_card_visa")
 }
 
 /// Waits until a process dies on its own (the caller handles Ctrl-C and SIGTERM).
