@@ -3,6 +3,8 @@
 //! statements live in code. Pure text manipulation: nothing here runs pgbench.
 
 use std::fmt::Write as _;
+use std::iter::Peekable;
+use std::str::Chars;
 
 use anyhow::{bail, ensure};
 
@@ -25,100 +27,134 @@ pub enum Arg<'a> {
 /// statement that gains or loses a parameter breaks the benchmark loudly instead of silently
 /// measuring something else.
 pub fn command(sql: &str, args: &[Arg<'_>]) -> anyhow::Result<String> {
-    let mut out = String::with_capacity(sql.len());
+    let mut out = OneLine::default();
     let mut used = vec![false; args.len()];
     let mut chars = sql.chars().peekable();
-    let mut pending_space = false;
-    let push = |out: &mut String, text: &str, pending_space: &mut bool| {
-        if *pending_space && !out.is_empty() {
-            out.push(' ');
-        }
-        *pending_space = false;
-        out.push_str(text);
-    };
     while let Some(c) = chars.next() {
         match c {
             '-' if chars.peek() == Some(&'-') => {
-                for next in chars.by_ref() {
-                    if next == '\n' {
-                        break;
-                    }
-                }
-                pending_space = true;
+                skip_line_comment(&mut chars);
+                out.space();
             }
             '/' if chars.peek() == Some(&'*') => {
-                chars.next();
-                let mut previous = ' ';
-                let mut closed = false;
-                for next in chars.by_ref() {
-                    if previous == '*' && next == '/' {
-                        closed = true;
-                        break;
-                    }
-                    previous = next;
-                }
-                ensure!(closed, "an unterminated block comment");
-                pending_space = true;
+                skip_block_comment(&mut chars)?;
+                out.space();
             }
-            '\'' => {
-                let mut literal = String::from("'");
-                let mut closed = false;
-                while let Some(next) = chars.next() {
-                    literal.push(next);
-                    if next == '\'' {
-                        if chars.peek() == Some(&'\'') {
-                            literal.push('\'');
-                            chars.next();
-                        } else {
-                            closed = true;
-                            break;
-                        }
-                    }
-                }
-                ensure!(closed, "an unterminated string literal");
-                push(&mut out, &literal, &mut pending_space);
-            }
-            '"' => {
-                let mut identifier = String::new();
-                let mut closed = false;
-                for next in chars.by_ref() {
-                    if next == '"' {
-                        closed = true;
-                        break;
-                    }
-                    identifier.push(next);
-                }
-                ensure!(closed, "an unterminated quoted identifier");
-                push(&mut out, &format!("\"{}\"", without_sqlx_annotation(&identifier)), &mut pending_space);
-            }
+            '\'' => out.push(&string_literal(&mut chars)?),
+            '"' => out.push(&format!("\"{}\"", without_sqlx_annotation(&quoted_identifier(&mut chars)?))),
             '$' if chars.peek().is_some_and(char::is_ascii_digit) => {
-                let mut digits = String::new();
-                while let Some(&d) = chars.peek().filter(|d| d.is_ascii_digit()) {
-                    digits.push(d);
-                    chars.next();
-                }
-                let n: usize = digits.parse()?;
-                let Some(arg) = n.checked_sub(1).and_then(|i| args.get(i)) else {
-                    bail!("the statement uses ${n} but only {} arguments were given", args.len());
-                };
-                used[n - 1] = true;
-                let text = match arg {
-                    Arg::Var(name) => format!(":{name}"),
-                    Arg::Sql(sql) => format!("({sql})"),
-                };
-                push(&mut out, &text, &mut pending_space);
+                out.push(&parameter(&mut chars, args, &mut used)?);
             }
             '$' => bail!("dollar quoting is not supported in benchmarked statements"),
-            c if c.is_whitespace() => pending_space = true,
-            c => push(&mut out, c.encode_utf8(&mut [0; 4]), &mut pending_space),
+            c if c.is_whitespace() => out.space(),
+            c => out.push(c.encode_utf8(&mut [0; 4])),
         }
     }
     if let Some(unused) = used.iter().position(|u| !u) {
         bail!("argument {} was given but the statement has no ${}", unused + 1, unused + 1);
     }
-    let out = out.trim_end().trim_end_matches(';').trim_end().to_owned();
+    let out = out.text.trim_end().trim_end_matches(';').trim_end().to_owned();
     ensure!(!out.contains(';'), "one statement at a time");
     Ok(out)
+}
+
+/// A statement, read a character at a time.
+type Cursor<'a> = Peekable<Chars<'a>>;
+
+/// A command collapsed to one line: tokens as written, one space where white space or a comment
+/// stood between them.
+#[derive(Default)]
+struct OneLine {
+    text: String,
+    /// White space or a comment came since the last token.
+    pending_space: bool,
+}
+
+impl OneLine {
+    /// Appends `token`, after one space if white space or a comment came before it (never at the
+    /// start).
+    fn push(&mut self, token: &str) {
+        if self.pending_space && !self.text.is_empty() {
+            self.text.push(' ');
+        }
+        self.pending_space = false;
+        self.text.push_str(token);
+    }
+
+    /// Notes white space or a comment before the next token.
+    fn space(&mut self) {
+        self.pending_space = true;
+    }
+}
+
+/// Skips a `--` comment, its second `-` to the end of its line.
+fn skip_line_comment(chars: &mut Cursor<'_>) {
+    for next in chars.by_ref() {
+        if next == '\n' {
+            break;
+        }
+    }
+}
+
+/// Skips a `/* … */` comment, from its `*`.
+fn skip_block_comment(chars: &mut Cursor<'_>) -> anyhow::Result<()> {
+    chars.next();
+    let mut previous = ' ';
+    for next in chars.by_ref() {
+        if previous == '*' && next == '/' {
+            return Ok(());
+        }
+        previous = next;
+    }
+    bail!("an unterminated block comment")
+}
+
+/// A string literal, after its opening quote: the literal as written, both quotes and any doubled
+/// quote in it included.
+fn string_literal(chars: &mut Cursor<'_>) -> anyhow::Result<String> {
+    let mut literal = String::from("'");
+    while let Some(next) = chars.next() {
+        literal.push(next);
+        if next == '\'' {
+            if chars.peek() == Some(&'\'') {
+                literal.push('\'');
+                chars.next();
+            } else {
+                return Ok(literal);
+            }
+        }
+    }
+    bail!("an unterminated string literal")
+}
+
+/// A quoted identifier, after its opening quote: what stands between the quotes.
+fn quoted_identifier(chars: &mut Cursor<'_>) -> anyhow::Result<String> {
+    let mut identifier = String::new();
+    for next in chars.by_ref() {
+        if next == '"' {
+            return Ok(identifier);
+        }
+        identifier.push(next);
+    }
+    bail!("an unterminated quoted identifier")
+}
+
+/// What the parameter `$n` becomes, read after its `$`; marks argument `n` used.
+fn parameter(chars: &mut Cursor<'_>, args: &[Arg<'_>], used: &mut [bool]) -> anyhow::Result<String> {
+    let mut digits = String::new();
+    while let Some(&d) = chars.peek().filter(|d| d.is_ascii_digit()) {
+        digits.push(d);
+        chars.next();
+    }
+    let n: usize = digits.parse()?;
+    let Some(arg) = n.checked_sub(1).and_then(|i| args.get(i)) else {
+        bail!("the statement uses ${n} but only {} arguments were given", args.len());
+    };
+    used[n - 1] = true;
+    Ok(match arg {
+        Arg::Var(name) => format!(":{name}"),
+        Arg::Sql(sql) => format!("({sql})"),
+    })
 }
 
 /// The SQL of every sqlx query macro (`query!`, `query_as!`, `query_scalar!` ...) in a Rust source
