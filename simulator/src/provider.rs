@@ -154,15 +154,8 @@ impl Provider {
             Creating::Refund => self.books().ledger.count_refund_post(&key),
         }
 
-        if plan.error_before {
-            self.pause(latency).await;
-            record_fault("error_before");
-            return send(false, server_error("The provider failed before doing anything."));
-        }
-        if plan.rate_limited {
-            self.pause(latency).await;
-            record_fault("rate_limited");
-            return CreateResponse::RateLimited { retry_after_secs: faults.rate_limit_retry_after_secs };
+        if let Some(refused) = self.fail_before(&plan, &faults, latency).await {
+            return refused;
         }
         let claim = self.books().keys.claim(&key, &params, Instant::now());
         match claim {
@@ -179,22 +172,7 @@ impl Provider {
             }
             Claim::Decided(decided) => {
                 self.pause(latency).await;
-                if plan.refuse_resend && decided.response.status == 201 {
-                    // A resend of a key that charged, refused as a real provider's checks that run
-                    // before its idempotency layer would refuse it: the charge stands, and this
-                    // response says nothing of it.
-                    record_fault("refuse_resend");
-                    let message = "No such payment method: it was detached from its customer.";
-                    return send(false, StoredResponse::json(400, &error_body("resource_missing", message, None)));
-                }
-                let response = match decided.injected_error {
-                    Some(error) if self.faults.get().replay_stored_5xx => {
-                        record_fault("replay_stored_5xx");
-                        error
-                    }
-                    _ => decided.response,
-                };
-                return send(true, response);
+                return self.replay(decided, &plan);
             }
         }
 
@@ -213,13 +191,61 @@ impl Provider {
                 return send(false, response);
             }
         };
+        self.after_making(what, &key, response, &plan, &faults).await
+    }
 
+    /// The faults that strike before anything happens, after the latency: a 500, or a 429.
+    async fn fail_before(&self, plan: &CreatePlan, faults: &Faults, latency: Duration) -> Option<CreateResponse> {
+        if plan.error_before {
+            self.pause(latency).await;
+            record_fault("error_before");
+            return Some(send(false, server_error("The provider failed before doing anything.")));
+        }
+        if plan.rate_limited {
+            self.pause(latency).await;
+            record_fault("rate_limited");
+            return Some(CreateResponse::RateLimited { retry_after_secs: faults.rate_limit_retry_after_secs });
+        }
+        None
+    }
+
+    /// The response to a resend of a decided key: the stored one, or the injected 500 that went out
+    /// instead of it (under `replay_stored_5xx`), or a refusal (under `refuse_resend`).
+    fn replay(&self, decided: Decided, plan: &CreatePlan) -> CreateResponse {
+        if plan.refuse_resend && decided.response.status == 201 {
+            // A resend of a key that charged, refused as a real provider's checks that run before
+            // its idempotency layer would refuse it: the charge stands, and this response says
+            // nothing of it.
+            record_fault("refuse_resend");
+            let message = "No such payment method: it was detached from its customer.";
+            return send(false, StoredResponse::json(400, &error_body("resource_missing", message, None)));
+        }
+        let response = match decided.injected_error {
+            Some(error) if self.faults.get().replay_stored_5xx => {
+                record_fault("replay_stored_5xx");
+                error
+            }
+            _ => decided.response,
+        };
+        send(true, response)
+    }
+
+    /// The faults that strike once the object exists and `response` is its real response: none, a
+    /// 500, a hang, or a dropped connection. Each decides the key.
+    async fn after_making(
+        &self,
+        what: Creating,
+        key: &str,
+        response: StoredResponse,
+        plan: &CreatePlan,
+        faults: &Faults,
+    ) -> CreateResponse {
         if plan.after != AfterCreate::Respond {
             record_fault(plan.after.label());
         }
         match plan.after {
             AfterCreate::Respond => {
-                self.decide(&key, response.clone(), None);
+                self.decide(key, response.clone(), None);
                 send(false, response)
             }
             AfterCreate::ServerError => {
@@ -227,17 +253,17 @@ impl Provider {
                     Creating::Charge => "The provider failed after creating the charge.",
                     Creating::Refund => "The provider failed after creating the refund.",
                 });
-                self.decide(&key, response, Some(error.clone()));
+                self.decide(key, response, Some(error.clone()));
                 send(false, error)
             }
             AfterCreate::Hang => {
                 // Still in flight while hanging: a duplicate meanwhile gets 409.
                 self.pause(Duration::from_millis(faults.hang_ms)).await;
-                self.decide(&key, response.clone(), None);
+                self.decide(key, response.clone(), None);
                 send(false, response)
             }
             AfterCreate::DropConnection => {
-                self.decide(&key, response, None);
+                self.decide(key, response, None);
                 CreateResponse::DropConnection
             }
         }
