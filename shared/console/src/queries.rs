@@ -394,7 +394,27 @@ pub(super) async fn timeline(
     payment_id: PaymentId,
 ) -> Result<(Vec<Happened>, Vec<PaymentDeadLetter>), OperatorError> {
     let (tenant, payment) = (tenant_id.as_uuid(), payment_id.as_uuid());
-    let mut happened = Vec::new();
+    let mut happened = status_changes(conn, tenant, payment).await?;
+    happened.extend(webhooks(conn, tenant, payment).await?);
+    let dead_letters = dead_letters(conn, tenant, payment).await?;
+    let uncertain = sqlx::query_scalar!(
+        "SELECT evidence FROM unknown_payments WHERE tenant_id = $1 AND payment_id = $2",
+        tenant,
+        payment,
+    )
+    .fetch_optional(&mut *conn)
+    .await
+    .context("cannot read what the reconciler learned of the payment")?;
+    let evidence = dead_letters.iter().map(|d| &d.evidence).chain(uncertain.as_ref());
+    happened.extend(evidence.filter_map(Value::as_array).flatten().filter_map(learned));
+    happened.extend(dead_letters.iter().flat_map(dead_lettered));
+    happened.extend(operator_actions(conn, payment).await?);
+    happened.sort_by_key(|h| h.at);
+    Ok((happened, dead_letters))
+}
+
+/// The payment's status changes, in order.
+async fn status_changes(conn: &mut PgConnection, tenant: Uuid, payment: Uuid) -> Result<Vec<Happened>, OperatorError> {
     let events = sqlx::query!(
         r#"
         SELECT from_status::text AS "from_status?", to_status::text AS "to_status!", actor, reason, created_at
@@ -407,13 +427,18 @@ pub(super) async fn timeline(
     .fetch_all(&mut *conn)
     .await
     .context("cannot read the payment's history")?;
-    for e in events {
+    let happened = events.into_iter().map(|e| {
         let what = match e.from_status {
             None => format!("accepted as {}: {}", e.to_status, e.reason),
             Some(from) => format!("{from} → {}: {}", e.to_status, e.reason),
         };
-        happened.push(Happened { at: e.created_at, source: "status", by: e.actor, what });
-    }
+        Happened { at: e.created_at, source: "status", by: e.actor, what }
+    });
+    Ok(happened.collect())
+}
+
+/// The webhooks received for the payment, in order.
+async fn webhooks(conn: &mut PgConnection, tenant: Uuid, payment: Uuid) -> Result<Vec<Happened>, OperatorError> {
     let webhooks = sqlx::query!(
         r#"
         SELECT event_type, provider_charge_id, outcome, received_at FROM webhook_events
@@ -426,11 +451,20 @@ pub(super) async fn timeline(
     .fetch_all(&mut *conn)
     .await
     .context("cannot read the payment's webhooks")?;
-    for w in webhooks {
+    let happened = webhooks.into_iter().map(|w| {
         let charge = w.provider_charge_id.map(|id| format!(" for charge {id}")).unwrap_or_default();
         let what = format!("webhook {}{charge}: {}", w.event_type, w.outcome);
-        happened.push(Happened { at: w.received_at, source: "webhook", by: "provider".into(), what });
-    }
+        Happened { at: w.received_at, source: "webhook", by: "provider".into(), what }
+    });
+    Ok(happened.collect())
+}
+
+/// The payment's dead letters, newest first.
+async fn dead_letters(
+    conn: &mut PgConnection,
+    tenant: Uuid,
+    payment: Uuid,
+) -> Result<Vec<PaymentDeadLetter>, OperatorError> {
     let dead_letters = sqlx::query_as!(
         PaymentDeadLetter,
         r#"
@@ -445,25 +479,23 @@ pub(super) async fn timeline(
     .fetch_all(&mut *conn)
     .await
     .context("cannot read the payment's dead letters")?;
-    let uncertain = sqlx::query_scalar!(
-        "SELECT evidence FROM unknown_payments WHERE tenant_id = $1 AND payment_id = $2",
-        tenant,
-        payment,
-    )
-    .fetch_optional(&mut *conn)
-    .await
-    .context("cannot read what the reconciler learned of the payment")?;
-    let evidence = dead_letters.iter().map(|d| &d.evidence).chain(uncertain.as_ref());
-    happened.extend(evidence.filter_map(Value::as_array).flatten().filter_map(learned));
-    for d in &dead_letters {
-        let what = format!("dead-lettered ({}): {}", d.kind, d.reason);
-        happened.push(Happened { at: d.created_at, source: "dead letter", by: "reconciler".into(), what });
-        if let (Some(at), Some(by), Some(resolution)) = (d.resolved_at, &d.resolved_by, &d.resolution) {
-            let note = d.resolution_note.as_deref().unwrap_or_default();
-            let what = format!("dead letter closed as {resolution}: {note}");
-            happened.push(Happened { at, source: "dead letter", by: by.clone(), what });
-        }
+    Ok(dead_letters)
+}
+
+/// A dead letter as lines of the timeline: made, and closed if an operator closed it.
+fn dead_lettered(d: &PaymentDeadLetter) -> Vec<Happened> {
+    let what = format!("dead-lettered ({}): {}", d.kind, d.reason);
+    let mut happened = vec![Happened { at: d.created_at, source: "dead letter", by: "reconciler".into(), what }];
+    if let (Some(at), Some(by), Some(resolution)) = (d.resolved_at, &d.resolved_by, &d.resolution) {
+        let note = d.resolution_note.as_deref().unwrap_or_default();
+        let what = format!("dead letter closed as {resolution}: {note}");
+        happened.push(Happened { at, source: "dead letter", by: by.clone(), what });
     }
+    happened
+}
+
+/// The operators' actions on the payment (not their reads), in order.
+async fn operator_actions(conn: &mut PgConnection, payment: Uuid) -> Result<Vec<Happened>, OperatorError> {
     let actions = sqlx::query!(
         r#"
         SELECT at, operator_name, action, outcome, reason FROM operator_audit
@@ -475,13 +507,12 @@ pub(super) async fn timeline(
     .fetch_all(&mut *conn)
     .await
     .context("cannot read the operators' actions on the payment")?;
-    for a in actions {
+    let happened = actions.into_iter().map(|a| {
         let reason = a.reason.map(|reason| format!(": {reason}")).unwrap_or_default();
         let what = format!("{} ({}){reason}", a.action, a.outcome);
-        happened.push(Happened { at: a.at, source: "operator", by: a.operator_name, what });
-    }
-    happened.sort_by_key(|h| h.at);
-    Ok((happened, dead_letters))
+        Happened { at: a.at, source: "operator", by: a.operator_name, what }
+    });
+    Ok(happened.collect())
 }
 
 /// A piece of evidence the reconciler gathered (`unknown::evidence`: `at`, `source`, and an
