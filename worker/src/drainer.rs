@@ -38,7 +38,7 @@ use crate::metrics;
 use crate::record::{self, RecordError, Recorded, SettledSend};
 use crate::rotation::Rotation;
 use crate::verdict::{self, RetryPolicy, SendVerdict};
-use crate::wake::Wake;
+use crate::wake::{Wake, Woken};
 use oncepay_store::sending::{self, ClaimRequest, Claimed};
 
 /// How many times to retry recording a result after a transient failure (the database was briefly
@@ -133,6 +133,30 @@ impl std::ops::AddAssign for Counts {
         self.lease_lost += other.lease_lost;
         self.superseded += other.superseded;
         self.errors += other.errors;
+    }
+}
+
+/// How one send task ended: what recording its outcome did.
+type Sent = Result<Recorded, RecordError>;
+
+/// Waits up to `grace` for the sends `in_flight` to finish, counting each into `totals`; aborts
+/// those still running then. An aborted send keeps its lease, which the sweeper takes back.
+async fn finish_in_flight(mut in_flight: JoinSet<Sent>, grace: Duration, totals: &mut Counts) {
+    tracing::info!(in_flight = in_flight.len(), "stopped claiming; finishing the sends in flight");
+    let deadline = Instant::now() + grace;
+    while !in_flight.is_empty() {
+        match tokio::time::timeout_at(deadline, in_flight.join_next()).await {
+            Ok(Some(finished)) => totals.count_task(finished),
+            Ok(None) => break,
+            Err(_) => {
+                tracing::warn!(
+                    abandoned = in_flight.len(),
+                    "the grace period ended with sends in flight; their leases will expire and be swept"
+                );
+                in_flight.abort_all();
+                break;
+            }
+        }
     }
 }
 
@@ -236,21 +260,7 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
         while !shutdown.is_cancelled() {
             let limit = self.claim_limit(in_flight.len());
             if maybe_due && limit > 0 {
-                match self.claim(limit).await {
-                    Ok(claimed) => {
-                        maybe_due = claimed.len() == limit as usize;
-                        totals.claimed += claimed.len() as u64;
-                        for row in claimed {
-                            let this = self.clone();
-                            in_flight.spawn(async move { this.process(row).await });
-                        }
-                    }
-                    Err(error) => {
-                        // Most likely the database is unreachable: try again at the next poll tick.
-                        tracing::warn!(error = %error, "claiming due outbox rows failed");
-                        maybe_due = false;
-                    }
-                }
+                maybe_due = self.claim_and_send(limit, &mut in_flight, &mut totals).await;
                 // A full batch and slots still free: claim the next batch at once.
                 if maybe_due && self.claim_limit(in_flight.len()) > 0 {
                     continue;
@@ -265,14 +275,7 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
                     }
                 }
                 () = wake.notified() => {
-                    let woken = wake.take();
-                    let mut rotation = self.rotation();
-                    for tenant in woken.tenants {
-                        rotation.add(tenant);
-                    }
-                    if woken.scan {
-                        self.inner.rescan.store(true, Ordering::Release);
-                    }
+                    self.heard(wake.take());
                     maybe_due = true;
                 }
                 _ = poll.tick() => {
@@ -284,28 +287,46 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
         }
 
         drop(wake);
-        tracing::info!(in_flight = in_flight.len(), "stopped claiming; finishing the sends in flight");
-        let deadline = Instant::now() + config.shutdown_grace;
-        while !in_flight.is_empty() {
-            match tokio::time::timeout_at(deadline, in_flight.join_next()).await {
-                Ok(Some(finished)) => totals.count_task(finished),
-                Ok(None) => break,
-                Err(_) => {
-                    tracing::warn!(
-                        abandoned = in_flight.len(),
-                        "the grace period ended with sends in flight; their leases will expire and be swept"
-                    );
-                    in_flight.abort_all();
-                    break;
-                }
-            }
-        }
+        finish_in_flight(in_flight, config.shutdown_grace, &mut totals).await;
         announcing.cancel();
         if let Err(error) = notifier.await {
             tracing::error!(error = %error, "the payment notifier task failed");
         }
         tracing::info!(?totals, "the drainer stopped");
         totals
+    }
+
+    /// Claims up to `limit` due rows and starts sending each into `in_flight`. Returns whether the
+    /// next claim might find more: after a full batch.
+    async fn claim_and_send(&self, limit: u32, in_flight: &mut JoinSet<Sent>, totals: &mut Counts) -> bool {
+        match self.claim(limit).await {
+            Ok(claimed) => {
+                let full = claimed.len() == limit as usize;
+                totals.claimed += claimed.len() as u64;
+                for row in claimed {
+                    let this = self.clone();
+                    in_flight.spawn(async move { this.process(row).await });
+                }
+                full
+            }
+            Err(error) => {
+                // Most likely the database is unreachable: try again at the next poll tick.
+                tracing::warn!(error = %error, "claiming due outbox rows failed");
+                false
+            }
+        }
+    }
+
+    /// Takes the tenants a wake-up named into the rotation, and asks for a scan of the outbox if
+    /// one named no one.
+    fn heard(&self, woken: Woken) {
+        let mut rotation = self.rotation();
+        for tenant in woken.tenants {
+            rotation.add(tenant);
+        }
+        if woken.scan {
+            self.inner.rescan.store(true, Ordering::Release);
+        }
     }
 
     /// Claims up to `limit` due rows for this worker: lease, fencing token and `pending → processing`,
