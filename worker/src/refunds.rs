@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use oncepay_domain::status::{PaymentStatus, Transition};
-use oncepay_provider::{PaymentProvider, RefundOutcome};
+use oncepay_provider::{NotSentReason, PaymentProvider, Refund as ProviderRefund, RefundOutcome};
 use oncepay_service::telemetry;
 use oncepay_store::refunds::REFUND_OUTBOX_CHANNEL;
 use oncepay_store::refunds::sending::{self, ClaimedRefund, Release};
@@ -86,27 +86,7 @@ pub fn decide(
     rng: &mut impl Rng,
 ) -> RefundVerdict {
     match outcome {
-        RefundOutcome::Refunded(refund) | RefundOutcome::Unfinished(refund) => {
-            match settling::judge(&claimed.asked(), refund) {
-                Finding::Settles(settlement) => {
-                    let (transition, reason) = match &settlement {
-                        RefundSettlement::Succeeded { provider_refund_id, .. } => {
-                            (Transition::Charged, format!("the provider refunded the customer ({provider_refund_id})"))
-                        }
-                        RefundSettlement::Failed { code, .. } => {
-                            (Transition::Declined, format!("the provider failed the refund ({code})"))
-                        }
-                    };
-                    RefundVerdict::Settle { transition, settlement, reason }
-                }
-                Finding::Unfinished => RefundVerdict::Uncertain {
-                    code: "not_final",
-                    reason: format!("the provider took the refund ({}) but has not finished it", refund.id),
-                    provider_refund_id: Some(refund.id.clone()),
-                },
-                Finding::NotAsAsked(why) => RefundVerdict::uncertain("refund_mismatch", why),
-            }
-        }
+        RefundOutcome::Refunded(refund) | RefundOutcome::Unfinished(refund) => judged(claimed, refund),
         // A refusal of this request says nothing of an earlier send that may have refunded under the
         // same key: only the refund's own failed object, or a lookup, proves that no money moved.
         RefundOutcome::Failed { code, refund_id: None, .. } if claimed.may_have_moved => RefundVerdict::uncertain(
@@ -125,43 +105,77 @@ pub fn decide(
                 provider_refund_id: refund_id.clone(),
             },
         },
-        RefundOutcome::NotSent { reason, retry_after } => {
-            if claimed.attempt < policy.max_attempts {
-                let retry_after = retry_after.unwrap_or_default().min(LONGEST_RETRY_AFTER);
-                let delay = policy.backoff.delay(claimed.attempt, rng).max(retry_after);
-                RefundVerdict::Retry {
-                    delay,
-                    reason: format!(
-                        "not sent ({reason}); attempt {} of {}, next in {} ms",
-                        claimed.attempt,
-                        policy.max_attempts,
-                        delay.as_millis()
-                    ),
-                }
-            } else if claimed.may_have_moved {
-                RefundVerdict::uncertain(
-                    "not_sent_but_may_have_moved",
-                    format!(
-                        "not sent in {} attempts ({reason}), but an earlier send may have reached the provider",
-                        claimed.attempt
-                    ),
-                )
-            } else {
-                RefundVerdict::Settle {
-                    transition: Transition::NotSentExhausted,
-                    reason: format!("not sent in {} attempts ({reason})", claimed.attempt),
-                    settlement: RefundSettlement::Failed {
-                        code: PROVIDER_UNREACHABLE.to_owned(),
-                        message: format!(
-                            "The payment provider could not be reached in {} attempts ({reason}); no money was refunded.",
-                            claimed.attempt
-                        ),
-                        provider_refund_id: None,
-                    },
-                }
-            }
-        }
+        RefundOutcome::NotSent { reason, retry_after } => not_sent(claimed, reason, *retry_after, policy, rng),
         RefundOutcome::Uncertain(reason) => RefundVerdict::uncertain(uncertain_code(reason), reason.to_string()),
+    }
+}
+
+/// What the provider's `refund` means for `claimed`, as [`settling::judge`] finds: settled, not
+/// finished, or not the refund asked for.
+fn judged(claimed: &ClaimedRefund, refund: &ProviderRefund) -> RefundVerdict {
+    match settling::judge(&claimed.asked(), refund) {
+        Finding::Settles(settlement) => {
+            let (transition, reason) = match &settlement {
+                RefundSettlement::Succeeded { provider_refund_id, .. } => {
+                    (Transition::Charged, format!("the provider refunded the customer ({provider_refund_id})"))
+                }
+                RefundSettlement::Failed { code, .. } => {
+                    (Transition::Declined, format!("the provider failed the refund ({code})"))
+                }
+            };
+            RefundVerdict::Settle { transition, settlement, reason }
+        }
+        Finding::Unfinished => RefundVerdict::Uncertain {
+            code: "not_final",
+            reason: format!("the provider took the refund ({}) but has not finished it", refund.id),
+            provider_refund_id: Some(refund.id.clone()),
+        },
+        Finding::NotAsAsked(why) => RefundVerdict::uncertain("refund_mismatch", why),
+    }
+}
+
+/// A send that provably did not reach the provider: a retry while attempts are left; then failed, or
+/// `unknown` if an earlier send may have refunded.
+fn not_sent(
+    claimed: &ClaimedRefund,
+    reason: &NotSentReason,
+    retry_after: Option<Duration>,
+    policy: &RetryPolicy,
+    rng: &mut impl Rng,
+) -> RefundVerdict {
+    if claimed.attempt < policy.max_attempts {
+        let retry_after = retry_after.unwrap_or_default().min(LONGEST_RETRY_AFTER);
+        let delay = policy.backoff.delay(claimed.attempt, rng).max(retry_after);
+        RefundVerdict::Retry {
+            delay,
+            reason: format!(
+                "not sent ({reason}); attempt {} of {}, next in {} ms",
+                claimed.attempt,
+                policy.max_attempts,
+                delay.as_millis()
+            ),
+        }
+    } else if claimed.may_have_moved {
+        RefundVerdict::uncertain(
+            "not_sent_but_may_have_moved",
+            format!(
+                "not sent in {} attempts ({reason}), but an earlier send may have reached the provider",
+                claimed.attempt
+            ),
+        )
+    } else {
+        RefundVerdict::Settle {
+            transition: Transition::NotSentExhausted,
+            reason: format!("not sent in {} attempts ({reason})", claimed.attempt),
+            settlement: RefundSettlement::Failed {
+                code: PROVIDER_UNREACHABLE.to_owned(),
+                message: format!(
+                    "The payment provider could not be reached in {} attempts ({reason}); no money was refunded.",
+                    claimed.attempt
+                ),
+                provider_refund_id: None,
+            },
+        }
     }
 }
 
