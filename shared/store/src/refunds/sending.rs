@@ -250,63 +250,87 @@ pub async fn sweep(
     .map_err(StoreError::from)?;
     let mut counts = RefundSweep::default();
     for lease in expired {
-        let mut tx = conn.begin().await.map_err(StoreError::from)?;
-        // Lock the row and read it again: a worker may have finished, or another sweeper taken it.
-        let row = sqlx::query!(
-            r#"
-            SELECT r.status AS "status: PaymentStatus", o.fencing_token,
-                   r.first_sent_at > now() - make_interval(secs => $3) AS "in_key_window!"
-            FROM refund_outbox o JOIN refunds r USING (tenant_id, refund_id)
-            WHERE o.tenant_id = $1 AND o.refund_id = $2 AND o.locked_until < now()
-            FOR UPDATE OF o SKIP LOCKED
-            "#,
-            lease.tenant_id.as_uuid(),
-            lease.refund_id.as_uuid(),
-            key_window.resend_horizon().as_secs_f64(),
-        )
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(StoreError::from)?;
-        let Some(row) = row else { continue };
-        sqlx::query!(
-            "DELETE FROM refund_outbox WHERE tenant_id = $1 AND refund_id = $2",
-            lease.tenant_id.as_uuid(),
-            lease.refund_id.as_uuid(),
-        )
-        .execute(&mut *tx)
-        .await
-        .map_err(StoreError::from)?;
-        if row.status != PaymentStatus::Processing {
-            counts.obsolete += 1;
-            tx.commit().await.map_err(StoreError::from)?;
-            continue;
+        match take_back(conn, actor, key_window, lease.tenant_id, lease.refund_id).await? {
+            Some(TakenBack::Released) => counts.released += 1,
+            Some(TakenBack::Uncertain) => counts.uncertain += 1,
+            Some(TakenBack::Obsolete) => counts.obsolete += 1,
+            None => {}
         }
-        let (transition, reason) = if row.in_key_window {
-            (
-                Transition::LeaseExpiredResend,
-                "the worker's lease expired inside the key window: resend with the same key",
-            )
-        } else {
-            (
-                Transition::LeaseExpiredUncertain,
-                "the worker's lease expired past the key window: the provider may have refunded",
-            )
-        };
-        let change = RefundChange {
-            tenant_id: lease.tenant_id,
-            refund_id: lease.refund_id,
-            from: PaymentStatus::Processing,
-            transition,
-            actor,
-            reason,
-            detail: Some(json!({"fencing_token": row.fencing_token})),
-        };
-        match settling::apply(&mut tx, &change, None, OffsetDateTime::now_utc()).await? {
-            Recorded::Moved(PaymentStatus::Pending) => counts.released += 1,
-            Recorded::Moved(_) => counts.uncertain += 1,
-            Recorded::LostRace => counts.obsolete += 1,
-        }
-        tx.commit().await.map_err(StoreError::from)?;
     }
     Ok(counts)
+}
+
+/// What taking back one expired lease did.
+enum TakenBack {
+    /// The refund is `pending` again, to be resent with the same key.
+    Released,
+    /// The refund is `unknown`.
+    Uncertain,
+    /// The refund had moved on: only its outbox row was dropped.
+    Obsolete,
+}
+
+/// Takes back the lease of one refund, in a transaction of its own: drops its outbox row and moves
+/// a `processing` refund on. `None` if the lease is no longer expired, or is locked right now.
+async fn take_back(
+    conn: &mut PgConnection,
+    actor: &str,
+    key_window: KeyWindow,
+    tenant_id: TenantId,
+    refund_id: RefundId,
+) -> Result<Option<TakenBack>, TransitionError> {
+    let mut tx = conn.begin().await.map_err(StoreError::from)?;
+    // Lock the row and read it again: a worker may have finished, or another sweeper taken it.
+    let row = sqlx::query!(
+        r#"
+        SELECT r.status AS "status: PaymentStatus", o.fencing_token,
+               r.first_sent_at > now() - make_interval(secs => $3) AS "in_key_window!"
+        FROM refund_outbox o JOIN refunds r USING (tenant_id, refund_id)
+        WHERE o.tenant_id = $1 AND o.refund_id = $2 AND o.locked_until < now()
+        FOR UPDATE OF o SKIP LOCKED
+        "#,
+        tenant_id.as_uuid(),
+        refund_id.as_uuid(),
+        key_window.resend_horizon().as_secs_f64(),
+    )
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(StoreError::from)?;
+    let Some(row) = row else { return Ok(None) };
+    sqlx::query!(
+        "DELETE FROM refund_outbox WHERE tenant_id = $1 AND refund_id = $2",
+        tenant_id.as_uuid(),
+        refund_id.as_uuid()
+    )
+    .execute(&mut *tx)
+    .await
+    .map_err(StoreError::from)?;
+    let taken = if row.status == PaymentStatus::Processing {
+        let (transition, reason) = expiry(row.in_key_window);
+        let detail = Some(json!({"fencing_token": row.fencing_token}));
+        let from = PaymentStatus::Processing;
+        let change = RefundChange { tenant_id, refund_id, from, transition, actor, reason, detail };
+        match settling::apply(&mut tx, &change, None, OffsetDateTime::now_utc()).await? {
+            Recorded::Moved(PaymentStatus::Pending) => TakenBack::Released,
+            Recorded::Moved(_) => TakenBack::Uncertain,
+            Recorded::LostRace => TakenBack::Obsolete,
+        }
+    } else {
+        TakenBack::Obsolete
+    };
+    tx.commit().await.map_err(StoreError::from)?;
+    Ok(Some(taken))
+}
+
+/// How a `processing` refund's expired lease is taken back, and why: to `pending` inside the key
+/// window, where a resend with the same key is safe; to `unknown` past it.
+const fn expiry(in_key_window: bool) -> (Transition, &'static str) {
+    if in_key_window {
+        (Transition::LeaseExpiredResend, "the worker's lease expired inside the key window: resend with the same key")
+    } else {
+        (
+            Transition::LeaseExpiredUncertain,
+            "the worker's lease expired past the key window: the provider may have refunded",
+        )
+    }
 }
