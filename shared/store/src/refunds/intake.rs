@@ -152,6 +152,21 @@ async fn write(tx: &mut PgConnection, new: &NewRefund<'_>) -> Result<Option<Refu
             return Ok(Some(existing.map_or(RefundIntake::Refused(refusal), RefundIntake::Existing)));
         }
     };
+    let refund = insert_refund(tx, new, amount, &currency).await?;
+    let Some(key_expires_at) = insert_key(tx, new).await? else {
+        return Ok(None);
+    };
+    queue(tx, new, amount).await?;
+    Ok(Some(RefundIntake::Created { refund: Box::new(refund), key_expires_at }))
+}
+
+/// Writes the refund, `pending`, for the `amount` reserved, in the payment's `currency`.
+async fn insert_refund(
+    tx: &mut PgConnection,
+    new: &NewRefund<'_>,
+    amount: i64,
+    currency: &Currency,
+) -> Result<Refund, StoreError> {
     let refund = sqlx::query_as!(
         Refund,
         r#"
@@ -174,6 +189,11 @@ async fn write(tx: &mut PgConnection, new: &NewRefund<'_>) -> Result<Option<Refu
     )
     .fetch_one(&mut *tx)
     .await?;
+    Ok(refund)
+}
+
+/// Writes the refund's key; returns when it expires, or `None` if a concurrent request took the key.
+async fn insert_key(tx: &mut PgConnection, new: &NewRefund<'_>) -> Result<Option<OffsetDateTime>, StoreError> {
     let key_expires_at = sqlx::query_scalar!(
         r#"
         INSERT INTO refund_keys (tenant_id, idempotency_key, fingerprint, refund_id, expires_at)
@@ -189,9 +209,12 @@ async fn write(tx: &mut PgConnection, new: &NewRefund<'_>) -> Result<Option<Refu
     )
     .fetch_optional(&mut *tx)
     .await?;
-    let Some(key_expires_at) = key_expires_at else {
-        return Ok(None);
-    };
+    Ok(key_expires_at)
+}
+
+/// Writes the refund's first audit row and its outbox row, and wakes the workers when the
+/// transaction commits.
+async fn queue(tx: &mut PgConnection, new: &NewRefund<'_>, amount: i64) -> Result<(), StoreError> {
     sqlx::query!(
         r#"
         INSERT INTO refund_events (tenant_id, refund_id, seq, from_status, to_status, actor, reason, detail)
@@ -218,7 +241,7 @@ async fn write(tx: &mut PgConnection, new: &NewRefund<'_>) -> Result<Option<Refu
     sqlx::query!("SELECT pg_notify($1, $2)", REFUND_OUTBOX_CHANNEL, new.tenant_id.to_string())
         .execute(&mut *tx)
         .await?;
-    Ok(Some(RefundIntake::Created { refund: Box::new(refund), key_expires_at }))
+    Ok(())
 }
 
 /// What [`reserve`] set aside on the payment: the refund's amount, in the payment's currency.
