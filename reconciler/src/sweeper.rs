@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use oncepay_provider::KeyWindow;
 use oncepay_store::leases::{self, SweepCounts};
-use oncepay_store::refunds::sending::{self, RefundSweep};
+use oncepay_store::refunds::sending;
 use sqlx::PgPool;
 
 use oncepay_service::runner::Pass;
@@ -35,13 +35,13 @@ pub struct Counts {
     /// Payments' leases.
     pub payments: SweepCounts,
     /// Refunds' leases.
-    pub refunds: RefundSweep,
+    pub refunds: SweepCounts,
 }
 
 impl Counts {
     /// How many rows this pass changed.
     pub fn changed(&self) -> u64 {
-        self.payments.changed() + self.refunds.released + self.refunds.uncertain + self.refunds.obsolete
+        self.payments.changed() + self.refunds.changed()
     }
 }
 
@@ -79,22 +79,14 @@ impl Sweeper {
         let payments = leases::sweep(&mut conn, ACTOR, self.config.key_window, self.config.batch_size)
             .await
             .context("cannot sweep expired leases")?;
-        for (label, n) in
-            [("released", payments.released), ("uncertain", payments.uncertain), ("obsolete", payments.obsolete)]
-        {
-            metrics::counter!(crate::metrics::LEASES_TAKEN_OVER, "outcome" => label).increment(n);
-        }
+        count_taken_over(crate::metrics::LEASES_TAKEN_OVER, &payments);
         let refunds = sending::sweep(&mut conn, ACTOR, self.config.key_window, self.config.batch_size)
             .await
             .context("cannot sweep expired refund leases")?;
-        for (label, n) in
-            [("released", refunds.released), ("uncertain", refunds.uncertain), ("obsolete", refunds.obsolete)]
-        {
-            metrics::counter!(crate::metrics::REFUND_LEASES_TAKEN_OVER, "outcome" => label).increment(n);
-        }
+        count_taken_over(crate::metrics::REFUND_LEASES_TAKEN_OVER, &refunds);
         let span = tracing::Span::current();
         span.record("swept.payments", payments.changed());
-        span.record("swept.refunds", refunds.released + refunds.uncertain + refunds.obsolete);
+        span.record("swept.refunds", refunds.changed());
         if refunds.released + refunds.uncertain > 0 {
             tracing::info!(
                 refunds.released = refunds.released,
@@ -103,5 +95,12 @@ impl Sweeper {
             );
         }
         Ok(Counts { payments, refunds })
+    }
+}
+
+/// Adds what a sweep changed to the counter `name`, by outcome.
+fn count_taken_over(name: &'static str, swept: &SweepCounts) {
+    for (label, n) in [("released", swept.released), ("uncertain", swept.uncertain), ("obsolete", swept.obsolete)] {
+        metrics::counter!(name, "outcome" => label).increment(n);
     }
 }

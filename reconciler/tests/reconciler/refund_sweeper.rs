@@ -8,7 +8,7 @@ use oncepay_domain::ids::{RefundId, TenantId};
 use oncepay_domain::status::PaymentStatus;
 use oncepay_reconciler::sweeper::{Counts, Sweeper, SweeperConfig};
 use oncepay_store::fixtures::tenant;
-use oncepay_store::refunds::sending::RefundSweep;
+use oncepay_store::leases::SweepCounts;
 use sqlx::PgPool;
 
 use crate::support::{REFUND_KEY_WINDOW, claim_refunds, count_for_refund, refund, refund_status, succeeded_payment};
@@ -42,7 +42,10 @@ async fn expired_refund_leases_are_taken_back_by_the_key_window_and_live_ones_ar
     let first = sweeper.run_once().await.unwrap();
     let second = sweeper.run_once().await.unwrap();
 
-    assert_eq!(first, Counts { refunds: RefundSweep { released: 1, uncertain: 1, obsolete: 0 }, ..Counts::default() });
+    assert_eq!(
+        first,
+        Counts { refunds: SweepCounts { released: 1, uncertain: 1, ..SweepCounts::default() }, ..Counts::default() }
+    );
     assert_eq!(second, Counts::default());
     assert_eq!(refund_status(&pool, in_window).await, PaymentStatus::Pending);
     let unleased: Option<bool> =

@@ -18,15 +18,15 @@ use oncepay_service::telemetry::TraceContext;
 use crate::transitions::{self, Change, Recorded, TransitionError};
 use crate::{StoreError, unknown_queue};
 
-/// What one [`sweep`] did.
+/// What one sweep did, of payments' leases ([`sweep`]) or of refunds' (`refunds::sending::sweep`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SweepCounts {
-    /// Expired leases inside the key window: payments back to `pending`, rows due now.
+    /// Expired leases inside the key window: back to `pending`, rows due now.
     pub released: u64,
-    /// Expired leases past the key window: payments `unknown` and queued for the reconciler.
+    /// Expired leases past the key window: `unknown`, for the reconciler.
     pub uncertain: u64,
-    /// Expired leases on payments that had already moved on (e.g. a webhook settled them while the
-    /// worker was gone): the rows were dropped, or released if the payment is `pending`.
+    /// Expired leases on payments or refunds that had already moved on (e.g. a webhook settled them
+    /// while the worker was gone): the rows were dropped, or released if still `pending`.
     pub obsolete: u64,
     /// Candidates a worker or another sweeper was handling at that moment, or that moved between
     /// reading and locking them: left alone, to be looked at again by a later sweep if still expired.
@@ -38,6 +38,25 @@ impl SweepCounts {
     pub fn changed(&self) -> u64 {
         self.released + self.uncertain + self.obsolete
     }
+
+    /// Counts one lease taken back.
+    pub(crate) fn count(&mut self, taken: TakenBack) {
+        match taken {
+            TakenBack::Released => self.released += 1,
+            TakenBack::Uncertain => self.uncertain += 1,
+            TakenBack::Obsolete => self.obsolete += 1,
+            TakenBack::Skipped => self.skipped += 1,
+        }
+    }
+}
+
+/// What taking back one expired lease did: one of [`SweepCounts`]' counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TakenBack {
+    Released,
+    Uncertain,
+    Obsolete,
+    Skipped,
 }
 
 /// Takes back up to `batch_size` expired leases, oldest first, each in its own transaction on
@@ -67,22 +86,9 @@ pub async fn sweep(
 
     let mut counts = SweepCounts::default();
     for candidate in candidates {
-        match take_back(conn, actor, key_window, candidate.tenant_id, candidate.payment_id).await? {
-            TakenBack::Released => counts.released += 1,
-            TakenBack::Uncertain => counts.uncertain += 1,
-            TakenBack::Obsolete => counts.obsolete += 1,
-            TakenBack::Skipped => counts.skipped += 1,
-        }
+        counts.count(take_back(conn, actor, key_window, candidate.tenant_id, candidate.payment_id).await?);
     }
     Ok(counts)
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum TakenBack {
-    Released,
-    Uncertain,
-    Obsolete,
-    Skipped,
 }
 
 #[tracing::instrument(name = "store.take_back_lease", skip_all, fields(payment.id = %payment_id))]

@@ -25,6 +25,7 @@ use oncepay_service::telemetry::TraceContext;
 use super::REFUND_CHANNEL;
 use super::settling::{self, AskedRefund, RefundChange};
 use crate::StoreError;
+use crate::leases::{SweepCounts, TakenBack};
 use crate::transitions::{Recorded, TransitionError};
 
 /// A refund this worker now holds the lease for, with what it needs to send and record it.
@@ -216,17 +217,6 @@ pub async fn release(conn: &mut PgConnection, claimed: &ClaimedRefund, release: 
     Ok(rows == 1)
 }
 
-/// What one [`sweep`] did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RefundSweep {
-    /// Expired leases inside the key window: refunds back to `pending`.
-    pub released: u64,
-    /// Expired leases past the key window: refunds `unknown`.
-    pub uncertain: u64,
-    /// Expired leases of refunds that had moved on: rows dropped.
-    pub obsolete: u64,
-}
-
 /// Takes back up to `batch_size` expired refund leases, oldest first, each in its own transaction.
 #[tracing::instrument(name = "store.sweep_refund_leases", skip_all)]
 pub async fn sweep(
@@ -234,7 +224,7 @@ pub async fn sweep(
     actor: &str,
     key_window: KeyWindow,
     batch_size: u32,
-) -> Result<RefundSweep, TransitionError> {
+) -> Result<SweepCounts, TransitionError> {
     let expired = sqlx::query!(
         r#"
         SELECT tenant_id AS "tenant_id: TenantId", refund_id AS "refund_id: RefundId"
@@ -248,37 +238,22 @@ pub async fn sweep(
     .fetch_all(&mut *conn)
     .await
     .map_err(StoreError::from)?;
-    let mut counts = RefundSweep::default();
+    let mut counts = SweepCounts::default();
     for lease in expired {
-        match take_back(conn, actor, key_window, lease.tenant_id, lease.refund_id).await? {
-            Some(TakenBack::Released) => counts.released += 1,
-            Some(TakenBack::Uncertain) => counts.uncertain += 1,
-            Some(TakenBack::Obsolete) => counts.obsolete += 1,
-            None => {}
-        }
+        counts.count(take_back(conn, actor, key_window, lease.tenant_id, lease.refund_id).await?);
     }
     Ok(counts)
 }
 
-/// What taking back one expired lease did.
-enum TakenBack {
-    /// The refund is `pending` again, to be resent with the same key.
-    Released,
-    /// The refund is `unknown`.
-    Uncertain,
-    /// The refund had moved on: only its outbox row was dropped.
-    Obsolete,
-}
-
 /// Takes back the lease of one refund, in a transaction of its own: drops its outbox row and moves
-/// a `processing` refund on. `None` if the lease is no longer expired, or is locked right now.
+/// a `processing` refund on. Skipped if the lease is no longer expired, or is locked right now.
 async fn take_back(
     conn: &mut PgConnection,
     actor: &str,
     key_window: KeyWindow,
     tenant_id: TenantId,
     refund_id: RefundId,
-) -> Result<Option<TakenBack>, TransitionError> {
+) -> Result<TakenBack, TransitionError> {
     let mut tx = conn.begin().await.map_err(StoreError::from)?;
     // Lock the row and read it again: a worker may have finished, or another sweeper taken it.
     let row = sqlx::query!(
@@ -296,7 +271,7 @@ async fn take_back(
     .fetch_optional(&mut *tx)
     .await
     .map_err(StoreError::from)?;
-    let Some(row) = row else { return Ok(None) };
+    let Some(row) = row else { return Ok(TakenBack::Skipped) };
     sqlx::query!(
         "DELETE FROM refund_outbox WHERE tenant_id = $1 AND refund_id = $2",
         tenant_id.as_uuid(),
@@ -319,7 +294,7 @@ async fn take_back(
         TakenBack::Obsolete
     };
     tx.commit().await.map_err(StoreError::from)?;
-    Ok(Some(taken))
+    Ok(taken)
 }
 
 /// How a `processing` refund's expired lease is taken back, and why: to `pending` inside the key
