@@ -168,27 +168,31 @@ pub async fn note_inconclusive(
     Ok(counted.rows_affected() == 1)
 }
 
-/// `evidence`, with the evidence of the refund's inconclusive lookups since it became `unknown` as
-/// its `earlier_lookups`, for the audit row that dead-letters it.
-async fn with_earlier_lookups(
+/// `unknown → dead_lettered` by `transition`, with `evidence` in the audit row and the evidence of
+/// the refund's inconclusive lookups since it became `unknown` as its `earlier_lookups`.
+async fn dead_letter(
     conn: &mut PgConnection,
     tenant_id: TenantId,
     refund_id: RefundId,
+    transition: Transition,
+    why: Why<'_>,
     mut evidence: Value,
-) -> Result<Value, StoreError> {
+) -> Result<Recorded<PaymentStatus>, TransitionError> {
     let earlier = sqlx::query_scalar!(
         "SELECT lookup_evidence FROM refunds WHERE tenant_id = $1 AND refund_id = $2 AND status = 'unknown'",
         tenant_id.as_uuid(),
         refund_id.as_uuid(),
     )
-    .fetch_optional(conn)
-    .await?;
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(StoreError::from)?;
     if let (Some(fields), Some(earlier)) = (evidence.as_object_mut(), earlier)
         && earlier.as_array().is_some_and(|lookups| !lookups.is_empty())
     {
         fields.insert("earlier_lookups".to_owned(), earlier);
     }
-    Ok(evidence)
+    let change = change(tenant_id, refund_id, transition, why, evidence);
+    settling::apply(conn, &change, None, OffsetDateTime::now_utc()).await
 }
 
 /// The change that takes a refund out of `unknown` by `transition`, with `evidence` in its audit row.
@@ -254,9 +258,7 @@ pub async fn exhaust(
     why: Why<'_>,
     evidence: Value,
 ) -> Result<Recorded<PaymentStatus>, TransitionError> {
-    let evidence = with_earlier_lookups(conn, tenant_id, refund_id, evidence).await?;
-    let change = change(tenant_id, refund_id, Transition::Exhausted, why, evidence);
-    settling::apply(conn, &change, None, OffsetDateTime::now_utc()).await
+    dead_letter(conn, tenant_id, refund_id, Transition::Exhausted, why, evidence).await
 }
 
 /// The provider reported a refund under this refund's key that is not what it asked for:
@@ -269,7 +271,5 @@ pub async fn mismatch(
     why: Why<'_>,
     evidence: Value,
 ) -> Result<Recorded<PaymentStatus>, TransitionError> {
-    let evidence = with_earlier_lookups(conn, tenant_id, refund_id, evidence).await?;
-    let change = change(tenant_id, refund_id, Transition::ChargeMismatch, why, evidence);
-    settling::apply(conn, &change, None, OffsetDateTime::now_utc()).await
+    dead_letter(conn, tenant_id, refund_id, Transition::ChargeMismatch, why, evidence).await
 }
