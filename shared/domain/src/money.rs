@@ -12,18 +12,9 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 ///
 /// Read from PostgreSQL without re-checking the range: the `payments.amount` CHECK constraint
 /// already guarantees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[cfg_attr(feature = "sqlx", derive(sqlx::Type), sqlx(transparent))]
-#[serde(try_from = "i64")]
 pub struct Amount(i64);
-
-impl TryFrom<i64> for Amount {
-    type Error = AmountError;
-
-    fn try_from(minor_units: i64) -> Result<Self, AmountError> {
-        Self::new(minor_units)
-    }
-}
 
 /// Why a number is not an [`Amount`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -50,6 +41,14 @@ impl Amount {
 impl fmt::Display for Amount {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.0.fmt(f)
+    }
+}
+
+/// Read from a JSON number; one out of range is refused by its name and value, as a currency is.
+impl<'de> Deserialize<'de> for Amount {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let minor_units = i64::deserialize(deserializer)?;
+        Self::new(minor_units).map_err(|e| serde::de::Error::custom(format!("amount {minor_units} {e}")))
     }
 }
 
@@ -231,7 +230,8 @@ mod tests {
         let currency: Currency = serde_json::from_str(r#""EUR""#).unwrap();
         assert_eq!((amount.minor_units(), currency.as_str()), (1999, "EUR"));
         assert_eq!(serde_json::to_string(&amount).unwrap(), "1999");
-        assert!(serde_json::from_str::<Amount>("0").is_err());
+        let zero = serde_json::from_str::<Amount>("0").unwrap_err().to_string();
+        assert!(zero.starts_with("amount 0 must be an integer number of minor units between 1 and"), "{zero}");
         assert!(serde_json::from_str::<Currency>(r#""EURO""#).is_err());
         assert!(serde_json::from_str::<Currency>(r#""XYZ""#).is_err());
     }
