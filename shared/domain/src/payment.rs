@@ -8,6 +8,7 @@ use serde::Serialize;
 use time::OffsetDateTime;
 
 use crate::ids::PaymentId;
+use crate::money::{Amount, Currency};
 use crate::status::PaymentStatus;
 
 /// Why a payment failed.
@@ -28,10 +29,11 @@ pub struct PaymentResource {
     /// Where it stands; `succeeded` and `failed` are final.
     pub status: PaymentStatus,
     /// Minor units, as requested.
-    pub amount: i64,
+    #[schema(value_type = i64)]
+    pub amount: Amount,
     /// ISO 4217 code, as requested.
-    #[schema(example = "EUR")]
-    pub currency: String,
+    #[schema(value_type = String, example = "EUR")]
+    pub currency: Currency,
     /// As requested.
     pub customer_id: String,
     /// As requested, if given.

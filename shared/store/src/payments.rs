@@ -72,8 +72,8 @@ impl From<&Payment> for PaymentResource {
         Self {
             id: payment.payment_id,
             status: payment.status,
-            amount: payment.amount.minor_units(),
-            currency: payment.currency.as_str().to_owned(),
+            amount: payment.amount,
+            currency: payment.currency,
             customer_id: payment.customer_id.clone(),
             description: payment.description.clone(),
             metadata: payment.metadata.0.clone(),
