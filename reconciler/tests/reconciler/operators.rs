@@ -261,6 +261,43 @@ async fn a_retry_in_the_key_window_is_done_and_one_past_it_is_proposed(pool: PgP
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_resolution_whose_money_is_not_money_is_refused_by_name_and_proposes_nothing(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    let payment_id = dead_lettered(&pool, acme, "k-1", 60).await;
+    let alice = ops.operator("alice", "operator", None).await;
+    let resolve = format!("/v1/payments/{payment_id}/resolve");
+    let succeeded = |amount: Value, currency: &str| {
+        json!({
+            "as": "succeeded", "charge_id": "ch_1", "amount": amount, "currency": currency,
+            "charged_at": "2026-01-10T12:00:00Z", "reason": "the dashboard shows ch_1 charged"
+        })
+    };
+
+    let (zero, zero_why) = ops.post(&alice, &resolve, succeeded(json!(0), "EUR")).await;
+    let (fraction, fraction_why) = ops.post(&alice, &resolve, succeeded(json!(19.99), "EUR")).await;
+    let (unknown, unknown_why) = ops.post(&alice, &resolve, succeeded(json!(1999), "ABC")).await;
+    let pending = || async {
+        sqlx::query_scalar!(r#"SELECT count(*) AS "n!" FROM proposals WHERE status = 'pending'"#)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    let proposed_before = pending().await;
+    let (proposed, proposal) = ops.post(&alice, &resolve, succeeded(json!(1999), "EUR")).await;
+
+    assert_eq!(zero, StatusCode::BAD_REQUEST, "{zero_why}");
+    assert!(problem(&zero_why).1.contains("amount 0 must be an integer number of minor units"), "{zero_why}");
+    assert_eq!(fraction, StatusCode::BAD_REQUEST, "{fraction_why}");
+    assert_eq!(unknown, StatusCode::BAD_REQUEST, "{unknown_why}");
+    assert!(problem(&unknown_why).1.contains(r#"currency "ABC" is not an active ISO 4217"#), "{unknown_why}");
+    assert_eq!(proposed_before, 0, "nothing was proposed");
+    assert_eq!(proposed, StatusCode::ACCEPTED, "{proposal}");
+    let action = &proposal["proposal"]["action"];
+    assert_eq!((&action["amount"], &action["currency"]), (&json!(1999), &json!("EUR")), "{action}");
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_proposal_is_withdrawn_only_by_its_maker_and_rejected_only_by_another_approver(pool: PgPool) {
     let ops = Ops::start(&pool).await;
     let acme = tenant(&pool, "acme").await;

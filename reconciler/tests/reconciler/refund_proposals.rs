@@ -388,6 +388,35 @@ async fn a_dead_lettered_refund_settled_as_succeeded_is_booked_and_given_back_on
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_refunds_resolution_takes_the_providers_lower_case_currency_and_refuses_money_that_is_not_money(
+    pool: PgPool,
+) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    let payment_id = succeeded_payment(&pool, acme, "order-1", 1999).await;
+    let refund_id = dead_lettered_refund(&pool, acme, payment_id, "r-1", 500, 60).await;
+    let alice = ops.operator("alice", "operator", None).await;
+    let resolve = format!("/v1/refunds/{refund_id}/resolve");
+    let succeeded = |amount: i64, currency: &str| {
+        json!({
+            "as": "succeeded", "provider_refund_id": "re_1", "amount": amount, "currency": currency,
+            "refunded_at": "2026-01-10T12:00:00Z", "reason": "the dashboard shows re_1 refunded"
+        })
+    };
+
+    let (negative, negative_why) = ops.post(&alice, &resolve, succeeded(-500, "EUR")).await;
+    let (malformed, malformed_why) = ops.post(&alice, &resolve, succeeded(500, "EURO")).await;
+    let (proposed, proposal) = ops.post(&alice, &resolve, succeeded(500, "eur")).await;
+
+    assert_eq!(negative, StatusCode::BAD_REQUEST, "{negative_why}");
+    assert!(problem(&negative_why).1.contains("amount -500 must be"), "{negative_why}");
+    assert_eq!(malformed, StatusCode::BAD_REQUEST, "{malformed_why}");
+    assert!(problem(&malformed_why).1.contains(r#"currency "EURO""#), "{malformed_why}");
+    assert_eq!(proposed, StatusCode::ACCEPTED, "{proposal}");
+    assert_eq!(proposal["proposal"]["action"]["kind"], "refund_succeeded");
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_dead_lettered_refund_settled_as_failed_gives_its_money_back_to_the_payment(pool: PgPool) {
     let ops = Ops::start(&pool).await;
     let acme = tenant(&pool, "acme").await;

@@ -211,9 +211,9 @@ pub enum Asked {
         /// The provider's charge (required).
         charge_id: Option<String>,
         /// What it charged, in minor units, when the provider no longer lists it.
-        amount: Option<i64>,
+        amount: Option<Amount>,
         /// In this currency (with `amount`).
-        currency: Option<String>,
+        currency: Option<Currency>,
         /// When the provider created it, RFC 3339 (with `amount`).
         charged_at: Option<String>,
     },
@@ -237,7 +237,7 @@ pub async fn resolution<P: PaymentProvider>(
         Asked::Succeeded { charge_id: Some(charge_id), amount, currency, charged_at } => {
             match (amount, currency, charged_at) {
                 (Some(amount), Some(currency), Some(charged_at)) => {
-                    Ok(Resolution::Succeeded(booked(charge_id, amount, &currency, &charged_at)?))
+                    Ok(Resolution::Succeeded(booked(charge_id, amount, currency, &charged_at)?))
                 }
                 (None, None, None) => {
                     Ok(Resolution::Succeeded(find_charge(conn, &provider()?, payment_id, &charge_id).await?))
@@ -252,9 +252,12 @@ pub async fn resolution<P: PaymentProvider>(
 }
 
 /// A charge as the operator read it from the provider's records.
-fn booked(charge_id: String, amount: i64, currency: &str, charged_at: &str) -> Result<BookedCharge, OperatorError> {
-    let amount = Amount::new(amount).map_err(|e| OperatorError::Invalid(format!("amount {e}")))?;
-    let currency = Currency::parse(currency).map_err(|e| OperatorError::Invalid(format!("currency {e}")))?;
+fn booked(
+    charge_id: String,
+    amount: Amount,
+    currency: Currency,
+    charged_at: &str,
+) -> Result<BookedCharge, OperatorError> {
     let charged_at = OffsetDateTime::parse(charged_at, &Rfc3339)
         .map_err(|_| OperatorError::Invalid(format!("charged_at {charged_at:?} is not an RFC 3339 time")))?;
     Ok(BookedCharge { charge_id, amount, currency, charged_at })

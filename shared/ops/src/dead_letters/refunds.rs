@@ -766,9 +766,9 @@ pub enum AskedRefundResolution {
         /// The provider's refund (required).
         provider_refund_id: Option<String>,
         /// What it gave back, in minor units, when the provider no longer lists it.
-        amount: Option<i64>,
+        amount: Option<Amount>,
         /// In this currency (with `amount`).
-        currency: Option<String>,
+        currency: Option<Currency>,
         /// When the provider made it, RFC 3339 (with `amount`).
         refunded_at: Option<String>,
     },
@@ -825,7 +825,7 @@ pub async fn resolution<P: PaymentProvider>(
             match (amount, currency, refunded_at) {
                 (Some(amount), Some(currency), Some(refunded_at)) => {
                     let refund = asked(conn, tenant_id, refund_id).await?;
-                    given(&refund, id, amount, &currency, &refunded_at)
+                    given(&refund, id, amount, currency, &refunded_at)
                 }
                 (None, None, None) => find_refund(conn, &provider()?, tenant_id, refund_id, &id).await,
                 _ => Err(OperatorError::Invalid(
@@ -842,19 +842,19 @@ pub async fn resolution<P: PaymentProvider>(
 fn given(
     refund: &AskedRefund,
     provider_refund_id: String,
-    amount: i64,
-    currency: &str,
+    amount: Amount,
+    currency: Currency,
     refunded_at: &str,
 ) -> Result<RefundResolution, OperatorError> {
     let refunded_at = OffsetDateTime::parse(refunded_at, &Rfc3339)
         .map_err(|_| OperatorError::Invalid(format!("refunded_at {refunded_at:?} is not an RFC 3339 time")))?;
-    if amount != refund.amount.minor_units() || !currency.eq_ignore_ascii_case(refund.currency.as_str()) {
+    if amount != refund.amount || currency != refund.currency {
         return Err(OperatorError::Refused(format!(
             "refund {} gives back {}, and the provider's refund {provider_refund_id} for {} is not it: a provider \
              refund that is not what the refund asked for is never booked as its success",
             refund.refund_id,
             format_amount(refund.amount.minor_units(), refund.currency.as_str()),
-            format_amount(amount, currency)
+            format_amount(amount.minor_units(), currency.as_str())
         )));
     }
     Ok(RefundResolution::Succeeded { provider_refund_id, refunded_at })
@@ -964,9 +964,13 @@ mod tests {
         };
         let at = "2026-01-10T12:00:00Z";
 
-        let right = given(&refund, "re_1".into(), 500, "eur", at).unwrap();
-        let other_money = given(&refund, "re_1".into(), 400, "EUR", at).unwrap_err();
-        let bad_time = given(&refund, "re_1".into(), 500, "EUR", "yesterday").unwrap_err();
+        let (eur, usd) = (Currency::parse("EUR").unwrap(), Currency::parse("USD").unwrap());
+        let amount = |minor_units| Amount::new(minor_units).unwrap();
+
+        let right = given(&refund, "re_1".into(), amount(500), eur, at).unwrap();
+        let other_money = given(&refund, "re_1".into(), amount(400), eur, at).unwrap_err();
+        let other_currency = given(&refund, "re_1".into(), amount(500), usd, at).unwrap_err();
+        let bad_time = given(&refund, "re_1".into(), amount(500), eur, "yesterday").unwrap_err();
 
         assert!(
             matches!(right, RefundResolution::Succeeded { ref provider_refund_id, .. } if provider_refund_id == "re_1")
@@ -974,6 +978,10 @@ mod tests {
         assert!(
             matches!(other_money, OperatorError::Refused(ref why) if why.contains("for 4.00 EUR")),
             "{other_money}"
+        );
+        assert!(
+            matches!(other_currency, OperatorError::Refused(ref why) if why.contains("for 5.00 USD")),
+            "{other_currency}"
         );
         assert!(matches!(bad_time, OperatorError::Invalid(_)), "{bad_time}");
     }

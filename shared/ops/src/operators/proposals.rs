@@ -57,9 +57,9 @@ pub enum Proposed {
         /// The provider's charge.
         charge_id: String,
         /// What it charged, in minor units.
-        amount: i64,
+        amount: Amount,
         /// In this currency.
-        currency: String,
+        currency: Currency,
         /// When the provider created it.
         #[serde(with = "time::serde::rfc3339")]
         charged_at: OffsetDateTime,
@@ -75,12 +75,12 @@ pub enum Proposed {
     /// asked for by the proposer, sent by the worker.
     Refund {
         /// How much, in minor units, as asked; `None`: all that is left.
-        amount: Option<i64>,
-        /// What that came to when it was proposed (the approval is refused if the payment's refunds
-        /// changed since).
+        amount: Option<Amount>,
+        /// What that came to when it was proposed, in minor units (the approval is refused if the
+        /// payment's refunds changed since). Not an [`Amount`]: nothing may be left.
         comes_to: i64,
         /// In the payment's currency.
-        currency: String,
+        currency: Currency,
         /// Why, in the provider's words.
         #[serde(default, with = "reason_name")]
         reason: Option<RefundReason>,
@@ -156,7 +156,8 @@ impl fmt::Display for Proposed {
             Self::Retry { outside_key_window: false } => f.write_str("send again"),
             Self::Retry { outside_key_window: true } => f.write_str("send again, past the provider's key window"),
             Self::Succeeded { charge_id, amount, currency, .. } => {
-                write!(f, "settle as succeeded with charge {charge_id} ({})", format_amount(*amount, currency))
+                let money = format_amount(amount.minor_units(), currency.as_str());
+                write!(f, "settle as succeeded with charge {charge_id} ({money})")
             }
             Self::Failed { charge_id, force } => {
                 f.write_str("settle as failed")?;
@@ -166,9 +167,10 @@ impl fmt::Display for Proposed {
                 if *force { f.write_str(", although a charge on record says the money was taken") } else { Ok(()) }
             }
             Self::Refund { amount, comes_to, currency, reason } => {
+                let money = format_amount(*comes_to, currency.as_str());
                 match amount {
-                    Some(_) => write!(f, "refund {}", format_amount(*comes_to, currency))?,
-                    None => write!(f, "refund all that is left, {}", format_amount(*comes_to, currency))?,
+                    Some(_) => write!(f, "refund {money}")?,
+                    None => write!(f, "refund all that is left, {money}")?,
                 }
                 match reason {
                     Some(reason) => write!(f, " ({})", reason.as_str().replace('_', " ")),
@@ -213,8 +215,8 @@ impl Proposed {
         match resolution {
             Resolution::Succeeded(charge) => Ok(Self::Succeeded {
                 charge_id: charge.charge_id,
-                amount: charge.amount.minor_units(),
-                currency: charge.currency.as_str().to_owned(),
+                amount: charge.amount,
+                currency: charge.currency,
                 charged_at: charge.charged_at,
             }),
             Resolution::Failed { charge_id, force } => Ok(Self::Failed { charge_id, force }),
@@ -710,8 +712,8 @@ pub async fn propose(
         return Err(OperatorError::Refused(format!(
             "{subject} has {} left to refund now, not {}: its refunds changed while the proposal was being made. \
              Read it again",
-            format_amount(refund.amount.minor_units(), currency),
-            format_amount(*comes_to, currency)
+            format_amount(refund.amount.minor_units(), currency.as_str()),
+            format_amount(*comes_to, currency.as_str())
         )));
     }
     expire_stale(&mut tx, &seen, subject).await?;
@@ -1068,8 +1070,8 @@ async fn carry_out_on_payment(
         Proposed::Succeeded { charge_id, amount, currency, charged_at } => {
             let charge = BookedCharge {
                 charge_id: charge_id.clone(),
-                amount: Amount::new(*amount).context("a stored proposal has a bad amount")?,
-                currency: Currency::parse(currency).context("a stored proposal has a bad currency")?,
+                amount: *amount,
+                currency: *currency,
                 charged_at: *charged_at,
             };
             actions::resolve(conn, payment_id, &Resolution::Succeeded(charge), operator, reason)
@@ -1475,9 +1477,9 @@ mod tests {
     #[test]
     fn a_proposed_refund_is_stored_with_its_reasons_name_and_read_back() {
         let refund = Proposed::Refund {
-            amount: Some(500),
+            amount: Some(Amount::new(500).unwrap()),
             comes_to: 500,
-            currency: "EUR".into(),
+            currency: Currency::parse("EUR").unwrap(),
             reason: Some(RefundReason::RequestedByCustomer),
         };
         let stored = serde_json::to_value(&refund).unwrap();
@@ -1499,9 +1501,10 @@ mod tests {
     fn refund_proposals_read_in_words() {
         let refund_id = RefundId::generate();
         let words = |proposed: Proposed| proposed.to_string();
-        let refund = |amount, reason| Proposed::Refund { amount, comes_to: 1999, currency: "EUR".into(), reason };
+        let eur = Currency::parse("EUR").unwrap();
+        let refund = |amount, reason| Proposed::Refund { amount, comes_to: 1999, currency: eur, reason };
 
-        assert_eq!(words(refund(Some(1999), None)), "refund 19.99 EUR");
+        assert_eq!(words(refund(Some(Amount::new(1999).unwrap()), None)), "refund 19.99 EUR");
         assert_eq!(
             words(refund(None, Some(RefundReason::RequestedByCustomer))),
             "refund all that is left, 19.99 EUR (requested by customer)"

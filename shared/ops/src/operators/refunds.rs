@@ -123,7 +123,7 @@ pub struct OperatorRefund<'a> {
     /// The succeeded payment.
     pub payment_id: PaymentId,
     /// How much, in minor units; `None` gives back all that is left.
-    pub amount: Option<i64>,
+    pub amount: Option<Amount>,
     /// Why, in the provider's words.
     pub reason: Option<RefundReason>,
     /// The proposal's action as stored: what the refund's key is a fingerprint of.
@@ -151,9 +151,7 @@ fn key_of(proposal_id: Uuid) -> Result<IdempotencyKey, OperatorError> {
 /// the intake refuses it (the payment is not succeeded, nothing or too little is left).
 pub async fn refund(conn: &mut PgConnection, asked: &OperatorRefund<'_>) -> Result<RefundActed, OperatorError> {
     let key = key_of(asked.proposal_id)?;
-    let amount =
-        asked.amount.map(Amount::new).transpose().map_err(|error| OperatorError::Invalid(format!("amount {error}")))?;
-    let request = RefundRequest { amount, reason: asked.reason, metadata: Default::default() };
+    let request = RefundRequest { amount: asked.amount, reason: asked.reason, metadata: Default::default() };
     let fingerprint = Fingerprint::of("POST", &format!("/v1/proposals/{}/approve", asked.proposal_id), asked.action);
     let new = NewRefund {
         tenant_id: asked.tenant_id,

@@ -30,6 +30,7 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use anyhow::Context as _;
 use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::money::{Amount, Currency};
 use oncepay_http::problem::{Problem, ProblemType};
 use oncepay_provider::{ConfiguredProvider, ProviderSettings};
 use serde::Deserialize;
@@ -480,8 +481,8 @@ struct ResolveBody {
     outcome: ResolveAs,
     reason: String,
     charge_id: Option<String>,
-    amount: Option<i64>,
-    currency: Option<String>,
+    amount: Option<Amount>,
+    currency: Option<Currency>,
     charged_at: Option<String>,
     #[serde(default)]
     force: bool,
@@ -1087,4 +1088,29 @@ async fn revoke_token(
 /// Any other path: a problem+json 404.
 async fn not_found() -> HttpResponse {
     Problem::new(ProblemType::NotFound, "there is nothing here").to_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_resolve_body_reads_its_money_typed_and_refuses_a_bad_amount_or_currency_by_name() {
+        let resolve = |amount: Value, currency: &str| {
+            let text = json!({
+                "as": "succeeded", "reason": "seen", "charge_id": "ch_1", "amount": amount, "currency": currency,
+                "charged_at": "2026-01-10T12:00:00Z",
+            })
+            .to_string();
+            body::<ResolveBody>(text.as_bytes())
+        };
+
+        let asked = resolve(json!(1999), "EUR").unwrap();
+        let too_much = resolve(json!(Amount::MAX + 1), "EUR").unwrap_err().to_string();
+        let lower = resolve(json!(1999), "eur").unwrap_err().to_string();
+
+        assert_eq!((asked.amount, asked.currency), (Amount::new(1999).ok(), Currency::parse("EUR").ok()));
+        assert!(too_much.contains("amount 1000000000001 must be an integer number of minor units"), "{too_much}");
+        assert!(lower.contains(r#"currency "eur" must be three upper-case letters"#), "{lower}");
+    }
 }

@@ -20,11 +20,12 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use anyhow::Context as _;
 use oncepay_domain::ids::{PaymentId, RefundId};
-use oncepay_domain::money::Amount;
+use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::refund::RefundReason;
 use oncepay_http::problem::{Problem, ProblemType};
 use oncepay_provider::ConfiguredProvider;
-use serde::Deserialize;
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer};
 use serde_json::json;
 
 use super::signing_in::{Caller, caller};
@@ -112,9 +113,8 @@ pub async fn refund_payment(
     reason: &str,
 ) -> Result<Acted, OperatorError> {
     caller.account.require(Role::Operator, "refund a payment")?;
-    if let Some(amount) = amount {
-        Amount::new(amount).map_err(|error| OperatorError::Invalid(format!("amount {error}")))?;
-    }
+    let amount =
+        amount.map(Amount::new).transpose().map_err(|error| OperatorError::Invalid(format!("amount {error}")))?;
     let mut conn = state.pool.acquire().await.context("cannot reach the database")?;
     let tenants = caller.account.scope.to_column();
     let tenant_id = queries::payment_tenant(&mut conn, tenants.as_deref(), payment_id)
@@ -123,8 +123,8 @@ pub async fn refund_payment(
     let refunds = operator_refunds::of_payment(&mut conn, tenant_id, payment_id).await?;
     let action = Proposed::Refund {
         amount,
-        comes_to: amount.unwrap_or_else(|| refunds.left()),
-        currency: refunds.currency.as_str().to_owned(),
+        comes_to: amount.map_or_else(|| refunds.left(), Amount::minor_units),
+        currency: refunds.currency,
         reason: refund_reason,
     };
     propose(state, &mut conn, caller, Subject::Payment(payment_id), &action, reason).await
@@ -258,8 +258,9 @@ struct ResolveBody {
     outcome: ResolveAs,
     reason: String,
     provider_refund_id: Option<String>,
-    amount: Option<i64>,
-    currency: Option<String>,
+    amount: Option<Amount>,
+    #[serde(default, deserialize_with = "currency_in_any_case")]
+    currency: Option<Currency>,
     refunded_at: Option<String>,
     #[serde(default)]
     force: bool,
@@ -271,6 +272,15 @@ enum ResolveAs {
     Succeeded,
     Failed,
     Acknowledged,
+}
+
+/// A currency code in upper or lower case: the provider's refund, which the operator copies it
+/// from, may spell it as Stripe does (`eur`).
+fn currency_in_any_case<'de, D: Deserializer<'de>>(input: D) -> Result<Option<Currency>, D::Error> {
+    let Some(code) = Option::<String>::deserialize(input)? else { return Ok(None) };
+    Currency::parse(&code.to_ascii_uppercase())
+        .map(Some)
+        .map_err(|error| D::Error::custom(format!("currency {code:?} {error}")))
 }
 
 /// `POST /v1/refunds/{id}/resolve`: proposes settling a dead-lettered refund as succeeded or failed
@@ -368,4 +378,31 @@ pub async fn acknowledge_refund(
     audit::record(&mut tx, &caller.actor(), &entry).await?;
     tx.commit().await.context("cannot commit the acknowledgement")?;
     Ok(Acted::Done(Effect::Refund(done)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_resolve_body_reads_its_money_typed_and_refuses_a_bad_amount_or_currency_by_name() {
+        let resolve = |amount: serde_json::Value, currency: &str| {
+            let text = json!({
+                "as": "succeeded", "reason": "seen", "provider_refund_id": "re_1", "amount": amount,
+                "currency": currency, "refunded_at": "2026-01-10T12:00:00Z",
+            })
+            .to_string();
+            body::<ResolveBody>(text.as_bytes())
+        };
+
+        let upper = resolve(json!(500), "EUR").unwrap();
+        let lower = resolve(json!(500), "eur").unwrap();
+        let zero = resolve(json!(0), "EUR").unwrap_err().to_string();
+        let unknown = resolve(json!(500), "ABC").unwrap_err().to_string();
+
+        assert_eq!((upper.amount, upper.currency), (Amount::new(500).ok(), Currency::parse("EUR").ok()));
+        assert_eq!(lower.currency, upper.currency, "a provider's lower-case code is the same currency");
+        assert!(zero.contains("amount 0 must be an integer number of minor units"), "{zero}");
+        assert!(unknown.contains(r#"currency "ABC" is not an active ISO 4217 currency code"#), "{unknown}");
+    }
 }
