@@ -38,7 +38,7 @@ use oncepay_store::refunds::settling::{self, Finding, RefundChange, RefundSettle
 use oncepay_store::transitions::Recorded;
 
 use crate::drainer::DrainerConfig;
-use crate::verdict::{KEY_WINDOW_PASSED, LONGEST_RETRY_AFTER, PROVIDER_UNREACHABLE, RetryPolicy, uncertain_code};
+use crate::verdict::{KEY_WINDOW_PASSED, PROVIDER_UNREACHABLE, RetryPolicy, uncertain_code};
 
 /// What to record for one claimed refund.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -143,28 +143,16 @@ fn not_sent(
     policy: &RetryPolicy,
     rng: &mut impl Rng,
 ) -> RefundVerdict {
-    if claimed.attempt < policy.max_attempts {
-        let retry_after = retry_after.unwrap_or_default().min(LONGEST_RETRY_AFTER);
-        let delay = policy.backoff.delay(claimed.attempt, rng).max(retry_after);
-        RefundVerdict::Retry {
-            delay,
-            reason: format!(
-                "not sent ({reason}); attempt {} of {}, next in {} ms",
-                claimed.attempt,
-                policy.max_attempts,
-                delay.as_millis()
-            ),
-        }
-    } else if claimed.may_have_moved {
-        RefundVerdict::uncertain(
+    match policy.retry(claimed.attempt, reason, retry_after, rng) {
+        Some((delay, reason)) => RefundVerdict::Retry { delay, reason },
+        None if claimed.may_have_moved => RefundVerdict::uncertain(
             "not_sent_but_may_have_moved",
             format!(
                 "not sent in {} attempts ({reason}), but an earlier send may have reached the provider",
                 claimed.attempt
             ),
-        )
-    } else {
-        RefundVerdict::Settle {
+        ),
+        None => RefundVerdict::Settle {
             transition: Transition::NotSentExhausted,
             reason: format!("not sent in {} attempts ({reason})", claimed.attempt),
             settlement: RefundSettlement::Failed {
@@ -175,7 +163,7 @@ fn not_sent(
                 ),
                 provider_refund_id: None,
             },
-        }
+        },
     }
 }
 

@@ -17,7 +17,7 @@
 use std::time::Duration;
 
 use oncepay_domain::status::Transition;
-use oncepay_provider::{SendOutcome, UncertainReason};
+use oncepay_provider::{NotSentReason, SendOutcome, UncertainReason};
 use oncepay_service::backoff::Backoff;
 use oncepay_store::settlement::{self, Unsettled};
 use oncepay_store::transitions::Settlement;
@@ -44,6 +44,31 @@ pub struct RetryPolicy {
     pub max_attempts: u32,
     /// The delay between them.
     pub backoff: Backoff,
+}
+
+impl RetryPolicy {
+    /// When a send that was not sent on `attempt` is claimed again, and the audit reason that says
+    /// so: after a jittered backoff, never sooner than the provider's `Retry-After` (at most
+    /// [`LONGEST_RETRY_AFTER`]). `None` once the attempts are spent.
+    pub fn retry(
+        &self,
+        attempt: u32,
+        reason: &NotSentReason,
+        retry_after: Option<Duration>,
+        rng: &mut impl Rng,
+    ) -> Option<(Duration, String)> {
+        if attempt >= self.max_attempts {
+            return None;
+        }
+        let retry_after = retry_after.unwrap_or_default().min(LONGEST_RETRY_AFTER);
+        let delay = self.backoff.delay(attempt, rng).max(retry_after);
+        let reason = format!(
+            "not sent ({reason}); attempt {attempt} of {}, next in {} ms",
+            self.max_attempts,
+            delay.as_millis()
+        );
+        Some((delay, reason))
+    }
 }
 
 /// What to record for one claimed payment.
@@ -125,28 +150,16 @@ pub fn decide(claimed: &Claimed, outcome: &SendOutcome, policy: &RetryPolicy, rn
             SendVerdict::Settle { transition: Transition::Declined, reason: settle_reason(&settlement), settlement }
         }
         SendOutcome::NotSent { reason, retry_after } => {
-            if claimed.attempt < policy.max_attempts {
-                let retry_after = retry_after.unwrap_or_default().min(LONGEST_RETRY_AFTER);
-                let delay = policy.backoff.delay(claimed.attempt, rng).max(retry_after);
-                SendVerdict::Retry {
-                    delay,
-                    reason: format!(
-                        "not sent ({reason}); attempt {} of {}, next in {} ms",
-                        claimed.attempt,
-                        policy.max_attempts,
-                        delay.as_millis()
-                    ),
-                }
-            } else if claimed.may_be_charged {
-                SendVerdict::uncertain(
+            match policy.retry(claimed.attempt, reason, *retry_after, rng) {
+                Some((delay, reason)) => SendVerdict::Retry { delay, reason },
+                None if claimed.may_be_charged => SendVerdict::uncertain(
                     "not_sent_but_may_be_charged",
                     format!(
                         "not sent in {} attempts ({reason}), but an earlier send may have reached the provider",
                         claimed.attempt
                     ),
-                )
-            } else {
-                SendVerdict::Settle {
+                ),
+                None => SendVerdict::Settle {
                     transition: Transition::NotSentExhausted,
                     reason: format!("not sent in {} attempts ({reason})", claimed.attempt),
                     settlement: Settlement::Failed {
@@ -157,7 +170,7 @@ pub fn decide(claimed: &Claimed, outcome: &SendOutcome, policy: &RetryPolicy, rn
                         ),
                         charge_id: None,
                     },
-                }
+                },
             }
         }
         SendOutcome::Uncertain(reason) => SendVerdict::uncertain(uncertain_code(reason), reason.to_string()),
