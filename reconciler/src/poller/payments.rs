@@ -116,7 +116,7 @@ impl Subject for Claimed {
         match settled {
             Settled::Succeeded => ("charged", "poll_charged"),
             Settled::Failed => ("declined", "poll_declined"),
-            // Never decided for a payment: a lookup that finds no charge proves nothing for ever.
+            // Never decided for a payment: no lookup proves that a charge will never be made.
             Settled::NotMade => ("not_made", "poll_not_made"),
         }
     }
