@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use actix_web::http::header::HeaderMap;
 use oncepay_domain::ids::TenantId;
-use oncepay_domain::status::PaymentStatus;
+use oncepay_domain::status::Status;
 use tokio::time::Instant;
 
 use crate::errors::ApiError;
@@ -29,14 +29,14 @@ use crate::watch::Watched;
 /// no subscription: the request is served at once, without `Preference-Applied`. The wait is
 /// declined; the request is not refused. `reread` is the read after a notification, `None` if it
 /// failed (the waiter then keeps waiting).
-pub async fn hold<T>(
+pub async fn hold<T, S: Status>(
     state: &AppState,
     headers: &HeaderMap,
     tenant_id: TenantId,
     watched: Watched,
     fetch: impl AsyncFn() -> Result<T, ApiError>,
     reread: impl AsyncFn() -> Option<T>,
-    status: impl Fn(&T) -> PaymentStatus,
+    status: impl Fn(&T) -> S,
 ) -> Result<(T, Option<u64>), ApiError> {
     let wait_secs = prefer::wait_secs(headers).map(|secs| secs.min(state.long_poll.max_wait_secs));
     let subscription = wait_secs.filter(|secs| *secs > 0).and_then(|_| state.watch.subscribe(tenant_id, watched));

@@ -13,6 +13,7 @@
 use oncepay_domain::payment::{Failure, PaymentResource};
 use oncepay_domain::payment_request::FieldError;
 use oncepay_domain::refund::{RefundReason, RefundResource};
+use oncepay_domain::refund_status::RefundStatus;
 use oncepay_domain::status::PaymentStatus;
 use oncepay_http::problem::Problem;
 use utoipa::openapi::link::{Link, LinkBuilder};
@@ -48,6 +49,7 @@ use crate::list_refunds::RefundList;
         FieldError,
         RefundRequestBody,
         RefundResource,
+        RefundStatus,
         RefundReason,
         RefundList,
     )),

@@ -14,7 +14,7 @@ use actix_web::HttpResponse;
 use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::provider_ref::ProviderAccount;
-use oncepay_domain::status::PaymentStatus;
+use oncepay_domain::refund_status::RefundStatus;
 use oncepay_provider::Refund as ProviderRefund;
 use oncepay_provider::RefundState;
 use oncepay_provider::wire::{RefundEvent, RefundEventType};
@@ -37,7 +37,7 @@ pub struct StoredRefund {
     /// What the refund asked the provider for.
     pub asked: AskedRefund,
     /// Where it stands.
-    pub status: PaymentStatus,
+    pub status: RefundStatus,
     /// The provider refund it was settled with, or that the provider named, if any.
     pub provider_refund_id: Option<String>,
 }
@@ -85,7 +85,7 @@ impl RefundVerdict {
 
 /// Compares the refund an event reports with what is stored about the refund it names. Pure.
 pub fn judge(stored: &StoredRefund, reported: &ProviderRefund) -> RefundVerdict {
-    use PaymentStatus as S;
+    use RefundStatus as S;
 
     // Whoever holds another account can put any refund's name on a refund of theirs: it must not
     // move, dead-letter or contradict anything.
@@ -298,7 +298,7 @@ async fn lock_refund(
 ) -> Result<Option<(PaymentId, StoredRefund)>, StoreError> {
     let row = sqlx::query!(
         r#"
-        SELECT r.payment_id AS "payment_id: PaymentId", r.status AS "status: PaymentStatus",
+        SELECT r.payment_id AS "payment_id: PaymentId", r.status AS "status: RefundStatus",
                r.provider_refund_id, r.amount AS "amount: Amount", r.currency AS "currency: Currency",
                p.provider_charge_id AS "charge_id!", p.provider_account AS "account: ProviderAccount"
         FROM refunds r
@@ -343,8 +343,8 @@ mod tests {
 
     #[test]
     fn each_stored_state_and_reported_refund_gets_the_right_verdict() {
-        use PaymentStatus as S;
         use RefundState::{Canceled, Failed, Pending, Succeeded};
+        use RefundStatus as S;
         let a = asked();
         let stored = |status, id: Option<&str>| StoredRefund {
             asked: a.clone(),

@@ -29,7 +29,7 @@ use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use oncepay_domain::status::{PaymentStatus, Transition};
+use oncepay_domain::refund_status::{RefundStatus, RefundTransition};
 use oncepay_provider::{NotSentReason, PaymentProvider, Refund as ProviderRefund, RefundOutcome};
 use oncepay_service::telemetry;
 use oncepay_store::refunds::REFUND_OUTBOX_CHANNEL;
@@ -45,9 +45,9 @@ use crate::verdict::{KEY_WINDOW_PASSED, PROVIDER_UNREACHABLE, RetryPolicy, uncer
 pub enum RefundVerdict {
     /// A terminal status.
     Settle {
-        /// [`Transition::Charged`] (the money went back), [`Transition::Declined`] or
-        /// [`Transition::NotSentExhausted`].
-        transition: Transition,
+        /// [`RefundTransition::Refunded`] (the money went back), [`RefundTransition::Refused`] or
+        /// [`RefundTransition::NotSentExhausted`].
+        transition: RefundTransition,
         /// The result it stores.
         settlement: RefundSettlement,
         /// For the audit trail.
@@ -97,7 +97,7 @@ pub fn decide(
             ),
         ),
         RefundOutcome::Failed { code, message, refund_id } => RefundVerdict::Settle {
-            transition: Transition::Declined,
+            transition: RefundTransition::Refused,
             reason: format!("the provider failed the refund ({code})"),
             settlement: RefundSettlement::Failed {
                 code: code.clone(),
@@ -117,10 +117,10 @@ fn judged(claimed: &ClaimedRefund, refund: &ProviderRefund) -> RefundVerdict {
         Finding::Settles(settlement) => {
             let (transition, reason) = match &settlement {
                 RefundSettlement::Succeeded { provider_refund_id, .. } => {
-                    (Transition::Charged, format!("the provider refunded the customer ({provider_refund_id})"))
+                    (RefundTransition::Refunded, format!("the provider refunded the customer ({provider_refund_id})"))
                 }
                 RefundSettlement::Failed { code, .. } => {
-                    (Transition::Declined, format!("the provider failed the refund ({code})"))
+                    (RefundTransition::Refused, format!("the provider failed the refund ({code})"))
                 }
             };
             RefundVerdict::Settle { transition, settlement, reason }
@@ -153,7 +153,7 @@ fn not_sent(
             ),
         ),
         None => RefundVerdict::Settle {
-            transition: Transition::NotSentExhausted,
+            transition: RefundTransition::NotSentExhausted,
             reason: format!("not sent in {} attempts ({reason})", claimed.attempt),
             settlement: RefundSettlement::Failed {
                 code: PROVIDER_UNREACHABLE.to_owned(),
@@ -171,7 +171,7 @@ fn not_sent(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Recording {
     /// The refund moved to this status.
-    Moved(PaymentStatus),
+    Moved(RefundStatus),
     /// The fencing token was gone: the sweeper took the lease back; nothing was written.
     LeaseLost,
     /// Someone else had moved the refund: only the outbox row was removed.
@@ -277,7 +277,7 @@ impl<P: PaymentProvider + Clone + 'static> RefundSender<P> {
                 }
             }
             RefundVerdict::Retry { reason, .. } => {
-                let change = change(claimed, Transition::NotSentRetry, &actor, reason, fenced);
+                let change = change(claimed, RefundTransition::NotSentRetry, &actor, reason, fenced);
                 // The outbox row stays, unleased, due at the retry's time; unless someone else moved
                 // the refund meanwhile, and then it has nothing left to send.
                 let moved = recorded(settling::apply(&mut tx, &change, None, OffsetDateTime::now_utc()).await?);
@@ -289,7 +289,7 @@ impl<P: PaymentProvider + Clone + 'static> RefundSender<P> {
             RefundVerdict::Uncertain { code, reason, provider_refund_id } => {
                 let mut detail = fenced;
                 detail["reason"] = json!(code);
-                let change = change(claimed, Transition::Uncertain, &actor, reason, detail);
+                let change = change(claimed, RefundTransition::Uncertain, &actor, reason, detail);
                 recorded(
                     settling::apply(&mut tx, &change, provider_refund_id.as_deref(), OffsetDateTime::now_utc()).await?,
                 )
@@ -340,7 +340,7 @@ impl<P: PaymentProvider + Clone + 'static> RefundSender<P> {
 
 fn change<'a>(
     claimed: &ClaimedRefund,
-    transition: Transition,
+    transition: RefundTransition,
     actor: &'a str,
     reason: &'a str,
     detail: serde_json::Value,
@@ -348,7 +348,7 @@ fn change<'a>(
     RefundChange {
         tenant_id: claimed.tenant_id,
         refund_id: claimed.refund_id,
-        from: PaymentStatus::Processing,
+        from: RefundStatus::Processing,
         transition,
         actor,
         reason,
@@ -356,7 +356,7 @@ fn change<'a>(
     }
 }
 
-fn recorded(recorded: Recorded<PaymentStatus>) -> Option<PaymentStatus> {
+fn recorded(recorded: Recorded<RefundStatus>) -> Option<RefundStatus> {
     match recorded {
         Recorded::Moved(status) => Some(status),
         Recorded::LostRace => None,

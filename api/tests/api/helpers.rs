@@ -7,6 +7,7 @@ use oncepay_devkit::wait::wait_until;
 use oncepay_domain::api_key;
 use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
+use oncepay_domain::refund_status::{RefundStatus, RefundTransition};
 use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_provider::KeyWindow;
 use oncepay_store::notify::{Notifier, PAYMENT_CHANNEL, Wakeups};
@@ -279,7 +280,7 @@ pub async fn settle_refund(db: &PgPool, tenant_id: TenantId, refund_id: RefundId
     let (transition, settlement) = if refunded {
         let provider_refund_id = format!("re_test_{refund_id}");
         (
-            Transition::Charged,
+            RefundTransition::Refunded,
             RefundSettlement::Succeeded { provider_refund_id, refunded_at: OffsetDateTime::now_utc() },
         )
     } else {
@@ -288,12 +289,12 @@ pub async fn settle_refund(db: &PgPool, tenant_id: TenantId, refund_id: RefundId
             message: "The provider failed the refund.".into(),
             provider_refund_id: None,
         };
-        (Transition::Declined, failed)
+        (RefundTransition::Refused, failed)
     };
     let change = RefundChange {
         tenant_id,
         refund_id,
-        from: PaymentStatus::Processing,
+        from: RefundStatus::Processing,
         transition,
         actor: "worker:test",
         reason: "the provider responded",

@@ -9,7 +9,7 @@ use std::collections::{BTreeSet, HashMap};
 use anyhow::Context;
 use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
-use oncepay_domain::status::PaymentStatus;
+use oncepay_domain::refund_status::RefundStatus;
 use oncepay_provider::{Charge, Refund};
 use sqlx::PgConnection;
 use time::OffsetDateTime;
@@ -118,7 +118,7 @@ pub async fn refunds(conn: &mut PgConnection, window: &Window, refunds: &[Refund
         r#"
         SELECT r.tenant_id AS "tenant_id!: TenantId", r.refund_id AS "refund_id!: RefundId",
                r.payment_id AS "payment_id!: PaymentId", p.provider_charge_id AS "charge_id?",
-               r.status AS "status!: PaymentStatus", r.amount AS "amount!: Amount", r.currency AS "currency!: Currency",
+               r.status AS "status!: RefundStatus", r.amount AS "amount!: Amount", r.currency AS "currency!: Currency",
                l.provider_refund_id AS "provider_refund_id?", l.amount AS "booked_amount?: Amount",
                l.currency AS "booked_currency?: Currency", l.refunded_at AS "refunded_at?"
         FROM refund_ledger_entries l

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use oncepay_domain::ids::{DownstreamKey, PaymentId, RefundId, TenantId};
 use oncepay_domain::money::{Amount, Currency, format_amount};
-use oncepay_domain::status::PaymentStatus;
+use oncepay_domain::refund_status::RefundStatus;
 use oncepay_provider::{Refund, RefundState, metadata_keys};
 use serde_json::{Value, json};
 use time::OffsetDateTime;
@@ -30,7 +30,7 @@ pub struct OurRefund {
     /// The payment's charge at the provider, when it was booked.
     pub charge_id: Option<String>,
     /// Where it stands at oncepay.
-    pub status: PaymentStatus,
+    pub status: RefundStatus,
     /// What it asked to give back.
     pub amount: Amount,
     /// In this currency.
@@ -307,7 +307,7 @@ mod tests {
 
     /// `ids`'s refund at oncepay, `status`, with a ledger entry booking `booked` (id, amount, in the
     /// window) when it has one.
-    fn ours(ids: Ids, status: PaymentStatus, booked: Option<(&str, i64, bool)>) -> OurRefund {
+    fn ours(ids: Ids, status: RefundStatus, booked: Option<(&str, i64, bool)>) -> OurRefund {
         OurRefund {
             tenant_id: ids.tenant,
             refund_id: ids.refund,
@@ -327,7 +327,7 @@ mod tests {
     }
 
     fn booked(ids: Ids, id: &str, amount: i64) -> OurRefund {
-        ours(ids, PaymentStatus::Succeeded, Some((id, amount, true)))
+        ours(ids, RefundStatus::Succeeded, Some((id, amount, true)))
     }
 
     fn classes(found: &[Discrepancy]) -> Vec<(Class, Option<&str>)> {
@@ -347,8 +347,8 @@ mod tests {
         ];
         let ours = [
             booked(ok, "re_ok", 100),
-            ours(failed, PaymentStatus::Failed, None),
-            ours(canceled, PaymentStatus::Failed, None),
+            ours(failed, RefundStatus::Failed, None),
+            ours(canceled, RefundStatus::Failed, None),
         ];
 
         assert_eq!(compare(&refunds, &ours), []);
@@ -370,12 +370,12 @@ mod tests {
         ];
         let ours = [
             booked(ok, "re_ok", 100),
-            ours(unbooked, PaymentStatus::Unknown, None),
+            ours(unbooked, RefundStatus::Unknown, None),
             booked(vanished, "re_vanished", 100),
             booked(other_money, "re_money", 100),
             booked(twice, "re_twice_1", 100),
             // Booked just outside the window: matched, not reported.
-            ours(edge, PaymentStatus::Succeeded, Some(("re_edge", 100, false))),
+            ours(edge, RefundStatus::Succeeded, Some(("re_edge", 100, false))),
         ];
 
         let found = compare(&refunds, &ours);
@@ -426,7 +426,7 @@ mod tests {
         let r = ids();
 
         let found =
-            compare(&[refund("re_1", Some(r), RefundState::Succeeded, 100)], &[ours(r, PaymentStatus::Failed, None)]);
+            compare(&[refund("re_1", Some(r), RefundState::Succeeded, 100)], &[ours(r, RefundStatus::Failed, None)]);
 
         assert_eq!(classes(&found), [(Class::RefundMissingInLedger, Some("re_1"))]);
         assert!(found[0].detail.contains("failed at oncepay"), "{}", found[0].detail);
@@ -453,7 +453,7 @@ mod tests {
         ];
 
         assert_eq!(
-            classes(&compare(&refunds, &[ours(r, PaymentStatus::Unknown, None)])),
+            classes(&compare(&refunds, &[ours(r, RefundStatus::Unknown, None)])),
             [(Class::RefundMissingInLedger, Some("re_1")), (Class::DuplicateRefund, Some("re_1"))]
         );
     }
@@ -477,7 +477,7 @@ mod tests {
         let mut keyed = refund("re_1", Some(r), RefundState::Succeeded, 100);
         keyed.metadata.clear();
 
-        let found = compare(&[keyed], &[ours(r, PaymentStatus::Unknown, None)]);
+        let found = compare(&[keyed], &[ours(r, RefundStatus::Unknown, None)]);
 
         assert_eq!(classes(&found), [(Class::RefundMissingInLedger, Some("re_1"))]);
         assert_eq!((found[0].tenant_id, found[0].refund_id), (Some(r.tenant), Some(r.refund)));

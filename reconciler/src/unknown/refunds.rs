@@ -11,7 +11,7 @@ use std::time::Duration;
 use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::provider_ref::ProviderAccount;
-use oncepay_domain::status::{PaymentStatus, Transition};
+use oncepay_domain::refund_status::{RefundStatus, RefundTransition};
 use oncepay_store::StoreError;
 use oncepay_store::refunds::Refund;
 use oncepay_store::refunds::settling::{self, AskedRefund, RefundChange, RefundSettlement};
@@ -174,10 +174,10 @@ async fn dead_letter(
     conn: &mut PgConnection,
     tenant_id: TenantId,
     refund_id: RefundId,
-    transition: Transition,
+    transition: RefundTransition,
     why: Why<'_>,
     mut evidence: Value,
-) -> Result<Recorded<PaymentStatus>, TransitionError> {
+) -> Result<Recorded<RefundStatus>, TransitionError> {
     let earlier = sqlx::query_scalar!(
         "SELECT lookup_evidence FROM refunds WHERE tenant_id = $1 AND refund_id = $2 AND status = 'unknown'",
         tenant_id.as_uuid(),
@@ -199,14 +199,14 @@ async fn dead_letter(
 fn change<'a>(
     tenant_id: TenantId,
     refund_id: RefundId,
-    transition: Transition,
+    transition: RefundTransition,
     why: Why<'a>,
     evidence: Value,
 ) -> RefundChange<'a> {
     RefundChange {
         tenant_id,
         refund_id,
-        from: PaymentStatus::Unknown,
+        from: RefundStatus::Unknown,
         transition,
         actor: why.actor,
         reason: why.reason,
@@ -214,11 +214,11 @@ fn change<'a>(
     }
 }
 
-/// The transition a settlement takes a refund by: [`Transition::Charged`] when the money went back.
-pub const fn transition_of(settlement: &RefundSettlement) -> Transition {
+/// The transition a settlement takes a refund by: [`RefundTransition::Refunded`] when the money went back.
+pub const fn transition_of(settlement: &RefundSettlement) -> RefundTransition {
     match settlement {
-        RefundSettlement::Succeeded { .. } => Transition::Charged,
-        RefundSettlement::Failed { .. } => Transition::Declined,
+        RefundSettlement::Succeeded { .. } => RefundTransition::Refunded,
+        RefundSettlement::Failed { .. } => RefundTransition::Refused,
     }
 }
 
@@ -244,8 +244,8 @@ pub async fn resend(
     refund_id: RefundId,
     why: Why<'_>,
     evidence: Value,
-) -> Result<Recorded<PaymentStatus>, TransitionError> {
-    let change = change(tenant_id, refund_id, Transition::ProviderHasNoCharge, why, evidence);
+) -> Result<Recorded<RefundStatus>, TransitionError> {
+    let change = change(tenant_id, refund_id, RefundTransition::ProviderHasNoRefund, why, evidence);
     settling::apply(conn, &change, None, OffsetDateTime::now_utc()).await
 }
 
@@ -257,8 +257,8 @@ pub async fn exhaust(
     refund_id: RefundId,
     why: Why<'_>,
     evidence: Value,
-) -> Result<Recorded<PaymentStatus>, TransitionError> {
-    dead_letter(conn, tenant_id, refund_id, Transition::Exhausted, why, evidence).await
+) -> Result<Recorded<RefundStatus>, TransitionError> {
+    dead_letter(conn, tenant_id, refund_id, RefundTransition::Exhausted, why, evidence).await
 }
 
 /// The provider reported a refund under this refund's key that is not what it asked for:
@@ -270,6 +270,6 @@ pub async fn mismatch(
     refund_id: RefundId,
     why: Why<'_>,
     evidence: Value,
-) -> Result<Recorded<PaymentStatus>, TransitionError> {
-    dead_letter(conn, tenant_id, refund_id, Transition::ChargeMismatch, why, evidence).await
+) -> Result<Recorded<RefundStatus>, TransitionError> {
+    dead_letter(conn, tenant_id, refund_id, RefundTransition::RefundMismatch, why, evidence).await
 }

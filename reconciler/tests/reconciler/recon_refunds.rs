@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
+use oncepay_domain::refund_status::{RefundStatus, RefundTransition};
 use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_ops::recon as commands;
 use oncepay_ops::render::Report;
@@ -76,8 +77,8 @@ async fn settle_succeeded(
     let change = RefundChange {
         tenant_id,
         refund_id,
-        from: PaymentStatus::Unknown,
-        transition: Transition::Charged,
+        from: RefundStatus::Unknown,
+        transition: RefundTransition::Refunded,
         actor: "test",
         reason: "test setup",
         detail: None,

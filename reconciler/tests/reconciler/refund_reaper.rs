@@ -3,7 +3,7 @@
 //! refunds still in flight stay however old they are.
 
 use oncepay_domain::ids::{RefundId, TenantId};
-use oncepay_domain::status::{PaymentStatus, Transition};
+use oncepay_domain::refund_status::{RefundStatus, RefundTransition};
 use oncepay_reconciler::reaper::Counts;
 use oncepay_store::fixtures::{count, tenant};
 use oncepay_store::refunds::settling::{self, RefundChange, RefundSettlement};
@@ -42,18 +42,18 @@ async fn settle(pool: &PgPool, tenant_id: TenantId, refund_id: RefundId, key: &s
     let (transition, settlement) = if succeeded {
         let refund = format!("re_{key}");
         (
-            Transition::Charged,
+            RefundTransition::Refunded,
             RefundSettlement::Succeeded { provider_refund_id: refund, refunded_at: OffsetDateTime::now_utc() },
         )
     } else {
         let failed =
             RefundSettlement::Failed { code: "refund_failed".into(), message: "No.".into(), provider_refund_id: None };
-        (Transition::Declined, failed)
+        (RefundTransition::Refused, failed)
     };
     let change = RefundChange {
         tenant_id,
         refund_id,
-        from: PaymentStatus::Unknown,
+        from: RefundStatus::Unknown,
         transition,
         actor: "test",
         reason: "test setup",
@@ -82,8 +82,8 @@ async fn expired_keys_of_terminal_refunds_go_and_keys_of_refunds_in_flight_stay(
     let change = RefundChange {
         tenant_id,
         refund_id: dead,
-        from: PaymentStatus::Unknown,
-        transition: Transition::Exhausted,
+        from: RefundStatus::Unknown,
+        transition: RefundTransition::Exhausted,
         actor: "test",
         reason: "attempts spent",
         detail: None,

@@ -6,6 +6,7 @@ use std::net::TcpListener;
 use std::time::Duration;
 
 use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
+use oncepay_domain::refund_status::{RefundStatus, RefundTransition};
 use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_ops::operators::accounts;
 use oncepay_ops::operators::api::OperatorsState;
@@ -428,8 +429,8 @@ pub async fn unknown_refund(
     let change = RefundChange {
         tenant_id,
         refund_id,
-        from: PaymentStatus::Processing,
-        transition: Transition::Uncertain,
+        from: RefundStatus::Processing,
+        transition: RefundTransition::Uncertain,
         actor: "worker:worker-1",
         reason: "the provider's response was lost",
         detail: None,

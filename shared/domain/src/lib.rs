@@ -3,8 +3,8 @@
 //! payment request must look like, how a request is fingerprinted, and JSON read strictly (no
 //! member named twice).
 //!
-//! Pure: no I/O. With the `sqlx` feature, ids, money, provider references and the payment status can be
-//! bound to and read from PostgreSQL columns.
+//! Pure: no I/O. With the `sqlx` feature, ids, money, provider references and the payment and refund
+//! statuses can be bound to and read from PostgreSQL columns.
 
 pub mod api_key;
 pub mod fingerprint;
@@ -16,5 +16,6 @@ pub mod payment;
 pub mod payment_request;
 pub mod provider_ref;
 pub mod refund;
+pub mod refund_status;
 pub mod status;
 pub mod strict_json;

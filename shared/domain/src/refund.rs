@@ -1,10 +1,9 @@
 //! Refunds: the body of `POST /v1/payments/{id}/refunds`, checked field by field, and the refund
 //! resource clients see.
 //!
-//! A refund moves through the payment states ([`PaymentStatus`] and
-//! [`crate::status::next`]): `pending → processing → succeeded | failed`, `unknown` when the
-//! provider's answer is uncertain, `dead_lettered` when automation gives up. Only the words differ:
-//! for a refund, `Transition::Charged` means the provider gave the money back.
+//! A refund moves through states of its own ([`RefundStatus`] and [`crate::refund_status::next`]):
+//! `pending → processing → succeeded | failed`, `unknown` when the provider's answer is uncertain,
+//! `dead_lettered` when automation gives up.
 
 use std::collections::BTreeMap;
 
@@ -16,7 +15,7 @@ use crate::ids::{PaymentId, RefundId};
 use crate::money::Amount;
 use crate::payment::Failure;
 use crate::payment_request::{FieldError, note, optional, parse_amount, parse_metadata, type_name};
-use crate::status::PaymentStatus;
+use crate::refund_status::RefundStatus;
 
 /// Why the merchant gives the money back, in the words Stripe accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, utoipa::ToSchema)]
@@ -110,7 +109,7 @@ pub struct RefundResource {
     /// The payment it gives money back from.
     pub payment_id: PaymentId,
     /// Where it stands; `succeeded` and `failed` are final.
-    pub status: PaymentStatus,
+    pub status: RefundStatus,
     /// Minor units given back (or to be), in the payment's currency.
     pub amount: i64,
     /// ISO 4217 code: the payment's.

@@ -70,6 +70,18 @@ impl PaymentStatus {
     }
 }
 
+/// What a payment's and a refund's statuses share, for code that follows either: some are final.
+pub trait Status: Copy + Eq {
+    /// Whether it is final: nothing moves it again.
+    fn is_terminal(self) -> bool;
+}
+
+impl Status for PaymentStatus {
+    fn is_terminal(self) -> bool {
+        Self::is_terminal(self)
+    }
+}
+
 /// Something that happened to a payment and may move it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Transition {

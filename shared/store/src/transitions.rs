@@ -18,6 +18,7 @@ use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::payment::PaymentResource;
 use oncepay_domain::provider_ref::{PaymentMethod, ProviderAccount, ProviderCustomer};
+use oncepay_domain::refund_status::{IllegalRefundTransition, RefundStatus, RefundTransition};
 use oncepay_domain::status::{self, IllegalTransition, PaymentStatus, Transition};
 
 use crate::StoreError;
@@ -70,9 +71,9 @@ pub enum Settlement {
 /// What persisting a change did.
 #[derive(Debug, Clone)]
 pub enum Recorded<T> {
-    /// The payment moved; here is the result.
+    /// The payment or refund moved; here is the result.
     Moved(T),
-    /// The payment was no longer in `from`: someone else moved it first. Nothing was written.
+    /// It was no longer in `from`: someone else moved it first. Nothing was written.
     LostRace,
 }
 
@@ -91,6 +92,19 @@ pub enum TransitionError {
         from: PaymentStatus,
         /// To where.
         to: PaymentStatus,
+    },
+    /// The refund state machine forbids it: a bug in the caller.
+    #[error(transparent)]
+    IllegalRefund(#[from] IllegalRefundTransition),
+    /// A terminal refund change without a settlement, or a settlement that does not fit the change.
+    #[error("{transition:?} from {} leads to {}, which needs a matching settlement", from.as_str(), to.as_str())]
+    RefundSettlementMismatch {
+        /// What was attempted.
+        transition: RefundTransition,
+        /// From where.
+        from: RefundStatus,
+        /// To where.
+        to: RefundStatus,
     },
     /// The store failed.
     #[error(transparent)]

@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use oncepay_domain::ids::RefundId;
-use oncepay_domain::status::{PaymentStatus, Transition};
+use oncepay_domain::refund_status::{RefundStatus, RefundTransition};
+use oncepay_domain::status::PaymentStatus;
 use oncepay_provider::http::HttpProvider;
 use oncepay_provider::wire::CreateRefund;
 use oncepay_service::backoff::Backoff;
@@ -119,7 +120,7 @@ async fn a_refund_the_provider_makes_succeeds_and_is_booked_once(pool: PgPool) {
 
     let recorded = sender(&pool, &server, 3).run_once().await.unwrap();
 
-    assert_eq!(recorded, [Recording::Moved(PaymentStatus::Succeeded)]);
+    assert_eq!(recorded, [Recording::Moved(RefundStatus::Succeeded)]);
     let refund = stored(&pool, &asked).await;
     assert_eq!(refund.provider_refund_id.as_deref(), Some("re_1"));
     assert_eq!(booked(&pool, payment).await, (500, 500));
@@ -162,7 +163,7 @@ async fn a_refund_the_provider_fails_gives_its_amount_back_to_the_payment(pool: 
 
     let recorded = sender(&pool, &server, 3).run_once().await.unwrap();
 
-    assert_eq!(recorded, [Recording::Moved(PaymentStatus::Failed)]);
+    assert_eq!(recorded, [Recording::Moved(RefundStatus::Failed)]);
     let refund = stored(&pool, &asked).await;
     assert_eq!(refund.failure_code.as_deref(), Some("insufficient_funds"));
     assert_eq!(refund.provider_refund_id.as_deref(), Some("re_9"));
@@ -177,7 +178,7 @@ async fn an_uncertain_answer_leaves_the_refund_unknown_and_never_resent_by_a_wor
 
     let recorded = sender(&pool, &server, 3).run_once().await.unwrap();
 
-    assert_eq!(recorded, [Recording::Moved(PaymentStatus::Unknown)]);
+    assert_eq!(recorded, [Recording::Moved(RefundStatus::Unknown)]);
     let refund = stored(&pool, &asked).await;
     assert!(refund.may_have_moved);
     assert_eq!(booked(&pool, payment).await, (300, 0), "an unknown refund keeps its reservation");
@@ -191,8 +192,8 @@ async fn requeue_unknown(pool: &PgPool, refund: &Refund) {
     let change = RefundChange {
         tenant_id: refund.tenant_id,
         refund_id: refund.refund_id,
-        from: PaymentStatus::Unknown,
-        transition: Transition::ProviderHasNoCharge,
+        from: RefundStatus::Unknown,
+        transition: RefundTransition::ProviderHasNoRefund,
         actor: "reconciler:refund-poller",
         reason: "the provider holds no refund under the refund's key",
         detail: None,
@@ -235,9 +236,9 @@ async fn a_refund_that_may_have_moved_money_is_not_resent_past_the_key_window(po
     let recorded = sender(&pool, &provider, 3).run_once().await.unwrap();
 
     assert!(provider.received_requests().await.unwrap().is_empty(), "a resend past the key window could refund twice");
-    assert_eq!(recorded, [Recording::Moved(PaymentStatus::Unknown)]);
+    assert_eq!(recorded, [Recording::Moved(RefundStatus::Unknown)]);
     let refund = stored(&pool, &asked).await;
-    assert_eq!(refund.status, PaymentStatus::Unknown);
+    assert_eq!(refund.status, RefundStatus::Unknown);
     assert!(refund.may_have_moved);
     assert_eq!(booked(&pool, payment).await, (300, 0), "an unknown refund keeps its reservation");
     let why: Option<String> = sqlx::query_scalar(
@@ -267,7 +268,7 @@ async fn a_refund_that_may_have_moved_money_is_resent_with_its_key_inside_the_ke
     let sent = provider.received_requests().await.unwrap();
     assert_eq!(sent.len(), 1, "a refund queued again inside the key window is sent again");
     assert_eq!(sent[0].headers["idempotency-key"], asked.refund_id.downstream_key().as_str());
-    assert_eq!(recorded, [Recording::Moved(PaymentStatus::Succeeded)]);
+    assert_eq!(recorded, [Recording::Moved(RefundStatus::Succeeded)]);
     assert_eq!(booked(&pool, payment).await, (300, 300));
 }
 
@@ -280,7 +281,7 @@ async fn a_refund_the_provider_has_not_finished_is_unknown_with_its_id(pool: PgP
 
     let recorded = sender(&pool, &server, 3).run_once().await.unwrap();
 
-    assert_eq!(recorded, [Recording::Moved(PaymentStatus::Unknown)]);
+    assert_eq!(recorded, [Recording::Moved(RefundStatus::Unknown)]);
     assert_eq!(stored(&pool, &asked).await.provider_refund_id.as_deref(), Some("re_1"));
 }
 
@@ -293,7 +294,7 @@ async fn a_refund_of_other_money_is_never_booked(pool: PgPool) {
 
     let recorded = sender(&pool, &server, 3).run_once().await.unwrap();
 
-    assert_eq!(recorded, [Recording::Moved(PaymentStatus::Unknown)]);
+    assert_eq!(recorded, [Recording::Moved(RefundStatus::Unknown)]);
     assert_eq!(booked(&pool, payment).await, (300, 0));
     let ledger: i64 = sqlx::query_scalar("SELECT count(*) FROM refund_ledger_entries").fetch_one(&pool).await.unwrap();
     assert_eq!(ledger, 0);
@@ -311,9 +312,9 @@ async fn a_provider_that_cannot_be_reached_is_retried_then_the_refund_fails_with
     };
     let sender = RefundSender::new(pool.clone(), provider, config);
 
-    assert_eq!(sender.run_once().await.unwrap(), [Recording::Moved(PaymentStatus::Pending)]);
+    assert_eq!(sender.run_once().await.unwrap(), [Recording::Moved(RefundStatus::Pending)]);
     assert!(queued(&pool, &asked).await, "a refund not sent stays queued");
-    assert_eq!(sender.run_once().await.unwrap(), [Recording::Moved(PaymentStatus::Failed)]);
+    assert_eq!(sender.run_once().await.unwrap(), [Recording::Moved(RefundStatus::Failed)]);
 
     let refund = stored(&pool, &asked).await;
     assert_eq!(refund.failure_code.as_deref(), Some("provider_unreachable"));
@@ -346,7 +347,7 @@ async fn a_result_after_the_lease_was_taken_back_is_not_recorded(pool: PgPool) {
     // The sweeper takes the lease back (the worker seemed dead) and the refund is queued again.
     sqlx::query("UPDATE refund_outbox SET locked_until = now() - interval '1 second'").execute(&pool).await.unwrap();
     oncepay_store::refunds::sending::sweep(&mut conn, "sweeper", config.key_window, 10).await.unwrap();
-    assert_eq!(stored(&pool, &asked).await.status, PaymentStatus::Pending);
+    assert_eq!(stored(&pool, &asked).await.status, RefundStatus::Pending);
 
     let verdict = oncepay_worker::refunds::RefundVerdict::Uncertain {
         code: "timeout",
@@ -355,7 +356,7 @@ async fn a_result_after_the_lease_was_taken_back_is_not_recorded(pool: PgPool) {
     };
     assert_eq!(sender.record(&claimed, &verdict).await.unwrap(), Recording::LeaseLost);
 
-    assert_eq!(stored(&pool, &asked).await.status, PaymentStatus::Pending, "the stale worker wrote nothing");
+    assert_eq!(stored(&pool, &asked).await.status, RefundStatus::Pending, "the stale worker wrote nothing");
     assert!(queued(&pool, &asked).await);
 }
 

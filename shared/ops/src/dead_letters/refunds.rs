@@ -21,7 +21,8 @@ use anyhow::Context as _;
 use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
 use oncepay_domain::money::{Amount, Currency, format_amount};
 use oncepay_domain::provider_ref::ProviderAccount;
-use oncepay_domain::status::{PaymentStatus, Transition};
+use oncepay_domain::refund_status::{RefundStatus, RefundTransition};
+use oncepay_domain::status::PaymentStatus;
 use oncepay_provider::{PaymentProvider, Refund as ProviderRefund, RefundLookup, RefundState};
 use oncepay_store::refunds::settling::{self, AskedRefund, Finding, RefundChange, RefundSettlement};
 use oncepay_store::transitions::Recorded;
@@ -59,7 +60,7 @@ pub struct DeadRefund {
     /// In the payment's currency.
     pub currency: Currency,
     /// Its status: `dead_lettered`, or the final status a conflict contradicts.
-    pub refund_status: PaymentStatus,
+    pub refund_status: RefundStatus,
     /// Who asked for it: `api` or `operator:<name>`.
     pub requested_by: String,
     /// The provider's refund, if one was named.
@@ -131,7 +132,7 @@ pub async fn list(
         r#"
         SELECT kind AS "kind!", refund_id AS "refund_id!: RefundId", payment_id AS "payment_id!: PaymentId",
                tenant_id AS "tenant_id!: TenantId", tenant, amount AS "amount!: Amount",
-               currency AS "currency!: Currency", status AS "status!: PaymentStatus", requested_by AS "requested_by!",
+               currency AS "currency!: Currency", status AS "status!: RefundStatus", requested_by AS "requested_by!",
                provider_refund_id, reason AS "reason!", evidence, send_attempts AS "send_attempts!",
                first_sent_at, since AS "since!"
         FROM (
@@ -241,7 +242,7 @@ pub struct RefundSnapshot {
     /// The refund.
     pub refund_id: RefundId,
     /// Its status.
-    pub status: PaymentStatus,
+    pub status: RefundStatus,
     /// How many rows its history has.
     pub event_count: i32,
 }
@@ -273,7 +274,7 @@ pub async fn snapshot(
         r#"
         SELECT r.tenant_id AS "tenant_id: TenantId", r.payment_id AS "payment_id: PaymentId",
                p.status AS "payment_status: PaymentStatus", p.event_count AS payment_event_count,
-               r.refund_id AS "refund_id: RefundId", r.status AS "status: PaymentStatus", r.event_count
+               r.refund_id AS "refund_id: RefundId", r.status AS "status: RefundStatus", r.event_count
         FROM refunds r
         JOIN payments p ON p.tenant_id = $1 AND p.payment_id = r.payment_id
         WHERE r.tenant_id = $1 AND r.refund_id = $2
@@ -294,12 +295,12 @@ pub async fn locate(
     conn: &mut PgConnection,
     tenants: Option<&[Uuid]>,
     refund_id: RefundId,
-) -> Result<(TenantId, PaymentId, PaymentStatus), OperatorError> {
+) -> Result<(TenantId, PaymentId, RefundStatus), OperatorError> {
     // The tenants are listed first, so that the refund is found by its primary key in each.
     let row = sqlx::query!(
         r#"
         SELECT tenant_id AS "tenant_id: TenantId", payment_id AS "payment_id: PaymentId",
-               status AS "status: PaymentStatus"
+               status AS "status: RefundStatus"
         FROM refunds
         WHERE tenant_id IN (SELECT tenant_id FROM tenants WHERE $1::uuid[] IS NULL OR tenant_id = ANY ($1))
           AND refund_id = $2
@@ -319,8 +320,8 @@ fn no_refund(refund_id: RefundId) -> OperatorError {
 }
 
 /// Refuses unless the refund is dead-lettered: automation settles every other one itself.
-pub fn require_dead_lettered(refund_id: RefundId, status: PaymentStatus) -> Result<(), OperatorError> {
-    if status == PaymentStatus::DeadLettered {
+pub fn require_dead_lettered(refund_id: RefundId, status: RefundStatus) -> Result<(), OperatorError> {
+    if status == RefundStatus::DeadLettered {
         return Ok(());
     }
     Err(OperatorError::Refused(format!(
@@ -335,7 +336,7 @@ struct Locked {
     tenant_id: TenantId,
     refund_id: RefundId,
     payment_id: PaymentId,
-    status: PaymentStatus,
+    status: RefundStatus,
     amount: Amount,
     currency: Currency,
     /// Whether it was first sent less than the resend horizon ago.
@@ -353,7 +354,7 @@ async fn lock(
 ) -> Result<Locked, OperatorError> {
     let row = sqlx::query!(
         r#"
-        SELECT r.payment_id AS "payment_id: PaymentId", r.status AS "status: PaymentStatus",
+        SELECT r.payment_id AS "payment_id: PaymentId", r.status AS "status: RefundStatus",
                r.amount AS "amount: Amount", r.currency AS "currency: Currency", r.first_sent_at,
                p.provider_account AS "account: ProviderAccount",
                COALESCE(now() - r.first_sent_at < make_interval(secs => $3), true) AS "in_key_window!"
@@ -466,7 +467,7 @@ pub struct RefundActed {
     /// Why.
     pub note: String,
     /// The refund's status afterwards.
-    pub refund_status: PaymentStatus,
+    pub refund_status: RefundStatus,
     /// How much it gives back.
     pub amount: Amount,
     /// In the payment's currency.
@@ -494,7 +495,7 @@ impl Report for RefundActed {
 }
 
 impl RefundActed {
-    fn of(locked: &Locked, done: RefundDone, operator: &Operator, note: &str, refund_status: PaymentStatus) -> Self {
+    fn of(locked: &Locked, done: RefundDone, operator: &Operator, note: &str, refund_status: RefundStatus) -> Self {
         Self {
             refund_id: locked.refund_id,
             payment_id: locked.payment_id,
@@ -553,8 +554,8 @@ pub async fn retry(conn: &mut PgConnection, retry: &RefundRetry<'_>) -> Result<R
     let change = RefundChange {
         tenant_id: locked.tenant_id,
         refund_id,
-        from: PaymentStatus::DeadLettered,
-        transition: Transition::OperatorRetry,
+        from: RefundStatus::DeadLettered,
+        transition: RefundTransition::OperatorRetry,
         actor: retry.operator.actor(),
         reason,
         detail: Some(json!({ "outside_key_window": !locked.in_key_window })),
@@ -575,7 +576,7 @@ pub async fn retry(conn: &mut PgConnection, retry: &RefundRetry<'_>) -> Result<R
         .context("cannot record the operators' word")?;
     }
     tx.commit().await.context("cannot commit the retry")?;
-    Ok(RefundActed::of(&locked, RefundDone::Retried, retry.operator, reason, PaymentStatus::Pending))
+    Ok(RefundActed::of(&locked, RefundDone::Retried, retry.operator, reason, RefundStatus::Pending))
 }
 
 /// Closes the open conflict on refund `refund_id` as acknowledged, by `operator` for `reason`: the
@@ -591,7 +592,7 @@ pub async fn acknowledge(
     let mut tx = conn.begin().await.context("cannot start a transaction")?;
     let open = sqlx::query!(
         r#"
-        SELECT d.dead_letter_id, r.payment_id AS "payment_id: PaymentId", r.status AS "status: PaymentStatus",
+        SELECT d.dead_letter_id, r.payment_id AS "payment_id: PaymentId", r.status AS "status: RefundStatus",
                r.amount AS "amount: Amount", r.currency AS "currency: Currency"
         FROM refund_dead_letters d JOIN refunds r ON r.tenant_id = $1 AND r.refund_id = d.refund_id
         WHERE d.tenant_id = $1 AND d.refund_id = $2 AND d.resolved_at IS NULL
@@ -685,7 +686,7 @@ pub async fn resolve(
                 provider_refund_id: provider_refund_id.clone(),
                 refunded_at: *refunded_at,
             };
-            (Transition::OperatorSucceeded, settlement, None)
+            (RefundTransition::OperatorSucceeded, settlement, None)
         }
         RefundResolution::Failed { provider_refund_id, force } => {
             if !force && let Some(refunded) = succeeded_refund_on_record(&mut tx, &locked).await? {
@@ -701,7 +702,7 @@ pub async fn resolve(
                 message: reason.to_owned(),
                 provider_refund_id: provider_refund_id.clone(),
             };
-            (Transition::OperatorFailed, settlement, force.then(|| json!({ "forced": true })))
+            (RefundTransition::OperatorFailed, settlement, force.then(|| json!({ "forced": true })))
         }
     };
     let change = RefundChange {
@@ -717,8 +718,8 @@ pub async fn resolve(
     moved(&settled, refund_id)?;
     tx.commit().await.context("cannot commit the resolution")?;
     let (done, status) = match decision {
-        RefundResolution::Succeeded { .. } => (RefundDone::Succeeded, PaymentStatus::Succeeded),
-        RefundResolution::Failed { .. } => (RefundDone::Failed, PaymentStatus::Failed),
+        RefundResolution::Succeeded { .. } => (RefundDone::Succeeded, RefundStatus::Succeeded),
+        RefundResolution::Failed { .. } => (RefundDone::Failed, RefundStatus::Failed),
     };
     Ok(RefundActed::of(&locked, done, operator, reason, status))
 }
@@ -940,10 +941,10 @@ mod tests {
             payment_status: PaymentStatus::Succeeded,
             payment_event_count: 4,
             refund_id: RefundId::generate(),
-            status: PaymentStatus::DeadLettered,
+            status: RefundStatus::DeadLettered,
             event_count: 5,
         };
-        let resent = RefundSnapshot { status: PaymentStatus::Pending, event_count: 6, ..seen.clone() };
+        let resent = RefundSnapshot { status: RefundStatus::Pending, event_count: 6, ..seen.clone() };
 
         assert_eq!(seen.changes(&seen.clone()), None);
         assert_eq!(

@@ -24,6 +24,7 @@ use anyhow::Context as _;
 use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
 use oncepay_domain::money::{Amount, Currency, format_amount};
 use oncepay_domain::refund::RefundReason;
+use oncepay_domain::refund_status::RefundStatus;
 use oncepay_domain::status::PaymentStatus;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -580,7 +581,7 @@ impl Seen {
                 payment_event_count: event_count,
                 refund_id: RefundId::from_uuid(refund_id),
                 // Only a dead-lettered refund is proposed on.
-                status: PaymentStatus::DeadLettered,
+                status: RefundStatus::DeadLettered,
                 event_count: columns
                     .refund_event_count
                     .context("a stored proposal on a refund has no history count")?,
@@ -1588,7 +1589,7 @@ mod tests {
             payment_status: PaymentStatus::Succeeded,
             payment_event_count: 4,
             refund_id: RefundId::generate(),
-            status: PaymentStatus::DeadLettered,
+            status: RefundStatus::DeadLettered,
             event_count: 6,
         });
         let dead_letter = Seen::DeadLetter(Snapshot { tenant_id, ..seen() });

@@ -15,6 +15,7 @@ use oncepay_domain::idempotency_key::IdempotencyKey;
 use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
 use oncepay_domain::money::{Amount, Currency, format_amount};
 use oncepay_domain::refund::{RefundReason, RefundRequest};
+use oncepay_domain::refund_status::RefundStatus;
 use oncepay_domain::status::PaymentStatus;
 use oncepay_store::refunds::intake::{self, NewRefund, RefundIntake, Refusal};
 use oncepay_store::refunds::{self, Refund};
@@ -219,7 +220,7 @@ pub struct RefundView {
     /// The refund.
     pub refund_id: RefundId,
     /// Where it stands.
-    pub status: PaymentStatus,
+    pub status: RefundStatus,
     /// How much it gives back.
     pub amount: Amount,
     /// In the payment's currency.
@@ -339,9 +340,9 @@ pub async fn of_payment(
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RefundEventRow {
     /// From where (none for its acceptance).
-    pub from_status: Option<PaymentStatus>,
+    pub from_status: Option<RefundStatus>,
     /// To where.
-    pub to_status: PaymentStatus,
+    pub to_status: RefundStatus,
     /// Who.
     pub actor: String,
     /// Why.
@@ -389,7 +390,7 @@ impl render::Report for RefundDetail {
         for row in &self.history {
             table.row(vec![
                 render::timestamp(row.created_at),
-                row.from_status.map_or("-", PaymentStatus::as_str).to_owned(),
+                row.from_status.map_or("-", RefundStatus::as_str).to_owned(),
                 row.to_status.as_str().to_owned(),
                 row.actor.clone(),
                 row.reason.clone(),
@@ -418,7 +419,7 @@ pub async fn detail(
     let history = sqlx::query_as!(
         RefundEventRow,
         r#"
-        SELECT from_status AS "from_status: PaymentStatus", to_status AS "to_status: PaymentStatus", actor, reason,
+        SELECT from_status AS "from_status: RefundStatus", to_status AS "to_status: RefundStatus", actor, reason,
                detail, created_at
         FROM refund_events WHERE tenant_id = $1 AND refund_id = $2
         ORDER BY seq

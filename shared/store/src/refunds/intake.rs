@@ -23,6 +23,7 @@ use oncepay_domain::idempotency_key::IdempotencyKey;
 use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::refund::RefundRequest;
+use oncepay_domain::refund_status::RefundStatus;
 use oncepay_domain::status::PaymentStatus;
 use oncepay_service::telemetry::TraceContext;
 
@@ -173,7 +174,7 @@ async fn insert_refund(
         INSERT INTO refunds (tenant_id, refund_id, payment_id, amount, currency, reason, metadata, requested_by)
         VALUES ($1, $2, $3, $4, $8, $5, $6, $7)
         RETURNING tenant_id AS "tenant_id: TenantId", refund_id AS "refund_id: RefundId",
-                  payment_id AS "payment_id: PaymentId", status AS "status: PaymentStatus",
+                  payment_id AS "payment_id: PaymentId", status AS "status: RefundStatus",
                   amount AS "amount: Amount", currency AS "currency: Currency", reason,
                   metadata AS "metadata: Json<BTreeMap<String, String>>", provider_refund_id, failure_code, failure_message,
                   send_attempts, first_sent_at, may_have_moved, requested_by, created_at, updated_at, event_count

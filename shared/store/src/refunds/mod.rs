@@ -3,8 +3,8 @@
 //! replay), [`sending`] (the worker's claim and the sweeper's takeover), [`settling`] (every
 //! status change, and the one place a provider's refund becomes a settlement).
 //!
-//! A refund moves through the payment states, as a compare-and-set with an audit row
-//! (`refund_events`), like a payment. What a payment has promised back is kept on its row
+//! A refund moves through its own states ([`oncepay_domain::refund_status`]), as a compare-and-set
+//! with an audit row (`refund_events`), like a payment. What a payment has promised back is kept on its row
 //! (`payments.refunds_reserved`), so that refunds never add up to more than the charge
 //! (`migrations/0300_refunds.sql`).
 
@@ -22,7 +22,7 @@ use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::payment::Failure;
 use oncepay_domain::refund::{RefundReason, RefundResource};
-use oncepay_domain::status::PaymentStatus;
+use oncepay_domain::refund_status::RefundStatus;
 
 use crate::StoreError;
 
@@ -43,7 +43,7 @@ pub struct Refund {
     /// The payment it gives money back from.
     pub payment_id: PaymentId,
     /// Where it stands.
-    pub status: PaymentStatus,
+    pub status: RefundStatus,
     /// How much, in minor units.
     pub amount: Amount,
     /// The payment's currency.
@@ -77,7 +77,7 @@ pub struct Refund {
 impl From<&Refund> for RefundResource {
     fn from(refund: &Refund) -> Self {
         let failure = match (&refund.failure_code, &refund.failure_message) {
-            (Some(code), Some(message)) if refund.status == PaymentStatus::Failed => {
+            (Some(code), Some(message)) if refund.status == RefundStatus::Failed => {
                 Some(Failure { code: code.clone(), message: message.clone() })
             }
             _ => None,
@@ -108,7 +108,7 @@ pub async fn find(
         Refund,
         r#"
         SELECT tenant_id AS "tenant_id: TenantId", refund_id AS "refund_id: RefundId",
-               payment_id AS "payment_id: PaymentId", status AS "status: PaymentStatus",
+               payment_id AS "payment_id: PaymentId", status AS "status: RefundStatus",
                amount AS "amount: Amount", currency AS "currency: Currency", reason,
                metadata AS "metadata: Json<BTreeMap<String, String>>", provider_refund_id, failure_code,
                failure_message, send_attempts, first_sent_at, may_have_moved, requested_by, created_at,
@@ -133,7 +133,7 @@ pub async fn of_payment(
         Refund,
         r#"
         SELECT tenant_id AS "tenant_id: TenantId", refund_id AS "refund_id: RefundId",
-               payment_id AS "payment_id: PaymentId", status AS "status: PaymentStatus",
+               payment_id AS "payment_id: PaymentId", status AS "status: RefundStatus",
                amount AS "amount: Amount", currency AS "currency: Currency", reason,
                metadata AS "metadata: Json<BTreeMap<String, String>>", provider_refund_id, failure_code,
                failure_message, send_attempts, first_sent_at, may_have_moved, requested_by, created_at,

@@ -18,7 +18,7 @@ use time::OffsetDateTime;
 use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::provider_ref::ProviderAccount;
-use oncepay_domain::status::{PaymentStatus, Transition};
+use oncepay_domain::refund_status::{RefundStatus, RefundTransition};
 use oncepay_provider::{KeyWindow, RefundRequest};
 use oncepay_service::telemetry::TraceContext;
 
@@ -258,7 +258,7 @@ async fn take_back(
     // Lock the row and read it again: a worker may have finished, or another sweeper taken it.
     let row = sqlx::query!(
         r#"
-        SELECT r.status AS "status: PaymentStatus", o.fencing_token,
+        SELECT r.status AS "status: RefundStatus", o.fencing_token,
                r.first_sent_at > now() - make_interval(secs => $3) AS "in_key_window!"
         FROM refund_outbox o JOIN refunds r USING (tenant_id, refund_id)
         WHERE o.tenant_id = $1 AND o.refund_id = $2 AND o.locked_until < now()
@@ -280,13 +280,13 @@ async fn take_back(
     .execute(&mut *tx)
     .await
     .map_err(StoreError::from)?;
-    let taken = if row.status == PaymentStatus::Processing {
+    let taken = if row.status == RefundStatus::Processing {
         let (transition, reason) = expiry(row.in_key_window);
         let detail = Some(json!({"fencing_token": row.fencing_token}));
-        let from = PaymentStatus::Processing;
+        let from = RefundStatus::Processing;
         let change = RefundChange { tenant_id, refund_id, from, transition, actor, reason, detail };
         match settling::apply(&mut tx, &change, None, OffsetDateTime::now_utc()).await? {
-            Recorded::Moved(PaymentStatus::Pending) => TakenBack::Released,
+            Recorded::Moved(RefundStatus::Pending) => TakenBack::Released,
             Recorded::Moved(_) => TakenBack::Uncertain,
             Recorded::LostRace => TakenBack::Obsolete,
         }
@@ -299,12 +299,15 @@ async fn take_back(
 
 /// How a `processing` refund's expired lease is taken back, and why: to `pending` inside the key
 /// window, where a resend with the same key is safe; to `unknown` past it.
-const fn expiry(in_key_window: bool) -> (Transition, &'static str) {
+const fn expiry(in_key_window: bool) -> (RefundTransition, &'static str) {
     if in_key_window {
-        (Transition::LeaseExpiredResend, "the worker's lease expired inside the key window: resend with the same key")
+        (
+            RefundTransition::LeaseExpiredResend,
+            "the worker's lease expired inside the key window: resend with the same key",
+        )
     } else {
         (
-            Transition::LeaseExpiredUncertain,
+            RefundTransition::LeaseExpiredUncertain,
             "the worker's lease expired past the key window: the provider may have refunded",
         )
     }

@@ -1,13 +1,13 @@
 //! A refund's status changes, persisted, and the one place a provider's refund becomes a
 //! settlement.
 //!
-//! Every change is decided by [`oncepay_domain::status::next`] (a refund moves through the payment
-//! states) and written as a compare-and-set (`UPDATE refunds … WHERE status = <from>`) with an audit
-//! row (`refund_events`) and a wake-up of the refund's long polls. Zero rows updated is
-//! [`Recorded::LostRace`]: another actor moved the refund first, nothing was written. A terminal
-//! change also books the money on the payment (`refunded` up, or `refunds_reserved` down for a
-//! failed refund), writes the ledger entry of a succeeded one and stores the terminal response on the
-//! refund's key (whose retention then starts again), in the caller's transaction.
+//! Every change is decided by [`oncepay_domain::refund_status::next`] and written as a
+//! compare-and-set (`UPDATE refunds … WHERE status = <from>`) with an audit row (`refund_events`)
+//! and a wake-up of the refund's long polls. Zero rows updated is [`Recorded::LostRace`]: another
+//! actor moved the refund first, nothing was written. A terminal change also books the money on the
+//! payment (`refunded` up, or `refunds_reserved` down for a failed refund), writes the ledger entry
+//! of a succeeded one and stores the terminal response on the refund's key (whose retention then
+//! starts again), in the caller's transaction.
 //!
 //! [`judge`] is what the worker, the reconciler and its webhooks all ask of a refund the provider
 //! reports: does it settle this refund, and how.
@@ -23,7 +23,7 @@ use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::provider_ref::ProviderAccount;
 use oncepay_domain::refund::RefundResource;
-use oncepay_domain::status::{self, PaymentStatus, Transition};
+use oncepay_domain::refund_status::{self, RefundStatus, RefundTransition};
 use oncepay_provider::{Refund as ProviderRefund, RefundState};
 
 use super::{REFUND_CHANNEL, REFUND_OUTBOX_CHANNEL, Refund};
@@ -38,9 +38,9 @@ pub struct RefundChange<'a> {
     /// The refund.
     pub refund_id: RefundId,
     /// The status the caller saw; the change only happens if it is still current.
-    pub from: PaymentStatus,
-    /// What happened (for a refund, [`Transition::Charged`] means the money went back).
-    pub transition: Transition,
+    pub from: RefundStatus,
+    /// What happened.
+    pub transition: RefundTransition,
     /// Who did it: `worker:<id>`, `sweeper`, `reconciler:<id>`, `webhook`, `operator:<name>`.
     pub actor: &'a str,
     /// Why, in words.
@@ -78,10 +78,10 @@ pub async fn apply(
     change: &RefundChange<'_>,
     provider_refund_id: Option<&str>,
     available_at: OffsetDateTime,
-) -> Result<Recorded<PaymentStatus>, TransitionError> {
-    let to = status::next(change.from, change.transition)?;
+) -> Result<Recorded<RefundStatus>, TransitionError> {
+    let to = refund_status::next(change.from, change.transition)?;
     if to.is_terminal() {
-        return Err(TransitionError::SettlementMismatch { transition: change.transition, from: change.from, to });
+        return Err(TransitionError::RefundSettlementMismatch { transition: change.transition, from: change.from, to });
     }
     let place = sqlx::query_scalar!(
         r#"
@@ -99,8 +99,8 @@ pub async fn apply(
         "#,
         change.tenant_id.as_uuid(),
         change.refund_id.as_uuid(),
-        to as PaymentStatus,
-        change.from as PaymentStatus,
+        to as RefundStatus,
+        change.from as RefundStatus,
         change.transition.send_may_have_reached_provider(),
         provider_refund_id,
     )
@@ -111,7 +111,7 @@ pub async fn apply(
         return Ok(Recorded::LostRace);
     };
     write_event(conn, change, to, place).await?;
-    if to == PaymentStatus::Pending {
+    if to == RefundStatus::Pending {
         sqlx::query!(
             r#"
             INSERT INTO refund_outbox (tenant_id, refund_id, available_at) VALUES ($1, $2, $3)
@@ -142,15 +142,21 @@ pub async fn settle(
     change: &RefundChange<'_>,
     settlement: &RefundSettlement,
 ) -> Result<Recorded<Refund>, TransitionError> {
-    let to = status::next(change.from, change.transition)?;
+    let to = refund_status::next(change.from, change.transition)?;
     let (provider_refund_id, failure_code, failure_message) = match (to, settlement) {
-        (PaymentStatus::Succeeded, RefundSettlement::Succeeded { provider_refund_id, .. }) => {
+        (RefundStatus::Succeeded, RefundSettlement::Succeeded { provider_refund_id, .. }) => {
             (Some(provider_refund_id.as_str()), None, None)
         }
-        (PaymentStatus::Failed, RefundSettlement::Failed { code, message, provider_refund_id }) => {
+        (RefundStatus::Failed, RefundSettlement::Failed { code, message, provider_refund_id }) => {
             (provider_refund_id.as_deref(), Some(code.as_str()), Some(message.as_str()))
         }
-        _ => return Err(TransitionError::SettlementMismatch { transition: change.transition, from: change.from, to }),
+        _ => {
+            return Err(TransitionError::RefundSettlementMismatch {
+                transition: change.transition,
+                from: change.from,
+                to,
+            });
+        }
     };
     let refund = sqlx::query_as!(
         Refund,
@@ -161,15 +167,15 @@ pub async fn settle(
             failure_code = $6, failure_message = $7
         WHERE tenant_id = $1 AND refund_id = $2 AND status = $4
         RETURNING tenant_id AS "tenant_id: TenantId", refund_id AS "refund_id: RefundId",
-                  payment_id AS "payment_id: PaymentId", status AS "status: PaymentStatus",
+                  payment_id AS "payment_id: PaymentId", status AS "status: RefundStatus",
                   amount AS "amount: Amount", currency AS "currency: Currency", reason,
                   metadata AS "metadata: Json<BTreeMap<String, String>>", provider_refund_id, failure_code, failure_message,
                   send_attempts, first_sent_at, may_have_moved, requested_by, created_at, updated_at, event_count
         "#,
         change.tenant_id.as_uuid(),
         change.refund_id.as_uuid(),
-        to as PaymentStatus,
-        change.from as PaymentStatus,
+        to as RefundStatus,
+        change.from as RefundStatus,
         provider_refund_id,
         failure_code,
         failure_message,
@@ -258,7 +264,7 @@ async fn book(conn: &mut PgConnection, refund: &Refund, settlement: &RefundSettl
 async fn write_event(
     conn: &mut PgConnection,
     change: &RefundChange<'_>,
-    to: PaymentStatus,
+    to: RefundStatus,
     place: i32,
 ) -> Result<(), StoreError> {
     sqlx::query!(
@@ -269,8 +275,8 @@ async fn write_event(
         change.tenant_id.as_uuid(),
         change.refund_id.as_uuid(),
         place,
-        change.from as PaymentStatus,
-        to as PaymentStatus,
+        change.from as RefundStatus,
+        to as RefundStatus,
         change.actor,
         change.reason,
         change.detail,
