@@ -273,6 +273,7 @@ fn refund() -> anyhow::Result<Script> {
             "UPDATE payments SET refunds_reserved",
             vec![Arg::Var("tenant"), Arg::Sql(payment), Arg::Var("refund_amount")],
         ),
+        // No trace state, here and on the outbox row: a pgbench variable cannot be NULL.
         (
             "INSERT INTO refunds ",
             vec![
@@ -284,6 +285,8 @@ fn refund() -> anyhow::Result<Script> {
                 Arg::Var("refund_metadata"),
                 Arg::Var("requested_by"),
                 Arg::Var("currency"),
+                Arg::Var("traceparent"),
+                Arg::Sql("NULL"),
             ],
         ),
         (
@@ -300,7 +303,6 @@ fn refund() -> anyhow::Result<Script> {
             "INSERT INTO refund_events ",
             vec![Arg::Var("tenant"), Arg::Var("refund_id"), Arg::Var("requested_by"), Arg::Var("refund_amount")],
         ),
-        // No trace state, and a pgbench variable cannot be NULL.
         (
             "INSERT INTO refund_outbox ",
             vec![Arg::Var("tenant"), Arg::Var("refund_id"), Arg::Var("traceparent"), Arg::Sql("NULL")],

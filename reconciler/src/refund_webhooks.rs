@@ -18,11 +18,13 @@ use oncepay_domain::refund_status::RefundStatus;
 use oncepay_provider::Refund as ProviderRefund;
 use oncepay_provider::RefundState;
 use oncepay_provider::wire::{RefundEvent, RefundEventType};
+use oncepay_service::telemetry::{self, TraceContext};
 use oncepay_store::StoreError;
 use oncepay_store::refunds::settling::{self, AskedRefund, Finding, RefundSettlement};
 use oncepay_store::transitions::Recorded;
 use serde_json::{Value, json};
 use sqlx::{Acquire, PgConnection, PgPool};
+use tracing::{Instrument, Span};
 
 use crate::unknown::refunds as unknown;
 use crate::unknown::{Why, evidence};
@@ -186,7 +188,7 @@ pub async fn apply_reported(
 
     let mut conn = pool.acquire().await.map_err(StoreError::from)?;
     let mut tx = conn.begin().await.map_err(StoreError::from)?;
-    let Some((payment_id, stored)) = lock_refund(&mut tx, tenant_id, refund_id).await? else {
+    let Some((payment_id, stored, trace)) = lock_refund(&mut tx, tenant_id, refund_id).await? else {
         return Ok(Handled::NotOurs);
     };
     let verdict = judge(&stored, reported);
@@ -199,7 +201,8 @@ pub async fn apply_reported(
         // A redelivery: dropping the transaction rolls everything back, so it changes nothing.
         return Ok(Handled::Duplicate);
     }
-    act_on(&mut tx, tenant_id, refund_id, webhook_id, event_type, reported, &verdict).await?;
+    let acting = resolution_span(tenant_id, refund_id, &verdict, trace.as_ref());
+    act_on(&mut tx, tenant_id, refund_id, webhook_id, event_type, reported, &verdict).instrument(acting).await?;
     tx.commit().await.map_err(StoreError::from)?;
     Ok(Handled::Recorded(verdict.label()))
 }
@@ -218,10 +221,7 @@ async fn act_on(
     let reason = format!("provider webhook {event_type}");
     let recorded = match verdict {
         RefundVerdict::Settle(settlement) => {
-            let how = match settlement {
-                RefundSettlement::Succeeded { .. } => "webhook_refunded",
-                RefundSettlement::Failed { .. } => "webhook_failed",
-            };
+            let how = resolution(settlement);
             let why = Why { actor: ACTOR, reason: &reason };
             let settled = unknown::settle(tx, tenant_id, refund_id, settlement, why, evidence).await?;
             if matches!(settled, Recorded::Moved(_)) {
@@ -258,6 +258,38 @@ async fn act_on(
     Ok(())
 }
 
+/// How a webhook's settlement takes a refund out of `unknown`: the resolved metric's `how`.
+const fn resolution(settlement: &RefundSettlement) -> &'static str {
+    match settlement {
+        RefundSettlement::Succeeded { .. } => "webhook_refunded",
+        RefundSettlement::Failed { .. } => "webhook_failed",
+    }
+}
+
+/// The span a delivery's verdict is acted on in. Settling a refund (`webhook.resolve_refund`)
+/// continues the trace of the request that asked for it and links back to the delivery, as a
+/// payment's settlement does (`webhook.resolve`), so the resolution shows in the same trace as the
+/// request and the send. Anything else, or a refund with no trace, stays in the delivery's trace.
+fn resolution_span(
+    tenant_id: TenantId,
+    refund_id: RefundId,
+    verdict: &RefundVerdict,
+    trace: Option<&TraceContext>,
+) -> Span {
+    let (RefundVerdict::Settle(settlement), Some(trace)) = (verdict, trace) else {
+        return Span::current();
+    };
+    let span = tracing::info_span!(
+        "webhook.resolve_refund",
+        refund.id = %refund_id,
+        tenant.id = %tenant_id,
+        resolution = resolution(settlement),
+    );
+    telemetry::continue_trace(&span, trace);
+    telemetry::link(&span, &Span::current());
+    span
+}
+
 /// Records a delivery's `webhook-id` with the refund's payment and the verdict's label (the
 /// `outcome` column), in the same table as the charge events, so that ids are deduplicated across
 /// both; false when that id was recorded before. `charge` stays empty: it holds reported charges
@@ -289,18 +321,19 @@ async fn record_delivery(
 }
 
 /// Locks the refund row for the rest of the transaction and reads what a reported refund is judged
-/// against. A statement that waits for the lock (a worker is settling the refund) reads the row as
+/// against, and the trace of the request that asked for the refund. A statement that waits for the lock (a worker is settling the refund) reads the row as
 /// that worker left it. The payment's charge and account never change once it has succeeded.
 async fn lock_refund(
     conn: &mut PgConnection,
     tenant_id: TenantId,
     refund_id: RefundId,
-) -> Result<Option<(PaymentId, StoredRefund)>, StoreError> {
+) -> Result<Option<(PaymentId, StoredRefund, Option<TraceContext>)>, StoreError> {
     let row = sqlx::query!(
         r#"
         SELECT r.payment_id AS "payment_id: PaymentId", r.status AS "status: RefundStatus",
                r.provider_refund_id, r.amount AS "amount: Amount", r.currency AS "currency: Currency",
-               p.provider_charge_id AS "charge_id!", p.provider_account AS "account: ProviderAccount"
+               p.provider_charge_id AS "charge_id!", p.provider_account AS "account: ProviderAccount",
+               r.traceparent, r.tracestate
         FROM refunds r
         JOIN payments p ON p.tenant_id = r.tenant_id AND p.payment_id = r.payment_id
         WHERE r.tenant_id = $1 AND r.refund_id = $2
@@ -320,7 +353,9 @@ async fn lock_refund(
             amount: row.amount,
             currency: row.currency,
         };
-        (row.payment_id, StoredRefund { asked, status: row.status, provider_refund_id: row.provider_refund_id })
+        let stored = StoredRefund { asked, status: row.status, provider_refund_id: row.provider_refund_id };
+        let trace = row.traceparent.map(|traceparent| TraceContext { traceparent, tracestate: row.tracestate });
+        (row.payment_id, stored, trace)
     }))
 }
 

@@ -1,5 +1,5 @@
 //! Observability across the real processes: one payment is one trace from the api's request through
-//! the worker's provider call to the reconciler's resolution; `/metrics` counts a scripted workload
+//! the worker's provider call to the reconciler's resolution, and so is one refund; `/metrics` counts a scripted workload
 //! exactly and the backlog gauges reflect the database; and no log line of any process ever shows an
 //! API key, a secret, an idempotency key or a request body.
 //!
@@ -28,6 +28,8 @@ use hyper_util::rt::TokioIo;
 use oncepay_devkit::pg::Durability;
 use oncepay_devkit::process::setting_variable;
 use oncepay_devkit::wait::wait_until;
+use oncepay_simulator::client::SimulatorClient;
+use oncepay_simulator::faults::FaultsPatch;
 use oncepay_tests::system::{
     Binaries, Processes, Provider, Role, SIMULATOR_API_KEY, System, SystemConfig, Tenant, Timing, Topology,
 };
@@ -647,6 +649,75 @@ async fn one_payment_is_one_trace_from_the_request_to_the_poll_that_settles_it()
 }
 
 #[tokio::test]
+async fn one_refund_is_one_trace_from_the_request_to_the_webhook_that_settles_it() {
+    // The payment is charged at once. Then the simulator holds every response past the worker's
+    // timeout, so the refund becomes `unknown`, and the refund's webhook arrives after that; the
+    // poller waits a minute, so the webhook settles it.
+    let scenario =
+        Scenario { faults: &[("hang_ms", HANG_MS), ("webhook_delay_ms", "2500")], poller_interval_ms: "60000" };
+    let mut world = World::start(&scenario).await;
+    let tenant = world.acme();
+    let (status, accepted) = world.post(&tenant.api_key, Some("order-to-refund"), &payment_body()).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{accepted}");
+    let payment_id = accepted["id"].as_str().unwrap().to_owned();
+    world.until_succeeded(&tenant.api_key, &payment_id).await;
+    let simulator = SimulatorClient::new(world.system.simulator_url().unwrap());
+    simulator.set_faults(&FaultsPatch { hang_after_rate: Some(1.0), ..FaultsPatch::default() }).await.unwrap();
+
+    let response = world
+        .http
+        .post(format!("{}/v1/payments/{payment_id}/refunds", world.api))
+        .bearer_auth(&tenant.api_key)
+        .header("idempotency-key", "refund-1")
+        .header("content-type", "application/json")
+        .body(json!({"amount": 1000}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 202);
+    let refund: Value = response.json().await.unwrap();
+    let refund_id = refund["id"].as_str().unwrap().to_owned();
+
+    let receiver = &world.receiver;
+    let request = world
+        .until("the refund request's span", || {
+            receiver.find("oncepay-api", "http.request", |s| {
+                s.attribute("http.route") == Some("/v1/payments/{id}/refunds")
+                    && s.attribute("http.method") == Some("POST")
+            })
+        })
+        .await;
+    let send = world
+        .until("the worker's refund span", || {
+            receiver.find("oncepay-worker", "worker.refund", |s| s.attribute("refund.id") == Some(&refund_id))
+        })
+        .await;
+    assert_eq!(
+        (send.trace_id.as_str(), send.parent_span_id.as_str()),
+        (request.trace_id.as_str(), request.span_id.as_str())
+    );
+    let resolve = world
+        .until("the refund webhook's resolution span", || {
+            receiver
+                .find("oncepay-reconciler", "webhook.resolve_refund", |s| s.attribute("refund.id") == Some(&refund_id))
+        })
+        .await;
+    assert_eq!(resolve.trace_id, request.trace_id, "the resolution is in the refund's trace");
+    assert_eq!(resolve.parent_span_id, request.span_id, "it continues from the request that asked for the refund");
+    assert_eq!(resolve.attribute("resolution"), Some("webhook_refunded"));
+    let delivery = world
+        .until("the refund webhook delivery's span", || {
+            receiver
+                .find("oncepay-reconciler", "webhook.apply_refund", |s| s.attribute("refund.id") == Some(&refund_id))
+        })
+        .await;
+    assert_ne!(delivery.trace_id, request.trace_id, "a delivery is a trace of its own");
+    assert_eq!(resolve.links, [(delivery.trace_id.clone(), delivery.span_id.clone())], "linked to the delivery");
+
+    world.stop().await;
+}
+
+#[tokio::test]
 async fn metrics_count_a_scripted_workload_and_the_gauges_reflect_the_database() {
     let scenario = Scenario { faults: &[], poller_interval_ms: "100" };
     let mut world = World::start(&scenario).await;
@@ -715,11 +786,16 @@ async fn metrics_count_a_scripted_workload_and_the_gauges_reflect_the_database()
     assert_eq!(posts, Some(11.0), "every POST is timed");
 
     // The worker sends the three payments, each charged at once.
-    world.until_metric(&world.worker, "oncepay_worker_provider_outcomes_total{class=\"charged\"}", 3.0).await;
-    world.until_metric(&world.worker, "oncepay_worker_drain_latency_seconds_count", 3.0).await;
+    world
+        .until_metric(&world.worker, "oncepay_worker_provider_outcomes_total{kind=\"payment\",class=\"charged\"}", 3.0)
+        .await;
+    world.until_metric(&world.worker, "oncepay_worker_drain_latency_seconds_count{kind=\"payment\"}", 3.0).await;
     let worker = world.metrics(&world.worker).await;
-    assert_eq!(metric(&worker, "oncepay_worker_claims_total"), Some(3.0));
-    assert_eq!(metric(&worker, "oncepay_worker_provider_outcomes_total{class=\"uncertain\"}"), Some(0.0));
+    assert_eq!(metric(&worker, "oncepay_worker_claims_total{kind=\"payment\"}"), Some(3.0));
+    assert_eq!(
+        metric(&worker, "oncepay_worker_provider_outcomes_total{kind=\"payment\",class=\"uncertain\"}"),
+        Some(0.0)
+    );
     // Each charge's webhook reaches the reconciler, which only records it: the worker settles (or is
     // settling) the payment itself.
     let webhooks = |text: &str, verdict: &str| {

@@ -34,7 +34,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::metrics;
+use crate::metrics::{self, Kind};
 use crate::record::{self, RecordError, Recorded, SettledSend};
 use crate::rotation::Rotation;
 use crate::verdict::{self, RetryPolicy, SendVerdict};
@@ -376,13 +376,13 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
                         return Err(error);
                     }
                     tracing::warn!(error = %error, tenant.id = %turn.tenant, "claiming from a tenant failed; sending what was claimed");
-                    metrics::claimed(claimed.len());
+                    metrics::claimed(Kind::Payment, claimed.len());
                     return Ok(claimed);
                 }
             }
         }
         conn.release();
-        metrics::claimed(claimed.len());
+        metrics::claimed(Kind::Payment, claimed.len());
         Ok(claimed)
     }
 
@@ -395,7 +395,7 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
     pub async fn send(&self, claimed: &Claimed) -> SendOutcome {
         let started = Instant::now();
         let outcome = self.inner.provider.create_charge(&claimed.charge_request()).await;
-        metrics::provider_outcome(outcome.class(), started.elapsed());
+        metrics::provider_outcome(Kind::Payment, outcome.class(), started.elapsed());
         outcome
     }
 
@@ -551,7 +551,7 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
                 }
             }
             Ok(Recorded::LeaseLost) => {
-                metrics::lease_lost();
+                metrics::lease_lost(Kind::Payment);
                 tracing::warn!(
                     fencing_token = claimed.fencing_token,
                     "the lease was taken over before the outcome could be recorded; recorded nothing"
@@ -564,7 +564,7 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
                 );
             }
             Err(error) => {
-                metrics::record_error();
+                metrics::record_error(Kind::Payment);
                 tracing::error!(
                     error = %telemetry::error_chain(error),
                     "could not record the send's outcome; the lease will expire and be swept"

@@ -1,8 +1,9 @@
 //! The worker's metrics: names, descriptions, and the few helpers that record them.
 //!
-//! Labels are low-cardinality enumerations (an outcome class), never an id. The recorder is
-//! `oncepay_service::metrics`'s, rendered at `/metrics`. The outbox's depth is not sampled here: the
-//! reconciler samples it once for all workers (`oncepay_reconciler_outbox_depth`).
+//! Every series carries `kind`: `payment` for the charges it sends, `refund` for the refunds.
+//! Labels are low-cardinality enumerations (a kind, an outcome class), never an id. The recorder is
+//! `oncepay_service::metrics`'s, rendered at `/metrics`. The outboxes' depth is not sampled here:
+//! the reconciler samples it once for all workers (`oncepay_reconciler_outbox_depth`).
 
 use std::time::Duration;
 
@@ -10,7 +11,7 @@ use metrics::{Unit, counter, describe_counter, describe_histogram, histogram};
 
 /// Outbox rows claimed.
 pub const CLAIMS: &str = "oncepay_worker_claims_total";
-/// Provider calls by outcome class: `charged`, `declined`, `not_sent`, `uncertain`.
+/// Provider calls by outcome class ([`Kind::outcome_classes`]).
 pub const PROVIDER_OUTCOMES: &str = "oncepay_worker_provider_outcomes_total";
 /// Results not recorded because the lease had been taken over.
 pub const LEASE_LOST: &str = "oncepay_worker_lease_lost_total";
@@ -21,43 +22,73 @@ pub const DRAIN_LATENCY: &str = "oncepay_worker_drain_latency_seconds";
 /// How long provider calls take.
 pub const PROVIDER_CALL_DURATION: &str = "oncepay_worker_provider_call_duration_seconds";
 
-/// Every `class` of [`PROVIDER_OUTCOMES`] (`SendOutcome::class`).
-pub const OUTCOME_CLASSES: [&str; 4] = ["charged", "declined", "not_sent", "uncertain"];
+/// What the worker sent: the `kind` label of every series.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A charge.
+    Payment,
+    /// A refund.
+    Refund,
+}
+
+impl Kind {
+    const ALL: [Self; 2] = [Self::Payment, Self::Refund];
+
+    /// The label's value.
+    pub const fn label(self) -> &'static str {
+        match self {
+            Self::Payment => "payment",
+            Self::Refund => "refund",
+        }
+    }
+
+    /// Every `class` of [`PROVIDER_OUTCOMES`] for this kind (`SendOutcome::class`,
+    /// `RefundOutcome::class`).
+    pub const fn outcome_classes(self) -> &'static [&'static str] {
+        match self {
+            Self::Payment => &["charged", "declined", "not_sent", "uncertain"],
+            Self::Refund => &["refunded", "failed", "unfinished", "not_sent", "uncertain"],
+        }
+    }
+}
 
 /// Describes every metric, so `/metrics` carries help text and units, and registers every counter
 /// series at zero, so that a Prometheus `increase()` counts its first event.
 pub fn describe() {
-    describe_counter!(CLAIMS, "Outbox rows claimed for sending to the provider");
-    describe_counter!(PROVIDER_OUTCOMES, "Provider calls by outcome class (charged, declined, not_sent, uncertain)");
+    describe_counter!(CLAIMS, "Outbox rows claimed for sending to the provider, by kind (payment, refund)");
+    describe_counter!(PROVIDER_OUTCOMES, "Provider calls by kind and outcome class");
     describe_counter!(LEASE_LOST, "Results not recorded because another worker or the sweeper took the lease over");
     describe_counter!(RECORD_ERRORS, "Results that could not be recorded because of a database error");
     describe_histogram!(DRAIN_LATENCY, Unit::Seconds, "From acceptance to the recorded outcome of a payment's send");
-    describe_histogram!(PROVIDER_CALL_DURATION, Unit::Seconds, "Duration of provider charge calls");
-    counter!(CLAIMS).increment(0);
-    for class in OUTCOME_CLASSES {
-        counter!(PROVIDER_OUTCOMES, "class" => class).increment(0);
+    describe_histogram!(PROVIDER_CALL_DURATION, Unit::Seconds, "Duration of provider calls, by kind");
+    for kind in Kind::ALL {
+        let label = kind.label();
+        counter!(CLAIMS, "kind" => label).increment(0);
+        for class in kind.outcome_classes() {
+            counter!(PROVIDER_OUTCOMES, "kind" => label, "class" => *class).increment(0);
+        }
+        counter!(LEASE_LOST, "kind" => label).increment(0);
+        counter!(RECORD_ERRORS, "kind" => label).increment(0);
     }
-    counter!(LEASE_LOST).increment(0);
-    counter!(RECORD_ERRORS).increment(0);
 }
 
-pub(crate) fn claimed(count: usize) {
-    counter!(CLAIMS).increment(count as u64);
+pub(crate) fn claimed(kind: Kind, count: usize) {
+    counter!(CLAIMS, "kind" => kind.label()).increment(count as u64);
 }
 
-pub(crate) fn provider_outcome(class: &'static str, duration: Duration) {
-    counter!(PROVIDER_OUTCOMES, "class" => class).increment(1);
-    histogram!(PROVIDER_CALL_DURATION).record(duration.as_secs_f64());
+pub(crate) fn provider_outcome(kind: Kind, class: &'static str, duration: Duration) {
+    counter!(PROVIDER_OUTCOMES, "kind" => kind.label(), "class" => class).increment(1);
+    histogram!(PROVIDER_CALL_DURATION, "kind" => kind.label()).record(duration.as_secs_f64());
 }
 
-pub(crate) fn lease_lost() {
-    counter!(LEASE_LOST).increment(1);
+pub(crate) fn lease_lost(kind: Kind) {
+    counter!(LEASE_LOST, "kind" => kind.label()).increment(1);
 }
 
-pub(crate) fn record_error() {
-    counter!(RECORD_ERRORS).increment(1);
+pub(crate) fn record_error(kind: Kind) {
+    counter!(RECORD_ERRORS, "kind" => kind.label()).increment(1);
 }
 
 pub(crate) fn drained(latency: Duration) {
-    histogram!(DRAIN_LATENCY).record(latency.as_secs_f64());
+    histogram!(DRAIN_LATENCY, "kind" => Kind::Payment.label()).record(latency.as_secs_f64());
 }

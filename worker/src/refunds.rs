@@ -17,7 +17,7 @@
 //! | not sent, attempts spent | settle `failed` (`provider_unreachable`), or `unknown` if an earlier send may have refunded |
 //! | uncertain | `unknown` |
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use futures::future::join_all;
@@ -38,6 +38,7 @@ use oncepay_store::refunds::settling::{self, Finding, RefundChange, RefundSettle
 use oncepay_store::transitions::Recorded;
 
 use crate::drainer::DrainerConfig;
+use crate::metrics::{self, Kind};
 use crate::verdict::{KEY_WINDOW_PASSED, PROVIDER_UNREACHABLE, RetryPolicy, uncertain_code};
 
 /// What to record for one claimed refund.
@@ -217,6 +218,7 @@ impl<P: PaymentProvider + Clone + 'static> RefundSender<P> {
             );
         }
         drop(conn);
+        metrics::claimed(Kind::Refund, claimed.len());
         let sends = claimed.into_iter().map(|claimed| {
             // In the trace of the request that asked for the refund, so the provider call carries
             // that trace's `traceparent`.
@@ -231,7 +233,13 @@ impl<P: PaymentProvider + Clone + 'static> RefundSender<P> {
             }
             async move {
                 let verdict = self.send(&claimed).await;
-                self.record(&claimed, &verdict).await
+                let recorded = self.record(&claimed, &verdict).await;
+                match &recorded {
+                    Ok(Recording::LeaseLost) => metrics::lease_lost(Kind::Refund),
+                    Err(_) => metrics::record_error(Kind::Refund),
+                    Ok(Recording::Moved(_) | Recording::Superseded) => {}
+                }
+                recorded
             }
             .instrument(span)
         });
@@ -247,7 +255,9 @@ impl<P: PaymentProvider + Clone + 'static> RefundSender<P> {
                  since, so a resend could refund twice",
             );
         }
+        let started = Instant::now();
         let outcome = self.provider.create_refund(&claimed.refund_request()).await;
+        metrics::provider_outcome(Kind::Refund, outcome.class(), started.elapsed());
         tracing::info!(refund.id = %claimed.refund_id, outcome = outcome.class(), "refund sent");
         let policy = RetryPolicy { max_attempts: self.config.max_attempts, backoff: self.config.backoff };
         decide(claimed, &outcome, &policy, &mut rand::rng())

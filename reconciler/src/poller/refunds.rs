@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use oncepay_ops::render;
 use oncepay_provider::{LookupError, PaymentProvider, Refund as ProviderRefund, RefundLookup};
+use oncepay_service::telemetry;
 use oncepay_store::StoreError;
 use oncepay_store::refunds::settling::{self, Finding, RefundSettlement};
 use oncepay_store::transitions::{Recorded, TransitionError};
@@ -50,13 +51,17 @@ impl Subject for Claimed {
     }
 
     fn span(&self) -> Span {
-        tracing::info_span!(
+        let span = tracing::info_span!(
             "refund_poller.poll",
             refund.id = %self.refund_id(),
             tenant.id = %self.tenant_id(),
             poll.attempt = self.lookups.saturating_add(1),
             poll.outcome = tracing::field::Empty,
-        )
+        );
+        if let Some(trace) = &self.trace {
+            telemetry::continue_trace(&span, trace);
+        }
+        span
     }
 
     fn lookups(&self) -> u32 {
@@ -249,6 +254,7 @@ mod tests {
             lookups,
             age: Duration::from_secs(age_secs),
             in_key_window,
+            trace: None,
         }
     }
 

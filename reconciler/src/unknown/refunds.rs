@@ -12,6 +12,7 @@ use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::provider_ref::ProviderAccount;
 use oncepay_domain::refund_status::{RefundStatus, RefundTransition};
+use oncepay_service::telemetry::TraceContext;
 use oncepay_store::StoreError;
 use oncepay_store::refunds::Refund;
 use oncepay_store::refunds::settling::{self, AskedRefund, RefundChange, RefundSettlement};
@@ -36,6 +37,8 @@ pub struct Claimed {
     /// Whether the provider still certainly remembers its downstream key (its first send is younger
     /// than the resend horizon), by the database's clock.
     pub in_key_window: bool,
+    /// The trace of the request that asked for it, which its lookup continues.
+    pub trace: Option<TraceContext>,
 }
 
 impl Claimed {
@@ -101,13 +104,13 @@ async fn claim_due_of(
             WHERE r.tenant_id = $4 AND r.tenant_id = due.tenant_id AND r.refund_id = due.refund_id
               AND r.status = 'unknown'
             RETURNING r.tenant_id, r.refund_id, r.payment_id, r.amount, r.currency, r.lookups, r.updated_at,
-                      r.first_sent_at
+                      r.first_sent_at, r.traceparent, r.tracestate
         )
         -- The ages are read here, not in RETURNING: Citus refuses now() there. A refund's
         -- `updated_at` is when it became `unknown`: only a status change moves it.
         SELECT c.tenant_id AS "tenant_id!: TenantId", c.refund_id AS "refund_id!: RefundId",
                c.payment_id AS "payment_id!: PaymentId", c.amount AS "amount!: Amount",
-               c.currency AS "currency!: Currency", c.lookups AS "lookups!",
+               c.currency AS "currency!: Currency", c.lookups AS "lookups!", c.traceparent, c.tracestate,
                -- A refunded payment has succeeded, so it has its charge (`succeeded_has_charge`).
                p.provider_charge_id AS "charge_id!", p.provider_account AS "account: ProviderAccount",
                extract(epoch FROM now() - c.updated_at)::float8 AS "age_secs!",
@@ -138,6 +141,7 @@ async fn claim_due_of(
             lookups: row.lookups,
             age: Duration::from_secs_f64(row.age_secs.max(0.0)),
             in_key_window: row.in_key_window,
+            trace: row.traceparent.map(|traceparent| TraceContext { traceparent, tracestate: row.tracestate }),
         })
         .collect())
 }

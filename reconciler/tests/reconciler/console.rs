@@ -5,6 +5,7 @@
 //! an operator limited to some tenants nothing of another's.
 
 use oncepay_domain::ids::PaymentId;
+use oncepay_domain::refund_status::RefundStatus;
 use oncepay_domain::status::PaymentStatus;
 use oncepay_ops::operators::api::BulkRetrier;
 use oncepay_service::runner::Pass;
@@ -685,9 +686,9 @@ async fn a_refund_automation_gave_up_on_is_listed_and_sent_again_from_the_consol
     assert!(shown.body.contains(&format!("Refund {refund_id} needs a decision")), "{}", shown.body);
     assert!(shown.body.contains(&format!("action=\"/console/refunds/{refund_id}/resolve\"")));
     assert!(confirm.body.contains(&format!("Refund {refund_id} is queued to be sent to the provider again")));
-    assert_eq!(before_confirming, PaymentStatus::DeadLettered);
+    assert_eq!(before_confirming, RefundStatus::DeadLettered);
     assert_eq!(done.location, Some(format!("/console/payments/{payment_id}?notice=refund_retried")));
-    assert_eq!(refund_status(&pool, refund_id).await, PaymentStatus::Pending);
+    assert_eq!(refund_status(&pool, refund_id).await, RefundStatus::Pending);
     assert_eq!(unknown.status, StatusCode::NOT_FOUND);
     let actions: Vec<String> = sqlx::query_scalar!(
         "SELECT action FROM operator_audit WHERE payment_id = $1 AND action <> 'payment.read' ORDER BY audit_id",
@@ -724,7 +725,7 @@ async fn a_refund_conflict_is_listed_and_acknowledged_from_the_console(pool: PgP
     assert!(still_open.body.contains(&refund_id.to_string()), "nothing is done before it is confirmed");
     assert_eq!(done.location, Some(format!("/console/payments/{payment_id}?notice=refund_acknowledged")));
     assert!(!after.body.contains("is contradicted by the provider"), "{}", after.body);
-    assert_eq!(refund_status(&pool, refund_id).await, PaymentStatus::Succeeded);
+    assert_eq!(refund_status(&pool, refund_id).await, RefundStatus::Succeeded);
     let actions: Vec<String> = sqlx::query_scalar!(
         "SELECT action FROM operator_audit WHERE payment_id = $1 AND action <> 'payment.read' ORDER BY audit_id",
         payment_id.as_uuid()

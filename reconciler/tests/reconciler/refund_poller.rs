@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
-use oncepay_domain::status::PaymentStatus;
+use oncepay_domain::refund_status::RefundStatus;
 use oncepay_provider::http::HttpProvider;
 use oncepay_provider::{Refund, RefundState};
 use oncepay_reconciler::poller::{Counts, PollerConfig, RefundPoller};
@@ -69,9 +69,9 @@ async fn unknown_refund_of_a_payment(pool: &PgPool, sent_secs_ago: i64) -> (Tena
 }
 
 /// The refund's audit trail: (actor, to_status, reason, detail), oldest first.
-async fn history(pool: &PgPool, refund_id: RefundId) -> Vec<(String, PaymentStatus, String, Option<Value>)> {
+async fn history(pool: &PgPool, refund_id: RefundId) -> Vec<(String, RefundStatus, String, Option<Value>)> {
     sqlx::query!(
-        r#"SELECT actor, to_status AS "to_status: PaymentStatus", reason, detail FROM refund_events
+        r#"SELECT actor, to_status AS "to_status: RefundStatus", reason, detail FROM refund_events
            WHERE refund_id = $1 ORDER BY seq"#,
         refund_id.as_uuid()
     )
@@ -101,7 +101,7 @@ async fn a_refund_the_provider_shows_succeeded_settles_with_its_ledger_entry_and
     let counts = poller(&pool, &provider, 5).run_once().await.unwrap();
 
     assert_eq!(counts, Counts { claimed: 1, succeeded: 1, ..Counts::default() });
-    assert_eq!(refund_status(&pool, refund_id).await, PaymentStatus::Succeeded);
+    assert_eq!(refund_status(&pool, refund_id).await, RefundStatus::Succeeded);
     let (booked, amount): (String, i64) = sqlx::query!(
         "SELECT provider_refund_id, amount FROM refund_ledger_entries WHERE refund_id = $1",
         refund_id.as_uuid()
@@ -113,7 +113,7 @@ async fn a_refund_the_provider_shows_succeeded_settles_with_its_ledger_entry_and
     assert_eq!((booked.as_str(), amount), ("re_1", 500));
     assert_eq!(refunded(&pool, payment_id).await, (500, 500));
     let (actor, to, _, detail) = history(&pool, refund_id).await.pop().unwrap();
-    assert_eq!((actor.as_str(), to), ("reconciler:poller", PaymentStatus::Succeeded));
+    assert_eq!((actor.as_str(), to), ("reconciler:poller", RefundStatus::Succeeded));
     assert_eq!(detail.unwrap()["refund"]["id"], "re_1");
     let stored: Option<i16> =
         sqlx::query_scalar!("SELECT response_status FROM refund_keys WHERE refund_id = $1", refund_id.as_uuid())
@@ -133,7 +133,7 @@ async fn a_refund_the_provider_shows_failed_fails_and_gives_its_reservation_back
     let counts = poller(&pool, &provider, 5).run_once().await.unwrap();
 
     assert_eq!(counts, Counts { claimed: 1, failed: 1, ..Counts::default() });
-    assert_eq!(refund_status(&pool, refund_id).await, PaymentStatus::Failed);
+    assert_eq!(refund_status(&pool, refund_id).await, RefundStatus::Failed);
     assert_eq!(failure(&pool, refund_id).await.0.as_deref(), Some("refund_failed"));
     assert_eq!(refunded(&pool, payment_id).await, (0, 0));
     assert_eq!(count_for_refund(&pool, "refund_ledger_entries", refund_id).await, 0);
@@ -148,7 +148,7 @@ async fn no_refund_inside_the_key_window_sends_the_refund_again_with_the_same_ke
     let counts = poller(&pool, &provider, 5).run_once().await.unwrap();
 
     assert_eq!(counts, Counts { claimed: 1, resent: 1, ..Counts::default() });
-    assert_eq!(refund_status(&pool, refund_id).await, PaymentStatus::Pending);
+    assert_eq!(refund_status(&pool, refund_id).await, RefundStatus::Pending);
     assert_eq!(count_for_refund(&pool, "refund_outbox", refund_id).await, 1, "queued for a worker");
     assert_eq!(refunded(&pool, payment_id).await, (500, 0), "still reserved");
     // A refund that is no longer `unknown` is not looked up again.
@@ -168,7 +168,7 @@ async fn no_refund_yet_after_a_send_that_may_still_land_keeps_the_refund_unknown
     let counts = poller(&pool, &provider, 5).run_once().await.unwrap();
 
     assert_eq!(counts, Counts { claimed: 1, inconclusive: 1, ..Counts::default() });
-    assert_eq!(refund_status(&pool, refund_id).await, PaymentStatus::Unknown);
+    assert_eq!(refund_status(&pool, refund_id).await, RefundStatus::Unknown);
     assert_eq!(refunded(&pool, payment_id).await, (500, 0), "still reserved");
     assert_eq!(count_for_refund(&pool, "refund_outbox", refund_id).await, 0, "never resent");
 
@@ -199,7 +199,7 @@ async fn no_refund_past_the_key_window_fails_the_refund_as_never_made(pool: PgPo
     let counts = poller(&pool, &provider, 5).run_once().await.unwrap();
 
     assert_eq!(counts, Counts { claimed: 1, not_made: 1, ..Counts::default() });
-    assert_eq!(refund_status(&pool, refund_id).await, PaymentStatus::Failed);
+    assert_eq!(refund_status(&pool, refund_id).await, RefundStatus::Failed);
     let (code, message) = failure(&pool, refund_id).await;
     assert_eq!(code.as_deref(), Some("refund_not_made"));
     assert!(message.unwrap().contains("holds no refund under this refund's key"));
@@ -222,11 +222,11 @@ async fn a_refund_for_another_amount_is_never_booked_and_dead_letters_the_refund
     let counts = poller(&pool, &provider, 5).run_once().await.unwrap();
 
     assert_eq!(counts, Counts { claimed: 1, dead_lettered: 1, ..Counts::default() });
-    assert_eq!(refund_status(&pool, refund_id).await, PaymentStatus::DeadLettered);
+    assert_eq!(refund_status(&pool, refund_id).await, RefundStatus::DeadLettered);
     assert_eq!(count_for_refund(&pool, "refund_ledger_entries", refund_id).await, 0);
     assert_eq!(refunded(&pool, payment_id).await, (500, 0), "money may have moved: still reserved");
     let (_, to, reason, detail) = history(&pool, refund_id).await.pop().unwrap();
-    assert_eq!(to, PaymentStatus::DeadLettered);
+    assert_eq!(to, RefundStatus::DeadLettered);
     assert!(reason.contains("450") && reason.contains("500"), "{reason}");
     assert_eq!(detail.unwrap()["refunds"][0]["amount"], 450);
 }
@@ -244,7 +244,7 @@ async fn two_refunds_under_one_key_dead_letter_the_refund_with_both(pool: PgPool
     let counts = poller(&pool, &provider, 5).run_once().await.unwrap();
 
     assert_eq!(counts, Counts { claimed: 1, dead_lettered: 1, ..Counts::default() });
-    assert_eq!(refund_status(&pool, refund_id).await, PaymentStatus::DeadLettered);
+    assert_eq!(refund_status(&pool, refund_id).await, RefundStatus::DeadLettered);
     assert_eq!(count_for_refund(&pool, "refund_ledger_entries", refund_id).await, 0);
     let (_, _, reason, detail) = history(&pool, refund_id).await.pop().unwrap();
     assert!(reason.contains("re_1, re_2"), "{reason}");
@@ -268,7 +268,7 @@ async fn an_unfinished_refund_is_counted_as_a_lookup_and_looked_up_again_after_t
 
     assert_eq!(first, Counts { claimed: 1, inconclusive: 1, ..Counts::default() });
     assert_eq!(second, Counts::default(), "not due again before its backoff");
-    assert_eq!(refund_status(&pool, refund_id).await, PaymentStatus::Unknown);
+    assert_eq!(refund_status(&pool, refund_id).await, RefundStatus::Unknown);
     let (lookups, wait_secs): (i32, f64) = sqlx::query!(
         r#"SELECT lookups, extract(epoch FROM next_lookup_at - now())::float8 AS "wait_secs!" FROM refunds
            WHERE refund_id = $1"#,
@@ -290,7 +290,7 @@ async fn a_provider_that_keeps_failing_dead_letters_the_refund_after_the_last_lo
     let poller = poller(&pool, &provider, 3);
 
     let mut passes = Vec::new();
-    while refund_status(&pool, refund_id).await == PaymentStatus::Unknown && passes.len() < 10 {
+    while refund_status(&pool, refund_id).await == RefundStatus::Unknown && passes.len() < 10 {
         passes.push(poller.run_once().await.unwrap());
     }
 
@@ -302,7 +302,7 @@ async fn a_provider_that_keeps_failing_dead_letters_the_refund_after_the_last_lo
             Counts { claimed: 1, dead_lettered: 1, ..Counts::default() },
         ]
     );
-    assert_eq!(refund_status(&pool, refund_id).await, PaymentStatus::DeadLettered);
+    assert_eq!(refund_status(&pool, refund_id).await, RefundStatus::DeadLettered);
     assert_eq!(refunded(&pool, payment_id).await, (500, 0));
     let (actor, _, reason, detail) = history(&pool, refund_id).await.pop().unwrap();
     assert_eq!(actor, "reconciler:poller");

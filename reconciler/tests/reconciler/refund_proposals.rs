@@ -6,7 +6,7 @@
 use std::process::Output;
 
 use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
-use oncepay_domain::status::PaymentStatus;
+use oncepay_domain::refund_status::RefundStatus;
 use oncepay_ops::dead_letters::refunds::{self as dead_refunds, RefundResolution};
 use oncepay_ops::operator_error::OperatorError;
 use oncepay_provider::{Refund as ProviderRefund, RefundState};
@@ -43,9 +43,9 @@ async fn before_and_after(pool: &PgPool, payment_id: PaymentId, action: &str, ou
 }
 
 /// The payment's refunds, oldest first: (id, status, amount, requested_by).
-async fn refunds_of(pool: &PgPool, payment_id: PaymentId) -> Vec<(RefundId, PaymentStatus, i64, String)> {
+async fn refunds_of(pool: &PgPool, payment_id: PaymentId) -> Vec<(RefundId, RefundStatus, i64, String)> {
     sqlx::query!(
-        r#"SELECT refund_id AS "refund_id: RefundId", status AS "status: PaymentStatus", amount, requested_by
+        r#"SELECT refund_id AS "refund_id: RefundId", status AS "status: RefundStatus", amount, requested_by
            FROM refunds WHERE payment_id = $1 ORDER BY created_at, refund_id"#,
         payment_id.as_uuid()
     )
@@ -103,7 +103,7 @@ async fn a_refund_is_made_once_and_only_when_a_second_approver_approves_it(pool:
     let made = refunds_of(&pool, payment_id).await;
     assert_eq!(made.len(), 1, "exactly one refund: {made:?}");
     let (refund_id, status, amount, requested_by) = made[0].clone();
-    assert_eq!((status, amount, requested_by.as_str()), (PaymentStatus::Pending, 500, "operator:alice"));
+    assert_eq!((status, amount, requested_by.as_str()), (RefundStatus::Pending, 500, "operator:alice"));
     assert_eq!(done["result"]["refund_id"], json!(refund_id));
     assert_eq!(refunded(&pool, payment_id).await, (500, 0), "reserved on the payment, not yet given back");
     assert_eq!(count_for_refund(&pool, "refund_outbox", refund_id).await, 1, "queued for the worker");
@@ -246,9 +246,9 @@ async fn an_approval_after_the_merchant_refunded_in_between_does_nothing(pool: P
              still holds"
         )
     );
-    let made: Vec<(PaymentStatus, i64, String)> =
+    let made: Vec<(RefundStatus, i64, String)> =
         refunds_of(&pool, payment_id).await.into_iter().map(|r| (r.1, r.2, r.3)).collect();
-    assert_eq!(made, [(PaymentStatus::Pending, 1000, "api".to_owned())], "only the merchant's refund");
+    assert_eq!(made, [(RefundStatus::Pending, 1000, "api".to_owned())], "only the merchant's refund");
     assert_eq!(refunded(&pool, payment_id).await, (1000, 0));
     let status: String = sqlx::query_scalar!(
         "SELECT status::text AS \"status!\" FROM proposals WHERE proposal_id = $1",
@@ -311,9 +311,9 @@ async fn refund_ledger(pool: &PgPool, refund_id: RefundId) -> Vec<(String, i64)>
 }
 
 /// The last row of the refund's history: (actor, to_status).
-async fn last_refund_event(pool: &PgPool, refund_id: RefundId) -> (String, PaymentStatus) {
+async fn last_refund_event(pool: &PgPool, refund_id: RefundId) -> (String, RefundStatus) {
     sqlx::query!(
-        r#"SELECT actor, to_status AS "to_status: PaymentStatus" FROM refund_events WHERE refund_id = $1
+        r#"SELECT actor, to_status AS "to_status: RefundStatus" FROM refund_events WHERE refund_id = $1
            ORDER BY seq DESC LIMIT 1"#,
         refund_id.as_uuid()
     )
@@ -356,15 +356,15 @@ async fn a_dead_lettered_refund_settled_as_succeeded_is_booked_and_given_back_on
     assert!(problem(&other_money_refusal).1.contains("4.00 EUR is not it"), "{other_money_refusal}");
     assert_eq!(proposed, StatusCode::ACCEPTED, "{proposal}");
     assert_eq!(proposal["proposal"]["action"]["kind"], "refund_succeeded");
-    assert_eq!(before_approval, (PaymentStatus::DeadLettered, (500, 0)), "nothing moves before the approval");
+    assert_eq!(before_approval, (RefundStatus::DeadLettered, (500, 0)), "nothing moves before the approval");
     assert_eq!(approved, StatusCode::OK, "{done}");
     assert_eq!(done["result"]["done"], "succeeded");
-    assert_eq!(refund_status(&pool, refund_id).await, PaymentStatus::Succeeded);
+    assert_eq!(refund_status(&pool, refund_id).await, RefundStatus::Succeeded);
     assert_eq!(refund_ledger(&pool, refund_id).await, [("re_1".to_owned(), 500)]);
     assert_eq!(refunded(&pool, payment_id).await, (500, 500), "given back, once");
     assert_eq!(
         last_refund_event(&pool, refund_id).await,
-        ("operator:alice, approved by bob".to_owned(), PaymentStatus::Succeeded)
+        ("operator:alice, approved by bob".to_owned(), RefundStatus::Succeeded)
     );
     assert_eq!(
         audit_of(&pool, payment_id).await,
@@ -436,7 +436,7 @@ async fn a_dead_lettered_refund_settled_as_failed_gives_its_money_back_to_the_pa
     let (forced, _) = ops.post(&alice, &format!("/v1/refunds/{contradicted}/resolve"), failed(true)).await;
 
     assert_eq!(approved, StatusCode::OK, "{done}");
-    assert_eq!(refund_status(&pool, lost).await, PaymentStatus::Failed);
+    assert_eq!(refund_status(&pool, lost).await, RefundStatus::Failed);
     let failure: (Option<String>, Option<String>) =
         sqlx::query!("SELECT failure_code, failure_message FROM refunds WHERE refund_id = $1", lost.as_uuid())
             .map(|r| (r.failure_code, r.failure_message))
@@ -449,7 +449,7 @@ async fn a_dead_lettered_refund_settled_as_failed_gives_its_money_back_to_the_pa
     assert_eq!(unforced, StatusCode::CONFLICT);
     assert!(problem(&unforced_refusal).1.contains("re_other"), "{unforced_refusal}");
     assert_eq!(forced, StatusCode::ACCEPTED, "an operator who says why may force it, for an approver");
-    assert_eq!(refund_status(&pool, contradicted).await, PaymentStatus::DeadLettered);
+    assert_eq!(refund_status(&pool, contradicted).await, RefundStatus::DeadLettered);
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
@@ -479,7 +479,7 @@ async fn a_dead_lettered_refund_is_resent_at_once_in_the_key_window_and_past_it_
 
     assert_eq!(done, StatusCode::OK, "{resent}");
     assert_eq!(resent["done"], "retried");
-    assert_eq!(refund_status(&pool, recent).await, PaymentStatus::Pending);
+    assert_eq!(refund_status(&pool, recent).await, RefundStatus::Pending);
     assert_eq!(count_for_refund(&pool, "refund_outbox", recent).await, 1, "queued for the worker");
     assert_eq!(refused, StatusCode::CONFLICT);
     assert!(problem(&refusal).1.contains("may have forgotten its key"), "{refusal}");
@@ -488,9 +488,9 @@ async fn a_dead_lettered_refund_is_resent_at_once_in_the_key_window_and_past_it_
         proposal["proposal"]["action"],
         json!({"kind": "refund_retry", "refund_id": old, "outside_key_window": true})
     );
-    assert_eq!(still, PaymentStatus::DeadLettered);
+    assert_eq!(still, RefundStatus::DeadLettered);
     assert_eq!(approved, StatusCode::OK);
-    assert_eq!(refund_status(&pool, old).await, PaymentStatus::Pending);
+    assert_eq!(refund_status(&pool, old).await, RefundStatus::Pending);
     let may_have_moved: bool =
         sqlx::query_scalar!("SELECT may_have_moved FROM refunds WHERE refund_id = $1", old.as_uuid())
             .fetch_one(&pool)
@@ -501,7 +501,7 @@ async fn a_dead_lettered_refund_is_resent_at_once_in_the_key_window_and_past_it_
     assert_eq!(refunded(&pool, payment_id).await, (1200, 0), "still reserved, never given back twice");
     assert_eq!(
         last_refund_event(&pool, old).await,
-        ("operator:alice, approved by bob".to_owned(), PaymentStatus::Pending)
+        ("operator:alice, approved by bob".to_owned(), RefundStatus::Pending)
     );
 }
 
@@ -533,7 +533,7 @@ async fn an_operator_limited_to_one_tenant_is_told_not_found_for_anothers_refund
     assert_eq!(listed, json!([]));
     assert_eq!(own, StatusCode::OK);
     assert_eq!(fixtures::count(&pool, "proposals").await, 0);
-    assert_eq!(refund_status(&pool, their_refund).await, PaymentStatus::DeadLettered);
+    assert_eq!(refund_status(&pool, their_refund).await, RefundStatus::DeadLettered);
     assert_eq!(refunds_of(&pool, theirs).await.len(), 1, "no refund made for another tenant");
 }
 
@@ -634,7 +634,7 @@ async fn the_cli_proposes_a_refund_and_works_dead_lettered_refunds_through_the_a
     let detail = String::from_utf8(shown.stdout).unwrap();
     assert!(detail.contains("dead_lettered") && detail.contains("30 lookups"), "{detail}");
     assert_eq!(stdout_json(&retried)["done"], "retried");
-    assert_eq!(refund_status(&pool, refund_id).await, PaymentStatus::Pending);
+    assert_eq!(refund_status(&pool, refund_id).await, RefundStatus::Pending);
     assert_eq!(stdout_json(&approved)["result"]["refund_status"], "pending");
     let page = String::from_utf8(page.stdout).unwrap();
     assert!(page.contains("operator:carol") && page.contains("5.00 EUR"), "{page}");
@@ -712,7 +712,7 @@ async fn a_webhook_that_contradicts_a_final_refund_is_a_dead_letter_an_operator_
     assert_eq!(again, StatusCode::CONFLICT, "{again_refusal}");
     assert!(problem(&again_refusal).1.contains("no open conflict"), "{again_refusal}");
     assert_eq!(after, json!([]), "acknowledged, it is no longer waiting");
-    assert_eq!(refund_status(&pool, refund_id).await, PaymentStatus::Succeeded, "the refund keeps its final status");
+    assert_eq!(refund_status(&pool, refund_id).await, RefundStatus::Succeeded, "the refund keeps its final status");
     assert_eq!(refunded(&pool, payment_id).await, (500, 500));
     assert_eq!(count_for_refund(&pool, "refund_ledger_entries", refund_id).await, 1);
     let audit = audit_of(&pool, payment_id).await;

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use oncepay_domain::ids::{RefundId, TenantId};
-use oncepay_domain::status::PaymentStatus;
+use oncepay_domain::refund_status::RefundStatus;
 use oncepay_reconciler::sweeper::{Counts, Sweeper, SweeperConfig};
 use oncepay_store::fixtures::tenant;
 use oncepay_store::leases::SweepCounts;
@@ -47,14 +47,14 @@ async fn expired_refund_leases_are_taken_back_by_the_key_window_and_live_ones_ar
         Counts { refunds: SweepCounts { released: 1, uncertain: 1, ..SweepCounts::default() }, ..Counts::default() }
     );
     assert_eq!(second, Counts::default());
-    assert_eq!(refund_status(&pool, in_window).await, PaymentStatus::Pending);
+    assert_eq!(refund_status(&pool, in_window).await, RefundStatus::Pending);
     let unleased: Option<bool> =
         sqlx::query_scalar!("SELECT locked_until IS NULL FROM refund_outbox WHERE refund_id = $1", in_window.as_uuid())
             .fetch_one(&pool)
             .await
             .unwrap();
     assert_eq!(unleased, Some(true), "queued for a worker, unleased");
-    assert_eq!(refund_status(&pool, past_window).await, PaymentStatus::Unknown);
+    assert_eq!(refund_status(&pool, past_window).await, RefundStatus::Unknown);
     assert_eq!(count_for_refund(&pool, "refund_outbox", past_window).await, 0);
     let due: Option<bool> =
         sqlx::query_scalar!("SELECT next_lookup_at <= now() FROM refunds WHERE refund_id = $1", past_window.as_uuid())
@@ -62,7 +62,7 @@ async fn expired_refund_leases_are_taken_back_by_the_key_window_and_live_ones_ar
             .await
             .unwrap();
     assert_eq!(due, Some(true), "due for the poller's first lookup");
-    assert_eq!(refund_status(&pool, alive).await, PaymentStatus::Processing);
+    assert_eq!(refund_status(&pool, alive).await, RefundStatus::Processing);
     let actors: Vec<String> = sqlx::query_scalar!(
         "SELECT actor FROM refund_events WHERE refund_id = ANY($1) AND to_status IN ('pending', 'unknown') AND seq > 1",
         &[in_window.as_uuid(), past_window.as_uuid()]

@@ -7,7 +7,7 @@ use std::net::TcpListener;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
-use oncepay_domain::status::PaymentStatus;
+use oncepay_domain::refund_status::RefundStatus;
 use oncepay_http::probes::ProbeState;
 use oncepay_provider::webhook_signature::WebhookSecret;
 use oncepay_provider::wire::{RefundEvent, RefundEventType};
@@ -120,7 +120,7 @@ async fn a_signed_refund_update_settles_an_unknown_refund_once_and_a_redelivery_
 
     assert_eq!(first, (200, json!({"outcome": "applied"})));
     assert_eq!(again, (200, json!({"outcome": "duplicate"})));
-    assert_eq!(refund_status(&pool, refund_id).await, PaymentStatus::Succeeded);
+    assert_eq!(refund_status(&pool, refund_id).await, RefundStatus::Succeeded);
     assert_eq!(changes_by(&pool, refund_id, "webhook").await, 1);
     assert_eq!(count_for_refund(&pool, "refund_ledger_entries", refund_id).await, 1);
     assert_eq!(refunded(&pool, payment_id).await, (500, 500));
@@ -143,7 +143,7 @@ async fn a_signed_refund_failure_fails_an_unknown_refund_and_gives_its_reservati
     let delivered = deliver(&url, &secret, "msg_1", body).await;
 
     assert_eq!(delivered, (200, json!({"outcome": "applied"})));
-    assert_eq!(refund_status(&pool, refund_id).await, PaymentStatus::Failed);
+    assert_eq!(refund_status(&pool, refund_id).await, RefundStatus::Failed);
     assert_eq!(refunded(&pool, payment_id).await, (0, 0));
     let provider_refund: Option<String> =
         sqlx::query_scalar!("SELECT provider_refund_id FROM refunds WHERE refund_id = $1", refund_id.as_uuid())
@@ -164,7 +164,7 @@ async fn a_refund_event_for_another_amount_dead_letters_the_unknown_refund_with_
             .unwrap();
 
     assert_eq!(handled.label(), "conflict");
-    assert_eq!(refund_status(&pool, refund_id).await, PaymentStatus::DeadLettered);
+    assert_eq!(refund_status(&pool, refund_id).await, RefundStatus::DeadLettered);
     assert_eq!(count_for_refund(&pool, "refund_ledger_entries", refund_id).await, 0);
     let detail: Value = sqlx::query_scalar!(
         r#"SELECT detail AS "detail!" FROM refund_events WHERE refund_id = $1 AND to_status = 'dead_lettered'"#,
@@ -201,8 +201,8 @@ async fn refund_events_about_refunds_that_are_not_unknown_are_only_recorded(pool
     }
 
     assert_eq!(labels, events.iter().map(|(_, _, label)| *label).collect::<Vec<_>>());
-    assert_eq!(refund_status(&pool, settled).await, PaymentStatus::Succeeded, "a final refund never moves");
-    assert_eq!(refund_status(&pool, processing).await, PaymentStatus::Processing, "left to its worker");
+    assert_eq!(refund_status(&pool, settled).await, RefundStatus::Succeeded, "a final refund never moves");
+    assert_eq!(refund_status(&pool, processing).await, RefundStatus::Processing, "left to its worker");
     assert_eq!(changes_by(&pool, settled, "webhook").await, 1);
     assert_eq!(refunded(&pool, payment_id).await, (1000, 500));
     let outcomes: Vec<String> = deliveries(&pool).await.into_iter().map(|(_, _, outcome)| outcome).collect();
@@ -228,6 +228,6 @@ async fn a_refund_failure_event_whose_refund_has_not_failed_is_400_and_changes_n
 
     assert_eq!((code, problem["type"].as_str()), (400, Some("https://oncepay.dev/problems/invalid-webhook")));
     assert_eq!(malformed, 400);
-    assert_eq!(refund_status(&pool, refund_id).await, PaymentStatus::Unknown);
+    assert_eq!(refund_status(&pool, refund_id).await, RefundStatus::Unknown);
     assert!(deliveries(&pool).await.is_empty());
 }

@@ -6,7 +6,7 @@
 use std::net::TcpListener;
 
 use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
-use oncepay_domain::status::PaymentStatus;
+use oncepay_domain::refund_status::RefundStatus;
 use oncepay_provider::metadata_keys;
 use oncepay_provider::stripe::signature::StripeWebhookSecret;
 use oncepay_reconciler::http;
@@ -159,7 +159,7 @@ async fn a_refund_update_settles_an_unknown_refund_once_and_a_redelivery_is_igno
 
     assert_eq!(first, (200, json!({"outcome": "applied"})));
     assert_eq!(again, (200, json!({"outcome": "duplicate"})));
-    assert_eq!(refund_status(&pool, refund_id).await, PaymentStatus::Succeeded);
+    assert_eq!(refund_status(&pool, refund_id).await, RefundStatus::Succeeded);
     assert_eq!(provider_refund_id(&pool, refund_id).await.as_deref(), Some("re_1"));
     assert_eq!(count_for_refund(&pool, "refund_ledger_entries", refund_id).await, 1);
     assert_eq!(refunded(&pool, payment_id).await, (500, 500), "the payment's refunded amount is raised once");
@@ -176,7 +176,7 @@ async fn a_refund_failure_fails_an_unknown_refund_and_gives_its_reservation_back
     let delivered = deliver(&url, &body).await;
 
     assert_eq!(delivered, (200, json!({"outcome": "applied"})));
-    assert_eq!(refund_status(&pool, refund_id).await, PaymentStatus::Failed);
+    assert_eq!(refund_status(&pool, refund_id).await, RefundStatus::Failed);
     assert_eq!(refunded(&pool, payment_id).await, (0, 0));
     assert_eq!(count_for_refund(&pool, "refund_ledger_entries", refund_id).await, 0);
     assert_eq!(provider_refund_id(&pool, refund_id).await.as_deref(), Some("re_1"));
@@ -195,7 +195,7 @@ async fn a_refund_that_fails_after_it_succeeded_keeps_its_status_and_is_a_confli
 
     assert_eq!(first, (200, json!({"outcome": "applied"})));
     assert_eq!(later, (200, json!({"outcome": "conflict"})));
-    assert_eq!(refund_status(&pool, refund_id).await, PaymentStatus::Succeeded, "a final refund never moves");
+    assert_eq!(refund_status(&pool, refund_id).await, RefundStatus::Succeeded, "a final refund never moves");
     assert_eq!(count_for_refund(&pool, "refund_ledger_entries", refund_id).await, 1);
     assert_eq!(refunded(&pool, payment_id).await, (500, 500));
     assert_eq!(
@@ -257,9 +257,9 @@ async fn a_connect_refund_event_settles_only_a_refund_made_in_its_account(pool: 
             (200, json!("other_account"))
         ]
     );
-    assert_eq!(refund_status(&pool, refunds[0]).await, PaymentStatus::Succeeded);
+    assert_eq!(refund_status(&pool, refunds[0]).await, RefundStatus::Succeeded);
     for refund_id in &refunds[1..] {
-        assert_eq!(refund_status(&pool, *refund_id).await, PaymentStatus::Unknown, "never moved");
+        assert_eq!(refund_status(&pool, *refund_id).await, RefundStatus::Unknown, "never moved");
         assert_eq!(count_for_refund(&pool, "refund_ledger_entries", *refund_id).await, 0);
     }
     assert_eq!(refunded(&pool, payment_id).await.1, 500, "only the refund in the payment's account is booked");
@@ -298,8 +298,8 @@ async fn a_charge_refunded_event_settles_each_refund_it_lists_once(pool: PgPool)
         ]})
     );
     assert_eq!(again["outcome"], "duplicate", "{again}");
-    assert_eq!(refund_status(&pool, refunded_one).await, PaymentStatus::Succeeded);
-    assert_eq!(refund_status(&pool, failed_one).await, PaymentStatus::Failed);
+    assert_eq!(refund_status(&pool, refunded_one).await, RefundStatus::Succeeded);
+    assert_eq!(refund_status(&pool, failed_one).await, RefundStatus::Failed);
     assert_eq!(refunded(&pool, payment_id).await, (500, 500));
     assert_eq!(
         deliveries(&pool).await,
@@ -323,7 +323,7 @@ async fn a_charge_refunded_event_that_lists_no_refunds_is_acknowledged_and_chang
         assert_eq!(deliver(&url, &body).await, (200, json!({"outcome": "ignored"})), "{body}");
     }
 
-    assert_eq!(refund_status(&pool, refund_id).await, PaymentStatus::Unknown, "never guessed from amounts");
+    assert_eq!(refund_status(&pool, refund_id).await, RefundStatus::Unknown, "never guessed from amounts");
     assert!(deliveries(&pool).await.is_empty());
 }
 
@@ -355,6 +355,6 @@ async fn unfinished_refunds_refunds_of_no_intent_and_contradicting_events_change
             (400, Value::Null, json!("https://oncepay.dev/problems/invalid-webhook")),
         ]
     );
-    assert_eq!(refund_status(&pool, refund_id).await, PaymentStatus::Unknown);
+    assert_eq!(refund_status(&pool, refund_id).await, RefundStatus::Unknown);
     assert_eq!(deliveries(&pool).await, [("evt_1".into(), "refund.created".into(), "unfinished".into())]);
 }

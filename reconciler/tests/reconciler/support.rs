@@ -18,6 +18,7 @@ use oncepay_reconciler::settings::Settings;
 use oncepay_reconciler::startup::operators_state;
 use oncepay_reconciler::unknown::{self, payments};
 use oncepay_service::backoff::Backoff;
+use oncepay_service::telemetry::TraceContext;
 use oncepay_store::fixtures;
 use oncepay_store::refunds::sending::{self, ClaimedRefund, Release};
 use oncepay_store::refunds::settling::{self, RefundChange};
@@ -376,12 +377,24 @@ pub async fn succeeded_payment(pool: &PgPool, tenant_id: TenantId, key: &str, am
 /// Accepts a refund of `amount` of `payment_id` under `key`, as `POST /v1/payments/{id}/refunds`
 /// would: `pending`, with its key and refund outbox row, the amount reserved on the payment.
 pub async fn refund(pool: &PgPool, tenant_id: TenantId, payment_id: PaymentId, key: &str, amount: i64) -> RefundId {
+    refund_in_trace(pool, tenant_id, payment_id, key, amount, None).await
+}
+
+/// [`refund`], asked by a request in `trace`.
+pub async fn refund_in_trace(
+    pool: &PgPool,
+    tenant_id: TenantId,
+    payment_id: PaymentId,
+    key: &str,
+    amount: i64,
+    trace: Option<TraceContext>,
+) -> RefundId {
     use oncepay_store::fixtures::RefundSubmission;
     use oncepay_store::refunds::intake::{self, RefundIntake};
 
     let body = json!({ "amount": amount, "reason": "requested_by_customer" });
     let submission = RefundSubmission::new(key, payment_id, &body);
-    let new = submission.for_payment(tenant_id, payment_id, None);
+    let new = submission.for_payment(tenant_id, payment_id, trace);
     match intake::accept(&mut pool.acquire().await.unwrap(), &new).await.unwrap() {
         RefundIntake::Created { refund, .. } => refund.refund_id,
         other => panic!("the refund was not accepted: {other:?}"),
@@ -422,6 +435,13 @@ pub async fn unknown_refund(
     sent_secs_ago: i64,
 ) -> RefundId {
     let refund_id = refund(pool, tenant_id, payment_id, key, amount).await;
+    lose_answer(pool, tenant_id, refund_id, sent_secs_ago).await;
+    refund_id
+}
+
+/// Claims the `pending` refund `refund_id` as a worker would, makes its send `sent_secs_ago` seconds
+/// old and records that its outcome was lost: `unknown`, due for a lookup, its outbox row gone.
+pub async fn lose_answer(pool: &PgPool, tenant_id: TenantId, refund_id: RefundId, sent_secs_ago: i64) {
     let claimed = claim_refunds(pool, tenant_id, sent_secs_ago).await;
     let claimed = claimed.iter().find(|c| c.refund_id == refund_id).unwrap();
     let mut tx = pool.begin().await.unwrap();
@@ -437,13 +457,12 @@ pub async fn unknown_refund(
     };
     moved(settling::apply(&mut tx, &change, None, time::OffsetDateTime::now_utc()).await);
     tx.commit().await.unwrap();
-    refund_id
 }
 
 /// The refund's status.
-pub async fn refund_status(pool: &PgPool, refund_id: RefundId) -> PaymentStatus {
+pub async fn refund_status(pool: &PgPool, refund_id: RefundId) -> RefundStatus {
     sqlx::query_scalar!(
-        r#"SELECT status AS "status: PaymentStatus" FROM refunds WHERE refund_id = $1"#,
+        r#"SELECT status AS "status: RefundStatus" FROM refunds WHERE refund_id = $1"#,
         refund_id.as_uuid()
     )
     .fetch_one(pool)

@@ -1,14 +1,16 @@
 //! Trace continuity in the reconciler: an `unknown` payment's queue row keeps the trace it was given,
 //! the sweeper hands on the outbox row's trace when it makes a payment `unknown`, and the poller's
-//! lookup and the resend it decides continue that trace.
+//! lookup and the resend it decides continue that trace. A refund keeps the trace of the request
+//! that asked for it, and its lookup and resend continue it.
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::refund_status::RefundStatus;
 use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_provider::KeyWindow;
-use oncepay_reconciler::poller::{PaymentPoller, PollerConfig};
+use oncepay_reconciler::poller::{PaymentPoller, PollerConfig, RefundPoller};
 use oncepay_reconciler::sweeper::{Sweeper, SweeperConfig};
 use oncepay_service::backoff::Backoff;
 use oncepay_service::config::{LogFormat, TelemetrySettings};
@@ -17,10 +19,12 @@ use oncepay_store::fixtures::{self, tenant};
 use oncepay_store::{transitions, unknown_queue};
 use serde_json::json;
 use sqlx::PgPool;
-use wiremock::matchers::{method, path};
+use wiremock::matchers::{method, path, query_param};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
-use crate::support::{accept, change, claim, status};
+use crate::support::{
+    accept, change, claim, lose_answer, poller_config, refund_in_trace, refund_status, status, succeeded_payment,
+};
 
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const WORKER_SPAN: &str = "00f067aa0ba902b7";
@@ -147,4 +151,40 @@ async fn a_lease_swept_past_the_key_window_hands_the_outbox_rows_trace_to_the_un
         stored_trace(&pool, "unknown_payments", payment_id).await,
         (Some(request.traceparent), request.tracestate)
     );
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_refunds_lookup_and_the_resend_it_decides_continue_the_trace_of_the_request_that_asked_for_it(pool: PgPool) {
+    traced();
+    let tenant_id = tenant(&pool, "acme").await;
+    let payment_id = succeeded_payment(&pool, tenant_id, "order-1", 1999).await;
+    let request = worker_span();
+    let refund_id = refund_in_trace(&pool, tenant_id, payment_id, "refund-1", 500, Some(request.clone())).await;
+    // Sent a minute ago, well inside the key window.
+    lose_answer(&pool, tenant_id, refund_id, 60).await;
+    let provider = MockServer::start().await;
+    // The provider holds no refund under the key, inside the key window: the poller resends.
+    Mock::given(method("GET"))
+        .and(path("/v1/refunds"))
+        .and(query_param("idempotency_key", refund_id.downstream_key().as_str()))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"data": [], "has_more": false})))
+        .mount(&provider)
+        .await;
+    let poller = RefundPoller::new(pool.clone(), fixtures::provider(&provider.uri()), poller_config(5));
+
+    let counts = poller.run_once().await.unwrap();
+
+    assert_eq!(counts.resent, 1, "{counts:?}");
+    assert_eq!(refund_status(&pool, refund_id).await, RefundStatus::Pending);
+    let lookup = &provider.received_requests().await.unwrap()[0];
+    let (lookup_trace, lookup_span) = ids(lookup.headers.get("traceparent").expect("a traceparent").to_str().unwrap());
+    assert_eq!(lookup_trace, TRACE_ID, "the lookup is in the trace of the request that asked for the refund");
+    assert_ne!(lookup_span, WORKER_SPAN, "from a span of the poller's own");
+    let queued: (Option<String>, Option<String>) =
+        sqlx::query_as("SELECT traceparent, tracestate FROM refund_outbox WHERE refund_id = $1")
+            .bind(refund_id.as_uuid())
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(queued, (Some(request.traceparent), request.tracestate), "the resend continues the same trace");
 }

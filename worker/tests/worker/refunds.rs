@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use oncepay_domain::ids::RefundId;
 use oncepay_domain::refund_status::{RefundStatus, RefundTransition};
 use oncepay_domain::status::PaymentStatus;
 use oncepay_provider::http::HttpProvider;
@@ -23,7 +22,9 @@ use sqlx::PgPool;
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
-use crate::support::{self, Accepted, Charges, accept, config, drainer, provider_settings, tenant};
+use crate::support::{
+    self, Accepted, Charges, accept, config, drainer, provider_settings, refund, refund_traced, tenant,
+};
 
 /// A payment of 1999 EUR cents, charged by the worker against a provider that charges it.
 async fn charged_payment(pool: &PgPool) -> (Accepted, String) {
@@ -34,23 +35,6 @@ async fn charged_payment(pool: &PgPool) -> (Accepted, String) {
     let payment = support::payment(pool, accepted).await;
     assert_eq!(payment.status, PaymentStatus::Succeeded);
     (accepted, payment.provider_charge_id.unwrap())
-}
-
-/// Accepts a refund of `amount` of `payment`, as `POST /v1/payments/{id}/refunds` would.
-async fn refund(pool: &PgPool, payment: Accepted, amount: i64) -> Refund {
-    refund_traced(pool, payment, amount, None).await
-}
-
-/// Accepts a refund as [`refund`] does, inside the request's `trace`.
-async fn refund_traced(pool: &PgPool, payment: Accepted, amount: i64, trace: Option<TraceContext>) -> Refund {
-    let key = RefundId::generate().to_string();
-    let submission = RefundSubmission::new(&key, payment.payment_id, &json!({"amount": amount}));
-    let new = submission.for_payment(payment.tenant_id, payment.payment_id, trace);
-    let mut conn = pool.acquire().await.unwrap();
-    match intake::accept(&mut conn, &new).await.unwrap() {
-        RefundIntake::Created { refund, .. } => *refund,
-        other => panic!("the refund was not accepted: {other:?}"),
-    }
 }
 
 fn sender(pool: &PgPool, server: &MockServer, max_attempts: u32) -> RefundSender<HttpProvider> {

@@ -1,12 +1,12 @@
-//! Shared arrangements for the worker's tests: payments created exactly as the api creates them, a
-//! drainer pointed at a wiremock provider, a provider that charges like the real one and counts
-//! requests per downstream key, and readers for the rows the tests assert on.
+//! Shared arrangements for the worker's tests: payments and refunds created exactly as the api
+//! creates them, a drainer pointed at a wiremock provider, a provider that charges like the real one
+//! and counts requests per downstream key, and readers for the rows the tests assert on.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
 use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_provider::KeyWindow;
 use oncepay_provider::ProviderSettings;
@@ -15,8 +15,11 @@ use oncepay_provider::wire::CreateCharge;
 use oncepay_service::backoff::Backoff;
 use oncepay_service::telemetry::TraceContext;
 use oncepay_store::fixtures;
+use oncepay_store::fixtures::RefundSubmission;
 use oncepay_store::payments;
 use oncepay_store::payments::Payment;
+use oncepay_store::refunds::Refund;
+use oncepay_store::refunds::intake::{self, RefundIntake};
 use oncepay_store::transitions::{self, Change, Settlement};
 use oncepay_worker::{Drainer, DrainerConfig};
 use serde_json::json;
@@ -30,6 +33,23 @@ use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
 pub struct Accepted {
     pub tenant_id: TenantId,
     pub payment_id: PaymentId,
+}
+
+/// Accepts a refund of `amount` of `payment`, as `POST /v1/payments/{id}/refunds` would.
+pub async fn refund(pool: &PgPool, payment: Accepted, amount: i64) -> Refund {
+    refund_traced(pool, payment, amount, None).await
+}
+
+/// Accepts a refund as [`refund`] does, inside the request's `trace`.
+pub async fn refund_traced(pool: &PgPool, payment: Accepted, amount: i64, trace: Option<TraceContext>) -> Refund {
+    let key = RefundId::generate().to_string();
+    let submission = RefundSubmission::new(&key, payment.payment_id, &json!({"amount": amount}));
+    let new = submission.for_payment(payment.tenant_id, payment.payment_id, trace);
+    let mut conn = pool.acquire().await.unwrap();
+    match intake::accept(&mut conn, &new).await.unwrap() {
+        RefundIntake::Created { refund, .. } => *refund,
+        other => panic!("the refund was not accepted: {other:?}"),
+    }
 }
 
 /// Creates a tenant with a fresh name.

@@ -161,7 +161,8 @@ async fn write(tx: &mut PgConnection, new: &NewRefund<'_>) -> Result<Option<Refu
     Ok(Some(RefundIntake::Created { refund: Box::new(refund), key_expires_at }))
 }
 
-/// Writes the refund, `pending`, for the `amount` reserved, in the payment's `currency`.
+/// Writes the refund, `pending`, for the `amount` reserved, in the payment's `currency`, with the
+/// request's trace to continue for the rest of its life (`migrations/0420_refund_trace.sql`).
 async fn insert_refund(
     tx: &mut PgConnection,
     new: &NewRefund<'_>,
@@ -171,8 +172,9 @@ async fn insert_refund(
     let refund = sqlx::query_as!(
         Refund,
         r#"
-        INSERT INTO refunds (tenant_id, refund_id, payment_id, amount, currency, reason, metadata, requested_by)
-        VALUES ($1, $2, $3, $4, $8, $5, $6, $7)
+        INSERT INTO refunds (tenant_id, refund_id, payment_id, amount, currency, reason, metadata, requested_by,
+                             traceparent, tracestate)
+        VALUES ($1, $2, $3, $4, $8, $5, $6, $7, $9, $10)
         RETURNING tenant_id AS "tenant_id: TenantId", refund_id AS "refund_id: RefundId",
                   payment_id AS "payment_id: PaymentId", status AS "status: RefundStatus",
                   amount AS "amount: Amount", currency AS "currency: Currency", reason,
@@ -187,6 +189,8 @@ async fn insert_refund(
         Json(&new.request.metadata) as _,
         new.requested_by,
         currency.as_str(),
+        new.trace.as_ref().map(|t| t.traceparent.as_str()),
+        new.trace.as_ref().and_then(|t| t.tracestate.as_deref()),
     )
     .fetch_one(&mut *tx)
     .await?;

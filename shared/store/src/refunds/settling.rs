@@ -71,7 +71,7 @@ pub enum RefundSettlement {
 }
 
 /// Persists a non-terminal change of a refund; a refund that goes back to `pending` is queued for
-/// the worker again at `available_at`. `provider_refund_id` is kept when the provider named its
+/// the worker again at `available_at`, in the trace of the request that asked for it. `provider_refund_id` is kept when the provider named its
 /// refund (one it has not finished).
 pub async fn apply(
     conn: &mut PgConnection,
@@ -114,7 +114,10 @@ pub async fn apply(
     if to == RefundStatus::Pending {
         sqlx::query!(
             r#"
-            INSERT INTO refund_outbox (tenant_id, refund_id, available_at) VALUES ($1, $2, $3)
+            -- The resend continues the trace of the request that asked for the refund.
+            INSERT INTO refund_outbox (tenant_id, refund_id, available_at, traceparent, tracestate)
+            SELECT tenant_id, refund_id, $3, traceparent, tracestate FROM refunds
+            WHERE tenant_id = $1 AND refund_id = $2
             ON CONFLICT (tenant_id, refund_id) DO NOTHING
             "#,
             change.tenant_id.as_uuid(),
