@@ -651,8 +651,7 @@ pub async fn execute(command: Command, ctx: &Context) -> Result<Box<dyn Report>,
             query.extend(payment_id.map(|p| ("payment_id", p.to_string())));
             query.extend(action.map(|a| ("action", a)));
             query.extend(before.map(|b| ("before", b.to_string())));
-            let trail: AuditTrail = ctx.ops()?.get_with("/v1/audit", &query).await?.into()?;
-            Ok(boxed(trail))
+            ctx.ops()?.get_with("/v1/audit", &query).await?.report::<AuditTrail>()
         }
         Command::Operators(command) => operator_command(command, ctx).await,
         Command::SignIn { name, label, days, reason } => {
@@ -667,8 +666,7 @@ pub async fn execute(command: Command, ctx: &Context) -> Result<Box<dyn Report>,
             let issued = session.post(&format!("/v1/operators/{name}/tokens"), &body).await;
             // The session was only the way to the token: end it either way.
             let _ = session.delete("/v1/session", &serde_json::Value::Null).await;
-            let issued: IssuedToken = issued?.into()?;
-            Ok(boxed(issued))
+            issued?.report::<IssuedToken>()
         }
         Command::Tokens(command) => token_command(command, ctx.ops()?).await,
         Command::Recon(command) => recon_command(command, ctx.ops()?).await,
@@ -679,13 +677,11 @@ async fn key_command(command: KeysCommand, ops: &OpsClient) -> Result<Box<dyn Re
     match command {
         KeysCommand::Issue { tenant, reason } => {
             let path = format!("/v1/tenants/{tenant}/keys");
-            let proposed: Acted = ops.post(&path, &json!({ "reason": reason })).await?.into()?;
-            Ok(boxed(proposed))
+            ops.post(&path, &json!({ "reason": reason })).await?.report::<Acted>()
         }
         KeysCommand::Collect { proposal_id } => {
             let path = format!("/v1/proposals/{proposal_id}/key");
-            let issued: IssuedKey = ops.post(&path, &json!({})).await?.into()?;
-            Ok(boxed(issued))
+            ops.post(&path, &json!({})).await?.report::<IssuedKey>()
         }
         KeysCommand::Revoke { tenant, key_id, reason } => {
             let path = format!("/v1/tenants/{tenant}/keys/{key_id}");
@@ -701,15 +697,11 @@ async fn operator_command(command: OperatorsCommand, ctx: &Context) -> Result<Bo
             let ttl = ctx.settings.operators.token_ttl();
             accounts::bootstrap(&mut *connection(ctx).await?, &name, ttl).await.map(boxed)
         }
-        OperatorsCommand::List => {
-            let list: OperatorList = ctx.ops()?.get("/v1/operators").await?.into()?;
-            Ok(boxed(list))
-        }
+        OperatorsCommand::List => ctx.ops()?.get("/v1/operators").await?.report::<OperatorList>(),
         OperatorsCommand::Create { name, role, tenants, oidc_subject, reason } => {
             let tenants = (!tenants.is_empty()).then_some(tenants);
             let body = json!({ "name": name, "role": role, "tenants": tenants, "oidc_subject": oidc_subject, "reason": reason });
-            let created: CreatedOperator = ctx.ops()?.post("/v1/operators", &body).await?.into()?;
-            Ok(boxed(created))
+            ctx.ops()?.post("/v1/operators", &body).await?.report::<CreatedOperator>()
         }
         OperatorsCommand::Enroll { name } => {
             let api = ctx.anonymous()?;
@@ -734,14 +726,12 @@ async fn operator_command(command: OperatorsCommand, ctx: &Context) -> Result<Bo
         }
         OperatorsCommand::Reset { name, reason } => {
             let path = format!("/v1/operators/{name}/enrollment");
-            let issued: IssuedCode = ctx.ops()?.post(&path, &json!({ "reason": reason })).await?.into()?;
-            Ok(boxed(issued))
+            ctx.ops()?.post(&path, &json!({ "reason": reason })).await?.report::<IssuedCode>()
         }
         OperatorsCommand::Update { name, role, tenants, every_tenant, reason } => {
             let tenants = (!tenants.is_empty()).then_some(tenants);
             let body = json!({ "role": role, "tenants": tenants, "every_tenant": every_tenant, "reason": reason });
-            let changed: OperatorView = ctx.ops()?.patch(&format!("/v1/operators/{name}"), &body).await?.into()?;
-            Ok(boxed(changed))
+            ctx.ops()?.patch(&format!("/v1/operators/{name}"), &body).await?.report::<OperatorView>()
         }
         OperatorsCommand::Disable { name, reason } => {
             ctx.ops()?.delete(&format!("/v1/operators/{name}"), &json!({ "reason": reason })).await?;
@@ -759,13 +749,9 @@ async fn recon_command(command: ReconCommand, ops: &OpsClient) -> Result<Box<dyn
         }
         ReconCommand::Runs { limit } => {
             let query = [("limit", limit.to_string())];
-            let list: RunList = ops.get_with("/v1/recon/runs", &query).await?.into()?;
-            Ok(boxed(list))
+            ops.get_with("/v1/recon/runs", &query).await?.report::<RunList>()
         }
-        ReconCommand::Show { run_id } => {
-            let detail: RunDetail = ops.get(&format!("/v1/recon/runs/{run_id}")).await?.into()?;
-            Ok(boxed(detail))
-        }
+        ReconCommand::Show { run_id } => ops.get(&format!("/v1/recon/runs/{run_id}")).await?.report::<RunDetail>(),
     }
 }
 
@@ -784,25 +770,20 @@ async fn tenant_command(command: TenantsCommand, ops: &OpsClient) -> Result<Box<
         TenantsCommand::Disconnect { tenant, reason } => (tenant, None, reason),
     };
     let path = format!("/v1/tenants/{tenant}/provider-account");
-    let acted: Acted = ops.put(&path, &json!({ "account": account, "reason": reason })).await?.into()?;
-    Ok(boxed(acted))
+    ops.put(&path, &json!({ "account": account, "reason": reason })).await?.report::<Acted>()
 }
 
 async fn dead_letter_command(command: DeadLettersCommand, ops: &OpsClient) -> Result<Box<dyn Report>, OperatorError> {
     match command {
         DeadLettersCommand::List { open: _, all } => {
-            let list: EntryList =
-                ops.get(if all { "/v1/dead-letters?all=true" } else { "/v1/dead-letters" }).await?.into()?;
-            Ok(boxed(list))
+            ops.get(if all { "/v1/dead-letters?all=true" } else { "/v1/dead-letters" }).await?.report::<EntryList>()
         }
         DeadLettersCommand::Show { payment_id } => {
-            let page: PaymentPage = ops.get(&format!("/v1/payments/{payment_id}")).await?.into()?;
-            Ok(boxed(page))
+            ops.get(&format!("/v1/payments/{payment_id}")).await?.report::<PaymentPage>()
         }
         DeadLettersCommand::Retry { payment_id, reason, outside_key_window } => {
             let body = json!({ "reason": reason, "outside_key_window": outside_key_window });
-            let acted: Acted = ops.post(&format!("/v1/payments/{payment_id}/retry"), &body).await?.into()?;
-            Ok(boxed(acted))
+            ops.post(&format!("/v1/payments/{payment_id}/retry"), &body).await?.report::<Acted>()
         }
         DeadLettersCommand::Resolve {
             payment_id,
@@ -825,8 +806,7 @@ async fn dead_letter_command(command: DeadLettersCommand, ops: &OpsClient) -> Re
                 "charged_at": charged_at,
                 "force": force,
             });
-            let acted: Acted = ops.post(&format!("/v1/payments/{payment_id}/resolve"), &body).await?.into()?;
-            Ok(boxed(acted))
+            ops.post(&format!("/v1/payments/{payment_id}/resolve"), &body).await?.report::<Acted>()
         }
     }
 }
@@ -836,21 +816,15 @@ async fn refund_command(command: RefundsCommand, ops: &OpsClient) -> Result<Box<
         RefundsCommand::Propose { payment_id, amount, refund_reason, reason } => {
             let refund_reason = refund_reason.map(RefundReasonArg::as_str);
             let body = json!({ "amount": amount, "refund_reason": refund_reason, "reason": reason });
-            let acted: Acted = ops.post(&format!("/v1/payments/{payment_id}/refund"), &body).await?.into()?;
-            Ok(boxed(acted))
+            ops.post(&format!("/v1/payments/{payment_id}/refund"), &body).await?.report::<Acted>()
         }
-        RefundsCommand::DeadLetters => {
-            let list: DeadRefundList = ops.get("/v1/dead-letters/refunds").await?.into()?;
-            Ok(boxed(list))
-        }
+        RefundsCommand::DeadLetters => ops.get("/v1/dead-letters/refunds").await?.report::<DeadRefundList>(),
         RefundsCommand::Show { refund_id } => {
-            let detail: RefundDetail = ops.get(&format!("/v1/refunds/{refund_id}")).await?.into()?;
-            Ok(boxed(detail))
+            ops.get(&format!("/v1/refunds/{refund_id}")).await?.report::<RefundDetail>()
         }
         RefundsCommand::Retry { refund_id, reason, outside_key_window } => {
             let body = json!({ "reason": reason, "outside_key_window": outside_key_window });
-            let acted: Acted = ops.post(&format!("/v1/refunds/{refund_id}/retry"), &body).await?.into()?;
-            Ok(boxed(acted))
+            ops.post(&format!("/v1/refunds/{refund_id}/retry"), &body).await?.report::<Acted>()
         }
         RefundsCommand::Resolve {
             refund_id,
@@ -873,8 +847,7 @@ async fn refund_command(command: RefundsCommand, ops: &OpsClient) -> Result<Box<
                 "refunded_at": refunded_at,
                 "force": force,
             });
-            let acted: Acted = ops.post(&format!("/v1/refunds/{refund_id}/resolve"), &body).await?.into()?;
-            Ok(boxed(acted))
+            ops.post(&format!("/v1/refunds/{refund_id}/resolve"), &body).await?.report::<Acted>()
         }
     }
 }
@@ -897,22 +870,19 @@ async fn proposal_command(command: ProposalsCommand, ops: &OpsClient) -> Result<
         ProposalsCommand::Withdraw { proposal_id, reason } => (proposal_id, "withdraw", reason),
     };
     let path = format!("/v1/proposals/{proposal_id}/{decision}");
-    let closed: ProposalView = ops.post(&path, &json!({ "reason": reason })).await?.into()?;
-    Ok(boxed(closed))
+    ops.post(&path, &json!({ "reason": reason })).await?.report::<ProposalView>()
 }
 
 async fn token_command(command: TokensCommand, ops: &OpsClient) -> Result<Box<dyn Report>, OperatorError> {
     match command {
         TokensCommand::List { operator } => {
             let whose = whose(ops, operator).await?;
-            let list: TokenList = ops.get(&format!("/v1/operators/{whose}/tokens")).await?.into()?;
-            Ok(boxed(list))
+            ops.get(&format!("/v1/operators/{whose}/tokens")).await?.report::<TokenList>()
         }
         TokensCommand::Issue { operator, label, days, reason } => {
             let whose = whose(ops, operator).await?;
             let body = json!({ "label": label, "expires_in_days": days, "reason": reason });
-            let issued: IssuedToken = ops.post(&format!("/v1/operators/{whose}/tokens"), &body).await?.into()?;
-            Ok(boxed(issued))
+            ops.post(&format!("/v1/operators/{whose}/tokens"), &body).await?.report::<IssuedToken>()
         }
         TokensCommand::Revoke { token_id, reason } => {
             ops.delete(&format!("/v1/tokens/{token_id}"), &json!({ "reason": reason })).await?;

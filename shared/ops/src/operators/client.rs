@@ -15,6 +15,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::operator_error::OperatorError;
+use crate::render::Report;
 
 /// How long one request may take.
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -50,6 +51,11 @@ impl ApiResponse {
         serde_json::from_value(self.body)
             .context("the operations API responded in an unexpected shape")
             .map_err(OperatorError::Failed)
+    }
+
+    /// The body read as the report `T`, ready to print.
+    pub fn report<T: DeserializeOwned + Report + 'static>(self) -> Result<Box<dyn Report>, OperatorError> {
+        Ok(Box::new(self.into::<T>()?))
     }
 }
 
