@@ -321,8 +321,9 @@ async fn record_delivery(
 }
 
 /// Locks the refund row for the rest of the transaction and reads what a reported refund is judged
-/// against, and the trace of the request that asked for the refund. A statement that waits for the lock (a worker is settling the refund) reads the row as
-/// that worker left it. The payment's charge and account never change once it has succeeded.
+/// against, and the trace of the request that asked for the refund. A statement that waits for the
+/// lock (a worker is settling the refund) reads the row as that worker left it. The payment's charge
+/// and account never change once it has succeeded.
 async fn lock_refund(
     conn: &mut PgConnection,
     tenant_id: TenantId,

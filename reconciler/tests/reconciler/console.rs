@@ -5,18 +5,20 @@
 //! an operator limited to some tenants nothing of another's.
 
 use oncepay_domain::ids::PaymentId;
-use oncepay_domain::refund_status::RefundStatus;
+use oncepay_domain::ids::{RefundId, TenantId};
+use oncepay_domain::refund_status::{RefundStatus, RefundTransition};
 use oncepay_domain::status::PaymentStatus;
 use oncepay_ops::operators::api::BulkRetrier;
 use oncepay_service::runner::Pass;
 use oncepay_store::fixtures::tenant;
+use oncepay_store::refunds::settling::{self, RefundChange, RefundSettlement};
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_SECURITY_POLICY, LOCATION, SET_COOKIE};
 use serde_json::json;
 use sqlx::PgPool;
 
 use crate::refund_proposals::{contradicted_refund, dead_lettered_refund};
-use crate::support::{Ops, dead_lettered, refund_status, refunded, status, succeeded_payment};
+use crate::support::{Ops, dead_lettered, refund, refund_status, refunded, status, succeeded_payment, unknown_refund};
 
 const SAME_ORIGIN: (&str, &str) = ("sec-fetch-site", "same-origin");
 
@@ -759,4 +761,64 @@ async fn the_overview_counts_the_refunds_that_wait_for_an_operator_of_the_tenant
     assert!(!globex_only.contains("refund_conflict"), "{globex_only}");
     let listed = alice.get("/console/dead-letters").await.body;
     assert!(listed.contains("<h2 id=\"refunds\">Refunds that wait for an operator</h2>"), "the link's target");
+}
+
+/// Settles the `unknown` refund `refund_id` as given back now.
+async fn given_back(pool: &PgPool, tenant_id: TenantId, refund_id: RefundId) {
+    let change = RefundChange {
+        tenant_id,
+        refund_id,
+        from: RefundStatus::Unknown,
+        transition: RefundTransition::Refunded,
+        actor: "test",
+        reason: "test setup",
+        detail: None,
+    };
+    let settlement = RefundSettlement::Succeeded {
+        provider_refund_id: format!("re_{refund_id}"),
+        refunded_at: time::OffsetDateTime::now_utc(),
+    };
+    let mut tx = pool.begin().await.unwrap();
+    settling::settle(&mut tx, &change, &settlement).await.unwrap();
+    tx.commit().await.unwrap();
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn the_overview_counts_the_refunds_in_flight_of_the_tenants_shown(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    let globex = tenant(&pool, "globex").await;
+    let payment_id = succeeded_payment(&pool, acme, "order-1", 10_000).await;
+    let done = unknown_refund(&pool, acme, payment_id, "r-1", 500, 60).await;
+    given_back(&pool, acme, done).await;
+    unknown_refund(&pool, acme, payment_id, "r-2", 500, 60).await;
+    refund(&pool, acme, payment_id, "r-3", 500).await;
+    let theirs = succeeded_payment(&pool, globex, "order-2", 10_000).await;
+    refund(&pool, globex, theirs, "r-4", 500).await;
+    let alice = Browser::sign_in(&ops, "alice", "operator", None).await;
+    let gail = Browser::sign_in(&ops, "gail", "operator", Some(&["globex"])).await;
+
+    let every_tenant = alice.get("/console/live").await.body;
+    let globex_only = gail.get("/console/live").await.body;
+
+    let figure = |label: &str, value: &str| format!("<li><span class=\"value\">{value}</span>{label}</li>");
+    let unknown = "Refunds unknown (the provider may have given the money back)";
+    let oldest = "The oldest unknown refund has waited";
+    for (label, value) in [
+        ("Refunds waiting to be sent", "2"),
+        ("Refunds being sent now", "0"),
+        (unknown, "1"),
+        ("Refunds given back in the last hour", "1"),
+    ] {
+        assert!(every_tenant.contains(&figure(label, value)), "{label}: {every_tenant}");
+    }
+    assert!(every_tenant.contains(oldest) && !every_tenant.contains(&figure(oldest, "none waits")), "{every_tenant}");
+    for (label, value) in [
+        ("Refunds waiting to be sent", "1"),
+        (unknown, "0"),
+        (oldest, "none waits"),
+        ("Refunds given back in the last hour", "0"),
+    ] {
+        assert!(globex_only.contains(&figure(label, value)), "{label}: {globex_only}");
+    }
 }

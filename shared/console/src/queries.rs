@@ -56,6 +56,16 @@ pub(super) struct Overview {
     pub(super) oldest_unknown: Option<OffsetDateTime>,
     /// Charges booked in the ledger in the last hour.
     pub(super) booked_last_hour: i64,
+    /// Refunds waiting for a worker, as [`Overview::waiting`].
+    pub(super) refunds_waiting: i64,
+    /// Refunds a worker is sending now.
+    pub(super) refunds_sending: i64,
+    /// Refunds in `unknown`.
+    pub(super) refunds_unknown: i64,
+    /// Since when the oldest `unknown` refund has been uncertain (its last change to `unknown`).
+    pub(super) oldest_unknown_refund: Option<OffsetDateTime>,
+    /// Refunds booked in the refund ledger in the last hour.
+    pub(super) refunded_last_hour: i64,
     /// Proposals that wait for an approver and have not expired.
     pub(super) proposals_waiting: i64,
     /// Open dead letters by kind: the payments' (`unresolved`, `conflict`) and the refunds'
@@ -84,6 +94,15 @@ pub(super) async fn overview(conn: &mut PgConnection, tenants: &[Uuid]) -> Resul
             (SELECT min(since) FROM unknown_payments WHERE tenant_id = ANY ($1)) AS oldest_unknown,
             (SELECT count(*) FROM ledger_entries
              WHERE tenant_id = ANY ($1) AND charged_at > now() - interval '1 hour') AS "booked_last_hour!",
+            (SELECT count(*) FROM refund_outbox WHERE tenant_id = ANY ($1) AND locked_until IS NULL) AS "refunds_waiting!",
+            (SELECT count(*) FROM refund_outbox
+             WHERE tenant_id = ANY ($1) AND locked_until IS NOT NULL) AS "refunds_sending!",
+            (SELECT count(*) FROM refunds WHERE tenant_id = ANY ($1) AND status = 'unknown') AS "refunds_unknown!",
+            -- A refund's `updated_at` is when it became `unknown`: only a status change moves it.
+            (SELECT min(updated_at) FROM refunds
+             WHERE tenant_id = ANY ($1) AND status = 'unknown') AS oldest_unknown_refund,
+            (SELECT count(*) FROM refund_ledger_entries
+             WHERE tenant_id = ANY ($1) AND refunded_at > now() - interval '1 hour') AS "refunded_last_hour!",
             (SELECT count(*) FROM proposals
              WHERE tenant_id = ANY ($1) AND status = 'pending' AND expires_at > now()) AS "proposals_waiting!"
         "#,
@@ -126,6 +145,11 @@ pub(super) async fn overview(conn: &mut PgConnection, tenants: &[Uuid]) -> Resul
         unknown: row.unknown,
         oldest_unknown: row.oldest_unknown,
         booked_last_hour: row.booked_last_hour,
+        refunds_waiting: row.refunds_waiting,
+        refunds_sending: row.refunds_sending,
+        refunds_unknown: row.refunds_unknown,
+        oldest_unknown_refund: row.oldest_unknown_refund,
+        refunded_last_hour: row.refunded_last_hour,
         proposals_waiting: row.proposals_waiting,
         open_by_kind,
     })

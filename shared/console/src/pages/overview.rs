@@ -1,5 +1,5 @@
 //! `GET /console/` and `GET /console/live`: the overview and the part of it that refreshes itself:
-//! payments in flight, open dead letters by kind and age, proposals waiting, the last
+//! payments and refunds in flight, open dead letters by kind and age, proposals waiting, the last
 //! reconciliation run, and the break-glass account's last uses.
 
 use actix_web::http::StatusCode;
@@ -122,6 +122,19 @@ async fn live_of(state: &OperatorsState, caller: &Caller) -> Result<Live, Proble
             link: None,
         },
         Figure { label: "Charges booked in the last hour", value: o.booked_last_hour.to_string(), link: None },
+        Figure { label: "Refunds waiting to be sent", value: o.refunds_waiting.to_string(), link: None },
+        Figure { label: "Refunds being sent now", value: o.refunds_sending.to_string(), link: None },
+        Figure {
+            label: "Refunds unknown (the provider may have given the money back)",
+            value: o.refunds_unknown.to_string(),
+            link: None,
+        },
+        Figure {
+            label: "The oldest unknown refund has waited",
+            value: o.oldest_unknown_refund.map_or_else(|| "none waits".to_owned(), age),
+            link: None,
+        },
+        Figure { label: "Refunds given back in the last hour", value: o.refunded_last_hour.to_string(), link: None },
         Figure {
             label: "Proposals waiting for an approver",
             value: o.proposals_waiting.to_string(),
