@@ -26,7 +26,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::status::Status;
+use crate::status::six_states;
 
 /// Where a refund stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
@@ -54,34 +54,7 @@ pub enum RefundStatus {
     DeadLettered,
 }
 
-impl RefundStatus {
-    /// Every status, in declaration order.
-    pub const ALL: [Self; 6] =
-        [Self::Pending, Self::Processing, Self::Succeeded, Self::Failed, Self::Unknown, Self::DeadLettered];
-
-    /// Whether the refund has reached its final state.
-    pub const fn is_terminal(self) -> bool {
-        matches!(self, Self::Succeeded | Self::Failed)
-    }
-
-    /// The name used on the wire and in PostgreSQL.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Pending => "pending",
-            Self::Processing => "processing",
-            Self::Succeeded => "succeeded",
-            Self::Failed => "failed",
-            Self::Unknown => "unknown",
-            Self::DeadLettered => "dead_lettered",
-        }
-    }
-}
-
-impl Status for RefundStatus {
-    fn is_terminal(self) -> bool {
-        Self::is_terminal(self)
-    }
-}
+six_states!(RefundStatus, "refund");
 
 /// Something that happened to a refund and may move it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

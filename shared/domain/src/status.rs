@@ -47,40 +47,49 @@ pub enum PaymentStatus {
     DeadLettered,
 }
 
-impl PaymentStatus {
-    /// Every status, in declaration order.
-    pub const ALL: [Self; 6] =
-        [Self::Pending, Self::Processing, Self::Succeeded, Self::Failed, Self::Unknown, Self::DeadLettered];
-
-    /// Whether the payment has reached its final state.
-    pub const fn is_terminal(self) -> bool {
-        matches!(self, Self::Succeeded | Self::Failed)
-    }
-
-    /// The name used on the wire and in PostgreSQL.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Pending => "pending",
-            Self::Processing => "processing",
-            Self::Succeeded => "succeeded",
-            Self::Failed => "failed",
-            Self::Unknown => "unknown",
-            Self::DeadLettered => "dead_lettered",
-        }
-    }
-}
-
 /// What a payment's and a refund's statuses share, for code that follows either: some are final.
 pub trait Status: Copy + Eq {
     /// Whether it is final: nothing moves it again.
     fn is_terminal(self) -> bool;
 }
 
-impl Status for PaymentStatus {
-    fn is_terminal(self) -> bool {
-        Self::is_terminal(self)
-    }
+/// `ALL`, `is_terminal`, `as_str` and [`Status`] of a status with the six states a payment and a
+/// refund share (their meanings are each kind's own), `what` naming its kind in the docs.
+macro_rules! six_states {
+    ($status:ident, $what:literal) => {
+        impl $status {
+            /// Every status, in declaration order.
+            pub const ALL: [Self; 6] =
+                [Self::Pending, Self::Processing, Self::Succeeded, Self::Failed, Self::Unknown, Self::DeadLettered];
+
+            #[doc = concat!("Whether the ", $what, " has reached its final state.")]
+            pub const fn is_terminal(self) -> bool {
+                matches!(self, Self::Succeeded | Self::Failed)
+            }
+
+            /// The name used on the wire and in PostgreSQL.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    Self::Pending => "pending",
+                    Self::Processing => "processing",
+                    Self::Succeeded => "succeeded",
+                    Self::Failed => "failed",
+                    Self::Unknown => "unknown",
+                    Self::DeadLettered => "dead_lettered",
+                }
+            }
+        }
+
+        impl $crate::status::Status for $status {
+            fn is_terminal(self) -> bool {
+                Self::is_terminal(self)
+            }
+        }
+    };
 }
+pub(crate) use six_states;
+
+six_states!(PaymentStatus, "payment");
 
 /// Something that happened to a payment and may move it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
