@@ -20,7 +20,7 @@ use crate::error::{BuildError, Error};
 use crate::intent::{IdempotencyKey, PaymentIntent};
 use crate::problem::Problem;
 use crate::refund_intent::RefundIntent;
-use crate::resource::{Created, CreatedRefund, Payment, PaymentId, PaymentStatus, Refund, RefundId};
+use crate::resource::{Created, CreatedRefund, Payment, PaymentId, PaymentStatus, Refund, RefundId, RefundStatus};
 use crate::retry::{self, Next, RetryPolicy};
 
 /// The longest long poll the api honours (`Prefer: wait=N`, N ≤ 30).
@@ -204,7 +204,7 @@ impl Client {
     async fn follow<T: Followed>(
         &self,
         url: &str,
-        mut known: Option<PaymentStatus>,
+        mut known: Option<T::Status>,
         max_total: Duration,
         mut on_change: impl FnMut(&T),
     ) -> Result<T, Error> {
@@ -224,7 +224,7 @@ impl Client {
                 on_change(&followed);
             }
             known = Some(status);
-            if status.is_terminal() || Instant::now() >= deadline {
+            if followed.is_terminal() || Instant::now() >= deadline {
                 return Ok(followed);
             }
             let held = !wait.is_zero() && asked_at.elapsed() >= wait;
@@ -388,18 +388,37 @@ impl Success {
 
 /// A resource followed by long polls until it is final.
 trait Followed: DeserializeOwned {
-    fn status(&self) -> PaymentStatus;
+    /// Its kind's status.
+    type Status: Copy + PartialEq;
+
+    /// Where it stands.
+    fn status(&self) -> Self::Status;
+
+    /// Whether it is final.
+    fn is_terminal(&self) -> bool;
 }
 
 impl Followed for Payment {
+    type Status = PaymentStatus;
+
     fn status(&self) -> PaymentStatus {
         self.status
+    }
+
+    fn is_terminal(&self) -> bool {
+        self.status.is_terminal()
     }
 }
 
 impl Followed for Refund {
-    fn status(&self) -> PaymentStatus {
+    type Status = RefundStatus;
+
+    fn status(&self) -> RefundStatus {
         self.status
+    }
+
+    fn is_terminal(&self) -> bool {
+        self.status.is_terminal()
     }
 }
 

@@ -38,6 +38,6 @@ pub use problem::{FieldError, Problem};
 pub use refund_intent::{RefundIntent, RefundIntentBuilder};
 pub use resource::{
     Created, CreatedRefund, Failure, InvalidPaymentId, InvalidRefundId, InvalidRefundReason, Payment, PaymentId,
-    PaymentStatus, Refund, RefundId, RefundReason,
+    PaymentStatus, Refund, RefundId, RefundReason, RefundStatus,
 };
 pub use retry::{Jitter, RetryPolicy};

@@ -85,8 +85,7 @@ impl fmt::Display for RefundId {
     }
 }
 
-/// Where a payment or a refund stands. A status this client does not know is a decoding error, not
-/// a guess.
+/// Where a payment stands. A status this client does not know is a decoding error, not a guess.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PaymentStatus {
@@ -107,30 +106,61 @@ pub enum PaymentStatus {
     DeadLettered,
 }
 
-impl PaymentStatus {
-    /// Whether the payment has reached its final state (`succeeded` or `failed`).
-    pub const fn is_terminal(self) -> bool {
-        matches!(self, Self::Succeeded | Self::Failed)
-    }
+/// `is_terminal`, `as_str` and `Display` of a status with the six states a payment and a refund
+/// share, `what` naming its kind in the docs.
+macro_rules! six_states {
+    ($status:ident, $what:literal) => {
+        impl $status {
+            #[doc = concat!("Whether the ", $what, " has reached its final state (`succeeded` or `failed`).")]
+            pub const fn is_terminal(self) -> bool {
+                matches!(self, Self::Succeeded | Self::Failed)
+            }
 
-    /// The name used on the wire.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Pending => "pending",
-            Self::Processing => "processing",
-            Self::Succeeded => "succeeded",
-            Self::Failed => "failed",
-            Self::Unknown => "unknown",
-            Self::DeadLettered => "dead_lettered",
+            /// The name used on the wire.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    Self::Pending => "pending",
+                    Self::Processing => "processing",
+                    Self::Succeeded => "succeeded",
+                    Self::Failed => "failed",
+                    Self::Unknown => "unknown",
+                    Self::DeadLettered => "dead_lettered",
+                }
+            }
         }
-    }
+
+        impl fmt::Display for $status {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
 }
 
-impl fmt::Display for PaymentStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
+six_states!(PaymentStatus, "payment");
+
+/// Where a refund stands: a payment's states by name, each meaning what it means for money going
+/// back. A status this client does not know is a decoding error, not a guess.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefundStatus {
+    /// Accepted, waiting for a worker to send it to the provider.
+    Pending,
+    /// Being sent to the provider now.
+    Processing,
+    /// The money went back to the customer. Final.
+    Succeeded,
+    /// The provider refused or failed the refund, or it provably never happened: no money went
+    /// back. Final.
+    Failed,
+    /// The provider's response was lost; oncepay is finding out whether the money went back. Not
+    /// final; a retry of the request cannot change it.
+    Unknown,
+    /// Automatic reconciliation gave up; an operator will settle it. Not final.
+    DeadLettered,
 }
+
+six_states!(RefundStatus, "refund");
 
 /// Why a payment failed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -236,8 +266,8 @@ pub struct Refund {
     pub id: RefundId,
     /// The payment it gives money back from.
     pub payment_id: PaymentId,
-    /// Where it stands: the payment states, `succeeded` meaning the money went back.
-    pub status: PaymentStatus,
+    /// Where it stands; `succeeded` and `failed` are final.
+    pub status: RefundStatus,
     /// Minor units given back (or to be), in the payment's currency.
     pub amount: i64,
     /// ISO 4217 code: the payment's.
@@ -373,12 +403,16 @@ mod tests {
             let status: PaymentStatus = serde_json::from_value(json!(wire)).unwrap();
             assert_eq!(status.as_str(), wire);
             assert_eq!(status.is_terminal(), terminal, "{wire}");
+            let refund: RefundStatus = serde_json::from_value(json!(wire)).unwrap();
+            assert_eq!(refund.as_str(), wire);
+            assert_eq!(refund.is_terminal(), terminal, "a refund {wire}");
         }
     }
 
     #[test]
     fn a_status_this_client_does_not_know_is_an_error_not_a_guess() {
         assert!(serde_json::from_value::<PaymentStatus>(json!("refunded")).is_err());
+        assert!(serde_json::from_value::<RefundStatus>(json!("refunded")).is_err());
     }
 
     #[test]

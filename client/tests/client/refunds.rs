@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use oncepay_client::{Error, PaymentId, PaymentStatus, RefundId, RefundIntent, RefundReason};
+use oncepay_client::{Error, PaymentId, RefundId, RefundIntent, RefundReason, RefundStatus};
 use serde_json::{Value, json};
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
@@ -49,7 +49,7 @@ async fn every_retry_of_a_refund_intent_carries_the_same_key_and_body_to_its_pay
 
     let created = client(&server.uri()).refund(&intent).await.unwrap();
 
-    assert_eq!(created.refund.status, PaymentStatus::Pending);
+    assert_eq!(created.refund.status, RefundStatus::Pending);
     assert_eq!(created.refund.id, refund_id());
     assert_eq!(created.refund.payment_id, payment_id());
     assert!(!created.replayed);
@@ -73,7 +73,7 @@ async fn a_refund_of_all_that_is_left_sends_an_empty_body_and_a_replay_is_report
     let created = client(&server.uri()).refund(&RefundIntent::builder(payment_id()).build()).await.unwrap();
 
     assert!(created.replayed);
-    assert_eq!(created.refund.status, PaymentStatus::Succeeded);
+    assert_eq!(created.refund.status, RefundStatus::Succeeded);
     let requests = server.received_requests().await.unwrap();
     assert_eq!(requests[0].body_json::<Value>().unwrap(), json!({}));
 }
@@ -111,9 +111,9 @@ async fn a_refund_is_followed_with_long_polls_to_its_final_state() {
     let refund =
         client.watch_refund(&refund_id(), Duration::from_secs(60), |refund| seen.push(refund.status)).await.unwrap();
 
-    assert_eq!(refund.status, PaymentStatus::Succeeded);
+    assert_eq!(refund.status, RefundStatus::Succeeded);
     assert_eq!(refund.provider_refund_id.as_deref(), Some("re_1"));
-    assert_eq!(seen, [PaymentStatus::Processing, PaymentStatus::Succeeded]);
+    assert_eq!(seen, [RefundStatus::Processing, RefundStatus::Succeeded]);
     let requests = server.received_requests().await.unwrap();
     assert_eq!(requests.len(), 2);
     assert!(requests.iter().all(|request| header(request, "prefer") == Some("wait=5")));
@@ -130,7 +130,7 @@ async fn get_refund_asks_once_without_holding() {
 
     let refund = client(&server.uri()).get_refund(&refund_id()).await.unwrap();
 
-    assert_eq!(refund.status, PaymentStatus::Failed);
+    assert_eq!(refund.status, RefundStatus::Failed);
     assert_eq!(refund.failure.unwrap().code, "refund_failed");
     let requests = server.received_requests().await.unwrap();
     assert_eq!(requests.len(), 1);

@@ -215,7 +215,7 @@ async fn refund(client: &Client, args: RefundArgs, json: bool) -> Exit {
     if !refund.status.is_terminal() {
         eprintln!("{}", report::refund_still_open(&refund, args.wait));
     }
-    Exit::of_status(refund.status)
+    Exit::of_refund(refund.status)
 }
 
 async fn refund_status(client: &Client, args: RefundStatusArgs, json: bool) -> Exit {
@@ -234,7 +234,7 @@ async fn refund_status(client: &Client, args: RefundStatusArgs, json: bool) -> E
     if let (Some(secs), false) = (args.wait, refund.status.is_terminal()) {
         eprintln!("{}", report::refund_still_open(&refund, secs));
     }
-    Exit::of_status(refund.status)
+    Exit::of_refund(refund.status)
 }
 
 async fn refunds(client: &Client, args: RefundsArgs, json: bool) -> Exit {

@@ -7,7 +7,7 @@ use std::error::Error as _;
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
-use oncepay_client::{Error, Payment, PaymentStatus, Refund};
+use oncepay_client::{Error, Payment, PaymentStatus, Refund, RefundStatus};
 use serde_json::json;
 use time::format_description::well_known::Rfc3339;
 
@@ -31,7 +31,7 @@ pub enum Exit {
 }
 
 impl Exit {
-    /// The exit code for a payment or refund seen in `status`.
+    /// The exit code for a payment seen in `status`.
     pub fn of_status(status: PaymentStatus) -> Self {
         match status {
             PaymentStatus::Succeeded => Self::Succeeded,
@@ -40,6 +40,17 @@ impl Exit {
             | PaymentStatus::Processing
             | PaymentStatus::Unknown
             | PaymentStatus::DeadLettered => Self::NotFinal,
+        }
+    }
+
+    /// The exit code for a refund seen in `status`: as for a payment, by its refund's meaning.
+    pub fn of_refund(status: RefundStatus) -> Self {
+        match status {
+            RefundStatus::Succeeded => Self::Succeeded,
+            RefundStatus::Failed => Self::Failed,
+            RefundStatus::Pending | RefundStatus::Processing | RefundStatus::Unknown | RefundStatus::DeadLettered => {
+                Self::NotFinal
+            }
         }
     }
 
@@ -74,16 +85,16 @@ pub fn meaning(status: PaymentStatus) -> &'static str {
 }
 
 /// What a refund's status means for the person waiting on it.
-pub fn refund_meaning(status: PaymentStatus) -> &'static str {
+pub fn refund_meaning(status: RefundStatus) -> &'static str {
     match status {
-        PaymentStatus::Pending => "accepted, waiting to be sent to the provider",
-        PaymentStatus::Processing => "being sent to the provider",
-        PaymentStatus::Succeeded => "the money went back to the customer",
-        PaymentStatus::Failed => "no money went back to the customer",
-        PaymentStatus::Unknown => {
+        RefundStatus::Pending => "accepted, waiting to be sent to the provider",
+        RefundStatus::Processing => "being sent to the provider",
+        RefundStatus::Succeeded => "the money went back to the customer",
+        RefundStatus::Failed => "no money went back to the customer",
+        RefundStatus::Unknown => {
             "the provider's response was lost; oncepay is finding out whether the refund happened, which can take a while"
         }
-        PaymentStatus::DeadLettered => "automatic reconciliation gave up; an operator will settle it",
+        RefundStatus::DeadLettered => "automatic reconciliation gave up; an operator will settle it",
     }
 }
 
@@ -285,7 +296,7 @@ mod tests {
         }
     }
 
-    fn refund(status: PaymentStatus) -> Refund {
+    fn refund(status: RefundStatus) -> Refund {
         Refund {
             id: "0192f0c4-7a3e-7c1d-9b1e-3f2a4c5d6e80".parse().unwrap(),
             payment_id: "0192f0c4-7a3e-7c1d-9b1e-3f2a4c5d6e7f".parse().unwrap(),
@@ -326,6 +337,8 @@ mod tests {
         ];
         for (status, code) in cases {
             assert_eq!(Exit::of_status(status) as u8, code, "{status}");
+            let refund: RefundStatus = serde_json::from_value(json!(status.as_str())).unwrap();
+            assert_eq!(Exit::of_refund(refund) as u8, code, "a refund {status}");
         }
     }
 
@@ -378,7 +391,7 @@ updated      2026-11-22T04:23:01Z"
 
     #[test]
     fn a_refund_is_described_in_the_words_of_a_refund() {
-        let mut succeeded = refund(PaymentStatus::Succeeded);
+        let mut succeeded = refund(RefundStatus::Succeeded);
         succeeded.reason = Some(oncepay_client::RefundReason::RequestedByCustomer);
         succeeded.provider_refund_id = Some("re_1".into());
 
@@ -395,12 +408,12 @@ provider     re_1
 created      2026-11-22T05:00:00Z
 updated      2026-11-22T05:00:01Z"
         );
-        assert_eq!(Exit::of_status(succeeded.status), Exit::Succeeded);
+        assert_eq!(Exit::of_refund(succeeded.status), Exit::Succeeded);
     }
 
     #[test]
     fn a_list_of_refunds_is_one_line_each_or_says_there_are_none() {
-        let refunds = [refund(PaymentStatus::Succeeded), refund(PaymentStatus::Pending)];
+        let refunds = [refund(RefundStatus::Succeeded), refund(RefundStatus::Pending)];
 
         let text = refund_list(&refunds);
 
