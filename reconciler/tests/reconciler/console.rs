@@ -5,20 +5,20 @@
 //! an operator limited to some tenants nothing of another's.
 
 use oncepay_domain::ids::PaymentId;
-use oncepay_domain::ids::{RefundId, TenantId};
-use oncepay_domain::refund_status::{RefundStatus, RefundTransition};
+use oncepay_domain::refund_status::RefundStatus;
 use oncepay_domain::status::PaymentStatus;
 use oncepay_ops::operators::api::BulkRetrier;
 use oncepay_service::runner::Pass;
 use oncepay_store::fixtures::tenant;
-use oncepay_store::refunds::settling::{self, RefundChange, RefundSettlement};
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_SECURITY_POLICY, LOCATION, SET_COOKIE};
 use serde_json::json;
 use sqlx::PgPool;
 
 use crate::refund_proposals::{contradicted_refund, dead_lettered_refund};
-use crate::support::{Ops, dead_lettered, refund, refund_status, refunded, status, succeeded_payment, unknown_refund};
+use crate::support::{
+    Ops, dead_lettered, refund, refund_status, refunded, settle_succeeded, status, succeeded_payment, unknown_refund,
+};
 
 const SAME_ORIGIN: (&str, &str) = ("sec-fetch-site", "same-origin");
 
@@ -114,7 +114,7 @@ async fn every_page_needs_a_session_and_forbids_inline_scripts_framing_and_other
     assert!(wrong.body.contains("wrong name or password"), "{}", wrong.body);
     assert_eq!(script.status, StatusCode::OK);
     assert_eq!(overview.status, StatusCode::OK);
-    assert!(overview.body.contains("alice (operator)") && overview.body.contains("Waiting to be sent"));
+    assert!(overview.body.contains("alice (operator)") && overview.body.contains("Payments waiting to be sent"));
     assert!(overview.body.contains("href=\"/console/recon\""), "an operator of every tenant reads the runs");
     assert!(live.body.starts_with("<div id=\"live-figures\">"), "{}", live.body);
     for page in [&anonymous, &sign_in_page, &wrong, &overview] {
@@ -763,26 +763,6 @@ async fn the_overview_counts_the_refunds_that_wait_for_an_operator_of_the_tenant
     assert!(listed.contains("<h2 id=\"refunds\">Refunds that wait for an operator</h2>"), "the link's target");
 }
 
-/// Settles the `unknown` refund `refund_id` as given back now.
-async fn given_back(pool: &PgPool, tenant_id: TenantId, refund_id: RefundId) {
-    let change = RefundChange {
-        tenant_id,
-        refund_id,
-        from: RefundStatus::Unknown,
-        transition: RefundTransition::Refunded,
-        actor: "test",
-        reason: "test setup",
-        detail: None,
-    };
-    let settlement = RefundSettlement::Succeeded {
-        provider_refund_id: format!("re_{refund_id}"),
-        refunded_at: time::OffsetDateTime::now_utc(),
-    };
-    let mut tx = pool.begin().await.unwrap();
-    settling::settle(&mut tx, &change, &settlement).await.unwrap();
-    tx.commit().await.unwrap();
-}
-
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn the_overview_counts_the_refunds_in_flight_of_the_tenants_shown(pool: PgPool) {
     let ops = Ops::start(&pool).await;
@@ -790,7 +770,7 @@ async fn the_overview_counts_the_refunds_in_flight_of_the_tenants_shown(pool: Pg
     let globex = tenant(&pool, "globex").await;
     let payment_id = succeeded_payment(&pool, acme, "order-1", 10_000).await;
     let done = unknown_refund(&pool, acme, payment_id, "r-1", 500, 60).await;
-    given_back(&pool, acme, done).await;
+    settle_succeeded(&pool, acme, done, "re_1", time::OffsetDateTime::now_utc()).await;
     unknown_refund(&pool, acme, payment_id, "r-2", 500, 60).await;
     refund(&pool, acme, payment_id, "r-3", 500).await;
     let theirs = succeeded_payment(&pool, globex, "order-2", 10_000).await;

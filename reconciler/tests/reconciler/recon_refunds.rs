@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
-use oncepay_domain::refund_status::{RefundStatus, RefundTransition};
 use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_ops::recon as commands;
 use oncepay_ops::render::Report;
@@ -22,7 +21,6 @@ use oncepay_provider::{
 use oncepay_reconciler::recon::{ReconConfig, Reconciled, Reconciliation, Summary};
 use oncepay_store::fixtures::{self, tenant};
 use oncepay_store::recon_runs::{Class, Trigger, Window};
-use oncepay_store::refunds::settling::{self, RefundChange, RefundSettlement};
 use oncepay_store::transitions::{self, Recorded, Settlement};
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -32,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use wiremock::matchers::{header, method, path, query_param, query_param_is_missing};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
-use crate::support::{self, accept, change, claim, succeeded_payment, unknown_refund};
+use crate::support::{self, accept, change, claim, settle_succeeded, succeeded_payment, unknown_refund};
 
 const PAGE: usize = 3;
 
@@ -63,29 +61,6 @@ fn stripe_reconciliation(pool: &PgPool, stripe: &MockServer, mode: &str) -> Reco
     }))
     .unwrap();
     Reconciliation::new(pool.clone(), StripeProvider::new(&settings).unwrap(), config(10, mode == "connect"))
-}
-
-/// Settles an `unknown` refund as succeeded with the provider's refund `provider_refund_id`, made at
-/// `refunded_at`, as the reconciler does: its ledger entry is written.
-async fn settle_succeeded(
-    pool: &PgPool,
-    tenant_id: TenantId,
-    refund_id: RefundId,
-    provider_refund_id: &str,
-    refunded_at: OffsetDateTime,
-) {
-    let change = RefundChange {
-        tenant_id,
-        refund_id,
-        from: RefundStatus::Unknown,
-        transition: RefundTransition::Refunded,
-        actor: "test",
-        reason: "test setup",
-        detail: None,
-    };
-    let settlement = RefundSettlement::Succeeded { provider_refund_id: provider_refund_id.to_owned(), refunded_at };
-    let settled = settling::settle(&mut pool.acquire().await.unwrap(), &change, &settlement).await;
-    assert!(matches!(settled, Ok(Recorded::Moved(_))), "{settled:?}");
 }
 
 /// A refund of `amount` of a fresh succeeded payment of `tenant_id`, made at the provider as

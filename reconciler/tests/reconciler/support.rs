@@ -21,7 +21,7 @@ use oncepay_service::backoff::Backoff;
 use oncepay_service::telemetry::TraceContext;
 use oncepay_store::fixtures;
 use oncepay_store::refunds::sending::{self, ClaimedRefund, Release};
-use oncepay_store::refunds::settling::{self, RefundChange};
+use oncepay_store::refunds::settling::{self, RefundChange, RefundSettlement};
 use oncepay_store::transitions::{self, Change, Recorded};
 use oncepay_store::unknown_queue;
 use reqwest::{Method, StatusCode};
@@ -457,6 +457,29 @@ pub async fn lose_answer(pool: &PgPool, tenant_id: TenantId, refund_id: RefundId
     };
     moved(settling::apply(&mut tx, &change, None, time::OffsetDateTime::now_utc()).await);
     tx.commit().await.unwrap();
+}
+
+/// Settles an `unknown` refund as succeeded with the provider's refund `provider_refund_id`, made at
+/// `refunded_at`, as the reconciler does: its ledger entry is written.
+pub async fn settle_succeeded(
+    pool: &PgPool,
+    tenant_id: TenantId,
+    refund_id: RefundId,
+    provider_refund_id: &str,
+    refunded_at: time::OffsetDateTime,
+) {
+    let change = RefundChange {
+        tenant_id,
+        refund_id,
+        from: RefundStatus::Unknown,
+        transition: RefundTransition::Refunded,
+        actor: "test",
+        reason: "test setup",
+        detail: None,
+    };
+    let settlement = RefundSettlement::Succeeded { provider_refund_id: provider_refund_id.to_owned(), refunded_at };
+    let settled = settling::settle(&mut pool.acquire().await.unwrap(), &change, &settlement).await;
+    assert!(matches!(settled, Ok(Recorded::Moved(_))), "{settled:?}");
 }
 
 /// The refund's status.

@@ -113,9 +113,9 @@ async fn live_of(state: &OperatorsState, caller: &Caller) -> Result<Live, Proble
     let mut conn = connection(state).await?;
     let o = queries::overview(&mut conn, &tenants).await.map_err(problem)?;
     let figures = vec![
-        Figure { label: "Waiting to be sent", value: o.waiting.to_string(), link: None },
-        Figure { label: "Being sent now", value: o.sending.to_string(), link: None },
-        Figure { label: "Unknown (the provider may have charged)", value: o.unknown.to_string(), link: None },
+        Figure { label: "Payments waiting to be sent", value: o.waiting.to_string(), link: None },
+        Figure { label: "Payments being sent now", value: o.sending.to_string(), link: None },
+        Figure { label: "Payments unknown (the provider may have charged)", value: o.unknown.to_string(), link: None },
         Figure {
             label: "The oldest unknown payment has waited",
             value: o.oldest_unknown.map_or_else(|| "none waits".to_owned(), age),
