@@ -28,7 +28,6 @@ use oncepay_store::StoreError;
 use oncepay_store::connections::Connections;
 use oncepay_store::notify::{Notifier, PAYMENT_CHANNEL, Wakeups};
 use sqlx::{Connection, PgPool};
-use time::OffsetDateTime;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
@@ -538,8 +537,7 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
         match result {
             Ok(Recorded::Moved(status)) => {
                 if *status != PaymentStatus::Pending {
-                    let latency = OffsetDateTime::now_utc() - claimed.accepted_at;
-                    metrics::drained(latency.try_into().unwrap_or_default());
+                    metrics::drained(Kind::Payment, claimed.accepted_at);
                 }
                 match verdict {
                     SendVerdict::Settle { reason, .. } | SendVerdict::Retry { reason, .. } => {

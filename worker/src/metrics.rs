@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use metrics::{Unit, counter, describe_counter, describe_histogram, histogram};
+use time::OffsetDateTime;
 
 /// Outbox rows claimed.
 pub const CLAIMS: &str = "oncepay_worker_claims_total";
@@ -17,7 +18,7 @@ pub const PROVIDER_OUTCOMES: &str = "oncepay_worker_provider_outcomes_total";
 pub const LEASE_LOST: &str = "oncepay_worker_lease_lost_total";
 /// Results that could not be recorded because of a database error (the lease then expires).
 pub const RECORD_ERRORS: &str = "oncepay_worker_record_errors_total";
-/// From the api's acceptance to the worker's recording of the payment's outcome.
+/// From the api's acceptance to the worker's recording of a payment's or a refund's outcome.
 pub const DRAIN_LATENCY: &str = "oncepay_worker_drain_latency_seconds";
 /// How long provider calls take.
 pub const PROVIDER_CALL_DURATION: &str = "oncepay_worker_provider_call_duration_seconds";
@@ -59,7 +60,7 @@ pub fn describe() {
     describe_counter!(PROVIDER_OUTCOMES, "Provider calls by kind and outcome class");
     describe_counter!(LEASE_LOST, "Results not recorded because another worker or the sweeper took the lease over");
     describe_counter!(RECORD_ERRORS, "Results that could not be recorded because of a database error");
-    describe_histogram!(DRAIN_LATENCY, Unit::Seconds, "From acceptance to the recorded outcome of a payment's send");
+    describe_histogram!(DRAIN_LATENCY, Unit::Seconds, "From acceptance to the recorded outcome of a send, by kind");
     describe_histogram!(PROVIDER_CALL_DURATION, Unit::Seconds, "Duration of provider calls, by kind");
     for kind in Kind::ALL {
         let label = kind.label();
@@ -89,6 +90,9 @@ pub(crate) fn record_error(kind: Kind) {
     counter!(RECORD_ERRORS, "kind" => kind.label()).increment(1);
 }
 
-pub(crate) fn drained(latency: Duration) {
-    histogram!(DRAIN_LATENCY, "kind" => Kind::Payment.label()).record(latency.as_secs_f64());
+/// A payment or refund accepted at `accepted_at` has left `pending` and `processing` for good, or for
+/// the reconciler.
+pub(crate) fn drained(kind: Kind, accepted_at: OffsetDateTime) {
+    let latency: Duration = (OffsetDateTime::now_utc() - accepted_at).try_into().unwrap_or_default();
+    histogram!(DRAIN_LATENCY, "kind" => kind.label()).record(latency.as_secs_f64());
 }

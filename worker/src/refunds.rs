@@ -235,6 +235,9 @@ impl<P: PaymentProvider + Clone + 'static> RefundSender<P> {
                 let verdict = self.send(&claimed).await;
                 let recorded = self.record(&claimed, &verdict).await;
                 match &recorded {
+                    Ok(Recording::Moved(status)) if *status != RefundStatus::Pending => {
+                        metrics::drained(Kind::Refund, claimed.accepted_at);
+                    }
                     Ok(Recording::LeaseLost) => metrics::lease_lost(Kind::Refund),
                     Err(_) => metrics::record_error(Kind::Refund),
                     Ok(Recording::Moved(_) | Recording::Superseded) => {}

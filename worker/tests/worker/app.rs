@@ -92,6 +92,7 @@ async fn the_worker_serves_its_ops_endpoints_and_drains_both_outboxes_until_shut
         "oncepay_worker_provider_outcomes_total{kind=\"refund\",class=\"refunded\"} 1",
         "oncepay_worker_provider_outcomes_total{kind=\"refund\",class=\"uncertain\"} 0",
         "oncepay_worker_provider_call_duration_seconds_count{kind=\"refund\"} 1",
+        "oncepay_worker_drain_latency_seconds_count{kind=\"refund\"} 1",
         "oncepay_worker_lease_lost_total{kind=\"refund\"} 0",
     ] {
         assert!(metrics.contains(expected), "{expected} missing from\n{metrics}");

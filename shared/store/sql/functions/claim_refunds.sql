@@ -44,7 +44,8 @@ BEGIN
 
         SELECT p_tenant_id, due, r.payment_id, o.fencing_token, o.attempts, r.may_have_moved,
                r.first_sent_at > now() - make_interval(secs => p_horizon_secs), r.amount, r.currency, r.reason,
-               r.metadata, p.provider_charge_id, p.provider_account, o.traceparent, o.tracestate
+               r.metadata, p.provider_charge_id, p.provider_account, o.traceparent, o.tracestate,
+               r.created_at
         INTO c
         FROM payments p
         WHERE p.tenant_id = p_tenant_id AND p.payment_id = r.payment_id;

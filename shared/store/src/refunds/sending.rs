@@ -60,6 +60,8 @@ pub struct ClaimedRefund {
     pub account: Option<ProviderAccount>,
     /// The trace of the request that asked for the refund.
     pub trace: Option<TraceContext>,
+    /// When the api accepted the refund.
+    pub accepted_at: OffsetDateTime,
 }
 
 impl ClaimedRefund {
@@ -119,7 +121,8 @@ pub async fn claim(
                may_have_moved AS "may_have_moved!", in_key_window AS "in_key_window!",
                amount AS "amount!: Amount", currency AS "currency!: Currency", reason,
                metadata AS "metadata!: Json<BTreeMap<String, String>>", charge_id AS "charge_id!",
-               account AS "account: ProviderAccount", traceparent, tracestate
+               account AS "account: ProviderAccount", traceparent, tracestate,
+               accepted_at AS "accepted_at!"
         FROM claim_refunds($1, $2, $3, $4, $5, $6)
         "#,
         tenant_id.as_uuid(),
@@ -156,6 +159,7 @@ pub async fn claim(
             charge_id: row.charge_id,
             account: row.account,
             trace: row.traceparent.map(|traceparent| TraceContext { traceparent, tracestate: row.tracestate }),
+            accepted_at: row.accepted_at,
         })
         .collect())
 }
