@@ -18,6 +18,7 @@ mod containers;
 mod localstripe;
 mod mutants;
 mod npm;
+mod packages;
 mod secrets;
 mod up;
 
@@ -138,6 +139,21 @@ async fn database_server() -> anyhow::Result<(String, Option<Cluster>)> {
     Ok((cluster.url("postgres"), Some(cluster)))
 }
 
+/// The RabbitMQ node the tests publish to: `ONCEPAY_TEST_AMQP_URL` when set, else a throwaway node
+/// of its own (installing Debian's rabbitmq-server first if it is missing), whatever else runs on
+/// the machine.
+async fn broker_node() -> anyhow::Result<(String, Option<oncepay_devkit::rabbitmq::Node>)> {
+    use oncepay_devkit::rabbitmq::{self, Node};
+    if let Ok(url) = std::env::var(rabbitmq::TEST_URL_VARIABLE) {
+        eprintln!("xtask: using {}", rabbitmq::TEST_URL_VARIABLE);
+        return Ok((url, None));
+    }
+    packages::ensure(&["rabbitmq-server"], &[rabbitmq::DEBIAN_SERVER], "for the broker intake's tests").await?;
+    let node = Node::start().await.context("cannot start a throwaway RabbitMQ node")?;
+    eprintln!("xtask: started a throwaway RabbitMQ node on port {}", node.port());
+    Ok((node.url(), Some(node)))
+}
+
 async fn cargo(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<bool> {
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .args(args)
@@ -175,6 +191,7 @@ async fn test(citus: bool, nextest_args: &[String]) -> anyhow::Result<ExitCode> 
     let axe = axe.to_string_lossy();
     browser::install().await.context("cannot install Chromium and chromedriver")?;
     let (url, _cluster) = if citus { (String::new(), None) } else { database_server().await? };
+    let (amqp_url, _node) = broker_node().await?;
     // The tests reach PostgreSQL through DATABASE_URL; the build must not (SQLX_OFFLINE).
     let mut env = vec![
         ("SQLX_OFFLINE", "true"),
@@ -183,6 +200,7 @@ async fn test(citus: bool, nextest_args: &[String]) -> anyhow::Result<ExitCode> 
         (oncepay_devkit::browser::AXE_CORE_VARIABLE, axe.as_ref()),
         (oncepay_devkit::browser::CHROMEDRIVER_VARIABLE, oncepay_devkit::browser::DEFAULT_CHROMEDRIVER),
         (oncepay_devkit::browser::CHROMIUM_VARIABLE, oncepay_devkit::browser::DEFAULT_CHROMIUM),
+        (oncepay_devkit::rabbitmq::TEST_URL_VARIABLE, amqp_url.as_str()),
     ];
     if citus {
         env.push((oncepay_devkit::server::VARIABLE, "citus"));
