@@ -78,6 +78,16 @@ pub struct Responded {
 }
 
 impl Responded {
+    /// Whether it repeats an earlier request's outcome.
+    pub fn replayed(&self) -> bool {
+        self.replayed
+    }
+
+    /// The HTTP response.
+    pub fn into_response(self) -> HttpResponse {
+        self.response
+    }
+
     /// The 202 for a resource just created, whose key may be forgotten after `key_expires_at`.
     pub fn created(resource: &impl Followed, key_expires_at: OffsetDateTime, retry_after_secs: u64) -> Self {
         let key = KeyInfo { expires_at: key_expires_at, replayed: false };
@@ -122,6 +132,18 @@ async fn take<E: Create>(
     let target = E::target(request, &span)?;
 
     let idempotent = IdempotentRequest::read(request.headers(), payload, state.intake.max_body_bytes).await?;
+    take_read::<E>(state, span, caller, target, idempotent).await
+}
+
+/// The rest of a request that a front door (HTTP, a broker's message) admitted and read: its fields
+/// (400), then the endpoint's store.
+pub async fn take_read<E: Create>(
+    state: &AppState,
+    span: Span,
+    caller: Caller,
+    target: E::Target,
+    idempotent: IdempotentRequest,
+) -> Result<Responded, ApiError> {
     let body = E::parse(&idempotent.json).map_err(ApiError::InvalidFields)?;
     let fingerprint = idempotent.fingerprint(&E::path(&target));
     E::store(state, Checked { span, caller, key: idempotent.key, fingerprint, target }, body).await

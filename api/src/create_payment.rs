@@ -55,8 +55,8 @@ pub async fn create_payment(
     create::respond::<CreatePayment>(&request, payload, &state).await
 }
 
-/// The payment's part of the create shell.
-struct CreatePayment;
+/// The payment's part of the create shell, for HTTP and for the broker ([`crate::broker`]).
+pub struct CreatePayment;
 
 impl Create for CreatePayment {
     const METRIC: &'static str = crate::metrics::INTAKE;

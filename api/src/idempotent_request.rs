@@ -1,6 +1,7 @@
-//! What every idempotent `POST` (a payment, a refund) reads before it touches the store: the one
-//! `Idempotency-Key`, a JSON body of bounded size read in one strict pass, and, once the key is
-//! known to the store, whether a request with it is a retry (replayed) or a reuse (422).
+//! What every idempotent `POST` (a payment, a refund), and every payment request from the broker,
+//! reads before it touches the store: the one `Idempotency-Key`, a JSON body of bounded size read
+//! in one strict pass, and, once the key is known to the store, whether a request with it is a
+//! retry (replayed) or a reuse (422).
 //!
 //! Pure checks of the request, in the order both endpoints promise: key (400), `Content-Type` (415),
 //! size (413), JSON (400). Nothing here reads or writes the store, and nothing here logs the key or
@@ -42,6 +43,17 @@ impl IdempotentRequest {
         let body = read_body(headers, payload, max_body_bytes).await?;
         let json = json_body(&body)?;
         Ok(Self { key, json })
+    }
+
+    /// Reads a request that came as a broker's message: its `key` (the message's `idempotency-key`
+    /// header, if it has one) and its `body`, at most `max_body_bytes`, checking in order: key
+    /// (400), size (413), JSON (400).
+    pub fn of_message(key: Option<&[u8]>, body: &[u8], max_body_bytes: usize) -> Result<Self, ApiError> {
+        let key = IdempotencyKey::parse(key.ok_or(ApiError::MissingIdempotencyKey)?)?;
+        if body.len() > max_body_bytes {
+            return Err(ApiError::PayloadTooLarge { max_bytes: max_body_bytes });
+        }
+        Ok(Self { key, json: json_body(body)? })
     }
 
     /// The fingerprint of this request to `path`: SHA-256 of the canonical `{method, path, body}`.

@@ -1,8 +1,9 @@
 //! The HTTP intake: authenticates tenants, accepts payment requests idempotently (`POST
 //! /v1/payments`), serves their status with long polling (`GET /v1/payments/{id}`), accepts refunds
 //! of succeeded payments the same way (`POST /v1/payments/{id}/refunds`, `GET /v1/refunds/{id}`,
-//! `GET /v1/payments/{id}/refunds`), and serves the operations endpoints (`/healthz`, `/readyz`,
-//! `/metrics`, `/openapi.json`).
+//! `GET /v1/payments/{id}/refunds`), takes payment requests from a RabbitMQ queue through the same
+//! intake ([`broker`]), and serves the operations endpoints (`/healthz`, `/readyz`, `/metrics`,
+//! `/openapi.json`).
 //!
 //! `main.rs` only loads [`settings::Settings`], starts telemetry and runs an [`Application`] until
 //! SIGTERM; tests build one on port 0 with [`Application::build_with`] on a fresh database. The api
@@ -10,6 +11,7 @@
 
 pub mod accept_groups;
 pub mod auth;
+pub mod broker;
 pub mod create;
 pub mod create_payment;
 pub mod create_refund;

@@ -17,6 +17,9 @@ pub const INTAKE_GROUP_SIZE: &str = "oncepay_api_intake_group_size";
 pub const INTAKE_WRITING: &str = "oncepay_api_intake_writing";
 /// Long polls waiting for a payment or a refund to change, recorded by `watch`.
 pub const LONG_POLLS_WAITING: &str = "oncepay_api_long_polls_waiting";
+/// Payment requests taken from the broker, by what became of each (the `outcome` label,
+/// [`BROKER_LABELS`]), recorded by `broker`.
+pub const BROKER_MESSAGES: &str = "oncepay_api_broker_messages_total";
 
 /// Every `outcome` of [`INTAKE`], as `create` labels them: 202 `created`, a `replayed` key, 422
 /// `key_reused` (same key, other request), 409 `key_in_use` (the key is being written right now), 503
@@ -54,6 +57,11 @@ pub const REFUND_INTAKE_LABELS: [&str; 12] = [
     "error",
 ];
 
+/// Every `outcome` of [`BROKER_MESSAGES`]: `created`, `replayed` (both acknowledged),
+/// `dead_lettered`, `delayed` (its key in use elsewhere, or its tenant over its rate),
+/// `store_unavailable` (kept, tried again; one per try), `error` (returned to the queue).
+pub const BROKER_LABELS: [&str; 6] = ["created", "replayed", "dead_lettered", "delayed", "store_unavailable", "error"];
+
 /// Describes the api's metrics and registers every intake label at zero, so each series exists
 /// from the first scrape and a Prometheus `increase()` counts the first 503 or 422 instead of
 /// missing a series that just appeared.
@@ -69,5 +77,9 @@ pub fn describe() {
     }
     for label in REFUND_INTAKE_LABELS {
         counter!(REFUND_INTAKE, "outcome" => label).increment(0);
+    }
+    describe_counter!(BROKER_MESSAGES, "Payment requests taken from the broker, by outcome");
+    for label in BROKER_LABELS {
+        counter!(BROKER_MESSAGES, "outcome" => label).increment(0);
     }
 }

@@ -11,6 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, ensure};
 use oncepay_service::config::{self, DatabaseSettings, HttpSettings, TelemetrySettings};
 use oncepay_service::group_commit::Limits;
+use secrecy::SecretString;
 use serde::Deserialize;
 
 use crate::provider_intake::{ProviderIntake, ProviderIntakeSettings};
@@ -38,6 +39,30 @@ pub struct Settings {
     pub long_poll: LongPollSettings,
     /// `[provider]`: which provider the workers charge through, for what intake refuses up front.
     pub provider: ProviderIntakeSettings,
+    /// `[broker]`: the RabbitMQ queue payments are also taken from, if any.
+    pub broker: BrokerSettings,
+}
+
+/// `[broker]`: the queue the api takes payment requests from, beside HTTP, and its companions.
+#[derive(Debug, Clone, Deserialize)]
+pub struct BrokerSettings {
+    /// The RabbitMQ node, an `amqp://` URL; unset, the api takes payments over HTTP only.
+    #[serde(default)]
+    pub url: Option<SecretString>,
+    /// The queue producers publish payment requests to.
+    pub queue: String,
+    /// Deliveries of one message after which RabbitMQ dead-letters it.
+    pub delivery_limit: u32,
+    /// Where messages that will never be payments go: an exchange, and a queue bound to it.
+    pub dead_letter_exchange: String,
+    /// The queue that keeps them for an operator.
+    pub dead_letter_queue: String,
+    /// Where a message waits before it is delivered again.
+    pub delay_queue: String,
+    /// How long it waits there.
+    pub delay_ms: u64,
+    /// Messages the api holds at once, unacknowledged, and takes concurrently.
+    pub prefetch: u16,
 }
 
 /// `[http]`: the shared `host` and `port`, and the api's grace period.
@@ -144,6 +169,18 @@ impl Settings {
             "intake.group_max_requests must be between 1 (no grouping) and {MAX_GROUP_REQUESTS}"
         );
         ProviderIntake::new(&self.provider)?;
+        let broker = &self.broker;
+        ensure!(broker.prefetch > 0, "broker.prefetch must be positive");
+        ensure!(broker.delivery_limit > 0, "broker.delivery_limit must be positive");
+        ensure!(broker.delay_ms > 0, "broker.delay_ms must be positive");
+        let names = [&broker.queue, &broker.dead_letter_queue, &broker.delay_queue];
+        ensure!(
+            names.iter().all(|name| !name.is_empty())
+                && names[0] != names[1]
+                && names[1] != names[2]
+                && names[0] != names[2],
+            "broker.queue, broker.dead_letter_queue and broker.delay_queue must be three different names"
+        );
         Ok(())
     }
 }

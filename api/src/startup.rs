@@ -1,5 +1,5 @@
-//! Building and running the api: the database connections, the long polls' listener, the routes
-//! and the HTTP server, and stopping them in order.
+//! Building and running the api: the database connections, the long polls' listener, the routes,
+//! the HTTP server and the broker's consumer, and stopping them in order.
 //!
 //! Each HTTP worker has connections of its own; everything without I/O (the auth cache, the replay
 //! cache, the rate limits, the long-poll waiters, the wake-up requests) is shared by the process.
@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::accept_groups::AcceptGroups;
 use crate::auth::Authenticator;
+use crate::broker::rabbitmq::Consumer;
 use crate::errors::{self, RetryAfter};
 use crate::provider_intake::ProviderIntake;
 use crate::rate_limit::RateLimits;
@@ -48,6 +49,8 @@ pub struct Application {
     ops_port: Option<u16>,
     ops_server: Option<Server>,
     background: Background,
+    /// The broker's consumer, when `broker.url` is set.
+    consumer: Option<Consumer>,
     draining: CancellationToken,
 }
 
@@ -76,6 +79,11 @@ impl Application {
         let shared = Shared::new(&settings, rereads, metrics.clone())?;
         let background = Background::new(&own, &shared, rereader, rereader_pool);
         let draining = shared.draining.clone();
+        // The consumer takes as many connections as one HTTP worker.
+        let consumer = settings.broker.url.is_some().then(|| {
+            let connections = worker_connections(&settings);
+            Consumer::new(settings.broker.clone(), shared.state(&own, connections))
+        });
 
         let http = &settings.http;
         let tcp = TcpListener::bind((http.listen.host.as_str(), http.listen.port))
@@ -94,6 +102,7 @@ impl Application {
             ops_port: apart.as_ref().map(|apart| apart.address.port()),
             ops_server: apart.map(|apart| apart.server),
             background,
+            consumer,
             draining,
         })
     }
@@ -112,10 +121,15 @@ impl Application {
     /// long polls at once, lets in-flight requests finish within `http.shutdown_grace_secs`, stops
     /// the background tasks and closes their pools.
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        let Self { server, ops_server, background, draining, .. } = self;
+        let Self { server, ops_server, background, consumer, draining, .. } = self;
         let ops_handle = ops_server.as_ref().map(Server::handle);
         let ops_serving = ops_server.map(tokio::spawn);
         let mut background = background.spawn(&draining);
+        // The consumer stops taking messages when the api begins to stop, and finishes those it holds.
+        let consuming = consumer
+            .map(|consumer| consumer.start(draining.clone()))
+            .transpose()
+            .context("cannot start the broker's consumer")?;
         let handle = server.handle();
         let stopper = tokio::spawn({
             let draining = draining.clone();
@@ -131,6 +145,11 @@ impl Application {
         let served = server.await;
         draining.cancel();
         stopper.abort();
+        if let Some(consuming) = consuming
+            && !matches!(tokio::task::spawn_blocking(move || consuming.join()).await, Ok(Ok(())))
+        {
+            tracing::error!("the broker's consumer failed");
+        }
         background.join().await;
         // The operations server keeps serving probes until the public server has stopped.
         if let (Some(ops_handle), Some(ops_serving)) = (ops_handle, ops_serving) {
@@ -156,18 +175,27 @@ fn serve(
     with_ops: bool,
 ) -> anyhow::Result<Server> {
     let http = &settings.http;
-    let workers = match http.workers {
-        0 => std::thread::available_parallelism().map_or(1, NonZeroUsize::get),
-        workers => workers,
-    };
-    let max_connections = settings.database.max_connections.div_ceil(u32::try_from(workers).unwrap_or(u32::MAX));
+    let max_connections = worker_connections(settings);
     Ok(HttpServer::new(move || shared.worker_app(&own, max_connections, with_ops))
-        .workers(workers)
+        .workers(workers(settings))
         .listen(tcp)
         .context("cannot serve on the bound socket")?
         .disable_signals()
         .shutdown_timeout(http.shutdown_grace_secs)
         .run())
+}
+
+/// `http.workers`, one per core for 0.
+fn workers(settings: &Settings) -> usize {
+    match settings.http.workers {
+        0 => std::thread::available_parallelism().map_or(1, NonZeroUsize::get),
+        workers => workers,
+    }
+}
+
+/// Each HTTP worker's equal share of `database.max_connections`, rounded up.
+fn worker_connections(settings: &Settings) -> u32 {
+    settings.database.max_connections.div_ceil(u32::try_from(workers(settings)).unwrap_or(u32::MAX))
 }
 
 /// The tasks that run beside the HTTP workers, on the caller's runtime, each on a one-connection
@@ -318,6 +346,25 @@ impl Shared {
         })
     }
 
+    /// The state of one user of the intake (an HTTP worker, the broker's consumer), with
+    /// `max_connections` of its own, opened on the runtime that first uses them.
+    fn state(&self, own: &OwnConnection, max_connections: u32) -> AppState {
+        AppState {
+            connections: Arc::new(Connections::new(own.options.clone(), max_connections, own.acquire_timeout)),
+            accepts: Arc::clone(&self.accepts),
+            auth: Arc::clone(&self.auth),
+            limits: Arc::clone(&self.limits),
+            watch: Arc::clone(&self.watch),
+            rereads: self.rereads.clone(),
+            intake: self.intake.clone(),
+            long_poll: self.long_poll.clone(),
+            draining: self.draining.clone(),
+            wake: self.wake.clone(),
+            replays: Arc::clone(&self.replays),
+            provider_intake: self.provider_intake,
+        }
+    }
+
     /// One HTTP worker's app, with `max_connections` of its own for its requests, and the operations
     /// endpoints if `with_ops`.
     ///
@@ -343,21 +390,7 @@ impl Shared {
         // per request as costly as a replay's own query (see BENCHMARKS.md). A connection that died
         // is found by the request's query instead, which fails closed (503, retried by the client
         // with the same key), and is replaced.
-        let connections = Arc::new(Connections::new(own.options.clone(), max_connections, own.acquire_timeout));
-        let state = AppState {
-            connections,
-            accepts: Arc::clone(&self.accepts),
-            auth: Arc::clone(&self.auth),
-            limits: Arc::clone(&self.limits),
-            watch: Arc::clone(&self.watch),
-            rereads: self.rereads.clone(),
-            intake: self.intake.clone(),
-            long_poll: self.long_poll.clone(),
-            draining: self.draining.clone(),
-            wake: self.wake.clone(),
-            replays: Arc::clone(&self.replays),
-            provider_intake: self.provider_intake,
-        };
+        let state = self.state(own, max_connections);
         // `/readyz` only: one more connection per worker, opened when a probe needs it.
         let ops = ProbeState { pool: own.pool("ops"), metrics: self.metrics.clone() };
         App::new()

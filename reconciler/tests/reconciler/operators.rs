@@ -504,6 +504,61 @@ async fn a_provider_account_changes_only_with_a_second_person_and_never_to_anoth
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_broker_user_publishes_for_one_tenant_only_once_a_second_person_approves(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    tenant(&pool, "globex").await;
+    let lim = ops.operator("lim", "admin", Some(&["acme"])).await;
+    let vic = ops.operator("vic", "viewer", Some(&["acme"])).await;
+    let bob = ops.operator("bob", "approver", None).await;
+    let add = |tenant: &str, user: &str| format!("/v1/tenants/{tenant}/broker-users/{user}");
+    let reason = || Some(json!({"reason": "their order system publishes to RabbitMQ"}));
+    let publisher = async |user: &str| {
+        let mut conn = pool.acquire().await.unwrap();
+        oncepay_store::broker_users::tenant_of(&mut conn, user).await.unwrap().map(|found| found.tenant_id)
+    };
+
+    let (by_a_viewer, _) = ops.call(&vic, Method::PUT, &add("acme", "shop-1"), reason()).await;
+    let (for_another, _) = ops.call(&lim, Method::PUT, &add("globex", "shop-1"), reason()).await;
+    let (proposed, proposal) = ops.call(&lim, Method::PUT, &add("acme", "shop-1"), reason()).await;
+    let before_approval = publisher("shop-1").await;
+    let proposal_id = proposal["proposal"]["proposal_id"].as_str().unwrap_or_default().to_owned();
+    let (approved, done) =
+        ops.post(&bob, &format!("/v1/proposals/{proposal_id}/approve"), json!({"reason": "acme's system"})).await;
+    let (again, why) = ops.call(&ops.admin, Method::PUT, &add("globex", "shop-1"), reason()).await;
+    let (_, listed) = ops.get(&vic, "/v1/tenants/acme/broker-users").await;
+
+    assert_eq!((by_a_viewer, for_another), (StatusCode::FORBIDDEN, StatusCode::NOT_FOUND));
+    assert_eq!(proposed, StatusCode::ACCEPTED, "{proposal}");
+    assert_eq!(before_approval, None, "nothing changes before the approval");
+    assert_eq!(approved, StatusCode::OK, "{done}");
+    assert_eq!(publisher("shop-1").await, Some(acme));
+    assert_eq!(again, StatusCode::CONFLICT, "one broker user belongs to one tenant: {why}");
+    assert_eq!(listed, json!({"broker_users": ["shop-1"]}));
+    let (removed, _) = ops.call(&lim, Method::DELETE, &add("acme", "shop-1"), reason()).await;
+    assert_eq!(removed, StatusCode::NO_CONTENT);
+    assert_eq!(publisher("shop-1").await, None);
+    let trail: Vec<(String, String, String)> = sqlx::query!(
+        "SELECT operator_name, action, outcome FROM operator_audit
+         WHERE (action LIKE 'broker_user.%' OR action = 'proposal.approve') AND outcome <> 'refused'
+         ORDER BY audit_id"
+    )
+    .map(|r| (r.operator_name, r.action, r.outcome))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let row = |who: &str, action: &str, outcome: &str| (who.to_owned(), action.to_owned(), outcome.to_owned());
+    assert_eq!(
+        trail,
+        [
+            row("lim", "broker_user.map", "proposed"),
+            row("bob", "proposal.approve", "done"),
+            row("lim", "broker_user.unmap", "done")
+        ]
+    );
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn an_approval_of_a_provider_account_checks_the_tenant_again(pool: PgPool) {
     let ops = Ops::start(&pool).await;
     tenant(&pool, "acme").await;

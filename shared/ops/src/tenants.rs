@@ -1,7 +1,8 @@
-//! Tenants, their API keys and provider accounts as operators change and see them: creating a
-//! tenant, connecting it to a provider account and issuing it a key (each the carrying out of an
-//! approved proposal, `crate::operators::proposals`), disconnecting it and revoking a key (done at
-//! once: neither can move money), and the lists the CLI and the console show.
+//! Tenants, their API keys, provider accounts and broker users as operators change and see them:
+//! creating a tenant, connecting it to a provider account, issuing it a key and letting a broker
+//! user publish its payments (each the carrying out of an approved proposal,
+//! `crate::operators::proposals`), disconnecting it, revoking a key and removing a broker user (done
+//! at once: none can move money), and the lists the CLI and the console show.
 //!
 //! The store functions are `oncepay_store::tenants`; this module adds the operator's view.
 //! A new key's token is printed exactly once, by the command that made it, with a line saying it
@@ -13,6 +14,7 @@ use anyhow::Context;
 use oncepay_domain::api_key::{self, KeyId};
 use oncepay_domain::ids::TenantId;
 use oncepay_domain::provider_ref::ProviderAccount;
+use oncepay_store::broker_users::{self, MapError};
 use oncepay_store::tenants::{self, Tenant, TenantError, TenantName};
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
@@ -135,6 +137,53 @@ impl Report for TenantList {
 pub async fn list(conn: &mut PgConnection) -> Result<TenantList, OperatorError> {
     let all = tenants::list(conn).await.context("cannot list the tenants")?;
     Ok(TenantList(all.iter().map(TenantView::from).collect()))
+}
+
+/// The longest broker user name RabbitMQ's AMQP `user_id` carries (a short string).
+const BROKER_USER_MAX_BYTES: usize = 255;
+
+/// A broker user's name as an operator typed it: 1 to 255 bytes, no control characters.
+fn broker_user(text: &str) -> Result<&str, OperatorError> {
+    if text.is_empty() || text.len() > BROKER_USER_MAX_BYTES || text.chars().any(char::is_control) {
+        return Err(OperatorError::Invalid(format!(
+            "broker user {text:?} must be 1 to {BROKER_USER_MAX_BYTES} bytes without control characters"
+        )));
+    }
+    Ok(text)
+}
+
+/// Lets `user` publish tenant `tenant_id`'s payments through the broker, in the caller's
+/// transaction: an approved `broker_user` proposal.
+pub async fn map_broker_user(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    user: &str,
+) -> Result<TenantView, OperatorError> {
+    let user = broker_user(user)?;
+    let tenant = find_by_id(conn, tenant_id).await?;
+    broker_users::map(conn, user, tenant_id).await.map_err(|error| match error {
+        MapError::Taken => OperatorError::Refused(format!(
+            "broker user {user} already publishes for a tenant: one broker user belongs to at most one tenant"
+        )),
+        MapError::NoTenant => OperatorError::NotFound(format!("no tenant {tenant_id}")),
+        MapError::Store(e) => OperatorError::Failed(anyhow::Error::new(e).context("cannot map the broker user")),
+    })?;
+    Ok(TenantView::from(&tenant))
+}
+
+/// Stops `user` publishing tenant `tenant_id`'s payments: its messages from then on are
+/// dead-lettered as `unknown_user`.
+pub async fn unmap_broker_user(conn: &mut PgConnection, tenant_id: TenantId, user: &str) -> Result<(), OperatorError> {
+    if broker_users::unmap(conn, broker_user(user)?, tenant_id).await.context("cannot remove the broker user")? {
+        Ok(())
+    } else {
+        Err(OperatorError::NotFound(format!("broker user {user} does not publish for this tenant")))
+    }
+}
+
+/// The broker users that publish tenant `tenant_id`'s payments, by name.
+pub async fn broker_users_of(conn: &mut PgConnection, tenant_id: TenantId) -> Result<Vec<String>, OperatorError> {
+    Ok(broker_users::of_tenant(conn, tenant_id).await.context("cannot list the broker users")?)
 }
 
 /// A provider account as an operator typed it.

@@ -7,12 +7,12 @@
 -- best form differs on Citus, and plans the claim for each call (at the end): a migration that
 -- changes them must change them here too.
 --
--- `tenants` and `api_keys` are small and read on every request: copied to every node. `payments`
--- anchors the colocation group, and every table with a foreign key to it lives beside it, so one
--- tenant's rows are on one node. `recon_runs`, `recon_discrepancies`, `recon_unfinished_charges` and
--- `recon_unfinished_refunds` describe the provider's accounts as a whole, and `operators`,
--- `operator_tokens`, `proposals`, `operator_audit`, `bulk_retries` and `bulk_retry_items` the
--- installation's operators: they stay local tables of the coordinator.
+-- `tenants`, `api_keys` and `broker_users` are small and read on every request or message: copied
+-- to every node. `payments` anchors the colocation group, and every table with a foreign key to it
+-- lives beside it, so one tenant's rows are on one node. `recon_runs`, `recon_discrepancies`,
+-- `recon_unfinished_charges` and `recon_unfinished_refunds` describe the provider's accounts as a
+-- whole, and `operators`, `operator_tokens`, `proposals`, `operator_audit`, `bulk_retries` and
+-- `bulk_retry_items` the installation's operators: they stay local tables of the coordinator.
 --
 -- `citus.propagate_set_commands = local` makes Citus send a transaction's `SET LOCAL` on to the
 -- nodes it uses: `intake` repeats the api's `lock_timeout` that way, so that a worker node waiting
@@ -21,7 +21,7 @@ DO $citus$
 DECLARE
     name text;
 BEGIN
-    FOREACH name IN ARRAY ARRAY['tenants', 'api_keys'] LOOP
+    FOREACH name IN ARRAY ARRAY['tenants', 'api_keys', 'broker_users'] LOOP
         IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = name::regclass) THEN
             PERFORM create_reference_table(name);
         END IF;

@@ -156,7 +156,7 @@ async fn every_table_grants_each_role_exactly_what_the_readme_lists(pool: PgPool
             expected.insert(format!("{role} {table}"), privileges.to_owned());
         }
     };
-    grant(API, &["_sqlx_migrations", "tenants", "api_keys"], read);
+    grant(API, &["_sqlx_migrations", "tenants", "api_keys", "broker_users"], read);
     grant(API, &["idempotency_keys"], change);
     grant(API, &["payment_events", "outbox", "refunds", "refund_keys", "refund_events", "refund_outbox"], append);
     grant(API, &["payments"], "INSERT,SELECT,UPDATE(refunds_reserved)");

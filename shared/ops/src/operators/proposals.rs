@@ -129,6 +129,11 @@ pub enum Proposed {
     },
     /// Issue the tenant another API key, for the proposer to collect.
     KeyIssue,
+    /// Let this broker user publish the tenant's payments (its messages' `user_id`).
+    BrokerUser {
+        /// The broker's user name.
+        user: String,
+    },
 }
 
 /// `Option<RefundReason>` stored as its name: the domain's reason is only ever written by serde.
@@ -206,6 +211,7 @@ impl fmt::Display for Proposed {
                 write!(f, "charge the tenant's new payments to provider account {account}")
             }
             Self::KeyIssue => f.write_str("issue the tenant another API key"),
+            Self::BrokerUser { user } => write!(f, "let broker user {user} publish the tenant's payments"),
         }
     }
 }
@@ -250,6 +256,7 @@ impl Proposed {
             Self::TenantCreate { .. } => "tenant.create",
             Self::TenantConnect { .. } => "tenant.connect",
             Self::KeyIssue => "key.issue",
+            Self::BrokerUser { .. } => "broker_user.map",
         }
     }
 
@@ -262,7 +269,7 @@ impl Proposed {
             | Self::RefundFailed { refund_id, .. }
             | Self::RefundRetry { refund_id, .. } => Stand::Refund(*refund_id),
             Self::TenantCreate { .. } => Stand::NewTenant,
-            Self::TenantConnect { .. } | Self::KeyIssue => Stand::Tenant,
+            Self::TenantConnect { .. } | Self::KeyIssue | Self::BrokerUser { .. } => Stand::Tenant,
         }
     }
 
@@ -285,6 +292,7 @@ impl Proposed {
             }
             Self::TenantConnect { .. } => by.require(Role::Admin, "change a tenant's provider account"),
             Self::KeyIssue => by.require(Role::Admin, "issue an API key"),
+            Self::BrokerUser { .. } => by.require(Role::Admin, "let a broker user publish a tenant's payments"),
             _ => by.require(Role::Operator, "propose a decision"),
         }
     }
@@ -1047,6 +1055,7 @@ async fn carry_out_on_tenant(
         }
         Proposed::TenantConnect { account } => crate::tenants::connect(conn, tenant_id, Some(account)).await?,
         Proposed::KeyIssue => TenantView::from(&crate::tenants::find_by_id(conn, tenant_id).await?),
+        Proposed::BrokerUser { user } => crate::tenants::map_broker_user(conn, tenant_id, user).await?,
         _ => return Err(OperatorError::Failed(anyhow::anyhow!("a proposal on a payment is stored on a tenant"))),
     };
     let key_to_collect = proposed.issues_a_key().then_some(carry.proposal_id);
@@ -1120,7 +1129,10 @@ async fn carry_out_on_payment(
             };
             dead_refunds::retry(conn, &retry).await.map(Effect::Refund)
         }
-        Proposed::TenantCreate { .. } | Proposed::TenantConnect { .. } | Proposed::KeyIssue => {
+        Proposed::TenantCreate { .. }
+        | Proposed::TenantConnect { .. }
+        | Proposed::KeyIssue
+        | Proposed::BrokerUser { .. } => {
             Err(OperatorError::Failed(anyhow::anyhow!("a proposal on a tenant is stored on a payment")))
         }
     }

@@ -1,12 +1,14 @@
-//! The operations API's tenants, their API keys and provider accounts, and the reconciliation's
-//! runs (the work itself is `crate::tenants` and `crate::recon`), with roles, tenant
-//! limits and the audit trail.
+//! The operations API's tenants, their API keys, provider accounts and broker users, and the
+//! reconciliation's runs (the work itself is `crate::tenants` and `crate::recon`), with roles,
+//! tenant limits and the audit trail.
 //!
 //! Reads need the viewer role and show only the tenants the caller may see. A merchant's API key
-//! charges and refunds, so what gives a tenant a key or points it at a provider account is proposed
+//! charges and refunds, and so does a broker user's message, so what gives a tenant a key or a
+//! broker user, or points it at a provider account, is proposed
 //! by an admin (of every tenant, to create one) and done only once a second operator approves
 //! ([`crate::operators::proposals`]); the key is then collected, once, by its proposer. Revoking a
-//! key and disconnecting an account move no money, and an admin does them at once. Reconciliation
+//! key, removing a broker user and disconnecting an account move no money, and an admin does them at
+//! once. Reconciliation
 //! runs cover every tenant, so only operators of every tenant queue or read them.
 
 use actix_web::http::StatusCode;
@@ -37,6 +39,9 @@ pub(super) fn configure(config: &mut web::ServiceConfig) {
         .route("/v1/tenants/{name}/provider-account", web::put().to(connect))
         .route("/v1/tenants/{name}/keys", web::post().to(issue_key))
         .route("/v1/tenants/{name}/keys/{key_id}", web::delete().to(revoke_key))
+        .route("/v1/tenants/{name}/broker-users", web::get().to(broker_users))
+        .route("/v1/tenants/{name}/broker-users/{user}", web::put().to(add_broker_user))
+        .route("/v1/tenants/{name}/broker-users/{user}", web::delete().to(remove_broker_user))
         .route("/v1/recon/runs", web::get().to(runs))
         .route("/v1/recon/runs", web::post().to(start_run))
         .route("/v1/recon/runs/{run_id}", web::get().to(run));
@@ -216,6 +221,104 @@ pub async fn propose_key(
     let mut conn = state.pool.acquire().await.context("cannot reach the database")?;
     let tenant_id = see_tenant(&mut conn, caller, name).await?;
     propose(state, &mut conn, caller, Subject::Tenant(tenant_id), &Proposed::KeyIssue, reason).await
+}
+
+/// `GET /v1/tenants/{name}/broker-users`: the broker users that publish the tenant's payments.
+async fn broker_users(state: web::Data<OperatorsState>, request: HttpRequest, path: web::Path<String>) -> HttpResponse {
+    respond(
+        async {
+            let caller = caller(&state, &request).await?;
+            let mut conn = connection(&state).await?;
+            let tenant_id = see_tenant(&mut conn, &caller, &path).await.map_err(problem)?;
+            let users = tenants::broker_users_of(&mut conn, tenant_id).await.map_err(problem)?;
+            Ok(ok(StatusCode::OK, &json!({ "broker_users": users })))
+        }
+        .await,
+    )
+}
+
+/// `PUT /v1/tenants/{name}/broker-users/{user}` `{reason}`: 202 with the proposal to let `user`
+/// publish the tenant's payments through the broker; done once a second operator approves.
+async fn add_broker_user(
+    state: web::Data<OperatorsState>,
+    request: HttpRequest,
+    path: web::Path<(String, String)>,
+    bytes: web::Bytes,
+) -> HttpResponse {
+    respond(
+        async {
+            let caller = caller(&state, &request).await?;
+            let (name, user) = path.into_inner();
+            let outcome = async {
+                let asked: Reason = body(&bytes)?;
+                propose_broker_user(&state, &caller, &name, &user, &asked.reason).await
+            };
+            let entry = Entry::new("broker_user.map", Outcome::Done);
+            change(&state, &caller, entry, outcome.await.map(acted)).await
+        }
+        .await,
+    )
+}
+
+/// Proposes letting broker user `user` publish tenant `name`'s payments (an admin of the tenant
+/// proposes).
+pub async fn propose_broker_user(
+    state: &OperatorsState,
+    caller: &Caller,
+    name: &str,
+    user: &str,
+    reason: &str,
+) -> Result<Acted, OperatorError> {
+    let mut conn = state.pool.acquire().await.context("cannot reach the database")?;
+    let tenant_id = see_tenant(&mut conn, caller, name).await?;
+    let action = Proposed::BrokerUser { user: user.to_owned() };
+    propose(state, &mut conn, caller, Subject::Tenant(tenant_id), &action, reason).await
+}
+
+/// `DELETE /v1/tenants/{name}/broker-users/{user}` `{reason}` (admin): 204; `user`'s messages from
+/// then on change nothing.
+async fn remove_broker_user(
+    state: web::Data<OperatorsState>,
+    request: HttpRequest,
+    path: web::Path<(String, String)>,
+    bytes: web::Bytes,
+) -> HttpResponse {
+    respond(
+        async {
+            let caller = caller(&state, &request).await?;
+            let (name, user) = path.into_inner();
+            let outcome = async {
+                let asked: Reason = body(&bytes)?;
+                remove_broker_user_of(&state, &caller, &name, &user, &asked.reason).await
+            };
+            let entry = Entry::new("broker_user.unmap", Outcome::Done);
+            change(&state, &caller, entry, outcome.await.map(|()| HttpResponse::NoContent().finish())).await
+        }
+        .await,
+    )
+}
+
+/// Stops broker user `user` publishing tenant `name`'s payments (an admin of the tenant), at once
+/// and with its audit row: that moves no money.
+pub async fn remove_broker_user_of(
+    state: &OperatorsState,
+    caller: &Caller,
+    name: &str,
+    user: &str,
+    reason: &str,
+) -> Result<(), OperatorError> {
+    caller.account.require(Role::Admin, "remove a tenant's broker user")?;
+    let reason = require_reason(reason)?;
+    let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
+    let tenant_id = see_tenant(&mut tx, caller, name).await?;
+    tenants::unmap_broker_user(&mut tx, tenant_id, user).await?;
+    let entry = Entry::new("broker_user.unmap", Outcome::Done)
+        .on(tenant_id, None)
+        .reason(reason)
+        .before(json!({ "broker_user": user }));
+    audit::record(&mut tx, &caller.actor(), &entry).await?;
+    tx.commit().await.context("cannot commit the removal")?;
+    Ok(())
 }
 
 /// `POST /v1/proposals/{id}/key`: 201 with the API key an approved proposal made, shown this once,

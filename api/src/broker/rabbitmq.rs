@@ -1,0 +1,306 @@
+//! The RabbitMQ front door: the topology the api declares, and the consumer that feeds the intake
+//! queue's messages to [`message::take`] and settles each one with RabbitMQ.
+//!
+//! Topology, declared at every connection, idempotently (names from `[broker]`):
+//! - `queue`: a durable quorum queue, where producers publish (default exchange, routing key the
+//!   queue's name). RabbitMQ dead-letters a message delivered `delivery_limit` times to
+//!   `dead_letter_exchange`, at least once (`x-dead-letter-strategy`), with its own reason
+//!   (`x-first-death-reason: delivery_limit`).
+//! - `dead_letter_exchange` (direct) and `dead_letter_queue` (quorum), bound by the dead-letter
+//!   queue's name: the messages that will never be payments, for an operator.
+//! - `delay_queue`: a durable queue without consumers, whose messages expire after `delay_ms` back
+//!   into `queue`.
+//!
+//! What the consumer does with a message ([`Outcome`]): taken, it answers `reply_to` (if any) and
+//! acknowledges; refused, it publishes a copy to the dead-letter exchange with the reason
+//! (`oncepay-reason`), the problem (`oncepay-problem`) and the time (`oncepay-failed-at`) and
+//! acknowledges once RabbitMQ has confirmed the copy; later, it publishes a copy to the delay queue
+//! and acknowledges once confirmed; with the store unavailable, it keeps the message and tries it
+//! again after a backoff, until the store answers or the process stops. The copies keep the
+//! message's `user_id`, so the api's broker user must be an impersonator. A message is acknowledged
+//! only after its payment is committed (or its copy confirmed): a consumer killed in between leaves
+//! it to be delivered again, and intake replays it.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions,
+    ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind};
+use oncepay_service::backoff::Backoff;
+use secrecy::ExposeSecret;
+use time::OffsetDateTime;
+use tokio_util::sync::CancellationToken;
+
+use super::message::{self, Message, Outcome};
+use crate::metrics::BROKER_MESSAGES;
+use crate::settings::BrokerSettings;
+use crate::state::AppState;
+
+/// The message header that carries the idempotency key.
+pub const KEY_HEADER: &str = "idempotency-key";
+/// The header of a dead-lettered message that says why.
+pub const REASON_HEADER: &str = "oncepay-reason";
+/// The header of a dead-lettered message with the problem document HTTP would have answered.
+pub const PROBLEM_HEADER: &str = "oncepay-problem";
+/// The header of a dead-lettered message with when it was refused (AMQP timestamp, seconds).
+pub const FAILED_AT_HEADER: &str = "oncepay-failed-at";
+
+/// How long to wait between tries of a message while the store is unavailable, and between
+/// connections to the broker.
+const BACKOFF: Backoff = Backoff { base: Duration::from_millis(100), max: Duration::from_secs(5) };
+
+/// Takes payment requests from RabbitMQ until stopped.
+pub struct Consumer {
+    settings: BrokerSettings,
+    state: AppState,
+}
+
+impl Consumer {
+    /// A consumer of `settings`' queue, feeding the intake of `state`.
+    pub fn new(settings: BrokerSettings, state: AppState) -> Self {
+        Self { settings, state }
+    }
+
+    /// Consumes on a thread of its own until `shutdown`, as one more worker of the api: like an HTTP
+    /// worker's, its runtime is its own, and so are the database connections it opens.
+    pub fn start(self, shutdown: CancellationToken) -> std::io::Result<std::thread::JoinHandle<()>> {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        // In a local set, as on an HTTP worker's runtime: intake writes a group in a task of its own.
+        std::thread::Builder::new()
+            .name("oncepay-broker".into())
+            .spawn(move || tokio::task::LocalSet::new().block_on(&runtime, self.run(shutdown)))
+    }
+
+    /// Consumes until `shutdown`, connecting again (after a backoff) whenever the connection is
+    /// lost. Messages it holds when it stops, unacknowledged, go back to the queue.
+    async fn run(self, shutdown: CancellationToken) {
+        let mut failures = 0;
+        while !shutdown.is_cancelled() {
+            match self.session(&shutdown).await {
+                Ok(()) => failures = 0,
+                Err(error) => {
+                    failures += 1;
+                    tracing::warn!(error = %format!("{error:#}"), failures, "the broker connection failed; connecting again");
+                }
+            }
+            let pause = BACKOFF.delay(failures, &mut rand::rng());
+            tokio::select! {
+                () = shutdown.cancelled() => {}
+                () = tokio::time::sleep(pause) => {}
+            }
+        }
+    }
+
+    /// One connection: declares the topology and consumes until `shutdown` or a failure.
+    async fn session(&self, shutdown: &CancellationToken) -> anyhow::Result<()> {
+        let url = self.settings.url.as_ref().map(ExposeSecret::expose_secret).unwrap_or_default();
+        let connection = Connection::connect(url, ConnectionProperties::default()).await?;
+        let consuming = connection.create_channel().await?;
+        let publishing = connection.create_channel().await?;
+        publishing.confirm_select(ConfirmSelectOptions::default()).await?;
+        declare(&consuming, &self.settings).await?;
+        consuming.basic_qos(self.settings.prefetch, BasicQosOptions::default()).await?;
+        let consumer = consuming
+            .basic_consume(
+                self.settings.queue.as_str().into(),
+                "oncepay-api".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        tracing::info!(queue = %self.settings.queue, "taking payments from the broker");
+        // The first failure to settle a message with the broker ends the session: the connection is
+        // then suspect, and its unacknowledged messages go back to the queue when it closes.
+        let failed = std::sync::Mutex::new(None);
+        consumer
+            .take_until(shutdown.cancelled())
+            .for_each_concurrent(usize::from(self.settings.prefetch), |delivery| {
+                let (publishing, failed) = (&publishing, &failed);
+                async move {
+                    let settled = match delivery {
+                        Ok(delivery) => self.settle(publishing, delivery, shutdown).await,
+                        Err(error) => Err(error.into()),
+                    };
+                    if let Err(error) = settled {
+                        failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get_or_insert(error);
+                    }
+                }
+            })
+            .await;
+        let _ = connection.close(200, "the api is stopping".into()).await;
+        failed.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner).map_or(Ok(()), Err)
+    }
+
+    /// Takes one delivery and settles it with the broker as its [`Outcome`] says.
+    async fn settle(
+        &self,
+        publishing: &Channel,
+        delivery: lapin::message::Delivery,
+        shutdown: &CancellationToken,
+    ) -> anyhow::Result<()> {
+        let properties = &delivery.properties;
+        let user = properties.user_id().as_ref().map(ShortString::as_str);
+        let key = header(properties, KEY_HEADER);
+        let message = Message { user, key, body: &delivery.data };
+        let mut attempts = 0;
+        let outcome = loop {
+            let outcome = message::take(&self.state, message).await;
+            if !matches!(outcome, Outcome::StoreUnavailable) {
+                break outcome;
+            }
+            attempts += 1;
+            metrics::counter!(BROKER_MESSAGES, "outcome" => outcome.label()).increment(1);
+            tokio::select! {
+                // Unacknowledged: RabbitMQ delivers it again once this connection is gone.
+                () = shutdown.cancelled() => return Ok(()),
+                () = tokio::time::sleep(BACKOFF.delay(attempts, &mut rand::rng())) => {}
+            }
+        };
+        metrics::counter!(BROKER_MESSAGES, "outcome" => outcome.label()).increment(1);
+        match outcome {
+            Outcome::Taken { resource, replayed } => {
+                if let Some(reply_to) = properties.reply_to() {
+                    let mut reply = BasicProperties::default().with_content_type("application/json".into());
+                    if let Some(correlation_id) = properties.correlation_id() {
+                        reply = reply.with_correlation_id(correlation_id.clone());
+                    }
+                    let headers = FieldTable::from(std::collections::BTreeMap::from([(
+                        ShortString::from("oncepay-replayed"),
+                        AMQPValue::Boolean(replayed),
+                    )]));
+                    // A reply is a courtesy: the payment stands whether or not it arrives.
+                    let published = publish(publishing, "", reply_to.as_str(), &resource, reply.with_headers(headers));
+                    if let Err(error) = published.await {
+                        tracing::warn!(error = %error, "the reply could not be published");
+                    }
+                }
+                delivery.ack(BasicAckOptions::default()).await?;
+            }
+            Outcome::Refused { reason, problem } => {
+                let mut headers = properties.headers().clone().unwrap_or_default();
+                headers.insert(REASON_HEADER.into(), AMQPValue::LongString(LongString::from(reason)));
+                let problem = serde_json::to_string(&problem).unwrap_or_default();
+                headers.insert(PROBLEM_HEADER.into(), AMQPValue::LongString(LongString::from(problem)));
+                let now = u64::try_from(OffsetDateTime::now_utc().unix_timestamp()).unwrap_or_default();
+                headers.insert(FAILED_AT_HEADER.into(), AMQPValue::Timestamp(now));
+                let copy = properties.clone().with_headers(headers);
+                let exchange = self.settings.dead_letter_exchange.as_str();
+                publish(publishing, exchange, &self.settings.dead_letter_queue, &delivery.data, copy).await?;
+                tracing::warn!(reason, "a message that cannot become a payment was dead-lettered");
+                delivery.ack(BasicAckOptions::default()).await?;
+            }
+            Outcome::Later { reason, .. } => {
+                publish(publishing, "", &self.settings.delay_queue, &delivery.data, properties.clone()).await?;
+                tracing::debug!(reason, "a message was delayed");
+                delivery.ack(BasicAckOptions::default()).await?;
+            }
+            // (The store's unavailability was tried again above until it was something else.)
+            Outcome::Failed(_) | Outcome::StoreUnavailable => {
+                tracing::error!(?outcome, "a message could not be taken; it goes back to the queue");
+                delivery.nack(BasicNackOptions { requeue: true, ..BasicNackOptions::default() }).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Declares the queues and the exchange, as the module's doc says; a no-op where they exist alike.
+pub async fn declare(channel: &Channel, settings: &BrokerSettings) -> anyhow::Result<()> {
+    let durable = QueueDeclareOptions { durable: true, ..QueueDeclareOptions::default() };
+    let string = |value: &str| AMQPValue::LongString(LongString::from(value));
+    let table = |pairs: Vec<(&str, AMQPValue)>| {
+        FieldTable::from(
+            pairs
+                .into_iter()
+                .map(|(name, value)| (ShortString::from(name), value))
+                .collect::<std::collections::BTreeMap<_, _>>(),
+        )
+    };
+    channel
+        .exchange_declare(
+            settings.dead_letter_exchange.as_str().into(),
+            ExchangeKind::Direct,
+            ExchangeDeclareOptions { durable: true, ..ExchangeDeclareOptions::default() },
+            FieldTable::default(),
+        )
+        .await?;
+    channel
+        .queue_declare(
+            settings.dead_letter_queue.as_str().into(),
+            durable,
+            table(vec![("x-queue-type", string("quorum"))]),
+        )
+        .await?;
+    channel
+        .queue_bind(
+            settings.dead_letter_queue.as_str().into(),
+            settings.dead_letter_exchange.as_str().into(),
+            settings.dead_letter_queue.as_str().into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    channel
+        .queue_declare(
+            settings.queue.as_str().into(),
+            durable,
+            table(vec![
+                ("x-queue-type", string("quorum")),
+                ("x-delivery-limit", AMQPValue::LongLongInt(i64::from(settings.delivery_limit))),
+                ("x-dead-letter-exchange", string(&settings.dead_letter_exchange)),
+                ("x-dead-letter-routing-key", string(&settings.dead_letter_queue)),
+                ("x-dead-letter-strategy", string("at-least-once")),
+                ("x-overflow", string("reject-publish")),
+            ]),
+        )
+        .await?;
+    channel
+        .queue_declare(
+            settings.delay_queue.as_str().into(),
+            durable,
+            table(vec![
+                ("x-queue-type", string("quorum")),
+                ("x-message-ttl", AMQPValue::LongLongInt(i64::try_from(settings.delay_ms).unwrap_or(i64::MAX))),
+                ("x-dead-letter-exchange", string("")),
+                ("x-dead-letter-routing-key", string(&settings.queue)),
+                ("x-dead-letter-strategy", string("at-least-once")),
+                ("x-overflow", string("reject-publish")),
+            ]),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Publishes persistently and waits for RabbitMQ's confirmation; a refusal is an error.
+async fn publish(
+    channel: &Channel,
+    exchange: &str,
+    routing_key: &str,
+    body: &[u8],
+    properties: BasicProperties,
+) -> anyhow::Result<()> {
+    let options = BasicPublishOptions { mandatory: true, ..BasicPublishOptions::default() };
+    let confirm = channel
+        .basic_publish(exchange.into(), routing_key.into(), options, body, properties.with_delivery_mode(2))
+        .await?
+        .await?;
+    match confirm {
+        Confirmation::Ack(None) => Ok(()),
+        Confirmation::Ack(Some(_)) => anyhow::bail!("RabbitMQ could not route the message to {routing_key}"),
+        Confirmation::Nack(_) => anyhow::bail!("RabbitMQ refused the message for {routing_key}"),
+        Confirmation::NotRequested => anyhow::bail!("publisher confirms are off on the publishing channel"),
+    }
+}
+
+/// The bytes of a string header, if the message has it.
+fn header<'a>(properties: &'a BasicProperties, name: &str) -> Option<&'a [u8]> {
+    match properties.headers().as_ref()?.inner().get(name)? {
+        AMQPValue::LongString(value) => Some(value.as_bytes()),
+        AMQPValue::ShortString(value) => Some(value.as_str().as_bytes()),
+        _ => None,
+    }
+}
