@@ -4,7 +4,7 @@
 //! 1. the defaults the binary embeds (a TOML file in its crate, which also documents every key);
 //! 2. a TOML file named by `--config` or `ONCEPAY_CONFIG`, if any;
 //! 3. environment variables `ONCEPAY_<SECTION>__<KEY>` (e.g. `ONCEPAY_DATABASE__MAX_CONNECTIONS=8`),
-//!    and `DATABASE_URL` for `database.url`.
+//!    and `DATABASE_URL` for `database.url`; never `ONCEPAY_CONFIG` nor the tests' `ONCEPAY_TEST_*`.
 //!
 //! Secrets are `secrecy` types, so they never appear in `Debug` output. Nothing else in oncepay reads
 //! the environment.
@@ -81,7 +81,12 @@ pub fn load<T: DeserializeOwned>(defaults_toml: &str, file: Option<&Path>) -> Re
         }
         figment = figment.merge(Toml::file_exact(file));
     }
-    figment = figment.merge(Env::prefixed("ONCEPAY_").ignore(&["CONFIG"]).split("__"));
+    // `ONCEPAY_CONFIG` names the file, and `ONCEPAY_TEST_*` are the test command's (the RabbitMQ node
+    // the tests use), which every process a test starts inherits: neither is a setting.
+    let setting = |key: &figment::value::UncasedStr| {
+        key != "CONFIG" && !key.as_str().get(..5).is_some_and(|start| start.eq_ignore_ascii_case("TEST_"))
+    };
+    figment = figment.merge(Env::prefixed("ONCEPAY_").filter(setting).split("__"));
     // DATABASE_URL overrides `database.url` only for binaries that have a database: the simulator,
     // started from a shell or test that exports it, must not grow a `database` section it rejects.
     if figment.contains("database") {
@@ -175,6 +180,24 @@ mod tests {
 
             assert_eq!(settings.http.port, 9100);
             assert_eq!(settings.database.max_connections, 12);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn the_tests_own_variables_are_never_settings() {
+        #[derive(Debug, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct NoDatabase {
+            http: HttpSettings,
+        }
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("ONCEPAY_TEST_AMQP_URL", "amqp://127.0.0.1:5672/%2f");
+
+            let settings: NoDatabase =
+                load("[http]\nhost = \"127.0.0.1\"\nport = 8090\n", None).map_err(|e| e.to_string())?;
+
+            assert_eq!(settings.http.port, 8090);
             Ok(())
         });
     }
