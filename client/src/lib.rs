@@ -27,6 +27,8 @@ mod client;
 mod error;
 mod intent;
 mod problem;
+#[cfg(feature = "broker")]
+mod publisher;
 mod refund_intent;
 mod resource;
 mod retry;
@@ -35,6 +37,8 @@ pub use client::{Client, ClientBuilder};
 pub use error::{BuildError, Error};
 pub use intent::{IdempotencyKey, InvalidIdempotencyKey, PaymentIntent, PaymentIntentBuilder};
 pub use problem::{FieldError, Problem};
+#[cfg(feature = "broker")]
+pub use publisher::{PublishError, Published, Publisher};
 pub use refund_intent::{RefundIntent, RefundIntentBuilder};
 pub use resource::{
     Created, CreatedRefund, Failure, InvalidPaymentId, InvalidRefundId, InvalidRefundReason, Payment, PaymentId,

@@ -6,13 +6,16 @@ use oncepay_client::{IdempotencyKey, PaymentId, RefundId, RefundReason};
 
 const EXIT_CODES: &str = "\
 Exit codes:
-  0  the payment or refund succeeded (or, with `--no-wait`, was accepted)
+  0  the payment or refund succeeded (or, with `--no-wait`, was accepted; `publish`: RabbitMQ confirmed
+     the request and the api answered)
   1  the api's response could not be understood
   2  usage error (bad flags, no API key, invalid URL)
   3  the payment or refund failed: no money moved
   4  the payment or refund is not final yet (pending, processing, unknown or dead_lettered); ask again later
+     (`publish`: confirmed, and no answer from the api yet)
   5  the api rejected the request (4xx problem); sending it again will not help
-  6  no response after retries (network, timeouts, 409/429/5xx); the same command again with the printed --key is safe";
+  6  no response after retries (network, timeouts, 409/429/5xx; `publish`: no confirmation from RabbitMQ); the
+     same command again with the printed --key is safe";
 
 /// Pay and refund through oncepay, and follow payments and refunds to their final state.
 #[derive(Debug, Parser)]
@@ -50,11 +53,35 @@ pub enum Command {
     RefundStatus(RefundStatusArgs),
     /// List a payment's refunds, oldest first.
     Refunds(RefundsArgs),
+    /// Publish a payment request to oncepay's RabbitMQ queue, with publisher confirms (published
+    /// again with the same key until RabbitMQ confirms it), and print the api's reply. Needs no
+    /// API key: the broker user in the URL stands for the tenant.
+    Publish(PublishArgs),
 }
 
-/// `oncepay pay`.
+/// `oncepay publish`.
 #[derive(Debug, Args)]
-pub struct PayArgs {
+pub struct PublishArgs {
+    #[command(flatten)]
+    pub payment: PaymentArgs,
+
+    /// The RabbitMQ node, as the tenant's broker user: amqp://user:password@host:5672/%2f. Prefer
+    /// the environment variable: other users of this machine can see command lines.
+    #[arg(long, env = "ONCEPAY_AMQP_URL", hide_env_values = true)]
+    pub amqp_url: String,
+
+    /// The queue oncepay takes payment requests from (the api's broker.queue).
+    #[arg(long, default_value = "oncepay.payments")]
+    pub queue: String,
+
+    /// How long to wait for the api's reply once RabbitMQ confirmed the message; 0 waits for none.
+    #[arg(long, value_name = "SECS", default_value_t = 10)]
+    pub wait: u64,
+}
+
+/// What a payment asks for: the flags `pay` and `publish` share.
+#[derive(Debug, Args)]
+pub struct PaymentArgs {
     /// Amount in minor units (1999 = 19.99 EUR).
     #[arg(long)]
     pub amount: i64,
@@ -90,6 +117,13 @@ pub struct PayArgs {
     /// safely. A new random key if omitted.
     #[arg(long, value_name = "KEY")]
     pub key: Option<IdempotencyKey>,
+}
+
+/// `oncepay pay`.
+#[derive(Debug, Args)]
+pub struct PayArgs {
+    #[command(flatten)]
+    pub payment: PaymentArgs,
 
     /// Print the accepted payment and stop, without following it.
     #[arg(long, conflicts_with = "wait")]

@@ -1,5 +1,5 @@
-//! `oncepay`: pay and refund through the oncepay api, and follow payments and refunds from a
-//! terminal or a script.
+//! `oncepay`: pay and refund through the oncepay api (or publish a payment request to its RabbitMQ
+//! queue), and follow payments and refunds from a terminal or a script.
 //!
 //! `main` parses the command line, builds a client, runs one command and exits with a code that
 //! sums up the result (see `--help`). Results go to stdout; errors and advice to stderr. The API
@@ -13,15 +13,21 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use oncepay_client::{Client, PaymentIntent, RefundIntent};
+use oncepay_client::{Client, PaymentIntent, Publisher, RefundIntent};
 
-use crate::args::{Cli, Command, PayArgs, RefundArgs, RefundStatusArgs, RefundsArgs, StatusArgs};
+use crate::args::{
+    Cli, Command, PayArgs, PaymentArgs, PublishArgs, RefundArgs, RefundStatusArgs, RefundsArgs, StatusArgs,
+};
 use crate::report::Exit;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     // The only place the environment is read (`ONCEPAY_URL`, `ONCEPAY_API_KEY`).
     let cli = Cli::parse();
+    // Publishing speaks to RabbitMQ only.
+    if let Command::Publish(args) = cli.command {
+        return publish(args, cli.json).await.into();
+    }
     let Some(api_key) = cli.api_key else {
         eprintln!("error: an API key is needed: --api-key or ONCEPAY_API_KEY");
         return Exit::Usage.into();
@@ -39,11 +45,14 @@ async fn main() -> ExitCode {
         Command::Refund(args) => refund(&client, args, cli.json).await,
         Command::RefundStatus(args) => refund_status(&client, args, cli.json).await,
         Command::Refunds(args) => refunds(&client, args, cli.json).await,
+        Command::Publish(args) => publish(args, cli.json).await,
     };
     exit.into()
 }
 
-async fn pay(client: &Client, args: PayArgs, json: bool) -> Exit {
+/// The intent `args` describe, with its key printed before anything is sent: if this process dies
+/// mid-request, the key is what lets the user retry the same payment safely (`--key`).
+fn intent(args: PaymentArgs, json: bool) -> PaymentIntent {
     let mut builder = PaymentIntent::builder(args.amount, args.currency, args.customer);
     if let Some(description) = args.description {
         builder = builder.description(description);
@@ -61,14 +70,18 @@ async fn pay(client: &Client, args: PayArgs, json: bool) -> Exit {
         Some(key) => builder.build_with_key(key),
         None => builder.build(),
     };
-    let key = intent.key().as_str();
-    // Before sending: if this process dies mid-request, the key is what lets the user retry the
-    // same payment safely (`--key`).
+    let line = report::key_line(intent.key().as_str(), "payment");
     if json {
-        eprintln!("{}", report::key_line(key, "payment"));
+        eprintln!("{line}");
     } else {
-        say(&report::key_line(key, "payment"));
+        say(&line);
     }
+    intent
+}
+
+async fn pay(client: &Client, args: PayArgs, json: bool) -> Exit {
+    let intent = intent(args.payment, json);
+    let key = intent.key().as_str();
 
     let created = match client.create(&intent).await {
         Ok(created) => created,
@@ -119,6 +132,41 @@ async fn pay(client: &Client, args: PayArgs, json: bool) -> Exit {
         eprintln!("{}", report::still_open(&payment, args.wait));
     }
     Exit::of_status(payment.status)
+}
+
+async fn publish(args: PublishArgs, json: bool) -> Exit {
+    let intent = intent(args.payment, json);
+    let key = intent.key().as_str();
+    let mut publisher = match Publisher::new(&args.amqp_url, &args.queue) {
+        Ok(publisher) => publisher,
+        Err(error) => {
+            eprintln!("error: {error}");
+            return Exit::Usage;
+        }
+    };
+    let published = match publisher.publish(&intent, Duration::from_secs(args.wait)).await {
+        Ok(published) => published,
+        Err(error) => {
+            eprintln!("error: {error}");
+            eprintln!("the request may or may not have been published; publishing again with --key {key} is safe");
+            return Exit::Unavailable;
+        }
+    };
+    let Some((payment, replayed)) = published.reply else {
+        if json {
+            say(&serde_json::json!({"idempotency_key": key, "confirmed": true, "payment": null}).to_string());
+        } else {
+            say("published; RabbitMQ confirmed it, and the api has not answered yet");
+        }
+        return if args.wait == 0 { Exit::Succeeded } else { Exit::NotFinal };
+    };
+    if json {
+        say(&report::pay_json(key, replayed, &payment));
+    } else {
+        say(&report::status_line(&payment, Some(if replayed { "replayed" } else { "accepted" })));
+        say(&format!("follow it with: oncepay status {} --wait 60", payment.id));
+    }
+    Exit::Succeeded
 }
 
 async fn status(client: &Client, args: StatusArgs, json: bool) -> Exit {
