@@ -32,7 +32,7 @@ use oncepay_ops::operators::reports::{Acted, AuditTrail, Done, OperatorList, Pay
 use oncepay_ops::operators::tokens::IssuedToken;
 use oncepay_ops::recon::{RunDetail, RunList};
 use oncepay_ops::render::Report;
-use oncepay_ops::tenants::{IssuedKey, RevokedKey, TenantList};
+use oncepay_ops::tenants::{BrokerUsers, IssuedKey, RemovedBrokerUser, RevokedKey, TenantList};
 use oncepay_store::recon_runs::{Run, RunStatus};
 
 /// `oncepay-reconciler`: the reconciler service and the operator CLI.
@@ -64,6 +64,10 @@ pub enum Command {
     /// A tenant's API keys: issue another, revoke one (through the operations API).
     #[command(subcommand)]
     Keys(KeysCommand),
+    /// The RabbitMQ users that publish a tenant's payments: list, add (proposed for a second
+    /// operator), remove (through the operations API).
+    #[command(subcommand, name = "broker-users")]
+    BrokerUsers(BrokerUsersCommand),
     /// Payments automation could not settle: list, show, retry, resolve (through the operations API).
     #[command(subcommand, name = "dead-letters")]
     DeadLetters(DeadLettersCommand),
@@ -345,6 +349,37 @@ pub enum TenantsCommand {
     Disconnect {
         /// The tenant's name.
         tenant: String,
+        /// Why (recorded).
+        #[arg(long)]
+        reason: String,
+    },
+}
+
+/// `broker-users …`.
+#[derive(Debug, Subcommand)]
+pub enum BrokerUsersCommand {
+    /// Lists the broker users that publish a tenant's payments.
+    List {
+        /// The tenant's name.
+        tenant: String,
+    },
+    /// Proposes letting a RabbitMQ user publish a tenant's payments (its messages' user_id); done
+    /// once a second operator approves. A broker user belongs to one tenant.
+    Add {
+        /// The tenant's name.
+        tenant: String,
+        /// The RabbitMQ user.
+        user: String,
+        /// Why (recorded).
+        #[arg(long)]
+        reason: String,
+    },
+    /// Stops a RabbitMQ user publishing a tenant's payments, at once.
+    Remove {
+        /// The tenant's name.
+        tenant: String,
+        /// The RabbitMQ user.
+        user: String,
         /// Why (recorded).
         #[arg(long)]
         reason: String,
@@ -641,6 +676,7 @@ pub async fn execute(command: Command, ctx: &Context) -> Result<Box<dyn Report>,
         Command::Migrate => migrate(&ctx.pool).await.map(boxed),
         Command::Tenants(command) => tenant_command(command, ctx.ops()?).await,
         Command::Keys(command) => key_command(command, ctx.ops()?).await,
+        Command::BrokerUsers(command) => broker_user_command(command, ctx.ops()?).await,
         Command::DeadLetters(command) => dead_letter_command(command, ctx.ops()?).await,
         Command::Refunds(command) => refund_command(command, ctx.ops()?).await,
         Command::Proposals(command) => proposal_command(command, ctx.ops()?).await,
@@ -670,6 +706,23 @@ pub async fn execute(command: Command, ctx: &Context) -> Result<Box<dyn Report>,
         }
         Command::Tokens(command) => token_command(command, ctx.ops()?).await,
         Command::Recon(command) => recon_command(command, ctx.ops()?).await,
+    }
+}
+
+async fn broker_user_command(command: BrokerUsersCommand, ops: &OpsClient) -> Result<Box<dyn Report>, OperatorError> {
+    match command {
+        BrokerUsersCommand::List { tenant } => {
+            ops.get(&format!("/v1/tenants/{tenant}/broker-users")).await?.report::<BrokerUsers>()
+        }
+        BrokerUsersCommand::Add { tenant, user, reason } => {
+            let path = format!("/v1/tenants/{tenant}/broker-users/{user}");
+            ops.put(&path, &json!({ "reason": reason })).await?.report::<Acted>()
+        }
+        BrokerUsersCommand::Remove { tenant, user, reason } => {
+            let path = format!("/v1/tenants/{tenant}/broker-users/{user}");
+            ops.delete(&path, &json!({ "reason": reason })).await?;
+            Ok(boxed(RemovedBrokerUser { tenant, broker_user: user }))
+        }
     }
 }
 

@@ -559,6 +559,29 @@ async fn a_broker_user_publishes_for_one_tenant_only_once_a_second_person_approv
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn the_cli_adds_a_broker_user_for_approval_lists_it_and_removes_it(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    tenant(&pool, "acme").await;
+    let bob = ops.operator("bob", "approver", None).await;
+    let reason = "their order system";
+
+    let proposed =
+        cli(&pool, &ops, &ops.admin, &["broker-users", "add", "acme", "shop-1", "--reason", reason, "--json"]).await;
+    let proposal_id = stdout_json(&proposed)["proposal"]["proposal_id"].as_str().unwrap().to_owned();
+    let before = cli(&pool, &ops, &ops.admin, &["broker-users", "list", "acme", "--json"]).await;
+    let approved = cli(&pool, &ops, &bob, &["proposals", "approve", &proposal_id, "--reason", "checked"]).await;
+    let after = cli(&pool, &ops, &ops.admin, &["broker-users", "list", "acme"]).await;
+    let removed = cli(&pool, &ops, &ops.admin, &["broker-users", "remove", "acme", "shop-1", "--reason", "gone"]).await;
+    let gone = cli(&pool, &ops, &ops.admin, &["broker-users", "list", "acme", "--json"]).await;
+
+    assert_eq!(stdout_json(&before), json!({"broker_users": []}), "nothing before the approval");
+    assert!(approved.status.success(), "{}", String::from_utf8_lossy(&approved.stderr));
+    assert_eq!(String::from_utf8_lossy(&after.stdout), "shop-1\n");
+    assert!(String::from_utf8_lossy(&removed.stdout).contains("no longer publishes"), "{removed:?}");
+    assert_eq!(stdout_json(&gone), json!({"broker_users": []}));
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn an_approval_of_a_provider_account_checks_the_tenant_again(pool: PgPool) {
     let ops = Ops::start(&pool).await;
     tenant(&pool, "acme").await;

@@ -287,6 +287,52 @@ impl Report for RevokedKey {
     }
 }
 
+/// A tenant's broker users (`broker-users list`), as `GET /v1/tenants/{name}/broker-users` shows them.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct BrokerUsers {
+    /// Their names.
+    pub broker_users: Vec<String>,
+}
+
+impl Report for BrokerUsers {
+    fn human(&self, out: &mut dyn Write) -> io::Result<()> {
+        if self.broker_users.is_empty() {
+            return writeln!(out, "no broker users");
+        }
+        for user in &self.broker_users {
+            writeln!(out, "{user}")?;
+        }
+        Ok(())
+    }
+
+    fn json(&self) -> serde_json::Value {
+        render::to_json(self)
+    }
+}
+
+/// A broker user removed from a tenant (`broker-users remove`).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RemovedBrokerUser {
+    /// Whose.
+    pub tenant: String,
+    /// Which.
+    pub broker_user: String,
+}
+
+impl Report for RemovedBrokerUser {
+    fn human(&self, out: &mut dyn Write) -> io::Result<()> {
+        writeln!(
+            out,
+            "broker user {} no longer publishes for tenant {}; its messages are dead-lettered as unknown_user",
+            self.broker_user, self.tenant
+        )
+    }
+
+    fn json(&self) -> serde_json::Value {
+        render::to_json(self)
+    }
+}
+
 /// `keys revoke`: the key stops authenticating within the api's cache TTL (`auth.cache_ttl_secs`).
 pub async fn revoke_key(conn: &mut PgConnection, tenant_name: &str, key_id: &str) -> Result<RevokedKey, OperatorError> {
     let parsed = KeyId::parse(key_id)
