@@ -31,7 +31,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Runs oncepay locally: PostgreSQL, the simulator, api, worker and reconciler, until Ctrl-C.
+    /// Runs oncepay locally: PostgreSQL, RabbitMQ, the simulator, api, worker and reconciler, until
+    /// Ctrl-C.
     Up {
         /// Build and run optimised binaries.
         #[arg(long)]

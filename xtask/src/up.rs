@@ -1,8 +1,8 @@
 //! `cargo xtask up`: oncepay running locally, the way its users run it, with nothing pre-started.
 //!
-//! Brings up PostgreSQL, the payment provider (the simulator, or localstripe behind oncepay's Stripe
-//! adapter), `api`, `worker` and `reconciler` as separate processes with `[name]`-prefixed logs, and
-//! creates a demo tenant. Ctrl-C stops every process and removes the throwaway cluster. Secrets
+//! Brings up PostgreSQL, a RabbitMQ node, the payment provider (the simulator, or localstripe behind
+//! oncepay's Stripe adapter), `api`, `worker` and `reconciler` as separate processes with
+//! `[name]`-prefixed logs, and creates a demo tenant with a broker user of its own. Ctrl-C stops every process and removes the throwaway cluster. Secrets
 //! shared between processes are random per run.
 
 use std::path::{Path, PathBuf};
@@ -13,6 +13,7 @@ use anyhow::{Context, bail};
 use oncepay_devkit::localstripe;
 use oncepay_devkit::pg::Durability;
 use oncepay_devkit::process::{Child, Spec, setting_variable};
+use oncepay_devkit::rabbitmq::{self, Node};
 use oncepay_devkit::server::{self, Server};
 use tokio::process::Command;
 
@@ -63,6 +64,7 @@ pub struct Options {
 #[derive(Default)]
 struct Running {
     server: Option<Server>,
+    node: Option<Node>,
     children: Vec<Child>,
 }
 
@@ -111,6 +113,7 @@ async fn start(root: &Path, options: &Options, running: &mut Running) -> anyhow:
         Provider::Simulator => None,
     };
     let database_url = database(options.citus, &mut running.server).await?;
+    let broker = broker(&options.tenant, &mut running.node).await?;
     let reconciler = bin.join("oncepay-reconciler");
     run_ok(&reconciler, &["migrate"], &database_url).await.context("migrating the database failed")?;
     let admin_login = admin_login(&reconciler, &database_url).await?;
@@ -123,6 +126,7 @@ async fn start(root: &Path, options: &Options, running: &mut Running) -> anyhow:
         provider: options.provider,
         provider_key: format!("sk_test_{}", secrets::hex_token(16)),
         webhook_secret: secrets::webhook_secret(),
+        amqp_url: &broker.url,
     };
     let children = &mut running.children;
     match &python {
@@ -139,8 +143,44 @@ async fn start(root: &Path, options: &Options, running: &mut Running) -> anyhow:
 
     let approver_login = approver_login(&reconciler, &admin_login).await?;
     let api_key = demo_key(&reconciler, &admin_login.token, &approver_login.token, &options.tenant).await?;
+    if let Some(producer) = &broker.producer {
+        demo_broker_user(&reconciler, &admin_login.token, &approver_login.token, &options.tenant, &producer.user)
+            .await?;
+    }
     print_banner(&bin, &api_key, &admin_login, &approver_login, &processes.log_dir, options.provider);
+    print_publishing(&bin, &broker, &options.tenant);
     Ok(())
+}
+
+/// The RabbitMQ node the api takes payments from, and a producer of the demo tenant's on it.
+struct Broker {
+    /// The api's URL: a user tagged `impersonator`.
+    url: String,
+    /// The demo tenant's broker user, on a node of `up`'s own.
+    producer: Option<Producer>,
+}
+
+/// A broker user and its URL.
+struct Producer {
+    user: String,
+    url: String,
+}
+
+/// `AMQP_URL` when set (its user must be an impersonator; the tenant's producers are then the
+/// node's owner's to make), else a throwaway node of its own, with a producer for `tenant`.
+async fn broker(tenant: &str, node: &mut Option<Node>) -> anyhow::Result<Broker> {
+    if let Ok(url) = std::env::var("AMQP_URL") {
+        eprintln!("up: using AMQP_URL");
+        return Ok(Broker { url, producer: None });
+    }
+    crate::packages::ensure(&["rabbitmq-server"], &[rabbitmq::DEBIAN_SERVER], "for the broker intake").await?;
+    let started = node.insert(Node::start().await.context("cannot start a throwaway RabbitMQ node")?);
+    eprintln!("up: started a throwaway RabbitMQ node on port {} (deleted on exit)", started.port());
+    let user = format!("{tenant}-orders");
+    let password = secrets::hex_token(16);
+    started.add_user(&user, &password).await?;
+    let producer = Producer { url: started.url_as(&user, &password), user };
+    Ok(Broker { url: started.url(), producer: Some(producer) })
 }
 
 /// Fails, naming the port, if any of the fixed local ports is taken.
@@ -203,6 +243,8 @@ struct Processes<'a> {
     provider_key: String,
     /// The secret the provider signs its webhooks with.
     webhook_secret: String,
+    /// The RabbitMQ node the api takes payments from.
+    amqp_url: &'a str,
 }
 
 impl Processes<'_> {
@@ -251,6 +293,7 @@ impl Processes<'_> {
 
     fn api(&self) -> Spec {
         let spec = self.with_database(self.spec("api", self.bin.join("oncepay-api")), "oncepay_api").port(API_PORT);
+        let spec = spec.setting("broker.url", self.amqp_url);
         match self.provider {
             Provider::Simulator => spec,
             // Intake refuses what Stripe could never charge.
@@ -378,6 +421,26 @@ fn print_banner(bin: &Path, api_key: &str, admin: &Login, approver: &Login, log_
     );
 }
 
+/// How to publish a payment through RabbitMQ, after the banner.
+fn print_publishing(bin: &Path, broker: &Broker, tenant: &str) {
+    let client = bin.join("oncepay");
+    match &broker.producer {
+        Some(producer) => eprintln!(
+            "Or publish it to RabbitMQ as {tenant}'s broker user {user}:\n\
+             \x20 export ONCEPAY_AMQP_URL='{url}'\n\
+             \x20 {client} publish --amount 1999 --currency EUR --customer customer-42\n",
+            user = producer.user,
+            url = producer.url,
+            client = client.display(),
+        ),
+        None => eprintln!(
+            "The api takes payments from AMQP_URL's queue too: map a broker user of yours to {tenant} \
+             (oncepay-reconciler broker-users add), then {client} publish (docs/broker.md).\n",
+            client = client.display(),
+        ),
+    }
+}
+
 /// The operations API's address and an operator's token, as the CLI takes them.
 fn as_operator(token: &str) -> [(&'static str, String); 2] {
     [("ONCEPAY_OPS_URL", format!("http://127.0.0.1:{OPERATIONS_PORT}")), ("ONCEPAY_OPS_TOKEN", token.to_owned())]
@@ -397,17 +460,41 @@ async fn demo_key(reconciler: &Path, admin: &str, approver: &str, tenant: &str) 
                 .await?
                 .with_context(|| format!("cannot propose tenant {tenant} nor a key for it"))?,
         };
-    let proposed: serde_json::Value =
-        serde_json::from_str(&proposed).context("the reconciler printed unreadable JSON")?;
-    let proposal_id = proposed["proposal"]["proposal_id"].as_str().context("the reconciler printed no proposal")?;
-    output(reconciler, &["proposals", "approve", proposal_id, "--reason", reason], &as_operator(approver))
-        .await?
-        .with_context(|| format!("the approver could not approve proposal {proposal_id}"))?;
-    let issued = output(reconciler, &["keys", "collect", proposal_id, "--json"], &as_operator(admin))
+    let proposal_id = approve(reconciler, approver, &proposed, reason).await?;
+    let issued = output(reconciler, &["keys", "collect", &proposal_id, "--json"], &as_operator(admin))
         .await?
         .with_context(|| format!("cannot collect the key of proposal {proposal_id}"))?;
     let value: serde_json::Value = serde_json::from_str(&issued).context("the reconciler printed unreadable JSON")?;
     value["api_key"].as_str().map(str::to_owned).context("the reconciler printed no api_key")
+}
+
+/// Has the approver with `approver` approve the proposal `proposed` (a command's JSON) describes;
+/// returns its id.
+async fn approve(reconciler: &Path, approver: &str, proposed: &str, reason: &str) -> anyhow::Result<String> {
+    let proposed: serde_json::Value =
+        serde_json::from_str(proposed).context("the reconciler printed unreadable JSON")?;
+    let proposal_id = proposed["proposal"]["proposal_id"].as_str().context("the reconciler printed no proposal")?;
+    output(reconciler, &["proposals", "approve", proposal_id, "--reason", reason], &as_operator(approver))
+        .await?
+        .with_context(|| format!("the approver could not approve proposal {proposal_id}"))?;
+    Ok(proposal_id.to_owned())
+}
+
+/// Lets `user` publish the demo tenant's payments, the way operators do: the admin proposes, the
+/// approver approves.
+async fn demo_broker_user(
+    reconciler: &Path,
+    admin: &str,
+    approver: &str,
+    tenant: &str,
+    user: &str,
+) -> anyhow::Result<()> {
+    let reason = "the demo tenant's producer in cargo xtask up";
+    let proposed =
+        output(reconciler, &["broker-users", "add", tenant, user, "--reason", reason, "--json"], &as_operator(admin))
+            .await?
+            .with_context(|| format!("cannot propose broker user {user} for tenant {tenant}"))?;
+    approve(reconciler, approver, &proposed, reason).await.map(drop)
 }
 
 /// The second operator, who approves what the admin proposes: made by the admin with `admin`, they
