@@ -57,6 +57,10 @@ pub const REFUND_INTAKE_LABELS: [&str; 12] = [
     "error",
 ];
 
+/// Messages ready in the broker's queues, by `queue` (`payments`, `dead_letters`), sampled by each
+/// api process's consumer (`broker.sample_interval_ms`).
+pub const BROKER_QUEUE_MESSAGES: &str = "oncepay_api_broker_queue_messages";
+
 /// Every `outcome` of [`BROKER_MESSAGES`]: `created`, `replayed` (both acknowledged),
 /// `dead_lettered`, `delayed` (its key in use elsewhere, or its tenant over its rate),
 /// `store_unavailable` (kept, tried again; one per try), `error` (returned to the queue).
@@ -79,6 +83,7 @@ pub fn describe() {
         counter!(REFUND_INTAKE, "outcome" => label).increment(0);
     }
     describe_counter!(BROKER_MESSAGES, "Payment requests taken from the broker, by outcome");
+    describe_gauge!(BROKER_QUEUE_MESSAGES, "Messages ready in the broker's payments and dead-letter queues, sampled");
     for label in BROKER_LABELS {
         counter!(BROKER_MESSAGES, "outcome" => label).increment(0);
     }

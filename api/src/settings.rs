@@ -63,6 +63,8 @@ pub struct BrokerSettings {
     pub delay_ms: u64,
     /// Messages the api holds at once, unacknowledged, and takes concurrently.
     pub prefetch: u16,
+    /// How often the queues' depths are sampled for the metrics.
+    pub sample_interval_ms: u64,
 }
 
 /// `[http]`: the shared `host` and `port`, and the api's grace period.
@@ -173,6 +175,7 @@ impl Settings {
         ensure!(broker.prefetch > 0, "broker.prefetch must be positive");
         ensure!(broker.delivery_limit > 0, "broker.delivery_limit must be positive");
         ensure!(broker.delay_ms > 0, "broker.delay_ms must be positive");
+        ensure!(broker.sample_interval_ms > 0, "broker.sample_interval_ms must be positive");
         let names = [&broker.queue, &broker.dead_letter_queue, &broker.delay_queue];
         ensure!(
             names.iter().all(|name| !name.is_empty())

@@ -16,7 +16,8 @@
 //! (`oncepay-reason`), the problem (`oncepay-problem`) and the time (`oncepay-failed-at`) and
 //! acknowledges once RabbitMQ has confirmed the copy; later, it publishes a copy to the delay queue
 //! and acknowledges once confirmed; with the store unavailable, it keeps the message and tries it
-//! again after a backoff, until the store answers or the process stops. The copies keep the
+//! again after a backoff, until the store answers or the process stops. Beside the consumer, the
+//! queue's and the dead-letter queue's messages are sampled into a gauge. The copies keep the
 //! message's `user_id`, so the api's broker user must be an impersonator. A message is acknowledged
 //! only after its payment is committed (or its copy confirmed): a consumer killed in between leaves
 //! it to be delivered again, and intake replays it.
@@ -36,7 +37,7 @@ use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 
 use super::message::{self, Message, Outcome};
-use crate::metrics::BROKER_MESSAGES;
+use crate::metrics::{BROKER_MESSAGES, BROKER_QUEUE_MESSAGES};
 use crate::settings::BrokerSettings;
 use crate::state::AppState;
 
@@ -116,9 +117,10 @@ impl Consumer {
         // The first failure to settle a message with the broker ends the session: the connection is
         // then suspect, and its unacknowledged messages go back to the queue when it closes.
         let failed = std::sync::Mutex::new(None);
-        consumer
-            .take_until(shutdown.cancelled())
-            .for_each_concurrent(usize::from(self.settings.prefetch), |delivery| {
+        let sampling = sample(&connection, &self.settings, shutdown);
+        let consuming = consumer.take_until(shutdown.cancelled()).for_each_concurrent(
+            usize::from(self.settings.prefetch),
+            |delivery| {
                 let (publishing, failed) = (&publishing, &failed);
                 async move {
                     let settled = match delivery {
@@ -129,8 +131,9 @@ impl Consumer {
                         failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get_or_insert(error);
                     }
                 }
-            })
-            .await;
+            },
+        );
+        futures::future::join(consuming, sampling).await;
         let _ = connection.close(200, "the api is stopping".into()).await;
         failed.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner).map_or(Ok(()), Err)
     }
@@ -205,6 +208,30 @@ impl Consumer {
             }
         }
         Ok(())
+    }
+}
+
+/// Samples, every `broker.sample_interval_ms` until `shutdown`, the messages waiting in the queue
+/// and in the dead-letter queue (`oncepay_api_broker_queue_messages`). Stops at the first failure:
+/// the connection is then going, and the next one samples again.
+async fn sample(connection: &Connection, settings: &BrokerSettings, shutdown: &CancellationToken) {
+    let queues = [("payments", &settings.queue), ("dead_letters", &settings.dead_letter_queue)];
+    let sampled = async {
+        let channel = connection.create_channel().await?;
+        let passive = QueueDeclareOptions { passive: true, ..QueueDeclareOptions::default() };
+        loop {
+            for (label, name) in queues {
+                let queue = channel.queue_declare(name.as_str().into(), passive, FieldTable::default()).await?;
+                metrics::gauge!(BROKER_QUEUE_MESSAGES, "queue" => label).set(f64::from(queue.message_count()));
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return Ok::<(), lapin::Error>(()),
+                () = tokio::time::sleep(Duration::from_millis(settings.sample_interval_ms)) => {}
+            }
+        }
+    };
+    if let Err(error) = sampled.await {
+        tracing::warn!(error = %error, "the broker's queues could not be sampled");
     }
 }
 

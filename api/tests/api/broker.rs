@@ -76,6 +76,7 @@ impl Producer {
         broker.delay_queue = format!("{}.delayed", self.queue);
         broker.dead_letter_exchange = format!("{}.dlx", self.queue);
         broker.delay_ms = 200;
+        broker.sample_interval_ms = 100;
     }
 
     /// Publishes `body` as `user` (the administrator impersonates anyone), with `key`, asking for a
@@ -399,5 +400,24 @@ async fn with_the_database_down_a_message_waits_unacknowledged_and_becomes_a_pay
     assert_eq!((correlation_id.as_str(), replayed, &payment["status"]), ("while-down", false, &json!("pending")));
     assert_eq!(app.rows().await, Rows { payments: 2, keys: 2, outbox: 2, events: 2 });
     assert_eq!(producer.depth(&producer.queue).await, 0);
+    app.stop().await;
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn the_dead_letter_queues_size_is_sampled_into_a_gauge(_: PgPoolOptions, options: PgConnectOptions) {
+    let producer = Producer::connect("sampled").await;
+    let app = app_with_broker(options, &producer, "shop-1").await;
+
+    for n in 0..2 {
+        producer.publish(Some("nobody-maps-me"), Some(&format!("k-{n}")), &bytes(&body()), "unmapped").await;
+    }
+
+    let gauge = |queue: &str, count: u32| format!("oncepay_api_broker_queue_messages{{queue=\"{queue}\"}} {count}");
+    wait_until("the gauges to show two dead letters", Duration::from_secs(30), || async {
+        let metrics = app.metrics().await;
+        (metrics.contains(&gauge("dead_letters", 2)) && metrics.contains(&gauge("payments", 0))).then_some(())
+    })
+    .await
+    .unwrap();
     app.stop().await;
 }
