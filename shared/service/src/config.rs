@@ -184,13 +184,15 @@ mod tests {
         });
     }
 
+    /// The settings of a binary without a database (the simulator), which refuse what they lack.
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct NoDatabase {
+        http: HttpSettings,
+    }
+
     #[test]
     fn the_tests_own_variables_are_never_settings() {
-        #[derive(Debug, Deserialize)]
-        #[serde(deny_unknown_fields)]
-        struct NoDatabase {
-            http: HttpSettings,
-        }
         figment::Jail::expect_with(|jail| {
             jail.set_env("ONCEPAY_TEST_AMQP_URL", "amqp://127.0.0.1:5672/%2f");
 
@@ -204,11 +206,6 @@ mod tests {
 
     #[test]
     fn database_url_is_ignored_by_settings_without_a_database() {
-        #[derive(Debug, Deserialize)]
-        #[serde(deny_unknown_fields)]
-        struct NoDatabase {
-            http: HttpSettings,
-        }
         figment::Jail::expect_with(|jail| {
             jail.set_env("DATABASE_URL", "postgres://elsewhere/db");
 
