@@ -115,35 +115,39 @@ impl Consumer {
             .await?;
         tracing::info!(queue = %self.settings.queue, "taking payments from the broker");
         // The first failure to settle a message with the broker ends the session: the connection is
-        // then suspect, and its unacknowledged messages go back to the queue when it closes.
+        // then suspect (RabbitMQ may have closed the channel the copies go out on), and its
+        // unacknowledged messages go back to the queue when it closes.
+        let ended = shutdown.child_token();
         let failed = std::sync::Mutex::new(None);
-        let sampling = sample(&connection, &self.settings, shutdown);
-        let consuming = consumer.take_until(shutdown.cancelled()).for_each_concurrent(
+        let sampling = sample(&connection, &self.settings, &ended);
+        let consuming = consumer.take_until(ended.cancelled()).for_each_concurrent(
             usize::from(self.settings.prefetch),
             |delivery| {
-                let (publishing, failed) = (&publishing, &failed);
+                let (publishing, failed, ended) = (&publishing, &failed, &ended);
                 async move {
                     let settled = match delivery {
-                        Ok(delivery) => self.settle(publishing, delivery, shutdown).await,
+                        Ok(delivery) => self.settle(publishing, delivery, ended).await,
                         Err(error) => Err(error.into()),
                     };
                     if let Err(error) = settled {
                         failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get_or_insert(error);
+                        ended.cancel();
                     }
                 }
             },
         );
         futures::future::join(consuming, sampling).await;
-        let _ = connection.close(200, "the api is stopping".into()).await;
+        let _ = connection.close(200, "the consumer is done with this connection".into()).await;
         failed.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner).map_or(Ok(()), Err)
     }
 
-    /// Takes one delivery and settles it with the broker as its [`Outcome`] says.
+    /// Takes one delivery and settles it with the broker as its [`Outcome`] says; while the store is
+    /// unavailable, until the session has `ended`.
     async fn settle(
         &self,
         publishing: &Channel,
         delivery: lapin::message::Delivery,
-        shutdown: &CancellationToken,
+        ended: &CancellationToken,
     ) -> anyhow::Result<()> {
         let properties = &delivery.properties;
         let user = properties.user_id().as_ref().map(ShortString::as_str);
@@ -159,7 +163,7 @@ impl Consumer {
             metrics::counter!(BROKER_MESSAGES, "outcome" => outcome.label()).increment(1);
             tokio::select! {
                 // Unacknowledged: RabbitMQ delivers it again once this connection is gone.
-                () = shutdown.cancelled() => return Ok(()),
+                () = ended.cancelled() => return Ok(()),
                 () = tokio::time::sleep(BACKOFF.delay(attempts, &mut rand::rng())) => {}
             }
         };

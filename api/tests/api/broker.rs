@@ -7,7 +7,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use lapin::options::{
     BasicConsumeOptions, BasicGetOptions, BasicPublishOptions, BasicRejectOptions, ConfirmSelectOptions,
-    QueueDeclareOptions,
+    ExchangeDeleteOptions, QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
@@ -419,5 +419,27 @@ async fn the_dead_letter_queues_size_is_sampled_into_a_gauge(_: PgPoolOptions, o
     })
     .await
     .unwrap();
+    app.stop().await;
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_message_the_broker_would_not_take_back_is_settled_on_the_next_connection(
+    _: PgPoolOptions,
+    options: PgConnectOptions,
+) {
+    let producer = Producer::connect("reconnects").await;
+    let app = app_with_broker(options, &producer, "shop-1").await;
+    // Someone deletes the dead-letter exchange: the api's copy of a refused message cannot be
+    // published, and RabbitMQ closes the channel it published on.
+    let exchange = format!("{}.dlx", producer.queue);
+    producer.channel.exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default()).await.unwrap();
+
+    producer.publish(Some("nobody-maps-me"), Some("k-1"), &bytes(&body()), "refused").await;
+
+    // The api connects again, declares its topology again, and the message, delivered again, is
+    // dead-lettered after all.
+    let (reason, _, _) = producer.dead_letter().await;
+    assert_eq!(reason, "unknown_user");
+    assert_eq!(app.rows().await, NOTHING);
     app.stop().await;
 }
