@@ -9,7 +9,6 @@
 //! Nothing here knows which broker the message came from.
 
 use std::num::NonZeroU32;
-use std::time::Duration;
 
 use actix_web::body::{self, MessageBody};
 use oncepay_http::problem::Problem;
@@ -54,12 +53,11 @@ pub enum Outcome {
         problem: Problem,
     },
     /// Not now: its key is being written by another request, or its tenant is over its rate.
-    /// Deliver it again after a delay; never dead-letter it for this. Nothing was written.
+    /// Deliver it again after the broker's delay; never dead-letter it for this. Nothing was
+    /// written.
     Later {
         /// Why, as a name: `idempotency_key_in_use`, `rate_limited`.
         reason: &'static str,
-        /// The least wait before trying again.
-        after: Duration,
     },
     /// The store cannot be reached: keep the message, unacknowledged, and try it again after a
     /// pause. Nothing was written.
@@ -145,12 +143,8 @@ impl Outcome {
             }
             ApiError::InvalidFields(_) => refused("invalid_fields"),
             ApiError::NoProviderAccount => refused("no_provider_account"),
-            ApiError::KeyInUse | ApiError::RefundsInUse => {
-                Self::Later { reason: "idempotency_key_in_use", after: Duration::ZERO }
-            }
-            ApiError::RateLimited { retry_after_secs } => {
-                Self::Later { reason: "rate_limited", after: Duration::from_secs(*retry_after_secs) }
-            }
+            ApiError::KeyInUse | ApiError::RefundsInUse => Self::Later { reason: "idempotency_key_in_use" },
+            ApiError::RateLimited { .. } => Self::Later { reason: "rate_limited" },
             ApiError::Unavailable(_) | ApiError::KeyCheckBusy => Self::StoreUnavailable,
             other => Self::Failed(other.to_string()),
         }

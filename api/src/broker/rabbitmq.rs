@@ -200,7 +200,7 @@ impl Consumer {
                 tracing::warn!(reason, "a message that cannot become a payment was dead-lettered");
                 delivery.ack(BasicAckOptions::default()).await?;
             }
-            Outcome::Later { reason, .. } => {
+            Outcome::Later { reason } => {
                 publish(publishing, "", &self.settings.delay_queue, &delivery.data, properties.clone()).await?;
                 tracing::debug!(reason, "a message was delayed");
                 delivery.ack(BasicAckOptions::default()).await?;
