@@ -481,7 +481,7 @@ async fn approve(reconciler: &Path, approver: &str, proposed: &str, reason: &str
 }
 
 /// Lets `user` publish the demo tenant's payments, the way operators do: the admin proposes, the
-/// approver approves.
+/// approver approves; unless it does already.
 async fn demo_broker_user(
     reconciler: &Path,
     admin: &str,
@@ -489,6 +489,14 @@ async fn demo_broker_user(
     tenant: &str,
     user: &str,
 ) -> anyhow::Result<()> {
+    // On a `DATABASE_URL` used before, the user may publish for the tenant already.
+    let listed = output(reconciler, &["broker-users", "list", tenant, "--json"], &as_operator(admin)).await?;
+    let mapped = listed
+        .and_then(|json| serde_json::from_str::<serde_json::Value>(&json).ok())
+        .is_some_and(|list| list["broker_users"].as_array().is_some_and(|users| users.iter().any(|u| u == user)));
+    if mapped {
+        return Ok(());
+    }
     let reason = "the demo tenant's producer in cargo xtask up";
     let proposed =
         output(reconciler, &["broker-users", "add", tenant, user, "--reason", reason, "--json"], &as_operator(admin))
