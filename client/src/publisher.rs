@@ -105,7 +105,9 @@ impl Publisher {
                 Err(_) => {
                     // The connection is suspect: the next attempt opens another.
                     self.open = None;
-                    tokio::time::sleep(self.policy.backoff(attempt, &mut rand::rng())).await;
+                    // Drawn before the wait: the thread's generator may not be held across it.
+                    let backoff = self.policy.backoff(attempt, &mut rand::rng());
+                    tokio::time::sleep(backoff).await;
                 }
             }
         }

@@ -158,3 +158,13 @@ async fn the_apis_reply_to_the_intent_is_read_back() {
     let (payment, replayed) = published.reply.unwrap();
     assert_eq!((payment.status, replayed), (PaymentStatus::Pending, false));
 }
+
+#[test]
+fn a_publish_may_run_on_any_thread_of_a_runtime() {
+    // A producer spawns its publishes onto a multi-threaded runtime: the future must be `Send`.
+    fn spawnable<F: std::future::Future + Send>(_: F) {}
+    let mut publisher = Publisher::new("amqp://producer:secret@127.0.0.1:1/%2f", "payments").unwrap();
+    let intent = intent();
+
+    spawnable(publisher.publish(&intent, Duration::ZERO));
+}
