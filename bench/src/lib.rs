@@ -4,7 +4,7 @@
 //! [`raw`] makes the pgbench baselines from the project's own SQL; [`loadgen`], [`services`] and
 //! [`measure`] drive the release binaries, and [`closed_loop`] the reconciler's endpoints
 //! ([`webhooks`], [`console`]); [`cpu`] records what each process spent; [`run`] orders the phases
-//! and [`report`] prints and keeps the results, [`targets`] checking issue 37's targets among them.
+//! and [`report`] prints and keeps the results, [`targets`] checking the issues' targets among them.
 //! Timing lives here and only here: this crate's tests check its logic (script generation, parsing,
 //! percentiles), never a speed.
 

@@ -155,7 +155,7 @@ fn write(out: &Path, report: &Report) -> anyhow::Result<()> {
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "\non {}\n{}", report.server, report::table(&report.rows))?;
     if !report.targets.is_empty() {
-        writeln!(stdout, "issue 37's targets on one PostgreSQL:\n{}", targets::table(&report.targets))?;
+        writeln!(stdout, "the issues' targets on one PostgreSQL:\n{}", targets::table(&report.targets))?;
     }
     if !report.against_single.is_empty() {
         writeln!(

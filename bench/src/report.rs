@@ -17,8 +17,9 @@ use crate::machine::Machine;
 /// The JSON document's format version; bump it when a field changes meaning. 2: a comparison says
 /// what its ratio is `of` (rates, or median latencies), and latencies have a p95. 3: a Citus run made
 /// after one PostgreSQL's compares its rows with that run's (`against_single`). 4: a run on one
-/// PostgreSQL checks issue 37's targets (`targets`).
-pub const FORMAT_VERSION: u32 = 4;
+/// PostgreSQL checks issue 37's targets (`targets`). 5: a target names the issue that sets it
+/// (`issue`).
+pub const FORMAT_VERSION: u32 = 5;
 
 /// Cores busy with other programs above which a row is marked as measured on a busy machine.
 pub const NOISY_OTHER_CORES: f64 = 0.25;
@@ -59,7 +60,7 @@ pub struct Report {
     /// On a Citus run made back to back with one PostgreSQL's: each row's rate against the same
     /// row's there. Empty otherwise.
     pub against_single: Vec<AgainstSingle>,
-    /// On one PostgreSQL: issue 37's targets whose rows the run measured, as it found them.
+    /// On one PostgreSQL: the issues' targets whose rows the run measured, as it found them.
     pub targets: Vec<CheckedTarget>,
 }
 
@@ -147,7 +148,7 @@ pub fn against_single_table(rows: &[AgainstSingle]) -> String {
     aligned_with(&lines, |i| i < 2)
 }
 
-/// What one of issue 37's targets compares ([`crate::targets`]).
+/// What one of the issues' targets compares ([`crate::targets`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TargetOf {
@@ -158,18 +159,20 @@ pub enum TargetOf {
     CpuPerOp,
 }
 
-/// One of issue 37's targets, as a run found it ([`crate::targets::check`]).
+/// One of the issues' targets, as a run found it ([`crate::targets::check`]).
 #[derive(Debug, Clone, Serialize)]
 pub struct CheckedTarget {
-    /// The service row, as [`Row::label`], and its setup.
+    /// The issue that sets it.
+    pub issue: u32,
+    /// The row, as [`Row::label`], and its setup.
     pub row: String,
-    /// The raw row it is set against, likewise.
+    /// The row it is set against, likewise.
     pub baseline: String,
     /// What is compared.
     pub of: TargetOf,
-    /// The service row's figure.
+    /// The row's figure.
     pub measured: f64,
-    /// The raw row's figure.
+    /// The figure of the row it is set against.
     pub baseline_figure: f64,
     /// `measured / baseline_figure`.
     pub ratio: f64,

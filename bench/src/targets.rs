@@ -1,55 +1,94 @@
-//! Issue 37's targets on one PostgreSQL, checked against the rows of one run: each sets a service
-//! row against a raw-SQL row measured in the same run, by rate or by CPU per operation. The Citus
-//! targets are the ratios of [`crate::report::against_single`]. Nothing here measures anything.
+//! The issues' targets on one PostgreSQL, checked against the rows of one run: each sets a row
+//! against another measured in the same run, by rate or by CPU per operation. Issue 37's set the
+//! service against the raw SQL. The Citus targets are the ratios of
+//! [`crate::report::against_single`]. Nothing here measures anything.
 
 use crate::raw::Baseline;
 use crate::report::{CheckedTarget, Kind, Row, TargetOf, aligned_with, thousands};
 
-/// A service row, picked by name, connections and setup, on the main dataset.
-struct ServiceRow(&'static str, u32, &'static str);
+/// A row of the main dataset, picked by kind, name, connections and setup.
+struct Pick {
+    kind: Kind,
+    name: &'static str,
+    connections: u32,
+    setup: String,
+}
 
-/// A raw row, picked by its baseline and connections, on the main dataset.
-struct RawRow(Baseline, u32);
+impl Pick {
+    fn service(name: &'static str, connections: u32, setup: &str) -> Self {
+        Self { kind: Kind::Service, name, connections, setup: setup.to_owned() }
+    }
 
-/// Issue 37's single-server targets.
-fn targets() -> [(ServiceRow, RawRow, TargetOf, f64); 4] {
+    fn raw(baseline: Baseline, connections: u32) -> Self {
+        Self { kind: Kind::Raw, name: baseline.name(), connections, setup: baseline.setup() }
+    }
+
+    fn find<'r>(&self, rows: &'r [Row]) -> Option<&'r Row> {
+        rows.iter().find(|row| {
+            row.kind == self.kind
+                && row.name == self.name
+                && row.concurrency == self.connections
+                && row.setup == self.setup
+                && row.dataset == "main"
+        })
+    }
+}
+
+/// One target: the issue that sets it, the row it is about, the row it is set against, what is
+/// compared, and the bound.
+struct Target {
+    issue: u32,
+    row: Pick,
+    against: Pick,
+    of: TargetOf,
+    bound: f64,
+}
+
+/// The single-server targets of issue 37: the service against raw SQL.
+fn targets() -> [Target; 4] {
+    let accept_64 = || Pick::service("accept", 64, "1 api process");
+    let group_64 = || Pick::raw(Baseline::AcceptGroup(64), 8);
     [
-        (ServiceRow("accept", 64, "1 api process"), RawRow(Baseline::AcceptGroup(64), 8), TargetOf::Rate, 0.5),
-        (ServiceRow("accept", 64, "1 api process"), RawRow(Baseline::AcceptGroup(64), 8), TargetOf::CpuPerOp, 1.5),
-        (ServiceRow("accept", 8, "1 api process"), RawRow(Baseline::Accept, 8), TargetOf::Rate, 1.2),
-        (ServiceRow("replay", 8, "1 api process, no replay cache"), RawRow(Baseline::Replay, 8), TargetOf::Rate, 0.6),
+        Target { issue: 37, row: accept_64(), against: group_64(), of: TargetOf::Rate, bound: 0.5 },
+        Target { issue: 37, row: accept_64(), against: group_64(), of: TargetOf::CpuPerOp, bound: 1.5 },
+        Target {
+            issue: 37,
+            row: Pick::service("accept", 8, "1 api process"),
+            against: Pick::raw(Baseline::Accept, 8),
+            of: TargetOf::Rate,
+            bound: 1.2,
+        },
+        Target {
+            issue: 37,
+            row: Pick::service("replay", 8, "1 api process, no replay cache"),
+            against: Pick::raw(Baseline::Replay, 8),
+            of: TargetOf::Rate,
+            bound: 0.6,
+        },
     ]
 }
 
-/// Each of issue 37's targets whose two rows `rows` has, as measured.
+/// Each target whose two rows `rows` has, as measured.
 pub fn check(rows: &[Row]) -> Vec<CheckedTarget> {
-    let find = |kind: Kind, name: &str, concurrency: u32, setup: &str| {
-        rows.iter().find(|row| {
-            row.kind == kind
-                && row.name == name
-                && row.concurrency == concurrency
-                && row.setup == setup
-                && row.dataset == "main"
-        })
-    };
     targets()
         .into_iter()
-        .filter_map(|(ServiceRow(name, concurrency, setup), RawRow(baseline, connections), of, target)| {
-            let row = find(Kind::Service, name, concurrency, setup)?;
-            let raw = find(Kind::Raw, baseline.name(), connections, &baseline.setup())?;
+        .filter_map(|Target { issue, row, against, of, bound }| {
+            let row = row.find(rows)?;
+            let against = against.find(rows)?;
             let figure = |row: &Row| match of {
                 TargetOf::Rate => Some(row.rate),
                 TargetOf::CpuPerOp => row.cpu_seconds_per_op,
             };
-            let (measured, baseline_figure) = (figure(row)?, figure(raw)?);
+            let (measured, baseline_figure) = (figure(row)?, figure(against)?);
             Some(CheckedTarget {
+                issue,
                 row: format!("{} ({})", row.label(), row.setup),
-                baseline: format!("{} ({})", raw.label(), raw.setup),
+                baseline: format!("{} ({})", against.label(), against.setup),
                 of,
                 measured,
                 baseline_figure,
                 ratio: if baseline_figure > 0.0 { measured / baseline_figure } else { 0.0 },
-                target,
+                target: bound,
             })
         })
         .collect()
@@ -57,7 +96,7 @@ pub fn check(rows: &[Row]) -> Vec<CheckedTarget> {
 
 /// [`check`]'s findings as a table for a terminal.
 pub fn table(checked: &[CheckedTarget]) -> String {
-    let header = ["what", "against", "of", "measured", "baseline", "ratio", "target"];
+    let header = ["issue", "what", "against", "of", "measured", "baseline", "ratio", "target"];
     let mut lines: Vec<Vec<String>> = vec![header.iter().map(|h| (*h).to_owned()).collect()];
     for target in checked {
         let (of, figure, bound): (_, fn(f64) -> String, _) = match target.of {
@@ -65,6 +104,7 @@ pub fn table(checked: &[CheckedTarget]) -> String {
             TargetOf::CpuPerOp => ("CPU µs/op", |seconds| format!("{:.0}", seconds * 1e6), '≤'),
         };
         lines.push(vec![
+            target.issue.to_string(),
             target.row.clone(),
             target.baseline.clone(),
             of.to_owned(),
@@ -74,7 +114,7 @@ pub fn table(checked: &[CheckedTarget]) -> String {
             format!("{bound}{:.1} {}", target.target, if target.met() { "ok" } else { "MISS" }),
         ]);
     }
-    aligned_with(&lines, |i| i < 3)
+    aligned_with(&lines, |i| (1..4).contains(&i))
 }
 
 #[cfg(test)]
@@ -111,15 +151,15 @@ mod tests {
             service("replay", 8, "1 api process, no replay cache", 12_000.0, 0.000_090),
         ];
         let checked = check(&rows);
-        let found: Vec<(TargetOf, f64, bool)> =
-            checked.iter().map(|c| (c.of, (c.ratio * 100.0).round() / 100.0, c.met())).collect();
+        let found: Vec<(u32, TargetOf, f64, bool)> =
+            checked.iter().map(|c| (c.issue, c.of, (c.ratio * 100.0).round() / 100.0, c.met())).collect();
         assert_eq!(
             found,
             [
-                (TargetOf::Rate, 0.5, true),
-                (TargetOf::CpuPerOp, 2.5, false),
-                (TargetOf::Rate, 1.0, false),
-                (TargetOf::Rate, 0.6, true)
+                (37, TargetOf::Rate, 0.5, true),
+                (37, TargetOf::CpuPerOp, 2.5, false),
+                (37, TargetOf::Rate, 1.0, false),
+                (37, TargetOf::Rate, 0.6, true)
             ]
         );
         let printed = table(&checked);
