@@ -5,7 +5,7 @@
 //! accounts for (other programs on the machine) shows too. Nothing here starts, stops or signals a
 //! process.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use serde::Serialize;
@@ -24,6 +24,9 @@ pub enum Role {
     Simulator,
     /// Every PostgreSQL process.
     Postgres,
+    /// The RabbitMQ node the broker phase starts: its epmd, its server script and every process
+    /// under that (the Erlang VM and its helpers).
+    Broker,
     /// What generates the load: pgbench, or the load generator's thread.
     Client,
     /// The rest of the benchmark process.
@@ -39,6 +42,7 @@ impl Role {
             "oncepay-reconci" => Some(Self::Reconciler),
             "oncepay-simulat" => Some(Self::Simulator),
             "pgbench" => Some(Self::Client),
+            "rabbitmq-server" | "epmd" => Some(Self::Broker),
             _ => None,
         }
     }
@@ -126,6 +130,9 @@ pub enum ClientSource {
     Process,
     /// A thread of this process (the load generator).
     Thread(i32),
+    /// This whole process: the broker phase's producer and consumer, whose connections lapin
+    /// drives from threads of its own.
+    ThisProcess,
 }
 
 /// Takes samples for one window's accounting.
@@ -181,24 +188,14 @@ impl CpuSampler {
     /// `cstime`: backends that exited), plus every live child's own time (backends, checkpointer,
     /// WAL writer, autovacuum), so nothing is lost when a backend exits mid-window. The binaries,
     /// and pgbench as the client, are this process's children, told apart by command name; each
-    /// counts all its threads. The load generator is one thread of this process; `bench` is the
-    /// rest of it (orchestration, copying the children's logs).
+    /// counts all its threads. The RabbitMQ node is the tree under its server script and its epmd,
+    /// both this process's children. The load generator is one thread of this process; `bench` is
+    /// the rest of it (orchestration, copying the children's logs).
     pub fn sample(&self) -> CpuSample {
         let me = i32::try_from(std::process::id()).unwrap_or(i32::MAX);
-        let mut ticks: BTreeMap<Role, u64> = BTreeMap::new();
+        let with_pgbench = self.client == ClientSource::Process;
+        let mut ticks = ticks_by_role(&processes(), me, &self.postmasters, with_pgbench);
         let mut add = |role: Role, value: u64| *ticks.entry(role).or_default() += value;
-        for process in processes() {
-            if self.postmasters.contains(&process.pid) {
-                add(Role::Postgres, process.own_ticks + process.children_ticks);
-            } else if self.postmasters.contains(&process.ppid) {
-                add(Role::Postgres, process.own_ticks);
-            } else if process.ppid == me
-                && let Some(role) = Role::of_child(&process.comm)
-                && (role != Role::Client || self.client == ClientSource::Process)
-            {
-                add(role, process.own_ticks);
-            }
-        }
         let own = read_stat("/proc/self/stat").map_or(0, |stat| stat.own_ticks);
         match self.client {
             ClientSource::Thread(tid) => {
@@ -207,11 +204,60 @@ impl CpuSampler {
                 add(Role::Bench, own.saturating_sub(thread));
             }
             ClientSource::Process => add(Role::Bench, own),
+            ClientSource::ThisProcess => add(Role::Client, own),
         }
         let machine =
             std::fs::read_to_string("/proc/stat").ok().and_then(|text| parse_machine(&text)).unwrap_or_default();
         CpuSample { at: Instant::now(), ticks, machine }
     }
+}
+
+/// The clock ticks of `processes` by role, for a benchmark process `me`: PostgreSQL under
+/// `postmasters`, the children of `me` by name (pgbench only `with_pgbench`), and the RabbitMQ
+/// node's whole tree.
+///
+/// A process of the node's tree counts with its reaped children (`cutime`, `cstime`): a helper that
+/// exits moves its time into its parent's, so the tree's total never drops.
+fn ticks_by_role(processes: &[ProcStat], me: i32, postmasters: &[i32], with_pgbench: bool) -> BTreeMap<Role, u64> {
+    let parents: HashMap<i32, i32> = processes.iter().map(|process| (process.pid, process.ppid)).collect();
+    // The node's server script is this process's child; the Erlang VM runs under it, not under us.
+    let broker_roots: Vec<i32> = processes
+        .iter()
+        .filter(|process| process.ppid == me && Role::of_child(&process.comm) == Some(Role::Broker))
+        .map(|process| process.pid)
+        .collect();
+    let in_broker_tree = |pid: i32| {
+        let mut at = pid;
+        // The chain is short (server script, VM, helper); the bound only guards against a cycle
+        // read while pids are reused.
+        for _ in 0..16 {
+            if broker_roots.contains(&at) {
+                return true;
+            }
+            match parents.get(&at) {
+                Some(&parent) if parent > 1 && parent != me => at = parent,
+                _ => return false,
+            }
+        }
+        false
+    };
+    let mut ticks: BTreeMap<Role, u64> = BTreeMap::new();
+    let mut add = |role: Role, value: u64| *ticks.entry(role).or_default() += value;
+    for process in processes {
+        if postmasters.contains(&process.pid) {
+            add(Role::Postgres, process.own_ticks + process.children_ticks);
+        } else if postmasters.contains(&process.ppid) {
+            add(Role::Postgres, process.own_ticks);
+        } else if in_broker_tree(process.pid) {
+            add(Role::Broker, process.own_ticks + process.children_ticks);
+        } else if process.ppid == me
+            && let Some(role) = Role::of_child(&process.comm)
+            && (role != Role::Client || with_pgbench)
+        {
+            add(role, process.own_ticks);
+        }
+    }
+    ticks
 }
 
 impl CpuSample {
@@ -277,7 +323,39 @@ mod tests {
         assert_eq!(Role::of_child("oncepay-reconci"), Some(Role::Reconciler));
         assert_eq!(Role::of_child("oncepay-simulat"), Some(Role::Simulator));
         assert_eq!(Role::of_child("pgbench"), Some(Role::Client));
+        assert_eq!(Role::of_child("rabbitmq-server"), Some(Role::Broker));
         assert_eq!(Role::of_child("psql"), None);
+    }
+
+    fn stat(pid: i32, ppid: i32, comm: &str, own_ticks: u64, children_ticks: u64) -> ProcStat {
+        ProcStat { pid, ppid, comm: comm.into(), own_ticks, children_ticks }
+    }
+
+    #[test]
+    fn the_rabbitmq_node_counts_with_everything_under_its_server_script_and_nothing_else_does() {
+        let me = 100;
+        let processes = [
+            stat(me, 1, "oncepay-bench", 1, 0),
+            stat(200, 1, "postgres", 10, 5),
+            stat(201, 200, "postgres", 20, 0),
+            stat(300, me, "oncepay-api", 30, 0),
+            stat(400, me, "epmd", 1, 0),
+            stat(401, me, "rabbitmq-server", 2, 3),
+            stat(402, 401, "beam.smp", 40, 4),
+            stat(403, 402, "erl_child_setup", 1, 0),
+            // Another node on the machine, not started by this process.
+            stat(500, 1, "rabbitmq-server", 7, 0),
+            stat(501, 500, "beam.smp", 70, 0),
+            stat(600, me, "pgbench", 9, 0),
+        ];
+
+        let ticks = ticks_by_role(&processes, me, &[200], false);
+
+        assert_eq!(
+            ticks,
+            BTreeMap::from([(Role::Api, 30), (Role::Postgres, 35), (Role::Broker, 1 + 2 + 3 + 40 + 4 + 1)])
+        );
+        assert_eq!(ticks_by_role(&processes, me, &[200], true).get(&Role::Client), Some(&9));
     }
 
     #[test]

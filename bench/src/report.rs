@@ -18,7 +18,7 @@ use crate::machine::Machine;
 /// what its ratio is `of` (rates, or median latencies), and latencies have a p95. 3: a Citus run made
 /// after one PostgreSQL's compares its rows with that run's (`against_single`). 4: a run on one
 /// PostgreSQL checks issue 37's targets (`targets`). 5: a target names the issue that sets it
-/// (`issue`).
+/// (`issue`); CPU time has a `broker` role.
 pub const FORMAT_VERSION: u32 = 5;
 
 /// Cores busy with other programs above which a row is marked as measured on a busy machine.
