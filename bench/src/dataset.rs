@@ -166,6 +166,27 @@ impl Tenant {
     }
 }
 
+/// The payments of `tenant`: an index-only count of its rows, cheap for the broker phase's tenant.
+pub async fn payments_of(conn: &mut PgConnection, tenant: TenantId) -> anyhow::Result<u64> {
+    let count =
+        sqlx::query_scalar!(r#"SELECT count(*) AS "count!" FROM payments WHERE tenant_id = $1"#, tenant.as_uuid())
+            .fetch_one(conn)
+            .await?;
+    Ok(u64::try_from(count)?)
+}
+
+/// The idempotency keys of `tenant`. Each names a payment of its own (`UNIQUE (tenant_id,
+/// payment_id)`), so as many keys as payments is one key per payment.
+pub async fn keys_of(conn: &mut PgConnection, tenant: TenantId) -> anyhow::Result<u64> {
+    let count = sqlx::query_scalar!(
+        r#"SELECT count(*) AS "count!" FROM idempotency_keys WHERE tenant_id = $1"#,
+        tenant.as_uuid()
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok(u64::try_from(count)?)
+}
+
 /// Payments per loader statement: big enough to be quick, small enough for the foreign-key checks that
 /// run at the end of each statement to stay in memory.
 pub const BATCH: u64 = 200_000;

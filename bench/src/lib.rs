@@ -2,12 +2,14 @@
 //! one run, on one throwaway PostgreSQL.
 //!
 //! [`raw`] makes the pgbench baselines from the project's own SQL; [`loadgen`], [`services`] and
-//! [`measure`] drive the release binaries, and [`closed_loop`] the reconciler's endpoints
-//! ([`webhooks`], [`console`]); [`cpu`] records what each process spent; [`run`] orders the phases
-//! and [`report`] prints and keeps the results, [`targets`] checking the issues' targets among them.
+//! [`measure`] drive the release binaries, [`closed_loop`] the reconciler's endpoints
+//! ([`webhooks`], [`console`]), and [`broker`] a RabbitMQ node and the api taking payments from it;
+//! [`cpu`] records what each process spent; [`run`] orders the phases and [`report`] prints and
+//! keeps the results, [`targets`] checking the issues' targets among them.
 //! Timing lives here and only here: this crate's tests check its logic (script generation, parsing,
 //! percentiles), never a speed.
 
+pub mod broker;
 pub mod closed_loop;
 pub mod console;
 pub mod cpu;

@@ -194,9 +194,11 @@ pub async fn service(
 /// The requests the api processes wrote to the store, and in how many groups, so far (their
 /// `oncepay_api_intake_group_size` histograms), over the warm-up and the window together.
 #[derive(Debug, Clone, Copy, Default)]
-struct IntakeGroups {
-    requests: f64,
-    count: f64,
+pub(crate) struct IntakeGroups {
+    /// Requests written.
+    pub(crate) requests: f64,
+    /// Groups they were written in.
+    pub(crate) count: f64,
 }
 
 impl std::ops::Sub for IntakeGroups {
@@ -207,7 +209,7 @@ impl std::ops::Sub for IntakeGroups {
     }
 }
 
-async fn intake_groups(api: &[SocketAddr]) -> anyhow::Result<IntakeGroups> {
+pub(crate) async fn intake_groups(api: &[SocketAddr]) -> anyhow::Result<IntakeGroups> {
     let client = reqwest::Client::new();
     let mut groups = IntakeGroups::default();
     for address in api {

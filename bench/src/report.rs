@@ -1,9 +1,10 @@
 //! What a run found: one [`Row`] per measurement, the machine it ran on, and how the rows are
 //! printed (a table) and kept (JSON, for comparisons over time).
 //!
-//! A row is either a raw-SQL baseline (pgbench running the project's statements) or a service
-//! measurement (the real binaries over loopback); a service row names the baseline it is compared
-//! with and the target the issue sets for that ratio, if any. Nothing here measures anything.
+//! A row is either a raw baseline (pgbench running the project's statements, or the RabbitMQ node
+//! with nothing behind it) or a service measurement (the real binaries over loopback); a service row
+//! names the baseline it is compared with and the target the issue sets for that ratio, if any.
+//! Nothing here measures anything.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -18,7 +19,7 @@ use crate::machine::Machine;
 /// what its ratio is `of` (rates, or median latencies), and latencies have a p95. 3: a Citus run made
 /// after one PostgreSQL's compares its rows with that run's (`against_single`). 4: a run on one
 /// PostgreSQL checks issue 37's targets (`targets`). 5: a target names the issue that sets it
-/// (`issue`); CPU time has a `broker` role.
+/// (`issue`), and issue 48's are among them; CPU time has a `broker` role.
 pub const FORMAT_VERSION: u32 = 5;
 
 /// Cores busy with other programs above which a row is marked as measured on a busy machine.
@@ -194,7 +195,8 @@ impl CheckedTarget {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Kind {
-    /// pgbench running the project's SQL, nothing in front of PostgreSQL.
+    /// pgbench running the project's SQL, nothing in front of PostgreSQL; or the RabbitMQ node
+    /// alone, its messages acknowledged unread.
     Raw,
     /// The real binaries.
     Service,
@@ -207,7 +209,8 @@ pub struct Row {
     pub kind: Kind,
     /// What was measured: `accept`, `replay`, `three_inserts`, `drain` ...
     pub name: String,
-    /// Concurrent connections (HTTP or PostgreSQL) generating the load; for drains, worker processes.
+    /// Concurrent connections (HTTP or PostgreSQL) generating the load; for drains, worker processes;
+    /// for messages from RabbitMQ, the consumer's prefetch.
     pub concurrency: u32,
     /// How: `pgbench -M prepared`, `1 api process`, `2 workers` ...
     pub setup: String,
@@ -227,7 +230,8 @@ pub struct Row {
     /// What each process spent.
     pub cpu: CpuUsage,
     /// CPU-seconds per operation of the service processes (api or worker) and PostgreSQL; for raw
-    /// rows, PostgreSQL alone. The load generator, pgbench and the simulator are not included.
+    /// rows, PostgreSQL alone. With messages from RabbitMQ, the node's too; for its ceiling, the node
+    /// alone. The load generator, pgbench, the producer and the simulator are not included.
     pub cpu_seconds_per_op: Option<f64>,
     /// The comparison with a baseline, for service rows.
     pub comparison: Option<Comparison>,

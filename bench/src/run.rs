@@ -13,14 +13,18 @@ use std::time::Duration;
 
 use anyhow::Context;
 use oncepay_devkit::pg::Durability;
+use oncepay_devkit::process::setting_variable;
+use oncepay_devkit::rabbitmq::Node;
 use oncepay_devkit::server::{self, Server};
 use oncepay_domain::api_key;
 use oncepay_provider::webhook_signature::WebhookSecret;
+use oncepay_store::broker_users;
 use secrecy::ExposeSecret;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection as _, PgPool};
 use tokio::time::Instant;
 
+use crate::broker::{self, Batches, Consuming, Producer, Queues};
 use crate::closed_loop::Window;
 use crate::console::{self, Probes, Read};
 use crate::cpu::{ClientSource, CpuSampler, CpuUsage, Role};
@@ -70,6 +74,15 @@ impl Profile {
         }
     }
 
+    /// Messages of each broker measurement: a warm-up batch, then the measured one, long enough
+    /// that its first and last moments weigh little in its rate.
+    fn broker_batches(self) -> Batches {
+        match self {
+            Self::Quick => Batches { warmup: 1_000, measured: 10_000 },
+            Self::Standard | Self::Full => Batches { warmup: 5_000, measured: 50_000 },
+        }
+    }
+
     /// The histories the console's reads are compared over: payments in each database, and the
     /// report's name for it. The issue's are a hundredfold apart; so are the smoke run's.
     fn console_histories(self) -> [(u64, &'static str); 2] {
@@ -103,6 +116,9 @@ pub enum Phase {
     Refund,
     /// The operator console's reads with 10 thousand and with 1 million payments.
     Console,
+    /// Payments from RabbitMQ, against the node's own ceiling and the same api's HTTP accepts from
+    /// 64 clients.
+    Broker,
 }
 
 /// What the run was asked to do.
@@ -110,8 +126,8 @@ pub enum Phase {
 pub struct Options {
     /// How long and how big.
     pub profile: Profile,
-    /// The phases to run (all when empty; `history` and `console` only with the full profile or
-    /// when named).
+    /// The phases to run (all when empty; `history`, `console` and `broker` only with the full
+    /// profile or when named).
     pub phases: Vec<Phase>,
     /// A note kept in the report.
     pub label: Option<String>,
@@ -132,7 +148,7 @@ pub struct Options {
 impl Options {
     fn runs(&self, phase: Phase) -> bool {
         if self.phases.is_empty() {
-            !matches!(phase, Phase::History | Phase::Console) || self.profile == Profile::Full
+            !matches!(phase, Phase::History | Phase::Console | Phase::Broker) || self.profile == Profile::Full
         } else {
             self.phases.contains(&phase)
         }
@@ -169,6 +185,9 @@ const REFUNDABLE_PER_WINDOW: u64 = 1_000;
 
 /// The api setting, by name, for a process that reads every replay from the database.
 const NO_REPLAY_CACHE: (&str, &str) = ("intake.replay_cache_bytes", "0");
+
+/// The broker user the broker phase publishes as, mapped to a tenant of its own.
+const BROKER_PRODUCER: &str = "bench-orders";
 
 /// The most a console read may cost with the long history, as a multiple of its median latency
 /// with the short one.
@@ -339,6 +358,9 @@ impl Bench<'_> {
         }
         if self.options.runs(Phase::Webhook) {
             self.webhooks(main).await?;
+        }
+        if self.options.runs(Phase::Broker) {
+            self.broker(main).await?;
         }
         // The last phase on the main database: its payments, and its refunds left pending (no
         // worker sends them), are in no other phase's data.
@@ -590,6 +612,61 @@ impl Bench<'_> {
         let (window, cpu, background) = tokio::join!(load, cpu, background);
         background?;
         Ok((window?, cpu))
+    }
+
+    /// Payments from RabbitMQ (issue 48), on a throwaway node: the node's own ceiling, then an api
+    /// consuming its queue, then the same api's HTTP accepts from 64 clients. The producer publishes
+    /// as a broker user of its own, mapped to a tenant of its own, whose payments are only the
+    /// messages'. The ceiling's consumer has the api's prefetch.
+    async fn broker(&mut self, main: &Database) -> anyhow::Result<()> {
+        let node = Node::start().await.context("cannot start a RabbitMQ node")?;
+        let password = uuid::Uuid::new_v4().simple().to_string();
+        node.add_user(BROKER_PRODUCER, &password).await?;
+        let mut conn = main.pool.acquire().await?;
+        let tenant = Tenant::create(&mut conn, "bench-broker").await?;
+        broker_users::map(&mut conn, BROKER_PRODUCER, tenant.id).await?;
+        drop(conn);
+        let prefetch = self.broker_prefetch()?;
+        let queues = Queues::new();
+        let api = self.launcher.api("api-broker", &main.url, &queues.api_settings(&node.url(), prefetch)).await?;
+        let admin = lapin::Connection::connect(&node.url(), lapin::ConnectionProperties::default()).await?;
+        broker::wait_for_queue(&admin, &queues.queue).await?;
+        let producer = Producer::connect(&node.url_as(BROKER_PRODUCER, &password), BROKER_PRODUCER).await?;
+        let batches = self.options.profile.broker_batches();
+        let target = self.target(main);
+
+        eprintln!("bench: RabbitMQ alone, {} messages, prefetch {prefetch}", batches.measured);
+        let row = broker::ceiling(&target, &producer, &admin, prefetch, batches).await?;
+        let ceiling = self.push(row);
+        eprintln!("bench: payments from RabbitMQ, {} messages, prefetch {prefetch}", batches.measured);
+        let target = self.target(main);
+        let consuming = Consuming { api: api.address(), queues: &queues, prefetch, tenant: tenant.id };
+        let row = broker::intake(&target, &producer, &admin, &consuming, batches).await?;
+        self.push_compared(row, ceiling, Some(0.5));
+        let from_broker = self.rows.len() - 1;
+        let mut http = self.service(main, &[api.address()], Workload::Accept, 64).await?;
+        http.setup = broker::HTTP_SETUP.into();
+        let http = self.push(http);
+        let ratio = Comparison::new(self.rows[from_broker].rate, &self.rows[http], None).ratio;
+        let label = format!("ratio to {}", self.rows[http].label());
+        self.rows[from_broker].extra.insert(label, ratio);
+
+        drop(producer);
+        let _ = admin.close(200, "the broker phase is over".into()).await;
+        // The api first: without its node it would try to connect again until stopped.
+        api.stop().await?;
+        drop(node);
+        Ok(())
+    }
+
+    /// The api's prefetch in the broker phase, which the ceiling's consumer shares: the run's
+    /// override (`--api-env ONCEPAY_BROKER__PREFETCH=...`) if it has one, else the api's default.
+    fn broker_prefetch(&self) -> anyhow::Result<u16> {
+        let variable = setting_variable("broker.prefetch");
+        match self.options.api_env.iter().find(|(key, _)| *key == variable) {
+            Some((_, value)) => value.parse().with_context(|| format!("{variable}={value} is not a prefetch")),
+            None => Ok(broker::DEFAULT_PREFETCH),
+        }
     }
 
     /// Two api processes, each with half of the 8 connections' pool.

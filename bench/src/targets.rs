@@ -1,34 +1,41 @@
 //! The issues' targets on one PostgreSQL, checked against the rows of one run: each sets a row
 //! against another measured in the same run, by rate or by CPU per operation. Issue 37's set the
-//! service against the raw SQL. The Citus targets are the ratios of
+//! service against the raw SQL; issue 48's set payments from RabbitMQ against the node's own ceiling
+//! and against the HTTP accepts of the same api. The Citus targets are the ratios of
 //! [`crate::report::against_single`]. Nothing here measures anything.
 
+use crate::broker;
 use crate::raw::Baseline;
 use crate::report::{CheckedTarget, Kind, Row, TargetOf, aligned_with, thousands};
 
-/// A row of the main dataset, picked by kind, name, connections and setup.
+/// A row of the main dataset, picked by kind and name, and by connections and setup where given
+/// (the broker phase's rows are one of each name in a run, whatever their prefetch).
 struct Pick {
     kind: Kind,
     name: &'static str,
-    connections: u32,
-    setup: String,
+    connections: Option<u32>,
+    setup: Option<String>,
 }
 
 impl Pick {
     fn service(name: &'static str, connections: u32, setup: &str) -> Self {
-        Self { kind: Kind::Service, name, connections, setup: setup.to_owned() }
+        Self { kind: Kind::Service, name, connections: Some(connections), setup: Some(setup.to_owned()) }
     }
 
     fn raw(baseline: Baseline, connections: u32) -> Self {
-        Self { kind: Kind::Raw, name: baseline.name(), connections, setup: baseline.setup() }
+        Self { kind: Kind::Raw, name: baseline.name(), connections: Some(connections), setup: Some(baseline.setup()) }
+    }
+
+    fn named(kind: Kind, name: &'static str) -> Self {
+        Self { kind, name, connections: None, setup: None }
     }
 
     fn find<'r>(&self, rows: &'r [Row]) -> Option<&'r Row> {
         rows.iter().find(|row| {
             row.kind == self.kind
                 && row.name == self.name
-                && row.concurrency == self.connections
-                && row.setup == self.setup
+                && self.connections.is_none_or(|connections| row.concurrency == connections)
+                && self.setup.as_ref().is_none_or(|setup| &row.setup == setup)
                 && row.dataset == "main"
         })
     }
@@ -44,10 +51,12 @@ struct Target {
     bound: f64,
 }
 
-/// The single-server targets of issue 37: the service against raw SQL.
-fn targets() -> [Target; 4] {
+/// The single-server targets of issue 37 (the service against raw SQL) and issue 48 (payments from
+/// RabbitMQ).
+fn targets() -> [Target; 6] {
     let accept_64 = || Pick::service("accept", 64, "1 api process");
     let group_64 = || Pick::raw(Baseline::AcceptGroup(64), 8);
+    let from_broker = || Pick::named(Kind::Service, broker::INTAKE);
     [
         Target { issue: 37, row: accept_64(), against: group_64(), of: TargetOf::Rate, bound: 0.5 },
         Target { issue: 37, row: accept_64(), against: group_64(), of: TargetOf::CpuPerOp, bound: 1.5 },
@@ -64,6 +73,20 @@ fn targets() -> [Target; 4] {
             against: Pick::raw(Baseline::Replay, 8),
             of: TargetOf::Rate,
             bound: 0.6,
+        },
+        Target {
+            issue: 48,
+            row: from_broker(),
+            against: Pick::named(Kind::Raw, broker::CEILING),
+            of: TargetOf::Rate,
+            bound: 0.5,
+        },
+        Target {
+            issue: 48,
+            row: from_broker(),
+            against: Pick::service("accept", 64, broker::HTTP_SETUP),
+            of: TargetOf::Rate,
+            bound: 0.8,
         },
     ]
 }
@@ -164,6 +187,31 @@ mod tests {
         );
         let printed = table(&checked);
         assert!(printed.contains("≤1.5 MISS") && printed.contains("150") && printed.contains("≥0.6 ok"), "{printed}");
+    }
+
+    #[test]
+    fn payments_from_the_broker_are_set_against_its_ceiling_and_the_same_apis_http_accepts_whatever_the_prefetch() {
+        let mut ceiling = row(Kind::Raw, broker::CEILING, 8_000.0);
+        ceiling.concurrency = 256;
+        let mut from_broker = service(broker::INTAKE, 256, "prefetch 256", 3_000.0, 0.000_300);
+        from_broker.cpu_seconds_per_op = None;
+        let rows = vec![
+            ceiling,
+            // The accept phase's row at 64 connections is not the broker phase's.
+            service("accept", 64, "1 api process", 12_000.0, 0.000_100),
+            service("accept", 64, broker::HTTP_SETUP, 6_000.0, 0.000_100),
+            from_broker,
+        ];
+
+        let checked = check(&rows);
+
+        let found: Vec<(u32, f64, bool)> = checked.iter().map(|c| (c.issue, c.ratio, c.met())).collect();
+        assert_eq!(found, [(48, 0.375, false), (48, 0.5, false)]);
+        let printed = table(&checked);
+        assert!(
+            printed.contains("≥0.5 MISS") && printed.contains("≥0.8 MISS") && printed.contains("6,000"),
+            "{printed}"
+        );
     }
 
     #[test]
