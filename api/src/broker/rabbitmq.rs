@@ -170,6 +170,10 @@ impl Consumer {
         metrics::counter!(BROKER_MESSAGES, "outcome" => outcome.label()).increment(1);
         match outcome {
             Outcome::Taken { resource, replayed } => {
+                #[cfg(feature = "failpoints")]
+                fail::fail_point!("api::broker::after_commit", |_| oncepay_service::failpoints::crash(
+                    "api::broker::after_commit"
+                ));
                 if let Some(reply_to) = properties.reply_to() {
                     let mut reply = BasicProperties::default().with_content_type("application/json".into());
                     if let Some(correlation_id) = properties.correlation_id() {
