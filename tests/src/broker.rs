@@ -7,9 +7,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::Context;
-use lapin::options::BasicGetOptions;
-use lapin::types::{AMQPValue, FieldTable};
-use lapin::{Connection, ConnectionProperties};
+use oncepay_client::{DeadLetter, DeadLetters};
 use oncepay_devkit::rabbitmq::Node;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -29,19 +27,6 @@ pub const DELAY_QUEUE: &str = "oncepay.payments.delayed";
 pub struct Broker {
     node: Node,
     up: bool,
-}
-
-/// A dead-lettered message, as the queue holds it.
-#[derive(Debug, Clone)]
-pub struct DeadLetter {
-    /// Its producer (`user_id`).
-    pub user: Option<String>,
-    /// Its `idempotency-key` header.
-    pub key: Option<String>,
-    /// Its body.
-    pub body: Vec<u8>,
-    /// Why: the api's `oncepay-reason` header, else RabbitMQ's `x-first-death-reason`.
-    pub reason: Option<String>,
 }
 
 impl Broker {
@@ -110,33 +95,10 @@ impl Broker {
         }
     }
 
-    /// Takes every message of the dead-letter queue (the run is over: nobody else will).
-    pub async fn take_dead_letters(&self) -> anyhow::Result<Vec<DeadLetter>> {
-        let connection = Connection::connect(&self.node.url(), ConnectionProperties::default()).await?;
-        let channel = connection.create_channel().await?;
-        let mut letters = Vec::new();
-        let options = BasicGetOptions { no_ack: true };
-        while let Some(message) = channel.basic_get(DEAD_LETTER_QUEUE.into(), options).await? {
-            let delivery = message.delivery;
-            let headers = delivery.properties.headers().clone().unwrap_or_default();
-            letters.push(DeadLetter {
-                user: delivery.properties.user_id().as_ref().map(ToString::to_string),
-                key: text(&headers, "idempotency-key"),
-                body: delivery.data,
-                reason: text(&headers, "oncepay-reason").or_else(|| text(&headers, "x-first-death-reason")),
-            });
-        }
-        let _ = connection.close(200, "the harness read the dead letters".into()).await;
-        Ok(letters)
-    }
-}
-
-/// A header's text.
-fn text(headers: &FieldTable, name: &str) -> Option<String> {
-    match headers.inner().get(name)? {
-        AMQPValue::LongString(value) => Some(String::from_utf8_lossy(value.as_bytes()).into_owned()),
-        AMQPValue::ShortString(value) => Some(value.to_string()),
-        _ => None,
+    /// Every message of the dead-letter queue, oldest first (they stay there).
+    pub async fn dead_letters(&self) -> anyhow::Result<Vec<DeadLetter>> {
+        let letters = DeadLetters::connect(&self.node.url(), DEAD_LETTER_QUEUE).await?;
+        Ok(letters.list(usize::MAX).await?)
     }
 }
 

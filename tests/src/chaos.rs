@@ -317,7 +317,7 @@ async fn drive(config: &ChaosConfig, system: &mut System, timing: Timing) -> any
     let mut broker = match system.broker() {
         Some(broker) => {
             let in_flight = broker.settle(config.settle_bound).await?;
-            let dead_letters = broker.take_dead_letters().await?;
+            let dead_letters = broker.dead_letters().await?;
             Some(BrokerVerdict::judge(system.pool(), system.tenants(), &observations, in_flight, &dead_letters).await?)
         }
         None => None,
