@@ -24,6 +24,9 @@ struct Cli {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    // The crash point, configured from `FAILPOINTS`, exists only in the chaos harness's build.
+    #[cfg(feature = "failpoints")]
+    let _failpoints = fail::FailScenario::setup();
     let settings = Settings::load(cli.config.as_deref())?;
     let _telemetry = telemetry::init("oncepay-api", &settings.telemetry).context("cannot start telemetry")?;
     metrics::install();

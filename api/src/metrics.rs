@@ -61,6 +61,10 @@ pub const REFUND_INTAKE_LABELS: [&str; 12] = [
 /// api process's consumer (`broker.sample_interval_ms`).
 pub const BROKER_QUEUE_MESSAGES: &str = "oncepay_api_broker_queue_messages";
 
+/// How long ago the oldest message in the dead-letter queue was refused (0 when it is empty),
+/// sampled with [`BROKER_QUEUE_MESSAGES`].
+pub const BROKER_DEAD_LETTER_AGE: &str = "oncepay_api_broker_dead_letter_age_seconds";
+
 /// Every `outcome` of [`BROKER_MESSAGES`]: `created`, `replayed` (both acknowledged),
 /// `dead_lettered`, `delayed` (its key in use elsewhere, or its tenant over its rate),
 /// `store_unavailable` (kept, tried again; one per try), `error` (returned to the queue).
@@ -84,6 +88,10 @@ pub fn describe() {
     }
     describe_counter!(BROKER_MESSAGES, "Payment requests taken from the broker, by outcome");
     describe_gauge!(BROKER_QUEUE_MESSAGES, "Messages ready in the broker's payments and dead-letter queues, sampled");
+    describe_gauge!(
+        BROKER_DEAD_LETTER_AGE,
+        "Seconds since the oldest message in the broker's dead-letter queue was refused"
+    );
     for label in BROKER_LABELS {
         counter!(BROKER_MESSAGES, "outcome" => label).increment(0);
     }

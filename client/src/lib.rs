@@ -24,6 +24,8 @@
 //! ```
 
 mod client;
+#[cfg(feature = "broker")]
+mod dead_letters;
 mod error;
 mod intent;
 mod problem;
@@ -34,6 +36,8 @@ mod resource;
 mod retry;
 
 pub use client::{Client, ClientBuilder};
+#[cfg(feature = "broker")]
+pub use dead_letters::{DeadLetter, DeadLetterError, DeadLetters};
 pub use error::{BuildError, Error};
 pub use intent::{IdempotencyKey, InvalidIdempotencyKey, PaymentIntent, PaymentIntentBuilder};
 pub use problem::{FieldError, Problem};

@@ -117,12 +117,25 @@ impl Node {
     /// virtual host, without tags: RabbitMQ refuses its messages whose `user_id` is not `user`.
     pub async fn add_user(&self, user: &str, password: &str) -> anyhow::Result<()> {
         self.ctl(&["add_user", user, password]).await?;
-        self.ctl(&["set_permissions", "-p", "/", user, ".*", ".*", ".*"]).await
+        self.ctl(&["set_permissions", "-p", "/", user, ".*", ".*", ".*"]).await.map(drop)
     }
 
     /// Closes every client connection, as a network cut would (the node stays up).
     pub async fn close_connections(&self) -> anyhow::Result<()> {
-        self.ctl(&["close_all_connections", "cut by the test"]).await
+        self.ctl(&["close_all_connections", "cut by the test"]).await.map(drop)
+    }
+
+    /// The messages in `queue`, ready and unacknowledged both (`None`: there is no such queue).
+    pub async fn messages(&self, queue: &str) -> anyhow::Result<Option<u64>> {
+        let listed = self.ctl(&["list_queues", "--no-table-headers", "name", "messages"]).await?;
+        for line in listed.lines() {
+            if let Some((name, messages)) = line.trim().rsplit_once(char::is_whitespace)
+                && name.trim_end() == queue
+            {
+                return Ok(Some(messages.parse().with_context(|| format!("rabbitmqctl listed {line:?}"))?));
+            }
+        }
+        Ok(None)
     }
 
     /// Stops the node cleanly; its durable queues and their messages stay on disk.
@@ -158,8 +171,8 @@ impl Node {
         Ok(())
     }
 
-    /// Runs `rabbitmqctl` against this node.
-    pub async fn ctl(&self, args: &[&str]) -> anyhow::Result<()> {
+    /// Runs `rabbitmqctl` against this node; what it printed.
+    pub async fn ctl(&self, args: &[&str]) -> anyhow::Result<String> {
         let mut command = Command::new(self.sbin.join("rabbitmqctl"));
         self.environment(&mut command);
         let output = command
@@ -172,7 +185,7 @@ impl Node {
         if !output.status.success() {
             bail!("rabbitmqctl {args:?} failed: {}", String::from_utf8_lossy(&output.stderr).trim());
         }
-        Ok(())
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
 
     /// The configuration, the plugins (none) and the Erlang cookie, all inside the directory.

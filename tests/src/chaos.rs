@@ -3,7 +3,13 @@
 //!
 //! Everything random comes from the one seed, so `--seed N` replays the same plan, schedule and
 //! fail-point draws (the exact interleaving of processes is the operating system's). The worker
-//! binary must carry fail points ([`failpoint_worker`] builds one); the normal binaries never do.
+//! and api binaries must carry fail points ([`Crashable::build`] builds them); the normal binaries
+//! never do.
+//!
+//! Part of the workload is published to RabbitMQ, on a node of the run's own, as a real producer
+//! publishes (confirms, the same message again without one); the broker's faults are the node
+//! stopped and started, every connection cut, and an api crashed between a message's commit and its
+//! acknowledgement.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -15,6 +21,7 @@ use oncepay_devkit::pg::Durability;
 use oncepay_devkit::process::setting_variable;
 use tokio::time::Instant;
 
+use crate::broker::BrokerVerdict;
 use crate::checker::{self, Settled, Verdict};
 use crate::faults::{Action, FailPointDraw, Intensity, Schedule, calm};
 use crate::operations::{Failure, OperatorClient, Retried};
@@ -52,6 +59,10 @@ pub struct ChaosConfig {
     pub process_fault_every: Duration,
     /// How long the system may take to settle after healing.
     pub settle_bound: Duration,
+    /// Fraction of intents published to RabbitMQ instead of sent over HTTP; 0 runs no broker.
+    pub broker_rate: f64,
+    /// Mean time between two broker faults.
+    pub broker_fault_every: Duration,
     /// Keep the logs even when the run passes.
     pub keep_logs: bool,
 }
@@ -70,6 +81,8 @@ impl ChaosConfig {
                 topology: Topology { apis: 2, workers: 3, reconcilers: 2 },
                 process_fault_every: Duration::from_secs(4),
                 settle_bound: Duration::from_secs(120),
+                broker_rate: 0.2,
+                broker_fault_every: Duration::from_secs(12),
                 keep_logs: false,
             },
             Profile::Long => Self {
@@ -82,6 +95,8 @@ impl ChaosConfig {
                 topology: Topology { apis: 2, workers: 4, reconcilers: 2 },
                 process_fault_every: Duration::from_secs(5),
                 settle_bound: Duration::from_secs(300),
+                broker_rate: 0.2,
+                broker_fault_every: Duration::from_secs(20),
                 keep_logs: false,
             },
         }
@@ -104,29 +119,47 @@ impl Finished {
     }
 }
 
-/// Builds the worker with fail points into `<target>/chaos` and returns its path. The normal
-/// binaries stay free of fail points: cargo features are unified per target directory, so building
-/// this feature into `target/debug` would replace the normal worker.
-pub async fn failpoint_worker() -> anyhow::Result<PathBuf> {
-    let root = workspace_root();
-    let target = target_dir()?;
-    let chaos_target = target.join("chaos");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-    let output = tokio::process::Command::new(cargo)
-        .args(["build", "--quiet", "--locked", "-p", "oncepay-worker", "--features", "failpoints", "--target-dir"])
-        .arg(&chaos_target)
-        .current_dir(&root)
-        .output()
-        .await
-        .context("cannot run cargo to build the worker with fail points")?;
-    if !output.status.success() {
-        bail!("building the worker with fail points failed:\n{}", String::from_utf8_lossy(&output.stderr));
+/// The binaries that carry fail points: the worker, and the api (its broker consumer's).
+#[derive(Debug, Clone)]
+pub struct Crashable {
+    /// `oncepay-worker` built with `--features failpoints`.
+    pub worker: PathBuf,
+    /// `oncepay-api` built with `--features failpoints`.
+    pub api: PathBuf,
+}
+
+impl Crashable {
+    /// The two binaries in `dir`.
+    pub fn in_dir(dir: &Path) -> Self {
+        Self { worker: dir.join("oncepay-worker"), api: dir.join("oncepay-api") }
     }
-    let binary = chaos_target.join("debug").join("oncepay-worker");
-    if !binary.is_file() {
-        bail!("cargo built no {}", binary.display());
+
+    /// Builds them into `<target>/chaos`. The normal binaries stay free of fail points: cargo
+    /// features are unified per target directory, so building this feature into `target/debug`
+    /// would replace the normal worker and api.
+    pub async fn build() -> anyhow::Result<Self> {
+        let root = workspace_root();
+        let chaos_target = target_dir()?.join("chaos");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+        let output = tokio::process::Command::new(cargo)
+            .args(["build", "--quiet", "--locked", "-p", "oncepay-worker", "-p", "oncepay-api"])
+            .args(["--features", "oncepay-worker/failpoints,oncepay-api/failpoints", "--target-dir"])
+            .arg(&chaos_target)
+            .current_dir(&root)
+            .output()
+            .await
+            .context("cannot run cargo to build the binaries with fail points")?;
+        if !output.status.success() {
+            bail!("building the binaries with fail points failed:\n{}", String::from_utf8_lossy(&output.stderr));
+        }
+        let built = Self::in_dir(&chaos_target.join("debug"));
+        for binary in [&built.worker, &built.api] {
+            if !binary.is_file() {
+                bail!("cargo built no {}", binary.display());
+            }
+        }
+        Ok(built)
     }
-    Ok(binary)
 }
 
 fn workspace_root() -> PathBuf {
@@ -148,11 +181,12 @@ fn target_dir() -> anyhow::Result<PathBuf> {
     Ok(dir)
 }
 
-/// Runs the chaos harness once with `worker` as the worker binary.
-pub async fn run(config: &ChaosConfig, worker: PathBuf) -> anyhow::Result<Finished> {
+/// Runs the chaos harness once with the `crashable` worker and api.
+pub async fn run(config: &ChaosConfig, crashable: Crashable) -> anyhow::Result<Finished> {
     let seed = config.seed;
     let mut binaries = Binaries::built()?;
-    binaries.worker = worker;
+    binaries.worker = crashable.worker;
+    binaries.api = crashable.api;
     let timing = Timing::default();
     let tenants = (0..config.tenants).map(|i| format!("tenant-{i}")).collect();
     let mut system = System::start(SystemConfig {
@@ -170,6 +204,7 @@ pub async fn run(config: &ChaosConfig, worker: PathBuf) -> anyhow::Result<Finish
             setting_variable("operators.retries_need_approval"),
             "true".to_owned(),
         )],
+        broker: config.broker_rate > 0.0,
     })
     .await?;
     let result = drive(config, &mut system, timing).await;
@@ -202,6 +237,7 @@ async fn drive(config: &ChaosConfig, system: &mut System, timing: Timing) -> any
             process_fault_every: config.process_fault_every,
             simulator_phase: Duration::from_secs(6),
             lease: Duration::from_secs(timing.lease_secs),
+            broker_fault_every: system.broker().map(|_| config.broker_fault_every),
         },
         &counts,
         system.database_nodes(),
@@ -209,8 +245,10 @@ async fn drive(config: &ChaosConfig, system: &mut System, timing: Timing) -> any
     let operators = Operators::make(system).await.context("cannot make the harness's operators")?;
     let mut faults: BTreeMap<String, u64> = BTreeMap::new();
     let mut fail_points = FailPointDraw::new(seed);
-    for index in 0..system.count(Role::Worker) {
-        start_worker(system, index, &mut fail_points, &mut faults).await?;
+    for role in [Role::Worker, Role::Api] {
+        for index in 0..system.count(role) {
+            restart(system, role, index, &mut fail_points, &mut faults).await?;
+        }
     }
 
     let workload_config = WorkloadConfig {
@@ -227,6 +265,7 @@ async fn drive(config: &ChaosConfig, system: &mut System, timing: Timing) -> any
         resends: 4,
         payment_methods: Vec::new(),
         refund_rate: 0.2,
+        broker_rate: config.broker_rate,
     };
     let plan = Arc::new(Plan::draw(&workload_config, config.tenants, system.count(Role::Api))?);
     let clients = Clients::new(system.tenants(), &system.api_urls())?;
@@ -275,10 +314,22 @@ async fn drive(config: &ChaosConfig, system: &mut System, timing: Timing) -> any
     let mut observations = workload.await.context("the workload task failed")?;
     workload::resend_unanswered(&plan, &clients, &mut observations).await;
     let settled: Settled = checker::settle(system.pool(), config.settle_bound).await?;
+    let mut broker = match system.broker() {
+        Some(broker) => {
+            let in_flight = broker.settle(config.settle_bound).await?;
+            let dead_letters = broker.dead_letters().await?;
+            Some(BrokerVerdict::judge(system.pool(), system.tenants(), &observations, in_flight, &dead_letters).await?)
+        }
+        None => None,
+    };
     let truth = system.simulator()?.ground_truth().await?;
     let refunds = system.simulator()?.refund_truth().await?;
-    let verdict: Verdict =
+    let mut verdict: Verdict =
         checker::check(system.pool(), &truth.charges, &refunds.refunds, system.tenants(), &observations).await?;
+    if let Some(broker) = &mut broker {
+        verdict.violations.append(&mut broker.violations);
+        verdict.violations.sort();
+    }
     for (fault, count) in simulator_fault_counts(system.simulator_url()?).await? {
         faults.insert(format!("simulator: {fault}"), count);
     }
@@ -294,6 +345,7 @@ async fn drive(config: &ChaosConfig, system: &mut System, timing: Timing) -> any
         settled,
         verdict,
         two_phase_commits: system.two_phase_commits_since_start().await?,
+        broker,
     })
 }
 
@@ -412,23 +464,8 @@ async fn retry_dead_letters(
     Ok(())
 }
 
-/// Starts worker `index` with the next fail-point draw.
-async fn start_worker(
-    system: &mut System,
-    index: usize,
-    fail_points: &mut FailPointDraw,
-    faults: &mut BTreeMap<String, u64>,
-) -> anyhow::Result<()> {
-    let env = match fail_points.for_next_start() {
-        Some(armed) => {
-            *faults.entry(format!("{} armed", armed.kind())).or_default() += 1;
-            vec![("FAILPOINTS".to_owned(), armed.env())]
-        }
-        None => Vec::new(),
-    };
-    system.restart(Role::Worker, index, &env).await
-}
-
+/// Starts process `index` of `role` again, a worker or (with a broker) an api with the next
+/// fail-point draw.
 async fn restart(
     system: &mut System,
     role: Role,
@@ -436,10 +473,19 @@ async fn restart(
     fail_points: &mut FailPointDraw,
     faults: &mut BTreeMap<String, u64>,
 ) -> anyhow::Result<()> {
-    match role {
-        Role::Worker => start_worker(system, index, fail_points, faults).await,
-        Role::Api | Role::Reconciler => system.restart(role, index, &[]).await,
-    }
+    let armed = match role {
+        Role::Worker => fail_points.for_next_start(),
+        Role::Api if system.broker().is_some() => fail_points.for_next_api_start(),
+        Role::Api | Role::Reconciler => None,
+    };
+    let env = match armed {
+        Some(armed) => {
+            *faults.entry(format!("{} armed", armed.kind())).or_default() += 1;
+            vec![("FAILPOINTS".to_owned(), armed.env())]
+        }
+        None => Vec::new(),
+    };
+    system.restart(role, index, &env).await
 }
 
 async fn apply(
@@ -472,6 +518,9 @@ async fn apply(
         Action::SimulatorFaults(patch) => {
             system.simulator()?.set_faults(patch).await?;
         }
+        Action::StopBroker => system.broker_mut()?.stop().await?,
+        Action::StartBroker => system.broker_mut()?.start_again().await?,
+        Action::CutBrokerConnections => system.broker_mut()?.cut_connections().await?,
     }
     Ok(())
 }

@@ -35,6 +35,12 @@ pub enum Action {
     StartDatabaseNode(usize),
     /// A new mix of simulator faults.
     SimulatorFaults(Box<FaultsPatch>),
+    /// Stop the RabbitMQ node cleanly (`rabbitmqctl stop`).
+    StopBroker,
+    /// Start it again.
+    StartBroker,
+    /// Close every connection to it (`rabbitmqctl close_all_connections`).
+    CutBrokerConnections,
 }
 
 impl Action {
@@ -46,7 +52,13 @@ impl Action {
             Self::CrashDatabase => Some("PostgreSQL stop -m immediate + restart".to_owned()),
             Self::StopDatabaseNode(_) => Some("Citus worker node stop -m immediate + restart".to_owned()),
             Self::SimulatorFaults(_) => Some("simulator fault phases".to_owned()),
-            Self::Restart(..) | Self::Resume(..) | Self::ResumeDatabase | Self::StartDatabaseNode(_) => None,
+            Self::StopBroker => Some("RabbitMQ node stop + start".to_owned()),
+            Self::CutBrokerConnections => Some("RabbitMQ connections cut".to_owned()),
+            Self::Restart(..)
+            | Self::Resume(..)
+            | Self::ResumeDatabase
+            | Self::StartDatabaseNode(_)
+            | Self::StartBroker => None,
         }
     }
 }
@@ -69,6 +81,8 @@ pub struct Intensity {
     pub simulator_phase: Duration,
     /// The worker's lease: a pause lasts longer than this.
     pub lease: Duration,
+    /// With a broker, the mean time between two broker faults.
+    pub broker_fault_every: Option<Duration>,
 }
 
 /// Every action of a run, in time order.
@@ -178,6 +192,10 @@ impl Schedule {
             at += Duration::from_secs_f64(rng.random_range(0.3..1.7) * mean);
         }
 
+        if let Some(every) = intensity.broker_fault_every {
+            actions.extend(broker_faults(seed, last, every));
+        }
+
         // Simulator phases over the whole span.
         let mut at = Duration::ZERO;
         while at < span {
@@ -188,6 +206,33 @@ impl Schedule {
         actions.sort_by_key(|scheduled| scheduled.at);
         Self { actions }
     }
+}
+
+/// The broker's faults over `span`, on a timeline of their own (they may overlap any other): the
+/// node stopped for a few seconds then started, or every connection cut, in turns drawn by chance
+/// after one of each.
+fn broker_faults(seed: u64, span: Duration, every: Duration) -> Vec<Scheduled> {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0xB40_CE55);
+    let mean = every.as_secs_f64().max(1.0);
+    let mut actions = Vec::new();
+    let mut stop_first = rng.random_bool(0.5);
+    let mut at = Duration::from_secs_f64(rng.random_range(0.5..1.0) * mean);
+    let mut drawn = 0;
+    while at < span {
+        let stop = if drawn < 2 { stop_first } else { rng.random_bool(0.5) };
+        stop_first = !stop_first;
+        drawn += 1;
+        if stop {
+            let length = Duration::from_millis(rng.random_range(1_000..4_000));
+            actions.push(Scheduled { at, action: Action::StopBroker });
+            actions.push(Scheduled { at: at + length, action: Action::StartBroker });
+            at += length;
+        } else {
+            actions.push(Scheduled { at, action: Action::CutBrokerConnections });
+        }
+        at += Duration::from_secs_f64(rng.random_range(0.5..1.5) * mean);
+    }
+    actions
 }
 
 /// One phase's simulator faults: sometimes calm, usually a mix of latency, declines, 5xx before and
@@ -276,14 +321,18 @@ pub fn calm() -> FaultsPatch {
     }
 }
 
-/// The worker's crash points (`worker/src/failpoints.rs`).
+/// The worker's crash points (`oncepay_service::failpoints`).
 pub const WORKER_FAIL_POINTS: [&str; 3] = ["worker::after_claim", "worker::after_provider", "worker::after_record"];
 
-/// Draws, for each worker start, which fail point to arm.
+/// The api's crash point, between a broker message's commit and its acknowledgement.
+pub const API_FAIL_POINT: &str = "api::broker::after_commit";
+
+/// Draws, for each worker start (and api start, with a broker), which fail point to arm.
 #[derive(Debug)]
 pub struct FailPointDraw {
     rng: StdRng,
     drawn: u32,
+    apis_drawn: u32,
 }
 
 /// An armed fail point.
@@ -291,7 +340,7 @@ pub struct FailPointDraw {
 pub struct Armed {
     /// The point.
     pub point: &'static str,
-    /// `return` (the process exits) or `panic` (that send's task dies).
+    /// `return` (the process exits) or `panic` (that task dies).
     pub action: &'static str,
     /// Evaluations that pass before it fires.
     pub after: u32,
@@ -314,7 +363,7 @@ impl Armed {
 impl FailPointDraw {
     /// A draw seeded from the run's seed.
     pub fn new(seed: u64) -> Self {
-        Self { rng: StdRng::seed_from_u64(seed ^ 0xF41_1701), drawn: 0 }
+        Self { rng: StdRng::seed_from_u64(seed ^ 0xF41_1701), drawn: 0, apis_drawn: 0 }
     }
 
     /// The fail point for the next worker start, if any: always for the first start (so every run
@@ -327,6 +376,18 @@ impl FailPointDraw {
         let point = WORKER_FAIL_POINTS[self.rng.random_range(0..WORKER_FAIL_POINTS.len())];
         let action = if self.rng.random_bool(0.7) { "return" } else { "panic" };
         Some(Armed { point, action, after: self.rng.random_range(3..40) })
+    }
+
+    /// The fail point for the next api start, always for the first (so every run with a broker
+    /// arms one), then for about one start in two: the api crashes after committing a message and
+    /// before acknowledging it, so its redelivery must be a replay.
+    pub fn for_next_api_start(&mut self) -> Option<Armed> {
+        self.apis_drawn += 1;
+        (self.apis_drawn == 1 || self.rng.random_bool(0.5)).then(|| Armed {
+            point: API_FAIL_POINT,
+            action: "return",
+            after: self.rng.random_range(1..15),
+        })
     }
 }
 
@@ -343,6 +404,33 @@ mod tests {
             process_fault_every: Duration::from_secs(3),
             simulator_phase: Duration::from_secs(5),
             lease: Duration::from_secs(4),
+            broker_fault_every: None,
+        }
+    }
+
+    #[test]
+    fn a_stopped_broker_is_always_started_again_and_a_short_run_has_both_broker_faults() {
+        let with_broker = Intensity { broker_fault_every: Some(Duration::from_secs(10)), ..intensity() };
+        for seed in 0..100 {
+            let schedule = Schedule::draw(seed, Duration::from_secs(75), with_broker, &counts(), 0);
+            let mut stopped = false;
+            for scheduled in &schedule.actions {
+                match scheduled.action {
+                    Action::StopBroker => {
+                        assert!(!stopped, "seed {seed}: stopped twice");
+                        stopped = true;
+                    }
+                    Action::StartBroker => {
+                        assert!(stopped, "seed {seed}: started a running node");
+                        stopped = false;
+                    }
+                    _ => {}
+                }
+            }
+            assert!(!stopped, "seed {seed}: the node was never started again");
+            let kinds: std::collections::BTreeSet<String> =
+                schedule.actions.iter().filter_map(|s| s.action.kind()).filter(|k| k.contains("RabbitMQ")).collect();
+            assert_eq!(kinds.len(), 2, "seed {seed}: {kinds:?}");
         }
     }
 
@@ -384,7 +472,10 @@ mod tests {
                         assert!(database_down, "seed {seed}");
                         database_down = false;
                     }
-                    Action::SimulatorFaults(_) => {}
+                    Action::SimulatorFaults(_)
+                    | Action::StopBroker
+                    | Action::StartBroker
+                    | Action::CutBrokerConnections => {}
                 }
             }
             assert!(down.values().all(|down| !down), "seed {seed}: a fault was never undone");

@@ -7,6 +7,7 @@
 //! oncepay: it drives the system only through its processes, its HTTP API, its operator CLI, its
 //! operations API and the provider's own endpoints, and only reads the database.
 
+pub mod broker;
 pub mod chaos;
 pub mod checker;
 pub mod faults;

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
+use crate::broker::BrokerVerdict;
 use crate::checker::{Settled, Verdict};
 use crate::system::Topology;
 use crate::workload::{MisuseOutcome, Observations, ProbeOutcome};
@@ -37,6 +38,9 @@ pub struct Report {
     /// Under Citus, the transactions that committed with two-phase commit during the run: each one
     /// spanned nodes, which no statement of oncepay should make. `None` on one PostgreSQL.
     pub two_phase_commits: Option<i64>,
+    /// The broker's part, when part of the workload was published to RabbitMQ (its violations are
+    /// in the verdict's).
+    pub broker: Option<BrokerVerdict>,
 }
 
 impl Report {
@@ -92,6 +96,23 @@ impl fmt::Display for Report {
             misuses.len(),
             o.probes.len(),
         )?;
+        if let Some(b) = &self.broker {
+            let reasons: Vec<String> = b.dead_letters.iter().map(|(reason, n)| format!("{reason} {n}")).collect();
+            writeln!(
+                f,
+                "broker           {} intents published ({} confirmed; {} messages, {} published again without a \
+                 confirm, {} never confirmed); {} payments, {} replies replayed; dead letters: {}; {} left in flight",
+                b.intents,
+                b.confirmed,
+                b.messages,
+                b.republished,
+                b.unconfirmed,
+                b.payments,
+                b.replayed,
+                if reasons.is_empty() { "none".to_owned() } else { reasons.join(", ") },
+                b.in_flight
+            )?;
+        }
         let statuses: Vec<String> = v.by_status.iter().map(|(status, n)| format!("{status} {n}")).collect();
         writeln!(f, "payments         {} ({})", v.payments, statuses.join(", "))?;
         writeln!(

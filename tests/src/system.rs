@@ -26,6 +26,7 @@ use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
 
+use crate::broker::Broker;
 use crate::localstripe::{self, Localstripe};
 use crate::operations::OperatorClient;
 
@@ -204,6 +205,9 @@ pub struct SystemConfig {
     /// exporter, faults), with settings named by
     /// [`setting_variable`](oncepay_devkit::process::setting_variable).
     pub env: Vec<(Processes, String, String)>,
+    /// Start a RabbitMQ node of the system's own, which every api consumes payments from, with a
+    /// producer user for each tenant ([`Tenant::producer_url`]).
+    pub broker: bool,
 }
 
 /// A tenant, with the API key `tenants create` printed for it.
@@ -215,6 +219,8 @@ pub struct Tenant {
     pub tenant_id: Uuid,
     /// Its bearer token.
     pub api_key: String,
+    /// With a broker: the URL of its producer user, mapped to it as operators map one.
+    pub producer_url: Option<String>,
 }
 
 /// The first operator, an admin, bootstrapped when the system starts.
@@ -304,6 +310,7 @@ pub struct Exited {
 pub struct System {
     // Declared first so the processes are killed before the cluster goes away.
     slots: BTreeMap<(Role, usize), Slot>,
+    broker: Option<Broker>,
     provider: RunningProvider,
     server: Server,
     /// As the superuser that owns the tables: for migrating and for the tests' own checks.
@@ -352,6 +359,7 @@ impl System {
         server.create_database("oncepay").await?;
         let database_url = server.url("oncepay");
         let binaries = &config.binaries;
+        let broker = if config.broker { Some(Broker::start().await?) } else { None };
 
         run_cli(&binaries.reconciler, &database_url, &[], &["migrate"]).await.context("migrate")?;
         let reconciler_url = server.url_as(Role::Reconciler.database_role(), "oncepay");
@@ -376,6 +384,11 @@ impl System {
                 if let Some(operations_port) = operations_port {
                     spec = spec.setting("operators.port", operations_port.to_string());
                 }
+                if let (Role::Api, Some(broker)) = (role, &broker) {
+                    for (key, value) in broker.api_settings() {
+                        spec = spec.setting(key, value);
+                    }
+                }
                 slots.insert(
                     (role, index),
                     Slot { role, spec, port, operations_port, child: None, paused: false, extra_env: Vec::new() },
@@ -396,6 +409,7 @@ impl System {
             .context("cannot connect to the test database")?;
         let mut system = Self {
             slots,
+            broker,
             provider,
             server,
             database_url,
@@ -421,7 +435,10 @@ impl System {
             .context("cannot make the operator who approves the tenants")?;
         system.tenant_approver = Some(approver);
         for name in &config.tenants {
-            let tenant = system.create_tenant(name, None).await?;
+            let mut tenant = system.create_tenant(name, None).await?;
+            if system.broker.is_some() {
+                tenant.producer_url = Some(system.map_producer(name).await?);
+            }
             system.tenants.push(tenant);
         }
         // Counted from here: a tenant and its key are rows of reference tables, which Citus writes on
@@ -448,7 +465,38 @@ impl System {
             .await
             .with_context(|| format!("keys collect for {name}"))?;
         let issued: IssuedKey = serde_json::from_str(&out).context("reading `keys collect --json`")?;
-        Ok(Tenant { name: issued.tenant.name, tenant_id: issued.tenant.tenant_id, api_key: issued.api_key })
+        Ok(Tenant {
+            name: issued.tenant.name,
+            tenant_id: issued.tenant.tenant_id,
+            api_key: issued.api_key,
+            producer_url: None,
+        })
+    }
+
+    /// Adds a producer user for tenant `name` on the system's broker and maps it to the tenant, as
+    /// operators do: the admin proposes, the second operator approves. The producer's URL.
+    async fn map_producer(&self, name: &str) -> anyhow::Result<String> {
+        let broker = self.broker.as_ref().context("the system has no broker")?;
+        let (user, url) = broker.add_producer(name).await?;
+        let add = ["broker-users", "add", name, &user, "--reason", "the test's producer", "--json"];
+        let out = self.operator(&add).await.with_context(|| format!("broker-users add {name} {user}"))?;
+        let proposed: Proposed = serde_json::from_str(&out).context("reading `broker-users add --json`")?;
+        let approver = self.tenant_approver.as_ref().context("no second operator yet")?;
+        approver
+            .approve(proposed.proposal.proposal_id, "the test's producer")
+            .await
+            .with_context(|| format!("approving broker user {user}"))?;
+        Ok(url)
+    }
+
+    /// The system's RabbitMQ node, if it has one.
+    pub fn broker(&self) -> Option<&Broker> {
+        self.broker.as_ref()
+    }
+
+    /// The system's RabbitMQ node, for a fault.
+    pub fn broker_mut(&mut self) -> anyhow::Result<&mut Broker> {
+        self.broker.as_mut().context("the system has no broker")
     }
 
     /// The token of the first operator, the admin `oncepay-tests`, for the operations API.
@@ -704,10 +752,13 @@ impl System {
         Ok(())
     }
 
-    /// Every process back: PostgreSQL up, paused ones resumed, dead ones started, and any started
+    /// Every process back: PostgreSQL and the broker up, paused ones resumed, dead ones started, and any started
     /// with extra environment (fail points) started again without it.
     pub async fn heal(&mut self) -> anyhow::Result<()> {
         self.resume_database().await?;
+        if let Some(broker) = self.broker.as_mut().filter(|broker| !broker.is_up()) {
+            broker.start_again().await?;
+        }
         for index in std::mem::take(&mut self.nodes_down) {
             self.server.resume_worker_node(index).await?;
         }

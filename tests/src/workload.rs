@@ -3,15 +3,19 @@
 //!
 //! [`Plan::draw`] turns a seed into payment intents; [`run`] sends them over a span of time and
 //! records everything the clients saw as [`Observations`], for the checker to judge. A send that
-//! gets no response is sent again, always as the same intent, as a merchant would. Nothing here
-//! judges a result: it only records.
+//! gets no response is sent again, always as the same intent, as a merchant would. Part of the
+//! intents are published to RabbitMQ instead, as a producer publishes them (the client library's
+//! `Publisher`: confirms, the same message again without one, the api's reply read back), and
+//! followed over HTTP like the rest. Nothing here judges a result: it only records.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures::StreamExt;
-use oncepay_client::{Client, Error, IdempotencyKey, Payment, PaymentId, PaymentIntent, PaymentStatus, RetryPolicy};
+use oncepay_client::{
+    Client, Error, IdempotencyKey, Payment, PaymentId, PaymentIntent, PaymentStatus, Publisher, RetryPolicy,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
@@ -49,6 +53,9 @@ pub struct WorkloadConfig {
     pub payment_methods: Vec<String>,
     /// Fraction of intents whose payment, once succeeded, is refunded ([`refunds::RefundPlan`]).
     pub refund_rate: f64,
+    /// Fraction of intents published to RabbitMQ instead of sent over HTTP (the tenants need
+    /// producers: [`Tenant::producer_url`]).
+    pub broker_rate: f64,
 }
 
 /// One intent of the plan.
@@ -72,6 +79,8 @@ pub struct Job {
     pub start_at: Duration,
     /// What to refund once the payment has succeeded.
     pub refund: Option<RefundJob>,
+    /// Published to RabbitMQ (its copies too) instead of sent over HTTP.
+    pub via_broker: bool,
 }
 
 /// The whole workload, drawn from a seed.
@@ -113,6 +122,8 @@ impl Plan {
                 }
                 let intent = builder.build_with_key(IdempotencyKey::new(key.clone())?);
                 let storm = rng.random_bool(config.storm_rate);
+                // Drawn only with a broker, so that plans without one stay as they were.
+                let via_broker = config.broker_rate > 0.0 && rng.random_bool(config.broker_rate);
                 jobs.push(Job {
                     index,
                     tenant: owner,
@@ -123,6 +134,7 @@ impl Plan {
                     probe: rng.random_bool(config.probe_rate),
                     start_at: config.spread.mul_f64(index as f64 / n as f64),
                     refund: RefundJob::draw(config.seed, index, owner, config.refund_rate)?,
+                    via_broker,
                 });
             }
         }
@@ -159,8 +171,27 @@ pub struct IntentRecord {
     pub mismatches: Vec<String>,
     /// The status the client last saw while following it.
     pub last_status: Option<String>,
-    /// The key-misuse probe, if one was sent.
+    /// The key-misuse probe, if one was sent over HTTP.
     pub misuse: Option<MisuseOutcome>,
+    /// What the producer saw, if it was published to RabbitMQ.
+    pub published: Option<Publishing>,
+}
+
+/// What a producer saw of an intent it published to RabbitMQ. A reply counts as an answer
+/// ([`IntentRecord::answered`]).
+#[derive(Debug, Clone, Default)]
+pub struct Publishing {
+    /// Publishes RabbitMQ confirmed.
+    pub confirmed: u32,
+    /// Attempts without a confirmation, published again.
+    pub republished: u32,
+    /// Publishes never confirmed, after every attempt.
+    pub unconfirmed: u32,
+    /// Confirmed publishes whose reply did not come in time.
+    pub unreplied: u32,
+    /// The amount of a confirmed key misuse (the same key, another amount, published once the first
+    /// was answered): it must be dead-lettered.
+    pub misuse: Option<i64>,
 }
 
 /// What a key misuse (same key, another amount) got.
@@ -235,11 +266,17 @@ fn lock(shared: &Shared) -> std::sync::MutexGuard<'_, Observations> {
     shared.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The clients: one per (tenant, api process), sharing nothing but the seed's plan.
+/// The clients: one per (tenant, api process), sharing nothing but the seed's plan; and each
+/// tenant's producer, if it has one.
 #[derive(Debug, Clone)]
 pub struct Clients {
     by_tenant: Vec<Vec<Client>>,
+    producers: Vec<Option<String>>,
+    policy: RetryPolicy,
 }
+
+/// How long a producer waits for the api's reply to a confirmed message.
+const REPLY_WAIT: Duration = Duration::from_secs(10);
 
 impl Clients {
     /// A client for every tenant on every api URL.
@@ -265,12 +302,20 @@ impl Clients {
             }
             by_tenant.push(clients);
         }
-        Ok(Self { by_tenant })
+        let producers = tenants.iter().map(|tenant| tenant.producer_url.clone()).collect();
+        Ok(Self { by_tenant, producers, policy })
     }
 
     fn get(&self, tenant: usize, api: usize) -> &Client {
         let clients = &self.by_tenant[tenant];
         &clients[api % clients.len()]
+    }
+
+    /// A publisher for `tenant`'s producer, on a connection of its own (opened on its first
+    /// publish, closed when it is dropped).
+    fn publisher(&self, tenant: usize) -> Option<Publisher> {
+        let url = self.producers.get(tenant)?.as_deref()?;
+        Publisher::new(url, crate::broker::QUEUE).ok().map(|publisher| publisher.retry_policy(self.policy))
     }
 }
 
@@ -319,8 +364,8 @@ pub async fn resend_unanswered(plan: &Plan, clients: &Clients, observations: &mu
         .for_each_concurrent(16, |job| {
             let shared = shared.clone();
             async move {
-                for _ in 0..5 {
-                    if send_once(job, clients.get(job.tenant, job.api), &shared).await.is_some() {
+                for attempt in 0..5 {
+                    if deliver_once(job, clients, job.api + attempt, &shared).await.is_some() {
                         break;
                     }
                 }
@@ -346,6 +391,7 @@ fn record_for(job: &Job) -> IntentRecord {
         mismatches: Vec::new(),
         last_status: None,
         misuse: None,
+        published: job.via_broker.then(Publishing::default),
     }
 }
 
@@ -358,7 +404,7 @@ async fn run_job(
 ) {
     let key = (job.tenant, job.intent.key().as_str().to_owned());
     // The first round: every copy at once, through consecutive api processes.
-    let copies = (0..job.copies).map(|copy| send_once(job, clients.get(job.tenant, job.api + copy), shared));
+    let copies = (0..job.copies).map(|copy| deliver_once(job, clients, job.api + copy, shared));
     let mut payment = futures::future::join_all(copies).await.into_iter().flatten().next();
     // No response even after the client's own retries (the api was down, PostgreSQL crashed): send
     // the same intent again a few times, as a merchant would. What is still without a response is
@@ -367,13 +413,15 @@ async fn run_job(
     while payment.is_none() && resends < config.resends {
         resends += 1;
         tokio::time::sleep(Duration::from_secs(1)).await;
-        payment = send_once(job, clients.get(job.tenant, job.api + resends as usize), shared).await;
+        payment = deliver_once(job, clients, job.api + resends as usize, shared).await;
     }
     let Some(payment) = payment else { return };
     accepted.lock().unwrap_or_else(PoisonError::into_inner).push((job.tenant, payment.id.as_uuid()));
     let client = clients.get(job.tenant, job.api);
 
-    if job.misuse {
+    if job.misuse && job.via_broker {
+        publish_misuse(job, clients, shared).await;
+    } else if job.misuse {
         let misuse = PaymentIntent::builder(job.intent.amount() + 1, job.intent.currency(), job.intent.customer_id())
             .build_with_key(job.intent.key().clone());
         let outcome = match client.create(&misuse).await {
@@ -438,6 +486,56 @@ async fn run_job(
         for record in seen {
             observations.refunds.insert((record.tenant, record.key.clone()), record);
         }
+    }
+}
+
+/// The job's intent once, as the job goes: published to RabbitMQ, or sent over HTTP through the
+/// client for api process `api`. The payment if an answer came.
+async fn deliver_once(job: &Job, clients: &Clients, api: usize, shared: &Shared) -> Option<Payment> {
+    if job.via_broker {
+        publish_once(job, clients, shared).await
+    } else {
+        send_once(job, clients.get(job.tenant, api), shared).await
+    }
+}
+
+/// One publish of the job's intent to RabbitMQ, as its tenant's producer; the payment if the api's
+/// reply came.
+async fn publish_once(job: &Job, clients: &Clients, shared: &Shared) -> Option<Payment> {
+    let mut publisher = clients.publisher(job.tenant)?;
+    let result = publisher.publish(&job.intent, REPLY_WAIT).await;
+    let mut observations = lock(shared);
+    let record = observations.intents.get_mut(&(job.tenant, job.intent.key().as_str().to_owned()))?;
+    record.sends += 1;
+    let counts = record.published.get_or_insert_default();
+    let Ok(published) = result else {
+        counts.unconfirmed += 1;
+        return None;
+    };
+    counts.confirmed += 1;
+    counts.republished += published.attempts - 1;
+    let Some((payment, replayed)) = published.reply else {
+        counts.unreplied += 1;
+        return None;
+    };
+    record.answered += 1;
+    record.replayed += u32::from(replayed);
+    record.payment_ids.insert(payment.id.as_uuid());
+    check_shown(record, &payment);
+    Some(payment)
+}
+
+/// The same key with another amount, published once the first message was answered (so it is the
+/// later one): it must be dead-lettered as `idempotency_key_reused`, and its key keep its payment.
+async fn publish_misuse(job: &Job, clients: &Clients, shared: &Shared) {
+    let Some(mut publisher) = clients.publisher(job.tenant) else { return };
+    let amount = job.intent.amount() + 1;
+    let misuse = PaymentIntent::builder(amount, job.intent.currency(), job.intent.customer_id())
+        .build_with_key(job.intent.key().clone());
+    if publisher.publish(&misuse, Duration::ZERO).await.is_ok()
+        && let Some(record) = lock(shared).intents.get_mut(&(job.tenant, job.intent.key().as_str().to_owned()))
+    {
+        record.published.get_or_insert_default().misuse = Some(amount);
     }
 }
 

@@ -43,6 +43,7 @@ async fn an_api_killed_while_it_takes_messages_makes_one_payment_of_each_and_los
             setting("broker.delay_queue", format!("{queue}.delayed")),
             setting("broker.delay_ms", "200".into()),
         ],
+        broker: false,
     })
     .await
     .unwrap();

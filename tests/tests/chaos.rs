@@ -1,13 +1,13 @@
 //! The chaos harness's short profile, run by the test command: a few minutes of the real system
 //! under seeded faults (processes killed, paused and crashed at fail points, PostgreSQL crashed,
-//! every simulator fault; under Citus, worker nodes crashed too), then every invariant of the
-//! contract checked. A failure prints the report, the kept logs and the command that replays the
+//! every simulator fault, the RabbitMQ node stopped and its connections cut; under Citus, worker
+//! nodes crashed too), then every invariant of the contract checked. A failure prints the report, the kept logs and the command that replays the
 //! seed.
 
 // Helpers outside `#[test]` functions fail loudly too: clippy's test exemption does not reach them.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use oncepay_tests::chaos::{self, ChaosConfig, Profile};
+use oncepay_tests::chaos::{self, ChaosConfig, Crashable, Profile};
 
 /// `CHAOS_SEED`, else the day's (days since 1970-01-01), so CI explores a new schedule every day.
 /// Not an `ONCEPAY_` variable: that prefix configures the binaries.
@@ -21,10 +21,10 @@ fn seed() -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn under_the_short_chaos_profile_every_promise_holds() {
     let seed = seed();
-    // The worker with fail points, built into `target/chaos` first.
-    let worker = chaos::failpoint_worker().await.unwrap();
+    // The worker and api with fail points, built into `target/chaos` first.
+    let crashable = Crashable::build().await.unwrap();
 
-    let outcome = chaos::run(&ChaosConfig::new(Profile::Short, seed), worker).await.unwrap();
+    let outcome = chaos::run(&ChaosConfig::new(Profile::Short, seed), crashable).await.unwrap();
 
     let report = &outcome.report;
     eprintln!("{report}");
@@ -45,6 +45,9 @@ async fn under_the_short_chaos_profile_every_promise_holds() {
         "simulator: lookup_error",
         "simulator: malformed",
         "simulator: hang_before",
+        "RabbitMQ node stop",
+        "RabbitMQ connections cut",
+        "fail point api::broker::after_commit",
     ] {
         assert!(injected(kind), "no {kind:?} fault was injected\n{report}");
     }
@@ -52,4 +55,6 @@ async fn under_the_short_chaos_profile_every_promise_holds() {
         assert!(injected("Citus worker node"), "no worker node was stopped\n{report}");
     }
     assert!(report.observations.accepted() > 0 && report.verdict.charge_histogram[1] > 0, "{report}");
+    let broker = report.broker.as_ref().expect("the short profile publishes to RabbitMQ");
+    assert!(broker.confirmed > 0 && broker.payments > 0, "{report}");
 }

@@ -207,6 +207,7 @@ async fn operators_find_propose_and_approve_in_a_real_browser_and_see_only_their
         provider: Provider::Simulator { seed: 0xC0_501E },
         log_dir: None,
         env: Vec::new(),
+        broker: false,
     })
     .await
     .unwrap();

@@ -32,6 +32,7 @@ async fn start(seed: u64) -> System {
         provider: Provider::Simulator { seed },
         log_dir: None,
         env: Vec::new(),
+        broker: false,
     })
     .await
     .unwrap()
@@ -54,6 +55,7 @@ fn workload(seed: u64, intents: usize) -> WorkloadConfig {
         resends: 2,
         payment_methods: Vec::new(),
         refund_rate: 0.3,
+        broker_rate: 0.0,
     }
 }
 
@@ -76,6 +78,7 @@ async fn drive(system: &System, config: &WorkloadConfig) -> (Report, Plan) {
         settled,
         verdict,
         two_phase_commits: system.two_phase_commits_since_start().await.unwrap(),
+        broker: None,
     };
     (report, plan)
 }

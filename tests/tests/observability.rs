@@ -352,6 +352,7 @@ impl World {
             provider: Provider::Simulator { seed: 0x0B5E },
             log_dir: None,
             env,
+            broker: false,
         })
         .await
         .unwrap();

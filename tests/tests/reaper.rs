@@ -30,6 +30,7 @@ async fn the_reaper_deletes_expired_keys_and_old_webhook_ids_of_every_tenant_and
         provider: Provider::Simulator { seed: 0x5EA9 },
         log_dir: None,
         env: Vec::new(),
+        broker: false,
     })
     .await
     .unwrap();

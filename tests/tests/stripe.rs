@@ -49,6 +49,7 @@ async fn payments_through_localstripe_end_as_their_test_cards_say_and_its_webhoo
         provider: Provider::Localstripe { python: Localstripe::python().unwrap() },
         log_dir: None,
         env: Vec::new(),
+        broker: false,
     })
     .await
     .unwrap();
@@ -68,6 +69,7 @@ async fn payments_through_localstripe_end_as_their_test_cards_say_and_its_webhoo
         resends: 2,
         payment_methods: vec![cards::VISA.into(), cards::DECLINED.into(), three_d_secure.clone()],
         refund_rate: 0.3,
+        broker_rate: 0.0,
     };
     let plan = Plan::draw(&config, system.tenants().len(), TOPOLOGY.apis).unwrap();
     let clients = Clients::new(system.tenants(), &system.api_urls()).unwrap();
@@ -106,6 +108,7 @@ async fn payments_through_localstripe_end_as_their_test_cards_say_and_its_webhoo
         settled,
         verdict,
         two_phase_commits: system.two_phase_commits_since_start().await.unwrap(),
+        broker: None,
     };
     // Shown by the test runner when asked (`--no-capture`), and with any failure.
     eprintln!("{report}");

@@ -511,12 +511,14 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
         async {
             // The lease is held and the payment is `processing`; nothing sent yet.
             #[cfg(feature = "failpoints")]
-            fail::fail_point!("worker::after_claim", |_| crate::failpoints::crash("worker::after_claim"));
+            fail::fail_point!("worker::after_claim", |_| oncepay_service::failpoints::crash("worker::after_claim"));
             let verdict = if claimed.send_is_safe() {
                 let outcome = self.send(&claimed).await;
                 // The provider has responded; nothing recorded yet.
                 #[cfg(feature = "failpoints")]
-                fail::fail_point!("worker::after_provider", |_| crate::failpoints::crash("worker::after_provider"));
+                fail::fail_point!("worker::after_provider", |_| oncepay_service::failpoints::crash(
+                    "worker::after_provider"
+                ));
                 self.decide(&claimed, &outcome)
             } else {
                 verdict::key_window_passed()
@@ -525,7 +527,7 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
             let result = self.record(&claimed, &verdict).await;
             // The outcome is committed.
             #[cfg(feature = "failpoints")]
-            fail::fail_point!("worker::after_record", |_| crate::failpoints::crash("worker::after_record"));
+            fail::fail_point!("worker::after_record", |_| oncepay_service::failpoints::crash("worker::after_record"));
             self.report(&claimed, &verdict, &result);
             result
         }

@@ -9,8 +9,6 @@
 
 pub mod app;
 pub mod drainer;
-#[cfg(feature = "failpoints")]
-pub mod failpoints;
 pub mod metrics;
 pub mod record;
 pub mod refunds;

@@ -32,6 +32,12 @@ const ONE_SHOTS: [&str; 2] = ["migrate", "db-roles"];
 const WORKERS: usize = 3;
 /// Payments in the batch during which the workers restart, half before and half during.
 const BATCH: usize = 24;
+/// Payments published to RabbitMQ, one of them twice.
+const PUBLISHED: usize = 3;
+/// The tenant's broker user, a producer made with `rabbitmqctl` as docs/broker.md says.
+const PRODUCER: &str = "compose-check-orders";
+/// How long `oncepay publish` waits for the api's reply once RabbitMQ confirmed a message.
+const REPLY_WITHIN_SECS: &str = "30";
 /// How long the whole stack may take to become healthy, and a payment to become final.
 const HEALTHY_WITHIN: Duration = Duration::from_secs(180);
 const FINAL_WITHIN_SECS: &str = "120";
@@ -79,13 +85,14 @@ struct Stack<'a> {
     image: String,
     api_port: u16,
     simulator_port: u16,
+    rabbitmq_port: u16,
     env: Vec<(&'static str, String)>,
 }
 
 impl<'a> Stack<'a> {
     fn new(engine: &'a Engine, root: &'a Path, bin: &Path, run_id: &str) -> anyhow::Result<Self> {
-        let [api_port, reconciler_port, operations_port, simulator_port] =
-            [ports::reserve()?, ports::reserve()?, ports::reserve()?, ports::reserve()?];
+        let [api_port, reconciler_port, operations_port, simulator_port, rabbitmq_port] =
+            [ports::reserve()?, ports::reserve()?, ports::reserve()?, ports::reserve()?, ports::reserve()?];
         let image = format!("oncepay-compose-check:{run_id}");
         let env = vec![
             ("WEBHOOK_SECRET", secrets::webhook_secret()),
@@ -94,11 +101,13 @@ impl<'a> Stack<'a> {
             ("API_DB_PASSWORD", secrets::hex_token(16)),
             ("WORKER_DB_PASSWORD", secrets::hex_token(16)),
             ("RECONCILER_DB_PASSWORD", secrets::hex_token(16)),
+            ("API_BROKER_PASSWORD", secrets::hex_token(16)),
             ("PUBLISH_ADDRESS", "127.0.0.1".to_owned()),
             ("API_PORT", api_port.to_string()),
             ("RECONCILER_PORT", reconciler_port.to_string()),
             ("OPERATIONS_PORT", operations_port.to_string()),
             ("SIMULATOR_PORT", simulator_port.to_string()),
+            ("RABBITMQ_PORT", rabbitmq_port.to_string()),
             ("APP_IMAGE", image.clone()),
         ];
         Ok(Stack {
@@ -109,6 +118,7 @@ impl<'a> Stack<'a> {
             image,
             api_port,
             simulator_port,
+            rabbitmq_port,
             env,
         })
     }
@@ -204,7 +214,7 @@ impl<'a> Stack<'a> {
                 }
             }
             for (service, wanted) in
-                [("postgres", 1), ("simulator", 1), ("api", 1), ("reconciler", 1), ("worker", workers)]
+                [("postgres", 1), ("rabbitmq", 1), ("simulator", 1), ("api", 1), ("reconciler", 1), ("worker", workers)]
             {
                 let containers = of(service);
                 let healthy = containers.iter().filter(|c| c.health.as_deref() == Some("healthy")).count();
@@ -227,11 +237,16 @@ impl<'a> Stack<'a> {
 
     /// Runs the client against the stack's api; its JSON output.
     async fn client(&self, api_key: &str, args: &[&str]) -> anyhow::Result<Value> {
+        let url = format!("http://127.0.0.1:{}", self.api_port);
+        self.run_client(args, &[("ONCEPAY_URL", &url), ("ONCEPAY_API_KEY", api_key)]).await
+    }
+
+    /// Runs the client with `env`; its JSON output.
+    async fn run_client(&self, args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<Value> {
         let output = Command::new(&self.client)
             .arg("--json")
             .args(args)
-            .env("ONCEPAY_URL", format!("http://127.0.0.1:{}", self.api_port))
-            .env("ONCEPAY_API_KEY", api_key)
+            .envs(env.iter().copied())
             .output()
             .await
             .context("cannot run the client")?;
@@ -260,6 +275,43 @@ impl<'a> Stack<'a> {
             ensure!(paid["payment"]["status"] == "succeeded", "payment {id} ended {}", paid["payment"]["status"]);
         }
         Ok(Paid { id, amount })
+    }
+
+    /// Makes the broker user [`PRODUCER`] as an operator does, with `rabbitmqctl` in the rabbitmq
+    /// container and the permissions docs/broker.md gives a producer; its AMQP URL on this host.
+    async fn producer(&self) -> anyhow::Result<String> {
+        let password = secrets::hex_token(16);
+        let add = ["add_user", PRODUCER, password.as_str()];
+        let permissions = ["set_permissions", "-p", "/", PRODUCER, r"^amq\.gen-.*", r"^amq\.default$", r"^amq\.gen-.*"];
+        for args in [&add[..], &permissions[..]] {
+            let mut exec = vec!["exec", "-T", "rabbitmq", "rabbitmqctl", "-q"];
+            exec.extend(args);
+            // Named by its command alone: the password is on its command line.
+            let what = format!("rabbitmqctl {}", args[0]);
+            let ran = tokio::time::timeout(Duration::from_secs(60), self.compose(&exec).stdout(Stdio::null()).status())
+                .await
+                .with_context(|| format!("{what} took more than 60 s"))?
+                .with_context(|| format!("cannot run {what}"))?;
+            ensure!(ran.success(), "{what} failed: {ran}");
+        }
+        Ok(format!("amqp://{PRODUCER}:{password}@127.0.0.1:{}/%2f", self.rabbitmq_port))
+    }
+
+    /// Publishes a payment of `amount` cents to RabbitMQ with `oncepay publish` as the broker user of
+    /// `amqp_url`, under `key` if one is given, and waits for the api's reply: the payment, its key
+    /// and whether the api replayed it.
+    async fn publish(&self, amqp_url: &str, amount: i64, key: Option<&str>) -> anyhow::Result<Published> {
+        let amount_arg = amount.to_string();
+        let mut args = vec!["publish", "--amount", &amount_arg, "--currency", "EUR", "--customer", "cus_compose_check"];
+        args.extend(["--wait", REPLY_WITHIN_SECS]);
+        if let Some(key) = key {
+            args.extend(["--key", key]);
+        }
+        let published = self.run_client(&args, &[("ONCEPAY_AMQP_URL", amqp_url)]).await?;
+        let id = published["payment"]["id"].as_str().context("the client printed no payment id")?.to_owned();
+        let key = published["idempotency_key"].as_str().context("the client printed no idempotency key")?.to_owned();
+        let replayed = published["replayed"].as_bool().context("the client printed no replayed flag")?;
+        Ok(Published { paid: Paid { id, amount }, key, replayed })
     }
 
     /// Follows a payment until it is final; checks that it succeeded.
@@ -341,13 +393,21 @@ struct Paid {
     amount: i64,
 }
 
+/// A payment request the check published, as the api's reply describes it.
+struct Published {
+    paid: Paid,
+    key: String,
+    replayed: bool,
+}
+
 /// The image (the Dockerfile's runtime stage around the binaries built here); every service up and
 /// healthy; the first operator made with the reconciler's CLI inside its container, a second one who
 /// enrolls, and a tenant proposed by the first and approved by the second through the operations
-/// API; a payment that succeeds
-/// with exactly one charge at the simulator; the same with three workers; the workers restarted in
-/// the middle of a batch, every payment settling with one charge; and everything down with its
-/// volumes.
+/// API; a payment that succeeds with exactly one charge at the simulator; the same with three
+/// workers; the workers restarted in the middle of a batch, every payment settling with one charge;
+/// a broker user mapped to the tenant with four eyes, payments published to RabbitMQ as it (one of
+/// them twice, the second time a replay), each settling with one charge; and everything down with
+/// its volumes.
 async fn check(stack: &Stack<'_>, root: &Path, bin: &Path) -> anyhow::Result<()> {
     let mut phase = Phase::start("images");
     if stack.engine.needs_stand_ins() {
@@ -418,6 +478,35 @@ async fn check(stack: &Stack<'_>, root: &Path, bin: &Path) -> anyhow::Result<()>
         stack.settled(&api_key, paid).await?;
     }
     payments.extend(batch);
+    stack.charged_once_each(&payments).await?;
+
+    phase.next("payments from RabbitMQ");
+    let amqp_url = stack.producer().await?;
+    let add = ["broker-users", "add", "compose-check", PRODUCER, "--reason", "compose-check"];
+    let proposed = stack.operator(Some(admin), &add, "").await?;
+    let proposal_id = proposed["proposal"]["proposal_id"].as_str().context("the reconciler printed no proposal")?;
+    stack.operator(Some(&approver), &["proposals", "approve", proposal_id, "--reason", "compose-check"], "").await?;
+    let mut published = Vec::new();
+    for i in 0..PUBLISHED {
+        let message = stack.publish(&amqp_url, 300 + i64::try_from(i)?, None).await?;
+        ensure!(!message.replayed, "the api replayed payment {} at its first message", message.paid.id);
+        published.push(message);
+    }
+    // The first request again, with its key: a producer's re-publish, which must be the same payment.
+    let first = &published[0];
+    let again = stack.publish(&amqp_url, first.paid.amount, Some(&first.key)).await?;
+    ensure!(
+        again.replayed && again.paid.id == first.paid.id,
+        "the request published again with key {} became payment {} (replayed: {}), not a replay of {}",
+        first.key,
+        again.paid.id,
+        again.replayed,
+        first.paid.id
+    );
+    for message in &published {
+        stack.settled(&api_key, &message.paid).await?;
+    }
+    payments.extend(published.into_iter().map(|message| message.paid));
     stack.charged_once_each(&payments).await?;
 
     phase.next("down");

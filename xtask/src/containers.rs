@@ -260,9 +260,9 @@ async fn install_podman() -> anyhow::Result<()> {
 }
 
 /// Makes the images that would otherwise be pulled, under the names the Dockerfile and compose
-/// file use: `debian:bookworm-slim`, a minimal Debian bookworm made with mmdebstrap, and
-/// `postgres:15-bookworm`, Debian's PostgreSQL 15 on it (`deploy/compose-check/`). Only for this
-/// run's own podman, whose storage holds nothing else.
+/// file use: `debian:bookworm-slim`, a minimal Debian bookworm made with mmdebstrap, and on it
+/// `postgres:15-bookworm`, Debian's PostgreSQL 15, and `rabbitmq:3.13`, Debian's RabbitMQ
+/// (`deploy/compose-check/`). Only for this run's own podman, whose storage holds nothing else.
 pub async fn make_stand_ins(engine: &Engine, root: &Path, cache: &Path) -> anyhow::Result<()> {
     let base = cache.join("bookworm-minbase.tar");
     let fresh = std::fs::metadata(&base)
@@ -287,14 +287,18 @@ pub async fn make_stand_ins(engine: &Engine, root: &Path, cache: &Path) -> anyho
         "importing the base image",
     )
     .await?;
-    run(
-        engine
-            .build()
-            .args(["--tag", "docker.io/library/postgres:15-bookworm", "--file"])
-            .args([root.join("deploy/compose-check/postgres.Containerfile"), root.join("deploy/compose-check")]),
-        "building the postgres stand-in",
-    )
-    .await
+    for (image, name) in [("postgres:15-bookworm", "postgres"), ("rabbitmq:3.13", "rabbitmq")] {
+        let dir = root.join("deploy/compose-check");
+        run(
+            engine
+                .build()
+                .args(["--tag", &format!("docker.io/library/{image}"), "--file"])
+                .args([dir.join(format!("{name}.Containerfile")), dir]),
+            &format!("building the {name} stand-in"),
+        )
+        .await?;
+    }
+    Ok(())
 }
 
 /// Makes `image` from the Dockerfile's runtime stage, with `binaries` (built on this machine) in

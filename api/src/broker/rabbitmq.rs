@@ -17,7 +17,8 @@
 //! acknowledges once RabbitMQ has confirmed the copy; later, it publishes a copy to the delay queue
 //! and acknowledges once confirmed; with the store unavailable, it keeps the message and tries it
 //! again after a backoff, until the store answers or the process stops. Beside the consumer, the
-//! queue's and the dead-letter queue's messages are sampled into a gauge. The copies keep the
+//! queue's and the dead-letter queue's messages, and the oldest dead letter's age, are sampled into
+//! gauges and for the console. The copies keep the
 //! message's `user_id`, so the api's broker user must be an impersonator. A message is acknowledged
 //! only after its payment is committed (or its copy confirmed): a consumer killed in between leaves
 //! it to be delivered again, and intake replays it.
@@ -26,18 +27,19 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions,
-    ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind};
 use oncepay_service::backoff::Backoff;
+use oncepay_store::broker_queues::{self, Queue};
 use secrecy::ExposeSecret;
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 
 use super::message::{self, Message, Outcome};
-use crate::metrics::{BROKER_MESSAGES, BROKER_QUEUE_MESSAGES};
+use crate::metrics::{BROKER_DEAD_LETTER_AGE, BROKER_MESSAGES, BROKER_QUEUE_MESSAGES};
 use crate::settings::BrokerSettings;
 use crate::state::AppState;
 
@@ -119,7 +121,7 @@ impl Consumer {
         // unacknowledged messages go back to the queue when it closes.
         let ended = shutdown.child_token();
         let failed = std::sync::Mutex::new(None);
-        let sampling = sample(&connection, &self.settings, &ended);
+        let sampling = sample(&connection, &self.state, &self.settings, &ended);
         let consuming = consumer.take_until(ended.cancelled()).for_each_concurrent(
             usize::from(self.settings.prefetch),
             |delivery| {
@@ -170,6 +172,10 @@ impl Consumer {
         metrics::counter!(BROKER_MESSAGES, "outcome" => outcome.label()).increment(1);
         match outcome {
             Outcome::Taken { resource, replayed } => {
+                #[cfg(feature = "failpoints")]
+                fail::fail_point!("api::broker::after_commit", |_| oncepay_service::failpoints::crash(
+                    "api::broker::after_commit"
+                ));
                 if let Some(reply_to) = properties.reply_to() {
                     let mut reply = BasicProperties::default().with_content_type("application/json".into());
                     if let Some(correlation_id) = properties.correlation_id() {
@@ -216,17 +222,35 @@ impl Consumer {
 }
 
 /// Samples, every `broker.sample_interval_ms` until `shutdown`, the messages waiting in the queue
-/// and in the dead-letter queue (`oncepay_api_broker_queue_messages`). Stops at the first failure:
-/// the connection is then going, and the next one samples again.
-async fn sample(connection: &Connection, settings: &BrokerSettings, shutdown: &CancellationToken) {
-    let queues = [("payments", &settings.queue), ("dead_letters", &settings.dead_letter_queue)];
+/// and in the dead-letter queue, and when the oldest dead letter was refused: into gauges
+/// (`oncepay_api_broker_queue_messages`, `oncepay_api_broker_dead_letter_age_seconds`) and into the
+/// table the console reads (`oncepay_store::broker_queues`). Stops at the broker's first failure:
+/// the connection is then going, and the next one samples again. A sample the database does not
+/// take is only logged.
+async fn sample(connection: &Connection, state: &AppState, settings: &BrokerSettings, shutdown: &CancellationToken) {
     let sampled = async {
         let channel = connection.create_channel().await?;
         let passive = QueueDeclareOptions { passive: true, ..QueueDeclareOptions::default() };
+        // The head of the dead-letter queue is looked at again only when its size changes.
+        let mut head: Option<(u32, Option<OffsetDateTime>)> = None;
         loop {
-            for (label, name) in queues {
-                let queue = channel.queue_declare(name.as_str().into(), passive, FieldTable::default()).await?;
-                metrics::gauge!(BROKER_QUEUE_MESSAGES, "queue" => label).set(f64::from(queue.message_count()));
+            let declare = |name: &str| channel.queue_declare(name.into(), passive, FieldTable::default());
+            let waiting = declare(&settings.queue).await?.message_count();
+            let dead = declare(&settings.dead_letter_queue).await?.message_count();
+            let oldest = match head {
+                Some((seen, oldest)) if seen == dead => oldest,
+                _ if dead == 0 => None,
+                _ => refused_at_head(&channel, &settings.dead_letter_queue).await?,
+            };
+            head = Some((dead, oldest));
+            let now = OffsetDateTime::now_utc();
+            metrics::gauge!(BROKER_QUEUE_MESSAGES, "queue" => Queue::Payments.as_str()).set(f64::from(waiting));
+            metrics::gauge!(BROKER_QUEUE_MESSAGES, "queue" => Queue::DeadLetters.as_str()).set(f64::from(dead));
+            let age = oldest.map_or(0.0, |at| (now - at).as_seconds_f64().max(0.0));
+            metrics::gauge!(BROKER_DEAD_LETTER_AGE).set(age);
+            let samples = [(Queue::Payments, waiting, None), (Queue::DeadLetters, dead, oldest)];
+            if let Err(error) = record(state, &samples, now).await {
+                tracing::warn!(error = %error, "the broker's queues could not be recorded for the console");
             }
             tokio::select! {
                 () = shutdown.cancelled() => return Ok::<(), lapin::Error>(()),
@@ -237,6 +261,51 @@ async fn sample(connection: &Connection, settings: &BrokerSettings, shutdown: &C
     if let Err(error) = sampled.await {
         tracing::warn!(error = %error, "the broker's queues could not be sampled");
     }
+}
+
+/// When the message at the head of `queue` was refused ([`refused_at`]), if it has a message and
+/// says. The message is taken and given back at once, unchanged but for its `redelivered` flag:
+/// AMQP has no other way to look at one.
+async fn refused_at_head(channel: &Channel, queue: &str) -> lapin::Result<Option<OffsetDateTime>> {
+    let Some(message) = channel.basic_get(queue.into(), BasicGetOptions { no_ack: false }).await? else {
+        return Ok(None);
+    };
+    let delivery = message.delivery;
+    let at = delivery.properties.headers().as_ref().and_then(refused_at);
+    delivery.nack(BasicNackOptions { requeue: true, ..BasicNackOptions::default() }).await?;
+    Ok(at)
+}
+
+/// When a dead letter with these headers was refused: its [`FAILED_AT_HEADER`] (the api refused
+/// it), else the time of the first entry of RabbitMQ's `x-death` (RabbitMQ dead-lettered it, past
+/// the delivery limit).
+fn refused_at(headers: &FieldTable) -> Option<OffsetDateTime> {
+    let seconds = |value: Option<&AMQPValue>| match value {
+        Some(AMQPValue::Timestamp(seconds)) => i64::try_from(*seconds).ok(),
+        _ => None,
+    };
+    let died = || match headers.inner().get("x-death")? {
+        AMQPValue::FieldArray(deaths) => match deaths.as_slice().first()? {
+            AMQPValue::FieldTable(death) => seconds(death.inner().get("time")),
+            _ => None,
+        },
+        _ => None,
+    };
+    let at = seconds(headers.inner().get(FAILED_AT_HEADER)).or_else(died)?;
+    OffsetDateTime::from_unix_timestamp(at).ok()
+}
+
+/// Writes `samples` (queue, messages, oldest refused) taken `at` for the console.
+async fn record(
+    state: &AppState,
+    samples: &[(Queue, u32, Option<OffsetDateTime>)],
+    at: OffsetDateTime,
+) -> Result<(), oncepay_store::StoreError> {
+    let mut conn = state.connections.acquire().await?;
+    for (queue, messages, oldest) in samples {
+        broker_queues::record(&mut conn, *queue, i64::from(*messages), *oldest, at).await?;
+    }
+    Ok(())
 }
 
 /// Declares the queues and the exchange, as the module's doc says; a no-op where they exist alike.
@@ -333,5 +402,42 @@ fn header<'a>(properties: &'a BasicProperties, name: &str) -> Option<&'a [u8]> {
         AMQPValue::LongString(value) => Some(value.as_bytes()),
         AMQPValue::ShortString(value) => Some(value.as_str().as_bytes()),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lapin::types::FieldArray;
+
+    use super::*;
+
+    fn table(pairs: Vec<(&str, AMQPValue)>) -> FieldTable {
+        FieldTable::from(
+            pairs
+                .into_iter()
+                .map(|(name, value)| (ShortString::from(name), value))
+                .collect::<std::collections::BTreeMap<_, _>>(),
+        )
+    }
+
+    #[test]
+    fn a_dead_letter_was_refused_when_the_api_says_else_when_rabbitmq_first_killed_it() {
+        let refused = table(vec![(FAILED_AT_HEADER, AMQPValue::Timestamp(1_700_000_000))]);
+        let deaths = |time: u64| {
+            let death = table(vec![
+                ("reason", AMQPValue::LongString("delivery_limit".into())),
+                ("time", AMQPValue::Timestamp(time)),
+            ]);
+            AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::FieldTable(death)]))
+        };
+        let delivery_limit = table(vec![("x-death", deaths(1_700_000_500))]);
+        let both =
+            table(vec![(FAILED_AT_HEADER, AMQPValue::Timestamp(1_700_000_000)), ("x-death", deaths(1_700_000_900))]);
+        let at = |seconds| OffsetDateTime::from_unix_timestamp(seconds).ok();
+
+        assert_eq!(refused_at(&refused), at(1_700_000_000));
+        assert_eq!(refused_at(&delivery_limit), at(1_700_000_500));
+        assert_eq!(refused_at(&both), at(1_700_000_000));
+        assert_eq!(refused_at(&FieldTable::default()), None);
     }
 }

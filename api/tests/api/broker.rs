@@ -20,10 +20,11 @@ use oncepay_domain::fingerprint::Fingerprint;
 use oncepay_domain::idempotency_key::IdempotencyKey;
 use oncepay_domain::payment_request::PaymentRequest;
 use oncepay_store::intake::{self, NewPayment};
-use oncepay_store::{broker_users, db};
+use oncepay_store::{broker_queues, broker_users, db};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use time::OffsetDateTime;
 
 use crate::helpers::{self, Rows, TestApp, body};
 
@@ -404,9 +405,13 @@ async fn with_the_database_down_a_message_waits_unacknowledged_and_becomes_a_pay
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
-async fn the_dead_letter_queues_size_is_sampled_into_a_gauge(_: PgPoolOptions, options: PgConnectOptions) {
+async fn the_queues_and_the_oldest_dead_letter_are_sampled_for_gauges_and_the_console(
+    _: PgPoolOptions,
+    options: PgConnectOptions,
+) {
     let producer = Producer::connect("sampled").await;
     let app = app_with_broker(options, &producer, "shop-1").await;
+    let before = OffsetDateTime::now_utc().replace_nanosecond(0).unwrap();
 
     for n in 0..2 {
         producer.publish(Some("nobody-maps-me"), Some(&format!("k-{n}")), &bytes(&body()), "unmapped").await;
@@ -419,6 +424,28 @@ async fn the_dead_letter_queues_size_is_sampled_into_a_gauge(_: PgPoolOptions, o
     })
     .await
     .unwrap();
+    assert!(app.metrics().await.contains("oncepay_api_broker_dead_letter_age_seconds "));
+    let samples = wait_until("the console's samples of two dead letters", Duration::from_secs(30), || async {
+        let samples = broker_queues::latest(&mut app.db.acquire().await.unwrap()).await.unwrap();
+        samples.iter().any(|s| s.queue == "dead_letters" && s.messages == 2).then_some(samples)
+    })
+    .await
+    .unwrap();
+    let queues: Vec<(&str, i64)> = samples.iter().map(|s| (s.queue.as_str(), s.messages)).collect();
+    assert_eq!(queues, [("payments", 0), ("dead_letters", 2)]);
+    let oldest = samples[1].oldest_failed_at.expect("the oldest dead letter's time");
+    assert!(before <= oldest && oldest <= OffsetDateTime::now_utc(), "{oldest} is not since {before}");
+    // Looking at the head gave it back: both dead letters are still there, whole (in the order the
+    // api refused them, which taking messages concurrently does not fix).
+    let mut keys = Vec::new();
+    for _ in 0..2 {
+        let message = producer.next(&producer.dead_letter_queue).await;
+        keys.push(headers(&message.properties).get(KEY_HEADER).cloned());
+        assert_eq!(message.data, bytes(&body()));
+    }
+    keys.sort_by_key(|key| format!("{key:?}"));
+    let key = |n: u32| Some(AMQPValue::LongString(format!("k-{n}").as_str().into()));
+    assert_eq!(keys, [key(0), key(1)]);
     app.stop().await;
 }
 

@@ -1,5 +1,5 @@
 //! The client against a wiremock server standing in for the api (and, for the CLI, the real
-//! `oncepay` binary against the same), and its publisher against a real RabbitMQ node. Backoffs are tiny; the only real waits are the
+//! `oncepay` binary against the same), and its publisher and dead-letter tools against a real RabbitMQ node. Backoffs are tiny; the only real waits are the
 //! `Retry-After`s and long polls a test is about.
 
 // Helpers outside `#[test]` functions panic on purpose too: a failed step fails the test.
@@ -7,6 +7,7 @@
 
 mod cli;
 mod create;
+mod dead_letters;
 mod publish;
 mod refunds;
 mod secrets;

@@ -74,18 +74,19 @@ async fn a_refused_publish_is_published_again_with_the_same_key_until_it_is_conf
         .unwrap();
     let intent = intent();
     let patient = RetryPolicy {
-        max_attempts: 100,
+        max_attempts: 1000,
         base_backoff: Duration::from_millis(10),
         max_backoff: Duration::from_millis(20),
         jitter: Jitter::Full,
         max_retry_after: Duration::from_secs(1),
     };
     let mut publisher = Publisher::new(&rabbitmq::test_url(), &queue).unwrap().retry_policy(patient);
-    // Room is made while the publisher retries.
+    // Room is made while the publisher retries: a second after it starts, long after its first
+    // attempt even on a busy machine (its attempts come every 10 to 20 ms).
     let drain = tokio::spawn({
         let (channel, queue) = (channel.clone(), queue.clone());
         async move {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(Duration::from_secs(1)).await;
             channel.basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true }).await.unwrap()
         }
     });

@@ -9,11 +9,13 @@ use oncepay_domain::refund_status::RefundStatus;
 use oncepay_domain::status::PaymentStatus;
 use oncepay_ops::operators::api::BulkRetrier;
 use oncepay_service::runner::Pass;
+use oncepay_store::broker_queues::{self, Queue};
 use oncepay_store::fixtures::tenant;
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_SECURITY_POLICY, LOCATION, SET_COOKIE};
 use serde_json::json;
 use sqlx::PgPool;
+use time::{Duration, OffsetDateTime};
 
 use crate::refund_proposals::{contradicted_refund, dead_lettered_refund};
 use crate::support::{
@@ -125,6 +127,36 @@ async fn every_page_needs_a_session_and_forbids_inline_scripts_framing_and_other
         assert!(!csp.contains("unsafe-inline"), "{csp}");
     }
     assert!(!overview.body.contains("<script>"), "no inline script");
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn the_overview_shows_the_broker_queues_as_an_api_last_sampled_them_to_operators_of_every_tenant(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    tenant(&pool, "globex").await;
+    let alice = Browser::sign_in(&ops, "alice", "operator", None).await;
+    let gina = Browser::sign_in(&ops, "gina", "operator", Some(&["globex"])).await;
+    let before = alice.get("/console/live").await;
+    let now = OffsetDateTime::now_utc();
+    let mut conn = pool.acquire().await.unwrap();
+    broker_queues::record(&mut conn, Queue::Payments, 37, None, now).await.unwrap();
+    let refused = Some(now - Duration::hours(3));
+    broker_queues::record(&mut conn, Queue::DeadLetters, 4, refused, now).await.unwrap();
+    // An api that sampled earlier, writing late, changes nothing.
+    broker_queues::record(&mut conn, Queue::DeadLetters, 0, None, now - Duration::seconds(5)).await.unwrap();
+
+    let live = alice.get("/console/live").await;
+    let limited = gina.get("/console/live").await;
+
+    assert!(!before.body.contains("Payments from RabbitMQ"), "no api samples a broker yet: {}", before.body);
+    for expected in [
+        "Payments from RabbitMQ",
+        "<span class=\"value\">37</span>Messages waiting in the intake queue",
+        "<span class=\"value\">4</span>Messages in the dead-letter queue",
+        "<span class=\"value\">3h 0m ago</span>The oldest dead letter was refused",
+    ] {
+        assert!(live.body.contains(expected), "{expected:?} missing from {}", live.body);
+    }
+    assert!(!limited.body.contains("Payments from RabbitMQ"), "the queues hold every tenant's messages");
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]

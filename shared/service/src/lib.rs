@@ -3,6 +3,8 @@
 
 pub mod backoff;
 pub mod config;
+#[cfg(feature = "failpoints")]
+pub mod failpoints;
 pub mod group_commit;
 pub mod metrics;
 pub mod runner;

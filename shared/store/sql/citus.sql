@@ -11,8 +11,9 @@
 -- to every node. `payments` anchors the colocation group, and every table with a foreign key to it
 -- lives beside it, so one tenant's rows are on one node. `recon_runs`, `recon_discrepancies`,
 -- `recon_unfinished_charges` and `recon_unfinished_refunds` describe the provider's accounts as a
--- whole, and `operators`, `operator_tokens`, `proposals`, `operator_audit`, `bulk_retries` and
--- `bulk_retry_items` the installation's operators: they stay local tables of the coordinator.
+-- whole, `broker_queue_samples` the broker's queues, and `operators`, `operator_tokens`,
+-- `proposals`, `operator_audit`, `bulk_retries` and `bulk_retry_items` the installation's
+-- operators: they stay local tables of the coordinator.
 --
 -- `citus.propagate_set_commands = local` makes Citus send a transaction's `SET LOCAL` on to the
 -- nodes it uses: `intake` repeats the api's `lock_timeout` that way, so that a worker node waiting

@@ -7,6 +7,7 @@
 //! one binary owns (the worker's claim and finish, the reconciler's polling and dead letters) live in
 //! that binary. Errors are classified once, here, as [`StoreError`].
 
+pub mod broker_queues;
 pub mod broker_users;
 pub mod connections;
 pub mod db;

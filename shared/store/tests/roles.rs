@@ -157,7 +157,7 @@ async fn every_table_grants_each_role_exactly_what_the_readme_lists(pool: PgPool
         }
     };
     grant(API, &["_sqlx_migrations", "tenants", "api_keys", "broker_users"], read);
-    grant(API, &["idempotency_keys"], change);
+    grant(API, &["idempotency_keys", "broker_queue_samples"], change);
     grant(API, &["payment_events", "outbox", "refunds", "refund_keys", "refund_events", "refund_outbox"], append);
     grant(API, &["payments"], "INSERT,SELECT,UPDATE(refunds_reserved)");
 

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use oncepay_tests::chaos::{self, ChaosConfig, Profile};
+use oncepay_tests::chaos::{self, ChaosConfig, Crashable, Profile};
 
 /// Runs oncepay under faults and checks that it keeps its promise.
 #[derive(Debug, Parser)]
@@ -31,10 +31,14 @@ struct Cli {
     /// Intents in progress at once, instead of the profile's.
     #[arg(long)]
     concurrency: Option<usize>,
-    /// A worker binary built with `--features failpoints`; by default it is built into
-    /// `target/chaos` first.
+    /// A directory with `oncepay-worker` and `oncepay-api` built with `--features failpoints`; by
+    /// default they are built into `target/chaos` first.
     #[arg(long)]
-    worker_bin: Option<PathBuf>,
+    failpoint_bins: Option<PathBuf>,
+    /// Fraction of intents published to RabbitMQ (on a node of the run's own, from Debian's
+    /// `rabbitmq-server`) instead of sent over HTTP, instead of the profile's; 0 runs no broker.
+    #[arg(long)]
+    broker_rate: Option<f64>,
     /// Keep every process's log even if the run passes (a failing run always keeps them).
     #[arg(long)]
     keep_logs: bool,
@@ -54,15 +58,18 @@ async fn main() -> ExitCode {
     if let Some(concurrency) = cli.concurrency {
         config.concurrency = concurrency;
     }
+    if let Some(rate) = cli.broker_rate {
+        config.broker_rate = rate;
+    }
     config.keep_logs = cli.keep_logs;
     eprintln!("oncepay-chaos: seed {seed}, profile {:?}", cli.profile);
 
-    let worker = match cli.worker_bin {
-        Some(path) => Ok(path),
-        None => chaos::failpoint_worker().await,
+    let crashable = match cli.failpoint_bins {
+        Some(dir) => Ok(Crashable::in_dir(&dir)),
+        None => Crashable::build().await,
     };
-    let outcome = match worker {
-        Ok(worker) => chaos::run(&config, worker).await,
+    let outcome = match crashable {
+        Ok(crashable) => chaos::run(&config, crashable).await,
         Err(error) => Err(error),
     };
     match outcome {

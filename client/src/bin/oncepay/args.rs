@@ -15,7 +15,9 @@ Exit codes:
      (`publish`: confirmed, and no answer from the api yet)
   5  the api rejected the request (4xx problem); sending it again will not help
   6  no response after retries (network, timeouts, 409/429/5xx; `publish`: no confirmation from RabbitMQ); the
-     same command again with the printed --key is safe";
+     same command again with the printed --key is safe
+`dead-letters`: 0 done, 2 usage error, 5 no dead letter has the key, 6 RabbitMQ refused or could not be
+reached (nothing was taken off the dead-letter queue)";
 
 /// Pay and refund through oncepay, and follow payments and refunds to their final state.
 #[derive(Debug, Parser)]
@@ -57,6 +59,52 @@ pub enum Command {
     /// again with the same key until RabbitMQ confirms it), and print the api's reply. Needs no
     /// API key: the broker user in the URL stands for the tenant.
     Publish(PublishArgs),
+    /// Read the payment requests oncepay dead-lettered on RabbitMQ, or publish one again once its
+    /// cause is fixed (as the api's broker user, or a user allowed to read the dead-letter queue).
+    #[command(subcommand, name = "dead-letters")]
+    DeadLetters(DeadLettersCommand),
+}
+
+/// `oncepay dead-letters`.
+#[derive(Debug, Subcommand)]
+pub enum DeadLettersCommand {
+    /// The oldest dead letters, with why each was refused; they stay in the queue.
+    List {
+        #[command(flatten)]
+        queue: DeadLetterQueue,
+        /// How many, at most.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
+    /// Publish the dead letter with this key to the payments queue again, as its producer published
+    /// it, and take it off the dead-letter queue once RabbitMQ confirmed the copy. Needs the api's
+    /// broker user (an impersonator) unless the URL's user is the message's producer.
+    Republish {
+        #[command(flatten)]
+        queue: DeadLetterQueue,
+        /// The message's idempotency key.
+        #[arg(long)]
+        key: String,
+        /// Only the message of this producer (two tenants' producers may use one key).
+        #[arg(long)]
+        user: Option<String>,
+        /// The queue oncepay takes payment requests from (the api's broker.queue).
+        #[arg(long, default_value = "oncepay.payments")]
+        payments_queue: String,
+    },
+}
+
+/// Where the dead letters are.
+#[derive(Debug, Args)]
+pub struct DeadLetterQueue {
+    /// The RabbitMQ node: amqp://user:password@host:5672/%2f. Prefer the environment variable:
+    /// other users of this machine can see command lines.
+    #[arg(long, env = "ONCEPAY_AMQP_URL", hide_env_values = true)]
+    pub amqp_url: String,
+
+    /// The dead-letter queue (the api's broker.dead_letter_queue).
+    #[arg(long, default_value = "oncepay.payments.dead-letters")]
+    pub queue: String,
 }
 
 /// `oncepay publish`.

@@ -13,10 +13,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use oncepay_client::{Client, PaymentIntent, Publisher, RefundIntent};
+use oncepay_client::{Client, DeadLetterError, DeadLetters, PaymentIntent, Publisher, RefundIntent};
 
 use crate::args::{
-    Cli, Command, PayArgs, PaymentArgs, PublishArgs, RefundArgs, RefundStatusArgs, RefundsArgs, StatusArgs,
+    Cli, Command, DeadLettersCommand, PayArgs, PaymentArgs, PublishArgs, RefundArgs, RefundStatusArgs, RefundsArgs,
+    StatusArgs,
 };
 use crate::report::Exit;
 
@@ -24,10 +25,12 @@ use crate::report::Exit;
 async fn main() -> ExitCode {
     // The only place the environment is read (`ONCEPAY_URL`, `ONCEPAY_API_KEY`).
     let cli = Cli::parse();
-    // Publishing speaks to RabbitMQ only.
-    if let Command::Publish(args) = cli.command {
-        return publish(args, cli.json).await.into();
-    }
+    // Publishing and the dead letters speak to RabbitMQ only.
+    let command = match cli.command {
+        Command::Publish(args) => return publish(args, cli.json).await.into(),
+        Command::DeadLetters(command) => return dead_letters(command, cli.json).await.into(),
+        command => command,
+    };
     let Some(api_key) = cli.api_key else {
         eprintln!("error: an API key is needed: --api-key or ONCEPAY_API_KEY");
         return Exit::Usage.into();
@@ -39,13 +42,13 @@ async fn main() -> ExitCode {
             return Exit::Usage.into();
         }
     };
-    let exit = match cli.command {
+    let exit = match command {
         Command::Pay(args) => pay(&client, args, cli.json).await,
         Command::Status(args) => status(&client, args, cli.json).await,
         Command::Refund(args) => refund(&client, args, cli.json).await,
         Command::RefundStatus(args) => refund_status(&client, args, cli.json).await,
         Command::Refunds(args) => refunds(&client, args, cli.json).await,
-        Command::Publish(args) => publish(args, cli.json).await,
+        Command::Publish(_) | Command::DeadLetters(_) => unreachable!("answered above"),
     };
     exit.into()
 }
@@ -167,6 +170,40 @@ async fn publish(args: PublishArgs, json: bool) -> Exit {
         say(&format!("follow it with: oncepay status {} --wait 60", payment.id));
     }
     Exit::Succeeded
+}
+
+async fn dead_letters(command: DeadLettersCommand, json: bool) -> Exit {
+    let (DeadLettersCommand::List { queue, .. } | DeadLettersCommand::Republish { queue, .. }) = &command;
+    let letters = match DeadLetters::connect(&queue.amqp_url, &queue.queue).await {
+        Ok(letters) => letters,
+        Err(error) => {
+            eprintln!("error: {error}");
+            return Exit::Unavailable;
+        }
+    };
+    let done = match command {
+        DeadLettersCommand::List { limit, .. } => {
+            letters.list(limit).await.map(|letters| report::dead_letters(&letters, json))
+        }
+        DeadLettersCommand::Republish { key, user, payments_queue, .. } => letters
+            .republish(&key, user.as_deref(), &payments_queue)
+            .await
+            .map(|letter| report::republished(&letter, json)),
+    };
+    match done {
+        Ok(text) => {
+            say(&text);
+            Exit::Succeeded
+        }
+        Err(error @ DeadLetterError::NotFound { .. }) => {
+            eprintln!("error: {error}");
+            Exit::Rejected
+        }
+        Err(error) => {
+            eprintln!("error: {error}");
+            Exit::Unavailable
+        }
+    }
 }
 
 async fn status(client: &Client, args: StatusArgs, json: bool) -> Exit {

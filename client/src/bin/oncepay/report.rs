@@ -7,7 +7,7 @@ use std::error::Error as _;
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
-use oncepay_client::{Error, Payment, PaymentStatus, Refund, RefundStatus};
+use oncepay_client::{DeadLetter, Error, Payment, PaymentStatus, Refund, RefundStatus};
 use serde_json::json;
 use time::format_description::well_known::Rfc3339;
 
@@ -254,6 +254,53 @@ pub fn payment_json(payment: &Payment) -> String {
 }
 
 /// An error with its causes, one `: ` apart, and the api's field errors.
+/// `dead-letters list`: one line each (`{"data": [...]}` with `--json`).
+pub fn dead_letters(letters: &[DeadLetter], json: bool) -> String {
+    if json {
+        return json!({ "data": letters.iter().map(dead_letter_value).collect::<Vec<_>>() }).to_string();
+    }
+    if letters.is_empty() {
+        return "no dead letter waits".to_owned();
+    }
+    letters.iter().map(dead_letter_line).collect::<Vec<_>>().join("\n")
+}
+
+/// `dead-letters republish`: the message published again.
+pub fn republished(letter: &DeadLetter, json: bool) -> String {
+    if json {
+        return dead_letter_value(letter).to_string();
+    }
+    format!("published again and taken off the dead-letter queue: {}", dead_letter_line(letter))
+}
+
+fn dead_letter_line(letter: &DeadLetter) -> String {
+    let unknown = || "-".to_owned();
+    let failed_at = letter
+        .failed_at
+        .and_then(|seconds| time::OffsetDateTime::from_unix_timestamp(i64::try_from(seconds).ok()?).ok())
+        .and_then(|at| at.format(&Rfc3339).ok())
+        .unwrap_or_else(unknown);
+    format!(
+        "key {}  user {}  reason {}  refused {failed_at}  body {}",
+        letter.key.clone().unwrap_or_else(unknown),
+        letter.user.clone().unwrap_or_else(unknown),
+        letter.reason.clone().unwrap_or_else(unknown),
+        String::from_utf8_lossy(&letter.body),
+    )
+}
+
+fn dead_letter_value(letter: &DeadLetter) -> serde_json::Value {
+    let problem = letter.problem.as_deref().and_then(|problem| serde_json::from_str::<serde_json::Value>(problem).ok());
+    json!({
+        "idempotency_key": letter.key,
+        "user": letter.user,
+        "reason": letter.reason,
+        "problem": problem,
+        "failed_at": letter.failed_at,
+        "body": String::from_utf8_lossy(&letter.body),
+    })
+}
+
 pub fn error_text(error: &Error) -> String {
     let mut text = format!("error: {error}");
     let mut source = error.source();

@@ -1,6 +1,7 @@
 //! `GET /console/` and `GET /console/live`: the overview and the part of it that refreshes itself:
 //! payments and refunds in flight, open dead letters by kind and age, proposals waiting, the last
-//! reconciliation run, and the break-glass account's last uses.
+//! reconciliation run, the broker's queues (when an api takes payments from RabbitMQ), and the
+//! break-glass account's last uses.
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -18,6 +19,7 @@ use oncepay_ops::operators::api::signing_in::Caller;
 use oncepay_ops::operators::api::{OperatorsState, connection, problem};
 use oncepay_ops::operators::audit::{self};
 use oncepay_ops::recon;
+use oncepay_store::broker_queues::{self, Queue};
 
 /// One figure of the overview.
 struct Figure {
@@ -45,6 +47,34 @@ struct LastRun {
     discrepancies: String,
 }
 
+/// RabbitMQ's queues as the api last sampled them, in words.
+struct BrokerQueues {
+    waiting: i64,
+    dead_letters: i64,
+    /// How long ago the oldest dead letter was refused, or why that is not said.
+    oldest: String,
+    sampled: String,
+}
+
+impl BrokerQueues {
+    /// From the samples, if any api samples a broker.
+    fn of(samples: &[broker_queues::QueueSample]) -> Option<Self> {
+        let payments = samples.iter().find(|s| s.queue == Queue::Payments.as_str())?;
+        let dead = samples.iter().find(|s| s.queue == Queue::DeadLetters.as_str())?;
+        let oldest = match (dead.messages, dead.oldest_failed_at) {
+            (0, _) => "none is waiting".to_owned(),
+            (_, Some(at)) => format!("{} ago", age(at)),
+            (_, None) => "not known".to_owned(),
+        };
+        Some(Self {
+            waiting: payments.messages,
+            dead_letters: dead.messages,
+            oldest,
+            sampled: format!("{} ago", age(payments.sampled_at.min(dead.sampled_at))),
+        })
+    }
+}
+
 /// The part of the overview that refreshes itself.
 #[derive(Template)]
 #[template(path = "live.html")]
@@ -54,6 +84,8 @@ struct Live {
     last_run: Option<LastRun>,
     /// Whether the operator may read reconciliation runs.
     reads_runs: bool,
+    /// For operators of every tenant, when an api takes payments from RabbitMQ.
+    broker: Option<BrokerQueues>,
     updated: String,
 }
 
@@ -158,6 +190,14 @@ async fn live_of(state: &OperatorsState, caller: &Caller) -> Result<Live, Proble
         })
         .collect();
     let reads_runs = caller.account.scope == Scope::Every;
+    // The queues hold every tenant's messages: their figures are for operators of every tenant.
+    let broker = if reads_runs {
+        let samples =
+            broker_queues::latest(&mut conn).await.map_err(|error| problem(anyhow::Error::from(error).into()))?;
+        BrokerQueues::of(&samples)
+    } else {
+        None
+    };
     let last_run = if reads_runs {
         let runs = recon::list(&mut conn, 1).await.map_err(problem)?;
         runs.0.into_iter().next().map(|run| LastRun {
@@ -169,7 +209,7 @@ async fn live_of(state: &OperatorsState, caller: &Caller) -> Result<Live, Proble
     } else {
         None
     };
-    Ok(Live { figures, by_kind, last_run, reads_runs, updated: when(OffsetDateTime::now_utc()) })
+    Ok(Live { figures, by_kind, last_run, reads_runs, broker, updated: when(OffsetDateTime::now_utc()) })
 }
 
 /// `GET /console/`: the overview.
