@@ -304,6 +304,14 @@ async fn operators_find_propose_and_approve_in_a_real_browser_and_see_only_their
     alice.until("must come from a page of this origin").await;
     assert_eq!(status_of(&pool, payment_id).await, "dead_lettered", "the refused resend did nothing");
 
+    // An api that takes payments from RabbitMQ has sampled its queues.
+    sqlx::query(
+        "INSERT INTO broker_queue_samples (queue, messages, oldest_failed_at, sampled_at) \
+         VALUES ('payments', 12, NULL, now()), ('dead_letters', 2, now() - interval '2 hours', now())",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
     let mut bob = Operator::new(&chromedriver, &ops).await;
     bob.sign_in_with_oidc("bob").await;
     // The overview's figures refresh themselves: its script polls under the page's strict policy.
@@ -320,6 +328,7 @@ async fn operators_find_propose_and_approve_in_a_real_browser_and_see_only_their
     refreshed.await.unwrap();
     let overview = bob.client().source().await.unwrap();
     assert!(overview.contains("/console/dead-letters?kind=unresolved"), "the open dead letter is counted");
+    assert!(overview.contains("Payments from RabbitMQ") && overview.contains(">2h "), "the broker's queues");
     bob.screenshot("overview.png").await;
     bob.open("/console/proposals").await;
     bob.click(&format!("a[href='/console/payments/{payment_id}']")).await;
