@@ -36,6 +36,39 @@ pub fn test_url() -> String {
     })
 }
 
+/// How many times [`publish_confirmed`] sends a message RabbitMQ keeps refusing.
+const PUBLISH_TRIES: u32 = 10;
+
+/// Publishes `body` on `channel` (in confirm mode) and waits until RabbitMQ has taken it, publishing
+/// it again while RabbitMQ refuses it. A refusal (a nack) means RabbitMQ did not take the message; a
+/// quorum queue on a busy node answers one now and then, and a producer's answer is to send it again.
+///
+/// # Errors
+///
+/// If the channel fails, if no queue takes the message (it is returned), or if RabbitMQ refuses it
+/// every time.
+pub async fn publish_confirmed(
+    channel: &lapin::Channel,
+    exchange: &str,
+    routing_key: &str,
+    body: &[u8],
+    properties: lapin::BasicProperties,
+) -> anyhow::Result<()> {
+    for _ in 0..PUBLISH_TRIES {
+        let options = lapin::options::BasicPublishOptions::default();
+        let confirmation = channel
+            .basic_publish(exchange.into(), routing_key.into(), options, body, properties.clone())
+            .await?
+            .await?;
+        match confirmation {
+            lapin::Confirmation::Ack(None) => return Ok(()),
+            lapin::Confirmation::Nack(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            other => bail!("RabbitMQ did not take the message for {routing_key}: {other:?}"),
+        }
+    }
+    bail!("RabbitMQ refused the message for {routing_key} {PUBLISH_TRIES} times")
+}
+
 /// Debian's `rabbitmq-server` script, the one [`Node::start`] runs when `$RABBITMQ_SBIN` is unset.
 pub const DEBIAN_SERVER: &str = "/usr/lib/rabbitmq/bin/rabbitmq-server";
 

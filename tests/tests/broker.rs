@@ -10,9 +10,9 @@
 
 use std::time::Duration;
 
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
+use lapin::options::{ConfirmSelectOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString};
-use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use oncepay_devkit::pg::Durability;
 use oncepay_devkit::process::setting_variable;
 use oncepay_devkit::rabbitmq;
@@ -113,13 +113,7 @@ async fn publish(channel: &Channel, queue: &str, n: usize) {
     headers.insert("idempotency-key".into(), AMQPValue::LongString(LongString::from(format!("order-{n}"))));
     let properties =
         BasicProperties::default().with_headers(headers).with_user_id(PRODUCER.into()).with_delivery_mode(2);
-    let confirm = channel
-        .basic_publish("".into(), queue.into(), BasicPublishOptions::default(), &body, properties)
-        .await
-        .unwrap()
-        .await
-        .unwrap();
-    assert!(matches!(confirm, Confirmation::Ack(None)), "{confirm:?}");
+    rabbitmq::publish_confirmed(channel, "", queue, &body, properties).await.unwrap();
 }
 
 /// The messages ready in `queue`, once it exists.

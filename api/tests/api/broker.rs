@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use lapin::options::{
-    BasicConsumeOptions, BasicGetOptions, BasicPublishOptions, BasicRejectOptions, ConfirmSelectOptions,
+    BasicConsumeOptions, BasicGetOptions, BasicRejectOptions, ConfirmSelectOptions,
     ExchangeDeleteOptions, QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use oncepay_api::broker::rabbitmq::{KEY_HEADER, PROBLEM_HEADER, REASON_HEADER};
 use oncepay_api::{Application, Settings};
 use oncepay_devkit::pg::{Cluster, Durability};
@@ -99,14 +99,7 @@ impl Producer {
     }
 
     async fn publish_to(&self, queue: &str, body: &[u8], properties: BasicProperties) {
-        let confirm = self
-            .channel
-            .basic_publish("".into(), queue.into(), BasicPublishOptions::default(), body, properties)
-            .await
-            .unwrap()
-            .await
-            .unwrap();
-        assert!(matches!(confirm, Confirmation::Ack(None)), "{confirm:?}");
+        rabbitmq::publish_confirmed(&self.channel, "", queue, body, properties).await.unwrap();
     }
 
     /// The next reply: its correlation id, whether it replays, and the payment it carries.
