@@ -27,6 +27,7 @@ pub mod openapi;
 pub mod prefer;
 pub mod provider_intake;
 pub mod rate_limit;
+pub mod read_cache;
 pub mod replay_cache;
 pub mod request_span;
 pub mod rereads;

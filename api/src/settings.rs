@@ -123,8 +123,8 @@ impl IntakeSettings {
 /// `[auth]`.
 #[derive(Debug, Clone, Deserialize)]
 pub struct AuthSettings {
-    /// How long a verified key is admitted without a database read; past it, the key is read again
-    /// or the request fails closed. 0 disables the cache.
+    /// How long a verified key or broker user is admitted without a database read; past it, it is
+    /// read again or the request (the message) fails closed. 0 disables the cache.
     pub cache_ttl_secs: u64,
     /// The most keys remembered at once (and, separately, the most refused keys).
     pub cache_max_entries: usize,

@@ -8,14 +8,10 @@
 //! message and an HTTP request with one key and one body are one payment), the same group commit.
 //! Nothing here knows which broker the message came from.
 
-use std::num::NonZeroU32;
-
 use actix_web::body::{self, MessageBody};
 use oncepay_http::problem::Problem;
-use oncepay_store::broker_users;
 use tracing::Span;
 
-use crate::auth::Caller;
 use crate::create::{self, Responded};
 use crate::create_payment::CreatePayment;
 use crate::errors::ApiError;
@@ -94,29 +90,11 @@ pub async fn take(state: &AppState, message: Message<'_>) -> Outcome {
 
 /// Admits the message's user and reads the message, then hands it on to the create shell.
 async fn admitted(state: &AppState, span: &Span, message: Message<'_>) -> Result<Responded, ApiError> {
-    let caller = caller(state, message.user).await?;
+    let caller = state.auth.broker_caller(message.user, &state.connections).await?;
     span.record("tenant.id", tracing::field::display(caller.tenant_id));
     state.limits.admit(&caller)?;
     let idempotent = IdempotentRequest::of_message(message.key, message.body, state.intake.max_body_bytes)?;
     create::take_read::<CreatePayment>(state, span.clone(), caller, (), idempotent).await
-}
-
-/// The tenant the broker user publishes for; 401 for a message without a user, or with one that no
-/// admin has mapped to a tenant.
-async fn caller(state: &AppState, user: Option<&str>) -> Result<Caller, ApiError> {
-    let user = user.ok_or(ApiError::Unauthorized("The message has no user_id."))?;
-    let mut conn = state.connections.acquire().await.map_err(|error| ApiError::from_store(error.into()))?;
-    let found = broker_users::tenant_of(&mut conn, user).await.map_err(ApiError::from_store);
-    create::release_unless_in_doubt(conn, &found);
-    let tenant = found?.ok_or(ApiError::Unauthorized("The message's user_id is not mapped to a tenant."))?;
-    Ok(Caller {
-        tenant_id: tenant.tenant_id,
-        rate_limit_per_second: tenant
-            .rate_limit_per_second
-            .and_then(|rate| u32::try_from(rate).ok())
-            .and_then(NonZeroU32::new),
-        provider_account: tenant.provider_account,
-    })
 }
 
 /// A written or replayed payment, with the resource its HTTP response carries.

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use lapin::options::{
-    BasicConsumeOptions, BasicGetOptions, BasicRejectOptions, ConfirmSelectOptions,
-    ExchangeDeleteOptions, QueueDeclareOptions,
+    BasicConsumeOptions, BasicGetOptions, BasicRejectOptions, ConfirmSelectOptions, ExchangeDeleteOptions,
+    QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
@@ -155,7 +155,21 @@ fn headers(properties: &BasicProperties) -> std::collections::BTreeMap<ShortStri
 
 /// The api, consuming the producer's queue, and the broker user `user` mapped to its tenant.
 async fn app_with_broker(options: PgConnectOptions, producer: &Producer, user: &str) -> TestApp {
-    let app = TestApp::spawn_with(options, |settings| producer.configure(settings)).await;
+    app_with_broker_and(options, producer, user, |_| {}).await
+}
+
+/// [`app_with_broker`], with settings of the test's own.
+async fn app_with_broker_and(
+    options: PgConnectOptions,
+    producer: &Producer,
+    user: &str,
+    more: impl FnOnce(&mut Settings),
+) -> TestApp {
+    let app = TestApp::spawn_with(options, |settings| {
+        producer.configure(settings);
+        more(settings);
+    })
+    .await;
     let mut conn = app.db.acquire().await.unwrap();
     broker_users::map(&mut conn, user, app.tenant.id).await.unwrap();
     producer.declared().await;
@@ -461,5 +475,43 @@ async fn a_message_the_broker_would_not_take_back_is_settled_on_the_next_connect
     let (reason, _, _) = producer.dead_letter().await;
     assert_eq!(reason, "unknown_user");
     assert_eq!(app.rows().await, NOTHING);
+    app.stop().await;
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_broker_user_is_read_once_a_ttl_as_an_api_key_is(_: PgPoolOptions, options: PgConnectOptions) {
+    let producer = Producer::connect("cached-user").await;
+    let app = app_with_broker_and(options, &producer, "shop-1", |settings| settings.auth.cache_ttl_secs = 3600).await;
+    producer.publish(Some("shop-1"), Some("order-1"), &bytes(&body()), "read").await;
+    assert!(!producer.reply().await.1);
+
+    // Removed from PostgreSQL behind the api's back: its next message is taken on the read of the
+    // first, less than the TTL ago, with no read of its own.
+    assert!(broker_users::unmap(&mut app.db.acquire().await.unwrap(), "shop-1", app.tenant.id).await.unwrap());
+    producer.publish(Some("shop-1"), Some("order-2"), &bytes(&body()), "cached").await;
+
+    let (correlation_id, replayed, _) = producer.reply().await;
+    assert_eq!((correlation_id.as_str(), replayed), ("cached", false));
+    assert_eq!(app.rows().await, Rows { payments: 2, keys: 2, outbox: 2, events: 2 });
+    app.stop().await;
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_removed_broker_user_is_refused_once_the_ttl_has_passed(_: PgPoolOptions, options: PgConnectOptions) {
+    const TTL: Duration = Duration::from_secs(1);
+    let producer = Producer::connect("removed-user").await;
+    let app =
+        app_with_broker_and(options, &producer, "shop-1", |settings| settings.auth.cache_ttl_secs = TTL.as_secs())
+            .await;
+    producer.publish(Some("shop-1"), Some("order-1"), &bytes(&body()), "read").await;
+    assert!(!producer.reply().await.1);
+
+    assert!(broker_users::unmap(&mut app.db.acquire().await.unwrap(), "shop-1", app.tenant.id).await.unwrap());
+    tokio::time::sleep(TTL).await;
+    producer.publish(Some("shop-1"), Some("order-2"), &bytes(&body()), "removed").await;
+
+    let (reason, _, _) = producer.dead_letter().await;
+    assert_eq!(reason, "unknown_user");
+    assert_eq!(app.rows().await, ONE_PAYMENT);
     app.stop().await;
 }
