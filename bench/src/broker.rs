@@ -39,8 +39,9 @@ pub const INTAKE: &str = "broker_accept";
 pub const HTTP_SETUP: &str = "1 api process, consuming from RabbitMQ";
 
 /// The api's prefetch unless the run overrides it (`broker.prefetch` in the api's
-/// `config/default.toml`). The phase passes it to the api, so both consumers have the same.
-pub const DEFAULT_PREFETCH: u16 = 64;
+/// `config/default.toml`, which a test keeps this equal to). The phase passes it to the api, so both
+/// consumers have the same.
+pub const DEFAULT_PREFETCH: u16 = 256;
 
 /// Publisher confirms the producer leaves outstanding before it waits for the oldest: enough that
 /// the producer never waits on the node's disk, as a producer of many orders at once would not.
@@ -431,6 +432,15 @@ mod tests {
         let outcomes = outcomes_in(metrics);
 
         assert_eq!(outcomes, BTreeMap::from([("created".into(), 5000.0), ("replayed".into(), 3.0)]));
+    }
+
+    #[test]
+    fn the_default_prefetch_is_the_apis() {
+        let defaults = include_str!("../../api/config/default.toml");
+        let (_, broker) = defaults.split_once("\n[broker]\n").expect("the api's defaults have a [broker] table");
+        let prefetch = broker.lines().find_map(|line| line.strip_prefix("prefetch = ")).expect("broker.prefetch");
+
+        assert_eq!(prefetch.trim().parse::<u16>().unwrap(), DEFAULT_PREFETCH);
     }
 
     #[test]
