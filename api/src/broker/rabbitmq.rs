@@ -56,6 +56,11 @@ pub const FAILED_AT_HEADER: &str = "oncepay-failed-at";
 /// connections to the broker.
 const BACKOFF: Backoff = Backoff { base: Duration::from_millis(100), max: Duration::from_secs(5) };
 
+/// How long the sampler trusts what it saw at the head of the dead-letter queue while the queue's
+/// size stays the same: a dead letter re-published and another refused between two samples leave the
+/// size as it was and change the head.
+const HEAD_TRUSTED_FOR: Duration = Duration::from_secs(60);
+
 /// Takes payment requests from RabbitMQ until stopped.
 pub struct Consumer {
     settings: BrokerSettings,
@@ -231,18 +236,25 @@ async fn sample(connection: &Connection, state: &AppState, settings: &BrokerSett
     let sampled = async {
         let channel = connection.create_channel().await?;
         let passive = QueueDeclareOptions { passive: true, ..QueueDeclareOptions::default() };
-        // The head of the dead-letter queue is looked at again only when its size changes.
-        let mut head: Option<(u32, Option<OffsetDateTime>)> = None;
+        // The head of the dead-letter queue is looked at again only when its size changes, or once
+        // what was seen there is older than HEAD_TRUSTED_FOR.
+        let mut head: Option<Head> = None;
         loop {
             let declare = |name: &str| channel.queue_declare(name.into(), passive, FieldTable::default());
             let waiting = declare(&settings.queue).await?.message_count();
             let dead = declare(&settings.dead_letter_queue).await?.message_count();
+            let now = std::time::Instant::now();
             let oldest = match head {
-                Some((seen, oldest)) if seen == dead => oldest,
-                _ if dead == 0 => None,
-                _ => refused_at_head(&channel, &settings.dead_letter_queue).await?,
+                Some(seen) if seen.still_holds(dead, now) => seen.oldest,
+                _ => {
+                    let oldest = match dead {
+                        0 => None,
+                        _ => refused_at_head(&channel, &settings.dead_letter_queue).await?,
+                    };
+                    head = Some(Head { size: dead, oldest, seen_at: now });
+                    oldest
+                }
             };
-            head = Some((dead, oldest));
             let now = OffsetDateTime::now_utc();
             metrics::gauge!(BROKER_QUEUE_MESSAGES, "queue" => Queue::Payments.as_str()).set(f64::from(waiting));
             metrics::gauge!(BROKER_QUEUE_MESSAGES, "queue" => Queue::DeadLetters.as_str()).set(f64::from(dead));
@@ -260,6 +272,23 @@ async fn sample(connection: &Connection, state: &AppState, settings: &BrokerSett
     };
     if let Err(error) = sampled.await {
         tracing::warn!(error = %error, "the broker's queues could not be sampled");
+    }
+}
+
+/// What the sampler saw at the head of the dead-letter queue.
+#[derive(Debug, Clone, Copy)]
+struct Head {
+    /// The queue's size then.
+    size: u32,
+    /// When its head was refused, if it had one that says.
+    oldest: Option<OffsetDateTime>,
+    seen_at: std::time::Instant,
+}
+
+impl Head {
+    /// Whether what was seen may stand for the head of a queue of `size` messages at `now`.
+    fn still_holds(&self, size: u32, now: std::time::Instant) -> bool {
+        self.size == size && now.saturating_duration_since(self.seen_at) < HEAD_TRUSTED_FOR
     }
 }
 
@@ -410,6 +439,18 @@ mod tests {
     use lapin::types::FieldArray;
 
     use super::*;
+
+    #[test]
+    fn the_head_seen_stands_while_the_size_holds_and_for_a_minute_at_most() {
+        let seen_at = std::time::Instant::now();
+        let head = Head { size: 3, oldest: None, seen_at };
+        let later = |secs| seen_at + Duration::from_secs(secs);
+
+        let cases = [(3, 0, true), (3, 59, true), (3, 60, false), (2, 1, false), (4, 1, false)];
+        for (size, after, holds) in cases {
+            assert_eq!(head.still_holds(size, later(after)), holds, "{size} messages, {after} s later");
+        }
+    }
 
     fn table(pairs: Vec<(&str, AMQPValue)>) -> FieldTable {
         FieldTable::from(
