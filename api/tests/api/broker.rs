@@ -210,6 +210,13 @@ async fn a_message_becomes_one_payment_and_its_redelivery_replays_it(_: PgPoolOp
     assert_eq!(retry.json::<Value>().await.unwrap()["id"], payment["id"]);
     let status = app.get_payment(payment["id"].as_str().unwrap()).send().await.unwrap();
     assert_eq!(status.status(), StatusCode::OK);
+    // A long poll on it is woken by its change, as on any payment.
+    let poll = tokio::spawn(app.get_payment(payment["id"].as_str().unwrap()).header("Prefer", "wait=20").send());
+    app.until_long_polls_waiting(1).await;
+    let payment_id = payment["id"].as_str().unwrap().parse().unwrap();
+    helpers::claim(&app.db, app.tenant.id, payment_id).await;
+    let polled: Value = poll.await.unwrap().unwrap().json().await.unwrap();
+    assert_eq!(polled["status"], "processing");
     assert_eq!(producer.depth(&producer.queue).await, 0, "every message acknowledged");
     assert_eq!(producer.depth(&producer.dead_letter_queue).await, 0);
     assert!(app.metrics().await.contains("oncepay_api_broker_messages_total{outcome=\"replayed\"} 1"));
