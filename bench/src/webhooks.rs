@@ -7,9 +7,9 @@
 
 use std::collections::BTreeMap;
 
-use oncepay_provider::webhook_signature::WebhookSecret;
 use oncepay_provider::wire::{EventType, WebhookEvent};
 use oncepay_provider::{Charge, ChargeStatus};
+use oncepay_webhook_signature::WebhookSecret;
 
 use crate::closed_loop::Window;
 use crate::measure::Timing;

@@ -4,7 +4,7 @@
 #![no_main]
 use base64::Engine;
 use libfuzzer_sys::fuzz_target;
-use oncepay_provider::webhook_signature::{SignedHeaders, WebhookSecret, verify};
+use oncepay_webhook_signature::{SignedHeaders, WebhookSecret, verify};
 
 const NOW: i64 = 1_763_800_000;
 

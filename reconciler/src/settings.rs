@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use oncepay_provider::KeyWindow;
 use oncepay_provider::stripe::signature::StripeWebhookSecret;
-use oncepay_provider::webhook_signature::{BadSecret, WebhookSecret};
 use oncepay_provider::{ProviderKind, ProviderSettings};
 use oncepay_service::backoff::Backoff;
 use oncepay_service::config::{self, DatabaseSettings, HttpSettings, TelemetrySettings};
+use oncepay_webhook_signature::{BadSecret, WebhookSecret};
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 

@@ -7,9 +7,9 @@
 
 use std::path::Path;
 
-use oncepay_provider::webhook_signature::WebhookSecret;
 use oncepay_service::backoff::Backoff;
 use oncepay_service::config::{HttpSettings, TelemetrySettings};
+use oncepay_webhook_signature::WebhookSecret;
 use secrecy::SecretString;
 use serde::{Deserialize, Deserializer};
 

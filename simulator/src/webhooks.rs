@@ -10,11 +10,11 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use oncepay_provider::webhook_signature::WebhookSecret;
 use oncepay_provider::wire::{
     Charge, ChargeStatus, EventType, Refund, RefundEvent, RefundEventType, RefundState, WebhookEvent,
 };
 use oncepay_service::backoff::Backoff;
+use oncepay_webhook_signature::WebhookSecret;
 use reqwest::Url;
 use tokio::sync::mpsc;
 use tokio::time::Instant;

@@ -13,9 +13,9 @@ use oncepay_devkit::workspace;
 use oncepay_domain::ids::PaymentId;
 use oncepay_domain::status::PaymentStatus;
 use oncepay_provider::Charge;
-use oncepay_provider::webhook_signature::WebhookSecret;
 use oncepay_simulator::client::SimulatorClient;
 use oncepay_store::fixtures::tenant;
+use oncepay_webhook_signature::WebhookSecret;
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 

@@ -4,8 +4,8 @@
 //! [`PaymentProvider`] is the seam: the worker and the reconciler see only it, and a real provider is
 //! an adapter behind it. [`http::HttpProvider`] speaks the protocol in [`wire`], which the simulator
 //! serves too. [`outcome`] turns every call into a typed outcome (definitive, not sent, or uncertain),
-//! even one that got no response. [`webhook_signature`] signs and verifies the provider's webhooks.
-//! [`stripe`] is the adapter for Stripe, with its own wire format, classification and signatures.
+//! even one that got no response. The provider's webhooks are signed as Standard Webhooks
+//! (`oncepay_webhook_signature`). [`stripe`] is the adapter for Stripe, with its own wire format, classification and signatures.
 
 pub mod configured;
 #[cfg(feature = "fixtures")]
@@ -16,7 +16,6 @@ pub mod refund;
 pub mod settings;
 pub mod stripe;
 mod transport;
-pub mod webhook_signature;
 pub mod wire;
 
 use std::collections::BTreeMap;

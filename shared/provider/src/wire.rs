@@ -15,8 +15,8 @@
 //! - `GET /v1/refunds/{id}` returns a [`Refund`]; `GET /v1/refunds?charge=&idempotency_key=` and
 //!   `GET /v1/refunds?created_gte=&created_lt=&starting_after=&limit=` return a [`RefundPage`]
 //!   (consistent: an empty page proves that there is none).
-//! - Webhooks deliver [`WebhookEvent`]s for charges and [`RefundEvent`]s for refunds, signed as in
-//!   [`webhook_signature`](crate::webhook_signature); [`ProviderEvent`] reads either.
+//! - Webhooks deliver [`WebhookEvent`]s for charges and [`RefundEvent`]s for refunds, signed as Standard
+//!   Webhooks (`oncepay_webhook_signature`); [`ProviderEvent`] reads either.
 
 use std::collections::BTreeMap;
 

@@ -2,13 +2,13 @@
 
 use std::time::{Duration, Instant};
 
-use oncepay_provider::webhook_signature::{DEFAULT_TOLERANCE_SECS, SignedHeaders, WebhookSecret, verify};
 use oncepay_provider::wire::{
     Charge, ChargeStatus, EventType, ProviderEvent, Refund, RefundEvent, RefundEventType, WebhookEvent,
 };
 use oncepay_simulator::clock::unix_now;
 use oncepay_simulator::control::PlantCharge;
 use oncepay_simulator::faults::FaultsPatch;
+use oncepay_webhook_signature::{DEFAULT_TOLERANCE_SECS, SignedHeaders, WebhookSecret, verify};
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, Request, ResponseTemplate};
 

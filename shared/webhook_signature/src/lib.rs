@@ -1,6 +1,8 @@
 //! Standard Webhooks signatures: `v1,<base64 HMAC-SHA256(secret, "{id}.{timestamp}.{body}")>`.
 //!
-//! The provider signs each delivery with the headers `webhook-id`, `webhook-timestamp` (Unix seconds)
+//! One implementation for both directions: the provider's webhooks to oncepay (the simulator signs,
+//! the reconciler verifies), and oncepay's deliveries as a merchant verifies them
+//! (`oncepay_client::webhooks`). A sender signs each delivery with the headers `webhook-id`, `webhook-timestamp` (Unix seconds)
 //! and `webhook-signature` (space-separated `version,signature` pairs, several during a secret
 //! rotation). Secrets are written `whsec_<base64>`; the HMAC key is the decoded bytes.
 
