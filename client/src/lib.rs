@@ -2,7 +2,8 @@
 //!
 //! It owns the client side of the at-most-once promise: a [`PaymentIntent`] (and a
 //! [`RefundIntent`]) fixes its idempotency key and body when it is built, and the [`Client`] never
-//! makes a key, so no retry can go out under a new one. It must not depend on oncepay's server crates, and never logs the API key,
+//! makes a key, so no retry can go out under a new one. It must not depend on oncepay's server crates
+//! (only on `oncepay-webhook-signature`, for [`webhooks::verify_webhook`]), and never logs the API key,
 //! idempotency keys or request bodies.
 //!
 //! ```no_run
@@ -34,6 +35,7 @@ mod publisher;
 mod refund_intent;
 mod resource;
 mod retry;
+pub mod webhooks;
 
 pub use client::{Client, ClientBuilder};
 #[cfg(feature = "broker")]
@@ -49,3 +51,4 @@ pub use resource::{
     PaymentStatus, Refund, RefundId, RefundReason, RefundStatus,
 };
 pub use retry::{Jitter, RetryPolicy};
+pub use webhooks::verify_webhook;

@@ -13,3 +13,4 @@ mod refunds;
 mod secrets;
 mod support;
 mod wait;
+mod webhooks;
