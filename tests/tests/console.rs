@@ -330,6 +330,11 @@ async fn operators_find_propose_and_approve_in_a_real_browser_and_see_only_their
     assert!(overview.contains("/console/dead-letters?kind=unresolved"), "the open dead letter is counted");
     assert!(overview.contains("Payments from RabbitMQ") && overview.contains(">2h "), "the broker's queues");
     bob.screenshot("overview.png").await;
+    // The broker's figures are below the fold: the same page, scrolled to them.
+    let to_broker =
+        "[...document.querySelectorAll('h2')].find(h => h.textContent === 'Payments from RabbitMQ').scrollIntoView()";
+    bob.client().execute(to_broker, vec![]).await.unwrap();
+    bob.screenshot("overview-broker.png").await;
     bob.open("/console/proposals").await;
     bob.click(&format!("a[href='/console/payments/{payment_id}']")).await;
     bob.until("Waiting for approval").await;
