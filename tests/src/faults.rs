@@ -196,11 +196,19 @@ impl Schedule {
             actions.extend(broker_faults(seed, last, every));
         }
 
-        // Simulator phases over the whole span.
+        // Simulator phases over the whole span. The second and third (the first starts before the
+        // load does) malform responses often, whatever was drawn for them: a phase's few new charges
+        // and refunds at a drawn rate can all come back whole.
         let mut at = Duration::ZERO;
+        let mut phase = 0;
         while at < span {
-            actions.push(Scheduled { at, action: Action::SimulatorFaults(Box::new(simulator_phase(&mut rng))) });
+            let mut faults = simulator_phase(&mut rng);
+            if (1..=2).contains(&phase) {
+                faults.malformed_rate = Some(faults.malformed_rate.unwrap_or(0.0).max(MALFORMED_AT_LEAST));
+            }
+            actions.push(Scheduled { at, action: Action::SimulatorFaults(Box::new(faults)) });
             at += intensity.simulator_phase;
+            phase += 1;
         }
 
         actions.sort_by_key(|scheduled| scheduled.at);
@@ -234,6 +242,11 @@ fn broker_faults(seed: u64, span: Duration, every: Duration) -> Vec<Scheduled> {
     }
     actions
 }
+
+/// The share of new charges and refunds two phases of every run report malformed, at least. The chaos test asserts that a
+/// run injected each kind of fault it names, and drawn rates (at most 0.08, often 0) left a whole run
+/// without a malformed response now and then.
+const MALFORMED_AT_LEAST: f64 = 0.25;
 
 /// One phase's simulator faults: sometimes calm, usually a mix of latency, declines, 5xx before and
 /// after charging, hangs past the worker's timeout, charges made seconds after their request,
@@ -500,6 +513,23 @@ mod tests {
     fn the_first_worker_start_always_arms_a_fail_point() {
         for seed in 0..100 {
             assert!(FailPointDraw::new(seed).for_next_start().is_some(), "seed {seed}");
+        }
+    }
+
+    #[test]
+    fn every_run_has_a_phase_that_malforms_responses_often() {
+        for seed in 0..100 {
+            let schedule = Schedule::draw(seed, Duration::from_secs(75), intensity(), &counts(), 0);
+            let most = schedule
+                .actions
+                .iter()
+                .filter_map(|scheduled| match &scheduled.action {
+                    Action::SimulatorFaults(phase) => phase.malformed_rate,
+                    _ => None,
+                })
+                .fold(0.0, f64::max);
+
+            assert!(most >= MALFORMED_AT_LEAST, "seed {seed}: at most {most}");
         }
     }
 
