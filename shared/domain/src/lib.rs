@@ -1,15 +1,14 @@
-//! oncepay's domain: what a payment and a refund are and which states they move through, money, ids, API keys,
-//! operators' personal tokens, idempotency keys, references to things at the provider, what a
-//! payment request must look like, how a request is fingerprinted, and JSON read strictly (no
-//! member named twice).
-//!
-//! Pure: no I/O. With the `sqlx` feature, ids, money, provider references and the payment and refund
-//! statuses can be bound to and read from PostgreSQL columns.
+//! oncepay's domain: what a payment and a refund are and which states they move through, the events
+//! their changes send merchants and where they may be sent, money, ids, API keys, operators'
+//! personal tokens, idempotency keys, references to things at the provider, what a payment request
+//! must look like, how a request is fingerprinted, and JSON read strictly (no member named twice).
 
 pub mod api_key;
+pub mod endpoint_url;
 pub mod fingerprint;
 pub mod idempotency_key;
 pub mod ids;
+pub mod merchant_event;
 pub mod money;
 pub mod operator_token;
 pub mod payment;
@@ -19,3 +18,4 @@ pub mod refund;
 pub mod refund_status;
 pub mod status;
 pub mod strict_json;
+pub mod webhook_endpoint;

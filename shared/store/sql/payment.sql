@@ -20,6 +20,7 @@ SELECT tenant_id AS "tenant_id: TenantId",
        first_sent_at,
        refunded,
        created_at,
-       updated_at
+       updated_at,
+       event_count
 FROM payments
 WHERE tenant_id = $1 AND payment_id = ANY($2)

@@ -32,7 +32,8 @@ SELECT tenant_id AS "tenant_id!: TenantId",
        first_sent_at,
        refunded AS "refunded!",
        created_at AS "created_at!",
-       updated_at AS "updated_at!"
+       updated_at AS "updated_at!",
+       event_count AS "event_count!"
 -- Every argument is cast: the benchmark's pgbench script passes text arrays.
 FROM settle_payments($1::uuid, $2::uuid[], $3::text[]::payment_status[], $4::text[]::payment_status[],
                      $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::jsonb[], $11::bigint[],

@@ -447,6 +447,8 @@ fn intake_of(row: IntakeRow, new: &NewPayment) -> Result<Intake, StoreError> {
             refunded: 0,
             created_at,
             updated_at,
+            // Its history starts with its acceptance.
+            event_count: 1,
         },
         key_expires_at: row.expires_at,
     })))

@@ -17,6 +17,9 @@ pub mod fixtures;
 // create payments exactly as the api does.
 pub mod intake;
 pub mod leases;
+pub mod merchant_deliveries;
+pub mod merchant_endpoints;
+pub mod merchant_events;
 pub mod notify;
 pub mod outbox;
 pub mod payments;

@@ -59,6 +59,8 @@ pub struct Payment {
     pub created_at: OffsetDateTime,
     /// When its status last changed.
     pub updated_at: OffsetDateTime,
+    /// How many changes its history holds: the last change's place (`payment_events.seq`).
+    pub event_count: i32,
 }
 
 impl From<&Payment> for PaymentResource {
@@ -147,6 +149,7 @@ mod tests {
             refunded: 0,
             created_at: datetime!(2026-11-22 04:23:00.5 UTC),
             updated_at: datetime!(2026-11-22 04:23:01 UTC),
+            event_count: 1,
         }
     }
 

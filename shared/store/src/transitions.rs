@@ -1,7 +1,8 @@
 //! Status changes, persisted.
 //!
 //! Each change is decided by [`oncepay_domain::status::next`] and written as a compare-and-set
-//! (`UPDATE payments … WHERE status = <from>`) together with an audit row. Zero rows updated means
+//! (`UPDATE payments … WHERE status = <from>`) together with an audit row and, for a change a
+//! merchant hears of, its event ([`crate::merchant_events`]). Zero rows updated means
 //! another actor moved the payment first: that is [`Recorded::LostRace`], a normal outcome. Callers own
 //! the transaction and any guard of their own (the worker's fencing token), and must not hold it
 //! across a provider call.
@@ -15,14 +16,15 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use oncepay_domain::ids::{PaymentId, TenantId};
+use oncepay_domain::merchant_event::EventType;
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::payment::PaymentResource;
 use oncepay_domain::provider_ref::{PaymentMethod, ProviderAccount, ProviderCustomer};
 use oncepay_domain::refund_status::{IllegalRefundTransition, RefundStatus, RefundTransition};
 use oncepay_domain::status::{self, IllegalTransition, PaymentStatus, Transition};
 
-use crate::StoreError;
-use crate::payments::Payment;
+use crate::payments::{self, Payment};
+use crate::{StoreError, merchant_events};
 
 /// One status change to persist.
 #[derive(Debug, Clone)]
@@ -177,6 +179,12 @@ async fn write_change(
     .execute(&mut *conn)
     .await
     .map_err(StoreError::from)?;
+    if EventType::of_payment_change(change.from, to).is_some() {
+        let payment = payments::fetch(conn, change.tenant_id, change.payment_id)
+            .await?
+            .ok_or_else(|| StoreError::Unexpected(sqlx::Error::RowNotFound.into()))?;
+        merchant_events::of_payments(conn, change.tenant_id, &[(&payment, change.from)]).await?;
+    }
     if wake {
         wake_long_polls(conn, &[change.payment_id.as_uuid()]).await?;
     }
@@ -357,6 +365,11 @@ async fn write_tenant_settlements(
             .execute(&mut *conn)
             .await
             .map_err(StoreError::from)?;
+        let previous: HashMap<PaymentId, PaymentStatus> =
+            changes.iter().map(|(change, _)| (change.payment_id, change.from)).collect();
+        let events: Vec<(&Payment, PaymentStatus)> =
+            moved.iter().filter_map(|p| previous.get(&p.payment_id).map(|from| (p, *from))).collect();
+        merchant_events::of_payments(conn, tenant_id, &events).await?;
     }
     Ok(moved)
 }

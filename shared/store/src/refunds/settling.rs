@@ -20,6 +20,7 @@ use sqlx::types::Json;
 use time::OffsetDateTime;
 
 use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
+use oncepay_domain::merchant_event::EventType;
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::provider_ref::ProviderAccount;
 use oncepay_domain::refund::RefundResource;
@@ -27,7 +28,7 @@ use oncepay_domain::refund_status::{self, RefundStatus, RefundTransition};
 use oncepay_provider::{Refund as ProviderRefund, RefundState};
 
 use super::{REFUND_CHANNEL, REFUND_OUTBOX_CHANNEL, Refund};
-use crate::StoreError;
+use crate::{StoreError, merchant_events};
 use crate::transitions::{Recorded, TransitionError};
 
 /// One status change of a refund to persist.
@@ -111,6 +112,12 @@ pub async fn apply(
         return Ok(Recorded::LostRace);
     };
     write_event(conn, change, to, place).await?;
+    if EventType::of_refund_change(change.from, to).is_some() {
+        let refund = super::find(conn, change.tenant_id, change.refund_id)
+            .await?
+            .ok_or_else(|| StoreError::Unexpected(sqlx::Error::RowNotFound.into()))?;
+        merchant_events::of_refund(conn, &refund, change.from).await?;
+    }
     if to == RefundStatus::Pending {
         sqlx::query!(
             r#"
@@ -192,6 +199,7 @@ pub async fn settle(
     // The update counted this change's row: its place in the refund's history is the count.
     write_event(conn, change, to, refund.event_count).await?;
     book(conn, &refund, settlement).await?;
+    merchant_events::of_refund(conn, &refund, change.from).await?;
     let body = serde_json::to_value(RefundResource::from(&refund))
         .map_err(|e| StoreError::Unexpected(sqlx::Error::Encode(Box::new(e)).into()))?;
     sqlx::query!(

@@ -1,0 +1,400 @@
+//! Deliveries of events to merchants' endpoints: claimed by the worker under a lease and a fencing
+//! token, as the outbox is, and recorded with every attempt.
+//!
+//! A claim takes due deliveries of enabled endpoints, at most `per_endpoint` leased at once for any
+//! one endpoint (so one slow endpoint holds no worker hostage), and never a delivery while an
+//! earlier event of the same payment is still pending for the same endpoint: a payment's events
+//! reach an endpoint in order. A recording names the fencing token it was claimed with; one whose
+//! lease was taken over writes nothing. A replay queues a delivery again, under the same
+//! `webhook-id`.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use sqlx::{Connection, PgConnection};
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use oncepay_domain::ids::TenantId;
+use oncepay_domain::merchant_event::EventType;
+use oncepay_domain::webhook_endpoint::EndpointResource;
+
+use crate::StoreError;
+use crate::merchant_endpoints;
+use crate::merchant_events::{self, NewEvent};
+
+/// A delivery a worker holds.
+#[derive(Clone)]
+pub struct ClaimedDelivery {
+    /// The endpoint's owner.
+    pub tenant_id: TenantId,
+    /// The endpoint.
+    pub endpoint_id: Uuid,
+    /// The event: also the `webhook-id`, the same on every attempt and replay.
+    pub event_id: Uuid,
+    /// The token the recording must still match.
+    pub fencing_token: i64,
+    /// Attempts made before this one since the delivery was queued or replayed.
+    pub attempts: i32,
+    /// The event's type.
+    pub event_type: String,
+    /// The event's `data`.
+    pub data: Value,
+    /// When the event was written.
+    pub created_at: OffsetDateTime,
+    /// Where to send it.
+    pub url: String,
+    /// The secrets to sign with: the current one, and the previous one during a rotation.
+    pub secrets: Vec<String>,
+}
+
+impl std::fmt::Debug for ClaimedDelivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClaimedDelivery")
+            .field("endpoint_id", &self.endpoint_id)
+            .field("event_id", &self.event_id)
+            .field("fencing_token", &self.fencing_token)
+            .field("attempts", &self.attempts)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Claims up to `limit` due deliveries for `worker` for `lease`, at most `per_endpoint` of any
+/// endpoint leased at once, oldest due first.
+pub async fn claim(
+    conn: &mut PgConnection,
+    worker: &str,
+    limit: u32,
+    per_endpoint: u32,
+    lease: Duration,
+) -> Result<Vec<ClaimedDelivery>, StoreError> {
+    let rows = sqlx::query!(
+        r#"
+        WITH leased AS (
+            SELECT tenant_id, endpoint_id, count(*) AS n FROM merchant_deliveries
+            WHERE state = 'pending' AND locked_until > now()
+            GROUP BY tenant_id, endpoint_id
+        ), candidates AS (
+            -- Each enabled endpoint's oldest due deliveries that wait for no earlier event of their
+            -- payment, as many as the endpoint has room for.
+            SELECT c.tenant_id, c.endpoint_id, c.event_id, c.next_attempt_at
+            FROM merchant_endpoints p
+            LEFT JOIN leased l ON l.tenant_id = p.tenant_id AND l.endpoint_id = p.endpoint_id
+            CROSS JOIN LATERAL (
+                SELECT d.tenant_id, d.endpoint_id, d.event_id, d.next_attempt_at,
+                       row_number() OVER (ORDER BY d.next_attempt_at, d.event_order) AS place
+                FROM merchant_deliveries d
+                WHERE d.tenant_id = p.tenant_id AND d.endpoint_id = p.endpoint_id
+                  AND d.state = 'pending' AND d.next_attempt_at <= now()
+                  AND (d.locked_until IS NULL OR d.locked_until < now())
+                  AND NOT EXISTS (
+                      SELECT 1 FROM merchant_deliveries e
+                      WHERE e.tenant_id = d.tenant_id AND e.endpoint_id = d.endpoint_id
+                        AND e.payment_id = d.payment_id AND e.state = 'pending'
+                        AND e.event_order < d.event_order)
+                ORDER BY d.next_attempt_at, d.event_order
+                LIMIT $3
+            ) c
+            WHERE p.enabled AND c.place <= $3 - COALESCE(l.n, 0)
+        ), due AS (
+            SELECT d.tenant_id, d.endpoint_id, d.event_id
+            FROM merchant_deliveries d
+            JOIN candidates c USING (tenant_id, endpoint_id, event_id)
+            WHERE d.state = 'pending' AND (d.locked_until IS NULL OR d.locked_until < now())
+            ORDER BY c.next_attempt_at
+            LIMIT $2
+            FOR UPDATE OF d SKIP LOCKED
+        ), claimed AS (
+            UPDATE merchant_deliveries d
+            SET locked_by = $1, locked_until = now() + make_interval(secs => $4),
+                fencing_token = d.fencing_token + 1, updated_at = now()
+            FROM due
+            WHERE d.tenant_id = due.tenant_id AND d.endpoint_id = due.endpoint_id AND d.event_id = due.event_id
+            RETURNING d.tenant_id, d.endpoint_id, d.event_id, d.fencing_token, d.attempts
+        )
+        SELECT c.tenant_id AS "tenant_id!: TenantId", c.endpoint_id AS "endpoint_id!", c.event_id AS "event_id!",
+               c.fencing_token AS "fencing_token!", c.attempts AS "attempts!",
+               ev.type AS "event_type!", ev.data AS "data!", ev.created_at AS "created_at!",
+               p.url AS "url!", p.secret AS "secret!",
+               CASE WHEN p.previous_secret_until > now() THEN p.previous_secret END AS previous_secret
+        FROM claimed c
+        JOIN merchant_events ev ON ev.tenant_id = c.tenant_id AND ev.event_id = c.event_id
+        JOIN merchant_endpoints p ON p.tenant_id = c.tenant_id AND p.endpoint_id = c.endpoint_id
+        "#,
+        worker,
+        i64::from(limit),
+        i64::from(per_endpoint),
+        lease.as_secs_f64(),
+    )
+    .fetch_all(conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| ClaimedDelivery {
+            tenant_id: row.tenant_id,
+            endpoint_id: row.endpoint_id,
+            event_id: row.event_id,
+            fencing_token: row.fencing_token,
+            attempts: row.attempts,
+            event_type: row.event_type,
+            data: row.data,
+            created_at: row.created_at,
+            url: row.url,
+            secrets: std::iter::once(row.secret).chain(row.previous_secret).collect(),
+        })
+        .collect())
+}
+
+/// One attempt, as the worker saw it.
+#[derive(Debug, Clone)]
+pub struct Attempt {
+    /// When it was sent.
+    pub attempted_at: OffsetDateTime,
+    /// The status the endpoint answered, if it answered.
+    pub status: Option<u16>,
+    /// The first bytes of the response body.
+    pub response: String,
+    /// What went wrong, if anything did.
+    pub error: Option<String>,
+}
+
+/// What becomes of a delivery after an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// The endpoint took it.
+    Delivered,
+    /// Try again this long after now.
+    RetryIn(Duration),
+    /// The schedule is spent: the delivery is dead-lettered, with its attempts.
+    DeadLetter,
+}
+
+/// What recording an attempt did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recording {
+    /// Recorded.
+    Recorded {
+        /// Whether this attempt disabled its endpoint (`gone`, or failing for too long).
+        disabled: bool,
+    },
+    /// The lease was taken over: another worker owns the delivery now, and nothing was written.
+    LeaseLost,
+}
+
+/// How an endpoint's health follows an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Health {
+    /// It answered 2xx.
+    Took,
+    /// It failed; it is disabled as `failing` once it has failed for `disable_after`.
+    Failed {
+        /// How long an endpoint may fail before it is disabled.
+        disable_after: Duration,
+    },
+    /// It answered 410: it is disabled as `gone` at once.
+    Gone,
+}
+
+/// Records an attempt of `claimed`, what becomes of the delivery, and the endpoint's health, in one
+/// transaction. An endpoint this attempt disables sends `endpoint.disabled` to the tenant's other
+/// endpoints.
+pub async fn record(
+    conn: &mut PgConnection,
+    claimed: &ClaimedDelivery,
+    worker: &str,
+    attempt: &Attempt,
+    next: Next,
+    health: Health,
+) -> Result<Recording, StoreError> {
+    let mut tx = conn.begin().await?;
+    let (state, retry_in) = match next {
+        Next::Delivered => ("delivered", None),
+        Next::RetryIn(delay) => ("pending", Some(delay.as_secs_f64())),
+        Next::DeadLetter => ("dead_lettered", None),
+    };
+    let moved = sqlx::query!(
+        r#"
+        UPDATE merchant_deliveries
+        SET state = $5, attempts = attempts + 1,
+            next_attempt_at = now() + make_interval(secs => COALESCE($6::float8, 0)),
+            delivered_at = CASE WHEN $5 = 'delivered' THEN now() END,
+            locked_by = NULL, locked_until = NULL, updated_at = now()
+        WHERE tenant_id = $1 AND endpoint_id = $2 AND event_id = $3 AND fencing_token = $4 AND state = 'pending'
+        "#,
+        claimed.tenant_id.as_uuid(),
+        claimed.endpoint_id,
+        claimed.event_id,
+        claimed.fencing_token,
+        state,
+        retry_in,
+    )
+    .execute(&mut *tx)
+    .await?;
+    if moved.rows_affected() == 0 {
+        return Ok(Recording::LeaseLost);
+    }
+    sqlx::query!(
+        r#"
+        INSERT INTO merchant_delivery_attempts (tenant_id, endpoint_id, event_id, attempted_at, worker, status, response, error)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+        "#,
+        claimed.tenant_id.as_uuid(),
+        claimed.endpoint_id,
+        claimed.event_id,
+        attempt.attempted_at,
+        worker,
+        attempt.status.map(i32::from),
+        attempt.response,
+        attempt.error,
+    )
+    .execute(&mut *tx)
+    .await?;
+    let disabled = follow_health(&mut tx, claimed, attempt.attempted_at, health).await?;
+    tx.commit().await?;
+    Ok(Recording::Recorded { disabled })
+}
+
+/// Marks the endpoint healthy or failing, disabling it when `health` says so; true if this call
+/// disabled it (and wrote its `endpoint.disabled` event).
+async fn follow_health(
+    conn: &mut PgConnection,
+    claimed: &ClaimedDelivery,
+    attempted_at: OffsetDateTime,
+    health: Health,
+) -> Result<bool, StoreError> {
+    let (tenant_id, endpoint_id) = (claimed.tenant_id.as_uuid(), claimed.endpoint_id);
+    let reason = match health {
+        Health::Took => {
+            sqlx::query!(
+                "UPDATE merchant_endpoints SET failing_since = NULL
+                 WHERE tenant_id = $1 AND endpoint_id = $2 AND failing_since IS NOT NULL",
+                tenant_id,
+                endpoint_id,
+            )
+            .execute(conn)
+            .await?;
+            return Ok(false);
+        }
+        Health::Gone => "gone",
+        Health::Failed { .. } => "failing",
+    };
+    let disable_after = match health {
+        Health::Failed { disable_after } => Some(disable_after.as_secs_f64()),
+        Health::Took | Health::Gone => None,
+    };
+    let disabled = sqlx::query_scalar!(
+        r#"
+        WITH verdict AS (
+            SELECT COALESCE(failing_since, $3) AS failing_since,
+                   enabled AND ($5::float8 IS NULL
+                                OR COALESCE(failing_since, $3) <= now() - make_interval(secs => $5::float8)) AS disable
+            FROM merchant_endpoints
+            WHERE tenant_id = $1 AND endpoint_id = $2
+            FOR UPDATE
+        )
+        UPDATE merchant_endpoints p
+        SET failing_since = v.failing_since,
+            enabled = p.enabled AND NOT v.disable,
+            disabled_reason = CASE WHEN v.disable THEN $4 ELSE p.disabled_reason END,
+            disabled_at = CASE WHEN v.disable THEN now() ELSE p.disabled_at END,
+            updated_at = CASE WHEN v.disable THEN now() ELSE p.updated_at END
+        FROM verdict v
+        WHERE p.tenant_id = $1 AND p.endpoint_id = $2
+        RETURNING v.disable AS "disabled!"
+        "#,
+        tenant_id,
+        endpoint_id,
+        attempted_at,
+        reason,
+        disable_after,
+    )
+    .fetch_optional(&mut *conn)
+    .await?
+    .unwrap_or(false);
+    if disabled {
+        let endpoint = merchant_endpoints::find(conn, claimed.tenant_id, claimed.endpoint_id)
+            .await?
+            .ok_or_else(|| StoreError::Unexpected(sqlx::Error::RowNotFound.into()))?;
+        let data = serde_json::to_value(EndpointResource::from(&endpoint))
+            .map_err(|e| StoreError::Unexpected(sqlx::Error::Encode(Box::new(e)).into()))?;
+        let event = NewEvent { event_type: EventType::EndpointDisabled, payment_id: None, refund_id: None, sequence: None, data };
+        merchant_events::write(conn, claimed.tenant_id, &[event]).await?;
+    }
+    Ok(disabled)
+}
+
+/// What a replay queued again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Replayed {
+    /// Deliveries queued again, or queued for the first time to an endpoint that takes the event.
+    pub deliveries: u64,
+}
+
+/// Queues `event_id` again for every enabled endpoint of the tenant that takes its type (or only
+/// `endpoint_id`), whatever became of its earlier deliveries; `None` if the tenant has no such
+/// event. A replay keeps the `webhook-id`, starts the retry schedule again and keeps the earlier
+/// attempts.
+pub async fn replay_event(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    event_id: Uuid,
+    endpoint_id: Option<Uuid>,
+) -> Result<Option<Replayed>, StoreError> {
+    let queued = sqlx::query!(
+        r#"
+        WITH event AS (
+            SELECT tenant_id, event_id, type, payment_id, event_order FROM merchant_events
+            WHERE tenant_id = $1 AND event_id = $2
+        ), queued AS (
+            INSERT INTO merchant_deliveries (tenant_id, endpoint_id, event_id, payment_id, event_order)
+            SELECT e.tenant_id, p.endpoint_id, e.event_id, e.payment_id, e.event_order
+            FROM event e
+            JOIN merchant_endpoints p
+              ON p.tenant_id = e.tenant_id AND p.enabled AND ($3::uuid IS NULL OR p.endpoint_id = $3)
+                 AND (p.event_types = '{}' OR e.type = ANY (p.event_types))
+            ON CONFLICT (tenant_id, endpoint_id, event_id) DO UPDATE
+            SET state = 'pending', attempts = 0, next_attempt_at = now(), delivered_at = NULL, updated_at = now()
+            -- A delivery in flight keeps its lease; it is sent once more when it ends.
+            RETURNING 1
+        )
+        SELECT (SELECT count(*) FROM event) AS "found!", (SELECT count(*) FROM queued) AS "queued!"
+        "#,
+        tenant_id.as_uuid(),
+        event_id,
+        endpoint_id,
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok((queued.found > 0).then_some(Replayed { deliveries: u64::try_from(queued.queued).unwrap_or(0) }))
+}
+
+/// Queues again every delivery to `endpoint_id` that was dead-lettered, of an event written at or
+/// after `since`; `None` if the tenant has no such endpoint.
+pub async fn replay_failed_since(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    endpoint_id: Uuid,
+    since: OffsetDateTime,
+) -> Result<Option<Replayed>, StoreError> {
+    let counts = sqlx::query!(
+        r#"
+        WITH endpoint AS (
+            SELECT endpoint_id FROM merchant_endpoints WHERE tenant_id = $1 AND endpoint_id = $2
+        ), queued AS (
+            UPDATE merchant_deliveries d
+            SET state = 'pending', attempts = 0, next_attempt_at = now(), updated_at = now()
+            FROM merchant_events e
+            WHERE d.tenant_id = $1 AND d.endpoint_id = $2 AND d.state = 'dead_lettered'
+              AND e.tenant_id = d.tenant_id AND e.event_id = d.event_id AND e.created_at >= $3
+            RETURNING 1
+        )
+        SELECT (SELECT count(*) FROM endpoint) AS "found!", (SELECT count(*) FROM queued) AS "queued!"
+        "#,
+        tenant_id.as_uuid(),
+        endpoint_id,
+        since,
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok((counts.found > 0).then_some(Replayed { deliveries: u64::try_from(counts.queued).unwrap_or(0) }))
+}
