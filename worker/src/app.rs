@@ -1,6 +1,8 @@
-//! Wiring the worker process together: the provider client, the pool, the drainer and the operations
-//! endpoints (`/healthz`, `/readyz`, `/metrics` on the `[http]` port), run until shutdown. No logic of
-//! its own.
+//! Wiring the worker process together: the provider client, the pool, the drainer, the event
+//! sender and the operations endpoints (`/healthz`, `/readyz`, `/metrics` on the `[http]` port), run
+//! until shutdown. No logic of its own.
+
+use std::time::Duration;
 
 use anyhow::Context;
 use oncepay_http::probes::{self, ProbeState};
@@ -9,6 +11,8 @@ use oncepay_store::db;
 use tokio_util::sync::CancellationToken;
 
 use crate::drainer::{Counts, Drainer};
+use crate::events::EventSender;
+use crate::events::http::Sender;
 use crate::refunds::RefundSender;
 use crate::settings::Settings;
 
@@ -20,6 +24,7 @@ pub struct App {
     listener: std::net::TcpListener,
     drainer: Drainer<ConfiguredProvider>,
     refunds: RefundSender<ConfiguredProvider>,
+    events: EventSender,
     ops: ProbeState,
 }
 
@@ -35,10 +40,13 @@ impl App {
         let provider = ConfiguredProvider::new(&settings.provider).context("building the provider client")?;
         let refunds = RefundSender::new(pool.clone(), provider.clone(), settings.drainer_config());
         let drainer = Drainer::new(pool.clone(), provider, settings.drainer_config());
+        let sender = Sender::new(Duration::from_millis(settings.events.timeout_ms), settings.events.policy())
+            .context("building the client events are delivered with")?;
+        let events = EventSender::new(pool.clone(), sender, settings.event_sender_config());
         let address = (settings.http.host.as_str(), settings.http.port);
         let listener = std::net::TcpListener::bind(address)
             .with_context(|| format!("binding the operations port {}:{}", address.0, address.1))?;
-        Ok(Self { listener, drainer, refunds, ops: ProbeState { pool, metrics } })
+        Ok(Self { listener, drainer, refunds, events, ops: ProbeState { pool, metrics } })
     }
 
     /// The operations port actually bound.
@@ -63,8 +71,10 @@ impl App {
             let shutdown = shutdown.clone();
             async move { refunds.run(shutdown).await }
         });
+        let events = tokio::spawn(self.events.run(shutdown.clone()));
         let counts = self.drainer.run(shutdown).await;
         refunds.await.context("the refund sender panicked")?;
+        events.await.context("the event sender panicked")?;
 
         server_handle.stop(true).await;
         server.await.context("the operations server panicked")?.context("the operations server failed")?;

@@ -5,10 +5,12 @@
 //! the outcome means ([`verdict`], pure) and records it under the lease's fencing token ([`record`],
 //! many at once through `oncepay_service::group_commit`). The worker never takes back an expired lease:
 //! `oncepay_store::leases::sweep` does, run by the reconciler. Refunds have a queue of their own,
-//! sent by [`refunds`] under the same protocol.
+//! sent by [`refunds`] under the same protocol. Events to merchants are delivered by [`events`], under
+//! leases and fencing tokens of their own.
 
 pub mod app;
 pub mod drainer;
+pub mod events;
 pub mod metrics;
 pub mod record;
 pub mod refunds;

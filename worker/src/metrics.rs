@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use metrics::{Unit, counter, describe_counter, describe_histogram, histogram};
+use oncepay_store::merchant_deliveries::{Health, Next};
 use time::OffsetDateTime;
 
 /// Outbox rows claimed.
@@ -22,6 +23,10 @@ pub const RECORD_ERRORS: &str = "oncepay_worker_record_errors_total";
 pub const DRAIN_LATENCY: &str = "oncepay_worker_drain_latency_seconds";
 /// How long provider calls take.
 pub const PROVIDER_CALL_DURATION: &str = "oncepay_worker_provider_call_duration_seconds";
+/// Attempts to deliver an event to a merchant's endpoint, by what became of the delivery.
+pub const EVENT_DELIVERIES: &str = "oncepay_worker_event_deliveries_total";
+/// Endpoints disabled by a delivery, by why (`gone`, `failing`).
+pub const ENDPOINTS_DISABLED: &str = "oncepay_worker_endpoints_disabled_total";
 
 /// What the worker sent: the `kind` label of every series.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,6 +76,35 @@ pub fn describe() {
         counter!(LEASE_LOST, "kind" => label).increment(0);
         counter!(RECORD_ERRORS, "kind" => label).increment(0);
     }
+    describe_counter!(
+        EVENT_DELIVERIES,
+        "Attempts to deliver an event to a merchant, by result (delivered, retry, dead_lettered, lease_lost)"
+    );
+    describe_counter!(ENDPOINTS_DISABLED, "Merchants' endpoints disabled by a delivery, by reason (gone, failing)");
+    for result in ["delivered", "retry", "dead_lettered", "lease_lost"] {
+        counter!(EVENT_DELIVERIES, "result" => result).increment(0);
+    }
+    for reason in ["gone", "failing"] {
+        counter!(ENDPOINTS_DISABLED, "reason" => reason).increment(0);
+    }
+}
+
+pub(crate) fn delivery(next: Next) {
+    let result = match next {
+        Next::Delivered => "delivered",
+        Next::RetryIn(_) => "retry",
+        Next::DeadLetter => "dead_lettered",
+    };
+    counter!(EVENT_DELIVERIES, "result" => result).increment(1);
+}
+
+pub(crate) fn delivery_lease_lost() {
+    counter!(EVENT_DELIVERIES, "result" => "lease_lost").increment(1);
+}
+
+pub(crate) fn endpoint_disabled(health: Health) {
+    let reason = if health == Health::Gone { "gone" } else { "failing" };
+    counter!(ENDPOINTS_DISABLED, "reason" => reason).increment(1);
 }
 
 pub(crate) fn claimed(kind: Kind, count: usize) {

@@ -14,6 +14,9 @@ use oncepay_service::config::{self, DatabaseSettings, HttpSettings, TelemetrySet
 use serde::Deserialize;
 
 use crate::drainer::DrainerConfig;
+use crate::events::EventSenderConfig;
+use crate::events::verdict::Rules;
+use oncepay_domain::endpoint_url::UrlPolicy;
 
 /// The embedded defaults.
 pub const DEFAULTS: &str = include_str!("../config/default.toml");
@@ -31,6 +34,42 @@ pub struct Settings {
     pub provider: ProviderSettings,
     /// The drainer.
     pub worker: WorkerSettings,
+    /// Delivering events to merchants.
+    pub events: EventSettings,
+}
+
+/// The `[events]` section.
+#[derive(Debug, Clone, Deserialize)]
+pub struct EventSettings {
+    /// Most deliveries one claim takes.
+    pub batch_size: u32,
+    /// Most deliveries in flight at once.
+    pub max_in_flight: u32,
+    /// Most deliveries in flight to one endpoint, across all workers.
+    pub per_endpoint: u32,
+    /// How long one attempt may take, in milliseconds.
+    pub timeout_ms: u64,
+    /// How long a claimed delivery stays leased, in seconds.
+    pub lease_secs: u64,
+    /// How often to look for due deliveries, in milliseconds.
+    pub poll_interval_ms: u64,
+    /// The delays before the second, third, … attempt, in seconds (fractions allowed).
+    pub retry_schedule_secs: Vec<f64>,
+    /// The longest `Retry-After` honoured, in seconds.
+    pub retry_after_cap_secs: u64,
+    /// How long an endpoint may fail before it is disabled, in seconds.
+    pub disable_after_secs: u64,
+    /// Plain `http` endpoints (tests and local runs only).
+    pub allow_http: bool,
+    /// Endpoints at loopback, private and link-local addresses (tests and local runs only).
+    pub allow_private_addresses: bool,
+}
+
+impl EventSettings {
+    /// What endpoints may be, beyond public `https`.
+    pub const fn policy(&self) -> UrlPolicy {
+        UrlPolicy { allow_http: self.allow_http, allow_private_addresses: self.allow_private_addresses }
+    }
 }
 
 /// The `[worker]` section.
@@ -86,9 +125,44 @@ impl Settings {
             longest_call_ms,
         );
         self.provider.validate().map_err(anyhow::Error::msg)?;
+        let events = &self.events;
+        ensure!(events.batch_size >= 1, "events.batch_size must be at least 1");
+        ensure!(events.max_in_flight >= 1, "events.max_in_flight must be at least 1");
+        ensure!(events.per_endpoint >= 1, "events.per_endpoint must be at least 1");
+        ensure!(events.poll_interval_ms >= 1, "events.poll_interval_ms must be at least 1");
+        ensure!(
+            events.retry_schedule_secs.iter().all(|secs| secs.is_finite() && *secs >= 0.0),
+            "events.retry_schedule_secs must hold durations of zero seconds or more"
+        );
+        // A lease that runs out under a live attempt hands the delivery to another worker while the
+        // first one is still sending it.
+        ensure!(
+            u128::from(events.lease_secs) * 1000 > u128::from(events.timeout_ms),
+            "events.lease_secs ({} s) must exceed events.timeout_ms ({} ms)",
+            events.lease_secs,
+            events.timeout_ms,
+        );
         // The listener holds one connection for good; claims and records need at least one more.
         ensure!(self.database.max_connections >= 2, "database.max_connections must be at least 2");
         Ok(())
+    }
+
+    /// The event sender's configuration, under the drainer's worker name.
+    pub fn event_sender_config(&self) -> EventSenderConfig {
+        let events = &self.events;
+        EventSenderConfig {
+            worker_id: self.drainer_config().worker_id,
+            batch_size: events.batch_size,
+            max_in_flight: events.max_in_flight,
+            per_endpoint: events.per_endpoint,
+            lease: Duration::from_secs(events.lease_secs),
+            poll_interval: Duration::from_millis(events.poll_interval_ms),
+            rules: Rules {
+                schedule: events.retry_schedule_secs.iter().copied().map(Duration::from_secs_f64).collect(),
+                retry_after_cap: Duration::from_secs(events.retry_after_cap_secs),
+                disable_after: Duration::from_secs(events.disable_after_secs),
+            },
+        }
     }
 
     /// The drainer's configuration, naming this worker `<hostname>-<pid>` unless `worker.id` is set.
@@ -135,6 +209,24 @@ mod tests {
         let drainer = settings.drainer_config();
         assert_eq!(drainer.key_window.resend_horizon(), Duration::from_secs(86_400 - 3_600));
         assert!(drainer.worker_id.ends_with(&format!("-{}", std::process::id())), "{}", drainer.worker_id);
+    }
+
+    #[test]
+    fn the_default_retry_schedule_is_the_published_one() {
+        let events = defaults().event_sender_config();
+        let published: Vec<Duration> =
+            crate::events::verdict::DEFAULT_SCHEDULE_SECS.iter().copied().map(Duration::from_secs).collect();
+
+        assert_eq!(events.rules.schedule, published);
+        assert_eq!(events.rules.disable_after, Duration::from_secs(5 * 86_400));
+    }
+
+    #[test]
+    fn an_event_lease_shorter_than_an_attempt_is_refused() {
+        let mut settings = defaults();
+        settings.events.timeout_ms = 60_000;
+
+        assert!(settings.validate().is_err());
     }
 
     #[test]

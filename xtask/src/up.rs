@@ -230,6 +230,12 @@ async fn database(citus: bool, server: &mut Option<Server>) -> anyhow::Result<St
     }
 }
 
+/// `spec` allowing merchants' endpoints on this machine (`http://127.0.0.1:…`), as a local run needs
+/// and production must not (docs/events.md, "Where an endpoint may point").
+fn local_endpoints(spec: Spec) -> Spec {
+    spec.setting("events.allow_http", "true").setting("events.allow_private_addresses", "true")
+}
+
 /// How `up` sets up each process: what they share (the database, the provider, the logs) and what
 /// each one alone is given. Each process gets only its own settings.
 struct Processes<'a> {
@@ -288,12 +294,13 @@ impl Processes<'_> {
     }
 
     fn worker(&self) -> Spec {
-        self.with_provider(self.spec("worker", self.bin.join("oncepay-worker")), "oncepay_worker").port(WORKER_PORT)
+        let spec = self.spec("worker", self.bin.join("oncepay-worker"));
+        local_endpoints(self.with_provider(spec, "oncepay_worker").port(WORKER_PORT))
     }
 
     fn api(&self) -> Spec {
         let spec = self.with_database(self.spec("api", self.bin.join("oncepay-api")), "oncepay_api").port(API_PORT);
-        let spec = spec.setting("broker.url", self.amqp_url);
+        let spec = local_endpoints(spec.setting("broker.url", self.amqp_url));
         match self.provider {
             Provider::Simulator => spec,
             // Intake refuses what Stripe could never charge.

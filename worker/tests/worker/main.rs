@@ -9,6 +9,7 @@
 
 mod app;
 mod concurrency;
+mod events;
 mod fairness;
 mod fencing;
 mod leases;

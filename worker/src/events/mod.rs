@@ -1,0 +1,121 @@
+//! Delivering events to merchants' endpoints (issue 49), in the worker beside the sends: no new
+//! process, and more workers deliver more.
+//!
+//! The loop claims due deliveries (`oncepay_store::merchant_deliveries::claim`: leased, fenced, at
+//! most a few per endpoint, a payment's in order), sends each ([`http`]), judges the answer
+//! ([`verdict`], pure) and records the attempt under the claim's fencing token. A worker that dies
+//! mid-delivery leaves a lease that runs out; the next claim takes the delivery again, and the
+//! endpoint may see it twice, with the same `webhook-id`: delivery is at least once.
+
+pub mod http;
+pub mod verdict;
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use oncepay_store::merchant_deliveries::{self, ClaimedDelivery, Recording};
+
+use crate::metrics;
+use http::Sender;
+use verdict::Rules;
+
+/// How the event sender runs.
+#[derive(Debug, Clone)]
+pub struct EventSenderConfig {
+    /// This worker's name in leases and attempts.
+    pub worker_id: String,
+    /// Most deliveries one claim takes.
+    pub batch_size: u32,
+    /// Most deliveries in flight at once.
+    pub max_in_flight: u32,
+    /// Most deliveries in flight to one endpoint, across all workers.
+    pub per_endpoint: u32,
+    /// How long a claimed delivery stays leased; longer than an attempt may take.
+    pub lease: Duration,
+    /// How often to look for due deliveries.
+    pub poll_interval: Duration,
+    /// How attempts are judged.
+    pub rules: Rules,
+}
+
+/// Delivers events until shutdown.
+#[derive(Clone)]
+pub struct EventSender {
+    pool: PgPool,
+    sender: Sender,
+    config: EventSenderConfig,
+}
+
+impl EventSender {
+    /// An event sender over `pool`, sending through `sender`.
+    pub fn new(pool: PgPool, sender: Sender, config: EventSenderConfig) -> Self {
+        Self { pool, sender, config }
+    }
+
+    /// Claims, sends and records until `shutdown`; then lets the deliveries in flight finish.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let mut in_flight = JoinSet::new();
+        loop {
+            while in_flight.try_join_next().is_some() {}
+            let room = self.config.max_in_flight.saturating_sub(u32::try_from(in_flight.len()).unwrap_or(u32::MAX));
+            let claimed = if room == 0 { Vec::new() } else { self.claim(room.min(self.config.batch_size)).await };
+            let idle = claimed.is_empty();
+            for delivery in claimed {
+                let this = self.clone();
+                in_flight.spawn(async move { this.deliver(delivery).await });
+            }
+            if idle {
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    () = tokio::time::sleep(self.config.poll_interval) => {}
+                    Some(_) = in_flight.join_next(), if !in_flight.is_empty() => {}
+                }
+            } else if shutdown.is_cancelled() {
+                break;
+            }
+        }
+        while in_flight.join_next().await.is_some() {}
+    }
+
+    async fn claim(&self, limit: u32) -> Vec<ClaimedDelivery> {
+        let claimed = async {
+            let mut conn = self.pool.acquire().await?;
+            merchant_deliveries::claim(&mut conn, &self.config.worker_id, limit, self.config.per_endpoint, self.config.lease)
+                .await
+        }
+        .await;
+        claimed.unwrap_or_else(|error: oncepay_store::StoreError| {
+            tracing::warn!(error = %error, "cannot claim event deliveries; trying again");
+            Vec::new()
+        })
+    }
+
+    async fn deliver(&self, claimed: ClaimedDelivery) {
+        let (outcome, attempt) = self.sender.send(&claimed, time::OffsetDateTime::now_utc()).await;
+        let number = u32::try_from(claimed.attempts).unwrap_or(0) + 1;
+        let (next, health) = verdict::judge(outcome, number, &self.config.rules, rand::random::<f64>());
+        let recorded = async {
+            let mut conn = self.pool.acquire().await?;
+            merchant_deliveries::record(&mut conn, &claimed, &self.config.worker_id, &attempt, next, health).await
+        }
+        .await;
+        match recorded {
+            Ok(Recording::Recorded { disabled }) => {
+                metrics::delivery(next);
+                if disabled {
+                    metrics::endpoint_disabled(health);
+                    tracing::warn!(endpoint.id = %claimed.endpoint_id, tenant.id = %claimed.tenant_id,
+                        "an endpoint was disabled: no more events go to it until the merchant enables it");
+                }
+            }
+            Ok(Recording::LeaseLost) => metrics::delivery_lease_lost(),
+            Err(error) => {
+                tracing::warn!(error = %error, event.id = %claimed.event_id,
+                    "cannot record a delivery attempt; its lease will run out and it is tried again");
+            }
+        }
+    }
+}

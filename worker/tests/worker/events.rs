@@ -1,0 +1,401 @@
+//! Events to merchants, end to end in the worker: a change writes its event in its transaction, and
+//! the event sender delivers it to a real receiver on 127.0.0.1 that verifies every delivery with
+//! the reference implementation (`standardwebhooks` 1.0.1), in order per payment, with retries,
+//! dead letters, disabling, the address rules and fencing.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use oncepay_domain::endpoint_url::UrlPolicy;
+use oncepay_domain::money::{Amount, Currency};
+use oncepay_domain::status::{PaymentStatus, Transition};
+use oncepay_store::merchant_deliveries::{self, Attempt, Health, Next, Recording};
+use oncepay_store::merchant_endpoints::{self, NewEndpoint};
+use oncepay_store::transitions::{self, Change, Settlement};
+use oncepay_webhook_signature::WebhookSecret;
+use oncepay_worker::events::http::Sender;
+use oncepay_worker::events::verdict::Rules;
+use oncepay_worker::events::{EventSender, EventSenderConfig};
+use serde_json::Value;
+use sqlx::PgPool;
+use standardwebhooks::Webhook;
+use time::OffsetDateTime;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
+
+use crate::support::{self, Accepted};
+
+/// What the receiver saw of one delivery.
+#[derive(Debug, Clone)]
+struct Seen {
+    id: String,
+    body: Value,
+    raw: Vec<u8>,
+    headers: http::HeaderMap,
+}
+
+/// A merchant's receiver: verifies every delivery with the reference implementation against its
+/// secret, keeps what it verified, and answers from a script (204 once the script is spent).
+#[derive(Clone)]
+struct Receiver {
+    secret: String,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    refused: Arc<Mutex<u32>>,
+    answers: Arc<Mutex<VecDeque<ResponseTemplate>>>,
+}
+
+impl Receiver {
+    async fn start(answers: Vec<ResponseTemplate>) -> (MockServer, Self) {
+        let receiver = Self {
+            secret: WebhookSecret::generate(),
+            seen: Arc::default(),
+            refused: Arc::default(),
+            answers: Arc::new(Mutex::new(answers.into())),
+        };
+        let server = MockServer::start().await;
+        Mock::given(wiremock::matchers::method("POST")).respond_with(receiver.clone()).mount(&server).await;
+        (server, receiver)
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+impl Respond for Receiver {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        if Webhook::new(&self.secret).unwrap().verify(&request.body, &request.headers).is_err() {
+            *self.refused.lock().unwrap() += 1;
+            return ResponseTemplate::new(400);
+        }
+        let id = request.headers.get("webhook-id").unwrap().to_str().unwrap().to_owned();
+        let body = serde_json::from_slice(&request.body).unwrap();
+        self.seen.lock().unwrap().push(Seen { id, body, raw: request.body.clone(), headers: request.headers.clone() });
+        self.answers.lock().unwrap().pop_front().unwrap_or_else(|| ResponseTemplate::new(204))
+    }
+}
+
+const OPEN: UrlPolicy = UrlPolicy { allow_http: true, allow_private_addresses: true };
+
+fn config(schedule: &[f64]) -> EventSenderConfig {
+    EventSenderConfig {
+        worker_id: "events-1".into(),
+        batch_size: 8,
+        max_in_flight: 8,
+        per_endpoint: 4,
+        lease: Duration::from_secs(30),
+        poll_interval: Duration::from_millis(20),
+        rules: Rules {
+            schedule: schedule.iter().copied().map(Duration::from_secs_f64).collect(),
+            retry_after_cap: Duration::from_secs(3600),
+            disable_after: Duration::from_secs(5 * 86_400),
+        },
+    }
+}
+
+/// Runs an event sender until `done` holds, or fails the test after a minute.
+async fn deliver_until<F, Fut>(pool: &PgPool, policy: UrlPolicy, config: EventSenderConfig, mut done: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let shutdown = CancellationToken::new();
+    let sender = EventSender::new(pool.clone(), Sender::new(Duration::from_secs(5), policy).unwrap(), config);
+    let running = tokio::spawn(sender.run(shutdown.clone()));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !done().await {
+        assert!(tokio::time::Instant::now() < deadline, "the deliveries did not finish");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    shutdown.cancel();
+    running.await.unwrap();
+}
+
+async fn endpoint(pool: &PgPool, tenant_id: oncepay_domain::ids::TenantId, url: &str, secret: &str, types: &[&str]) -> Uuid {
+    let types: Vec<String> = types.iter().map(|t| (*t).to_owned()).collect();
+    let new = NewEndpoint { url, description: "", event_types: &types, secret };
+    let mut conn = pool.acquire().await.unwrap();
+    merchant_endpoints::create(&mut conn, tenant_id, &new).await.unwrap().endpoint_id
+}
+
+fn change(accepted: Accepted, from: PaymentStatus, transition: Transition, actor: &'static str) -> Change<'static> {
+    Change {
+        tenant_id: accepted.tenant_id,
+        payment_id: accepted.payment_id,
+        from,
+        transition,
+        actor,
+        reason: "test",
+        detail: None,
+    }
+}
+
+fn charged() -> Settlement {
+    Settlement::Succeeded {
+        charge_id: format!("ch_{}", Uuid::now_v7().simple()),
+        amount: Amount::new(500).unwrap(),
+        currency: Currency::parse("EUR").unwrap(),
+        charged_at: OffsetDateTime::now_utc(),
+    }
+}
+
+/// Has a worker claim every pending payment (no provider is called).
+async fn claim(pool: &PgPool) {
+    support::drainer(pool, &support::refusing_url(), support::config("w")).claim(100).await.unwrap();
+}
+
+/// Claims the payment and settles it as charged.
+async fn succeed(pool: &PgPool, accepted: Accepted) {
+    claim(pool).await;
+    let mut conn = pool.acquire().await.unwrap();
+    let settled = transitions::settle(
+        &mut conn,
+        &change(accepted, PaymentStatus::Processing, Transition::Charged, "worker:w"),
+        &charged(),
+    )
+    .await
+    .unwrap();
+    assert!(matches!(settled, transitions::Recorded::Moved(_)));
+}
+
+async fn states(pool: &PgPool) -> Vec<(String, String, i32)> {
+    sqlx::query_as(
+        "SELECT e.type, d.state, d.attempts FROM merchant_deliveries d
+         JOIN merchant_events e USING (tenant_id, event_id) ORDER BY e.event_order, d.endpoint_id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+async fn all_settled(pool: &PgPool) -> bool {
+    let pending: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM merchant_deliveries WHERE state = 'pending'").fetch_one(pool).await.unwrap();
+    pending == 0
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_payment_that_succeeds_is_delivered_signed_with_its_sequence_and_previous_status(pool: PgPool) {
+    let (server, receiver) = Receiver::start(vec![]).await;
+    let tenant = support::tenant(&pool).await;
+    endpoint(&pool, tenant, &server.uri(), &receiver.secret, &[]).await;
+    // An endpoint for refunds only hears nothing of a payment.
+    let (other_server, other) = Receiver::start(vec![]).await;
+    endpoint(&pool, tenant, &other_server.uri(), &other.secret, &["refund.succeeded"]).await;
+    let accepted = support::accept(&pool, tenant, 500).await;
+    succeed(&pool, accepted).await;
+
+    deliver_until(&pool, OPEN, config(&[0.05]), || all_settled(&pool)).await;
+
+    let seen = receiver.seen();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(*receiver.refused.lock().unwrap(), 0);
+    let body = &seen[0].body;
+    assert_eq!(body["type"], "payment.succeeded");
+    assert_eq!(body["data"]["id"], accepted.payment_id.to_string());
+    assert_eq!(body["data"]["status"], "succeeded");
+    assert!(body["data"]["provider_charge_id"].as_str().is_some_and(|id| id.starts_with("ch_")), "{body}");
+    assert_eq!(body["data"]["previous_status"], "processing");
+    // Accepted, claimed, charged: the third change of its history.
+    assert_eq!(body["data"]["sequence"], 3);
+    assert!(body["timestamp"].as_str().is_some_and(|t| t.ends_with('Z')), "{body}");
+    let event_id: Uuid = sqlx::query_scalar("SELECT event_id FROM merchant_events").fetch_one(&pool).await.unwrap();
+    assert_eq!(seen[0].id, event_id.to_string(), "the webhook-id is the event's id");
+    assert_eq!(states(&pool).await, [("payment.succeeded".to_owned(), "delivered".to_owned(), 1)]);
+    assert!(other.seen().is_empty());
+    let (status, worker): (Option<i32>, String) =
+        sqlx::query_as("SELECT status, worker FROM merchant_delivery_attempts").fetch_one(&pool).await.unwrap();
+    assert_eq!((status, worker.as_str()), (Some(204), "events-1"));
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_change_that_rolls_back_writes_no_event(pool: PgPool) {
+    let tenant = support::tenant(&pool).await;
+    endpoint(&pool, tenant, "https://merchant.example/hooks", &WebhookSecret::generate(), &[]).await;
+    let accepted = support::accept(&pool, tenant, 500).await;
+    claim(&pool).await;
+    let mut tx = pool.begin().await.unwrap();
+    transitions::settle(&mut tx, &change(accepted, PaymentStatus::Processing, Transition::Charged, "worker:w"), &charged())
+        .await
+        .unwrap();
+    let inside: i64 = sqlx::query_scalar("SELECT count(*) FROM merchant_deliveries").fetch_one(&mut *tx).await.unwrap();
+    assert_eq!(inside, 1, "the change queued its event in its own transaction");
+    tx.rollback().await.unwrap();
+
+    let events: i64 = sqlx::query_scalar("SELECT count(*) FROM merchant_events").fetch_one(&pool).await.unwrap();
+    let deliveries: i64 = sqlx::query_scalar("SELECT count(*) FROM merchant_deliveries").fetch_one(&pool).await.unwrap();
+    assert_eq!((events, deliveries), (0, 0));
+    assert_eq!(support::status(&pool, accepted).await, PaymentStatus::Processing);
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_payments_events_reach_an_endpoint_in_order_even_when_the_first_is_retried(pool: PgPool) {
+    // The first attempt of the first event fails; the second event, due at once, must wait for it.
+    let (server, receiver) = Receiver::start(vec![ResponseTemplate::new(500)]).await;
+    let tenant = support::tenant(&pool).await;
+    endpoint(&pool, tenant, &server.uri(), &receiver.secret, &[]).await;
+    let accepted = support::accept(&pool, tenant, 500).await;
+    claim(&pool).await;
+    let mut conn = pool.acquire().await.unwrap();
+    for (from, transition) in [
+        (PaymentStatus::Processing, Transition::Uncertain),
+        (PaymentStatus::Unknown, Transition::Exhausted),
+    ] {
+        transitions::apply(&mut conn, &change(accepted, from, transition, "reconciler:r")).await.unwrap();
+    }
+    transitions::settle(
+        &mut conn,
+        &change(accepted, PaymentStatus::DeadLettered, Transition::OperatorSucceeded, "operator:ana"),
+        &charged(),
+    )
+    .await
+    .unwrap();
+    // Another payment's event is not held up by the first payment's retry.
+    let other = support::accept(&pool, tenant, 700).await;
+    succeed(&pool, other).await;
+
+    deliver_until(&pool, OPEN, config(&[0.3]), || all_settled(&pool)).await;
+
+    let seen: Vec<(String, String, i64)> = receiver
+        .seen()
+        .iter()
+        .map(|s| {
+            let data = &s.body["data"];
+            (s.body["type"].as_str().unwrap().to_owned(), data["id"].as_str().unwrap().to_owned(), data["sequence"].as_i64().unwrap())
+        })
+        .collect();
+    let first = accepted.payment_id.to_string();
+    let of_first: Vec<_> = seen.iter().filter(|(_, id, _)| *id == first).map(|(t, _, n)| (t.as_str(), *n)).collect();
+    assert_eq!(of_first, [("payment.dead_lettered", 4), ("payment.dead_lettered", 4), ("payment.resolved", 5)]);
+    let other_place = seen.iter().position(|(_, id, _)| *id == other.payment_id.to_string()).unwrap();
+    assert!(other_place < 2, "the other payment waited for the first one's retry: {seen:?}");
+    assert_eq!(
+        states(&pool).await,
+        [
+            ("payment.dead_lettered".to_owned(), "delivered".to_owned(), 2),
+            ("payment.resolved".to_owned(), "delivered".to_owned(), 1),
+            ("payment.succeeded".to_owned(), "delivered".to_owned(), 1),
+        ]
+    );
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_delivery_whose_schedule_is_spent_is_dead_lettered_with_every_attempt(pool: PgPool) {
+    let answers = vec![
+        ResponseTemplate::new(500).set_body_string("boom"),
+        ResponseTemplate::new(302).insert_header("location", "https://elsewhere.example/"),
+        ResponseTemplate::new(429).insert_header("retry-after", "0"),
+    ];
+    let (server, receiver) = Receiver::start(answers).await;
+    let tenant = support::tenant(&pool).await;
+    endpoint(&pool, tenant, &server.uri(), &receiver.secret, &[]).await;
+    succeed(&pool, support::accept(&pool, tenant, 500).await).await;
+
+    deliver_until(&pool, OPEN, config(&[0.05, 0.05]), || all_settled(&pool)).await;
+
+    assert_eq!(states(&pool).await, [("payment.succeeded".to_owned(), "dead_lettered".to_owned(), 3)]);
+    let attempts: Vec<(Option<i32>, String)> =
+        sqlx::query_as("SELECT status, response FROM merchant_delivery_attempts ORDER BY attempt_id").fetch_all(&pool).await.unwrap();
+    assert_eq!(attempts, [(Some(500), "boom".to_owned()), (Some(302), String::new()), (Some(429), String::new())]);
+    assert_eq!(receiver.seen().len(), 3, "the redirect was not followed");
+    let (enabled, failing): (bool, bool) =
+        sqlx::query_as("SELECT enabled, failing_since IS NOT NULL FROM merchant_endpoints").fetch_one(&pool).await.unwrap();
+    assert_eq!((enabled, failing), (true, true), "a failing endpoint stays enabled for days");
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn an_endpoint_that_answers_410_is_disabled_and_the_tenants_other_endpoints_hear_of_it(pool: PgPool) {
+    let (gone_server, gone) = Receiver::start(vec![ResponseTemplate::new(410)]).await;
+    let (server, receiver) = Receiver::start(vec![]).await;
+    let tenant = support::tenant(&pool).await;
+    let gone_id = endpoint(&pool, tenant, &gone_server.uri(), &gone.secret, &["payment.succeeded"]).await;
+    endpoint(&pool, tenant, &server.uri(), &receiver.secret, &["endpoint.disabled"]).await;
+    succeed(&pool, support::accept(&pool, tenant, 500).await).await;
+
+    deliver_until(&pool, OPEN, config(&[0.05]), || async {
+        receiver.seen().iter().any(|s| s.body["type"] == "endpoint.disabled")
+    })
+    .await;
+
+    let (enabled, reason): (bool, Option<String>) =
+        sqlx::query_as("SELECT enabled, disabled_reason FROM merchant_endpoints WHERE endpoint_id = $1")
+            .bind(gone_id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!((enabled, reason.as_deref()), (false, Some("gone")));
+    let told = receiver.seen();
+    assert_eq!(told.len(), 1);
+    assert_eq!(told[0].body["data"]["id"], gone_id.to_string());
+    assert_eq!(told[0].body["data"]["disabled_reason"], "gone");
+    assert_eq!(gone.seen().len(), 1, "nothing more goes to a disabled endpoint");
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn an_endpoint_at_a_private_address_is_never_connected_to(pool: PgPool) {
+    let (server, receiver) = Receiver::start(vec![]).await;
+    let tenant = support::tenant(&pool).await;
+    // `localhost` resolves to loopback: the name is allowed when saved, its address is not.
+    let by_name = server.uri().replace("127.0.0.1", "localhost");
+    endpoint(&pool, tenant, &by_name, &receiver.secret, &[]).await;
+    endpoint(&pool, tenant, &server.uri(), &receiver.secret, &[]).await;
+    succeed(&pool, support::accept(&pool, tenant, 500).await).await;
+    let strict = UrlPolicy { allow_http: true, allow_private_addresses: false };
+
+    deliver_until(&pool, strict, config(&[]), || all_settled(&pool)).await;
+
+    assert!(receiver.seen().is_empty());
+    let errors: Vec<(Option<i32>, Option<String>)> =
+        sqlx::query_as("SELECT status, error FROM merchant_delivery_attempts ORDER BY attempt_id").fetch_all(&pool).await.unwrap();
+    assert_eq!(errors.len(), 2);
+    for (status, error) in errors {
+        assert_eq!(status, None);
+        let error = error.unwrap();
+        assert!(error.contains("does not deliver to"), "{error}");
+    }
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn during_a_rotation_both_secrets_sign(pool: PgPool) {
+    let (server, receiver) = Receiver::start(vec![]).await;
+    let tenant = support::tenant(&pool).await;
+    let old = WebhookSecret::generate();
+    let id = endpoint(&pool, tenant, &server.uri(), &old, &[]).await;
+    let mut conn = pool.acquire().await.unwrap();
+    // The receiver knows only the new secret.
+    merchant_endpoints::rotate(&mut conn, tenant, id, &receiver.secret, Duration::from_secs(3600)).await.unwrap().unwrap();
+    succeed(&pool, support::accept(&pool, tenant, 500).await).await;
+
+    deliver_until(&pool, OPEN, config(&[]), || all_settled(&pool)).await;
+
+    let seen = receiver.seen();
+    assert_eq!(seen.len(), 1, "the new secret verifies");
+    assert!(Webhook::new(&old).unwrap().verify(&seen[0].raw, &seen[0].headers).is_ok(), "the old secret verifies too");
+    let signatures = seen[0].headers.get("webhook-signature").unwrap().to_str().unwrap();
+    assert_eq!(signatures.split(' ').count(), 2, "{signatures}");
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_recording_after_the_lease_was_taken_over_writes_nothing(pool: PgPool) {
+    let tenant = support::tenant(&pool).await;
+    endpoint(&pool, tenant, "https://merchant.example/hooks", &WebhookSecret::generate(), &[]).await;
+    succeed(&pool, support::accept(&pool, tenant, 500).await).await;
+    let mut conn = pool.acquire().await.unwrap();
+    let first = merchant_deliveries::claim(&mut conn, "w1", 8, 4, Duration::from_secs(30)).await.unwrap().remove(0);
+    assert!(merchant_deliveries::claim(&mut conn, "w2", 8, 4, Duration::from_secs(30)).await.unwrap().is_empty());
+    sqlx::query("UPDATE merchant_deliveries SET locked_until = now() - interval '1 second'").execute(&pool).await.unwrap();
+    let second = merchant_deliveries::claim(&mut conn, "w2", 8, 4, Duration::from_secs(30)).await.unwrap().remove(0);
+    assert_eq!(second.fencing_token, first.fencing_token + 1);
+
+    let attempt = Attempt { attempted_at: OffsetDateTime::now_utc(), status: Some(204), response: String::new(), error: None };
+    let late = merchant_deliveries::record(&mut conn, &first, "w1", &attempt, Next::Delivered, Health::Took).await.unwrap();
+    assert_eq!(late, Recording::LeaseLost);
+    let attempts: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM merchant_delivery_attempts").fetch_one(&pool).await.unwrap();
+    assert_eq!(attempts, 0);
+    let current = merchant_deliveries::record(&mut conn, &second, "w2", &attempt, Next::Delivered, Health::Took).await.unwrap();
+    assert_eq!(current, Recording::Recorded { disabled: false });
+    assert_eq!(states(&pool).await, [("payment.succeeded".to_owned(), "delivered".to_owned(), 1)]);
+}
