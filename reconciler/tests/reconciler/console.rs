@@ -11,6 +11,7 @@ use oncepay_ops::operators::api::BulkRetrier;
 use oncepay_service::runner::Pass;
 use oncepay_store::broker_queues::{self, Queue};
 use oncepay_store::fixtures::tenant;
+use oncepay_store::merchant_endpoints::{self, NewEndpoint};
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_SECURITY_POLICY, LOCATION, SET_COOKIE};
 use serde_json::json;
@@ -166,6 +167,10 @@ async fn a_retry_from_the_console_asks_to_confirm_then_is_done_and_recorded(pool
     let payment_id = dead_lettered(&pool, acme, "k-1", 60).await;
     let browser = Browser::sign_in(&ops, "alice", "operator", None).await;
     let retry = format!("/console/payments/{payment_id}/retry");
+    // The merchant listens for events: the retry sends one, and the timeline shows it.
+    let secret = oncepay_webhook_signature::WebhookSecret::generate();
+    let endpoint = NewEndpoint { url: "https://acme.example/hooks", description: "", event_types: &[], secret: &secret };
+    merchant_endpoints::create(&mut pool.acquire().await.unwrap(), acme, &endpoint).await.unwrap();
 
     let listed = browser.get("/console/dead-letters").await;
     let shown = browser.get(&format!("/console/payments/{payment_id}")).await;
@@ -189,6 +194,11 @@ async fn a_retry_from_the_console_asks_to_confirm_then_is_done_and_recorded(pool
     assert_eq!(after, PaymentStatus::Pending);
     assert!(landed.body.contains("Queued to be sent again"), "{}", landed.body);
     assert!(landed.body.contains("payment.retry (done): provider back"), "the timeline shows the action");
+    assert!(
+        landed.body.contains("event payment.retried queued for https://acme.example/hooks: pending (0 attempts)"),
+        "the timeline shows the event to the merchant: {}",
+        landed.body
+    );
     let actions = sqlx::query_scalar!(
         "SELECT action FROM operator_audit WHERE payment_id = $1 AND outcome = 'done' ORDER BY audit_id",
         payment_id.as_uuid()

@@ -11,6 +11,7 @@ mod backlog;
 mod cli;
 mod console;
 mod end_to_end;
+mod merchant_events;
 mod oidc;
 mod operators;
 mod poller;

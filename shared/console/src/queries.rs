@@ -398,7 +398,7 @@ pub(super) struct PaymentDeadLetter {
 #[derive(Debug, Clone)]
 pub(super) struct Happened {
     pub(super) at: OffsetDateTime,
-    /// What kind of thing: `status`, `webhook`, `dead letter`, `proposal`, `operator`.
+    /// What kind of thing: `status`, `webhook`, `event`, `dead letter`, `proposal`, `operator`.
     pub(super) source: &'static str,
     /// Who did it.
     pub(super) by: String,
@@ -410,7 +410,7 @@ pub(super) struct Happened {
 const TIMELINE_ROWS: i64 = 500;
 
 /// Everything that happened to a payment, oldest first: its status changes, the webhooks received
-/// for it, its dead letters, its proposals and the operators' actions on it (not their reads). Also
+/// for it, the events it sent the merchant, its dead letters, its proposals and the operators' actions on it (not their reads). Also
 /// its dead letters, newest first.
 pub(super) async fn timeline(
     conn: &mut PgConnection,
@@ -420,6 +420,7 @@ pub(super) async fn timeline(
     let (tenant, payment) = (tenant_id.as_uuid(), payment_id.as_uuid());
     let mut happened = status_changes(conn, tenant, payment).await?;
     happened.extend(webhooks(conn, tenant, payment).await?);
+    happened.extend(deliveries(conn, tenant, payment).await?);
     let dead_letters = dead_letters(conn, tenant, payment).await?;
     let uncertain = sqlx::query_scalar!(
         "SELECT evidence FROM unknown_payments WHERE tenant_id = $1 AND payment_id = $2",
@@ -481,6 +482,52 @@ async fn webhooks(conn: &mut PgConnection, tenant: Uuid, payment: Uuid) -> Resul
         Happened { at: w.received_at, source: "webhook", by: "provider".into(), what }
     });
     Ok(happened.collect())
+}
+
+/// The events the payment's changes (its refunds' included) sent the merchant: each delivery when it
+/// was queued, with where it stands, and each of its attempts, in order.
+async fn deliveries(conn: &mut PgConnection, tenant: Uuid, payment: Uuid) -> Result<Vec<Happened>, OperatorError> {
+    let deliveries = sqlx::query!(
+        r#"
+        SELECT e.type, e.created_at, p.url, d.state, d.attempts,
+               a.attempted_at AS "attempted_at?", a.worker AS "worker?", a.status AS "status?",
+               a.error AS "error?"
+        FROM merchant_events e
+        JOIN merchant_deliveries d ON d.tenant_id = e.tenant_id AND d.event_id = e.event_id
+        JOIN merchant_endpoints p ON p.tenant_id = d.tenant_id AND p.endpoint_id = d.endpoint_id
+        LEFT JOIN merchant_delivery_attempts a
+          ON a.tenant_id = d.tenant_id AND a.endpoint_id = d.endpoint_id AND a.event_id = d.event_id
+        WHERE e.tenant_id = $1 AND e.payment_id = $2
+        ORDER BY e.event_order, p.endpoint_id, a.attempt_id
+        LIMIT $3
+        "#,
+        tenant,
+        payment,
+        TIMELINE_ROWS,
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .context("cannot read the payment's events to the merchant")?;
+    let mut happened = Vec::new();
+    let mut last: Option<(String, OffsetDateTime, String)> = None;
+    for d in deliveries {
+        let this = (d.r#type.clone(), d.created_at, d.url.clone());
+        if last.as_ref() != Some(&this) {
+            let state = d.state.replace('_', "-");
+            let what = format!("event {} queued for {}: {state} ({} attempts)", d.r#type, d.url, d.attempts);
+            happened.push(Happened { at: d.created_at, source: "event", by: "oncepay".into(), what });
+            last = Some(this);
+        }
+        if let (Some(at), Some(worker)) = (d.attempted_at, d.worker) {
+            let answer = match (d.status, d.error) {
+                (Some(status), _) => format!("answered {status}"),
+                (None, error) => error.unwrap_or_else(|| "no answer".into()),
+            };
+            let what = format!("event {} sent to {}: {answer}", d.r#type, d.url);
+            happened.push(Happened { at, source: "event", by: format!("worker {worker}"), what });
+        }
+    }
+    Ok(happened)
 }
 
 /// The payment's dead letters, newest first.

@@ -20,7 +20,11 @@
 //!   `POST /v1/operators/{name}/enrollment`, `GET|POST /v1/operators/{name}/tokens`,
 //!   `DELETE /v1/tokens/{id}`;
 //! - tenants, keys (`POST /v1/proposals/{id}/key` collects an approved one) and reconciliation runs
-//!   ([`tenants`]).
+//!   ([`tenants`]);
+//! - a tenant's events to merchants: `GET /v1/tenants/{name}/webhook-endpoints`,
+//!   `PATCH /v1/tenants/{name}/webhook-endpoints/{id}`,
+//!   `POST /v1/tenants/{name}/webhook-endpoints/{id}/replay`, `POST /v1/tenants/{name}/events/{id}/replay`
+//!   ([`events`]).
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -56,6 +60,7 @@ use crate::dead_letters::reports::Resolved;
 use crate::operator_error::OperatorError;
 
 pub mod bulk_retries;
+pub mod events;
 pub mod refunds;
 pub mod signing_in;
 pub mod tenants;
@@ -135,6 +140,7 @@ pub fn configure(config: &mut web::ServiceConfig) {
         .route("/v1/operators/{name}/tokens", web::post().to(issue_token))
         .route("/v1/tokens/{token_id}", web::delete().to(revoke_token))
         .configure(tenants::configure)
+        .configure(events::configure)
         .configure(refunds::configure)
         .default_service(web::to(not_found));
 }
