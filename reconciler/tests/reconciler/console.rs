@@ -169,7 +169,8 @@ async fn a_retry_from_the_console_asks_to_confirm_then_is_done_and_recorded(pool
     let retry = format!("/console/payments/{payment_id}/retry");
     // The merchant listens for events: the retry sends one, and the timeline shows it.
     let secret = oncepay_webhook_signature::WebhookSecret::generate();
-    let endpoint = NewEndpoint { url: "https://acme.example/hooks", description: "", event_types: &[], secret: &secret };
+    let endpoint =
+        NewEndpoint { url: "https://acme.example/hooks", description: "", event_types: &[], secret: &secret };
     merchant_endpoints::create(&mut pool.acquire().await.unwrap(), acme, &endpoint).await.unwrap();
 
     let listed = browser.get("/console/dead-letters").await;

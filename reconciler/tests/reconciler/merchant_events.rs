@@ -15,7 +15,8 @@ use crate::support::{Ops, dead_lettered};
 
 async fn endpoint(pool: &PgPool, tenant_id: oncepay_domain::ids::TenantId) -> (Uuid, String) {
     let secret = WebhookSecret::generate();
-    let new = NewEndpoint { url: "https://acme.example/hooks", description: "orders", event_types: &[], secret: &secret };
+    let new =
+        NewEndpoint { url: "https://acme.example/hooks", description: "orders", event_types: &[], secret: &secret };
     let mut conn = pool.acquire().await.unwrap();
     (merchant_endpoints::create(&mut conn, tenant_id, &new).await.unwrap().endpoint_id, secret)
 }
@@ -36,7 +37,8 @@ async fn operators_see_stop_and_start_a_tenants_endpoint_with_a_reason_in_the_tr
     let path = format!("/v1/tenants/acme/webhook-endpoints/{id}");
 
     let (listed, list) = ops.get(&vic, "/v1/tenants/acme/webhook-endpoints").await;
-    let (by_a_viewer, _) = ops.call(&vic, Method::PATCH, &path, Some(json!({"enabled": false, "reason": "noisy"}))).await;
+    let (by_a_viewer, _) =
+        ops.call(&vic, Method::PATCH, &path, Some(json!({"enabled": false, "reason": "noisy"}))).await;
     let (elsewhere, _) = ops.call(&gus, Method::PATCH, &path, Some(json!({"enabled": false, "reason": "noisy"}))).await;
     let (no_reason, _) = ops.call(&ana, Method::PATCH, &path, Some(json!({"enabled": false, "reason": " "}))).await;
     let (stopped, after_stop) =
@@ -48,9 +50,15 @@ async fn operators_see_stop_and_start_a_tenants_endpoint_with_a_reason_in_the_tr
     assert_eq!(list["data"][0]["id"], id.to_string());
     assert_eq!(list["data"][0]["url"], "https://acme.example/hooks");
     assert!(!list.to_string().contains(&secret), "the secret is never shown: {list}");
-    assert_eq!((by_a_viewer, elsewhere, no_reason), (StatusCode::FORBIDDEN, StatusCode::NOT_FOUND, StatusCode::BAD_REQUEST));
+    assert_eq!(
+        (by_a_viewer, elsewhere, no_reason),
+        (StatusCode::FORBIDDEN, StatusCode::NOT_FOUND, StatusCode::BAD_REQUEST)
+    );
     assert_eq!(stopped, StatusCode::OK, "{after_stop}");
-    assert_eq!((after_stop["enabled"].clone(), after_stop["disabled_reason"].clone()), (json!(false), json!("merchant")));
+    assert_eq!(
+        (after_stop["enabled"].clone(), after_stop["disabled_reason"].clone()),
+        (json!(false), json!("merchant"))
+    );
     assert_eq!(started, StatusCode::OK, "{after_start}");
     assert_eq!(after_start["enabled"], true);
     assert!(after_start.get("disabled_reason").is_none(), "{after_start}");
@@ -91,13 +99,29 @@ async fn an_operator_replays_an_event_and_an_endpoints_dead_letters_under_the_sa
     let replay_failed = format!("/v1/tenants/acme/webhook-endpoints/{id}/replay");
 
     let (by_a_viewer, _) = ops.call(&vic, Method::POST, &replay_event, Some(json!({"reason": "lost it"}))).await;
-    let (unknown, _) =
-        ops.call(&ana, Method::POST, &format!("/v1/tenants/acme/events/{}/replay", Uuid::nil()), Some(json!({"reason": "x"}))).await;
+    let (unknown, _) = ops
+        .call(
+            &ana,
+            Method::POST,
+            &format!("/v1/tenants/acme/events/{}/replay", Uuid::nil()),
+            Some(json!({"reason": "x"})),
+        )
+        .await;
     let (since_later, none) = ops
-        .call(&ana, Method::POST, &replay_failed, Some(json!({"since": "2999-01-01T00:00:00Z", "reason": "their outage"})))
+        .call(
+            &ana,
+            Method::POST,
+            &replay_failed,
+            Some(json!({"since": "2999-01-01T00:00:00Z", "reason": "their outage"})),
+        )
         .await;
     let (since_earlier, one) = ops
-        .call(&ana, Method::POST, &replay_failed, Some(json!({"since": "2000-01-01T00:00:00Z", "reason": "their outage"})))
+        .call(
+            &ana,
+            Method::POST,
+            &replay_failed,
+            Some(json!({"since": "2000-01-01T00:00:00Z", "reason": "their outage"})),
+        )
         .await;
     let after_failed = deliveries(&pool).await;
     sqlx::query("UPDATE merchant_deliveries SET state = 'delivered', attempts = 1").execute(&pool).await.unwrap();

@@ -141,7 +141,10 @@ mod tests {
         assert_eq!(check("https://user:pw@merchant.example/", STRICT), Err(UrlRefusal::Credentials));
         assert_eq!(check("https://merchant.example/#x", STRICT), Err(UrlRefusal::Fragment));
         assert_eq!(check("merchant.example/hooks", STRICT), Err(UrlRefusal::NotAUrl));
-        assert_eq!(check(&format!("https://merchant.example/{}", "a".repeat(MAX_URL_LEN)), STRICT), Err(UrlRefusal::NotAUrl));
+        assert_eq!(
+            check(&format!("https://merchant.example/{}", "a".repeat(MAX_URL_LEN)), STRICT),
+            Err(UrlRefusal::NotAUrl)
+        );
     }
 
     #[test]

@@ -160,7 +160,9 @@ mod tests {
             .collect();
         for (from, to, event_type) in made {
             match to {
-                S::Succeeded | S::Failed if from == S::DeadLettered => assert_eq!(event_type, EventType::PaymentResolved),
+                S::Succeeded | S::Failed if from == S::DeadLettered => {
+                    assert_eq!(event_type, EventType::PaymentResolved)
+                }
                 S::Succeeded => assert_eq!(event_type, EventType::PaymentSucceeded),
                 S::Failed => assert_eq!(event_type, EventType::PaymentFailed),
                 S::DeadLettered => assert_eq!(event_type, EventType::PaymentDeadLettered),

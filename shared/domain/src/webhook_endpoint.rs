@@ -19,7 +19,7 @@ pub struct EndpointResource {
     /// Whether deliveries are made.
     pub enabled: bool,
     /// Why deliveries stopped, while it is disabled: `gone` (it answered 410), `failing` (every
-    /// attempt failed for five days) or `merchant`.
+    /// attempt failed for `events.disable_after_secs`, five days by default) or `merchant`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub disabled_reason: Option<String>,
     /// When it was made (RFC 3339).

@@ -317,7 +317,13 @@ async fn follow_health(
             .ok_or_else(|| StoreError::Unexpected(sqlx::Error::RowNotFound.into()))?;
         let data = serde_json::to_value(EndpointResource::from(&endpoint))
             .map_err(|e| StoreError::Unexpected(sqlx::Error::Encode(Box::new(e)).into()))?;
-        let event = NewEvent { event_type: EventType::EndpointDisabled, payment_id: None, refund_id: None, sequence: None, data };
+        let event = NewEvent {
+            event_type: EventType::EndpointDisabled,
+            payment_id: None,
+            refund_id: None,
+            sequence: None,
+            data,
+        };
         merchant_events::write(conn, claimed.tenant_id, &[event]).await?;
     }
     Ok(disabled)

@@ -98,7 +98,11 @@ pub struct EndpointChange<'a> {
 }
 
 /// Makes an endpoint.
-pub async fn create(conn: &mut PgConnection, tenant_id: TenantId, new: &NewEndpoint<'_>) -> Result<Endpoint, StoreError> {
+pub async fn create(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    new: &NewEndpoint<'_>,
+) -> Result<Endpoint, StoreError> {
     let endpoint_id = sqlx::query_scalar!(
         "INSERT INTO merchant_endpoints (tenant_id, endpoint_id, url, description, event_types, secret)
          VALUES ($1, $2, $3, $4, $5, $6)
@@ -121,11 +125,19 @@ pub async fn list(conn: &mut PgConnection, tenant_id: TenantId) -> Result<Vec<En
 }
 
 /// One of the tenant's endpoints.
-pub async fn find(conn: &mut PgConnection, tenant_id: TenantId, endpoint_id: Uuid) -> Result<Option<Endpoint>, StoreError> {
+pub async fn find(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    endpoint_id: Uuid,
+) -> Result<Option<Endpoint>, StoreError> {
     Ok(read(conn, tenant_id, Some(endpoint_id)).await?.pop())
 }
 
-async fn read(conn: &mut PgConnection, tenant_id: TenantId, endpoint_id: Option<Uuid>) -> Result<Vec<Endpoint>, StoreError> {
+async fn read(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    endpoint_id: Option<Uuid>,
+) -> Result<Vec<Endpoint>, StoreError> {
     Ok(sqlx::query_as!(
         Endpoint,
         r#"

@@ -44,7 +44,11 @@ impl NewEvent {
         let Some(event_type) = EventType::of_payment_change(previous, payment.status) else {
             return Ok(None);
         };
-        let data = ChangeData { resource: PaymentResource::from(payment), sequence: payment.event_count, previous_status: previous };
+        let data = ChangeData {
+            resource: PaymentResource::from(payment),
+            sequence: payment.event_count,
+            previous_status: previous,
+        };
         Ok(Some(Self {
             event_type,
             payment_id: Some(payment.payment_id.as_uuid()),
@@ -59,7 +63,11 @@ impl NewEvent {
         let Some(event_type) = EventType::of_refund_change(previous, refund.status) else {
             return Ok(None);
         };
-        let data = ChangeData { resource: RefundResource::from(refund), sequence: refund.event_count, previous_status: previous };
+        let data = ChangeData {
+            resource: RefundResource::from(refund),
+            sequence: refund.event_count,
+            previous_status: previous,
+        };
         Ok(Some(Self {
             event_type,
             payment_id: Some(refund.payment_id.as_uuid()),
@@ -116,7 +124,8 @@ pub async fn write(conn: &mut PgConnection, tenant_id: TenantId, events: &[NewEv
 /// enabled; returns the event's id, which its delivery carries as `webhook-id`.
 pub async fn send_test(conn: &mut PgConnection, endpoint: &Endpoint) -> Result<Uuid, StoreError> {
     let data = serde_json::json!({ "endpoint_id": endpoint.endpoint_id, "message": "a test event, sent because you asked for one" });
-    let event = NewEvent { event_type: EventType::EndpointTest, payment_id: None, refund_id: None, sequence: None, data };
+    let event =
+        NewEvent { event_type: EventType::EndpointTest, payment_id: None, refund_id: None, sequence: None, data };
     let ids = write_for(conn, endpoint.tenant_id, &[event], Some(endpoint.endpoint_id)).await?;
     ids.into_iter().next().ok_or_else(|| StoreError::Unexpected(sqlx::Error::RowNotFound.into()))
 }

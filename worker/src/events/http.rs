@@ -60,7 +60,12 @@ impl Sender {
         (outcome, attempt)
     }
 
-    async fn try_send(&self, claimed: &ClaimedDelivery, now: OffsetDateTime, attempt: &mut Attempt) -> Result<Outcome, String> {
+    async fn try_send(
+        &self,
+        claimed: &ClaimedDelivery,
+        now: OffsetDateTime,
+        attempt: &mut Attempt,
+    ) -> Result<Outcome, String> {
         let url = endpoint_url::check(&claimed.url, self.policy).map_err(|refusal| refusal.to_string())?;
         let body = body(claimed)?;
         let id = claimed.event_id.to_string();

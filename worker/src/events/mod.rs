@@ -83,8 +83,14 @@ impl EventSender {
     async fn claim(&self, limit: u32) -> Vec<ClaimedDelivery> {
         let claimed = async {
             let mut conn = self.pool.acquire().await?;
-            merchant_deliveries::claim(&mut conn, &self.config.worker_id, limit, self.config.per_endpoint, self.config.lease)
-                .await
+            merchant_deliveries::claim(
+                &mut conn,
+                &self.config.worker_id,
+                limit,
+                self.config.per_endpoint,
+                self.config.lease,
+            )
+            .await
         }
         .await;
         claimed.unwrap_or_else(|error: oncepay_store::StoreError| {

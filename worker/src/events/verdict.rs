@@ -48,7 +48,9 @@ pub fn judge(outcome: Outcome, attempt: u32, rules: &Rules, jitter: f64) -> (Nex
     let (retry_after, health) = match outcome {
         Outcome::Answered { status: 200..=299, .. } => return (Next::Delivered, Health::Took),
         Outcome::Answered { status: 410, .. } => (None, Health::Gone),
-        Outcome::Answered { status: 429 | 503, retry_after } => (retry_after.map(|d| d.min(rules.retry_after_cap)), failed),
+        Outcome::Answered { status: 429 | 503, retry_after } => {
+            (retry_after.map(|d| d.min(rules.retry_after_cap)), failed)
+        }
         Outcome::Answered { .. } | Outcome::NoAnswer => (None, failed),
     };
     let Some(scheduled) = usize::try_from(attempt).ok().and_then(|n| rules.schedule.get(n.saturating_sub(1))) else {

@@ -113,7 +113,13 @@ where
     running.await.unwrap();
 }
 
-async fn endpoint(pool: &PgPool, tenant_id: oncepay_domain::ids::TenantId, url: &str, secret: &str, types: &[&str]) -> Uuid {
+async fn endpoint(
+    pool: &PgPool,
+    tenant_id: oncepay_domain::ids::TenantId,
+    url: &str,
+    secret: &str,
+    types: &[&str],
+) -> Uuid {
     let types: Vec<String> = types.iter().map(|t| (*t).to_owned()).collect();
     let new = NewEndpoint { url, description: "", event_types: &types, secret };
     let mut conn = pool.acquire().await.unwrap();
@@ -171,8 +177,10 @@ async fn states(pool: &PgPool) -> Vec<(String, String, i32)> {
 }
 
 async fn all_settled(pool: &PgPool) -> bool {
-    let pending: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM merchant_deliveries WHERE state = 'pending'").fetch_one(pool).await.unwrap();
+    let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM merchant_deliveries WHERE state = 'pending'")
+        .fetch_one(pool)
+        .await
+        .unwrap();
     pending == 0
 }
 
@@ -217,15 +225,20 @@ async fn a_change_that_rolls_back_writes_no_event(pool: PgPool) {
     let accepted = support::accept(&pool, tenant, 500).await;
     claim(&pool).await;
     let mut tx = pool.begin().await.unwrap();
-    transitions::settle(&mut tx, &change(accepted, PaymentStatus::Processing, Transition::Charged, "worker:w"), &charged())
-        .await
-        .unwrap();
+    transitions::settle(
+        &mut tx,
+        &change(accepted, PaymentStatus::Processing, Transition::Charged, "worker:w"),
+        &charged(),
+    )
+    .await
+    .unwrap();
     let inside: i64 = sqlx::query_scalar("SELECT count(*) FROM merchant_deliveries").fetch_one(&mut *tx).await.unwrap();
     assert_eq!(inside, 1, "the change queued its event in its own transaction");
     tx.rollback().await.unwrap();
 
     let events: i64 = sqlx::query_scalar("SELECT count(*) FROM merchant_events").fetch_one(&pool).await.unwrap();
-    let deliveries: i64 = sqlx::query_scalar("SELECT count(*) FROM merchant_deliveries").fetch_one(&pool).await.unwrap();
+    let deliveries: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM merchant_deliveries").fetch_one(&pool).await.unwrap();
     assert_eq!((events, deliveries), (0, 0));
     assert_eq!(support::status(&pool, accepted).await, PaymentStatus::Processing);
 }
@@ -239,10 +252,9 @@ async fn a_payments_events_reach_an_endpoint_in_order_even_when_the_first_is_ret
     let accepted = support::accept(&pool, tenant, 500).await;
     claim(&pool).await;
     let mut conn = pool.acquire().await.unwrap();
-    for (from, transition) in [
-        (PaymentStatus::Processing, Transition::Uncertain),
-        (PaymentStatus::Unknown, Transition::Exhausted),
-    ] {
+    for (from, transition) in
+        [(PaymentStatus::Processing, Transition::Uncertain), (PaymentStatus::Unknown, Transition::Exhausted)]
+    {
         transitions::apply(&mut conn, &change(accepted, from, transition, "reconciler:r")).await.unwrap();
     }
     transitions::settle(
@@ -263,7 +275,11 @@ async fn a_payments_events_reach_an_endpoint_in_order_even_when_the_first_is_ret
         .iter()
         .map(|s| {
             let data = &s.body["data"];
-            (s.body["type"].as_str().unwrap().to_owned(), data["id"].as_str().unwrap().to_owned(), data["sequence"].as_i64().unwrap())
+            (
+                s.body["type"].as_str().unwrap().to_owned(),
+                data["id"].as_str().unwrap().to_owned(),
+                data["sequence"].as_i64().unwrap(),
+            )
         })
         .collect();
     let first = accepted.payment_id.to_string();
@@ -297,11 +313,17 @@ async fn a_delivery_whose_schedule_is_spent_is_dead_lettered_with_every_attempt(
 
     assert_eq!(states(&pool).await, [("payment.succeeded".to_owned(), "dead_lettered".to_owned(), 3)]);
     let attempts: Vec<(Option<i32>, String)> =
-        sqlx::query_as("SELECT status, response FROM merchant_delivery_attempts ORDER BY attempt_id").fetch_all(&pool).await.unwrap();
+        sqlx::query_as("SELECT status, response FROM merchant_delivery_attempts ORDER BY attempt_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
     assert_eq!(attempts, [(Some(500), "boom".to_owned()), (Some(302), String::new()), (Some(429), String::new())]);
     assert_eq!(receiver.seen().len(), 3, "the redirect was not followed");
     let (enabled, failing): (bool, bool) =
-        sqlx::query_as("SELECT enabled, failing_since IS NOT NULL FROM merchant_endpoints").fetch_one(&pool).await.unwrap();
+        sqlx::query_as("SELECT enabled, failing_since IS NOT NULL FROM merchant_endpoints")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     assert_eq!((enabled, failing), (true, true), "a failing endpoint stays enabled for days");
 }
 
@@ -348,7 +370,10 @@ async fn an_endpoint_at_a_private_address_is_never_connected_to(pool: PgPool) {
 
     assert!(receiver.seen().is_empty());
     let errors: Vec<(Option<i32>, Option<String>)> =
-        sqlx::query_as("SELECT status, error FROM merchant_delivery_attempts ORDER BY attempt_id").fetch_all(&pool).await.unwrap();
+        sqlx::query_as("SELECT status, error FROM merchant_delivery_attempts ORDER BY attempt_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
     assert_eq!(errors.len(), 2);
     for (status, error) in errors {
         assert_eq!(status, None);
@@ -365,7 +390,10 @@ async fn during_a_rotation_both_secrets_sign(pool: PgPool) {
     let id = endpoint(&pool, tenant, &server.uri(), &old, &[]).await;
     let mut conn = pool.acquire().await.unwrap();
     // The receiver knows only the new secret.
-    merchant_endpoints::rotate(&mut conn, tenant, id, &receiver.secret, Duration::from_secs(3600)).await.unwrap().unwrap();
+    merchant_endpoints::rotate(&mut conn, tenant, id, &receiver.secret, Duration::from_secs(3600))
+        .await
+        .unwrap()
+        .unwrap();
     succeed(&pool, support::accept(&pool, tenant, 500).await).await;
 
     deliver_until(&pool, OPEN, config(&[]), || all_settled(&pool)).await;
@@ -385,17 +413,23 @@ async fn a_recording_after_the_lease_was_taken_over_writes_nothing(pool: PgPool)
     let mut conn = pool.acquire().await.unwrap();
     let first = merchant_deliveries::claim(&mut conn, "w1", 8, 4, Duration::from_secs(30)).await.unwrap().remove(0);
     assert!(merchant_deliveries::claim(&mut conn, "w2", 8, 4, Duration::from_secs(30)).await.unwrap().is_empty());
-    sqlx::query("UPDATE merchant_deliveries SET locked_until = now() - interval '1 second'").execute(&pool).await.unwrap();
+    sqlx::query("UPDATE merchant_deliveries SET locked_until = now() - interval '1 second'")
+        .execute(&pool)
+        .await
+        .unwrap();
     let second = merchant_deliveries::claim(&mut conn, "w2", 8, 4, Duration::from_secs(30)).await.unwrap().remove(0);
     assert_eq!(second.fencing_token, first.fencing_token + 1);
 
-    let attempt = Attempt { attempted_at: OffsetDateTime::now_utc(), status: Some(204), response: String::new(), error: None };
-    let late = merchant_deliveries::record(&mut conn, &first, "w1", &attempt, Next::Delivered, Health::Took).await.unwrap();
+    let attempt =
+        Attempt { attempted_at: OffsetDateTime::now_utc(), status: Some(204), response: String::new(), error: None };
+    let late =
+        merchant_deliveries::record(&mut conn, &first, "w1", &attempt, Next::Delivered, Health::Took).await.unwrap();
     assert_eq!(late, Recording::LeaseLost);
     let attempts: i64 =
         sqlx::query_scalar("SELECT count(*) FROM merchant_delivery_attempts").fetch_one(&pool).await.unwrap();
     assert_eq!(attempts, 0);
-    let current = merchant_deliveries::record(&mut conn, &second, "w2", &attempt, Next::Delivered, Health::Took).await.unwrap();
+    let current =
+        merchant_deliveries::record(&mut conn, &second, "w2", &attempt, Next::Delivered, Health::Took).await.unwrap();
     assert_eq!(current, Recording::Recorded { disabled: false });
     assert_eq!(states(&pool).await, [("payment.succeeded".to_owned(), "delivered".to_owned(), 1)]);
 }

@@ -28,8 +28,8 @@ use oncepay_domain::refund_status::{self, RefundStatus, RefundTransition};
 use oncepay_provider::{Refund as ProviderRefund, RefundState};
 
 use super::{REFUND_CHANNEL, REFUND_OUTBOX_CHANNEL, Refund};
-use crate::{StoreError, merchant_events};
 use crate::transitions::{Recorded, TransitionError};
+use crate::{StoreError, merchant_events};
 
 /// One status change of a refund to persist.
 #[derive(Debug, Clone)]

@@ -77,7 +77,8 @@ async fn switch(
                 let asked = asked?;
                 switched(&state, &caller, &name, &endpoint, action, &asked).await
             };
-            change(&state, &caller, Entry::new(action, Outcome::Done), outcome.await.map(|e| ok(StatusCode::OK, &e))).await
+            change(&state, &caller, Entry::new(action, Outcome::Done), outcome.await.map(|e| ok(StatusCode::OK, &e)))
+                .await
         }
         .await,
     )
@@ -99,7 +100,9 @@ async fn switched(
     let before = merchant_endpoints::find(&mut tx, tenant_id, endpoint_id).await.context("cannot read the endpoint")?;
     let before = before.ok_or_else(|| no_endpoint(endpoint))?;
     let change = merchant_endpoints::EndpointChange { enabled: Some(asked.enabled), ..Default::default() };
-    let after = merchant_endpoints::update(&mut tx, tenant_id, endpoint_id, &change).await.context("cannot change the endpoint")?;
+    let after = merchant_endpoints::update(&mut tx, tenant_id, endpoint_id, &change)
+        .await
+        .context("cannot change the endpoint")?;
     let after = EndpointResource::from(&after.ok_or_else(|| no_endpoint(endpoint))?);
     let entry = Entry::new(action, Outcome::Done)
         .on(tenant_id, None)

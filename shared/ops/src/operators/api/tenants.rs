@@ -49,7 +49,11 @@ pub(super) fn configure(config: &mut web::ServiceConfig) {
 
 /// Tenant `name`'s id, if the caller may see it; one they may not is not found, as if it did not
 /// exist.
-pub(super) async fn see_tenant(conn: &mut PgConnection, caller: &Caller, name: &str) -> Result<TenantId, OperatorError> {
+pub(super) async fn see_tenant(
+    conn: &mut PgConnection,
+    caller: &Caller,
+    name: &str,
+) -> Result<TenantId, OperatorError> {
     let not_found = || OperatorError::NotFound(format!("no tenant named {name}"));
     let tenant = oncepay_store::tenants::find_by_name(conn, name).await.context("cannot look the tenant up")?;
     let tenant = tenant.ok_or_else(not_found)?;
