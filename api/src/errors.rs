@@ -73,6 +73,10 @@ pub enum ApiError {
     /// The body is JSON, but fields are wrong.
     #[error("{} invalid field(s)", .0.len())]
     InvalidFields(Vec<FieldError>),
+    /// A webhook endpoint's body is well-formed, but names an endpoint oncepay does not save: each
+    /// message names its field.
+    #[error("{} invalid endpoint field(s)", .0.len())]
+    InvalidEndpoint(Vec<FieldError>),
     /// Payments are charged in each tenant's connected account, and this tenant has none.
     #[error("the tenant has no provider account")]
     NoProviderAccount,
@@ -166,6 +170,7 @@ impl ApiError {
             | Self::UnreadableBody
             | Self::MalformedJson(_)
             | Self::InvalidFields(_)
+            | Self::InvalidEndpoint(_)
             | Self::NoProviderAccount => "invalid",
             Self::PaymentNotRefundable { .. } | Self::NothingToRefund | Self::RefundExceedsPayment { .. } => "refused",
             Self::NotFound => "not_found",
@@ -178,6 +183,9 @@ impl ApiError {
         let problem = Problem::new(self.problem_type(), self.detail());
         match self {
             Self::InvalidFields(errors) => problem.with_errors(errors.clone()),
+            // `invalid-request`, as for the other bodies, but 422: the JSON was read, and what it
+            // asks for cannot be done.
+            Self::InvalidEndpoint(errors) => Problem { status: 422, ..problem.with_errors(errors.clone()) },
             _ => problem,
         }
     }
@@ -191,7 +199,9 @@ impl ApiError {
             Self::RepeatedIdempotencyKey | Self::InvalidIdempotencyKey(_) => ProblemType::InvalidIdempotencyKey,
             Self::UnsupportedMediaType => ProblemType::UnsupportedMediaType,
             Self::PayloadTooLarge { .. } => ProblemType::PayloadTooLarge,
-            Self::UnreadableBody | Self::MalformedJson(_) | Self::InvalidFields(_) => ProblemType::InvalidRequest,
+            Self::UnreadableBody | Self::MalformedJson(_) | Self::InvalidFields(_) | Self::InvalidEndpoint(_) => {
+                ProblemType::InvalidRequest
+            }
             Self::NoProviderAccount => ProblemType::NoProviderAccount,
             Self::KeyReused { .. } => ProblemType::IdempotencyKeyReused,
             Self::KeyInUse | Self::RefundsInUse => ProblemType::IdempotencyKeyInUse,
@@ -226,6 +236,10 @@ impl ApiError {
             Self::InvalidFields(errors) => {
                 let names: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
                 format!("Invalid fields: {}.", names.join(", ")).into()
+            }
+            Self::InvalidEndpoint(errors) => {
+                let messages: Vec<&str> = errors.iter().map(|e| e.message.as_str()).collect();
+                format!("Nothing was saved: {}.", messages.join("; ")).into()
             }
             Self::NoProviderAccount => "This tenant has no Stripe account connected, so its payments cannot be \
                                         charged yet. Ask the operators of this service to connect your Stripe \
@@ -283,6 +297,7 @@ impl ApiError {
             | Self::UnreadableBody
             | Self::MalformedJson(_)
             | Self::InvalidFields(_)
+            | Self::InvalidEndpoint(_)
             | Self::NoProviderAccount
             | Self::KeyReused { .. }
             | Self::PaymentNotRefundable { .. }
@@ -426,6 +441,7 @@ mod tests {
             (ApiError::InvalidIdempotencyKey(IdempotencyKeyError::Empty), 1, 400, None),
             (ApiError::UnsupportedMediaType, 1, 415, None),
             (ApiError::PayloadTooLarge { max_bytes: 10 }, 1, 413, None),
+            (ApiError::InvalidEndpoint(vec![]), 1, 422, None),
             (ApiError::KeyReused { key_expires_at: OffsetDateTime::UNIX_EPOCH }, 1, 422, None),
             (ApiError::KeyInUse, 1, 409, Some("1")),
             (ApiError::RefundsInUse, 1, 409, Some("1")),
@@ -500,6 +516,29 @@ mod tests {
 
         assert_eq!(problem["errors"].as_array().unwrap().len(), 2);
         assert_eq!(problem["detail"], "Invalid fields: amount, currency.");
+    }
+
+    #[test]
+    fn an_invalid_endpoint_is_a_422_invalid_request_that_says_what_is_wrong() {
+        let error = ApiError::InvalidEndpoint(vec![
+            FieldError { field: "url".into(), message: "`url` must be https".into() },
+            FieldError {
+                field: "event_types[0]".into(),
+                message: "`event_types[0]`: there is no event type `x`".into(),
+            },
+        ]);
+
+        let response = error.error_response();
+        let problem = serde_json::to_value(error.problem()).unwrap();
+
+        assert_eq!(response.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(problem["status"], 422);
+        assert_eq!(problem["type"], "https://oncepay.dev/problems/invalid-request");
+        assert_eq!(problem["errors"].as_array().unwrap().len(), 2);
+        assert_eq!(
+            problem["detail"],
+            "Nothing was saved: `url` must be https; `event_types[0]`: there is no event type `x`."
+        );
     }
 
     #[actix_web::test]

@@ -1,9 +1,10 @@
 //! The HTTP intake: authenticates tenants, accepts payment requests idempotently (`POST
 //! /v1/payments`), serves their status with long polling (`GET /v1/payments/{id}`), accepts refunds
 //! of succeeded payments the same way (`POST /v1/payments/{id}/refunds`, `GET /v1/refunds/{id}`,
-//! `GET /v1/payments/{id}/refunds`), takes payment requests from a RabbitMQ queue through the same
-//! intake ([`broker`]), and serves the operations endpoints (`/healthz`, `/readyz`, `/metrics`,
-//! `/openapi.json`).
+//! `GET /v1/payments/{id}/refunds`), lets merchants manage where their events are sent
+//! (`/v1/webhook-endpoints`, [`webhook_endpoints`]), takes payment requests from a RabbitMQ queue
+//! through the same intake ([`broker`]), and serves the operations endpoints (`/healthz`, `/readyz`,
+//! `/metrics`, `/openapi.json`).
 //!
 //! `main.rs` only loads [`settings::Settings`], starts telemetry and runs an [`Application`] until
 //! SIGTERM; tests build one on port 0 with [`Application::build_with`] on a fresh database. The api
@@ -20,6 +21,7 @@ pub mod errors;
 pub mod get_payment;
 pub mod get_refund;
 pub mod idempotent_request;
+pub mod json_body;
 pub mod list_refunds;
 pub mod long_poll;
 pub mod metrics;
@@ -36,6 +38,7 @@ pub mod settings;
 pub mod startup;
 pub mod state;
 pub mod watch;
+pub mod webhook_endpoints;
 
 pub use settings::Settings;
 pub use startup::Application;

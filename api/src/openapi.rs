@@ -6,8 +6,8 @@
 //! [`endpoints`](crate::endpoints) for those several operations share, such as the refusals all
 //! share; types that are never built, only derived from. The response schemas come from the shared
 //! types' `ToSchema` derives (`PaymentResource`, `RefundResource`, `Problem`, ...), and the request
-//! bodies' schemas from the same limits `PaymentRequest::from_json` and `RefundRequest::from_json`
-//! enforce, so the document cannot drift from the behaviour. This module gathers them into one
+//! bodies' schemas from the same limits `PaymentRequest::from_json`, `RefundRequest::from_json` and
+//! the webhook endpoints' bodies enforce, so the document cannot drift from the behaviour. This module gathers them into one
 //! document; nothing here is hand-written JSON.
 
 use oncepay_domain::payment::{Failure, PaymentResource};
@@ -15,6 +15,7 @@ use oncepay_domain::payment_request::FieldError;
 use oncepay_domain::refund::{RefundReason, RefundResource};
 use oncepay_domain::refund_status::RefundStatus;
 use oncepay_domain::status::PaymentStatus;
+use oncepay_domain::webhook_endpoint::EndpointResource;
 use oncepay_http::problem::Problem;
 use utoipa::openapi::link::{Link, LinkBuilder};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -24,6 +25,9 @@ use utoipa::{Modify, OpenApi};
 use crate::create_payment::PaymentRequestBody;
 use crate::create_refund::RefundRequestBody;
 use crate::list_refunds::RefundList;
+use crate::webhook_endpoints::body::{EndpointChangeBody, NewEndpointBody};
+use crate::webhook_endpoints::replay::{ReplayBody, ReplayQueued, TestQueued};
+use crate::webhook_endpoints::{EndpointList, EndpointWithSecret};
 
 /// The document.
 #[derive(OpenApi)]
@@ -39,6 +43,15 @@ use crate::list_refunds::RefundList;
         crate::create_refund::create_refund,
         crate::get_refund::get_refund,
         crate::list_refunds::list_refunds,
+        crate::webhook_endpoints::create_endpoint,
+        crate::webhook_endpoints::list_endpoints,
+        crate::webhook_endpoints::get_endpoint,
+        crate::webhook_endpoints::update_endpoint,
+        crate::webhook_endpoints::delete_endpoint,
+        crate::webhook_endpoints::rotate_secret,
+        crate::webhook_endpoints::replay::send_test,
+        crate::webhook_endpoints::replay::replay_failed,
+        crate::webhook_endpoints::replay::replay_event,
     ),
     components(schemas(
         PaymentRequestBody,
@@ -52,12 +65,22 @@ use crate::list_refunds::RefundList;
         RefundStatus,
         RefundReason,
         RefundList,
+        NewEndpointBody,
+        EndpointChangeBody,
+        EndpointResource,
+        EndpointWithSecret,
+        EndpointList,
+        ReplayBody,
+        ReplayQueued,
+        TestQueued,
     )),
     modifiers(&BearerApiKey, &Follow),
     tags(
         (name = "payments", description = "Accepting payments and following them to their final state"),
         (name = "refunds", description = "Giving money back from succeeded payments, at most once, and following \
                                           refunds to their final state"),
+        (name = "webhook-endpoints", description = "Where your events are sent, as Standard Webhooks requests \
+                                                    signed with each endpoint's own secret"),
     ),
 )]
 pub struct ApiDoc;
@@ -246,5 +269,38 @@ mod tests {
         assert_eq!(reasons.len(), RefundReason::ALL.len());
         let list_schema = &document["components"]["schemas"]["RefundList"];
         assert_eq!(list_schema["properties"]["data"]["items"]["$ref"], "#/components/schemas/RefundResource");
+    }
+
+    #[test]
+    fn the_document_describes_the_webhook_endpoints_and_their_secrets() {
+        let document: serde_json::Value = serde_json::from_str(&json().unwrap()).unwrap();
+
+        let collection = &document["paths"]["/v1/webhook-endpoints"];
+        let one = &document["paths"]["/v1/webhook-endpoints/{id}"];
+        let rotate = &document["paths"]["/v1/webhook-endpoints/{id}/rotate-secret"]["post"];
+        for (operation, statuses) in [
+            (&collection["post"], &["201", "400", "401", "413", "415", "422", "429", "503"][..]),
+            (&collection["get"], &["200", "401", "429", "503"]),
+            (&one["get"], &["200", "401", "404", "429", "503"]),
+            (&one["patch"], &["200", "400", "401", "404", "413", "415", "422", "429", "503"]),
+            (&one["delete"], &["204", "401", "404", "429", "503"]),
+            (rotate, &["200", "401", "404", "429", "503"]),
+        ] {
+            assert_eq!(operation["tags"][0], "webhook-endpoints", "{operation}");
+            for status in statuses {
+                assert!(operation["responses"][status].is_object(), "{} {status}", operation["operationId"]);
+            }
+        }
+        for created in [&collection["post"]["responses"]["201"], &rotate["responses"]["200"]] {
+            let schema = &created["content"]["application/json"]["schema"]["$ref"];
+            assert_eq!(schema, "#/components/schemas/EndpointWithSecret");
+        }
+        let schemas = &document["components"]["schemas"];
+        assert_eq!(schemas["EndpointRequest"]["required"], serde_json::json!(["url"]));
+        assert_eq!(schemas["EndpointRequest"]["additionalProperties"], false);
+        assert_eq!(schemas["EndpointChange"]["additionalProperties"], false);
+        assert!(schemas["EndpointChange"]["properties"]["enabled"].is_object());
+        let types = schemas["EndpointRequest"]["properties"]["event_types"]["items"]["enum"].as_array().unwrap();
+        assert_eq!(types.len(), oncepay_domain::merchant_event::EventType::ALL.len());
     }
 }

@@ -1,7 +1,8 @@
 //! The span of each request, and the per-route latency histogram.
 //!
 //! Every request runs inside one `http.request` span carrying its method, route pattern, final
-//! status and duration, plus the tenant, payment and refund ids once a handler knows them ([`of`]).
+//! status and duration, plus the tenant, payment, refund and webhook endpoint ids once a handler
+//! knows them ([`of`]).
 //!
 //! Invariants: the span never records a header value other than the trace context, never an API
 //! key, an idempotency key or a body; metric labels are the route *pattern* (never a path with an
@@ -44,6 +45,7 @@ pub async fn trace_request(
         tenant.id = Empty,
         payment.id = Empty,
         refund.id = Empty,
+        endpoint.id = Empty,
     );
     // The caller's trace becomes the span's parent, so intake's outbox row, written with this
     // span's context, joins that trace.

@@ -1,5 +1,6 @@
 //! The api's settings: the shared pieces (`[http]`, `[database]`, `[telemetry]`) plus its own
-//! (`[intake]`, `[auth]`, `[long_poll]`), loaded once, in `main` (or by a test).
+//! (`[intake]`, `[auth]`, `[long_poll]`, `[provider]`, `[broker]`, `[events]`), loaded once, in
+//! `main` (or by a test).
 //!
 //! Values that would make the service misbehave are rejected at load time, never found on the
 //! request path. Nothing here reads the environment itself.
@@ -9,6 +10,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
+use oncepay_domain::endpoint_url::UrlPolicy;
 use oncepay_service::config::{self, DatabaseSettings, HttpSettings, TelemetrySettings};
 use oncepay_service::group_commit::Limits;
 use secrecy::SecretString;
@@ -18,6 +20,9 @@ use crate::provider_intake::{ProviderIntake, ProviderIntakeSettings};
 
 /// The largest `intake.group_max_requests`: a group is one statement, its arrays sent whole.
 const MAX_GROUP_REQUESTS: usize = 1000;
+
+/// The longest `events.rotation_overlap_secs`: thirty days.
+const MAX_ROTATION_OVERLAP_SECS: u64 = 30 * 86_400;
 
 /// The embedded defaults.
 pub const DEFAULTS: &str = include_str!("../config/default.toml");
@@ -41,6 +46,25 @@ pub struct Settings {
     pub provider: ProviderIntakeSettings,
     /// `[broker]`: the RabbitMQ queue payments are also taken from, if any.
     pub broker: BrokerSettings,
+    /// `[events]`: the webhook endpoints merchants save (`/v1/webhook-endpoints`).
+    pub events: EventsSettings,
+}
+
+/// `[events]`: what a merchant's webhook endpoint may be, and how its secret is rotated.
+#[derive(Debug, Clone, Copy, Deserialize)]
+pub struct EventsSettings {
+    /// `allow_http` and `allow_private_addresses`: the URLs allowed beyond public `https` ones.
+    #[serde(flatten)]
+    pub urls: UrlPolicy,
+    /// How long an endpoint's previous secret keeps signing after the merchant rotates it.
+    pub rotation_overlap_secs: u64,
+}
+
+impl EventsSettings {
+    /// The rotation overlap as a duration.
+    pub fn rotation_overlap(&self) -> Duration {
+        Duration::from_secs(self.rotation_overlap_secs)
+    }
 }
 
 /// `[broker]`: the queue the api takes payment requests from, beside HTTP, and its companions.
@@ -158,8 +182,8 @@ impl Settings {
     }
 
     /// Rejects what the types cannot (a zero rate already fails to parse as a `NonZeroU32`): a zero
-    /// body limit, key retention, lock wait, connection count or lookup budget, and a group size out
-    /// of range.
+    /// body limit, key retention, lock wait, connection count or lookup budget, a group size out of
+    /// range, and a rotation overlap past thirty days.
     fn validate(&self) -> anyhow::Result<()> {
         ensure!(self.intake.max_body_bytes > 0, "intake.max_body_bytes must be positive");
         ensure!(self.intake.key_retention_secs > 0, "intake.key_retention_secs must be positive");
@@ -169,6 +193,10 @@ impl Settings {
         ensure!(
             (1..=MAX_GROUP_REQUESTS).contains(&self.intake.group_max_requests),
             "intake.group_max_requests must be between 1 (no grouping) and {MAX_GROUP_REQUESTS}"
+        );
+        ensure!(
+            self.events.rotation_overlap_secs <= MAX_ROTATION_OVERLAP_SECS,
+            "events.rotation_overlap_secs must be at most {MAX_ROTATION_OVERLAP_SECS} (thirty days)"
         );
         ProviderIntake::new(&self.provider)?;
         let broker = &self.broker;
@@ -202,6 +230,17 @@ mod tests {
         assert_eq!(settings.intake.max_body_bytes, 64 * 1024);
         assert_eq!(settings.long_poll.max_wait_secs, 30);
         assert_eq!(settings.intake.group_max_requests, 64);
+        assert_eq!(settings.events.urls, UrlPolicy { allow_http: false, allow_private_addresses: false });
+        assert_eq!(settings.events.rotation_overlap(), Duration::from_secs(86_400));
+    }
+
+    #[test]
+    fn a_rotation_overlap_past_thirty_days_is_refused() {
+        let mut settings: Settings = config::load(DEFAULTS, None).unwrap();
+        for (secs, valid) in [(0, true), (MAX_ROTATION_OVERLAP_SECS, true), (MAX_ROTATION_OVERLAP_SECS + 1, false)] {
+            settings.events.rotation_overlap_secs = secs;
+            assert_eq!(settings.validate().is_ok(), valid, "{secs}");
+        }
     }
 
     #[test]

@@ -33,10 +33,12 @@ use crate::provider_intake::ProviderIntake;
 use crate::rate_limit::RateLimits;
 use crate::replay_cache::ReplayCache;
 use crate::rereads::{Rereader, Rereads};
-use crate::settings::{IntakeSettings, LongPollSettings, Settings};
+use crate::settings::{EventsSettings, IntakeSettings, LongPollSettings, Settings};
 use crate::state::AppState;
 use crate::watch::{Listener, Watch};
-use crate::{create_payment, create_refund, get_payment, get_refund, list_refunds, openapi, request_span};
+use crate::{
+    create_payment, create_refund, get_payment, get_refund, list_refunds, openapi, request_span, webhook_endpoints,
+};
 
 /// The name every connection carries (`pg_stat_activity.application_name`).
 pub const APPLICATION_NAME: &str = "oncepay-api";
@@ -318,6 +320,7 @@ struct Shared {
     wake: Wakeups,
     replays: Arc<ReplayCache>,
     provider_intake: ProviderIntake,
+    events: EventsSettings,
     metrics: PrometheusHandle,
     openapi: web::Data<OpenApiJson>,
     retry_after: web::Data<RetryAfter>,
@@ -340,6 +343,7 @@ impl Shared {
             wake: Wakeups::default(),
             replays: Arc::new(ReplayCache::new(intake.replay_cache_bytes)),
             provider_intake: ProviderIntake::new(&settings.provider)?,
+            events: settings.events,
             metrics,
             openapi: web::Data::new(OpenApiJson(openapi::json().context("cannot render the OpenAPI document")?)),
             retry_after: web::Data::new(RetryAfter { secs: intake.retry_after_secs }),
@@ -362,6 +366,7 @@ impl Shared {
             wake: self.wake.clone(),
             replays: Arc::clone(&self.replays),
             provider_intake: self.provider_intake,
+            events: self.events,
         }
     }
 
@@ -428,6 +433,39 @@ fn routes(config: &mut web::ServiceConfig, with_ops: bool) {
             web::resource("/v1/refunds/{id}")
                 .route(web::get().to(get_refund::get_refund))
                 .default_service(errors::method_not_allowed("GET")),
+        )
+        .service(
+            web::resource("/v1/webhook-endpoints")
+                .route(web::post().to(webhook_endpoints::create_endpoint))
+                .route(web::get().to(webhook_endpoints::list_endpoints))
+                .default_service(errors::method_not_allowed("GET, POST")),
+        )
+        .service(
+            web::resource("/v1/webhook-endpoints/{id}")
+                .route(web::get().to(webhook_endpoints::get_endpoint))
+                .route(web::patch().to(webhook_endpoints::update_endpoint))
+                .route(web::delete().to(webhook_endpoints::delete_endpoint))
+                .default_service(errors::method_not_allowed("DELETE, GET, PATCH")),
+        )
+        .service(
+            web::resource("/v1/webhook-endpoints/{id}/rotate-secret")
+                .route(web::post().to(webhook_endpoints::rotate_secret))
+                .default_service(errors::method_not_allowed("POST")),
+        )
+        .service(
+            web::resource("/v1/webhook-endpoints/{id}/test")
+                .route(web::post().to(webhook_endpoints::replay::send_test))
+                .default_service(errors::method_not_allowed("POST")),
+        )
+        .service(
+            web::resource("/v1/webhook-endpoints/{id}/replay")
+                .route(web::post().to(webhook_endpoints::replay::replay_failed))
+                .default_service(errors::method_not_allowed("POST")),
+        )
+        .service(
+            web::resource("/v1/events/{id}/replay")
+                .route(web::post().to(webhook_endpoints::replay::replay_event))
+                .default_service(errors::method_not_allowed("POST")),
         )
         .service(
             web::resource("/openapi.json")

@@ -15,7 +15,7 @@ use crate::provider_intake::ProviderIntake;
 use crate::rate_limit::RateLimits;
 use crate::replay_cache::ReplayCache;
 use crate::rereads::Rereads;
-use crate::settings::{IntakeSettings, LongPollSettings};
+use crate::settings::{EventsSettings, IntakeSettings, LongPollSettings};
 use crate::watch::Watch;
 
 /// What every handler of one HTTP worker shares.
@@ -44,6 +44,8 @@ pub struct AppState {
     pub replays: Arc<ReplayCache>,
     /// What the configured provider could never charge, and which account a payment is charged to.
     pub provider_intake: ProviderIntake,
+    /// `[events]`.
+    pub events: EventsSettings,
 }
 
 impl AppState {

@@ -20,3 +20,4 @@ mod replays;
 mod schemathesis;
 mod status;
 mod validation;
+mod webhook_endpoints;
