@@ -8,6 +8,7 @@
 mod cli;
 mod create;
 mod dead_letters;
+mod listen;
 mod publish;
 mod refunds;
 mod secrets;

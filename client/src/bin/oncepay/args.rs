@@ -1,6 +1,8 @@
 //! The command line of `oncepay`: its commands and flags, two of which clap may also read from the
 //! environment (`ONCEPAY_URL`, `ONCEPAY_API_KEY`). It owns no behaviour.
 
+use std::net::IpAddr;
+
 use clap::{Args, Parser, Subcommand};
 use oncepay_client::{IdempotencyKey, PaymentId, RefundId, RefundReason};
 
@@ -17,7 +19,8 @@ Exit codes:
   6  no response after retries (network, timeouts, 409/429/5xx; `publish`: no confirmation from RabbitMQ); the
      same command again with the printed --key is safe
 `dead-letters`: 0 done, 2 usage error, 5 no dead letter has the key, 6 RabbitMQ refused or could not be
-reached (nothing was taken off the dead-letter queue)";
+reached (nothing was taken off the dead-letter queue)
+`listen`: runs until interrupted; 2 when a --secret is not whsec_... or the address cannot be listened on";
 
 /// Pay and refund through oncepay, and follow payments and refunds to their final state.
 #[derive(Debug, Parser)]
@@ -63,6 +66,35 @@ pub enum Command {
     /// cause is fixed (as the api's broker user, or a user allowed to read the dead-letter queue).
     #[command(subcommand, name = "dead-letters")]
     DeadLetters(DeadLettersCommand),
+    /// Receive oncepay's signed deliveries on a local port while you develop: verify each POST
+    /// against the endpoint's secrets, respond 204 or 400, and print one line per delivery. Runs
+    /// until interrupted (Ctrl-C).
+    Listen(ListenArgs),
+}
+
+/// `oncepay listen`.
+#[derive(Debug, Args)]
+pub struct ListenArgs {
+    /// The port to listen on; 0 lets the system choose one (the first line printed says which).
+    #[arg(long)]
+    pub port: u16,
+
+    /// The address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub bind: IpAddr,
+
+    /// The endpoint's signing secret (whsec_...); give it twice while you rotate it, the old and
+    /// the new. Prefer the environment variable (secrets a comma apart): other users of this
+    /// machine can see command lines.
+    #[arg(
+        long = "secret",
+        value_name = "SECRET",
+        env = "ONCEPAY_WEBHOOK_SECRET",
+        hide_env_values = true,
+        value_delimiter = ',',
+        required = true
+    )]
+    pub secrets: Vec<String>,
 }
 
 /// `oncepay dead-letters`.

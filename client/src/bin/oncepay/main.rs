@@ -1,11 +1,13 @@
 //! `oncepay`: pay and refund through the oncepay api (or publish a payment request to its RabbitMQ
-//! queue), and follow payments and refunds from a terminal or a script.
+//! queue), and follow payments and refunds from a terminal or a script; `listen` receives and
+//! verifies oncepay's deliveries on a local port.
 //!
 //! `main` parses the command line, builds a client, runs one command and exits with a code that
 //! sums up the result (see `--help`). Results go to stdout; errors and advice to stderr. The API
 //! key is never printed.
 
 mod args;
+mod listen;
 mod report;
 
 use std::io::Write;
@@ -25,10 +27,11 @@ use crate::report::Exit;
 async fn main() -> ExitCode {
     // The only place the environment is read (`ONCEPAY_URL`, `ONCEPAY_API_KEY`).
     let cli = Cli::parse();
-    // Publishing and the dead letters speak to RabbitMQ only.
+    // Publishing and the dead letters speak to RabbitMQ only; listening speaks to no one.
     let command = match cli.command {
         Command::Publish(args) => return publish(args, cli.json).await.into(),
         Command::DeadLetters(command) => return dead_letters(command, cli.json).await.into(),
+        Command::Listen(args) => return listen::run(args).await.into(),
         command => command,
     };
     let Some(api_key) = cli.api_key else {
@@ -48,7 +51,7 @@ async fn main() -> ExitCode {
         Command::Refund(args) => refund(&client, args, cli.json).await,
         Command::RefundStatus(args) => refund_status(&client, args, cli.json).await,
         Command::Refunds(args) => refunds(&client, args, cli.json).await,
-        Command::Publish(_) | Command::DeadLetters(_) => unreachable!("answered above"),
+        Command::Publish(_) | Command::DeadLetters(_) | Command::Listen(_) => unreachable!("answered above"),
     };
     exit.into()
 }
@@ -335,8 +338,11 @@ async fn refunds(client: &Client, args: RefundsArgs, json: bool) -> Exit {
     }
 }
 
-/// Prints a result line. A closed stdout must not stop a payment from being followed: the exit
-/// code still tells the result, so a failed write is deliberately not an error.
+/// Prints a result line and flushes it, so that a pipe sees it at once (`listen` prints for as long
+/// as it runs). A closed stdout must not stop a payment from being followed: the exit code still
+/// tells the result, so a failed write is deliberately not an error.
 fn say(text: &str) {
-    let _ = writeln!(std::io::stdout().lock(), "{text}");
+    let mut stdout = std::io::stdout().lock();
+    let _ = writeln!(stdout, "{text}");
+    let _ = stdout.flush();
 }
