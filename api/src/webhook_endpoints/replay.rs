@@ -177,6 +177,18 @@ pub enum ReplayBodyRefusals {
     #[response(status = 400, description = "Malformed JSON.", content_type = "application/problem+json")]
     Invalid(oncepay_http::problem::Problem),
     #[response(
+        status = 413,
+        description = "The body is larger than the limit (64 KiB by default).",
+        content_type = "application/problem+json"
+    )]
+    TooLarge(oncepay_http::problem::Problem),
+    #[response(
+        status = 415,
+        description = "The body is not `application/json`.",
+        content_type = "application/problem+json"
+    )]
+    NotJson(oncepay_http::problem::Problem),
+    #[response(
         status = 422,
         description = "`since` is missing or not an RFC 3339 time, or another field is given. Nothing was queued.",
         content_type = "application/problem+json"
