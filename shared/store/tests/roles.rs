@@ -160,12 +160,21 @@ async fn every_table_grants_each_role_exactly_what_the_readme_lists(pool: PgPool
     grant(API, &["idempotency_keys", "broker_queue_samples"], change);
     grant(API, &["payment_events", "outbox", "refunds", "refund_keys", "refund_events", "refund_outbox"], append);
     grant(API, &["payments"], "INSERT,SELECT,UPDATE(refunds_reserved)");
+    // Merchants manage their endpoints, write test events, and replay deliveries (removing an
+    // endpoint removes its deliveries and their attempts).
+    grant(API, &["merchant_endpoints", "merchant_deliveries"], all);
+    grant(API, &["merchant_events"], append);
+    grant(API, &["merchant_delivery_attempts"], "DELETE,SELECT");
 
     grant(WORKER, &["_sqlx_migrations", "tenants"], read);
     grant(WORKER, &["payments", "idempotency_keys", "refunds", "refund_keys"], "SELECT,UPDATE");
     grant(WORKER, &["payment_events", "ledger_entries", "refund_events", "refund_ledger_entries"], append);
     grant(WORKER, &["outbox", "refund_outbox"], all);
     grant(WORKER, &["unknown_payments"], change);
+    // The events of the changes it makes, and their delivery.
+    grant(WORKER, &["merchant_events", "merchant_delivery_attempts"], append);
+    grant(WORKER, &["merchant_deliveries"], change);
+    grant(WORKER, &["merchant_endpoints"], "SELECT,UPDATE");
 
     let tables: Vec<String> =
         sqlx::query_scalar("SELECT tablename::text FROM pg_tables WHERE schemaname = 'public' ORDER BY 1")
