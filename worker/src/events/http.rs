@@ -30,6 +30,7 @@ pub const MAX_RESPONSE_BYTES: usize = 4096;
 pub struct Sender {
     client: reqwest::Client,
     policy: UrlPolicy,
+    timeout: Duration,
 }
 
 impl Sender {
@@ -43,7 +44,12 @@ impl Sender {
             .redirect(reqwest::redirect::Policy::none())
             .dns_resolver(Arc::new(GuardedResolver { policy }))
             .build()?;
-        Ok(Self { client, policy })
+        Ok(Self { client, policy, timeout })
+    }
+
+    /// The longest one attempt takes, from the first byte sent to the last byte read.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     /// Makes one attempt of `claimed`, signed at `now`; what the endpoint answered, as the verdict

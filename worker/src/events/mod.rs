@@ -6,11 +6,17 @@
 //! ([`verdict`], pure) and records the attempt under the claim's fencing token. A worker that dies
 //! mid-delivery leaves a lease that runs out; the next claim takes the delivery again, and the
 //! endpoint may see it twice, with the same `webhook-id`: delivery is at least once.
+//!
+//! An attempt starts only if it ends, timeout included, before the claim's lease can run out,
+//! counted from before the claim was asked for. A worker paused between its claim and its send
+//! (a stop, a long garbage pause, a lock wait) wakes up to a lease another worker may hold by now,
+//! and a payment's later event may have gone out since: sending then would let the endpoint see
+//! the payment's events out of order. It drops the claim instead, and the lease runs out.
 
 pub mod http;
 pub mod verdict;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
 use tokio::task::JoinSet;
@@ -61,11 +67,12 @@ impl EventSender {
         loop {
             while in_flight.try_join_next().is_some() {}
             let room = self.config.max_in_flight.saturating_sub(u32::try_from(in_flight.len()).unwrap_or(u32::MAX));
+            let asked_at = Instant::now();
             let claimed = if room == 0 { Vec::new() } else { self.claim(room.min(self.config.batch_size)).await };
             let idle = claimed.is_empty();
             for delivery in claimed {
                 let this = self.clone();
-                in_flight.spawn(async move { this.deliver(delivery).await });
+                in_flight.spawn(async move { this.deliver(delivery, asked_at).await });
             }
             if idle {
                 tokio::select! {
@@ -99,7 +106,15 @@ impl EventSender {
         })
     }
 
-    async fn deliver(&self, claimed: ClaimedDelivery) {
+    /// Sends `claimed`, asked for at `asked_at`, and records the attempt; or drops it if the
+    /// attempt could outlast the lease.
+    async fn deliver(&self, claimed: ClaimedDelivery, asked_at: Instant) {
+        if !ends_within_lease(asked_at.elapsed(), self.sender.timeout(), self.config.lease) {
+            metrics::delivery_lease_lost();
+            tracing::warn!(event.id = %claimed.event_id, endpoint.id = %claimed.endpoint_id,
+                "a claimed delivery was not sent: its lease could run out before the attempt ends");
+            return;
+        }
         let (outcome, attempt) = self.sender.send(&claimed, time::OffsetDateTime::now_utc()).await;
         let number = u32::try_from(claimed.attempts).unwrap_or(0) + 1;
         let (next, health) = verdict::judge(outcome, number, &self.config.rules, rand::random::<f64>());
@@ -123,5 +138,26 @@ impl EventSender {
                     "cannot record a delivery attempt; its lease will run out and it is tried again");
             }
         }
+    }
+}
+
+/// Whether an attempt that may take `timeout`, started `since_claim` after the claim was asked
+/// for, ends before a lease of `lease` from the claim runs out.
+fn ends_within_lease(since_claim: Duration, timeout: Duration, lease: Duration) -> bool {
+    since_claim.saturating_add(timeout) < lease
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_attempt_starts_only_if_it_ends_before_the_lease_can_run_out() {
+        let (timeout, lease) = (Duration::from_secs(15), Duration::from_secs(60));
+        assert!(ends_within_lease(Duration::ZERO, timeout, lease));
+        assert!(ends_within_lease(Duration::from_secs(44), timeout, lease));
+        assert!(!ends_within_lease(Duration::from_secs(45), timeout, lease));
+        assert!(!ends_within_lease(Duration::from_secs(3600), timeout, lease));
+        assert!(!ends_within_lease(Duration::MAX, timeout, lease));
     }
 }
