@@ -10,6 +10,11 @@
 //! publishes (confirms, the same message again without one); the broker's faults are the node
 //! stopped and started, every connection cut, and an api crashed between a message's commit and its
 //! acknowledgement.
+//!
+//! Each tenant subscribes endpoints at a receiver inside the harness that misbehaves by a seeded
+//! plan (`receiver.rs`), so the worker's deliveries meet timeouts, errors, dropped connections and
+//! an endpoint that goes away while its processes are killed and paused; invariant 11 is judged on
+//! what the receiver got (`events.rs`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -23,8 +28,10 @@ use tokio::time::Instant;
 
 use crate::broker::BrokerVerdict;
 use crate::checker::{self, Settled, Verdict};
+use crate::events::{self, EventsVerdict};
 use crate::faults::{Action, FailPointDraw, Intensity, Schedule, calm};
 use crate::operations::{Failure, OperatorClient, Retried};
+use crate::receiver::Receiver;
 use crate::report::Report;
 use crate::system::{Binaries, Processes, Provider, Role, System, SystemConfig, Timing, Topology};
 use crate::workload::{self, Clients, Plan, WorkloadConfig};
@@ -198,12 +205,16 @@ pub async fn run(config: &ChaosConfig, crashable: Crashable) -> anyhow::Result<F
         timing,
         provider: Provider::Simulator { seed },
         log_dir: None,
-        // Every resend the harness's operator asks for waits for a second operator to approve it.
-        env: vec![(
+        // Every resend the harness's operator asks for waits for a second operator to approve it; and
+        // the events' settings for the run's receiver.
+        env: [(
             Processes::Only(Role::Reconciler),
             setting_variable("operators.retries_need_approval"),
             "true".to_owned(),
-        )],
+        )]
+        .into_iter()
+        .chain(events::settings())
+        .collect(),
         broker: config.broker_rate > 0.0,
     })
     .await?;
@@ -243,6 +254,9 @@ async fn drive(config: &ChaosConfig, system: &mut System, timing: Timing) -> any
         system.database_nodes(),
     );
     let operators = Operators::make(system).await.context("cannot make the harness's operators")?;
+    // Before any fail point is armed and any payment made: an endpoint sees every event of its tenant.
+    let receiver = Receiver::start(seed, events::TOO_LATE).await?;
+    let subscriptions = events::subscribe(system, &receiver).await.context("cannot subscribe the receiver")?;
     let mut faults: BTreeMap<String, u64> = BTreeMap::new();
     let mut fail_points = FailPointDraw::new(seed);
     for role in [Role::Worker, Role::Api] {
@@ -328,8 +342,12 @@ async fn drive(config: &ChaosConfig, system: &mut System, timing: Timing) -> any
         checker::check(system.pool(), &truth.charges, &refunds.refunds, system.tenants(), &observations).await?;
     if let Some(broker) = &mut broker {
         verdict.violations.append(&mut broker.violations);
-        verdict.violations.sort();
     }
+    // After the payments settled: their last events are written by then.
+    events::settle(system.pool(), config.settle_bound).await?;
+    let mut events = EventsVerdict::judge(system.pool(), &subscriptions, &receiver).await?;
+    verdict.violations.append(&mut events.violations);
+    verdict.violations.sort();
     for (fault, count) in simulator_fault_counts(system.simulator_url()?).await? {
         faults.insert(format!("simulator: {fault}"), count);
     }
@@ -346,6 +364,7 @@ async fn drive(config: &ChaosConfig, system: &mut System, timing: Timing) -> any
         verdict,
         two_phase_commits: system.two_phase_commits_since_start().await?,
         broker,
+        events: Some(events),
     })
 }
 

@@ -25,7 +25,8 @@ use crate::workload::{MisuseOutcome, Observations, ProbeOutcome};
 /// One broken promise, with what proves it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Violation {
-    /// Which invariant (1–6, as the `check_*` functions number them; 8 for refunds).
+    /// Which invariant of the contract (1–6, as the `check_*` functions number them; 8 for refunds,
+    /// 10 for the broker, 11 for events to merchants).
     pub invariant: u8,
     /// What is wrong.
     pub what: String,

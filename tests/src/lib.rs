@@ -5,14 +5,17 @@
 //! the short chaos profile that runs with the test command (`tests/chaos.rs`) and the
 //! `oncepay-chaos` binary, so they can never check different things. Nothing here is part of
 //! oncepay: it drives the system only through its processes, its HTTP API, its operator CLI, its
-//! operations API and the provider's own endpoints, and only reads the database.
+//! operations API and the provider's own endpoints, receives the events oncepay sends merchants,
+//! and only reads the database.
 
 pub mod broker;
 pub mod chaos;
 pub mod checker;
+pub mod events;
 pub mod faults;
 pub mod localstripe;
 pub mod operations;
+pub mod receiver;
 pub mod refunds;
 pub mod report;
 pub mod system;

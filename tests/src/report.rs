@@ -1,6 +1,7 @@
 //! The report of a run: the seed, the faults injected by kind, the requests sent and accepted, the
-//! charge histogram, how often the resend guards held a send back, the violations (expected: none),
-//! and time to terminal (p50/p99/max). It is printed by the harness and by a failing test, so
+//! charge histogram, how often the resend guards held a send back, the events sent to merchants and
+//! how their receiver responded, the violations (expected: none), and time to terminal
+//! (p50/p99/max). It is printed by the harness and by a failing test, so
 //! everything needed to reproduce and diagnose a run is in it. It formats; it judges nothing beyond counting what the checker found.
 
 use std::collections::BTreeMap;
@@ -9,6 +10,7 @@ use std::time::Duration;
 
 use crate::broker::BrokerVerdict;
 use crate::checker::{Settled, Verdict};
+use crate::events::EventsVerdict;
 use crate::system::Topology;
 use crate::workload::{MisuseOutcome, Observations, ProbeOutcome};
 
@@ -41,6 +43,8 @@ pub struct Report {
     /// The broker's part, when part of the workload was published to RabbitMQ (its violations are
     /// in the verdict's).
     pub broker: Option<BrokerVerdict>,
+    /// The events' part, when the run subscribed a receiver (its violations are in the verdict's).
+    pub events: Option<EventsVerdict>,
 }
 
 impl Report {
@@ -143,6 +147,32 @@ impl fmt::Display for Report {
             "resend guards    {} payment and {} refund resend(s) held back past the key window",
             v.held_back, v.refunds.held_back
         )?;
+        if let Some(e) = &self.events {
+            let kinds: Vec<String> = e.events.iter().map(|(kind, n)| format!("{kind} {n}")).collect();
+            let disabled: Vec<String> = e.disabled.iter().map(|(name, reason)| format!("{name} ({reason})")).collect();
+            writeln!(
+                f,
+                "events           {} written ({}); deliveries: {} delivered, {} dead-lettered, {} pending at disabled \
+                 endpoints [{}], {} owed to enabled ones; {} claims ended without a recorded attempt",
+                e.events.values().sum::<usize>(),
+                kinds.join(", "),
+                e.delivered,
+                e.dead_lettered,
+                e.pending_at_disabled,
+                disabled.join(", "),
+                e.owed,
+                e.interrupted
+            )?;
+            let requests: Vec<String> = e.requests.iter().map(|(behaviour, n)| format!("{behaviour} {n}")).collect();
+            writeln!(
+                f,
+                "receiver         {} requests ({}); {} for an event already taken; {} refused as unverified",
+                e.requests.values().sum::<usize>(),
+                requests.join(", "),
+                e.repeated,
+                e.refused
+            )?;
+        }
         writeln!(
             f,
             "time to terminal p50 {}, p99 {}, max {} (acceptance to succeeded/failed/dead-lettered)",

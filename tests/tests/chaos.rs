@@ -1,13 +1,15 @@
 //! The chaos harness's short profile, run by the test command: a few minutes of the real system
 //! under seeded faults (processes killed, paused and crashed at fail points, PostgreSQL crashed,
 //! every simulator fault, the RabbitMQ node stopped and its connections cut; under Citus, worker
-//! nodes crashed too), then every invariant of the contract checked. A failure prints the report, the kept logs and the command that replays the
+//! nodes crashed too), with the events to merchants sent to a receiver that misbehaves, then every
+//! invariant of the contract checked. A failure prints the report, the kept logs and the command that replays the
 //! seed.
 
 // Helpers outside `#[test]` functions fail loudly too: clippy's test exemption does not reach them.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use oncepay_tests::chaos::{self, ChaosConfig, Crashable, Profile};
+use oncepay_tests::receiver::Behaviour;
 
 /// `CHAOS_SEED`, else the day's (days since 1970-01-01), so CI explores a new schedule every day.
 /// Not an `ONCEPAY_` variable: that prefix configures the binaries.
@@ -57,4 +59,15 @@ async fn under_the_short_chaos_profile_every_promise_holds() {
     assert!(report.observations.accepted() > 0 && report.verdict.charge_histogram[1] > 0, "{report}");
     let broker = report.broker.as_ref().expect("the short profile publishes to RabbitMQ");
     assert!(broker.confirmed > 0 && broker.payments > 0, "{report}");
+    // The receiver misbehaved every way, deliveries ran out of attempts, an endpoint went away, and
+    // process faults hit deliveries in flight.
+    let events = report.events.as_ref().expect("the short profile subscribes a receiver");
+    for behaviour in Behaviour::ALL {
+        assert!(
+            events.requests.get(&behaviour).is_some_and(|n| *n > 0),
+            "the receiver never responded {behaviour}\n{report}"
+        );
+    }
+    assert!(events.delivered > 0 && events.dead_lettered > 0 && events.interrupted > 0, "{report}");
+    assert!(events.disabled.iter().any(|(_, reason)| reason == "gone"), "{report}");
 }

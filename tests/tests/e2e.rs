@@ -79,6 +79,7 @@ async fn drive(system: &System, config: &WorkloadConfig) -> (Report, Plan) {
         verdict,
         two_phase_commits: system.two_phase_commits_since_start().await.unwrap(),
         broker: None,
+        events: None,
     };
     (report, plan)
 }

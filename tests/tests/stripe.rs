@@ -109,6 +109,7 @@ async fn payments_through_localstripe_end_as_their_test_cards_say_and_its_webhoo
         verdict,
         two_phase_commits: system.two_phase_commits_since_start().await.unwrap(),
         broker: None,
+        events: None,
     };
     // Shown by the test runner when asked (`--no-capture`), and with any failure.
     eprintln!("{report}");
