@@ -3,8 +3,9 @@
 //!
 //! One operator finds a dead-lettered payment by its Idempotency-Key, reads the provider's view
 //! beside the ledger, and proposes settling it; a second approves; the payment settles and the
-//! audit trail shows it. A form posted from a page of another origin is refused; an operator
-//! limited to one tenant never sees another's payment. axe-core runs on every page the test opens
+//! audit trail shows it. An endpoint the worker stopped is flagged on the overview, then started
+//! again and replayed from the console. A form posted from a page of another origin is refused; an
+//! operator limited to one tenant never sees another's payment. axe-core runs on every page the test opens
 //! and must find no serious or critical problem. The test leaves two screenshots in
 //! `target/console-screenshots/` for docs/operators.md.
 
@@ -377,6 +378,68 @@ async fn operators_find_propose_and_approve_in_a_real_browser_and_see_only_their
     assert!(refunded.contains("operator:alice") && refunded.contains("14.99 EUR is left to refund"), "{refunded}");
     alice.screenshot("refunded.png").await;
 
+    // acme's merchant listens for events, but its receiver answered 410 Gone: the worker stopped
+    // the endpoint. The overview says so; Alice starts it again from the endpoints page, replays
+    // its dead-lettered deliveries and one of the payment's events, and the audit trail shows it.
+    let endpoint_id: Uuid = sqlx::query_scalar(
+        "INSERT INTO merchant_endpoints
+             (tenant_id, endpoint_id, url, secret, enabled, disabled_reason, disabled_at, failing_since)
+         SELECT tenant_id, gen_random_uuid(), 'https://acme.example/hooks', 'whsec_' || repeat('A', 32), false,
+                'gone', now(), now() - interval '1 hour'
+         FROM tenants WHERE name = 'acme' RETURNING endpoint_id",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let warned = alice.open("/console/").await;
+    assert!(warned.contains("1 webhook endpoint is stopped"), "{warned}");
+    alice.click("p.alert a[href='/console/endpoints']").await;
+    let listed = alice.until("it answered 410 Gone").await;
+    assert!(listed.contains("https://acme.example/hooks") && !listed.contains("whsec_"), "{listed}");
+    alice.screenshot("endpoints.png").await;
+    alice.fill(&format!("#enable-{endpoint_id}"), "acme's receiver is back").await;
+    alice.click(&format!("form[action$='{endpoint_id}/enable'] button")).await;
+    let confirm = alice.until("Confirm: what will happen").await;
+    assert!(confirm.contains("is started again now"), "{confirm}");
+    alice.click("main form button").await;
+    let started = alice.until("Started:").await;
+    assert!(started.contains("<td>enabled</td>"), "{started}");
+    let enabled: bool = sqlx::query_scalar("SELECT enabled FROM merchant_endpoints WHERE endpoint_id = $1")
+        .bind(endpoint_id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(enabled);
+    let trail = alice.open("/console/audit?action=webhook_endpoint.enable").await;
+    assert!(trail.contains("<td>alice</td><td>webhook_endpoint.enable</td>"), "{trail}");
+    alice.open("/console/endpoints").await;
+    alice.fill(&format!("#replay-{endpoint_id}"), "their outage").await;
+    alice.click(&format!("form[action$='{endpoint_id}/replay'] button")).await;
+    let confirm = alice.until("Confirm: what will happen").await;
+    assert!(confirm.contains("Every dead-lettered delivery"), "{confirm}");
+    alice.click("main form button").await;
+    alice.until("Queued again").await;
+    alice.open(&page).await;
+    alice.fill("form[action*='/events/'] input[name=reason]", "acme lost it while its receiver was away").await;
+    alice.click("form[action*='/events/'] button").await;
+    alice.until("Confirm: what will happen").await;
+    alice.click("main form button").await;
+    alice.until("Queued again").await;
+    let queued: i64 = sqlx::query_scalar("SELECT count(*) FROM merchant_deliveries WHERE endpoint_id = $1")
+        .bind(endpoint_id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(queued, 1, "the replayed event is queued for the endpoint started again");
+    let replays: Vec<String> = sqlx::query_scalar(
+        "SELECT action FROM operator_audit WHERE operator_name = 'alice' AND action LIKE '%replay' AND outcome = 'done'
+         ORDER BY audit_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(replays, ["webhook_endpoint.replay", "event.replay"]);
+
     bob.open("/console/dead-letters?state=all").await;
     bob.open("/console/recon").await;
     bob.open("/console/").await;
@@ -443,9 +506,12 @@ async fn operators_find_propose_and_approve_in_a_real_browser_and_see_only_their
     assert!(operators.contains("carol") && operators.contains("globex"));
     // On a phone's width, nothing runs off the side of the page: wide tables scroll in their box.
     admin.client().set_window_size(390, 844).await.unwrap();
-    for path in
-        ["/console/".to_owned(), format!("/console/payments/{payment_id}"), "/console/dead-letters?state=all".into()]
-    {
+    for path in [
+        "/console/".to_owned(),
+        format!("/console/payments/{payment_id}"),
+        "/console/dead-letters?state=all".into(),
+        "/console/endpoints".into(),
+    ] {
         admin.open(&path).await;
         let fits = admin.client().execute("return document.documentElement.scrollWidth <= window.innerWidth", vec![]);
         assert_eq!(fits.await.unwrap(), json!(true), "{path} is wider than a phone");

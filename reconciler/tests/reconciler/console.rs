@@ -2,7 +2,8 @@
 //! the cross-process suite, `tests/tests/console.rs`): the sign-in form and session cookie, the
 //! headers every page carries, the dead-letter list and its pages, the search, and changes that ask
 //! to confirm before they are done, are refused from another origin or to a role too weak, and show
-//! an operator limited to some tenants nothing of another's.
+//! an operator limited to some tenants nothing of another's; and webhook endpoints, listed, started
+//! and replayed as the JSON API does it.
 
 use oncepay_domain::ids::PaymentId;
 use oncepay_domain::refund_status::RefundStatus;
@@ -844,4 +845,103 @@ async fn the_overview_counts_the_refunds_in_flight_of_the_tenants_shown(pool: Pg
     ] {
         assert!(globex_only.contains(&figure(label, value)), "{label}: {globex_only}");
     }
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn endpoints_are_listed_started_and_replayed_from_the_console_as_the_json_api_does_them(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    tenant(&pool, "globex").await;
+    let secret = oncepay_webhook_signature::WebhookSecret::generate();
+    let new =
+        NewEndpoint { url: "https://acme.example/hooks", description: "orders", event_types: &[], secret: &secret };
+    let endpoint_id =
+        merchant_endpoints::create(&mut pool.acquire().await.unwrap(), acme, &new).await.unwrap().endpoint_id;
+    // Dead-lettering a payment writes its event and queues it for the endpoint; then the worker
+    // gave up on the delivery and stopped the endpoint, which kept failing.
+    let payment_id = dead_lettered(&pool, acme, "k-1", 60).await;
+    sqlx::query("UPDATE merchant_deliveries SET state = 'dead_lettered', attempts = 10").execute(&pool).await.unwrap();
+    sqlx::query(
+        "UPDATE merchant_endpoints SET enabled = false, disabled_reason = 'failing', disabled_at = now(),
+         failing_since = now() - interval '5 days'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let ana = Browser::sign_in(&ops, "ana", "operator", Some(&["acme"])).await;
+    let vic = Browser::sign_in(&ops, "vic", "viewer", Some(&["acme"])).await;
+    let gus = Browser::sign_in(&ops, "gus", "operator", Some(&["globex"])).await;
+    let enable = format!("/console/tenants/acme/endpoints/{endpoint_id}/enable");
+    let replay = format!("/console/tenants/acme/endpoints/{endpoint_id}/replay");
+
+    let overview = ana.get("/console/").await;
+    let listed = ana.get("/console/endpoints").await;
+    let seen_by_a_viewer = vic.get("/console/endpoints").await;
+    let elsewhere = gus.get("/console/endpoints").await;
+    let globex_overview = gus.get("/console/").await;
+    let by_a_viewer = vic.post(&enable, &[("reason", "fixed"), ("confirmed", "yes")]).await;
+    let by_another_tenant = gus.post(&enable, &[("reason", "fixed"), ("confirmed", "yes")]).await;
+    let confirm = ana.post(&enable, &[("reason", "they fixed their server")]).await;
+    let still_stopped: bool =
+        sqlx::query_scalar("SELECT enabled FROM merchant_endpoints").fetch_one(&pool).await.unwrap();
+    let started = ana.post(&enable, &[("reason", "they fixed their server"), ("confirmed", "yes")]).await;
+    let landed = ana.get(started.location.as_deref().unwrap()).await;
+    let bad_time = ana.post(&replay, &[("since", "yesterday"), ("reason", "their outage")]).await;
+    let confirm_replay = ana.post(&replay, &[("since", "2000-01-01T00:00"), ("reason", "their outage")]).await;
+    let replayed =
+        ana.post(&replay, &[("since", "2000-01-01T00:00"), ("reason", "their outage"), ("confirmed", "yes")]).await;
+    let after_replay: Vec<String> =
+        sqlx::query_scalar("SELECT state FROM merchant_deliveries").fetch_all(&pool).await.unwrap();
+    let payment_page = ana.get(&format!("/console/payments/{payment_id}")).await;
+    let event_id: uuid::Uuid =
+        sqlx::query_scalar("SELECT event_id FROM merchant_events").fetch_one(&pool).await.unwrap();
+    let replay_event = format!("/console/tenants/acme/events/{event_id}/replay");
+    let back = payment_id.to_string();
+    let event_replayed = ana
+        .post(&replay_event, &[("reason", "they lost it"), ("payment_id", back.as_str()), ("confirmed", "yes")])
+        .await;
+
+    assert!(
+        overview.body.contains("1 webhook endpoint is stopped")
+            && overview.body.contains("href=\"/console/endpoints\"")
+    );
+    assert!(!globex_overview.body.contains("webhook endpoint is stopped"), "only the tenants one may see");
+    assert!(listed.body.contains("https://acme.example/hooks") && listed.body.contains("every delivery failed"));
+    assert!(listed.body.contains("<td>0</td><td>1</td>"), "nothing waits, one is dead-lettered: {}", listed.body);
+    assert!(!listed.body.contains(&secret), "never the secret");
+    assert!(listed.body.contains(&format!("action=\"{enable}\"")), "{}", listed.body);
+    assert!(seen_by_a_viewer.body.contains("https://acme.example/hooks") && !seen_by_a_viewer.body.contains("Start…"));
+    assert!(!elsewhere.body.contains("https://acme.example/hooks"), "{}", elsewhere.body);
+    assert_eq!((by_a_viewer.status, by_another_tenant.status), (StatusCode::FORBIDDEN, StatusCode::NOT_FOUND));
+    assert_eq!(confirm.status, StatusCode::OK);
+    assert!(confirm.body.contains("is started again now"), "{}", confirm.body);
+    assert!(!still_stopped, "nothing is done before it is confirmed");
+    assert_eq!(started.location.as_deref(), Some("/console/endpoints?notice=endpoint_enabled"));
+    assert!(landed.body.contains("Started:") && landed.body.contains(">enabled<"), "{}", landed.body);
+    assert_eq!(bad_time.status, StatusCode::BAD_REQUEST);
+    assert!(confirm_replay.body.contains("written since 2000-01-01T00:00:00Z"), "{}", confirm_replay.body);
+    assert_eq!(replayed.location.as_deref(), Some("/console/endpoints?notice=replayed"));
+    assert_eq!(after_replay, ["pending"]);
+    assert!(payment_page.body.contains(&event_id.to_string()) && payment_page.body.contains(&replay_event));
+    assert_eq!(event_replayed.location, Some(format!("/console/payments/{payment_id}?notice=replayed")));
+    let trail: Vec<(String, String, String, Option<String>)> = sqlx::query_as(
+        "SELECT operator_name, action, outcome, reason FROM operator_audit
+         WHERE action LIKE 'webhook_endpoint.%' OR action = 'event.replay' ORDER BY audit_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let row = |who: &str, action: &str, outcome: &str, reason: Option<&str>| {
+        (who.to_owned(), action.to_owned(), outcome.to_owned(), reason.map(str::to_owned))
+    };
+    assert_eq!(
+        trail,
+        [
+            row("vic", "webhook_endpoint.enable", "refused", None),
+            row("gus", "webhook_endpoint.enable", "refused", None),
+            row("ana", "webhook_endpoint.enable", "done", Some("they fixed their server")),
+            row("ana", "webhook_endpoint.replay", "done", Some("their outage")),
+            row("ana", "event.replay", "done", Some("they lost it")),
+        ]
+    );
 }

@@ -25,6 +25,7 @@ mod account;
 mod admin;
 mod assets;
 mod bulk;
+mod endpoints;
 mod forms;
 mod pages;
 mod provider_view;
@@ -46,7 +47,7 @@ pub(crate) const SECURITY_HEADERS: [(&str, &str); 5] = [
 ];
 
 /// What each notice code left in a URL says.
-const NOTICES: [(&str, &str); 16] = [
+const NOTICES: [(&str, &str); 19] = [
     ("retried", "Queued to be sent again: the worker sends it with the same key, so it is charged at most once."),
     (
         "refund_retried",
@@ -67,6 +68,13 @@ const NOTICES: [(&str, &str); 16] = [
     ("signed_out_everywhere", "Every session of yours has ended and every token of yours is revoked."),
     ("operator_changed", "Changed: their new role and tenants apply from their next request."),
     ("operator_disabled", "Disabled: they are signed out everywhere and their tokens no longer work."),
+    (
+        "endpoint_enabled",
+        "Started: the deliveries that wait for the endpoint are sent now; replay its dead-lettered ones if the \
+         merchant needs them.",
+    ),
+    ("endpoint_disabled", "Stopped: nothing more is sent to the endpoint until it is started again."),
+    ("replayed", "Queued again: each delivery keeps its webhook-id, so the merchant can drop one it already has."),
 ];
 
 /// The words of notice `code`, if the console has one.
@@ -106,6 +114,11 @@ pub fn configure(config: &mut web::ServiceConfig) {
             .route("/tenants/{name}/keys", web::post().to(admin::issue_key_form))
             .route("/tenants/{name}/keys/{key_id}/revoke", web::post().to(admin::revoke_key_form))
             .route("/tenants/{name}/provider-account", web::post().to(admin::connect_form))
+            .route("/endpoints", web::get().to(endpoints::endpoints_page))
+            // Before the switches, which would take `replay` for one.
+            .route("/tenants/{name}/endpoints/{endpoint_id}/replay", web::post().to(endpoints::replay_failed_form))
+            .route("/tenants/{name}/endpoints/{endpoint_id}/{switch}", web::post().to(endpoints::switch_form))
+            .route("/tenants/{name}/events/{event_id}/replay", web::post().to(endpoints::replay_event_form))
             .route("/operators", web::get().to(admin::operators_page))
             .route("/operators", web::post().to(admin::create_operator_form))
             .route("/operators/{name}", web::post().to(admin::change_operator_form))
@@ -136,12 +149,22 @@ pub(crate) struct Chrome {
     pub(crate) notice: Option<&'static str>,
     /// Whether they may see every tenant, and so the reconciliation runs, which cover them all.
     pub(crate) every_tenant: bool,
+    /// That the worker stopped webhook endpoints of tenants they may see, said at the top of the
+    /// page.
+    pub(crate) endpoints_stopped: Option<String>,
 }
 
 impl Chrome {
     fn of(account: &Account, section: &'static str) -> Self {
         let every_tenant = account.scope == oncepay_ops::operators::Scope::Every;
-        Self { name: account.name.clone(), role: account.role, section, notice: None, every_tenant }
+        Self {
+            name: account.name.clone(),
+            role: account.role,
+            section,
+            notice: None,
+            every_tenant,
+            endpoints_stopped: None,
+        }
     }
 
     /// Whether they may retry, resolve and propose.

@@ -1,8 +1,8 @@
-//! The console's reads: the overview's counts, a page of dead letters, the search, and one payment
-//! with its timeline. Each reads only the tenants it is given, and none scans a table that grows
-//! with the payments: the dead-letter pages walk an index in age order from a cursor, the search
-//! probes primary keys and indexes once per visible tenant, and a payment's rows are read by its key
-//! (BENCHMARKS.md, "The console").
+//! The console's reads: the overview's counts, a page of dead letters, the search, one payment with
+//! its timeline and its events, and the webhook endpoints. Each reads only the tenants it is given,
+//! and none scans a table that grows with the payments: the dead-letter pages walk an index in age
+//! order from a cursor, the search probes primary keys and indexes once per visible tenant, and a
+//! payment's rows are read by its key (BENCHMARKS.md, "The console").
 
 use anyhow::Context as _;
 use oncepay_domain::ids::{PaymentId, TenantId};
@@ -604,4 +604,114 @@ fn learned(item: &Value) -> Option<Happened> {
         (None, None) => item.to_string(),
     };
     Some(Happened { at, source: "lookup", by: format!("reconciler ({source}{attempt})"), what: found })
+}
+
+/// Why an endpoint is stopped when deliveries stopped it, not a person: it answered 410, or every
+/// attempt failed for too long.
+pub(super) const STOPPED_BY_DELIVERY: [&str; 2] = ["gone", "failing"];
+
+/// A webhook endpoint, as the endpoints page shows it: never its secrets, which are not read.
+#[derive(Debug)]
+pub(super) struct EndpointRow {
+    /// Its tenant's name.
+    pub(super) tenant: String,
+    pub(super) endpoint_id: Uuid,
+    pub(super) url: String,
+    pub(super) description: String,
+    /// The types it takes; empty for every type.
+    pub(super) event_types: Vec<String>,
+    pub(super) enabled: bool,
+    /// Why it is stopped: `gone`, `failing` or `merchant`.
+    pub(super) disabled_reason: Option<String>,
+    pub(super) disabled_at: Option<OffsetDateTime>,
+    /// Since when every attempt has failed.
+    pub(super) failing_since: Option<OffsetDateTime>,
+    /// Its deliveries that wait to be sent.
+    pub(super) pending: i64,
+    /// Its deliveries whose retries are spent.
+    pub(super) dead_lettered: i64,
+}
+
+/// The webhook endpoints of `tenants`, by tenant name, then oldest first. The counts walk the
+/// partial indexes of pending and of dead-lettered deliveries.
+pub(super) async fn endpoints(conn: &mut PgConnection, tenants: &[Uuid]) -> Result<Vec<EndpointRow>, OperatorError> {
+    let endpoints = sqlx::query_as!(
+        EndpointRow,
+        r#"
+        SELECT t.name AS tenant, p.endpoint_id, p.url, p.description, p.event_types, p.enabled, p.disabled_reason,
+               p.disabled_at, p.failing_since,
+               (SELECT count(*) FROM merchant_deliveries d
+                WHERE d.tenant_id = p.tenant_id AND d.endpoint_id = p.endpoint_id AND d.state = 'pending') AS "pending!",
+               (SELECT count(*) FROM merchant_deliveries d
+                WHERE d.tenant_id = p.tenant_id AND d.endpoint_id = p.endpoint_id
+                  AND d.state = 'dead_lettered') AS "dead_lettered!"
+        FROM merchant_endpoints p
+        JOIN tenants t ON t.tenant_id = p.tenant_id
+        WHERE p.tenant_id = ANY ($1)
+        ORDER BY t.name, p.created_at, p.endpoint_id
+        "#,
+        tenants,
+    )
+    .fetch_all(conn)
+    .await
+    .context("cannot read the webhook endpoints")?;
+    Ok(endpoints)
+}
+
+/// How many of `tenants`' endpoints deliveries stopped ([`STOPPED_BY_DELIVERY`]).
+pub(super) async fn stopped_endpoints(conn: &mut PgConnection, tenants: &[Uuid]) -> Result<i64, OperatorError> {
+    let stopped = sqlx::query_scalar!(
+        r#"
+        SELECT count(*) AS "stopped!" FROM merchant_endpoints
+        WHERE tenant_id = ANY ($1) AND disabled_reason = ANY ($2)
+        "#,
+        tenants,
+        &STOPPED_BY_DELIVERY as &[&str],
+    )
+    .fetch_one(conn)
+    .await
+    .context("cannot count the stopped webhook endpoints")?;
+    Ok(stopped)
+}
+
+/// An event a payment's changes (its refunds' included) sent the merchant, with how its deliveries
+/// stand.
+#[derive(Debug)]
+pub(super) struct PaymentEvent {
+    pub(super) event_id: Uuid,
+    pub(super) event_type: String,
+    pub(super) created_at: OffsetDateTime,
+    pub(super) delivered: i64,
+    pub(super) pending: i64,
+    pub(super) dead_lettered: i64,
+}
+
+/// The events of a payment, in order.
+pub(super) async fn payment_events(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    payment_id: PaymentId,
+) -> Result<Vec<PaymentEvent>, OperatorError> {
+    let events = sqlx::query_as!(
+        PaymentEvent,
+        r#"
+        SELECT e.event_id, e.type AS event_type, e.created_at,
+               count(d.event_id) FILTER (WHERE d.state = 'delivered') AS "delivered!",
+               count(d.event_id) FILTER (WHERE d.state = 'pending') AS "pending!",
+               count(d.event_id) FILTER (WHERE d.state = 'dead_lettered') AS "dead_lettered!"
+        FROM merchant_events e
+        LEFT JOIN merchant_deliveries d ON d.tenant_id = e.tenant_id AND d.event_id = e.event_id
+        WHERE e.tenant_id = $1 AND e.payment_id = $2
+        GROUP BY e.tenant_id, e.event_id
+        ORDER BY e.event_order
+        LIMIT $3
+        "#,
+        tenant_id.as_uuid(),
+        payment_id.as_uuid(),
+        TIMELINE_ROWS,
+    )
+    .fetch_all(conn)
+    .await
+    .context("cannot read the payment's events to the merchant")?;
+    Ok(events)
 }

@@ -1,7 +1,8 @@
 //! `GET /console/` and `GET /console/live`: the overview and the part of it that refreshes itself:
 //! payments and refunds in flight, open dead letters by kind and age, proposals waiting, the last
 //! reconciliation run, the broker's queues (when an api takes payments from RabbitMQ), and the
-//! break-glass account's last uses.
+//! break-glass account's last uses; above them, a warning when the worker stopped a webhook
+//! endpoint.
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -12,6 +13,7 @@ use uuid::Uuid;
 
 use super::dead_letters::KINDS;
 use super::{age, done, refused, when};
+use crate::endpoints::stopped_banner;
 use crate::queries::{self};
 use crate::{Chrome, caller_or_sign_in, html, visible_tenants};
 use oncepay_ops::operators::Scope;
@@ -217,7 +219,15 @@ pub(crate) async fn overview(state: web::Data<OperatorsState>, request: HttpRequ
     done(
         async {
             let caller = caller_or_sign_in(&state, &request).await?;
-            let chrome = Chrome::of(&caller.account, "overview").noticed_by(&request);
+            let mut chrome = Chrome::of(&caller.account, "overview").noticed_by(&request);
+            let tenants: Vec<Uuid> = visible_tenants(&state, &caller)
+                .await
+                .map_err(refused(&chrome))?
+                .iter()
+                .map(|t| t.tenant_id.as_uuid())
+                .collect();
+            let stopped = stopped_banner(&state, &tenants).await.map_err(refused(&chrome))?;
+            chrome.endpoints_stopped = stopped;
             let live = live_of(&state, &caller).await.map_err(refused(&chrome))?;
             let live = live.render().map_err(|error| {
                 tracing::error!(error = %error, "cannot render the overview");

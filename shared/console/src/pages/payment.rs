@@ -1,5 +1,6 @@
-//! `GET /console/payments/{id}`: a payment, its dead letter, proposals, refunds and timeline, and on
-//! demand the provider's charges beside the ledger. Opening it is recorded in the audit trail.
+//! `GET /console/payments/{id}`: a payment, its dead letter, proposals, refunds, events to the
+//! merchant and timeline, and on demand the provider's charges beside the ledger. Opening it is
+//! recorded in the audit trail.
 
 use std::str::FromStr;
 
@@ -63,6 +64,26 @@ impl From<Happened> for TimelineLine {
     }
 }
 
+/// An event the payment's changes sent the merchant.
+struct EventLine {
+    event_id: Uuid,
+    event_type: String,
+    created_at: String,
+    /// How its deliveries stand, in words.
+    deliveries: String,
+}
+
+impl From<queries::PaymentEvent> for EventLine {
+    fn from(event: queries::PaymentEvent) -> Self {
+        let deliveries = if event.delivered + event.pending + event.dead_lettered == 0 {
+            "no endpoint took it".to_owned()
+        } else {
+            format!("{} delivered, {} waiting, {} dead-lettered", event.delivered, event.pending, event.dead_lettered)
+        };
+        Self { event_id: event.event_id, event_type: event.event_type, created_at: when(event.created_at), deliveries }
+    }
+}
+
 /// The payment's open dead letter.
 struct OpenEntry {
     kind: String,
@@ -110,11 +131,17 @@ struct PaymentPage {
     chrome: Option<Chrome>,
     title: String,
     payment_id: PaymentId,
+    /// Its tenant's name.
+    tenant: String,
     facts: Vec<Fact>,
     open_entry: Option<OpenEntry>,
     pending: Option<ProposalLine>,
     proposals: Vec<ProposalLine>,
     timeline: Vec<TimelineLine>,
+    /// The events its changes sent the merchant, in order.
+    events: Vec<EventLine>,
+    /// Whether the operator may replay them.
+    replays: bool,
     provider: Option<ProviderView>,
     /// Whether the payment succeeded, and so has a list of refunds.
     refundable_payment: bool,
@@ -169,6 +196,8 @@ pub(crate) async fn payment(
                 .ok_or_else(|| fail(no_payment(payment_id)))?;
             let (timeline, dead_letters) =
                 queries::timeline(&mut conn, payment.tenant_id, payment_id).await.map_err(failed(&chrome))?;
+            let events =
+                queries::payment_events(&mut conn, payment.tenant_id, payment_id).await.map_err(failed(&chrome))?;
             let proposals = proposals::list(&mut conn, &caller.account.scope, Some(payment_id), None)
                 .await
                 .map_err(failed(&chrome))?;
@@ -208,11 +237,14 @@ pub(crate) async fn payment(
                 chrome: Some(chrome.clone()),
                 title: format!("Payment {payment_id}"),
                 payment_id,
+                tenant: payment.tenant.clone(),
                 facts,
                 open_entry,
                 pending: pending.into_iter().next(),
                 proposals,
                 timeline: timeline.into_iter().map(TimelineLine::from).collect(),
+                events: events.into_iter().map(EventLine::from).collect(),
+                replays: chrome.can_act(),
                 provider,
                 refundable_payment: refunds.status == PaymentStatus::Succeeded,
                 left_to_refund: (refunds.status == PaymentStatus::Succeeded && refunds.left() > 0)

@@ -2,13 +2,16 @@
 //! and starting one, and replaying an event or an endpoint's failed deliveries (docs/events.md).
 //!
 //! Reads need the viewer role; the changes need the operator role, a reason, and write their audit
-//! row in their own transaction. None moves money, so none waits for a second operator.
+//! row in their own transaction. None moves money, so none waits for a second operator. Each change
+//! is one public function ([`switch_endpoint`], [`replay_endpoint`], [`replay_event_of`]) that the
+//! console calls too.
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use anyhow::Context as _;
 use oncepay_domain::webhook_endpoint::EndpointResource;
-use oncepay_store::{merchant_deliveries, merchant_endpoints};
+use oncepay_store::merchant_deliveries::{self, Replayed};
+use oncepay_store::merchant_endpoints;
 use serde::Deserialize;
 use serde_json::json;
 use time::OffsetDateTime;
@@ -57,7 +60,6 @@ struct Switch {
 }
 
 /// `PATCH /v1/tenants/{name}/webhook-endpoints/{id}` `{enabled, reason}`: the endpoint as it now is.
-/// Enabling one clears what disabled it; disabling one stops its deliveries (`merchant`).
 async fn switch(
     state: web::Data<OperatorsState>,
     request: HttpRequest,
@@ -69,13 +71,10 @@ async fn switch(
             let caller = caller(&state, &request).await?;
             let (name, endpoint) = path.into_inner();
             let asked: Result<Switch, _> = body(&bytes);
-            let action = match &asked {
-                Ok(Switch { enabled: false, .. }) => "webhook_endpoint.disable",
-                _ => "webhook_endpoint.enable",
-            };
+            let action = switch_action(!matches!(&asked, Ok(Switch { enabled: false, .. })));
             let outcome = async {
                 let asked = asked?;
-                switched(&state, &caller, &name, &endpoint, action, &asked).await
+                switch_endpoint(&state, &caller, &name, &endpoint, asked.enabled, &asked.reason).await
             };
             change(&state, &caller, Entry::new(action, Outcome::Done), outcome.await.map(|e| ok(StatusCode::OK, &e)))
                 .await
@@ -84,27 +83,41 @@ async fn switch(
     )
 }
 
-async fn switched(
+/// What starting (`true`) or stopping an endpoint is recorded as in the audit trail.
+pub const fn switch_action(enabled: bool) -> &'static str {
+    if enabled { "webhook_endpoint.enable" } else { "webhook_endpoint.disable" }
+}
+
+/// What replaying an endpoint's failed deliveries is recorded as in the audit trail.
+pub const REPLAY_ENDPOINT_ACTION: &str = "webhook_endpoint.replay";
+
+/// What replaying one event is recorded as in the audit trail.
+pub const REPLAY_EVENT_ACTION: &str = "event.replay";
+
+/// Starts (`enabled`) or stops tenant `name`'s endpoint `endpoint` as `caller`, with its audit row
+/// in the same transaction; the endpoint as it now is. Starting one clears what stopped it;
+/// stopping one records `merchant` as the reason. The JSON API and the console both call this.
+pub async fn switch_endpoint(
     state: &OperatorsState,
     caller: &Caller,
     name: &str,
     endpoint: &str,
-    action: &'static str,
-    asked: &Switch,
+    enabled: bool,
+    reason: &str,
 ) -> Result<EndpointResource, OperatorError> {
     caller.account.require(Role::Operator, "stop or start a merchant's webhook endpoint")?;
-    let reason = require_reason(&asked.reason)?;
+    let reason = require_reason(reason)?;
     let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
     let tenant_id = see_tenant(&mut tx, caller, name).await?;
     let endpoint_id = endpoint_id(endpoint)?;
     let before = merchant_endpoints::find(&mut tx, tenant_id, endpoint_id).await.context("cannot read the endpoint")?;
     let before = before.ok_or_else(|| no_endpoint(endpoint))?;
-    let change = merchant_endpoints::EndpointChange { enabled: Some(asked.enabled), ..Default::default() };
+    let change = merchant_endpoints::EndpointChange { enabled: Some(enabled), ..Default::default() };
     let after = merchant_endpoints::update(&mut tx, tenant_id, endpoint_id, &change)
         .await
         .context("cannot change the endpoint")?;
     let after = EndpointResource::from(&after.ok_or_else(|| no_endpoint(endpoint))?);
-    let entry = Entry::new(action, Outcome::Done)
+    let entry = Entry::new(switch_action(enabled), Outcome::Done)
         .on(tenant_id, None)
         .reason(reason)
         .before(json!(EndpointResource::from(&before)))
@@ -137,26 +150,41 @@ async fn replay_failed(
             let (name, endpoint) = path.into_inner();
             let outcome = async {
                 let asked: ReplaySince = body(&bytes)?;
-                caller.account.require(Role::Operator, "replay a merchant's events")?;
-                let reason = require_reason(&asked.reason)?;
-                let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
-                let tenant_id = see_tenant(&mut tx, &caller, &name).await?;
-                let endpoint_id = endpoint_id(&endpoint)?;
-                let replayed = merchant_deliveries::replay_failed_since(&mut tx, tenant_id, endpoint_id, asked.since)
-                    .await
-                    .context("cannot queue the deliveries again")?
-                    .ok_or_else(|| no_endpoint(&endpoint))?;
-                let entry = Entry::new("webhook_endpoint.replay", Outcome::Done).on(tenant_id, None).reason(reason).after(
-                    json!({ "endpoint_id": endpoint_id, "since": asked.since.unix_timestamp(), "deliveries": replayed.deliveries }),
-                );
-                audit::record(&mut tx, &caller.actor(), &entry).await?;
-                tx.commit().await.context("cannot commit the replay")?;
+                let replayed = replay_endpoint(&state, &caller, &name, &endpoint, asked.since, &asked.reason).await?;
                 Ok(ok(StatusCode::ACCEPTED, &json!({ "deliveries": replayed.deliveries })))
             };
-            change(&state, &caller, Entry::new("webhook_endpoint.replay", Outcome::Done), outcome.await).await
+            change(&state, &caller, Entry::new(REPLAY_ENDPOINT_ACTION, Outcome::Done), outcome.await).await
         }
         .await,
     )
+}
+
+/// Queues again, as `caller`, every dead-lettered delivery to tenant `name`'s endpoint `endpoint`
+/// of an event written since `since`, with its audit row in the same transaction. The JSON API
+/// and the console both call this.
+pub async fn replay_endpoint(
+    state: &OperatorsState,
+    caller: &Caller,
+    name: &str,
+    endpoint: &str,
+    since: OffsetDateTime,
+    reason: &str,
+) -> Result<Replayed, OperatorError> {
+    caller.account.require(Role::Operator, "replay a merchant's events")?;
+    let reason = require_reason(reason)?;
+    let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
+    let tenant_id = see_tenant(&mut tx, caller, name).await?;
+    let endpoint_id = endpoint_id(endpoint)?;
+    let replayed = merchant_deliveries::replay_failed_since(&mut tx, tenant_id, endpoint_id, since)
+        .await
+        .context("cannot queue the deliveries again")?
+        .ok_or_else(|| no_endpoint(endpoint))?;
+    let entry = Entry::new(REPLAY_ENDPOINT_ACTION, Outcome::Done).on(tenant_id, None).reason(reason).after(
+        json!({ "endpoint_id": endpoint_id, "since": since.unix_timestamp(), "deliveries": replayed.deliveries }),
+    );
+    audit::record(&mut tx, &caller.actor(), &entry).await?;
+    tx.commit().await.context("cannot commit the replay")?;
+    Ok(replayed)
 }
 
 #[derive(Debug, Deserialize)]
@@ -179,28 +207,41 @@ async fn replay_event(
             let (name, event) = path.into_inner();
             let outcome = async {
                 let asked: Reason = body(&bytes)?;
-                caller.account.require(Role::Operator, "replay a merchant's events")?;
-                let reason = require_reason(&asked.reason)?;
-                let no_event = || OperatorError::NotFound(format!("there is no event {event:?}"));
-                let event_id = Uuid::parse_str(&event).map_err(|_| no_event())?;
-                let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
-                let tenant_id = see_tenant(&mut tx, &caller, &name).await?;
-                let replayed = merchant_deliveries::replay_event(&mut tx, tenant_id, event_id, None)
-                    .await
-                    .context("cannot queue the event again")?
-                    .ok_or_else(no_event)?;
-                let entry = Entry::new("event.replay", Outcome::Done)
-                    .on(tenant_id, None)
-                    .reason(reason)
-                    .after(json!({ "event_id": event_id, "deliveries": replayed.deliveries }));
-                audit::record(&mut tx, &caller.actor(), &entry).await?;
-                tx.commit().await.context("cannot commit the replay")?;
+                let replayed = replay_event_of(&state, &caller, &name, &event, &asked.reason).await?;
                 Ok(ok(StatusCode::ACCEPTED, &json!({ "deliveries": replayed.deliveries })))
             };
-            change(&state, &caller, Entry::new("event.replay", Outcome::Done), outcome.await).await
+            change(&state, &caller, Entry::new(REPLAY_EVENT_ACTION, Outcome::Done), outcome.await).await
         }
         .await,
     )
+}
+
+/// Queues tenant `name`'s event `event` again, as `caller`, for every enabled endpoint that takes
+/// it, with its audit row in the same transaction. The JSON API and the console both call this.
+pub async fn replay_event_of(
+    state: &OperatorsState,
+    caller: &Caller,
+    name: &str,
+    event: &str,
+    reason: &str,
+) -> Result<Replayed, OperatorError> {
+    caller.account.require(Role::Operator, "replay a merchant's events")?;
+    let reason = require_reason(reason)?;
+    let no_event = || OperatorError::NotFound(format!("there is no event {event:?}"));
+    let event_id = Uuid::parse_str(event).map_err(|_| no_event())?;
+    let mut tx = state.pool.begin().await.context("cannot start a transaction")?;
+    let tenant_id = see_tenant(&mut tx, caller, name).await?;
+    let replayed = merchant_deliveries::replay_event(&mut tx, tenant_id, event_id, None)
+        .await
+        .context("cannot queue the event again")?
+        .ok_or_else(no_event)?;
+    let entry = Entry::new(REPLAY_EVENT_ACTION, Outcome::Done)
+        .on(tenant_id, None)
+        .reason(reason)
+        .after(json!({ "event_id": event_id, "deliveries": replayed.deliveries }));
+    audit::record(&mut tx, &caller.actor(), &entry).await?;
+    tx.commit().await.context("cannot commit the replay")?;
+    Ok(replayed)
 }
 
 fn endpoint_id(text: &str) -> Result<Uuid, OperatorError> {
