@@ -22,6 +22,8 @@ pub const OTHER_ACCOUNT: &str = "oncepay_reconciler_other_account_reports_total"
 pub const REAPED_KEYS: &str = "oncepay_reconciler_reaped_keys_total";
 /// Expired refund idempotency keys deleted.
 pub const REAPED_REFUND_KEYS: &str = "oncepay_reconciler_reaped_refund_keys_total";
+/// Events to merchants deleted past their retention.
+pub const REAPED_MERCHANT_EVENTS: &str = "oncepay_reconciler_reaped_merchant_events_total";
 /// Ledger reconciliation discrepancies, by `class`.
 pub const RECON_DISCREPANCIES: &str = "oncepay_reconciler_recon_discrepancies_total";
 /// Ledger reconciliation runs that ended, by `status` (`completed`, `failed`).
@@ -105,6 +107,7 @@ pub fn describe() {
     );
     describe_counter!(REAPED_KEYS, "Expired idempotency keys of terminal payments deleted");
     describe_counter!(REAPED_REFUND_KEYS, "Expired idempotency keys of terminal refunds deleted");
+    describe_counter!(REAPED_MERCHANT_EVENTS, "Events to merchants deleted past their retention, none still owed");
     describe_counter!(RECON_DISCREPANCIES, "Ledger reconciliation discrepancies found, by class");
     describe_counter!(RECON_RUNS, "Ledger reconciliation runs that ended, by status");
     describe_counter!(LEASES_TAKEN_OVER, "Expired worker leases taken back by the sweeper, by outcome");
@@ -143,6 +146,7 @@ pub fn describe() {
     }
     counter!(REAPED_KEYS).increment(0);
     counter!(REAPED_REFUND_KEYS).increment(0);
+    counter!(REAPED_MERCHANT_EVENTS).increment(0);
     for class in Class::ALL {
         counter!(RECON_DISCREPANCIES, "class" => class.as_str()).increment(0);
     }

@@ -1,8 +1,9 @@
-//! The reaper: deletes idempotency keys past their retention (the payments' and the refunds'), and
-//! webhook ids past theirs.
+//! The reaper: deletes idempotency keys past their retention (the payments' and the refunds'),
+//! webhook ids past theirs, and the events sent to merchants past theirs.
 //!
-//! A key is deleted only once it has expired and its payment or refund is terminal. Payments,
-//! refunds, their audit trails and the ledgers are never deleted here.
+//! A key is deleted only once it has expired and its payment or refund is terminal; an event only
+//! once it is past its retention and no delivery of it is still owed. Payments, refunds, their audit
+//! trails and the ledgers are never deleted here.
 
 use std::future::Future;
 use std::time::Duration;
@@ -22,6 +23,8 @@ pub struct ReaperConfig {
     pub batch_size: u32,
     /// How long a webhook id is remembered for deduplication.
     pub webhook_retention: Duration,
+    /// How long an event sent to merchants is kept, for its deliveries' history and for replays.
+    pub event_retention: Duration,
 }
 
 /// What one pass deleted.
@@ -33,6 +36,8 @@ pub struct Counts {
     pub refund_keys: u64,
     /// Webhook ids past their retention.
     pub webhook_events: u64,
+    /// Events to merchants past their retention, with their deliveries and attempts.
+    pub merchant_events: u64,
 }
 
 /// The reaper loop.
@@ -52,7 +57,7 @@ impl Pass for Reaper {
     async fn pass(&self) -> anyhow::Result<bool> {
         let full = u64::from(self.config.batch_size);
         let counts = self.run_once().await?;
-        Ok(counts.keys >= full || counts.refund_keys >= full || counts.webhook_events >= full)
+        Ok([counts.keys, counts.refund_keys, counts.webhook_events, counts.merchant_events].iter().any(|n| *n >= full))
     }
 }
 
@@ -62,13 +67,14 @@ impl Reaper {
         Self { pool, config }
     }
 
-    /// One pass: at most one batch of payments' keys, one of refunds' keys and one of webhook ids.
+    /// One pass: at most one batch of payments' keys, one of refunds' keys, one of webhook ids and one
+    /// of events to merchants.
     ///
     /// Each batch is read without locks across tenants (the tenants of its oldest rows), then deleted
     /// one tenant at a time, each by one short statement (`FOR UPDATE SKIP LOCKED`, oldest first): the
     /// reaper never holds many locks or writes a burst of WAL, several reapers can run at once, and
     /// under Citus each delete stays on its tenant's shard (SCALING.md).
-    #[tracing::instrument(name = "reaper.pass", skip_all, fields(reaped.keys, reaped.refund_keys, reaped.webhook_events))]
+    #[tracing::instrument(name = "reaper.pass", skip_all, fields(reaped.keys, reaped.refund_keys, reaped.webhook_events, reaped.merchant_events))]
     pub async fn run_once(&self) -> anyhow::Result<Counts> {
         let batch = i64::from(self.config.batch_size);
         let keys = self.reap_keys(batch).await.context("cannot delete expired idempotency keys")?;
@@ -76,12 +82,16 @@ impl Reaper {
         let refund_keys = self.reap_refund_keys(batch).await.context("cannot delete expired refund keys")?;
         metrics::counter!(crate::metrics::REAPED_REFUND_KEYS).increment(refund_keys);
         let webhook_events = self.reap_webhook_ids(batch).await.context("cannot delete old webhook ids")?;
+        let merchant_events =
+            self.reap_merchant_events(batch).await.context("cannot delete old events to merchants")?;
+        metrics::counter!(crate::metrics::REAPED_MERCHANT_EVENTS).increment(merchant_events);
 
         let span = tracing::Span::current();
         span.record("reaped.keys", keys);
         span.record("reaped.refund_keys", refund_keys);
         span.record("reaped.webhook_events", webhook_events);
-        Ok(Counts { keys, refund_keys, webhook_events })
+        span.record("reaped.merchant_events", merchant_events);
+        Ok(Counts { keys, refund_keys, webhook_events, merchant_events })
     }
 
     /// Deletes up to `batch` expired keys of terminal payments.
@@ -204,6 +214,62 @@ impl Reaper {
                 )
                 DELETE FROM webhook_events w USING doomed
                 WHERE w.tenant_id = $3 AND w.webhook_id = doomed.webhook_id
+                "#,
+                limit,
+                retention,
+                tenant_id.as_uuid(),
+            )
+            .execute(&self.pool)
+            .await?;
+            Ok(deleted.rows_affected())
+        })
+        .await
+    }
+
+    /// Deletes up to `batch` events to merchants past their retention whose deliveries are all
+    /// delivered or dead-lettered, with those deliveries and their attempts.
+    ///
+    /// An event still owed to an endpoint (a delivery pending, retrying, or waiting for a disabled
+    /// endpoint to be enabled) stays however old it is: nothing accepted for delivery is lost. A
+    /// replay that makes a delivery pending again while this runs keeps its event too: the delete
+    /// of deliveries skips pending ones, and the event's delete then fails on the delivery left,
+    /// so the pass fails and the next one finds the event owed.
+    async fn reap_merchant_events(&self, batch: i64) -> Result<u64, sqlx::Error> {
+        let retention = self.config.event_retention.as_secs_f64();
+        let tenants = sqlx::query_scalar!(
+            r#"
+            SELECT DISTINCT tenant_id AS "tenant_id!: TenantId" FROM (
+                SELECT e.tenant_id FROM merchant_events e
+                WHERE e.created_at < now() - make_interval(secs => $2)
+                  AND NOT EXISTS (SELECT 1 FROM merchant_deliveries d
+                                  WHERE d.tenant_id = e.tenant_id AND d.event_id = e.event_id AND d.state = 'pending')
+                ORDER BY e.created_at
+                LIMIT $1
+            ) oldest
+            "#,
+            batch,
+            retention,
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        by_tenant(tenants, batch, |tenant_id, limit| async move {
+            let deleted = sqlx::query!(
+                r#"
+                WITH doomed AS (
+                    SELECT e.tenant_id, e.event_id FROM merchant_events e
+                    WHERE e.tenant_id = $3 AND e.created_at < now() - make_interval(secs => $2)
+                      AND NOT EXISTS (SELECT 1 FROM merchant_deliveries d
+                                      WHERE d.tenant_id = e.tenant_id AND d.event_id = e.event_id
+                                        AND d.state = 'pending')
+                    ORDER BY e.created_at
+                    LIMIT $1
+                    FOR UPDATE SKIP LOCKED
+                ), deliveries AS (
+                    DELETE FROM merchant_deliveries d USING doomed
+                    WHERE d.tenant_id = $3 AND d.event_id = doomed.event_id AND d.state <> 'pending'
+                )
+                DELETE FROM merchant_events e USING doomed
+                WHERE e.tenant_id = $3 AND e.event_id = doomed.event_id
                 "#,
                 limit,
                 retention,

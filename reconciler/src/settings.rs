@@ -146,6 +146,8 @@ pub struct ReaperSettings {
     pub batch_size: u32,
     /// How long a webhook-id is remembered.
     pub webhook_retention_secs: u64,
+    /// How long an event sent to merchants is kept once no delivery of it is owed.
+    pub event_retention_secs: u64,
 }
 
 /// `[recon]`.

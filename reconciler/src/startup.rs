@@ -252,6 +252,7 @@ impl Loops {
                     interval: Duration::from_millis(settings.reaper.interval_ms),
                     batch_size: settings.reaper.batch_size,
                     webhook_retention: Duration::from_secs(settings.reaper.webhook_retention_secs),
+                    event_retention: Duration::from_secs(settings.reaper.event_retention_secs),
                 },
             ),
             backlog: Sampler::new(pool.clone(), Duration::from_millis(settings.backlog.interval_ms)),

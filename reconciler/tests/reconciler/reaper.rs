@@ -8,10 +8,14 @@ use oncepay_reconciler::reaper::Counts;
 use oncepay_reconciler::unknown::Why;
 use oncepay_reconciler::unknown::payments as unknown;
 use oncepay_store::fixtures::{count, tenant};
+use oncepay_store::merchant_endpoints::{self, NewEndpoint};
+use oncepay_store::merchant_events;
 use oncepay_store::transitions::{self, Settlement};
 use serde_json::json;
 use sqlx::PgPool;
+use oncepay_webhook_signature::WebhookSecret;
 use time::OffsetDateTime;
+use uuid::Uuid;
 
 use crate::support::{accept, change, claim, count_for, reaper, unknown_payment};
 
@@ -116,6 +120,62 @@ async fn webhook_ids_past_their_retention_go_and_recent_ones_stay(pool: PgPool) 
     let left: Vec<String> =
         sqlx::query_scalar!("SELECT webhook_id FROM webhook_events").fetch_all(&pool).await.unwrap();
     assert_eq!(left, ["recent"]);
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn events_to_merchants_past_their_retention_go_unless_a_delivery_is_still_owed(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+    let mut conn = pool.acquire().await.unwrap();
+    let secret = WebhookSecret::generate();
+    let new = NewEndpoint { url: "https://acme.example/hooks", description: "", event_types: &[], secret: &secret };
+    let endpoint = merchant_endpoints::create(&mut conn, tenant_id, &new).await.unwrap();
+    // Past the 30 days' retention: delivered, dead-lettered, and still owed; and one within it.
+    let ages_and_states = [(31, "delivered"), (31, "dead_lettered"), (31, "pending"), (29, "delivered")];
+    let mut ids = Vec::new();
+    for (age_days, state) in ages_and_states {
+        let event_id = merchant_events::send_test(&mut conn, &endpoint).await.unwrap();
+        sqlx::query("UPDATE merchant_events SET created_at = now() - make_interval(days => $2) WHERE event_id = $1")
+            .bind(event_id)
+            .bind(age_days)
+            .execute(&pool)
+            .await
+            .unwrap();
+        sqlx::query("UPDATE merchant_deliveries SET state = $2 WHERE event_id = $1")
+            .bind(event_id)
+            .bind(state)
+            .execute(&pool)
+            .await
+            .unwrap();
+        sqlx::query(
+            "INSERT INTO merchant_delivery_attempts (tenant_id, endpoint_id, event_id, attempted_at, worker, status)
+             SELECT tenant_id, endpoint_id, event_id, now(), 'worker-0', 500 FROM merchant_deliveries WHERE event_id = $1",
+        )
+        .bind(event_id)
+        .execute(&pool)
+        .await
+        .unwrap();
+        ids.push(event_id);
+    }
+
+    let counts = reaper(&pool, 100).run_once().await.unwrap();
+
+    assert_eq!(counts, Counts { merchant_events: 2, ..Counts::default() });
+    let left = |table: &'static str| {
+        let pool = pool.clone();
+        async move {
+            let mut ids: Vec<Uuid> = sqlx::query_scalar(&format!("SELECT DISTINCT event_id FROM {table}"))
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+            ids.sort();
+            ids
+        }
+    };
+    let mut kept = vec![ids[2], ids[3]];
+    kept.sort();
+    for table in ["merchant_events", "merchant_deliveries", "merchant_delivery_attempts"] {
+        assert_eq!(left(table).await, kept, "{table}");
+    }
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]

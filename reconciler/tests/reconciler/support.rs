@@ -528,8 +528,12 @@ pub fn poller_config(max_attempts: u32) -> PollerConfig {
 
 /// A reaper over `pool` that deletes up to `batch_size` rows of each kind a pass.
 pub fn reaper(pool: &PgPool, batch_size: u32) -> Reaper {
-    let config =
-        ReaperConfig { interval: Duration::from_secs(60), batch_size, webhook_retention: Duration::from_secs(7 * DAY) };
+    let config = ReaperConfig {
+        interval: Duration::from_secs(60),
+        batch_size,
+        webhook_retention: Duration::from_secs(7 * DAY),
+        event_retention: Duration::from_secs(30 * DAY),
+    };
     Reaper::new(pool.clone(), config)
 }
 
