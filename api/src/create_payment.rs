@@ -28,7 +28,7 @@ use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, Schema, Type}
 use utoipa::{IntoResponses, PartialSchema, ToSchema};
 
 use crate::create::{self, Checked, Create, KnownKey, Responded};
-use crate::endpoints::{Admission, IdempotencyKeyHeader, IntakeRefusals, NO_NUL, amount_schema, metadata_schema};
+use crate::endpoints::{Admission, IdempotencyKeyHeader, IntakeRefusals, JsonBodyRefusals, NO_NUL, amount_schema, metadata_schema};
 use crate::errors::ApiError;
 use crate::idempotent_request;
 use crate::replay_cache::Final;
@@ -45,7 +45,7 @@ use crate::state::AppState;
     request_body(content = PaymentRequestBody, content_type = "application/json",
         description = "At most 64 KiB by default. Unknown fields, and a member named twice at any depth, are \
                        rejected."),
-    responses(CreatePaymentResponses, IntakeRefusals, Admission),
+    responses(CreatePaymentResponses, IntakeRefusals, JsonBodyRefusals, Admission),
 )]
 pub async fn create_payment(
     request: HttpRequest,

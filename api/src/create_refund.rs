@@ -29,7 +29,7 @@ use utoipa::{IntoResponses, PartialSchema, ToSchema};
 
 use crate::create::{self, Checked, Create, KnownKey, Responded};
 use crate::endpoints::{
-    Admission, IdempotencyKeyHeader, IntakeRefusals, PaymentPath, amount_schema, metadata_schema, path_payment_id,
+    Admission, IdempotencyKeyHeader, IntakeRefusals, JsonBodyRefusals, PaymentPath, amount_schema, metadata_schema, path_payment_id,
 };
 use crate::errors::ApiError;
 use crate::idempotent_request;
@@ -49,7 +49,7 @@ const REQUESTED_BY: &str = "api";
     request_body(content = RefundRequestBody, content_type = "application/json",
         description = "At most 64 KiB by default. Every field is optional: `{}` refunds all that is left. Unknown \
                        fields, and a member named twice at any depth, are rejected."),
-    responses(CreateRefundResponses, IntakeRefusals, Admission),
+    responses(CreateRefundResponses, IntakeRefusals, JsonBodyRefusals, Admission),
 )]
 pub async fn create_refund(
     request: HttpRequest,

@@ -1,5 +1,6 @@
 //! What several endpoints share: the refusals every one of them can make before anything else
-//! ([`Admission`]) and those both create endpoints can make ([`IntakeRefusals`]), the headers and
+//! ([`Admission`]), those of a JSON body ([`JsonBodyRefusals`]) and of the store when both create
+//! endpoints write ([`IntakeRefusals`]), the headers and
 //! the payment path some of them take, and the schemas of the fields both request bodies have, all
 //! as the OpenAPI document describes them; and reading a payment's id from its path
 //! ([`path_payment_id`]).
@@ -31,9 +32,10 @@ pub enum Admission {
     RateLimited(Problem),
 }
 
-/// The refusals both create endpoints share: of the body, before the store, and of the store.
+/// The refusals of every endpoint that takes a JSON body, before it is read ([`crate::json_body`]).
+/// What its fields must be (400, 422) each endpoint says itself.
 #[derive(IntoResponses)]
-pub enum IntakeRefusals {
+pub enum JsonBodyRefusals {
     #[response(
         status = 413,
         description = "The body is larger than the limit (64 KiB by default).",
@@ -46,6 +48,11 @@ pub enum IntakeRefusals {
         content_type = "application/problem+json"
     )]
     NotJson(Problem),
+}
+
+/// The refusal both create endpoints share when the store cannot be reached.
+#[derive(IntoResponses)]
+pub enum IntakeRefusals {
     #[response(status = 503, description = "The store cannot be reached; nothing was written. Retry with the same key.",
         content_type = "application/problem+json",
         headers(("Retry-After" = u64, description = "Seconds before retrying")))]

@@ -29,7 +29,7 @@ use uuid::Uuid;
 
 use self::body::{EndpointChangeBody, NewEndpointBody};
 use crate::auth::Caller;
-use crate::endpoints::Admission;
+use crate::endpoints::{Admission, JsonBodyRefusals};
 use crate::errors::ApiError;
 use crate::json_body;
 use crate::request_span;
@@ -70,7 +70,7 @@ pub struct EndpointList {
     request_body(content = NewEndpointBody, content_type = "application/json",
         description = "At most 64 KiB by default. Only `url` is required. Unknown fields, and a member named twice \
                        at any depth, are rejected."),
-    responses(CreateEndpointResponses, EndpointBodyRefusals, StoreUnavailable, Admission),
+    responses(CreateEndpointResponses, EndpointBodyRefusals, JsonBodyRefusals, StoreUnavailable, Admission),
 )]
 pub async fn create_endpoint(
     request: HttpRequest,
@@ -138,7 +138,7 @@ pub async fn get_endpoint(request: HttpRequest, state: web::Data<AppState>) -> R
     request_body(content = EndpointChangeBody, content_type = "application/json",
         description = "At most 64 KiB by default. Every field is optional; those left out stay as they are. Unknown \
                        fields, and a member named twice at any depth, are rejected."),
-    responses(UpdateEndpointResponses, NoSuchEndpoint, EndpointBodyRefusals, StoreUnavailable, Admission),
+    responses(UpdateEndpointResponses, NoSuchEndpoint, EndpointBodyRefusals, JsonBodyRefusals, StoreUnavailable, Admission),
 )]
 pub async fn update_endpoint(
     request: HttpRequest,
@@ -313,7 +313,7 @@ pub enum NoSuchEndpoint {
     NotFound(Problem),
 }
 
-/// The refusals of a body, before the store.
+/// The refusals of an endpoint's fields, before the store.
 #[derive(IntoResponses)]
 pub enum EndpointBodyRefusals {
     #[response(
@@ -322,18 +322,6 @@ pub enum EndpointBodyRefusals {
         content_type = "application/problem+json"
     )]
     Invalid(Problem),
-    #[response(
-        status = 413,
-        description = "The body is larger than the limit (64 KiB by default).",
-        content_type = "application/problem+json"
-    )]
-    TooLarge(Problem),
-    #[response(
-        status = 415,
-        description = "The body is not `application/json`.",
-        content_type = "application/problem+json"
-    )]
-    NotJson(Problem),
     #[response(
         status = 422,
         description = "`invalid-request`: a field is wrong, each one listed in `errors` (a URL that is not `https` or \

@@ -19,7 +19,7 @@ use utoipa::{IntoParams, IntoResponses, ToSchema};
 use uuid::Uuid;
 
 use super::{EndpointPath, NoSuchEndpoint, StoreUnavailable, admit, on_connection, path_endpoint_id};
-use crate::endpoints::Admission;
+use crate::endpoints::{Admission, JsonBodyRefusals};
 use crate::errors::ApiError;
 use crate::json_body;
 use crate::state::AppState;
@@ -81,7 +81,7 @@ pub async fn send_test(request: HttpRequest, state: web::Data<AppState>) -> Resu
     security(("api_key" = [])),
     params(EndpointPath),
     request_body(content = ReplayBody, content_type = "application/json"),
-    responses(ReplayResponses, NoSuchEndpoint, ReplayBodyRefusals, StoreUnavailable, Admission),
+    responses(ReplayResponses, NoSuchEndpoint, ReplayBodyRefusals, JsonBodyRefusals, StoreUnavailable, Admission),
 )]
 pub async fn replay_failed(
     request: HttpRequest,
@@ -171,23 +171,11 @@ pub enum NoSuchEvent {
     NotFound(oncepay_http::problem::Problem),
 }
 
-/// The refusals of a replay's body.
+/// The refusals of a replay's fields.
 #[derive(IntoResponses)]
 pub enum ReplayBodyRefusals {
     #[response(status = 400, description = "Malformed JSON.", content_type = "application/problem+json")]
     Invalid(oncepay_http::problem::Problem),
-    #[response(
-        status = 413,
-        description = "The body is larger than the limit (64 KiB by default).",
-        content_type = "application/problem+json"
-    )]
-    TooLarge(oncepay_http::problem::Problem),
-    #[response(
-        status = 415,
-        description = "The body is not `application/json`.",
-        content_type = "application/problem+json"
-    )]
-    NotJson(oncepay_http::problem::Problem),
     #[response(
         status = 422,
         description = "`since` is missing or not an RFC 3339 time, or another field is given. Nothing was queued.",
