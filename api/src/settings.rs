@@ -53,7 +53,8 @@ pub struct Settings {
 /// `[events]`: what a merchant's webhook endpoint may be, and how its secret is rotated.
 #[derive(Debug, Clone, Copy, Deserialize)]
 pub struct EventsSettings {
-    /// `allow_http` and `allow_private_addresses`: the URLs allowed beyond public `https` ones.
+    /// `allow_http`, `allow_private_addresses` and `allow_exchanges`: the endpoints allowed beyond
+    /// public `https` URLs.
     #[serde(flatten)]
     pub urls: UrlPolicy,
     /// How long an endpoint's previous secret keeps signing after the merchant rotates it.
@@ -230,7 +231,10 @@ mod tests {
         assert_eq!(settings.intake.max_body_bytes, 64 * 1024);
         assert_eq!(settings.long_poll.max_wait_secs, 30);
         assert_eq!(settings.intake.group_max_requests, 64);
-        assert_eq!(settings.events.urls, UrlPolicy { allow_http: false, allow_private_addresses: false });
+        assert_eq!(
+            settings.events.urls,
+            UrlPolicy { allow_http: false, allow_private_addresses: false, allow_exchanges: false }
+        );
         assert_eq!(settings.events.rotation_overlap(), Duration::from_secs(86_400));
     }
 

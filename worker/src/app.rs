@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::drainer::{Counts, Drainer};
 use crate::events::EventSender;
+use crate::events::exchange::Publisher;
 use crate::events::http::Sender;
 use crate::refunds::RefundSender;
 use crate::settings::Settings;
@@ -40,9 +41,11 @@ impl App {
         let provider = ConfiguredProvider::new(&settings.provider).context("building the provider client")?;
         let refunds = RefundSender::new(pool.clone(), provider.clone(), settings.drainer_config());
         let drainer = Drainer::new(pool.clone(), provider, settings.drainer_config());
-        let sender = Sender::new(Duration::from_millis(settings.events.timeout_ms), settings.events.policy())
-            .context("building the client events are delivered with")?;
-        let events = EventSender::new(pool.clone(), sender, settings.event_sender_config());
+        let timeout = Duration::from_millis(settings.events.timeout_ms);
+        let sender =
+            Sender::new(timeout, settings.events.policy()).context("building the client events are delivered with")?;
+        let publisher = Publisher::new(settings.events.broker_url.clone(), timeout);
+        let events = EventSender::new(pool.clone(), sender, publisher, settings.event_sender_config());
         let address = (settings.http.host.as_str(), settings.http.port);
         let listener = std::net::TcpListener::bind(address)
             .with_context(|| format!("binding the operations port {}:{}", address.0, address.1))?;

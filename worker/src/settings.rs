@@ -11,6 +11,7 @@ use anyhow::{Context, ensure};
 use oncepay_provider::ProviderSettings;
 use oncepay_service::backoff::Backoff;
 use oncepay_service::config::{self, DatabaseSettings, HttpSettings, TelemetrySettings};
+use secrecy::SecretString;
 use serde::Deserialize;
 
 use crate::drainer::DrainerConfig;
@@ -63,12 +64,20 @@ pub struct EventSettings {
     pub allow_http: bool,
     /// Endpoints at loopback, private and link-local addresses (tests and local runs only).
     pub allow_private_addresses: bool,
+    /// The RabbitMQ node endpoints that are exchanges are published to, an `amqp://` URL; unset,
+    /// events go over HTTP only.
+    #[serde(default)]
+    pub broker_url: Option<SecretString>,
 }
 
 impl EventSettings {
     /// What endpoints may be, beyond public `https`.
-    pub const fn policy(&self) -> UrlPolicy {
-        UrlPolicy { allow_http: self.allow_http, allow_private_addresses: self.allow_private_addresses }
+    pub fn policy(&self) -> UrlPolicy {
+        UrlPolicy {
+            allow_http: self.allow_http,
+            allow_private_addresses: self.allow_private_addresses,
+            allow_exchanges: self.broker_url.is_some(),
+        }
     }
 }
 

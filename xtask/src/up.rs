@@ -295,12 +295,14 @@ impl Processes<'_> {
 
     fn worker(&self) -> Spec {
         let spec = self.spec("worker", self.bin.join("oncepay-worker"));
+        // Endpoints that are exchanges are published to the same node (docs/events.md).
+        let spec = spec.setting("events.broker_url", self.amqp_url);
         local_endpoints(self.with_provider(spec, "oncepay_worker").port(WORKER_PORT))
     }
 
     fn api(&self) -> Spec {
         let spec = self.with_database(self.spec("api", self.bin.join("oncepay-api")), "oncepay_api").port(API_PORT);
-        let spec = local_endpoints(spec.setting("broker.url", self.amqp_url));
+        let spec = local_endpoints(spec.setting("broker.url", self.amqp_url).setting("events.allow_exchanges", "true"));
         match self.provider {
             Provider::Simulator => spec,
             // Intake refuses what Stripe could never charge.

@@ -2,7 +2,7 @@
 //! field, every wrong field reported in a message that names it, and their schemas in the OpenAPI
 //! document, stated from the same limits.
 //!
-//! Pure: no I/O. A URL is kept as [`endpoint_url::check`] parsed it (normalised, so every response
+//! Pure: no I/O. A URL is kept as [`endpoint_url::destination`] parsed it (normalised, so every response
 //! and the worker see the same text); event types must be ones oncepay sends, each kept once, in
 //! the order given. A string PostgreSQL cannot store (U+0000) is refused here, never by the store.
 
@@ -139,7 +139,9 @@ fn refused(field: &str, message: String) -> FieldError {
 
 fn url(value: &Value, policy: UrlPolicy) -> Result<String, Vec<FieldError>> {
     let text = value.as_str().ok_or_else(|| vec![refused("url", "`url` must be a string".to_owned())])?;
-    endpoint_url::check(text, policy).map(String::from).map_err(|refusal| vec![refused("url", refusal.to_string())])
+    endpoint_url::destination(text, policy)
+        .map(|destination| destination.to_string())
+        .map_err(|refusal| vec![refused("url", refusal.to_string())])
 }
 
 fn description(value: &Value) -> Result<String, Vec<FieldError>> {
@@ -228,7 +230,9 @@ fn with_fields(object: ObjectBuilder) -> ObjectBuilder {
         .max_length(Some(MAX_URL_LEN))
         .description(Some(
             "Where deliveries are sent: an absolute `https` URL, without a user name, a password or a fragment, at \
-             a public address. Returned normalised (e.g. `https://merchant.example` as `https://merchant.example/`).",
+             a public address. Returned normalised (e.g. `https://merchant.example` as `https://merchant.example/`). \
+             Where the installation allows it, `rabbitmq:merchant.<name>` instead: each event is published to that \
+             exchange on oncepay's RabbitMQ node, with the routing key `<tenant>.<event type>`.",
         ))
         .examples(["https://merchant.example/oncepay/events"]);
     let description = ObjectBuilder::new()
@@ -256,7 +260,7 @@ mod tests {
 
     use super::*;
 
-    const STRICT: UrlPolicy = UrlPolicy { allow_http: false, allow_private_addresses: false };
+    const STRICT: UrlPolicy = UrlPolicy { allow_http: false, allow_private_addresses: false, allow_exchanges: false };
 
     fn fields_of(errors: &[FieldError]) -> Vec<&str> {
         errors.iter().map(|error| error.field.as_str()).collect()
@@ -348,10 +352,23 @@ mod tests {
     #[test]
     fn the_installation_may_allow_plain_http_and_private_addresses() {
         let body = json!({"url": "http://127.0.0.1:8000/hooks"});
-        let open = UrlPolicy { allow_http: true, allow_private_addresses: true };
+        let open = UrlPolicy { allow_http: true, allow_private_addresses: true, allow_exchanges: false };
 
         assert!(NewEndpointBody::from_json(&body, STRICT).is_err());
         assert_eq!(NewEndpointBody::from_json(&body, open).unwrap().url, "http://127.0.0.1:8000/hooks");
+    }
+
+    #[test]
+    fn an_exchange_is_an_endpoint_only_where_the_installation_allows_it() {
+        let body = json!({"url": "rabbitmq:merchant.acme-orders"});
+        let exchanges = UrlPolicy { allow_exchanges: true, ..STRICT };
+
+        let refused = NewEndpointBody::from_json(&body, STRICT).unwrap_err();
+        assert_eq!(fields_of(&refused), ["url"]);
+        assert!(refused[0].message.contains("https only"), "{}", refused[0].message);
+        assert_eq!(NewEndpointBody::from_json(&body, exchanges).unwrap().url, "rabbitmq:merchant.acme-orders");
+        let oncepays_own = NewEndpointBody::from_json(&json!({"url": "rabbitmq:oncepay.payments"}), exchanges);
+        assert_eq!(fields_of(&oncepays_own.unwrap_err()), ["url"]);
     }
 
     #[test]

@@ -8,6 +8,11 @@
 //! URL when it is saved ([`check`]); the worker checks every address a name resolves to, and
 //! connects only to an allowed one ([`address_allowed`]), so a name that resolves elsewhere later
 //! (DNS rebinding) gains nothing.
+//!
+//! An endpoint may instead be a RabbitMQ exchange, `rabbitmq:merchant.<name>`, where an installation
+//! allows it ([`destination`]): the worker publishes to that exchange on oncepay's own node. Only
+//! exchanges named `merchant.…` may be one, so an endpoint can never publish into oncepay's own
+//! exchanges or RabbitMQ's (`amq.…`), and the worker's RabbitMQ user needs rights on those alone.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -23,6 +28,37 @@ pub struct UrlPolicy {
     /// Loopback, private, link-local and the other non-public addresses.
     #[serde(default)]
     pub allow_private_addresses: bool,
+    /// RabbitMQ exchanges (`rabbitmq:merchant.…`).
+    #[serde(default)]
+    pub allow_exchanges: bool,
+}
+
+/// How an endpoint that is a RabbitMQ exchange is written: this, then the exchange's name.
+pub const EXCHANGE_SCHEME: &str = "rabbitmq:";
+
+/// What every exchange an endpoint names starts with.
+pub const EXCHANGE_PREFIX: &str = "merchant.";
+
+/// The longest exchange name RabbitMQ takes, in bytes.
+pub const MAX_EXCHANGE_LEN: usize = 255;
+
+/// Where an endpoint's events go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Destination {
+    /// An HTTP request to this URL.
+    Url(url::Url),
+    /// A message published to the exchange of this name.
+    Exchange(String),
+}
+
+impl std::fmt::Display for Destination {
+    /// The text an endpoint is saved with.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Url(url) => f.write_str(url.as_str()),
+            Self::Exchange(name) => write!(f, "{EXCHANGE_SCHEME}{name}"),
+        }
+    }
 }
 
 /// Why a URL cannot be an endpoint.
@@ -43,6 +79,34 @@ pub enum UrlRefusal {
     /// An address that only oncepay's own network can reach.
     #[error("`url` names an address oncepay does not deliver to ({0}): it must be public")]
     Address(IpAddr),
+    /// An exchange, where the installation delivers over HTTP only.
+    #[error("`url` names a RabbitMQ exchange, and this installation delivers events over https only")]
+    ExchangesOff,
+    /// An exchange name that cannot be one.
+    #[error(
+        "`url` must name an exchange as `rabbitmq:merchant.` then letters, digits, `.`, `-`, `_` or `:`, at most \
+         {MAX_EXCHANGE_LEN} characters after `rabbitmq:`"
+    )]
+    Exchange,
+}
+
+/// Checks what an endpoint is saved with: an `http(s)` URL as [`check`] does, or an exchange.
+pub fn destination(text: &str, policy: UrlPolicy) -> Result<Destination, UrlRefusal> {
+    match text.strip_prefix(EXCHANGE_SCHEME) {
+        Some(_) if !policy.allow_exchanges => Err(UrlRefusal::ExchangesOff),
+        Some(name) => exchange(name).map(|name| Destination::Exchange(name.to_owned())),
+        None => check(text, policy).map(Destination::Url),
+    }
+}
+
+/// Checks an exchange's name: [`EXCHANGE_PREFIX`], then at least one of the characters RabbitMQ
+/// allows, at most [`MAX_EXCHANGE_LEN`] in all.
+pub fn exchange(name: &str) -> Result<&str, UrlRefusal> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':');
+    match name.strip_prefix(EXCHANGE_PREFIX) {
+        Some(rest) if !rest.is_empty() && name.len() <= MAX_EXCHANGE_LEN && name.chars().all(allowed) => Ok(name),
+        _ => Err(UrlRefusal::Exchange),
+    }
 }
 
 /// Checks a URL an endpoint is saved with, and returns it parsed. A host name is checked when the
@@ -119,7 +183,7 @@ fn is_public_v6(ip: Ipv6Addr) -> bool {
 mod tests {
     use super::*;
 
-    const STRICT: UrlPolicy = UrlPolicy { allow_http: false, allow_private_addresses: false };
+    const STRICT: UrlPolicy = UrlPolicy { allow_http: false, allow_private_addresses: false, allow_exchanges: false };
 
     #[test]
     fn a_public_https_url_is_an_endpoint() {
@@ -168,6 +232,28 @@ mod tests {
             assert!(matches!(check(url, STRICT), Err(UrlRefusal::Address(_))), "{url} was not refused");
             assert!(check(url, UrlPolicy { allow_private_addresses: true, ..STRICT }).is_ok(), "{url} refused");
         }
+    }
+
+    #[test]
+    fn an_exchange_is_an_endpoint_only_where_allowed_and_only_one_named_merchant_something() {
+        let exchanges = UrlPolicy { allow_exchanges: true, ..STRICT };
+        assert_eq!(
+            destination("rabbitmq:merchant.acme-events", exchanges),
+            Ok(Destination::Exchange("merchant.acme-events".into()))
+        );
+        assert_eq!(destination("rabbitmq:merchant.acme-events", exchanges).unwrap().to_string(), "rabbitmq:merchant.acme-events");
+        assert_eq!(destination("rabbitmq:merchant.acme-events", STRICT), Err(UrlRefusal::ExchangesOff));
+        let longest = format!("merchant.{}", "a".repeat(MAX_EXCHANGE_LEN - EXCHANGE_PREFIX.len()));
+        assert!(exchange(&longest).is_ok());
+        for bad in ["", "merchant.", "oncepay.payments", "amq.topic", "merchant.a b", "merchant.é", &format!("{longest}a")] {
+            assert_eq!(destination(&format!("rabbitmq:{bad}"), exchanges), Err(UrlRefusal::Exchange), "{bad}");
+        }
+        // A URL is still checked as a URL where exchanges are allowed.
+        assert_eq!(
+            destination("https://merchant.example/hooks", exchanges).unwrap().to_string(),
+            "https://merchant.example/hooks"
+        );
+        assert_eq!(destination("http://merchant.example/", exchanges), Err(UrlRefusal::Scheme));
     }
 
     #[test]

@@ -28,6 +28,8 @@ use crate::merchant_events::{self, NewEvent};
 pub struct ClaimedDelivery {
     /// The endpoint's owner.
     pub tenant_id: TenantId,
+    /// Its name: the first word of the routing key when the endpoint is an exchange.
+    pub tenant_name: String,
     /// The endpoint.
     pub endpoint_id: Uuid,
     /// The event: also the `webhook-id`, the same on every attempt and replay.
@@ -116,10 +118,12 @@ pub async fn claim(
                c.fencing_token AS "fencing_token!", c.attempts AS "attempts!",
                ev.type AS "event_type!", ev.data AS "data!", ev.created_at AS "created_at!",
                p.url AS "url!", p.secret AS "secret!",
-               CASE WHEN p.previous_secret_until > now() THEN p.previous_secret END AS previous_secret
+               CASE WHEN p.previous_secret_until > now() THEN p.previous_secret END AS previous_secret,
+               t.name AS "tenant_name!"
         FROM claimed c
         JOIN merchant_events ev ON ev.tenant_id = c.tenant_id AND ev.event_id = c.event_id
         JOIN merchant_endpoints p ON p.tenant_id = c.tenant_id AND p.endpoint_id = c.endpoint_id
+        JOIN tenants t ON t.tenant_id = c.tenant_id
         "#,
         worker,
         i64::from(limit),
@@ -132,6 +136,7 @@ pub async fn claim(
         .into_iter()
         .map(|row| ClaimedDelivery {
             tenant_id: row.tenant_id,
+            tenant_name: row.tenant_name,
             endpoint_id: row.endpoint_id,
             event_id: row.event_id,
             fencing_token: row.fencing_token,

@@ -13,13 +13,12 @@ use std::time::Duration;
 
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use reqwest::header::{CONTENT_TYPE, HeaderMap, RETRY_AFTER, USER_AGENT};
-use serde_json::json;
 use time::OffsetDateTime;
 
 use oncepay_domain::endpoint_url::{self, UrlPolicy};
 use oncepay_store::merchant_deliveries::{Attempt, ClaimedDelivery};
-use oncepay_webhook_signature::WebhookSecret;
 
+use super::message::Signed;
 use super::verdict::Outcome;
 
 /// The most bytes of a response read and kept.
@@ -73,19 +72,16 @@ impl Sender {
         attempt: &mut Attempt,
     ) -> Result<Outcome, String> {
         let url = endpoint_url::check(&claimed.url, self.policy).map_err(|refusal| refusal.to_string())?;
-        let body = body(claimed)?;
-        let id = claimed.event_id.to_string();
-        let timestamp = now.unix_timestamp();
-        let signature = signature(&claimed.secrets, &id, timestamp, &body)?;
+        let signed = Signed::of(claimed, now)?;
         let mut response = self
             .client
             .post(url)
             .header(CONTENT_TYPE, "application/json")
             .header(USER_AGENT, concat!("oncepay-webhooks/", env!("CARGO_PKG_VERSION")))
-            .header("webhook-id", id)
-            .header("webhook-timestamp", timestamp.to_string())
-            .header("webhook-signature", signature)
-            .body(body)
+            .header("webhook-id", signed.id)
+            .header("webhook-timestamp", signed.timestamp.to_string())
+            .header("webhook-signature", signed.signature)
+            .body(signed.body)
             .send()
             .await
             .map_err(|e| describe(&e))?;
@@ -103,26 +99,6 @@ impl Sender {
         attempt.response = String::from_utf8_lossy(&head).into_owned();
         Ok(Outcome::Answered { status, retry_after })
     }
-}
-
-/// The body of every attempt of a delivery: the event's type, when it was written, and its data.
-fn body(claimed: &ClaimedDelivery) -> Result<Vec<u8>, String> {
-    let timestamp = claimed
-        .created_at
-        .format(&time::format_description::well_known::Rfc3339)
-        .map_err(|e| format!("cannot write the event's time: {e}"))?;
-    serde_json::to_vec(&json!({ "type": claimed.event_type, "timestamp": timestamp, "data": claimed.data }))
-        .map_err(|e| format!("cannot write the event: {e}"))
-}
-
-/// `webhook-signature`: one `v1` signature per current secret, space-separated.
-fn signature(secrets: &[String], id: &str, timestamp: i64, body: &[u8]) -> Result<String, String> {
-    let signatures = secrets
-        .iter()
-        .map(|text| WebhookSecret::parse(text).map(|secret| secret.sign(id, timestamp, body)))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| e.to_string())?;
-    Ok(signatures.join(" "))
 }
 
 /// A `Retry-After` given in seconds.

@@ -2,7 +2,8 @@
 //! process, and more workers deliver more.
 //!
 //! The loop claims due deliveries (`oncepay_store::merchant_deliveries::claim`: leased, fenced, at
-//! most a few per endpoint, a payment's in order), sends each ([`http`]), judges the answer
+//! most a few per endpoint, a payment's in order), sends each as an HTTP request ([`http`]) or a
+//! message to a RabbitMQ exchange ([`exchange`]), both carrying the same [`message`], judges the answer
 //! ([`verdict`], pure) and records the attempt under the claim's fencing token. A worker that dies
 //! mid-delivery leaves a lease that runs out; the next claim takes the delivery again, and the
 //! endpoint may see it twice, with the same `webhook-id`: delivery is at least once.
@@ -13,7 +14,9 @@
 //! and a payment's later event may have gone out since: sending then would let the endpoint see
 //! the payment's events out of order. It drops the claim instead, and the lease runs out.
 
+pub mod exchange;
 pub mod http;
+pub mod message;
 pub mod verdict;
 
 use std::time::{Duration, Instant};
@@ -24,7 +27,10 @@ use tokio_util::sync::CancellationToken;
 
 use oncepay_store::merchant_deliveries::{self, ClaimedDelivery, Recording};
 
+use oncepay_domain::endpoint_url::EXCHANGE_SCHEME;
+
 use crate::metrics;
+use exchange::Publisher;
 use http::Sender;
 use verdict::Rules;
 
@@ -52,13 +58,15 @@ pub struct EventSenderConfig {
 pub struct EventSender {
     pool: PgPool,
     sender: Sender,
+    publisher: Publisher,
     config: EventSenderConfig,
 }
 
 impl EventSender {
-    /// An event sender over `pool`, sending through `sender`.
-    pub fn new(pool: PgPool, sender: Sender, config: EventSenderConfig) -> Self {
-        Self { pool, sender, config }
+    /// An event sender over `pool`, sending requests through `sender` and messages to exchanges
+    /// through `publisher`.
+    pub fn new(pool: PgPool, sender: Sender, publisher: Publisher, config: EventSenderConfig) -> Self {
+        Self { pool, sender, publisher, config }
     }
 
     /// Claims, sends and records until `shutdown`; then lets the deliveries in flight finish.
@@ -115,7 +123,11 @@ impl EventSender {
                 "a claimed delivery was not sent: its lease could run out before the attempt ends");
             return;
         }
-        let (outcome, attempt) = self.sender.send(&claimed, time::OffsetDateTime::now_utc()).await;
+        let now = time::OffsetDateTime::now_utc();
+        let (outcome, attempt) = match claimed.url.strip_prefix(EXCHANGE_SCHEME) {
+            Some(exchange) => self.publisher.send(&claimed, exchange, now).await,
+            None => self.sender.send(&claimed, now).await,
+        };
         let number = u32::try_from(claimed.attempts).unwrap_or(0) + 1;
         let (next, health) = verdict::judge(outcome, number, &self.config.rules, rand::random::<f64>());
         let recorded = async {

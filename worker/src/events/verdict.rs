@@ -1,7 +1,7 @@
 //! What an attempt to deliver an event means: delivered, try again when, dead-lettered, and what it
 //! says of the endpoint. Pure, so every rule is tested without a network.
 //!
-//! A 2xx is delivered. A redirect is a failure: oncepay never follows one, so a merchant cannot
+//! A 2xx is delivered, as is a message RabbitMQ confirmed to an exchange. A redirect is a failure: oncepay never follows one, so a merchant cannot
 //! point a delivery somewhere it may not go. A 410 disables the endpoint at once. A 429 or a 503
 //! with `Retry-After` is tried again no sooner than it asks, up to a cap. Anything else is tried
 //! again on the retry schedule, with jitter, until the schedule is spent.
@@ -24,7 +24,10 @@ pub enum Outcome {
         /// Its `Retry-After`, in seconds.
         retry_after: Option<Duration>,
     },
-    /// No answer: the connection failed, timed out, or was refused by the address rules.
+    /// RabbitMQ confirmed the message, and a queue bound to the exchange took it.
+    Confirmed,
+    /// No answer: the connection failed, timed out, or was refused by the address rules; or
+    /// RabbitMQ refused the message or no queue took it.
     NoAnswer,
 }
 
@@ -46,7 +49,7 @@ pub struct Rules {
 pub fn judge(outcome: Outcome, attempt: u32, rules: &Rules, jitter: f64) -> (Next, Health) {
     let failed = Health::Failed { disable_after: rules.disable_after };
     let (retry_after, health) = match outcome {
-        Outcome::Answered { status: 200..=299, .. } => return (Next::Delivered, Health::Took),
+        Outcome::Answered { status: 200..=299, .. } | Outcome::Confirmed => return (Next::Delivered, Health::Took),
         Outcome::Answered { status: 410, .. } => (None, Health::Gone),
         Outcome::Answered { status: 429 | 503, retry_after } => {
             (retry_after.map(|d| d.min(rules.retry_after_cap)), failed)
@@ -77,10 +80,11 @@ mod tests {
     }
 
     #[test]
-    fn a_2xx_is_delivered_and_heals_the_endpoint() {
+    fn a_2xx_or_a_confirmed_message_is_delivered_and_heals_the_endpoint() {
         for status in [200, 201, 204, 299] {
             assert_eq!(judge(answered(status), 1, &rules(), 0.5), (Next::Delivered, Health::Took));
         }
+        assert_eq!(judge(Outcome::Confirmed, 10, &rules(), 0.5), (Next::Delivered, Health::Took));
     }
 
     #[test]

@@ -7,6 +7,10 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use lapin::options::{BasicGetOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{Connection, ConnectionProperties, ExchangeKind};
+use oncepay_devkit::rabbitmq;
 use oncepay_domain::endpoint_url::UrlPolicy;
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::status::{PaymentStatus, Transition};
@@ -14,9 +18,11 @@ use oncepay_store::merchant_deliveries::{self, Attempt, Health, Next, Recording}
 use oncepay_store::merchant_endpoints::{self, NewEndpoint};
 use oncepay_store::transitions::{self, Change, Settlement};
 use oncepay_webhook_signature::WebhookSecret;
+use oncepay_worker::events::exchange::Publisher;
 use oncepay_worker::events::http::Sender;
 use oncepay_worker::events::verdict::Rules;
 use oncepay_worker::events::{EventSender, EventSenderConfig};
+use secrecy::SecretString;
 use serde_json::Value;
 use sqlx::PgPool;
 use standardwebhooks::Webhook;
@@ -77,7 +83,7 @@ impl Respond for Receiver {
     }
 }
 
-const OPEN: UrlPolicy = UrlPolicy { allow_http: true, allow_private_addresses: true };
+const OPEN: UrlPolicy = UrlPolicy { allow_http: true, allow_private_addresses: true, allow_exchanges: true };
 
 fn config(schedule: &[f64]) -> EventSenderConfig {
     EventSenderConfig {
@@ -95,14 +101,32 @@ fn config(schedule: &[f64]) -> EventSenderConfig {
     }
 }
 
-/// Runs an event sender until `done` holds, or fails the test after a minute.
-async fn deliver_until<F, Fut>(pool: &PgPool, policy: UrlPolicy, config: EventSenderConfig, mut done: F)
+/// Runs an event sender, publishing to the tests' RabbitMQ node, until `done` holds, or fails the
+/// test after a minute.
+async fn deliver_until<F, Fut>(pool: &PgPool, policy: UrlPolicy, config: EventSenderConfig, done: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
+    let broker = std::env::var(rabbitmq::TEST_URL_VARIABLE).ok().map(SecretString::from);
+    deliver_with(pool, policy, Publisher::new(broker, Duration::from_secs(5)), config, done).await;
+}
+
+/// Runs an event sender publishing through `publisher` until `done` holds, or fails the test after
+/// a minute.
+async fn deliver_with<F, Fut>(
+    pool: &PgPool,
+    policy: UrlPolicy,
+    publisher: Publisher,
+    config: EventSenderConfig,
+    mut done: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
     let shutdown = CancellationToken::new();
-    let sender = EventSender::new(pool.clone(), Sender::new(Duration::from_secs(5), policy).unwrap(), config);
+    let sender = Sender::new(Duration::from_secs(5), policy).unwrap();
+    let sender = EventSender::new(pool.clone(), sender, publisher, config);
     let running = tokio::spawn(sender.run(shutdown.clone()));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while !done().await {
@@ -364,7 +388,7 @@ async fn an_endpoint_at_a_private_address_is_never_connected_to(pool: PgPool) {
     endpoint(&pool, tenant, &by_name, &receiver.secret, &[]).await;
     endpoint(&pool, tenant, &server.uri(), &receiver.secret, &[]).await;
     succeed(&pool, support::accept(&pool, tenant, 500).await).await;
-    let strict = UrlPolicy { allow_http: true, allow_private_addresses: false };
+    let strict = UrlPolicy { allow_http: true, allow_private_addresses: false, allow_exchanges: false };
 
     deliver_until(&pool, strict, config(&[]), || all_settled(&pool)).await;
 
@@ -432,4 +456,118 @@ async fn a_recording_after_the_lease_was_taken_over_writes_nothing(pool: PgPool)
         merchant_deliveries::record(&mut conn, &second, "w2", &attempt, Next::Delivered, Health::Took).await.unwrap();
     assert_eq!(current, Recording::Recorded { disabled: false });
     assert_eq!(states(&pool).await, [("payment.succeeded".to_owned(), "delivered".to_owned(), 1)]);
+}
+
+/// A merchant's queue on the tests' RabbitMQ node, bound to an exchange of its own.
+struct MerchantQueue {
+    exchange: String,
+    queue: String,
+    channel: lapin::Channel,
+    _connection: Connection,
+}
+
+impl MerchantQueue {
+    /// The next message in the queue, if there is one.
+    async fn get(&self) -> Option<lapin::message::Delivery> {
+        let options = BasicGetOptions { no_ack: true };
+        self.channel.basic_get(self.queue.as_str().into(), options).await.unwrap().map(|message| message.delivery)
+    }
+}
+
+/// A queue bound to a new exchange `merchant.…` with `binding`, as a merchant makes it.
+async fn bound_queue(binding: &str) -> MerchantQueue {
+    let connection = Connection::connect(&rabbitmq::test_url(), ConnectionProperties::default()).await.unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    let exchange = format!("merchant.{}", Uuid::now_v7().simple());
+    let durable = ExchangeDeclareOptions { durable: true, ..ExchangeDeclareOptions::default() };
+    channel.exchange_declare(exchange.as_str().into(), ExchangeKind::Topic, durable, FieldTable::default()).await.unwrap();
+    let exclusive = QueueDeclareOptions { exclusive: true, ..QueueDeclareOptions::default() };
+    let queue = channel.queue_declare("".into(), exclusive, FieldTable::default()).await.unwrap().name().to_string();
+    channel
+        .queue_bind(queue.as_str().into(), exchange.as_str().into(), binding.into(), QueueBindOptions::default(), FieldTable::default())
+        .await
+        .unwrap();
+    MerchantQueue { exchange, queue, channel, _connection: connection }
+}
+
+async fn tenant_name(pool: &PgPool, tenant: oncepay_domain::ids::TenantId) -> String {
+    sqlx::query_scalar("SELECT name FROM tenants WHERE tenant_id = $1").bind(tenant.as_uuid()).fetch_one(pool).await.unwrap()
+}
+
+/// The error of each attempt, oldest first.
+async fn attempt_errors(pool: &PgPool) -> Vec<(Option<i32>, String, Option<String>)> {
+    sqlx::query_as("SELECT status, response, error FROM merchant_delivery_attempts ORDER BY attempt_id")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn an_exchange_gets_each_event_as_a_signed_persistent_message_routed_by_tenant_and_type(pool: PgPool) {
+    let tenant = support::tenant(&pool).await;
+    let name = tenant_name(&pool, tenant).await;
+    let merchant = bound_queue(&format!("{name}.payment.*")).await;
+    let secret = WebhookSecret::generate();
+    endpoint(&pool, tenant, &format!("rabbitmq:{}", merchant.exchange), &secret, &[]).await;
+    let accepted = support::accept(&pool, tenant, 500).await;
+    succeed(&pool, accepted).await;
+
+    deliver_until(&pool, OPEN, config(&[0.05]), || all_settled(&pool)).await;
+
+    let delivery = merchant.get().await.expect("the queue got the event");
+    assert_eq!(delivery.routing_key.as_str(), format!("{name}.payment.succeeded"));
+    let properties = &delivery.properties;
+    assert_eq!(properties.delivery_mode(), &Some(2), "persistent");
+    assert_eq!(properties.content_type().as_ref().map(|t| t.as_str()), Some("application/json"));
+    let event_id: Uuid = sqlx::query_scalar("SELECT event_id FROM merchant_events").fetch_one(&pool).await.unwrap();
+    assert_eq!(properties.message_id().as_ref().map(|id| id.as_str().to_owned()), Some(event_id.to_string()));
+    // The headers of an HTTP delivery, verified by the reference implementation as a receiver would.
+    let mut headers = http::HeaderMap::new();
+    for (name, value) in properties.headers().as_ref().unwrap().inner() {
+        let AMQPValue::LongString(value) = value else { panic!("{name} is not a string") };
+        headers.insert(
+            http::HeaderName::from_bytes(name.as_str().as_bytes()).unwrap(),
+            http::HeaderValue::from_bytes(value.as_bytes()).unwrap(),
+        );
+    }
+    Webhook::new(&secret).unwrap().verify(&delivery.data, &headers).unwrap();
+    assert_eq!(headers["webhook-id"], event_id.to_string());
+    let body: Value = serde_json::from_slice(&delivery.data).unwrap();
+    assert_eq!(body["type"], "payment.succeeded");
+    assert_eq!(body["data"]["sequence"], 3);
+    assert_eq!(states(&pool).await, [("payment.succeeded".to_owned(), "delivered".to_owned(), 1)]);
+    assert_eq!(attempt_errors(&pool).await, [(None, "confirmed by RabbitMQ".to_owned(), None)]);
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_message_no_queue_takes_is_a_failed_attempt_retried_then_dead_lettered(pool: PgPool) {
+    let tenant = support::tenant(&pool).await;
+    let name = tenant_name(&pool, tenant).await;
+    // Bound to refunds only: a payment's event has nowhere to go.
+    let merchant = bound_queue(&format!("{name}.refund.*")).await;
+    endpoint(&pool, tenant, &format!("rabbitmq:{}", merchant.exchange), &WebhookSecret::generate(), &[]).await;
+    let accepted = support::accept(&pool, tenant, 500).await;
+    succeed(&pool, accepted).await;
+
+    deliver_until(&pool, OPEN, config(&[0.05]), || all_settled(&pool)).await;
+
+    assert_eq!(states(&pool).await, [("payment.succeeded".to_owned(), "dead_lettered".to_owned(), 2)]);
+    let unroutable = format!("no queue bound to {} takes {name}.payment.succeeded", merchant.exchange);
+    assert_eq!(attempt_errors(&pool).await, vec![(None, String::new(), Some(unroutable)); 2]);
+    assert!(merchant.get().await.is_none());
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_worker_without_a_broker_says_so_in_each_attempt_to_an_exchange(pool: PgPool) {
+    let tenant = support::tenant(&pool).await;
+    endpoint(&pool, tenant, "rabbitmq:merchant.orders", &WebhookSecret::generate(), &[]).await;
+    let accepted = support::accept(&pool, tenant, 500).await;
+    succeed(&pool, accepted).await;
+
+    let publisher = Publisher::new(None, Duration::from_secs(5));
+    deliver_with(&pool, OPEN, publisher, config(&[]), || all_settled(&pool)).await;
+
+    assert_eq!(states(&pool).await, [("payment.succeeded".to_owned(), "dead_lettered".to_owned(), 1)]);
+    let [(None, _, Some(error))] = &attempt_errors(&pool).await[..] else { panic!("one attempt, with an error") };
+    assert!(error.contains("no events.broker_url"), "{error}");
 }
