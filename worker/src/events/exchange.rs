@@ -6,8 +6,8 @@
 //! merchant binds queues to it and nobody has to make it first. The message is mandatory: one that
 //! no queue takes comes back and counts as a failed attempt, retried on the schedule as an endpoint
 //! that does not answer is, so an event is never confirmed into nowhere. One connection and one
-//! channel in confirm mode serve every delivery of the worker; the first failure drops them, and
-//! the next delivery connects again.
+//! channel in confirm mode serve every delivery of the worker; once either has failed (a refused
+//! declaration closes the channel, a lost node the connection), the next delivery connects again.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -67,10 +67,6 @@ impl Publisher {
                 Outcome::NoAnswer
             }
         };
-        if attempt.error.is_some() {
-            // The channel may be closed or in doubt: the next delivery starts afresh.
-            self.session.lock().await.take();
-        }
         (outcome, attempt)
     }
 
@@ -104,7 +100,12 @@ impl Publisher {
             Some(open) if open.connection.status().connected() && open.channel.status().connected() => {
                 session.insert(open)
             }
-            _ => session.insert(connect(url.expose_secret()).await.map_err(|e| e.to_string())?),
+            stale => {
+                if let Some(stale) = stale {
+                    let _ = stale.connection.close(200, "the channel failed; connecting again".into()).await;
+                }
+                session.insert(connect(url.expose_secret()).await.map_err(|e| e.to_string())?)
+            }
         };
         if !current.declared.contains(exchange) {
             let durable = ExchangeDeclareOptions { durable: true, ..ExchangeDeclareOptions::default() };
