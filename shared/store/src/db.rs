@@ -17,13 +17,15 @@ pub static MIGRATOR: Migrator = sqlx::migrate!("../../migrations");
 const MIGRATIONS_TABLE: &str = "_sqlx_migrations";
 
 /// Connection options for `settings`: every connection carries the binary's `application_name`
-/// (visible in `pg_stat_activity`) and a `statement_timeout`. With `database.ca_file`, every
-/// connection is TLS, checked against that file's authorities: the server's name too, unless the
-/// URL settles for `sslmode=verify-ca`.
+/// (visible in `pg_stat_activity`), a `statement_timeout`, and JIT compilation off. With
+/// `database.ca_file`, every connection is TLS, checked against that file's authorities: the
+/// server's name too, unless the URL settles for `sslmode=verify-ca`.
 pub fn connect_options(settings: &DatabaseSettings, application_name: &str) -> Result<PgConnectOptions, sqlx::Error> {
     let mut options = PgConnectOptions::from_str(settings.url.expose_secret())?
         .application_name(application_name)
-        .options([("statement_timeout", format!("{}ms", settings.statement_timeout_ms))]);
+        // No JIT compilation: every statement oncepay runs is short, and compiling one whose plan
+        // merely looks expensive (a claim's per-row subquery) took longer than running it.
+        .options([("statement_timeout", format!("{}ms", settings.statement_timeout_ms)), ("jit", "off".to_owned())]);
     if let Some(ca_file) = &settings.ca_file {
         // Read once, here: a file that cannot be read stops the process at start, not every
         // connection later.

@@ -89,11 +89,16 @@ pub async fn claim(
                 WHERE d.tenant_id = p.tenant_id AND d.endpoint_id = p.endpoint_id
                   AND d.state = 'pending' AND d.next_attempt_at <= now()
                   AND (d.locked_until IS NULL OR d.locked_until < now())
-                  AND NOT EXISTS (
-                      SELECT 1 FROM merchant_deliveries e
-                      WHERE e.tenant_id = d.tenant_id AND e.endpoint_id = d.endpoint_id
-                        AND e.payment_id = d.payment_id AND e.state = 'pending'
-                        AND e.event_order < d.event_order)
+                  -- A scalar subquery, not NOT EXISTS: PostgreSQL evaluates it per delivery
+                  -- walked, by the in-order index, and the walk stops at the limit. An anti-join
+                  -- would compare every pending delivery with every other where the statistics
+                  -- are stale (a new or just-restored table): seconds for ten thousand.
+                  AND (SELECT e.event_order FROM merchant_deliveries e
+                       WHERE e.tenant_id = d.tenant_id AND e.endpoint_id = d.endpoint_id
+                         AND e.payment_id = d.payment_id AND e.state = 'pending'
+                         AND e.event_order < d.event_order
+                       ORDER BY e.event_order
+                       LIMIT 1) IS NULL
                 ORDER BY d.next_attempt_at, d.event_order
                 LIMIT $3
             ) c

@@ -1,7 +1,8 @@
-//! TLS to PostgreSQL (`database.ca_file`) against a real server that refuses plain TCP, with a
-//! certificate authority and a server certificate for `localhost` made here: the connection is
-//! encrypted and checked, and a server the CA did not sign, or a name the certificate does not
-//! carry, is refused.
+//! How the binaries connect to PostgreSQL (`db::connect_options`), against real servers. TLS
+//! (`database.ca_file`) against a server that refuses plain TCP, with a certificate authority and a
+//! server certificate for `localhost` made here: the connection is encrypted and checked, and a
+//! server the CA did not sign, or a name the certificate does not carry, is refused. And no
+//! connection compiles its statements with JIT.
 
 // The helpers below are test code too; clippy's test allowance only covers `#[test]` functions.
 #![allow(clippy::unwrap_used)]
@@ -103,4 +104,17 @@ fn a_ca_file_that_is_not_there_is_a_clear_error() {
         db::connect_options(&settings("postgres://localhost/x".to_owned(), Some("/nowhere/ca.pem".into())), "t")
             .unwrap_err();
     assert!(error.to_string().contains("database.ca_file /nowhere/ca.pem"), "{error}");
+}
+
+/// Every connection the binaries make runs without JIT compilation (`db::connect_options`): a
+/// claim whose plan looks expensive spent longer compiling than running.
+#[tokio::test]
+async fn every_connection_runs_without_jit() {
+    let cluster = Cluster::start(Durability::Fast).await.unwrap();
+    let options = db::connect_options(&settings(cluster.url("postgres"), None), "oncepay-jit-test").unwrap();
+    let mut connection = PgConnection::connect_with(&options).await.unwrap();
+
+    let jit: String = sqlx::query_scalar("SHOW jit").fetch_one(&mut connection).await.unwrap();
+
+    assert_eq!(jit, "off");
 }
