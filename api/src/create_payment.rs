@@ -28,7 +28,9 @@ use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, Schema, Type}
 use utoipa::{IntoResponses, PartialSchema, ToSchema};
 
 use crate::create::{self, Checked, Create, KnownKey, Responded};
-use crate::endpoints::{Admission, IdempotencyKeyHeader, IntakeRefusals, JsonBodyRefusals, NO_NUL, amount_schema, metadata_schema};
+use crate::endpoints::{
+    Admission, IdempotencyKeyHeader, IntakeRefusals, JsonBodyRefusals, NO_NUL, amount_schema, metadata_schema,
+};
 use crate::errors::ApiError;
 use crate::idempotent_request;
 use crate::replay_cache::Final;

@@ -29,7 +29,8 @@ use utoipa::{IntoResponses, PartialSchema, ToSchema};
 
 use crate::create::{self, Checked, Create, KnownKey, Responded};
 use crate::endpoints::{
-    Admission, IdempotencyKeyHeader, IntakeRefusals, JsonBodyRefusals, PaymentPath, amount_schema, metadata_schema, path_payment_id,
+    Admission, IdempotencyKeyHeader, IntakeRefusals, JsonBodyRefusals, PaymentPath, amount_schema, metadata_schema,
+    path_payment_id,
 };
 use crate::errors::ApiError;
 use crate::idempotent_request;

@@ -11,9 +11,9 @@ use oncepay_store::fixtures::{count, tenant};
 use oncepay_store::merchant_endpoints::{self, NewEndpoint};
 use oncepay_store::merchant_events;
 use oncepay_store::transitions::{self, Settlement};
+use oncepay_webhook_signature::WebhookSecret;
 use serde_json::json;
 use sqlx::PgPool;
-use oncepay_webhook_signature::WebhookSecret;
 use time::OffsetDateTime;
 use uuid::Uuid;
 

@@ -241,11 +241,16 @@ mod tests {
             destination("rabbitmq:merchant.acme-events", exchanges),
             Ok(Destination::Exchange("merchant.acme-events".into()))
         );
-        assert_eq!(destination("rabbitmq:merchant.acme-events", exchanges).unwrap().to_string(), "rabbitmq:merchant.acme-events");
+        assert_eq!(
+            destination("rabbitmq:merchant.acme-events", exchanges).unwrap().to_string(),
+            "rabbitmq:merchant.acme-events"
+        );
         assert_eq!(destination("rabbitmq:merchant.acme-events", STRICT), Err(UrlRefusal::ExchangesOff));
         let longest = format!("merchant.{}", "a".repeat(MAX_EXCHANGE_LEN - EXCHANGE_PREFIX.len()));
         assert!(exchange(&longest).is_ok());
-        for bad in ["", "merchant.", "oncepay.payments", "amq.topic", "merchant.a b", "merchant.é", &format!("{longest}a")] {
+        for bad in
+            ["", "merchant.", "oncepay.payments", "amq.topic", "merchant.a b", "merchant.é", &format!("{longest}a")]
+        {
             assert_eq!(destination(&format!("rabbitmq:{bad}"), exchanges), Err(UrlRefusal::Exchange), "{bad}");
         }
         // A URL is still checked as a URL where exchanges are allowed.

@@ -480,18 +480,31 @@ async fn bound_queue(binding: &str) -> MerchantQueue {
     let channel = connection.create_channel().await.unwrap();
     let exchange = format!("merchant.{}", Uuid::now_v7().simple());
     let durable = ExchangeDeclareOptions { durable: true, ..ExchangeDeclareOptions::default() };
-    channel.exchange_declare(exchange.as_str().into(), ExchangeKind::Topic, durable, FieldTable::default()).await.unwrap();
+    channel
+        .exchange_declare(exchange.as_str().into(), ExchangeKind::Topic, durable, FieldTable::default())
+        .await
+        .unwrap();
     let exclusive = QueueDeclareOptions { exclusive: true, ..QueueDeclareOptions::default() };
     let queue = channel.queue_declare("".into(), exclusive, FieldTable::default()).await.unwrap().name().to_string();
     channel
-        .queue_bind(queue.as_str().into(), exchange.as_str().into(), binding.into(), QueueBindOptions::default(), FieldTable::default())
+        .queue_bind(
+            queue.as_str().into(),
+            exchange.as_str().into(),
+            binding.into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
         .await
         .unwrap();
     MerchantQueue { exchange, queue, channel, _connection: connection }
 }
 
 async fn tenant_name(pool: &PgPool, tenant: oncepay_domain::ids::TenantId) -> String {
-    sqlx::query_scalar("SELECT name FROM tenants WHERE tenant_id = $1").bind(tenant.as_uuid()).fetch_one(pool).await.unwrap()
+    sqlx::query_scalar("SELECT name FROM tenants WHERE tenant_id = $1")
+        .bind(tenant.as_uuid())
+        .fetch_one(pool)
+        .await
+        .unwrap()
 }
 
 /// The error of each attempt, oldest first.
