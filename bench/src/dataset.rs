@@ -466,6 +466,30 @@ pub async fn outbox_depth(conn: &mut PgConnection) -> anyhow::Result<u64> {
     Ok(u64::try_from(depth)?)
 }
 
+/// Payments that reached a final status from `from` until `until`. A runtime-checked query: the
+/// offline query data is the workspace's, which this crate does not change.
+pub async fn finished_between(
+    conn: &mut PgConnection,
+    (from, until): (time::OffsetDateTime, time::OffsetDateTime),
+) -> anyhow::Result<u64> {
+    let count: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM payments
+         WHERE updated_at >= $1 AND updated_at < $2 AND status IN ('succeeded', 'failed')",
+    )
+    .bind(from)
+    .bind(until)
+    .fetch_one(conn)
+    .await?;
+    Ok(u64::try_from(count)?)
+}
+
+/// Event deliveries not yet delivered nor dead-lettered. Runtime-checked, as [`finished_between`].
+pub async fn pending_deliveries(conn: &mut PgConnection) -> anyhow::Result<u64> {
+    let count: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM merchant_deliveries WHERE state = 'pending'").fetch_one(conn).await?;
+    Ok(u64::try_from(count)?)
+}
+
 /// Makes a freshly loaded database look like one that has been running: statistics for the
 /// planner, hint bits and the visibility map set (so the first reads do not write), and a
 /// checkpoint, so no phase starts with a backlog of dirty pages to flush.

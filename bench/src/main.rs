@@ -22,8 +22,8 @@ struct Cli {
     #[arg(long, conflicts_with = "full")]
     quick: bool,
     /// Also compare 10 million stored keys with 10 thousand (adds about 12 minutes), the console's
-    /// reads with a million payments with the same with ten thousand (about 3 more), and take
-    /// payments from RabbitMQ (about 1 more).
+    /// reads with a million payments with the same with ten thousand (about 3 more), take
+    /// payments from RabbitMQ (about 1 more) and deliver events to an endpoint (about 1 more).
     #[arg(long)]
     full: bool,
     /// Where to write the JSON report (default: `oncepay-bench-<time>.json` here).

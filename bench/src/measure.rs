@@ -163,6 +163,19 @@ pub async fn service(
     workload: Workload,
     connections: usize,
 ) -> anyhow::Result<Row> {
+    Ok(service_in_window(target, timing, api, token, workload, connections).await?.0)
+}
+
+/// [`service`], and when its window opened and closed by the wall clock, for what else is counted
+/// in the same window.
+pub async fn service_in_window(
+    target: &Target<'_>,
+    timing: Timing,
+    api: &[SocketAddr],
+    token: &str,
+    workload: Workload,
+    connections: usize,
+) -> anyhow::Result<(Row, (OffsetDateTime, OffsetDateTime))> {
     let groups_before = intake_groups(api).await?;
     let window = http_window(target, timing, api, token, workload, connections).await?;
     let groups = intake_groups(api).await? - groups_before;
@@ -173,7 +186,7 @@ pub async fn service(
     if groups.count > 0.0 {
         extra.insert("mean_group_size".into(), groups.requests / groups.count);
     }
-    Ok(Row {
+    let row = Row {
         kind: Kind::Service,
         name: workload.name().into(),
         concurrency: u32::try_from(connections)?,
@@ -188,7 +201,8 @@ pub async fn service(
         cpu: window.cpu,
         comparison: None,
         extra,
-    })
+    };
+    Ok((row, window.wall))
 }
 
 /// The requests the api processes wrote to the store, and in how many groups, so far (their

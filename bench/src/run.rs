@@ -18,6 +18,7 @@ use oncepay_devkit::rabbitmq::Node;
 use oncepay_devkit::server::{self, Server};
 use oncepay_domain::api_key;
 use oncepay_store::broker_users;
+use oncepay_store::merchant_endpoints::{self, EndpointChange, NewEndpoint};
 use oncepay_webhook_signature::WebhookSecret;
 use secrecy::ExposeSecret;
 use sqlx::postgres::PgPoolOptions;
@@ -33,6 +34,7 @@ use crate::loadgen::Workload;
 use crate::machine::Machine;
 use crate::measure::{self, Start, Target, Timing};
 use crate::raw::{self, Baseline};
+use crate::receiver::Receiver;
 use crate::report::{Comparison, FORMAT_VERSION, Kind, Measure, Report, Row};
 use crate::services::{Launcher, Service};
 use crate::webhooks::{self, Load as WebhookLoad};
@@ -119,6 +121,9 @@ pub enum Phase {
     /// Payments from RabbitMQ, against the node's own ceiling and the same api's HTTP accepts from
     /// 64 clients.
     Broker,
+    /// Accepts from 64 clients while a worker drains and delivers events to an endpoint in this
+    /// process, against the same with no endpoint.
+    Events,
 }
 
 /// What the run was asked to do.
@@ -126,8 +131,8 @@ pub enum Phase {
 pub struct Options {
     /// How long and how big.
     pub profile: Profile,
-    /// The phases to run (all when empty; `history`, `console` and `broker` only with the full
-    /// profile or when named).
+    /// The phases to run (all when empty; `history`, `console`, `broker` and `events` only with the
+    /// full profile or when named).
     pub phases: Vec<Phase>,
     /// A note kept in the report.
     pub label: Option<String>,
@@ -148,7 +153,8 @@ pub struct Options {
 impl Options {
     fn runs(&self, phase: Phase) -> bool {
         if self.phases.is_empty() {
-            !matches!(phase, Phase::History | Phase::Console | Phase::Broker) || self.profile == Profile::Full
+            !matches!(phase, Phase::History | Phase::Console | Phase::Broker | Phase::Events)
+                || self.profile == Profile::Full
         } else {
             self.phases.contains(&phase)
         }
@@ -165,6 +171,20 @@ const MANY_CONNECTIONS: [u32; 2] = [32, 64];
 
 /// Stored keys (settled payments) the replays pick from in the main database.
 const STORED_KEYS: u64 = 10_000;
+
+/// Connections of the events phase's accepts, as issue 49 asks.
+const EVENTS_CONNECTIONS: u32 = 64;
+
+/// Whether the tenant's endpoint is enabled in each of the events phase's windows, in order: each
+/// setting early and late, so that a drift over the phase weighs on both alike.
+const EVENTS_ORDER: [bool; 4] = [false, true, true, false];
+
+/// The least accepts with an endpoint may be of accepts without, as issue 49 asks.
+const EVENTS_TARGET: f64 = 0.9;
+
+/// Deliveries the events phase's worker may have in flight to one endpoint: its default
+/// `events.max_in_flight`.
+const EVENTS_PER_ENDPOINT: &str = "64";
 
 /// The histories compared for growth: stored keys in each database.
 const HISTORIES: [(u64, &str); 2] = [(10_000, "10k keys"), (10_000_000, "10M keys")];
@@ -316,7 +336,7 @@ pub async fn run(options: &Options, kind: server::Kind) -> anyhow::Result<Report
 impl Bench<'_> {
     async fn phases(&mut self, main: &Database) -> anyhow::Result<()> {
         let simulator = self.launcher.simulator().await?;
-        let needs_api = [Phase::Accept, Phase::Replay, Phase::Mixed, Phase::Flood, Phase::Refund]
+        let needs_api = [Phase::Accept, Phase::Replay, Phase::Mixed, Phase::Flood, Phase::Refund, Phase::Events]
             .iter()
             .any(|p| self.options.runs(*p));
         let api = if needs_api { Some(self.launcher.api("api", &main.url, &[]).await?) } else { None };
@@ -361,6 +381,9 @@ impl Bench<'_> {
         }
         if self.options.runs(Phase::Broker) {
             self.broker(main).await?;
+        }
+        if self.options.runs(Phase::Events) {
+            self.events(main, &addresses, &simulator).await?;
         }
         // The last phase on the main database: its payments, and its refunds left pending (no
         // worker sends them), are in no other phase's data.
@@ -669,6 +692,55 @@ impl Bench<'_> {
         }
     }
 
+    /// Events to merchants (issue 49): accepts from [`EVENTS_CONNECTIONS`] clients while one worker
+    /// drains, with the tenant's one endpoint (a [`Receiver`] in this process) disabled, then
+    /// enabled, then enabled, then disabled again, so that each setting has an early and a late
+    /// window. Each enabled window is compared with the disabled one next to it. Every window starts
+    /// from an empty outbox with a fresh worker, which finishes what it holds before the next.
+    async fn events(&mut self, main: &Database, api: &[SocketAddr], simulator: &Service) -> anyhow::Result<()> {
+        let receiver = Receiver::start()?;
+        let url = receiver.url();
+        let secret = WebhookSecret::generate();
+        let new = NewEndpoint { url: &url, description: "bench receiver", event_types: &[], secret: &secret };
+        let endpoint = merchant_endpoints::create(&mut *main.pool.acquire().await?, main.tenant.id, &new).await?;
+        let mut windows = Vec::new();
+        for subscribed in EVENTS_ORDER {
+            let change = EndpointChange { enabled: Some(subscribed), ..EndpointChange::default() };
+            let id = endpoint.endpoint_id;
+            merchant_endpoints::update(&mut *main.pool.acquire().await?, main.tenant.id, id, &change).await?;
+            main.clear_outbox().await?;
+            let worker = self.launcher.worker(0, &main.url, simulator, &events_settings()).await?;
+            let endpoints = if subscribed { "1 endpoint" } else { "no endpoint" };
+            eprintln!("bench: service accept ×{EVENTS_CONNECTIONS} while 1 worker drains, {endpoints}");
+            let target = self.target(main);
+            let token = &main.tenant.token;
+            let connections = EVENTS_CONNECTIONS as usize;
+            let (mut row, wall) =
+                measure::service_in_window(&target, self.timing, api, token, Workload::Accept, connections).await?;
+            let mut conn = main.pool.acquire().await?;
+            let finished = dataset::finished_between(&mut conn, wall).await?;
+            let pending = dataset::pending_deliveries(&mut conn).await?;
+            drop(conn);
+            worker.stop().await?;
+            row.setup = format!("1 api + 1 worker, {endpoints}");
+            row.extra.insert("finished_per_s".into(), finished as f64 / row.seconds);
+            if subscribed {
+                let delivered = receiver.received_between(wall.0.into(), wall.1.into());
+                row.extra.insert("deliveries_per_s".into(), delivered as f64 / row.seconds);
+                row.extra.insert("pending_deliveries_at_end".into(), pending as f64);
+            }
+            windows.push(self.push(row));
+        }
+        // Each subscribed window against the unsubscribed one next to it: the first pair, then the last.
+        for (subscribed, unsubscribed) in [(windows[1], windows[0]), (windows[2], windows[3])] {
+            let rate = self.rows[subscribed].rate;
+            self.rows[subscribed].comparison =
+                Some(Comparison::new(rate, &self.rows[unsubscribed], Some(EVENTS_TARGET)));
+        }
+        eprintln!("bench: the receiver took {} requests in all", receiver.received());
+        Ok(())
+    }
+
     /// Two api processes, each with half of the 8 connections' pool.
     async fn scale(&mut self, main: &Database) -> anyhow::Result<()> {
         let pool = [("database.max_connections", "4".to_owned())];
@@ -704,7 +776,7 @@ impl Bench<'_> {
             let started = Instant::now();
             let mut running = Vec::new();
             for n in 0..workers {
-                running.push(self.launcher.worker(n, &main.url, simulator).await?);
+                running.push(self.launcher.worker(n, &main.url, simulator, &[]).await?);
             }
             let row = measure::drain(&self.target(main), self.timing, workers, started).await?;
             for worker in running {
@@ -733,7 +805,7 @@ impl Bench<'_> {
                 }
                 let mut running = Vec::new();
                 for n in 0..workers {
-                    running.push(self.launcher.worker(n, &main.url, simulator).await?);
+                    running.push(self.launcher.worker(n, &main.url, simulator, &[]).await?);
                 }
                 eprintln!("bench: service accept ×8 while {workers} worker(s) drain, {start:?}");
                 let target = self.target(main);
@@ -948,6 +1020,17 @@ struct HistoryRows {
     raw_replay: usize,
     replay: usize,
     uncached: usize,
+}
+
+/// The events phase's worker settings: deliveries to the receiver on 127.0.0.1 allowed, and as many
+/// in flight to its one endpoint as in the whole worker (the default per endpoint would cap the
+/// deliveries, not the worker). `--worker-env` overrides them.
+fn events_settings() -> [(&'static str, String); 3] {
+    [
+        ("events.allow_http", "true".into()),
+        ("events.allow_private_addresses", "true".into()),
+        ("events.per_endpoint", EVENTS_PER_ENDPOINT.into()),
+    ]
 }
 
 /// The postmaster of each of `server`'s nodes, read from a backend's parent.

@@ -157,8 +157,15 @@ impl Launcher {
         Ok(String::from_utf8(output.stdout)?)
     }
 
-    /// Starts worker `n` on `database_url`, sending to `provider`.
-    pub async fn worker(&self, n: usize, database_url: &str, provider: &Service) -> anyhow::Result<Service> {
+    /// Starts worker `n` on `database_url`, sending to `provider`, with `extra` settings by name
+    /// (before the run's own overrides, so a run can change what a phase sets).
+    pub async fn worker(
+        &self,
+        n: usize,
+        database_url: &str,
+        provider: &Service,
+        extra: &[(&str, String)],
+    ) -> anyhow::Result<Service> {
         let port = ports::reserve()?;
         let mut spec = Spec::new(format!("worker-{n}"), &self.worker, &self.log_dir)
             .env("DATABASE_URL", database_url)
@@ -166,6 +173,9 @@ impl Launcher {
             .setting("provider.base_url", provider.base_url())
             .setting("provider.api_key", SIMULATOR_API_KEY)
             .setting("worker.id", format!("bench-worker-{n}"));
+        for (key, value) in extra {
+            spec = spec.setting(key, value.as_str());
+        }
         for (key, value) in &self.worker_env {
             spec = spec.env(key, value);
         }
