@@ -21,7 +21,8 @@ use time::{Duration, OffsetDateTime};
 
 use crate::refund_proposals::{contradicted_refund, dead_lettered_refund};
 use crate::support::{
-    Ops, dead_lettered, refund, refund_status, refunded, settle_succeeded, status, succeeded_payment, unknown_refund,
+    Ops, audit_of_actions, dead_lettered, reasoned, refund, refund_status, refunded, settle_succeeded, status,
+    succeeded_payment, unknown_refund,
 };
 
 const SAME_ORIGIN: (&str, &str) = ("sec-fetch-site", "same-origin");
@@ -924,24 +925,15 @@ async fn endpoints_are_listed_started_and_replayed_from_the_console_as_the_json_
     assert_eq!(after_replay, ["pending"]);
     assert!(payment_page.body.contains(&event_id.to_string()) && payment_page.body.contains(&replay_event));
     assert_eq!(event_replayed.location, Some(format!("/console/payments/{payment_id}?notice=replayed")));
-    let trail: Vec<(String, String, String, Option<String>)> = sqlx::query_as(
-        "SELECT operator_name, action, outcome, reason FROM operator_audit
-         WHERE action LIKE 'webhook_endpoint.%' OR action = 'event.replay' ORDER BY audit_id",
-    )
-    .fetch_all(&pool)
-    .await
-    .unwrap();
-    let row = |who: &str, action: &str, outcome: &str, reason: Option<&str>| {
-        (who.to_owned(), action.to_owned(), outcome.to_owned(), reason.map(str::to_owned))
-    };
+    let trail = audit_of_actions(&pool, &["webhook_endpoint.%", "event.replay"]).await;
     assert_eq!(
         trail,
         [
-            row("vic", "webhook_endpoint.enable", "refused", None),
-            row("gus", "webhook_endpoint.enable", "refused", None),
-            row("ana", "webhook_endpoint.enable", "done", Some("they fixed their server")),
-            row("ana", "webhook_endpoint.replay", "done", Some("their outage")),
-            row("ana", "event.replay", "done", Some("they lost it")),
+            reasoned("vic", "webhook_endpoint.enable", "refused", None),
+            reasoned("gus", "webhook_endpoint.enable", "refused", None),
+            reasoned("ana", "webhook_endpoint.enable", "done", Some("they fixed their server")),
+            reasoned("ana", "webhook_endpoint.replay", "done", Some("their outage")),
+            reasoned("ana", "event.replay", "done", Some("they lost it")),
         ]
     );
 }

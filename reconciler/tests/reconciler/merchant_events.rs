@@ -11,7 +11,7 @@ use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::support::{Ops, dead_lettered};
+use crate::support::{Ops, audit_of_actions, dead_lettered, reasoned};
 
 async fn endpoint(pool: &PgPool, tenant_id: oncepay_domain::ids::TenantId) -> (Uuid, String) {
     let secret = WebhookSecret::generate();
@@ -62,24 +62,15 @@ async fn operators_see_stop_and_start_a_tenants_endpoint_with_a_reason_in_the_tr
     assert_eq!(started, StatusCode::OK, "{after_start}");
     assert_eq!(after_start["enabled"], true);
     assert!(after_start.get("disabled_reason").is_none(), "{after_start}");
-    let trail: Vec<(String, String, String, Option<String>)> = sqlx::query_as(
-        "SELECT operator_name, action, outcome, reason FROM operator_audit
-         WHERE action LIKE 'webhook_endpoint.%' ORDER BY audit_id",
-    )
-    .fetch_all(&pool)
-    .await
-    .unwrap();
-    let row = |who: &str, action: &str, outcome: &str, reason: Option<&str>| {
-        (who.to_owned(), action.to_owned(), outcome.to_owned(), reason.map(str::to_owned))
-    };
+    let trail = audit_of_actions(&pool, &["webhook_endpoint.%"]).await;
     assert_eq!(
         trail,
         [
-            row("vic", "webhook_endpoint.disable", "refused", None),
-            row("gus", "webhook_endpoint.disable", "refused", None),
-            row("ana", "webhook_endpoint.disable", "refused", None),
-            row("ana", "webhook_endpoint.disable", "done", Some("it answers 500 to all")),
-            row("ana", "webhook_endpoint.enable", "done", Some("they fixed it")),
+            reasoned("vic", "webhook_endpoint.disable", "refused", None),
+            reasoned("gus", "webhook_endpoint.disable", "refused", None),
+            reasoned("ana", "webhook_endpoint.disable", "refused", None),
+            reasoned("ana", "webhook_endpoint.disable", "done", Some("it answers 500 to all")),
+            reasoned("ana", "webhook_endpoint.enable", "done", Some("they fixed it")),
         ]
     );
 }

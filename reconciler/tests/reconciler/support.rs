@@ -559,3 +559,24 @@ pub async fn audit_of(pool: &PgPool, payment_id: PaymentId) -> Vec<(String, Stri
 pub fn rows(expected: &[(&str, &str, &str)]) -> Vec<(String, String, String)> {
     expected.iter().map(|(a, b, c)| ((*a).to_owned(), (*b).to_owned(), (*c).to_owned())).collect()
 }
+
+/// An audit row as [`audit_of_actions`] reads it: (operator, action, outcome, reason).
+pub type ReasonedRow = (String, String, String, Option<String>);
+
+/// The operator audit rows whose action is like one of `patterns` (SQL `LIKE`), oldest first.
+pub async fn audit_of_actions(pool: &PgPool, patterns: &[&str]) -> Vec<ReasonedRow> {
+    let patterns: Vec<String> = patterns.iter().map(|p| (*p).to_owned()).collect();
+    sqlx::query_as(
+        "SELECT operator_name, action, outcome, reason FROM operator_audit
+         WHERE action LIKE ANY($1) ORDER BY audit_id",
+    )
+    .bind(patterns)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// One row as [`audit_of_actions`] reads it.
+pub fn reasoned(who: &str, action: &str, outcome: &str, reason: Option<&str>) -> ReasonedRow {
+    (who.to_owned(), action.to_owned(), outcome.to_owned(), reason.map(str::to_owned))
+}
