@@ -110,6 +110,14 @@ async fn a_claim_waits(pool: &PgPool) -> bool {
     .unwrap()
 }
 
+/// The deliveries a worker counted as lost to an expired lease, from its `/metrics` at `url`.
+async fn leases_lost(url: &str) -> u64 {
+    let text = reqwest::get(url).await.unwrap().text().await.unwrap();
+    text.lines()
+        .find_map(|line| line.strip_prefix(r#"oncepay_worker_event_deliveries_total{result="lease_lost"} "#))
+        .map_or(0, |count| count.trim().parse().unwrap())
+}
+
 /// The id of the event of type `event_type`.
 async fn event_id(pool: &PgPool, event_type: &str) -> Uuid {
     sqlx::query_scalar("SELECT event_id FROM merchant_events WHERE type = $1")
@@ -168,9 +176,11 @@ async fn a_worker_paused_after_its_claim_never_sends_a_payments_event_after_a_la
     let refunded = event_id(&pool, "refund.succeeded").await;
     wait_until("the refund's event", || async { delivery(&pool, refunded).await.state == "delivered" }).await;
 
-    // Worker 0 wakes up holding a claim whose lease ran out long ago.
+    // Worker 0 wakes up holding a claim whose lease ran out long ago. Whether it sends the event or
+    // not, it counts the claim as lost once it is done with it.
     system.resume(Role::Worker, 0).unwrap();
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let metrics = format!("{}/metrics", system.url(Role::Worker, 0).unwrap());
+    wait_until("worker 0 to be done with its stale claim", || async { leases_lost(&metrics).await >= 1 }).await;
     let verdict = EventsVerdict::judge(&pool, &subscriptions, &receiver).await.unwrap();
 
     let log: Vec<_> = receiver.log().into_iter().map(|l| (l.event_type, l.behaviour)).collect();
