@@ -71,12 +71,14 @@ pub struct EventSettings {
 }
 
 impl EventSettings {
-    /// What endpoints may be, beyond public `https`.
-    pub fn policy(&self) -> UrlPolicy {
+    /// What URLs the HTTP sender may send to, beyond public `https`.
+    pub const fn policy(&self) -> UrlPolicy {
+        // The HTTP sender checks URLs only; an exchange goes to the publisher, which needs
+        // `broker_url` and checks the exchange's name itself.
         UrlPolicy {
             allow_http: self.allow_http,
             allow_private_addresses: self.allow_private_addresses,
-            allow_exchanges: self.broker_url.is_some(),
+            allow_exchanges: false,
         }
     }
 }
