@@ -435,7 +435,12 @@ async fn check(stack: &Stack<'_>, root: &Path, bin: &Path) -> anyhow::Result<()>
         ])
         .output()
         .await?;
-    ensure!(bootstrapped.status.success(), "making the first operator failed: {}", bootstrapped.status);
+    ensure!(
+        bootstrapped.status.success(),
+        "making the first operator failed: {}: {}",
+        bootstrapped.status,
+        String::from_utf8_lossy(&bootstrapped.stderr).trim()
+    );
     let bootstrapped: Value =
         serde_json::from_slice(&bootstrapped.stdout).context("the reconciler printed unreadable JSON")?;
     let admin = bootstrapped["token"].as_str().context("the reconciler printed no token")?;
