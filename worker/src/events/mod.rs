@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
 use tokio::task::JoinSet;
+use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
 use oncepay_store::merchant_deliveries::{self, ClaimedDelivery, Recording};
@@ -70,29 +71,45 @@ impl EventSender {
     }
 
     /// Claims, sends and records until `shutdown`; then lets the deliveries in flight finish.
+    ///
+    /// A claim that came back short of what it asked for found every due delivery: the next claim
+    /// waits for the poll, not for the next delivery to end. Claiming after every delivery cost a
+    /// claim per delivery, each walking the pending deliveries, for nothing (BENCHMARKS.md, "Events
+    /// to merchants").
     pub async fn run(self, shutdown: CancellationToken) {
         let mut in_flight = JoinSet::new();
-        loop {
-            while in_flight.try_join_next().is_some() {}
-            let room = self.config.max_in_flight.saturating_sub(u32::try_from(in_flight.len()).unwrap_or(u32::MAX));
-            let asked_at = Instant::now();
-            let claimed = if room == 0 { Vec::new() } else { self.claim(room.min(self.config.batch_size)).await };
-            let idle = claimed.is_empty();
-            for delivery in claimed {
-                let this = self.clone();
-                in_flight.spawn(async move { this.deliver(delivery, asked_at).await });
-            }
-            if idle {
-                tokio::select! {
-                    () = shutdown.cancelled() => break,
-                    () = tokio::time::sleep(self.config.poll_interval) => {}
-                    Some(_) = in_flight.join_next(), if !in_flight.is_empty() => {}
+        let mut poll = tokio::time::interval(self.config.poll_interval);
+        poll.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        // Whether a claim might find something: after a poll tick, or after a full claim.
+        let mut maybe_due = true;
+        while !shutdown.is_cancelled() {
+            let room = self.room(in_flight.len());
+            if maybe_due && room > 0 {
+                let asked_at = Instant::now();
+                let claimed = self.claim(room).await;
+                maybe_due = claimed.len() == room as usize;
+                for delivery in claimed {
+                    let this = self.clone();
+                    in_flight.spawn(async move { this.deliver(delivery, asked_at).await });
                 }
-            } else if shutdown.is_cancelled() {
-                break;
+                // A full claim and room still free: claim again at once.
+                if maybe_due && self.room(in_flight.len()) > 0 {
+                    continue;
+                }
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => {}
+                Some(_) = in_flight.join_next() => while in_flight.try_join_next().is_some() {},
+                _ = poll.tick() => maybe_due = true,
             }
         }
         while in_flight.join_next().await.is_some() {}
+    }
+
+    /// How many deliveries the next claim may take, with `in_flight` under way.
+    fn room(&self, in_flight: usize) -> u32 {
+        let busy = u32::try_from(in_flight).unwrap_or(u32::MAX);
+        self.config.max_in_flight.saturating_sub(busy).min(self.config.batch_size)
     }
 
     async fn claim(&self, limit: u32) -> Vec<ClaimedDelivery> {
