@@ -127,6 +127,7 @@ async fn start(root: &Path, options: &Options, running: &mut Running) -> anyhow:
         provider_key: format!("sk_test_{}", secrets::hex_token(16)),
         webhook_secret: secrets::webhook_secret(),
         amqp_url: &broker.url,
+        events_amqp_url: &broker.events_url,
     };
     let children = &mut running.children;
     match &python {
@@ -156,6 +157,9 @@ async fn start(root: &Path, options: &Options, running: &mut Running) -> anyhow:
 struct Broker {
     /// The api's URL: a user tagged `impersonator`.
     url: String,
+    /// The workers' URL, for endpoints that are exchanges: on a node of `up`'s own, a user that may
+    /// only declare and write `merchant.…` exchanges (docs/events.md); else the api's.
+    events_url: String,
     /// The demo tenant's broker user, on a node of `up`'s own.
     producer: Option<Producer>,
 }
@@ -171,7 +175,7 @@ struct Producer {
 async fn broker(tenant: &str, node: &mut Option<Node>) -> anyhow::Result<Broker> {
     if let Ok(url) = std::env::var("AMQP_URL") {
         eprintln!("up: using AMQP_URL");
-        return Ok(Broker { url, producer: None });
+        return Ok(Broker { events_url: url.clone(), url, producer: None });
     }
     crate::packages::ensure(&["rabbitmq-server"], &[rabbitmq::DEBIAN_SERVER], "for the broker intake").await?;
     let started = node.insert(Node::start().await.context("cannot start a throwaway RabbitMQ node")?);
@@ -180,8 +184,15 @@ async fn broker(tenant: &str, node: &mut Option<Node>) -> anyhow::Result<Broker>
     let password = secrets::hex_token(16);
     started.add_user(&user, &password).await?;
     let producer = Producer { url: started.url_as(&user, &password), user };
-    Ok(Broker { url: started.url(), producer: Some(producer) })
+    let events_password = secrets::hex_token(16);
+    started.ctl(&["add_user", EVENTS_BROKER_USER, &events_password]).await?;
+    started.ctl(&["set_permissions", "-p", "/", EVENTS_BROKER_USER, r"^merchant\.", r"^merchant\.", "^$"]).await?;
+    let events_url = started.url_as(EVENTS_BROKER_USER, &events_password);
+    Ok(Broker { url: started.url(), events_url, producer: Some(producer) })
 }
+
+/// The workers' broker user on a node of `up`'s own.
+const EVENTS_BROKER_USER: &str = "oncepay-worker";
 
 /// Fails, naming the port, if any of the fixed local ports is taken.
 fn ensure_ports_free(provider: Provider) -> anyhow::Result<()> {
@@ -251,6 +262,8 @@ struct Processes<'a> {
     webhook_secret: String,
     /// The RabbitMQ node the api takes payments from.
     amqp_url: &'a str,
+    /// The same node, as the workers' user.
+    events_amqp_url: &'a str,
 }
 
 impl Processes<'_> {
@@ -296,7 +309,7 @@ impl Processes<'_> {
     fn worker(&self) -> Spec {
         let spec = self.spec("worker", self.bin.join("oncepay-worker"));
         // Endpoints that are exchanges are published to the same node (docs/events.md).
-        let spec = spec.setting("events.broker_url", self.amqp_url);
+        let spec = spec.setting("events.broker_url", self.events_amqp_url);
         local_endpoints(self.with_provider(spec, "oncepay_worker").port(WORKER_PORT))
     }
 
