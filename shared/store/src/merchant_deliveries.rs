@@ -8,6 +8,7 @@
 //! lease was taken over writes nothing. A replay queues a delivery again, under the same
 //! `webhook-id`.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -48,6 +49,9 @@ pub struct ClaimedDelivery {
     pub url: String,
     /// The secrets to sign with: the current one, and the previous one during a rotation.
     pub secrets: Vec<String>,
+    /// Whether the endpoint had more deliveries due than room for them when this one was claimed:
+    /// one may be claimed when this one ends, without waiting for the next poll.
+    pub more_due: bool,
 }
 
 impl std::fmt::Debug for ClaimedDelivery {
@@ -76,10 +80,11 @@ pub async fn claim(
             SELECT tenant_id, endpoint_id, count(*) AS n FROM merchant_deliveries
             WHERE state = 'pending' AND locked_until > now()
             GROUP BY tenant_id, endpoint_id
-        ), candidates AS (
+        ), ranked AS (
             -- Each enabled endpoint's oldest due deliveries that wait for no earlier event of their
-            -- payment, as many as the endpoint has room for.
-            SELECT c.tenant_id, c.endpoint_id, c.event_id, c.next_attempt_at
+            -- payment, up to its cap, with its room.
+            SELECT c.tenant_id, c.endpoint_id, c.event_id, c.next_attempt_at, c.place,
+                   $3 - COALESCE(l.n, 0) AS room
             FROM merchant_endpoints p
             LEFT JOIN leased l ON l.tenant_id = p.tenant_id AND l.endpoint_id = p.endpoint_id
             CROSS JOIN LATERAL (
@@ -100,9 +105,16 @@ pub async fn claim(
                        ORDER BY e.event_order
                        LIMIT 1) IS NULL
                 ORDER BY d.next_attempt_at, d.event_order
-                LIMIT $3
+                -- One past the cap, to tell an endpoint with more due than room.
+                LIMIT $3::int8 + 1
             ) c
-            WHERE p.enabled AND c.place <= $3 - COALESCE(l.n, 0)
+            WHERE p.enabled
+        ), candidates AS (
+            -- As many as each endpoint has room for.
+            SELECT tenant_id, endpoint_id, event_id, next_attempt_at FROM ranked WHERE place <= room
+        ), crowded AS (
+            -- Endpoints with more due than room: the next claim may find more once one ends.
+            SELECT DISTINCT tenant_id, endpoint_id FROM ranked WHERE place > room
         ), due AS (
             SELECT d.tenant_id, d.endpoint_id, d.event_id
             FROM merchant_deliveries d
@@ -124,7 +136,9 @@ pub async fn claim(
                ev.type AS "event_type!", ev.data AS "data!", ev.created_at AS "created_at!",
                p.url AS "url!", p.secret AS "secret!",
                CASE WHEN p.previous_secret_until > now() THEN p.previous_secret END AS previous_secret,
-               t.name AS "tenant_name!"
+               t.name AS "tenant_name!",
+               EXISTS (SELECT FROM crowded r WHERE r.tenant_id = c.tenant_id AND r.endpoint_id = c.endpoint_id)
+                   AS "more_due!"
         FROM claimed c
         JOIN merchant_events ev ON ev.tenant_id = c.tenant_id AND ev.event_id = c.event_id
         JOIN merchant_endpoints p ON p.tenant_id = c.tenant_id AND p.endpoint_id = c.endpoint_id
@@ -151,6 +165,7 @@ pub async fn claim(
             created_at: row.created_at,
             url: row.url,
             secrets: std::iter::once(row.secret).chain(row.previous_secret).collect(),
+            more_due: row.more_due,
         })
         .collect())
 }
@@ -205,17 +220,29 @@ pub enum Health {
     Gone,
 }
 
-/// Records an attempt of `claimed`, what becomes of the delivery, and the endpoint's health, in one
-/// transaction. An endpoint this attempt disables sends `endpoint.disabled` to the tenant's other
-/// endpoints.
-pub async fn record(
-    conn: &mut PgConnection,
-    claimed: &ClaimedDelivery,
-    worker: &str,
-    attempt: &Attempt,
-    next: Next,
-    health: Health,
-) -> Result<Recording, StoreError> {
+/// An attempt to record: the delivery it was of, the attempt, and what follows from it.
+#[derive(Debug, Clone)]
+pub struct Record {
+    /// The delivery, as claimed.
+    pub claimed: ClaimedDelivery,
+    /// The attempt.
+    pub attempt: Attempt,
+    /// What becomes of the delivery.
+    pub next: Next,
+    /// How the endpoint's health follows.
+    pub health: Health,
+}
+
+/// Records `records` by `worker` in one transaction: each attempt, what becomes of its delivery,
+/// and its endpoint's health; one [`Recording`] per record, in order. An endpoint an attempt
+/// disables sends `endpoint.disabled` to the tenant's other endpoints.
+///
+/// A record whose claim was taken over writes nothing ([`Recording::LeaseLost`]). The worker records
+/// one endpoint's attempts together, so that a transaction locks at most one endpoint row.
+pub async fn record(conn: &mut PgConnection, worker: &str, records: &[Record]) -> Result<Vec<Recording>, StoreError> {
+    if records.is_empty() {
+        return Ok(Vec::new());
+    }
     let mut tx = conn.begin().await?;
     // Not waiting for the disk: a record lost in a crash only means the delivery is claimed and
     // sent again once its lease runs out, which at-least-once delivery allows, and never out of
@@ -223,61 +250,107 @@ pub async fn record(
     // Every attempt waited for its own flush before, and the deliveries' commits outnumbered the
     // payments'.
     sqlx::query("SET LOCAL synchronous_commit = off").execute(&mut *tx).await?;
-    let (state, retry_in) = match next {
-        Next::Delivered => ("delivered", None),
-        Next::RetryIn(delay) => ("pending", Some(delay.as_secs_f64())),
-        Next::DeadLetter => ("dead_lettered", None),
-    };
-    // One statement moves the delivery (if this claim still holds it), keeps the attempt, and after
-    // a success clears the endpoint's failing streak: a delivered attempt costs one round trip.
-    let moved = sqlx::query_scalar!(
+    let column = |f: fn(&Record) -> Uuid| records.iter().map(f).collect::<Vec<Uuid>>();
+    let tenants = column(|r| r.claimed.tenant_id.as_uuid());
+    let endpoints = column(|r| r.claimed.endpoint_id);
+    let events = column(|r| r.claimed.event_id);
+    let tokens: Vec<i64> = records.iter().map(|r| r.claimed.fencing_token).collect();
+    let states: Vec<&str> = records.iter().map(|r| state_after(r.next)).collect();
+    let retry_in: Vec<f64> = records.iter().map(|r| retry_in(r.next)).collect();
+    let attempted_at: Vec<OffsetDateTime> = records.iter().map(|r| r.attempt.attempted_at).collect();
+    let statuses: Vec<Option<i32>> = records.iter().map(|r| r.attempt.status.map(i32::from)).collect();
+    let responses: Vec<&str> = records.iter().map(|r| r.attempt.response.as_str()).collect();
+    let errors: Vec<Option<&str>> = records.iter().map(|r| r.attempt.error.as_deref()).collect();
+    let took: Vec<bool> = records.iter().map(|r| matches!(r.health, Health::Took)).collect();
+    // One statement moves each delivery this worker's claim still holds, keeps its attempt, and
+    // after a success clears the endpoint's failing streak: a batch costs one round trip.
+    let moved = sqlx::query!(
         r#"
-        WITH moved AS (
-            UPDATE merchant_deliveries
-            SET state = $5, attempts = attempts + 1,
-                next_attempt_at = now() + make_interval(secs => COALESCE($6::float8, 0)),
-                delivered_at = CASE WHEN $5 = 'delivered' THEN now() END,
+        WITH input AS (
+            SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::int8[], $5::text[], $6::float8[],
+                                 $7::timestamptz[], $8::int4[], $9::text[], $10::text[], $11::bool[])
+                AS i(tenant_id, endpoint_id, event_id, fencing_token, state, retry_in, attempted_at,
+                     status, response, error, took)
+        ), moved AS (
+            UPDATE merchant_deliveries d
+            SET state = i.state, attempts = d.attempts + 1,
+                next_attempt_at = now() + make_interval(secs => i.retry_in),
+                delivered_at = CASE WHEN i.state = 'delivered' THEN now() END,
                 locked_by = NULL, locked_until = NULL, updated_at = now()
-            WHERE tenant_id = $1 AND endpoint_id = $2 AND event_id = $3 AND fencing_token = $4 AND state = 'pending'
-            RETURNING tenant_id, endpoint_id, event_id
+            FROM input i
+            WHERE d.tenant_id = i.tenant_id AND d.endpoint_id = i.endpoint_id AND d.event_id = i.event_id
+              AND d.fencing_token = i.fencing_token AND d.state = 'pending'
+            RETURNING d.tenant_id, d.endpoint_id, d.event_id, d.fencing_token
         ), attempt AS (
             INSERT INTO merchant_delivery_attempts
                 (tenant_id, endpoint_id, event_id, attempted_at, worker, status, response, error)
-            SELECT tenant_id, endpoint_id, event_id, $7, $8, $9, $10, $11 FROM moved
+            SELECT i.tenant_id, i.endpoint_id, i.event_id, i.attempted_at, $12, i.status, i.response, i.error
+            FROM input i JOIN moved m USING (tenant_id, endpoint_id, event_id, fencing_token)
         ), healed AS (
             UPDATE merchant_endpoints p SET failing_since = NULL
-            FROM moved m
-            WHERE $12 AND p.tenant_id = m.tenant_id AND p.endpoint_id = m.endpoint_id AND p.failing_since IS NOT NULL
+            FROM (SELECT DISTINCT i.tenant_id, i.endpoint_id
+                  FROM input i JOIN moved m USING (tenant_id, endpoint_id, event_id, fencing_token)
+                  WHERE i.took) h
+            WHERE p.tenant_id = h.tenant_id AND p.endpoint_id = h.endpoint_id AND p.failing_since IS NOT NULL
         )
-        SELECT count(*) AS "moved!" FROM moved
+        SELECT tenant_id AS "tenant_id!", endpoint_id AS "endpoint_id!", event_id AS "event_id!",
+               fencing_token AS "fencing_token!"
+        FROM moved
         "#,
-        claimed.tenant_id.as_uuid(),
-        claimed.endpoint_id,
-        claimed.event_id,
-        claimed.fencing_token,
-        state,
-        retry_in,
-        attempt.attempted_at,
+        &tenants,
+        &endpoints,
+        &events,
+        &tokens,
+        &states as &[&str],
+        &retry_in,
+        &attempted_at,
+        &statuses as &[Option<i32>],
+        &responses as &[&str],
+        &errors as &[Option<&str>],
+        &took,
         worker,
-        attempt.status.map(i32::from),
-        attempt.response,
-        attempt.error,
-        matches!(health, Health::Took),
     )
-    .fetch_one(&mut *tx)
+    .fetch_all(&mut *tx)
     .await?;
-    if moved == 0 {
-        return Ok(Recording::LeaseLost);
-    }
-    let disabled = match health {
-        Health::Took => false,
-        Health::Gone => disable_if_due(&mut tx, claimed, attempt.attempted_at, "gone", None).await?,
-        Health::Failed { disable_after } => {
-            disable_if_due(&mut tx, claimed, attempt.attempted_at, "failing", Some(disable_after)).await?
+    let moved: HashSet<(Uuid, Uuid, Uuid, i64)> =
+        moved.into_iter().map(|m| (m.tenant_id, m.endpoint_id, m.event_id, m.fencing_token)).collect();
+    let mut recordings = Vec::with_capacity(records.len());
+    for record in records {
+        let claimed = &record.claimed;
+        if !moved.contains(&(claimed.tenant_id.as_uuid(), claimed.endpoint_id, claimed.event_id, claimed.fencing_token))
+        {
+            recordings.push(Recording::LeaseLost);
+            continue;
         }
-    };
+        let attempted_at = record.attempt.attempted_at;
+        let disabled = match record.health {
+            Health::Took => false,
+            Health::Gone => disable_if_due(&mut tx, claimed, attempted_at, "gone", None).await?,
+            Health::Failed { disable_after } => {
+                disable_if_due(&mut tx, claimed, attempted_at, "failing", Some(disable_after)).await?
+            }
+        };
+        recordings.push(Recording::Recorded { disabled });
+    }
     tx.commit().await?;
-    Ok(Recording::Recorded { disabled })
+    Ok(recordings)
+}
+
+/// The delivery's state after an attempt that leads to `next`.
+fn state_after(next: Next) -> &'static str {
+    match next {
+        Next::Delivered => "delivered",
+        Next::RetryIn(_) => "pending",
+        Next::DeadLetter => "dead_lettered",
+    }
+}
+
+/// Seconds until the next attempt after one that leads to `next`: 0 when there is none.
+fn retry_in(next: Next) -> f64 {
+    match next {
+        Next::RetryIn(delay) => delay.as_secs_f64(),
+        Next::Delivered | Next::DeadLetter => 0.0,
+    }
 }
 
 /// Marks the endpoint failing since `attempted_at` unless it already was, and disables it for

@@ -4,7 +4,8 @@
 //! The loop claims due deliveries (`oncepay_store::merchant_deliveries::claim`: leased, fenced, at
 //! most a few per endpoint, a payment's in order), sends each as an HTTP request ([`http`]) or a
 //! message to a RabbitMQ exchange ([`exchange`]), both carrying the same [`message`], judges the answer
-//! ([`verdict`], pure) and records the attempt under the claim's fencing token. A worker that dies
+//! ([`verdict`], pure) and records the attempt under the claim's fencing token, in one transaction
+//! with the same endpoint's other attempts waiting to be recorded at that moment. A worker that dies
 //! mid-delivery leaves a lease that runs out; the next claim takes the delivery again, and the
 //! endpoint may see it twice, with the same `webhook-id`: delivery is at least once.
 //!
@@ -19,6 +20,7 @@ pub mod http;
 pub mod message;
 pub mod verdict;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
@@ -26,7 +28,11 @@ use tokio::task::JoinSet;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
-use oncepay_store::merchant_deliveries::{self, ClaimedDelivery, Recording};
+use oncepay_domain::ids::TenantId;
+use oncepay_service::group_commit::GroupCommits;
+use oncepay_store::StoreError;
+use oncepay_store::merchant_deliveries::{self, ClaimedDelivery, Record, Recording};
+use uuid::Uuid;
 
 use oncepay_domain::endpoint_url::EXCHANGE_SCHEME;
 
@@ -54,6 +60,10 @@ pub struct EventSenderConfig {
     pub rules: Rules,
 }
 
+/// Each endpoint's attempts waiting to be recorded: recorded together, one transaction per
+/// endpoint and turn.
+type Records = GroupCommits<(TenantId, Uuid), Record, Result<Recording, Arc<StoreError>>>;
+
 /// Delivers events until shutdown.
 #[derive(Clone)]
 pub struct EventSender {
@@ -61,26 +71,28 @@ pub struct EventSender {
     sender: Sender,
     publisher: Publisher,
     config: EventSenderConfig,
+    records: Arc<Records>,
 }
 
 impl EventSender {
     /// An event sender over `pool`, sending requests through `sender` and messages to exchanges
     /// through `publisher`.
     pub fn new(pool: PgPool, sender: Sender, publisher: Publisher, config: EventSenderConfig) -> Self {
-        Self { pool, sender, publisher, config }
+        Self { pool, sender, publisher, config, records: Arc::new(Records::default()) }
     }
 
     /// Claims, sends and records until `shutdown`; then lets the deliveries in flight finish.
     ///
-    /// A claim that came back short of what it asked for found every due delivery: the next claim
-    /// waits for the poll, not for the next delivery to end. Claiming after every delivery cost a
-    /// claim per delivery, each walking the pending deliveries, for nothing (BENCHMARKS.md, "Events
-    /// to merchants").
+    /// A claim that came back short of what it asked for found every due delivery there was room
+    /// for: the next claim waits for the poll, or for the end of a delivery to an endpoint that had
+    /// more due than room. Claiming after every delivery cost a claim per delivery, each walking the
+    /// pending deliveries, mostly for nothing (BENCHMARKS.md, "Events to merchants").
     pub async fn run(self, shutdown: CancellationToken) {
         let mut in_flight = JoinSet::new();
         let mut poll = tokio::time::interval(self.config.poll_interval);
         poll.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        // Whether a claim might find something: after a poll tick, or after a full claim.
+        // Whether a claim might find something: after a poll tick, a full claim, or the end of a
+        // delivery whose endpoint had more due.
         let mut maybe_due = true;
         while !shutdown.is_cancelled() {
             let room = self.room(in_flight.len());
@@ -99,7 +111,12 @@ impl EventSender {
             }
             tokio::select! {
                 () = shutdown.cancelled() => {}
-                Some(_) = in_flight.join_next() => while in_flight.try_join_next().is_some() {},
+                Some(ended) = in_flight.join_next() => {
+                    maybe_due |= ended.unwrap_or(false);
+                    while let Some(ended) = in_flight.try_join_next() {
+                        maybe_due |= ended.unwrap_or(false);
+                    }
+                }
                 _ = poll.tick() => maybe_due = true,
             }
         }
@@ -132,13 +149,14 @@ impl EventSender {
     }
 
     /// Sends `claimed`, asked for at `asked_at`, and records the attempt; or drops it if the
-    /// attempt could outlast the lease.
-    async fn deliver(&self, claimed: ClaimedDelivery, asked_at: Instant) {
+    /// attempt could outlast the lease. Whether its endpoint had more due ([`ClaimedDelivery::more_due`]).
+    async fn deliver(&self, claimed: ClaimedDelivery, asked_at: Instant) -> bool {
+        let more_due = claimed.more_due;
         if !ends_within_lease(asked_at.elapsed(), self.sender.timeout(), self.config.lease) {
             metrics::delivery_lease_lost();
             tracing::warn!(event.id = %claimed.event_id, endpoint.id = %claimed.endpoint_id,
                 "a claimed delivery was not sent: its lease could run out before the attempt ends");
-            return;
+            return more_due;
         }
         let now = time::OffsetDateTime::now_utc();
         let (outcome, attempt) = match claimed.url.strip_prefix(EXCHANGE_SCHEME) {
@@ -147,24 +165,43 @@ impl EventSender {
         };
         let number = u32::try_from(claimed.attempts).unwrap_or(0) + 1;
         let (next, health) = verdict::judge(outcome, number, &self.config.rules, rand::random::<f64>());
-        let recorded = async {
-            let mut conn = self.pool.acquire().await?;
-            merchant_deliveries::record(&mut conn, &claimed, &self.config.worker_id, &attempt, next, health).await
-        }
-        .await;
+        let (tenant_id, endpoint_id, event_id) = (claimed.tenant_id, claimed.endpoint_id, claimed.event_id);
+        let record = Record { claimed, attempt, next, health };
+        let recorded = self.records.submit((tenant_id, endpoint_id), record, |batch| self.record(batch)).await;
         match recorded {
-            Ok(Recording::Recorded { disabled }) => {
+            Some(Ok(Recording::Recorded { disabled })) => {
                 metrics::delivery(next);
                 if disabled {
                     metrics::endpoint_disabled(health);
-                    tracing::warn!(endpoint.id = %claimed.endpoint_id, tenant.id = %claimed.tenant_id,
+                    tracing::warn!(endpoint.id = %endpoint_id, tenant.id = %tenant_id,
                         "an endpoint was disabled: no more events go to it until the merchant enables it");
                 }
             }
-            Ok(Recording::LeaseLost) => metrics::delivery_lease_lost(),
-            Err(error) => {
-                tracing::warn!(error = %error, event.id = %claimed.event_id,
+            Some(Ok(Recording::LeaseLost)) => metrics::delivery_lease_lost(),
+            Some(Err(error)) => {
+                tracing::warn!(error = %error, event.id = %event_id,
                     "cannot record a delivery attempt; its lease will run out and it is tried again");
+            }
+            None => {
+                tracing::warn!(event.id = %event_id,
+                    "a delivery attempt was not recorded; its lease will run out and it is tried again");
+            }
+        }
+        more_due
+    }
+
+    /// Records `batch`, one endpoint's attempts waiting at this moment, in one transaction.
+    async fn record(&self, batch: Vec<Record>) -> Vec<Result<Recording, Arc<StoreError>>> {
+        let recorded = async {
+            let mut conn = self.pool.acquire().await?;
+            merchant_deliveries::record(&mut conn, &self.config.worker_id, &batch).await
+        }
+        .await;
+        match recorded {
+            Ok(recordings) => recordings.into_iter().map(Ok).collect(),
+            Err(error) => {
+                let error = Arc::new(error);
+                batch.iter().map(|_| Err(Arc::clone(&error))).collect()
             }
         }
     }

@@ -14,7 +14,7 @@ use oncepay_devkit::rabbitmq;
 use oncepay_domain::endpoint_url::UrlPolicy;
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::status::{PaymentStatus, Transition};
-use oncepay_store::merchant_deliveries::{self, Attempt, Health, Next, Recording};
+use oncepay_store::merchant_deliveries::{self, Attempt, ClaimedDelivery, Health, Next, Record, Recording};
 use oncepay_store::merchant_endpoints::{self, NewEndpoint};
 use oncepay_store::transitions::{self, Change, Settlement};
 use oncepay_webhook_signature::WebhookSecret;
@@ -407,6 +407,23 @@ async fn an_endpoint_at_a_private_address_is_never_connected_to(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn an_endpoint_at_its_cap_gets_its_next_delivery_when_one_ends_not_at_the_next_poll(pool: PgPool) {
+    let (server, receiver) = Receiver::start(vec![]).await;
+    let tenant = support::tenant(&pool).await;
+    endpoint(&pool, tenant, &server.uri(), &receiver.secret, &[]).await;
+    for amount in [500, 600, 700] {
+        succeed(&pool, support::accept(&pool, tenant, amount).await).await;
+    }
+    // One delivery at a time to the endpoint, and no poll after the first within the test's minute:
+    // only the end of each delivery can start the next.
+    let config = EventSenderConfig { per_endpoint: 1, poll_interval: Duration::from_secs(3600), ..config(&[]) };
+
+    deliver_until(&pool, OPEN, config, || all_settled(&pool)).await;
+
+    assert_eq!(receiver.seen().len(), 3);
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn during_a_rotation_both_secrets_sign(pool: PgPool) {
     let (server, receiver) = Receiver::start(vec![]).await;
     let tenant = support::tenant(&pool).await;
@@ -444,18 +461,58 @@ async fn a_recording_after_the_lease_was_taken_over_writes_nothing(pool: PgPool)
     let second = merchant_deliveries::claim(&mut conn, "w2", 8, 4, Duration::from_secs(30)).await.unwrap().remove(0);
     assert_eq!(second.fencing_token, first.fencing_token + 1);
 
-    let attempt =
-        Attempt { attempted_at: OffsetDateTime::now_utc(), status: Some(204), response: String::new(), error: None };
-    let late =
-        merchant_deliveries::record(&mut conn, &first, "w1", &attempt, Next::Delivered, Health::Took).await.unwrap();
-    assert_eq!(late, Recording::LeaseLost);
+    let late = merchant_deliveries::record(&mut conn, "w1", &[delivered(first)]).await.unwrap();
+    assert_eq!(late, [Recording::LeaseLost]);
     let attempts: i64 =
         sqlx::query_scalar("SELECT count(*) FROM merchant_delivery_attempts").fetch_one(&pool).await.unwrap();
     assert_eq!(attempts, 0);
-    let current =
-        merchant_deliveries::record(&mut conn, &second, "w2", &attempt, Next::Delivered, Health::Took).await.unwrap();
-    assert_eq!(current, Recording::Recorded { disabled: false });
+    let current = merchant_deliveries::record(&mut conn, "w2", &[delivered(second)]).await.unwrap();
+    assert_eq!(current, [Recording::Recorded { disabled: false }]);
     assert_eq!(states(&pool).await, [("payment.succeeded".to_owned(), "delivered".to_owned(), 1)]);
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_batch_records_each_attempt_under_its_own_claim(pool: PgPool) {
+    let tenant = support::tenant(&pool).await;
+    endpoint(&pool, tenant, "https://merchant.example/hooks", &WebhookSecret::generate(), &[]).await;
+    succeed(&pool, support::accept(&pool, tenant, 500).await).await;
+    succeed(&pool, support::accept(&pool, tenant, 700).await).await;
+    let mut conn = pool.acquire().await.unwrap();
+    let mut held = merchant_deliveries::claim(&mut conn, "w1", 8, 4, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(held.len(), 2);
+    let (taken_over, kept) = (held.remove(0), held.remove(0));
+    // Another worker takes over the first delivery's lease.
+    sqlx::query("UPDATE merchant_deliveries SET locked_until = now() - interval '1 second' WHERE event_id = $1")
+        .bind(taken_over.event_id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut again = merchant_deliveries::claim(&mut conn, "w2", 8, 4, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(again.remove(0).event_id, taken_over.event_id);
+
+    let recorded =
+        merchant_deliveries::record(&mut conn, "w1", &[delivered(taken_over), delivered(kept)]).await.unwrap();
+
+    assert_eq!(recorded, [Recording::LeaseLost, Recording::Recorded { disabled: false }]);
+    let attempts: Vec<(String, i32)> =
+        sqlx::query_as("SELECT worker, status FROM merchant_delivery_attempts").fetch_all(&pool).await.unwrap();
+    assert_eq!(attempts, [("w1".to_owned(), 204)], "only the attempt still under its claim is kept");
+    let mut states = states(&pool).await;
+    states.sort();
+    assert_eq!(
+        states,
+        [
+            ("payment.succeeded".to_owned(), "delivered".to_owned(), 1),
+            ("payment.succeeded".to_owned(), "pending".to_owned(), 0)
+        ]
+    );
+}
+
+/// `claimed`, answered 204 just now.
+fn delivered(claimed: ClaimedDelivery) -> Record {
+    let attempt =
+        Attempt { attempted_at: OffsetDateTime::now_utc(), status: Some(204), response: String::new(), error: None };
+    Record { claimed, attempt, next: Next::Delivered, health: Health::Took }
 }
 
 /// A merchant's queue on the tests' RabbitMQ node, bound to an exchange of its own.
