@@ -119,7 +119,12 @@ pub async fn claim(
             SELECT d.tenant_id, d.endpoint_id, d.event_id
             FROM merchant_deliveries d
             JOIN candidates c USING (tenant_id, endpoint_id, event_id)
-            WHERE d.state = 'pending' AND (d.locked_until IS NULL OR d.locked_until < now())
+            -- Still due once locked. Not `state = 'pending'`: that would let PostgreSQL look each
+            -- candidate up through the pending deliveries' index, walking every entry of the
+            -- endpoint before it, dead ones included (three times the pages of a claim after a busy
+            -- minute), rather than by the primary key.
+            WHERE d.state NOT IN ('delivered', 'dead_lettered')
+              AND (d.locked_until IS NULL OR d.locked_until < now())
             ORDER BY c.next_attempt_at
             LIMIT $2
             FOR UPDATE OF d SKIP LOCKED
