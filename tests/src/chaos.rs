@@ -29,7 +29,7 @@ use tokio::time::Instant;
 use crate::broker::BrokerVerdict;
 use crate::checker::{self, Settled, Verdict};
 use crate::events::{self, EventsVerdict};
-use crate::faults::{Action, FailPointDraw, Intensity, Schedule, calm};
+use crate::faults::{self, Action, FailPointDraw, Intensity, Schedule, calm};
 use crate::operations::{Failure, OperatorClient, Retried};
 use crate::receiver::Receiver;
 use crate::report::Report;
@@ -535,7 +535,12 @@ async fn apply(
         Action::StopDatabaseNode(index) => system.crash_database_node(*index).await?,
         Action::StartDatabaseNode(index) => system.resume_database_node(*index).await?,
         Action::SimulatorFaults(patch) => {
-            system.simulator()?.set_faults(patch).await?;
+            let malformed_yet = simulator_fault_counts(system.simulator_url()?)
+                .await?
+                .iter()
+                .any(|(fault, count)| fault == "malformed" && *count > 0);
+            let patch = faults::until_malformed((**patch).clone(), malformed_yet);
+            system.simulator()?.set_faults(&patch).await?;
         }
         Action::StopBroker => system.broker_mut()?.stop().await?,
         Action::StartBroker => system.broker_mut()?.start_again().await?,
