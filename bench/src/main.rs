@@ -23,7 +23,7 @@ struct Cli {
     quick: bool,
     /// Also compare 10 million stored keys with 10 thousand (adds about 12 minutes), the console's
     /// reads with a million payments with the same with ten thousand (about 3 more), take
-    /// payments from RabbitMQ (about 1 more) and deliver events to an endpoint (about 1 more).
+    /// payments from RabbitMQ (about 1 more) and deliver events to an endpoint (about 3 more).
     #[arg(long)]
     full: bool,
     /// Where to write the JSON report (default: `oncepay-bench-<time>.json` here).
