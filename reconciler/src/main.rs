@@ -10,12 +10,20 @@ use oncepay_ops::render;
 use oncepay_reconciler::cli::{self, Cli, Command};
 use oncepay_reconciler::settings::Settings;
 use oncepay_reconciler::startup::Application;
+use oncepay_service::config::DatabaseSettings;
 use oncepay_service::{shutdown, telemetry};
 use oncepay_store::db;
 use secrecy::SecretString;
 
 /// Exit code for a configuration that cannot work (sysexits' EX_CONFIG).
 const CONFIG_INVALID: u8 = 78;
+
+/// The least time a command waits for a database connection. `database.acquire_timeout_ms` (2 s by
+/// default) lets a service's request fail fast while its loops retry; a command is one process,
+/// just started, perhaps in a container on a busy machine, and nothing retries it. Two seconds made
+/// the compose check's first operator fail now and then ("pool timed out while waiting for an open
+/// connection").
+const COMMAND_ACQUIRE_TIMEOUT_MS: u64 = 15_000;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -72,7 +80,11 @@ async fn operator_command(command: Command, as_json: bool, settings: Settings) -
             return ExitCode::from(CONFIG_INVALID);
         }
     };
-    let pool = db::pool(&settings.database, options);
+    let database = DatabaseSettings {
+        acquire_timeout_ms: settings.database.acquire_timeout_ms.max(COMMAND_ACQUIRE_TIMEOUT_MS),
+        ..settings.database.clone()
+    };
+    let pool = db::pool(&database, options);
     // Only `main` reads the environment.
     let ops = match (std::env::var("ONCEPAY_OPS_URL"), std::env::var("ONCEPAY_OPS_TOKEN")) {
         (Ok(url), Ok(token)) => match OpsClient::new(&url, SecretString::from(token)) {

@@ -139,6 +139,34 @@ async fn the_binary_migrates_an_empty_database_then_makes_its_first_admin_once(p
     assert!(stderr.contains("has operators already"), "{stderr}");
 }
 
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_command_waits_for_a_database_that_answers_late(pool: PgPool) {
+    // The database answers on a port of its own only after 3 s, longer than the services' acquire
+    // timeout (2 s): as a command run in a container just started on a busy machine may see it.
+    let real = (pool.connect_options().get_host().to_owned(), pool.connect_options().get_port());
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let url = support::url_of(&pool).replacen(&format!("{}:{}/", real.0, real.1), &format!("127.0.0.1:{port}/"), 1);
+    assert!(url.contains(&format!(":{port}/")), "{url}");
+    let mut bootstrap = command(&url, &["operators", "bootstrap", "root", "--json"]);
+    bootstrap.env_remove("USER");
+    let running = tokio::task::spawn_blocking(move || bootstrap.output().unwrap());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let late = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = late.accept().await {
+            let real = real.clone();
+            tokio::spawn(async move {
+                let mut server = tokio::net::TcpStream::connect(real).await.unwrap();
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+            });
+        }
+    });
+
+    let output = running.await.unwrap();
+
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+}
+
 #[test]
 fn an_unreachable_database_is_a_one_line_failure_with_exit_code_1() {
     let output = reconciler("postgres://postgres@127.0.0.1:1/nothing", &["operators", "bootstrap", "root"]);
