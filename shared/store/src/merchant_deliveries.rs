@@ -8,6 +8,7 @@
 //! lease was taken over writes nothing. A replay queues a delivery again, under the same
 //! `webhook-id`.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::time::Duration;
 
@@ -264,8 +265,10 @@ pub async fn record(conn: &mut PgConnection, worker: &str, records: &[Record]) -
     let retry_in: Vec<f64> = records.iter().map(|r| retry_in(r.next)).collect();
     let attempted_at: Vec<OffsetDateTime> = records.iter().map(|r| r.attempt.attempted_at).collect();
     let statuses: Vec<Option<i32>> = records.iter().map(|r| r.attempt.status.map(i32::from)).collect();
-    let responses: Vec<&str> = records.iter().map(|r| r.attempt.response.as_str()).collect();
-    let errors: Vec<Option<&str>> = records.iter().map(|r| r.attempt.error.as_deref()).collect();
+    let responses: Vec<Cow<'_, str>> = records.iter().map(|r| storable(&r.attempt.response)).collect();
+    let errors: Vec<Option<Cow<'_, str>>> = records.iter().map(|r| r.attempt.error.as_deref().map(storable)).collect();
+    let responses: Vec<&str> = responses.iter().map(AsRef::as_ref).collect();
+    let errors: Vec<Option<&str>> = errors.iter().map(Option::as_deref).collect();
     let took: Vec<bool> = records.iter().map(|r| matches!(r.health, Health::Took)).collect();
     // One statement moves each delivery this worker's claim still holds, keeps its attempt, and
     // after a success clears the endpoint's failing streak: a batch costs one round trip.
@@ -339,6 +342,13 @@ pub async fn record(conn: &mut PgConnection, worker: &str, records: &[Record]) -
     }
     tx.commit().await?;
     Ok(recordings)
+}
+
+/// `text` as PostgreSQL's `text` can hold it: a NUL (valid UTF-8, which an endpoint may well answer)
+/// becomes U+FFFD. Kept as it came, it would fail the whole record, and the delivery would be sent
+/// again after every lease, never delivered nor dead-lettered.
+fn storable(text: &str) -> Cow<'_, str> {
+    if text.contains('\0') { Cow::Owned(text.replace('\0', "\u{fffd}")) } else { Cow::Borrowed(text) }
 }
 
 /// The delivery's state after an attempt that leads to `next`.

@@ -424,6 +424,25 @@ async fn an_endpoint_at_its_cap_gets_its_next_delivery_when_one_ends_not_at_the_
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn an_answer_whose_body_holds_a_nul_byte_is_recorded(pool: PgPool) {
+    // PostgreSQL's text cannot hold NUL: kept as it came, the attempt could never be recorded, and
+    // the delivery would be sent again after every lease, never delivered nor dead-lettered.
+    let answer = ResponseTemplate::new(200).set_body_bytes(b"ok\0done".to_vec());
+    let (server, receiver) = Receiver::start(vec![answer]).await;
+    let tenant = support::tenant(&pool).await;
+    endpoint(&pool, tenant, &server.uri(), &receiver.secret, &[]).await;
+    succeed(&pool, support::accept(&pool, tenant, 500).await).await;
+
+    deliver_until(&pool, OPEN, config(&[]), || all_settled(&pool)).await;
+
+    assert_eq!(receiver.seen().len(), 1, "the first answer was recorded: nothing was sent again");
+    assert_eq!(states(&pool).await, [("payment.succeeded".to_owned(), "delivered".to_owned(), 1)]);
+    let response: String =
+        sqlx::query_scalar("SELECT response FROM merchant_delivery_attempts").fetch_one(&pool).await.unwrap();
+    assert_eq!(response, "ok\u{fffd}done");
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn during_a_rotation_both_secrets_sign(pool: PgPool) {
     let (server, receiver) = Receiver::start(vec![]).await;
     let tenant = support::tenant(&pool).await;
