@@ -9,6 +9,7 @@
 //! modules that implement them; a failure's exit code is [`OperatorError::exit_code`]. It reads no environment variable and no configuration itself: `main` passes in what it loaded.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -34,6 +35,11 @@ use oncepay_ops::recon::{RunDetail, RunList};
 use oncepay_ops::render::Report;
 use oncepay_ops::tenants::{BrokerUsers, IssuedKey, RemovedBrokerUser, RevokedKey, TenantList};
 use oncepay_store::recon_runs::{Run, RunStatus};
+
+/// How long a command that works on the database waits for it to take a connection. A service's
+/// loops retry on their own; a command is one process, just started, perhaps in a container on a
+/// busy machine, and nothing retries it.
+pub const DATABASE_WITHIN: Duration = Duration::from_secs(15);
 
 /// `oncepay-reconciler`: the reconciler service and the operator CLI.
 #[derive(Debug, Parser)]
@@ -673,7 +679,7 @@ fn ask(what: &str, secret: bool) -> Result<SecretString, OperatorError> {
 pub async fn execute(command: Command, ctx: &Context) -> Result<Box<dyn Report>, OperatorError> {
     match command {
         Command::Serve => Err(OperatorError::Invalid("`serve` runs the service; it is not an operator command".into())),
-        Command::Migrate => migrate(&ctx.pool).await.map(boxed),
+        Command::Migrate => migrate(database(ctx).await?).await.map(boxed),
         Command::Tenants(command) => tenant_command(command, ctx.ops()?).await,
         Command::Keys(command) => key_command(command, ctx.ops()?).await,
         Command::BrokerUsers(command) => broker_user_command(command, ctx.ops()?).await,
@@ -973,7 +979,7 @@ async fn finished_run(ops: &OpsClient, run_id: Uuid) -> Result<RunDetail, Operat
     loop {
         let detail: RunDetail = ops.get(&format!("/v1/recon/runs/{run_id}")).await?.into()?;
         match detail.run.status {
-            RunStatus::Queued | RunStatus::Running => tokio::time::sleep(std::time::Duration::from_secs(1)).await,
+            RunStatus::Queued | RunStatus::Running => tokio::time::sleep(Duration::from_secs(1)).await,
             RunStatus::Completed => return Ok(detail),
             RunStatus::Failed => {
                 let error = detail.run.error.unwrap_or_default();
@@ -988,7 +994,15 @@ fn boxed<R: Report + 'static>(report: R) -> Box<dyn Report> {
 }
 
 async fn connection(ctx: &Context) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, OperatorError> {
-    Ok(ctx.pool.acquire().await.context("cannot reach the database")?)
+    Ok(database(ctx).await?.acquire().await.context("cannot reach the database")?)
+}
+
+/// The pool, once the database has taken a connection (within [`DATABASE_WITHIN`]).
+async fn database(ctx: &Context) -> Result<&PgPool, OperatorError> {
+    db::wait_until_reachable(&ctx.pool.connect_options(), DATABASE_WITHIN)
+        .await
+        .context("cannot reach the database")?;
+    Ok(&ctx.pool)
 }
 
 /// `migrate`: the schema version after applying every pending migration.

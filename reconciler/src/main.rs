@@ -18,13 +18,6 @@ use secrecy::SecretString;
 /// Exit code for a configuration that cannot work (sysexits' EX_CONFIG).
 const CONFIG_INVALID: u8 = 78;
 
-/// The least time a command waits for a database connection. `database.acquire_timeout_ms` (2 s by
-/// default) lets a service's request fail fast while its loops retry; a command is one process,
-/// just started, perhaps in a container on a busy machine, and nothing retries it. Two seconds made
-/// the compose check's first operator fail now and then ("pool timed out while waiting for an open
-/// connection").
-const COMMAND_ACQUIRE_TIMEOUT_MS: u64 = 15_000;
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let settings = match Settings::load(cli.config.as_deref()) {
@@ -80,8 +73,10 @@ async fn operator_command(command: Command, as_json: bool, settings: Settings) -
             return ExitCode::from(CONFIG_INVALID);
         }
     };
+    // Its later connections may take as long as its first (`cli::DATABASE_WITHIN`).
+    let command_within = u64::try_from(cli::DATABASE_WITHIN.as_millis()).unwrap_or(u64::MAX);
     let database = DatabaseSettings {
-        acquire_timeout_ms: settings.database.acquire_timeout_ms.max(COMMAND_ACQUIRE_TIMEOUT_MS),
+        acquire_timeout_ms: settings.database.acquire_timeout_ms.max(command_within),
         ..settings.database.clone()
     };
     let pool = db::pool(&database, options);

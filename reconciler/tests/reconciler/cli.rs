@@ -167,6 +167,50 @@ async fn a_command_waits_for_a_database_that_answers_late(pool: PgPool) {
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
 }
 
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_command_gets_past_a_connection_attempt_that_hangs(pool: PgPool) {
+    // The database's address takes the first connection and never answers on it, as a lost packet
+    // or a name lookup that hangs leaves one attempt; the attempts after it reach the database.
+    let real = (pool.connect_options().get_host().to_owned(), pool.connect_options().get_port());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let url = support::url_of(&pool).replacen(&format!("{}:{}/", real.0, real.1), &format!("127.0.0.1:{port}/"), 1);
+    assert!(url.contains(&format!(":{port}/")), "{url}");
+    tokio::spawn(async move {
+        let (silent, _) = listener.accept().await.unwrap();
+        while let Ok((mut client, _)) = listener.accept().await {
+            let real = real.clone();
+            tokio::spawn(async move {
+                let mut server = tokio::net::TcpStream::connect(real).await.unwrap();
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+            });
+        }
+        drop(silent);
+    });
+    let mut bootstrap = command(&url, &["operators", "bootstrap", "root", "--json"]);
+    bootstrap.env_remove("USER");
+
+    let output = tokio::task::spawn_blocking(move || bootstrap.output().unwrap()).await.unwrap();
+
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_database_that_refuses_the_connection_ends_the_wait_with_its_reason(pool: PgPool) {
+    let url = support::url_of(&pool);
+    let name = pool.connect_options().get_database().unwrap().to_owned();
+    let url = url.replacen(&format!("/{name}"), "/no_such_database", 1);
+
+    let output =
+        tokio::task::spawn_blocking(move || reconciler(&url, &["operators", "bootstrap", "root"])).await.unwrap();
+
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains(r#"database "no_such_database" does not exist"#), "{stderr}");
+    assert!(!stderr.contains("no connection within"), "{stderr}");
+}
+
 #[test]
 fn an_unreachable_database_is_a_one_line_failure_with_exit_code_1() {
     let output = reconciler("postgres://postgres@127.0.0.1:1/nothing", &["operators", "bootstrap", "root"]);

@@ -49,6 +49,69 @@ pub fn pool(settings: &DatabaseSettings, options: PgConnectOptions) -> PgPool {
         .connect_lazy_with(options)
 }
 
+/// How long one attempt of [`wait_until_reachable`] may take.
+const ATTEMPT_WITHIN: Duration = Duration::from_secs(5);
+/// The pause between two attempts of [`wait_until_reachable`].
+const ATTEMPT_EVERY: Duration = Duration::from_millis(250);
+
+/// Why PostgreSQL took no connection from a command.
+#[derive(Debug, thiserror::Error)]
+pub enum Unreachable {
+    /// An error that trying again would not mend: a wrong password, an unknown database.
+    #[error("{0}")]
+    Refused(sqlx::Error),
+    /// None within the wait.
+    #[error("no connection within {} s ({attempts} attempts); the last one: {last}", within.as_secs())]
+    TimedOut {
+        /// The wait.
+        within: Duration,
+        /// The attempts made.
+        attempts: u32,
+        /// What the last attempt met.
+        last: String,
+    },
+}
+
+/// Waits up to `within` for PostgreSQL to take a connection on `options`, for a one-shot command
+/// that nothing retries (a service's loops retry on their own). Each attempt gets at most 5 s: one
+/// that hangs (a name lookup, or a connection whose packets are lost) leaves time for the next,
+/// where a pool's acquire spends its whole timeout on it. What may pass (no answer, a refused or
+/// broken connection, a server starting up or full) is tried again every quarter second; what will
+/// not (a wrong password, an unknown database) ends the wait at once.
+pub async fn wait_until_reachable(options: &PgConnectOptions, within: Duration) -> Result<(), Unreachable> {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let attempt = tokio::time::timeout(left.min(ATTEMPT_WITHIN), sqlx::PgConnection::connect_with(options)).await;
+        let last = match attempt {
+            Ok(Ok(conn)) => {
+                // Only to be polite to the server: the command connects again through its pool.
+                let _ = conn.close().await;
+                return Ok(());
+            }
+            Ok(Err(error)) if !may_pass(&error) => return Err(Unreachable::Refused(error)),
+            Ok(Err(error)) => error.to_string(),
+            Err(_) => format!("no answer within {} s", left.min(ATTEMPT_WITHIN).as_secs_f32()),
+        };
+        if tokio::time::Instant::now() + ATTEMPT_EVERY >= deadline {
+            return Err(Unreachable::TimedOut { within, attempts, last });
+        }
+        tokio::time::sleep(ATTEMPT_EVERY).await;
+    }
+}
+
+/// Whether a failed connection attempt may succeed if made again soon.
+fn may_pass(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_) => true,
+        // cannot_connect_now (starting up or shutting down), too_many_connections.
+        sqlx::Error::Database(error) => matches!(error.code().as_deref(), Some("57P03" | "53300")),
+        _ => false,
+    }
+}
+
 /// Why a binary is not ready to serve.
 #[derive(Debug, thiserror::Error)]
 pub enum NotReady {
