@@ -74,9 +74,8 @@ pub async fn trace_request(
 
 /// The caller's W3C trace context (`traceparent`, `tracestate`), if it sent one.
 fn incoming_trace(headers: &HeaderMap) -> Option<TraceContext> {
-    let traceparent = headers.get("traceparent")?.to_str().ok()?.trim().to_owned();
-    let tracestate = headers.get("tracestate").and_then(|v| v.to_str().ok()).map(|v| v.trim().to_owned());
-    Some(TraceContext { traceparent, tracestate: tracestate.filter(|s| !s.is_empty()) })
+    let traceparent = headers.get("traceparent")?.to_str().ok()?;
+    Some(TraceContext::received(traceparent, headers.get("tracestate").and_then(|v| v.to_str().ok())))
 }
 
 /// A method as a label: one of the standard ones, else `other`.

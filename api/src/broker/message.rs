@@ -10,6 +10,7 @@
 
 use actix_web::body::{self, MessageBody};
 use oncepay_http::problem::Problem;
+use oncepay_service::telemetry::{self, TraceContext};
 use tracing::Span;
 
 use crate::create::{self, Responded};
@@ -27,6 +28,10 @@ pub struct Message<'a> {
     pub key: Option<&'a [u8]>,
     /// Its body: the JSON of `POST /v1/payments`.
     pub body: &'a [u8],
+    /// Its `traceparent` header, if it has one: the producer's trace, which the message's continues.
+    pub traceparent: Option<&'a str>,
+    /// Its `tracestate` header, if it has one.
+    pub tracestate: Option<&'a str>,
 }
 
 /// What to do with a message, once intake has seen it.
@@ -81,6 +86,11 @@ impl Outcome {
 pub async fn take(state: &AppState, message: Message<'_>) -> Outcome {
     let span =
         tracing::info_span!("broker.payment", tenant.id = tracing::field::Empty, payment.id = tracing::field::Empty);
+    // The producer's trace becomes the span's parent, as a caller's does over HTTP, so the outbox
+    // row, written with this span's context, joins that trace.
+    if let Some(traceparent) = message.traceparent {
+        telemetry::continue_trace(&span, &TraceContext::received(traceparent, message.tracestate));
+    }
     let result = admitted(state, &span, message).await;
     match result {
         Ok(responded) => taken(responded).await,

@@ -159,7 +159,14 @@ impl Consumer {
         let properties = &delivery.properties;
         let user = properties.user_id().as_ref().map(ShortString::as_str);
         let key = header(properties, KEY_HEADER);
-        let message = Message { user, key, body: &delivery.data };
+        let text = |name| header(properties, name).and_then(|value| std::str::from_utf8(value).ok());
+        let message = Message {
+            user,
+            key,
+            body: &delivery.data,
+            traceparent: text("traceparent"),
+            tracestate: text("tracestate"),
+        };
         let mut attempts = 0;
         let outcome = loop {
             let outcome = message::take(&self.state, message).await;

@@ -18,7 +18,9 @@ use oncepay_devkit::rabbitmq;
 use oncepay_devkit::wait::wait_until;
 use oncepay_domain::fingerprint::Fingerprint;
 use oncepay_domain::idempotency_key::IdempotencyKey;
+use oncepay_domain::ids::PaymentId;
 use oncepay_domain::payment_request::PaymentRequest;
+use oncepay_service::telemetry;
 use oncepay_store::intake::{self, NewPayment};
 use oncepay_store::{broker_queues, broker_users, db};
 use reqwest::StatusCode;
@@ -83,9 +85,21 @@ impl Producer {
     /// Publishes `body` as `user` (the administrator impersonates anyone), with `key`, asking for a
     /// reply correlated by `correlation_id`; waits for RabbitMQ's confirmation.
     async fn publish(&self, user: Option<&str>, key: Option<&str>, body: &[u8], correlation_id: &str) {
+        self.publish_with(user, key, &[], body, correlation_id).await;
+    }
+
+    /// [`Producer::publish`], with `more` headers.
+    async fn publish_with(
+        &self,
+        user: Option<&str>,
+        key: Option<&str>,
+        more: &[(&str, &str)],
+        body: &[u8],
+        correlation_id: &str,
+    ) {
         let mut headers = FieldTable::default();
-        if let Some(key) = key {
-            headers.insert(KEY_HEADER.into(), AMQPValue::LongString(LongString::from(key)));
+        for (name, value) in key.map(|key| (KEY_HEADER, key)).into_iter().chain(more.iter().copied()) {
+            headers.insert(name.into(), AMQPValue::LongString(LongString::from(value)));
         }
         let mut properties = BasicProperties::default()
             .with_headers(headers)
@@ -220,6 +234,25 @@ async fn a_message_becomes_one_payment_and_its_redelivery_replays_it(_: PgPoolOp
     assert_eq!(producer.depth(&producer.queue).await, 0, "every message acknowledged");
     assert_eq!(producer.depth(&producer.dead_letter_queue).await, 0);
     assert!(app.metrics().await.contains("oncepay_api_broker_messages_total{outcome=\"replayed\"} 1"));
+    app.stop().await;
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_message_with_a_traceparent_continues_its_producers_trace(_: PgPoolOptions, options: PgConnectOptions) {
+    // The message's span is at `info`: the default filter keeps it (and so its trace context).
+    let _telemetry = telemetry::init("oncepay-api-tests", &helpers::settings().telemetry).unwrap();
+    let producer = Producer::connect("traced").await;
+    let app = app_with_broker(options, &producer, "shop-1").await;
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let producer_span = "00f067aa0ba902b7";
+    let traceparent = format!("00-{trace_id}-{producer_span}-01");
+
+    let trace = [("traceparent", traceparent.as_str()), ("tracestate", "shop=1")];
+    producer.publish_with(Some("shop-1"), Some("order-1"), &trace, &bytes(&body()), "traced").await;
+
+    let (_, _, payment) = producer.reply().await;
+    let payment_id: PaymentId = payment["id"].as_str().unwrap().parse().unwrap();
+    app.assert_outbox_continues(payment_id, trace_id, producer_span).await;
     app.stop().await;
 }
 

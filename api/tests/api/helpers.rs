@@ -180,6 +180,23 @@ impl TestApp {
     }
 
     /// Rows of every table intake writes: payments, keys, outbox, audit events.
+    /// Asserts that `payment_id`'s outbox row carries a trace context in the trace `trace_id`, whose
+    /// span is the api's own, not the caller's `caller_span`.
+    pub async fn assert_outbox_continues(&self, payment_id: PaymentId, trace_id: &str, caller_span: &str) {
+        let traceparent = sqlx::query_scalar!(
+            "SELECT traceparent FROM outbox WHERE tenant_id = $1 AND payment_id = $2",
+            self.tenant.id.as_uuid(),
+            payment_id.as_uuid(),
+        )
+        .fetch_one(&self.db)
+        .await
+        .unwrap()
+        .expect("the outbox row carries a trace context");
+        let parts: Vec<&str> = traceparent.split('-').collect();
+        assert_eq!(parts[1], trace_id, "{traceparent}");
+        assert_ne!(parts[2], caller_span, "the api's own span is the parent of what follows");
+    }
+
     pub async fn rows(&self) -> Rows {
         rows(&self.db).await
     }

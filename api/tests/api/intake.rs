@@ -290,17 +290,6 @@ async fn the_outbox_row_continues_the_trace_of_the_request(_: PgPoolOptions, opt
         .unwrap();
 
     let payment_id = TestApp::payment_id(response).await;
-    let traceparent = sqlx::query_scalar!(
-        "SELECT traceparent FROM outbox WHERE tenant_id = $1 AND payment_id = $2",
-        app.tenant.id.as_uuid(),
-        payment_id.as_uuid(),
-    )
-    .fetch_one(&app.db)
-    .await
-    .unwrap()
-    .expect("the outbox row carries a trace context");
-    let parts: Vec<&str> = traceparent.split('-').collect();
-    assert_eq!(parts[1], trace_id, "{traceparent}");
-    assert_ne!(parts[2], caller_span, "the api's own span is the parent of what follows");
+    app.assert_outbox_continues(payment_id, trace_id, caller_span).await;
     app.stop().await;
 }

@@ -205,6 +205,15 @@ pub struct TraceContext {
     pub tracestate: Option<String>,
 }
 
+impl TraceContext {
+    /// The context a caller sent in its `traceparent` and `tracestate` headers (an HTTP request's or
+    /// a broker message's): trimmed, and an empty `tracestate` is none.
+    pub fn received(traceparent: &str, tracestate: Option<&str>) -> Self {
+        let tracestate = tracestate.map(str::trim).filter(|state| !state.is_empty()).map(str::to_owned);
+        Self { traceparent: traceparent.trim().to_owned(), tracestate }
+    }
+}
+
 /// The trace context of `span`, if it belongs to a valid trace: what the W3C propagator would write
 /// (version 00, only the sampled flag). Formatted here rather than by the propagator, since the api
 /// asks for it on every request that reaches the store.
