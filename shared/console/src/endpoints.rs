@@ -27,6 +27,7 @@ use oncepay_ops::operators::api::signing_in::Caller;
 use oncepay_ops::operators::api::{OperatorsState, connection, problem};
 use oncepay_ops::operators::audit::{Entry, Outcome};
 use oncepay_ops::render;
+use oncepay_store::merchant_deliveries::Replayed;
 
 /// Where the endpoints page is.
 const PAGE: &str = "/console/endpoints";
@@ -245,26 +246,20 @@ impl EndpointChange {
         }
     }
 
-    /// The notice the page the browser goes back to says.
-    const fn notice(&self) -> &'static str {
-        match self {
-            Self::Switch { enabled: true, .. } => "endpoint_enabled",
-            Self::Switch { enabled: false, .. } => "endpoint_disabled",
-            Self::ReplayFailed { .. } | Self::ReplayEvent { .. } => "replayed",
-        }
-    }
-
-    /// Does it, as `caller`, with `reason`.
-    async fn run(&self, state: &OperatorsState, caller: &Caller, reason: &str) -> Result<(), OperatorError> {
+    /// Does it, as `caller`, with `reason`, and says the notice for the page the browser goes back
+    /// to: a replay that matched no delivery says that nothing was queued.
+    async fn run(&self, state: &OperatorsState, caller: &Caller, reason: &str) -> Result<&'static str, OperatorError> {
+        let replayed = |replayed: Replayed| if replayed.deliveries == 0 { "replayed_none" } else { "replayed" };
         match self {
             Self::Switch { tenant, endpoint, enabled } => {
-                switch_endpoint(state, caller, tenant, endpoint, *enabled, reason).await.map(|_| ())
+                switch_endpoint(state, caller, tenant, endpoint, *enabled, reason).await?;
+                Ok(if *enabled { "endpoint_enabled" } else { "endpoint_disabled" })
             }
             Self::ReplayFailed { tenant, endpoint, since } => {
-                replay_endpoint(state, caller, tenant, endpoint, *since, reason).await.map(|_| ())
+                replay_endpoint(state, caller, tenant, endpoint, *since, reason).await.map(replayed)
             }
             Self::ReplayEvent { tenant, event } => {
-                replay_event_of(state, caller, tenant, event, reason).await.map(|_| ())
+                replay_event_of(state, caller, tenant, event, reason).await.map(replayed)
             }
         }
     }
@@ -297,10 +292,9 @@ async fn confirm_then_run(
         };
     }
     let outcome = match asked {
-        Ok(asked) => asked
-            .run(state, &caller, &form.reason)
-            .await
-            .map(|()| see_other(&format!("{back}?notice={}", asked.notice()))),
+        Ok(asked) => {
+            asked.run(state, &caller, &form.reason).await.map(|notice| see_other(&format!("{back}?notice={notice}")))
+        }
         Err(refused) => Err(refused),
     };
     finish(state, &caller, chrome, Entry::new(action, Outcome::Done), outcome).await

@@ -47,7 +47,7 @@ pub(crate) const SECURITY_HEADERS: [(&str, &str); 5] = [
 ];
 
 /// What each notice code left in a URL says.
-const NOTICES: [(&str, &str); 19] = [
+const NOTICES: [(&str, &str); 20] = [
     ("retried", "Queued to be sent again: the worker sends it with the same key, so it is charged at most once."),
     (
         "refund_retried",
@@ -75,6 +75,7 @@ const NOTICES: [(&str, &str); 19] = [
     ),
     ("endpoint_disabled", "Stopped: nothing more is sent to the endpoint until it is started again."),
     ("replayed", "Queued again: each delivery keeps its webhook-id, so the merchant can drop one it already has."),
+    ("replayed_none", "Nothing to replay: no delivery matched, so nothing was queued."),
 ];
 
 /// The words of notice `code`, if the console has one.
