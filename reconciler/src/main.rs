@@ -73,7 +73,7 @@ async fn operator_command(command: Command, as_json: bool, settings: Settings) -
             return ExitCode::from(CONFIG_INVALID);
         }
     };
-    // Its later connections may take as long as its first (`cli::DATABASE_WITHIN`).
+    // A command's later connections may wait as long as its first (`cli::DATABASE_WITHIN`).
     let command_within = u64::try_from(cli::DATABASE_WITHIN.as_millis()).unwrap_or(u64::MAX);
     let database = DatabaseSettings {
         acquire_timeout_ms: settings.database.acquire_timeout_ms.max(command_within),

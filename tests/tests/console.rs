@@ -422,6 +422,7 @@ async fn operators_find_propose_and_approve_in_a_real_browser_and_see_only_their
     // something was.
     let nothing = alice.until("Nothing to replay").await;
     assert!(!nothing.contains("Queued again"), "{nothing}");
+    alice.screenshot("replayed-nothing.png").await;
     alice.open(&page).await;
     alice.fill("form[action*='/events/'] input[name=reason]", "acme lost it while its receiver was away").await;
     alice.click("form[action*='/events/'] button").await;

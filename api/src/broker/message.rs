@@ -28,7 +28,8 @@ pub struct Message<'a> {
     pub key: Option<&'a [u8]>,
     /// Its body: the JSON of `POST /v1/payments`.
     pub body: &'a [u8],
-    /// Its `traceparent` header, if it has one: the producer's trace, which the message's continues.
+    /// Its `traceparent` header, if it has one: the producer's trace, which the message's span
+    /// continues.
     pub traceparent: Option<&'a str>,
     /// Its `tracestate` header, if it has one.
     pub tracestate: Option<&'a str>,
