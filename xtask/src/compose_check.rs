@@ -124,6 +124,23 @@ impl<'a> Stack<'a> {
     }
 
     /// `compose` on the repository's own `docker-compose.yml`, as this run's project.
+    /// How the reconciler's container reaches PostgreSQL now: its resolver's configuration, and
+    /// curl's time to look the name up and to connect (an empty reply is PostgreSQL refusing HTTP,
+    /// so connected). Tells a name lookup that hangs from a connection that does, when a command
+    /// in the container could not reach the database.
+    async fn reaching_postgres(&self) -> String {
+        let probe = "cat /etc/resolv.conf; curl -sS -m 10 -o /dev/null \
+                     -w 'lookup %{time_namelookup} s, connected %{time_connect} s\\n' http://postgres:5432/";
+        match self.compose(&["exec", "-T", "reconciler", "sh", "-c", probe]).output().await {
+            Ok(out) => format!(
+                "the reconciler's container, afterwards: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+            Err(error) => format!("cannot look into the reconciler's container: {error}"),
+        }
+    }
+
     fn compose(&self, args: &[&str]) -> Command {
         let mut command = self.engine.compose();
         command
@@ -435,12 +452,14 @@ async fn check(stack: &Stack<'_>, root: &Path, bin: &Path) -> anyhow::Result<()>
         ])
         .output()
         .await?;
-    ensure!(
-        bootstrapped.status.success(),
-        "making the first operator failed: {}: {}",
-        bootstrapped.status,
-        String::from_utf8_lossy(&bootstrapped.stderr).trim()
-    );
+    if !bootstrapped.status.success() {
+        bail!(
+            "making the first operator failed: {}: {}\n{}",
+            bootstrapped.status,
+            String::from_utf8_lossy(&bootstrapped.stderr).trim(),
+            stack.reaching_postgres().await
+        );
+    }
     let bootstrapped: Value =
         serde_json::from_slice(&bootstrapped.stdout).context("the reconciler printed unreadable JSON")?;
     let admin = bootstrapped["token"].as_str().context("the reconciler printed no token")?;
