@@ -258,7 +258,7 @@ impl Stored {
         .context("cannot read the events")?;
         let deliveries = sqlx::query_as(
             "SELECT d.endpoint_id, d.event_id, d.state, d.attempts, d.fencing_token,
-                    (SELECT count(*) FROM merchant_delivery_attempts a
+                    (SELECT count(*) FROM merchant_delivery_all_attempts a
                       WHERE a.tenant_id = d.tenant_id AND a.endpoint_id = d.endpoint_id AND a.event_id = d.event_id)
                       AS attempt_rows
                FROM merchant_deliveries d",

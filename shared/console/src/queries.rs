@@ -495,10 +495,10 @@ async fn deliveries(conn: &mut PgConnection, tenant: Uuid, payment: Uuid) -> Res
         FROM merchant_events e
         JOIN merchant_deliveries d ON d.tenant_id = e.tenant_id AND d.event_id = e.event_id
         JOIN merchant_endpoints p ON p.tenant_id = d.tenant_id AND p.endpoint_id = d.endpoint_id
-        LEFT JOIN merchant_delivery_attempts a
+        LEFT JOIN merchant_delivery_all_attempts a
           ON a.tenant_id = d.tenant_id AND a.endpoint_id = d.endpoint_id AND a.event_id = d.event_id
         WHERE e.tenant_id = $1 AND e.payment_id = $2
-        ORDER BY e.event_order, p.endpoint_id, a.attempt_id
+        ORDER BY e.event_order, p.endpoint_id, a.attempted_at
         LIMIT $3
         "#,
         tenant,

@@ -270,8 +270,9 @@ pub async fn record(conn: &mut PgConnection, worker: &str, records: &[Record]) -
     let responses: Vec<&str> = responses.iter().map(AsRef::as_ref).collect();
     let errors: Vec<Option<&str>> = errors.iter().map(Option::as_deref).collect();
     let took: Vec<bool> = records.iter().map(|r| matches!(r.health, Health::Took)).collect();
-    // One statement moves each delivery this worker's claim still holds, keeps its attempt, and
-    // after a success clears the endpoint's failing streak: a batch costs one round trip.
+    // One statement moves each delivery this worker's claim still holds, keeps its attempt (in the
+    // delivery's row when it delivered, in `merchant_delivery_attempts` otherwise), and after a
+    // success clears the endpoint's failing streak: a batch costs one round trip.
     let moved = sqlx::query!(
         r#"
         WITH input AS (
@@ -284,16 +285,23 @@ pub async fn record(conn: &mut PgConnection, worker: &str, records: &[Record]) -
             SET state = i.state, attempts = d.attempts + 1,
                 next_attempt_at = now() + make_interval(secs => i.retry_in),
                 delivered_at = CASE WHEN i.state = 'delivered' THEN now() END,
+                delivered_attempted_at = CASE WHEN i.state = 'delivered' THEN i.attempted_at END,
+                delivered_by = CASE WHEN i.state = 'delivered' THEN $12 END,
+                delivered_status = CASE WHEN i.state = 'delivered' THEN i.status END,
+                delivered_response = CASE WHEN i.state = 'delivered' THEN i.response END,
                 locked_by = NULL, locked_until = NULL, updated_at = now()
             FROM input i
             WHERE d.tenant_id = i.tenant_id AND d.endpoint_id = i.endpoint_id AND d.event_id = i.event_id
               AND d.fencing_token = i.fencing_token AND d.state = 'pending'
             RETURNING d.tenant_id, d.endpoint_id, d.event_id, d.fencing_token
         ), attempt AS (
+            -- An attempt that delivered is kept in the delivery's row, above: most deliveries are
+            -- one such attempt, and a row of its own cost each one more insert.
             INSERT INTO merchant_delivery_attempts
                 (tenant_id, endpoint_id, event_id, attempted_at, worker, status, response, error)
             SELECT i.tenant_id, i.endpoint_id, i.event_id, i.attempted_at, $12, i.status, i.response, i.error
             FROM input i JOIN moved m USING (tenant_id, endpoint_id, event_id, fencing_token)
+            WHERE i.state <> 'delivered'
         ), healed AS (
             UPDATE merchant_endpoints p SET failing_since = NULL
             FROM (SELECT DISTINCT i.tenant_id, i.endpoint_id
@@ -444,6 +452,35 @@ pub async fn replay_event(
     event_id: Uuid,
     endpoint_id: Option<Uuid>,
 ) -> Result<Option<Replayed>, StoreError> {
+    let mut tx = conn.begin().await?;
+    // A delivered delivery keeps its successful attempt in its row, which the replay clears: the
+    // attempt moves to `merchant_delivery_attempts` first. Every delivery the replay queues again
+    // is locked until it commits, so a record committed meanwhile is seen here, and none commits
+    // between the two statements.
+    sqlx::query!(
+        r#"
+        WITH earlier AS (
+            SELECT d.tenant_id, d.endpoint_id, d.event_id, d.delivered_attempted_at, d.delivered_by,
+                   d.delivered_status, d.delivered_response
+            FROM merchant_deliveries d
+            JOIN merchant_events e ON e.tenant_id = d.tenant_id AND e.event_id = d.event_id
+            JOIN merchant_endpoints p ON p.tenant_id = d.tenant_id AND p.endpoint_id = d.endpoint_id
+            WHERE d.tenant_id = $1 AND d.event_id = $2
+              AND p.enabled AND ($3::uuid IS NULL OR p.endpoint_id = $3)
+              AND (p.event_types = '{}' OR e.type = ANY (p.event_types))
+            FOR UPDATE OF d
+        )
+        INSERT INTO merchant_delivery_attempts (tenant_id, endpoint_id, event_id, attempted_at, worker, status, response)
+        SELECT tenant_id, endpoint_id, event_id, delivered_attempted_at, delivered_by, delivered_status,
+               delivered_response
+        FROM earlier WHERE delivered_attempted_at IS NOT NULL
+        "#,
+        tenant_id.as_uuid(),
+        event_id,
+        endpoint_id,
+    )
+    .execute(&mut *tx)
+    .await?;
     let queued = sqlx::query!(
         r#"
         WITH event AS (
@@ -457,7 +494,9 @@ pub async fn replay_event(
               ON p.tenant_id = e.tenant_id AND p.enabled AND ($3::uuid IS NULL OR p.endpoint_id = $3)
                  AND (p.event_types = '{}' OR e.type = ANY (p.event_types))
             ON CONFLICT (tenant_id, endpoint_id, event_id) DO UPDATE
-            SET state = 'pending', attempts = 0, next_attempt_at = now(), delivered_at = NULL, updated_at = now()
+            SET state = 'pending', attempts = 0, next_attempt_at = now(), delivered_at = NULL,
+                delivered_attempted_at = NULL, delivered_by = NULL, delivered_status = NULL,
+                delivered_response = NULL, updated_at = now()
             -- A delivery in flight keeps its lease; it is sent once more when it ends.
             RETURNING 1
         )
@@ -467,8 +506,9 @@ pub async fn replay_event(
         event_id,
         endpoint_id,
     )
-    .fetch_one(conn)
+    .fetch_one(&mut *tx)
     .await?;
+    tx.commit().await?;
     Ok((queued.found > 0).then_some(Replayed { deliveries: u64::try_from(queued.queued).unwrap_or(0) }))
 }
 

@@ -161,10 +161,10 @@ async fn every_table_grants_each_role_exactly_what_the_readme_lists(pool: PgPool
     grant(API, &["payment_events", "outbox", "refunds", "refund_keys", "refund_events", "refund_outbox"], append);
     grant(API, &["payments"], "INSERT,SELECT,UPDATE(refunds_reserved)");
     // Merchants manage their endpoints, write test events, and replay deliveries (removing an
-    // endpoint removes its deliveries and their attempts).
+    // endpoint removes its deliveries and their attempts; a replay keeps a delivered one's attempt).
     grant(API, &["merchant_endpoints", "merchant_deliveries"], all);
     grant(API, &["merchant_events"], append);
-    grant(API, &["merchant_delivery_attempts"], "DELETE,SELECT");
+    grant(API, &["merchant_delivery_attempts"], "DELETE,INSERT,SELECT");
 
     grant(WORKER, &["_sqlx_migrations", "tenants"], read);
     grant(WORKER, &["payments", "idempotency_keys", "refunds", "refund_keys"], "SELECT,UPDATE");
@@ -189,6 +189,8 @@ async fn every_table_grants_each_role_exactly_what_the_readme_lists(pool: PgPool
         };
         grant(RECONCILER, &[table.as_str()], privileges);
     }
+    // The console's one view: every attempt of a delivery.
+    grant(RECONCILER, &["merchant_delivery_all_attempts"], read);
 
     // A new table shows up here with no grants: give each role what it needs in the migration that
     // makes the table, and list it in docs/operating.md, "Database roles".

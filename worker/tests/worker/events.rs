@@ -238,8 +238,43 @@ async fn a_payment_that_succeeds_is_delivered_signed_with_its_sequence_and_previ
     assert_eq!(states(&pool).await, [("payment.succeeded".to_owned(), "delivered".to_owned(), 1)]);
     assert!(other.seen().is_empty());
     let (status, worker): (Option<i32>, String) =
-        sqlx::query_as("SELECT status, worker FROM merchant_delivery_attempts").fetch_one(&pool).await.unwrap();
+        sqlx::query_as("SELECT status, worker FROM merchant_delivery_all_attempts").fetch_one(&pool).await.unwrap();
     assert_eq!((status, worker.as_str()), (Some(204), "events-1"));
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_replayed_delivery_keeps_the_attempt_that_delivered_it_before(pool: PgPool) {
+    let (server, receiver) = Receiver::start(vec![]).await;
+    let tenant = support::tenant(&pool).await;
+    endpoint(&pool, tenant, &server.uri(), &receiver.secret, &[]).await;
+    let accepted = support::accept(&pool, tenant, 500).await;
+    succeed(&pool, accepted).await;
+    deliver_until(&pool, OPEN, config(&[0.05]), || all_settled(&pool)).await;
+    // Each attempt's status and worker: those with a row of their own, and all of them.
+    const OWN_ROWS: &str = "SELECT status, worker FROM merchant_delivery_attempts ORDER BY attempted_at";
+    const ALL: &str = "SELECT status, worker FROM merchant_delivery_all_attempts ORDER BY attempted_at";
+    let attempts = |sql: &'static str| {
+        let pool = pool.clone();
+        async move { sqlx::query_as::<_, (Option<i32>, String)>(sql).fetch_all(&pool).await.unwrap() }
+    };
+    // The attempt that delivered is kept in the delivery's row, not in a row of its own.
+    assert_eq!(attempts(OWN_ROWS).await, []);
+    assert_eq!(attempts(ALL).await, [(Some(204), "events-1".to_owned())]);
+
+    let event_id: Uuid = sqlx::query_scalar("SELECT event_id FROM merchant_events").fetch_one(&pool).await.unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    let replayed = merchant_deliveries::replay_event(&mut conn, tenant, event_id, None).await.unwrap();
+    drop(conn);
+    assert_eq!(replayed.map(|r| r.deliveries), Some(1));
+    deliver_until(&pool, OPEN, config(&[0.05]), || all_settled(&pool)).await;
+
+    let seen = receiver.seen();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(seen[0].id, seen[1].id, "a replay keeps the webhook-id");
+    let both = vec![(Some(204), "events-1".to_owned()); 2];
+    assert_eq!(attempts(ALL).await, both, "the first delivery's attempt is kept");
+    assert_eq!(attempts(OWN_ROWS).await, both[..1]);
+    assert_eq!(states(&pool).await, [("payment.succeeded".to_owned(), "delivered".to_owned(), 1)]);
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
@@ -337,7 +372,7 @@ async fn a_delivery_whose_schedule_is_spent_is_dead_lettered_with_every_attempt(
 
     assert_eq!(states(&pool).await, [("payment.succeeded".to_owned(), "dead_lettered".to_owned(), 3)]);
     let attempts: Vec<(Option<i32>, String)> =
-        sqlx::query_as("SELECT status, response FROM merchant_delivery_attempts ORDER BY attempt_id")
+        sqlx::query_as("SELECT status, response FROM merchant_delivery_all_attempts ORDER BY attempted_at")
             .fetch_all(&pool)
             .await
             .unwrap();
@@ -394,7 +429,7 @@ async fn an_endpoint_at_a_private_address_is_never_connected_to(pool: PgPool) {
 
     assert!(receiver.seen().is_empty());
     let errors: Vec<(Option<i32>, Option<String>)> =
-        sqlx::query_as("SELECT status, error FROM merchant_delivery_attempts ORDER BY attempt_id")
+        sqlx::query_as("SELECT status, error FROM merchant_delivery_all_attempts ORDER BY attempted_at")
             .fetch_all(&pool)
             .await
             .unwrap();
@@ -438,7 +473,7 @@ async fn an_answer_whose_body_holds_a_nul_byte_is_recorded(pool: PgPool) {
     assert_eq!(receiver.seen().len(), 1, "the first answer was recorded: nothing was sent again");
     assert_eq!(states(&pool).await, [("payment.succeeded".to_owned(), "delivered".to_owned(), 1)]);
     let response: String =
-        sqlx::query_scalar("SELECT response FROM merchant_delivery_attempts").fetch_one(&pool).await.unwrap();
+        sqlx::query_scalar("SELECT response FROM merchant_delivery_all_attempts").fetch_one(&pool).await.unwrap();
     assert_eq!(response, "ok\u{fffd}done");
 }
 
@@ -483,7 +518,7 @@ async fn a_recording_after_the_lease_was_taken_over_writes_nothing(pool: PgPool)
     let late = merchant_deliveries::record(&mut conn, "w1", &[delivered(first)]).await.unwrap();
     assert_eq!(late, [Recording::LeaseLost]);
     let attempts: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM merchant_delivery_attempts").fetch_one(&pool).await.unwrap();
+        sqlx::query_scalar("SELECT count(*) FROM merchant_delivery_all_attempts").fetch_one(&pool).await.unwrap();
     assert_eq!(attempts, 0);
     let current = merchant_deliveries::record(&mut conn, "w2", &[delivered(second)]).await.unwrap();
     assert_eq!(current, [Recording::Recorded { disabled: false }]);
@@ -514,7 +549,7 @@ async fn a_batch_records_each_attempt_under_its_own_claim(pool: PgPool) {
 
     assert_eq!(recorded, [Recording::LeaseLost, Recording::Recorded { disabled: false }]);
     let attempts: Vec<(String, i32)> =
-        sqlx::query_as("SELECT worker, status FROM merchant_delivery_attempts").fetch_all(&pool).await.unwrap();
+        sqlx::query_as("SELECT worker, status FROM merchant_delivery_all_attempts").fetch_all(&pool).await.unwrap();
     assert_eq!(attempts, [("w1".to_owned(), 204)], "only the attempt still under its claim is kept");
     let mut states = states(&pool).await;
     states.sort();
@@ -585,7 +620,7 @@ async fn tenant_name(pool: &PgPool, tenant: oncepay_domain::ids::TenantId) -> St
 
 /// The error of each attempt, oldest first.
 async fn attempt_errors(pool: &PgPool) -> Vec<(Option<i32>, String, Option<String>)> {
-    sqlx::query_as("SELECT status, response, error FROM merchant_delivery_attempts ORDER BY attempt_id")
+    sqlx::query_as("SELECT status, response, error FROM merchant_delivery_all_attempts ORDER BY attempted_at")
         .fetch_all(pool)
         .await
         .unwrap()
