@@ -562,6 +562,28 @@ async fn a_batch_records_each_attempt_under_its_own_claim(pool: PgPool) {
     );
 }
 
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn an_endpoints_cap_holds_across_workers(pool: PgPool) {
+    let tenant = support::tenant(&pool).await;
+    endpoint(&pool, tenant, "https://merchant.example/hooks", &WebhookSecret::generate(), &[]).await;
+    for amount in [500, 600, 700, 800] {
+        succeed(&pool, support::accept(&pool, tenant, amount).await).await;
+    }
+    let mut conn = pool.acquire().await.unwrap();
+    let lease = Duration::from_secs(30);
+
+    let mut first = merchant_deliveries::claim(&mut conn, "w1", 8, 2, lease).await.unwrap();
+    assert_eq!(first.len(), 2, "a cap of 2 takes 2 of the 4 due");
+    assert!(first.iter().all(|d| d.more_due), "each says the endpoint had more due than room");
+    let none = merchant_deliveries::claim(&mut conn, "w2", 8, 2, lease).await.unwrap();
+    assert!(none.is_empty(), "another worker finds the endpoint at its cap: {none:?}");
+
+    let recorded = merchant_deliveries::record(&mut conn, "w1", &[delivered(first.remove(0))]).await.unwrap();
+    assert_eq!(recorded, [Recording::Recorded { disabled: false }]);
+    let next = merchant_deliveries::claim(&mut conn, "w2", 8, 2, lease).await.unwrap();
+    assert_eq!(next.len(), 1, "one delivery ended, so one more may start: {next:?}");
+}
+
 /// `claimed`, answered 204 just now.
 fn delivered(claimed: ClaimedDelivery) -> Record {
     let attempt =
