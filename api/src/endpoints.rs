@@ -71,6 +71,16 @@ pub struct IdempotencyKeyHeader {
     pub idempotency_key: String,
 }
 
+/// The headers of `POST /v1/webhook-endpoints`: a key is optional there.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Header)]
+pub struct OptionalIdempotencyKeyHeader {
+    #[doc = "Optional; the grammar of a payment's key. Sent again with the same key and body, the create \
+             answers the endpoint it made and makes no other; without a key, each create makes one."]
+    #[param(rename = "Idempotency-Key", pattern = r#"^(?:[!#-~][!-~]{0,254}|"(?:[!#-\[\]-~]|\\["\\]){1,255}")$"#)]
+    pub idempotency_key: Option<String>,
+}
+
 /// The headers of `GET /v1/payments/{id}` and `GET /v1/refunds/{id}`.
 #[derive(IntoParams)]
 #[into_params(parameter_in = Header)]

@@ -1,9 +1,9 @@
-//! What every idempotent `POST` (a payment, a refund), and every payment request from the broker,
-//! reads before it touches the store: the one `Idempotency-Key`, a JSON body of bounded size read
-//! in one strict pass, and, once the key is known to the store, whether a request with it is a
-//! retry (replayed) or a reuse (422).
+//! What every idempotent `POST` (a payment, a refund, and a webhook endpoint's create when it sends
+//! a key), and every payment request from the broker, reads before it touches the store: the one
+//! `Idempotency-Key`, a JSON body of bounded size read in one strict pass, and, once the key is
+//! known to the store, whether a request with it is a retry (replayed) or a reuse (422).
 //!
-//! Pure checks of the request, in the order both endpoints promise: key (400), then the body as
+//! Pure checks of the request, in the order the endpoints promise: key (400), then the body as
 //! [`json_body`] reads it: `Content-Type` (415), size (413), JSON (400). Nothing here reads or writes
 //! the store, and nothing here logs the key or the body.
 
@@ -78,12 +78,20 @@ pub fn stored_body(body: Box<RawValue>) -> Bytes {
 
 /// The one `Idempotency-Key` header, parsed.
 fn idempotency_key(headers: &HeaderMap) -> Result<IdempotencyKey, ApiError> {
+    optional_idempotency_key(headers)?.ok_or(ApiError::MissingIdempotencyKey)
+}
+
+/// The `Idempotency-Key` header, parsed, where a request may go without one (a webhook endpoint's
+/// create); a key sent twice, or malformed, is refused as where one is required.
+pub fn optional_idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, ApiError> {
     let mut values = headers.get_all("idempotency-key");
-    let value = values.next().ok_or(ApiError::MissingIdempotencyKey)?;
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
     if values.next().is_some() {
         return Err(ApiError::RepeatedIdempotencyKey);
     }
-    Ok(IdempotencyKey::parse(value.as_bytes())?)
+    Ok(Some(IdempotencyKey::parse(value.as_bytes())?))
 }
 
 #[cfg(test)]

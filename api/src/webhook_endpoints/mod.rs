@@ -6,8 +6,10 @@
 //! Every request is scoped to the caller's tenant: another tenant's endpoint, and an id that is not
 //! a UUID, get the same 404 as one that does not exist. A body is checked whole before the store is
 //! touched ([`body`]), so a refused request writes nothing. A secret is in the response that makes
-//! it (create, rotate) and in no other, and is never logged. There is no `Idempotency-Key`: a
-//! create sent twice makes two endpoints.
+//! it (create, rotate) and in no other, and is never logged. A create may carry an
+//! `Idempotency-Key`: sent again with the same key and body, it answers the endpoint it made (its
+//! secret included) and makes no other; with another body, 422. Without a key, a create sent twice
+//! makes two endpoints.
 
 pub mod body;
 pub mod replay;
@@ -16,23 +18,27 @@ use std::str::FromStr;
 
 use actix_web::http::header::{self, CacheControl, CacheDirective};
 use actix_web::{HttpRequest, HttpResponse, HttpResponseBuilder, web};
+use oncepay_domain::fingerprint::Fingerprint;
 use oncepay_domain::webhook_endpoint::EndpointResource;
 use oncepay_http::problem::Problem;
 use oncepay_store::StoreError;
-use oncepay_store::merchant_endpoints::{self, Endpoint};
+use oncepay_store::merchant_endpoints::{self, CreateKey, Created, Endpoint};
 use oncepay_webhook_signature::WebhookSecret;
 use serde::Serialize;
 use sqlx::PgConnection;
+use time::OffsetDateTime;
 use tracing::Span;
 use utoipa::{IntoParams, IntoResponses, ToSchema};
 use uuid::Uuid;
 
 use self::body::{EndpointChangeBody, NewEndpointBody};
 use crate::auth::Caller;
-use crate::endpoints::{Admission, JsonBodyRefusals};
+use crate::endpoints::{Admission, JsonBodyRefusals, OptionalIdempotencyKeyHeader};
 use crate::errors::ApiError;
+use crate::idempotent_request;
 use crate::json_body;
 use crate::request_span;
+use crate::resource_response;
 use crate::state::AppState;
 
 /// An endpoint with its signing secret: the response of a create and of a rotation, and of no
@@ -67,10 +73,11 @@ pub struct EndpointList {
     tag = "webhook-endpoints",
     operation_id = "create_webhook_endpoint",
     security(("api_key" = [])),
+    params(OptionalIdempotencyKeyHeader),
     request_body(content = NewEndpointBody, content_type = "application/json",
         description = "At most 64 KiB by default. Only `url` is required. Unknown fields, and a member named twice \
                        at any depth, are rejected."),
-    responses(CreateEndpointResponses, EndpointBodyRefusals, JsonBodyRefusals, StoreUnavailable, Admission),
+    responses(CreateEndpointResponses, JsonBodyRefusals, StoreUnavailable, Admission),
 )]
 pub async fn create_endpoint(
     request: HttpRequest,
@@ -78,18 +85,60 @@ pub async fn create_endpoint(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let (span, caller) = admit(&request, &state).await?;
+    let key = idempotent_request::optional_idempotency_key(request.headers())?;
     let json = json_body::read(request.headers(), payload, state.intake.max_body_bytes).await?;
     let body = NewEndpointBody::from_json(&json, state.events.urls).map_err(ApiError::InvalidEndpoint)?;
 
     let secret = WebhookSecret::generate();
     let new = body.with_secret(&secret);
-    let endpoint =
-        on_connection(&state, async |conn| merchant_endpoints::create(conn, caller.tenant_id, &new).await).await?;
-    span.record("endpoint.id", tracing::field::display(endpoint.endpoint_id));
     let mut response = HttpResponse::Created();
+    let endpoint = match key {
+        None => {
+            on_connection(&state, async |conn| merchant_endpoints::create(conn, caller.tenant_id, &new).await).await?
+        }
+        Some(key) => {
+            let fingerprint = Fingerprint::of(idempotent_request::METHOD, CREATE_PATH, &json);
+            let key = CreateKey {
+                key: key.as_str(),
+                fingerprint: fingerprint.as_bytes(),
+                retention: state.intake.key_retention(),
+            };
+            let created = on_connection(&state, async |conn| {
+                merchant_endpoints::create_once(conn, caller.tenant_id, &new, &key).await
+            })
+            .await?;
+            let (endpoint, replayed, key_expires_at) = answer_for(created, &fingerprint)?;
+            if replayed {
+                response.insert_header((resource_response::IDEMPOTENT_REPLAYED, "true"));
+            }
+            if let Some(expires) = resource_response::http_date(key_expires_at) {
+                response.insert_header((resource_response::IDEMPOTENCY_KEY_EXPIRES, expires));
+            }
+            endpoint
+        }
+    };
+    span.record("endpoint.id", tracing::field::display(endpoint.endpoint_id));
     response.insert_header((header::LOCATION, format!("/v1/webhook-endpoints/{}", endpoint.endpoint_id)));
     Ok(secret_response(response, &endpoint))
 }
+
+/// What a create with a key answers: the endpoint, whether it is a retry's answer (the key made it
+/// before, from this same request), and when the key is forgotten. A key that made an endpoint from
+/// another request refuses this one (422).
+fn answer_for(created: Created, fingerprint: &Fingerprint) -> Result<(Endpoint, bool, OffsetDateTime), ApiError> {
+    match created {
+        Created::New { endpoint, key_expires_at } => Ok((endpoint, false, key_expires_at)),
+        Created::Existing { endpoint, fingerprint: made_by, key_expires_at } => {
+            if made_by != fingerprint.as_bytes() {
+                return Err(ApiError::KeyReused { key_expires_at });
+            }
+            Ok((endpoint, true, key_expires_at))
+        }
+    }
+}
+
+/// The path creates are sent to: part of a keyed create's fingerprint.
+const CREATE_PATH: &str = "/v1/webhook-endpoints";
 
 /// The tenant's endpoints.
 #[utoipa::path(
@@ -254,12 +303,30 @@ pub struct EndpointPath {
 /// request can get.
 #[derive(IntoResponses)]
 pub enum CreateEndpointResponses {
-    #[response(status = 201, description = "Made, with the secret its deliveries are signed with: shown here only.",
+    #[response(status = 201, description = "Made, with the secret its deliveries are signed with: shown here only, \
+                                            and again to a retry with the same `Idempotency-Key` and body.",
         headers(
             ("Location" = String, description = "`/v1/webhook-endpoints/{id}`"),
             ("Cache-Control" = String, description = "`no-store`: the response holds a secret"),
+            ("Idempotent-Replayed" = String, description = "`true` on a retry's answer: nothing new was made"),
+            ("Idempotency-Key-Expires" = String, description = "With a key: HTTP date after which it may be forgotten"),
         ))]
     Created(EndpointWithSecret),
+    #[response(
+        status = 400,
+        description = "A malformed `Idempotency-Key` or one sent twice, malformed JSON, or a \
+                                            member named twice.",
+        content_type = "application/problem+json"
+    )]
+    Invalid(Problem),
+    #[response(status = 422, description = "`invalid-request`: a field is wrong, each one listed in `errors` (a URL that \
+                                            is not `https` or not public, an unknown event type, a description too \
+                                            long, an unknown field). Or `idempotency-key-reused`: the key made an \
+                                            endpoint with a different request. Nothing was saved.",
+        content_type = "application/problem+json",
+        headers(("Idempotency-Key-Expires" = String, description = "With `idempotency-key-reused`: HTTP date after \
+                                                                    which the key may be forgotten")))]
+    Unprocessable(Problem),
 }
 
 /// The responses of `GET /v1/webhook-endpoints`, besides the refusals every request can get.
@@ -313,7 +380,7 @@ pub enum NoSuchEndpoint {
     NotFound(Problem),
 }
 
-/// The refusals of an endpoint's fields, before the store.
+/// The refusals of a change's fields, before the store.
 #[derive(IntoResponses)]
 pub enum EndpointBodyRefusals {
     #[response(

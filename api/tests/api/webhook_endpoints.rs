@@ -312,6 +312,60 @@ async fn webhook_endpoints_need_an_api_key_and_refuse_other_methods(_: PgPoolOpt
     app.stop().await;
 }
 
+/// `POST /v1/webhook-endpoints` with `body` and `Idempotency-Key: key` as `tenant`.
+async fn create_with_key(app: &TestApp, tenant: &Tenant, key: &str, body: &Value) -> Response {
+    call(app, tenant, Method::POST, ENDPOINTS).header("Idempotency-Key", key).json(body).send().await.unwrap()
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_create_sent_again_with_its_key_answers_the_endpoint_it_made(_: PgPoolOptions, options: PgConnectOptions) {
+    let app = TestApp::spawn(options).await;
+    let body = json!({"url": "https://merchant.example/oncepay/events", "event_types": ["payment.succeeded"]});
+
+    let first = create_with_key(&app, &app.tenant, "endpoint-1", &body).await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert_eq!(header(first.headers(), "idempotent-replayed"), None);
+    assert!(header(first.headers(), "idempotency-key-expires").is_some());
+    let made: Value = first.json().await.unwrap();
+    // The same request again, as a client does after a timeout: the same endpoint, its secret too.
+    let again = create_with_key(&app, &app.tenant, "endpoint-1", &body).await;
+    assert_eq!(again.status(), StatusCode::CREATED);
+    assert_eq!(header(again.headers(), "idempotent-replayed"), Some("true"));
+    assert_eq!(header(again.headers(), "location"), Some(path_of(&made).as_str()));
+    let replayed: Value = again.json().await.unwrap();
+    assert_eq!(replayed, made);
+    assert_eq!(endpoint_rows(&app.db).await, 1);
+
+    // The key with another body is refused, and nothing is written.
+    let other = json!({"url": "https://merchant.example/other"});
+    let reused = create_with_key(&app, &app.tenant, "endpoint-1", &other).await;
+    let (headers, _) = assert_problem(reused, StatusCode::UNPROCESSABLE_ENTITY, "idempotency-key-reused").await;
+    assert!(header(&headers, "idempotency-key-expires").is_some());
+    assert_eq!(endpoint_rows(&app.db).await, 1);
+    // A key is the tenant's own: another tenant's same key makes its own endpoint.
+    let other_tenant = create_tenant(&app.db, "other", None).await;
+    let theirs = create_with_key(&app, &other_tenant, "endpoint-1", &other).await;
+    assert_eq!(theirs.status(), StatusCode::CREATED);
+    assert_eq!(header(theirs.headers(), "idempotent-replayed"), None);
+    // Without a key, every create makes an endpoint.
+    created(&app, &app.tenant, "https://merchant.example/oncepay/events").await;
+    created(&app, &app.tenant, "https://merchant.example/oncepay/events").await;
+    assert_eq!(endpoint_rows(&app.db).await, 4);
+    app.stop().await;
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_create_with_a_malformed_key_is_refused_and_writes_nothing(_: PgPoolOptions, options: PgConnectOptions) {
+    let app = TestApp::spawn(options).await;
+    let body = json!({"url": "https://merchant.example/oncepay/events"});
+
+    let refused = create_with_key(&app, &app.tenant, "\"unterminated", &body).await;
+
+    assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(endpoint_rows(&app.db).await, 0);
+    app.stop().await;
+}
+
 /// Writes a `payment.succeeded` event of `tenant`, queued for its endpoints; its id.
 async fn event_of(db: &PgPool, tenant: &Tenant) -> Uuid {
     let event = oncepay_store::merchant_events::NewEvent {

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use sqlx::PgConnection;
+use sqlx::{Connection, PgConnection};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
@@ -97,26 +97,118 @@ pub struct EndpointChange<'a> {
     pub enabled: Option<bool>,
 }
 
+/// The `Idempotency-Key` a create came with: the fingerprint of its request, and how long the key
+/// holds the endpoint it makes.
+#[derive(Debug, Clone, Copy)]
+pub struct CreateKey<'a> {
+    /// The key, parsed.
+    pub key: &'a str,
+    /// The request's fingerprint.
+    pub fingerprint: &'a [u8],
+    /// How long the key is kept.
+    pub retention: Duration,
+}
+
+/// What a create with a key did.
+#[derive(Debug)]
+pub enum Created {
+    /// Made the endpoint.
+    New {
+        /// The endpoint.
+        endpoint: Endpoint,
+        /// When the key is forgotten.
+        key_expires_at: OffsetDateTime,
+    },
+    /// The key had made an endpoint already: the caller answers it again if `fingerprint` is the
+    /// request's, and refuses the request otherwise.
+    Existing {
+        /// The endpoint the key made.
+        endpoint: Endpoint,
+        /// The fingerprint of the request that made it.
+        fingerprint: Vec<u8>,
+        /// When the key is forgotten.
+        key_expires_at: OffsetDateTime,
+    },
+}
+
 /// Makes an endpoint.
 pub async fn create(
     conn: &mut PgConnection,
     tenant_id: TenantId,
     new: &NewEndpoint<'_>,
 ) -> Result<Endpoint, StoreError> {
-    let endpoint_id = sqlx::query_scalar!(
-        "INSERT INTO merchant_endpoints (tenant_id, endpoint_id, url, description, event_types, secret)
-         VALUES ($1, $2, $3, $4, $5, $6)
-         RETURNING endpoint_id",
+    let made = insert(conn, tenant_id, new, None).await?;
+    let (endpoint_id, _) = made.ok_or_else(|| StoreError::Unexpected(sqlx::Error::RowNotFound.into()))?;
+    find(conn, tenant_id, endpoint_id).await?.ok_or_else(|| StoreError::Unexpected(sqlx::Error::RowNotFound.into()))
+}
+
+/// Makes an endpoint under `key`, unless the key made one already and still holds it: then that
+/// endpoint, with the fingerprint of the request that made it. A key past its retention is first
+/// forgotten (the endpoint it made stays). Two creates with one key at once make one endpoint: the
+/// second waits for the first to commit and finds its endpoint.
+pub async fn create_once(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    new: &NewEndpoint<'_>,
+    key: &CreateKey<'_>,
+) -> Result<Created, StoreError> {
+    let mut tx = conn.begin().await?;
+    sqlx::query!(
+        "UPDATE merchant_endpoints SET idempotency_key = NULL, request_fingerprint = NULL, key_expires_at = NULL
+         WHERE tenant_id = $1 AND idempotency_key = $2 AND key_expires_at <= now()",
+        tenant_id.as_uuid(),
+        key.key,
+    )
+    .execute(&mut *tx)
+    .await?;
+    let missing = || StoreError::Unexpected(sqlx::Error::RowNotFound.into());
+    let created = if let Some((endpoint_id, key_expires_at)) = insert(&mut tx, tenant_id, new, Some(key)).await? {
+        let endpoint = find(&mut tx, tenant_id, endpoint_id).await?.ok_or_else(missing)?;
+        Created::New { endpoint, key_expires_at: key_expires_at.ok_or_else(missing)? }
+    } else {
+        let held = sqlx::query!(
+            r#"SELECT endpoint_id, request_fingerprint AS "fingerprint!", key_expires_at AS "key_expires_at!"
+               FROM merchant_endpoints WHERE tenant_id = $1 AND idempotency_key = $2"#,
+            tenant_id.as_uuid(),
+            key.key,
+        )
+        .fetch_one(&mut *tx)
+        .await?;
+        let endpoint = find(&mut tx, tenant_id, held.endpoint_id).await?.ok_or_else(missing)?;
+        Created::Existing { endpoint, fingerprint: held.fingerprint, key_expires_at: held.key_expires_at }
+    };
+    tx.commit().await?;
+    Ok(created)
+}
+
+/// Inserts an endpoint, under `key` if there is one; its id and when the key is forgotten, or
+/// `None` if the key holds another endpoint.
+async fn insert(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    new: &NewEndpoint<'_>,
+    key: Option<&CreateKey<'_>>,
+) -> Result<Option<(Uuid, Option<OffsetDateTime>)>, StoreError> {
+    let made = sqlx::query!(
+        "INSERT INTO merchant_endpoints
+             (tenant_id, endpoint_id, url, description, event_types, secret,
+              idempotency_key, request_fingerprint, key_expires_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now() + make_interval(secs => $9::float8))
+         ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+         RETURNING endpoint_id, key_expires_at",
         tenant_id.as_uuid(),
         Uuid::now_v7(),
         new.url,
         new.description,
         new.event_types,
         new.secret,
+        key.map(|k| k.key),
+        key.map(|k| k.fingerprint),
+        key.map(|k| k.retention.as_secs_f64()),
     )
-    .fetch_one(&mut *conn)
+    .fetch_optional(&mut *conn)
     .await?;
-    find(conn, tenant_id, endpoint_id).await?.ok_or_else(|| StoreError::Unexpected(sqlx::Error::RowNotFound.into()))
+    Ok(made.map(|made| (made.endpoint_id, made.key_expires_at)))
 }
 
 /// The tenant's endpoints, oldest first.

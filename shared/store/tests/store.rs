@@ -30,6 +30,22 @@ async fn intake_of(pool: &PgPool, tenant_id: TenantId, key: &str, body: &Value) 
     intake::accept(&mut conn, &submission.for_tenant(tenant_id, None)).await.unwrap()
 }
 
+/// Waits until a session waits on the backend `pid` (a lock it holds); `what` names the wait.
+async fn wait_until_blocked_by(pool: &PgPool, pid: i32, what: &str) {
+    wait_until(what, Duration::from_secs(10), || async {
+        sqlx::query_scalar!(
+            r#"SELECT EXISTS (SELECT FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))) AS "blocked!""#,
+            pid
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap()
+        .then_some(())
+    })
+    .await
+    .unwrap();
+}
+
 /// Puts an accepted payment into `processing` with the worker's claim.
 async fn claim(pool: &PgPool, tenant_id: TenantId, payment_id: PaymentId) {
     let request = ClaimRequest {
@@ -144,22 +160,11 @@ async fn a_key_committed_by_a_concurrent_request_is_waited_for_and_returned_as_s
 
     // The second finds no key, so its insert waits on the first's, then reads the key again.
     let second = tokio::spawn({
-        let pool = pool.clone();
+        let (pool, new) = (pool.clone(), new.clone());
         async move { intake_of(&pool, tenant_id, "order-1", &body(1999)).await }
     });
     let first_pid = sqlx::query_scalar!(r#"SELECT pg_backend_pid() AS "pid!""#).fetch_one(&mut *first).await.unwrap();
-    wait_until("the second request to wait on the first", Duration::from_secs(10), || async {
-        sqlx::query_scalar!(
-            r#"SELECT EXISTS (SELECT FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))) AS "blocked!""#,
-            first_pid
-        )
-        .fetch_one(&pool)
-        .await
-        .unwrap()
-        .then_some(())
-    })
-    .await
-    .unwrap();
+    wait_until_blocked_by(&pool, first_pid, "the second request to wait on the first").await;
     assert!(!second.is_finished(), "the second request did not wait for the first");
     first.commit().await.unwrap();
     let Intake::Existing(existing) = second.await.unwrap() else { panic!("the second request created a payment") };
@@ -554,4 +559,45 @@ async fn a_refused_refund_leaves_its_payment_unlocked_on_the_connection_it_used(
     .await;
     assert!(locked.is_ok(), "the payment is still locked by the refused refund: {locked:?}");
     drop(conn);
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn two_creates_with_one_key_at_once_make_one_endpoint(pool: PgPool) {
+    use oncepay_store::merchant_endpoints::{self, CreateKey, Created, NewEndpoint};
+    use sqlx::Connection;
+
+    static FINGERPRINT: [u8; 32] = [7; 32];
+    let tenant_id = tenant(&pool, "acme").await;
+    let new = NewEndpoint {
+        url: "https://merchant.example/hooks",
+        description: "",
+        event_types: &[],
+        secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+    };
+    let key = CreateKey { key: "endpoint-1", fingerprint: &FINGERPRINT, retention: Duration::from_secs(86_400) };
+    // The first create holds its transaction open while the second starts.
+    let mut first = pool.acquire().await.unwrap();
+    let first_pid = sqlx::query_scalar!(r#"SELECT pg_backend_pid() AS "pid!""#).fetch_one(&mut *first).await.unwrap();
+    let mut open = first.begin().await.unwrap();
+    let made = merchant_endpoints::create_once(&mut open, tenant_id, &new, &key).await.unwrap();
+    let Created::New { endpoint: made, .. } = made else { panic!("the first create made nothing: {made:?}") };
+    let second = tokio::spawn({
+        let (pool, new) = (pool.clone(), new.clone());
+        async move {
+            let mut conn = pool.acquire().await.unwrap();
+            merchant_endpoints::create_once(&mut conn, tenant_id, &new, &key).await.unwrap()
+        }
+    });
+    wait_until_blocked_by(&pool, first_pid, "the second create to wait on the first").await;
+    assert!(!second.is_finished(), "the second create did not wait for the first");
+    open.commit().await.unwrap();
+
+    match second.await.unwrap() {
+        Created::Existing { endpoint, fingerprint: made_by, .. } => {
+            assert_eq!(endpoint.endpoint_id, made.endpoint_id);
+            assert_eq!(made_by, FINGERPRINT);
+        }
+        other => panic!("the second create made another endpoint: {other:?}"),
+    }
+    assert_eq!(count(&pool, "merchant_endpoints").await, 1);
 }
