@@ -5,10 +5,11 @@
 // The helpers below are test code too; clippy's test allowance only covers `#[test]` functions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use std::collections::HashMap;
 use std::time::Duration;
 
-use oncepay_devkit::wait::wait_until;
 use oncepay_domain::fingerprint::Fingerprint;
 use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_domain::provider_ref::ProviderAccount;
@@ -18,7 +19,7 @@ use oncepay_store::{StoreError, payments};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use serde_json::{Value, json};
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgPool;
 
 /// The amount that the tests' extra CHECK constraint refuses (see [`refuse_amount`]).
 const REFUSED_AMOUNT: i64 = 13;
@@ -254,23 +255,6 @@ async fn a_request_whose_row_is_refused_fails_alone_and_a_later_one_with_its_key
     }
 }
 
-/// The backend of `holder` blocks another backend.
-async fn blocks_another(pool: &PgPool, holder: &mut PgConnection) {
-    let pid = sqlx::query_scalar!(r#"SELECT pg_backend_pid() AS "pid!""#).fetch_one(&mut *holder).await.unwrap();
-    wait_until("another backend to wait for the holder", Duration::from_secs(10), || async {
-        sqlx::query_scalar!(
-            r#"SELECT EXISTS (SELECT FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))) AS "blocked!""#,
-            pid
-        )
-        .fetch_one(pool)
-        .await
-        .unwrap()
-        .then_some(())
-    })
-    .await
-    .unwrap();
-}
-
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
 async fn a_key_another_transaction_holds_past_the_lock_wait_fails_alone(pool: PgPool) {
     let tenant_id = tenant(&pool, "acme").await;
@@ -313,7 +297,7 @@ async fn a_key_committed_by_another_transaction_while_the_group_waits_is_returne
         let pool = pool.clone();
         async move { accept_group(&pool, &group).await }
     });
-    blocks_another(&pool, &mut holder).await;
+    support::blocks_another(&pool, &mut holder).await;
 
     holder.commit().await.unwrap();
     let results = writing.await.unwrap();

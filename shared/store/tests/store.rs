@@ -3,9 +3,10 @@
 // The helpers below are test code too; clippy's test allowance only covers `#[test]` functions.
 #![allow(clippy::unwrap_used)]
 
+mod support;
+
 use std::time::Duration;
 
-use oncepay_devkit::wait::wait_until;
 use oncepay_domain::api_key;
 use oncepay_domain::fingerprint::Fingerprint;
 use oncepay_domain::ids::{PaymentId, TenantId};
@@ -28,22 +29,6 @@ async fn intake_of(pool: &PgPool, tenant_id: TenantId, key: &str, body: &Value) 
     let submission = Submission::new(key, body);
     let mut conn = pool.acquire().await.unwrap();
     intake::accept(&mut conn, &submission.for_tenant(tenant_id, None)).await.unwrap()
-}
-
-/// Waits until a session waits on the backend `pid` (a lock it holds); `what` names the wait.
-async fn wait_until_blocked_by(pool: &PgPool, pid: i32, what: &str) {
-    wait_until(what, Duration::from_secs(10), || async {
-        sqlx::query_scalar!(
-            r#"SELECT EXISTS (SELECT FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))) AS "blocked!""#,
-            pid
-        )
-        .fetch_one(pool)
-        .await
-        .unwrap()
-        .then_some(())
-    })
-    .await
-    .unwrap();
 }
 
 /// Puts an accepted payment into `processing` with the worker's claim.
@@ -160,11 +145,10 @@ async fn a_key_committed_by_a_concurrent_request_is_waited_for_and_returned_as_s
 
     // The second finds no key, so its insert waits on the first's, then reads the key again.
     let second = tokio::spawn({
-        let (pool, new) = (pool.clone(), new.clone());
+        let pool = pool.clone();
         async move { intake_of(&pool, tenant_id, "order-1", &body(1999)).await }
     });
-    let first_pid = sqlx::query_scalar!(r#"SELECT pg_backend_pid() AS "pid!""#).fetch_one(&mut *first).await.unwrap();
-    wait_until_blocked_by(&pool, first_pid, "the second request to wait on the first").await;
+    support::blocks_another(&pool, &mut first).await;
     assert!(!second.is_finished(), "the second request did not wait for the first");
     first.commit().await.unwrap();
     let Intake::Existing(existing) = second.await.unwrap() else { panic!("the second request created a payment") };
@@ -577,7 +561,6 @@ async fn two_creates_with_one_key_at_once_make_one_endpoint(pool: PgPool) {
     let key = CreateKey { key: "endpoint-1", fingerprint: &FINGERPRINT, retention: Duration::from_secs(86_400) };
     // The first create holds its transaction open while the second starts.
     let mut first = pool.acquire().await.unwrap();
-    let first_pid = sqlx::query_scalar!(r#"SELECT pg_backend_pid() AS "pid!""#).fetch_one(&mut *first).await.unwrap();
     let mut open = first.begin().await.unwrap();
     let made = merchant_endpoints::create_once(&mut open, tenant_id, &new, &key).await.unwrap();
     let Created::New { endpoint: made, .. } = made else { panic!("the first create made nothing: {made:?}") };
@@ -588,7 +571,7 @@ async fn two_creates_with_one_key_at_once_make_one_endpoint(pool: PgPool) {
             merchant_endpoints::create_once(&mut conn, tenant_id, &new, &key).await.unwrap()
         }
     });
-    wait_until_blocked_by(&pool, first_pid, "the second create to wait on the first").await;
+    support::blocks_another(&pool, &mut open).await;
     assert!(!second.is_finished(), "the second create did not wait for the first");
     open.commit().await.unwrap();
 
