@@ -75,6 +75,7 @@ pub struct IdempotencyKeyHeader {
 #[derive(IntoParams)]
 #[into_params(parameter_in = Header)]
 pub struct OptionalIdempotencyKeyHeader {
+    // The pattern of `IdempotencyKeyHeader`, written again: utoipa takes only a literal here.
     #[doc = "Optional; the grammar of a payment's key. Sent again with the same key and body, the create \
              answers the endpoint it made and makes no other; without a key, each create makes one."]
     #[param(rename = "Idempotency-Key", pattern = r#"^(?:[!#-~][!-~]{0,254}|"(?:[!#-\[\]-~]|\\["\\]){1,255}")$"#)]

@@ -123,7 +123,6 @@ impl<'a> Stack<'a> {
         })
     }
 
-    /// `compose` on the repository's own `docker-compose.yml`, as this run's project.
     /// How the reconciler's container reaches PostgreSQL now: its resolver's configuration, and
     /// curl's time to look the name up and to connect (an empty reply is PostgreSQL refusing HTTP,
     /// so connected). Tells a name lookup that hangs from a connection that does, when a command
@@ -141,6 +140,7 @@ impl<'a> Stack<'a> {
         }
     }
 
+    /// `compose` on the repository's own `docker-compose.yml`, as this run's project.
     fn compose(&self, args: &[&str]) -> Command {
         let mut command = self.engine.compose();
         command
