@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 
 use oncepay_domain::ids::{PaymentId, RefundId, TenantId};
+use oncepay_service::telemetry;
 use oncepay_store::payments::Payment;
 use oncepay_store::refunds::{self, Refund};
 use oncepay_store::{StoreError, payments};
@@ -116,7 +117,7 @@ impl Rereader {
                 // Its waiters keep waiting: a re-read is only a check after a hint, and each waiter
                 // reads for itself once its wait is over.
                 Err(error) => tracing::warn!(
-                    error = %error,
+                    error = %telemetry::error_chain(&error),
                     payments = payment_ids.len(),
                     "cannot re-read payments for long polls; they keep waiting",
                 ),
@@ -132,7 +133,7 @@ impl Rereader {
                 }
                 Ok(None) => {}
                 Err(error) => tracing::warn!(
-                    error = %error,
+                    error = %telemetry::error_chain(&error),
                     "cannot re-read a refund for long polls; its waiters keep waiting",
                 ),
             }

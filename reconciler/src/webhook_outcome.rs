@@ -5,6 +5,7 @@
 use actix_web::HttpResponse;
 use oncepay_domain::ids::{PaymentId, RefundId};
 use oncepay_http::problem::{Problem, ProblemType};
+use oncepay_service::telemetry;
 use oncepay_store::StoreError;
 use oncepay_store::transitions::TransitionError;
 use serde_json::json;
@@ -65,7 +66,7 @@ pub(crate) fn respond_to(applied: Result<Handled, ApplyError>) -> (&'static str,
             ("invalid_body", Problem::new(ProblemType::InvalidWebhook, detail).to_response())
         }
         Err(ApplyError::Store(error)) if error.is_unavailable() => {
-            tracing::warn!(error = %error, "webhook not applied: the database is unavailable");
+            tracing::warn!(error = %telemetry::error_chain(&error), "webhook not applied: the database is unavailable");
             let detail = "the event could not be recorded; deliver it again later";
             ("unavailable", Problem::new(ProblemType::ServiceUnavailable, detail).with_retry_after(5).to_response())
         }

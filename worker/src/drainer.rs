@@ -310,7 +310,7 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
             }
             Err(error) => {
                 // Most likely the database is unreachable: try again at the next poll tick.
-                tracing::warn!(error = %error, "claiming due outbox rows failed");
+                tracing::warn!(error = %telemetry::error_chain(&error), "claiming due outbox rows failed");
                 false
             }
         }
@@ -374,7 +374,7 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
                     if claimed.is_empty() {
                         return Err(error);
                     }
-                    tracing::warn!(error = %error, tenant.id = %turn.tenant, "claiming from a tenant failed; sending what was claimed");
+                    tracing::warn!(error = %telemetry::error_chain(&error), tenant.id = %turn.tenant, "claiming from a tenant failed; sending what was claimed");
                     metrics::claimed(Kind::Payment, claimed.len());
                     return Ok(claimed);
                 }
@@ -467,7 +467,7 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
                 Err(error) if error.is_transient() && retry < RECORD_RETRIES => {
                     retry += 1;
                     let delay = RECORD_BACKOFF.delay(retry, &mut rand::rng());
-                    tracing::warn!(error = %error, retry, delay_ms = delay.as_millis(), "recording failed; retrying");
+                    tracing::warn!(error = %telemetry::error_chain(&error), retry, delay_ms = delay.as_millis(), "recording failed; retrying");
                     tokio::time::sleep(delay).await;
                 }
                 result => return result,

@@ -33,6 +33,7 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind};
 use oncepay_service::backoff::Backoff;
+use oncepay_service::telemetry;
 use oncepay_store::broker_queues::{self, Queue};
 use secrecy::ExposeSecret;
 use time::OffsetDateTime;
@@ -269,7 +270,7 @@ async fn sample(connection: &Connection, state: &AppState, settings: &BrokerSett
             metrics::gauge!(BROKER_DEAD_LETTER_AGE).set(age);
             let samples = [(Queue::Payments, waiting, None), (Queue::DeadLetters, dead, oldest)];
             if let Err(error) = record(state, &samples, now).await {
-                tracing::warn!(error = %error, "the broker's queues could not be recorded for the console");
+                tracing::warn!(error = %telemetry::error_chain(&error), "the broker's queues could not be recorded for the console");
             }
             tokio::select! {
                 () = shutdown.cancelled() => return Ok::<(), lapin::Error>(()),

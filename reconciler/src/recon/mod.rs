@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use oncepay_service::runner::Pass;
+use oncepay_service::telemetry;
 use oncepay_store::recon_runs::{Claim, Class, Discrepancy, RunStatus, Trigger, Window};
 
 /// The reconciliation's settings.
@@ -357,7 +358,7 @@ impl<P: PaymentProvider + 'static> Reconciliation<P> {
                     reread.still.push(open.last_seen);
                 }
                 Err(error) => {
-                    tracing::warn!(charge.id = %id, error = %error, "cannot read an unfinished charge again; it stays open");
+                    tracing::warn!(charge.id = %id, error = %telemetry::error_chain(&error), "cannot read an unfinished charge again; it stays open");
                     reread.still.push(open.last_seen);
                 }
             }
@@ -423,7 +424,7 @@ impl<P: PaymentProvider + 'static> Reconciliation<P> {
                     reread.push(open.last_seen);
                 }
                 Err(error) => {
-                    tracing::warn!(refund.id = %id, error = %error, "cannot read an unfinished refund again; it stays open");
+                    tracing::warn!(refund.id = %id, error = %telemetry::error_chain(&error), "cannot read an unfinished refund again; it stays open");
                     reread.push(open.last_seen);
                 }
             }

@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use oncepay_domain::ids::TenantId;
 use oncepay_service::group_commit::GroupCommits;
+use oncepay_service::telemetry;
 use oncepay_store::StoreError;
 use oncepay_store::merchant_deliveries::{self, ClaimedDelivery, Record, Recording};
 use uuid::Uuid;
@@ -142,7 +143,7 @@ impl EventSender {
         }
         .await;
         claimed.unwrap_or_else(|error: oncepay_store::StoreError| {
-            tracing::warn!(error = %error, "cannot claim event deliveries; trying again");
+            tracing::warn!(error = %telemetry::error_chain(&error), "cannot claim event deliveries; trying again");
             Vec::new()
         })
     }
@@ -178,7 +179,7 @@ impl EventSender {
             }
             Some(Ok(Recording::LeaseLost)) => metrics::delivery_lease_lost(),
             Some(Err(error)) => {
-                tracing::warn!(error = %error, event.id = %event_id,
+                tracing::warn!(error = %telemetry::error_chain(&error), event.id = %event_id,
                     "cannot record a delivery attempt; its lease will run out and it is tried again");
             }
             None => {

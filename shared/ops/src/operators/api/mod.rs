@@ -37,6 +37,7 @@ use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_http::problem::{Problem, ProblemType};
 use oncepay_provider::{ConfiguredProvider, ProviderSettings};
+use oncepay_service::telemetry;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -208,7 +209,7 @@ pub fn problem(error: OperatorError) -> Problem {
 
 pub async fn connection(state: &OperatorsState) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, Problem> {
     state.pool.acquire().await.map_err(|error| {
-        tracing::error!(error = %error, "the operations API cannot reach the database");
+        tracing::error!(error = %telemetry::error_chain(&error), "the operations API cannot reach the database");
         Problem::new(ProblemType::ServiceUnavailable, "the database cannot be reached; nothing was done")
     })
 }
