@@ -43,6 +43,9 @@ const HEALTHY_WITHIN: Duration = Duration::from_secs(180);
 const FINAL_WITHIN_SECS: &str = "120";
 /// How long taking the stack down may take (each container gets at most 40 s to stop).
 const DOWN_WITHIN: Duration = Duration::from_secs(120);
+/// How long a command in the reconciler's container that reaches PostgreSQL may take before the
+/// check looks at how the container reaches it (making the first operator takes 1 to 4 s).
+const SLOW_COMMAND: Duration = Duration::from_secs(6);
 
 /// Builds the binaries, runs the check on a container engine and cleans up. CI runs it after the
 /// tests.
@@ -125,19 +128,39 @@ impl<'a> Stack<'a> {
 
     /// How the reconciler's container reaches PostgreSQL now: its resolver's configuration, and
     /// curl's time to look the name up and to connect (an empty reply is PostgreSQL refusing HTTP,
-    /// so connected). Tells a name lookup that hangs from a connection that does, when a command
-    /// in the container could not reach the database.
-    async fn reaching_postgres(&self) -> String {
+    /// so connected); and whether the container network's name server (aardvark-dns, a process of
+    /// this host) is running. Tells a name lookup that hangs from a connection that does, when a
+    /// command in the container could not reach the database. `when` says when it was looked at.
+    async fn reaching_postgres(&self, when: &str) -> String {
         let probe = "cat /etc/resolv.conf; curl -sS -m 10 -o /dev/null \
                      -w 'lookup %{time_namelookup} s, connected %{time_connect} s\\n' http://postgres:5432/";
-        match self.compose(&["exec", "-T", "reconciler", "sh", "-c", probe]).output().await {
-            Ok(out) => format!(
-                "the reconciler's container, afterwards: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
+        let inside = match self.compose(&["exec", "-T", "reconciler", "sh", "-c", probe]).output().await {
+            Ok(out) => format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
             Err(error) => format!("cannot look into the reconciler's container: {error}"),
+        };
+        let name_servers = match Command::new("pgrep").args(["-a", "aardvark-dns"]).output().await {
+            Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).into_owned(),
+            Ok(_) => "no aardvark-dns process\n".to_owned(),
+            Err(error) => format!("cannot list processes: {error}\n"),
+        };
+        format!("the reconciler's container, {when}:\n{inside}on this host: {name_servers}")
+    }
+
+    /// Waits for `output`, a command that reaches PostgreSQL from the reconciler's container; if it
+    /// takes longer than [`SLOW_COMMAND`], looks at how the container reaches PostgreSQL meanwhile
+    /// ([`Self::reaching_postgres`]), so that a failure shows the network as it was during the
+    /// wait, not only after it.
+    async fn output_watched(
+        &self,
+        output: impl Future<Output = std::io::Result<std::process::Output>>,
+    ) -> (std::io::Result<std::process::Output>, Option<String>) {
+        tokio::pin!(output);
+        tokio::select! {
+            done = &mut output => return (done, None),
+            () = tokio::time::sleep(SLOW_COMMAND) => {}
         }
+        let (done, during) = tokio::join!(output, self.reaching_postgres("during the wait"));
+        (done, Some(during))
     }
 
     /// `compose` on the repository's own `docker-compose.yml`, as this run's project.
@@ -439,25 +462,17 @@ async fn check(stack: &Stack<'_>, root: &Path, bin: &Path) -> anyhow::Result<()>
     stack.wait_until_healthy(1).await?;
 
     phase.next("first payment");
-    let bootstrapped = stack
-        .compose(&[
-            "exec",
-            "-T",
-            "reconciler",
-            "oncepay-reconciler",
-            "operators",
-            "bootstrap",
-            "compose-check",
-            "--json",
-        ])
-        .output()
-        .await?;
+    let bootstrap =
+        ["exec", "-T", "reconciler", "oncepay-reconciler", "operators", "bootstrap", "compose-check", "--json"];
+    let (bootstrapped, during) = stack.output_watched(stack.compose(&bootstrap).output()).await;
+    let bootstrapped = bootstrapped?;
     if !bootstrapped.status.success() {
         bail!(
-            "making the first operator failed: {}: {}\n{}",
+            "making the first operator failed: {}: {}\n{}{}",
             bootstrapped.status,
             String::from_utf8_lossy(&bootstrapped.stderr).trim(),
-            stack.reaching_postgres().await
+            during.unwrap_or_default(),
+            stack.reaching_postgres("afterwards").await
         );
     }
     let bootstrapped: Value =
