@@ -3,10 +3,10 @@
 //!
 //! The test makes the pause happen at that moment every time. Worker 1 is paused throughout, so
 //! worker 0 makes every claim. The endpoint responds 500 to the payment's event, then the merchant
-//! disables it, so the delivery waits with its retry due. The test then holds a lock on
-//! `merchant_deliveries` until worker 0's next claim waits on it, pauses worker 0, enables the
-//! endpoint and lets go of the lock. The claim goes through in PostgreSQL while its worker is
-//! frozen. Worker 1 then takes the delivery over once the lease has run out, and delivers it and
+//! disables it, so the delivery waits with its retry due. The test then enables the endpoint
+//! with the delivery leased elsewhere, holds a lock on `merchant_events`, gives the lease up, waits
+//! until worker 0's next claim waits on the lock, pauses worker 0 and lets go of the lock. The
+//! claim goes through in PostgreSQL while its worker is frozen. Worker 1 then takes the delivery over once the lease has run out, and delivers it and
 //! the refund's event after it. Worker 0 is resumed last.
 //!
 //! Needs every binary built (`cargo build --workspace --bins`; the test command does it first).
@@ -39,6 +39,8 @@ async fn start() -> System {
         setting_variable("events.retry_schedule_secs"),
         format!("[{RETRY_AFTER_SECS}, {RETRY_AFTER_SECS}]"),
     ));
+    // Few connections, so that the claims below prepare the claim on each of them.
+    env.push((Processes::Only(Role::Worker), setting_variable("database.max_connections"), "3".to_owned()));
     System::start(SystemConfig {
         binaries: Binaries::built().unwrap(),
         topology: Topology { apis: 1, workers: 2, reconcilers: 1 },
@@ -99,7 +101,20 @@ async fn delivery(pool: &PgPool, event_id: Uuid) -> Delivery {
     .unwrap()
 }
 
-/// Whether a worker's statement waits on a lock of `merchant_deliveries`.
+/// Leases the delivery of `event_id` for an hour to a worker that does not exist, or (`held`
+/// false) gives that lease up, keeping the fencing token.
+async fn hold_lease(pool: &PgPool, event_id: Uuid, held: bool) {
+    // Two statements: Citus refuses `now()` inside a `CASE` of an UPDATE.
+    let lease = if held {
+        "UPDATE merchant_deliveries SET locked_by = 'elsewhere', locked_until = now() + interval '1 hour'
+          WHERE event_id = $1"
+    } else {
+        "UPDATE merchant_deliveries SET locked_by = NULL, locked_until = NULL WHERE event_id = $1"
+    };
+    sqlx::query(lease).bind(event_id).execute(pool).await.unwrap();
+}
+
+/// Whether a worker's statement on `merchant_deliveries` waits on a lock.
 async fn a_claim_waits(pool: &PgPool) -> bool {
     sqlx::query_scalar(
         "SELECT count(*) > 0 FROM pg_stat_activity
@@ -153,13 +168,21 @@ async fn a_worker_paused_after_its_claim_never_sends_a_payments_event_after_a_la
     receiver.set_plan("main-0", always(Behaviour::Accept)).unwrap();
     wait_until("the retry to be due", || async { delivery(&pool, succeeded).await.due }).await;
 
-    // Worker 0's next claim waits on the lock; it is paused there, and the claim goes through while
-    // it is frozen.
+    // The endpoint is on again, but the delivery is leased to someone else: worker 0 claims it at
+    // every poll and finds nothing, which prepares its claim on each of its few connections. A
+    // claim still to be prepared would wait on the lock below in its preparation, and a worker
+    // frozen there never sends the claim itself.
+    hold_lease(&pool, succeeded, true).await;
+    set_enabled(&system, &endpoint, true).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // Worker 0's next claim waits on the lock of the events (finding the tenants with deliveries
+    // due does not read them); it is paused there, and the claim goes through while it is frozen.
     let mut lock = pool.begin().await.unwrap();
-    sqlx::query("LOCK TABLE merchant_deliveries IN EXCLUSIVE MODE").execute(&mut *lock).await.unwrap();
+    sqlx::query("LOCK TABLE merchant_events IN ACCESS EXCLUSIVE MODE").execute(&mut *lock).await.unwrap();
+    hold_lease(&pool, succeeded, false).await;
     wait_until("worker 0's claim to wait on the lock", || a_claim_waits(&pool)).await;
     system.pause(Role::Worker, 0).unwrap();
-    set_enabled(&system, &endpoint, true).await;
     lock.rollback().await.unwrap();
     wait_until("the frozen worker's claim", || async {
         let claimed = delivery(&pool, succeeded).await;

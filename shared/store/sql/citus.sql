@@ -9,7 +9,9 @@
 --
 -- `tenants`, `api_keys` and `broker_users` are small and read on every request or message: copied
 -- to every node. `payments` anchors the colocation group, and every table with a foreign key to it
--- lives beside it, so one tenant's rows are on one node. `recon_runs`, `recon_discrepancies`,
+-- lives beside it, so one tenant's rows are on one node. The events to merchants live there too
+-- (`merchant_…`, in the order of their foreign keys): an event is written in the transaction of
+-- its change, which then commits on the tenant's node alone. `recon_runs`, `recon_discrepancies`,
 -- `recon_unfinished_charges` and `recon_unfinished_refunds` describe the provider's accounts as a
 -- whole, `broker_queue_samples` the broker's queues, and `operators`, `operator_tokens`,
 -- `proposals`, `operator_audit`, `bulk_retries` and `bulk_retry_items` the installation's
@@ -32,7 +34,9 @@ BEGIN
     END IF;
     FOREACH name IN ARRAY ARRAY['payment_events', 'idempotency_keys', 'outbox', 'ledger_entries',
                                 'unknown_payments', 'dead_letters', 'webhook_events', 'refunds', 'refund_events',
-                                'refund_keys', 'refund_outbox', 'refund_ledger_entries', 'refund_dead_letters'] LOOP
+                                'refund_keys', 'refund_outbox', 'refund_ledger_entries', 'refund_dead_letters',
+                                'merchant_endpoints', 'merchant_events', 'merchant_deliveries',
+                                'merchant_delivery_attempts'] LOOP
         IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = name::regclass) THEN
             PERFORM create_distributed_table(name, 'tenant_id', colocate_with => 'payments');
         END IF;

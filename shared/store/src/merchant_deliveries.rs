@@ -66,10 +66,30 @@ impl std::fmt::Debug for ClaimedDelivery {
     }
 }
 
-/// Claims up to `limit` due deliveries for `worker` for `lease`, at most `per_endpoint` of any
-/// endpoint leased at once, oldest due first.
+/// The tenants with a delivery due to one of their enabled endpoints: whom the worker claims from.
+/// Read-only and without locks: under Citus it reads every shard, which SCALING.md allows for the
+/// scans that find who has work.
+pub async fn due_tenants(conn: &mut PgConnection) -> Result<Vec<TenantId>, StoreError> {
+    Ok(sqlx::query_scalar!(
+        r#"
+        SELECT DISTINCT p.tenant_id AS "tenant_id!: TenantId"
+        FROM merchant_endpoints p
+        WHERE p.enabled
+          AND EXISTS (SELECT FROM merchant_deliveries d
+                      WHERE d.tenant_id = p.tenant_id AND d.endpoint_id = p.endpoint_id
+                        AND d.state = 'pending' AND d.next_attempt_at <= now())
+        "#
+    )
+    .fetch_all(conn)
+    .await?)
+}
+
+/// Claims up to `limit` of `tenant_id`'s due deliveries for `worker` for `lease`, at most
+/// `per_endpoint` of any endpoint leased at once, oldest due first. One tenant per statement, so
+/// that under Citus it runs on the tenant's shard alone (SCALING.md).
 pub async fn claim(
     conn: &mut PgConnection,
+    tenant_id: TenantId,
     worker: &str,
     limit: u32,
     per_endpoint: u32,
@@ -79,7 +99,7 @@ pub async fn claim(
         r#"
         WITH leased AS (
             SELECT tenant_id, endpoint_id, count(*) AS n FROM merchant_deliveries
-            WHERE state = 'pending' AND locked_until > now()
+            WHERE tenant_id = $5 AND state = 'pending' AND locked_until > now()
             GROUP BY tenant_id, endpoint_id
         ), ranked AS (
             -- Each enabled endpoint's oldest due deliveries that wait for no earlier event of their
@@ -92,7 +112,7 @@ pub async fn claim(
                 SELECT d.tenant_id, d.endpoint_id, d.event_id, d.next_attempt_at,
                        row_number() OVER (ORDER BY d.next_attempt_at, d.event_order) AS place
                 FROM merchant_deliveries d
-                WHERE d.tenant_id = p.tenant_id AND d.endpoint_id = p.endpoint_id
+                WHERE d.tenant_id = $5 AND d.endpoint_id = p.endpoint_id
                   AND d.state = 'pending' AND d.next_attempt_at <= now()
                   AND (d.locked_until IS NULL OR d.locked_until < now())
                   -- A scalar subquery, not NOT EXISTS: PostgreSQL evaluates it per delivery
@@ -100,7 +120,7 @@ pub async fn claim(
                   -- would compare every pending delivery with every other where the statistics
                   -- are stale (a new or just-restored table): seconds for ten thousand.
                   AND (SELECT e.event_order FROM merchant_deliveries e
-                       WHERE e.tenant_id = d.tenant_id AND e.endpoint_id = d.endpoint_id
+                       WHERE e.tenant_id = $5 AND e.endpoint_id = d.endpoint_id
                          AND e.payment_id = d.payment_id AND e.state = 'pending'
                          AND e.event_order < d.event_order
                        ORDER BY e.event_order
@@ -109,7 +129,7 @@ pub async fn claim(
                 -- One past the cap, to tell an endpoint with more due than room.
                 LIMIT $3::int8 + 1
             ) c
-            WHERE p.enabled
+            WHERE p.tenant_id = $5 AND p.enabled
         ), candidates AS (
             -- As many as each endpoint has room for.
             SELECT tenant_id, endpoint_id, event_id, next_attempt_at FROM ranked WHERE place <= room
@@ -124,7 +144,7 @@ pub async fn claim(
             -- candidate up through the pending deliveries' index, walking every entry of the
             -- endpoint before it, dead ones included, rather than by the primary key. On a copy
             -- with five thousand deliveries just delivered, that read three times the pages.
-            WHERE d.state NOT IN ('delivered', 'dead_lettered')
+            WHERE d.tenant_id = $5 AND d.state NOT IN ('delivered', 'dead_lettered')
               AND (d.locked_until IS NULL OR d.locked_until < now())
             ORDER BY c.next_attempt_at
             LIMIT $2
@@ -134,7 +154,7 @@ pub async fn claim(
             SET locked_by = $1, locked_until = now() + make_interval(secs => $4),
                 fencing_token = d.fencing_token + 1, updated_at = now()
             FROM due
-            WHERE d.tenant_id = due.tenant_id AND d.endpoint_id = due.endpoint_id AND d.event_id = due.event_id
+            WHERE d.tenant_id = $5 AND d.endpoint_id = due.endpoint_id AND d.event_id = due.event_id
             RETURNING d.tenant_id, d.endpoint_id, d.event_id, d.fencing_token, d.attempts
         )
         SELECT c.tenant_id AS "tenant_id!: TenantId", c.endpoint_id AS "endpoint_id!", c.event_id AS "event_id!",
@@ -146,14 +166,15 @@ pub async fn claim(
                EXISTS (SELECT FROM crowded r WHERE r.tenant_id = c.tenant_id AND r.endpoint_id = c.endpoint_id)
                    AS "more_due!"
         FROM claimed c
-        JOIN merchant_events ev ON ev.tenant_id = c.tenant_id AND ev.event_id = c.event_id
-        JOIN merchant_endpoints p ON p.tenant_id = c.tenant_id AND p.endpoint_id = c.endpoint_id
-        JOIN tenants t ON t.tenant_id = c.tenant_id
+        JOIN merchant_events ev ON ev.tenant_id = $5 AND ev.event_id = c.event_id
+        JOIN merchant_endpoints p ON p.tenant_id = $5 AND p.endpoint_id = c.endpoint_id
+        JOIN tenants t ON t.tenant_id = $5
         "#,
         worker,
         i64::from(limit),
         i64::from(per_endpoint),
         lease.as_secs_f64(),
+        tenant_id.as_uuid(),
     )
     .fetch_all(conn)
     .await?;
@@ -256,80 +277,16 @@ pub async fn record(conn: &mut PgConnection, worker: &str, records: &[Record]) -
     // Every attempt waited for its own flush before, and the deliveries' commits outnumbered the
     // payments'.
     sqlx::query("SET LOCAL synchronous_commit = off").execute(&mut *tx).await?;
-    let column = |f: fn(&Record) -> Uuid| records.iter().map(f).collect::<Vec<Uuid>>();
-    let tenants = column(|r| r.claimed.tenant_id.as_uuid());
-    let endpoints = column(|r| r.claimed.endpoint_id);
-    let events = column(|r| r.claimed.event_id);
-    let tokens: Vec<i64> = records.iter().map(|r| r.claimed.fencing_token).collect();
-    let states: Vec<&str> = records.iter().map(|r| state_after(r.next)).collect();
-    let retry_in: Vec<f64> = records.iter().map(|r| retry_in(r.next)).collect();
-    let attempted_at: Vec<OffsetDateTime> = records.iter().map(|r| r.attempt.attempted_at).collect();
-    let statuses: Vec<Option<i32>> = records.iter().map(|r| r.attempt.status.map(i32::from)).collect();
-    let responses: Vec<Cow<'_, str>> = records.iter().map(|r| storable(&r.attempt.response)).collect();
-    let errors: Vec<Option<Cow<'_, str>>> = records.iter().map(|r| r.attempt.error.as_deref().map(storable)).collect();
-    let responses: Vec<&str> = responses.iter().map(AsRef::as_ref).collect();
-    let errors: Vec<Option<&str>> = errors.iter().map(Option::as_deref).collect();
-    let took: Vec<bool> = records.iter().map(|r| matches!(r.health, Health::Took)).collect();
-    // One statement moves each delivery this worker's claim still holds, keeps its attempt (in the
-    // delivery's row when it delivered, in `merchant_delivery_attempts` otherwise), and after a
-    // success clears the endpoint's failing streak: a batch costs one round trip.
-    let moved = sqlx::query!(
-        r#"
-        WITH input AS (
-            SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::int8[], $5::text[], $6::float8[],
-                                 $7::timestamptz[], $8::int4[], $9::text[], $10::text[], $11::bool[])
-                AS i(tenant_id, endpoint_id, event_id, fencing_token, state, retry_in, attempted_at,
-                     status, response, error, took)
-        ), moved AS (
-            UPDATE merchant_deliveries d
-            SET state = i.state, attempts = d.attempts + 1,
-                next_attempt_at = now() + make_interval(secs => i.retry_in),
-                delivered_at = CASE WHEN i.state = 'delivered' THEN now() END,
-                delivered_attempted_at = CASE WHEN i.state = 'delivered' THEN i.attempted_at END,
-                delivered_by = CASE WHEN i.state = 'delivered' THEN $12 END,
-                delivered_status = CASE WHEN i.state = 'delivered' THEN i.status END,
-                delivered_response = CASE WHEN i.state = 'delivered' THEN i.response END,
-                locked_by = NULL, locked_until = NULL, updated_at = now()
-            FROM input i
-            WHERE d.tenant_id = i.tenant_id AND d.endpoint_id = i.endpoint_id AND d.event_id = i.event_id
-              AND d.fencing_token = i.fencing_token AND d.state = 'pending'
-            RETURNING d.tenant_id, d.endpoint_id, d.event_id, d.fencing_token
-        ), attempt AS (
-            -- An attempt that delivered is kept in the delivery's row, above: most deliveries are
-            -- one such attempt, and a row of its own cost each one more insert.
-            INSERT INTO merchant_delivery_attempts
-                (tenant_id, endpoint_id, event_id, attempted_at, worker, status, response, error)
-            SELECT i.tenant_id, i.endpoint_id, i.event_id, i.attempted_at, $12, i.status, i.response, i.error
-            FROM input i JOIN moved m USING (tenant_id, endpoint_id, event_id, fencing_token)
-            WHERE i.state <> 'delivered'
-        ), healed AS (
-            UPDATE merchant_endpoints p SET failing_since = NULL
-            FROM (SELECT DISTINCT i.tenant_id, i.endpoint_id
-                  FROM input i JOIN moved m USING (tenant_id, endpoint_id, event_id, fencing_token)
-                  WHERE i.took) h
-            WHERE p.tenant_id = h.tenant_id AND p.endpoint_id = h.endpoint_id AND p.failing_since IS NOT NULL
-        )
-        SELECT tenant_id AS "tenant_id!", endpoint_id AS "endpoint_id!", event_id AS "event_id!",
-               fencing_token AS "fencing_token!"
-        FROM moved
-        "#,
-        &tenants,
-        &endpoints,
-        &events,
-        &tokens,
-        &states as &[&str],
-        &retry_in,
-        &attempted_at,
-        &statuses as &[Option<i32>],
-        &responses as &[&str],
-        &errors as &[Option<&str>],
-        &took,
-        worker,
-    )
-    .fetch_all(&mut *tx)
-    .await?;
-    let moved: HashSet<(Uuid, Uuid, Uuid, i64)> =
-        moved.into_iter().map(|m| (m.tenant_id, m.endpoint_id, m.event_id, m.fencing_token)).collect();
+    // One statement per tenant among them, so that each names its shard under Citus (SCALING.md);
+    // the worker's batches are of one endpoint, so that is one statement.
+    let mut tenants: Vec<TenantId> = records.iter().map(|r| r.claimed.tenant_id).collect();
+    tenants.sort_unstable();
+    tenants.dedup();
+    let mut moved = HashSet::with_capacity(records.len());
+    for tenant_id in tenants {
+        let ours: Vec<&Record> = records.iter().filter(|r| r.claimed.tenant_id == tenant_id).collect();
+        moved.extend(move_deliveries(&mut tx, tenant_id, worker, &ours).await?);
+    }
     let mut recordings = Vec::with_capacity(records.len());
     for record in records {
         let claimed = &record.claimed;
@@ -350,6 +307,95 @@ pub async fn record(conn: &mut PgConnection, worker: &str, records: &[Record]) -
     }
     tx.commit().await?;
     Ok(recordings)
+}
+
+/// Moves each of `tenant_id`'s deliveries in `records` that `worker`'s claim still holds, and keeps
+/// its attempt; the deliveries it moved, as (tenant, endpoint, event, fencing token).
+async fn move_deliveries(
+    conn: &mut PgConnection,
+    tenant_id: TenantId,
+    worker: &str,
+    records: &[&Record],
+) -> Result<Vec<(Uuid, Uuid, Uuid, i64)>, StoreError> {
+    let column = |f: fn(&Record) -> Uuid| records.iter().copied().map(f).collect::<Vec<Uuid>>();
+    let tenants = column(|r| r.claimed.tenant_id.as_uuid());
+    let endpoints = column(|r| r.claimed.endpoint_id);
+    let events = column(|r| r.claimed.event_id);
+    let tokens: Vec<i64> = records.iter().map(|r| r.claimed.fencing_token).collect();
+    let states: Vec<&str> = records.iter().map(|r| state_after(r.next)).collect();
+    let retry_in: Vec<f64> = records.iter().map(|r| retry_in(r.next)).collect();
+    let attempted_at: Vec<OffsetDateTime> = records.iter().map(|r| r.attempt.attempted_at).collect();
+    let statuses: Vec<Option<i32>> = records.iter().map(|r| r.attempt.status.map(i32::from)).collect();
+    let responses: Vec<Cow<'_, str>> = records.iter().map(|r| storable(&r.attempt.response)).collect();
+    let errors: Vec<Option<Cow<'_, str>>> = records.iter().map(|r| r.attempt.error.as_deref().map(storable)).collect();
+    let responses: Vec<&str> = responses.iter().map(AsRef::as_ref).collect();
+    let errors: Vec<Option<&str>> = errors.iter().map(Option::as_deref).collect();
+    let took: Vec<bool> = records.iter().map(|r| matches!(r.health, Health::Took)).collect();
+    // One statement moves each delivery this worker's claim still holds, keeps its attempt (in the
+    // delivery's row when it delivered, in `merchant_delivery_attempts` otherwise), and after a
+    // success clears the endpoint's failing streak: a batch costs one round trip.
+    let moved = sqlx::query!(
+        r#"
+        WITH input AS (
+            -- The times are worked out here, not in the UPDATE: Citus refuses `now()` inside a
+            -- `CASE`, and a STABLE operator over a column, in a distributed UPDATE's SET.
+            SELECT x.*, now() AS now, now() + make_interval(secs => x.retry_in) AS next_attempt_at
+            FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::int8[], $5::text[], $6::float8[],
+                        $7::timestamptz[], $8::int4[], $9::text[], $10::text[], $11::bool[])
+                AS x(tenant_id, endpoint_id, event_id, fencing_token, state, retry_in, attempted_at,
+                     status, response, error, took)
+        ), moved AS (
+            UPDATE merchant_deliveries d
+            SET state = i.state, attempts = d.attempts + 1,
+                next_attempt_at = i.next_attempt_at,
+                delivered_at = CASE WHEN i.state = 'delivered' THEN i.now END,
+                delivered_attempted_at = CASE WHEN i.state = 'delivered' THEN i.attempted_at END,
+                delivered_by = CASE WHEN i.state = 'delivered' THEN $12 END,
+                delivered_status = CASE WHEN i.state = 'delivered' THEN i.status END,
+                delivered_response = CASE WHEN i.state = 'delivered' THEN i.response END,
+                locked_by = NULL, locked_until = NULL, updated_at = i.now
+            FROM input i
+            WHERE d.tenant_id = $13 AND d.tenant_id = i.tenant_id AND d.endpoint_id = i.endpoint_id
+              AND d.event_id = i.event_id
+              AND d.fencing_token = i.fencing_token AND d.state = 'pending'
+            RETURNING d.tenant_id, d.endpoint_id, d.event_id, d.fencing_token
+        ), attempt AS (
+            -- An attempt that delivered is kept in the delivery's row, above: most deliveries are
+            -- one such attempt, and a row of its own cost each one more insert.
+            INSERT INTO merchant_delivery_attempts
+                (tenant_id, endpoint_id, event_id, attempted_at, worker, status, response, error)
+            SELECT i.tenant_id, i.endpoint_id, i.event_id, i.attempted_at, $12, i.status, i.response, i.error
+            FROM input i JOIN moved m USING (tenant_id, endpoint_id, event_id, fencing_token)
+            WHERE i.state <> 'delivered'
+        ), healed AS (
+            UPDATE merchant_endpoints p SET failing_since = NULL
+            FROM (SELECT DISTINCT i.tenant_id, i.endpoint_id
+                  FROM input i JOIN moved m USING (tenant_id, endpoint_id, event_id, fencing_token)
+                  WHERE i.took) h
+            WHERE p.tenant_id = $13 AND p.tenant_id = h.tenant_id AND p.endpoint_id = h.endpoint_id
+              AND p.failing_since IS NOT NULL
+        )
+        SELECT tenant_id AS "tenant_id!", endpoint_id AS "endpoint_id!", event_id AS "event_id!",
+               fencing_token AS "fencing_token!"
+        FROM moved
+        "#,
+        &tenants,
+        &endpoints,
+        &events,
+        &tokens,
+        &states as &[&str],
+        &retry_in,
+        &attempted_at,
+        &statuses as &[Option<i32>],
+        &responses as &[&str],
+        &errors as &[Option<&str>],
+        &took,
+        worker,
+        tenant_id.as_uuid(),
+    )
+    .fetch_all(conn)
+    .await?;
+    Ok(moved.into_iter().map(|m| (m.tenant_id, m.endpoint_id, m.event_id, m.fencing_token)).collect())
 }
 
 /// `text` as PostgreSQL's `text` can hold it: a NUL (valid UTF-8, which an endpoint may well answer)
@@ -391,7 +437,8 @@ async fn disable_if_due(
     let disabled = sqlx::query_scalar!(
         r#"
         WITH verdict AS (
-            SELECT COALESCE(failing_since, $3) AS failing_since,
+            -- `now()` here, not in the UPDATE's `CASE`, which Citus refuses (as in the record).
+            SELECT now() AS now, COALESCE(failing_since, $3) AS failing_since,
                    enabled AND ($5::float8 IS NULL
                                 OR COALESCE(failing_since, $3) <= now() - make_interval(secs => $5::float8)) AS disable
             FROM merchant_endpoints
@@ -402,8 +449,8 @@ async fn disable_if_due(
         SET failing_since = v.failing_since,
             enabled = p.enabled AND NOT v.disable,
             disabled_reason = CASE WHEN v.disable THEN $4 ELSE p.disabled_reason END,
-            disabled_at = CASE WHEN v.disable THEN now() ELSE p.disabled_at END,
-            updated_at = CASE WHEN v.disable THEN now() ELSE p.updated_at END
+            disabled_at = CASE WHEN v.disable THEN v.now ELSE p.disabled_at END,
+            updated_at = CASE WHEN v.disable THEN v.now ELSE p.updated_at END
         FROM verdict v
         WHERE p.tenant_id = $1 AND p.endpoint_id = $2
         RETURNING v.disable AS "disabled!"
@@ -494,9 +541,10 @@ pub async fn replay_event(
               ON p.tenant_id = e.tenant_id AND p.enabled AND ($3::uuid IS NULL OR p.endpoint_id = $3)
                  AND (p.event_types = '{}' OR e.type = ANY (p.event_types))
             ON CONFLICT (tenant_id, endpoint_id, event_id) DO UPDATE
-            SET state = 'pending', attempts = 0, next_attempt_at = now(), delivered_at = NULL,
+            -- The new row's times (its defaults, `now()`): Citus takes no function here.
+            SET state = 'pending', attempts = 0, next_attempt_at = EXCLUDED.next_attempt_at, delivered_at = NULL,
                 delivered_attempted_at = NULL, delivered_by = NULL, delivered_status = NULL,
-                delivered_response = NULL, updated_at = now()
+                delivered_response = NULL, updated_at = EXCLUDED.updated_at
             -- A delivery in flight keeps its lease; it is sent once more when it ends.
             RETURNING 1
         )

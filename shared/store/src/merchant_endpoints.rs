@@ -254,14 +254,16 @@ pub async fn update(
     change: &EndpointChange<'_>,
 ) -> Result<Option<Endpoint>, StoreError> {
     let changed = sqlx::query!(
+        // `now()` comes from `FROM`: Citus refuses it inside a `CASE` of a distributed UPDATE.
         "UPDATE merchant_endpoints
          SET url = COALESCE($3, url), description = COALESCE($4, description),
              event_types = COALESCE($5, event_types),
              enabled = COALESCE($6, enabled),
              disabled_reason = CASE WHEN $6 IS NULL THEN disabled_reason WHEN $6 THEN NULL ELSE 'merchant' END,
-             disabled_at = CASE WHEN $6 IS NULL THEN disabled_at WHEN $6 THEN NULL ELSE now() END,
+             disabled_at = CASE WHEN $6 IS NULL THEN disabled_at WHEN $6 THEN NULL ELSE clock.now END,
              failing_since = CASE WHEN $6 THEN NULL ELSE failing_since END,
-             updated_at = now()
+             updated_at = clock.now
+         FROM (SELECT now() AS now) clock
          WHERE tenant_id = $1 AND endpoint_id = $2",
         tenant_id.as_uuid(),
         endpoint_id,

@@ -23,6 +23,7 @@ pub mod verdict;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rand::seq::SliceRandom;
 use sqlx::PgPool;
 use tokio::task::JoinSet;
 use tokio::time::MissedTickBehavior;
@@ -129,23 +130,42 @@ impl EventSender {
         claim_room(self.config.max_in_flight, self.config.batch_size, in_flight)
     }
 
+    /// Claims up to `limit` due deliveries, one statement per tenant with any due (so that under
+    /// Citus each runs on its tenant's shard alone). The tenants go in a random order, each taking
+    /// an equal share of what is left, so that one tenant's backlog takes no claim whole. What was
+    /// claimed before a statement failed is kept: it is leased to this worker.
     async fn claim(&self, limit: u32) -> Vec<ClaimedDelivery> {
-        let claimed = async {
+        let mut claimed = Vec::new();
+        let done = async {
             let mut conn = self.pool.acquire().await?;
-            merchant_deliveries::claim(
-                &mut conn,
-                &self.config.worker_id,
-                limit,
-                self.config.per_endpoint,
-                self.config.lease,
-            )
-            .await
+            let mut tenants = merchant_deliveries::due_tenants(&mut conn).await?;
+            tenants.shuffle(&mut rand::rng());
+            for (turn, tenant_id) in tenants.iter().enumerate() {
+                let left = limit.saturating_sub(u32::try_from(claimed.len()).unwrap_or(u32::MAX));
+                if left == 0 {
+                    break;
+                }
+                let share = left.div_ceil(u32::try_from(tenants.len() - turn).unwrap_or(u32::MAX));
+                let config = &self.config;
+                claimed.extend(
+                    merchant_deliveries::claim(
+                        &mut conn,
+                        *tenant_id,
+                        &config.worker_id,
+                        share,
+                        config.per_endpoint,
+                        config.lease,
+                    )
+                    .await?,
+                );
+            }
+            Ok::<_, StoreError>(())
         }
         .await;
-        claimed.unwrap_or_else(|error: oncepay_store::StoreError| {
+        if let Err(error) = done {
             tracing::warn!(error = %telemetry::error_chain(&error), "cannot claim event deliveries; trying again");
-            Vec::new()
-        })
+        }
+        claimed
     }
 
     /// Sends `claimed`, asked for at `asked_at`, and records the attempt; or drops it if the

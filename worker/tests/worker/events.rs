@@ -506,13 +506,17 @@ async fn a_recording_after_the_lease_was_taken_over_writes_nothing(pool: PgPool)
     endpoint(&pool, tenant, "https://merchant.example/hooks", &WebhookSecret::generate(), &[]).await;
     succeed(&pool, support::accept(&pool, tenant, 500).await).await;
     let mut conn = pool.acquire().await.unwrap();
-    let first = merchant_deliveries::claim(&mut conn, "w1", 8, 4, Duration::from_secs(30)).await.unwrap().remove(0);
-    assert!(merchant_deliveries::claim(&mut conn, "w2", 8, 4, Duration::from_secs(30)).await.unwrap().is_empty());
+    let first =
+        merchant_deliveries::claim(&mut conn, tenant, "w1", 8, 4, Duration::from_secs(30)).await.unwrap().remove(0);
+    assert!(
+        merchant_deliveries::claim(&mut conn, tenant, "w2", 8, 4, Duration::from_secs(30)).await.unwrap().is_empty()
+    );
     sqlx::query("UPDATE merchant_deliveries SET locked_until = now() - interval '1 second'")
         .execute(&pool)
         .await
         .unwrap();
-    let second = merchant_deliveries::claim(&mut conn, "w2", 8, 4, Duration::from_secs(30)).await.unwrap().remove(0);
+    let second =
+        merchant_deliveries::claim(&mut conn, tenant, "w2", 8, 4, Duration::from_secs(30)).await.unwrap().remove(0);
     assert_eq!(second.fencing_token, first.fencing_token + 1);
 
     let late = merchant_deliveries::record(&mut conn, "w1", &[delivered(first)]).await.unwrap();
@@ -532,7 +536,7 @@ async fn a_batch_records_each_attempt_under_its_own_claim(pool: PgPool) {
     succeed(&pool, support::accept(&pool, tenant, 500).await).await;
     succeed(&pool, support::accept(&pool, tenant, 700).await).await;
     let mut conn = pool.acquire().await.unwrap();
-    let mut held = merchant_deliveries::claim(&mut conn, "w1", 8, 4, Duration::from_secs(30)).await.unwrap();
+    let mut held = merchant_deliveries::claim(&mut conn, tenant, "w1", 8, 4, Duration::from_secs(30)).await.unwrap();
     assert_eq!(held.len(), 2);
     let (taken_over, kept) = (held.remove(0), held.remove(0));
     // Another worker takes over the first delivery's lease.
@@ -541,7 +545,7 @@ async fn a_batch_records_each_attempt_under_its_own_claim(pool: PgPool) {
         .execute(&pool)
         .await
         .unwrap();
-    let mut again = merchant_deliveries::claim(&mut conn, "w2", 8, 4, Duration::from_secs(30)).await.unwrap();
+    let mut again = merchant_deliveries::claim(&mut conn, tenant, "w2", 8, 4, Duration::from_secs(30)).await.unwrap();
     assert_eq!(again.remove(0).event_id, taken_over.event_id);
 
     let recorded =
@@ -572,16 +576,63 @@ async fn an_endpoints_cap_holds_across_workers(pool: PgPool) {
     let mut conn = pool.acquire().await.unwrap();
     let lease = Duration::from_secs(30);
 
-    let mut first = merchant_deliveries::claim(&mut conn, "w1", 8, 2, lease).await.unwrap();
+    let mut first = merchant_deliveries::claim(&mut conn, tenant, "w1", 8, 2, lease).await.unwrap();
     assert_eq!(first.len(), 2, "a cap of 2 takes 2 of the 4 due");
     assert!(first.iter().all(|d| d.more_due), "each says the endpoint had more due than room");
-    let none = merchant_deliveries::claim(&mut conn, "w2", 8, 2, lease).await.unwrap();
+    let none = merchant_deliveries::claim(&mut conn, tenant, "w2", 8, 2, lease).await.unwrap();
     assert!(none.is_empty(), "another worker finds the endpoint at its cap: {none:?}");
 
     let recorded = merchant_deliveries::record(&mut conn, "w1", &[delivered(first.remove(0))]).await.unwrap();
     assert_eq!(recorded, [Recording::Recorded { disabled: false }]);
-    let next = merchant_deliveries::claim(&mut conn, "w2", 8, 2, lease).await.unwrap();
+    let next = merchant_deliveries::claim(&mut conn, tenant, "w2", 8, 2, lease).await.unwrap();
     assert_eq!(next.len(), 1, "one delivery ended, so one more may start: {next:?}");
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_claim_takes_only_its_tenants_deliveries(pool: PgPool) {
+    let (acme, globex) = (support::tenant(&pool).await, support::tenant(&pool).await);
+    for tenant in [acme, globex] {
+        endpoint(&pool, tenant, "https://merchant.example/hooks", &WebhookSecret::generate(), &[]).await;
+        succeed(&pool, support::accept(&pool, tenant, 500).await).await;
+    }
+    let quiet = support::tenant(&pool).await;
+    endpoint(&pool, quiet, "https://quiet.example/hooks", &WebhookSecret::generate(), &[]).await;
+    let mut conn = pool.acquire().await.unwrap();
+
+    let mut due = merchant_deliveries::due_tenants(&mut conn).await.unwrap();
+    let claimed = merchant_deliveries::claim(&mut conn, acme, "w1", 8, 4, Duration::from_secs(30)).await.unwrap();
+
+    due.sort_unstable();
+    let mut expected = vec![acme, globex];
+    expected.sort_unstable();
+    assert_eq!(due, expected, "a tenant whose endpoint has nothing due is not named");
+    assert_eq!(claimed.len(), 1, "{claimed:?}");
+    assert_eq!(claimed[0].tenant_id, acme);
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn one_tenants_backlog_leaves_room_in_each_claim_for_another_tenant(pool: PgPool) {
+    let (server, receiver) = Receiver::start(vec![]).await;
+    let busy = support::tenant(&pool).await;
+    endpoint(&pool, busy, &server.uri(), &receiver.secret, &[]).await;
+    for amount in [500, 600, 700, 800, 900, 1000] {
+        succeed(&pool, support::accept(&pool, busy, amount).await).await;
+    }
+    // Written after the busy tenant's six: the oldest due first would send it last.
+    let other = support::tenant(&pool).await;
+    endpoint(&pool, other, &server.uri(), &receiver.secret, &[]).await;
+    succeed(&pool, support::accept(&pool, other, 1100).await).await;
+    let two_at_a_time = EventSenderConfig { batch_size: 2, max_in_flight: 2, ..config(&[0.05]) };
+
+    deliver_until(&pool, OPEN, two_at_a_time, || all_settled(&pool)).await;
+
+    let first_two: Vec<Uuid> =
+        sqlx::query_scalar("SELECT tenant_id FROM merchant_delivery_all_attempts ORDER BY attempted_at LIMIT 2")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert!(first_two.contains(&other.as_uuid()), "the first claim took one of each tenant's: {first_two:?}");
+    assert_eq!(receiver.seen().len(), 7);
 }
 
 /// `claimed`, answered 204 just now.
