@@ -12,6 +12,7 @@ use oncepay_ops::operators::api::BulkRetrier;
 use oncepay_service::runner::Pass;
 use oncepay_store::broker_queues::{self, Queue};
 use oncepay_store::fixtures::tenant;
+use oncepay_store::merchant_deliveries::{self, Attempt, Health, Next, Record, Recording};
 use oncepay_store::merchant_endpoints::{self, NewEndpoint};
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_SECURITY_POLICY, LOCATION, SET_COOKIE};
@@ -26,6 +27,8 @@ use crate::support::{
 };
 
 const SAME_ORIGIN: (&str, &str) = ("sec-fetch-site", "same-origin");
+/// Five days, in seconds: how long an endpoint may fail before it is stopped.
+const DAYS_5: u64 = 5 * 86_400;
 
 /// A browser signed in to the console as one operator.
 struct Browser {
@@ -160,6 +163,48 @@ async fn the_overview_shows_the_broker_queues_as_an_api_last_sampled_them_to_ope
         assert!(live.body.contains(expected), "{expected:?} missing from {}", live.body);
     }
     assert!(!limited.body.contains("Payments from RabbitMQ"), "the queues hold every tenant's messages");
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_payments_timeline_shows_every_attempt_of_its_events_the_one_that_delivered_too(pool: PgPool) {
+    let ops = Ops::start(&pool).await;
+    let acme = tenant(&pool, "acme").await;
+    let secret = oncepay_webhook_signature::WebhookSecret::generate();
+    let endpoint =
+        NewEndpoint { url: "https://acme.example/hooks", description: "", event_types: &[], secret: &secret };
+    merchant_endpoints::create(&mut pool.acquire().await.unwrap(), acme, &endpoint).await.unwrap();
+    // Dead-lettering the payment writes its event; the endpoint answers 500 once, then 204.
+    let payment_id = dead_lettered(&pool, acme, "k-1", 60).await;
+    for (status, next) in [(500, Next::RetryIn(std::time::Duration::ZERO)), (204, Next::Delivered)] {
+        let mut conn = pool.acquire().await.unwrap();
+        let lease = std::time::Duration::from_secs(30);
+        let claimed = merchant_deliveries::claim(&mut conn, acme, "w1", 8, 4, lease).await.unwrap().remove(0);
+        let attempt = Attempt {
+            attempted_at: OffsetDateTime::now_utc(),
+            status: Some(status),
+            response: String::new(),
+            error: None,
+        };
+        let health = if next == Next::Delivered {
+            Health::Took
+        } else {
+            Health::Failed { disable_after: std::time::Duration::from_secs(DAYS_5) }
+        };
+        let recorded = merchant_deliveries::record(&mut conn, "w1", &[Record { claimed, attempt, next, health }]).await;
+        assert_eq!(recorded.unwrap(), [Recording::Recorded { disabled: false }]);
+    }
+    let ana = Browser::sign_in(&ops, "ana", "operator", Some(&["acme"])).await;
+
+    let page = ana.get(&format!("/console/payments/{payment_id}")).await;
+
+    let lines = [
+        "event payment.dead_lettered queued for https://acme.example/hooks: delivered (2 attempts)",
+        "event payment.dead_lettered sent to https://acme.example/hooks: answered 500",
+        "event payment.dead_lettered sent to https://acme.example/hooks: answered 204",
+    ];
+    let at: Vec<Option<usize>> = lines.iter().map(|line| page.body.find(line)).collect();
+    assert!(at.iter().all(Option::is_some), "{lines:?} not all on {}", page.body);
+    assert!(at.is_sorted(), "not in this order, {lines:?}: {}", page.body);
 }
 
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
