@@ -4,8 +4,7 @@
 -- and endpoints are only ever written for a tenant that exists, and tenants are never deleted.
 --
 -- On Citus the keys also decided where the tables live: tied to the reference table `tenants`,
--- Citus kept them on the coordinator, and each change with an event committed on two nodes without
--- two-phase commit. Without the keys, `migrate` distributes them beside `payments`
+-- Citus kept them on the coordinator, and each change with an event committed on two nodes. Without the keys, `migrate` distributes them beside `payments`
 -- (`shared/store/sql/citus.sql`). A Citus cluster migrated before this keeps the keys, and the
 -- tables stay where they are: Citus cannot move a table with an identity column off the
 -- coordinator (SCALING.md, "Tables").
