@@ -323,11 +323,17 @@ async fn drive(config: &ChaosConfig, system: &mut System, timing: Timing) -> any
     }
 
     // Heal: no provider fault, every process back without fail points.
+    let phase = |what: &str| eprintln!("oncepay-chaos: {:>6.1} s: {what}", begin.elapsed().as_secs_f64());
+    phase("the faults are over; healing");
     system.simulator()?.set_faults(&calm()).await?;
     system.heal().await?;
+    phase("healed; waiting for the workload to finish");
     let mut observations = workload.await.context("the workload task failed")?;
+    phase("the workload finished; sending unanswered intents again");
     workload::resend_unanswered(&plan, &clients, &mut observations).await;
+    phase("waiting for the payments to settle");
     let settled: Settled = checker::settle(system.pool(), config.settle_bound).await?;
+    phase("the payments settled; waiting for the broker's messages");
     let mut broker = match system.broker() {
         Some(broker) => {
             let in_flight = broker.settle(config.settle_bound).await?;
@@ -336,6 +342,7 @@ async fn drive(config: &ChaosConfig, system: &mut System, timing: Timing) -> any
         }
         None => None,
     };
+    phase("checking against the provider's ground truth");
     let truth = system.simulator()?.ground_truth().await?;
     let refunds = system.simulator()?.refund_truth().await?;
     let mut verdict: Verdict =
@@ -344,7 +351,9 @@ async fn drive(config: &ChaosConfig, system: &mut System, timing: Timing) -> any
         verdict.violations.append(&mut broker.violations);
     }
     // After the payments settled: their last events are written by then.
+    phase("waiting for the events' deliveries to settle");
     events::settle(system.pool(), config.settle_bound).await?;
+    phase("judging the events");
     let mut events = EventsVerdict::judge(system.pool(), &subscriptions, &receiver).await?;
     verdict.violations.append(&mut events.violations);
     verdict.violations.sort();
