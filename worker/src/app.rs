@@ -40,12 +40,13 @@ impl App {
         let pool = db::pool(&settings.database, options);
         let provider = ConfiguredProvider::new(&settings.provider).context("building the provider client")?;
         let refunds = RefundSender::new(pool.clone(), provider.clone(), settings.drainer_config());
-        let drainer = Drainer::new(pool.clone(), provider, settings.drainer_config());
         let timeout = Duration::from_millis(settings.events.timeout_ms);
         let sender =
             Sender::new(timeout, settings.events.policy()).context("building the client events are delivered with")?;
         let publisher = Publisher::new(settings.events.broker_url.clone(), timeout);
         let events = EventSender::new(pool.clone(), sender, publisher, settings.event_sender_config());
+        let drainer =
+            Drainer::new(pool.clone(), provider, settings.drainer_config()).handing_events_to(events.hand_off());
         let address = (settings.http.host.as_str(), settings.http.port);
         let listener = std::net::TcpListener::bind(address)
             .with_context(|| format!("binding the operations port {}:{}", address.0, address.1))?;

@@ -33,6 +33,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::events::hand_off::{HandOff, Reserved};
 use crate::metrics::{self, Kind};
 use crate::record::{self, RecordError, Recorded, SettledSend};
 use crate::rotation::Rotation;
@@ -184,6 +185,9 @@ struct Inner<P> {
     provider: P,
     config: DrainerConfig,
     actor: String,
+    /// Where the deliveries of the events it writes go, leased to this worker: the worker's event
+    /// sender ([`crate::events::hand_off`]). Without one, a claim takes them.
+    hand_off: Option<HandOff>,
 }
 
 impl<P: PaymentProvider + 'static> Drainer<P> {
@@ -207,8 +211,19 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
             provider,
             config,
             actor,
+            hand_off: None,
         };
         Self { inner: Arc::new(inner) }
+    }
+
+    /// This drainer, handing the deliveries of the events it writes to `hand_off` without a claim.
+    /// Before it runs: a drainer already shared keeps its own way.
+    #[must_use]
+    pub fn handing_events_to(mut self, hand_off: HandOff) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.hand_off = Some(hand_off);
+        }
+        self
     }
 
     /// How it runs.
@@ -477,15 +492,27 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
 
     async fn record_alone(&self, claimed: &Claimed, verdict: &SendVerdict) -> Result<Recorded, RecordError> {
         let mut conn = self.inner.connections.acquire().await?;
-        let recorded = record::record(conn.begin().await?, self.actor(), claimed, verdict).await?;
+        let reserved = self.inner.hand_off.as_ref().and_then(|hand_off| hand_off.reserve(1));
+        let lease = reserved.as_ref().map(Reserved::lease);
+        let (recorded, leased) =
+            record::record(conn.begin().await?, self.actor(), claimed, verdict, lease.as_ref()).await?;
         conn.release();
+        if let Some(reserved) = reserved {
+            reserved.hand(leased);
+        }
         Ok(recorded)
     }
 
     async fn record_settlements(&self, settlements: &[SettledSend<'_>]) -> Result<Vec<Recorded>, RecordError> {
         let mut conn = self.inner.connections.acquire().await?;
-        let recorded = record::record_settlements(conn.begin().await?, self.actor(), settlements).await?;
+        let reserved = self.inner.hand_off.as_ref().and_then(|hand_off| hand_off.reserve(settlements.len()));
+        let lease = reserved.as_ref().map(Reserved::lease);
+        let (recorded, leased) =
+            record::record_settlements(conn.begin().await?, self.actor(), settlements, lease.as_ref()).await?;
         conn.release();
+        if let Some(reserved) = reserved {
+            reserved.hand(leased);
+        }
         Ok(recorded)
     }
 

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use oncepay_domain::ids::{PaymentId, TenantId};
 use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_service::telemetry;
+use oncepay_store::merchant_deliveries::{ClaimedDelivery, WriterLease};
 use oncepay_store::transitions::{self, Change, Settlement, TransitionError};
 use oncepay_store::{StoreError, payments, unknown_queue};
 use serde_json::json;
@@ -79,18 +80,20 @@ impl RecordError {
 ///
 /// First ends the send on the outbox row (deletes it, or for a retry releases it with a backoff) if
 /// the token is still on it; then moves the payment (`transitions::apply_deferring_wakeup`), and for
-/// `unknown` queues it for the reconciler. A terminal verdict goes through [`record_settlements`].
+/// `unknown` queues it for the reconciler. A terminal verdict goes through [`record_settlements`],
+/// with `lease`; the deliveries it leased are returned beside what happened.
 pub async fn record(
     mut tx: Transaction<'_, Postgres>,
     actor: &str,
     claimed: &Claimed,
     verdict: &SendVerdict,
-) -> Result<Recorded, RecordError> {
+    lease: Option<&WriterLease<'_>>,
+) -> Result<(Recorded, Vec<ClaimedDelivery>), RecordError> {
     let (held, transition, reason) = match verdict {
         SendVerdict::Settle { transition, settlement, reason } => {
             let send = SettledSend { claimed, transition: *transition, settlement, reason };
-            let recorded = record_settlements(tx, actor, &[send]).await?;
-            return Ok(recorded.into_iter().next().unwrap_or(Recorded::LeaseLost));
+            let (recorded, leased) = record_settlements(tx, actor, &[send], lease).await?;
+            return Ok((recorded.into_iter().next().unwrap_or(Recorded::LeaseLost), leased));
         }
         SendVerdict::Retry { delay, reason } => {
             (sending::release(&mut tx, claimed, *delay).await?, Transition::NotSentRetry, reason)
@@ -101,7 +104,7 @@ pub async fn record(
     };
     if !held {
         tx.rollback().await?;
-        return Ok(Recorded::LeaseLost);
+        return Ok((Recorded::LeaseLost, Vec::new()));
     }
 
     let (code, refusal) = match verdict {
@@ -111,7 +114,7 @@ pub async fn record(
     let change = change(claimed, actor, transition, reason, code);
     let status = match transitions::apply_deferring_wakeup(&mut tx, &change).await? {
         transitions::Recorded::Moved(status) => status,
-        transitions::Recorded::LostRace => return superseded(tx, claimed).await,
+        transitions::Recorded::LostRace => return Ok((superseded(tx, claimed).await?, Vec::new())),
     };
     if let Some(code) = code {
         let evidence = json!({
@@ -130,7 +133,7 @@ pub async fn record(
         unknown_queue::enqueue(&mut tx, tenant_id, payment_id, code, evidence, trace.as_ref(), refusal).await?;
     }
     tx.commit().await?;
-    Ok(Recorded::Moved(status))
+    Ok((Recorded::Moved(status), Vec::new()))
 }
 
 /// A terminal verdict for one claimed payment: what [`record_settlements`] writes.
@@ -168,17 +171,21 @@ impl<'a> SettledSend<'a> {
 /// For each tenant among them, one statement takes the rows, one settles the payments (status, audit
 /// row, ledger entry) and one stores their responses, and one commit covers them all: recording them
 /// one by one would cost a commit and several round trips per payment.
+///
+/// With a `lease`, the deliveries of the payments' events that may be sent at once are queued leased
+/// to this worker, and returned once the transaction has committed: the caller sends them.
 #[tracing::instrument(name = "worker.record_settlements", skip_all, fields(sends = sends.len()))]
 pub async fn record_settlements(
     mut tx: Transaction<'_, Postgres>,
     actor: &str,
     sends: &[SettledSend<'_>],
-) -> Result<Vec<Recorded>, RecordError> {
+    lease: Option<&WriterLease<'_>>,
+) -> Result<(Vec<Recorded>, Vec<ClaimedDelivery>), RecordError> {
     let claims: Vec<&Claimed> = sends.iter().map(|send| send.claimed).collect();
     let held = sending::take_all(&mut tx, &claims).await?;
     if held.is_empty() {
         tx.rollback().await?;
-        return Ok(vec![Recorded::LeaseLost; sends.len()]);
+        return Ok((vec![Recorded::LeaseLost; sends.len()], Vec::new()));
     }
 
     let changes: Vec<(Change<'_>, &Settlement)> = sends
@@ -186,9 +193,9 @@ pub async fn record_settlements(
         .filter(|send| held.contains(&send.claimed.payment_id))
         .map(|send| (change(send.claimed, actor, send.transition, send.reason, None), send.settlement))
         .collect();
-    let written = transitions::settle_all_deferring_wakeup(&mut tx, &changes).await?;
+    let settled = transitions::settle_all_deferring_wakeup(&mut tx, &changes, lease).await?;
     let mut recorded: HashMap<PaymentId, Recorded> = HashMap::with_capacity(changes.len());
-    for ((change, _), written) in changes.iter().zip(written) {
+    for ((change, _), written) in changes.iter().zip(settled.recorded) {
         let this = match written {
             transitions::Recorded::Moved(payment) => Recorded::Moved(payment.status),
             // Its row is already gone: taken above.
@@ -205,7 +212,9 @@ pub async fn record_settlements(
         recorded.insert(change.payment_id, this);
     }
     tx.commit().await?;
-    Ok(sends.iter().map(|send| recorded.remove(&send.claimed.payment_id).unwrap_or(Recorded::LeaseLost)).collect())
+    let recorded =
+        sends.iter().map(|send| recorded.remove(&send.claimed.payment_id).unwrap_or(Recorded::LeaseLost)).collect();
+    Ok((recorded, settled.leased))
 }
 
 /// The move from `processing`, with the attempt and token in the audit detail.

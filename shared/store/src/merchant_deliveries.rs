@@ -66,6 +66,21 @@ impl std::fmt::Debug for ClaimedDelivery {
     }
 }
 
+/// A worker that queues deliveries and sends them itself: each one it may send at once is queued
+/// leased to it, as a claim of `per_endpoint` would lease it, at most `limit` of them
+/// ([`merchant_events::write_leasing`]).
+#[derive(Debug, Clone, Copy)]
+pub struct WriterLease<'a> {
+    /// The worker's name in leases.
+    pub worker: &'a str,
+    /// How long the deliveries stay leased.
+    pub lease: Duration,
+    /// Most deliveries leased at once to one endpoint, across all workers.
+    pub per_endpoint: u32,
+    /// Most deliveries to lease: the worker's free room.
+    pub limit: u32,
+}
+
 /// The tenants with a delivery due to one of their enabled endpoints: whom the worker claims from.
 /// Read-only and without locks: under Citus it reads every shard, which SCALING.md allows for the
 /// scans that find who has work.

@@ -23,6 +23,7 @@ use oncepay_domain::provider_ref::{PaymentMethod, ProviderAccount, ProviderCusto
 use oncepay_domain::refund_status::{IllegalRefundTransition, RefundStatus, RefundTransition};
 use oncepay_domain::status::{self, IllegalTransition, PaymentStatus, Transition};
 
+use crate::merchant_deliveries::{ClaimedDelivery, WriterLease};
 use crate::payments::{self, Payment};
 use crate::{StoreError, merchant_events};
 
@@ -183,7 +184,7 @@ async fn write_change(
         let payment = payments::fetch(conn, change.tenant_id, change.payment_id)
             .await?
             .ok_or_else(|| StoreError::Unexpected(sqlx::Error::RowNotFound.into()))?;
-        merchant_events::of_payments(conn, change.tenant_id, &[(&payment, change.from)]).await?;
+        merchant_events::of_payments(conn, change.tenant_id, &[(&payment, change.from)], None).await?;
     }
     if wake {
         wake_long_polls(conn, &[change.payment_id.as_uuid()]).await?;
@@ -210,7 +211,7 @@ pub async fn settle(
     change: &Change<'_>,
     settlement: &Settlement,
 ) -> Result<Recorded<Payment>, TransitionError> {
-    let recorded = write_settlements(conn, &[(change.clone(), settlement)]).await?;
+    let (recorded, _) = write_settlements(conn, &[(change.clone(), settlement)], None).await?;
     let payment_ids: Vec<Uuid> = recorded.iter().filter_map(moved_id).collect();
     if !payment_ids.is_empty() {
         wake_long_polls(conn, &payment_ids).await?;
@@ -227,13 +228,24 @@ pub async fn settle_deferring_wakeup(
     change: &Change<'_>,
     settlement: &Settlement,
 ) -> Result<Recorded<Payment>, TransitionError> {
-    Ok(single(write_settlements(conn, &[(change.clone(), settlement)]).await?))
+    Ok(single(write_settlements(conn, &[(change.clone(), settlement)], None).await?.0))
+}
+
+/// What [`settle_all_deferring_wakeup`] wrote.
+#[derive(Debug)]
+pub struct Settled {
+    /// What happened to each change, in order.
+    pub recorded: Vec<Recorded<Payment>>,
+    /// The deliveries of their events queued leased to the caller ([`WriterLease`]), to send once
+    /// the transaction has committed.
+    pub leased: Vec<ClaimedDelivery>,
 }
 
 /// Persists many terminal changes at once, as [`settle_deferring_wakeup`] persists one: for each
 /// tenant, one statement for every compare-and-set, audit row and ledger entry, and one for every
-/// stored response. Returns what happened to each change, in order; a change whose payment had moved
-/// on is [`Recorded::LostRace`] and writes nothing, whatever happens to the others. The caller
+/// stored response. A change whose payment had moved on is [`Recorded::LostRace`] and writes
+/// nothing, whatever happens to the others. With a `lease`, the events' deliveries that may be sent
+/// at once are queued leased to the caller ([`merchant_events::write_leasing`]). The caller
 /// announces the moved payments after the transaction has committed.
 ///
 /// For the worker, which settles whatever sends finished together in one transaction.
@@ -241,8 +253,10 @@ pub async fn settle_deferring_wakeup(
 pub async fn settle_all_deferring_wakeup(
     conn: &mut PgConnection,
     settlements: &[(Change<'_>, &Settlement)],
-) -> Result<Vec<Recorded<Payment>>, TransitionError> {
-    write_settlements(conn, settlements).await
+    lease: Option<&WriterLease<'_>>,
+) -> Result<Settled, TransitionError> {
+    let (recorded, leased) = write_settlements(conn, settlements, lease).await?;
+    Ok(Settled { recorded, leased })
 }
 
 fn moved_id(recorded: &Recorded<Payment>) -> Option<Uuid> {
@@ -298,12 +312,14 @@ impl<'a> Row<'a> {
 async fn write_settlements(
     conn: &mut PgConnection,
     settlements: &[(Change<'_>, &Settlement)],
-) -> Result<Vec<Recorded<Payment>>, TransitionError> {
+    lease: Option<&WriterLease<'_>>,
+) -> Result<(Vec<Recorded<Payment>>, Vec<ClaimedDelivery>), TransitionError> {
     let rows =
         settlements.iter().map(|(change, settlement)| Row::of(change, settlement)).collect::<Result<Vec<_>, _>>()?;
     // One tenant per statement, so that each names its shard under Citus (SCALING.md); usually a
     // batch is one tenant's.
     let mut moved: HashMap<PaymentId, Payment> = HashMap::with_capacity(settlements.len());
+    let mut leased = Vec::new();
     let mut tenants: Vec<TenantId> = settlements.iter().map(|(change, _)| change.tenant_id).collect();
     tenants.sort_unstable();
     tenants.dedup();
@@ -314,24 +330,31 @@ async fn write_settlements(
             .filter(|((change, _), _)| change.tenant_id == tenant_id)
             .map(|((change, _), row)| (change, row))
             .collect();
-        for payment in write_tenant_settlements(conn, tenant_id, &ours).await? {
+        // What the tenants before this one leased counts against the limit.
+        let taken = u32::try_from(leased.len()).unwrap_or(u32::MAX);
+        let left = lease.map(|lease| WriterLease { limit: lease.limit.saturating_sub(taken), ..*lease });
+        let (payments, theirs) = write_tenant_settlements(conn, tenant_id, &ours, left.as_ref()).await?;
+        for payment in payments {
             moved.insert(payment.payment_id, payment);
         }
+        leased.extend(theirs);
     }
-    Ok(settlements
+    let recorded = settlements
         .iter()
         .map(|(change, _)| moved.remove(&change.payment_id).map_or(Recorded::LostRace, Recorded::Moved))
-        .collect())
+        .collect();
+    Ok((recorded, leased))
 }
 
-/// `sql/settle.sql` and `sql/store_response.sql` for one tenant's changes; returns the payments
-/// that moved. Both statements take arrays, so any number of payments costs the same two round
+/// `sql/settle.sql` and `sql/store_response.sql` for one tenant's changes, and their events; returns
+/// the payments that moved and the events' deliveries leased under `lease`. Both statements take arrays, so any number of payments costs the same two round
 /// trips. They are files so the benchmark runs the same SQL under pgbench.
 async fn write_tenant_settlements(
     conn: &mut PgConnection,
     tenant_id: TenantId,
     changes: &[(&Change<'_>, &Row<'_>)],
-) -> Result<Vec<Payment>, TransitionError> {
+    lease: Option<&WriterLease<'_>>,
+) -> Result<(Vec<Payment>, Vec<ClaimedDelivery>), TransitionError> {
     let payment_ids: Vec<Uuid> = changes.iter().map(|(c, _)| c.payment_id.as_uuid()).collect();
     let moved = sqlx::query_file_as!(
         Payment,
@@ -354,6 +377,7 @@ async fn write_tenant_settlements(
     .await
     .map_err(StoreError::from)?;
 
+    let mut leased = Vec::new();
     if !moved.is_empty() {
         let bodies = moved
             .iter()
@@ -369,7 +393,7 @@ async fn write_tenant_settlements(
             changes.iter().map(|(change, _)| (change.payment_id, change.from)).collect();
         let events: Vec<(&Payment, PaymentStatus)> =
             moved.iter().filter_map(|p| previous.get(&p.payment_id).map(|from| (p, *from))).collect();
-        merchant_events::of_payments(conn, tenant_id, &events).await?;
+        leased = merchant_events::of_payments(conn, tenant_id, &events, lease).await?;
     }
-    Ok(moved)
+    Ok((moved, leased))
 }

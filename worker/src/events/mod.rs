@@ -9,6 +9,9 @@
 //! mid-delivery leaves a lease that runs out; the next claim takes the delivery again, and the
 //! endpoint may see it twice, with the same `webhook-id`: delivery is at least once.
 //!
+//! The deliveries of the payments this worker's drainer settles come without a claim: queued leased
+//! to this worker and handed over once their transaction has committed ([`hand_off`]).
+//!
 //! An attempt starts only if it ends, timeout included, before the claim's lease can run out,
 //! counted from before the claim was asked for. A worker paused between its claim and its send
 //! (a stop, a long garbage pause, a lock wait) wakes up to a lease another worker may hold by now,
@@ -16,15 +19,17 @@
 //! the payment's events out of order. It drops the claim instead, and the lease runs out.
 
 pub mod exchange;
+pub mod hand_off;
 pub mod http;
 pub mod message;
 pub mod verdict;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use rand::seq::SliceRandom;
 use sqlx::PgPool;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
@@ -40,6 +45,7 @@ use oncepay_domain::endpoint_url::EXCHANGE_SCHEME;
 
 use crate::metrics;
 use exchange::Publisher;
+use hand_off::{HandOff, Handed};
 use http::Sender;
 use verdict::Rules;
 
@@ -74,13 +80,36 @@ pub struct EventSender {
     publisher: Publisher,
     config: EventSenderConfig,
     records: Arc<Records>,
+    /// The slots of claimed deliveries: `max_in_flight` less the hand-offs' half ([`hand_off`]).
+    claim_slots: Arc<Semaphore>,
+    hand_off: HandOff,
+    /// The deliveries handed over, taken by [`EventSender::run`].
+    handed: Arc<Mutex<Option<mpsc::UnboundedReceiver<Handed>>>>,
 }
 
 impl EventSender {
     /// An event sender over `pool`, sending requests through `sender` and messages to exchanges
     /// through `publisher`.
     pub fn new(pool: PgPool, sender: Sender, publisher: Publisher, config: EventSenderConfig) -> Self {
-        Self { pool, sender, publisher, config, records: Arc::new(Records::default()) }
+        let (claim_slots, handed_slots) = split_slots(config.max_in_flight);
+        let (hand_off, handed) =
+            HandOff::new(config.worker_id.clone(), config.lease, config.per_endpoint, handed_slots);
+        let claim_slots = Arc::new(Semaphore::new(usize::try_from(claim_slots).unwrap_or(usize::MAX)));
+        Self {
+            pool,
+            sender,
+            publisher,
+            config,
+            records: Arc::new(Records::default()),
+            claim_slots,
+            hand_off,
+            handed: Arc::new(Mutex::new(Some(handed))),
+        }
+    }
+
+    /// Where the drainer hands the deliveries it queued leased to this worker ([`hand_off`]).
+    pub fn hand_off(&self) -> HandOff {
+        self.hand_off.clone()
     }
 
     /// Claims, sends and records until `shutdown`; then lets the deliveries in flight finish.
@@ -90,6 +119,9 @@ impl EventSender {
     /// more due than room. Claiming after every delivery cost a claim per delivery, each walking the
     /// pending deliveries, mostly for nothing (BENCHMARKS.md, "Events to merchants").
     pub async fn run(self, shutdown: CancellationToken) {
+        // Only one run takes the hand-offs; another one of the same sender (a clone) claims alone.
+        let handed = self.handed.lock().unwrap_or_else(PoisonError::into_inner).take();
+        let mut handed = handed.unwrap_or_else(|| mpsc::unbounded_channel().1);
         let mut in_flight = JoinSet::new();
         let mut poll = tokio::time::interval(self.config.poll_interval);
         poll.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -97,22 +129,31 @@ impl EventSender {
         // delivery whose endpoint had more due.
         let mut maybe_due = true;
         while !shutdown.is_cancelled() {
-            let room = self.room(in_flight.len());
+            let room = self.room();
             if maybe_due && room > 0 {
                 let asked_at = Instant::now();
                 let claimed = self.claim(room).await;
                 maybe_due = claimed.len() == room as usize;
                 for delivery in claimed {
+                    let Ok(slot) = Arc::clone(&self.claim_slots).try_acquire_owned() else {
+                        // Cannot happen: the claim took at most the free slots, and only this loop
+                        // takes them. Its lease runs out, and a claim takes it then.
+                        break;
+                    };
                     let this = self.clone();
-                    in_flight.spawn(async move { this.deliver(delivery, asked_at).await });
+                    in_flight.spawn(async move { this.deliver(delivery, asked_at, slot).await });
                 }
                 // A full claim and room still free: claim again at once.
-                if maybe_due && self.room(in_flight.len()) > 0 {
+                if maybe_due && self.room() > 0 {
                     continue;
                 }
             }
             tokio::select! {
                 () = shutdown.cancelled() => {}
+                Some(Handed { delivery, asked_at, slot }) = handed.recv() => {
+                    let this = self.clone();
+                    in_flight.spawn(async move { this.deliver(delivery, asked_at, slot).await });
+                }
                 Some(ended) = in_flight.join_next() => {
                     maybe_due |= ended.unwrap_or(false);
                     while let Some(ended) = in_flight.try_join_next() {
@@ -125,9 +166,12 @@ impl EventSender {
         while in_flight.join_next().await.is_some() {}
     }
 
-    /// How many deliveries the next claim may take, with `in_flight` under way ([`claim_room`]).
-    fn room(&self, in_flight: usize) -> u32 {
-        claim_room(self.config.max_in_flight, self.config.batch_size, in_flight)
+    /// How many deliveries the next claim may take, with its slots as they are ([`claim_room`]).
+    fn room(&self) -> u32 {
+        let (slots, _) = split_slots(self.config.max_in_flight);
+        let in_flight =
+            usize::try_from(slots).unwrap_or(usize::MAX).saturating_sub(self.claim_slots.available_permits());
+        claim_room(slots, self.config.batch_size, in_flight)
     }
 
     /// Claims up to `limit` due deliveries, one statement per tenant with any due (so that under
@@ -168,9 +212,11 @@ impl EventSender {
         claimed
     }
 
-    /// Sends `claimed`, asked for at `asked_at`, and records the attempt; or drops it if the
-    /// attempt could outlast the lease. Whether its endpoint had more due ([`ClaimedDelivery::more_due`]).
-    async fn deliver(&self, claimed: ClaimedDelivery, asked_at: Instant) -> bool {
+    /// Sends `claimed`, asked for at `asked_at`, and records the attempt, in `slot`; or drops it if
+    /// the attempt could outlast the lease. Whether its endpoint had more due
+    /// ([`ClaimedDelivery::more_due`]).
+    async fn deliver(&self, claimed: ClaimedDelivery, asked_at: Instant, slot: OwnedSemaphorePermit) -> bool {
+        let _slot = slot;
         let more_due = claimed.more_due;
         if !ends_within_lease(asked_at.elapsed(), self.sender.timeout(), self.config.lease) {
             metrics::delivery_lease_lost();
@@ -225,6 +271,12 @@ impl EventSender {
             }
         }
     }
+}
+
+/// The sender's `max_in_flight` slots, split between claims and hand-offs: half each, the odd one
+/// to claims, so that one slot is a claim's.
+fn split_slots(max_in_flight: u32) -> (u32, u32) {
+    (max_in_flight - max_in_flight / 2, max_in_flight / 2)
 }
 
 /// How many deliveries a claim may take with `in_flight` of `max_in_flight` under way, at most

@@ -14,7 +14,9 @@ use oncepay_devkit::rabbitmq;
 use oncepay_domain::endpoint_url::UrlPolicy;
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::status::{PaymentStatus, Transition};
-use oncepay_store::merchant_deliveries::{self, Attempt, ClaimedDelivery, Health, Next, Record, Recording};
+use oncepay_store::merchant_deliveries::{
+    self, Attempt, ClaimedDelivery, Health, Next, Record, Recording, WriterLease,
+};
 use oncepay_store::merchant_endpoints::{self, NewEndpoint};
 use oncepay_store::transitions::{self, Change, Settlement};
 use oncepay_webhook_signature::WebhookSecret;
@@ -622,7 +624,8 @@ async fn one_tenants_backlog_leaves_room_in_each_claim_for_another_tenant(pool: 
     let other = support::tenant(&pool).await;
     endpoint(&pool, other, &server.uri(), &receiver.secret, &[]).await;
     succeed(&pool, support::accept(&pool, other, 1100).await).await;
-    let two_at_a_time = EventSenderConfig { batch_size: 2, max_in_flight: 2, ..config(&[0.05]) };
+    // Claims of two: half of the sender's slots are for the drainer's hand-offs.
+    let two_at_a_time = EventSenderConfig { batch_size: 2, max_in_flight: 4, ..config(&[0.05]) };
 
     deliver_until(&pool, OPEN, two_at_a_time, || all_settled(&pool)).await;
 
@@ -633,6 +636,142 @@ async fn one_tenants_backlog_leaves_room_in_each_claim_for_another_tenant(pool: 
             .unwrap();
     assert!(first_two.contains(&other.as_uuid()), "the first claim took one of each tenant's: {first_two:?}");
     assert_eq!(receiver.seen().len(), 7);
+}
+
+/// Claims the payment and settles it as charged, as the worker records a settlement, queuing its
+/// event's deliveries under `lease`; the deliveries leased.
+async fn succeed_leasing(pool: &PgPool, accepted: Accepted, lease: &WriterLease<'_>) -> Vec<ClaimedDelivery> {
+    claim(pool).await;
+    let mut tx = pool.begin().await.unwrap();
+    let change = change(accepted, PaymentStatus::Processing, Transition::Charged, "worker:w");
+    let settled =
+        transitions::settle_all_deferring_wakeup(&mut tx, &[(change, &charged())], Some(lease)).await.unwrap();
+    tx.commit().await.unwrap();
+    assert!(matches!(settled.recorded[..], [transitions::Recorded::Moved(_)]));
+    settled.leased
+}
+
+/// `locked_by` of every delivery, oldest event first.
+async fn lease_holders(pool: &PgPool) -> Vec<Option<String>> {
+    sqlx::query_scalar(
+        "SELECT d.locked_by FROM merchant_deliveries d
+         JOIN merchant_events e USING (tenant_id, event_id) ORDER BY e.event_order, d.endpoint_id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+const LEASE: WriterLease<'static> =
+    WriterLease { worker: "events-1", lease: Duration::from_secs(30), per_endpoint: 4, limit: 8 };
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_settlement_queues_its_events_delivery_leased_to_the_worker_and_no_claim_takes_it(pool: PgPool) {
+    let tenant = support::tenant(&pool).await;
+    endpoint(&pool, tenant, "https://merchant.example/hooks", &WebhookSecret::generate(), &[]).await;
+    let accepted = support::accept(&pool, tenant, 500).await;
+
+    let mut leased = succeed_leasing(&pool, accepted, &LEASE).await;
+
+    assert_eq!(leased.len(), 1, "{leased:?}");
+    let delivery = leased.remove(0);
+    assert_eq!((delivery.fencing_token, delivery.attempts), (1, 0));
+    assert_eq!(delivery.event_type, "payment.succeeded");
+    assert_eq!(delivery.data["id"], accepted.payment_id.to_string());
+    assert_eq!(delivery.url, "https://merchant.example/hooks");
+    assert_eq!(lease_holders(&pool).await, [Some("events-1".to_owned())]);
+    let mut conn = pool.acquire().await.unwrap();
+    let claimed = merchant_deliveries::claim(&mut conn, tenant, "w2", 8, 4, Duration::from_secs(30)).await.unwrap();
+    assert!(claimed.is_empty(), "another worker claimed a delivery leased to the writer: {claimed:?}");
+    let recorded = merchant_deliveries::record(&mut conn, "events-1", &[delivered(delivery)]).await.unwrap();
+    assert_eq!(recorded, [Recording::Recorded { disabled: false }]);
+    assert_eq!(states(&pool).await, [("payment.succeeded".to_owned(), "delivered".to_owned(), 1)]);
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn an_event_behind_a_pending_one_of_its_payment_is_queued_for_a_claim_not_leased(pool: PgPool) {
+    let tenant = support::tenant(&pool).await;
+    endpoint(&pool, tenant, "https://merchant.example/hooks", &WebhookSecret::generate(), &[]).await;
+    let accepted = support::accept(&pool, tenant, 500).await;
+    claim(&pool).await;
+    let mut conn = pool.acquire().await.unwrap();
+    // `payment.dead_lettered`, still pending for the endpoint.
+    for (from, transition) in
+        [(PaymentStatus::Processing, Transition::Uncertain), (PaymentStatus::Unknown, Transition::Exhausted)]
+    {
+        transitions::apply(&mut conn, &change(accepted, from, transition, "reconciler:r")).await.unwrap();
+    }
+    let resolved = change(accepted, PaymentStatus::DeadLettered, Transition::OperatorSucceeded, "operator:ana");
+
+    let settled =
+        transitions::settle_all_deferring_wakeup(&mut conn, &[(resolved, &charged())], Some(&LEASE)).await.unwrap();
+
+    assert!(settled.leased.is_empty(), "sent before the payment's earlier event: {:?}", settled.leased);
+    assert_eq!(lease_holders(&pool).await, [None, None]);
+    // Another payment's event, written the same way, is leased: only the order kept this one back.
+    let other = support::accept(&pool, tenant, 700).await;
+    assert_eq!(succeed_leasing(&pool, other, &LEASE).await.len(), 1);
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_settlement_leases_no_more_than_its_limit_nor_past_an_endpoints_cap(pool: PgPool) {
+    let tenant = support::tenant(&pool).await;
+    endpoint(&pool, tenant, "https://first.example/hooks", &WebhookSecret::generate(), &[]).await;
+    endpoint(&pool, tenant, "https://second.example/hooks", &WebhookSecret::generate(), &[]).await;
+
+    let one = WriterLease { limit: 1, ..LEASE };
+    let leased = succeed_leasing(&pool, support::accept(&pool, tenant, 500).await, &one).await;
+    assert_eq!(leased.len(), 1, "a limit of one, two endpoints: {leased:?}");
+
+    // The endpoint that got that lease is at a cap of one; the other is not.
+    let capped = WriterLease { per_endpoint: 1, ..LEASE };
+    let leased = succeed_leasing(&pool, support::accept(&pool, tenant, 600).await, &capped).await;
+    assert_eq!(leased.len(), 1, "{leased:?}");
+    let leased_per_endpoint: Vec<i64> =
+        sqlx::query_scalar("SELECT count(*) FROM merchant_deliveries WHERE locked_by IS NOT NULL GROUP BY endpoint_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(leased_per_endpoint, [1, 1], "one leased to each endpoint");
+}
+
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_payment_the_worker_settles_is_handed_to_its_sender_without_waiting_for_a_claim(pool: PgPool) {
+    let provider = MockServer::start().await;
+    support::Charges::new().mount(&provider).await;
+    let (server, receiver) = Receiver::start(vec![]).await;
+    let tenant = support::tenant(&pool).await;
+    endpoint(&pool, tenant, &server.uri(), &receiver.secret, &[]).await;
+    let accepted = support::accept(&pool, tenant, 500).await;
+    // No poll within the test's minute, and the delivery is leased to the worker when it is
+    // queued: no claim can take it, only the hand-off.
+    let config = EventSenderConfig { poll_interval: Duration::from_secs(3600), ..config(&[]) };
+    let sender = EventSender::new(
+        pool.clone(),
+        Sender::new(Duration::from_secs(5), OPEN).unwrap(),
+        Publisher::new(None, Duration::from_secs(5)),
+        config,
+    );
+    let drainer =
+        support::drainer(&pool, &provider.uri(), support::config("events-1")).handing_events_to(sender.hand_off());
+
+    let counts = drainer.run_once().await.unwrap();
+
+    assert_eq!(counts.succeeded, 1);
+    assert_eq!(lease_holders(&pool).await, [Some("events-1".to_owned())]);
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(sender.run(shutdown.clone()));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !all_settled(&pool).await {
+        assert!(tokio::time::Instant::now() < deadline, "the handed delivery was not sent");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    shutdown.cancel();
+    running.await.unwrap();
+    let seen = receiver.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].body["data"]["id"], accepted.payment_id.to_string());
+    assert_eq!(states(&pool).await, [("payment.succeeded".to_owned(), "delivered".to_owned(), 1)]);
 }
 
 /// `claimed`, answered 204 just now.
