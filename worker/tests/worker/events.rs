@@ -192,6 +192,18 @@ async fn succeed(pool: &PgPool, accepted: Accepted) {
     assert!(matches!(settled, transitions::Recorded::Moved(_)));
 }
 
+/// Claims the payment and moves it to `dead_lettered` as the reconciler does (`unknown`, then
+/// exhausted), which writes its `payment.dead_lettered` event.
+async fn dead_letter(pool: &PgPool, accepted: Accepted) {
+    claim(pool).await;
+    let mut conn = pool.acquire().await.unwrap();
+    for (from, transition) in
+        [(PaymentStatus::Processing, Transition::Uncertain), (PaymentStatus::Unknown, Transition::Exhausted)]
+    {
+        transitions::apply(&mut conn, &change(accepted, from, transition, "reconciler:r")).await.unwrap();
+    }
+}
+
 async fn states(pool: &PgPool) -> Vec<(String, String, i32)> {
     sqlx::query_as(
         "SELECT e.type, d.state, d.attempts FROM merchant_deliveries d
@@ -311,13 +323,8 @@ async fn a_payments_events_reach_an_endpoint_in_order_even_when_the_first_is_ret
     let tenant = support::tenant(&pool).await;
     endpoint(&pool, tenant, &server.uri(), &receiver.secret, &[]).await;
     let accepted = support::accept(&pool, tenant, 500).await;
-    claim(&pool).await;
+    dead_letter(&pool, accepted).await;
     let mut conn = pool.acquire().await.unwrap();
-    for (from, transition) in
-        [(PaymentStatus::Processing, Transition::Uncertain), (PaymentStatus::Unknown, Transition::Exhausted)]
-    {
-        transitions::apply(&mut conn, &change(accepted, from, transition, "reconciler:r")).await.unwrap();
-    }
     transitions::settle(
         &mut conn,
         &change(accepted, PaymentStatus::DeadLettered, Transition::OperatorSucceeded, "operator:ana"),
@@ -693,14 +700,9 @@ async fn an_event_behind_a_pending_one_of_its_payment_is_queued_for_a_claim_not_
     let tenant = support::tenant(&pool).await;
     endpoint(&pool, tenant, "https://merchant.example/hooks", &WebhookSecret::generate(), &[]).await;
     let accepted = support::accept(&pool, tenant, 500).await;
-    claim(&pool).await;
-    let mut conn = pool.acquire().await.unwrap();
     // `payment.dead_lettered`, still pending for the endpoint.
-    for (from, transition) in
-        [(PaymentStatus::Processing, Transition::Uncertain), (PaymentStatus::Unknown, Transition::Exhausted)]
-    {
-        transitions::apply(&mut conn, &change(accepted, from, transition, "reconciler:r")).await.unwrap();
-    }
+    dead_letter(&pool, accepted).await;
+    let mut conn = pool.acquire().await.unwrap();
     let resolved = change(accepted, PaymentStatus::DeadLettered, Transition::OperatorSucceeded, "operator:ana");
 
     let settled =
