@@ -189,7 +189,7 @@ impl EventSender {
                 if left == 0 {
                     break;
                 }
-                let share = left.div_ceil(u32::try_from(tenants.len() - turn).unwrap_or(u32::MAX));
+                let share = tenant_share(left, tenants.len() - turn);
                 let config = &self.config;
                 claimed.extend(
                     merchant_deliveries::claim(
@@ -273,6 +273,13 @@ impl EventSender {
     }
 }
 
+/// How much of a claim's `left` room the next of `tenants` (it included) with deliveries due may
+/// take: an equal share, rounded up, so that one tenant's backlog leaves room for the others'. A
+/// tenant that takes less leaves the rest to those after it.
+fn tenant_share(left: u32, tenants: usize) -> u32 {
+    left.div_ceil(u32::try_from(tenants).unwrap_or(u32::MAX).max(1))
+}
+
 /// The sender's `max_in_flight` slots, split between claims and hand-offs: half each, the odd one
 /// to claims, so that one slot is a claim's.
 fn split_slots(max_in_flight: u32) -> (u32, u32) {
@@ -312,6 +319,16 @@ mod tests {
         assert_eq!(claim_room(4, 32, 2), 2, "a batch is never larger than the worker's slots");
         assert_eq!(claim_room(1, 1, 0), 1);
         assert_eq!(claim_room(1, 1, 1), 0);
+    }
+
+    #[test]
+    fn each_tenant_with_deliveries_due_gets_an_equal_share_of_a_claim() {
+        assert_eq!(tenant_share(2, 2), 1, "two tenants, room for two: one each");
+        assert_eq!(tenant_share(32, 3), 11);
+        assert_eq!(tenant_share(21, 2), 11, "what the first took is no longer left");
+        assert_eq!(tenant_share(5, 1), 5, "the last tenant may take what is left");
+        assert_eq!(tenant_share(1, 4), 1, "never nothing while room is left");
+        assert_eq!(tenant_share(0, 4), 0);
     }
 
     #[test]
