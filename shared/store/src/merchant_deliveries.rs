@@ -68,7 +68,7 @@ impl std::fmt::Debug for ClaimedDelivery {
 
 /// A worker that queues deliveries and sends them itself: each one it may send at once is queued
 /// leased to it, as a claim of `per_endpoint` would lease it, at most `limit` of them
-/// ([`merchant_events::write_leasing`]).
+/// ([`merchant_events::of_payments`]).
 #[derive(Debug, Clone, Copy)]
 pub struct WriterLease<'a> {
     /// The worker's name in leases.

@@ -85,8 +85,12 @@ fn to_value(data: &impl Serialize) -> Result<Value, StoreError> {
 
 /// Writes the events of moved payments, each moved from the status paired with it, in the caller's
 /// transaction: one statement for any number. The caller holds every payment's row lock (it has
-/// just updated the row), which keeps a payment's events in the order of their commits. With a
-/// `lease`, returns the deliveries queued leased to the caller ([`write_leasing`]).
+/// just updated the row), which keeps a payment's events in the order of their commits.
+///
+/// With a `lease`, the caller is a worker that sends what it queues itself: each delivery it may
+/// send at once is queued leased to it ([`WriterLease`]) and returned, as a claim would return it,
+/// so that it needs no claim (BENCHMARKS.md, "Events to merchants"). The others are queued for a
+/// claim, as [`write()`] queues them.
 pub async fn of_payments(
     conn: &mut PgConnection,
     tenant_id: TenantId,
@@ -123,19 +127,6 @@ pub async fn write(conn: &mut PgConnection, tenant_id: TenantId, events: &[NewEv
     write_for(conn, tenant_id, events, None, None).await.map(|_| ())
 }
 
-/// [`write`], by a worker that sends what it queues itself: each delivery it may send at once is
-/// queued leased to it ([`WriterLease`]), and returned, as a claim would return it. The worker that
-/// settles payments queues their events so, and they need no claim (BENCHMARKS.md, "Events to
-/// merchants"). The others are queued as [`write`] queues them, for a claim.
-pub async fn write_leasing(
-    conn: &mut PgConnection,
-    tenant_id: TenantId,
-    events: &[NewEvent],
-    lease: &WriterLease<'_>,
-) -> Result<Vec<ClaimedDelivery>, StoreError> {
-    write_for(conn, tenant_id, events, None, Some(lease)).await.map(|(_, leased)| leased)
-}
-
 /// Writes an `endpoint.test` event, queued for `endpoint` alone whatever types it takes, if it is
 /// enabled; returns the event's id, which its delivery carries as `webhook-id`.
 pub async fn send_test(conn: &mut PgConnection, endpoint: &Endpoint) -> Result<Uuid, StoreError> {
@@ -146,7 +137,7 @@ pub async fn send_test(conn: &mut PgConnection, endpoint: &Endpoint) -> Result<U
     ids.into_iter().next().ok_or_else(|| StoreError::Unexpected(sqlx::Error::RowNotFound.into()))
 }
 
-/// [`write`], queuing for `only` alone (whatever types it takes) when it is given, and leasing what
+/// [`write()`], queuing for `only` alone (whatever types it takes) when it is given, and leasing what
 /// `lease` may take; returns the events' ids and the deliveries leased.
 ///
 /// A delivery is leased only if a claim could take it at that moment: its payment has no earlier

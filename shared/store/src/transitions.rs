@@ -245,7 +245,7 @@ pub struct Settled {
 /// tenant, one statement for every compare-and-set, audit row and ledger entry, and one for every
 /// stored response. A change whose payment had moved on is [`Recorded::LostRace`] and writes
 /// nothing, whatever happens to the others. With a `lease`, the events' deliveries that may be sent
-/// at once are queued leased to the caller ([`merchant_events::write_leasing`]). The caller
+/// at once are queued leased to the caller ([`merchant_events::of_payments`]). The caller
 /// announces the moved payments after the transaction has committed.
 ///
 /// For the worker, which settles whatever sends finished together in one transaction.
@@ -347,8 +347,9 @@ async fn write_settlements(
 }
 
 /// `sql/settle.sql` and `sql/store_response.sql` for one tenant's changes, and their events; returns
-/// the payments that moved and the events' deliveries leased under `lease`. Both statements take arrays, so any number of payments costs the same two round
-/// trips. They are files so the benchmark runs the same SQL under pgbench.
+/// the payments that moved and the events' deliveries leased under `lease`. Both statements take
+/// arrays, so any number of payments costs the same two round trips. They are files so the
+/// benchmark runs the same SQL under pgbench.
 async fn write_tenant_settlements(
     conn: &mut PgConnection,
     tenant_id: TenantId,

@@ -2,7 +2,7 @@
 //!
 //! When the drainer settles payments, their events' deliveries are queued in the same transaction.
 //! Each one that a claim could take at that moment is queued leased to this worker instead
-//! (`oncepay_store::merchant_events::write_leasing`), and once the transaction has committed the
+//! (`oncepay_store::merchant_events::of_payments`), and once the transaction has committed the
 //! drainer hands it here. The sender sends it as if it had claimed it. A claim walked the endpoint's
 //! pending deliveries and wrote each one a second time; it was the largest cost a delivery added to
 //! a payment (BENCHMARKS.md, "Events to merchants").
