@@ -45,8 +45,7 @@ impl App {
             Sender::new(timeout, settings.events.policy()).context("building the client events are delivered with")?;
         let publisher = Publisher::new(settings.events.broker_url.clone(), timeout);
         let events = EventSender::new(pool.clone(), sender, publisher, settings.event_sender_config());
-        let drainer =
-            Drainer::new(pool.clone(), provider, settings.drainer_config()).handing_events_to(events.hand_off());
+        let drainer = Drainer::handing_events_to(pool.clone(), provider, settings.drainer_config(), events.hand_off());
         let address = (settings.http.host.as_str(), settings.http.port);
         let listener = std::net::TcpListener::bind(address)
             .with_context(|| format!("binding the operations port {}:{}", address.0, address.1))?;

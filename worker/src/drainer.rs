@@ -194,6 +194,16 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
     /// A drainer on `pool`'s database that sends to `provider`. Claims and recordings use a set of
     /// connections of their own, as many as `pool` may open at most.
     pub fn new(pool: PgPool, provider: P, config: DrainerConfig) -> Self {
+        Self::build(pool, provider, config, None)
+    }
+
+    /// A drainer as [`Drainer::new`] makes, that hands the deliveries of the events it writes to
+    /// `hand_off` without a claim.
+    pub fn handing_events_to(pool: PgPool, provider: P, config: DrainerConfig, hand_off: HandOff) -> Self {
+        Self::build(pool, provider, config, Some(hand_off))
+    }
+
+    fn build(pool: PgPool, provider: P, config: DrainerConfig, hand_off: Option<HandOff>) -> Self {
         let actor = format!("worker:{}", config.worker_id);
         // Claims and recordings skip the round trip sqlx's pool spends pinging a connection at every
         // checkout and return (`oncepay_store::connections`); the pool serves the listener, the
@@ -211,19 +221,9 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
             provider,
             config,
             actor,
-            hand_off: None,
+            hand_off,
         };
         Self { inner: Arc::new(inner) }
-    }
-
-    /// This drainer, handing the deliveries of the events it writes to `hand_off` without a claim.
-    /// Before it runs: a drainer already shared keeps its own way.
-    #[must_use]
-    pub fn handing_events_to(mut self, hand_off: HandOff) -> Self {
-        if let Some(inner) = Arc::get_mut(&mut self.inner) {
-            inner.hand_off = Some(hand_off);
-        }
-        self
     }
 
     /// How it runs.

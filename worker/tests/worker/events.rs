@@ -14,12 +14,14 @@ use oncepay_devkit::rabbitmq;
 use oncepay_domain::endpoint_url::UrlPolicy;
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::status::{PaymentStatus, Transition};
+use oncepay_provider::http::HttpProvider;
 use oncepay_store::merchant_deliveries::{
     self, Attempt, ClaimedDelivery, Health, Next, Record, Recording, WriterLease,
 };
 use oncepay_store::merchant_endpoints::{self, NewEndpoint};
 use oncepay_store::transitions::{self, Change, Settlement};
 use oncepay_webhook_signature::WebhookSecret;
+use oncepay_worker::Drainer;
 use oncepay_worker::events::exchange::Publisher;
 use oncepay_worker::events::http::Sender;
 use oncepay_worker::events::verdict::Rules;
@@ -754,8 +756,8 @@ async fn a_payment_the_worker_settles_is_handed_to_its_sender_without_waiting_fo
         Publisher::new(None, Duration::from_secs(5)),
         config,
     );
-    let drainer =
-        support::drainer(&pool, &provider.uri(), support::config("events-1")).handing_events_to(sender.hand_off());
+    let http = HttpProvider::new(&support::provider_settings(&provider.uri())).unwrap();
+    let drainer = Drainer::handing_events_to(pool.clone(), http, support::config("events-1"), sender.hand_off());
 
     let counts = drainer.run_once().await.unwrap();
 
