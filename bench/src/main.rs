@@ -52,6 +52,10 @@ struct Cli {
     /// The run on a Citus cluster alone, without one PostgreSQL's to compare with.
     #[arg(long)]
     citus_only: bool,
+    /// How long the provider takes over each payment in the events phase, in milliseconds (0: at
+    /// once, and the worker finishes as many as the CPU lets it).
+    #[arg(long, default_value_t = 200)]
+    events_provider_ms: u64,
     /// The commit the binaries were built from, kept in the report. (Not an environment variable:
     /// the binaries it starts would read any `ONCEPAY_*` one as configuration.)
     #[arg(long)]
@@ -112,6 +116,7 @@ async fn bench() -> anyhow::Result<()> {
         log_dir,
         command: std::env::args().collect(),
         git_commit: cli.commit,
+        events_provider_ms: cli.events_provider_ms,
     };
     let servers: &[Kind] = match (cli.citus, cli.citus_only) {
         (_, true) => &[Kind::Citus],

@@ -106,13 +106,14 @@ impl Launcher {
         start(spec, port).await
     }
 
-    /// Starts the provider simulator, responding at once with no faults.
-    pub async fn simulator(&self) -> anyhow::Result<Service> {
+    /// Starts a provider simulator named `name` with no faults, taking `latency_ms` over each
+    /// request as a provider's processing time.
+    pub async fn simulator(&self, name: &str, latency_ms: u64) -> anyhow::Result<Service> {
         let port = ports::reserve()?;
-        let spec = Spec::new("simulator", &self.simulator, &self.log_dir)
+        let spec = Spec::new(name, &self.simulator, &self.log_dir)
             .port(port)
             .setting("simulator.api_key", SIMULATOR_API_KEY)
-            .setting("faults.latency_ms", "0");
+            .setting("faults.latency_ms", latency_ms.to_string());
         start(spec, port).await
     }
 
