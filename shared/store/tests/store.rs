@@ -584,3 +584,60 @@ async fn two_creates_with_one_key_at_once_make_one_endpoint(pool: PgPool) {
     }
     assert_eq!(count(&pool, "merchant_endpoints").await, 1);
 }
+
+/// The claim keeps one plan per connection (migration 0170), made at the connection's first claim.
+/// A worker that starts while the outbox is empty, beside a history of payments, plans for an empty
+/// outbox; once a backlog has built up, each claim must still read the rows it claims and not, for
+/// each of them, every row of the tenant's outbox (BENCHMARKS.md, "The worker's rate held").
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_claim_planned_on_an_empty_outbox_reads_only_what_it_claims_from_a_backlog(pool: PgPool) {
+    let tenant_id = tenant(&pool, "acme").await;
+    sqlx::query(
+        "INSERT INTO payments (tenant_id, payment_id, amount, currency, customer_id, metadata, status,
+                               failure_code, failure_message)
+         SELECT $1, gen_random_uuid(), 1999, 'EUR', 'cus-1', '{}', 'failed', 'card_declined', 'declined'
+         FROM generate_series(1, 2000)",
+    )
+    .bind(tenant_id.as_uuid())
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("INSERT INTO outbox (tenant_id, payment_id) SELECT tenant_id, payment_id FROM payments")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("ANALYZE payments, outbox").execute(&pool).await.unwrap();
+    sqlx::query("TRUNCATE outbox").execute(&pool).await.unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    let request = ClaimRequest {
+        tenant_id,
+        limit: 5,
+        worker_id: "test",
+        actor: "worker:test",
+        lease: Duration::from_secs(60),
+        resend_horizon: Duration::from_secs(3_600),
+    };
+    assert!(sending::claim(&mut conn, &request).await.unwrap().is_empty());
+    sqlx::query(
+        "WITH paid AS (
+             INSERT INTO payments (tenant_id, payment_id, amount, currency, customer_id, metadata)
+             SELECT $1, gen_random_uuid(), 1999, 'EUR', 'cus-1', '{}' FROM generate_series(1, 2000)
+             RETURNING tenant_id, payment_id)
+         INSERT INTO outbox (tenant_id, payment_id) SELECT tenant_id, payment_id FROM paid",
+    )
+    .bind(tenant_id.as_uuid())
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+    let claimed = sending::claim(&mut tx, &request).await.unwrap();
+    let (scanned, fetched): (i64, i64) =
+        sqlx::query_as("SELECT seq_tup_read, idx_tup_fetch FROM pg_stat_xact_user_tables WHERE relname = 'outbox'")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+
+    assert_eq!(claimed.len(), 5);
+    assert!(scanned + fetched <= 50, "the claim of 5 read {scanned} outbox rows in scans and {fetched} by index");
+}

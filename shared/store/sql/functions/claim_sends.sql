@@ -12,9 +12,10 @@ BEGIN
     FROM (
         SELECT o.payment_id
         FROM outbox o
-        JOIN payments p USING (tenant_id, payment_id)
         WHERE o.tenant_id = p_tenant_id AND o.locked_until IS NULL AND o.available_at <= now()
-          AND p.status = 'pending'
+          -- A subquery per row, not a join: PostgreSQL never turns it into a scan of the payments.
+          AND (SELECT p.status FROM payments p WHERE p.tenant_id = o.tenant_id AND p.payment_id = o.payment_id)
+              = 'pending'
         ORDER BY o.available_at
         LIMIT p_batch
         FOR UPDATE OF o SKIP LOCKED
@@ -38,7 +39,8 @@ BEGIN
             fencing_token = 4611686018427387904 + m.send_attempts,
             attempts = o.attempts + 1
         FROM moved m
-        WHERE o.tenant_id = p_tenant_id AND o.payment_id = m.payment_id
+        -- `ANY (due)` as well as the join: no plan reads the tenant's outbox once per payment.
+        WHERE o.tenant_id = p_tenant_id AND o.payment_id = ANY (due) AND o.payment_id = m.payment_id
         RETURNING o.payment_id, o.fencing_token, o.locked_until, o.attempts, o.traceparent, o.tracestate
     )
     SELECT array_agg(ROW(m.tenant_id, m.payment_id, m.amount, m.currency, m.customer_id, m.metadata,
