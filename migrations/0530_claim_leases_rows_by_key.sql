@@ -1,5 +1,5 @@
 -- The claim's select of due rows stays on the outbox, whatever plan its connection keeps, and its
--- lease reads the tenant's outbox once at most.
+-- lease names the keys of the rows it leases.
 --
 -- `claim_sends` keeps one plan per connection (migration 0170), made at the connection's first
 -- claim. Made while the outbox was empty, after it had been analysed with rows in it, that plan
@@ -11,10 +11,10 @@
 -- - the lease's UPDATE found the outbox rows through its join with the payments just moved, and
 --   could read the tenant's whole outbox by `tenant_id` once for each of them: in the events
 --   benchmark, 5 to 25 ms a claim (BENCHMARKS.md, "The worker's rate held"). It now also names the
---   rows' keys, `payment_id = ANY (due)`. A plan may still apply that as a filter over the tenant's
---   rows, as the benchmark showed after this change, but then it reads them once per claim, not
---   once per payment claimed. Planning the claim for each call, as on Citus, would remove that too;
---   it is not measured yet.
+--   rows' keys, `payment_id = ANY (due)`. That does not bind the plan: in the benchmark after this
+--   change, the plan applied it as a filter over the tenant's rows, which it then read once per
+--   claim instead of once per payment claimed. Planning the claim for each call, as on Citus, would
+--   remove the scan; it is not measured yet.
 -- Such a plan lasts until the next `ANALYZE` of the outbox. Same arguments, same rows, same result.
 -- Citus plans the claim for each call (`shared/store/sql/citus.sql`, run again after this migration).
 CREATE OR REPLACE FUNCTION claim_sends(
@@ -63,7 +63,7 @@ BEGIN
             fencing_token = 4611686018427387904 + m.send_attempts,
             attempts = o.attempts + 1
         FROM moved m
-        -- `ANY (due)` as well as the join: no plan reads the tenant's outbox once per payment.
+        -- `ANY (due)` as well as the join: the rows' keys, for the plan to look them up by.
         WHERE o.tenant_id = p_tenant_id AND o.payment_id = ANY (due) AND o.payment_id = m.payment_id
         RETURNING o.payment_id, o.fencing_token, o.locked_until, o.attempts, o.traceparent, o.tracestate
     )

@@ -39,7 +39,7 @@ BEGIN
             fencing_token = 4611686018427387904 + m.send_attempts,
             attempts = o.attempts + 1
         FROM moved m
-        -- `ANY (due)` as well as the join: no plan reads the tenant's outbox once per payment.
+        -- `ANY (due)` as well as the join: the rows' keys, for the plan to look them up by.
         WHERE o.tenant_id = p_tenant_id AND o.payment_id = ANY (due) AND o.payment_id = m.payment_id
         RETURNING o.payment_id, o.fencing_token, o.locked_until, o.attempts, o.traceparent, o.tracestate
     )
