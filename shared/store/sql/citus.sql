@@ -238,8 +238,9 @@ ALTER FUNCTION claim_sends(uuid, bigint, text, double precision, text) SET plan_
 -- argument (migration 0330), since the node runs the call in a session of the coordinator's, not the
 -- api's.
 --
--- `write_claim_rows` and `lock_wait_to_nodes` are called from inside those functions, so they must
--- exist on every node too: distributed without an argument, they are only copied there.
+-- `lease_due_sends`, `write_claim_rows` and `lock_wait_to_nodes` are called from inside those
+-- functions, so they must exist on every node too: distributed without an argument, they are only
+-- copied there.
 DO $delegate$
 DECLARE
     call record;
@@ -254,6 +255,7 @@ BEGIN
             ('claim_refunds(uuid, bigint, text, double precision, text, double precision)', 'p_tenant_id', false),
             ('settle_payments(uuid, uuid[], payment_status[], payment_status[], text[], text[], text[], text[], '
              'text[], jsonb[], bigint[], text[], timestamptz[])', 'p_tenant_id', true),
+            ('lease_due_sends(uuid, bigint, text, double precision)', NULL, false),
             ('write_claim_rows(uuid, text, claimed_send[], uuid[])', NULL, false),
             ('lock_wait_to_nodes()', NULL, false)
         ) AS f(signature, argument, forced)

@@ -8,6 +8,11 @@
 //! A result counts only while the claim's fencing token is still on the row: [`take`] and
 //! [`release`] change nothing once it is gone. This module never calls the provider and never
 //! decides an outcome. The tests claim with it too, to have a payment claimed as a worker claims it.
+//!
+//! The statements that end a send are planned each time they run (`persistent(false)`), as the
+//! claim's reads of the outbox are (migration 0540). The outbox is a queue, empty one minute and a
+//! backlog the next; a prepared statement's plan, kept from when the outbox was empty, read the
+//! tenant's whole backlog on every call (BENCHMARKS.md, "Plans made on an empty outbox").
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
@@ -185,6 +190,7 @@ pub async fn take_all(conn: &mut PgConnection, claimed: &[&Claimed]) -> Result<H
         let payment_ids: Vec<Uuid> = ours.clone().map(|c| c.payment_id.as_uuid()).collect();
         let tokens: Vec<i64> = ours.map(|c| c.fencing_token).collect();
         let rows = sqlx::query_file_scalar!("sql/take.sql", tenant_id.as_uuid(), &payment_ids, &tokens)
+            .persistent(false)
             .fetch_all(&mut *conn)
             .await?;
         taken.extend(rows.into_iter().map(PaymentId::from_uuid));
@@ -202,6 +208,7 @@ pub async fn release(conn: &mut PgConnection, claimed: &Claimed, delay: Duration
         claimed.fencing_token,
         delay.as_secs_f64()
     )
+    .persistent(false)
     .execute(conn)
     .await?;
     Ok(released.rows_affected() == 1)
@@ -215,6 +222,7 @@ pub async fn discard(conn: &mut PgConnection, claimed: &Claimed) -> Result<(), S
         claimed.tenant_id.as_uuid(),
         claimed.payment_id.as_uuid()
     )
+    .persistent(false)
     .execute(conn)
     .await?;
     Ok(())

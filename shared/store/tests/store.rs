@@ -585,13 +585,111 @@ async fn two_creates_with_one_key_at_once_make_one_endpoint(pool: PgPool) {
     assert_eq!(count(&pool, "merchant_endpoints").await, 1);
 }
 
-/// The claim keeps one plan per connection (migration 0170), made at the connection's first claim.
-/// A worker that starts while the outbox is empty, beside a history of payments, plans for an empty
-/// outbox; once a backlog has built up, each claim must still read the rows it claims and not, for
-/// each of them, every row of the tenant's outbox (BENCHMARKS.md, "The worker's rate held").
+/// A plan made while the outbox was empty must not read a whole backlog later. The worker keeps
+/// its connections, and PostgreSQL keeps a connection's plans until the outbox is analysed or
+/// vacuumed again (migration 0540, BENCHMARKS.md "Plans made on an empty outbox"). In each test the
+/// connection that runs the statement plans it first on an emptied outbox, beside a history of
+/// payments; a backlog of 2,000 then builds up, and the statement may read only the rows it works on.
+///
+/// The claim, on an outbox emptied by `TRUNCATE` (which leaves its size unknown to PostgreSQL).
 #[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
-async fn a_claim_planned_on_an_empty_outbox_reads_only_what_it_claims_from_a_backlog(pool: PgPool) {
-    let tenant_id = tenant(&pool, "acme").await;
+async fn a_claim_planned_on_a_truncated_outbox_reads_only_what_it_claims_from_a_backlog(pool: PgPool) {
+    let read = outbox_rows_read_by_a_claim_of_5(&pool, &["TRUNCATE outbox"]).await;
+
+    assert!(read <= 50, "the claim of 5 read {read} outbox rows");
+}
+
+/// The claim, on an outbox that drained to nothing and was vacuumed, as autovacuum leaves a queue
+/// that the workers emptied: PostgreSQL then knows the table holds no row at all.
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_claim_planned_on_a_drained_and_vacuumed_outbox_reads_only_what_it_claims_from_a_backlog(pool: PgPool) {
+    let read = outbox_rows_read_by_a_claim_of_5(&pool, &["DELETE FROM outbox", "VACUUM outbox"]).await;
+
+    assert!(read <= 50, "the claim of 5 read {read} outbox rows");
+}
+
+/// The take that ends sends, run often enough on the vacuumed empty outbox for PostgreSQL to
+/// consider a reusable plan.
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn ending_sends_planned_on_a_drained_and_vacuumed_outbox_reads_only_their_rows(pool: PgPool) {
+    let (tenant_id, mut conn) = outbox_drained_and_vacuumed(&pool).await;
+    let gone = claimed_then_gone(&pool, tenant_id).await;
+    for _ in 0..8 {
+        assert!(sending::take_all(&mut conn, &gone.iter().collect::<Vec<_>>()).await.unwrap().is_empty());
+    }
+    queue_pending(&pool, tenant_id, 2_000).await;
+    let claimed = sending::claim(&mut pool.acquire().await.unwrap(), &claim_request(tenant_id, 5)).await.unwrap();
+
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+    let taken = sending::take_all(&mut tx, &claimed.iter().collect::<Vec<_>>()).await.unwrap();
+    let read = outbox_rows_read(&mut tx).await;
+
+    assert_eq!(taken.len(), 5);
+    assert!(read <= 50, "ending 5 sends read {read} outbox rows");
+}
+
+/// The release that schedules a send again, likewise.
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_release_planned_on_a_drained_and_vacuumed_outbox_reads_only_its_row(pool: PgPool) {
+    let (tenant_id, mut conn) = outbox_drained_and_vacuumed(&pool).await;
+    let gone = claimed_then_gone(&pool, tenant_id).await;
+    for claimed in &gone {
+        assert!(!sending::release(&mut conn, claimed, Duration::from_secs(1)).await.unwrap());
+        assert!(!sending::release(&mut conn, claimed, Duration::from_secs(1)).await.unwrap());
+    }
+    queue_pending(&pool, tenant_id, 2_000).await;
+    let claimed = sending::claim(&mut pool.acquire().await.unwrap(), &claim_request(tenant_id, 1)).await.unwrap();
+
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+    let released = sending::release(&mut tx, &claimed[0], Duration::from_secs(1)).await.unwrap();
+    let read = outbox_rows_read(&mut tx).await;
+
+    assert!(released);
+    assert!(read <= 10, "releasing one send read {read} outbox rows");
+}
+
+/// Analyses an outbox of 2,000 rows, empties it with `emptying`, makes a connection's first claim,
+/// builds a backlog of 2,000, and returns how many outbox rows a claim of 5 then reads.
+async fn outbox_rows_read_by_a_claim_of_5(pool: &PgPool, emptying: &[&'static str]) -> i64 {
+    // Held from the start: PostgreSQL may report a connection's earlier reads with its transaction's.
+    let mut conn = pool.acquire().await.unwrap();
+    let tenant_id = tenant(pool, "acme").await;
+    outbox_analysed_then_emptied(pool, tenant_id, emptying).await;
+    let request = claim_request(tenant_id, 5);
+    assert!(sending::claim(&mut conn, &request).await.unwrap().is_empty());
+    queue_pending(pool, tenant_id, 2_000).await;
+
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+    let claimed = sending::claim(&mut tx, &request).await.unwrap();
+    let read = outbox_rows_read(&mut tx).await;
+    assert_eq!(claimed.len(), 5);
+    read
+}
+
+/// A tenant whose outbox was analysed with 2,000 rows, then drained and vacuumed, and a connection
+/// that has read nothing yet (held from the start: PostgreSQL may report a connection's earlier
+/// reads with its transaction's).
+async fn outbox_drained_and_vacuumed(pool: &PgPool) -> (TenantId, sqlx::pool::PoolConnection<sqlx::Postgres>) {
+    let conn = pool.acquire().await.unwrap();
+    let tenant_id = tenant(pool, "acme").await;
+    outbox_analysed_then_emptied(pool, tenant_id, &["DELETE FROM outbox", "VACUUM outbox"]).await;
+    (tenant_id, conn)
+}
+
+/// Five claims whose outbox rows are gone again, as after the sweeper dropped them: statements
+/// that end a send find nothing for them. The outbox is left drained and vacuumed.
+async fn claimed_then_gone(pool: &PgPool, tenant_id: TenantId) -> Vec<sending::Claimed> {
+    queue_pending(pool, tenant_id, 5).await;
+    let claimed = sending::claim(&mut pool.acquire().await.unwrap(), &claim_request(tenant_id, 5)).await.unwrap();
+    for statement in ["DELETE FROM outbox", "VACUUM outbox"] {
+        sqlx::query(statement).execute(pool).await.unwrap();
+    }
+    assert_eq!(claimed.len(), 5);
+    claimed
+}
+
+/// Fills the tenant's outbox with 2,000 rows of finished payments, analyses it, and empties it.
+async fn outbox_analysed_then_emptied(pool: &PgPool, tenant_id: TenantId, emptying: &[&'static str]) {
     sqlx::query(
         "INSERT INTO payments (tenant_id, payment_id, amount, currency, customer_id, metadata, status,
                                failure_code, failure_message)
@@ -599,45 +697,52 @@ async fn a_claim_planned_on_an_empty_outbox_reads_only_what_it_claims_from_a_bac
          FROM generate_series(1, 2000)",
     )
     .bind(tenant_id.as_uuid())
-    .execute(&pool)
+    .execute(pool)
     .await
     .unwrap();
     sqlx::query("INSERT INTO outbox (tenant_id, payment_id) SELECT tenant_id, payment_id FROM payments")
-        .execute(&pool)
+        .execute(pool)
         .await
         .unwrap();
-    sqlx::query("ANALYZE payments, outbox").execute(&pool).await.unwrap();
-    sqlx::query("TRUNCATE outbox").execute(&pool).await.unwrap();
-    let mut conn = pool.acquire().await.unwrap();
-    let request = ClaimRequest {
-        tenant_id,
-        limit: 5,
-        worker_id: "test",
-        actor: "worker:test",
-        lease: Duration::from_secs(60),
-        resend_horizon: Duration::from_secs(3_600),
-    };
-    assert!(sending::claim(&mut conn, &request).await.unwrap().is_empty());
+    sqlx::query("ANALYZE payments, outbox").execute(pool).await.unwrap();
+    for &statement in emptying {
+        sqlx::query(statement).execute(pool).await.unwrap();
+    }
+}
+
+/// Queues `count` new pending payments of the tenant.
+async fn queue_pending(pool: &PgPool, tenant_id: TenantId, count: i32) {
     sqlx::query(
         "WITH paid AS (
              INSERT INTO payments (tenant_id, payment_id, amount, currency, customer_id, metadata)
-             SELECT $1, gen_random_uuid(), 1999, 'EUR', 'cus-1', '{}' FROM generate_series(1, 2000)
+             SELECT $1, gen_random_uuid(), 1999, 'EUR', 'cus-1', '{}' FROM generate_series(1, $2)
              RETURNING tenant_id, payment_id)
          INSERT INTO outbox (tenant_id, payment_id) SELECT tenant_id, payment_id FROM paid",
     )
     .bind(tenant_id.as_uuid())
-    .execute(&pool)
+    .bind(count)
+    .execute(pool)
     .await
     .unwrap();
+}
 
-    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
-    let claimed = sending::claim(&mut tx, &request).await.unwrap();
+fn claim_request(tenant_id: TenantId, limit: u32) -> ClaimRequest<'static> {
+    ClaimRequest {
+        tenant_id,
+        limit,
+        worker_id: "test",
+        actor: "worker:test",
+        lease: Duration::from_secs(60),
+        resend_horizon: Duration::from_secs(3_600),
+    }
+}
+
+/// Outbox rows the connection's transaction has read so far, by scans and through indexes.
+async fn outbox_rows_read(tx: &mut sqlx::PgConnection) -> i64 {
     let (scanned, fetched): (i64, i64) =
         sqlx::query_as("SELECT seq_tup_read, idx_tup_fetch FROM pg_stat_xact_user_tables WHERE relname = 'outbox'")
-            .fetch_one(&mut *tx)
+            .fetch_one(tx)
             .await
             .unwrap();
-
-    assert_eq!(claimed.len(), 5);
-    assert!(scanned + fetched <= 50, "the claim of 5 read {scanned} outbox rows in scans and {fetched} by index");
+    scanned + fetched
 }
