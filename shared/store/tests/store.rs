@@ -622,7 +622,7 @@ async fn ending_sends_planned_on_a_drained_and_vacuumed_outbox_reads_only_their_
 
     let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
     let taken = sending::take_all(&mut tx, &claimed.iter().collect::<Vec<_>>()).await.unwrap();
-    let read = outbox_rows_read(&mut tx).await;
+    let read = rows_read(&mut tx, "outbox").await;
 
     assert_eq!(taken.len(), 5);
     assert!(read <= 50, "ending 5 sends read {read} outbox rows");
@@ -642,10 +642,70 @@ async fn a_release_planned_on_a_drained_and_vacuumed_outbox_reads_only_its_row(p
 
     let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
     let released = sending::release(&mut tx, &claimed[0], Duration::from_secs(1)).await.unwrap();
-    let read = outbox_rows_read(&mut tx).await;
+    let read = rows_read(&mut tx, "outbox").await;
 
     assert!(released);
     assert!(read <= 10, "releasing one send read {read} outbox rows");
+}
+
+/// The release that ends a refund's send, from a refund outbox drained and vacuumed likewise:
+/// refunds are sent by the same protocol.
+#[sqlx::test(migrator = "oncepay_store::db::MIGRATOR")]
+async fn a_refund_release_planned_on_a_drained_and_vacuumed_outbox_reads_only_its_row(pool: PgPool) {
+    use oncepay_store::refunds::sending::{self as refund_sending, Release};
+    let window = oncepay_provider::KeyWindow { window: Duration::from_secs(86_400), safety_margin: Duration::ZERO };
+    let lease = Duration::from_secs(60);
+    let mut conn = pool.acquire().await.unwrap();
+    let tenant_id = tenant(&pool, "acme").await;
+    queue_refunds(&pool, tenant_id, 2_000).await;
+    for statement in ["ANALYZE refund_outbox", "DELETE FROM refund_outbox", "VACUUM refund_outbox"] {
+        sqlx::query(statement).execute(&pool).await.unwrap();
+    }
+    queue_refunds(&pool, tenant_id, 5).await;
+    let gone =
+        refund_sending::claim(&mut pool.acquire().await.unwrap(), tenant_id, 5, "test", lease, window).await.unwrap();
+    for statement in ["DELETE FROM refund_outbox", "VACUUM refund_outbox"] {
+        sqlx::query(statement).execute(&pool).await.unwrap();
+    }
+    let later = OffsetDateTime::now_utc() + time::Duration::minutes(1);
+    for claimed in gone.iter().chain(&gone) {
+        assert!(!refund_sending::release(&mut conn, claimed, Release::Done).await.unwrap());
+        assert!(!refund_sending::release(&mut conn, claimed, Release::RetryAt(later)).await.unwrap());
+    }
+    queue_refunds(&pool, tenant_id, 2_000).await;
+    let claimed =
+        refund_sending::claim(&mut pool.acquire().await.unwrap(), tenant_id, 2, "test", lease, window).await.unwrap();
+
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+    let done = refund_sending::release(&mut tx, &claimed[0], Release::Done).await.unwrap();
+    let again = refund_sending::release(&mut tx, &claimed[1], Release::RetryAt(later)).await.unwrap();
+    let read = rows_read(&mut tx, "refund_outbox").await;
+
+    assert!(done && again);
+    assert!(read <= 10, "releasing two refunds read {read} outbox rows");
+}
+
+/// Queues `count` pending refunds of the tenant, each of a succeeded payment of its own.
+async fn queue_refunds(pool: &PgPool, tenant_id: TenantId, count: i32) {
+    sqlx::query(
+        "WITH paid AS (
+             INSERT INTO payments (tenant_id, payment_id, amount, currency, customer_id, metadata, status,
+                                   send_attempts, first_sent_at, provider_charge_id, may_be_charged, refunds_reserved)
+             SELECT $1, gen_random_uuid(), 1999, 'EUR', 'cus-1', '{}', 'succeeded', 1, now(), 'ch_' || g, true, 100
+             FROM generate_series(1, $2) AS g
+             RETURNING tenant_id, payment_id
+         ), asked AS (
+             INSERT INTO refunds (tenant_id, refund_id, payment_id, amount, currency, requested_by)
+             SELECT tenant_id, gen_random_uuid(), payment_id, 100, 'EUR', 'test' FROM paid
+             RETURNING tenant_id, refund_id
+         )
+         INSERT INTO refund_outbox (tenant_id, refund_id) SELECT tenant_id, refund_id FROM asked",
+    )
+    .bind(tenant_id.as_uuid())
+    .bind(count)
+    .execute(pool)
+    .await
+    .unwrap();
 }
 
 /// Analyses an outbox of 2,000 rows, empties it with `emptying`, makes a connection's first claim,
@@ -661,7 +721,7 @@ async fn outbox_rows_read_by_a_claim_of_5(pool: &PgPool, emptying: &[&'static st
 
     let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
     let claimed = sending::claim(&mut tx, &request).await.unwrap();
-    let read = outbox_rows_read(&mut tx).await;
+    let read = rows_read(&mut tx, "outbox").await;
     assert_eq!(claimed.len(), 5);
     read
 }
@@ -737,10 +797,11 @@ fn claim_request(tenant_id: TenantId, limit: u32) -> ClaimRequest<'static> {
     }
 }
 
-/// Outbox rows the connection's transaction has read so far, by scans and through indexes.
-async fn outbox_rows_read(tx: &mut sqlx::PgConnection) -> i64 {
+/// Rows of `table` the connection's transaction has read so far, by scans and through indexes.
+async fn rows_read(tx: &mut sqlx::PgConnection, table: &str) -> i64 {
     let (scanned, fetched): (i64, i64) =
-        sqlx::query_as("SELECT seq_tup_read, idx_tup_fetch FROM pg_stat_xact_user_tables WHERE relname = 'outbox'")
+        sqlx::query_as("SELECT seq_tup_read, idx_tup_fetch FROM pg_stat_xact_user_tables WHERE relname = $1")
+            .bind(table)
             .fetch_one(tx)
             .await
             .unwrap();

@@ -6,6 +6,9 @@
 //! fencing token is still on the refund's outbox row, so a worker paused past its lease can no
 //! longer write anything. A lease taken back inside the provider's key window sends the refund
 //! again with the same key; past it the refund becomes `unknown`, for the reconciler.
+//!
+//! The release is planned each time it runs (`persistent(false)`), as the end of a payment's send
+//! is ([`crate::sending`]): a plan kept from when the refund outbox was empty read all of it.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -201,6 +204,7 @@ pub async fn release(conn: &mut PgConnection, claimed: &ClaimedRefund, release: 
             claimed.refund_id.as_uuid(),
             claimed.fencing_token,
         )
+        .persistent(false)
         .execute(conn)
         .await?
         .rows_affected(),
@@ -214,6 +218,7 @@ pub async fn release(conn: &mut PgConnection, claimed: &ClaimedRefund, release: 
             claimed.fencing_token,
             at,
         )
+        .persistent(false)
         .execute(conn)
         .await?
         .rows_affected(),
