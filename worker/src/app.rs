@@ -2,11 +2,13 @@
 //! sender and the operations endpoints (`/healthz`, `/readyz`, `/metrics` on the `[http]` port), run
 //! until shutdown. No logic of its own.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use oncepay_http::probes::{self, ProbeState};
 use oncepay_provider::ConfiguredProvider;
+use oncepay_store::connections::Connections;
 use oncepay_store::db;
 use tokio_util::sync::CancellationToken;
 
@@ -44,8 +46,9 @@ impl App {
         let sender =
             Sender::new(timeout, settings.events.policy()).context("building the client events are delivered with")?;
         let publisher = Publisher::new(settings.events.broker_url.clone(), timeout);
-        let events = EventSender::new(pool.clone(), sender, publisher, settings.event_sender_config());
-        let drainer = Drainer::handing_events_to(pool.clone(), provider, settings.drainer_config(), events.hand_off());
+        let connections = Arc::new(Connections::like(&pool));
+        let events = EventSender::new(connections, sender, publisher, settings.event_sender_config());
+        let drainer = Drainer::handing_events_to(pool.clone(), provider, settings.drainer_config(), &events);
         let address = (settings.http.host.as_str(), settings.http.port);
         let listener = std::net::TcpListener::bind(address)
             .with_context(|| format!("binding the operations port {}:{}", address.0, address.1))?;

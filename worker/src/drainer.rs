@@ -33,6 +33,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::events::EventSender;
 use crate::events::hand_off::{HandOff, Reserved};
 use crate::metrics::{self, Kind};
 use crate::record::{self, RecordError, Recorded, SettledSend};
@@ -173,7 +174,11 @@ impl<P> Clone for Drainer<P> {
 
 struct Inner<P> {
     pool: PgPool,
-    connections: Connections,
+    /// Claims' and recordings' connections (the drainer's own, or shared with the event sender):
+    /// they skip the round trip sqlx's pool spends pinging a connection at every checkout and
+    /// return (`oncepay_store::connections`). The pool serves the listener, the notifier and
+    /// `/readyz`.
+    connections: Arc<Connections>,
     /// One group commit per tenant, so that a recording transaction holds one tenant's payments:
     /// under Citus, one shard's.
     settlements: GroupCommits<TenantId, (Claimed, SendVerdict), Result<Recorded, RecordError>>,
@@ -194,23 +199,25 @@ impl<P: PaymentProvider + 'static> Drainer<P> {
     /// A drainer on `pool`'s database that sends to `provider`. Claims and recordings use a set of
     /// connections of their own, as many as `pool` may open at most.
     pub fn new(pool: PgPool, provider: P, config: DrainerConfig) -> Self {
-        Self::build(pool, provider, config, None)
+        let connections = Arc::new(Connections::like(&pool));
+        Self::build(pool, connections, provider, config, None)
     }
 
     /// A drainer as [`Drainer::new`] makes, that hands the deliveries of the events it writes to
-    /// `hand_off` without a claim.
-    pub fn handing_events_to(pool: PgPool, provider: P, config: DrainerConfig, hand_off: HandOff) -> Self {
-        Self::build(pool, provider, config, Some(hand_off))
+    /// `events` without a claim, and shares its connections: the worker's hot paths open at most
+    /// as many as its pool may.
+    pub fn handing_events_to(pool: PgPool, provider: P, config: DrainerConfig, events: &EventSender) -> Self {
+        Self::build(pool, events.connections(), provider, config, Some(events.hand_off()))
     }
 
-    fn build(pool: PgPool, provider: P, config: DrainerConfig, hand_off: Option<HandOff>) -> Self {
+    fn build(
+        pool: PgPool,
+        connections: Arc<Connections>,
+        provider: P,
+        config: DrainerConfig,
+        hand_off: Option<HandOff>,
+    ) -> Self {
         let actor = format!("worker:{}", config.worker_id);
-        // Claims and recordings skip the round trip sqlx's pool spends pinging a connection at every
-        // checkout and return (`oncepay_store::connections`); the pool serves the listener, the
-        // notifier and `/readyz`.
-        let options = (*pool.connect_options()).clone();
-        let connections =
-            Connections::new(options, pool.options().get_max_connections(), pool.options().get_acquire_timeout());
         let inner = Inner {
             pool,
             connections,

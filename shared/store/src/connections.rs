@@ -12,7 +12,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgConnection};
-use sqlx::{ConnectOptions, Connection};
+use sqlx::{ConnectOptions, Connection, PgPool};
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::{Instant, timeout_at};
 
@@ -44,6 +44,13 @@ impl Connections {
     pub fn new(options: PgConnectOptions, max: u32, acquire_timeout: Duration) -> Self {
         let max = usize::try_from(max.max(1)).unwrap_or(usize::MAX);
         Self { options, idle: Mutex::new(Vec::with_capacity(max)), slots: Semaphore::new(max), acquire_timeout }
+    }
+
+    /// A set with `pool`'s connect options, as many connections as it may open and its acquire
+    /// timeout: for a process's hot paths beside the pool that serves the rest.
+    pub fn like(pool: &PgPool) -> Self {
+        let options = pool.options();
+        Self::new((*pool.connect_options()).clone(), options.get_max_connections(), options.get_acquire_timeout())
     }
 
     /// An idle connection, or a new one if there is none and the limit allows, waiting for one to

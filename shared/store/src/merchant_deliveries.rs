@@ -285,13 +285,12 @@ pub async fn record(conn: &mut PgConnection, worker: &str, records: &[Record]) -
     if records.is_empty() {
         return Ok(Vec::new());
     }
-    let mut tx = conn.begin().await?;
     // Not waiting for the disk: a record lost in a crash only means the delivery is claimed and
     // sent again once its lease runs out, which at-least-once delivery allows, and never out of
     // order, since the claim of the payment's next event is written (and flushed) after this record.
     // Every attempt waited for its own flush before, and the deliveries' commits outnumbered the
-    // payments'.
-    sqlx::query("SET LOCAL synchronous_commit = off").execute(&mut *tx).await?;
+    // payments'. Set with the `BEGIN`, in the same round trip.
+    let mut tx = conn.begin_with("BEGIN; SET LOCAL synchronous_commit = off").await?;
     // One statement per tenant among them, so that each names its shard under Citus (SCALING.md);
     // the worker's batches are of one endpoint, so that is one statement.
     let mut tenants: Vec<TenantId> = records.iter().map(|r| r.claimed.tenant_id).collect();

@@ -28,7 +28,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use rand::seq::SliceRandom;
-use sqlx::PgPool;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
 use tokio::time::MissedTickBehavior;
@@ -38,6 +37,7 @@ use oncepay_domain::ids::TenantId;
 use oncepay_service::group_commit::GroupCommits;
 use oncepay_service::telemetry;
 use oncepay_store::StoreError;
+use oncepay_store::connections::Connections;
 use oncepay_store::merchant_deliveries::{self, ClaimedDelivery, Record, Recording};
 use uuid::Uuid;
 
@@ -75,7 +75,9 @@ type Records = GroupCommits<(TenantId, Uuid), Record, Result<Recording, Arc<Stor
 /// Delivers events until shutdown.
 #[derive(Clone)]
 pub struct EventSender {
-    pool: PgPool,
+    /// Claims' and records' connections, which skip sqlx's ping at every checkout and return
+    /// (`oncepay_store::connections`); the worker's drainer shares them.
+    connections: Arc<Connections>,
     sender: Sender,
     publisher: Publisher,
     config: EventSenderConfig,
@@ -88,15 +90,15 @@ pub struct EventSender {
 }
 
 impl EventSender {
-    /// An event sender over `pool`, sending requests through `sender` and messages to exchanges
-    /// through `publisher`.
-    pub fn new(pool: PgPool, sender: Sender, publisher: Publisher, config: EventSenderConfig) -> Self {
+    /// An event sender over `connections`, sending requests through `sender` and messages to
+    /// exchanges through `publisher`.
+    pub fn new(connections: Arc<Connections>, sender: Sender, publisher: Publisher, config: EventSenderConfig) -> Self {
         let (claim_slots, handed_slots) = split_slots(config.max_in_flight);
         let (hand_off, handed) =
             HandOff::new(config.worker_id.clone(), config.lease, config.per_endpoint, handed_slots);
         let claim_slots = Arc::new(Semaphore::new(usize::try_from(claim_slots).unwrap_or(usize::MAX)));
         Self {
-            pool,
+            connections,
             sender,
             publisher,
             config,
@@ -110,6 +112,11 @@ impl EventSender {
     /// Where the drainer hands the deliveries it queued leased to this worker ([`hand_off`]).
     pub fn hand_off(&self) -> HandOff {
         self.hand_off.clone()
+    }
+
+    /// Its connections, for the drainer to share.
+    pub fn connections(&self) -> Arc<Connections> {
+        Arc::clone(&self.connections)
     }
 
     /// Claims, sends and records until `shutdown`; then lets the deliveries in flight finish.
@@ -181,7 +188,7 @@ impl EventSender {
     async fn claim(&self, limit: u32) -> Vec<ClaimedDelivery> {
         let mut claimed = Vec::new();
         let done = async {
-            let mut conn = self.pool.acquire().await?;
+            let mut conn = self.connections.acquire().await?;
             let mut tenants = merchant_deliveries::due_tenants(&mut conn).await?;
             tenants.shuffle(&mut rand::rng());
             for (turn, tenant_id) in tenants.iter().enumerate() {
@@ -203,6 +210,7 @@ impl EventSender {
                     .await?,
                 );
             }
+            conn.release();
             Ok::<_, StoreError>(())
         }
         .await;
@@ -259,8 +267,10 @@ impl EventSender {
     /// Records `batch`, one endpoint's attempts waiting at this moment, in one transaction.
     async fn record(&self, batch: Vec<Record>) -> Vec<Result<Recording, Arc<StoreError>>> {
         let recorded = async {
-            let mut conn = self.pool.acquire().await?;
-            merchant_deliveries::record(&mut conn, &self.config.worker_id, &batch).await
+            let mut conn = self.connections.acquire().await?;
+            let recordings = merchant_deliveries::record(&mut conn, &self.config.worker_id, &batch).await?;
+            conn.release();
+            Ok::<_, StoreError>(recordings)
         }
         .await;
         match recorded {

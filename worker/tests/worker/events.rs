@@ -15,6 +15,7 @@ use oncepay_domain::endpoint_url::UrlPolicy;
 use oncepay_domain::money::{Amount, Currency};
 use oncepay_domain::status::{PaymentStatus, Transition};
 use oncepay_provider::http::HttpProvider;
+use oncepay_store::connections::Connections;
 use oncepay_store::merchant_deliveries::{
     self, Attempt, ClaimedDelivery, Health, Next, Record, Recording, WriterLease,
 };
@@ -130,7 +131,7 @@ async fn deliver_with<F, Fut>(
 {
     let shutdown = CancellationToken::new();
     let sender = Sender::new(Duration::from_secs(5), policy).unwrap();
-    let sender = EventSender::new(pool.clone(), sender, publisher, config);
+    let sender = EventSender::new(Arc::new(Connections::like(pool)), sender, publisher, config);
     let running = tokio::spawn(sender.run(shutdown.clone()));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while !done().await {
@@ -751,13 +752,13 @@ async fn a_payment_the_worker_settles_is_handed_to_its_sender_without_waiting_fo
     // queued: no claim can take it, only the hand-off.
     let config = EventSenderConfig { poll_interval: Duration::from_secs(3600), ..config(&[]) };
     let sender = EventSender::new(
-        pool.clone(),
+        Arc::new(Connections::like(&pool)),
         Sender::new(Duration::from_secs(5), OPEN).unwrap(),
         Publisher::new(None, Duration::from_secs(5)),
         config,
     );
     let http = HttpProvider::new(&support::provider_settings(&provider.uri())).unwrap();
-    let drainer = Drainer::handing_events_to(pool.clone(), http, support::config("events-1"), sender.hand_off());
+    let drainer = Drainer::handing_events_to(pool.clone(), http, support::config("events-1"), &sender);
 
     let counts = drainer.run_once().await.unwrap();
 
